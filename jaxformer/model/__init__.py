@@ -1,0 +1,1 @@
+"""The Transformer model: pure functions for the maths, Flax linen modules around them."""

@@ -1,0 +1,131 @@
+"""Scaled dot-product attention (a pure function) and the multi-head attention module.
+
+    Attention(Q, K, V) = softmax(Q K^T / sqrt(d_k) + mask) V          (section 3.2.1)
+    MultiHead(Q, K, V) = Concat(head_1, ..., head_h) W^O                (section 3.2.2)
+
+The head split and merge are folded into the projection einsums: W^Q is stored as
+[D, N, H], so "BTD,DNH->BTNH" projects and splits in one step, and W^O as [N, H, D].
+"""
+
+from __future__ import annotations
+
+import math
+
+import flax.linen as nn
+import jax
+import jax.numpy as jnp
+
+from jaxformer.model.config import TransformerConfig
+from jaxformer.typing import Array, Bool, Float
+
+
+def dot_product_attention_weights(
+    query: Float[Array, "B T N H"],
+    key: Float[Array, "B S N H"],
+    mask: Bool[Array, "B N T S"] | None = None,
+) -> Float[Array, "B N T S"]:
+    """softmax(Q K^T / sqrt(H)) over the keys where `mask` allows, in float32.
+
+    `mask` broadcasts to [B, N, T, S] (True = attend). A query with no key to attend to
+    (a padding query) gets all-zero weights rather than NaN.
+    """
+    query = query / jnp.sqrt(query.shape[-1]).astype(query.dtype)
+    logits = jnp.einsum("BTNH,BSNH->BNTS", query, key, preferred_element_type=jnp.float32)  # [B, N, T, S]
+    if mask is None:
+        return jax.nn.softmax(logits, axis=-1)
+    logits = jnp.where(mask, logits, jnp.finfo(jnp.float32).min)
+    weights = jax.nn.softmax(logits, axis=-1)  # [B, N, T, S]
+    # Masked keys already have weight exp(min - max) = 0 in a row with a valid key; the
+    # where only changes fully masked rows, which softmax would spread uniformly.
+    return jnp.where(mask, weights, 0.0)
+
+
+def dropout_weights(weights: Float[Array, "..."], rate: float, rng: jax.Array) -> Float[Array, "..."]:
+    """Inverted dropout: zero each weight with probability `rate`, rescale the rest."""
+    keep = jax.random.bernoulli(rng, 1.0 - rate, weights.shape)
+    return jnp.where(keep, weights / (1.0 - rate), 0.0).astype(weights.dtype)
+
+
+def dot_product_attention(
+    query: Float[Array, "B T N H"],
+    key: Float[Array, "B S N H"],
+    value: Float[Array, "B S N H"],
+    mask: Bool[Array, "B N T S"] | None = None,
+    *,
+    dropout_rate: float = 0.0,
+    dropout_rng: jax.Array | None = None,
+) -> Float[Array, "B T N H"]:
+    """Scaled dot-product attention per head; the output has `value`'s dtype.
+
+    The softmax runs in float32 whatever the compute dtype. Dropout on the attention
+    weights applies when `dropout_rng` is given and `dropout_rate` > 0.
+    """
+    weights = dot_product_attention_weights(query, key, mask)  # [B, N, T, S] float32
+    if dropout_rng is not None and dropout_rate > 0.0:
+        weights = dropout_weights(weights, dropout_rate, dropout_rng)
+    return jnp.einsum("BNTS,BSNH->BTNH", weights.astype(value.dtype), value)  # [B, T, N, H]
+
+
+def project_to_heads(
+    inputs: Float[Array, "B L D"], kernel: Float[Array, "D N H"], bias: Float[Array, "N H"]
+) -> Float[Array, "B L N H"]:
+    """The Q, K or V projection, split into heads: x W + b."""
+    return jnp.einsum("BLD,DNH->BLNH", inputs, kernel) + bias
+
+
+def merge_heads(
+    heads: Float[Array, "B L N H"], kernel: Float[Array, "N H D"], bias: Float[Array, "D"]
+) -> Float[Array, "B L D"]:
+    """Concatenates the heads and applies the output projection W^O."""
+    return jnp.einsum("BLNH,NHD->BLD", heads, kernel) + bias
+
+
+class MultiHeadAttention(nn.Module):
+    """Multi-head attention: self-attention when `inputs_kv` is `inputs_q`, else cross-attention."""
+
+    config: TransformerConfig
+
+    def _projection(self, name: str, kernel_names: tuple[str, ...], bias_names: tuple[str, ...], num_in_axes: int):
+        """A kernel (Xavier-uniform over its fan-in and fan-out axes) and a zero bias."""
+        config = self.config
+        sizes = {"embed": config.d_model, "heads": config.num_heads, "kv": config.head_dim}
+        in_axes = tuple(range(num_in_axes))
+        out_axes = tuple(range(num_in_axes, len(kernel_names)))
+        init = nn.initializers.xavier_uniform(in_axis=in_axes, out_axis=out_axes)
+        kernel = self.param(
+            f"{name}_kernel", nn.with_logical_partitioning(init, kernel_names),
+            tuple(sizes[axis] for axis in kernel_names), config.param_dtype,
+        )
+        bias = self.param(
+            f"{name}_bias", nn.with_logical_partitioning(nn.initializers.zeros_init(), bias_names),
+            tuple(sizes[axis] for axis in bias_names), config.param_dtype,
+        )
+        return kernel.astype(config.dtype), bias.astype(config.dtype)
+
+    @nn.compact
+    def __call__(
+        self,
+        inputs_q: Float[Array, "B T D"],
+        inputs_kv: Float[Array, "B S D"],
+        mask: Bool[Array, "B N T S"] | None = None,
+        deterministic: bool | None = None,
+    ) -> Float[Array, "B T D"]:
+        config = self.config
+        deterministic = config.deterministic if deterministic is None else deterministic
+        inputs_q = inputs_q.astype(config.dtype)
+        inputs_kv = inputs_kv.astype(config.dtype)
+
+        heads = {}
+        for name, inputs in (("query", inputs_q), ("key", inputs_kv), ("value", inputs_kv)):
+            kernel, bias = self._projection(name, ("embed", "heads", "kv"), ("heads", "kv"), num_in_axes=1)
+            heads[name] = project_to_heads(inputs, kernel, bias)  # [B, L, N, H]
+
+        use_dropout = not deterministic and config.attention_dropout_rate > 0.0
+        attended = dot_product_attention(
+            heads["query"], heads["key"], heads["value"], mask,
+            dropout_rate=config.attention_dropout_rate,
+            dropout_rng=self.make_rng("dropout") if use_dropout else None,
+        )  # [B, T, N, H]
+
+        kernel, bias = self._projection("out", ("heads", "kv", "embed"), ("embed",), num_in_axes=2)
+        return merge_heads(attended, kernel, bias)  # [B, T, D]

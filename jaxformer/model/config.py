@@ -1,0 +1,171 @@
+"""The model's one frozen configuration, its named presets and its validation.
+
+Every module receives the whole `TransformerConfig`; an evaluation variant is
+`config.replace(deterministic=True)`, a bf16 one `config.replace(dtype="bfloat16")`.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import difflib
+from collections.abc import Mapping
+from typing import Any, Literal
+
+import jax.numpy as jnp
+import numpy as np
+
+from jaxformer.tokens import NUM_SPECIAL_TOKENS
+
+
+class ConfigError(ValueError):
+    """A configuration value is invalid; the message names the field and the value."""
+
+
+@dataclasses.dataclass(frozen=True)
+class TransformerConfig:
+    """Hyperparameters of the encoder-decoder Transformer (Vaswani et al., 2017).
+
+    Defaults are the paper's base model with its shared 37,000-token vocabulary.
+    """
+
+    # Shared source/target vocabulary size, special tokens (jaxformer.tokens) included.
+    vocab_size: int = 37_000
+    # Width of every residual stream, embedding and attention output (d_model).
+    d_model: int = 512
+    # Attention heads per layer; d_model must be a multiple of it (head size d_model / num_heads).
+    num_heads: int = 8
+    # Inner width of the position-wise feed-forward network (d_ff).
+    d_ff: int = 2048
+    # Encoder and decoder stack depths (N in the paper).
+    num_encoder_layers: int = 6
+    num_decoder_layers: int = 6
+    # Dropout on embeddings + positional encoding and on every sub-layer output (P_drop).
+    dropout_rate: float = 0.1
+    # Dropout on the attention weights (0 in the paper).
+    attention_dropout_rate: float = 0.0
+    # Dropout after the feed-forward activation (0 in the paper).
+    activation_dropout_rate: float = 0.0
+    # Feed-forward activation: "relu" (the paper) or "gelu".
+    activation: Literal["relu", "gelu"] = "relu"
+    # "post": LayerNorm(x + Sublayer(x)) as in the paper; "pre": x + Sublayer(LayerNorm(x)),
+    # with a final LayerNorm after each stack.
+    normalization: Literal["post", "pre"] = "post"
+    layer_norm_epsilon: float = 1e-6
+    # One embedding matrix for source and target tokens.
+    share_embeddings: bool = True
+    # Output softmax weights are the (target) embedding matrix, transposed.
+    tie_output_embedding: bool = True
+    # Base of the sinusoidal positional encoding (10000 in the paper).
+    position_base: float = 10_000.0
+    # Compute dtype of activations and matmuls; softmax and LayerNorm statistics stay float32.
+    dtype: Any = "float32"
+    # Storage dtype of the parameters.
+    param_dtype: Any = "float32"
+    # True disables every dropout (evaluation, decoding).
+    deterministic: bool = False
+
+    def __post_init__(self):
+        for name in ("dtype", "param_dtype"):
+            value = getattr(self, name)
+            try:
+                object.__setattr__(self, name, jnp.dtype(value))
+            except TypeError as error:
+                raise ConfigError(f"TransformerConfig.{name}={value!r} is not a dtype") from error
+        _validate(self)
+
+    @property
+    def head_dim(self) -> int:
+        """H: the size of one attention head."""
+        return self.d_model // self.num_heads
+
+    def replace(self, **changes: Any) -> TransformerConfig:
+        """A copy with `changes` applied (and validated); unknown fields are an error."""
+        _check_known_fields(changes, "TransformerConfig.replace")
+        return dataclasses.replace(self, **changes)
+
+    @classmethod
+    def from_dict(cls, values: Mapping[str, Any]) -> TransformerConfig:
+        """Builds a config from a mapping (e.g. an ml_collections ConfigDict's `model`).
+
+        A key "preset" names the starting point (default "base"); the other keys override it.
+        """
+        values = dict(values)
+        preset_name = values.pop("preset", "base")
+        _check_known_fields(values, "model config")
+        return preset(preset_name, **values)
+
+    def to_dict(self) -> dict[str, Any]:
+        """Plain Python values (dtypes as names), for logging and checkpoint metadata."""
+        values = dataclasses.asdict(self)
+        values["dtype"] = self.dtype.name
+        values["param_dtype"] = self.param_dtype.name
+        return values
+
+
+_FIELD_NAMES = tuple(field.name for field in dataclasses.fields(TransformerConfig))
+
+
+def _check_known_fields(values: Mapping[str, Any], where: str) -> None:
+    for key in values:
+        if key not in _FIELD_NAMES:
+            near = difflib.get_close_matches(key, _FIELD_NAMES, n=3, cutoff=0.5)
+            hint = f"; did you mean {', '.join(near)}?" if near else ""
+            raise ConfigError(
+                f"unknown key {key!r} in {where}{hint} Known keys: {', '.join(_FIELD_NAMES)}."
+            )
+
+
+def _validate(config: TransformerConfig) -> None:
+    def fail(field: str, problem: str) -> None:
+        raise ConfigError(f"TransformerConfig.{field}={getattr(config, field)!r}: {problem}")
+
+    for field in ("vocab_size", "d_model", "num_heads", "d_ff", "num_encoder_layers", "num_decoder_layers"):
+        value = getattr(config, field)
+        if not isinstance(value, (int, np.integer)) or isinstance(value, bool) or value <= 0:
+            fail(field, "must be a positive integer")
+    if config.d_model % config.num_heads:
+        fail("d_model", f"must be divisible by num_heads={config.num_heads}")
+    if config.d_model % 2:
+        fail("d_model", "must be even for the sinusoidal positional encoding")
+    if config.vocab_size <= NUM_SPECIAL_TOKENS:
+        fail("vocab_size", f"must exceed the {NUM_SPECIAL_TOKENS} special tokens (pad, eos, unk, bos)")
+    for field in ("dropout_rate", "attention_dropout_rate", "activation_dropout_rate"):
+        value = getattr(config, field)
+        if not isinstance(value, (int, float)) or isinstance(value, bool) or not 0.0 <= value < 1.0:
+            fail(field, "must lie in [0, 1)")
+    if config.activation not in ("relu", "gelu"):
+        fail("activation", 'must be "relu" or "gelu"')
+    if config.normalization not in ("post", "pre"):
+        fail("normalization", 'must be "post" (the paper) or "pre"')
+    if not config.layer_norm_epsilon > 0:
+        fail("layer_norm_epsilon", "must be positive")
+    if not config.position_base > 1:
+        fail("position_base", "must be greater than 1")
+    for field in ("dtype", "param_dtype"):
+        if not jnp.issubdtype(getattr(config, field), jnp.floating):
+            fail(field, "must be a floating-point dtype")
+
+
+# Named sizes. `base` and `big` are the paper's Table 3 models; `tiny` runs in seconds on a CPU.
+PRESETS: dict[str, dict[str, Any]] = {
+    "tiny": dict(
+        vocab_size=64, d_model=32, num_heads=4, d_ff=64,
+        num_encoder_layers=2, num_decoder_layers=2, dropout_rate=0.1,
+    ),
+    "base": dict(
+        vocab_size=37_000, d_model=512, num_heads=8, d_ff=2048,
+        num_encoder_layers=6, num_decoder_layers=6, dropout_rate=0.1,
+    ),
+    "big": dict(
+        vocab_size=37_000, d_model=1024, num_heads=16, d_ff=4096,
+        num_encoder_layers=6, num_decoder_layers=6, dropout_rate=0.3,
+    ),
+}
+
+
+def preset(name: str, **overrides: Any) -> TransformerConfig:
+    """The named preset ("tiny", "base" or "big") with `overrides` applied."""
+    if name not in PRESETS:
+        raise ConfigError(f"unknown preset {name!r}; choose one of {', '.join(PRESETS)}")
+    _check_known_fields(overrides, f"preset {name!r} overrides")
+    return TransformerConfig(**{**PRESETS[name], **overrides})

@@ -1,0 +1,65 @@
+"""The encoder: a stack of self-attention + feed-forward layers (section 3.1, left of Figure 1)."""
+
+from __future__ import annotations
+
+import flax.linen as nn
+
+from jaxformer.model.attention import MultiHeadAttention
+from jaxformer.model.config import TransformerConfig
+from jaxformer.model.layers import Embed, FeedForward, layer_norm, residual
+from jaxformer.model.masking import encoder_self_mask
+from jaxformer.model.position import positional_encoding
+from jaxformer.typing import Array, Bool, Float, Int
+
+
+class EncoderLayer(nn.Module):
+    """Self-attention then feed-forward, each wrapped in residual + LayerNorm."""
+
+    config: TransformerConfig
+
+    @nn.compact
+    def __call__(
+        self, inputs: Float[Array, "B S D"], mask: Bool[Array, "B 1 S S"], deterministic: bool
+    ) -> Float[Array, "B S D"]:
+        config = self.config
+
+        def dropout(x):
+            return nn.Dropout(config.dropout_rate)(x, deterministic=deterministic)
+
+        attention = MultiHeadAttention(config, name="self_attention")
+        x = residual(
+            inputs, lambda y: attention(y, y, mask, deterministic),
+            layer_norm(config, "self_attention_norm"), dropout, config.normalization,
+        )  # [B, S, D]
+        feed_forward = FeedForward(config, name="feed_forward")
+        return residual(
+            x, lambda y: feed_forward(y, deterministic),
+            layer_norm(config, "feed_forward_norm"), dropout, config.normalization,
+        )  # [B, S, D]
+
+
+class Encoder(nn.Module):
+    """Embeds the source, adds positional encodings and runs the encoder layers."""
+
+    config: TransformerConfig
+    embed: Embed
+
+    @nn.compact
+    def __call__(
+        self,
+        source: Int[Array, "B S"],
+        source_segments: Int[Array, "B S"] | None = None,
+        source_positions: Int[Array, "B S"] | None = None,
+        deterministic: bool = True,
+    ) -> Float[Array, "B S D"]:
+        config = self.config
+        length = source.shape[1]
+        x = self.embed(source)  # [B, S, D]
+        x = x + positional_encoding(length, config.d_model, source_positions, config.position_base).astype(config.dtype)
+        x = nn.Dropout(config.dropout_rate)(x, deterministic=deterministic)
+        mask = encoder_self_mask(source, source_segments)  # [B, 1, S, S]
+        for index in range(config.num_encoder_layers):
+            x = EncoderLayer(config, name=f"layer_{index}")(x, mask, deterministic)
+        if config.normalization == "pre":
+            x = layer_norm(config, "final_norm")(x)
+        return x

@@ -1,0 +1,96 @@
+"""The encoder-decoder Transformer (Figure 1) with public `encode`, `decode` and `__call__`.
+
+Inputs are token ids with `PAD_ID` (0) as padding. `target` is the decoder's input
+under teacher forcing: `BOS_ID` followed by the reference shifted right by one
+(`shift_right`); the logits at position t predict reference token t. Packed rows pass
+segment ids (1, 2, ... per pair, 0 at padding) and per-segment positions.
+"""
+
+from __future__ import annotations
+
+import flax.linen as nn
+import jax.numpy as jnp
+
+from jaxformer.model.config import TransformerConfig
+from jaxformer.model.decoder import Decoder
+from jaxformer.model.encoder import Encoder
+from jaxformer.model.layers import Embed
+from jaxformer.tokens import BOS_ID, PAD_ID
+from jaxformer.typing import Array, Float, Int
+
+
+def shift_right(
+    targets: Int[Array, "B T"], segments: Int[Array, "B T"] | None = None, bos_id: int = BOS_ID
+) -> Int[Array, "B T"]:
+    """Decoder inputs for teacher forcing: each segment's tokens moved one place right,
+    `bos_id` at each segment start, padding kept as padding."""
+    shifted = jnp.pad(targets, ((0, 0), (1, 0)), constant_values=bos_id)[:, :-1]  # [B, T]
+    if segments is None:
+        starts = jnp.zeros_like(targets, dtype=bool).at[:, 0].set(True)
+        shifted = jnp.where(starts, bos_id, shifted)
+        return jnp.where(targets == PAD_ID, PAD_ID, shifted)
+    previous = jnp.pad(segments, ((0, 0), (1, 0)), constant_values=-1)[:, :-1]  # [B, T]
+    shifted = jnp.where(segments != previous, bos_id, shifted)
+    return jnp.where(segments == 0, PAD_ID, shifted)
+
+
+class Transformer(nn.Module):
+    """The whole model. `config.deterministic`, or the `deterministic` argument, turns dropout off."""
+
+    config: TransformerConfig
+
+    def setup(self):
+        config = self.config
+        if config.share_embeddings:
+            self.shared_embedding = Embed(config)
+            source_embedding = target_embedding = self.shared_embedding
+        else:
+            self.source_embedding = Embed(config)
+            self.target_embedding = Embed(config)
+            source_embedding, target_embedding = self.source_embedding, self.target_embedding
+        self.encoder = Encoder(config, embed=source_embedding)
+        self.decoder = Decoder(config, embed=target_embedding)
+
+    def _deterministic(self, deterministic: bool | None) -> bool:
+        return self.config.deterministic if deterministic is None else deterministic
+
+    def encode(
+        self,
+        source: Int[Array, "B S"],
+        source_segments: Int[Array, "B S"] | None = None,
+        source_positions: Int[Array, "B S"] | None = None,
+        deterministic: bool | None = None,
+    ) -> Float[Array, "B S D"]:
+        """The encoder's output for a batch of source rows."""
+        return self.encoder(source, source_segments, source_positions, self._deterministic(deterministic))
+
+    def decode(
+        self,
+        encoded: Float[Array, "B S D"],
+        source: Int[Array, "B S"],
+        target: Int[Array, "B T"],
+        source_segments: Int[Array, "B S"] | None = None,
+        target_segments: Int[Array, "B T"] | None = None,
+        target_positions: Int[Array, "B T"] | None = None,
+        deterministic: bool | None = None,
+    ) -> Float[Array, "B T V"]:
+        """Float32 next-token logits for every decoder input position, given the encoder output
+        (`source` supplies the cross-attention padding mask)."""
+        return self.decoder(
+            encoded, source, target, source_segments, target_segments, target_positions,
+            self._deterministic(deterministic),
+        )
+
+    def __call__(
+        self,
+        source: Int[Array, "B S"],
+        target: Int[Array, "B T"],
+        source_segments: Int[Array, "B S"] | None = None,
+        target_segments: Int[Array, "B T"] | None = None,
+        source_positions: Int[Array, "B S"] | None = None,
+        target_positions: Int[Array, "B T"] | None = None,
+        deterministic: bool | None = None,
+    ) -> Float[Array, "B T V"]:
+        """Float32 logits [B, T, V] for decoder inputs `target` given `source`."""
+        encoded = self.encode(source, source_segments, source_positions, deterministic)  # [B, S, D]
+        return self.decode(encoded, source, target, source_segments, target_segments, target_positions, deterministic)

@@ -1,0 +1,16 @@
+"""Special token ids, fixed for every jaxformer vocabulary.
+
+The sentencepiece models jaxformer trains reserve these ids, so a checkpoint and its
+tokenizer always agree on them:
+
+    0  <pad>  padding; never attended to, never a target
+    1  </s>   end of sentence, the last target token
+    2  <unk>  unknown piece
+    3  <s>    beginning of sentence, the first decoder input (teacher forcing)
+"""
+
+PAD_ID = 0
+EOS_ID = 1
+UNK_ID = 2
+BOS_ID = 3
+NUM_SPECIAL_TOKENS = 4
