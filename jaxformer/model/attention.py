@@ -70,14 +70,14 @@ def project_to_heads(
     inputs: Float[Array, "B L D"], kernel: Float[Array, "D N H"], bias: Float[Array, "N H"]
 ) -> Float[Array, "B L N H"]:
     """The Q, K or V projection, split into heads: x W + b."""
-    return jnp.einsum("BLD,DNH->BLNH", inputs, kernel) + bias
+    return jnp.einsum("BLD,DNH->BLNH", inputs, kernel) + bias[None, None]  # [B, L, N, H]
 
 
 def merge_heads(
     heads: Float[Array, "B L N H"], kernel: Float[Array, "N H D"], bias: Float[Array, "D"]
 ) -> Float[Array, "B L D"]:
     """Concatenates the heads and applies the output projection W^O."""
-    return jnp.einsum("BLNH,NHD->BLD", heads, kernel) + bias
+    return jnp.einsum("BLNH,NHD->BLD", heads, kernel) + bias[None, None]  # [B, L, D]
 
 
 class MultiHeadAttention(nn.Module):

@@ -72,10 +72,10 @@ class FeedForward(nn.Module):
         w_out = param("wo_kernel", kernel_init, ("mlp", "embed"), (config.d_ff, config.d_model))
         b_out = param("wo_bias", zeros, ("embed",), (config.d_model,))
 
-        hidden = jnp.einsum("BLD,DF->BLF", inputs.astype(config.dtype), w_in) + b_in  # [B, L, F]
+        hidden = jnp.einsum("BLD,DF->BLF", inputs.astype(config.dtype), w_in) + b_in[None, None]  # [B, L, F]
         hidden = activation_function(config.activation)(hidden)
         hidden = nn.Dropout(config.activation_dropout_rate)(hidden, deterministic=deterministic)
-        return jnp.einsum("BLF,FD->BLD", hidden, w_out) + b_out  # [B, L, D]
+        return jnp.einsum("BLF,FD->BLD", hidden, w_out) + b_out[None, None]  # [B, L, D]
 
 
 def layer_norm(config: TransformerConfig, name: str) -> nn.LayerNorm:

@@ -1,0 +1,63 @@
+import dataclasses
+
+import jax.numpy as jnp
+import pytest
+
+from jaxformer.model.config import PRESETS, ConfigError, TransformerConfig, preset
+
+
+def test_presets_follow_the_paper():
+    base, big = preset("base"), preset("big")
+    assert (base.d_model, base.num_heads, base.d_ff, base.num_encoder_layers, base.num_decoder_layers) == (512, 8, 2048, 6, 6)
+    assert (big.d_model, big.num_heads, big.d_ff, big.dropout_rate) == (1024, 16, 4096, 0.3)
+    assert base.dropout_rate == 0.1 and base.head_dim == 64 and big.head_dim == 64
+    assert base.normalization == "post" and base.share_embeddings and base.tie_output_embedding
+    assert set(PRESETS) == {"tiny", "base", "big"}
+
+
+@pytest.mark.parametrize(
+    "overrides,message",
+    [
+        (dict(d_model=100, num_heads=8), r"d_model=100: must be divisible by num_heads=8"),
+        (dict(num_heads=0), r"num_heads=0: must be a positive integer"),
+        (dict(d_ff=-1), r"d_ff=-1: must be a positive integer"),
+        (dict(num_encoder_layers=2.5), r"num_encoder_layers=2.5: must be a positive integer"),
+        (dict(dropout_rate=1.0), r"dropout_rate=1.0: must lie in \[0, 1\)"),
+        (dict(attention_dropout_rate=-0.1), r"attention_dropout_rate=-0.1: must lie in \[0, 1\)"),
+        (dict(vocab_size=4), r"vocab_size=4: must exceed the 4 special tokens"),
+        (dict(activation="swish"), r"activation='swish'"),
+        (dict(normalization="sandwich"), r"normalization='sandwich'"),
+        (dict(dtype="int32"), r"dtype=dtype\('int32'\): must be a floating-point dtype"),
+        (dict(dtype="not-a-dtype"), r"dtype='not-a-dtype' is not a dtype"),
+    ],
+)
+def test_invalid_values_name_the_field(overrides, message):
+    with pytest.raises(ConfigError, match=message):
+        preset("tiny", **overrides)
+
+
+def test_unknown_key_suggests_near_matches():
+    with pytest.raises(ConfigError, match=r"unknown key 'num_head'.*did you mean num_heads"):
+        TransformerConfig.from_dict({"preset": "tiny", "num_head": 4})
+    with pytest.raises(ConfigError, match=r"unknown key 'dmodel'.*d_model"):
+        preset("base").replace(dmodel=256)
+    with pytest.raises(ConfigError, match=r"unknown preset 'huge'"):
+        preset("huge")
+
+
+def test_replace_validates_and_is_frozen():
+    config = preset("tiny")
+    evaluation = config.replace(deterministic=True)
+    assert evaluation.deterministic and not config.deterministic
+    with pytest.raises(ConfigError, match="d_model=30"):
+        config.replace(d_model=30)
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        config.d_model = 64
+
+
+def test_dtypes_are_normalised_and_round_trip():
+    config = preset("tiny", dtype="bfloat16")
+    assert config.dtype == jnp.bfloat16 and config.param_dtype == jnp.float32
+    assert TransformerConfig(**config.to_dict()) == config
+    assert TransformerConfig.from_dict({"preset": "tiny", **config.to_dict()}) == config
+    assert hash(config) == hash(preset("tiny", dtype=jnp.bfloat16))

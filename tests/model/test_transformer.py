@@ -1,0 +1,167 @@
+import flax.linen as nn
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from jaxformer.model.config import preset
+from jaxformer.model.transformer import Transformer, shift_right
+from jaxformer.tokens import BOS_ID, PAD_ID
+
+TINY = preset("tiny", deterministic=True)
+
+
+def init_params(config, source_length=6, target_length=5):
+    source = jnp.ones((1, source_length), jnp.int32)
+    target = jnp.ones((1, target_length), jnp.int32)
+    return nn.meta.unbox(jax.jit(Transformer(config).init)(jax.random.key(0), source, target)["params"])
+
+
+def jit_apply(model, **kwargs):
+    return jax.jit(lambda params, *args: model.apply({"params": params}, *args, **kwargs))
+
+
+def random_tokens(key, shape, vocab_size):
+    return jax.random.randint(key, shape, 4, vocab_size)  # real tokens only: no pad/bos/eos
+
+
+@pytest.fixture(scope="module", params=["post", "pre"])
+def model_and_params(request):
+    config = TINY.replace(normalization=request.param)
+    model = Transformer(config)
+    return model, init_params(config), jit_apply(model)
+
+
+def test_output_shape_and_dtype_without_allocating():
+    model = Transformer(preset("base"))
+    source = jax.ShapeDtypeStruct((3, 11), jnp.int32)
+    target = jax.ShapeDtypeStruct((3, 7), jnp.int32)
+    variables = jax.eval_shape(model.init, jax.random.key(0), source, target)
+    logits = jax.eval_shape(
+        lambda v, s, t: model.apply(v, s, t, deterministic=True), variables, source, target
+    )
+    assert logits.shape == (3, 7, 37_000) and logits.dtype == jnp.float32
+
+
+def test_causality(model_and_params):
+    model, params, apply = model_and_params
+    source = random_tokens(jax.random.key(1), (2, 6), TINY.vocab_size)
+    target = random_tokens(jax.random.key(2), (2, 8), TINY.vocab_size)
+    logits = apply(params, source, target)
+    for t in (1, 4, 7):
+        changed = target.at[:, t].set((target[:, t] + 1 - 4) % (TINY.vocab_size - 4) + 4)
+        changed_logits = apply(params, source, changed)
+        np.testing.assert_allclose(changed_logits[:, :t], logits[:, :t], atol=1e-6, rtol=0)
+        assert not np.allclose(changed_logits[:, t:], logits[:, t:], atol=1e-4)
+
+
+def test_padding_invariance(model_and_params):
+    model, params, apply = model_and_params
+    source = random_tokens(jax.random.key(3), (2, 6), TINY.vocab_size).at[1, 4:].set(PAD_ID)
+    target = random_tokens(jax.random.key(4), (2, 5), TINY.vocab_size).at[1, 3:].set(PAD_ID)
+    logits = apply(params, source, target)
+    padded_source = jnp.pad(source, ((0, 0), (0, 5)))
+    padded_target = jnp.pad(target, ((0, 0), (0, 3)))
+    for s, t in ((padded_source, target), (source, padded_target), (padded_source, padded_target)):
+        padded_logits = apply(params, s, t)
+        np.testing.assert_allclose(padded_logits[0, :5], logits[0, :5], atol=1e-5, rtol=0)
+        np.testing.assert_allclose(padded_logits[1, :3], logits[1, :3], atol=1e-5, rtol=0)
+    # The source padding really is masked: a pad-free but otherwise equal row differs.
+    unmasked = apply(params, source.at[1, 4:].set(5), target)
+    assert not np.allclose(unmasked[1, :3], logits[1, :3], atol=1e-4)
+
+
+def test_packed_rows_equal_separate_rows(model_and_params):
+    model, params, apply = model_and_params
+    vocab = TINY.vocab_size
+    src_a, src_b = random_tokens(jax.random.key(5), (1, 4), vocab), random_tokens(jax.random.key(6), (1, 3), vocab)
+    tgt_a, tgt_b = random_tokens(jax.random.key(7), (1, 3), vocab), random_tokens(jax.random.key(8), (1, 5), vocab)
+    # Pack both pairs into one row of 9 source and 9 target tokens.
+    source = jnp.concatenate([src_a, src_b, jnp.zeros((1, 2), jnp.int32)], axis=1)
+    target = jnp.concatenate([tgt_a, tgt_b, jnp.zeros((1, 1), jnp.int32)], axis=1)
+    source_segments = jnp.array([[1, 1, 1, 1, 2, 2, 2, 0, 0]])
+    target_segments = jnp.array([[1, 1, 1, 2, 2, 2, 2, 2, 0]])
+    source_positions = jnp.array([[0, 1, 2, 3, 0, 1, 2, 0, 0]])
+    target_positions = jnp.array([[0, 1, 2, 0, 1, 2, 3, 4, 0]])
+    packed = apply(params, source, target, source_segments, target_segments, source_positions, target_positions)
+    np.testing.assert_allclose(packed[0, :3], apply(params, src_a, tgt_a)[0], atol=1e-5, rtol=0)
+    np.testing.assert_allclose(packed[0, 3:8], apply(params, src_b, tgt_b)[0], atol=1e-5, rtol=0)
+
+
+def test_encode_and_decode_methods_compose_to_call():
+    model, params = Transformer(TINY), init_params(TINY)
+    source = random_tokens(jax.random.key(9), (2, 6), TINY.vocab_size)
+    target = random_tokens(jax.random.key(10), (2, 4), TINY.vocab_size)
+    encoded = jit_apply(model, method=Transformer.encode)(params, source)
+    assert encoded.shape == (2, 6, TINY.d_model)
+    logits = jit_apply(model, method="decode")(params, encoded, source, target)
+    np.testing.assert_allclose(logits, jit_apply(model)(params, source, target), atol=1e-6)
+
+
+def test_dropout_is_random_in_training_and_off_when_deterministic():
+    config = preset("tiny", dropout_rate=0.3, attention_dropout_rate=0.2, activation_dropout_rate=0.2)
+    model, params = Transformer(config), init_params(config)
+    source = random_tokens(jax.random.key(11), (2, 6), config.vocab_size)
+    target = random_tokens(jax.random.key(12), (2, 4), config.vocab_size)
+    train_apply = jax.jit(lambda params, rng: model.apply({"params": params}, source, target, rngs={"dropout": rng}))
+    train = [train_apply(params, jax.random.key(i)) for i in (0, 1)]
+    assert not np.allclose(train[0], train[1])
+    evaluation = jit_apply(model, deterministic=True)(params, source, target)
+    by_config = jit_apply(Transformer(config.replace(deterministic=True)))(params, source, target)
+    np.testing.assert_array_equal(evaluation, by_config)
+    assert not np.allclose(train[0], evaluation)
+    with pytest.raises(Exception, match="dropout"):
+        jax.eval_shape(lambda: model.apply({"params": params}, source, target))  # training needs a dropout rng
+
+
+@pytest.mark.parametrize("normalization", ["post", "pre"])
+def test_every_parameter_gets_a_gradient(normalization):
+    config = TINY.replace(normalization=normalization, activation="gelu")
+    model, params = Transformer(config), init_params(config)
+    source = random_tokens(jax.random.key(13), (2, 6), config.vocab_size)
+    target = random_tokens(jax.random.key(14), (2, 5), config.vocab_size)
+
+    def loss(params):
+        logits = model.apply({"params": params}, source, target)
+        return -jnp.mean(jax.nn.log_softmax(logits)[..., 7])
+
+    grads = jax.jit(jax.grad(loss))(params)
+    for path, grad in jax.tree_util.tree_leaves_with_path(grads):
+        assert np.isfinite(grad).all() and np.abs(grad).max() > 0, jax.tree_util.keystr(path)
+    assert ("final_norm" in params["encoder"]) == (normalization == "pre")
+
+
+def test_variants_change_the_model():
+    source = random_tokens(jax.random.key(15), (2, 6), TINY.vocab_size)
+    target = random_tokens(jax.random.key(16), (2, 4), TINY.vocab_size)
+
+    def logits(config):
+        return jit_apply(Transformer(config))(init_params(config), source, target)
+
+    relu = logits(TINY)
+    assert not np.allclose(relu, logits(TINY.replace(activation="gelu")), atol=1e-4)
+    assert not np.allclose(relu, logits(TINY.replace(normalization="pre")), atol=1e-4)
+    untied = init_params(TINY.replace(share_embeddings=False, tie_output_embedding=False))
+    assert {"source_embedding", "target_embedding"} <= set(untied)
+    assert untied["decoder"]["logits_kernel"].shape == (TINY.d_model, TINY.vocab_size)
+
+
+def test_bfloat16_compute_keeps_float32_params_and_logits():
+    config = TINY.replace(dtype="bfloat16")
+    model, params = Transformer(config), init_params(config)
+    assert all(p.dtype == jnp.float32 for p in jax.tree.leaves(params))
+    source = random_tokens(jax.random.key(17), (2, 6), config.vocab_size)
+    target = random_tokens(jax.random.key(18), (2, 4), config.vocab_size)
+    low = jit_apply(model)(params, source, target)
+    high = jit_apply(Transformer(TINY))(params, source, target)
+    assert low.dtype == jnp.float32
+    np.testing.assert_allclose(low, high, atol=0.15)
+    assert np.abs(np.asarray(low) - np.asarray(high)).max() > 0
+
+
+def test_shift_right():
+    targets = jnp.array([[7, 8, 9, 1, 0], [5, 1, 0, 0, 0]])
+    np.testing.assert_array_equal(shift_right(targets), [[BOS_ID, 7, 8, 9, 0], [BOS_ID, 5, 0, 0, 0]])
+    packed = jnp.array([[7, 8, 1, 5, 1, 0]])
+    segments = jnp.array([[1, 1, 1, 2, 2, 0]])
+    np.testing.assert_array_equal(shift_right(packed, segments), [[BOS_ID, 7, 8, BOS_ID, 5, 0]])
