@@ -8,9 +8,8 @@ import jax.numpy as jnp
 
 from jaxformer.model.attention import MultiHeadAttention
 from jaxformer.model.config import TransformerConfig
-from jaxformer.model.layers import Embed, FeedForward, layer_norm, residual
+from jaxformer.model.layers import Embed, FeedForward, embed_with_positions, layer_norm, residual
 from jaxformer.model.masking import cross_mask, decoder_self_mask
-from jaxformer.model.position import positional_encoding
 from jaxformer.typing import Array, Bool, Float, Int
 
 
@@ -68,10 +67,7 @@ class Decoder(nn.Module):
         deterministic: bool = True,
     ) -> Float[Array, "B T V"]:
         config = self.config
-        length = target.shape[1]
-        y = self.embed(target)  # [B, T, D]
-        y = y + positional_encoding(length, config.d_model, target_positions, config.position_base).astype(config.dtype)
-        y = nn.Dropout(config.dropout_rate)(y, deterministic=deterministic)
+        y = embed_with_positions(self.embed, target, target_positions, deterministic)  # [B, T, D]
         self_mask = decoder_self_mask(target, target_segments)  # [B, 1, T, T]
         encoder_decoder_mask = cross_mask(target, source, target_segments, source_segments)  # [B, 1, T, S]
         for index in range(config.num_decoder_layers):

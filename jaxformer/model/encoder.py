@@ -6,9 +6,8 @@ import flax.linen as nn
 
 from jaxformer.model.attention import MultiHeadAttention
 from jaxformer.model.config import TransformerConfig
-from jaxformer.model.layers import Embed, FeedForward, layer_norm, residual
+from jaxformer.model.layers import Embed, FeedForward, embed_with_positions, layer_norm, residual
 from jaxformer.model.masking import encoder_self_mask
-from jaxformer.model.position import positional_encoding
 from jaxformer.typing import Array, Bool, Float, Int
 
 
@@ -53,10 +52,7 @@ class Encoder(nn.Module):
         deterministic: bool = True,
     ) -> Float[Array, "B S D"]:
         config = self.config
-        length = source.shape[1]
-        x = self.embed(source)  # [B, S, D]
-        x = x + positional_encoding(length, config.d_model, source_positions, config.position_base).astype(config.dtype)
-        x = nn.Dropout(config.dropout_rate)(x, deterministic=deterministic)
+        x = embed_with_positions(self.embed, source, source_positions, deterministic)  # [B, S, D]
         mask = encoder_self_mask(source, source_segments)  # [B, 1, S, S]
         for index in range(config.num_encoder_layers):
             x = EncoderLayer(config, name=f"layer_{index}")(x, mask, deterministic)

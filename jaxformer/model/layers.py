@@ -10,6 +10,7 @@ import jax
 import jax.numpy as jnp
 
 from jaxformer.model.config import TransformerConfig
+from jaxformer.model.position import positional_encoding
 from jaxformer.typing import Array, Float, Int
 
 
@@ -42,6 +43,23 @@ class Embed(nn.Module):
             "BTD,VD->BTV", hidden.astype(config.dtype), self.embedding.astype(config.dtype),
             preferred_element_type=jnp.float32,
         )
+
+
+def embed_with_positions(
+    embed: Embed,
+    tokens: Int[Array, "B L"],
+    positions: Int[Array, "B L"] | None,
+    deterministic: bool,
+) -> Float[Array, "B L D"]:
+    """Dropout(scaled token embedding + positional encoding), the input of either stack.
+
+    Call from a compact module's method: the dropout layer is created in that module.
+    """
+    config = embed.config
+    x = embed(tokens)  # [B, L, D]
+    encoding = positional_encoding(tokens.shape[1], config.d_model, positions, config.position_base)  # [1|B, L, D]
+    x = x + encoding.astype(config.dtype)
+    return nn.Dropout(config.dropout_rate)(x, deterministic=deterministic)
 
 
 def activation_function(name: str) -> Callable[[Array], Array]:
