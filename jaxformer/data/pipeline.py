@@ -1,0 +1,128 @@
+"""The grain input pipeline: random-access source -> seeded per-epoch shuffle -> tokenize ->
+length filter -> pack pairs into rows -> batches of fixed shape [B, L].
+
+Packing puts several pairs in one row with segment ids (1, 2, ... per pair, 0 at padding)
+and per-pair positions, so every batch has the same shape and jit compiles once; the model
+keeps the pairs apart through its segment masks. The training iterator's state
+(`get_state` / `set_state`) is checkpointed with the model.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+from collections.abc import Iterator, Sequence
+
+import grain
+import numpy as np
+
+from jaxformer.data.tokenizer import Tokenizer
+
+FEATURES = ("inputs", "targets")
+
+
+class TokenizePair:
+    """{source_language: bytes, target_language: bytes} -> {"inputs": int32 ids, "targets": int32 ids}, EOS-terminated."""
+
+    def __init__(self, tokenizer: Tokenizer, source_language: str, target_language: str):
+        self.tokenizer, self.source_language, self.target_language = tokenizer, source_language, target_language
+
+    def __call__(self, record) -> dict[str, np.ndarray]:
+        def text(key):
+            value = record[key]
+            return value.decode("utf-8") if isinstance(value, bytes) else str(value)
+
+        return {
+            "inputs": self.tokenizer.encode(text(self.source_language)),
+            "targets": self.tokenizer.encode(text(self.target_language)),
+        }
+
+
+class LengthFilter:
+    """Keeps pairs whose sides both fit in `max_length` tokens; counts what it drops."""
+
+    def __init__(self, max_length: int):
+        self.max_length = max_length
+        self.seen = 0
+        self.dropped = 0
+        self._lock = threading.Lock()  # grain may call it from several reader threads
+
+    def __call__(self, example) -> bool:
+        keep = len(example["inputs"]) <= self.max_length and len(example["targets"]) <= self.max_length
+        with self._lock:
+            self.seen += 1
+            self.dropped += not keep
+        return keep
+
+
+def _packed_batches(dataset: grain.IterDataset, row_length: int, batch_size: int, seed: int, shuffle_bins: bool):
+    packed = grain.experimental.FirstFitPackIterDataset(
+        dataset,
+        length_struct={feature: row_length for feature in FEATURES},
+        num_packing_bins=batch_size,
+        seed=seed,
+        shuffle_bins=shuffle_bins,
+    )
+    return packed.batch(batch_size, drop_remainder=True)
+
+
+def train_dataset(
+    source: Sequence,
+    tokenizer: Tokenizer,
+    *,
+    source_language: str,
+    target_language: str,
+    max_length: int,
+    batch_size: int,
+    seed: int,
+    length_filter: LengthFilter | None = None,
+    shard_index: int = 0,
+    shard_count: int = 1,
+    num_threads: int = 2,
+) -> grain.IterDataset:
+    """An endless, deterministic stream of packed training batches; each epoch is reshuffled.
+
+    Each process reads the disjoint shard `shard_index` of `shard_count` equal shards.
+    """
+    usable = len(source) // shard_count * shard_count
+    dataset = grain.MapDataset.source(source)[:usable][shard_index::shard_count]
+    dataset = dataset.shuffle(seed=seed).repeat(None)  # shuffle before repeat: a new order per epoch
+    dataset = dataset.map(TokenizePair(tokenizer, source_language, target_language))
+    dataset = dataset.filter(length_filter or LengthFilter(max_length))
+    dataset = dataset.to_iter_dataset(grain.ReadOptions(num_threads=num_threads, prefetch_buffer_size=4 * batch_size))
+    return _packed_batches(dataset, max_length, batch_size, seed, shuffle_bins=True)
+
+
+def eval_batches(
+    source: Sequence,
+    tokenizer: Tokenizer,
+    *,
+    source_language: str,
+    target_language: str,
+    max_length: int,
+    batch_size: int,
+    max_examples: int | None = None,
+) -> list[dict[str, np.ndarray]]:
+    """Every pair of a split once, packed into full batches (the last one padded with empty rows)."""
+    count = len(source) if max_examples is None else min(max_examples, len(source))
+    length_filter = LengthFilter(max_length)
+    dataset = grain.MapDataset.source(source)[:count].map(TokenizePair(tokenizer, source_language, target_language))
+    dataset = dataset.filter(length_filter).to_iter_dataset(grain.ReadOptions(num_threads=0, prefetch_buffer_size=0))
+    packed = grain.experimental.FirstFitPackIterDataset(
+        dataset, length_struct={feature: max_length for feature in FEATURES},
+        num_packing_bins=batch_size, shuffle_bins=False,
+    )
+    rows = list(packed)
+    if length_filter.dropped:
+        logging.warning("evaluation: %d of %d pairs longer than %d tokens left out", length_filter.dropped, count, max_length)
+    batches = []
+    for start in range(0, len(rows), batch_size):
+        chunk = rows[start : start + batch_size]
+        chunk += [{key: np.zeros_like(value) for key, value in rows[0].items()}] * (batch_size - len(chunk))
+        batches.append({key: np.stack([row[key] for row in chunk]) for key in rows[0]})
+    return batches
+
+
+def iterate(dataset: grain.IterDataset) -> Iterator[dict[str, np.ndarray]]:
+    """A checkpointable iterator over `dataset` (grain's DatasetIterator)."""
+    return iter(dataset)

@@ -1,0 +1,42 @@
+"""Random-access translation splits from tensorflow-datasets: the vendored Multi30k builder or
+any tfds translate builder (wmt14_translate/de-en, wmt17_translate/de-en, ...), prepared as
+array_record files and read with `as_data_source`, without TensorFlow."""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Sequence
+
+import tensorflow_datasets as tfds
+
+from jaxformer.data.multi30k import Multi30k
+from jaxformer.data.parallel_text import DataError
+
+
+tfds.disable_progress_bar()  # tqdm bars per split drown the training log
+
+
+def get_builder(name: str, data_dir: str | None = None, raw_dir: str | None = None, download: bool = False):
+    """The tfds builder for `name`, writing array_record files under `data_dir`."""
+    if name == "multi30k":
+        return Multi30k(data_dir=data_dir, raw_dir=raw_dir, download=download, file_format="array_record")
+    if raw_dir is not None or download:
+        raise DataError(f"data.raw_dir and data.download apply to multi30k only, not {name!r}")
+    return tfds.builder(name, data_dir=data_dir, file_format="array_record")
+
+
+def load_split(builder, split: str, languages: Sequence[str]) -> Sequence:
+    """Prepares the dataset if needed and returns a random-access source for `split`."""
+    builder.download_and_prepare()
+    available = list(builder.info.splits)
+    if split not in available:
+        raise DataError(f"dataset {builder.name!r} has no split {split!r}; it has {', '.join(available)}")
+    features = set(builder.info.features.keys())
+    missing = [language for language in languages if language not in features]
+    if missing:
+        raise DataError(
+            f"dataset {builder.name!r} has no language {', '.join(map(repr, missing))}; it has {', '.join(sorted(features))}"
+        )
+    source = builder.as_data_source(split=split)
+    logging.info("%s[%s]: %d pairs", builder.name, split, len(source))
+    return source

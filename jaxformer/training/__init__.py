@@ -1,0 +1,1 @@
+"""Training: loss, optimizer, train state, pure train/eval steps, checkpoints and the loop."""

@@ -1,0 +1,91 @@
+"""Orbax checkpoints of the train state, the data iterator and the run's metadata.
+
+Each step directory holds `state` (params, optimizer state, step, RNG), `data` (the grain
+iterator's position) and `metadata` (the experiment config and the sentencepiece model), so
+a checkpoint alone can resume training or translate.
+"""
+
+from __future__ import annotations
+
+import base64
+import logging
+import pathlib
+from typing import Any
+
+import grain
+import orbax.checkpoint as ocp
+
+
+class CheckpointError(RuntimeError):
+    """No usable checkpoint, or one that does not belong to this configuration."""
+
+
+def encode_bytes(data: bytes) -> str:
+    return base64.b64encode(data).decode("ascii")
+
+
+def decode_bytes(text: str) -> bytes:
+    return base64.b64decode(text.encode("ascii"))
+
+
+class Checkpointer:
+    """Saves every `save_every` steps (and on demand), keeps the last `keep`, restores the newest usable one."""
+
+    def __init__(self, directory: str | pathlib.Path, keep: int = 3):
+        self.directory = pathlib.Path(directory).absolute()
+        self.manager = ocp.CheckpointManager(
+            self.directory,
+            options=ocp.CheckpointManagerOptions(max_to_keep=keep, create=True),
+        )
+
+    def steps(self) -> list[int]:
+        return sorted(self.manager.all_steps())
+
+    def save(self, step: int, state: Any, data_iterator, metadata: dict[str, Any]) -> None:
+        self.manager.save(
+            step,
+            args=ocp.args.Composite(
+                state=ocp.args.StandardSave(state),
+                data=grain.checkpoint.CheckpointSave(data_iterator),
+                metadata=ocp.args.JsonSave(metadata),
+            ),
+            force=True,
+        )
+
+    def wait(self) -> None:
+        self.manager.wait_until_finished()
+
+    def read_metadata(self, step: int) -> dict[str, Any]:
+        return self.manager.restore(step, args=ocp.args.Composite(metadata=ocp.args.JsonRestore()))["metadata"]
+
+    def restore_latest(self, abstract_state: Any, data_iterator) -> tuple[int, Any, dict[str, Any]] | None:
+        """(step, state, metadata) of the newest checkpoint that restores; `data_iterator` is
+        moved to its position. A damaged newest checkpoint is skipped with a warning; None when
+        there is no checkpoint at all; `CheckpointError` when none restores."""
+        steps = self.steps()
+        failures = []
+        for step in reversed(steps):
+            try:
+                restored = self.manager.restore(
+                    step,
+                    args=ocp.args.Composite(
+                        state=ocp.args.StandardRestore(abstract_state),
+                        data=grain.checkpoint.CheckpointRestore(data_iterator),
+                        metadata=ocp.args.JsonRestore(),
+                    ),
+                )
+            except Exception as error:  # orbax/tensorstore raise many types for damaged files
+                failures.append(f"step {step}: {type(error).__name__}: {error}")
+                logging.warning(
+                    "checkpoint %s/%d cannot be restored (%s: %s); trying the previous one",
+                    self.directory, step, type(error).__name__, str(error).splitlines()[0] if str(error) else "",
+                )
+                continue
+            return step, restored["state"], restored["metadata"]
+        if failures:
+            raise CheckpointError(f"no checkpoint in {self.directory} can be restored:\n  " + "\n  ".join(failures))
+        return None
+
+    def close(self) -> None:
+        self.manager.wait_until_finished()
+        self.manager.close()

@@ -1,0 +1,115 @@
+"""The experiment config (an ml_collections.ConfigDict): its defaults, validation, and the
+model config derived from it. Config files in configs/ start from `default_config()`."""
+
+from __future__ import annotations
+
+import difflib
+from typing import Any
+
+import ml_collections
+
+from jaxformer.model.config import ConfigError, TransformerConfig
+
+# Sections whose values must not change when a run resumes from its workdir.
+RESUME_SENSITIVE = ("model", "data", "tokenizer", "optimizer")
+# Keys in those sections that may change on resume all the same.
+RESUME_FREE = {"data.data_dir", "data.raw_dir", "data.download", "data.num_threads", "data.eval_split",
+               "data.max_eval_examples", "data.eval_batch_size"}
+
+
+def default_config() -> ml_collections.ConfigDict:
+    """Every key an experiment config may set, with its default and meaning."""
+    config = ml_collections.ConfigDict()
+
+    # The model: a preset of jaxformer.model.config plus field overrides; vocab_size comes
+    # from the tokenizer.
+    config.model = ml_collections.ConfigDict({"preset": "base"})
+
+    config.data = ml_collections.ConfigDict()
+    config.data.name = "multi30k"  # "multi30k" (vendored, offline) or a tfds name: "wmt14_translate/de-en", "wmt17_translate/de-en"
+    config.data.source_language = "en"  # translate from ...
+    config.data.target_language = "de"  # ... into
+    config.data.data_dir = ml_collections.FieldReference(None, field_type=str)  # tfds data_dir (None: ~/tensorflow_datasets)
+    config.data.raw_dir = ml_collections.FieldReference(None, field_type=str)  # multi30k only: folder of the raw .gz files (None: vendored copy)
+    config.data.download = False  # multi30k only: fetch the official files instead of the vendored copy
+    config.data.train_split = "train"
+    config.data.eval_split = "validation"
+    config.data.max_length = 128  # tokens per side, EOS included; longer pairs are dropped; also the packed row length
+    config.data.batch_size = 64  # packed rows per (global) batch: up to batch_size * max_length target tokens
+    config.data.eval_batch_size = 64  # packed rows per evaluation batch
+    config.data.max_eval_examples = ml_collections.FieldReference(None, field_type=int)  # None: the whole eval split
+    config.data.shuffle_seed = 0  # seeds the per-epoch shuffle and the packing
+    config.data.num_threads = 2  # grain reader threads
+
+    config.tokenizer = ml_collections.ConfigDict()
+    config.tokenizer.vocab_size = 8000  # joint source+target sentencepiece vocabulary, special tokens included
+    config.tokenizer.model_type = "unigram"  # "unigram" or "bpe"
+    config.tokenizer.character_coverage = 1.0  # share of characters the vocabulary must cover
+    config.tokenizer.max_sentences = 2_000_000  # sentences sampled from the training split to train it
+
+    config.optimizer = ml_collections.ConfigDict()
+    config.optimizer.learning_rate_scale = 1.0  # lr = scale * d_model^-0.5 * min(step^-0.5, step * warmup^-1.5)
+    config.optimizer.warmup_steps = 4000
+    config.optimizer.b1 = 0.9  # Adam beta1
+    config.optimizer.b2 = 0.98  # Adam beta2
+    config.optimizer.eps = 1e-9  # Adam epsilon
+    config.optimizer.clip_norm = 1.0  # global gradient-norm clip (0 turns it off)
+    config.optimizer.accumulation_steps = 1  # micro-batches per optimizer update
+
+    config.training = ml_collections.ConfigDict()
+    config.training.seed = 0  # parameter initialisation and dropout
+    config.training.num_train_steps = 100_000
+    config.training.label_smoothing = 0.1  # epsilon_ls
+    config.training.log_every_steps = 100  # training metrics to TensorBoard / metrics.jsonl
+    config.training.eval_every_steps = 1000  # validation loss and perplexity
+    config.training.checkpoint_every_steps = 1000
+    config.training.keep_checkpoints = 3  # the newest K checkpoints are kept
+    return config
+
+
+def _flatten(config, prefix: str = "") -> dict[str, Any]:
+    """{"section.key": value} for a nested ConfigDict or dict."""
+    flat = {}
+    for key, value in config.items():
+        if isinstance(value, (dict, ml_collections.ConfigDict)):
+            flat.update(_flatten(value, f"{prefix}{key}."))
+        else:
+            flat[f"{prefix}{key}"] = value
+    return flat
+
+
+def validate(config: ml_collections.ConfigDict) -> None:
+    """Raises ConfigError for a key the defaults do not know (naming near matches) or a bad model."""
+    known = _flatten(default_config())
+    for key in _flatten(config):
+        if key.startswith("model."):
+            continue  # checked against TransformerConfig's fields by model_config()
+        if key not in known:
+            near = difflib.get_close_matches(key, list(known), n=3, cutoff=0.6)
+            hint = f"; did you mean {', '.join(near)}?" if near else ""
+            raise ConfigError(f"unknown config key {key!r}{hint}")
+    model_config(config, vocab_size=config.tokenizer.vocab_size)
+
+
+def model_config(config: ml_collections.ConfigDict, vocab_size: int) -> TransformerConfig:
+    """The TransformerConfig of an experiment, its vocabulary taken from the tokenizer."""
+    values = dict(config.model)
+    if values.get("vocab_size", vocab_size) != vocab_size:
+        raise ConfigError(
+            f"model.vocab_size={values['vocab_size']} differs from the tokenizer's {vocab_size} pieces; "
+            "set tokenizer.vocab_size instead"
+        )
+    values["vocab_size"] = vocab_size
+    return TransformerConfig.from_dict(values)
+
+
+def resume_differences(saved: dict[str, Any], current: ml_collections.ConfigDict) -> list[str]:
+    """'key: saved -> current' for every resume-sensitive value that changed."""
+    saved_flat, current_flat = _flatten(saved), _flatten(current.to_dict())
+    differences = []
+    for key in sorted(set(saved_flat) | set(current_flat)):
+        if key.split(".")[0] not in RESUME_SENSITIVE or key in RESUME_FREE:
+            continue
+        if saved_flat.get(key, "<unset>") != current_flat.get(key, "<unset>"):
+            differences.append(f"{key}: {saved_flat.get(key, '<unset>')!r} -> {current_flat.get(key, '<unset>')!r}")
+    return differences

@@ -1,0 +1,266 @@
+"""train_and_evaluate(config, workdir): the whole training run, resumable from its workdir."""
+
+from __future__ import annotations
+
+import functools
+import json
+import logging
+import math
+import pathlib
+import signal
+import time
+from typing import Any
+
+import jax
+import ml_collections
+import numpy as np
+import tqdm
+
+from jaxformer.data.pipeline import LengthFilter, eval_batches, train_dataset
+from jaxformer.data.sources import get_builder, load_split
+from jaxformer.data.tokenizer import Tokenizer, train_tokenizer
+from jaxformer.model.transformer import Transformer
+from jaxformer.training import experiment
+from jaxformer.training.checkpoint import Checkpointer, CheckpointError, decode_bytes, encode_bytes
+from jaxformer.training.metrics import MetricWriter, summarize
+from jaxformer.training.optimizer import make_optimizer
+from jaxformer.training.state import count_parameters, make_init_fn
+from jaxformer.training.step import eval_step, train_step
+
+TOKENIZER_FILE = "tokenizer.model"
+
+
+class NonFiniteLossError(FloatingPointError):
+    """The training loss became NaN or infinite; the run stops without saving."""
+
+
+# ------------------------------------------------------------------------------------------
+# Tokenizer: trained once per workdir, then reused (and restored from a checkpoint if lost).
+# ------------------------------------------------------------------------------------------
+
+
+def _tokenizer_for(config, workdir: pathlib.Path, train_source, checkpointer: Checkpointer) -> Tokenizer:
+    path = workdir / TOKENIZER_FILE
+    if not path.exists() and checkpointer.steps():
+        metadata = checkpointer.read_metadata(checkpointer.steps()[-1])
+        Tokenizer(decode_bytes(metadata["tokenizer"])).save(path)
+        logging.info("restored %s from the latest checkpoint", path)
+    if path.exists():
+        tokenizer = Tokenizer.load(path)
+        if tokenizer.vocab_size != config.tokenizer.vocab_size:
+            raise CheckpointError(
+                f"{path} has {tokenizer.vocab_size} pieces but tokenizer.vocab_size={config.tokenizer.vocab_size}; "
+                "use a new workdir to train a new tokenizer"
+            )
+        return tokenizer
+    languages = (config.data.source_language, config.data.target_language)
+
+    def sentences():
+        for index in range(len(train_source)):
+            record = train_source[index]
+            for language in languages:
+                yield record[language].decode("utf-8")
+
+    tokenizer = train_tokenizer(
+        sentences(), config.tokenizer.vocab_size, config.tokenizer.model_type,
+        config.tokenizer.character_coverage, config.tokenizer.max_sentences,
+    )
+    tokenizer.save(path)
+    logging.info("trained a %d-piece tokenizer, saved to %s", tokenizer.vocab_size, path)
+    return tokenizer
+
+
+# ------------------------------------------------------------------------------------------
+# Signals: SIGTERM and Ctrl-C ask the loop to save and stop at the next step boundary.
+# ------------------------------------------------------------------------------------------
+
+
+class StopRequest:
+    def __init__(self):
+        self.signal_name: str | None = None
+        self._previous = {}
+
+    def __enter__(self):
+        for signum in (signal.SIGTERM, signal.SIGINT):
+            try:
+                self._previous[signum] = signal.signal(signum, self._handle)
+            except ValueError:  # not the main thread: leave signals alone
+                pass
+        return self
+
+    def _handle(self, signum, frame):
+        if self.signal_name is not None and signum == signal.SIGINT:
+            raise KeyboardInterrupt  # a second Ctrl-C stops at once
+        self.signal_name = signal.Signals(signum).name
+        logging.warning("%s received: saving a checkpoint and stopping after this step", self.signal_name)
+
+    def __exit__(self, *exc):
+        for signum, handler in self._previous.items():
+            signal.signal(signum, handler)
+
+
+# ------------------------------------------------------------------------------------------
+# Metrics: fetched from the device once per log interval, never per step.
+# ------------------------------------------------------------------------------------------
+
+
+def _check_finite(step_metrics: list[tuple[int, dict]], checkpointer: Checkpointer) -> None:
+    for step, metrics in step_metrics:
+        loss = float(metrics["loss_sum"]) / max(float(metrics["weight"]), 1.0)
+        if not (math.isfinite(loss) and math.isfinite(float(metrics["grad_norm"]))):
+            saved = checkpointer.steps()
+            kept = f"the last good checkpoint is step {saved[-1]} in {checkpointer.directory}" if saved else "no checkpoint was saved"
+            raise NonFiniteLossError(
+                f"training loss is {loss} (gradient norm {float(metrics['grad_norm'])}) at step {step}; "
+                f"stopping without saving: {kept}. Lower optimizer.learning_rate_scale or check the data."
+            )
+
+
+def _evaluate(eval_fn, params, batches) -> dict[str, float]:
+    totals = None
+    for batch in batches:
+        metrics = eval_fn(params, batch)
+        totals = metrics if totals is None else jax.tree.map(lambda a, b: a + b, totals, metrics)
+    return summarize(jax.device_get(totals))
+
+
+# ------------------------------------------------------------------------------------------
+# The run.
+# ------------------------------------------------------------------------------------------
+
+
+def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str | pathlib.Path) -> dict[str, Any]:
+    """Trains (or resumes) the experiment `config` in `workdir`; returns the last metrics."""
+    experiment.validate(config)
+    workdir = pathlib.Path(workdir).absolute()
+    workdir.mkdir(parents=True, exist_ok=True)
+    data, training = config.data, config.training
+    logging.info("config:\n%s", config)
+    logging.info("devices: %s", jax.devices())
+
+    checkpointer = Checkpointer(workdir / "checkpoints", keep=training.keep_checkpoints)
+    if checkpointer.steps():
+        saved_config = checkpointer.read_metadata(checkpointer.steps()[-1])["config"]
+        differences = experiment.resume_differences(saved_config, config)
+        if differences:
+            raise CheckpointError(
+                f"{workdir} holds a run with another configuration; use a new workdir or restore these values:\n  "
+                + "\n  ".join(differences)
+            )
+
+    languages = (data.source_language, data.target_language)
+    builder = get_builder(data.name, data.data_dir, data.raw_dir, data.download)
+    train_source = load_split(builder, data.train_split, languages)
+    eval_source = load_split(builder, data.eval_split, languages)
+    tokenizer = _tokenizer_for(config, workdir, train_source, checkpointer)
+
+    model_config = experiment.model_config(config, tokenizer.vocab_size)
+    model = Transformer(model_config)
+    optimizer, schedule = make_optimizer(
+        model_config.d_model, config.optimizer.warmup_steps, config.optimizer.learning_rate_scale,
+        config.optimizer.b1, config.optimizer.b2, config.optimizer.eps, config.optimizer.clip_norm,
+        config.optimizer.accumulation_steps,
+    )
+    init_fn = make_init_fn(model, optimizer, data.max_length, data.max_length)
+    abstract_state = jax.eval_shape(init_fn, training.seed)
+    logging.info("model: %s parameters", f"{count_parameters(abstract_state.params):,}")
+
+    length_filter = LengthFilter(data.max_length)
+    train_iterator = iter(train_dataset(
+        train_source, tokenizer, source_language=data.source_language, target_language=data.target_language,
+        max_length=data.max_length, batch_size=data.batch_size, seed=data.shuffle_seed, length_filter=length_filter,
+        shard_index=jax.process_index(), shard_count=jax.process_count(), num_threads=data.num_threads,
+    ))
+    eval_data = eval_batches(
+        eval_source, tokenizer, source_language=data.source_language, target_language=data.target_language,
+        max_length=data.max_length, batch_size=data.eval_batch_size, max_examples=data.max_eval_examples,
+    )
+
+    restored = checkpointer.restore_latest(abstract_state, train_iterator)
+    if restored is None:
+        state, step = jax.jit(init_fn)(training.seed), 0
+    else:
+        step, state, _ = restored
+        logging.info("resumed from step %d of %s", step, checkpointer.directory)
+    base_rng = np.asarray(jax.device_get(state.rng))
+    metadata = {
+        "config": config.to_dict(),
+        "model": model_config.to_dict(),
+        "tokenizer": encode_bytes(tokenizer.model_proto),
+    }
+
+    train_fn = jax.jit(
+        functools.partial(
+            train_step, model=model, optimizer=optimizer, schedule=schedule,
+            label_smoothing=training.label_smoothing, accumulation_steps=config.optimizer.accumulation_steps,
+        ),
+        donate_argnums=0,
+    )
+    eval_fn = jax.jit(functools.partial(eval_step, model=model, label_smoothing=training.label_smoothing))
+
+    writer = MetricWriter(workdir)
+    pending: list[tuple[int, Any]] = []
+    last: dict[str, Any] = {}
+    interval_start, interval_tokens = time.perf_counter(), 0.0
+
+    def flush_metrics():
+        nonlocal interval_start, pending
+        if not pending:
+            return
+        host = jax.device_get(pending)
+        pending = []
+        _check_finite(host, checkpointer)
+        elapsed = time.perf_counter() - interval_start
+        interval_start = time.perf_counter()
+        totals = {key: sum(float(m[key]) for _, m in host) for key in host[0][1]}
+        summary = summarize(totals)
+        summary.update(
+            learning_rate=float(host[-1][1]["learning_rate"]),
+            grad_norm=float(np.mean([m["grad_norm"] for _, m in host])),
+            tokens_per_second=totals["weight"] / elapsed,
+            steps_per_second=len(host) / elapsed,
+        )
+        writer.write(host[-1][0], summary, prefix="train/")
+        last["train"] = summary
+        progress.set_postfix(
+            loss=f"{summary['loss']:.3f}", lr=f"{summary['learning_rate']:.2e}", tok_s=f"{summary['tokens_per_second']:,.0f}"
+        )
+
+    def save(step):
+        flush_metrics()  # never checkpoint past a NaN
+        checkpointer.save(step, state, train_iterator, {**metadata, "step": step})
+
+    with StopRequest() as stop, tqdm.tqdm(
+        total=training.num_train_steps, initial=step, desc="train", unit="step", disable=jax.process_index() != 0,
+        dynamic_ncols=True,
+    ) as progress:
+        try:
+            while step < training.num_train_steps and stop.signal_name is None:
+                batch = next(train_iterator)
+                state, metrics = train_fn(state, batch, jax.random.fold_in(base_rng, step))
+                step += 1
+                pending.append((step, metrics))
+                progress.update(1)
+                if step % training.log_every_steps == 0:
+                    flush_metrics()
+                if step % training.eval_every_steps == 0 or step == training.num_train_steps:
+                    flush_metrics()
+                    last["eval"] = _evaluate(eval_fn, state.params, eval_data)
+                    writer.write(step, last["eval"], prefix="eval/")
+                    logging.info(
+                        "step %d: validation loss %.4f, perplexity %.2f, accuracy %.4f; length filter dropped %d of %d pairs read",
+                        step, last["eval"]["loss"], last["eval"]["perplexity"], last["eval"]["accuracy"],
+                        length_filter.dropped, length_filter.seen,
+                    )
+                if step % training.checkpoint_every_steps == 0 or step == training.num_train_steps:
+                    save(step)
+            if stop.signal_name is not None and step not in checkpointer.steps():
+                save(step)
+                logging.warning("stopped by %s at step %d; checkpoint saved, resume with the same command", stop.signal_name, step)
+            flush_metrics()
+        finally:
+            checkpointer.close()
+            writer.close()
+    last["step"] = step
+    (workdir / "last_metrics.json").write_text(json.dumps(last, indent=2))
+    return last

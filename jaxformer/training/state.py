@@ -1,0 +1,49 @@
+"""The train state: one pytree holding everything a resumed run needs from the device."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import flax
+import flax.linen as nn
+import jax
+import jax.numpy as jnp
+import optax
+
+from jaxformer.model.transformer import Transformer
+
+
+@flax.struct.dataclass
+class TrainState:
+    step: jax.Array  # int32 []: train steps taken (micro-batches when accumulating)
+    params: Any  # the model parameters, plain arrays
+    opt_state: optax.OptState
+    rng: jax.Array  # uint32 [2]: base key; step s uses fold_in(rng, s) for dropout
+
+
+def example_batch_shapes(batch_size: int, source_length: int, target_length: int) -> dict[str, jax.ShapeDtypeStruct]:
+    """Abstract token arrays with the shapes of one training batch."""
+    return {
+        "inputs": jax.ShapeDtypeStruct((batch_size, source_length), jnp.int32),
+        "targets": jax.ShapeDtypeStruct((batch_size, target_length), jnp.int32),
+    }
+
+
+def make_init_fn(model: Transformer, optimizer: optax.GradientTransformation, source_length: int, target_length: int):
+    """A function `seed -> TrainState`, to run under `jax.eval_shape` then `jax.jit`."""
+
+    def init(seed: jax.Array) -> TrainState:
+        rng = jax.random.PRNGKey(seed)
+        init_rng, dropout_rng = jax.random.split(rng)
+        source = jnp.ones((1, source_length), jnp.int32)
+        target = jnp.ones((1, target_length), jnp.int32)
+        params = nn.meta.unbox(model.init(init_rng, source, target, deterministic=True)["params"])
+        return TrainState(
+            step=jnp.zeros((), jnp.int32), params=params, opt_state=optimizer.init(params), rng=dropout_rng
+        )
+
+    return init
+
+
+def count_parameters(params: Any) -> int:
+    return sum(int(leaf.size) for leaf in jax.tree.leaves(params))

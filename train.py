@@ -1,0 +1,29 @@
+"""Train a jaxformer translation model.
+
+    python train.py --config configs/multi30k.py --workdir runs/m30k
+    python train.py --config configs/multi30k.py --workdir runs/m30k --config.model.num_encoder_layers=4
+
+Running the same command again resumes from the newest checkpoint in the workdir; SIGTERM
+or Ctrl-C saves a checkpoint and stops.
+"""
+
+from absl import app, flags, logging
+from ml_collections import config_flags
+
+from jaxformer.training.loop import train_and_evaluate
+
+FLAGS = flags.FLAGS
+config_flags.DEFINE_config_file("config", None, "Experiment config file (configs/*.py).", lock_config=True)
+flags.DEFINE_string("workdir", None, "Directory for checkpoints, the tokenizer and metrics.")
+flags.mark_flags_as_required(["config", "workdir"])
+
+
+def main(argv):
+    if len(argv) > 1:
+        raise app.UsageError(f"unexpected arguments: {' '.join(argv[1:])}")
+    logging.set_verbosity(logging.INFO)
+    train_and_evaluate(FLAGS.config, FLAGS.workdir)
+
+
+if __name__ == "__main__":
+    app.run(main)
