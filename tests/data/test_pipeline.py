@@ -1,0 +1,129 @@
+import numpy as np
+import pytest
+
+from jaxformer.data.pipeline import LengthFilter, eval_batches, train_dataset
+from jaxformer.data.tokenizer import train_tokenizer
+
+WORDS = "a man woman child dog runs sits red blue big small the in on with".split()
+WÖRTER = "ein mann frau kind hund rennt sitzt rot blau groß klein der im auf mit".split()
+MAX_LENGTH = 40
+
+
+@pytest.fixture(scope="module")
+def corpus():
+    rng = np.random.default_rng(0)
+    records, seen = [], set()
+    while len(records) < 300:
+        length = int(rng.integers(1, 12))
+        picks = tuple(rng.integers(0, len(WORDS), length))
+        if picks in seen:  # distinct pairs, so a pair's content identifies it
+            continue
+        seen.add(picks)
+        records.append({"en": " ".join(WORDS[i] for i in picks).encode(), "de": " ".join(WÖRTER[i] for i in picks).encode()})
+    records.append({"en": " ".join(["dog"] * 40).encode(), "de": "hund".encode()})  # too long: dropped
+    tokenizer = train_tokenizer([r[k].decode() for r in records for k in ("en", "de")], vocab_size=50)
+    return records, tokenizer
+
+
+def kept_pairs(corpus, max_length=MAX_LENGTH):
+    """Every (source ids, target ids) pair that fits, in corpus order."""
+    records, tokenizer = corpus
+    pairs = [(tuple(tokenizer.encode(r["en"].decode())), tuple(tokenizer.encode(r["de"].decode()))) for r in records]
+    return [pair for pair in pairs if max(map(len, pair)) <= max_length]
+
+
+def make(corpus, **overrides):
+    records, tokenizer = corpus
+    options = dict(source_language="en", target_language="de", max_length=MAX_LENGTH, batch_size=4, seed=7, num_threads=0)
+    options.update(overrides)
+    return train_dataset(records, tokenizer, **options)
+
+
+def unpack(batch):
+    """(source ids, target ids) of every packed pair in a batch."""
+    pairs = []
+    for row in range(batch["inputs"].shape[0]):
+        for segment in range(1, batch["inputs_segment_ids"][row].max() + 1):
+            source = batch["inputs"][row][batch["inputs_segment_ids"][row] == segment]
+            target = batch["targets"][row][batch["targets_segment_ids"][row] == segment]
+            pairs.append((tuple(source), tuple(target)))
+    return pairs
+
+
+def test_batches_have_fixed_shapes_and_consistent_packing(corpus):
+    iterator = iter(make(corpus))
+    expected = set(kept_pairs(corpus))
+    for _ in range(5):
+        batch = next(iterator)
+        assert {key: value.shape for key, value in batch.items()} == {
+            key: (4, MAX_LENGTH) for key in ("inputs", "targets", "inputs_segment_ids", "targets_segment_ids", "inputs_positions", "targets_positions")
+        }
+        assert all(value.dtype == np.int32 for value in batch.values())
+        # Padding has segment 0; positions restart at 0 in each segment.
+        assert ((batch["inputs"] == 0) == (batch["inputs_segment_ids"] == 0)).all()
+        for row in range(4):
+            segments, positions = batch["targets_segment_ids"][row], batch["targets_positions"][row]
+            for segment in range(1, segments.max() + 1):
+                np.testing.assert_array_equal(positions[segments == segment], np.arange((segments == segment).sum()))
+        # Each packed segment is one real pair of the corpus, source and target together.
+        assert set(unpack(batch)) <= expected
+
+
+def test_order_is_seeded_and_reshuffled_per_epoch(corpus):
+    def first_pairs(seed, n=12):
+        iterator = iter(make(corpus, seed=seed))
+        return [pair for _ in range(n) for pair in unpack(next(iterator))]
+
+    assert first_pairs(7) == first_pairs(7)
+    assert first_pairs(7) != first_pairs(8)
+    # 120 batches reach well past one epoch: every kept pair shows up.
+    distinct = set(kept_pairs(corpus))
+    assert len(distinct) > 250
+    iterator = iter(make(corpus))
+    seen = [pair for _ in range(120) for pair in unpack(next(iterator))]
+    assert set(seen) == distinct
+
+
+def test_iterator_state_restores_exactly(corpus):
+    iterator = iter(make(corpus))
+    for _ in range(7):
+        next(iterator)
+    state = iterator.get_state()
+    expected = [next(iterator) for _ in range(5)]
+    fresh = iter(make(corpus))
+    fresh.set_state(state)
+    for want in expected:
+        got = next(fresh)
+        for key in want:
+            np.testing.assert_array_equal(got[key], want[key])
+
+
+def test_length_filter_counts_drops(corpus):
+    length_filter = LengthFilter(3)
+    examples = [{"inputs": np.ones(a), "targets": np.ones(b)} for a, b in [(3, 3), (4, 1), (1, 4), (2, 2)]]
+    assert [length_filter(example) for example in examples] == [True, False, False, True]
+    assert (length_filter.seen, length_filter.dropped) == (4, 2)
+
+    records, _ = corpus
+    overlong = len(records) - len(kept_pairs(corpus))
+    length_filter = LengthFilter(MAX_LENGTH)
+    iterator = iter(make(corpus, length_filter=length_filter))
+    while length_filter.seen < len(records):  # one whole epoch read
+        next(iterator)
+    assert overlong >= 1 and length_filter.dropped >= overlong
+
+
+def test_process_shards_are_disjoint(corpus):
+    shards = []
+    for index in range(2):
+        iterator = iter(make(corpus, shard_index=index, shard_count=2))
+        shards.append({pair for _ in range(40) for pair in unpack(next(iterator))})
+    assert shards[0] and shards[1] and not (shards[0] & shards[1])
+
+
+def test_eval_batches_cover_every_pair_once(corpus):
+    records, tokenizer = corpus
+    batches = eval_batches(records, tokenizer, source_language="en", target_language="de", max_length=MAX_LENGTH, batch_size=4)
+    assert all(batch["inputs"].shape == (4, MAX_LENGTH) for batch in batches)
+    pairs = [pair for batch in batches for pair in unpack(batch)]
+    assert sorted(pairs) == sorted(kept_pairs(corpus))  # every pair that fits, once

@@ -1,0 +1,42 @@
+import numpy as np
+import pytest
+import sentencepiece as spm
+
+from jaxformer.data.tokenizer import Tokenizer, train_tokenizer
+from jaxformer.tokens import BOS_ID, EOS_ID, PAD_ID, UNK_ID
+
+SENTENCES = [
+    "A man in an orange hat starring at something.",
+    "Ein Mann mit einem orangefarbenen Hut, der etwas anstarrt.",
+    "Two young, White males are outside near many bushes.",
+    "Zwei junge weiße Männer sind im Freien in der Nähe vieler Büsche.",
+] * 50
+
+
+@pytest.mark.parametrize("model_type", ["unigram", "bpe"])
+def test_trains_with_fixed_special_ids_and_round_trips(model_type, tmp_path):
+    tokenizer = train_tokenizer(SENTENCES, vocab_size=64, model_type=model_type)
+    assert tokenizer.vocab_size == 64
+    assert tokenizer.pieces([PAD_ID, EOS_ID, UNK_ID, BOS_ID]) == ["<pad>", "</s>", "<unk>", "<s>"]
+    ids = tokenizer.encode(SENTENCES[1])
+    assert ids.dtype == np.int32 and ids[-1] == EOS_ID and (ids[:-1] > BOS_ID).all()
+    assert tokenizer.decode(ids) == SENTENCES[1]
+    assert tokenizer.decode(np.concatenate([[BOS_ID], ids, [PAD_ID, PAD_ID]])) == SENTENCES[1]
+    tokenizer.save(tmp_path / "spm.model")
+    assert Tokenizer.load(tmp_path / "spm.model").encode(SENTENCES[0]).tolist() == tokenizer.encode(SENTENCES[0]).tolist()
+    batch = tokenizer.encode(SENTENCES[:3], add_eos=False)
+    assert [b.tolist() for b in batch] == [tokenizer.encode(s, add_eos=False).tolist() for s in SENTENCES[:3]]
+
+
+def test_rejects_models_with_other_special_ids(tmp_path):
+    import io
+
+    model = io.BytesIO()
+    spm.SentencePieceTrainer.train(sentence_iterator=iter(SENTENCES), model_writer=model, vocab_size=60, minloglevel=2)
+    with pytest.raises(ValueError, match=r"\(pad, eos, unk, bos\) ids"):
+        Tokenizer(model.getvalue())
+
+
+def test_unknown_model_type():
+    with pytest.raises(ValueError, match="model_type='word'"):
+        train_tokenizer(SENTENCES, 100, model_type="word")
