@@ -1,13 +1,13 @@
 """The default real run: Multi30k English->German (vendored, offline), sized for 2 CPU cores in
 about an hour, or a few minutes on one GPU."""
 
-from jaxformer.training.experiment import default_config
+from jaxformer.training.experiment import default_config, model_section
 
 
 def get_config():
     config = default_config()
     # The model: base-like post-norm Transformer, narrowed for a 29,000-pair corpus.
-    config.model.preset = "base"
+    config.model = model_section("base")
     config.model.d_model = 256  # residual width
     config.model.num_heads = 4  # head size 64, as in the paper
     config.model.d_ff = 1024  # 4 x d_model, as in the paper

@@ -1,12 +1,12 @@
 """A tiny model on a slice of Multi30k: runs in seconds on a CPU; used by the tests."""
 
-from jaxformer.training.experiment import default_config
+from jaxformer.training.experiment import default_config, model_section
 
 
 def get_config():
     config = default_config()
     # The model: the tiny preset (d_model 32, 4 heads, d_ff 64, 2 + 2 layers); vocab from the tokenizer.
-    config.model.preset = "tiny"
+    config.model = model_section("tiny")
     config.data.max_length = 48  # tokens per side and packed row length
     config.data.batch_size = 4  # packed rows per batch
     config.data.eval_batch_size = 8  # packed rows per evaluation batch

@@ -65,10 +65,19 @@ def train_tokenizer(
     model_type: str = "unigram",
     character_coverage: float = 1.0,
     max_sentences: int = 2_000_000,
+    seed: int = 0,
 ) -> Tokenizer:
-    """Trains one sentencepiece model on `sentences` (source and target text together)."""
+    """Trains one sentencepiece model on `sentences` (source and target text together).
+
+    Beyond `max_sentences`, a sample drawn with `seed` is used, so the same corpus always
+    gives the same model (sentencepiece's own sampling is not seeded).
+    """
     if model_type not in ("unigram", "bpe"):
         raise ValueError(f"tokenizer.model_type={model_type!r}: choose 'unigram' or 'bpe'")
+    sentences = list(sentences)
+    if len(sentences) > max_sentences:
+        chosen = np.sort(np.random.default_rng(seed).choice(len(sentences), max_sentences, replace=False))
+        sentences = [sentences[i] for i in chosen]
     model = io.BytesIO()
     logging.info("training a %s sentencepiece model with %d pieces", model_type, vocab_size)
     spm.SentencePieceTrainer.train(
@@ -77,8 +86,7 @@ def train_tokenizer(
         vocab_size=vocab_size,
         model_type=model_type,
         character_coverage=character_coverage,
-        input_sentence_size=max_sentences,
-        shuffle_input_sentence=True,
+        shuffle_input_sentence=False,
         pad_id=PAD_ID, eos_id=EOS_ID, unk_id=UNK_ID, bos_id=BOS_ID,
         pad_piece="<pad>", eos_piece="</s>", unk_piece="<unk>", bos_piece="<s>",
         num_threads=2,

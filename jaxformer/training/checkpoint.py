@@ -10,6 +10,7 @@ from __future__ import annotations
 import base64
 import logging
 import pathlib
+import time
 from typing import Any
 
 import grain
@@ -41,7 +42,18 @@ class Checkpointer:
     def steps(self) -> list[int]:
         return sorted(self.manager.all_steps())
 
+    def set_aside(self, step: int) -> pathlib.Path:
+        """Renames a damaged step directory out of orbax's way (kept for inspection, never deleted)."""
+        self.manager.wait_until_finished()
+        target = self.directory / f"{step}.damaged-{time.strftime('%Y%m%d-%H%M%S')}"
+        (self.directory / str(step)).rename(target)
+        self.manager.reload()
+        logging.warning("moved the damaged checkpoint of step %d to %s", step, target)
+        return target
+
     def save(self, step: int, state: Any, data_iterator, metadata: dict[str, Any]) -> None:
+        if step in self.manager.all_steps():  # left by a run that could not restore it
+            self.set_aside(step)
         self.manager.save(
             step,
             args=ocp.args.Composite(
@@ -81,6 +93,9 @@ class Checkpointer:
                     self.directory, step, type(error).__name__, str(error).splitlines()[0] if str(error) else "",
                 )
                 continue
+            for damaged in steps:
+                if damaged > step:
+                    self.set_aside(damaged)
             return step, restored["state"], restored["metadata"]
         if failures:
             raise CheckpointError(f"no checkpoint in {self.directory} can be restored:\n  " + "\n  ".join(failures))

@@ -8,22 +8,33 @@ from typing import Any
 
 import ml_collections
 
-from jaxformer.model.config import ConfigError, TransformerConfig
+from jaxformer.model.config import ConfigError, TransformerConfig, preset
 
-# Sections whose values must not change when a run resumes from its workdir.
+# Sections whose values must not change when a run resumes from its workdir: they shape the
+# parameters, the optimizer state, the tokenizer or the data order.
 RESUME_SENSITIVE = ("model", "data", "tokenizer", "optimizer")
-# Keys in those sections that may change on resume all the same.
+# Keys in those sections that may change on resume all the same (training.* always may).
 RESUME_FREE = {"data.data_dir", "data.raw_dir", "data.download", "data.num_threads", "data.eval_split",
-               "data.max_eval_examples", "data.eval_batch_size"}
+               "data.max_eval_examples", "data.eval_batch_size",
+               "optimizer.learning_rate_scale", "optimizer.warmup_steps"}
+
+
+def model_section(preset_name: str = "base", **overrides: Any) -> ml_collections.ConfigDict:
+    """The `model` section: the preset's name and every TransformerConfig field at the preset's
+    value (with `overrides`), so any field can be overridden from the command line."""
+    values = preset(preset_name, **overrides).to_dict()
+    for field in ("vocab_size", "deterministic"):  # set from the tokenizer / by the loop
+        values.pop(field)
+    return ml_collections.ConfigDict({"preset": preset_name, **values})
 
 
 def default_config() -> ml_collections.ConfigDict:
     """Every key an experiment config may set, with its default and meaning."""
     config = ml_collections.ConfigDict()
 
-    # The model: a preset of jaxformer.model.config plus field overrides; vocab_size comes
-    # from the tokenizer.
-    config.model = ml_collections.ConfigDict({"preset": "base"})
+    # The model: every field of jaxformer.model.config.TransformerConfig, starting from a preset;
+    # vocab_size comes from the tokenizer.
+    config.model = model_section("base")
 
     config.data = ml_collections.ConfigDict()
     config.data.name = "multi30k"  # "multi30k" (vendored, offline) or a tfds name: "wmt14_translate/de-en", "wmt17_translate/de-en"

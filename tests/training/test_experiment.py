@@ -1,0 +1,69 @@
+import importlib.util
+import pathlib
+
+import pytest
+
+from jaxformer.model.config import ConfigError, preset
+from jaxformer.training import experiment
+
+CONFIG_DIR = pathlib.Path(__file__).parents[2] / "configs"
+
+
+def load(name):
+    spec = importlib.util.spec_from_file_location(name, CONFIG_DIR / f"{name}.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module.get_config()
+
+
+@pytest.mark.parametrize("name", sorted(path.stem for path in CONFIG_DIR.glob("*.py")))
+def test_every_config_file_validates(name):
+    config = load(name)
+    experiment.validate(config)
+    model = experiment.model_config(config, config.tokenizer.vocab_size)
+    assert model.vocab_size == config.tokenizer.vocab_size
+
+
+def test_paper_configs():
+    for name, d_model, dropout in (("wmt14_base", 512, 0.1), ("wmt14_big", 1024, 0.3)):
+        config = load(name)
+        model = experiment.model_config(config, config.tokenizer.vocab_size)
+        assert model == preset(name.split("_")[1], vocab_size=37_000, dropout_rate=dropout)
+        assert (model.d_model, model.dropout_rate, model.num_encoder_layers) == (d_model, dropout, 6)
+        assert config.data.name == "wmt14_translate/de-en"
+        assert 24_000 <= config.data.batch_size * config.data.max_length * 0.9 <= 30_000  # ~25k target tokens
+        assert (config.optimizer.b1, config.optimizer.b2, config.optimizer.eps) == (0.9, 0.98, 1e-9)
+        assert config.optimizer.warmup_steps == 4000 and config.training.label_smoothing == 0.1
+
+
+def test_unknown_keys_list_near_matches():
+    config = load("tiny")
+    config.training.num_train_step = 5
+    with pytest.raises(ConfigError, match=r"unknown config key 'training.num_train_step'; did you mean training.num_train_steps"):
+        experiment.validate(config)
+    config = load("tiny")
+    config.model.num_head = 2
+    with pytest.raises(ConfigError, match=r"unknown key 'num_head'.*did you mean num_heads"):
+        experiment.validate(config)
+
+
+def test_model_vocab_must_come_from_the_tokenizer():
+    config = load("tiny")
+    config.model.vocab_size = 123
+    with pytest.raises(ConfigError, match="model.vocab_size=123 differs from the tokenizer's 1000"):
+        experiment.validate(config)
+
+
+def test_resume_differences_name_changed_keys():
+    saved = load("tiny").to_dict()
+    current = load("tiny")
+    current.training.num_train_steps = 999  # allowed
+    current.optimizer.learning_rate_scale = 0.5  # allowed
+    current.data.data_dir = "/elsewhere"  # allowed
+    assert experiment.resume_differences(saved, current) == []
+    current.model.num_heads = 2
+    current.tokenizer.vocab_size = 500
+    assert experiment.resume_differences(saved, current) == [
+        "model.num_heads: 4 -> 2",
+        "tokenizer.vocab_size: 1000 -> 500",
+    ]

@@ -1,0 +1,158 @@
+"""End-to-end runs of train.py on the tiny config: resume, signals, damaged checkpoints, NaN."""
+
+import json
+import os
+import pathlib
+import shutil
+import signal
+import subprocess
+import sys
+import time
+
+import pytest
+
+from jaxformer.data.sources import get_builder
+
+ROOT = pathlib.Path(__file__).parents[2]
+STEPS = 40  # checkpoints at 20 and 40 (configs/tiny.py)
+
+
+@pytest.fixture(scope="module")
+def data_dir(tmp_path_factory):
+    directory = tmp_path_factory.mktemp("tfds")
+    get_builder("multi30k", data_dir=str(directory)).download_and_prepare()
+    return directory
+
+
+def command(workdir, data_dir, *overrides):
+    return [
+        sys.executable, str(ROOT / "train.py"), "--config", str(ROOT / "configs" / "tiny.py"),
+        "--workdir", str(workdir), f"--config.data.data_dir={data_dir}", *overrides,
+    ]
+
+
+def environment():
+    env = dict(os.environ)
+    env["XLA_FLAGS"] = "--xla_backend_optimization_level=0"  # faster compiles; same float semantics
+    env["JAX_PLATFORMS"] = "cpu"
+    return env
+
+
+def train(workdir, data_dir, *overrides, check=True):
+    result = subprocess.run(
+        command(workdir, data_dir, *overrides), env=environment(), capture_output=True, text=True, timeout=600
+    )
+    if check and result.returncode != 0:
+        raise AssertionError(f"train.py failed ({result.returncode}):\n{result.stderr[-4000:]}")
+    return result
+
+
+def losses(workdir, prefix="train/loss"):
+    """{step: value} from metrics.jsonl; a step logged twice (before a crash and after the resume) keeps the later value."""
+    values = {}
+    for line in (pathlib.Path(workdir) / "metrics.jsonl").read_text().splitlines():
+        record = json.loads(line)
+        if prefix in record:
+            values[record["step"]] = record[prefix]
+    return values
+
+
+def checkpoint_steps(workdir):
+    directory = pathlib.Path(workdir) / "checkpoints"
+    return sorted(int(path.name) for path in directory.iterdir() if path.name.isdigit())
+
+
+@pytest.fixture(scope="module")
+def straight_run(tmp_path_factory, data_dir):
+    workdir = tmp_path_factory.mktemp("straight")
+    train(workdir, data_dir)
+    return workdir
+
+
+def test_straight_run_trains(straight_run):
+    train_losses = losses(straight_run)
+    assert sorted(train_losses) == list(range(1, STEPS + 1))
+    assert train_losses[STEPS] < train_losses[1] - 1.0  # it learns
+    assert set(losses(straight_run, "eval/perplexity")) == {20, 40}
+    assert checkpoint_steps(straight_run) == [20, 40]
+    assert (straight_run / "tokenizer.model").exists()
+    assert any((straight_run / "tensorboard").iterdir())
+
+
+def test_exact_resume_after_sigkill(straight_run, data_dir, tmp_path):
+    workdir = tmp_path / "killed"
+    process = subprocess.Popen(command(workdir, data_dir), env=environment(), stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+    deadline = time.time() + 300
+    while not (workdir / "checkpoints" / "20" / "commit_success.txt").exists():
+        assert process.poll() is None, process.stderr.read().decode()[-3000:]
+        assert time.time() < deadline, "no checkpoint at step 20"
+        time.sleep(0.02)
+    process.send_signal(signal.SIGKILL)
+    process.wait()
+    process.stderr.close()
+    assert max(losses(workdir)) < STEPS, "the run finished before it could be killed"
+
+    train(workdir, data_dir)
+    assert losses(workdir) == losses(straight_run)  # bitwise: every step's loss, same data order
+    assert losses(workdir, "eval/loss") == losses(straight_run, "eval/loss")
+
+
+def test_sigterm_saves_and_stops_cleanly(data_dir, tmp_path):
+    workdir = tmp_path / "terminated"
+    process = subprocess.Popen(
+        command(workdir, data_dir, "--config.training.num_train_steps=100000", "--config.training.checkpoint_every_steps=100000"),
+        env=environment(), stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True,
+    )
+    deadline = time.time() + 300
+    while not (workdir / "metrics.jsonl").exists() or len(losses(workdir)) < 5:
+        assert process.poll() is None and time.time() < deadline
+        time.sleep(0.05)
+    process.send_signal(signal.SIGTERM)
+    _, stderr = process.communicate(timeout=120)
+    assert process.returncode == 0, stderr[-3000:]
+    assert "stopped by SIGTERM" in stderr
+    last_step = max(losses(workdir))
+    assert checkpoint_steps(workdir) == [last_step]
+
+
+def test_damaged_latest_checkpoint_falls_back_to_the_previous(straight_run, data_dir, tmp_path):
+    workdir = tmp_path / "damaged"
+    shutil.copytree(straight_run, workdir)
+    (workdir / "metrics.jsonl").write_text("")
+    damaged = 0
+    for path in (workdir / "checkpoints" / "40" / "state").rglob("*"):
+        if path.is_file() and path.stat().st_size > 0:
+            path.write_bytes(path.read_bytes()[: path.stat().st_size // 2])  # truncated
+            damaged += 1
+    assert damaged
+    result = train(workdir, data_dir)
+    assert "checkpoint" in result.stderr and "cannot be restored" in result.stderr
+    assert "resumed from step 20" in result.stderr
+    straight = losses(straight_run)
+    assert losses(workdir) == {step: straight[step] for step in range(21, STEPS + 1)}
+
+
+def test_nan_loss_stops_and_keeps_the_last_good_checkpoint(straight_run, data_dir, tmp_path):
+    workdir = tmp_path / "diverged"
+    shutil.copytree(straight_run, workdir)
+    result = train(
+        workdir, data_dir, "--config.training.num_train_steps=60", "--config.optimizer.learning_rate_scale=1e30",
+        check=False,
+    )
+    assert result.returncode != 0
+    assert "NonFiniteLossError" in result.stderr and "stopping without saving" in result.stderr
+    assert "the last good checkpoint is step 40" in result.stderr
+    assert checkpoint_steps(workdir) == [20, 40]
+
+
+def test_a_workdir_of_another_config_is_an_error(straight_run, data_dir, tmp_path):
+    workdir = tmp_path / "other"
+    shutil.copytree(straight_run, workdir)
+    result = train(workdir, data_dir, "--config.model.num_heads=2", check=False)
+    assert result.returncode != 0
+    assert "holds a run with another configuration" in result.stderr and "model.num_heads" in result.stderr
+
+
+def test_unknown_override_lists_near_matches(data_dir, tmp_path):
+    result = train(tmp_path / "typo", data_dir, "--config.training.num_train_step=5", check=False)
+    assert result.returncode != 0 and 'Did you mean "num_train_steps"' in result.stderr
