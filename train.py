@@ -7,6 +7,8 @@ Running the same command again resumes from the newest checkpoint in the workdir
 or Ctrl-C saves a checkpoint and stops.
 """
 
+import logging as std_logging
+
 from absl import app, flags, logging
 from ml_collections import config_flags
 
@@ -18,10 +20,19 @@ flags.DEFINE_string("workdir", None, "Directory for checkpoints, the tokenizer a
 flags.mark_flags_as_required(["config", "workdir"])
 
 
+class _QuietLibraries(std_logging.Filter):
+    """Drops orbax's and tfds's INFO chatter (a dozen lines per checkpoint); warnings pass."""
+
+    def filter(self, record):
+        noisy = "/orbax/" in record.pathname or "/tensorflow_datasets/" in record.pathname
+        return record.levelno >= std_logging.WARNING or not noisy
+
+
 def main(argv):
     if len(argv) > 1:
         raise app.UsageError(f"unexpected arguments: {' '.join(argv[1:])}")
     logging.set_verbosity(logging.INFO)
+    logging.get_absl_handler().addFilter(_QuietLibraries())
     train_and_evaluate(FLAGS.config, FLAGS.workdir)
 
 

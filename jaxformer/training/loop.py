@@ -56,10 +56,14 @@ def _tokenizer_for(config, workdir: pathlib.Path, train_source, checkpointer: Ch
     languages = (config.data.source_language, config.data.target_language)
 
     def sentences():
-        for index in range(len(train_source)):
-            record = train_source[index]
-            for language in languages:
-                yield record[language].decode("utf-8")
+        chunk = 4096  # batched reads: one random access per record is several times slower
+        for start in range(0, len(train_source), chunk):
+            indices = list(range(start, min(start + chunk, len(train_source))))
+            records = train_source.__getitems__(indices) if hasattr(train_source, "__getitems__") else [train_source[i] for i in indices]
+            for record in records:
+                for language in languages:
+                    value = record[language]
+                    yield value.decode("utf-8") if isinstance(value, bytes) else value
 
     tokenizer = train_tokenizer(
         sentences(), config.tokenizer.vocab_size, config.tokenizer.model_type,
