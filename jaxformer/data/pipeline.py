@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import logging
 import threading
-from collections.abc import Iterator, Sequence
+from collections.abc import Sequence
 
 import grain
 import numpy as np
@@ -122,7 +122,3 @@ def eval_batches(
         batches.append({key: np.stack([row[key] for row in chunk]) for key in rows[0]})
     return batches
 
-
-def iterate(dataset: grain.IterDataset) -> Iterator[dict[str, np.ndarray]]:
-    """A checkpointable iterator over `dataset` (grain's DatasetIterator)."""
-    return iter(dataset)

@@ -70,6 +70,15 @@ class Checkpointer:
     def read_metadata(self, step: int) -> dict[str, Any]:
         return self.manager.restore(step, args=ocp.args.Composite(metadata=ocp.args.JsonRestore()))["metadata"]
 
+    def latest_metadata(self) -> dict[str, Any] | None:
+        """The metadata of the newest checkpoint whose metadata reads; None without checkpoints."""
+        for step in reversed(self.steps()):
+            try:
+                return self.read_metadata(step)
+            except Exception as error:  # a damaged step: restore_latest will set it aside
+                logging.warning("cannot read the metadata of checkpoint %d (%s)", step, error)
+        return None
+
     def restore_latest(self, abstract_state: Any, data_iterator) -> tuple[int, Any, dict[str, Any]] | None:
         """(step, state, metadata) of the newest checkpoint that restores; `data_iterator` is
         moved to its position. A damaged newest checkpoint is skipped with a warning; None when

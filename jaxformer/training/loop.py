@@ -41,8 +41,8 @@ class NonFiniteLossError(FloatingPointError):
 
 def _tokenizer_for(config, workdir: pathlib.Path, train_source, checkpointer: Checkpointer) -> Tokenizer:
     path = workdir / TOKENIZER_FILE
-    if not path.exists() and checkpointer.steps():
-        metadata = checkpointer.read_metadata(checkpointer.steps()[-1])
+    metadata = checkpointer.latest_metadata() if not path.exists() else None
+    if metadata is not None:
         Tokenizer(decode_bytes(metadata["tokenizer"])).save(path)
         logging.info("restored %s from the latest checkpoint", path)
     if path.exists():
@@ -143,9 +143,9 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str | pathlib
     logging.info("devices: %s", jax.devices())
 
     checkpointer = Checkpointer(workdir / "checkpoints", keep=training.keep_checkpoints)
-    if checkpointer.steps():
-        saved_config = checkpointer.read_metadata(checkpointer.steps()[-1])["config"]
-        differences = experiment.resume_differences(saved_config, config)
+    saved = checkpointer.latest_metadata()
+    if saved is not None:
+        differences = experiment.resume_differences(saved["config"], config)
         if differences:
             raise CheckpointError(
                 f"{workdir} holds a run with another configuration; use a new workdir or restore these values:\n  "
