@@ -55,15 +55,15 @@ class LengthFilter:
         return keep
 
 
-def _packed_batches(dataset: grain.IterDataset, row_length: int, batch_size: int, seed: int, shuffle_bins: bool):
-    packed = grain.experimental.FirstFitPackIterDataset(
+def _pack(dataset: grain.IterDataset, row_length: int, num_bins: int, shuffle_bins: bool, seed: int = 0) -> grain.IterDataset:
+    """First-fit packing of (inputs, targets) pairs into rows of `row_length` tokens each side."""
+    return grain.experimental.FirstFitPackIterDataset(
         dataset,
         length_struct={feature: row_length for feature in FEATURES},
-        num_packing_bins=batch_size,
+        num_packing_bins=num_bins,
         seed=seed,
         shuffle_bins=shuffle_bins,
     )
-    return packed.batch(batch_size, drop_remainder=True)
 
 
 def train_dataset(
@@ -90,7 +90,7 @@ def train_dataset(
     dataset = dataset.map(TokenizePair(tokenizer, source_language, target_language))
     dataset = dataset.filter(length_filter or LengthFilter(max_length))
     dataset = dataset.to_iter_dataset(grain.ReadOptions(num_threads=num_threads, prefetch_buffer_size=4 * batch_size))
-    return _packed_batches(dataset, max_length, batch_size, seed, shuffle_bins=True)
+    return _pack(dataset, max_length, batch_size, shuffle_bins=True, seed=seed).batch(batch_size, drop_remainder=True)
 
 
 def eval_batches(
@@ -108,11 +108,7 @@ def eval_batches(
     length_filter = LengthFilter(max_length)
     dataset = grain.MapDataset.source(source)[:count].map(TokenizePair(tokenizer, source_language, target_language))
     dataset = dataset.filter(length_filter).to_iter_dataset(grain.ReadOptions(num_threads=0, prefetch_buffer_size=0))
-    packed = grain.experimental.FirstFitPackIterDataset(
-        dataset, length_struct={feature: max_length for feature in FEATURES},
-        num_packing_bins=batch_size, shuffle_bins=False,
-    )
-    rows = list(packed)
+    rows = list(_pack(dataset, max_length, batch_size, shuffle_bins=False))
     if length_filter.dropped:
         logging.warning("evaluation: %d of %d pairs longer than %d tokens left out", length_filter.dropped, count, max_length)
     batches = []
