@@ -45,6 +45,15 @@ class Embed(nn.Module):
         )
 
 
+# Logical names of the residual stream [B, L, D]; constrained at block boundaries only.
+ACTIVATION_AXES = ("batch", "length", "embed")
+
+
+def constrain(x: Float[Array, "B L D"]) -> Float[Array, "B L D"]:
+    """Pins the residual stream's layout under the active logical axis rules (no-op without them)."""
+    return nn.with_logical_constraint(x, ACTIVATION_AXES)
+
+
 def embed_with_positions(
     embed: Embed,
     tokens: Int[Array, "B L"],
@@ -59,7 +68,7 @@ def embed_with_positions(
     x = embed(tokens)  # [B, L, D]
     encoding = positional_encoding(tokens.shape[1], config.d_model, positions, config.position_base)  # [1|B, L, D]
     x = x + encoding.astype(config.dtype)
-    return nn.Dropout(config.dropout_rate)(x, deterministic=deterministic)
+    return constrain(nn.Dropout(config.dropout_rate)(x, deterministic=deterministic))
 
 
 def activation_function(name: str) -> Callable[[Array], Array]:

@@ -9,6 +9,7 @@ from typing import Any
 import ml_collections
 
 from jaxformer.model.config import ConfigError, TransformerConfig, preset
+from jaxformer.training.sharding import DEFAULT_RULES
 
 # Sections whose values must not change when a run resumes from its workdir: they shape the
 # parameters, the optimizer state, the tokenizer or the data order.
@@ -16,7 +17,7 @@ RESUME_SENSITIVE = ("model", "data", "tokenizer", "optimizer")
 # Keys in those sections that may change on resume all the same (training.* always may).
 RESUME_FREE = {"data.data_dir", "data.raw_dir", "data.download", "data.num_threads", "data.eval_split",
                "data.max_eval_examples", "data.eval_batch_size",
-               "optimizer.learning_rate_scale", "optimizer.warmup_steps"}
+               "optimizer.learning_rate_scale", "optimizer.warmup_steps", "mesh.shape", "mesh.logical_axis_rules"}
 
 
 def model_section(preset_name: str = "base", **overrides: Any) -> ml_collections.ConfigDict:
@@ -51,6 +52,7 @@ def default_config() -> ml_collections.ConfigDict:
     config.data.max_eval_examples = ml_collections.FieldReference(None, field_type=int)  # None: the whole eval split
     config.data.shuffle_seed = 0  # seeds the per-epoch shuffle and the packing
     config.data.num_threads = 2  # grain reader threads
+    config.data.input_shards = 0  # slices of each global batch, each read by its own pipeline (0: one per process)
 
     config.tokenizer = ml_collections.ConfigDict()
     config.tokenizer.vocab_size = 8000  # joint source+target sentencepiece vocabulary, special tokens included
@@ -66,6 +68,11 @@ def default_config() -> ml_collections.ConfigDict:
     config.optimizer.eps = 1e-9  # Adam epsilon
     config.optimizer.clip_norm = 1.0  # global gradient-norm clip (0 turns it off)
     config.optimizer.accumulation_steps = 1  # micro-batches per optimizer update
+
+    # Devices: a (data, fsdp, tensor) mesh and the rules mapping logical axis names onto it.
+    config.mesh = ml_collections.ConfigDict()
+    config.mesh.shape = (-1, 1, 1)  # sizes of (data, fsdp, tensor); -1 takes the remaining devices
+    config.mesh.logical_axis_rules = DEFAULT_RULES  # (logical name, mesh axes) pairs, tried in order
 
     config.training = ml_collections.ConfigDict()
     config.training.seed = 0  # parameter initialisation and dropout

@@ -11,16 +11,18 @@ import signal
 import time
 from typing import Any
 
+import flax.linen as nn
 import jax
 import ml_collections
 import numpy as np
 import tqdm
+from jax.experimental import multihost_utils
 
-from jaxformer.data.pipeline import LengthFilter, eval_batches, train_dataset
+from jaxformer.data.pipeline import LengthFilter, ShardedBatches, eval_batches, train_dataset
 from jaxformer.data.sources import get_builder, load_split
 from jaxformer.data.tokenizer import Tokenizer, train_tokenizer
 from jaxformer.model.transformer import Transformer
-from jaxformer.training import experiment
+from jaxformer.training import experiment, sharding
 from jaxformer.training.checkpoint import Checkpointer, CheckpointError, decode_bytes, encode_bytes
 from jaxformer.training.metrics import MetricWriter, summarize
 from jaxformer.training.optimizer import make_optimizer
@@ -69,8 +71,9 @@ def _tokenizer_for(config, workdir: pathlib.Path, train_source, checkpointer: Ch
         sentences(), config.tokenizer.vocab_size, config.tokenizer.model_type,
         config.tokenizer.character_coverage, config.tokenizer.max_sentences,
     )
-    tokenizer.save(path)
-    logging.info("trained a %d-piece tokenizer, saved to %s", tokenizer.vocab_size, path)
+    if jax.process_index() == 0:  # training is deterministic: every process holds the same model
+        tokenizer.save(path)
+        logging.info("trained a %d-piece tokenizer, saved to %s", tokenizer.vocab_size, path)
     return tokenizer
 
 
@@ -120,10 +123,17 @@ def _check_finite(step_metrics: list[tuple[int, dict]], checkpointer: Checkpoint
             )
 
 
-def _evaluate(eval_fn, params, batches) -> dict[str, float]:
+def _local_rows(batch: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+    """This process's slice of a batch every process holds whole."""
+    rows = batch["inputs"].shape[0] // jax.process_count()
+    start = jax.process_index() * rows
+    return {key: value[start : start + rows] for key, value in batch.items()}
+
+
+def _evaluate(eval_fn, params, batches, batch_sharding) -> dict[str, float]:
     totals = None
     for batch in batches:
-        metrics = eval_fn(params, batch)
+        metrics = eval_fn(params, sharding.global_batch(_local_rows(batch), batch_sharding))
         totals = metrics if totals is None else jax.tree.map(lambda a, b: a + b, totals, metrics)
     return summarize(jax.device_get(totals))
 
@@ -152,8 +162,18 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str | pathlib
                 + "\n  ".join(differences)
             )
 
+    mesh = sharding.make_mesh(config.mesh.shape)
+    rules = sharding.rules_from_config(config.mesh.logical_axis_rules)
+    sharding.check_batch_size(data.batch_size, mesh, rules)
+    sharding.check_batch_size(data.eval_batch_size, mesh, rules)
+    logging.info("mesh: %s", dict(mesh.shape))
+
     languages = (data.source_language, data.target_language)
     builder = get_builder(data.name, data.data_dir, data.raw_dir, data.download)
+    if jax.process_count() > 1:  # one process prepares the dataset, the others wait and read it
+        if jax.process_index() == 0:
+            builder.download_and_prepare()
+        multihost_utils.sync_global_devices("jaxformer: dataset prepared")
     train_source = load_split(builder, data.train_split, languages)
     eval_source = load_split(builder, data.eval_split, languages)
     tokenizer = _tokenizer_for(config, workdir, train_source, checkpointer)
@@ -165,16 +185,44 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str | pathlib
         config.optimizer.b1, config.optimizer.b2, config.optimizer.eps, config.optimizer.clip_norm,
         config.optimizer.accumulation_steps,
     )
+    with jax.set_mesh(mesh), nn.logical_axis_rules(rules):
+        return _train(config, workdir, mesh, rules, model, optimizer, schedule, checkpointer, tokenizer,
+                      model_config, train_source, eval_source)
+
+
+def _input_shards(config) -> tuple[int, range]:
+    """(number of input shards, the shards this process reads)."""
+    shards = config.data.input_shards or jax.process_count()
+    if shards % jax.process_count() or config.data.batch_size % shards:
+        raise ValueError(
+            f"data.input_shards={shards} must be a multiple of the {jax.process_count()} processes "
+            f"and divide data.batch_size={config.data.batch_size}"
+        )
+    per_process = shards // jax.process_count()
+    return shards, range(jax.process_index() * per_process, (jax.process_index() + 1) * per_process)
+
+
+def _train(config, workdir, mesh, rules, model, optimizer, schedule, checkpointer, tokenizer, model_config,
+           train_source, eval_source):
+    data, training = config.data, config.training
+    boxed_state = jax.eval_shape(make_init_fn(model, optimizer, data.max_length, data.max_length, boxed=True), training.seed)
+    state_shardings = sharding.logical_shardings(boxed_state, mesh, rules)
+    abstract_state = sharding.abstract_with_shardings(sharding.strip_boxes(boxed_state), state_shardings)
     init_fn = make_init_fn(model, optimizer, data.max_length, data.max_length)
-    abstract_state = jax.eval_shape(init_fn, training.seed)
     logging.info("model: %s parameters", f"{count_parameters(abstract_state.params):,}")
+    batch_sharding = sharding.batch_sharding(mesh, rules)
+    replicated = sharding.replicated(mesh)
 
     length_filter = LengthFilter(data.max_length)
-    train_iterator = iter(train_dataset(
-        train_source, tokenizer, source_language=data.source_language, target_language=data.target_language,
-        max_length=data.max_length, batch_size=data.batch_size, seed=data.shuffle_seed, length_filter=length_filter,
-        shard_index=jax.process_index(), shard_count=jax.process_count(), num_threads=data.num_threads,
-    ))
+    shard_count, my_shards = _input_shards(config)
+    train_iterator = ShardedBatches([
+        iter(train_dataset(
+            train_source, tokenizer, source_language=data.source_language, target_language=data.target_language,
+            max_length=data.max_length, batch_size=data.batch_size // shard_count, seed=data.shuffle_seed,
+            length_filter=length_filter, shard_index=shard, shard_count=shard_count, num_threads=data.num_threads,
+        ))
+        for shard in my_shards
+    ])
     eval_data = eval_batches(
         eval_source, tokenizer, source_language=data.source_language, target_language=data.target_language,
         max_length=data.max_length, batch_size=data.eval_batch_size, max_examples=data.max_eval_examples,
@@ -182,25 +230,31 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str | pathlib
 
     restored = checkpointer.restore_latest(abstract_state, train_iterator)
     if restored is None:
-        state, step = jax.jit(init_fn)(training.seed), 0
+        state, step = jax.jit(init_fn, out_shardings=state_shardings)(training.seed), 0
     else:
         step, state, _ = restored
         logging.info("resumed from step %d of %s", step, checkpointer.directory)
-    base_rng = np.asarray(jax.device_get(state.rng))
     metadata = {
         "config": config.to_dict(),
         "model": model_config.to_dict(),
         "tokenizer": encode_bytes(tokenizer.model_proto),
     }
 
+    step_fn = functools.partial(
+        train_step, model=model, optimizer=optimizer, schedule=schedule,
+        label_smoothing=training.label_smoothing, accumulation_steps=config.optimizer.accumulation_steps,
+    )
     train_fn = jax.jit(
-        functools.partial(
-            train_step, model=model, optimizer=optimizer, schedule=schedule,
-            label_smoothing=training.label_smoothing, accumulation_steps=config.optimizer.accumulation_steps,
-        ),
+        lambda state, batch, step: step_fn(state, batch, jax.random.fold_in(state.rng, step)),
+        in_shardings=(state_shardings, batch_sharding, replicated),
+        out_shardings=(state_shardings, replicated),
         donate_argnums=0,
     )
-    eval_fn = jax.jit(functools.partial(eval_step, model=model, label_smoothing=training.label_smoothing))
+    eval_fn = jax.jit(
+        functools.partial(eval_step, model=model, label_smoothing=training.label_smoothing),
+        in_shardings=(state_shardings.params, batch_sharding),
+        out_shardings=replicated,
+    )
 
     writer = MetricWriter(workdir)
     pending: list[tuple[int, Any]] = []
@@ -240,8 +294,8 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str | pathlib
     ) as progress:
         try:
             while step < training.num_train_steps and stop.signal_name is None:
-                batch = next(train_iterator)
-                state, metrics = train_fn(state, batch, jax.random.fold_in(base_rng, step))
+                batch = sharding.global_batch(next(train_iterator), batch_sharding)
+                state, metrics = train_fn(state, batch, np.int32(step))
                 step += 1
                 pending.append((step, metrics))
                 progress.update(1)
@@ -249,7 +303,7 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str | pathlib
                     flush_metrics()
                 if step % training.eval_every_steps == 0 or step == training.num_train_steps:
                     flush_metrics()
-                    last["eval"] = _evaluate(eval_fn, state.params, eval_data)
+                    last["eval"] = _evaluate(eval_fn, state.params, eval_data, batch_sharding)
                     writer.write(step, last["eval"], prefix="eval/")
                     logging.info(
                         "step %d: validation loss %.4f, perplexity %.2f, accuracy %.4f; length filter dropped %d of %d pairs read",
@@ -266,5 +320,6 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str | pathlib
             checkpointer.close()
             writer.close()
     last["step"] = step
-    (workdir / "last_metrics.json").write_text(json.dumps(last, indent=2))
+    if jax.process_index() == 0:
+        (workdir / "last_metrics.json").write_text(json.dumps(last, indent=2))
     return last

@@ -29,15 +29,24 @@ def example_batch_shapes(batch_size: int, source_length: int, target_length: int
     }
 
 
-def make_init_fn(model: Transformer, optimizer: optax.GradientTransformation, source_length: int, target_length: int):
-    """A function `seed -> TrainState`, to run under `jax.eval_shape` then `jax.jit`."""
+def make_init_fn(
+    model: Transformer, optimizer: optax.GradientTransformation, source_length: int, target_length: int, *, boxed: bool = False
+):
+    """A function `seed -> TrainState`, to run under `jax.eval_shape` then `jax.jit`.
+
+    With `boxed=True` parameters and optimizer moments keep their logical axis names
+    (`nn.LogicallyPartitioned`), for `jax.eval_shape` and the sharding rules; the state that
+    training uses is the unboxed one, with the same tree structure once unboxed.
+    """
 
     def init(seed: jax.Array) -> TrainState:
         rng = jax.random.PRNGKey(seed)
         init_rng, dropout_rng = jax.random.split(rng)
         source = jnp.ones((1, source_length), jnp.int32)
         target = jnp.ones((1, target_length), jnp.int32)
-        params = nn.meta.unbox(model.init(init_rng, source, target, deterministic=True)["params"])
+        params = model.init(init_rng, source, target, deterministic=True)["params"]
+        if not boxed:
+            params = nn.meta.unbox(params)
         return TrainState(
             step=jnp.zeros((), jnp.int32), params=params, opt_state=optimizer.init(params), rng=dropout_rng
         )

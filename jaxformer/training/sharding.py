@@ -1,0 +1,120 @@
+"""The one place that knows the device mesh: builds it from the config and turns the model's
+logical axis names into `NamedSharding`s for parameters, optimizer state and batches.
+
+The mesh has axes ("data", "fsdp", "tensor"): batches split over data x fsdp, parameters
+over fsdp (ZeRO-3 style) and tensor (Megatron style), as the logical axis rules say.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from typing import Any
+
+import flax.linen as nn
+import jax
+import numpy as np
+from jax.sharding import Mesh, NamedSharding, PartitionSpec
+
+AXIS_NAMES = ("data", "fsdp", "tensor")
+# Logical axis -> mesh axes, tried in order; an axis already used by a dimension falls through
+# to the next rule (e.g. activations' "embed" once "batch" took fsdp).
+DEFAULT_RULES = (
+    ("batch", ("data", "fsdp")),
+    ("vocab", "tensor"),
+    ("heads", "tensor"),
+    ("mlp", "tensor"),
+    ("embed", "fsdp"),
+    ("kv", None),
+    ("length", None),
+    ("layers", None),
+)
+BATCH_AXES = ("batch", "length")
+ACTIVATION_AXES = ("batch", "length", "embed")
+
+
+class MeshError(ValueError):
+    """The requested mesh does not fit the devices or the batch."""
+
+
+def resolve_mesh_shape(shape: Sequence[int], num_devices: int) -> tuple[int, ...]:
+    """Replaces one -1 by whatever makes the product equal `num_devices`."""
+    shape = tuple(int(size) for size in shape)
+    if len(shape) != len(AXIS_NAMES):
+        raise MeshError(f"mesh.shape={shape} needs one size per axis {AXIS_NAMES}")
+    if shape.count(-1) > 1 or any(size == 0 or size < -1 for size in shape):
+        raise MeshError(f"mesh.shape={shape}: sizes must be positive, with at most one -1")
+    known = math.prod(size for size in shape if size != -1)
+    if -1 in shape:
+        if num_devices % known:
+            raise MeshError(f"mesh.shape={shape}: {num_devices} devices are not divisible by {known}")
+        shape = tuple(num_devices // known if size == -1 else size for size in shape)
+    if math.prod(shape) != num_devices:
+        raise MeshError(f"mesh.shape={shape} has {math.prod(shape)} devices but {num_devices} are available")
+    return shape
+
+
+def make_mesh(shape: Sequence[int], devices: Sequence[jax.Device] | None = None) -> Mesh:
+    """A (data, fsdp, tensor) mesh over `devices` (default: all, every process's)."""
+    devices = list(jax.devices() if devices is None else devices)
+    resolved = resolve_mesh_shape(shape, len(devices))
+    # Auto axes: shardings are hints that XLA propagates (explicit axes would make every
+    # sharding constraint an assertion).
+    axis_types = (jax.sharding.AxisType.Auto,) * len(AXIS_NAMES)
+    if devices == list(jax.devices()):
+        return jax.make_mesh(resolved, AXIS_NAMES, axis_types=axis_types, devices=devices)
+    return Mesh(np.asarray(devices).reshape(resolved), AXIS_NAMES, axis_types=axis_types)
+
+
+def rules_from_config(rules: Sequence[Sequence[Any]]) -> tuple[tuple[str, Any], ...]:
+    """Normalises rules read from an ml_collections config (lists become tuples)."""
+    return tuple((str(name), tuple(axes) if isinstance(axes, (list, tuple)) else axes) for name, axes in rules)
+
+
+def logical_shardings(boxed_tree: Any, mesh: Mesh, rules) -> Any:
+    """NamedShardings for a tree whose leaves are boxed with logical names (others: replicated).
+
+    The result has the structure of the tree once unboxed (`nn.meta.unbox`).
+    """
+    return nn.logical_to_mesh_sharding(nn.get_partition_spec(boxed_tree), mesh, rules)
+
+
+def batch_sharding(mesh: Mesh, rules) -> NamedSharding:
+    """Token arrays [B, L]: rows split over the data-parallel axes."""
+    return NamedSharding(mesh, nn.logical_to_mesh_axes(BATCH_AXES, rules))
+
+
+def replicated(mesh: Mesh) -> NamedSharding:
+    return NamedSharding(mesh, PartitionSpec())
+
+
+def check_batch_size(batch_size: int, mesh: Mesh, rules) -> None:
+    spec = nn.logical_to_mesh_axes(BATCH_AXES, rules)[0]
+    axes = spec if isinstance(spec, tuple) else (spec,) if spec else ()
+    ways = math.prod(mesh.shape[axis] for axis in axes)
+    if batch_size % ways or batch_size % jax.process_count():
+        raise MeshError(
+            f"data.batch_size={batch_size} must be divisible by the {ways} data-parallel shards "
+            f"and by the {jax.process_count()} processes"
+        )
+
+
+def global_batch(local_batch: dict[str, np.ndarray], sharding: NamedSharding) -> dict[str, jax.Array]:
+    """One global array per feature from this process's rows (all rows on a single process)."""
+    return {key: jax.make_array_from_process_local_data(sharding, value) for key, value in local_batch.items()}
+
+
+def strip_boxes(tree: Any) -> Any:
+    """The values inside logical-axis boxes, with no sharding constraint applied (unlike
+    `nn.meta.unbox` under active rules), for abstract trees outside jit."""
+    return jax.tree.map(
+        lambda leaf: leaf.value if isinstance(leaf, nn.LogicallyPartitioned) else leaf,
+        tree, is_leaf=lambda leaf: isinstance(leaf, nn.LogicallyPartitioned),
+    )
+
+
+def abstract_with_shardings(abstract_tree: Any, shardings: Any) -> Any:
+    """ShapeDtypeStructs carrying their target sharding (what orbax restores into)."""
+    return jax.tree.map(
+        lambda leaf, sharding: jax.ShapeDtypeStruct(leaf.shape, leaf.dtype, sharding=sharding), abstract_tree, shardings
+    )
