@@ -17,6 +17,10 @@ from jaxformer.training.loop import train_and_evaluate
 FLAGS = flags.FLAGS
 config_flags.DEFINE_config_file("config", None, "Experiment config file (configs/*.py).", lock_config=True)
 flags.DEFINE_string("workdir", None, "Directory for checkpoints, the tokenizer and metrics.")
+flags.DEFINE_bool("distributed", False, "Join a multi-process run via jax.distributed (auto-detected on TPU pods, SLURM).")
+flags.DEFINE_string("coordinator_address", None, "host:port of process 0, for a multi-process run launched by hand.")
+flags.DEFINE_integer("num_processes", None, "Number of processes in a multi-process run launched by hand.")
+flags.DEFINE_integer("process_id", None, "This process's index in a multi-process run launched by hand.")
 flags.mark_flags_as_required(["config", "workdir"])
 
 
@@ -33,6 +37,12 @@ def main(argv):
         raise app.UsageError(f"unexpected arguments: {' '.join(argv[1:])}")
     logging.set_verbosity(logging.INFO)
     logging.get_absl_handler().addFilter(_QuietLibraries())
+    if FLAGS.distributed or FLAGS.coordinator_address:
+        import jax
+
+        jax.config.update("jax_cpu_collectives_implementation", "gloo")  # CPU processes (GPU/TPU ignore it)
+        jax.distributed.initialize(FLAGS.coordinator_address, FLAGS.num_processes, FLAGS.process_id)
+        logging.info("process %d of %d", jax.process_index(), jax.process_count())
     train_and_evaluate(FLAGS.config, FLAGS.workdir)
 
 

@@ -1,0 +1,108 @@
+"""Sharded training on 8 simulated CPU devices (see conftest.py): meshes agree with one device."""
+
+import functools
+
+import flax.linen as nn
+import jax
+import numpy as np
+import optax
+import pytest
+from jax.sharding import PartitionSpec
+
+from jaxformer.model.config import preset
+from jaxformer.model.transformer import Transformer
+from jaxformer.training import sharding
+from jaxformer.training.optimizer import make_optimizer
+from jaxformer.training.state import make_init_fn
+from jaxformer.training.step import train_step
+
+# Sizes divisible by every mesh axis below (8 heads for tensor=8, width 64 for fsdp).
+CONFIG = preset("tiny", vocab_size=64, d_model=64, num_heads=8, d_ff=128)
+LENGTH = 12
+
+
+def batch_of_8():
+    rng = np.random.default_rng(0)
+    inputs = rng.integers(4, 64, (8, LENGTH)).astype(np.int32)
+    targets = rng.integers(4, 64, (8, LENGTH)).astype(np.int32)
+    inputs[::2, 9:] = 0  # some padding
+    targets[1::2, 7:] = 0
+    return {"inputs": inputs, "targets": targets}
+
+
+def one_step(mesh_shape, devices, adam=False):
+    """(initial state, state after one step, loss) on a mesh over `devices`.
+
+    Plain SGD by default: Adam's first step is lr * g / (|g| + 1e-9), which turns the ~1e-9
+    rounding noise of gradients that are zero in exact arithmetic (the key bias: softmax is
+    shift-invariant) into full-size updates of either sign, on one device or eight.
+    """
+    mesh = sharding.make_mesh(mesh_shape, devices)
+    rules = sharding.DEFAULT_RULES
+    model = Transformer(CONFIG)
+    if adam:
+        optimizer, schedule = make_optimizer(CONFIG.d_model, warmup_steps=10)
+    else:
+        optimizer, schedule = optax.sgd(1.0), optax.constant_schedule(1.0)
+    with jax.set_mesh(mesh), nn.logical_axis_rules(rules):
+        boxed = jax.eval_shape(make_init_fn(model, optimizer, LENGTH, LENGTH, boxed=True), 0)
+        state_shardings = sharding.logical_shardings(boxed, mesh, rules)
+        state = jax.jit(make_init_fn(model, optimizer, LENGTH, LENGTH), out_shardings=state_shardings)(0)
+        batch_sharding = sharding.batch_sharding(mesh, rules)
+        step = jax.jit(
+            functools.partial(train_step, model=model, optimizer=optimizer, schedule=schedule, label_smoothing=0.1),
+            in_shardings=(state_shardings, batch_sharding, sharding.replicated(mesh)),
+            out_shardings=(state_shardings, sharding.replicated(mesh)),
+        )
+        initial = jax.device_get(state)
+        new_state, metrics = step(state, sharding.global_batch(batch_of_8(), batch_sharding), jax.random.PRNGKey(3))
+    return initial, new_state, float(metrics["loss_sum"] / metrics["weight"])
+
+
+@pytest.fixture(scope="module")
+def single_device():
+    assert jax.device_count() == 8, "conftest.py sets 8 simulated devices"
+    return one_step((1, 1, 1), jax.devices()[:1])
+
+
+@pytest.mark.parametrize("mesh_shape", [(8, 1, 1), (2, 2, 2), (1, 1, 8)])
+def test_one_step_matches_one_device(single_device, mesh_shape):
+    initial_1, state_1, loss_1 = single_device
+    initial_8, state_8, loss_8 = one_step(mesh_shape, jax.devices())
+    jax.tree.map(lambda a, b: np.testing.assert_array_equal(a, b), initial_1.params, initial_8.params)
+    np.testing.assert_allclose(loss_8, loss_1, rtol=1e-5)
+    jax.tree.map(
+        lambda a, b: np.testing.assert_allclose(np.asarray(b), np.asarray(a), atol=1e-5, rtol=1e-5),
+        jax.device_get(state_1.params), jax.device_get(state_8.params),
+    )
+
+
+@pytest.mark.parametrize("mesh_shape", [(2, 2, 2), (1, 1, 8)])
+def test_parameters_and_optimizer_state_are_really_split(mesh_shape):
+    _, state, _ = one_step(mesh_shape, jax.devices(), adam=True)
+    sizes = dict(zip(sharding.AXIS_NAMES, mesh_shape))
+    embedding = state.params["shared_embedding"]["embedding"]  # [vocab, embed]
+    query = state.params["encoder"]["layer_0"]["self_attention"]["query_kernel"]  # [embed, heads, kv]
+    assert embedding.sharding.spec == PartitionSpec("tensor", "fsdp")
+    assert query.sharding.spec == PartitionSpec("fsdp", "tensor", None)
+    ways = sizes["fsdp"] * sizes["tensor"]
+    assert ways > 1
+    for array in (embedding, query):
+        shard_shape = array.addressable_shards[0].data.shape
+        assert np.prod(shard_shape) * ways == np.prod(array.shape), (array.shape, shard_shape)
+    adam_mu = state.opt_state[1][0].mu["shared_embedding"]["embedding"]
+    assert adam_mu.sharding.spec == embedding.sharding.spec  # Adam's moments follow their parameters
+    assert adam_mu.addressable_shards[0].data.shape == embedding.addressable_shards[0].data.shape
+
+
+def test_mesh_shape_errors():
+    assert sharding.resolve_mesh_shape((-1, 2, 1), 8) == (4, 2, 1)
+    with pytest.raises(sharding.MeshError, match=r"has 4 devices but 8 are available"):
+        sharding.resolve_mesh_shape((2, 2, 1), 8)
+    with pytest.raises(sharding.MeshError, match="not divisible by 3"):
+        sharding.resolve_mesh_shape((-1, 3, 1), 8)
+    with pytest.raises(sharding.MeshError, match="at most one -1"):
+        sharding.resolve_mesh_shape((-1, -1, 1), 8)
+    mesh = sharding.make_mesh((4, 2, 1))
+    with pytest.raises(sharding.MeshError, match="batch_size=6 must be divisible by the 8 data-parallel shards"):
+        sharding.check_batch_size(6, mesh, sharding.DEFAULT_RULES)
