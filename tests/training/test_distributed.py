@@ -1,0 +1,91 @@
+"""train.py across meshes, device counts and processes (subprocesses with simulated CPU devices)."""
+
+import os
+import shutil
+import socket
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+
+from tests.training.test_loop import ROOT, data_dir, losses  # noqa: F401  (data_dir is a fixture)
+
+COMMON = ("--config.data.batch_size=8", "--config.data.eval_batch_size=8")
+
+
+def run(workdir, data_dir, devices, *overrides, extra_env=None, background=False):
+    env = dict(os.environ)
+    env["XLA_FLAGS"] = f"--xla_force_host_platform_device_count={devices} --xla_backend_optimization_level=0"
+    env["JAX_PLATFORMS"] = "cpu"
+    env.update(extra_env or {})
+    command = [
+        sys.executable, str(ROOT / "train.py"), "--config", str(ROOT / "configs" / "tiny.py"),
+        "--workdir", str(workdir), f"--config.data.data_dir={data_dir}", *COMMON, *overrides,
+    ]
+    if background:
+        return subprocess.Popen(command, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+    result = subprocess.run(command, env=env, capture_output=True, text=True, timeout=600)
+    assert result.returncode == 0, result.stderr[-4000:]
+    return result
+
+
+def assert_close(got: dict, want: dict):
+    assert sorted(got) == sorted(want)
+    np.testing.assert_allclose([got[s] for s in sorted(got)], [want[s] for s in sorted(want)], rtol=1e-5)
+
+
+def test_checkpoint_restores_under_another_mesh_and_device_count(data_dir, tmp_path):
+    """Saved on 8 devices as (8, 1, 1), resumed on 4 as (1, 2, 2): the next 10 steps match.
+
+    Sharded sums add in another order, so the runs drift apart by rounding; Adam's tiny eps
+    amplifies that over tens of steps, hence 10 steps at 1e-5 rather than a whole run.
+    """
+    first = tmp_path / "first"
+    run(first, data_dir, 8, "--config.mesh.shape=(8,1,1)", "--config.training.num_train_steps=20")
+    second = tmp_path / "second"
+    shutil.copytree(first, second)
+    continued = ("--config.training.num_train_steps=30", "--config.training.eval_every_steps=10")
+    run(first, data_dir, 8, "--config.mesh.shape=(8,1,1)", *continued)  # resumes at 20, same mesh
+    result = run(second, data_dir, 4, "--config.mesh.shape=(1,2,2)", *continued)  # 4 devices, fsdp x tensor
+    assert "resumed from step 20" in result.stderr and "'fsdp': 2, 'tensor': 2" in result.stderr
+    straight, moved = losses(first), losses(second)
+    assert_close({s: moved[s] for s in range(21, 31)}, {s: straight[s] for s in range(21, 31)})
+
+
+def free_port():
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        return probe.getsockname()[1]
+
+
+def test_two_processes_match_one_process(data_dir, tmp_path):
+    steps = ("--config.training.num_train_steps=20", "--config.data.input_shards=2")
+    single = tmp_path / "single"
+    run(single, data_dir, 8, *steps)
+    double = tmp_path / "double"
+    port = free_port()
+    processes = [
+        run(double, data_dir, 4, *steps, f"--coordinator_address=127.0.0.1:{port}", "--num_processes=2",
+            f"--process_id={index}", background=True)
+        for index in range(2)
+    ]
+    for process in processes:
+        _, stderr = process.communicate(timeout=600)
+        assert process.returncode == 0, stderr[-4000:]
+    assert "process 1 of 2" in stderr
+    assert_close(losses(double), losses(single))
+    assert sorted(losses(double)) == list(range(1, 21))
+
+
+@pytest.mark.parametrize("steps", [60])
+def test_bfloat16_converges_like_float32(data_dir, tmp_path, steps):
+    final = {}
+    for dtype in ("float32", "bfloat16"):
+        workdir = tmp_path / dtype
+        run(workdir, data_dir, 1, f"--config.model.dtype={dtype}", f"--config.training.num_train_steps={steps}",
+            "--config.training.eval_every_steps=1000")
+        values = losses(workdir)
+        final[dtype] = np.mean([values[s] for s in range(steps - 9, steps + 1)])  # the last 10 steps
+        assert final[dtype] < values[1] - 1.0  # it learns
+    assert abs(final["bfloat16"] - final["float32"]) / final["float32"] < 0.05, final
