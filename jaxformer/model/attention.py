@@ -9,7 +9,8 @@ The head split and merge are folded into the projection einsums: W^Q is stored a
 
 from __future__ import annotations
 
-import math
+import functools
+import logging
 
 import flax.linen as nn
 import jax
@@ -64,6 +65,37 @@ def dot_product_attention(
     if dropout_rng is not None and dropout_rate > 0.0:
         weights = dropout_weights(weights, dropout_rate, dropout_rng)
     return jnp.einsum("BNTS,BSNH->BTNH", weights.astype(value.dtype), value)  # [B, T, N, H]
+
+
+def fused_attention(
+    query: Float[Array, "B T N H"],
+    key: Float[Array, "B S N H"],
+    value: Float[Array, "B S N H"],
+    mask: Bool[Array, "B N T S"] | None,
+    implementation: str,
+) -> Float[Array, "B T N H"]:
+    """`jax.nn.dot_product_attention` ("xla", or "cudnn" for the fused GPU kernel).
+
+    cuDNN needs a GPU and 16-bit inputs; where it cannot run, JAX raises while tracing and the
+    XLA implementation is used instead. Rows with no key to attend to (padding queries) get
+    the mean of the values rather than zeros; nothing downstream reads them.
+    """
+    if implementation == "cudnn":
+        try:
+            return jax.nn.dot_product_attention(query, key, value, mask=mask, implementation="cudnn")
+        except Exception as error:  # noqa: BLE001  (JAX raises several types for unsupported cases)
+            _warn_cudnn_fallback(error)
+    return jax.nn.dot_product_attention(query, key, value, mask=mask, implementation="xla")
+
+
+@functools.lru_cache(maxsize=1)
+def _warn_cudnn_fallback_once() -> None:
+    logging.warning("cuDNN attention is unavailable here; using the XLA implementation")
+
+
+def _warn_cudnn_fallback(error: Exception) -> None:
+    logging.debug("cuDNN attention failed: %s", error)
+    _warn_cudnn_fallback_once()
 
 
 def project_to_heads(
@@ -121,11 +153,16 @@ class MultiHeadAttention(nn.Module):
             heads[name] = project_to_heads(inputs, kernel, bias)  # [B, L, N, H]
 
         use_dropout = not deterministic and config.attention_dropout_rate > 0.0
-        attended = dot_product_attention(
-            heads["query"], heads["key"], heads["value"], mask,
-            dropout_rate=config.attention_dropout_rate,
-            dropout_rng=self.make_rng("dropout") if use_dropout else None,
-        )  # [B, T, N, H]
+        if config.attention_implementation == "jaxformer" or use_dropout:
+            attended = dot_product_attention(
+                heads["query"], heads["key"], heads["value"], mask,
+                dropout_rate=config.attention_dropout_rate,
+                dropout_rng=self.make_rng("dropout") if use_dropout else None,
+            )  # [B, T, N, H]
+        else:
+            attended = fused_attention(
+                heads["query"], heads["key"], heads["value"], mask, config.attention_implementation
+            )  # [B, T, N, H]
 
         kernel, bias = self._projection("out", ("heads", "kv", "embed"), ("embed",), num_in_axes=2)
         return merge_heads(attended, kernel, bias)  # [B, T, D]

@@ -63,6 +63,16 @@ class TransformerConfig:
     param_dtype: Any = "float32"
     # True disables every dropout (evaluation, decoding).
     deterministic: bool = False
+    # Rematerialisation per layer: "none", "full" (save nothing, recompute the layer in the
+    # backward pass), "dots" (save matmul outputs) or "dots_no_batch" (save weight matmuls only).
+    remat_policy: Literal["none", "full", "dots", "dots_no_batch"] = "none"
+    # One nn.scan over each stack (parameters stacked on a leading "layers" axis): compile time
+    # independent of depth.
+    scan_layers: bool = False
+    # "jaxformer": the float32-softmax einsum path; "xla" or "cudnn": jax.nn.dot_product_attention
+    # (cuDNN's fused kernel on GPU), used when attention dropout is off; "cudnn" falls back to
+    # "xla" where cuDNN cannot run (no GPU, float32, unsupported shapes).
+    attention_implementation: Literal["jaxformer", "xla", "cudnn"] = "jaxformer"
 
     def __post_init__(self):
         for name in ("dtype", "param_dtype"):
@@ -137,6 +147,10 @@ def _validate(config: TransformerConfig) -> None:
         fail("activation", 'must be "relu" or "gelu"')
     if config.normalization not in ("post", "pre"):
         fail("normalization", 'must be "post" (the paper) or "pre"')
+    if config.remat_policy not in ("none", "full", "dots", "dots_no_batch"):
+        fail("remat_policy", 'must be "none", "full", "dots" or "dots_no_batch"')
+    if config.attention_implementation not in ("jaxformer", "xla", "cudnn"):
+        fail("attention_implementation", 'must be "jaxformer", "xla" or "cudnn"')
     if not config.layer_norm_epsilon > 0:
         fail("layer_norm_epsilon", "must be positive")
     if not config.position_base > 1:

@@ -8,7 +8,7 @@ import jax.numpy as jnp
 
 from jaxformer.model.attention import MultiHeadAttention
 from jaxformer.model.config import TransformerConfig
-from jaxformer.model.layers import Embed, FeedForward, constrain, embed_with_positions, layer_norm, residual
+from jaxformer.model.layers import Embed, FeedForward, embed_with_positions, layer_norm, residual, run_layers
 from jaxformer.model.masking import cross_mask, decoder_self_mask
 from jaxformer.typing import Array, Bool, Float, Int
 
@@ -70,8 +70,7 @@ class Decoder(nn.Module):
         y = embed_with_positions(self.embed, target, target_positions, deterministic)  # [B, T, D]
         self_mask = decoder_self_mask(target, target_segments)  # [B, 1, T, T]
         encoder_decoder_mask = cross_mask(target, source, target_segments, source_segments)  # [B, 1, T, S]
-        for index in range(config.num_decoder_layers):
-            y = constrain(DecoderLayer(config, name=f"layer_{index}")(y, encoded, self_mask, encoder_decoder_mask, deterministic))
+        y = run_layers(DecoderLayer, config, config.num_decoder_layers, y, encoded, self_mask, encoder_decoder_mask, deterministic=deterministic)
         if config.normalization == "pre":
             y = layer_norm(config, "final_norm")(y)
 

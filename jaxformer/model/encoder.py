@@ -6,7 +6,7 @@ import flax.linen as nn
 
 from jaxformer.model.attention import MultiHeadAttention
 from jaxformer.model.config import TransformerConfig
-from jaxformer.model.layers import Embed, FeedForward, constrain, embed_with_positions, layer_norm, residual
+from jaxformer.model.layers import Embed, FeedForward, embed_with_positions, layer_norm, residual, run_layers
 from jaxformer.model.masking import encoder_self_mask
 from jaxformer.typing import Array, Bool, Float, Int
 
@@ -54,8 +54,7 @@ class Encoder(nn.Module):
         config = self.config
         x = embed_with_positions(self.embed, source, source_positions, deterministic)  # [B, S, D]
         mask = encoder_self_mask(source, source_segments)  # [B, 1, S, S]
-        for index in range(config.num_encoder_layers):
-            x = constrain(EncoderLayer(config, name=f"layer_{index}")(x, mask, deterministic))
+        x = run_layers(EncoderLayer, config, config.num_encoder_layers, x, mask, deterministic=deterministic)
         if config.normalization == "pre":
             x = layer_norm(config, "final_norm")(x)
         return x

@@ -127,3 +127,51 @@ def residual(
     if normalization == "pre":
         return inputs + dropout(sublayer(norm(inputs)))
     return norm(inputs + dropout(sublayer(inputs)))
+
+
+REMAT_POLICIES = {
+    "full": jax.checkpoint_policies.nothing_saveable,
+    "dots": jax.checkpoint_policies.dots_saveable,
+    "dots_no_batch": jax.checkpoint_policies.dots_with_no_batch_dims_saveable,
+}
+
+
+class _ScanBody(nn.Module):
+    """Adapts a layer to nn.scan: (carry, *broadcast inputs) -> (carry, None)."""
+
+    layer_cls: type
+    config: TransformerConfig
+    deterministic: bool
+
+    @nn.compact
+    def __call__(self, x, *inputs):
+        return constrain(self.layer_cls(self.config, name="layer")(x, *inputs, self.deterministic)), None
+
+
+def run_layers(
+    layer_cls: type, config: TransformerConfig, num_layers: int, x: Float[Array, "B L D"], *inputs, deterministic: bool
+) -> Float[Array, "B L D"]:
+    """x through `num_layers` layers `layer_cls(config)(x, *inputs, deterministic)`, each
+    rematerialised as `config.remat_policy` says; separate modules `layer_0`, `layer_1`, ...
+    or, with `config.scan_layers`, one scanned module `layers` with stacked parameters.
+
+    Call from a compact module's method: the layers are created in that module.
+    """
+    if config.remat_policy != "none":
+        deterministic_argnum = len(inputs) + 2  # self, x, *inputs, deterministic
+        layer_cls = nn.remat(layer_cls, policy=REMAT_POLICIES[config.remat_policy], static_argnums=(deterministic_argnum,))
+    if config.scan_layers:
+        scanned = nn.scan(
+            _ScanBody,
+            variable_axes={"params": 0},
+            split_rngs={"params": True, "dropout": True},
+            in_axes=(nn.broadcast,) * len(inputs),
+            length=num_layers,
+            metadata_params={nn.PARTITION_NAME: "layers"},
+        )
+        x, _ = scanned(layer_cls, config, deterministic, name="layers")(x, *inputs)
+        return x
+    for index in range(num_layers):
+        x = constrain(layer_cls(config, name=f"layer_{index}")(x, *inputs, deterministic))
+    return x
+

@@ -1,0 +1,89 @@
+"""Rematerialisation, scanned layers and fused attention compute the same model."""
+
+import flax.linen as nn
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from jaxformer.model.config import ConfigError, preset
+from jaxformer.model.transformer import Transformer
+from jaxformer.training.loss import label_smoothed_cross_entropy
+
+CONFIG = preset("tiny", deterministic=True, num_encoder_layers=3, num_decoder_layers=2)
+
+
+def batch():
+    source = jax.random.randint(jax.random.key(1), (2, 7), 4, 64).at[1, 5:].set(0)
+    target = jax.random.randint(jax.random.key(2), (2, 6), 4, 64).at[1, 4:].set(0)
+    return source, target
+
+
+def plain_params():
+    source, target = batch()
+    return nn.meta.unbox(jax.jit(Transformer(CONFIG).init)(jax.random.key(0), source, target)["params"])
+
+
+def stack_layers(params):
+    """The plain model's per-layer parameters stacked the way nn.scan stores them."""
+    stacked = {key: value for key, value in params.items() if key not in ("encoder", "decoder")}
+    for stack in ("encoder", "decoder"):
+        layers = sorted((k for k in params[stack] if k.startswith("layer_")), key=lambda k: int(k.split("_")[1]))
+        stacked[stack] = {k: v for k, v in params[stack].items() if not k.startswith("layer_")}
+        stacked[stack]["layers"] = {"layer": jax.tree.map(lambda *xs: jnp.stack(xs), *[params[stack][k] for k in layers])}
+    return stacked
+
+
+def loss_and_grads(config, params):
+    source, target = batch()
+    model = Transformer(config)
+
+    def loss(params):
+        logits = model.apply({"params": params}, source, target)
+        total, weight = label_smoothed_cross_entropy(logits, target, (target != 0).astype(jnp.float32))
+        return total / weight
+
+    return jax.jit(jax.value_and_grad(loss))(params)
+
+
+@pytest.fixture(scope="module")
+def reference():
+    params = plain_params()
+    return params, loss_and_grads(CONFIG, params)
+
+
+@pytest.mark.parametrize("policy", ["full", "dots", "dots_no_batch"])
+def test_remat_gives_the_same_loss_and_gradients(reference, policy):
+    params, (loss, grads) = reference
+    remat_loss, remat_grads = loss_and_grads(CONFIG.replace(remat_policy=policy), params)
+    np.testing.assert_allclose(remat_loss, loss, rtol=1e-5)
+    jax.tree.map(lambda a, b: np.testing.assert_allclose(a, b, atol=1e-5, rtol=1e-5), remat_grads, grads)
+
+
+@pytest.mark.parametrize("remat_policy", ["none", "full"])
+def test_scanned_layers_give_the_same_loss_and_gradients(reference, remat_policy):
+    params, (loss, grads) = reference
+    config = CONFIG.replace(scan_layers=True, remat_policy=remat_policy)
+    source, target = batch()
+    abstract = jax.eval_shape(Transformer(config).init, jax.random.key(0), source, target)["params"]
+    stacked = stack_layers(params)
+    assert jax.tree.structure(nn.meta.unbox(abstract)) == jax.tree.structure(stacked)
+    scan_loss, scan_grads = loss_and_grads(config, stacked)
+    np.testing.assert_allclose(scan_loss, loss, rtol=1e-5)
+    jax.tree.map(lambda a, b: np.testing.assert_allclose(a, b, atol=1e-5, rtol=1e-5), scan_grads, stack_layers(grads))
+    names = abstract["encoder"]["layers"]["layer"]["self_attention"]["query_kernel"].names
+    assert names == ("layers", "embed", "heads", "kv")
+
+
+@pytest.mark.parametrize("implementation", ["xla", "cudnn"])
+def test_fused_attention_gives_the_same_loss(reference, implementation):
+    params, (loss, _) = reference
+    fused_loss, _ = loss_and_grads(CONFIG.replace(attention_implementation=implementation), params)
+    np.testing.assert_allclose(fused_loss, loss, rtol=1e-5)  # "cudnn" falls back to XLA on a CPU
+
+
+def test_unknown_options_are_errors():
+    with pytest.raises(ConfigError, match="remat_policy='some'"):
+        preset("tiny", remat_policy="some")
+    with pytest.raises(ConfigError, match="attention_implementation='flash'"):
+        preset("tiny", attention_implementation="flash")
