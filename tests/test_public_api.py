@@ -35,3 +35,5 @@ def test_readme_example_runs():
     namespace = {}
     exec(compile(blocks[0], "README.md", "exec"), namespace)
     assert namespace["logits"].shape == (2, 4, 8000)
+    np.testing.assert_allclose(namespace["logits_again"], namespace["logits"], atol=1e-5)
+    assert not np.allclose(namespace["train_logits"], namespace["logits"])

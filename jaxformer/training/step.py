@@ -72,7 +72,7 @@ def train_step(
     grads, metrics = jax.grad(loss_fn, has_aux=True)(state.params)
     updates, opt_state = optimizer.update(grads, state.opt_state, state.params)
     params = optax.apply_updates(state.params, updates)
-    metrics["grad_norm"] = optax.global_norm(grads)
+    metrics["grad_norm"] = optax.tree.norm(grads)
     metrics["learning_rate"] = schedule(state.step // accumulation_steps)
     return state.replace(step=state.step + 1, params=params, opt_state=opt_state), metrics
 

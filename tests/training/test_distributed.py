@@ -9,7 +9,7 @@ import sys
 import numpy as np
 import pytest
 
-from tests.training.test_loop import ROOT, data_dir, losses  # noqa: F401  (data_dir is a fixture)
+from tests.training.test_loop import ROOT, losses
 
 COMMON = ("--config.data.batch_size=8", "--config.data.eval_batch_size=8")
 
@@ -35,6 +35,7 @@ def assert_close(got: dict, want: dict):
     np.testing.assert_allclose([got[s] for s in sorted(got)], [want[s] for s in sorted(want)], rtol=1e-5)
 
 
+@pytest.mark.xdist_group("distributed-restore")
 def test_checkpoint_restores_under_another_mesh_and_device_count(data_dir, tmp_path):
     """Saved on 8 devices as (8, 1, 1), resumed on 4 as (1, 2, 2): the next 10 steps match.
 
@@ -59,6 +60,7 @@ def free_port():
         return probe.getsockname()[1]
 
 
+@pytest.mark.xdist_group("distributed-processes")
 def test_two_processes_match_one_process(data_dir, tmp_path):
     steps = ("--config.training.num_train_steps=20", "--config.data.input_shards=2")
     single = tmp_path / "single"
@@ -78,7 +80,8 @@ def test_two_processes_match_one_process(data_dir, tmp_path):
     assert sorted(losses(double)) == list(range(1, 21))
 
 
-@pytest.mark.parametrize("steps", [60])
+@pytest.mark.xdist_group("distributed-bf16")
+@pytest.mark.parametrize("steps", [40])
 def test_bfloat16_converges_like_float32(data_dir, tmp_path, steps):
     final = {}
     for dtype in ("float32", "bfloat16"):

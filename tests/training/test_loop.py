@@ -11,17 +11,10 @@ import time
 
 import pytest
 
-from jaxformer.data.sources import get_builder
+pytestmark = pytest.mark.xdist_group("train-loop")
 
 ROOT = pathlib.Path(__file__).parents[2]
 STEPS = 40  # checkpoints at 20 and 40 (configs/tiny.py)
-
-
-@pytest.fixture(scope="module")
-def data_dir(tmp_path_factory):
-    directory = tmp_path_factory.mktemp("tfds")
-    get_builder("multi30k", data_dir=str(directory)).download_and_prepare()
-    return directory
 
 
 def command(workdir, data_dir, *overrides):

@@ -77,7 +77,7 @@ def test_one_step_matches_one_device(single_device, mesh_shape):
     )
 
 
-@pytest.mark.parametrize("mesh_shape", [(2, 2, 2), (1, 1, 8)])
+@pytest.mark.parametrize("mesh_shape", [(2, 2, 2)])  # fsdp and tensor both at work
 def test_parameters_and_optimizer_state_are_really_split(mesh_shape):
     _, state, _ = one_step(mesh_shape, jax.devices(), adam=True)
     sizes = dict(zip(sharding.AXIS_NAMES, mesh_shape))
