@@ -22,6 +22,12 @@ from jaxformer.data.tokenizer import Tokenizer
 FEATURES = ("inputs", "targets")
 
 
+def record_text(record, language: str) -> str:
+    """One side of a tfds record as text: prepared datasets give bytes, tfds's mock data str."""
+    value = record[language]
+    return value.decode("utf-8") if isinstance(value, bytes) else str(value)
+
+
 class TokenizePair:
     """{source_language: bytes, target_language: bytes} -> {"inputs": int32 ids, "targets": int32 ids}, EOS-terminated."""
 
@@ -29,13 +35,9 @@ class TokenizePair:
         self.tokenizer, self.source_language, self.target_language = tokenizer, source_language, target_language
 
     def __call__(self, record) -> dict[str, np.ndarray]:
-        def text(key):
-            value = record[key]
-            return value.decode("utf-8") if isinstance(value, bytes) else str(value)
-
         return {
-            "inputs": self.tokenizer.encode(text(self.source_language)),
-            "targets": self.tokenizer.encode(text(self.target_language)),
+            "inputs": self.tokenizer.encode(record_text(record, self.source_language)),
+            "targets": self.tokenizer.encode(record_text(record, self.target_language)),
         }
 
 

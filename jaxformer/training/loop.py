@@ -18,7 +18,7 @@ import numpy as np
 import tqdm
 from jax.experimental import multihost_utils
 
-from jaxformer.data.pipeline import LengthFilter, ShardedBatches, eval_batches, train_dataset
+from jaxformer.data.pipeline import LengthFilter, ShardedBatches, eval_batches, record_text, train_dataset
 from jaxformer.data.sources import get_builder, load_split
 from jaxformer.data.tokenizer import Tokenizer, train_tokenizer
 from jaxformer.model.transformer import Transformer
@@ -64,8 +64,7 @@ def _tokenizer_for(config, workdir: pathlib.Path, train_source, checkpointer: Ch
             records = train_source.__getitems__(indices) if hasattr(train_source, "__getitems__") else [train_source[i] for i in indices]
             for record in records:
                 for language in languages:
-                    value = record[language]
-                    yield value.decode("utf-8") if isinstance(value, bytes) else value
+                    yield record_text(record, language)
 
     tokenizer = train_tokenizer(
         sentences(), config.tokenizer.vocab_size, config.tokenizer.model_type,

@@ -21,14 +21,6 @@ class TrainState:
     rng: jax.Array  # uint32 [2]: base key; step s uses fold_in(rng, s) for dropout
 
 
-def example_batch_shapes(batch_size: int, source_length: int, target_length: int) -> dict[str, jax.ShapeDtypeStruct]:
-    """Abstract token arrays with the shapes of one training batch."""
-    return {
-        "inputs": jax.ShapeDtypeStruct((batch_size, source_length), jnp.int32),
-        "targets": jax.ShapeDtypeStruct((batch_size, target_length), jnp.int32),
-    }
-
-
 def make_init_fn(
     model: Transformer, optimizer: optax.GradientTransformation, source_length: int, target_length: int, *, boxed: bool = False
 ):
