@@ -24,10 +24,10 @@ def get_config():
     config.tokenizer.model_type = "unigram"
     config.optimizer.warmup_steps = 800  # short warmup: the whole run is about 2,000 steps
     config.optimizer.learning_rate_scale = 1.0  # peak lr 256^-0.5 * 800^-0.5 = 2.2e-3 at step 800
-    config.training.num_train_steps = 2000  # about an hour on 2 CPU cores (~10 epochs)
+    config.training.num_train_steps = 4000  # about two hours on 2 CPU cores (~20 epochs)
     config.training.label_smoothing = 0.1
     config.training.log_every_steps = 50
     config.training.eval_every_steps = 250
     config.training.checkpoint_every_steps = 250
-    config.training.keep_checkpoints = 3
+    config.training.keep_checkpoints = 5
     return config

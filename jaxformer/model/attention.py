@@ -113,7 +113,11 @@ def merge_heads(
 
 
 class MultiHeadAttention(nn.Module):
-    """Multi-head attention: self-attention when `inputs_kv` is `inputs_q`, else cross-attention."""
+    """Multi-head attention: self-attention when `inputs_kv` is `inputs_q`, else cross-attention.
+
+    Besides the full call, `key_value` and `attend` expose the two halves, so incremental
+    decoding can cache keys and values and attend to them later with new queries.
+    """
 
     config: TransformerConfig
 
@@ -132,9 +136,48 @@ class MultiHeadAttention(nn.Module):
             f"{name}_bias", nn.with_logical_partitioning(nn.initializers.zeros_init(), bias_names),
             tuple(sizes[axis] for axis in bias_names), config.param_dtype,
         )
-        return kernel.astype(config.dtype), bias.astype(config.dtype)
+        return kernel, bias
 
-    @nn.compact
+    def setup(self):
+        heads, out = (("embed", "heads", "kv"), ("heads", "kv")), (("heads", "kv", "embed"), ("embed",))
+        self.query = self._projection("query", *heads, num_in_axes=1)
+        self.key = self._projection("key", *heads, num_in_axes=1)
+        self.value = self._projection("value", *heads, num_in_axes=1)
+        self.out = self._projection("out", *out, num_in_axes=2)
+
+    def _heads(self, projection, inputs: Float[Array, "B L D"]) -> Float[Array, "B L N H"]:
+        dtype = self.config.dtype
+        kernel, bias = projection
+        return project_to_heads(inputs.astype(dtype), kernel.astype(dtype), bias.astype(dtype))
+
+    def key_value(self, inputs_kv: Float[Array, "B S D"]) -> tuple[Float[Array, "B S N H"], Float[Array, "B S N H"]]:
+        """The keys and values of `inputs_kv`, split into heads."""
+        return self._heads(self.key, inputs_kv), self._heads(self.value, inputs_kv)
+
+    def attend(
+        self,
+        inputs_q: Float[Array, "B T D"],
+        key: Float[Array, "B S N H"],
+        value: Float[Array, "B S N H"],
+        mask: Bool[Array, "B N T S"] | None = None,
+        deterministic: bool | None = None,
+    ) -> Float[Array, "B T D"]:
+        """Queries from `inputs_q` attend to ready-made keys and values; heads merged by W^O."""
+        config = self.config
+        deterministic = config.deterministic if deterministic is None else deterministic
+        query = self._heads(self.query, inputs_q)  # [B, T, N, H]
+        use_dropout = not deterministic and config.attention_dropout_rate > 0.0
+        if config.attention_implementation == "jaxformer" or use_dropout:
+            attended = dot_product_attention(
+                query, key, value, mask,
+                dropout_rate=config.attention_dropout_rate,
+                dropout_rng=self.make_rng("dropout") if use_dropout else None,
+            )  # [B, T, N, H]
+        else:
+            attended = fused_attention(query, key, value, mask, config.attention_implementation)  # [B, T, N, H]
+        kernel, bias = self.out
+        return merge_heads(attended, kernel.astype(config.dtype), bias.astype(config.dtype))  # [B, T, D]
+
     def __call__(
         self,
         inputs_q: Float[Array, "B T D"],
@@ -142,27 +185,5 @@ class MultiHeadAttention(nn.Module):
         mask: Bool[Array, "B N T S"] | None = None,
         deterministic: bool | None = None,
     ) -> Float[Array, "B T D"]:
-        config = self.config
-        deterministic = config.deterministic if deterministic is None else deterministic
-        inputs_q = inputs_q.astype(config.dtype)
-        inputs_kv = inputs_kv.astype(config.dtype)
-
-        heads = {}
-        for name, inputs in (("query", inputs_q), ("key", inputs_kv), ("value", inputs_kv)):
-            kernel, bias = self._projection(name, ("embed", "heads", "kv"), ("heads", "kv"), num_in_axes=1)
-            heads[name] = project_to_heads(inputs, kernel, bias)  # [B, L, N, H]
-
-        use_dropout = not deterministic and config.attention_dropout_rate > 0.0
-        if config.attention_implementation == "jaxformer" or use_dropout:
-            attended = dot_product_attention(
-                heads["query"], heads["key"], heads["value"], mask,
-                dropout_rate=config.attention_dropout_rate,
-                dropout_rng=self.make_rng("dropout") if use_dropout else None,
-            )  # [B, T, N, H]
-        else:
-            attended = fused_attention(
-                heads["query"], heads["key"], heads["value"], mask, config.attention_implementation
-            )  # [B, T, N, H]
-
-        kernel, bias = self._projection("out", ("heads", "kv", "embed"), ("embed",), num_in_axes=2)
-        return merge_heads(attended, kernel, bias)  # [B, T, D]
+        key, value = self.key_value(inputs_kv)  # [B, S, N, H] each
+        return self.attend(inputs_q, key, value, mask, deterministic)

@@ -1,5 +1,9 @@
 """The decoder: masked self-attention, cross-attention over the encoder output and
-feed-forward layers, then the output projection (section 3.1, right of Figure 1)."""
+feed-forward layers, then the output projection (section 3.1, right of Figure 1).
+
+Besides the full teacher-forced pass, `Decoder.context` and `Decoder.step` decode one
+token at a time against an explicit `DecoderCache` (see cache.py).
+"""
 
 from __future__ import annotations
 
@@ -7,9 +11,10 @@ import flax.linen as nn
 import jax.numpy as jnp
 
 from jaxformer.model.attention import MultiHeadAttention
+from jaxformer.model.cache import DecoderCache, EncoderContext, write_step
 from jaxformer.model.config import TransformerConfig
-from jaxformer.model.layers import Embed, FeedForward, embed_with_positions, layer_norm, residual, run_layers
-from jaxformer.model.masking import cross_mask, decoder_self_mask
+from jaxformer.model.layers import Embed, FeedForward, LayerStack, embed_with_positions, layer_norm, residual
+from jaxformer.model.masking import cross_mask, decoder_self_mask, token_validity
 from jaxformer.typing import Array, Bool, Float, Int
 
 
@@ -18,7 +23,28 @@ class DecoderLayer(nn.Module):
 
     config: TransformerConfig
 
-    @nn.compact
+    def setup(self):
+        config = self.config
+        self.self_attention = MultiHeadAttention(config)
+        self.self_attention_norm = layer_norm(config)
+        self.cross_attention = MultiHeadAttention(config)
+        self.cross_attention_norm = layer_norm(config)
+        self.feed_forward = FeedForward(config)
+        self.feed_forward_norm = layer_norm(config)
+        self.dropout = nn.Dropout(config.dropout_rate)
+
+    def _sublayers(self, inputs, self_attend, cross_attend, deterministic):
+        config = self.config
+
+        def dropout(x):
+            return self.dropout(x, deterministic=deterministic)
+
+        x = residual(inputs, self_attend, self.self_attention_norm, dropout, config.normalization)
+        x = residual(x, cross_attend, self.cross_attention_norm, dropout, config.normalization)
+        return residual(
+            x, lambda y: self.feed_forward(y, deterministic), self.feed_forward_norm, dropout, config.normalization
+        )
+
     def __call__(
         self,
         inputs: Float[Array, "B T D"],
@@ -27,26 +53,49 @@ class DecoderLayer(nn.Module):
         encoder_decoder_mask: Bool[Array, "B 1 T S"],
         deterministic: bool,
     ) -> Float[Array, "B T D"]:
-        config = self.config
+        return self._sublayers(
+            inputs,
+            lambda y: self.self_attention(y, y, self_mask, deterministic),
+            lambda y: self.cross_attention(y, encoded, encoder_decoder_mask, deterministic),
+            deterministic,
+        )  # [B, T, D]
 
-        def dropout(x):
-            return nn.Dropout(config.dropout_rate)(x, deterministic=deterministic)
+    def cross_key_value(self, encoded: Float[Array, "B S D"]) -> tuple[Float[Array, "B S N H"], Float[Array, "B S N H"]]:
+        """The cross-attention keys and values of the encoder output, for every decoding step."""
+        return self.cross_attention.key_value(encoded)
 
-        self_attention = MultiHeadAttention(config, name="self_attention")
-        x = residual(
-            inputs, lambda y: self_attention(y, y, self_mask, deterministic),
-            layer_norm(config, "self_attention_norm"), dropout, config.normalization,
-        )  # [B, T, D]
-        cross_attention = MultiHeadAttention(config, name="cross_attention")
-        x = residual(
-            x, lambda y: cross_attention(y, encoded, encoder_decoder_mask, deterministic),
-            layer_norm(config, "cross_attention_norm"), dropout, config.normalization,
-        )  # [B, T, D]
-        feed_forward = FeedForward(config, name="feed_forward")
-        return residual(
-            x, lambda y: feed_forward(y, deterministic),
-            layer_norm(config, "feed_forward_norm"), dropout, config.normalization,
-        )  # [B, T, D]
+    def step(
+        self,
+        inputs: Float[Array, "R 1 D"],
+        cache_keys: Float[Array, "R L N H"],
+        cache_values: Float[Array, "R L N H"],
+        index: Int[Array, ""],
+        cross_keys: Float[Array, "B S N H"],
+        cross_values: Float[Array, "B S N H"],
+        source_valid: Bool[Array, "B S"],
+    ) -> tuple[Float[Array, "R 1 D"], Float[Array, "R L N H"], Float[Array, "R L N H"]]:
+        """One new token per row through the layer, its self-attention key and value written at `index`.
+
+        The R = B * K rows are the K hypotheses of each of the B sources, so cross-attention
+        folds them into the query axis ([B, K, D]) and reads each source's keys once.
+        """
+        rows, batch = inputs.shape[0], cross_keys.shape[0]
+        updated = {}
+
+        def self_attend(y):  # [R, 1, D]
+            key, value = self.self_attention.key_value(y)  # [R, 1, N, H]
+            keys, values, written = write_step(cache_keys, cache_values, key, value, index)
+            updated.update(keys=keys, values=values)
+            return self.self_attention.attend(y, keys, values, written, True)  # [R, 1, D]
+
+        def cross_attend(y):  # [R, 1, D]
+            folded = y.reshape(batch, rows // batch, y.shape[-1])  # [B, K, D]
+            mask = source_valid[:, None, None, :]  # [B, 1, 1, S]
+            attended = self.cross_attention.attend(folded, cross_keys, cross_values, mask, True)  # [B, K, D]
+            return attended.reshape(y.shape)  # [R, 1, D]
+
+        outputs = self._sublayers(inputs, self_attend, cross_attend, True)
+        return outputs, updated["keys"], updated["values"]
 
 
 class Decoder(nn.Module):
@@ -55,7 +104,31 @@ class Decoder(nn.Module):
     config: TransformerConfig
     embed: Embed
 
-    @nn.compact
+    def setup(self):
+        config = self.config
+        self.input_dropout = nn.Dropout(config.dropout_rate)
+        self.stack = LayerStack(DecoderLayer, config, config.num_decoder_layers, num_inputs=3)
+        nn.share_scope(self, self.stack)  # parameters read decoder/layer_0/..., not decoder/stack/...
+        if config.normalization == "pre":
+            self.final_norm = layer_norm(config)
+        if not config.tie_output_embedding:
+            self.logits_kernel = self.param(
+                "logits_kernel",
+                nn.with_logical_partitioning(nn.initializers.xavier_uniform(), ("embed", "vocab")),
+                (config.d_model, config.vocab_size), config.param_dtype,
+            )
+
+    def _logits(self, y: Float[Array, "B T D"]) -> Float[Array, "B T V"]:
+        config = self.config
+        if config.normalization == "pre":
+            y = self.final_norm(y)
+        if config.tie_output_embedding:
+            return self.embed.attend(y)  # [B, T, V]
+        return jnp.einsum(
+            "BTD,DV->BTV", y.astype(config.dtype), self.logits_kernel.astype(config.dtype),
+            preferred_element_type=jnp.float32,
+        )  # [B, T, V]
+
     def __call__(
         self,
         encoded: Float[Array, "B S D"],
@@ -66,21 +139,32 @@ class Decoder(nn.Module):
         target_positions: Int[Array, "B T"] | None = None,
         deterministic: bool = True,
     ) -> Float[Array, "B T V"]:
-        config = self.config
-        y = embed_with_positions(self.embed, target, target_positions, deterministic)  # [B, T, D]
+        y = embed_with_positions(self.embed, self.input_dropout, target, target_positions, deterministic)  # [B, T, D]
         self_mask = decoder_self_mask(target, target_segments)  # [B, 1, T, T]
         encoder_decoder_mask = cross_mask(target, source, target_segments, source_segments)  # [B, 1, T, S]
-        y = run_layers(DecoderLayer, config, config.num_decoder_layers, y, encoded, self_mask, encoder_decoder_mask, deterministic=deterministic)
-        if config.normalization == "pre":
-            y = layer_norm(config, "final_norm")(y)
+        y = self.stack(y, encoded, self_mask, encoder_decoder_mask, deterministic=deterministic)
+        return self._logits(y)
 
-        if config.tie_output_embedding:
-            return self.embed.attend(y)  # [B, T, V]
-        kernel = self.param(
-            "logits_kernel",
-            nn.with_logical_partitioning(nn.initializers.xavier_uniform(), ("embed", "vocab")),
-            (config.d_model, config.vocab_size), config.param_dtype,
-        )
-        return jnp.einsum(
-            "BTD,DV->BTV", y, kernel.astype(config.dtype), preferred_element_type=jnp.float32
-        )  # [B, T, V]
+    def context(self, encoded: Float[Array, "B S D"], source: Int[Array, "B S"]) -> EncoderContext:
+        """What every decoding step reads: each layer's cross-attention keys and values."""
+        keys, values = zip(*(layer.cross_key_value(encoded) for layer in self.stack.unscanned()))
+        return EncoderContext(keys=tuple(keys), values=tuple(values), source_valid=token_validity(source))
+
+    def step(
+        self, tokens: Int[Array, "R 1"], cache: DecoderCache, context: EncoderContext
+    ) -> tuple[Float[Array, "R V"], DecoderCache]:
+        """Logits for the token after `tokens` (the tokens at position `cache.index`), and the cache
+        with their keys and values added. Rows are B sources times K hypotheses, source-major."""
+        positions = jnp.broadcast_to(cache.index, tokens.shape)  # [R, 1]
+        y = embed_with_positions(self.embed, self.input_dropout, tokens, positions, True, table_length=cache.max_length)
+        keys, values = [], []
+        for layer, cache_keys, cache_values, cross_keys, cross_values in zip(
+            self.stack.unscanned(), cache.keys, cache.values, context.keys, context.values, strict=True
+        ):
+            y, layer_keys, layer_values = layer.step(
+                y, cache_keys, cache_values, cache.index, cross_keys, cross_values, context.source_valid
+            )  # [R, 1, D]
+            keys.append(layer_keys)
+            values.append(layer_values)
+        logits = self._logits(y)[:, 0]  # [R, V]
+        return logits, DecoderCache(keys=tuple(keys), values=tuple(values), index=cache.index + 1)

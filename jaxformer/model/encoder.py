@@ -6,7 +6,7 @@ import flax.linen as nn
 
 from jaxformer.model.attention import MultiHeadAttention
 from jaxformer.model.config import TransformerConfig
-from jaxformer.model.layers import Embed, FeedForward, embed_with_positions, layer_norm, residual, run_layers
+from jaxformer.model.layers import Embed, FeedForward, LayerStack, embed_with_positions, layer_norm, residual
 from jaxformer.model.masking import encoder_self_mask
 from jaxformer.typing import Array, Bool, Float, Int
 
@@ -43,7 +43,14 @@ class Encoder(nn.Module):
     config: TransformerConfig
     embed: Embed
 
-    @nn.compact
+    def setup(self):
+        config = self.config
+        self.input_dropout = nn.Dropout(config.dropout_rate)
+        self.stack = LayerStack(EncoderLayer, config, config.num_encoder_layers, num_inputs=1)
+        nn.share_scope(self, self.stack)  # parameters read encoder/layer_0/..., not encoder/stack/...
+        if config.normalization == "pre":
+            self.final_norm = layer_norm(config)
+
     def __call__(
         self,
         source: Int[Array, "B S"],
@@ -51,10 +58,9 @@ class Encoder(nn.Module):
         source_positions: Int[Array, "B S"] | None = None,
         deterministic: bool = True,
     ) -> Float[Array, "B S D"]:
-        config = self.config
-        x = embed_with_positions(self.embed, source, source_positions, deterministic)  # [B, S, D]
+        x = embed_with_positions(self.embed, self.input_dropout, source, source_positions, deterministic)  # [B, S, D]
         mask = encoder_self_mask(source, source_segments)  # [B, 1, S, S]
-        x = run_layers(EncoderLayer, config, config.num_encoder_layers, x, mask, deterministic=deterministic)
-        if config.normalization == "pre":
-            x = layer_norm(config, "final_norm")(x)
+        x = self.stack(x, mask, deterministic=deterministic)
+        if self.config.normalization == "pre":
+            x = self.final_norm(x)
         return x

@@ -56,19 +56,23 @@ def constrain(x: Float[Array, "B L D"]) -> Float[Array, "B L D"]:
 
 def embed_with_positions(
     embed: Embed,
+    dropout: nn.Dropout,
     tokens: Int[Array, "B L"],
     positions: Int[Array, "B L"] | None,
     deterministic: bool,
+    table_length: int | None = None,
 ) -> Float[Array, "B L D"]:
     """Dropout(scaled token embedding + positional encoding), the input of either stack.
 
-    Call from a compact module's method: the dropout layer is created in that module.
+    `table_length` (default L) bounds the positions: a decoding step embeds one token at
+    position i of a longer output.
     """
     config = embed.config
     x = embed(tokens)  # [B, L, D]
-    encoding = positional_encoding(tokens.shape[1], config.d_model, positions, config.position_base)  # [1|B, L, D]
+    length = tokens.shape[1] if table_length is None else table_length
+    encoding = positional_encoding(length, config.d_model, positions, config.position_base)  # [1|B, L, D]
     x = x + encoding.astype(config.dtype)
-    return constrain(nn.Dropout(config.dropout_rate)(x, deterministic=deterministic))
+    return constrain(dropout(x, deterministic=deterministic))
 
 
 def activation_function(name: str) -> Callable[[Array], Array]:
@@ -105,7 +109,7 @@ class FeedForward(nn.Module):
         return jnp.einsum("BLF,FD->BLD", hidden, w_out) + b_out[None, None]  # [B, L, D]
 
 
-def layer_norm(config: TransformerConfig, name: str) -> nn.LayerNorm:
+def layer_norm(config: TransformerConfig, name: str | None = None) -> nn.LayerNorm:
     """LayerNorm over the model width; statistics in float32 whatever the compute dtype."""
     return nn.LayerNorm(
         epsilon=config.layer_norm_epsilon, dtype=config.dtype, param_dtype=config.param_dtype,
@@ -137,41 +141,60 @@ REMAT_POLICIES = {
 
 
 class _ScanBody(nn.Module):
-    """Adapts a layer to nn.scan: (carry, *broadcast inputs) -> (carry, None)."""
+    """Adapts a layer to nn.scan: (carry, *broadcast inputs, deterministic) -> (carry, None)."""
 
     layer_cls: type
     config: TransformerConfig
-    deterministic: bool
 
     @nn.compact
-    def __call__(self, x, *inputs):
-        return constrain(self.layer_cls(self.config, name="layer")(x, *inputs, self.deterministic)), None
+    def __call__(self, x, *inputs_and_deterministic):
+        return constrain(self.layer_cls(self.config, name="layer")(x, *inputs_and_deterministic)), None
 
 
-def run_layers(
-    layer_cls: type, config: TransformerConfig, num_layers: int, x: Float[Array, "B L D"], *inputs, deterministic: bool
-) -> Float[Array, "B L D"]:
-    """x through `num_layers` layers `layer_cls(config)(x, *inputs, deterministic)`, each
-    rematerialised as `config.remat_policy` says; separate modules `layer_0`, `layer_1`, ...
-    or, with `config.scan_layers`, one scanned module `layers` with stacked parameters.
+class LayerStack(nn.Module):
+    """`num_layers` layers `layer_cls(config)(x, *inputs, deterministic)`, each rematerialised as
+    `config.remat_policy` says: separate modules `layer_0`, `layer_1`, ... or, with
+    `config.scan_layers`, one scanned module `layers/layer` with stacked parameters.
 
-    Call from a compact module's method: the layers are created in that module.
+    Its parameters live in the parent's scope (`nn.share_scope`), so the tree reads
+    `encoder/layer_0/...` whichever way the stack is built.
     """
-    if config.remat_policy != "none":
-        deterministic_argnum = len(inputs) + 2  # self, x, *inputs, deterministic
-        layer_cls = nn.remat(layer_cls, policy=REMAT_POLICIES[config.remat_policy], static_argnums=(deterministic_argnum,))
-    if config.scan_layers:
-        scanned = nn.scan(
-            _ScanBody,
-            variable_axes={"params": 0},
-            split_rngs={"params": True, "dropout": True},
-            in_axes=(nn.broadcast,) * len(inputs),
-            length=num_layers,
-            metadata_params={nn.PARTITION_NAME: "layers"},
-        )
-        x, _ = scanned(layer_cls, config, deterministic, name="layers")(x, *inputs)
-        return x
-    for index in range(num_layers):
-        x = constrain(layer_cls(config, name=f"layer_{index}")(x, *inputs, deterministic))
-    return x
 
+    layer_cls: type
+    config: TransformerConfig
+    num_layers: int
+    num_inputs: int  # broadcast inputs after x (masks, encoder output)
+
+    def setup(self):
+        config, layer_cls = self.config, self.layer_cls
+        if config.remat_policy != "none":
+            deterministic_argnum = self.num_inputs + 2  # self, x, *inputs, deterministic
+            layer_cls = nn.remat(layer_cls, policy=REMAT_POLICIES[config.remat_policy], static_argnums=(deterministic_argnum,))
+        if config.scan_layers:
+            self.layers = nn.scan(
+                _ScanBody,
+                variable_axes={"params": 0},
+                split_rngs={"params": True, "dropout": True},
+                in_axes=(nn.broadcast,) * (self.num_inputs + 1),
+                length=self.num_layers,
+                metadata_params={nn.PARTITION_NAME: "layers"},
+            )(layer_cls, config)
+        else:
+            self.layer = [layer_cls(config) for _ in range(self.num_layers)]
+
+    def __call__(self, x: Float[Array, "B L D"], *inputs, deterministic: bool) -> Float[Array, "B L D"]:
+        if self.config.scan_layers:
+            x, _ = self.layers(x, *inputs, deterministic)
+            return x
+        for layer in self.layer:
+            x = constrain(layer(x, *inputs, deterministic))
+        return x
+
+    def unscanned(self) -> list[nn.Module]:
+        """The layers one by one (for incremental decoding); scanned stacks must be unstacked first."""
+        if self.config.scan_layers:
+            raise ValueError(
+                "incremental decoding needs separate layers: unstack the parameters with "
+                "jaxformer.model.transformer.unstack_layers and use config.replace(scan_layers=False)"
+            )
+        return list(self.layer)

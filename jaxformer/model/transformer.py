@@ -4,13 +4,20 @@ Inputs are token ids with `PAD_ID` (0) as padding. `target` is the decoder's inp
 under teacher forcing: `BOS_ID` followed by the reference shifted right by one
 (`shift_right`); the logits at position t predict reference token t. Packed rows pass
 segment ids (1, 2, ... per pair, 0 at padding) and per-segment positions.
+
+Incremental decoding: `encoder_context(source)` once per batch, `init_cache(...)` from
+cache.py, then `decode_step(tokens, cache, context)` once per output token.
 """
 
 from __future__ import annotations
 
+from typing import Any
+
 import flax.linen as nn
+import jax
 import jax.numpy as jnp
 
+from jaxformer.model.cache import DecoderCache, EncoderContext
 from jaxformer.model.config import TransformerConfig
 from jaxformer.model.decoder import Decoder
 from jaxformer.model.encoder import Encoder
@@ -94,3 +101,33 @@ class Transformer(nn.Module):
         """Float32 logits [B, T, V] for decoder inputs `target` given `source`."""
         encoded = self.encode(source, source_segments, source_positions, deterministic)  # [B, S, D]
         return self.decode(encoded, source, target, source_segments, target_segments, target_positions, deterministic)
+
+    def encoder_context(self, source: Int[Array, "B S"]) -> EncoderContext:
+        """Runs the encoder (without dropout) and precomputes every decoder layer's
+        cross-attention keys and values: the part of decoding done once per batch."""
+        encoded = self.encode(source, deterministic=True)  # [B, S, D]
+        return self.decoder.context(encoded, source)
+
+    def decode_step(
+        self, tokens: Int[Array, "R 1"], cache: DecoderCache, context: EncoderContext
+    ) -> tuple[Float[Array, "R V"], DecoderCache]:
+        """Float32 logits [R, V] of the token that follows `tokens` (the decoder input at
+        position `cache.index`: BOS first), and the updated cache. Row r decodes source
+        row r // K, where K = R / B hypotheses per source."""
+        return self.decoder.step(tokens, cache, context)
+
+
+def unstack_layers(params: Any) -> Any:
+    """Parameters of a `scan_layers` model rearranged for the same model without scan:
+    `encoder/layers/layer/...` with a leading layer axis becomes `encoder/layer_0/...` and so on."""
+    params = dict(params)
+    for stack in ("encoder", "decoder"):
+        if stack not in params or "layers" not in params[stack]:
+            continue
+        section = dict(params[stack])
+        stacked = section.pop("layers")["layer"]
+        count = jax.tree.leaves(stacked)[0].shape[0]
+        for index in range(count):
+            section[f"layer_{index}"] = jax.tree.map(lambda leaf: leaf[index], stacked)
+        params[stack] = section
+    return params
