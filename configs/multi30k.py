@@ -29,5 +29,7 @@ def get_config():
     config.training.log_every_steps = 50
     config.training.eval_every_steps = 250
     config.training.checkpoint_every_steps = 250
-    config.training.keep_checkpoints = 5
+    config.training.keep_checkpoints = 5  # the last five, for checkpoint averaging
+    config.training.bleu_every_steps = 500  # beam-4 BLEU on validation; best parameters kept in workdir/best
+    config.training.bleu_examples = 500  # half the validation split: about a minute of decoding
     return config

@@ -36,3 +36,55 @@ def data_dir(tmp_path_factory):
     get_builder("multi30k", data_dir=str(directory)).download_and_prepare()
     return directory
 
+
+
+# ------------------------------------------------------------------------------------------
+# A workdir holding an untrained tiny model and a real tokenizer: what the decoding code and
+# the commands read, without spending test time on training.
+# ------------------------------------------------------------------------------------------
+
+RAW = pathlib.Path(__file__).parents[1] / "jaxformer" / "data" / "raw" / "multi30k"
+
+
+def read_raw(name, count=None):
+    import gzip
+
+    with gzip.open(RAW / name, "rt", encoding="utf-8") as handle:
+        lines = handle.read().splitlines()
+    return lines if count is None else lines[:count]
+
+
+def make_workdir(workdir, data_dir=None, steps=(1,), scale=lambda step: 1.0):
+    """Checkpoints of a random tiny model (parameters times `scale(step)`) with run metadata."""
+    import flax.linen as nn
+    import jax.numpy as jnp
+
+    from jaxformer.data.tokenizer import train_tokenizer
+    from jaxformer.model.config import preset
+    from jaxformer.model.transformer import Transformer
+    from jaxformer.training import experiment
+    from jaxformer.training.checkpoint import Checkpointer, encode_bytes
+
+    sentences = read_raw("train.en.gz", 1500) + read_raw("train.de.gz", 1500)
+    tokenizer = train_tokenizer(sentences, vocab_size=500)
+    model_config = preset("tiny", vocab_size=tokenizer.vocab_size)
+    config = experiment.default_config()
+    config.model = experiment.model_section("tiny")
+    config.tokenizer.vocab_size = tokenizer.vocab_size
+    if data_dir is not None:
+        config.data.data_dir = str(data_dir)
+    params = nn.meta.unbox(Transformer(model_config).init(
+        jax.random.key(0), jnp.ones((1, 4), jnp.int32), jnp.ones((1, 4), jnp.int32))["params"])
+    metadata = {"config": config.to_dict(), "model": model_config.to_dict(), "tokenizer": encode_bytes(tokenizer.model_proto)}
+    checkpointer = Checkpointer(pathlib.Path(workdir) / "checkpoints", keep=None)
+    for step in steps:
+        scaled = jax.tree.map(lambda leaf: leaf * scale(step), params)
+        checkpointer.save_params(step, scaled, {**metadata, "step": step})
+    checkpointer.close()
+    return workdir, params, tokenizer
+
+
+@pytest.fixture(scope="session")
+def decoding_workdir(tmp_path_factory, data_dir):
+    workdir, _, _ = make_workdir(tmp_path_factory.mktemp("decoding-workdir"), data_dir)
+    return workdir

@@ -6,7 +6,7 @@ import dataclasses
 import gzip
 import logging
 import pathlib
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
 
 
 class DataError(ValueError):
@@ -25,15 +25,22 @@ def _open_text(path: pathlib.Path):
     return gzip.open(path, "rb") if path.suffix == ".gz" else open(path, "rb")
 
 
-def _read_lines(path: pathlib.Path) -> list[str]:
+def decode_lines(raw_lines: Iterable[bytes], name: str | pathlib.Path) -> list[str]:
+    """UTF-8 lines without their line breaks; a bad byte raises DataError naming `name` and the line."""
     lines = []
-    with _open_text(path) as handle:
-        for number, raw in enumerate(handle, start=1):
-            try:
-                lines.append(raw.decode("utf-8").rstrip("\r\n"))
-            except UnicodeDecodeError as error:
-                raise DataError(f"{path}: line {number} is not valid UTF-8 ({error.reason} at byte {error.start})") from None
+    for number, raw in enumerate(raw_lines, start=1):
+        try:
+            lines.append(raw.decode("utf-8").rstrip("\r\n"))
+        except UnicodeDecodeError as error:
+            raise DataError(f"{name}: line {number} is not valid UTF-8 ({error.reason} at byte {error.start})") from None
     return lines
+
+
+def read_lines(path: str | pathlib.Path) -> list[str]:
+    """The lines of a text file, gzip or plain."""
+    path = pathlib.Path(path)
+    with _open_text(path) as handle:
+        return decode_lines(handle, path)
 
 
 def read_parallel_lines(
@@ -45,7 +52,7 @@ def read_parallel_lines(
     Pairs with an empty side are skipped, counted in `skipped` and logged once at the end.
     """
     source_path, target_path = pathlib.Path(source_path), pathlib.Path(target_path)
-    source_lines, target_lines = _read_lines(source_path), _read_lines(target_path)
+    source_lines, target_lines = read_lines(source_path), read_lines(target_path)
     if len(source_lines) != len(target_lines):
         raise DataError(
             f"line counts differ: {source_path} has {len(source_lines)} lines, "

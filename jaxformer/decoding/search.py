@@ -1,9 +1,10 @@
 """Greedy and beam search over a `tokens_to_logits` callback, jitted end to end.
 
 The callback sees the newest token of every row, `tokens` int32 [R, 1], and a cache pytree
-whose leaves have R rows first, and returns float logits [R, V] for the next token with the
-updated cache. The search never looks inside the cache: beam search only reorders its rows.
-Sequences start with `bos_id`; a sequence ends at `eos_id` or after `max_length` tokens.
+whose array leaves have R rows first (scalar leaves, such as a step index, are shared by all
+rows), and returns float logits [R, V] for the next token with the updated cache. The search
+never looks inside the cache: beam search only repeats and reorders its rows. Sequences
+start with `bos_id`; a sequence ends at `eos_id` or after `max_length` tokens.
 """
 
 from __future__ import annotations
@@ -25,38 +26,73 @@ def length_penalty(length, alpha: float):
     return ((5.0 + jnp.asarray(length, jnp.float32)) / 6.0) ** alpha
 
 
+def _one_per_row(tokens_to_logits, cache, batch_size, max_length, bos_id, eos_id, choose, rng):
+    """Extends every row by the token `choose(log_probs [B, V], rng) -> [B]` picks until EOS."""
+
+    def cond(state):
+        step, _, finished, _, _, _ = state
+        return (step < max_length) & ~jnp.all(finished)
+
+    def body(state):
+        step, tokens, finished, scores, cache, rng = state
+        previous = jnp.where(step == 0, bos_id, tokens[:, jnp.maximum(step - 1, 0)])[:, None]  # [B, 1]
+        logits, cache = tokens_to_logits(previous, cache)
+        log_probs = jax.nn.log_softmax(logits.astype(jnp.float32), axis=-1)  # [B, V]
+        rng, step_rng = jax.random.split(rng)
+        chosen = choose(log_probs, step_rng).astype(jnp.int32)  # [B]
+        chosen_log_prob = jnp.take_along_axis(log_probs, chosen[:, None], axis=-1)[:, 0]
+        scores = scores + jnp.where(finished, 0.0, chosen_log_prob)
+        tokens = tokens.at[:, step].set(jnp.where(finished, 0, chosen))
+        return step + 1, tokens, finished | (chosen == eos_id), scores, cache, rng
+
+    initial = (
+        jnp.int32(0), jnp.zeros((batch_size, max_length), jnp.int32), jnp.zeros((batch_size,), bool),
+        jnp.zeros((batch_size,), jnp.float32), cache, rng,
+    )
+    _, tokens, _, scores, _, _ = jax.lax.while_loop(cond, body, initial)
+    return tokens, scores
+
+
 def greedy_search(
     tokens_to_logits: TokensToLogits, cache: Any, batch_size: int, max_length: int, bos_id: int, eos_id: int
 ) -> tuple[Int[Array, "B L"], Float[Array, "B"]]:
     """Most likely next token at every step: (tokens [B, L] padded with 0 after EOS, log-probabilities [B])."""
-
-    def cond(state):
-        step, _, finished, _, _ = state
-        return (step < max_length) & ~jnp.all(finished)
-
-    def body(state):
-        step, tokens, finished, scores, cache = state
-        previous = jnp.where(step == 0, bos_id, tokens[:, jnp.maximum(step - 1, 0)])[:, None]  # [B, 1]
-        logits, cache = tokens_to_logits(previous, cache)
-        log_probs = jax.nn.log_softmax(logits.astype(jnp.float32), axis=-1)  # [B, V]
-        chosen = jnp.argmax(log_probs, axis=-1).astype(jnp.int32)  # [B]
-        chosen_log_prob = jnp.take_along_axis(log_probs, chosen[:, None], axis=-1)[:, 0]
-        scores = scores + jnp.where(finished, 0.0, chosen_log_prob)
-        tokens = tokens.at[:, step].set(jnp.where(finished, 0, chosen))
-        return step + 1, tokens, finished | (chosen == eos_id), scores, cache
-
-    initial = (
-        jnp.int32(0), jnp.zeros((batch_size, max_length), jnp.int32), jnp.zeros((batch_size,), bool),
-        jnp.zeros((batch_size,), jnp.float32), cache,
+    return _one_per_row(
+        tokens_to_logits, cache, batch_size, max_length, bos_id, eos_id,
+        lambda log_probs, rng: jnp.argmax(log_probs, axis=-1), jax.random.key(0),
     )
-    _, tokens, _, scores, _ = jax.lax.while_loop(cond, body, initial)
-    return tokens, scores
+
+
+def sample_search(
+    tokens_to_logits: TokensToLogits,
+    cache: Any,
+    batch_size: int,
+    max_length: int,
+    bos_id: int,
+    eos_id: int,
+    rng: jax.Array,
+    temperature: float = 1.0,
+    top_k: int = 0,
+) -> tuple[Int[Array, "B L"], Float[Array, "B"]]:
+    """Ancestral sampling from softmax(logits / temperature), restricted to the `top_k` most
+    likely tokens when `top_k` > 0: (tokens [B, L], log-probabilities [B] under the model)."""
+    if temperature <= 0:
+        raise ValueError(f"sampling needs temperature > 0, got {temperature}; use greedy_search for argmax")
+
+    def choose(log_probs, rng):  # [B, V]
+        scaled = log_probs / temperature
+        if top_k > 0:
+            kth_best = jax.lax.top_k(scaled, min(top_k, scaled.shape[-1]))[0][:, -1:]  # [B, 1]
+            scaled = jnp.where(scaled >= kth_best, scaled, -jnp.inf)
+        return jax.random.categorical(rng, scaled, axis=-1)
+
+    return _one_per_row(tokens_to_logits, cache, batch_size, max_length, bos_id, eos_id, choose, rng)
 
 
 def _gather_beams(tree: Any, beam_indices: Int[Array, "B K"], batch_size: int, old_beams: int) -> Any:
     """Rows of every leaf (flattened [B * old_beams, ...]) picked by `beam_indices` [B, K]."""
     flat = (jnp.arange(batch_size)[:, None] * old_beams + beam_indices).reshape(-1)  # [B * K]
-    return jax.tree.map(lambda leaf: jnp.take(leaf, flat, axis=0), tree)
+    return jax.tree.map(lambda leaf: leaf if jnp.ndim(leaf) == 0 else jnp.take(leaf, flat, axis=0), tree)
 
 
 def beam_search(
@@ -77,7 +113,7 @@ def beam_search(
     can beat the worst kept finished sequence of its row.
     """
     B, K = batch_size, beam_size
-    cache = jax.tree.map(lambda leaf: jnp.repeat(leaf, K, axis=0), cache)  # [B * K, ...]
+    cache = jax.tree.map(lambda leaf: leaf if jnp.ndim(leaf) == 0 else jnp.repeat(leaf, K, axis=0), cache)  # [B * K, ...]
     # Only beam 0 is live at the start, so the first step expands one hypothesis, not K copies.
     live_log_probs = jnp.tile(jnp.asarray([0.0] + [NEG_INF] * (K - 1), jnp.float32), (B, 1))  # [B, K]
     live_tokens = jnp.zeros((B, K, max_length), jnp.int32)

@@ -14,6 +14,8 @@ import time
 from typing import Any
 
 import grain
+import jax
+import numpy as np
 import orbax.checkpoint as ocp
 
 
@@ -64,6 +66,17 @@ class Checkpointer:
             force=True,
         )
 
+    def save_params(self, step: int, params: Any, metadata: dict[str, Any]) -> None:
+        """A parameters-only checkpoint (best or averaged weights): enough to translate, not to resume."""
+        if step in self.manager.all_steps():
+            self.set_aside(step)
+        self.manager.save(
+            step,
+            args=ocp.args.Composite(state=ocp.args.StandardSave({"params": params}), metadata=ocp.args.JsonSave(metadata)),
+            force=True,
+        )
+        self.manager.wait_until_finished()
+
     def wait(self) -> None:
         self.manager.wait_until_finished()
 
@@ -78,6 +91,36 @@ class Checkpointer:
             except Exception as error:  # a damaged step: restore_latest will set it aside
                 logging.warning("cannot read the metadata of checkpoint %d (%s)", step, error)
         return None
+
+    def restore_params(self, step: int, abstract_params: Any | None = None) -> Any:
+        """Only the model parameters of checkpoint `step` (the optimizer state is not read),
+        as host NumPy arrays or, given `abstract_params`, with its shapes, dtypes and shardings."""
+        self.manager.wait_until_finished()
+        path = self.directory / str(step) / "state"
+        if not path.exists():
+            raise CheckpointError(f"{path} does not exist; the checkpoints in {self.directory} are {self.steps()}")
+        try:
+            metadata = ocp.PyTreeCheckpointer().metadata(path).item_metadata.tree
+        except Exception as error:
+            raise CheckpointError(f"cannot read the checkpoint {path}: {type(error).__name__}: {error}") from error
+        if "params" not in metadata:
+            raise CheckpointError(f"{path} has no 'params' entry (it holds {sorted(metadata)})")
+        if abstract_params is None:
+            target = jax.tree.map(lambda leaf: np.zeros(leaf.shape, leaf.dtype), metadata["params"])
+            restore_args = jax.tree.map(lambda leaf: ocp.RestoreArgs(restore_type=np.ndarray), metadata["params"])
+        else:
+            target = abstract_params
+            restore_args = ocp.checkpoint_utils.construct_restore_args(abstract_params)
+        try:
+            restored = ocp.PyTreeCheckpointer().restore(
+                path,
+                args=ocp.args.PyTreeRestore(
+                    item={"params": target}, restore_args={"params": restore_args}, partial_restore=True
+                ),
+            )
+        except Exception as error:
+            raise CheckpointError(f"cannot restore the parameters of {path}: {type(error).__name__}: {error}") from error
+        return restored["params"]
 
     def restore_latest(self, abstract_state: Any, data_iterator) -> tuple[int, Any, dict[str, Any]] | None:
         """(step, state, metadata) of the newest checkpoint that restores; `data_iterator` is

@@ -82,6 +82,16 @@ def default_config() -> ml_collections.ConfigDict:
     config.training.eval_every_steps = 1000  # validation loss and perplexity
     config.training.checkpoint_every_steps = 1000
     config.training.keep_checkpoints = 3  # the newest K checkpoints are kept
+    config.training.bleu_every_steps = 0  # validation BLEU (and the best checkpoint in workdir/best) every N steps; 0: off
+    config.training.bleu_examples = 500  # validation pairs translated for that BLEU (0: all)
+
+    # Translation for validation BLEU (translate.py and evaluate.py take the same settings as flags).
+    config.decoding = ml_collections.ConfigDict()
+    config.decoding.method = "beam"  # "beam", "greedy" or "sample"
+    config.decoding.beam_size = 4  # the paper's beam
+    config.decoding.alpha = 0.6  # length penalty ((5 + |Y|) / 6)^alpha
+    config.decoding.max_extra_length = 50  # output tokens <= source tokens + this
+    config.decoding.batch_size = 64  # sentences per decoding batch
     return config
 
 

@@ -28,6 +28,7 @@ from jaxformer.training.metrics import MetricWriter, summarize
 from jaxformer.training.optimizer import make_optimizer
 from jaxformer.training.state import count_parameters, make_init_fn
 from jaxformer.training.step import eval_step, train_step
+from jaxformer.training.validation_bleu import BleuValidator
 
 TOKENIZER_FILE = "tokenizer.model"
 
@@ -255,6 +256,7 @@ def _train(config, workdir, mesh, rules, model, optimizer, schedule, checkpointe
         out_shardings=replicated,
     )
 
+    validator = BleuValidator(config, model_config, tokenizer, eval_source, workdir) if training.bleu_every_steps else None
     writer = MetricWriter(workdir)
     pending: list[tuple[int, Any]] = []
     last: dict[str, Any] = {}
@@ -309,6 +311,10 @@ def _train(config, workdir, mesh, rules, model, optimizer, schedule, checkpointe
                         step, last["eval"]["loss"], last["eval"]["perplexity"], last["eval"]["accuracy"],
                         length_filter.dropped, length_filter.seen,
                     )
+                if validator and (step % training.bleu_every_steps == 0 or step == training.num_train_steps):
+                    flush_metrics()
+                    last["bleu"] = validator(step, state.params, {**metadata, "step": step})
+                    writer.write(step, last["bleu"], prefix="eval/")
                 if step % training.checkpoint_every_steps == 0 or step == training.num_train_steps:
                     save(step)
             if stop.signal_name is not None and step not in checkpointer.steps():
@@ -318,6 +324,8 @@ def _train(config, workdir, mesh, rules, model, optimizer, schedule, checkpointe
         finally:
             checkpointer.close()
             writer.close()
+            if validator:
+                validator.close()
     last["step"] = step
     if jax.process_index() == 0:
         (workdir / "last_metrics.json").write_text(json.dumps(last, indent=2))

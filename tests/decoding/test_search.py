@@ -7,7 +7,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from jaxformer.decoding.search import beam_search, greedy_search, length_penalty
+from jaxformer.decoding.search import beam_search, greedy_search, length_penalty, sample_search
 
 V, L, BOS, EOS = 5, 4, 3, 1
 TABLE = np.asarray(jax.random.normal(jax.random.key(0), (997, V)) * 2.0, np.float32)
@@ -71,3 +71,29 @@ def test_greedy_pads_after_eos_and_stops():
     for row in np.asarray(tokens):
         if EOS in row:
             assert (row[list(row).index(EOS) + 1 :] == 0).all()
+
+
+def test_sampling_top_1_is_greedy():
+    greedy_tokens, greedy_log_probs = greedy_search(tokens_to_logits, initial_cache(3), 3, 6, BOS, EOS)
+    tokens, log_probs = sample_search(tokens_to_logits, initial_cache(3), 3, 6, BOS, EOS, jax.random.key(5), top_k=1)
+    np.testing.assert_array_equal(tokens, greedy_tokens)
+    np.testing.assert_allclose(log_probs, greedy_log_probs, rtol=1e-5)
+
+
+@pytest.mark.parametrize("temperature, top_k", [(1.0, 0), (0.5, 0), (1.0, 2)])
+def test_first_sampled_token_follows_the_tempered_distribution(temperature, top_k):
+    rows = 20_000
+    cache = {"hash": jnp.zeros((rows,), jnp.int32), "row": jnp.zeros((rows,), jnp.int32)}  # one context, many draws
+    tokens, _ = jax.jit(
+        lambda rng: sample_search(tokens_to_logits, cache, rows, 1, BOS, EOS, rng, temperature, top_k)
+    )(jax.random.key(6))
+    logits, _ = tokens_to_logits(jnp.array([[BOS]]), {"hash": jnp.zeros((1,), jnp.int32), "row": jnp.zeros((1,), jnp.int32)})
+    expected = np.asarray(logits[0], np.float64) / temperature
+    if top_k:
+        expected[np.argsort(expected)[:-top_k]] = -np.inf
+    expected = np.exp(expected - expected.max())
+    expected /= expected.sum()
+    observed = np.bincount(np.asarray(tokens[:, 0]), minlength=V) / rows
+    np.testing.assert_allclose(observed, expected, atol=0.015)  # 4 standard errors at 20,000 draws
+    if top_k:
+        assert set(np.unique(tokens[:, 0])) <= set(np.flatnonzero(expected > 0))

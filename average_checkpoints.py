@@ -1,0 +1,8 @@
+"""Thin entry point: see jaxformer/commands/average_checkpoints.py (`python average_checkpoints.py --help`)."""
+
+import sys
+
+from jaxformer.commands.average_checkpoints import main
+
+if __name__ == "__main__":
+    sys.exit(main())

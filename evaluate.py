@@ -1,0 +1,8 @@
+"""Thin entry point: see jaxformer/commands/evaluate.py (`python evaluate.py --help`)."""
+
+import sys
+
+from jaxformer.commands.evaluate import main
+
+if __name__ == "__main__":
+    sys.exit(main())

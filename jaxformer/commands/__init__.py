@@ -1,0 +1,1 @@
+"""Command-line programs: translate, evaluate, average_checkpoints (train is train.py)."""

@@ -1,0 +1,72 @@
+"""Average the parameters of the last N checkpoints of a run into `workdir/averaged`.
+
+    python average_checkpoints.py --workdir runs/m30k --last 5
+    python evaluate.py --workdir runs/m30k --checkpoint averaged --split test_2016_flickr
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import pathlib
+import sys
+from typing import Any
+
+import jax
+import numpy as np
+
+from jaxformer.decoding.translator import checkpoint_directory, load_checkpoint
+from jaxformer.training.checkpoint import Checkpointer, CheckpointError
+
+
+def average_parameters(trees: list[Any]) -> Any:
+    """The element-wise mean of parameter trees of one structure, accumulated in float64."""
+    if not trees:
+        raise ValueError("nothing to average")
+    structure = jax.tree.structure(trees[0])
+    for index, tree in enumerate(trees[1:], start=1):
+        if jax.tree.structure(tree) != structure:
+            raise ValueError(f"parameter tree {index} differs in structure from tree 0")
+    return jax.tree.map(
+        lambda *leaves: (sum(np.asarray(leaf, np.float64) for leaf in leaves) / len(leaves)).astype(np.asarray(leaves[0]).dtype),
+        *trees,
+    )
+
+
+def average_last(workdir: str | pathlib.Path, last: int) -> tuple[int, list[int]]:
+    """Writes the mean of the last `last` checkpoints as `workdir/averaged/<newest step>`;
+    returns (that step, the steps averaged)."""
+    reader = Checkpointer(checkpoint_directory(workdir, "latest"), keep=None)
+    steps = reader.steps()
+    reader.close()
+    if len(steps) < last:
+        raise CheckpointError(
+            f"{workdir} has {len(steps)} checkpoints ({steps}); cannot average the last {last}. "
+            "Raise training.keep_checkpoints to keep more."
+        )
+    chosen = steps[-last:]
+    trees, metadata = [], None
+    for step in chosen:
+        _, metadata, params = load_checkpoint(workdir, step)
+        trees.append(params)
+        logging.info("read step %d", step)
+    metadata = {**metadata, "step": chosen[-1], "averaged_steps": chosen}
+    writer = Checkpointer(checkpoint_directory(workdir, "averaged"), keep=1)
+    writer.save_params(chosen[-1], average_parameters(trees), metadata)
+    writer.close()
+    return chosen[-1], chosen
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--workdir", required=True, help="the training run's directory")
+    parser.add_argument("--last", type=int, default=5, help="how many of the newest checkpoints (default: 5)")
+    args = parser.parse_args(argv)
+    logging.basicConfig(level=logging.INFO, format="%(message)s")
+    step, chosen = average_last(args.workdir, args.last)
+    print(f"averaged steps {chosen} into {checkpoint_directory(args.workdir, 'averaged')}/{step}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

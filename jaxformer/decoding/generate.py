@@ -1,0 +1,105 @@
+"""Translation of token arrays: the encoder once per batch, then a search over cached decoder steps.
+
+`generate(model, params, source, settings, rng)` is a pure, jittable function of arrays, for
+other JAX programs; `make_generate_fn` jits it for one model and one set of settings.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+
+from jaxformer.decoding.search import NEG_INF, beam_search, greedy_search, sample_search
+from jaxformer.model.cache import init_cache
+from jaxformer.model.config import TransformerConfig
+from jaxformer.model.transformer import Transformer, unstack_layers
+from jaxformer.tokens import BOS_ID, EOS_ID, PAD_ID
+from jaxformer.typing import Array, Float, Int
+
+METHODS = ("beam", "greedy", "sample")
+
+
+@dataclasses.dataclass(frozen=True)
+class DecodeSettings:
+    """How to search. The defaults are the paper's: beam 4, alpha 0.6, output <= input + 50."""
+
+    method: str = "beam"  # "beam", "greedy" or "sample"
+    beam_size: int = 4
+    alpha: float = 0.6  # length penalty ((5 + |Y|) / 6)^alpha
+    max_extra_length: int = 50  # output tokens (EOS included) <= source tokens + this
+    temperature: float = 1.0  # sampling only
+    top_k: int = 0  # sampling only; 0 = the whole vocabulary
+
+    def __post_init__(self):
+        if self.method not in METHODS:
+            raise ValueError(f"decoding method {self.method!r}: choose one of {', '.join(METHODS)}")
+        if self.beam_size < 1 or self.max_extra_length < 1:
+            raise ValueError(f"beam_size and max_extra_length must be >= 1, got {self.beam_size}, {self.max_extra_length}")
+
+    @property
+    def hypotheses(self) -> int:
+        """Hypotheses returned per source row."""
+        return self.beam_size if self.method == "beam" else 1
+
+
+def decoding_variant(config: TransformerConfig, params: Any) -> tuple[TransformerConfig, Any]:
+    """The inference form of a model: no dropout, no remat, unscanned layers (cached decoding
+    steps through the layers one at a time)."""
+    if config.scan_layers:
+        params = unstack_layers(params)
+    return config.replace(deterministic=True, scan_layers=False, remat_policy="none"), params
+
+
+def generate(
+    model: Transformer,
+    params: Any,
+    source: Int[Array, "B S"],
+    settings: DecodeSettings = DecodeSettings(),
+    rng: jax.Array | None = None,
+) -> tuple[Int[Array, "B K L"], Float[Array, "B K"]]:
+    """Translates padded source rows: (tokens [B, K, L] ending in EOS then padding, scores [B, K]).
+
+    L = S + settings.max_extra_length; row b stops by (real source tokens of b) + max_extra_length.
+    Beam search gives K = beam_size hypotheses best first, scored log p / length penalty;
+    greedy and sampling give K = 1 with the log-probability. `model` must be the decoding
+    variant (`decoding_variant`).
+    """
+    batch, source_length = source.shape
+    max_length = source_length + settings.max_extra_length
+    context = model.apply({"params": params}, source, method=Transformer.encoder_context)
+    limits = jnp.sum(source != PAD_ID, axis=1) + settings.max_extra_length  # [B]
+    rows = batch * settings.hypotheses
+
+    def tokens_to_logits(tokens, cache):
+        logits, cache = model.apply({"params": params}, tokens, cache, context, method=Transformer.decode_step)
+        # A row that reaches its limit must end here: only EOS stays possible.
+        at_limit = cache.index >= jnp.repeat(limits, tokens.shape[0] // batch)  # [R]
+        only_eos = jnp.where(jnp.arange(logits.shape[-1]) == EOS_ID, 0.0, NEG_INF)  # [V]
+        return jnp.where(at_limit[:, None], only_eos, logits), cache
+
+    if settings.method == "beam":
+        cache = init_cache(model.config, batch, max_length)  # the search repeats it per beam
+        return beam_search(tokens_to_logits, cache, batch, settings.beam_size, max_length, BOS_ID, EOS_ID, settings.alpha)
+    cache = init_cache(model.config, rows, max_length)
+    if settings.method == "greedy":
+        tokens, scores = greedy_search(tokens_to_logits, cache, batch, max_length, BOS_ID, EOS_ID)
+    else:
+        rng = jax.random.key(0) if rng is None else rng
+        tokens, scores = sample_search(
+            tokens_to_logits, cache, batch, max_length, BOS_ID, EOS_ID, rng, settings.temperature, settings.top_k
+        )
+    return tokens[:, None], scores[:, None]
+
+
+def make_generate_fn(config: TransformerConfig, settings: DecodeSettings = DecodeSettings()):
+    """`jit(lambda params, source, rng: generate(...))` for the decoding variant of `config`;
+    pass parameters already in the decoding form (`decoding_variant`)."""
+    model = Transformer(config)
+
+    def generate_fn(params, source, rng=None):
+        return generate(model, params, source, settings, rng)
+
+    return jax.jit(generate_fn)

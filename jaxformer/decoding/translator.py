@@ -1,0 +1,188 @@
+"""`Translator`: text in, text out, from a training workdir or from parameters in memory."""
+
+from __future__ import annotations
+
+import copy
+import logging
+import math
+import pathlib
+import re
+from collections.abc import Iterator, Sequence
+from typing import Any
+
+import jax
+import numpy as np
+import tqdm
+
+from jaxformer.data.tokenizer import Tokenizer
+from jaxformer.decoding.generate import DecodeSettings, decoding_variant, make_generate_fn
+from jaxformer.model.config import TransformerConfig
+from jaxformer.model.transformer import unstack_layers
+from jaxformer.tokens import EOS_ID, PAD_ID
+from jaxformer.training.checkpoint import Checkpointer, CheckpointError, decode_bytes
+
+CHECKPOINT_DIRECTORIES = {"latest": "checkpoints", "best": "best", "averaged": "averaged"}
+_SENTENCE_END = re.compile(r"(?<=[.!?;:])\s+")
+
+
+def checkpoint_directory(workdir: str | pathlib.Path, which: str) -> pathlib.Path:
+    """`workdir/checkpoints` (latest), `workdir/best` (best validation BLEU) or `workdir/averaged`."""
+    if which not in CHECKPOINT_DIRECTORIES:
+        raise ValueError(f"checkpoint {which!r}: choose one of {', '.join(CHECKPOINT_DIRECTORIES)} or a step number")
+    return pathlib.Path(workdir) / CHECKPOINT_DIRECTORIES[which]
+
+
+def load_checkpoint(workdir: str | pathlib.Path, checkpoint: str | int = "latest") -> tuple[int, dict[str, Any], Any]:
+    """(step, metadata, params) of a workdir's checkpoint: "latest", "best", "averaged" or a step
+    of `workdir/checkpoints`. Parameters come back as host arrays, without optimizer state."""
+    which = "latest" if isinstance(checkpoint, int) else checkpoint
+    directory = checkpoint_directory(workdir, which)
+    if not directory.is_dir():
+        raise CheckpointError(f"{directory} does not exist: no {which!r} checkpoint in {workdir}")
+    checkpointer = Checkpointer(directory, keep=None)
+    try:
+        steps = checkpointer.steps()
+        if not steps:
+            raise CheckpointError(f"{directory} holds no checkpoint")
+        step = checkpoint if isinstance(checkpoint, int) else steps[-1]
+        if step not in steps:
+            raise CheckpointError(f"{directory} has no checkpoint for step {step}; it has {steps}")
+        metadata = checkpointer.read_metadata(step)
+        return step, metadata, checkpointer.restore_params(step)
+    finally:
+        checkpointer.close()
+
+
+class Translator:
+    """Translates lists of sentences with a trained model.
+
+    Sentences are tokenized, sorted by length and decoded in batches of `batch_size` rows
+    whose source length is rounded up to a multiple of `length_bucket` (few shapes, few
+    compilations, little padding); results come back in input order. Empty input gives
+    empty output. A sentence longer than `max_source_tokens` is translated in pieces (at
+    sentence ends where it can) joined by spaces, so nothing is dropped.
+    """
+
+    def __init__(
+        self,
+        config: TransformerConfig,
+        params: Any | None,
+        tokenizer: Tokenizer,
+        settings: DecodeSettings = DecodeSettings(),
+        *,
+        batch_size: int = 64,
+        length_bucket: int = 16,
+        max_source_tokens: int = 256,
+    ):
+        if config.vocab_size != tokenizer.vocab_size:
+            raise ValueError(f"the model has {config.vocab_size} tokens but the tokenizer {tokenizer.vocab_size}")
+        self.config, _ = decoding_variant(config, {})
+        self.params = None if params is None else decoding_variant(config, jax.device_put(params))[1]
+        self.scanned = config.scan_layers
+        self.tokenizer = tokenizer
+        self.settings = settings
+        self.batch_size, self.length_bucket, self.max_source_tokens = batch_size, length_bucket, max_source_tokens
+        self._generate = make_generate_fn(self.config, settings)
+        self._rng = jax.random.key(0)
+
+    def with_params(self, params: Any) -> Translator:
+        """The same translator (and compiled search) with other parameters of the same model,
+        e.g. the train state's during training."""
+        translator = copy.copy(self)
+        translator.params = unstack_layers(params) if self.scanned else params
+        return translator
+
+    @classmethod
+    def from_workdir(
+        cls, workdir: str | pathlib.Path, checkpoint: str | int = "latest", settings: DecodeSettings = DecodeSettings(), **kwargs
+    ) -> Translator:
+        """The model, tokenizer and parameters of a training run's `checkpoint` ("latest",
+        "best", "averaged" or a step number)."""
+        step, metadata, params = load_checkpoint(workdir, checkpoint)
+        config = TransformerConfig.from_dict(metadata["model"])
+        tokenizer = Tokenizer(decode_bytes(metadata["tokenizer"]))
+        logging.info("loaded step %d of %s (%s checkpoint)", step, workdir, checkpoint)
+        translator = cls(config, params, tokenizer, settings, **kwargs)
+        translator.step = step
+        return translator
+
+    # -- text --------------------------------------------------------------------------
+
+    def translate(self, sentences: Sequence[str], progress: bool = False) -> list[str]:
+        """One translation per input sentence, in order."""
+        return [hypotheses[0][0] for hypotheses in self.translate_nbest(sentences, progress)]
+
+    def translate_nbest(self, sentences: Sequence[str], progress: bool = False) -> list[list[tuple[str, float]]]:
+        """Per sentence, the search's hypotheses (beam: beam_size of them) as (text, score), best first."""
+        pieces, owners = [], []
+        for index, sentence in enumerate(sentences):
+            if not isinstance(sentence, str):
+                raise TypeError(f"sentence {index} is {type(sentence).__name__}, not str")
+            for piece in self._split(sentence, index):
+                pieces.append(piece)
+                owners.append(index)
+        decoded = self.translate_ids(pieces, progress=progress)
+        results: list[list[tuple[str, float]]] = [[] for _ in sentences]
+        for owner, hypotheses in zip(owners, decoded):
+            texts = [(self.tokenizer.decode(tokens), score) for tokens, score in hypotheses]
+            if not results[owner]:
+                results[owner] = texts
+            else:  # a piece of a long sentence: join the best translations
+                best = results[owner][0]
+                results[owner] = [(f"{best[0]} {texts[0][0]}".strip(), best[1] + texts[0][1])]
+        return [result or [("", 0.0)] for result in results]
+
+    def _split(self, sentence: str, index: int) -> list[np.ndarray]:
+        """Source ids of a sentence: none for an empty one, several for an overlong one."""
+        if not sentence.strip():
+            return []
+        ids = self.tokenizer.encode(sentence)
+        if len(ids) <= self.max_source_tokens:
+            return [ids]
+        logging.warning(
+            "sentence %d has %d tokens, more than max_source_tokens=%d: translating it in pieces",
+            index, len(ids), self.max_source_tokens,
+        )
+        chunks, current = [], ""
+        for part in _SENTENCE_END.split(sentence):
+            candidate = f"{current} {part}".strip()
+            if current and len(self.tokenizer.encode(candidate)) > self.max_source_tokens:
+                chunks.append(current)
+                candidate = part
+            current = candidate
+        chunks.append(current)
+        pieces = []
+        for chunk in chunks:
+            ids = self.tokenizer.encode(chunk, add_eos=False)
+            step = self.max_source_tokens - 1  # room for EOS
+            for start in range(0, len(ids), step):
+                pieces.append(np.append(ids[start : start + step], EOS_ID).astype(np.int32))
+        return pieces
+
+    # -- ids ---------------------------------------------------------------------------
+
+    def translate_ids(self, sources: Sequence[np.ndarray], progress: bool = False) -> list[list[tuple[np.ndarray, float]]]:
+        """Hypotheses (ids, score) per source id sequence (each ending in EOS), in input order."""
+        if self.params is None:
+            raise ValueError("this Translator has no parameters yet: use with_params(params)")
+        order = sorted(range(len(sources)), key=lambda i: len(sources[i]), reverse=True)
+        results: list[Any] = [None] * len(sources)
+        with tqdm.tqdm(total=len(sources), desc="translate", unit="sent", disable=not progress, dynamic_ncols=True) as bar:
+            for batch_indices, source in self._batches(sources, order):
+                self._rng, rng = jax.random.split(self._rng)
+                tokens, scores = jax.device_get(self._generate(self.params, source, rng))  # [B, K, L], [B, K]
+                for row, index in enumerate(batch_indices):
+                    results[index] = [(tokens[row, k], float(scores[row, k])) for k in range(tokens.shape[1])]
+                bar.update(len(batch_indices))
+        return results
+
+    def _batches(self, sources, order) -> Iterator[tuple[list[int], np.ndarray]]:
+        for start in range(0, len(order), self.batch_size):
+            indices = order[start : start + self.batch_size]
+            longest = max(len(sources[i]) for i in indices)
+            length = self.length_bucket * math.ceil(longest / self.length_bucket)
+            batch = np.full((self.batch_size, length), PAD_ID, np.int32)
+            batch[len(indices) :, 0] = EOS_ID  # filler rows: an empty sentence, stopped early
+            for row, index in enumerate(indices):
+                batch[row, : len(sources[index])] = sources[index]
+            yield indices, batch

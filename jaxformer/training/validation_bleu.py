@@ -1,0 +1,64 @@
+"""Validation BLEU during training, and the best checkpoint by it (workdir/best)."""
+
+from __future__ import annotations
+
+import logging
+import math
+import pathlib
+from typing import Any
+
+import ml_collections
+
+from jaxformer.data.pipeline import record_text
+from jaxformer.data.tokenizer import Tokenizer
+from jaxformer.decoding.generate import DecodeSettings
+from jaxformer.decoding.scoring import corpus_scores
+from jaxformer.decoding.translator import Translator, checkpoint_directory
+from jaxformer.model.config import TransformerConfig
+from jaxformer.training.checkpoint import Checkpointer
+
+
+def decode_settings(config: ml_collections.ConfigDict) -> DecodeSettings:
+    decoding = config.decoding
+    return DecodeSettings(
+        method=decoding.method, beam_size=decoding.beam_size, alpha=decoding.alpha,
+        max_extra_length=decoding.max_extra_length,
+    )
+
+
+class BleuValidator:
+    """Translates the first `training.bleu_examples` validation pairs with the current parameters,
+    scores them with sacreBLEU, and saves the parameters to workdir/best when BLEU improves."""
+
+    def __init__(
+        self,
+        config: ml_collections.ConfigDict,
+        model_config: TransformerConfig,
+        tokenizer: Tokenizer,
+        eval_source,
+        workdir: pathlib.Path,
+    ):
+        data = config.data
+        count = config.training.bleu_examples or len(eval_source)
+        records = eval_source.__getitems__(list(range(min(count, len(eval_source)))))
+        self.sources = [record_text(record, data.source_language) for record in records]
+        self.references = [record_text(record, data.target_language) for record in records]
+        self.translator = Translator(
+            model_config, None, tokenizer, decode_settings(config), batch_size=config.decoding.batch_size
+        )
+        self.best = Checkpointer(checkpoint_directory(workdir, "best"), keep=1)
+        best_metadata = self.best.latest_metadata()
+        self.best_bleu = best_metadata["bleu"] if best_metadata else -math.inf
+
+    def __call__(self, step: int, params: Any, metadata: dict[str, Any]) -> dict[str, float]:
+        hypotheses = self.translator.with_params(params).translate(self.sources)
+        scores = corpus_scores(hypotheses, self.references)
+        logging.info("step %d: validation BLEU %.2f on %d sentences (%s)", step, scores["bleu"], len(hypotheses), scores["bleu_signature"])
+        if scores["bleu"] > self.best_bleu:
+            self.best_bleu = scores["bleu"]
+            self.best.save_params(step, params, {**metadata, "step": step, "bleu": scores["bleu"]})
+            logging.info("step %d: best validation BLEU so far; parameters saved to %s", step, self.best.directory)
+        return {"bleu": scores["bleu"], "chrf": scores["chrf"], "lowercase_bleu": scores["lowercase_bleu"], "best_bleu": self.best_bleu}
+
+    def close(self) -> None:
+        self.best.close()

@@ -1,0 +1,116 @@
+"""translate, evaluate and average_checkpoints, run as a user runs them."""
+
+import json
+import os
+import pathlib
+import subprocess
+import sys
+
+import jax
+import numpy as np
+import pytest
+import sacrebleu
+
+from jaxformer.commands import average_checkpoints, evaluate, translate
+from jaxformer.data.parallel_text import DataError
+from jaxformer.decoding.translator import Translator, load_checkpoint
+from jaxformer.training.checkpoint import CheckpointError
+from tests.conftest import make_workdir, read_raw
+
+pytestmark = pytest.mark.xdist_group("decoding-workdir")
+ROOT = pathlib.Path(__file__).parents[2]
+FAST = ["--method", "greedy", "--max_extra_length", "6"]
+
+
+def test_translate_round_trips_1000_lines(decoding_workdir, tmp_path):
+    lines = read_raw("train.en.gz", 990)
+    lines[10] = lines[500] = ""  # empty lines
+    lines[20] = "   "
+    lines[700] = " ".join(read_raw("val.en.gz", 60))  # ~800 tokens: beyond max_source_tokens
+    lines[701] = "x" * 3000  # one unbroken 'word'
+    lines += read_raw("val.en.gz", 10)
+    assert len(lines) == 1000
+    source, output = tmp_path / "in.en", tmp_path / "out.de"
+    source.write_text("\n".join(lines) + "\n", encoding="utf-8")
+    assert translate.main(["--workdir", str(decoding_workdir), "--input", str(source), "--output", str(output),
+                           "--batch_size", "128", "--no_progress", *FAST]) == 0
+    translations = output.read_text(encoding="utf-8").split("\n")
+    assert translations[-1] == "" and len(translations) == 1001  # 1000 lines, each ending in a newline
+    translations = translations[:-1]
+    assert translations[10] == translations[20] == translations[500] == ""
+    assert translations[700] and translations[701]
+    # Order: sampled lines equal their translation on their own.
+    translator = Translator.from_workdir(decoding_workdir, settings=translate_settings())
+    for index in (0, 1, 333, 699, 998, 999):
+        assert translations[index] == translator.translate([lines[index]])[0], index
+
+
+def translate_settings():
+    from jaxformer.decoding.generate import DecodeSettings
+
+    return DecodeSettings(method="greedy", max_extra_length=6)
+
+
+def test_translate_reads_stdin_and_writes_stdout(decoding_workdir):
+    lines = ["A man sleeps.", "", "Two dogs run on the beach."]
+    env = dict(os.environ, PYTHONPATH=str(ROOT))
+    result = subprocess.run(
+        [sys.executable, str(ROOT / "translate.py"), "--workdir", str(decoding_workdir), "--no_progress", *FAST],
+        input="\n".join(lines) + "\n", capture_output=True, text=True, env=env, timeout=300,
+    )
+    assert result.returncode == 0, result.stderr[-3000:]
+    outputs = result.stdout.split("\n")[:-1]
+    assert len(outputs) == 3 and outputs[1] == ""
+    assert outputs[0] == Translator.from_workdir(decoding_workdir, settings=translate_settings()).translate([lines[0]])[0]
+
+
+def test_translate_names_a_bad_line(decoding_workdir, tmp_path):
+    source = tmp_path / "bad.en"
+    source.write_bytes(b"fine\nbroken \xff byte\n")
+    with pytest.raises(DataError, match=r"bad.en: line 2 is not valid UTF-8"):
+        translate.main(["--workdir", str(decoding_workdir), "--input", str(source), *FAST])
+
+
+def test_evaluate_scores_files_like_sacrebleu(decoding_workdir, tmp_path, capsys):
+    sources, references = read_raw("val.en.gz", 30), read_raw("val.de.gz", 30)
+    source, reference = tmp_path / "val.en", tmp_path / "val.de"
+    source.write_text("\n".join(sources) + "\n")
+    reference.write_text("\n".join(references) + "\n")
+    hypotheses, scores_file = tmp_path / "hyp.de", tmp_path / "scores.json"
+    evaluate.main(["--workdir", str(decoding_workdir), "--source", str(source), "--reference", str(reference),
+                   "--output", str(hypotheses), "--json", str(scores_file), *FAST])
+    printed = capsys.readouterr().out
+    scores = json.loads(scores_file.read_text())
+    outputs = hypotheses.read_text().splitlines()
+    assert scores["bleu"] == pytest.approx(sacrebleu.corpus_bleu(outputs, [references]).score)
+    assert scores["chrf"] == pytest.approx(sacrebleu.corpus_chrf(outputs, [references]).score)
+    assert scores["lowercase_bleu"] == pytest.approx(sacrebleu.corpus_bleu(outputs, [references], lowercase=True).score)
+    assert "nrefs:1|case:mixed|eff:no|tok:13a|smooth:exp" in printed and "chrF" in printed
+
+
+def test_evaluate_a_split_of_the_runs_dataset(decoding_workdir, tmp_path, capsys):
+    evaluate.main(["--workdir", str(decoding_workdir), "--split", "test_2016_flickr", "--max_examples", "12",
+                   "--json", str(tmp_path / "s.json"), *FAST])
+    scores = json.loads((tmp_path / "s.json").read_text())
+    assert scores["sentences"] == 12 and scores["data"] == "test_2016_flickr"
+    with pytest.raises(Exception, match="no split 'test_2099'"):
+        evaluate.main(["--workdir", str(decoding_workdir), "--split", "test_2099", *FAST])
+
+
+def test_evaluate_rejects_misaligned_files(decoding_workdir, tmp_path):
+    (tmp_path / "a").write_text("one\ntwo\n")
+    (tmp_path / "b").write_text("eins\n")
+    with pytest.raises(DataError, match="line counts differ"):
+        evaluate.main(["--workdir", str(decoding_workdir), "--source", str(tmp_path / "a"), "--reference", str(tmp_path / "b")])
+
+
+def test_average_of_the_last_checkpoints(tmp_path):
+    workdir, params, _ = make_workdir(tmp_path / "run", steps=(10, 20, 30, 40), scale=lambda step: step / 10)
+    average_checkpoints.main(["--workdir", str(workdir), "--last", "3"])
+    step, metadata, averaged = load_checkpoint(workdir, "averaged")
+    assert step == 40 and metadata["averaged_steps"] == [20, 30, 40]
+    expected = jax.tree.map(lambda leaf: np.asarray(leaf) * 3.0, params)  # mean of 2x, 3x, 4x
+    jax.tree.map(lambda a, b: np.testing.assert_allclose(a, b, rtol=1e-6), averaged, expected)
+    Translator.from_workdir(workdir, "averaged", settings=translate_settings()).translate(["A cat."])
+    with pytest.raises(CheckpointError, match="cannot average the last 5"):
+        average_checkpoints.average_last(workdir, 5)

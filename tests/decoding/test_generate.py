@@ -1,0 +1,83 @@
+"""generate(): the cached search on a real model against decoding by recomputing the whole prefix."""
+
+import flax.linen as nn
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from jaxformer.decoding.generate import DecodeSettings, generate, make_generate_fn
+from jaxformer.model.config import preset
+from jaxformer.model.transformer import Transformer
+from jaxformer.tokens import BOS_ID, EOS_ID, PAD_ID
+
+CONFIG = preset("tiny", vocab_size=40, deterministic=True)
+EXTRA = 5
+
+
+@pytest.fixture(scope="module")
+def params():
+    model = Transformer(CONFIG)
+    variables = model.init(jax.random.key(0), jnp.ones((1, 4), jnp.int32), jnp.ones((1, 4), jnp.int32))
+    params = nn.meta.unbox(variables["params"])
+    return params
+
+
+def source_rows():
+    source = jax.random.randint(jax.random.key(1), (3, 6), 4, CONFIG.vocab_size)
+    source = source.at[:, -1].set(EOS_ID)
+    return source.at[1, 3:].set(PAD_ID).at[1, 2].set(EOS_ID)  # row 1: 2 tokens + EOS
+
+
+def recomputed_greedy(params, source, max_length):
+    """Greedy decoding the way torch nn.Transformer users write it: the full decoder each step."""
+    model = Transformer(CONFIG)
+    apply = jax.jit(lambda p, s, t: model.apply({"params": p}, s, t))
+    limits = np.asarray((source != PAD_ID).sum(axis=1)) + EXTRA
+    outputs = []
+    for row in range(source.shape[0]):
+        prefix = [BOS_ID]
+        while True:
+            logits = apply(params, source[row : row + 1], jnp.asarray([prefix]))[0, -1]
+            token = EOS_ID if len(prefix) >= limits[row] else int(jnp.argmax(logits))
+            prefix.append(token)
+            if token == EOS_ID or len(prefix) - 1 == max_length:
+                break
+        outputs.append(prefix[1:])
+    return outputs
+
+
+def test_cached_greedy_equals_recomputation(params):
+    source = source_rows()
+    tokens, _ = make_generate_fn(CONFIG, DecodeSettings(method="greedy", max_extra_length=EXTRA))(params, source)
+    assert tokens.shape == (3, 1, 6 + EXTRA)
+    for row, expected in enumerate(recomputed_greedy(params, source, 6 + EXTRA)):
+        assert list(np.asarray(tokens[row, 0, : len(expected)])) == expected
+        assert (np.asarray(tokens[row, 0, len(expected) :]) == PAD_ID).all()
+
+
+def test_output_stops_at_source_length_plus_extra(params):
+    source = source_rows()
+    tokens, scores = jax.jit(lambda p, s: generate(Transformer(CONFIG), p, s, DecodeSettings(max_extra_length=EXTRA)))(params, source)
+    assert tokens.shape == (3, 4, 6 + EXTRA) and scores.shape == (3, 4)
+    limits = np.asarray((source != PAD_ID).sum(axis=1)) + EXTRA
+    for row in range(3):
+        for hypothesis in np.asarray(tokens[row]):
+            length = int(np.argmax(hypothesis == EOS_ID)) + 1 if EOS_ID in hypothesis else len(hypothesis)
+            assert EOS_ID in hypothesis and length <= limits[row]
+        assert (np.diff(np.asarray(scores[row])) <= 1e-6).all()  # best first
+
+
+def test_sampling_is_seeded(params):
+    source = source_rows()
+    sample = make_generate_fn(CONFIG, DecodeSettings(method="sample", temperature=1.5, max_extra_length=EXTRA))
+    first, _ = sample(params, source, jax.random.key(3))
+    again, _ = sample(params, source, jax.random.key(3))
+    other, _ = sample(params, source, jax.random.key(4))
+    np.testing.assert_array_equal(first, again)
+    assert not np.array_equal(first, other)
+
+
+def test_bad_settings_are_named():
+    with pytest.raises(ValueError, match="nucleus"):
+        DecodeSettings(method="nucleus")
