@@ -37,3 +37,4 @@ def test_readme_example_runs():
     assert namespace["logits"].shape == (2, 4, 8000)
     np.testing.assert_allclose(namespace["logits_again"], namespace["logits"], atol=1e-5)
     assert not np.allclose(namespace["train_logits"], namespace["logits"])
+    assert namespace["tokens"].shape == (2, 4, 15) and namespace["scores"].shape == (2, 4)

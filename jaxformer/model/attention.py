@@ -168,11 +168,12 @@ class MultiHeadAttention(nn.Module):
         query = self._heads(self.query, inputs_q)  # [B, T, N, H]
         use_dropout = not deterministic and config.attention_dropout_rate > 0.0
         if config.attention_implementation == "jaxformer" or use_dropout:
-            attended = dot_product_attention(
-                query, key, value, mask,
-                dropout_rate=config.attention_dropout_rate,
-                dropout_rng=self.make_rng("dropout") if use_dropout else None,
-            )  # [B, T, N, H]
+            weights = dot_product_attention_weights(query, key, mask)  # [B, N, T, S] float32
+            # Kept only when the caller asks for them (apply(..., mutable=["intermediates"])), for plots.
+            self.sow("intermediates", "attention_weights", weights)
+            if use_dropout:
+                weights = dropout_weights(weights, config.attention_dropout_rate, self.make_rng("dropout"))
+            attended = jnp.einsum("BNTS,BSNH->BTNH", weights.astype(value.dtype), value)  # [B, T, N, H]
         else:
             attended = fused_attention(query, key, value, mask, config.attention_implementation)  # [B, T, N, H]
         kernel, bias = self.out

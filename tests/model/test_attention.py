@@ -126,3 +126,20 @@ def test_module_matches_numpy_multi_head_attention():
     w_out = np.asarray(params["out_kernel"]).reshape(12, 12)
     expected = concatenated @ w_out + np.asarray(params["out_bias"])
     np.testing.assert_allclose(out, expected, atol=1e-5, rtol=1e-5)
+
+
+def test_attention_weights_can_be_captured_for_plots():
+    from jaxformer.model.config import preset
+    from jaxformer.model.transformer import Transformer
+
+    config = preset("tiny", deterministic=True)
+    model = Transformer(config)
+    source = jnp.array([[5, 6, 7, 1, 0]])
+    target = jnp.array([[3, 8, 9]])
+    params = nn.meta.unbox(model.init(jax.random.key(0), source, target)["params"])
+    logits, state = model.apply({"params": params}, source, target, mutable=["intermediates"])
+    np.testing.assert_allclose(logits, model.apply({"params": params}, source, target), atol=1e-6)
+    (weights,) = state["intermediates"]["decoder"]["layer_1"]["cross_attention"]["attention_weights"]
+    assert weights.shape == (1, config.num_heads, 3, 5)  # [B, N, T, S]
+    np.testing.assert_allclose(weights.sum(-1), 1.0, atol=1e-6)
+    assert (weights[..., 4] == 0).all()  # the padded source position gets no attention
