@@ -194,7 +194,7 @@ _, state = model.apply({"params": beam.params}, source_ids[None], decoder_input[
 last_layer = f"layer_{beam.config.num_decoder_layers - 1}"
 (weights,) = state["intermediates"]["decoder"][last_layer]["cross_attention"]["attention_weights"]  # [1, N, T, S]
 plt.figure(figsize=(7, 6))
-plt.imshow(np.asarray(weights[0].mean(axis=0)), cmap="viridis")
+plt.imshow(np.asarray(weights[0].mean(axis=0)), cmap="viridis", aspect="auto")
 plt.xticks(range(len(source_ids)), beam.tokenizer.pieces(source_ids), rotation=90)
 plt.yticks(range(len(output_ids)), beam.tokenizer.pieces(output_ids))
 plt.xlabel("source"); plt.ylabel("target"); plt.colorbar()
