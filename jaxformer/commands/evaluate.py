@@ -25,7 +25,7 @@ def split_pairs(workdir: str, split: str, max_examples: int | None) -> tuple[lis
     from jaxformer.data.pipeline import record_text
     from jaxformer.data.sources import get_builder, load_split
 
-    _, metadata, _ = load_checkpoint(workdir, "latest")
+    _, metadata, _ = load_checkpoint(workdir, "latest", params=False)
     data = metadata["config"]["data"]
     languages = (data["source_language"], data["target_language"])
     builder = get_builder(data["name"], data.get("data_dir"), data.get("raw_dir"), data.get("download", False))

@@ -32,9 +32,12 @@ def checkpoint_directory(workdir: str | pathlib.Path, which: str) -> pathlib.Pat
     return pathlib.Path(workdir) / CHECKPOINT_DIRECTORIES[which]
 
 
-def load_checkpoint(workdir: str | pathlib.Path, checkpoint: str | int = "latest") -> tuple[int, dict[str, Any], Any]:
+def load_checkpoint(
+    workdir: str | pathlib.Path, checkpoint: str | int = "latest", params: bool = True
+) -> tuple[int, dict[str, Any], Any]:
     """(step, metadata, params) of a workdir's checkpoint: "latest", "best", "averaged" or a step
-    of `workdir/checkpoints`. Parameters come back as host arrays, without optimizer state."""
+    of `workdir/checkpoints`. Parameters come back as host arrays, without optimizer state
+    (None with `params=False`)."""
     which = "latest" if isinstance(checkpoint, int) else checkpoint
     directory = checkpoint_directory(workdir, which)
     if not directory.is_dir():
@@ -48,7 +51,7 @@ def load_checkpoint(workdir: str | pathlib.Path, checkpoint: str | int = "latest
         if step not in steps:
             raise CheckpointError(f"{directory} has no checkpoint for step {step}; it has {steps}")
         metadata = checkpointer.read_metadata(step)
-        return step, metadata, checkpointer.restore_params(step)
+        return step, metadata, checkpointer.restore_params(step) if params else None
     finally:
         checkpointer.close()
 
@@ -84,6 +87,7 @@ class Translator:
         self.batch_size, self.length_bucket, self.max_source_tokens = batch_size, length_bucket, max_source_tokens
         self._generate = make_generate_fn(self.config, settings)
         self._rng = jax.random.key(0)
+        self.step: int | None = None  # the checkpoint's step, when loaded from a workdir
 
     def with_params(self, params: Any) -> Translator:
         """The same translator (and compiled search) with other parameters of the same model,

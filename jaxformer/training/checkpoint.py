@@ -31,6 +31,10 @@ def decode_bytes(text: str) -> bytes:
     return base64.b64decode(text.encode("ascii"))
 
 
+def _no_missing_metadata_warning(record: logging.LogRecord) -> bool:
+    return "Metadata file does not exist" not in record.getMessage()
+
+
 class Checkpointer:
     """Saves every `save_every` steps (and on demand), keeps the last `keep`, restores the newest usable one."""
 
@@ -99,6 +103,14 @@ class Checkpointer:
         path = self.directory / str(step) / "state"
         if not path.exists():
             raise CheckpointError(f"{path} does not exist; the checkpoints in {self.directory} are {self.steps()}")
+        absl_logger = logging.getLogger("absl")
+        absl_logger.addFilter(_no_missing_metadata_warning)  # reading one item directly has no step metadata; harmless
+        try:
+            return self._restore_params(path, abstract_params)
+        finally:
+            absl_logger.removeFilter(_no_missing_metadata_warning)
+
+    def _restore_params(self, path: pathlib.Path, abstract_params: Any | None) -> Any:
         try:
             metadata = ocp.PyTreeCheckpointer().metadata(path).item_metadata.tree
         except Exception as error:
@@ -106,7 +118,7 @@ class Checkpointer:
         if "params" not in metadata:
             raise CheckpointError(f"{path} has no 'params' entry (it holds {sorted(metadata)})")
         if abstract_params is None:
-            target = jax.tree.map(lambda leaf: np.zeros(leaf.shape, leaf.dtype), metadata["params"])
+            target = jax.tree.map(lambda leaf: jax.ShapeDtypeStruct(leaf.shape, leaf.dtype), metadata["params"])
             restore_args = jax.tree.map(lambda leaf: ocp.RestoreArgs(restore_type=np.ndarray), metadata["params"])
         else:
             target = abstract_params
