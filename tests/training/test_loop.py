@@ -58,7 +58,9 @@ def checkpoint_steps(workdir):
 @pytest.fixture(scope="module")
 def straight_run(tmp_path_factory, data_dir):
     workdir = tmp_path_factory.mktemp("straight")
-    train(workdir, data_dir)
+    # Validation BLEU does not touch the training state: the resumed runs below, without it, match.
+    train(workdir, data_dir, "--config.training.bleu_every_steps=20", "--config.training.bleu_examples=16",
+          "--config.decoding.max_extra_length=8")
     return workdir
 
 
@@ -67,6 +69,12 @@ def test_straight_run_trains(straight_run):
     assert sorted(train_losses) == list(range(1, STEPS + 1))
     assert train_losses[STEPS] < train_losses[1] - 1.0  # it learns
     assert set(losses(straight_run, "eval/perplexity")) == {20, 40}
+    bleu = losses(straight_run, "eval/bleu")
+    assert set(bleu) == {20, 40} and all(0.0 <= value <= 100.0 for value in bleu.values())
+    best = json.loads((straight_run / "last_metrics.json").read_text())["bleu"]["best_bleu"]
+    assert best == max(bleu.values())
+    best_steps = [int(path.name) for path in (straight_run / "best").iterdir() if path.name.isdigit()]
+    assert best_steps == [max(bleu, key=lambda step: (bleu[step], -step))]  # the first step with the best BLEU
     assert checkpoint_steps(straight_run) == [20, 40]
     assert (straight_run / "tokenizer.model").exists()
     assert any((straight_run / "tensorboard").iterdir())
