@@ -1,0 +1,279 @@
+"""Shared pieces of the benchmarks: configs, analytic FLOPs, timing, the jitted train step,
+and the table + JSON-lines output.
+
+Every benchmark runs on JAX's default device and prints a table, then one line per row
+starting with `JSON ` (and writes the same rows, one JSON object a line, to `--json FILE`).
+"""
+
+from __future__ import annotations
+
+import argparse
+import functools
+import importlib.util
+import json
+import math
+import os
+import statistics
+import sys
+import time
+from collections.abc import Callable, Sequence
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from jaxformer.model.config import TransformerConfig, preset
+from jaxformer.model.transformer import Transformer
+from jaxformer.tokens import NUM_SPECIAL_TOKENS
+
+# ------------------------------------------------------------------------------------------
+# Model sizes.
+# ------------------------------------------------------------------------------------------
+
+# name -> (model config, batch size, source length, target length)
+CONFIGS: dict[str, Callable[[], tuple[TransformerConfig, int, int, int]]] = {
+    "tiny": lambda: (preset("tiny"), 32, 64, 64),
+    "small": lambda: (
+        preset("base", vocab_size=8192, d_model=256, num_heads=4, d_ff=1024, num_encoder_layers=3, num_decoder_layers=3),
+        32, 64, 64,
+    ),
+    "base": lambda: (preset("base", vocab_size=32_000), 16, 64, 64),
+}
+# --smoke: the tiny preset on a few short rows.
+SMOKE = (preset("tiny"), 4, 16, 16)
+
+
+def small_config(**overrides: Any) -> TransformerConfig:
+    """The `small` model (Multi30k-sized: d 256, 4 heads, 3+3 layers, d_ff 1024, vocab 8192)."""
+    return CONFIGS["small"]()[0].replace(**overrides)
+
+
+# ------------------------------------------------------------------------------------------
+# Analytic FLOPs.
+# ------------------------------------------------------------------------------------------
+
+
+def forward_flops(config: TransformerConfig, batch: int, source_length: int, target_length: int) -> float:
+    """Matmul FLOPs of one forward pass (2 FLOPs per multiply-add), counted from the config.
+
+    With D = d_model, F = d_ff, V = vocab_size, S / T = source / target length, per row:
+
+      encoder layer:  Q, K, V, O projections 4 * 2SD^2; scores QK^T 2S^2D; weighted sum 2S^2D;
+                      FFN 2 * 2SDF
+      decoder layer:  self-attention 4 * 2TD^2 + 2 * 2T^2D;
+                      cross-attention Q, O on the target 2 * 2TD^2, K, V on the source 2 * 2SD^2,
+                      scores and weighted sum 2 * 2TSD; FFN 2 * 2TDF
+      output:         logits against the whole vocabulary 2TDV
+
+    Attention is counted over the full T x T (and S x S, T x S) score matrices, masked entries
+    included, since that is what the einsum implementation computes. Embedding lookups, softmax,
+    LayerNorm, biases and the loss are not matmuls and are left out. A training step costs
+    3x this (the backward pass is two matmuls per forward matmul): see `train_flops`.
+    """
+    d, f, v = config.d_model, config.d_ff, config.vocab_size
+    s, t = source_length, target_length
+    encoder_layer = 8 * s * d * d + 4 * s * s * d + 4 * s * d * f
+    decoder_layer = 8 * t * d * d + 4 * t * t * d + 4 * t * d * d + 4 * s * d * d + 4 * t * s * d + 4 * t * d * f
+    output = 2 * t * d * v
+    per_row = config.num_encoder_layers * encoder_layer + config.num_decoder_layers * decoder_layer + output
+    return float(batch) * per_row
+
+
+def train_flops(config: TransformerConfig, batch: int, source_length: int, target_length: int) -> float:
+    """Model FLOPs of one training step: 3x `forward_flops` (forward + backward)."""
+    return 3.0 * forward_flops(config, batch, source_length, target_length)
+
+
+# ------------------------------------------------------------------------------------------
+# Timing.
+# ------------------------------------------------------------------------------------------
+
+
+def time_calls(fn: Callable[[], Any], iters: int, budget_s: float = float("inf"), warmup: int = 1) -> list[float]:
+    """Seconds per call of `fn()` (results blocked on), after `warmup` untimed calls.
+
+    Stops early, after at least one timed call, once the timed calls have used `budget_s`.
+    """
+    for _ in range(warmup):
+        jax.block_until_ready(fn())
+    times: list[float] = []
+    while len(times) < max(iters, 1):
+        start = time.perf_counter()
+        jax.block_until_ready(fn())
+        times.append(time.perf_counter() - start)
+        if sum(times) > budget_s:
+            break
+    return times
+
+
+def median(values: Sequence[float]) -> float:
+    return float(statistics.median(values))
+
+
+def compile_timed(jitted, *args) -> tuple[Any, float]:
+    """(compiled executable, seconds spent lowering and compiling) for `jitted(*args)`."""
+    start = time.perf_counter()
+    compiled = jitted.lower(*args).compile()
+    return compiled, time.perf_counter() - start
+
+
+def memory_bytes(compiled) -> dict[str, float]:
+    """Argument, output, temporary and total (less aliased) bytes of a compiled program; NaN where unknown."""
+    try:
+        stats = compiled.memory_analysis()
+        argument, output = float(stats.argument_size_in_bytes), float(stats.output_size_in_bytes)
+        temp, alias = float(stats.temp_size_in_bytes), float(stats.alias_size_in_bytes)
+    except Exception:  # some backends return None or raise
+        return {"argument": math.nan, "output": math.nan, "temp": math.nan, "total": math.nan}
+    return {"argument": argument, "output": output, "temp": temp, "total": argument + output + temp - alias}
+
+
+def xla_flops(compiled) -> float:
+    """XLA's own FLOP count of a compiled program (NaN where the backend gives none)."""
+    try:
+        analysis = compiled.cost_analysis()
+        analysis = analysis[0] if isinstance(analysis, (list, tuple)) else analysis
+        return float(analysis.get("flops", math.nan))
+    except Exception:
+        return math.nan
+
+
+def matmul_peak_gflops(size: int = 2048, iters: int = 5) -> float:
+    """Achieved float32 GFLOP/s of a jitted [size, size] @ [size, size] on the default device:
+    the peak MFU is measured against."""
+    keys = jax.random.split(jax.random.key(0), 2)
+    a = jax.random.normal(keys[0], (size, size), jnp.float32)
+    b = jax.random.normal(keys[1], (size, size), jnp.float32)
+    matmul = jax.jit(jnp.dot)
+    times = time_calls(lambda: matmul(a, b), iters)
+    return 2.0 * size**3 / median(times) / 1e9
+
+
+# ------------------------------------------------------------------------------------------
+# Batches and the train step (as jaxformer/training/loop.py builds it, on one device).
+# ------------------------------------------------------------------------------------------
+
+
+def random_batch(seed: int, vocab_size: int, batch: int, source_length: int, target_length: int) -> dict[str, np.ndarray]:
+    """Dense rows of random non-special tokens (no padding), int32: {"inputs", "targets"}."""
+    rng = np.random.default_rng(seed)
+    return {
+        "inputs": rng.integers(NUM_SPECIAL_TOKENS, vocab_size, (batch, source_length), dtype=np.int32),
+        "targets": rng.integers(NUM_SPECIAL_TOKENS, vocab_size, (batch, target_length), dtype=np.int32),
+    }
+
+
+def make_train(config: TransformerConfig, source_length: int, target_length: int, seed: int = 0, warmup_steps: int = 4000):
+    """(initial TrainState, jitted `(state, batch, step) -> (state, metrics)`) with the project's
+    optimizer, init function and train step, jitted as the training loop does (state donated)."""
+    from jaxformer.training.optimizer import make_optimizer
+    from jaxformer.training.state import make_init_fn
+    from jaxformer.training.step import train_step
+
+    model = Transformer(config)
+    optimizer, schedule = make_optimizer(config.d_model, warmup_steps)
+    state = jax.jit(make_init_fn(model, optimizer, source_length, target_length))(seed)
+    step_fn = functools.partial(
+        train_step, model=model, optimizer=optimizer, schedule=schedule, label_smoothing=0.1, accumulation_steps=1
+    )
+    train_fn = jax.jit(
+        lambda state, batch, step: step_fn(state, batch, jax.random.fold_in(state.rng, step)), donate_argnums=0
+    )
+    return state, train_fn
+
+
+def init_params(config: TransformerConfig, seed: int = 0) -> Any:
+    """Random plain (unboxed) parameters of `Transformer(config)`."""
+    import flax.linen as nn
+
+    dummy = jnp.ones((1, 4), jnp.int32)
+    return nn.meta.unbox(jax.jit(lambda key: Transformer(config).init(key, dummy, dummy, deterministic=True))(jax.random.key(seed))["params"])
+
+
+def torch_available() -> bool:
+    """Whether torch is installed (without importing it)."""
+    return importlib.util.find_spec("torch") is not None
+
+
+def cpu_count() -> int:
+    try:
+        return len(os.sched_getaffinity(0))
+    except AttributeError:
+        return os.cpu_count() or 1
+
+
+# ------------------------------------------------------------------------------------------
+# Command line and output.
+# ------------------------------------------------------------------------------------------
+
+
+def parser(description: str) -> argparse.ArgumentParser:
+    result = argparse.ArgumentParser(description=description)
+    result.add_argument("--smoke", action="store_true", help="tiny sizes and 2 timed steps: a check that it runs, in seconds")
+    result.add_argument("--iters", type=int, default=None, help="timed iterations per row (median reported)")
+    result.add_argument("--json", metavar="FILE", default=None, help="also write the rows to FILE, one JSON object a line")
+    result.add_argument("--torch", action="store_true", help="also time the PyTorch reference (needs torch)")
+    result.add_argument("--torch-threads", type=int, default=None, help="torch intra-op threads (default: the cores available)")
+    return result
+
+
+def check_torch(args) -> bool:
+    """Whether to run the torch rows: --torch given and torch installed (a note on stderr if not)."""
+    if args.torch and not torch_available():
+        print("note: --torch given but torch is not installed (pip install 'jaxformer[torch]'); skipping torch rows", file=sys.stderr)
+    if not (args.torch and torch_available()):
+        return False
+    from benchmarks import torch_reference
+
+    torch_reference.set_threads(args.torch_threads)
+    return True
+
+
+def _format(value: Any) -> str:
+    if value is None:
+        return ""
+    if isinstance(value, bool):
+        return str(value)
+    if isinstance(value, (int, np.integer)):
+        return f"{int(value):,}"
+    if isinstance(value, (float, np.floating)):
+        value = float(value)
+        if not math.isfinite(value):
+            return str(value)
+        if value == 0 or abs(value) >= 100:
+            return f"{value:,.0f}"
+        if abs(value) >= 1:
+            return f"{value:.2f}"
+        return f"{value:.3g}"
+    return str(value)
+
+
+def report(benchmark: str, rows: list[dict[str, Any]], columns: Sequence[str], json_path: str | None = None,
+           title: str | None = None) -> list[dict[str, Any]]:
+    """Prints `rows` as a table of `columns`, then each row as a `JSON {...}` line; writes `json_path`."""
+    rows = [{"benchmark": benchmark, **row} for row in rows]
+    cells = [[_format(row.get(column, "")) for column in columns] for row in rows]
+    widths = [max([len(column)] + [len(line[i]) for line in cells]) for i, column in enumerate(columns)]
+    print(f"\n== {title or benchmark} ({jax.devices()[0].platform}: {jax.devices()[0].device_kind}) ==")
+    print("  ".join(column.rjust(width) for column, width in zip(columns, widths)))
+    for line in cells:
+        print("  ".join(cell.rjust(width) for cell, width in zip(line, widths)))
+    lines = [json.dumps({key: _plain(value) for key, value in row.items()}) for row in rows]
+    for line in lines:
+        print("JSON " + line)
+    if json_path:
+        with open(json_path, "w", encoding="utf-8") as handle:
+            handle.write("".join(line + "\n" for line in lines))
+    sys.stdout.flush()
+    return rows
+
+
+def _plain(value: Any) -> Any:
+    if isinstance(value, (np.integer,)):
+        return int(value)
+    if isinstance(value, (np.floating,)):
+        value = float(value)
+    if isinstance(value, float) and not math.isfinite(value):
+        return None
+    return value

@@ -1,0 +1,81 @@
+"""How train-step time, memory and compile time grow with sequence length.
+
+    python -m benchmarks.scaling [--lengths 32,64,...,1024] [--tokens 4096 | --batch 8] [--iters 5] [--json FILE]
+
+The `small` model's train step (source length = target length = L) on dense random rows. By
+default every length sees the same number of target tokens per batch (batch = tokens / L), so
+the matmuls of the projections and FFN stay constant and only attention (quadratic in L per
+row, linear per token) grows; with --batch the batch is fixed and the work grows with L too.
+Memory is XLA's own accounting of the compiled step (jit(...).lower(...).compile()
+.memory_analysis()); compile_s is the lowering + compile time of each shape bucket.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from benchmarks.common import (
+    SMOKE, compile_timed, make_train, median, memory_bytes, parser, random_batch, report, small_config, time_calls,
+    train_flops,
+)
+
+COLUMNS = (
+    "length", "batch", "tokens", "compile_s", "step_ms", "tokens_per_s", "args_MB", "temp_MB", "total_MB",
+    "model_gflop", "attention_pct", "predicted_ratio", "measured_ratio", "measured_over_predicted",
+)
+MB = 2.0**20
+
+
+def attention_share(config, length: int) -> float:
+    """Percentage of the model FLOPs spent in attention scores and weighted sums at length L."""
+    d, n_enc, n_dec = config.d_model, config.num_encoder_layers, config.num_decoder_layers
+    attention = n_enc * 4 * length * length * d + n_dec * 8 * length * length * d  # per row, forward
+    return 100.0 * 3 * attention / train_flops(config, 1, length, length)
+
+
+def main(argv=None) -> list[dict]:
+    arguments = parser(__doc__.splitlines()[0])
+    arguments.add_argument("--lengths", default="32,64,128,256,512,1024", help="comma-separated sequence lengths")
+    arguments.add_argument("--tokens", type=int, default=4096, help="target tokens per batch (batch = tokens // length)")
+    arguments.add_argument("--batch", type=int, default=None, help="a fixed batch size instead of --tokens")
+    arguments.add_argument("--budget-s", type=float, default=60.0, help="stop timing a length after this many seconds")
+    args = arguments.parse_args(argv)
+    if args.smoke:
+        config, lengths, args.tokens = SMOKE[0], [8, 16], 32
+        iters = args.iters or 2
+    else:
+        config, lengths = small_config(), [int(length) for length in args.lengths.split(",")]
+        iters = args.iters or 5
+    state, train_fn = make_train(config, 1, 1)
+    rows = []
+    for length in lengths:
+        batch = args.batch or max(1, args.tokens // length)
+        data = random_batch(length, config.vocab_size, batch, length, length)
+        step = np.int32(0)
+        compiled, compile_s = compile_timed(train_fn, state, data, step)
+        memory = memory_bytes(compiled)
+        holder = {"state": state}
+
+        def run():
+            holder["state"], metrics = compiled(holder["state"], data, step)
+            return metrics
+
+        seconds = median(time_calls(run, iters, args.budget_s))
+        state = holder["state"]
+        rows.append(dict(
+            length=length, batch=batch, tokens=batch * length, compile_s=compile_s, step_ms=1e3 * seconds,
+            tokens_per_s=batch * length / seconds, args_MB=memory["argument"] / MB, temp_MB=memory["temp"] / MB,
+            total_MB=memory["total"] / MB, model_gflop=train_flops(config, batch, length, length) / 1e9,
+            attention_pct=attention_share(config, length),
+        ))
+    first = rows[0]
+    for row in rows:
+        row["predicted_ratio"] = row["model_gflop"] / first["model_gflop"]
+        row["measured_ratio"] = row["step_ms"] / first["step_ms"]
+        row["measured_over_predicted"] = row["measured_ratio"] / row["predicted_ratio"]
+    batching = f"batch {args.batch}" if args.batch else f"{args.tokens} target tokens per batch"
+    return report("scaling", rows, COLUMNS, args.json, f"scaling with sequence length, d_model {config.d_model}, {batching}")
+
+
+if __name__ == "__main__":
+    main()

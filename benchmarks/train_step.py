@@ -1,0 +1,102 @@
+"""Fixed-shape train-step throughput and model-FLOPs utilisation (MFU).
+
+    python -m benchmarks.train_step [--configs tiny,small,base] [--iters 10] [--torch] [--json FILE]
+
+Each config trains on one batch of dense random rows (no padding) with the project's train step
+(jaxformer.training.step.train_step, Adam + clipping, dropout on), jitted as the training loop
+does. MFU is the analytic model FLOP rate (benchmarks.common.train_flops) over the float32
+matmul rate of a jitted 2048 x 2048 `jnp.dot` measured in the same run.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from benchmarks.common import (
+    CONFIGS, SMOKE, check_torch, compile_timed, matmul_peak_gflops, median, parser, random_batch, report, time_calls,
+    train_flops, make_train, xla_flops,
+)
+
+COLUMNS = (
+    "config", "impl", "batch", "src_len", "tgt_len", "params_M", "compile_s", "step_ms", "tokens_per_s",
+    "model_gflop", "xla_gflop", "achieved_gflops", "peak_gflops", "mfu_pct", "jax_over_torch",
+)
+
+
+def _count(params) -> int:
+    import jax
+
+    return sum(int(leaf.size) for leaf in jax.tree.leaves(params))
+
+
+def bench_jax(name: str, config, batch: int, source_length: int, target_length: int, iters: int, peak: float,
+              budget_s: float) -> tuple[dict, dict]:
+    """One jaxformer row, and the batch it trained on (for the torch row)."""
+    state, train_fn = make_train(config, source_length, target_length)
+    data = random_batch(0, config.vocab_size, batch, source_length, target_length)
+    step = np.int32(0)
+    compiled, compile_s = compile_timed(train_fn, state, data, step)
+    params = _count(state.params)
+    holder = {"state": state}
+
+    def run():
+        holder["state"], metrics = compiled(holder["state"], data, step)
+        return metrics
+
+    seconds = median(time_calls(run, iters, budget_s))
+    flops = train_flops(config, batch, source_length, target_length)
+    achieved = flops / seconds / 1e9
+    row = dict(
+        config=name, impl="jaxformer", batch=batch, src_len=source_length, tgt_len=target_length, params_M=params / 1e6,
+        compile_s=compile_s, step_ms=seconds * 1e3, tokens_per_s=batch * target_length / seconds,
+        model_gflop=flops / 1e9, xla_gflop=xla_flops(compiled) / 1e9, achieved_gflops=achieved, peak_gflops=peak,
+        mfu_pct=100.0 * achieved / peak,
+    )
+    return row, data
+
+
+def bench_torch(name: str, config, data: dict, iters: int, peak: float, budget_s: float) -> dict:
+    from benchmarks import torch_reference as reference
+
+    batch, source_length = data["inputs"].shape
+    target_length = data["targets"].shape[1]
+    model = reference.TorchTransformer(config, max_length=max(source_length, target_length))
+    step = reference.make_train_step(model, config.d_model)
+    source, targets = reference.as_tensor(data["inputs"]), reference.as_tensor(data["targets"])
+    seconds = median(time_calls(lambda: step(source, targets), iters, budget_s))
+    flops = train_flops(config, batch, source_length, target_length)
+    achieved = flops / seconds / 1e9
+    return dict(
+        config=name, impl="torch", batch=batch, src_len=source_length, tgt_len=target_length,
+        params_M=sum(p.numel() for p in model.parameters()) / 1e6, step_ms=seconds * 1e3,
+        tokens_per_s=batch * target_length / seconds, model_gflop=flops / 1e9, achieved_gflops=achieved,
+        peak_gflops=peak, mfu_pct=100.0 * achieved / peak,
+    )
+
+
+def main(argv=None) -> list[dict]:
+    arguments = parser(__doc__.splitlines()[0])
+    arguments.add_argument("--configs", default="tiny,small,base", help="comma-separated: tiny, small, base")
+    arguments.add_argument("--budget-s", type=float, default=60.0, help="stop timing a row after this many seconds")
+    args = arguments.parse_args(argv)
+    with_torch = check_torch(args)
+    if args.smoke:
+        setups = [("smoke", *SMOKE)]
+        iters, peak_size = args.iters or 2, 256
+    else:
+        setups = [(name, *CONFIGS[name]()) for name in args.configs.split(",")]
+        iters, peak_size = args.iters or 10, 2048
+    peak = matmul_peak_gflops(peak_size, iters=3 if args.smoke else 10)
+    rows = []
+    for name, config, batch, source_length, target_length in setups:
+        row, data = bench_jax(name, config, batch, source_length, target_length, iters, peak, args.budget_s)
+        rows.append(row)
+        if with_torch:
+            torch_row = bench_torch(name, config, data, iters, peak, args.budget_s)
+            row["jax_over_torch"] = row["tokens_per_s"] / torch_row["tokens_per_s"]
+            rows.append(torch_row)
+    return report("train_step", rows, COLUMNS, args.json, f"train step, peak f32 matmul {peak:,.0f} GFLOP/s ({peak_size}^2)")
+
+
+if __name__ == "__main__":
+    main()
