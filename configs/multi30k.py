@@ -22,7 +22,7 @@ def get_config():
     config.data.eval_batch_size = 32
     config.tokenizer.vocab_size = 8000  # joint en+de unigram vocabulary
     config.tokenizer.model_type = "unigram"
-    config.optimizer.warmup_steps = 800  # short warmup: the whole run is about 2,000 steps
+    config.optimizer.warmup_steps = 800  # short warmup: the whole run is 4,000 steps
     config.optimizer.learning_rate_scale = 1.0  # peak lr 256^-0.5 * 800^-0.5 = 2.2e-3 at step 800
     config.training.num_train_steps = 4000  # about two hours on 2 CPU cores (~20 epochs)
     config.training.label_smoothing = 0.1
