@@ -36,7 +36,11 @@ set_threads()
 
 
 class TorchTransformer(nn.Module):
-    """Embedding -> nn.Transformer (post-norm, no final stack norms, as jaxformer's post-norm) -> tied logits."""
+    """Embedding -> nn.Transformer (post-norm, no final stack norms, as jaxformer's post-norm) -> tied logits.
+
+    Dropout as the jaxformer config says: `dropout_rate` on the embeddings and sublayer outputs,
+    `attention_dropout_rate` on attention weights, `activation_dropout_rate` inside the FFN.
+    """
 
     def __init__(self, config: TransformerConfig, max_length: int = 1024):
         super().__init__()
@@ -54,6 +58,13 @@ class TorchTransformer(nn.Module):
             custom_decoder=nn.TransformerDecoder(nn.TransformerDecoderLayer(**common), config.num_decoder_layers),
         )
         nn.init.normal_(self.embedding.weight, std=config.d_model**-0.5)  # after nn.Transformer's xavier init
+        # nn.Transformer has one dropout rate for everything; match jaxformer's separate rates so
+        # both sides do the same work (the paper: residual dropout only).
+        for layer in [*self.transformer.encoder.layers, *self.transformer.decoder.layers]:
+            layer.dropout = nn.Dropout(config.activation_dropout_rate)  # inside the feed-forward
+            for attention in (layer.self_attn, getattr(layer, "multihead_attn", None)):
+                if attention is not None:
+                    attention.dropout = config.attention_dropout_rate
 
     def embed(self, tokens: torch.Tensor) -> torch.Tensor:
         scaled = self.embedding(tokens) * math.sqrt(self.d_model)

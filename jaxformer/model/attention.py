@@ -20,18 +20,27 @@ from jaxformer.model.config import TransformerConfig
 from jaxformer.typing import Array, Bool, Float
 
 
+# Einsum specs by the layout of keys and values: [B, S, N, H] as projected, or heads-major
+# [B, N, S, H] as the decoding caches store them (see cache.py).
+_SCORES = {False: "BTNH,BSNH->BNTS", True: "BTNH,BNSH->BNTS"}
+_WEIGHTED_SUM = {False: "BNTS,BSNH->BTNH", True: "BNTS,BNSH->BTNH"}
+
+
 def dot_product_attention_weights(
     query: Float[Array, "B T N H"],
     key: Float[Array, "B S N H"],
     mask: Bool[Array, "B N T S"] | None = None,
+    *,
+    heads_major: bool = False,
 ) -> Float[Array, "B N T S"]:
     """softmax(Q K^T / sqrt(H)) over the keys where `mask` allows, in float32.
 
     `mask` broadcasts to [B, N, T, S] (True = attend). A query with no key to attend to
-    (a padding query) gets all-zero weights rather than NaN.
+    (a padding query) gets all-zero weights rather than NaN. With `heads_major`, `key` is
+    [B, N, S, H].
     """
     query = query / jnp.sqrt(query.shape[-1]).astype(query.dtype)
-    logits = jnp.einsum("BTNH,BSNH->BNTS", query, key, preferred_element_type=jnp.float32)  # [B, N, T, S]
+    logits = jnp.einsum(_SCORES[heads_major], query, key, preferred_element_type=jnp.float32)  # [B, N, T, S]
     if mask is None:
         return jax.nn.softmax(logits, axis=-1)
     logits = jnp.where(mask, logits, jnp.finfo(jnp.float32).min)
@@ -161,19 +170,23 @@ class MultiHeadAttention(nn.Module):
         value: Float[Array, "B S N H"],
         mask: Bool[Array, "B N T S"] | None = None,
         deterministic: bool | None = None,
+        heads_major: bool = False,
     ) -> Float[Array, "B T D"]:
-        """Queries from `inputs_q` attend to ready-made keys and values; heads merged by W^O."""
+        """Queries from `inputs_q` attend to ready-made keys and values; heads merged by W^O.
+
+        With `heads_major`, `key` and `value` are [B, N, S, H] (cached decoding).
+        """
         config = self.config
         deterministic = config.deterministic if deterministic is None else deterministic
         query = self._heads(self.query, inputs_q)  # [B, T, N, H]
         use_dropout = not deterministic and config.attention_dropout_rate > 0.0
-        if config.attention_implementation == "jaxformer" or use_dropout:
-            weights = dot_product_attention_weights(query, key, mask)  # [B, N, T, S] float32
+        if config.attention_implementation == "jaxformer" or use_dropout or heads_major:
+            weights = dot_product_attention_weights(query, key, mask, heads_major=heads_major)  # [B, N, T, S] float32
             # Kept only when the caller asks for them (apply(..., mutable=["intermediates"])), for plots.
             self.sow("intermediates", "attention_weights", weights)
             if use_dropout:
                 weights = dropout_weights(weights, config.attention_dropout_rate, self.make_rng("dropout"))
-            attended = jnp.einsum("BNTS,BSNH->BTNH", weights.astype(value.dtype), value)  # [B, T, N, H]
+            attended = jnp.einsum(_WEIGHTED_SUM[heads_major], weights.astype(value.dtype), value)  # [B, T, N, H]
         else:
             attended = fused_attention(query, key, value, mask, config.attention_implementation)  # [B, T, N, H]
         kernel, bias = self.out

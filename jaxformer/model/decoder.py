@@ -11,7 +11,7 @@ import flax.linen as nn
 import jax.numpy as jnp
 
 from jaxformer.model.attention import MultiHeadAttention
-from jaxformer.model.cache import DecoderCache, EncoderContext, write_step
+from jaxformer.model.cache import DecoderCache, EncoderContext, heads_major, write_step
 from jaxformer.model.config import TransformerConfig
 from jaxformer.model.layers import Embed, FeedForward, LayerStack, embed_with_positions, layer_norm, residual
 from jaxformer.model.masking import cross_mask, decoder_self_mask, token_validity
@@ -67,13 +67,13 @@ class DecoderLayer(nn.Module):
     def step(
         self,
         inputs: Float[Array, "R 1 D"],
-        cache_keys: Float[Array, "R L N H"],
-        cache_values: Float[Array, "R L N H"],
+        cache_keys: Float[Array, "R N L H"],
+        cache_values: Float[Array, "R N L H"],
         index: Int[Array, ""],
-        cross_keys: Float[Array, "B S N H"],
-        cross_values: Float[Array, "B S N H"],
+        cross_keys: Float[Array, "B N S H"],
+        cross_values: Float[Array, "B N S H"],
         source_valid: Bool[Array, "B S"],
-    ) -> tuple[Float[Array, "R 1 D"], Float[Array, "R L N H"], Float[Array, "R L N H"]]:
+    ) -> tuple[Float[Array, "R 1 D"], Float[Array, "R N L H"], Float[Array, "R N L H"]]:
         """One new token per row through the layer, its self-attention key and value written at `index`.
 
         The R = B * K rows are the K hypotheses of each of the B sources, so cross-attention
@@ -86,12 +86,12 @@ class DecoderLayer(nn.Module):
             key, value = self.self_attention.key_value(y)  # [R, 1, N, H]
             keys, values, written = write_step(cache_keys, cache_values, key, value, index)
             updated.update(keys=keys, values=values)
-            return self.self_attention.attend(y, keys, values, written, True)  # [R, 1, D]
+            return self.self_attention.attend(y, keys, values, written, True, heads_major=True)  # [R, 1, D]
 
         def cross_attend(y):  # [R, 1, D]
             folded = y.reshape(batch, rows // batch, y.shape[-1])  # [B, K, D]
             mask = source_valid[:, None, None, :]  # [B, 1, 1, S]
-            attended = self.cross_attention.attend(folded, cross_keys, cross_values, mask, True)  # [B, K, D]
+            attended = self.cross_attention.attend(folded, cross_keys, cross_values, mask, True, heads_major=True)  # [B, K, D]
             return attended.reshape(y.shape)  # [R, 1, D]
 
         outputs = self._sublayers(inputs, self_attend, cross_attend, True)
@@ -147,8 +147,10 @@ class Decoder(nn.Module):
 
     def context(self, encoded: Float[Array, "B S D"], source: Int[Array, "B S"]) -> EncoderContext:
         """What every decoding step reads: each layer's cross-attention keys and values."""
-        keys, values = zip(*(layer.cross_key_value(encoded) for layer in self.stack.unscanned()))
-        return EncoderContext(keys=tuple(keys), values=tuple(values), source_valid=token_validity(source))
+        keys, values = zip(*(layer.cross_key_value(encoded) for layer in self.stack.unscanned()))  # [B, S, N, H]
+        return EncoderContext(
+            keys=tuple(map(heads_major, keys)), values=tuple(map(heads_major, values)), source_valid=token_validity(source)
+        )  # keys and values [B, N, S, H]
 
     def step(
         self, tokens: Int[Array, "R 1"], cache: DecoderCache, context: EncoderContext

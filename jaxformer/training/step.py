@@ -16,7 +16,7 @@ import optax
 
 from jaxformer.model.transformer import Transformer, shift_right
 from jaxformer.tokens import PAD_ID
-from jaxformer.training.loss import label_smoothed_cross_entropy, negative_log_likelihood, token_accuracy
+from jaxformer.training.loss import token_losses
 from jaxformer.training.state import TrainState
 
 Batch = Mapping[str, jax.Array]
@@ -39,16 +39,9 @@ def _logits(model: Transformer, params, batch: Batch, deterministic: bool, rng: 
 
 def _metrics(logits: jax.Array, batch: Batch, label_smoothing: float) -> dict[str, jax.Array]:
     weights = (batch["targets"] != PAD_ID).astype(jnp.float32)  # [B, T]
-    loss_sum, weight = label_smoothed_cross_entropy(logits, batch["targets"], weights, label_smoothing)
-    correct, _ = token_accuracy(logits, batch["targets"], weights)
-    nll_sum, _ = negative_log_likelihood(logits, batch["targets"], weights)
-    return {
-        "loss_sum": loss_sum,
-        "nll_sum": nll_sum,
-        "weight": weight,
-        "correct": correct,
-        "source_tokens": jnp.sum(batch["inputs"] != PAD_ID).astype(jnp.float32),
-    }
+    metrics = token_losses(logits, batch["targets"], weights, label_smoothing)
+    metrics["source_tokens"] = jnp.sum(batch["inputs"] != PAD_ID).astype(jnp.float32)
+    return metrics
 
 
 def train_step(

@@ -50,3 +50,25 @@ def test_nll_and_accuracy():
     np.testing.assert_allclose(nll, -np.log(0.7) - np.log(0.3), rtol=1e-6)
     correct, _ = token_accuracy(logits, targets, weights)
     assert float(correct) == 1.0 and float(weight) == 2.0
+
+
+def test_gradient_is_softmax_minus_smoothed_target():
+    """d(loss_sum)/d(logits) = w * (softmax(logits) - smoothed one-hot), per token."""
+    vocab, smoothing = 7, 0.1
+    logits = jax.random.normal(jax.random.key(2), (2, 3, vocab)) * 2
+    targets = jnp.array([[1, 4, 6], [0, 2, 5]])
+    weights = jnp.array([[1.0, 1.0, 0.0], [1.0, 0.0, 1.0]])
+    grad = jax.grad(lambda x: label_smoothed_cross_entropy(x, targets, weights, smoothing)[0])(logits)
+    soft = np.full(logits.shape, smoothing / (vocab - 1))
+    np.put_along_axis(soft, np.asarray(targets)[..., None], 1.0 - smoothing, axis=-1)
+    expected = (np.asarray(jax.nn.softmax(logits)) - soft) * np.asarray(weights)[..., None]
+    np.testing.assert_allclose(grad, expected, atol=1e-6)
+
+
+def test_accuracy_counts_the_arg_max():
+    logits = jax.random.normal(jax.random.key(3), (4, 9, 13))
+    random = jax.random.randint(jax.random.key(4), (4, 9), 0, 13)
+    targets = jnp.where(jnp.arange(9) % 2 == 0, jnp.argmax(logits, -1), random)  # about half are hits
+    weights = jnp.ones((4, 9))
+    correct, _ = token_accuracy(logits, targets, weights)
+    assert float(correct) == float(np.sum(np.argmax(np.asarray(logits), -1) == np.asarray(targets)))
