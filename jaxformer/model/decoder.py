@@ -118,16 +118,26 @@ class Decoder(nn.Module):
                 (config.d_model, config.vocab_size), config.param_dtype,
             )
 
-    def _logits(self, y: Float[Array, "B T D"]) -> Float[Array, "B T V"]:
+    def _final(self, y: Float[Array, "B T D"]) -> Float[Array, "B T D"]:
+        return self.final_norm(y) if self.config.normalization == "pre" else y
+
+    def _project(self, y: Float[Array, "B T D"]) -> Float[Array, "B T V"]:
         config = self.config
-        if config.normalization == "pre":
-            y = self.final_norm(y)
         if config.tie_output_embedding:
             return self.embed.attend(y)  # [B, T, V]
         return jnp.einsum(
             "BTD,DV->BTV", y.astype(config.dtype), self.logits_kernel.astype(config.dtype),
             preferred_element_type=jnp.float32,
         )  # [B, T, V]
+
+    def _logits(self, y: Float[Array, "B T D"]) -> Float[Array, "B T V"]:
+        return self._project(self._final(y))
+
+    def output_embedding(self) -> Float[Array, "V D"]:
+        """The output projection as [V, D]: logits = hidden @ output_embedding^T."""
+        if self.config.tie_output_embedding:
+            return self.embed.embedding
+        return self.logits_kernel.T
 
     def __call__(
         self,
@@ -138,12 +148,14 @@ class Decoder(nn.Module):
         target_segments: Int[Array, "B T"] | None = None,
         target_positions: Int[Array, "B T"] | None = None,
         deterministic: bool = True,
+        project: bool = True,
     ) -> Float[Array, "B T V"]:
+        """Logits [B, T, V]; with `project=False`, the final hidden states [B, T, D] instead."""
         y = embed_with_positions(self.embed, self.input_dropout, target, target_positions, deterministic)  # [B, T, D]
         self_mask = decoder_self_mask(target, target_segments)  # [B, 1, T, T]
         encoder_decoder_mask = cross_mask(target, source, target_segments, source_segments)  # [B, 1, T, S]
-        y = self.stack(y, encoded, self_mask, encoder_decoder_mask, deterministic=deterministic)
-        return self._logits(y)
+        y = self._final(self.stack(y, encoded, self_mask, encoder_decoder_mask, deterministic=deterministic))
+        return self._project(y) if project else y
 
     def context(self, encoded: Float[Array, "B S D"], source: Int[Array, "B S"]) -> EncoderContext:
         """What every decoding step reads: each layer's cross-attention keys and values."""

@@ -78,6 +78,7 @@ def default_config() -> ml_collections.ConfigDict:
     config.training.seed = 0  # parameter initialisation and dropout
     config.training.num_train_steps = 100_000
     config.training.label_smoothing = 0.1  # epsilon_ls
+    config.training.loss_chunk_tokens = 512  # output projection + loss fused over chunks of this many target tokens (0: whole batch)
     config.training.log_every_steps = 100  # training metrics to TensorBoard / metrics.jsonl
     config.training.eval_every_steps = 1000  # validation loss and perplexity
     config.training.checkpoint_every_steps = 1000

@@ -243,6 +243,7 @@ def _train(config, workdir, mesh, rules, model, optimizer, schedule, checkpointe
     step_fn = functools.partial(
         train_step, model=model, optimizer=optimizer, schedule=schedule,
         label_smoothing=training.label_smoothing, accumulation_steps=config.optimizer.accumulation_steps,
+        loss_chunk_tokens=training.loss_chunk_tokens,
     )
     train_fn = jax.jit(
         lambda state, batch, step: step_fn(state, batch, jax.random.fold_in(state.rng, step)),

@@ -12,6 +12,8 @@ with the row maximum that log-sum-exp computes anyway, rather than a separate ar
 
 from __future__ import annotations
 
+import math
+
 import jax
 import jax.numpy as jnp
 
@@ -37,10 +39,18 @@ def _smoothed_cross_entropy(
     if low > 0:
         sum_log_prob = jnp.sum(logits, axis=-1) - vocab_size * log_normalizer  # [B, T]
         cross_entropy = cross_entropy - low * sum_log_prob
-    entropy = -confidence * jnp.log(confidence) if confidence > 0 else 0.0
+    return cross_entropy - smoothed_target_entropy(vocab_size, smoothing)
+
+
+def smoothed_target_entropy(vocab_size: int, smoothing: float) -> float:
+    """The entropy of the smoothed one-hot target: the loss of a perfect prediction, subtracted
+    so that it scores 0."""
+    confidence = 1.0 - smoothing
+    low = smoothing / (vocab_size - 1)
+    entropy = -confidence * math.log(confidence) if confidence > 0 else 0.0
     if low > 0:
-        entropy = entropy - (vocab_size - 1) * low * jnp.log(low)
-    return cross_entropy - entropy
+        entropy -= (vocab_size - 1) * low * math.log(low)
+    return entropy
 
 
 def token_losses(

@@ -17,12 +17,14 @@ import optax
 from jaxformer.model.transformer import Transformer, shift_right
 from jaxformer.tokens import PAD_ID
 from jaxformer.training.loss import token_losses
+from jaxformer.training.output_loss import projected_token_losses
 from jaxformer.training.state import TrainState
 
 Batch = Mapping[str, jax.Array]
 
 
-def _logits(model: Transformer, params, batch: Batch, deterministic: bool, rng: jax.Array | None) -> jax.Array:
+def _apply(model: Transformer, params, batch: Batch, deterministic: bool, rng: jax.Array | None, method=None):
+    """The model on a batch with teacher forcing: logits [B, T, V], or what `method` returns."""
     targets_segments = batch.get("targets_segment_ids")
     return model.apply(
         {"params": params},
@@ -34,7 +36,8 @@ def _logits(model: Transformer, params, batch: Batch, deterministic: bool, rng: 
         target_positions=batch.get("targets_positions"),
         deterministic=deterministic,
         rngs=None if rng is None else {"dropout": rng},
-    )  # [B, T, V]
+        method=method,
+    )
 
 
 def _metrics(logits: jax.Array, batch: Batch, label_smoothing: float) -> dict[str, jax.Array]:
@@ -54,12 +57,22 @@ def train_step(
     schedule: optax.Schedule,
     label_smoothing: float,
     accumulation_steps: int = 1,
+    loss_chunk_tokens: int = 512,
 ) -> tuple[TrainState, dict[str, jax.Array]]:
-    """One optimizer step (or micro-step) with teacher forcing and dropout keyed by `rng`."""
+    """One optimizer step (or micro-step) with teacher forcing and dropout keyed by `rng`.
+
+    The output projection and the loss run fused, `loss_chunk_tokens` target positions at a
+    time (see output_loss.py; <= 0: the whole batch at once): the [B, T, V] logits are never
+    stored whole.
+    """
 
     def loss_fn(params):
-        logits = _logits(model, params, batch, deterministic=False, rng=rng)
-        metrics = _metrics(logits, batch, label_smoothing)
+        hidden, output_embedding = _apply(model, params, batch, False, rng, Transformer.hidden_states)  # [B, T, D], [V, D]
+        weights = (batch["targets"] != PAD_ID).astype(jnp.float32)  # [B, T]
+        metrics = projected_token_losses(
+            hidden, output_embedding, batch["targets"], weights, label_smoothing, loss_chunk_tokens, model.config.dtype
+        )
+        metrics["source_tokens"] = jnp.sum(batch["inputs"] != PAD_ID).astype(jnp.float32)
         return metrics["loss_sum"] / jnp.maximum(metrics["weight"], 1.0), metrics
 
     grads, metrics = jax.grad(loss_fn, has_aux=True)(state.params)
@@ -72,4 +85,4 @@ def train_step(
 
 def eval_step(params, batch: Batch, *, model: Transformer, label_smoothing: float) -> dict[str, jax.Array]:
     """Summed loss, weight and accuracy over one batch, dropout off."""
-    return _metrics(_logits(model, params, batch, deterministic=True, rng=None), batch, label_smoothing)
+    return _metrics(_apply(model, params, batch, deterministic=True, rng=None), batch, label_smoothing)  # logits [B, T, V]

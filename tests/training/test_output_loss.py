@@ -1,0 +1,56 @@
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from jaxformer.training.loss import token_losses
+from jaxformer.training.output_loss import chunk_length, projected_token_losses
+
+B, T, D, V = 3, 12, 8, 29
+
+
+def inputs(seed=0):
+    keys = jax.random.split(jax.random.key(seed), 3)
+    hidden = jax.random.normal(keys[0], (B, T, D))
+    embedding = jax.random.normal(keys[1], (V, D)) * 0.7
+    targets = jax.random.randint(keys[2], (B, T), 0, V)
+    weights = (jnp.arange(T)[None, :] < jnp.array([[12], [7], [1]])).astype(jnp.float32)  # padded rows
+    return hidden, embedding, targets, weights
+
+
+def reference(hidden, embedding, targets, weights, smoothing):
+    return token_losses(jnp.einsum("BTD,VD->BTV", hidden, embedding), targets, weights, smoothing)
+
+
+@pytest.mark.parametrize("chunk_tokens", [0, 3, 12, 18, 36, 1000])
+@pytest.mark.parametrize("smoothing", [0.0, 0.1])
+def test_sums_and_gradients_equal_the_unfused_loss(chunk_tokens, smoothing):
+    hidden, embedding, targets, weights = inputs()
+    fused = projected_token_losses(hidden, embedding, targets, weights, smoothing, chunk_tokens)
+    expected = reference(hidden, embedding, targets, weights, smoothing)
+    for key in ("loss_sum", "nll_sum", "correct", "weight"):
+        np.testing.assert_allclose(fused[key], expected[key], rtol=1e-5, err_msg=key)
+
+    def loss(fn):
+        return jax.grad(lambda h, e: fn(h, e)["loss_sum"], argnums=(0, 1))(hidden, embedding)
+
+    grads = jax.jit(lambda: loss(lambda h, e: projected_token_losses(h, e, targets, weights, smoothing, chunk_tokens)))()
+    expected_grads = loss(lambda h, e: reference(h, e, targets, weights, smoothing))
+    for got, want in zip(grads, expected_grads):
+        np.testing.assert_allclose(got, want, atol=1e-5)
+
+
+def test_cotangent_of_the_loss_scales_the_gradient():
+    hidden, embedding, targets, weights = inputs(1)
+    grad = jax.grad(lambda h: 2.5 * projected_token_losses(h, embedding, targets, weights, 0.1, 12)["loss_sum"])(hidden)
+    expected = jax.grad(lambda h: 2.5 * reference(h, embedding, targets, weights, 0.1)["loss_sum"])(hidden)
+    np.testing.assert_allclose(grad, expected, atol=1e-5)
+
+
+def test_chunk_length_divides_the_target_length():
+    assert chunk_length(4, 64, 0) == 64
+    assert chunk_length(4, 64, 512) == 64
+    assert chunk_length(32, 64, 512) == 16
+    assert chunk_length(32, 60, 512) == 15
+    assert chunk_length(32, 7, 100) == 1  # no divisor fits: one position at a time
+    assert chunk_length(1000, 8, 10) == 1
