@@ -97,29 +97,21 @@ class Transformer(nn.Module):
         source_positions: Int[Array, "B S"] | None = None,
         target_positions: Int[Array, "B T"] | None = None,
         deterministic: bool | None = None,
+        project: bool = True,
     ) -> Float[Array, "B T V"]:
-        """Float32 logits [B, T, V] for decoder inputs `target` given `source`."""
-        encoded = self.encode(source, source_segments, source_positions, deterministic)  # [B, S, D]
-        return self.decode(encoded, source, target, source_segments, target_segments, target_positions, deterministic)
-
-    def hidden_states(
-        self,
-        source: Int[Array, "B S"],
-        target: Int[Array, "B T"],
-        source_segments: Int[Array, "B S"] | None = None,
-        target_segments: Int[Array, "B T"] | None = None,
-        source_positions: Int[Array, "B S"] | None = None,
-        target_positions: Int[Array, "B T"] | None = None,
-        deterministic: bool | None = None,
-    ) -> tuple[Float[Array, "B T D"], Float[Array, "V D"]]:
-        """The decoder's final hidden states and the output projection [V, D]: `__call__`'s
-        logits are hidden @ projection^T. For losses that project in chunks (training)."""
+        """Float32 logits [B, T, V] for decoder inputs `target` given `source` (with
+        `project=False`, the decoder's final hidden states [B, T, D])."""
         deterministic = self._deterministic(deterministic)
         encoded = self.encode(source, source_segments, source_positions, deterministic)  # [B, S, D]
-        hidden = self.decoder(
-            encoded, source, target, source_segments, target_segments, target_positions, deterministic, project=False
-        )  # [B, T, D]
-        return hidden, self.decoder.output_embedding()
+        return self.decoder(
+            encoded, source, target, source_segments, target_segments, target_positions, deterministic, project=project
+        )
+
+    def hidden_states(self, *args, **kwargs) -> tuple[Float[Array, "B T D"], Float[Array, "V D"]]:
+        """The decoder's final hidden states and the output projection [V, D], for the same
+        arguments as `__call__`, whose logits are hidden @ projection^T. For losses that
+        project in chunks (training)."""
+        return self(*args, project=False, **kwargs), self.decoder.output_embedding()
 
     def encoder_context(self, source: Int[Array, "B S"]) -> EncoderContext:
         """Runs the encoder (without dropout) and precomputes every decoder layer's
