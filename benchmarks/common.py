@@ -139,24 +139,23 @@ def xla_flops(compiled) -> float:
         return math.nan
 
 
-def matmul_peak_gflops(size: int = 2048, iters: int = 5) -> float:
-    """Float32 GFLOP/s of a jitted [size, size] @ [size, size] on the default device, from the
-    fastest of `iters` calls: the peak MFU is measured against.
-
-    The fastest call rather than the median, so that a slow moment on a shared machine lowers
-    the peak (and raises MFU) as rarely as possible; train_step also takes the higher of a
-    measurement before and after its rows.
-    """
+def matmul_rates_gflops(size: int = 2048, iters: int = 5) -> list[float]:
+    """Float32 GFLOP/s of each of `iters` calls of a jitted [size, size] @ [size, size] on the
+    default device (after one untimed call): what MFU is measured against."""
     keys = jax.random.split(jax.random.key(0), 2)
     a = jax.random.normal(keys[0], (size, size), jnp.float32)
     b = jax.random.normal(keys[1], (size, size), jnp.float32)
     matmul = jax.jit(jnp.dot)
-    times = time_calls(lambda: matmul(a, b), iters)
-    return 2.0 * size**3 / min(times) / 1e9
+    return [2.0 * size**3 / seconds / 1e9 for seconds in time_calls(lambda: matmul(a, b), iters)]
+
+
+def matmul_peak_gflops(size: int = 2048, iters: int = 5) -> float:
+    """The median of `matmul_rates_gflops`: the same statistic as the timed steps."""
+    return median(matmul_rates_gflops(size, iters))
 
 
 def torch_matmul_peak_gflops(size: int = 2048, iters: int = 5) -> float:
-    """The same float32 matmul rate (fastest call) for torch on the CPU, for comparison."""
+    """The same float32 matmul rate (median of `iters` calls) for torch on the CPU, for comparison."""
     import torch
 
     a, b = torch.randn(size, size), torch.randn(size, size)
@@ -166,7 +165,7 @@ def torch_matmul_peak_gflops(size: int = 2048, iters: int = 5) -> float:
         start = time.perf_counter()
         torch.mm(a, b)
         times.append(time.perf_counter() - start)
-    return 2.0 * size**3 / min(times) / 1e9
+    return 2.0 * size**3 / median(times) / 1e9
 
 
 # ------------------------------------------------------------------------------------------
