@@ -149,23 +149,12 @@ def matmul_rates_gflops(size: int = 2048, iters: int = 5) -> list[float]:
     return [2.0 * size**3 / seconds / 1e9 for seconds in time_calls(lambda: matmul(a, b), iters)]
 
 
-def matmul_peak_gflops(size: int = 2048, iters: int = 5) -> float:
-    """The median of `matmul_rates_gflops`: the same statistic as the timed steps."""
-    return median(matmul_rates_gflops(size, iters))
-
-
 def torch_matmul_peak_gflops(size: int = 2048, iters: int = 5) -> float:
     """The same float32 matmul rate (median of `iters` calls) for torch on the CPU, for comparison."""
     import torch
 
     a, b = torch.randn(size, size), torch.randn(size, size)
-    torch.mm(a, b)
-    times = []
-    for _ in range(iters):
-        start = time.perf_counter()
-        torch.mm(a, b)
-        times.append(time.perf_counter() - start)
-    return 2.0 * size**3 / median(times) / 1e9
+    return 2.0 * size**3 / median(time_calls(lambda: torch.mm(a, b), iters)) / 1e9
 
 
 # ------------------------------------------------------------------------------------------
