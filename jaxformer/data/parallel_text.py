@@ -8,8 +8,10 @@ import logging
 import pathlib
 from collections.abc import Iterable, Iterator
 
+from jaxformer.errors import UserError
 
-class DataError(ValueError):
+
+class DataError(UserError, ValueError):
     """Bad input data; the message names the file and, where there is one, the line."""
 
 

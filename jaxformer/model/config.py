@@ -14,10 +14,11 @@ from typing import Any, Literal
 import jax.numpy as jnp
 import numpy as np
 
+from jaxformer.errors import UserError
 from jaxformer.tokens import NUM_SPECIAL_TOKENS
 
 
-class ConfigError(ValueError):
+class ConfigError(UserError, ValueError):
     """A configuration value is invalid; the message names the field and the value."""
 
 

@@ -18,8 +18,10 @@ import jax
 import numpy as np
 import orbax.checkpoint as ocp
 
+from jaxformer.errors import UserError
 
-class CheckpointError(RuntimeError):
+
+class CheckpointError(UserError, RuntimeError):
     """No usable checkpoint, or one that does not belong to this configuration."""
 
 

@@ -16,6 +16,8 @@ import jax
 import numpy as np
 from jax.sharding import Mesh, NamedSharding, PartitionSpec
 
+from jaxformer.errors import UserError
+
 AXIS_NAMES = ("data", "fsdp", "tensor")
 # Logical axis -> mesh axes, tried in order; an axis already used by a dimension falls through
 # to the next rule (e.g. activations' "embed" once "batch" took fsdp).
@@ -33,7 +35,7 @@ BATCH_AXES = ("batch", "length")
 ACTIVATION_AXES = ("batch", "length", "embed")
 
 
-class MeshError(ValueError):
+class MeshError(UserError, ValueError):
     """The requested mesh does not fit the devices or the batch."""
 
 

@@ -1,0 +1,20 @@
+"""The errors a user can cause (bad config, flags, data, files or workdir) and the exit codes.
+
+Every command catches `UserError`, prints its message on one line and exits with
+`EXIT_USER_ERROR`; `--verbose` shows the traceback too. Anything else is a bug and keeps its
+traceback. A run stopped by a signal exits with 128 + the signal's number, as shells report it,
+so a scheduler can tell a preempted run (requeue it) from a finished one (exit 0).
+"""
+
+from __future__ import annotations
+
+EXIT_USER_ERROR = 2
+
+
+def exit_code_for_signal(signum: int) -> int:
+    """128 + signum: 143 for SIGTERM, 130 for SIGINT."""
+    return 128 + int(signum)
+
+
+class UserError(Exception):
+    """A problem in what the user gave (config, flags, files, workdir); the message names it."""
