@@ -15,6 +15,7 @@ from typing import Any
 import jax
 import numpy as np
 
+from jaxformer.commands.common import at_least, check_workdir, make_parser, run_command
 from jaxformer.decoding.translator import checkpoint_directory, load_checkpoint
 from jaxformer.training.checkpoint import Checkpointer, CheckpointError
 
@@ -57,15 +58,22 @@ def average_last(workdir: str | pathlib.Path, last: int) -> tuple[int, list[int]
     return chosen[-1], chosen
 
 
-def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+def build_parser() -> argparse.ArgumentParser:
+    parser = make_parser(__doc__)
     parser.add_argument("--workdir", required=True, help="the training run's directory")
-    parser.add_argument("--last", type=int, default=5, help="how many of the newest checkpoints (default: 5)")
-    args = parser.parse_args(argv)
-    logging.basicConfig(level=logging.INFO, format="%(message)s")
+    parser.add_argument("--last", type=at_least(1), default=5, help="how many of the newest checkpoints (default: 5)")
+    return parser
+
+
+def run(args: argparse.Namespace) -> int:
+    check_workdir(args.workdir)
     step, chosen = average_last(args.workdir, args.last)
     print(f"averaged steps {chosen} into {checkpoint_directory(args.workdir, 'averaged')}/{step}")
     return 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    return run_command(build_parser(), run, argv, log_level=logging.INFO)
 
 
 if __name__ == "__main__":

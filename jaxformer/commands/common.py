@@ -1,36 +1,219 @@
-"""Flags shared by the decoding commands."""
+"""What every command shares: one argparse style, flag types that name what they allow,
+logging routed around progress bars, and one way to report a user's error.
+
+A command is `main(argv) -> exit code`, built by `run_command(parser, body, argv)`: a
+`UserError` (bad config, flags, data, files, workdir) prints one line, `error: ...`, and exits
+with `EXIT_USER_ERROR`; `--verbose` adds the traceback. Anything else is a bug and keeps its
+traceback. Ctrl-C exits with 130, as shells report it.
+"""
 
 from __future__ import annotations
 
 import argparse
 import logging
+import os
+import pathlib
+import signal
+import sys
+import tempfile
+from collections.abc import Callable
 
-from jaxformer.decoding.generate import METHODS, DecodeSettings
-from jaxformer.decoding.translator import Translator
+import tqdm
+
+from jaxformer.errors import EXIT_USER_ERROR, UserError, exit_code_for_signal
+
+
+class FlagError(UserError):
+    """A command-line flag has a value the command cannot use."""
+
+
+class Parser(argparse.ArgumentParser):
+    """argparse with one-line errors: `error: argument --batch_size: ...; see --help`."""
+
+    def error(self, message: str):
+        sys.stderr.write(f"error: {message}; see {self.prog} --help\n")
+        sys.exit(EXIT_USER_ERROR)
+
+
+def make_parser(doc: str | None) -> Parser:
+    parser = Parser(description=doc, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--verbose", action="store_true", help="show tracebacks and debug logging")
+    return parser
+
+
+# -- flag types: argparse turns their ArgumentTypeError into "argument --flag: <message>" ---------
+
+
+def at_least(low: int) -> Callable[[str], int]:
+    def parse(text: str) -> int:
+        try:
+            value = int(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"must be an integer >= {low}, got {text!r}") from None
+        if value < low:
+            raise argparse.ArgumentTypeError(f"must be an integer >= {low}, got {value}")
+        return value
+
+    parse.__name__ = f"integer >= {low}"
+    return parse
+
+
+def number(low: float, *, inclusive: bool) -> Callable[[str], float]:
+    bound = f">= {low}" if inclusive else f"> {low}"
+
+    def parse(text: str) -> float:
+        try:
+            value = float(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"must be a number {bound}, got {text!r}") from None
+        if not (value >= low if inclusive else value > low) or value != value or value == float("inf"):
+            raise argparse.ArgumentTypeError(f"must be a finite number {bound}, got {text}")
+        return value
+
+    parse.__name__ = f"number {bound}"
+    return parse
+
+
+# -- files: checked before any expensive work ------------------------------------------------
+
+
+def check_readable_file(path: str | None, flag: str) -> None:
+    if path is None:
+        return
+    if not os.path.isfile(path):
+        raise FlagError(f"{flag} {path}: no such file")
+    if not os.access(path, os.R_OK):
+        raise FlagError(f"{flag} {path}: not readable")
+
+
+def check_writable_file(path: str | None, flag: str) -> None:
+    """Fails now, not after the decoding, if `path` cannot be written: it is a directory, its
+    folder is missing, or a file cannot be created there (permissions, read-only disk)."""
+    if path is None:
+        return
+    target = pathlib.Path(path)
+    if target.is_dir():
+        raise FlagError(f"{flag} {path}: is a directory")
+    folder = target.parent
+    if not folder.is_dir():
+        raise FlagError(f"{flag} {path}: the folder {folder} does not exist")
+    if target.exists() and not os.access(target, os.W_OK):
+        raise FlagError(f"{flag} {path}: not writable")
+    try:  # the real test: permission bits do not tell about read-only mounts, or bind root
+        with tempfile.NamedTemporaryFile(dir=folder, prefix=f".{target.name}.", suffix=".probe"):
+            pass
+    except OSError as error:
+        raise FlagError(f"{flag} {path}: cannot write in {folder} ({error.strerror})") from None
+
+
+def write_text_atomically(path: str | pathlib.Path, text: str) -> None:
+    """Writes through a temporary file and a rename, so a failure never leaves half a file."""
+    path = pathlib.Path(path)
+    temporary = path.with_name(path.name + ".tmp")
+    temporary.write_text(text, encoding="utf-8")
+    temporary.replace(path)
+
+
+# -- logging ---------------------------------------------------------------------------------
+
+
+class TqdmHandler(logging.StreamHandler):
+    """Writes log records through tqdm, so lines never glue onto a progress bar."""
+
+    def emit(self, record: logging.LogRecord) -> None:
+        try:
+            tqdm.tqdm.write(self.format(record), file=sys.stderr)
+        except Exception:  # noqa: BLE001  (logging must never raise)
+            self.handleError(record)
+
+
+class _QuietLibraries(logging.Filter):
+    """Drops orbax's and tfds's INFO chatter (a dozen lines per checkpoint); warnings pass."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        noisy = "/orbax/" in record.pathname or "/tensorflow_datasets/" in record.pathname
+        return record.levelno >= logging.WARNING or not noisy
+
+
+def configure_logging(level: int, verbose: bool = False) -> None:
+    handler = TqdmHandler()
+    handler.setFormatter(logging.Formatter("%(asctime)s %(levelname).1s %(message)s", "%H:%M:%S"))
+    if not verbose:
+        handler.addFilter(_QuietLibraries())
+    root = logging.getLogger()
+    for old in list(root.handlers):
+        root.removeHandler(old)
+    root.addHandler(handler)
+    root.setLevel(logging.DEBUG if verbose else level)
+    try:  # absl (used by orbax) logs through the standard logging tree once told so
+        from absl import logging as absl_logging
+
+        absl_logging.use_python_logging(quiet=True)
+    except (ImportError, AttributeError):
+        pass
+
+
+# -- running a command -----------------------------------------------------------------------
+
+
+def run_command(parser: argparse.ArgumentParser, body: Callable[[argparse.Namespace], int], argv: list[str] | None,
+                log_level: int = logging.WARNING) -> int:
+    """Parses `argv`, runs `body(args)` and turns a user's error into one line and an exit code."""
+    args = parser.parse_args(argv)
+    configure_logging(log_level, args.verbose)
+    try:
+        return body(args)
+    except UserError as error:
+        if args.verbose:
+            raise
+        message = str(error) or type(error).__name__
+        sys.stderr.write(f"error: {message}\n")
+        return EXIT_USER_ERROR
+    except KeyboardInterrupt:
+        sys.stderr.write("interrupted\n")
+        return exit_code_for_signal(signal.SIGINT)
+
+
+# -- the decoding commands' flags ------------------------------------------------------------
 
 
 def checkpoint_choice(value: str) -> str | int:
-    return int(value) if value.isdigit() else value
+    if value.isdigit():
+        return int(value)
+    if value not in ("latest", "best", "averaged"):
+        raise argparse.ArgumentTypeError(f"must be latest, best, averaged or a step number, got {value!r}")
+    return value
 
 
 def add_decoding_flags(parser: argparse.ArgumentParser) -> None:
+    from jaxformer.decoding.generate import METHODS
+
     parser.add_argument("--workdir", required=True, help="the training run's directory")
     parser.add_argument(
         "--checkpoint", type=checkpoint_choice, default="latest",
         help="latest, best (validation BLEU), averaged, or a step number (default: latest)",
     )
     parser.add_argument("--method", choices=METHODS, default="beam", help="search (default: beam)")
-    parser.add_argument("--beam_size", type=int, default=4, help="beam width (default: 4)")
-    parser.add_argument("--alpha", type=float, default=0.6, help="length penalty exponent (default: 0.6)")
-    parser.add_argument("--max_extra_length", type=int, default=50, help="output tokens <= input tokens + this (default: 50)")
-    parser.add_argument("--temperature", type=float, default=1.0, help="sampling temperature (default: 1.0)")
-    parser.add_argument("--top_k", type=int, default=0, help="sample among the k most likely tokens; 0 = all")
-    parser.add_argument("--batch_size", type=int, default=64, help="sentences per decoding batch (default: 64)")
-    parser.add_argument("--max_source_tokens", type=int, default=256, help="longer inputs are translated in pieces")
+    parser.add_argument("--beam_size", type=at_least(1), default=4, help="beam width (default: 4)")
+    parser.add_argument("--alpha", type=number(0.0, inclusive=True), default=0.6, help="length penalty exponent (default: 0.6)")
+    parser.add_argument("--max_extra_length", type=at_least(1), default=50,
+                        help="output tokens <= input tokens + this (default: 50)")
+    parser.add_argument("--temperature", type=number(0.0, inclusive=False), default=1.0, help="sampling temperature (default: 1.0)")
+    parser.add_argument("--top_k", type=at_least(0), default=0, help="sample among the k most likely tokens; 0 = all")
+    parser.add_argument("--batch_size", type=at_least(1), default=64, help="sentences per decoding batch (default: 64)")
+    parser.add_argument("--max_source_tokens", type=at_least(2), default=256,
+                        help="longer inputs are translated in pieces (default: 256)")
 
 
-def translator_from_flags(args: argparse.Namespace) -> Translator:
-    logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(message)s")
+def check_workdir(workdir: str) -> None:
+    if not os.path.isdir(workdir):
+        raise FlagError(f"--workdir {workdir}: no such directory")
+
+
+def translator_from_flags(args: argparse.Namespace):
+    from jaxformer.decoding.generate import DecodeSettings
+    from jaxformer.decoding.translator import Translator
+
     settings = DecodeSettings(
         method=args.method, beam_size=args.beam_size, alpha=args.alpha, max_extra_length=args.max_extra_length,
         temperature=args.temperature, top_k=args.top_k,

@@ -9,11 +9,13 @@ from __future__ import annotations
 
 import argparse
 import json
-import pathlib
 import sys
 import time
 
-from jaxformer.commands.common import add_decoding_flags, translator_from_flags
+from jaxformer.commands.common import (
+    FlagError, add_decoding_flags, at_least, check_readable_file, check_workdir, check_writable_file, make_parser,
+    run_command, translator_from_flags, write_text_atomically,
+)
 from jaxformer.commands.translate import read_lines
 from jaxformer.data.parallel_text import DataError
 from jaxformer.decoding.scoring import corpus_scores, format_scores
@@ -35,18 +37,26 @@ def split_pairs(workdir: str, split: str, max_examples: int | None) -> tuple[lis
     return [record_text(r, languages[0]) for r in rows], [record_text(r, languages[1]) for r in rows]
 
 
-def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+def build_parser() -> argparse.ArgumentParser:
+    parser = make_parser(__doc__)
     add_decoding_flags(parser)
     parser.add_argument("--split", help="a split of the run's dataset, e.g. test_2016_flickr or validation")
     parser.add_argument("--source", help="source file, one sentence per line (with --reference)")
     parser.add_argument("--reference", help="reference translations, line-aligned with --source")
-    parser.add_argument("--max_examples", type=int, help="score only the first N pairs")
+    parser.add_argument("--max_examples", type=at_least(1), help="score only the first N pairs")
     parser.add_argument("--output", help="also write the translations here")
     parser.add_argument("--json", help="also write the scores here as JSON")
-    args = parser.parse_args(argv)
+    return parser
+
+
+def run(args: argparse.Namespace) -> int:
     if bool(args.split) == bool(args.source or args.reference) or bool(args.source) != bool(args.reference):
-        parser.error("give either --split, or both --source and --reference")
+        raise FlagError("give either --split, or both --source and --reference")
+    check_workdir(args.workdir)
+    check_readable_file(args.source, "--source")
+    check_readable_file(args.reference, "--reference")
+    check_writable_file(args.output, "--output")
+    check_writable_file(args.json, "--json")
 
     if args.split:
         sources, references = split_pairs(args.workdir, args.split, args.max_examples)
@@ -73,10 +83,14 @@ def main(argv: list[str] | None = None) -> int:
           f"{args.method}{' ' + str(args.beam_size) if args.method == 'beam' else ''}, {seconds:.1f}s")
     print(format_scores(scores))
     if args.output:
-        pathlib.Path(args.output).write_text("".join(f"{line}\n" for line in hypotheses), encoding="utf-8")
+        write_text_atomically(args.output, "".join(f"{line}\n" for line in hypotheses))
     if args.json:
-        pathlib.Path(args.json).write_text(json.dumps(scores, indent=2))
+        write_text_atomically(args.json, json.dumps(scores, indent=2))
     return 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    return run_command(build_parser(), run, argv)
 
 
 if __name__ == "__main__":

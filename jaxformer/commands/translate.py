@@ -8,27 +8,36 @@ from __future__ import annotations
 
 import argparse
 import io
-import pathlib
 import sys
 
-from jaxformer.commands.common import add_decoding_flags, translator_from_flags
-from jaxformer.data import parallel_text
+from jaxformer.commands.common import (
+    add_decoding_flags, check_readable_file, check_workdir, check_writable_file, make_parser, run_command,
+    translator_from_flags, write_text_atomically,
+)
 
 
 def read_lines(path: str | None) -> list[str]:
     """The lines of a UTF-8 file (gzip or plain), or of stdin when `path` is None."""
+    from jaxformer.data import parallel_text
+
     if path is not None:
         return parallel_text.read_lines(path)
     return parallel_text.decode_lines(io.BytesIO(sys.stdin.buffer.read()), "<stdin>")
 
 
-def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+def build_parser() -> argparse.ArgumentParser:
+    parser = make_parser(__doc__)
     add_decoding_flags(parser)
     parser.add_argument("--input", help="input file (default: stdin)")
     parser.add_argument("--output", help="output file (default: stdout)")
     parser.add_argument("--no_progress", action="store_true", help="no progress bar on stderr")
-    args = parser.parse_args(argv)
+    return parser
+
+
+def run(args: argparse.Namespace) -> int:
+    check_workdir(args.workdir)
+    check_readable_file(args.input, "--input")
+    check_writable_file(args.output, "--output")
     sentences = read_lines(args.input)
     translator = translator_from_flags(args)
     translations = translator.translate(sentences, progress=not args.no_progress)
@@ -37,11 +46,12 @@ def main(argv: list[str] | None = None) -> int:
         sys.stdout.write(text)
         sys.stdout.flush()
     else:
-        output = pathlib.Path(args.output)
-        temporary = output.with_name(output.name + ".tmp")
-        temporary.write_text(text, encoding="utf-8")
-        temporary.replace(output)  # no half-written output file
+        write_text_atomically(args.output, text)
     return 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    return run_command(build_parser(), run, argv)
 
 
 if __name__ == "__main__":

@@ -4,11 +4,15 @@ model config derived from it. Config files in configs/ start from `default_confi
 from __future__ import annotations
 
 import difflib
+import math
+from collections.abc import Callable
 from typing import Any
 
 import ml_collections
+import numpy as np
 
 from jaxformer.model.config import ConfigError, TransformerConfig, preset
+from jaxformer.tokens import NUM_SPECIAL_TOKENS
 from jaxformer.training.sharding import DEFAULT_RULES
 
 # Sections whose values must not change when a run resumes from its workdir: they shape the
@@ -107,16 +111,113 @@ def _flatten(config, prefix: str = "") -> dict[str, Any]:
     return flat
 
 
+def _integer(value) -> bool:
+    return isinstance(value, (int, np.integer)) and not isinstance(value, (bool, np.bool_))
+
+
+def _number(value) -> bool:
+    return isinstance(value, (int, float, np.integer, np.floating)) and not isinstance(value, (bool, np.bool_))
+
+
+def _at_least(low: int) -> tuple[Callable[[Any], bool], str]:
+    return (lambda value: _integer(value) and value >= low), f"an integer >= {low}"
+
+
+def _one_of(*choices: str) -> tuple[Callable[[Any], bool], str]:
+    return (lambda value: value in choices), "one of " + ", ".join(map(repr, choices))
+
+
+def _within(low: float, high: float, closed_high: bool = False) -> tuple[Callable[[Any], bool], str]:
+    if closed_high:
+        return (lambda value: _number(value) and low <= value <= high), f"a number in [{low}, {high}]"
+    return (lambda value: _number(value) and low <= value < high), f"a number in [{low}, {high})"
+
+
+_POSITIVE_NUMBER = (lambda value: _number(value) and value > 0 and math.isfinite(value)), "a finite number > 0"
+_NON_EMPTY_TEXT = (lambda value: isinstance(value, str) and value.strip() != ""), "a non-empty string"
+_OPTIONAL_TEXT = (lambda value: value is None or (isinstance(value, str) and value.strip() != "")), "None or a non-empty path"
+_MESH_SHAPE = (
+    lambda value: isinstance(value, (tuple, list)) and len(value) == 3
+    and all(_integer(size) and (size >= 1 or size == -1) for size in value) and list(value).count(-1) <= 1,
+    "three integers (data, fsdp, tensor), each >= 1 or one of them -1",
+)
+
+# What every non-model key allows (the model section is checked by TransformerConfig).
+# Checked before anything is prepared, compiled or written.
+VALUE_RULES: dict[str, tuple[Callable[[Any], bool], str]] = {
+    "data.name": _NON_EMPTY_TEXT,
+    "data.source_language": _NON_EMPTY_TEXT,
+    "data.target_language": _NON_EMPTY_TEXT,
+    "data.data_dir": _OPTIONAL_TEXT,
+    "data.raw_dir": _OPTIONAL_TEXT,
+    "data.download": ((lambda value: isinstance(value, bool)), "True or False"),
+    "data.train_split": _NON_EMPTY_TEXT,
+    "data.eval_split": _NON_EMPTY_TEXT,
+    "data.max_length": _at_least(2),
+    "data.batch_size": _at_least(1),
+    "data.eval_batch_size": _at_least(1),
+    "data.max_eval_examples": ((lambda value: value is None or (_integer(value) and value >= 1)), "None or an integer >= 1"),
+    "data.shuffle_seed": _at_least(0),
+    "data.num_threads": _at_least(0),
+    "data.input_shards": _at_least(0),
+    "tokenizer.vocab_size": _at_least(NUM_SPECIAL_TOKENS + 1),
+    "tokenizer.model_type": _one_of("unigram", "bpe"),
+    "tokenizer.character_coverage": ((lambda value: _number(value) and 0 < value <= 1), "a number in (0, 1]"),
+    "tokenizer.max_sentences": _at_least(1),
+    "optimizer.learning_rate_scale": _POSITIVE_NUMBER,
+    "optimizer.warmup_steps": _at_least(1),
+    "optimizer.b1": _within(0.0, 1.0),
+    "optimizer.b2": _within(0.0, 1.0),
+    "optimizer.eps": ((lambda value: _number(value) and value >= 0), "a number >= 0"),
+    "optimizer.clip_norm": ((lambda value: _number(value) and value >= 0), "a number >= 0 (0 turns clipping off)"),
+    "optimizer.accumulation_steps": _at_least(1),
+    "mesh.shape": _MESH_SHAPE,
+    "training.seed": _at_least(0),
+    "training.num_train_steps": _at_least(1),
+    "training.label_smoothing": _within(0.0, 1.0),
+    "training.loss_chunk_tokens": _at_least(0),
+    "training.log_every_steps": _at_least(1),
+    "training.eval_every_steps": _at_least(1),
+    "training.checkpoint_every_steps": _at_least(1),
+    "training.keep_checkpoints": _at_least(1),
+    "training.bleu_every_steps": _at_least(0),
+    "training.bleu_examples": _at_least(0),
+    "decoding.method": _one_of("beam", "greedy", "sample"),
+    "decoding.beam_size": _at_least(1),
+    "decoding.alpha": ((lambda value: _number(value) and value >= 0), "a number >= 0"),
+    "decoding.max_extra_length": _at_least(1),
+    "decoding.batch_size": _at_least(1),
+}
+
+
 def validate(config: ml_collections.ConfigDict) -> None:
-    """Raises ConfigError for a key the defaults do not know (naming near matches) or a bad model."""
+    """Raises ConfigError naming the key and what it allows, for an unknown key (with near
+    matches), a value out of range, values that contradict each other, or a bad model."""
     known = _flatten(default_config())
-    for key in _flatten(config):
+    values = _flatten(config)
+    for key in values:
         if key.startswith("model."):
             continue  # checked against TransformerConfig's fields by model_config()
         if key not in known:
             near = difflib.get_close_matches(key, list(known), n=3, cutoff=0.6)
             hint = f"; did you mean {', '.join(near)}?" if near else ""
             raise ConfigError(f"unknown config key {key!r}{hint}")
+    for key, (allowed, description) in VALUE_RULES.items():
+        if key in values and not allowed(values[key]):
+            raise ConfigError(f"config {key}={values[key]!r}: must be {description}")
+    data = config.data
+    if data.source_language == data.target_language:
+        raise ConfigError(f"config data.source_language and data.target_language are both {data.source_language!r}")
+    if data.batch_size % config.optimizer.accumulation_steps:
+        raise ConfigError(
+            f"config optimizer.accumulation_steps={config.optimizer.accumulation_steps} must divide "
+            f"data.batch_size={data.batch_size}"
+        )
+    if data.input_shards and data.batch_size % data.input_shards:
+        raise ConfigError(f"config data.input_shards={data.input_shards} must divide data.batch_size={data.batch_size}")
+    for rule in config.mesh.logical_axis_rules:
+        if not (isinstance(rule, (tuple, list)) and len(rule) == 2 and isinstance(rule[0], str)):
+            raise ConfigError(f"config mesh.logical_axis_rules: {rule!r} is not a (logical name, mesh axes) pair")
     model_config(config, vocab_size=config.tokenizer.vocab_size)
 
 

@@ -21,6 +21,7 @@ from jax.experimental import multihost_utils
 from jaxformer.data.pipeline import LengthFilter, ShardedBatches, eval_batches, record_text, train_dataset
 from jaxformer.data.sources import get_builder, load_split
 from jaxformer.data.tokenizer import Tokenizer, train_tokenizer
+from jaxformer.errors import UserError, exit_code_for_signal
 from jaxformer.model.transformer import Transformer
 from jaxformer.training import experiment, sharding
 from jaxformer.training.checkpoint import Checkpointer, CheckpointError, decode_bytes, encode_bytes
@@ -29,11 +30,12 @@ from jaxformer.training.optimizer import make_optimizer
 from jaxformer.training.state import count_parameters, make_init_fn
 from jaxformer.training.step import eval_step, train_step
 from jaxformer.training.validation_bleu import BleuValidator
+from jaxformer.training.workdir_lock import WorkdirLock, WorkdirLockedError
 
 TOKENIZER_FILE = "tokenizer.model"
 
 
-class NonFiniteLossError(FloatingPointError):
+class NonFiniteLossError(UserError, FloatingPointError):
     """The training loss became NaN or infinite; the run stops without saving."""
 
 
@@ -85,6 +87,7 @@ def _tokenizer_for(config, workdir: pathlib.Path, train_source, checkpointer: Ch
 class StopRequest:
     def __init__(self):
         self.signal_name: str | None = None
+        self.signum: int | None = None
         self._previous = {}
 
     def __enter__(self):
@@ -99,6 +102,7 @@ class StopRequest:
         if self.signal_name is not None and signum == signal.SIGINT:
             raise KeyboardInterrupt  # a second Ctrl-C stops at once
         self.signal_name = signal.Signals(signum).name
+        self.signum = int(signum)
         logging.warning("%s received: saving a checkpoint and stopping after this step", self.signal_name)
 
     def __exit__(self, *exc):
@@ -143,11 +147,45 @@ def _evaluate(eval_fn, params, batches, batch_sharding) -> dict[str, float]:
 # ------------------------------------------------------------------------------------------
 
 
+def _hold_workdir(workdir: pathlib.Path) -> WorkdirLock:
+    """Process 0 takes the workdir's lock; every process learns whether it got it."""
+    lock = WorkdirLock(workdir)
+    failure = None
+    if jax.process_index() == 0:
+        try:
+            lock.acquire()
+        except WorkdirLockedError as error:
+            failure = error
+    if jax.process_count() > 1:
+        held = multihost_utils.broadcast_one_to_all(np.int32(failure is None))
+        if not held and failure is None:
+            failure = WorkdirLockedError(f"{workdir} is in use by another training run (see process 0's log)")
+    if failure is not None:
+        raise failure
+    return lock
+
+
 def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str | pathlib.Path) -> dict[str, Any]:
-    """Trains (or resumes) the experiment `config` in `workdir`; returns the last metrics."""
+    """Trains (or resumes) the experiment `config` in `workdir`; returns the last metrics
+    (with "stopped_by_signal": its number, when SIGTERM or Ctrl-C stopped the run early).
+
+    Every config value is checked before anything is written; then the workdir is locked for
+    the run (one run per workdir)."""
     experiment.validate(config)
+    _input_shards(config)
     workdir = pathlib.Path(workdir).absolute()
-    workdir.mkdir(parents=True, exist_ok=True)
+    try:
+        workdir.mkdir(parents=True, exist_ok=True)
+    except OSError as error:
+        raise UserError(f"cannot create the workdir {workdir}: {error.strerror}") from None
+    lock = _hold_workdir(workdir)
+    try:
+        return _locked_train_and_evaluate(config, workdir)
+    finally:
+        lock.release()
+
+
+def _locked_train_and_evaluate(config: ml_collections.ConfigDict, workdir: pathlib.Path) -> dict[str, Any]:
     data, training = config.data, config.training
     logging.info("config:\n%s", config)
     logging.info("devices: %s", jax.devices())
@@ -158,8 +196,8 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str | pathlib
         differences = experiment.resume_differences(saved["config"], config)
         if differences:
             raise CheckpointError(
-                f"{workdir} holds a run with another configuration; use a new workdir or restore these values:\n  "
-                + "\n  ".join(differences)
+                f"{workdir} holds a run with another configuration; use a new workdir or restore these values: "
+                + "; ".join(differences)
             )
 
     mesh = sharding.make_mesh(config.mesh.shape)
@@ -194,7 +232,7 @@ def _input_shards(config) -> tuple[int, range]:
     """(number of input shards, the shards this process reads)."""
     shards = config.data.input_shards or jax.process_count()
     if shards % jax.process_count() or config.data.batch_size % shards:
-        raise ValueError(
+        raise experiment.ConfigError(
             f"data.input_shards={shards} must be a multiple of the {jax.process_count()} processes "
             f"and divide data.batch_size={config.data.batch_size}"
         )
@@ -318,9 +356,14 @@ def _train(config, workdir, mesh, rules, model, optimizer, schedule, checkpointe
                     writer.write(step, last["bleu"], prefix="eval/")
                 if step % training.checkpoint_every_steps == 0 or step == training.num_train_steps:
                     save(step)
-            if stop.signal_name is not None and step not in checkpointer.steps():
-                save(step)
-                logging.warning("stopped by %s at step %d; checkpoint saved, resume with the same command", stop.signal_name, step)
+            stopped_early = stop.signal_name is not None and step < training.num_train_steps
+            if stopped_early:
+                if step not in checkpointer.steps():
+                    save(step)
+                logging.warning(
+                    "stopped by %s at step %d; checkpoint saved; exiting with %d; resume with the same command",
+                    stop.signal_name, step, exit_code_for_signal(stop.signum),
+                )
             flush_metrics()
         finally:
             checkpointer.close()
@@ -328,6 +371,8 @@ def _train(config, workdir, mesh, rules, model, optimizer, schedule, checkpointe
             if validator:
                 validator.close()
     last["step"] = step
+    if stopped_early:
+        last["stopped_by_signal"] = stop.signum
     if jax.process_index() == 0:
         (workdir / "last_metrics.json").write_text(json.dumps(last, indent=2))
     return last

@@ -1,0 +1,132 @@
+"""One training run per workdir: a lock file taken before anything is written.
+
+`<workdir>/lock` holds the holder's host, pid, process start time and command line. It is
+created with O_CREAT | O_EXCL, so of two runs started together exactly one gets it. A lock
+left by a dead process on this host (kill -9, power loss) is taken over with a warning; a live
+holder, or one on another host (which cannot be checked from here), is an error naming it.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import pathlib
+import socket
+import sys
+import time
+
+from jaxformer.errors import UserError
+
+LOCK_FILE = "lock"
+
+
+class WorkdirLockedError(UserError):
+    """Another run holds the workdir."""
+
+
+def _process_start_ticks(pid: int) -> int | None:
+    """The process's start time in clock ticks since boot (Linux), to tell a reused pid apart."""
+    try:
+        fields = pathlib.Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+        return int(fields[19])  # field 22 of stat(5); fields[0] is field 3
+    except (OSError, IndexError, ValueError):
+        return None
+
+
+def _is_alive(pid: int, start_ticks: int | None) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:  # exists, owned by someone else
+        return True
+    current = _process_start_ticks(pid)
+    return start_ticks is None or current is None or current == start_ticks
+
+
+def _describe(holder: dict) -> str:
+    started = time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(holder.get("start_time", 0)))
+    return f"pid {holder.get('pid')} on host {holder.get('host')!r}, started {started}"
+
+
+class WorkdirLock:
+    """`with WorkdirLock(workdir):` holds `<workdir>/lock` for the block (process 0 of a run)."""
+
+    def __init__(self, workdir: str | pathlib.Path):
+        self.path = pathlib.Path(workdir) / LOCK_FILE
+        self.held = False
+
+    def _record(self) -> dict:
+        return {
+            "host": socket.gethostname(),
+            "pid": os.getpid(),
+            "start_ticks": _process_start_ticks(os.getpid()),
+            "start_time": time.time(),
+            "command": " ".join(sys.argv),
+        }
+
+    def _read_holder(self) -> dict | None:
+        try:
+            return json.loads(self.path.read_text(encoding="utf-8"))
+        except FileNotFoundError:
+            return None
+        except (OSError, ValueError):
+            return {}  # torn or garbled: its writer died while writing it
+
+    def _try_create(self) -> bool:
+        try:
+            descriptor = os.open(self.path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644)
+        except FileExistsError:
+            return False
+        with os.fdopen(descriptor, "w", encoding="utf-8") as handle:
+            json.dump(self._record(), handle)
+            handle.flush()
+            os.fsync(handle.fileno())
+        return True
+
+    def acquire(self) -> None:
+        for _ in range(3):  # a takeover race with another run retries, then reports the winner
+            if self._try_create():
+                self.held = True
+                return
+            holder = self._read_holder()
+            if holder is None:
+                continue  # released between our create and our read
+            same_host = holder.get("host") == socket.gethostname()
+            pid = holder.get("pid")
+            garbled = not isinstance(pid, int)
+            if not garbled and (not same_host or _is_alive(pid, holder.get("start_ticks"))):
+                where = "" if same_host else " (another host: this cannot check whether it still runs)"
+                raise WorkdirLockedError(
+                    f"{self.path.parent} is in use by another training run: {_describe(holder)}{where}; "
+                    f"wait for it, use another --workdir, or delete {self.path} if that run is gone"
+                )
+            # Its holder is dead: move the stale file aside atomically (only one taker wins the
+            # rename), then create our own.
+            stale = self.path.with_name(f"{LOCK_FILE}.stale-{os.getpid()}")
+            try:
+                os.rename(self.path, stale)
+            except FileNotFoundError:
+                continue
+            stale.unlink(missing_ok=True)
+            logging.warning(
+                "took over %s from a run that is no longer alive (%s)",
+                self.path, _describe(holder) if not garbled else "unreadable lock file",
+            )
+        raise WorkdirLockedError(f"{self.path.parent} is in use by another training run that started just now ({self.path})")
+
+    def release(self) -> None:
+        if not self.held:
+            return
+        holder = self._read_holder()
+        if holder and holder.get("pid") == os.getpid() and holder.get("host") == socket.gethostname():
+            self.path.unlink(missing_ok=True)
+        self.held = False
+
+    def __enter__(self) -> WorkdirLock:
+        self.acquire()
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.release()

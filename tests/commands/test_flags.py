@@ -1,0 +1,118 @@
+"""Every command checks its flags and output paths first: one line naming the flag, exit 2,
+nothing decoded, trained or written."""
+
+import pathlib
+import subprocess
+import sys
+
+import pytest
+
+from jaxformer.commands import average_checkpoints, evaluate, train, translate
+
+ROOT = pathlib.Path(__file__).parents[2]
+
+
+@pytest.fixture
+def no_decoding(monkeypatch):
+    def refuse(*args, **kwargs):
+        raise AssertionError("the command started decoding before checking its flags")
+
+    monkeypatch.setattr(translate, "translator_from_flags", refuse)
+    monkeypatch.setattr(evaluate, "translator_from_flags", refuse)
+    monkeypatch.setattr(evaluate, "split_pairs", refuse)
+
+
+@pytest.mark.parametrize(
+    ("flags", "message"),
+    [
+        (["--max_source_tokens", "0"], "argument --max_source_tokens: must be an integer >= 2, got 0"),
+        (["--batch_size", "0"], "argument --batch_size: must be an integer >= 1, got 0"),
+        (["--batch_size", "many"], "argument --batch_size: must be an integer >= 1, got 'many'"),
+        (["--beam_size", "-1"], "argument --beam_size: must be an integer >= 1, got -1"),
+        (["--max_extra_length", "0"], "argument --max_extra_length: must be an integer >= 1, got 0"),
+        (["--temperature", "0"], "argument --temperature: must be a finite number > 0.0, got 0"),
+        (["--alpha", "nan"], "argument --alpha: must be a finite number >= 0.0, got nan"),
+        (["--top_k", "-3"], "argument --top_k: must be an integer >= 0, got -3"),
+        (["--checkpoint", "newest"], "argument --checkpoint: must be latest, best, averaged or a step number, got 'newest'"),
+        (["--method", "beams"], "argument --method: invalid choice: 'beams'"),
+    ],
+)
+@pytest.mark.parametrize("command", [translate, evaluate])
+def test_bad_decoding_flags_are_one_line(command, flags, message, tmp_path, capsys, no_decoding):
+    extra = ["--split", "validation"] if command is evaluate else []
+    with pytest.raises(SystemExit) as stopped:
+        command.main(["--workdir", str(tmp_path), *extra, *flags])
+    assert stopped.value.code == 2
+    error = capsys.readouterr().err
+    assert error.startswith(f"error: {message}") and error.count("\n") == 1, error
+
+
+@pytest.mark.parametrize("kind", ["missing folder", "a directory", "under a file", "unwritable place"])
+def test_unwritable_outputs_fail_before_decoding(kind, decoding_workdir, tmp_path, capsys, no_decoding):
+    (tmp_path / "a file").write_text("x")
+    (tmp_path / "in.en").write_text("A dog.\n")
+    path = {
+        "missing folder": tmp_path / "nowhere" / "out.de",
+        "a directory": tmp_path,
+        "under a file": tmp_path / "a file" / "out.de",
+        "unwritable place": pathlib.Path("/proc/jaxformer-out.de"),  # even root cannot create files there
+    }[kind]
+    workdir = str(decoding_workdir)
+    assert translate.main(["--workdir", workdir, "--input", str(tmp_path / "in.en"), "--output", str(path)]) == 2
+    assert capsys.readouterr().err.startswith(f"error: --output {path}: ")
+    for flag in ("--output", "--json"):
+        assert evaluate.main(["--workdir", workdir, "--source", str(tmp_path / "in.en"),
+                              "--reference", str(tmp_path / "in.en"), flag, str(path)]) == 2
+        error = capsys.readouterr().err
+        assert error.startswith(f"error: {flag} {path}: ") and error.count("\n") == 1
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["a file", "in.en"]  # no probe or partial file left
+
+
+def test_missing_inputs_and_workdirs_are_named(tmp_path, capsys, no_decoding):
+    assert translate.main(["--workdir", str(tmp_path / "run"), "--input", str(tmp_path / "in.en")]) == 2
+    assert capsys.readouterr().err == f"error: --workdir {tmp_path / 'run'}: no such directory\n"
+    assert translate.main(["--workdir", str(tmp_path), "--input", str(tmp_path / "in.en")]) == 2
+    assert capsys.readouterr().err == f"error: --input {tmp_path / 'in.en'}: no such file\n"
+    assert evaluate.main(["--workdir", str(tmp_path), "--split", "x", "--source", "a", "--reference", "b"]) == 2
+    assert capsys.readouterr().err == "error: give either --split, or both --source and --reference\n"
+    with pytest.raises(SystemExit) as stopped:
+        average_checkpoints.main(["--workdir", str(tmp_path), "--last", "0"])
+    assert stopped.value.code == 2
+
+
+@pytest.mark.parametrize(
+    ("overrides", "message"),
+    [
+        (["--config.training.num_train_steps=-5"], "config training.num_train_steps=-5: must be an integer >= 1"),
+        (["--config.training.checkpoint_every_steps=0"], "config training.checkpoint_every_steps=0: must be an integer >= 1"),
+        (["--config.training.label_smoothing=1.5"], "config training.label_smoothing=1.5: must be a number in [0.0, 1.0)"),
+        (["--config.data.batch_size=0"], "config data.batch_size=0: must be an integer >= 1"),
+        (["--config.decoding.method=beem"], "config decoding.method='beem': must be one of 'beam', 'greedy', 'sample'"),
+        (["--config.tokenizer.model_type=wordpiece"], "config tokenizer.model_type='wordpiece': must be one of 'unigram', 'bpe'"),
+        (["--config.mesh.shape=(2,0,1)"], "config mesh.shape=(2, 0, 1): must be three integers"),
+        (["--config.optimizer.accumulation_steps=3"], "config optimizer.accumulation_steps=3 must divide data.batch_size=4"),
+        (["--config.data.target_language=en"], "config data.source_language and data.target_language are both 'en'"),
+        (["--config.model.num_heads=3"], "TransformerConfig.d_model=32: must be divisible by num_heads=3"),
+        (["--config.training.num_train_steps=ten"], "--config.training.num_train_steps=ten: must be an integer"),
+        (["--config.training.num_train_step=5"], "unknown config key 'training.num_train_step'; did you mean training.num_train_steps"),
+        (["--config.trainig.seed=1"], "unknown config key 'trainig.seed'; did you mean training.seed"),
+        (["--config.training.seed"], "--config.training.seed has no value"),
+        (["--num_processes=2"], "--num_processes=2 and --process_id=None: give both"),
+    ],
+)
+def test_bad_config_values_are_one_line_before_any_work(overrides, message, tmp_path, capsys):
+    workdir = tmp_path / "run"
+    assert train.main(["--config", str(ROOT / "configs" / "tiny.py"), "--workdir", str(workdir), *overrides]) == 2
+    error = capsys.readouterr().err
+    assert error.startswith(f"error: {message}") and error.count("\n") == 1, error
+    assert not workdir.exists()
+
+
+def test_train_names_a_missing_config_file_in_one_line(tmp_path):
+    result = subprocess.run(
+        [sys.executable, str(ROOT / "train.py"), "--config", str(tmp_path / "nope.py"), "--workdir", str(tmp_path / "w")],
+        capture_output=True, text=True, timeout=120,
+    )
+    assert result.returncode == 2
+    assert result.stderr == f"error: config file {tmp_path / 'nope.py'} does not exist\n"
+    assert not (tmp_path / "w").exists()

@@ -1,0 +1,84 @@
+"""One run per workdir: the lock file, its takeover from dead runs, and two train.py at once."""
+
+import json
+import os
+import socket
+import subprocess
+import sys
+
+import pytest
+
+from jaxformer.training.workdir_lock import WorkdirLock, WorkdirLockedError
+from tests.training.test_loop import command, environment, losses
+
+
+def write_lock(workdir, **fields):
+    record = {"host": socket.gethostname(), "pid": os.getpid(), "start_ticks": None, "start_time": 0.0, "command": "x"}
+    record.update(fields)
+    (workdir / "lock").write_text(json.dumps(record))
+
+
+def test_a_second_holder_is_refused_with_the_holder_named(tmp_path):
+    with WorkdirLock(tmp_path) as lock:
+        holder = json.loads(lock.path.read_text())
+        assert holder["pid"] == os.getpid() and holder["host"] == socket.gethostname()
+        with pytest.raises(WorkdirLockedError, match=rf"in use by another training run: pid {os.getpid()} on host"):
+            WorkdirLock(tmp_path).acquire()
+    assert not (tmp_path / "lock").exists()  # released
+    with WorkdirLock(tmp_path):  # and free again
+        pass
+
+
+def test_a_lock_of_a_dead_process_on_this_host_is_taken_over(tmp_path, caplog):
+    dead = subprocess.Popen([sys.executable, "-c", "pass"])
+    dead.wait()
+    write_lock(tmp_path, pid=dead.pid)
+    with WorkdirLock(tmp_path) as lock:
+        assert json.loads(lock.path.read_text())["pid"] == os.getpid()
+    assert f"took over {tmp_path / 'lock'}" in caplog.text and f"pid {dead.pid}" in caplog.text
+
+
+def test_a_reused_pid_does_not_keep_a_stale_lock(tmp_path, caplog):
+    # Our own pid, but a different process start time: the recorded process is gone.
+    write_lock(tmp_path, start_ticks=1)
+    with WorkdirLock(tmp_path):
+        pass
+    assert "took over" in caplog.text
+
+
+def test_a_garbled_lock_file_is_taken_over(tmp_path, caplog):
+    (tmp_path / "lock").write_text('{"host": "h", "pi')  # its writer died mid-write
+    with WorkdirLock(tmp_path):
+        pass
+    assert "unreadable lock file" in caplog.text
+
+
+def test_a_lock_held_on_another_host_is_refused(tmp_path):
+    write_lock(tmp_path, host="some-other-host", pid=1)
+    with pytest.raises(WorkdirLockedError, match="on host 'some-other-host'.*another host"):
+        WorkdirLock(tmp_path).acquire()
+    assert json.loads((tmp_path / "lock").read_text())["host"] == "some-other-host"  # left alone
+
+
+@pytest.mark.xdist_group("workdir-lock")
+def test_two_train_runs_on_one_workdir(data_dir, tmp_path):
+    workdir = tmp_path / "shared"
+    overrides = ("--config.training.num_train_steps=6", "--config.training.checkpoint_every_steps=3",
+                 "--config.training.eval_every_steps=6")
+    processes = [
+        subprocess.Popen(command(workdir, data_dir, *overrides, f"--config.training.seed={seed}"), env=environment(),
+                         stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+        for seed in (0, 1)
+    ]
+    results = [(process.wait(timeout=600), process.stderr.read()) for process in processes]
+    codes = sorted(code for code, _ in results)
+    assert codes == [0, 2], results
+    refused = next(stderr for code, stderr in results if code == 2)
+    assert refused.strip().splitlines()[-1].startswith(f"error: {workdir} is in use by another training run: pid ")
+    # The winner's run is whole: each step logged once, its two checkpoints, the lock released.
+    lines = (workdir / "metrics.jsonl").read_text().splitlines()
+    steps = [json.loads(line)["step"] for line in lines if "train/loss" in line]
+    assert steps == list(range(1, 7))
+    assert sorted(path.name for path in (workdir / "checkpoints").iterdir() if path.name.isdigit()) == ["3", "6"]
+    assert not (workdir / "lock").exists()
+    assert set(losses(workdir)) == set(range(1, 7))
