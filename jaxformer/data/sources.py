@@ -26,6 +26,14 @@ def get_builder(name: str, data_dir: str | None = None, raw_dir: str | None = No
     return tfds.builder(name, data_dir=data_dir, file_format="array_record")
 
 
+def data_fingerprint(builder) -> str | None:
+    """What the prepared data was made from, for checkpoint metadata: `builder.fingerprint`
+    ("sha256:<64 hex digits>" of the source files' names, sizes and contents) for multi30k, known
+    after `load_split` / `download_and_prepare()`; None for the tfds catalogue builders (wmt*),
+    whose downloads tfds checks itself."""
+    return getattr(builder, "fingerprint", None)
+
+
 def load_split(builder, split: str, languages: Sequence[str]) -> Sequence:
     """Prepares the dataset if needed and returns a random-access source for `split`."""
     builder.download_and_prepare()

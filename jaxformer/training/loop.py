@@ -19,7 +19,7 @@ import tqdm
 from jax.experimental import multihost_utils
 
 from jaxformer.data.pipeline import LengthFilter, ShardedBatches, eval_batches, record_text, train_dataset
-from jaxformer.data.sources import get_builder, load_split
+from jaxformer.data.sources import data_fingerprint, get_builder, load_split
 from jaxformer.data.tokenizer import Tokenizer, train_tokenizer
 from jaxformer.errors import UserError, exit_code_for_signal
 from jaxformer.model.transformer import Transformer
@@ -214,6 +214,12 @@ def _locked_train_and_evaluate(config: ml_collections.ConfigDict, workdir: pathl
         multihost_utils.sync_global_devices("jaxformer: dataset prepared")
     train_source = load_split(builder, data.train_split, languages)
     eval_source = load_split(builder, data.eval_split, languages)
+    fingerprint = data_fingerprint(builder)
+    if saved is not None and saved.get("data_fingerprint", fingerprint) != fingerprint:
+        raise CheckpointError(
+            f"{workdir} was trained on other data files (fingerprint {saved['data_fingerprint']}) than "
+            f"{builder.name} has now ({fingerprint}); restore the files or use a new workdir"
+        )
     tokenizer = _tokenizer_for(config, workdir, train_source, checkpointer)
 
     model_config = experiment.model_config(config, tokenizer.vocab_size)
@@ -225,7 +231,7 @@ def _locked_train_and_evaluate(config: ml_collections.ConfigDict, workdir: pathl
     )
     with jax.set_mesh(mesh), nn.logical_axis_rules(rules):
         return _train(config, workdir, mesh, rules, model, optimizer, schedule, checkpointer, tokenizer,
-                      model_config, train_source, eval_source)
+                      model_config, train_source, eval_source, fingerprint)
 
 
 def _input_shards(config) -> tuple[int, range]:
@@ -241,7 +247,7 @@ def _input_shards(config) -> tuple[int, range]:
 
 
 def _train(config, workdir, mesh, rules, model, optimizer, schedule, checkpointer, tokenizer, model_config,
-           train_source, eval_source):
+           train_source, eval_source, fingerprint):
     data, training = config.data, config.training
     boxed_state = jax.eval_shape(make_init_fn(model, optimizer, data.max_length, data.max_length, boxed=True), training.seed)
     state_shardings = sharding.logical_shardings(boxed_state, mesh, rules)
@@ -276,6 +282,7 @@ def _train(config, workdir, mesh, rules, model, optimizer, schedule, checkpointe
         "config": config.to_dict(),
         "model": model_config.to_dict(),
         "tokenizer": encode_bytes(tokenizer.model_proto),
+        "data_fingerprint": fingerprint,
     }
 
     step_fn = functools.partial(

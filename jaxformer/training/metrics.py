@@ -4,7 +4,9 @@ files in `<workdir>/tensorboard` (written by tensorboardX; no TensorFlow needed)
 from __future__ import annotations
 
 import json
+import logging
 import math
+import os
 import pathlib
 import time
 from collections.abc import Mapping
@@ -13,8 +15,53 @@ import jax
 import numpy as np
 
 
+def _is_record(line: bytes) -> bool:
+    try:
+        return isinstance(json.loads(line), dict)
+    except ValueError:  # JSONDecodeError, UnicodeDecodeError
+        return False
+
+
+def cut_torn_last_line(path: str | pathlib.Path) -> int:
+    """Cuts a torn last line (no line break at its end, or not a JSON object) off a JSONL file,
+    as a full disk or a crash mid-write leaves it, so that appending starts on a line of its own.
+    Returns the number of bytes removed. Earlier lines are never changed; a bad one among them
+    is only reported. Warnings name the file."""
+    path = pathlib.Path(path)
+    if not path.exists():
+        return 0
+    bad_lines: list[int] = []
+    last_start, last_line, number, offset = 0, b"", 0, 0
+    with open(path, "rb") as handle:
+        for line in handle:
+            if number and not _is_record(last_line):  # the previous line is not the last: report only
+                bad_lines.append(number)
+            number += 1
+            last_start, last_line = offset, line
+            offset += len(line)
+    if bad_lines:
+        logging.warning(
+            "%s: %d line(s) in the middle are not JSON records (line %s%s); left as they are",
+            path, len(bad_lines), bad_lines[0], " and more" if len(bad_lines) > 1 else "",
+        )
+    if not last_line or (last_line.endswith(b"\n") and _is_record(last_line)):
+        return 0
+    with open(path, "r+b") as handle:
+        handle.truncate(last_start)
+        handle.flush()
+        os.fsync(handle.fileno())
+    preview = last_line[:80] + (b"..." if len(last_line) > 80 else b"")
+    logging.warning(
+        "%s: cut off a torn last line, bytes %d-%d (%d bytes: %r), before appending",
+        path, last_start, offset, offset - last_start, preview,
+    )
+    return offset - last_start
+
+
 class MetricWriter:
-    """Writes scalars for a step to JSONL and TensorBoard; only process 0 writes."""
+    """Writes scalars for a step to JSONL and TensorBoard; only process 0 writes.
+
+    Opening an existing `metrics.jsonl` first cuts off a torn last line (`cut_torn_last_line`)."""
 
     def __init__(self, workdir: str | pathlib.Path, enabled: bool | None = None):
         self.enabled = jax.process_index() == 0 if enabled is None else enabled
@@ -22,6 +69,7 @@ class MetricWriter:
         self._tensorboard = None
         if self.enabled:
             workdir = pathlib.Path(workdir)
+            cut_torn_last_line(workdir / "metrics.jsonl")
             self._jsonl = open(workdir / "metrics.jsonl", "a", encoding="utf-8")
             from tensorboardX import SummaryWriter  # imported lazily: only the writing process needs it
 
@@ -36,11 +84,6 @@ class MetricWriter:
         self._jsonl.flush()
         for name, value in values.items():
             self._tensorboard.add_scalar(name, value, int(step))
-
-    def flush(self) -> None:
-        if self.enabled:
-            self._jsonl.flush()
-            self._tensorboard.flush()
 
     def close(self) -> None:
         if self.enabled:

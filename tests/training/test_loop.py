@@ -1,5 +1,6 @@
 """End-to-end runs of train.py on the tiny config: resume, signals, damaged checkpoints, NaN."""
 
+import gzip
 import json
 import os
 import pathlib
@@ -164,3 +165,19 @@ def test_unknown_override_lists_near_matches(data_dir, tmp_path):
         "training.bleu_every_steps, training.log_every_steps?"
     ]
     assert not (tmp_path / "typo").exists()  # nothing written
+
+
+def test_resuming_on_other_data_files_is_an_error(straight_run, data_dir, tmp_path):
+    workdir = tmp_path / "other-data"
+    shutil.copytree(straight_run, workdir)
+    raw = tmp_path / "raw"
+    shutil.copytree(ROOT / "jaxformer" / "data" / "raw" / "multi30k", raw)
+    with gzip.open(raw / "val.de.gz", "rt", encoding="utf-8") as handle:
+        lines = handle.read().splitlines()
+    lines[0] = lines[0].upper()  # one edited line: other data, the same file names
+    with gzip.open(raw / "val.de.gz", "wt", encoding="utf-8") as handle:
+        handle.write("\n".join(lines) + "\n")
+    result = train(workdir, data_dir, f"--config.data.raw_dir={raw}", "--config.training.num_train_steps=60", check=False)
+    assert result.returncode == 2
+    assert f"error: {workdir} was trained on other data files (fingerprint sha256:" in result.stderr
+    assert checkpoint_steps(workdir) == [20, 40]

@@ -1,0 +1,130 @@
+"""Fingerprints of the raw files a dataset is prepared from, and the record of them kept with the
+prepared data.
+
+A fingerprint is `"sha256:<64 hex digits>"`, the SHA-256 of a canonical JSON list of
+`[name, size, sha256 of the bytes]` for every file, sorted by name. File names count, the folder
+they lie in does not: the same files copied elsewhere give the same fingerprint (and share one
+prepared copy), while any changed byte gives another one.
+
+The record (`RECORD_NAME`, JSON, in the prepared data's directory) is written last, after the data,
+so it also marks a finished preparation: a directory without one is unfinished. It holds the
+fingerprint, each source file's size and hash, and the size of every prepared file.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import pathlib
+from collections.abc import Mapping
+
+RECORD_NAME = "jaxformer_sources.json"
+RECORD_FORMAT = 1
+_CHUNK = 1 << 20
+
+
+def hash_file(path: str | os.PathLike) -> dict:
+    """{"size": bytes, "sha256": hex digest} of a file's bytes."""
+    digest, size = hashlib.sha256(), 0
+    with open(path, "rb") as handle:
+        while chunk := handle.read(_CHUNK):
+            digest.update(chunk)
+            size += len(chunk)
+    return {"size": size, "sha256": digest.hexdigest()}
+
+
+def hash_files(paths: Mapping[str, str | os.PathLike]) -> dict[str, dict]:
+    """name -> {"size", "sha256"} for each named file."""
+    return {name: hash_file(path) for name, path in sorted(paths.items())}
+
+
+def fingerprint(files: Mapping[str, Mapping]) -> str:
+    """`"sha256:<hex>"` of the files' names, sizes and hashes (as `hash_files` gives them)."""
+    canonical = [[name, int(files[name]["size"]), str(files[name]["sha256"])] for name in sorted(files)]
+    text = json.dumps(canonical, separators=(",", ":"), ensure_ascii=True)
+    return "sha256:" + hashlib.sha256(text.encode("ascii")).hexdigest()
+
+
+def short(value: str, length: int = 12) -> str:
+    """The first `length` hex digits of a fingerprint or digest: a name for a directory."""
+    return value.split(":", 1)[-1][:length]
+
+
+def file_differences(recorded: Mapping[str, Mapping], current: Mapping[str, Mapping]) -> list[str]:
+    """One phrase per file that differs between two `hash_files` results, e.g.
+    "train.en.gz (sha256 1a2b3c4d5e6f there, 0f9e8d7c6b5a here)"."""
+    phrases = []
+    for name in sorted(set(recorded) | set(current)):
+        old, new = recorded.get(name), current.get(name)
+        if old is None:
+            phrases.append(f"{name} (not recorded)")
+        elif new is None:
+            phrases.append(f"{name} (recorded, not among the files now)")
+        elif old.get("size") != new["size"]:
+            phrases.append(f"{name} ({old.get('size')} bytes there, {new['size']} here)")
+        elif old.get("sha256") != new["sha256"]:
+            phrases.append(f"{name} (sha256 {short(str(old.get('sha256')))} there, {short(new['sha256'])} here)")
+    return phrases
+
+
+def directory_sizes(directory: str | os.PathLike) -> dict[str, int]:
+    """Relative path -> size of every file under `directory`, the record (and its temporary) left out."""
+    directory = pathlib.Path(directory)
+    return {
+        path.relative_to(directory).as_posix(): path.stat().st_size
+        for path in sorted(directory.rglob("*"))
+        if path.is_file() and not path.name.startswith(RECORD_NAME)
+    }
+
+
+def write_record(directory: str | os.PathLike, record: Mapping) -> pathlib.Path:
+    """Writes `record` (plus the sizes of the files now in `directory`) atomically as RECORD_NAME."""
+    directory = pathlib.Path(directory)
+    payload = {"format": RECORD_FORMAT, **record, "prepared_files": directory_sizes(directory)}
+    path = directory / RECORD_NAME
+    temporary = path.with_name(path.name + ".tmp")
+    with open(temporary, "w", encoding="utf-8") as handle:
+        json.dump(payload, handle, indent=1, sort_keys=True)
+        handle.write("\n")
+        handle.flush()
+        os.fsync(handle.fileno())
+    os.replace(temporary, path)
+    return path
+
+
+def read_record(directory: str | os.PathLike) -> tuple[dict | None, str | None]:
+    """(record, None), or (None, why not) when RECORD_NAME is missing, unreadable or malformed."""
+    path = pathlib.Path(directory) / RECORD_NAME
+    if not path.exists():
+        return None, f"{path} is missing (preparation unfinished, or made by an older jaxformer)"
+    try:
+        record = json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as error:
+        return None, f"{path} cannot be read ({error})"
+    if not isinstance(record, dict) or record.get("format") != RECORD_FORMAT:
+        return None, f"{path} is not a format-{RECORD_FORMAT} record"
+    files, prepared = record.get("files"), record.get("prepared_files")
+    if (
+        not isinstance(files, dict)
+        or not all(isinstance(v, dict) and {"size", "sha256"} <= set(v) for v in files.values())
+        or not isinstance(prepared, dict)
+        or not isinstance(record.get("fingerprint"), str)
+    ):
+        return None, f"{path} is incomplete"
+    if fingerprint(files) != record["fingerprint"]:
+        return None, f"{path}: its fingerprint does not match its own file list"
+    return record, None
+
+
+def prepared_differences(directory: str | os.PathLike, record: Mapping) -> list[str]:
+    """One phrase per prepared file named in `record` that is missing or has another size now."""
+    directory = pathlib.Path(directory)
+    phrases = []
+    for name, size in sorted(record["prepared_files"].items()):
+        path = directory / name
+        if not path.is_file():
+            phrases.append(f"{path} is missing")
+        elif path.stat().st_size != size:
+            phrases.append(f"{path} has {path.stat().st_size} bytes, recorded {size}")
+    return phrases
