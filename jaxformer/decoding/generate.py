@@ -12,7 +12,7 @@ from typing import Any
 import jax
 import jax.numpy as jnp
 
-from jaxformer.decoding.search import NEG_INF, beam_search, greedy_search, sample_search
+from jaxformer.decoding.search import beam_search, greedy_search, sample_search
 from jaxformer.model.cache import init_cache
 from jaxformer.model.config import TransformerConfig
 from jaxformer.model.transformer import Transformer, unstack_layers
@@ -62,34 +62,35 @@ def generate(
 ) -> tuple[Int[Array, "B K L"], Float[Array, "B K"]]:
     """Translates padded source rows: (tokens [B, K, L] ending in EOS then padding, scores [B, K]).
 
-    L = S + settings.max_extra_length; row b stops by (real source tokens of b) + max_extra_length.
-    Beam search gives K = beam_size hypotheses best first, scored log p / length penalty;
-    greedy and sampling give K = 1 with the log-probability. `model` must be the decoding
+    L = S + settings.max_extra_length; row b ends by (real source tokens of b) + max_extra_length
+    output tokens, EOS included, and never outputs pad or BOS. Beam search gives K = beam_size
+    hypotheses best first, scored log p(Y) / length_penalty(|Y|); greedy and sampling give K = 1
+    with log p(Y). Every score is what the model's full forward pass gives for Y, hypotheses
+    ended at the limit included (see jaxformer/decoding/search.py). `model` must be the decoding
     variant (`decoding_variant`).
     """
     batch, source_length = source.shape
     max_length = source_length + settings.max_extra_length
     context = model.apply({"params": params}, source, method=Transformer.encoder_context)
-    limits = jnp.sum(source != PAD_ID, axis=1) + settings.max_extra_length  # [B]
-    rows = batch * settings.hypotheses
+    limits = jnp.sum(source != PAD_ID, axis=1, dtype=jnp.int32) + settings.max_extra_length  # [B], <= max_length
+    constraints = dict(limits=limits, banned_ids=(PAD_ID, BOS_ID))
 
-    def tokens_to_logits(tokens, cache):
-        logits, cache = model.apply({"params": params}, tokens, cache, context, method=Transformer.decode_step)
-        # A row that reaches its limit must end here: only EOS stays possible.
-        at_limit = cache.index >= jnp.repeat(limits, tokens.shape[0] // batch)  # [R]
-        only_eos = jnp.where(jnp.arange(logits.shape[-1]) == EOS_ID, 0.0, NEG_INF)  # [V]
-        return jnp.where(at_limit[:, None], only_eos, logits), cache
+    def tokens_to_logits(tokens, cache):  # [R, 1] -> [R, V]
+        return model.apply({"params": params}, tokens, cache, context, method=Transformer.decode_step)
 
     if settings.method == "beam":
         cache = init_cache(model.config, batch, max_length)  # the search repeats it per beam
-        return beam_search(tokens_to_logits, cache, batch, settings.beam_size, max_length, BOS_ID, EOS_ID, settings.alpha)
-    cache = init_cache(model.config, rows, max_length)
+        return beam_search(
+            tokens_to_logits, cache, batch, settings.beam_size, max_length, BOS_ID, EOS_ID, settings.alpha, **constraints
+        )
+    cache = init_cache(model.config, batch, max_length)
     if settings.method == "greedy":
-        tokens, scores = greedy_search(tokens_to_logits, cache, batch, max_length, BOS_ID, EOS_ID)
+        tokens, scores = greedy_search(tokens_to_logits, cache, batch, max_length, BOS_ID, EOS_ID, **constraints)
     else:
         rng = jax.random.key(0) if rng is None else rng
         tokens, scores = sample_search(
-            tokens_to_logits, cache, batch, max_length, BOS_ID, EOS_ID, rng, settings.temperature, settings.top_k
+            tokens_to_logits, cache, batch, max_length, BOS_ID, EOS_ID, rng, settings.temperature, settings.top_k,
+            **constraints,
         )
     return tokens[:, None], scores[:, None]
 

@@ -1,24 +1,43 @@
-"""Greedy and beam search over a `tokens_to_logits` callback, jitted end to end.
+"""Greedy, sampling and beam search over a `tokens_to_logits` callback, jitted end to end.
+
+Shapes use the letters of jaxformer/typing.py, plus the search's own:
+
+    B  batch (source rows)    K  beams (hypotheses per row)    R  decoded rows (B, or B * K)
+    L  max_length             V  vocabulary
 
 The callback sees the newest token of every row, `tokens` int32 [R, 1], and a cache pytree
 whose array leaves have R rows first (scalar leaves, such as a step index, are shared by all
 rows), and returns float logits [R, V] for the next token with the updated cache. The search
 never looks inside the cache: beam search only repeats and reorders its rows. Sequences
-start with `bos_id`; a sequence ends at `eos_id` or after `max_length` tokens.
+start with `bos_id` (the first decoder input, not part of the output) and end at `eos_id`.
+
+Scores are the model's own log-probabilities. The search takes the full-vocabulary
+log_softmax of the logits and only then applies its constraints, by setting the log-probability
+of a forbidden token to NEG_INF (nothing is renormalised):
+
+- `banned_ids` (pad and BOS, for a jaxformer model) are never generated;
+- `limits` [B]: row b ends by `limits[b]` tokens, EOS included. At the step where a sequence
+  reaches its limit only EOS is allowed, and it costs its real log p(EOS).
+
+So a returned score is log p(Y) (greedy search, sampling) or log p(Y) / length_penalty(|Y|)
+(beam search), |Y| counting EOS: what a full forward pass over Y gives. Without `limits`, a
+sequence that reaches `max_length` tokens is cut there as it stands, without EOS (for callers
+that force a fixed output length, such as benchmarks/decoding.py).
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable
-from typing import Any
+from collections.abc import Callable, Sequence
+from typing import Any, NamedTuple
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 
-from jaxformer.typing import Array, Float, Int
+from jaxformer.typing import Array, Bool, Float, Int
 
 TokensToLogits = Callable[[Int[Array, "R 1"], Any], tuple[Float[Array, "R V"], Any]]
-NEG_INF = -1.0e9  # "impossible" without inf arithmetic
+NEG_INF = -1.0e9  # the log-probability of an impossible token, without inf arithmetic
 
 
 def length_penalty(length, alpha: float):
@@ -26,40 +45,128 @@ def length_penalty(length, alpha: float):
     return ((5.0 + jnp.asarray(length, jnp.float32)) / 6.0) ** alpha
 
 
-def _one_per_row(tokens_to_logits, cache, batch_size, max_length, bos_id, eos_id, choose, rng):
-    """Extends every row by the token `choose(log_probs [B, V], rng) -> [B]` picks until EOS."""
+def _is_possible(log_probs: Float[Array, "..."]) -> Bool[Array, "..."]:
+    """True where a (sum of) log-probabilities involves no forbidden token."""
+    return log_probs > NEG_INF / 2
 
-    def cond(state):
-        step, _, finished, _, _, _ = state
-        return (step < max_length) & ~jnp.all(finished)
 
-    def body(state):
-        step, tokens, finished, scores, cache, rng = state
-        previous = jnp.where(step == 0, bos_id, tokens[:, jnp.maximum(step - 1, 0)])[:, None]  # [B, 1]
-        logits, cache = tokens_to_logits(previous, cache)
+def _row_limits(limits: Int[Array, "B"] | None, batch_size: int, max_length: int) -> Int[Array, "B"] | None:
+    if limits is None:
+        return None
+    limits = jnp.asarray(limits, jnp.int32)
+    if limits.shape != (batch_size,):
+        raise ValueError(f"limits must have shape ({batch_size},), one per row; got {limits.shape}")
+    return jnp.minimum(limits, max_length)  # the token buffers hold max_length tokens
+
+
+def _check_banned(banned_ids: Sequence[int], eos_id: int) -> tuple[int, ...]:
+    banned_ids = tuple(int(token) for token in banned_ids)
+    if eos_id in banned_ids:
+        raise ValueError(f"eos_id {eos_id} cannot be banned: every sequence must be able to end")
+    return banned_ids
+
+
+def _constrain(
+    log_probs: Float[Array, "R V"],
+    step: Int[Array, ""],
+    limits: Int[Array, "R"] | None,
+    banned_ids: tuple[int, ...],
+    eos_id: int,
+) -> Float[Array, "R V"]:
+    """NEG_INF at the tokens row r may not take as its output token number `step` + 1: the
+    banned ones, and everything but EOS once that token reaches the row's limit. The other
+    entries keep their log-probabilities (no renormalisation)."""
+    if limits is None and not banned_ids:
+        return log_probs
+    vocab = log_probs.shape[-1]
+    allowed = jnp.asarray(~np.isin(np.arange(vocab), banned_ids))[None, :]  # [1, V]
+    if limits is not None:
+        must_end = (step + 1 >= limits)[:, None]  # [R, 1]
+        is_eos = (jnp.arange(vocab) == eos_id)[None, :]  # [1, V]
+        allowed = jnp.where(must_end, is_eos, allowed)  # [R, V]
+    return jnp.where(allowed, log_probs, NEG_INF)
+
+
+# -- one hypothesis per row: greedy search and sampling --------------------------------------
+
+
+class SearchState(NamedTuple):
+    """The loop state of greedy search and sampling."""
+
+    step: Int[Array, ""]  # output tokens decoded so far (by the rows still running)
+    tokens: Int[Array, "B L"]  # output tokens, 0 after EOS
+    finished: Bool[Array, "B"]  # the row has emitted EOS
+    scores: Float[Array, "B"]  # log p of the tokens so far
+    cache: Any  # the callback's, B rows
+    rng: jax.Array
+
+
+def _one_per_row(
+    tokens_to_logits: TokensToLogits,
+    cache: Any,
+    batch_size: int,
+    max_length: int,
+    bos_id: int,
+    eos_id: int,
+    choose: Callable[[Float[Array, "B V"], jax.Array], Int[Array, "B"]],
+    rng: jax.Array,
+    limits: Int[Array, "B"] | None,
+    banned_ids: Sequence[int],
+) -> tuple[Int[Array, "B L"], Float[Array, "B"]]:
+    """Extends every row by the token `choose(log_probs [B, V], rng) -> [B]` picks until EOS;
+    `log_probs` carry NEG_INF at the forbidden tokens, which `choose` must never pick."""
+    limits = _row_limits(limits, batch_size, max_length)
+    banned_ids = _check_banned(banned_ids, eos_id)
+
+    def cond(state: SearchState) -> Bool[Array, ""]:
+        return (state.step < max_length) & ~jnp.all(state.finished)
+
+    def body(state: SearchState) -> SearchState:
+        step = state.step
+        previous = jnp.where(step == 0, bos_id, state.tokens[:, jnp.maximum(step - 1, 0)])[:, None]  # [B, 1]
+        logits, cache = tokens_to_logits(previous, state.cache)  # [B, V]
         log_probs = jax.nn.log_softmax(logits.astype(jnp.float32), axis=-1)  # [B, V]
-        rng, step_rng = jax.random.split(rng)
+        log_probs = _constrain(log_probs, step, limits, banned_ids, eos_id)  # [B, V]
+        rng, step_rng = jax.random.split(state.rng)
         chosen = choose(log_probs, step_rng).astype(jnp.int32)  # [B]
-        chosen_log_prob = jnp.take_along_axis(log_probs, chosen[:, None], axis=-1)[:, 0]
-        scores = scores + jnp.where(finished, 0.0, chosen_log_prob)
-        tokens = tokens.at[:, step].set(jnp.where(finished, 0, chosen))
-        return step + 1, tokens, finished | (chosen == eos_id), scores, cache, rng
+        chosen_log_prob = jnp.take_along_axis(log_probs, chosen[:, None], axis=-1)[:, 0]  # [B]
+        return SearchState(
+            step=step + 1,
+            tokens=state.tokens.at[:, step].set(jnp.where(state.finished, 0, chosen)),
+            finished=state.finished | (chosen == eos_id),
+            scores=state.scores + jnp.where(state.finished, 0.0, chosen_log_prob),
+            cache=cache,
+            rng=rng,
+        )
 
-    initial = (
-        jnp.int32(0), jnp.zeros((batch_size, max_length), jnp.int32), jnp.zeros((batch_size,), bool),
-        jnp.zeros((batch_size,), jnp.float32), cache, rng,
+    initial = SearchState(
+        step=jnp.int32(0),
+        tokens=jnp.zeros((batch_size, max_length), jnp.int32),
+        finished=jnp.zeros((batch_size,), bool),
+        scores=jnp.zeros((batch_size,), jnp.float32),
+        cache=cache,
+        rng=rng,
     )
-    _, tokens, _, scores, _, _ = jax.lax.while_loop(cond, body, initial)
-    return tokens, scores
+    final = jax.lax.while_loop(cond, body, initial)
+    return final.tokens, final.scores
 
 
 def greedy_search(
-    tokens_to_logits: TokensToLogits, cache: Any, batch_size: int, max_length: int, bos_id: int, eos_id: int
+    tokens_to_logits: TokensToLogits,
+    cache: Any,
+    batch_size: int,
+    max_length: int,
+    bos_id: int,
+    eos_id: int,
+    *,
+    limits: Int[Array, "B"] | None = None,
+    banned_ids: Sequence[int] = (),
 ) -> tuple[Int[Array, "B L"], Float[Array, "B"]]:
-    """Most likely next token at every step: (tokens [B, L] padded with 0 after EOS, log-probabilities [B])."""
+    """The most likely allowed token at every step: (tokens [B, L] padded with 0 after EOS,
+    log p(tokens) [B] under the model). `limits` and `banned_ids` as in the module docstring."""
     return _one_per_row(
         tokens_to_logits, cache, batch_size, max_length, bos_id, eos_id,
-        lambda log_probs, rng: jnp.argmax(log_probs, axis=-1), jax.random.key(0),
+        lambda log_probs, rng: jnp.argmax(log_probs, axis=-1), jax.random.key(0), limits, banned_ids,
     )
 
 
@@ -73,20 +180,39 @@ def sample_search(
     rng: jax.Array,
     temperature: float = 1.0,
     top_k: int = 0,
+    *,
+    limits: Int[Array, "B"] | None = None,
+    banned_ids: Sequence[int] = (),
 ) -> tuple[Int[Array, "B L"], Float[Array, "B"]]:
-    """Ancestral sampling from softmax(logits / temperature), restricted to the `top_k` most
-    likely tokens when `top_k` > 0: (tokens [B, L], log-probabilities [B] under the model)."""
+    """Ancestral sampling from softmax(logits / temperature) over the allowed tokens, restricted
+    to the `top_k` most likely of them when `top_k` > 0: (tokens [B, L], log p(tokens) [B] under
+    the model itself, untempered). `limits` and `banned_ids` as in the module docstring."""
     if temperature <= 0:
         raise ValueError(f"sampling needs temperature > 0, got {temperature}; use greedy_search for argmax")
 
-    def choose(log_probs, rng):  # [B, V]
-        scaled = log_probs / temperature
+    def choose(log_probs, rng):  # [B, V], NEG_INF where forbidden
+        scaled = jnp.where(_is_possible(log_probs), log_probs / temperature, -jnp.inf)  # [B, V]
         if top_k > 0:
             kth_best = jax.lax.top_k(scaled, min(top_k, scaled.shape[-1]))[0][:, -1:]  # [B, 1]
             scaled = jnp.where(scaled >= kth_best, scaled, -jnp.inf)
         return jax.random.categorical(rng, scaled, axis=-1)
 
-    return _one_per_row(tokens_to_logits, cache, batch_size, max_length, bos_id, eos_id, choose, rng)
+    return _one_per_row(tokens_to_logits, cache, batch_size, max_length, bos_id, eos_id, choose, rng, limits, banned_ids)
+
+
+# -- beam search -----------------------------------------------------------------------------
+
+
+class BeamState(NamedTuple):
+    """The loop state of beam search. Live beams are sorted best first; a slot with nothing
+    in it (fewer possible hypotheses than K) has a log-probability or score of about NEG_INF."""
+
+    step: Int[Array, ""]  # output tokens of every live beam
+    live_log_probs: Float[Array, "B K"]  # log p of each live beam's tokens
+    live_tokens: Int[Array, "B K L"]
+    finished_tokens: Int[Array, "B K L"]  # the best K ended hypotheses, best first
+    finished_scores: Float[Array, "B K"]  # their log p / length_penalty
+    cache: Any  # the callback's, B * K rows (row r is beam r % K of batch row r // K)
 
 
 def _gather_beams(tree: Any, beam_indices: Int[Array, "B K"], batch_size: int, old_beams: int) -> Any:
@@ -108,60 +234,88 @@ def beam_search(
     bos_id: int,
     eos_id: int,
     alpha: float = 0.6,
+    *,
+    limits: Int[Array, "B"] | None = None,
+    banned_ids: Sequence[int] = (),
 ) -> tuple[Int[Array, "B K L"], Float[Array, "B K"]]:
-    """Beam search with length penalty; returns the `beam_size` best finished sequences per row,
-    best first, as (tokens [B, K, L] padded with 0, scores [B, K] = log p(Y) / length_penalty).
+    """Beam search with length penalty; returns the `beam_size` best ended sequences per row,
+    best first, as (tokens [B, K, L] padded with 0, scores [B, K] = log p(Y) / length_penalty(|Y|)).
+    `limits` and `banned_ids` as in the module docstring; a slot a row cannot fill (it has fewer
+    than K possible sequences) scores about NEG_INF.
 
-    `cache` holds one row per batch row; it is repeated for the K beams. A sequence that reaches
-    `max_length` without EOS counts as finished there. The loop stops early once no live beam
-    can beat the worst kept finished sequence of its row.
+    `cache` holds one row per batch row; it is repeated for the K beams. Each step expands
+    the live beams into their 2K best continuations; those ending in EOS that rank among the
+    best K join the ended ones (so a beam of 1 is greedy search), the best K others stay live.
+    The loop stops once no live beam of any row can beat the worst kept ended sequence of its
+    row: log-probabilities only decrease as a sequence grows, so a live beam's final score is
+    at most its log p divided by the length penalty of the longest length it may still reach
+    (its row's limit), or of the shortest when alpha < 0. Stopping there changes no result.
     """
     B, K = batch_size, beam_size
-    cache = jax.tree.map(lambda leaf: leaf if jnp.ndim(leaf) == 0 else jnp.repeat(leaf, K, axis=0), cache)  # [B * K, ...]
-    # Only beam 0 is live at the start, so the first step expands one hypothesis, not K copies.
-    live_log_probs = jnp.tile(jnp.asarray([0.0] + [NEG_INF] * (K - 1), jnp.float32), (B, 1))  # [B, K]
-    live_tokens = jnp.zeros((B, K, max_length), jnp.int32)
-    finished_tokens = jnp.zeros((B, K, max_length), jnp.int32)
-    finished_scores = jnp.full((B, K), NEG_INF, jnp.float32)
+    limits = _row_limits(limits, B, max_length)
+    banned_ids = _check_banned(banned_ids, eos_id)
+    longest = jnp.full((B,), max_length, jnp.int32) if limits is None else limits  # [B]
+    row_limits = None if limits is None else jnp.repeat(limits, K)  # [R]
+    cache = jax.tree.map(lambda leaf: leaf if jnp.ndim(leaf) == 0 else jnp.repeat(leaf, K, axis=0), cache)  # [R, ...]
 
-    def cond(state):
-        step, live_log_probs, _, _, finished_scores, _ = state
-        best_possible = live_log_probs[:, 0] / length_penalty(max_length, alpha) if alpha > 0 else live_log_probs[:, 0]
-        can_improve = jnp.any(best_possible > finished_scores[:, -1])
-        return (step < max_length) & can_improve
+    def cond(state: BeamState) -> Bool[Array, ""]:
+        best_live = state.live_log_probs[:, 0]  # [B]
+        if alpha == 0:
+            best_possible = best_live
+        else:  # best_live <= 0, so the bound is at one end of the lengths still reachable
+            best_possible = jnp.maximum(
+                best_live / length_penalty(longest, alpha), best_live / length_penalty(state.step + 1, alpha)
+            )  # [B]
+        can_improve = _is_possible(best_live) & (best_possible > state.finished_scores[:, -1])  # [B]
+        return (state.step < max_length) & jnp.any(can_improve)
 
-    def body(state):
-        step, live_log_probs, live_tokens, finished_tokens, finished_scores, cache = state
-        previous = jnp.where(step == 0, bos_id, live_tokens[:, :, jnp.maximum(step - 1, 0)])  # [B, K]
-        logits, cache = tokens_to_logits(previous.reshape(B * K, 1), cache)
+    def body(state: BeamState) -> BeamState:
+        step = state.step
+        previous = jnp.where(step == 0, bos_id, state.live_tokens[:, :, jnp.maximum(step - 1, 0)])  # [B, K]
+        logits, cache = tokens_to_logits(previous.reshape(B * K, 1), state.cache)  # [R, V]
         vocab = logits.shape[-1]
-        log_probs = jax.nn.log_softmax(logits.astype(jnp.float32), axis=-1).reshape(B, K, vocab)
-        candidates = (live_log_probs[:, :, None] + log_probs).reshape(B, K * vocab)  # [B, K * V]
+        log_probs = jax.nn.log_softmax(logits.astype(jnp.float32), axis=-1)  # [R, V]
+        log_probs = _constrain(log_probs, step, row_limits, banned_ids, eos_id).reshape(B, K, vocab)
+        candidates = (state.live_log_probs[:, :, None] + log_probs).reshape(B, K * vocab)  # [B, K * V]
         top_log_probs, top_indices = jax.lax.top_k(candidates, min(2 * K, K * vocab))  # [B, 2K]
-        top_beams, top_tokens = top_indices // vocab, (top_indices % vocab).astype(jnp.int32)
-        top_sequences = jnp.take_along_axis(live_tokens, top_beams[:, :, None], axis=1)  # [B, 2K, L]
+        top_beams, top_tokens = top_indices // vocab, (top_indices % vocab).astype(jnp.int32)  # [B, 2K]
+        top_sequences = jnp.take_along_axis(state.live_tokens, top_beams[:, :, None], axis=1)  # [B, 2K, L]
         top_sequences = top_sequences.at[:, :, step].set(top_tokens)
-        ends = (top_tokens == eos_id) | (step + 1 == max_length)  # [B, 2K]
-        valid = top_log_probs > NEG_INF / 2
+        ends = top_tokens == eos_id  # [B, 2K]
+        if limits is None:
+            ends = ends | (step + 1 == max_length)  # cut as it stands
 
-        # Finished: this step's ended candidates that rank among the best K (an EOS that would
-        # have won a beam slot; so a beam of 1 is greedy search) join the kept ones; best K survive.
-        in_top_k = jnp.arange(top_log_probs.shape[1])[None, :] < K
-        new_scores = jnp.where(ends & valid & in_top_k, top_log_probs / length_penalty(step + 1, alpha), NEG_INF)
-        all_scores = jnp.concatenate([finished_scores, new_scores], axis=1)  # [B, 3K]
-        all_tokens = jnp.concatenate([finished_tokens, top_sequences], axis=1)
-        finished_scores, keep = jax.lax.top_k(all_scores, K)
-        finished_tokens = jnp.take_along_axis(all_tokens, keep[:, :, None], axis=1)
+        # Ended: this step's ended candidates that rank among the best K join the kept ones;
+        # the best K survive.
+        in_top_k = jnp.arange(top_log_probs.shape[1])[None, :] < K  # [1, 2K]
+        ended = ends & _is_possible(top_log_probs) & in_top_k  # [B, 2K]
+        new_scores = jnp.where(ended, top_log_probs / length_penalty(step + 1, alpha), NEG_INF)  # [B, 2K]
+        all_scores = jnp.concatenate([state.finished_scores, new_scores], axis=1)  # [B, 3K]
+        all_tokens = jnp.concatenate([state.finished_tokens, top_sequences], axis=1)  # [B, 3K, L]
+        finished_scores, keep = jax.lax.top_k(all_scores, K)  # [B, K]
+        finished_tokens = jnp.take_along_axis(all_tokens, keep[:, :, None], axis=1)  # [B, K, L]
 
         # Live: the best K candidates that did not end.
-        live_candidates = jnp.where(ends, NEG_INF, top_log_probs)
-        live_log_probs, keep = jax.lax.top_k(live_candidates, K)  # [B, K]
-        live_tokens = jnp.take_along_axis(top_sequences, keep[:, :, None], axis=1)
-        cache = _gather_beams(cache, jnp.take_along_axis(top_beams, keep, axis=1), B, K)
-        return step + 1, live_log_probs, live_tokens, finished_tokens, finished_scores, cache
+        live_log_probs, keep = jax.lax.top_k(jnp.where(ends, NEG_INF, top_log_probs), K)  # [B, K]
+        return BeamState(
+            step=step + 1,
+            live_log_probs=live_log_probs,
+            live_tokens=jnp.take_along_axis(top_sequences, keep[:, :, None], axis=1),  # [B, K, L]
+            finished_tokens=finished_tokens,
+            finished_scores=finished_scores,
+            cache=_gather_beams(cache, jnp.take_along_axis(top_beams, keep, axis=1), B, K),
+        )
 
-    state = (jnp.int32(0), live_log_probs, live_tokens, finished_tokens, finished_scores, cache)
-    _, _, _, finished_tokens, finished_scores, _ = jax.lax.while_loop(cond, body, state)
+    # Only beam 0 is live at the start, so the first step expands one hypothesis, not K copies.
+    initial = BeamState(
+        step=jnp.int32(0),
+        live_log_probs=jnp.tile(jnp.asarray([0.0] + [NEG_INF] * (K - 1), jnp.float32), (B, 1)),
+        live_tokens=jnp.zeros((B, K, max_length), jnp.int32),
+        finished_tokens=jnp.zeros((B, K, max_length), jnp.int32),
+        finished_scores=jnp.full((B, K), NEG_INF, jnp.float32),
+        cache=cache,
+    )
+    final = jax.lax.while_loop(cond, body, initial)
     # Tokens after each sequence's EOS are padding.
-    after_eos = jnp.cumsum(jnp.cumsum(finished_tokens == eos_id, axis=-1), axis=-1) > 1
-    return jnp.where(after_eos, 0, finished_tokens), finished_scores
+    after_eos = jnp.cumsum(jnp.cumsum(final.finished_tokens == eos_id, axis=-1), axis=-1) > 1  # [B, K, L]
+    return jnp.where(after_eos, 0, final.finished_tokens), final.finished_scores

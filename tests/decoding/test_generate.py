@@ -30,30 +30,38 @@ def source_rows():
 
 
 def recomputed_greedy(params, source, max_length):
-    """Greedy decoding the way torch nn.Transformer users write it: the full decoder each step."""
+    """Greedy decoding the way torch nn.Transformer users write it: the full decoder each step,
+    the most likely token other than pad and BOS, EOS at the row's limit. (tokens, log p) per row."""
     model = Transformer(CONFIG)
     apply = jax.jit(lambda p, s, t: model.apply({"params": p}, s, t))
     limits = np.asarray((source != PAD_ID).sum(axis=1)) + EXTRA
     outputs = []
     for row in range(source.shape[0]):
-        prefix = [BOS_ID]
+        prefix, total = [BOS_ID], 0.0
         while True:
-            logits = apply(params, source[row : row + 1], jnp.asarray([prefix]))[0, -1]
-            token = EOS_ID if len(prefix) >= limits[row] else int(jnp.argmax(logits))
+            log_probs = np.asarray(jax.nn.log_softmax(apply(params, source[row : row + 1], jnp.asarray([prefix]))[0, -1]))
+            allowed = np.full(CONFIG.vocab_size, -np.inf)
+            allowed[EOS_ID] = log_probs[EOS_ID]
+            if len(prefix) < limits[row]:
+                allowed = log_probs.copy()
+                allowed[[PAD_ID, BOS_ID]] = -np.inf
+            token = int(np.argmax(allowed))
             prefix.append(token)
+            total += float(log_probs[token])  # the model's log-probability, EOS at the limit included
             if token == EOS_ID or len(prefix) - 1 == max_length:
                 break
-        outputs.append(prefix[1:])
+        outputs.append((prefix[1:], total))
     return outputs
 
 
 def test_cached_greedy_equals_recomputation(params):
     source = source_rows()
-    tokens, _ = make_generate_fn(CONFIG, DecodeSettings(method="greedy", max_extra_length=EXTRA))(params, source)
+    tokens, scores = make_generate_fn(CONFIG, DecodeSettings(method="greedy", max_extra_length=EXTRA))(params, source)
     assert tokens.shape == (3, 1, 6 + EXTRA)
-    for row, expected in enumerate(recomputed_greedy(params, source, 6 + EXTRA)):
+    for row, (expected, log_prob) in enumerate(recomputed_greedy(params, source, 6 + EXTRA)):
         assert list(np.asarray(tokens[row, 0, : len(expected)])) == expected
         assert (np.asarray(tokens[row, 0, len(expected) :]) == PAD_ID).all()
+        np.testing.assert_allclose(scores[row, 0], log_prob, rtol=1e-5, atol=1e-5)
 
 
 def test_output_stops_at_source_length_plus_extra(params):
@@ -65,6 +73,7 @@ def test_output_stops_at_source_length_plus_extra(params):
         for hypothesis in np.asarray(tokens[row]):
             length = int(np.argmax(hypothesis == EOS_ID)) + 1 if EOS_ID in hypothesis else len(hypothesis)
             assert EOS_ID in hypothesis and length <= limits[row]
+            assert PAD_ID not in hypothesis[:length] and BOS_ID not in hypothesis[:length]
         assert (np.diff(np.asarray(scores[row])) <= 1e-6).all()  # best first
 
 

@@ -1,4 +1,5 @@
-"""Greedy and beam search against exhaustive enumeration on a tiny random model."""
+"""The searches on a tiny random 'model', against exhaustive enumeration and plain-Python
+references that score every hypothesis from the full-vocabulary log_softmax."""
 
 import itertools
 
@@ -7,10 +8,14 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from jaxformer.decoding.search import beam_search, greedy_search, length_penalty, sample_search
+from jaxformer.decoding.search import NEG_INF, beam_search, greedy_search, length_penalty, sample_search
 
-V, L, BOS, EOS = 5, 4, 3, 1
+V, PAD, EOS, BOS = 6, 0, 1, 3
+BANNED = (PAD, BOS)
+WORDS = (2, 4, 5)  # the tokens a hypothesis may hold before its EOS
 TABLE = np.asarray(jax.random.normal(jax.random.key(0), (997, V)) * 2.0, np.float32)
+LIMITS = np.array([4, 2, 3], np.int32)  # output tokens of each row, EOS included
+MAX_LENGTH = 5  # the token buffers: longer than every limit
 
 
 def tokens_to_logits(tokens, cache):
@@ -25,75 +30,250 @@ def initial_cache(batch):
     return {"hash": jnp.zeros((batch,), jnp.int32), "row": jnp.arange(batch, dtype=jnp.int32)}
 
 
-def exhaustive_best(row, alpha):
-    """(tokens, score) of the best sequence of row `row`: ended by EOS, or cut at L tokens."""
-    best = (None, -np.inf)
-    for length in range(1, L + 1):
-        for sequence in itertools.product(range(V), repeat=length):
-            if EOS in sequence[:-1] or (length < L and sequence[-1] != EOS):
-                continue  # not a complete hypothesis
-            cache = {"hash": jnp.zeros((1,), jnp.int32), "row": jnp.array([row], jnp.int32)}
-            total, previous = 0.0, BOS
-            for token in sequence:
-                logits, cache = tokens_to_logits(jnp.array([[previous]]), cache)
-                total += float(jax.nn.log_softmax(logits[0])[token])
-                previous = token
-            score = total / float(length_penalty(length, alpha))
-            if score > best[1]:
-                best = (sequence, score)
-    return best
+# -- plain-Python references ---------------------------------------------------------------
+
+
+def next_log_probs(row, prefix):
+    """The model's log_softmax over the whole vocabulary [V] after BOS + `prefix`, float64."""
+    prefix_hash = 0
+    for token in (BOS, *prefix):
+        prefix_hash = (prefix_hash * 31 + token + 7 * row) % TABLE.shape[0]
+    logits = TABLE[prefix_hash].astype(np.float64)
+    return logits - np.log(np.exp(logits - logits.max()).sum()) - logits.max()
+
+
+def log_prob(row, sequence):
+    return sum(next_log_probs(row, sequence[:t])[token] for t, token in enumerate(sequence))
+
+
+def allowed_tokens(step, limit):
+    """What output token number step + 1 may be: EOS alone at the limit, else anything not banned."""
+    return (EOS,) if step + 1 >= limit else tuple(t for t in range(V) if t not in BANNED)
+
+
+def every_hypothesis(limit):
+    return [words + (EOS,) for length in range(limit) for words in itertools.product(WORDS, repeat=length)]
+
+
+def reference_beam(next_log_probs, beam, alpha, limit):
+    """The beam search as documented, run to the limit without early stopping: [(score, tokens)]
+    best first, for a model `next_log_probs(prefix) -> [V]`."""
+    live, finished = [((), 0.0)], []
+    for step in range(limit):
+        candidates = sorted(
+            ((total + next_log_probs(prefix)[token], prefix + (token,))
+             for prefix, total in live for token in allowed_tokens(step, limit)),
+            key=lambda candidate: -candidate[0],
+        )[: 2 * beam]
+        finished += [
+            (total / float(length_penalty(len(sequence), alpha)), sequence)
+            for rank, (total, sequence) in enumerate(candidates) if sequence[-1] == EOS and rank < beam
+        ]
+        finished = sorted(finished, key=lambda pair: -pair[0])[:beam]
+        live = [(sequence, total) for total, sequence in candidates if sequence[-1] != EOS][:beam]
+    return finished
+
+
+def hypothesis(tokens):
+    tokens = [int(token) for token in tokens]
+    return tuple(tokens[: tokens.index(EOS) + 1]) if EOS in tokens else tuple(tokens)
+
+
+def run_beam(beam, alpha, limits=LIMITS, max_length=MAX_LENGTH):
+    batch = len(limits)
+    return jax.jit(
+        lambda: beam_search(tokens_to_logits, initial_cache(batch), batch, beam, max_length, BOS, EOS, alpha,
+                            limits=jnp.asarray(limits), banned_ids=BANNED)
+    )()
+
+
+# -- beam search ---------------------------------------------------------------------------
 
 
 @pytest.mark.parametrize("alpha", [0.0, 0.6, 2.0])
 def test_wide_beam_finds_the_exhaustive_optimum(alpha):
-    beam = V**L
+    # Wide enough for every live hypothesis and every candidate at every step of a limit-4 row
+    # (9 live beams times EOS and 3 words), narrower than its 40 hypotheses.
+    beam = 36
+    tokens, scores = run_beam(beam, alpha)
+    for row, limit in enumerate(LIMITS):
+        expected = sorted(
+            ((log_prob(row, y) / float(length_penalty(len(y), alpha)), y) for y in every_hypothesis(limit)),
+            key=lambda pair: -pair[0],
+        )[:beam]
+        returned = [hypothesis(t) for t in np.asarray(tokens[row, : len(expected)])]
+        assert returned[0] == expected[0][1]
+        assert sorted(returned) == sorted(y for _, y in expected)  # the top K, in some order
+        np.testing.assert_allclose(scores[row, : len(expected)], [score for score, _ in expected], rtol=1e-5)
+        assert (np.asarray(scores[row, len(expected) :]) < NEG_INF / 2).all()  # nothing else is possible
+
+
+@pytest.mark.parametrize("alpha", [0.0, 0.6, 2.0])
+@pytest.mark.parametrize("beam", [1, 2, 3])
+def test_early_stopping_changes_nothing(beam, alpha):
+    """Narrow beams stop as soon as no live beam can win, long before max_length; they return
+    what the same search run to every row's limit returns."""
+    limits = np.array([7, 3, 6, 5], np.int32)
+    tokens, scores = run_beam(beam, alpha, limits, max_length=8)
+    for row, limit in enumerate(limits):
+        expected = reference_beam(lambda prefix: next_log_probs(row, prefix), beam, alpha, limit)
+        assert [hypothesis(t) for t in np.asarray(tokens[row, : len(expected)])] == [y for _, y in expected]
+        np.testing.assert_allclose(scores[row, : len(expected)], [score for score, _ in expected], rtol=1e-5)
+
+
+def step_model(probabilities):
+    """A 'model' whose next-token distribution depends on the step only: `probabilities` [steps, V]."""
+    logits = np.log(np.asarray(probabilities, np.float64))
+
+    def tokens_to_logits(tokens, cache):  # the cache is the shared step index
+        return jnp.broadcast_to(jnp.asarray(logits, jnp.float32)[cache], (tokens.shape[0], V)), cache + 1
+
+    return tokens_to_logits, lambda prefix: logits[len(prefix)] - np.log(np.exp(logits[len(prefix)]).sum())
+
+
+# Per step: EOS likely first (0.6), then word 4 almost certain (0.97), EOS likely again at step 9.
+EOS_OR_LONG = [[0.005, 0.6, 0.005, 0.005, 0.38, 0.005]] + [[0.005, 0.01, 0.005, 0.005, 0.97, 0.005]] * 7 + [
+    [0.005, 0.975, 0.005, 0.005, 0.005, 0.005]] * 2
+
+
+def test_early_stopping_bounds_by_the_longest_reachable_length():
+    """EOS is likely first (0.6); afterwards word 4 is almost certain up to the limit, 9 tokens,
+    where EOS is. At alpha 2 the long hypothesis wins (-1.2 / 5.4 against -0.5 / 1.4): a bound
+    using the length of the next step instead of the limit would stop after the first step."""
+    tokens_to_logits, log_probs = step_model(EOS_OR_LONG)
     tokens, scores = jax.jit(
-        lambda: beam_search(tokens_to_logits, initial_cache(2), 2, beam, L, BOS, EOS, alpha)
+        lambda: beam_search(tokens_to_logits, jnp.int32(0), 1, 1, 10, BOS, EOS, 2.0, limits=jnp.array([9]), banned_ids=BANNED)
     )()
+    (expected_score, expected), = reference_beam(log_probs, 1, 2.0, 9)
+    assert expected == (4,) * 8 + (EOS,)
+    assert hypothesis(tokens[0, 0]) == expected
+    np.testing.assert_allclose(scores[0, 0], expected_score, rtol=1e-5)
+
+
+def test_early_stopping_uses_the_row_limit():
+    """With a limit of 3 tokens, the live beam (-0.97 after one step) can reach at best
+    -0.97 / ((5 + 3) / 6)^2 = -0.54 < -0.51 / ((5 + 1) / 6)^2, the ended (EOS,): the search stops
+    after one step (bounding by max_length = 10 would run to the limit)."""
+    calls = []
+    tokens_to_logits, _ = step_model(EOS_OR_LONG)
+
+    def counted(tokens, cache):
+        jax.debug.callback(lambda: calls.append(1))
+        return tokens_to_logits(tokens, cache)
+
+    tokens, scores = jax.jit(
+        lambda: beam_search(counted, jnp.int32(0), 1, 1, 10, BOS, EOS, 2.0, limits=jnp.array([3]), banned_ids=BANNED)
+    )()
+    assert hypothesis(tokens[0, 0]) == (EOS,)
+    assert len(calls) == 1
+
+
+def test_search_stops_at_the_row_limits():
+    """Rows whose limits are far below max_length end the loop at the longest limit, also when a
+    row has fewer possible hypotheses than beams (limit 1: EOS alone)."""
+    calls = []
+
+    def counted(tokens, cache):
+        jax.debug.callback(lambda: calls.append(1))
+        return tokens_to_logits(tokens, cache)
+
+    limits = jnp.array([3, 1, 3])
+    for search in (
+        lambda: beam_search(counted, initial_cache(3), 3, 4, 20, BOS, EOS, 0.6, limits=limits, banned_ids=BANNED),
+        lambda: greedy_search(counted, initial_cache(3), 3, 20, BOS, EOS, limits=limits, banned_ids=BANNED),
+    ):
+        calls.clear()
+        jax.block_until_ready(jax.jit(search)())
+        assert 1 <= len(calls) <= 3
+
+
+def test_beam_search_without_limits_cuts_at_max_length():
+    """Without limits, a sequence reaching max_length is cut there as it stands (no EOS)."""
+    length, beam = 3, V**3
+    tokens, scores = jax.jit(lambda: beam_search(tokens_to_logits, initial_cache(2), 2, beam, length, BOS, EOS, 0.6))()
     for row in range(2):
-        best_tokens, best_score = exhaustive_best(row, alpha)
-        np.testing.assert_allclose(scores[row, 0], best_score, rtol=1e-5)
-        assert tuple(int(t) for t in tokens[row, 0, : len(best_tokens)]) == best_tokens
-        assert (np.diff(np.asarray(scores[row])) <= 1e-6).all()  # best first
+        sequences = [(EOS,), *((t, EOS) for t in range(V) if t != EOS), *itertools.product(
+            [t for t in range(V) if t != EOS], [t for t in range(V) if t != EOS], range(V))]
+        best = max(sequences, key=lambda y: log_prob(row, y) / float(length_penalty(len(y), 0.6)))
+        assert hypothesis(tokens[row, 0]) == best
+        np.testing.assert_allclose(scores[row, 0], log_prob(row, best) / float(length_penalty(len(best), 0.6)), rtol=1e-5)
 
 
 def test_beam_of_one_is_greedy():
-    greedy_tokens, greedy_log_probs = jax.jit(lambda: greedy_search(tokens_to_logits, initial_cache(3), 3, 6, BOS, EOS))()
-    beam_tokens, beam_scores = jax.jit(
-        lambda: beam_search(tokens_to_logits, initial_cache(3), 3, 1, 6, BOS, EOS, alpha=0.0)
+    greedy_tokens, greedy_log_probs = jax.jit(
+        lambda: greedy_search(tokens_to_logits, initial_cache(3), 3, MAX_LENGTH, BOS, EOS,
+                              limits=jnp.asarray(LIMITS), banned_ids=BANNED)
     )()
+    beam_tokens, beam_scores = run_beam(1, 0.0)
     np.testing.assert_array_equal(beam_tokens[:, 0], greedy_tokens)
     np.testing.assert_allclose(beam_scores[:, 0], greedy_log_probs, rtol=1e-5)
 
 
-def test_greedy_pads_after_eos_and_stops():
-    tokens, _ = greedy_search(tokens_to_logits, initial_cache(4), 4, 8, BOS, EOS)
-    for row in np.asarray(tokens):
-        if EOS in row:
-            assert (row[list(row).index(EOS) + 1 :] == 0).all()
+def test_banning_eos_is_an_error():
+    with pytest.raises(ValueError, match="eos_id"):
+        greedy_search(tokens_to_logits, initial_cache(1), 1, 3, BOS, EOS, banned_ids=(EOS,))
+
+
+# -- greedy search and sampling ------------------------------------------------------------
+
+
+def test_greedy_takes_the_best_allowed_token_and_scores_it_unrenormalised():
+    limits = np.array([6, 2, 4, 1], np.int32)
+    tokens, log_probs = greedy_search(tokens_to_logits, initial_cache(4), 4, 7, BOS, EOS,
+                                      limits=jnp.asarray(limits), banned_ids=BANNED)
+    for row, limit in enumerate(limits):
+        expected = ()
+        while not expected or expected[-1] != EOS:
+            allowed = allowed_tokens(len(expected), limit)
+            scores = next_log_probs(row, expected)
+            expected += (max(allowed, key=lambda token: scores[token]),)
+        assert hypothesis(tokens[row]) == expected
+        assert (np.asarray(tokens[row, len(expected) :]) == 0).all()  # padding after EOS
+        np.testing.assert_allclose(log_probs[row], log_prob(row, expected), rtol=1e-5)
+
+
+def test_sampled_scores_are_untempered_log_probs():
+    rows = 64
+    limits = np.tile(np.array([6, 2, 4, 3], np.int32), rows // 4)
+    cache = {"hash": jnp.zeros((rows,), jnp.int32), "row": jnp.arange(rows, dtype=jnp.int32) % 4}
+    tokens, log_probs = jax.jit(
+        lambda rng: sample_search(tokens_to_logits, cache, rows, 7, BOS, EOS, rng, 2.0, 3,
+                                  limits=jnp.asarray(limits), banned_ids=BANNED)
+    )(jax.random.key(3))
+    at_limit = 0
+    for row in range(rows):
+        y = hypothesis(tokens[row])
+        assert y[-1] == EOS and len(y) <= limits[row] and not set(y) & set(BANNED)
+        np.testing.assert_allclose(log_probs[row], log_prob(row % 4, y), rtol=1e-5)
+        at_limit += len(y) == limits[row]
+    assert 0 < at_limit < rows
 
 
 def test_sampling_top_1_is_greedy():
-    greedy_tokens, greedy_log_probs = greedy_search(tokens_to_logits, initial_cache(3), 3, 6, BOS, EOS)
-    tokens, log_probs = sample_search(tokens_to_logits, initial_cache(3), 3, 6, BOS, EOS, jax.random.key(5), top_k=1)
+    constraints = dict(limits=jnp.asarray(LIMITS), banned_ids=BANNED)
+    greedy_tokens, greedy_log_probs = greedy_search(tokens_to_logits, initial_cache(3), 3, 6, BOS, EOS, **constraints)
+    tokens, log_probs = sample_search(
+        tokens_to_logits, initial_cache(3), 3, 6, BOS, EOS, jax.random.key(5), top_k=1, **constraints
+    )
     np.testing.assert_array_equal(tokens, greedy_tokens)
     np.testing.assert_allclose(log_probs, greedy_log_probs, rtol=1e-5)
 
 
+@pytest.mark.parametrize("banned", [(), BANNED])
 @pytest.mark.parametrize("temperature, top_k", [(1.0, 0), (0.5, 0), (1.0, 2)])
-def test_first_sampled_token_follows_the_tempered_distribution(temperature, top_k):
+def test_first_sampled_token_follows_the_tempered_distribution(temperature, top_k, banned):
+    """Temperature and top-k act on the allowed tokens only."""
     rows = 20_000
     cache = {"hash": jnp.zeros((rows,), jnp.int32), "row": jnp.zeros((rows,), jnp.int32)}  # one context, many draws
     tokens, _ = jax.jit(
-        lambda rng: sample_search(tokens_to_logits, cache, rows, 1, BOS, EOS, rng, temperature, top_k)
+        lambda rng: sample_search(tokens_to_logits, cache, rows, 1, BOS, EOS, rng, temperature, top_k, banned_ids=banned)
     )(jax.random.key(6))
-    logits, _ = tokens_to_logits(jnp.array([[BOS]]), {"hash": jnp.zeros((1,), jnp.int32), "row": jnp.zeros((1,), jnp.int32)})
-    expected = np.asarray(logits[0], np.float64) / temperature
+    expected = next_log_probs(0, ()) / temperature  # the first token's, row 0
+    expected[list(banned)] = -np.inf
     if top_k:
         expected[np.argsort(expected)[:-top_k]] = -np.inf
     expected = np.exp(expected - expected.max())
     expected /= expected.sum()
     observed = np.bincount(np.asarray(tokens[:, 0]), minlength=V) / rows
     np.testing.assert_allclose(observed, expected, atol=0.015)  # 4 standard errors at 20,000 draws
-    if top_k:
-        assert set(np.unique(tokens[:, 0])) <= set(np.flatnonzero(expected > 0))
+    assert set(np.unique(tokens[:, 0])) <= set(np.flatnonzero(expected > 0))
