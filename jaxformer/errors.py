@@ -18,3 +18,7 @@ def exit_code_for_signal(signum: int) -> int:
 
 class UserError(Exception):
     """A problem in what the user gave (config, flags, files, workdir); the message names it."""
+
+
+class CheckpointError(UserError, RuntimeError):
+    """No usable checkpoint, or one that does not belong to this configuration."""

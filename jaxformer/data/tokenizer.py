@@ -10,7 +10,12 @@ from collections.abc import Iterable, Sequence
 import numpy as np
 import sentencepiece as spm
 
+from jaxformer.errors import UserError
 from jaxformer.tokens import BOS_ID, EOS_ID, PAD_ID, UNK_ID
+
+
+class TokenizerError(UserError, ValueError):
+    """Bytes or a file that are not a usable sentencepiece model; the message names the file."""
 
 
 class Tokenizer:
@@ -18,17 +23,33 @@ class Tokenizer:
 
     def __init__(self, model_proto: bytes):
         self.model_proto = bytes(model_proto)
-        self._processor = spm.SentencePieceProcessor(model_proto=self.model_proto)
+        if not self.model_proto:
+            raise TokenizerError("the sentencepiece model is empty")
+        try:
+            self._processor = spm.SentencePieceProcessor(model_proto=self.model_proto)
+        except RuntimeError as error:  # sentencepiece's only report of a model it cannot parse
+            raise TokenizerError(
+                f"not a sentencepiece model, or a damaged one: sentencepiece cannot parse its {len(self.model_proto)} bytes"
+            ) from error
         ids = (self._processor.pad_id(), self._processor.eos_id(), self._processor.unk_id(), self._processor.bos_id())
         if ids != (PAD_ID, EOS_ID, UNK_ID, BOS_ID):
-            raise ValueError(
+            raise TokenizerError(
                 f"sentencepiece model has (pad, eos, unk, bos) ids {ids}; jaxformer needs "
                 f"{(PAD_ID, EOS_ID, UNK_ID, BOS_ID)} (train it with jaxformer.data.tokenizer.train_tokenizer)"
             )
 
     @classmethod
     def load(cls, path: str | pathlib.Path) -> Tokenizer:
-        return cls(pathlib.Path(path).read_bytes())
+        """The model in file `path`; `TokenizerError` naming the file if it cannot be read or used."""
+        path = pathlib.Path(path)
+        try:
+            data = path.read_bytes()
+        except OSError as error:
+            raise TokenizerError(f"cannot read the tokenizer {path}: {error.strerror or error}") from error
+        try:
+            return cls(data)
+        except TokenizerError as error:
+            raise TokenizerError(f"the tokenizer {path} is unusable: {error}") from error
 
     def save(self, path: str | pathlib.Path) -> None:
         path = pathlib.Path(path)

@@ -3,14 +3,25 @@
 Each step directory holds `state` (params, optimizer state, step, RNG), `data` (the grain
 iterator's position) and `metadata` (the experiment config and the sentencepiece model), so
 a checkpoint alone can resume training or translate.
+
+Orbax stores arrays in zstd frames without a checksum of their content: a flipped bit in
+a data file restores silently as a different number. So every save also records, in the
+metadata (under "checksums"), a checksum of each array (computed where the array is, whatever
+its sharding, without gathering it), of the data iterator's state and of the metadata itself,
+and every restore verifies them; a mismatch is a damaged checkpoint (`ChecksumError`), which
+`restore_latest` skips like any other. Checkpoints written without checksums restore with a
+warning that they are unverified.
 """
 
 from __future__ import annotations
 
+import asyncio
 import base64
+import contextlib
 import logging
 import pathlib
 import time
+import warnings
 from typing import Any
 
 import grain
@@ -18,11 +29,16 @@ import jax
 import numpy as np
 import orbax.checkpoint as ocp
 
-from jaxformer.errors import UserError
-
-
-class CheckpointError(UserError, RuntimeError):
-    """No usable checkpoint, or one that does not belong to this configuration."""
+from jaxformer.errors import CheckpointError
+from jaxformer.training.checksums import (  # noqa: F401  (ChecksumError, CHECKSUMS: re-exported)
+    CHECKSUMS,
+    ChecksumError,
+    saved_checksums,
+    verify_arrays,
+    verify_iterator,
+    verify_metadata,
+    with_checksums,
+)
 
 
 def encode_bytes(data: bytes) -> str:
@@ -37,21 +53,77 @@ def _no_missing_metadata_warning(record: logging.LogRecord) -> bool:
     return "Metadata file does not exist" not in record.getMessage()
 
 
-class Checkpointer:
-    """Saves every `save_every` steps (and on demand), keeps the last `keep`, restores the newest usable one."""
+def _first_line(error: BaseException) -> str:
+    text = str(error).strip()
+    return f"{type(error).__name__}: {text.splitlines()[0]}" if text else type(error).__name__
 
-    def __init__(self, directory: str | pathlib.Path, keep: int = 3):
+
+# ------------------------------------------------------------------------------------------
+# Orbax runs each restore in a fresh asyncio event loop and closes it as soon as the read
+# fails; the other tensorstore reads still in flight then report to the closed loop from
+# their threads, and each prints a "RuntimeError: Event loop is closed" traceback. The loops
+# made here wait for those reads before they close.
+# ------------------------------------------------------------------------------------------
+
+
+class _DrainingEventLoop(asyncio.SelectorEventLoop):
+    def close(self) -> None:
+        if not self.is_closed() and not self.is_running():
+            pending = [task for task in asyncio.all_tasks(self) if not task.done()]
+            if pending:
+                self.run_until_complete(asyncio.gather(*pending, return_exceptions=True))
+        super().close()
+
+
+@contextlib.contextmanager
+def _draining_event_loops():
+    """Event loops created meanwhile (by orbax's restores) finish their tasks before closing."""
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", DeprecationWarning)  # the policy API is deprecated from Python 3.14
+        policy_class = getattr(asyncio, "DefaultEventLoopPolicy", None)
+        if policy_class is not None:
+            previous = asyncio.get_event_loop_policy()
+            policy = policy_class()
+            policy._loop_factory = _DrainingEventLoop  # what its new_event_loop() makes
+            asyncio.set_event_loop_policy(policy)
+    try:
+        yield
+    finally:
+        if policy_class is not None:
+            with warnings.catch_warnings():
+                warnings.simplefilter("ignore", DeprecationWarning)
+                asyncio.set_event_loop_policy(previous)
+
+
+# ------------------------------------------------------------------------------------------
+# The checkpointer.
+# ------------------------------------------------------------------------------------------
+
+
+class Checkpointer:
+    """Saves every `save_every` steps (and on demand), keeps the last `keep`, restores the newest usable one.
+
+    `read_only=True` (translate, evaluate) never creates, deletes or moves anything."""
+
+    def __init__(self, directory: str | pathlib.Path, keep: int | None = 3, read_only: bool = False):
         self.directory = pathlib.Path(directory).absolute()
+        self.read_only = read_only
         self.manager = ocp.CheckpointManager(
             self.directory,
-            options=ocp.CheckpointManagerOptions(max_to_keep=keep, create=True),
+            options=ocp.CheckpointManagerOptions(max_to_keep=None if read_only else keep, create=not read_only),
         )
+        self._warned: set[int] = set()  # steps whose unreadable metadata latest_step_metadata reported
 
     def steps(self) -> list[int]:
         return sorted(self.manager.all_steps())
 
+    def _writable(self) -> None:
+        if self.read_only:
+            raise CheckpointError(f"{self.directory} was opened read-only")
+
     def set_aside(self, step: int) -> pathlib.Path:
         """Renames a damaged step directory out of orbax's way (kept for inspection, never deleted)."""
+        self._writable()
         self.manager.wait_until_finished()
         target = self.directory / f"{step}.damaged-{time.strftime('%Y%m%d-%H%M%S')}"
         (self.directory / str(step)).rename(target)
@@ -60,6 +132,9 @@ class Checkpointer:
         return target
 
     def save(self, step: int, state: Any, data_iterator, metadata: dict[str, Any]) -> None:
+        """Saves asynchronously (`wait` or the next save waits for it), with checksums of
+        `state`'s arrays, of the iterator's position and of `metadata` (which is not modified)."""
+        self._writable()
         if step in self.manager.all_steps():  # left by a run that could not restore it
             self.set_aside(step)
         self.manager.save(
@@ -67,18 +142,22 @@ class Checkpointer:
             args=ocp.args.Composite(
                 state=ocp.args.StandardSave(state),
                 data=grain.checkpoint.CheckpointSave(data_iterator),
-                metadata=ocp.args.JsonSave(metadata),
+                metadata=ocp.args.JsonSave(with_checksums(metadata, state, data_iterator)),
             ),
             force=True,
         )
 
     def save_params(self, step: int, params: Any, metadata: dict[str, Any]) -> None:
         """A parameters-only checkpoint (best or averaged weights): enough to translate, not to resume."""
+        self._writable()
         if step in self.manager.all_steps():
             self.set_aside(step)
+        state = {"params": params}
         self.manager.save(
             step,
-            args=ocp.args.Composite(state=ocp.args.StandardSave({"params": params}), metadata=ocp.args.JsonSave(metadata)),
+            args=ocp.args.Composite(
+                state=ocp.args.StandardSave(state), metadata=ocp.args.JsonSave(with_checksums(metadata, state))
+            ),
             force=True,
         )
         self.manager.wait_until_finished()
@@ -86,85 +165,128 @@ class Checkpointer:
     def wait(self) -> None:
         self.manager.wait_until_finished()
 
+    def metadata_file(self, step: int) -> pathlib.Path:
+        return self.directory / str(step) / "metadata" / "metadata"
+
     def read_metadata(self, step: int) -> dict[str, Any]:
-        return self.manager.restore(step, args=ocp.args.Composite(metadata=ocp.args.JsonRestore()))["metadata"]
+        """The metadata of checkpoint `step`; `CheckpointError` naming its file if it cannot be
+        read or does not match its checksum."""
+        path = self.metadata_file(step)
+        try:
+            with _draining_event_loops():
+                metadata = self.manager.restore(step, args=ocp.args.Composite(metadata=ocp.args.JsonRestore()))["metadata"]
+        except Exception as error:
+            if not path.exists():
+                raise CheckpointError(f"cannot read the metadata of checkpoint {step}: {path} does not exist") from error
+            raise CheckpointError(f"cannot read {path} ({_first_line(error)})") from error
+        verify_metadata(metadata, str(path))
+        return metadata
+
+    def latest_step_metadata(self) -> tuple[int, dict[str, Any]] | None:
+        """(step, metadata) of the newest checkpoint whose metadata reads; None without checkpoints."""
+        for step in reversed(self.steps()):
+            try:
+                return step, self.read_metadata(step)
+            except CheckpointError as error:  # a damaged step: restore_latest will set it aside
+                if step not in self._warned:
+                    self._warned.add(step)
+                    logging.warning("cannot read the metadata of checkpoint %d (%s)", step, error)
+        return None
 
     def latest_metadata(self) -> dict[str, Any] | None:
         """The metadata of the newest checkpoint whose metadata reads; None without checkpoints."""
-        for step in reversed(self.steps()):
-            try:
-                return self.read_metadata(step)
-            except Exception as error:  # a damaged step: restore_latest will set it aside
-                logging.warning("cannot read the metadata of checkpoint %d (%s)", step, error)
-        return None
+        latest = self.latest_step_metadata()
+        return None if latest is None else latest[1]
 
-    def restore_params(self, step: int, abstract_params: Any | None = None) -> Any:
+    def restore_params(self, step: int, abstract_params: Any | None = None, metadata: dict[str, Any] | None = None) -> Any:
         """Only the model parameters of checkpoint `step` (the optimizer state is not read),
-        as host NumPy arrays or, given `abstract_params`, with its shapes, dtypes and shardings."""
+        as host NumPy arrays or, given `abstract_params`, with its shapes, dtypes and shardings;
+        verified against the checksums in the step's metadata (read unless given).
+        `CheckpointError` (a `ChecksumError` for a mismatch) names what is damaged."""
         self.manager.wait_until_finished()
         path = self.directory / str(step) / "state"
         if not path.exists():
             raise CheckpointError(f"{path} does not exist; the checkpoints in {self.directory} are {self.steps()}")
+        if metadata is None:
+            metadata = self.read_metadata(step)
+        checksums = saved_checksums(metadata, str(path.parent))
         absl_logger = logging.getLogger("absl")
         absl_logger.addFilter(_no_missing_metadata_warning)  # reading one item directly has no step metadata; harmless
         try:
-            return self._restore_params(path, abstract_params)
+            params = self._restore_params(path, abstract_params)
         finally:
             absl_logger.removeFilter(_no_missing_metadata_warning)
+        if checksums is not None:
+            verify_arrays(params, checksums, str(path.parent), prefix="params/")
+        return params
 
     def _restore_params(self, path: pathlib.Path, abstract_params: Any | None) -> Any:
+        checkpointer = ocp.PyTreeCheckpointer()
         try:
-            metadata = ocp.PyTreeCheckpointer().metadata(path).item_metadata.tree
-        except Exception as error:
-            raise CheckpointError(f"cannot read the checkpoint {path}: {type(error).__name__}: {error}") from error
-        if "params" not in metadata:
-            raise CheckpointError(f"{path} has no 'params' entry (it holds {sorted(metadata)})")
-        if abstract_params is None:
-            target = jax.tree.map(lambda leaf: jax.ShapeDtypeStruct(leaf.shape, leaf.dtype), metadata["params"])
-            restore_args = jax.tree.map(lambda leaf: ocp.RestoreArgs(restore_type=np.ndarray), metadata["params"])
-        else:
-            target = abstract_params
-            restore_args = ocp.checkpoint_utils.construct_restore_args(abstract_params)
-        try:
-            restored = ocp.PyTreeCheckpointer().restore(
-                path,
-                args=ocp.args.PyTreeRestore(
-                    item={"params": target}, restore_args={"params": restore_args}, partial_restore=True
-                ),
-            )
-        except Exception as error:
-            raise CheckpointError(f"cannot restore the parameters of {path}: {type(error).__name__}: {error}") from error
+            with _draining_event_loops():
+                try:
+                    item_metadata = checkpointer.metadata(path).item_metadata
+                except Exception as error:
+                    raise CheckpointError(f"cannot read the checkpoint {path} ({_first_line(error)})") from error
+                if item_metadata is None:
+                    raise CheckpointError(f"cannot read the checkpoint {path}: its _METADATA file is missing or damaged")
+                metadata = item_metadata.tree
+                if "params" not in metadata:
+                    raise CheckpointError(f"{path} has no 'params' entry (it holds {sorted(metadata)})")
+                if abstract_params is None:
+                    target = jax.tree.map(lambda leaf: jax.ShapeDtypeStruct(leaf.shape, leaf.dtype), metadata["params"])
+                    restore_args = jax.tree.map(lambda leaf: ocp.RestoreArgs(restore_type=np.ndarray), metadata["params"])
+                else:
+                    target = abstract_params
+                    restore_args = ocp.checkpoint_utils.construct_restore_args(abstract_params)
+                try:
+                    restored = checkpointer.restore(
+                        path,
+                        args=ocp.args.PyTreeRestore(
+                            item={"params": target}, restore_args={"params": restore_args}, partial_restore=True
+                        ),
+                    )
+                except Exception as error:
+                    raise CheckpointError(f"cannot restore the parameters of {path} ({_first_line(error)})") from error
+        finally:
+            checkpointer.close()
         return restored["params"]
 
     def restore_latest(self, abstract_state: Any, data_iterator) -> tuple[int, Any, dict[str, Any]] | None:
-        """(step, state, metadata) of the newest checkpoint that restores; `data_iterator` is
-        moved to its position. A damaged newest checkpoint is skipped with a warning; None when
-        there is no checkpoint at all; `CheckpointError` when none restores."""
+        """(step, state, metadata) of the newest checkpoint that restores and matches its
+        checksums; `data_iterator` is moved to its position. A damaged newest checkpoint is set
+        aside with a warning and the previous one used; None when there is no checkpoint at all;
+        `CheckpointError` when none restores."""
         steps = self.steps()
         failures = []
         for step in reversed(steps):
+            where = str(self.directory / str(step))
             try:
-                restored = self.manager.restore(
-                    step,
-                    args=ocp.args.Composite(
-                        state=ocp.args.StandardRestore(abstract_state),
-                        data=grain.checkpoint.CheckpointRestore(data_iterator),
-                        metadata=ocp.args.JsonRestore(),
-                    ),
-                )
+                with _draining_event_loops():
+                    restored = self.manager.restore(
+                        step,
+                        args=ocp.args.Composite(
+                            state=ocp.args.StandardRestore(abstract_state),
+                            data=grain.checkpoint.CheckpointRestore(data_iterator),
+                            metadata=ocp.args.JsonRestore(),
+                        ),
+                    )
+                metadata = restored["metadata"]
+                verify_metadata(metadata, str(self.metadata_file(step)))
+                checksums = saved_checksums(metadata, where)
+                if checksums is not None:
+                    verify_arrays(restored["state"], checksums, where)
+                    verify_iterator(data_iterator, checksums, where)
             except Exception as error:  # orbax/tensorstore raise many types for damaged files
-                failures.append(f"step {step}: {type(error).__name__}: {error}")
-                logging.warning(
-                    "checkpoint %s/%d cannot be restored (%s: %s); trying the previous one",
-                    self.directory, step, type(error).__name__, str(error).splitlines()[0] if str(error) else "",
-                )
+                failures.append(f"step {step}: {_first_line(error)}")
+                logging.warning("checkpoint %s cannot be restored (%s); trying the previous one", where, _first_line(error))
                 continue
             for damaged in steps:
                 if damaged > step:
                     self.set_aside(damaged)
-            return step, restored["state"], restored["metadata"]
+            return step, restored["state"], metadata
         if failures:
-            raise CheckpointError(f"no checkpoint in {self.directory} can be restored:\n  " + "\n  ".join(failures))
+            raise CheckpointError(f"no checkpoint in {self.directory} can be restored: " + "; ".join(failures))
         return None
 
     def close(self) -> None:

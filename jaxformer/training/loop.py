@@ -45,11 +45,29 @@ class NonFiniteLossError(UserError, FloatingPointError):
 
 
 def _tokenizer_for(config, workdir: pathlib.Path, train_source, checkpointer: Checkpointer) -> Tokenizer:
+    from jaxformer.data.tokenizer import TokenizerError
+
     path = workdir / TOKENIZER_FILE
-    metadata = checkpointer.latest_metadata() if not path.exists() else None
-    if metadata is not None:
-        Tokenizer(decode_bytes(metadata["tokenizer"])).save(path)
-        logging.info("restored %s from the latest checkpoint", path)
+    latest = checkpointer.latest_step_metadata()
+    if latest is not None:  # resuming: the model was trained with the checkpoint's tokenizer
+        where = f"checkpoint {latest[0]} of {checkpointer.directory}"
+        try:
+            saved = Tokenizer(decode_bytes(latest[1]["tokenizer"]))
+        except (KeyError, TypeError, ValueError) as error:
+            raise CheckpointError(f"the tokenizer stored in {where} is unusable ({type(error).__name__}: {error})") from error
+        if not path.exists():
+            saved.save(path)
+            logging.info("restored %s from %s", path, where)
+        else:
+            try:
+                tokenizer = Tokenizer.load(path)
+            except TokenizerError as error:
+                raise CheckpointError(f"{error}; delete it to restore it from {where}") from error
+            if tokenizer.model_proto != saved.model_proto:
+                raise CheckpointError(
+                    f"{path} is not the tokenizer stored in {where}, which the model was trained with; "
+                    f"delete {path} to restore it from the checkpoint, or train in a new workdir"
+                )
     if path.exists():
         tokenizer = Tokenizer.load(path)
         if tokenizer.vocab_size != config.tokenizer.vocab_size:

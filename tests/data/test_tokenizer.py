@@ -40,3 +40,23 @@ def test_rejects_models_with_other_special_ids(tmp_path):
 def test_unknown_model_type():
     with pytest.raises(ValueError, match="model_type='word'"):
         train_tokenizer(SENTENCES, 100, model_type="word")
+
+
+def test_unusable_model_files_are_named(tmp_path):
+    from jaxformer.data.tokenizer import TokenizerError
+    from jaxformer.errors import UserError
+
+    tokenizer = train_tokenizer(SENTENCES, vocab_size=64)
+    cases = {
+        "truncated.model": tokenizer.model_proto[: len(tokenizer.model_proto) // 2],
+        "garbage.model": np.random.default_rng(0).bytes(500),
+        "empty.model": b"",
+    }
+    for name, data in cases.items():
+        path = tmp_path / name
+        path.write_bytes(data)
+        with pytest.raises(TokenizerError) as raised:
+            Tokenizer.load(path)
+        assert isinstance(raised.value, UserError) and str(path) in str(raised.value) and "\n" not in str(raised.value)
+    with pytest.raises(TokenizerError, match="missing.model"):
+        Tokenizer.load(tmp_path / "missing.model")

@@ -1,0 +1,416 @@
+"""Checksums of checkpoint arrays, data-iterator state and metadata; the tokenizer check on resume."""
+
+import copy
+import json
+import logging
+import pathlib
+import shutil
+import sys
+import time
+
+import grain
+import jax
+import jax.numpy as jnp
+import numpy as np
+import optax
+import pytest
+from jax.sharding import Mesh, NamedSharding, PartitionSpec
+
+from jaxformer.data.pipeline import ShardedBatches
+from jaxformer.training.checkpoint import Checkpointer, CheckpointError
+from jaxformer.training.checksums import ChecksumError, array_checksums
+from jaxformer.training.state import TrainState
+from tests.conftest import make_workdir, read_raw
+
+
+def make_state(seed):
+    """A small train state with random parameters and Adam moments (several dtypes)."""
+    rng = np.random.default_rng(seed)
+    params = {
+        "dense": {"kernel": rng.standard_normal((128, 192), np.float32), "bias": rng.standard_normal(192, np.float32)},
+        "embedding": jnp.asarray(rng.standard_normal((128, 48), np.float32), jnp.bfloat16),
+        "scale": rng.standard_normal((8,), np.float32),
+    }
+    params = jax.tree.map(jnp.asarray, params)
+    optimizer = optax.adam(1e-3)
+    grads = jax.tree.map(lambda p: jnp.asarray(rng.standard_normal(p.shape), p.dtype), params)
+    _, opt_state = optimizer.update(grads, optimizer.init(params), params)
+    return TrainState(step=jnp.int32(seed), params=params, opt_state=opt_state, rng=jax.random.PRNGKey(seed))
+
+
+def make_iterator():
+    dataset = grain.MapDataset.range(1000).shuffle(seed=3).map(lambda i: {"x": np.int32(i)}).batch(4).to_iter_dataset()
+    return ShardedBatches([iter(dataset)])
+
+
+def sharded_abstract(state):
+    """The state's shapes and dtypes, the first axis of each array sharded over the 8 CPU devices where it divides."""
+    mesh = Mesh(np.array(jax.devices()[:8]), ("x",))
+
+    def spec(leaf):
+        sharded = leaf.ndim >= 1 and leaf.shape[0] % 8 == 0
+        sharding = NamedSharding(mesh, PartitionSpec("x") if sharded else PartitionSpec())
+        return jax.ShapeDtypeStruct(leaf.shape, leaf.dtype, sharding=sharding)
+
+    return jax.tree.map(spec, state)
+
+
+METADATA = {"config": {"seed": 1, "rate": 0.1}, "model": {"d_model": 48}, "tokenizer": "AAAA"}
+
+
+@pytest.fixture(scope="module")
+def saved(tmp_path_factory):
+    """Steps 1 and 2 of a run, with the data iterator advanced before each save."""
+    directory = tmp_path_factory.mktemp("integrity") / "checkpoints"
+    checkpointer = Checkpointer(directory, keep=None)
+    iterator = make_iterator()
+    batches = {}
+    for step in (1, 2):
+        for _ in range(3):
+            next(iterator)
+        checkpointer.save(step, make_state(step), iterator, {**METADATA, "step": step})
+        batches[step] = next(make_copy(iterator))["x"]
+    checkpointer.close()
+    return directory, batches
+
+
+def make_copy(iterator):
+    fresh = make_iterator()
+    fresh.set_state(iterator.get_state())
+    return fresh
+
+
+ZSTD_MAGIC = b"\x28\xb5\x2f\xfd"
+
+
+def data_files(step_directory):
+    """The checkpoint's array data files: those of tensorstore's OCDBT `d/` directories that
+    start with a zstd frame (the others there hold only its b-tree nodes)."""
+    files = [p for p in (step_directory / "state").rglob("*") if p.is_file() and p.parent.name == "d"]
+    return sorted((p for p in files if p.read_bytes()[:4] == ZSTD_MAGIC), key=lambda p: p.name)
+
+
+def zstd_blocks(data):
+    """(start, end) of the block contents of the zstd frames that a data file starts with, one
+    after the other: the arrays' chunks, compressed or stored. They end where a b-tree node of
+    OCDBT begins (magic 0x0cdb20de); those at the end of a data file belong to versions of the
+    tree that the final one replaced, so nothing reads them and flipping their bits changes nothing."""
+    blocks, position = [], 0
+    while data[position : position + 4] == ZSTD_MAGIC:
+        descriptor = data[position + 4]
+        single_segment = (descriptor >> 5) & 1
+        position += 5 + (1 - single_segment) + (0, 1, 2, 4)[descriptor & 3] + (single_segment, 2, 4, 8)[descriptor >> 6]
+        last = False
+        while not last:
+            header = int.from_bytes(data[position : position + 3], "little")
+            last, kind, size = header & 1, (header >> 1) & 3, header >> 3
+            position += 3
+            length = 1 if kind == 1 else size  # an RLE block holds its one repeated byte
+            blocks.append((position, position + length))
+            position += length
+        position += 4 * ((descriptor >> 2) & 1)  # content checksum (orbax writes none)
+    return blocks
+
+
+def flip_bit(step_directory, fraction, bit=3):
+    """Flips one bit at `fraction` of the checkpoint's array chunk bytes taken end to end (how
+    orbax spreads the arrays over files varies from save to save)."""
+    spans = [(path, start, end) for path in data_files(step_directory) for start, end in zstd_blocks(path.read_bytes())]
+    total = sum(end - start for _, start, end in spans)
+    assert total > 50_000
+    position = int(total * fraction)
+    for path, start, end in spans:
+        if position < end - start:
+            break
+        position -= end - start
+    data = bytearray(path.read_bytes())
+    data[start + position] ^= 1 << bit
+    path.write_bytes(bytes(data))
+
+
+FLIPS = [0.1, 0.3, 0.5, 0.7, 0.9]
+
+
+# ------------------------------------------------------------------------------------------
+# The checksum itself.
+# ------------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("dtype", ["float32", "bfloat16", "int8", "int32", "uint16", "bool"])
+def test_checksum_ignores_the_sharding_and_sees_every_bit(dtype):
+    rng = np.random.default_rng(0)
+    host = (rng.standard_normal((16, 12)) * 50).astype(jnp.dtype(dtype))
+    mesh = Mesh(np.array(jax.devices()[:8]).reshape(4, 2), ("a", "b"))
+    layouts = [
+        host,
+        jnp.asarray(host),
+        jax.device_put(host, NamedSharding(mesh, PartitionSpec("a", "b"))),
+        jax.device_put(host, NamedSharding(mesh, PartitionSpec("b", None))),
+    ]
+    sums = {array_checksums({"x": layout})["x"] for layout in layouts}
+    assert len(sums) == 1
+    seen = set(sums)
+    bits = host.reshape(-1).view(np.uint8).copy()
+    for byte in (0, 7, 100, bits.size - 1):
+        for bit in (0, 5):
+            flipped = bits.copy()
+            flipped[byte] ^= 1 << bit
+            value = flipped.view(host.dtype).reshape(host.shape)
+            if dtype == "bool":
+                value = value.astype(bool)  # a bool's other bits are not values
+                if (value == host).all():
+                    continue
+            checksum = array_checksums({"x": jax.device_put(value, NamedSharding(mesh, PartitionSpec("a", None)))})["x"]
+            assert checksum not in seen
+            seen.add(checksum)
+    # swapped elements are a different array too
+    swapped = host.copy()
+    swapped[[0, 1]] = swapped[[1, 0]]
+    if not (swapped == host).all():
+        assert array_checksums({"x": swapped})["x"] not in sums
+
+
+@pytest.mark.parametrize("shape", [(), (7,), (16, 12), (8, 3, 5), (2, 0)])
+@pytest.mark.parametrize("dtype", ["float32", "bfloat16", "int8", "bool", "uint32"])
+def test_accelerator_and_cpu_forms_of_the_checksum_agree(shape, dtype):
+    """Accelerators sum elementwise on device, the CPU by matrix products: the same numbers."""
+    from jaxformer.training.checksums import _contracted_sums, _elementwise_sums, _host_words
+
+    rng = np.random.default_rng(1)
+    host = (rng.standard_normal(shape) * 1e4).astype(jnp.dtype(dtype))
+    mesh = Mesh(np.array(jax.devices()[:8]), ("x",))
+    sharded = len(shape) >= 1 and shape[0] % 8 == 0
+    device = jax.device_put(host, NamedSharding(mesh, PartitionSpec("x") if sharded else PartitionSpec()))
+    on_device = np.asarray(_elementwise_sums(device))
+    on_host = np.asarray(_contracted_sums(jnp.asarray(_host_words(host))))
+    np.testing.assert_array_equal(on_device, on_host)
+    # against Python integers: sum over elements of word * product of the axis factors, mod 2**32
+    from jaxformer.training.checksums import _axis_weights
+
+    words = _host_words(host).astype(object)
+    factors = [np.asarray(_axis_weights(size, axis)).astype(object) for axis, size in enumerate(words.shape)]
+    for k in range(2):
+        weight = np.ones(words.shape, object)
+        for axis, factor in enumerate(factors):
+            weight = weight * factor[:, k].reshape([-1 if a == axis else 1 for a in range(words.ndim)])
+        assert int(on_host[k]) == int(np.sum(words * weight)) % 2**32
+
+
+def test_checksum_of_prng_keys_and_paths():
+    tree = {"typed": jax.random.key(1), "raw": jax.random.PRNGKey(1), "list": [jnp.zeros(3), jnp.ones(2, jnp.int32)]}
+    sums = array_checksums(tree)
+    assert sorted(sums) == ["list/0", "list/1", "raw", "typed"]
+    assert sums["typed"] == sums["raw"]  # the same key bits
+    assert array_checksums({"typed": jax.random.key(2)})["typed"] != sums["typed"]
+
+
+# ------------------------------------------------------------------------------------------
+# Save and restore.
+# ------------------------------------------------------------------------------------------
+
+
+def test_save_records_checksums_without_touching_the_callers_metadata(tmp_path):
+    metadata = {**copy.deepcopy(METADATA), "checksums": "stale"}
+    before = copy.deepcopy(metadata)
+    checkpointer = Checkpointer(tmp_path / "checkpoints", keep=None)
+    state = make_state(1)
+    checkpointer.save(1, state, make_iterator(), metadata)
+    checkpointer.save_params(2, state.params, metadata)
+    checkpointer.close()
+    assert metadata == before
+    for step, first in ((1, "opt_state/0/mu/dense/kernel"), (2, "params/dense/kernel")):
+        written = json.loads((tmp_path / "checkpoints" / str(step) / "metadata" / "metadata").read_text())
+        checksums = written["checksums"]
+        assert first in checksums["arrays"] and "params/embedding" in checksums["arrays"]
+        assert ("data_iterator" in checksums) == (step == 1)
+        assert {k: v for k, v in written.items() if k != "checksums"} == {k: v for k, v in before.items() if k != "checksums"}
+
+
+def test_restore_verifies_and_resumes_the_data_iterator(saved, tmp_path, caplog):
+    directory, batches = saved
+    checkpointer = Checkpointer(shutil.copytree(directory, tmp_path / "checkpoints"), keep=None)
+    iterator = make_iterator()
+    with caplog.at_level(logging.WARNING):
+        step, state, _ = checkpointer.restore_latest(sharded_abstract(make_state(0)), iterator)
+    assert step == 2 and not caplog.records
+    expected = make_state(2)
+    for a, b in zip(jax.tree.leaves(state), jax.tree.leaves(expected)):
+        np.testing.assert_array_equal(np.asarray(a), np.asarray(b))
+    assert state.params["dense"]["kernel"].sharding.spec == PartitionSpec("x")
+    np.testing.assert_array_equal(next(iterator)["x"], batches[2])
+    params = checkpointer.restore_params(2, sharded_abstract(make_state(0)).params)
+    np.testing.assert_array_equal(np.asarray(params["embedding"]), np.asarray(expected.params["embedding"]))
+    checkpointer.close()
+
+
+@pytest.mark.parametrize("fraction", FLIPS)
+def test_a_flipped_bit_in_array_data_is_a_damaged_checkpoint(saved, tmp_path, caplog, fraction):
+    directory, batches = saved
+    directory = shutil.copytree(directory, tmp_path / "checkpoints")
+    original = Checkpointer(directory, keep=None).restore_params(2)
+    flip_bit(directory / "2", fraction)
+
+    checkpointer = Checkpointer(directory, keep=None)
+    try:
+        params = checkpointer.restore_params(2)
+    except CheckpointError as error:
+        assert str(directory / "2") in str(error) and "\n" not in str(error)
+        if isinstance(error, ChecksumError):
+            assert "array params/" in str(error)
+    else:  # the flip hit the optimizer state, which restore_params does not read
+        for a, b in zip(jax.tree.leaves(params), jax.tree.leaves(original)):
+            np.testing.assert_array_equal(a, b)
+
+    iterator = make_iterator()
+    with caplog.at_level(logging.WARNING):
+        step, _, _ = checkpointer.restore_latest(sharded_abstract(make_state(0)), iterator)
+    checkpointer.close()
+    assert step == 1
+    assert any("checkpoint" in r.getMessage() and "/2 cannot be restored" in r.getMessage() for r in caplog.records)
+    assert checkpointer.steps() == [1]
+    assert [p.name.split(".")[0] for p in directory.glob("2.damaged-*")] == ["2"]
+    np.testing.assert_array_equal(next(iterator)["x"], batches[1])
+
+
+def test_flipped_bits_in_parameters_only_checkpoints_name_the_array(tmp_path):
+    directory = tmp_path / "params"
+    checkpointer = Checkpointer(directory, keep=None)
+    checkpointer.save_params(5, make_state(5).params, METADATA)
+    checkpointer.close()
+    checksum_errors = 0
+    for index, fraction in enumerate(FLIPS):
+        copy_directory = shutil.copytree(directory, tmp_path / f"copy{index}")
+        flip_bit(copy_directory / "5", fraction)
+        reader = Checkpointer(copy_directory, keep=None)
+        with pytest.raises(CheckpointError, match=str(copy_directory / "5")) as raised:
+            reader.restore_params(5)
+        reader.close()
+        if isinstance(raised.value, ChecksumError):
+            assert "array params/" in str(raised.value) and "does not match its checksum" in str(raised.value)
+            checksum_errors += 1
+    assert checksum_errors >= 3  # most flips pass orbax and zstd unnoticed: the checksum catches them
+
+
+def test_a_changed_data_iterator_state_is_a_damaged_checkpoint(saved, tmp_path, caplog):
+    directory, batches = saved
+    directory = shutil.copytree(directory, tmp_path / "checkpoints")
+    (state_file,) = (directory / "2" / "data").glob("process_*.json")
+    state = json.loads(state_file.read_text())
+    inner = json.loads(state[0]) if isinstance(state[0], str) else state[0]
+    key = next(k for k, v in inner.items() if isinstance(v, int) and v > 0)
+    inner[key] += 1
+    state[0] = json.dumps(inner) if isinstance(state[0], str) else inner
+    state_file.write_text(json.dumps(state))
+    checkpointer = Checkpointer(directory, keep=None)
+    with caplog.at_level(logging.WARNING):
+        step, _, _ = checkpointer.restore_latest(sharded_abstract(make_state(0)), make_iterator())
+    checkpointer.close()
+    assert step == 1
+    assert any("data iterator state" in r.getMessage() for r in caplog.records)
+
+
+def test_changed_metadata_is_a_damaged_checkpoint(saved, tmp_path, caplog):
+    directory, _ = saved
+    directory = shutil.copytree(directory, tmp_path / "checkpoints")
+    path = directory / "2" / "metadata" / "metadata"
+    path.write_text(path.read_text().replace('"rate": 0.1', '"rate": 0.3'))
+    checkpointer = Checkpointer(directory, keep=None)
+    with pytest.raises(ChecksumError, match=f"{path} is damaged"):
+        checkpointer.read_metadata(2)
+    assert checkpointer.latest_metadata()["step"] == 1
+    with caplog.at_level(logging.WARNING):
+        step, _, _ = checkpointer.restore_latest(sharded_abstract(make_state(0)), make_iterator())
+    checkpointer.close()
+    assert step == 1
+
+
+def test_checkpoints_without_checksums_restore_with_a_warning(saved, tmp_path, caplog):
+    directory, batches = saved
+    directory = shutil.copytree(directory, tmp_path / "checkpoints")
+    path = directory / "2" / "metadata" / "metadata"
+    metadata = json.loads(path.read_text())
+    del metadata["checksums"]
+    path.write_text(json.dumps(metadata))
+    checkpointer = Checkpointer(directory, keep=None)
+    iterator = make_iterator()
+    with caplog.at_level(logging.WARNING):
+        step, state, _ = checkpointer.restore_latest(sharded_abstract(make_state(0)), iterator)
+    assert step == 2
+    unverified = [r.getMessage() for r in caplog.records if "no checksums" in r.getMessage()]
+    assert len(unverified) == 1 and str(directory / "2") in unverified[0]
+    np.testing.assert_array_equal(next(iterator)["x"], batches[2])
+    caplog.clear()
+    with caplog.at_level(logging.WARNING):
+        checkpointer.restore_params(2)
+    checkpointer.close()
+    assert len([r for r in caplog.records if "no checksums" in r.getMessage()]) == 1
+
+
+def test_a_failed_restore_leaves_no_event_loop_errors(tmp_path, capfd, monkeypatch):
+    """A read that fails while others are in flight used to print dozens of tracebacks of
+    "RuntimeError: Event loop is closed" after the error (orbax closes its loop at once; the
+    reads still running report to it from tensorstore's threads, through sys.unraisablehook)."""
+    unraisable = []
+    monkeypatch.setattr(sys, "unraisablehook", lambda report: unraisable.append(repr(report.exc_value)))
+    rng = np.random.default_rng(0)
+    params = {f"layer_{i}": jnp.asarray(rng.standard_normal((32, 64), np.float32)) for i in range(100)}
+    checkpointer = Checkpointer(tmp_path / "checkpoints", keep=None)
+    checkpointer.save_params(1, params, METADATA)
+    checkpointer.close()
+    for path in data_files(tmp_path / "checkpoints" / "1"):
+        path.write_bytes(path.read_bytes()[: path.stat().st_size // 2])
+    checkpointer = Checkpointer(tmp_path / "checkpoints", keep=None)
+    for _ in range(3):  # how many reads are still in flight at the failure varies
+        with pytest.raises(CheckpointError, match="cannot restore the parameters"):
+            checkpointer.restore_params(1)
+    checkpointer.close()
+    time.sleep(0.5)  # reads left running would report to the closed event loop by now
+    assert not unraisable
+    assert "Event loop is closed" not in "".join(capfd.readouterr())
+
+
+# ------------------------------------------------------------------------------------------
+# The workdir's tokenizer against the checkpoint's.
+# ------------------------------------------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def tokenizer_run(tmp_path_factory):
+    from jaxformer.data.tokenizer import train_tokenizer
+    from jaxformer.training import experiment
+
+    workdir, _, tokenizer = make_workdir(tmp_path_factory.mktemp("tokenizer-run"), steps=(20,))
+    other = train_tokenizer(read_raw("train.en.gz")[3000:4500] + read_raw("train.de.gz")[3000:4500], vocab_size=500)
+    assert other.vocab_size == tokenizer.vocab_size and other.model_proto != tokenizer.model_proto
+    config = experiment.default_config()
+    config.tokenizer.vocab_size = tokenizer.vocab_size
+    return pathlib.Path(workdir), config, tokenizer, other
+
+
+def test_workdir_tokenizer_is_checked_against_the_checkpoint(tokenizer_run, tmp_path):
+    from jaxformer.training.loop import TOKENIZER_FILE, _tokenizer_for
+
+    run, config, tokenizer, other = tokenizer_run
+    checkpointer = Checkpointer(run / "checkpoints", keep=None)
+    path = tmp_path / TOKENIZER_FILE
+    try:
+        assert _tokenizer_for(config, tmp_path, None, checkpointer).model_proto == tokenizer.model_proto
+        assert path.read_bytes() == tokenizer.model_proto  # restored from the checkpoint
+        assert _tokenizer_for(config, tmp_path, None, checkpointer).model_proto == tokenizer.model_proto
+
+        other.save(path)  # another valid model of the same size
+        with pytest.raises(CheckpointError) as raised:
+            _tokenizer_for(config, tmp_path, None, checkpointer)
+        message = str(raised.value)
+        assert str(path) in message and f"checkpoint 20 of {run / 'checkpoints'}" in message
+        assert "delete" in message and "\n" not in message
+
+        path.write_bytes(tokenizer.model_proto[: len(tokenizer.model_proto) // 3])  # truncated
+        with pytest.raises(CheckpointError) as raised:
+            _tokenizer_for(config, tmp_path, None, checkpointer)
+        assert str(path) in str(raised.value) and "delete it" in str(raised.value)
+
+        path.unlink()
+        assert _tokenizer_for(config, tmp_path, None, checkpointer).model_proto == tokenizer.model_proto
+    finally:
+        checkpointer.close()
