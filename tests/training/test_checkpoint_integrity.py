@@ -232,7 +232,7 @@ def test_restore_verifies_and_resumes_the_data_iterator(saved, tmp_path, caplog)
     iterator = make_iterator()
     with caplog.at_level(logging.WARNING):
         step, state, _ = checkpointer.restore_latest(sharded_abstract(make_state(0)), iterator)
-    assert step == 2 and not caplog.records
+    assert step == 2 and not [record for record in caplog.records if record.levelno >= logging.WARNING]
     expected = make_state(2)
     for a, b in zip(jax.tree.leaves(state), jax.tree.leaves(expected)):
         np.testing.assert_array_equal(np.asarray(a), np.asarray(b))
