@@ -8,7 +8,6 @@ starting with `JSON ` (and writes the same rows, one JSON object a line, to `--j
 from __future__ import annotations
 
 import argparse
-import functools
 import importlib.util
 import json
 import math
@@ -26,6 +25,10 @@ import numpy as np
 from jaxformer.model.config import TransformerConfig, preset
 from jaxformer.model.transformer import Transformer
 from jaxformer.tokens import NUM_SPECIAL_TOKENS
+from jaxformer.training.experiment import default_config
+from jaxformer.training.optimizer import make_optimizer
+from jaxformer.training.state import init_params, make_init_fn
+from jaxformer.training.step import make_train_step
 
 # ------------------------------------------------------------------------------------------
 # Model sizes.
@@ -111,6 +114,19 @@ def median(values: Sequence[float]) -> float:
     return float(statistics.median(values))
 
 
+def time_train_steps(compiled, state: Any, batch: dict, iters: int, budget_s: float) -> tuple[float, Any]:
+    """(median seconds per call, the state after the last call) of `compiled(state, batch)`, a
+    train step that donates its state: each call takes the state the previous one returned."""
+    holder = {"state": state}
+
+    def run():
+        holder["state"], metrics = compiled(holder["state"], batch)
+        return metrics
+
+    seconds = median(time_calls(run, iters, budget_s))
+    return seconds, holder["state"]
+
+
 def compile_timed(jitted, *args) -> tuple[Any, float]:
     """(compiled executable, seconds spent lowering and compiling) for `jitted(*args)`."""
     start = time.perf_counter()
@@ -171,31 +187,20 @@ def random_batch(seed: int, vocab_size: int, batch: int, source_length: int, tar
     }
 
 
-def make_train(config: TransformerConfig, source_length: int, target_length: int, seed: int = 0, warmup_steps: int = 4000):
-    """(initial TrainState, jitted `(state, batch, step) -> (state, metrics)`) with the project's
-    optimizer, init function and train step, jitted as the training loop does (state donated)."""
-    from jaxformer.training.optimizer import make_optimizer
-    from jaxformer.training.state import make_init_fn
-    from jaxformer.training.step import train_step
-
+def make_train(config: TransformerConfig, source_length: int, target_length: int, seed: int = 0):
+    """(initial TrainState, jitted `(state, batch) -> (state, metrics)`): the project's optimizer,
+    init function and train step with the experiment config's default `optimizer` and `training`
+    sections, jitted as the training loop does (state donated), on one device."""
+    experiment = default_config()
     model = Transformer(config)
-    optimizer, schedule = make_optimizer(config.d_model, warmup_steps)
+    optimizer, learning_rate = make_optimizer(experiment.optimizer, config.d_model)
     state = jax.jit(make_init_fn(model, optimizer, source_length, target_length))(seed)
-    step_fn = functools.partial(
-        train_step, model=model, optimizer=optimizer, schedule=schedule, label_smoothing=0.1, accumulation_steps=1
-    )
-    train_fn = jax.jit(
-        lambda state, batch, step: step_fn(state, batch, jax.random.fold_in(state.rng, step)), donate_argnums=0
-    )
-    return state, train_fn
+    return state, jax.jit(make_train_step(model, optimizer, learning_rate, experiment.training), donate_argnums=0)
 
 
-def init_params(config: TransformerConfig, seed: int = 0) -> Any:
+def random_params(config: TransformerConfig, seed: int = 0) -> Any:
     """Random plain (unboxed) parameters of `Transformer(config)`."""
-    import flax.linen as nn
-
-    dummy = jnp.ones((1, 4), jnp.int32)
-    return nn.meta.unbox(jax.jit(lambda key: Transformer(config).init(key, dummy, dummy, deterministic=True))(jax.random.key(seed))["params"])
+    return jax.jit(lambda key: init_params(Transformer(config), key, 4, 4))(jax.random.key(seed))
 
 
 def torch_available() -> bool:
@@ -215,8 +220,12 @@ def cpu_count() -> int:
 # ------------------------------------------------------------------------------------------
 
 
-def parser(description: str) -> argparse.ArgumentParser:
+def parser(description: str, budget_of: str | None = None) -> argparse.ArgumentParser:
+    """The shared options; with `budget_of` ("a row", "a length") also --budget-s, the seconds of
+    timed calls after which timing `budget_of` stops."""
     result = argparse.ArgumentParser(description=description)
+    if budget_of:
+        result.add_argument("--budget-s", type=float, default=60.0, help=f"stop timing {budget_of} after this many seconds")
     result.add_argument("--smoke", action="store_true", help="tiny sizes and 2 timed steps: a check that it runs, in seconds")
     result.add_argument("--iters", type=int, default=None, help="timed iterations per row (median reported)")
     result.add_argument("--json", metavar="FILE", default=None, help="also write the rows to FILE, one JSON object a line")

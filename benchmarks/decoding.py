@@ -24,14 +24,16 @@ Tokens per second count the returned (best) hypothesis: batch * length per call,
 
 from __future__ import annotations
 
+import dataclasses
 import functools
-import time
 
 import jax
 import jax.numpy as jnp
 import numpy as np
 
-from benchmarks.common import check_torch, init_params, median, parser, report, small_config, time_calls
+from benchmarks.common import (
+    check_torch, compile_timed, median, parser, random_params, report, small_config, time_calls,
+)
 from jaxformer.decoding.generate import DecodeSettings, decoding_variant, make_generate_fn
 from jaxformer.decoding.search import NEG_INF, beam_search, greedy_search
 from jaxformer.model.cache import init_cache
@@ -40,7 +42,7 @@ from jaxformer.model.transformer import Transformer
 from jaxformer.tokens import BOS_ID, EOS_ID, NUM_SPECIAL_TOKENS, PAD_ID
 
 COLUMNS = ("search", "impl", "batch", "out_len", "sentences_per_s", "tokens_per_s", "call_ms", "compile_s", "kv_speedup")
-ALPHA = 0.6
+DEFAULTS = DecodeSettings()  # the paper's beam size and length penalty, as translate.py uses them
 
 
 def suppress_specials(logits: jax.Array) -> jax.Array:
@@ -51,7 +53,7 @@ def suppress_specials(logits: jax.Array) -> jax.Array:
 
 def _search(tokens_to_logits, cache, batch: int, method: str, length: int):
     if method == "beam":
-        tokens, _ = beam_search(tokens_to_logits, cache, batch, 4, length, BOS_ID, EOS_ID, ALPHA)
+        tokens, _ = beam_search(tokens_to_logits, cache, batch, DEFAULTS.beam_size, length, BOS_ID, EOS_ID, DEFAULTS.alpha)
         return tokens[:, 0]  # [B, L], the best hypothesis
     tokens, _ = greedy_search(tokens_to_logits, cache, batch, length, BOS_ID, EOS_ID)
     return tokens
@@ -71,7 +73,7 @@ def kv_decode(model: Transformer, params, source: jax.Array, method: str, length
 
 def recompute_decode(model: Transformer, params, source: jax.Array, method: str, length: int) -> jax.Array:
     """Decoding by recomputation over a fixed-length token buffer: [B, length]."""
-    beams = 4 if method == "beam" else 1
+    beams = DEFAULTS.beam_size if method == "beam" else 1
     encoded = model.apply({"params": params}, source, method=Transformer.encode)  # [B, S, D]
     encoded, source_rows = jnp.repeat(encoded, beams, axis=0), jnp.repeat(source, beams, axis=0)  # row r: source r // K
 
@@ -94,10 +96,7 @@ def _row(search, impl, batch, out_len, seconds, compile_s=None, tokens=None):
 
 def bench_jax(impl: str, model, params, source, method: str, length: int, iters: int, budget_s: float) -> dict:
     decode = {"kv": kv_decode, "recompute": recompute_decode}[impl]
-    fn = jax.jit(functools.partial(decode, model, method=method, length=length))
-    start = time.perf_counter()
-    compiled = fn.lower(params, source).compile()
-    compile_s = time.perf_counter() - start
+    compiled, compile_s = compile_timed(jax.jit(functools.partial(decode, model, method=method, length=length)), params, source)
     output = np.asarray(compiled(params, source))
     assert output.shape == (source.shape[0], length) and (output >= NUM_SPECIAL_TOKENS).all(), "length not forced"
     seconds = median(time_calls(lambda: compiled(params, source), iters, budget_s, warmup=0))
@@ -105,7 +104,7 @@ def bench_jax(impl: str, model, params, source, method: str, length: int, iters:
 
 
 def bench_library(config, params, source, method: str, length: int, iters: int, budget_s: float) -> dict:
-    settings = DecodeSettings(method=method, beam_size=4, alpha=ALPHA, max_extra_length=max(1, length - source.shape[1]))
+    settings = dataclasses.replace(DEFAULTS, method=method, max_extra_length=max(1, length - source.shape[1]))
     generate_fn = make_generate_fn(config, settings)
     tokens, _ = generate_fn(params, source)
     best = np.asarray(tokens)[:, 0]  # [B, L]: tokens up to and including EOS, then padding
@@ -126,13 +125,12 @@ def bench_torch(config, source: np.ndarray, length: int, iters: int, budget_s: f
 
 
 def main(argv=None) -> list[dict]:
-    arguments = parser(__doc__.splitlines()[0])
+    arguments = parser(__doc__.splitlines()[0], budget_of="a row")
     arguments.add_argument("--batch-sizes", default="1,32,128", help="comma-separated source rows per call")
     arguments.add_argument("--length", type=int, default=64, help="forced output length (tokens)")
     arguments.add_argument("--source-length", type=int, default=32, help="source tokens per row")
     arguments.add_argument("--searches", default="greedy,beam", help="comma-separated: greedy, beam")
     arguments.add_argument("--library", action="store_true", help="also time make_generate_fn unmodified (no forced length)")
-    arguments.add_argument("--budget-s", type=float, default=60.0, help="stop timing a row after this many seconds")
     args = arguments.parse_args(argv)
     with_torch = check_torch(args)
     if args.smoke:
@@ -141,7 +139,7 @@ def main(argv=None) -> list[dict]:
     else:
         config, batch_sizes = small_config(), [int(b) for b in args.batch_sizes.split(",")]
         iters = args.iters or 5
-    config, params = decoding_variant(config, init_params(config))
+    config, params = decoding_variant(config, random_params(config))
     model = Transformer(config)
     rows = []
     for batch in batch_sizes:

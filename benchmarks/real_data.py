@@ -21,7 +21,7 @@ import jax
 import numpy as np
 
 import jaxformer.data
-from benchmarks.common import check_torch, make_train, median, parser, report, small_config
+from benchmarks.common import check_torch, compile_timed, make_train, median, parser, report, small_config
 from jaxformer.data.parallel_text import read_parallel_lines
 from jaxformer.data.pipeline import LengthFilter, train_dataset
 from jaxformer.data.tokenizer import Tokenizer, train_tokenizer
@@ -99,16 +99,14 @@ def _stats(batches: list[dict]) -> dict:
 
 def bench_jax(config, batches: list[dict], max_length: int, repeats: int) -> dict:
     state, train_fn = make_train(config, max_length, max_length)
-    start = time.perf_counter()
-    compiled = train_fn.lower(state, batches[0], np.int32(0)).compile()
-    compile_s = time.perf_counter() - start
-    state, metrics = compiled(state, batches[0], np.int32(0))  # warm up
+    compiled, compile_s = compile_timed(train_fn, state, batches[0])
+    state, metrics = compiled(state, batches[0])  # warm up
     jax.block_until_ready(metrics)
     passes = []
     for _ in range(repeats):
         start = time.perf_counter()
-        for step, batch in enumerate(batches):
-            state, metrics = compiled(state, batch, np.int32(step))
+        for batch in batches:
+            state, metrics = compiled(state, batch)
         jax.block_until_ready((state, metrics))
         passes.append(time.perf_counter() - start)
     return dict(seconds=median(passes), compile_s=compile_s)

@@ -12,11 +12,8 @@ Memory is XLA's own accounting of the compiled step (jit(...).lower(...).compile
 
 from __future__ import annotations
 
-import numpy as np
-
 from benchmarks.common import (
-    SMOKE, compile_timed, make_train, median, memory_bytes, parser, random_batch, report, small_config, time_calls,
-    train_flops,
+    SMOKE, compile_timed, make_train, memory_bytes, parser, random_batch, report, small_config, time_train_steps, train_flops,
 )
 
 COLUMNS = (
@@ -34,11 +31,10 @@ def attention_share(config, length: int) -> float:
 
 
 def main(argv=None) -> list[dict]:
-    arguments = parser(__doc__.splitlines()[0])
+    arguments = parser(__doc__.splitlines()[0], budget_of="a length")
     arguments.add_argument("--lengths", default="32,64,128,256,512,1024", help="comma-separated sequence lengths")
     arguments.add_argument("--tokens", type=int, default=4096, help="target tokens per batch (batch = tokens // length)")
     arguments.add_argument("--batch", type=int, default=None, help="a fixed batch size instead of --tokens")
-    arguments.add_argument("--budget-s", type=float, default=60.0, help="stop timing a length after this many seconds")
     args = arguments.parse_args(argv)
     if args.smoke:
         config, lengths, args.tokens = SMOKE[0], [8, 16], 32
@@ -51,17 +47,9 @@ def main(argv=None) -> list[dict]:
     for length in lengths:
         batch = args.batch or max(1, args.tokens // length)
         data = random_batch(length, config.vocab_size, batch, length, length)
-        step = np.int32(0)
-        compiled, compile_s = compile_timed(train_fn, state, data, step)
+        compiled, compile_s = compile_timed(train_fn, state, data)
         memory = memory_bytes(compiled)
-        holder = {"state": state}
-
-        def run():
-            holder["state"], metrics = compiled(holder["state"], data, step)
-            return metrics
-
-        seconds = median(time_calls(run, iters, args.budget_s))
-        state = holder["state"]
+        seconds, state = time_train_steps(compiled, state, data, iters, args.budget_s)
         rows.append(dict(
             length=length, batch=batch, tokens=batch * length, compile_s=compile_s, step_ms=1e3 * seconds,
             tokens_per_s=batch * length / seconds, args_MB=memory["argument"] / MB, temp_MB=memory["temp"] / MB,

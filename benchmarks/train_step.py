@@ -12,12 +12,11 @@ matmul rate of a jitted 2048 x 2048 `jnp.dot` measured in the same run: the medi
 
 from __future__ import annotations
 
-import numpy as np
-
 from benchmarks.common import (
-    CONFIGS, SMOKE, check_torch, compile_timed, matmul_rates_gflops, median, parser, random_batch, report, time_calls,
-    torch_matmul_peak_gflops, train_flops, make_train, xla_flops,
+    CONFIGS, SMOKE, check_torch, compile_timed, make_train, matmul_rates_gflops, median, parser, random_batch, report,
+    time_calls, time_train_steps, torch_matmul_peak_gflops, train_flops, xla_flops,
 )
+from jaxformer.training.state import count_parameters
 
 COLUMNS = (
     "config", "impl", "batch", "src_len", "tgt_len", "params_M", "compile_s", "step_ms", "tokens_per_s",
@@ -25,27 +24,14 @@ COLUMNS = (
 )
 
 
-def _count(params) -> int:
-    import jax
-
-    return sum(int(leaf.size) for leaf in jax.tree.leaves(params))
-
-
 def bench_jax(name: str, config, batch: int, source_length: int, target_length: int, iters: int,
               budget_s: float) -> tuple[dict, dict]:
     """One jaxformer row, and the batch it trained on (for the torch row)."""
     state, train_fn = make_train(config, source_length, target_length)
     data = random_batch(0, config.vocab_size, batch, source_length, target_length)
-    step = np.int32(0)
-    compiled, compile_s = compile_timed(train_fn, state, data, step)
-    params = _count(state.params)
-    holder = {"state": state}
-
-    def run():
-        holder["state"], metrics = compiled(holder["state"], data, step)
-        return metrics
-
-    seconds = median(time_calls(run, iters, budget_s))
+    compiled, compile_s = compile_timed(train_fn, state, data)
+    params = count_parameters(state.params)
+    seconds, _ = time_train_steps(compiled, state, data, iters, budget_s)
     flops = train_flops(config, batch, source_length, target_length)
     achieved = flops / seconds / 1e9
     row = dict(
@@ -75,9 +61,8 @@ def bench_torch(name: str, config, data: dict, iters: int, budget_s: float) -> d
 
 
 def main(argv=None) -> list[dict]:
-    arguments = parser(__doc__.splitlines()[0])
+    arguments = parser(__doc__.splitlines()[0], budget_of="a row")
     arguments.add_argument("--configs", default="tiny,small,base", help="comma-separated: tiny, small, base")
-    arguments.add_argument("--budget-s", type=float, default=60.0, help="stop timing a row after this many seconds")
     args = arguments.parse_args(argv)
     with_torch = check_torch(args)
     if args.smoke:

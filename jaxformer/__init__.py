@@ -1,16 +1,29 @@
-"""jaxformer: the encoder-decoder Transformer of "Attention Is All You Need" in JAX and Flax."""
+"""jaxformer: the encoder-decoder Transformer of "Attention Is All You Need" in JAX and Flax.
 
-from jaxformer.decoding.generate import DecodeSettings, decoding_variant, generate, make_generate_fn
-from jaxformer.decoding.search import beam_search, greedy_search, sample_search
-from jaxformer.model.attention import MultiHeadAttention, dot_product_attention
-from jaxformer.model.cache import DecoderCache, EncoderContext, init_cache
-from jaxformer.model.config import PRESETS, ConfigError, TransformerConfig, preset
-from jaxformer.model.masking import causal_mask, cross_mask, decoder_self_mask, encoder_self_mask
-from jaxformer.model.position import positional_encoding, sinusoidal_table
-from jaxformer.model.transformer import Transformer, shift_right
+The names below are imported on first use, so that `import jaxformer.model` (or any other
+subpackage) loads that subpackage and what it imports, nothing more (tests/test_layering.py).
+"""
+
+from __future__ import annotations
+
+import importlib
+
 from jaxformer.tokens import BOS_ID, EOS_ID, NUM_SPECIAL_TOKENS, PAD_ID, UNK_ID
 
 __version__ = "0.1.0"
+
+_LAZY = {
+    "jaxformer.model.attention": ("MultiHeadAttention", "dot_product_attention"),
+    "jaxformer.model.cache": ("DecoderCache", "EncoderContext", "init_cache"),
+    "jaxformer.model.config": ("PRESETS", "ConfigError", "TransformerConfig", "preset"),
+    "jaxformer.model.masking": ("causal_mask", "cross_mask", "decoder_self_mask", "encoder_self_mask"),
+    "jaxformer.model.position": ("positional_encoding", "sinusoidal_table"),
+    "jaxformer.model.transformer": ("Transformer", "shift_right"),
+    "jaxformer.decoding.generate": ("DecodeSettings", "decoding_variant", "generate", "make_generate_fn"),
+    "jaxformer.decoding.search": ("beam_search", "greedy_search", "sample_search"),
+    "jaxformer.decoding.translator": ("Translator",),  # pulls in the data stack (sentencepiece, orbax)
+}
+_MODULE_OF = {name: module for module, names in _LAZY.items() for name in names}
 
 __all__ = [
     "BOS_ID", "EOS_ID", "NUM_SPECIAL_TOKENS", "PAD_ID", "UNK_ID",
@@ -22,10 +35,14 @@ __all__ = [
 ]
 
 
-def __getattr__(name):
-    # Translator pulls in the data stack (tensorflow-datasets, sentencepiece): imported on first use.
-    if name == "Translator":
-        from jaxformer.decoding.translator import Translator
+def __getattr__(name: str):
+    module = _MODULE_OF.get(name)
+    if module is None:
+        raise AttributeError(f"module 'jaxformer' has no attribute {name!r}")
+    value = getattr(importlib.import_module(module), name)
+    globals()[name] = value  # later lookups skip __getattr__
+    return value
 
-        return Translator
-    raise AttributeError(f"module 'jaxformer' has no attribute {name!r}")
+
+def __dir__() -> list[str]:
+    return sorted(set(globals()) | set(_MODULE_OF))

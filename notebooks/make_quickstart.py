@@ -138,7 +138,9 @@ print(last)
     code("""
 import json
 
-records = [json.loads(line) for line in open(f"{workdir}/metrics.jsonl")]
+from jaxformer.run.directory import RunDirectory  # where a run keeps its checkpoints, tokenizer and metrics
+
+records = [json.loads(line) for line in open(RunDirectory(workdir).metrics_file)]
 train = [(r["step"], r["train/loss"]) for r in records if "train/loss" in r]
 valid = [(r["step"], r["eval/loss"]) for r in records if "eval/loss" in r]
 plt.plot(*zip(*train), label="training loss (label-smoothed)")

@@ -62,8 +62,10 @@ def make_workdir(workdir, data_dir=None, steps=(1,), scale=lambda step: 1.0):
     from jaxformer.data.tokenizer import train_tokenizer
     from jaxformer.model.config import preset
     from jaxformer.model.transformer import Transformer
+    from jaxformer.run.checkpoint import Checkpointer
+    from jaxformer.run.directory import RunDirectory
+    from jaxformer.run.metadata import CheckpointMetadata
     from jaxformer.training import experiment
-    from jaxformer.training.checkpoint import Checkpointer, encode_bytes
 
     sentences = read_raw("train.en.gz", 1500) + read_raw("train.de.gz", 1500)
     tokenizer = train_tokenizer(sentences, vocab_size=500)
@@ -75,11 +77,13 @@ def make_workdir(workdir, data_dir=None, steps=(1,), scale=lambda step: 1.0):
         config.data.data_dir = str(data_dir)
     params = nn.meta.unbox(Transformer(model_config).init(
         jax.random.key(0), jnp.ones((1, 4), jnp.int32), jnp.ones((1, 4), jnp.int32))["params"])
-    metadata = {"config": config.to_dict(), "model": model_config.to_dict(), "tokenizer": encode_bytes(tokenizer.model_proto)}
-    checkpointer = Checkpointer(pathlib.Path(workdir) / "checkpoints", keep=None)
+    metadata = CheckpointMetadata(
+        config=config.to_dict(), model=model_config.to_dict(), tokenizer=tokenizer.model_proto, data_fingerprint=None, step=0
+    )
+    checkpointer = Checkpointer(RunDirectory(workdir).checkpoints, keep=None)
     for step in steps:
         scaled = jax.tree.map(lambda leaf: leaf * scale(step), params)
-        checkpointer.save_params(step, scaled, {**metadata, "step": step})
+        checkpointer.save_params(step, scaled, metadata.replace(step=step))
     checkpointer.close()
     return workdir, params, tokenizer
 

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import argparse
 import logging
-import pathlib
+import os
 import sys
 from typing import Any
 
@@ -16,8 +16,10 @@ import jax
 import numpy as np
 
 from jaxformer.commands.common import at_least, check_workdir, make_parser, run_command
-from jaxformer.decoding.translator import checkpoint_directory, load_checkpoint
-from jaxformer.training.checkpoint import Checkpointer, CheckpointError
+from jaxformer.errors import CheckpointError
+from jaxformer.run.checkpoint import Checkpointer
+from jaxformer.run.directory import RunDirectory
+from jaxformer.run.loading import load_checkpoint
 
 
 def average_parameters(trees: list[Any]) -> Any:
@@ -34,10 +36,11 @@ def average_parameters(trees: list[Any]) -> Any:
     )
 
 
-def average_last(workdir: str | pathlib.Path, last: int) -> tuple[int, list[int]]:
+def average_last(workdir: str | os.PathLike, last: int) -> tuple[int, list[int]]:
     """Writes the mean of the last `last` checkpoints as `workdir/averaged/<newest step>`;
     returns (that step, the steps averaged)."""
-    reader = Checkpointer(checkpoint_directory(workdir, "latest"), keep=None)
+    directory = RunDirectory(workdir)
+    reader = Checkpointer(directory.checkpoints, keep=None)
     steps = reader.steps()
     reader.close()
     if len(steps) < last:
@@ -51,8 +54,8 @@ def average_last(workdir: str | pathlib.Path, last: int) -> tuple[int, list[int]
         _, metadata, params = load_checkpoint(workdir, step)
         trees.append(params)
         logging.info("read step %d", step)
-    metadata = {**metadata, "step": chosen[-1], "averaged_steps": chosen}
-    writer = Checkpointer(checkpoint_directory(workdir, "averaged"), keep=1)
+    metadata = metadata.replace(step=chosen[-1], averaged_steps=tuple(chosen))
+    writer = Checkpointer(directory.averaged, keep=1)
     writer.save_params(chosen[-1], average_parameters(trees), metadata)
     writer.close()
     return chosen[-1], chosen
@@ -68,7 +71,7 @@ def build_parser() -> argparse.ArgumentParser:
 def run(args: argparse.Namespace) -> int:
     check_workdir(args.workdir)
     step, chosen = average_last(args.workdir, args.last)
-    print(f"averaged steps {chosen} into {checkpoint_directory(args.workdir, 'averaged')}/{step}")
+    print(f"averaged steps {chosen} into {RunDirectory(args.workdir).averaged / str(step)}")
     return 0
 
 

@@ -21,6 +21,7 @@ from collections.abc import Callable
 import tqdm
 
 from jaxformer.errors import EXIT_USER_ERROR, UserError, exit_code_for_signal
+from jaxformer.run.directory import CHECKPOINT_KINDS
 
 
 class FlagError(UserError):
@@ -180,8 +181,8 @@ def run_command(parser: argparse.ArgumentParser, body: Callable[[argparse.Namesp
 def checkpoint_choice(value: str) -> str | int:
     if value.isdigit():
         return int(value)
-    if value not in ("latest", "best", "averaged"):
-        raise argparse.ArgumentTypeError(f"must be latest, best, averaged or a step number, got {value!r}")
+    if value not in CHECKPOINT_KINDS:
+        raise argparse.ArgumentTypeError(f"must be {', '.join(CHECKPOINT_KINDS)} or a step number, got {value!r}")
     return value
 
 

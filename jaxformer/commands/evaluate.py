@@ -19,7 +19,7 @@ from jaxformer.commands.common import (
 from jaxformer.commands.translate import read_lines
 from jaxformer.data.parallel_text import DataError
 from jaxformer.decoding.scoring import corpus_scores, format_scores
-from jaxformer.decoding.translator import load_checkpoint
+from jaxformer.run.loading import load_checkpoint
 
 
 def split_pairs(workdir: str, split: str, max_examples: int | None) -> tuple[list[str], list[str]]:
@@ -28,7 +28,7 @@ def split_pairs(workdir: str, split: str, max_examples: int | None) -> tuple[lis
     from jaxformer.data.sources import get_builder, load_split
 
     _, metadata, _ = load_checkpoint(workdir, "latest", params=False)
-    data = metadata["config"]["data"]
+    data = metadata.config["data"]
     languages = (data["source_language"], data["target_language"])
     builder = get_builder(data["name"], data.get("data_dir"), data.get("raw_dir"), data.get("download", False))
     records = load_split(builder, split, languages)

@@ -5,7 +5,7 @@ from __future__ import annotations
 import copy
 import logging
 import math
-import pathlib
+import os
 import re
 from collections.abc import Iterator, Sequence
 from typing import Any
@@ -18,68 +18,10 @@ from jaxformer.data.tokenizer import Tokenizer
 from jaxformer.decoding.generate import DecodeSettings, decoding_variant, make_generate_fn
 from jaxformer.model.config import TransformerConfig
 from jaxformer.model.transformer import unstack_layers
+from jaxformer.run.loading import load_checkpoint
 from jaxformer.tokens import EOS_ID, PAD_ID
-from jaxformer.training.checkpoint import Checkpointer, CheckpointError, decode_bytes
 
-CHECKPOINT_DIRECTORIES = {"latest": "checkpoints", "best": "best", "averaged": "averaged"}
 _SENTENCE_END = re.compile(r"(?<=[.!?;:])\s+")
-
-
-def checkpoint_directory(workdir: str | pathlib.Path, which: str) -> pathlib.Path:
-    """`workdir/checkpoints` (latest), `workdir/best` (best validation BLEU) or `workdir/averaged`."""
-    if which not in CHECKPOINT_DIRECTORIES:
-        raise ValueError(f"checkpoint {which!r}: choose one of {', '.join(CHECKPOINT_DIRECTORIES)} or a step number")
-    return pathlib.Path(workdir) / CHECKPOINT_DIRECTORIES[which]
-
-
-def load_checkpoint(
-    workdir: str | pathlib.Path, checkpoint: str | int = "latest", params: bool = True
-) -> tuple[int, dict[str, Any], Any]:
-    """(step, metadata, params) of a workdir's checkpoint: "latest", "best", "averaged" or a step
-    of `workdir/checkpoints`. Parameters come back as host arrays, without optimizer state
-    (None with `params=False`), verified against their checksums.
-
-    "latest" skips a damaged newest checkpoint (metadata or parameters unreadable, or not
-    matching their checksums) with a warning and uses the newest one that reads, as training
-    does, but sets nothing aside: nothing in the workdir is modified. Any other choice that is
-    damaged is a `CheckpointError` naming it."""
-    which = "latest" if isinstance(checkpoint, int) else checkpoint
-    directory = checkpoint_directory(workdir, which)
-    if not directory.is_dir():
-        raise CheckpointError(f"{directory} does not exist: no {which!r} checkpoint in {workdir}")
-    checkpointer = Checkpointer(directory, keep=None, read_only=True)
-
-    def read(step: int) -> tuple[dict[str, Any], Any]:  # CheckpointError if damaged
-        metadata = checkpointer.read_metadata(step)
-        missing = [key for key in ("config", "model", "tokenizer") if key not in metadata]
-        if missing:
-            raise CheckpointError(f"{checkpointer.metadata_file(step)} lacks {', '.join(missing)}: not a jaxformer checkpoint")
-        return metadata, checkpointer.restore_params(step, metadata=metadata) if params else None
-
-    try:
-        steps = checkpointer.steps()
-        if not steps:
-            raise CheckpointError(f"{directory} holds no checkpoint")
-        if checkpoint != "latest":
-            step = checkpoint if isinstance(checkpoint, int) else steps[-1]
-            if step not in steps:
-                raise CheckpointError(f"{directory} has no checkpoint for step {step}; it has {steps}")
-            return (step, *read(step))
-        damaged = []
-        for step in reversed(steps):
-            try:
-                metadata, restored = read(step)
-            except CheckpointError as error:
-                damaged.append((step, error))
-                continue
-            for bad_step, error in damaged:
-                logging.warning("checkpoint %d of %s is damaged (%s); using step %d", bad_step, directory, error, step)
-            return step, metadata, restored
-        raise CheckpointError(
-            f"no checkpoint in {directory} can be read: " + "; ".join(f"step {s}: {error}" for s, error in damaged)
-        )
-    finally:
-        checkpointer.close()
 
 
 class Translator:
@@ -124,15 +66,13 @@ class Translator:
 
     @classmethod
     def from_workdir(
-        cls, workdir: str | pathlib.Path, checkpoint: str | int = "latest", settings: DecodeSettings = DecodeSettings(), **kwargs
+        cls, workdir: str | os.PathLike, checkpoint: str | int = "latest", settings: DecodeSettings = DecodeSettings(), **kwargs
     ) -> Translator:
         """The model, tokenizer and parameters of a training run's `checkpoint` ("latest",
-        "best", "averaged" or a step number)."""
+        "best", "averaged" or a step number; see `jaxformer.run.loading.load_checkpoint`)."""
         step, metadata, params = load_checkpoint(workdir, checkpoint)
-        config = TransformerConfig.from_dict(metadata["model"])
-        tokenizer = Tokenizer(decode_bytes(metadata["tokenizer"]))
         logging.info("loaded step %d of %s (%s checkpoint)", step, workdir, checkpoint)
-        translator = cls(config, params, tokenizer, settings, **kwargs)
+        translator = cls(metadata.model_config(), params, metadata.load_tokenizer(), settings, **kwargs)
         translator.step = step
         return translator
 

@@ -14,6 +14,8 @@ from collections.abc import Mapping
 import jax
 import numpy as np
 
+from jaxformer.run.directory import RunDirectory
+
 
 def _is_record(line: bytes) -> bool:
     try:
@@ -68,12 +70,12 @@ class MetricWriter:
         self._jsonl = None
         self._tensorboard = None
         if self.enabled:
-            workdir = pathlib.Path(workdir)
-            cut_torn_last_line(workdir / "metrics.jsonl")
-            self._jsonl = open(workdir / "metrics.jsonl", "a", encoding="utf-8")
+            run = RunDirectory(workdir)
+            cut_torn_last_line(run.metrics_file)
+            self._jsonl = open(run.metrics_file, "a", encoding="utf-8")
             from tensorboardX import SummaryWriter  # imported lazily: only the writing process needs it
 
-            self._tensorboard = SummaryWriter(str(workdir / "tensorboard"))
+            self._tensorboard = SummaryWriter(str(run.tensorboard_dir))
 
     def write(self, step: int, scalars: Mapping[str, float], prefix: str = "") -> None:
         if not self.enabled:

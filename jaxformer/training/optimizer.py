@@ -4,6 +4,7 @@ decay, plus global-norm gradient clipping and optional gradient accumulation."""
 from __future__ import annotations
 
 import jax.numpy as jnp
+import ml_collections
 import optax
 
 
@@ -19,25 +20,20 @@ def rsqrt_schedule(d_model: int, warmup_steps: int, scale: float = 1.0) -> optax
     return schedule
 
 
-def make_optimizer(
-    d_model: int,
-    warmup_steps: int = 4000,
-    learning_rate_scale: float = 1.0,
-    b1: float = 0.9,
-    b2: float = 0.98,
-    eps: float = 1e-9,
-    clip_norm: float | None = 1.0,
-    accumulation_steps: int = 1,
-) -> tuple[optax.GradientTransformation, optax.Schedule]:
-    """The optimizer and its learning-rate schedule (for logging).
+def make_optimizer(config: ml_collections.ConfigDict, d_model: int) -> tuple[optax.GradientTransformation, optax.Schedule]:
+    """The optimizer an experiment config's `optimizer` section describes (learning_rate_scale,
+    warmup_steps, b1, b2, eps, clip_norm (0: no clipping), accumulation_steps), and its learning
+    rate as a function of the train step, for logging.
 
     With `accumulation_steps` k > 1 each call sees one micro-batch; gradients are averaged
-    and Adam steps once every k calls, so the schedule counts optimizer updates.
+    and Adam steps once every k calls, so the schedule counts optimizer updates: train step
+    s runs at the rate of update s // k.
     """
-    schedule = rsqrt_schedule(d_model, warmup_steps, learning_rate_scale)
-    chain = [optax.clip_by_global_norm(clip_norm)] if clip_norm else []
-    chain.append(optax.adam(schedule, b1=b1, b2=b2, eps=eps))
+    schedule = rsqrt_schedule(d_model, config.warmup_steps, config.learning_rate_scale)
+    chain = [optax.clip_by_global_norm(config.clip_norm)] if config.clip_norm else []
+    chain.append(optax.adam(schedule, b1=config.b1, b2=config.b2, eps=config.eps))
     optimizer = optax.chain(*chain)
-    if accumulation_steps > 1:
-        optimizer = optax.MultiSteps(optimizer, every_k_schedule=accumulation_steps)
-    return optimizer, schedule
+    every = config.accumulation_steps
+    if every == 1:
+        return optimizer, schedule
+    return optax.MultiSteps(optimizer, every_k_schedule=every), lambda step: schedule(step // every)

@@ -11,7 +11,8 @@ gradient of the loss with respect to the logits is the closed form
     d loss / d z = w * (softmax(z) - q),    q = the smoothed one-hot target,
 
 so nothing is recomputed. Chunks split the target length, never the batch, so a
-batch-sharded step stays batch-sharded. The same sums as `loss.token_losses` come out.
+batch-sharded step stays batch-sharded. Each chunk runs loss.py's `token_terms` and
+`logits_gradient`, so the same sums as `loss.token_losses` come out.
 """
 
 from __future__ import annotations
@@ -21,7 +22,7 @@ import functools
 import jax
 import jax.numpy as jnp
 
-from jaxformer.training.loss import smoothed_target_entropy
+from jaxformer.training.loss import logits_gradient, token_terms, weighted_sums
 from jaxformer.typing import Array, Float, Int
 
 
@@ -37,33 +38,18 @@ def chunk_length(batch: int, length: int, chunk_tokens: int) -> int:
     return best
 
 
+_SUMS = ("loss_sum", "nll_sum", "correct")  # what the chunks add up; the weight needs no chunks
+
+
 def _chunk(hidden, embedding, targets, weights, smoothing: float, compute_dtype):
     """Sums and gradients for one chunk: hidden [B, t, D], targets and weights [B, t]."""
-    vocab_size = embedding.shape[0]
-    confidence = 1.0 - smoothing
-    low = smoothing / (vocab_size - 1)
     logits = jnp.einsum(
         "BTD,VD->BTV", hidden.astype(compute_dtype), embedding.astype(compute_dtype),
         preferred_element_type=jnp.float32,
     )  # [B, t, V]
-    row_max = jnp.max(logits, axis=-1)  # [B, t]
-    exp = jnp.exp(logits - row_max[..., None])  # [B, t, V]
-    total = jnp.sum(exp, axis=-1)  # [B, t]
-    log_normalizer = row_max + jnp.log(total)  # [B, t]
-    is_target = jax.lax.broadcasted_iota(targets.dtype, logits.shape, 2) == targets[..., None]  # [B, t, V]
-    target_logit = jnp.sum(jnp.where(is_target, logits, 0.0), axis=-1)  # [B, t]
-    cross_entropy = -(confidence - low) * (target_logit - log_normalizer)
-    if low > 0:
-        cross_entropy = cross_entropy - low * (jnp.sum(logits, axis=-1) - vocab_size * log_normalizer)
-    loss = cross_entropy - smoothed_target_entropy(vocab_size, smoothing)  # [B, t]
-    sums = jnp.stack([
-        jnp.sum(loss * weights),
-        jnp.sum((log_normalizer - target_logit) * weights),
-        jnp.sum((target_logit >= row_max).astype(jnp.float32) * weights),
-    ])  # [3]: loss, nll, correct
-    softmax = exp / total[..., None]  # [B, t, V]
-    grad_logits = weights[..., None] * (softmax - low - jnp.where(is_target, confidence - low, 0.0))  # [B, t, V]
-    grad_logits = grad_logits.astype(compute_dtype)
+    terms = token_terms(logits, targets, smoothing)
+    sums = {key: value for key, value in weighted_sums(terms, weights).items() if key in _SUMS}  # weight: summed once, outside
+    grad_logits = logits_gradient(terms, weights, smoothing).astype(compute_dtype)  # [B, t, V]
     grad_hidden = jnp.einsum(
         "BTV,VD->BTD", grad_logits, embedding.astype(compute_dtype), preferred_element_type=jnp.float32
     )  # [B, t, D]
@@ -78,8 +64,7 @@ def _sums_and_grads(hidden, embedding, targets, weights, smoothing, chunk_tokens
     chunk = chunk_length(batch, length, chunk_tokens)
     num_chunks = length // chunk
     if num_chunks == 1:
-        sums, grad_hidden, grad_embedding = _chunk(hidden, embedding, targets, weights, smoothing, compute_dtype)
-        return sums, grad_hidden, grad_embedding
+        return _chunk(hidden, embedding, targets, weights, smoothing, compute_dtype)
 
     def split(x):  # [B, T, ...] -> [C, B, t, ...]
         return jnp.moveaxis(x.reshape(batch, num_chunks, chunk, *x.shape[2:]), 1, 0)
@@ -87,9 +72,9 @@ def _sums_and_grads(hidden, embedding, targets, weights, smoothing, chunk_tokens
     def body(carry, pieces):
         sums, grad_embedding = carry
         piece_sums, grad_hidden, piece_grad_embedding = _chunk(*pieces[:1], embedding, *pieces[1:], smoothing, compute_dtype)
-        return (sums + piece_sums, grad_embedding + piece_grad_embedding), grad_hidden
+        return (jax.tree.map(jnp.add, sums, piece_sums), grad_embedding + piece_grad_embedding), grad_hidden
 
-    initial = (jnp.zeros((3,), jnp.float32), jnp.zeros(embedding.shape, jnp.float32))
+    initial = ({key: jnp.zeros((), jnp.float32) for key in _SUMS}, jnp.zeros(embedding.shape, jnp.float32))
     (sums, grad_embedding), grad_hidden = jax.lax.scan(body, initial, (split(hidden), split(targets), split(weights)))
     grad_hidden = jnp.moveaxis(grad_hidden, 0, 1).reshape(batch, length, d_model)  # [B, T, D]
     return sums, grad_hidden, grad_embedding
@@ -110,7 +95,7 @@ def _fused_forward(hidden, embedding, targets, weights, smoothing, chunk_tokens,
 
 def _fused_backward(smoothing, chunk_tokens, compute_dtype, residuals, cotangent):
     grad_hidden, grad_embedding = residuals
-    scale = cotangent[0]  # only the loss sum is differentiated; nll and accuracy are metrics
+    scale = cotangent["loss_sum"]  # only the loss sum is differentiated; nll and accuracy are metrics
     return (
         (scale * grad_hidden).astype(grad_hidden.dtype),
         (scale * grad_embedding).astype(grad_embedding.dtype),
@@ -140,4 +125,4 @@ def projected_token_losses(
     """
     weights = weights.astype(jnp.float32)
     sums = _fused(hidden, embedding, targets, weights, smoothing, chunk_tokens, compute_dtype)
-    return {"loss_sum": sums[0], "nll_sum": sums[1], "correct": sums[2], "weight": jnp.sum(weights)}
+    return {**sums, "weight": jnp.sum(weights)}

@@ -32,7 +32,6 @@ DEFAULT_RULES = (
     ("layers", None),
 )
 BATCH_AXES = ("batch", "length")
-ACTIVATION_AXES = ("batch", "length", "embed")
 
 
 class MeshError(UserError, ValueError):

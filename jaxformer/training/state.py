@@ -20,6 +20,19 @@ class TrainState:
     opt_state: optax.OptState
     rng: jax.Array  # uint32 [2]: base key; step s uses fold_in(rng, s) for dropout
 
+    def dropout_key(self) -> jax.Array:
+        """The dropout key of the step this state is about to take: fold_in(rng, step)."""
+        return jax.random.fold_in(self.rng, self.step)
+
+
+def init_params(model: Transformer, rng: jax.Array, source_length: int, target_length: int, *, boxed: bool = False):
+    """Random parameters of `model`, initialised on [1, source_length] / [1, target_length]
+    rows of ones: plain arrays, or with `boxed=True` still carrying their logical axis names."""
+    source = jnp.ones((1, source_length), jnp.int32)
+    target = jnp.ones((1, target_length), jnp.int32)
+    params = model.init(rng, source, target, deterministic=True)["params"]
+    return params if boxed else nn.meta.unbox(params)
+
 
 def make_init_fn(
     model: Transformer, optimizer: optax.GradientTransformation, source_length: int, target_length: int, *, boxed: bool = False
@@ -34,11 +47,7 @@ def make_init_fn(
     def init(seed: jax.Array) -> TrainState:
         rng = jax.random.PRNGKey(seed)
         init_rng, dropout_rng = jax.random.split(rng)
-        source = jnp.ones((1, source_length), jnp.int32)
-        target = jnp.ones((1, target_length), jnp.int32)
-        params = model.init(init_rng, source, target, deterministic=True)["params"]
-        if not boxed:
-            params = nn.meta.unbox(params)
+        params = init_params(model, init_rng, source_length, target_length, boxed=boxed)
         return TrainState(
             step=jnp.zeros((), jnp.int32), params=params, opt_state=optimizer.init(params), rng=dropout_rng
         )
@@ -47,4 +56,5 @@ def make_init_fn(
 
 
 def count_parameters(params: Any) -> int:
+    """The number of scalars in a parameter tree (plain or abstract arrays)."""
     return sum(int(leaf.size) for leaf in jax.tree.leaves(params))

@@ -1,17 +1,22 @@
-"""Pure train and eval steps: `(state, batch, rng) -> (state, metrics)` and `(params, batch) -> metrics`.
+"""Pure train and eval steps: `(state, batch) -> (state, metrics)` and `(params, batch) -> metrics`.
 
 A batch is a dict of int32 [B, L] arrays: `inputs`, `targets` (each pair's reference ending
 in EOS) and, for packed rows, `inputs_segment_ids`, `inputs_positions`,
 `targets_segment_ids`, `targets_positions`. The decoder input is `shift_right(targets)`.
 Metrics are sums (see loss.py); the caller adds them up and divides.
+
+`make_train_step` and `make_eval_step` bind the model, the optimizer and the experiment
+config's `training` section, leaving the functions of (state or params, batch) to jit.
 """
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+import functools
+from collections.abc import Callable, Mapping
 
 import jax
 import jax.numpy as jnp
+import ml_collections
 import optax
 
 from jaxformer.model.transformer import Transformer, shift_right
@@ -21,6 +26,7 @@ from jaxformer.training.output_loss import projected_token_losses
 from jaxformer.training.state import TrainState
 
 Batch = Mapping[str, jax.Array]
+Metrics = dict[str, jax.Array]
 
 
 def _apply(model: Transformer, params, batch: Batch, deterministic: bool, rng: jax.Array | None, method=None):
@@ -40,49 +46,74 @@ def _apply(model: Transformer, params, batch: Batch, deterministic: bool, rng: j
     )
 
 
-def _metrics(logits: jax.Array, batch: Batch, label_smoothing: float) -> dict[str, jax.Array]:
-    weights = (batch["targets"] != PAD_ID).astype(jnp.float32)  # [B, T]
-    metrics = token_losses(logits, batch["targets"], weights, label_smoothing)
-    metrics["source_tokens"] = jnp.sum(batch["inputs"] != PAD_ID).astype(jnp.float32)
-    return metrics
+def _target_weights(batch: Batch) -> jax.Array:
+    return (batch["targets"] != PAD_ID).astype(jnp.float32)  # [B, T]
+
+
+def _source_tokens(batch: Batch) -> jax.Array:
+    return jnp.sum(batch["inputs"] != PAD_ID).astype(jnp.float32)
 
 
 def train_step(
     state: TrainState,
     batch: Batch,
-    rng: jax.Array,
     *,
     model: Transformer,
     optimizer: optax.GradientTransformation,
-    schedule: optax.Schedule,
+    learning_rate: optax.Schedule,
     label_smoothing: float,
-    accumulation_steps: int = 1,
     loss_chunk_tokens: int = 512,
-) -> tuple[TrainState, dict[str, jax.Array]]:
-    """One optimizer step (or micro-step) with teacher forcing and dropout keyed by `rng`.
+) -> tuple[TrainState, Metrics]:
+    """One optimizer step (or micro-step) with teacher forcing, dropout keyed by
+    `state.dropout_key()` (fold_in(state.rng, state.step)).
 
+    `learning_rate` maps the train step to its rate, for the metrics (see `make_optimizer`).
     The output projection and the loss run fused, `loss_chunk_tokens` target positions at a
     time (see output_loss.py; <= 0: the whole batch at once): the [B, T, V] logits are never
     stored whole.
     """
 
     def loss_fn(params):
-        hidden, output_embedding = _apply(model, params, batch, False, rng, Transformer.hidden_states)  # [B, T, D], [V, D]
-        weights = (batch["targets"] != PAD_ID).astype(jnp.float32)  # [B, T]
-        metrics = projected_token_losses(
-            hidden, output_embedding, batch["targets"], weights, label_smoothing, loss_chunk_tokens, model.config.dtype
+        hidden, output_embedding = _apply(  # [B, T, D], [V, D]
+            model, params, batch, False, state.dropout_key(), Transformer.hidden_states
         )
-        metrics["source_tokens"] = jnp.sum(batch["inputs"] != PAD_ID).astype(jnp.float32)
+        metrics = projected_token_losses(
+            hidden, output_embedding, batch["targets"], _target_weights(batch), label_smoothing, loss_chunk_tokens,
+            model.config.dtype,
+        )
+        metrics["source_tokens"] = _source_tokens(batch)
         return metrics["loss_sum"] / jnp.maximum(metrics["weight"], 1.0), metrics
 
     grads, metrics = jax.grad(loss_fn, has_aux=True)(state.params)
     updates, opt_state = optimizer.update(grads, state.opt_state, state.params)
     params = optax.apply_updates(state.params, updates)
     metrics["grad_norm"] = optax.tree.norm(grads)
-    metrics["learning_rate"] = schedule(state.step // accumulation_steps)
+    metrics["learning_rate"] = learning_rate(state.step)
     return state.replace(step=state.step + 1, params=params, opt_state=opt_state), metrics
 
 
-def eval_step(params, batch: Batch, *, model: Transformer, label_smoothing: float) -> dict[str, jax.Array]:
+def eval_step(params, batch: Batch, *, model: Transformer, label_smoothing: float) -> Metrics:
     """Summed loss, weight and accuracy over one batch, dropout off."""
-    return _metrics(_apply(model, params, batch, deterministic=True, rng=None), batch, label_smoothing)  # logits [B, T, V]
+    logits = _apply(model, params, batch, deterministic=True, rng=None)  # [B, T, V]
+    metrics = token_losses(logits, batch["targets"], _target_weights(batch), label_smoothing)
+    metrics["source_tokens"] = _source_tokens(batch)
+    return metrics
+
+
+def make_train_step(
+    model: Transformer,
+    optimizer: optax.GradientTransformation,
+    learning_rate: optax.Schedule,
+    training: ml_collections.ConfigDict,
+) -> Callable[[TrainState, Batch], tuple[TrainState, Metrics]]:
+    """`train_step` with the model, the optimizer and its learning rate (from `make_optimizer`)
+    bound, and the label smoothing and loss chunk of the config's `training` section."""
+    return functools.partial(
+        train_step, model=model, optimizer=optimizer, learning_rate=learning_rate,
+        label_smoothing=training.label_smoothing, loss_chunk_tokens=training.loss_chunk_tokens,
+    )
+
+
+def make_eval_step(model: Transformer, training: ml_collections.ConfigDict) -> Callable[[object, Batch], Metrics]:
+    """`eval_step` with the model and the config's `training.label_smoothing` bound."""
+    return functools.partial(eval_step, model=model, label_smoothing=training.label_smoothing)

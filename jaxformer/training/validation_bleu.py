@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import logging
 import math
-import pathlib
+import os
 from typing import Any
 
 import ml_collections
@@ -13,9 +13,11 @@ from jaxformer.data.pipeline import record_text
 from jaxformer.data.tokenizer import Tokenizer
 from jaxformer.decoding.generate import DecodeSettings
 from jaxformer.decoding.scoring import corpus_scores
-from jaxformer.decoding.translator import Translator, checkpoint_directory
+from jaxformer.decoding.translator import Translator
 from jaxformer.model.config import TransformerConfig
-from jaxformer.training.checkpoint import Checkpointer
+from jaxformer.run.checkpoint import Checkpointer
+from jaxformer.run.directory import RunDirectory
+from jaxformer.run.metadata import CheckpointMetadata
 
 
 def decode_settings(config: ml_collections.ConfigDict) -> DecodeSettings:
@@ -36,7 +38,7 @@ class BleuValidator:
         model_config: TransformerConfig,
         tokenizer: Tokenizer,
         eval_source,
-        workdir: pathlib.Path,
+        workdir: str | os.PathLike,
     ):
         data = config.data
         count = config.training.bleu_examples or len(eval_source)
@@ -46,17 +48,19 @@ class BleuValidator:
         self.translator = Translator(
             model_config, None, tokenizer, decode_settings(config), batch_size=config.decoding.batch_size
         )
-        self.best = Checkpointer(checkpoint_directory(workdir, "best"), keep=1)
-        best_metadata = self.best.latest_metadata()
-        self.best_bleu = best_metadata["bleu"] if best_metadata else -math.inf
+        self.best = Checkpointer(RunDirectory(workdir).best, keep=1)
+        best = self.best.latest_metadata()
+        self.best_bleu = best.bleu if best is not None and best.bleu is not None else -math.inf
 
-    def __call__(self, step: int, params: Any, metadata: dict[str, Any]) -> dict[str, float]:
+    def __call__(self, step: int, params: Any, metadata: CheckpointMetadata) -> dict[str, float]:
+        """Scores `params`; when BLEU improves, saves them to workdir/best with `metadata`
+        (its step and BLEU set to this step's)."""
         hypotheses = self.translator.with_params(params).translate(self.sources)
         scores = corpus_scores(hypotheses, self.references)
         logging.info("step %d: validation BLEU %.2f on %d sentences (%s)", step, scores["bleu"], len(hypotheses), scores["bleu_signature"])
         if scores["bleu"] > self.best_bleu:
             self.best_bleu = scores["bleu"]
-            self.best.save_params(step, params, {**metadata, "step": step, "bleu": scores["bleu"]})
+            self.best.save_params(step, params, metadata.replace(step=step, bleu=scores["bleu"]))
             logging.info("step %d: best validation BLEU so far; parameters saved to %s", step, self.best.directory)
         return {"bleu": scores["bleu"], "chrf": scores["chrf"], "lowercase_bleu": scores["lowercase_bleu"], "best_bleu": self.best_bleu}
 

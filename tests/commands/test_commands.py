@@ -13,8 +13,9 @@ import sacrebleu
 
 from jaxformer.commands import average_checkpoints, evaluate, translate
 from jaxformer.data.parallel_text import DataError
-from jaxformer.decoding.translator import Translator, load_checkpoint
-from jaxformer.training.checkpoint import CheckpointError
+from jaxformer.decoding.translator import Translator
+from jaxformer.errors import CheckpointError
+from jaxformer.run.loading import load_checkpoint
 from tests.conftest import make_workdir, read_raw
 
 pytestmark = pytest.mark.xdist_group("decoding-workdir")
@@ -113,7 +114,7 @@ def test_average_of_the_last_checkpoints(tmp_path):
     workdir, params, _ = make_workdir(tmp_path / "run", steps=(10, 20, 30, 40), scale=lambda step: step / 10)
     average_checkpoints.main(["--workdir", str(workdir), "--last", "3"])
     step, metadata, averaged = load_checkpoint(workdir, "averaged")
-    assert step == 40 and metadata["averaged_steps"] == [20, 30, 40]
+    assert step == 40 and metadata.step == 40 and metadata.averaged_steps == (20, 30, 40)
     expected = jax.tree.map(lambda leaf: np.asarray(leaf) * 3.0, params)  # mean of 2x, 3x, 4x
     jax.tree.map(lambda a, b: np.testing.assert_allclose(a, b, rtol=1e-6), averaged, expected)
     Translator.from_workdir(workdir, "averaged", settings=translate_settings()).translate(["A cat."])

@@ -4,8 +4,9 @@ import numpy as np
 import pytest
 
 from jaxformer.decoding.generate import DecodeSettings
-from jaxformer.decoding.translator import Translator, load_checkpoint
-from jaxformer.training.checkpoint import CheckpointError
+from jaxformer.decoding.translator import Translator
+from jaxformer.errors import CheckpointError
+from jaxformer.run.loading import load_checkpoint
 from tests.conftest import make_workdir, read_raw
 
 pytestmark = pytest.mark.xdist_group("decoding-workdir")

@@ -3,7 +3,10 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from jaxformer.training.loss import label_smoothed_cross_entropy, negative_log_likelihood, token_accuracy
+from jaxformer.training.loss import (
+    label_smoothed_cross_entropy, logits_gradient, negative_log_likelihood, token_accuracy, token_terms,
+    weighted_sums,
+)
 
 
 def numpy_smoothed_loss(logits, targets, weights, smoothing):
@@ -72,3 +75,15 @@ def test_accuracy_counts_the_arg_max():
     weights = jnp.ones((4, 9))
     correct, _ = token_accuracy(logits, targets, weights)
     assert float(correct) == float(np.sum(np.argmax(np.asarray(logits), -1) == np.asarray(targets)))
+
+
+@pytest.mark.parametrize("smoothing", [0.0, 0.1])
+def test_closed_form_gradient_is_the_gradient_of_the_terms(smoothing):
+    """`logits_gradient` (what the fused output loss uses) = autodiff of `token_terms`' loss."""
+    logits = jax.random.normal(jax.random.key(5), (2, 4, 9)) * 3
+    targets = jax.random.randint(jax.random.key(6), (2, 4), 0, 9)
+    weights = jnp.array([[1.0, 1.0, 1.0, 0.0], [1.0, 0.0, 0.0, 0.0]])
+    terms = token_terms(logits, targets, smoothing)
+    autodiff = jax.grad(lambda x: weighted_sums(token_terms(x, targets, smoothing), weights)["loss_sum"])(logits)
+    np.testing.assert_allclose(logits_gradient(terms, weights, smoothing), autodiff, atol=1e-6)
+    np.testing.assert_allclose(terms.exp / terms.total[..., None], jax.nn.softmax(logits), rtol=1e-6)

@@ -12,6 +12,7 @@ from jax.sharding import PartitionSpec
 from jaxformer.model.config import preset
 from jaxformer.model.transformer import Transformer
 from jaxformer.training import sharding
+from jaxformer.training.experiment import default_config
 from jaxformer.training.optimizer import make_optimizer
 from jaxformer.training.state import make_init_fn
 from jaxformer.training.step import train_step
@@ -41,21 +42,23 @@ def one_step(mesh_shape, devices, adam=False):
     rules = sharding.DEFAULT_RULES
     model = Transformer(CONFIG)
     if adam:
-        optimizer, schedule = make_optimizer(CONFIG.d_model, warmup_steps=10)
+        optimizer_config = default_config().optimizer
+        optimizer_config.warmup_steps = 10
+        optimizer, learning_rate = make_optimizer(optimizer_config, CONFIG.d_model)
     else:
-        optimizer, schedule = optax.sgd(1.0), optax.constant_schedule(1.0)
+        optimizer, learning_rate = optax.sgd(1.0), optax.constant_schedule(1.0)
     with jax.set_mesh(mesh), nn.logical_axis_rules(rules):
         boxed = jax.eval_shape(make_init_fn(model, optimizer, LENGTH, LENGTH, boxed=True), 0)
         state_shardings = sharding.logical_shardings(boxed, mesh, rules)
         state = jax.jit(make_init_fn(model, optimizer, LENGTH, LENGTH), out_shardings=state_shardings)(0)
         batch_sharding = sharding.batch_sharding(mesh, rules)
         step = jax.jit(
-            functools.partial(train_step, model=model, optimizer=optimizer, schedule=schedule, label_smoothing=0.1),
-            in_shardings=(state_shardings, batch_sharding, sharding.replicated(mesh)),
+            functools.partial(train_step, model=model, optimizer=optimizer, learning_rate=learning_rate, label_smoothing=0.1),
+            in_shardings=(state_shardings, batch_sharding),
             out_shardings=(state_shardings, sharding.replicated(mesh)),
         )
         initial = jax.device_get(state)
-        new_state, metrics = step(state, sharding.global_batch(batch_of_8(), batch_sharding), jax.random.PRNGKey(3))
+        new_state, metrics = step(state, sharding.global_batch(batch_of_8(), batch_sharding))
     return initial, new_state, float(metrics["loss_sum"] / metrics["weight"])
 
 

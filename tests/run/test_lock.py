@@ -8,7 +8,7 @@ import sys
 
 import pytest
 
-from jaxformer.training.workdir_lock import WorkdirLock, WorkdirLockedError
+from jaxformer.run.lock import WorkdirLock, WorkdirLockedError
 from tests.training.test_loop import command, environment, losses
 
 

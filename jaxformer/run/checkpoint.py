@@ -1,8 +1,10 @@
 """Orbax checkpoints of the train state, the data iterator and the run's metadata.
 
 Each step directory holds `state` (params, optimizer state, step, RNG), `data` (the grain
-iterator's position) and `metadata` (the experiment config and the sentencepiece model), so
-a checkpoint alone can resume training or translate.
+iterator's position) and `metadata` (a `CheckpointMetadata`: the experiment config, the model
+config and the sentencepiece model; run/metadata.py), so a checkpoint alone can resume
+training or translate. Parameters-only checkpoints (best, averaged) have no `data` and hold
+`{"params": ...}` as their state.
 
 Orbax stores arrays in zstd frames without a checksum of their content: a flipped bit in
 a data file restores silently as a different number. So every save also records, in the
@@ -16,7 +18,6 @@ warning that they are unverified.
 from __future__ import annotations
 
 import asyncio
-import base64
 import contextlib
 import logging
 import pathlib
@@ -30,8 +31,7 @@ import numpy as np
 import orbax.checkpoint as ocp
 
 from jaxformer.errors import CheckpointError
-from jaxformer.training.checksums import (  # noqa: F401  (ChecksumError, CHECKSUMS: re-exported)
-    CHECKSUMS,
+from jaxformer.run.checksums import (  # noqa: F401  (ChecksumError: re-exported)
     ChecksumError,
     saved_checksums,
     verify_arrays,
@@ -39,14 +39,7 @@ from jaxformer.training.checksums import (  # noqa: F401  (ChecksumError, CHECKS
     verify_metadata,
     with_checksums,
 )
-
-
-def encode_bytes(data: bytes) -> str:
-    return base64.b64encode(data).decode("ascii")
-
-
-def decode_bytes(text: str) -> bytes:
-    return base64.b64decode(text.encode("ascii"))
+from jaxformer.run.metadata import CheckpointMetadata
 
 
 def _no_missing_metadata_warning(record: logging.LogRecord) -> bool:
@@ -131,10 +124,17 @@ class Checkpointer:
         logging.warning("moved the damaged checkpoint of step %d to %s", step, target)
         return target
 
-    def save(self, step: int, state: Any, data_iterator, metadata: dict[str, Any]) -> None:
+    def _check_step(self, step: int, metadata: CheckpointMetadata) -> None:
+        if not isinstance(metadata, CheckpointMetadata):
+            raise TypeError(f"checkpoint metadata must be a CheckpointMetadata, not {type(metadata).__name__}")
+        if metadata.step != step:
+            raise ValueError(f"saving step {step} with the metadata of step {metadata.step}: use metadata.replace(step={step})")
+
+    def save(self, step: int, state: Any, data_iterator, metadata: CheckpointMetadata) -> None:
         """Saves asynchronously (`wait` or the next save waits for it), with checksums of
-        `state`'s arrays, of the iterator's position and of `metadata` (which is not modified)."""
+        `state`'s arrays, of the iterator's position and of `metadata` (whose step must be `step`)."""
         self._writable()
+        self._check_step(step, metadata)
         if step in self.manager.all_steps():  # left by a run that could not restore it
             self.set_aside(step)
         self.manager.save(
@@ -142,21 +142,22 @@ class Checkpointer:
             args=ocp.args.Composite(
                 state=ocp.args.StandardSave(state),
                 data=grain.checkpoint.CheckpointSave(data_iterator),
-                metadata=ocp.args.JsonSave(with_checksums(metadata, state, data_iterator)),
+                metadata=ocp.args.JsonSave(with_checksums(metadata.to_json(), state, data_iterator)),
             ),
             force=True,
         )
 
-    def save_params(self, step: int, params: Any, metadata: dict[str, Any]) -> None:
+    def save_params(self, step: int, params: Any, metadata: CheckpointMetadata) -> None:
         """A parameters-only checkpoint (best or averaged weights): enough to translate, not to resume."""
         self._writable()
+        self._check_step(step, metadata)
         if step in self.manager.all_steps():
             self.set_aside(step)
         state = {"params": params}
         self.manager.save(
             step,
             args=ocp.args.Composite(
-                state=ocp.args.StandardSave(state), metadata=ocp.args.JsonSave(with_checksums(metadata, state))
+                state=ocp.args.StandardSave(state), metadata=ocp.args.JsonSave(with_checksums(metadata.to_json(), state))
             ),
             force=True,
         )
@@ -168,21 +169,25 @@ class Checkpointer:
     def metadata_file(self, step: int) -> pathlib.Path:
         return self.directory / str(step) / "metadata" / "metadata"
 
-    def read_metadata(self, step: int) -> dict[str, Any]:
-        """The metadata of checkpoint `step`; `CheckpointError` naming its file if it cannot be
-        read or does not match its checksum."""
+    def _read_json(self, step: int) -> dict[str, Any]:
+        """The metadata JSON of checkpoint `step`, checksums included, verified against its checksum."""
         path = self.metadata_file(step)
         try:
             with _draining_event_loops():
-                metadata = self.manager.restore(step, args=ocp.args.Composite(metadata=ocp.args.JsonRestore()))["metadata"]
+                values = self.manager.restore(step, args=ocp.args.Composite(metadata=ocp.args.JsonRestore()))["metadata"]
         except Exception as error:
             if not path.exists():
                 raise CheckpointError(f"cannot read the metadata of checkpoint {step}: {path} does not exist") from error
             raise CheckpointError(f"cannot read {path} ({_first_line(error)})") from error
-        verify_metadata(metadata, str(path))
-        return metadata
+        verify_metadata(values, str(path))
+        return values
 
-    def latest_step_metadata(self) -> tuple[int, dict[str, Any]] | None:
+    def read_metadata(self, step: int) -> CheckpointMetadata:
+        """The metadata of checkpoint `step`; `CheckpointError` naming its file if it cannot be
+        read, does not match its checksum, or is not a jaxformer checkpoint's."""
+        return CheckpointMetadata.from_json(self._read_json(step), str(self.metadata_file(step)))
+
+    def latest_step_metadata(self) -> tuple[int, CheckpointMetadata] | None:
         """(step, metadata) of the newest checkpoint whose metadata reads; None without checkpoints."""
         for step in reversed(self.steps()):
             try:
@@ -193,23 +198,21 @@ class Checkpointer:
                     logging.warning("cannot read the metadata of checkpoint %d (%s)", step, error)
         return None
 
-    def latest_metadata(self) -> dict[str, Any] | None:
+    def latest_metadata(self) -> CheckpointMetadata | None:
         """The metadata of the newest checkpoint whose metadata reads; None without checkpoints."""
         latest = self.latest_step_metadata()
         return None if latest is None else latest[1]
 
-    def restore_params(self, step: int, abstract_params: Any | None = None, metadata: dict[str, Any] | None = None) -> Any:
+    def restore_params(self, step: int, abstract_params: Any | None = None) -> Any:
         """Only the model parameters of checkpoint `step` (the optimizer state is not read),
         as host NumPy arrays or, given `abstract_params`, with its shapes, dtypes and shardings;
-        verified against the checksums in the step's metadata (read unless given).
+        verified against the checksums in the step's metadata.
         `CheckpointError` (a `ChecksumError` for a mismatch) names what is damaged."""
         self.manager.wait_until_finished()
         path = self.directory / str(step) / "state"
         if not path.exists():
             raise CheckpointError(f"{path} does not exist; the checkpoints in {self.directory} are {self.steps()}")
-        if metadata is None:
-            metadata = self.read_metadata(step)
-        checksums = saved_checksums(metadata, str(path.parent))
+        checksums = saved_checksums(self._read_json(step), str(path.parent))
         absl_logger = logging.getLogger("absl")
         absl_logger.addFilter(_no_missing_metadata_warning)  # reading one item directly has no step metadata; harmless
         try:
@@ -252,7 +255,7 @@ class Checkpointer:
             checkpointer.close()
         return restored["params"]
 
-    def restore_latest(self, abstract_state: Any, data_iterator) -> tuple[int, Any, dict[str, Any]] | None:
+    def restore_latest(self, abstract_state: Any, data_iterator) -> tuple[int, Any, CheckpointMetadata] | None:
         """(step, state, metadata) of the newest checkpoint that restores and matches its
         checksums; `data_iterator` is moved to its position. A damaged newest checkpoint is set
         aside with a warning and the previous one used; None when there is no checkpoint at all;
@@ -271,9 +274,10 @@ class Checkpointer:
                             metadata=ocp.args.JsonRestore(),
                         ),
                     )
-                metadata = restored["metadata"]
-                verify_metadata(metadata, str(self.metadata_file(step)))
-                checksums = saved_checksums(metadata, where)
+                values = restored["metadata"]
+                verify_metadata(values, str(self.metadata_file(step)))
+                metadata = CheckpointMetadata.from_json(values, str(self.metadata_file(step)))
+                checksums = saved_checksums(values, where)
                 if checksums is not None:
                     verify_arrays(restored["state"], checksums, where)
                     verify_iterator(data_iterator, checksums, where)

@@ -17,8 +17,7 @@ import sys
 import time
 
 from jaxformer.errors import UserError
-
-LOCK_FILE = "lock"
+from jaxformer.run.directory import RunDirectory
 
 
 class WorkdirLockedError(UserError):
@@ -53,8 +52,8 @@ def _describe(holder: dict) -> str:
 class WorkdirLock:
     """`with WorkdirLock(workdir):` holds `<workdir>/lock` for the block (process 0 of a run)."""
 
-    def __init__(self, workdir: str | pathlib.Path):
-        self.path = pathlib.Path(workdir) / LOCK_FILE
+    def __init__(self, workdir: str | os.PathLike):
+        self.path = RunDirectory(workdir).lock_file
         self.held = False
 
     def _record(self) -> dict:
@@ -104,7 +103,7 @@ class WorkdirLock:
                 )
             # Its holder is dead: move the stale file aside atomically (only one taker wins the
             # rename), then create our own.
-            stale = self.path.with_name(f"{LOCK_FILE}.stale-{os.getpid()}")
+            stale = self.path.with_name(f"{self.path.name}.stale-{os.getpid()}")
             try:
                 os.rename(self.path, stale)
             except FileNotFoundError:

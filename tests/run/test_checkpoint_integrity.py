@@ -1,9 +1,7 @@
-"""Checksums of checkpoint arrays, data-iterator state and metadata; the tokenizer check on resume."""
+"""Checksums of checkpoint arrays, data-iterator state and metadata, verified at restore."""
 
-import copy
 import json
 import logging
-import pathlib
 import shutil
 import sys
 import time
@@ -17,10 +15,11 @@ import pytest
 from jax.sharding import Mesh, NamedSharding, PartitionSpec
 
 from jaxformer.data.pipeline import ShardedBatches
-from jaxformer.training.checkpoint import Checkpointer, CheckpointError
-from jaxformer.training.checksums import ChecksumError, array_checksums
+from jaxformer.errors import CheckpointError
+from jaxformer.run.checkpoint import Checkpointer
+from jaxformer.run.checksums import ChecksumError, array_checksums
+from jaxformer.run.metadata import CheckpointMetadata
 from jaxformer.training.state import TrainState
-from tests.conftest import make_workdir, read_raw
 
 
 def make_state(seed):
@@ -55,7 +54,9 @@ def sharded_abstract(state):
     return jax.tree.map(spec, state)
 
 
-METADATA = {"config": {"seed": 1, "rate": 0.1}, "model": {"d_model": 48}, "tokenizer": "AAAA"}
+METADATA = CheckpointMetadata(
+    config={"seed": 1, "rate": 0.1}, model={"d_model": 48}, tokenizer=b"\0\0\0", data_fingerprint=None, step=0
+)
 
 
 @pytest.fixture(scope="module")
@@ -68,7 +69,7 @@ def saved(tmp_path_factory):
     for step in (1, 2):
         for _ in range(3):
             next(iterator)
-        checkpointer.save(step, make_state(step), iterator, {**METADATA, "step": step})
+        checkpointer.save(step, make_state(step), iterator, METADATA.replace(step=step))
         batches[step] = next(make_copy(iterator))["x"]
     checkpointer.close()
     return directory, batches
@@ -174,7 +175,7 @@ def test_checksum_ignores_the_sharding_and_sees_every_bit(dtype):
 @pytest.mark.parametrize("dtype", ["float32", "bfloat16", "int8", "bool", "uint32"])
 def test_accelerator_and_cpu_forms_of_the_checksum_agree(shape, dtype):
     """Accelerators sum elementwise on device, the CPU by matrix products: the same numbers."""
-    from jaxformer.training.checksums import _contracted_sums, _elementwise_sums, _host_words
+    from jaxformer.run.checksums import _contracted_sums, _elementwise_sums, _host_words
 
     rng = np.random.default_rng(1)
     host = (rng.standard_normal(shape) * 1e4).astype(jnp.dtype(dtype))
@@ -185,7 +186,7 @@ def test_accelerator_and_cpu_forms_of_the_checksum_agree(shape, dtype):
     on_host = np.asarray(_contracted_sums(jnp.asarray(_host_words(host))))
     np.testing.assert_array_equal(on_device, on_host)
     # against Python integers: sum over elements of word * product of the axis factors, mod 2**32
-    from jaxformer.training.checksums import _axis_weights
+    from jaxformer.run.checksums import _axis_weights
 
     words = _host_words(host).astype(object)
     factors = [np.asarray(_axis_weights(size, axis)).astype(object) for axis, size in enumerate(words.shape)]
@@ -209,21 +210,24 @@ def test_checksum_of_prng_keys_and_paths():
 # ------------------------------------------------------------------------------------------
 
 
-def test_save_records_checksums_without_touching_the_callers_metadata(tmp_path):
-    metadata = {**copy.deepcopy(METADATA), "checksums": "stale"}
-    before = copy.deepcopy(metadata)
+def test_save_records_checksums_beside_the_metadata(tmp_path):
     checkpointer = Checkpointer(tmp_path / "checkpoints", keep=None)
     state = make_state(1)
-    checkpointer.save(1, state, make_iterator(), metadata)
-    checkpointer.save_params(2, state.params, metadata)
+    checkpointer.save(1, state, make_iterator(), METADATA.replace(step=1))
+    checkpointer.save_params(2, state.params, METADATA.replace(step=2, bleu=12.5))
+    with pytest.raises(ValueError, match="saving step 3 with the metadata of step 2"):
+        checkpointer.save_params(3, state.params, METADATA.replace(step=2))
     checkpointer.close()
-    assert metadata == before
+    reader = Checkpointer(tmp_path / "checkpoints", keep=None, read_only=True)
     for step, first in ((1, "opt_state/0/mu/dense/kernel"), (2, "params/dense/kernel")):
-        written = json.loads((tmp_path / "checkpoints" / str(step) / "metadata" / "metadata").read_text())
-        checksums = written["checksums"]
+        written = json.loads(reader.metadata_file(step).read_text())
+        checksums = written.pop("checksums")
         assert first in checksums["arrays"] and "params/embedding" in checksums["arrays"]
         assert ("data_iterator" in checksums) == (step == 1)
-        assert {k: v for k, v in written.items() if k != "checksums"} == {k: v for k, v in before.items() if k != "checksums"}
+        expected = METADATA.replace(step=step, bleu=12.5 if step == 2 else None)
+        assert written == expected.to_json() and written["tokenizer"] == "AAAA"  # base64 in the file
+        assert reader.read_metadata(step) == expected
+    reader.close()
 
 
 def test_restore_verifies_and_resumes_the_data_iterator(saved, tmp_path, caplog):
@@ -275,7 +279,7 @@ def test_a_flipped_bit_in_array_data_is_a_damaged_checkpoint(saved, tmp_path, ca
 def test_flipped_bits_in_parameters_only_checkpoints_name_the_array(tmp_path):
     directory = tmp_path / "params"
     checkpointer = Checkpointer(directory, keep=None)
-    checkpointer.save_params(5, make_state(5).params, METADATA)
+    checkpointer.save_params(5, make_state(5).params, METADATA.replace(step=5))
     checkpointer.close()
     checksum_errors = 0
     for index, fraction in enumerate(FLIPS):
@@ -317,7 +321,7 @@ def test_changed_metadata_is_a_damaged_checkpoint(saved, tmp_path, caplog):
     checkpointer = Checkpointer(directory, keep=None)
     with pytest.raises(ChecksumError, match=f"{path} is damaged"):
         checkpointer.read_metadata(2)
-    assert checkpointer.latest_metadata()["step"] == 1
+    assert checkpointer.latest_metadata().step == 1
     with caplog.at_level(logging.WARNING):
         step, _, _ = checkpointer.restore_latest(sharded_abstract(make_state(0)), make_iterator())
     checkpointer.close()
@@ -355,7 +359,7 @@ def test_a_failed_restore_leaves_no_event_loop_errors(tmp_path, capfd, monkeypat
     rng = np.random.default_rng(0)
     params = {f"layer_{i}": jnp.asarray(rng.standard_normal((32, 64), np.float32)) for i in range(100)}
     checkpointer = Checkpointer(tmp_path / "checkpoints", keep=None)
-    checkpointer.save_params(1, params, METADATA)
+    checkpointer.save_params(1, params, METADATA.replace(step=1))
     checkpointer.close()
     for path in data_files(tmp_path / "checkpoints" / "1"):
         path.write_bytes(path.read_bytes()[: path.stat().st_size // 2])
@@ -367,50 +371,3 @@ def test_a_failed_restore_leaves_no_event_loop_errors(tmp_path, capfd, monkeypat
     time.sleep(0.5)  # reads left running would report to the closed event loop by now
     assert not unraisable
     assert "Event loop is closed" not in "".join(capfd.readouterr())
-
-
-# ------------------------------------------------------------------------------------------
-# The workdir's tokenizer against the checkpoint's.
-# ------------------------------------------------------------------------------------------
-
-
-@pytest.fixture(scope="module")
-def tokenizer_run(tmp_path_factory):
-    from jaxformer.data.tokenizer import train_tokenizer
-    from jaxformer.training import experiment
-
-    workdir, _, tokenizer = make_workdir(tmp_path_factory.mktemp("tokenizer-run"), steps=(20,))
-    other = train_tokenizer(read_raw("train.en.gz")[3000:4500] + read_raw("train.de.gz")[3000:4500], vocab_size=500)
-    assert other.vocab_size == tokenizer.vocab_size and other.model_proto != tokenizer.model_proto
-    config = experiment.default_config()
-    config.tokenizer.vocab_size = tokenizer.vocab_size
-    return pathlib.Path(workdir), config, tokenizer, other
-
-
-def test_workdir_tokenizer_is_checked_against_the_checkpoint(tokenizer_run, tmp_path):
-    from jaxformer.training.loop import TOKENIZER_FILE, _tokenizer_for
-
-    run, config, tokenizer, other = tokenizer_run
-    checkpointer = Checkpointer(run / "checkpoints", keep=None)
-    path = tmp_path / TOKENIZER_FILE
-    try:
-        assert _tokenizer_for(config, tmp_path, None, checkpointer).model_proto == tokenizer.model_proto
-        assert path.read_bytes() == tokenizer.model_proto  # restored from the checkpoint
-        assert _tokenizer_for(config, tmp_path, None, checkpointer).model_proto == tokenizer.model_proto
-
-        other.save(path)  # another valid model of the same size
-        with pytest.raises(CheckpointError) as raised:
-            _tokenizer_for(config, tmp_path, None, checkpointer)
-        message = str(raised.value)
-        assert str(path) in message and f"checkpoint 20 of {run / 'checkpoints'}" in message
-        assert "delete" in message and "\n" not in message
-
-        path.write_bytes(tokenizer.model_proto[: len(tokenizer.model_proto) // 3])  # truncated
-        with pytest.raises(CheckpointError) as raised:
-            _tokenizer_for(config, tmp_path, None, checkpointer)
-        assert str(path) in str(raised.value) and "delete it" in str(raised.value)
-
-        path.unlink()
-        assert _tokenizer_for(config, tmp_path, None, checkpointer).model_proto == tokenizer.model_proto
-    finally:
-        checkpointer.close()

@@ -8,10 +8,10 @@ import shutil
 import numpy as np
 import pytest
 
-from jaxformer.decoding.translator import load_checkpoint
-from jaxformer.training.checkpoint import CheckpointError
+from jaxformer.errors import CheckpointError
+from jaxformer.run.loading import load_checkpoint
 from tests.conftest import make_workdir
-from tests.training.test_checkpoint_integrity import flip_bit
+from tests.run.test_checkpoint_integrity import flip_bit
 
 
 @pytest.fixture(scope="module")
@@ -52,7 +52,7 @@ def test_latest_skips_a_damaged_newest_step_without_touching_the_workdir(workdir
     before = snapshot(workdir)
     with caplog.at_level(logging.WARNING):
         step, metadata, params = load_checkpoint(workdir)
-    assert step == 20 and metadata["step"] == 20
+    assert step == 20 and metadata.step == 20
     np.testing.assert_array_equal(first_kernel(params), first_kernel(original))
     warnings = [r.getMessage() for r in caplog.records if r.levelno >= logging.WARNING]
     assert any(

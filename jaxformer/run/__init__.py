@@ -1,0 +1,1 @@
+"""A training run on disk: its directory's layout, the checkpoint format, loading a run."""

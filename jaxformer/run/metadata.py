@@ -1,0 +1,112 @@
+"""The metadata stored with every checkpoint: what is needed, besides the arrays, to resume
+the run or to translate with it.
+
+In the checkpoint it is a JSON object (the `metadata` item of each step directory):
+
+    {"config": {...},              the experiment config (ml_collections ConfigDict.to_dict())
+     "model": {...},               the model's TransformerConfig.to_dict()
+     "tokenizer": "<base64>",      the sentencepiece model proto
+     "data_fingerprint": "..." | null,   what the training data was prepared from (data/sources.py)
+     "step": 1000,
+     "bleu": 27.3,                 best/ checkpoints only: the validation BLEU that made them best
+     "averaged_steps": [800, 900, 1000],  averaged/ checkpoints only
+     "checksums": {...}}           added and verified by run/checkpoint.py (run/checksums.py)
+
+Checkpoints written before this schema (plain dicts, possibly without "data_fingerprint")
+read the same way; keys this version does not know are ignored.
+"""
+
+from __future__ import annotations
+
+import base64
+import binascii
+import dataclasses
+from collections.abc import Mapping
+from typing import Any
+
+from jaxformer.data.tokenizer import Tokenizer
+from jaxformer.errors import CheckpointError
+from jaxformer.model.config import TransformerConfig
+
+
+@dataclasses.dataclass(frozen=True)
+class CheckpointMetadata:
+    """A checkpoint's metadata: `to_json()` for writing, `from_json()` (validated) for reading."""
+
+    config: dict[str, Any]  # the experiment config, as ConfigDict.to_dict()
+    model: dict[str, Any]  # TransformerConfig.to_dict()
+    tokenizer: bytes  # the sentencepiece model proto (base64 in JSON)
+    data_fingerprint: str | None  # None for datasets without one, and in checkpoints from before fingerprints
+    step: int
+    bleu: float | None = None  # set in best/ checkpoints
+    averaged_steps: tuple[int, ...] | None = None  # set in averaged/ checkpoints
+
+    def replace(self, **changes: Any) -> CheckpointMetadata:
+        return dataclasses.replace(self, **changes)
+
+    def model_config(self) -> TransformerConfig:
+        return TransformerConfig.from_dict(self.model)
+
+    def load_tokenizer(self) -> Tokenizer:
+        """The sentencepiece model (`TokenizerError` if the stored bytes are not a usable one)."""
+        return Tokenizer(self.tokenizer)
+
+    def to_json(self) -> dict[str, Any]:
+        """The JSON object stored in the checkpoint (without its checksums)."""
+        values: dict[str, Any] = {
+            "config": self.config,
+            "model": self.model,
+            "tokenizer": base64.b64encode(self.tokenizer).decode("ascii"),
+            "data_fingerprint": self.data_fingerprint,
+            "step": int(self.step),
+        }
+        if self.bleu is not None:
+            values["bleu"] = float(self.bleu)
+        if self.averaged_steps is not None:
+            values["averaged_steps"] = [int(step) for step in self.averaged_steps]
+        return values
+
+    @classmethod
+    def from_json(cls, values: Any, where: str) -> CheckpointMetadata:
+        """The metadata in the JSON object `values` read from `where` (a file, for messages);
+        `CheckpointError` naming `where` and the key if a key is missing or has the wrong type."""
+        if not isinstance(values, Mapping):
+            raise CheckpointError(f"{where} holds a JSON {_json_type(values)}, not an object: not a jaxformer checkpoint's metadata")
+
+        def fail(key: str, problem: str) -> CheckpointError:
+            return CheckpointError(f"{where}: key {key!r} {problem}; not a jaxformer checkpoint's metadata")
+
+        missing = [key for key in ("config", "model", "tokenizer", "step") if key not in values]
+        if missing:
+            raise fail(missing[0], "is missing")
+
+        def typed(key: str, kinds: tuple[type, ...], expected: str, optional: bool = False) -> Any:
+            value = values.get(key)
+            if value is None and optional:
+                return None
+            if not isinstance(value, kinds) or isinstance(value, bool):
+                raise fail(key, f"holds a JSON {_json_type(value)}, not {expected}")
+            return value
+
+        try:
+            tokenizer = base64.b64decode(typed("tokenizer", (str,), "a base64 string").encode("ascii"), validate=True)
+        except (binascii.Error, UnicodeEncodeError):
+            raise fail("tokenizer", "is not valid base64") from None
+        averaged = typed("averaged_steps", (list,), "a list of steps", optional=True)
+        if averaged is not None and not all(isinstance(s, int) and not isinstance(s, bool) for s in averaged):
+            raise fail("averaged_steps", "holds something other than integer steps")
+        bleu = typed("bleu", (int, float), "a number", optional=True)
+        return cls(
+            config=dict(typed("config", (Mapping,), "an object")),
+            model=dict(typed("model", (Mapping,), "an object")),
+            tokenizer=tokenizer,
+            data_fingerprint=typed("data_fingerprint", (str,), "a string", optional=True),
+            step=typed("step", (int,), "an integer"),
+            bleu=None if bleu is None else float(bleu),
+            averaged_steps=None if averaged is None else tuple(averaged),
+        )
+
+
+def _json_type(value: Any) -> str:
+    names = {bool: "boolean", int: "integer", float: "number", str: "string", list: "array", dict: "object"}
+    return "null" if value is None else names.get(type(value), type(value).__name__)

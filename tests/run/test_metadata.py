@@ -1,0 +1,122 @@
+"""The run directory's layout and the checkpoint metadata schema, old checkpoints included."""
+
+import dataclasses
+import json
+import logging
+import os
+import pathlib
+import shutil
+
+import pytest
+
+from jaxformer.errors import CheckpointError
+from jaxformer.run.checksums import _metadata_digest
+from jaxformer.run.directory import CHECKPOINT_KINDS, RunDirectory
+from jaxformer.run.loading import load_checkpoint
+from jaxformer.run.metadata import CheckpointMetadata
+from tests.conftest import make_workdir
+
+METADATA = CheckpointMetadata(
+    config={"data": {"name": "multi30k"}}, model={"preset": "tiny", "vocab_size": 500}, tokenizer=b"\x0a\x0bproto",
+    data_fingerprint="sha256:" + "0" * 64, step=7,
+)
+
+
+def test_run_directory_layout(tmp_path):
+    run = RunDirectory(str(tmp_path))
+    assert run.path == tmp_path and RunDirectory(run) == run and os.fspath(run) == str(tmp_path) == str(run)
+    assert pathlib.Path(run) / "x" == tmp_path / "x"
+    assert [run.checkpoint_directory(which) for which in CHECKPOINT_KINDS] == [
+        tmp_path / "checkpoints", tmp_path / "best", tmp_path / "averaged"
+    ]
+    assert (run.checkpoints, run.best, run.averaged) == (tmp_path / "checkpoints", tmp_path / "best", tmp_path / "averaged")
+    assert run.lock_file == tmp_path / "lock" and run.tokenizer_file == tmp_path / "tokenizer.model"
+    assert run.metrics_file == tmp_path / "metrics.jsonl" and run.tensorboard_dir == tmp_path / "tensorboard"
+    assert run.last_metrics_file == tmp_path / "last_metrics.json"
+    with pytest.raises(ValueError, match="choose one of latest, best, averaged or a step number"):
+        run.checkpoint_directory("newest")
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        run.path = tmp_path / "other"
+    assert not list(tmp_path.iterdir())  # paths only: nothing created
+
+
+def test_metadata_round_trips_through_json():
+    values = json.loads(json.dumps(METADATA.to_json()))
+    assert values == {
+        "config": METADATA.config, "model": METADATA.model, "tokenizer": "Cgtwcm90bw==",
+        "data_fingerprint": METADATA.data_fingerprint, "step": 7,
+    }
+    assert CheckpointMetadata.from_json(values, "here") == METADATA
+    best = METADATA.replace(step=9, bleu=31.25)
+    averaged = METADATA.replace(averaged_steps=(5, 6, 7))
+    assert CheckpointMetadata.from_json(json.loads(json.dumps(best.to_json())), "here") == best
+    assert json.loads(json.dumps(averaged.to_json()))["averaged_steps"] == [5, 6, 7]
+    assert CheckpointMetadata.from_json(json.loads(json.dumps(averaged.to_json())), "here") == averaged
+    assert METADATA.step == 7 and best.step == 9  # replace makes a copy
+
+
+def test_metadata_from_older_and_newer_writers():
+    old = {"config": {}, "model": {}, "tokenizer": "AAAA", "step": 3, "checksums": {"format": 1}}  # before fingerprints
+    metadata = CheckpointMetadata.from_json(old, "old")
+    assert metadata.data_fingerprint is None and metadata.tokenizer == b"\0\0\0" and metadata.bleu is None
+    assert CheckpointMetadata.from_json({**old, "bleu": 20, "written_by": "a later version"}, "new").bleu == 20.0
+
+
+@pytest.mark.parametrize(
+    ("change", "message"),
+    [
+        ({"model": None}, "key 'model' is missing"),
+        ({"step": "3"}, "key 'step' holds a JSON string, not an integer"),
+        ({"step": True}, "key 'step' holds a JSON boolean, not an integer"),
+        ({"config": [1]}, "key 'config' holds a JSON array, not an object"),
+        ({"tokenizer": 12}, "key 'tokenizer' holds a JSON integer, not a base64 string"),
+        ({"tokenizer": "not base64!"}, "key 'tokenizer' is not valid base64"),
+        ({"data_fingerprint": 5}, "key 'data_fingerprint' holds a JSON integer, not a string"),
+        ({"bleu": "high"}, "key 'bleu' holds a JSON string, not a number"),
+        ({"averaged_steps": [1, "2"]}, "key 'averaged_steps' holds something other than integer steps"),
+    ],
+)
+def test_bad_metadata_names_the_file_and_the_key(change, message):
+    values = METADATA.to_json()
+    for key, value in change.items():
+        if value is None:
+            del values[key]
+        else:
+            values[key] = value
+    with pytest.raises(CheckpointError, match=f"^/runs/a/checkpoints/7/metadata/metadata: {message}; not a jaxformer"):
+        CheckpointMetadata.from_json(values, "/runs/a/checkpoints/7/metadata/metadata")
+    with pytest.raises(CheckpointError, match="holds a JSON array, not an object"):
+        CheckpointMetadata.from_json([values], "somewhere")
+
+
+@pytest.fixture(scope="module")
+def run(tmp_path_factory):
+    workdir, _, tokenizer = make_workdir(tmp_path_factory.mktemp("metadata") / "run", steps=(5,))
+    return pathlib.Path(workdir), tokenizer
+
+
+def test_metadata_helpers_build_the_model_config_and_tokenizer(run):
+    workdir, tokenizer = run
+    step, metadata, params = load_checkpoint(workdir, params=False)
+    assert step == 5 and params is None
+    assert metadata.model_config().vocab_size == tokenizer.vocab_size == metadata.model_config().to_dict()["vocab_size"]
+    assert metadata.load_tokenizer().model_proto == tokenizer.model_proto
+
+
+@pytest.mark.parametrize("checksummed", [True, False])
+def test_checkpoints_written_by_the_previous_code_still_load(run, tmp_path, caplog, checksummed):
+    """Plain dicts (no "data_fingerprint", a list of averaged steps), with or without checksums."""
+    workdir = pathlib.Path(shutil.copytree(run[0], tmp_path / "run"))
+    path = RunDirectory(workdir).checkpoints / "5" / "metadata" / "metadata"
+    written = json.loads(path.read_text())
+    old = {key: written[key] for key in ("config", "model", "tokenizer")}
+    old.update(step=5, averaged_steps=[3, 4, 5])
+    if checksummed:
+        old["checksums"] = {**written["checksums"], "metadata": _metadata_digest(old)}
+    path.write_text(json.dumps(old))
+    with caplog.at_level(logging.WARNING):
+        step, metadata, params = load_checkpoint(workdir)
+    assert step == 5 and params is not None
+    assert metadata.data_fingerprint is None and metadata.averaged_steps == (3, 4, 5)
+    assert metadata.load_tokenizer().model_proto == run[1].model_proto
+    assert any("no checksums" in record.getMessage() for record in caplog.records) != checksummed
