@@ -38,8 +38,12 @@ from jaxformer.training.step import make_train_step
 CONFIGS: dict[str, Callable[[], tuple[TransformerConfig, int, int, int]]] = {
     "tiny": lambda: (preset("tiny"), 32, 64, 64),
     "small": lambda: (
-        preset("base", vocab_size=8192, d_model=256, num_heads=4, d_ff=1024, num_encoder_layers=3, num_decoder_layers=3),
-        32, 64, 64,
+        preset(
+            "base", vocab_size=8192, d_model=256, num_heads=4, d_ff=1024, num_encoder_layers=3, num_decoder_layers=3
+        ),
+        32,
+        64,
+        64,
     ),
     "base": lambda: (preset("base", vocab_size=32_000), 16, 64, 64),
 }
@@ -178,7 +182,9 @@ def torch_matmul_peak_gflops(size: int = 2048, iters: int = 5) -> float:
 # ------------------------------------------------------------------------------------------
 
 
-def random_batch(seed: int, vocab_size: int, batch: int, source_length: int, target_length: int) -> dict[str, np.ndarray]:
+def random_batch(
+    seed: int, vocab_size: int, batch: int, source_length: int, target_length: int
+) -> dict[str, np.ndarray]:
     """Dense rows of random non-special tokens (no padding), int32: {"inputs", "targets"}."""
     rng = np.random.default_rng(seed)
     return {
@@ -225,19 +231,30 @@ def parser(description: str, budget_of: str | None = None) -> argparse.ArgumentP
     timed calls after which timing `budget_of` stops."""
     result = argparse.ArgumentParser(description=description)
     if budget_of:
-        result.add_argument("--budget-s", type=float, default=60.0, help=f"stop timing {budget_of} after this many seconds")
-    result.add_argument("--smoke", action="store_true", help="tiny sizes and 2 timed steps: a check that it runs, in seconds")
+        result.add_argument(
+            "--budget-s", type=float, default=60.0, help=f"stop timing {budget_of} after this many seconds"
+        )
+    result.add_argument(
+        "--smoke", action="store_true", help="tiny sizes and 2 timed steps: a check that it runs, in seconds"
+    )
     result.add_argument("--iters", type=int, default=None, help="timed iterations per row (median reported)")
-    result.add_argument("--json", metavar="FILE", default=None, help="also write the rows to FILE, one JSON object a line")
+    result.add_argument(
+        "--json", metavar="FILE", default=None, help="also write the rows to FILE, one JSON object a line"
+    )
     result.add_argument("--torch", action="store_true", help="also time the PyTorch reference (needs torch)")
-    result.add_argument("--torch-threads", type=int, default=None, help="torch intra-op threads (default: the cores available)")
+    result.add_argument(
+        "--torch-threads", type=int, default=None, help="torch intra-op threads (default: the cores available)"
+    )
     return result
 
 
 def check_torch(args) -> bool:
     """Whether to run the torch rows: --torch given and torch installed (a note on stderr if not)."""
     if args.torch and not torch_available():
-        print("note: --torch given but torch is not installed (pip install 'jaxformer[torch]'); skipping torch rows", file=sys.stderr)
+        print(
+            "note: --torch given but torch is not installed (pip install 'jaxformer[torch]'); skipping torch rows",
+            file=sys.stderr,
+        )
     if not (args.torch and torch_available()):
         return False
     from benchmarks import torch_reference
@@ -265,8 +282,13 @@ def _format(value: Any) -> str:
     return str(value)
 
 
-def report(benchmark: str, rows: list[dict[str, Any]], columns: Sequence[str], json_path: str | None = None,
-           title: str | None = None) -> list[dict[str, Any]]:
+def report(
+    benchmark: str,
+    rows: list[dict[str, Any]],
+    columns: Sequence[str],
+    json_path: str | None = None,
+    title: str | None = None,
+) -> list[dict[str, Any]]:
     """Prints `rows` as a table of `columns`, then each row as a `JSON {...}` line; writes `json_path`."""
     rows = [{"benchmark": benchmark, **row} for row in rows]
     cells = [[_format(row.get(column, "")) for column in columns] for row in rows]

@@ -32,7 +32,14 @@ import jax.numpy as jnp
 import numpy as np
 
 from benchmarks.common import (
-    check_torch, compile_timed, median, parser, random_params, report, small_config, time_calls,
+    check_torch,
+    compile_timed,
+    median,
+    parser,
+    random_params,
+    report,
+    small_config,
+    time_calls,
 )
 from jaxformer.decoding.generate import DecodeSettings, decoding_variant, make_generate_fn
 from jaxformer.decoding.search import NEG_INF, beam_search, greedy_search
@@ -41,7 +48,17 @@ from jaxformer.model.config import preset
 from jaxformer.model.transformer import Transformer
 from jaxformer.tokens import BOS_ID, EOS_ID, NUM_SPECIAL_TOKENS, PAD_ID
 
-COLUMNS = ("search", "impl", "batch", "out_len", "sentences_per_s", "tokens_per_s", "call_ms", "compile_s", "kv_speedup")
+COLUMNS = (
+    "search",
+    "impl",
+    "batch",
+    "out_len",
+    "sentences_per_s",
+    "tokens_per_s",
+    "call_ms",
+    "compile_s",
+    "kv_speedup",
+)
 DEFAULTS = DecodeSettings()  # the paper's beam size and length penalty, as translate.py uses them
 
 
@@ -53,7 +70,9 @@ def suppress_specials(logits: jax.Array) -> jax.Array:
 
 def _search(tokens_to_logits, cache, batch: int, method: str, length: int):
     if method == "beam":
-        tokens, _ = beam_search(tokens_to_logits, cache, batch, DEFAULTS.beam_size, length, BOS_ID, EOS_ID, DEFAULTS.alpha)
+        tokens, _ = beam_search(
+            tokens_to_logits, cache, batch, DEFAULTS.beam_size, length, BOS_ID, EOS_ID, DEFAULTS.alpha
+        )
         return tokens[:, 0]  # [B, L], the best hypothesis
     tokens, _ = greedy_search(tokens_to_logits, cache, batch, length, BOS_ID, EOS_ID)
     return tokens
@@ -90,13 +109,23 @@ def recompute_decode(model: Transformer, params, source: jax.Array, method: str,
 
 def _row(search, impl, batch, out_len, seconds, compile_s=None, tokens=None):
     tokens = batch * out_len if tokens is None else tokens
-    return dict(search=search, impl=impl, batch=batch, out_len=out_len, sentences_per_s=batch / seconds,
-                tokens_per_s=tokens / seconds, call_ms=1e3 * seconds, compile_s=compile_s)
+    return dict(
+        search=search,
+        impl=impl,
+        batch=batch,
+        out_len=out_len,
+        sentences_per_s=batch / seconds,
+        tokens_per_s=tokens / seconds,
+        call_ms=1e3 * seconds,
+        compile_s=compile_s,
+    )
 
 
 def bench_jax(impl: str, model, params, source, method: str, length: int, iters: int, budget_s: float) -> dict:
     decode = {"kv": kv_decode, "recompute": recompute_decode}[impl]
-    compiled, compile_s = compile_timed(jax.jit(functools.partial(decode, model, method=method, length=length)), params, source)
+    compiled, compile_s = compile_timed(
+        jax.jit(functools.partial(decode, model, method=method, length=length)), params, source
+    )
     output = np.asarray(compiled(params, source))
     assert output.shape == (source.shape[0], length) and (output >= NUM_SPECIAL_TOKENS).all(), "length not forced"
     seconds = median(time_calls(lambda: compiled(params, source), iters, budget_s, warmup=0))
@@ -120,7 +149,9 @@ def bench_torch(config, source: np.ndarray, length: int, iters: int, budget_s: f
 
     model = reference.TorchTransformer(config, max_length=max(length, source.shape[1]) + 1)
     tensor = reference.as_tensor(source)
-    seconds = median(time_calls(lambda: reference.greedy_decode(model, tensor, length, force_length=True), iters, budget_s))
+    seconds = median(
+        time_calls(lambda: reference.greedy_decode(model, tensor, length, force_length=True), iters, budget_s)
+    )
     return _row("greedy", "torch", source.shape[0], length, seconds)
 
 
@@ -130,7 +161,9 @@ def main(argv=None) -> list[dict]:
     arguments.add_argument("--length", type=int, default=64, help="forced output length (tokens)")
     arguments.add_argument("--source-length", type=int, default=32, help="source tokens per row")
     arguments.add_argument("--searches", default="greedy,beam", help="comma-separated: greedy, beam")
-    arguments.add_argument("--library", action="store_true", help="also time make_generate_fn unmodified (no forced length)")
+    arguments.add_argument(
+        "--library", action="store_true", help="also time make_generate_fn unmodified (no forced length)"
+    )
     args = arguments.parse_args(argv)
     with_torch = check_torch(args)
     if args.smoke:
@@ -154,7 +187,10 @@ def main(argv=None) -> list[dict]:
                 rows.append(bench_library(config, params, source, method, args.length, iters, args.budget_s))
             if with_torch and method == "greedy":
                 rows.append(bench_torch(config, source, args.length, iters, args.budget_s))
-    title = f"decoding: forced {args.length}-token outputs from {args.source_length}-token sources, d_model {config.d_model}"
+    title = (
+        f"decoding: forced {args.length}-token outputs from {args.source_length}-token sources, "
+        f"d_model {config.d_model}"
+    )
     return report("decoding", rows, COLUMNS, args.json, title)
 
 

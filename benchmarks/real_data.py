@@ -31,8 +31,20 @@ from jaxformer.tokens import PAD_ID
 RAW = pathlib.Path(jaxformer.data.__file__).parent / "raw" / "multi30k"
 SOURCE, TARGET = "en", "de"
 COLUMNS = (
-    "impl", "batching", "steps", "rows", "pairs_per_step", "pairs", "target_tokens", "pad_pct", "pipeline_s",
-    "compile_s", "step_ms", "tokens_per_s", "pairs_per_s", "jax_over_torch",
+    "impl",
+    "batching",
+    "steps",
+    "rows",
+    "pairs_per_step",
+    "pairs",
+    "target_tokens",
+    "pad_pct",
+    "pipeline_s",
+    "compile_s",
+    "step_ms",
+    "tokens_per_s",
+    "pairs_per_s",
+    "jax_over_torch",
 )
 
 
@@ -52,14 +64,28 @@ def cached_tokenizer(pairs: list[tuple[str, str]], vocab_size: int) -> Tokenizer
     return tokenizer
 
 
-def packed_batches(records: list[dict], tokenizer: Tokenizer, max_length: int, batch_size: int) -> tuple[list[dict], float]:
+def packed_batches(
+    records: list[dict], tokenizer: Tokenizer, max_length: int, batch_size: int
+) -> tuple[list[dict], float]:
     """About one epoch of `records` from the project's pipeline (packed batches), and the seconds it took."""
-    wanted = sum(len(tokenizer.encode(r[SOURCE])) <= max_length and len(tokenizer.encode(r[TARGET])) <= max_length for r in records)
+    wanted = sum(
+        len(tokenizer.encode(r[SOURCE])) <= max_length and len(tokenizer.encode(r[TARGET])) <= max_length
+        for r in records
+    )
     start = time.perf_counter()
-    iterator = iter(train_dataset(
-        records, tokenizer, source_language=SOURCE, target_language=TARGET, max_length=max_length,
-        batch_size=batch_size, seed=0, length_filter=LengthFilter(max_length), num_threads=1,
-    ))
+    iterator = iter(
+        train_dataset(
+            records,
+            tokenizer,
+            source_language=SOURCE,
+            target_language=TARGET,
+            max_length=max_length,
+            batch_size=batch_size,
+            seed=0,
+            length_filter=LengthFilter(max_length),
+            num_threads=1,
+        )
+    )
     batches, pairs = [], 0
     while pairs < wanted:
         batch = next(iterator)
@@ -134,7 +160,9 @@ def main(argv=None) -> list[dict]:
     arguments.add_argument("--pairs", type=int, default=4096, help="training pairs in the slice (the first ones)")
     arguments.add_argument("--batch-size", type=int, default=32, help="packed rows per jaxformer batch")
     arguments.add_argument("--max-length", type=int, default=64, help="row length / longest sentence kept, in tokens")
-    arguments.add_argument("--vocab-size", type=int, default=8000, help="tokenizer pieces (configs/multi30k.py uses 8000)")
+    arguments.add_argument(
+        "--vocab-size", type=int, default=8000, help="tokenizer pieces (configs/multi30k.py uses 8000)"
+    )
     arguments.add_argument("--repeats", type=int, default=None, help="timed passes over the slice (median reported)")
     args = arguments.parse_args(argv)
     with_torch = check_torch(args)
@@ -154,23 +182,42 @@ def main(argv=None) -> list[dict]:
     stats = _stats(batches)
     timing = bench_jax(config, batches, args.max_length, repeats)
     seconds = timing["seconds"]
-    rows = [dict(
-        impl="jaxformer", batching="packed", rows=args.batch_size, pairs_per_step=stats["pairs"] / stats["steps"], **stats,
-        pipeline_s=pipeline_s, compile_s=timing["compile_s"], step_ms=1e3 * seconds / stats["steps"],
-        tokens_per_s=stats["target_tokens"] / seconds, pairs_per_s=stats["pairs"] / seconds,
-    )]
+    rows = [
+        dict(
+            impl="jaxformer",
+            batching="packed",
+            rows=args.batch_size,
+            pairs_per_step=stats["pairs"] / stats["steps"],
+            **stats,
+            pipeline_s=pipeline_s,
+            compile_s=timing["compile_s"],
+            step_ms=1e3 * seconds / stats["steps"],
+            tokens_per_s=stats["target_tokens"] / seconds,
+            pairs_per_s=stats["pairs"] / seconds,
+        )
+    ]
     if with_torch:
         per_batch = max(1, round(stats["pairs"] / stats["steps"]))
         torch_batches = padded_batches(records, tokenizer, args.max_length, per_batch)
         torch_stats = _stats(torch_batches)
         seconds = bench_torch(config, torch_batches, repeats)["seconds"]
-        rows.append(dict(
-            impl="torch", batching="padded", rows=per_batch, pairs_per_step=torch_stats["pairs"] / torch_stats["steps"],
-            **torch_stats, step_ms=1e3 * seconds / torch_stats["steps"],
-            tokens_per_s=torch_stats["target_tokens"] / seconds, pairs_per_s=torch_stats["pairs"] / seconds,
-        ))
+        rows.append(
+            dict(
+                impl="torch",
+                batching="padded",
+                rows=per_batch,
+                pairs_per_step=torch_stats["pairs"] / torch_stats["steps"],
+                **torch_stats,
+                step_ms=1e3 * seconds / torch_stats["steps"],
+                tokens_per_s=torch_stats["target_tokens"] / seconds,
+                pairs_per_s=torch_stats["pairs"] / seconds,
+            )
+        )
         rows[0]["jax_over_torch"] = rows[0]["tokens_per_s"] / rows[1]["tokens_per_s"]
-    title = f"real data: {args.pairs} Multi30k {SOURCE}-{TARGET} pairs, {tokenizer.vocab_size}-piece tokenizer, max length {args.max_length}"
+    title = (
+        f"real data: {args.pairs} Multi30k {SOURCE}-{TARGET} pairs, {tokenizer.vocab_size}-piece tokenizer, "
+        f"max length {args.max_length}"
+    )
     return report("real_data", rows, COLUMNS, args.json, title)
 
 

@@ -13,12 +13,33 @@ Memory is XLA's own accounting of the compiled step (jit(...).lower(...).compile
 from __future__ import annotations
 
 from benchmarks.common import (
-    SMOKE, compile_timed, make_train, memory_bytes, parser, random_batch, report, small_config, time_train_steps, train_flops,
+    SMOKE,
+    compile_timed,
+    make_train,
+    memory_bytes,
+    parser,
+    random_batch,
+    report,
+    small_config,
+    time_train_steps,
+    train_flops,
 )
 
 COLUMNS = (
-    "length", "batch", "tokens", "compile_s", "step_ms", "tokens_per_s", "args_MB", "temp_MB", "total_MB",
-    "model_gflop", "attention_pct", "predicted_ratio", "measured_ratio", "measured_over_predicted",
+    "length",
+    "batch",
+    "tokens",
+    "compile_s",
+    "step_ms",
+    "tokens_per_s",
+    "args_MB",
+    "temp_MB",
+    "total_MB",
+    "model_gflop",
+    "attention_pct",
+    "predicted_ratio",
+    "measured_ratio",
+    "measured_over_predicted",
 )
 MB = 2.0**20
 
@@ -33,7 +54,9 @@ def attention_share(config, length: int) -> float:
 def main(argv=None) -> list[dict]:
     arguments = parser(__doc__.splitlines()[0], budget_of="a length")
     arguments.add_argument("--lengths", default="32,64,128,256,512,1024", help="comma-separated sequence lengths")
-    arguments.add_argument("--tokens", type=int, default=4096, help="target tokens per batch (batch = tokens // length)")
+    arguments.add_argument(
+        "--tokens", type=int, default=4096, help="target tokens per batch (batch = tokens // length)"
+    )
     arguments.add_argument("--batch", type=int, default=None, help="a fixed batch size instead of --tokens")
     args = arguments.parse_args(argv)
     if args.smoke:
@@ -50,19 +73,30 @@ def main(argv=None) -> list[dict]:
         compiled, compile_s = compile_timed(train_fn, state, data)
         memory = memory_bytes(compiled)
         seconds, state = time_train_steps(compiled, state, data, iters, args.budget_s)
-        rows.append(dict(
-            length=length, batch=batch, tokens=batch * length, compile_s=compile_s, step_ms=1e3 * seconds,
-            tokens_per_s=batch * length / seconds, args_MB=memory["argument"] / MB, temp_MB=memory["temp"] / MB,
-            total_MB=memory["total"] / MB, model_gflop=train_flops(config, batch, length, length) / 1e9,
-            attention_pct=attention_share(config, length),
-        ))
+        rows.append(
+            dict(
+                length=length,
+                batch=batch,
+                tokens=batch * length,
+                compile_s=compile_s,
+                step_ms=1e3 * seconds,
+                tokens_per_s=batch * length / seconds,
+                args_MB=memory["argument"] / MB,
+                temp_MB=memory["temp"] / MB,
+                total_MB=memory["total"] / MB,
+                model_gflop=train_flops(config, batch, length, length) / 1e9,
+                attention_pct=attention_share(config, length),
+            )
+        )
     first = rows[0]
     for row in rows:
         row["predicted_ratio"] = row["model_gflop"] / first["model_gflop"]
         row["measured_ratio"] = row["step_ms"] / first["step_ms"]
         row["measured_over_predicted"] = row["measured_ratio"] / row["predicted_ratio"]
     batching = f"batch {args.batch}" if args.batch else f"{args.tokens} target tokens per batch"
-    return report("scaling", rows, COLUMNS, args.json, f"scaling with sequence length, d_model {config.d_model}, {batching}")
+    return report(
+        "scaling", rows, COLUMNS, args.json, f"scaling with sequence length, d_model {config.d_model}, {batching}"
+    )
 
 
 if __name__ == "__main__":

@@ -26,7 +26,6 @@ from jaxformer.model.position import sinusoidal_table
 from jaxformer.tokens import BOS_ID, NUM_SPECIAL_TOKENS, PAD_ID
 
 
-
 def set_threads(count: int | None = None) -> None:
     """torch's intra-op threads: `count`, or every core available to this process."""
     torch.set_num_threads(count or cpu_count())
@@ -46,11 +45,19 @@ class TorchTransformer(nn.Module):
         super().__init__()
         self.d_model = config.d_model
         self.embedding = nn.Embedding(config.vocab_size, config.d_model)
-        self.register_buffer("positions", torch.from_numpy(np.array(sinusoidal_table(max_length, config.d_model))), persistent=False)
+        self.register_buffer(
+            "positions", torch.from_numpy(np.array(sinusoidal_table(max_length, config.d_model))), persistent=False
+        )
         self.dropout = nn.Dropout(config.dropout_rate)
         common = dict(
-            d_model=config.d_model, nhead=config.num_heads, dim_feedforward=config.d_ff, dropout=config.dropout_rate,
-            activation=config.activation, layer_norm_eps=config.layer_norm_epsilon, batch_first=True, norm_first=False,
+            d_model=config.d_model,
+            nhead=config.num_heads,
+            dim_feedforward=config.d_ff,
+            dropout=config.dropout_rate,
+            activation=config.activation,
+            layer_norm_eps=config.layer_norm_epsilon,
+            batch_first=True,
+            norm_first=False,
         )
         self.transformer = nn.Transformer(
             **common,
@@ -80,8 +87,12 @@ class TorchTransformer(nn.Module):
         length = target_in.shape[1]
         causal = torch.triu(torch.ones(length, length, dtype=torch.bool, device=target_in.device), diagonal=1)
         return self.transformer.decoder(
-            self.embed(target_in), memory, tgt_mask=causal, tgt_is_causal=True,
-            tgt_key_padding_mask=target_in == PAD_ID, memory_key_padding_mask=source == PAD_ID,
+            self.embed(target_in),
+            memory,
+            tgt_mask=causal,
+            tgt_is_causal=True,
+            tgt_key_padding_mask=target_in == PAD_ID,
+            memory_key_padding_mask=source == PAD_ID,
         )
 
     def logits(self, hidden: torch.Tensor) -> torch.Tensor:
@@ -120,7 +131,10 @@ def make_train_step(model: TorchTransformer, d_model: int, label_smoothing: floa
         model.train()
         logits = model(source, shift_right(targets))
         loss = F.cross_entropy(
-            logits.reshape(-1, logits.shape[-1]), targets.reshape(-1), ignore_index=PAD_ID, label_smoothing=label_smoothing
+            logits.reshape(-1, logits.shape[-1]),
+            targets.reshape(-1),
+            ignore_index=PAD_ID,
+            label_smoothing=label_smoothing,
         )
         optimizer.zero_grad(set_to_none=True)
         loss.backward()
@@ -133,7 +147,9 @@ def make_train_step(model: TorchTransformer, d_model: int, label_smoothing: floa
 
 
 @torch.no_grad()
-def greedy_decode(model: TorchTransformer, source: torch.Tensor, length: int, force_length: bool = False, eos_id: int = 1) -> torch.Tensor:
+def greedy_decode(
+    model: TorchTransformer, source: torch.Tensor, length: int, force_length: bool = False, eos_id: int = 1
+) -> torch.Tensor:
     """Greedy search by recomputation: the encoder once, then the decoder over the whole prefix
     each step, projecting the last position. With `force_length`, special tokens are never
     chosen and every row gets exactly `length` tokens; else rows stop at EOS. Returns [B, <= length]."""

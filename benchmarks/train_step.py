@@ -13,19 +13,47 @@ matmul rate of a jitted 2048 x 2048 `jnp.dot` measured in the same run: the medi
 from __future__ import annotations
 
 from benchmarks.common import (
-    CONFIGS, SMOKE, check_torch, compile_timed, make_train, matmul_rates_gflops, median, parser, random_batch, report,
-    time_calls, time_train_steps, torch_matmul_peak_gflops, train_flops, xla_flops,
+    CONFIGS,
+    SMOKE,
+    check_torch,
+    compile_timed,
+    make_train,
+    matmul_rates_gflops,
+    median,
+    parser,
+    random_batch,
+    report,
+    time_calls,
+    time_train_steps,
+    torch_matmul_peak_gflops,
+    train_flops,
+    xla_flops,
 )
 from jaxformer.training.state import count_parameters
 
 COLUMNS = (
-    "config", "impl", "batch", "src_len", "tgt_len", "params_M", "compile_s", "step_ms", "tokens_per_s",
-    "model_gflop", "xla_gflop", "achieved_gflops", "peak_gflops", "mfu_pct", "mfu_vs_fastest_pct", "jax_over_torch",
+    "config",
+    "impl",
+    "batch",
+    "src_len",
+    "tgt_len",
+    "params_M",
+    "compile_s",
+    "step_ms",
+    "tokens_per_s",
+    "model_gflop",
+    "xla_gflop",
+    "achieved_gflops",
+    "peak_gflops",
+    "mfu_pct",
+    "mfu_vs_fastest_pct",
+    "jax_over_torch",
 )
 
 
-def bench_jax(name: str, config, batch: int, source_length: int, target_length: int, iters: int,
-              budget_s: float) -> tuple[dict, dict]:
+def bench_jax(
+    name: str, config, batch: int, source_length: int, target_length: int, iters: int, budget_s: float
+) -> tuple[dict, dict]:
     """One jaxformer row, and the batch it trained on (for the torch row)."""
     state, train_fn = make_train(config, source_length, target_length)
     data = random_batch(0, config.vocab_size, batch, source_length, target_length)
@@ -35,9 +63,18 @@ def bench_jax(name: str, config, batch: int, source_length: int, target_length: 
     flops = train_flops(config, batch, source_length, target_length)
     achieved = flops / seconds / 1e9
     row = dict(
-        config=name, impl="jaxformer", batch=batch, src_len=source_length, tgt_len=target_length, params_M=params / 1e6,
-        compile_s=compile_s, step_ms=seconds * 1e3, tokens_per_s=batch * target_length / seconds,
-        model_gflop=flops / 1e9, xla_gflop=xla_flops(compiled) / 1e9, achieved_gflops=achieved,
+        config=name,
+        impl="jaxformer",
+        batch=batch,
+        src_len=source_length,
+        tgt_len=target_length,
+        params_M=params / 1e6,
+        compile_s=compile_s,
+        step_ms=seconds * 1e3,
+        tokens_per_s=batch * target_length / seconds,
+        model_gflop=flops / 1e9,
+        xla_gflop=xla_flops(compiled) / 1e9,
+        achieved_gflops=achieved,
     )
     return row, data
 
@@ -54,9 +91,16 @@ def bench_torch(name: str, config, data: dict, iters: int, budget_s: float) -> d
     flops = train_flops(config, batch, source_length, target_length)
     achieved = flops / seconds / 1e9
     return dict(
-        config=name, impl="torch", batch=batch, src_len=source_length, tgt_len=target_length,
-        params_M=sum(p.numel() for p in model.parameters()) / 1e6, step_ms=seconds * 1e3,
-        tokens_per_s=batch * target_length / seconds, model_gflop=flops / 1e9, achieved_gflops=achieved,
+        config=name,
+        impl="torch",
+        batch=batch,
+        src_len=source_length,
+        tgt_len=target_length,
+        params_M=sum(p.numel() for p in model.parameters()) / 1e6,
+        step_ms=seconds * 1e3,
+        tokens_per_s=batch * target_length / seconds,
+        model_gflop=flops / 1e9,
+        achieved_gflops=achieved,
     )
 
 
@@ -88,8 +132,10 @@ def main(argv=None) -> list[dict]:
         row["peak_gflops"] = peak
         row["mfu_pct"] = 100.0 * row["achieved_gflops"] / peak
         row["mfu_vs_fastest_pct"] = 100.0 * row["achieved_gflops"] / fastest
-    title = (f"train step, peak f32 matmul {peak:,.0f} GFLOP/s ({peak_size}^2 XLA, median of {peak_iters} calls; "
-             f"before the rows {before:,.0f}, after {after:,.0f}; fastest call {fastest:,.0f})")
+    title = (
+        f"train step, peak f32 matmul {peak:,.0f} GFLOP/s ({peak_size}^2 XLA, median of {peak_iters} calls; "
+        f"before the rows {before:,.0f}, after {after:,.0f}; fastest call {fastest:,.0f})"
+    )
     if with_torch:
         title += f"; torch's f32 matmul {torch_matmul_peak_gflops(peak_size, iters=peak_iters):,.0f} GFLOP/s (median)"
     return report("train_step", rows, COLUMNS, args.json, title)

@@ -57,7 +57,8 @@ print("backend:", jax.default_backend(), "| devices:", jax.devices())
 Pure functions do the maths. The sinusoidal positional encoding (section 3.5) gives every
 position a pattern of sines and cosines of geometrically spaced wavelengths:
 """),
-    code("""
+    code(
+        """
 %matplotlib inline
 import matplotlib.pyplot as plt
 import numpy as np
@@ -69,12 +70,15 @@ plt.figure(figsize=(10, 3))
 plt.imshow(table, aspect="auto", cmap="RdBu")
 plt.xlabel("dimension"); plt.ylabel("position"); plt.colorbar(); plt.title("PE(pos, i)")
 plt.show()
-""", "plot"),
+""",
+        "plot",
+    ),
     markdown("""
 Masks are boolean arrays, True where a query may attend to a key: the decoder's causal mask,
 and the same mask combined with padding for a target of 5 real tokens padded to 8:
 """),
-    code("""
+    code(
+        """
 import jax.numpy as jnp
 
 target = jnp.array([[3, 17, 25, 9, 1, 0, 0, 0]])  # BOS, three tokens, EOS, padding
@@ -84,12 +88,15 @@ axes[1].imshow(decoder_self_mask(target)[0, 0], cmap="Greys"); axes[1].set_title
 for axis in axes:
     axis.set_xlabel("key position"); axis.set_ylabel("query position")
 plt.show()
-""", "plot"),
+""",
+        "plot",
+    ),
     markdown("""
 The learning rate rises linearly for `warmup_steps`, then decays with the inverse square root of
 the step (section 5.3): `lr = d_model^-0.5 * min(step^-0.5, step * warmup^-1.5)`.
 """),
-    code("""
+    code(
+        """
 from jaxformer.training.optimizer import rsqrt_schedule
 
 steps = np.arange(1, 20_000)
@@ -97,7 +104,9 @@ for d_model, warmup in [(512, 4000), (512, 8000), (256, 4000)]:
     plt.plot(steps, rsqrt_schedule(d_model, warmup)(steps - 1), label=f"d_model={d_model}, warmup={warmup}")
 plt.xlabel("step"); plt.ylabel("learning rate"); plt.legend()
 plt.show()
-""", "plot"),
+""",
+        "plot",
+    ),
     markdown("""
 ## 3. Train on Multi30k
 
@@ -135,7 +144,8 @@ workdir = "runs/quickstart"
 last = train_and_evaluate(config, workdir)  # run the cell again to resume from the last checkpoint
 print(last)
 """),
-    code("""
+    code(
+        """
 import json
 
 from jaxformer.run.directory import RunDirectory  # where a run keeps its checkpoints, tokenizer and metrics
@@ -147,7 +157,9 @@ plt.plot(*zip(*train), label="training loss (label-smoothed)")
 plt.plot(*zip(*valid), "o-", label="validation loss")
 plt.xlabel("step"); plt.ylabel("loss"); plt.legend()
 plt.show()
-""", "plot"),
+""",
+        "plot",
+    ),
     markdown("""
 ## 4. Translate and score
 
@@ -185,7 +197,8 @@ Every attention layer can hand back its weights: `apply(..., mutable=["intermedi
 collects them. Here, the last decoder layer's cross-attention, averaged over heads, for the beam
 translation of one sentence: each row is a target token, each column a source token.
 """),
-    code("""
+    code(
+        """
 from jaxformer import BOS_ID, Transformer
 
 model = Transformer(beam.config)
@@ -201,7 +214,9 @@ plt.xticks(range(len(source_ids)), beam.tokenizer.pieces(source_ids), rotation=9
 plt.yticks(range(len(output_ids)), beam.tokenizer.pieces(output_ids))
 plt.xlabel("source"); plt.ylabel("target"); plt.colorbar()
 plt.show()
-""", "plot"),
+""",
+        "plot",
+    ),
     markdown("""
 ## 6. From your own JAX code
 

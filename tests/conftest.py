@@ -37,7 +37,6 @@ def data_dir(tmp_path_factory):
     return directory
 
 
-
 # ------------------------------------------------------------------------------------------
 # A workdir holding an untrained tiny model and a real tokenizer: what the decoding code and
 # the commands read, without spending test time on training.
@@ -75,14 +74,21 @@ def make_workdir(workdir, data_dir=None, steps=(1,), scale=lambda step: 1.0):
     config.tokenizer.vocab_size = tokenizer.vocab_size
     if data_dir is not None:
         config.data.data_dir = str(data_dir)
-    params = nn.meta.unbox(Transformer(model_config).init(
-        jax.random.key(0), jnp.ones((1, 4), jnp.int32), jnp.ones((1, 4), jnp.int32))["params"])
+    params = nn.meta.unbox(
+        Transformer(model_config).init(jax.random.key(0), jnp.ones((1, 4), jnp.int32), jnp.ones((1, 4), jnp.int32))[
+            "params"
+        ]
+    )
     metadata = CheckpointMetadata(
-        config=config.to_dict(), model=model_config.to_dict(), tokenizer=tokenizer.model_proto, data_fingerprint=None, step=0
+        config=config.to_dict(),
+        model=model_config.to_dict(),
+        tokenizer=tokenizer.model_proto,
+        data_fingerprint=None,
+        step=0,
     )
     checkpointer = Checkpointer(RunDirectory(workdir).checkpoints, keep=None)
     for step in steps:
-        scaled = jax.tree.map(lambda leaf: leaf * scale(step), params)
+        scaled = jax.tree.map(lambda leaf, step=step: leaf * scale(step), params)
         checkpointer.save_params(step, scaled, metadata.replace(step=step))
     checkpointer.close()
     return workdir, params, tokenizer

@@ -50,6 +50,9 @@ def test_notebook_executes_in_quick_mode(tmp_path, monkeypatch):
         images = [output for output in cell.outputs if "image/png" in output.get("data", {})]
         assert images, f"plot cell produced no image:\n{cell.source[:200]}"
     text = "\n".join(
-        output.get("text", "") for cell in executed.cells for output in cell.get("outputs", []) if output.get("output_type") == "stream"
+        output.get("text", "")
+        for cell in executed.cells
+        for output in cell.get("outputs", [])
+        if output.get("output_type") == "stream"
     )
     assert "sacreBLEU on 40 sentences" in text and "beam output: (3, 4, 74)" in text

@@ -22,9 +22,9 @@ def test_jitted_apply_from_public_api():
     logits = apply(params, source, target)
     assert logits.shape == (1, 3, 100) and np.isfinite(np.asarray(logits)).all()
     encoded = jax.jit(lambda p, s: model.apply({"params": p}, s, deterministic=True, method="encode"))(params, source)
-    decoded = jax.jit(
-        lambda p, e, s, t: model.apply({"params": p}, e, s, t, deterministic=True, method="decode")
-    )(params, encoded, source, target)
+    decoded = jax.jit(lambda p, e, s, t: model.apply({"params": p}, e, s, t, deterministic=True, method="decode"))(
+        params, encoded, source, target
+    )
     np.testing.assert_allclose(decoded, logits, atol=1e-6)
 
 

@@ -1,7 +1,7 @@
 """Average the parameters of the last N checkpoints of a run into `workdir/averaged`.
 
-    python average_checkpoints.py --workdir runs/m30k --last 5
-    python evaluate.py --workdir runs/m30k --checkpoint averaged --split test_2016_flickr
+python average_checkpoints.py --workdir runs/m30k --last 5
+python evaluate.py --workdir runs/m30k --checkpoint averaged --split test_2016_flickr
 """
 
 from __future__ import annotations
@@ -31,7 +31,9 @@ def average_parameters(trees: list[Any]) -> Any:
         if jax.tree.structure(tree) != structure:
             raise ValueError(f"parameter tree {index} differs in structure from tree 0")
     return jax.tree.map(
-        lambda *leaves: (sum(np.asarray(leaf, np.float64) for leaf in leaves) / len(leaves)).astype(np.asarray(leaves[0]).dtype),
+        lambda *leaves: (sum(np.asarray(leaf, np.float64) for leaf in leaves) / len(leaves)).astype(
+            np.asarray(leaves[0]).dtype
+        ),
         *trees,
     )
 

@@ -157,8 +157,12 @@ def configure_logging(level: int, verbose: bool = False) -> None:
 # -- running a command -----------------------------------------------------------------------
 
 
-def run_command(parser: argparse.ArgumentParser, body: Callable[[argparse.Namespace], int], argv: list[str] | None,
-                log_level: int = logging.WARNING) -> int:
+def run_command(
+    parser: argparse.ArgumentParser,
+    body: Callable[[argparse.Namespace], int],
+    argv: list[str] | None,
+    log_level: int = logging.WARNING,
+) -> int:
     """Parses `argv`, runs `body(args)` and turns a user's error into one line and an exit code."""
     args = parser.parse_args(argv)
     configure_logging(log_level, args.verbose)
@@ -191,19 +195,30 @@ def add_decoding_flags(parser: argparse.ArgumentParser) -> None:
 
     parser.add_argument("--workdir", required=True, help="the training run's directory")
     parser.add_argument(
-        "--checkpoint", type=checkpoint_choice, default="latest",
+        "--checkpoint",
+        type=checkpoint_choice,
+        default="latest",
         help="latest, best (validation BLEU), averaged, or a step number (default: latest)",
     )
     parser.add_argument("--method", choices=METHODS, default="beam", help="search (default: beam)")
     parser.add_argument("--beam_size", type=at_least(1), default=4, help="beam width (default: 4)")
-    parser.add_argument("--alpha", type=number(0.0, inclusive=True), default=0.6, help="length penalty exponent (default: 0.6)")
-    parser.add_argument("--max_extra_length", type=at_least(1), default=50,
-                        help="output tokens <= input tokens + this (default: 50)")
-    parser.add_argument("--temperature", type=number(0.0, inclusive=False), default=1.0, help="sampling temperature (default: 1.0)")
+    parser.add_argument(
+        "--alpha", type=number(0.0, inclusive=True), default=0.6, help="length penalty exponent (default: 0.6)"
+    )
+    parser.add_argument(
+        "--max_extra_length", type=at_least(1), default=50, help="output tokens <= input tokens + this (default: 50)"
+    )
+    parser.add_argument(
+        "--temperature", type=number(0.0, inclusive=False), default=1.0, help="sampling temperature (default: 1.0)"
+    )
     parser.add_argument("--top_k", type=at_least(0), default=0, help="sample among the k most likely tokens; 0 = all")
     parser.add_argument("--batch_size", type=at_least(1), default=64, help="sentences per decoding batch (default: 64)")
-    parser.add_argument("--max_source_tokens", type=at_least(2), default=256,
-                        help="longer inputs are translated in pieces (default: 256)")
+    parser.add_argument(
+        "--max_source_tokens",
+        type=at_least(2),
+        default=256,
+        help="longer inputs are translated in pieces (default: 256)",
+    )
 
 
 def check_workdir(workdir: str) -> None:
@@ -216,8 +231,12 @@ def translator_from_flags(args: argparse.Namespace):
     from jaxformer.decoding.translator import Translator
 
     settings = DecodeSettings(
-        method=args.method, beam_size=args.beam_size, alpha=args.alpha, max_extra_length=args.max_extra_length,
-        temperature=args.temperature, top_k=args.top_k,
+        method=args.method,
+        beam_size=args.beam_size,
+        alpha=args.alpha,
+        max_extra_length=args.max_extra_length,
+        temperature=args.temperature,
+        top_k=args.top_k,
     )
     return Translator.from_workdir(
         args.workdir, args.checkpoint, settings, batch_size=args.batch_size, max_source_tokens=args.max_source_tokens

@@ -13,8 +13,16 @@ import sys
 import time
 
 from jaxformer.commands.common import (
-    FlagError, add_decoding_flags, at_least, check_readable_file, check_workdir, check_writable_file, make_parser,
-    run_command, translator_from_flags, write_text_atomically,
+    FlagError,
+    add_decoding_flags,
+    at_least,
+    check_readable_file,
+    check_workdir,
+    check_writable_file,
+    make_parser,
+    run_command,
+    translator_from_flags,
+    write_text_atomically,
 )
 from jaxformer.commands.translate import read_lines
 from jaxformer.data.parallel_text import DataError
@@ -76,11 +84,19 @@ def run(args: argparse.Namespace) -> int:
     seconds = time.perf_counter() - start
     scores = corpus_scores(hypotheses, references)
     scores.update(
-        workdir=str(args.workdir), checkpoint=str(args.checkpoint), step=translator.step, data=name,
-        method=args.method, beam_size=args.beam_size, alpha=args.alpha, decode_seconds=seconds,
+        workdir=str(args.workdir),
+        checkpoint=str(args.checkpoint),
+        step=translator.step,
+        data=name,
+        method=args.method,
+        beam_size=args.beam_size,
+        alpha=args.alpha,
+        decode_seconds=seconds,
     )
-    print(f"{name}: {len(sources)} sentences, step {translator.step} ({args.checkpoint}), "
-          f"{args.method}{' ' + str(args.beam_size) if args.method == 'beam' else ''}, {seconds:.1f}s")
+    print(
+        f"{name}: {len(sources)} sentences, step {translator.step} ({args.checkpoint}), "
+        f"{args.method}{' ' + str(args.beam_size) if args.method == 'beam' else ''}, {seconds:.1f}s"
+    )
     print(format_scores(scores))
     if args.output:
         write_text_atomically(args.output, "".join(f"{line}\n" for line in hypotheses))

@@ -24,10 +24,17 @@ def build_parser() -> argparse.ArgumentParser:
     parser = make_parser(__doc__)
     parser.add_argument("--config", required=True, help="experiment config file (configs/*.py)")
     parser.add_argument("--workdir", required=True, help="directory for checkpoints, the tokenizer and metrics")
-    parser.add_argument("--print_config", action="store_true", help="print the config with the overrides applied, then exit")
-    parser.add_argument("--distributed", action="store_true",
-                        help="join a multi-process run via jax.distributed (auto-detected on TPU pods, SLURM)")
-    parser.add_argument("--coordinator_address", help="host:port of process 0, for a multi-process run launched by hand")
+    parser.add_argument(
+        "--print_config", action="store_true", help="print the config with the overrides applied, then exit"
+    )
+    parser.add_argument(
+        "--distributed",
+        action="store_true",
+        help="join a multi-process run via jax.distributed (auto-detected on TPU pods, SLURM)",
+    )
+    parser.add_argument(
+        "--coordinator_address", help="host:port of process 0, for a multi-process run launched by hand"
+    )
     parser.add_argument("--num_processes", type=int, help="number of processes in a multi-process run launched by hand")
     parser.add_argument("--process_id", type=int, help="this process's index in a multi-process run launched by hand")
     return parser

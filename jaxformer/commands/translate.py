@@ -1,7 +1,7 @@
 """Translate text, one sentence per line: stdin to stdout, or file to file.
 
-    python translate.py --workdir runs/m30k < input.en > output.de
-    python translate.py --workdir runs/m30k --input input.en --output output.de --checkpoint best
+python translate.py --workdir runs/m30k < input.en > output.de
+python translate.py --workdir runs/m30k --input input.en --output output.de --checkpoint best
 """
 
 from __future__ import annotations
@@ -11,8 +11,14 @@ import io
 import sys
 
 from jaxformer.commands.common import (
-    add_decoding_flags, check_readable_file, check_workdir, check_writable_file, make_parser, run_command,
-    translator_from_flags, write_text_atomically,
+    add_decoding_flags,
+    check_readable_file,
+    check_workdir,
+    check_writable_file,
+    make_parser,
+    run_command,
+    translator_from_flags,
+    write_text_atomically,
 )
 
 

@@ -142,7 +142,9 @@ class Multi30k(tfds.core.GeneratorBasedBuilder):
                 super().download_and_prepare(**kwargs)  # reuses it
                 self._log_once()
                 return
-            logging.warning("multi30k: not using the prepared data in %s: %s; preparing it again", self.data_dir, problem)
+            logging.warning(
+                "multi30k: not using the prepared data in %s: %s; preparing it again", self.data_dir, problem
+            )
             kwargs["download_config"] = dataclasses.replace(
                 download_config, download_mode=tfds.download.GenerateMode.REUSE_CACHE_IF_EXISTS
             )
@@ -151,15 +153,19 @@ class Multi30k(tfds.core.GeneratorBasedBuilder):
             changed = fp.file_differences(self._source_files, fp.hash_files(self._local_paths()))
             if changed:
                 raise DataError(
-                    f"{self._raw_dir}: files changed while Multi30k was prepared from them: {'; '.join(changed)}; run again"
+                    f"{self._raw_dir}: files changed while Multi30k was prepared from them: "
+                    f"{'; '.join(changed)}; run again"
                 )
-        fp.write_record(self.data_path, {
-            "dataset": self.name,
-            "config": self.builder_config.name,
-            "fingerprint": self._fingerprint,
-            "source": self._source_description(),
-            "files": self._source_files,
-        })
+        fp.write_record(
+            self.data_path,
+            {
+                "dataset": self.name,
+                "config": self.builder_config.name,
+                "fingerprint": self._fingerprint,
+                "source": self._source_description(),
+                "files": self._source_files,
+            },
+        )
         self._log_once()
 
     def _check_prepared(self) -> str | None:
@@ -174,7 +180,9 @@ class Multi30k(tfds.core.GeneratorBasedBuilder):
         if not self._download:
             changed = fp.file_differences(record["files"], self._source_files)
             if changed:
-                return f"{record_path} records other files than those {self._source_description()}: {'; '.join(changed)}"
+                return (
+                    f"{record_path} records other files than those {self._source_description()}: {'; '.join(changed)}"
+                )
         elif set(record["files"]) != set(FILE_NAMES):
             return f"{record_path} does not list the {len(FILE_NAMES)} Multi30k files"
         changed = fp.prepared_differences(self.data_path, record)
@@ -189,7 +197,11 @@ class Multi30k(tfds.core.GeneratorBasedBuilder):
             self._logged = True
             logging.info(
                 "multi30k: fingerprint %s of %d files %s %s; prepared data in %s",
-                self._fingerprint, len(FILE_NAMES), _FILES_PATTERN, self._source_description(), self.data_dir,
+                self._fingerprint,
+                len(FILE_NAMES),
+                _FILES_PATTERN,
+                self._source_description(),
+                self.data_dir,
             )
 
     def _split_generators(self, dl_manager: tfds.download.DownloadManager):
@@ -211,6 +223,4 @@ class Multi30k(tfds.core.GeneratorBasedBuilder):
 
 def _urls() -> dict[str, str]:
     """File name -> official download URL."""
-    return {
-        name: DOWNLOAD_URL.format(prefix=name.split(".")[0], language=name.split(".")[1]) for name in FILE_NAMES
-    }
+    return {name: DOWNLOAD_URL.format(prefix=name.split(".")[0], language=name.split(".")[1]) for name in FILE_NAMES}

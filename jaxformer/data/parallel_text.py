@@ -34,7 +34,9 @@ def decode_lines(raw_lines: Iterable[bytes], name: str | pathlib.Path) -> list[s
         try:
             lines.append(raw.decode("utf-8").rstrip("\r\n"))
         except UnicodeDecodeError as error:
-            raise DataError(f"{name}: line {number} is not valid UTF-8 ({error.reason} at byte {error.start})") from None
+            raise DataError(
+                f"{name}: line {number} is not valid UTF-8 ({error.reason} at byte {error.start})"
+            ) from None
     return lines
 
 
@@ -64,11 +66,16 @@ def read_parallel_lines(
     for number, (source, target) in enumerate(zip(source_lines, target_lines), start=1):
         if not source.strip() or not target.strip():
             skipped.empty += 1
-            skipped.first_empty = skipped.first_empty or f"{source_path if not source.strip() else target_path}:{number}"
+            skipped.first_empty = (
+                skipped.first_empty or f"{source_path if not source.strip() else target_path}:{number}"
+            )
             continue
         yield number, source.strip(), target.strip()
     if skipped.empty:
         logging.warning(
             "skipped %d pairs with an empty side in %s / %s (first at %s)",
-            skipped.empty, source_path, target_path, skipped.first_empty,
+            skipped.empty,
+            source_path,
+            target_path,
+            skipped.first_empty,
         )

@@ -29,7 +29,7 @@ def record_text(record, language: str) -> str:
 
 
 class TokenizePair:
-    """{source_language: bytes, target_language: bytes} -> {"inputs": int32 ids, "targets": int32 ids}, EOS-terminated."""
+    """{source_language: bytes, target_language: bytes} -> {"inputs": ids, "targets": ids}: int32, EOS-terminated."""
 
     def __init__(self, tokenizer: Tokenizer, source_language: str, target_language: str):
         self.tokenizer, self.source_language, self.target_language = tokenizer, source_language, target_language
@@ -58,7 +58,9 @@ class LengthFilter:
         return keep
 
 
-def _pack(dataset: grain.IterDataset, row_length: int, num_bins: int, shuffle_bins: bool, seed: int = 0) -> grain.IterDataset:
+def _pack(
+    dataset: grain.IterDataset, row_length: int, num_bins: int, shuffle_bins: bool, seed: int = 0
+) -> grain.IterDataset:
     """First-fit packing of (inputs, targets) pairs into rows of `row_length` tokens each side."""
     return grain.experimental.FirstFitPackIterDataset(
         dataset,
@@ -113,7 +115,9 @@ def eval_batches(
     dataset = dataset.filter(length_filter).to_iter_dataset(grain.ReadOptions(num_threads=0, prefetch_buffer_size=0))
     rows = list(_pack(dataset, max_length, batch_size, shuffle_bins=False))
     if length_filter.dropped:
-        logging.warning("evaluation: %d of %d pairs longer than %d tokens left out", length_filter.dropped, count, max_length)
+        logging.warning(
+            "evaluation: %d of %d pairs longer than %d tokens left out", length_filter.dropped, count, max_length
+        )
     batches = []
     for start in range(0, len(rows), batch_size):
         chunk = rows[start : start + batch_size]
@@ -154,4 +158,3 @@ class ShardedBatches:
         for iterator in self.iterators:
             if hasattr(iterator, "start_prefetch"):
                 iterator.start_prefetch()
-

@@ -12,7 +12,6 @@ import tensorflow_datasets as tfds
 from jaxformer.data.multi30k import Multi30k
 from jaxformer.data.parallel_text import DataError
 
-
 tfds.disable_progress_bar()  # tqdm bars per split drown the training log
 
 
@@ -23,6 +22,7 @@ def get_builder(name: str, data_dir: str | None = None, raw_dir: str | None = No
     if raw_dir is not None or download:
         raise DataError(f"data.raw_dir and data.download apply to multi30k only, not {name!r}")
     import tensorflow_datasets.translate  # noqa: F401  registers the wmt*_translate builders, loaded lazily
+
     return tfds.builder(name, data_dir=data_dir, file_format="array_record")
 
 
@@ -44,7 +44,8 @@ def load_split(builder, split: str, languages: Sequence[str]) -> Sequence:
     missing = [language for language in languages if language not in features]
     if missing:
         raise DataError(
-            f"dataset {builder.name!r} has no language {', '.join(map(repr, missing))}; it has {', '.join(sorted(features))}"
+            f"dataset {builder.name!r} has no language {', '.join(map(repr, missing))}; "
+            f"it has {', '.join(sorted(features))}"
         )
     source = builder.as_data_source(split=split)
     logging.info("%s[%s]: %d pairs", builder.name, split, len(source))

@@ -29,7 +29,8 @@ class Tokenizer:
             self._processor = spm.SentencePieceProcessor(model_proto=self.model_proto)
         except RuntimeError as error:  # sentencepiece's only report of a model it cannot parse
             raise TokenizerError(
-                f"not a sentencepiece model, or a damaged one: sentencepiece cannot parse its {len(self.model_proto)} bytes"
+                "not a sentencepiece model, or a damaged one: "
+                f"sentencepiece cannot parse its {len(self.model_proto)} bytes"
             ) from error
         ids = (self._processor.pad_id(), self._processor.eos_id(), self._processor.unk_id(), self._processor.bos_id())
         if ids != (PAD_ID, EOS_ID, UNK_ID, BOS_ID):
@@ -108,8 +109,14 @@ def train_tokenizer(
         model_type=model_type,
         character_coverage=character_coverage,
         shuffle_input_sentence=False,
-        pad_id=PAD_ID, eos_id=EOS_ID, unk_id=UNK_ID, bos_id=BOS_ID,
-        pad_piece="<pad>", eos_piece="</s>", unk_piece="<unk>", bos_piece="<s>",
+        pad_id=PAD_ID,
+        eos_id=EOS_ID,
+        unk_id=UNK_ID,
+        bos_id=BOS_ID,
+        pad_piece="<pad>",
+        eos_piece="</s>",
+        unk_piece="<unk>",
+        bos_piece="<s>",
         num_threads=2,
         minloglevel=2,
     )

@@ -37,7 +37,9 @@ class DecodeSettings:
         if self.method not in METHODS:
             raise ValueError(f"decoding method {self.method!r}: choose one of {', '.join(METHODS)}")
         if self.beam_size < 1 or self.max_extra_length < 1:
-            raise ValueError(f"beam_size and max_extra_length must be >= 1, got {self.beam_size}, {self.max_extra_length}")
+            raise ValueError(
+                f"beam_size and max_extra_length must be >= 1, got {self.beam_size}, {self.max_extra_length}"
+            )
 
     @property
     def hypotheses(self) -> int:
@@ -81,7 +83,15 @@ def generate(
     if settings.method == "beam":
         cache = init_cache(model.config, batch, max_length)  # the search repeats it per beam
         return beam_search(
-            tokens_to_logits, cache, batch, settings.beam_size, max_length, BOS_ID, EOS_ID, settings.alpha, **constraints
+            tokens_to_logits,
+            cache,
+            batch,
+            settings.beam_size,
+            max_length,
+            BOS_ID,
+            EOS_ID,
+            settings.alpha,
+            **constraints,
         )
     cache = init_cache(model.config, batch, max_length)
     if settings.method == "greedy":
@@ -89,7 +99,15 @@ def generate(
     else:
         rng = jax.random.key(0) if rng is None else rng
         tokens, scores = sample_search(
-            tokens_to_logits, cache, batch, max_length, BOS_ID, EOS_ID, rng, settings.temperature, settings.top_k,
+            tokens_to_logits,
+            cache,
+            batch,
+            max_length,
+            BOS_ID,
+            EOS_ID,
+            rng,
+            settings.temperature,
+            settings.top_k,
             **constraints,
         )
     return tokens[:, None], scores[:, None]

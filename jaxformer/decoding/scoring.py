@@ -31,8 +31,10 @@ def corpus_scores(hypotheses: Sequence[str], references: Sequence[str]) -> dict[
 
 def format_scores(scores: dict[str, float | str]) -> str:
     """Three report lines: BLEU with signature, chrF with signature, lowercase tokenized BLEU."""
-    return "\n".join([
-        f"BLEU {scores['bleu']:.2f}  ({scores['bleu_detail']})  signature: {scores['bleu_signature']}",
-        f"chrF {scores['chrf']:.2f}  signature: {scores['chrf_signature']}",
-        f"lowercase tokenized BLEU {scores['lowercase_bleu']:.2f}  signature: {scores['lowercase_bleu_signature']}",
-    ])
+    return "\n".join(
+        [
+            f"BLEU {scores['bleu']:.2f}  ({scores['bleu_detail']})  signature: {scores['bleu_signature']}",
+            f"chrF {scores['chrf']:.2f}  signature: {scores['chrf_signature']}",
+            f"lowercase tokenized BLEU {scores['lowercase_bleu']:.2f}  signature: {scores['lowercase_bleu_signature']}",
+        ]
+    )

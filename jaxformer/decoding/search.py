@@ -45,12 +45,12 @@ def length_penalty(length, alpha: float):
     return ((5.0 + jnp.asarray(length, jnp.float32)) / 6.0) ** alpha
 
 
-def _is_possible(log_probs: Float[Array, "..."]) -> Bool[Array, "..."]:
+def _is_possible(log_probs: Float[Array, ...]) -> Bool[Array, ...]:
     """True where a (sum of) log-probabilities involves no forbidden token."""
     return log_probs > NEG_INF / 2
 
 
-def _row_limits(limits: Int[Array, "B"] | None, batch_size: int, max_length: int) -> Int[Array, "B"] | None:
+def _row_limits(limits: Int[Array, B] | None, batch_size: int, max_length: int) -> Int[Array, B] | None:
     if limits is None:
         return None
     limits = jnp.asarray(limits, jnp.int32)
@@ -69,7 +69,7 @@ def _check_banned(banned_ids: Sequence[int], eos_id: int) -> tuple[int, ...]:
 def _constrain(
     log_probs: Float[Array, "R V"],
     step: Int[Array, ""],
-    limits: Int[Array, "R"] | None,
+    limits: Int[Array, R] | None,
     banned_ids: tuple[int, ...],
     eos_id: int,
 ) -> Float[Array, "R V"]:
@@ -95,8 +95,8 @@ class SearchState(NamedTuple):
 
     step: Int[Array, ""]  # output tokens decoded so far (by the rows still running)
     tokens: Int[Array, "B L"]  # output tokens, 0 after EOS
-    finished: Bool[Array, "B"]  # the row has emitted EOS
-    scores: Float[Array, "B"]  # log p of the tokens so far
+    finished: Bool[Array, B]  # the row has emitted EOS
+    scores: Float[Array, B]  # log p of the tokens so far
     cache: Any  # the callback's, B rows
     rng: jax.Array
 
@@ -108,11 +108,11 @@ def _one_per_row(
     max_length: int,
     bos_id: int,
     eos_id: int,
-    choose: Callable[[Float[Array, "B V"], jax.Array], Int[Array, "B"]],
+    choose: Callable[[Float[Array, "B V"], jax.Array], Int[Array, B]],
     rng: jax.Array,
-    limits: Int[Array, "B"] | None,
+    limits: Int[Array, B] | None,
     banned_ids: Sequence[int],
-) -> tuple[Int[Array, "B L"], Float[Array, "B"]]:
+) -> tuple[Int[Array, "B L"], Float[Array, B]]:
     """Extends every row by the token `choose(log_probs [B, V], rng) -> [B]` picks until EOS;
     `log_probs` carry NEG_INF at the forbidden tokens, which `choose` must never pick."""
     limits = _row_limits(limits, batch_size, max_length)
@@ -159,14 +159,22 @@ def greedy_search(
     bos_id: int,
     eos_id: int,
     *,
-    limits: Int[Array, "B"] | None = None,
+    limits: Int[Array, B] | None = None,
     banned_ids: Sequence[int] = (),
-) -> tuple[Int[Array, "B L"], Float[Array, "B"]]:
+) -> tuple[Int[Array, "B L"], Float[Array, B]]:
     """The most likely allowed token at every step: (tokens [B, L] padded with 0 after EOS,
     log p(tokens) [B] under the model). `limits` and `banned_ids` as in the module docstring."""
     return _one_per_row(
-        tokens_to_logits, cache, batch_size, max_length, bos_id, eos_id,
-        lambda log_probs, rng: jnp.argmax(log_probs, axis=-1), jax.random.key(0), limits, banned_ids,
+        tokens_to_logits,
+        cache,
+        batch_size,
+        max_length,
+        bos_id,
+        eos_id,
+        lambda log_probs, rng: jnp.argmax(log_probs, axis=-1),
+        jax.random.key(0),
+        limits,
+        banned_ids,
     )
 
 
@@ -181,9 +189,9 @@ def sample_search(
     temperature: float = 1.0,
     top_k: int = 0,
     *,
-    limits: Int[Array, "B"] | None = None,
+    limits: Int[Array, B] | None = None,
     banned_ids: Sequence[int] = (),
-) -> tuple[Int[Array, "B L"], Float[Array, "B"]]:
+) -> tuple[Int[Array, "B L"], Float[Array, B]]:
     """Ancestral sampling from softmax(logits / temperature) over the allowed tokens, restricted
     to the `top_k` most likely of them when `top_k` > 0: (tokens [B, L], log p(tokens) [B] under
     the model itself, untempered). `limits` and `banned_ids` as in the module docstring."""
@@ -197,7 +205,9 @@ def sample_search(
             scaled = jnp.where(scaled >= kth_best, scaled, -jnp.inf)
         return jax.random.categorical(rng, scaled, axis=-1)
 
-    return _one_per_row(tokens_to_logits, cache, batch_size, max_length, bos_id, eos_id, choose, rng, limits, banned_ids)
+    return _one_per_row(
+        tokens_to_logits, cache, batch_size, max_length, bos_id, eos_id, choose, rng, limits, banned_ids
+    )
 
 
 # -- beam search -----------------------------------------------------------------------------
@@ -220,9 +230,7 @@ def _gather_beams(tree: Any, beam_indices: Int[Array, "B K"], batch_size: int, o
     flat = (jnp.arange(batch_size)[:, None] * old_beams + beam_indices).reshape(-1)  # [B * K]
     # The indices are in bounds by construction; saying so spares a masking pass over every
     # cache leaf at every step (the default mode fills out-of-bounds rows; "clip" only clamps the indices).
-    return jax.tree.map(
-        lambda leaf: leaf if jnp.ndim(leaf) == 0 else jnp.take(leaf, flat, axis=0, mode="clip"), tree
-    )
+    return jax.tree.map(lambda leaf: leaf if jnp.ndim(leaf) == 0 else jnp.take(leaf, flat, axis=0, mode="clip"), tree)
 
 
 def beam_search(
@@ -235,7 +243,7 @@ def beam_search(
     eos_id: int,
     alpha: float = 0.6,
     *,
-    limits: Int[Array, "B"] | None = None,
+    limits: Int[Array, B] | None = None,
     banned_ids: Sequence[int] = (),
 ) -> tuple[Int[Array, "B K L"], Float[Array, "B K"]]:
     """Beam search with length penalty; returns the `beam_size` best ended sequences per row,

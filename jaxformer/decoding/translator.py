@@ -66,7 +66,11 @@ class Translator:
 
     @classmethod
     def from_workdir(
-        cls, workdir: str | os.PathLike, checkpoint: str | int = "latest", settings: DecodeSettings = DecodeSettings(), **kwargs
+        cls,
+        workdir: str | os.PathLike,
+        checkpoint: str | int = "latest",
+        settings: DecodeSettings = DecodeSettings(),
+        **kwargs,
     ) -> Translator:
         """The model, tokenizer and parameters of a training run's `checkpoint` ("latest",
         "best", "averaged" or a step number; see `jaxformer.run.loading.load_checkpoint`)."""
@@ -111,7 +115,9 @@ class Translator:
             return [ids]
         logging.warning(
             "sentence %d has %d tokens, more than max_source_tokens=%d: translating it in pieces",
-            index, len(ids), self.max_source_tokens,
+            index,
+            len(ids),
+            self.max_source_tokens,
         )
         chunks, current = [], ""
         for part in _SENTENCE_END.split(sentence):
@@ -131,13 +137,17 @@ class Translator:
 
     # -- ids ---------------------------------------------------------------------------
 
-    def translate_ids(self, sources: Sequence[np.ndarray], progress: bool = False) -> list[list[tuple[np.ndarray, float]]]:
+    def translate_ids(
+        self, sources: Sequence[np.ndarray], progress: bool = False
+    ) -> list[list[tuple[np.ndarray, float]]]:
         """Hypotheses (ids, score) per source id sequence (each ending in EOS), in input order."""
         if self.params is None:
             raise ValueError("this Translator has no parameters yet: use with_params(params)")
         order = sorted(range(len(sources)), key=lambda i: len(sources[i]), reverse=True)
         results: list[Any] = [None] * len(sources)
-        with tqdm.tqdm(total=len(sources), desc="translate", unit="sent", disable=not progress, dynamic_ncols=True) as bar:
+        with tqdm.tqdm(
+            total=len(sources), desc="translate", unit="sent", disable=not progress, dynamic_ncols=True
+        ) as bar:
             for batch_indices, source in self._batches(sources, order):
                 self._rng, rng = jax.random.split(self._rng)
                 tokens, scores = jax.device_get(self._generate(self.params, source, rng))  # [B, K, L], [B, K]

@@ -19,7 +19,6 @@ import jax.numpy as jnp
 from jaxformer.model.config import TransformerConfig
 from jaxformer.typing import Array, Bool, Float
 
-
 # Einsum specs by the layout of keys and values: [B, S, N, H] as projected, or heads-major
 # [B, N, S, H] as the decoding caches store them (see cache.py).
 _SCORES = {False: "BTNH,BSNH->BNTS", True: "BTNH,BNSH->BNTS"}
@@ -77,7 +76,7 @@ def dot_product_attention_weights(
     return masked_softmax(logits, mask)  # [B, N, T, S]
 
 
-def dropout_weights(weights: Float[Array, "..."], rate: float, rng: jax.Array) -> Float[Array, "..."]:
+def dropout_weights(weights: Float[Array, ...], rate: float, rng: jax.Array) -> Float[Array, ...]:
     """Inverted dropout: zero each weight with probability `rate`, rescale the rest."""
     keep = jax.random.bernoulli(rng, 1.0 - rate, weights.shape)
     return jnp.where(keep, weights / (1.0 - rate), 0.0).astype(weights.dtype)
@@ -142,7 +141,7 @@ def project_to_heads(
 
 
 def merge_heads(
-    heads: Float[Array, "B L N H"], kernel: Float[Array, "N H D"], bias: Float[Array, "D"]
+    heads: Float[Array, "B L N H"], kernel: Float[Array, "N H D"], bias: Float[Array, D]
 ) -> Float[Array, "B L D"]:
     """Concatenates the heads and applies the output projection W^O."""
     return jnp.einsum("BLNH,NHD->BLD", heads, kernel) + bias[None, None]  # [B, L, D]
@@ -165,12 +164,16 @@ class MultiHeadAttention(nn.Module):
         out_axes = tuple(range(num_in_axes, len(kernel_names)))
         init = nn.initializers.xavier_uniform(in_axis=in_axes, out_axis=out_axes)
         kernel = self.param(
-            f"{name}_kernel", nn.with_logical_partitioning(init, kernel_names),
-            tuple(sizes[axis] for axis in kernel_names), config.param_dtype,
+            f"{name}_kernel",
+            nn.with_logical_partitioning(init, kernel_names),
+            tuple(sizes[axis] for axis in kernel_names),
+            config.param_dtype,
         )
         bias = self.param(
-            f"{name}_bias", nn.with_logical_partitioning(nn.initializers.zeros_init(), bias_names),
-            tuple(sizes[axis] for axis in bias_names), config.param_dtype,
+            f"{name}_bias",
+            nn.with_logical_partitioning(nn.initializers.zeros_init(), bias_names),
+            tuple(sizes[axis] for axis in bias_names),
+            config.param_dtype,
         )
         return kernel, bias
 

@@ -121,9 +121,7 @@ def _check_known_fields(values: Mapping[str, Any], where: str) -> None:
         if key not in _FIELD_NAMES:
             near = difflib.get_close_matches(key, _FIELD_NAMES, n=3, cutoff=0.5)
             hint = f"; did you mean {', '.join(near)}?" if near else ""
-            raise ConfigError(
-                f"unknown key {key!r} in {where}{hint} Known keys: {', '.join(_FIELD_NAMES)}."
-            )
+            raise ConfigError(f"unknown key {key!r} in {where}{hint} Known keys: {', '.join(_FIELD_NAMES)}.")
 
 
 def _validate(config: TransformerConfig) -> None:
@@ -164,16 +162,31 @@ def _validate(config: TransformerConfig) -> None:
 # Named sizes. `base` and `big` are the paper's Table 3 models; `tiny` runs in seconds on a CPU.
 PRESETS: dict[str, dict[str, Any]] = {
     "tiny": dict(
-        vocab_size=64, d_model=32, num_heads=4, d_ff=64,
-        num_encoder_layers=2, num_decoder_layers=2, dropout_rate=0.1,
+        vocab_size=64,
+        d_model=32,
+        num_heads=4,
+        d_ff=64,
+        num_encoder_layers=2,
+        num_decoder_layers=2,
+        dropout_rate=0.1,
     ),
     "base": dict(
-        vocab_size=37_000, d_model=512, num_heads=8, d_ff=2048,
-        num_encoder_layers=6, num_decoder_layers=6, dropout_rate=0.1,
+        vocab_size=37_000,
+        d_model=512,
+        num_heads=8,
+        d_ff=2048,
+        num_encoder_layers=6,
+        num_decoder_layers=6,
+        dropout_rate=0.1,
     ),
     "big": dict(
-        vocab_size=37_000, d_model=1024, num_heads=16, d_ff=4096,
-        num_encoder_layers=6, num_decoder_layers=6, dropout_rate=0.3,
+        vocab_size=37_000,
+        d_model=1024,
+        num_heads=16,
+        d_ff=4096,
+        num_encoder_layers=6,
+        num_decoder_layers=6,
+        dropout_rate=0.3,
     ),
 }
 

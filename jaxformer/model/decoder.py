@@ -60,7 +60,9 @@ class DecoderLayer(nn.Module):
             deterministic,
         )  # [B, T, D]
 
-    def cross_key_value(self, encoded: Float[Array, "B S D"]) -> tuple[Float[Array, "B S N H"], Float[Array, "B S N H"]]:
+    def cross_key_value(
+        self, encoded: Float[Array, "B S D"]
+    ) -> tuple[Float[Array, "B S N H"], Float[Array, "B S N H"]]:
         """The cross-attention keys and values of the encoder output, for every decoding step."""
         return self.cross_attention.key_value(encoded)
 
@@ -91,7 +93,9 @@ class DecoderLayer(nn.Module):
         def cross_attend(y):  # [R, 1, D]
             folded = y.reshape(batch, rows // batch, y.shape[-1])  # [B, K, D]
             mask = source_valid[:, None, None, :]  # [B, 1, 1, S]
-            attended = self.cross_attention.attend(folded, cross_keys, cross_values, mask, True, heads_major=True)  # [B, K, D]
+            attended = self.cross_attention.attend(
+                folded, cross_keys, cross_values, mask, True, heads_major=True
+            )  # [B, K, D]
             return attended.reshape(y.shape)  # [R, 1, D]
 
         outputs = self._sublayers(inputs, self_attend, cross_attend, True)
@@ -115,7 +119,8 @@ class Decoder(nn.Module):
             self.logits_kernel = self.param(
                 "logits_kernel",
                 nn.with_logical_partitioning(nn.initializers.xavier_uniform(), ("embed", "vocab")),
-                (config.d_model, config.vocab_size), config.param_dtype,
+                (config.d_model, config.vocab_size),
+                config.param_dtype,
             )
 
     def _final(self, y: Float[Array, "B T D"]) -> Float[Array, "B T D"]:
@@ -126,7 +131,9 @@ class Decoder(nn.Module):
         if config.tie_output_embedding:
             return self.embed.attend(y)  # [B, T, V]
         return jnp.einsum(
-            "BTD,DV->BTV", y.astype(config.dtype), self.logits_kernel.astype(config.dtype),
+            "BTD,DV->BTV",
+            y.astype(config.dtype),
+            self.logits_kernel.astype(config.dtype),
             preferred_element_type=jnp.float32,
         )  # [B, T, V]
 
@@ -161,7 +168,9 @@ class Decoder(nn.Module):
         """What every decoding step reads: each layer's cross-attention keys and values."""
         keys, values = zip(*(layer.cross_key_value(encoded) for layer in self.stack.unscanned()))  # [B, S, N, H]
         return EncoderContext(
-            keys=tuple(map(heads_major, keys)), values=tuple(map(heads_major, values)), source_valid=token_validity(source)
+            keys=tuple(map(heads_major, keys)),
+            values=tuple(map(heads_major, values)),
+            source_valid=token_validity(source),
         )  # keys and values [B, N, S, H]
 
     def step(

@@ -27,13 +27,19 @@ class EncoderLayer(nn.Module):
 
         attention = MultiHeadAttention(config, name="self_attention")
         x = residual(
-            inputs, lambda y: attention(y, y, mask, deterministic),
-            layer_norm(config, "self_attention_norm"), dropout, config.normalization,
+            inputs,
+            lambda y: attention(y, y, mask, deterministic),
+            layer_norm(config, "self_attention_norm"),
+            dropout,
+            config.normalization,
         )  # [B, S, D]
         feed_forward = FeedForward(config, name="feed_forward")
         return residual(
-            x, lambda y: feed_forward(y, deterministic),
-            layer_norm(config, "feed_forward_norm"), dropout, config.normalization,
+            x,
+            lambda y: feed_forward(y, deterministic),
+            layer_norm(config, "feed_forward_norm"),
+            dropout,
+            config.normalization,
         )  # [B, S, D]
 
 

@@ -27,8 +27,10 @@ class Embed(nn.Module):
         config = self.config
         init = nn.initializers.normal(stddev=config.d_model**-0.5)
         self.embedding = self.param(
-            "embedding", nn.with_logical_partitioning(init, ("vocab", "embed")),
-            (config.vocab_size, config.d_model), config.param_dtype,
+            "embedding",
+            nn.with_logical_partitioning(init, ("vocab", "embed")),
+            (config.vocab_size, config.d_model),
+            config.param_dtype,
         )
 
     def __call__(self, tokens: Int[Array, "B L"]) -> Float[Array, "B L D"]:
@@ -40,7 +42,9 @@ class Embed(nn.Module):
         """Logits against every vocabulary entry, float32: hidden E^T."""
         config = self.config
         return jnp.einsum(
-            "BTD,VD->BTV", hidden.astype(config.dtype), self.embedding.astype(config.dtype),
+            "BTD,VD->BTV",
+            hidden.astype(config.dtype),
+            self.embedding.astype(config.dtype),
             preferred_element_type=jnp.float32,
         )
 
@@ -112,7 +116,9 @@ class FeedForward(nn.Module):
 def layer_norm(config: TransformerConfig, name: str | None = None) -> nn.LayerNorm:
     """LayerNorm over the model width; statistics in float32 whatever the compute dtype."""
     return nn.LayerNorm(
-        epsilon=config.layer_norm_epsilon, dtype=config.dtype, param_dtype=config.param_dtype,
+        epsilon=config.layer_norm_epsilon,
+        dtype=config.dtype,
+        param_dtype=config.param_dtype,
         scale_init=nn.with_logical_partitioning(nn.initializers.ones_init(), ("embed",)),
         bias_init=nn.with_logical_partitioning(nn.initializers.zeros_init(), ("embed",)),
         name=name,
@@ -169,7 +175,9 @@ class LayerStack(nn.Module):
         config, layer_cls = self.config, self.layer_cls
         if config.remat_policy != "none":
             deterministic_argnum = self.num_inputs + 2  # self, x, *inputs, deterministic
-            layer_cls = nn.remat(layer_cls, policy=REMAT_POLICIES[config.remat_policy], static_argnums=(deterministic_argnum,))
+            layer_cls = nn.remat(
+                layer_cls, policy=REMAT_POLICIES[config.remat_policy], static_argnums=(deterministic_argnum,)
+            )
         if config.scan_layers:
             self.layers = nn.scan(
                 _ScanBody,

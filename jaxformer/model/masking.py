@@ -34,7 +34,7 @@ def segment_mask(query_segments: Int[Array, "B T"], key_segments: Int[Array, "B 
     return query_segments[:, None, :, None] == key_segments[:, None, None, :]
 
 
-def combine_masks(*masks: Bool[Array, "..."] | None) -> Bool[Array, "..."] | None:
+def combine_masks(*masks: Bool[Array, ...] | None) -> Bool[Array, ...] | None:
     """Logical AND of the given masks (broadcasting); None entries are ignored."""
     present = [mask for mask in masks if mask is not None]
     if not present:

@@ -84,7 +84,12 @@ class Transformer(nn.Module):
         """Float32 next-token logits for every decoder input position, given the encoder output
         (`source` supplies the cross-attention padding mask)."""
         return self.decoder(
-            encoded, source, target, source_segments, target_segments, target_positions,
+            encoded,
+            source,
+            target,
+            source_segments,
+            target_segments,
+            target_positions,
             self._deterministic(deterministic),
         )
 
@@ -139,6 +144,6 @@ def unstack_layers(params: Any) -> Any:
         stacked = section.pop("layers")["layer"]
         count = jax.tree.leaves(stacked)[0].shape[0]
         for index in range(count):
-            section[f"layer_{index}"] = jax.tree.map(lambda leaf: leaf[index], stacked)
+            section[f"layer_{index}"] = jax.tree.map(lambda leaf, index=index: leaf[index], stacked)
         params[stack] = section
     return params

@@ -128,7 +128,9 @@ class Checkpointer:
         if not isinstance(metadata, CheckpointMetadata):
             raise TypeError(f"checkpoint metadata must be a CheckpointMetadata, not {type(metadata).__name__}")
         if metadata.step != step:
-            raise ValueError(f"saving step {step} with the metadata of step {metadata.step}: use metadata.replace(step={step})")
+            raise ValueError(
+                f"saving step {step} with the metadata of step {metadata.step}: use metadata.replace(step={step})"
+            )
 
     def save(self, step: int, state: Any, data_iterator, metadata: CheckpointMetadata) -> None:
         """Saves asynchronously (`wait` or the next save waits for it), with checksums of
@@ -157,7 +159,8 @@ class Checkpointer:
         self.manager.save(
             step,
             args=ocp.args.Composite(
-                state=ocp.args.StandardSave(state), metadata=ocp.args.JsonSave(with_checksums(metadata.to_json(), state))
+                state=ocp.args.StandardSave(state),
+                metadata=ocp.args.JsonSave(with_checksums(metadata.to_json(), state)),
             ),
             force=True,
         )
@@ -174,10 +177,14 @@ class Checkpointer:
         path = self.metadata_file(step)
         try:
             with _draining_event_loops():
-                values = self.manager.restore(step, args=ocp.args.Composite(metadata=ocp.args.JsonRestore()))["metadata"]
+                values = self.manager.restore(step, args=ocp.args.Composite(metadata=ocp.args.JsonRestore()))[
+                    "metadata"
+                ]
         except Exception as error:
             if not path.exists():
-                raise CheckpointError(f"cannot read the metadata of checkpoint {step}: {path} does not exist") from error
+                raise CheckpointError(
+                    f"cannot read the metadata of checkpoint {step}: {path} does not exist"
+                ) from error
             raise CheckpointError(f"cannot read {path} ({_first_line(error)})") from error
         verify_metadata(values, str(path))
         return values
@@ -232,13 +239,17 @@ class Checkpointer:
                 except Exception as error:
                     raise CheckpointError(f"cannot read the checkpoint {path} ({_first_line(error)})") from error
                 if item_metadata is None:
-                    raise CheckpointError(f"cannot read the checkpoint {path}: its _METADATA file is missing or damaged")
+                    raise CheckpointError(
+                        f"cannot read the checkpoint {path}: its _METADATA file is missing or damaged"
+                    )
                 metadata = item_metadata.tree
                 if "params" not in metadata:
                     raise CheckpointError(f"{path} has no 'params' entry (it holds {sorted(metadata)})")
                 if abstract_params is None:
                     target = jax.tree.map(lambda leaf: jax.ShapeDtypeStruct(leaf.shape, leaf.dtype), metadata["params"])
-                    restore_args = jax.tree.map(lambda leaf: ocp.RestoreArgs(restore_type=np.ndarray), metadata["params"])
+                    restore_args = jax.tree.map(
+                        lambda leaf: ocp.RestoreArgs(restore_type=np.ndarray), metadata["params"]
+                    )
                 else:
                     target = abstract_params
                     restore_args = ocp.checkpoint_utils.construct_restore_args(abstract_params)
@@ -283,7 +294,9 @@ class Checkpointer:
                     verify_iterator(data_iterator, checksums, where)
             except Exception as error:  # orbax/tensorstore raise many types for damaged files
                 failures.append(f"step {step}: {_first_line(error)}")
-                logging.warning("checkpoint %s cannot be restored (%s); trying the previous one", where, _first_line(error))
+                logging.warning(
+                    "checkpoint %s cannot be restored (%s); trying the previous one", where, _first_line(error)
+                )
                 continue
             for damaged in steps:
                 if damaged > step:

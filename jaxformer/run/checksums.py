@@ -81,7 +81,11 @@ def _host_words(x: np.ndarray) -> np.ndarray | None:
     flat = x.reshape(-1)
     if x.dtype.itemsize == 8:
         return flat.view(np.uint32).reshape(x.shape + (2,))
-    return flat.view({1: np.uint8, 2: np.uint16, 4: np.uint32}[x.dtype.itemsize]).astype(np.uint32, copy=False).reshape(x.shape)
+    return (
+        flat.view({1: np.uint8, 2: np.uint16, 4: np.uint32}[x.dtype.itemsize])
+        .astype(np.uint32, copy=False)
+        .reshape(x.shape)
+    )
 
 
 def _sums_elementwise(words: jax.Array) -> jax.Array:
@@ -103,7 +107,9 @@ def _sums_contracted(words: jax.Array) -> jax.Array:
         return jnp.broadcast_to(words, (_SUMS,))
     partial = jnp.dot(words, _axis_weights(words.shape[-1], words.ndim - 1), preferred_element_type=jnp.uint32)
     for axis in reversed(range(words.ndim - 1)):
-        partial = jnp.einsum("...ik,ik->...k", partial, _axis_weights(words.shape[axis], axis), preferred_element_type=jnp.uint32)
+        partial = jnp.einsum(
+            "...ik,ik->...k", partial, _axis_weights(words.shape[axis], axis), preferred_element_type=jnp.uint32
+        )
     return partial
 
 
@@ -238,5 +244,6 @@ def verify_iterator(data_iterator, checksums: dict[str, Any], where: str) -> Non
     if len(actual) == len(expected) and actual != expected:
         processes = [i for i, (a, b) in enumerate(zip(actual, expected)) if a != b]
         raise ChecksumError(
-            f"checkpoint {where} is damaged: the data iterator state of process {processes[0]} does not match its checksum"
+            f"checkpoint {where} is damaged: "
+            f"the data iterator state of process {processes[0]} does not match its checksum"
         )

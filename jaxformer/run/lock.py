@@ -111,9 +111,12 @@ class WorkdirLock:
             stale.unlink(missing_ok=True)
             logging.warning(
                 "took over %s from a run that is no longer alive (%s)",
-                self.path, _describe(holder) if not garbled else "unreadable lock file",
+                self.path,
+                _describe(holder) if not garbled else "unreadable lock file",
             )
-        raise WorkdirLockedError(f"{self.path.parent} is in use by another training run that started just now ({self.path})")
+        raise WorkdirLockedError(
+            f"{self.path.parent} is in use by another training run that started just now ({self.path})"
+        )
 
     def release(self) -> None:
         if not self.held:

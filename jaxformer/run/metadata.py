@@ -71,7 +71,9 @@ class CheckpointMetadata:
         """The metadata in the JSON object `values` read from `where` (a file, for messages);
         `CheckpointError` naming `where` and the key if a key is missing or has the wrong type."""
         if not isinstance(values, Mapping):
-            raise CheckpointError(f"{where} holds a JSON {_json_type(values)}, not an object: not a jaxformer checkpoint's metadata")
+            raise CheckpointError(
+                f"{where} holds a JSON {_json_type(values)}, not an object: not a jaxformer checkpoint's metadata"
+            )
 
         def fail(key: str, problem: str) -> CheckpointError:
             return CheckpointError(f"{where}: key {key!r} {problem}; not a jaxformer checkpoint's metadata")

@@ -24,7 +24,9 @@ def load_config_file(path: str | pathlib.Path) -> ml_collections.ConfigDict:
     """The ConfigDict that `get_config()` of the Python file at `path` returns."""
     path = pathlib.Path(path)
     if not path.is_file():
-        raise ConfigError(f"config file {path} does not exist" if not path.exists() else f"config file {path} is not a file")
+        raise ConfigError(
+            f"config file {path} does not exist" if not path.exists() else f"config file {path} is not a file"
+        )
     spec = importlib.util.spec_from_file_location(f"jaxformer_config_{path.stem}", path)
     module = importlib.util.module_from_spec(spec)
     try:
@@ -52,7 +54,7 @@ def split_overrides(arguments: Sequence[str]) -> tuple[list[tuple[str, str]], li
     while index < len(arguments):
         argument = arguments[index]
         if argument.startswith(OVERRIDE_PREFIX):
-            key, equals, text = argument[len(OVERRIDE_PREFIX):].partition("=")
+            key, equals, text = argument[len(OVERRIDE_PREFIX) :].partition("=")
             if not equals:
                 if index + 1 >= len(arguments):
                     raise ConfigError(f"{argument} has no value (write {argument}=VALUE)")
@@ -81,7 +83,14 @@ def _unknown(config: ml_collections.ConfigDict, key: str) -> ConfigError:
     return ConfigError(f"unknown config key {key!r}{hint}")
 
 
-_TYPE_NAMES = {int: "an integer", float: "a number", str: "a string", tuple: "a tuple", list: "a list", bool: "True or False"}
+_TYPE_NAMES = {
+    int: "an integer",
+    float: "a number",
+    str: "a string",
+    tuple: "a tuple",
+    list: "a list",
+    bool: "True or False",
+}
 
 
 def _parse(key: str, text: str, current: Any, field_type: type | None) -> Any:

@@ -19,9 +19,19 @@ from jaxformer.training.sharding import DEFAULT_RULES
 # parameters, the optimizer state, the tokenizer or the data order.
 RESUME_SENSITIVE = ("model", "data", "tokenizer", "optimizer")
 # Keys in those sections that may change on resume all the same (training.* always may).
-RESUME_FREE = {"data.data_dir", "data.raw_dir", "data.download", "data.num_threads", "data.eval_split",
-               "data.max_eval_examples", "data.eval_batch_size",
-               "optimizer.learning_rate_scale", "optimizer.warmup_steps", "mesh.shape", "mesh.logical_axis_rules"}
+RESUME_FREE = {
+    "data.data_dir",
+    "data.raw_dir",
+    "data.download",
+    "data.num_threads",
+    "data.eval_split",
+    "data.max_eval_examples",
+    "data.eval_batch_size",
+    "optimizer.learning_rate_scale",
+    "optimizer.warmup_steps",
+    "mesh.shape",
+    "mesh.logical_axis_rules",
+}
 
 
 def model_section(preset_name: str = "base", **overrides: Any) -> ml_collections.ConfigDict:
@@ -42,11 +52,17 @@ def default_config() -> ml_collections.ConfigDict:
     config.model = model_section("base")
 
     config.data = ml_collections.ConfigDict()
-    config.data.name = "multi30k"  # "multi30k" (vendored, offline) or a tfds name: "wmt14_translate/de-en", "wmt17_translate/de-en"
+    config.data.name = (
+        "multi30k"  # "multi30k" (vendored, offline) or a tfds name: "wmt14_translate/de-en", "wmt17_translate/de-en"
+    )
     config.data.source_language = "en"  # translate from ...
     config.data.target_language = "de"  # ... into
-    config.data.data_dir = ml_collections.FieldReference(None, field_type=str)  # tfds data_dir (None: ~/tensorflow_datasets)
-    config.data.raw_dir = ml_collections.FieldReference(None, field_type=str)  # multi30k only: folder of the raw .gz files (None: vendored copy)
+    config.data.data_dir = ml_collections.FieldReference(
+        None, field_type=str
+    )  # tfds data_dir (None: ~/tensorflow_datasets)
+    config.data.raw_dir = ml_collections.FieldReference(
+        None, field_type=str
+    )  # multi30k only: folder of the raw .gz files (None: vendored copy)
     config.data.download = False  # multi30k only: fetch the official files instead of the vendored copy
     config.data.train_split = "train"
     config.data.eval_split = "validation"
@@ -82,12 +98,16 @@ def default_config() -> ml_collections.ConfigDict:
     config.training.seed = 0  # parameter initialisation and dropout
     config.training.num_train_steps = 100_000
     config.training.label_smoothing = 0.1  # epsilon_ls
-    config.training.loss_chunk_tokens = 512  # output projection + loss fused over chunks of this many target tokens (0: whole batch)
+    config.training.loss_chunk_tokens = (
+        512  # output projection + loss fused over chunks of this many target tokens (0: whole batch)
+    )
     config.training.log_every_steps = 100  # training metrics to TensorBoard / metrics.jsonl
     config.training.eval_every_steps = 1000  # validation loss and perplexity
     config.training.checkpoint_every_steps = 1000
     config.training.keep_checkpoints = 3  # the newest K checkpoints are kept
-    config.training.bleu_every_steps = 0  # validation BLEU (and the best checkpoint in workdir/best) every N steps; 0: off
+    config.training.bleu_every_steps = (
+        0  # validation BLEU (and the best checkpoint in workdir/best) every N steps; 0: off
+    )
     config.training.bleu_examples = 500  # validation pairs translated for that BLEU (0: all)
 
     # Translation for validation BLEU (translate.py and evaluate.py take the same settings as flags).
@@ -135,10 +155,17 @@ def _within(low: float, high: float, closed_high: bool = False) -> tuple[Callabl
 
 _POSITIVE_NUMBER = (lambda value: _number(value) and value > 0 and math.isfinite(value)), "a finite number > 0"
 _NON_EMPTY_TEXT = (lambda value: isinstance(value, str) and value.strip() != ""), "a non-empty string"
-_OPTIONAL_TEXT = (lambda value: value is None or (isinstance(value, str) and value.strip() != "")), "None or a non-empty path"
+_OPTIONAL_TEXT = (
+    (lambda value: value is None or (isinstance(value, str) and value.strip() != "")),
+    "None or a non-empty path",
+)
 _MESH_SHAPE = (
-    lambda value: isinstance(value, (tuple, list)) and len(value) == 3
-    and all(_integer(size) and (size >= 1 or size == -1) for size in value) and list(value).count(-1) <= 1,
+    lambda value: (
+        isinstance(value, (tuple, list))
+        and len(value) == 3
+        and all(_integer(size) and (size >= 1 or size == -1) for size in value)
+        and list(value).count(-1) <= 1
+    ),
     "three integers (data, fsdp, tensor), each >= 1 or one of them -1",
 )
 
@@ -156,7 +183,10 @@ VALUE_RULES: dict[str, tuple[Callable[[Any], bool], str]] = {
     "data.max_length": _at_least(2),
     "data.batch_size": _at_least(1),
     "data.eval_batch_size": _at_least(1),
-    "data.max_eval_examples": ((lambda value: value is None or (_integer(value) and value >= 1)), "None or an integer >= 1"),
+    "data.max_eval_examples": (
+        (lambda value: value is None or (_integer(value) and value >= 1)),
+        "None or an integer >= 1",
+    ),
     "data.shuffle_seed": _at_least(0),
     "data.num_threads": _at_least(0),
     "data.input_shards": _at_least(0),

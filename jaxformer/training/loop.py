@@ -39,6 +39,7 @@ from jaxformer.training.state import count_parameters, make_init_fn
 from jaxformer.training.step import make_eval_step, make_train_step
 from jaxformer.training.validation_bleu import BleuValidator
 
+
 class NonFiniteLossError(UserError, FloatingPointError):
     """The training loss became NaN or infinite; the run stops without saving."""
 
@@ -79,7 +80,9 @@ class TrainMetrics:
         self.writer.write(host[-1][0], summary, prefix="train/")
         self.last = summary
         self.progress.set_postfix(
-            loss=f"{summary['loss']:.3f}", lr=f"{summary['learning_rate']:.2e}", tok_s=f"{summary['tokens_per_second']:,.0f}"
+            loss=f"{summary['loss']:.3f}",
+            lr=f"{summary['learning_rate']:.2e}",
+            tok_s=f"{summary['tokens_per_second']:,.0f}",
         )
 
     def _check_finite(self, step_metrics: list[tuple[int, dict]]) -> None:
@@ -87,8 +90,11 @@ class TrainMetrics:
             loss = float(metrics["loss_sum"]) / max(float(metrics["weight"]), 1.0)
             if not (math.isfinite(loss) and math.isfinite(float(metrics["grad_norm"]))):
                 saved = self.checkpointer.steps()
-                kept = (f"the last good checkpoint is step {saved[-1]} in {self.checkpointer.directory}"
-                        if saved else "no checkpoint was saved")
+                kept = (
+                    f"the last good checkpoint is step {saved[-1]} in {self.checkpointer.directory}"
+                    if saved
+                    else "no checkpoint was saved"
+                )
                 raise NonFiniteLossError(
                     f"training loss is {loss} (gradient norm {float(metrics['grad_norm'])}) at step {step}; "
                     f"stopping without saving: {kept}. Lower optimizer.learning_rate_scale or check the data."
@@ -216,23 +222,40 @@ def _locked_train_and_evaluate(config: ml_collections.ConfigDict, workdir: pathl
             f"{workdir} was trained on other data files (fingerprint {saved.data_fingerprint}) than "
             f"{builder.name} has now ({fingerprint}); restore the files or use a new workdir"
         )
-    saved_tokenizer = None if latest is None else (saved.tokenizer, f"checkpoint {latest[0]} of {checkpointer.directory}")
+    saved_tokenizer = (
+        None if latest is None else (saved.tokenizer, f"checkpoint {latest[0]} of {checkpointer.directory}")
+    )
     tokenizer = tokenizer_for_run(config, run.tokenizer_file, train_source, saved_tokenizer)
 
     model_config = experiment.model_config(config, tokenizer.vocab_size)
     metadata = CheckpointMetadata(  # each save sets its step
-        config=config.to_dict(), model=model_config.to_dict(), tokenizer=tokenizer.model_proto,
-        data_fingerprint=fingerprint, step=0,
+        config=config.to_dict(),
+        model=model_config.to_dict(),
+        tokenizer=tokenizer.model_proto,
+        data_fingerprint=fingerprint,
+        step=0,
     )
     with jax.set_mesh(mesh), nn.logical_axis_rules(rules):
-        return _train(config, run, mesh, rules, Transformer(model_config), checkpointer, tokenizer, metadata,
-                      train_source, eval_source)
+        return _train(
+            config,
+            run,
+            mesh,
+            rules,
+            Transformer(model_config),
+            checkpointer,
+            tokenizer,
+            metadata,
+            train_source,
+            eval_source,
+        )
 
 
 def _train(config, run: RunDirectory, mesh, rules, model, checkpointer, tokenizer, metadata, train_source, eval_source):
     data, training = config.data, config.training
     optimizer, learning_rate = make_optimizer(config.optimizer, model.config.d_model)
-    boxed_state = jax.eval_shape(make_init_fn(model, optimizer, data.max_length, data.max_length, boxed=True), training.seed)
+    boxed_state = jax.eval_shape(
+        make_init_fn(model, optimizer, data.max_length, data.max_length, boxed=True), training.seed
+    )
     state_shardings = sharding.logical_shardings(boxed_state, mesh, rules)
     abstract_state = sharding.abstract_with_shardings(sharding.strip_boxes(boxed_state), state_shardings)
     init_fn = make_init_fn(model, optimizer, data.max_length, data.max_length)
@@ -242,17 +265,34 @@ def _train(config, run: RunDirectory, mesh, rules, model, checkpointer, tokenize
 
     length_filter = LengthFilter(data.max_length)
     shard_count, my_shards = _input_shards(data)
-    train_iterator = ShardedBatches([
-        iter(train_dataset(
-            train_source, tokenizer, source_language=data.source_language, target_language=data.target_language,
-            max_length=data.max_length, batch_size=data.batch_size // shard_count, seed=data.shuffle_seed,
-            length_filter=length_filter, shard_index=shard, shard_count=shard_count, num_threads=data.num_threads,
-        ))
-        for shard in my_shards
-    ])
+    train_iterator = ShardedBatches(
+        [
+            iter(
+                train_dataset(
+                    train_source,
+                    tokenizer,
+                    source_language=data.source_language,
+                    target_language=data.target_language,
+                    max_length=data.max_length,
+                    batch_size=data.batch_size // shard_count,
+                    seed=data.shuffle_seed,
+                    length_filter=length_filter,
+                    shard_index=shard,
+                    shard_count=shard_count,
+                    num_threads=data.num_threads,
+                )
+            )
+            for shard in my_shards
+        ]
+    )
     eval_data = eval_batches(
-        eval_source, tokenizer, source_language=data.source_language, target_language=data.target_language,
-        max_length=data.max_length, batch_size=data.eval_batch_size, max_examples=data.max_eval_examples,
+        eval_source,
+        tokenizer,
+        source_language=data.source_language,
+        target_language=data.target_language,
+        max_length=data.max_length,
+        batch_size=data.eval_batch_size,
+        max_examples=data.max_eval_examples,
     )
 
     restored = checkpointer.restore_latest(abstract_state, train_iterator)
@@ -277,7 +317,11 @@ def _train(config, run: RunDirectory, mesh, rules, model, checkpointer, tokenize
     validator = BleuValidator(config, model.config, tokenizer, eval_source, run) if training.bleu_every_steps else None
     writer = MetricWriter(run)
     progress = tqdm.tqdm(
-        total=training.num_train_steps, initial=step, desc="train", unit="step", disable=jax.process_index() != 0,
+        total=training.num_train_steps,
+        initial=step,
+        desc="train",
+        unit="step",
+        disable=jax.process_index() != 0,
         dynamic_ncols=True,
     )
     train_metrics = TrainMetrics(writer, checkpointer, progress)
@@ -289,8 +333,12 @@ def _train(config, run: RunDirectory, mesh, rules, model, checkpointer, tokenize
         writer.write(step, last["eval"], prefix="eval/")
         logging.info(
             "step %d: validation loss %.4f, perplexity %.2f, accuracy %.4f; length filter dropped %d of %d pairs read",
-            step, last["eval"]["loss"], last["eval"]["perplexity"], last["eval"]["accuracy"],
-            length_filter.dropped, length_filter.seen,
+            step,
+            last["eval"]["loss"],
+            last["eval"]["perplexity"],
+            last["eval"]["accuracy"],
+            length_filter.dropped,
+            length_filter.seen,
         )
 
     def validate_bleu(step: int) -> None:
@@ -323,7 +371,9 @@ def _train(config, run: RunDirectory, mesh, rules, model, checkpointer, tokenize
                     save(step)
                 logging.warning(
                     "stopped by %s at step %d; checkpoint saved; exiting with %d; resume with the same command",
-                    stop.signal_name, step, exit_code_for_signal(stop.signum),
+                    stop.signal_name,
+                    step,
+                    exit_code_for_signal(stop.signum),
                 )
             train_metrics.flush()
         finally:

@@ -44,7 +44,10 @@ def cut_torn_last_line(path: str | pathlib.Path) -> int:
     if bad_lines:
         logging.warning(
             "%s: %d line(s) in the middle are not JSON records (line %s%s); left as they are",
-            path, len(bad_lines), bad_lines[0], " and more" if len(bad_lines) > 1 else "",
+            path,
+            len(bad_lines),
+            bad_lines[0],
+            " and more" if len(bad_lines) > 1 else "",
         )
     if not last_line or (last_line.endswith(b"\n") and _is_record(last_line)):
         return 0
@@ -55,7 +58,11 @@ def cut_torn_last_line(path: str | pathlib.Path) -> int:
     preview = last_line[:80] + (b"..." if len(last_line) > 80 else b"")
     logging.warning(
         "%s: cut off a torn last line, bytes %d-%d (%d bytes: %r), before appending",
-        path, last_start, offset, offset - last_start, preview,
+        path,
+        last_start,
+        offset,
+        offset - last_start,
+        preview,
     )
     return offset - last_start
 
@@ -81,7 +88,11 @@ class MetricWriter:
         if not self.enabled:
             return
         values = {f"{prefix}{name}": float(np.asarray(value)) for name, value in scalars.items()}
-        record = {"step": int(step), "time": time.time(), **{k: (v if math.isfinite(v) else repr(v)) for k, v in values.items()}}
+        record = {
+            "step": int(step),
+            "time": time.time(),
+            **{k: (v if math.isfinite(v) else repr(v)) for k, v in values.items()},
+        }
         self._jsonl.write(json.dumps(record) + "\n")
         self._jsonl.flush()
         for name, value in values.items():

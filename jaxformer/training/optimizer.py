@@ -20,7 +20,9 @@ def rsqrt_schedule(d_model: int, warmup_steps: int, scale: float = 1.0) -> optax
     return schedule
 
 
-def make_optimizer(config: ml_collections.ConfigDict, d_model: int) -> tuple[optax.GradientTransformation, optax.Schedule]:
+def make_optimizer(
+    config: ml_collections.ConfigDict, d_model: int
+) -> tuple[optax.GradientTransformation, optax.Schedule]:
     """The optimizer an experiment config's `optimizer` section describes (learning_rate_scale,
     warmup_steps, b1, b2, eps, clip_norm (0: no clipping), accumulation_steps), and its learning
     rate as a function of the train step, for logging.

@@ -44,11 +44,15 @@ _SUMS = ("loss_sum", "nll_sum", "correct")  # what the chunks add up; the weight
 def _chunk(hidden, embedding, targets, weights, smoothing: float, compute_dtype):
     """Sums and gradients for one chunk: hidden [B, t, D], targets and weights [B, t]."""
     logits = jnp.einsum(
-        "BTD,VD->BTV", hidden.astype(compute_dtype), embedding.astype(compute_dtype),
+        "BTD,VD->BTV",
+        hidden.astype(compute_dtype),
+        embedding.astype(compute_dtype),
         preferred_element_type=jnp.float32,
     )  # [B, t, V]
     terms = token_terms(logits, targets, smoothing)
-    sums = {key: value for key, value in weighted_sums(terms, weights).items() if key in _SUMS}  # weight: summed once, outside
+    sums = {
+        key: value for key, value in weighted_sums(terms, weights).items() if key in _SUMS
+    }  # weight: summed once, outside
     grad_logits = logits_gradient(terms, weights, smoothing).astype(compute_dtype)  # [B, t, V]
     grad_hidden = jnp.einsum(
         "BTV,VD->BTD", grad_logits, embedding.astype(compute_dtype), preferred_element_type=jnp.float32
@@ -71,7 +75,9 @@ def _sums_and_grads(hidden, embedding, targets, weights, smoothing, chunk_tokens
 
     def body(carry, pieces):
         sums, grad_embedding = carry
-        piece_sums, grad_hidden, piece_grad_embedding = _chunk(*pieces[:1], embedding, *pieces[1:], smoothing, compute_dtype)
+        piece_sums, grad_hidden, piece_grad_embedding = _chunk(
+            *pieces[:1], embedding, *pieces[1:], smoothing, compute_dtype
+        )
         return (jax.tree.map(jnp.add, sums, piece_sums), grad_embedding + piece_grad_embedding), grad_hidden
 
     initial = ({key: jnp.zeros((), jnp.float32) for key in _SUMS}, jnp.zeros(embedding.shape, jnp.float32))

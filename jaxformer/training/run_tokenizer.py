@@ -20,7 +20,9 @@ def _checked_against_checkpoint(path: pathlib.Path, saved_proto: bytes, where: s
     try:
         saved = Tokenizer(saved_proto)
     except (TypeError, ValueError) as error:
-        raise CheckpointError(f"the tokenizer stored in {where} is unusable ({type(error).__name__}: {error})") from error
+        raise CheckpointError(
+            f"the tokenizer stored in {where} is unusable ({type(error).__name__}: {error})"
+        ) from error
     if not path.exists():
         saved.save(path)
         logging.info("restored %s from %s", path, where)
@@ -71,7 +73,10 @@ def tokenizer_for_run(
     section = config.tokenizer
     tokenizer = train_tokenizer(
         _sentences(train_source, (config.data.source_language, config.data.target_language)),
-        section.vocab_size, section.model_type, section.character_coverage, section.max_sentences,
+        section.vocab_size,
+        section.model_type,
+        section.character_coverage,
+        section.max_sentences,
     )
     if jax.process_index() == 0:  # training is deterministic: every process holds the same model
         tokenizer.save(path)

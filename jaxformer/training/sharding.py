@@ -110,7 +110,8 @@ def strip_boxes(tree: Any) -> Any:
     `nn.meta.unbox` under active rules), for abstract trees outside jit."""
     return jax.tree.map(
         lambda leaf: leaf.value if isinstance(leaf, nn.LogicallyPartitioned) else leaf,
-        tree, is_leaf=lambda leaf: isinstance(leaf, nn.LogicallyPartitioned),
+        tree,
+        is_leaf=lambda leaf: isinstance(leaf, nn.LogicallyPartitioned),
     )
 
 

@@ -35,7 +35,12 @@ def init_params(model: Transformer, rng: jax.Array, source_length: int, target_l
 
 
 def make_init_fn(
-    model: Transformer, optimizer: optax.GradientTransformation, source_length: int, target_length: int, *, boxed: bool = False
+    model: Transformer,
+    optimizer: optax.GradientTransformation,
+    source_length: int,
+    target_length: int,
+    *,
+    boxed: bool = False,
 ):
     """A function `seed -> TrainState`, to run under `jax.eval_shape` then `jax.jit`.
 

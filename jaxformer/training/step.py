@@ -78,7 +78,12 @@ def train_step(
             model, params, batch, False, state.dropout_key(), Transformer.hidden_states
         )
         metrics = projected_token_losses(
-            hidden, output_embedding, batch["targets"], _target_weights(batch), label_smoothing, loss_chunk_tokens,
+            hidden,
+            output_embedding,
+            batch["targets"],
+            _target_weights(batch),
+            label_smoothing,
+            loss_chunk_tokens,
             model.config.dtype,
         )
         metrics["source_tokens"] = _source_tokens(batch)
@@ -109,8 +114,12 @@ def make_train_step(
     """`train_step` with the model, the optimizer and its learning rate (from `make_optimizer`)
     bound, and the label smoothing and loss chunk of the config's `training` section."""
     return functools.partial(
-        train_step, model=model, optimizer=optimizer, learning_rate=learning_rate,
-        label_smoothing=training.label_smoothing, loss_chunk_tokens=training.loss_chunk_tokens,
+        train_step,
+        model=model,
+        optimizer=optimizer,
+        learning_rate=learning_rate,
+        label_smoothing=training.label_smoothing,
+        loss_chunk_tokens=training.loss_chunk_tokens,
     )
 
 

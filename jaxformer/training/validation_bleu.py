@@ -23,7 +23,9 @@ from jaxformer.run.metadata import CheckpointMetadata
 def decode_settings(config: ml_collections.ConfigDict) -> DecodeSettings:
     decoding = config.decoding
     return DecodeSettings(
-        method=decoding.method, beam_size=decoding.beam_size, alpha=decoding.alpha,
+        method=decoding.method,
+        beam_size=decoding.beam_size,
+        alpha=decoding.alpha,
         max_extra_length=decoding.max_extra_length,
     )
 
@@ -57,12 +59,23 @@ class BleuValidator:
         (its step and BLEU set to this step's)."""
         hypotheses = self.translator.with_params(params).translate(self.sources)
         scores = corpus_scores(hypotheses, self.references)
-        logging.info("step %d: validation BLEU %.2f on %d sentences (%s)", step, scores["bleu"], len(hypotheses), scores["bleu_signature"])
+        logging.info(
+            "step %d: validation BLEU %.2f on %d sentences (%s)",
+            step,
+            scores["bleu"],
+            len(hypotheses),
+            scores["bleu_signature"],
+        )
         if scores["bleu"] > self.best_bleu:
             self.best_bleu = scores["bleu"]
             self.best.save_params(step, params, metadata.replace(step=step, bleu=scores["bleu"]))
             logging.info("step %d: best validation BLEU so far; parameters saved to %s", step, self.best.directory)
-        return {"bleu": scores["bleu"], "chrf": scores["chrf"], "lowercase_bleu": scores["lowercase_bleu"], "best_bleu": self.best_bleu}
+        return {
+            "bleu": scores["bleu"],
+            "chrf": scores["chrf"],
+            "lowercase_bleu": scores["lowercase_bleu"],
+            "best_bleu": self.best_bleu,
+        }
 
     def close(self) -> None:
         self.best.close()

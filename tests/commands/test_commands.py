@@ -33,8 +33,23 @@ def test_translate_round_trips_1000_lines(decoding_workdir, tmp_path):
     assert len(lines) == 1000
     source, output = tmp_path / "in.en", tmp_path / "out.de"
     source.write_text("\n".join(lines) + "\n", encoding="utf-8")
-    assert translate.main(["--workdir", str(decoding_workdir), "--input", str(source), "--output", str(output),
-                           "--batch_size", "128", "--no_progress", *FAST]) == 0
+    assert (
+        translate.main(
+            [
+                "--workdir",
+                str(decoding_workdir),
+                "--input",
+                str(source),
+                "--output",
+                str(output),
+                "--batch_size",
+                "128",
+                "--no_progress",
+                *FAST,
+            ]
+        )
+        == 0
+    )
     translations = output.read_text(encoding="utf-8").split("\n")
     assert translations[-1] == "" and len(translations) == 1001  # 1000 lines, each ending in a newline
     translations = translations[:-1]
@@ -57,12 +72,18 @@ def test_translate_reads_stdin_and_writes_stdout(decoding_workdir):
     env = dict(os.environ, PYTHONPATH=str(ROOT))
     result = subprocess.run(
         [sys.executable, str(ROOT / "translate.py"), "--workdir", str(decoding_workdir), "--no_progress", *FAST],
-        input="\n".join(lines) + "\n", capture_output=True, text=True, env=env, timeout=300,
+        input="\n".join(lines) + "\n",
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=300,
     )
     assert result.returncode == 0, result.stderr[-3000:]
     outputs = result.stdout.split("\n")[:-1]
     assert len(outputs) == 3 and outputs[1] == ""
-    assert outputs[0] == Translator.from_workdir(decoding_workdir, settings=translate_settings()).translate([lines[0]])[0]
+    assert (
+        outputs[0] == Translator.from_workdir(decoding_workdir, settings=translate_settings()).translate([lines[0]])[0]
+    )
 
 
 def test_translate_names_a_bad_line(decoding_workdir, tmp_path, capsys):
@@ -80,8 +101,21 @@ def test_evaluate_scores_files_like_sacrebleu(decoding_workdir, tmp_path, capsys
     source.write_text("\n".join(sources) + "\n")
     reference.write_text("\n".join(references) + "\n")
     hypotheses, scores_file = tmp_path / "hyp.de", tmp_path / "scores.json"
-    evaluate.main(["--workdir", str(decoding_workdir), "--source", str(source), "--reference", str(reference),
-                   "--output", str(hypotheses), "--json", str(scores_file), *FAST])
+    evaluate.main(
+        [
+            "--workdir",
+            str(decoding_workdir),
+            "--source",
+            str(source),
+            "--reference",
+            str(reference),
+            "--output",
+            str(hypotheses),
+            "--json",
+            str(scores_file),
+            *FAST,
+        ]
+    )
     printed = capsys.readouterr().out
     scores = json.loads(scores_file.read_text())
     outputs = hypotheses.read_text().splitlines()
@@ -92,8 +126,19 @@ def test_evaluate_scores_files_like_sacrebleu(decoding_workdir, tmp_path, capsys
 
 
 def test_evaluate_a_split_of_the_runs_dataset(decoding_workdir, tmp_path, capsys):
-    evaluate.main(["--workdir", str(decoding_workdir), "--split", "test_2016_flickr", "--max_examples", "12",
-                   "--json", str(tmp_path / "s.json"), *FAST])
+    evaluate.main(
+        [
+            "--workdir",
+            str(decoding_workdir),
+            "--split",
+            "test_2016_flickr",
+            "--max_examples",
+            "12",
+            "--json",
+            str(tmp_path / "s.json"),
+            *FAST,
+        ]
+    )
     scores = json.loads((tmp_path / "s.json").read_text())
     assert scores["sentences"] == 12 and scores["data"] == "test_2016_flickr"
     capsys.readouterr()
@@ -105,8 +150,12 @@ def test_evaluate_a_split_of_the_runs_dataset(decoding_workdir, tmp_path, capsys
 def test_evaluate_rejects_misaligned_files(decoding_workdir, tmp_path, capsys):
     (tmp_path / "a").write_text("one\ntwo\n")
     (tmp_path / "b").write_text("eins\n")
-    assert evaluate.main(["--workdir", str(decoding_workdir), "--source", str(tmp_path / "a"),
-                          "--reference", str(tmp_path / "b")]) == 2
+    assert (
+        evaluate.main(
+            ["--workdir", str(decoding_workdir), "--source", str(tmp_path / "a"), "--reference", str(tmp_path / "b")]
+        )
+        == 2
+    )
     assert "error: line counts differ" in capsys.readouterr().err
 
 

@@ -33,7 +33,10 @@ def no_decoding(monkeypatch):
         (["--temperature", "0"], "argument --temperature: must be a finite number > 0.0, got 0"),
         (["--alpha", "nan"], "argument --alpha: must be a finite number >= 0.0, got nan"),
         (["--top_k", "-3"], "argument --top_k: must be an integer >= 0, got -3"),
-        (["--checkpoint", "newest"], "argument --checkpoint: must be latest, best, averaged or a step number, got 'newest'"),
+        (
+            ["--checkpoint", "newest"],
+            "argument --checkpoint: must be latest, best, averaged or a step number, got 'newest'",
+        ),
         (["--method", "beams"], "argument --method: invalid choice: 'beams'"),
     ],
 )
@@ -61,8 +64,21 @@ def test_unwritable_outputs_fail_before_decoding(kind, decoding_workdir, tmp_pat
     assert translate.main(["--workdir", workdir, "--input", str(tmp_path / "in.en"), "--output", str(path)]) == 2
     assert capsys.readouterr().err.startswith(f"error: --output {path}: ")
     for flag in ("--output", "--json"):
-        assert evaluate.main(["--workdir", workdir, "--source", str(tmp_path / "in.en"),
-                              "--reference", str(tmp_path / "in.en"), flag, str(path)]) == 2
+        assert (
+            evaluate.main(
+                [
+                    "--workdir",
+                    workdir,
+                    "--source",
+                    str(tmp_path / "in.en"),
+                    "--reference",
+                    str(tmp_path / "in.en"),
+                    flag,
+                    str(path),
+                ]
+            )
+            == 2
+        )
         error = capsys.readouterr().err
         assert error.startswith(f"error: {flag} {path}: ") and error.count("\n") == 1
     assert sorted(p.name for p in tmp_path.iterdir()) == ["a file", "in.en"]  # no probe or partial file left
@@ -84,17 +100,32 @@ def test_missing_inputs_and_workdirs_are_named(tmp_path, capsys, no_decoding):
     ("overrides", "message"),
     [
         (["--config.training.num_train_steps=-5"], "config training.num_train_steps=-5: must be an integer >= 1"),
-        (["--config.training.checkpoint_every_steps=0"], "config training.checkpoint_every_steps=0: must be an integer >= 1"),
-        (["--config.training.label_smoothing=1.5"], "config training.label_smoothing=1.5: must be a number in [0.0, 1.0)"),
+        (
+            ["--config.training.checkpoint_every_steps=0"],
+            "config training.checkpoint_every_steps=0: must be an integer >= 1",
+        ),
+        (
+            ["--config.training.label_smoothing=1.5"],
+            "config training.label_smoothing=1.5: must be a number in [0.0, 1.0)",
+        ),
         (["--config.data.batch_size=0"], "config data.batch_size=0: must be an integer >= 1"),
         (["--config.decoding.method=beem"], "config decoding.method='beem': must be one of 'beam', 'greedy', 'sample'"),
-        (["--config.tokenizer.model_type=wordpiece"], "config tokenizer.model_type='wordpiece': must be one of 'unigram', 'bpe'"),
+        (
+            ["--config.tokenizer.model_type=wordpiece"],
+            "config tokenizer.model_type='wordpiece': must be one of 'unigram', 'bpe'",
+        ),
         (["--config.mesh.shape=(2,0,1)"], "config mesh.shape=(2, 0, 1): must be three integers"),
-        (["--config.optimizer.accumulation_steps=3"], "config optimizer.accumulation_steps=3 must divide data.batch_size=4"),
+        (
+            ["--config.optimizer.accumulation_steps=3"],
+            "config optimizer.accumulation_steps=3 must divide data.batch_size=4",
+        ),
         (["--config.data.target_language=en"], "config data.source_language and data.target_language are both 'en'"),
         (["--config.model.num_heads=3"], "TransformerConfig.d_model=32: must be divisible by num_heads=3"),
         (["--config.training.num_train_steps=ten"], "--config.training.num_train_steps=ten: must be an integer"),
-        (["--config.training.num_train_step=5"], "unknown config key 'training.num_train_step'; did you mean training.num_train_steps"),
+        (
+            ["--config.training.num_train_step=5"],
+            "unknown config key 'training.num_train_step'; did you mean training.num_train_steps",
+        ),
         (["--config.trainig.seed=1"], "unknown config key 'trainig.seed'; did you mean training.seed"),
         (["--config.training.seed"], "--config.training.seed has no value"),
         (["--num_processes=2"], "--num_processes=2 and --process_id=None: give both"),
@@ -110,8 +141,17 @@ def test_bad_config_values_are_one_line_before_any_work(overrides, message, tmp_
 
 def test_train_names_a_missing_config_file_in_one_line(tmp_path):
     result = subprocess.run(
-        [sys.executable, str(ROOT / "train.py"), "--config", str(tmp_path / "nope.py"), "--workdir", str(tmp_path / "w")],
-        capture_output=True, text=True, timeout=120,
+        [
+            sys.executable,
+            str(ROOT / "train.py"),
+            "--config",
+            str(tmp_path / "nope.py"),
+            "--workdir",
+            str(tmp_path / "w"),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=120,
     )
     assert result.returncode == 2
     assert result.stderr == f"error: config file {tmp_path / 'nope.py'} does not exist\n"

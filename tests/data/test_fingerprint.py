@@ -22,8 +22,12 @@ def test_fingerprint_follows_names_and_bytes_not_folders(tmp_path):
     here = fingerprint.fingerprint(fingerprint.hash_files(write(tmp_path / "here", files)))
     there = fingerprint.fingerprint(fingerprint.hash_files(write(tmp_path / "there", files)))
     assert here == there and here.startswith("sha256:") and len(here) == len("sha256:") + 64
-    same_size = fingerprint.fingerprint(fingerprint.hash_files(write(tmp_path / "edit", {"a.gz": b"onE", "b.gz": b"two"})))
-    renamed = fingerprint.fingerprint(fingerprint.hash_files(write(tmp_path / "renamed", {"a.gz": b"one", "c.gz": b"two"})))
+    same_size = fingerprint.fingerprint(
+        fingerprint.hash_files(write(tmp_path / "edit", {"a.gz": b"onE", "b.gz": b"two"}))
+    )
+    renamed = fingerprint.fingerprint(
+        fingerprint.hash_files(write(tmp_path / "renamed", {"a.gz": b"one", "c.gz": b"two"}))
+    )
     assert len({here, same_size, renamed}) == 3
     assert fingerprint.short(here) == here[7:19]
 
@@ -46,7 +50,9 @@ def test_record_round_trip_and_what_makes_it_unusable(tmp_path):
     prepared = tmp_path / "prepared"
     write(prepared, {"shard-0": b"12345", "dataset_info.json": b"{}"})
     files = {"a": {"size": 1, "sha256": "ab"}}
-    path = fingerprint.write_record(prepared, {"config": "files-x", "fingerprint": fingerprint.fingerprint(files), "files": files})
+    path = fingerprint.write_record(
+        prepared, {"config": "files-x", "fingerprint": fingerprint.fingerprint(files), "files": files}
+    )
     assert path.name == fingerprint.RECORD_NAME and not path.with_name(path.name + ".tmp").exists()
     record, problem = fingerprint.read_record(prepared)
     assert problem is None
@@ -68,4 +74,7 @@ def test_record_round_trip_and_what_makes_it_unusable(tmp_path):
     forged = {**record, "fingerprint": "sha256:" + "0" * 64}
     assert "does not match its own file list" in problem_after(json.dumps(forged))[1]
     path.unlink()
-    assert fingerprint.read_record(prepared) == (None, f"{path} is missing (preparation unfinished, or made by an older jaxformer)")
+    assert fingerprint.read_record(prepared) == (
+        None,
+        f"{path} is missing (preparation unfinished, or made by an older jaxformer)",
+    )

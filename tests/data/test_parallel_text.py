@@ -14,7 +14,7 @@ def write(path, lines: list[bytes]):
 
 def test_reads_pairs_with_line_numbers(tmp_path):
     source = write(tmp_path / "a.en.gz", [b"one", b"two"])
-    target = write(tmp_path / "a.de.gz", ["eins".encode(), "zwei".encode()])
+    target = write(tmp_path / "a.de.gz", [b"eins", b"zwei"])
     assert list(read_parallel_lines(source, target)) == [(1, "one", "eins"), (2, "two", "zwei")]
 
 

@@ -19,8 +19,10 @@ def corpus():
         if picks in seen:  # distinct pairs, so a pair's content identifies it
             continue
         seen.add(picks)
-        records.append({"en": " ".join(WORDS[i] for i in picks).encode(), "de": " ".join(WÖRTER[i] for i in picks).encode()})
-    records.append({"en": " ".join(["dog"] * 40).encode(), "de": "hund".encode()})  # too long: dropped
+        records.append(
+            {"en": " ".join(WORDS[i] for i in picks).encode(), "de": " ".join(WÖRTER[i] for i in picks).encode()}
+        )
+    records.append({"en": " ".join(["dog"] * 40).encode(), "de": b"hund"})  # too long: dropped
     tokenizer = train_tokenizer([r[k].decode() for r in records for k in ("en", "de")], vocab_size=50)
     return records, tokenizer
 
@@ -34,7 +36,9 @@ def kept_pairs(corpus, max_length=MAX_LENGTH):
 
 def make(corpus, **overrides):
     records, tokenizer = corpus
-    options = dict(source_language="en", target_language="de", max_length=MAX_LENGTH, batch_size=4, seed=7, num_threads=0)
+    options = dict(
+        source_language="en", target_language="de", max_length=MAX_LENGTH, batch_size=4, seed=7, num_threads=0
+    )
     options.update(overrides)
     return train_dataset(records, tokenizer, **options)
 
@@ -56,7 +60,15 @@ def test_batches_have_fixed_shapes_and_consistent_packing(corpus):
     for _ in range(5):
         batch = next(iterator)
         assert {key: value.shape for key, value in batch.items()} == {
-            key: (4, MAX_LENGTH) for key in ("inputs", "targets", "inputs_segment_ids", "targets_segment_ids", "inputs_positions", "targets_positions")
+            key: (4, MAX_LENGTH)
+            for key in (
+                "inputs",
+                "targets",
+                "inputs_segment_ids",
+                "targets_segment_ids",
+                "inputs_positions",
+                "targets_positions",
+            )
         }
         assert all(value.dtype == np.int32 for value in batch.values())
         # Padding has segment 0; positions restart at 0 in each segment.
@@ -123,7 +135,9 @@ def test_process_shards_are_disjoint(corpus):
 
 def test_eval_batches_cover_every_pair_once(corpus):
     records, tokenizer = corpus
-    batches = eval_batches(records, tokenizer, source_language="en", target_language="de", max_length=MAX_LENGTH, batch_size=4)
+    batches = eval_batches(
+        records, tokenizer, source_language="en", target_language="de", max_length=MAX_LENGTH, batch_size=4
+    )
     assert all(batch["inputs"].shape == (4, MAX_LENGTH) for batch in batches)
     pairs = [pair for batch in batches for pair in unpack(batch)]
     assert sorted(pairs) == sorted(kept_pairs(corpus))  # every pair that fits, once

@@ -52,8 +52,14 @@ def test_multi30k_builder_reports_bad_files(tmp_path):
 
 
 def test_vendored_multi30k_is_complete(tmp_path):
-    counts = {"train": 29_000, "val": 1_014, "test_2016_flickr": 1_000, "test_2017_flickr": 1_000,
-              "test_2017_mscoco": 461, "test_2018_flickr": 1_071}
+    counts = {
+        "train": 29_000,
+        "val": 1_014,
+        "test_2016_flickr": 1_000,
+        "test_2017_flickr": 1_000,
+        "test_2017_mscoco": 461,
+        "test_2018_flickr": 1_071,
+    }
     for prefix, count in counts.items():
         for language in multi30k.LANGUAGES:
             with gzip.open(multi30k.VENDORED_DIR / f"{prefix}.{language}.gz", "rt", encoding="utf-8") as handle:
@@ -80,6 +86,7 @@ def test_raw_dir_is_for_multi30k_only():
 
 
 # -- prepared data keyed by its source files (issue 14) ----------------------------------------
+
 
 def write_corpus(directory, template="{prefix} {language} user sentence {i}", pairs=3):
     """The twelve Multi30k files, written reproducibly (gzip mtime 0)."""
@@ -109,9 +116,12 @@ def test_raw_dir_beside_prepared_vendored_copy_reads_the_users_files(data_dir, t
         builder = get_builder("multi30k", data_dir=str(tfds_dir), raw_dir=str(raw))
         assert read_split(builder) == [f"train en user sentence {i}" for i in range(3)]
     assert builder.data_dir != vendored.data_dir
-    assert builder.builder_config.name == "files-" + builder.fingerprint[len("sha256:"):][:12]
-    assert data_fingerprint(builder) == builder.fingerprint == fingerprint.fingerprint(fingerprint.hash_files(
-        {name: raw / name for name in multi30k.FILE_NAMES}))
+    assert builder.builder_config.name == "files-" + builder.fingerprint[len("sha256:") :][:12]
+    assert (
+        data_fingerprint(builder)
+        == builder.fingerprint
+        == fingerprint.fingerprint(fingerprint.hash_files({name: raw / name for name in multi30k.FILE_NAMES}))
+    )
     assert vendored.fingerprint != builder.fingerprint
     assert sorted(builder.source_files) == sorted(multi30k.FILE_NAMES)
     lines = [r.getMessage() for r in caplog.records if "fingerprint sha256:" in r.getMessage()]
@@ -178,7 +188,9 @@ def test_the_stored_fingerprint_is_checked_and_a_bad_copy_prepared_again(tmp_pat
         again = get_builder("multi30k", data_dir=str(tmp_path / "tfds"), raw_dir=str(raw))
         with caplog.at_level(logging.WARNING):
             assert read_split(again) == [f"train en user sentence {i}" for i in range(3)]
-        warnings = [r.getMessage() for r in caplog.records if r.levelno == logging.WARNING and "multi30k" in r.getMessage()]
+        warnings = [
+            r.getMessage() for r in caplog.records if r.levelno == logging.WARNING and "multi30k" in r.getMessage()
+        ]
         assert len(warnings) == 1, warnings
         assert again.data_dir in warnings[0] and expected in warnings[0] and "preparing it again" in warnings[0]
         assert _record(again)["files"] == good["files"]  # prepared again, with a true record
@@ -186,8 +198,10 @@ def test_the_stored_fingerprint_is_checked_and_a_bad_copy_prepared_again(tmp_pat
     # A missing record (preparation cut short after tfds renamed the directory) or a damaged
     # prepared file: prepared again too.
     shard = builder.data_path / "multi30k-train.array_record-00000-of-00001"
-    for damage, expected in ((lambda: (builder.data_path / fingerprint.RECORD_NAME).unlink(), "is missing"),
-                             (lambda: shard.write_bytes(shard.read_bytes()[:-5]), str(shard))):
+    for damage, expected in (
+        (lambda: (builder.data_path / fingerprint.RECORD_NAME).unlink(), "is missing"),
+        (lambda: shard.write_bytes(shard.read_bytes()[:-5]), str(shard)),
+    ):
         damage()
         caplog.clear()
         with caplog.at_level(logging.WARNING):
@@ -230,7 +244,9 @@ def test_download_fingerprints_the_downloaded_files(tmp_path, monkeypatch):
     builder = get_builder("multi30k", data_dir=str(tmp_path / "tfds"), download=True)
     assert builder.builder_config.name.startswith("download-") and builder.fingerprint is None
     assert read_split(builder) == [f"train en user sentence {i}" for i in range(3)]
-    assert len(fetched) == 1 and fetched[0]["train.en.gz"] == multi30k.DOWNLOAD_URL.format(prefix="train", language="en")
+    assert len(fetched) == 1 and fetched[0]["train.en.gz"] == multi30k.DOWNLOAD_URL.format(
+        prefix="train", language="en"
+    )
     local = get_builder("multi30k", data_dir=str(tmp_path / "tfds"), raw_dir=str(raw))
     assert builder.fingerprint == local.fingerprint  # same bytes, same fingerprint
     assert _record(builder)["fingerprint"] == builder.fingerprint

@@ -23,7 +23,9 @@ def test_trains_with_fixed_special_ids_and_round_trips(model_type, tmp_path):
     assert tokenizer.decode(ids) == SENTENCES[1]
     assert tokenizer.decode(np.concatenate([[BOS_ID], ids, [PAD_ID, PAD_ID]])) == SENTENCES[1]
     tokenizer.save(tmp_path / "spm.model")
-    assert Tokenizer.load(tmp_path / "spm.model").encode(SENTENCES[0]).tolist() == tokenizer.encode(SENTENCES[0]).tolist()
+    assert (
+        Tokenizer.load(tmp_path / "spm.model").encode(SENTENCES[0]).tolist() == tokenizer.encode(SENTENCES[0]).tolist()
+    )
     batch = tokenizer.encode(SENTENCES[:3], add_eos=False)
     assert [b.tolist() for b in batch] == [tokenizer.encode(s, add_eos=False).tolist() for s in SENTENCES[:3]]
 

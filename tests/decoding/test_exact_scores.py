@@ -104,7 +104,9 @@ def small_params():
 def enumeration(small_params):
     """Per source row, every hypothesis with its log p(Y) by the full forward pass."""
     per_row = [every_hypothesis(limit) for limit in limits_of(SMALL_SOURCES, SMALL_EXTRA)]
-    sources = np.concatenate([np.repeat(SMALL_SOURCES[row : row + 1], len(ys), axis=0) for row, ys in enumerate(per_row)])
+    sources = np.concatenate(
+        [np.repeat(SMALL_SOURCES[row : row + 1], len(ys), axis=0) for row, ys in enumerate(per_row)]
+    )
     log_probs = log_probs_by_full_pass(SMALL, small_params, sources, [y for ys in per_row for y in ys], length=4)
     split = np.cumsum([len(ys) for ys in per_row])[:-1]
     return [dict(zip(ys, row_log_probs)) for ys, row_log_probs in zip(per_row, np.split(log_probs, split))]
@@ -130,8 +132,10 @@ def test_exhaustive_beam_equals_enumeration(small_params, enumeration, alpha):
         )
         kept = min(beam, len(expected))
         returned = [hypothesis(t) for t in tokens[row, :kept]]
-        print(f"alpha {alpha} row {row} (limit {limits[row]}): best {returned[0]} {scores[row, 0]:.5f}, "
-              f"enumeration {expected[0][1]} {expected[0][0]:.5f}, runner-up {expected[1][0]:.5f}")
+        print(
+            f"alpha {alpha} row {row} (limit {limits[row]}): best {returned[0]} {scores[row, 0]:.5f}, "
+            f"enumeration {expected[0][1]} {expected[0][0]:.5f}, runner-up {expected[1][0]:.5f}"
+        )
         # The best hypothesis, and the whole n-best list: the top K of the enumeration, best
         # first, each scored exactly as the enumeration scores it.
         assert expected[0][0] - expected[1][0] > 1e-3  # no tie: the best sequence is well defined
@@ -248,5 +252,12 @@ def test_pad_and_bos_are_never_generated(pad_loving_params, large_sources, setti
     tokens, scores = generate_fn(LARGE, settings)(pad_loving_params, jnp.asarray(large_sources), jax.random.key(0))
     # check_hypotheses asserts no pad or BOS before EOS; the scores, not renormalised after the
     # ban, are still the model's log-probabilities.
-    check_hypotheses(LARGE, pad_loving_params, large_sources, LARGE_EXTRA, tokens, scores,
-                     alpha=settings.alpha if settings.method == "beam" else None)
+    check_hypotheses(
+        LARGE,
+        pad_loving_params,
+        large_sources,
+        LARGE_EXTRA,
+        tokens,
+        scores,
+        alpha=settings.alpha if settings.method == "beam" else None,
+    )

@@ -39,7 +39,9 @@ def recomputed_greedy(params, source, max_length):
     for row in range(source.shape[0]):
         prefix, total = [BOS_ID], 0.0
         while True:
-            log_probs = np.asarray(jax.nn.log_softmax(apply(params, source[row : row + 1], jnp.asarray([prefix]))[0, -1]))
+            log_probs = np.asarray(
+                jax.nn.log_softmax(apply(params, source[row : row + 1], jnp.asarray([prefix]))[0, -1])
+            )
             allowed = np.full(CONFIG.vocab_size, -np.inf)
             allowed[EOS_ID] = log_probs[EOS_ID]
             if len(prefix) < limits[row]:
@@ -66,7 +68,9 @@ def test_cached_greedy_equals_recomputation(params):
 
 def test_output_stops_at_source_length_plus_extra(params):
     source = source_rows()
-    tokens, scores = jax.jit(lambda p, s: generate(Transformer(CONFIG), p, s, DecodeSettings(max_extra_length=EXTRA)))(params, source)
+    tokens, scores = jax.jit(lambda p, s: generate(Transformer(CONFIG), p, s, DecodeSettings(max_extra_length=EXTRA)))(
+        params, source
+    )
     assert tokens.shape == (3, 4, 6 + EXTRA) and scores.shape == (3, 4)
     limits = np.asarray((source != PAD_ID).sum(axis=1)) + EXTRA
     for row in range(3):

@@ -61,13 +61,17 @@ def reference_beam(next_log_probs, beam, alpha, limit):
     live, finished = [((), 0.0)], []
     for step in range(limit):
         candidates = sorted(
-            ((total + next_log_probs(prefix)[token], prefix + (token,))
-             for prefix, total in live for token in allowed_tokens(step, limit)),
+            (
+                (total + next_log_probs(prefix)[token], prefix + (token,))
+                for prefix, total in live
+                for token in allowed_tokens(step, limit)
+            ),
             key=lambda candidate: -candidate[0],
         )[: 2 * beam]
         finished += [
             (total / float(length_penalty(len(sequence), alpha)), sequence)
-            for rank, (total, sequence) in enumerate(candidates) if sequence[-1] == EOS and rank < beam
+            for rank, (total, sequence) in enumerate(candidates)
+            if sequence[-1] == EOS and rank < beam
         ]
         finished = sorted(finished, key=lambda pair: -pair[0])[:beam]
         live = [(sequence, total) for total, sequence in candidates if sequence[-1] != EOS][:beam]
@@ -82,8 +86,18 @@ def hypothesis(tokens):
 def run_beam(beam, alpha, limits=LIMITS, max_length=MAX_LENGTH):
     batch = len(limits)
     return jax.jit(
-        lambda: beam_search(tokens_to_logits, initial_cache(batch), batch, beam, max_length, BOS, EOS, alpha,
-                            limits=jnp.asarray(limits), banned_ids=BANNED)
+        lambda: beam_search(
+            tokens_to_logits,
+            initial_cache(batch),
+            batch,
+            beam,
+            max_length,
+            BOS,
+            EOS,
+            alpha,
+            limits=jnp.asarray(limits),
+            banned_ids=BANNED,
+        )
     )()
 
 
@@ -116,7 +130,7 @@ def test_early_stopping_changes_nothing(beam, alpha):
     limits = np.array([7, 3, 6, 5], np.int32)
     tokens, scores = run_beam(beam, alpha, limits, max_length=8)
     for row, limit in enumerate(limits):
-        expected = reference_beam(lambda prefix: next_log_probs(row, prefix), beam, alpha, limit)
+        expected = reference_beam(lambda prefix, row=row: next_log_probs(row, prefix), beam, alpha, limit)
         assert [hypothesis(t) for t in np.asarray(tokens[row, : len(expected)])] == [y for _, y in expected]
         np.testing.assert_allclose(scores[row, : len(expected)], [score for score, _ in expected], rtol=1e-5)
 
@@ -132,8 +146,11 @@ def step_model(probabilities):
 
 
 # Per step: EOS likely first (0.6), then word 4 almost certain (0.97), EOS likely again at step 9.
-EOS_OR_LONG = [[0.005, 0.6, 0.005, 0.005, 0.38, 0.005]] + [[0.005, 0.01, 0.005, 0.005, 0.97, 0.005]] * 7 + [
-    [0.005, 0.975, 0.005, 0.005, 0.005, 0.005]] * 2
+EOS_OR_LONG = (
+    [[0.005, 0.6, 0.005, 0.005, 0.38, 0.005]]
+    + [[0.005, 0.01, 0.005, 0.005, 0.97, 0.005]] * 7
+    + [[0.005, 0.975, 0.005, 0.005, 0.005, 0.005]] * 2
+)
 
 
 def test_early_stopping_bounds_by_the_longest_reachable_length():
@@ -142,9 +159,11 @@ def test_early_stopping_bounds_by_the_longest_reachable_length():
     using the length of the next step instead of the limit would stop after the first step."""
     tokens_to_logits, log_probs = step_model(EOS_OR_LONG)
     tokens, scores = jax.jit(
-        lambda: beam_search(tokens_to_logits, jnp.int32(0), 1, 1, 10, BOS, EOS, 2.0, limits=jnp.array([9]), banned_ids=BANNED)
+        lambda: beam_search(
+            tokens_to_logits, jnp.int32(0), 1, 1, 10, BOS, EOS, 2.0, limits=jnp.array([9]), banned_ids=BANNED
+        )
     )()
-    (expected_score, expected), = reference_beam(log_probs, 1, 2.0, 9)
+    ((expected_score, expected),) = reference_beam(log_probs, 1, 2.0, 9)
     assert expected == (4,) * 8 + (EOS,)
     assert hypothesis(tokens[0, 0]) == expected
     np.testing.assert_allclose(scores[0, 0], expected_score, rtol=1e-5)
@@ -192,17 +211,23 @@ def test_beam_search_without_limits_cuts_at_max_length():
     length, beam = 3, V**3
     tokens, scores = jax.jit(lambda: beam_search(tokens_to_logits, initial_cache(2), 2, beam, length, BOS, EOS, 0.6))()
     for row in range(2):
-        sequences = [(EOS,), *((t, EOS) for t in range(V) if t != EOS), *itertools.product(
-            [t for t in range(V) if t != EOS], [t for t in range(V) if t != EOS], range(V))]
+        sequences = [
+            (EOS,),
+            *((t, EOS) for t in range(V) if t != EOS),
+            *itertools.product([t for t in range(V) if t != EOS], [t for t in range(V) if t != EOS], range(V)),
+        ]
         best = max(sequences, key=lambda y: log_prob(row, y) / float(length_penalty(len(y), 0.6)))
         assert hypothesis(tokens[row, 0]) == best
-        np.testing.assert_allclose(scores[row, 0], log_prob(row, best) / float(length_penalty(len(best), 0.6)), rtol=1e-5)
+        np.testing.assert_allclose(
+            scores[row, 0], log_prob(row, best) / float(length_penalty(len(best), 0.6)), rtol=1e-5
+        )
 
 
 def test_beam_of_one_is_greedy():
     greedy_tokens, greedy_log_probs = jax.jit(
-        lambda: greedy_search(tokens_to_logits, initial_cache(3), 3, MAX_LENGTH, BOS, EOS,
-                              limits=jnp.asarray(LIMITS), banned_ids=BANNED)
+        lambda: greedy_search(
+            tokens_to_logits, initial_cache(3), 3, MAX_LENGTH, BOS, EOS, limits=jnp.asarray(LIMITS), banned_ids=BANNED
+        )
     )()
     beam_tokens, beam_scores = run_beam(1, 0.0)
     np.testing.assert_array_equal(beam_tokens[:, 0], greedy_tokens)
@@ -219,8 +244,9 @@ def test_banning_eos_is_an_error():
 
 def test_greedy_takes_the_best_allowed_token_and_scores_it_unrenormalised():
     limits = np.array([6, 2, 4, 1], np.int32)
-    tokens, log_probs = greedy_search(tokens_to_logits, initial_cache(4), 4, 7, BOS, EOS,
-                                      limits=jnp.asarray(limits), banned_ids=BANNED)
+    tokens, log_probs = greedy_search(
+        tokens_to_logits, initial_cache(4), 4, 7, BOS, EOS, limits=jnp.asarray(limits), banned_ids=BANNED
+    )
     for row, limit in enumerate(limits):
         expected = ()
         while not expected or expected[-1] != EOS:
@@ -237,8 +263,9 @@ def test_sampled_scores_are_untempered_log_probs():
     limits = np.tile(np.array([6, 2, 4, 3], np.int32), rows // 4)
     cache = {"hash": jnp.zeros((rows,), jnp.int32), "row": jnp.arange(rows, dtype=jnp.int32) % 4}
     tokens, log_probs = jax.jit(
-        lambda rng: sample_search(tokens_to_logits, cache, rows, 7, BOS, EOS, rng, 2.0, 3,
-                                  limits=jnp.asarray(limits), banned_ids=BANNED)
+        lambda rng: sample_search(
+            tokens_to_logits, cache, rows, 7, BOS, EOS, rng, 2.0, 3, limits=jnp.asarray(limits), banned_ids=BANNED
+        )
     )(jax.random.key(3))
     at_limit = 0
     for row in range(rows):
@@ -266,7 +293,9 @@ def test_first_sampled_token_follows_the_tempered_distribution(temperature, top_
     rows = 20_000
     cache = {"hash": jnp.zeros((rows,), jnp.int32), "row": jnp.zeros((rows,), jnp.int32)}  # one context, many draws
     tokens, _ = jax.jit(
-        lambda rng: sample_search(tokens_to_logits, cache, rows, 1, BOS, EOS, rng, temperature, top_k, banned_ids=banned)
+        lambda rng: sample_search(
+            tokens_to_logits, cache, rows, 1, BOS, EOS, rng, temperature, top_k, banned_ids=banned
+        )
     )(jax.random.key(6))
     expected = next_log_probs(0, ()) / temperature  # the first token's, row 0
     expected[list(banned)] = -np.inf

@@ -29,7 +29,9 @@ def test_batch_translation_keeps_input_order(translator):
 
 def test_empty_and_overlong_sentences(translator):
     long_sentence = " ".join(read_raw("val.en.gz", 40))  # about 500 tokens: translated in pieces
-    translator_small = Translator(translator.config, translator.params, translator.tokenizer, GREEDY, max_source_tokens=64)
+    translator_small = Translator(
+        translator.config, translator.params, translator.tokenizer, GREEDY, max_source_tokens=64
+    )
     outputs = translator_small.translate(["", "A dog runs.", "   ", long_sentence])
     assert outputs[0] == "" and outputs[2] == ""
     assert outputs[1] == translator.translate(["A dog runs."])[0]
@@ -64,8 +66,10 @@ def test_corrupt_checkpoint_is_an_error_not_garbage(tmp_path):
     workdir, params, _ = make_workdir(tmp_path / "run")
     step, _, restored = load_checkpoint(workdir)
     assert step == 1
-    np.testing.assert_array_equal(restored["decoder"]["layer_0"]["feed_forward"]["wi_kernel"],
-                                  params["decoder"]["layer_0"]["feed_forward"]["wi_kernel"])
+    np.testing.assert_array_equal(
+        restored["decoder"]["layer_0"]["feed_forward"]["wi_kernel"],
+        params["decoder"]["layer_0"]["feed_forward"]["wi_kernel"],
+    )
     for path in (workdir / "checkpoints" / "1" / "state").rglob("*"):
         if path.is_file() and path.stat().st_size > 1000:
             path.write_bytes(b"\0" * 16)  # truncate the array data

@@ -48,7 +48,9 @@ def masks():
     padding = masking.pairwise_mask(query_tokens != 0, key_tokens != 0)
     causal = masking.causal_mask(T)[..., :T]
     causal = jnp.pad(causal, ((0, 0), (0, 0), (0, 0), (0, S - T)))  # keys beyond T are "future"
-    segments = masking.segment_mask(np.array([[1, 1, 2, 2, 2], [1, 1, 1, 1, 1]]), np.array([[1, 1, 1, 2, 2, 2, 0], [1] * 7]))
+    segments = masking.segment_mask(
+        np.array([[1, 1, 2, 2, 2], [1, 1, 1, 1, 1]]), np.array([[1, 1, 1, 2, 2, 2, 0], [1] * 7])
+    )
     return {
         "none": np.ones((1, 1, T, S), bool),
         "padding": padding,
@@ -116,7 +118,9 @@ def test_softmax_runs_in_float32_for_bfloat16_inputs():
     np.testing.assert_allclose(np.asarray(weights.sum(-1)), 1.0, atol=1e-6)
     out = dot_product_attention(q, k, v)
     assert out.dtype == jnp.bfloat16
-    exact = numpy_attention(q.astype(jnp.float32), k.astype(jnp.float32), v.astype(jnp.float32), np.ones((1, 1, T, S), bool))
+    exact = numpy_attention(
+        q.astype(jnp.float32), k.astype(jnp.float32), v.astype(jnp.float32), np.ones((1, 1, T, S), bool)
+    )
     np.testing.assert_allclose(np.asarray(out, np.float32), exact, atol=5e-2)
 
 

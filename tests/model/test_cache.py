@@ -34,8 +34,11 @@ def cached_logits(model, params, source, inputs, max_length):
     """Logits [R, T, V] from one decode_step per position, jitted."""
     context = jax.jit(lambda p, s: model.apply({"params": p}, s, method=Transformer.encoder_context))(params, source)
     cache = init_cache(model.config, inputs.shape[0], max_length)
-    step = jax.jit(lambda p, tokens, cache, context: model.apply(
-        {"params": p}, tokens, cache, context, method=Transformer.decode_step))
+    step = jax.jit(
+        lambda p, tokens, cache, context: model.apply(
+            {"params": p}, tokens, cache, context, method=Transformer.decode_step
+        )
+    )
     logits = []
     for position in range(inputs.shape[1]):
         step_logits, cache = step(params, inputs[:, position : position + 1], cache, context)

@@ -8,7 +8,13 @@ from jaxformer.model.config import PRESETS, ConfigError, TransformerConfig, pres
 
 def test_presets_follow_the_paper():
     base, big = preset("base"), preset("big")
-    assert (base.d_model, base.num_heads, base.d_ff, base.num_encoder_layers, base.num_decoder_layers) == (512, 8, 2048, 6, 6)
+    assert (base.d_model, base.num_heads, base.d_ff, base.num_encoder_layers, base.num_decoder_layers) == (
+        512,
+        8,
+        2048,
+        6,
+        6,
+    )
     assert (big.d_model, big.num_heads, big.d_ff, big.dropout_rate) == (1024, 16, 4096, 0.3)
     assert base.dropout_rate == 0.1 and base.head_dim == 64 and big.head_dim == 64
     assert base.normalization == "post" and base.share_embeddings and base.tie_output_embedding

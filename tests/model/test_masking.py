@@ -7,9 +7,7 @@ T, F = True, False
 
 
 def test_causal_mask():
-    np.testing.assert_array_equal(
-        masking.causal_mask(3)[0, 0], [[T, F, F], [T, T, F], [T, T, T]]
-    )
+    np.testing.assert_array_equal(masking.causal_mask(3)[0, 0], [[T, F, F], [T, T, F], [T, T, T]])
 
 
 def test_encoder_padding_mask():
@@ -20,9 +18,7 @@ def test_encoder_padding_mask():
 
 def test_decoder_mask_combines_causal_and_padding():
     mask = masking.decoder_self_mask(np.array([[3, 7, 8, 0]]))
-    np.testing.assert_array_equal(
-        mask[0, 0], [[T, F, F, F], [T, T, F, F], [T, T, T, F], [F, F, F, F]]
-    )
+    np.testing.assert_array_equal(mask[0, 0], [[T, F, F, F], [T, T, F, F], [T, T, T, F], [F, F, F, F]])
 
 
 def test_segment_mask_keeps_packed_pairs_apart():
@@ -46,9 +42,7 @@ def test_cross_mask():
         [[T, T, T, F, F], [T, T, T, F, F], [T, T, T, F, F], [F, F, F, F, F]],
     )
     packed = masking.cross_mask(target, source, np.array([[1, 1, 2, 0]]), np.array([[1, 2, 2, 0, 0]]))
-    np.testing.assert_array_equal(
-        packed[0, 0], [[T, F, F, F, F], [T, F, F, F, F], [F, T, T, F, F], [F, F, F, F, F]]
-    )
+    np.testing.assert_array_equal(packed[0, 0], [[T, F, F, F, F], [T, F, F, F, F], [F, T, T, F, F], [F, F, F, F, F]])
 
 
 def test_cross_mask_needs_both_segment_arrays():

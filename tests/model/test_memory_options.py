@@ -30,7 +30,9 @@ def stack_layers(params):
     for stack in ("encoder", "decoder"):
         layers = sorted((k for k in params[stack] if k.startswith("layer_")), key=lambda k: int(k.split("_")[1]))
         stacked[stack] = {k: v for k, v in params[stack].items() if not k.startswith("layer_")}
-        stacked[stack]["layers"] = {"layer": jax.tree.map(lambda *xs: jnp.stack(xs), *[params[stack][k] for k in layers])}
+        stacked[stack]["layers"] = {
+            "layer": jax.tree.map(lambda *xs: jnp.stack(xs), *[params[stack][k] for k in layers])
+        }
     return stacked
 
 

@@ -37,9 +37,7 @@ def test_output_shape_and_dtype_without_allocating():
     source = jax.ShapeDtypeStruct((3, 11), jnp.int32)
     target = jax.ShapeDtypeStruct((3, 7), jnp.int32)
     variables = jax.eval_shape(model.init, jax.random.key(0), source, target)
-    logits = jax.eval_shape(
-        lambda v, s, t: model.apply(v, s, t, deterministic=True), variables, source, target
-    )
+    logits = jax.eval_shape(lambda v, s, t: model.apply(v, s, t, deterministic=True), variables, source, target)
     assert logits.shape == (3, 7, 37_000) and logits.dtype == jnp.float32
 
 

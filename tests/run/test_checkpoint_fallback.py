@@ -17,7 +17,9 @@ from tests.run.test_checkpoint_integrity import flip_bit
 @pytest.fixture(scope="module")
 def run(tmp_path_factory):
     """Parameter checkpoints of steps 20 and 40 (parameters times 1 and 2)."""
-    workdir, params, _ = make_workdir(tmp_path_factory.mktemp("fallback") / "run", steps=(20, 40), scale=lambda step: step / 20)
+    workdir, params, _ = make_workdir(
+        tmp_path_factory.mktemp("fallback") / "run", steps=(20, 40), scale=lambda step: step / 20
+    )
     return pathlib.Path(workdir), params
 
 

@@ -120,7 +120,7 @@ def flip_bit(step_directory, fraction, bit=3):
     total = sum(end - start for _, start, end in spans)
     assert total > 50_000
     position = int(total * fraction)
-    for path, start, end in spans:
+    for path, start, end in spans:  # noqa: B007  (path is used after the loop)
         if position < end - start:
             break
         position -= end - start

@@ -63,11 +63,19 @@ def test_a_lock_held_on_another_host_is_refused(tmp_path):
 @pytest.mark.xdist_group("workdir-lock")
 def test_two_train_runs_on_one_workdir(data_dir, tmp_path):
     workdir = tmp_path / "shared"
-    overrides = ("--config.training.num_train_steps=6", "--config.training.checkpoint_every_steps=3",
-                 "--config.training.eval_every_steps=6")
+    overrides = (
+        "--config.training.num_train_steps=6",
+        "--config.training.checkpoint_every_steps=3",
+        "--config.training.eval_every_steps=6",
+    )
     processes = [
-        subprocess.Popen(command(workdir, data_dir, *overrides, f"--config.training.seed={seed}"), env=environment(),
-                         stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+        subprocess.Popen(
+            command(workdir, data_dir, *overrides, f"--config.training.seed={seed}"),
+            env=environment(),
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.PIPE,
+            text=True,
+        )
         for seed in (0, 1)
     ]
     results = [(process.wait(timeout=600), process.stderr.read()) for process in processes]

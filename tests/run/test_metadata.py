@@ -17,8 +17,11 @@ from jaxformer.run.metadata import CheckpointMetadata
 from tests.conftest import make_workdir
 
 METADATA = CheckpointMetadata(
-    config={"data": {"name": "multi30k"}}, model={"preset": "tiny", "vocab_size": 500}, tokenizer=b"\x0a\x0bproto",
-    data_fingerprint="sha256:" + "0" * 64, step=7,
+    config={"data": {"name": "multi30k"}},
+    model={"preset": "tiny", "vocab_size": 500},
+    tokenizer=b"\x0a\x0bproto",
+    data_fingerprint="sha256:" + "0" * 64,
+    step=7,
 )
 
 
@@ -27,9 +30,15 @@ def test_run_directory_layout(tmp_path):
     assert run.path == tmp_path and RunDirectory(run) == run and os.fspath(run) == str(tmp_path) == str(run)
     assert pathlib.Path(run) / "x" == tmp_path / "x"
     assert [run.checkpoint_directory(which) for which in CHECKPOINT_KINDS] == [
-        tmp_path / "checkpoints", tmp_path / "best", tmp_path / "averaged"
+        tmp_path / "checkpoints",
+        tmp_path / "best",
+        tmp_path / "averaged",
     ]
-    assert (run.checkpoints, run.best, run.averaged) == (tmp_path / "checkpoints", tmp_path / "best", tmp_path / "averaged")
+    assert (run.checkpoints, run.best, run.averaged) == (
+        tmp_path / "checkpoints",
+        tmp_path / "best",
+        tmp_path / "averaged",
+    )
     assert run.lock_file == tmp_path / "lock" and run.tokenizer_file == tmp_path / "tokenizer.model"
     assert run.metrics_file == tmp_path / "metrics.jsonl" and run.tensorboard_dir == tmp_path / "tensorboard"
     assert run.last_metrics_file == tmp_path / "last_metrics.json"
@@ -43,8 +52,11 @@ def test_run_directory_layout(tmp_path):
 def test_metadata_round_trips_through_json():
     values = json.loads(json.dumps(METADATA.to_json()))
     assert values == {
-        "config": METADATA.config, "model": METADATA.model, "tokenizer": "Cgtwcm90bw==",
-        "data_fingerprint": METADATA.data_fingerprint, "step": 7,
+        "config": METADATA.config,
+        "model": METADATA.model,
+        "tokenizer": "Cgtwcm90bw==",
+        "data_fingerprint": METADATA.data_fingerprint,
+        "step": 7,
     }
     assert CheckpointMetadata.from_json(values, "here") == METADATA
     best = METADATA.replace(step=9, bleu=31.25)

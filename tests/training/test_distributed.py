@@ -20,8 +20,15 @@ def run(workdir, data_dir, devices, *overrides, extra_env=None, background=False
     env["JAX_PLATFORMS"] = "cpu"
     env.update(extra_env or {})
     command = [
-        sys.executable, str(ROOT / "train.py"), "--config", str(ROOT / "configs" / "tiny.py"),
-        "--workdir", str(workdir), f"--config.data.data_dir={data_dir}", *COMMON, *overrides,
+        sys.executable,
+        str(ROOT / "train.py"),
+        "--config",
+        str(ROOT / "configs" / "tiny.py"),
+        "--workdir",
+        str(workdir),
+        f"--config.data.data_dir={data_dir}",
+        *COMMON,
+        *overrides,
     ]
     if background:
         return subprocess.Popen(command, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
@@ -68,8 +75,16 @@ def test_two_processes_match_one_process(data_dir, tmp_path):
     double = tmp_path / "double"
     port = free_port()
     processes = [
-        run(double, data_dir, 4, *steps, f"--coordinator_address=127.0.0.1:{port}", "--num_processes=2",
-            f"--process_id={index}", background=True)
+        run(
+            double,
+            data_dir,
+            4,
+            *steps,
+            f"--coordinator_address=127.0.0.1:{port}",
+            "--num_processes=2",
+            f"--process_id={index}",
+            background=True,
+        )
         for index in range(2)
     ]
     for process in processes:
@@ -86,8 +101,14 @@ def test_bfloat16_converges_like_float32(data_dir, tmp_path, steps):
     final = {}
     for dtype in ("float32", "bfloat16"):
         workdir = tmp_path / dtype
-        run(workdir, data_dir, 1, f"--config.model.dtype={dtype}", f"--config.training.num_train_steps={steps}",
-            "--config.training.eval_every_steps=1000")
+        run(
+            workdir,
+            data_dir,
+            1,
+            f"--config.model.dtype={dtype}",
+            f"--config.training.num_train_steps={steps}",
+            "--config.training.eval_every_steps=1000",
+        )
         values = losses(workdir)
         final[dtype] = np.mean([values[s] for s in range(steps - 9, steps + 1)])  # the last 10 steps
         assert final[dtype] < values[1] - 1.0  # it learns

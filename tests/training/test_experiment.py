@@ -39,7 +39,9 @@ def test_paper_configs():
 def test_unknown_keys_list_near_matches():
     config = load("tiny")
     config.training.num_train_step = 5
-    with pytest.raises(ConfigError, match=r"unknown config key 'training.num_train_step'; did you mean training.num_train_steps"):
+    with pytest.raises(
+        ConfigError, match=r"unknown config key 'training.num_train_step'; did you mean training.num_train_steps"
+    ):
         experiment.validate(config)
     config = load("tiny")
     config.model.num_head = 2

@@ -20,8 +20,14 @@ STEPS = 40  # checkpoints at 20 and 40 (configs/tiny.py)
 
 def command(workdir, data_dir, *overrides):
     return [
-        sys.executable, str(ROOT / "train.py"), "--config", str(ROOT / "configs" / "tiny.py"),
-        "--workdir", str(workdir), f"--config.data.data_dir={data_dir}", *overrides,
+        sys.executable,
+        str(ROOT / "train.py"),
+        "--config",
+        str(ROOT / "configs" / "tiny.py"),
+        "--workdir",
+        str(workdir),
+        f"--config.data.data_dir={data_dir}",
+        *overrides,
     ]
 
 
@@ -42,7 +48,7 @@ def train(workdir, data_dir, *overrides, check=True):
 
 
 def losses(workdir, prefix="train/loss"):
-    """{step: value} from metrics.jsonl; a step logged twice (before a crash and after the resume) keeps the later value."""
+    """{step: value} from metrics.jsonl; a step logged twice (before a crash, after resuming) keeps the later one."""
     values = {}
     for line in (pathlib.Path(workdir) / "metrics.jsonl").read_text().splitlines():
         record = json.loads(line)
@@ -60,8 +66,13 @@ def checkpoint_steps(workdir):
 def straight_run(tmp_path_factory, data_dir):
     workdir = tmp_path_factory.mktemp("straight")
     # Validation BLEU does not touch the training state: the resumed runs below, without it, match.
-    train(workdir, data_dir, "--config.training.bleu_every_steps=20", "--config.training.bleu_examples=16",
-          "--config.decoding.max_extra_length=8")
+    train(
+        workdir,
+        data_dir,
+        "--config.training.bleu_every_steps=20",
+        "--config.training.bleu_examples=16",
+        "--config.decoding.max_extra_length=8",
+    )
     return workdir
 
 
@@ -83,7 +94,9 @@ def test_straight_run_trains(straight_run):
 
 def test_exact_resume_after_sigkill(straight_run, data_dir, tmp_path):
     workdir = tmp_path / "killed"
-    process = subprocess.Popen(command(workdir, data_dir), env=environment(), stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+    process = subprocess.Popen(
+        command(workdir, data_dir), env=environment(), stdout=subprocess.DEVNULL, stderr=subprocess.PIPE
+    )
     deadline = time.time() + 300
     while not (workdir / "checkpoints" / "20" / "commit_success.txt").exists():
         assert process.poll() is None, process.stderr.read().decode()[-3000:]
@@ -103,8 +116,16 @@ def test_sigterm_saves_stops_and_exits_143(data_dir, tmp_path):
     stop_signal = signal.SIGTERM  # Ctrl-C (SIGINT) takes the same path: tests/training/test_signals.py
     workdir = tmp_path / "terminated"
     process = subprocess.Popen(
-        command(workdir, data_dir, "--config.training.num_train_steps=100000", "--config.training.checkpoint_every_steps=100000"),
-        env=environment(), stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True,
+        command(
+            workdir,
+            data_dir,
+            "--config.training.num_train_steps=100000",
+            "--config.training.checkpoint_every_steps=100000",
+        ),
+        env=environment(),
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+        text=True,
     )
     deadline = time.time() + 300
     while not (workdir / "metrics.jsonl").exists() or len(losses(workdir)) < 5:
@@ -140,7 +161,10 @@ def test_nan_loss_stops_and_keeps_the_last_good_checkpoint(straight_run, data_di
     workdir = tmp_path / "diverged"
     shutil.copytree(straight_run, workdir)
     result = train(
-        workdir, data_dir, "--config.training.num_train_steps=60", "--config.optimizer.learning_rate_scale=1e30",
+        workdir,
+        data_dir,
+        "--config.training.num_train_steps=60",
+        "--config.optimizer.learning_rate_scale=1e30",
         check=False,
     )
     assert result.returncode == 2
@@ -177,7 +201,9 @@ def test_resuming_on_other_data_files_is_an_error(straight_run, data_dir, tmp_pa
     lines[0] = lines[0].upper()  # one edited line: other data, the same file names
     with gzip.open(raw / "val.de.gz", "wt", encoding="utf-8") as handle:
         handle.write("\n".join(lines) + "\n")
-    result = train(workdir, data_dir, f"--config.data.raw_dir={raw}", "--config.training.num_train_steps=60", check=False)
+    result = train(
+        workdir, data_dir, f"--config.data.raw_dir={raw}", "--config.training.num_train_steps=60", check=False
+    )
     assert result.returncode == 2
     assert f"error: {workdir} was trained on other data files (fingerprint sha256:" in result.stderr
     assert checkpoint_steps(workdir) == [20, 40]

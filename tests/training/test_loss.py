@@ -4,7 +4,11 @@ import numpy as np
 import pytest
 
 from jaxformer.training.loss import (
-    label_smoothed_cross_entropy, logits_gradient, negative_log_likelihood, token_accuracy, token_terms,
+    label_smoothed_cross_entropy,
+    logits_gradient,
+    negative_log_likelihood,
+    token_accuracy,
+    token_terms,
     weighted_sums,
 )
 
@@ -13,7 +17,11 @@ def numpy_smoothed_loss(logits, targets, weights, smoothing):
     """KL(smoothed one-hot || softmax) per token, summed with weights, in float64."""
     logits = np.asarray(logits, np.float64)
     vocab = logits.shape[-1]
-    log_probs = logits - np.log(np.exp(logits - logits.max(-1, keepdims=True)).sum(-1, keepdims=True)) - logits.max(-1, keepdims=True)
+    log_probs = (
+        logits
+        - np.log(np.exp(logits - logits.max(-1, keepdims=True)).sum(-1, keepdims=True))
+        - logits.max(-1, keepdims=True)
+    )
     soft = np.full(logits.shape, smoothing / (vocab - 1))
     np.put_along_axis(soft, np.asarray(targets)[..., None], 1.0 - smoothing, axis=-1)
     kl = (soft * (np.log(np.where(soft > 0, soft, 1.0)) - log_probs)).sum(-1)
@@ -41,8 +49,11 @@ def test_padding_is_ignored_and_perfect_prediction_scores_zero():
     loss_sum, _ = label_smoothed_cross_entropy(jnp.log(jnp.asarray(soft, jnp.float32)), targets, weights, smoothing)
     assert abs(float(loss_sum)) < 1e-5
     garbage = jnp.asarray(soft, jnp.float32).at[0, 2].set(100.0)  # the padded position can hold anything
-    np.testing.assert_allclose(label_smoothed_cross_entropy(jnp.log(jnp.asarray(soft, jnp.float32)), targets, weights)[0],
-                               label_smoothed_cross_entropy(jnp.log(garbage), targets, weights)[0], atol=1e-6)
+    np.testing.assert_allclose(
+        label_smoothed_cross_entropy(jnp.log(jnp.asarray(soft, jnp.float32)), targets, weights)[0],
+        label_smoothed_cross_entropy(jnp.log(garbage), targets, weights)[0],
+        atol=1e-6,
+    )
 
 
 def test_nll_and_accuracy():

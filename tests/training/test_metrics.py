@@ -10,7 +10,9 @@ def records(count):
     return b"".join(json.dumps({"step": step, "time": 1.0, "loss": 2.5}).encode() + b"\n" for step in range(count))
 
 
-@pytest.mark.parametrize("torn", [b'{"step": 3, "ti', b'{"step": 3, "time": 1.0}', b"\0\0\0\0", b"garbage\n", b'{"step": 3, "t\n'])
+@pytest.mark.parametrize(
+    "torn", [b'{"step": 3, "ti', b'{"step": 3, "time": 1.0}', b"\0\0\0\0", b"garbage\n", b'{"step": 3, "t\n']
+)
 def test_a_torn_last_line_is_cut_before_appending(tmp_path, caplog, torn):
     path = tmp_path / "metrics.jsonl"
     intact = records(3)

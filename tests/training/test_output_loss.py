@@ -42,7 +42,9 @@ def test_sums_and_gradients_equal_the_unfused_loss(chunk_tokens, smoothing):
     def loss(fn):
         return jax.grad(lambda h, e: fn(h, e)["loss_sum"], argnums=(0, 1))(hidden, embedding)
 
-    grads = jax.jit(lambda: loss(lambda h, e: projected_token_losses(h, e, targets, weights, smoothing, chunk_tokens)))()
+    grads = jax.jit(
+        lambda: loss(lambda h, e: projected_token_losses(h, e, targets, weights, smoothing, chunk_tokens))
+    )()
     expected_grads = loss(lambda h, e: reference(h, e, targets, weights, smoothing))
     for got, want in zip(grads, expected_grads):
         np.testing.assert_allclose(got, want, atol=2e-6, rtol=1e-6)
@@ -60,7 +62,9 @@ def test_reduced_precision_matmuls_give_the_unfused_sums():
         lambda h, e: projected_token_losses(h, e, targets, weights, 0.1, 12, jnp.bfloat16)["loss_sum"], argnums=(0, 1)
     )(hidden, embedding)
     assert [g.dtype for g in grads] == [hidden.dtype, embedding.dtype]
-    expected_grads = jax.grad(lambda h, e: reference(h, e, targets, weights, 0.1)["loss_sum"], argnums=(0, 1))(hidden, embedding)
+    expected_grads = jax.grad(lambda h, e: reference(h, e, targets, weights, 0.1)["loss_sum"], argnums=(0, 1))(
+        hidden, embedding
+    )
     for got, want in zip(grads, expected_grads):
         np.testing.assert_allclose(got, want, atol=0.05 * float(jnp.max(jnp.abs(want))))  # bfloat16 gradients
 
@@ -72,7 +76,11 @@ def test_the_logits_are_never_whole():
     def loss(h, e):
         return projected_token_losses(h, e, targets, weights, 0.1, 12)["loss_sum"]  # chunks of 4 positions
 
-    shapes = [var.aval.shape for eqn in jax.make_jaxpr(jax.grad(loss, argnums=(0, 1)))(hidden, embedding).eqns for var in eqn.outvars]
+    shapes = [
+        var.aval.shape
+        for eqn in jax.make_jaxpr(jax.grad(loss, argnums=(0, 1)))(hidden, embedding).eqns
+        for var in eqn.outvars
+    ]
     assert all(len(shape) < 3 or shape[-1] != V for shape in shapes), shapes
 
 

@@ -16,5 +16,12 @@ def test_run_due_runs_the_due_actions_in_order():
     ]
     for step in range(1, 8):
         run_due(actions, step, last_step=7)
-    assert calls == [("log", 2), ("log", 4), ("checkpoint", 4), ("evaluate", 5), ("log", 6),
-                     ("evaluate", 7), ("checkpoint", 7)]
+    assert calls == [
+        ("log", 2),
+        ("log", 4),
+        ("checkpoint", 4),
+        ("evaluate", 5),
+        ("log", 6),
+        ("evaluate", 7),
+        ("checkpoint", 7),
+    ]

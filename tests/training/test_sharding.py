@@ -53,7 +53,9 @@ def one_step(mesh_shape, devices, adam=False):
         state = jax.jit(make_init_fn(model, optimizer, LENGTH, LENGTH), out_shardings=state_shardings)(0)
         batch_sharding = sharding.batch_sharding(mesh, rules)
         step = jax.jit(
-            functools.partial(train_step, model=model, optimizer=optimizer, learning_rate=learning_rate, label_smoothing=0.1),
+            functools.partial(
+                train_step, model=model, optimizer=optimizer, learning_rate=learning_rate, label_smoothing=0.1
+            ),
             in_shardings=(state_shardings, batch_sharding),
             out_shardings=(state_shardings, sharding.replicated(mesh)),
         )
@@ -76,7 +78,8 @@ def test_one_step_matches_one_device(single_device, mesh_shape):
     np.testing.assert_allclose(loss_8, loss_1, rtol=1e-5)
     jax.tree.map(
         lambda a, b: np.testing.assert_allclose(np.asarray(b), np.asarray(a), atol=1e-5, rtol=1e-5),
-        jax.device_get(state_1.params), jax.device_get(state_8.params),
+        jax.device_get(state_1.params),
+        jax.device_get(state_8.params),
     )
 
 

@@ -36,8 +36,9 @@ def setup(accumulation_steps=1):
 
 def dropout_loss(model, params, data, key):
     """The unfused label-smoothed loss sum of `data` under dropout keyed by `key`."""
-    logits = model.apply({"params": params}, data["inputs"], shift_right(data["targets"]), deterministic=False,
-                         rngs={"dropout": key})
+    logits = model.apply(
+        {"params": params}, data["inputs"], shift_right(data["targets"]), deterministic=False, rngs={"dropout": key}
+    )
     return token_losses(logits, data["targets"], (data["targets"] != 0).astype(np.float32), 0.1)["loss_sum"]
 
 
@@ -59,7 +60,9 @@ def test_the_step_is_pure_and_counts_micro_batches():
     _, state, train_fn, config = setup(accumulation_steps=2)
     first, metrics = train_fn(state, batch(0))
     again, metrics_again = train_fn(state, batch(0))  # same state and batch: same step, whatever ran before
-    jax.tree.map(np.testing.assert_array_equal, jax.device_get((first, metrics)), jax.device_get((again, metrics_again)))
+    jax.tree.map(
+        np.testing.assert_array_equal, jax.device_get((first, metrics)), jax.device_get((again, metrics_again))
+    )
     rates = [float(metrics["learning_rate"])]
     state = first
     for seed in range(1, 4):
