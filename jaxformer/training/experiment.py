@@ -263,6 +263,24 @@ def model_config(config: ml_collections.ConfigDict, vocab_size: int) -> Transfor
     return TransformerConfig.from_dict(values)
 
 
+def describe(config: ml_collections.ConfigDict) -> str:
+    """A compact print of an experiment config: the model preset, then one `key=value` per key
+    that differs from `default_config()` (the model section against its preset)."""
+    defaults = _flatten(default_config())
+    model_defaults = _flatten({"model": model_section(config.model.get("preset", "base")).to_dict()})
+    changed = []
+    for key, value in _flatten(config.to_dict()).items():
+        default = model_defaults.get(key, "<unset>") if key.startswith("model.") else defaults.get(key, "<unset>")
+        if isinstance(value, list):
+            value = tuple(value)
+        if isinstance(default, list):
+            default = tuple(default)
+        if value != default and key != "model.preset":
+            changed.append(f"{key}={value!r}")
+    preset_name = config.model.get("preset", "base")
+    return f"config: model preset {preset_name!r}; changed from the defaults: " + (", ".join(changed) or "nothing")
+
+
 def resume_differences(saved: dict[str, Any], current: ml_collections.ConfigDict) -> list[str]:
     """'key: saved -> current' for every resume-sensitive value that changed."""
     saved_flat, current_flat = _flatten(saved), _flatten(current.to_dict())

@@ -200,7 +200,7 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str | pathlib
 
 def _locked_train_and_evaluate(config: ml_collections.ConfigDict, workdir: pathlib.Path) -> dict[str, Any]:
     data, training = config.data, config.training
-    logging.info("config:\n%s", config)
+    logging.info("%s (all keys: --print_config)", experiment.describe(config))
     logging.info("devices: %s", jax.devices())
 
     run = RunDirectory(workdir)

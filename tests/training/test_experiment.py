@@ -69,3 +69,16 @@ def test_resume_differences_name_changed_keys():
         "model.num_heads: 4 -> 2",
         "tokenizer.vocab_size: 1000 -> 500",
     ]
+
+
+def test_describe_lists_only_what_differs_from_the_defaults():
+    config = load("tiny")
+    text = experiment.describe(config)
+    assert text.startswith("config: model preset 'tiny'; changed from the defaults: ")
+    assert "training.num_train_steps=40" in text and "data.batch_size=4" in text
+    assert "optimizer.b1" not in text and "model.d_model" not in text and "\n" not in text
+    config.model.num_heads = 2
+    config.mesh.shape = (2, 1, 1)
+    text = experiment.describe(config)
+    assert "model.num_heads=2" in text and "mesh.shape=(2, 1, 1)" in text
+    assert experiment.describe(experiment.default_config()).endswith("changed from the defaults: nothing")
