@@ -7,7 +7,6 @@ Errors name the file or the key, with near matches for a misspelled key, in one 
 from __future__ import annotations
 
 import ast
-import difflib
 import importlib.util
 import pathlib
 from collections.abc import Sequence
@@ -16,6 +15,7 @@ from typing import Any
 import ml_collections
 
 from jaxformer.model.config import ConfigError
+from jaxformer.training.experiment import unknown_key_error
 
 OVERRIDE_PREFIX = "--config."
 
@@ -76,13 +76,6 @@ def _keys(section: ml_collections.ConfigDict, prefix: str = "") -> list[str]:
     return keys
 
 
-def _unknown(config: ml_collections.ConfigDict, key: str) -> ConfigError:
-    known = _keys(config)
-    near = difflib.get_close_matches(key, known, n=3, cutoff=0.6)
-    hint = f"; did you mean {', '.join(near)}?" if near else ""
-    return ConfigError(f"unknown config key {key!r}{hint}")
-
-
 _TYPE_NAMES = {
     int: "an integer",
     float: "a number",
@@ -129,10 +122,10 @@ def apply_overrides(config: ml_collections.ConfigDict, overrides: Sequence[tuple
         section = config
         for part in path:
             if part not in section or not isinstance(section[part], ml_collections.ConfigDict):
-                raise _unknown(config, key)
+                raise unknown_key_error(key, _keys(config))
             section = section[part]
         if leaf not in section or isinstance(section[leaf], ml_collections.ConfigDict):
-            raise _unknown(config, key)
+            raise unknown_key_error(key, _keys(config))
         reference = section.get_ref(leaf)
         value = _parse(key, text, section[leaf], reference.get_type())
         try:

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import difflib
 import math
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from typing import Any
 
 import ml_collections
@@ -220,6 +220,13 @@ VALUE_RULES: dict[str, tuple[Callable[[Any], bool], str]] = {
 }
 
 
+def unknown_key_error(key: str, known: Iterable[str]) -> ConfigError:
+    """The error for a config key nobody defines, naming up to three near matches."""
+    near = difflib.get_close_matches(key, list(known), n=3, cutoff=0.6)
+    hint = f"; did you mean {', '.join(near)}?" if near else ""
+    return ConfigError(f"unknown config key {key!r}{hint}")
+
+
 def validate(config: ml_collections.ConfigDict) -> None:
     """Raises ConfigError naming the key and what it allows, for an unknown key (with near
     matches), a value out of range, values that contradict each other, or a bad model."""
@@ -229,9 +236,7 @@ def validate(config: ml_collections.ConfigDict) -> None:
         if key.startswith("model."):
             continue  # checked against TransformerConfig's fields by model_config()
         if key not in known:
-            near = difflib.get_close_matches(key, list(known), n=3, cutoff=0.6)
-            hint = f"; did you mean {', '.join(near)}?" if near else ""
-            raise ConfigError(f"unknown config key {key!r}{hint}")
+            raise unknown_key_error(key, known)
     for key, (allowed, description) in VALUE_RULES.items():
         if key in values and not allowed(values[key]):
             raise ConfigError(f"config {key}={values[key]!r}: must be {description}")

@@ -15,8 +15,8 @@ from jaxformer.data.tokenizer import Tokenizer, TokenizerError, train_tokenizer
 from jaxformer.errors import CheckpointError
 
 
-def _checked_against_checkpoint(path: pathlib.Path, saved_proto: bytes, where: str) -> None:
-    """Restores `path` from the checkpoint's tokenizer, or checks that it is that tokenizer."""
+def _checked_against_checkpoint(path: pathlib.Path, saved_proto: bytes, where: str) -> Tokenizer:
+    """The checkpoint's tokenizer, restored to `path`, or checked to be the one at `path`."""
     try:
         saved = Tokenizer(saved_proto)
     except (TypeError, ValueError) as error:
@@ -26,7 +26,7 @@ def _checked_against_checkpoint(path: pathlib.Path, saved_proto: bytes, where: s
     if not path.exists():
         saved.save(path)
         logging.info("restored %s from %s", path, where)
-        return
+        return saved
     try:
         tokenizer = Tokenizer.load(path)
     except TokenizerError as error:
@@ -36,6 +36,7 @@ def _checked_against_checkpoint(path: pathlib.Path, saved_proto: bytes, where: s
             f"{path} is not the tokenizer stored in {where}, which the model was trained with; "
             f"delete {path} to restore it from the checkpoint, or train in a new workdir"
         )
+    return saved
 
 
 def _sentences(train_source: Sequence, languages: Sequence[str]) -> Iterator[str]:
@@ -61,9 +62,12 @@ def tokenizer_for_run(
     model stored in the newest checkpoint, a description of that checkpoint) when resuming.
     `config` is the experiment config (its tokenizer and data sections)."""
     if saved is not None:
-        _checked_against_checkpoint(path, *saved)
-    if path.exists():
+        tokenizer = _checked_against_checkpoint(path, *saved)
+    elif path.exists():
         tokenizer = Tokenizer.load(path)
+    else:
+        tokenizer = None
+    if tokenizer is not None:
         if tokenizer.vocab_size != config.tokenizer.vocab_size:
             raise CheckpointError(
                 f"{path} has {tokenizer.vocab_size} pieces but tokenizer.vocab_size={config.tokenizer.vocab_size}; "
