@@ -166,9 +166,6 @@ class Checkpointer:
         )
         self.manager.wait_until_finished()
 
-    def wait(self) -> None:
-        self.manager.wait_until_finished()
-
     def metadata_file(self, step: int) -> pathlib.Path:
         return self.directory / str(step) / "metadata" / "metadata"
 
