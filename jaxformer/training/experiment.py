@@ -52,9 +52,9 @@ def default_config() -> ml_collections.ConfigDict:
     config.model = model_section("base")
 
     config.data = ml_collections.ConfigDict()
-    config.data.name = (
-        "multi30k"  # "multi30k" (vendored, offline) or a tfds name: "wmt14_translate/de-en", "wmt17_translate/de-en"
-    )
+    # "multi30k" (vendored, offline), "parallel_files" (your own files, data.files) or a tfds
+    # name: "wmt14_translate/de-en", "wmt17_translate/de-en".
+    config.data.name = "multi30k"
     config.data.source_language = "en"  # translate from ...
     config.data.target_language = "de"  # ... into
     config.data.data_dir = ml_collections.FieldReference(
@@ -64,6 +64,13 @@ def default_config() -> ml_collections.ConfigDict:
         None, field_type=str
     )  # multi30k only: folder of the raw .gz files (None: vendored copy)
     config.data.download = False  # multi30k only: fetch the official files instead of the vendored copy
+    # parallel_files only: per split, a TSV file (source<TAB>target per line, .gz allowed) or a
+    # path with "{lang}" in it, filled with each language code for line-aligned text files.
+    config.data.files = ml_collections.ConfigDict()
+    config.data.files.train = ml_collections.FieldReference(None, field_type=str)  # required
+    config.data.files.validation = ml_collections.FieldReference(None, field_type=str)  # None: held out of train
+    config.data.files.test = ml_collections.FieldReference(None, field_type=str)  # None: no test split
+    config.data.validation_holdout = 1000  # parallel_files without validation file: train pairs held out (seeded)
     config.data.train_split = "train"
     config.data.eval_split = "validation"
     config.data.max_length = 128  # tokens per side, EOS included; longer pairs are dropped; also the packed row length
@@ -75,7 +82,13 @@ def default_config() -> ml_collections.ConfigDict:
     config.data.input_shards = 0  # slices of each global batch, each read by its own pipeline (0: one per process)
 
     config.tokenizer = ml_collections.ConfigDict()
-    config.tokenizer.vocab_size = 8000  # joint source+target sentencepiece vocabulary, special tokens included
+    config.tokenizer.vocab_size = 8000  # pieces of each sentencepiece vocabulary trained here, special tokens included
+    # An existing sentencepiece model used instead of training one (its special pieces are moved
+    # to jaxformer's ids); with separate vocabularies, the source side's.
+    config.tokenizer.model_path = ml_collections.FieldReference(None, field_type=str)
+    # One vocabulary per language (untied source and target embeddings), for unrelated scripts.
+    config.tokenizer.separate_vocabularies = False
+    config.tokenizer.target_model_path = ml_collections.FieldReference(None, field_type=str)  # separate only
     config.tokenizer.model_type = "unigram"  # "unigram" or "bpe"
     config.tokenizer.character_coverage = 1.0  # share of characters the vocabulary must cover
     config.tokenizer.max_sentences = 2_000_000  # sentences sampled from the training split to train it
@@ -96,6 +109,10 @@ def default_config() -> ml_collections.ConfigDict:
 
     config.training = ml_collections.ConfigDict()
     config.training.seed = 0  # parameter initialisation and dropout
+    # Fine-tuning: start from the parameters (and tokenizer) of another run's workdir or checkpoint
+    # directory, with a fresh optimizer, step and data order. None: random initialisation.
+    config.training.init_from = ml_collections.FieldReference(None, field_type=str)
+    config.training.init_checkpoint = "latest"  # with init_from: "latest", "best", "averaged" or a step
     config.training.num_train_steps = 100_000
     config.training.label_smoothing = 0.1  # epsilon_ls
     config.training.loss_chunk_tokens = (
@@ -178,6 +195,10 @@ VALUE_RULES: dict[str, tuple[Callable[[Any], bool], str]] = {
     "data.data_dir": _OPTIONAL_TEXT,
     "data.raw_dir": _OPTIONAL_TEXT,
     "data.download": ((lambda value: isinstance(value, bool)), "True or False"),
+    "data.files.train": _OPTIONAL_TEXT,
+    "data.files.validation": _OPTIONAL_TEXT,
+    "data.files.test": _OPTIONAL_TEXT,
+    "data.validation_holdout": _at_least(1),
     "data.train_split": _NON_EMPTY_TEXT,
     "data.eval_split": _NON_EMPTY_TEXT,
     "data.max_length": _at_least(2),
@@ -194,6 +215,9 @@ VALUE_RULES: dict[str, tuple[Callable[[Any], bool], str]] = {
     "tokenizer.model_type": _one_of("unigram", "bpe"),
     "tokenizer.character_coverage": ((lambda value: _number(value) and 0 < value <= 1), "a number in (0, 1]"),
     "tokenizer.max_sentences": _at_least(1),
+    "tokenizer.model_path": _OPTIONAL_TEXT,
+    "tokenizer.separate_vocabularies": ((lambda value: isinstance(value, bool)), "True or False"),
+    "tokenizer.target_model_path": _OPTIONAL_TEXT,
     "optimizer.learning_rate_scale": _POSITIVE_NUMBER,
     "optimizer.warmup_steps": _at_least(1),
     "optimizer.b1": _within(0.0, 1.0),
@@ -203,6 +227,15 @@ VALUE_RULES: dict[str, tuple[Callable[[Any], bool], str]] = {
     "optimizer.accumulation_steps": _at_least(1),
     "mesh.shape": _MESH_SHAPE,
     "training.seed": _at_least(0),
+    "training.init_from": _OPTIONAL_TEXT,
+    "training.init_checkpoint": (
+        (
+            lambda value: (
+                value in ("latest", "best", "averaged") or (str(value).isdigit() and not isinstance(value, bool))
+            )
+        ),
+        "'latest', 'best', 'averaged' or a step number",
+    ),
     "training.num_train_steps": _at_least(1),
     "training.label_smoothing": _within(0.0, 1.0),
     "training.loss_chunk_tokens": _at_least(0),
