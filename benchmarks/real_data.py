@@ -27,6 +27,7 @@ from jaxformer.data.pipeline import LengthFilter, train_dataset
 from jaxformer.data.tokenizer import Tokenizer, train_tokenizer
 from jaxformer.model.config import preset
 from jaxformer.tokens import PAD_ID
+from jaxformer.training.experiment import default_config
 
 RAW = pathlib.Path(jaxformer.data.__file__).parent / "raw" / "multi30k"
 SOURCE, TARGET = "en", "de"
@@ -72,20 +73,19 @@ def packed_batches(
         len(tokenizer.encode(r[SOURCE])) <= max_length and len(tokenizer.encode(r[TARGET])) <= max_length
         for r in records
     )
-    start = time.perf_counter()
-    iterator = iter(
-        train_dataset(
-            records,
-            tokenizer,
+    data = default_config().data
+    data.update(
+        dict(
             source_language=SOURCE,
             target_language=TARGET,
             max_length=max_length,
             batch_size=batch_size,
-            seed=0,
-            length_filter=LengthFilter(max_length),
+            shuffle_seed=0,
             num_threads=1,
         )
     )
+    start = time.perf_counter()
+    iterator = iter(train_dataset(records, tokenizer, data, length_filter=LengthFilter(max_length)))
     batches, pairs = [], 0
     while pairs < wanted:
         batch = next(iterator)

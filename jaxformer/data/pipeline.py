@@ -15,6 +15,7 @@ import threading
 from collections.abc import Sequence
 
 import grain
+import ml_collections
 import numpy as np
 
 from jaxformer.data.tokenizer import Tokenizer
@@ -74,44 +75,40 @@ def _pack(
 def train_dataset(
     source: Sequence,
     tokenizer: Tokenizer,
+    data: ml_collections.ConfigDict,
     *,
-    source_language: str,
-    target_language: str,
-    max_length: int,
-    batch_size: int,
-    seed: int,
     length_filter: LengthFilter | None = None,
     shard_index: int = 0,
     shard_count: int = 1,
-    num_threads: int = 2,
 ) -> grain.IterDataset:
     """An endless, deterministic stream of packed training batches; each epoch is reshuffled.
 
-    Each process reads the disjoint shard `shard_index` of `shard_count` equal shards.
+    `data` is the experiment's data section (languages, max_length, batch_size, shuffle_seed,
+    num_threads). Each process reads the disjoint shard `shard_index` of `shard_count` equal
+    shards, in batches of data.batch_size / shard_count rows.
     """
+    batch_size = data.batch_size // shard_count
     usable = len(source) // shard_count * shard_count
     dataset = grain.MapDataset.source(source)[:usable][shard_index::shard_count]
-    dataset = dataset.shuffle(seed=seed).repeat(None)  # shuffle before repeat: a new order per epoch
-    dataset = dataset.map(TokenizePair(tokenizer, source_language, target_language))
-    dataset = dataset.filter(length_filter or LengthFilter(max_length))
-    dataset = dataset.to_iter_dataset(grain.ReadOptions(num_threads=num_threads, prefetch_buffer_size=4 * batch_size))
-    return _pack(dataset, max_length, batch_size, shuffle_bins=True, seed=seed).batch(batch_size, drop_remainder=True)
+    dataset = dataset.shuffle(seed=data.shuffle_seed).repeat(None)  # shuffle before repeat: a new order per epoch
+    dataset = dataset.map(TokenizePair(tokenizer, data.source_language, data.target_language))
+    dataset = dataset.filter(length_filter or LengthFilter(data.max_length))
+    read_options = grain.ReadOptions(num_threads=data.num_threads, prefetch_buffer_size=4 * batch_size)
+    dataset = dataset.to_iter_dataset(read_options)
+    packed = _pack(dataset, data.max_length, batch_size, shuffle_bins=True, seed=data.shuffle_seed)
+    return packed.batch(batch_size, drop_remainder=True)
 
 
 def eval_batches(
-    source: Sequence,
-    tokenizer: Tokenizer,
-    *,
-    source_language: str,
-    target_language: str,
-    max_length: int,
-    batch_size: int,
-    max_examples: int | None = None,
+    source: Sequence, tokenizer: Tokenizer, data: ml_collections.ConfigDict
 ) -> list[dict[str, np.ndarray]]:
-    """Every pair of a split once, packed into full batches (the last one padded with empty rows)."""
-    count = len(source) if max_examples is None else min(max_examples, len(source))
+    """Every pair of a split once (the first data.max_eval_examples of them, when set), packed into
+    full batches of data.eval_batch_size rows (the last one padded with empty rows)."""
+    max_length, batch_size = data.max_length, data.eval_batch_size
+    count = len(source) if data.max_eval_examples is None else min(data.max_eval_examples, len(source))
     length_filter = LengthFilter(max_length)
-    dataset = grain.MapDataset.source(source)[:count].map(TokenizePair(tokenizer, source_language, target_language))
+    pairs = TokenizePair(tokenizer, data.source_language, data.target_language)
+    dataset = grain.MapDataset.source(source)[:count].map(pairs)
     dataset = dataset.filter(length_filter).to_iter_dataset(grain.ReadOptions(num_threads=0, prefetch_buffer_size=0))
     rows = list(_pack(dataset, max_length, batch_size, shuffle_bins=False))
     if length_filter.dropped:

@@ -271,29 +271,16 @@ def _train(config, run: RunDirectory, mesh, rules, model, checkpointer, tokenize
                 train_dataset(
                     train_source,
                     tokenizer,
-                    source_language=data.source_language,
-                    target_language=data.target_language,
-                    max_length=data.max_length,
-                    batch_size=data.batch_size // shard_count,
-                    seed=data.shuffle_seed,
+                    data,
                     length_filter=length_filter,
                     shard_index=shard,
                     shard_count=shard_count,
-                    num_threads=data.num_threads,
                 )
             )
             for shard in my_shards
         ]
     )
-    eval_data = eval_batches(
-        eval_source,
-        tokenizer,
-        source_language=data.source_language,
-        target_language=data.target_language,
-        max_length=data.max_length,
-        batch_size=data.eval_batch_size,
-        max_examples=data.max_eval_examples,
-    )
+    eval_data = eval_batches(eval_source, tokenizer, data)
 
     restored = checkpointer.restore_latest(abstract_state, train_iterator)
     if restored is None:

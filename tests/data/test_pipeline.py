@@ -3,6 +3,7 @@ import pytest
 
 from jaxformer.data.pipeline import LengthFilter, eval_batches, train_dataset
 from jaxformer.data.tokenizer import train_tokenizer
+from jaxformer.training.experiment import default_config
 
 WORDS = "a man woman child dog runs sits red blue big small the in on with".split()
 WÖRTER = "ein mann frau kind hund rennt sitzt rot blau groß klein der im auf mit".split()
@@ -34,13 +35,24 @@ def kept_pairs(corpus, max_length=MAX_LENGTH):
     return [pair for pair in pairs if max(map(len, pair)) <= max_length]
 
 
-def make(corpus, **overrides):
+def data_section(**overrides):
+    """The experiment's data section as these tests use it, with `overrides`."""
+    data = default_config().data
+    data.update(dict(max_length=MAX_LENGTH, batch_size=4, eval_batch_size=4, shuffle_seed=7, num_threads=0))
+    data.update(overrides)
+    return data
+
+
+def make(corpus, length_filter=None, shard_index=0, shard_count=1, **overrides):
     records, tokenizer = corpus
-    options = dict(
-        source_language="en", target_language="de", max_length=MAX_LENGTH, batch_size=4, seed=7, num_threads=0
+    return train_dataset(
+        records,
+        tokenizer,
+        data_section(**overrides),
+        length_filter=length_filter,
+        shard_index=shard_index,
+        shard_count=shard_count,
     )
-    options.update(overrides)
-    return train_dataset(records, tokenizer, **options)
 
 
 def unpack(batch):
@@ -83,7 +95,7 @@ def test_batches_have_fixed_shapes_and_consistent_packing(corpus):
 
 def test_order_is_seeded_and_reshuffled_per_epoch(corpus):
     def first_pairs(seed, n=12):
-        iterator = iter(make(corpus, seed=seed))
+        iterator = iter(make(corpus, shuffle_seed=seed))
         return [pair for _ in range(n) for pair in unpack(next(iterator))]
 
     assert first_pairs(7) == first_pairs(7)
@@ -135,9 +147,7 @@ def test_process_shards_are_disjoint(corpus):
 
 def test_eval_batches_cover_every_pair_once(corpus):
     records, tokenizer = corpus
-    batches = eval_batches(
-        records, tokenizer, source_language="en", target_language="de", max_length=MAX_LENGTH, batch_size=4
-    )
+    batches = eval_batches(records, tokenizer, data_section())
     assert all(batch["inputs"].shape == (4, MAX_LENGTH) for batch in batches)
     pairs = [pair for batch in batches for pair in unpack(batch)]
     assert sorted(pairs) == sorted(kept_pairs(corpus))  # every pair that fits, once

@@ -13,6 +13,7 @@ from jaxformer.data.parallel_text import DataError
 from jaxformer.data.pipeline import eval_batches
 from jaxformer.data.sources import data_fingerprint, get_builder, load_split
 from jaxformer.data.tokenizer import train_tokenizer
+from jaxformer.training.experiment import default_config
 
 
 def write_raw_corpus(directory, pairs_per_split=3, broken=None):
@@ -75,7 +76,9 @@ def test_wmt_builders_through_tfds_mock_data():
         assert len(source) == 6
         records = [source[i] for i in range(6)]
     tokenizer = train_tokenizer([r[k] for r in records for k in ("en", "de")] * 20, vocab_size=30)
-    batches = eval_batches(records, tokenizer, source_language="de", target_language="en", max_length=64, batch_size=2)
+    data = default_config().data
+    data.update(dict(source_language="de", target_language="en", max_length=64, eval_batch_size=2))
+    batches = eval_batches(records, tokenizer, data)
     assert batches and batches[0]["inputs"].shape == (2, 64)
     assert int(sum((b["inputs_segment_ids"].max(axis=1)).sum() for b in batches)) == 6
 
