@@ -1,7 +1,7 @@
-"""Train a jaxformer translation model (the `jaxformer-train` command; see
-jaxformer/commands/train.py, or run with --help).
+"""Train a jaxformer translation model: the `jaxformer-train` command, for a clone
+(jaxformer/commands/train.py; run with --help).
 
-    python train.py --config configs/multi30k.py --workdir runs/m30k
+    python train.py --config multi30k --workdir runs/m30k
 """
 
 import sys

@@ -161,7 +161,7 @@ def main(argv=None) -> list[dict]:
     arguments.add_argument("--batch-size", type=int, default=32, help="packed rows per jaxformer batch")
     arguments.add_argument("--max-length", type=int, default=64, help="row length / longest sentence kept, in tokens")
     arguments.add_argument(
-        "--vocab-size", type=int, default=8000, help="tokenizer pieces (configs/multi30k.py uses 8000)"
+        "--vocab-size", type=int, default=8000, help="tokenizer pieces (jaxformer/configs/multi30k.py uses 8000)"
     )
     arguments.add_argument("--repeats", type=int, default=None, help="timed passes over the slice (median reported)")
     args = arguments.parse_args(argv)

@@ -8,7 +8,11 @@ In attention, T is the query length and S the key length, so self-attention over
 source reads "B S N H" for both; cross-attention reads queries "B T N H", keys "B S N H".
 """
 
-from jax import Array
+import jax
+import numpy as np
 from jaxtyping import Bool, Float, Int
+
+# jax arrays and tracers, or the NumPy arrays host code passes in (jit converts them).
+Array = jax.Array | np.ndarray
 
 __all__ = ["Array", "Bool", "Float", "Int"]

@@ -1,11 +1,20 @@
 """Writes notebooks/quickstart.ipynb (without outputs) from the cells below: edit here, then run
-`python notebooks/make_quickstart.py`. tests/test_notebook.py checks the two agree."""
+`python notebooks/make_quickstart.py`. tests/test_notebook.py checks the two agree.
+
+The repository's address comes from pyproject.toml ([project.urls] Repository), the one place
+it is written; README.md's Colab badge is COLAB_URL (tests/test_notebook.py checks it)."""
 
 import pathlib
+import tomllib
 
 import nbformat
 
-REPOSITORY = "https://github.com/jaxformer/jaxformer"
+ROOT = pathlib.Path(__file__).parents[1]
+REPOSITORY = tomllib.loads((ROOT / "pyproject.toml").read_text(encoding="utf-8"))["project"]["urls"]["Repository"]
+COLAB_URL = (
+    REPOSITORY.replace("https://github.com/", "https://colab.research.google.com/github/")
+    + "/blob/main/notebooks/quickstart.ipynb"
+)
 
 
 def markdown(text):
@@ -38,17 +47,31 @@ import os
 
 QUICK = os.environ.get("JAXFORMER_QUICK", "0") == "1"  # set QUICK = True for a fast run
 """),
-    markdown("## 1. Install and find the accelerators"),
+    markdown(f"""
+## 1. Install and find the accelerators
+
+The next cell installs jaxformer when it is not installed yet, from `JAXFORMER_PACKAGE`: by
+default [the repository]({REPOSITORY}). Without access to it (offline, or to try local
+changes), install from a clone instead: `pip install -e /path/to/clone` before starting the
+notebook, or set `JAXFORMER_PACKAGE` (in the cell, or as an environment variable) to the clone's
+folder or to a wheel built in it with `pip wheel --no-deps -w dist .`.
+"""),
     code(f"""
+import importlib
+
+REPOSITORY_URL = "{REPOSITORY}"
+# What `pip install` gets: the repository, or a clone's folder, or the path of a wheel.
+JAXFORMER_PACKAGE = os.environ.get("JAXFORMER_PACKAGE", f"jaxformer @ git+{{REPOSITORY_URL}}")
 try:
     import jaxformer
-except ImportError:  # on Colab: install from the repository (JAX comes with the runtime)
-    %pip install -q "jaxformer @ git+{REPOSITORY}"
+except ImportError:  # on Colab: install it (JAX comes with the runtime)
+    %pip install -q "{{JAXFORMER_PACKAGE}}"
+    importlib.invalidate_caches()  # see the newly installed package
     import jaxformer
 
 import jax
 
-print("jaxformer", jaxformer.__version__, "| jax", jax.__version__)
+print("jaxformer", jaxformer.__version__, "from", os.path.dirname(jaxformer.__file__), "| jax", jax.__version__)
 print("backend:", jax.default_backend(), "| devices:", jax.devices())
 """),
     markdown("""
@@ -111,7 +134,7 @@ plt.show()
 ## 3. Train on Multi30k
 
 Multi30k (Elliott et al., 2016) ships inside the package: 29,000 English image descriptions with
-German translations. The config below is `configs/multi30k.py` of the repository, shortened;
+German translations. The config below is `jaxformer/configs/multi30k.py`, shortened;
 every key is documented in `jaxformer.training.experiment.default_config()`.
 """),
     code("""
@@ -182,7 +205,7 @@ import sacrebleu
 from jaxformer.data.pipeline import record_text
 from jaxformer.data.sources import get_builder, load_split
 
-test = load_split(get_builder("multi30k"), "test_2016_flickr", ("en", "de"))
+test = load_split(get_builder(config.data), "test_2016_flickr", ("en", "de"))  # the run's data section
 rows = test.__getitems__(list(range(40 if QUICK else 300)))
 sources = [record_text(row, "en") for row in rows]
 references = [record_text(row, "de") for row in rows]

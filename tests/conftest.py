@@ -20,6 +20,16 @@ os.environ.setdefault("JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS", "0.2")
 
 import jax  # noqa: E402
 
+# Shape checks: every jaxtyping annotation in the model and decoding packages is enforced
+# (beartype at each call), so a wrong "B T D" fails the test that passes it.
+from jaxtyping import install_import_hook  # noqa: E402
+
+_CHECKED = ["attention", "cache", "decoder", "encoder", "layers", "masking", "position", "transformer"]
+if os.environ.get("JAXFORMER_SHAPE_CHECKS", "1") != "0":  # 0: off, to measure what the checks cost
+    install_import_hook(
+        [f"jaxformer.model.{name}" for name in _CHECKED] + ["jaxformer.decoding"], "beartype.beartype"
+    )  # not model.config: its tests pass wrong types on purpose, to see ConfigError
+
 # Silent rank promotion hides shape bugs; make it an error in tests.
 jax.config.update("jax_numpy_rank_promotion", "raise")
 
@@ -31,9 +41,12 @@ import pytest  # noqa: E402
 def data_dir(tmp_path_factory):
     """Multi30k prepared once per test session (per worker) as array_record files."""
     from jaxformer.data.sources import get_builder
+    from jaxformer.training.experiment import default_config
 
     directory = tmp_path_factory.mktemp("tfds")
-    get_builder("multi30k", data_dir=str(directory)).download_and_prepare()
+    data = default_config().data  # multi30k, the vendored copy
+    data.data_dir = str(directory)
+    get_builder(data).download_and_prepare()
     return directory
 
 
@@ -98,3 +111,28 @@ def make_workdir(workdir, data_dir=None, steps=(1,), scale=lambda step: 1.0):
 def decoding_workdir(tmp_path_factory, data_dir):
     workdir, _, _ = make_workdir(tmp_path_factory.mktemp("decoding-workdir"), data_dir)
     return workdir
+
+
+# ------------------------------------------------------------------------------------------
+# jaxformer installed from its wheel into fresh venvs (tests/install_env.py): the wheel is
+# built once for all pytest workers; the install and notebook tests each use their own venv.
+# ------------------------------------------------------------------------------------------
+
+
+@pytest.fixture(scope="session")
+def install_build(tmp_path_factory):
+    """The wheel built from this checkout and the links to the test environment's dependencies."""
+    from tests.install_env import shared_build
+
+    base = tmp_path_factory.getbasetemp()
+    return shared_build((base.parent if os.environ.get("PYTEST_XDIST_WORKER") else base) / "jaxformer-install")
+
+
+@pytest.fixture(scope="session")
+def installed_venv(tmp_path_factory, install_build):
+    """A fresh venv, outside the source tree, with jaxformer installed from the wheel."""
+    from tests.install_env import install_wheel, make_venv
+
+    venv = make_venv(tmp_path_factory.mktemp("installed") / "venv", install_build)
+    install_wheel(venv, install_build.wheel, cwd=venv.path.parent)
+    return venv

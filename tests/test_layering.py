@@ -1,4 +1,4 @@
-"""Subpackages import downward only: model and data <- run <- decoding <- training <- commands.
+"""Subpackages import downward only: model and data <- run <- decoding <- training, export <- commands.
 
 Each subpackage's modules are all imported in a fresh interpreter; none of the subpackages
 above it (or beside it: model and data are independent) may then be loaded.
@@ -18,7 +18,8 @@ MAY_IMPORT = {
     "run": {"model", "data"},
     "decoding": {"model", "data", "run"},
     "training": {"model", "data", "run", "decoding"},
-    "commands": {"model", "data", "run", "decoding", "training"},
+    "export": {"model", "data", "run", "decoding"},
+    "commands": {"model", "data", "run", "decoding", "training", "export"},
 }
 
 PROBE = """

@@ -2,6 +2,7 @@
 and lowercased tokenized BLEU.
 
     python evaluate.py --workdir runs/m30k --split test_2016_flickr
+    python evaluate.py --workdir runs/mine --split test        (data.name="parallel_files" with data.files.test)
     python evaluate.py --workdir runs/m30k --source test.en --reference test.de --output hyp.de
 """
 
@@ -11,6 +12,8 @@ import argparse
 import json
 import sys
 import time
+
+import ml_collections
 
 from jaxformer.commands.common import (
     FlagError,
@@ -38,7 +41,7 @@ def split_pairs(workdir: str, split: str, max_examples: int | None) -> tuple[lis
     _, metadata, _ = load_checkpoint(workdir, "latest", params=False)
     data = metadata.config["data"]
     languages = (data["source_language"], data["target_language"])
-    builder = get_builder(data["name"], data.get("data_dir"), data.get("raw_dir"), data.get("download", False))
+    builder = get_builder(ml_collections.ConfigDict(data))
     records = load_split(builder, split, languages)
     count = len(records) if max_examples is None else min(max_examples, len(records))
     rows = records.__getitems__(list(range(count)))
@@ -48,7 +51,10 @@ def split_pairs(workdir: str, split: str, max_examples: int | None) -> tuple[lis
 def build_parser() -> argparse.ArgumentParser:
     parser = make_parser(__doc__)
     add_decoding_flags(parser)
-    parser.add_argument("--split", help="a split of the run's dataset, e.g. test_2016_flickr or validation")
+    parser.add_argument(
+        "--split",
+        help="a split of the run's dataset, e.g. test_2016_flickr or validation (multi30k), test (parallel_files)",
+    )
     parser.add_argument("--source", help="source file, one sentence per line (with --reference)")
     parser.add_argument("--reference", help="reference translations, line-aligned with --source")
     parser.add_argument("--max_examples", type=at_least(1), help="score only the first N pairs")

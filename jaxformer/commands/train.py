@@ -1,12 +1,19 @@
-"""Train a jaxformer translation model.
+"""Train a jaxformer translation model (`jaxformer-train`; `python train.py` in a clone).
 
-    python train.py --config configs/multi30k.py --workdir runs/m30k
-    python train.py --config configs/multi30k.py --workdir runs/m30k --config.model.num_encoder_layers=4
+    jaxformer-train --config multi30k --workdir runs/m30k
+    jaxformer-train --config multi30k --workdir runs/m30k --config.model.num_encoder_layers=4
+    jaxformer-train --config path/to/my_config.py --workdir runs/mine
 
-Any config key can be set with --config.SECTION.KEY=VALUE; --print_config prints every key with
-its value (jaxformer/training/experiment.py documents them). Running the same command again
-resumes from the newest checkpoint in the workdir. SIGTERM or Ctrl-C saves a checkpoint and
-stops with exit code 128 + the signal number (143, 130): requeue such a run; 0 means finished.
+--config takes the name of a config shipped with jaxformer (multi30k, tiny, wmt14_base, ...;
+--list_configs lists them with their files) or the path of a config file of your own: a Python
+file whose get_config() returns the experiment's ConfigDict (start from a copy of a shipped one).
+Any config key can be set with --config.SECTION.KEY=VALUE; to list every key with its value,
+run with --print_config (jaxformer/training/experiment.py documents them).
+
+Running the same command again resumes from the newest checkpoint in the workdir. At the end
+the run's summary says where the checkpoints are and how to translate with them. SIGTERM or
+Ctrl-C saves a checkpoint and stops with exit code 128 + the signal number (143, 130): requeue
+such a run; 0 means finished.
 """
 
 from __future__ import annotations
@@ -14,18 +21,33 @@ from __future__ import annotations
 import argparse
 import logging
 import sys
+import time
 
 from jaxformer.commands.common import FlagError, make_parser, run_command
 from jaxformer.errors import EXIT_USER_ERROR, UserError, exit_code_for_signal
-from jaxformer.training.config_file import apply_overrides, load_config_file, split_overrides
+from jaxformer.training.config_file import (
+    apply_overrides,
+    config_summary,
+    load_config,
+    packaged_config_directory,
+    packaged_config_names,
+    split_overrides,
+)
 
 
 def build_parser() -> argparse.ArgumentParser:
     parser = make_parser(__doc__)
-    parser.add_argument("--config", required=True, help="experiment config file (configs/*.py)")
-    parser.add_argument("--workdir", required=True, help="directory for checkpoints, the tokenizer and metrics")
     parser.add_argument(
-        "--print_config", action="store_true", help="print the config with the overrides applied, then exit"
+        "--config", help="a shipped config's name (multi30k, tiny, ...: see --list_configs) or a config file's path"
+    )
+    parser.add_argument("--workdir", help="directory for checkpoints, the tokenizer and metrics")
+    parser.add_argument(
+        "--print_config",
+        action="store_true",
+        help="print every config key with its value (overrides applied), then exit; needs no --workdir",
+    )
+    parser.add_argument(
+        "--list_configs", action="store_true", help="list the configs shipped with jaxformer, then exit"
     )
     parser.add_argument(
         "--distributed",
@@ -40,10 +62,19 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+def list_configs() -> str:
+    directory = packaged_config_directory()
+    lines = [f"configs shipped with jaxformer (in {directory}); use one with --config NAME:"]
+    names = packaged_config_names()
+    width = max(map(len, names), default=0)
+    lines += [f"  {name:<{width}}  {config_summary(directory / f'{name}.py')}" for name in names]
+    return "\n".join(lines) + "\n"
+
+
 def run(args: argparse.Namespace) -> int:
     from jaxformer.training import experiment
 
-    config = load_config_file(args.config)
+    config = load_config(args.config)
     apply_overrides(config, args.overrides)
     experiment.validate(config)  # every value, before anything is prepared, compiled or written
     if args.print_config:
@@ -63,9 +94,13 @@ def run(args: argparse.Namespace) -> int:
         jax.distributed.initialize(args.coordinator_address, args.num_processes, args.process_id)
         logging.info("process %d of %d", jax.process_index(), jax.process_count())
 
+    from jaxformer.commands.run_summary import run_summary
     from jaxformer.training.loop import train_and_evaluate
 
+    start = time.perf_counter()
     last = train_and_evaluate(config, args.workdir)
+    if jax.process_index() == 0:
+        logging.info("%s", "\n  ".join(run_summary(config, args.workdir, last, time.perf_counter() - start)))
     if last.get("stopped_by_signal"):
         return exit_code_for_signal(last["stopped_by_signal"])
     return 0
@@ -81,6 +116,14 @@ def main(argv: list[str] | None = None) -> int:
         return EXIT_USER_ERROR
 
     def body(args: argparse.Namespace) -> int:
+        if args.list_configs:
+            sys.stdout.write(list_configs())
+            return 0
+        missing = [flag for flag in ("config", "workdir") if getattr(args, flag) is None]
+        if args.print_config and "workdir" in missing:
+            missing.remove("workdir")
+        if missing:
+            raise FlagError(f"the following arguments are required: {', '.join('--' + flag for flag in missing)}")
         args.overrides = overrides
         return run(args)
 

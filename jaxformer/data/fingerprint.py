@@ -4,11 +4,13 @@ prepared data.
 A fingerprint is `"sha256:<64 hex digits>"`, the SHA-256 of a canonical JSON list of
 `[name, size, sha256 of the bytes]` for every file, sorted by name. File names count, the folder
 they lie in does not: the same files copied elsewhere give the same fingerprint (and share one
-prepared copy), while any changed byte gives another one.
+prepared copy), while any changed byte gives another one. Settings that change what is prepared
+from the same files (languages, a held-out slice and its seed) can be fingerprinted with them.
 
 The record (`RECORD_NAME`, JSON, in the prepared data's directory) is written last, after the data,
 so it also marks a finished preparation: a directory without one is unfinished. It holds the
-fingerprint, each source file's size and hash, and the size of every prepared file.
+fingerprint, each source file's size and hash, the settings (if any), and the size of every
+prepared file.
 """
 
 from __future__ import annotations
@@ -39,10 +41,13 @@ def hash_files(paths: Mapping[str, str | os.PathLike]) -> dict[str, dict]:
     return {name: hash_file(path) for name, path in sorted(paths.items())}
 
 
-def fingerprint(files: Mapping[str, Mapping]) -> str:
-    """`"sha256:<hex>"` of the files' names, sizes and hashes (as `hash_files` gives them)."""
-    canonical = [[name, int(files[name]["size"]), str(files[name]["sha256"])] for name in sorted(files)]
-    text = json.dumps(canonical, separators=(",", ":"), ensure_ascii=True)
+def fingerprint(files: Mapping[str, Mapping], settings: Mapping | None = None) -> str:
+    """`"sha256:<hex>"` of the files' names, sizes and hashes (as `hash_files` gives them) and of
+    the JSON-able `settings` the data is prepared with (None: the files alone)."""
+    canonical: list | dict = [[name, int(files[name]["size"]), str(files[name]["sha256"])] for name in sorted(files)]
+    if settings is not None:
+        canonical = {"files": canonical, "settings": settings}
+    text = json.dumps(canonical, separators=(",", ":"), sort_keys=True, ensure_ascii=True)
     return "sha256:" + hashlib.sha256(text.encode("ascii")).hexdigest()
 
 
@@ -110,9 +115,10 @@ def read_record(directory: str | os.PathLike) -> tuple[dict | None, str | None]:
         or not all(isinstance(v, dict) and {"size", "sha256"} <= set(v) for v in files.values())
         or not isinstance(prepared, dict)
         or not isinstance(record.get("fingerprint"), str)
+        or not isinstance(record.get("settings"), (dict, type(None)))
     ):
         return None, f"{path} is incomplete"
-    if fingerprint(files) != record["fingerprint"]:
+    if fingerprint(files, record.get("settings")) != record["fingerprint"]:
         return None, f"{path}: its fingerprint does not match its own file list"
     return record, None
 

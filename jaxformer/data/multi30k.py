@@ -10,23 +10,20 @@ SHA-256 of the bytes; see `jaxformer.data.fingerprint`) when the builder is made
 prepared data lives under a builder config named after the fingerprint,
 `<data_dir>/multi30k/files-<12 hex digits>/1.0.0`: other or edited files get their own copy and
 never reuse a cached one. With `download=True` the key is the download URLs
-(`download-<12 hex digits>`) and the downloaded files are fingerprinted once fetched. A record
-of the fingerprint is written beside the data once it is complete and checked whenever the
-data is used; a missing or disagreeing record makes the builder prepare the data again, with a
-warning naming the directory and the file.
+(`download-<12 hex digits>`) and the downloaded files are fingerprinted once fetched. The record
+of the fingerprint kept beside the data, and its checks, are `FingerprintedBuilder`'s.
 """
 
 from __future__ import annotations
 
-import dataclasses
 import hashlib
 import json
-import logging
 import pathlib
 
 import tensorflow_datasets as tfds
 
 from jaxformer.data import fingerprint as fp
+from jaxformer.data.fingerprinted_builder import FingerprintedBuilder
 from jaxformer.data.parallel_text import DataError, read_parallel_lines
 
 VENDORED_DIR = pathlib.Path(__file__).parent / "raw" / "multi30k"
@@ -52,7 +49,7 @@ CITATION = """@inproceedings{elliott-etal-2016-multi30k,
 }"""
 
 
-class Multi30k(tfds.core.GeneratorBasedBuilder):
+class Multi30k(FingerprintedBuilder):
     """Multi30k task 1: 29,000 training pairs of English image descriptions and German translations.
 
     `fingerprint` names the exact files the data comes from; see the module's docstring.
@@ -60,48 +57,27 @@ class Multi30k(tfds.core.GeneratorBasedBuilder):
 
     VERSION = tfds.core.Version("1.0.0")
     RELEASE_NOTES = {"1.0.0": "Raw cased text of task 1, en-de, all six splits; empty pairs skipped."}
-    # The configs made so far, one per source key: tfds warns about every config it does not know.
-    _KNOWN_CONFIGS: dict[str, tfds.core.BuilderConfig] = {}
+    DISPLAY_NAME = "Multi30k"
 
     def __init__(self, *, raw_dir: str | pathlib.Path | None = None, download: bool = False, **kwargs):
         """`raw_dir` holds `{prefix}.{en,de}.gz` (default: the vendored copy); `download=True`
         fetches the official files instead. Local files are hashed here (a few MB)."""
-        if "config" in kwargs:
-            raise TypeError("Multi30k picks its config from its source files; do not pass config=")
         self._raw_dir = pathlib.Path(raw_dir) if raw_dir is not None else VENDORED_DIR
         self._download = download
-        self._logged = False
-        if download:
-            self._source_files: dict[str, dict] | None = None  # known once downloaded
-            self._fingerprint: str | None = None
+        if download:  # fingerprinted once downloaded; keyed by the URLs until then
             urls = json.dumps(sorted(_urls().values())).encode()
-            key = "download-" + fp.short(hashlib.sha256(urls).hexdigest())
+            config_name = "download-" + fp.short(hashlib.sha256(urls).hexdigest())
             description = "Multi30k from the official files (download=True)"
         else:
-            self._source_files = fp.hash_files(self._local_paths())
-            self._fingerprint = fp.fingerprint(self._source_files)
-            key = "files-" + fp.short(self._fingerprint)
+            self._set_sources(fp.hash_files(self._local_paths()))
+            config_name = None  # named after the fingerprint
             description = "Multi30k from local files; jaxformer_sources.json names them"
-        config = self._KNOWN_CONFIGS.setdefault(key, tfds.core.BuilderConfig(name=key, description=description))
-        super().__init__(config=config, **kwargs)
-        # tfds re-creates a builder from this when unpickling it.
-        self._original_state = {**kwargs, "raw_dir": raw_dir, "download": download}
-
-    @classmethod
-    def get_builder_config(cls, name, version=None):
-        return cls._KNOWN_CONFIGS.get(name) or super().get_builder_config(name, version)
-
-    @property
-    def fingerprint(self) -> str | None:
-        """`"sha256:<64 hex digits>"` of the source files' names, sizes and contents; the same for
-        the same twelve files wherever they lie. With `download=True` it is None until
-        `download_and_prepare()` has fetched (or found) the data."""
-        return self._fingerprint
-
-    @property
-    def source_files(self) -> dict[str, dict] | None:
-        """File name -> {"size", "sha256"} of the source files (None like `fingerprint`)."""
-        return None if self._source_files is None else {name: dict(v) for name, v in self._source_files.items()}
+        super().__init__(
+            init_args={"raw_dir": raw_dir, "download": download},
+            config_name=config_name,
+            description=description,
+            **kwargs,
+        )
 
     def _local_paths(self) -> dict[str, pathlib.Path]:
         paths = {name: self._raw_dir / name for name in FILE_NAMES}
@@ -110,10 +86,24 @@ class Multi30k(tfds.core.GeneratorBasedBuilder):
             raise DataError(f"Multi30k files not found: {', '.join(missing)} (pass raw_dir= or download=True)")
         return paths
 
+    def _current_source_files(self) -> dict[str, dict] | None:
+        return None if self._download else fp.hash_files(self._local_paths())
+
+    def _source_location(self) -> str:
+        return str(self._raw_dir)
+
     def _source_description(self) -> str:
         if self._download:
             return "downloaded from " + DOWNLOAD_URL.rsplit("/", 1)[0] + "/"
         return f"in {self._raw_dir}"
+
+    def _sources_summary(self) -> str:
+        return f"{len(FILE_NAMES)} files {_FILES_PATTERN} {self._source_description()}"
+
+    def _unfetched_record_problem(self, record: dict) -> str | None:
+        if set(record["files"]) != set(FILE_NAMES):
+            return f"does not list the {len(FILE_NAMES)} Multi30k files"
+        return None
 
     def _info(self) -> tfds.core.DatasetInfo:
         return tfds.core.DatasetInfo(
@@ -126,89 +116,10 @@ class Multi30k(tfds.core.GeneratorBasedBuilder):
             citation=CITATION,
         )
 
-    def download_and_prepare(self, **kwargs) -> None:
-        """Prepares the data unless a complete copy made from the same files is there already.
-
-        A prepared copy whose record is missing or disagrees (other source files, a prepared
-        file missing or of another size) is prepared again, with a warning naming why."""
-        download_config = kwargs.get("download_config") or tfds.download.DownloadConfig()
-        mode = download_config.download_mode
-        if mode == tfds.download.GenerateMode.UPDATE_DATASET_INFO:
-            super().download_and_prepare(**kwargs)
-            return
-        if self.data_path.exists() and not mode.overwrite_dataset:
-            problem = self._check_prepared()
-            if problem is None:
-                super().download_and_prepare(**kwargs)  # reuses it
-                self._log_once()
-                return
-            logging.warning(
-                "multi30k: not using the prepared data in %s: %s; preparing it again", self.data_dir, problem
-            )
-            kwargs["download_config"] = dataclasses.replace(
-                download_config, download_mode=tfds.download.GenerateMode.REUSE_CACHE_IF_EXISTS
-            )
-        super().download_and_prepare(**kwargs)
-        if not self._download:  # the files must not have changed under the preparation
-            changed = fp.file_differences(self._source_files, fp.hash_files(self._local_paths()))
-            if changed:
-                raise DataError(
-                    f"{self._raw_dir}: files changed while Multi30k was prepared from them: "
-                    f"{'; '.join(changed)}; run again"
-                )
-        fp.write_record(
-            self.data_path,
-            {
-                "dataset": self.name,
-                "config": self.builder_config.name,
-                "fingerprint": self._fingerprint,
-                "source": self._source_description(),
-                "files": self._source_files,
-            },
-        )
-        self._log_once()
-
-    def _check_prepared(self) -> str | None:
-        """None if the prepared data's record matches the source files and the prepared files;
-        else what is wrong, naming the file."""
-        record, problem = fp.read_record(self.data_path)
-        if problem:
-            return problem
-        record_path = self.data_path / fp.RECORD_NAME
-        if record.get("config") != self.builder_config.name:
-            return f"{record_path} was written for {record.get('config')!r}, not {self.builder_config.name!r}"
-        if not self._download:
-            changed = fp.file_differences(record["files"], self._source_files)
-            if changed:
-                return (
-                    f"{record_path} records other files than those {self._source_description()}: {'; '.join(changed)}"
-                )
-        elif set(record["files"]) != set(FILE_NAMES):
-            return f"{record_path} does not list the {len(FILE_NAMES)} Multi30k files"
-        changed = fp.prepared_differences(self.data_path, record)
-        if changed:
-            return "; ".join(changed)
-        if self._download:
-            self._source_files, self._fingerprint = record["files"], record["fingerprint"]
-        return None
-
-    def _log_once(self) -> None:
-        if not self._logged:
-            self._logged = True
-            logging.info(
-                "multi30k: fingerprint %s of %d files %s %s; prepared data in %s",
-                self._fingerprint,
-                len(FILE_NAMES),
-                _FILES_PATTERN,
-                self._source_description(),
-                self.data_dir,
-            )
-
     def _split_generators(self, dl_manager: tfds.download.DownloadManager):
         if self._download:
             paths = {name: pathlib.Path(path) for name, path in dl_manager.download(_urls()).items()}
-            self._source_files = fp.hash_files(paths)
-            self._fingerprint = fp.fingerprint(self._source_files)
+            self._set_sources(fp.hash_files(paths))
         else:
             paths = self._local_paths()
         return {

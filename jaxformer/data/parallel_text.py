@@ -1,4 +1,5 @@
-"""Reading a pair of line-aligned text files (gzip or plain) with errors that name the place."""
+"""Reading parallel text, a pair of line-aligned files or one TSV file (gzip or plain), with errors
+that name the place."""
 
 from __future__ import annotations
 
@@ -6,7 +7,7 @@ import dataclasses
 import gzip
 import logging
 import pathlib
-from collections.abc import Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 
 from jaxformer.errors import UserError
 
@@ -62,20 +63,47 @@ def read_parallel_lines(
             f"line counts differ: {source_path} has {len(source_lines)} lines, "
             f"{target_path} has {len(target_lines)}; line N of one must translate line N of the other"
         )
-    skipped = SkipCounter() if skipped is None else skipped
-    for number, (source, target) in enumerate(zip(source_lines, target_lines), start=1):
-        if not source.strip() or not target.strip():
-            skipped.empty += 1
-            skipped.first_empty = (
-                skipped.first_empty or f"{source_path if not source.strip() else target_path}:{number}"
+    yield from _with_text_on_both_sides(
+        zip(source_lines, target_lines),
+        skipped,
+        lambda number, source_empty: f"{source_path if source_empty else target_path}:{number}",
+        f"{source_path} / {target_path}",
+    )
+
+
+def read_tsv_pairs(path: str | pathlib.Path, skipped: SkipCounter | None = None) -> Iterator[tuple[int, str, str]]:
+    """Yields (line number, source, target), 1-based, from a `source<TAB>target` file (gzip or plain),
+    for every pair with text on both sides.
+
+    Raises `DataError` naming the file and line for a line without exactly one tab or one that
+    is not UTF-8. Pairs with an empty side are skipped, counted in `skipped` and logged once at the end.
+    """
+    path = pathlib.Path(path)
+    pairs = []
+    for number, line in enumerate(read_lines(path), start=1):
+        fields = line.split("\t")
+        if len(fields) != 2:
+            raise DataError(
+                f"{path}: line {number} has {len(fields) - 1} tabs; each line must be source<TAB>target, with one tab"
             )
+        pairs.append(fields)
+    yield from _with_text_on_both_sides(pairs, skipped, lambda number, source_empty: f"{path}:{number}", str(path))
+
+
+def _with_text_on_both_sides(
+    pairs: Iterable[tuple[str, str]], skipped: SkipCounter | None, place: Callable[[int, bool], str], where: str
+) -> Iterator[tuple[int, str, str]]:
+    """(line number, source, target), stripped, of the pairs with text on both sides; the others
+    are counted in `skipped` (`place(number, source_empty)` names the first) and logged once."""
+    skipped = SkipCounter() if skipped is None else skipped
+    for number, (source, target) in enumerate(pairs, start=1):
+        source, target = source.strip(), target.strip()
+        if not source or not target:
+            skipped.empty += 1
+            skipped.first_empty = skipped.first_empty or place(number, not source)
             continue
-        yield number, source.strip(), target.strip()
+        yield number, source, target
     if skipped.empty:
         logging.warning(
-            "skipped %d pairs with an empty side in %s / %s (first at %s)",
-            skipped.empty,
-            source_path,
-            target_path,
-            skipped.first_empty,
+            "skipped %d pairs with an empty side in %s (first at %s)", skipped.empty, where, skipped.first_empty
         )

@@ -30,15 +30,25 @@ def record_text(record, language: str) -> str:
 
 
 class TokenizePair:
-    """{source_language: bytes, target_language: bytes} -> {"inputs": ids, "targets": ids}: int32, EOS-terminated."""
+    """{source_language: bytes, target_language: bytes} -> {"inputs": ids, "targets": ids}: int32, EOS-terminated.
 
-    def __init__(self, tokenizer: Tokenizer, source_language: str, target_language: str):
+    `tokenizer` encodes both sides, or the source side only when a `target_tokenizer` is given
+    (separate vocabularies)."""
+
+    def __init__(
+        self,
+        tokenizer: Tokenizer,
+        source_language: str,
+        target_language: str,
+        target_tokenizer: Tokenizer | None = None,
+    ):
         self.tokenizer, self.source_language, self.target_language = tokenizer, source_language, target_language
+        self.target_tokenizer = tokenizer if target_tokenizer is None else target_tokenizer
 
     def __call__(self, record) -> dict[str, np.ndarray]:
         return {
             "inputs": self.tokenizer.encode(record_text(record, self.source_language)),
-            "targets": self.tokenizer.encode(record_text(record, self.target_language)),
+            "targets": self.target_tokenizer.encode(record_text(record, self.target_language)),
         }
 
 
@@ -80,18 +90,20 @@ def train_dataset(
     length_filter: LengthFilter | None = None,
     shard_index: int = 0,
     shard_count: int = 1,
+    target_tokenizer: Tokenizer | None = None,
 ) -> grain.IterDataset:
     """An endless, deterministic stream of packed training batches; each epoch is reshuffled.
 
     `data` is the experiment's data section (languages, max_length, batch_size, shuffle_seed,
     num_threads). Each process reads the disjoint shard `shard_index` of `shard_count` equal
-    shards, in batches of data.batch_size / shard_count rows.
+    shards, in batches of data.batch_size / shard_count rows. `target_tokenizer` (separate
+    vocabularies) encodes the target side; by default `tokenizer` encodes both.
     """
     batch_size = data.batch_size // shard_count
     usable = len(source) // shard_count * shard_count
     dataset = grain.MapDataset.source(source)[:usable][shard_index::shard_count]
     dataset = dataset.shuffle(seed=data.shuffle_seed).repeat(None)  # shuffle before repeat: a new order per epoch
-    dataset = dataset.map(TokenizePair(tokenizer, data.source_language, data.target_language))
+    dataset = dataset.map(TokenizePair(tokenizer, data.source_language, data.target_language, target_tokenizer))
     dataset = dataset.filter(length_filter or LengthFilter(data.max_length))
     read_options = grain.ReadOptions(num_threads=data.num_threads, prefetch_buffer_size=4 * batch_size)
     dataset = dataset.to_iter_dataset(read_options)
@@ -100,14 +112,18 @@ def train_dataset(
 
 
 def eval_batches(
-    source: Sequence, tokenizer: Tokenizer, data: ml_collections.ConfigDict
+    source: Sequence,
+    tokenizer: Tokenizer,
+    data: ml_collections.ConfigDict,
+    target_tokenizer: Tokenizer | None = None,
 ) -> list[dict[str, np.ndarray]]:
     """Every pair of a split once (the first data.max_eval_examples of them, when set), packed into
-    full batches of data.eval_batch_size rows (the last one padded with empty rows)."""
+    full batches of data.eval_batch_size rows (the last one padded with empty rows); the target
+    side encoded with `target_tokenizer` when given (separate vocabularies)."""
     max_length, batch_size = data.max_length, data.eval_batch_size
     count = len(source) if data.max_eval_examples is None else min(data.max_eval_examples, len(source))
     length_filter = LengthFilter(max_length)
-    pairs = TokenizePair(tokenizer, data.source_language, data.target_language)
+    pairs = TokenizePair(tokenizer, data.source_language, data.target_language, target_tokenizer)
     dataset = grain.MapDataset.source(source)[:count].map(pairs)
     dataset = dataset.filter(length_filter).to_iter_dataset(grain.ReadOptions(num_threads=0, prefetch_buffer_size=0))
     rows = list(_pack(dataset, max_length, batch_size, shuffle_bins=False))

@@ -1,26 +1,52 @@
-"""Random-access translation splits from tensorflow-datasets: the vendored Multi30k builder or
-any tfds translate builder (wmt14_translate/de-en, wmt17_translate/de-en, ...), prepared as
-array_record files and read with `as_data_source`, without TensorFlow."""
+"""Random-access translation splits from tensorflow-datasets: the vendored Multi30k builder, the
+user's own files (parallel_files) or any tfds translate builder (wmt14_translate/de-en,
+wmt17_translate/de-en, ...), prepared as array_record files and read with `as_data_source`,
+without TensorFlow."""
 
 from __future__ import annotations
 
 import logging
 from collections.abc import Sequence
 
+import ml_collections
 import tensorflow_datasets as tfds
 
 from jaxformer.data.multi30k import Multi30k
+from jaxformer.data.parallel_files import ParallelFiles
 from jaxformer.data.parallel_text import DataError
 
 tfds.disable_progress_bar()  # tqdm bars per split drown the training log
 
 
-def get_builder(name: str, data_dir: str | None = None, raw_dir: str | None = None, download: bool = False):
-    """The tfds builder for `name`, writing array_record files under `data_dir`."""
+def get_builder(data: ml_collections.ConfigDict):
+    """The tfds builder of the `data` section (data.name: "multi30k", "parallel_files" or a tfds
+    name), writing array_record files under data.data_dir. Keys a section lacks (one saved by an
+    older jaxformer) take their defaults. Raises DataError for keys that do not apply to data.name,
+    and (parallel_files) for data.files that are missing or not a TSV file or {lang} path, before
+    anything is read."""
+    name = data["name"]
+    files = {split: spec for split, spec in (data.get("files") or {}).items() if spec is not None}
+    if files and name != "parallel_files":
+        raise DataError(
+            f"data.files.{sorted(files)[0]} is set, but data.files applies to data.name='parallel_files' only, "
+            f"not {name!r}"
+        )
+    raw_dir, download = data.get("raw_dir"), data.get("download", False)
+    if name != "multi30k" and (raw_dir is not None or download):
+        raise DataError(f"data.raw_dir and data.download apply to multi30k only, not {name!r}")
+    data_dir = data.get("data_dir")
     if name == "multi30k":
         return Multi30k(data_dir=data_dir, raw_dir=raw_dir, download=download, file_format="array_record")
-    if raw_dir is not None or download:
-        raise DataError(f"data.raw_dir and data.download apply to multi30k only, not {name!r}")
+    if name == "parallel_files":
+        return ParallelFiles(
+            data_dir=data_dir,
+            files=files,
+            source_language=data["source_language"],
+            target_language=data["target_language"],
+            validation_holdout=data.get("validation_holdout", 1000),
+            holdout_seed=data.get("shuffle_seed", 0),
+            file_format="array_record",
+        )
     import tensorflow_datasets.translate  # noqa: F401  registers the wmt*_translate builders, loaded lazily
 
     return tfds.builder(name, data_dir=data_dir, file_format="array_record")
@@ -28,9 +54,9 @@ def get_builder(name: str, data_dir: str | None = None, raw_dir: str | None = No
 
 def data_fingerprint(builder) -> str | None:
     """What the prepared data was made from, for checkpoint metadata: `builder.fingerprint`
-    ("sha256:<64 hex digits>" of the source files' names, sizes and contents) for multi30k, known
-    after `load_split` / `download_and_prepare()`; None for the tfds catalogue builders (wmt*),
-    whose downloads tfds checks itself."""
+    ("sha256:<64 hex digits>" of the source files' names, sizes and contents) for multi30k and
+    parallel_files, known after `load_split` / `download_and_prepare()`; None for the tfds
+    catalogue builders (wmt*), whose downloads tfds checks itself."""
     return getattr(builder, "fingerprint", None)
 
 
@@ -39,7 +65,10 @@ def load_split(builder, split: str, languages: Sequence[str]) -> Sequence:
     builder.download_and_prepare()
     available = list(builder.info.splits)
     if available and split not in available:  # (tfds.testing.mock_data leaves no split list)
-        raise DataError(f"dataset {builder.name!r} has no split {split!r}; it has {', '.join(available)}")
+        hint = ""
+        if split == "test" and isinstance(builder, ParallelFiles):
+            hint = "; set data.files.test to score a test file"
+        raise DataError(f"dataset {builder.name!r} has no split {split!r}; it has {', '.join(available)}{hint}")
     features = set(builder.info.features.keys())
     missing = [language for language in languages if language not in features]
     if missing:

@@ -1,4 +1,5 @@
-"""A joint source/target sentencepiece model with jaxformer's fixed special-token ids."""
+"""Sentencepiece models with jaxformer's fixed special-token ids: trained here (one joint
+source/target model, or one per side), or converted from a model trained elsewhere."""
 
 from __future__ import annotations
 
@@ -9,9 +10,11 @@ from collections.abc import Iterable, Sequence
 
 import numpy as np
 import sentencepiece as spm
+from google.protobuf.message import DecodeError
+from sentencepiece import sentencepiece_model_pb2 as model_pb2
 
 from jaxformer.errors import UserError
-from jaxformer.tokens import BOS_ID, EOS_ID, PAD_ID, UNK_ID
+from jaxformer.tokens import BOS_ID, EOS_ID, NUM_SPECIAL_TOKENS, PAD_ID, UNK_ID
 
 
 class TokenizerError(UserError, ValueError):
@@ -36,7 +39,8 @@ class Tokenizer:
         if ids != (PAD_ID, EOS_ID, UNK_ID, BOS_ID):
             raise TokenizerError(
                 f"sentencepiece model has (pad, eos, unk, bos) ids {ids}; jaxformer needs "
-                f"{(PAD_ID, EOS_ID, UNK_ID, BOS_ID)} (train it with jaxformer.data.tokenizer.train_tokenizer)"
+                f"{(PAD_ID, EOS_ID, UNK_ID, BOS_ID)} (train it with jaxformer.data.tokenizer.train_tokenizer, "
+                "or convert it with Tokenizer.from_sentencepiece_file)"
             )
 
     @classmethod
@@ -51,6 +55,21 @@ class Tokenizer:
             return cls(data)
         except TokenizerError as error:
             raise TokenizerError(f"the tokenizer {path} is unusable: {error}") from error
+
+    @classmethod
+    def from_sentencepiece_file(cls, path: str | pathlib.Path) -> Tokenizer:
+        """A sentencepiece model trained elsewhere (any special ids, e.g. sentencepiece's default
+        unk 0, bos 1, eos 2 and no pad), converted by `with_jaxformer_ids`; `TokenizerError`
+        naming the file if it cannot be read or is not a sentencepiece model."""
+        path = pathlib.Path(path)
+        try:
+            data = path.read_bytes()
+        except OSError as error:
+            raise TokenizerError(f"cannot read the sentencepiece model {path}: {error.strerror or error}") from error
+        try:
+            return cls(with_jaxformer_ids(data))
+        except TokenizerError as error:
+            raise TokenizerError(f"the sentencepiece model {path} is unusable: {error}") from error
 
     def save(self, path: str | pathlib.Path) -> None:
         path = pathlib.Path(path)
@@ -81,6 +100,67 @@ class Tokenizer:
         return [self._processor.id_to_piece(int(i)) for i in ids]
 
 
+# (role, jaxformer's id, the trainer_spec fields naming the piece and its id), in id order.
+_SPECIAL_ROLES = (
+    ("pad", PAD_ID, "pad_piece", "pad_id"),
+    ("eos", EOS_ID, "eos_piece", "eos_id"),
+    ("unk", UNK_ID, "unk_piece", "unk_id"),
+    ("bos", BOS_ID, "bos_piece", "bos_id"),
+)
+
+
+def with_jaxformer_ids(model_proto: bytes) -> bytes:
+    """The same sentencepiece model with its special pieces at jaxformer's ids: <pad>, </s>,
+    <unk>, <s> at 0, 1, 2, 3 (the pad, eos and bos pieces added as control symbols where the
+    model lacks them), every other piece after them in its original order with its score and
+    type. Segmentation depends on pieces and scores only, so text splits into the same pieces;
+    only their ids change. A model that already has jaxformer's ids comes back unchanged."""
+    model = model_pb2.ModelProto()
+    try:
+        model.ParseFromString(bytes(model_proto))
+    except DecodeError as error:
+        raise TokenizerError(
+            f"not a sentencepiece model ({len(model_proto)} bytes that protobuf cannot parse)"
+        ) from error
+    if not model.pieces:
+        raise TokenizerError(f"not a sentencepiece model ({len(model_proto)} bytes holding no pieces)")
+    names = [piece.piece for piece in model.pieces]
+    unknown = [piece.piece for piece in model.pieces if piece.type == model_pb2.ModelProto.SentencePiece.UNKNOWN]
+    if len(unknown) != 1:
+        raise TokenizerError(f"the sentencepiece model has {len(unknown)} unknown-piece entries, not 1")
+    spec = model.trainer_spec
+    spec.unk_piece = unknown[0]  # sentencepiece's own unk is whichever piece has the UNKNOWN type
+    special = {}
+    for role, _, piece_field, _ in _SPECIAL_ROLES:
+        name = getattr(spec, piece_field)
+        if name in names:
+            piece = model.pieces[names.index(name)]
+            needed = "UNKNOWN" if role == "unk" else "CONTROL"  # what sentencepiece reports as the role's id
+            found = model_pb2.ModelProto.SentencePiece.Type.Name(piece.type)
+            if found != needed:
+                raise TokenizerError(
+                    f"the {role} piece {name!r} of the sentencepiece model is a {found} piece, not a {needed} one"
+                )
+        else:
+            piece = model_pb2.ModelProto.SentencePiece(
+                piece=name, score=0.0, type=model_pb2.ModelProto.SentencePiece.CONTROL
+            )
+        special[role] = piece
+    if names[:NUM_SPECIAL_TOKENS] == [special[role].piece for role, *_ in _SPECIAL_ROLES] and all(
+        getattr(spec, id_field) == jaxformer_id for _, jaxformer_id, _, id_field in _SPECIAL_ROLES
+    ):
+        return bytes(model_proto)
+    ordered = [special[role] for role, *_ in _SPECIAL_ROLES]
+    moved = {piece.piece for piece in ordered}
+    ordered += [piece for piece in model.pieces if piece.piece not in moved]
+    del model.pieces[:]
+    model.pieces.extend(ordered)
+    for _, jaxformer_id, _, id_field in _SPECIAL_ROLES:
+        setattr(spec, id_field, jaxformer_id)
+    spec.vocab_size = len(ordered)
+    return model.SerializeToString(deterministic=True)
+
+
 def train_tokenizer(
     sentences: Iterable[str],
     vocab_size: int,
@@ -89,7 +169,8 @@ def train_tokenizer(
     max_sentences: int = 2_000_000,
     seed: int = 0,
 ) -> Tokenizer:
-    """Trains one sentencepiece model on `sentences` (source and target text together).
+    """Trains one sentencepiece model on `sentences` (source and target text together, or one
+    side's text for separate vocabularies).
 
     Beyond `max_sentences`, a sample drawn with `seed` is used, so the same corpus always
     gives the same model (sentencepiece's own sampling is not seeded).

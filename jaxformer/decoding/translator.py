@@ -44,13 +44,22 @@ class Translator:
         batch_size: int = 64,
         length_bucket: int = 16,
         max_source_tokens: int = 256,
+        target_tokenizer: Tokenizer | None = None,
     ):
-        if config.vocab_size != tokenizer.vocab_size:
-            raise ValueError(f"the model has {config.vocab_size} tokens but the tokenizer {tokenizer.vocab_size}")
+        # `tokenizer` encodes the input; `target_tokenizer` (separate vocabularies) decodes the output.
+        target_tokenizer = tokenizer if target_tokenizer is None else target_tokenizer
+        for side, model_size, side_tokenizer in (
+            ("source", config.encoder_vocab_size, tokenizer),
+            ("target", config.vocab_size, target_tokenizer),
+        ):
+            if model_size != side_tokenizer.vocab_size:
+                raise ValueError(
+                    f"the model's {side} vocabulary has {model_size} tokens, its tokenizer {side_tokenizer.vocab_size}"
+                )
         self.config, _ = decoding_variant(config, {})
         self.params = None if params is None else decoding_variant(config, jax.device_put(params))[1]
         self.scanned = config.scan_layers
-        self.tokenizer = tokenizer
+        self.tokenizer, self.target_tokenizer = tokenizer, target_tokenizer
         self.settings = settings
         self.batch_size, self.length_bucket, self.max_source_tokens = batch_size, length_bucket, max_source_tokens
         self._generate = make_generate_fn(self.config, settings)
@@ -72,13 +81,31 @@ class Translator:
         settings: DecodeSettings = DecodeSettings(),
         **kwargs,
     ) -> Translator:
-        """The model, tokenizer and parameters of a training run's `checkpoint` ("latest",
+        """The model, tokenizers and parameters of a training run's `checkpoint` ("latest",
         "best", "averaged" or a step number; see `jaxformer.run.loading.load_checkpoint`)."""
         step, metadata, params = load_checkpoint(workdir, checkpoint)
         logging.info("loaded step %d of %s (%s checkpoint)", step, workdir, checkpoint)
-        translator = cls(metadata.model_config(), params, metadata.load_tokenizer(), settings, **kwargs)
+        translator = cls(
+            metadata.model_config(),
+            params,
+            metadata.load_tokenizer(),
+            settings,
+            target_tokenizer=None if metadata.target_tokenizer is None else metadata.load_target_tokenizer(),
+            **kwargs,
+        )
         translator.step = step
         return translator
+
+    @classmethod
+    def from_export(cls, directory: str | os.PathLike, batch_size: int | None = None):
+        """An export's translator (`jaxformer-export`), which decodes with the exported beam search
+        instead of this package's model code: `translate` and `translate_nbest` as here, and
+        `translate_ids(source)` on one padded int32 array [B, S] -> (tokens [B, K, L], scores [B, K])
+        (`translate_sequences` takes a list of id arrays, as `translate_ids` does here). See
+        jaxformer/export/standalone.py; `ExportError` names a missing or damaged file."""
+        from jaxformer.export.loading import load_export  # lazily: jaxformer.export imports this package
+
+        return load_export(directory, batch_size)
 
     # -- text --------------------------------------------------------------------------
 
@@ -98,7 +125,7 @@ class Translator:
         decoded = self.translate_ids(pieces, progress=progress)
         results: list[list[tuple[str, float]]] = [[] for _ in sentences]
         for owner, hypotheses in zip(owners, decoded):
-            texts = [(self.tokenizer.decode(tokens), score) for tokens, score in hypotheses]
+            texts = [(self.target_tokenizer.decode(tokens), score) for tokens, score in hypotheses]
             if not results[owner]:
                 results[owner] = texts
             else:  # a piece of a long sentence: join the best translations

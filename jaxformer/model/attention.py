@@ -23,6 +23,9 @@ from jaxformer.typing import Array, Bool, Float
 # [B, N, S, H] as the decoding caches store them (see cache.py).
 _SCORES = {False: "BTNH,BSNH->BNTS", True: "BTNH,BNSH->BNTS"}
 _WEIGHTED_SUM = {False: "BNTS,BSNH->BTNH", True: "BNTS,BNSH->BTNH"}
+# Keys and values [B, S, N, H], or [B, N, S, H] as the decoding cache holds them (heads_major=True):
+# the two middle axes are left unchecked, the mask's S is checked against the logits.
+KeysOrCachedKeys = Float[Array, "B _ _ H"]
 
 
 @jax.custom_vjp
@@ -58,8 +61,8 @@ masked_softmax.defvjp(_masked_softmax_forward, _masked_softmax_backward)
 
 def dot_product_attention_weights(
     query: Float[Array, "B T N H"],
-    key: Float[Array, "B S N H"],
-    mask: Bool[Array, "B N T S"] | None = None,
+    key: KeysOrCachedKeys,
+    mask: Bool[Array, "#B #N #T S"] | None = None,
     *,
     heads_major: bool = False,
 ) -> Float[Array, "B N T S"]:
@@ -86,7 +89,7 @@ def dot_product_attention(
     query: Float[Array, "B T N H"],
     key: Float[Array, "B S N H"],
     value: Float[Array, "B S N H"],
-    mask: Bool[Array, "B N T S"] | None = None,
+    mask: Bool[Array, "#B #N #T S"] | None = None,
     *,
     dropout_rate: float = 0.0,
     dropout_rng: jax.Array | None = None,
@@ -106,7 +109,7 @@ def fused_attention(
     query: Float[Array, "B T N H"],
     key: Float[Array, "B S N H"],
     value: Float[Array, "B S N H"],
-    mask: Bool[Array, "B N T S"] | None,
+    mask: Bool[Array, "#B #N #T S"] | None,
     implementation: str,
 ) -> Float[Array, "B T N H"]:
     """`jax.nn.dot_product_attention` ("xla", or "cudnn" for the fused GPU kernel).
@@ -196,9 +199,9 @@ class MultiHeadAttention(nn.Module):
     def attend(
         self,
         inputs_q: Float[Array, "B T D"],
-        key: Float[Array, "B S N H"],
-        value: Float[Array, "B S N H"],
-        mask: Bool[Array, "B N T S"] | None = None,
+        key: KeysOrCachedKeys,
+        value: KeysOrCachedKeys,
+        mask: Bool[Array, "#B #N #T S"] | None = None,
         deterministic: bool | None = None,
         heads_major: bool = False,
     ) -> Float[Array, "B T D"]:
@@ -226,7 +229,7 @@ class MultiHeadAttention(nn.Module):
         self,
         inputs_q: Float[Array, "B T D"],
         inputs_kv: Float[Array, "B S D"],
-        mask: Bool[Array, "B N T S"] | None = None,
+        mask: Bool[Array, "#B #N #T S"] | None = None,
         deterministic: bool | None = None,
     ) -> Float[Array, "B T D"]:
         key, value = self.key_value(inputs_kv)  # [B, S, N, H] each

@@ -29,8 +29,12 @@ class TransformerConfig:
     Defaults are the paper's base model with its shared 37,000-token vocabulary.
     """
 
-    # Shared source/target vocabulary size, special tokens (jaxformer.tokens) included.
+    # Shared source/target vocabulary size, special tokens (jaxformer.tokens) included; with
+    # separate vocabularies, the target's (decoder embedding and output softmax).
     vocab_size: int = 37_000
+    # The source vocabulary's size when it differs from the target's (separate vocabularies,
+    # share_embeddings=False); None: the same as vocab_size.
+    source_vocab_size: int | None = None
     # Width of every residual stream, embedding and attention output (d_model).
     d_model: int = 512
     # Attention heads per layer; d_model must be a multiple of it (head size d_model / num_heads).
@@ -83,6 +87,11 @@ class TransformerConfig:
             except TypeError as error:
                 raise ConfigError(f"TransformerConfig.{name}={value!r} is not a dtype") from error
         _validate(self)
+
+    @property
+    def encoder_vocab_size(self) -> int:
+        """Rows of the source embedding: source_vocab_size, or vocab_size when that is None."""
+        return self.vocab_size if self.source_vocab_size is None else self.source_vocab_size
 
     @property
     def head_dim(self) -> int:
@@ -138,6 +147,16 @@ def _validate(config: TransformerConfig) -> None:
         fail("d_model", "must be even for the sinusoidal positional encoding")
     if config.vocab_size <= NUM_SPECIAL_TOKENS:
         fail("vocab_size", f"must exceed the {NUM_SPECIAL_TOKENS} special tokens (pad, eos, unk, bos)")
+    if config.source_vocab_size is not None:
+        value = config.source_vocab_size
+        if not isinstance(value, (int, np.integer)) or isinstance(value, bool) or value <= NUM_SPECIAL_TOKENS:
+            fail("source_vocab_size", f"must be None or an integer above the {NUM_SPECIAL_TOKENS} special tokens")
+        if value != config.vocab_size and config.share_embeddings:
+            fail(
+                "source_vocab_size",
+                f"differs from vocab_size={config.vocab_size}, so source and target cannot share one embedding "
+                "matrix: set share_embeddings=False",
+            )
     for field in ("dropout_rate", "attention_dropout_rate", "activation_dropout_rate"):
         value = getattr(config, field)
         if not isinstance(value, (int, float)) or isinstance(value, bool) or not 0.0 <= value < 1.0:
@@ -160,35 +179,17 @@ def _validate(config: TransformerConfig) -> None:
 
 
 # Named sizes. `base` and `big` are the paper's Table 3 models; `tiny` runs in seconds on a CPU.
+_PRESET_FIELDS = "vocab_size d_model num_heads d_ff num_encoder_layers num_decoder_layers dropout_rate".split()
+# fmt: off
 PRESETS: dict[str, dict[str, Any]] = {
-    "tiny": dict(
-        vocab_size=64,
-        d_model=32,
-        num_heads=4,
-        d_ff=64,
-        num_encoder_layers=2,
-        num_decoder_layers=2,
-        dropout_rate=0.1,
-    ),
-    "base": dict(
-        vocab_size=37_000,
-        d_model=512,
-        num_heads=8,
-        d_ff=2048,
-        num_encoder_layers=6,
-        num_decoder_layers=6,
-        dropout_rate=0.1,
-    ),
-    "big": dict(
-        vocab_size=37_000,
-        d_model=1024,
-        num_heads=16,
-        d_ff=4096,
-        num_encoder_layers=6,
-        num_decoder_layers=6,
-        dropout_rate=0.3,
-    ),
+    name: dict(zip(_PRESET_FIELDS, values))
+    for name, values in {
+        "tiny": (    64,   32,  4,   64, 2, 2, 0.1),
+        "base": (37_000,  512,  8, 2048, 6, 6, 0.1),
+        "big":  (37_000, 1024, 16, 4096, 6, 6, 0.3),
+    }.items()
 }
+# fmt: on
 
 
 def preset(name: str, **overrides: Any) -> TransformerConfig:

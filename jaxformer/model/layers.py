@@ -22,6 +22,7 @@ class Embed(nn.Module):
     """
 
     config: TransformerConfig
+    vocab_size: int | None = None  # rows; None: config.vocab_size (a source embedding passes its own)
 
     def setup(self):
         config = self.config
@@ -29,7 +30,7 @@ class Embed(nn.Module):
         self.embedding = self.param(
             "embedding",
             nn.with_logical_partitioning(init, ("vocab", "embed")),
-            (config.vocab_size, config.d_model),
+            (config.vocab_size if self.vocab_size is None else self.vocab_size, config.d_model),
             config.param_dtype,
         )
 

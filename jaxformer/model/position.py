@@ -7,12 +7,17 @@ The table is evaluated once per (length, d, base) in float64 NumPy and rounded t
 a float32 angle at position 500 already carries an error of 3e-5, which the table avoids.
 Packed rows restart their positions at 0 inside each segment, so every position of a row
 of length L is below L and a table of L rows covers it.
+
+A symbolic length (`jax.export` with shape polymorphism) takes the first L rows of the table
+of its upper bound, which the export must declare as a constraint (e.g. "S <= 256"): the same
+float64-rounded values as a concrete length, not a float32 re-evaluation in the program.
 """
 
 from __future__ import annotations
 
 import functools
 
+import jax
 import jax.numpy as jnp
 import numpy as np
 
@@ -53,7 +58,34 @@ def positional_encoding(
     explicit `positions` [B, L] (packed rows restart at 0 per segment; each value must be
     below `length`) the result is [B, L, D].
     """
-    table = jnp.asarray(sinusoidal_table(length, d_model, base))  # [L, D]
+    if jax.export.is_symbolic_dim(length):
+        table = jnp.asarray(sinusoidal_table(_upper_bound(length), d_model, base))[:length]  # [L, D]
+    else:
+        table = jnp.asarray(sinusoidal_table(length, d_model, base))  # [L, D]
     if positions is None:
         return table[None]  # [1, L, D]
     return jnp.take(table, positions, axis=0, mode="clip")  # [B, L, D]
+
+
+def _upper_bound(length, limit: int = 1 << 24) -> int:
+    """The least n that a symbolic `length` provably never exceeds under its constraints."""
+
+    def provably_at_most(n: int) -> bool:
+        try:
+            return bool(length <= n)
+        except jax.errors.InconclusiveDimensionOperation:
+            return False
+
+    high = 1
+    while not provably_at_most(high):
+        if high >= limit:
+            raise ValueError(
+                f"the positional encoding of the symbolic length {length} needs an upper bound: "
+                f"export with a constraint such as '{length} <= 1024'"
+            )
+        high *= 2
+    low = high // 2  # not provably enough (or 0)
+    while high - low > 1:
+        middle = (low + high) // 2
+        low, high = (low, middle) if provably_at_most(middle) else (middle, high)
+    return high

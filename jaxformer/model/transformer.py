@@ -52,7 +52,7 @@ class Transformer(nn.Module):
             self.shared_embedding = Embed(config)
             source_embedding = target_embedding = self.shared_embedding
         else:
-            self.source_embedding = Embed(config)
+            self.source_embedding = Embed(config, vocab_size=config.encoder_vocab_size)
             self.target_embedding = Embed(config)
             source_embedding, target_embedding = self.source_embedding, self.target_embedding
         self.encoder = Encoder(config, embed=source_embedding)
@@ -145,5 +145,20 @@ def unstack_layers(params: Any) -> Any:
         count = jax.tree.leaves(stacked)[0].shape[0]
         for index in range(count):
             section[f"layer_{index}"] = jax.tree.map(lambda leaf, index=index: leaf[index], stacked)
+        params[stack] = section
+    return params
+
+
+def stack_layers(params: Any) -> Any:
+    """The inverse of `unstack_layers`: parameters of a model without scan rearranged for the
+    same model with `scan_layers` (`encoder/layer_0/...`, ... stacked on a leading layer axis)."""
+    params = dict(params)
+    for stack in ("encoder", "decoder"):
+        if stack not in params or "layer_0" not in params[stack]:
+            continue
+        section = dict(params[stack])
+        count = sum(name.startswith("layer_") for name in section)
+        layers = [section.pop(f"layer_{index}") for index in range(count)]
+        section["layers"] = {"layer": jax.tree.map(lambda *leaves: jnp.stack(leaves), *layers)}
         params[stack] = section
     return params

@@ -171,6 +171,7 @@ class Checkpointer:
 
     def _read_json(self, step: int) -> dict[str, Any]:
         """The metadata JSON of checkpoint `step`, checksums included, verified against its checksum."""
+        self.manager.wait_until_finished()
         path = self.metadata_file(step)
         try:
             with _draining_event_loops():
@@ -212,11 +213,20 @@ class Checkpointer:
         as host NumPy arrays or, given `abstract_params`, with its shapes, dtypes and shardings;
         verified against the checksums in the step's metadata.
         `CheckpointError` (a `ChecksumError` for a mismatch) names what is damaged."""
-        self.manager.wait_until_finished()
+        return self._verified_params(step, self._read_json(step), abstract_params)
+
+    def read_params(self, step: int) -> tuple[CheckpointMetadata, Any]:
+        """(metadata, host parameters) of checkpoint `step`, its metadata read once; errors as
+        `read_metadata` and `restore_params`."""
+        values = self._read_json(step)
+        metadata = CheckpointMetadata.from_json(values, str(self.metadata_file(step)))
+        return metadata, self._verified_params(step, values, None)
+
+    def _verified_params(self, step: int, metadata_values: dict[str, Any], abstract_params: Any | None) -> Any:
         path = self.directory / str(step) / "state"
         if not path.exists():
             raise CheckpointError(f"{path} does not exist; the checkpoints in {self.directory} are {self.steps()}")
-        checksums = saved_checksums(self._read_json(step), str(path.parent))
+        checksums = saved_checksums(metadata_values, str(path.parent))
         absl_logger = logging.getLogger("absl")
         absl_logger.addFilter(_no_missing_metadata_warning)  # reading one item directly has no step metadata; harmless
         try:

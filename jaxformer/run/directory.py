@@ -2,7 +2,9 @@
 
     <workdir>/
         lock                  held by the training run using the workdir (run/lock.py)
-        tokenizer.model       the sentencepiece model, trained once (also inside every checkpoint)
+        tokenizer.model       the sentencepiece model, trained once (also inside every checkpoint);
+                              with separate vocabularies, the source side's
+        tokenizer.target.model   separate vocabularies only: the target side's
         checkpoints/<step>/   the newest checkpoints: train state, data iterator, metadata
         best/<step>/          the parameters with the best validation BLEU so far
         averaged/<step>/      the mean parameters of the last N checkpoints (average_checkpoints)
@@ -46,6 +48,11 @@ class RunDirectory:
     @property
     def tokenizer_file(self) -> pathlib.Path:
         return self.path / "tokenizer.model"
+
+    @property
+    def target_tokenizer_file(self) -> pathlib.Path:
+        """The target side's sentencepiece model, when the run has separate vocabularies."""
+        return self.path / "tokenizer.target.model"
 
     @property
     def checkpoints(self) -> pathlib.Path:

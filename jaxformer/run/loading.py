@@ -1,14 +1,15 @@
-"""Loading a run's checkpoint to translate or evaluate with it, without modifying the run."""
+"""Loading a run's checkpoint to translate, evaluate or fine-tune with it, without modifying the run."""
 
 from __future__ import annotations
 
 import logging
 import os
+import pathlib
 from typing import Any
 
 from jaxformer.errors import CheckpointError
 from jaxformer.run.checkpoint import Checkpointer
-from jaxformer.run.directory import RunDirectory
+from jaxformer.run.directory import CHECKPOINT_KINDS, RunDirectory
 from jaxformer.run.metadata import CheckpointMetadata
 
 
@@ -27,18 +28,29 @@ def load_checkpoint(
     directory = RunDirectory(workdir).checkpoint_directory(which)
     if not directory.is_dir():
         raise CheckpointError(f"{directory} does not exist: no {which!r} checkpoint in {workdir}")
+    step = checkpoint if isinstance(checkpoint, int) else None
+    return load_from_directory(directory, step, params=params, newest_readable=checkpoint == "latest")
+
+
+def load_from_directory(
+    directory: pathlib.Path, step: int | None = None, *, params: bool = True, newest_readable: bool = False
+) -> tuple[int, CheckpointMetadata, Any]:
+    """(step, metadata, params) of checkpoint `step` (None: the newest) of a directory of step
+    directories (`checkpoints/`, `best/` or `averaged/`). With `newest_readable`, a damaged
+    newest checkpoint is skipped with a warning, as `load_checkpoint` does for "latest"."""
     checkpointer = Checkpointer(directory, keep=None, read_only=True)
 
     def read(step: int) -> tuple[CheckpointMetadata, Any]:  # CheckpointError if damaged
-        metadata = checkpointer.read_metadata(step)
-        return metadata, checkpointer.restore_params(step) if params else None
+        if params:
+            return checkpointer.read_params(step)
+        return checkpointer.read_metadata(step), None
 
     try:
         steps = checkpointer.steps()
         if not steps:
             raise CheckpointError(f"{directory} holds no checkpoint")
-        if checkpoint != "latest":
-            step = checkpoint if isinstance(checkpoint, int) else steps[-1]
+        if not newest_readable or step is not None:
+            step = steps[-1] if step is None else step
             if step not in steps:
                 raise CheckpointError(f"{directory} has no checkpoint for step {step}; it has {steps}")
             return (step, *read(step))
@@ -57,3 +69,30 @@ def load_checkpoint(
         )
     finally:
         checkpointer.close()
+
+
+def locate_checkpoint(path: str | os.PathLike, checkpoint: str | int = "latest") -> tuple[pathlib.Path, int | None]:
+    """(directory of step directories, step or None for the newest) that `path` names: a workdir
+    (then `checkpoint` picks "latest", "best", "averaged" or a step), one of a workdir's
+    `checkpoints/`, `best/` or `averaged/` directories (its newest step), or a step directory in
+    one of them. `CheckpointError` naming `path` when it is none of these."""
+    path = pathlib.Path(path).absolute()
+    if not path.exists():
+        raise CheckpointError(f"{path} does not exist")
+    run = RunDirectory(path)
+    if any(run.checkpoint_directory(kind).is_dir() for kind in CHECKPOINT_KINDS):
+        if isinstance(checkpoint, int) or str(checkpoint).isdigit():
+            return run.checkpoints, int(checkpoint)
+        directory = run.checkpoint_directory(checkpoint)
+        if not directory.is_dir():
+            raise CheckpointError(f"{directory} does not exist: no {checkpoint!r} checkpoint in {path}")
+        return directory, None
+    kind_names = {RunDirectory(path.parent).checkpoint_directory(kind).name for kind in CHECKPOINT_KINDS}
+    if path.name in kind_names:
+        return path, None
+    if path.name.isdigit() and path.parent.name in kind_names:
+        return path.parent, int(path.name)
+    raise CheckpointError(
+        f"{path} is not a jaxformer workdir (no {'/, '.join(sorted(kind_names))}/ in it), nor one of those "
+        "directories, nor a step directory in one"
+    )

@@ -5,15 +5,16 @@ In the checkpoint it is a JSON object (the `metadata` item of each step director
 
     {"config": {...},              the experiment config (ml_collections ConfigDict.to_dict())
      "model": {...},               the model's TransformerConfig.to_dict()
-     "tokenizer": "<base64>",      the sentencepiece model proto
+     "tokenizer": "<base64>",      the sentencepiece model proto (the source side's, when separate)
+     "target_tokenizer": "<base64>" | null,   the target side's model; null: one shared vocabulary
      "data_fingerprint": "..." | null,   what the training data was prepared from (data/sources.py)
      "step": 1000,
      "bleu": 27.3,                 best/ checkpoints only: the validation BLEU that made them best
      "averaged_steps": [800, 900, 1000],  averaged/ checkpoints only
      "checksums": {...}}           added and verified by run/checkpoint.py (run/checksums.py)
 
-Checkpoints written before this schema (plain dicts, possibly without "data_fingerprint")
-read the same way; keys this version does not know are ignored.
+Checkpoints written before this schema (plain dicts, possibly without "data_fingerprint" or
+"target_tokenizer": shared) read the same way; keys this version does not know are ignored.
 """
 
 from __future__ import annotations
@@ -35,11 +36,12 @@ class CheckpointMetadata:
 
     config: dict[str, Any]  # the experiment config, as ConfigDict.to_dict()
     model: dict[str, Any]  # TransformerConfig.to_dict()
-    tokenizer: bytes  # the sentencepiece model proto (base64 in JSON)
+    tokenizer: bytes  # the sentencepiece model proto (base64 in JSON); the source side's when separate
     data_fingerprint: str | None  # None for datasets without one, and in checkpoints from before fingerprints
     step: int
     bleu: float | None = None  # set in best/ checkpoints
     averaged_steps: tuple[int, ...] | None = None  # set in averaged/ checkpoints
+    target_tokenizer: bytes | None = None  # the target side's model with separate vocabularies; None: shared
 
     def replace(self, **changes: Any) -> CheckpointMetadata:
         return dataclasses.replace(self, **changes)
@@ -48,8 +50,13 @@ class CheckpointMetadata:
         return TransformerConfig.from_dict(self.model)
 
     def load_tokenizer(self) -> Tokenizer:
-        """The sentencepiece model (`TokenizerError` if the stored bytes are not a usable one)."""
+        """The shared (or source) sentencepiece model (`TokenizerError` if the stored bytes are
+        not a usable one)."""
         return Tokenizer(self.tokenizer)
+
+    def load_target_tokenizer(self) -> Tokenizer:
+        """The target side's sentencepiece model: the shared one when the vocabulary is shared."""
+        return Tokenizer(self.tokenizer if self.target_tokenizer is None else self.target_tokenizer)
 
     def to_json(self) -> dict[str, Any]:
         """The JSON object stored in the checkpoint (without its checksums)."""
@@ -64,6 +71,8 @@ class CheckpointMetadata:
             values["bleu"] = float(self.bleu)
         if self.averaged_steps is not None:
             values["averaged_steps"] = [int(step) for step in self.averaged_steps]
+        if self.target_tokenizer is not None:
+            values["target_tokenizer"] = base64.b64encode(self.target_tokenizer).decode("ascii")
         return values
 
     @classmethod
@@ -90,10 +99,16 @@ class CheckpointMetadata:
                 raise fail(key, f"holds a JSON {_json_type(value)}, not {expected}")
             return value
 
-        try:
-            tokenizer = base64.b64decode(typed("tokenizer", (str,), "a base64 string").encode("ascii"), validate=True)
-        except (binascii.Error, UnicodeEncodeError):
-            raise fail("tokenizer", "is not valid base64") from None
+        def model_bytes(key: str, optional: bool = False) -> bytes | None:
+            text = typed(key, (str,), "a base64 string", optional=optional)
+            if text is None:
+                return None
+            try:
+                return base64.b64decode(text.encode("ascii"), validate=True)
+            except (binascii.Error, UnicodeEncodeError):
+                raise fail(key, "is not valid base64") from None
+
+        tokenizer = model_bytes("tokenizer")
         averaged = typed("averaged_steps", (list,), "a list of steps", optional=True)
         if averaged is not None and not all(isinstance(s, int) and not isinstance(s, bool) for s in averaged):
             raise fail("averaged_steps", "holds something other than integer steps")
@@ -106,6 +121,7 @@ class CheckpointMetadata:
             step=typed("step", (int,), "an integer"),
             bleu=None if bleu is None else float(bleu),
             averaged_steps=None if averaged is None else tuple(averaged),
+            target_tokenizer=model_bytes("target_tokenizer", optional=True),
         )
 
 

@@ -1,13 +1,17 @@
-"""Experiment config files (`get_config()` returning an ml_collections.ConfigDict) and
-command-line overrides of their keys (`--config.training.num_train_steps=500`).
+"""Experiment config files (`get_config()` returning an ml_collections.ConfigDict), the ones
+shipped in jaxformer/configs/ by name, and command-line overrides of their keys
+(`--config.training.num_train_steps=500`).
 
-Errors name the file or the key, with near matches for a misspelled key, in one line.
+Errors name the file, the config name or the key, with near matches for a misspelling, in one line.
 """
 
 from __future__ import annotations
 
 import ast
+import difflib
+import importlib.resources
 import importlib.util
+import os
 import pathlib
 from collections.abc import Sequence
 from typing import Any
@@ -44,6 +48,56 @@ def load_config_file(path: str | pathlib.Path) -> ml_collections.ConfigDict:
     if not isinstance(config, ml_collections.ConfigDict):
         raise ConfigError(f"config file {path}: get_config() returned {type(config).__name__}, not a ConfigDict")
     return config
+
+
+def packaged_config_directory() -> pathlib.Path:
+    """jaxformer/configs/ of the installed package (wheel or clone): found, not imported."""
+    return pathlib.Path(str(importlib.resources.files("jaxformer") / "configs"))
+
+
+def packaged_config_names() -> list[str]:
+    """The names `--config` takes: the shipped config files without `.py`."""
+    return sorted(path.stem for path in packaged_config_directory().glob("*.py") if not path.stem.startswith("_"))
+
+
+def config_summary(path: str | pathlib.Path) -> str:
+    """The first paragraph of a config file's docstring, on one line, read without running the file."""
+    try:
+        docstring = ast.get_docstring(ast.parse(pathlib.Path(path).read_text(encoding="utf-8")))
+    except (OSError, SyntaxError, ValueError):
+        return ""
+    return " ".join((docstring or "").strip().split("\n\n")[0].split())
+
+
+def is_config_name(text: str) -> bool:
+    """A name (`multi30k`) rather than a path: no folder separator and no `.py` ending."""
+    return "/" not in text and os.sep not in text and not text.endswith(".py")
+
+
+def config_path(name_or_path: str) -> pathlib.Path:
+    """The file `--config` means: jaxformer/configs/NAME.py for a name, else the path as given."""
+    if not is_config_name(name_or_path):
+        return pathlib.Path(name_or_path)
+    names = packaged_config_names()
+    if name_or_path not in names:
+        near = difflib.get_close_matches(name_or_path, names, n=1, cutoff=0.6)
+        hint = f"did you mean {near[0]}? " if near else ""
+        raise ConfigError(
+            f"no config named {name_or_path!r}; {hint}jaxformer ships {', '.join(names)} "
+            "(or give the path of a .py config file)"
+        )
+    return packaged_config_directory() / f"{name_or_path}.py"
+
+
+def load_config(name_or_path: str) -> ml_collections.ConfigDict:
+    """The ConfigDict of a shipped config's name (`multi30k`) or of a config file's path."""
+    path = config_path(name_or_path)
+    if not is_config_name(name_or_path) and not path.exists() and path.stem in packaged_config_names():
+        # configs/multi30k.py of an older clone, or multi30k.py in the wrong folder
+        raise ConfigError(
+            f"config file {path} does not exist; jaxformer ships a config of that name: --config {path.stem}"
+        )
+    return load_config_file(path)
 
 
 def split_overrides(arguments: Sequence[str]) -> tuple[list[tuple[str, str]], list[str]]:

@@ -1,5 +1,5 @@
 """The experiment config (an ml_collections.ConfigDict): its defaults, validation, and the
-model config derived from it. Config files in configs/ start from `default_config()`."""
+model config derived from it. Config files (jaxformer/configs/) start from `default_config()`."""
 
 from __future__ import annotations
 
@@ -11,6 +11,7 @@ from typing import Any
 import ml_collections
 import numpy as np
 
+from jaxformer.data.tokenizer import Tokenizer
 from jaxformer.model.config import ConfigError, TransformerConfig, preset
 from jaxformer.tokens import NUM_SPECIAL_TOKENS
 from jaxformer.training.sharding import DEFAULT_RULES
@@ -34,11 +35,14 @@ RESUME_FREE = {
 }
 
 
+DEFAULT_VOCAB_SIZE = 8000  # tokenizer.vocab_size's default: a given model's size replaces it
+
+
 def model_section(preset_name: str = "base", **overrides: Any) -> ml_collections.ConfigDict:
     """The `model` section: the preset's name and every TransformerConfig field at the preset's
     value (with `overrides`), so any field can be overridden from the command line."""
     values = preset(preset_name, **overrides).to_dict()
-    for field in ("vocab_size", "deterministic"):  # set from the tokenizer / by the loop
+    for field in ("vocab_size", "source_vocab_size", "deterministic"):  # set from the tokenizers / by the loop
         values.pop(field)
     return ml_collections.ConfigDict({"preset": preset_name, **values})
 
@@ -82,7 +86,9 @@ def default_config() -> ml_collections.ConfigDict:
     config.data.input_shards = 0  # slices of each global batch, each read by its own pipeline (0: one per process)
 
     config.tokenizer = ml_collections.ConfigDict()
-    config.tokenizer.vocab_size = 8000  # pieces of each sentencepiece vocabulary trained here, special tokens included
+    # Pieces of each sentencepiece vocabulary trained here, special tokens included (with every
+    # vocabulary given by tokenizer.model_path / target_model_path: the default, or their size).
+    config.tokenizer.vocab_size = DEFAULT_VOCAB_SIZE
     # An existing sentencepiece model used instead of training one (its special pieces are moved
     # to jaxformer's ids); with separate vocabularies, the source side's.
     config.tokenizer.model_path = ml_collections.FieldReference(None, field_type=str)
@@ -286,18 +292,59 @@ def validate(config: ml_collections.ConfigDict) -> None:
     for rule in config.mesh.logical_axis_rules:
         if not (isinstance(rule, (tuple, list)) and len(rule) == 2 and isinstance(rule[0], str)):
             raise ConfigError(f"config mesh.logical_axis_rules: {rule!r} is not a (logical name, mesh axes) pair")
-    model_config(config, vocab_size=config.tokenizer.vocab_size)
+    source_size, target_size = vocabulary_sizes(config)
+    model_config(config, target_size, source_size if config.tokenizer.separate_vocabularies else None)
 
 
-def model_config(config: ml_collections.ConfigDict, vocab_size: int) -> TransformerConfig:
-    """The TransformerConfig of an experiment, its vocabulary taken from the tokenizer."""
-    values = dict(config.model)
-    if values.get("vocab_size", vocab_size) != vocab_size:
+def vocabulary_sizes(config: ml_collections.ConfigDict) -> tuple[int, int]:
+    """(source, target) vocabulary sizes of the run: tokenizer.vocab_size for a vocabulary trained
+    here, the piece count of a given model (tokenizer.model_path / target_model_path) otherwise;
+    the same number twice for a shared vocabulary. Reads (and converts) the given models, so a
+    missing or unusable file, or a contradicting tokenizer.vocab_size, is an error before any
+    data is prepared."""
+    section = config.tokenizer
+    if section.target_model_path is not None and not section.separate_vocabularies:
         raise ConfigError(
-            f"model.vocab_size={values['vocab_size']} differs from the tokenizer's {vocab_size} pieces; "
-            "set tokenizer.vocab_size instead"
+            f"config tokenizer.target_model_path={section.target_model_path!r} needs "
+            "--config.tokenizer.separate_vocabularies=True (a shared vocabulary is tokenizer.model_path)"
         )
+    if section.separate_vocabularies and config.model.get("share_embeddings", True):
+        raise ConfigError(
+            "config tokenizer.separate_vocabularies=True gives source and target their own embedding matrices: "
+            "set --config.model.share_embeddings=False"
+        )
+    paths = {"model_path": section.model_path}
+    if section.separate_vocabularies:
+        paths["target_model_path"] = section.target_model_path
+    given = {key: Tokenizer.from_sentencepiece_file(path).vocab_size for key, path in paths.items() if path is not None}
+    if len(given) == len(paths) and section.vocab_size != DEFAULT_VOCAB_SIZE:  # nothing is trained here
+        for key, size in given.items():
+            if size != section.vocab_size:
+                raise ConfigError(
+                    f"config tokenizer.vocab_size={section.vocab_size}, but tokenizer.{key} {paths[key]} has "
+                    f"{size} pieces (jaxformer's special pieces included) and no vocabulary is trained here: "
+                    f"set tokenizer.vocab_size={size} or leave it at its default {DEFAULT_VOCAB_SIZE}"
+                )
+    source = given.get("model_path", section.vocab_size)
+    target = given.get("target_model_path", section.vocab_size) if section.separate_vocabularies else source
+    return source, target
+
+
+def model_config(
+    config: ml_collections.ConfigDict, vocab_size: int, source_vocab_size: int | None = None
+) -> TransformerConfig:
+    """The TransformerConfig of an experiment, its vocabulary sizes taken from the tokenizers:
+    `vocab_size` the shared (or target) one's, `source_vocab_size` the source one's when the
+    vocabularies are separate (None: shared)."""
+    values = dict(config.model)
+    for key, size in (("vocab_size", vocab_size), ("source_vocab_size", source_vocab_size)):
+        if values.get(key, size) != size:
+            raise ConfigError(
+                f"model.{key}={values[key]} differs from the tokenizer's {size} pieces; set tokenizer.vocab_size "
+                "(or give the tokenizer's model) instead"
+            )
     values["vocab_size"] = vocab_size
+    values["source_vocab_size"] = source_vocab_size
     return TransformerConfig.from_dict(values)
 
 

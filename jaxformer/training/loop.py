@@ -7,11 +7,13 @@ periodic work (log, evaluate, BLEU, checkpoint) scheduled by `periodic.itstime`.
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import logging
 import math
 import pathlib
 import time
+from collections.abc import Sequence
 from typing import Any
 
 import flax.linen as nn
@@ -30,10 +32,11 @@ from jaxformer.run.directory import RunDirectory
 from jaxformer.run.lock import WorkdirLock, WorkdirLockedError
 from jaxformer.run.metadata import CheckpointMetadata
 from jaxformer.training import experiment, sharding
+from jaxformer.training.init_from import StartingPoint, load_starting_point, starting_params
 from jaxformer.training.metrics import MetricWriter, summarize
 from jaxformer.training.optimizer import make_optimizer
 from jaxformer.training.periodic import Periodic, run_due
-from jaxformer.training.run_tokenizer import tokenizer_for_run
+from jaxformer.training.run_tokenizer import RunTokenizers, tokenizer_for_run
 from jaxformer.training.signals import StopRequest
 from jaxformer.training.state import count_parameters, make_init_fn
 from jaxformer.training.step import make_eval_step, make_train_step
@@ -165,7 +168,7 @@ def _check_same_run(workdir: pathlib.Path, saved: CheckpointMetadata | None, con
 def _prepare_data(data: ml_collections.ConfigDict) -> tuple[Any, Any, Any]:
     """(builder, training split, evaluation split) of the `data` section, prepared once for all processes."""
     languages = (data.source_language, data.target_language)
-    builder = get_builder(data.name, data.data_dir, data.raw_dir, data.download)
+    builder = get_builder(data)
     if jax.process_count() > 1:  # one process prepares the dataset, the others wait and read it
         if jax.process_index() == 0:
             builder.download_and_prepare()
@@ -198,6 +201,19 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str | pathlib
         lock.release()
 
 
+@dataclasses.dataclass(frozen=True)
+class PreparedRun:
+    """What a run has ready before its model is built and its state restored or initialised."""
+
+    directory: RunDirectory
+    checkpointer: Checkpointer
+    tokenizers: RunTokenizers
+    metadata: CheckpointMetadata  # written with every checkpoint (each save sets its step)
+    train_source: Sequence
+    eval_source: Sequence
+    starting_point: StartingPoint | None  # fine-tuning from another run; None when resuming or from scratch
+
+
 def _locked_train_and_evaluate(config: ml_collections.ConfigDict, workdir: pathlib.Path) -> dict[str, Any]:
     data, training = config.data, config.training
     logging.info("%s (all keys: --print_config)", experiment.describe(config))
@@ -208,6 +224,9 @@ def _locked_train_and_evaluate(config: ml_collections.ConfigDict, workdir: pathl
     latest = checkpointer.latest_step_metadata()
     saved = None if latest is None else latest[1]
     _check_same_run(workdir, saved, config)
+    if latest is not None and training.init_from is not None:
+        logging.info("resuming this workdir's run; training.init_from only sets where a new run starts")
+    starting_point = load_starting_point(training) if latest is None else None
 
     mesh = sharding.make_mesh(config.mesh.shape)
     rules = sharding.rules_from_config(config.mesh.logical_axis_rules)
@@ -222,36 +241,33 @@ def _locked_train_and_evaluate(config: ml_collections.ConfigDict, workdir: pathl
             f"{workdir} was trained on other data files (fingerprint {saved.data_fingerprint}) than "
             f"{builder.name} has now ({fingerprint}); restore the files or use a new workdir"
         )
-    saved_tokenizer = (
-        None if latest is None else (saved.tokenizer, f"checkpoint {latest[0]} of {checkpointer.directory}")
-    )
-    tokenizer = tokenizer_for_run(config, run.tokenizer_file, train_source, saved_tokenizer)
+    if latest is not None:
+        saved_tokenizers = (saved, f"checkpoint {latest[0]} of {checkpointer.directory}")
+    elif starting_point is not None:  # the parameters' embeddings belong to that run's tokenizer
+        saved_tokenizers = (starting_point.metadata, f"the fine-tuning start, {starting_point.where}")
+    else:
+        saved_tokenizers = None
+    tokenizers = tokenizer_for_run(config, run, train_source, saved_tokenizers)
 
-    model_config = experiment.model_config(config, tokenizer.vocab_size)
-    metadata = CheckpointMetadata(  # each save sets its step
+    model_config = experiment.model_config(
+        config, tokenizers.target.vocab_size, None if tokenizers.shared else tokenizers.source.vocab_size
+    )
+    metadata = CheckpointMetadata(
         config=config.to_dict(),
         model=model_config.to_dict(),
-        tokenizer=tokenizer.model_proto,
+        tokenizer=tokenizers.source.model_proto,
+        target_tokenizer=None if tokenizers.shared else tokenizers.target.model_proto,
         data_fingerprint=fingerprint,
         step=0,
     )
+    prepared = PreparedRun(run, checkpointer, tokenizers, metadata, train_source, eval_source, starting_point)
     with jax.set_mesh(mesh), nn.logical_axis_rules(rules):
-        return _train(
-            config,
-            run,
-            mesh,
-            rules,
-            Transformer(model_config),
-            checkpointer,
-            tokenizer,
-            metadata,
-            train_source,
-            eval_source,
-        )
+        return _train(config, prepared, Transformer(model_config), mesh, rules)
 
 
-def _train(config, run: RunDirectory, mesh, rules, model, checkpointer, tokenizer, metadata, train_source, eval_source):
+def _train(config, prepared: PreparedRun, model: Transformer, mesh, rules) -> dict[str, Any]:
     data, training = config.data, config.training
+    run, checkpointer, tokenizers = prepared.directory, prepared.checkpointer, prepared.tokenizers
     optimizer, learning_rate = make_optimizer(config.optimizer, model.config.d_model)
     boxed_state = jax.eval_shape(
         make_init_fn(model, optimizer, data.max_length, data.max_length, boxed=True), training.seed
@@ -260,6 +276,9 @@ def _train(config, run: RunDirectory, mesh, rules, model, checkpointer, tokenize
     abstract_state = sharding.abstract_with_shardings(sharding.strip_boxes(boxed_state), state_shardings)
     init_fn = make_init_fn(model, optimizer, data.max_length, data.max_length)
     logging.info("model: %s parameters", f"{count_parameters(abstract_state.params):,}")
+    initial_params = None  # fine-tuning: checked against this model before anything is compiled
+    if prepared.starting_point is not None:
+        initial_params = starting_params(prepared.starting_point, abstract_state.params, model.config.scan_layers)
     batch_sharding = sharding.batch_sharding(mesh, rules)
     replicated = sharding.replicated(mesh)
 
@@ -269,22 +288,25 @@ def _train(config, run: RunDirectory, mesh, rules, model, checkpointer, tokenize
         [
             iter(
                 train_dataset(
-                    train_source,
-                    tokenizer,
+                    prepared.train_source,
+                    tokenizers.source,
                     data,
                     length_filter=length_filter,
                     shard_index=shard,
                     shard_count=shard_count,
+                    target_tokenizer=tokenizers.target,
                 )
             )
             for shard in my_shards
         ]
     )
-    eval_data = eval_batches(eval_source, tokenizer, data)
+    eval_data = eval_batches(prepared.eval_source, tokenizers.source, data, tokenizers.target)
 
     restored = checkpointer.restore_latest(abstract_state, train_iterator)
     if restored is None:
         state, step = jax.jit(init_fn, out_shardings=state_shardings)(training.seed), 0
+        if initial_params is not None:
+            state = state.replace(params=jax.device_put(initial_params, state_shardings.params))
     else:
         step, state, _ = restored
         logging.info("resumed from step %d of %s", step, checkpointer.directory)
@@ -301,7 +323,11 @@ def _train(config, run: RunDirectory, mesh, rules, model, checkpointer, tokenize
         out_shardings=replicated,
     )
 
-    validator = BleuValidator(config, model.config, tokenizer, eval_source, run) if training.bleu_every_steps else None
+    validator = (
+        BleuValidator(config, model.config, tokenizers.source, prepared.eval_source, run, tokenizers.target)
+        if training.bleu_every_steps
+        else None
+    )
     writer = MetricWriter(run)
     progress = tqdm.tqdm(
         total=training.num_train_steps,
@@ -330,12 +356,12 @@ def _train(config, run: RunDirectory, mesh, rules, model, checkpointer, tokenize
 
     def validate_bleu(step: int) -> None:
         train_metrics.flush()
-        last["bleu"] = validator(step, state.params, metadata)
+        last["bleu"] = validator(step, state.params, prepared.metadata)
         writer.write(step, last["bleu"], prefix="eval/")
 
     def save(step: int) -> None:
         train_metrics.flush()  # never checkpoint past a NaN
-        checkpointer.save(step, state, train_iterator, metadata.replace(step=step))
+        checkpointer.save(step, state, train_iterator, prepared.metadata.replace(step=step))
 
     periodic = [
         Periodic("log", training.log_every_steps, lambda step: train_metrics.flush(), at_last_step=False),
@@ -343,6 +369,8 @@ def _train(config, run: RunDirectory, mesh, rules, model, checkpointer, tokenize
         Periodic("bleu", training.bleu_every_steps if validator else 0, validate_bleu),
         Periodic("checkpoint", training.checkpoint_every_steps, save),
     ]
+    if prepared.starting_point is not None and step == 0:
+        evaluate(0)  # where fine-tuning starts: the starting model on this run's validation data
     with StopRequest() as stop:
         try:
             while step < training.num_train_steps and not stop.requested:
@@ -372,6 +400,7 @@ def _train(config, run: RunDirectory, mesh, rules, model, checkpointer, tokenize
     if train_metrics.last is not None:
         last["train"] = train_metrics.last
     last["step"] = step
+    last["first_step"] = 0 if restored is None else restored[0]  # where this run started or resumed
     if stopped_early:
         last["stopped_by_signal"] = stop.signum
     if jax.process_index() == 0:

@@ -1,8 +1,12 @@
-"""The run's tokenizer: trained once per workdir on the training split, then reused; on resume
-it must be the one stored in the checkpoint (restored from there when the file is gone)."""
+"""The run's tokenizers: one shared vocabulary (the default) or a source and a target one
+(tokenizer.separate_vocabularies). Each is trained once per workdir on the training split (the
+shared one on both sides' text, a separate one on its own side's), or converted from a given
+sentencepiece model (tokenizer.model_path / target_model_path), then reused; on resume each
+must be the one stored in the checkpoint (restored from there when the file is gone)."""
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import pathlib
 from collections.abc import Iterator, Sequence
@@ -13,6 +17,20 @@ import ml_collections
 from jaxformer.data.pipeline import record_text
 from jaxformer.data.tokenizer import Tokenizer, TokenizerError, train_tokenizer
 from jaxformer.errors import CheckpointError
+from jaxformer.run.directory import RunDirectory
+from jaxformer.run.metadata import CheckpointMetadata
+
+
+@dataclasses.dataclass(frozen=True)
+class RunTokenizers:
+    """The source and target tokenizers of a run: the same object for a shared vocabulary."""
+
+    source: Tokenizer
+    target: Tokenizer
+
+    @property
+    def shared(self) -> bool:
+        return self.target is self.source
 
 
 def _checked_against_checkpoint(path: pathlib.Path, saved_proto: bytes, where: str) -> Tokenizer:
@@ -52,31 +70,57 @@ def _sentences(train_source: Sequence, languages: Sequence[str]) -> Iterator[str
                 yield record_text(record, language)
 
 
-def tokenizer_for_run(
+def _one_tokenizer(
     config: ml_collections.ConfigDict,
     path: pathlib.Path,
+    languages: Sequence[str],
+    model_key: str,
     train_source: Sequence,
     saved: tuple[bytes, str] | None,
 ) -> Tokenizer:
-    """The tokenizer at `path`, trained there first if missing. `saved` is (the sentencepiece
-    model stored in the newest checkpoint, a description of that checkpoint) when resuming.
-    `config` is the experiment config (its tokenizer and data sections)."""
+    """The tokenizer at `path`: checked against the checkpoint's (`saved`: its model, where),
+    loaded, or made there first: converted from tokenizer.`model_key` when that is set, else
+    trained on the `languages` sides of the training split."""
+    section = config.tokenizer
+    model_path = section[model_key]
     if saved is not None:
         tokenizer = _checked_against_checkpoint(path, *saved)
     elif path.exists():
         tokenizer = Tokenizer.load(path)
     else:
         tokenizer = None
-    if tokenizer is not None:
-        if tokenizer.vocab_size != config.tokenizer.vocab_size:
+    if model_path is not None:
+        given = Tokenizer.from_sentencepiece_file(model_path)
+        if tokenizer is None:
+            if section.vocab_size != given.vocab_size:
+                logging.info(
+                    "tokenizer.%s %s has %d pieces (jaxformer's special pieces included); it replaces "
+                    "tokenizer.vocab_size=%d for this vocabulary",
+                    model_key,
+                    model_path,
+                    given.vocab_size,
+                    section.vocab_size,
+                )
+            if jax.process_index() == 0:
+                given.save(path)
+                logging.info("converted %s to jaxformer's special ids, saved to %s", model_path, path)
+            return given
+        if given.model_proto != tokenizer.model_proto:
+            holder = f"{path}" if saved is None else f"{path} and {saved[1]}"
             raise CheckpointError(
-                f"{path} has {tokenizer.vocab_size} pieces but tokenizer.vocab_size={config.tokenizer.vocab_size}; "
+                f"tokenizer.{model_key} {model_path} has changed: it does not convert to the tokenizer in {holder}; "
+                "restore that file, or use a new workdir"
+            )
+        return tokenizer
+    if tokenizer is not None:
+        if tokenizer.vocab_size != section.vocab_size:
+            raise CheckpointError(
+                f"{path} has {tokenizer.vocab_size} pieces but tokenizer.vocab_size={section.vocab_size}; "
                 "use a new workdir to train a new tokenizer"
             )
         return tokenizer
-    section = config.tokenizer
     tokenizer = train_tokenizer(
-        _sentences(train_source, (config.data.source_language, config.data.target_language)),
+        _sentences(train_source, languages),
         section.vocab_size,
         section.model_type,
         section.character_coverage,
@@ -84,5 +128,43 @@ def tokenizer_for_run(
     )
     if jax.process_index() == 0:  # training is deterministic: every process holds the same model
         tokenizer.save(path)
-        logging.info("trained a %d-piece tokenizer, saved to %s", tokenizer.vocab_size, path)
+        logging.info(
+            "trained a %d-piece tokenizer on the %s text, saved to %s", tokenizer.vocab_size, "+".join(languages), path
+        )
     return tokenizer
+
+
+def tokenizer_for_run(
+    config: ml_collections.ConfigDict,
+    run: RunDirectory,
+    train_source: Sequence,
+    saved: tuple[CheckpointMetadata, str] | None,
+) -> RunTokenizers:
+    """The run's tokenizers, in `run.tokenizer_file` (shared or source) and, with separate
+    vocabularies, `run.target_tokenizer_file`. `saved` is (a checkpoint's metadata, a description
+    of that checkpoint) when the parameters come from one: the newest on resume, the fine-tuning
+    start's otherwise. `config` is the experiment config (its tokenizer and data sections)."""
+    run = RunDirectory(run)
+    data = config.data
+    source_saved = target_saved = None
+    if saved is not None:
+        metadata, where = saved
+        separate = metadata.target_tokenizer is not None
+        if separate != bool(config.tokenizer.separate_vocabularies):
+            raise CheckpointError(
+                f"{where} has {'separate source and target vocabularies' if separate else 'one shared vocabulary'}, "
+                f"but tokenizer.separate_vocabularies={config.tokenizer.separate_vocabularies}"
+            )
+        source_saved = (metadata.tokenizer, where)
+        target_saved = None if metadata.target_tokenizer is None else (metadata.target_tokenizer, where)
+    if not config.tokenizer.separate_vocabularies:
+        languages = (data.source_language, data.target_language)
+        shared = _one_tokenizer(config, run.tokenizer_file, languages, "model_path", train_source, source_saved)
+        return RunTokenizers(shared, shared)
+    source = _one_tokenizer(
+        config, run.tokenizer_file, (data.source_language,), "model_path", train_source, source_saved
+    )
+    target = _one_tokenizer(
+        config, run.target_tokenizer_file, (data.target_language,), "target_model_path", train_source, target_saved
+    )
+    return RunTokenizers(source, target)

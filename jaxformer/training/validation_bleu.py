@@ -32,7 +32,8 @@ def decode_settings(config: ml_collections.ConfigDict) -> DecodeSettings:
 
 class BleuValidator:
     """Translates the first `training.bleu_examples` validation pairs with the current parameters,
-    scores them with sacreBLEU, and saves the parameters to workdir/best when BLEU improves."""
+    scores them with sacreBLEU, and saves the parameters to workdir/best when BLEU improves.
+    `tokenizer` encodes the sources; `target_tokenizer` (separate vocabularies) decodes the output."""
 
     def __init__(
         self,
@@ -41,6 +42,7 @@ class BleuValidator:
         tokenizer: Tokenizer,
         eval_source,
         workdir: str | os.PathLike,
+        target_tokenizer: Tokenizer | None = None,
     ):
         data = config.data
         count = config.training.bleu_examples or len(eval_source)
@@ -48,7 +50,12 @@ class BleuValidator:
         self.sources = [record_text(record, data.source_language) for record in records]
         self.references = [record_text(record, data.target_language) for record in records]
         self.translator = Translator(
-            model_config, None, tokenizer, decode_settings(config), batch_size=config.decoding.batch_size
+            model_config,
+            None,
+            tokenizer,
+            decode_settings(config),
+            batch_size=config.decoding.batch_size,
+            target_tokenizer=target_tokenizer,
         )
         self.best = Checkpointer(RunDirectory(workdir).best, keep=1)
         best = self.best.latest_metadata()

@@ -133,7 +133,10 @@ def test_missing_inputs_and_workdirs_are_named(tmp_path, capsys, no_decoding):
 )
 def test_bad_config_values_are_one_line_before_any_work(overrides, message, tmp_path, capsys):
     workdir = tmp_path / "run"
-    assert train.main(["--config", str(ROOT / "configs" / "tiny.py"), "--workdir", str(workdir), *overrides]) == 2
+    assert (
+        train.main(["--config", str(ROOT / "jaxformer" / "configs" / "tiny.py"), "--workdir", str(workdir), *overrides])
+        == 2
+    )
     error = capsys.readouterr().err
     assert error.startswith(f"error: {message}") and error.count("\n") == 1, error
     assert not workdir.exists()

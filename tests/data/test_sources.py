@@ -16,6 +16,15 @@ from jaxformer.data.tokenizer import train_tokenizer
 from jaxformer.training.experiment import default_config
 
 
+def section(name, **values):
+    """The data section that get_builder reads: the defaults, with `name` and `values`."""
+    data = default_config().data
+    data.name = name
+    for key, value in values.items():
+        data[key] = value
+    return data
+
+
 def write_raw_corpus(directory, pairs_per_split=3, broken=None):
     directory.mkdir(parents=True, exist_ok=True)
     for prefix in multi30k.SPLIT_FILES.values():
@@ -30,7 +39,7 @@ def write_raw_corpus(directory, pairs_per_split=3, broken=None):
 
 def test_multi30k_builder_keeps_order_and_splits(tmp_path):
     raw = write_raw_corpus(tmp_path / "raw")
-    builder = get_builder("multi30k", data_dir=str(tmp_path / "tfds"), raw_dir=str(raw))
+    builder = get_builder(section("multi30k", data_dir=str(tmp_path / "tfds"), raw_dir=str(raw)))
     source = load_split(builder, "test_2016_flickr", ("en", "de"))
     assert len(source) == 3
     assert [source[i]["en"] for i in range(3)] == [f"test_2016_flickr en sentence {i}".encode() for i in range(3)]
@@ -44,12 +53,12 @@ def test_multi30k_builder_keeps_order_and_splits(tmp_path):
 
 def test_multi30k_builder_reports_bad_files(tmp_path):
     raw = write_raw_corpus(tmp_path / "raw", broken=(("val", "de"), lambda lines: lines[:-1]))
-    builder = get_builder("multi30k", data_dir=str(tmp_path / "tfds"), raw_dir=str(raw))
+    builder = get_builder(section("multi30k", data_dir=str(tmp_path / "tfds"), raw_dir=str(raw)))
     with pytest.raises(DataError, match=r"val\.en\.gz has 3 lines, .*val\.de\.gz has 2"):
         builder.download_and_prepare()
     (raw / "train.en.gz").unlink()
     with pytest.raises(DataError, match=r"not found: .*train\.en\.gz"):
-        get_builder("multi30k", data_dir=str(tmp_path / "tfds2"), raw_dir=str(raw)).download_and_prepare()
+        get_builder(section("multi30k", data_dir=str(tmp_path / "tfds2"), raw_dir=str(raw))).download_and_prepare()
 
 
 def test_vendored_multi30k_is_complete(tmp_path):
@@ -70,7 +79,7 @@ def test_vendored_multi30k_is_complete(tmp_path):
 
 def test_wmt_builders_through_tfds_mock_data():
     with tfds.testing.mock_data(num_examples=6, policy=tfds.testing.MockPolicy.USE_CODE):
-        builder = get_builder("wmt14_translate/de-en", data_dir=None)
+        builder = get_builder(section("wmt14_translate/de-en", data_dir=None))
         assert set(builder.info.features.keys()) == {"de", "en"}
         source = load_split(builder, "train", ("en", "de"))
         assert len(source) == 6
@@ -85,7 +94,7 @@ def test_wmt_builders_through_tfds_mock_data():
 
 def test_raw_dir_is_for_multi30k_only():
     with pytest.raises(DataError, match="multi30k only"):
-        get_builder("wmt17_translate/de-en", raw_dir="/somewhere")
+        get_builder(section("wmt17_translate/de-en", raw_dir="/somewhere"))
 
 
 # -- prepared data keyed by its source files (issue 14) ----------------------------------------
@@ -109,14 +118,14 @@ def read_split(builder, split="train"):
 def test_raw_dir_beside_prepared_vendored_copy_reads_the_users_files(data_dir, tmp_path, caplog):
     tfds_dir = tmp_path / "tfds"
     shutil.copytree(data_dir, tfds_dir)  # the vendored copy, already prepared (copied: the fixture is shared)
-    vendored = get_builder("multi30k", data_dir=str(tfds_dir))
+    vendored = get_builder(section("multi30k", data_dir=str(tfds_dir)))
     assert vendored.data_path.exists()
     # What the code before the fingerprint wrote: <data_dir>/multi30k/1.0.0, also ignored now.
     shutil.copytree(vendored.data_path, tfds_dir / "multi30k" / "1.0.0")
     raw = write_corpus(tmp_path / "raw")
 
     with caplog.at_level(logging.INFO):
-        builder = get_builder("multi30k", data_dir=str(tfds_dir), raw_dir=str(raw))
+        builder = get_builder(section("multi30k", data_dir=str(tfds_dir), raw_dir=str(raw)))
         assert read_split(builder) == [f"train en user sentence {i}" for i in range(3)]
     assert builder.data_dir != vendored.data_dir
     assert builder.builder_config.name == "files-" + builder.fingerprint[len("sha256:") :][:12]
@@ -135,7 +144,7 @@ def test_raw_dir_beside_prepared_vendored_copy_reads_the_users_files(data_dir, t
 
 def test_a_changed_file_of_the_same_size_gets_its_own_prepared_copy(tmp_path):
     raw = write_corpus(tmp_path / "raw")
-    first = get_builder("multi30k", data_dir=str(tmp_path / "tfds"), raw_dir=str(raw))
+    first = get_builder(section("multi30k", data_dir=str(tmp_path / "tfds"), raw_dir=str(raw)))
     assert read_split(first) == [f"train en user sentence {i}" for i in range(3)]
 
     path = raw / "train.en.gz"
@@ -150,7 +159,7 @@ def test_a_changed_file_of_the_same_size_gets_its_own_prepared_copy(tmp_path):
     path.write_bytes(new_bytes)
     os.utime(path, ns=(old_stat.st_atime_ns, old_stat.st_mtime_ns))  # same size and same mtime
 
-    second = get_builder("multi30k", data_dir=str(tmp_path / "tfds"), raw_dir=str(raw))
+    second = get_builder(section("multi30k", data_dir=str(tmp_path / "tfds"), raw_dir=str(raw)))
     assert second.fingerprint != first.fingerprint and second.data_dir != first.data_dir
     assert read_split(second) == [f"train en u{letter}er sentence {i}" for i in range(3)]
     assert read_split(first) == [f"train en user sentence {i}" for i in range(3)]  # the old copy stays itself
@@ -169,7 +178,7 @@ def _tamper_record(builder, edit):
 
 def test_the_stored_fingerprint_is_checked_and_a_bad_copy_prepared_again(tmp_path, caplog):
     raw = write_corpus(tmp_path / "raw")
-    builder = get_builder("multi30k", data_dir=str(tmp_path / "tfds"), raw_dir=str(raw))
+    builder = get_builder(section("multi30k", data_dir=str(tmp_path / "tfds"), raw_dir=str(raw)))
     read_split(builder)
     good = _record(builder)
     assert good["fingerprint"] == builder.fingerprint and good["config"] == builder.builder_config.name
@@ -188,7 +197,7 @@ def test_the_stored_fingerprint_is_checked_and_a_bad_copy_prepared_again(tmp_pat
     for expected, edit in tampering.items():
         _tamper_record(builder, edit)
         caplog.clear()
-        again = get_builder("multi30k", data_dir=str(tmp_path / "tfds"), raw_dir=str(raw))
+        again = get_builder(section("multi30k", data_dir=str(tmp_path / "tfds"), raw_dir=str(raw)))
         with caplog.at_level(logging.WARNING):
             assert read_split(again) == [f"train en user sentence {i}" for i in range(3)]
         warnings = [
@@ -208,20 +217,20 @@ def test_the_stored_fingerprint_is_checked_and_a_bad_copy_prepared_again(tmp_pat
         damage()
         caplog.clear()
         with caplog.at_level(logging.WARNING):
-            again = get_builder("multi30k", data_dir=str(tmp_path / "tfds"), raw_dir=str(raw))
+            again = get_builder(section("multi30k", data_dir=str(tmp_path / "tfds"), raw_dir=str(raw)))
             assert read_split(again) == [f"train en user sentence {i}" for i in range(3)]
         assert any(expected in r.getMessage() and "preparing it again" in r.getMessage() for r in caplog.records)
         assert fingerprint.prepared_differences(again.data_path, _record(again)) == []
 
     caplog.clear()  # a sound copy is used as it is, quietly
     with caplog.at_level(logging.WARNING):
-        read_split(get_builder("multi30k", data_dir=str(tmp_path / "tfds"), raw_dir=str(raw)))
+        read_split(get_builder(section("multi30k", data_dir=str(tmp_path / "tfds"), raw_dir=str(raw))))
     assert not [r for r in caplog.records if r.levelno >= logging.WARNING and "multi30k" in r.getMessage()]
 
 
 def test_files_changed_while_preparing_are_an_error(tmp_path, monkeypatch):
     raw = write_corpus(tmp_path / "raw")
-    builder = get_builder("multi30k", data_dir=str(tmp_path / "tfds"), raw_dir=str(raw))
+    builder = get_builder(section("multi30k", data_dir=str(tmp_path / "tfds"), raw_dir=str(raw)))
     real = multi30k.read_parallel_lines
 
     def read_then_edit(english, german, *args):
@@ -244,23 +253,23 @@ def test_download_fingerprints_the_downloaded_files(tmp_path, monkeypatch):
         return {name: str(raw / url.rsplit("/", 1)[1]) for name, url in urls.items()}
 
     monkeypatch.setattr(tfds.download.DownloadManager, "download", fake_download)
-    builder = get_builder("multi30k", data_dir=str(tmp_path / "tfds"), download=True)
+    builder = get_builder(section("multi30k", data_dir=str(tmp_path / "tfds"), download=True))
     assert builder.builder_config.name.startswith("download-") and builder.fingerprint is None
     assert read_split(builder) == [f"train en user sentence {i}" for i in range(3)]
     assert len(fetched) == 1 and fetched[0]["train.en.gz"] == multi30k.DOWNLOAD_URL.format(
         prefix="train", language="en"
     )
-    local = get_builder("multi30k", data_dir=str(tmp_path / "tfds"), raw_dir=str(raw))
+    local = get_builder(section("multi30k", data_dir=str(tmp_path / "tfds"), raw_dir=str(raw)))
     assert builder.fingerprint == local.fingerprint  # same bytes, same fingerprint
     assert _record(builder)["fingerprint"] == builder.fingerprint
 
-    again = get_builder("multi30k", data_dir=str(tmp_path / "tfds"), download=True)  # reused, from the record
+    again = get_builder(section("multi30k", data_dir=str(tmp_path / "tfds"), download=True))  # reused, from the record
     assert read_split(again, "validation") == [f"val en user sentence {i}" for i in range(3)]
     assert again.fingerprint == builder.fingerprint and len(fetched) == 1
 
 
 def test_builder_pickles_with_its_source(tmp_path):
     raw = write_corpus(tmp_path / "raw")
-    builder = get_builder("multi30k", data_dir=str(tmp_path / "tfds"), raw_dir=str(raw))
+    builder = get_builder(section("multi30k", data_dir=str(tmp_path / "tfds"), raw_dir=str(raw)))
     copy = pickle.loads(pickle.dumps(builder))
     assert copy.data_dir == builder.data_dir and copy.fingerprint == builder.fingerprint

@@ -35,7 +35,7 @@ def test_rejects_models_with_other_special_ids(tmp_path):
 
     model = io.BytesIO()
     spm.SentencePieceTrainer.train(sentence_iterator=iter(SENTENCES), model_writer=model, vocab_size=60, minloglevel=2)
-    with pytest.raises(ValueError, match=r"\(pad, eos, unk, bos\) ids"):
+    with pytest.raises(ValueError, match=r"\(pad, eos, unk, bos\) ids.*Tokenizer.from_sentencepiece_file"):
         Tokenizer(model.getvalue())
 
 

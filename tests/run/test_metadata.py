@@ -9,6 +9,7 @@ import shutil
 
 import pytest
 
+from jaxformer.data.tokenizer import TokenizerError
 from jaxformer.errors import CheckpointError
 from jaxformer.run.checksums import _metadata_digest
 from jaxformer.run.directory import CHECKPOINT_KINDS, RunDirectory
@@ -40,6 +41,7 @@ def test_run_directory_layout(tmp_path):
         tmp_path / "averaged",
     )
     assert run.lock_file == tmp_path / "lock" and run.tokenizer_file == tmp_path / "tokenizer.model"
+    assert run.target_tokenizer_file == tmp_path / "tokenizer.target.model"
     assert run.metrics_file == tmp_path / "metrics.jsonl" and run.tensorboard_dir == tmp_path / "tensorboard"
     assert run.last_metrics_file == tmp_path / "last_metrics.json"
     with pytest.raises(ValueError, match="choose one of latest, best, averaged or a step number"):
@@ -65,6 +67,10 @@ def test_metadata_round_trips_through_json():
     assert json.loads(json.dumps(averaged.to_json()))["averaged_steps"] == [5, 6, 7]
     assert CheckpointMetadata.from_json(json.loads(json.dumps(averaged.to_json())), "here") == averaged
     assert METADATA.step == 7 and best.step == 9  # replace makes a copy
+    assert METADATA.target_tokenizer is None  # one shared vocabulary: no key written
+    separate = METADATA.replace(target_tokenizer=b"\x0a\x0ctarget")
+    assert json.loads(json.dumps(separate.to_json()))["target_tokenizer"] == "Cgx0YXJnZXQ="
+    assert CheckpointMetadata.from_json(json.loads(json.dumps(separate.to_json())), "here") == separate
 
 
 def test_metadata_from_older_and_newer_writers():
@@ -72,6 +78,8 @@ def test_metadata_from_older_and_newer_writers():
     metadata = CheckpointMetadata.from_json(old, "old")
     assert metadata.data_fingerprint is None and metadata.tokenizer == b"\0\0\0" and metadata.bleu is None
     assert CheckpointMetadata.from_json({**old, "bleu": 20, "written_by": "a later version"}, "new").bleu == 20.0
+    assert metadata.target_tokenizer is None  # checkpoints from before separate vocabularies: shared
+    assert CheckpointMetadata.from_json({**old, "target_tokenizer": None}, "old").target_tokenizer is None
 
 
 @pytest.mark.parametrize(
@@ -83,6 +91,8 @@ def test_metadata_from_older_and_newer_writers():
         ({"config": [1]}, "key 'config' holds a JSON array, not an object"),
         ({"tokenizer": 12}, "key 'tokenizer' holds a JSON integer, not a base64 string"),
         ({"tokenizer": "not base64!"}, "key 'tokenizer' is not valid base64"),
+        ({"target_tokenizer": 12}, "key 'target_tokenizer' holds a JSON integer, not a base64 string"),
+        ({"target_tokenizer": "not base64!"}, "key 'target_tokenizer' is not valid base64"),
         ({"data_fingerprint": 5}, "key 'data_fingerprint' holds a JSON integer, not a string"),
         ({"bleu": "high"}, "key 'bleu' holds a JSON string, not a number"),
         ({"averaged_steps": [1, "2"]}, "key 'averaged_steps' holds something other than integer steps"),
@@ -113,6 +123,20 @@ def test_metadata_helpers_build_the_model_config_and_tokenizer(run):
     assert step == 5 and params is None
     assert metadata.model_config().vocab_size == tokenizer.vocab_size == metadata.model_config().to_dict()["vocab_size"]
     assert metadata.load_tokenizer().model_proto == tokenizer.model_proto
+    assert metadata.load_target_tokenizer().model_proto == tokenizer.model_proto  # shared: the same model
+    assert metadata.model_config().source_vocab_size is None
+
+
+def test_separate_target_tokenizer_is_loaded_from_the_metadata(run):
+    from jaxformer.data.tokenizer import train_tokenizer
+    from tests.conftest import read_raw
+
+    target = train_tokenizer(read_raw("train.de.gz", 1000), vocab_size=200)
+    metadata = METADATA.replace(tokenizer=run[1].model_proto, target_tokenizer=target.model_proto)
+    assert metadata.load_tokenizer().model_proto == run[1].model_proto
+    assert metadata.load_target_tokenizer().model_proto == target.model_proto
+    with pytest.raises(TokenizerError):
+        METADATA.replace(target_tokenizer=b"\0\0\0").load_target_tokenizer()
 
 
 @pytest.mark.parametrize("checksummed", [True, False])

@@ -23,7 +23,7 @@ def run(workdir, data_dir, devices, *overrides, extra_env=None, background=False
         sys.executable,
         str(ROOT / "train.py"),
         "--config",
-        str(ROOT / "configs" / "tiny.py"),
+        str(ROOT / "jaxformer" / "configs" / "tiny.py"),
         "--workdir",
         str(workdir),
         f"--config.data.data_dir={data_dir}",

@@ -6,7 +6,7 @@ import pytest
 from jaxformer.model.config import ConfigError, preset
 from jaxformer.training import experiment
 
-CONFIG_DIR = pathlib.Path(__file__).parents[2] / "configs"
+CONFIG_DIR = pathlib.Path(__file__).parents[2] / "jaxformer" / "configs"
 
 
 def load(name):
@@ -16,7 +16,7 @@ def load(name):
     return module.get_config()
 
 
-@pytest.mark.parametrize("name", sorted(path.stem for path in CONFIG_DIR.glob("*.py")))
+@pytest.mark.parametrize("name", sorted(path.stem for path in CONFIG_DIR.glob("*.py") if not path.stem.startswith("_")))
 def test_every_config_file_validates(name):
     config = load(name)
     experiment.validate(config)

@@ -15,7 +15,7 @@ import pytest
 pytestmark = pytest.mark.xdist_group("train-loop")
 
 ROOT = pathlib.Path(__file__).parents[2]
-STEPS = 40  # checkpoints at 20 and 40 (configs/tiny.py)
+STEPS = 40  # checkpoints at 20 and 40 (jaxformer/configs/tiny.py)
 
 
 def command(workdir, data_dir, *overrides):
@@ -23,7 +23,7 @@ def command(workdir, data_dir, *overrides):
         sys.executable,
         str(ROOT / "train.py"),
         "--config",
-        str(ROOT / "configs" / "tiny.py"),
+        str(ROOT / "jaxformer" / "configs" / "tiny.py"),
         "--workdir",
         str(workdir),
         f"--config.data.data_dir={data_dir}",

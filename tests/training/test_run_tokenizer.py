@@ -30,24 +30,25 @@ def test_workdir_tokenizer_is_checked_against_the_checkpoint(tokenizer_run, tmp_
     checkpointer = Checkpointer(RunDirectory(run).checkpoints, keep=None, read_only=True)
     step, metadata = checkpointer.latest_step_metadata()
     checkpointer.close()
-    saved = (metadata.tokenizer, f"checkpoint {step} of {checkpointer.directory}")
+    saved = (metadata, f"checkpoint {step} of {checkpointer.directory}")
     path = RunDirectory(tmp_path).tokenizer_file
 
-    assert tokenizer_for_run(config, path, None, saved).model_proto == tokenizer.model_proto
+    tokenizers = tokenizer_for_run(config, RunDirectory(tmp_path), None, saved)
+    assert tokenizers.shared and tokenizers.source.model_proto == tokenizer.model_proto
     assert path.read_bytes() == tokenizer.model_proto  # restored from the checkpoint
-    assert tokenizer_for_run(config, path, None, saved).model_proto == tokenizer.model_proto
+    assert tokenizer_for_run(config, RunDirectory(tmp_path), None, saved).source.model_proto == tokenizer.model_proto
 
     other.save(path)  # another valid model of the same size
     with pytest.raises(CheckpointError) as raised:
-        tokenizer_for_run(config, path, None, saved)
+        tokenizer_for_run(config, RunDirectory(tmp_path), None, saved)
     message = str(raised.value)
     assert str(path) in message and f"checkpoint 20 of {run / 'checkpoints'}" in message
     assert "delete" in message and "\n" not in message
 
     path.write_bytes(tokenizer.model_proto[: len(tokenizer.model_proto) // 3])  # truncated
     with pytest.raises(CheckpointError) as raised:
-        tokenizer_for_run(config, path, None, saved)
+        tokenizer_for_run(config, RunDirectory(tmp_path), None, saved)
     assert str(path) in str(raised.value) and "delete it" in str(raised.value)
 
     path.unlink()
-    assert tokenizer_for_run(config, path, None, saved).model_proto == tokenizer.model_proto
+    assert tokenizer_for_run(config, RunDirectory(tmp_path), None, saved).source.model_proto == tokenizer.model_proto

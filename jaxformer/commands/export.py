@@ -1,0 +1,105 @@
+"""Export a checkpoint for serving: one directory with the parameters (safetensors), the
+tokenizer, the beam search as a serialized jax.export program and serve.py, a loader that needs
+only jax, numpy and sentencepiece.
+
+jaxformer-export --workdir runs/m30k --checkpoint best --output exports/m30k
+python exports/m30k/serve.py < sentences.en > sentences.de
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import sys
+
+from jaxformer.commands.common import (
+    at_least,
+    check_workdir,
+    checkpoint_choice,
+    make_parser,
+    number,
+    run_command,
+)
+from jaxformer.export.program import KNOWN_PLATFORMS, PLATFORMS
+
+
+def platform_list(text: str) -> tuple[str, ...]:
+    names = tuple(name.strip() for name in text.split(",") if name.strip())
+    unknown = [name for name in names if name not in KNOWN_PLATFORMS]
+    if not names or unknown:
+        raise argparse.ArgumentTypeError(
+            f"must be a comma-separated list of {', '.join(KNOWN_PLATFORMS)}; got {text!r}"
+        )
+    return names
+
+
+platform_list.__name__ = "platform list"
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = make_parser(__doc__)
+    parser.add_argument("--workdir", required=True, help="the training run's directory")
+    parser.add_argument(
+        "--checkpoint",
+        type=checkpoint_choice,
+        default="latest",
+        help="latest, best (validation BLEU), averaged, or a step number (default: latest)",
+    )
+    parser.add_argument("--output", required=True, help="the export directory to write (absent or empty)")
+    parser.add_argument("--overwrite", action="store_true", help="replace the export already in --output")
+    parser.add_argument("--beam_size", type=at_least(1), default=4, help="beam width (default: 4)")
+    parser.add_argument(
+        "--alpha", type=number(0.0, inclusive=True), default=0.6, help="length penalty exponent (default: 0.6)"
+    )
+    parser.add_argument(
+        "--max_extra_length", type=at_least(1), default=50, help="output tokens <= input tokens + this (default: 50)"
+    )
+    parser.add_argument(
+        "--batch_size", type=at_least(1), default=64, help="the loader's sentences per batch (default: 64)"
+    )
+    parser.add_argument(
+        "--max_source_tokens",
+        type=at_least(2),
+        default=256,
+        help="the longest source the program takes; longer inputs are translated in pieces (default: 256)",
+    )
+    parser.add_argument(
+        "--platforms",
+        type=platform_list,
+        default=PLATFORMS,
+        help=f"platforms to lower the program for, comma-separated (default: {','.join(PLATFORMS)})",
+    )
+    return parser
+
+
+def run(args: argparse.Namespace) -> int:
+    from jaxformer.decoding.generate import DecodeSettings
+    from jaxformer.export.exporter import ServingSettings, export_checkpoint
+
+    check_workdir(args.workdir)
+    summary = export_checkpoint(
+        args.workdir,
+        args.output,
+        args.checkpoint,
+        DecodeSettings(
+            method="beam", beam_size=args.beam_size, alpha=args.alpha, max_extra_length=args.max_extra_length
+        ),
+        ServingSettings(batch_size=args.batch_size, max_source_tokens=args.max_source_tokens),
+        platforms=args.platforms,
+        overwrite=args.overwrite,
+    )
+    for platform, reason in summary.failed.items():
+        print(f"not exported for {platform}: {reason}", file=sys.stderr)
+    print(
+        f"exported step {summary.step} of {args.workdir} ({args.checkpoint} checkpoint) to {summary.directory} "
+        f"for {', '.join(summary.platforms)}"
+    )
+    return 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    return run_command(build_parser(), run, argv, log_level=logging.INFO)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,181 @@
+"""A tensorflow-datasets builder whose prepared data is keyed by a fingerprint of its source files.
+
+The builder config is named after the fingerprint (`files-<12 hex digits>`), so other or edited
+files (or other settings) get their own prepared copy under `<data_dir>/<name>/files-.../<version>`
+and never reuse a cached one. A record of the fingerprint (`jaxformer.data.fingerprint`) is
+written beside the data once it is complete and checked whenever the data is used; a missing or
+disagreeing record makes the builder prepare the data again, with a warning naming the directory
+and the file. Sources that are not known before preparation (a download) are fingerprinted once
+fetched; their config is named by the subclass.
+
+Subclasses (Multi30k, ParallelFiles) say where their files are and how to read them; this class
+does the keying, the checks and the record.
+"""
+
+from __future__ import annotations
+
+import abc
+import dataclasses
+import logging
+from collections.abc import Mapping
+
+import tensorflow_datasets as tfds
+
+from jaxformer.data import fingerprint as fp
+from jaxformer.data.parallel_text import DataError
+
+
+class FingerprintedBuilder(tfds.core.GeneratorBasedBuilder, skip_registration=True):
+    """Base of the builders whose prepared data is keyed by their source files; see the module."""
+
+    DISPLAY_NAME = "dataset"  # the dataset's name in errors
+    # The configs made so far, one per source key, per subclass: tfds warns about every config it does not know.
+    _KNOWN_CONFIGS: dict[str, tfds.core.BuilderConfig] = {}
+
+    def __init_subclass__(cls, **kwargs):
+        super().__init_subclass__(**kwargs)
+        cls._KNOWN_CONFIGS = {}
+
+    def __init__(self, *, init_args: Mapping, config_name: str | None = None, description: str, **kwargs):
+        """Called by a subclass's `__init__` once it has called `_set_sources` (local files) or
+        chosen `config_name` (sources known once fetched). `init_args` are the subclass's own
+        keyword arguments, kept so that tfds can re-create the builder when unpickling it."""
+        if "config" in kwargs:
+            raise TypeError(f"{type(self).__name__} picks its config from its source files; do not pass config=")
+        self._logged = False
+        if config_name is None:
+            config_name = "files-" + fp.short(self._fingerprint)
+        else:
+            self._source_files, self._settings, self._fingerprint = None, None, None
+        config = self._KNOWN_CONFIGS.setdefault(
+            config_name, tfds.core.BuilderConfig(name=config_name, description=description)
+        )
+        super().__init__(config=config, **kwargs)
+        self._original_state = {**kwargs, **init_args}
+
+    def _set_sources(self, source_files: dict[str, dict], settings: dict | None = None) -> None:
+        """The hashed source files (`fp.hash_files`) and the settings the data is prepared with."""
+        self._source_files, self._settings = source_files, settings
+        self._fingerprint = fp.fingerprint(source_files, settings)
+
+    @classmethod
+    def get_builder_config(cls, name, version=None):
+        return cls._KNOWN_CONFIGS.get(name) or super().get_builder_config(name, version)
+
+    @property
+    def fingerprint(self) -> str | None:
+        """`"sha256:<64 hex digits>"` of the source files' names, sizes and contents (and of the
+        settings, where they change the prepared data). None for sources not fetched yet, until
+        `download_and_prepare()` has fetched (or found) them."""
+        return self._fingerprint
+
+    @property
+    def source_files(self) -> dict[str, dict] | None:
+        """File name -> {"size", "sha256"} of the source files (None like `fingerprint`)."""
+        return None if self._source_files is None else {name: dict(v) for name, v in self._source_files.items()}
+
+    # -- what a subclass says about its sources -------------------------------------------------
+
+    @abc.abstractmethod
+    def _current_source_files(self) -> dict[str, dict] | None:
+        """The source files hashed again now; None where they are not local (a download)."""
+
+    @abc.abstractmethod
+    def _source_location(self) -> str:
+        """Where the source files are, for errors: a folder, or the paths given."""
+
+    @abc.abstractmethod
+    def _source_description(self) -> str:
+        """Completes "the files ...": e.g. "in /data/raw"."""
+
+    @abc.abstractmethod
+    def _sources_summary(self) -> str:
+        """The files for the log line, e.g. "12 files {train,val}.{en,de}.gz in /data/raw"."""
+
+    def _unfetched_record_problem(self, record: dict) -> str | None:
+        """For sources fingerprinted once fetched: what is wrong with a record of them, if anything."""
+        return None
+
+    # -- preparing and checking --------------------------------------------------------------------
+
+    def download_and_prepare(self, **kwargs) -> None:
+        """Prepares the data unless a complete copy made from the same files is there already.
+
+        A prepared copy whose record is missing or disagrees (other source files, a prepared
+        file missing or of another size) is prepared again, with a warning naming why."""
+        download_config = kwargs.get("download_config") or tfds.download.DownloadConfig()
+        mode = download_config.download_mode
+        if mode == tfds.download.GenerateMode.UPDATE_DATASET_INFO:
+            super().download_and_prepare(**kwargs)
+            return
+        if self.data_path.exists() and not mode.overwrite_dataset:
+            problem = self._check_prepared()
+            if problem is None:
+                super().download_and_prepare(**kwargs)  # reuses it
+                self._log_once()
+                return
+            logging.warning(
+                "%s: not using the prepared data in %s: %s; preparing it again", self.name, self.data_dir, problem
+            )
+            kwargs["download_config"] = dataclasses.replace(
+                download_config, download_mode=tfds.download.GenerateMode.REUSE_CACHE_IF_EXISTS
+            )
+        super().download_and_prepare(**kwargs)
+        current = self._current_source_files()
+        if current is not None:  # the files must not have changed under the preparation
+            changed = fp.file_differences(self._source_files, current)
+            if changed:
+                raise DataError(
+                    f"{self._source_location()}: files changed while {self.DISPLAY_NAME} was prepared from them: "
+                    f"{'; '.join(changed)}; run again"
+                )
+        record = {
+            "dataset": self.name,
+            "config": self.builder_config.name,
+            "fingerprint": self._fingerprint,
+            "source": self._source_description(),
+            "files": self._source_files,
+        }
+        if self._settings is not None:
+            record["settings"] = self._settings
+        fp.write_record(self.data_path, record)
+        self._log_once()
+
+    def _check_prepared(self) -> str | None:
+        """None if the prepared data's record matches the source files and the prepared files;
+        else what is wrong, naming the file."""
+        record, problem = fp.read_record(self.data_path)
+        if problem:
+            return problem
+        record_path = self.data_path / fp.RECORD_NAME
+        if record.get("config") != self.builder_config.name:
+            return f"{record_path} was written for {record.get('config')!r}, not {self.builder_config.name!r}"
+        if self._source_files is not None:
+            changed = fp.file_differences(record["files"], self._source_files)
+            if changed:
+                return (
+                    f"{record_path} records other files than those {self._source_description()}: {'; '.join(changed)}"
+                )
+            if record.get("settings") != self._settings:
+                return f"{record_path} records the settings {record.get('settings')}, not {self._settings}"
+        else:
+            problem = self._unfetched_record_problem(record)
+            if problem:
+                return f"{record_path} {problem}"
+        changed = fp.prepared_differences(self.data_path, record)
+        if changed:
+            return "; ".join(changed)
+        if self._source_files is None:
+            self._source_files, self._fingerprint = record["files"], record["fingerprint"]
+        return None
+
+    def _log_once(self) -> None:
+        if not self._logged:
+            self._logged = True
+            logging.info(
+                "%s: fingerprint %s of %s; prepared data in %s",
+                self.name,
+                self._fingerprint,
+                self._sources_summary(),
+                self.data_dir,
+            )

@@ -1,0 +1,230 @@
+"""A tensorflow-datasets builder for the user's own parallel text (`data.name = "parallel_files"`).
+
+Each split comes from a file spec (`data.files.train`, `.validation`, `.test`):
+
+- a TSV file, named `*.tsv` or `*.tsv.gz`: one `source<TAB>target` pair per line;
+- or a path with `{lang}` in it, filled in with each language code to give two line-aligned text
+  files (gzip when named `*.gz`): `corpus/train.{lang}.gz` -> `corpus/train.fr.gz`, `corpus/train.ja.gz`.
+
+Relative paths are taken from the current directory and kept absolute. Without a validation file,
+`validation_holdout` training pairs, drawn with `holdout_seed`, become the validation split
+instead (and leave train). There is a test split only when a test file is given.
+
+The prepared data (array_record, read with `builder.as_data_source(split)`) is keyed by the
+fingerprint of the files (each named by its role, e.g. `train.fr: train.fr.gz`, with size and
+SHA-256) and of the settings that change it (the languages, and the holdout size and seed when
+there is a holdout): see `FingerprintedBuilder`. An edited file is never served from a stale copy.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+import os
+import pathlib
+from collections.abc import Iterator, Mapping, Sequence
+
+import numpy as np
+import tensorflow_datasets as tfds
+
+from jaxformer.data import fingerprint as fp
+from jaxformer.data.fingerprinted_builder import FingerprintedBuilder
+from jaxformer.data.parallel_text import DataError, SkipCounter, read_parallel_lines, read_tsv_pairs
+
+SPLITS = ("train", "validation", "test")
+LANGUAGE_FIELD = "{lang}"
+TSV_SUFFIXES = (".tsv", ".tsv.gz")
+
+
+@dataclasses.dataclass(frozen=True)
+class SplitFiles:
+    """Where one split's pairs are: a TSV file, or one line-aligned text file per language."""
+
+    split: str
+    spec: str  # absolute, "{lang}" kept
+    tsv: pathlib.Path | None  # the TSV file, or None for text files
+    by_language: dict[str, pathlib.Path]  # language -> text file (empty for a TSV file)
+
+    def named_paths(self) -> dict[str, pathlib.Path]:
+        """Fingerprint name -> path: the file's role and its name, e.g. "train.fr: train.fr.gz"."""
+        if self.tsv is not None:
+            return {f"{self.split}: {self.tsv.name}": self.tsv}
+        return {f"{self.split}.{language}: {path.name}": path for language, path in self.by_language.items()}
+
+
+def split_files(split: str, spec: str, languages: Sequence[str]) -> SplitFiles:
+    """The files of `data.files.<split>` = `spec`, checked to exist (nothing is read)."""
+    setting = f"data.files.{split}={spec!r}"  # as given, in errors
+    spec = os.path.abspath(os.path.expanduser(spec))
+    is_tsv = spec.lower().endswith(TSV_SUFFIXES)
+    if is_tsv and LANGUAGE_FIELD in spec:
+        raise DataError(
+            f"{setting}: a TSV file holds both languages; drop {LANGUAGE_FIELD} from its name "
+            "(or name line-aligned text files without .tsv)"
+        )
+    if is_tsv:
+        files = SplitFiles(split, spec, pathlib.Path(spec), {})
+    elif LANGUAGE_FIELD in spec:
+        by_language = {language: pathlib.Path(spec.replace(LANGUAGE_FIELD, language)) for language in languages}
+        files = SplitFiles(split, spec, None, by_language)
+    else:
+        raise DataError(
+            f"{setting} is neither a TSV file (*.tsv, *.tsv.gz) nor a path with {LANGUAGE_FIELD} in it "
+            f"(e.g. corpus/{split}.{LANGUAGE_FIELD}.gz for corpus/{split}.{languages[0]}.gz and "
+            f"corpus/{split}.{languages[1]}.gz)"
+        )
+    missing = missing_files(files)
+    if missing:
+        raise DataError(f"{setting}: {'; '.join(missing)}")
+    return files
+
+
+def missing_files(files: SplitFiles) -> list[str]:
+    """One phrase per file of `files` that is not there (or is not a file)."""
+    if files.tsv is not None:
+        described = {str(files.tsv): files.tsv}
+    else:
+        described = {f"{path} (its {language!r} file)": path for language, path in files.by_language.items()}
+    phrases = []
+    for description, path in described.items():
+        if not path.exists():
+            phrases.append(f"{description} not found")
+        elif not path.is_file():
+            phrases.append(f"{description} is not a file")
+    return phrases
+
+
+def read_pairs(
+    files: SplitFiles, source_language: str, target_language: str, skipped: SkipCounter
+) -> list[tuple[int, str, str]]:
+    """(line number, source, target) of every pair with text on both sides; DataError if there is none."""
+    if files.tsv is not None:
+        pairs = list(read_tsv_pairs(files.tsv, skipped))
+    else:
+        source, target = files.by_language[source_language], files.by_language[target_language]
+        pairs = list(read_parallel_lines(source, target, skipped))
+    if not pairs:
+        raise DataError(f"data.files.{files.split}={files.spec!r} holds no pair with text on both sides")
+    return pairs
+
+
+def holdout_indices(count: int, holdout: int, seed: int) -> np.ndarray:
+    """The sorted positions of `holdout` of `count` pairs, drawn without replacement with `seed`."""
+    return np.sort(np.random.default_rng(seed).choice(count, size=holdout, replace=False))
+
+
+class ParallelFiles(FingerprintedBuilder):
+    """The user's parallel text files as splits train, validation (given or held out of train) and
+    test (if given); features: the two language codes, as text. See the module's docstring."""
+
+    VERSION = tfds.core.Version("1.0.0")
+    RELEASE_NOTES = {"1.0.0": "Pairs from TSV or {lang} text files; empty pairs skipped; seeded validation holdout."}
+    DISPLAY_NAME = "parallel_files"
+
+    def __init__(
+        self,
+        *,
+        files: Mapping[str, str | None],
+        source_language: str,
+        target_language: str,
+        validation_holdout: int = 1000,
+        holdout_seed: int = 0,
+        **kwargs,
+    ):
+        """`files`: split -> file spec (see the module), "train" required; `validation_holdout`
+        pairs drawn with `holdout_seed` leave train for validation when no validation file is
+        given. The files are checked to exist, then hashed."""
+        unknown = sorted(set(files) - set(SPLITS))
+        if unknown:
+            raise DataError(f"data.files.{unknown[0]}: no such split; parallel_files has {', '.join(SPLITS)}")
+        if not files.get("train"):
+            raise DataError(
+                "data.name='parallel_files' needs data.files.train: a TSV file or a path with {lang} in it, "
+                "e.g. --config.data.files.train=corpus/train.{lang}.gz"
+            )
+        self._languages = (source_language, target_language)
+        self._holdout = None if files.get("validation") else (validation_holdout, holdout_seed)
+        if self._holdout is not None and validation_holdout < 1:
+            raise DataError(f"data.validation_holdout={validation_holdout}: must be at least 1")
+        self._files = {split: split_files(split, files[split], self._languages) for split in SPLITS if files.get(split)}
+        settings = {"source_language": source_language, "target_language": target_language}
+        if self._holdout is not None:
+            settings.update(validation_holdout=validation_holdout, holdout_seed=holdout_seed)
+        self._set_sources(fp.hash_files(self._named_paths()), settings)
+        super().__init__(
+            init_args={
+                "files": {split: spec.spec for split, spec in self._files.items()},
+                "source_language": source_language,
+                "target_language": target_language,
+                "validation_holdout": validation_holdout,
+                "holdout_seed": holdout_seed,
+            },
+            description="Parallel text from the files in data.files; jaxformer_sources.json names them",
+            **kwargs,
+        )
+
+    @property
+    def given_files(self) -> dict[str, SplitFiles]:
+        """split -> its files, for the splits given as files (validation may be held out instead)."""
+        return dict(self._files)
+
+    def _named_paths(self) -> dict[str, pathlib.Path]:
+        return {name: path for files in self._files.values() for name, path in files.named_paths().items()}
+
+    def _current_source_files(self) -> dict[str, dict]:
+        missing = [phrase for files in self._files.values() for phrase in missing_files(files)]
+        if missing:
+            raise DataError(f"{self._source_location()}: files went missing while preparing: {'; '.join(missing)}")
+        return fp.hash_files(self._named_paths())
+
+    def _source_location(self) -> str:
+        return "data.files (" + ", ".join(f"{split}={files.spec}" for split, files in self._files.items()) + ")"
+
+    def _source_description(self) -> str:
+        return f"given in {self._source_location()}"
+
+    def _sources_summary(self) -> str:
+        summary = f"{len(self._source_files)} files in {self._source_location()}"
+        if self._holdout is not None:
+            summary += f", validation: {self._holdout[0]} training pairs held out (seed {self._holdout[1]})"
+        return summary
+
+    def _info(self) -> tfds.core.DatasetInfo:
+        return tfds.core.DatasetInfo(
+            builder=self,
+            description=f"Parallel text {self._languages[0]}-{self._languages[1]} from the user's files.",
+            features=tfds.features.FeaturesDict({language: tfds.features.Text() for language in self._languages}),
+            supervised_keys=self._languages,
+            disable_shuffling=True,  # keep file order, so test outputs line up with the references
+        )
+
+    def _split_generators(self, dl_manager: tfds.download.DownloadManager):
+        skipped = SkipCounter()
+        pairs = {split: read_pairs(files, *self._languages, skipped) for split, files in self._files.items()}
+        if self._holdout is not None:
+            pairs["train"], pairs["validation"] = self._hold_out(pairs["train"])
+        return {split: self._generate_examples(split_pairs) for split, split_pairs in pairs.items()}
+
+    def _hold_out(self, train: list) -> tuple[list, list]:
+        """(train, validation): the seeded holdout taken out of the training pairs, file order kept."""
+        holdout, seed = self._holdout
+        if holdout >= len(train):
+            raise DataError(
+                f"data.validation_holdout={holdout} is as large as the training split: data.files.train="
+                f"{self._files['train'].spec!r} has {len(train)} pairs with text on both sides; "
+                "lower data.validation_holdout or give data.files.validation"
+            )
+        held = np.zeros(len(train), bool)
+        held[holdout_indices(len(train), holdout, seed)] = True
+        logging.warning(
+            "no data.files.validation: held out %s of %s training pairs as the validation split (seed %d)",
+            f"{holdout:,}",
+            f"{len(train):,}",
+            seed,
+        )
+        return [pair for pair, out in zip(train, held) if not out], [pair for pair, out in zip(train, held) if out]
+
+    def _generate_examples(self, pairs: list[tuple[int, str, str]]) -> Iterator[tuple[int, dict[str, str]]]:
+        source_language, target_language = self._languages
+        for number, source, target in pairs:
+            yield number, {source_language: source, target_language: target}

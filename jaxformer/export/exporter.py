@@ -1,0 +1,220 @@
+"""A training run's checkpoint as a self-contained export directory (`jaxformer-export`).
+
+The export is written into a temporary directory beside the output and renamed into place once
+complete and read back, so a crash never leaves half an export. A non-empty output is replaced
+only when asked to (`overwrite`), and only if it is an export itself. Its contents are listed
+in jaxformer/export/standalone.py, which is copied into it as serve.py.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import hashlib
+import json
+import logging
+import math
+import os
+import pathlib
+import shutil
+import tempfile
+from collections.abc import Iterator, Sequence
+from typing import Any
+
+import jax
+
+from jaxformer.decoding.generate import DecodeSettings, decoding_variant
+from jaxformer.errors import CheckpointError
+from jaxformer.export import standalone
+from jaxformer.export.loading import ExportError, check_export
+from jaxformer.export.program import KNOWN_PLATFORMS, PLATFORMS, export_beam_search
+from jaxformer.export.safetensors import flatten, unflatten, write_safetensors
+from jaxformer.run.loading import load_checkpoint
+from jaxformer.run.metadata import CheckpointMetadata
+from jaxformer.tokens import BOS_ID, EOS_ID, PAD_ID, UNK_ID
+
+PARAMETERS_FILE = "params.safetensors"
+TOKENIZER_FILE = "tokenizer.model"
+PROGRAM_FILE = "beam_search.jaxexport"
+
+
+@dataclasses.dataclass(frozen=True)
+class ServingSettings:
+    """How the loader batches sentences; the defaults are `Translator`'s."""
+
+    batch_size: int = 64  # rows per decoding batch
+    length_bucket: int = 16  # source lengths are rounded up to a multiple of this
+    max_source_tokens: int = 256  # longer sentences are translated in pieces
+
+    @property
+    def max_source_length(self) -> int:
+        """The longest source row the program takes: max_source_tokens, rounded up to the bucket."""
+        return self.length_bucket * math.ceil(self.max_source_tokens / self.length_bucket)
+
+
+@dataclasses.dataclass(frozen=True)
+class ExportSummary:
+    directory: pathlib.Path
+    step: int
+    platforms: tuple[str, ...]  # the program's
+    failed: dict[str, str]  # platforms asked for whose lowering failed, and why
+
+
+def export_checkpoint(
+    workdir: str | os.PathLike,
+    output: str | os.PathLike,
+    checkpoint: str | int = "latest",
+    settings: DecodeSettings = DecodeSettings(),
+    serving: ServingSettings = ServingSettings(),
+    *,
+    platforms: Sequence[str] = PLATFORMS,
+    overwrite: bool = False,
+) -> ExportSummary:
+    """Exports `checkpoint` of the run in `workdir` ("latest", "best", "averaged" or a step) into
+    the directory `output`, for beam search with `settings` on `platforms` (those whose lowering
+    fails are left out and reported in the summary and config.json)."""
+    output = pathlib.Path(output)
+    if settings.method != "beam":
+        raise ExportError(f"an export holds a beam search; decoding method {settings.method!r} cannot be exported")
+    unknown = sorted(set(platforms) - set(KNOWN_PLATFORMS))
+    if unknown or not platforms:
+        raise ExportError(f"platforms {', '.join(unknown) or '(none)'}: choose among {', '.join(KNOWN_PLATFORMS)}")
+    check_output(output, overwrite)
+    with staging_directory(output) as staging:
+        step, metadata, params = load_checkpoint(workdir, checkpoint)
+        config, params = decoding_variant(metadata.model_config(), params)
+        if getattr(metadata, "target_tokenizer", None) is not None:  # a field of newer checkpoints
+            raise ExportError(
+                f"step {step} of {workdir} has separate source and target vocabularies, "
+                "which this export format (one tokenizer.model) cannot hold yet"
+            )
+        tokenizer = metadata.load_tokenizer()
+        if tokenizer.vocab_size != config.vocab_size:
+            raise CheckpointError(
+                f"step {step} of {workdir}: the model has {config.vocab_size} tokens, "
+                f"its tokenizer {tokenizer.vocab_size}"
+            )
+        params = unflatten(flatten(jax.device_get(params)), "the checkpoint")  # plain dicts of host arrays
+        logging.info("exporting the beam search for %s", ", ".join(platforms))
+        program, failed = export_beam_search(config, settings, params, serving.max_source_length, platforms)
+        files = {
+            "parameters": write_parameters(staging, params),
+            "tokenizer": write_tokenizer(staging, metadata),
+            "program": write_program(staging, program),
+        }
+        shutil.copyfile(standalone.__file__, staging / standalone.LOADER_FILE)
+        description = {
+            "format": standalone.FORMAT,
+            "format_version": standalone.FORMAT_VERSION,
+            "model": config.to_dict(),  # the decoding variant, which the parameters are laid out for
+            "decoding": dataclasses.asdict(settings),
+            "special_tokens": {"pad": PAD_ID, "eos": EOS_ID, "unk": UNK_ID, "bos": BOS_ID},
+            "serving": {**dataclasses.asdict(serving), "max_source_length": serving.max_source_length},
+            "checkpoint": {
+                "workdir": str(pathlib.Path(workdir).resolve()),
+                "which": checkpoint,  # latest, best, averaged or a step number
+                "step": step,
+                "bleu": metadata.bleu,
+                "averaged_steps": metadata.averaged_steps,
+            },
+            "platforms": list(program.platforms),
+            "platforms_failed": failed,
+            "program": {
+                "inputs": "params, source int32 [B, S] (0 = padding), 1 <= S <= max_source_length",
+                "outputs": "tokens int32 [B, K, S + max_extra_length], scores float32 [B, K]; K = beam_size",
+                "jax_version": jax.__version__,
+                "calling_convention_version": program.calling_convention_version,
+            },
+            "files": {**files, "loader": {"name": standalone.LOADER_FILE}},
+        }
+        (staging / standalone.CONFIG_FILE).write_text(json.dumps(description, indent=2) + "\n", encoding="utf-8")
+        check_export(staging)  # what was written reads back: every file, the parameters against the program
+        check_output(output, overwrite)  # nothing else appeared there meanwhile
+        _move_into_place(staging, output)
+    logging.info("wrote %s", output)
+    return ExportSummary(output, step, tuple(program.platforms), failed)
+
+
+# -- the files -------------------------------------------------------------------------------
+
+
+def _file_entry(path: pathlib.Path) -> dict[str, str]:
+    with open(path, "rb") as handle:
+        return {"name": path.name, "sha256": hashlib.file_digest(handle, "sha256").hexdigest()}
+
+
+def write_parameters(directory: pathlib.Path, params: Any) -> dict[str, str]:
+    path = directory / PARAMETERS_FILE
+    write_safetensors(path, flatten(params), metadata={"format": standalone.FORMAT})
+    return _file_entry(path)
+
+
+def write_tokenizer(directory: pathlib.Path, metadata: CheckpointMetadata) -> dict[str, str]:
+    """The sentencepiece model proto, as the checkpoint holds it."""
+    path = directory / TOKENIZER_FILE
+    path.write_bytes(metadata.tokenizer)
+    return _file_entry(path)
+
+
+def write_program(directory: pathlib.Path, program: jax.export.Exported) -> dict[str, str]:
+    try:
+        data = program.serialize()
+    except ImportError as error:  # jax serializes with flatbuffers, which it does not require
+        raise ExportError(f"serializing the program needs the flatbuffers package ({error})") from None
+    path = directory / PROGRAM_FILE
+    path.write_bytes(data)
+    return _file_entry(path)
+
+
+# -- the output directory --------------------------------------------------------------------
+
+
+def is_export(directory: pathlib.Path) -> bool:
+    try:
+        config = json.loads((directory / standalone.CONFIG_FILE).read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return False
+    return isinstance(config, dict) and config.get("format") == standalone.FORMAT
+
+
+def check_output(output: pathlib.Path, overwrite: bool) -> None:
+    """`ExportError` unless `output` is absent, an empty directory, or (with `overwrite`) an export."""
+    if output.exists() and not output.is_dir():
+        raise ExportError(f"the output {output} is a file, not a directory")
+    if not output.is_dir() or not any(output.iterdir()):
+        return
+    if not overwrite:
+        raise ExportError(f"the output directory {output} is not empty; pass --overwrite to replace the export in it")
+    if not is_export(output):
+        raise ExportError(
+            f"the output directory {output} holds something other than a jaxformer export (no readable "
+            f"{standalone.CONFIG_FILE}); not replacing it, even with --overwrite"
+        )
+
+
+@contextlib.contextmanager
+def staging_directory(output: pathlib.Path) -> Iterator[pathlib.Path]:
+    """A new directory beside `output` (on the same file system, so it can be renamed into
+    place), removed if the export fails."""
+    try:
+        output.parent.mkdir(parents=True, exist_ok=True)
+        staging = pathlib.Path(tempfile.mkdtemp(dir=output.parent, prefix=f".{output.name}.", suffix=".partial"))
+    except OSError as error:
+        raise ExportError(f"cannot write the export beside {output}: {error.strerror or error}") from None
+    umask = os.umask(0)
+    os.umask(umask)
+    os.chmod(staging, 0o777 & ~umask)  # mkdtemp's is private to its owner; an export is not
+    try:
+        yield staging
+    finally:
+        shutil.rmtree(staging, ignore_errors=True)  # gone already once moved into place
+
+
+def _move_into_place(staging: pathlib.Path, output: pathlib.Path) -> None:
+    if output.is_dir() and any(output.iterdir()):  # an export, which check_output let through
+        retired = pathlib.Path(tempfile.mkdtemp(dir=output.parent, prefix=f".{output.name}.", suffix=".old"))
+        os.replace(output, retired)
+        os.replace(staging, output)
+        shutil.rmtree(retired)
+    else:
+        os.replace(staging, output)  # absent, or an empty directory (which rename replaces)

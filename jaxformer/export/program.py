@@ -1,0 +1,74 @@
+"""The beam search as a serialized `jax.export` program, with symbolic batch and source length.
+
+The program is `make_generate_fn(config, settings)` (jaxformer/decoding/generate.py) lowered
+once for source int32 [B, S] with B and S symbolic, S <= max_source_length (the positional
+encoding needs a bound: jaxformer/model/position.py), so one file serves every batch size and
+source length. It is lowered for several platforms at once where jax can do so from this
+machine; a platform whose lowering fails is left out and reported, not fatal.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Sequence
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from jaxformer.decoding.generate import DecodeSettings, make_generate_fn
+from jaxformer.model.config import TransformerConfig
+
+PLATFORMS = ("cpu", "cuda", "tpu")
+KNOWN_PLATFORMS = ("cpu", "cuda", "rocm", "tpu")
+
+
+def source_spec(max_source_length: int) -> jax.ShapeDtypeStruct:
+    """int32 [B, S], both symbolic, 1 <= S <= max_source_length."""
+    batch, length = jax.export.symbolic_shape("B, S", constraints=[f"S <= {int(max_source_length)}"])
+    return jax.ShapeDtypeStruct((batch, length), jnp.int32)
+
+
+def export_beam_search(
+    config: TransformerConfig,
+    settings: DecodeSettings,
+    params: Any,
+    max_source_length: int,
+    platforms: Sequence[str] = PLATFORMS,
+) -> tuple[jax.export.Exported, dict[str, str]]:
+    """(the program for the platforms that lower, {platform: why not} for the others).
+
+    `config` and `params` are the decoding variant's (`decoding_variant`); only the shapes and
+    dtypes of `params` matter. If no platform lowers, the first platform's error is raised.
+    """
+    if settings.method != "beam":
+        raise ValueError(f"the export holds a beam search; got decoding method {settings.method!r}")
+    generate_fn = make_generate_fn(config, settings)
+    specs = (
+        jax.tree.map(lambda leaf: jax.ShapeDtypeStruct(np.shape(leaf), leaf.dtype), params),
+        source_spec(max_source_length),
+    )
+    platforms = tuple(platforms)
+    try:
+        return jax.export.export(generate_fn, platforms=platforms)(*specs), {}
+    except Exception:  # noqa: BLE001  (a platform's lowering can fail in any way; find which below)
+        if len(platforms) == 1:
+            raise
+    working, failed, first_error = [], {}, None
+    for platform in platforms:
+        try:
+            jax.export.export(generate_fn, platforms=(platform,))(*specs)
+            working.append(platform)
+        except Exception as error:  # noqa: BLE001
+            first_error = first_error or error
+            failed[platform] = _first_line(error)
+            logging.warning("cannot export the beam search for %s: %s", platform, failed[platform])
+    if not working:
+        raise first_error
+    return jax.export.export(generate_fn, platforms=tuple(working))(*specs), failed
+
+
+def _first_line(error: BaseException) -> str:
+    text = str(error).strip()
+    return f"{type(error).__name__}: {text.splitlines()[0]}" if text else type(error).__name__

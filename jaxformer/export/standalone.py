@@ -1,0 +1,434 @@
+"""Serving a jaxformer export with plain JAX: `load(directory).translate(sentences)`.
+
+`jaxformer-export` copies this file into every export as `serve.py`. It imports only jax,
+numpy, sentencepiece and the standard library, so an export runs where jaxformer is not
+installed:
+
+    import serve                                    # the export directory on sys.path
+    model = serve.load("exports/m30k")
+    model.translate(["A man rides a horse."])       # -> one translation per sentence
+    tokens, scores = model.translate_ids(source)    # int32 [B, S] -> [B, K, S + extra], [B, K]
+
+or from a shell, one sentence per line:
+
+    python exports/m30k/serve.py < sentences.en > sentences.de
+
+The directory holds (the names are config.json's "files", with their SHA-256):
+    config.json             model config, decoding settings, special token ids, checkpoint, platforms
+    params.safetensors      the parameters in decoding form, named by their paths joined with "/"
+    tokenizer.model         the sentencepiece model
+    beam_search.jaxexport   a serialized jax.export of the jitted beam search:
+                            (params, source int32 [B, S]) -> (tokens int32 [B, K, S + max_extra_length],
+                            scores float32 [B, K]), B and S symbolic (S <= max_source_length)
+    serve.py                this file
+
+The parameters file is safetensors, read here with numpy alone: an 8-byte little-endian header
+length, a JSON header {name: {dtype, shape, data_offsets}} and the raw little-endian bytes.
+"""
+
+from __future__ import annotations
+
+import argparse
+import hashlib
+import json
+import math
+import pathlib
+import re
+import struct
+import sys
+from collections.abc import Sequence
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import sentencepiece as spm
+
+FORMAT = "jaxformer-export"
+FORMAT_VERSION = 1
+CONFIG_FILE = "config.json"
+LOADER_FILE = "serve.py"
+
+# safetensors dtype names; the data is stored little-endian.
+SAFETENSORS_DTYPES: dict[str, np.dtype] = {
+    "BOOL": np.dtype(np.bool_),
+    "U8": np.dtype(np.uint8),
+    "I8": np.dtype(np.int8),
+    "U16": np.dtype(np.uint16),
+    "I16": np.dtype(np.int16),
+    "F16": np.dtype(np.float16),
+    "BF16": np.dtype(jnp.bfloat16),
+    "U32": np.dtype(np.uint32),
+    "I32": np.dtype(np.int32),
+    "F32": np.dtype(np.float32),
+    "U64": np.dtype(np.uint64),
+    "I64": np.dtype(np.int64),
+    "F64": np.dtype(np.float64),
+}
+
+_SENTENCE_END = re.compile(r"(?<=[.!?;:])\s+")
+
+
+class ExportError(ValueError):
+    """An export directory or one of its files is missing, damaged or of another format; the
+    message names the file."""
+
+
+# -- the files -------------------------------------------------------------------------------
+
+
+def read_safetensors(path: str | pathlib.Path) -> dict[str, np.ndarray]:
+    """The tensors of a safetensors file by name, in their stored dtypes."""
+    return parse_safetensors(_read_bytes(pathlib.Path(path)), path)
+
+
+def parse_safetensors(data: bytes, where: str | pathlib.Path) -> dict[str, np.ndarray]:
+    """The tensors of the safetensors file `where` whose bytes are `data`."""
+
+    def damaged(problem: str) -> ExportError:
+        return ExportError(f"{where} is not a readable safetensors file: {problem}")
+
+    if len(data) < 8:
+        raise damaged(f"it has {len(data)} bytes, fewer than the 8 of its header length")
+    (header_length,) = struct.unpack("<Q", data[:8])
+    if header_length > len(data) - 8:
+        raise damaged(f"its header length {header_length} exceeds the {len(data) - 8} bytes that follow")
+    try:
+        header = json.loads(data[8 : 8 + header_length].decode("utf-8"))
+    except (UnicodeDecodeError, json.JSONDecodeError) as error:
+        raise damaged(f"its header is not JSON ({error})") from None
+    if not isinstance(header, dict):
+        raise damaged("its header is not a JSON object")
+    buffer = memoryview(data)[8 + header_length :]
+    tensors, spans = {}, []
+    for name, entry in header.items():
+        if name == "__metadata__":
+            continue
+        try:
+            dtype, shape, (begin, end) = SAFETENSORS_DTYPES[entry["dtype"]], entry["shape"], entry["data_offsets"]
+        except (TypeError, KeyError, ValueError):
+            raise damaged(f"tensor {name!r} has no known dtype, shape or data_offsets") from None
+        if not isinstance(shape, list) or not all(isinstance(n, int) and n >= 0 for n in [*shape, begin, end]):
+            raise damaged(f"tensor {name!r} has a shape or offsets that are not non-negative integers")
+        if not begin <= end <= len(buffer) or end - begin != math.prod(shape) * dtype.itemsize:
+            raise damaged(f"tensor {name!r} has data_offsets {[begin, end]} that do not fit its shape {shape}")
+        raw = np.frombuffer(buffer[begin:end], dtype=f"<u{dtype.itemsize}")  # any dtype, byte order fixed
+        tensors[name] = raw.astype(f"=u{dtype.itemsize}").view(dtype).reshape(shape)
+        spans.append((begin, end))
+    position = 0
+    for begin, end in sorted(spans):
+        if begin != position:
+            raise damaged(f"its tensors leave a gap or overlap at byte {position} of the data")
+        position = end
+    if position != len(buffer):
+        raise damaged(f"its tensors cover {position} of the {len(buffer)} data bytes")
+    return tensors
+
+
+def unflatten(tensors: dict[str, np.ndarray], where: str | pathlib.Path) -> dict[str, Any]:
+    """Nested dicts from names "a/b/c"."""
+    tree: dict[str, Any] = {}
+    for name, array in tensors.items():
+        *parents, leaf = name.split("/")
+        node = tree
+        for key in parents:
+            node = node.setdefault(key, {})
+            if not isinstance(node, dict):
+                raise ExportError(f"{where}: tensor {name!r} lies below another tensor")
+        if leaf in node:
+            raise ExportError(f"{where}: tensor {name!r} is also a prefix of other names")
+        node[leaf] = array
+    return tree
+
+
+def read_config(directory: str | pathlib.Path) -> dict[str, Any]:
+    """config.json of an export, checked for the format and version this loader reads."""
+    directory = pathlib.Path(directory)
+    if not directory.is_dir():
+        raise ExportError(f"{directory}: no such directory")
+    path = directory / CONFIG_FILE
+    try:
+        config = json.loads(_read_bytes(path).decode("utf-8"))
+    except (UnicodeDecodeError, json.JSONDecodeError) as error:
+        raise ExportError(f"{path} is damaged: not valid JSON ({error})") from None
+    if not isinstance(config, dict) or config.get("format") != FORMAT:
+        raise ExportError(f'{path} is not the config of a jaxformer export (no "format": "{FORMAT}")')
+    if config.get("format_version") != FORMAT_VERSION:
+        raise ExportError(
+            f"{path} has export format version {config.get('format_version')!r}; "
+            f"this loader reads version {FORMAT_VERSION}"
+        )
+    for section, keys in (
+        ("files", ("parameters", "tokenizer", "program")),
+        ("special_tokens", ("pad", "eos", "bos")),
+        ("decoding", ("beam_size", "max_extra_length")),
+        ("serving", ("batch_size", "length_bucket", "max_source_tokens", "max_source_length")),
+    ):
+        if not isinstance(config.get(section), dict) or any(key not in config[section] for key in keys):
+            raise ExportError(f"{path}: section {section!r} is missing or lacks one of {', '.join(keys)}")
+    return config
+
+
+def read_verified(directory: pathlib.Path, config: dict[str, Any], role: str) -> tuple[pathlib.Path, bytes]:
+    """(path, bytes) of config.json's file `role`, whose SHA-256 must be config.json's."""
+    entry = config["files"][role]
+    name = entry.get("name") if isinstance(entry, dict) else None
+    if not isinstance(name, str) or pathlib.PurePath(name).name != name:
+        raise ExportError(f"{directory / CONFIG_FILE}: files.{role} names no file of the directory")
+    path = directory / name
+    data = _read_bytes(path)
+    if hashlib.sha256(data).hexdigest() != entry.get("sha256"):
+        raise ExportError(f"{path} is damaged: its SHA-256 differs from the one in {directory / CONFIG_FILE}")
+    return path, data
+
+
+def read_tokenizer(directory: pathlib.Path, config: dict[str, Any]) -> Tokenizer:
+    path, data = read_verified(directory, config, "tokenizer")
+    return Tokenizer(data, path, config["special_tokens"])
+
+
+def parse_program(data: bytes, where: pathlib.Path) -> jax.export.Exported:
+    """The deserialized jax.export program."""
+    try:
+        import flatbuffers  # noqa: F401  (what jax's deserializer needs)
+    except ImportError:
+        raise ExportError(f"reading {where} needs the flatbuffers package: pip install flatbuffers") from None
+    try:
+        program = jax.export.deserialize(bytearray(data))
+    except Exception as error:  # noqa: BLE001  (a damaged flatbuffer fails in arbitrary ways)
+        raise ExportError(f"{where} is damaged: jax.export cannot deserialize it ({type(error).__name__})") from None
+    return program
+
+
+def _read_bytes(path: pathlib.Path) -> bytes:
+    try:
+        return path.read_bytes()
+    except FileNotFoundError:
+        raise ExportError(f"{path}: no such file; the export is incomplete") from None
+    except OSError as error:
+        raise ExportError(f"cannot read {path}: {error.strerror or error}") from None
+
+
+# -- translating -----------------------------------------------------------------------------
+
+
+class Tokenizer:
+    """A sentencepiece model: text <-> int32 ids, EOS appended, decoding up to the first EOS."""
+
+    def __init__(self, model_proto: bytes, where: str | pathlib.Path, special_tokens: dict[str, int]):
+        try:
+            self._processor = spm.SentencePieceProcessor(model_proto=model_proto)
+        except RuntimeError:  # sentencepiece's only report of a model it cannot parse
+            raise ExportError(f"{where} is damaged: sentencepiece cannot parse it") from None
+        self.pad_id, self.eos_id, self.bos_id = special_tokens["pad"], special_tokens["eos"], special_tokens["bos"]
+        ids = (self._processor.pad_id(), self._processor.eos_id(), self._processor.bos_id())
+        if ids != (self.pad_id, self.eos_id, self.bos_id):
+            raise ExportError(f"{where}: (pad, eos, bos) ids {ids} differ from config.json's special_tokens")
+
+    @property
+    def vocab_size(self) -> int:
+        return self._processor.get_piece_size()
+
+    def encode(self, text: str, add_eos: bool = True) -> np.ndarray:
+        return np.asarray(self._processor.encode(text, add_eos=add_eos), dtype=np.int32)
+
+    def decode(self, ids: Sequence[int] | np.ndarray) -> str:
+        ids = [int(i) for i in np.asarray(ids).reshape(-1)]
+        if self.eos_id in ids:
+            ids = ids[: ids.index(self.eos_id)]
+        return self._processor.decode([i for i in ids if i not in (self.pad_id, self.bos_id)])
+
+
+class ExportedTranslator:
+    """Translates with an export's program. Sentences are tokenized, sorted by length and decoded
+    in batches of `batch_size` rows whose length is rounded up to a multiple of the export's
+    length bucket; sentences longer than its max_source_tokens are translated in pieces. This
+    is what `jaxformer.decoding.translator.Translator` does, so the results are the same."""
+
+    def __init__(
+        self,
+        config: dict[str, Any],
+        params: Any,
+        tokenizer: Tokenizer,
+        program: jax.export.Exported,
+        batch_size: int | None = None,
+    ):
+        serving = config["serving"]
+        self.config, self.tokenizer, self.program = config, tokenizer, program
+        self.params = jax.device_put(params)
+        self.batch_size = int(serving["batch_size"] if batch_size is None else batch_size)
+        if self.batch_size < 1:
+            raise ValueError(f"batch_size must be >= 1, got {batch_size}")
+        self.length_bucket = int(serving["length_bucket"])
+        self.max_source_tokens = int(serving["max_source_tokens"])
+        self.max_source_length = int(serving["max_source_length"])
+        self.vocab_size = tokenizer.vocab_size
+        self._run = jax.jit(program.call)  # one compilation per (batch, length) shape
+
+    # -- text -------------------------------------------------------------------------------
+
+    def translate(self, sentences: Sequence[str], progress: bool = False) -> list[str]:
+        """One translation per input sentence, in order; an empty sentence gives ""."""
+        return [hypotheses[0][0] for hypotheses in self.translate_nbest(sentences, progress)]
+
+    def translate_nbest(self, sentences: Sequence[str], progress: bool = False) -> list[list[tuple[str, float]]]:
+        """Per sentence, the beam's hypotheses as (text, score), best first; `progress` counts
+        the decoded pieces on stderr."""
+        pieces, owners = [], []
+        for index, sentence in enumerate(sentences):
+            if not isinstance(sentence, str):
+                raise TypeError(f"sentence {index} is {type(sentence).__name__}, not str")
+            for piece in self._split(sentence):
+                pieces.append(piece)
+                owners.append(index)
+        results: list[list[tuple[str, float]]] = [[] for _ in sentences]
+        for owner, hypotheses in zip(owners, self.translate_sequences(pieces, progress)):
+            texts = [(self.tokenizer.decode(tokens), score) for tokens, score in hypotheses]
+            if not results[owner]:
+                results[owner] = texts
+            else:  # a piece of a long sentence: join the best translations
+                best = results[owner][0]
+                results[owner] = [(f"{best[0]} {texts[0][0]}".strip(), best[1] + texts[0][1])]
+        return [result or [("", 0.0)] for result in results]
+
+    def _split(self, sentence: str) -> list[np.ndarray]:
+        """Source ids of a sentence: none for an empty one, several for an overlong one (at
+        sentence ends where it can)."""
+        if not sentence.strip():
+            return []
+        ids = self.tokenizer.encode(sentence)
+        if len(ids) <= self.max_source_tokens:
+            return [ids]
+        chunks, current = [], ""
+        for part in _SENTENCE_END.split(sentence):
+            candidate = f"{current} {part}".strip()
+            if current and len(self.tokenizer.encode(candidate)) > self.max_source_tokens:
+                chunks.append(current)
+                candidate = part
+            current = candidate
+        chunks.append(current)
+        pieces, step = [], self.max_source_tokens - 1  # room for EOS
+        for chunk in chunks:
+            ids = self.tokenizer.encode(chunk, add_eos=False)
+            for start in range(0, len(ids), step):
+                pieces.append(np.append(ids[start : start + step], self.tokenizer.eos_id).astype(np.int32))
+        return pieces
+
+    # -- ids --------------------------------------------------------------------------------
+
+    def translate_sequences(
+        self, sources: Sequence[np.ndarray], progress: bool = False
+    ) -> list[list[tuple[np.ndarray, float]]]:
+        """Hypotheses (ids, score) per source id sequence (each ending in EOS), in input order."""
+        order = sorted(range(len(sources)), key=lambda i: len(sources[i]), reverse=True)
+        results: list[Any] = [None] * len(sources)
+        for start in range(0, len(order), self.batch_size):
+            indices = order[start : start + self.batch_size]
+            longest = max(len(sources[i]) for i in indices)
+            length = self.length_bucket * math.ceil(longest / self.length_bucket)
+            batch = np.full((self.batch_size, length), self.tokenizer.pad_id, np.int32)
+            batch[len(indices) :, 0] = self.tokenizer.eos_id  # filler rows: an empty sentence, stopped early
+            for row, index in enumerate(indices):
+                batch[row, : len(sources[index])] = sources[index]
+            tokens, scores = self.translate_ids(batch)
+            for row, index in enumerate(indices):
+                results[index] = [(tokens[row, k], float(scores[row, k])) for k in range(tokens.shape[1])]
+            if progress:
+                sys.stderr.write(f"\rtranslate: {start + len(indices)}/{len(sources)}")
+        if progress and sources:
+            sys.stderr.write("\n")
+        return results
+
+    def translate_ids(self, source: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """The program on padded source rows int32 [B, S] (pad 0, each row ending in EOS):
+        (tokens int32 [B, K, S + max_extra_length] best first, ending in EOS then padding,
+        scores float32 [B, K], log p / length penalty)."""
+        source = np.asarray(source)
+        if source.ndim != 2 or not np.issubdtype(source.dtype, np.integer) or 0 in source.shape:
+            raise ValueError(f"source must be a non-empty integer array [B, S]; got {source.dtype} {source.shape}")
+        if source.shape[1] > self.max_source_length:
+            raise ValueError(
+                f"source length {source.shape[1]} exceeds the {self.max_source_length} tokens this export "
+                "was made for (jaxformer-export --max_source_tokens)"
+            )
+        if source.min() < 0 or source.max() >= self.vocab_size:
+            raise ValueError(f"source ids must lie in [0, {self.vocab_size}); got {source.min()} .. {source.max()}")
+        tokens, scores = self._run(self.params, source.astype(np.int32))
+        return np.asarray(tokens), np.asarray(scores)
+
+
+def load(directory: str | pathlib.Path, batch_size: int | None = None) -> ExportedTranslator:
+    """The export in `directory`, ready to translate on this machine; `ExportError` naming the
+    file that is missing or damaged, or a program made for other platforms."""
+    config, params, tokenizer, program = read_export(directory)
+    platform = jax.export.default_export_platform()
+    if platform not in program.platforms:
+        raise ExportError(
+            f"{pathlib.Path(directory) / config['files']['program']['name']} was exported for "
+            f"{', '.join(program.platforms)}, but JAX runs on {platform} here; export again with --platforms {platform}"
+        )
+    return ExportedTranslator(config, params, tokenizer, program, batch_size)
+
+
+def read_export(directory: str | pathlib.Path) -> tuple[dict[str, Any], Any, Tokenizer, jax.export.Exported]:
+    """(config, host parameters, tokenizer, program) of the export in `directory`, every file
+    checked against config.json's SHA-256 and the parameters against the program's inputs."""
+    directory = pathlib.Path(directory)
+    config = read_config(directory)
+    tokenizer = read_tokenizer(directory, config)
+    program_path, data = read_verified(directory, config, "program")
+    program = parse_program(data, program_path)
+    parameters_path, data = read_verified(directory, config, "parameters")
+    params = unflatten(parse_safetensors(data, parameters_path), parameters_path)
+    _check_parameters(params, program, parameters_path, program_path)
+    return config, params, tokenizer, program
+
+
+def _check_parameters(params: Any, program: jax.export.Exported, params_path, program_path) -> None:
+    """The parameters are the ones the program takes: same names, shapes and dtypes."""
+    source = jax.ShapeDtypeStruct((1, 1), np.int32)
+    if jax.tree.structure(((params, source), {})) != program.in_tree:
+        raise ExportError(f"{params_path} does not hold the parameters that {program_path} takes (other names)")
+    named = jax.tree_util.tree_flatten_with_path(params)[0]
+    for (path, leaf), aval in zip(named, program.in_avals):
+        if leaf.shape != aval.shape or leaf.dtype != aval.dtype:
+            name = "/".join(str(key.key) for key in path)
+            raise ExportError(
+                f"{params_path}: tensor {name!r} is {leaf.dtype}{list(leaf.shape)}, but {program_path} takes "
+                f"{aval.dtype}{list(aval.shape)}"
+            )
+
+
+# -- command line ----------------------------------------------------------------------------
+
+
+def _positive(text: str) -> int:
+    if not text.isdigit() or int(text) < 1:
+        raise argparse.ArgumentTypeError(f"must be an integer >= 1, got {text!r}")
+    return int(text)
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(
+        description="Translate stdin to stdout, one sentence per line, with a jaxformer export."
+    )
+    parser.add_argument(
+        "directory", nargs="?", default=pathlib.Path(__file__).parent, help="the export (default: this file's folder)"
+    )
+    parser.add_argument("--batch_size", type=_positive, help="sentences per batch (default: the export's)")
+    args = parser.parse_args(argv)
+    try:
+        model = load(args.directory, args.batch_size)
+    except ExportError as error:
+        sys.stderr.write(f"error: {error}\n")
+        return 2
+    text = sys.stdin.buffer.read().decode("utf-8")
+    lines = [line.rstrip("\r") for line in text.split("\n")]
+    if lines and lines[-1] == "":
+        lines.pop()  # the final line break ends the last line
+    sys.stdout.write("".join(" ".join(line.splitlines()) + "\n" for line in model.translate(lines)))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

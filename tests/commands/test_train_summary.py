@@ -1,0 +1,121 @@
+"""The summary jaxformer-train logs at the end of a run: steps, time, best validation BLEU, where the
+checkpoints are, and a translate command that jaxformer-translate accepts; checked against
+metrics.jsonl and the checkpoint folders on disk."""
+
+import json
+import pathlib
+import re
+import subprocess
+import sys
+import time
+
+import pytest
+
+from jaxformer.commands import translate
+from jaxformer.commands.run_summary import format_duration, run_summary
+from jaxformer.training.config_file import load_config
+from tests.conftest import make_workdir
+from tests.training.test_loop import environment
+
+pytestmark = pytest.mark.xdist_group("train-loop")
+
+ROOT = pathlib.Path(__file__).parents[2]
+
+
+def train(workdir, data_dir, *overrides):
+    """Runs `train.py --config tiny` (the config by name); returns (summary lines, wall seconds)."""
+    command = [sys.executable, str(ROOT / "train.py"), "--config", "tiny", "--workdir", str(workdir)]
+    command += [f"--config.data.data_dir={data_dir}", *overrides]
+    start = time.perf_counter()
+    result = subprocess.run(command, env=environment(), capture_output=True, text=True, timeout=600)
+    seconds = time.perf_counter() - start
+    assert result.returncode == 0, result.stderr[-4000:]
+    lines = result.stderr.splitlines()
+    first = next(index for index, line in enumerate(lines) if " I run finished: " in line)
+    return [lines[first].split(" I ", 1)[1]] + [line.strip() for line in lines[first + 1 :]], seconds
+
+
+def numbered_folders(folder):
+    return sorted(int(path.name) for path in pathlib.Path(folder).iterdir() if path.name.isdigit())
+
+
+def field(lines, prefix):
+    (line,) = [line for line in lines if line.startswith(prefix)]
+    return line[len(prefix) :]
+
+
+def test_summary_of_a_run_and_of_its_resumption(tmp_path, data_dir):
+    workdir = tmp_path / "run"
+    overrides = [
+        "--config.training.num_train_steps=6",
+        "--config.training.eval_every_steps=3",
+        "--config.training.checkpoint_every_steps=3",
+        "--config.training.bleu_every_steps=3",
+        "--config.training.bleu_examples=4",
+        "--config.decoding.method=greedy",  # compiles faster than beam search
+    ]
+    lines, seconds = train(workdir, data_dir, *overrides)
+
+    took = re.fullmatch(r"run finished: 6 steps \(0 -> 6 of 6\) in ([0-9.]+) s", lines[0])
+    assert took and 0 < float(took.group(1)) <= seconds, lines[0]
+    records = [json.loads(line) for line in (workdir / "metrics.jsonl").read_text().splitlines()]
+    bleu = [(record["eval/bleu"], record["step"]) for record in records if "eval/bleu" in record]
+    assert [step for _, step in bleu] == [3, 6]
+    best_bleu = max(score for score, _ in bleu)
+    best_step = min(step for score, step in bleu if score == best_bleu)  # only a strictly better BLEU replaces it
+    assert field(lines, "best validation BLEU: ") == f"{best_bleu:.2f} at step {best_step}"
+    last_eval = [record for record in records if "eval/loss" in record][-1]
+    assert last_eval["step"] == 6
+    assert field(lines, "validation: ") == (
+        f"loss {last_eval['eval/loss']:.4f}, perplexity {last_eval['eval/perplexity']:.2f}"
+    )
+    assert numbered_folders(workdir / "checkpoints") == [3, 6] and numbered_folders(workdir / "best") == [best_step]
+    assert field(lines, "checkpoints: ") == (
+        f"latest {workdir / 'checkpoints'} (steps 3, 6); best {workdir / 'best'} (step {best_step})"
+    )
+
+    command = field(lines, "translate: ")
+    assert command.endswith(" < input.en > output.de")
+    program, *flags = command.removesuffix(" < input.en > output.de").split()
+    assert program == "jaxformer-translate"
+    parsed = translate.build_parser().parse_args(flags)
+    assert (pathlib.Path(parsed.workdir), parsed.checkpoint) == (workdir, "best")
+
+    # Resumed for two more steps without BLEU: the best checkpoint of the first run is still the one named.
+    lines, _ = train(workdir, data_dir, "--config.training.num_train_steps=8")
+    assert lines[0].startswith("run finished: 2 steps (6 -> 8 of 8) in ")
+    assert field(lines, "best validation BLEU: ") == f"{best_bleu:.2f} at step {best_step}"
+    assert numbered_folders(workdir / "checkpoints") == [3, 6, 8]
+
+
+def test_summary_without_bleu_or_best_checkpoint(tmp_path):
+    """No BLEU measured, a run stopped by SIGTERM, checkpoints but no best/: the translate command
+    uses the latest checkpoint (jaxformer-translate's default)."""
+    workdir, _, _ = make_workdir(tmp_path / "run with space", steps=(5, 10))
+    config = load_config("tiny")
+    config.data.target_language = "fr"
+    last = {"step": 10, "first_step": 5, "stopped_by_signal": 15, "train": {"loss": 3.0}}
+    lines = run_summary(config, workdir, last, seconds=125.0)
+    assert lines[0] == "run stopped by SIGTERM: 5 steps (5 -> 10 of 40) in 2 min 05 s; run the same command to resume"
+    assert "validation BLEU: not measured (set training.bleu_every_steps to measure it)" in lines
+    assert not any(line.startswith("validation:") for line in lines)
+    assert field(lines, "checkpoints: ") == f"latest {workdir / 'checkpoints'} (steps 5, 10)"
+    assert field(lines, "translate: ") == f"jaxformer-translate --workdir '{workdir}' < input.en > output.fr"
+
+
+def test_summary_without_checkpoints(tmp_path):
+    lines = run_summary(load_config("tiny"), tmp_path, {"step": 0}, seconds=3.25)
+    assert lines[0] == "run finished: 0 steps (0 -> 0 of 40) in 3.2 s"
+    assert lines[-1] == f"checkpoints: none saved in {tmp_path}"
+    assert not any(line.startswith("translate:") for line in lines)
+
+
+def test_durations():
+    assert [format_duration(s) for s in (0.04, 59.94, 60, 3599, 3600, 7380)] == [
+        "0.0 s",
+        "59.9 s",
+        "1 min 00 s",
+        "59 min 59 s",
+        "1 h 00 min",
+        "2 h 03 min",
+    ]

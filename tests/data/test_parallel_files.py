@@ -1,0 +1,379 @@
+"""data.name = "parallel_files": the user's own TSV or {lang} text files as train / validation / test
+splits, prepared once per fingerprint of the files and settings; and a tiny run trained on them."""
+
+import gzip
+import json
+import logging
+import os
+import pickle
+import re
+import shlex
+
+import numpy as np
+import pytest
+
+from jaxformer.data import fingerprint
+from jaxformer.data.parallel_files import ParallelFiles, holdout_indices
+from jaxformer.data.parallel_text import DataError
+from jaxformer.data.sources import data_fingerprint, get_builder, load_split
+from jaxformer.training.experiment import default_config
+
+# French -> Japanese sentences built from parts: every line different, Japanese in its own script.
+SUBJECTS = [
+    ("le chat", "猫"),
+    ("la fille", "女の子"),
+    ("mon frère", "私の兄"),
+    ("le professeur", "先生"),
+    ("une femme", "女性"),
+    ("le garçon", "男の子"),
+    ("notre voisin", "隣の人"),
+    ("la cuisinière", "料理人"),
+]
+VERBS = [("mange", "を食べる"), ("regarde", "を見る"), ("achète", "を買う"), ("aime", "が好きだ")]
+OBJECTS = [
+    ("une pomme", "りんご"),
+    ("le poisson", "魚"),
+    ("un livre", "本"),
+    ("la voiture", "車"),
+    ("du pain", "パン"),
+    ("une fleur", "花"),
+]
+
+
+def sentence_pair(index: int) -> tuple[str, str]:
+    """The index-th (French, Japanese) pair; distinct for indices below 2,304."""
+    subject = SUBJECTS[index % 8]
+    verb = VERBS[index // 8 % 4]
+    obj = OBJECTS[index // 32 % 6]
+    hour = index // 192 % 12 + 1
+    french = f"{subject[0].capitalize()} {verb[0]} {obj[0]} à {hour} heures."
+    japanese = f"{subject[1]}は{hour}時に{obj[1]}{verb[1]}。"
+    return french, japanese
+
+
+def pairs(start: int, count: int) -> list[tuple[str, str]]:
+    return [sentence_pair(index) for index in range(start, start + count)]
+
+
+def write_bytes(path, data: bytes):
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_bytes(gzip.compress(data, mtime=0) if path.suffix == ".gz" else data)
+    return path
+
+
+def write_text_files(pattern, split_pairs, languages=("fr", "ja")):
+    """Line-aligned files, one per language: `pattern` with {lang} filled in."""
+    for side, language in enumerate(languages):
+        text = "".join(pair[side] + "\n" for pair in split_pairs)
+        write_bytes(type(pattern)(str(pattern).replace("{lang}", language)), text.encode())
+    return str(pattern)
+
+
+def write_tsv(path, split_pairs):
+    write_bytes(path, "".join(f"{source}\t{target}\n" for source, target in split_pairs).encode())
+    return str(path)
+
+
+def section(tmp_path, name="parallel_files", **values):
+    """The data section get_builder reads: fr -> ja, prepared under tmp_path/tfds; `train`,
+    `validation`, `test` set data.files, other keywords the data keys."""
+    data = default_config().data
+    data.name, data.source_language, data.target_language = name, "fr", "ja"
+    data.data_dir = str(tmp_path / "tfds")
+    for key, value in values.items():
+        if key in ("train", "validation", "test"):
+            data.files[key] = value
+        else:
+            data[key] = value
+    return data
+
+
+def read(builder, split):
+    source = load_split(builder, split, ("fr", "ja"))
+    return [(source[i]["fr"].decode(), source[i]["ja"].decode()) for i in range(len(source))]
+
+
+# -- splits from the two file formats ------------------------------------------------------------
+
+
+def test_text_files_and_tsv_files_give_their_splits_in_file_order(tmp_path):
+    train = write_text_files(tmp_path / "corpus" / "train.{lang}.gz", pairs(0, 300))
+    validation = write_text_files(tmp_path / "corpus" / "dev.{lang}", pairs(300, 40))
+    test = write_tsv(tmp_path / "corpus" / "test.tsv", pairs(340, 30))
+    builder = get_builder(section(tmp_path, train=train, validation=validation, test=test))
+    assert isinstance(builder, ParallelFiles)
+    assert read(builder, "train") == pairs(0, 300)
+    assert read(builder, "validation") == pairs(300, 40)
+    assert read(builder, "test") == pairs(340, 30)
+    assert set(builder.info.splits) == {"train", "validation", "test"}
+    assert set(builder.info.features) == {"fr", "ja"} and builder.info.file_format.value == "array_record"
+    assert data_fingerprint(builder) == builder.fingerprint and builder.fingerprint.startswith("sha256:")
+    assert sorted(builder.source_files) == [
+        "test: test.tsv",
+        "train.fr: train.fr.gz",
+        "train.ja: train.ja.gz",
+        "validation.fr: dev.fr",
+        "validation.ja: dev.ja",
+    ]
+
+    # The same pairs as TSV files (one gzipped), and the other way round (ja -> fr) from the text files.
+    tsv = get_builder(
+        section(
+            tmp_path,
+            train=write_tsv(tmp_path / "tsv" / "train.tsv.gz", pairs(0, 300)),
+            validation=write_tsv(tmp_path / "tsv" / "dev.tsv", pairs(300, 40)),
+        )
+    )
+    assert read(tsv, "train") == pairs(0, 300) and read(tsv, "validation") == pairs(300, 40)
+    assert set(tsv.info.splits) == {"train", "validation"}  # no test file, no test split
+    with pytest.raises(DataError, match="no split 'test'.*set data.files.test"):
+        read(tsv, "test")
+    reverse = get_builder(
+        section(tmp_path, train=train, validation=validation, source_language="ja", target_language="fr")
+    )
+    reverse_source = load_split(reverse, "train", ("ja", "fr"))
+    assert reverse_source[0]["ja"].decode() == pairs(0, 1)[0][1] and len(reverse_source) == 300
+    assert len({builder.data_dir, tsv.data_dir, reverse.data_dir}) == 3
+
+
+def test_relative_paths_are_taken_from_the_current_directory_and_kept_absolute(tmp_path, monkeypatch):
+    write_text_files(tmp_path / "corpus" / "train.{lang}.gz", pairs(0, 60))
+    monkeypatch.chdir(tmp_path)
+    builder = get_builder(section(tmp_path, train="corpus/train.{lang}.gz", validation_holdout=5))
+    assert builder.given_files["train"].spec == str(tmp_path / "corpus" / "train.{lang}.gz")
+    assert len(read(builder, "train")) == 55
+    record = json.loads((builder.data_path / fingerprint.RECORD_NAME).read_text())
+    assert str(tmp_path / "corpus" / "train.{lang}.gz") in record["source"]
+    monkeypatch.chdir(tmp_path / "corpus")  # the pickled builder (grain workers) keeps the absolute paths
+    copy = pickle.loads(pickle.dumps(builder))
+    assert copy.fingerprint == builder.fingerprint and copy.data_dir == builder.data_dir
+    assert read(copy, "validation") == read(builder, "validation")
+
+
+# -- the validation split held out of train ------------------------------------------------------
+
+
+def test_holdout_is_disjoint_from_train_seeded_and_logged_once(tmp_path, caplog):
+    corpus = pairs(0, 400)
+    train = write_text_files(tmp_path / "corpus" / "train.{lang}.gz", corpus)
+    with caplog.at_level(logging.INFO):
+        builder = get_builder(section(tmp_path, train=train, validation_holdout=50, shuffle_seed=3))
+        kept, held = read(builder, "train"), read(builder, "validation")
+        read(builder, "train")  # read again: prepared once, logged once
+    assert len(held) == 50 and len(kept) == 350
+    assert set(kept).isdisjoint(held) and sorted(kept + held) == sorted(corpus)
+    # Held-out pairs keep their file order; they are the ones the seeded draw names.
+    expected = [corpus[i] for i in sorted(np.random.default_rng(3).choice(400, 50, replace=False))]
+    assert held == expected
+    assert [corpus[i] for i in holdout_indices(400, 50, 3)] == expected
+    messages = [r.getMessage() for r in caplog.records if "no data.files.validation" in r.getMessage()]
+    assert messages == ["no data.files.validation: held out 50 of 400 training pairs as the validation split (seed 3)"]
+
+    # The same seed elsewhere gives the same split (not a cached copy: another data_dir) ...
+    again = get_builder(section(tmp_path / "again", train=train, validation_holdout=50, shuffle_seed=3))
+    assert read(again, "validation") == held and again.fingerprint == builder.fingerprint
+    # ... another seed another one, in its own prepared copy.
+    other = get_builder(section(tmp_path, train=train, validation_holdout=50, shuffle_seed=4))
+    other_held = read(other, "validation")
+    assert len(other_held) == 50 and other_held != held and other.data_dir != builder.data_dir
+    assert set(read(other, "train")).isdisjoint(other_held)
+    # With a validation file, holdout and seed change nothing: same fingerprint.
+    validation = write_tsv(tmp_path / "corpus" / "dev.tsv", pairs(400, 10))
+    given = [
+        get_builder(section(tmp_path, train=train, validation=validation, validation_holdout=n, shuffle_seed=n))
+        for n in (5, 9)
+    ]
+    assert given[0].fingerprint == given[1].fingerprint
+    assert read(given[0], "train") == corpus and read(given[0], "validation") == pairs(400, 10)
+
+
+# -- the fingerprint keys the prepared copy --------------------------------------------------------
+
+
+def test_a_changed_file_of_the_same_size_gets_its_own_prepared_copy(tmp_path):
+    corpus = pairs(0, 100)
+    path = tmp_path / "corpus" / "train.tsv"
+    write_tsv(path, corpus)
+    first = get_builder(section(tmp_path, train=str(path), validation_holdout=10))
+    first_train = read(first, "train")
+
+    edited = [(source.replace("chat", "chut"), target) for source, target in corpus]  # same length
+    stat = path.stat()
+    write_tsv(path, edited)
+    os.utime(path, ns=(stat.st_atime_ns, stat.st_mtime_ns))
+    assert path.stat().st_size == stat.st_size and path.stat().st_mtime_ns == stat.st_mtime_ns
+    second = get_builder(section(tmp_path, train=str(path), validation_holdout=10))
+    assert second.fingerprint != first.fingerprint and second.data_dir != first.data_dir
+    assert sorted(read(second, "train") + read(second, "validation")) == sorted(edited)
+    assert read(first, "train") == first_train  # the old copy stays itself
+
+    # Copied elsewhere under the same name: the same fingerprint; renamed: another one.
+    write_tsv(tmp_path / "copy" / "train.tsv", edited)
+    write_tsv(tmp_path / "copy" / "renamed.tsv", edited)
+    copied = get_builder(section(tmp_path, train=str(tmp_path / "copy" / "train.tsv"), validation_holdout=10))
+    renamed = get_builder(section(tmp_path, train=str(tmp_path / "copy" / "renamed.tsv"), validation_holdout=10))
+    assert copied.fingerprint == second.fingerprint and renamed.fingerprint != second.fingerprint
+    # The settings are part of it: the record holds them and is checked against them.
+    record = json.loads((second.data_path / fingerprint.RECORD_NAME).read_text())
+    assert record["settings"] == {
+        "source_language": "fr",
+        "target_language": "ja",
+        "validation_holdout": 10,
+        "holdout_seed": 0,
+    }
+    assert record["fingerprint"] == fingerprint.fingerprint(record["files"], record["settings"]) == second.fingerprint
+
+
+def test_a_record_with_other_settings_is_prepared_again(tmp_path, caplog):
+    train = write_tsv(tmp_path / "corpus" / "train.tsv", pairs(0, 60))
+    builder = get_builder(section(tmp_path, train=train, validation_holdout=6))
+    read(builder, "train")
+    path = builder.data_path / fingerprint.RECORD_NAME
+    record = json.loads(path.read_text())
+    record["settings"]["holdout_seed"] = 1  # consistent with itself, not with this builder
+    record["fingerprint"] = fingerprint.fingerprint(record["files"], record["settings"])
+    path.write_text(json.dumps(record))
+    with caplog.at_level(logging.WARNING):
+        again = get_builder(section(tmp_path, train=train, validation_holdout=6))
+        assert len(read(again, "validation")) == 6
+    assert any(
+        "records the settings" in r.getMessage() and "preparing it again" in r.getMessage() for r in caplog.records
+    )
+    assert json.loads(path.read_text())["settings"]["holdout_seed"] == 0
+
+
+# -- errors: one line, naming the file, line or key, before anything is prepared -------------------
+
+
+def test_file_errors_name_the_file_before_anything_is_prepared(tmp_path):
+    fine = write_text_files(tmp_path / "corpus" / "train.{lang}.gz", pairs(0, 20))
+    cases = {
+        "missing TSV": (dict(train=str(tmp_path / "nowhere.tsv")), r"data\.files\.train=.*nowhere\.tsv.*not found"),
+        "missing {lang} file": (
+            dict(train=fine, test=str(tmp_path / "corpus" / "test.{lang}")),
+            r"data\.files\.test=.*: .*/corpus/test\.fr \(its 'fr' file\) not found; "
+            r".*/corpus/test\.ja \(its 'ja' file\) not found",
+        ),
+        "neither": (
+            dict(train=fine, validation=str(tmp_path / "dev.txt")),
+            r"data\.files\.validation=.*dev\.txt.* neither",
+        ),
+        "TSV with {lang}": (dict(train=str(tmp_path / "train.{lang}.tsv")), r"a TSV file holds both languages"),
+        "no train": (dict(validation=fine), r"data\.name='parallel_files' needs data\.files\.train"),
+        "a directory": (dict(train=str(tmp_path / "corpus.tsv")), r"corpus\.tsv is not a file"),
+    }
+    (tmp_path / "corpus.tsv").mkdir()
+    for name, (values, message) in cases.items():
+        with pytest.raises(DataError, match=message) as caught:
+            get_builder(section(tmp_path, **values))
+        assert "\n" not in str(caught.value), name
+    assert not (tmp_path / "tfds").exists()  # nothing prepared, nothing written
+
+    with pytest.raises(DataError, match=r"data\.files\.test is set, but data\.files applies to .*not 'multi30k'"):
+        get_builder(section(tmp_path, name="multi30k", test=fine))
+    with pytest.raises(DataError, match="data.raw_dir and data.download apply to multi30k only"):
+        get_builder(section(tmp_path, train=fine, raw_dir=str(tmp_path)))
+
+
+def test_content_errors_name_the_file_and_line(tmp_path, caplog):
+    def error_for(**files):
+        with pytest.raises(DataError) as caught:
+            get_builder(section(tmp_path, **{"validation_holdout": 2, **files})).download_and_prepare()
+        assert "\n" not in str(caught.value)
+        return str(caught.value)
+
+    good = pairs(0, 20)
+    tabs = write_bytes(tmp_path / "tabs.tsv", b"".join(f"{s}\t{t}\n".encode() for s, t in good[:4]) + b"a\tb\tc\n")
+    assert error_for(train=str(tabs)) == (
+        f"{tabs}: line 5 has 2 tabs; each line must be source<TAB>target, with one tab"
+    )
+    no_tab = write_bytes(tmp_path / "no_tab.tsv.gz", b"Une phrase sans tabulation\n")
+    assert f"{no_tab}: line 1 has 0 tabs" in error_for(train=str(no_tab))
+
+    latin1 = write_text_files(tmp_path / "latin1" / "train.{lang}", good)
+    (tmp_path / "latin1" / "train.fr").write_bytes(("\n".join(s for s, _ in good[:7]) + "\n").encode() + b"caf\xe9\n")
+    (tmp_path / "latin1" / "train.ja").write_bytes(("\n".join(t for _, t in good[:8]) + "\n").encode())
+    assert re.search(r"latin1/train\.fr: line 8 is not valid UTF-8", error_for(train=latin1))
+
+    short = write_text_files(tmp_path / "short" / "train.{lang}.gz", good)
+    write_bytes(tmp_path / "short" / "train.ja.gz", ("\n".join(t for _, t in good[:-1]) + "\n").encode())
+    assert re.search(r"train\.fr\.gz has 20 lines, .*train\.ja\.gz has 19", error_for(train=short))
+
+    assert error_for(train=write_tsv(tmp_path / "small.tsv", good), validation_holdout=20) == (
+        f"data.validation_holdout=20 is as large as the training split: data.files.train="
+        f"{str(tmp_path / 'small.tsv')!r} has 20 pairs with text on both sides; lower data.validation_holdout or "
+        "give data.files.validation"
+    )
+    empty = write_tsv(tmp_path / "empty.tsv", [("", "x")] * 3)
+    assert "holds no pair with text on both sides" in error_for(train=empty)
+
+    # Pairs with an empty side are skipped and counted, with a warning naming the first.
+    holes = [*good[:5], ("", "空"), ("vide", "  "), *good[5:]]
+    train = write_text_files(tmp_path / "holes" / "train.{lang}", holes)
+    caplog.clear()
+    with caplog.at_level(logging.WARNING):
+        builder = get_builder(section(tmp_path, train=train, validation_holdout=2))
+        assert sorted(read(builder, "train") + read(builder, "validation")) == sorted(good)
+    warnings = [r.getMessage() for r in caplog.records if "empty side" in r.getMessage()]
+    assert len(warnings) == 1 and "skipped 2 pairs" in warnings[0] and "holes/train.fr:6" in warnings[0]
+
+
+# -- a tiny run trained on such files, as the README's command says --------------------------------
+
+# The README's example ("Your own data"), word for word: its overrides are the ones trained below.
+README_COMMAND = (
+    "jaxformer-train --config parallel_files --workdir runs/fr-ja "
+    "--config.data.source_language=fr --config.data.target_language=ja "
+    "--config.data.files.train='corpus/train.{lang}.gz' --config.data.files.test=corpus/test.tsv"
+)
+# What the test adds: the tiny config (made for multi30k) on the same data, trained for seconds.
+TINY_RUN = [
+    ("data.name", "parallel_files"),
+    ("data.batch_size", "8"),  # one row per simulated device
+    ("tokenizer.vocab_size", "100"),  # what 300 generated pairs allow
+    ("training.num_train_steps", "4"),
+    ("training.eval_every_steps", "4"),
+    ("training.checkpoint_every_steps", "4"),
+]
+
+
+@pytest.mark.xdist_group("train-loop")
+def test_the_readme_command_trains_on_own_files_and_the_run_translates(tmp_path, monkeypatch):
+    from jaxformer.commands import evaluate
+    from jaxformer.decoding.generate import DecodeSettings
+    from jaxformer.decoding.translator import Translator
+    from jaxformer.run.loading import load_checkpoint
+    from jaxformer.training import experiment
+    from jaxformer.training.config_file import apply_overrides, load_config, split_overrides
+    from jaxformer.training.loop import train_and_evaluate
+
+    monkeypatch.chdir(tmp_path)  # the command's relative paths are taken from here
+    write_text_files(tmp_path / "corpus" / "train.{lang}.gz", pairs(0, 1300))  # 1,000 held out for validation
+    write_tsv(tmp_path / "corpus" / "test.tsv", pairs(1300, 10))
+    overrides, rest = split_overrides(shlex.split(README_COMMAND)[1:])
+    assert rest == ["--config", "parallel_files", "--workdir", "runs/fr-ja"]
+    prepared_in = [("data.data_dir", str(tmp_path / "tfds"))]  # not ~/tensorflow_datasets
+    shipped = load_config("parallel_files")
+    apply_overrides(shipped, overrides + prepared_in)
+    experiment.validate(shipped)
+
+    config = load_config("tiny")
+    apply_overrides(config, overrides + prepared_in + TINY_RUN)
+    for key in ("name", "source_language", "target_language", "files", "validation_holdout", "shuffle_seed"):
+        assert config.data[key] == shipped.data[key], key  # the data the README's command prepares
+    last = train_and_evaluate(config, rest[3])
+    assert last["step"] == 4 and np.isfinite(last["train"]["loss"]) and np.isfinite(last["eval"]["loss"])
+
+    workdir = tmp_path / "runs" / "fr-ja"
+    step, metadata, _ = load_checkpoint(workdir, "latest", params=False)
+    assert step == 4 and sorted(p.name for p in (workdir / "checkpoints").iterdir() if p.name.isdigit()) == ["4"]
+    shipped_data = get_builder(shipped.data)  # the README's data: what the run was trained on
+    assert metadata.data_fingerprint == shipped_data.fingerprint
+    assert len(read(shipped_data, "train")) == 300 and len(read(shipped_data, "validation")) == 1000
+
+    # What evaluate.py --split test scores: the test file, read through the checkpoint's data section.
+    sources, references = evaluate.split_pairs(str(workdir), "test", None)
+    assert list(zip(sources, references)) == pairs(1300, 10)
+    translator = Translator.from_workdir(workdir, settings=DecodeSettings(method="greedy", max_extra_length=8))
+    outputs = translator.translate(sources[:4])
+    assert translator.step == 4 and len(outputs) == 4 and all(isinstance(output, str) for output in outputs)

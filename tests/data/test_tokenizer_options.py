@@ -1,0 +1,487 @@
+"""Tokenizer options: a sentencepiece model trained elsewhere (tokenizer.model_path), converted to
+jaxformer's special ids, and separate source and target vocabularies with untied embeddings
+(tokenizer.separate_vocabularies), from the converter up to a run of train.py and translation."""
+
+import io
+import json
+import logging
+import os
+import pathlib
+import shutil
+import subprocess
+import sys
+
+import flax.linen as nn
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+import sentencepiece as spm
+from jax.sharding import PartitionSpec
+from sentencepiece import sentencepiece_model_pb2 as model_pb2
+
+from jaxformer.data.pipeline import TokenizePair
+from jaxformer.data.tokenizer import Tokenizer, TokenizerError, train_tokenizer, with_jaxformer_ids
+from jaxformer.errors import CheckpointError
+from jaxformer.model.config import ConfigError, preset
+from jaxformer.model.transformer import Transformer
+from jaxformer.run.directory import RunDirectory
+from jaxformer.run.metadata import CheckpointMetadata
+from jaxformer.tokens import BOS_ID, EOS_ID, PAD_ID, UNK_ID
+from jaxformer.training import experiment, sharding
+from tests.conftest import read_raw
+
+ROOT = pathlib.Path(__file__).parents[2]
+SPECIAL_PIECES = ["<pad>", "</s>", "<unk>", "<s>"]
+ENGLISH, GERMAN = read_raw("train.en.gz", 8000), read_raw("train.de.gz", 8000)
+TRAIN_TEXT = ENGLISH[:2000] + GERMAN[:2000]
+HELD_OUT = ENGLISH[5000:8000] + GERMAN[5000:8000]  # text the models were not trained on: some unknown pieces
+
+
+def default_id_model(sentences, vocab_size, model_type="unigram", **options) -> bytes:
+    """A model as sentencepiece trains it by default (unk 0, bos 1, eos 2, no pad) unless `options` say otherwise."""
+    model = io.BytesIO()
+    spm.SentencePieceTrainer.train(
+        sentence_iterator=iter(sentences),
+        model_writer=model,
+        vocab_size=vocab_size,
+        model_type=model_type,
+        minloglevel=2,
+        **options,
+    )
+    return model.getvalue()
+
+
+def pieces_by_name(model_proto: bytes) -> dict[str, tuple[float, int]]:
+    model = model_pb2.ModelProto()
+    model.ParseFromString(model_proto)
+    return {piece.piece: (piece.score, piece.type) for piece in model.pieces}
+
+
+@pytest.fixture(scope="module")
+def default_models():
+    return {model_type: default_id_model(TRAIN_TEXT, 400, model_type) for model_type in ("unigram", "bpe")}
+
+
+# -- converting a model trained elsewhere ------------------------------------------------------
+
+
+@pytest.mark.parametrize("model_type", ["unigram", "bpe"])
+def test_converted_model_splits_text_into_the_same_pieces(default_models, model_type):
+    original = spm.SentencePieceProcessor(model_proto=default_models[model_type])
+    assert (original.unk_id(), original.bos_id(), original.eos_id(), original.pad_id()) == (0, 1, 2, -1)
+    converted = Tokenizer(with_jaxformer_ids(default_models[model_type]))
+    assert converted.vocab_size == original.get_piece_size() + 1  # <pad> added
+    assert converted.pieces([PAD_ID, EOS_ID, UNK_ID, BOS_ID]) == SPECIAL_PIECES
+
+    original_ids = original.encode(HELD_OUT)
+    converted_ids = converted.encode(HELD_OUT, add_eos=False)
+    unknown = 0
+    for text, expected, ids in zip(HELD_OUT, original_ids, converted_ids):
+        assert converted.pieces(ids) == [original.id_to_piece(i) for i in expected], text
+        assert [i == UNK_ID for i in ids] == [i == original.unk_id() for i in expected], text
+        unknown += int(np.sum(ids == UNK_ID))
+        assert converted.decode(np.append(ids, EOS_ID)) == original.decode(expected), text
+    assert unknown > 0  # the held-out text exercises the moved <unk>
+    round_trips = sum(converted.decode(ids) == text for text, ids in zip(HELD_OUT, converted.encode(HELD_OUT)))
+    assert round_trips > 0.9 * len(HELD_OUT)  # the rest hold characters the small vocabulary lacks
+
+    before, after = pieces_by_name(default_models[model_type]), pieces_by_name(converted.model_proto)
+    assert {name: after[name] for name in before} == before  # every piece kept with its score and type
+    assert set(after) - set(before) == {"<pad>"}
+    assert with_jaxformer_ids(converted.model_proto) == converted.model_proto  # converting twice changes nothing
+
+
+def test_other_special_layouts_convert():
+    # <pad> present (at 3), <s> absent: <s> is added, <pad> moved
+    proto = default_id_model(TRAIN_TEXT, 300, "bpe", unk_id=0, eos_id=1, pad_id=3, bos_id=2, bos_piece="<bos>")
+    original = spm.SentencePieceProcessor(model_proto=proto)
+    converted = Tokenizer(with_jaxformer_ids(proto))
+    assert converted.pieces([PAD_ID, EOS_ID, UNK_ID, BOS_ID]) == ["<pad>", "</s>", "<unk>", "<bos>"]
+    assert converted.vocab_size == original.get_piece_size()
+    for text, expected, ids in zip(HELD_OUT[:500], original.encode(HELD_OUT[:500]), converted.encode(HELD_OUT[:500])):
+        assert converted.pieces(ids[:-1]) == [original.id_to_piece(i) for i in expected], text
+
+    no_bos = default_id_model(TRAIN_TEXT, 300, "bpe", bos_id=-1)
+    converted = Tokenizer(with_jaxformer_ids(no_bos))
+    assert converted.pieces([PAD_ID, EOS_ID, UNK_ID, BOS_ID]) == SPECIAL_PIECES
+    assert converted.vocab_size == spm.SentencePieceProcessor(model_proto=no_bos).get_piece_size() + 2
+
+    jaxformer_model = train_tokenizer(TRAIN_TEXT, 300, "bpe")
+    assert with_jaxformer_ids(jaxformer_model.model_proto) == jaxformer_model.model_proto
+
+
+def test_a_special_piece_of_the_wrong_type_is_refused(tmp_path):
+    path = tmp_path / "user_pad.model"
+    path.write_bytes(default_id_model(TRAIN_TEXT, 300, "bpe", user_defined_symbols=["<pad>"]))
+    with pytest.raises(TokenizerError) as raised:
+        Tokenizer.from_sentencepiece_file(path)
+    message = str(raised.value)
+    assert str(path) in message and "pad piece '<pad>'" in message and "USER_DEFINED" in message
+
+
+def test_files_that_are_not_sentencepiece_models_are_named(tmp_path, default_models):
+    cases = {
+        "notes.txt": b"A sentencepiece model is a protobuf.\n",
+        "random.model": np.random.default_rng(0).bytes(500),
+        "empty.model": b"",
+        "truncated.model": default_models["unigram"][: len(default_models["unigram"]) // 2],
+    }
+    for name, data in cases.items():
+        path = tmp_path / name
+        path.write_bytes(data)
+        with pytest.raises(TokenizerError) as raised:
+            Tokenizer.from_sentencepiece_file(path)
+        message = str(raised.value)
+        assert str(path) in message and "\n" not in message, message
+    with pytest.raises(TokenizerError, match="cannot read the sentencepiece model .*missing.model"):
+        Tokenizer.from_sentencepiece_file(tmp_path / "missing.model")
+    path = tmp_path / "good.model"
+    path.write_bytes(default_models["bpe"])
+    assert Tokenizer.from_sentencepiece_file(path).model_proto == with_jaxformer_ids(default_models["bpe"])
+
+
+# -- the model: a source vocabulary of its own --------------------------------------------------
+
+
+def test_source_vocab_size_shapes_the_source_embedding_only():
+    config = preset("tiny", vocab_size=64, source_vocab_size=48, share_embeddings=False)
+    assert config.encoder_vocab_size == 48 and preset("tiny").encoder_vocab_size == preset("tiny").vocab_size
+    source = jnp.array([[47, 5, 1, 0]], jnp.int32)  # the last source id exists in the source vocabulary only
+    target = jnp.array([[3, 63, 7]], jnp.int32)
+    variables = jax.jit(Transformer(config).init)(jax.random.key(0), source, target)
+    params = nn.meta.unbox(variables)["params"]
+    assert params["source_embedding"]["embedding"].shape == (48, 32)
+    assert params["target_embedding"]["embedding"].shape == (64, 32)
+    logits = jax.jit(lambda variables: Transformer(config).apply(variables, source, target, deterministic=True))(
+        variables
+    )
+    assert logits.shape == (1, 3, 64)
+
+    @jax.jit
+    def encode(params):
+        return Transformer(config).apply({"params": params}, source, method=Transformer.encode, deterministic=True)
+
+    def changed(name, row):
+        embedding = params[name]["embedding"]
+        return {**params, name: {"embedding": embedding.at[row].add(1.0)}}
+
+    encoded = encode(params)
+    assert encoded.shape == (1, 4, 32)
+    assert not np.allclose(encode(changed("source_embedding", 47)), encoded)  # the encoder reads the source rows
+    np.testing.assert_array_equal(encode(changed("target_embedding", 47)), encoded)  # and never the target's
+    specs = nn.get_partition_spec(variables["params"])
+    assert tuple(specs["source_embedding"]["embedding"]) == ("vocab", "embed")
+    assert tuple(specs["target_embedding"]["embedding"]) == ("vocab", "embed")
+
+    with pytest.raises(ConfigError, match=r"source_vocab_size=48: differs from vocab_size=64.*share_embeddings=False"):
+        preset("tiny", vocab_size=64, source_vocab_size=48)
+    with pytest.raises(ConfigError, match="source_vocab_size=3"):
+        preset("tiny", source_vocab_size=3, share_embeddings=False)
+    assert preset("tiny", source_vocab_size=64, vocab_size=64).encoder_vocab_size == 64  # equal sizes may share
+
+
+def test_separate_embeddings_are_sharded_like_the_shared_one():
+    config = preset("tiny", vocab_size=64, source_vocab_size=48, d_model=64, num_heads=8, share_embeddings=False)
+    mesh = sharding.make_mesh((2, 2, 2))
+    rules = sharding.DEFAULT_RULES
+    tokens = jax.ShapeDtypeStruct((8, 12), jnp.int32)
+
+    def init(rng):
+        return Transformer(config).init(rng, jnp.ones(tokens.shape, jnp.int32), jnp.ones(tokens.shape, jnp.int32))
+
+    with jax.set_mesh(mesh), nn.logical_axis_rules(rules):
+        boxed = jax.eval_shape(init, jax.random.key(0))
+        shardings = sharding.logical_shardings(boxed, mesh, rules)
+        params = jax.jit(lambda rng: nn.meta.unbox(init(rng)), out_shardings=shardings)(jax.random.key(0))["params"]
+    for name, rows in (("source_embedding", 48), ("target_embedding", 64)):
+        embedding = params[name]["embedding"]
+        assert embedding.shape == (rows, 64) and embedding.sharding.spec == PartitionSpec("tensor", "fsdp")
+        assert embedding.addressable_shards[0].data.shape == (rows // 2, 32)
+
+
+# -- the experiment config ----------------------------------------------------------------------
+
+
+def tiny_config():
+    spec_path = ROOT / "jaxformer" / "configs" / "tiny.py"
+    if not spec_path.exists():
+        spec_path = ROOT / "configs" / "tiny.py"
+    from jaxformer.training.config_file import load_config_file
+
+    return load_config_file(spec_path)
+
+
+@pytest.fixture(scope="module")
+def model_files(tmp_path_factory, default_models):
+    directory = tmp_path_factory.mktemp("models")
+    (directory / "joint.model").write_bytes(default_models["unigram"])  # 401 pieces once converted
+    (directory / "german.model").write_bytes(default_id_model(GERMAN[:3000], 300, "bpe"))  # 301
+    return directory
+
+
+def test_validation_of_tokenizer_options(model_files):
+    joint, german = str(model_files / "joint.model"), str(model_files / "german.model")
+    config = tiny_config()
+    config.tokenizer.separate_vocabularies = True
+    with pytest.raises(ConfigError, match=r"separate_vocabularies=True .* set --config.model.share_embeddings=False"):
+        experiment.validate(config)
+    config.model.share_embeddings = False
+    experiment.validate(config)
+    assert experiment.vocabulary_sizes(config) == (1000, 1000)
+    config.tokenizer.target_model_path = german
+    assert experiment.vocabulary_sizes(config) == (1000, 301)  # tokenizer.vocab_size: the trained source's
+    config.tokenizer.model_path = joint
+    with pytest.raises(ConfigError) as raised:  # nothing is trained: 1000 contradicts the models
+        experiment.validate(config)
+    assert "tokenizer.vocab_size=1000" in str(raised.value) and "401 pieces" in str(raised.value)
+    config.tokenizer.vocab_size = experiment.DEFAULT_VOCAB_SIZE
+    assert experiment.vocabulary_sizes(config) == (401, 301)
+    model = experiment.model_config(config, 301, 401)
+    assert (model.vocab_size, model.source_vocab_size, model.encoder_vocab_size) == (301, 401, 401)
+
+    shared = tiny_config()
+    shared.tokenizer.target_model_path = german
+    with pytest.raises(ConfigError, match=r"target_model_path=.* needs --config.tokenizer.separate_vocabularies=True"):
+        experiment.validate(shared)
+    shared.tokenizer.target_model_path = None
+    shared.tokenizer.model_path = joint
+    with pytest.raises(ConfigError, match=r"tokenizer.vocab_size=1000, but tokenizer.model_path .* has 401 pieces"):
+        experiment.validate(shared)
+    shared.tokenizer.vocab_size = 401
+    experiment.validate(shared)
+    assert experiment.vocabulary_sizes(shared) == (401, 401)
+    shared.tokenizer.model_path = str(model_files / "missing.model")
+    with pytest.raises(TokenizerError, match="missing.model"):
+        experiment.validate(shared)
+    assert experiment.model_config(shared, 401).source_vocab_size is None  # shared: nothing changes
+
+
+# -- the run's tokenizers, without the training loop ---------------------------------------------
+
+
+def records(count=3000):
+    return [{"en": en.encode(), "de": de.encode()} for en, de in zip(ENGLISH[:count], GERMAN[:count])]
+
+
+def test_separate_tokenizers_are_trained_on_their_own_side(tmp_path):
+    from jaxformer.training.run_tokenizer import tokenizer_for_run
+
+    config = tiny_config()
+    config.tokenizer.separate_vocabularies, config.model.share_embeddings = True, False
+    config.tokenizer.vocab_size, config.tokenizer.model_type = 300, "bpe"
+    run = RunDirectory(tmp_path)
+    tokenizers = tokenizer_for_run(config, run, records(), None)
+    assert not tokenizers.shared and tokenizers.source.vocab_size == tokenizers.target.vocab_size == 300
+    assert run.tokenizer_file.read_bytes() == tokenizers.source.model_proto
+    assert run.target_tokenizer_file.read_bytes() == tokenizers.target.model_proto
+    german_letters = set("äöüßÄÖÜ")
+    source_pieces, target_pieces = tokenizers.source.pieces(range(300)), tokenizers.target.pieces(range(300))
+    assert not any(german_letters & set(piece) for piece in source_pieces)  # English text only
+    assert any(german_letters & set(piece) for piece in target_pieces)
+
+    saved = CheckpointMetadata(
+        config={},
+        model={},
+        tokenizer=tokenizers.source.model_proto,
+        target_tokenizer=tokenizers.target.model_proto,
+        data_fingerprint=None,
+        step=7,
+    )
+    run.target_tokenizer_file.unlink()
+    restored = tokenizer_for_run(config, run, None, (saved, "checkpoint 7"))  # nothing trained: no records
+    assert run.target_tokenizer_file.read_bytes() == restored.target.model_proto == tokenizers.target.model_proto
+
+    tokenizers.source.save(run.target_tokenizer_file)  # a valid model of the same size, but not the target's
+    with pytest.raises(CheckpointError) as raised:
+        tokenizer_for_run(config, run, None, (saved, "checkpoint 7"))
+    assert f"{run.target_tokenizer_file} is not the tokenizer stored in checkpoint 7" in str(raised.value)
+
+    with pytest.raises(CheckpointError, match="checkpoint 7 has separate source and target vocabularies, but"):
+        tokenizer_for_run(tiny_config(), run, None, (saved, "checkpoint 7"))
+
+
+def test_a_given_model_replaces_the_default_vocab_size_and_is_checked_on_resume(tmp_path, model_files, caplog):
+    from jaxformer.training.run_tokenizer import tokenizer_for_run
+
+    given = tmp_path / "given.model"
+    shutil.copy(model_files / "joint.model", given)
+    config = tiny_config()
+    config.tokenizer.model_path = str(given)
+    config.tokenizer.vocab_size = experiment.DEFAULT_VOCAB_SIZE
+    run = RunDirectory(tmp_path / "run")
+    run.path.mkdir()
+    with caplog.at_level(logging.INFO):
+        tokenizers = tokenizer_for_run(config, run, None, None)  # nothing to train on: nothing is trained
+    assert tokenizers.shared and tokenizers.source.vocab_size == 401
+    assert any(
+        "has 401 pieces" in r.getMessage() and "tokenizer.vocab_size=8000" in r.getMessage() for r in caplog.records
+    )
+    assert run.tokenizer_file.read_bytes() == with_jaxformer_ids(given.read_bytes())
+    assert not run.target_tokenizer_file.exists()
+    assert tokenizer_for_run(config, run, None, None).source.model_proto == tokenizers.source.model_proto
+
+    given.write_bytes(
+        default_id_model(ENGLISH[2000:4000] + GERMAN[2000:4000], 400, "bpe")
+    )  # the file at model_path changed since
+    with pytest.raises(
+        CheckpointError, match=r"tokenizer.model_path .*given.model has changed: .* in .*tokenizer.model;"
+    ):
+        tokenizer_for_run(config, run, None, None)
+
+
+# -- pipeline and translator ------------------------------------------------------------------
+
+
+def test_tokenize_pair_encodes_each_side_with_its_tokenizer():
+    source, target = train_tokenizer(ENGLISH[:2000], 200, "bpe"), train_tokenizer(GERMAN[:2000], 300, "bpe")
+    record = {"en": ENGLISH[0].encode(), "de": GERMAN[0].encode()}
+    pair = TokenizePair(source, "en", "de", target)(record)
+    assert pair["inputs"].tolist() == source.encode(ENGLISH[0]).tolist()
+    assert pair["targets"].tolist() == target.encode(GERMAN[0]).tolist()
+    assert pair["targets"].tolist() != source.encode(GERMAN[0]).tolist()
+    shared = TokenizePair(source, "en", "de")(record)
+    assert shared["targets"].tolist() == source.encode(GERMAN[0]).tolist()
+
+
+def test_translator_checks_each_vocabulary():
+    from jaxformer.decoding.translator import Translator
+
+    source, target = train_tokenizer(ENGLISH[:2000], 200, "bpe"), train_tokenizer(GERMAN[:2000], 300, "bpe")
+    config = preset("tiny", vocab_size=300, source_vocab_size=200, share_embeddings=False)
+    translator = Translator(config, None, source, target_tokenizer=target)
+    assert translator.tokenizer is source and translator.target_tokenizer is target
+    with pytest.raises(ValueError, match="the model's source vocabulary has 200 tokens, its tokenizer 300"):
+        Translator(config, None, target, target_tokenizer=target)
+    with pytest.raises(ValueError, match="the model's target vocabulary has 300 tokens, its tokenizer 200"):
+        Translator(config, None, source, target_tokenizer=source)
+    with pytest.raises(ValueError, match="source vocabulary has 300 tokens, its tokenizer 200"):
+        Translator(preset("tiny", vocab_size=300), None, source)
+
+
+# -- whole runs of train.py ---------------------------------------------------------------------
+
+
+def train_command(workdir, data_dir, *overrides):
+    config = ROOT / "jaxformer" / "configs" / "tiny.py"
+    if not config.exists():
+        config = ROOT / "configs" / "tiny.py"
+    return [
+        sys.executable,
+        str(ROOT / "train.py"),
+        "--config",
+        str(config),
+        "--workdir",
+        str(workdir),
+        f"--config.data.data_dir={data_dir}",
+        "--config.training.num_train_steps=4",
+        "--config.training.checkpoint_every_steps=2",
+        "--config.training.eval_every_steps=4",
+        *overrides,
+    ]
+
+
+def train(workdir, data_dir, *overrides):
+    env = dict(os.environ)
+    env["XLA_FLAGS"] = "--xla_backend_optimization_level=0"  # one device; faster compiles, same float semantics
+    env["JAX_PLATFORMS"] = "cpu"
+    command = train_command(workdir, data_dir, *overrides)
+    return subprocess.run(command, env=env, capture_output=True, text=True, timeout=600)
+
+
+SEPARATE = ("--config.tokenizer.separate_vocabularies=True", "--config.model.share_embeddings=False")
+
+
+@pytest.fixture(scope="module")
+def separate_run(tmp_path_factory, data_dir, model_files):
+    """Source vocabulary trained on the English side (tiny.py's 1000 pieces), target vocabulary a
+    German model trained elsewhere with sentencepiece's default ids (301 pieces once converted)."""
+    workdir = tmp_path_factory.mktemp("separate") / "run"
+    result = train(
+        workdir,
+        data_dir,
+        *SEPARATE,
+        f"--config.tokenizer.target_model_path={model_files / 'german.model'}",
+        "--config.training.bleu_every_steps=4",
+        "--config.training.bleu_examples=8",
+        "--config.decoding.max_extra_length=8",
+    )
+    assert result.returncode == 0, result.stderr[-4000:]
+    return workdir
+
+
+@pytest.mark.xdist_group("train-loop")
+def test_separate_vocabularies_train_translate_and_evaluate(separate_run, model_files, tmp_path):
+    from jaxformer.commands import evaluate, translate
+    from jaxformer.decoding.generate import DecodeSettings
+    from jaxformer.decoding.translator import Translator
+    from jaxformer.run.loading import load_checkpoint
+
+    run = RunDirectory(separate_run)
+    source, target = Tokenizer.load(run.tokenizer_file), Tokenizer.load(run.target_tokenizer_file)
+    assert source.vocab_size == 1000 and target.vocab_size == 301
+    assert target.model_proto == with_jaxformer_ids((model_files / "german.model").read_bytes())
+    assert not any(set("äöüß") & set(piece) for piece in source.pieces(range(1000)))  # English side only
+
+    step, metadata, params = load_checkpoint(separate_run)
+    assert step == 4 and metadata.tokenizer == source.model_proto and metadata.target_tokenizer == target.model_proto
+    assert metadata.load_target_tokenizer().model_proto == target.model_proto
+    model = metadata.model_config()
+    assert (model.source_vocab_size, model.vocab_size, model.share_embeddings) == (1000, 301, False)
+    assert params["source_embedding"]["embedding"].shape == (1000, 32)
+    assert params["target_embedding"]["embedding"].shape == (301, 32)
+    records = [json.loads(line) for line in run.metrics_file.read_text().splitlines()]
+    assert any("eval/bleu" in record for record in records)  # validation BLEU decoded with the target vocabulary
+
+    translator = Translator.from_workdir(separate_run, settings=DecodeSettings(method="greedy", max_extra_length=8))
+    assert translator.tokenizer.model_proto == source.model_proto
+    assert translator.target_tokenizer.model_proto == target.model_proto
+    sentences = ENGLISH[:3]
+    translations = translator.translate(sentences)
+    ids = translator.translate_ids([source.encode(sentence) for sentence in sentences])
+    assert translations == [target.decode(hypotheses[0][0]) for hypotheses in ids]  # decoded with the target's
+    assert all(int(hypotheses[0][0].max()) < target.vocab_size for hypotheses in ids)  # target ids only
+
+    (tmp_path / "input.en").write_text("".join(f"{line}\n" for line in sentences))
+    (tmp_path / "input.de").write_text("".join(f"{line}\n" for line in GERMAN[:3]))
+    common = ["--workdir", str(separate_run), "--method", "greedy", "--max_extra_length", "8"]
+    assert translate.main([*common, "--input", str(tmp_path / "input.en"), "--output", str(tmp_path / "out")]) == 0
+    assert (tmp_path / "out").read_text().splitlines() == translations
+    scored = [*common, "--source", str(tmp_path / "input.en"), "--reference", str(tmp_path / "input.de")]
+    assert evaluate.main([*scored, "--json", str(tmp_path / "scores.json")]) == 0
+    assert 0.0 <= json.loads((tmp_path / "scores.json").read_text())["bleu"] <= 100.0
+
+
+@pytest.mark.xdist_group("train-loop")
+def test_resume_refuses_another_target_tokenizer(separate_run, data_dir, model_files, tmp_path):
+    workdir = shutil.copytree(separate_run, tmp_path / "copy")
+    other = Tokenizer(with_jaxformer_ids(default_id_model(GERMAN[3000:6000], 300, "bpe")))
+    assert other.vocab_size == 301
+    other.save(RunDirectory(workdir).target_tokenizer_file)
+    target_model = f"--config.tokenizer.target_model_path={model_files / 'german.model'}"
+    result = train(workdir, data_dir, *SEPARATE, target_model, "--config.training.num_train_steps=6")
+    assert result.returncode == 2, result.stderr[-3000:]
+    error = result.stderr.strip().splitlines()[-1]
+    assert error.startswith(f"error: {RunDirectory(workdir).target_tokenizer_file} is not the tokenizer stored in")
+
+
+@pytest.mark.xdist_group("train-loop")
+def test_run_with_a_model_trained_elsewhere(data_dir, tmp_path):
+    given = tmp_path / "joint.model"  # sentencepiece's default ids; 1000 pieces once <pad> is added (tiny.py's size)
+    given.write_bytes(default_id_model(ENGLISH[:3000] + GERMAN[:3000], 999, "bpe"))
+    workdir = tmp_path / "run"
+    result = train(workdir, data_dir, f"--config.tokenizer.model_path={given}")
+    assert result.returncode == 0, result.stderr[-4000:]
+    run = RunDirectory(workdir)
+    converted = with_jaxformer_ids(given.read_bytes())
+    assert run.tokenizer_file.read_bytes() == converted and not run.target_tokenizer_file.exists()
+    from jaxformer.run.loading import load_checkpoint
+
+    _, metadata, _ = load_checkpoint(workdir, params=False)
+    assert metadata.tokenizer == converted and metadata.target_tokenizer is None
+    assert metadata.model_config().vocab_size == 1000 and metadata.model_config().source_vocab_size is None
+    original = spm.SentencePieceProcessor(model_file=str(given))
+    translator_tokenizer = metadata.load_tokenizer()
+    assert translator_tokenizer.pieces(translator_tokenizer.encode(GERMAN[7000], add_eos=False)) == [
+        original.id_to_piece(i) for i in original.encode(GERMAN[7000])
+    ]

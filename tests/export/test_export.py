@@ -1,0 +1,318 @@
+"""jaxformer-export: the directory it writes, serving it without jaxformer, Translator.from_export,
+and the refusals (overwriting, damaged files)."""
+
+import json
+import os
+import pathlib
+import re
+import shutil
+import subprocess
+import sys
+
+import jax
+import numpy as np
+import pytest
+
+from jaxformer.commands import export
+from jaxformer.decoding.generate import DecodeSettings, decoding_variant, make_generate_fn
+from jaxformer.decoding.translator import Translator
+from jaxformer.errors import UserError
+from jaxformer.export import exporter, standalone
+from jaxformer.export.loading import ExportError, load_export
+from jaxformer.export.safetensors import flatten, read_safetensors
+from jaxformer.run.checkpoint import Checkpointer
+from jaxformer.run.directory import RunDirectory
+from jaxformer.run.loading import load_checkpoint
+from tests.conftest import make_workdir, read_raw
+
+pytestmark = pytest.mark.xdist_group("export")
+
+# Small enough to decode quickly; sources over 32 tokens are translated in pieces.
+SETTINGS = DecodeSettings(beam_size=3, max_extra_length=8)
+FLAGS = ["--beam_size", "3", "--max_extra_length", "8", "--batch_size", "4", "--max_source_tokens", "32"]
+
+SERVE_WITHOUT_JAXFORMER = """
+import sys
+sys.modules["jaxformer"] = None  # any import of jaxformer now fails: serve.py must not need it
+import io, json, pathlib, runpy
+import numpy as np
+
+directory, results = pathlib.Path(sys.argv[1]), pathlib.Path(sys.argv[2])
+sys.path.insert(0, str(directory))
+import serve
+
+model = serve.load(directory)
+sentences = json.loads((results / "sentences.json").read_text())
+nbest = model.translate_nbest(sentences)
+sources = np.load(results / "sources.npz")
+outputs = {}
+for name in sources.files:
+    outputs[f"{name}_tokens"], outputs[f"{name}_scores"] = model.translate_ids(sources[name])
+np.savez(results / "outputs.npz", **outputs)
+
+# The command line, as `python serve.py < sentences > translations` runs it.
+sys.stdin = io.TextIOWrapper(io.BytesIO(("\\n".join(sentences) + "\\n").encode("utf-8")), encoding="utf-8")
+printed, sys.stdout = sys.stdout, io.StringIO()
+sys.argv = [str(directory / "serve.py")]  # the directory defaults to the script's own
+try:
+    runpy.run_path(str(directory / "serve.py"), run_name="__main__")
+except SystemExit as stop:
+    assert not stop.code, stop.code
+command_output, sys.stdout = sys.stdout.getvalue(), printed
+
+loaded = sorted(name for name, module in sys.modules.items() if name.startswith("jaxformer") and module is not None)
+(results / "results.json").write_text(json.dumps({"nbest": nbest, "command": command_output, "loaded": loaded}))
+"""
+
+
+@pytest.fixture(scope="module")
+def workdir(tmp_path_factory):
+    """A run with a latest and a different best checkpoint (its parameters scaled by 1.5)."""
+    workdir, _, _ = make_workdir(tmp_path_factory.mktemp("export") / "run")
+    step, metadata, params = load_checkpoint(workdir)
+    best = Checkpointer(RunDirectory(workdir).best, keep=None)
+    best.save_params(step, jax.tree.map(lambda leaf: leaf * 1.5, params), metadata.replace(bleu=12.5))
+    best.close()
+    return workdir
+
+
+@pytest.fixture(scope="module")
+def exported(workdir):
+    """The export, written by the installed command as a user runs it."""
+    command = shutil.which("jaxformer-export", path=os.path.dirname(sys.executable))
+    assert command, f"jaxformer-export is not installed beside {sys.executable}: pip install -e ."
+    output = workdir.parent / "export"
+    result = subprocess.run(
+        [command, "--workdir", str(workdir), "--checkpoint", "best", "--output", str(output), *FLAGS],
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert f"exported step 1 of {workdir} (best checkpoint)" in result.stdout and "cpu, cuda, tpu" in result.stdout
+    return output
+
+
+@pytest.fixture(scope="module")
+def translator(workdir):
+    return Translator.from_workdir(workdir, "best", settings=SETTINGS, batch_size=4, max_source_tokens=32)
+
+
+@pytest.fixture(scope="module")
+def sentences(translator):
+    """5 sentences of 17 to 32 tokens, an empty one and one of 40 to 64 tokens (in pieces): two
+    batches of 4 rows of 32 tokens, one shape to compile (compiling dominates this file's time)."""
+    lengths = {text: len(translator.tokenizer.encode(text)) for text in read_raw("val.en.gz", 100)}
+    short = [text for text, length in lengths.items() if 17 <= length <= 32][:5]
+    long = next(text for text, length in lengths.items() if 40 <= length <= 64)
+    return [*short[:3], "", long, *short[3:]]
+
+
+def test_the_directory_holds_everything_serving_needs(exported, workdir):
+    assert sorted(os.listdir(exported)) == [
+        "beam_search.jaxexport",
+        "config.json",
+        "params.safetensors",
+        "serve.py",
+        "tokenizer.model",
+    ]
+    assert not [name for name in os.listdir(exported.parent) if name.startswith(".export")]  # no staging left
+    step, metadata, params = load_checkpoint(workdir, "best")
+    decode_config, decode_params = decoding_variant(metadata.model_config(), params)
+    config = json.loads((exported / "config.json").read_text())
+    assert config["format"] == "jaxformer-export" and config["format_version"] == 1
+    assert config["model"] == decode_config.to_dict()
+    assert config["decoding"] == {
+        "method": "beam",
+        "beam_size": 3,
+        "alpha": 0.6,
+        "max_extra_length": 8,
+        "temperature": 1.0,
+        "top_k": 0,
+    }
+    assert config["special_tokens"] == {"pad": 0, "eos": 1, "unk": 2, "bos": 3}
+    assert config["serving"] == {"batch_size": 4, "length_bucket": 16, "max_source_tokens": 32, "max_source_length": 32}
+    assert config["checkpoint"] == {
+        "workdir": str(workdir.resolve()),
+        "which": "best",
+        "step": 1,
+        "bleu": 12.5,
+        "averaged_steps": None,
+    }
+    assert config["platforms"] == ["cpu", "cuda", "tpu"] and config["platforms_failed"] == {}
+    assert (exported / "serve.py").read_bytes() == pathlib.Path(standalone.__file__).read_bytes()
+    assert (exported / "tokenizer.model").read_bytes() == metadata.tokenizer
+    stored = read_safetensors(exported / "params.safetensors")
+    expected = flatten(decode_params)
+    assert sorted(stored) == sorted(expected) and "decoder/layer_1/feed_forward/wi_kernel" in stored
+    for name, array in expected.items():
+        assert stored[name].dtype == array.dtype and np.array_equal(stored[name], array), name
+    program = jax.export.deserialize(bytearray((exported / "beam_search.jaxexport").read_bytes()))
+    assert program.platforms == ("cpu", "cuda", "tpu")
+    assert str(program.in_avals[-1]) == "int32[B,S]"  # symbolic batch and source length
+    assert [str(aval) for aval in program.out_avals] == ["int32[B,3,S + 8]", "float32[B,3]"]
+
+
+def test_serve_py_without_jaxformer_equals_the_translator(exported, translator, sentences, tmp_path):
+    rng = np.random.default_rng(0)
+    source = rng.integers(4, translator.config.vocab_size, (3, 21)).astype(np.int32)  # not a bucket, not a batch
+    source[:, -1] = 1  # EOS
+    source[0, 10:] = 0  # a shorter row: EOS then padding
+    source[0, 10] = 1
+    np.savez(tmp_path / "sources.npz", odd_shape=source)
+    (tmp_path / "sentences.json").write_text(json.dumps(sentences))
+    serving = subprocess.Popen(
+        [sys.executable, "-c", SERVE_WITHOUT_JAXFORMER, str(exported), str(tmp_path)],
+        cwd=tmp_path,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    try:  # the references while it runs
+        expected_nbest = translator.translate_nbest(sentences)
+        expected_text = translator.translate(sentences)
+        tokens, scores = jax.device_get(make_generate_fn(translator.config, SETTINGS)(translator.params, source))
+        _, stderr = serving.communicate(timeout=300)
+    finally:
+        serving.kill()
+    assert serving.returncode == 0, stderr[-3000:]
+    served = json.loads((tmp_path / "results.json").read_text())
+    assert served["loaded"] == []
+
+    assert [[tuple(hypothesis) for hypothesis in hypotheses] for hypotheses in served["nbest"]] == expected_nbest
+    assert served["nbest"][3] == [["", 0.0]] and len(served["nbest"][0]) == 3
+    assert served["command"] == "".join(f"{text}\n" for text in expected_text)
+
+    outputs = np.load(tmp_path / "outputs.npz")
+    assert outputs["odd_shape_tokens"].shape == (3, 3, 21 + 8)
+    np.testing.assert_array_equal(outputs["odd_shape_tokens"], tokens)
+    np.testing.assert_array_equal(outputs["odd_shape_scores"], scores)
+
+
+def test_translator_from_export_equals_the_translator(exported, translator, sentences, capsys):
+    served = Translator.from_export(exported)
+    assert served.batch_size == 4 and served.max_source_length == 32
+    assert served.translate_nbest(sentences, progress=True) == translator.translate_nbest(sentences)
+    assert re.search(r"translate: (\d+)/\1\n$", capsys.readouterr().err)  # every piece, counted on stderr
+    pieces = [ids for ids in map(translator.tokenizer.encode, sentences) if 0 < len(ids) <= 32][::-1]
+    assert [
+        [(tokens.tolist(), score) for tokens, score in hypotheses] for hypotheses in served.translate_sequences(pieces)
+    ] == [[(tokens.tolist(), score) for tokens, score in hypotheses] for hypotheses in translator.translate_ids(pieces)]
+    with pytest.raises(ValueError, match="exceeds the 32 tokens"):
+        served.translate_ids(np.ones((1, 33), np.int32))
+
+
+def test_an_export_is_never_overwritten_by_accident(workdir, tmp_path, capsys):
+    stranger = tmp_path / "notes"
+    stranger.mkdir()
+    (stranger / "mine.txt").write_text("keep me")
+    for flags, message in (
+        ([], "is not empty; pass --overwrite"),
+        (["--overwrite"], "holds something other than a jaxformer export"),
+    ):
+        assert export.main(["--workdir", str(workdir), "--output", str(stranger), *flags]) == 2
+        error = capsys.readouterr().err
+        assert error.startswith("error: ") and message in error and error.count("\n") == 1, error
+    assert os.listdir(stranger) == ["mine.txt"]
+
+    file_output = tmp_path / "a-file"
+    file_output.write_text("x")
+    assert export.main(["--workdir", str(workdir), "--output", str(file_output)]) == 2
+    assert "is a file" in capsys.readouterr().err
+
+
+def test_overwrite_replaces_an_export_whole_or_not_at_all(
+    exported, workdir, tmp_path, monkeypatch, capsys, symbolic_shapes_unchecked
+):
+    output = tmp_path / "served"
+    shutil.copytree(exported, output)
+    before = {name: (output / name).read_bytes() for name in os.listdir(output)}
+    flags = ["--workdir", str(workdir), "--checkpoint", "best", "--output", str(output), "--overwrite"]
+    flags += ["--platforms", "tpu", *FLAGS]
+
+    def crash(*args):
+        raise RuntimeError("disk full (simulated)")
+
+    with monkeypatch.context() as patch:
+        patch.setattr(exporter, "write_program", crash)
+        with pytest.raises(RuntimeError, match="simulated"):
+            export.main(flags)
+    assert {name: (output / name).read_bytes() for name in os.listdir(output)} == before  # the old export, intact
+    assert os.listdir(tmp_path) == ["served"]  # no staging directory left behind
+
+    assert export.main(flags) == 0  # for TPU only, from this CPU machine
+    assert "for tpu" in capsys.readouterr().out
+    assert json.loads((output / "config.json").read_text())["platforms"] == ["tpu"]
+    assert sorted(os.listdir(tmp_path)) == ["served"]
+    assert (output / "params.safetensors").read_bytes() == before["params.safetensors"]
+    with pytest.raises(ExportError, match="beam_search.jaxexport was exported for tpu, but JAX runs on cpu here"):
+        load_export(output)
+
+
+@pytest.mark.parametrize(
+    "damage, file_name, message",
+    [
+        (lambda d: (d / "params.safetensors").unlink(), "params.safetensors", "no such file"),
+        (lambda d: _flip_byte(d / "beam_search.jaxexport"), "beam_search.jaxexport", "damaged"),
+        (lambda d: _flip_byte(d / "params.safetensors"), "params.safetensors", "damaged"),
+        (lambda d: _flip_byte(d / "tokenizer.model"), "tokenizer.model", "damaged"),
+        (lambda d: (d / "config.json").write_text('{"format": "jaxformer-export", '), "config.json", "not valid JSON"),
+        (lambda d: (d / "config.json").unlink(), "config.json", "no such file"),
+    ],
+)
+def test_a_missing_or_damaged_file_is_named_in_one_line(exported, tmp_path, damage, file_name, message):
+    copy = tmp_path / "copy"
+    shutil.copytree(exported, copy)
+    damage(copy)
+    for load, error_type in (
+        (standalone.load, standalone.ExportError),
+        (load_export, ExportError),
+        (Translator.from_export, UserError),
+    ):
+        with pytest.raises(error_type, match=message) as error:
+            load(copy)
+        assert str(copy / file_name) in str(error.value) and "\n" not in str(error.value)
+
+
+def test_damage_behind_matching_checksums_is_still_named(exported, tmp_path):
+    """A file replaced together with its checksum: the readers themselves name it."""
+    copy = tmp_path / "copy"
+    shutil.copytree(exported, copy)
+    config = json.loads((copy / "config.json").read_text())
+    for role, garbage, message in (
+        ("program", b"\x10\0\0\0not a flatbuffer at all", "cannot deserialize"),
+        ("tokenizer", b"not a sentencepiece model", "sentencepiece cannot parse"),
+        ("parameters", b"\x02\0\0\0\0\0\0\0{}", "does not hold the parameters"),
+    ):
+        original = (copy / config["files"][role]["name"]).read_bytes()
+        _replace_file(copy, config, role, garbage)
+        with pytest.raises(ExportError, match=message):
+            load_export(copy)
+        _replace_file(copy, config, role, original)
+    load_export(copy)  # restored: reads again
+
+
+def test_bad_flags_are_one_line(capsys):
+    for flags, message in (
+        (["--platforms", "gpu"], "argument --platforms: must be a comma-separated list of cpu, cuda, rocm, tpu"),
+        (["--beam_size", "0"], "argument --beam_size"),
+    ):
+        with pytest.raises(SystemExit) as stop:
+            export.main(["--workdir", "w", "--output", "o", *flags])
+        assert stop.value.code == 2 and message in capsys.readouterr().err
+    assert export.main(["--workdir", "/nonexistent/run", "--output", "o"]) == 2
+    assert "--workdir /nonexistent/run: no such directory" in capsys.readouterr().err
+
+
+def _flip_byte(path):
+    data = bytearray(path.read_bytes())
+    data[len(data) // 2] ^= 0xFF
+    path.write_bytes(bytes(data))
+
+
+def _replace_file(directory, config, role, data):
+    import hashlib
+
+    (directory / config["files"][role]["name"]).write_bytes(data)
+    config["files"][role]["sha256"] = hashlib.sha256(data).hexdigest()
+    (directory / "config.json").write_text(json.dumps(config))

@@ -1,0 +1,91 @@
+"""`--config NAME` takes the configs shipped in jaxformer/configs/ by name, anything else as a
+path; `--list_configs` lists them and `--print_config` every key, without a workdir."""
+
+import pathlib
+
+import pytest
+
+import jaxformer.configs
+from jaxformer.commands import train
+from jaxformer.model.config import ConfigError
+from jaxformer.training.config_file import (
+    config_path,
+    load_config,
+    load_config_file,
+    packaged_config_directory,
+    packaged_config_names,
+)
+
+SHIPPED = pathlib.Path(__file__).parents[2] / "jaxformer" / "configs"
+
+
+def test_names_are_the_shipped_files():
+    on_disk = sorted(path.name.removesuffix(".py") for path in SHIPPED.iterdir() if path.name.endswith(".py"))
+    assert packaged_config_names() == [name for name in on_disk if name != "__init__"]
+    assert {"multi30k", "tiny", "wmt14_base", "wmt14_big"} <= set(packaged_config_names())
+    assert packaged_config_directory().resolve() == SHIPPED.resolve()
+    for name in packaged_config_names():  # the package's docstring lists every config
+        assert f"\n    {name} " in jaxformer.configs.__doc__, name
+
+
+@pytest.mark.parametrize("name", ["multi30k", "tiny", "wmt14_big"])
+def test_a_name_loads_the_shipped_file(name):
+    assert load_config(name).to_dict() == load_config_file(SHIPPED / f"{name}.py").to_dict()
+
+
+def test_anything_with_a_slash_or_py_is_a_path(tmp_path, monkeypatch):
+    mine = tmp_path / "mine.py"
+    mine.write_text(
+        "from jaxformer.configs.tiny import get_config as tiny\n\n"
+        "def get_config():\n    config = tiny()\n    config.training.seed = 7\n    return config\n"
+    )
+    assert load_config(str(mine)).training.seed == 7
+    monkeypatch.chdir(tmp_path)
+    assert config_path("mine.py") == pathlib.Path("mine.py") and load_config("mine.py").training.seed == 7
+    (tmp_path / "tiny").write_text("not a config")  # a file named like a config does not shadow it
+    assert config_path("tiny") == packaged_config_directory() / "tiny.py"
+
+
+@pytest.mark.parametrize(
+    "given, message",
+    [
+        ("mult30k", "no config named 'mult30k'; did you mean multi30k? jaxformer ships "),
+        ("nothing_like_it", "no config named 'nothing_like_it'; jaxformer ships "),
+        (
+            "configs/tiny.py",
+            "config file configs/tiny.py does not exist; jaxformer ships a config of that name: --config tiny",
+        ),
+        ("tiny.py", "config file tiny.py does not exist; jaxformer ships a config of that name: --config tiny"),
+        ("elsewhere/mine.py", "config file elsewhere/mine.py does not exist"),
+    ],
+)
+def test_unknown_names_and_missing_files_are_one_line(given, message, tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    with pytest.raises(ConfigError) as error:
+        load_config(given)
+    text = str(error.value)
+    assert text.startswith(message) and "\n" not in text, text
+    if given.startswith("no") or given == "mult30k":
+        assert ", ".join(packaged_config_names()) in text
+
+
+def test_list_configs_and_print_config_need_no_workdir(capsys):
+    assert train.main(["--list_configs"]) == 0
+    listed = capsys.readouterr().out.splitlines()
+    assert str(packaged_config_directory()) in listed[0]
+    assert [line.split()[0] for line in listed[1:]] == packaged_config_names()
+    assert any(line.split(None, 1)[1].startswith("A tiny model on a slice of Multi30k") for line in listed[1:])
+
+    assert train.main(["--config", "tiny", "--print_config", "--config.training.seed=3"]) == 0
+    printed = capsys.readouterr().out
+    assert "num_train_steps: 40" in printed and "seed: 3" in printed
+
+    assert train.main(["--config", "tiny"]) == 2
+    assert capsys.readouterr().err.startswith("error: the following arguments are required: --workdir")
+
+
+def test_help_says_how_to_list_configs_and_keys(capsys):
+    with pytest.raises(SystemExit):
+        train.main(["--help"])
+    text = capsys.readouterr().out
+    assert "--list_configs" in text and "--print_config" in text and "jaxformer-train --config multi30k" in text

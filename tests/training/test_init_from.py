@@ -1,0 +1,130 @@
+"""Fine-tuning (training.init_from): a new run starts from another run's parameters and tokenizer,
+with a fresh optimizer, step and data order."""
+
+import json
+import pathlib
+
+import jax
+import numpy as np
+import pytest
+
+from jaxformer.errors import CheckpointError
+from jaxformer.model.config import ConfigError, preset
+from jaxformer.model.transformer import Transformer, stack_layers, unstack_layers
+from jaxformer.run.loading import load_checkpoint, locate_checkpoint
+from jaxformer.training.config_file import load_config_file
+from jaxformer.training.loop import train_and_evaluate
+
+ROOT = pathlib.Path(__file__).parents[2]
+
+
+def tiny_config(data_dir, **training):
+    config = load_config_file(ROOT / "jaxformer" / "configs" / "tiny.py")
+    config.data.data_dir = str(data_dir)
+    config.data.batch_size = 8  # one row per simulated device
+    config.training.update(training)
+    return config
+
+
+def metrics(workdir, key):
+    """{step: value} of `key` in the run's metrics.jsonl."""
+    values = {}
+    for line in (pathlib.Path(workdir) / "metrics.jsonl").read_text().splitlines():
+        record = json.loads(line)
+        if key in record:
+            values[record["step"]] = record[key]
+    return values
+
+
+@pytest.fixture(scope="module")
+def source_run(tmp_path_factory, data_dir):
+    workdir = tmp_path_factory.mktemp("source")
+    train_and_evaluate(
+        tiny_config(data_dir, num_train_steps=20, eval_every_steps=20, checkpoint_every_steps=10), workdir
+    )
+    return workdir
+
+
+@pytest.mark.xdist_group("train-loop")
+def test_fine_tuning_starts_from_the_source_model(source_run, data_dir, tmp_path):
+    workdir = tmp_path / "tuned"
+    config = tiny_config(data_dir, num_train_steps=3, eval_every_steps=3, checkpoint_every_steps=3)
+    config.training.init_from = str(source_run)
+    train_and_evaluate(config, workdir)
+
+    # Its first evaluation, before any step, is the source model's on the same data.
+    source_eval, tuned_eval = metrics(source_run, "eval/loss"), metrics(workdir, "eval/loss")
+    assert sorted(tuned_eval) == [0, 3]
+    assert tuned_eval[0] == pytest.approx(source_eval[20], rel=1e-6, abs=1e-6)
+    for key in ("eval/accuracy", "eval/perplexity"):
+        assert metrics(workdir, key)[0] == pytest.approx(metrics(source_run, key)[20], rel=1e-6)
+    # The same tokenizer; a fresh optimizer (the warmup starts again) and step counter.
+    assert (workdir / "tokenizer.model").read_bytes() == (source_run / "tokenizer.model").read_bytes()
+    source_lr, tuned_lr = metrics(source_run, "train/learning_rate"), metrics(workdir, "train/learning_rate")
+    assert tuned_lr[1] == pytest.approx(source_lr[1])
+    step, metadata, params = load_checkpoint(workdir)
+    assert step == 3 and metadata.config["training"]["init_from"] == str(source_run)
+    _, _, source_params = load_checkpoint(source_run)
+    moved = [not np.allclose(a, b) for a, b in zip(jax.tree.leaves(params), jax.tree.leaves(source_params))]
+    assert any(moved)  # it trained from there
+    # The source run is untouched.
+    assert sorted(p.name for p in (source_run / "checkpoints").iterdir() if p.name.isdigit()) == ["10", "20"]
+
+    # Running again resumes the fine-tuning run from its own checkpoint; the start is not reloaded.
+    config.training.num_train_steps = 4
+    last = train_and_evaluate(config, workdir)
+    assert last["step"] == 4 and sorted(metrics(workdir, "eval/loss")) == [0, 3, 4]
+
+
+@pytest.mark.xdist_group("train-loop")
+def test_fine_tuning_from_a_named_checkpoint_and_a_step_directory(source_run, data_dir, tmp_path):
+    config = tiny_config(data_dir, num_train_steps=1, eval_every_steps=1, checkpoint_every_steps=1)
+    config.training.init_from = str(source_run / "checkpoints" / "10")
+    train_and_evaluate(config, tmp_path / "from-step")
+    config.training.init_from, config.training.init_checkpoint = str(source_run), "10"
+    train_and_evaluate(config, tmp_path / "from-number")
+    first = metrics(tmp_path / "from-step", "eval/loss")[0]
+    assert metrics(tmp_path / "from-number", "eval/loss")[0] == first
+    assert first != pytest.approx(metrics(source_run, "eval/loss")[20])  # step 10, not 20
+
+
+@pytest.mark.xdist_group("train-loop")
+def test_a_model_of_another_shape_is_one_error_listing_the_parameters(source_run, data_dir, tmp_path):
+    config = tiny_config(data_dir)
+    config.model.d_ff = 48
+    config.training.init_from = str(source_run)
+    with pytest.raises(ConfigError) as error:
+        train_and_evaluate(config, tmp_path / "wider")
+    message = str(error.value)
+    assert "\n" not in message and "do not fit this model" in message
+    assert "encoder/layer_0/feed_forward" in message and "(32, 64) in the checkpoint, (32, 48) here" in message
+    assert not (tmp_path / "wider" / "checkpoints").exists() or not any((tmp_path / "wider" / "checkpoints").iterdir())
+
+
+def test_locate_checkpoint_accepts_a_workdir_a_kind_or_a_step_directory(tmp_path):
+    workdir = tmp_path / "run"
+    (workdir / "checkpoints" / "20").mkdir(parents=True)
+    (workdir / "best" / "15").mkdir(parents=True)
+    assert locate_checkpoint(workdir) == (workdir / "checkpoints", None)
+    assert locate_checkpoint(workdir, "best") == (workdir / "best", None)
+    assert locate_checkpoint(workdir, "20") == (workdir / "checkpoints", 20)
+    assert locate_checkpoint(workdir / "best") == (workdir / "best", None)
+    assert locate_checkpoint(workdir / "checkpoints" / "20") == (workdir / "checkpoints", 20)
+    with pytest.raises(CheckpointError, match="no 'averaged' checkpoint"):
+        locate_checkpoint(workdir, "averaged")
+    with pytest.raises(CheckpointError, match="does not exist"):
+        locate_checkpoint(tmp_path / "missing")
+    with pytest.raises(CheckpointError, match="is not a jaxformer workdir"):
+        locate_checkpoint(tmp_path)
+
+
+def test_stack_layers_inverts_unstack_layers():
+    config = preset("tiny", vocab_size=50, scan_layers=True)
+    tokens = np.ones((1, 4), np.int32)
+    scanned = Transformer(config).init(jax.random.key(0), tokens, tokens)["params"]
+    plain = unstack_layers(scanned)
+    assert "layer_1" in plain["encoder"] and "layers" not in plain["encoder"]
+    restacked = stack_layers(plain)
+    assert jax.tree.structure(restacked) == jax.tree.structure(scanned)
+    for a, b in zip(jax.tree.leaves(restacked), jax.tree.leaves(scanned)):
+        np.testing.assert_array_equal(a, b)
