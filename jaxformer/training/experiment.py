@@ -3,8 +3,10 @@ model config derived from it. Config files (jaxformer/configs/) start from `defa
 
 from __future__ import annotations
 
+import copy
 import difflib
 import math
+import pathlib
 from collections.abc import Callable, Iterable
 from typing import Any
 
@@ -289,11 +291,47 @@ def validate(config: ml_collections.ConfigDict) -> None:
         )
     if data.input_shards and data.batch_size % data.input_shards:
         raise ConfigError(f"config data.input_shards={data.input_shards} must divide data.batch_size={data.batch_size}")
+    given_files = {split: spec for split, spec in data.files.items() if spec is not None}
+    if data.name == "parallel_files" and "train" not in given_files:
+        raise ConfigError(
+            "config data.name='parallel_files' needs data.files.train: a TSV file or a path with {lang} in it"
+        )
+    if data.name != "parallel_files" and given_files:
+        split = next(iter(given_files))
+        raise ConfigError(
+            f"config data.files.{split}={given_files[split]!r} applies to data.name='parallel_files' only, "
+            f"not {data.name!r}"
+        )
     for rule in config.mesh.logical_axis_rules:
         if not (isinstance(rule, (tuple, list)) and len(rule) == 2 and isinstance(rule[0], str)):
             raise ConfigError(f"config mesh.logical_axis_rules: {rule!r} is not a (logical name, mesh axes) pair")
     source_size, target_size = vocabulary_sizes(config)
     model_config(config, target_size, source_size if config.tokenizer.separate_vocabularies else None)
+
+
+# Paths a run stores in its checkpoints' config: made absolute, so that resuming, evaluating or
+# fine-tuning from another directory finds the same files.
+PATH_KEYS = (
+    "data.files.train",
+    "data.files.validation",
+    "data.files.test",
+    "tokenizer.model_path",
+    "tokenizer.target_model_path",
+    "training.init_from",
+)
+
+
+def with_absolute_paths(config: ml_collections.ConfigDict) -> ml_collections.ConfigDict:
+    """A copy of `config` whose PATH_KEYS hold absolute paths ("~" expanded)."""
+    config = copy.deepcopy(config)
+    for key in PATH_KEYS:
+        *sections, leaf = key.split(".")
+        section = config
+        for name in sections:
+            section = section[name]
+        if section[leaf] is not None:
+            section[leaf] = str(pathlib.Path(section[leaf]).expanduser().absolute())
+    return config
 
 
 def vocabulary_sizes(config: ml_collections.ConfigDict) -> tuple[int, int]:

@@ -188,6 +188,7 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str | pathlib
     Every config value is checked before anything is written; then the workdir is locked for
     the run (one run per workdir)."""
     experiment.validate(config)
+    config = experiment.with_absolute_paths(config)
     _input_shards(config.data)
     workdir = pathlib.Path(workdir).absolute()
     try:

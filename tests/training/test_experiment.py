@@ -82,3 +82,27 @@ def test_describe_lists_only_what_differs_from_the_defaults():
     text = experiment.describe(config)
     assert "model.num_heads=2" in text and "mesh.shape=(2, 1, 1)" in text
     assert experiment.describe(experiment.default_config()).endswith("changed from the defaults: nothing")
+
+
+def test_parallel_files_keys_are_checked_before_anything_runs():
+    config = experiment.default_config()
+    config.data.name = "parallel_files"
+    with pytest.raises(ConfigError, match="needs data.files.train"):
+        experiment.validate(config)
+    config = experiment.default_config()
+    config.data.files.test = "test.tsv"
+    with pytest.raises(ConfigError, match=r"data.files.test='test.tsv' applies to data.name='parallel_files' only"):
+        experiment.validate(config)
+
+
+def test_paths_a_run_stores_are_made_absolute(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    config = experiment.default_config()
+    config.data.name = "parallel_files"
+    config.data.files.train = "corpus/train.{lang}.gz"
+    config.training.init_from = "runs/base"
+    absolute = experiment.with_absolute_paths(config)
+    assert absolute.data.files.train == str(tmp_path / "corpus" / "train.{lang}.gz")
+    assert absolute.training.init_from == str(tmp_path / "runs" / "base")
+    assert absolute.data.files.validation is None and absolute.tokenizer.model_path is None
+    assert config.data.files.train == "corpus/train.{lang}.gz"  # the caller's config is left as it was
