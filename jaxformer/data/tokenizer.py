@@ -183,6 +183,20 @@ def train_tokenizer(
         sentences = [sentences[i] for i in chosen]
     model = io.BytesIO()
     logging.info("training a %s sentencepiece model with %d pieces", model_type, vocab_size)
+    try:
+        _train_sentencepiece(sentences, model, vocab_size, model_type, character_coverage)
+    except RuntimeError as error:  # sentencepiece reports a corpus too small for the vocabulary this way
+        reason = str(error).strip().splitlines()[-1] if str(error).strip() else type(error).__name__
+        raise TokenizerError(
+            f"cannot train a {vocab_size}-piece {model_type} tokenizer on {len(sentences)} sentences: {reason} "
+            "(set a smaller tokenizer.vocab_size)"
+        ) from None
+    return Tokenizer(model.getvalue())
+
+
+def _train_sentencepiece(
+    sentences: list[str], model: io.BytesIO, vocab_size: int, model_type: str, character_coverage: float
+) -> None:
     spm.SentencePieceTrainer.train(
         sentence_iterator=iter(sentences),
         model_writer=model,
@@ -201,4 +215,3 @@ def train_tokenizer(
         num_threads=2,
         minloglevel=2,
     )
-    return Tokenizer(model.getvalue())

@@ -2,7 +2,7 @@ import numpy as np
 import pytest
 import sentencepiece as spm
 
-from jaxformer.data.tokenizer import Tokenizer, train_tokenizer
+from jaxformer.data.tokenizer import Tokenizer, TokenizerError, train_tokenizer
 from jaxformer.tokens import BOS_ID, EOS_ID, PAD_ID, UNK_ID
 
 SENTENCES = [
@@ -62,3 +62,11 @@ def test_unusable_model_files_are_named(tmp_path):
         assert isinstance(raised.value, UserError) and str(path) in str(raised.value) and "\n" not in str(raised.value)
     with pytest.raises(TokenizerError, match="missing.model"):
         Tokenizer.load(tmp_path / "missing.model")
+
+
+def test_a_vocabulary_too_large_for_the_corpus_is_one_tokenizer_error():
+    with pytest.raises(
+        TokenizerError, match=r"cannot train a 500-piece unigram tokenizer on 2 sentences: .*<= \d+"
+    ) as error:
+        train_tokenizer(["hello world", "a b c"], 500)
+    assert "\n" not in str(error.value) and "smaller tokenizer.vocab_size" in str(error.value)
