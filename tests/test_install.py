@@ -15,7 +15,13 @@ from tests.install_env import ROOT
 pytestmark = pytest.mark.xdist_group("install")
 
 SENTENCES = ["A man is riding a bicycle.", "Two dogs are playing in the snow."]
-SCRIPTS = ("jaxformer-train", "jaxformer-translate", "jaxformer-evaluate", "jaxformer-average-checkpoints")
+SCRIPTS = (
+    "jaxformer-train",
+    "jaxformer-translate",
+    "jaxformer-evaluate",
+    "jaxformer-average-checkpoints",
+    "jaxformer-export",
+)
 
 
 def entry_points(wheel):
@@ -43,65 +49,41 @@ def test_wheel_holds_the_configs_and_the_corpus(install_build):
         assert f"{script} = jaxformer.commands." in entry_points(install_build.wheel)
 
 
-def test_the_installed_package_is_the_wheel(installed_venv):
+def test_installed_commands_from_outside_the_source_tree(installed_venv, tmp_path):
+    """One test, not one per command: with pytest-xdist the steps could land on different workers."""
     result = installed_venv.run(
-        [str(installed_venv.python), "-c", "import jaxformer; print(jaxformer.__file__)"], cwd=installed_venv.path
+        [str(installed_venv.python), "-c", "import jaxformer; print(jaxformer.__file__)"], cwd=tmp_path
     )
     assert result.returncode == 0, result.stderr
     installed = pathlib.Path(result.stdout.strip())
     assert installed.is_relative_to(installed_venv.path) and not installed.is_relative_to(ROOT), installed
+    assert not tmp_path.resolve().is_relative_to(ROOT.resolve())
     for script in SCRIPTS:
         assert (installed_venv.bin / script).is_file(), script
 
-
-# Session-scoped, not module-scoped: with pytest-xdist a worker may run other modules' tests between
-# these, and a module fixture would then train again.
-@pytest.fixture(scope="session")
-def user_folder(tmp_path_factory):
-    """Where the user runs the commands: outside the source tree."""
-    folder = tmp_path_factory.mktemp("user")
-    assert not folder.resolve().is_relative_to(ROOT.resolve())
-    return folder
-
-
-@pytest.fixture(scope="session")
-def trained(installed_venv, user_folder):
-    """A tiny run trained by the installed `jaxformer-train`; (workdir, the log)."""
-    workdir = user_folder / "run"
-    command = [
-        "jaxformer-train",
-        "--config",
-        "tiny",
-        "--workdir",
-        "run",
-        f"--config.data.data_dir={user_folder / 'tfds'}",
-    ]
-    command += ["--config.training.num_train_steps=4", "--config.training.eval_every_steps=4"]
-    command += ["--config.training.checkpoint_every_steps=4", "--config.training.bleu_every_steps=4"]
-    command += ["--config.training.bleu_examples=4", "--config.decoding.method=greedy"]
-    result = installed_venv.run(command, cwd=user_folder)
+    # Train: the config by name, the corpus vendored in the wheel, the data prepared afresh.
+    train = ["jaxformer-train", "--config", "tiny", "--workdir", "run", f"--config.data.data_dir={tmp_path / 'tfds'}"]
+    train += ["--config.training.num_train_steps=4", "--config.training.eval_every_steps=4"]
+    train += ["--config.training.checkpoint_every_steps=4", "--config.training.bleu_every_steps=4"]
+    train += ["--config.training.bleu_examples=4", "--config.decoding.method=greedy"]
+    result = installed_venv.run(train, cwd=tmp_path)
     assert result.returncode == 0, result.stderr[-4000:]
-    return workdir, result.stderr
-
-
-def test_train_then_translate_with_the_command_it_prints(installed_venv, user_folder, trained):
-    workdir, log = trained
-    assert "run finished: 4 steps (0 -> 4 of 4)" in log
+    workdir = tmp_path / "run"
+    assert "run finished: 4 steps (0 -> 4 of 4)" in result.stderr
+    assert str(installed.parent / "data" / "raw" / "multi30k") in result.stderr  # the wheel's copy of the corpus
     assert (workdir / "checkpoints" / "4").is_dir() and (workdir / "best" / "4").is_dir()
-    (translate,) = [line.split("translate: ", 1)[1] for line in log.splitlines() if "translate: " in line]
-    assert shlex.split(translate)[:3] == ["jaxformer-translate", "--workdir", str(workdir.absolute())]
 
-    (user_folder / "input.en").write_text("".join(sentence + "\n" for sentence in SENTENCES))
-    result = installed_venv.run(["bash", "-c", translate], cwd=user_folder)
+    # Translate: the command the summary printed, as printed.
+    (translate,) = [line.split("translate: ", 1)[1] for line in result.stderr.splitlines() if "translate: " in line]
+    assert shlex.split(translate)[:3] == ["jaxformer-translate", "--workdir", str(workdir)]
+    (tmp_path / "input.en").write_text("".join(sentence + "\n" for sentence in SENTENCES))
+    result = installed_venv.run(["bash", "-c", translate], cwd=tmp_path)
     assert result.returncode == 0, result.stderr[-4000:]
-    assert (user_folder / "output.de").read_text().count("\n") == len(SENTENCES)  # one line per sentence
+    assert (tmp_path / "output.de").read_text().count("\n") == len(SENTENCES)  # one line per sentence
 
-
-def test_export_the_trained_run(installed_venv, install_build, user_folder, trained):
-    if "jaxformer-export = " not in entry_points(install_build.wheel):
-        pytest.skip("this wheel has no jaxformer-export command yet")
-    workdir, _ = trained
-    output = user_folder / "exported"
-    result = installed_venv.run(["jaxformer-export", "--workdir", str(workdir), "--output", str(output)], user_folder)
+    # Export.
+    export = ["jaxformer-export", "--workdir", "run", "--checkpoint", "best", "--output", "exported"]
+    result = installed_venv.run(export, cwd=tmp_path)
     assert result.returncode == 0, result.stderr[-4000:]
-    assert output.is_dir() and any(path.is_file() for path in output.rglob("*")), "jaxformer-export wrote nothing"
+    exported = [path for path in (tmp_path / "exported").rglob("*") if path.is_file()]
+    assert exported and all(path.stat().st_size > 0 for path in exported), exported
