@@ -201,13 +201,7 @@ def add_decoding_flags(parser: argparse.ArgumentParser) -> None:
         help="latest, best (validation BLEU), averaged, or a step number (default: latest)",
     )
     parser.add_argument("--method", choices=METHODS, default="beam", help="search (default: beam)")
-    parser.add_argument("--beam_size", type=at_least(1), default=4, help="beam width (default: 4)")
-    parser.add_argument(
-        "--alpha", type=number(0.0, inclusive=True), default=0.6, help="length penalty exponent (default: 0.6)"
-    )
-    parser.add_argument(
-        "--max_extra_length", type=at_least(1), default=50, help="output tokens <= input tokens + this (default: 50)"
-    )
+    add_beam_flags(parser)
     parser.add_argument(
         "--temperature", type=number(0.0, inclusive=False), default=1.0, help="sampling temperature (default: 1.0)"
     )
@@ -240,4 +234,15 @@ def translator_from_flags(args: argparse.Namespace):
     )
     return Translator.from_workdir(
         args.workdir, args.checkpoint, settings, batch_size=args.batch_size, max_source_tokens=args.max_source_tokens
+    )
+
+
+def add_beam_flags(parser: argparse.ArgumentParser) -> None:
+    """--beam_size, --alpha and --max_extra_length, as translate, evaluate and export take them."""
+    parser.add_argument("--beam_size", type=at_least(1), default=4, help="beam width (default: 4)")
+    parser.add_argument(
+        "--alpha", type=number(0.0, inclusive=True), default=0.6, help="length penalty exponent (default: 0.6)"
+    )
+    parser.add_argument(
+        "--max_extra_length", type=at_least(1), default=50, help="output tokens <= input tokens + this (default: 50)"
     )

@@ -13,11 +13,11 @@ import logging
 import sys
 
 from jaxformer.commands.common import (
+    add_beam_flags,
     at_least,
     check_workdir,
     checkpoint_choice,
     make_parser,
-    number,
     run_command,
 )
 from jaxformer.export.program import KNOWN_PLATFORMS, PLATFORMS
@@ -47,13 +47,7 @@ def build_parser() -> argparse.ArgumentParser:
     )
     parser.add_argument("--output", required=True, help="the export directory to write (absent or empty)")
     parser.add_argument("--overwrite", action="store_true", help="replace the export already in --output")
-    parser.add_argument("--beam_size", type=at_least(1), default=4, help="beam width (default: 4)")
-    parser.add_argument(
-        "--alpha", type=number(0.0, inclusive=True), default=0.6, help="length penalty exponent (default: 0.6)"
-    )
-    parser.add_argument(
-        "--max_extra_length", type=at_least(1), default=50, help="output tokens <= input tokens + this (default: 50)"
-    )
+    add_beam_flags(parser)
     parser.add_argument(
         "--batch_size", type=at_least(1), default=64, help="the loader's sentences per batch (default: 64)"
     )

@@ -6,7 +6,7 @@ from __future__ import annotations
 import io
 import logging
 import pathlib
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 
 import numpy as np
 import sentencepiece as spm
@@ -46,30 +46,26 @@ class Tokenizer:
     @classmethod
     def load(cls, path: str | pathlib.Path) -> Tokenizer:
         """The model in file `path`; `TokenizerError` naming the file if it cannot be read or used."""
-        path = pathlib.Path(path)
-        try:
-            data = path.read_bytes()
-        except OSError as error:
-            raise TokenizerError(f"cannot read the tokenizer {path}: {error.strerror or error}") from error
-        try:
-            return cls(data)
-        except TokenizerError as error:
-            raise TokenizerError(f"the tokenizer {path} is unusable: {error}") from error
+        return cls._from_file(path, "tokenizer", lambda proto: proto)
 
     @classmethod
     def from_sentencepiece_file(cls, path: str | pathlib.Path) -> Tokenizer:
         """A sentencepiece model trained elsewhere (any special ids, e.g. sentencepiece's default
         unk 0, bos 1, eos 2 and no pad), converted by `with_jaxformer_ids`; `TokenizerError`
         naming the file if it cannot be read or is not a sentencepiece model."""
+        return cls._from_file(path, "sentencepiece model", with_jaxformer_ids)
+
+    @classmethod
+    def _from_file(cls, path: str | pathlib.Path, what: str, convert: Callable[[bytes], bytes]) -> Tokenizer:
         path = pathlib.Path(path)
         try:
             data = path.read_bytes()
         except OSError as error:
-            raise TokenizerError(f"cannot read the sentencepiece model {path}: {error.strerror or error}") from error
+            raise TokenizerError(f"cannot read the {what} {path}: {error.strerror or error}") from error
         try:
-            return cls(with_jaxformer_ids(data))
+            return cls(convert(data))
         except TokenizerError as error:
-            raise TokenizerError(f"the sentencepiece model {path} is unusable: {error}") from error
+            raise TokenizerError(f"the {what} {path} is unusable: {error}") from error
 
     def save(self, path: str | pathlib.Path) -> None:
         path = pathlib.Path(path)
