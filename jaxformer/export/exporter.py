@@ -30,11 +30,11 @@ from jaxformer.export.loading import ExportError, check_export
 from jaxformer.export.program import KNOWN_PLATFORMS, PLATFORMS, export_beam_search
 from jaxformer.export.safetensors import flatten, unflatten, write_safetensors
 from jaxformer.run.loading import load_checkpoint
-from jaxformer.run.metadata import CheckpointMetadata
 from jaxformer.tokens import BOS_ID, EOS_ID, PAD_ID, UNK_ID
 
 PARAMETERS_FILE = "params.safetensors"
-TOKENIZER_FILE = "tokenizer.model"
+TOKENIZER_FILE = "tokenizer.model"  # the shared vocabulary's, or the source side's
+TARGET_TOKENIZER_FILE = "tokenizer.target.model"  # with separate vocabularies only
 PROGRAM_FILE = "beam_search.jaxexport"
 
 
@@ -83,23 +83,27 @@ def export_checkpoint(
     with staging_directory(output) as staging:
         step, metadata, params = load_checkpoint(workdir, checkpoint)
         config, params = decoding_variant(metadata.model_config(), params)
-        if getattr(metadata, "target_tokenizer", None) is not None:  # a field of newer checkpoints
-            raise ExportError(
-                f"step {step} of {workdir} has separate source and target vocabularies, "
-                "which this export format (one tokenizer.model) cannot hold yet"
-            )
-        tokenizer = metadata.load_tokenizer()
-        if tokenizer.vocab_size != config.vocab_size:
-            raise CheckpointError(
-                f"step {step} of {workdir}: the model has {config.vocab_size} tokens, "
-                f"its tokenizer {tokenizer.vocab_size}"
-            )
+        separate = metadata.target_tokenizer is not None  # separate source and target vocabularies
+        for side, model_size, tokenizer in (
+            ("source" if separate else "shared", config.encoder_vocab_size, metadata.load_tokenizer()),
+            *([("target", config.vocab_size, metadata.load_target_tokenizer())] if separate else []),
+        ):
+            if tokenizer.vocab_size != model_size:
+                raise CheckpointError(
+                    f"step {step} of {workdir}: the model's {side} vocabulary has {model_size} tokens, "
+                    f"its tokenizer {tokenizer.vocab_size}"
+                )
         params = unflatten(flatten(jax.device_get(params)), "the checkpoint")  # plain dicts of host arrays
         logging.info("exporting the beam search for %s", ", ".join(platforms))
         program, failed = export_beam_search(config, settings, params, serving.max_source_length, platforms)
         files = {
             "parameters": write_parameters(staging, params),
-            "tokenizer": write_tokenizer(staging, metadata),
+            "tokenizer": write_tokenizer(staging, TOKENIZER_FILE, metadata.tokenizer),
+            **(
+                {"target_tokenizer": write_tokenizer(staging, TARGET_TOKENIZER_FILE, metadata.target_tokenizer)}
+                if separate
+                else {}
+            ),
             "program": write_program(staging, program),
         }
         shutil.copyfile(standalone.__file__, staging / standalone.LOADER_FILE)
@@ -149,10 +153,10 @@ def write_parameters(directory: pathlib.Path, params: Any) -> dict[str, str]:
     return _file_entry(path)
 
 
-def write_tokenizer(directory: pathlib.Path, metadata: CheckpointMetadata) -> dict[str, str]:
-    """The sentencepiece model proto, as the checkpoint holds it."""
-    path = directory / TOKENIZER_FILE
-    path.write_bytes(metadata.tokenizer)
+def write_tokenizer(directory: pathlib.Path, name: str, model_proto: bytes) -> dict[str, str]:
+    """A sentencepiece model proto, as the checkpoint holds it."""
+    path = directory / name
+    path.write_bytes(model_proto)
     return _file_entry(path)
 
 

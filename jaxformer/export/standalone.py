@@ -16,7 +16,8 @@ or from a shell, one sentence per line:
 The directory holds (the names are config.json's "files", with their SHA-256):
     config.json             model config, decoding settings, special token ids, checkpoint, platforms
     params.safetensors      the parameters in decoding form, named by their paths joined with "/"
-    tokenizer.model         the sentencepiece model
+    tokenizer.model         the sentencepiece model (the source side's with separate vocabularies)
+    tokenizer.target.model  the target side's sentencepiece model, with separate vocabularies only
     beam_search.jaxexport   a serialized jax.export of the jitted beam search:
                             (params, source int32 [B, S]) -> (tokens int32 [B, K, S + max_extra_length],
                             scores float32 [B, K]), B and S symbolic (S <= max_source_length)
@@ -161,6 +162,7 @@ def read_config(directory: str | pathlib.Path) -> dict[str, Any]:
     for section, keys in (
         ("files", ("parameters", "tokenizer", "program")),
         ("special_tokens", ("pad", "eos", "bos")),
+        ("model", ("vocab_size",)),
         ("decoding", ("beam_size", "max_extra_length")),
         ("serving", ("batch_size", "length_bucket", "max_source_tokens", "max_source_length")),
     ):
@@ -182,9 +184,12 @@ def read_verified(directory: pathlib.Path, config: dict[str, Any], role: str) ->
     return path, data
 
 
-def read_tokenizer(directory: pathlib.Path, config: dict[str, Any]) -> Tokenizer:
-    path, data = read_verified(directory, config, "tokenizer")
-    return Tokenizer(data, path, config["special_tokens"])
+def read_tokenizer(directory: pathlib.Path, config: dict[str, Any], role: str, vocab_size: int) -> Tokenizer:
+    path, data = read_verified(directory, config, role)
+    tokenizer = Tokenizer(data, path, config["special_tokens"])
+    if tokenizer.vocab_size != vocab_size:
+        raise ExportError(f"{path} has {tokenizer.vocab_size} pieces, but the model's vocabulary {vocab_size}")
+    return tokenizer
 
 
 def parse_program(data: bytes, where: pathlib.Path) -> jax.export.Exported:
@@ -252,9 +257,11 @@ class ExportedTranslator:
         tokenizer: Tokenizer,
         program: jax.export.Exported,
         batch_size: int | None = None,
+        target_tokenizer: Tokenizer | None = None,  # separate vocabularies: decodes the output
     ):
         serving = config["serving"]
         self.config, self.tokenizer, self.program = config, tokenizer, program
+        self.target_tokenizer = target_tokenizer or tokenizer
         self.params = jax.device_put(params)
         self.batch_size = int(serving["batch_size"] if batch_size is None else batch_size)
         if self.batch_size < 1:
@@ -262,7 +269,7 @@ class ExportedTranslator:
         self.length_bucket = int(serving["length_bucket"])
         self.max_source_tokens = int(serving["max_source_tokens"])
         self.max_source_length = int(serving["max_source_length"])
-        self.vocab_size = tokenizer.vocab_size
+        self.vocab_size = int(config["model"].get("source_vocab_size") or config["model"]["vocab_size"])  # source's
         self._run = jax.jit(program.call)  # one compilation per (batch, length) shape
 
     # -- text -------------------------------------------------------------------------------
@@ -283,7 +290,7 @@ class ExportedTranslator:
                 owners.append(index)
         results: list[list[tuple[str, float]]] = [[] for _ in sentences]
         for owner, hypotheses in zip(owners, self.translate_sequences(pieces, progress)):
-            texts = [(self.tokenizer.decode(tokens), score) for tokens, score in hypotheses]
+            texts = [(self.target_tokenizer.decode(tokens), score) for tokens, score in hypotheses]
             if not results[owner]:
                 results[owner] = texts
             else:  # a piece of a long sentence: join the best translations
@@ -360,28 +367,31 @@ class ExportedTranslator:
 def load(directory: str | pathlib.Path, batch_size: int | None = None) -> ExportedTranslator:
     """The export in `directory`, ready to translate on this machine; `ExportError` naming the
     file that is missing or damaged, or a program made for other platforms."""
-    config, params, tokenizer, program = read_export(directory)
+    config, params, tokenizer, target_tokenizer, program = read_export(directory)
     platform = jax.export.default_export_platform()
     if platform not in program.platforms:
         raise ExportError(
             f"{pathlib.Path(directory) / config['files']['program']['name']} was exported for "
             f"{', '.join(program.platforms)}, but JAX runs on {platform} here; export again with --platforms {platform}"
         )
-    return ExportedTranslator(config, params, tokenizer, program, batch_size)
+    return ExportedTranslator(config, params, tokenizer, program, batch_size, target_tokenizer)
 
 
-def read_export(directory: str | pathlib.Path) -> tuple[dict[str, Any], Any, Tokenizer, jax.export.Exported]:
-    """(config, host parameters, tokenizer, program) of the export in `directory`, every file
-    checked against config.json's SHA-256 and the parameters against the program's inputs."""
+def read_export(directory: str | pathlib.Path) -> tuple[dict[str, Any], Any, Tokenizer, Tokenizer, jax.export.Exported]:
+    """(config, host parameters, source and target tokenizer (one object if shared), program) of an export,
+    every file checked against config.json's SHA-256 and the parameters against the program's inputs."""
     directory = pathlib.Path(directory)
     config = read_config(directory)
-    tokenizer = read_tokenizer(directory, config)
+    model, target_tokenizer = config["model"], None
+    tokenizer = read_tokenizer(directory, config, "tokenizer", model.get("source_vocab_size") or model["vocab_size"])
+    if "target_tokenizer" in config["files"]:  # separate vocabularies
+        target_tokenizer = read_tokenizer(directory, config, "target_tokenizer", model["vocab_size"])
     program_path, data = read_verified(directory, config, "program")
     program = parse_program(data, program_path)
     parameters_path, data = read_verified(directory, config, "parameters")
     params = unflatten(parse_safetensors(data, parameters_path), parameters_path)
     _check_parameters(params, program, parameters_path, program_path)
-    return config, params, tokenizer, program
+    return config, params, tokenizer, target_tokenizer or tokenizer, program
 
 
 def _check_parameters(params: Any, program: jax.export.Exported, params_path, program_path) -> None:
