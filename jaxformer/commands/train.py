@@ -99,8 +99,11 @@ def run(args: argparse.Namespace) -> int:
 
     start = time.perf_counter()
     last = train_and_evaluate(config, args.workdir)
+    # Every process reads the workdir for the summary: orbax's checkpoint managers synchronise all
+    # processes when they open, so process 0 alone would wait for the others forever.
+    summary = run_summary(config, args.workdir, last, time.perf_counter() - start)
     if jax.process_index() == 0:
-        logging.info("%s", "\n  ".join(run_summary(config, args.workdir, last, time.perf_counter() - start)))
+        logging.info("%s", "\n  ".join(summary))
     if last.get("stopped_by_signal"):
         return exit_code_for_signal(last["stopped_by_signal"])
     return 0
