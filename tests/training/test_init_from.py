@@ -13,6 +13,7 @@ from jaxformer.model.config import ConfigError, preset
 from jaxformer.model.transformer import Transformer, stack_layers, unstack_layers
 from jaxformer.run.loading import load_checkpoint, locate_checkpoint
 from jaxformer.training.config_file import load_config_file
+from jaxformer.training.init_from import load_starting_point
 from jaxformer.training.loop import train_and_evaluate
 
 ROOT = pathlib.Path(__file__).parents[2]
@@ -40,7 +41,7 @@ def metrics(workdir, key):
 def source_run(tmp_path_factory, data_dir):
     workdir = tmp_path_factory.mktemp("source")
     train_and_evaluate(
-        tiny_config(data_dir, num_train_steps=20, eval_every_steps=20, checkpoint_every_steps=10), workdir
+        tiny_config(data_dir, num_train_steps=10, eval_every_steps=10, checkpoint_every_steps=5), workdir
     )
     return workdir
 
@@ -55,9 +56,9 @@ def test_fine_tuning_starts_from_the_source_model(source_run, data_dir, tmp_path
     # Its first evaluation, before any step, is the source model's on the same data.
     source_eval, tuned_eval = metrics(source_run, "eval/loss"), metrics(workdir, "eval/loss")
     assert sorted(tuned_eval) == [0, 3]
-    assert tuned_eval[0] == pytest.approx(source_eval[20], rel=1e-6, abs=1e-6)
+    assert tuned_eval[0] == pytest.approx(source_eval[10], rel=1e-6, abs=1e-6)
     for key in ("eval/accuracy", "eval/perplexity"):
-        assert metrics(workdir, key)[0] == pytest.approx(metrics(source_run, key)[20], rel=1e-6)
+        assert metrics(workdir, key)[0] == pytest.approx(metrics(source_run, key)[10], rel=1e-6)
     # The same tokenizer; a fresh optimizer (the warmup starts again) and step counter.
     assert (workdir / "tokenizer.model").read_bytes() == (source_run / "tokenizer.model").read_bytes()
     source_lr, tuned_lr = metrics(source_run, "train/learning_rate"), metrics(workdir, "train/learning_rate")
@@ -68,7 +69,7 @@ def test_fine_tuning_starts_from_the_source_model(source_run, data_dir, tmp_path
     moved = [not np.allclose(a, b) for a, b in zip(jax.tree.leaves(params), jax.tree.leaves(source_params))]
     assert any(moved)  # it trained from there
     # The source run is untouched.
-    assert sorted(p.name for p in (source_run / "checkpoints").iterdir() if p.name.isdigit()) == ["10", "20"]
+    assert sorted(p.name for p in (source_run / "checkpoints").iterdir() if p.name.isdigit()) == ["10", "5"]
 
     # Running again resumes the fine-tuning run from its own checkpoint; the start is not reloaded.
     config.training.num_train_steps = 4
@@ -76,16 +77,20 @@ def test_fine_tuning_starts_from_the_source_model(source_run, data_dir, tmp_path
     assert last["step"] == 4 and sorted(metrics(workdir, "eval/loss")) == [0, 3, 4]
 
 
-@pytest.mark.xdist_group("train-loop")
-def test_fine_tuning_from_a_named_checkpoint_and_a_step_directory(source_run, data_dir, tmp_path):
-    config = tiny_config(data_dir, num_train_steps=1, eval_every_steps=1, checkpoint_every_steps=1)
-    config.training.init_from = str(source_run / "checkpoints" / "10")
-    train_and_evaluate(config, tmp_path / "from-step")
-    config.training.init_from, config.training.init_checkpoint = str(source_run), "10"
-    train_and_evaluate(config, tmp_path / "from-number")
-    first = metrics(tmp_path / "from-step", "eval/loss")[0]
-    assert metrics(tmp_path / "from-number", "eval/loss")[0] == first
-    assert first != pytest.approx(metrics(source_run, "eval/loss")[20])  # step 10, not 20
+def test_a_step_directory_and_a_step_number_name_the_same_start(source_run):
+    training = tiny_config(".").training
+    training.init_from = str(source_run / "checkpoints" / "5")
+    by_directory = load_starting_point(training)
+    training.init_from, training.init_checkpoint = str(source_run), "5"
+    by_number = load_starting_point(training)
+    training.init_checkpoint = "latest"
+    latest = load_starting_point(training)
+    assert by_directory.step == by_number.step == 5 and latest.step == 10
+    for a, b in zip(jax.tree.leaves(by_directory.params), jax.tree.leaves(by_number.params)):
+        np.testing.assert_array_equal(a, b)
+    assert any(
+        not np.array_equal(a, c) for a, c in zip(jax.tree.leaves(by_number.params), jax.tree.leaves(latest.params))
+    )
 
 
 @pytest.mark.xdist_group("train-loop")
