@@ -193,13 +193,7 @@ def checkpoint_choice(value: str) -> str | int:
 def add_decoding_flags(parser: argparse.ArgumentParser) -> None:
     from jaxformer.decoding.generate import METHODS
 
-    parser.add_argument("--workdir", required=True, help="the training run's directory")
-    parser.add_argument(
-        "--checkpoint",
-        type=checkpoint_choice,
-        default="latest",
-        help="latest, best (validation BLEU), averaged, or a step number (default: latest)",
-    )
+    add_checkpoint_flags(parser)
     parser.add_argument("--method", choices=METHODS, default="beam", help="search (default: beam)")
     add_beam_flags(parser)
     parser.add_argument(
@@ -245,4 +239,15 @@ def add_beam_flags(parser: argparse.ArgumentParser) -> None:
     )
     parser.add_argument(
         "--max_extra_length", type=at_least(1), default=50, help="output tokens <= input tokens + this (default: 50)"
+    )
+
+
+def add_checkpoint_flags(parser: argparse.ArgumentParser) -> None:
+    """--workdir and --checkpoint: which run's checkpoint a command reads."""
+    parser.add_argument("--workdir", required=True, help="the training run's directory")
+    parser.add_argument(
+        "--checkpoint",
+        type=checkpoint_choice,
+        default="latest",
+        help="latest, best (validation BLEU), averaged, or a step number (default: latest)",
     )

@@ -14,9 +14,9 @@ import sys
 
 from jaxformer.commands.common import (
     add_beam_flags,
+    add_checkpoint_flags,
     at_least,
     check_workdir,
-    checkpoint_choice,
     make_parser,
     run_command,
 )
@@ -38,13 +38,7 @@ platform_list.__name__ = "platform list"
 
 def build_parser() -> argparse.ArgumentParser:
     parser = make_parser(__doc__)
-    parser.add_argument("--workdir", required=True, help="the training run's directory")
-    parser.add_argument(
-        "--checkpoint",
-        type=checkpoint_choice,
-        default="latest",
-        help="latest, best (validation BLEU), averaged, or a step number (default: latest)",
-    )
+    add_checkpoint_flags(parser)
     parser.add_argument("--output", required=True, help="the export directory to write (absent or empty)")
     parser.add_argument("--overwrite", action="store_true", help="replace the export already in --output")
     add_beam_flags(parser)

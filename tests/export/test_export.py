@@ -24,6 +24,7 @@ from jaxformer.run.checkpoint import Checkpointer
 from jaxformer.run.directory import RunDirectory
 from jaxformer.run.loading import load_checkpoint
 from tests.conftest import make_workdir, read_raw
+from tests.export.serving import serve_without_jaxformer
 
 pytestmark = pytest.mark.xdist_group("export")
 
@@ -31,9 +32,7 @@ pytestmark = pytest.mark.xdist_group("export")
 SETTINGS = DecodeSettings(beam_size=3, max_extra_length=8)
 FLAGS = ["--beam_size", "3", "--max_extra_length", "8", "--batch_size", "4", "--max_source_tokens", "32"]
 
-SERVE_WITHOUT_JAXFORMER = """
-import sys
-sys.modules["jaxformer"] = None  # any import of jaxformer now fails: serve.py must not need it
+SERVE = """
 import io, json, pathlib, runpy
 import numpy as np
 
@@ -161,13 +160,7 @@ def test_serve_py_without_jaxformer_equals_the_translator(exported, translator, 
     source[0, 10] = 1
     np.savez(tmp_path / "sources.npz", odd_shape=source)
     (tmp_path / "sentences.json").write_text(json.dumps(sentences))
-    serving = subprocess.Popen(
-        [sys.executable, "-c", SERVE_WITHOUT_JAXFORMER, str(exported), str(tmp_path)],
-        cwd=tmp_path,
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        text=True,
-    )
+    serving = serve_without_jaxformer(SERVE, exported, tmp_path)
     try:  # the references while it runs
         expected_nbest = translator.translate_nbest(sentences)
         expected_text = translator.translate(sentences)

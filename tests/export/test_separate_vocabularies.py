@@ -5,8 +5,6 @@ source one and decodes with the target one, and source ids are bounded by the so
 import hashlib
 import json
 import shutil
-import subprocess
-import sys
 
 import flax.linen as nn
 import jax
@@ -29,6 +27,7 @@ from jaxformer.run.loading import load_checkpoint
 from jaxformer.run.metadata import CheckpointMetadata
 from jaxformer.training import experiment
 from tests.conftest import read_raw
+from tests.export.serving import serve_without_jaxformer
 
 pytestmark = pytest.mark.xdist_group("export")
 
@@ -36,9 +35,8 @@ SETTINGS = DecodeSettings(beam_size=3, max_extra_length=8)
 SERVING = exporter.ServingSettings(batch_size=4, max_source_tokens=32)
 SOURCE_SIZE, TARGET_SIZE = 300, 400
 
-SERVE_WITHOUT_JAXFORMER = """
+SERVE = """
 import json, pathlib, sys
-sys.modules["jaxformer"] = None  # any import of jaxformer now fails: serve.py must not need it
 directory, results = pathlib.Path(sys.argv[1]), pathlib.Path(sys.argv[2])
 sys.path.insert(0, str(directory))
 import serve
@@ -113,13 +111,7 @@ def test_serve_py_without_jaxformer_equals_the_translator(exported, workdir, tmp
     sentences = [text for text, length in lengths.items() if 17 <= length <= 32][:3] + [""]
     assert len(sentences) == 4
     (tmp_path / "sentences.json").write_text(json.dumps(sentences))
-    serving = subprocess.Popen(
-        [sys.executable, "-c", SERVE_WITHOUT_JAXFORMER, str(exported), str(tmp_path)],
-        cwd=tmp_path,
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        text=True,
-    )
+    serving = serve_without_jaxformer(SERVE, exported, tmp_path)
     try:  # the references while it runs
         expected = translator.translate_nbest(sentences)
         served = load_export(exported)

@@ -1,7 +1,6 @@
 """Fine-tuning (training.init_from): a new run starts from another run's parameters and tokenizer,
 with a fresh optimizer, step and data order."""
 
-import json
 import pathlib
 
 import jax
@@ -15,6 +14,7 @@ from jaxformer.run.loading import load_checkpoint, locate_checkpoint
 from jaxformer.training.config_file import load_config_file
 from jaxformer.training.init_from import load_starting_point
 from jaxformer.training.loop import train_and_evaluate
+from tests.training.test_loop import losses
 
 ROOT = pathlib.Path(__file__).parents[2]
 
@@ -25,16 +25,6 @@ def tiny_config(data_dir, **training):
     config.data.batch_size = 8  # one row per simulated device
     config.training.update(training)
     return config
-
-
-def metrics(workdir, key):
-    """{step: value} of `key` in the run's metrics.jsonl."""
-    values = {}
-    for line in (pathlib.Path(workdir) / "metrics.jsonl").read_text().splitlines():
-        record = json.loads(line)
-        if key in record:
-            values[record["step"]] = record[key]
-    return values
 
 
 @pytest.fixture(scope="module")
@@ -54,14 +44,14 @@ def test_fine_tuning_starts_from_the_source_model(source_run, data_dir, tmp_path
     train_and_evaluate(config, workdir)
 
     # Its first evaluation, before any step, is the source model's on the same data.
-    source_eval, tuned_eval = metrics(source_run, "eval/loss"), metrics(workdir, "eval/loss")
+    source_eval, tuned_eval = losses(source_run, "eval/loss"), losses(workdir, "eval/loss")
     assert sorted(tuned_eval) == [0, 3]
     assert tuned_eval[0] == pytest.approx(source_eval[10], rel=1e-6, abs=1e-6)
     for key in ("eval/accuracy", "eval/perplexity"):
-        assert metrics(workdir, key)[0] == pytest.approx(metrics(source_run, key)[10], rel=1e-6)
+        assert losses(workdir, key)[0] == pytest.approx(losses(source_run, key)[10], rel=1e-6)
     # The same tokenizer; a fresh optimizer (the warmup starts again) and step counter.
     assert (workdir / "tokenizer.model").read_bytes() == (source_run / "tokenizer.model").read_bytes()
-    source_lr, tuned_lr = metrics(source_run, "train/learning_rate"), metrics(workdir, "train/learning_rate")
+    source_lr, tuned_lr = losses(source_run, "train/learning_rate"), losses(workdir, "train/learning_rate")
     assert tuned_lr[1] == pytest.approx(source_lr[1])
     step, metadata, params = load_checkpoint(workdir)
     assert step == 3 and metadata.config["training"]["init_from"] == str(source_run)
@@ -74,7 +64,7 @@ def test_fine_tuning_starts_from_the_source_model(source_run, data_dir, tmp_path
     # Running again resumes the fine-tuning run from its own checkpoint; the start is not reloaded.
     config.training.num_train_steps = 4
     last = train_and_evaluate(config, workdir)
-    assert last["step"] == 4 and sorted(metrics(workdir, "eval/loss")) == [0, 3, 4]
+    assert last["step"] == 4 and sorted(losses(workdir, "eval/loss")) == [0, 3, 4]
 
 
 def test_a_step_directory_and_a_step_number_name_the_same_start(source_run):
