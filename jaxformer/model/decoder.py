@@ -13,7 +13,7 @@ import jax.numpy as jnp
 from jaxformer.model.attention import MultiHeadAttention
 from jaxformer.model.cache import DecoderCache, EncoderContext, heads_major, write_step
 from jaxformer.model.config import TransformerConfig
-from jaxformer.model.layers import Embed, FeedForward, LayerStack, embed_with_positions, layer_norm, residual
+from jaxformer.model.layers import EmbeddedStack, FeedForward, embed_with_positions, layer_norm, residual
 from jaxformer.model.masking import cross_mask, decoder_self_mask, token_validity
 from jaxformer.typing import Array, Bool, Float, Int
 
@@ -102,19 +102,12 @@ class DecoderLayer(nn.Module):
         return outputs, updated["keys"], updated["values"]
 
 
-class Decoder(nn.Module):
+class Decoder(EmbeddedStack):
     """Embeds the decoder input, runs the decoder layers and returns float32 logits."""
-
-    config: TransformerConfig
-    embed: Embed
 
     def setup(self):
         config = self.config
-        self.input_dropout = nn.Dropout(config.dropout_rate)
-        self.stack = LayerStack(DecoderLayer, config, config.num_decoder_layers, num_inputs=3)
-        nn.share_scope(self, self.stack)  # parameters read decoder/layer_0/..., not decoder/stack/...
-        if config.normalization == "pre":
-            self.final_norm = layer_norm(config)
+        self._build(DecoderLayer, config.num_decoder_layers, num_inputs=3)
         if not config.tie_output_embedding:
             self.logits_kernel = self.param(
                 "logits_kernel",
@@ -122,9 +115,6 @@ class Decoder(nn.Module):
                 (config.d_model, config.vocab_size),
                 config.param_dtype,
             )
-
-    def _final(self, y: Float[Array, "B T D"]) -> Float[Array, "B T D"]:
-        return self.final_norm(y) if self.config.normalization == "pre" else y
 
     def _project(self, y: Float[Array, "B T D"]) -> Float[Array, "B T V"]:
         config = self.config

@@ -6,7 +6,7 @@ import flax.linen as nn
 
 from jaxformer.model.attention import MultiHeadAttention
 from jaxformer.model.config import TransformerConfig
-from jaxformer.model.layers import Embed, FeedForward, LayerStack, embed_with_positions, layer_norm, residual
+from jaxformer.model.layers import EmbeddedStack, FeedForward, embed_with_positions, layer_norm, residual
 from jaxformer.model.masking import encoder_self_mask
 from jaxformer.typing import Array, Bool, Float, Int
 
@@ -43,19 +43,11 @@ class EncoderLayer(nn.Module):
         )  # [B, S, D]
 
 
-class Encoder(nn.Module):
+class Encoder(EmbeddedStack):
     """Embeds the source, adds positional encodings and runs the encoder layers."""
 
-    config: TransformerConfig
-    embed: Embed
-
     def setup(self):
-        config = self.config
-        self.input_dropout = nn.Dropout(config.dropout_rate)
-        self.stack = LayerStack(EncoderLayer, config, config.num_encoder_layers, num_inputs=1)
-        nn.share_scope(self, self.stack)  # parameters read encoder/layer_0/..., not encoder/stack/...
-        if config.normalization == "pre":
-            self.final_norm = layer_norm(config)
+        self._build(EncoderLayer, self.config.num_encoder_layers, num_inputs=1)
 
     def __call__(
         self,
@@ -66,7 +58,4 @@ class Encoder(nn.Module):
     ) -> Float[Array, "B S D"]:
         x = embed_with_positions(self.embed, self.input_dropout, source, source_positions, deterministic)  # [B, S, D]
         mask = encoder_self_mask(source, source_segments)  # [B, 1, S, S]
-        x = self.stack(x, mask, deterministic=deterministic)
-        if self.config.normalization == "pre":
-            x = self.final_norm(x)
-        return x
+        return self._final(self.stack(x, mask, deterministic=deterministic))

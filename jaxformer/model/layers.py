@@ -207,3 +207,23 @@ class LayerStack(nn.Module):
                 "jaxformer.model.transformer.unstack_layers and use config.replace(scan_layers=False)"
             )
         return list(self.layer)
+
+
+class EmbeddedStack(nn.Module):
+    """The frame the encoder and the decoder share: token embeddings with positions and input
+    dropout, a `LayerStack`, and with pre-norm a final LayerNorm. Subclasses call `_build` in
+    their `setup` and `_final` on the stack's output."""
+
+    config: TransformerConfig
+    embed: Embed
+
+    def _build(self, layer_cls: type, num_layers: int, num_inputs: int) -> None:
+        config = self.config
+        self.input_dropout = nn.Dropout(config.dropout_rate)
+        self.stack = LayerStack(layer_cls, config, num_layers, num_inputs=num_inputs)
+        nn.share_scope(self, self.stack)  # parameters read encoder/layer_0/..., not encoder/stack/...
+        if config.normalization == "pre":
+            self.final_norm = layer_norm(config)
+
+    def _final(self, y: Float[Array, "B L D"]) -> Float[Array, "B L D"]:
+        return self.final_norm(y) if self.config.normalization == "pre" else y

@@ -25,12 +25,32 @@ import pathlib
 CHECKPOINT_KINDS = ("latest", "best", "averaged")  # what --checkpoint names, besides a step number
 
 
+class _Entry:
+    """A path inside the run directory: `run.<attribute>` is `run.path / name`."""
+
+    def __init__(self, name: str, doc: str):
+        self.name, self.__doc__ = name, doc
+
+    def __get__(self, run: RunDirectory | None, owner: type | None = None) -> pathlib.Path | _Entry:
+        return self if run is None else run.path / self.name
+
+
 @dataclasses.dataclass(frozen=True)
 class RunDirectory:
     """The paths of one run's directory; `RunDirectory(workdir)` takes a str or any path-like
     (a `RunDirectory` included), and is itself path-like."""
 
     path: pathlib.Path
+
+    lock_file = _Entry("lock", "held by the training run using the workdir (run/lock.py)")
+    tokenizer_file = _Entry("tokenizer.model", "the (source) sentencepiece model")
+    target_tokenizer_file = _Entry("tokenizer.target.model", "the target's, when vocabularies are separate")
+    checkpoints = _Entry("checkpoints", 'the newest checkpoints of the train state ("latest")')
+    best = _Entry("best", 'the best parameters by validation BLEU ("best")')
+    averaged = _Entry("averaged", 'the parameters averaged over the last checkpoints ("averaged")')
+    metrics_file = _Entry("metrics.jsonl", 'one JSON object per line: {"step", "time", "<prefix>/<metric>": value}')
+    tensorboard_dir = _Entry("tensorboard", "TensorBoard event files of the same metrics")
+    last_metrics_file = _Entry("last_metrics.json", "the metrics of the run's last step")
 
     def __post_init__(self):
         object.__setattr__(self, "path", pathlib.Path(self.path))
@@ -41,49 +61,8 @@ class RunDirectory:
     def __str__(self) -> str:
         return str(self.path)
 
-    @property
-    def lock_file(self) -> pathlib.Path:
-        return self.path / "lock"
-
-    @property
-    def tokenizer_file(self) -> pathlib.Path:
-        return self.path / "tokenizer.model"
-
-    @property
-    def target_tokenizer_file(self) -> pathlib.Path:
-        """The target side's sentencepiece model, when the run has separate vocabularies."""
-        return self.path / "tokenizer.target.model"
-
-    @property
-    def checkpoints(self) -> pathlib.Path:
-        """The newest checkpoints of the train state ("latest")."""
-        return self.path / "checkpoints"
-
-    @property
-    def best(self) -> pathlib.Path:
-        """The best parameters by validation BLEU ("best")."""
-        return self.path / "best"
-
-    @property
-    def averaged(self) -> pathlib.Path:
-        """The parameters averaged over the last checkpoints ("averaged")."""
-        return self.path / "averaged"
-
     def checkpoint_directory(self, which: str) -> pathlib.Path:
         """`checkpoints` for "latest", `best` for "best", `averaged` for "averaged"."""
         if which not in CHECKPOINT_KINDS:
             raise ValueError(f"checkpoint {which!r}: choose one of {', '.join(CHECKPOINT_KINDS)} or a step number")
         return {"latest": self.checkpoints, "best": self.best, "averaged": self.averaged}[which]
-
-    @property
-    def metrics_file(self) -> pathlib.Path:
-        """metrics.jsonl: one JSON object per line, {"step", "time", "<prefix>/<metric>": value, ...}."""
-        return self.path / "metrics.jsonl"
-
-    @property
-    def tensorboard_dir(self) -> pathlib.Path:
-        return self.path / "tensorboard"
-
-    @property
-    def last_metrics_file(self) -> pathlib.Path:
-        return self.path / "last_metrics.json"
