@@ -10,7 +10,16 @@ import argparse
 import io
 import sys
 
-from jaxformer.commands import common
+from jaxformer.commands.common import (
+    add_decoding_flags,
+    check_readable_file,
+    check_workdir,
+    check_writable_file,
+    make_parser,
+    run_command,
+    translator_from_flags,
+    write_text_atomically,
+)
 
 
 def read_lines(path: str | None) -> list[str]:
@@ -23,8 +32,8 @@ def read_lines(path: str | None) -> list[str]:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = common.make_parser(__doc__)
-    common.add_decoding_flags(parser)
+    parser = make_parser(__doc__)
+    add_decoding_flags(parser)
     parser.add_argument("--input", help="input file (default: stdin)")
     parser.add_argument("--output", help="output file (default: stdout)")
     parser.add_argument("--no_progress", action="store_true", help="no progress bar on stderr")
@@ -32,23 +41,23 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def run(args: argparse.Namespace) -> int:
-    common.check_workdir(args.workdir)
-    common.check_readable_file(args.input, "--input")
-    common.check_writable_file(args.output, "--output")
+    check_workdir(args.workdir)
+    check_readable_file(args.input, "--input")
+    check_writable_file(args.output, "--output")
     sentences = read_lines(args.input)
-    translator = common.translator_from_flags(args)
+    translator = translator_from_flags(args)
     translations = translator.translate(sentences, progress=not args.no_progress)
     text = "".join(" ".join(line.splitlines()) + "\n" for line in translations)  # one output line per input line
     if args.output is None:
         sys.stdout.write(text)
         sys.stdout.flush()
     else:
-        common.write_text_atomically(args.output, text)
+        write_text_atomically(args.output, text)
     return 0
 
 
 def main(argv: list[str] | None = None) -> int:
-    return common.run_command(build_parser(), run, argv)
+    return run_command(build_parser(), run, argv)
 
 
 if __name__ == "__main__":

@@ -15,12 +15,29 @@ is instead of transposing every layer's whole cache at every step.
 
 from __future__ import annotations
 
+from typing import NamedTuple
+
 import flax
 import jax
 import jax.numpy as jnp
 
 from jaxformer.model.config import TransformerConfig
 from jaxformer.typing import Array, Bool, Float, Int
+
+
+class LayerCache(NamedTuple):
+    """One decoder layer's self-attention keys and values of the tokens decoded so far."""
+
+    keys: Float[Array, "R N L H"]  # positions >= the cache's index are unused
+    values: Float[Array, "R N L H"]
+
+
+class LayerContext(NamedTuple):
+    """What one decoder layer's cross-attention reads at every step."""
+
+    keys: Float[Array, "B N S H"]
+    values: Float[Array, "B N S H"]
+    source_valid: Bool[Array, "B S"]  # False at source padding
 
 
 @flax.struct.dataclass
@@ -33,12 +50,26 @@ class DecoderCache:
     def max_length(self) -> int:
         return self.keys[0].shape[2]
 
+    def layers(self) -> list[LayerCache]:
+        return [LayerCache(keys, values) for keys, values in zip(self.keys, self.values, strict=True)]
+
+    def advanced(self, layers: list[LayerCache]) -> DecoderCache:
+        """The cache holding `layers` (the step's updated layer caches), its index one further."""
+        return DecoderCache(
+            keys=tuple(layer.keys for layer in layers),
+            values=tuple(layer.values for layer in layers),
+            index=self.index + 1,
+        )
+
 
 @flax.struct.dataclass
 class EncoderContext:
     keys: tuple[Float[Array, "B N S H"], ...]  # cross-attention keys, one per decoder layer
     values: tuple[Float[Array, "B N S H"], ...]
     source_valid: Bool[Array, "B S"]  # False at source padding
+
+    def layers(self) -> list[LayerContext]:
+        return [LayerContext(k, v, self.source_valid) for k, v in zip(self.keys, self.values, strict=True)]
 
 
 def init_cache(config: TransformerConfig, rows: int, max_length: int) -> DecoderCache:
@@ -49,19 +80,17 @@ def init_cache(config: TransformerConfig, rows: int, max_length: int) -> Decoder
 
 
 def write_step(
-    cache_keys: Float[Array, "R N L H"],
-    cache_values: Float[Array, "R N L H"],
-    key: Float[Array, "R 1 N H"],
-    value: Float[Array, "R 1 N H"],
-    index: Int[Array, ""],
-) -> tuple[Float[Array, "R N L H"], Float[Array, "R N L H"], Bool[Array, "1 1 1 L"]]:
-    """Stores one step's key and value at `index`; returns the caches and the mask of the
+    cache: LayerCache, key: Float[Array, "R 1 N H"], value: Float[Array, "R 1 N H"], index: Int[Array, ""]
+) -> tuple[LayerCache, Bool[Array, "1 1 1 L"]]:
+    """Stores one step's key and value at `index`; returns the layer's cache and the mask of the
     positions written so far (0 .. index)."""
-    key, value = heads_major(key), heads_major(value)  # [R, N, 1, H]
-    cache_keys = jax.lax.dynamic_update_slice_in_dim(cache_keys, key.astype(cache_keys.dtype), index, axis=2)
-    cache_values = jax.lax.dynamic_update_slice_in_dim(cache_values, value.astype(cache_values.dtype), index, axis=2)
-    written = jnp.arange(cache_keys.shape[2]) <= index  # [L]
-    return cache_keys, cache_values, written[None, None, None, :]
+
+    def written_at_index(stored: Float[Array, "R N L H"], new: Float[Array, "R 1 N H"]) -> Float[Array, "R N L H"]:
+        return jax.lax.dynamic_update_slice_in_dim(stored, heads_major(new).astype(stored.dtype), index, axis=2)
+
+    updated = LayerCache(written_at_index(cache.keys, key), written_at_index(cache.values, value))
+    written = jnp.arange(cache.keys.shape[2]) <= index  # [L]
+    return updated, written[None, None, None, :]
 
 
 def heads_major(x: Float[Array, "B L N H"]) -> Float[Array, "B N L H"]:

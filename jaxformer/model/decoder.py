@@ -11,7 +11,7 @@ import flax.linen as nn
 import jax.numpy as jnp
 
 from jaxformer.model.attention import MultiHeadAttention
-from jaxformer.model.cache import DecoderCache, EncoderContext, heads_major, write_step
+from jaxformer.model.cache import DecoderCache, EncoderContext, LayerCache, LayerContext, heads_major, write_step
 from jaxformer.model.config import TransformerConfig
 from jaxformer.model.layers import EmbeddedStack, FeedForward, embed_with_positions, layer_norm, residual
 from jaxformer.model.masking import cross_mask, decoder_self_mask, token_validity
@@ -67,39 +67,32 @@ class DecoderLayer(nn.Module):
         return self.cross_attention.key_value(encoded)
 
     def step(
-        self,
-        inputs: Float[Array, "R 1 D"],
-        cache_keys: Float[Array, "R N L H"],
-        cache_values: Float[Array, "R N L H"],
-        index: Int[Array, ""],
-        cross_keys: Float[Array, "B N S H"],
-        cross_values: Float[Array, "B N S H"],
-        source_valid: Bool[Array, "B S"],
-    ) -> tuple[Float[Array, "R 1 D"], Float[Array, "R N L H"], Float[Array, "R N L H"]]:
+        self, inputs: Float[Array, "R 1 D"], cache: LayerCache, index: Int[Array, ""], context: LayerContext
+    ) -> tuple[Float[Array, "R 1 D"], LayerCache]:
         """One new token per row through the layer, its self-attention key and value written at `index`.
 
         The R = B * K rows are the K hypotheses of each of the B sources, so cross-attention
         folds them into the query axis ([B, K, D]) and reads each source's keys once.
         """
-        rows, batch = inputs.shape[0], cross_keys.shape[0]
+        rows, batch = inputs.shape[0], context.keys.shape[0]
         updated = {}
 
         def self_attend(y):  # [R, 1, D]
             key, value = self.self_attention.key_value(y)  # [R, 1, N, H]
-            keys, values, written = write_step(cache_keys, cache_values, key, value, index)
-            updated.update(keys=keys, values=values)
+            updated["cache"], written = write_step(cache, key, value, index)
+            keys, values = updated["cache"]
             return self.self_attention.attend(y, keys, values, written, True, heads_major=True)  # [R, 1, D]
 
         def cross_attend(y):  # [R, 1, D]
             folded = y.reshape(batch, rows // batch, y.shape[-1])  # [B, K, D]
-            mask = source_valid[:, None, None, :]  # [B, 1, 1, S]
+            mask = context.source_valid[:, None, None, :]  # [B, 1, 1, S]
             attended = self.cross_attention.attend(
-                folded, cross_keys, cross_values, mask, True, heads_major=True
+                folded, context.keys, context.values, mask, True, heads_major=True
             )  # [B, K, D]
             return attended.reshape(y.shape)  # [R, 1, D]
 
         outputs = self._sublayers(inputs, self_attend, cross_attend, True)
-        return outputs, updated["keys"], updated["values"]
+        return outputs, updated["cache"]
 
 
 class Decoder(EmbeddedStack):
@@ -170,14 +163,11 @@ class Decoder(EmbeddedStack):
         with their keys and values added. Rows are B sources times K hypotheses, source-major."""
         positions = jnp.broadcast_to(cache.index, tokens.shape)  # [R, 1]
         y = embed_with_positions(self.embed, self.input_dropout, tokens, positions, True, table_length=cache.max_length)
-        keys, values = [], []
-        for layer, cache_keys, cache_values, cross_keys, cross_values in zip(
-            self.stack.unscanned(), cache.keys, cache.values, context.keys, context.values, strict=True
+        layer_caches = []
+        for layer, layer_cache, layer_context in zip(
+            self.stack.unscanned(), cache.layers(), context.layers(), strict=True
         ):
-            y, layer_keys, layer_values = layer.step(
-                y, cache_keys, cache_values, cache.index, cross_keys, cross_values, context.source_valid
-            )  # [R, 1, D]
-            keys.append(layer_keys)
-            values.append(layer_values)
+            y, layer_cache = layer.step(y, layer_cache, cache.index, layer_context)  # [R, 1, D]
+            layer_caches.append(layer_cache)
         logits = self._logits(y)[:, 0]  # [R, V]
-        return logits, DecoderCache(keys=tuple(keys), values=tuple(values), index=cache.index + 1)
+        return logits, cache.advanced(layer_caches)

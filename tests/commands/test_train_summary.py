@@ -17,7 +17,7 @@ from jaxformer.training.config_file import load_config
 from tests.conftest import make_workdir
 from tests.training.test_loop import environment
 
-pytestmark = pytest.mark.xdist_group("train-loop")
+pytestmark = pytest.mark.xdist_group("train-summary")
 
 ROOT = pathlib.Path(__file__).parents[2]
 

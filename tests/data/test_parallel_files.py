@@ -337,7 +337,6 @@ TINY_RUN = [
 ]
 
 
-@pytest.mark.xdist_group("train-loop")
 def test_the_readme_command_trains_on_own_files_and_the_run_translates(tmp_path, monkeypatch):
     from jaxformer.commands import evaluate
     from jaxformer.decoding.generate import DecodeSettings

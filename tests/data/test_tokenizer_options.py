@@ -410,7 +410,7 @@ def separate_run(tmp_path_factory, data_dir, model_files):
     return workdir
 
 
-@pytest.mark.xdist_group("train-loop")
+@pytest.mark.xdist_group("tokenizer-options")
 def test_separate_vocabularies_train_translate_and_evaluate(separate_run, model_files, tmp_path):
     from jaxformer.commands import evaluate, translate
     from jaxformer.decoding.generate import DecodeSettings
@@ -452,7 +452,7 @@ def test_separate_vocabularies_train_translate_and_evaluate(separate_run, model_
     assert 0.0 <= json.loads((tmp_path / "scores.json").read_text())["bleu"] <= 100.0
 
 
-@pytest.mark.xdist_group("train-loop")
+@pytest.mark.xdist_group("tokenizer-options")
 def test_resume_refuses_another_target_tokenizer(separate_run, data_dir, model_files, tmp_path):
     workdir = shutil.copytree(separate_run, tmp_path / "copy")
     other = Tokenizer(with_jaxformer_ids(default_id_model(GERMAN[3000:6000], 300, "bpe")))
@@ -465,7 +465,7 @@ def test_resume_refuses_another_target_tokenizer(separate_run, data_dir, model_f
     assert error.startswith(f"error: {RunDirectory(workdir).target_tokenizer_file} is not the tokenizer stored in")
 
 
-@pytest.mark.xdist_group("train-loop")
+@pytest.mark.xdist_group("tokenizer-options")
 def test_run_with_a_model_trained_elsewhere(data_dir, tmp_path):
     given = tmp_path / "joint.model"  # sentencepiece's default ids; 1000 pieces once <pad> is added (tiny.py's size)
     given.write_bytes(default_id_model(ENGLISH[:3000] + GERMAN[:3000], 999, "bpe"))

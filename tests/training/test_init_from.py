@@ -17,6 +17,7 @@ from jaxformer.training.loop import train_and_evaluate
 from tests.training.test_loop import losses
 
 ROOT = pathlib.Path(__file__).parents[2]
+pytestmark = pytest.mark.xdist_group("init-from")  # one source run for the module
 
 
 def tiny_config(data_dir, **training):
@@ -36,7 +37,6 @@ def source_run(tmp_path_factory, data_dir):
     return workdir
 
 
-@pytest.mark.xdist_group("train-loop")
 def test_fine_tuning_starts_from_the_source_model(source_run, data_dir, tmp_path):
     workdir = tmp_path / "tuned"
     config = tiny_config(data_dir, num_train_steps=3, eval_every_steps=3, checkpoint_every_steps=3)
@@ -83,7 +83,6 @@ def test_a_step_directory_and_a_step_number_name_the_same_start(source_run):
     )
 
 
-@pytest.mark.xdist_group("train-loop")
 def test_a_model_of_another_shape_is_one_error_listing_the_parameters(source_run, data_dir, tmp_path):
     config = tiny_config(data_dir)
     config.model.d_ff = 48
