@@ -7,6 +7,8 @@ token at a time against an explicit `DecoderCache` (see cache.py).
 
 from __future__ import annotations
 
+from typing import NamedTuple
+
 import flax.linen as nn
 import jax.numpy as jnp
 
@@ -95,6 +97,15 @@ class DecoderLayer(nn.Module):
         return outputs, updated["cache"]
 
 
+class EncodedSource(NamedTuple):
+    """What the teacher-forced decoder reads from the source side: the encoder's output, and the
+    source tokens and segments that give the cross-attention mask."""
+
+    states: Float[Array, "B S D"]
+    tokens: Int[Array, "B S"]
+    segments: Int[Array, "B S"] | None = None
+
+
 class Decoder(EmbeddedStack):
     """Embeds the decoder input, runs the decoder layers and returns float32 logits."""
 
@@ -131,20 +142,19 @@ class Decoder(EmbeddedStack):
 
     def __call__(
         self,
-        encoded: Float[Array, "B S D"],
-        source: Int[Array, "B S"],
         target: Int[Array, "B T"],
-        source_segments: Int[Array, "B S"] | None = None,
+        encoded: EncodedSource,
         target_segments: Int[Array, "B T"] | None = None,
         target_positions: Int[Array, "B T"] | None = None,
         deterministic: bool = True,
         project: bool = True,
     ) -> Float[Array, "B T V"]:
-        """Logits [B, T, V]; with `project=False`, the final hidden states [B, T, D] instead."""
+        """Logits [B, T, V] for the decoder inputs `target` under teacher forcing; with
+        `project=False`, the final hidden states [B, T, D] instead."""
         y = embed_with_positions(self.embed, self.input_dropout, target, target_positions, deterministic)  # [B, T, D]
         self_mask = decoder_self_mask(target, target_segments)  # [B, 1, T, T]
-        encoder_decoder_mask = cross_mask(target, source, target_segments, source_segments)  # [B, 1, T, S]
-        y = self._final(self.stack(y, encoded, self_mask, encoder_decoder_mask, deterministic=deterministic))
+        encoder_decoder_mask = cross_mask(target, encoded.tokens, target_segments, encoded.segments)  # [B, 1, T, S]
+        y = self._final(self.stack(y, encoded.states, self_mask, encoder_decoder_mask, deterministic=deterministic))
         return self._project(y) if project else y
 
     def context(self, encoded: Float[Array, "B S D"], source: Int[Array, "B S"]) -> EncoderContext:

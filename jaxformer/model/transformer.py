@@ -19,7 +19,7 @@ import jax.numpy as jnp
 
 from jaxformer.model.cache import DecoderCache, EncoderContext
 from jaxformer.model.config import TransformerConfig
-from jaxformer.model.decoder import Decoder
+from jaxformer.model.decoder import Decoder, EncodedSource
 from jaxformer.model.encoder import Encoder
 from jaxformer.model.layers import Embed
 from jaxformer.tokens import BOS_ID, PAD_ID
@@ -83,15 +83,8 @@ class Transformer(nn.Module):
     ) -> Float[Array, "B T V"]:
         """Float32 next-token logits for every decoder input position, given the encoder output
         (`source` supplies the cross-attention padding mask)."""
-        return self.decoder(
-            encoded,
-            source,
-            target,
-            source_segments,
-            target_segments,
-            target_positions,
-            self._deterministic(deterministic),
-        )
+        source_side = EncodedSource(encoded, source, source_segments)
+        return self.decoder(target, source_side, target_segments, target_positions, self._deterministic(deterministic))
 
     def __call__(
         self,
@@ -108,9 +101,8 @@ class Transformer(nn.Module):
         `project=False`, the decoder's final hidden states [B, T, D])."""
         deterministic = self._deterministic(deterministic)
         encoded = self.encode(source, source_segments, source_positions, deterministic)  # [B, S, D]
-        return self.decoder(
-            encoded, source, target, source_segments, target_segments, target_positions, deterministic, project=project
-        )
+        source_side = EncodedSource(encoded, source, source_segments)
+        return self.decoder(target, source_side, target_segments, target_positions, deterministic, project=project)
 
     def hidden_states(self, *args, **kwargs) -> tuple[Float[Array, "B T D"], Float[Array, "V D"]]:
         """The decoder's final hidden states and the output projection [V, D], for the same
