@@ -77,13 +77,7 @@ def starting_params(start: StartingPoint, abstract_params: Any, scan_layers: boo
     }
     if casts:
         logging.info("fine-tuning: parameters cast from the checkpoint's dtypes: %s", ", ".join(sorted(casts)))
-    cast = {name: saved[name].astype(wanted[name].dtype) for name in wanted}
-    return jax.tree.unflatten(
-        jax.tree.structure(abstract_params), [cast[name] for name in _leaf_names(abstract_params)]
+    return jax.tree_util.tree_map_with_path(
+        lambda path, leaf: saved[jax.tree_util.keystr(path, simple=True, separator="/")].astype(leaf.dtype),
+        abstract_params,
     )
-
-
-def _leaf_names(tree: Any) -> list[str]:
-    """The "a/b/c" names of a parameter tree's leaves, in jax.tree.leaves order."""
-    paths = jax.tree_util.tree_flatten_with_path(tree)[0]
-    return ["/".join(str(getattr(key, "key", key)) for key in path) for path, _ in paths]

@@ -4,12 +4,12 @@ import os
 import shutil
 import socket
 import subprocess
-import sys
 
 import numpy as np
 import pytest
 
-from tests.training.test_loop import ROOT, losses
+from tests.training.test_loop import command as train_command
+from tests.training.test_loop import losses
 
 COMMON = ("--config.data.batch_size=8", "--config.data.eval_batch_size=8")
 
@@ -19,17 +19,7 @@ def run(workdir, data_dir, devices, *overrides, extra_env=None, background=False
     env["XLA_FLAGS"] = f"--xla_force_host_platform_device_count={devices} --xla_backend_optimization_level=0"
     env["JAX_PLATFORMS"] = "cpu"
     env.update(extra_env or {})
-    command = [
-        sys.executable,
-        str(ROOT / "train.py"),
-        "--config",
-        str(ROOT / "jaxformer" / "configs" / "tiny.py"),
-        "--workdir",
-        str(workdir),
-        f"--config.data.data_dir={data_dir}",
-        *COMMON,
-        *overrides,
-    ]
+    command = train_command(workdir, data_dir, *COMMON, *overrides)
     if background:
         return subprocess.Popen(command, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
     result = subprocess.run(command, env=env, capture_output=True, text=True, timeout=600)
