@@ -4,10 +4,8 @@ from __future__ import annotations
 
 import copy
 import logging
-import math
 import os
-import re
-from collections.abc import Iterator, Sequence
+from collections.abc import Sequence
 from typing import Any
 
 import jax
@@ -15,13 +13,12 @@ import numpy as np
 import tqdm
 
 from jaxformer.data.tokenizer import Tokenizer
+from jaxformer.decoding import sentence_batches
 from jaxformer.decoding.generate import DecodeSettings, decoding_variant, make_generate_fn
 from jaxformer.model.config import TransformerConfig
 from jaxformer.model.transformer import unstack_layers
 from jaxformer.run.loading import load_checkpoint
 from jaxformer.tokens import EOS_ID, PAD_ID
-
-_SENTENCE_END = re.compile(r"(?<=[.!?;:])\s+")
 
 
 class Translator:
@@ -115,52 +112,9 @@ class Translator:
 
     def translate_nbest(self, sentences: Sequence[str], progress: bool = False) -> list[list[tuple[str, float]]]:
         """Per sentence, the search's hypotheses (beam: beam_size of them) as (text, score), best first."""
-        pieces, owners = [], []
-        for index, sentence in enumerate(sentences):
-            if not isinstance(sentence, str):
-                raise TypeError(f"sentence {index} is {type(sentence).__name__}, not str")
-            for piece in self._split(sentence, index):
-                pieces.append(piece)
-                owners.append(index)
+        pieces, owners = sentence_batches.split_sentences(sentences, self.tokenizer, self.max_source_tokens, EOS_ID)
         decoded = self.translate_ids(pieces, progress=progress)
-        results: list[list[tuple[str, float]]] = [[] for _ in sentences]
-        for owner, hypotheses in zip(owners, decoded):
-            texts = [(self.target_tokenizer.decode(tokens), score) for tokens, score in hypotheses]
-            if not results[owner]:
-                results[owner] = texts
-            else:  # a piece of a long sentence: join the best translations
-                best = results[owner][0]
-                results[owner] = [(f"{best[0]} {texts[0][0]}".strip(), best[1] + texts[0][1])]
-        return [result or [("", 0.0)] for result in results]
-
-    def _split(self, sentence: str, index: int) -> list[np.ndarray]:
-        """Source ids of a sentence: none for an empty one, several for an overlong one."""
-        if not sentence.strip():
-            return []
-        ids = self.tokenizer.encode(sentence)
-        if len(ids) <= self.max_source_tokens:
-            return [ids]
-        logging.warning(
-            "sentence %d has %d tokens, more than max_source_tokens=%d: translating it in pieces",
-            index,
-            len(ids),
-            self.max_source_tokens,
-        )
-        chunks, current = [], ""
-        for part in _SENTENCE_END.split(sentence):
-            candidate = f"{current} {part}".strip()
-            if current and len(self.tokenizer.encode(candidate)) > self.max_source_tokens:
-                chunks.append(current)
-                candidate = part
-            current = candidate
-        chunks.append(current)
-        pieces = []
-        for chunk in chunks:
-            ids = self.tokenizer.encode(chunk, add_eos=False)
-            step = self.max_source_tokens - 1  # room for EOS
-            for start in range(0, len(ids), step):
-                pieces.append(np.append(ids[start : start + step], EOS_ID).astype(np.int32))
-        return pieces
+        return sentence_batches.join_pieces(owners, decoded, len(sentences), self.target_tokenizer.decode)
 
     # -- ids ---------------------------------------------------------------------------
 
@@ -170,26 +124,16 @@ class Translator:
         """Hypotheses (ids, score) per source id sequence (each ending in EOS), in input order."""
         if self.params is None:
             raise ValueError("this Translator has no parameters yet: use with_params(params)")
-        order = sorted(range(len(sources)), key=lambda i: len(sources[i]), reverse=True)
         results: list[Any] = [None] * len(sources)
         with tqdm.tqdm(
             total=len(sources), desc="translate", unit="sent", disable=not progress, dynamic_ncols=True
         ) as bar:
-            for batch_indices, source in self._batches(sources, order):
+            for batch_indices, source in sentence_batches.length_sorted_batches(
+                sources, self.batch_size, self.length_bucket, PAD_ID, EOS_ID
+            ):
                 self._rng, rng = jax.random.split(self._rng)
                 tokens, scores = jax.device_get(self._generate(self.params, source, rng))  # [B, K, L], [B, K]
                 for row, index in enumerate(batch_indices):
                     results[index] = [(tokens[row, k], float(scores[row, k])) for k in range(tokens.shape[1])]
                 bar.update(len(batch_indices))
         return results
-
-    def _batches(self, sources, order) -> Iterator[tuple[list[int], np.ndarray]]:
-        for start in range(0, len(order), self.batch_size):
-            indices = order[start : start + self.batch_size]
-            longest = max(len(sources[i]) for i in indices)
-            length = self.length_bucket * math.ceil(longest / self.length_bucket)
-            batch = np.full((self.batch_size, length), PAD_ID, np.int32)
-            batch[len(indices) :, 0] = EOS_ID  # filler rows: an empty sentence, stopped early
-            for row, index in enumerate(indices):
-                batch[row, : len(sources[index])] = sources[index]
-            yield indices, batch

@@ -23,6 +23,7 @@ from typing import Any
 
 import jax
 
+from jaxformer.decoding import sentence_batches
 from jaxformer.decoding.generate import DecodeSettings, decoding_variant
 from jaxformer.errors import CheckpointError
 from jaxformer.export import standalone
@@ -107,6 +108,8 @@ def export_checkpoint(
             "program": write_program(staging, program),
         }
         shutil.copyfile(standalone.__file__, staging / standalone.LOADER_FILE)
+        for name in standalone.LOADER_IMPORTS:
+            shutil.copyfile(pathlib.Path(sentence_batches.__file__).with_name(name), staging / name)
         description = {
             "format": standalone.FORMAT,
             "format_version": standalone.FORMAT_VERSION,
@@ -129,7 +132,7 @@ def export_checkpoint(
                 "jax_version": jax.__version__,
                 "calling_convention_version": program.calling_convention_version,
             },
-            "files": {**files, "loader": {"name": standalone.LOADER_FILE}},
+            "files": {**files, "loader": {"name": standalone.LOADER_FILE, "imports": list(standalone.LOADER_IMPORTS)}},
         }
         (staging / standalone.CONFIG_FILE).write_text(json.dumps(description, indent=2) + "\n", encoding="utf-8")
         check_export(staging)  # what was written reads back: every file, the parameters against the program

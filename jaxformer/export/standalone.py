@@ -22,6 +22,7 @@ The directory holds (the names are config.json's "files", with their SHA-256):
                             (params, source int32 [B, S]) -> (tokens int32 [B, K, S + max_extra_length],
                             scores float32 [B, K]), B and S symbolic (S <= max_source_length)
     serve.py                this file
+    sentence_batches.py     a copy of jaxformer/decoding/sentence_batches.py, which serve.py imports
 
 The parameters file is safetensors, read here with numpy alone: an 8-byte little-endian header
 length, a JSON header {name: {dtype, shape, data_offsets}} and the raw little-endian bytes.
@@ -31,10 +32,10 @@ from __future__ import annotations
 
 import argparse
 import hashlib
+import importlib.util
 import json
 import math
 import pathlib
-import re
 import struct
 import sys
 from collections.abc import Sequence
@@ -45,10 +46,28 @@ import jax.numpy as jnp
 import numpy as np
 import sentencepiece as spm
 
+
+def _import_beside(name: str):
+    """The module `name`.py in this file's folder: an export's copy of a jaxformer helper."""
+    path = pathlib.Path(__file__).with_name(f"{name}.py")
+    spec = importlib.util.spec_from_file_location(f"serve_{name}", path)
+    if spec is None or not path.is_file():
+        raise ImportError(f"{path} is missing: serve.py needs it beside itself (export the model again)")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+if __package__:  # jaxformer.export.standalone, inside the package
+    from jaxformer.decoding import sentence_batches
+else:  # serve.py, in an export beside its copy of jaxformer/decoding/sentence_batches.py
+    sentence_batches = _import_beside("sentence_batches")
+
 FORMAT = "jaxformer-export"
 FORMAT_VERSION = 1
 CONFIG_FILE = "config.json"
 LOADER_FILE = "serve.py"
+LOADER_IMPORTS = ("sentence_batches.py",)  # copied beside serve.py from jaxformer/decoding/
 
 # safetensors dtype names; the data is stored little-endian.
 SAFETENSORS_DTYPES: dict[str, np.dtype] = {
@@ -66,8 +85,6 @@ SAFETENSORS_DTYPES: dict[str, np.dtype] = {
     "I64": np.dtype(np.int64),
     "F64": np.dtype(np.float64),
 }
-
-_SENTENCE_END = re.compile(r"(?<=[.!?;:])\s+")
 
 
 class ExportError(ValueError):
@@ -281,45 +298,11 @@ class ExportedTranslator:
     def translate_nbest(self, sentences: Sequence[str], progress: bool = False) -> list[list[tuple[str, float]]]:
         """Per sentence, the beam's hypotheses as (text, score), best first; `progress` counts
         the decoded pieces on stderr."""
-        pieces, owners = [], []
-        for index, sentence in enumerate(sentences):
-            if not isinstance(sentence, str):
-                raise TypeError(f"sentence {index} is {type(sentence).__name__}, not str")
-            for piece in self._split(sentence):
-                pieces.append(piece)
-                owners.append(index)
-        results: list[list[tuple[str, float]]] = [[] for _ in sentences]
-        for owner, hypotheses in zip(owners, self.translate_sequences(pieces, progress)):
-            texts = [(self.target_tokenizer.decode(tokens), score) for tokens, score in hypotheses]
-            if not results[owner]:
-                results[owner] = texts
-            else:  # a piece of a long sentence: join the best translations
-                best = results[owner][0]
-                results[owner] = [(f"{best[0]} {texts[0][0]}".strip(), best[1] + texts[0][1])]
-        return [result or [("", 0.0)] for result in results]
-
-    def _split(self, sentence: str) -> list[np.ndarray]:
-        """Source ids of a sentence: none for an empty one, several for an overlong one (at
-        sentence ends where it can)."""
-        if not sentence.strip():
-            return []
-        ids = self.tokenizer.encode(sentence)
-        if len(ids) <= self.max_source_tokens:
-            return [ids]
-        chunks, current = [], ""
-        for part in _SENTENCE_END.split(sentence):
-            candidate = f"{current} {part}".strip()
-            if current and len(self.tokenizer.encode(candidate)) > self.max_source_tokens:
-                chunks.append(current)
-                candidate = part
-            current = candidate
-        chunks.append(current)
-        pieces, step = [], self.max_source_tokens - 1  # room for EOS
-        for chunk in chunks:
-            ids = self.tokenizer.encode(chunk, add_eos=False)
-            for start in range(0, len(ids), step):
-                pieces.append(np.append(ids[start : start + step], self.tokenizer.eos_id).astype(np.int32))
-        return pieces
+        pieces, owners = sentence_batches.split_sentences(
+            sentences, self.tokenizer, self.max_source_tokens, self.tokenizer.eos_id
+        )
+        decoded = self.translate_sequences(pieces, progress)
+        return sentence_batches.join_pieces(owners, decoded, len(sentences), self.target_tokenizer.decode)
 
     # -- ids --------------------------------------------------------------------------------
 
@@ -327,21 +310,18 @@ class ExportedTranslator:
         self, sources: Sequence[np.ndarray], progress: bool = False
     ) -> list[list[tuple[np.ndarray, float]]]:
         """Hypotheses (ids, score) per source id sequence (each ending in EOS), in input order."""
-        order = sorted(range(len(sources)), key=lambda i: len(sources[i]), reverse=True)
         results: list[Any] = [None] * len(sources)
-        for start in range(0, len(order), self.batch_size):
-            indices = order[start : start + self.batch_size]
-            longest = max(len(sources[i]) for i in indices)
-            length = self.length_bucket * math.ceil(longest / self.length_bucket)
-            batch = np.full((self.batch_size, length), self.tokenizer.pad_id, np.int32)
-            batch[len(indices) :, 0] = self.tokenizer.eos_id  # filler rows: an empty sentence, stopped early
-            for row, index in enumerate(indices):
-                batch[row, : len(sources[index])] = sources[index]
+        batches = sentence_batches.length_sorted_batches(
+            sources, self.batch_size, self.length_bucket, self.tokenizer.pad_id, self.tokenizer.eos_id
+        )
+        translated = 0
+        for indices, batch in batches:
             tokens, scores = self.translate_ids(batch)
             for row, index in enumerate(indices):
                 results[index] = [(tokens[row, k], float(scores[row, k])) for k in range(tokens.shape[1])]
+            translated += len(indices)
             if progress:
-                sys.stderr.write(f"\rtranslate: {start + len(indices)}/{len(sources)}")
+                sys.stderr.write(f"\rtranslate: {translated}/{len(sources)}")
         if progress and sources:
             sys.stderr.write("\n")
         return results

@@ -3,10 +3,12 @@
 import numpy as np
 import pytest
 
+from jaxformer.decoding import sentence_batches
 from jaxformer.decoding.generate import DecodeSettings
 from jaxformer.decoding.translator import Translator
 from jaxformer.errors import CheckpointError
 from jaxformer.run.loading import load_checkpoint
+from jaxformer.tokens import EOS_ID
 from tests.conftest import make_workdir, read_raw
 
 pytestmark = pytest.mark.xdist_group("decoding-workdir")
@@ -35,8 +37,12 @@ def test_empty_and_overlong_sentences(translator):
     outputs = translator_small.translate(["", "A dog runs.", "   ", long_sentence])
     assert outputs[0] == "" and outputs[2] == ""
     assert outputs[1] == translator.translate(["A dog runs."])[0]
-    pieces = translator_small._split(long_sentence, 3)
-    assert len(pieces) > 1 and all(len(piece) <= 64 for piece in pieces)
+    pieces = sentence_batches.split_sentence(long_sentence, translator.tokenizer, 64, EOS_ID)
+    assert len(pieces) > 1 and all(len(piece) <= 64 and piece[-1] == EOS_ID for piece in pieces)
+    # Nothing dropped: the pieces hold every token of the sentence.
+    tokenizer = translator.tokenizer
+    content = np.concatenate([piece[:-1] for piece in pieces])
+    assert tokenizer.decode(content) == tokenizer.decode(tokenizer.encode(long_sentence))
     piece_translations = [translator.tokenizer.decode(nbest[0][0]) for nbest in translator_small.translate_ids(pieces)]
     joined = piece_translations[0]
     for text in piece_translations[1:]:

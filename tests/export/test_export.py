@@ -14,6 +14,7 @@ import numpy as np
 import pytest
 
 from jaxformer.commands import export
+from jaxformer.decoding import sentence_batches
 from jaxformer.decoding.generate import DecodeSettings, decoding_variant, make_generate_fn
 from jaxformer.decoding.translator import Translator
 from jaxformer.errors import UserError
@@ -112,6 +113,7 @@ def test_the_directory_holds_everything_serving_needs(exported, workdir):
         "beam_search.jaxexport",
         "config.json",
         "params.safetensors",
+        "sentence_batches.py",
         "serve.py",
         "tokenizer.model",
     ]
@@ -140,6 +142,8 @@ def test_the_directory_holds_everything_serving_needs(exported, workdir):
     }
     assert config["platforms"] == ["cpu", "cuda", "tpu"] and config["platforms_failed"] == {}
     assert (exported / "serve.py").read_bytes() == pathlib.Path(standalone.__file__).read_bytes()
+    assert (exported / "sentence_batches.py").read_bytes() == pathlib.Path(sentence_batches.__file__).read_bytes()
+    assert config["files"]["loader"] == {"name": "serve.py", "imports": ["sentence_batches.py"]}
     assert (exported / "tokenizer.model").read_bytes() == metadata.tokenizer
     stored = read_safetensors(exported / "params.safetensors")
     expected = flatten(decode_params)
@@ -311,3 +315,14 @@ def _replace_file(directory, config, role, data):
     (directory / config["files"][role]["name"]).write_bytes(data)
     config["files"][role]["sha256"] = hashlib.sha256(data).hexdigest()
     (directory / "config.json").write_text(json.dumps(config))
+
+
+def test_serve_py_names_a_missing_helper(exported, tmp_path):
+    lone = tmp_path / "lone"
+    lone.mkdir()
+    shutil.copy(exported / "serve.py", lone / "serve.py")  # without sentence_batches.py beside it
+    result = subprocess.run(
+        [sys.executable, str(lone / "serve.py")], input="", capture_output=True, text=True, timeout=120
+    )
+    assert result.returncode != 0
+    assert f"{lone / 'sentence_batches.py'} is missing" in result.stderr

@@ -1,0 +1,113 @@
+"""From sentences to padded, length-sorted batches of ids and back: what `Translator` and an
+export's serve.py do around their search.
+
+This module imports only the standard library and numpy, because `jaxformer-export` copies it
+into every export beside serve.py (jaxformer/export/standalone.py), which runs where jaxformer is
+not installed. Both translators calling this one copy is what makes their results equal.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+import re
+from collections.abc import Callable, Iterator, Sequence
+from typing import Protocol, runtime_checkable
+
+import numpy as np
+
+SENTENCE_END = re.compile(r"(?<=[.!?;:])\s+")
+
+Hypotheses = list[tuple[str, float]]  # (text, score), best first
+
+
+@runtime_checkable
+class Encoder(Protocol):
+    def encode(self, text: str, add_eos: bool = True) -> np.ndarray: ...
+
+
+def split_sentences(
+    sentences: Sequence[str], tokenizer: Encoder, max_source_tokens: int, eos_id: int
+) -> tuple[list[np.ndarray], list[int]]:
+    """(pieces, owners): the source ids to decode, each ending in EOS, and the index of the
+    sentence each piece comes from. An empty sentence has no piece; one longer than
+    `max_source_tokens` has several (see `split_sentence`)."""
+    pieces, owners = [], []
+    for index, sentence in enumerate(sentences):
+        if not isinstance(sentence, str):
+            raise TypeError(f"sentence {index} is {type(sentence).__name__}, not str")
+        for piece in split_sentence(sentence, tokenizer, max_source_tokens, eos_id, index):
+            pieces.append(piece)
+            owners.append(index)
+    return pieces, owners
+
+
+def split_sentence(
+    sentence: str, tokenizer: Encoder, max_source_tokens: int, eos_id: int, index: int = 0
+) -> list[np.ndarray]:
+    """Source ids of a sentence: none for an empty one; for one longer than `max_source_tokens`,
+    pieces cut at sentence ends where it can and every `max_source_tokens` - 1 tokens where it
+    cannot, so that nothing is dropped."""
+    if not sentence.strip():
+        return []
+    ids = tokenizer.encode(sentence)
+    if len(ids) <= max_source_tokens:
+        return [ids]
+    logging.warning(
+        "sentence %d has %d tokens, more than max_source_tokens=%d: translating it in pieces",
+        index,
+        len(ids),
+        max_source_tokens,
+    )
+    chunks, current = [], ""
+    for part in SENTENCE_END.split(sentence):
+        candidate = f"{current} {part}".strip()
+        if current and len(tokenizer.encode(candidate)) > max_source_tokens:
+            chunks.append(current)
+            candidate = part
+        current = candidate
+    chunks.append(current)
+    pieces, step = [], max_source_tokens - 1  # room for EOS
+    for chunk in chunks:
+        ids = tokenizer.encode(chunk, add_eos=False)
+        for start in range(0, len(ids), step):
+            pieces.append(np.append(ids[start : start + step], eos_id).astype(np.int32))
+    return pieces
+
+
+def length_sorted_batches(
+    sources: Sequence[np.ndarray], batch_size: int, length_bucket: int, pad_id: int, eos_id: int
+) -> Iterator[tuple[list[int], np.ndarray]]:
+    """(indices into `sources`, int32 [batch_size, S]) batches, longest sources first. S is the
+    longest row rounded up to a multiple of `length_bucket` (few shapes, few compilations, little
+    padding); a batch short of rows is filled with empty sentences, which stop at once."""
+    order = sorted(range(len(sources)), key=lambda i: len(sources[i]), reverse=True)
+    for start in range(0, len(order), batch_size):
+        indices = order[start : start + batch_size]
+        longest = max(len(sources[i]) for i in indices)
+        length = length_bucket * math.ceil(longest / length_bucket)
+        batch = np.full((batch_size, length), pad_id, np.int32)
+        batch[len(indices) :, 0] = eos_id
+        for row, index in enumerate(indices):
+            batch[row, : len(sources[index])] = sources[index]
+        yield indices, batch
+
+
+def join_pieces(
+    owners: Sequence[int],
+    decoded: Sequence[Sequence[tuple[np.ndarray, float]]],
+    sentence_count: int,
+    decode: Callable[[np.ndarray], str],
+) -> list[Hypotheses]:
+    """Per sentence, its hypotheses (text, score) best first: a one-piece sentence keeps its
+    piece's, a long sentence's best translations of its pieces are joined by spaces (their scores
+    summed), and an empty sentence gives [("", 0.0)]."""
+    results: list[Hypotheses] = [[] for _ in range(sentence_count)]
+    for owner, hypotheses in zip(owners, decoded):
+        texts = [(decode(tokens), score) for tokens, score in hypotheses]
+        if not results[owner]:
+            results[owner] = texts
+        else:
+            best = results[owner][0]
+            results[owner] = [(f"{best[0]} {texts[0][0]}".strip(), best[1] + texts[0][1])]
+    return [result or [("", 0.0)] for result in results]
