@@ -42,7 +42,7 @@ from benchmarks.common import (
     time_calls,
 )
 from jaxformer.decoding.generate import DecodeSettings, decoding_variant, make_generate_fn
-from jaxformer.decoding.search import NEG_INF, beam_search, greedy_search
+from jaxformer.decoding.search import NEG_INF, SearchSpec, beam_search, greedy_search
 from jaxformer.model.cache import init_cache
 from jaxformer.model.config import preset
 from jaxformer.model.transformer import Transformer
@@ -69,12 +69,11 @@ def suppress_specials(logits: jax.Array) -> jax.Array:
 
 
 def _search(tokens_to_logits, cache, batch: int, method: str, length: int):
+    spec = SearchSpec(batch, length, BOS_ID, EOS_ID)  # no limits: outputs are cut at `length`
     if method == "beam":
-        tokens, _ = beam_search(
-            tokens_to_logits, cache, batch, DEFAULTS.beam_size, length, BOS_ID, EOS_ID, DEFAULTS.alpha
-        )
+        tokens, _ = beam_search(tokens_to_logits, cache, spec, DEFAULTS.beam_size, DEFAULTS.alpha)
         return tokens[:, 0]  # [B, L], the best hypothesis
-    tokens, _ = greedy_search(tokens_to_logits, cache, batch, length, BOS_ID, EOS_ID)
+    tokens, _ = greedy_search(tokens_to_logits, cache, spec)
     return tokens
 
 

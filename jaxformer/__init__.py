@@ -20,7 +20,7 @@ _LAZY = {
     "jaxformer.model.position": ("positional_encoding", "sinusoidal_table"),
     "jaxformer.model.transformer": ("Transformer", "shift_right"),
     "jaxformer.decoding.generate": ("DecodeSettings", "decoding_variant", "generate", "make_generate_fn"),
-    "jaxformer.decoding.search": ("beam_search", "greedy_search", "sample_search"),
+    "jaxformer.decoding.search": ("SearchSpec", "beam_search", "greedy_search", "sample_search"),
     "jaxformer.decoding.translator": ("Translator",),  # pulls in the data stack (sentencepiece, orbax)
 }
 _MODULE_OF = {name: module for module, names in _LAZY.items() for name in names}
@@ -48,6 +48,7 @@ __all__ = [
     "DecodeSettings",
     "DecoderCache",
     "EncoderContext",
+    "SearchSpec",
     "Translator",
     "beam_search",
     "decoding_variant",

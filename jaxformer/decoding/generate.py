@@ -12,7 +12,7 @@ from typing import Any
 import jax
 import jax.numpy as jnp
 
-from jaxformer.decoding.search import beam_search, greedy_search, sample_search
+from jaxformer.decoding.search import SearchSpec, beam_search, greedy_search, sample_search
 from jaxformer.model.cache import init_cache
 from jaxformer.model.config import TransformerConfig
 from jaxformer.model.transformer import Transformer, unstack_layers
@@ -75,41 +75,20 @@ def generate(
     max_length = source_length + settings.max_extra_length
     context = model.apply({"params": params}, source, method=Transformer.encoder_context)
     limits = jnp.sum(source != PAD_ID, axis=1, dtype=jnp.int32) + settings.max_extra_length  # [B], <= max_length
-    constraints = dict(limits=limits, banned_ids=(PAD_ID, BOS_ID))
+    spec = SearchSpec(batch, max_length, BOS_ID, EOS_ID, limits=limits, banned_ids=(PAD_ID, BOS_ID))
 
     def tokens_to_logits(tokens, cache):  # [R, 1] -> [R, V]
         return model.apply({"params": params}, tokens, cache, context, method=Transformer.decode_step)
 
     if settings.method == "beam":
         cache = init_cache(model.config, batch, max_length)  # the search repeats it per beam
-        return beam_search(
-            tokens_to_logits,
-            cache,
-            batch,
-            settings.beam_size,
-            max_length,
-            BOS_ID,
-            EOS_ID,
-            settings.alpha,
-            **constraints,
-        )
+        return beam_search(tokens_to_logits, cache, spec, settings.beam_size, settings.alpha)
     cache = init_cache(model.config, batch, max_length)
     if settings.method == "greedy":
-        tokens, scores = greedy_search(tokens_to_logits, cache, batch, max_length, BOS_ID, EOS_ID, **constraints)
+        tokens, scores = greedy_search(tokens_to_logits, cache, spec)
     else:
         rng = jax.random.key(0) if rng is None else rng
-        tokens, scores = sample_search(
-            tokens_to_logits,
-            cache,
-            batch,
-            max_length,
-            BOS_ID,
-            EOS_ID,
-            rng,
-            settings.temperature,
-            settings.top_k,
-            **constraints,
-        )
+        tokens, scores = sample_search(tokens_to_logits, cache, spec, rng, settings.temperature, settings.top_k)
     return tokens[:, None], scores[:, None]
 
 

@@ -8,8 +8,9 @@ Shapes use the letters of jaxformer/typing.py, plus the search's own:
 The callback sees the newest token of every row, `tokens` int32 [R, 1], and a cache pytree
 whose array leaves have R rows first (scalar leaves, such as a step index, are shared by all
 rows), and returns float logits [R, V] for the next token with the updated cache. The search
-never looks inside the cache: beam search only repeats and reorders its rows. Sequences
-start with `bos_id` (the first decoder input, not part of the output) and end at `eos_id`.
+never looks inside the cache: beam search only repeats and reorders its rows. What every search
+knows of its sequences is a `SearchSpec`: they start with `bos_id` (the first decoder input, not
+part of the output) and end at `eos_id`.
 
 Scores are the model's own log-probabilities. The search takes the full-vocabulary
 log_softmax of the logits and only then applies its constraints, by setting the log-probability
@@ -27,6 +28,7 @@ that force a fixed output length, such as benchmarks/decoding.py).
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Callable, Sequence
 from typing import Any, NamedTuple
 
@@ -50,20 +52,34 @@ def _is_possible(log_probs: Float[Array, ...]) -> Bool[Array, ...]:
     return log_probs > NEG_INF / 2
 
 
-def _row_limits(limits: Int[Array, B] | None, batch_size: int, max_length: int) -> Int[Array, B] | None:
-    if limits is None:
-        return None
-    limits = jnp.asarray(limits, jnp.int32)
-    if limits.shape != (batch_size,):
-        raise ValueError(f"limits must have shape ({batch_size},), one per row; got {limits.shape}")
-    return jnp.minimum(limits, max_length)  # the token buffers hold max_length tokens
+@dataclasses.dataclass(frozen=True)
+class SearchSpec:
+    """What every search needs to know of the sequences it decodes (see the module docstring).
 
+    Checked when built: `limits` must have shape [B] (it may be a traced array: only its shape
+    is looked at here), and `eos_id` may not be banned. `banned_ids` is kept as a tuple of ints."""
 
-def _check_banned(banned_ids: Sequence[int], eos_id: int) -> tuple[int, ...]:
-    banned_ids = tuple(int(token) for token in banned_ids)
-    if eos_id in banned_ids:
-        raise ValueError(f"eos_id {eos_id} cannot be banned: every sequence must be able to end")
-    return banned_ids
+    batch_size: int  # B, source rows
+    max_length: int  # L, the token buffers' length
+    bos_id: int  # the first decoder input, not part of the output
+    eos_id: int  # ends a sequence
+    _: dataclasses.KW_ONLY
+    limits: Int[Array, B] | None = None  # row b ends by limits[b] tokens, EOS included
+    banned_ids: Sequence[int] = ()  # never generated (pad and BOS for a jaxformer model)
+
+    def __post_init__(self):
+        if self.limits is not None and jnp.shape(self.limits) != (self.batch_size,):
+            raise ValueError(f"limits must have shape ({self.batch_size},), one per row; got {jnp.shape(self.limits)}")
+        banned_ids = tuple(int(token) for token in self.banned_ids)
+        if self.eos_id in banned_ids:
+            raise ValueError(f"eos_id {self.eos_id} cannot be banned: every sequence must be able to end")
+        object.__setattr__(self, "banned_ids", banned_ids)
+
+    def row_limits(self) -> Int[Array, B] | None:
+        """`limits` as int32, at most max_length (the token buffers hold max_length tokens)."""
+        if self.limits is None:
+            return None
+        return jnp.minimum(jnp.asarray(self.limits, jnp.int32), self.max_length)
 
 
 def _constrain(
@@ -104,19 +120,14 @@ class SearchState(NamedTuple):
 def _one_per_row(
     tokens_to_logits: TokensToLogits,
     cache: Any,
-    batch_size: int,
-    max_length: int,
-    bos_id: int,
-    eos_id: int,
+    spec: SearchSpec,
     choose: Callable[[Float[Array, "B V"], jax.Array], Int[Array, B]],
     rng: jax.Array,
-    limits: Int[Array, B] | None,
-    banned_ids: Sequence[int],
 ) -> tuple[Int[Array, "B L"], Float[Array, B]]:
     """Extends every row by the token `choose(log_probs [B, V], rng) -> [B]` picks until EOS;
     `log_probs` carry NEG_INF at the forbidden tokens, which `choose` must never pick."""
-    limits = _row_limits(limits, batch_size, max_length)
-    banned_ids = _check_banned(banned_ids, eos_id)
+    batch_size, max_length, bos_id, eos_id = spec.batch_size, spec.max_length, spec.bos_id, spec.eos_id
+    limits, banned_ids = spec.row_limits(), spec.banned_ids
 
     def cond(state: SearchState) -> Bool[Array, ""]:
         return (state.step < max_length) & ~jnp.all(state.finished)
@@ -152,49 +163,27 @@ def _one_per_row(
 
 
 def greedy_search(
-    tokens_to_logits: TokensToLogits,
-    cache: Any,
-    batch_size: int,
-    max_length: int,
-    bos_id: int,
-    eos_id: int,
-    *,
-    limits: Int[Array, B] | None = None,
-    banned_ids: Sequence[int] = (),
+    tokens_to_logits: TokensToLogits, cache: Any, spec: SearchSpec
 ) -> tuple[Int[Array, "B L"], Float[Array, B]]:
     """The most likely allowed token at every step: (tokens [B, L] padded with 0 after EOS,
-    log p(tokens) [B] under the model). `limits` and `banned_ids` as in the module docstring."""
+    log p(tokens) [B] under the model). `spec`'s `limits` and `banned_ids` as in the module
+    docstring."""
     return _one_per_row(
-        tokens_to_logits,
-        cache,
-        batch_size,
-        max_length,
-        bos_id,
-        eos_id,
-        lambda log_probs, rng: jnp.argmax(log_probs, axis=-1),
-        jax.random.key(0),
-        limits,
-        banned_ids,
+        tokens_to_logits, cache, spec, lambda log_probs, rng: jnp.argmax(log_probs, axis=-1), jax.random.key(0)
     )
 
 
 def sample_search(
     tokens_to_logits: TokensToLogits,
     cache: Any,
-    batch_size: int,
-    max_length: int,
-    bos_id: int,
-    eos_id: int,
+    spec: SearchSpec,
     rng: jax.Array,
     temperature: float = 1.0,
     top_k: int = 0,
-    *,
-    limits: Int[Array, B] | None = None,
-    banned_ids: Sequence[int] = (),
 ) -> tuple[Int[Array, "B L"], Float[Array, B]]:
     """Ancestral sampling from softmax(logits / temperature) over the allowed tokens, restricted
     to the `top_k` most likely of them when `top_k` > 0: (tokens [B, L], log p(tokens) [B] under
-    the model itself, untempered). `limits` and `banned_ids` as in the module docstring."""
+    the model itself, untempered). `spec`'s `limits` and `banned_ids` as in the module docstring."""
     if temperature <= 0:
         raise ValueError(f"sampling needs temperature > 0, got {temperature}; use greedy_search for argmax")
 
@@ -205,9 +194,7 @@ def sample_search(
             scaled = jnp.where(scaled >= kth_best, scaled, -jnp.inf)
         return jax.random.categorical(rng, scaled, axis=-1)
 
-    return _one_per_row(
-        tokens_to_logits, cache, batch_size, max_length, bos_id, eos_id, choose, rng, limits, banned_ids
-    )
+    return _one_per_row(tokens_to_logits, cache, spec, choose, rng)
 
 
 # -- beam search -----------------------------------------------------------------------------
@@ -236,20 +223,14 @@ def _gather_beams(tree: Any, beam_indices: Int[Array, "B K"], batch_size: int, o
 def beam_search(
     tokens_to_logits: TokensToLogits,
     cache: Any,
-    batch_size: int,
+    spec: SearchSpec,
     beam_size: int,
-    max_length: int,
-    bos_id: int,
-    eos_id: int,
     alpha: float = 0.6,
-    *,
-    limits: Int[Array, B] | None = None,
-    banned_ids: Sequence[int] = (),
 ) -> tuple[Int[Array, "B K L"], Float[Array, "B K"]]:
     """Beam search with length penalty; returns the `beam_size` best ended sequences per row,
     best first, as (tokens [B, K, L] padded with 0, scores [B, K] = log p(Y) / length_penalty(|Y|)).
-    `limits` and `banned_ids` as in the module docstring; a slot a row cannot fill (it has fewer
-    than K possible sequences) scores about NEG_INF.
+    `spec`'s `limits` and `banned_ids` as in the module docstring; a slot a row cannot fill (it
+    has fewer than K possible sequences) scores about NEG_INF.
 
     `cache` holds one row per batch row; it is repeated for the K beams. Each step expands
     the live beams into their 2K best continuations; those ending in EOS that rank among the
@@ -259,9 +240,9 @@ def beam_search(
     at most its log p divided by the length penalty of the longest length it may still reach
     (its row's limit), or of the shortest when alpha < 0. Stopping there changes no result.
     """
-    B, K = batch_size, beam_size
-    limits = _row_limits(limits, B, max_length)
-    banned_ids = _check_banned(banned_ids, eos_id)
+    B, K = spec.batch_size, beam_size
+    max_length, bos_id, eos_id = spec.max_length, spec.bos_id, spec.eos_id
+    limits, banned_ids = spec.row_limits(), spec.banned_ids
     longest = jnp.full((B,), max_length, jnp.int32) if limits is None else limits  # [B]
     row_limits = None if limits is None else jnp.repeat(limits, K)  # [R]
     cache = jax.tree.map(lambda leaf: leaf if jnp.ndim(leaf) == 0 else jnp.repeat(leaf, K, axis=0), cache)  # [R, ...]

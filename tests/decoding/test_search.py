@@ -8,7 +8,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from jaxformer.decoding.search import NEG_INF, beam_search, greedy_search, length_penalty, sample_search
+from jaxformer.decoding.search import NEG_INF, SearchSpec, beam_search, greedy_search, length_penalty, sample_search
 
 V, PAD, EOS, BOS = 6, 0, 1, 3
 BANNED = (PAD, BOS)
@@ -89,14 +89,9 @@ def run_beam(beam, alpha, limits=LIMITS, max_length=MAX_LENGTH):
         lambda: beam_search(
             tokens_to_logits,
             initial_cache(batch),
-            batch,
+            SearchSpec(batch, max_length, BOS, EOS, limits=jnp.asarray(limits), banned_ids=BANNED),
             beam,
-            max_length,
-            BOS,
-            EOS,
             alpha,
-            limits=jnp.asarray(limits),
-            banned_ids=BANNED,
         )
     )()
 
@@ -160,7 +155,11 @@ def test_early_stopping_bounds_by_the_longest_reachable_length():
     tokens_to_logits, log_probs = step_model(EOS_OR_LONG)
     tokens, scores = jax.jit(
         lambda: beam_search(
-            tokens_to_logits, jnp.int32(0), 1, 1, 10, BOS, EOS, 2.0, limits=jnp.array([9]), banned_ids=BANNED
+            tokens_to_logits,
+            jnp.int32(0),
+            SearchSpec(1, 10, BOS, EOS, limits=jnp.array([9]), banned_ids=BANNED),
+            1,
+            2.0,
         )
     )()
     ((expected_score, expected),) = reference_beam(log_probs, 1, 2.0, 9)
@@ -181,7 +180,9 @@ def test_early_stopping_uses_the_row_limit():
         return tokens_to_logits(tokens, cache)
 
     tokens, scores = jax.jit(
-        lambda: beam_search(counted, jnp.int32(0), 1, 1, 10, BOS, EOS, 2.0, limits=jnp.array([3]), banned_ids=BANNED)
+        lambda: beam_search(
+            counted, jnp.int32(0), SearchSpec(1, 10, BOS, EOS, limits=jnp.array([3]), banned_ids=BANNED), 1, 2.0
+        )
     )()
     assert hypothesis(tokens[0, 0]) == (EOS,)
     assert len(calls) == 1
@@ -196,10 +197,10 @@ def test_search_stops_at_the_row_limits():
         jax.debug.callback(lambda: calls.append(1))
         return tokens_to_logits(tokens, cache)
 
-    limits = jnp.array([3, 1, 3])
+    spec = SearchSpec(3, 20, BOS, EOS, limits=jnp.array([3, 1, 3]), banned_ids=BANNED)
     for search in (
-        lambda: beam_search(counted, initial_cache(3), 3, 4, 20, BOS, EOS, 0.6, limits=limits, banned_ids=BANNED),
-        lambda: greedy_search(counted, initial_cache(3), 3, 20, BOS, EOS, limits=limits, banned_ids=BANNED),
+        lambda: beam_search(counted, initial_cache(3), spec, 4, 0.6),
+        lambda: greedy_search(counted, initial_cache(3), spec),
     ):
         calls.clear()
         jax.block_until_ready(jax.jit(search)())
@@ -209,7 +210,9 @@ def test_search_stops_at_the_row_limits():
 def test_beam_search_without_limits_cuts_at_max_length():
     """Without limits, a sequence reaching max_length is cut there as it stands (no EOS)."""
     length, beam = 3, V**3
-    tokens, scores = jax.jit(lambda: beam_search(tokens_to_logits, initial_cache(2), 2, beam, length, BOS, EOS, 0.6))()
+    tokens, scores = jax.jit(
+        lambda: beam_search(tokens_to_logits, initial_cache(2), SearchSpec(2, length, BOS, EOS), beam, 0.6)
+    )()
     for row in range(2):
         sequences = [
             (EOS,),
@@ -226,7 +229,9 @@ def test_beam_search_without_limits_cuts_at_max_length():
 def test_beam_of_one_is_greedy():
     greedy_tokens, greedy_log_probs = jax.jit(
         lambda: greedy_search(
-            tokens_to_logits, initial_cache(3), 3, MAX_LENGTH, BOS, EOS, limits=jnp.asarray(LIMITS), banned_ids=BANNED
+            tokens_to_logits,
+            initial_cache(3),
+            SearchSpec(3, MAX_LENGTH, BOS, EOS, limits=jnp.asarray(LIMITS), banned_ids=BANNED),
         )
     )()
     beam_tokens, beam_scores = run_beam(1, 0.0)
@@ -236,7 +241,7 @@ def test_beam_of_one_is_greedy():
 
 def test_banning_eos_is_an_error():
     with pytest.raises(ValueError, match="eos_id"):
-        greedy_search(tokens_to_logits, initial_cache(1), 1, 3, BOS, EOS, banned_ids=(EOS,))
+        greedy_search(tokens_to_logits, initial_cache(1), SearchSpec(1, 3, BOS, EOS, banned_ids=(EOS,)))
 
 
 # -- greedy search and sampling ------------------------------------------------------------
@@ -245,7 +250,7 @@ def test_banning_eos_is_an_error():
 def test_greedy_takes_the_best_allowed_token_and_scores_it_unrenormalised():
     limits = np.array([6, 2, 4, 1], np.int32)
     tokens, log_probs = greedy_search(
-        tokens_to_logits, initial_cache(4), 4, 7, BOS, EOS, limits=jnp.asarray(limits), banned_ids=BANNED
+        tokens_to_logits, initial_cache(4), SearchSpec(4, 7, BOS, EOS, limits=jnp.asarray(limits), banned_ids=BANNED)
     )
     for row, limit in enumerate(limits):
         expected = ()
@@ -264,7 +269,12 @@ def test_sampled_scores_are_untempered_log_probs():
     cache = {"hash": jnp.zeros((rows,), jnp.int32), "row": jnp.arange(rows, dtype=jnp.int32) % 4}
     tokens, log_probs = jax.jit(
         lambda rng: sample_search(
-            tokens_to_logits, cache, rows, 7, BOS, EOS, rng, 2.0, 3, limits=jnp.asarray(limits), banned_ids=BANNED
+            tokens_to_logits,
+            cache,
+            SearchSpec(rows, 7, BOS, EOS, limits=jnp.asarray(limits), banned_ids=BANNED),
+            rng,
+            2.0,
+            3,
         )
     )(jax.random.key(3))
     at_limit = 0
@@ -277,11 +287,9 @@ def test_sampled_scores_are_untempered_log_probs():
 
 
 def test_sampling_top_1_is_greedy():
-    constraints = dict(limits=jnp.asarray(LIMITS), banned_ids=BANNED)
-    greedy_tokens, greedy_log_probs = greedy_search(tokens_to_logits, initial_cache(3), 3, 6, BOS, EOS, **constraints)
-    tokens, log_probs = sample_search(
-        tokens_to_logits, initial_cache(3), 3, 6, BOS, EOS, jax.random.key(5), top_k=1, **constraints
-    )
+    spec = SearchSpec(3, 6, BOS, EOS, limits=jnp.asarray(LIMITS), banned_ids=BANNED)
+    greedy_tokens, greedy_log_probs = greedy_search(tokens_to_logits, initial_cache(3), spec)
+    tokens, log_probs = sample_search(tokens_to_logits, initial_cache(3), spec, jax.random.key(5), top_k=1)
     np.testing.assert_array_equal(tokens, greedy_tokens)
     np.testing.assert_allclose(log_probs, greedy_log_probs, rtol=1e-5)
 
@@ -294,7 +302,7 @@ def test_first_sampled_token_follows_the_tempered_distribution(temperature, top_
     cache = {"hash": jnp.zeros((rows,), jnp.int32), "row": jnp.zeros((rows,), jnp.int32)}  # one context, many draws
     tokens, _ = jax.jit(
         lambda rng: sample_search(
-            tokens_to_logits, cache, rows, 1, BOS, EOS, rng, temperature, top_k, banned_ids=banned
+            tokens_to_logits, cache, SearchSpec(rows, 1, BOS, EOS, banned_ids=banned), rng, temperature, top_k
         )
     )(jax.random.key(6))
     expected = next_log_probs(0, ()) / temperature  # the first token's, row 0
