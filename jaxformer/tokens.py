@@ -7,6 +7,9 @@ tokenizer always agree on them:
     1  </s>   end of sentence, the last target token
     2  <unk>  unknown piece
     3  <s>    beginning of sentence, the first decoder input (teacher forcing)
+
+A vocabulary for a masked-LM (an encoder-only model) also holds MASK_PIECE, a control piece
+that no text encodes to; `Tokenizer.mask_id` is its id.
 """
 
 PAD_ID = 0
@@ -14,3 +17,4 @@ EOS_ID = 1
 UNK_ID = 2
 BOS_ID = 3
 NUM_SPECIAL_TOKENS = 4
+MASK_PIECE = "<mask>"

@@ -24,7 +24,18 @@ import jax  # noqa: E402
 # (beartype at each call), so a wrong "B T D" fails the test that passes it.
 from jaxtyping import install_import_hook  # noqa: E402
 
-_CHECKED = ["attention", "cache", "decoder", "encoder", "layers", "masking", "position", "transformer"]
+_CHECKED = [
+    "attention",
+    "cache",
+    "decoder",
+    "decoder_only",
+    "encoder",
+    "encoder_only",
+    "layers",
+    "masking",
+    "position",
+    "transformer",
+]
 if os.environ.get("JAXFORMER_SHAPE_CHECKS", "1") != "0":  # 0: off, to measure what the checks cost
     install_import_hook(
         [f"jaxformer.model.{name}" for name in _CHECKED] + ["jaxformer.decoding"], "beartype.beartype"

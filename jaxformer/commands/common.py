@@ -10,6 +10,7 @@ traceback. Ctrl-C exits with 130, as shells report it.
 from __future__ import annotations
 
 import argparse
+import io
 import logging
 import os
 import pathlib
@@ -214,18 +215,58 @@ def check_workdir(workdir: str) -> None:
         raise FlagError(f"--workdir {workdir}: no such directory")
 
 
-def translator_from_flags(args: argparse.Namespace):
+def decode_settings_from_flags(args: argparse.Namespace, max_extra_length: int):
+    """The DecodeSettings that --method, --beam_size, --alpha, --temperature and --top_k name."""
     from jaxformer.decoding.generate import DecodeSettings
-    from jaxformer.decoding.translator import Translator
 
-    settings = DecodeSettings(
+    return DecodeSettings(
         method=args.method,
         beam_size=args.beam_size,
         alpha=args.alpha,
-        max_extra_length=args.max_extra_length,
+        max_extra_length=max_extra_length,
         temperature=args.temperature,
         top_k=args.top_k,
     )
+
+
+def read_lines(path: str | None) -> list[str]:
+    """The lines of a UTF-8 file (gzip or plain), or of stdin when `path` is None."""
+    from jaxformer.data import parallel_text
+
+    if path is not None:
+        return parallel_text.read_lines(path)
+    return parallel_text.decode_lines(io.BytesIO(sys.stdin.buffer.read()), "<stdin>")
+
+
+def add_input_output_flags(parser: argparse.ArgumentParser, what: str) -> None:
+    """--input and --output: text files, one item per line; stdin and stdout by default."""
+    parser.add_argument("--input", help=f"{what} file, one per line (default: stdin)")
+    parser.add_argument("--output", help="output file (default: stdout)")
+
+
+def checked_input_lines(args: argparse.Namespace) -> list[str]:
+    """The lines of --input, once --workdir, --input and --output are known to be usable."""
+    check_workdir(args.workdir)
+    check_readable_file(args.input, "--input")
+    check_writable_file(args.output, "--output")
+    return read_lines(args.input)
+
+
+def write_lines(path: str | None, lines: list[str]) -> None:
+    """One line per item (line breaks inside an item become spaces), to `path` atomically, or to
+    stdout when `path` is None."""
+    text = "".join(" ".join(line.splitlines()) + "\n" for line in lines)
+    if path is None:
+        sys.stdout.write(text)
+        sys.stdout.flush()
+    else:
+        write_text_atomically(path, text)
+
+
+def translator_from_flags(args: argparse.Namespace):
+    from jaxformer.decoding.translator import Translator
+
+    settings = decode_settings_from_flags(args, args.max_extra_length)
     return Translator.from_workdir(
         args.workdir, args.checkpoint, settings, batch_size=args.batch_size, max_source_tokens=args.max_source_tokens
     )

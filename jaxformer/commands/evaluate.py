@@ -23,11 +23,11 @@ from jaxformer.commands.common import (
     check_workdir,
     check_writable_file,
     make_parser,
+    read_lines,
     run_command,
     translator_from_flags,
     write_text_atomically,
 )
-from jaxformer.commands.translate import read_lines
 from jaxformer.data.parallel_text import DataError
 from jaxformer.decoding.scoring import corpus_scores, format_scores
 from jaxformer.run.loading import load_checkpoint

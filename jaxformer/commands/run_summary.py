@@ -18,6 +18,7 @@ import ml_collections
 from jaxformer.errors import CheckpointError
 from jaxformer.run.checkpoint import Checkpointer
 from jaxformer.run.directory import RunDirectory
+from jaxformer.training import experiment
 
 
 def format_duration(seconds: float) -> str:
@@ -88,12 +89,16 @@ def run_summary(config: ml_collections.ConfigDict, workdir: str | pathlib.Path, 
     else:
         lines = [f"run finished: {progress}"]
 
+    architecture = experiment.architecture(config)
     if "eval" in last:
-        lines.append(f"validation: loss {last['eval']['loss']:.4f}, perplexity {last['eval']['perplexity']:.2f}")
+        scores = f"loss {last['eval']['loss']:.4f}, perplexity {last['eval']['perplexity']:.2f}"
+        if architecture == "encoder_only":
+            scores += f", masked-token accuracy {last['eval']['accuracy']:.4f}"
+        lines.append(f"validation: {scores}")
     best = best_checkpoint(run)
     if best is not None and best[1] is not None:
         lines.append(f"best validation BLEU: {best[1]:.2f} at step {best[0]}")
-    elif not training.bleu_every_steps:
+    elif not training.bleu_every_steps and architecture == "encoder_decoder":
         lines.append("validation BLEU: not measured (set training.bleu_every_steps to measure it)")
 
     places = []
@@ -111,5 +116,10 @@ def run_summary(config: ml_collections.ConfigDict, workdir: str | pathlib.Path, 
     lines.append("checkpoints: " + "; ".join(places))
     lines.append(f"metrics: {run.metrics_file}, tensorboard --logdir {run.tensorboard_dir}")
     checkpoint = "best" if best is not None else "latest" if latest else "averaged"
-    lines.append("translate: " + translate_command(config, run, checkpoint))
+    if architecture == "encoder_decoder":
+        lines.append("translate: " + translate_command(config, run, checkpoint))
+    elif architecture == "decoder_only":
+        lines.append(f"generate: jaxformer-generate --workdir {run.path} < prompts.{config.data.target_language}")
+    else:
+        lines.append(f"start a translator's encoder: --config.training.init_encoder_from={run.path}")
     return lines

@@ -33,7 +33,8 @@ class TokenizePair:
     """{source_language: bytes, target_language: bytes} -> {"inputs": ids, "targets": ids}: int32, EOS-terminated.
 
     `tokenizer` encodes both sides, or the source side only when a `target_tokenizer` is given
-    (separate vocabularies)."""
+    (separate vocabularies). `features` names the sides to keep: a language model reads one
+    ("inputs", the source language's text, for a masked LM; "targets" for a causal LM)."""
 
     def __init__(
         self,
@@ -41,19 +42,21 @@ class TokenizePair:
         source_language: str,
         target_language: str,
         target_tokenizer: Tokenizer | None = None,
+        features: Sequence[str] = FEATURES,
     ):
-        self.tokenizer, self.source_language, self.target_language = tokenizer, source_language, target_language
-        self.target_tokenizer = tokenizer if target_tokenizer is None else target_tokenizer
+        target_tokenizer = tokenizer if target_tokenizer is None else target_tokenizer
+        sides = {"inputs": (tokenizer, source_language), "targets": (target_tokenizer, target_language)}
+        self.sides = {feature: sides[feature] for feature in features}
 
     def __call__(self, record) -> dict[str, np.ndarray]:
         return {
-            "inputs": self.tokenizer.encode(record_text(record, self.source_language)),
-            "targets": self.target_tokenizer.encode(record_text(record, self.target_language)),
+            feature: tokenizer.encode(record_text(record, language))
+            for feature, (tokenizer, language) in self.sides.items()
         }
 
 
 class LengthFilter:
-    """Keeps pairs whose sides both fit in `max_length` tokens; counts what it drops."""
+    """Keeps examples whose sides all fit in `max_length` tokens; counts what it drops."""
 
     def __init__(self, max_length: int):
         self.max_length = max_length
@@ -62,7 +65,7 @@ class LengthFilter:
         self._lock = threading.Lock()  # grain may call it from several reader threads
 
     def __call__(self, example) -> bool:
-        keep = len(example["inputs"]) <= self.max_length and len(example["targets"]) <= self.max_length
+        keep = all(len(ids) <= self.max_length for ids in example.values())
         with self._lock:
             self.seen += 1
             self.dropped += not keep
@@ -70,12 +73,17 @@ class LengthFilter:
 
 
 def _pack(
-    dataset: grain.IterDataset, row_length: int, num_bins: int, shuffle_bins: bool, seed: int = 0
+    dataset: grain.IterDataset,
+    row_length: int,
+    num_bins: int,
+    shuffle_bins: bool,
+    seed: int = 0,
+    features: Sequence[str] = FEATURES,
 ) -> grain.IterDataset:
-    """First-fit packing of (inputs, targets) pairs into rows of `row_length` tokens each side."""
+    """First-fit packing of examples (their `features`) into rows of `row_length` tokens each side."""
     return grain.experimental.FirstFitPackIterDataset(
         dataset,
-        length_struct={feature: row_length for feature in FEATURES},
+        length_struct={feature: row_length for feature in features},
         num_packing_bins=num_bins,
         seed=seed,
         shuffle_bins=shuffle_bins,
@@ -91,23 +99,27 @@ def train_dataset(
     shard_index: int = 0,
     shard_count: int = 1,
     target_tokenizer: Tokenizer | None = None,
+    features: Sequence[str] = FEATURES,
 ) -> grain.IterDataset:
     """An endless, deterministic stream of packed training batches; each epoch is reshuffled.
 
     `data` is the experiment's data section (languages, max_length, batch_size, shuffle_seed,
     num_threads). Each process reads the disjoint shard `shard_index` of `shard_count` equal
     shards, in batches of data.batch_size / shard_count rows. `target_tokenizer` (separate
-    vocabularies) encodes the target side; by default `tokenizer` encodes both.
+    vocabularies) encodes the target side; by default `tokenizer` encodes both. `features`: the
+    sides a batch holds (see `TokenizePair`).
     """
     batch_size = data.batch_size // shard_count
     usable = len(source) // shard_count * shard_count
     dataset = grain.MapDataset.source(source)[:usable][shard_index::shard_count]
     dataset = dataset.shuffle(seed=data.shuffle_seed).repeat(None)  # shuffle before repeat: a new order per epoch
-    dataset = dataset.map(TokenizePair(tokenizer, data.source_language, data.target_language, target_tokenizer))
+    dataset = dataset.map(
+        TokenizePair(tokenizer, data.source_language, data.target_language, target_tokenizer, features)
+    )
     dataset = dataset.filter(length_filter or LengthFilter(data.max_length))
     read_options = grain.ReadOptions(num_threads=data.num_threads, prefetch_buffer_size=4 * batch_size)
     dataset = dataset.to_iter_dataset(read_options)
-    packed = _pack(dataset, data.max_length, batch_size, shuffle_bins=True, seed=data.shuffle_seed)
+    packed = _pack(dataset, data.max_length, batch_size, shuffle_bins=True, seed=data.shuffle_seed, features=features)
     return packed.batch(batch_size, drop_remainder=True)
 
 
@@ -116,17 +128,19 @@ def eval_batches(
     tokenizer: Tokenizer,
     data: ml_collections.ConfigDict,
     target_tokenizer: Tokenizer | None = None,
+    features: Sequence[str] = FEATURES,
 ) -> list[dict[str, np.ndarray]]:
     """Every pair of a split once (the first data.max_eval_examples of them, when set), packed into
     full batches of data.eval_batch_size rows (the last one padded with empty rows); the target
-    side encoded with `target_tokenizer` when given (separate vocabularies)."""
+    side encoded with `target_tokenizer` when given (separate vocabularies); `features` as in
+    `train_dataset`."""
     max_length, batch_size = data.max_length, data.eval_batch_size
     count = len(source) if data.max_eval_examples is None else min(data.max_eval_examples, len(source))
     length_filter = LengthFilter(max_length)
-    pairs = TokenizePair(tokenizer, data.source_language, data.target_language, target_tokenizer)
+    pairs = TokenizePair(tokenizer, data.source_language, data.target_language, target_tokenizer, features)
     dataset = grain.MapDataset.source(source)[:count].map(pairs)
     dataset = dataset.filter(length_filter).to_iter_dataset(grain.ReadOptions(num_threads=0, prefetch_buffer_size=0))
-    rows = list(_pack(dataset, max_length, batch_size, shuffle_bins=False))
+    rows = list(_pack(dataset, max_length, batch_size, shuffle_bins=False, features=features))
     if length_filter.dropped:
         logging.warning(
             "evaluation: %d of %d pairs longer than %d tokens left out", length_filter.dropped, count, max_length

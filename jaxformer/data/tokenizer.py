@@ -14,7 +14,7 @@ from google.protobuf.message import DecodeError
 from sentencepiece import sentencepiece_model_pb2 as model_pb2
 
 from jaxformer.errors import UserError
-from jaxformer.tokens import BOS_ID, EOS_ID, NUM_SPECIAL_TOKENS, PAD_ID, UNK_ID
+from jaxformer.tokens import BOS_ID, EOS_ID, MASK_PIECE, NUM_SPECIAL_TOKENS, PAD_ID, UNK_ID
 
 
 class TokenizerError(UserError, ValueError):
@@ -49,11 +49,19 @@ class Tokenizer:
         return cls._from_file(path, "tokenizer", lambda proto: proto)
 
     @classmethod
-    def from_sentencepiece_file(cls, path: str | pathlib.Path) -> Tokenizer:
+    def from_sentencepiece_file(cls, path: str | pathlib.Path, control_symbols: Sequence[str] = ()) -> Tokenizer:
         """A sentencepiece model trained elsewhere (any special ids, e.g. sentencepiece's default
-        unk 0, bos 1, eos 2 and no pad), converted by `with_jaxformer_ids`; `TokenizerError`
-        naming the file if it cannot be read or is not a sentencepiece model."""
-        return cls._from_file(path, "sentencepiece model", with_jaxformer_ids)
+        unk 0, bos 1, eos 2 and no pad), converted by `with_jaxformer_ids`, with the
+        `control_symbols` it lacks (MASK_PIECE for a masked LM) added by `with_control_piece`;
+        `TokenizerError` naming the file if it cannot be read or is not a sentencepiece model."""
+
+        def convert(proto: bytes) -> bytes:
+            proto = with_jaxformer_ids(proto)
+            for piece in control_symbols:
+                proto = with_control_piece(proto, piece)
+            return proto
+
+        return cls._from_file(path, "sentencepiece model", convert)
 
     @classmethod
     def _from_file(cls, path: str | pathlib.Path, what: str, convert: Callable[[bytes], bytes]) -> Tokenizer:
@@ -90,6 +98,12 @@ class Tokenizer:
         if EOS_ID in ids:
             ids = ids[: ids.index(EOS_ID)]
         return self._processor.decode([i for i in ids if i not in (PAD_ID, BOS_ID)])
+
+    @property
+    def mask_id(self) -> int | None:
+        """The id of the masked-LM's MASK_PIECE, None when the vocabulary has none."""
+        mask_id = self._processor.piece_to_id(MASK_PIECE)
+        return mask_id if self._processor.is_control(mask_id) and mask_id != self._processor.unk_id() else None
 
     def pieces(self, ids: Sequence[int]) -> list[str]:
         """The subword strings of `ids` (for plots and debugging)."""
@@ -157,6 +171,25 @@ def with_jaxformer_ids(model_proto: bytes) -> bytes:
     return model.SerializeToString(deterministic=True)
 
 
+def with_control_piece(model_proto: bytes, piece: str) -> bytes:
+    """The same sentencepiece model with the control piece `piece` (e.g. MASK_PIECE) after its last
+    piece, unless it has it already. No text encodes to a control piece, so every sentence keeps
+    its ids; the vocabulary grows by one."""
+    model = model_pb2.ModelProto()
+    model.ParseFromString(bytes(model_proto))
+    for existing in model.pieces:
+        if existing.piece == piece:
+            if existing.type != model_pb2.ModelProto.SentencePiece.CONTROL:
+                found = model_pb2.ModelProto.SentencePiece.Type.Name(existing.type)
+                raise TokenizerError(f"the sentencepiece model's piece {piece!r} is a {found} piece, not a CONTROL one")
+            return bytes(model_proto)
+    model.pieces.append(
+        model_pb2.ModelProto.SentencePiece(piece=piece, score=0.0, type=model_pb2.ModelProto.SentencePiece.CONTROL)
+    )
+    model.trainer_spec.vocab_size = len(model.pieces)
+    return model.SerializeToString(deterministic=True)
+
+
 def train_tokenizer(
     sentences: Iterable[str],
     vocab_size: int,
@@ -164,9 +197,11 @@ def train_tokenizer(
     character_coverage: float = 1.0,
     max_sentences: int = 2_000_000,
     seed: int = 0,
+    control_symbols: Sequence[str] = (),
 ) -> Tokenizer:
     """Trains one sentencepiece model on `sentences` (source and target text together, or one
-    side's text for separate vocabularies).
+    side's text for separate vocabularies). `control_symbols` (MASK_PIECE for a masked-LM) take
+    the ids right after the special tokens and count in `vocab_size`.
 
     Beyond `max_sentences`, a sample drawn with `seed` is used, so the same corpus always
     gives the same model (sentencepiece's own sampling is not seeded).
@@ -180,7 +215,7 @@ def train_tokenizer(
     model = io.BytesIO()
     logging.info("training a %s sentencepiece model with %d pieces", model_type, vocab_size)
     try:
-        _train_sentencepiece(sentences, model, vocab_size, model_type, character_coverage)
+        _train_sentencepiece(sentences, model, vocab_size, model_type, character_coverage, control_symbols)
     except RuntimeError as error:  # sentencepiece reports a corpus too small for the vocabulary this way
         reason = str(error).strip().splitlines()[-1] if str(error).strip() else type(error).__name__
         raise TokenizerError(
@@ -191,7 +226,12 @@ def train_tokenizer(
 
 
 def _train_sentencepiece(
-    sentences: list[str], model: io.BytesIO, vocab_size: int, model_type: str, character_coverage: float
+    sentences: list[str],
+    model: io.BytesIO,
+    vocab_size: int,
+    model_type: str,
+    character_coverage: float,
+    control_symbols: Sequence[str],
 ) -> None:
     spm.SentencePieceTrainer.train(
         sentence_iterator=iter(sentences),
@@ -208,6 +248,7 @@ def _train_sentencepiece(
         eos_piece="</s>",
         unk_piece="<unk>",
         bos_piece="<s>",
+        control_symbols=list(control_symbols),
         num_threads=2,
         minloglevel=2,
     )

@@ -12,7 +12,7 @@ from typing import Any
 import jax
 import jax.numpy as jnp
 
-from jaxformer.decoding.search import SearchSpec, beam_search, greedy_search, sample_search
+from jaxformer.decoding.search import SearchSpec, TokensToLogits, beam_search, greedy_search, sample_search
 from jaxformer.model.cache import init_cache
 from jaxformer.model.config import TransformerConfig
 from jaxformer.model.transformer import Transformer, unstack_layers
@@ -80,10 +80,21 @@ def generate(
     def tokens_to_logits(tokens, cache):  # [R, 1] -> [R, V]
         return model.apply({"params": params}, tokens, cache, context, method=Transformer.decode_step)
 
+    return search(tokens_to_logits, init_cache(model.config, batch, max_length), spec, settings, rng)
+
+
+def search(
+    tokens_to_logits: TokensToLogits,
+    cache: Any,
+    spec: SearchSpec,
+    settings: DecodeSettings,
+    rng: jax.Array | None = None,
+) -> tuple[Int[Array, "B K L"], Float[Array, "B K"]]:
+    """The search `settings.method` names over `tokens_to_logits`, hypotheses [B, K, ...] always
+    (K = 1 for greedy search and sampling); `cache` has one row per batch row (beam search
+    repeats it per beam)."""
     if settings.method == "beam":
-        cache = init_cache(model.config, batch, max_length)  # the search repeats it per beam
         return beam_search(tokens_to_logits, cache, spec, settings.beam_size, settings.alpha)
-    cache = init_cache(model.config, batch, max_length)
     if settings.method == "greedy":
         tokens, scores = greedy_search(tokens_to_logits, cache, spec)
     else:

@@ -15,7 +15,7 @@ import tqdm
 from jaxformer.data.tokenizer import Tokenizer
 from jaxformer.decoding import sentence_batches
 from jaxformer.decoding.generate import DecodeSettings, decoding_variant, make_generate_fn
-from jaxformer.model.config import TransformerConfig
+from jaxformer.model.config import ConfigError, TransformerConfig
 from jaxformer.model.transformer import unstack_layers
 from jaxformer.run.loading import load_checkpoint
 from jaxformer.tokens import EOS_ID, PAD_ID
@@ -43,6 +43,11 @@ class Translator:
         max_source_tokens: int = 256,
         target_tokenizer: Tokenizer | None = None,
     ):
+        if config.architecture != "encoder_decoder":
+            raise ConfigError(
+                f"a Translator needs an encoder_decoder model, not {config.architecture!r} "
+                "(continue text with a decoder_only one through jaxformer-generate / LanguageModel)"
+            )
         # `tokenizer` encodes the input; `target_tokenizer` (separate vocabularies) decodes the output.
         target_tokenizer = tokenizer if target_tokenizer is None else target_tokenizer
         for side, model_size, side_tokenizer in (

@@ -29,6 +29,10 @@ class TransformerConfig:
     Defaults are the paper's base model with its shared 37,000-token vocabulary.
     """
 
+    # "encoder_decoder": the translator (Figure 1); "encoder_only": the encoder with a masked-LM
+    # head; "decoder_only": the decoder without cross-attention, a causal language model.
+    architecture: Literal["encoder_decoder", "encoder_only", "decoder_only"] = "encoder_decoder"
+
     # Shared source/target vocabulary size, special tokens (jaxformer.tokens) included; with
     # separate vocabularies, the target's (decoder embedding and output softmax).
     vocab_size: int = 37_000
@@ -122,6 +126,7 @@ class TransformerConfig:
         return values
 
 
+ARCHITECTURES = ("encoder_decoder", "encoder_only", "decoder_only")
 _FIELD_NAMES = tuple(field.name for field in dataclasses.fields(TransformerConfig))
 
 
@@ -161,6 +166,10 @@ def _validate(config: TransformerConfig) -> None:
         value = getattr(config, field)
         if not isinstance(value, (int, float)) or isinstance(value, bool) or not 0.0 <= value < 1.0:
             fail(field, "must lie in [0, 1)")
+    if config.architecture not in ARCHITECTURES:
+        fail("architecture", f"must be one of {', '.join(map(repr, ARCHITECTURES))}")
+    if config.architecture != "encoder_decoder" and config.source_vocab_size is not None:
+        fail("source_vocab_size", f"applies to the encoder_decoder architecture only, not {config.architecture!r}")
     if config.activation not in ("relu", "gelu"):
         fail("activation", 'must be "relu" or "gelu"')
     if config.normalization not in ("post", "pre"):

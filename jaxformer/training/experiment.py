@@ -15,7 +15,7 @@ import numpy as np
 
 from jaxformer.data.tokenizer import Tokenizer
 from jaxformer.model.config import ConfigError, TransformerConfig, preset
-from jaxformer.tokens import NUM_SPECIAL_TOKENS
+from jaxformer.tokens import MASK_PIECE, NUM_SPECIAL_TOKENS
 from jaxformer.training.sharding import DEFAULT_RULES
 
 # Sections whose values must not change when a run resumes from its workdir: they shape the
@@ -120,7 +120,13 @@ def default_config() -> ml_collections.ConfigDict:
     # Fine-tuning: start from the parameters (and tokenizer) of another run's workdir or checkpoint
     # directory, with a fresh optimizer, step and data order. None: random initialisation.
     config.training.init_from = ml_collections.FieldReference(None, field_type=str)
-    config.training.init_checkpoint = "latest"  # with init_from: "latest", "best", "averaged" or a step
+    # A translator composed of pretrained halves: its encoder (and source embedding) from an
+    # encoder_only (masked-LM) run, its decoder (and target embedding) from a decoder_only (causal
+    # LM) run; the cross-attention starts from random values. Instead of init_from.
+    config.training.init_encoder_from = ml_collections.FieldReference(None, field_type=str)
+    config.training.init_decoder_from = ml_collections.FieldReference(None, field_type=str)
+    # With init_from / init_encoder_from / init_decoder_from: "latest", "best", "averaged" or a step.
+    config.training.init_checkpoint = "latest"
     config.training.num_train_steps = 100_000
     config.training.label_smoothing = 0.1  # epsilon_ls
     config.training.loss_chunk_tokens = (
@@ -236,6 +242,8 @@ VALUE_RULES: dict[str, tuple[Callable[[Any], bool], str]] = {
     "mesh.shape": _MESH_SHAPE,
     "training.seed": _at_least(0),
     "training.init_from": _OPTIONAL_TEXT,
+    "training.init_encoder_from": _OPTIONAL_TEXT,
+    "training.init_decoder_from": _OPTIONAL_TEXT,
     "training.init_checkpoint": (
         (
             lambda value: (
@@ -282,7 +290,29 @@ def validate(config: ml_collections.ConfigDict) -> None:
         if key in values and not allowed(values[key]):
             raise ConfigError(f"config {key}={values[key]!r}: must be {description}")
     data = config.data
-    if data.source_language == data.target_language:
+    if architecture(config) != "encoder_decoder":
+        for key, value in (
+            ("tokenizer.separate_vocabularies", config.tokenizer.separate_vocabularies),
+            ("training.bleu_every_steps", config.training.bleu_every_steps),
+        ):
+            if value:
+                raise ConfigError(
+                    f"config {key}={value!r} applies to translation (model.architecture='encoder_decoder'), "
+                    f"not to {architecture(config)!r}"
+                )
+    training = config.training
+    parts = [key for key in ("init_encoder_from", "init_decoder_from") if training.get(key) is not None]
+    if parts and training.init_from is not None:
+        raise ConfigError(
+            f"config training.init_from and training.{parts[0]} both set: a run starts from a whole model "
+            "or from pretrained halves, not both"
+        )
+    if parts and architecture(config) != "encoder_decoder":
+        raise ConfigError(
+            f"config training.{parts[0]} starts a translator (model.architecture='encoder_decoder'), "
+            f"not an {architecture(config)!r} model"
+        )
+    if architecture(config) == "encoder_decoder" and data.source_language == data.target_language:
         raise ConfigError(f"config data.source_language and data.target_language are both {data.source_language!r}")
     if data.batch_size % config.optimizer.accumulation_steps:
         raise ConfigError(
@@ -318,6 +348,8 @@ PATH_KEYS = (
     "tokenizer.model_path",
     "tokenizer.target_model_path",
     "training.init_from",
+    "training.init_encoder_from",
+    "training.init_decoder_from",
 )
 
 
@@ -332,6 +364,25 @@ def with_absolute_paths(config: ml_collections.ConfigDict) -> ml_collections.Con
         if section[leaf] is not None:
             section[leaf] = str(pathlib.Path(section[leaf]).expanduser().absolute())
     return config
+
+
+def architecture(config: ml_collections.ConfigDict) -> str:
+    """The model's architecture (model.architecture): "encoder_decoder", "encoder_only" or "decoder_only"."""
+    return config.model.get("architecture", "encoder_decoder")
+
+
+def text_languages(config: ml_collections.ConfigDict) -> tuple[str, ...]:
+    """The languages whose text the run reads: a masked LM (encoder-only) reads the source side,
+    a causal LM (decoder-only) the target side, the sides they take in a translator."""
+    data = config.data
+    return {"encoder_only": (data.source_language,), "decoder_only": (data.target_language,)}.get(
+        architecture(config), (data.source_language, data.target_language)
+    )
+
+
+def control_symbols(config: ml_collections.ConfigDict) -> tuple[str, ...]:
+    """Control pieces the run's vocabulary needs: the mask piece for a masked LM."""
+    return (MASK_PIECE,) if architecture(config) == "encoder_only" else ()
 
 
 def vocabulary_sizes(config: ml_collections.ConfigDict) -> tuple[int, int]:
@@ -354,7 +405,11 @@ def vocabulary_sizes(config: ml_collections.ConfigDict) -> tuple[int, int]:
     paths = {"model_path": section.model_path}
     if section.separate_vocabularies:
         paths["target_model_path"] = section.target_model_path
-    given = {key: Tokenizer.from_sentencepiece_file(path).vocab_size for key, path in paths.items() if path is not None}
+    given = {
+        key: Tokenizer.from_sentencepiece_file(path, control_symbols(config)).vocab_size
+        for key, path in paths.items()
+        if path is not None
+    }
     if len(given) == len(paths) and section.vocab_size != DEFAULT_VOCAB_SIZE:  # nothing is trained here
         for key, size in given.items():
             if size != section.vocab_size:

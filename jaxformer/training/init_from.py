@@ -1,11 +1,13 @@
-"""Fine-tuning: the parameters (and tokenizer) a new run starts from, taken from another run
-(`training.init_from`). Only the parameters travel: the optimizer, the step and the data order
-start afresh in the new workdir."""
+"""Fine-tuning and composition: the parameters (and tokenizers) a new run starts from, taken from
+another run (`training.init_from`), or a translator's encoder from a masked LM and its decoder
+from a causal LM (`training.init_encoder_from`, `training.init_decoder_from`). Only parameters
+travel: the optimizer, the step and the data order start afresh in the new workdir."""
 
 from __future__ import annotations
 
 import dataclasses
 import logging
+from collections.abc import Sequence
 from typing import Any
 
 import jax
@@ -13,71 +15,145 @@ import ml_collections
 import numpy as np
 from flax import traverse_util
 
-from jaxformer.model.config import ConfigError
+from jaxformer.model.config import ConfigError, TransformerConfig
 from jaxformer.model.transformer import stack_layers, unstack_layers
 from jaxformer.run.loading import load_from_directory, locate_checkpoint
 from jaxformer.run.metadata import CheckpointMetadata
 
+# What a starting point gives a new run: every parameter, or one side of a translator with its
+# embedding (the encoder from a masked LM, the decoder from a causal LM).
+PARTS = {"model": "init_from", "encoder": "init_encoder_from", "decoder": "init_decoder_from"}
+# The architecture each part is taken from.
+_PART_ARCHITECTURE = {"encoder": "encoder_only", "decoder": "decoder_only"}
+
 
 @dataclasses.dataclass(frozen=True)
 class StartingPoint:
-    """The checkpoint a fine-tuning run starts from."""
+    """A checkpoint a new run starts from."""
 
     where: str  # "step 40 of /runs/a/checkpoints", for messages
     step: int
     metadata: CheckpointMetadata
     params: Any  # host arrays, in the layout (scanned or not) of the run that saved them
+    part: str = "model"  # a key of PARTS
 
 
-def load_starting_point(training: ml_collections.ConfigDict) -> StartingPoint | None:
-    """The checkpoint `training.init_from` / `training.init_checkpoint` name; None without
-    init_from. `CheckpointError` naming the path when it holds no readable checkpoint."""
-    if training.init_from is None:
-        return None
-    directory, step = locate_checkpoint(training.init_from, training.init_checkpoint)
-    step, metadata, params = load_from_directory(directory, step)
-    where = f"step {step} of {directory}"
-    logging.info("fine-tuning: starting from the parameters of %s", where)
-    return StartingPoint(where=where, step=step, metadata=metadata, params=params)
+def load_starting_points(training: ml_collections.ConfigDict) -> tuple[StartingPoint, ...]:
+    """The checkpoints that `training.init_from`, or `training.init_encoder_from` and
+    `training.init_decoder_from`, name (with `training.init_checkpoint`); none without them.
+    `CheckpointError` naming the path when it holds no readable checkpoint, `ConfigError` when an
+    encoder does not come from an encoder_only run or a decoder from a decoder_only one."""
+    points = []
+    for part, key in PARTS.items():
+        path = training.get(key)
+        if path is None:
+            continue
+        directory, step = locate_checkpoint(path, training.init_checkpoint)
+        step, metadata, params = load_from_directory(directory, step)
+        where = f"step {step} of {directory}"
+        found = metadata.model.get("architecture", "encoder_decoder")
+        if part in _PART_ARCHITECTURE and found != _PART_ARCHITECTURE[part]:
+            raise ConfigError(
+                f"training.{key}: {where} holds a {found} model; a translator's {part} starts from an "
+                f"{_PART_ARCHITECTURE[part]} run"
+            )
+        logging.info("starting the %s from the parameters of %s", "model" if part == "model" else part, where)
+        points.append(StartingPoint(where=where, step=step, metadata=metadata, params=params, part=part))
+    return tuple(points)
 
 
 def _shape(leaf: Any) -> tuple[int, ...]:
     return tuple(np.shape(leaf))
 
 
-def starting_params(start: StartingPoint, abstract_params: Any, scan_layers: bool) -> Any:
-    """`start`'s parameters laid out as `abstract_params` (the new model's), cast to its dtypes.
-
-    A scanned run's parameters are unstacked for a model without scan, and the other way round.
-    Any difference in names or shapes is one `ConfigError` listing every parameter that differs."""
-    params = start.params
-    saved_scan = bool(start.metadata.model.get("scan_layers", False))
-    if saved_scan and not scan_layers:
+def _named_params(point: StartingPoint, config: TransformerConfig) -> dict[str, Any]:
+    """`point`'s parameters by "/"-joined name, in the layout (scanned or not) and, for a part,
+    under the names, of the new model `config`. A masked LM's head has no place in a translator."""
+    params = point.params
+    saved_scan = bool(point.metadata.model.get("scan_layers", False))
+    if saved_scan and not config.scan_layers:
         params = unstack_layers(params)
-    elif scan_layers and not saved_scan:
+    elif config.scan_layers and not saved_scan:
         params = stack_layers(params)
-    saved = traverse_util.flatten_dict(params, sep="/")
+    named = traverse_util.flatten_dict(params, sep="/")
+    if point.part == "model":
+        return named
+    if config.share_embeddings:
+        embedding = "shared_embedding"
+    else:
+        embedding = "source_embedding" if point.part == "encoder" else "target_embedding"
+    renamed = {}
+    for name, value in named.items():
+        top, rest = name.split("/", 1)
+        if top == "embedding":
+            renamed[f"{embedding}/{rest}"] = value
+        elif top == point.part:
+            renamed[name] = value
+    return renamed
+
+
+def starting_overrides(
+    points: Sequence[StartingPoint], abstract_params: Any, config: TransformerConfig
+) -> dict[str, np.ndarray]:
+    """{parameter name: host array} that the starting points give the new model `config`
+    (`abstract_params` its parameters), cast to its dtypes: every parameter for `init_from`, the
+    encoder or decoder with its embedding for a part (the rest, such as the cross-attention,
+    keeps its random initialisation). Any difference in names or shapes is one `ConfigError`
+    listing every parameter that differs."""
     wanted = traverse_util.flatten_dict(abstract_params, sep="/")
-    differences = []
-    for name in sorted(set(saved) | set(wanted)):
-        if name not in wanted:
-            differences.append(f"{name} only in the checkpoint")
-        elif name not in saved:
-            differences.append(f"{name} only in this model")
-        elif _shape(saved[name]) != _shape(wanted[name]):
-            differences.append(f"{name}: {_shape(saved[name])} in the checkpoint, {_shape(wanted[name])} here")
-    if differences:
+    parts = {point.part for point in points}
+    if {"encoder", "decoder"} <= parts and config.share_embeddings:
         raise ConfigError(
-            f"training.init_from: the parameters of {start.where} do not fit this model "
-            f"({len(differences)} differ; set the model section as in that run): " + "; ".join(differences)
+            "training.init_encoder_from and training.init_decoder_from each give an embedding, but the model "
+            "shares one: set model.share_embeddings=False and tokenizer.separate_vocabularies=True"
         )
-    saved = {name: np.asarray(value) for name, value in saved.items()}
-    casts = {
-        f"{saved[name].dtype} -> {wanted[name].dtype}" for name in wanted if saved[name].dtype != wanted[name].dtype
+    overrides: dict[str, np.ndarray] = {}
+    for point in points:
+        saved = _named_params(point, config)
+        differences = []
+        for name in sorted(set(saved) | (set(wanted) if point.part == "model" else set())):
+            if name not in wanted:
+                differences.append(f"{name} only in the checkpoint")
+            elif name not in saved:
+                differences.append(f"{name} only in this model")
+            elif _shape(saved[name]) != _shape(wanted[name]):
+                differences.append(f"{name}: {_shape(saved[name])} in the checkpoint, {_shape(wanted[name])} here")
+        if differences:
+            raise ConfigError(
+                f"training.{PARTS[point.part]}: the parameters of {point.where} do not fit this model "
+                f"({len(differences)} differ; set the model section as in that run): " + "; ".join(differences)
+            )
+        casts = {
+            f"{saved[name].dtype} -> {wanted[name].dtype}" for name in saved if saved[name].dtype != wanted[name].dtype
+        }
+        if casts:
+            logging.info("parameters cast from the dtypes of %s: %s", point.where, ", ".join(sorted(casts)))
+        overrides.update({name: np.asarray(value).astype(wanted[name].dtype) for name, value in saved.items()})
+    fresh = [name for name in wanted if name not in overrides]
+    if points and fresh:
+        logging.info(
+            "%d of %d parameter arrays start from random values: %s", len(fresh), len(wanted), ", ".join(fresh)
+        )
+    return overrides
+
+
+def with_overrides(params: Any, overrides: dict[str, np.ndarray]) -> Any:
+    """`params` (device arrays) with the leaves named in `overrides` replaced, each placed as the
+    leaf it replaces."""
+
+    def replace(path, leaf):
+        name = jax.tree_util.keystr(path, simple=True, separator="/")
+        return jax.device_put(overrides[name], leaf.sharding) if name in overrides else leaf
+
+    return jax.tree_util.tree_map_with_path(replace, params)
+
+
+def side_tokenizers(points: Sequence[StartingPoint]) -> tuple[tuple[bytes, str] | None, tuple[bytes, str] | None]:
+    """(source, target) tokenizers, (model, where) each, of a translator composed from an encoder's
+    and a decoder's runs: each part brings its run's; None for a side no part gives."""
+    sides: dict[str, tuple[bytes, str]] = {
+        point.part: (point.metadata.tokenizer, f"the {point.part} start, {point.where}")
+        for point in points
+        if point.part != "model"
     }
-    if casts:
-        logging.info("fine-tuning: parameters cast from the checkpoint's dtypes: %s", ", ".join(sorted(casts)))
-    return jax.tree_util.tree_map_with_path(
-        lambda path, leaf: saved[jax.tree_util.keystr(path, simple=True, separator="/")].astype(leaf.dtype),
-        abstract_params,
-    )
+    return sides.get("encoder"), sides.get("decoder")

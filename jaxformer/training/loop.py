@@ -26,14 +26,22 @@ from jax.experimental import multihost_utils
 from jaxformer.data.pipeline import LengthFilter, ShardedBatches, eval_batches, train_dataset
 from jaxformer.data.sources import data_fingerprint, get_builder, load_split
 from jaxformer.errors import CheckpointError, UserError, exit_code_for_signal
-from jaxformer.model.transformer import Transformer
+from jaxformer.model.architectures import build_model
 from jaxformer.run.checkpoint import Checkpointer
 from jaxformer.run.directory import RunDirectory
 from jaxformer.run.lock import WorkdirLock, WorkdirLockedError
 from jaxformer.run.metadata import CheckpointMetadata
 from jaxformer.training import experiment, sharding
-from jaxformer.training.init_from import StartingPoint, load_starting_point, starting_params
+from jaxformer.training.init_from import (
+    PARTS,
+    StartingPoint,
+    load_starting_points,
+    side_tokenizers,
+    starting_overrides,
+    with_overrides,
+)
 from jaxformer.training.metrics import MetricWriter, summarize
+from jaxformer.training.objectives import objective_for
 from jaxformer.training.optimizer import make_optimizer
 from jaxformer.training.periodic import Periodic, run_due
 from jaxformer.training.run_tokenizer import RunTokenizers, tokenizer_for_run
@@ -106,7 +114,7 @@ class TrainMetrics:
 
 def _local_rows(batch: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
     """This process's slice of a batch every process holds whole."""
-    rows = batch["inputs"].shape[0] // jax.process_count()
+    rows = next(iter(batch.values())).shape[0] // jax.process_count()
     start = jax.process_index() * rows
     return {key: value[start : start + rows] for key, value in batch.items()}
 
@@ -212,7 +220,7 @@ class PreparedRun:
     metadata: CheckpointMetadata  # written with every checkpoint (each save sets its step)
     train_source: Sequence
     eval_source: Sequence
-    starting_point: StartingPoint | None  # fine-tuning from another run; None when resuming or from scratch
+    starting_points: tuple[StartingPoint, ...]  # fine-tuning or composing; none when resuming or from scratch
 
 
 def _locked_train_and_evaluate(config: ml_collections.ConfigDict, workdir: pathlib.Path) -> dict[str, Any]:
@@ -225,9 +233,9 @@ def _locked_train_and_evaluate(config: ml_collections.ConfigDict, workdir: pathl
     latest = checkpointer.latest_step_metadata()
     saved = None if latest is None else latest[1]
     _check_same_run(workdir, saved, config)
-    if latest is not None and training.init_from is not None:
-        logging.info("resuming this workdir's run; training.init_from only sets where a new run starts")
-    starting_point = load_starting_point(training) if latest is None else None
+    if latest is not None and any(training.get(key) is not None for key in PARTS.values()):
+        logging.info("resuming this workdir's run; training.init_*from only set where a new run starts")
+    starting_points = load_starting_points(training) if latest is None else ()
 
     mesh = sharding.make_mesh(config.mesh.shape)
     rules = sharding.rules_from_config(config.mesh.logical_axis_rules)
@@ -244,11 +252,11 @@ def _locked_train_and_evaluate(config: ml_collections.ConfigDict, workdir: pathl
         )
     if latest is not None:
         saved_tokenizers = (saved, f"checkpoint {latest[0]} of {checkpointer.directory}")
-    elif starting_point is not None:  # the parameters' embeddings belong to that run's tokenizer
-        saved_tokenizers = (starting_point.metadata, f"the fine-tuning start, {starting_point.where}")
+    elif starting_points and starting_points[0].part == "model":  # its embeddings belong to its tokenizer
+        saved_tokenizers = (starting_points[0].metadata, f"the fine-tuning start, {starting_points[0].where}")
     else:
         saved_tokenizers = None
-    tokenizers = tokenizer_for_run(config, run, train_source, saved_tokenizers)
+    tokenizers = tokenizer_for_run(config, run, train_source, saved_tokenizers, side_tokenizers(starting_points))
 
     model_config = experiment.model_config(
         config, tokenizers.target.vocab_size, None if tokenizers.shared else tokenizers.source.vocab_size
@@ -261,14 +269,15 @@ def _locked_train_and_evaluate(config: ml_collections.ConfigDict, workdir: pathl
         data_fingerprint=fingerprint,
         step=0,
     )
-    prepared = PreparedRun(run, checkpointer, tokenizers, metadata, train_source, eval_source, starting_point)
+    prepared = PreparedRun(run, checkpointer, tokenizers, metadata, train_source, eval_source, starting_points)
     with jax.set_mesh(mesh), nn.logical_axis_rules(rules):
-        return _train(config, prepared, Transformer(model_config), mesh, rules)
+        return _train(config, prepared, build_model(model_config), mesh, rules)
 
 
-def _train(config, prepared: PreparedRun, model: Transformer, mesh, rules) -> dict[str, Any]:
+def _train(config, prepared: PreparedRun, model: nn.Module, mesh, rules) -> dict[str, Any]:
     data, training = config.data, config.training
     run, checkpointer, tokenizers = prepared.directory, prepared.checkpointer, prepared.tokenizers
+    objective = objective_for(model.config, tokenizers.source.mask_id, training.seed)
     optimizer, learning_rate = make_optimizer(config.optimizer, model.config.d_model)
     boxed_state = jax.eval_shape(
         make_init_fn(model, optimizer, data.max_length, data.max_length, boxed=True), training.seed
@@ -277,9 +286,8 @@ def _train(config, prepared: PreparedRun, model: Transformer, mesh, rules) -> di
     abstract_state = sharding.abstract_with_shardings(sharding.strip_boxes(boxed_state), state_shardings)
     init_fn = make_init_fn(model, optimizer, data.max_length, data.max_length)
     logging.info("model: %s parameters", f"{count_parameters(abstract_state.params):,}")
-    initial_params = None  # fine-tuning: checked against this model before anything is compiled
-    if prepared.starting_point is not None:
-        initial_params = starting_params(prepared.starting_point, abstract_state.params, model.config.scan_layers)
+    # Fine-tuning or composing: checked against this model before anything is compiled.
+    overrides = starting_overrides(prepared.starting_points, abstract_state.params, model.config)
     batch_sharding = sharding.batch_sharding(mesh, rules)
     replicated = sharding.replicated(mesh)
 
@@ -296,30 +304,33 @@ def _train(config, prepared: PreparedRun, model: Transformer, mesh, rules) -> di
                     shard_index=shard,
                     shard_count=shard_count,
                     target_tokenizer=tokenizers.target,
+                    features=objective.features,
                 )
             )
             for shard in my_shards
         ]
     )
-    eval_data = eval_batches(prepared.eval_source, tokenizers.source, data, tokenizers.target)
+    eval_data = objective.evaluation_batches(
+        eval_batches(prepared.eval_source, tokenizers.source, data, tokenizers.target, objective.features)
+    )
 
     restored = checkpointer.restore_latest(abstract_state, train_iterator)
     if restored is None:
         state, step = jax.jit(init_fn, out_shardings=state_shardings)(training.seed), 0
-        if initial_params is not None:
-            state = state.replace(params=jax.device_put(initial_params, state_shardings.params))
+        if overrides:
+            state = state.replace(params=with_overrides(state.params, overrides))
     else:
         step, state, _ = restored
         logging.info("resumed from step %d of %s", step, checkpointer.directory)
 
     train_fn = jax.jit(
-        make_train_step(model, optimizer, learning_rate, training),
+        make_train_step(model, optimizer, learning_rate, training, objective),
         in_shardings=(state_shardings, batch_sharding),
         out_shardings=(state_shardings, replicated),
         donate_argnums=0,
     )
     eval_fn = jax.jit(
-        make_eval_step(model, training),
+        make_eval_step(model, training, objective),
         in_shardings=(state_shardings.params, batch_sharding),
         out_shardings=replicated,
     )
@@ -370,7 +381,7 @@ def _train(config, prepared: PreparedRun, model: Transformer, mesh, rules) -> di
         Periodic("bleu", training.bleu_every_steps if validator else 0, validate_bleu),
         Periodic("checkpoint", training.checkpoint_every_steps, save),
     ]
-    if prepared.starting_point is not None and step == 0:
+    if prepared.starting_points and step == 0:
         evaluate(0)  # where fine-tuning starts: the starting model on this run's validation data
     with StopRequest() as stop:
         try:

@@ -19,6 +19,9 @@ from jaxformer.data.tokenizer import Tokenizer, TokenizerError, train_tokenizer
 from jaxformer.errors import CheckpointError
 from jaxformer.run.directory import RunDirectory
 from jaxformer.run.metadata import CheckpointMetadata
+from jaxformer.training import experiment
+
+SavedTokenizer = tuple[bytes, str]  # a sentencepiece model, and where it comes from (for messages)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -82,7 +85,7 @@ def _one_tokenizer(
     loaded, or made there first: converted from tokenizer.`model_key` when that is set, else
     trained on the `languages` sides of the training split."""
     section = config.tokenizer
-    model_path = section[model_key]
+    model_path, control = section[model_key], experiment.control_symbols(config)
     if saved is not None:
         tokenizer = _checked_against_checkpoint(path, *saved)
     elif path.exists():
@@ -90,7 +93,7 @@ def _one_tokenizer(
     else:
         tokenizer = None
     if model_path is not None:
-        given = Tokenizer.from_sentencepiece_file(model_path)
+        given = Tokenizer.from_sentencepiece_file(model_path, control)
         if tokenizer is None:
             if section.vocab_size != given.vocab_size:
                 logging.info(
@@ -125,6 +128,7 @@ def _one_tokenizer(
         section.model_type,
         section.character_coverage,
         section.max_sentences,
+        control_symbols=control,
     )
     if jax.process_index() == 0:  # training is deterministic: every process holds the same model
         tokenizer.save(path)
@@ -139,14 +143,24 @@ def tokenizer_for_run(
     run: RunDirectory,
     train_source: Sequence,
     saved: tuple[CheckpointMetadata, str] | None,
+    sides: tuple[SavedTokenizer | None, SavedTokenizer | None] = (None, None),
 ) -> RunTokenizers:
     """The run's tokenizers, in `run.tokenizer_file` (shared or source) and, with separate
     vocabularies, `run.target_tokenizer_file`. `saved` is (a checkpoint's metadata, a description
     of that checkpoint) when the parameters come from one: the newest on resume, the fine-tuning
-    start's otherwise. `config` is the experiment config (its tokenizer and data sections)."""
+    start's otherwise. `sides` are the (source, target) tokenizers of a translator composed from
+    an encoder's and a decoder's runs, (model, where) each, or None for a side trained here.
+    `config` is the experiment config (its tokenizer and data sections)."""
     run = RunDirectory(run)
     data = config.data
-    source_saved = target_saved = None
+    source_saved, target_saved = sides
+    if not config.tokenizer.separate_vocabularies and None not in sides and sides[0][0] != sides[1][0]:
+        raise CheckpointError(
+            f"{sides[0][1]} and {sides[1][1]} have different tokenizers, so they cannot share one vocabulary: "
+            "set tokenizer.separate_vocabularies=True and model.share_embeddings=False"
+        )
+    if not config.tokenizer.separate_vocabularies:
+        source_saved = source_saved or target_saved
     if saved is not None:
         metadata, where = saved
         separate = metadata.target_tokenizer is not None
@@ -158,7 +172,7 @@ def tokenizer_for_run(
         source_saved = (metadata.tokenizer, where)
         target_saved = None if metadata.target_tokenizer is None else (metadata.target_tokenizer, where)
     if not config.tokenizer.separate_vocabularies:
-        languages = (data.source_language, data.target_language)
+        languages = experiment.text_languages(config)
         shared = _one_tokenizer(config, run.tokenizer_file, languages, "model_path", train_source, source_saved)
         return RunTokenizers(shared, shared)
     source = _one_tokenizer(

@@ -10,8 +10,6 @@ import jax
 import jax.numpy as jnp
 import optax
 
-from jaxformer.model.transformer import Transformer
-
 
 @flax.struct.dataclass
 class TrainState:
@@ -25,17 +23,19 @@ class TrainState:
         return jax.random.fold_in(self.rng, self.step)
 
 
-def init_params(model: Transformer, rng: jax.Array, source_length: int, target_length: int, *, boxed: bool = False):
-    """Random parameters of `model`, initialised on [1, source_length] / [1, target_length]
-    rows of ones: plain arrays, or with `boxed=True` still carrying their logical axis names."""
+def init_params(model: nn.Module, rng: jax.Array, source_length: int, target_length: int, *, boxed: bool = False):
+    """Random parameters of `model` (any architecture), initialised on [1, source_length] /
+    [1, target_length] rows of ones (the encoder's / the decoder's): plain arrays, or with
+    `boxed=True` still carrying their logical axis names."""
     source = jnp.ones((1, source_length), jnp.int32)
     target = jnp.ones((1, target_length), jnp.int32)
-    params = model.init(rng, source, target, deterministic=True)["params"]
+    inputs = {"encoder_decoder": (source, target), "encoder_only": (source,), "decoder_only": (target,)}
+    params = model.init(rng, *inputs[model.config.architecture], deterministic=True)["params"]
     return params if boxed else nn.meta.unbox(params)
 
 
 def make_init_fn(
-    model: Transformer,
+    model: nn.Module,
     optimizer: optax.GradientTransformation,
     source_length: int,
     target_length: int,

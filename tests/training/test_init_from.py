@@ -12,7 +12,7 @@ from jaxformer.model.config import ConfigError, preset
 from jaxformer.model.transformer import Transformer, stack_layers, unstack_layers
 from jaxformer.run.loading import load_checkpoint, locate_checkpoint
 from jaxformer.training.config_file import load_config_file
-from jaxformer.training.init_from import load_starting_point
+from jaxformer.training.init_from import load_starting_points
 from jaxformer.training.loop import train_and_evaluate
 from tests.training.test_loop import losses
 
@@ -70,11 +70,11 @@ def test_fine_tuning_starts_from_the_source_model(source_run, data_dir, tmp_path
 def test_a_step_directory_and_a_step_number_name_the_same_start(source_run):
     training = tiny_config(".").training
     training.init_from = str(source_run / "checkpoints" / "5")
-    by_directory = load_starting_point(training)
+    (by_directory,) = load_starting_points(training)
     training.init_from, training.init_checkpoint = str(source_run), "5"
-    by_number = load_starting_point(training)
+    (by_number,) = load_starting_points(training)
     training.init_checkpoint = "latest"
-    latest = load_starting_point(training)
+    (latest,) = load_starting_points(training)
     assert by_directory.step == by_number.step == 5 and latest.step == 10
     for a, b in zip(jax.tree.leaves(by_directory.params), jax.tree.leaves(by_number.params)):
         np.testing.assert_array_equal(a, b)

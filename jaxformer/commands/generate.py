@@ -1,0 +1,67 @@
+"""Continue text with a decoder-only language model (configs/multi30k_lm.py), one prompt per
+line: stdin to stdout, or file to file. Each output line is the prompt and its continuation.
+
+jaxformer-generate --workdir runs/m30k_lm --method sample --top_k 20 < prompts.txt
+jaxformer-generate --workdir runs/m30k_lm --method beam --max_new_tokens 20 --input prompts.txt --output out.txt
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+
+from jaxformer.commands import common
+
+
+def build_parser() -> argparse.ArgumentParser:
+    from jaxformer.decoding.generate import METHODS
+
+    parser = common.make_parser(__doc__)
+    common.add_checkpoint_flags(parser)
+    parser.add_argument("--method", choices=METHODS, default="greedy", help="search (default: greedy)")
+    parser.add_argument("--beam_size", type=common.at_least(1), default=4, help="beam width (default: 4)")
+    parser.add_argument(
+        "--alpha", type=common.number(0.0, inclusive=True), default=0.6, help="length penalty exponent (default: 0.6)"
+    )
+    parser.add_argument(
+        "--max_new_tokens", type=common.at_least(1), default=30, help="tokens added to each prompt, EOS included"
+    )
+    parser.add_argument(
+        "--temperature",
+        type=common.number(0.0, inclusive=False),
+        default=1.0,
+        help="sampling temperature (default: 1.0)",
+    )
+    parser.add_argument("--top_k", type=common.at_least(0), default=0, help="sample among the k most likely; 0 = all")
+    parser.add_argument("--seed", type=common.at_least(0), default=0, help="sampling seed (default: 0)")
+    parser.add_argument("--batch_size", type=common.at_least(1), default=64, help="prompts per batch (default: 64)")
+    common.add_input_output_flags(parser, "prompts")
+    return parser
+
+
+def run(args: argparse.Namespace) -> int:
+    from jaxformer.decoding.language_model import LanguageModel
+    from jaxformer.run.loading import load_checkpoint
+
+    prompts = common.checked_input_lines(args)
+    step, metadata, params = load_checkpoint(args.workdir, args.checkpoint)
+    architecture = metadata.model_config().architecture
+    if architecture != "decoder_only":
+        raise common.FlagError(
+            f"--workdir {args.workdir} holds an {architecture} model; jaxformer-generate continues text with a "
+            "decoder_only one (translate with jaxformer-translate)"
+        )
+    settings = common.decode_settings_from_flags(args, max_extra_length=args.max_new_tokens)
+    model = LanguageModel(
+        metadata.model_config(), params, metadata.load_tokenizer(), settings, batch_size=args.batch_size, seed=args.seed
+    )
+    common.write_lines(args.output, model.complete(prompts))
+    return 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    return common.run_command(build_parser(), run, argv)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

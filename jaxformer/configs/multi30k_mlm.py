@@ -1,0 +1,17 @@
+"""A masked language model (encoder-only, BERT's masking) on the English side of Multi30k: the
+multi30k translator's encoder with a masked-LM head tied to the embedding, trained as
+multi30k_lm.py trains the decoder (about 15 minutes on 2 CPU cores). Its checkpoint can start a
+translator's encoder (training.init_encoder_from)."""
+
+from jaxformer.configs import multi30k_lm
+
+
+def get_config():
+    config = multi30k_lm.get_config()  # the same width, schedule and evaluation
+    config.model.architecture = "encoder_only"
+    config.model.num_encoder_layers = 3  # as the multi30k translator's encoder
+    config.model.num_decoder_layers = 1  # unused by an encoder-only model
+    config.data.source_language = "en"  # the text it models (the side an encoder reads)
+    config.data.target_language = "de"  # unused: a masked LM reads the source side
+    config.tokenizer.vocab_size = 6000  # an English-only unigram vocabulary, with a <mask> piece
+    return config

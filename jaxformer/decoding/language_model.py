@@ -1,0 +1,135 @@
+"""Continuing prompts with a decoder-only model: the prompt through the KV cache, then the same
+greedy, sampling or beam search as translation (search.py).
+
+`continue_prompts(model, params, prompts, settings, rng)` is a pure, jittable function of arrays;
+`LanguageModel` is text in, text out, from a training workdir.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+from collections.abc import Sequence
+from typing import Any, NamedTuple
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from jaxformer.data.tokenizer import Tokenizer
+from jaxformer.decoding.generate import DecodeSettings, decoding_variant, search
+from jaxformer.decoding.search import SearchSpec
+from jaxformer.model.cache import DecoderCache, init_cache
+from jaxformer.model.config import TransformerConfig
+from jaxformer.model.decoder_only import DecoderOnly
+from jaxformer.run.loading import load_checkpoint
+from jaxformer.tokens import BOS_ID, EOS_ID, PAD_ID
+from jaxformer.typing import Array, Float, Int
+
+
+class PromptedCache(NamedTuple):
+    """The search's cache: the decoder's, with the prompt already in it, and each row's last
+    prompt token, which the first search step reads instead of the search's BOS."""
+
+    decoder: DecoderCache
+    last_prompt_tokens: Int[Array, "R 1"]
+    started: jax.Array  # bool []: the first step has been taken
+
+
+def continue_prompts(
+    model: DecoderOnly,
+    params: Any,
+    prompts: Int[Array, "B P"],
+    settings: DecodeSettings = DecodeSettings(),
+    rng: jax.Array | None = None,
+) -> tuple[Int[Array, "B K N"], Float[Array, "B K"]]:
+    """Continuations of prompt rows of equal length P (no padding; P may be 0): (tokens [B, K, N]
+    with N = settings.max_extra_length, ending in EOS then padding, or cut at N tokens as they
+    stand; scores [B, K], log p of the continuation, divided by the length penalty for beam
+    search). The decoder reads BOS, the prompt, then the continuation. `model` must be the
+    decoding variant (`decoding_variant`)."""
+    batch, prompt_length = prompts.shape
+    new_tokens = settings.max_extra_length
+    decoder_inputs = jnp.concatenate([jnp.full((batch, 1), BOS_ID, prompts.dtype), prompts], axis=1)  # [B, P + 1]
+
+    def step(tokens, cache):  # [R, 1] -> [R, V]
+        return model.apply({"params": params}, tokens, cache, method=DecoderOnly.decode_step)
+
+    def prefill(cache: DecoderCache, tokens: Int[Array, B]) -> tuple[DecoderCache, None]:
+        return step(tokens[:, None], cache)[1], None
+
+    cache = init_cache(model.config, batch, prompt_length + new_tokens)
+    cache, _ = jax.lax.scan(prefill, cache, decoder_inputs[:, :-1].T)  # BOS and all but the last prompt token
+    prompted = PromptedCache(cache, decoder_inputs[:, -1:], jnp.zeros((), bool))
+
+    def tokens_to_logits(tokens: Int[Array, "R 1"], cache: PromptedCache) -> tuple[Float[Array, "R V"], PromptedCache]:
+        tokens = jnp.where(cache.started, tokens, cache.last_prompt_tokens)
+        logits, decoder = step(tokens, cache.decoder)
+        return logits, PromptedCache(decoder, cache.last_prompt_tokens, jnp.ones((), bool))
+
+    # No length limits: a continuation that reaches N tokens is cut there, without EOS.
+    spec = SearchSpec(batch, new_tokens, BOS_ID, EOS_ID, banned_ids=(PAD_ID, BOS_ID))
+    return search(tokens_to_logits, prompted, spec, settings, rng)
+
+
+class LanguageModel:
+    """Continues prompts (text) with a decoder-only model. Prompts are grouped by token count, so
+    rows need no padding; `batch_size` rows at a time, each group length compiled once."""
+
+    def __init__(
+        self,
+        config: TransformerConfig,
+        params: Any,
+        tokenizer: Tokenizer,
+        settings: DecodeSettings = DecodeSettings(),
+        *,
+        batch_size: int = 64,
+        seed: int = 0,
+    ):
+        if config.architecture != "decoder_only":
+            raise ValueError(f"LanguageModel needs a decoder_only model, not {config.architecture!r}")
+        if config.vocab_size != tokenizer.vocab_size:
+            raise ValueError(f"the model has {config.vocab_size} tokens, its tokenizer {tokenizer.vocab_size}")
+        self.config, self.params = decoding_variant(config, jax.device_put(params))
+        self.tokenizer, self.settings, self.batch_size = tokenizer, settings, batch_size
+        model = DecoderOnly(self.config)
+        self._continue = jax.jit(lambda params, prompts, rng: continue_prompts(model, params, prompts, settings, rng))
+        self._rng = jax.random.key(seed)
+
+    @classmethod
+    def from_workdir(
+        cls, workdir: str | os.PathLike, checkpoint: str | int = "latest", settings=DecodeSettings(), **kwargs
+    ) -> LanguageModel:
+        """The model and tokenizer of a decoder-only training run's `checkpoint`."""
+        step, metadata, params = load_checkpoint(workdir, checkpoint)
+        logging.info("loaded step %d of %s (%s checkpoint)", step, workdir, checkpoint)
+        return cls(metadata.model_config(), params, metadata.load_tokenizer(), settings, **kwargs)
+
+    def complete(self, prompts: Sequence[str]) -> list[str]:
+        """Each prompt followed by its best continuation, as text."""
+        return [hypotheses[0][0] for hypotheses in self.complete_nbest(prompts)]
+
+    def complete_nbest(self, prompts: Sequence[str]) -> list[list[tuple[str, float]]]:
+        """Per prompt, (prompt + continuation as text, score) for each hypothesis, best first."""
+        encoded = [self.tokenizer.encode(prompt, add_eos=False) for prompt in prompts]
+        results: list[Any] = [None] * len(prompts)
+        for indices, tokens, scores in self.continue_ids(encoded):
+            for row, index in enumerate(indices):
+                results[index] = [
+                    (self.tokenizer.decode(np.concatenate([encoded[index], tokens[row, k]])), float(scores[row, k]))
+                    for k in range(tokens.shape[1])
+                ]
+        return results
+
+    def continue_ids(self, prompts: Sequence[np.ndarray]):
+        """Yields (prompt indices, tokens [b, K, N], scores [b, K]) per batch of equal-length prompts."""
+        by_length: dict[int, list[int]] = {}
+        for index, prompt in enumerate(prompts):
+            by_length.setdefault(len(prompt), []).append(index)
+        for length, indices in sorted(by_length.items()):
+            for start in range(0, len(indices), self.batch_size):
+                chunk = indices[start : start + self.batch_size]
+                rows = np.stack([prompts[i] for i in chunk]).reshape(len(chunk), length).astype(np.int32)
+                self._rng, rng = jax.random.split(self._rng)
+                tokens, scores = jax.device_get(self._continue(self.params, rows, rng))
+                yield chunk, tokens, scores

@@ -1,0 +1,197 @@
+"""The encoder-only (masked LM) and decoder-only (causal LM) configs end to end at the tiny size:
+training, exact resume, generation, and a translator composed from the two."""
+
+import subprocess
+import sys
+
+import jax
+import jax.numpy as jnp
+import ml_collections
+import numpy as np
+import pytest
+from flax import traverse_util
+
+from jaxformer.data.tokenizer import Tokenizer
+from jaxformer.decoding.generate import DecodeSettings
+from jaxformer.decoding.language_model import LanguageModel
+from jaxformer.model.config import ConfigError
+from jaxformer.model.decoder_only import DecoderOnly
+from jaxformer.model.transformer import Transformer, shift_right
+from jaxformer.run.loading import load_checkpoint
+from jaxformer.tokens import BOS_ID, EOS_ID
+from jaxformer.training.init_from import load_starting_points, starting_overrides
+from jaxformer.training.state import init_params
+from tests.training.test_loop import ROOT, environment, losses, train
+
+pytestmark = pytest.mark.xdist_group("language-models")
+
+# The shipped configs, shrunk to the tiny preset's size.
+TINY = [
+    "--config.model.d_model=32",
+    "--config.model.num_heads=4",
+    "--config.model.d_ff=64",
+    "--config.model.num_encoder_layers=2",
+    "--config.model.num_decoder_layers=2",
+    "--config.data.max_length=48",
+    "--config.data.batch_size=8",
+    "--config.data.eval_batch_size=8",
+    "--config.data.max_eval_examples=64",
+    "--config.data.num_threads=0",
+    "--config.tokenizer.vocab_size=600",
+    "--config.tokenizer.max_sentences=4000",
+    "--config.optimizer.warmup_steps=30",
+    "--config.optimizer.learning_rate_scale=2.0",
+    "--config.training.num_train_steps=40",
+    "--config.training.log_every_steps=1",
+    "--config.training.eval_every_steps=20",
+    "--config.training.checkpoint_every_steps=20",
+]
+
+
+def config_flag(name):
+    return f"--config={ROOT / 'jaxformer' / 'configs' / name}.py"
+
+
+NAMES = ("multi30k_mlm", "multi30k_lm")
+
+
+@pytest.fixture(scope="module")
+def runs(tmp_path_factory, data_dir):
+    """Each config trained for 40 steps, by name."""
+    workdirs = {}
+    for name in NAMES:
+        workdirs[name] = tmp_path_factory.mktemp(name)
+        train(workdirs[name], data_dir, config_flag(name), *TINY)
+    return workdirs
+
+
+@pytest.mark.parametrize("name", NAMES)
+def test_trains_and_reports_its_validation_figures(runs, name):
+    workdir = runs[name]
+    train_losses = losses(workdir)
+    assert sorted(train_losses) == list(range(1, 41))
+    assert np.mean([train_losses[s] for s in range(36, 41)]) < np.mean([train_losses[s] for s in range(1, 6)]) - 0.5
+    perplexity, accuracy = losses(workdir, "eval/perplexity"), losses(workdir, "eval/accuracy")
+    assert set(perplexity) == {20, 40} and perplexity[40] < perplexity[20] < 600  # better than uniform
+    assert 0.0 < accuracy[40] < 1.0
+    step, metadata, _ = load_checkpoint(workdir)
+    tokenizer = metadata.load_tokenizer()
+    assert step == 40 and tokenizer.vocab_size == 600
+    expected = "encoder_only" if name == "multi30k_mlm" else "decoder_only"
+    assert metadata.model_config().architecture == expected
+    assert (tokenizer.mask_id is not None) == (expected == "encoder_only")  # only a masked LM has a mask piece
+    # The masked LM reads English (the source side), the causal LM German: each vocabulary splits
+    # its own language into fewer pieces.
+    english = len(tokenizer.encode("A man in a blue shirt is riding a bicycle down the street."))
+    german = len(tokenizer.encode("Ein Mann in einem blauen Hemd fährt mit dem Fahrrad die Straße entlang."))
+    assert (english < german) == (expected == "encoder_only"), (english, german)
+
+
+@pytest.mark.parametrize("name", NAMES)
+def test_resume_is_exact(runs, name, data_dir, tmp_path):
+    workdir = runs[name]
+    resumed = tmp_path / "resumed"
+    train(resumed, data_dir, config_flag(name), *TINY, "--config.training.num_train_steps=20")
+    train(resumed, data_dir, config_flag(name), *TINY)
+    assert losses(resumed) == losses(workdir)  # bitwise, every step
+    assert losses(resumed, "eval/loss") == losses(workdir, "eval/loss")
+    _, _, straight_params = load_checkpoint(workdir)
+    _, _, resumed_params = load_checkpoint(resumed)
+    assert jax.tree.all(jax.tree.map(np.array_equal, straight_params, resumed_params))
+
+
+def test_greedy_continuation_equals_argmax_of_full_forward_passes(runs):
+    workdir = runs["multi30k_lm"]
+    step, metadata, params = load_checkpoint(workdir)
+    config, tokenizer = metadata.model_config(), metadata.load_tokenizer()
+    new_tokens = 10
+    lm = LanguageModel(config, params, tokenizer, DecodeSettings(method="greedy", max_extra_length=new_tokens))
+    prompts = ["Ein Mann", "Zwei Hunde", "Eine Frau mit"]
+    encoded = [tokenizer.encode(prompt, add_eos=False) for prompt in prompts]
+    model = DecoderOnly(config.replace(deterministic=True))
+    for prompt, ids in zip(prompts, encoded):
+        sequence = list(ids)
+        for _ in range(new_tokens):  # the reference: one full forward pass per new token
+            targets = jnp.asarray([sequence + [EOS_ID]], jnp.int32)
+            logits = model.apply({"params": params}, shift_right(targets))[0, len(sequence)]
+            logits = logits.at[jnp.asarray([0, BOS_ID])].set(-jnp.inf)  # never pad or BOS
+            sequence.append(int(jnp.argmax(logits)))
+            if sequence[-1] == EOS_ID:
+                break
+        assert lm.complete([prompt])[0] == tokenizer.decode(sequence), prompt
+    assert lm.complete(prompts) == [lm.complete([prompt])[0] for prompt in prompts]  # grouped by length
+
+
+def test_generate_command(runs, tmp_path):
+    workdir = runs["multi30k_lm"]
+    (tmp_path / "prompts.txt").write_text("Ein Mann\n\nZwei Hunde spielen\n")
+    result = subprocess.run(
+        [sys.executable, "-m", "jaxformer.commands.generate", "--workdir", str(workdir), "--method", "beam"]
+        + ["--max_new_tokens", "6", "--input", str(tmp_path / "prompts.txt")],
+        env=environment(),
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert result.returncode == 0, result.stderr[-3000:]
+    lines = result.stdout.splitlines()
+    assert len(lines) == 3 and lines[0].startswith("Ein Mann") and lines[2].startswith("Zwei Hunde spielen")
+    assert all(len(line.split()) > 1 for line in lines)  # something was added to every prompt
+
+
+def test_a_translator_starts_from_both(runs):
+    pretrained = runs
+    training = ml_collections.ConfigDict(
+        {
+            "init_from": None,
+            "init_encoder_from": str(pretrained["multi30k_mlm"]),
+            "init_decoder_from": str(pretrained["multi30k_lm"]),
+            "init_checkpoint": "latest",
+        }
+    )
+    points = load_starting_points(training)
+    _, mlm_metadata, mlm_params = load_checkpoint(pretrained["multi30k_mlm"])
+    _, lm_metadata, lm_params = load_checkpoint(pretrained["multi30k_lm"])
+    config = lm_metadata.model_config().replace(
+        architecture="encoder_decoder", share_embeddings=False, source_vocab_size=600
+    )
+    abstract = jax.eval_shape(lambda: init_params(Transformer(config), jax.random.key(0), 8, 8))
+    overrides = starting_overrides(points, abstract, config)
+    mlm, lm = traverse_util.flatten_dict(mlm_params, sep="/"), traverse_util.flatten_dict(lm_params, sep="/")
+    expected = {name.replace("embedding/", "source_embedding/", 1): value for name, value in mlm.items()}
+    expected.update({name.replace("embedding/", "target_embedding/", 1): value for name, value in lm.items()})
+    expected = {name: value for name, value in expected.items() if not name.startswith("mlm_head/")}
+    assert sorted(overrides) == sorted(expected)
+    for name, value in expected.items():
+        np.testing.assert_array_equal(overrides[name], value, err_msg=name)
+    fresh = set(traverse_util.flatten_dict(abstract, sep="/")) - set(overrides)
+    assert fresh and all("/cross_attention" in name for name in fresh)  # only the cross-attention is new
+
+    with pytest.raises(ConfigError, match="each give an embedding"):
+        starting_overrides(points, abstract, config.replace(share_embeddings=True, source_vocab_size=None))
+    swapped = ml_collections.ConfigDict({**training.to_dict(), "init_encoder_from": str(pretrained["multi30k_lm"])})
+    with pytest.raises(ConfigError, match="holds a decoder_only model"):
+        load_starting_points(swapped)
+
+
+def test_composed_translator_trains_end_to_end(runs, data_dir, tmp_path):
+    pretrained = runs
+    workdir = tmp_path / "composed"
+    train(
+        workdir,
+        data_dir,
+        *TINY[:-4],
+        f"--config.training.init_encoder_from={pretrained['multi30k_mlm']}",
+        f"--config.training.init_decoder_from={pretrained['multi30k_lm']}",
+        "--config.tokenizer.separate_vocabularies=True",
+        "--config.model.share_embeddings=False",
+        "--config.training.num_train_steps=10",
+        "--config.training.eval_every_steps=10",
+        "--config.training.checkpoint_every_steps=10",
+    )
+    assert set(losses(workdir, "eval/loss")) == {0, 10}  # the starting model is evaluated first
+    _, metadata, _ = load_checkpoint(workdir)
+    _, mlm_metadata, _ = load_checkpoint(pretrained["multi30k_mlm"])
+    _, lm_metadata, _ = load_checkpoint(pretrained["multi30k_lm"])
+    assert metadata.tokenizer == mlm_metadata.tokenizer and metadata.target_tokenizer == lm_metadata.tokenizer
+    assert Tokenizer(metadata.tokenizer).mask_id is not None
