@@ -15,17 +15,19 @@ import os
 import statistics
 import sys
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 import jax
 import jax.numpy as jnp
 import numpy as np
 
+from jaxformer.model.architectures import build_model
 from jaxformer.model.config import TransformerConfig, preset
 from jaxformer.model.transformer import Transformer
 from jaxformer.tokens import NUM_SPECIAL_TOKENS
 from jaxformer.training.experiment import default_config
+from jaxformer.training.objectives import objective_for
 from jaxformer.training.optimizer import make_optimizer
 from jaxformer.training.state import init_params, make_init_fn
 from jaxformer.training.step import make_train_step
@@ -73,6 +75,10 @@ def forward_flops(config: TransformerConfig, batch: int, source_length: int, tar
                       scores and weighted sum 2 * 2TSD; FFN 2 * 2TDF
       output:         logits against the whole vocabulary 2TDV
 
+    A decoder-only model (`config.architecture == "decoder_only"`) has no encoder and no
+    cross-attention: `num_decoder_layers` self-attention + FFN layers over the T target tokens,
+    and the output; `source_length` is not read.
+
     Attention is counted over the full T x T (and S x S, T x S) score matrices, masked entries
     included, since that is what the einsum implementation computes. Embedding lookups, softmax,
     LayerNorm, biases and the loss are not matmuls and are left out. A training step costs
@@ -81,8 +87,12 @@ def forward_flops(config: TransformerConfig, batch: int, source_length: int, tar
     d, f, v = config.d_model, config.d_ff, config.vocab_size
     s, t = source_length, target_length
     encoder_layer = 8 * s * d * d + 4 * s * s * d + 4 * s * d * f
-    decoder_layer = 8 * t * d * d + 4 * t * t * d + 4 * t * d * d + 4 * s * d * d + 4 * t * s * d + 4 * t * d * f
+    cross_attention = 4 * t * d * d + 4 * s * d * d + 4 * t * s * d
+    decoder_layer = 8 * t * d * d + 4 * t * t * d + 4 * t * d * f
     output = 2 * t * d * v
+    if config.architecture == "decoder_only":
+        return float(batch) * (config.num_decoder_layers * decoder_layer + output)
+    decoder_layer += cross_attention
     per_row = config.num_encoder_layers * encoder_layer + config.num_decoder_layers * decoder_layer + output
     return float(batch) * per_row
 
@@ -102,14 +112,29 @@ def time_calls(fn: Callable[[], Any], iters: int, budget_s: float = float("inf")
 
     Stops early, after at least one timed call, once the timed calls have used `budget_s`.
     """
-    for _ in range(warmup):
-        jax.block_until_ready(fn())
-    times: list[float] = []
-    while len(times) < max(iters, 1):
-        start = time.perf_counter()
-        jax.block_until_ready(fn())
-        times.append(time.perf_counter() - start)
-        if sum(times) > budget_s:
+    return time_interleaved({"fn": fn}, iters, budget_s, warmup)["fn"]
+
+
+def time_interleaved(
+    fns: Mapping[str, Callable[[], Any]], iters: int, budget_s: float = float("inf"), warmup: int = 1
+) -> dict[str, list[float]]:
+    """Seconds per call of each of `fns` (results blocked on), timed in turn: `iters` rounds of
+    one call of each, after `warmup` untimed calls of each. A slow moment on a shared machine
+    then falls on every function alike, so the ratio of their times holds up better than that
+    of runs one after the other.
+
+    Stops early, after at least one round, once one function's timed calls have used `budget_s`.
+    """
+    for fn in fns.values():
+        for _ in range(warmup):
+            jax.block_until_ready(fn())
+    times: dict[str, list[float]] = {name: [] for name in fns}
+    for _ in range(max(iters, 1)):
+        for name, fn in fns.items():
+            start = time.perf_counter()
+            jax.block_until_ready(fn())
+            times[name].append(time.perf_counter() - start)
+        if max(sum(seconds) for seconds in times.values()) > budget_s:
             break
     return times
 
@@ -118,17 +143,24 @@ def median(values: Sequence[float]) -> float:
     return float(statistics.median(values))
 
 
+class TrainSteps:
+    """Calls `compiled(state, batch)`, a train step that donates its state, each call on the
+    state the previous one returned: `runner()` takes one step and returns its metrics."""
+
+    def __init__(self, compiled, state: Any, batch: dict):
+        self.compiled, self.state, self.batch = compiled, state, batch
+
+    def __call__(self) -> Any:
+        self.state, metrics = self.compiled(self.state, self.batch)
+        return metrics
+
+
 def time_train_steps(compiled, state: Any, batch: dict, iters: int, budget_s: float) -> tuple[float, Any]:
     """(median seconds per call, the state after the last call) of `compiled(state, batch)`, a
     train step that donates its state: each call takes the state the previous one returned."""
-    holder = {"state": state}
-
-    def run():
-        holder["state"], metrics = compiled(holder["state"], batch)
-        return metrics
-
-    seconds = median(time_calls(run, iters, budget_s))
-    return seconds, holder["state"]
+    steps = TrainSteps(compiled, state, batch)
+    seconds = median(time_calls(steps, iters, budget_s))
+    return seconds, steps.state
 
 
 def compile_timed(jitted, *args) -> tuple[Any, float]:
@@ -183,25 +215,35 @@ def torch_matmul_peak_gflops(size: int = 2048, iters: int = 5) -> float:
 
 
 def random_batch(
-    seed: int, vocab_size: int, batch: int, source_length: int, target_length: int
+    seed: int,
+    vocab_size: int,
+    batch: int,
+    source_length: int,
+    target_length: int,
+    features: Sequence[str] = ("inputs", "targets"),
 ) -> dict[str, np.ndarray]:
-    """Dense rows of random non-special tokens (no padding), int32: {"inputs", "targets"}."""
+    """Dense rows of random non-special tokens (no padding), int32: {"inputs", "targets"}, or
+    only the `features` named (a language model's objective reads one side)."""
     rng = np.random.default_rng(seed)
-    return {
+    data = {
         "inputs": rng.integers(NUM_SPECIAL_TOKENS, vocab_size, (batch, source_length), dtype=np.int32),
         "targets": rng.integers(NUM_SPECIAL_TOKENS, vocab_size, (batch, target_length), dtype=np.int32),
     }
+    return {name: data[name] for name in features}
 
 
 def make_train(config: TransformerConfig, source_length: int, target_length: int, seed: int = 0):
-    """(initial TrainState, jitted `(state, batch) -> (state, metrics)`): the project's optimizer,
-    init function and train step with the experiment config's default `optimizer` and `training`
-    sections, jitted as the training loop does (state donated), on one device."""
+    """(initial TrainState, jitted `(state, batch) -> (state, metrics)`): the project's model of
+    `config.architecture` (`build_model`) and its objective (`objective_for`: translation, or the
+    causal LM for "decoder_only"), optimizer, init function and train step with the experiment
+    config's default `optimizer` and `training` sections, jitted as the training loop does
+    (state donated), on one device."""
     experiment = default_config()
-    model = Transformer(config)
+    model = build_model(config)
     optimizer, learning_rate = make_optimizer(experiment.optimizer, config.d_model)
     state = jax.jit(make_init_fn(model, optimizer, source_length, target_length))(seed)
-    return state, jax.jit(make_train_step(model, optimizer, learning_rate, experiment.training), donate_argnums=0)
+    train_step = make_train_step(model, optimizer, learning_rate, experiment.training, objective_for(config))
+    return state, jax.jit(train_step, donate_argnums=0)
 
 
 def random_params(config: TransformerConfig, seed: int = 0) -> Any:
@@ -288,8 +330,10 @@ def report(
     columns: Sequence[str],
     json_path: str | None = None,
     title: str | None = None,
+    notes: Sequence[str] = (),
 ) -> list[dict[str, Any]]:
-    """Prints `rows` as a table of `columns`, then each row as a `JSON {...}` line; writes `json_path`."""
+    """Prints `rows` as a table of `columns`, the `notes` (footnotes, a line each), then each row
+    as a `JSON {...}` line; writes `json_path`."""
     rows = [{"benchmark": benchmark, **row} for row in rows]
     cells = [[_format(row.get(column, "")) for column in columns] for row in rows]
     widths = [max([len(column)] + [len(line[i]) for line in cells]) for i, column in enumerate(columns)]
@@ -297,6 +341,8 @@ def report(
     print("  ".join(column.rjust(width) for column, width in zip(columns, widths)))
     for line in cells:
         print("  ".join(cell.rjust(width) for cell, width in zip(line, widths)))
+    for note in notes:
+        print(note)
     lines = [json.dumps({key: _plain(value) for key, value in row.items()}) for row in rows]
     for line in lines:
         print("JSON " + line)

@@ -1,4 +1,6 @@
-"""The PyTorch reference: a seq2seq model built from `torch.nn.Transformer`, sized like a jaxformer config.
+"""The PyTorch references, sized like a jaxformer config: a seq2seq model built from
+`torch.nn.Transformer` (`TorchTransformer`), and a decoder-only language model built from
+`torch.nn.TransformerEncoder` under a causal mask (`TorchLanguageModel`).
 
 Post-norm, ReLU, one embedding shared by source, target and the (tied) output projection, scaled
 by sqrt(d_model), sinusoidal positions, dropout; label-smoothed cross-entropy (0.1, padding
@@ -34,6 +36,60 @@ def set_threads(count: int | None = None) -> None:
 set_threads()
 
 
+def causal_mask(length: int, device=None) -> torch.Tensor:
+    """[length, length] bool, True above the diagonal: the later positions a query may not see
+    (`nn.Transformer.generate_square_subsequent_mask` as a boolean mask, the type of the padding masks)."""
+    return torch.triu(torch.ones(length, length, dtype=torch.bool, device=device), diagonal=1)
+
+
+class TiedEmbedding(nn.Module):
+    """The embedding both references share: tokens scaled by sqrt(d_model) + sinusoidal
+    positions + dropout in, and the tied output projection (hidden @ embedding^T) out."""
+
+    def __init__(self, config: TransformerConfig, max_length: int):
+        super().__init__()
+        self.d_model = config.d_model
+        self.embedding = nn.Embedding(config.vocab_size, config.d_model)
+        nn.init.normal_(self.embedding.weight, std=config.d_model**-0.5)
+        self.register_buffer(
+            "positions", torch.from_numpy(np.array(sinusoidal_table(max_length, config.d_model))), persistent=False
+        )
+        self.dropout = nn.Dropout(config.dropout_rate)
+
+    def embed(self, tokens: torch.Tensor) -> torch.Tensor:
+        scaled = self.embedding(tokens) * math.sqrt(self.d_model)
+        return self.dropout(scaled + self.positions[: tokens.shape[1]])
+
+    def logits(self, hidden: torch.Tensor) -> torch.Tensor:
+        return hidden @ self.embedding.weight.t()
+
+
+def match_dropout(stack: nn.Module, config: TransformerConfig) -> None:
+    """Gives the layers of `stack` jaxformer's separate dropout rates: nn.Transformer's layers
+    have one rate for everything; matching `attention_dropout_rate` and `activation_dropout_rate`
+    makes both sides do the same work (the paper: residual dropout only)."""
+    for layer in stack.modules():
+        if isinstance(layer, (nn.TransformerEncoderLayer, nn.TransformerDecoderLayer)):
+            layer.dropout = nn.Dropout(config.activation_dropout_rate)  # inside the feed-forward
+            for attention in (layer.self_attn, getattr(layer, "multihead_attn", None)):
+                if attention is not None:
+                    attention.dropout = config.attention_dropout_rate
+
+
+def layer_options(config: TransformerConfig) -> dict:
+    """nn.Transformer*Layer's arguments for a jaxformer config: post-norm, batch first."""
+    return dict(
+        d_model=config.d_model,
+        nhead=config.num_heads,
+        dim_feedforward=config.d_ff,
+        dropout=config.dropout_rate,
+        activation=config.activation,
+        layer_norm_eps=config.layer_norm_epsilon,
+        batch_first=True,
+        norm_first=False,
+    )
+
+
 class TorchTransformer(nn.Module):
     """Embedding -> nn.Transformer (post-norm, no final stack norms, as jaxformer's post-norm) -> tied logits.
 
@@ -43,63 +99,71 @@ class TorchTransformer(nn.Module):
 
     def __init__(self, config: TransformerConfig, max_length: int = 1024):
         super().__init__()
-        self.d_model = config.d_model
-        self.embedding = nn.Embedding(config.vocab_size, config.d_model)
-        self.register_buffer(
-            "positions", torch.from_numpy(np.array(sinusoidal_table(max_length, config.d_model))), persistent=False
-        )
-        self.dropout = nn.Dropout(config.dropout_rate)
-        common = dict(
-            d_model=config.d_model,
-            nhead=config.num_heads,
-            dim_feedforward=config.d_ff,
-            dropout=config.dropout_rate,
-            activation=config.activation,
-            layer_norm_eps=config.layer_norm_epsilon,
-            batch_first=True,
-            norm_first=False,
-        )
+        common = layer_options(config)
         self.transformer = nn.Transformer(
             **common,
             custom_encoder=nn.TransformerEncoder(nn.TransformerEncoderLayer(**common), config.num_encoder_layers),
             custom_decoder=nn.TransformerDecoder(nn.TransformerDecoderLayer(**common), config.num_decoder_layers),
         )
-        nn.init.normal_(self.embedding.weight, std=config.d_model**-0.5)  # after nn.Transformer's xavier init
-        # nn.Transformer has one dropout rate for everything; match jaxformer's separate rates so
-        # both sides do the same work (the paper: residual dropout only).
-        for layer in [*self.transformer.encoder.layers, *self.transformer.decoder.layers]:
-            layer.dropout = nn.Dropout(config.activation_dropout_rate)  # inside the feed-forward
-            for attention in (layer.self_attn, getattr(layer, "multihead_attn", None)):
-                if attention is not None:
-                    attention.dropout = config.attention_dropout_rate
-
-    def embed(self, tokens: torch.Tensor) -> torch.Tensor:
-        scaled = self.embedding(tokens) * math.sqrt(self.d_model)
-        return self.dropout(scaled + self.positions[: tokens.shape[1]])
+        match_dropout(self.transformer, config)
+        self.tied = TiedEmbedding(config, max_length)
 
     def encode(self, source: torch.Tensor) -> torch.Tensor:
         with warnings.catch_warnings():  # the inference fast path's nested tensors are a "prototype"
             warnings.filterwarnings("ignore", message="The PyTorch API of nested tensors")
-            return self.transformer.encoder(self.embed(source), src_key_padding_mask=source == PAD_ID)
+            return self.transformer.encoder(self.tied.embed(source), src_key_padding_mask=source == PAD_ID)
 
     def decode(self, memory: torch.Tensor, source: torch.Tensor, target_in: torch.Tensor) -> torch.Tensor:
         """Decoder hidden states [B, T, D] for decoder inputs `target_in` (causal, padding masked)."""
-        length = target_in.shape[1]
-        causal = torch.triu(torch.ones(length, length, dtype=torch.bool, device=target_in.device), diagonal=1)
         return self.transformer.decoder(
-            self.embed(target_in),
+            self.tied.embed(target_in),
             memory,
-            tgt_mask=causal,
+            tgt_mask=causal_mask(target_in.shape[1], target_in.device),
             tgt_is_causal=True,
             tgt_key_padding_mask=target_in == PAD_ID,
             memory_key_padding_mask=source == PAD_ID,
         )
 
     def logits(self, hidden: torch.Tensor) -> torch.Tensor:
-        return hidden @ self.embedding.weight.t()
+        return self.tied.logits(hidden)
 
     def forward(self, source: torch.Tensor, target_in: torch.Tensor) -> torch.Tensor:
         return self.logits(self.decode(self.encode(source), source, target_in))
+
+
+class TorchLanguageModel(nn.Module):
+    """The decoder-only reference: embedding -> nn.TransformerEncoder of `num_decoder_layers`
+    post-norm layers under a causal mask (a decoder without cross-attention) -> tied logits.
+
+    Its parameters are jaxformer's `DecoderOnly`'s, one for one: per layer the Q, K, V, O
+    projections with biases, two LayerNorms and the FFN; the shared embedding; no final norm
+    (post-norm). Dropout as `TorchTransformer`'s.
+    """
+
+    def __init__(self, config: TransformerConfig, max_length: int = 1024):
+        super().__init__()
+        layer = nn.TransformerEncoderLayer(**layer_options(config))
+        # enable_nested_tensor only matters to the inference fast path, off in training.
+        self.layers = nn.TransformerEncoder(layer, config.num_decoder_layers, enable_nested_tensor=False)
+        for weight in self.layers.parameters():  # nn.Transformer's initialisation
+            if weight.dim() > 1:
+                nn.init.xavier_uniform_(weight)
+        match_dropout(self.layers, config)
+        self.tied = TiedEmbedding(config, max_length)
+
+    def forward(self, target_in: torch.Tensor) -> torch.Tensor:
+        """Next-token logits [B, T, V] for the decoder inputs (BOS + the text shifted right)."""
+        hidden = self.layers(
+            self.tied.embed(target_in),
+            mask=causal_mask(target_in.shape[1], target_in.device),
+            is_causal=True,
+            src_key_padding_mask=target_in == PAD_ID,
+        )
+        return self.tied.logits(hidden)
+
+
+# The reference of each jaxformer architecture (`TransformerConfig.architecture`).
+MODELS: dict[str, type[nn.Module]] = {"encoder_decoder": TorchTransformer, "decoder_only": TorchLanguageModel}
 
 
 def shift_right(targets: torch.Tensor) -> torch.Tensor:
@@ -123,13 +187,16 @@ def make_optimizer(model: nn.Module, d_model: int, warmup_steps: int = 4000):
     return optimizer, torch.optim.lr_scheduler.LambdaLR(optimizer, rate)
 
 
-def make_train_step(model: TorchTransformer, d_model: int, label_smoothing: float = 0.1, clip_norm: float = 1.0):
-    """A function `(source, targets) -> loss` (int64 tensors [B, S], [B, T]) doing one optimizer step."""
+def make_train_step(model: nn.Module, d_model: int, label_smoothing: float = 0.1, clip_norm: float = 1.0):
+    """A function `(source, targets) -> loss` (int64 tensors [B, S], [B, T]) doing one optimizer
+    step of a `TorchTransformer`; of a `TorchLanguageModel`, `(targets) -> loss`: the model reads
+    the inputs given before the targets, then shift_right(targets)."""
     optimizer, scheduler = make_optimizer(model, d_model)
 
-    def step(source: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
+    def step(*inputs: torch.Tensor) -> torch.Tensor:
+        *source, targets = inputs
         model.train()
-        logits = model(source, shift_right(targets))
+        logits = model(*source, shift_right(targets))
         loss = F.cross_entropy(
             logits.reshape(-1, logits.shape[-1]),
             targets.reshape(-1),

@@ -1,13 +1,19 @@
 """Fixed-shape train-step throughput and model-FLOPs utilisation (MFU).
 
-    python -m benchmarks.train_step [--configs tiny,small,base] [--iters 10] [--torch] [--json FILE]
+    python -m benchmarks.train_step [--configs tiny,small,base] [--architecture decoder_only]
+        [--iters 10] [--torch] [--json FILE]
 
 Each config trains on one batch of dense random rows (no padding) with the project's train step
 (jaxformer.training.step.train_step, Adam + clipping, dropout on), jitted as the training loop
-does. MFU is the analytic model FLOP rate (benchmarks.common.train_flops) over the float32
-matmul rate of a jitted 2048 x 2048 `jnp.dot` measured in the same run: the median of 10 calls
-(the statistic the step times use), measured before and after the rows, the higher of the two.
-`mfu_vs_fastest_pct` is the stricter figure against the fastest single matmul call seen.
+does: the translator (`--architecture encoder_decoder`, the default) or a decoder-only causal
+language model of the same size (`--architecture decoder_only`: the decoder's layers without
+cross-attention, the CausalLanguageModel objective, no source side). With --torch the PyTorch
+reference of the same architecture trains on the same batch, its steps interleaved with
+jaxformer's (one of each per round), so a busy machine slows both alike. MFU is the analytic
+model FLOP rate (benchmarks.common.train_flops) over the float32 matmul rate of a jitted
+2048 x 2048 `jnp.dot` measured in the same run: the median of 10 calls (the statistic the step
+times use), measured before and after the rows, the higher of the two. `mfu_vs_fastest_pct` is
+the stricter figure against the fastest single matmul call seen.
 """
 
 from __future__ import annotations
@@ -15,6 +21,7 @@ from __future__ import annotations
 from benchmarks.common import (
     CONFIGS,
     SMOKE,
+    TrainSteps,
     check_torch,
     compile_timed,
     make_train,
@@ -23,12 +30,14 @@ from benchmarks.common import (
     parser,
     random_batch,
     report,
-    time_calls,
-    time_train_steps,
+    time_interleaved,
     torch_matmul_peak_gflops,
     train_flops,
     xla_flops,
 )
+from jaxformer.model.config import ARCHITECTURES
+from jaxformer.training.experiment import default_config
+from jaxformer.training.objectives import objective_for
 from jaxformer.training.state import count_parameters
 
 COLUMNS = (
@@ -49,64 +58,116 @@ COLUMNS = (
     "mfu_vs_fastest_pct",
     "jax_over_torch",
 )
+# The architectures with a torch reference (benchmarks/torch_reference.py's MODELS).
+BENCHMARKED = ("encoder_decoder", "decoder_only")
 
 
-def bench_jax(
-    name: str, config, batch: int, source_length: int, target_length: int, iters: int, budget_s: float
-) -> tuple[dict, dict]:
-    """One jaxformer row, and the batch it trained on (for the torch row)."""
-    state, train_fn = make_train(config, source_length, target_length)
-    data = random_batch(0, config.vocab_size, batch, source_length, target_length)
-    compiled, compile_s = compile_timed(train_fn, state, data)
-    params = count_parameters(state.params)
-    seconds, _ = time_train_steps(compiled, state, data, iters, budget_s)
-    flops = train_flops(config, batch, source_length, target_length)
-    achieved = flops / seconds / 1e9
-    row = dict(
-        config=name,
-        impl="jaxformer",
-        batch=batch,
-        src_len=source_length,
-        tgt_len=target_length,
-        params_M=params / 1e6,
-        compile_s=compile_s,
-        step_ms=seconds * 1e3,
-        tokens_per_s=batch * target_length / seconds,
-        model_gflop=flops / 1e9,
-        xla_gflop=xla_flops(compiled) / 1e9,
-        achieved_gflops=achieved,
-    )
-    return row, data
-
-
-def bench_torch(name: str, config, data: dict, iters: int, budget_s: float) -> dict:
+def torch_step(config, data: dict):
+    """(parameter count, `() -> loss`: one step of the torch reference of `config.architecture`
+    on `data`, the batch jaxformer trains on)."""
     from benchmarks import torch_reference as reference
 
-    batch, source_length = data["inputs"].shape
-    target_length = data["targets"].shape[1]
-    model = reference.TorchTransformer(config, max_length=max(source_length, target_length))
+    model = reference.MODELS[config.architecture](config, max_length=max(v.shape[1] for v in data.values()))
     step = reference.make_train_step(model, config.d_model)
-    source, targets = reference.as_tensor(data["inputs"]), reference.as_tensor(data["targets"])
-    seconds = median(time_calls(lambda: step(source, targets), iters, budget_s))
-    flops = train_flops(config, batch, source_length, target_length)
-    achieved = flops / seconds / 1e9
-    return dict(
-        config=name,
-        impl="torch",
-        batch=batch,
-        src_len=source_length,
-        tgt_len=target_length,
-        params_M=sum(p.numel() for p in model.parameters()) / 1e6,
-        step_ms=seconds * 1e3,
-        tokens_per_s=batch * target_length / seconds,
-        model_gflop=flops / 1e9,
-        achieved_gflops=achieved,
-    )
+    tensors = [reference.as_tensor(value) for value in data.values()]  # (source,) targets
+    return sum(p.numel() for p in model.parameters()), lambda: step(*tensors)
+
+
+def bench(
+    name: str, config, batch: int, source_length: int, target_length: int, iters: int, budget_s: float, with_torch: bool
+) -> list[dict]:
+    """The jaxformer row and, with torch, the torch row of one config, their steps timed in turn."""
+    if config.architecture == "decoder_only":
+        source_length = None  # no source side: the model reads the targets only
+    features = objective_for(config).features
+    data = random_batch(0, config.vocab_size, batch, source_length or 1, target_length, features)
+    state, train_fn = make_train(config, source_length or 1, target_length)
+    compiled, compile_s = compile_timed(train_fn, state, data)
+    calls, params = {"jaxformer": TrainSteps(compiled, state, data)}, {"jaxformer": count_parameters(state.params)}
+    if with_torch:
+        params["torch"], calls["torch"] = torch_step(config, data)
+    times = time_interleaved(calls, iters, budget_s)
+    flops = train_flops(config, batch, source_length or 0, target_length)
+    rows = []
+    for impl, seconds in ((impl, median(times[impl])) for impl in calls):
+        rows.append(
+            dict(
+                config=name,
+                architecture=config.architecture,
+                impl=impl,
+                batch=batch,
+                src_len=source_length,
+                tgt_len=target_length,
+                params_M=params[impl] / 1e6,
+                params=params[impl],
+                step_ms=seconds * 1e3,
+                tokens_per_s=batch * target_length / seconds,
+                model_gflop=flops / 1e9,
+                achieved_gflops=flops / seconds / 1e9,
+            )
+        )
+    rows[0].update(compile_s=compile_s, xla_gflop=xla_flops(compiled) / 1e9)
+    if with_torch:
+        rows[0]["jax_over_torch"] = rows[0]["tokens_per_s"] / rows[1]["tokens_per_s"]
+    return rows
+
+
+def settings(setups, with_torch: bool, torch_threads: int | None) -> list[str]:
+    """Footnotes: what every row ran with, each model's size, and the parameter counts compared."""
+    experiment = default_config()
+    optimizer, training = experiment.optimizer, experiment.training
+    config = setups[0][1]
+    lines = [
+        f"settings: {config.architecture}, {config.normalization}-norm, {config.activation}, dropout "
+        f"{config.dropout_rate} (attention {config.attention_dropout_rate}, activation "
+        f"{config.activation_dropout_rate}), tied output embedding; Adam({optimizer.b1}, {optimizer.b2}, "
+        f"{optimizer.eps}), warmup {optimizer.warmup_steps}, clip {optimizer.clip_norm}, label smoothing "
+        f"{training.label_smoothing}, loss chunks of {training.loss_chunk_tokens} tokens; float32; dense "
+        "random rows (no padding); tokens_per_s counts target tokens"
+    ]
+    if with_torch:
+        from benchmarks import torch_reference as reference
+
+        lines[0] += (
+            f"; torch: {reference.MODELS[config.architecture].__name__} with the same settings, "
+            f"{reference.torch.get_num_threads()} threads{'' if torch_threads else ' (all cores)'}"
+        )
+    for name, config, batch, *_ in setups:
+        layers = (
+            f"{config.num_decoder_layers} layers"
+            if config.architecture == "decoder_only"
+            else f"{config.num_encoder_layers}+{config.num_decoder_layers} layers"
+        )
+        lines.append(
+            f"  {name}: vocab {config.vocab_size}, d {config.d_model}, {config.num_heads} heads, "
+            f"{layers}, d_ff {config.d_ff}, batch {batch}"
+        )
+    return lines
+
+
+def parameter_notes(rows: list[dict]) -> list[str]:
+    """A footnote per config whose torch row has parameters: equal counts, or the difference."""
+    by_config: dict[str, dict[str, int]] = {}
+    for row in rows:
+        by_config.setdefault(row["config"], {})[row["impl"]] = row["params"]
+    lines = []
+    for name, counts in by_config.items():
+        if "torch" in counts:
+            jax_count, torch_count = counts["jaxformer"], counts["torch"]
+            verdict = "equal" if jax_count == torch_count else f"torch has {torch_count - jax_count:+,}"
+            lines.append(f"  {name}: parameters jaxformer {jax_count:,}, torch {torch_count:,} ({verdict})")
+    return lines
 
 
 def main(argv=None) -> list[dict]:
     arguments = parser(__doc__.splitlines()[0], budget_of="a row")
     arguments.add_argument("--configs", default="tiny,small,base", help="comma-separated: tiny, small, base")
+    arguments.add_argument(
+        "--architecture",
+        default="encoder_decoder",
+        choices=[name for name in ARCHITECTURES if name in BENCHMARKED],
+        help="the translator (encoder_decoder) or a causal language model of the same size (decoder_only)",
+    )
     args = arguments.parse_args(argv)
     with_torch = check_torch(args)
     if args.smoke:
@@ -115,16 +176,12 @@ def main(argv=None) -> list[dict]:
     else:
         setups = [(name, *CONFIGS[name]()) for name in args.configs.split(",")]
         iters, peak_size = args.iters or 10, 2048
+    setups = [(name, config.replace(architecture=args.architecture), *shape) for name, config, *shape in setups]
     peak_iters = 3 if args.smoke else 10
     rates_before = matmul_rates_gflops(peak_size, iters=peak_iters)
     rows = []
     for name, config, batch, source_length, target_length in setups:
-        row, data = bench_jax(name, config, batch, source_length, target_length, iters, args.budget_s)
-        rows.append(row)
-        if with_torch:
-            torch_row = bench_torch(name, config, data, iters, args.budget_s)
-            row["jax_over_torch"] = row["tokens_per_s"] / torch_row["tokens_per_s"]
-            rows.append(torch_row)
+        rows += bench(name, config, batch, source_length, target_length, iters, args.budget_s, with_torch)
     rates_after = matmul_rates_gflops(peak_size, iters=peak_iters)
     before, after = median(rates_before), median(rates_after)
     peak, fastest = max(before, after), max(rates_before + rates_after)
@@ -133,12 +190,13 @@ def main(argv=None) -> list[dict]:
         row["mfu_pct"] = 100.0 * row["achieved_gflops"] / peak
         row["mfu_vs_fastest_pct"] = 100.0 * row["achieved_gflops"] / fastest
     title = (
-        f"train step, peak f32 matmul {peak:,.0f} GFLOP/s ({peak_size}^2 XLA, median of {peak_iters} calls; "
-        f"before the rows {before:,.0f}, after {after:,.0f}; fastest call {fastest:,.0f})"
+        f"train step ({args.architecture}), peak f32 matmul {peak:,.0f} GFLOP/s ({peak_size}^2 XLA, median of "
+        f"{peak_iters} calls; before the rows {before:,.0f}, after {after:,.0f}; fastest call {fastest:,.0f})"
     )
     if with_torch:
         title += f"; torch's f32 matmul {torch_matmul_peak_gflops(peak_size, iters=peak_iters):,.0f} GFLOP/s (median)"
-    return report("train_step", rows, COLUMNS, args.json, title)
+    notes = settings(setups, with_torch, args.torch_threads) + parameter_notes(rows)
+    return report("train_step", rows, COLUMNS, args.json, title, notes)
 
 
 if __name__ == "__main__":

@@ -5,17 +5,16 @@ from __future__ import annotations
 
 import copy
 import difflib
-import math
 import pathlib
-from collections.abc import Callable, Iterable
+from collections.abc import Iterable
 from typing import Any
 
 import ml_collections
-import numpy as np
 
 from jaxformer.data.tokenizer import Tokenizer
-from jaxformer.model.config import ConfigError, TransformerConfig, preset
-from jaxformer.tokens import MASK_PIECE, NUM_SPECIAL_TOKENS
+from jaxformer.model.config import ARCHITECTURES, ConfigError, TransformerConfig, preset
+from jaxformer.tokens import MASK_PIECE
+from jaxformer.training.config_rules import VALUE_RULES
 from jaxformer.training.sharding import DEFAULT_RULES
 
 # Sections whose values must not change when a run resumes from its workdir: they shape the
@@ -162,113 +161,6 @@ def _flatten(config, prefix: str = "") -> dict[str, Any]:
     return flat
 
 
-def _integer(value) -> bool:
-    return isinstance(value, (int, np.integer)) and not isinstance(value, (bool, np.bool_))
-
-
-def _number(value) -> bool:
-    return isinstance(value, (int, float, np.integer, np.floating)) and not isinstance(value, (bool, np.bool_))
-
-
-def _at_least(low: int) -> tuple[Callable[[Any], bool], str]:
-    return (lambda value: _integer(value) and value >= low), f"an integer >= {low}"
-
-
-def _one_of(*choices: str) -> tuple[Callable[[Any], bool], str]:
-    return (lambda value: value in choices), "one of " + ", ".join(map(repr, choices))
-
-
-def _within(low: float, high: float, closed_high: bool = False) -> tuple[Callable[[Any], bool], str]:
-    if closed_high:
-        return (lambda value: _number(value) and low <= value <= high), f"a number in [{low}, {high}]"
-    return (lambda value: _number(value) and low <= value < high), f"a number in [{low}, {high})"
-
-
-_POSITIVE_NUMBER = (lambda value: _number(value) and value > 0 and math.isfinite(value)), "a finite number > 0"
-_NON_EMPTY_TEXT = (lambda value: isinstance(value, str) and value.strip() != ""), "a non-empty string"
-_OPTIONAL_TEXT = (
-    (lambda value: value is None or (isinstance(value, str) and value.strip() != "")),
-    "None or a non-empty path",
-)
-_MESH_SHAPE = (
-    lambda value: (
-        isinstance(value, (tuple, list))
-        and len(value) == 3
-        and all(_integer(size) and (size >= 1 or size == -1) for size in value)
-        and list(value).count(-1) <= 1
-    ),
-    "three integers (data, fsdp, tensor), each >= 1 or one of them -1",
-)
-
-# What every non-model key allows (the model section is checked by TransformerConfig).
-# Checked before anything is prepared, compiled or written.
-VALUE_RULES: dict[str, tuple[Callable[[Any], bool], str]] = {
-    "data.name": _NON_EMPTY_TEXT,
-    "data.source_language": _NON_EMPTY_TEXT,
-    "data.target_language": _NON_EMPTY_TEXT,
-    "data.data_dir": _OPTIONAL_TEXT,
-    "data.raw_dir": _OPTIONAL_TEXT,
-    "data.download": ((lambda value: isinstance(value, bool)), "True or False"),
-    "data.files.train": _OPTIONAL_TEXT,
-    "data.files.validation": _OPTIONAL_TEXT,
-    "data.files.test": _OPTIONAL_TEXT,
-    "data.validation_holdout": _at_least(1),
-    "data.train_split": _NON_EMPTY_TEXT,
-    "data.eval_split": _NON_EMPTY_TEXT,
-    "data.max_length": _at_least(2),
-    "data.batch_size": _at_least(1),
-    "data.eval_batch_size": _at_least(1),
-    "data.max_eval_examples": (
-        (lambda value: value is None or (_integer(value) and value >= 1)),
-        "None or an integer >= 1",
-    ),
-    "data.shuffle_seed": _at_least(0),
-    "data.num_threads": _at_least(0),
-    "data.input_shards": _at_least(0),
-    "tokenizer.vocab_size": _at_least(NUM_SPECIAL_TOKENS + 1),
-    "tokenizer.model_type": _one_of("unigram", "bpe"),
-    "tokenizer.character_coverage": ((lambda value: _number(value) and 0 < value <= 1), "a number in (0, 1]"),
-    "tokenizer.max_sentences": _at_least(1),
-    "tokenizer.model_path": _OPTIONAL_TEXT,
-    "tokenizer.separate_vocabularies": ((lambda value: isinstance(value, bool)), "True or False"),
-    "tokenizer.target_model_path": _OPTIONAL_TEXT,
-    "optimizer.learning_rate_scale": _POSITIVE_NUMBER,
-    "optimizer.warmup_steps": _at_least(1),
-    "optimizer.b1": _within(0.0, 1.0),
-    "optimizer.b2": _within(0.0, 1.0),
-    "optimizer.eps": ((lambda value: _number(value) and value >= 0), "a number >= 0"),
-    "optimizer.clip_norm": ((lambda value: _number(value) and value >= 0), "a number >= 0 (0 turns clipping off)"),
-    "optimizer.accumulation_steps": _at_least(1),
-    "mesh.shape": _MESH_SHAPE,
-    "training.seed": _at_least(0),
-    "training.init_from": _OPTIONAL_TEXT,
-    "training.init_encoder_from": _OPTIONAL_TEXT,
-    "training.init_decoder_from": _OPTIONAL_TEXT,
-    "training.init_checkpoint": (
-        (
-            lambda value: (
-                value in ("latest", "best", "averaged") or (str(value).isdigit() and not isinstance(value, bool))
-            )
-        ),
-        "'latest', 'best', 'averaged' or a step number",
-    ),
-    "training.num_train_steps": _at_least(1),
-    "training.label_smoothing": _within(0.0, 1.0),
-    "training.loss_chunk_tokens": _at_least(0),
-    "training.log_every_steps": _at_least(1),
-    "training.eval_every_steps": _at_least(1),
-    "training.checkpoint_every_steps": _at_least(1),
-    "training.keep_checkpoints": _at_least(1),
-    "training.bleu_every_steps": _at_least(0),
-    "training.bleu_examples": _at_least(0),
-    "decoding.method": _one_of("beam", "greedy", "sample"),
-    "decoding.beam_size": _at_least(1),
-    "decoding.alpha": ((lambda value: _number(value) and value >= 0), "a number >= 0"),
-    "decoding.max_extra_length": _at_least(1),
-    "decoding.batch_size": _at_least(1),
-}
-
-
 def unknown_key_error(key: str, known: Iterable[str]) -> ConfigError:
     """The error for a config key nobody defines, naming up to three near matches."""
     near = difflib.get_close_matches(key, list(known), n=3, cutoff=0.6)
@@ -290,6 +182,10 @@ def validate(config: ml_collections.ConfigDict) -> None:
         if key in values and not allowed(values[key]):
             raise ConfigError(f"config {key}={values[key]!r}: must be {description}")
     data = config.data
+    if architecture(config) not in ARCHITECTURES:
+        raise ConfigError(
+            f"config model.architecture={architecture(config)!r}: must be one of {', '.join(map(repr, ARCHITECTURES))}"
+        )
     if architecture(config) != "encoder_decoder":
         for key, value in (
             ("tokenizer.separate_vocabularies", config.tokenizer.separate_vocabularies),

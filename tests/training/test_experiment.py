@@ -106,3 +106,36 @@ def test_paths_a_run_stores_are_made_absolute(tmp_path, monkeypatch):
     assert absolute.training.init_from == str(tmp_path / "runs" / "base")
     assert absolute.data.files.validation is None and absolute.tokenizer.model_path is None
     assert config.data.files.train == "corpus/train.{lang}.gz"  # the caller's config is left as it was
+
+
+@pytest.mark.parametrize(
+    ("changes", "message"),
+    [
+        ({"model.architecture": "decoder_only", "tokenizer.separate_vocabularies": True}, "applies to translation"),
+        ({"model.architecture": "encoder_only", "training.bleu_every_steps": 100}, "applies to translation"),
+        (
+            {"training.init_from": "/runs/a", "training.init_encoder_from": "/runs/b"},
+            "both set: a run starts from a whole model or from pretrained halves",
+        ),
+        (
+            {"model.architecture": "decoder_only", "training.bleu_every_steps": 0, "training.init_decoder_from": "/b"},
+            "starts a translator",
+        ),
+        ({"model.architecture": "encoder_and_decoder"}, "model.architecture='encoder_and_decoder': must be one of"),
+    ],
+)
+def test_architecture_options_that_contradict_are_errors(changes, message):
+    config = load("multi30k")
+    for key, value in changes.items():
+        section, name = key.split(".")
+        config[section][name] = value
+    with pytest.raises(ConfigError, match=message):
+        experiment.validate(config)
+
+
+def test_language_models_read_one_side_and_translators_both():
+    assert experiment.text_languages(load("multi30k_mlm")) == ("en",)
+    assert experiment.text_languages(load("multi30k_lm")) == ("de",)
+    assert experiment.text_languages(load("multi30k")) == ("en", "de")
+    assert experiment.control_symbols(load("multi30k_mlm")) == ("<mask>",)
+    assert experiment.control_symbols(load("multi30k_lm")) == ()

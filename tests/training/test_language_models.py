@@ -14,6 +14,7 @@ from flax import traverse_util
 from jaxformer.data.tokenizer import Tokenizer
 from jaxformer.decoding.generate import DecodeSettings
 from jaxformer.decoding.language_model import LanguageModel
+from jaxformer.decoding.translator import Translator
 from jaxformer.model.config import ConfigError
 from jaxformer.model.decoder_only import DecoderOnly
 from jaxformer.model.transformer import Transformer, shift_right
@@ -137,6 +138,22 @@ def test_generate_command(runs, tmp_path):
     lines = result.stdout.splitlines()
     assert len(lines) == 3 and lines[0].startswith("Ein Mann") and lines[2].startswith("Zwei Hunde spielen")
     assert all(len(line.split()) > 1 for line in lines)  # something was added to every prompt
+
+    refused = subprocess.run(
+        [sys.executable, "-m", "jaxformer.commands.generate", "--workdir", str(runs["multi30k_mlm"])],
+        env=environment(),
+        input="Ein Mann\n",
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert refused.returncode == 2 and "holds an encoder_only model" in refused.stderr.strip().splitlines()[-1]
+
+
+def test_a_translator_refuses_a_language_model(runs):
+    _, metadata, params = load_checkpoint(runs["multi30k_lm"])
+    with pytest.raises(ConfigError, match="a Translator needs an encoder_decoder model, not 'decoder_only'"):
+        Translator(metadata.model_config(), params, metadata.load_tokenizer())
 
 
 def test_a_translator_starts_from_both(runs):
