@@ -47,6 +47,18 @@ class TokenizePair:
         target_tokenizer = tokenizer if target_tokenizer is None else target_tokenizer
         sides = {"inputs": (tokenizer, source_language), "targets": (target_tokenizer, target_language)}
         self.sides = {feature: sides[feature] for feature in features}
+        self.features = tuple(features)
+
+    @classmethod
+    def for_data(
+        cls,
+        data: ml_collections.ConfigDict,
+        tokenizer: Tokenizer,
+        target_tokenizer: Tokenizer | None = None,
+        features: Sequence[str] = FEATURES,
+    ) -> TokenizePair:
+        """The sides of the data section's languages (data.source_language, data.target_language)."""
+        return cls(tokenizer, data.source_language, data.target_language, target_tokenizer, features)
 
     def __call__(self, record) -> dict[str, np.ndarray]:
         return {
@@ -92,58 +104,49 @@ def _pack(
 
 def train_dataset(
     source: Sequence,
-    tokenizer: Tokenizer,
+    tokenize: TokenizePair,
     data: ml_collections.ConfigDict,
     *,
     length_filter: LengthFilter | None = None,
     shard_index: int = 0,
     shard_count: int = 1,
-    target_tokenizer: Tokenizer | None = None,
-    features: Sequence[str] = FEATURES,
 ) -> grain.IterDataset:
     """An endless, deterministic stream of packed training batches; each epoch is reshuffled.
 
     `data` is the experiment's data section (languages, max_length, batch_size, shuffle_seed,
     num_threads). Each process reads the disjoint shard `shard_index` of `shard_count` equal
-    shards, in batches of data.batch_size / shard_count rows. `target_tokenizer` (separate
-    vocabularies) encodes the target side; by default `tokenizer` encodes both. `features`: the
-    sides a batch holds (see `TokenizePair`).
+    shards, in batches of data.batch_size / shard_count rows. `tokenize` turns a record into the
+    sides a batch holds (`TokenizePair.for_data`).
     """
     batch_size = data.batch_size // shard_count
     usable = len(source) // shard_count * shard_count
     dataset = grain.MapDataset.source(source)[:usable][shard_index::shard_count]
     dataset = dataset.shuffle(seed=data.shuffle_seed).repeat(None)  # shuffle before repeat: a new order per epoch
-    dataset = dataset.map(
-        TokenizePair(tokenizer, data.source_language, data.target_language, target_tokenizer, features)
-    )
+    dataset = dataset.map(tokenize)
     dataset = dataset.filter(length_filter or LengthFilter(data.max_length))
     read_options = grain.ReadOptions(num_threads=data.num_threads, prefetch_buffer_size=4 * batch_size)
     dataset = dataset.to_iter_dataset(read_options)
-    packed = _pack(dataset, data.max_length, batch_size, shuffle_bins=True, seed=data.shuffle_seed, features=features)
+    packed = _pack(
+        dataset, data.max_length, batch_size, shuffle_bins=True, seed=data.shuffle_seed, features=tokenize.features
+    )
     return packed.batch(batch_size, drop_remainder=True)
 
 
 def eval_batches(
-    source: Sequence,
-    tokenizer: Tokenizer,
-    data: ml_collections.ConfigDict,
-    target_tokenizer: Tokenizer | None = None,
-    features: Sequence[str] = FEATURES,
+    source: Sequence, tokenize: TokenizePair, data: ml_collections.ConfigDict
 ) -> list[dict[str, np.ndarray]]:
-    """Every pair of a split once (the first data.max_eval_examples of them, when set), packed into
-    full batches of data.eval_batch_size rows (the last one padded with empty rows); the target
-    side encoded with `target_tokenizer` when given (separate vocabularies); `features` as in
-    `train_dataset`."""
+    """Every example of a split once (the first data.max_eval_examples of them, when set), packed
+    into full batches of data.eval_batch_size rows (the last one padded with empty rows);
+    `tokenize` as in `train_dataset`."""
     max_length, batch_size = data.max_length, data.eval_batch_size
     count = len(source) if data.max_eval_examples is None else min(data.max_eval_examples, len(source))
     length_filter = LengthFilter(max_length)
-    pairs = TokenizePair(tokenizer, data.source_language, data.target_language, target_tokenizer, features)
-    dataset = grain.MapDataset.source(source)[:count].map(pairs)
+    dataset = grain.MapDataset.source(source)[:count].map(tokenize)
     dataset = dataset.filter(length_filter).to_iter_dataset(grain.ReadOptions(num_threads=0, prefetch_buffer_size=0))
-    rows = list(_pack(dataset, max_length, batch_size, shuffle_bins=False, features=features))
+    rows = list(_pack(dataset, max_length, batch_size, shuffle_bins=False, features=tokenize.features))
     if length_filter.dropped:
         logging.warning(
-            "evaluation: %d of %d pairs longer than %d tokens left out", length_filter.dropped, count, max_length
+            "evaluation: %d of %d examples longer than %d tokens left out", length_filter.dropped, count, max_length
         )
     batches = []
     for start in range(0, len(rows), batch_size):

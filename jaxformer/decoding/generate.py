@@ -55,13 +55,13 @@ def decoding_variant(config: TransformerConfig, params: Any) -> tuple[Transforme
     return config.replace(deterministic=True, scan_layers=False, remat_policy="none"), params
 
 
+# What every search returns: K hypotheses per row (tokens ending in EOS, then padding) and their scores.
+Hypotheses = tuple[Int[Array, "B K L"], Float[Array, "B K"]]
+
+
 def generate(
-    model: Transformer,
-    params: Any,
-    source: Int[Array, "B S"],
-    settings: DecodeSettings = DecodeSettings(),
-    rng: jax.Array | None = None,
-) -> tuple[Int[Array, "B K L"], Float[Array, "B K"]]:
+    model: Transformer, params: Any, source: Int[Array, "B S"], settings=DecodeSettings(), rng: jax.Array | None = None
+) -> Hypotheses:
     """Translates padded source rows: (tokens [B, K, L] ending in EOS then padding, scores [B, K]).
 
     L = S + settings.max_extra_length; row b ends by (real source tokens of b) + max_extra_length
@@ -89,7 +89,7 @@ def search(
     spec: SearchSpec,
     settings: DecodeSettings,
     rng: jax.Array | None = None,
-) -> tuple[Int[Array, "B K L"], Float[Array, "B K"]]:
+) -> Hypotheses:
     """The search `settings.method` names over `tokens_to_logits`, hypotheses [B, K, ...] always
     (K = 1 for greedy search and sampling); `cache` has one row per batch row (beam search
     repeats it per beam)."""

@@ -17,7 +17,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from jaxformer.data.tokenizer import Tokenizer
-from jaxformer.decoding.generate import DecodeSettings, decoding_variant, search
+from jaxformer.decoding.generate import DecodeSettings, Hypotheses, decoding_variant, search
 from jaxformer.decoding.search import SearchSpec
 from jaxformer.model.cache import DecoderCache, init_cache
 from jaxformer.model.config import TransformerConfig
@@ -37,14 +37,10 @@ class PromptedCache(NamedTuple):
 
 
 def continue_prompts(
-    model: DecoderOnly,
-    params: Any,
-    prompts: Int[Array, "B P"],
-    settings: DecodeSettings = DecodeSettings(),
-    rng: jax.Array | None = None,
-) -> tuple[Int[Array, "B K N"], Float[Array, "B K"]]:
-    """Continuations of prompt rows of equal length P (no padding; P may be 0): (tokens [B, K, N]
-    with N = settings.max_extra_length, ending in EOS then padding, or cut at N tokens as they
+    model: DecoderOnly, params: Any, prompts: Int[Array, "B P"], settings=DecodeSettings(), rng: jax.Array | None = None
+) -> Hypotheses:
+    """Continuations of prompt rows of equal length P (no padding; P may be 0): (tokens [B, K, L]
+    with L = settings.max_extra_length, ending in EOS then padding, or cut at N tokens as they
     stand; scores [B, K], log p of the continuation, divided by the length penalty for beam
     search). The decoder reads BOS, the prompt, then the continuation. `model` must be the
     decoding variant (`decoding_variant`)."""
@@ -122,7 +118,7 @@ class LanguageModel:
         return results
 
     def continue_ids(self, prompts: Sequence[np.ndarray]):
-        """Yields (prompt indices, tokens [b, K, N], scores [b, K]) per batch of equal-length prompts."""
+        """Yields (prompt indices, tokens [b, K, L], scores [b, K]) per batch of equal-length prompts."""
         by_length: dict[int, list[int]] = {}
         for index, prompt in enumerate(prompts):
             by_length.setdefault(len(prompt), []).append(index)

@@ -23,7 +23,7 @@ import numpy as np
 import tqdm
 from jax.experimental import multihost_utils
 
-from jaxformer.data.pipeline import LengthFilter, ShardedBatches, eval_batches, train_dataset
+from jaxformer.data.pipeline import LengthFilter, ShardedBatches, TokenizePair, eval_batches, train_dataset
 from jaxformer.data.sources import data_fingerprint, get_builder, load_split
 from jaxformer.errors import CheckpointError, UserError, exit_code_for_signal
 from jaxformer.model.architectures import build_model
@@ -293,26 +293,23 @@ def _train(config, prepared: PreparedRun, model: nn.Module, mesh, rules) -> dict
 
     length_filter = LengthFilter(data.max_length)
     shard_count, my_shards = _input_shards(data)
+    tokenize = TokenizePair.for_data(data, tokenizers.source, tokenizers.target, objective.features)
     train_iterator = ShardedBatches(
         [
             iter(
                 train_dataset(
                     prepared.train_source,
-                    tokenizers.source,
+                    tokenize,
                     data,
                     length_filter=length_filter,
                     shard_index=shard,
                     shard_count=shard_count,
-                    target_tokenizer=tokenizers.target,
-                    features=objective.features,
                 )
             )
             for shard in my_shards
         ]
     )
-    eval_data = objective.evaluation_batches(
-        eval_batches(prepared.eval_source, tokenizers.source, data, tokenizers.target, objective.features)
-    )
+    eval_data = objective.evaluation_batches(eval_batches(prepared.eval_source, tokenize, data))
 
     restored = checkpointer.restore_latest(abstract_state, train_iterator)
     if restored is None:

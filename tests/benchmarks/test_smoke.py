@@ -34,11 +34,15 @@ POSITIVE = {
 
 
 def run_smoke(name, tmp_path, capsys, *extra):
+    return smoke_output(name, tmp_path, capsys, *extra)[0]
+
+
+def smoke_output(name, tmp_path, capsys, *extra):
+    """(the JSON rows printed, checked against those returned and written; the whole output)."""
     json_path = tmp_path / f"{name}.jsonl"
     rows = importlib.import_module(f"benchmarks.{name}").main(["--smoke", "--json", str(json_path), *extra])
-    printed = [
-        json.loads(line[len("JSON ") :]) for line in capsys.readouterr().out.splitlines() if line.startswith("JSON ")
-    ]
+    output = capsys.readouterr().out
+    printed = [json.loads(line[len("JSON ") :]) for line in output.splitlines() if line.startswith("JSON ")]
     written = [json.loads(line) for line in json_path.read_text().splitlines()]
     assert rows and len(printed) == len(rows) and written == printed
     for row in printed:
@@ -49,7 +53,7 @@ def run_smoke(name, tmp_path, capsys, *extra):
         for key in POSITIVE[name]:
             if key in row and row[key] is not None:
                 assert row[key] > 0, (key, row)
-    return printed
+    return printed, output
 
 
 @pytest.mark.parametrize("name", sorted(POSITIVE))
@@ -64,3 +68,35 @@ def test_smoke_with_torch(name, tmp_path, capsys):
     pytest.importorskip("torch")
     rows = run_smoke(name, tmp_path, capsys, "--torch", "--torch-threads", "1")
     assert any(row["impl"] == "torch" for row in rows)
+
+
+def table_rows(output, count):
+    """The header's column names and the first `count` rows of the printed table, split into cells."""
+    lines = output.split("\n== ", 1)[1].splitlines()  # the title line, the header, the rows
+    return lines[1].split(), [line.split() for line in lines[2 : 2 + count]]
+
+
+def check_language_model(rows, output, impls):
+    assert [(row["architecture"], row["impl"]) for row in rows] == [("decoder_only", impl) for impl in impls]
+    header, cells = table_rows(output, len(rows))
+    assert {"impl", "tokens_per_s", "jax_over_torch"} <= set(header)
+    assert [line[:2] for line in cells] == [["smoke", impl] for impl in impls]
+    for row in rows:
+        assert row["src_len"] is None and row["tgt_len"] > 0  # no source side
+        assert row["tokens_per_s"] == pytest.approx(row["batch"] * row["tgt_len"] / row["step_ms"] * 1e3)
+
+
+def test_decoder_only_smoke(tmp_path, capsys):
+    rows, output = smoke_output("train_step", tmp_path, capsys, "--architecture", "decoder_only")
+    check_language_model(rows, output, ["jaxformer"])
+
+
+def test_decoder_only_against_torch(tmp_path, capsys):
+    pytest.importorskip("torch")
+    extra = ("--architecture", "decoder_only", "--torch", "--torch-threads", "1")
+    rows, output = smoke_output("train_step", tmp_path, capsys, *extra)
+    check_language_model(rows, output, ["jaxformer", "torch"])
+    jaxformer, torch = rows
+    assert jaxformer["jax_over_torch"] == pytest.approx(jaxformer["tokens_per_s"] / torch["tokens_per_s"])
+    assert jaxformer["params"] == torch["params"]  # the same model: nn.TransformerEncoder under a causal mask
+    assert "parameters jaxformer" in output and "(equal)" in output and "torch: TorchLanguageModel" in output

@@ -1,7 +1,7 @@
 import numpy as np
 import pytest
 
-from jaxformer.data.pipeline import LengthFilter, eval_batches, train_dataset
+from jaxformer.data.pipeline import LengthFilter, TokenizePair, eval_batches, train_dataset
 from jaxformer.data.tokenizer import train_tokenizer
 from jaxformer.training.experiment import default_config
 
@@ -45,10 +45,11 @@ def data_section(**overrides):
 
 def make(corpus, length_filter=None, shard_index=0, shard_count=1, **overrides):
     records, tokenizer = corpus
+    data = data_section(**overrides)
     return train_dataset(
         records,
-        tokenizer,
-        data_section(**overrides),
+        TokenizePair.for_data(data, tokenizer),
+        data,
         length_filter=length_filter,
         shard_index=shard_index,
         shard_count=shard_count,
@@ -147,7 +148,8 @@ def test_process_shards_are_disjoint(corpus):
 
 def test_eval_batches_cover_every_pair_once(corpus):
     records, tokenizer = corpus
-    batches = eval_batches(records, tokenizer, data_section())
+    data = data_section()
+    batches = eval_batches(records, TokenizePair.for_data(data, tokenizer), data)
     assert all(batch["inputs"].shape == (4, MAX_LENGTH) for batch in batches)
     pairs = [pair for batch in batches for pair in unpack(batch)]
     assert sorted(pairs) == sorted(kept_pairs(corpus))  # every pair that fits, once

@@ -10,7 +10,7 @@ import tensorflow_datasets as tfds
 
 from jaxformer.data import fingerprint, multi30k
 from jaxformer.data.parallel_text import DataError
-from jaxformer.data.pipeline import eval_batches
+from jaxformer.data.pipeline import TokenizePair, eval_batches
 from jaxformer.data.sources import data_fingerprint, get_builder, load_split
 from jaxformer.data.tokenizer import train_tokenizer
 from jaxformer.training.experiment import default_config
@@ -87,7 +87,7 @@ def test_wmt_builders_through_tfds_mock_data():
     tokenizer = train_tokenizer([r[k] for r in records for k in ("en", "de")] * 20, vocab_size=30)
     data = default_config().data
     data.update(dict(source_language="de", target_language="en", max_length=64, eval_batch_size=2))
-    batches = eval_batches(records, tokenizer, data)
+    batches = eval_batches(records, TokenizePair.for_data(data, tokenizer), data)
     assert batches and batches[0]["inputs"].shape == (2, 64)
     assert int(sum((b["inputs_segment_ids"].max(axis=1)).sum() for b in batches)) == 6
 
