@@ -23,7 +23,7 @@ import numpy as np
 import jaxformer.data
 from benchmarks.common import check_torch, compile_timed, make_train, median, parser, report, small_config
 from jaxformer.data.parallel_text import read_parallel_lines
-from jaxformer.data.pipeline import LengthFilter, train_dataset
+from jaxformer.data.pipeline import LengthFilter, TokenizePair, train_dataset
 from jaxformer.data.tokenizer import Tokenizer, train_tokenizer
 from jaxformer.model.config import preset
 from jaxformer.tokens import PAD_ID
@@ -85,7 +85,8 @@ def packed_batches(
         )
     )
     start = time.perf_counter()
-    iterator = iter(train_dataset(records, tokenizer, data, length_filter=LengthFilter(max_length)))
+    tokenize = TokenizePair.for_data(data, tokenizer)
+    iterator = iter(train_dataset(records, tokenize, data, length_filter=LengthFilter(max_length)))
     batches, pairs = [], 0
     while pairs < wanted:
         batch = next(iterator)

@@ -122,15 +122,15 @@ def settings(setups, with_torch: bool, torch_threads: int | None) -> list[str]:
         f"{config.dropout_rate} (attention {config.attention_dropout_rate}, activation "
         f"{config.activation_dropout_rate}), tied output embedding; Adam({optimizer.b1}, {optimizer.b2}, "
         f"{optimizer.eps}), warmup {optimizer.warmup_steps}, clip {optimizer.clip_norm}, label smoothing "
-        f"{training.label_smoothing}, loss chunks of {training.loss_chunk_tokens} tokens; float32; dense "
-        "random rows (no padding); tokens_per_s counts target tokens"
+        f"{training.label_smoothing}, loss chunks of {training.loss_chunk_tokens} tokens; float32",
+        "  dense random rows (no padding); tokens_per_s counts the target tokens of a step",
     ]
     if with_torch:
         from benchmarks import torch_reference as reference
 
-        lines[0] += (
-            f"; torch: {reference.MODELS[config.architecture].__name__} with the same settings, "
-            f"{reference.torch.get_num_threads()} threads{'' if torch_threads else ' (all cores)'}"
+        lines.append(
+            f"  torch: {reference.MODELS[config.architecture].__name__} (benchmarks/torch_reference.py), the same "
+            f"settings, intra-op threads {reference.torch.get_num_threads()}{'' if torch_threads else ' (all cores)'}"
         )
     for name, config, batch, *_ in setups:
         layers = (
