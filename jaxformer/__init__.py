@@ -13,6 +13,7 @@ from jaxformer.tokens import BOS_ID, EOS_ID, NUM_SPECIAL_TOKENS, PAD_ID, UNK_ID
 __version__ = "0.1.0"
 
 _LAZY = {
+    "jaxformer.model.architectures": ("build_model",),
     "jaxformer.model.attention": ("MultiHeadAttention", "dot_product_attention"),
     "jaxformer.model.cache": ("DecoderCache", "EncoderContext", "init_cache"),
     "jaxformer.model.config": ("PRESETS", "ConfigError", "TransformerConfig", "preset"),
@@ -24,6 +25,7 @@ _LAZY = {
     "jaxformer.decoding.generate": ("DecodeSettings", "decoding_variant", "generate", "make_generate_fn"),
     "jaxformer.decoding.search": ("SearchSpec", "beam_search", "greedy_search", "sample_search"),
     "jaxformer.decoding.translator": ("Translator",),  # pulls in the data stack (sentencepiece, orbax)
+    "jaxformer.decoding.language_model": ("LanguageModel", "continue_prompts"),  # so does this
 }
 _MODULE_OF = {name: module for module, names in _LAZY.items() for name in names}
 
@@ -40,6 +42,7 @@ __all__ = [
     "MultiHeadAttention",
     "Transformer",
     "TransformerConfig",
+    "build_model",
     "causal_mask",
     "cross_mask",
     "decoder_self_mask",
@@ -52,9 +55,11 @@ __all__ = [
     "DecodeSettings",
     "DecoderCache",
     "EncoderContext",
+    "LanguageModel",
     "SearchSpec",
     "Translator",
     "beam_search",
+    "continue_prompts",
     "decoding_variant",
     "generate",
     "greedy_search",
