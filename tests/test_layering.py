@@ -1,4 +1,4 @@
-"""Subpackages import downward only: model and data <- run <- decoding <- training, export <- commands.
+"""Subpackages import downward only: model and data <- run <- decoding <- training, export <- interop <- commands.
 
 Each subpackage's modules are all imported in a fresh interpreter; none of the subpackages
 above it (or beside it: model and data are independent) may then be loaded.
@@ -19,7 +19,8 @@ MAY_IMPORT = {
     "decoding": {"model", "data", "run"},
     "training": {"model", "data", "run", "decoding"},
     "export": {"model", "data", "run", "decoding"},
-    "commands": {"model", "data", "run", "decoding", "training", "export"},
+    "interop": {"model", "data", "run", "decoding", "training", "export"},
+    "commands": {"model", "data", "run", "decoding", "training", "export", "interop"},
 }
 
 PROBE = """

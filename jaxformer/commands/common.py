@@ -216,13 +216,15 @@ def check_workdir(workdir: str) -> None:
 
 
 def decode_settings_from_flags(args: argparse.Namespace, max_extra_length: int):
-    """The DecodeSettings that --method, --beam_size, --alpha, --temperature and --top_k name."""
+    """The DecodeSettings that --method, --beam_size, --alpha, --length_penalty, --temperature and
+    --top_k name."""
     from jaxformer.decoding.generate import DecodeSettings
 
     return DecodeSettings(
         method=args.method,
         beam_size=args.beam_size,
         alpha=args.alpha,
+        length_penalty=args.length_penalty,
         max_extra_length=max_extra_length,
         temperature=args.temperature,
         top_k=args.top_k,
@@ -273,22 +275,42 @@ def translator_from_flags(args: argparse.Namespace):
 
 
 def add_beam_flags(parser: argparse.ArgumentParser) -> None:
-    """--beam_size, --alpha and --max_extra_length, as translate, evaluate and export take them."""
+    """--beam_size, --alpha, --length_penalty and --max_extra_length, as translate, evaluate and
+    export take them."""
     parser.add_argument("--beam_size", type=at_least(1), default=4, help="beam width (default: 4)")
+    add_length_penalty_flags(parser)
+    parser.add_argument(
+        "--max_extra_length", type=at_least(1), default=50, help="output tokens <= input tokens + this (default: 50)"
+    )
+
+
+def add_length_penalty_flags(parser: argparse.ArgumentParser) -> None:
+    """--alpha and --length_penalty: the beam search's length normalisation."""
+    from jaxformer.decoding.search import LENGTH_PENALTIES
+
     parser.add_argument(
         "--alpha", type=number(0.0, inclusive=True), default=0.6, help="length penalty exponent (default: 0.6)"
     )
     parser.add_argument(
-        "--max_extra_length", type=at_least(1), default=50, help="output tokens <= input tokens + this (default: 50)"
+        "--length_penalty",
+        choices=LENGTH_PENALTIES,
+        default="gnmt",
+        help="its form: gnmt, ((5 + |Y|) / 6)^alpha, or transformers, |Y|^alpha, as Hugging Face's beam "
+        "search (default: gnmt)",
     )
 
 
 def add_checkpoint_flags(parser: argparse.ArgumentParser) -> None:
     """--workdir and --checkpoint: which run's checkpoint a command reads."""
     parser.add_argument("--workdir", required=True, help="the training run's directory")
+    add_checkpoint_choice(parser)
+
+
+def add_checkpoint_choice(parser: argparse.ArgumentParser, applies_to: str = "") -> None:
+    """--checkpoint: latest, best, averaged or a step (`applies_to`: the flag it goes with, for the help)."""
     parser.add_argument(
         "--checkpoint",
         type=checkpoint_choice,
         default="latest",
-        help="latest, best (validation BLEU), averaged, or a step number (default: latest)",
+        help=f"{applies_to}latest, best (validation BLEU), averaged, or a step number (default: latest)",
     )

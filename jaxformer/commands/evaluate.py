@@ -97,6 +97,7 @@ def run(args: argparse.Namespace) -> int:
         method=args.method,
         beam_size=args.beam_size,
         alpha=args.alpha,
+        length_penalty=args.length_penalty,
         decode_seconds=seconds,
     )
     print(

@@ -70,7 +70,11 @@ def run(args: argparse.Namespace) -> int:
         args.output,
         args.checkpoint,
         DecodeSettings(
-            method="beam", beam_size=args.beam_size, alpha=args.alpha, max_extra_length=args.max_extra_length
+            method="beam",
+            beam_size=args.beam_size,
+            alpha=args.alpha,
+            length_penalty=args.length_penalty,
+            max_extra_length=args.max_extra_length,
         ),
         ServingSettings(batch_size=args.batch_size, max_source_tokens=args.max_source_tokens),
         platforms=args.platforms,

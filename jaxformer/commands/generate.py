@@ -20,9 +20,7 @@ def build_parser() -> argparse.ArgumentParser:
     common.add_checkpoint_flags(parser)
     parser.add_argument("--method", choices=METHODS, default="greedy", help="search (default: greedy)")
     parser.add_argument("--beam_size", type=common.at_least(1), default=4, help="beam width (default: 4)")
-    parser.add_argument(
-        "--alpha", type=common.number(0.0, inclusive=True), default=0.6, help="length penalty exponent (default: 0.6)"
-    )
+    common.add_length_penalty_flags(parser)
     parser.add_argument(
         "--max_new_tokens", type=common.at_least(1), default=30, help="tokens added to each prompt, EOS included"
     )

@@ -12,7 +12,14 @@ from typing import Any
 import jax
 import jax.numpy as jnp
 
-from jaxformer.decoding.search import SearchSpec, TokensToLogits, beam_search, greedy_search, sample_search
+from jaxformer.decoding.search import (
+    LENGTH_PENALTIES,
+    SearchSpec,
+    TokensToLogits,
+    beam_search,
+    greedy_search,
+    sample_search,
+)
 from jaxformer.model.cache import init_cache
 from jaxformer.model.config import TransformerConfig
 from jaxformer.model.transformer import Transformer, unstack_layers
@@ -29,6 +36,8 @@ class DecodeSettings:
     method: str = "beam"  # "beam", "greedy" or "sample"
     beam_size: int = 4
     alpha: float = 0.6  # length penalty ((5 + |Y|) / 6)^alpha
+    # The length penalty's form: "gnmt", ((5 + |Y|) / 6)^alpha, or "transformers", |Y|^alpha (search.py).
+    length_penalty: str = "gnmt"
     max_extra_length: int = 50  # output tokens (EOS included) <= source tokens + this
     temperature: float = 1.0  # sampling only
     top_k: int = 0  # sampling only; 0 = the whole vocabulary
@@ -36,6 +45,8 @@ class DecodeSettings:
     def __post_init__(self):
         if self.method not in METHODS:
             raise ValueError(f"decoding method {self.method!r}: choose one of {', '.join(METHODS)}")
+        if self.length_penalty not in LENGTH_PENALTIES:
+            raise ValueError(f"length penalty {self.length_penalty!r}: choose one of {', '.join(LENGTH_PENALTIES)}")
         if self.beam_size < 1 or self.max_extra_length < 1:
             raise ValueError(
                 f"beam_size and max_extra_length must be >= 1, got {self.beam_size}, {self.max_extra_length}"
@@ -94,7 +105,7 @@ def search(
     (K = 1 for greedy search and sampling); `cache` has one row per batch row (beam search
     repeats it per beam)."""
     if settings.method == "beam":
-        return beam_search(tokens_to_logits, cache, spec, settings.beam_size, settings.alpha)
+        return beam_search(tokens_to_logits, cache, spec, settings.beam_size, settings.alpha, settings.length_penalty)
     if settings.method == "greedy":
         tokens, scores = greedy_search(tokens_to_logits, cache, spec)
     else:

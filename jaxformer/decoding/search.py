@@ -42,9 +42,20 @@ TokensToLogits = Callable[[Int[Array, "R 1"], Any], tuple[Float[Array, "R V"], A
 NEG_INF = -1.0e9  # the log-probability of an impossible token, without inf arithmetic
 
 
-def length_penalty(length, alpha: float):
-    """((5 + |Y|) / 6)^alpha (Wu et al., 2016), the paper's beam-search length normalisation."""
-    return ((5.0 + jnp.asarray(length, jnp.float32)) / 6.0) ** alpha
+LENGTH_PENALTIES = ("gnmt", "transformers")
+
+
+def length_penalty(length, alpha: float, form: str = "gnmt"):
+    """The beam-search length normalisation of a hypothesis of `length` tokens (EOS included):
+    "gnmt", ((5 + |Y|) / 6)^alpha (Wu et al., 2016, the paper's), or "transformers", |Y|^alpha
+    (Hugging Face transformers' beam search, whose length counts the generated tokens, EOS
+    included and the decoder's start token not)."""
+    if form not in LENGTH_PENALTIES:
+        raise ValueError(f"unknown length penalty {form!r}; choose one of {', '.join(LENGTH_PENALTIES)}")
+    length = jnp.asarray(length, jnp.float32)
+    if form == "transformers":
+        return length**alpha
+    return ((5.0 + length) / 6.0) ** alpha
 
 
 def _is_possible(log_probs: Float[Array, ...]) -> Bool[Array, ...]:
@@ -226,9 +237,11 @@ def beam_search(
     spec: SearchSpec,
     beam_size: int,
     alpha: float = 0.6,
+    penalty: str = "gnmt",
 ) -> tuple[Int[Array, "B K L"], Float[Array, "B K"]]:
     """Beam search with length penalty; returns the `beam_size` best ended sequences per row,
-    best first, as (tokens [B, K, L] padded with 0, scores [B, K] = log p(Y) / length_penalty(|Y|)).
+    best first, as (tokens [B, K, L] padded with 0, scores [B, K] = log p(Y) / length_penalty(|Y|),
+    of the form `penalty` names: "gnmt" or "transformers", see `length_penalty`).
     `spec`'s `limits` and `banned_ids` as in the module docstring; a slot a row cannot fill (it
     has fewer than K possible sequences) scores about NEG_INF.
 
@@ -240,6 +253,7 @@ def beam_search(
     at most its log p divided by the length penalty of the longest length it may still reach
     (its row's limit), or of the shortest when alpha < 0. Stopping there changes no result.
     """
+    length_penalty(1, alpha, penalty)  # an unknown form fails here, before tracing
     B, K = spec.batch_size, beam_size
     max_length, bos_id, eos_id = spec.max_length, spec.bos_id, spec.eos_id
     limits, banned_ids = spec.row_limits(), spec.banned_ids
@@ -253,7 +267,8 @@ def beam_search(
             best_possible = best_live
         else:  # best_live <= 0, so the bound is at one end of the lengths still reachable
             best_possible = jnp.maximum(
-                best_live / length_penalty(longest, alpha), best_live / length_penalty(state.step + 1, alpha)
+                best_live / length_penalty(longest, alpha, penalty),
+                best_live / length_penalty(state.step + 1, alpha, penalty),
             )  # [B]
         can_improve = _is_possible(best_live) & (best_possible > state.finished_scores[:, -1])  # [B]
         return (state.step < max_length) & jnp.any(can_improve)
@@ -278,7 +293,7 @@ def beam_search(
         # the best K survive.
         in_top_k = jnp.arange(top_log_probs.shape[1])[None, :] < K  # [1, 2K]
         ended = ends & _is_possible(top_log_probs) & in_top_k  # [B, 2K]
-        new_scores = jnp.where(ended, top_log_probs / length_penalty(step + 1, alpha), NEG_INF)  # [B, 2K]
+        new_scores = jnp.where(ended, top_log_probs / length_penalty(step + 1, alpha, penalty), NEG_INF)  # [B, 2K]
         all_scores = jnp.concatenate([state.finished_scores, new_scores], axis=1)  # [B, 3K]
         all_tokens = jnp.concatenate([state.finished_tokens, top_sequences], axis=1)  # [B, 3K, L]
         finished_scores, keep = jax.lax.top_k(all_scores, K)  # [B, K]

@@ -54,8 +54,8 @@ class TransformerConfig:
     attention_dropout_rate: float = 0.0
     # Dropout after the feed-forward activation (0 in the paper).
     activation_dropout_rate: float = 0.0
-    # Feed-forward activation: "relu" (the paper) or "gelu".
-    activation: Literal["relu", "gelu"] = "relu"
+    # Feed-forward activation: "relu" (the paper), "gelu" (exact erf form) or "swish" (SiLU, x * sigmoid(x)).
+    activation: Literal["relu", "gelu", "swish"] = "relu"
     # "post": LayerNorm(x + Sublayer(x)) as in the paper; "pre": x + Sublayer(LayerNorm(x)),
     # with a final LayerNorm after each stack.
     normalization: Literal["post", "pre"] = "post"
@@ -66,6 +66,11 @@ class TransformerConfig:
     tie_output_embedding: bool = True
     # Base of the sinusoidal positional encoding (10000 in the paper).
     position_base: float = 10_000.0
+    # Where the sinusoids sit along d_model: "interleaved" (sin, cos of each frequency in turn, the
+    # paper's formula) or "halves" (the sines of every frequency, then their cosines).
+    position_layout: Literal["interleaved", "halves"] = "interleaved"
+    # A learned output bias [V] added to the logits (decoder/logits_bias); encoder_decoder only.
+    logits_bias: bool = False
     # Compute dtype of activations and matmuls; softmax and LayerNorm statistics stay float32.
     dtype: Any = "float32"
     # Storage dtype of the parameters.
@@ -170,8 +175,14 @@ def _validate(config: TransformerConfig) -> None:
         fail("architecture", f"must be one of {', '.join(map(repr, ARCHITECTURES))}")
     if config.architecture != "encoder_decoder" and config.source_vocab_size is not None:
         fail("source_vocab_size", f"applies to the encoder_decoder architecture only, not {config.architecture!r}")
-    if config.activation not in ("relu", "gelu"):
-        fail("activation", 'must be "relu" or "gelu"')
+    if config.activation not in ("relu", "gelu", "swish"):
+        fail("activation", 'must be "relu", "gelu" or "swish"')
+    if config.position_layout not in ("interleaved", "halves"):
+        fail("position_layout", 'must be "interleaved" (the paper) or "halves"')
+    if not isinstance(config.logits_bias, (bool, np.bool_)):
+        fail("logits_bias", "must be True or False")
+    if config.logits_bias and config.architecture != "encoder_decoder":
+        fail("logits_bias", f"applies to the encoder_decoder architecture only, not {config.architecture!r}")
     if config.normalization not in ("post", "pre"):
         fail("normalization", 'must be "post" (the paper) or "pre"')
     if config.remat_policy not in ("none", "full", "dots", "dots_no_batch"):

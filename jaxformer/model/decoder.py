@@ -166,6 +166,13 @@ class Decoder(EmbeddedStack):
                 (config.d_model, config.vocab_size),
                 config.param_dtype,
             )
+        if config.logits_bias:
+            self.logits_bias = self.param(
+                "logits_bias",
+                nn.with_logical_partitioning(nn.initializers.zeros_init(), ("vocab",)),
+                (config.vocab_size,),
+                config.param_dtype,
+            )
 
     def _check_source_side(self, given: bool, what: str) -> None:
         """`what` (the encoder's output in some form) is given exactly when the layers cross-attend."""
@@ -177,13 +184,16 @@ class Decoder(EmbeddedStack):
     def _project(self, y: Float[Array, "B T D"]) -> Float[Array, "B T V"]:
         config = self.config
         if config.tie_output_embedding:
-            return self.embed.attend(y)  # [B, T, V]
-        return jnp.einsum(
-            "BTD,DV->BTV",
-            y.astype(config.dtype),
-            self.logits_kernel.astype(config.dtype),
-            preferred_element_type=jnp.float32,
-        )  # [B, T, V]
+            logits = self.embed.attend(y)  # [B, T, V]
+        else:
+            logits = jnp.einsum(
+                "BTD,DV->BTV",
+                y.astype(config.dtype),
+                self.logits_kernel.astype(config.dtype),
+                preferred_element_type=jnp.float32,
+            )  # [B, T, V]
+        bias = self.output_bias()
+        return logits if bias is None else logits + bias.astype(jnp.float32)[None, None]
 
     def _logits(self, y: Float[Array, "B T D"]) -> Float[Array, "B T V"]:
         return self._project(self._final(y))
@@ -193,6 +203,10 @@ class Decoder(EmbeddedStack):
         if self.config.tie_output_embedding:
             return self.embed.embedding
         return self.logits_kernel.T
+
+    def output_bias(self) -> Float[Array, V] | None:
+        """The bias added to the logits (`config.logits_bias`), None without one."""
+        return self.logits_bias if self.config.logits_bias else None
 
     def __call__(
         self,

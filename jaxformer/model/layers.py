@@ -75,14 +75,17 @@ def embed_with_positions(
     config = embed.config
     x = embed(tokens)  # [B, L, D]
     length = tokens.shape[1] if table_length is None else table_length
-    encoding = positional_encoding(length, config.d_model, positions, config.position_base)  # [1|B, L, D]
+    encoding = positional_encoding(
+        length, config.d_model, positions, config.position_base, config.position_layout
+    )  # [1|B, L, D]
     x = x + encoding.astype(config.dtype)
     return constrain(dropout(x, deterministic=deterministic))
 
 
 def activation_function(name: str) -> Callable[[Array], Array]:
-    """The feed-forward non-linearity by name: "relu" (the paper) or "gelu" (exact erf form)."""
-    functions = {"relu": jax.nn.relu, "gelu": lambda x: jax.nn.gelu(x, approximate=False)}
+    """The feed-forward non-linearity by name: "relu" (the paper), "gelu" (exact erf form) or
+    "swish" (SiLU, x * sigmoid(x))."""
+    functions = {"relu": jax.nn.relu, "gelu": lambda x: jax.nn.gelu(x, approximate=False), "swish": jax.nn.silu}
     if name not in functions:
         raise ValueError(f"unknown activation {name!r}; choose one of {', '.join(functions)}")
     return functions[name]

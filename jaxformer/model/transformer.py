@@ -104,11 +104,13 @@ class Transformer(nn.Module):
         source_side = EncodedSource(encoded, source, source_segments)
         return self.decoder(target, source_side, target_segments, target_positions, deterministic, project=project)
 
-    def hidden_states(self, *args, **kwargs) -> tuple[Float[Array, "B T D"], Float[Array, "V D"]]:
+    def hidden_states(self, *args, **kwargs) -> tuple[Array, ...]:
         """The decoder's final hidden states and the output projection [V, D], for the same
-        arguments as `__call__`, whose logits are hidden @ projection^T. For losses that
-        project in chunks (training)."""
-        return self(*args, project=False, **kwargs), self.decoder.output_embedding()
+        arguments as `__call__`, whose logits are hidden @ projection^T (+ the output bias [V],
+        a third element with `config.logits_bias`). For losses that project in chunks (training)."""
+        hidden, embedding = self(*args, project=False, **kwargs), self.decoder.output_embedding()
+        bias = self.decoder.output_bias()
+        return (hidden, embedding) if bias is None else (hidden, embedding, bias)
 
     def encoder_context(self, source: Int[Array, "B S"]) -> EncoderContext:
         """Runs the encoder (without dropout) and precomputes every decoder layer's

@@ -41,14 +41,17 @@ def chunk_length(batch: int, length: int, chunk_tokens: int) -> int:
 _SUMS = ("loss_sum", "nll_sum", "correct")  # what the chunks add up; the weight needs no chunks
 
 
-def _chunk(hidden, embedding, targets, weights, smoothing: float, compute_dtype):
-    """Sums and gradients for one chunk: hidden [B, t, D], targets and weights [B, t]."""
+def _chunk(hidden, embedding, bias, targets, weights, smoothing: float, compute_dtype):
+    """Sums and gradients for one chunk: hidden [B, t, D], targets and weights [B, t]; `bias`
+    [V] or None. The bias's gradient is the logits' gradient summed over the chunk's positions."""
     logits = jnp.einsum(
         "BTD,VD->BTV",
         hidden.astype(compute_dtype),
         embedding.astype(compute_dtype),
         preferred_element_type=jnp.float32,
     )  # [B, t, V]
+    if bias is not None:
+        logits = logits + bias.astype(jnp.float32)[None, None]
     terms = token_terms(logits, targets, smoothing)
     sums = {
         key: value for key, value in weighted_sums(terms, weights).items() if key in _SUMS
@@ -60,51 +63,56 @@ def _chunk(hidden, embedding, targets, weights, smoothing: float, compute_dtype)
     grad_embedding = jnp.einsum(
         "BTV,BTD->VD", grad_logits, hidden.astype(compute_dtype), preferred_element_type=jnp.float32
     )  # [V, D]
-    return sums, grad_hidden, grad_embedding
+    grad_bias = None if bias is None else jnp.sum(grad_logits.astype(jnp.float32), axis=(0, 1))  # [V]
+    return sums, grad_hidden, (grad_embedding, grad_bias)
 
 
-def _sums_and_grads(hidden, embedding, targets, weights, smoothing, chunk_tokens, compute_dtype):
+def _sums_and_grads(hidden, embedding, bias, targets, weights, smoothing, chunk_tokens, compute_dtype):
     batch, length, d_model = hidden.shape
     chunk = chunk_length(batch, length, chunk_tokens)
     num_chunks = length // chunk
     if num_chunks == 1:
-        return _chunk(hidden, embedding, targets, weights, smoothing, compute_dtype)
+        return _chunk(hidden, embedding, bias, targets, weights, smoothing, compute_dtype)
 
     def split(x):  # [B, T, ...] -> [C, B, t, ...]
         return jnp.moveaxis(x.reshape(batch, num_chunks, chunk, *x.shape[2:]), 1, 0)
 
     def body(carry, pieces):
-        sums, grad_embedding = carry
-        piece_sums, grad_hidden, piece_grad_embedding = _chunk(
-            *pieces[:1], embedding, *pieces[1:], smoothing, compute_dtype
+        sums, projection_grads = carry
+        piece_sums, grad_hidden, piece_projection_grads = _chunk(
+            pieces[0], embedding, bias, *pieces[1:], smoothing, compute_dtype
         )
-        return (jax.tree.map(jnp.add, sums, piece_sums), grad_embedding + piece_grad_embedding), grad_hidden
+        sums = jax.tree.map(jnp.add, sums, piece_sums)
+        return (sums, jax.tree.map(jnp.add, projection_grads, piece_projection_grads)), grad_hidden
 
-    initial = ({key: jnp.zeros((), jnp.float32) for key in _SUMS}, jnp.zeros(embedding.shape, jnp.float32))
-    (sums, grad_embedding), grad_hidden = jax.lax.scan(body, initial, (split(hidden), split(targets), split(weights)))
+    projection_grads = jax.tree.map(lambda x: jnp.zeros(x.shape, jnp.float32), (embedding, bias))
+    initial = ({key: jnp.zeros((), jnp.float32) for key in _SUMS}, projection_grads)
+    (sums, projection_grads), grad_hidden = jax.lax.scan(body, initial, (split(hidden), split(targets), split(weights)))
     grad_hidden = jnp.moveaxis(grad_hidden, 0, 1).reshape(batch, length, d_model)  # [B, T, D]
-    return sums, grad_hidden, grad_embedding
+    return sums, grad_hidden, projection_grads
 
 
-@functools.partial(jax.custom_vjp, nondiff_argnums=(4, 5, 6))
-def _fused(hidden, embedding, targets, weights, smoothing, chunk_tokens, compute_dtype):
-    sums, _, _ = _sums_and_grads(hidden, embedding, targets, weights, smoothing, chunk_tokens, compute_dtype)
+@functools.partial(jax.custom_vjp, nondiff_argnums=(5, 6, 7))
+def _fused(hidden, embedding, bias, targets, weights, smoothing, chunk_tokens, compute_dtype):
+    sums, _, _ = _sums_and_grads(hidden, embedding, bias, targets, weights, smoothing, chunk_tokens, compute_dtype)
     return sums
 
 
-def _fused_forward(hidden, embedding, targets, weights, smoothing, chunk_tokens, compute_dtype):
-    sums, grad_hidden, grad_embedding = _sums_and_grads(
-        hidden, embedding, targets, weights, smoothing, chunk_tokens, compute_dtype
+def _fused_forward(hidden, embedding, bias, targets, weights, smoothing, chunk_tokens, compute_dtype):
+    sums, grad_hidden, (grad_embedding, grad_bias) = _sums_and_grads(
+        hidden, embedding, bias, targets, weights, smoothing, chunk_tokens, compute_dtype
     )
-    return sums, (grad_hidden.astype(hidden.dtype), grad_embedding.astype(embedding.dtype))
+    grad_bias = None if bias is None else grad_bias.astype(bias.dtype)
+    return sums, (grad_hidden.astype(hidden.dtype), grad_embedding.astype(embedding.dtype), grad_bias)
 
 
 def _fused_backward(smoothing, chunk_tokens, compute_dtype, residuals, cotangent):
-    grad_hidden, grad_embedding = residuals
+    grad_hidden, grad_embedding, grad_bias = residuals
     scale = cotangent["loss_sum"]  # only the loss sum is differentiated; nll and accuracy are metrics
     return (
         (scale * grad_hidden).astype(grad_hidden.dtype),
         (scale * grad_embedding).astype(grad_embedding.dtype),
+        None if grad_bias is None else (scale * grad_bias).astype(grad_bias.dtype),
         None,
         None,
     )
@@ -121,14 +129,16 @@ def projected_token_losses(
     smoothing: float = 0.1,
     chunk_tokens: int = 512,
     compute_dtype=jnp.float32,
+    bias: Float[Array, V] | None = None,
 ) -> dict[str, Float[Array, ""]]:
-    """`loss.token_losses(hidden @ embedding^T, ...)` without materialising the logits.
+    """`loss.token_losses(hidden @ embedding^T + bias, ...)` without materialising the logits.
 
     `embedding` is the output projection as [V, D] (the tied embedding, or the untied kernel
-    transposed). Chunks hold at most `chunk_tokens` target positions of the batch (<= 0: one
-    chunk). Differentiable with respect to `hidden` and `embedding` through `loss_sum` only;
-    `nll_sum` and `correct` are metrics.
+    transposed); `bias` the output bias [V] (`TransformerConfig.logits_bias`), or None. Chunks
+    hold at most `chunk_tokens` target positions of the batch (<= 0: one chunk). Differentiable
+    with respect to `hidden`, `embedding` and `bias` through `loss_sum` only; `nll_sum` and
+    `correct` are metrics.
     """
     weights = weights.astype(jnp.float32)
-    sums = _fused(hidden, embedding, targets, weights, smoothing, chunk_tokens, compute_dtype)
+    sums = _fused(hidden, embedding, bias, targets, weights, smoothing, chunk_tokens, compute_dtype)
     return {**sums, "weight": jnp.sum(weights)}

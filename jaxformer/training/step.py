@@ -59,11 +59,18 @@ def train_step(
     """
 
     def loss_fn(params):
-        (hidden, output_embedding), targets, weights = objective.forward(  # [B, T, D], [V, D]
-            model, params, batch, False, state.dropout_key(), project=False
-        )
+        outputs, targets, weights = objective.forward(model, params, batch, False, state.dropout_key(), project=False)
+        # [B, T, D], [V, D], and with config.logits_bias the output bias [V]
+        hidden, output_embedding, *output_bias = outputs
         metrics = projected_token_losses(
-            hidden, output_embedding, targets, weights, label_smoothing, loss_chunk_tokens, model.config.dtype
+            hidden,
+            output_embedding,
+            targets,
+            weights,
+            label_smoothing,
+            loss_chunk_tokens,
+            model.config.dtype,
+            bias=output_bias[0] if output_bias else None,
         )
         metrics["source_tokens"] = _input_tokens(batch)
         return metrics["loss_sum"] / jnp.maximum(metrics["weight"], 1.0), metrics

@@ -83,7 +83,7 @@ def hypothesis(tokens):
     return tuple(tokens[: tokens.index(EOS) + 1]) if EOS in tokens else tuple(tokens)
 
 
-def run_beam(beam, alpha, limits=LIMITS, max_length=MAX_LENGTH):
+def run_beam(beam, alpha, limits=LIMITS, max_length=MAX_LENGTH, penalty="gnmt"):
     batch = len(limits)
     return jax.jit(
         lambda: beam_search(
@@ -92,6 +92,7 @@ def run_beam(beam, alpha, limits=LIMITS, max_length=MAX_LENGTH):
             SearchSpec(batch, max_length, BOS, EOS, limits=jnp.asarray(limits), banned_ids=BANNED),
             beam,
             alpha,
+            penalty,
         )
     )()
 
@@ -314,3 +315,28 @@ def test_first_sampled_token_follows_the_tempered_distribution(temperature, top_
     observed = np.bincount(np.asarray(tokens[:, 0]), minlength=V) / rows
     np.testing.assert_allclose(observed, expected, atol=0.015)  # 4 standard errors at 20,000 draws
     assert set(np.unique(tokens[:, 0])) <= set(np.flatnonzero(expected > 0))
+
+
+def test_length_penalty_forms():
+    np.testing.assert_allclose(length_penalty(7, 0.6), ((5 + 7) / 6) ** 0.6, rtol=1e-6)
+    np.testing.assert_allclose(length_penalty(7, 0.6, "gnmt"), ((5 + 7) / 6) ** 0.6, rtol=1e-6)
+    np.testing.assert_allclose(length_penalty(7, 0.6, "transformers"), 7**0.6, rtol=1e-6)
+    np.testing.assert_allclose(length_penalty(np.array([1, 3]), 1.0, "transformers"), [1.0, 3.0])
+    with pytest.raises(ValueError, match="length penalty"):
+        length_penalty(3, 0.6, "marian")
+
+
+@pytest.mark.parametrize("alpha", [0.6, 2.0])
+def test_wide_beam_with_the_transformers_length_penalty_finds_the_exhaustive_optimum(alpha):
+    beam = 36
+    tokens, scores = run_beam(beam, alpha, penalty="transformers")
+    for row, limit in enumerate(LIMITS):
+        expected = sorted(
+            (
+                (log_prob(row, y) / float(length_penalty(len(y), alpha, "transformers")), y)
+                for y in every_hypothesis(limit)
+            ),
+            key=lambda pair: -pair[0],
+        )[:beam]
+        assert hypothesis(np.asarray(tokens[row, 0])) == expected[0][1]
+        np.testing.assert_allclose(scores[row, : len(expected)], [score for score, _ in expected], rtol=1e-5)

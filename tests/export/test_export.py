@@ -127,6 +127,7 @@ def test_the_directory_holds_everything_serving_needs(exported, workdir):
         "method": "beam",
         "beam_size": 3,
         "alpha": 0.6,
+        "length_penalty": "gnmt",
         "max_extra_length": 8,
         "temperature": 1.0,
         "top_k": 0,

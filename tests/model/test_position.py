@@ -51,3 +51,15 @@ def test_base_is_a_parameter():
 def test_odd_width_is_an_error():
     with pytest.raises(ValueError, match="even d_model, got d_model=7"):
         sinusoidal_table(4, 7)
+
+
+def test_halves_layout_is_sines_then_cosines_of_the_interleaved_table():
+    from jaxformer.model.position import halves_order
+
+    interleaved, halves = sinusoidal_table(40, 12), sinusoidal_table(40, 12, layout="halves")
+    np.testing.assert_array_equal(halves, interleaved[:, halves_order(12)])
+    np.testing.assert_array_equal(halves[:, :6], interleaved[:, 0::2])  # sin of every frequency
+    np.testing.assert_array_equal(halves[:, 6:], interleaved[:, 1::2])  # then their cosines
+    np.testing.assert_array_equal(positional_encoding(40, 12, layout="halves")[0], halves)
+    with pytest.raises(ValueError, match="layout"):
+        sinusoidal_table(4, 8, layout="stacked")

@@ -163,3 +163,35 @@ def test_shift_right():
     packed = jnp.array([[7, 8, 1, 5, 1, 0]])
     segments = jnp.array([[1, 1, 1, 2, 2, 0]])
     np.testing.assert_array_equal(shift_right(packed, segments), [[BOS_ID, 7, 8, BOS_ID, 5, 0]])
+
+
+def test_swish_is_silu():
+    from jaxformer.model.layers import activation_function
+
+    x = jnp.linspace(-6.0, 6.0, 25)
+    np.testing.assert_allclose(activation_function("swish")(x), x / (1.0 + np.exp(-np.asarray(x))), rtol=1e-6)
+
+
+def test_logits_bias_is_added_to_the_logits_and_to_each_decoding_step():
+    from jaxformer.model.cache import init_cache
+    from jaxformer.model.config import preset as make_preset
+
+    config = make_preset("tiny", logits_bias=True, position_layout="halves", activation="swish", deterministic=True)
+    model = Transformer(config)
+    source, target = jnp.array([[5, 6, 7, 1, 0]]), jnp.array([[3, 8, 9]])
+    params = nn.meta.unbox(model.init(jax.random.key(0), source, target)["params"])
+    assert params["decoder"]["logits_bias"].shape == (config.vocab_size,)
+    bias = jax.random.normal(jax.random.key(1), (config.vocab_size,))
+    biased = {**params, "decoder": {**params["decoder"], "logits_bias": bias}}
+    without, with_bias = (
+        model.apply({"params": params}, source, target),
+        model.apply({"params": biased}, source, target),
+    )
+    np.testing.assert_allclose(with_bias - without, np.broadcast_to(bias, without.shape), atol=1e-5)
+    context = model.apply({"params": biased}, source, method=Transformer.encoder_context)
+    cache = init_cache(config, 1, 3)
+    for position in range(3):
+        step_logits, cache = model.apply(
+            {"params": biased}, target[:, position : position + 1], cache, context, method=Transformer.decode_step
+        )
+        np.testing.assert_allclose(step_logits[0], with_bias[0, position], atol=1e-5)

@@ -98,3 +98,24 @@ def test_chunk_length_divides_the_target_length():
     assert chunk_length(32, 60, 512) == 15
     assert chunk_length(32, 7, 100) == 1  # no divisor fits: one position at a time
     assert chunk_length(1000, 8, 10) == 1
+
+
+@pytest.mark.parametrize("chunk_tokens", [0, 12])
+def test_an_output_bias_is_added_to_the_logits_and_gets_its_gradient(chunk_tokens):
+    hidden, embedding, targets, weights = inputs()
+    bias = jax.random.normal(jax.random.key(5), (V,))
+
+    def fused(h, e, b):
+        return projected_token_losses(h, e, targets, weights, 0.1, chunk_tokens, bias=b)
+
+    def unfused(h, e, b):
+        logits = jnp.einsum("BTD,VD->BTV", h, e) + b[None, None]
+        return token_losses(logits, targets, weights, 0.1)
+
+    got, want = jax.jit(fused)(hidden, embedding, bias), unfused(hidden, embedding, bias)
+    for key in want:
+        np.testing.assert_allclose(got[key], want[key], rtol=1e-6, err_msg=key)
+    grads = jax.jit(jax.grad(lambda *a: fused(*a)["loss_sum"], argnums=(0, 1, 2)))(hidden, embedding, bias)
+    expected_grads = jax.grad(lambda *a: unfused(*a)["loss_sum"], argnums=(0, 1, 2))(hidden, embedding, bias)
+    for got_grad, want_grad in zip(grads, expected_grads, strict=True):
+        np.testing.assert_allclose(got_grad, want_grad, atol=2e-6, rtol=1e-6)

@@ -1,0 +1,74 @@
+"""Convert between Hugging Face MarianMT (OPUS-MT) models and jaxformer runs.
+
+jaxformer-convert --from-hf opus-mt-en-de --output runs/opus-en-de
+jaxformer-convert --to-hf runs/m30k --checkpoint best --output hf/m30k-en-de
+
+--from-hf reads a transformers MarianMT directory (config.json, model.safetensors or
+pytorch_model.bin, source.spm, target.spm, vocab.json) into a new run directory that
+jaxformer-translate, jaxformer-evaluate, jaxformer-export and training.init_from read as a trained
+run. --to-hf writes a run's checkpoint as a directory that MarianMTModel.from_pretrained and
+MarianTokenizer.from_pretrained load (needs the interop extra: torch and transformers).
+Neither overwrites an existing --output.
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import sys
+
+from jaxformer.commands import common
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = common.make_parser(__doc__)
+    direction = parser.add_mutually_exclusive_group(required=True)
+    direction.add_argument("--from-hf", dest="from_hf", metavar="DIR", help="a transformers MarianMT directory")
+    direction.add_argument("--to-hf", dest="to_hf", metavar="WORKDIR", help="a jaxformer run directory")
+    parser.add_argument("--output", required=True, help="the directory to write (absent or empty)")
+    common.add_checkpoint_choice(parser, applies_to="--to-hf: ")
+    parser.add_argument("--source_language", help="--from-hf: the run's source language (default: the model's)")
+    parser.add_argument("--target_language", help="--from-hf: the run's target language (default: the model's)")
+    parser.add_argument(
+        "--max_positions",
+        type=common.at_least(1),
+        default=512,
+        help="--to-hf: the longest sequence transformers' position table holds (default: 512)",
+    )
+    return parser
+
+
+def run(args: argparse.Namespace) -> int:
+    print(_from_hf(args) if args.from_hf is not None else _to_hf(args))
+    return 0
+
+
+def _from_hf(args: argparse.Namespace) -> str:
+    from jaxformer.interop import marian
+
+    config = marian.import_marian(args.from_hf, args.output, args.source_language, args.target_language).config
+    return (
+        f"converted {args.from_hf} to {args.output}: {config.num_encoder_layers}+{config.num_decoder_layers} "
+        f"layers, d_model {config.d_model}, {config.vocab_size} tokens; decode it as transformers does with "
+        "--length_penalty transformers"
+    )
+
+
+def _to_hf(args: argparse.Namespace) -> str:
+    from jaxformer.interop import marian_export
+
+    common.check_workdir(args.to_hf)
+    try:
+        import transformers  # noqa: F401
+    except ImportError:
+        raise common.FlagError("--to-hf needs transformers and torch: pip install 'jaxformer[interop]'") from None
+    output = marian_export.export_marian(args.to_hf, args.output, args.checkpoint, args.max_positions)
+    return f"wrote the {args.checkpoint} checkpoint of {args.to_hf} to {output} (transformers MarianMT)"
+
+
+def main(argv: list[str] | None = None) -> int:
+    return common.run_command(build_parser(), run, argv, log_level=logging.INFO)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

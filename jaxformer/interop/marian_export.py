@@ -1,0 +1,205 @@
+"""Writing a jaxformer run as a Hugging Face MarianMT directory (see marian.py for the mapping):
+`export_marian(workdir, directory)`, for `MarianMTModel.from_pretrained` and
+`MarianTokenizer.from_pretrained`."""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import pathlib
+from collections.abc import Mapping
+from typing import Any
+
+import numpy as np
+
+from jaxformer.data.tokenizer import Tokenizer
+from jaxformer.export.safetensors import flatten
+from jaxformer.interop.marian import (
+    MARIAN_LAYER_NORM_EPSILON,
+    MARIAN_POSITION_BASE,
+    ConversionError,
+    check_new_output,
+    layer_names,
+    to_marian_layout,
+)
+from jaxformer.model.config import TransformerConfig
+from jaxformer.model.position import halves_order
+from jaxformer.tokens import BOS_ID, EOS_ID, PAD_ID, UNK_ID
+
+# -- writing a transformers directory ----------------------------------------------------------
+
+
+def logical_axis_names(config: TransformerConfig) -> dict[str, tuple[str, ...]]:
+    """Each parameter's logical axis names ("vocab", "embed", ...) by path "a/b/c"."""
+    import flax.linen as nn
+    import jax
+    import jax.numpy as jnp
+
+    from jaxformer.model.transformer import Transformer
+
+    tokens = jnp.ones((1, 2), jnp.int32)
+    boxed = jax.eval_shape(lambda: Transformer(config).init(jax.random.key(0), tokens, tokens)["params"])
+    leaves = jax.tree_util.tree_flatten_with_path(boxed, is_leaf=lambda x: isinstance(x, nn.Partitioned))[0]
+    return {"/".join(key.key for key in path): tuple(leaf.names) for path, leaf in leaves}
+
+
+def permute_axis(
+    flat: Mapping[str, np.ndarray], names: Mapping[str, tuple[str, ...]], axis_name: str, order: np.ndarray
+) -> dict[str, np.ndarray]:
+    """Every parameter (by path) with its axes named `axis_name` reordered by `order`. Over the
+    model width ("embed") this gives the same function with a permuted residual stream: every
+    weight reading it and writing it, LayerNorm's scale and bias included, moves alike."""
+    permuted = {}
+    for path, array in flat.items():
+        for axis, name in enumerate(names[path]):
+            if name == axis_name:
+                array = np.take(array, order, axis=axis)
+        permuted[path] = array
+    return permuted
+
+
+def marian_weights(config: TransformerConfig, params: Mapping[str, Any]) -> dict[str, np.ndarray]:
+    """Marian's weights (transformers names, one shared vocabulary) of a post-norm jaxformer
+    model's parameters, interleaved positions permuted into the halves layout."""
+    flat = {path: np.asarray(value, np.float32) for path, value in flatten(params).items()}
+    if config.position_layout == "interleaved":
+        flat = permute_axis(flat, logical_axis_names(config), "embed", halves_order(config.d_model))
+    if config.share_embeddings:
+        embedding = flat["shared_embedding/embedding"]
+    else:
+        embedding = flat["target_embedding/embedding"]
+        if not np.array_equal(embedding, flat["source_embedding/embedding"]):
+            raise ConversionError(
+                "the model's source and target embeddings differ: MarianMT shares one embedding matrix "
+                "(model.share_embeddings=False is exported only with identical embeddings, as an imported model has)"
+            )
+    bias = flat.get("decoder/logits_bias", np.zeros(config.vocab_size, np.float32))
+    weights = {
+        "model.shared.weight": embedding,
+        "model.encoder.embed_tokens.weight": embedding,
+        "model.decoder.embed_tokens.weight": embedding,
+        "lm_head.weight": embedding,
+        "final_logits_bias": bias.reshape(1, -1),
+    }
+    for path, name, kind in layer_names(config):
+        weights[name] = to_marian_layout(kind, flat[path])
+    return weights
+
+
+def check_exportable(config: TransformerConfig) -> None:
+    """`ConversionError` naming the option when the model has no MarianMT form."""
+    problems = {
+        "architecture": config.architecture != "encoder_decoder",
+        "normalization": config.normalization != "post",
+        "position_base": config.position_base != MARIAN_POSITION_BASE,
+        "tie_output_embedding": not config.tie_output_embedding,
+        "source_vocab_size": config.encoder_vocab_size != config.vocab_size,
+    }
+    for option, problem in problems.items():
+        if problem:
+            raise ConversionError(
+                f"TransformerConfig.{option}={getattr(config, option)!r} has no MarianMT form (MarianMT is a "
+                "post-norm encoder-decoder with 10000-based sinusoids and one tied, shared embedding)"
+            )
+    if config.layer_norm_epsilon != MARIAN_LAYER_NORM_EPSILON:
+        logging.warning(
+            "layer_norm_epsilon=%g; MarianMT's LayerNorm uses %g, which changes the outputs slightly (about 1e-6)",
+            config.layer_norm_epsilon,
+            MARIAN_LAYER_NORM_EPSILON,
+        )
+
+
+def marian_config(config: TransformerConfig, max_positions: int = 512) -> dict[str, Any]:
+    """MarianConfig's values for a jaxformer model (its own ids: pad 0, eos 1, decoder start BOS 3)."""
+    activation = {"relu": "relu", "gelu": "gelu", "swish": "swish"}[config.activation]
+    return {
+        "vocab_size": config.vocab_size,
+        "decoder_vocab_size": config.vocab_size,
+        "d_model": config.d_model,
+        "encoder_layers": config.num_encoder_layers,
+        "decoder_layers": config.num_decoder_layers,
+        "encoder_attention_heads": config.num_heads,
+        "decoder_attention_heads": config.num_heads,
+        "encoder_ffn_dim": config.d_ff,
+        "decoder_ffn_dim": config.d_ff,
+        "activation_function": activation,
+        "dropout": config.dropout_rate,
+        "attention_dropout": config.attention_dropout_rate,
+        "activation_dropout": config.activation_dropout_rate,
+        "max_position_embeddings": max_positions,
+        "scale_embedding": True,
+        "pad_token_id": PAD_ID,
+        "eos_token_id": EOS_ID,
+        "forced_eos_token_id": EOS_ID,
+        "decoder_start_token_id": BOS_ID,
+        "share_encoder_decoder_embeddings": True,
+        "tie_word_embeddings": True,
+    }
+
+
+def _piece_names(tokenizer: Tokenizer) -> list[str]:
+    return tokenizer.pieces(range(tokenizer.vocab_size))
+
+
+def export_marian(
+    workdir: str | os.PathLike, output: str | os.PathLike, checkpoint: str | int = "latest", max_positions: int = 512
+) -> pathlib.Path:
+    """Writes a run's checkpoint as a transformers MarianMT directory `output` (new or empty):
+    config.json, model.safetensors, generation_config.json, source.spm, target.spm, vocab.json and
+    tokenizer_config.json. Needs the interop extra (torch, transformers)."""
+    from jaxformer.model.transformer import unstack_layers
+    from jaxformer.run.loading import load_checkpoint
+
+    output = pathlib.Path(output)
+    check_new_output(output)
+    step, metadata, params = load_checkpoint(workdir, checkpoint)
+    config = metadata.model_config()
+    check_exportable(config)
+    if config.scan_layers:
+        params = unstack_layers(params)
+    source, target = metadata.load_tokenizer(), metadata.load_target_tokenizer()
+    pieces = _piece_names(source)
+    if _piece_names(target) != pieces:
+        raise ConversionError(
+            "the run's source and target tokenizers have different vocabularies: MarianMT's vocab.json is one "
+            "vocabulary over both (a run with tokenizer.separate_vocabularies=True exports only when its two "
+            "tokenizers share their pieces, as an imported model's do)"
+        )
+    weights = marian_weights(config, params)
+
+    import torch
+    from transformers import GenerationConfig, MarianConfig, MarianMTModel, MarianTokenizer
+
+    model = MarianMTModel(MarianConfig(**marian_config(config, max_positions)))
+    missing, unexpected = model.load_state_dict({k: torch.from_numpy(v) for k, v in weights.items()}, strict=False)
+    leftover = [name for name in missing if "embed_positions" not in name]
+    if leftover or unexpected:
+        raise ConversionError(f"transformers' MarianMTModel does not take these weights: {leftover or unexpected}")
+    model.generation_config = GenerationConfig(
+        decoder_start_token_id=BOS_ID,
+        pad_token_id=PAD_ID,
+        eos_token_id=EOS_ID,
+        forced_eos_token_id=EOS_ID,
+        bad_words_ids=[[PAD_ID], [BOS_ID]],
+        max_length=max_positions,
+    )
+    output.mkdir(parents=True, exist_ok=True)
+    model.save_pretrained(output)
+    (output / "source.spm").write_bytes(source.model_proto)
+    (output / "target.spm").write_bytes(target.model_proto)
+    (output / "vocab.json").write_text(json.dumps({piece: index for index, piece in enumerate(pieces)}, indent=2))
+    languages = metadata.config.get("data", {})
+    tokenizer = MarianTokenizer(
+        str(output / "source.spm"),
+        str(output / "target.spm"),
+        str(output / "vocab.json"),
+        source_lang=languages.get("source_language"),
+        target_lang=languages.get("target_language"),
+        unk_token=pieces[UNK_ID],
+        eos_token=pieces[EOS_ID],
+        pad_token=pieces[PAD_ID],
+    )
+    tokenizer.save_pretrained(output)
+    logging.info("wrote step %d of %s (%s checkpoint) to %s", step, workdir, checkpoint, output)
+    return output

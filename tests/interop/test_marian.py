@@ -1,0 +1,321 @@
+"""Hugging Face MarianMT interop (jaxformer/interop/marian.py) against transformers itself: a tiny
+random MarianMT model made and saved with transformers, imported as a jaxformer run, must give
+transformers' teacher-forced logits, greedy and beam-4 outputs and MarianTokenizer's ids; a
+jaxformer run exported the other way must load in transformers and give jaxformer's."""
+
+import io
+import json
+
+import jaxtyping
+import numpy as np
+import pytest
+
+from tests.conftest import make_workdir, read_raw
+
+pytest.importorskip("transformers")
+torch = pytest.importorskip("torch")
+
+import sentencepiece as spm  # noqa: E402
+from transformers import GenerationConfig, MarianConfig, MarianMTModel, MarianTokenizer  # noqa: E402
+
+from jaxformer.decoding.generate import DecodeSettings  # noqa: E402
+from jaxformer.decoding.translator import Translator  # noqa: E402
+from jaxformer.interop.marian import ConversionError, import_marian, marian_to_jaxformer_ids  # noqa: E402
+from jaxformer.interop.marian_export import export_marian  # noqa: E402
+from jaxformer.model.transformer import Transformer  # noqa: E402
+
+pytestmark = pytest.mark.xdist_group("interop")  # the module's models are built once
+
+MAX_EXTRA = 8  # output tokens <= source tokens + this, in both libraries
+ALPHA = 0.6
+
+
+def train_spm(lines, vocab_size):
+    """A sentencepiece model as OPUS-MT's are trained: sentencepiece's own ids (unk 0, bos 1, eos 2)."""
+    model = io.BytesIO()
+    spm.SentencePieceTrainer.train(
+        sentence_iterator=iter(lines), model_writer=model, vocab_size=vocab_size, model_type="unigram"
+    )
+    return model.getvalue()
+
+
+def marian_vocab(*protos):
+    """Marian's vocab.json: </s> 0, <unk> 1, every piece of either model once, <pad> last."""
+    vocab = {"</s>": 0, "<unk>": 1}
+    for proto in protos:
+        processor = spm.SentencePieceProcessor(model_proto=proto)
+        for index in range(processor.get_piece_size()):
+            piece = processor.id_to_piece(index)
+            if not (processor.is_control(index) or processor.is_unknown(index)):
+                vocab.setdefault(piece, len(vocab))
+    vocab["<pad>"] = len(vocab)
+    return vocab
+
+
+def randomize(model):
+    """Weights large enough that outputs depend on the input (transformers' init is std 0.02)."""
+    generator = torch.Generator().manual_seed(0)
+    with torch.no_grad():
+        for name, parameter in model.named_parameters():
+            if "embed_positions" in name:  # the sinusoids, kept
+                continue
+            if "layer_norm" in name:
+                base = 1.0 if name.endswith("weight") else 0.0
+                parameter.copy_(base + 0.1 * torch.randn(parameter.shape, generator=generator))
+            else:
+                std = 0.1 if name.endswith("bias") else 0.25
+                parameter.copy_(std * torch.randn(parameter.shape, generator=generator))
+        bias = 0.5 * torch.randn(model.final_logits_bias.shape, generator=generator)
+        bias[0, model.config.eos_token_id] += 2.0  # sentences end before the length limit
+        model.final_logits_bias.copy_(bias)
+
+
+@pytest.fixture(scope="module")
+def marian(tmp_path_factory):
+    """A saved tiny MarianMT directory (swish, nonzero final_logits_bias) and its model."""
+    directory = tmp_path_factory.mktemp("marian")
+    english, german = read_raw("train.en.gz", 400), read_raw("train.de.gz", 400)
+    source_spm, target_spm = train_spm(english, 150), train_spm(german, 150)
+    vocab = marian_vocab(source_spm, target_spm)
+    pad = vocab["<pad>"]
+    config = MarianConfig(
+        vocab_size=len(vocab),
+        decoder_vocab_size=len(vocab),
+        d_model=32,
+        encoder_layers=2,
+        decoder_layers=2,
+        encoder_attention_heads=4,
+        decoder_attention_heads=4,
+        encoder_ffn_dim=64,
+        decoder_ffn_dim=64,
+        activation_function="swish",
+        max_position_embeddings=128,
+        scale_embedding=True,
+        pad_token_id=pad,
+        eos_token_id=0,
+        forced_eos_token_id=0,
+        decoder_start_token_id=pad,
+    )
+    torch.manual_seed(0)
+    model = MarianMTModel(config).eval()
+    randomize(model)
+    model.save_pretrained(directory)
+    (directory / "source.spm").write_bytes(source_spm)
+    (directory / "target.spm").write_bytes(target_spm)
+    (directory / "vocab.json").write_text(json.dumps(vocab))
+    tokenizer = MarianTokenizer(
+        str(directory / "source.spm"),
+        str(directory / "target.spm"),
+        str(directory / "vocab.json"),
+        source_lang="en",
+        target_lang="de",
+    )
+    tokenizer.save_pretrained(directory)
+    return directory, model
+
+
+@pytest.fixture(scope="module")
+def imported(marian, tmp_path_factory):
+    directory, _ = marian
+    workdir = tmp_path_factory.mktemp("imported") / "run"
+    converted = import_marian(directory, workdir)
+    return workdir, converted
+
+
+def sentences(count, offset=0):
+    return read_raw("val.en.gz")[offset : offset + count]
+
+
+def hf_generate(model, input_ids, limit, num_beams, pad_id, start_id, eos_id, bad_ids):
+    """transformers' search with the settings under which jaxformer's is the same search (see
+    test_beam_search_matches_transformers)."""
+    settings = GenerationConfig(
+        max_new_tokens=limit,
+        num_beams=num_beams,
+        num_return_sequences=num_beams,
+        do_sample=False,
+        length_penalty=ALPHA,
+        early_stopping="never",
+        decoder_start_token_id=start_id,
+        pad_token_id=pad_id,
+        eos_token_id=eos_id,
+        forced_eos_token_id=eos_id,
+        bad_words_ids=[[token] for token in bad_ids],
+        return_dict_in_generate=True,
+        output_scores=True,
+    )
+    with torch.no_grad():
+        output = model.generate(input_ids=torch.tensor([input_ids]), generation_config=settings)
+    scores = None if num_beams == 1 else output.sequences_scores.numpy()
+    return [until_eos(row[1:], eos_id) for row in output.sequences.numpy()], scores
+
+
+def until_eos(ids, eos_id):
+    ids = [int(token) for token in ids]
+    return ids[: ids.index(eos_id) + 1] if eos_id in ids else ids
+
+
+# -- transformers -> jaxformer ----------------------------------------------------------------
+
+
+def test_tokenization_matches_marian_tokenizer(marian, imported):
+    directory, _ = marian
+    workdir, converted = imported
+    tokenizer = MarianTokenizer.from_pretrained(directory)
+    to_jaxformer = marian_to_jaxformer_ids(converted.order)
+    english, german = sentences(50), read_raw("val.de.gz")[:50]
+    source_ids = tokenizer(english)["input_ids"]
+    target_ids = tokenizer(text_target=german)["input_ids"]
+    translator = Translator.from_workdir(workdir)
+    for text, ids in zip(english, source_ids, strict=True):
+        np.testing.assert_array_equal(translator.tokenizer.encode(text), to_jaxformer[ids])
+    for text, ids in zip(german, target_ids, strict=True):
+        np.testing.assert_array_equal(translator.target_tokenizer.encode(text), to_jaxformer[ids])
+        if tokenizer.unk_token_id not in ids:  # MarianTokenizer drops <unk> from its text, sentencepiece shows " ⁇ "
+            decoded = tokenizer.decode(ids, skip_special_tokens=True)
+            assert translator.target_tokenizer.decode(to_jaxformer[ids]) == decoded
+
+
+def test_teacher_forced_logits_match(marian, imported):
+    directory, model = marian
+    workdir, converted = imported
+    tokenizer = MarianTokenizer.from_pretrained(directory)
+    batch = tokenizer(sentences(6), text_target=read_raw("val.de.gz")[:6], padding=True, return_tensors="pt")
+    labels = batch["labels"]
+    pad = model.config.pad_token_id
+    decoder_inputs = torch.cat([torch.full_like(labels[:, :1], pad), labels[:, :-1]], dim=1)
+    with torch.no_grad():
+        expected = model(
+            input_ids=batch["input_ids"], attention_mask=batch["attention_mask"], decoder_input_ids=decoder_inputs
+        ).logits.numpy()[..., converted.order]  # [B, T, V] in jaxformer's ids
+
+    to_jaxformer = marian_to_jaxformer_ids(converted.order)
+    source = to_jaxformer[batch["input_ids"].numpy()]  # padding -> 0
+    target = to_jaxformer[decoder_inputs.numpy()]
+    target[:, 0] = 3  # BOS, the copy of Marian's decoder start
+    target[labels.numpy() == pad] = 0
+    translator = Translator.from_workdir(workdir)
+    logits = Transformer(translator.config).apply({"params": translator.params}, source, target)
+    valid = labels.numpy() != pad
+    marian_ids = np.arange(converted.config.vocab_size) != 3  # BOS's column has no Marian counterpart
+    assert np.abs(np.asarray(logits)[valid][:, marian_ids] - expected[valid][:, marian_ids]).max() < 1e-4
+    assert (np.asarray(logits)[valid][:, 3] < expected[valid][:, 3] - 99).all()  # and no probability
+
+
+@pytest.mark.parametrize("beam_size", [1, 4])
+def test_search_matches_transformers_generate(marian, imported, beam_size):
+    """Greedy search, and beam search with transformers' length penalty |Y|^alpha: transformers
+    with early_stopping="never" keeps expanding until no live beam can beat the worst kept
+    hypothesis under its longest reachable length, as jaxformer's search does; forced EOS at the
+    length limit and the pad token banned (bad_words_ids) as jaxformer's limits and banned ids."""
+    directory, model = marian
+    workdir, converted = imported
+    tokenizer = MarianTokenizer.from_pretrained(directory)
+    method = "greedy" if beam_size == 1 else "beam"
+    settings = DecodeSettings(
+        method=method, beam_size=beam_size, alpha=ALPHA, length_penalty="transformers", max_extra_length=MAX_EXTRA
+    )
+    translator = Translator.from_workdir(workdir, settings=settings)
+    texts = sorted(sentences(40), key=len)[:5]  # short ones: transformers' search is slow on a CPU
+    pad, eos = model.config.pad_token_id, model.config.eos_token_id
+    to_jaxformer = marian_to_jaxformer_ids(converted.order)
+    sources = [tokenizer(text)["input_ids"] for text in texts]
+    results = translator.translate_ids([to_jaxformer[ids].astype(np.int32) for ids in sources])
+    lengths = []
+    for ids, hypotheses in zip(sources, results, strict=True):
+        limit = len(ids) + MAX_EXTRA
+        expected, expected_scores = hf_generate(model, ids, limit, beam_size, pad, pad, eos, [pad])
+        ours = [[int(converted.order[token]) for token in until_eos(tokens, 1)] for tokens, _ in hypotheses]
+        assert ours == expected
+        if expected_scores is not None:  # the same scores, but for hypotheses cut at the limit, whose forced
+            # EOS transformers scores log p = 0 and jaxformer its real log p(EOS)
+            ended = np.asarray([len(sequence) < limit for sequence in expected])
+            scores = np.asarray([score for _, score in hypotheses])
+            np.testing.assert_allclose(scores[ended], expected_scores[ended], rtol=1e-4, atol=1e-4)
+        lengths += [len(sequence) for sequence in expected]
+    assert len(set(lengths)) > 2  # outputs of several lengths, not all cut at the limit
+
+
+# -- jaxformer -> transformers ----------------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def exported(tmp_path_factory):
+    workdir, _, _ = make_workdir(tmp_path_factory.mktemp("jaxformer-run"))
+    directory = export_marian(workdir, tmp_path_factory.mktemp("exported") / "marian")
+    return workdir, directory
+
+
+def test_exported_run_loads_in_transformers_with_the_same_outputs(exported):
+    workdir, directory = exported
+    model = MarianMTModel.from_pretrained(directory).eval()
+    tokenizer = MarianTokenizer.from_pretrained(directory)
+    translator = Translator.from_workdir(workdir, settings=DecodeSettings(method="greedy", max_extra_length=MAX_EXTRA))
+    texts, targets = sentences(5), read_raw("val.de.gz")[:5]
+    for text in texts:  # the same ids from MarianTokenizer as from the run's tokenizer
+        assert tokenizer(text)["input_ids"] == translator.tokenizer.encode(text).tolist()
+
+    batch = tokenizer(texts, text_target=targets, padding=True, return_tensors="pt")
+    labels = batch["labels"].numpy()
+    decoder_inputs = np.concatenate([np.full_like(labels[:, :1], 3), labels[:, :-1]], axis=1)
+    decoder_inputs[labels == 0] = 0
+    with torch.no_grad():
+        expected = model(
+            input_ids=batch["input_ids"],
+            attention_mask=batch["attention_mask"],
+            decoder_input_ids=torch.from_numpy(decoder_inputs),
+        ).logits.numpy()
+    logits = Transformer(translator.config).apply(
+        {"params": translator.params}, batch["input_ids"].numpy(), decoder_inputs
+    )
+    valid = labels != 0
+    assert np.abs(np.asarray(logits)[valid] - expected[valid]).max() < 1e-4
+
+    sources = [translator.tokenizer.encode(text) for text in texts]
+    for ids, hypotheses in zip(sources, translator.translate_ids(sources), strict=True):
+        expected, _ = hf_generate(model, ids.tolist(), len(ids) + MAX_EXTRA, 1, 0, 3, 1, [0, 3])
+        assert [until_eos(hypotheses[0][0], 1)] == expected
+
+
+def test_export_refuses_what_marian_cannot_hold(exported, tmp_path):
+    workdir, directory = exported
+    with pytest.raises(ConversionError, match="not an empty directory"):
+        export_marian(workdir, directory)
+
+
+def test_convert_command_writes_a_run_and_never_overwrites(marian, tmp_path, capsys):
+    from jaxformer.commands import convert
+    from jaxformer.errors import EXIT_USER_ERROR
+    from jaxformer.run.loading import load_checkpoint
+
+    directory, _ = marian
+    output = tmp_path / "run"
+    assert convert.main(["--from-hf", str(directory), "--output", str(output)]) == 0
+    step, metadata, _ = load_checkpoint(output)
+    assert step == 0 and metadata.config["tokenizer"]["separate_vocabularies"]
+    assert metadata.config["data"]["source_language"] == "en" and metadata.config["data"]["target_language"] == "de"
+    assert (output / "tokenizer.model").is_file() and (output / "tokenizer.target.model").is_file()
+    capsys.readouterr()
+    assert convert.main(["--from-hf", str(directory), "--output", str(output)]) == EXIT_USER_ERROR
+    assert "not an empty directory" in capsys.readouterr().err
+
+
+def test_the_imported_run_translates_and_exports_through_the_commands(imported, tmp_path, capsys, monkeypatch):
+    from jaxformer.commands import export, translate
+    from jaxformer.export.loading import load_export
+
+    workdir, _ = imported
+    lines = sentences(4, offset=30)
+    (tmp_path / "input.en").write_text("\n".join(lines) + "\n")
+    flags = ["--workdir", str(workdir), "--length_penalty", "transformers", "--max_extra_length", "8"]
+    assert translate.main([*flags, "--input", str(tmp_path / "input.en"), "--output", str(tmp_path / "out.de")]) == 0
+    settings = DecodeSettings(length_penalty="transformers", max_extra_length=8)
+    expected = Translator.from_workdir(workdir, settings=settings).translate(lines)
+    assert (tmp_path / "out.de").read_text().splitlines() == expected
+
+    # jax.export's symbolic sizes are not the ints the test session's shape checks expect (see
+    # tests/export/conftest.py); a user's export runs without those checks.
+    monkeypatch.setattr(jaxtyping.config, "jaxtyping_disable", True)
+    exported = tmp_path / "export"
+    assert export.main([*flags, "--output", str(exported), "--platforms", "cpu"]) == 0
+    assert load_export(exported).translate(lines) == expected
