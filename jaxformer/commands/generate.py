@@ -39,19 +39,11 @@ def build_parser() -> argparse.ArgumentParser:
 
 def run(args: argparse.Namespace) -> int:
     from jaxformer.decoding.language_model import LanguageModel
-    from jaxformer.run.loading import load_checkpoint
 
     prompts = common.checked_input_lines(args)
-    step, metadata, params = load_checkpoint(args.workdir, args.checkpoint)
-    architecture = metadata.model_config().architecture
-    if architecture != "decoder_only":
-        raise common.FlagError(
-            f"--workdir {args.workdir} holds an {architecture} model; jaxformer-generate continues text with a "
-            "decoder_only one (translate with jaxformer-translate)"
-        )
     settings = common.decode_settings_from_flags(args, max_extra_length=args.max_new_tokens)
-    model = LanguageModel(
-        metadata.model_config(), params, metadata.load_tokenizer(), settings, batch_size=args.batch_size, seed=args.seed
+    model = LanguageModel.from_workdir(
+        args.workdir, args.checkpoint, settings, batch_size=args.batch_size, seed=args.seed
     )
     common.write_lines(args.output, model.complete(prompts))
     return 0

@@ -20,7 +20,7 @@ from jaxformer.data.tokenizer import Tokenizer
 from jaxformer.decoding.generate import DecodeSettings, Hypotheses, decoding_variant, search
 from jaxformer.decoding.search import SearchSpec
 from jaxformer.model.cache import DecoderCache, init_cache
-from jaxformer.model.config import TransformerConfig
+from jaxformer.model.config import ConfigError, TransformerConfig
 from jaxformer.model.decoder_only import DecoderOnly
 from jaxformer.run.loading import load_checkpoint
 from jaxformer.tokens import BOS_ID, EOS_ID, PAD_ID
@@ -83,7 +83,10 @@ class LanguageModel:
         seed: int = 0,
     ):
         if config.architecture != "decoder_only":
-            raise ValueError(f"LanguageModel needs a decoder_only model, not {config.architecture!r}")
+            raise ConfigError(
+                f"a LanguageModel needs a decoder_only model, not {config.architecture!r} "
+                "(translate with an encoder_decoder one through jaxformer-translate / Translator)"
+            )
         if config.vocab_size != tokenizer.vocab_size:
             raise ValueError(f"the model has {config.vocab_size} tokens, its tokenizer {tokenizer.vocab_size}")
         self.config, self.params = decoding_variant(config, jax.device_put(params))
@@ -96,7 +99,15 @@ class LanguageModel:
     def from_workdir(
         cls, workdir: str | os.PathLike, checkpoint: str | int = "latest", settings=DecodeSettings(), **kwargs
     ) -> LanguageModel:
-        """The model and tokenizer of a decoder-only training run's `checkpoint`."""
+        """The model and tokenizer of a decoder-only training run's `checkpoint`. A `ConfigError`
+        naming the workdir, before any parameter is read, when its model is of another architecture."""
+        _, metadata, _ = load_checkpoint(workdir, checkpoint, params=False)
+        architecture = metadata.model_config().architecture
+        if architecture != "decoder_only":
+            raise ConfigError(
+                f"{workdir} holds an {architecture} model; a LanguageModel (jaxformer-generate) continues text "
+                "with a decoder_only one (translate with jaxformer-translate)"
+            )
         step, metadata, params = load_checkpoint(workdir, checkpoint)
         logging.info("loaded step %d of %s (%s checkpoint)", step, workdir, checkpoint)
         return cls(metadata.model_config(), params, metadata.load_tokenizer(), settings, **kwargs)

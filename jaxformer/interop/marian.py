@@ -48,8 +48,13 @@ import numpy as np
 from sentencepiece import sentencepiece_model_pb2 as model_pb2
 
 from jaxformer.data.tokenizer import Tokenizer
-from jaxformer.errors import UserError
 from jaxformer.export.safetensors import read_safetensors, unflatten
+from jaxformer.interop.marian_layout import (
+    ConversionError,
+    layer_names,
+    to_jaxformer_layout,
+    vocabulary_order,
+)
 from jaxformer.model.config import TransformerConfig
 from jaxformer.tokens import BOS_ID, EOS_ID, NUM_SPECIAL_TOKENS, PAD_ID, UNK_ID
 
@@ -63,101 +68,6 @@ MARIAN_POSITION_BASE = 10_000.0
 # this, so it takes a share e^-100 of the probability: none in float32, the softmax stays Marian's.
 BOS_LOGIT_OFFSET = 100.0
 LANGUAGE_CODE = re.compile(r"^>>.+<<$")  # multilingual models' target-language tokens, e.g. >>de<<
-
-
-class ConversionError(UserError, ValueError):
-    """A model or directory that cannot be converted; the message names the file or option."""
-
-
-# -- parameter names -------------------------------------------------------------------------
-# Each entry: (jaxformer path "a/b/c", transformers name, how the array is laid out). Kinds:
-#   heads_in   a Q/K/V projection: torch [N*H, D]      <-> jaxformer kernel [D, N, H]
-#   heads_bias its bias:            torch [N*H]         <-> [N, H]
-#   heads_out  the output projection: torch [D, N*H]    <-> [N, H, D]
-#   dense      a feed-forward kernel: torch [out, in]   <-> [in, out]
-#   vector     biases and LayerNorm scales, as they are
-
-
-def _layer_names(stack: str, index: int) -> list[tuple[str, str, str]]:
-    ours, theirs = f"{stack}/layer_{index}/", f"model.{stack}.layers.{index}."
-    attentions = [("self_attention", "self_attn")]
-    norms = [("self_attention_norm", "self_attn_layer_norm"), ("feed_forward_norm", "final_layer_norm")]
-    if stack == "decoder":
-        attentions.append(("cross_attention", "encoder_attn"))
-        norms.append(("cross_attention_norm", "encoder_attn_layer_norm"))
-    names = []
-    for our_attention, their_attention in attentions:
-        for projection, torch_name in (("query", "q_proj"), ("key", "k_proj"), ("value", "v_proj")):
-            prefix = f"{theirs}{their_attention}.{torch_name}."
-            names.append((f"{ours}{our_attention}/{projection}_kernel", prefix + "weight", "heads_in"))
-            names.append((f"{ours}{our_attention}/{projection}_bias", prefix + "bias", "heads_bias"))
-        names.append((f"{ours}{our_attention}/out_kernel", f"{theirs}{their_attention}.out_proj.weight", "heads_out"))
-        names.append((f"{ours}{our_attention}/out_bias", f"{theirs}{their_attention}.out_proj.bias", "vector"))
-    for our_norm, their_norm in norms:
-        names.append((f"{ours}{our_norm}/scale", f"{theirs}{their_norm}.weight", "vector"))
-        names.append((f"{ours}{our_norm}/bias", f"{theirs}{their_norm}.bias", "vector"))
-    for ours_ffn, theirs_ffn in (("wi", "fc1"), ("wo", "fc2")):
-        names.append((f"{ours}feed_forward/{ours_ffn}_kernel", f"{theirs}{theirs_ffn}.weight", "dense"))
-        names.append((f"{ours}feed_forward/{ours_ffn}_bias", f"{theirs}{theirs_ffn}.bias", "vector"))
-    return names
-
-
-def layer_names(config: TransformerConfig) -> list[tuple[str, str, str]]:
-    """(jaxformer path, transformers name, kind) of every encoder and decoder layer parameter."""
-    names = []
-    for stack, count in (("encoder", config.num_encoder_layers), ("decoder", config.num_decoder_layers)):
-        for index in range(count):
-            names += _layer_names(stack, index)
-    return names
-
-
-def to_jaxformer_layout(kind: str, array: np.ndarray, num_heads: int) -> np.ndarray:
-    """A transformers (torch) parameter in jaxformer's layout (see the kinds above)."""
-    array = np.asarray(array, np.float32)
-    if kind == "heads_in":
-        return array.T.reshape(array.shape[1], num_heads, -1)
-    if kind == "heads_bias":
-        return array.reshape(num_heads, -1)
-    if kind == "heads_out":
-        return array.T.reshape(num_heads, -1, array.shape[0])
-    if kind == "dense":
-        return array.T
-    return array
-
-
-def to_marian_layout(kind: str, array: np.ndarray) -> np.ndarray:
-    """The inverse of `to_jaxformer_layout`."""
-    array = np.asarray(array, np.float32)
-    if kind == "heads_in":
-        return array.reshape(array.shape[0], -1).T
-    if kind == "heads_bias":
-        return array.reshape(-1)
-    if kind == "heads_out":
-        return array.reshape(-1, array.shape[-1]).T
-    if kind == "dense":
-        return array.T
-    return array
-
-
-# -- the vocabulary --------------------------------------------------------------------------
-
-
-def vocabulary_order(size: int, pad_id: int, eos_id: int, unk_id: int, start_id: int) -> np.ndarray:
-    """For each jaxformer id, the Marian id whose row it takes: pad, eos, unk, the decoder start
-    token (jaxformer's BOS, a copy), then every other Marian id in order. [size + 1]"""
-    specials = (pad_id, eos_id, unk_id)
-    if len(set(specials)) != 3:
-        raise ConversionError(f"Marian's pad, eos and unk ids must differ, got {specials}")
-    others = [index for index in range(size) if index not in specials]
-    return np.asarray([pad_id, eos_id, unk_id, start_id, *others], np.int64)
-
-
-def marian_to_jaxformer_ids(order: np.ndarray) -> np.ndarray:
-    """For each Marian id, its jaxformer id (the inverse of `vocabulary_order`, BOS's copy aside)."""
-    ids = np.empty(len(order) - 1, np.int64)
-    ids[order[NUM_SPECIAL_TOKENS:]] = np.arange(NUM_SPECIAL_TOKENS, len(order))
-    ids[order[: NUM_SPECIAL_TOKENS - 1]] = np.arange(NUM_SPECIAL_TOKENS - 1)
-    return ids
 
 
 def side_model_proto(spm_proto: bytes, pieces: Sequence[str], where: str) -> bytes:

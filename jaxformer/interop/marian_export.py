@@ -15,14 +15,8 @@ import numpy as np
 
 from jaxformer.data.tokenizer import Tokenizer
 from jaxformer.export.safetensors import flatten
-from jaxformer.interop.marian import (
-    MARIAN_LAYER_NORM_EPSILON,
-    MARIAN_POSITION_BASE,
-    ConversionError,
-    check_new_output,
-    layer_names,
-    to_marian_layout,
-)
+from jaxformer.interop.marian import MARIAN_LAYER_NORM_EPSILON, MARIAN_POSITION_BASE, check_new_output
+from jaxformer.interop.marian_layout import ConversionError, layer_names, to_marian_layout
 from jaxformer.model.config import TransformerConfig
 from jaxformer.model.position import halves_order
 from jaxformer.tokens import BOS_ID, EOS_ID, PAD_ID, UNK_ID

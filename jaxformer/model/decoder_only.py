@@ -49,15 +49,17 @@ class DecoderOnly(nn.Module):
         positions: Packing = None,
         deterministic: bool | None = None,
         project: bool = True,
-    ) -> Float[Array, "B T V"]:
+    ) -> Float[Array, "B T V"] | Float[Array, "B T D"]:
         """Float32 next-token logits [B, T, V] for the decoder inputs (with `project=False`, the
         final hidden states [B, T, D]). Each token sees the real, earlier tokens of its segment."""
         return self.decoder(inputs, None, segments, positions, self._deterministic(deterministic), project=project)
 
-    def hidden_states(self, *args, **kwargs) -> tuple[Float[Array, "B T D"], Float[Array, "V D"]]:
-        """The final hidden states and the output projection [V, D], for the same arguments as
-        `__call__`, whose logits are hidden @ projection^T. For losses that project in chunks."""
-        return self(*args, project=False, **kwargs), self.decoder.output_embedding()
+    def hidden_states(
+        self, inputs: Inputs, segments: Packing = None, positions: Packing = None, deterministic: bool | None = None
+    ) -> tuple[Float[Array, "B T D"], Float[Array, "V D"]]:
+        """The final hidden states and the output projection [V, D], whose logits are
+        hidden @ projection^T. For losses that project in chunks (training)."""
+        return self(inputs, segments, positions, deterministic, project=False), self.decoder.output_embedding()
 
     def decode_step(self, tokens: Int[Array, "R 1"], cache: DecoderCache) -> tuple[Float[Array, "R V"], DecoderCache]:
         """Float32 logits [R, V] of the token that follows `tokens` (the inputs at position

@@ -77,17 +77,25 @@ class EncoderOnly(nn.Module):
         """The encoder's output: each token's state, from the real tokens of its segment."""
         return self.encoder(tokens, segments, positions, self._deterministic(deterministic))
 
-    def __call__(self, *args, project: bool = True, **kwargs) -> Float[Array, "B S V"]:
-        """Float32 masked-LM logits [B, S, V] at every position, for `encode`'s arguments (tokens,
-        segments, positions, deterministic); with `project=False`, the head's hidden states
-        [B, S, D], whose logits are hidden @ embedding^T."""
-        hidden = self.mlm_head(self.encode(*args, **kwargs))  # [B, S, D]
+    def __call__(
+        self,
+        tokens: Tokens,
+        segments: Packing = None,
+        positions: Packing = None,
+        deterministic: bool | None = None,
+        project: bool = True,
+    ) -> Float[Array, "B S V"] | Float[Array, "B S D"]:
+        """Float32 masked-LM logits [B, S, V] at every position; with `project=False`, the head's
+        hidden states [B, S, D], whose logits are hidden @ embedding^T."""
+        hidden = self.mlm_head(self.encode(tokens, segments, positions, deterministic))  # [B, S, D]
         return self.embedding.attend(hidden) if project else hidden
 
-    def hidden_states(self, *args, **kwargs) -> tuple[Float[Array, "B S D"], Float[Array, "V D"]]:
-        """The head's hidden states and the output projection [V, D] (the embedding), for the
-        same arguments as `__call__`. For losses that project in chunks (training)."""
-        return self(*args, project=False, **kwargs), self.embedding.embedding
+    def hidden_states(
+        self, tokens: Tokens, segments: Packing = None, positions: Packing = None, deterministic: bool | None = None
+    ) -> tuple[Float[Array, "B S D"], Float[Array, "V D"]]:
+        """The head's hidden states and the output projection [V, D] (the embedding). For losses
+        that project in chunks (training)."""
+        return self(tokens, segments, positions, deterministic, project=False), self.embedding.embedding
 
     def pooled(
         self, tokens: Tokens, segments: Packing = None, positions: Packing = None, deterministic: bool | None = None

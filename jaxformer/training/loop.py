@@ -210,7 +210,7 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str | pathlib
         lock.release()
 
 
-@dataclasses.dataclass(frozen=True)
+@dataclasses.dataclass
 class PreparedRun:
     """What a run has ready before its model is built and its state restored or initialised."""
 
@@ -221,6 +221,11 @@ class PreparedRun:
     train_source: Sequence
     eval_source: Sequence
     starting_points: tuple[StartingPoint, ...]  # fine-tuning or composing; none when resuming or from scratch
+
+    def take_starting_points(self) -> tuple[StartingPoint, ...]:
+        """The starting points, handed over once: their host parameters are freed once used."""
+        points, self.starting_points = self.starting_points, ()
+        return points
 
 
 def _locked_train_and_evaluate(config: ml_collections.ConfigDict, workdir: pathlib.Path) -> dict[str, Any]:
@@ -270,6 +275,7 @@ def _locked_train_and_evaluate(config: ml_collections.ConfigDict, workdir: pathl
         step=0,
     )
     prepared = PreparedRun(run, checkpointer, tokenizers, metadata, train_source, eval_source, starting_points)
+    del starting_points  # _train takes them from `prepared`
     with jax.set_mesh(mesh), nn.logical_axis_rules(rules):
         return _train(config, prepared, build_model(model_config), mesh, rules)
 
@@ -287,7 +293,10 @@ def _train(config, prepared: PreparedRun, model: nn.Module, mesh, rules) -> dict
     init_fn = make_init_fn(model, optimizer, data.max_length, data.max_length)
     logging.info("model: %s parameters", f"{count_parameters(abstract_state.params):,}")
     # Fine-tuning or composing: checked against this model before anything is compiled.
-    overrides = starting_overrides(prepared.starting_points, abstract_state.params, model.config)
+    starting_points = prepared.take_starting_points()
+    from_starting_points = bool(starting_points)
+    overrides = starting_overrides(starting_points, abstract_state.params, model.config)
+    del starting_points
     batch_sharding = sharding.batch_sharding(mesh, rules)
     replicated = sharding.replicated(mesh)
 
@@ -319,6 +328,7 @@ def _train(config, prepared: PreparedRun, model: nn.Module, mesh, rules) -> dict
     else:
         step, state, _ = restored
         logging.info("resumed from step %d of %s", step, checkpointer.directory)
+    del overrides  # the starting checkpoints' host parameters, no longer needed
 
     train_fn = jax.jit(
         make_train_step(model, optimizer, learning_rate, training, objective),
@@ -378,7 +388,7 @@ def _train(config, prepared: PreparedRun, model: nn.Module, mesh, rules) -> dict
         Periodic("bleu", training.bleu_every_steps if validator else 0, validate_bleu),
         Periodic("checkpoint", training.checkpoint_every_steps, save),
     ]
-    if prepared.starting_points and step == 0:
+    if from_starting_points and step == 0:
         evaluate(0)  # where fine-tuning starts: the starting model on this run's validation data
     with StopRequest() as stop:
         try:

@@ -20,8 +20,9 @@ from transformers import GenerationConfig, MarianConfig, MarianMTModel, MarianTo
 
 from jaxformer.decoding.generate import DecodeSettings  # noqa: E402
 from jaxformer.decoding.translator import Translator  # noqa: E402
-from jaxformer.interop.marian import ConversionError, import_marian, marian_to_jaxformer_ids  # noqa: E402
+from jaxformer.interop.marian import ConversionError, import_marian  # noqa: E402
 from jaxformer.interop.marian_export import export_marian  # noqa: E402
+from jaxformer.interop.marian_layout import marian_to_jaxformer_ids  # noqa: E402
 from jaxformer.model.transformer import Transformer  # noqa: E402
 
 pytestmark = pytest.mark.xdist_group("interop")  # the module's models are built once
