@@ -65,6 +65,7 @@ def kernel_in(venv, jupyter_path):
     return "jaxformer-venv"
 
 
+@pytest.mark.slow  # about a minute: a fresh venv from the wheel, then every cell (python -m pytest -m slow)
 def test_notebook_executes_in_quick_mode(tmp_path, monkeypatch, install_build):
     from tests.install_env import make_venv
 

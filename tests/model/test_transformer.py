@@ -183,15 +183,15 @@ def test_logits_bias_is_added_to_the_logits_and_to_each_decoding_step():
     assert params["decoder"]["logits_bias"].shape == (config.vocab_size,)
     bias = jax.random.normal(jax.random.key(1), (config.vocab_size,))
     biased = {**params, "decoder": {**params["decoder"], "logits_bias": bias}}
-    without, with_bias = (
-        model.apply({"params": params}, source, target),
-        model.apply({"params": biased}, source, target),
-    )
+    # Jitted: each apply compiles once rather than dispatching every op eagerly.
+    forward = jax.jit(lambda params: model.apply({"params": params}, source, target))
+    without, with_bias = forward(params), forward(biased)
     np.testing.assert_allclose(with_bias - without, np.broadcast_to(bias, without.shape), atol=1e-5)
     context = model.apply({"params": biased}, source, method=Transformer.encoder_context)
+    decode_step = jax.jit(
+        lambda tokens, cache: model.apply({"params": biased}, tokens, cache, context, method=Transformer.decode_step)
+    )
     cache = init_cache(config, 1, 3)
     for position in range(3):
-        step_logits, cache = model.apply(
-            {"params": biased}, target[:, position : position + 1], cache, context, method=Transformer.decode_step
-        )
+        step_logits, cache = decode_step(target[:, position : position + 1], cache)
         np.testing.assert_allclose(step_logits[0], with_bias[0, position], atol=1e-5)

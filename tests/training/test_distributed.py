@@ -1,5 +1,6 @@
 """train.py across meshes, device counts and processes (subprocesses with simulated CPU devices)."""
 
+import json
 import os
 import shutil
 import socket
@@ -40,14 +41,16 @@ def test_checkpoint_restores_under_another_mesh_and_device_count(data_dir, tmp_p
     amplifies that over tens of steps, hence 10 steps at 1e-5 rather than a whole run.
     """
     first = tmp_path / "first"
-    run(first, data_dir, 8, "--config.mesh.shape=(8,1,1)", "--config.training.num_train_steps=20")
+    steps = ("--config.training.num_train_steps=30", "--config.training.checkpoint_every_steps=10")
+    run(first, data_dir, 8, "--config.mesh.shape=(8,1,1)", *steps)  # checkpoints at 10, 20 and 30
     second = tmp_path / "second"
     shutil.copytree(first, second)
-    continued = ("--config.training.num_train_steps=30", "--config.training.eval_every_steps=10")
-    run(first, data_dir, 8, "--config.mesh.shape=(8,1,1)", *continued)  # resumes at 20, same mesh
-    result = run(second, data_dir, 4, "--config.mesh.shape=(1,2,2)", *continued)  # 4 devices, fsdp x tensor
+    shutil.rmtree(second / "checkpoints" / "30")  # as if the run had stopped at step 20
+    result = run(second, data_dir, 4, "--config.mesh.shape=(1,2,2)", *steps)  # 4 devices, fsdp x tensor
     assert "resumed from step 20" in result.stderr and "'fsdp': 2, 'tensor': 2" in result.stderr
-    straight, moved = losses(first), losses(second)
+    logged = [json.loads(line) for line in (second / "metrics.jsonl").read_text().splitlines()]
+    assert sum("train/loss" in record and record["step"] > 20 for record in logged) == 20  # copied + resumed
+    straight, moved = losses(first), losses(second)  # steps 21-30 of `second`: the resumed run's (logged last)
     assert_close({s: moved[s] for s in range(21, 31)}, {s: straight[s] for s in range(21, 31)})
 
 
@@ -85,6 +88,7 @@ def test_two_processes_match_one_process(data_dir, tmp_path):
     assert sorted(losses(double)) == list(range(1, 21))
 
 
+@pytest.mark.slow  # two 40-step runs (python -m pytest -m slow); bfloat16 numerics are unit-tested in tests/model
 @pytest.mark.xdist_group("distributed-bf16")
 @pytest.mark.parametrize("steps", [40])
 def test_bfloat16_converges_like_float32(data_dir, tmp_path, steps):
