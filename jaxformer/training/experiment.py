@@ -356,12 +356,16 @@ def describe(config: ml_collections.ConfigDict) -> str:
 
 
 def resume_differences(saved: dict[str, Any], current: ml_collections.ConfigDict) -> list[str]:
-    """'key: saved -> current' for every resume-sensitive value that changed."""
+    """'key: saved -> current' for every resume-sensitive value that changed. A key the saved
+    config lacks (the run was made before the key existed) counts as its default, the behaviour
+    that run had."""
     saved_flat, current_flat = _flatten(saved), _flatten(current.to_dict())
+    defaults = _flatten(default_config())
     differences = []
     for key in sorted(set(saved_flat) | set(current_flat)):
         if key.split(".")[0] not in RESUME_SENSITIVE or key in RESUME_FREE:
             continue
-        if saved_flat.get(key, "<unset>") != current_flat.get(key, "<unset>"):
-            differences.append(f"{key}: {saved_flat.get(key, '<unset>')!r} -> {current_flat.get(key, '<unset>')!r}")
+        was = saved_flat.get(key, defaults.get(key, "<unset>"))
+        if was != current_flat.get(key, "<unset>"):
+            differences.append(f"{key}: {was!r} -> {current_flat.get(key, '<unset>')!r}")
     return differences

@@ -71,6 +71,21 @@ def test_resume_differences_name_changed_keys():
     ]
 
 
+def test_a_run_saved_before_a_key_existed_resumes_at_that_keys_default():
+    saved = load("tiny").to_dict()
+    for key in ("position_layout", "logits_bias"):  # model options added after such runs were made
+        del saved["model"][key]
+    del saved["optimizer"]["clip_norm"]
+    current = load("tiny")
+    assert experiment.resume_differences(saved, current) == []
+    current.model.logits_bias = True  # a behaviour the saved run did not have
+    current.optimizer.clip_norm = 0.5
+    assert experiment.resume_differences(saved, current) == [
+        "model.logits_bias: False -> True",
+        "optimizer.clip_norm: 1.0 -> 0.5",
+    ]
+
+
 def test_describe_lists_only_what_differs_from_the_defaults():
     config = load("tiny")
     text = experiment.describe(config)
