@@ -31,6 +31,7 @@ RESUME_FREE = {
     "data.eval_batch_size",
     "optimizer.learning_rate_scale",
     "optimizer.warmup_steps",
+    "optimizer.decay_floor",
     "mesh.shape",
     "mesh.logical_axis_rules",
 }
@@ -101,8 +102,13 @@ def default_config() -> ml_collections.ConfigDict:
     config.tokenizer.max_sentences = 2_000_000  # sentences sampled from the training split to train it
 
     config.optimizer = ml_collections.ConfigDict()
+    # "rsqrt": the paper's warmup then inverse square root decay; "budget": the same warmup to the
+    # same peak, then a linear decay to decay_floor * peak where the run's budget ends
+    # (num_train_steps, or training.time_budget_minutes's estimate of the last step).
+    config.optimizer.schedule = "rsqrt"
     config.optimizer.learning_rate_scale = 1.0  # lr = scale * d_model^-0.5 * min(step^-0.5, step * warmup^-1.5)
     config.optimizer.warmup_steps = 4000
+    config.optimizer.decay_floor = 0.0  # "budget" schedule: the last rate, as a fraction of the peak
     config.optimizer.b1 = 0.9  # Adam beta1
     config.optimizer.b2 = 0.98  # Adam beta2
     config.optimizer.eps = 1e-9  # Adam epsilon
@@ -127,6 +133,9 @@ def default_config() -> ml_collections.ConfigDict:
     # With init_from / init_encoder_from / init_decoder_from: "latest", "best", "averaged" or a step.
     config.training.init_checkpoint = "latest"
     config.training.num_train_steps = 100_000
+    # A wall-clock budget for the training loop (its steps, evaluations and checkpoints) across
+    # resumes; the run ends when it is spent, or at num_train_steps. 0: no time budget.
+    config.training.time_budget_minutes = 0.0
     config.training.label_smoothing = 0.1  # epsilon_ls
     config.training.loss_chunk_tokens = (
         512  # output projection + loss fused over chunks of this many target tokens (0: whole batch)

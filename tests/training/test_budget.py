@@ -1,0 +1,98 @@
+"""The training budget: the "budget" schedule's shape in a real run, exact resume in the middle of
+it, a wall-clock budget that ends the run (and is carried across a resume), and the pace estimate."""
+
+import json
+import pathlib
+import shutil
+
+import numpy as np
+import pytest
+
+from jaxformer.training import budget as budget_module
+from jaxformer.training.budget import TimeBudget, TrainingClock
+from jaxformer.training.optimizer import budget_rate
+from tests.training.test_loop import losses, train
+
+pytestmark = pytest.mark.xdist_group("budget")
+
+D_MODEL, WARMUP = 32, 5  # the tiny preset's width; a warmup short enough to see the decay
+SCHEDULE = (
+    "--config.optimizer.schedule=budget",
+    f"--config.optimizer.warmup_steps={WARMUP}",
+    "--config.optimizer.learning_rate_scale=1.0",
+)
+
+
+def peak():
+    return D_MODEL**-0.5 * WARMUP**-0.5  # learning_rate_scale 1: the rsqrt schedule's peak
+
+
+def last_metrics(workdir):
+    return json.loads((pathlib.Path(workdir) / "last_metrics.json").read_text())
+
+
+@pytest.fixture(scope="module")
+def scheduled_run(tmp_path_factory, data_dir):
+    workdir = tmp_path_factory.mktemp("budget_schedule")
+    train(workdir, data_dir, *SCHEDULE, "--config.optimizer.decay_floor=0.1")  # 40 steps, checkpoints 20, 40
+    return workdir
+
+
+def test_the_rate_warms_up_then_decays_to_its_floor_at_num_train_steps(scheduled_run):
+    rates = losses(scheduled_run, "train/learning_rate")
+    assert sorted(rates) == list(range(1, 41))
+    expected = [float(budget_rate(step - 1, 40, peak(), WARMUP, 0.1)) for step in range(1, 41)]
+    np.testing.assert_allclose([rates[step] for step in range(1, 41)], expected, rtol=1e-5)
+    np.testing.assert_allclose(rates[WARMUP], peak(), rtol=1e-5)
+    np.testing.assert_allclose(rates[40], 0.1 * peak(), rtol=1e-5)
+
+
+def test_resume_in_the_middle_of_the_schedule_is_exact(scheduled_run, data_dir, tmp_path):
+    resumed = tmp_path / "resumed"
+    shutil.copytree(scheduled_run, resumed)
+    shutil.rmtree(resumed / "checkpoints" / "40")  # as if stopped at step 20
+    result = train(resumed, data_dir, *SCHEDULE, "--config.optimizer.decay_floor=0.1")
+    assert "resumed from step 20" in result.stderr
+    straight, again = losses(scheduled_run), losses(resumed)  # steps 21-40 of `resumed`: logged last
+    assert [again[s] for s in range(21, 41)] == [straight[s] for s in range(21, 41)]  # bitwise
+    assert losses(resumed, "train/learning_rate")[40] == losses(scheduled_run, "train/learning_rate")[40]
+
+
+def test_a_time_budget_ends_the_run_with_the_rate_at_its_floor_and_carries_over_a_resume(data_dir, tmp_path):
+    workdir = tmp_path / "timed"
+    timed = (*SCHEDULE, "--config.training.time_budget_minutes=0.25", "--config.training.log_every_steps=10")
+    train(workdir, data_dir, *timed, "--config.training.num_train_steps=30")  # ends by its steps first
+    first = last_metrics(workdir)
+    assert first["step"] == 30 and "ended_by" not in first and 0 < first["train_seconds"] < 15
+    forever = "--config.training.num_train_steps=1000000"
+    result = train(workdir, data_dir, *timed, forever)
+    summary = last_metrics(workdir)
+    assert "resumed from step 30" in result.stderr and "budget schedule: resumed with its end" in result.stderr
+    assert summary["ended_by"] == "time budget" and 30 < summary["step"] < 1_000_000
+    assert 15 <= summary["train_seconds"] < 15 + 10  # the earlier 30 steps' seconds count
+    seconds = losses(workdir, "budget/seconds")
+    assert min(seconds[s] for s in seconds if s > 30) >= first["train_seconds"]  # counted on from the checkpoint
+    assert summary["step"] in [int(p.name) for p in (workdir / "checkpoints").iterdir() if p.name.isdigit()]
+    assert summary["step"] in losses(workdir, "eval/loss")  # the last step's evaluation ran
+    rates = losses(workdir, "train/learning_rate")
+    assert rates[summary["step"]] < 0.3 * peak()  # decayed most of the way: the estimated end was near
+
+
+def test_the_pace_excludes_the_first_step_and_the_end_is_clamped(monkeypatch):
+    now = [100.0]
+    monkeypatch.setattr(budget_module.time, "monotonic", lambda: now[0])
+    clock = TrainingClock(seconds_before=40.0)
+    clock.start()
+    budget = TimeBudget(100.0, clock)
+    assert budget.end_step(0, 1000) is None
+    now[0] += 20.0  # the first step: compilation
+    budget.step_done(1)
+    assert budget.end_step(1, 1000) is None  # no pace from one step
+    now[0] += 10.0  # 10 more steps at 1 s
+    budget.step_done(11)
+    assert budget.seconds_per_step(11) == pytest.approx(1.0)
+    assert budget.end_step(11, 1000) == pytest.approx(11 + 30.0)  # 100 - (40 + 30) seconds left
+    assert budget.end_step(11, 20) == 20  # never past num_train_steps
+    assert not budget.spent()
+    now[0] += 35.0
+    assert budget.spent() and budget.end_step(11, 1000) == 12  # at least the next step
