@@ -10,6 +10,7 @@ from typing import Any
 
 import numpy as np
 
+from jaxformer.run.directory import CHECKPOINT_KINDS
 from jaxformer.tokens import NUM_SPECIAL_TOKENS
 
 
@@ -96,12 +97,8 @@ VALUE_RULES: dict[str, tuple[Callable[[Any], bool], str]] = {
     "training.init_encoder_from": _OPTIONAL_TEXT,
     "training.init_decoder_from": _OPTIONAL_TEXT,
     "training.init_checkpoint": (
-        (
-            lambda value: (
-                value in ("latest", "best", "averaged") or (str(value).isdigit() and not isinstance(value, bool))
-            )
-        ),
-        "'latest', 'best', 'averaged' or a step number",
+        (lambda value: value in CHECKPOINT_KINDS or (str(value).isdigit() and not isinstance(value, bool))),
+        "'latest', 'best', 'averaged', 'final' or a step number",
     ),
     "training.num_train_steps": _at_least(1),
     "training.time_budget_minutes": (
@@ -116,6 +113,8 @@ VALUE_RULES: dict[str, tuple[Callable[[Any], bool], str]] = {
     "training.keep_checkpoints": _at_least(1),
     "training.bleu_every_steps": _at_least(0),
     "training.bleu_examples": _at_least(0),
+    "training.final_choice": ((lambda value: isinstance(value, bool)), "True or False"),
+    "training.average_last": _at_least(0),
     "decoding.method": _one_of("beam", "greedy", "sample"),
     "decoding.beam_size": _at_least(1),
     "decoding.alpha": ((lambda value: _number(value) and value >= 0), "a number >= 0"),

@@ -130,7 +130,7 @@ def default_config() -> ml_collections.ConfigDict:
     # LM) run; the cross-attention starts from random values. Instead of init_from.
     config.training.init_encoder_from = ml_collections.FieldReference(None, field_type=str)
     config.training.init_decoder_from = ml_collections.FieldReference(None, field_type=str)
-    # With init_from / init_encoder_from / init_decoder_from: "latest", "best", "averaged" or a step.
+    # With init_from / init_encoder_from / init_decoder_from: "latest", "best", "averaged", "final" or a step.
     config.training.init_checkpoint = "latest"
     config.training.num_train_steps = 100_000
     # A wall-clock budget for the training loop (its steps, evaluations and checkpoints) across
@@ -148,6 +148,11 @@ def default_config() -> ml_collections.ConfigDict:
         0  # validation BLEU (and the best checkpoint in workdir/best) every N steps; 0: off
     )
     config.training.bleu_examples = 500  # validation pairs translated for that BLEU (0: all)
+    # At the end of the run, the latest parameters, best/'s and the mean of the last average_last
+    # checkpoints are scored on the whole validation split with `decoding`; the highest is saved
+    # to workdir/final ("--checkpoint final").
+    config.training.final_choice = False
+    config.training.average_last = 5  # checkpoints averaged for that choice (of those kept; < 2: none)
 
     # Translation for validation BLEU (translate.py and evaluate.py take the same settings as flags).
     config.decoding = ml_collections.ConfigDict()
@@ -199,6 +204,7 @@ def validate(config: ml_collections.ConfigDict) -> None:
         for key, value in (
             ("tokenizer.separate_vocabularies", config.tokenizer.separate_vocabularies),
             ("training.bleu_every_steps", config.training.bleu_every_steps),
+            ("training.final_choice", config.training.final_choice),
         ):
             if value:
                 raise ConfigError(

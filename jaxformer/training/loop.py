@@ -33,6 +33,7 @@ from jaxformer.run.lock import WorkdirLock, WorkdirLockedError
 from jaxformer.run.metadata import CheckpointMetadata
 from jaxformer.training import experiment, sharding
 from jaxformer.training.budget import BUDGET_CHECK_STEPS, ScheduleEnd, TimeBudget, TrainingClock, check_budget
+from jaxformer.training.final_choice import choose_final
 from jaxformer.training.init_from import (
     PARTS,
     StartingPoint,
@@ -432,6 +433,11 @@ def _train(config, prepared: PreparedRun, model: nn.Module, mesh, rules) -> dict
             writer.close()
             if validator:
                 validator.close()
+    if training.final_choice and not stopped_early:  # after close(): every checkpoint is written
+        metadata = prepared.metadata.replace(train_seconds=clock.seconds())
+        last["final"] = choose_final(
+            config, model.config, tokenizers, prepared.eval_source, run, step, state.params, metadata
+        )
     if train_metrics.last is not None:
         last["train"] = train_metrics.last
     last["step"] = step

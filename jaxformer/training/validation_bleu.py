@@ -30,10 +30,10 @@ def decode_settings(config: ml_collections.ConfigDict) -> DecodeSettings:
     )
 
 
-class BleuValidator:
-    """Translates the first `training.bleu_examples` validation pairs with the current parameters,
-    scores them with sacreBLEU, and saves the parameters to workdir/best when BLEU improves.
-    `tokenizer` encodes the sources; `target_tokenizer` (separate vocabularies) decodes the output."""
+class ValidationSet:
+    """The first `examples` validation pairs (0: all), translated with given parameters and
+    scored with sacreBLEU. `tokenizer` encodes the sources; `target_tokenizer` (separate
+    vocabularies) decodes the output."""
 
     def __init__(
         self,
@@ -41,12 +41,12 @@ class BleuValidator:
         model_config: TransformerConfig,
         tokenizer: Tokenizer,
         eval_source,
-        workdir: str | os.PathLike,
+        examples: int,
         target_tokenizer: Tokenizer | None = None,
     ):
         data = config.data
-        count = config.training.bleu_examples or len(eval_source)
-        records = eval_source.__getitems__(list(range(min(count, len(eval_source)))))
+        count = min(examples or len(eval_source), len(eval_source))
+        records = eval_source.__getitems__(list(range(count)))
         self.sources = [record_text(record, data.source_language) for record in records]
         self.references = [record_text(record, data.target_language) for record in records]
         self.translator = Translator(
@@ -57,6 +57,28 @@ class BleuValidator:
             batch_size=config.decoding.batch_size,
             target_tokenizer=target_tokenizer,
         )
+
+    def score(self, params: Any) -> dict[str, Any]:
+        """sacreBLEU's BLEU, chrF, lowercase BLEU and signature of `params`' translations."""
+        return corpus_scores(self.translator.with_params(params).translate(self.sources), self.references)
+
+
+class BleuValidator:
+    """Scores the current parameters on the first `training.bleu_examples` validation pairs
+    (ValidationSet), and saves them to workdir/best when BLEU improves."""
+
+    def __init__(
+        self,
+        config: ml_collections.ConfigDict,
+        model_config: TransformerConfig,
+        tokenizer: Tokenizer,
+        eval_source,
+        workdir: str | os.PathLike,
+        target_tokenizer: Tokenizer | None = None,
+    ):
+        self.validation = ValidationSet(
+            config, model_config, tokenizer, eval_source, config.training.bleu_examples, target_tokenizer
+        )
         self.best = Checkpointer(RunDirectory(workdir).best, keep=1)
         best = self.best.latest_metadata()
         self.best_bleu = best.bleu if best is not None and best.bleu is not None else -math.inf
@@ -64,13 +86,12 @@ class BleuValidator:
     def __call__(self, step: int, params: Any, metadata: CheckpointMetadata) -> dict[str, float]:
         """Scores `params`; when BLEU improves, saves them to workdir/best with `metadata`
         (its step and BLEU set to this step's)."""
-        hypotheses = self.translator.with_params(params).translate(self.sources)
-        scores = corpus_scores(hypotheses, self.references)
+        scores = self.validation.score(params)
         logging.info(
             "step %d: validation BLEU %.2f on %d sentences (%s)",
             step,
             scores["bleu"],
-            len(hypotheses),
+            len(self.validation.sources),
             scores["bleu_signature"],
         )
         if scores["bleu"] > self.best_bleu:

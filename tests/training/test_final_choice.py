@@ -1,0 +1,68 @@
+"""The run's automatic final choice among the latest, best and averaged parameters, checked
+against translating each candidate through Translator and scoring it with sacreBLEU."""
+
+import json
+
+import pytest
+import sacrebleu
+
+from jaxformer.data.pipeline import record_text
+from jaxformer.data.sources import get_builder, load_split
+from jaxformer.decoding.translator import Translator
+from jaxformer.run.averaging import average_last
+from jaxformer.run.loading import load_checkpoint
+from jaxformer.training.experiment import with_absolute_paths
+from jaxformer.training.validation_bleu import decode_settings
+from tests.training.test_loop import ROOT, train
+
+pytestmark = pytest.mark.xdist_group("final-choice")
+
+CHOICE = (
+    "--config.training.final_choice=True",
+    "--config.training.average_last=2",
+    "--config.training.bleu_every_steps=20",
+    "--config.training.bleu_examples=16",
+    "--config.decoding.method=greedy",
+    "--config.decoding.max_extra_length=8",
+)
+
+
+def test_the_run_saves_the_candidate_with_the_highest_validation_bleu(data_dir, tmp_path):
+    workdir = tmp_path / "run"
+    first = train(workdir, data_dir, *CHOICE)
+    summary = json.loads((workdir / "last_metrics.json").read_text())["final"]
+    assert {"latest/bleu", "averaged/bleu"} <= set(summary)
+    step, metadata, _ = load_checkpoint(workdir, "final")
+    assert step == 40 and metadata.chosen_from == summary["chosen"] and metadata.bleu == summary["bleu"]
+    assert summary["bleu"] == max(value for key, value in summary.items() if key.endswith("/bleu"))
+    assert "final choice at step 40" in first.stderr
+
+    # Each candidate scored independently: translated by a Translator loaded from the workdir.
+    config = with_absolute_paths(_config(data_dir))
+    validation = load_split(get_builder(config.data), "validation", ("en", "de"))
+    records = validation.__getitems__(list(range(config.data.max_eval_examples)))
+    sources = [record_text(record, "en") for record in records]
+    references = [record_text(record, "de") for record in records]
+    average_last(workdir, 2)  # the same mean, written to averaged/ for the Translator to load
+    kinds = {"latest": "latest", "averaged": "averaged", "best": "best"}
+    for name, checkpoint in kinds.items():
+        if f"{name}/bleu" not in summary:
+            continue
+        translator = Translator.from_workdir(workdir, checkpoint, decode_settings(config), batch_size=64)
+        bleu = sacrebleu.corpus_bleu(translator.translate(sources), [references]).score
+        assert bleu == pytest.approx(summary[f"{name}/bleu"], abs=1e-6), name
+    chosen = Translator.from_workdir(workdir, "final", decode_settings(config), batch_size=64)
+    assert sacrebleu.corpus_bleu(chosen.translate(sources), [references]).score == pytest.approx(summary["bleu"])
+
+    again = train(workdir, data_dir, *CHOICE)  # a finished run started again keeps its choice
+    assert "final choice: already made at step 40" in again.stderr
+    assert load_checkpoint(workdir, "final")[1] == metadata
+
+
+def _config(data_dir):
+    from jaxformer.training.config_file import load_config
+
+    config = load_config(str(ROOT / "jaxformer" / "configs" / "tiny.py"))
+    config.data.data_dir = str(data_dir)
+    config.decoding.method, config.decoding.max_extra_length = "greedy", 8
+    return config
