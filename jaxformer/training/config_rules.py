@@ -113,6 +113,7 @@ VALUE_RULES: dict[str, tuple[Callable[[Any], bool], str]] = {
     "training.keep_checkpoints": _at_least(1),
     "training.bleu_every_steps": _at_least(0),
     "training.bleu_examples": _at_least(0),
+    "training.bleu_method": ((lambda value: value in (None, "greedy", "beam")), "None, 'greedy' or 'beam'"),
     "training.final_choice": ((lambda value: isinstance(value, bool)), "True or False"),
     "training.average_last": _at_least(0),
     "decoding.method": _one_of("beam", "greedy", "sample"),

@@ -148,6 +148,9 @@ def default_config() -> ml_collections.ConfigDict:
         0  # validation BLEU (and the best checkpoint in workdir/best) every N steps; 0: off
     )
     config.training.bleu_examples = 500  # validation pairs translated for that BLEU (0: all)
+    # The search for that BLEU, "greedy" or "beam" (None: decoding.method); greedy costs a fraction
+    # of beam 4 and ranks checkpoints alike. The final choice always uses `decoding`.
+    config.training.bleu_method = ml_collections.FieldReference(None, field_type=str)
     # At the end of the run, the latest parameters, best/'s and the mean of the last average_last
     # checkpoints are scored on the whole validation split with `decoding`; the highest is saved
     # to workdir/final ("--checkpoint final").

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import math
 import os
@@ -43,7 +44,9 @@ class ValidationSet:
         eval_source,
         examples: int,
         target_tokenizer: Tokenizer | None = None,
+        settings: DecodeSettings | None = None,
     ):
+        """`settings`: the search (default: the config's `decoding` section)."""
         data = config.data
         count = min(examples or len(eval_source), len(eval_source))
         records = eval_source.__getitems__(list(range(count)))
@@ -53,7 +56,7 @@ class ValidationSet:
             model_config,
             None,
             tokenizer,
-            decode_settings(config),
+            decode_settings(config) if settings is None else settings,
             batch_size=config.decoding.batch_size,
             target_tokenizer=target_tokenizer,
         )
@@ -65,7 +68,8 @@ class ValidationSet:
 
 class BleuValidator:
     """Scores the current parameters on the first `training.bleu_examples` validation pairs
-    (ValidationSet), and saves them to workdir/best when BLEU improves."""
+    (ValidationSet) with the search `training.bleu_method` names (None: `decoding`'s), and saves
+    them to workdir/best when BLEU improves."""
 
     def __init__(
         self,
@@ -76,8 +80,11 @@ class BleuValidator:
         workdir: str | os.PathLike,
         target_tokenizer: Tokenizer | None = None,
     ):
+        settings = decode_settings(config)
+        if config.training.get("bleu_method") is not None:  # cheaper than the final search, e.g. greedy
+            settings = dataclasses.replace(settings, method=config.training.bleu_method)
         self.validation = ValidationSet(
-            config, model_config, tokenizer, eval_source, config.training.bleu_examples, target_tokenizer
+            config, model_config, tokenizer, eval_source, config.training.bleu_examples, target_tokenizer, settings
         )
         self.best = Checkpointer(RunDirectory(workdir).best, keep=1)
         best = self.best.latest_metadata()

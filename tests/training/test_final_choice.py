@@ -1,6 +1,7 @@
 """The run's automatic final choice among the latest, best and averaged parameters, checked
 against translating each candidate through Translator and scoring it with sacreBLEU."""
 
+import dataclasses
 import json
 
 import pytest
@@ -13,7 +14,7 @@ from jaxformer.run.averaging import average_last
 from jaxformer.run.loading import load_checkpoint
 from jaxformer.training.experiment import with_absolute_paths
 from jaxformer.training.validation_bleu import decode_settings
-from tests.training.test_loop import ROOT, train
+from tests.training.test_loop import ROOT, losses, train
 
 pytestmark = pytest.mark.xdist_group("final-choice")
 
@@ -22,7 +23,8 @@ CHOICE = (
     "--config.training.average_last=2",
     "--config.training.bleu_every_steps=20",
     "--config.training.bleu_examples=16",
-    "--config.decoding.method=greedy",
+    "--config.training.bleu_method=greedy",  # during training; the final choice searches with `decoding`
+    "--config.decoding.beam_size=2",
     "--config.decoding.max_extra_length=8",
 )
 
@@ -44,19 +46,21 @@ def test_the_run_saves_the_candidate_with_the_highest_validation_bleu(data_dir, 
     sources = [record_text(record, "en") for record in records]
     references = [record_text(record, "de") for record in records]
     average_last(workdir, 2)  # the same mean, written to averaged/ for the Translator to load
-    kinds = {"latest": "latest", "averaged": "averaged", "best": "best"}
-    for name, checkpoint in kinds.items():
-        if f"{name}/bleu" not in summary:
-            continue
-        translator = Translator.from_workdir(workdir, checkpoint, decode_settings(config), batch_size=64)
-        bleu = sacrebleu.corpus_bleu(translator.translate(sources), [references]).score
-        assert bleu == pytest.approx(summary[f"{name}/bleu"], abs=1e-6), name
-    chosen = Translator.from_workdir(workdir, "final", decode_settings(config), batch_size=64)
-    assert sacrebleu.corpus_bleu(chosen.translate(sources), [references]).score == pytest.approx(summary["bleu"])
+    translator = Translator.from_workdir(workdir, "final", decode_settings(config), batch_size=64)
 
-    again = train(workdir, data_dir, *CHOICE)  # a finished run started again keeps its choice
-    assert "final choice: already made at step 40" in again.stderr
-    assert load_checkpoint(workdir, "final")[1] == metadata
+    def bleu(checkpoint, translator=translator, count=None):
+        params = load_checkpoint(workdir, checkpoint)[2]
+        hypotheses = translator.with_params(params).translate(sources[:count])
+        return sacrebleu.corpus_bleu(hypotheses, [references[:count]]).score
+
+    for name in ("latest", "averaged", "best"):
+        if f"{name}/bleu" in summary:
+            assert bleu(name) == pytest.approx(summary[f"{name}/bleu"], abs=1e-6), name
+    assert bleu("final") == pytest.approx(summary["bleu"], abs=1e-6)
+
+    # Validation BLEU during training searched greedily: step 20's logged BLEU is greedy's.
+    greedy = Translator.from_workdir(workdir, 20, dataclasses.replace(decode_settings(config), method="greedy"))
+    assert bleu(20, greedy, 16) == pytest.approx(losses(workdir, "eval/bleu")[20], abs=1e-6)
 
 
 def _config(data_dir):
@@ -64,5 +68,5 @@ def _config(data_dir):
 
     config = load_config(str(ROOT / "jaxformer" / "configs" / "tiny.py"))
     config.data.data_dir = str(data_dir)
-    config.decoding.method, config.decoding.max_extra_length = "greedy", 8
+    config.decoding.beam_size, config.decoding.max_extra_length = 2, 8
     return config
