@@ -38,6 +38,8 @@ def test_the_run_saves_the_candidate_with_the_highest_validation_bleu(data_dir, 
     assert step == 40 and metadata.chosen_from == summary["chosen"] and metadata.bleu == summary["bleu"]
     assert summary["bleu"] == max(value for key, value in summary.items() if key.endswith("/bleu"))
     assert "final choice at step 40" in first.stderr
+    assert f"final choice: {summary['chosen']} (validation BLEU {summary['bleu']:.2f})" in first.stderr  # the summary
+    assert f"--workdir {workdir.absolute()} --checkpoint final" in first.stderr  # its translate command
 
     # Each candidate scored independently: translated by a Translator loaded from the workdir.
     config = with_absolute_paths(_config(data_dir))
