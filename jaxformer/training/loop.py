@@ -397,11 +397,14 @@ def _train(config, prepared: PreparedRun, model: nn.Module, mesh, rules) -> dict
     ]
     if from_starting_points and step == 0:
         evaluate(0)  # where fine-tuning starts: the starting model on this run's validation data
-    budget_spent = False
+    # A run resumed with its budget already spent (saved at the budget's last step) trains no more.
+    budget_spent = budget is not None and clock.seconds_before >= budget.seconds
+    if budget_spent:
+        logging.info("time budget of %g minutes already spent at step %d", training.time_budget_minutes, step)
     clock.start()
     with StopRequest() as stop:
         try:
-            while step < training.num_train_steps and not stop.requested:
+            while step < training.num_train_steps and not stop.requested and not budget_spent:
                 batch = sharding.global_batch(next(train_iterator), batch_sharding)
                 state, metrics = train_fn(state, batch)
                 step += 1
@@ -414,8 +417,7 @@ def _train(config, prepared: PreparedRun, model: nn.Module, mesh, rules) -> dict
                 # The budget's last step is the run's last: its evaluation and checkpoint are due.
                 run_due(periodic, step, step if budget_spent else training.num_train_steps)
                 if budget_spent:
-                    logging.info("time budget of %.1f minutes spent at step %d", training.time_budget_minutes, step)
-                    break
+                    logging.info("time budget of %g minutes spent at step %d", training.time_budget_minutes, step)
             stopped_early = stop.requested and step < training.num_train_steps
             if stopped_early:
                 if step not in checkpointer.steps():
@@ -433,15 +435,16 @@ def _train(config, prepared: PreparedRun, model: nn.Module, mesh, rules) -> dict
             writer.close()
             if validator:
                 validator.close()
+    train_seconds = clock.seconds()  # the loop's, without the final choice
     if training.final_choice and not stopped_early:  # after close(): every checkpoint is written
-        metadata = prepared.metadata.replace(train_seconds=clock.seconds())
+        metadata = prepared.metadata.replace(train_seconds=train_seconds)
         last["final"] = choose_final(
             config, model.config, tokenizers, prepared.eval_source, run, step, state.params, metadata
         )
     if train_metrics.last is not None:
         last["train"] = train_metrics.last
     last["step"] = step
-    last["train_seconds"] = clock.seconds()
+    last["train_seconds"] = train_seconds
     if budget_spent:
         last["ended_by"] = "time budget"
     last["first_step"] = 0 if restored is None else restored[0]  # where this run started or resumed

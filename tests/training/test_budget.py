@@ -4,13 +4,18 @@ it, a wall-clock budget that ends the run (and is carried across a resume), and 
 import json
 import pathlib
 import shutil
+import types
 
+import jax
+import jax.numpy as jnp
 import numpy as np
 import pytest
 
 from jaxformer.training import budget as budget_module
-from jaxformer.training.budget import TimeBudget, TrainingClock
-from jaxformer.training.optimizer import budget_rate
+from jaxformer.training.budget import ScheduleEnd, TimeBudget, TrainingClock, check_budget
+from jaxformer.training.experiment import default_config
+from jaxformer.training.optimizer import budget_rate, make_optimizer
+from jaxformer.training.state import TrainState
 from tests.training.test_loop import losses, train
 
 pytestmark = pytest.mark.xdist_group("budget")
@@ -58,7 +63,7 @@ def test_resume_in_the_middle_of_the_schedule_is_exact(scheduled_run, data_dir, 
     assert losses(resumed, "train/learning_rate")[40] == losses(scheduled_run, "train/learning_rate")[40]
 
 
-def test_a_time_budget_ends_the_run_with_the_rate_at_its_floor_and_carries_over_a_resume(data_dir, tmp_path):
+def test_a_time_budget_ends_the_run_and_carries_over_a_resume(data_dir, tmp_path):
     workdir = tmp_path / "timed"
     timed = (*SCHEDULE, "--config.training.time_budget_minutes=0.25", "--config.training.log_every_steps=10")
     train(workdir, data_dir, *timed, "--config.training.num_train_steps=30")  # ends by its steps first
@@ -69,13 +74,16 @@ def test_a_time_budget_ends_the_run_with_the_rate_at_its_floor_and_carries_over_
     summary = last_metrics(workdir)
     assert "resumed from step 30" in result.stderr and "budget schedule: resumed with its end" in result.stderr
     assert summary["ended_by"] == "time budget" and 30 < summary["step"] < 1_000_000
-    assert 15 <= summary["train_seconds"] < 15 + 10  # the earlier 30 steps' seconds count
+    assert 15 <= summary["train_seconds"] < 15 + 30  # the earlier 30 steps' seconds count (+ the last checks)
     seconds = losses(workdir, "budget/seconds")
     assert min(seconds[s] for s in seconds if s > 30) >= first["train_seconds"]  # counted on from the checkpoint
     assert summary["step"] in [int(p.name) for p in (workdir / "checkpoints").iterdir() if p.name.isdigit()]
     assert summary["step"] in losses(workdir, "eval/loss")  # the last step's evaluation ran
-    rates = losses(workdir, "train/learning_rate")
-    assert rates[summary["step"]] < 0.3 * peak()  # decayed most of the way: the estimated end was near
+    last_step = summary["step"]
+    assert losses(workdir, "budget/end_step")[last_step] == last_step + 1  # spent: the schedule ends now
+    again = train(workdir, data_dir, *timed, forever)  # the budget is spent: nothing more to train
+    assert "time budget of 0.25 minutes already spent" in again.stderr
+    assert last_metrics(workdir)["step"] == summary["step"]
 
 
 def test_the_pace_excludes_the_first_step_and_the_end_is_clamped(monkeypatch):
@@ -96,3 +104,34 @@ def test_the_pace_excludes_the_first_step_and_the_end_is_clamped(monkeypatch):
     assert not budget.spent()
     now[0] += 35.0
     assert budget.spent() and budget.end_step(11, 1000) == 12  # at least the next step
+
+
+def test_each_check_moves_the_schedules_end_to_the_estimate(monkeypatch):
+    now = [0.0]
+    monkeypatch.setattr(budget_module.time, "monotonic", lambda: now[0])
+    config = default_config()
+    config.optimizer.update(schedule="budget", warmup_steps=WARMUP, learning_rate_scale=1.0, decay_floor=0.0)
+    config.training.update(num_train_steps=1000, log_every_steps=10)
+    optimizer, learning_rate = make_optimizer(config.optimizer, D_MODEL)
+    params = {"w": jnp.zeros(3)}
+    state = TrainState(step=jnp.int32(0), params=params, opt_state=optimizer.init(params), rng=jax.random.key(0))
+    schedule_end = ScheduleEnd(config, state, jax.sharding.SingleDeviceSharding(jax.devices()[0]))
+    state = schedule_end.at_start(state, 0, resumed=False, timed=True)
+    assert schedule_end.steps(state) == 1000  # num_train_steps until a pace is known
+    written = []
+    writer = types.SimpleNamespace(write=lambda step, values, prefix: written.append((step, values, prefix)))
+    clock = TrainingClock()
+    clock.start()
+    budget = TimeBudget(60.0, clock)
+    now[0] = 5.0  # compilation
+    budget.step_done(1)
+    now[0] = 5.0 + 9 * 0.5  # then 0.5 s per step
+    spent, state = check_budget(budget, schedule_end, state, 10, writer, config.training)
+    assert not spent and schedule_end.steps(state) == pytest.approx(10 + (60 - 9.5) / 0.5)
+    assert written == [(10, {"seconds": 9.5, "end_step": pytest.approx(111.0)}, "budget/")]
+    np.testing.assert_allclose(
+        learning_rate(jnp.int32(10), state.opt_state), budget_rate(10, 111.0, peak(), WARMUP, 0.0), rtol=1e-6
+    )
+    now[0] = 61.0
+    spent, state = check_budget(budget, schedule_end, state, 20, writer, config.training)
+    assert spent and schedule_end.steps(state) == 21  # the rate reaches its floor at the next update
