@@ -1,6 +1,9 @@
-"""The training budget: the "budget" schedule's shape in a real run, exact resume in the middle of
-it, a wall-clock budget that ends the run (and is carried across a resume), and the pace estimate."""
+"""Spending a training budget: the "budget" schedule's shape in a real run, exact resume in the
+middle of it, a wall-clock budget that ends the run (and is carried across a resume), the pace
+estimate, and the automatic final choice among the latest, best and averaged parameters (checked
+against translating each candidate through Translator and scoring it with sacreBLEU)."""
 
+import dataclasses
 import json
 import pathlib
 import shutil
@@ -10,13 +13,20 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
+import sacrebleu
 
+from jaxformer.data.pipeline import record_text
+from jaxformer.data.sources import get_builder, load_split
+from jaxformer.decoding.translator import Translator
+from jaxformer.run.averaging import average_last
+from jaxformer.run.loading import load_checkpoint
 from jaxformer.training import budget as budget_module
 from jaxformer.training.budget import ScheduleEnd, TimeBudget, TrainingClock, check_budget
-from jaxformer.training.experiment import default_config
+from jaxformer.training.experiment import default_config, with_absolute_paths
 from jaxformer.training.optimizer import budget_rate, make_optimizer
 from jaxformer.training.state import TrainState
-from tests.training.test_loop import losses, train
+from jaxformer.training.validation_bleu import decode_settings
+from tests.training.test_loop import ROOT, losses, train
 
 pytestmark = pytest.mark.xdist_group("budget")
 
@@ -25,6 +35,17 @@ SCHEDULE = (
     "--config.optimizer.schedule=budget",
     f"--config.optimizer.warmup_steps={WARMUP}",
     "--config.optimizer.learning_rate_scale=1.0",
+)
+
+
+CHOICE = (
+    "--config.training.final_choice=True",
+    "--config.training.average_last=2",
+    "--config.training.bleu_every_steps=20",
+    "--config.training.bleu_examples=16",
+    "--config.training.bleu_method=greedy",  # during training; the final choice searches with `decoding`
+    "--config.decoding.beam_size=2",
+    "--config.decoding.max_extra_length=8",
 )
 
 
@@ -38,13 +59,14 @@ def last_metrics(workdir):
 
 @pytest.fixture(scope="module")
 def scheduled_run(tmp_path_factory, data_dir):
+    """40 steps (checkpoints at 20 and 40) with the budget schedule and the final choice; its stderr."""
     workdir = tmp_path_factory.mktemp("budget_schedule")
-    train(workdir, data_dir, *SCHEDULE, "--config.optimizer.decay_floor=0.1")  # 40 steps, checkpoints 20, 40
-    return workdir
+    result = train(workdir, data_dir, *SCHEDULE, "--config.optimizer.decay_floor=0.1", *CHOICE)
+    return types.SimpleNamespace(workdir=workdir, stderr=result.stderr)
 
 
 def test_the_rate_warms_up_then_decays_to_its_floor_at_num_train_steps(scheduled_run):
-    rates = losses(scheduled_run, "train/learning_rate")
+    rates = losses(scheduled_run.workdir, "train/learning_rate")
     assert sorted(rates) == list(range(1, 41))
     expected = [float(budget_rate(step - 1, 40, peak(), WARMUP, 0.1)) for step in range(1, 41)]
     np.testing.assert_allclose([rates[step] for step in range(1, 41)], expected, rtol=1e-5)
@@ -54,13 +76,18 @@ def test_the_rate_warms_up_then_decays_to_its_floor_at_num_train_steps(scheduled
 
 def test_resume_in_the_middle_of_the_schedule_is_exact(scheduled_run, data_dir, tmp_path):
     resumed = tmp_path / "resumed"
-    shutil.copytree(scheduled_run, resumed)
+    shutil.copytree(scheduled_run.workdir, resumed)
     shutil.rmtree(resumed / "checkpoints" / "40")  # as if stopped at step 20
-    result = train(resumed, data_dir, *SCHEDULE, "--config.optimizer.decay_floor=0.1")
+    shutil.rmtree(resumed / "final")
+    result = train(resumed, data_dir, *SCHEDULE, "--config.optimizer.decay_floor=0.1", *CHOICE)
     assert "resumed from step 20" in result.stderr
-    straight, again = losses(scheduled_run), losses(resumed)  # steps 21-40 of `resumed`: logged last
+    straight, again = losses(scheduled_run.workdir), losses(resumed)  # steps 21-40 of `resumed`: logged last
     assert [again[s] for s in range(21, 41)] == [straight[s] for s in range(21, 41)]  # bitwise
-    assert losses(resumed, "train/learning_rate")[40] == losses(scheduled_run, "train/learning_rate")[40]
+    assert losses(resumed, "train/learning_rate")[40] == losses(scheduled_run.workdir, "train/learning_rate")[40]
+    assert (
+        load_checkpoint(resumed, "final")[1].chosen_from
+        == load_checkpoint(scheduled_run.workdir, "final")[1].chosen_from
+    )
 
 
 def test_a_time_budget_ends_the_run_and_carries_over_a_resume(data_dir, tmp_path):
@@ -135,3 +162,47 @@ def test_each_check_moves_the_schedules_end_to_the_estimate(monkeypatch):
     now[0] = 61.0
     spent, state = check_budget(budget, schedule_end, state, 20, writer, config.training)
     assert spent and schedule_end.steps(state) == 21  # the rate reaches its floor at the next update
+
+
+def test_the_run_saves_the_candidate_with_the_highest_validation_bleu(scheduled_run, data_dir):
+    workdir, stderr = scheduled_run.workdir, scheduled_run.stderr
+    summary = json.loads((workdir / "last_metrics.json").read_text())["final"]
+    assert {"latest/bleu", "averaged/bleu"} <= set(summary)
+    step, metadata, _ = load_checkpoint(workdir, "final")
+    assert step == 40 and metadata.chosen_from == summary["chosen"] and metadata.bleu == summary["bleu"]
+    assert summary["bleu"] == max(value for key, value in summary.items() if key.endswith("/bleu"))
+    assert "final choice at step 40" in stderr
+    assert f"final choice: {summary['chosen']} (validation BLEU {summary['bleu']:.2f})" in stderr  # the summary
+    assert f"--workdir {workdir.absolute()} --checkpoint final" in stderr  # its translate command
+
+    # Each candidate scored independently: translated by a Translator loaded from the workdir.
+    config = with_absolute_paths(_config(data_dir))
+    validation = load_split(get_builder(config.data), "validation", ("en", "de"))
+    records = validation.__getitems__(list(range(config.data.max_eval_examples)))
+    sources = [record_text(record, "en") for record in records]
+    references = [record_text(record, "de") for record in records]
+    average_last(workdir, 2)  # the same mean, written to averaged/ for the Translator to load
+    translator = Translator.from_workdir(workdir, "final", decode_settings(config), batch_size=64)
+
+    def bleu(checkpoint, translator=translator, count=None):
+        params = load_checkpoint(workdir, checkpoint)[2]
+        hypotheses = translator.with_params(params).translate(sources[:count])
+        return sacrebleu.corpus_bleu(hypotheses, [references[:count]]).score
+
+    for name in ("latest", "averaged", "best"):
+        if f"{name}/bleu" in summary:
+            assert bleu(name) == pytest.approx(summary[f"{name}/bleu"], abs=1e-6), name
+    assert bleu("final") == pytest.approx(summary["bleu"], abs=1e-6)
+
+    # Validation BLEU during training searched greedily: step 20's logged BLEU is greedy's.
+    greedy = Translator.from_workdir(workdir, 20, dataclasses.replace(decode_settings(config), method="greedy"))
+    assert bleu(20, greedy, 16) == pytest.approx(losses(workdir, "eval/bleu")[20], abs=1e-6)
+
+
+def _config(data_dir):
+    from jaxformer.training.config_file import load_config
+
+    config = load_config(str(ROOT / "jaxformer" / "configs" / "tiny.py"))
+    config.data.data_dir = str(data_dir)
+    config.decoding.beam_size, config.decoding.max_extra_length = 2, 8
+    return config
