@@ -100,6 +100,11 @@ def run_summary(config: ml_collections.ConfigDict, workdir: str | pathlib.Path, 
         lines.append(f"best validation BLEU: {best[1]:.2f} at step {best[0]}")
     elif not training.bleu_every_steps and architecture == "encoder_decoder":
         lines.append("validation BLEU: not measured (set training.bleu_every_steps to measure it)")
+    if "final" in last and last["final"].get("chosen"):
+        chosen = last["final"]
+        lines.append(f"final choice: {chosen['chosen']} (validation BLEU {chosen['bleu']:.2f}), in {run.final}")
+    if last.get("ended_by") == "time budget":
+        lines.append(f"ended by its time budget of {training.time_budget_minutes:g} minutes")
 
     places = []
     latest = _steps(run.checkpoints)
@@ -110,12 +115,15 @@ def run_summary(config: ml_collections.ConfigDict, workdir: str | pathlib.Path, 
     averaged = _steps(run.averaged)
     if averaged:
         places.append(f"averaged {run.averaged} ({_step_list(averaged)})")
+    final_steps = _steps(run.final)
+    if final_steps:
+        places.append(f"final {run.final} (step {final_steps[-1]})")
     if not places:
         lines.append(f"checkpoints: none saved in {run.path}")
         return lines
     lines.append("checkpoints: " + "; ".join(places))
     lines.append(f"metrics: {run.metrics_file}, tensorboard --logdir {run.tensorboard_dir}")
-    checkpoint = "best" if best is not None else "latest" if latest else "averaged"
+    checkpoint = "final" if final_steps else "best" if best is not None else "latest" if latest else "averaged"
     if architecture == "encoder_decoder":
         lines.append("translate: " + translate_command(config, run, checkpoint))
     elif architecture == "decoder_only":

@@ -71,7 +71,7 @@ def export_checkpoint(
     platforms: Sequence[str] = PLATFORMS,
     overwrite: bool = False,
 ) -> ExportSummary:
-    """Exports `checkpoint` of the run in `workdir` ("latest", "best", "averaged" or a step) into
+    """Exports `checkpoint` of the run in `workdir` ("latest", "best", "averaged", "final" or a step) into
     the directory `output`, for beam search with `settings` on `platforms` (those whose lowering
     fails are left out and reported in the summary and config.json)."""
     output = pathlib.Path(output)

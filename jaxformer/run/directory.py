@@ -8,6 +8,8 @@
         checkpoints/<step>/   the newest checkpoints: train state, data iterator, metadata
         best/<step>/          the parameters with the best validation BLEU so far
         averaged/<step>/      the mean parameters of the last N checkpoints (average_checkpoints)
+        final/<step>/         the parameters the run chose at its end (training.final_choice):
+                              latest, best or averaged, by validation BLEU
         metrics.jsonl         one JSON record per logged step (train/..., eval/...)
         tensorboard/          TensorBoard event files of the same metrics
         last_metrics.json     the metrics of the run's last step, written when it ends
@@ -22,7 +24,7 @@ import dataclasses
 import os
 import pathlib
 
-CHECKPOINT_KINDS = ("latest", "best", "averaged")  # what --checkpoint names, besides a step number
+CHECKPOINT_KINDS = ("latest", "best", "averaged", "final")  # what --checkpoint names, besides a step number
 
 
 class _Entry:
@@ -48,6 +50,7 @@ class RunDirectory:
     checkpoints = _Entry("checkpoints", 'the newest checkpoints of the train state ("latest")')
     best = _Entry("best", 'the best parameters by validation BLEU ("best")')
     averaged = _Entry("averaged", 'the parameters averaged over the last checkpoints ("averaged")')
+    final = _Entry("final", 'the parameters the run chose at its end by validation BLEU ("final")')
     metrics_file = _Entry("metrics.jsonl", 'one JSON object per line: {"step", "time", "<prefix>/<metric>": value}')
     tensorboard_dir = _Entry("tensorboard", "TensorBoard event files of the same metrics")
     last_metrics_file = _Entry("last_metrics.json", "the metrics of the run's last step")
@@ -62,7 +65,7 @@ class RunDirectory:
         return str(self.path)
 
     def checkpoint_directory(self, which: str) -> pathlib.Path:
-        """`checkpoints` for "latest", `best` for "best", `averaged` for "averaged"."""
+        """`checkpoints` for "latest", `best` for "best", `averaged` for "averaged", `final` for "final"."""
         if which not in CHECKPOINT_KINDS:
             raise ValueError(f"checkpoint {which!r}: choose one of {', '.join(CHECKPOINT_KINDS)} or a step number")
-        return {"latest": self.checkpoints, "best": self.best, "averaged": self.averaged}[which]
+        return {"latest": self.checkpoints, "best": self.best, "averaged": self.averaged, "final": self.final}[which]

@@ -16,7 +16,7 @@ from jaxformer.run.metadata import CheckpointMetadata
 def load_checkpoint(
     workdir: str | os.PathLike, checkpoint: str | int = "latest", params: bool = True
 ) -> tuple[int, CheckpointMetadata, Any]:
-    """(step, metadata, params) of a workdir's checkpoint: "latest", "best", "averaged" or a step
+    """(step, metadata, params) of a workdir's checkpoint: "latest", "best", "averaged", "final" or a step
     of `workdir/checkpoints`. Parameters come back as host arrays, without optimizer state
     (None with `params=False`), verified against their checksums.
 
@@ -73,7 +73,7 @@ def load_from_directory(
 
 def locate_checkpoint(path: str | os.PathLike, checkpoint: str | int = "latest") -> tuple[pathlib.Path, int | None]:
     """(directory of step directories, step or None for the newest) that `path` names: a workdir
-    (then `checkpoint` picks "latest", "best", "averaged" or a step), one of a workdir's
+    (then `checkpoint` picks "latest", "best", "averaged", "final" or a step), one of a workdir's
     `checkpoints/`, `best/` or `averaged/` directories (its newest step), or a step directory in
     one of them. `CheckpointError` naming `path` when it is none of these."""
     path = pathlib.Path(path).absolute()

@@ -9,8 +9,10 @@ In the checkpoint it is a JSON object (the `metadata` item of each step director
      "target_tokenizer": "<base64>" | null,   the target side's model; null: one shared vocabulary
      "data_fingerprint": "..." | null,   what the training data was prepared from (data/sources.py)
      "step": 1000,
+     "train_seconds": 1834.2,      seconds the training loop had spent at this step, across resumes
      "bleu": 27.3,                 best/ checkpoints only: the validation BLEU that made them best
      "averaged_steps": [800, 900, 1000],  averaged/ checkpoints only
+     "chosen_from": "averaged",    final/ checkpoints only: which candidate the run chose
      "checksums": {...}}           added and verified by run/checkpoint.py (run/checksums.py)
 
 Checkpoints written before this schema (plain dicts, possibly without "data_fingerprint" or
@@ -42,6 +44,8 @@ class CheckpointMetadata:
     bleu: float | None = None  # set in best/ checkpoints
     averaged_steps: tuple[int, ...] | None = None  # set in averaged/ checkpoints
     target_tokenizer: bytes | None = None  # the target side's model with separate vocabularies; None: shared
+    chosen_from: str | None = None  # set in final/ checkpoints: "latest", "best" or "averaged"
+    train_seconds: float | None = None  # the training loop's seconds at this step (None: from before it was kept)
 
     def replace(self, **changes: Any) -> CheckpointMetadata:
         return dataclasses.replace(self, **changes)
@@ -73,6 +77,10 @@ class CheckpointMetadata:
             values["averaged_steps"] = [int(step) for step in self.averaged_steps]
         if self.target_tokenizer is not None:
             values["target_tokenizer"] = base64.b64encode(self.target_tokenizer).decode("ascii")
+        if self.train_seconds is not None:
+            values["train_seconds"] = float(self.train_seconds)
+        if self.chosen_from is not None:
+            values["chosen_from"] = self.chosen_from
         return values
 
     @classmethod
@@ -113,6 +121,7 @@ class CheckpointMetadata:
         if averaged is not None and not all(isinstance(s, int) and not isinstance(s, bool) for s in averaged):
             raise fail("averaged_steps", "holds something other than integer steps")
         bleu = typed("bleu", (int, float), "a number", optional=True)
+        train_seconds = typed("train_seconds", (int, float), "a number", optional=True)
         return cls(
             config=dict(typed("config", (Mapping,), "an object")),
             model=dict(typed("model", (Mapping,), "an object")),
@@ -122,6 +131,8 @@ class CheckpointMetadata:
             bleu=None if bleu is None else float(bleu),
             averaged_steps=None if averaged is None else tuple(averaged),
             target_tokenizer=model_bytes("target_tokenizer", optional=True),
+            train_seconds=None if train_seconds is None else float(train_seconds),
+            chosen_from=typed("chosen_from", (str,), "a string", optional=True),
         )
 
 

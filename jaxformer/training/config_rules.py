@@ -10,6 +10,7 @@ from typing import Any
 
 import numpy as np
 
+from jaxformer.run.directory import CHECKPOINT_KINDS
 from jaxformer.tokens import NUM_SPECIAL_TOKENS
 
 
@@ -81,7 +82,9 @@ VALUE_RULES: dict[str, tuple[Callable[[Any], bool], str]] = {
     "tokenizer.model_path": _OPTIONAL_TEXT,
     "tokenizer.separate_vocabularies": ((lambda value: isinstance(value, bool)), "True or False"),
     "tokenizer.target_model_path": _OPTIONAL_TEXT,
+    "optimizer.schedule": _one_of("rsqrt", "budget"),
     "optimizer.learning_rate_scale": _POSITIVE_NUMBER,
+    "optimizer.decay_floor": _within(0.0, 1.0, closed_high=True),
     "optimizer.warmup_steps": _at_least(1),
     "optimizer.b1": _within(0.0, 1.0),
     "optimizer.b2": _within(0.0, 1.0),
@@ -94,14 +97,14 @@ VALUE_RULES: dict[str, tuple[Callable[[Any], bool], str]] = {
     "training.init_encoder_from": _OPTIONAL_TEXT,
     "training.init_decoder_from": _OPTIONAL_TEXT,
     "training.init_checkpoint": (
-        (
-            lambda value: (
-                value in ("latest", "best", "averaged") or (str(value).isdigit() and not isinstance(value, bool))
-            )
-        ),
-        "'latest', 'best', 'averaged' or a step number",
+        (lambda value: value in CHECKPOINT_KINDS or (str(value).isdigit() and not isinstance(value, bool))),
+        "'latest', 'best', 'averaged', 'final' or a step number",
     ),
     "training.num_train_steps": _at_least(1),
+    "training.time_budget_minutes": (
+        (lambda value: _number(value) and value >= 0 and math.isfinite(value)),
+        "a finite number >= 0 (0: no time budget)",
+    ),
     "training.label_smoothing": _within(0.0, 1.0),
     "training.loss_chunk_tokens": _at_least(0),
     "training.log_every_steps": _at_least(1),
@@ -110,6 +113,9 @@ VALUE_RULES: dict[str, tuple[Callable[[Any], bool], str]] = {
     "training.keep_checkpoints": _at_least(1),
     "training.bleu_every_steps": _at_least(0),
     "training.bleu_examples": _at_least(0),
+    "training.bleu_method": ((lambda value: value in (None, "greedy", "beam")), "None, 'greedy' or 'beam'"),
+    "training.final_choice": ((lambda value: isinstance(value, bool)), "True or False"),
+    "training.average_last": _at_least(0),
     "decoding.method": _one_of("beam", "greedy", "sample"),
     "decoding.beam_size": _at_least(1),
     "decoding.alpha": ((lambda value: _number(value) and value >= 0), "a number >= 0"),

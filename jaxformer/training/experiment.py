@@ -31,6 +31,7 @@ RESUME_FREE = {
     "data.eval_batch_size",
     "optimizer.learning_rate_scale",
     "optimizer.warmup_steps",
+    "optimizer.decay_floor",
     "mesh.shape",
     "mesh.logical_axis_rules",
 }
@@ -101,8 +102,13 @@ def default_config() -> ml_collections.ConfigDict:
     config.tokenizer.max_sentences = 2_000_000  # sentences sampled from the training split to train it
 
     config.optimizer = ml_collections.ConfigDict()
+    # "rsqrt": the paper's warmup then inverse square root decay; "budget": the same warmup to the
+    # same peak, then a linear decay to decay_floor * peak where the run's budget ends
+    # (num_train_steps, or training.time_budget_minutes's estimate of the last step).
+    config.optimizer.schedule = "rsqrt"
     config.optimizer.learning_rate_scale = 1.0  # lr = scale * d_model^-0.5 * min(step^-0.5, step * warmup^-1.5)
     config.optimizer.warmup_steps = 4000
+    config.optimizer.decay_floor = 0.0  # "budget" schedule: the last rate, as a fraction of the peak
     config.optimizer.b1 = 0.9  # Adam beta1
     config.optimizer.b2 = 0.98  # Adam beta2
     config.optimizer.eps = 1e-9  # Adam epsilon
@@ -124,9 +130,12 @@ def default_config() -> ml_collections.ConfigDict:
     # LM) run; the cross-attention starts from random values. Instead of init_from.
     config.training.init_encoder_from = ml_collections.FieldReference(None, field_type=str)
     config.training.init_decoder_from = ml_collections.FieldReference(None, field_type=str)
-    # With init_from / init_encoder_from / init_decoder_from: "latest", "best", "averaged" or a step.
+    # With init_from / init_encoder_from / init_decoder_from: "latest", "best", "averaged", "final" or a step.
     config.training.init_checkpoint = "latest"
     config.training.num_train_steps = 100_000
+    # A wall-clock budget for the training loop (its steps, evaluations and checkpoints) across
+    # resumes; the run ends when it is spent, or at num_train_steps. 0: no time budget.
+    config.training.time_budget_minutes = 0.0
     config.training.label_smoothing = 0.1  # epsilon_ls
     config.training.loss_chunk_tokens = (
         512  # output projection + loss fused over chunks of this many target tokens (0: whole batch)
@@ -139,6 +148,14 @@ def default_config() -> ml_collections.ConfigDict:
         0  # validation BLEU (and the best checkpoint in workdir/best) every N steps; 0: off
     )
     config.training.bleu_examples = 500  # validation pairs translated for that BLEU (0: all)
+    # The search for that BLEU, "greedy" or "beam" (None: decoding.method); greedy costs a fraction
+    # of beam 4 and ranks checkpoints alike. The final choice always uses `decoding`.
+    config.training.bleu_method = ml_collections.FieldReference(None, field_type=str)
+    # At the end of the run, the latest parameters, best/'s and the mean of the last average_last
+    # checkpoints are scored on the whole validation split with `decoding`; the highest is saved
+    # to workdir/final ("--checkpoint final").
+    config.training.final_choice = False
+    config.training.average_last = 5  # checkpoints averaged for that choice (of those kept; < 2: none)
 
     # Translation for validation BLEU (translate.py and evaluate.py take the same settings as flags).
     config.decoding = ml_collections.ConfigDict()
@@ -190,6 +207,7 @@ def validate(config: ml_collections.ConfigDict) -> None:
         for key, value in (
             ("tokenizer.separate_vocabularies", config.tokenizer.separate_vocabularies),
             ("training.bleu_every_steps", config.training.bleu_every_steps),
+            ("training.final_choice", config.training.final_choice),
         ):
             if value:
                 raise ConfigError(

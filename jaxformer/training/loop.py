@@ -32,6 +32,8 @@ from jaxformer.run.directory import RunDirectory
 from jaxformer.run.lock import WorkdirLock, WorkdirLockedError
 from jaxformer.run.metadata import CheckpointMetadata
 from jaxformer.training import experiment, sharding
+from jaxformer.training.budget import BUDGET_CHECK_STEPS, ScheduleEnd, TimeBudget, TrainingClock, check_budget
+from jaxformer.training.final_choice import choose_final
 from jaxformer.training.init_from import (
     PARTS,
     StartingPoint,
@@ -329,6 +331,10 @@ def _train(config, prepared: PreparedRun, model: nn.Module, mesh, rules) -> dict
         step, state, _ = restored
         logging.info("resumed from step %d of %s", step, checkpointer.directory)
     del overrides  # the starting checkpoints' host parameters, no longer needed
+    clock = TrainingClock(0.0 if restored is None else restored[2].train_seconds or 0.0)
+    budget = TimeBudget(training.time_budget_minutes * 60, clock) if training.time_budget_minutes else None
+    schedule_end = ScheduleEnd(config, state, replicated)
+    state = schedule_end.at_start(state, step, resumed=restored is not None, timed=budget is not None)
 
     train_fn = jax.jit(
         make_train_step(model, optimizer, learning_rate, training, objective),
@@ -380,7 +386,8 @@ def _train(config, prepared: PreparedRun, model: nn.Module, mesh, rules) -> dict
 
     def save(step: int) -> None:
         train_metrics.flush()  # never checkpoint past a NaN
-        checkpointer.save(step, state, train_iterator, prepared.metadata.replace(step=step))
+        metadata = prepared.metadata.replace(step=step, train_seconds=clock.seconds())
+        checkpointer.save(step, state, train_iterator, metadata)
 
     periodic = [
         Periodic("log", training.log_every_steps, lambda step: train_metrics.flush(), at_last_step=False),
@@ -390,15 +397,27 @@ def _train(config, prepared: PreparedRun, model: nn.Module, mesh, rules) -> dict
     ]
     if from_starting_points and step == 0:
         evaluate(0)  # where fine-tuning starts: the starting model on this run's validation data
+    # A run resumed with its budget already spent (saved at the budget's last step) trains no more.
+    budget_spent = budget is not None and clock.seconds_before >= budget.seconds
+    if budget_spent:
+        logging.info("time budget of %g minutes already spent at step %d", training.time_budget_minutes, step)
+    clock.start()
     with StopRequest() as stop:
         try:
-            while step < training.num_train_steps and not stop.requested:
+            while step < training.num_train_steps and not stop.requested and not budget_spent:
                 batch = sharding.global_batch(next(train_iterator), batch_sharding)
                 state, metrics = train_fn(state, batch)
                 step += 1
                 train_metrics.add(step, metrics)
                 progress.update(1)
-                run_due(periodic, step, training.num_train_steps)
+                if budget is not None:
+                    budget.step_done(step)
+                    if step % min(training.log_every_steps, BUDGET_CHECK_STEPS) == 0:
+                        budget_spent, state = check_budget(budget, schedule_end, state, step, writer, training)
+                # The budget's last step is the run's last: its evaluation and checkpoint are due.
+                run_due(periodic, step, step if budget_spent else training.num_train_steps)
+                if budget_spent:
+                    logging.info("time budget of %g minutes spent at step %d", training.time_budget_minutes, step)
             stopped_early = stop.requested and step < training.num_train_steps
             if stopped_early:
                 if step not in checkpointer.steps():
@@ -416,9 +435,18 @@ def _train(config, prepared: PreparedRun, model: nn.Module, mesh, rules) -> dict
             writer.close()
             if validator:
                 validator.close()
+    train_seconds = clock.seconds()  # the loop's, without the final choice
+    if training.final_choice and not stopped_early:  # after close(): every checkpoint is written
+        metadata = prepared.metadata.replace(train_seconds=train_seconds)
+        last["final"] = choose_final(
+            config, model.config, tokenizers, prepared.eval_source, run, step, state.params, metadata
+        )
     if train_metrics.last is not None:
         last["train"] = train_metrics.last
     last["step"] = step
+    last["train_seconds"] = train_seconds
+    if budget_spent:
+        last["ended_by"] = "time budget"
     last["first_step"] = 0 if restored is None else restored[0]  # where this run started or resumed
     if stopped_early:
         last["stopped_by_signal"] = stop.signum

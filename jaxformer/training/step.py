@@ -25,6 +25,7 @@ import optax
 from jaxformer.tokens import PAD_ID
 from jaxformer.training.loss import token_losses
 from jaxformer.training.objectives import TRANSLATION, Objective
+from jaxformer.training.optimizer import LearningRate
 from jaxformer.training.output_loss import projected_token_losses
 from jaxformer.training.state import TrainState
 
@@ -44,7 +45,7 @@ def train_step(
     *,
     model: nn.Module,
     optimizer: optax.GradientTransformation,
-    learning_rate: optax.Schedule,
+    learning_rate: LearningRate,
     label_smoothing: float,
     loss_chunk_tokens: int = 512,
     objective: Objective = TRANSLATION,
@@ -52,7 +53,7 @@ def train_step(
     """One optimizer step (or micro-step) with teacher forcing, dropout keyed by
     `state.dropout_key()` (fold_in(state.rng, state.step)).
 
-    `learning_rate` maps the train step to its rate, for the metrics (see `make_optimizer`).
+    `learning_rate` maps (train step, optimizer state) to its rate, for the metrics (see `make_optimizer`).
     The output projection and the loss run fused, `loss_chunk_tokens` target positions at a
     time (see output_loss.py; <= 0: the whole batch at once): the [B, T, V] logits are never
     stored whole.
@@ -79,7 +80,7 @@ def train_step(
     updates, opt_state = optimizer.update(grads, state.opt_state, state.params)
     params = optax.apply_updates(state.params, updates)
     metrics["grad_norm"] = optax.tree.norm(grads)
-    metrics["learning_rate"] = learning_rate(state.step)
+    metrics["learning_rate"] = learning_rate(state.step, state.opt_state)  # the rate of this update
     return state.replace(step=state.step + 1, params=params, opt_state=opt_state), metrics
 
 
@@ -96,7 +97,7 @@ def eval_step(
 def make_train_step(
     model: nn.Module,
     optimizer: optax.GradientTransformation,
-    learning_rate: optax.Schedule,
+    learning_rate: LearningRate,
     training: ml_collections.ConfigDict,
     objective: Objective = TRANSLATION,
 ) -> Callable[[TrainState, Batch], tuple[TrainState, Metrics]]:

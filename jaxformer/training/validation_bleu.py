@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import math
 import os
@@ -30,10 +31,45 @@ def decode_settings(config: ml_collections.ConfigDict) -> DecodeSettings:
     )
 
 
+class ValidationSet:
+    """The first `examples` validation pairs (0: all), translated with given parameters and
+    scored with sacreBLEU. `tokenizer` encodes the sources; `target_tokenizer` (separate
+    vocabularies) decodes the output."""
+
+    def __init__(
+        self,
+        config: ml_collections.ConfigDict,
+        model_config: TransformerConfig,
+        tokenizer: Tokenizer,
+        eval_source,
+        examples: int,
+        target_tokenizer: Tokenizer | None = None,
+        settings: DecodeSettings | None = None,
+    ):
+        """`settings`: the search (default: the config's `decoding` section)."""
+        data = config.data
+        count = min(examples or len(eval_source), len(eval_source))
+        records = eval_source.__getitems__(list(range(count)))
+        self.sources = [record_text(record, data.source_language) for record in records]
+        self.references = [record_text(record, data.target_language) for record in records]
+        self.translator = Translator(
+            model_config,
+            None,
+            tokenizer,
+            decode_settings(config) if settings is None else settings,
+            batch_size=config.decoding.batch_size,
+            target_tokenizer=target_tokenizer,
+        )
+
+    def score(self, params: Any) -> dict[str, Any]:
+        """sacreBLEU's BLEU, chrF, lowercase BLEU and signature of `params`' translations."""
+        return corpus_scores(self.translator.with_params(params).translate(self.sources), self.references)
+
+
 class BleuValidator:
-    """Translates the first `training.bleu_examples` validation pairs with the current parameters,
-    scores them with sacreBLEU, and saves the parameters to workdir/best when BLEU improves.
-    `tokenizer` encodes the sources; `target_tokenizer` (separate vocabularies) decodes the output."""
+    """Scores the current parameters on the first `training.bleu_examples` validation pairs
+    (ValidationSet) with the search `training.bleu_method` names (None: `decoding`'s), and saves
+    them to workdir/best when BLEU improves."""
 
     def __init__(
         self,
@@ -44,18 +80,11 @@ class BleuValidator:
         workdir: str | os.PathLike,
         target_tokenizer: Tokenizer | None = None,
     ):
-        data = config.data
-        count = config.training.bleu_examples or len(eval_source)
-        records = eval_source.__getitems__(list(range(min(count, len(eval_source)))))
-        self.sources = [record_text(record, data.source_language) for record in records]
-        self.references = [record_text(record, data.target_language) for record in records]
-        self.translator = Translator(
-            model_config,
-            None,
-            tokenizer,
-            decode_settings(config),
-            batch_size=config.decoding.batch_size,
-            target_tokenizer=target_tokenizer,
+        settings = decode_settings(config)
+        if config.training.get("bleu_method") is not None:  # cheaper than the final search, e.g. greedy
+            settings = dataclasses.replace(settings, method=config.training.bleu_method)
+        self.validation = ValidationSet(
+            config, model_config, tokenizer, eval_source, config.training.bleu_examples, target_tokenizer, settings
         )
         self.best = Checkpointer(RunDirectory(workdir).best, keep=1)
         best = self.best.latest_metadata()
@@ -64,13 +93,12 @@ class BleuValidator:
     def __call__(self, step: int, params: Any, metadata: CheckpointMetadata) -> dict[str, float]:
         """Scores `params`; when BLEU improves, saves them to workdir/best with `metadata`
         (its step and BLEU set to this step's)."""
-        hypotheses = self.translator.with_params(params).translate(self.sources)
-        scores = corpus_scores(hypotheses, self.references)
+        scores = self.validation.score(params)
         logging.info(
             "step %d: validation BLEU %.2f on %d sentences (%s)",
             step,
             scores["bleu"],
-            len(hypotheses),
+            len(self.validation.sources),
             scores["bleu_signature"],
         )
         if scores["bleu"] > self.best_bleu:

@@ -35,7 +35,7 @@ def no_decoding(monkeypatch):
         (["--top_k", "-3"], "argument --top_k: must be an integer >= 0, got -3"),
         (
             ["--checkpoint", "newest"],
-            "argument --checkpoint: must be latest, best, averaged or a step number, got 'newest'",
+            "argument --checkpoint: must be latest, best, averaged, final or a step number, got 'newest'",
         ),
         (["--method", "beams"], "argument --method: invalid choice: 'beams'"),
     ],

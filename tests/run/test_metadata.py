@@ -34,6 +34,7 @@ def test_run_directory_layout(tmp_path):
         tmp_path / "checkpoints",
         tmp_path / "best",
         tmp_path / "averaged",
+        tmp_path / "final",
     ]
     assert (run.checkpoints, run.best, run.averaged) == (
         tmp_path / "checkpoints",
@@ -44,7 +45,7 @@ def test_run_directory_layout(tmp_path):
     assert run.target_tokenizer_file == tmp_path / "tokenizer.target.model"
     assert run.metrics_file == tmp_path / "metrics.jsonl" and run.tensorboard_dir == tmp_path / "tensorboard"
     assert run.last_metrics_file == tmp_path / "last_metrics.json"
-    with pytest.raises(ValueError, match="choose one of latest, best, averaged or a step number"):
+    with pytest.raises(ValueError, match="choose one of latest, best, averaged, final or a step number"):
         run.checkpoint_directory("newest")
     with pytest.raises(dataclasses.FrozenInstanceError):
         run.path = tmp_path / "other"
@@ -71,6 +72,12 @@ def test_metadata_round_trips_through_json():
     separate = METADATA.replace(target_tokenizer=b"\x0a\x0ctarget")
     assert json.loads(json.dumps(separate.to_json()))["target_tokenizer"] == "Cgx0YXJnZXQ="
     assert CheckpointMetadata.from_json(json.loads(json.dumps(separate.to_json())), "here") == separate
+    final = METADATA.replace(bleu=30.5, chosen_from="averaged", train_seconds=1834.25)
+    written = json.loads(json.dumps(final.to_json()))
+    assert (written["chosen_from"], written["train_seconds"]) == ("averaged", 1834.25)
+    assert CheckpointMetadata.from_json(written, "here") == final
+    with pytest.raises(CheckpointError, match="'train_seconds' holds a JSON string, not a number"):
+        CheckpointMetadata.from_json({**written, "train_seconds": "soon"}, "here")
 
 
 def test_metadata_from_older_and_newer_writers():

@@ -5,7 +5,13 @@ import optax
 import pytest
 
 from jaxformer.training.experiment import default_config
-from jaxformer.training.optimizer import make_optimizer, rsqrt_schedule
+from jaxformer.training.optimizer import (
+    budget_rate,
+    end_step,
+    make_optimizer,
+    rsqrt_schedule,
+    set_end_step,
+)
 
 
 def section(**values):
@@ -34,7 +40,7 @@ def test_first_update_is_adam_with_the_papers_betas():
     # Adam's first step: m = (1-b1) g, v = (1-b2) g^2, bias-corrected -> g / (|g| + eps).
     g = np.asarray(grads["w"])
     m_hat, v_hat = g, g**2
-    expected = -float(schedule(0)) * m_hat / (np.sqrt(v_hat) + 1e-9)
+    expected = -float(schedule(0, None)) * m_hat / (np.sqrt(v_hat) + 1e-9)
     np.testing.assert_allclose(updates["w"], expected, rtol=1e-5)
     adam_state = optimizer.init(params)[0][0]
     assert isinstance(adam_state, optax.ScaleByAdamState)
@@ -70,10 +76,46 @@ def test_accumulation_equals_one_big_batch():
 
 def test_section_values_reach_adam_and_the_learning_rate_counts_updates():
     optimizer, learning_rate = make_optimizer(section(warmup_steps=7, learning_rate_scale=2.0, eps=1e-3), d_model=64)
-    np.testing.assert_allclose(learning_rate(3), rsqrt_schedule(64, 7, 2.0)(3), rtol=1e-7)
+    np.testing.assert_allclose(learning_rate(3, None), rsqrt_schedule(64, 7, 2.0)(3), rtol=1e-7)
     params, grads = {"w": jnp.array([1.0])}, {"w": jnp.array([0.1])}
     updates, _ = optimizer.update(grads, optimizer.init(params), params)
-    np.testing.assert_allclose(updates["w"], -float(learning_rate(0)) * 0.1 / (0.1 + 1e-3), rtol=1e-5)  # eps 1e-3
+    np.testing.assert_allclose(updates["w"], -float(learning_rate(0, None)) * 0.1 / (0.1 + 1e-3), rtol=1e-5)  # eps 1e-3
     _, accumulating_rate = make_optimizer(section(warmup_steps=7, accumulation_steps=3), d_model=64)
     for step in range(9):  # train steps count micro-batches: 3 of them share an update's rate
-        np.testing.assert_array_equal(accumulating_rate(jnp.int32(step)), rsqrt_schedule(64, 7)(jnp.int32(step // 3)))
+        rate = accumulating_rate(jnp.int32(step), None)
+        np.testing.assert_array_equal(rate, rsqrt_schedule(64, 7)(jnp.int32(step // 3)))
+
+
+def test_budget_schedule_warms_up_to_the_rsqrt_peak_then_decays_linearly_to_its_floor_at_the_end():
+    d_model, warmup, end, floor = 64, 10, 50, 0.1
+    peak = 2.0 * d_model**-0.5 * warmup**-0.5
+    rates = np.asarray([budget_rate(count, end, peak, warmup, floor) for count in range(70)])
+    np.testing.assert_allclose(rates[warmup - 1], peak, rtol=1e-6)  # update `warmup` (count warmup - 1)
+    np.testing.assert_allclose(rates[warmup - 1], rsqrt_schedule(d_model, warmup, 2.0)(warmup - 1), rtol=1e-6)
+    np.testing.assert_allclose(rates[: warmup - 1], peak * np.arange(1, warmup) / warmup, rtol=1e-6)
+    np.testing.assert_allclose(rates[end - 1], floor * peak, rtol=1e-6)  # update `end` reaches the floor
+    np.testing.assert_allclose(rates[end:], floor * peak, rtol=1e-6)  # and stays there
+    decay = rates[warmup - 1 : end]
+    np.testing.assert_allclose(np.diff(decay), np.full(len(decay) - 1, -(1 - floor) * peak / (end - warmup)), rtol=1e-4)
+
+
+def test_budget_schedule_end_lives_in_the_optimizer_state_and_moves_the_rate():
+    config = section(schedule="budget", warmup_steps=4, learning_rate_scale=1.0, decay_floor=0.0, clip_norm=0.0)
+    for accumulation in (1, 2):
+        config.accumulation_steps = accumulation
+        optimizer, learning_rate = make_optimizer(config, d_model=16)
+        params, grads = {"w": jnp.array([1.0])}, {"w": jnp.array([0.5])}
+        state = set_end_step(optimizer.init(params), jnp.float32(20.0))
+        assert float(end_step(state)) == 20.0
+        for _ in range(6 * accumulation):  # past the warmup
+            updates, state = optimizer.update(grads, state, params)
+        peak = 16**-0.5 * 4**-0.5
+        np.testing.assert_allclose(learning_rate(jnp.int32(6 * accumulation), state), peak * (1 - 3 / 16), rtol=1e-6)
+        shorter = set_end_step(state, jnp.float32(8.0))
+        np.testing.assert_allclose(learning_rate(jnp.int32(6 * accumulation), shorter), peak * (1 - 3 / 4), rtol=1e-6)
+    # The update applies the logged rate: Adam's first step is -rate * g / (|g| + eps).
+    config.accumulation_steps = 1
+    optimizer, learning_rate = make_optimizer(config, d_model=16)
+    state = set_end_step(optimizer.init(params), jnp.float32(20.0))
+    updates, _ = optimizer.update(grads, state, params)
+    np.testing.assert_allclose(updates["w"], -float(learning_rate(jnp.int32(0), state)), rtol=1e-5)

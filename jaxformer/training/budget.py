@@ -1,0 +1,116 @@
+"""A run's training time and its wall-clock budget (training.time_budget_minutes).
+
+`TrainingClock` counts the seconds the training loop has spent across resumes: what the run had
+spent when the checkpoint it resumes from was saved (CheckpointMetadata.train_seconds), plus this
+process's time since its loop started. `TimeBudget` turns the pace measured so far into the step
+at which the budget runs out: the end of the "budget" learning-rate schedule (optimizer.py),
+corrected as the run goes, and the signal to stop.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+import time
+
+import jax
+import ml_collections
+import numpy as np
+from jax.experimental import multihost_utils
+
+from jaxformer.training.optimizer import end_step, set_end_step
+
+
+class TrainingClock:
+    """Seconds spent by the run's training loop: `seconds_before` (earlier segments, up to the
+    checkpoint this one resumed from) plus the time since `start()`."""
+
+    def __init__(self, seconds_before: float = 0.0):
+        self.seconds_before = seconds_before
+        self._started: float | None = None
+
+    def start(self) -> None:
+        self._started = time.monotonic()
+
+    def seconds(self) -> float:
+        return self.seconds_before + (0.0 if self._started is None else time.monotonic() - self._started)
+
+
+class TimeBudget:
+    """A wall-clock budget of `seconds` for the training loop. The pace is measured from this
+    segment's first completed step, so the first step's compilation is spent but not
+    extrapolated; evaluations and checkpoints inside the measured span are, which is what
+    the remaining steps will also pay."""
+
+    def __init__(self, seconds: float, clock: TrainingClock):
+        self.seconds, self.clock = seconds, clock
+        self._pace_from: tuple[int, float] | None = None  # (step, clock seconds) where the pace is measured from
+
+    def step_done(self, step: int) -> None:
+        if self._pace_from is None:
+            self._pace_from = (step, self.clock.seconds())
+
+    def spent(self) -> bool:
+        return self.clock.seconds() >= self.seconds
+
+    def seconds_per_step(self, step: int) -> float | None:
+        if self._pace_from is None or step <= self._pace_from[0]:
+            return None
+        first_step, first_seconds = self._pace_from
+        return (self.clock.seconds() - first_seconds) / (step - first_step)
+
+    def end_step(self, step: int, max_steps: int) -> float | None:
+        """The step at which the budget runs out at the pace so far, within [step + 1,
+        max_steps]; None before a pace is known."""
+        pace = self.seconds_per_step(step)
+        if pace is None:
+            return None
+        remaining = max(self.seconds - self.clock.seconds(), 0.0)
+        return float(min(max(step + remaining / max(pace, 1e-9), step + 1), max_steps))
+
+
+BUDGET_CHECK_STEPS = 10  # a time budget is checked (and the schedule's end re-estimated) this often at most
+
+
+class ScheduleEnd:
+    """Sets the "budget" schedule's end (optimizer.py: `end_step`, in optimizer updates) in the
+    train state; does nothing under other schedules."""
+
+    def __init__(self, config: ml_collections.ConfigDict, state, replicated):
+        self.updates_per_step = 1 / config.optimizer.accumulation_steps
+        self.max_steps = config.training.num_train_steps
+        self.replicated = replicated
+        self.active = end_step(state.opt_state) is not None
+
+    def steps(self, state) -> float:
+        return float(jax.device_get(end_step(state.opt_state))) / self.updates_per_step
+
+    def set(self, state, steps: float):
+        value = jax.device_put(np.float32(steps * self.updates_per_step), self.replicated)
+        return state.replace(opt_state=set_end_step(state.opt_state, value))
+
+    def at_start(self, state, step: int, resumed: bool, timed: bool):
+        """Without a time budget the schedule ends at num_train_steps; with one, a new run starts
+        from that guess and a resumed one keeps the estimate it saved."""
+        if not self.active or (resumed and timed):
+            if self.active:
+                logging.info("budget schedule: resumed with its end at step %.0f", self.steps(state))
+            return state
+        if resumed and abs(self.steps(state) - self.max_steps) > 0.5:
+            logging.info("budget schedule: its end moves from step %.0f to %d", self.steps(state), self.max_steps)
+        return self.set(state, self.max_steps)
+
+
+def check_budget(budget: TimeBudget, schedule_end: ScheduleEnd, state, step: int, writer, training):
+    """(whether the time budget is spent, the state with the schedule's end re-estimated). Every
+    process takes process 0's reading, so all stop at the same step with the same schedule."""
+    estimate = budget.end_step(step, training.num_train_steps)
+    reading = np.asarray([budget.spent(), -1.0 if estimate is None else estimate, budget.clock.seconds()], np.float64)
+    if jax.process_count() > 1:
+        reading = np.asarray(multihost_utils.broadcast_one_to_all(reading))
+    spent, estimate, seconds = bool(reading[0]), float(reading[1]), float(reading[2])
+    if estimate > 0 and schedule_end.active:
+        state = schedule_end.set(state, estimate)
+    if step % training.log_every_steps == 0:
+        writer.write(step, {"seconds": seconds, "end_step": estimate if estimate > 0 else math.nan}, prefix="budget/")
+    return spent, state

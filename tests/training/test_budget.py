@@ -1,0 +1,208 @@
+"""Spending a training budget: the "budget" schedule's shape in a real run, exact resume in the
+middle of it, a wall-clock budget that ends the run (and is carried across a resume), the pace
+estimate, and the automatic final choice among the latest, best and averaged parameters (checked
+against translating each candidate through Translator and scoring it with sacreBLEU)."""
+
+import dataclasses
+import json
+import pathlib
+import shutil
+import types
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+import sacrebleu
+
+from jaxformer.data.pipeline import record_text
+from jaxformer.data.sources import get_builder, load_split
+from jaxformer.decoding.translator import Translator
+from jaxformer.run.averaging import average_last
+from jaxformer.run.loading import load_checkpoint
+from jaxformer.training import budget as budget_module
+from jaxformer.training.budget import ScheduleEnd, TimeBudget, TrainingClock, check_budget
+from jaxformer.training.experiment import default_config, with_absolute_paths
+from jaxformer.training.optimizer import budget_rate, make_optimizer
+from jaxformer.training.state import TrainState
+from jaxformer.training.validation_bleu import decode_settings
+from tests.training.test_loop import ROOT, losses, train
+
+pytestmark = pytest.mark.xdist_group("budget")
+
+D_MODEL, WARMUP = 32, 5  # the tiny preset's width; a warmup short enough to see the decay
+SCHEDULE = (
+    "--config.optimizer.schedule=budget",
+    f"--config.optimizer.warmup_steps={WARMUP}",
+    "--config.optimizer.learning_rate_scale=1.0",
+)
+
+
+CHOICE = (
+    "--config.training.final_choice=True",
+    "--config.training.average_last=2",
+    "--config.training.bleu_every_steps=20",
+    "--config.training.bleu_examples=16",
+    "--config.training.bleu_method=greedy",  # during training; the final choice searches with `decoding`
+    "--config.decoding.beam_size=2",
+    "--config.decoding.max_extra_length=8",
+)
+
+
+def peak():
+    return D_MODEL**-0.5 * WARMUP**-0.5  # learning_rate_scale 1: the rsqrt schedule's peak
+
+
+def last_metrics(workdir):
+    return json.loads((pathlib.Path(workdir) / "last_metrics.json").read_text())
+
+
+@pytest.fixture(scope="module")
+def scheduled_run(tmp_path_factory, data_dir):
+    """40 steps (checkpoints at 20 and 40) with the budget schedule and the final choice; its stderr."""
+    workdir = tmp_path_factory.mktemp("budget_schedule")
+    result = train(workdir, data_dir, *SCHEDULE, "--config.optimizer.decay_floor=0.1", *CHOICE)
+    return types.SimpleNamespace(workdir=workdir, stderr=result.stderr)
+
+
+def test_the_rate_warms_up_then_decays_to_its_floor_at_num_train_steps(scheduled_run):
+    rates = losses(scheduled_run.workdir, "train/learning_rate")
+    assert sorted(rates) == list(range(1, 41))
+    expected = [float(budget_rate(step - 1, 40, peak(), WARMUP, 0.1)) for step in range(1, 41)]
+    np.testing.assert_allclose([rates[step] for step in range(1, 41)], expected, rtol=1e-5)
+    np.testing.assert_allclose(rates[WARMUP], peak(), rtol=1e-5)
+    np.testing.assert_allclose(rates[40], 0.1 * peak(), rtol=1e-5)
+
+
+def test_resume_in_the_middle_of_the_schedule_is_exact(scheduled_run, data_dir, tmp_path):
+    resumed = tmp_path / "resumed"
+    shutil.copytree(scheduled_run.workdir, resumed)
+    shutil.rmtree(resumed / "checkpoints" / "40")  # as if stopped at step 20
+    shutil.rmtree(resumed / "final")
+    result = train(resumed, data_dir, *SCHEDULE, "--config.optimizer.decay_floor=0.1", *CHOICE)
+    assert "resumed from step 20" in result.stderr
+    straight, again = losses(scheduled_run.workdir), losses(resumed)  # steps 21-40 of `resumed`: logged last
+    assert [again[s] for s in range(21, 41)] == [straight[s] for s in range(21, 41)]  # bitwise
+    assert losses(resumed, "train/learning_rate")[40] == losses(scheduled_run.workdir, "train/learning_rate")[40]
+    assert (
+        load_checkpoint(resumed, "final")[1].chosen_from
+        == load_checkpoint(scheduled_run.workdir, "final")[1].chosen_from
+    )
+
+
+def test_a_time_budget_ends_the_run_and_carries_over_a_resume(data_dir, tmp_path):
+    workdir = tmp_path / "timed"
+    timed = (*SCHEDULE, "--config.training.time_budget_minutes=0.25", "--config.training.log_every_steps=10")
+    train(workdir, data_dir, *timed, "--config.training.num_train_steps=30")  # ends by its steps first
+    first = last_metrics(workdir)
+    assert first["step"] == 30 and "ended_by" not in first and 0 < first["train_seconds"] < 15
+    forever = "--config.training.num_train_steps=1000000"
+    result = train(workdir, data_dir, *timed, forever)
+    summary = last_metrics(workdir)
+    assert "resumed from step 30" in result.stderr and "budget schedule: resumed with its end" in result.stderr
+    assert summary["ended_by"] == "time budget" and 30 < summary["step"] < 1_000_000
+    assert 15 <= summary["train_seconds"] < 15 + 30  # the earlier 30 steps' seconds count (+ the last checks)
+    seconds = losses(workdir, "budget/seconds")
+    assert min(seconds[s] for s in seconds if s > 30) >= first["train_seconds"]  # counted on from the checkpoint
+    assert summary["step"] in [int(p.name) for p in (workdir / "checkpoints").iterdir() if p.name.isdigit()]
+    assert summary["step"] in losses(workdir, "eval/loss")  # the last step's evaluation ran
+    last_step = summary["step"]
+    assert losses(workdir, "budget/end_step")[last_step] == last_step + 1  # spent: the schedule ends now
+    again = train(workdir, data_dir, *timed, forever)  # the budget is spent: nothing more to train
+    assert "time budget of 0.25 minutes already spent" in again.stderr
+    assert last_metrics(workdir)["step"] == summary["step"]
+
+
+def test_the_pace_excludes_the_first_step_and_the_end_is_clamped(monkeypatch):
+    now = [100.0]
+    monkeypatch.setattr(budget_module.time, "monotonic", lambda: now[0])
+    clock = TrainingClock(seconds_before=40.0)
+    clock.start()
+    budget = TimeBudget(100.0, clock)
+    assert budget.end_step(0, 1000) is None
+    now[0] += 20.0  # the first step: compilation
+    budget.step_done(1)
+    assert budget.end_step(1, 1000) is None  # no pace from one step
+    now[0] += 10.0  # 10 more steps at 1 s
+    budget.step_done(11)
+    assert budget.seconds_per_step(11) == pytest.approx(1.0)
+    assert budget.end_step(11, 1000) == pytest.approx(11 + 30.0)  # 100 - (40 + 30) seconds left
+    assert budget.end_step(11, 20) == 20  # never past num_train_steps
+    assert not budget.spent()
+    now[0] += 35.0
+    assert budget.spent() and budget.end_step(11, 1000) == 12  # at least the next step
+
+
+def test_each_check_moves_the_schedules_end_to_the_estimate(monkeypatch):
+    now = [0.0]
+    monkeypatch.setattr(budget_module.time, "monotonic", lambda: now[0])
+    config = default_config()
+    config.optimizer.update(schedule="budget", warmup_steps=WARMUP, learning_rate_scale=1.0, decay_floor=0.0)
+    config.training.update(num_train_steps=1000, log_every_steps=10)
+    optimizer, learning_rate = make_optimizer(config.optimizer, D_MODEL)
+    params = {"w": jnp.zeros(3)}
+    state = TrainState(step=jnp.int32(0), params=params, opt_state=optimizer.init(params), rng=jax.random.key(0))
+    schedule_end = ScheduleEnd(config, state, jax.sharding.SingleDeviceSharding(jax.devices()[0]))
+    state = schedule_end.at_start(state, 0, resumed=False, timed=True)
+    assert schedule_end.steps(state) == 1000  # num_train_steps until a pace is known
+    written = []
+    writer = types.SimpleNamespace(write=lambda step, values, prefix: written.append((step, values, prefix)))
+    clock = TrainingClock()
+    clock.start()
+    budget = TimeBudget(60.0, clock)
+    now[0] = 5.0  # compilation
+    budget.step_done(1)
+    now[0] = 5.0 + 9 * 0.5  # then 0.5 s per step
+    spent, state = check_budget(budget, schedule_end, state, 10, writer, config.training)
+    assert not spent and schedule_end.steps(state) == pytest.approx(10 + (60 - 9.5) / 0.5)
+    assert written == [(10, {"seconds": 9.5, "end_step": pytest.approx(111.0)}, "budget/")]
+    np.testing.assert_allclose(
+        learning_rate(jnp.int32(10), state.opt_state), budget_rate(10, 111.0, peak(), WARMUP, 0.0), rtol=1e-6
+    )
+    now[0] = 61.0
+    spent, state = check_budget(budget, schedule_end, state, 20, writer, config.training)
+    assert spent and schedule_end.steps(state) == 21  # the rate reaches its floor at the next update
+
+
+def test_the_run_saves_the_candidate_with_the_highest_validation_bleu(scheduled_run, data_dir):
+    workdir, stderr = scheduled_run.workdir, scheduled_run.stderr
+    summary = json.loads((workdir / "last_metrics.json").read_text())["final"]
+    assert {"latest/bleu", "averaged/bleu"} <= set(summary)
+    step, metadata, _ = load_checkpoint(workdir, "final")
+    assert step == 40 and metadata.chosen_from == summary["chosen"] and metadata.bleu == summary["bleu"]
+    assert summary["bleu"] == max(value for key, value in summary.items() if key.endswith("/bleu"))
+    assert "final choice at step 40" in stderr
+    assert f"final choice: {summary['chosen']} (validation BLEU {summary['bleu']:.2f})" in stderr  # the summary
+    assert f"--workdir {workdir.absolute()} --checkpoint final" in stderr  # its translate command
+
+    # Each candidate scored independently: translated by a Translator loaded from the workdir.
+    config = with_absolute_paths(_config(data_dir))
+    validation = load_split(get_builder(config.data), "validation", ("en", "de"))
+    records = validation.__getitems__(list(range(config.data.max_eval_examples)))
+    sources = [record_text(record, "en") for record in records]
+    references = [record_text(record, "de") for record in records]
+    average_last(workdir, 2)  # the same mean, written to averaged/ for the Translator to load
+    translator = Translator.from_workdir(workdir, "final", decode_settings(config), batch_size=64)
+
+    def bleu(checkpoint, translator=translator, count=None):
+        params = load_checkpoint(workdir, checkpoint)[2]
+        hypotheses = translator.with_params(params).translate(sources[:count])
+        return sacrebleu.corpus_bleu(hypotheses, [references[:count]]).score
+
+    for name in ("latest", "averaged", "best"):
+        if f"{name}/bleu" in summary:
+            assert bleu(name) == pytest.approx(summary[f"{name}/bleu"], abs=1e-6), name
+    assert bleu("final") == pytest.approx(summary["bleu"], abs=1e-6)
+
+    # Validation BLEU during training searched greedily: step 20's logged BLEU is greedy's.
+    greedy = Translator.from_workdir(workdir, 20, dataclasses.replace(decode_settings(config), method="greedy"))
+    assert bleu(20, greedy, 16) == pytest.approx(losses(workdir, "eval/bleu")[20], abs=1e-6)
+
+
+def _config(data_dir):
+    from jaxformer.training.config_file import load_config
+
+    config = load_config(str(ROOT / "jaxformer" / "configs" / "tiny.py"))
+    config.data.data_dir = str(data_dir)
+    config.decoding.beam_size, config.decoding.max_extra_length = 2, 8
+    return config
