@@ -4,6 +4,7 @@ import functools
 
 import flax.linen as nn
 import jax
+import jax.numpy as jnp
 import numpy as np
 import optax
 import pytest
@@ -46,7 +47,7 @@ def one_step(mesh_shape, devices, adam=False):
         optimizer_config.warmup_steps = 10
         optimizer, learning_rate = make_optimizer(optimizer_config, CONFIG.d_model)
     else:
-        optimizer, learning_rate = optax.sgd(1.0), optax.constant_schedule(1.0)
+        optimizer, learning_rate = optax.sgd(1.0), lambda step, opt_state: jnp.float32(1.0)
     with jax.set_mesh(mesh), nn.logical_axis_rules(rules):
         boxed = jax.eval_shape(make_init_fn(model, optimizer, LENGTH, LENGTH, boxed=True), 0)
         state_shardings = sharding.logical_shardings(boxed, mesh, rules)
