@@ -49,6 +49,7 @@ def test_wheel_holds_the_configs_and_the_corpus(install_build):
         assert f"{script} = jaxformer.commands." in entry_points(install_build.wheel)
 
 
+@pytest.mark.slow  # a fresh venv, then train -> translate -> export through the installed scripts (-m slow)
 def test_installed_commands_from_outside_the_source_tree(installed_venv, tmp_path):
     """One test, not one per command: with pytest-xdist the steps could land on different workers."""
     result = installed_venv.run(
