@@ -4,7 +4,8 @@ logging routed around progress bars, and one way to report a user's error.
 A command is `main(argv) -> exit code`, built by `run_command(parser, body, argv)`: a
 `UserError` (bad config, flags, data, files, workdir) prints one line, `error: ...`, and exits
 with `EXIT_USER_ERROR`; `--verbose` adds the traceback. Anything else is a bug and keeps its
-traceback. Ctrl-C exits with 130, as shells report it.
+traceback. Ctrl-C exits with 130, as shells report it. Every command keeps its compiled programs
+in the persistent compilation cache (jaxformer/commands/compilation_cache.py).
 """
 
 from __future__ import annotations
@@ -21,6 +22,7 @@ from collections.abc import Callable
 
 import tqdm
 
+from jaxformer.commands.compilation_cache import enable_compilation_cache
 from jaxformer.errors import EXIT_USER_ERROR, UserError, exit_code_for_signal
 from jaxformer.run.directory import CHECKPOINT_KINDS
 
@@ -37,8 +39,15 @@ class Parser(argparse.ArgumentParser):
         sys.exit(EXIT_USER_ERROR)
 
 
+CACHE_NOTE = (  # every command's --help ends with it (the formatter keeps these line breaks)
+    "Compiled programs are kept for the next run in ~/.cache/jaxformer/xla\n"
+    "($XDG_CACHE_HOME/jaxformer/xla; $JAX_COMPILATION_CACHE_DIR when set);\n"
+    "JAXFORMER_COMPILATION_CACHE=0 turns that off."
+)
+
+
 def make_parser(doc: str | None) -> Parser:
-    parser = Parser(description=doc, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = Parser(description=doc, epilog=CACHE_NOTE, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--verbose", action="store_true", help="show tracebacks and debug logging")
     return parser
 
@@ -167,6 +176,7 @@ def run_command(
     """Parses `argv`, runs `body(args)` and turns a user's error into one line and an exit code."""
     args = parser.parse_args(argv)
     configure_logging(log_level, args.verbose)
+    enable_compilation_cache()  # before `body` compiles anything
     try:
         return body(args)
     except UserError as error:

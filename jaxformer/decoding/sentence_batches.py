@@ -11,7 +11,7 @@ from __future__ import annotations
 import logging
 import math
 import re
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from typing import Protocol, runtime_checkable
 
 import numpy as np
@@ -76,21 +76,54 @@ def split_sentence(
 
 
 def length_sorted_batches(
-    sources: Sequence[np.ndarray], batch_size: int, length_bucket: int, pad_id: int, eos_id: int
+    sources: Sequence[np.ndarray],
+    batch_size: int,
+    length_bucket: int,
+    pad_id: int,
+    eos_id: int,
+    *,
+    compiled_lengths: set[int] | None = None,
+    max_buffer_growth: float = 1.0,
+    extra_length: int = 0,
 ) -> Iterator[tuple[list[int], np.ndarray]]:
-    """(indices into `sources`, int32 [batch_size, S]) batches, longest sources first. S is the
-    longest row rounded up to a multiple of `length_bucket` (few shapes, few compilations, little
-    padding); a batch short of rows is filled with empty sentences, which stop at once."""
+    """(indices into `sources`, int32 [batch_size, S]) batches, longest sources first; a batch
+    short of rows is filled with empty sentences, which stop at once. S is `padded_length` of the
+    batch's longest row: its bucket, or with `max_buffer_growth` > 1 one of `compiled_lengths`
+    (the source lengths a search was compiled for; each S picked is added to it)."""
+    known = set() if compiled_lengths is None else compiled_lengths
     order = sorted(range(len(sources)), key=lambda i: len(sources[i]), reverse=True)
     for start in range(0, len(order), batch_size):
         indices = order[start : start + batch_size]
         longest = max(len(sources[i]) for i in indices)
-        length = length_bucket * math.ceil(longest / length_bucket)
+        length = padded_length(longest, length_bucket, known, max_buffer_growth, extra_length)
+        known.add(length)
         batch = np.full((batch_size, length), pad_id, np.int32)
         batch[len(indices) :, 0] = eos_id
         for row, index in enumerate(indices):
             batch[row, : len(sources[index])] = sources[index]
         yield indices, batch
+
+
+def padded_length(
+    longest: int,
+    length_bucket: int,
+    compiled_lengths: Iterable[int] = (),
+    max_buffer_growth: float = 1.0,
+    extra_length: int = 0,
+) -> int:
+    """The source length S a batch whose longest row has `longest` tokens is padded to: its
+    bucket (`longest` rounded up to a multiple of `length_bucket`), or the shortest of
+    `compiled_lengths` that is longer but keeps the search's buffer, S + `extra_length` tokens
+    (the output limit), within `max_buffer_growth` times the bucket's.
+
+    A new S costs a compilation of the whole search (seconds); a longer S costs every step of
+    the batch's search in proportion to the buffer, whose cached keys and values beam search
+    reorders at each step (padding a Multi30k batch from 16 to 48 source tokens, with 50 extra:
+    a third more time). Results do not depend on S: a row's output is its own however padded
+    (tests/decoding/test_batch_shapes.py)."""
+    bucket = length_bucket * math.ceil(longest / length_bucket)
+    most = max_buffer_growth * (bucket + extra_length) - extra_length
+    return min((length for length in compiled_lengths if bucket <= length <= most), default=bucket)
 
 
 def join_pieces(

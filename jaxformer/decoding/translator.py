@@ -25,10 +25,15 @@ class Translator:
     """Translates lists of sentences with a trained model.
 
     Sentences are tokenized, sorted by length and decoded in batches of `batch_size` rows
-    whose source length is rounded up to a multiple of `length_bucket` (few shapes, few
-    compilations, little padding); results come back in input order. Empty input gives
-    empty output. A sentence longer than `max_source_tokens` is translated in pieces (at
-    sentence ends where it can) joined by spaces, so nothing is dropped.
+    whose source length is rounded up to a multiple of `length_bucket`, or to a longer length
+    the search was compiled for already when that makes the search's buffer (source length +
+    max_extra_length) at most `max_buffer_growth` times longer: a new shape costs a compilation
+    of the whole search, a longer buffer costs every step of the batch (see
+    `sentence_batches.padded_length`; 1.0 pads each batch to its own bucket). Neither the
+    padding nor the other sentences of a batch change a sentence's result. Results come back
+    in input order. Empty input gives empty output. A sentence longer than `max_source_tokens`
+    is translated in pieces (at sentence ends where it can) joined by spaces, so nothing is
+    dropped.
     """
 
     def __init__(
@@ -40,6 +45,7 @@ class Translator:
         *,
         batch_size: int = 64,
         length_bucket: int = 16,
+        max_buffer_growth: float = 1.25,
         max_source_tokens: int = 256,
         target_tokenizer: Tokenizer | None = None,
     ):
@@ -64,9 +70,18 @@ class Translator:
         self.tokenizer, self.target_tokenizer = tokenizer, target_tokenizer
         self.settings = settings
         self.batch_size, self.length_bucket, self.max_source_tokens = batch_size, length_bucket, max_source_tokens
+        if not max_buffer_growth >= 1:
+            raise ValueError(f"max_buffer_growth must be >= 1, got {max_buffer_growth}")
+        self.max_buffer_growth = max_buffer_growth
         self._generate = make_generate_fn(self.config, settings)
+        self._compiled_lengths: set[int] = set()  # shared with with_params' copies, as _generate is
         self._rng = jax.random.key(0)
         self.step: int | None = None  # the checkpoint's step, when loaded from a workdir
+
+    @property
+    def compiled_lengths(self) -> list[int]:
+        """The source lengths the search has been compiled for so far (batches are padded to them)."""
+        return sorted(self._compiled_lengths)
 
     def with_params(self, params: Any) -> Translator:
         """The same translator (and compiled search) with other parameters of the same model,
@@ -134,9 +149,18 @@ class Translator:
             total=len(sources), desc="translate", unit="sent", disable=not progress, dynamic_ncols=True
         ) as bar:
             for batch_indices, source in sentence_batches.length_sorted_batches(
-                sources, self.batch_size, self.length_bucket, PAD_ID, EOS_ID
+                sources,
+                self.batch_size,
+                self.length_bucket,
+                PAD_ID,
+                EOS_ID,
+                compiled_lengths=self._compiled_lengths,
+                max_buffer_growth=self.max_buffer_growth,
+                extra_length=self.settings.max_extra_length,
             ):
-                self._rng, rng = jax.random.split(self._rng)
+                rng = self._rng
+                if self.settings.method == "sample":  # the other searches ignore it: no split to compile
+                    self._rng, rng = jax.random.split(self._rng)
                 tokens, scores = jax.device_get(self._generate(self.params, source, rng))  # [B, K, L], [B, K]
                 for row, index in enumerate(batch_indices):
                     results[index] = [(tokens[row, k], float(scores[row, k])) for k in range(tokens.shape[1])]

@@ -1,0 +1,138 @@
+"""The persistent compilation cache every command sets up: its directory, the switch that turns it
+off, a directory it cannot use, and a second process reading what the first wrote."""
+
+import os
+import pathlib
+import subprocess
+import sys
+import tomllib
+
+import pytest
+
+from jaxformer.commands import common
+from jaxformer.commands.compilation_cache import cache_directory
+
+ROOT = pathlib.Path(__file__).parents[2]
+
+# A command in miniature: run_command's set-up, then one compilation, and the persistent cache
+# hits jax counted (jax.monitoring's public event), printed. `import jax` first, or not: the
+# set-up goes through jax's config or its environment variables.
+PROCESS = """
+import sys
+if sys.argv[1] == "jax-first":
+    import jax
+from jaxformer.commands import common
+
+assert ("jax" in sys.modules) == (sys.argv[1] == "jax-first")  # which way the set-up goes
+hits = []
+
+def body(args):
+    import jax
+    import jax.numpy as jnp
+
+    def count(event, **kwargs):
+        if event == "/jax/compilation_cache/cache_hits":
+            hits.append(event)
+
+    jax.monitoring.register_event_listener(count)
+    print("result", float(jax.jit(lambda x: jnp.sin(x) @ x.T)(jnp.ones((8, 8))).sum()))
+    print("hits", len(hits))
+    return 0
+
+sys.exit(common.run_command(common.make_parser(None), body, []))
+"""
+
+
+def run_process(tmp_path, jax_first=False, **variables):
+    """A PROCESS with XDG_CACHE_HOME in `tmp_path`, none of the test session's cache settings, and
+    every program cached however fast it compiles; `variables` add to its environment."""
+    env = {key: value for key, value in os.environ.items() if not key.startswith(("JAX_COMPILATION", "JAXFORMER_"))}
+    env.update(XDG_CACHE_HOME=str(tmp_path / "xdg"), JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS="0", **variables)
+    env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(ROOT), env.get("PYTHONPATH")]))
+    argument = "jax-first" if jax_first else "plain"
+    result = subprocess.run(
+        [sys.executable, "-c", PROCESS, argument], env=env, capture_output=True, text=True, timeout=300
+    )
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert "result 430.83" in result.stdout  # the body ran (64 x 8 sin(1)), whatever the cache did
+    return int(result.stdout.split("hits ")[1].split()[0]), result.stderr
+
+
+def entries(directory):
+    return sorted(path.name for path in directory.rglob("*") if path.is_file() and not path.name.startswith("."))
+
+
+def test_the_directory_is_jaxs_variable_else_the_users_cache(monkeypatch, tmp_path):
+    monkeypatch.setenv("HOME", str(tmp_path / "home"))
+    assert cache_directory({}) == tmp_path / "home" / ".cache" / "jaxformer" / "xla"
+    assert cache_directory({"XDG_CACHE_HOME": "/xdg"}) == pathlib.Path("/xdg/jaxformer/xla")
+    # A relative XDG_CACHE_HOME is invalid (the XDG spec): ignored.
+    assert cache_directory({"XDG_CACHE_HOME": "relative"}) == tmp_path / "home" / ".cache" / "jaxformer" / "xla"
+    both = {"XDG_CACHE_HOME": "/xdg", "JAX_COMPILATION_CACHE_DIR": "/jax"}
+    assert cache_directory(both) == pathlib.Path("/jax")
+    for off in ("0", "false", "OFF", "no"):
+        assert cache_directory({**both, "JAXFORMER_COMPILATION_CACHE": off}) is None
+    assert cache_directory({**both, "JAXFORMER_COMPILATION_CACHE": "1"}) == pathlib.Path("/jax")
+
+
+@pytest.mark.parametrize("jax_first", [False, True], ids=["before-jax", "after-jax"])
+def test_a_second_process_reads_what_the_first_compiled(tmp_path, jax_first):
+    default = tmp_path / "xdg" / "jaxformer" / "xla"
+    hits, _ = run_process(tmp_path, jax_first)
+    written = entries(default)
+    assert hits == 0 and written  # compiled, and kept in the default directory
+    if jax_first:
+        return  # where the set-up differs: writing; reading back is jax's own
+    hits, _ = run_process(tmp_path)
+    assert hits >= 1 and entries(default) == written  # read back, nothing compiled anew
+
+
+def test_the_switch_turns_the_cache_off_even_with_jaxs_directory_set(tmp_path):
+    directory = tmp_path / "jax-cache"
+    hits, _ = run_process(tmp_path, JAX_COMPILATION_CACHE_DIR=str(directory), JAXFORMER_COMPILATION_CACHE="0")
+    assert hits == 0
+    assert not directory.exists() and not (tmp_path / "xdg").exists()
+
+
+def test_an_unusable_directory_warns_once_and_the_command_runs(tmp_path):
+    blocker = tmp_path / "a-file"
+    blocker.write_text("not a directory\n")
+    hits, stderr = run_process(tmp_path, JAX_COMPILATION_CACHE_DIR=str(blocker / "cache"))
+    assert hits == 0
+    warnings = [line for line in stderr.splitlines() if "compilation cache" in line]
+    assert len(warnings) == 1, stderr[-3000:]  # not jax's warning at every compilation
+    expected = f"compilation cache {blocker / 'cache'} is unusable (Not a directory): running without it"
+    assert warnings[0].endswith(expected)
+    assert "Traceback" not in stderr
+
+
+class CacheSetUp(Exception):
+    """Raised by the stand-in set-up: the command got that far, and runs nothing more."""
+
+
+# Arguments each command parses; the set-up comes next, before its body.
+ARGUMENTS = {
+    "jaxformer-train": ["--list_configs"],
+    "jaxformer-translate": ["--workdir", "w"],
+    "jaxformer-evaluate": ["--workdir", "w"],
+    "jaxformer-average-checkpoints": ["--workdir", "w"],
+    "jaxformer-export": ["--workdir", "w", "--output", "o"],
+    "jaxformer-generate": ["--workdir", "w"],
+    "jaxformer-convert": ["--to-hf", "w", "--output", "o"],
+}
+
+
+def test_every_command_sets_the_cache_up(monkeypatch):
+    import importlib
+
+    scripts = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["scripts"]
+    assert set(scripts) == set(ARGUMENTS)  # a new command: add its arguments here
+
+    def stand_in():
+        raise CacheSetUp
+
+    monkeypatch.setattr(common, "enable_compilation_cache", stand_in)
+    for script, target in scripts.items():
+        module, function = target.split(":")
+        with pytest.raises(CacheSetUp):
+            getattr(importlib.import_module(module), function)(ARGUMENTS[script])

@@ -1,0 +1,76 @@
+"""Batches padded to a source length compiled already: fewer compilations, the same results as
+each sentence translated alone in a batch of its own bucket."""
+
+import numpy as np
+import pytest
+
+from jaxformer.decoding import sentence_batches
+from jaxformer.decoding.generate import DecodeSettings
+from jaxformer.decoding.translator import Translator
+from jaxformer.tokens import EOS_ID, PAD_ID
+from tests.conftest import read_raw
+
+pytestmark = pytest.mark.xdist_group("decoding-workdir")
+
+
+def test_padded_length_reuses_a_compiled_length_while_the_buffer_grows_little():
+    padded = sentence_batches.padded_length
+    assert padded(20, 16) == 32  # nothing compiled: its own bucket
+    assert padded(20, 16, {48, 128}, 2.0) == 48  # the shortest that fits
+    assert padded(20, 16, {48}) == 32  # growth 1: always its own bucket
+    assert padded(40, 16, {32}, 4.0) == 48  # shorter than the batch: no use
+    # With 50 extra tokens the buffer is 66 for a 16-token bucket, 82 for 32, 98 for 48:
+    # at most 1.25 x longer, the 32-token bucket may take 48 (98 <= 102.5), the 16-token one not.
+    assert padded(20, 16, {48}, 1.25, extra_length=50) == 48
+    assert padded(5, 16, {48}, 1.25, extra_length=50) == 16
+    assert padded(5, 16, {32, 48}, 1.25, extra_length=50) == 32  # 82 <= 82.5
+    assert padded(5, 16, {48}, 1.25) == 16  # without extra tokens: 48 > 1.25 x 16
+
+
+def test_longest_batch_first_sets_the_length_the_others_reuse():
+    lengths = [40, 3, 18, 7, 33, 12, 5, 60, 9]
+    sources = [np.append(np.full(n - 1, 7, np.int32), EOS_ID) for n in lengths]
+    compiled = set()
+    batches = list(
+        sentence_batches.length_sorted_batches(
+            sources, 3, 16, PAD_ID, EOS_ID, compiled_lengths=compiled, max_buffer_growth=2.0, extra_length=50
+        )
+    )
+    # 64 + 50 <= 2 x (32 + 50) and <= 2 x (16 + 50): every batch takes the first one's length.
+    assert [batch.shape for _, batch in batches] == [(3, 64)] * 3 and compiled == {64}
+    bucketed = sentence_batches.length_sorted_batches(sources, 3, 16, PAD_ID, EOS_ID)
+    assert [batch.shape for _, batch in bucketed] == [(3, 64), (3, 32), (3, 16)]  # the default: growth 1
+    for indices, batch in batches:
+        for row, index in enumerate(indices):
+            np.testing.assert_array_equal(batch[row, : lengths[index]], sources[index])
+            assert not batch[row, lengths[index] :].any()  # padding
+        assert all(batch[row, 0] == EOS_ID for row in range(len(indices), 3))  # empty filler rows
+
+
+@pytest.fixture(scope="module")
+def mixed_sentences():
+    """Short and long sentences, so their buckets differ (16 and 48 tokens for the tiny tokenizer)."""
+    short = read_raw("val.en.gz", 6)
+    long = [" ".join(read_raw("val.en.gz", 12)[i : i + 2]) for i in (6, 8)]
+    return [long[0], *short[:3], long[1], *short[3:]]
+
+
+@pytest.mark.parametrize(
+    "settings",
+    [DecodeSettings(method="greedy", max_extra_length=6), DecodeSettings(beam_size=3, max_extra_length=6)],
+    ids=["greedy", "beam"],
+)
+def test_padding_to_a_compiled_length_changes_no_result(decoding_workdir, mixed_sentences, settings):
+    # Growth 4: every batch padded to the longest one's length, whatever max_extra_length.
+    together = Translator.from_workdir(decoding_workdir, settings=settings, batch_size=4, max_buffer_growth=4.0)
+    config, params, tokenizer = together.config, together.params, together.tokenizer
+    alone = Translator(config, params, tokenizer, settings, batch_size=4, max_buffer_growth=1.0)
+    buckets = {16 * -(-len(together.tokenizer.encode(s)) // 16) for s in mixed_sentences}
+    assert len(buckets) > 1  # else nothing is padded beyond its bucket
+
+    nbest = together.translate_nbest(mixed_sentences)
+    assert together.compiled_lengths == [max(buckets)]  # one compilation for every batch
+    expected = [alone.translate_nbest([sentence])[0] for sentence in mixed_sentences]
+    assert alone.compiled_lengths == sorted(buckets)
+    assert nbest == expected  # texts and scores, every hypothesis
+    assert len({hypotheses[0][0] for hypotheses in nbest}) > 1
