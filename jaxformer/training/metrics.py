@@ -1,5 +1,5 @@
 """Metric sinks: one JSON line per record in `<workdir>/metrics.jsonl` and TensorBoard event
-files in `<workdir>/tensorboard` (written by tensorboardX; no TensorFlow needed)."""
+files in `<workdir>/tensorboard` (tensorboard.py; no TensorFlow needed)."""
 
 from __future__ import annotations
 
@@ -15,6 +15,7 @@ import jax
 import numpy as np
 
 from jaxformer.run.directory import RunDirectory
+from jaxformer.training.tensorboard import ScalarEventWriter
 
 
 def _is_record(line: bytes) -> bool:
@@ -80,9 +81,7 @@ class MetricWriter:
             run = RunDirectory(workdir)
             cut_torn_last_line(run.metrics_file)
             self._jsonl = open(run.metrics_file, "a", encoding="utf-8")
-            from tensorboardX import SummaryWriter  # imported lazily: only the writing process needs it
-
-            self._tensorboard = SummaryWriter(str(run.tensorboard_dir))
+            self._tensorboard = ScalarEventWriter(run.tensorboard_dir)
 
     def write(self, step: int, scalars: Mapping[str, float], prefix: str = "") -> None:
         if not self.enabled:
@@ -95,8 +94,7 @@ class MetricWriter:
         }
         self._jsonl.write(json.dumps(record) + "\n")
         self._jsonl.flush()
-        for name, value in values.items():
-            self._tensorboard.add_scalar(name, value, int(step))
+        self._tensorboard.write(int(step), values)
 
     def close(self) -> None:
         if self.enabled:
