@@ -13,6 +13,7 @@ from collections.abc import Iterator, Sequence
 
 import jax
 import ml_collections
+import numpy as np
 
 from jaxformer.data.pipeline import record_text
 from jaxformer.data.tokenizer import Tokenizer, TokenizerError, train_tokenizer
@@ -60,14 +61,21 @@ def _checked_against_checkpoint(path: pathlib.Path, saved_proto: bytes, where: s
     return saved
 
 
-def _sentences(train_source: Sequence, languages: Sequence[str]) -> Iterator[str]:
+def _sentences(train_source: Sequence, languages: Sequence[str], max_sentences: int, seed: int = 0) -> Iterator[str]:
+    """The `languages` sides of the training records; beyond `max_sentences` sentences, those of
+    a seeded sample of records, drawn before reading (decoding every record of a large corpus
+    costs more than training the tokenizer on the sample)."""
+    indices = np.arange(len(train_source))
+    if len(indices) * len(languages) > max_sentences:
+        sample_size = max(1, max_sentences // len(languages))
+        indices = np.sort(np.random.default_rng(seed).choice(len(indices), sample_size, replace=False))
     chunk = 4096  # batched reads: one random access per record is several times slower
-    for start in range(0, len(train_source), chunk):
-        indices = list(range(start, min(start + chunk, len(train_source))))
+    for start in range(0, len(indices), chunk):
+        chosen = [int(i) for i in indices[start : start + chunk]]
         if hasattr(train_source, "__getitems__"):
-            records = train_source.__getitems__(indices)
+            records = train_source.__getitems__(chosen)
         else:
-            records = [train_source[i] for i in indices]
+            records = [train_source[i] for i in chosen]
         for record in records:
             for language in languages:
                 yield record_text(record, language)
@@ -123,7 +131,7 @@ def _one_tokenizer(
             )
         return tokenizer
     tokenizer = train_tokenizer(
-        _sentences(train_source, languages),
+        _sentences(train_source, languages, section.max_sentences),
         section.vocab_size,
         section.model_type,
         section.character_coverage,

@@ -52,3 +52,33 @@ def test_workdir_tokenizer_is_checked_against_the_checkpoint(tokenizer_run, tmp_
 
     path.unlink()
     assert tokenizer_for_run(config, RunDirectory(tmp_path), None, saved).source.model_proto == tokenizer.model_proto
+
+
+class CountingSource:
+    """Records {"en": "e<i>", "de": "d<i>"}, remembering which were read."""
+
+    def __init__(self, size):
+        self.size, self.read = size, []
+
+    def __len__(self):
+        return self.size
+
+    def __getitems__(self, indices):
+        self.read.extend(indices)
+        return [{"en": f"e{i}", "de": f"d{i}"} for i in indices]
+
+
+def test_beyond_max_sentences_only_a_seeded_sample_of_records_is_read():
+    from jaxformer.training.run_tokenizer import _sentences
+
+    small = CountingSource(100)
+    assert list(_sentences(small, ["en", "de"], max_sentences=200)) == [
+        f"{side}{i}" for i in range(100) for side in "ed"
+    ]
+    large = CountingSource(10_000)
+    sentences = list(_sentences(large, ["en", "de"], max_sentences=1001))
+    assert len(sentences) == 1000 and len(large.read) == 500 == len(set(large.read))  # only the sample is read
+    assert large.read == sorted(large.read) and max(large.read) > 5000  # drawn across the corpus, in order
+    assert sentences == [f"{side}{i}" for i in large.read for side in "ed"]
+    again = CountingSource(10_000)
+    assert list(_sentences(again, ["en", "de"], max_sentences=1001)) == sentences  # seeded: the same sample
