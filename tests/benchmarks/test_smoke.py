@@ -56,7 +56,13 @@ def smoke_output(name, tmp_path, capsys, *extra):
     return printed, output
 
 
-@pytest.mark.parametrize("name", sorted(POSITIVE))
+# These take the longest; they run with -m slow.
+SLOW_SMOKE = ("decoding", "real_data", "scaling")
+
+
+@pytest.mark.parametrize(
+    "name", [pytest.param(name, marks=pytest.mark.slow) if name in SLOW_SMOKE else name for name in sorted(POSITIVE)]
+)
 def test_smoke(name, tmp_path, capsys):
     rows = run_smoke(name, tmp_path, capsys)
     assert all(row.get("impl", "jaxformer") != "torch" for row in rows)  # torch only with --torch

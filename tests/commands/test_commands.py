@@ -23,6 +23,7 @@ ROOT = pathlib.Path(__file__).parents[2]
 FAST = ["--method", "greedy", "--max_extra_length", "6"]
 
 
+@pytest.mark.slow  # 1,000 lines; stdin to stdout is checked on a few below
 def test_translate_round_trips_1000_lines(decoding_workdir, tmp_path):
     lines = read_raw("train.en.gz", 990)
     lines[10] = lines[500] = ""  # empty lines

@@ -44,6 +44,7 @@ def field(lines, prefix):
     return line[len(prefix) :]
 
 
+@pytest.mark.slow  # two runs; the summary's parts are checked on saved workdirs below
 def test_summary_of_a_run_and_of_its_resumption(tmp_path, data_dir):
     workdir = tmp_path / "run"
     overrides = [

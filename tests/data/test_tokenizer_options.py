@@ -410,6 +410,7 @@ def separate_run(tmp_path_factory, data_dir, model_files):
     return workdir
 
 
+@pytest.mark.slow  # a run with two vocabularies, then translate and evaluate
 @pytest.mark.xdist_group("tokenizer-options")
 def test_separate_vocabularies_train_translate_and_evaluate(separate_run, model_files, tmp_path):
     from jaxformer.commands import evaluate, translate
@@ -452,6 +453,7 @@ def test_separate_vocabularies_train_translate_and_evaluate(separate_run, model_
     assert 0.0 <= json.loads((tmp_path / "scores.json").read_text())["bleu"] <= 100.0
 
 
+@pytest.mark.slow  # needs the run with two vocabularies
 @pytest.mark.xdist_group("tokenizer-options")
 def test_resume_refuses_another_target_tokenizer(separate_run, data_dir, model_files, tmp_path):
     workdir = shutil.copytree(separate_run, tmp_path / "copy")

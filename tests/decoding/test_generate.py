@@ -39,9 +39,10 @@ def recomputed_greedy(params, source, max_length):
     for row in range(source.shape[0]):
         prefix, total = [BOS_ID], 0.0
         while True:
-            log_probs = np.asarray(
-                jax.nn.log_softmax(apply(params, source[row : row + 1], jnp.asarray([prefix]))[0, -1])
-            )
+            # One compiled shape: the prefix padded to the longest; causal attention leaves the
+            # logits at its last token unchanged by what follows.
+            padded = jnp.asarray([prefix + [PAD_ID] * (max_length + 1 - len(prefix))])
+            log_probs = np.asarray(jax.nn.log_softmax(apply(params, source[row : row + 1], padded)[0, len(prefix) - 1]))
             allowed = np.full(CONFIG.vocab_size, -np.inf)
             allowed[EOS_ID] = log_probs[EOS_ID]
             if len(prefix) < limits[row]:

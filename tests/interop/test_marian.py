@@ -301,6 +301,7 @@ def test_convert_command_writes_a_run_and_never_overwrites(marian, tmp_path, cap
     assert "not an empty directory" in capsys.readouterr().err
 
 
+@pytest.mark.slow  # the commands on an imported run; the import is checked above
 def test_the_imported_run_translates_and_exports_through_the_commands(imported, tmp_path, capsys, monkeypatch):
     from jaxformer.commands import export, translate
     from jaxformer.export.loading import load_export

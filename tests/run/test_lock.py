@@ -60,6 +60,7 @@ def test_a_lock_held_on_another_host_is_refused(tmp_path):
     assert json.loads((tmp_path / "lock").read_text())["host"] == "some-other-host"  # left alone
 
 
+@pytest.mark.slow  # two runs; the lock itself is tested above
 @pytest.mark.xdist_group("workdir-lock")
 def test_two_train_runs_on_one_workdir(data_dir, tmp_path):
     workdir = tmp_path / "shared"

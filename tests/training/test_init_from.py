@@ -37,6 +37,7 @@ def source_run(tmp_path_factory, data_dir):
     return workdir
 
 
+@pytest.mark.slow  # a second run, fine-tuned from the first
 def test_fine_tuning_starts_from_the_source_model(source_run, data_dir, tmp_path):
     workdir = tmp_path / "tuned"
     config = tiny_config(data_dir, num_train_steps=3, eval_every_steps=3, checkpoint_every_steps=3)

@@ -197,6 +197,7 @@ def test_a_translator_starts_from_both(runs):
         load_starting_points(swapped)
 
 
+@pytest.mark.slow  # a third run; the composed starting point is checked in test_a_translator_starts_from_both
 def test_composed_translator_trains_end_to_end(runs, data_dir, tmp_path):
     pretrained = runs
     workdir = tmp_path / "composed"

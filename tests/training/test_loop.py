@@ -112,6 +112,7 @@ def test_exact_resume_after_sigkill(straight_run, data_dir, tmp_path):
     assert losses(workdir, "eval/loss") == losses(straight_run, "eval/loss")
 
 
+@pytest.mark.slow  # a run stopped by a signal; the handler is unit-tested in test_signals.py
 def test_sigterm_saves_stops_and_exits_143(data_dir, tmp_path):
     stop_signal = signal.SIGTERM  # Ctrl-C (SIGINT) takes the same path: tests/training/test_signals.py
     workdir = tmp_path / "terminated"
@@ -140,6 +141,7 @@ def test_sigterm_saves_stops_and_exits_143(data_dir, tmp_path):
     assert not (workdir / "lock").exists()  # released
 
 
+@pytest.mark.slow  # a second run; the fallback is unit-tested in tests/run/test_checkpoint_fallback.py
 def test_damaged_latest_checkpoint_falls_back_to_the_previous(straight_run, data_dir, tmp_path):
     workdir = tmp_path / "damaged"
     shutil.copytree(straight_run, workdir)
@@ -157,6 +159,7 @@ def test_damaged_latest_checkpoint_falls_back_to_the_previous(straight_run, data
     assert losses(workdir) == {step: straight[step] for step in range(21, STEPS + 1)}
 
 
+@pytest.mark.slow  # a second run; the finiteness check is unit-tested
 def test_nan_loss_stops_and_keeps_the_last_good_checkpoint(straight_run, data_dir, tmp_path):
     workdir = tmp_path / "diverged"
     shutil.copytree(straight_run, workdir)

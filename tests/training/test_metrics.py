@@ -72,3 +72,28 @@ def test_only_the_writing_process_touches_the_file(tmp_path):
     writer.close()
     assert path.read_bytes() == records(1) + b'{"st'
     assert not hasattr(MetricWriter, "flush")
+
+
+@pytest.mark.parametrize("bad", ["loss_sum", "grad_norm"])
+def test_a_non_finite_step_stops_training_naming_the_step_and_the_last_good_checkpoint(tmp_path, bad):
+    import types
+
+    import tqdm
+
+    from jaxformer.training.loop import NonFiniteLossError, TrainMetrics
+
+    checkpointer = types.SimpleNamespace(steps=lambda: [20, 40], directory=tmp_path / "checkpoints")
+    writer = MetricWriter(tmp_path, enabled=True)
+    metrics = TrainMetrics(writer, checkpointer, tqdm.tqdm(disable=True))
+    good = {"loss_sum": 8.0, "nll_sum": 8.0, "correct": 1.0, "weight": 4.0, "learning_rate": 1e-3, "grad_norm": 1.0}
+    metrics.add(41, good)
+    metrics.flush()
+    metrics.add(42, good)
+    metrics.add(43, {**good, bad: float("nan")})
+    with pytest.raises(
+        NonFiniteLossError, match=r"at step 43; stopping without saving: the last good checkpoint is step 40"
+    ):
+        metrics.flush()
+    writer.close()
+    logged = [json.loads(line)["step"] for line in (tmp_path / "metrics.jsonl").read_text().splitlines()]
+    assert logged == [41]  # nothing of the interval with the NaN is written

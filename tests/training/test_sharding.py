@@ -32,8 +32,8 @@ def batch_of_8():
     return {"inputs": inputs, "targets": targets}
 
 
-def one_step(mesh_shape, devices, adam=False):
-    """(initial state, state after one step, loss) on a mesh over `devices`.
+def sharded_init(mesh_shape, devices, adam=False):
+    """(mesh, model, optimizer, learning_rate, state shardings, initial state on the mesh).
 
     Plain SGD by default: Adam's first step is lr * g / (|g| + 1e-9), which turns the ~1e-9
     rounding noise of gradients that are zero in exact arithmetic (the key bias: softmax is
@@ -52,7 +52,14 @@ def one_step(mesh_shape, devices, adam=False):
         boxed = jax.eval_shape(make_init_fn(model, optimizer, LENGTH, LENGTH, boxed=True), 0)
         state_shardings = sharding.logical_shardings(boxed, mesh, rules)
         state = jax.jit(make_init_fn(model, optimizer, LENGTH, LENGTH), out_shardings=state_shardings)(0)
-        batch_sharding = sharding.batch_sharding(mesh, rules)
+    return mesh, model, optimizer, learning_rate, state_shardings, state
+
+
+def one_step(mesh_shape, devices):
+    """(initial state, state after one SGD step, loss) on a mesh over `devices`."""
+    mesh, model, optimizer, learning_rate, state_shardings, state = sharded_init(mesh_shape, devices)
+    with jax.set_mesh(mesh), nn.logical_axis_rules(sharding.DEFAULT_RULES):
+        batch_sharding = sharding.batch_sharding(mesh, sharding.DEFAULT_RULES)
         step = jax.jit(
             functools.partial(
                 train_step, model=model, optimizer=optimizer, learning_rate=learning_rate, label_smoothing=0.1
@@ -86,7 +93,8 @@ def test_one_step_matches_one_device(single_device, mesh_shape):
 
 @pytest.mark.parametrize("mesh_shape", [(2, 2, 2)])  # fsdp and tensor both at work
 def test_parameters_and_optimizer_state_are_really_split(mesh_shape):
-    _, state, _ = one_step(mesh_shape, jax.devices(), adam=True)
+    # The train step keeps these shardings: its out_shardings are the same state_shardings.
+    *_, state = sharded_init(mesh_shape, jax.devices(), adam=True)
     sizes = dict(zip(sharding.AXIS_NAMES, mesh_shape))
     embedding = state.params["shared_embedding"]["embedding"]  # [vocab, embed]
     query = state.params["encoder"]["layer_0"]["self_attention"]["query_kernel"]  # [embed, heads, kv]

@@ -1,5 +1,7 @@
 """The pure train step: (state, batch) -> (state, metrics), its dropout keyed by the state itself."""
 
+import functools
+
 import jax
 import numpy as np
 import pytest
@@ -23,6 +25,7 @@ def batch(seed):
     return {"inputs": inputs, "targets": targets}
 
 
+@functools.cache  # one compilation of each step for the whole module: the states are immutable arrays
 def setup(accumulation_steps=1):
     config = default_config()
     config.optimizer.warmup_steps = 3
@@ -50,8 +53,9 @@ def test_dropout_is_keyed_by_fold_in_of_the_state_step(steps_before):
     assert int(state.step) == steps_before
     data = batch(7)
     _, metrics = train_fn(state, data)
-    own = dropout_loss(model, state.params, data, jax.random.fold_in(state.rng, steps_before))
-    other = dropout_loss(model, state.params, data, jax.random.fold_in(state.rng, steps_before + 1))
+    loss = jax.jit(functools.partial(dropout_loss, model))
+    own = loss(state.params, data, jax.random.fold_in(state.rng, steps_before))
+    other = loss(state.params, data, jax.random.fold_in(state.rng, steps_before + 1))
     np.testing.assert_allclose(metrics["loss_sum"], own, rtol=1e-5)
     assert abs(float(own) - float(other)) > 1e-3  # so the key is really told apart
 
