@@ -19,6 +19,7 @@ import jax.numpy as jnp
 from jaxformer.model.attention import MultiHeadAttention
 from jaxformer.model.cache import DecoderCache, EncoderContext, LayerCache, LayerContext, heads_major, write_step
 from jaxformer.model.config import TransformerConfig
+from jaxformer.model.dropout import Dropout
 from jaxformer.model.layers import EmbeddedStack, FeedForward, embed_with_positions, layer_norm, residual
 from jaxformer.model.masking import cross_mask, decoder_self_mask, token_validity
 from jaxformer.typing import Array, Bool, Float, Int
@@ -40,7 +41,7 @@ class DecoderLayer(nn.Module):
             self.cross_attention_norm = layer_norm(config)
         self.feed_forward = FeedForward(config)
         self.feed_forward_norm = layer_norm(config)
-        self.dropout = nn.Dropout(config.dropout_rate)
+        self.dropout = Dropout(config.dropout_rate)
 
     def _sublayers(self, inputs, self_attend, cross_attend, deterministic):
         """The layer's residual blocks around `self_attend`, `cross_attend` (None: no

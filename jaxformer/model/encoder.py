@@ -6,6 +6,7 @@ import flax.linen as nn
 
 from jaxformer.model.attention import MultiHeadAttention
 from jaxformer.model.config import TransformerConfig
+from jaxformer.model.dropout import Dropout
 from jaxformer.model.layers import EmbeddedStack, FeedForward, embed_with_positions, layer_norm, residual
 from jaxformer.model.masking import encoder_self_mask
 from jaxformer.typing import Array, Bool, Float, Int
@@ -23,7 +24,7 @@ class EncoderLayer(nn.Module):
         config = self.config
 
         def dropout(x):
-            return nn.Dropout(config.dropout_rate)(x, deterministic=deterministic)
+            return Dropout(config.dropout_rate)(x, deterministic=deterministic)
 
         attention = MultiHeadAttention(config, name="self_attention")
         x = residual(

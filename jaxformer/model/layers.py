@@ -10,6 +10,7 @@ import jax
 import jax.numpy as jnp
 
 from jaxformer.model.config import TransformerConfig
+from jaxformer.model.dropout import Dropout
 from jaxformer.model.position import positional_encoding
 from jaxformer.typing import Array, Float, Int
 
@@ -61,7 +62,7 @@ def constrain(x: Float[Array, "B L D"]) -> Float[Array, "B L D"]:
 
 def embed_with_positions(
     embed: Embed,
-    dropout: nn.Dropout,
+    dropout: nn.Module,
     tokens: Int[Array, "B L"],
     positions: Int[Array, "B L"] | None,
     deterministic: bool,
@@ -113,7 +114,7 @@ class FeedForward(nn.Module):
 
         hidden = jnp.einsum("BLD,DF->BLF", inputs.astype(config.dtype), w_in) + b_in[None, None]  # [B, L, F]
         hidden = activation_function(config.activation)(hidden)
-        hidden = nn.Dropout(config.activation_dropout_rate)(hidden, deterministic=deterministic)
+        hidden = Dropout(config.activation_dropout_rate)(hidden, deterministic=deterministic)
         return jnp.einsum("BLF,FD->BLD", hidden, w_out) + b_out[None, None]  # [B, L, D]
 
 
@@ -222,7 +223,7 @@ class EmbeddedStack(nn.Module):
 
     def _build(self, layer_cls: type, num_layers: int, num_inputs: int) -> None:
         config = self.config
-        self.input_dropout = nn.Dropout(config.dropout_rate)
+        self.input_dropout = Dropout(config.dropout_rate)
         self.stack = LayerStack(layer_cls, config, num_layers, num_inputs=num_inputs)
         nn.share_scope(self, self.stack)  # parameters read encoder/layer_0/..., not encoder/stack/...
         if config.normalization == "pre":

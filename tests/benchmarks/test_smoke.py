@@ -18,6 +18,7 @@ POSITIVE = {
         "mfu_pct",
         "params_M",
     ),
+    "step_options": ("batch", "step_ms", "tokens_per_s", "speedup", "loss_chunk_tokens"),
     "real_data": ("steps", "pairs", "target_tokens", "step_ms", "tokens_per_s", "pairs_per_s"),
     "decoding": ("batch", "out_len", "sentences_per_s", "tokens_per_s", "call_ms"),
     "scaling": (
@@ -74,6 +75,20 @@ def test_smoke_with_torch(name, tmp_path, capsys):
     pytest.importorskip("torch")
     rows = run_smoke(name, tmp_path, capsys, "--torch", "--torch-threads", "1")
     assert any(row["impl"] == "torch" for row in rows)
+
+
+def test_step_options_are_timed_against_flax_dropout(tmp_path, capsys):
+    rows = run_smoke("step_options", tmp_path, capsys)
+    assert [row["variant"] for row in rows] == [
+        "flax_dropout",
+        "fused_dropout",
+        "loss_chunk_256",
+        "loss_chunk_128",
+        "no_dropout",
+    ]
+    assert rows[0]["speedup"] == 1.0
+    for row in rows:
+        assert row["speedup"] == pytest.approx(rows[0]["step_ms"] / row["step_ms"])
 
 
 def table_rows(output, count):

@@ -1,0 +1,128 @@
+"""Interleaved A/B of the train step's implementation choices, at fixed shapes, in one run.
+
+    python -m benchmarks.step_options [--configs small,base] [--iters 10] [--json FILE]
+
+Each variant is the project's train step (benchmarks.common.make_train's, dropout on) with one
+choice changed; the variants of a config are timed in turn, one step of each per round, so a busy
+machine slows all alike and `speedup` (the baseline's median step time over the variant's) holds.
+
+- `flax_dropout`: every dropout through `flax.linen.Dropout` and `jax.random.bernoulli` (jax's
+  Threefry, a rolled loop on CPU), as before `jaxformer/model/dropout.py`: the baseline. The
+  other rows use the fused dropout, which draws the same masks.
+- `fused_dropout`: jaxformer's dropout, loss chunks of `training.loss_chunk_tokens`'s default.
+- `loss_chunk_N`: the fused dropout with the output projection and loss in chunks of N target
+  tokens (`training.loss_chunk_tokens`).
+- `no_dropout`: dropout rate 0, the floor any dropout implementation can reach.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Iterator
+
+import flax.linen as nn
+import jax
+
+from benchmarks.common import (
+    CONFIGS,
+    SMOKE,
+    TrainSteps,
+    compile_timed,
+    median,
+    parser,
+    random_batch,
+    report,
+    time_interleaved,
+)
+from jaxformer.model import attention, decoder, encoder, layers
+from jaxformer.model.architectures import build_model
+from jaxformer.training.experiment import default_config
+from jaxformer.training.objectives import objective_for
+from jaxformer.training.optimizer import make_optimizer
+from jaxformer.training.state import make_init_fn
+from jaxformer.training.step import make_train_step
+
+COLUMNS = (
+    "config",
+    "variant",
+    "batch",
+    "src_len",
+    "tgt_len",
+    "loss_chunk_tokens",
+    "step_ms",
+    "tokens_per_s",
+    "speedup",
+)
+CHUNKS = (256, 128)
+
+
+@contextlib.contextmanager
+def flax_dropout() -> Iterator[None]:
+    """While open, the model's modules build `flax.linen.Dropout` and attention draws its mask
+    with `jax.random.bernoulli` (trace and compile inside)."""
+    saved = [(module, "Dropout", module.Dropout) for module in (encoder, decoder, layers)]
+    saved.append((attention, "keep_mask", attention.keep_mask))
+    for module, name, _ in saved[:-1]:
+        setattr(module, name, nn.Dropout)
+    attention.keep_mask = jax.random.bernoulli
+    try:
+        yield
+    finally:
+        for module, name, value in saved:
+            setattr(module, name, value)
+
+
+def compiled_step(config, batch: dict, source_length: int, target_length: int, loss_chunk_tokens: int) -> TrainSteps:
+    """The train step of `config` with `training.loss_chunk_tokens` set, compiled and ready to run."""
+    experiment = default_config()
+    experiment.training.loss_chunk_tokens = loss_chunk_tokens
+    model = build_model(config)
+    optimizer, learning_rate = make_optimizer(experiment.optimizer, config.d_model)
+    state = jax.jit(make_init_fn(model, optimizer, source_length, target_length))(0)
+    step = make_train_step(model, optimizer, learning_rate, experiment.training, objective_for(config))
+    compiled, _ = compile_timed(jax.jit(step, donate_argnums=0), state, batch)
+    return TrainSteps(compiled, state, batch)
+
+
+def bench(name: str, config, batch_size: int, source_length: int, target_length: int, iters: int) -> list[dict]:
+    batch = random_batch(0, config.vocab_size, batch_size, source_length, target_length)
+    default_chunk = default_config().training.loss_chunk_tokens
+    chunks = {"flax_dropout": default_chunk, "fused_dropout": default_chunk}
+    chunks.update({f"loss_chunk_{chunk}": chunk for chunk in CHUNKS if chunk != default_chunk})
+    chunks["no_dropout"] = default_chunk
+    steps = {}
+    with flax_dropout():
+        steps["flax_dropout"] = compiled_step(config, batch, source_length, target_length, default_chunk)
+    for variant, chunk in list(chunks.items())[1:]:
+        variant_config = config.replace(dropout_rate=0.0) if variant == "no_dropout" else config
+        steps[variant] = compiled_step(variant_config, batch, source_length, target_length, chunk)
+    seconds = {variant: median(times) for variant, times in time_interleaved(steps, iters).items()}
+    return [
+        {
+            "config": name,
+            "variant": variant,
+            "batch": batch_size,
+            "src_len": source_length,
+            "tgt_len": target_length,
+            "loss_chunk_tokens": chunks[variant],
+            "step_ms": 1000 * seconds[variant],
+            "tokens_per_s": batch_size * target_length / seconds[variant],
+            "speedup": seconds["flax_dropout"] / seconds[variant],
+        }
+        for variant in steps
+    ]
+
+
+def main(argv=None) -> list[dict]:
+    arguments = parser(__doc__.splitlines()[0])
+    arguments.add_argument("--configs", default="small,base", help="comma-separated: " + ",".join(CONFIGS))
+    args = arguments.parse_args(argv)
+    sizes = {"smoke": SMOKE} if args.smoke else {name: CONFIGS[name]() for name in args.configs.split(",")}
+    iters = args.iters or (2 if args.smoke else 10)
+    rows = [row for name, size in sizes.items() for row in bench(name, *size, iters)]
+    notes = ["  speedup: flax_dropout's median step time over the row's, timed interleaved in this run"]
+    return report("step_options", rows, COLUMNS, args.json, "train-step options, interleaved", notes)
+
+
+if __name__ == "__main__":
+    main()
