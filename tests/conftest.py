@@ -29,6 +29,7 @@ _CHECKED = [
     "cache",
     "decoder",
     "decoder_only",
+    "dropout",
     "encoder",
     "encoder_only",
     "layers",

@@ -57,10 +57,10 @@ def _threefry_key_words(key: jax.Array) -> jax.Array | None:
 
 def _flat_index(shape: Sequence[int]) -> jax.Array:
     """uint32 array of `shape` holding each element's row-major position."""
-    strides = np.cumprod((1, *shape[:0:-1]))[::-1]
+    strides = np.cumprod((1, *shape[:0:-1]))[::-1]  # elements per step along each axis
     index = jnp.zeros(shape, jnp.uint32)
-    for axis, stride in enumerate(strides):
-        index = index + lax.broadcasted_iota(jnp.uint32, tuple(shape), axis) * np.uint32(stride)
+    for axis in range(len(shape)):
+        index = index + lax.broadcasted_iota(jnp.uint32, tuple(shape), axis) * np.uint32(strides[axis])
     return index
 
 

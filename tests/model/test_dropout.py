@@ -21,7 +21,7 @@ def test_threefry_matches_the_known_answer_vectors():
         assert [int(w[0]) for w in words] == list(expected)
 
 
-@pytest.mark.parametrize("shape", [(1,), (7,), (3, 5), (2, 3, 17), (4, 16, 64)])
+@pytest.mark.parametrize("shape", [(), (0, 3), (1,), (7,), (3, 5), (2, 3, 17), (4, 16, 64)])
 @pytest.mark.parametrize("keep_prob", [0.9, 0.7, 0.5, 0.001])
 def test_keep_mask_is_bernoullis_mask(shape, keep_prob):
     for seed in range(3):
