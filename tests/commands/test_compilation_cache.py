@@ -119,6 +119,7 @@ ARGUMENTS = {
     "jaxformer-export": ["--workdir", "w", "--output", "o"],
     "jaxformer-generate": ["--workdir", "w"],
     "jaxformer-convert": ["--to-hf", "w", "--output", "o"],
+    "jaxformer-sweep": ["--config", "tiny", "--sweep", "s.py", "--workdir", "w"],
 }
 
 

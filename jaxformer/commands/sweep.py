@@ -1,0 +1,70 @@
+"""Train one config once per variant and compare the variants on validation BLEU (`jaxformer-sweep`).
+
+    jaxformer-sweep --config multi30k --sweep multi30k_hour --workdir runs/sweep
+    jaxformer-sweep --config tiny --sweep my_sweep.py --workdir runs/tiny_sweep --config.training.num_train_steps=100
+
+--sweep takes the name of a sweep shipped with jaxformer (jaxformer/configs/sweeps/) or the path
+of a Python file whose get_sweep() returns {variant name: ["SECTION.KEY=VALUE", ...]}. Each
+variant trains in WORKDIR/<variant name>, one after another, with the config's own budget; any
+--config.SECTION.KEY=VALUE given here applies to every variant first. Every variant is built and
+checked before the first one trains. A variant's score is the validation BLEU of its final choice
+(training.final_choice); no test set is read. The table, highest first, is printed and written to
+WORKDIR/sweep.md (and each row to WORKDIR/sweep.jsonl). Running the same command again trains only
+the variants not yet finished (resuming the one that was stopped).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import pathlib
+import sys
+
+from jaxformer.commands.common import FlagError, make_parser, run_command, write_text_atomically
+from jaxformer.errors import EXIT_USER_ERROR, UserError, exit_code_for_signal
+from jaxformer.training.config_file import split_overrides
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = make_parser(__doc__)
+    parser.add_argument("--config", required=True, help="the base config: a shipped config's name or a file's path")
+    parser.add_argument("--sweep", required=True, help="a shipped sweep's name or a sweep file's path")
+    parser.add_argument("--workdir", required=True, help="the sweep's directory: one workdir per variant in it")
+    return parser
+
+
+def run(args: argparse.Namespace, overrides: list[tuple[str, str]]) -> int:
+    from jaxformer.training.sweep import load_sweep, make_variants, results_table, run_sweep
+
+    variants = make_variants(args.config, load_sweep(args.sweep), overrides)
+    workdir = pathlib.Path(args.workdir).absolute()
+    if workdir.exists() and not workdir.is_dir():
+        raise FlagError(f"--workdir {workdir} exists and is not a directory")
+    workdir.mkdir(parents=True, exist_ok=True)
+    logging.info("sweep %s over --config %s: %d variants in %s", args.sweep, args.config, len(variants), workdir)
+    rows, stopped_by = run_sweep(variants, workdir)
+    table = results_table(rows)
+    write_text_atomically(workdir / "sweep.md", table)
+    write_text_atomically(workdir / "sweep.jsonl", "".join(json.dumps(row) + "\n" for row in rows))
+    sys.stdout.write(table)
+    if stopped_by is not None:
+        logging.warning(
+            "sweep stopped after %d of %d variants; run the same command to resume", len(rows), len(variants)
+        )
+        return exit_code_for_signal(stopped_by)
+    return 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    argv = sys.argv[1:] if argv is None else list(argv)
+    try:
+        overrides, rest = split_overrides(argv)
+    except UserError as error:
+        sys.stderr.write(f"error: {error}\n")
+        return EXIT_USER_ERROR
+    return run_command(build_parser(), lambda args: run(args, overrides), rest, log_level=logging.INFO)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

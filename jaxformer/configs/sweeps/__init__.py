@@ -1,0 +1,1 @@
+"""Sweeps shipped with jaxformer: `jaxformer-sweep --sweep NAME` (jaxformer/training/sweep.py)."""

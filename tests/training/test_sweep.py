@@ -1,0 +1,111 @@
+"""jaxformer-sweep: variants trained one after another, scored by their final choice's validation
+BLEU (read back from each variant's final checkpoint), a second run that trains nothing, and the
+errors raised before anything trains."""
+
+import json
+import re
+import subprocess
+import sys
+
+import pytest
+
+from jaxformer.commands import sweep as sweep_command
+from jaxformer.run.loading import load_checkpoint
+from jaxformer.training.sweep import load_sweep, make_variants
+from tests.training.test_loop import ROOT, environment
+
+pytestmark = pytest.mark.xdist_group("sweep")
+
+TINY = str(ROOT / "jaxformer" / "configs" / "tiny.py")
+SHARED = (
+    "--config.training.num_train_steps=12",
+    "--config.training.eval_every_steps=6",
+    "--config.training.checkpoint_every_steps=6",
+    "--config.training.final_choice=True",
+    "--config.training.average_last=2",
+    "--config.data.max_eval_examples=16",
+    "--config.decoding.beam_size=2",
+    "--config.decoding.max_extra_length=8",
+)
+
+
+def write_sweep(path, sweep):
+    path.write_text(f"def get_sweep():\n    return {sweep!r}\n")
+    return path
+
+
+def sweep(workdir, sweep_file, data_dir):
+    return subprocess.run(
+        [sys.executable, "-m", "jaxformer.commands.sweep", "--config", TINY, "--sweep", str(sweep_file)]
+        + ["--workdir", str(workdir), f"--config.data.data_dir={data_dir}", *SHARED],
+        env=environment(),
+        capture_output=True,
+        text=True,
+        timeout=600,
+        cwd=ROOT,
+    )
+
+
+def test_a_sweep_trains_each_variant_and_ranks_them_by_validation_bleu(tmp_path, data_dir):
+    sweep_file = write_sweep(tmp_path / "two.py", {"baseline": [], "smoothing0.3": ["training.label_smoothing=0.3"]})
+    workdir = tmp_path / "sweep"
+    result = sweep(workdir, sweep_file, data_dir)
+    assert result.returncode == 0, result.stderr[-3000:]
+    rows = [json.loads(line) for line in (workdir / "sweep.jsonl").read_text().splitlines()]
+    assert [row["variant"] for row in rows] == ["baseline", "smoothing0.3"]
+    for row in rows:
+        step, metadata, _ = load_checkpoint(workdir / row["variant"], "final", params=False)
+        assert row["steps"] == step == 12
+        assert row["bleu"] == pytest.approx(metadata.bleu) and row["chosen"] == metadata.chosen_from
+        assert (
+            row[f"{row['chosen']}_bleu"]
+            == row["bleu"]
+            == max(row[f"{name}_bleu"] for name in ("latest", "best", "averaged") if row[f"{name}_bleu"] is not None)
+        )
+        smoothing = metadata.config["training"]["label_smoothing"]
+        assert smoothing == (0.3 if row["variant"] == "smoothing0.3" else 0.1)
+    assert rows[1]["changes"] == "training.label_smoothing=0.3"
+    table = (workdir / "sweep.md").read_text()
+    assert table in result.stdout
+    ranked = [line.split("|")[1].strip() for line in table.splitlines()[2:]]
+    assert ranked == [row["variant"] for row in sorted(rows, key=lambda row: -row["bleu"])]
+    assert not list(workdir.glob("*/test*"))  # scored on validation only
+
+    metrics = {row["variant"]: (workdir / row["variant"] / "metrics.jsonl").read_bytes() for row in rows}
+    again = sweep(workdir, sweep_file, data_dir)
+    assert again.returncode == 0, again.stderr[-3000:]
+    assert again.stdout == result.stdout
+    assert "already finished" in again.stderr
+    assert {name: (workdir / name / "metrics.jsonl").read_bytes() for name in metrics} == metrics  # nothing trained
+
+
+@pytest.mark.parametrize(
+    "variants, message",
+    [
+        ({"wide": ["model.d_modle=64"]}, r"variant 'wide': .*model\.d_modle"),
+        ({"odd": ["model.d_model"]}, r"variant 'odd': override 'model.d_model' is not KEY=VALUE"),
+        ({"bad": ["model.d_model=30"]}, r"variant 'bad': .*d_model"),
+        ({"a b": []}, r"variant name 'a b' must match"),
+        ({"no_choice": ["training.final_choice=False"]}, r"variant 'no_choice': training.final_choice is False"),
+    ],
+)
+def test_a_bad_variant_is_one_line_before_anything_trains(tmp_path, capsys, variants, message):
+    sweep_file = write_sweep(tmp_path / "bad.py", {"baseline": [], **variants})
+    workdir = tmp_path / "sweep"
+    code = sweep_command.main(["--config", TINY, "--sweep", str(sweep_file), "--workdir", str(workdir), *SHARED])
+    error = capsys.readouterr().err
+    assert code == 2 and error.startswith("error: ") and error.count("\n") == 1
+    assert re.search(message, error), error
+    assert not workdir.exists()
+
+
+def test_the_shipped_sweep_builds_every_variant():
+    sweep = load_sweep("multi30k_hour")
+    variants = make_variants("multi30k", sweep)
+    assert variants[0].name == "baseline" and variants[0].overrides == ()
+    for variant in variants[1:]:
+        assert variant.overrides, variant.name
+        for key, text in variant.overrides:
+            section, leaf = key.split(".")
+            assert str(variant.config[section][leaf]) == text  # applied as written
+    assert all(variant.config.training.final_choice for variant in variants)
