@@ -133,7 +133,12 @@ def test_paths_a_run_stores_are_made_absolute(tmp_path, monkeypatch):
             "both set: a run starts from a whole model or from pretrained halves",
         ),
         (
-            {"model.architecture": "decoder_only", "training.bleu_every_steps": 0, "training.init_decoder_from": "/b"},
+            {
+                "model.architecture": "decoder_only",
+                "training.bleu_every_steps": 0,
+                "training.final_choice": False,
+                "training.init_decoder_from": "/b",
+            },
             "starts a translator",
         ),
         ({"model.architecture": "encoder_and_decoder"}, "model.architecture='encoder_and_decoder': must be one of"),
