@@ -22,6 +22,7 @@ from collections.abc import Iterator
 
 import flax.linen as nn
 import jax
+import jax.numpy as jnp
 
 from benchmarks.common import (
     CONFIGS,
@@ -56,15 +57,21 @@ COLUMNS = (
 CHUNKS = (256, 128)
 
 
+def bernoulli_dropout(inputs, rate: float, key):
+    """Inverted dropout on a `jax.random.bernoulli` mask, as `flax.linen.Dropout` computes it."""
+    keep = jax.random.bernoulli(key, 1.0 - rate, inputs.shape)
+    return jnp.where(keep, inputs / (1.0 - rate), 0.0).astype(inputs.dtype)
+
+
 @contextlib.contextmanager
 def flax_dropout() -> Iterator[None]:
     """While open, the model's modules build `flax.linen.Dropout` and attention draws its mask
     with `jax.random.bernoulli` (trace and compile inside)."""
     saved = [(module, "Dropout", module.Dropout) for module in (encoder, decoder, layers)]
-    saved.append((attention, "keep_mask", attention.keep_mask))
+    saved.append((attention, "dropout", attention.dropout))
     for module, name, _ in saved[:-1]:
         setattr(module, name, nn.Dropout)
-    attention.keep_mask = jax.random.bernoulli
+    attention.dropout = bernoulli_dropout
     try:
         yield
     finally:

@@ -17,7 +17,7 @@ import jax
 import jax.numpy as jnp
 
 from jaxformer.model.config import TransformerConfig
-from jaxformer.model.dropout import keep_mask
+from jaxformer.model.dropout import dropout
 from jaxformer.typing import Array, Bool, Float
 
 # Einsum specs by the layout of keys and values: [B, S, N, H] as projected, or heads-major
@@ -82,8 +82,7 @@ def dot_product_attention_weights(
 
 def dropout_weights(weights: Float[Array, ...], rate: float, rng: jax.Array) -> Float[Array, ...]:
     """Inverted dropout: zero each weight with probability `rate`, rescale the rest."""
-    keep = keep_mask(rng, 1.0 - rate, weights.shape)
-    return jnp.where(keep, weights / (1.0 - rate), 0.0).astype(weights.dtype)
+    return dropout(weights, rate, rng)
 
 
 def dot_product_attention(

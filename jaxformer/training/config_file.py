@@ -24,27 +24,31 @@ from jaxformer.training.experiment import unknown_key_error
 OVERRIDE_PREFIX = "--config."
 
 
-def load_config_file(path: str | pathlib.Path) -> ml_collections.ConfigDict:
-    """The ConfigDict that `get_config()` of the Python file at `path` returns."""
+def call_file_function(path: str | pathlib.Path, function: str, kind: str = "config file") -> Any:
+    """What `function()` of the Python file at `path` returns; a missing file, a syntax error or a
+    failing function is a ConfigError naming the `kind` of file and its path."""
     path = pathlib.Path(path)
     if not path.is_file():
-        raise ConfigError(
-            f"config file {path} does not exist" if not path.exists() else f"config file {path} is not a file"
-        )
-    spec = importlib.util.spec_from_file_location(f"jaxformer_config_{path.stem}", path)
+        raise ConfigError(f"{kind} {path} does not exist" if not path.exists() else f"{kind} {path} is not a file")
+    spec = importlib.util.spec_from_file_location(f"jaxformer_{kind.split()[0]}_{path.stem}", path)
     module = importlib.util.module_from_spec(spec)
     try:
         spec.loader.exec_module(module)
     except SyntaxError as error:
-        raise ConfigError(f"config file {path}, line {error.lineno}: {error.msg}") from error
+        raise ConfigError(f"{kind} {path}, line {error.lineno}: {error.msg}") from error
     except Exception as error:
-        raise ConfigError(f"config file {path} fails to load: {type(error).__name__}: {error}") from error
-    if not callable(getattr(module, "get_config", None)):
-        raise ConfigError(f"config file {path} has no get_config() function")
+        raise ConfigError(f"{kind} {path} fails to load: {type(error).__name__}: {error}") from error
+    if not callable(getattr(module, function, None)):
+        raise ConfigError(f"{kind} {path} has no {function}() function")
     try:
-        config = module.get_config()
+        return getattr(module, function)()
     except Exception as error:
-        raise ConfigError(f"config file {path}: get_config() raised {type(error).__name__}: {error}") from error
+        raise ConfigError(f"{kind} {path}: {function}() raised {type(error).__name__}: {error}") from error
+
+
+def load_config_file(path: str | pathlib.Path) -> ml_collections.ConfigDict:
+    """The ConfigDict that `get_config()` of the Python file at `path` returns."""
+    config = call_file_function(path, "get_config")
     if not isinstance(config, ml_collections.ConfigDict):
         raise ConfigError(f"config file {path}: get_config() returned {type(config).__name__}, not a ConfigDict")
     return config

@@ -13,7 +13,6 @@ trained again, so running the same sweep again resumes it where it stopped.
 from __future__ import annotations
 
 import dataclasses
-import importlib.util
 import json
 import logging
 import pathlib
@@ -26,7 +25,12 @@ import ml_collections
 from jaxformer.model.config import ConfigError
 from jaxformer.run.directory import RunDirectory
 from jaxformer.training import experiment
-from jaxformer.training.config_file import apply_overrides, load_config, packaged_config_directory
+from jaxformer.training.config_file import (
+    apply_overrides,
+    call_file_function,
+    load_config,
+    packaged_config_directory,
+)
 from jaxformer.training.final_choice import CANDIDATES
 
 VARIANT_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.+-]*")  # a folder name on every platform
@@ -59,15 +63,7 @@ def sweep_path(name_or_path: str) -> pathlib.Path:
 def load_sweep(name_or_path: str) -> dict[str, list[str]]:
     """{variant name: [override, ...]} from the sweep file's get_sweep()."""
     path = sweep_path(name_or_path)
-    if not path.is_file():
-        raise ConfigError(f"sweep file {path} does not exist")
-    spec = importlib.util.spec_from_file_location(f"jaxformer_sweep_{path.stem}", path)
-    module = importlib.util.module_from_spec(spec)
-    try:
-        spec.loader.exec_module(module)
-        sweep = module.get_sweep()
-    except Exception as error:
-        raise ConfigError(f"sweep file {path}: {type(error).__name__}: {error}") from error
+    sweep = call_file_function(path, "get_sweep", "sweep file")
     if not isinstance(sweep, dict) or not sweep:
         raise ConfigError(f"sweep file {path}: get_sweep() must return a non-empty dict of variant name -> overrides")
     for name, overrides in sweep.items():

@@ -62,10 +62,10 @@ def test_gradient_flows_through_kept_elements_only():
     np.testing.assert_array_equal(grad, np.where(kept, 2.0, 0.0))
 
 
-def test_the_model_trains_with_flax_dropouts_masks(monkeypatch):
+def test_the_model_trains_with_flax_dropouts_masks():
     """The whole translator with every dropout on gives what flax.linen.Dropout gave it: the
     module names, hence the keys, and the masks are the same."""
-    from jaxformer.model import attention, decoder, encoder, layers
+    from benchmarks.step_options import flax_dropout
     from jaxformer.model.config import preset
     from jaxformer.model.transformer import Transformer
 
@@ -75,9 +75,7 @@ def test_the_model_trains_with_flax_dropouts_masks(monkeypatch):
     params = Transformer(config).init(jax.random.key(2), source, target, deterministic=True)["params"]
     rngs = {"dropout": jax.random.PRNGKey(9)}
     ours = Transformer(config).apply({"params": params}, source, target, rngs=rngs)
-    for module in (encoder, decoder, layers):
-        monkeypatch.setattr(module, "Dropout", nn.Dropout)
-    monkeypatch.setattr(attention, "keep_mask", jax.random.bernoulli)
-    with_flax = Transformer(config).apply({"params": params}, source, target, rngs=rngs)
+    with flax_dropout():  # flax.linen.Dropout's modules, jax.random.bernoulli's masks
+        with_flax = Transformer(config).apply({"params": params}, source, target, rngs=rngs)
     assert not np.allclose(ours, Transformer(config).apply({"params": params}, source, target, deterministic=True))
     np.testing.assert_array_equal(ours, with_flax)
