@@ -236,6 +236,7 @@ def decode_settings_from_flags(args: argparse.Namespace, max_extra_length: int):
         alpha=args.alpha,
         length_penalty=args.length_penalty,
         max_extra_length=max_extra_length,
+        stop=args.stop,
         temperature=args.temperature,
         top_k=args.top_k,
     )
@@ -285,12 +286,29 @@ def translator_from_flags(args: argparse.Namespace):
 
 
 def add_beam_flags(parser: argparse.ArgumentParser) -> None:
-    """--beam_size, --alpha, --length_penalty and --max_extra_length, as translate, evaluate and
-    export take them."""
+    """--beam_size, --alpha, --length_penalty, --stop and --max_extra_length, as translate, evaluate
+    and export take them."""
     parser.add_argument("--beam_size", type=at_least(1), default=4, help="beam width (default: 4)")
     add_length_penalty_flags(parser)
     parser.add_argument(
         "--max_extra_length", type=at_least(1), default=50, help="output tokens <= input tokens + this (default: 50)"
+    )
+    add_stop_flag(parser)
+
+
+def add_stop_flag(parser: argparse.ArgumentParser) -> None:
+    """--stop: when beam search stops a sentence (search.py's beam_search)."""
+    from jaxformer.decoding.generate import DecodeSettings
+    from jaxformer.decoding.search import BEAM_STOPS
+
+    default = DecodeSettings().stop
+    parser.add_argument(
+        "--stop",
+        choices=BEAM_STOPS,
+        default=default,
+        help="when beam search stops a sentence: exact, once no live hypothesis can win (transformers' "
+        "early_stopping='never'); current_length, once none can win at its current length (early_stopping=False); "
+        f"beam_full, once beam_size hypotheses have ended (fairseq; early_stopping=True) (default: {default})",
     )
 
 

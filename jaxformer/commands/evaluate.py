@@ -98,6 +98,7 @@ def run(args: argparse.Namespace) -> int:
         beam_size=args.beam_size,
         alpha=args.alpha,
         length_penalty=args.length_penalty,
+        stop=args.stop,
         decode_seconds=seconds,
     )
     print(

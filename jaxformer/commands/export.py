@@ -74,6 +74,7 @@ def run(args: argparse.Namespace) -> int:
             beam_size=args.beam_size,
             alpha=args.alpha,
             length_penalty=args.length_penalty,
+            stop=args.stop,
             max_extra_length=args.max_extra_length,
         ),
         ServingSettings(batch_size=args.batch_size, max_source_tokens=args.max_source_tokens),

@@ -21,6 +21,7 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--method", choices=METHODS, default="greedy", help="search (default: greedy)")
     parser.add_argument("--beam_size", type=common.at_least(1), default=4, help="beam width (default: 4)")
     common.add_length_penalty_flags(parser)
+    common.add_stop_flag(parser)
     parser.add_argument(
         "--max_new_tokens", type=common.at_least(1), default=30, help="tokens added to each prompt, EOS included"
     )

@@ -13,7 +13,9 @@ import jax
 import jax.numpy as jnp
 
 from jaxformer.decoding.search import (
+    BEAM_STOPS,
     LENGTH_PENALTIES,
+    CacheGrowth,
     SearchSpec,
     TokensToLogits,
     beam_search,
@@ -27,6 +29,10 @@ from jaxformer.tokens import BOS_ID, EOS_ID, PAD_ID
 from jaxformer.typing import Array, Float, Int
 
 METHODS = ("beam", "greedy", "sample")
+# The decoder cache starts with room for this many output tokens and doubles when a search needs
+# more (search.py's CacheGrowth): most translations are far shorter than source + 50 tokens, and
+# every step reads, and beam search reorders, the whole cache.
+FIRST_CACHE_LENGTH = 32
 
 
 @dataclasses.dataclass(frozen=True)
@@ -39,6 +45,8 @@ class DecodeSettings:
     # The length penalty's form: "gnmt", ((5 + |Y|) / 6)^alpha, or "transformers", |Y|^alpha (search.py).
     length_penalty: str = "gnmt"
     max_extra_length: int = 50  # output tokens (EOS included) <= source tokens + this
+    # When beam search stops a sentence: "exact", "current_length" or "beam_full" (search.py's beam_search).
+    stop: str = "exact"
     temperature: float = 1.0  # sampling only
     top_k: int = 0  # sampling only; 0 = the whole vocabulary
 
@@ -47,6 +55,8 @@ class DecodeSettings:
             raise ValueError(f"decoding method {self.method!r}: choose one of {', '.join(METHODS)}")
         if self.length_penalty not in LENGTH_PENALTIES:
             raise ValueError(f"length penalty {self.length_penalty!r}: choose one of {', '.join(LENGTH_PENALTIES)}")
+        if self.stop not in BEAM_STOPS:
+            raise ValueError(f"beam stop rule {self.stop!r}: choose one of {', '.join(BEAM_STOPS)}")
         if self.beam_size < 1 or self.max_extra_length < 1:
             raise ValueError(
                 f"beam_size and max_extra_length must be >= 1, got {self.beam_size}, {self.max_extra_length}"
@@ -86,12 +96,18 @@ def generate(
     max_length = source_length + settings.max_extra_length
     context = model.apply({"params": params}, source, method=Transformer.encoder_context)
     limits = jnp.sum(source != PAD_ID, axis=1, dtype=jnp.int32) + settings.max_extra_length  # [B], <= max_length
-    spec = SearchSpec(batch, max_length, BOS_ID, EOS_ID, limits=limits, banned_ids=(PAD_ID, BOS_ID))
+    growth = None
+    if not jax.export.is_symbolic_dim(max_length):  # an exported program keeps one full-length cache
+        growth = CacheGrowth.doubling(FIRST_CACHE_LENGTH, max_length, lambda cache, length: cache.grown(length))
+    spec = SearchSpec(
+        batch, max_length, BOS_ID, EOS_ID, limits=limits, banned_ids=(PAD_ID, BOS_ID), cache_growth=growth
+    )
 
     def tokens_to_logits(tokens, cache):  # [R, 1] -> [R, V]
         return model.apply({"params": params}, tokens, cache, context, method=Transformer.decode_step)
 
-    return search(tokens_to_logits, init_cache(model.config, batch, max_length), spec, settings, rng)
+    cache_length = max_length if growth is None else growth.lengths[0]
+    return search(tokens_to_logits, init_cache(model.config, batch, cache_length), spec, settings, rng)
 
 
 def search(
@@ -105,7 +121,9 @@ def search(
     (K = 1 for greedy search and sampling); `cache` has one row per batch row (beam search
     repeats it per beam)."""
     if settings.method == "beam":
-        return beam_search(tokens_to_logits, cache, spec, settings.beam_size, settings.alpha, settings.length_penalty)
+        return beam_search(
+            tokens_to_logits, cache, spec, settings.beam_size, settings.alpha, settings.length_penalty, settings.stop
+        )
     if settings.method == "greedy":
         tokens, scores = greedy_search(tokens_to_logits, cache, spec)
     else:

@@ -12,6 +12,11 @@ never looks inside the cache: beam search only repeats and reorders its rows. Wh
 knows of its sequences is a `SearchSpec`: they start with `bos_id` (the first decoder input, not
 part of the output) and end at `eos_id`.
 
+A cache need not hold max_length positions from the start. Reading and reordering it costs in
+proportion to its length at every step, while most searches end long before max_length, so a
+`CacheGrowth` in the spec lets the cache start short and grow (`CacheGrowth.grow`, which keeps
+what it holds) only when the search reaches its end; the results are those of a full-length cache.
+
 Scores are the model's own log-probabilities. The search takes the full-vocabulary
 log_softmax of the logits and only then applies its constraints, by setting the log-probability
 of a forbidden token to NEG_INF (nothing is renormalised):
@@ -43,6 +48,10 @@ NEG_INF = -1.0e9  # the log-probability of an impossible token, without inf arit
 
 
 LENGTH_PENALTIES = ("gnmt", "transformers")
+# When beam search stops expanding a row (see `beam_search`), and the same rule in transformers'
+# `generate(early_stopping=...)`: "exact" (early_stopping="never"), "current_length" (False),
+# "beam_full" (True; also fairseq's rule).
+BEAM_STOPS = ("exact", "current_length", "beam_full")
 
 
 def length_penalty(length, alpha: float, form: str = "gnmt"):
@@ -56,6 +65,55 @@ def length_penalty(length, alpha: float, form: str = "gnmt"):
     if form == "transformers":
         return length**alpha
     return ((5.0 + length) / 6.0) ** alpha
+
+
+class CacheGrowth(NamedTuple):
+    """The callback's cache starts with room for `lengths[0]` tokens; when the search reaches
+    that many it becomes `grow(cache, lengths[1])`, and so on, the last time to max_length."""
+
+    lengths: tuple[int, ...]  # increasing, each below max_length
+    grow: Callable[[Any, int], Any]  # (cache, length) -> the same cache with room for `length` tokens
+
+    @classmethod
+    def doubling(cls, first: int, max_length: int, grow: Callable[[Any, int], Any]) -> CacheGrowth | None:
+        """first, 2 first, 4 first, ... while max_length is at least twice the length (so no phase
+        adds only a few positions); None when max_length < 2 first (one full-length cache)."""
+        lengths = []
+        while 2 * first <= max_length:
+            lengths.append(first)
+            first *= 2
+        return cls(tuple(lengths), grow) if lengths else None
+
+
+def _run_growing(
+    body: Callable[[Any], Any], running: Callable[[Any], Bool[Array, ""]], initial: Any, max_length: int, growth
+) -> Any:
+    """`while step < max_length and running(state): state = body(state)`, for a state with
+    `step` and `cache` fields, growing the cache as `growth` (a CacheGrowth or None) says."""
+    lengths = () if growth is None else growth.lengths
+    state = initial
+    for length, next_length in zip(lengths, (*lengths[1:], max_length)):
+        state = jax.lax.while_loop(lambda state, end=length: (state.step < end) & running(state), body, state)
+        state = state._replace(cache=growth.grow(state.cache, next_length))
+    return jax.lax.while_loop(lambda state: (state.step < max_length) & running(state), body, state)
+
+
+def top_k(values: Float[Array, "B N"], k: int, chunk: int = 64) -> tuple[Float[Array, "B k"], Int[Array, "B k"]]:
+    """`jax.lax.top_k(values, k)`, ties to the lower index included, computed from the k chunks
+    of `chunk` values with the highest maxima: XLA:CPU's top-k takes a few milliseconds over a
+    beam search's K * V candidates per row, the chunk maxima and k * chunk values a fraction.
+    (An element of the top k has at most k - 1 elements before it, so at most k - 1 chunks rank
+    before its own; the chosen chunks are taken in index order, so ties resolve as top_k's do.)"""
+    rows, count = values.shape
+    if count < 4 * k * chunk:
+        return tuple(jax.lax.top_k(values, k))
+    padding = (-count) % chunk
+    chunks = jnp.pad(values, ((0, 0), (0, padding)), constant_values=-jnp.inf).reshape(rows, -1, chunk)  # [B, C, c]
+    _, best_chunks = jax.lax.top_k(jnp.max(chunks, axis=-1), k)  # [B, k]
+    best_chunks = jnp.sort(best_chunks, axis=-1)
+    picked = jnp.take_along_axis(chunks, best_chunks[:, :, None], axis=1).reshape(rows, k * chunk)  # [B, k * c]
+    top_values, where = jax.lax.top_k(picked, k)  # [B, k]
+    return top_values, jnp.take_along_axis(best_chunks, where // chunk, axis=1) * chunk + where % chunk
 
 
 def _is_possible(log_probs: Float[Array, ...]) -> Bool[Array, ...]:
@@ -77,6 +135,7 @@ class SearchSpec:
     _: dataclasses.KW_ONLY
     limits: Int[Array, B] | None = None  # row b ends by limits[b] tokens, EOS included
     banned_ids: Sequence[int] = ()  # never generated (pad and BOS for a jaxformer model)
+    cache_growth: CacheGrowth | None = None  # None: the cache holds max_length tokens from the start
 
     def __post_init__(self):
         if self.limits is not None and jnp.shape(self.limits) != (self.batch_size,):
@@ -84,6 +143,12 @@ class SearchSpec:
         banned_ids = tuple(int(token) for token in self.banned_ids)
         if self.eos_id in banned_ids:
             raise ValueError(f"eos_id {self.eos_id} cannot be banned: every sequence must be able to end")
+        if self.cache_growth is not None:
+            lengths = self.cache_growth.lengths
+            if not lengths or list(lengths) != sorted(set(lengths)) or lengths[0] < 1 or lengths[-1] >= self.max_length:
+                raise ValueError(
+                    f"cache lengths must increase from >= 1 to below max_length {self.max_length}: {lengths}"
+                )
         object.__setattr__(self, "banned_ids", banned_ids)
 
     def row_limits(self) -> Int[Array, B] | None:
@@ -140,9 +205,6 @@ def _one_per_row(
     batch_size, max_length, bos_id, eos_id = spec.batch_size, spec.max_length, spec.bos_id, spec.eos_id
     limits, banned_ids = spec.row_limits(), spec.banned_ids
 
-    def cond(state: SearchState) -> Bool[Array, ""]:
-        return (state.step < max_length) & ~jnp.all(state.finished)
-
     def body(state: SearchState) -> SearchState:
         step = state.step
         previous = jnp.where(step == 0, bos_id, state.tokens[:, jnp.maximum(step - 1, 0)])[:, None]  # [B, 1]
@@ -169,7 +231,7 @@ def _one_per_row(
         cache=cache,
         rng=rng,
     )
-    final = jax.lax.while_loop(cond, body, initial)
+    final = _run_growing(body, lambda state: ~jnp.all(state.finished), initial, max_length, spec.cache_growth)
     return final.tokens, final.scores
 
 
@@ -220,6 +282,7 @@ class BeamState(NamedTuple):
     live_tokens: Int[Array, "B K L"]
     finished_tokens: Int[Array, "B K L"]  # the best K ended hypotheses, best first
     finished_scores: Float[Array, "B K"]  # their log p / length_penalty
+    done: Bool[Array, B]  # the row's stop rule has held: its ended hypotheses are final
     cache: Any  # the callback's, B * K rows (row r is beam r % K of batch row r // K)
 
 
@@ -238,6 +301,7 @@ def beam_search(
     beam_size: int,
     alpha: float = 0.6,
     penalty: str = "gnmt",
+    stop: str = "exact",
 ) -> tuple[Int[Array, "B K L"], Float[Array, "B K"]]:
     """Beam search with length penalty; returns the `beam_size` best ended sequences per row,
     best first, as (tokens [B, K, L] padded with 0, scores [B, K] = log p(Y) / length_penalty(|Y|),
@@ -248,12 +312,26 @@ def beam_search(
     `cache` holds one row per batch row; it is repeated for the K beams. Each step expands
     the live beams into their 2K best continuations; those ending in EOS that rank among the
     best K join the ended ones (so a beam of 1 is greedy search), the best K others stay live.
-    The loop stops once no live beam of any row can beat the worst kept ended sequence of its
-    row: log-probabilities only decrease as a sequence grows, so a live beam's final score is
-    at most its log p divided by the length penalty of the longest length it may still reach
-    (its row's limit), or of the shortest when alpha < 0. Stopping there changes no result.
+    A row is done once its `stop` rule holds; from then on nothing joins its ended sequences, so
+    its result depends neither on the other rows of the batch nor on how long they run. The loop
+    ends when every row is done (or at max_length).
+
+    - "exact": no live beam can beat the worst kept ended sequence. Log-probabilities only
+      decrease as a sequence grows, so a live beam's final score is at most its log p divided by
+      the length penalty of the longest length it may still reach (its row's limit), or of the
+      shortest when alpha < 0. Stopping there changes no result: this is the search run to the
+      limit, and with alpha > 0 it often runs close to the limit.
+    - "current_length": K sequences have ended and the best live beam's log p, divided by the
+      length penalty of its current length, does not beat the worst of them (transformers'
+      default, early_stopping=False). A live beam may still have won by growing longer.
+    - "beam_full": K sequences have ended among the best K candidates of their steps (fairseq's
+      rule; transformers' early_stopping=True). The fastest; the first K endings are final.
+
+    The last two also end a row where "exact" does.
     """
     length_penalty(1, alpha, penalty)  # an unknown form fails here, before tracing
+    if stop not in BEAM_STOPS:
+        raise ValueError(f"unknown beam stop rule {stop!r}; choose one of {', '.join(BEAM_STOPS)}")
     B, K = spec.batch_size, beam_size
     max_length, bos_id, eos_id = spec.max_length, spec.bos_id, spec.eos_id
     limits, banned_ids = spec.row_limits(), spec.banned_ids
@@ -261,17 +339,23 @@ def beam_search(
     row_limits = None if limits is None else jnp.repeat(limits, K)  # [R]
     cache = jax.tree.map(lambda leaf: leaf if jnp.ndim(leaf) == 0 else jnp.repeat(leaf, K, axis=0), cache)  # [R, ...]
 
-    def cond(state: BeamState) -> Bool[Array, ""]:
-        best_live = state.live_log_probs[:, 0]  # [B]
+    def rows_done(step, live_log_probs, finished_scores) -> Bool[Array, B]:
+        """Where `stop` holds for live beams of `step` tokens and the kept ended sequences."""
+        best_live, worst_kept = live_log_probs[:, 0], finished_scores[:, -1]  # [B], [B]
         if alpha == 0:
             best_possible = best_live
         else:  # best_live <= 0, so the bound is at one end of the lengths still reachable
             best_possible = jnp.maximum(
                 best_live / length_penalty(longest, alpha, penalty),
-                best_live / length_penalty(state.step + 1, alpha, penalty),
+                best_live / length_penalty(step + 1, alpha, penalty),
             )  # [B]
-        can_improve = _is_possible(best_live) & (best_possible > state.finished_scores[:, -1])  # [B]
-        return (state.step < max_length) & jnp.any(can_improve)
+        done = ~(_is_possible(best_live) & (best_possible > worst_kept))  # "exact"
+        full = _is_possible(worst_kept)  # K hypotheses have ended
+        if stop == "current_length":
+            done |= full & (best_live / length_penalty(step, alpha, penalty) <= worst_kept)
+        elif stop == "beam_full":
+            done |= full
+        return done
 
     def body(state: BeamState) -> BeamState:
         step = state.step
@@ -281,7 +365,7 @@ def beam_search(
         log_probs = jax.nn.log_softmax(logits.astype(jnp.float32), axis=-1)  # [R, V]
         log_probs = _constrain(log_probs, step, row_limits, banned_ids, eos_id).reshape(B, K, vocab)
         candidates = (state.live_log_probs[:, :, None] + log_probs).reshape(B, K * vocab)  # [B, K * V]
-        top_log_probs, top_indices = jax.lax.top_k(candidates, min(2 * K, K * vocab))  # [B, 2K]
+        top_log_probs, top_indices = top_k(candidates, min(2 * K, K * vocab))  # [B, 2K]
         top_beams, top_tokens = top_indices // vocab, (top_indices % vocab).astype(jnp.int32)  # [B, 2K]
         top_sequences = jnp.take_along_axis(state.live_tokens, top_beams[:, :, None], axis=1)  # [B, 2K, L]
         top_sequences = top_sequences.at[:, :, step].set(top_tokens)
@@ -292,7 +376,7 @@ def beam_search(
         # Ended: this step's ended candidates that rank among the best K join the kept ones;
         # the best K survive.
         in_top_k = jnp.arange(top_log_probs.shape[1])[None, :] < K  # [1, 2K]
-        ended = ends & _is_possible(top_log_probs) & in_top_k  # [B, 2K]
+        ended = ends & _is_possible(top_log_probs) & in_top_k & ~state.done[:, None]  # [B, 2K]
         new_scores = jnp.where(ended, top_log_probs / length_penalty(step + 1, alpha, penalty), NEG_INF)  # [B, 2K]
         all_scores = jnp.concatenate([state.finished_scores, new_scores], axis=1)  # [B, 3K]
         all_tokens = jnp.concatenate([state.finished_tokens, top_sequences], axis=1)  # [B, 3K, L]
@@ -307,6 +391,7 @@ def beam_search(
             live_tokens=jnp.take_along_axis(top_sequences, keep[:, :, None], axis=1),  # [B, K, L]
             finished_tokens=finished_tokens,
             finished_scores=finished_scores,
+            done=state.done | rows_done(step + 1, live_log_probs, finished_scores),
             cache=_gather_beams(cache, jnp.take_along_axis(top_beams, keep, axis=1), B, K),
         )
 
@@ -317,9 +402,10 @@ def beam_search(
         live_tokens=jnp.zeros((B, K, max_length), jnp.int32),
         finished_tokens=jnp.zeros((B, K, max_length), jnp.int32),
         finished_scores=jnp.full((B, K), NEG_INF, jnp.float32),
+        done=jnp.zeros((B,), bool),
         cache=cache,
     )
-    final = jax.lax.while_loop(cond, body, initial)
+    final = _run_growing(body, lambda state: ~jnp.all(state.done), initial, max_length, spec.cache_growth)
     # Tokens after each sequence's EOS are padding.
     after_eos = jnp.cumsum(jnp.cumsum(final.finished_tokens == eos_id, axis=-1), axis=-1) > 1  # [B, K, L]
     return jnp.where(after_eos, 0, final.finished_tokens), final.finished_scores

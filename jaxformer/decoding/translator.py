@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import concurrent.futures
 import copy
 import logging
 import os
@@ -33,7 +34,9 @@ class Translator:
     padding nor the other sentences of a batch change a sentence's result. Results come back
     in input order. Empty input gives empty output. A sentence longer than `max_source_tokens`
     is translated in pieces (at sentence ends where it can) joined by spaces, so nothing is
-    dropped.
+    dropped. `parallel_batches` batches are decoded at once, from as many threads: on a CPU one
+    search leaves cores idle (its top-k and beam reordering run on one core), and the batches'
+    results do not depend on each other.
     """
 
     def __init__(
@@ -48,6 +51,7 @@ class Translator:
         max_buffer_growth: float = 1.25,
         max_source_tokens: int = 256,
         target_tokenizer: Tokenizer | None = None,
+        parallel_batches: int = 2,
     ):
         if config.architecture != "encoder_decoder":
             raise ConfigError(
@@ -73,6 +77,9 @@ class Translator:
         if not max_buffer_growth >= 1:
             raise ValueError(f"max_buffer_growth must be >= 1, got {max_buffer_growth}")
         self.max_buffer_growth = max_buffer_growth
+        if parallel_batches < 1:
+            raise ValueError(f"parallel_batches must be >= 1, got {parallel_batches}")
+        self.parallel_batches = parallel_batches
         self._generate = make_generate_fn(self.config, settings)
         self._compiled_lengths: set[int] = set()  # shared with with_params' copies, as _generate is
         self._rng = jax.random.key(0)
@@ -145,9 +152,8 @@ class Translator:
         if self.params is None:
             raise ValueError("this Translator has no parameters yet: use with_params(params)")
         results: list[Any] = [None] * len(sources)
-        with tqdm.tqdm(
-            total=len(sources), desc="translate", unit="sent", disable=not progress, dynamic_ncols=True
-        ) as bar:
+
+        def jobs():  # in order, on this thread: the sampling keys do not depend on thread timing
             for batch_indices, source in sentence_batches.length_sorted_batches(
                 sources,
                 self.batch_size,
@@ -161,7 +167,19 @@ class Translator:
                 rng = self._rng
                 if self.settings.method == "sample":  # the other searches ignore it: no split to compile
                     self._rng, rng = jax.random.split(self._rng)
-                tokens, scores = jax.device_get(self._generate(self.params, source, rng))  # [B, K, L], [B, K]
+                yield batch_indices, source, rng
+
+        def decode(job):
+            batch_indices, source, rng = job
+            return batch_indices, jax.device_get(self._generate(self.params, source, rng))  # [B, K, L], [B, K]
+
+        with (
+            tqdm.tqdm(
+                total=len(sources), desc="translate", unit="sent", disable=not progress, dynamic_ncols=True
+            ) as bar,
+            concurrent.futures.ThreadPoolExecutor(self.parallel_batches) as pool,
+        ):
+            for batch_indices, (tokens, scores) in pool.map(decode, jobs()):
                 for row, index in enumerate(batch_indices):
                     results[index] = [(tokens[row, k], float(scores[row, k])) for k in range(tokens.shape[1])]
                 bar.update(len(batch_indices))

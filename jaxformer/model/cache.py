@@ -53,6 +53,17 @@ class DecoderCache:
     def layers(self) -> list[LayerCache]:
         return [LayerCache(keys, values) for keys, values in zip(self.keys, self.values, strict=True)]
 
+    def grown(self, max_length: int) -> DecoderCache:
+        """The same cache with room for `max_length` tokens (unused positions zero)."""
+        extra = max_length - self.max_length
+        if extra < 0:
+            raise ValueError(f"a cache of {self.max_length} positions cannot shrink to {max_length}")
+
+        def padded(leaf: Float[Array, "R N L H"]) -> Float[Array, "R N _ H"]:
+            return jnp.pad(leaf, ((0, 0), (0, 0), (0, extra), (0, 0)))
+
+        return DecoderCache(tuple(map(padded, self.keys)), tuple(map(padded, self.values)), self.index)
+
     def advanced(self, layers: list[LayerCache]) -> DecoderCache:
         """The cache holding `layers` (the step's updated layer caches), its index one further."""
         return DecoderCache(

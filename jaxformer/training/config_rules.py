@@ -10,6 +10,7 @@ from typing import Any
 
 import numpy as np
 
+from jaxformer.decoding.search import BEAM_STOPS
 from jaxformer.run.directory import CHECKPOINT_KINDS
 from jaxformer.tokens import NUM_SPECIAL_TOKENS
 
@@ -120,5 +121,6 @@ VALUE_RULES: dict[str, tuple[Callable[[Any], bool], str]] = {
     "decoding.beam_size": _at_least(1),
     "decoding.alpha": ((lambda value: _number(value) and value >= 0), "a number >= 0"),
     "decoding.max_extra_length": _at_least(1),
+    "decoding.stop": _one_of(*BEAM_STOPS),
     "decoding.batch_size": _at_least(1),
 }

@@ -163,6 +163,7 @@ def default_config() -> ml_collections.ConfigDict:
     config.decoding.beam_size = 4  # the paper's beam
     config.decoding.alpha = 0.6  # length penalty ((5 + |Y|) / 6)^alpha
     config.decoding.max_extra_length = 50  # output tokens <= source tokens + this
+    config.decoding.stop = "exact"  # when beam search stops a sentence: exact, current_length or beam_full
     config.decoding.batch_size = 64  # sentences per decoding batch
     return config
 

@@ -27,6 +27,7 @@ def decode_settings(config: ml_collections.ConfigDict) -> DecodeSettings:
         method=decoding.method,
         beam_size=decoding.beam_size,
         alpha=decoding.alpha,
+        stop=decoding.stop,
         max_extra_length=decoding.max_extra_length,
     )
 

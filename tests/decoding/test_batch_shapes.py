@@ -4,7 +4,7 @@ each sentence translated alone in a batch of its own bucket."""
 import numpy as np
 import pytest
 
-from jaxformer.decoding import sentence_batches
+from jaxformer.decoding import generate, sentence_batches
 from jaxformer.decoding.generate import DecodeSettings
 from jaxformer.decoding.translator import Translator
 from jaxformer.tokens import EOS_ID, PAD_ID
@@ -83,3 +83,48 @@ def test_padding_to_a_compiled_length_changes_no_result(decoding_workdir, mixed_
         rtol=1e-6,
     )
     assert len({hypotheses[0][0] for hypotheses in nbest}) > 1
+
+
+def nbest_texts_and_scores(translator, sentences):
+    nbest = translator.translate_nbest(sentences)
+    return [[text for text, _ in hypotheses] for hypotheses in nbest], [[s for _, s in h] for h in nbest]
+
+
+@pytest.mark.parametrize("stop", ["exact", "beam_full"])
+def test_a_growing_decoder_cache_changes_no_result(decoding_workdir, mixed_sentences, monkeypatch, stop):
+    """The decoder cache starting at 4 positions and doubling (4, 8, 16, 32, then 48 + 30) gives
+    the translations and scores of one cache of 78 positions from the start."""
+    settings = DecodeSettings(beam_size=3, max_extra_length=30, stop=stop)
+    results = {}
+    for first in (4, 10**6):
+        monkeypatch.setattr(generate, "FIRST_CACHE_LENGTH", first)
+        translator = Translator.from_workdir(decoding_workdir, settings=settings, batch_size=4, max_buffer_growth=4.0)
+        results[first] = nbest_texts_and_scores(translator, mixed_sentences)
+    assert results[4][0] == results[10**6][0]
+    np.testing.assert_allclose(results[4][1], results[10**6][1], rtol=1e-6)
+    lengths = [len(text.split()) for texts in results[4][0] for text in texts]
+    assert max(lengths) > 8  # some outputs outgrow the first caches
+
+
+@pytest.mark.parametrize(
+    "settings",
+    [DecodeSettings(beam_size=3, max_extra_length=6, stop="beam_full"), DecodeSettings(method="sample")],
+    ids=["beam", "sample"],
+)
+def test_parallel_batches_change_no_result(decoding_workdir, mixed_sentences, settings):
+    """Batches decoded three at a time, from three threads, give the results of one at a time,
+    in input order, samples included (their keys are drawn in batch order)."""
+    results = [
+        nbest_texts_and_scores(
+            Translator.from_workdir(decoding_workdir, settings=settings, batch_size=2, parallel_batches=parallel),
+            mixed_sentences,
+        )
+        for parallel in (1, 3)
+    ]
+    assert results[0] == results[1]
+    assert len(set(map(tuple, results[0][0]))) > 1
+
+
+def test_parallel_batches_must_be_positive(decoding_workdir):
+    with pytest.raises(ValueError, match="parallel_batches must be >= 1, got 0"):
+        Translator.from_workdir(decoding_workdir, parallel_batches=0)

@@ -8,7 +8,16 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from jaxformer.decoding.search import NEG_INF, SearchSpec, beam_search, greedy_search, length_penalty, sample_search
+from jaxformer.decoding.search import (
+    NEG_INF,
+    CacheGrowth,
+    SearchSpec,
+    beam_search,
+    greedy_search,
+    length_penalty,
+    sample_search,
+    top_k,
+)
 
 V, PAD, EOS, BOS = 6, 0, 1, 3
 BANNED = (PAD, BOS)
@@ -55,11 +64,17 @@ def every_hypothesis(limit):
     return [words + (EOS,) for length in range(limit) for words in itertools.product(WORDS, repeat=length)]
 
 
-def reference_beam(next_log_probs, beam, alpha, limit):
-    """The beam search as documented, run to the limit without early stopping: [(score, tokens)]
-    best first, for a model `next_log_probs(prefix) -> [V]`."""
+def reference_beam(next_log_probs, beam, alpha, limit, stop="exact"):
+    """The beam search as documented: [(score, tokens)] best first, for a model
+    `next_log_probs(prefix) -> [V]`, run to the limit ("exact" stops only where nothing can
+    change) or until the `stop` rule holds, checked after every step as its docstring says."""
     live, finished = [((), 0.0)], []
     for step in range(limit):
+        if len(finished) == beam and stop == "beam_full":
+            break
+        if len(finished) == beam and stop == "current_length" and live:
+            if live[0][1] / float(length_penalty(step, alpha)) <= finished[-1][0]:
+                break
         candidates = sorted(
             (
                 (total + next_log_probs(prefix)[token], prefix + (token,))
@@ -83,18 +98,10 @@ def hypothesis(tokens):
     return tuple(tokens[: tokens.index(EOS) + 1]) if EOS in tokens else tuple(tokens)
 
 
-def run_beam(beam, alpha, limits=LIMITS, max_length=MAX_LENGTH, penalty="gnmt"):
+def run_beam(beam, alpha, limits=LIMITS, max_length=MAX_LENGTH, penalty="gnmt", stop="exact", growth=None):
     batch = len(limits)
-    return jax.jit(
-        lambda: beam_search(
-            tokens_to_logits,
-            initial_cache(batch),
-            SearchSpec(batch, max_length, BOS, EOS, limits=jnp.asarray(limits), banned_ids=BANNED),
-            beam,
-            alpha,
-            penalty,
-        )
-    )()
+    spec = SearchSpec(batch, max_length, BOS, EOS, limits=jnp.asarray(limits), banned_ids=BANNED, cache_growth=growth)
+    return jax.jit(lambda: beam_search(tokens_to_logits, initial_cache(batch), spec, beam, alpha, penalty, stop))()
 
 
 # -- beam search ---------------------------------------------------------------------------
@@ -340,3 +347,111 @@ def test_wide_beam_with_the_transformers_length_penalty_finds_the_exhaustive_opt
         )[:beam]
         assert hypothesis(np.asarray(tokens[row, 0])) == expected[0][1]
         np.testing.assert_allclose(scores[row, : len(expected)], [score for score, _ in expected], rtol=1e-5)
+
+
+@pytest.mark.parametrize("count", [5, 300, 4099, 32000])
+@pytest.mark.parametrize("k", [1, 3, 8])
+def test_chunked_top_k_is_lax_top_k(count, k):
+    """Values and indices equal jax.lax.top_k's, ties to the lower index included: rows of
+    distinct values, rows with many exact ties (NEG_INF after constraints, a few repeated
+    values spread over chunks) and rows whose top values share one chunk."""
+    k = min(k, count)
+    rng = np.random.default_rng(count * 10 + k)
+    distinct = rng.standard_normal((3, count)).astype(np.float32)
+    tied = rng.choice(np.float32([-2.0, -1.0, -0.5, NEG_INF]), size=(3, count))
+    one_chunk = np.full((2, count), NEG_INF, np.float32)
+    one_chunk[:, : min(count, 9)] = -np.arange(min(count, 9), dtype=np.float32)
+    values = jnp.asarray(np.concatenate([distinct, tied, one_chunk]))
+    expected_values, expected_indices = jax.lax.top_k(values, k)
+    got_values, got_indices = jax.jit(top_k, static_argnums=(1,))(values, k)
+    np.testing.assert_array_equal(got_indices, expected_indices)
+    np.testing.assert_array_equal(got_values, expected_values)
+
+
+@pytest.mark.parametrize("stop", ["current_length", "beam_full"])
+@pytest.mark.parametrize("alpha", [0.0, 0.6, 2.0])
+@pytest.mark.parametrize("beam", [1, 2, 3])
+def test_stop_rules_match_the_reference_row_by_row(stop, alpha, beam):
+    """Each row returns what the reference search with the same stop rule returns for that row
+    alone: once a row is done nothing joins its ended hypotheses, however long the other rows
+    of the batch run."""
+    limits = np.array([7, 3, 6, 5, 8], np.int32)
+    tokens, scores = run_beam(beam, alpha, limits, max_length=8, stop=stop)
+    changed = 0
+    for row, limit in enumerate(limits):
+        next_row = lambda prefix, row=row: next_log_probs(row, prefix)  # noqa: E731
+        expected = reference_beam(next_row, beam, alpha, limit, stop)
+        assert [hypothesis(t) for t in np.asarray(tokens[row, : len(expected)])] == [y for _, y in expected]
+        np.testing.assert_allclose(scores[row, : len(expected)], [score for score, _ in expected], rtol=1e-5)
+        changed += expected != reference_beam(next_row, beam, alpha, limit)
+    if beam == 3 and stop == "beam_full":
+        assert changed  # the rule is not the exact search in disguise
+
+
+def test_beam_full_stops_at_the_first_ending():
+    """Where the exact search finds the long hypothesis (test above), a beam of one that stops
+    once its beam is full returns the first ending, (EOS,), after one step."""
+    tokens_to_logits, log_probs = step_model(EOS_OR_LONG)
+    spec = SearchSpec(1, 10, BOS, EOS, limits=jnp.array([9]), banned_ids=BANNED)
+    tokens, scores = jax.jit(lambda: beam_search(tokens_to_logits, jnp.int32(0), spec, 1, 2.0, stop="beam_full"))()
+    assert hypothesis(tokens[0, 0]) == (EOS,)
+    np.testing.assert_allclose(scores[0, 0], log_probs(())[EOS] / float(length_penalty(1, 2.0)), rtol=1e-5)
+
+
+def test_unknown_stop_rule():
+    with pytest.raises(ValueError, match="unknown beam stop rule 'never'"):
+        run_beam(2, 0.6, stop="never")
+
+
+def growing_model(lengths_seen):
+    """tokens_to_logits over a cache with a real length: a history buffer [R, length] whose
+    size the model reads (it fails past the end), recording every length it is called with."""
+
+    def model(tokens, cache):
+        history = cache["history"]
+        jax.debug.callback(lambda length=history.shape[1]: lengths_seen.add(length))
+        history = jax.lax.dynamic_update_slice_in_dim(history, tokens, cache["step"], axis=1)
+        logits, inner = tokens_to_logits(tokens, cache["inner"])
+        return logits, {"history": history, "step": cache["step"] + 1, "inner": inner}
+
+    def grow(cache, length):
+        return {**cache, "history": jnp.pad(cache["history"], ((0, 0), (0, length - cache["history"].shape[1])))}
+
+    return model, grow
+
+
+@pytest.mark.parametrize("method", ["beam", "greedy"])
+def test_a_growing_cache_changes_no_result(method):
+    """A cache that starts with 2 positions and grows to 4 and then to max_length 9 gives the
+    results of a full-length cache; the search reads the cache at every length, and the grown
+    cache keeps what it held (the history the model writes is checked against the tokens)."""
+    limits = np.array([9, 3, 7, 9], np.int32)
+    lengths_seen = set()
+    model, grow = growing_model(lengths_seen)
+    results = {}
+    for growth in (None, CacheGrowth((2, 4), grow)):
+        length = 9 if growth is None else 2
+        cache = {
+            "history": jnp.zeros((4, length), jnp.int32),
+            "step": jnp.int32(0),
+            "inner": initial_cache(4),
+        }
+        spec = SearchSpec(4, 9, BOS, EOS, limits=jnp.asarray(limits), banned_ids=BANNED, cache_growth=growth)
+        if method == "beam":
+            search = lambda spec=spec, cache=cache: beam_search(model, cache, spec, 3, 0.6)  # noqa: E731
+        else:
+            search = lambda spec=spec, cache=cache: greedy_search(model, cache, spec)  # noqa: E731
+        results[growth is None] = jax.device_get(jax.jit(search)())
+    assert lengths_seen == {2, 4, 9}
+    np.testing.assert_array_equal(results[True][0], results[False][0])
+    np.testing.assert_array_equal(results[True][1], results[False][1])
+
+
+def test_doubling_cache_lengths():
+    grow = lambda cache, length: cache  # noqa: E731
+    assert CacheGrowth.doubling(32, 98, grow).lengths == (32,)
+    assert CacheGrowth.doubling(32, 64, grow).lengths == (32,)
+    assert CacheGrowth.doubling(32, 306, grow).lengths == (32, 64, 128)
+    assert CacheGrowth.doubling(32, 63, grow) is None
+    with pytest.raises(ValueError, match="cache lengths must increase"):
+        SearchSpec(1, 8, BOS, EOS, cache_growth=CacheGrowth((4, 8), grow))

@@ -129,6 +129,7 @@ def test_the_directory_holds_everything_serving_needs(exported, workdir):
         "alpha": 0.6,
         "length_penalty": "gnmt",
         "max_extra_length": 8,
+        "stop": "exact",
         "temperature": 1.0,
         "top_k": 0,
     }

@@ -127,7 +127,7 @@ def sentences(count, offset=0):
     return read_raw("val.en.gz")[offset : offset + count]
 
 
-def hf_generate(model, input_ids, limit, num_beams, pad_id, start_id, eos_id, bad_ids):
+def hf_generate(model, input_ids, limit, num_beams, pad_id, start_id, eos_id, bad_ids, early_stopping="never"):
     """transformers' search with the settings under which jaxformer's is the same search (see
     test_beam_search_matches_transformers)."""
     settings = GenerationConfig(
@@ -136,7 +136,7 @@ def hf_generate(model, input_ids, limit, num_beams, pad_id, start_id, eos_id, ba
         num_return_sequences=num_beams,
         do_sample=False,
         length_penalty=ALPHA,
-        early_stopping="never",
+        early_stopping=early_stopping,
         decoder_start_token_id=start_id,
         pad_token_id=pad_id,
         eos_token_id=eos_id,
@@ -203,18 +203,29 @@ def test_teacher_forced_logits_match(marian, imported):
     assert (np.asarray(logits)[valid][:, 3] < expected[valid][:, 3] - 99).all()  # and no probability
 
 
-@pytest.mark.parametrize("beam_size", [1, 4])
-def test_search_matches_transformers_generate(marian, imported, beam_size):
-    """Greedy search, and beam search with transformers' length penalty |Y|^alpha: transformers
-    with early_stopping="never" keeps expanding until no live beam can beat the worst kept
-    hypothesis under its longest reachable length, as jaxformer's search does; forced EOS at the
-    length limit and the pad token banned (bad_words_ids) as jaxformer's limits and banned ids."""
+# jaxformer's beam stop rules and transformers' early_stopping values for the same rule.
+STOPS = {"exact": "never", "current_length": False, "beam_full": True}
+
+
+@pytest.mark.parametrize(("beam_size", "stop"), [(1, "exact"), (4, "exact"), (4, "current_length"), (4, "beam_full")])
+def test_search_matches_transformers_generate(marian, imported, beam_size, stop):
+    """Greedy search, and beam search with transformers' length penalty |Y|^alpha under each
+    stop rule: transformers with early_stopping="never" keeps expanding until no live beam can
+    beat the worst kept hypothesis under its longest reachable length, as jaxformer's "exact"
+    does; False and True are "current_length" and "beam_full". Forced EOS at the length limit and
+    the pad token banned (bad_words_ids) as jaxformer's limits and banned ids. jaxformer decodes
+    the sentences in one batch, transformers one at a time."""
     directory, model = marian
     workdir, converted = imported
     tokenizer = MarianTokenizer.from_pretrained(directory)
     method = "greedy" if beam_size == 1 else "beam"
     settings = DecodeSettings(
-        method=method, beam_size=beam_size, alpha=ALPHA, length_penalty="transformers", max_extra_length=MAX_EXTRA
+        method=method,
+        beam_size=beam_size,
+        alpha=ALPHA,
+        length_penalty="transformers",
+        max_extra_length=MAX_EXTRA,
+        stop=stop,
     )
     translator = Translator.from_workdir(workdir, settings=settings)
     texts = sorted(sentences(40), key=len)[:5]  # short ones: transformers' search is slow on a CPU
@@ -225,7 +236,7 @@ def test_search_matches_transformers_generate(marian, imported, beam_size):
     lengths = []
     for ids, hypotheses in zip(sources, results, strict=True):
         limit = len(ids) + MAX_EXTRA
-        expected, expected_scores = hf_generate(model, ids, limit, beam_size, pad, pad, eos, [pad])
+        expected, expected_scores = hf_generate(model, ids, limit, beam_size, pad, pad, eos, [pad], STOPS[stop])
         ours = [[int(converted.order[token]) for token in until_eos(tokens, 1)] for tokens, _ in hypotheses]
         assert ours == expected
         if expected_scores is not None:  # the same scores, but for hypotheses cut at the limit, whose forced
