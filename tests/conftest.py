@@ -46,6 +46,7 @@ if os.environ.get("JAXFORMER_SHAPE_CHECKS", "1") != "0":  # 0: off, to measure w
 jax.config.update("jax_numpy_rank_promotion", "raise")
 
 
+import numpy as np  # noqa: E402
 import pytest  # noqa: E402
 
 
@@ -148,3 +149,22 @@ def installed_venv(tmp_path_factory, install_build):
     venv = make_venv(tmp_path_factory.mktemp("installed") / "venv", install_build)
     install_wheel(venv, install_build.wheel, cwd=venv.path.parent)
     return venv
+
+
+def assert_same_hypotheses(actual, expected, rtol=1e-6):
+    """n-best lists [[(text or ids, score), ...], ...] with the same texts (ids) in the same order
+    and scores equal to float32 rounding: decoding buffers of other lengths (the translator's
+    cache grows, an export's has its full length from the start) change how the CPU blocks
+    its sums, not what is decoded."""
+
+    def plain(item):
+        return item.tolist() if hasattr(item, "tolist") else item
+
+    assert [[plain(h[0]) for h in hypotheses] for hypotheses in actual] == [
+        [plain(h[0]) for h in hypotheses] for hypotheses in expected
+    ]
+    np.testing.assert_allclose(
+        [score for hypotheses in actual for _, score in hypotheses],
+        [score for hypotheses in expected for _, score in hypotheses],
+        rtol=rtol,
+    )

@@ -211,7 +211,7 @@ def add_decoding_flags(parser: argparse.ArgumentParser) -> None:
         "--temperature", type=number(0.0, inclusive=False), default=1.0, help="sampling temperature (default: 1.0)"
     )
     parser.add_argument("--top_k", type=at_least(0), default=0, help="sample among the k most likely tokens; 0 = all")
-    parser.add_argument("--batch_size", type=at_least(1), default=64, help="sentences per decoding batch (default: 64)")
+    parser.add_argument("--batch_size", type=at_least(1), default=32, help="sentences per decoding batch (default: 32)")
     parser.add_argument(
         "--max_source_tokens",
         type=at_least(2),

@@ -46,7 +46,7 @@ class Translator:
         tokenizer: Tokenizer,
         settings: DecodeSettings = DecodeSettings(),
         *,
-        batch_size: int = 64,
+        batch_size: int = 32,
         length_bucket: int = 16,
         max_buffer_growth: float = 1.25,
         max_source_tokens: int = 256,

@@ -163,8 +163,10 @@ def default_config() -> ml_collections.ConfigDict:
     config.decoding.beam_size = 4  # the paper's beam
     config.decoding.alpha = 0.6  # length penalty ((5 + |Y|) / 6)^alpha
     config.decoding.max_extra_length = 50  # output tokens <= source tokens + this
-    config.decoding.stop = "exact"  # when beam search stops a sentence: exact, current_length or beam_full
-    config.decoding.batch_size = 64  # sentences per decoding batch
+    # When beam search stops a sentence: exact, current_length (the same validation BLEU as exact on
+    # Multi30k, a fifth faster) or beam_full.
+    config.decoding.stop = "current_length"
+    config.decoding.batch_size = 32  # sentences per decoding batch (two decode at once: Translator)
     return config
 
 

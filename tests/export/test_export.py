@@ -24,7 +24,7 @@ from jaxformer.export.safetensors import flatten, read_safetensors
 from jaxformer.run.checkpoint import Checkpointer
 from jaxformer.run.directory import RunDirectory
 from jaxformer.run.loading import load_checkpoint
-from tests.conftest import make_workdir, read_raw
+from tests.conftest import assert_same_hypotheses, make_workdir, read_raw
 from tests.export.serving import serve_without_jaxformer
 
 pytestmark = pytest.mark.xdist_group("export")
@@ -129,7 +129,7 @@ def test_the_directory_holds_everything_serving_needs(exported, workdir):
         "alpha": 0.6,
         "length_penalty": "gnmt",
         "max_extra_length": 8,
-        "stop": "exact",
+        "stop": "current_length",
         "temperature": 1.0,
         "top_k": 0,
     }
@@ -178,14 +178,14 @@ def test_serve_py_without_jaxformer_equals_the_translator(exported, translator, 
     served = json.loads((tmp_path / "results.json").read_text())
     assert served["loaded"] == []
 
-    assert [[tuple(hypothesis) for hypothesis in hypotheses] for hypotheses in served["nbest"]] == expected_nbest
+    assert_same_hypotheses(served["nbest"], expected_nbest)
     assert served["nbest"][3] == [["", 0.0]] and len(served["nbest"][0]) == 3
     assert served["command"] == "".join(f"{text}\n" for text in expected_text)
 
     outputs = np.load(tmp_path / "outputs.npz")
     assert outputs["odd_shape_tokens"].shape == (3, 3, 21 + 8)
     np.testing.assert_array_equal(outputs["odd_shape_tokens"], tokens)
-    np.testing.assert_array_equal(outputs["odd_shape_scores"], scores)
+    np.testing.assert_allclose(outputs["odd_shape_scores"], scores, rtol=1e-6)  # symbolic shapes compile otherwise
 
 
 def test_translator_from_export_equals_the_translator(exported, translator, sentences, capsys):
@@ -193,12 +193,10 @@ def test_translator_from_export_equals_the_translator(exported, translator, sent
     assert served.batch_size == 4 and served.max_source_length == 32
     served_nbest = served.translate_nbest(sentences, progress=True)
     progress = capsys.readouterr().err  # before the Translator below logs its own warnings
-    assert served_nbest == translator.translate_nbest(sentences)
+    assert_same_hypotheses(served_nbest, translator.translate_nbest(sentences))
     assert re.search(r"translate: (\d+)/\1\n", progress)  # every piece, counted on stderr
     pieces = [ids for ids in map(translator.tokenizer.encode, sentences) if 0 < len(ids) <= 32][::-1]
-    assert [
-        [(tokens.tolist(), score) for tokens, score in hypotheses] for hypotheses in served.translate_sequences(pieces)
-    ] == [[(tokens.tolist(), score) for tokens, score in hypotheses] for hypotheses in translator.translate_ids(pieces)]
+    assert_same_hypotheses(served.translate_sequences(pieces), translator.translate_ids(pieces))
     with pytest.raises(ValueError, match="exceeds the 32 tokens"):
         served.translate_ids(np.ones((1, 33), np.int32))
 

@@ -26,7 +26,7 @@ from jaxformer.run.directory import RunDirectory
 from jaxformer.run.loading import load_checkpoint
 from jaxformer.run.metadata import CheckpointMetadata
 from jaxformer.training import experiment
-from tests.conftest import read_raw
+from tests.conftest import assert_same_hypotheses, read_raw
 from tests.export.serving import serve_without_jaxformer
 
 pytestmark = pytest.mark.xdist_group("export")
@@ -121,8 +121,9 @@ def test_serve_py_without_jaxformer_equals_the_translator(exported, workdir, tmp
         serving.kill()
     assert serving.returncode == 0, stderr[-3000:]
     result = json.loads((tmp_path / "results.json").read_text())
-    assert [[tuple(hypothesis) for hypothesis in hypotheses] for hypotheses in result["nbest"]] == expected
-    assert in_process == expected and result["vocab_size"] == SOURCE_SIZE
+    assert_same_hypotheses(result["nbest"], expected)
+    assert in_process == [[tuple(hypothesis) for hypothesis in hypotheses] for hypotheses in result["nbest"]]
+    assert result["vocab_size"] == SOURCE_SIZE
     assert all(hypotheses[0][0] for hypotheses in expected[:3]) and expected[3] == [("", 0.0)]  # texts to compare
     pieces = [translator.tokenizer.encode(text) for text in sentences[:3]]  # the source tokenizer's ids
     tokens = [hypotheses[0][0] for hypotheses in translator.translate_ids(pieces)]
