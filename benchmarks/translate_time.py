@@ -1,23 +1,22 @@
 """Wall time of whole `jaxformer-translate` processes, start to exit, cold and warm: Multi30k's
 test_2016_flickr (1,000 English sentences) by default, beam 4.
 
-    python -m benchmarks.translate_time --workdir runs/m30k [--rounds 2] [--beam_size 4] [--input FILE] [--json FILE]
+    python -m benchmarks.translate_time --workdir runs/m30k [--checkpoint final] [--rounds 2]
+        [--beam_size 4] [--input FILE] [--json FILE]
 
 Each row is one process translating the whole input (what `time jaxformer-translate < in > out`
-measures: interpreter start, imports, checkpoint, compilations, decoding), in one of these variants:
+measures: interpreter start, imports, checkpoint, compilations, decoding) with the default
+flags but one, in one of these variants:
 
-  shapes  bucket: each batch padded to its own multiple of 16 tokens, a compilation per bucket
-                  (the policy before compiled lengths were reused: Translator(max_buffer_growth=1))
-          reuse:  a batch padded further to a source length compiled already when the search's
-                  buffer grows by at most 25% (the default, Translator(max_buffer_growth=1.25))
-  cache   off:    JAXFORMER_COMPILATION_CACHE=0
-          cold:   a fresh, empty persistent compilation cache directory
+  stop    --stop exact, current_length (the default) or beam_full: when beam search stops a
+          sentence (jaxformer/decoding/search.py)
+  cache   cold:   a fresh, empty persistent compilation cache directory
           warm:   the same directory, second process
 
 Each round runs every variant once, in turn, so that load on a shared machine falls on all of
 them alike; compare ratios within a run, not numbers across runs. The median over rounds is
 reported, with CPU seconds (user + system), which move less with the machine's load than wall
-time does. `same` counts the output lines equal to those of the first variant (bucket, off).
+time does. `same` counts the output lines equal to those of the first variant (exact, cold).
 """
 
 from __future__ import annotations
@@ -36,7 +35,7 @@ import time
 ROOT = pathlib.Path(__file__).resolve().parents[1]
 DEFAULT_INPUT = ROOT / "jaxformer" / "data" / "raw" / "multi30k" / "test_2016_flickr.en.gz"
 COLUMNS = (
-    "shapes",
+    "stop",
     "cache",
     "lengths",
     "wall_s",
@@ -49,26 +48,21 @@ COLUMNS = (
     "same",
 )
 TIMES = ("wall_s", "cpu_s", "translate_s")
-VARIANTS = tuple((shapes, cache) for shapes in ("bucket", "reuse") for cache in ("off", "cold", "warm"))
+STOPS = ("exact", "current_length", "beam_full")
+VARIANTS = tuple((stop, cache) for stop in STOPS for cache in ("cold", "warm"))
 
-# The child: jaxformer-translate's main, with the Translator built for the variant's shape policy
-# (translate.py looks `translator_from_flags` up in its own namespace for this), and the lengths
-# it compiled written to a file for the table.
+# The child: jaxformer-translate's main, with the Translator's translate timed (translate.py looks
+# `translator_from_flags` up in its own namespace for this), and the lengths it compiled written
+# to a file for the table.
 CHILD = """
 import json, sys, time
 from jaxformer.commands import common, translate
 
-growth, report = float(sys.argv[1]), sys.argv[2]
+report = sys.argv[1]
 built, seconds = [], {}
 
 def translator_from_flags(args):
-    from jaxformer.decoding.translator import Translator
-
-    settings = common.decode_settings_from_flags(args, args.max_extra_length)
-    translator = Translator.from_workdir(
-        args.workdir, args.checkpoint, settings, batch_size=args.batch_size,
-        max_source_tokens=args.max_source_tokens, max_buffer_growth=growth,
-    )
+    translator = common.translator_from_flags(args)
     built.append(translator)
     translate_sentences = translator.translate
 
@@ -83,25 +77,22 @@ def translator_from_flags(args):
     return translator
 
 translate.translator_from_flags = translator_from_flags
-code = translate.main(sys.argv[3:])
+code = translate.main(sys.argv[2:])
 with open(report, "w") as handle:
     json.dump({"lengths": built[0].compiled_lengths if built else [], **seconds}, handle)
 sys.exit(code)
 """
 
 
-def run_once(shapes: str, cache: str, cache_dir: pathlib.Path, args, input_path: pathlib.Path, scratch: pathlib.Path):
+def run_once(stop: str, cache: str, cache_dir: pathlib.Path, args, input_path: pathlib.Path, scratch: pathlib.Path):
     """One translate process: {"wall_s", "cpu_s", "translate_s", "lengths", "lines"}."""
     ours = ("JAX_COMPILATION_CACHE", "JAXFORMER_")  # the variant sets these
     env = {key: value for key, value in os.environ.items() if not key.startswith(ours)}
     env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(ROOT), env.get("PYTHONPATH")]))
-    if cache == "off":
-        env["JAXFORMER_COMPILATION_CACHE"] = "0"
-    else:
-        env["JAX_COMPILATION_CACHE_DIR"] = str(cache_dir)
+    env["JAX_COMPILATION_CACHE_DIR"] = str(cache_dir)
     output, report = scratch / "out.txt", scratch / "report.json"
-    command = [sys.executable, "-c", CHILD, "1" if shapes == "bucket" else "1.25", str(report)]
-    command += ["--workdir", args.workdir, "--beam_size", str(args.beam_size), "--no_progress"]
+    command = [sys.executable, "-c", CHILD, str(report), "--workdir", args.workdir, "--checkpoint", args.checkpoint]
+    command += ["--beam_size", str(args.beam_size), "--stop", stop, "--no_progress"]
     command += ["--input", str(input_path), "--output", str(output)]
     used = resource.getrusage(resource.RUSAGE_CHILDREN)
     start = time.perf_counter()
@@ -109,7 +100,7 @@ def run_once(shapes: str, cache: str, cache_dir: pathlib.Path, args, input_path:
     wall = time.perf_counter() - start
     after = resource.getrusage(resource.RUSAGE_CHILDREN)
     if result.returncode != 0:
-        sys.exit(f"error: translate ({shapes}, cache {cache}) failed:\n{result.stderr[-3000:]}")
+        sys.exit(f"error: translate ({stop}, cache {cache}) failed:\n{result.stderr[-3000:]}")
     child = json.loads(report.read_text())
     return {
         "wall_s": wall,
@@ -123,7 +114,8 @@ def run_once(shapes: str, cache: str, cache_dir: pathlib.Path, args, input_path:
 
 def main(argv: list[str] | None = None) -> list[dict]:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--workdir", required=True, help="a translation run's directory (the latest checkpoint)")
+    parser.add_argument("--workdir", required=True, help="a translation run's directory")
+    parser.add_argument("--checkpoint", default="latest", help="latest (default), best, averaged, final or a step")
     parser.add_argument("--input", default=str(DEFAULT_INPUT), help="sentences, one a line (.gz or plain)")
     parser.add_argument("--beam_size", type=int, default=4)
     parser.add_argument("--rounds", type=int, default=1, help="times each variant runs (median reported)")
@@ -140,12 +132,12 @@ def main(argv: list[str] | None = None) -> list[dict]:
         input_path = scratch / "input.txt"
         input_path.write_text("".join(line + "\n" for line in sentences), encoding="utf-8")
         for round_index in range(args.rounds):
-            for shapes, cache in VARIANTS:
-                cache_dir = scratch / f"cache-{shapes}-{round_index}"  # cold: new; warm: the cold run's
-                run = run_once(shapes, cache, cache_dir, args, input_path, scratch)
-                runs[(shapes, cache)].append(run)
+            for stop, cache in VARIANTS:
+                cache_dir = scratch / f"cache-{stop}-{round_index}"  # cold: new; warm: the cold run's
+                run = run_once(stop, cache, cache_dir, args, input_path, scratch)
+                runs[(stop, cache)].append(run)
                 print(
-                    f"round {round_index + 1}: {shapes:6} cache {cache:4} {run['wall_s']:6.1f} s, "
+                    f"round {round_index + 1}: {stop:14} cache {cache:4} {run['wall_s']:6.1f} s, "
                     f"CPU {run['cpu_s']:6.1f} s",
                     file=sys.stderr,
                 )
@@ -153,12 +145,12 @@ def main(argv: list[str] | None = None) -> list[dict]:
     reference = runs[VARIANTS[0]][0]["lines"]
     before = {key: statistics.median(run[key] for run in runs[VARIANTS[0]]) for key in ("wall_s", "cpu_s")}
     rows = []
-    for (shapes, cache), variant_runs in runs.items():
+    for (stop, cache), variant_runs in runs.items():
         wall, cpu, translate = (statistics.median(run[key] for run in variant_runs) for key in TIMES)
         same = min(sum(a == b for a, b in zip(run["lines"], reference)) for run in variant_runs)
         rows.append(
             {
-                "shapes": shapes,
+                "stop": stop,
                 "cache": cache,
                 "lengths": "/".join(map(str, variant_runs[-1]["lengths"])),
                 "wall_s": wall,
@@ -176,7 +168,7 @@ def main(argv: list[str] | None = None) -> list[dict]:
     title = f"translate_time: {len(sentences)} sentences, beam {args.beam_size}, {cpu_count()} cores"
     notes = [
         "lengths: the source lengths compiled; start_s: wall_s - translate_s (interpreter, imports, checkpoint, exit);",
-        "translate_s: Translator.translate (compilations and decoding); wall_x, cpu_x: speed-up over bucket/off",
+        "translate_s: Translator.translate (compilations and decoding); wall_x, cpu_x: speed-up over exact/cold",
     ]
     return report("translate_time", rows, COLUMNS, args.json, title, notes)
 
