@@ -233,13 +233,30 @@ def decode_settings_from_flags(args: argparse.Namespace, max_extra_length: int):
     return DecodeSettings(
         method=args.method,
         beam_size=args.beam_size,
-        alpha=args.alpha,
+        alpha=resolved_alpha(args),
         length_penalty=args.length_penalty,
         max_extra_length=max_extra_length,
         stop=args.stop,
         temperature=args.temperature,
         top_k=args.top_k,
     )
+
+
+def resolved_alpha(args: argparse.Namespace) -> float:
+    """--alpha when given; else, with --checkpoint final, the length penalty the run's final choice
+    kept with those parameters (training.final_alphas); else DecodeSettings' default (0.6)."""
+    from jaxformer.decoding.generate import DecodeSettings
+
+    if args.alpha is not None:
+        return args.alpha
+    if args.checkpoint == "final":
+        from jaxformer.run.loading import load_checkpoint
+
+        alpha = load_checkpoint(args.workdir, "final", params=False)[1].alpha
+        if alpha is not None:
+            logging.info("length penalty alpha %g: chosen on validation by the run (--alpha overrides it)", alpha)
+            return alpha
+    return DecodeSettings.alpha
 
 
 def read_lines(path: str | None) -> list[str]:
@@ -317,7 +334,10 @@ def add_length_penalty_flags(parser: argparse.ArgumentParser) -> None:
     from jaxformer.decoding.search import LENGTH_PENALTIES
 
     parser.add_argument(
-        "--alpha", type=number(0.0, inclusive=True), default=0.6, help="length penalty exponent (default: 0.6)"
+        "--alpha",
+        type=number(0.0, inclusive=True),
+        help="length penalty exponent (default: with --checkpoint final, the one the run chose on validation "
+        "when it compared them, training.final_alphas; else 0.6)",
     )
     parser.add_argument(
         "--length_penalty",

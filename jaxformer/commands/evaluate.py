@@ -96,7 +96,7 @@ def run(args: argparse.Namespace) -> int:
         data=name,
         method=args.method,
         beam_size=args.beam_size,
-        alpha=args.alpha,
+        alpha=translator.settings.alpha,
         length_penalty=args.length_penalty,
         stop=args.stop,
         decode_seconds=seconds,

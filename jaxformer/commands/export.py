@@ -18,6 +18,7 @@ from jaxformer.commands.common import (
     at_least,
     check_workdir,
     make_parser,
+    resolved_alpha,
     run_command,
 )
 from jaxformer.export.program import KNOWN_PLATFORMS, PLATFORMS
@@ -72,7 +73,7 @@ def run(args: argparse.Namespace) -> int:
         DecodeSettings(
             method="beam",
             beam_size=args.beam_size,
-            alpha=args.alpha,
+            alpha=resolved_alpha(args),
             length_penalty=args.length_penalty,
             stop=args.stop,
             max_extra_length=args.max_extra_length,

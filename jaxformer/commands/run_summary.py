@@ -102,7 +102,8 @@ def run_summary(config: ml_collections.ConfigDict, workdir: str | pathlib.Path, 
         lines.append("validation BLEU: not measured (set training.bleu_every_steps to measure it)")
     if "final" in last and last["final"].get("chosen"):
         chosen = last["final"]
-        lines.append(f"final choice: {chosen['chosen']} (validation BLEU {chosen['bleu']:.2f}), in {run.final}")
+        alpha = "" if chosen.get("alpha") is None else f", alpha {chosen['alpha']:g}"
+        lines.append(f"final choice: {chosen['chosen']}{alpha} (validation BLEU {chosen['bleu']:.2f}), in {run.final}")
     if last.get("ended_by") == "time budget":
         lines.append(f"ended by its time budget of {training.time_budget_minutes:g} minutes")
 

@@ -13,6 +13,8 @@ In the checkpoint it is a JSON object (the `metadata` item of each step director
      "bleu": 27.3,                 best/ checkpoints only: the validation BLEU that made them best
      "averaged_steps": [800, 900, 1000],  averaged/ checkpoints only
      "chosen_from": "averaged",    final/ checkpoints only: which candidate the run chose
+     "alpha": 1.0,                 final/ checkpoints only, when the run compared length penalties:
+                                   the beam search's alpha chosen on validation
      "checksums": {...}}           added and verified by run/checkpoint.py (run/checksums.py)
 
 Checkpoints written before this schema (plain dicts, possibly without "data_fingerprint" or
@@ -24,6 +26,7 @@ from __future__ import annotations
 import base64
 import binascii
 import dataclasses
+import math
 from collections.abc import Mapping
 from typing import Any
 
@@ -46,6 +49,7 @@ class CheckpointMetadata:
     target_tokenizer: bytes | None = None  # the target side's model with separate vocabularies; None: shared
     chosen_from: str | None = None  # set in final/ checkpoints: "latest", "best" or "averaged"
     train_seconds: float | None = None  # the training loop's seconds at this step (None: from before it was kept)
+    alpha: float | None = None  # final/ checkpoints only: the length penalty chosen on validation (None: not chosen)
 
     def replace(self, **changes: Any) -> CheckpointMetadata:
         return dataclasses.replace(self, **changes)
@@ -81,6 +85,8 @@ class CheckpointMetadata:
             values["train_seconds"] = float(self.train_seconds)
         if self.chosen_from is not None:
             values["chosen_from"] = self.chosen_from
+        if self.alpha is not None:
+            values["alpha"] = float(self.alpha)
         return values
 
     @classmethod
@@ -122,6 +128,9 @@ class CheckpointMetadata:
             raise fail("averaged_steps", "holds something other than integer steps")
         bleu = typed("bleu", (int, float), "a number", optional=True)
         train_seconds = typed("train_seconds", (int, float), "a number", optional=True)
+        alpha = typed("alpha", (int, float), "a number", optional=True)
+        if alpha is not None and not (math.isfinite(alpha) and alpha >= 0):
+            raise fail("alpha", f"is {alpha}, not a length penalty (a finite number >= 0)")
         return cls(
             config=dict(typed("config", (Mapping,), "an object")),
             model=dict(typed("model", (Mapping,), "an object")),
@@ -133,6 +142,7 @@ class CheckpointMetadata:
             target_tokenizer=model_bytes("target_tokenizer", optional=True),
             train_seconds=None if train_seconds is None else float(train_seconds),
             chosen_from=typed("chosen_from", (str,), "a string", optional=True),
+            alpha=None if alpha is None else float(alpha),
         )
 
 

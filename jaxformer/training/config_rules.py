@@ -117,6 +117,15 @@ VALUE_RULES: dict[str, tuple[Callable[[Any], bool], str]] = {
     "training.bleu_method": ((lambda value: value in (None, "greedy", "beam")), "None, 'greedy' or 'beam'"),
     "training.final_choice": ((lambda value: isinstance(value, bool)), "True or False"),
     "training.average_last": _at_least(0),
+    "training.final_alphas": (
+        (
+            lambda value: (
+                isinstance(value, (tuple, list))
+                and all(_number(alpha) and alpha >= 0 and math.isfinite(alpha) for alpha in value)
+            )
+        ),
+        "a tuple of finite numbers >= 0 (length penalties; () keeps decoding.alpha)",
+    ),
     "decoding.method": _one_of("beam", "greedy", "sample"),
     "decoding.beam_size": _at_least(1),
     "decoding.alpha": ((lambda value: _number(value) and value >= 0), "a number >= 0"),

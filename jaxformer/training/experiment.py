@@ -156,6 +156,10 @@ def default_config() -> ml_collections.ConfigDict:
     # to workdir/final ("--checkpoint final").
     config.training.final_choice = False
     config.training.average_last = 5  # checkpoints averaged for that choice (of those kept; < 2: none)
+    # Length penalties (decoding.alpha values) the chosen parameters are then translated with; the
+    # best on validation is kept with them in final/ and used by translate / evaluate / export
+    # unless --alpha is given. (): keep decoding.alpha.
+    config.training.final_alphas = ()
 
     # Translation for validation BLEU (translate.py and evaluate.py take the same settings as flags).
     config.decoding = ml_collections.ConfigDict()

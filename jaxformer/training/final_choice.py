@@ -2,13 +2,19 @@
 best by validation BLEU during training (workdir/best), or the mean of the last checkpoints
 (training.average_last of them), whichever translates the validation split (data.max_eval_examples
 of it, when set) best with the
-config's decoding (beam 4 by default). Saved as workdir/final/<step> (`--checkpoint final`), its
-metadata naming the candidate and its BLEU; no test data is read."""
+config's decoding (beam 4 by default). Then, when training.final_alphas lists length penalties,
+the chosen parameters are translated with each and the highest-scoring alpha is kept with them
+(decoding.alpha on a tie): a model trained for an hour on a small corpus writes short outputs,
+and the paper's 0.6 was chosen for WMT. Saved as workdir/final/<step> (`--checkpoint final`), its
+metadata naming the candidate, its alpha and its BLEU; translate, evaluate and export use that
+alpha unless --alpha is given. No test data is read."""
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import time
+from collections.abc import Sequence
 from typing import Any
 
 import ml_collections
@@ -24,6 +30,7 @@ from jaxformer.training.run_tokenizer import RunTokenizers
 from jaxformer.training.validation_bleu import ValidationSet
 
 CANDIDATES = ("latest", "best", "averaged")  # in this order; a tie goes to the first
+SCORES = ("bleu", "lowercase_bleu", "chrf")  # kept per candidate and per alpha
 
 
 def _candidates(run: RunDirectory, average_last: int, step: int, params: Any, metadata: CheckpointMetadata):
@@ -46,6 +53,19 @@ def _candidates(run: RunDirectory, average_last: int, step: int, params: Any, me
     return candidates
 
 
+def _choose_alpha(
+    validation: ValidationSet, params: Any, alphas: Sequence[float], scores_at_default: dict[str, Any]
+) -> tuple[float, dict[float, dict[str, Any]]]:
+    """(the alpha among decoding.alpha and `alphas` whose translations of the validation split
+    score the highest BLEU, {alpha: scores}); decoding.alpha wins a tie, then the earlier in `alphas`."""
+    scores = {validation.settings.alpha: scores_at_default}
+    for alpha in alphas:
+        if alpha not in scores:
+            settings = dataclasses.replace(validation.settings, alpha=float(alpha))
+            scores[alpha] = validation.with_settings(settings).score(params)
+    return max(scores, key=lambda alpha: scores[alpha]["bleu"]), scores  # max keeps the first of equals
+
+
 def choose_final(
     config: ml_collections.ConfigDict,
     model_config: TransformerConfig,
@@ -56,39 +76,51 @@ def choose_final(
     params: Any,
     metadata: CheckpointMetadata,
 ) -> dict[str, Any]:
-    """Scores the candidates on the whole validation split, saves the highest to workdir/final;
-    returns {"chosen": name, "<name>/bleu": ..., "<name>/chrf": ..., ...}. A run that already
+    """Scores the candidates on the whole validation split, then the chosen one with each of
+    training.final_alphas, and saves it to workdir/final; returns {"chosen": name, "alpha": ...,
+    "bleu": ..., "<name>/bleu": ..., "<name>/chrf": ..., "alpha_<alpha>/bleu": ..., ...}. A run that already
     chose at this step (a finished run started again) keeps its choice."""
     writer = Checkpointer(run.final, keep=1)
     try:
         if step in writer.steps():
             chosen = writer.read_metadata(step)
             logging.info("final choice: already made at step %d (%s)", step, chosen.chosen_from)
-            return {"chosen": chosen.chosen_from, "bleu": chosen.bleu}
+            return {"chosen": chosen.chosen_from, "alpha": chosen.alpha, "bleu": chosen.bleu}
         started = time.monotonic()
         examples = config.data.max_eval_examples or 0  # the pairs the run validates on (0: all)
         validation = ValidationSet(config, model_config, tokenizers.source, eval_source, examples, tokenizers.target)
         candidates = _candidates(run, config.training.average_last, step, params, metadata.replace(step=step))
         summary: dict[str, Any] = {}
+        candidate_scores = {}
         for name, (_, candidate_params) in candidates.items():
-            scores = validation.score(candidate_params)
-            summary.update({f"{name}/{key}": scores[key] for key in ("bleu", "lowercase_bleu", "chrf")})
+            candidate_scores[name] = validation.score(candidate_params)
+            summary.update({f"{name}/{key}": candidate_scores[name][key] for key in SCORES})
         chosen = max(candidates, key=lambda name: (summary[f"{name}/bleu"], -CANDIDATES.index(name)))
         chosen_metadata, chosen_params = candidates[chosen]
+        alphas = config.training.final_alphas
+        alpha, scores = _choose_alpha(validation, chosen_params, alphas, candidate_scores[chosen])
+        if alphas:
+            summary.update({f"alpha_{value:g}/{key}": scores[value][key] for value in scores for key in SCORES})
         writer.save_params(
             step,
             chosen_params,
-            chosen_metadata.replace(step=step, bleu=summary[f"{chosen}/bleu"], chosen_from=chosen),
+            chosen_metadata.replace(
+                step=step, bleu=scores[alpha]["bleu"], chosen_from=chosen, alpha=alpha if alphas else None
+            ),
         )
+        alpha_bleu = ", ".join(f"{value:g} {scores[value]['bleu']:.2f}" for value in scores)
         logging.info(
-            "final choice at step %d, validation BLEU on %d sentences: %s; chose %s (saved to %s) in %.0f s",
+            "final choice at step %d, validation BLEU on %d sentences: %s; chose %s; by alpha: %s; chose alpha %g "
+            "(saved to %s) in %.0f s",
             step,
             len(validation.sources),
             ", ".join(f"{name} {summary[f'{name}/bleu']:.2f}" for name in candidates),
             chosen,
+            alpha_bleu,
+            alpha,
             run.final,
             time.monotonic() - started,
         )
-        return {"chosen": chosen, "bleu": summary[f"{chosen}/bleu"], **summary}
+        return {"chosen": chosen, "alpha": alpha, **{key: scores[alpha][key] for key in SCORES}, **summary}
     finally:
         writer.close()

@@ -121,8 +121,9 @@ def result_row(variant: Variant, last: dict[str, Any]) -> dict[str, Any]:
         "chosen": final["chosen"],
         "bleu": final["bleu"],
         # Absent only when the choice was made by an earlier process that did not live to write them.
-        "lowercase_bleu": final.get(f"{final['chosen']}/lowercase_bleu"),
-        "chrf": final.get(f"{final['chosen']}/chrf"),
+        "alpha": final.get("alpha"),  # None: a run from before the final choice kept its alpha
+        "lowercase_bleu": final.get("lowercase_bleu", final.get(f"{final['chosen']}/lowercase_bleu")),
+        "chrf": final.get("chrf", final.get(f"{final['chosen']}/chrf")),
     }
     row.update({f"{name}_bleu": final.get(f"{name}/bleu") for name in CANDIDATES})
     return row
@@ -157,13 +158,15 @@ def results_table(rows: Sequence[dict[str, Any]]) -> str:
         return "" if value is None else f"{value:.{digits}f}"
 
     lines = [
-        "| variant | changes | steps | train minutes | validation BLEU | chosen | latest | best | averaged |",
-        "| --- | --- | --- | --- | --- | --- | --- | --- | --- |",
+        "| variant | changes | steps | train minutes | validation BLEU | chosen | alpha | latest | best | averaged |",
+        "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |",
     ]
     for row in sorted(rows, key=lambda row: -row["bleu"]):
+        alpha = "" if row.get("alpha") is None else f"{row['alpha']:g}"
         lines.append(
             f"| {row['variant']} | {row['changes']} | {row['steps']:,} | {number(row['train_minutes'], 1)} "
-            f"| **{number(row['bleu'])}** | {row['chosen']} | {number(row['latest_bleu'])} "
+            f"| **{number(row['bleu'])}** | {row['chosen']} | {alpha} "
+            f"| {number(row['latest_bleu'])} "
             f"| {number(row['best_bleu'])} | {number(row['averaged_bleu'])} |"
         )
     return "\n".join(lines) + "\n"

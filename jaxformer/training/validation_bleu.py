@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import copy
 import dataclasses
 import logging
 import math
@@ -53,6 +54,7 @@ class ValidationSet:
         records = eval_source.__getitems__(list(range(count)))
         self.sources = [record_text(record, data.source_language) for record in records]
         self.references = [record_text(record, data.target_language) for record in records]
+        self.model_config = model_config  # as trained (scanned layers or not): Translator unstacks them
         self.translator = Translator(
             model_config,
             None,
@@ -61,6 +63,24 @@ class ValidationSet:
             batch_size=config.decoding.batch_size,
             target_tokenizer=target_tokenizer,
         )
+
+    @property
+    def settings(self) -> DecodeSettings:
+        return self.translator.settings
+
+    def with_settings(self, settings: DecodeSettings) -> ValidationSet:
+        """The same sentences searched with other settings (another compiled search)."""
+        validation = copy.copy(self)
+        translator = self.translator
+        validation.translator = Translator(
+            self.model_config,
+            None,
+            translator.tokenizer,
+            settings,
+            batch_size=translator.batch_size,
+            target_tokenizer=translator.target_tokenizer,
+        )
+        return validation
 
     def score(self, params: Any) -> dict[str, Any]:
         """sacreBLEU's BLEU, chrF, lowercase BLEU and signature of `params`' translations."""

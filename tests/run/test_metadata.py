@@ -72,12 +72,19 @@ def test_metadata_round_trips_through_json():
     separate = METADATA.replace(target_tokenizer=b"\x0a\x0ctarget")
     assert json.loads(json.dumps(separate.to_json()))["target_tokenizer"] == "Cgx0YXJnZXQ="
     assert CheckpointMetadata.from_json(json.loads(json.dumps(separate.to_json())), "here") == separate
-    final = METADATA.replace(bleu=30.5, chosen_from="averaged", train_seconds=1834.25)
+    final = METADATA.replace(bleu=30.5, chosen_from="averaged", train_seconds=1834.25, alpha=1.4)
     written = json.loads(json.dumps(final.to_json()))
-    assert (written["chosen_from"], written["train_seconds"]) == ("averaged", 1834.25)
+    assert (written["chosen_from"], written["train_seconds"], written["alpha"]) == ("averaged", 1834.25, 1.4)
     assert CheckpointMetadata.from_json(written, "here") == final
+    assert (
+        "alpha" not in METADATA.to_json() and CheckpointMetadata.from_json({**written, "alpha": 1}, "here").alpha == 1.0
+    )
     with pytest.raises(CheckpointError, match="'train_seconds' holds a JSON string, not a number"):
         CheckpointMetadata.from_json({**written, "train_seconds": "soon"}, "here")
+    with pytest.raises(CheckpointError, match="here: key 'alpha' is -0.5, not a length penalty"):
+        CheckpointMetadata.from_json({**written, "alpha": -0.5}, "here")
+    with pytest.raises(CheckpointError, match="key 'alpha' holds a JSON boolean, not a number"):
+        CheckpointMetadata.from_json({**written, "alpha": True}, "here")
 
 
 def test_metadata_from_older_and_newer_writers():

@@ -46,6 +46,9 @@ CHOICE = (
     "--config.training.bleu_method=greedy",  # during training; the final choice searches with `decoding`
     "--config.decoding.beam_size=2",
     "--config.decoding.max_extra_length=8",
+    # Then these length penalties besides decoding.alpha (0.6) on the chosen parameters; 0.6 twice
+    # is scored once.
+    "--config.training.final_alphas=(0.0, 0.6, 3.0)",
 )
 
 
@@ -178,7 +181,9 @@ def test_the_run_saves_the_candidate_with_the_highest_validation_bleu(scheduled_
     assert step == 40 and metadata.chosen_from == summary["chosen"] and metadata.bleu == summary["bleu"]
     assert summary["bleu"] == max(value for key, value in summary.items() if key.endswith("/bleu"))
     assert "final choice at step 40" in stderr
-    assert f"final choice: {summary['chosen']} (validation BLEU {summary['bleu']:.2f})" in stderr  # the summary
+    assert (
+        f"final choice: {summary['chosen']}, alpha {metadata.alpha:g} (validation BLEU {summary['bleu']:.2f})" in stderr
+    )
     assert f"--workdir {workdir.absolute()} --checkpoint final" in stderr  # its translate command
 
     # Each candidate scored independently: translated by a Translator loaded from the workdir.
@@ -198,11 +203,48 @@ def test_the_run_saves_the_candidate_with_the_highest_validation_bleu(scheduled_
     for name in ("latest", "averaged", "best"):
         if f"{name}/bleu" in summary:
             assert bleu(name) == pytest.approx(summary[f"{name}/bleu"], abs=1e-6), name
-    assert bleu("final") == pytest.approx(summary["bleu"], abs=1e-6)
+
+    # Then the chosen parameters with each length penalty: the highest BLEU's alpha is kept (the
+    # config's 0.6 on a tie, then the first listed), and final/ translates to that BLEU with it.
+    by_alpha = {alpha: summary[f"alpha_{alpha:g}/bleu"] for alpha in (0.6, 0.0, 3.0)}
+    assert len([key for key in summary if key.startswith("alpha_") and key.endswith("/bleu")]) == 3
+    assert summary[f"alpha_{0.6:g}/bleu"] == summary[f"{summary['chosen']}/bleu"]
+    assert metadata.alpha == summary["alpha"] == max(by_alpha, key=by_alpha.get)
+    assert summary["bleu"] == by_alpha[metadata.alpha]
+    for alpha in (0.0, 3.0):
+        with_alpha = dataclasses.replace(decode_settings(config), alpha=alpha)
+        searched = Translator.from_workdir(workdir, "final", with_alpha, batch_size=64)
+        assert bleu("final", searched) == pytest.approx(by_alpha[alpha], abs=1e-6), alpha
 
     # Validation BLEU during training searched greedily: step 20's logged BLEU is greedy's.
     greedy = Translator.from_workdir(workdir, 20, dataclasses.replace(decode_settings(config), method="greedy"))
     assert bleu(20, greedy, 16) == pytest.approx(losses(workdir, "eval/bleu")[20], abs=1e-6)
+
+
+def test_translate_and_evaluate_use_the_alpha_the_run_chose_unless_told(scheduled_run, tmp_path):
+    from jaxformer.commands import common, evaluate, translate
+
+    workdir = scheduled_run.workdir
+    chosen = load_checkpoint(workdir, "final", params=False)[1].alpha
+    assert chosen is not None and chosen == last_metrics(workdir)["final"]["alpha"]
+
+    def alpha(*flags):
+        args = translate.build_parser().parse_args(["--workdir", str(workdir), *flags])
+        return common.decode_settings_from_flags(args, 8).alpha
+
+    assert alpha("--checkpoint", "final") == chosen
+    assert alpha("--checkpoint", "final", "--alpha", "0.25") == 0.25
+    assert alpha("--checkpoint", "latest") == alpha("--checkpoint", "best") == 0.6  # no choice made there
+
+    # Through the command: evaluate's JSON names the alpha its translations were searched with.
+    scores = tmp_path / "scores.json"
+    flags = ["--workdir", str(workdir), "--checkpoint", "final", "--split", "validation", "--max_examples", "64"]
+    flags += ["--beam_size", "2", "--max_extra_length", "8", "--json", str(scores)]
+    assert evaluate.main(flags) == 0
+    written = json.loads(scores.read_text())
+    assert written["alpha"] == chosen and written["bleu"] == pytest.approx(
+        last_metrics(workdir)["final"]["bleu"], abs=1e-6
+    )
 
 
 def _config(data_dir):
