@@ -12,6 +12,7 @@ import jax.numpy as jnp
 import numpy as np
 import optax
 import pytest
+import tensorstore as ts
 from jax.sharding import Mesh, NamedSharding, PartitionSpec
 
 from jaxformer.data.pipeline import ShardedBatches
@@ -84,18 +85,30 @@ def make_copy(iterator):
 ZSTD_MAGIC = b"\x28\xb5\x2f\xfd"
 
 
-def data_files(step_directory):
-    """The checkpoint's array data files: those of tensorstore's OCDBT `d/` directories that
-    start with a zstd frame (the others there hold only its b-tree nodes)."""
-    files = [p for p in (step_directory / "state").rglob("*") if p.is_file() and p.parent.name == "d"]
-    return sorted((p for p in files if p.read_bytes()[:4] == ZSTD_MAGIC), key=lambda p: p.name)
+def array_chunks(step_directory):
+    """(file, start, end) of each array chunk that the checkpoint's state reads from a data file:
+    the indirect values of the newest version of its OCDBT b-tree, as tensorstore's own `dump`
+    lists them (small chunks live inside the tree's nodes instead). How orbax spreads the chunks
+    and the tree's nodes over files varies from save to save, and files also hold bytes that only
+    replaced versions of the tree point at."""
+    state = step_directory / "state"
+    base = ts.KvStore.open(f"file://{state}/").result()
+    pending = [ts.ocdbt.dump(base).result()["versions"][-1]["root"]["location"]]
+    chunks = []
+    while pending:
+        for entry in ts.ocdbt.dump(base, pending.pop()).result()["entries"]:
+            for value in entry.values():
+                if isinstance(value, str) and value.startswith("btreenode:"):
+                    pending.append(value)
+                elif isinstance(value, str) and value.startswith("value:"):  # value:<dir>:<file>:<offset>:<length>
+                    _, directory, name, offset, length = value.split(":")
+                    chunks.append((state / directory / name, int(offset), int(offset) + int(length)))
+    return chunks
 
 
 def zstd_blocks(data):
-    """(start, end) of the block contents of the zstd frames that a data file starts with, one
-    after the other: the arrays' chunks, compressed or stored. They end where a b-tree node of
-    OCDBT begins (magic 0x0cdb20de); those at the end of a data file belong to versions of the
-    tree that the final one replaced, so nothing reads them and flipping their bits changes nothing."""
+    """(start, end) of the block contents of the zstd frames that `data` holds one after the other
+    (a chunk is one frame: compressed or stored blocks)."""
     blocks, position = [], 0
     while data[position : position + 4] == ZSTD_MAGIC:
         descriptor = data[position + 4]
@@ -110,13 +123,16 @@ def zstd_blocks(data):
             blocks.append((position, position + length))
             position += length
         position += 4 * ((descriptor >> 2) & 1)  # content checksum (orbax writes none)
+    assert position == len(data), "a chunk that is not whole zstd frames"
     return blocks
 
 
 def flip_bit(step_directory, fraction, bit=3):
-    """Flips one bit at `fraction` of the checkpoint's array chunk bytes taken end to end (how
-    orbax spreads the arrays over files varies from save to save)."""
-    spans = [(path, start, end) for path in data_files(step_directory) for start, end in zstd_blocks(path.read_bytes())]
+    """Flips one bit at `fraction` of the checkpoint's array chunk block bytes taken end to end."""
+    spans = []
+    for path, chunk_start, chunk_end in array_chunks(step_directory):
+        chunk = path.read_bytes()[chunk_start:chunk_end]
+        spans += [(path, chunk_start + start, chunk_start + end) for start, end in zstd_blocks(chunk)]
     total = sum(end - start for _, start, end in spans)
     assert total > 50_000
     position = int(total * fraction)
@@ -361,7 +377,7 @@ def test_a_failed_restore_leaves_no_event_loop_errors(tmp_path, capfd, monkeypat
     checkpointer = Checkpointer(tmp_path / "checkpoints", keep=None)
     checkpointer.save_params(1, params, METADATA.replace(step=1))
     checkpointer.close()
-    for path in data_files(tmp_path / "checkpoints" / "1"):
+    for path in {path for path, _, _ in array_chunks(tmp_path / "checkpoints" / "1")}:
         path.write_bytes(path.read_bytes()[: path.stat().st_size // 2])
     checkpointer = Checkpointer(tmp_path / "checkpoints", keep=None)
     for _ in range(3):  # how many reads are still in flight at the failure varies
