@@ -29,9 +29,10 @@ class ChecksumError(CheckpointError):
 # pseudo-random factor per axis, a_kd(i_d). uint32 arithmetic wraps, so the sums are exact
 # and depend on neither the sharding nor the order of the additions; an odd weight turns
 # any change of one element (a flipped bit included) into a different sum, and pseudo-random
-# weights make swapped or shifted elements different too. The weights factor per axis so that
-# the sums are also a chain of integer contractions: XLA:CPU runs those as matrix products,
-# 20 to 40 times faster than the elementwise form (which accelerators fuse into one pass).
+# weights make swapped or shifted elements different too. Arrays on accelerators are summed
+# where they are by a jitted elementwise form; host and CPU arrays by NumPy, one axis at a time
+# (the weights factor per axis), which needs no compilation: a jitted program per shape cost
+# every command that loads a checkpoint about half a second.
 
 _SUMS = 2
 _SALTS = (0x243F6A88, 0x85A308D3)  # one per sum; the axis index is mixed in too
@@ -101,22 +102,37 @@ def _sums_elementwise(words: jax.Array) -> jax.Array:
     return jnp.stack(sums)
 
 
-def _sums_contracted(words: jax.Array) -> jax.Array:
-    """The same sums as `_sums_elementwise`, as a chain of integer matrix products."""
+def _host_mix(h: np.ndarray) -> np.ndarray:
+    """`_mix` in NumPy (uint32 array arithmetic wraps as XLA's does)."""
+    h = h ^ (h >> np.uint32(16))
+    h = h * np.uint32(0x85EBCA6B)
+    h = h ^ (h >> np.uint32(13))
+    h = h * np.uint32(0xC2B2AE35)
+    return h ^ (h >> np.uint32(16))
+
+
+def _host_axis_weights(size: int, axis: int) -> np.ndarray:
+    """`_axis_weights` in NumPy: [size, sums] uint32."""
+    index = np.arange(size, dtype=np.uint32)
+    columns = [_host_mix(index + np.uint32((salt + 0x9E3779B9 * (axis + 1)) % 2**32)) | np.uint32(1) for salt in _SALTS]
+    return np.stack(columns, axis=1)
+
+
+def _host_sums(words: np.ndarray) -> np.ndarray:
+    """The same sums as `_sums_elementwise`, in NumPy: the last axis weighted and summed, then
+    each earlier axis in turn."""
     if words.ndim == 0:
-        return jnp.broadcast_to(words, (_SUMS,))
-    partial = jnp.dot(words, _axis_weights(words.shape[-1], words.ndim - 1), preferred_element_type=jnp.uint32)
-    for axis in reversed(range(words.ndim - 1)):
-        partial = jnp.einsum(
-            "...ik,ik->...k", partial, _axis_weights(words.shape[axis], axis), preferred_element_type=jnp.uint32
-        )
+        return np.full(_SUMS, words, np.uint32)
+    weights = _host_axis_weights(words.shape[-1], words.ndim - 1)  # [n, sums]
+    partial = np.stack([np.sum(words * weights[:, k], axis=-1, dtype=np.uint32) for k in range(_SUMS)], axis=-1)
+    for axis in reversed(range(words.ndim - 1)):  # partial [..., i, sums]
+        partial = np.sum(partial * _host_axis_weights(words.shape[axis], axis), axis=-2, dtype=np.uint32)
     return partial
 
 
 # One compilation per shape, dtype and sharding (a model has a handful), not per tree: a
 # single program summing the hundreds of arrays of a train state takes minutes to compile.
 _elementwise_sums = jax.jit(lambda x: _sums_elementwise(_words(x)))
-_contracted_sums = jax.jit(_sums_contracted)
 
 
 def path_name(path: tuple) -> str:
@@ -135,14 +151,13 @@ def path_name(path: tuple) -> str:
 def array_checksums(tree: Any) -> dict[str, str]:
     """{leaf path: 16 hex digits} for every array leaf of `tree`: jax arrays (sharded over any
     mesh, across processes, without gathering them) or host arrays. Arrays on accelerators, or
-    spread over processes, are summed where they are; host arrays and this process's CPU arrays
-    are summed on the CPU as matrix products. The calls run asynchronously; one fetch at the end."""
+    spread over processes, are summed where they are (asynchronously; one fetch at the end); host
+    arrays and this process's CPU arrays by NumPy."""
     with jax.set_mesh(None):  # a training loop's mesh context would claim the one-device sums
         return _array_checksums(tree)
 
 
 def _array_checksums(tree: Any) -> dict[str, str]:
-    cpu = jax.local_devices(backend="cpu")[0]
     names, pending = [], []
     for path, leaf in jax.tree_util.tree_leaves_with_path(tree):
         if isinstance(leaf, jax.Array):
@@ -155,7 +170,7 @@ def _array_checksums(tree: Any) -> dict[str, str]:
         words = _host_words(np.asarray(leaf))
         if words is not None:  # strings and objects are not arrays orbax writes as such
             names.append(path_name(path))
-            pending.append(_contracted_sums(jax.device_put(words, cpu)))
+            pending.append(_host_sums(words))
     values = jax.device_get(pending)
     return {name: "".join(f"{int(v):08x}" for v in np.asarray(value)) for name, value in zip(names, values)}
 

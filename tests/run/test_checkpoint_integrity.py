@@ -190,8 +190,8 @@ def test_checksum_ignores_the_sharding_and_sees_every_bit(dtype):
 @pytest.mark.parametrize("shape", [(), (7,), (16, 12), (8, 3, 5), (2, 0)])
 @pytest.mark.parametrize("dtype", ["float32", "bfloat16", "int8", "bool", "uint32"])
 def test_accelerator_and_cpu_forms_of_the_checksum_agree(shape, dtype):
-    """Accelerators sum elementwise on device, the CPU by matrix products: the same numbers."""
-    from jaxformer.run.checksums import _contracted_sums, _elementwise_sums, _host_words
+    """Accelerators sum elementwise on device, the host one axis at a time in NumPy: the same numbers."""
+    from jaxformer.run.checksums import _elementwise_sums, _host_sums, _host_words
 
     rng = np.random.default_rng(1)
     host = (rng.standard_normal(shape) * 1e4).astype(jnp.dtype(dtype))
@@ -199,13 +199,16 @@ def test_accelerator_and_cpu_forms_of_the_checksum_agree(shape, dtype):
     sharded = len(shape) >= 1 and shape[0] % 8 == 0
     device = jax.device_put(host, NamedSharding(mesh, PartitionSpec("x") if sharded else PartitionSpec()))
     on_device = np.asarray(_elementwise_sums(device))
-    on_host = np.asarray(_contracted_sums(jnp.asarray(_host_words(host))))
+    on_host = _host_sums(_host_words(host))
+    assert on_host.dtype == np.uint32 and on_host.shape == (2,)
     np.testing.assert_array_equal(on_device, on_host)
     # against Python integers: sum over elements of word * product of the axis factors, mod 2**32
-    from jaxformer.run.checksums import _axis_weights
+    from jaxformer.run.checksums import _axis_weights, _host_axis_weights
 
     words = _host_words(host).astype(object)
     factors = [np.asarray(_axis_weights(size, axis)).astype(object) for axis, size in enumerate(words.shape)]
+    for axis, size in enumerate(words.shape):
+        np.testing.assert_array_equal(_host_axis_weights(size, axis), np.asarray(_axis_weights(size, axis)))
     for k in range(2):
         weight = np.ones(words.shape, object)
         for axis, factor in enumerate(factors):
