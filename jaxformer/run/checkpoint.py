@@ -25,7 +25,6 @@ import time
 import warnings
 from typing import Any
 
-import grain
 import jax
 import numpy as np
 import orbax.checkpoint as ocp
@@ -139,6 +138,8 @@ class Checkpointer:
         self._check_step(step, metadata)
         if step in self.manager.all_steps():  # left by a run that could not restore it
             self.set_aside(step)
+        import grain  # here, not at the top: translating reads parameters only, and grain takes a second to import
+
         self.manager.save(
             step,
             args=ocp.args.Composite(
@@ -278,6 +279,8 @@ class Checkpointer:
         checksums; `data_iterator` is moved to its position. A damaged newest checkpoint is set
         aside with a warning and the previous one used; None when there is no checkpoint at all;
         `CheckpointError` when none restores."""
+        import grain  # as in save()
+
         steps = self.steps()
         failures = []
         for step in reversed(steps):
