@@ -13,6 +13,9 @@ machine slows all alike and `speedup` (the baseline's median step time over the 
 - `loss_chunk_N`: the fused dropout with the output projection and loss in chunks of N target
   tokens (`training.loss_chunk_tokens`).
 - `no_dropout`: dropout rate 0, the floor any dropout implementation can reach.
+- `vd_embedding_grad`: the fused dropout with the output embedding's gradient contracted
+  straight to [V, D] in each loss chunk, as `jaxformer/training/output_loss.py` did before it
+  accumulated [D, V] and transposed the sum once.
 """
 
 from __future__ import annotations
@@ -37,7 +40,9 @@ from benchmarks.common import (
 )
 from jaxformer.model import attention, decoder, encoder, layers
 from jaxformer.model.architectures import build_model
+from jaxformer.training import output_loss
 from jaxformer.training.experiment import default_config
+from jaxformer.training.loss import logits_gradient, token_terms, weighted_sums
 from jaxformer.training.objectives import objective_for
 from jaxformer.training.optimizer import make_optimizer
 from jaxformer.training.state import make_init_fn
@@ -79,6 +84,47 @@ def flax_dropout() -> Iterator[None]:
             setattr(module, name, value)
 
 
+def _vd_sums_and_grads(hidden, embedding, bias, targets, weights, smoothing, chunk_tokens, compute_dtype):
+    """`output_loss._sums_and_grads` as it was (float32, no bias): each chunk's embedding gradient
+    contracted to [V, D] and summed as [V, D]."""
+    batch, length, d_model = hidden.shape
+    chunk = output_loss.chunk_length(batch, length, chunk_tokens)
+    num_chunks = length // chunk
+
+    def one_chunk(hidden, targets, weights):
+        logits = jnp.einsum("BTD,VD->BTV", hidden, embedding, preferred_element_type=jnp.float32)
+        terms = token_terms(logits, targets, smoothing)
+        sums = {k: v for k, v in weighted_sums(terms, weights).items() if k in output_loss._SUMS}
+        grad_logits = logits_gradient(terms, weights, smoothing)
+        grad_hidden = jnp.einsum("BTV,VD->BTD", grad_logits, embedding, preferred_element_type=jnp.float32)
+        grad_embedding = jnp.einsum("BTV,BTD->VD", grad_logits, hidden, preferred_element_type=jnp.float32)
+        return sums, grad_hidden, grad_embedding
+
+    def split(x):  # [B, T, ...] -> [C, B, t, ...]
+        return jnp.moveaxis(x.reshape(batch, num_chunks, chunk, *x.shape[2:]), 1, 0)
+
+    def body(carry, pieces):
+        sums, grad_embedding = carry
+        piece_sums, grad_hidden, piece_grad_embedding = one_chunk(*pieces)
+        return (jax.tree.map(jnp.add, sums, piece_sums), grad_embedding + piece_grad_embedding), grad_hidden
+
+    initial = ({key: jnp.zeros((), jnp.float32) for key in output_loss._SUMS}, jnp.zeros(embedding.shape))
+    (sums, grad_embedding), grad_hidden = jax.lax.scan(body, initial, (split(hidden), split(targets), split(weights)))
+    return sums, jnp.moveaxis(grad_hidden, 0, 1).reshape(batch, length, d_model), (grad_embedding, None)
+
+
+@contextlib.contextmanager
+def vd_embedding_grad() -> Iterator[None]:
+    """While open, the fused output loss computes the embedding's gradient as [V, D] in each
+    chunk (`_vd_sums_and_grads`; trace and compile inside)."""
+    current = output_loss._sums_and_grads
+    output_loss._sums_and_grads = _vd_sums_and_grads
+    try:
+        yield
+    finally:
+        output_loss._sums_and_grads = current
+
+
 def compiled_step(config, batch: dict, source_length: int, target_length: int, loss_chunk_tokens: int) -> TrainSteps:
     """The train step of `config` with `training.loss_chunk_tokens` set, compiled and ready to run."""
     experiment = default_config()
@@ -97,12 +143,15 @@ def bench(name: str, config, batch_size: int, source_length: int, target_length:
     chunks = {"flax_dropout": default_chunk, "fused_dropout": default_chunk}
     chunks.update({f"loss_chunk_{chunk}": chunk for chunk in CHUNKS if chunk != default_chunk})
     chunks["no_dropout"] = default_chunk
+    chunks["vd_embedding_grad"] = default_chunk
     steps = {}
     with flax_dropout():
         steps["flax_dropout"] = compiled_step(config, batch, source_length, target_length, default_chunk)
-    for variant, chunk in list(chunks.items())[1:]:
+    for variant, chunk in list(chunks.items())[1:-1]:
         variant_config = config.replace(dropout_rate=0.0) if variant == "no_dropout" else config
         steps[variant] = compiled_step(variant_config, batch, source_length, target_length, chunk)
+    with vd_embedding_grad():
+        steps["vd_embedding_grad"] = compiled_step(config, batch, source_length, target_length, default_chunk)
     seconds = {variant: median(times) for variant, times in time_interleaved(steps, iters).items()}
     return [
         {

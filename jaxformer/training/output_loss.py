@@ -60,11 +60,15 @@ def _chunk(hidden, embedding, bias, targets, weights, smoothing: float, compute_
     grad_hidden = jnp.einsum(
         "BTV,VD->BTD", grad_logits, embedding.astype(compute_dtype), preferred_element_type=jnp.float32
     )  # [B, t, D]
-    grad_embedding = jnp.einsum(
-        "BTV,BTD->VD", grad_logits, hidden.astype(compute_dtype), preferred_element_type=jnp.float32
-    )  # [V, D]
+    # The embedding's gradient as [D, V]: with the chunk's tokens as the contracted rows of both
+    # operands XLA:CPU reads the logit gradient in place, where [V, D] made it copy a transposed
+    # [V, B * t] of it every chunk (the fused loss runs 1.07x faster for `base`, 1.25x for
+    # `small`; the chunks' sums are transposed once, in _sums_and_grads).
+    grad_embedding_t = jnp.einsum(
+        "BTD,BTV->DV", hidden.astype(compute_dtype), grad_logits, preferred_element_type=jnp.float32
+    )  # [D, V]
     grad_bias = None if bias is None else jnp.sum(grad_logits.astype(jnp.float32), axis=(0, 1))  # [V]
-    return sums, grad_hidden, (grad_embedding, grad_bias)
+    return sums, grad_hidden, (grad_embedding_t, grad_bias)
 
 
 def _sums_and_grads(hidden, embedding, bias, targets, weights, smoothing, chunk_tokens, compute_dtype):
@@ -72,7 +76,10 @@ def _sums_and_grads(hidden, embedding, bias, targets, weights, smoothing, chunk_
     chunk = chunk_length(batch, length, chunk_tokens)
     num_chunks = length // chunk
     if num_chunks == 1:
-        return _chunk(hidden, embedding, bias, targets, weights, smoothing, compute_dtype)
+        sums, grad_hidden, (grad_embedding_t, grad_bias) = _chunk(
+            hidden, embedding, bias, targets, weights, smoothing, compute_dtype
+        )
+        return sums, grad_hidden, (grad_embedding_t.T, grad_bias)
 
     def split(x):  # [B, T, ...] -> [C, B, t, ...]
         return jnp.moveaxis(x.reshape(batch, num_chunks, chunk, *x.shape[2:]), 1, 0)
@@ -85,11 +92,16 @@ def _sums_and_grads(hidden, embedding, bias, targets, weights, smoothing, chunk_
         sums = jax.tree.map(jnp.add, sums, piece_sums)
         return (sums, jax.tree.map(jnp.add, projection_grads, piece_projection_grads)), grad_hidden
 
-    projection_grads = jax.tree.map(lambda x: jnp.zeros(x.shape, jnp.float32), (embedding, bias))
+    projection_grads = (
+        jnp.zeros(embedding.shape[::-1], jnp.float32),  # [D, V]
+        None if bias is None else jnp.zeros(bias.shape, jnp.float32),
+    )
     initial = ({key: jnp.zeros((), jnp.float32) for key in _SUMS}, projection_grads)
-    (sums, projection_grads), grad_hidden = jax.lax.scan(body, initial, (split(hidden), split(targets), split(weights)))
+    (sums, (grad_embedding_t, grad_bias)), grad_hidden = jax.lax.scan(
+        body, initial, (split(hidden), split(targets), split(weights))
+    )
     grad_hidden = jnp.moveaxis(grad_hidden, 0, 1).reshape(batch, length, d_model)  # [B, T, D]
-    return sums, grad_hidden, projection_grads
+    return sums, grad_hidden, (grad_embedding_t.T, grad_bias)
 
 
 @functools.partial(jax.custom_vjp, nondiff_argnums=(5, 6, 7))

@@ -91,6 +91,7 @@ def test_step_options_are_timed_against_flax_dropout(tmp_path, capsys):
         "loss_chunk_256",
         "loss_chunk_128",
         "no_dropout",
+        "vd_embedding_grad",
     ]
     assert rows[0]["speedup"] == 1.0
     for row in rows:
