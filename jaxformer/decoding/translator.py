@@ -22,6 +22,20 @@ from jaxformer.run.loading import load_checkpoint
 from jaxformer.tokens import EOS_ID, PAD_ID
 
 
+def _as_loaded(params: Any) -> Any:
+    """Parameters that all live on the default device, placed there as `from_workdir` places
+    loaded ones (others as they are). A training loop's parameters carry its mesh's sharding
+    even on one device, which makes the search another program than for parameters loaded from
+    a checkpoint: the persistent compilation cache would not serve translate.py what the run's
+    final choice compiled."""
+    leaves = jax.tree.leaves(params)
+    if not leaves or not all(isinstance(leaf, jax.Array) for leaf in leaves):
+        return params
+    if {device for leaf in leaves for device in leaf.sharding.device_set} != {jax.devices()[0]}:
+        return params
+    return jax.device_put(jax.device_get(params))
+
+
 class Translator:
     """Translates lists of sentences with a trained model.
 
@@ -94,7 +108,7 @@ class Translator:
         """The same translator (and compiled search) with other parameters of the same model,
         e.g. the train state's during training."""
         translator = copy.copy(self)
-        translator.params = unstack_layers(params) if self.scanned else params
+        translator.params = _as_loaded(unstack_layers(params) if self.scanned else params)
         return translator
 
     @classmethod

@@ -81,3 +81,21 @@ def test_corrupt_checkpoint_is_an_error_not_garbage(tmp_path):
             path.write_bytes(b"\0" * 16)  # truncate the array data
     with pytest.raises(CheckpointError, match="cannot"):
         load_checkpoint(workdir)
+
+
+def test_parameters_from_a_one_device_mesh_get_the_program_loaded_ones_get(translator):
+    """The run's final choice translates the training loop's parameters (sharded over its mesh,
+    here of one device, inside that mesh); translate.py loads them from a checkpoint. The
+    search must be one program for both, so the persistent compilation cache serves the second."""
+    import jax
+    from jax.sharding import Mesh, NamedSharding, PartitionSpec
+
+    source, rng = np.full((8, 16), EOS_ID, np.int32), translator._rng
+    loaded = translator._generate.lower(translator.params, source, rng).as_text()
+    mesh = Mesh(np.array(jax.devices()[:1]).reshape(1, 1, 1), ("data", "fsdp", "tensor"))
+    with jax.set_mesh(mesh):
+        sharded = jax.device_put(translator.params, NamedSharding(mesh, PartitionSpec()))
+        assert translator._generate.lower(sharded, source, rng).as_text() != loaded  # what the fix is for
+        trained = translator.with_params(sharded)
+        assert trained._generate.lower(trained.params, source, rng).as_text() == loaded
+        assert trained.translate(read_raw("val.en.gz", 4)) == translator.translate(read_raw("val.en.gz", 4))
