@@ -111,6 +111,14 @@ class Translator:
         translator.params = _as_loaded(unstack_layers(params) if self.scanned else params)
         return translator
 
+    def with_settings(self, settings: DecodeSettings) -> Translator:
+        """The same translator and parameters searching with other settings (another compiled search)."""
+        translator = copy.copy(self)
+        translator.settings = settings
+        translator._generate = make_generate_fn(self.config, settings)
+        translator._compiled_lengths = set()  # the lengths the new search has been compiled for
+        return translator
+
     @classmethod
     def from_workdir(
         cls,

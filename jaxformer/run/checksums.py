@@ -38,20 +38,25 @@ _SUMS = 2
 _SALTS = (0x243F6A88, 0x85A308D3)  # one per sum; the axis index is mixed in too
 
 
-def _mix(h: jax.Array) -> jax.Array:
-    """murmur3's 32-bit finalizer."""
-    h = h ^ (h >> 16)
-    h = h * jnp.uint32(0x85EBCA6B)
-    h = h ^ (h >> 13)
-    h = h * jnp.uint32(0xC2B2AE35)
-    return h ^ (h >> 16)
+def _mix(h: np.ndarray) -> np.ndarray:
+    """murmur3's 32-bit finalizer (uint32 array arithmetic wraps)."""
+    h = h ^ (h >> np.uint32(16))
+    h = h * np.uint32(0x85EBCA6B)
+    h = h ^ (h >> np.uint32(13))
+    h = h * np.uint32(0xC2B2AE35)
+    return h ^ (h >> np.uint32(16))
+
+
+def _host_axis_weights(size: int, axis: int) -> np.ndarray:
+    """[size, sums] odd uint32 factors of the weights along one axis."""
+    index = np.arange(size, dtype=np.uint32)
+    columns = [_mix(index + np.uint32((salt + 0x9E3779B9 * (axis + 1)) % 2**32)) | np.uint32(1) for salt in _SALTS]
+    return np.stack(columns, axis=1)
 
 
 def _axis_weights(size: int, axis: int) -> jax.Array:
-    """[size, sums] odd uint32 factors of the weights along one axis."""
-    index = jax.lax.iota(jnp.uint32, size)
-    columns = [_mix(index + jnp.uint32((salt + 0x9E3779B9 * (axis + 1)) % 2**32)) | jnp.uint32(1) for salt in _SALTS]
-    return jnp.stack(columns, axis=1)
+    """`_host_axis_weights` as a jax array (a constant of the jitted elementwise form)."""
+    return jnp.asarray(_host_axis_weights(size, axis))
 
 
 def _words(x: jax.Array) -> jax.Array:
@@ -100,22 +105,6 @@ def _sums_elementwise(words: jax.Array) -> jax.Array:
             weight = weight * _axis_weights(size, axis)[:, k].reshape(shape)
         sums.append(jnp.sum(words * weight, dtype=jnp.uint32))
     return jnp.stack(sums)
-
-
-def _host_mix(h: np.ndarray) -> np.ndarray:
-    """`_mix` in NumPy (uint32 array arithmetic wraps as XLA's does)."""
-    h = h ^ (h >> np.uint32(16))
-    h = h * np.uint32(0x85EBCA6B)
-    h = h ^ (h >> np.uint32(13))
-    h = h * np.uint32(0xC2B2AE35)
-    return h ^ (h >> np.uint32(16))
-
-
-def _host_axis_weights(size: int, axis: int) -> np.ndarray:
-    """`_axis_weights` in NumPy: [size, sums] uint32."""
-    index = np.arange(size, dtype=np.uint32)
-    columns = [_host_mix(index + np.uint32((salt + 0x9E3779B9 * (axis + 1)) % 2**32)) | np.uint32(1) for salt in _SALTS]
-    return np.stack(columns, axis=1)
 
 
 def _host_sums(words: np.ndarray) -> np.ndarray:

@@ -54,7 +54,6 @@ class ValidationSet:
         records = eval_source.__getitems__(list(range(count)))
         self.sources = [record_text(record, data.source_language) for record in records]
         self.references = [record_text(record, data.target_language) for record in records]
-        self.model_config = model_config  # as trained (scanned layers or not): Translator unstacks them
         self.translator = Translator(
             model_config,
             None,
@@ -71,15 +70,7 @@ class ValidationSet:
     def with_settings(self, settings: DecodeSettings) -> ValidationSet:
         """The same sentences searched with other settings (another compiled search)."""
         validation = copy.copy(self)
-        translator = self.translator
-        validation.translator = Translator(
-            self.model_config,
-            None,
-            translator.tokenizer,
-            settings,
-            batch_size=translator.batch_size,
-            target_tokenizer=translator.target_tokenizer,
-        )
+        validation.translator = self.translator.with_settings(settings)
         return validation
 
     def score(self, params: Any) -> dict[str, Any]:
