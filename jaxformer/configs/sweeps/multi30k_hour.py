@@ -2,8 +2,9 @@
 
     jaxformer-sweep --config multi30k --sweep multi30k_hour --workdir runs/sweep_hour
 
-Each variant changes one thing in the config (its 55-minute training budget, budget schedule and
-final choice included), so each row of the table reads against `baseline`: about 21 hours on 2
+Each variant but `transformer_tiny` (a published recipe, taken whole) changes one thing in the
+config (its 55-minute training budget, budget schedule and final choice included), so each row of
+the table reads against `baseline`: about 21 hours on 2
 cores in all, about an hour per variant. What the final choice decodes with (beam size, length
 penalty) and how many checkpoints it averages need no training: compare them on the winner with
 `jaxformer-evaluate --split validation --checkpoint averaged|best|final --beam_size K --alpha A`.
