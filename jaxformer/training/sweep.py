@@ -8,10 +8,18 @@ run starts. Each run ends with the final choice (training.final_choice must be o
 validation BLEU (beam search with the `decoding` settings, on the validation split) is the
 variant's score; no test set is read. A variant whose workdir already holds that choice is not
 trained again, so running the same sweep again resumes it where it stopped.
+
+By default each variant trains with the config's own budget (a wall-clock one for `multi30k`), so
+the rows depend on the machine's speed while each ran. With `baseline_steps` the config as it is
+(with the sweep's shared overrides: the reference) gets that many steps instead, and each variant
+as many more or fewer as it trains faster or slower than the reference, measured side by side
+before it trains (pace.py) and kept in WORKDIR/pace/<variant>.json for its resumes: the same
+compute on a fast, a slow or a busy machine.
 """
 
 from __future__ import annotations
 
+import copy
 import dataclasses
 import json
 import logging
@@ -20,6 +28,7 @@ import re
 from collections.abc import Sequence
 from typing import Any
 
+import jax
 import ml_collections
 
 from jaxformer.model.config import ConfigError
@@ -32,6 +41,7 @@ from jaxformer.training.config_file import (
     packaged_config_directory,
 )
 from jaxformer.training.final_choice import CANDIDATES
+from jaxformer.training.pace import Pace, relative_pace
 
 VARIANT_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.+-]*")  # a folder name on every platform
 
@@ -74,6 +84,14 @@ def load_sweep(name_or_path: str) -> dict[str, list[str]]:
     return sweep
 
 
+def reference_config(config_name: str, shared: Sequence[tuple[str, str]] = ()) -> ml_collections.ConfigDict:
+    """The config with the sweep's shared overrides only: what `baseline_steps` counts steps of."""
+    config = load_config(config_name)
+    apply_overrides(config, list(shared))
+    experiment.validate(config)
+    return config
+
+
 def make_variants(
     config_name: str, sweep: dict[str, Sequence[str]], shared: Sequence[tuple[str, str]] = ()
 ) -> list[Variant]:
@@ -111,12 +129,13 @@ def finished_result(workdir: pathlib.Path) -> dict[str, Any] | None:
     return last if "bleu" in last.get("final", {}) else None
 
 
-def result_row(variant: Variant, last: dict[str, Any]) -> dict[str, Any]:
+def result_row(variant: Variant, last: dict[str, Any], pace: dict[str, Any] | None = None) -> dict[str, Any]:
     final = last["final"]
     row = {
         "variant": variant.name,
         "changes": variant.changes(),
         "steps": last["step"],
+        "speed": None if pace is None else pace["speed"],  # steps a second over the reference's
         "train_minutes": last["train_seconds"] / 60,
         "chosen": final["chosen"],
         "bleu": final["bleu"],
@@ -129,25 +148,96 @@ def result_row(variant: Variant, last: dict[str, Any]) -> dict[str, Any]:
     return row
 
 
-def run_sweep(variants: Sequence[Variant], workdir: str | pathlib.Path) -> tuple[list[dict[str, Any]], int | None]:
+def pace_file(workdir: pathlib.Path, variant: Variant) -> pathlib.Path:
+    return workdir / "pace" / f"{variant.name}.json"
+
+
+def variant_pace(
+    variant: Variant, reference: ml_collections.ConfigDict, baseline_steps: int, path: pathlib.Path
+) -> dict[str, Any]:
+    """The variant's pace record: read from `path` when an earlier process measured it (a resumed
+    variant keeps its step budget), else measured against `reference` and written there."""
+    if path.is_file():
+        record = json.loads(path.read_text(encoding="utf-8"))
+        if record["baseline_steps"] != baseline_steps:
+            raise ConfigError(
+                f"variant {variant.name!r} was given its steps for --baseline_steps {record['baseline_steps']} "
+                f"({path}), not {baseline_steps}: run with {record['baseline_steps']} or in a new --workdir"
+            )
+        return record
+    pace = Pace(1.0, 1.0, timed=False) if not variant.overrides else relative_pace(variant.config, reference)
+    record = {"baseline_steps": baseline_steps, "steps": pace.steps_for(baseline_steps), "speed": pace.speed}
+    record.update(dataclasses.asdict(pace))
+    if jax.process_index() == 0:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        temporary = path.with_suffix(".tmp")
+        temporary.write_text(json.dumps(record) + "\n", encoding="utf-8")
+        temporary.replace(path)
+    return record
+
+
+def with_steps(config: ml_collections.ConfigDict, steps: int) -> ml_collections.ConfigDict:
+    """`config` trained for `steps` steps instead of its wall-clock budget (the budget schedule,
+    when used, ends there)."""
+    config = copy.deepcopy(config)
+    config.training.time_budget_minutes = 0.0
+    config.training.num_train_steps = steps
+    experiment.validate(config)
+    return config
+
+
+def run_sweep(
+    variants: Sequence[Variant],
+    workdir: str | pathlib.Path,
+    *,
+    baseline_steps: int | None = None,
+    reference: ml_collections.ConfigDict | None = None,
+) -> tuple[list[dict[str, Any]], int | None]:
     """Trains each variant not yet finished in workdir/<name>, in order; (the rows of the finished
-    variants, the signal that stopped a run, or None)."""
+    variants, the signal that stopped a run, or None). With `baseline_steps`, each variant
+    trains that many steps times its speed relative to `reference` (see the module's doc)."""
     from jaxformer.training.loop import train_and_evaluate
 
+    if (baseline_steps is None) != (reference is None):
+        raise ValueError("baseline_steps and reference go together")
     workdir = pathlib.Path(workdir)
     rows = []
     for index, variant in enumerate(variants, 1):
         run_dir = workdir / variant.name
         last = finished_result(run_dir)
+        path, pace = pace_file(workdir, variant), None
+        if baseline_steps is None and path.is_file():
+            record = json.loads(path.read_text(encoding="utf-8"))
+            raise ConfigError(
+                f"variant {variant.name!r} in {workdir} trains for a step budget ({path}): "
+                f"run with --baseline_steps {record['baseline_steps']}"
+            )
+        if baseline_steps is not None:
+            if last is not None and not path.is_file():
+                raise ConfigError(
+                    f"variant {variant.name!r} finished in {run_dir} with the config's own budget, not a "
+                    "--baseline_steps one: run without --baseline_steps or in a new --workdir"
+                )
+            pace = variant_pace(variant, reference, baseline_steps, path)
         if last is None:
             logging.info("sweep: variant %d of %d, %s: %s", index, len(variants), variant.name, variant.changes())
-            last = train_and_evaluate(variant.config, str(run_dir))
+            config = variant.config
+            if pace is not None:
+                config = with_steps(config, pace["steps"])
+                logging.info(
+                    "sweep: %s trains %d steps: %.3fx the reference's speed, times --baseline_steps %d",
+                    variant.name,
+                    pace["steps"],
+                    pace["speed"],
+                    baseline_steps,
+                )
+            last = train_and_evaluate(config, str(run_dir))
             if last.get("stopped_by_signal"):
                 return rows, last["stopped_by_signal"]
             last = finished_result(run_dir)
         else:
             logging.info("sweep: variant %s already finished in %s", variant.name, run_dir)
-        rows.append(result_row(variant, last))
+        rows.append(result_row(variant, last, pace))
     return rows, None
 
 
@@ -158,13 +248,15 @@ def results_table(rows: Sequence[dict[str, Any]]) -> str:
         return "" if value is None else f"{value:.{digits}f}"
 
     lines = [
-        "| variant | changes | steps | train minutes | validation BLEU | chosen | alpha | latest | best | averaged |",
-        "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |",
+        "| variant | changes | steps | speed | train minutes | validation BLEU | chosen | alpha | latest | best "
+        "| averaged |",
+        "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |",
     ]
     for row in sorted(rows, key=lambda row: -row["bleu"]):
         alpha = "" if row.get("alpha") is None else f"{row['alpha']:g}"
         lines.append(
-            f"| {row['variant']} | {row['changes']} | {row['steps']:,} | {number(row['train_minutes'], 1)} "
+            f"| {row['variant']} | {row['changes']} | {row['steps']:,} | {number(row.get('speed'))} "
+            f"| {number(row['train_minutes'], 1)} "
             f"| **{number(row['bleu'])}** | {row['chosen']} | {alpha} "
             f"| {number(row['latest_bleu'])} "
             f"| {number(row['best_bleu'])} | {number(row['averaged_bleu'])} |"

@@ -34,10 +34,10 @@ def write_sweep(path, sweep):
     return path
 
 
-def sweep(workdir, sweep_file, data_dir):
+def sweep(workdir, sweep_file, data_dir, *flags):
     return subprocess.run(
         [sys.executable, "-m", "jaxformer.commands.sweep", "--config", TINY, "--sweep", str(sweep_file)]
-        + ["--workdir", str(workdir), f"--config.data.data_dir={data_dir}", *SHARED],
+        + ["--workdir", str(workdir), f"--config.data.data_dir={data_dir}", *SHARED, *flags],
         env=environment(),
         capture_output=True,
         text=True,
@@ -77,6 +77,41 @@ def test_a_sweep_trains_each_variant_and_ranks_them_by_validation_bleu(tmp_path,
     assert again.stdout == result.stdout
     assert "already finished" in again.stderr
     assert {name: (workdir / name / "metrics.jsonl").read_bytes() for name in metrics} == metrics  # nothing trained
+    # Variants trained on the config's own budget are not mixed with step-budget ones.
+    paced = sweep(workdir, sweep_file, data_dir, "--baseline_steps", "10")
+    assert paced.returncode == 2 and "not a --baseline_steps one" in paced.stderr, paced.stderr[-2000:]
+
+
+def test_a_step_budget_gives_each_variant_the_reference_steps_times_its_measured_speed(tmp_path, data_dir):
+    sweep_file = write_sweep(
+        tmp_path / "paced.py",
+        {"baseline": [], "wide": ["model.d_model=128", "model.d_ff=512"]},
+    )
+    workdir = tmp_path / "sweep"
+    result = sweep(workdir, sweep_file, data_dir, "--baseline_steps", "10", "--config.training.time_budget_minutes=30")
+    assert result.returncode == 0, result.stderr[-3000:]
+    rows = {row["variant"]: row for row in map(json.loads, (workdir / "sweep.jsonl").read_text().splitlines())}
+    paces = {name: json.loads((workdir / "pace" / f"{name}.json").read_text()) for name in rows}
+    assert paces["baseline"]["steps"] == 10 and not paces["baseline"]["timed"]
+    wide = paces["wide"]
+    assert wide["timed"] and wide["speed"] < 0.8  # a larger model, measured slower
+    assert wide["steps"] == max(1, round(10 * wide["reference_seconds_per_step"] / wide["seconds_per_step"]))
+    for name, row in rows.items():
+        step, metadata, _ = load_checkpoint(workdir / name, "final", params=False)
+        assert row["steps"] == step == paces[name]["steps"]
+        assert row["speed"] == pytest.approx(paces[name]["speed"])
+        # The step budget replaces the wall-clock one given to every variant.
+        assert metadata.config["training"]["num_train_steps"] == paces[name]["steps"]
+        assert metadata.config["training"]["time_budget_minutes"] == 0
+    assert "| speed |" in (workdir / "sweep.md").read_text()
+
+    for flags, message in [
+        (["--baseline_steps", "12"], "for --baseline_steps 10"),
+        ([], "run with --baseline_steps 10"),
+    ]:
+        again = sweep(workdir, sweep_file, data_dir, *flags)
+        assert again.returncode == 2 and message in again.stderr, again.stderr[-2000:]
+        assert again.stderr.count("error: ") == 1
 
 
 @pytest.mark.parametrize(

@@ -1,0 +1,160 @@
+"""How fast one experiment config trains relative to another, measured side by side.
+
+A sweep whose variants each get an hour measures the machine as much as the variants: on a shared
+VM whose speed halves in the afternoon, a variant trained then reaches half the steps of one
+trained in the morning. `relative_pace` instead times both configs' train steps in turn in one
+process (one step of each per round, so a slow moment falls on both alike), and a sweep gives
+each variant the steps that the reference reaches in its budget times that ratio
+(sweep.py: `--baseline_steps`): the comparison then holds on any machine, at any hour.
+
+Each config's train step is built as the training loop builds it (its model, objective, optimizer,
+mesh and shardings, state donated) and runs on dense random rows of the config's batch shape,
+packed as one pair per row: what a step costs depends only on shapes, not on token values.
+Two configs whose train programs differ only in constants (a dropout rate, a learning rate, a
+warmup) cost the same, and are not timed.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import logging
+import re
+import statistics
+import time
+
+import flax.linen as nn
+import jax
+import ml_collections
+import numpy as np
+from jax.experimental import multihost_utils
+
+from jaxformer.model.architectures import build_model
+from jaxformer.tokens import NUM_SPECIAL_TOKENS
+from jaxformer.training import experiment, sharding
+from jaxformer.training.objectives import objective_for
+from jaxformer.training.optimizer import make_optimizer
+from jaxformer.training.state import make_init_fn
+from jaxformer.training.step import make_train_step
+
+PACE_ROUNDS = 8  # timed rounds of one step of each config, after WARMUP_STEPS untimed steps of each
+WARMUP_STEPS = 2
+# A literal in a lowered StableHLO program: `dense<...>` (a constant's value).
+_CONSTANT = re.compile(r"dense<[^>]*>")
+
+
+@dataclasses.dataclass(frozen=True)
+class Pace:
+    """Seconds per train step of a config and of the reference it was timed against (the
+    medians of the interleaved rounds; equal, and not timed, when the programs are the same)."""
+
+    seconds_per_step: float
+    reference_seconds_per_step: float
+    timed: bool  # False: the two train programs differ only in constants
+
+    @property
+    def speed(self) -> float:
+        """The config's steps a second over the reference's."""
+        return self.reference_seconds_per_step / self.seconds_per_step
+
+    def steps_for(self, reference_steps: int) -> int:
+        """The steps that take as long as `reference_steps` steps of the reference (at least one)."""
+        return max(1, round(reference_steps * self.speed))
+
+
+class _TrainSteps:
+    """One config's jitted train step on its own state and random batch: `lowered_text()` is
+    the program without its constants; each call takes one step."""
+
+    def __init__(self, config: ml_collections.ConfigDict):
+        data, training = config.data, config.training
+        source_size, target_size = experiment.vocabulary_sizes(config)
+        shared = not config.tokenizer.separate_vocabularies
+        model_config = experiment.model_config(config, target_size, None if shared else source_size)
+        self.mesh = sharding.make_mesh(config.mesh.shape)
+        self.rules = sharding.rules_from_config(config.mesh.logical_axis_rules)
+        sharding.check_batch_size(data.batch_size, self.mesh, self.rules)
+        with self._context():
+            model = build_model(model_config)
+            # Any id stands for the mask piece: which id is masked does not change the step's cost.
+            objective = objective_for(model_config, mask_id=source_size - 1, seed=training.seed)
+            optimizer, learning_rate = make_optimizer(config.optimizer, model_config.d_model)
+            init_fn = make_init_fn(model, optimizer, data.max_length, data.max_length, boxed=True)
+            state_shardings = sharding.logical_shardings(jax.eval_shape(init_fn, training.seed), self.mesh, self.rules)
+            plain_init = make_init_fn(model, optimizer, data.max_length, data.max_length)
+            self.state = jax.jit(plain_init, out_shardings=state_shardings)(training.seed)
+            batch_sharding = sharding.batch_sharding(self.mesh, self.rules)
+            self.batch = sharding.global_batch(
+                random_rows(data, (source_size, target_size), objective.features), batch_sharding
+            )
+            self.step = jax.jit(
+                make_train_step(model, optimizer, learning_rate, training, objective),
+                in_shardings=(state_shardings, batch_sharding),
+                out_shardings=(state_shardings, sharding.replicated(self.mesh)),
+                donate_argnums=0,
+            )
+            self.lowered = self.step.lower(self.state, self.batch)
+
+    @contextlib.contextmanager
+    def _context(self):
+        with jax.set_mesh(self.mesh), nn.logical_axis_rules(self.rules):
+            yield
+
+    def lowered_text(self) -> str:
+        return _CONSTANT.sub("dense<>", self.lowered.as_text())
+
+    def compile(self) -> None:
+        with self._context():
+            self.compiled = self.lowered.compile()
+
+    def __call__(self) -> None:
+        self.state, metrics = self.compiled(self.state, self.batch)
+        jax.block_until_ready(metrics)
+
+
+def random_rows(
+    data: ml_collections.ConfigDict, vocab_sizes: tuple[int, int], features: tuple[str, ...]
+) -> dict[str, np.ndarray]:
+    """This process's rows of a training batch of the `data` section's shape, every row one pair
+    of random non-special tokens as long as the row: the features the pipeline packs
+    (`inputs` from the source vocabulary, `targets` from the target's), with their segment ids and positions."""
+    rows, length = data.batch_size // jax.process_count(), data.max_length
+    rng = np.random.default_rng(0)
+    batch = {}
+    for feature, vocab_size in zip(("inputs", "targets"), vocab_sizes):
+        if feature in features:
+            batch[feature] = rng.integers(NUM_SPECIAL_TOKENS, vocab_size, (rows, length), dtype=np.int32)
+            batch[f"{feature}_segment_ids"] = np.ones((rows, length), np.int32)
+            batch[f"{feature}_positions"] = np.broadcast_to(np.arange(length, dtype=np.int32), (rows, length)).copy()
+    return batch
+
+
+def relative_pace(config: ml_collections.ConfigDict, reference: ml_collections.ConfigDict) -> Pace:
+    """`config`'s train-step time against `reference`'s, measured in turn in this process:
+    WARMUP_STEPS untimed steps of each, then PACE_ROUNDS rounds of one step of each. With
+    several processes every one takes process 0's figures."""
+    steps, reference_steps = _TrainSteps(config), _TrainSteps(reference)
+    if steps.lowered_text() == reference_steps.lowered_text():
+        logging.info("pace: the same train program as the reference up to constants; not timed")
+        return Pace(1.0, 1.0, timed=False)
+    steps.compile()
+    reference_steps.compile()
+    times: dict[str, list[float]] = {"config": [], "reference": []}
+    for round_index in range(WARMUP_STEPS + PACE_ROUNDS):
+        for name, run_step in (("config", steps), ("reference", reference_steps)):
+            start = time.perf_counter()
+            run_step()
+            if round_index >= WARMUP_STEPS:
+                times[name].append(time.perf_counter() - start)
+    medians = np.asarray([statistics.median(times["config"]), statistics.median(times["reference"])], np.float64)
+    if jax.process_count() > 1:
+        medians = np.asarray(multihost_utils.broadcast_one_to_all(medians))
+    pace = Pace(float(medians[0]), float(medians[1]), timed=True)
+    logging.info(
+        "pace: %.3f s a step against the reference's %.3f s (%d rounds in turn): %.3fx its speed",
+        pace.seconds_per_step,
+        pace.reference_seconds_per_step,
+        PACE_ROUNDS,
+        pace.speed,
+    )
+    return pace

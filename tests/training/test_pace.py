@@ -1,0 +1,58 @@
+"""pace.py: a config's train-step time against a reference's, timed in turn; programs that differ
+only in constants are not timed; the random rows have the structure of the pipeline's batches."""
+
+import numpy as np
+import pytest
+
+from jaxformer.data.pipeline import TokenizePair, train_dataset
+from jaxformer.data.tokenizer import train_tokenizer
+from jaxformer.training.config_file import apply_overrides, load_config
+from jaxformer.training.pace import Pace, random_rows, relative_pace
+
+pytestmark = pytest.mark.xdist_group("pace")  # timings: one worker at a time
+
+
+def tiny(*overrides):
+    config = load_config("tiny")
+    config.data.batch_size = 8  # a row for each of the tests' 8 simulated devices
+    apply_overrides(config, [tuple(item.split("=", 1)) for item in overrides])
+    return config
+
+
+def test_random_rows_have_the_structure_of_the_pipelines_batches():
+    words = "a man woman dog runs sits red blue big small the in on with".split()
+    rng = np.random.default_rng(0)
+    records = [
+        {"en": " ".join(rng.choice(words, int(rng.integers(1, 9)))).encode(), "de": b"ein hund rennt"}
+        for _ in range(200)
+    ]
+    tokenizer = train_tokenizer([r[k].decode() for r in records for k in ("en", "de")], vocab_size=30)
+    data = tiny("data.num_threads=0").data
+    real = next(iter(train_dataset(records, TokenizePair.for_data(data, tokenizer), data)))
+    rows = random_rows(data, (40, 50), ("inputs", "targets"))
+    assert {key: (value.shape, value.dtype) for key, value in rows.items()} == {
+        key: (value.shape, value.dtype) for key, value in real.items()
+    }
+    assert rows["inputs"].min() >= 4 and rows["inputs"].max() < 40 and rows["targets"].max() < 50
+    assert (rows["targets_positions"][0] == np.arange(data.max_length)).all()
+    assert set(random_rows(data, (40, 40), ("targets",))) == {"targets", "targets_segment_ids", "targets_positions"}
+
+
+def test_configs_that_differ_only_in_constants_are_not_timed():
+    changed = tiny("model.dropout_rate=0.3", "training.label_smoothing=0.2", "optimizer.warmup_steps=7")
+    pace = relative_pace(changed, tiny())
+    assert pace == Pace(1.0, 1.0, timed=False)
+    assert pace.steps_for(1234) == 1234
+
+
+def test_a_config_without_dropout_is_another_program_and_is_timed():
+    pace = relative_pace(tiny("model.dropout_rate=0.0"), tiny())
+    assert pace.timed and pace.seconds_per_step > 0 and pace.reference_seconds_per_step > 0
+
+
+def test_a_larger_model_is_measured_slower_in_proportion():
+    pace = relative_pace(tiny("model.d_model=128", "model.d_ff=512", "model.num_heads=4"), tiny())
+    assert pace.timed
+    assert pace.speed < 0.6  # over ten times the tiny model's matmul FLOPs a step
+    assert pace.steps_for(1000) == round(1000 * pace.speed)
+    assert Pace(10.0, 1.0, timed=True).steps_for(3) == 1  # never fewer than one step
