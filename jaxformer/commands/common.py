@@ -24,6 +24,7 @@ import tqdm
 
 from jaxformer.commands.compilation_cache import enable_compilation_cache
 from jaxformer.errors import EXIT_USER_ERROR, UserError, exit_code_for_signal
+from jaxformer.files import write_text_atomically
 from jaxformer.run.directory import CHECKPOINT_KINDS
 
 
@@ -115,14 +116,6 @@ def check_writable_file(path: str | None, flag: str) -> None:
             pass
     except OSError as error:
         raise FlagError(f"{flag} {path}: cannot write in {folder} ({error.strerror})") from None
-
-
-def write_text_atomically(path: str | pathlib.Path, text: str) -> None:
-    """Writes through a temporary file and a rename, so a failure never leaves half a file."""
-    path = pathlib.Path(path)
-    temporary = path.with_name(path.name + ".tmp")
-    temporary.write_text(text, encoding="utf-8")
-    temporary.replace(path)
 
 
 # -- logging ---------------------------------------------------------------------------------

@@ -26,10 +26,10 @@ from jaxformer.commands.common import (
     read_lines,
     run_command,
     translator_from_flags,
-    write_text_atomically,
 )
 from jaxformer.data.parallel_text import DataError
 from jaxformer.decoding.scoring import corpus_scores, format_scores
+from jaxformer.files import write_text_atomically
 from jaxformer.run.loading import load_checkpoint
 
 

@@ -28,8 +28,9 @@ import logging
 import pathlib
 import sys
 
-from jaxformer.commands.common import FlagError, make_parser, run_command, write_text_atomically
+from jaxformer.commands.common import FlagError, make_parser, run_command
 from jaxformer.errors import EXIT_USER_ERROR, UserError, exit_code_for_signal
+from jaxformer.files import write_text_atomically
 from jaxformer.training.config_file import split_overrides
 
 

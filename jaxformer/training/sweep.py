@@ -31,6 +31,7 @@ from typing import Any
 import jax
 import ml_collections
 
+from jaxformer.files import write_text_atomically
 from jaxformer.model.config import ConfigError
 from jaxformer.run.directory import RunDirectory
 from jaxformer.training import experiment
@@ -170,9 +171,7 @@ def variant_pace(
     record.update(dataclasses.asdict(pace))
     if jax.process_index() == 0:
         path.parent.mkdir(parents=True, exist_ok=True)
-        temporary = path.with_suffix(".tmp")
-        temporary.write_text(json.dumps(record) + "\n", encoding="utf-8")
-        temporary.replace(path)
+        write_text_atomically(path, json.dumps(record) + "\n")
     return record
 
 
