@@ -153,19 +153,27 @@ def pace_file(workdir: pathlib.Path, variant: Variant) -> pathlib.Path:
     return workdir / "pace" / f"{variant.name}.json"
 
 
+def stored_pace(path: pathlib.Path) -> dict[str, Any] | None:
+    """The pace record an earlier process wrote for a variant, or None."""
+    return json.loads(path.read_text(encoding="utf-8")) if path.is_file() else None
+
+
 def variant_pace(
-    variant: Variant, reference: ml_collections.ConfigDict, baseline_steps: int, path: pathlib.Path
+    variant: Variant,
+    reference: ml_collections.ConfigDict,
+    baseline_steps: int,
+    path: pathlib.Path,
+    stored: dict[str, Any] | None,
 ) -> dict[str, Any]:
-    """The variant's pace record: read from `path` when an earlier process measured it (a resumed
-    variant keeps its step budget), else measured against `reference` and written there."""
-    if path.is_file():
-        record = json.loads(path.read_text(encoding="utf-8"))
-        if record["baseline_steps"] != baseline_steps:
+    """The variant's pace record: `stored` when an earlier process measured it (a resumed
+    variant keeps its step budget), else measured against `reference` and written to `path`."""
+    if stored is not None:
+        if stored["baseline_steps"] != baseline_steps:
             raise ConfigError(
-                f"variant {variant.name!r} was given its steps for --baseline_steps {record['baseline_steps']} "
-                f"({path}), not {baseline_steps}: run with {record['baseline_steps']} or in a new --workdir"
+                f"variant {variant.name!r} was given its steps for --baseline_steps {stored['baseline_steps']} "
+                f"({path}), not {baseline_steps}: run with {stored['baseline_steps']} or in a new --workdir"
             )
-        return record
+        return stored
     pace = Pace(1.0, 1.0, timed=False) if not variant.overrides else relative_pace(variant.config, reference)
     record = {"baseline_steps": baseline_steps, "steps": pace.steps_for(baseline_steps), "speed": pace.speed}
     record.update(dataclasses.asdict(pace))
@@ -205,19 +213,19 @@ def run_sweep(
         run_dir = workdir / variant.name
         last = finished_result(run_dir)
         path, pace = pace_file(workdir, variant), None
-        if baseline_steps is None and path.is_file():
-            record = json.loads(path.read_text(encoding="utf-8"))
+        stored = stored_pace(path)
+        if baseline_steps is None and stored is not None:
             raise ConfigError(
                 f"variant {variant.name!r} in {workdir} trains for a step budget ({path}): "
-                f"run with --baseline_steps {record['baseline_steps']}"
+                f"run with --baseline_steps {stored['baseline_steps']}"
             )
         if baseline_steps is not None:
-            if last is not None and not path.is_file():
+            if last is not None and stored is None:
                 raise ConfigError(
                     f"variant {variant.name!r} finished in {run_dir} with the config's own budget, not a "
                     "--baseline_steps one: run without --baseline_steps or in a new --workdir"
                 )
-            pace = variant_pace(variant, reference, baseline_steps, path)
+            pace = variant_pace(variant, reference, baseline_steps, path, stored)
         if last is None:
             logging.info("sweep: variant %d of %d, %s: %s", index, len(variants), variant.name, variant.changes())
             config = variant.config
