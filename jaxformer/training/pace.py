@@ -37,7 +37,11 @@ from jaxformer.training.optimizer import make_optimizer
 from jaxformer.training.state import make_init_fn
 from jaxformer.training.step import make_train_step
 
-PACE_ROUNDS = 8  # timed rounds of one step of each config, after WARMUP_STEPS untimed steps of each
+# Timed rounds of one step of each config, after WARMUP_STEPS untimed steps of each. On the noisy
+# 2-core VM, 8 rounds gave 1.37x and 1.52x for the same pair in two processes, and 1.39x
+# against 1.48x from the first 8 and all 16 rounds of one process: 24 rounds cost a minute
+# at multi30k's size, against an hour of training that the figure apportions.
+PACE_ROUNDS = 24
 WARMUP_STEPS = 2
 # A literal in a lowered StableHLO program: `dense<...>` (a constant's value).
 _CONSTANT = re.compile(r"dense<[^>]*>")
