@@ -7,11 +7,13 @@ from jaxformer.training.experiment import default_config, model_section
 
 def get_config():
     config = default_config()
-    # The model: base-like post-norm Transformer, narrowed for a 29,000-pair corpus.
+    # The model: base-like post-norm Transformer, narrowed for a 29,000-pair corpus and an hour:
+    # width 192 trains 1.4-1.5x the steps of width 256 in the same time and ends higher on
+    # validation BLEU (README: "Searching a recipe").
     config.model = model_section("base")
-    config.model.d_model = 256  # residual width
-    config.model.num_heads = 4  # head size 64, as in the paper
-    config.model.d_ff = 1024  # 4 x d_model, as in the paper
+    config.model.d_model = 192  # residual width
+    config.model.num_heads = 4  # head size 48
+    config.model.d_ff = 768  # 4 x d_model, as in the paper
     config.model.num_encoder_layers = 3
     config.model.num_decoder_layers = 3
     config.model.dropout_rate = 0.1  # P_drop
@@ -23,8 +25,8 @@ def get_config():
     config.data.eval_batch_size = 32
     config.tokenizer.vocab_size = 8000  # joint en+de unigram vocabulary
     config.tokenizer.model_type = "unigram"
-    config.optimizer.warmup_steps = 800  # short warmup: a 2-core hour is about 3,500 steps
-    config.optimizer.learning_rate_scale = 1.0  # peak lr 256^-0.5 * 800^-0.5 = 2.2e-3 at step 800
+    config.optimizer.warmup_steps = 800  # short warmup: a 2-core hour is about 5,000 steps
+    config.optimizer.learning_rate_scale = 1.0  # peak lr 192^-0.5 * 800^-0.5 = 2.55e-3 at step 800
     # After the warmup the rate decays linearly to zero where the time budget (or num_train_steps) ends.
     config.optimizer.schedule = "budget"
     config.optimizer.decay_floor = 0.0
