@@ -8,8 +8,8 @@ from jaxformer.training.experiment import default_config, model_section
 def get_config():
     config = default_config()
     # The model: base-like post-norm Transformer, narrowed for a 29,000-pair corpus and an hour:
-    # width 192 trains 1.4-1.5x the steps of width 256 in the same time and ends higher on
-    # validation BLEU (README: "Searching a recipe").
+    # width 192 trains 1.4-1.5x the steps of width 256 in the same time, ends as high on validation
+    # BLEU (40.33 against 39.98, within noise) and decodes 1.5-1.7x as fast (README: "Searching a recipe").
     config.model = model_section("base")
     config.model.d_model = 192  # residual width
     config.model.num_heads = 4  # head size 48
