@@ -16,6 +16,14 @@ machine slows all alike and `speedup` (the baseline's median step time over the 
 - `vd_embedding_grad`: the fused dropout with the output embedding's gradient contracted
   straight to [V, D] in each loss chunk, as `jaxformer/training/output_loss.py` did before it
   accumulated [D, V] and transposed the sum once.
+- `bfloat16`: the fused dropout with `model.dtype=bfloat16` (float32 parameters): the weight
+  projections through `jaxformer/model/projection.py`, whose forward pass and both gradients
+  are bf16 x bf16 -> float32 dots (the CPU's bf16 dot instructions where it has them).
+- `bfloat16_autodiff`: the same, the projections a plain bf16 einsum differentiated by jax, as
+  before that module: bf16-output gradient dots, which XLA:CPU runs on a slower path.
+  Neither bf16 row is in `--smoke`: XLA:CPU (jax 0.10.2) leaves the tiny model's bf16
+  attention-score dots out of its YNNPACK fusions, and its fallback (DotThunk) has no
+  bf16 x bf16 -> float32 dot, so bf16 training of models that small fails on a CPU.
 """
 
 from __future__ import annotations
@@ -125,6 +133,24 @@ def vd_embedding_grad() -> Iterator[None]:
         output_loss._sums_and_grads = current
 
 
+def _plain_projection(spec, inputs, kernel):
+    return jnp.einsum(spec, inputs, kernel)
+
+
+@contextlib.contextmanager
+def autodiff_projections() -> Iterator[None]:
+    """While open, the model's weight projections are plain einsums differentiated by jax
+    (trace and compile inside)."""
+    saved = [(module, module.project) for module in (attention, layers)]
+    for module, _ in saved:
+        module.project = _plain_projection
+    try:
+        yield
+    finally:
+        for module, value in saved:
+            module.project = value
+
+
 def compiled_step(config, batch: dict, source_length: int, target_length: int, loss_chunk_tokens: int) -> TrainSteps:
     """The train step of `config` with `training.loss_chunk_tokens` set, compiled and ready to run."""
     experiment = default_config()
@@ -137,21 +163,33 @@ def compiled_step(config, batch: dict, source_length: int, target_length: int, l
     return TrainSteps(compiled, state, batch)
 
 
-def bench(name: str, config, batch_size: int, source_length: int, target_length: int, iters: int) -> list[dict]:
+def bench(
+    name: str, config, batch_size: int, source_length: int, target_length: int, iters: int, bfloat16: bool = True
+) -> list[dict]:
     batch = random_batch(0, config.vocab_size, batch_size, source_length, target_length)
     default_chunk = default_config().training.loss_chunk_tokens
     chunks = {"flax_dropout": default_chunk, "fused_dropout": default_chunk}
     chunks.update({f"loss_chunk_{chunk}": chunk for chunk in CHUNKS if chunk != default_chunk})
     chunks["no_dropout"] = default_chunk
     chunks["vd_embedding_grad"] = default_chunk
+    if bfloat16:
+        chunks["bfloat16"] = chunks["bfloat16_autodiff"] = default_chunk
     steps = {}
     with flax_dropout():
         steps["flax_dropout"] = compiled_step(config, batch, source_length, target_length, default_chunk)
-    for variant, chunk in list(chunks.items())[1:-1]:
+    fused_dropout_variants = [variant for variant in chunks if variant not in ("flax_dropout", "vd_embedding_grad")]
+    for variant in [variant for variant in fused_dropout_variants if not variant.startswith("bfloat16")]:
         variant_config = config.replace(dropout_rate=0.0) if variant == "no_dropout" else config
-        steps[variant] = compiled_step(variant_config, batch, source_length, target_length, chunk)
+        steps[variant] = compiled_step(variant_config, batch, source_length, target_length, chunks[variant])
     with vd_embedding_grad():
         steps["vd_embedding_grad"] = compiled_step(config, batch, source_length, target_length, default_chunk)
+    if bfloat16:
+        bfloat16_config = config.replace(dtype="bfloat16")
+        steps["bfloat16"] = compiled_step(bfloat16_config, batch, source_length, target_length, default_chunk)
+        with autodiff_projections():
+            steps["bfloat16_autodiff"] = compiled_step(
+                bfloat16_config, batch, source_length, target_length, default_chunk
+            )
     seconds = {variant: median(times) for variant, times in time_interleaved(steps, iters).items()}
     return [
         {
@@ -175,7 +213,7 @@ def main(argv=None) -> list[dict]:
     args = arguments.parse_args(argv)
     sizes = {"smoke": SMOKE} if args.smoke else {name: CONFIGS[name]() for name in args.configs.split(",")}
     iters = args.iters or (2 if args.smoke else 10)
-    rows = [row for name, size in sizes.items() for row in bench(name, *size, iters)]
+    rows = [row for name, size in sizes.items() for row in bench(name, *size, iters, bfloat16=not args.smoke)]
     notes = ["  speedup: flax_dropout's median step time over the row's, timed interleaved in this run"]
     return report("step_options", rows, COLUMNS, args.json, "train-step options, interleaved", notes)
 

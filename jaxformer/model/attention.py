@@ -18,6 +18,7 @@ import jax.numpy as jnp
 
 from jaxformer.model.config import TransformerConfig
 from jaxformer.model.dropout import dropout
+from jaxformer.model.projection import project
 from jaxformer.typing import Array, Bool, Float
 
 # Einsum specs by the layout of keys and values: [B, S, N, H] as projected, or heads-major
@@ -140,14 +141,14 @@ def project_to_heads(
     inputs: Float[Array, "B L D"], kernel: Float[Array, "D N H"], bias: Float[Array, "N H"]
 ) -> Float[Array, "B L N H"]:
     """The Q, K or V projection, split into heads: x W + b."""
-    return jnp.einsum("BLD,DNH->BLNH", inputs, kernel) + bias[None, None]  # [B, L, N, H]
+    return project("BLD,DNH->BLNH", inputs, kernel) + bias[None, None]  # [B, L, N, H]
 
 
 def merge_heads(
     heads: Float[Array, "B L N H"], kernel: Float[Array, "N H D"], bias: Float[Array, D]
 ) -> Float[Array, "B L D"]:
     """Concatenates the heads and applies the output projection W^O."""
-    return jnp.einsum("BLNH,NHD->BLD", heads, kernel) + bias[None, None]  # [B, L, D]
+    return project("BLNH,NHD->BLD", heads, kernel) + bias[None, None]  # [B, L, D]
 
 
 class MultiHeadAttention(nn.Module):

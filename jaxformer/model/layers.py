@@ -12,6 +12,7 @@ import jax.numpy as jnp
 from jaxformer.model.config import TransformerConfig
 from jaxformer.model.dropout import Dropout
 from jaxformer.model.position import positional_encoding
+from jaxformer.model.projection import project
 from jaxformer.typing import Array, Float, Int
 
 
@@ -112,10 +113,10 @@ class FeedForward(nn.Module):
         w_out = param("wo_kernel", kernel_init, ("mlp", "embed"), (config.d_ff, config.d_model))
         b_out = param("wo_bias", zeros, ("embed",), (config.d_model,))
 
-        hidden = jnp.einsum("BLD,DF->BLF", inputs.astype(config.dtype), w_in) + b_in[None, None]  # [B, L, F]
+        hidden = project("BLD,DF->BLF", inputs.astype(config.dtype), w_in) + b_in[None, None]  # [B, L, F]
         hidden = activation_function(config.activation)(hidden)
         hidden = Dropout(config.activation_dropout_rate)(hidden, deterministic=deterministic)
-        return jnp.einsum("BLF,FD->BLD", hidden, w_out) + b_out[None, None]  # [B, L, D]
+        return project("BLF,FD->BLD", hidden, w_out) + b_out[None, None]  # [B, L, D]
 
 
 def layer_norm(config: TransformerConfig, name: str | None = None) -> nn.LayerNorm:
