@@ -1,5 +1,5 @@
 """The default real run: Multi30k English->German (vendored, offline), one hour of wall-clock on
-2 CPU cores (a training budget of 55 minutes, then the final choice), or 6,000 steps (a few
+2 CPU cores (a training budget of 55 minutes, then the final choice), or 12,000 steps (a few
 minutes) on one GPU."""
 
 from jaxformer.training.experiment import default_config, model_section
@@ -16,7 +16,10 @@ def get_config():
     config.model.d_ff = 768  # 4 x d_model, as in the paper
     config.model.num_encoder_layers = 3
     config.model.num_decoder_layers = 3
-    config.model.dropout_rate = 0.1  # P_drop
+    # P_drop: 0.1 (the paper's base) let validation NLL stop falling from step ~4,000 of a fast
+    # 2-core hour while training loss kept falling; 0.2 gave 41.96 validation BLEU against 39.58
+    # for 0.1 in the same hour (README: "Results").
+    config.model.dropout_rate = 0.2
     config.data.name = "multi30k"  # the vendored corpus: no download
     config.data.source_language = "en"
     config.data.target_language = "de"
@@ -31,7 +34,9 @@ def get_config():
     config.optimizer.schedule = "budget"
     config.optimizer.decay_floor = 0.0
     config.training.time_budget_minutes = 55.0  # the training loop's wall-clock, evaluations included
-    config.training.num_train_steps = 6000  # the end when the budget allows more (~30 epochs; a GPU)
+    # The end when the budget allows more (~60 epochs; a GPU): above the 9,000 steps a fast 2-core
+    # machine reaches, so the budget, not this cap, ends the hour there.
+    config.training.num_train_steps = 12000
     config.training.label_smoothing = 0.1
     config.training.loss_chunk_tokens = 256  # 1-6% faster steps than 512 on 2 cores (benchmarks.step_options)
     config.training.log_every_steps = 50
