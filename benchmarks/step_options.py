@@ -168,28 +168,21 @@ def bench(
 ) -> list[dict]:
     batch = random_batch(0, config.vocab_size, batch_size, source_length, target_length)
     default_chunk = default_config().training.loss_chunk_tokens
-    chunks = {"flax_dropout": default_chunk, "fused_dropout": default_chunk}
-    chunks.update({f"loss_chunk_{chunk}": chunk for chunk in CHUNKS if chunk != default_chunk})
-    chunks["no_dropout"] = default_chunk
-    chunks["vd_embedding_grad"] = default_chunk
+    plain = contextlib.nullcontext
+    variants = {  # name: (model config, loss chunk tokens, what its step is traced under)
+        "flax_dropout": (config, default_chunk, flax_dropout),
+        "fused_dropout": (config, default_chunk, plain),
+        **{f"loss_chunk_{chunk}": (config, chunk, plain) for chunk in CHUNKS if chunk != default_chunk},
+        "no_dropout": (config.replace(dropout_rate=0.0), default_chunk, plain),
+        "vd_embedding_grad": (config, default_chunk, vd_embedding_grad),
+    }
     if bfloat16:
-        chunks["bfloat16"] = chunks["bfloat16_autodiff"] = default_chunk
+        variants["bfloat16"] = (config.replace(dtype="bfloat16"), default_chunk, plain)
+        variants["bfloat16_autodiff"] = (config.replace(dtype="bfloat16"), default_chunk, autodiff_projections)
     steps = {}
-    with flax_dropout():
-        steps["flax_dropout"] = compiled_step(config, batch, source_length, target_length, default_chunk)
-    fused_dropout_variants = [variant for variant in chunks if variant not in ("flax_dropout", "vd_embedding_grad")]
-    for variant in [variant for variant in fused_dropout_variants if not variant.startswith("bfloat16")]:
-        variant_config = config.replace(dropout_rate=0.0) if variant == "no_dropout" else config
-        steps[variant] = compiled_step(variant_config, batch, source_length, target_length, chunks[variant])
-    with vd_embedding_grad():
-        steps["vd_embedding_grad"] = compiled_step(config, batch, source_length, target_length, default_chunk)
-    if bfloat16:
-        bfloat16_config = config.replace(dtype="bfloat16")
-        steps["bfloat16"] = compiled_step(bfloat16_config, batch, source_length, target_length, default_chunk)
-        with autodiff_projections():
-            steps["bfloat16_autodiff"] = compiled_step(
-                bfloat16_config, batch, source_length, target_length, default_chunk
-            )
+    for variant, (variant_config, chunk, context) in variants.items():
+        with context():
+            steps[variant] = compiled_step(variant_config, batch, source_length, target_length, chunk)
     seconds = {variant: median(times) for variant, times in time_interleaved(steps, iters).items()}
     return [
         {
@@ -198,7 +191,7 @@ def bench(
             "batch": batch_size,
             "src_len": source_length,
             "tgt_len": target_length,
-            "loss_chunk_tokens": chunks[variant],
+            "loss_chunk_tokens": variants[variant][1],
             "step_ms": 1000 * seconds[variant],
             "tokens_per_s": batch_size * target_length / seconds[variant],
             "speedup": seconds["flax_dropout"] / seconds[variant],
