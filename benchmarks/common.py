@@ -48,6 +48,22 @@ CONFIGS: dict[str, Callable[[], tuple[TransformerConfig, int, int, int]]] = {
         64,
     ),
     "base": lambda: (preset("base", vocab_size=32_000), 16, 64, 64),
+    # configs/multi30k.py's model and batch: d 192, 4 heads, 3+3 layers, d_ff 768, P_drop 0.2.
+    "multi30k": lambda: (
+        preset(
+            "base",
+            vocab_size=8000,
+            d_model=192,
+            num_heads=4,
+            d_ff=768,
+            num_encoder_layers=3,
+            num_decoder_layers=3,
+            dropout_rate=0.2,
+        ),
+        32,
+        64,
+        64,
+    ),
 }
 # --smoke: the tiny preset on a few short rows.
 SMOKE = (preset("tiny"), 4, 16, 16)
