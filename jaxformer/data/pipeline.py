@@ -18,6 +18,7 @@ import grain
 import ml_collections
 import numpy as np
 
+from jaxformer.data.subword_sampling import SubwordSampling
 from jaxformer.data.tokenizer import Tokenizer
 
 FEATURES = ("inputs", "targets")
@@ -34,7 +35,9 @@ class TokenizePair:
 
     `tokenizer` encodes both sides, or the source side only when a `target_tokenizer` is given
     (separate vocabularies). `features` names the sides to keep: a language model reads one
-    ("inputs", the source language's text, for a masked LM; "targets" for a causal LM)."""
+    ("inputs", the source language's text, for a masked LM; "targets" for a causal LM).
+    With `sampling`, the training pipeline encodes through `sample` instead, one drawn
+    segmentation per side (subword_sampling.py); evaluation always calls it, the best one."""
 
     def __init__(
         self,
@@ -43,11 +46,16 @@ class TokenizePair:
         target_language: str,
         target_tokenizer: Tokenizer | None = None,
         features: Sequence[str] = FEATURES,
+        sampling: SubwordSampling | None = None,
     ):
         target_tokenizer = tokenizer if target_tokenizer is None else target_tokenizer
         sides = {"inputs": (tokenizer, source_language), "targets": (target_tokenizer, target_language)}
         self.sides = {feature: sides[feature] for feature in features}
         self.features = tuple(features)
+        self.sampling = sampling
+        if sampling is not None:
+            for side_tokenizer, language in self.sides.values():
+                sampling.check(side_tokenizer, f"the {language} tokenizer")
 
     @classmethod
     def for_data(
@@ -56,13 +64,21 @@ class TokenizePair:
         tokenizer: Tokenizer,
         target_tokenizer: Tokenizer | None = None,
         features: Sequence[str] = FEATURES,
+        sampling: SubwordSampling | None = None,
     ) -> TokenizePair:
         """The sides of the data section's languages (data.source_language, data.target_language)."""
-        return cls(tokenizer, data.source_language, data.target_language, target_tokenizer, features)
+        return cls(tokenizer, data.source_language, data.target_language, target_tokenizer, features, sampling)
 
     def __call__(self, record) -> dict[str, np.ndarray]:
         return {
             feature: tokenizer.encode(record_text(record, language))
+            for feature, (tokenizer, language) in self.sides.items()
+        }
+
+    def sample(self, record, rng: np.random.Generator) -> dict[str, np.ndarray]:
+        """`__call__` with each side's segmentation drawn by `sampling` from `rng`."""
+        return {
+            feature: self.sampling.encode(tokenizer, record_text(record, language), rng)
             for feature, (tokenizer, language) in self.sides.items()
         }
 
@@ -116,13 +132,18 @@ def train_dataset(
     `data` is the experiment's data section (languages, max_length, batch_size, shuffle_seed,
     num_threads). Each process reads the disjoint shard `shard_index` of `shard_count` equal
     shards, in batches of data.batch_size / shard_count rows. `tokenize` turns a record into the
-    sides a batch holds (`TokenizePair.for_data`).
+    sides a batch holds (`TokenizePair.for_data`), or draws them (`tokenize.sampling`): the
+    draws are seeded by data.shuffle_seed and each record's place in the endless stream, so every
+    epoch draws anew and a restored iterator draws what it would have.
     """
     batch_size = data.batch_size // shard_count
     usable = len(source) // shard_count * shard_count
     dataset = grain.MapDataset.source(source)[:usable][shard_index::shard_count]
     dataset = dataset.shuffle(seed=data.shuffle_seed).repeat(None)  # shuffle before repeat: a new order per epoch
-    dataset = dataset.map(tokenize)
+    if tokenize.sampling is None:
+        dataset = dataset.map(tokenize)
+    else:
+        dataset = dataset.random_map(tokenize.sample, seed=data.shuffle_seed)
     dataset = dataset.filter(length_filter or LengthFilter(data.max_length))
     read_options = grain.ReadOptions(num_threads=data.num_threads, prefetch_buffer_size=4 * batch_size)
     dataset = dataset.to_iter_dataset(read_options)

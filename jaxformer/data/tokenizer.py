@@ -3,6 +3,7 @@ source/target model, or one per side), or converted from a model trained elsewhe
 
 from __future__ import annotations
 
+import functools
 import io
 import logging
 import pathlib
@@ -91,6 +92,26 @@ class Tokenizer:
         encoded = self._processor.encode([text] if single else list(text), add_eos=add_eos)
         arrays = [np.asarray(ids, dtype=np.int32) for ids in encoded]
         return arrays[0] if single else arrays
+
+    def nbest_encode(self, text: str, nbest_size: int) -> list[np.ndarray]:
+        """int32 ids of `text`'s `nbest_size` most likely segmentations (fewer if it has fewer),
+        most likely first, without EOS; unigram models only (`model_type`)."""
+        return [
+            np.asarray(ids, dtype=np.int32) for ids in self._processor.nbest_encode_as_ids(text, nbest_size=nbest_size)
+        ]
+
+    @functools.cached_property
+    def piece_log_probabilities(self) -> np.ndarray:
+        """float64 [vocab_size]: each piece's score, a unigram model's log probability of the piece
+        (0 for special pieces)."""
+        return np.array([self._processor.get_score(i) for i in range(self.vocab_size)], dtype=np.float64)
+
+    @property
+    def model_type(self) -> str:
+        """The sentencepiece algorithm the model was trained with: "unigram", "bpe", "word" or "char"."""
+        model = model_pb2.ModelProto()
+        model.ParseFromString(self.model_proto)
+        return model_pb2.TrainerSpec.ModelType.Name(model.trainer_spec.model_type).lower()
 
     def decode(self, ids: Sequence[int] | np.ndarray) -> str:
         """Text of the ids up to the first EOS; padding and BOS are ignored."""

@@ -83,6 +83,11 @@ VALUE_RULES: dict[str, tuple[Callable[[Any], bool], str]] = {
     "tokenizer.model_path": _OPTIONAL_TEXT,
     "tokenizer.separate_vocabularies": ((lambda value: isinstance(value, bool)), "True or False"),
     "tokenizer.target_model_path": _OPTIONAL_TEXT,
+    "tokenizer.sampling_nbest": _at_least(0),
+    "tokenizer.sampling_alpha": (
+        (lambda value: _number(value) and value >= 0 and math.isfinite(value)),
+        "a finite number >= 0",
+    ),
     "optimizer.schedule": _one_of("rsqrt", "budget"),
     "optimizer.learning_rate_scale": _POSITIVE_NUMBER,
     "optimizer.decay_floor": _within(0.0, 1.0, closed_high=True),

@@ -100,6 +100,12 @@ def default_config() -> ml_collections.ConfigDict:
     config.tokenizer.model_type = "unigram"  # "unigram" or "bpe"
     config.tokenizer.character_coverage = 1.0  # share of characters the vocabulary must cover
     config.tokenizer.max_sentences = 2_000_000  # sentences sampled from the training split to train it
+    # Subword regularisation (Kudo 2018; jaxformer/data/subword_sampling.py): each side of each
+    # training pair, each time it is read, is one of its sampling_nbest most likely segmentations,
+    # drawn with probability proportional to P(segmentation)^sampling_alpha; evaluation and
+    # translation use the best one. 0: off. Unigram models only.
+    config.tokenizer.sampling_nbest = 0
+    config.tokenizer.sampling_alpha = 0.2  # 0: uniform among the n best; larger: nearer the best one
 
     config.optimizer = ml_collections.ConfigDict()
     # "rsqrt": the paper's warmup then inverse square root decay; "budget": the same warmup to the
@@ -221,6 +227,12 @@ def validate(config: ml_collections.ConfigDict) -> None:
                     f"config {key}={value!r} applies to translation (model.architecture='encoder_decoder'), "
                     f"not to {architecture(config)!r}"
                 )
+    sampling = config.tokenizer.sampling_nbest
+    if sampling and config.tokenizer.model_type != "unigram" and config.tokenizer.model_path is None:
+        raise ConfigError(
+            f"config tokenizer.sampling_nbest={sampling}: subword sampling needs n-best segmentations, "
+            f"which a unigram model has and tokenizer.model_type={config.tokenizer.model_type!r} has not"
+        )
     training = config.training
     parts = [key for key in ("init_encoder_from", "init_decoder_from") if training.get(key) is not None]
     if parts and training.init_from is not None:

@@ -25,6 +25,7 @@ from jax.experimental import multihost_utils
 
 from jaxformer.data.pipeline import LengthFilter, ShardedBatches, TokenizePair, eval_batches, train_dataset
 from jaxformer.data.sources import data_fingerprint, get_builder, load_split
+from jaxformer.data.subword_sampling import SubwordSampling
 from jaxformer.errors import CheckpointError, UserError, exit_code_for_signal
 from jaxformer.model.architectures import build_model
 from jaxformer.run.checkpoint import Checkpointer
@@ -304,7 +305,8 @@ def _train(config, prepared: PreparedRun, model: nn.Module, mesh, rules) -> dict
 
     length_filter = LengthFilter(data.max_length)
     shard_count, my_shards = _input_shards(data)
-    tokenize = TokenizePair.for_data(data, tokenizers.source, tokenizers.target, objective.features)
+    sampling = SubwordSampling.from_config(config.tokenizer)
+    tokenize = TokenizePair.for_data(data, tokenizers.source, tokenizers.target, objective.features, sampling)
     train_iterator = ShardedBatches(
         [
             iter(

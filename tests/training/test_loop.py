@@ -92,10 +92,10 @@ def test_straight_run_trains(straight_run):
     assert any((straight_run / "tensorboard").iterdir())
 
 
-def test_exact_resume_after_sigkill(straight_run, data_dir, tmp_path):
-    workdir = tmp_path / "killed"
+def killed_at_step_20_and_resumed(workdir, data_dir, *overrides):
+    """Runs train.py, kills it (SIGKILL) once step 20's checkpoint is committed, then runs it again to the end."""
     process = subprocess.Popen(
-        command(workdir, data_dir), env=environment(), stdout=subprocess.DEVNULL, stderr=subprocess.PIPE
+        command(workdir, data_dir, *overrides), env=environment(), stdout=subprocess.DEVNULL, stderr=subprocess.PIPE
     )
     deadline = time.time() + 300
     while not (workdir / "checkpoints" / "20" / "commit_success.txt").exists():
@@ -106,10 +106,26 @@ def test_exact_resume_after_sigkill(straight_run, data_dir, tmp_path):
     process.wait()
     process.stderr.close()
     assert max(losses(workdir)) < STEPS, "the run finished before it could be killed"
+    train(workdir, data_dir, *overrides)
 
-    train(workdir, data_dir)
+
+def test_exact_resume_after_sigkill(straight_run, data_dir, tmp_path):
+    workdir = tmp_path / "killed"
+    killed_at_step_20_and_resumed(workdir, data_dir)
     assert losses(workdir) == losses(straight_run)  # bitwise: every step's loss, same data order
     assert losses(workdir, "eval/loss") == losses(straight_run, "eval/loss")
+
+
+def test_subword_sampling_trains_other_segmentations_and_resumes_exactly(straight_run, data_dir, tmp_path):
+    sampling = ("--config.tokenizer.sampling_nbest=8", "--config.tokenizer.sampling_alpha=0.1")
+    straight, killed = tmp_path / "sampled", tmp_path / "sampled_killed"
+    train(straight, data_dir, *sampling)
+    sampled_losses = losses(straight)
+    assert sorted(sampled_losses) == list(range(1, STEPS + 1))
+    assert sampled_losses != losses(straight_run)  # other segmentations of the same pairs
+    killed_at_step_20_and_resumed(killed, data_dir, *sampling)
+    assert losses(killed) == sampled_losses  # bitwise: the resumed run drew the same segmentations
+    assert losses(killed, "eval/loss") == losses(straight, "eval/loss")
 
 
 @pytest.mark.slow  # a run stopped by a signal; the handler is unit-tested in test_signals.py

@@ -4,7 +4,7 @@
 
 Each variant but `transformer_tiny` (a published recipe, taken whole) changes one thing in the
 config (its 55-minute training budget, budget schedule and final choice included), so each row of
-the table reads against `baseline`: about 21 hours on 2
+the table reads against `baseline`: about 23 hours on 2
 cores in all, about an hour per variant. What the final choice decodes with (beam size, length
 penalty) and how many checkpoints it averages need no training: compare them on the winner with
 `jaxformer-evaluate --split validation --checkpoint averaged|best|final --beam_size K --alpha A`.
@@ -37,6 +37,8 @@ def get_sweep():
         "dropout0.1": ["model.dropout_rate=0.1"],
         # 0.3 trailed 0.2 by 4 BLEU at step 3,500 of a fast VM's hour (README: "Three more changes").
         "dropout0.3": ["model.dropout_rate=0.3"],
+        # fairseq's other two dropouts: on the attention weights and on the feed-forward's hidden layer.
+        "attention_dropout0.1": ["model.attention_dropout_rate=0.1", "model.activation_dropout_rate=0.1"],
         "smoothing0.2": ["training.label_smoothing=0.2"],
         "smoothing0.0": ["training.label_smoothing=0.0"],
         # The learning rate: its peak and the warmup that reaches it.
@@ -53,4 +55,6 @@ def get_sweep():
         "vocab12000": ["tokenizer.vocab_size=12000"],
         "separate_vocabularies": ["tokenizer.separate_vocabularies=True", "model.share_embeddings=False"],
         "bpe": ["tokenizer.model_type=bpe"],
+        # Subword regularisation (Kudo 2018): training segmentations drawn from the 16 best.
+        "subword_sampling": ["tokenizer.sampling_nbest=16", "tokenizer.sampling_alpha=0.2"],
     }
