@@ -16,9 +16,6 @@ machine slows all alike and `speedup` (the baseline's median step time over the 
 - `vd_embedding_grad`: the fused dropout with the output embedding's gradient contracted
   straight to [V, D] in each loss chunk, as `jaxformer/training/output_loss.py` did before it
   accumulated [D, V] and transposed the sum once.
-- `separate_projections`: the fused dropout with self-attention's Q, K and V (and
-  cross-attention's K and V) projected by one product each, as before
-  `attention.project_to_heads_together` put their kernels side by side in one product.
 - `bfloat16`: the fused dropout with `model.dtype=bfloat16` (float32 parameters): the weight
   projections through `jaxformer/model/projection.py`, whose forward pass and both gradients
   are bf16 x bf16 -> float32 dots (the CPU's bf16 dot instructions where it has them).
@@ -154,21 +151,6 @@ def autodiff_projections() -> Iterator[None]:
             module.project = value
 
 
-def _one_product_each(inputs, kernels, biases):
-    return tuple(attention.project_to_heads(inputs, kernel, bias) for kernel, bias in zip(kernels, biases))
-
-
-@contextlib.contextmanager
-def separate_projections() -> Iterator[None]:
-    """While open, attention projects Q, K and V with one product each (trace and compile inside)."""
-    together = attention.project_to_heads_together
-    attention.project_to_heads_together = _one_product_each
-    try:
-        yield
-    finally:
-        attention.project_to_heads_together = together
-
-
 def compiled_step(config, batch: dict, source_length: int, target_length: int, loss_chunk_tokens: int) -> TrainSteps:
     """The train step of `config` with `training.loss_chunk_tokens` set, compiled and ready to run."""
     experiment = default_config()
@@ -193,7 +175,6 @@ def bench(
         **{f"loss_chunk_{chunk}": (config, chunk, plain) for chunk in CHUNKS if chunk != default_chunk},
         "no_dropout": (config.replace(dropout_rate=0.0), default_chunk, plain),
         "vd_embedding_grad": (config, default_chunk, vd_embedding_grad),
-        "separate_projections": (config, default_chunk, separate_projections),
     }
     if bfloat16:
         variants["bfloat16"] = (config.replace(dtype="bfloat16"), default_chunk, plain)

@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import functools
 import logging
-from collections.abc import Sequence
 
 import flax.linen as nn
 import jax
@@ -145,23 +144,6 @@ def project_to_heads(
     return project("BLD,DNH->BLNH", inputs, kernel) + bias[None, None]  # [B, L, N, H]
 
 
-def project_to_heads_together(
-    inputs: Float[Array, "B L D"], kernels: Sequence[Float[Array, "D N H"]], biases: Sequence[Float[Array, "N H"]]
-) -> tuple[Float[Array, "B L N H"], ...]:
-    """Several projections of the same inputs (Q, K and V of self-attention; K and V of
-    cross-attention), each x W_p + b_p, as one product with the kernels side by side.
-
-    One [B L, D] x [D, P N H] matmul instead of P narrow ones; backward, the inputs' gradient is
-    one product contracting P N H instead of P products contracting N H each and a sum. On
-    CPUs a product as narrow as d_model 192 runs well below the matmul's peak rate, and the
-    wider one runs nearer it (benchmarks/step_options.py: `separate_projections`).
-    """
-    kernel = jnp.stack(kernels, axis=1)  # [D, P, N, H]
-    bias = jnp.stack(biases)  # [P, N, H]
-    projected = project("BLD,DPNH->BLPNH", inputs, kernel) + bias[None, None]  # [B, L, P, N, H]
-    return tuple(projected[:, :, p] for p in range(len(kernels)))
-
-
 def merge_heads(
     heads: Float[Array, "B L N H"], kernel: Float[Array, "N H D"], bias: Float[Array, D]
 ) -> Float[Array, "B L D"]:
@@ -211,15 +193,9 @@ class MultiHeadAttention(nn.Module):
         kernel, bias = projection
         return project_to_heads(inputs.astype(dtype), kernel.astype(dtype), bias.astype(dtype))
 
-    def _heads_together(self, projections, inputs: Float[Array, "B L D"]) -> tuple[Float[Array, "B L N H"], ...]:
-        dtype = self.config.dtype
-        kernels = [kernel.astype(dtype) for kernel, _ in projections]
-        biases = [bias.astype(dtype) for _, bias in projections]
-        return project_to_heads_together(inputs.astype(dtype), kernels, biases)
-
     def key_value(self, inputs_kv: Float[Array, "B S D"]) -> tuple[Float[Array, "B S N H"], Float[Array, "B S N H"]]:
         """The keys and values of `inputs_kv`, split into heads."""
-        return self._heads_together((self.key, self.value), inputs_kv)
+        return self._heads(self.key, inputs_kv), self._heads(self.value, inputs_kv)
 
     def attend(
         self,
@@ -234,20 +210,9 @@ class MultiHeadAttention(nn.Module):
 
         With `heads_major`, `key` and `value` are [B, N, S, H] (cached decoding).
         """
-        query = self._heads(self.query, inputs_q)  # [B, T, N, H]
-        return self._attend_heads(query, key, value, mask, deterministic, heads_major)
-
-    def _attend_heads(
-        self,
-        query: Float[Array, "B T N H"],
-        key: KeysOrCachedKeys,
-        value: KeysOrCachedKeys,
-        mask: Bool[Array, "#B #N #T S"] | None,
-        deterministic: bool | None,
-        heads_major: bool,
-    ) -> Float[Array, "B T D"]:
         config = self.config
         deterministic = config.deterministic if deterministic is None else deterministic
+        query = self._heads(self.query, inputs_q)  # [B, T, N, H]
         use_dropout = not deterministic and config.attention_dropout_rate > 0.0
         if config.attention_implementation == "jaxformer" or use_dropout or heads_major:
             weights = dot_product_attention_weights(query, key, mask, heads_major=heads_major)  # [B, N, T, S] float32
@@ -268,8 +233,5 @@ class MultiHeadAttention(nn.Module):
         mask: Bool[Array, "#B #N #T S"] | None = None,
         deterministic: bool | None = None,
     ) -> Float[Array, "B T D"]:
-        if inputs_kv is inputs_q:  # self-attention: Q, K and V in one product
-            query, key, value = self._heads_together((self.query, self.key, self.value), inputs_q)  # [B, T, N, H] each
-            return self._attend_heads(query, key, value, mask, deterministic, heads_major=False)
         key, value = self.key_value(inputs_kv)  # [B, S, N, H] each
         return self.attend(inputs_q, key, value, mask, deterministic)

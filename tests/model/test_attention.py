@@ -155,49 +155,6 @@ def test_module_matches_numpy_multi_head_attention():
     np.testing.assert_allclose(out, expected, atol=1e-5, rtol=1e-5)
 
 
-def test_self_attention_projects_q_k_v_together_as_three_separate_projections_would(monkeypatch):
-    from jaxformer.model import attention
-
-    config = preset("tiny", d_model=12, num_heads=3)
-    module = MultiHeadAttention(config)
-    x = jax.random.normal(jax.random.key(3), (B, T, 12))
-    mask = masking.causal_mask(T)  # [1, 1, T, T]
-    params = nn.meta.unbox(module.init(jax.random.key(5), x, x, mask, True)["params"])
-
-    def output_and_grads():
-        def loss(params, x):
-            out = module.apply({"params": params}, x, x, mask, True)
-            return jnp.sum(out * jnp.cos(out)), out
-
-        (_, out), grads = jax.value_and_grad(loss, argnums=(0, 1), has_aux=True)(params, x)
-        return out, grads
-
-    calls = []
-    together = attention.project_to_heads_together
-    monkeypatch.setattr(attention, "project_to_heads_together", lambda *a: calls.append(1) or together(*a))
-    fused_out, fused_grads = output_and_grads()
-    assert calls  # the self-attention call went through the one-product path
-
-    def one_product_each(inputs, kernels, biases):
-        return tuple(attention.project_to_heads(inputs, k, b) for k, b in zip(kernels, biases))
-
-    monkeypatch.setattr(attention, "project_to_heads_together", one_product_each)
-    separate_out, separate_grads = output_and_grads()
-    np.testing.assert_allclose(fused_out, separate_out, atol=1e-6, rtol=1e-6)
-    for fused, separate in zip(jax.tree.leaves(fused_grads), jax.tree.leaves(separate_grads)):
-        np.testing.assert_allclose(fused, separate, atol=1e-5, rtol=1e-5)
-
-    def project(name):  # [B, T, D] -> [B, T, N, H], float64
-        kernel = np.asarray(params[f"{name}_kernel"], np.float64)
-        return np.einsum("bld,dnh->blnh", np.asarray(x, np.float64), kernel) + np.asarray(params[f"{name}_bias"])
-
-    heads = numpy_attention(project("query"), project("key"), project("value"), mask)
-    expected = heads.reshape(B, T, 12) @ np.asarray(params["out_kernel"]).reshape(12, 12) + np.asarray(
-        params["out_bias"]
-    )
-    np.testing.assert_allclose(fused_out, expected, atol=1e-5, rtol=1e-5)
-
-
 def test_attention_weights_can_be_captured_for_plots():
     from jaxformer.model.config import preset
     from jaxformer.model.transformer import Transformer
