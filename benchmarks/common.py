@@ -22,11 +22,12 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from jaxformer.configs import multi30k
 from jaxformer.model.architectures import build_model
 from jaxformer.model.config import TransformerConfig, preset
 from jaxformer.model.transformer import Transformer
 from jaxformer.tokens import NUM_SPECIAL_TOKENS
-from jaxformer.training.experiment import default_config
+from jaxformer.training.experiment import default_config, model_config
 from jaxformer.training.objectives import objective_for
 from jaxformer.training.optimizer import make_optimizer
 from jaxformer.training.state import init_params, make_init_fn
@@ -48,23 +49,17 @@ CONFIGS: dict[str, Callable[[], tuple[TransformerConfig, int, int, int]]] = {
         64,
     ),
     "base": lambda: (preset("base", vocab_size=32_000), 16, 64, 64),
-    # configs/multi30k.py's model and batch: d 192, 4 heads, 3+3 layers, d_ff 768, P_drop 0.2.
-    "multi30k": lambda: (
-        preset(
-            "base",
-            vocab_size=8000,
-            d_model=192,
-            num_heads=4,
-            d_ff=768,
-            num_encoder_layers=3,
-            num_decoder_layers=3,
-            dropout_rate=0.2,
-        ),
-        32,
-        64,
-        64,
-    ),
+    "multi30k": lambda: _experiment_shapes(multi30k.get_config()),
 }
+
+
+def _experiment_shapes(experiment) -> tuple[TransformerConfig, int, int, int]:
+    """An experiment config's model (its tokenizer.vocab_size pieces, shared) and training batch:
+    data.batch_size packed rows of data.max_length tokens each side."""
+    model = model_config(experiment, experiment.tokenizer.vocab_size)
+    return model, experiment.data.batch_size, experiment.data.max_length, experiment.data.max_length
+
+
 # --smoke: the tiny preset on a few short rows.
 SMOKE = (preset("tiny"), 4, 16, 16)
 

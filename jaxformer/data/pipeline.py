@@ -12,7 +12,7 @@ from __future__ import annotations
 import json
 import logging
 import threading
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 
 import grain
 import ml_collections
@@ -70,15 +70,15 @@ class TokenizePair:
         return cls(tokenizer, data.source_language, data.target_language, target_tokenizer, features, sampling)
 
     def __call__(self, record) -> dict[str, np.ndarray]:
-        return {
-            feature: tokenizer.encode(record_text(record, language))
-            for feature, (tokenizer, language) in self.sides.items()
-        }
+        return self._encode_sides(record, lambda tokenizer, text: tokenizer.encode(text))
 
     def sample(self, record, rng: np.random.Generator) -> dict[str, np.ndarray]:
         """`__call__` with each side's segmentation drawn by `sampling` from `rng`."""
+        return self._encode_sides(record, lambda tokenizer, text: self.sampling.encode(tokenizer, text, rng))
+
+    def _encode_sides(self, record, encode: Callable[[Tokenizer, str], np.ndarray]) -> dict[str, np.ndarray]:
         return {
-            feature: self.sampling.encode(tokenizer, record_text(record, language), rng)
+            feature: encode(tokenizer, record_text(record, language))
             for feature, (tokenizer, language) in self.sides.items()
         }
 
