@@ -18,6 +18,11 @@ and each variant trains N times its steps a second over that config's, measured 
 train steps in turn before it trains (WORKDIR/pace/<variant>.json). On a fast or a slow machine,
 or beside other jobs, every variant then gets the same compute. multi30k's 55-minute budget
 buys about 4,750 steps of its d_model 192 model on the machine the README reports.
+
+--seeds K trains each variant K times, seed k (0 to K-1) with training.seed and data.shuffle_seed
+moved by k, in WORKDIR/<variant>@seed<k> (k = 0: WORKDIR/<variant>, so a one-seed sweep's runs
+count as seed 0); the variant's score is the mean of its seeds', and the table shows each seed's.
+A single hour run's score moves by most of a BLEU point with the seed alone.
 """
 
 from __future__ import annotations
@@ -46,6 +51,12 @@ def build_parser() -> argparse.ArgumentParser:
         help="a step budget instead of the config's wall-clock one: N steps for the config as it is, and for "
         "each variant N times its speed relative to it, measured side by side",
     )
+    parser.add_argument(
+        "--seeds",
+        type=int,
+        default=1,
+        help="train each variant with this many seeds and rank by their mean validation BLEU (default: 1)",
+    )
     return parser
 
 
@@ -54,14 +65,25 @@ def run(args: argparse.Namespace, overrides: list[tuple[str, str]]) -> int:
 
     if args.baseline_steps is not None and args.baseline_steps < 1:
         raise FlagError(f"--baseline_steps {args.baseline_steps} must be a positive number of steps")
+    if args.seeds < 1:
+        raise FlagError(f"--seeds {args.seeds} must be at least 1")
     variants = make_variants(args.config, load_sweep(args.sweep), overrides)
     reference = None if args.baseline_steps is None else reference_config(args.config, overrides)
     workdir = pathlib.Path(args.workdir).absolute()
     if workdir.exists() and not workdir.is_dir():
         raise FlagError(f"--workdir {workdir} exists and is not a directory")
     workdir.mkdir(parents=True, exist_ok=True)
-    logging.info("sweep %s over --config %s: %d variants in %s", args.sweep, args.config, len(variants), workdir)
-    rows, stopped_by = run_sweep(variants, workdir, baseline_steps=args.baseline_steps, reference=reference)
+    logging.info(
+        "sweep %s over --config %s: %d variants x %d seeds in %s",
+        args.sweep,
+        args.config,
+        len(variants),
+        args.seeds,
+        workdir,
+    )
+    rows, stopped_by = run_sweep(
+        variants, workdir, baseline_steps=args.baseline_steps, reference=reference, seeds=args.seeds
+    )
     table = results_table(rows)
     write_text_atomically(workdir / "sweep.md", table)
     write_text_atomically(workdir / "sweep.jsonl", "".join(json.dumps(row) + "\n" for row in rows))

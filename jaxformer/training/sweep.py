@@ -15,6 +15,12 @@ the rows depend on the machine's speed while each ran. With `baseline_steps` the
 as many more or fewer as it trains faster or slower than the reference, measured side by side
 before it trains (pace.py) and kept in WORKDIR/pace/<variant>.json for its resumes: the same
 compute on a fast, a slow or a busy machine.
+
+One hour run's final choice moves by most of a BLEU point with the seed alone (README: Results),
+so a variant can be trained with several seeds (`seeds`): seed k moves training.seed and
+data.shuffle_seed (the initialisation, dropout and the batches' order) by k and trains in
+WORKDIR/<variant>@seed<k> (k = 0 in WORKDIR/<variant>, so a one-seed sweep's runs are reused), and
+the variant's score is the mean of its seeds' final choices.
 """
 
 from __future__ import annotations
@@ -121,6 +127,23 @@ def make_variants(
     return variants
 
 
+SEED_SUFFIX = "@seed"  # '@' is not in VARIANT_NAME, so no variant's folder ends like another's seed
+
+
+def seed_run_name(variant: Variant, seed_offset: int) -> str:
+    return variant.name if seed_offset == 0 else f"{variant.name}{SEED_SUFFIX}{seed_offset}"
+
+
+def with_seed_offset(config: ml_collections.ConfigDict, seed_offset: int) -> ml_collections.ConfigDict:
+    """`config` with training.seed and data.shuffle_seed moved by `seed_offset`."""
+    if seed_offset == 0:
+        return config
+    config = copy.deepcopy(config)
+    config.training.seed += seed_offset
+    config.data.shuffle_seed += seed_offset
+    return config
+
+
 def finished_result(workdir: pathlib.Path) -> dict[str, Any] | None:
     """The run's last metrics when its final choice is made and scored, else None."""
     path = RunDirectory(workdir).last_metrics_file
@@ -146,6 +169,28 @@ def result_row(variant: Variant, last: dict[str, Any], pace: dict[str, Any] | No
         "chrf": final.get("chrf", final.get(f"{final['chosen']}/chrf")),
     }
     row.update({f"{name}_bleu": final.get(f"{name}/bleu") for name in CANDIDATES})
+    return row
+
+
+MEAN_KEYS = ("train_minutes", "bleu", "lowercase_bleu", "chrf", *(f"{name}_bleu" for name in CANDIDATES))
+
+
+def seeds_row(seed_rows: Sequence[dict[str, Any]]) -> dict[str, Any]:
+    """One variant's row from its seeds' rows: each score the seeds' mean (None where a seed lacks
+    it), the steps' mean, the seeds' own rows under "seeds" and their BLEU under "seed_bleus"."""
+    if len(seed_rows) == 1:
+        return {**seed_rows[0], "seed_bleus": [seed_rows[0]["bleu"]]}
+
+    def mean(values):
+        return None if any(value is None for value in values) else sum(values) / len(values)
+
+    row = {key: seed_rows[0][key] for key in ("variant", "changes", "speed")}
+    row["steps"] = round(mean([seed["steps"] for seed in seed_rows]))
+    row.update({key: mean([seed[key] for seed in seed_rows]) for key in MEAN_KEYS})
+    row["chosen"] = ", ".join(seed["chosen"] for seed in seed_rows)
+    row["alpha"] = None  # each seed chose its own: under "seeds"
+    row["seed_bleus"] = [seed["bleu"] for seed in seed_rows]
+    row["seeds"] = list(seed_rows)
     return row
 
 
@@ -199,19 +244,21 @@ def run_sweep(
     *,
     baseline_steps: int | None = None,
     reference: ml_collections.ConfigDict | None = None,
+    seeds: int = 1,
 ) -> tuple[list[dict[str, Any]], int | None]:
-    """Trains each variant not yet finished in workdir/<name>, in order; (the rows of the finished
-    variants, the signal that stopped a run, or None). With `baseline_steps`, each variant
-    trains that many steps times its speed relative to `reference` (see the module's doc)."""
+    """Trains each variant not yet finished in workdir/<name> (and, with `seeds` > 1, its other
+    seeds in workdir/<name>@seed<k>), in order; (the rows of the finished variants, the signal that
+    stopped a run, or None). With `baseline_steps`, each variant trains that many steps times its
+    speed relative to `reference` (see the module's doc)."""
     from jaxformer.training.loop import train_and_evaluate
 
     if (baseline_steps is None) != (reference is None):
         raise ValueError("baseline_steps and reference go together")
+    if seeds < 1:
+        raise ConfigError(f"seeds={seeds}: a sweep trains each variant with at least one seed")
     workdir = pathlib.Path(workdir)
     rows = []
     for index, variant in enumerate(variants, 1):
-        run_dir = workdir / variant.name
-        last = finished_result(run_dir)
         path, pace = pace_file(workdir, variant), None
         stored = stored_pace(path)
         if baseline_steps is None and stored is not None:
@@ -220,31 +267,43 @@ def run_sweep(
                 f"run with --baseline_steps {stored['baseline_steps']}"
             )
         if baseline_steps is not None:
-            if last is not None and stored is None:
+            if finished_result(workdir / variant.name) is not None and stored is None:
                 raise ConfigError(
-                    f"variant {variant.name!r} finished in {run_dir} with the config's own budget, not a "
-                    "--baseline_steps one: run without --baseline_steps or in a new --workdir"
+                    f"variant {variant.name!r} finished in {workdir / variant.name} with the config's own budget, "
+                    "not a --baseline_steps one: run without --baseline_steps or in a new --workdir"
                 )
             pace = variant_pace(variant, reference, baseline_steps, path, stored)
-        if last is None:
-            logging.info("sweep: variant %d of %d, %s: %s", index, len(variants), variant.name, variant.changes())
-            config = variant.config
-            if pace is not None:
-                config = with_steps(config, pace["steps"])
-                logging.info(
-                    "sweep: %s trains %d steps: %.3fx the reference's speed, times --baseline_steps %d",
-                    variant.name,
-                    pace["steps"],
-                    pace["speed"],
-                    baseline_steps,
-                )
-            last = train_and_evaluate(config, str(run_dir))
-            if last.get("stopped_by_signal"):
-                return rows, last["stopped_by_signal"]
+        seed_rows = []
+        for seed_offset in range(seeds):
+            run_dir = workdir / seed_run_name(variant, seed_offset)
             last = finished_result(run_dir)
-        else:
-            logging.info("sweep: variant %s already finished in %s", variant.name, run_dir)
-        rows.append(result_row(variant, last, pace))
+            if last is None:
+                logging.info(
+                    "sweep: variant %d of %d, %s%s: %s",
+                    index,
+                    len(variants),
+                    variant.name,
+                    f" (seed +{seed_offset})" if seeds > 1 else "",
+                    variant.changes(),
+                )
+                config = with_seed_offset(variant.config, seed_offset)
+                if pace is not None:
+                    config = with_steps(config, pace["steps"])
+                    logging.info(
+                        "sweep: %s trains %d steps: %.3fx the reference's speed, times --baseline_steps %d",
+                        variant.name,
+                        pace["steps"],
+                        pace["speed"],
+                        baseline_steps,
+                    )
+                last = train_and_evaluate(config, str(run_dir))
+                if last.get("stopped_by_signal"):
+                    return rows, last["stopped_by_signal"]
+                last = finished_result(run_dir)
+            else:
+                logging.info("sweep: variant %s already finished in %s", variant.name, run_dir)
+            seed_rows.append(result_row(variant, last, pace))
+        rows.append(seeds_row(seed_rows))
     return rows, None
 
 
@@ -254,18 +313,31 @@ def results_table(rows: Sequence[dict[str, Any]]) -> str:
     def number(value, digits=2):
         return "" if value is None else f"{value:.{digits}f}"
 
+    def alphas(row):  # each seed's; None: a run from before the final choice kept its alpha
+        chosen = [seed.get("alpha") for seed in row.get("seeds", [row])]
+        missing = "" if len(chosen) == 1 else "?"
+        return ", ".join(missing if alpha is None else f"{alpha:g}" for alpha in chosen)
+
+    several = any(len(row.get("seed_bleus", ())) > 1 for row in rows)
     lines = [
-        "| variant | changes | steps | speed | train minutes | validation BLEU | chosen | alpha | latest | best "
-        "| averaged |",
-        "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |",
+        "| variant | changes | steps | speed | train minutes | validation BLEU | "
+        + ("per seed | " if several else "")
+        + "chosen | alpha | latest | best | averaged |",
+        "| --- | --- | --- | --- | --- | --- | " + ("--- | " if several else "") + "--- | --- | --- | --- | --- |",
     ]
     for row in sorted(rows, key=lambda row: -row["bleu"]):
-        alpha = "" if row.get("alpha") is None else f"{row['alpha']:g}"
-        lines.append(
-            f"| {row['variant']} | {row['changes']} | {row['steps']:,} | {number(row.get('speed'))} "
-            f"| {number(row['train_minutes'], 1)} "
-            f"| **{number(row['bleu'])}** | {row['chosen']} | {alpha} "
-            f"| {number(row['latest_bleu'])} "
-            f"| {number(row['best_bleu'])} | {number(row['averaged_bleu'])} |"
-        )
+        per_seed = ", ".join(number(bleu) for bleu in row.get("seed_bleus", [row["bleu"]]))
+        cells = [
+            row["variant"],
+            row["changes"],
+            f"{row['steps']:,}",
+            number(row.get("speed")),
+            number(row["train_minutes"], 1),
+            f"**{number(row['bleu'])}**",
+            *([per_seed] if several else []),
+            row["chosen"],
+            alphas(row),
+            *(number(row[f"{name}_bleu"]) for name in CANDIDATES),
+        ]
+        lines.append("| " + " | ".join(cells) + " |")
     return "\n".join(lines) + "\n"

@@ -7,6 +7,8 @@ import re
 import subprocess
 import sys
 
+import jax
+import numpy as np
 import pytest
 
 from jaxformer.commands import sweep as sweep_command
@@ -112,6 +114,41 @@ def test_a_step_budget_gives_each_variant_the_reference_steps_times_its_measured
         again = sweep(workdir, sweep_file, data_dir, *flags)
         assert again.returncode == 2 and message in again.stderr, again.stderr[-2000:]
         assert again.stderr.count("error: ") == 1
+
+
+def test_seeds_train_each_variant_again_with_moved_seeds_and_rank_by_the_mean(tmp_path, data_dir):
+    sweep_file = write_sweep(tmp_path / "one.py", {"baseline": []})
+    workdir = tmp_path / "sweep"
+    first = sweep(workdir, sweep_file, data_dir)
+    assert first.returncode == 0, first.stderr[-3000:]
+    seed0_metrics = (workdir / "baseline" / "metrics.jsonl").read_bytes()
+
+    result = sweep(workdir, sweep_file, data_dir, "--seeds", "2")
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert f"already finished in {workdir / 'baseline'}" in result.stderr  # the one-seed run is seed 0
+    assert (workdir / "baseline" / "metrics.jsonl").read_bytes() == seed0_metrics
+    (row,) = [json.loads(line) for line in (workdir / "sweep.jsonl").read_text().splitlines()]
+    finals = [load_checkpoint(workdir / name, "final") for name in ("baseline", "baseline@seed1")]
+    configs = [metadata.config for _, metadata, _ in finals]
+    assert configs[1]["training"]["seed"] == configs[0]["training"]["seed"] + 1
+    assert configs[1]["data"]["shuffle_seed"] == configs[0]["data"]["shuffle_seed"] + 1
+    first_kernel, second_kernel = (
+        jax.tree_util.tree_leaves(params)[0] for _, _, params in finals
+    )  # another initialisation and another order of batches: other parameters
+    assert not np.array_equal(np.asarray(first_kernel), np.asarray(second_kernel))
+    bleus = [metadata.bleu for _, metadata, _ in finals]
+    assert row["seed_bleus"] == pytest.approx(bleus)
+    assert row["bleu"] == pytest.approx(sum(bleus) / 2)
+    assert [seed["chosen"] for seed in row["seeds"]] == [metadata.chosen_from for _, metadata, _ in finals]
+    assert row["steps"] == 12
+    table = (workdir / "sweep.md").read_text()
+    assert "| per seed |" in table and f"{bleus[0]:.2f}, {bleus[1]:.2f}" in table
+
+    again = sweep(workdir, sweep_file, data_dir, "--seeds", "2")
+    assert again.returncode == 0 and again.stdout == result.stdout, again.stderr[-3000:]
+    assert again.stderr.count("already finished") == 2
+    bad = sweep(workdir, sweep_file, data_dir, "--seeds", "0")
+    assert bad.returncode == 2 and "--seeds 0 must be at least 1" in bad.stderr, bad.stderr[-2000:]
 
 
 @pytest.mark.parametrize(
