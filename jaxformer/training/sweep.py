@@ -318,13 +318,16 @@ def results_table(rows: Sequence[dict[str, Any]]) -> str:
         missing = "" if len(chosen) == 1 else "?"
         return ", ".join(missing if alpha is None else f"{alpha:g}" for alpha in chosen)
 
+    def line(cells):
+        return "| " + " | ".join(cells) + " |"
+
     several = any(len(row.get("seed_bleus", ())) > 1 for row in rows)
-    lines = [
-        "| variant | changes | steps | speed | train minutes | validation BLEU | "
-        + ("per seed | " if several else "")
-        + "chosen | alpha | latest | best | averaged |",
-        "| --- | --- | --- | --- | --- | --- | " + ("--- | " if several else "") + "--- | --- | --- | --- | --- |",
+    columns = [
+        *("variant", "changes", "steps", "speed", "train minutes", "validation BLEU"),
+        *(["per seed"] if several else []),
+        *("chosen", "alpha", "latest", "best", "averaged"),
     ]
+    lines = [line(columns), line(["---"] * len(columns))]
     for row in sorted(rows, key=lambda row: -row["bleu"]):
         per_seed = ", ".join(number(bleu) for bleu in row.get("seed_bleus", [row["bleu"]]))
         cells = [
@@ -339,5 +342,5 @@ def results_table(rows: Sequence[dict[str, Any]]) -> str:
             alphas(row),
             *(number(row[f"{name}_bleu"]) for name in CANDIDATES),
         ]
-        lines.append("| " + " | ".join(cells) + " |")
+        lines.append(line(cells))
     return "\n".join(lines) + "\n"
