@@ -19,10 +19,15 @@ machine slows all alike and `speedup` (the baseline's median step time over the 
 - `bfloat16`: the fused dropout with `model.dtype=bfloat16` (float32 parameters): the weight
   projections through `jaxformer/model/projection.py`, whose forward pass and both gradients
   are bf16 x bf16 -> float32 dots (the CPU's bf16 dot instructions where it has them).
-- `bfloat16_autodiff`: the same, the projections a plain bf16 einsum differentiated by jax, as
+- `bfloat16_matmuls`: the fused dropout with `model.matmul_dtype=bfloat16` under float32
+  compute: only the weight products' operands (Q, K, V, W^O, the feed-forward pair and the
+  fused output projection) are rounded to bf16, bf16 x bf16 -> float32 dots both ways; the
+  residual stream, LayerNorm, softmax and attention scores stay float32 (a TPU's default matmul
+  precision).
+- `bfloat16_autodiff`: `bfloat16`, the projections a plain bf16 einsum differentiated by jax, as
   before that module: bf16-output gradient dots, which XLA:CPU runs on a slower path.
-  Neither bf16 row is in `--smoke`: XLA:CPU (jax 0.10.2) leaves the tiny model's bf16
-  attention-score dots out of its YNNPACK fusions, and its fallback (DotThunk) has no
+  No bf16 row is in `--smoke`: XLA:CPU (jax 0.10.2) leaves some of the tiny model's bf16 dots
+  out of its YNNPACK fusions, and its fallback (DotThunk) has no
   bf16 x bf16 -> float32 dot, so bf16 training of models that small fails on a CPU.
 """
 
@@ -178,6 +183,7 @@ def bench(
     }
     if bfloat16:
         variants["bfloat16"] = (config.replace(dtype="bfloat16"), default_chunk, plain)
+        variants["bfloat16_matmuls"] = (config.replace(matmul_dtype="bfloat16"), default_chunk, plain)
         variants["bfloat16_autodiff"] = (config.replace(dtype="bfloat16"), default_chunk, autodiff_projections)
     steps = {}
     for variant, (variant_config, chunk, context) in variants.items():

@@ -18,6 +18,7 @@ import grain
 import ml_collections
 import numpy as np
 
+from jaxformer.data.encoded_split import EncodedSplit
 from jaxformer.data.subword_sampling import SubwordSampling
 from jaxformer.data.tokenizer import Tokenizer
 
@@ -71,6 +72,14 @@ class TokenizePair:
 
     def __call__(self, record) -> dict[str, np.ndarray]:
         return self._encode_sides(record, lambda tokenizer, text: tokenizer.encode(text))
+
+    def encode_all(self, records: Sequence) -> EncodedSplit:
+        """`__call__` of every record, as one EncodedSplit: each side's texts go to sentencepiece
+        as one list (its own threads), not one string at a time."""
+        encoded = {}
+        for feature, (tokenizer, language) in self.sides.items():
+            encoded[feature] = tokenizer.encode([record_text(records[i], language) for i in range(len(records))])
+        return EncodedSplit(encoded)
 
     def sample(self, record, rng: np.random.Generator) -> dict[str, np.ndarray]:
         """`__call__` with each side's segmentation drawn by `sampling` from `rng`."""
@@ -130,20 +139,26 @@ def train_dataset(
     """An endless, deterministic stream of packed training batches; each epoch is reshuffled.
 
     `data` is the experiment's data section (languages, max_length, batch_size, shuffle_seed,
-    num_threads). Each process reads the disjoint shard `shard_index` of `shard_count` equal
-    shards, in batches of data.batch_size / shard_count rows. `tokenize` turns a record into the
-    sides a batch holds (`TokenizePair.for_data`), or draws them (`tokenize.sampling`): the
-    draws are seeded by data.shuffle_seed and each record's place in the endless stream, so every
-    epoch draws anew and a restored iterator draws what it would have.
+    num_threads, encode_once_max_examples). Each process reads the disjoint shard `shard_index`
+    of `shard_count` equal shards, in batches of data.batch_size / shard_count rows. `tokenize`
+    turns a record into the sides a batch holds (`TokenizePair.for_data`), or draws them
+    (`tokenize.sampling`): the draws are seeded by data.shuffle_seed and each record's place in
+    the endless stream, so every epoch draws anew and a restored iterator draws what it would
+    have. Without sampling, a shard of at most data.encode_once_max_examples records is encoded
+    once, here, and kept in memory (`EncodedSplit`); the batches and the iterator's state are
+    those of encoding as the records are drawn.
     """
     batch_size = data.batch_size // shard_count
     usable = len(source) // shard_count * shard_count
-    dataset = grain.MapDataset.source(source)[:usable][shard_index::shard_count]
-    dataset = dataset.shuffle(seed=data.shuffle_seed).repeat(None)  # shuffle before repeat: a new order per epoch
-    if tokenize.sampling is None:
-        dataset = dataset.map(tokenize)
-    else:
+    records = grain.MapDataset.source(source)[:usable][shard_index::shard_count]
+    encode_once = tokenize.sampling is None and len(records) <= data.encode_once_max_examples
+    if encode_once:
+        records = grain.MapDataset.source(tokenize.encode_all(records))
+    dataset = records.shuffle(seed=data.shuffle_seed).repeat(None)  # shuffle before repeat: a new order per epoch
+    if tokenize.sampling is not None:
         dataset = dataset.random_map(tokenize.sample, seed=data.shuffle_seed)
+    elif not encode_once:
+        dataset = dataset.map(tokenize)
     dataset = dataset.filter(length_filter or LengthFilter(data.max_length))
     read_options = grain.ReadOptions(num_threads=data.num_threads, prefetch_buffer_size=4 * batch_size)
     dataset = dataset.to_iter_dataset(read_options)

@@ -138,17 +138,18 @@ def _warn_cudnn_fallback(error: Exception) -> None:
 
 
 def project_to_heads(
-    inputs: Float[Array, "B L D"], kernel: Float[Array, "D N H"], bias: Float[Array, "N H"]
+    inputs: Float[Array, "B L D"], kernel: Float[Array, "D N H"], bias: Float[Array, "N H"], operand_dtype=None
 ) -> Float[Array, "B L N H"]:
-    """The Q, K or V projection, split into heads: x W + b."""
-    return project("BLD,DNH->BLNH", inputs, kernel) + bias[None, None]  # [B, L, N, H]
+    """The Q, K or V projection, split into heads: x W + b (the product's operands in
+    `operand_dtype`, None: the inputs' dtype; see projection.py)."""
+    return project("BLD,DNH->BLNH", inputs, kernel, operand_dtype) + bias[None, None]  # [B, L, N, H]
 
 
 def merge_heads(
-    heads: Float[Array, "B L N H"], kernel: Float[Array, "N H D"], bias: Float[Array, D]
+    heads: Float[Array, "B L N H"], kernel: Float[Array, "N H D"], bias: Float[Array, D], operand_dtype=None
 ) -> Float[Array, "B L D"]:
-    """Concatenates the heads and applies the output projection W^O."""
-    return project("BLNH,NHD->BLD", heads, kernel) + bias[None, None]  # [B, L, D]
+    """Concatenates the heads and applies the output projection W^O (operands as in project_to_heads)."""
+    return project("BLNH,NHD->BLD", heads, kernel, operand_dtype) + bias[None, None]  # [B, L, D]
 
 
 class MultiHeadAttention(nn.Module):
@@ -189,9 +190,12 @@ class MultiHeadAttention(nn.Module):
         self.out = self._projection("out", *out, num_in_axes=2)
 
     def _heads(self, projection, inputs: Float[Array, "B L D"]) -> Float[Array, "B L N H"]:
-        dtype = self.config.dtype
+        config = self.config
+        dtype = config.dtype
         kernel, bias = projection
-        return project_to_heads(inputs.astype(dtype), kernel.astype(dtype), bias.astype(dtype))
+        return project_to_heads(
+            inputs.astype(dtype), kernel.astype(dtype), bias.astype(dtype), config.matmul_operand_dtype
+        )
 
     def key_value(self, inputs_kv: Float[Array, "B S D"]) -> tuple[Float[Array, "B S N H"], Float[Array, "B S N H"]]:
         """The keys and values of `inputs_kv`, split into heads."""
@@ -224,7 +228,9 @@ class MultiHeadAttention(nn.Module):
         else:
             attended = fused_attention(query, key, value, mask, config.attention_implementation)  # [B, T, N, H]
         kernel, bias = self.out
-        return merge_heads(attended, kernel.astype(config.dtype), bias.astype(config.dtype))  # [B, T, D]
+        return merge_heads(
+            attended, kernel.astype(config.dtype), bias.astype(config.dtype), config.matmul_operand_dtype
+        )  # [B, T, D]
 
     def __call__(
         self,

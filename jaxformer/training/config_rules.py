@@ -75,6 +75,7 @@ VALUE_RULES: dict[str, tuple[Callable[[Any], bool], str]] = {
     ),
     "data.shuffle_seed": _at_least(0),
     "data.num_threads": _at_least(0),
+    "data.encode_once_max_examples": _at_least(0),
     "data.input_shards": _at_least(0),
     "tokenizer.vocab_size": _at_least(NUM_SPECIAL_TOKENS + 1),
     "tokenizer.model_type": _one_of("unigram", "bpe"),

@@ -70,7 +70,7 @@ def train_step(
             weights,
             label_smoothing,
             loss_chunk_tokens,
-            model.config.dtype,
+            model.config.matmul_operand_dtype,
             bias=output_bias[0] if output_bias else None,
         )
         metrics["source_tokens"] = _input_tokens(batch)

@@ -19,6 +19,7 @@ POSITIVE = {
         "params_M",
     ),
     "step_options": ("batch", "step_ms", "tokens_per_s", "speedup", "loss_chunk_tokens"),
+    "input_pipeline": ("pairs", "batch_cpu_ms", "batch_wall_ms", "step_ms", "steps_per_s", "speedup"),
     "real_data": ("steps", "pairs", "target_tokens", "step_ms", "tokens_per_s", "pairs_per_s"),
     "decoding": ("batch", "out_len", "sentences_per_s", "tokens_per_s", "call_ms"),
     "scaling": (
@@ -92,7 +93,7 @@ def test_step_options_are_timed_against_flax_dropout(tmp_path, capsys):
         "loss_chunk_128",
         "no_dropout",
         "vd_embedding_grad",
-    ]  # and, beyond the smoke's tiny model, bfloat16 and bfloat16_autodiff
+    ]  # and, beyond the smoke's tiny model, bfloat16, bfloat16_matmuls and bfloat16_autodiff
     assert rows[0]["speedup"] == 1.0
     for row in rows:
         assert row["speedup"] == pytest.approx(rows[0]["step_ms"] / row["step_ms"])

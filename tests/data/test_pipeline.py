@@ -153,3 +153,38 @@ def test_eval_batches_cover_every_pair_once(corpus):
     assert all(batch["inputs"].shape == (4, MAX_LENGTH) for batch in batches)
     pairs = [pair for batch in batches for pair in unpack(batch)]
     assert sorted(pairs) == sorted(kept_pairs(corpus))  # every pair that fits, once
+
+
+@pytest.mark.parametrize("shard_index, shard_count", [(0, 1), (1, 2)])
+def test_encoding_once_gives_the_streamed_batches_and_states(corpus, shard_index, shard_count):
+    """A shard small enough to encode up front yields the batches, in the order, and the iterator
+    states of encoding each record as it is drawn; either one's state restores the other, so a
+    run resumed across the change continues exactly."""
+    once = iter(make(corpus, shard_index=shard_index, shard_count=shard_count))
+    streamed = iter(make(corpus, shard_index=shard_index, shard_count=shard_count, encode_once_max_examples=0))
+    for _ in range(25):  # past the end of the first epoch (300 pairs, about 8 a batch)
+        want, got = next(streamed), next(once)
+        for key in want:
+            np.testing.assert_array_equal(got[key], want[key])
+        assert once.get_state() == streamed.get_state()
+    state = streamed.get_state()
+    resumed = iter(make(corpus, shard_index=shard_index, shard_count=shard_count))
+    resumed.set_state(state)
+    want, got = next(streamed), next(resumed)
+    for key in want:
+        np.testing.assert_array_equal(got[key], want[key])
+
+
+def test_encode_once_holds_every_record_as_the_tokenizer_encodes_it(corpus):
+    records, tokenizer = corpus
+    split = TokenizePair.for_data(data_section(), tokenizer).encode_all(records)
+    assert len(split) == len(records)
+    for index in (0, 17, len(records) - 1, -1):
+        record = records[index]
+        np.testing.assert_array_equal(split[index]["inputs"], tokenizer.encode(record["en"].decode()))
+        np.testing.assert_array_equal(split[index]["targets"], tokenizer.encode(record["de"].decode()))
+        assert split[index]["inputs"].dtype == np.int32 and not split[index]["inputs"].flags.writeable
+    tokens = sum(len(tokenizer.encode(r[k].decode())) for r in records for k in ("en", "de"))
+    assert split.nbytes == 4 * tokens + 2 * 8 * (len(records) + 1)
+    with pytest.raises(IndexError):
+        split[len(records)]

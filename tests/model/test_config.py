@@ -37,6 +37,9 @@ def test_presets_follow_the_paper():
         (dict(normalization="sandwich"), r"normalization='sandwich'"),
         (dict(dtype="int32"), r"dtype=dtype\('int32'\): must be a floating-point dtype"),
         (dict(dtype="not-a-dtype"), r"dtype='not-a-dtype' is not a dtype"),
+        (dict(matmul_dtype="bf16x"), r"matmul_dtype='bf16x' is not a dtype"),
+        (dict(matmul_dtype="int8"), r"matmul_dtype=dtype\('int8'\): must be None or a floating-point dtype"),
+        (dict(dtype="bfloat16", matmul_dtype="float32"), r"matmul_dtype=dtype\('float32'\): must not be wider"),
     ],
 )
 def test_invalid_values_name_the_field(overrides, message):
@@ -69,3 +72,11 @@ def test_dtypes_are_normalised_and_round_trip():
     assert TransformerConfig(**config.to_dict()) == config
     assert TransformerConfig.from_dict({"preset": "tiny", **config.to_dict()}) == config
     assert hash(config) == hash(preset("tiny", dtype=jnp.bfloat16))
+    assert config.matmul_dtype is None and config.matmul_operand_dtype == jnp.bfloat16
+    mixed = preset("tiny", matmul_dtype="bfloat16")
+    assert mixed.dtype == jnp.float32 and mixed.matmul_dtype == jnp.bfloat16
+    assert mixed.to_dict()["matmul_dtype"] == "bfloat16"
+    assert TransformerConfig.from_dict({"preset": "tiny", **mixed.to_dict()}) == mixed
+    # Metadata written before the field existed has no such key: the float32 model it was.
+    old = {key: value for key, value in preset("tiny").to_dict().items() if key != "matmul_dtype"}
+    assert TransformerConfig.from_dict({"preset": "tiny", **old}).matmul_operand_dtype == jnp.float32

@@ -1,4 +1,5 @@
-"""project(): plain einsum for float32; float32-accumulated products both ways for bfloat16."""
+"""project(): plain einsum for float32; float32-accumulated products both ways for bfloat16
+operands, whether the inputs are bfloat16 or float32 ones rounded to a bfloat16 matmul dtype."""
 
 import re
 
@@ -77,6 +78,47 @@ def test_bfloat16_program_asks_for_float32_accumulated_dots_only():
 
     assert dots(project) == [("bf16", "bf16", "f32")] * 3
     assert dots(jnp.einsum) == [("bf16", "bf16", "bf16")] * 3
+
+
+@pytest.mark.parametrize("spec, lhs_shape, rhs_shape", SPECS)
+def test_float32_inputs_with_bfloat16_operands_round_the_operands_only(spec, lhs_shape, rhs_shape):
+    """The product of the bf16-rounded operands, summed in float32 and returned in float32 (no
+    rounding of the result); the gradients are float32 products of the bf16-rounded cotangent
+    with the other bf16-rounded operand."""
+    x, w, key = _operands(lhs_shape, rhs_shape, jnp.float32)
+    out = project(spec, x, w, jnp.bfloat16)
+    assert out.dtype == jnp.float32
+
+    def rounded(a):
+        return a.astype(jnp.bfloat16).astype(jnp.float32)
+
+    np.testing.assert_allclose(out, jnp.einsum(spec, rounded(x), rounded(w)), rtol=1e-6, atol=1e-6)
+    assert not np.allclose(out, jnp.einsum(spec, x, w), rtol=1e-5, atol=1e-5)  # the rounding is real
+
+    probe = jax.random.normal(key, out.shape)  # float32, not representable in bf16
+    grads = jax.grad(_loss(lambda s, a, b: project(s, a, b, jnp.bfloat16), spec, probe), argnums=(0, 1))(x, w)
+    lhs, rhs, output = spec.split("->")[0].split(",") + [spec.split("->")[1]]
+    expected = (
+        jnp.einsum(f"{output},{rhs}->{lhs}", rounded(probe), rounded(w)),
+        jnp.einsum(f"{output},{lhs}->{rhs}", rounded(probe), rounded(x)),
+    )
+    for grad, reference in zip(grads, expected):
+        assert grad.dtype == jnp.float32
+        np.testing.assert_allclose(grad, reference, rtol=1e-6, atol=1e-6)
+
+
+def test_float32_inputs_with_bfloat16_operands_ask_for_float32_accumulated_bf16_dots():
+    spec, lhs_shape, rhs_shape = SPECS[0]
+    x, w, key = _operands(lhs_shape, rhs_shape, jnp.float32)
+    probe = jax.random.normal(key, (2, 5, 12))
+    loss = _loss(lambda s, a, b: project(s, a, b, jnp.bfloat16), spec, probe)
+    lowered = jax.jit(jax.value_and_grad(loss, argnums=(0, 1))).lower(x, w).as_text()
+    assert _dot_types(lowered) == [("bf16", "bf16", "f32")] * 3
+
+
+def test_operands_wider_than_the_inputs_are_refused():
+    with pytest.raises(ValueError, match="wider"):
+        project("LD,DF->LF", jnp.ones((2, 3), jnp.bfloat16), jnp.ones((3, 4), jnp.bfloat16), jnp.float32)
 
 
 @pytest.mark.parametrize("spec", ["BTD,BSD->BTS", "ij,jk->ij", "ij,jk->ikl"])

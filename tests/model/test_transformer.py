@@ -1,3 +1,5 @@
+import re
+
 import flax.linen as nn
 import jax
 import jax.numpy as jnp
@@ -144,8 +146,9 @@ def test_variants_change_the_model():
     assert untied["decoder"]["logits_kernel"].shape == (TINY.d_model, TINY.vocab_size)
 
 
-def test_bfloat16_compute_keeps_float32_params_and_logits():
-    config = TINY.replace(dtype="bfloat16")
+def reduced_against_float32(config, atol):
+    """(model, params, source, target) of `config`, a reduced-precision TINY, after checking that
+    its parameters are float32 and its logits float32, within `atol` of TINY's and not equal."""
     model, params = Transformer(config), init_params(config)
     assert all(p.dtype == jnp.float32 for p in jax.tree.leaves(params))
     source = random_tokens(jax.random.key(17), (2, 6), config.vocab_size)
@@ -153,8 +156,32 @@ def test_bfloat16_compute_keeps_float32_params_and_logits():
     low = jit_apply(model)(params, source, target)
     high = jit_apply(Transformer(TINY))(params, source, target)
     assert low.dtype == jnp.float32
-    np.testing.assert_allclose(low, high, atol=0.15)
+    np.testing.assert_allclose(low, high, atol=atol)
     assert np.abs(np.asarray(low) - np.asarray(high)).max() > 0
+    return model, params, source, target
+
+
+def test_bfloat16_compute_keeps_float32_params_and_logits():
+    reduced_against_float32(TINY.replace(dtype="bfloat16"), atol=0.15)
+
+
+def test_bfloat16_matmuls_round_the_weight_products_operands_only():
+    """matmul_dtype=bfloat16 under float32 compute: every weight product (Q, K, V, W^O, the
+    feed-forward pair, the tied output projection) is a bf16 x bf16 -> float32 dot; the attention
+    scores and weighted sums stay float32 x float32; the logits are float32 and near the float32
+    model's, not equal to them."""
+    config = TINY.replace(matmul_dtype="bfloat16")
+    assert config.dtype == jnp.float32 and config.matmul_operand_dtype == jnp.bfloat16
+    model, params, source, target = reduced_against_float32(config, atol=0.05)
+
+    text = jax.jit(lambda p: model.apply({"params": p}, source, target)).lower(params).as_text()
+    dots = re.findall(r"dot_general.*: \(tensor<[^>]*x(\w+)>, tensor<[^>]*x(\w+)>\) -> tensor<[^>]*x(\w+)>", text)
+    layers_e, layers_d = config.num_encoder_layers, config.num_decoder_layers
+    weight_products = layers_e * (4 + 2) + layers_d * (4 + 4 + 2) + 1  # attention 4, feed-forward 2, output 1
+    attention_products = 2 * (layers_e + 2 * layers_d)  # scores and weighted sum per attention
+    assert sorted(dots) == sorted(
+        [("bf16", "bf16", "f32")] * weight_products + [("f32", "f32", "f32")] * attention_products
+    )
 
 
 def test_shift_right():

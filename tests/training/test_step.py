@@ -86,3 +86,22 @@ def test_eval_step_sums_the_deterministic_loss():
     for key, value in expected.items():
         np.testing.assert_allclose(metrics[key], value, rtol=1e-6, err_msg=key)
     assert float(metrics["source_tokens"]) == data["inputs"].size
+
+
+def test_bfloat16_matmuls_reach_the_fused_output_loss():
+    """Under matmul_dtype=bfloat16 the step's fused output projection rounds its operands as the
+    model's own logits do: the step's loss is the unfused loss of the same model with the same
+    dropout key, and differs from the float32 model's."""
+    mixed = CONFIG.replace(matmul_dtype="bfloat16")
+    model = Transformer(mixed)
+    _, state, _, config = setup()
+    optimizer, learning_rate = make_optimizer(config.optimizer, mixed.d_model)
+    step = jax.jit(make_train_step(model, optimizer, learning_rate, config.training))
+    data = batch(11)
+    new_state, metrics = step(state, data)
+    key = jax.random.fold_in(state.rng, 0)
+    expected = jax.jit(functools.partial(dropout_loss, model))(state.params, data, key)
+    np.testing.assert_allclose(metrics["loss_sum"], expected, rtol=1e-5)
+    full = jax.jit(functools.partial(dropout_loss, Transformer(CONFIG)))(state.params, data, key)
+    assert abs(float(full) - float(expected)) > 1e-5
+    assert all(leaf.dtype == np.float32 for leaf in jax.tree.leaves(new_state.params))
