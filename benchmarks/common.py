@@ -55,8 +55,9 @@ CONFIGS: dict[str, Callable[[], tuple[TransformerConfig, int, int, int]]] = {
 
 def _experiment_shapes(experiment) -> tuple[TransformerConfig, int, int, int]:
     """An experiment config's model (its tokenizer.vocab_size pieces, shared) and training batch:
-    data.batch_size packed rows of data.max_length tokens each side."""
-    model = model_config(experiment, experiment.tokenizer.vocab_size)
+    data.batch_size packed rows of data.max_length tokens each side. The model computes in float32
+    whatever the config's matmul_dtype: the benchmarks compare precisions as rows of their own."""
+    model = model_config(experiment, experiment.tokenizer.vocab_size).replace(matmul_dtype=None)
     return model, experiment.data.batch_size, experiment.data.max_length, experiment.data.max_length
 
 

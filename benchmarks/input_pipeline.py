@@ -11,9 +11,10 @@ run (rounds of one block of each pipeline, medians over the rounds):
 
 - `batch_cpu_ms` / `batch_wall_ms`: the pipeline alone, per batch drawn (CPU: the process's,
   every thread's);
-- `step_ms`: the loop train.py runs, per step: draw a batch, take `multi30k`'s float32 train
-  step on it, without waiting for the step (the pipeline's threads prefetch while XLA
-  computes, on the same cores), `--steps` steps a block, blocked on at the block's end.
+- `step_ms`: the loop train.py runs, per step: draw a batch, take `multi30k`'s train step on it
+  (its model as the config gives it on this machine: `model.matmul_dtype=auto`) without waiting
+  for the step (the pipeline's threads prefetch while XLA computes, on the same cores), `--steps`
+  steps a block, blocked on at the block's end.
 `speedup` is streamed's median over the row's. `encode_s` is the one-off encoding of the split.
 """
 
@@ -121,7 +122,8 @@ def main(argv=None) -> list[dict]:
     )
     notes = [
         f"  {iters} rounds of {steps} batches (and steps) per pipeline, interleaved; medians",
-        f"  step_ms: {'the tiny model' if args.smoke else 'multi30k'}'s float32 train step fed by the pipeline",
+        f"  step_ms: {'the tiny model' if args.smoke else 'multi30k'}'s train step fed by the pipeline "
+        f"(weight products' operands {model.matmul_operand_dtype.name})",
     ]
     return report("input_pipeline", rows, COLUMNS, args.json, title, notes)
 

@@ -12,6 +12,7 @@ from typing import Any
 import ml_collections
 
 from jaxformer.data.tokenizer import Tokenizer
+from jaxformer.hardware import resolve_matmul_dtype
 from jaxformer.model.config import ARCHITECTURES, ConfigError, TransformerConfig, preset
 from jaxformer.tokens import MASK_PIECE
 from jaxformer.training.config_rules import VALUE_RULES
@@ -47,7 +48,7 @@ def model_section(preset_name: str = "base", **overrides: Any) -> ml_collections
     values = preset(preset_name, **overrides).to_dict()
     for field in ("vocab_size", "source_vocab_size", "deterministic"):  # set from the tokenizers / by the loop
         values.pop(field)
-    # None by default: typed, so that --config.model.matmul_dtype=bfloat16 parses as a string.
+    # None by default: typed, so that --config.model.matmul_dtype=bfloat16 (or auto) parses as a string.
     values["matmul_dtype"] = ml_collections.FieldReference(values["matmul_dtype"], field_type=str)
     return ml_collections.ConfigDict({"preset": preset_name, **values})
 
@@ -378,6 +379,7 @@ def model_config(
             )
     values["vocab_size"] = vocab_size
     values["source_vocab_size"] = source_vocab_size
+    values["matmul_dtype"] = resolve_matmul_dtype(values.get("matmul_dtype"))  # "auto": by the machine
     return TransformerConfig.from_dict(values)
 
 

@@ -269,6 +269,9 @@ def _locked_train_and_evaluate(config: ml_collections.ConfigDict, workdir: pathl
     model_config = experiment.model_config(
         config, tokenizers.target.vocab_size, None if tokenizers.shared else tokenizers.source.vocab_size
     )
+    if config.model.get("matmul_dtype") == "auto":
+        operands, platform = model_config.matmul_operand_dtype.name, jax.default_backend()
+        logging.info("model.matmul_dtype=auto: %s weight products on this machine (%s)", operands, platform)
     metadata = CheckpointMetadata(
         config=config.to_dict(),
         model=model_config.to_dict(),
