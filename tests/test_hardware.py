@@ -5,7 +5,8 @@ import pytest
 
 from jaxformer import hardware
 from jaxformer.configs import multi30k
-from jaxformer.training.experiment import model_config
+from jaxformer.training.config_file import apply_overrides
+from jaxformer.training.experiment import model_config, resume_differences
 
 X86 = """processor\t: 0
 flags\t\t: fpu vme sse2 avx2 avx512f avx512_vnni avx512_bf16
@@ -47,3 +48,16 @@ def test_multi30k_asks_for_auto_and_its_model_gets_a_concrete_dtype(monkeypatch)
         model = model_config(config, 8000)
         assert model.to_dict()["matmul_dtype"] == expected
         assert model.dtype.name == "float32"
+
+
+def test_none_on_the_command_line_turns_auto_off_and_matches_a_run_from_before_the_key():
+    """A multi30k workdir trained before matmul_dtype existed saved no such key (float32
+    products): `--config.model.matmul_dtype=None` resumes it, "auto" is a difference."""
+    config = multi30k.get_config()
+    saved = config.to_dict()
+    del saved["model"]["matmul_dtype"]
+    assert resume_differences(saved, config) == ["model.matmul_dtype: None -> 'auto'"]
+    apply_overrides(config, [("model.matmul_dtype", "None")])
+    assert config.model.matmul_dtype is None
+    assert resume_differences(saved, config) == []
+    assert model_config(config, 8000).matmul_operand_dtype.name == "float32"

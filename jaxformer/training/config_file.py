@@ -19,7 +19,7 @@ from typing import Any
 import ml_collections
 
 from jaxformer.model.config import ConfigError
-from jaxformer.training.experiment import unknown_key_error
+from jaxformer.training.experiment import nullable_keys, unknown_key_error
 
 OVERRIDE_PREFIX = "--config."
 
@@ -145,9 +145,10 @@ _TYPE_NAMES = {
 
 
 def _parse(key: str, text: str, current: Any, field_type: type | None) -> Any:
-    """`text` as a value of the type the key has now (a string stays a string)."""
+    """`text` as a value of the type the key has now (a string stays a string); "None" for a key
+    that is None now or by default (e.g. model.matmul_dtype, "auto" in multi30k) is None."""
     kind = field_type if current is None else type(current)
-    if current is None and text.strip() == "None":
+    if text.strip() == "None" and (current is None or key in nullable_keys()):
         return None
     if kind is str:
         return text

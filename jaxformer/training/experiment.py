@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import copy
 import difflib
+import functools
 import pathlib
 from collections.abc import Iterable
 from typing import Any
@@ -197,6 +198,12 @@ def _flatten(config, prefix: str = "") -> dict[str, Any]:
         else:
             flat[f"{prefix}{key}"] = value
     return flat
+
+
+@functools.cache
+def nullable_keys() -> frozenset[str]:
+    """The dotted keys whose default_config() value is None: None is one of their values."""
+    return frozenset(key for key, value in _flatten(default_config()).items() if value is None)
 
 
 def unknown_key_error(key: str, known: Iterable[str]) -> ConfigError:

@@ -121,6 +121,11 @@ def test_missing_inputs_and_workdirs_are_named(tmp_path, capsys, no_decoding):
         ),
         (["--config.data.target_language=en"], "config data.source_language and data.target_language are both 'en'"),
         (["--config.model.num_heads=3"], "TransformerConfig.d_model=32: must be divisible by num_heads=3"),
+        (["--config.model.matmul_dtype=bf16x"], "TransformerConfig.matmul_dtype='bf16x' is not a dtype"),
+        (
+            ["--config.model.dtype=bfloat16", "--config.model.matmul_dtype=float32"],
+            "TransformerConfig.matmul_dtype=dtype('float32'): must not be wider than dtype=bfloat16",
+        ),
         (["--config.training.num_train_steps=ten"], "--config.training.num_train_steps=ten: must be an integer"),
         (
             ["--config.training.num_train_step=5"],
