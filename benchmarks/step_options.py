@@ -138,7 +138,9 @@ def vd_embedding_grad() -> Iterator[None]:
         output_loss._sums_and_grads = current
 
 
-def _plain_projection(spec, inputs, kernel):
+def _plain_projection(spec, inputs, kernel, operand_dtype=None):
+    """A plain einsum of the inputs as they come (the bfloat16 model's own operand dtype)."""
+    del operand_dtype
     return jnp.einsum(spec, inputs, kernel)
 
 
