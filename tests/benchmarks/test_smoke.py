@@ -129,3 +129,26 @@ def test_decoder_only_against_torch(tmp_path, capsys):
     assert jaxformer["jax_over_torch"] == pytest.approx(jaxformer["tokens_per_s"] / torch["tokens_per_s"])
     assert jaxformer["params"] == torch["params"]  # the same model: nn.TransformerEncoder under a causal mask
     assert "parameters jaxformer" in output and "(equal)" in output and "torch: TorchLanguageModel" in output
+
+
+def test_autodiff_projections_stand_in_for_project_in_the_model():
+    """step_options' bfloat16_autodiff row swaps the model's `project` for a plain einsum; the
+    swap takes project's arguments (the operand dtype included) and, in float32, gives the same
+    logits (that row's bf16 model itself cannot run at the smoke's tiny size on a CPU)."""
+    import jax
+    import numpy as np
+
+    from benchmarks.step_options import autodiff_projections
+    from jaxformer.model.config import preset
+    from jaxformer.model.transformer import Transformer
+
+    model = Transformer(preset("tiny", deterministic=True))
+    tokens = jax.numpy.ones((2, 5), jax.numpy.int32) * 7
+    params = model.init(jax.random.key(0), tokens, tokens)
+
+    def logits():
+        return model.apply(params, tokens, tokens)
+
+    with autodiff_projections():
+        swapped = logits()
+    np.testing.assert_allclose(swapped, logits(), rtol=1e-6, atol=1e-6)
