@@ -3,7 +3,7 @@
 `model.matmul_dtype="auto"` (multi30k's setting) means bfloat16 weight products where they run
 on bf16 hardware and float32 ones elsewhere: on a CPU without bf16 dot instructions XLA would
 convert the operands back for every product (slower than float32, and some shapes have no
-kernel there at all).
+kernel there at all), and a GPU before Ampere emulates bf16 as well.
 """
 
 from __future__ import annotations
@@ -38,9 +38,12 @@ def _this_cpu_flags() -> frozenset[str]:
 
 def native_bf16_matmuls(platform: str | None = None, flags: frozenset[str] | None = None) -> bool:
     """Whether bf16 x bf16 -> float32 products are native on `platform` (default: jax's default
-    backend): always on GPUs and TPUs; on a CPU, when its flags (default: this machine's) name bf16
-    dot instructions."""
+    backend): on TPUs; on NVIDIA GPUs of compute capability 8.0 (Ampere) and later, and GPUs that
+    report none; on a CPU, when its flags (default: this machine's) name bf16 dot instructions."""
     platform = jax.default_backend() if platform is None else platform
+    if platform == "gpu":
+        capability = getattr(jax.devices()[0], "compute_capability", None)
+        return capability is None or float(capability) >= 8.0
     if platform != "cpu":
         return True
     return bool(BF16_CPU_FLAGS & (_this_cpu_flags() if flags is None else flags))

@@ -61,3 +61,15 @@ def test_none_on_the_command_line_turns_auto_off_and_matches_a_run_from_before_t
     assert config.model.matmul_dtype is None
     assert resume_differences(saved, config) == []
     assert model_config(config, 8000).matmul_operand_dtype.name == "float32"
+
+
+@pytest.mark.parametrize("capability, native", [("7.5", False), ("8.0", True), ("9.0", True), (None, True)])
+def test_gpus_from_ampere_on_have_bf16_products(monkeypatch, capability, native):
+    class Device:
+        pass
+
+    device = Device()
+    if capability is not None:
+        device.compute_capability = capability
+    monkeypatch.setattr(hardware.jax, "devices", lambda: [device])
+    assert hardware.native_bf16_matmuls("gpu", frozenset()) is native

@@ -21,7 +21,7 @@ def get_config():
     # for 0.1 in the same hour (README: "Results").
     config.model.dropout_rate = 0.2
     # bf16 operands for the weight products, float32 everything else, where the machine has bf16
-    # dots (AVX512-BF16 CPUs, GPUs, TPUs; float32 elsewhere: jaxformer/hardware.py): 1.37x the
+    # dots (AVX512-BF16 CPUs, Ampere+ GPUs, TPUs; float32 elsewhere: jaxformer/hardware.py): 1.37x the
     # steps of a fast 2-core hour and a final choice within a seed of float32's (README: Results).
     config.model.matmul_dtype = "auto"
     config.data.name = "multi30k"  # the vendored corpus: no download
