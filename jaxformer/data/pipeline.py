@@ -76,10 +76,13 @@ class TokenizePair:
     def encode_all(self, records: Sequence) -> EncodedSplit:
         """`__call__` of every record, as one EncodedSplit: each side's texts go to sentencepiece
         as one list (its own threads), not one string at a time."""
-        encoded = {}
-        for feature, (tokenizer, language) in self.sides.items():
-            encoded[feature] = tokenizer.encode([record_text(records[i], language) for i in range(len(records))])
-        return EncodedSplit(encoded)
+        texts = {feature: [] for feature in self.sides}
+        for index in range(len(records)):
+            record = records[index]  # read (and decoded) once for both sides
+            for feature, (_, language) in self.sides.items():
+                texts[feature].append(record_text(record, language))
+        sides = self.sides.items()
+        return EncodedSplit({feature: tokenizer.encode(texts[feature]) for feature, (tokenizer, _) in sides})
 
     def sample(self, record, rng: np.random.Generator) -> dict[str, np.ndarray]:
         """`__call__` with each side's segmentation drawn by `sampling` from `rng`."""

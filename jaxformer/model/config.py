@@ -97,17 +97,14 @@ class TransformerConfig:
     attention_implementation: Literal["jaxformer", "xla", "cudnn"] = "jaxformer"
 
     def __post_init__(self):
-        for name in ("dtype", "param_dtype"):
+        for name in _DTYPE_FIELDS:
             value = getattr(self, name)
+            if value is None and name == "matmul_dtype":  # None: dtype's own
+                continue
             try:
                 object.__setattr__(self, name, jnp.dtype(value))
             except TypeError as error:
                 raise ConfigError(f"TransformerConfig.{name}={value!r} is not a dtype") from error
-        if self.matmul_dtype is not None:
-            try:
-                object.__setattr__(self, "matmul_dtype", jnp.dtype(self.matmul_dtype))
-            except TypeError as error:
-                raise ConfigError(f"TransformerConfig.matmul_dtype={self.matmul_dtype!r} is not a dtype") from error
         _validate(self)
 
     @property
@@ -144,13 +141,13 @@ class TransformerConfig:
     def to_dict(self) -> dict[str, Any]:
         """Plain Python values (dtypes as names), for logging and checkpoint metadata."""
         values = dataclasses.asdict(self)
-        values["dtype"] = self.dtype.name
-        values["param_dtype"] = self.param_dtype.name
-        values["matmul_dtype"] = None if self.matmul_dtype is None else self.matmul_dtype.name
+        for name in _DTYPE_FIELDS:
+            values[name] = None if values[name] is None else values[name].name
         return values
 
 
 ARCHITECTURES = ("encoder_decoder", "encoder_only", "decoder_only")
+_DTYPE_FIELDS = ("dtype", "param_dtype", "matmul_dtype")  # normalised to jnp.dtype; names in to_dict
 _FIELD_NAMES = tuple(field.name for field in dataclasses.fields(TransformerConfig))
 
 
