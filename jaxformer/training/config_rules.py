@@ -114,6 +114,10 @@ VALUE_RULES: dict[str, tuple[Callable[[Any], bool], str]] = {
     ),
     "training.label_smoothing": _within(0.0, 1.0),
     "training.loss_chunk_tokens": _at_least(0),
+    "training.rdrop_alpha": (
+        (lambda value: _number(value) and value >= 0 and math.isfinite(value)),
+        "a finite number >= 0 (0: no R-Drop)",
+    ),
     "training.log_every_steps": _at_least(1),
     "training.eval_every_steps": _at_least(1),
     "training.checkpoint_every_steps": _at_least(1),

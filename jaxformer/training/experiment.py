@@ -152,6 +152,11 @@ def default_config() -> ml_collections.ConfigDict:
     # resumes; the run ends when it is spent, or at num_train_steps. 0: no time budget.
     config.training.time_budget_minutes = 0.0
     config.training.label_smoothing = 0.1  # epsilon_ls
+    # R-Drop (Liang et al., 2021): each example runs twice under different dropout, and the loss
+    # adds this weight times the two predictions' symmetric KL divergence (twice a step's compute;
+    # the paper's 5 for small translation corpora). 0: off. Not for encoder_only (its masking
+    # differs between the copies).
+    config.training.rdrop_alpha = 0.0
     config.training.loss_chunk_tokens = (
         512  # output projection + loss fused over chunks of this many target tokens (0: whole batch)
     )
@@ -249,6 +254,11 @@ def validate(config: ml_collections.ConfigDict) -> None:
             f"which a unigram model has and tokenizer.model_type={config.tokenizer.model_type!r} has not"
         )
     training = config.training
+    if training.rdrop_alpha > 0 and architecture(config) == "encoder_only":
+        raise ConfigError(
+            f"config training.rdrop_alpha={training.rdrop_alpha!r}: R-Drop compares two predictions of the "
+            "same targets, and a masked LM masks each copy of a row differently; use 0 for 'encoder_only'"
+        )
     parts = [key for key in ("init_encoder_from", "init_decoder_from") if training.get(key) is not None]
     if parts and training.init_from is not None:
         raise ConfigError(

@@ -50,6 +50,7 @@ class TokenTerms(NamedTuple):
     exp: Float[Array, "*batch V"]  # exp(logits - row max): the softmax's numerator
     total: Float[Array, "*batch"]  # sum of `exp`: the softmax's denominator
     is_target: Bool[Array, "*batch V"]  # the one-hot target
+    log_normalizer: Float[Array, "*batch"]  # log-sum-exp(logits): log softmax = logits - this
 
 
 def token_terms(logits: Float[Array, "*batch V"], targets: Int[Array, "*batch"], smoothing: float) -> TokenTerms:
@@ -76,7 +77,7 @@ def token_terms(logits: Float[Array, "*batch V"], targets: Int[Array, "*batch"],
         cross_entropy = cross_entropy - low * sum_log_prob
     loss = cross_entropy - smoothed_target_entropy(vocab_size, smoothing)
     hit = jax.lax.stop_gradient((target_logit >= row_max).astype(jnp.float32))
-    return TokenTerms(loss, log_normalizer - target_logit, hit, exp, total, is_target)
+    return TokenTerms(loss, log_normalizer - target_logit, hit, exp, total, is_target, log_normalizer)
 
 
 def weighted_sums(terms: TokenTerms, weights: Float[Array, "*batch"]) -> dict[str, Float[Array, ""]]:
@@ -94,6 +95,23 @@ def logits_gradient(terms: TokenTerms, weights: Float[Array, "*batch"], smoothin
     confidence, low = target_distribution(terms.exp.shape[-1], smoothing)
     softmax = terms.exp / terms.total[..., None]  # [..., V]
     return weights[..., None] * (softmax - low - jnp.where(terms.is_target, confidence - low, 0.0))
+
+
+def pair_consistency(
+    log_probs: Float[Array, "P 2 *tokens V"],
+) -> tuple[Float[Array, "P *tokens"], Float[Array, "P 2 *tokens V"]]:  # noqa: UP037 (a shape, not a name)
+    """R-Drop's consistency term (Liang et al., 2021) for pairs of predictions of the same tokens
+    under two dropout draws, p and q (log-probabilities): the symmetric KL divergence
+    1/2 (KL(p || q) + KL(q || p)) of each pair, and its gradient with respect to both logits in
+    closed form, 1/2 (p * (log p - log q - KL(p || q)) + p - q) for p's and alike for q's."""
+    log_p, log_q = log_probs[:, 0], log_probs[:, 1]  # [P, *tokens, V]
+    p, q = jnp.exp(log_p), jnp.exp(log_q)
+    log_ratio = log_p - log_q
+    kl_pq = jnp.sum(p * log_ratio, axis=-1)  # [P, *tokens]
+    kl_qp = -jnp.sum(q * log_ratio, axis=-1)
+    grad_p = 0.5 * (p * (log_ratio - kl_pq[..., None]) + p - q)
+    grad_q = 0.5 * (q * (-log_ratio - kl_qp[..., None]) + q - p)
+    return 0.5 * (kl_pq + kl_qp), jnp.stack([grad_p, grad_q], axis=1)
 
 
 def token_losses(

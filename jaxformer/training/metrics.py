@@ -104,12 +104,15 @@ class MetricWriter:
 
 def summarize(totals: Mapping[str, float]) -> dict[str, float]:
     """Per-token averages from summed metrics: the label-smoothed loss, the perplexity
-    exp(unsmoothed negative log-likelihood), and accuracy."""
+    exp(unsmoothed negative log-likelihood), accuracy, and R-Drop's divergence when trained with it."""
     weight = max(float(totals["weight"]), 1.0)
     nll = float(totals["nll_sum"]) / weight
-    return {
+    summary = {
         "loss": float(totals["loss_sum"]) / weight,
         "nll": nll,
         "perplexity": math.exp(min(nll, 50.0)),
         "accuracy": float(totals["correct"]) / weight,
     }
+    if "consistency_sum" in totals:  # R-Drop's divergence (output_loss.py), part of the loss
+        summary["consistency"] = float(totals["consistency_sum"]) / weight
+    return summary

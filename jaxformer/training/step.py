@@ -49,9 +49,14 @@ def train_step(
     label_smoothing: float,
     loss_chunk_tokens: int = 512,
     objective: Objective = TRANSLATION,
+    rdrop_alpha: float = 0.0,
 ) -> tuple[TrainState, Metrics]:
     """One optimizer step (or micro-step) with teacher forcing, dropout keyed by
     `state.dropout_key()` (fold_in(state.rng, state.step)).
+
+    `rdrop_alpha` > 0: R-Drop (Liang et al., 2021). Every row runs twice, side by side, under
+    two dropout draws, and the loss adds alpha times the two predictions' symmetric KL
+    divergence (output_loss.py): twice the compute of a step, for the same examples.
 
     `learning_rate` maps (train step, optimizer state) to its rate, for the metrics (see `make_optimizer`).
     The output projection and the loss run fused, `loss_chunk_tokens` target positions at a
@@ -59,8 +64,13 @@ def train_step(
     stored whole.
     """
 
+    # R-Drop's pairs as adjacent rows 2i and 2i + 1: a batch-sharded batch stays local to its shard.
+    model_batch = jax.tree.map(lambda x: jnp.repeat(x, 2, axis=0), dict(batch)) if rdrop_alpha > 0 else batch
+
     def loss_fn(params):
-        outputs, targets, weights = objective.forward(model, params, batch, False, state.dropout_key(), project=False)
+        outputs, targets, weights = objective.forward(
+            model, params, model_batch, False, state.dropout_key(), project=False
+        )
         # [B, T, D], [V, D], and with config.logits_bias the output bias [V]
         hidden, output_embedding, *output_bias = outputs
         metrics = projected_token_losses(
@@ -72,6 +82,7 @@ def train_step(
             loss_chunk_tokens,
             model.config.matmul_operand_dtype,
             bias=output_bias[0] if output_bias else None,
+            rdrop_alpha=rdrop_alpha,
         )
         metrics["source_tokens"] = _input_tokens(batch)
         return metrics["loss_sum"] / jnp.maximum(metrics["weight"], 1.0), metrics
@@ -102,7 +113,8 @@ def make_train_step(
     objective: Objective = TRANSLATION,
 ) -> Callable[[TrainState, Batch], tuple[TrainState, Metrics]]:
     """`train_step` with the model, its objective, the optimizer and its learning rate (from
-    `make_optimizer`) bound, and the label smoothing and loss chunk of the config's `training` section."""
+    `make_optimizer`) bound, and the label smoothing, loss chunk and R-Drop weight of the config's
+    `training` section."""
     return functools.partial(
         train_step,
         model=model,
@@ -111,6 +123,7 @@ def make_train_step(
         label_smoothing=training.label_smoothing,
         loss_chunk_tokens=training.loss_chunk_tokens,
         objective=objective,
+        rdrop_alpha=training.rdrop_alpha,
     )
 
 
