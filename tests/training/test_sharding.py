@@ -55,14 +55,19 @@ def sharded_init(mesh_shape, devices, adam=False):
     return mesh, model, optimizer, learning_rate, state_shardings, state
 
 
-def one_step(mesh_shape, devices):
+def one_step(mesh_shape, devices, rdrop_alpha=0.0):
     """(initial state, state after one SGD step, loss) on a mesh over `devices`."""
     mesh, model, optimizer, learning_rate, state_shardings, state = sharded_init(mesh_shape, devices)
     with jax.set_mesh(mesh), nn.logical_axis_rules(sharding.DEFAULT_RULES):
         batch_sharding = sharding.batch_sharding(mesh, sharding.DEFAULT_RULES)
         step = jax.jit(
             functools.partial(
-                train_step, model=model, optimizer=optimizer, learning_rate=learning_rate, label_smoothing=0.1
+                train_step,
+                model=model,
+                optimizer=optimizer,
+                learning_rate=learning_rate,
+                label_smoothing=0.1,
+                rdrop_alpha=rdrop_alpha,
             ),
             in_shardings=(state_shardings, batch_sharding),
             out_shardings=(state_shardings, sharding.replicated(mesh)),
@@ -83,6 +88,21 @@ def test_one_step_matches_one_device(single_device, mesh_shape):
     initial_1, state_1, loss_1 = single_device
     initial_8, state_8, loss_8 = one_step(mesh_shape, jax.devices())
     jax.tree.map(lambda a, b: np.testing.assert_array_equal(a, b), initial_1.params, initial_8.params)
+    np.testing.assert_allclose(loss_8, loss_1, rtol=1e-5)
+    jax.tree.map(
+        lambda a, b: np.testing.assert_allclose(np.asarray(b), np.asarray(a), atol=1e-5, rtol=1e-5),
+        jax.device_get(state_1.params),
+        jax.device_get(state_8.params),
+    )
+
+
+@pytest.mark.parametrize("mesh_shape", [(8, 1, 1), (2, 2, 2)])
+def test_an_rdrop_step_matches_one_device(single_device, mesh_shape):
+    """R-Drop's pairs (rows 2i, 2i + 1 of the repeated batch) stay pairs on a batch-sharded mesh."""
+    _, _, plain_loss = single_device
+    _, state_1, loss_1 = one_step((1, 1, 1), jax.devices()[:1], rdrop_alpha=5.0)
+    _, state_8, loss_8 = one_step(mesh_shape, jax.devices(), rdrop_alpha=5.0)
+    assert abs(loss_1 - plain_loss) > 1e-3  # the divergence is in the loss
     np.testing.assert_allclose(loss_8, loss_1, rtol=1e-5)
     jax.tree.map(
         lambda a, b: np.testing.assert_allclose(np.asarray(b), np.asarray(a), atol=1e-5, rtol=1e-5),
