@@ -97,9 +97,11 @@ def flax_dropout() -> Iterator[None]:
             setattr(module, name, value)
 
 
-def _vd_sums_and_grads(hidden, embedding, bias, targets, weights, smoothing, chunk_tokens, compute_dtype):
-    """`output_loss._sums_and_grads` as it was (float32, no bias): each chunk's embedding gradient
-    contracted to [V, D] and summed as [V, D]."""
+def _vd_sums_and_grads(hidden, embedding, bias, targets, weights, smoothing, chunk_tokens, compute_dtype, rdrop_alpha):
+    """`output_loss._sums_and_grads` as it was (float32, no bias, no R-Drop): each chunk's
+    embedding gradient contracted to [V, D] and summed as [V, D]."""
+    if rdrop_alpha:
+        raise ValueError("the [V, D] embedding-gradient row times plain steps only (training.rdrop_alpha=0)")
     batch, length, d_model = hidden.shape
     chunk = output_loss.chunk_length(batch, length, chunk_tokens)
     num_chunks = length // chunk
