@@ -19,6 +19,7 @@ import numpy as np
 from jax.experimental import multihost_utils
 
 from jaxformer.training.optimizer import end_step, set_end_step
+from jaxformer.training.rdrop_start import RDROP_STEP_COST, RDropStart
 
 
 class TrainingClock:
@@ -40,15 +41,23 @@ class TimeBudget:
     """A wall-clock budget of `seconds` for the training loop. The pace is measured from this
     segment's first completed step, so the first step's compilation is spent but not
     extrapolated; evaluations and checkpoints inside the measured span are, which is what
-    the remaining steps will also pay."""
+    the remaining steps will also pay.
 
-    def __init__(self, seconds: float, clock: TrainingClock):
-        self.seconds, self.clock = seconds, clock
+    `rdrop_start`: R-Drop is still to start (rdrop_start.py). Its steps are counted at
+    RDROP_STEP_COST times the plain pace until `rdrop_started()`, which measures the pace afresh."""
+
+    def __init__(self, seconds: float, clock: TrainingClock, rdrop_start: RDropStart | None = None):
+        self.seconds, self.clock, self.rdrop_start = seconds, clock, rdrop_start
         self._pace_from: tuple[int, float] | None = None  # (step, clock seconds) where the pace is measured from
 
     def step_done(self, step: int) -> None:
         if self._pace_from is None:
             self._pace_from = (step, self.clock.seconds())
+
+    def rdrop_started(self) -> None:
+        """The steps from now on are R-Drop steps: their pace is measured from the first one
+        completed (its compilation spent, not extrapolated)."""
+        self.rdrop_start, self._pace_from = None, None
 
     def spent(self) -> bool:
         return self.clock.seconds() >= self.seconds
@@ -65,8 +74,13 @@ class TimeBudget:
         pace = self.seconds_per_step(step)
         if pace is None:
             return None
-        remaining = max(self.seconds - self.clock.seconds(), 0.0)
-        return float(min(max(step + remaining / max(pace, 1e-9), step + 1), max_steps))
+        pace, now = max(pace, 1e-9), self.clock.seconds()
+        remaining = max(self.seconds - now, 0.0)
+        steps_left = remaining / pace
+        if self.rdrop_start is not None:
+            plain = min(self.rdrop_start.plain_seconds_left(step, now, pace), remaining)
+            steps_left = plain / pace + (remaining - plain) / (pace * RDROP_STEP_COST)
+        return float(min(max(step + steps_left, step + 1), max_steps))
 
 
 BUDGET_CHECK_STEPS = 10  # a time budget is checked (and the schedule's end re-estimated) this often at most
@@ -102,8 +116,9 @@ class ScheduleEnd:
 
 
 def check_budget(budget: TimeBudget, schedule_end: ScheduleEnd, state, step: int, writer, training):
-    """(whether the time budget is spent, the state with the schedule's end re-estimated). Every
-    process takes process 0's reading, so all stop at the same step with the same schedule."""
+    """(whether the time budget is spent, the training seconds read, the state with the schedule's
+    end re-estimated). Every process takes process 0's reading, so all stop (and start R-Drop) at
+    the same step with the same schedule."""
     estimate = budget.end_step(step, training.num_train_steps)
     reading = np.asarray([budget.spent(), -1.0 if estimate is None else estimate, budget.clock.seconds()], np.float64)
     if jax.process_count() > 1:
@@ -113,4 +128,4 @@ def check_budget(budget: TimeBudget, schedule_end: ScheduleEnd, state, step: int
         state = schedule_end.set(state, estimate)
     if step % training.log_every_steps == 0:
         writer.write(step, {"seconds": seconds, "end_step": estimate if estimate > 0 else math.nan}, prefix="budget/")
-    return spent, state
+    return spent, seconds, state

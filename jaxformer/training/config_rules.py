@@ -118,6 +118,7 @@ VALUE_RULES: dict[str, tuple[Callable[[Any], bool], str]] = {
         (lambda value: _number(value) and value >= 0 and math.isfinite(value)),
         "a finite number >= 0 (0: no R-Drop)",
     ),
+    "training.rdrop_start": _within(0.0, 1.0),
     "training.log_every_steps": _at_least(1),
     "training.eval_every_steps": _at_least(1),
     "training.checkpoint_every_steps": _at_least(1),

@@ -157,6 +157,9 @@ def default_config() -> ml_collections.ConfigDict:
     # the paper's 5 for small translation corpora). 0: off. Not for encoder_only (its masking
     # differs between the copies).
     config.training.rdrop_alpha = 0.0
+    # With R-Drop: the fraction of the run (of the time budget or of num_train_steps, whichever is
+    # further along) trained with plain steps before R-Drop starts (rdrop_start.py). 0: from the first step.
+    config.training.rdrop_start = 0.0
     config.training.loss_chunk_tokens = (
         512  # output projection + loss fused over chunks of this many target tokens (0: whole batch)
     )
@@ -258,6 +261,11 @@ def validate(config: ml_collections.ConfigDict) -> None:
         raise ConfigError(
             f"config training.rdrop_alpha={training.rdrop_alpha!r}: R-Drop compares two predictions of the "
             "same targets, and a masked LM masks each copy of a row differently; use 0 for 'encoder_only'"
+        )
+    if training.rdrop_start > 0 and training.rdrop_alpha == 0:
+        raise ConfigError(
+            f"config training.rdrop_start={training.rdrop_start!r} with training.rdrop_alpha=0: there is no "
+            "R-Drop to start; set rdrop_alpha > 0, or rdrop_start=0"
         )
     parts = [key for key in ("init_encoder_from", "init_decoder_from") if training.get(key) is not None]
     if parts and training.init_from is not None:

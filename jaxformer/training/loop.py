@@ -47,6 +47,7 @@ from jaxformer.training.metrics import MetricWriter, summarize
 from jaxformer.training.objectives import objective_for
 from jaxformer.training.optimizer import make_optimizer
 from jaxformer.training.periodic import Periodic, run_due
+from jaxformer.training.rdrop_start import RDropStart
 from jaxformer.training.run_tokenizer import RunTokenizers, tokenizer_for_run
 from jaxformer.training.signals import StopRequest
 from jaxformer.training.state import count_parameters, make_init_fn
@@ -337,16 +338,26 @@ def _train(config, prepared: PreparedRun, model: nn.Module, mesh, rules) -> dict
         logging.info("resumed from step %d of %s", step, checkpointer.directory)
     del overrides  # the starting checkpoints' host parameters, no longer needed
     clock = TrainingClock(0.0 if restored is None else restored[2].train_seconds or 0.0)
-    budget = TimeBudget(training.time_budget_minutes * 60, clock) if training.time_budget_minutes else None
+    # R-Drop from a point of the run on (rdrop_start.py): where this segment starts, which phase it is in.
+    rdrop_start = RDropStart.from_config(training)
+    rdrop_on = rdrop_start is None or rdrop_start.started(step, clock.seconds_before)
+    budget = (
+        TimeBudget(training.time_budget_minutes * 60, clock, None if rdrop_on else rdrop_start)
+        if training.time_budget_minutes
+        else None
+    )
     schedule_end = ScheduleEnd(config, state, replicated)
     state = schedule_end.at_start(state, step, resumed=restored is not None, timed=budget is not None)
 
-    train_fn = jax.jit(
-        make_train_step(model, optimizer, learning_rate, training, objective),
-        in_shardings=(state_shardings, batch_sharding),
-        out_shardings=(state_shardings, replicated),
-        donate_argnums=0,
-    )
+    train_fns = {
+        rdrop: jax.jit(
+            make_train_step(model, optimizer, learning_rate, training, objective, rdrop=rdrop),
+            in_shardings=(state_shardings, batch_sharding),
+            out_shardings=(state_shardings, replicated),
+            donate_argnums=0,
+        )
+        for rdrop in ((False, True) if rdrop_start is not None else (True,))
+    }
     eval_fn = jax.jit(
         make_eval_step(model, training, objective),
         in_shardings=(state_shardings.params, batch_sharding),
@@ -406,19 +417,35 @@ def _train(config, prepared: PreparedRun, model: nn.Module, mesh, rules) -> dict
     budget_spent = budget is not None and clock.seconds_before >= budget.seconds
     if budget_spent:
         logging.info("time budget of %g minutes already spent at step %d", training.time_budget_minutes, step)
+    if rdrop_start is not None and not rdrop_on:
+        logging.info(
+            "R-Drop starts %.0f%% of the way through the run (step %.0f%s, whichever comes first); plain steps before",
+            training.rdrop_start * 100,
+            rdrop_start.step,
+            "" if rdrop_start.seconds is None else f" or {rdrop_start.seconds / 60:.1f} minutes of training",
+        )
+    seconds_read = clock.seconds_before  # the training seconds of the last budget check
     clock.start()
     with StopRequest() as stop:
         try:
             while step < training.num_train_steps and not stop.requested and not budget_spent:
                 batch = sharding.global_batch(next(train_iterator), batch_sharding)
-                state, metrics = train_fn(state, batch)
+                state, metrics = train_fns[rdrop_on](state, batch)
                 step += 1
                 train_metrics.add(step, metrics)
                 progress.update(1)
                 if budget is not None:
                     budget.step_done(step)
                     if step % min(training.log_every_steps, BUDGET_CHECK_STEPS) == 0:
-                        budget_spent, state = check_budget(budget, schedule_end, state, step, writer, training)
+                        budget_spent, seconds_read, state = check_budget(
+                            budget, schedule_end, state, step, writer, training
+                        )
+                if not rdrop_on and rdrop_start.started(step, seconds_read):
+                    train_metrics.flush()  # a summary covers steps of one kind
+                    rdrop_on = True
+                    if budget is not None:
+                        budget.rdrop_started()
+                    logging.info("R-Drop starts after step %d (%.1f minutes of training)", step, clock.seconds() / 60)
                 # The budget's last step is the run's last: its evaluation and checkpoint are due.
                 run_due(periodic, step, step if budget_spent else training.num_train_steps)
                 if budget_spent:

@@ -11,7 +11,9 @@ Each config's train step is built as the training loop builds it (its model, obj
 mesh and shardings, state donated) and runs on dense random rows of the config's batch shape,
 packed as one pair per row: what a step costs depends only on shapes, not on token values.
 Two configs whose train programs differ only in constants (a dropout rate, a learning rate, a
-warmup) cost the same, and are not timed.
+warmup) cost the same, and are not timed. A config whose R-Drop starts part way (rdrop_start.py)
+has two programs: under a step budget its first `rdrop_start` of the steps are plain, the rest
+R-Drop steps, and its time a step is that mix of the two.
 """
 
 from __future__ import annotations
@@ -34,6 +36,7 @@ from jaxformer.tokens import NUM_SPECIAL_TOKENS
 from jaxformer.training import experiment, sharding
 from jaxformer.training.objectives import objective_for
 from jaxformer.training.optimizer import make_optimizer
+from jaxformer.training.rdrop_start import RDropStart
 from jaxformer.training.state import make_init_fn
 from jaxformer.training.step import make_train_step
 
@@ -67,11 +70,12 @@ class Pace:
 
 
 class _TrainSteps:
-    """One config's jitted train step on its own state and random batch: `lowered_text()` is
-    the program without its constants; each call takes one step."""
+    """One config's jitted train step (`rdrop=False`: its plain step) on its own state and random
+    batch: `lowered_text()` is the program without its constants; each call takes one step."""
 
-    def __init__(self, config: ml_collections.ConfigDict):
+    def __init__(self, config: ml_collections.ConfigDict, rdrop: bool = True):
         data, training = config.data, config.training
+        self.rdrop = rdrop and training.rdrop_alpha > 0
         source_size, target_size = experiment.vocabulary_sizes(config)
         shared = not config.tokenizer.separate_vocabularies
         model_config = experiment.model_config(config, target_size, None if shared else source_size)
@@ -92,7 +96,7 @@ class _TrainSteps:
                 random_rows(data, (source_size, target_size), objective.features), batch_sharding
             )
             self.step = jax.jit(
-                make_train_step(model, optimizer, learning_rate, training, objective),
+                make_train_step(model, optimizer, learning_rate, training, objective, rdrop=rdrop),
                 in_shardings=(state_shardings, batch_sharding),
                 out_shardings=(state_shardings, sharding.replicated(self.mesh)),
                 donate_argnums=0,
@@ -133,27 +137,47 @@ def random_rows(
     return batch
 
 
+def _programs(config: ml_collections.ConfigDict) -> list[tuple[float, _TrainSteps]]:
+    """The config's train programs, each with the share of the steps it takes under a step budget."""
+    if RDropStart.from_config(config.training) is None:
+        return [(1.0, _TrainSteps(config))]
+    plain_share = config.training.rdrop_start
+    return [(plain_share, _TrainSteps(config, rdrop=False)), (1.0 - plain_share, _TrainSteps(config))]
+
+
+def _signature(programs: list[tuple[float, _TrainSteps]]) -> list[tuple[float, str]]:
+    return [(share, steps.lowered_text()) for share, steps in programs]
+
+
 def relative_pace(config: ml_collections.ConfigDict, reference: ml_collections.ConfigDict) -> Pace:
     """`config`'s train-step time against `reference`'s, measured in turn in this process:
-    WARMUP_STEPS untimed steps of each, then PACE_ROUNDS rounds of one step of each. With
+    WARMUP_STEPS untimed steps of each program, then PACE_ROUNDS rounds of one step of each. A
+    config's time a step is its programs' medians weighted by their shares of the steps. With
     several processes every one takes process 0's figures."""
-    steps, reference_steps = _TrainSteps(config), _TrainSteps(reference)
-    if steps.lowered_text() == reference_steps.lowered_text():
+    programs = {"config": _programs(config), "reference": _programs(reference)}
+    if _signature(programs["config"]) == _signature(programs["reference"]):
         logging.info("pace: the same train program as the reference up to constants; not timed")
         return Pace(1.0, 1.0, timed=False)
-    steps.compile()
-    reference_steps.compile()
-    times: dict[str, list[float]] = {"config": [], "reference": []}
+    timed = [(name, index, steps) for name in programs for index, (_, steps) in enumerate(programs[name])]
+    for _, _, steps in timed:
+        steps.compile()
+    times: dict[tuple[str, int], list[float]] = {(name, index): [] for name, index, _ in timed}
     for round_index in range(WARMUP_STEPS + PACE_ROUNDS):
-        for name, run_step in (("config", steps), ("reference", reference_steps)):
+        for name, index, run_step in timed:
             start = time.perf_counter()
             run_step()
             if round_index >= WARMUP_STEPS:
-                times[name].append(time.perf_counter() - start)
-    medians = np.asarray([statistics.median(times["config"]), statistics.median(times["reference"])], np.float64)
+                times[name, index].append(time.perf_counter() - start)
+    seconds_per_step = np.asarray(
+        [
+            sum(share * statistics.median(times[name, index]) for index, (share, _) in enumerate(programs[name]))
+            for name in ("config", "reference")
+        ],
+        np.float64,
+    )
     if jax.process_count() > 1:
-        medians = np.asarray(multihost_utils.broadcast_one_to_all(medians))
-    pace = Pace(float(medians[0]), float(medians[1]), timed=True)
+        seconds_per_step = np.asarray(multihost_utils.broadcast_one_to_all(seconds_per_step))
+    pace = Pace(float(seconds_per_step[0]), float(seconds_per_step[1]), timed=True)
     logging.info(
         "pace: %.3f s a step against the reference's %.3f s (%d rounds in turn): %.3fx its speed",
         pace.seconds_per_step,

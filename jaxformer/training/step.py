@@ -111,10 +111,12 @@ def make_train_step(
     learning_rate: LearningRate,
     training: ml_collections.ConfigDict,
     objective: Objective = TRANSLATION,
+    rdrop: bool = True,
 ) -> Callable[[TrainState, Batch], tuple[TrainState, Metrics]]:
     """`train_step` with the model, its objective, the optimizer and its learning rate (from
     `make_optimizer`) bound, and the label smoothing, loss chunk and R-Drop weight of the config's
-    `training` section."""
+    `training` section. `rdrop=False`: the plain step of a config with R-Drop, for the steps
+    before it starts (rdrop_start.py)."""
     return functools.partial(
         train_step,
         model=model,
@@ -123,7 +125,7 @@ def make_train_step(
         label_smoothing=training.label_smoothing,
         loss_chunk_tokens=training.loss_chunk_tokens,
         objective=objective,
-        rdrop_alpha=training.rdrop_alpha,
+        rdrop_alpha=training.rdrop_alpha if rdrop else 0.0,
     )
 
 
