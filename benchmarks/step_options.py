@@ -24,6 +24,10 @@ machine slows all alike and `speedup` (the baseline's median step time over the 
   fused output projection) are rounded to bf16, bf16 x bf16 -> float32 dots both ways; the
   residual stream, LayerNorm, softmax and attention scores stay float32 (a TPU's default matmul
   precision).
+- `rdrop`: the fused dropout with R-Drop (`training.rdrop_alpha=5`): every row twice, under two
+  dropout draws, and the pairs' divergence in the fused loss; what a step of `multi30k` costs.
+- `rdrop_exp`: `rdrop` with the divergence's probabilities exponentiated again from the
+  log-probabilities, as `loss.pair_consistency` did before it took the softmax `token_terms` has.
 - `bfloat16_autodiff`: `bfloat16`, the projections a plain bf16 einsum differentiated by jax, as
   before that module: bf16-output gradient dots, which XLA:CPU runs on a slower path.
   No bf16 row is in `--smoke`: XLA:CPU (jax 0.10.2) leaves some of the tiny model's bf16 dots
@@ -55,7 +59,7 @@ from jaxformer.model import attention, decoder, encoder, layers
 from jaxformer.model.architectures import build_model
 from jaxformer.training import output_loss
 from jaxformer.training.experiment import default_config
-from jaxformer.training.loss import logits_gradient, token_terms, weighted_sums
+from jaxformer.training.loss import logits_gradient, pair_consistency, token_terms, weighted_sums
 from jaxformer.training.objectives import objective_for
 from jaxformer.training.optimizer import make_optimizer
 from jaxformer.training.state import make_init_fn
@@ -73,6 +77,7 @@ COLUMNS = (
     "speedup",
 )
 CHUNKS = (256, 128)
+RDROP_ALPHA = 5.0  # multi30k's
 
 
 def bernoulli_dropout(inputs, rate: float, key):
@@ -140,6 +145,18 @@ def vd_embedding_grad() -> Iterator[None]:
         output_loss._sums_and_grads = current
 
 
+@contextlib.contextmanager
+def exponentiated_pair_probs() -> Iterator[None]:
+    """While open, R-Drop's pair divergence computes its probabilities as exp(log-probabilities)
+    instead of taking the softmax from `token_terms` (trace and compile inside)."""
+    current = output_loss.pair_consistency
+    output_loss.pair_consistency = lambda log_probs, probs: pair_consistency(log_probs, jnp.exp(log_probs))
+    try:
+        yield
+    finally:
+        output_loss.pair_consistency = current
+
+
 def _plain_projection(spec, inputs, kernel, operand_dtype=None):
     """A plain einsum of the inputs as they come (the bfloat16 model's own operand dtype)."""
     del operand_dtype
@@ -160,10 +177,14 @@ def autodiff_projections() -> Iterator[None]:
             module.project = value
 
 
-def compiled_step(config, batch: dict, source_length: int, target_length: int, loss_chunk_tokens: int) -> TrainSteps:
-    """The train step of `config` with `training.loss_chunk_tokens` set, compiled and ready to run."""
+def compiled_step(
+    config, batch: dict, source_length: int, target_length: int, loss_chunk_tokens: int, rdrop_alpha: float = 0.0
+) -> TrainSteps:
+    """The train step of `config` with `training.loss_chunk_tokens` and `training.rdrop_alpha`
+    set, compiled and ready to run."""
     experiment = default_config()
     experiment.training.loss_chunk_tokens = loss_chunk_tokens
+    experiment.training.rdrop_alpha = rdrop_alpha
     model = build_model(config)
     optimizer, learning_rate = make_optimizer(experiment.optimizer, config.d_model)
     state = jax.jit(make_init_fn(model, optimizer, source_length, target_length))(0)
@@ -178,21 +199,23 @@ def bench(
     batch = random_batch(0, config.vocab_size, batch_size, source_length, target_length)
     default_chunk = default_config().training.loss_chunk_tokens
     plain = contextlib.nullcontext
-    variants = {  # name: (model config, loss chunk tokens, what its step is traced under)
-        "flax_dropout": (config, default_chunk, flax_dropout),
-        "fused_dropout": (config, default_chunk, plain),
-        **{f"loss_chunk_{chunk}": (config, chunk, plain) for chunk in CHUNKS if chunk != default_chunk},
-        "no_dropout": (config.replace(dropout_rate=0.0), default_chunk, plain),
-        "vd_embedding_grad": (config, default_chunk, vd_embedding_grad),
+    variants = {  # name: (model config, loss chunk tokens, what its step is traced under, R-Drop's alpha)
+        "flax_dropout": (config, default_chunk, flax_dropout, 0.0),
+        "fused_dropout": (config, default_chunk, plain, 0.0),
+        **{f"loss_chunk_{chunk}": (config, chunk, plain, 0.0) for chunk in CHUNKS if chunk != default_chunk},
+        "no_dropout": (config.replace(dropout_rate=0.0), default_chunk, plain, 0.0),
+        "vd_embedding_grad": (config, default_chunk, vd_embedding_grad, 0.0),
+        "rdrop": (config, default_chunk, plain, RDROP_ALPHA),
+        "rdrop_exp": (config, default_chunk, exponentiated_pair_probs, RDROP_ALPHA),
     }
     if bfloat16:
-        variants["bfloat16"] = (config.replace(dtype="bfloat16"), default_chunk, plain)
-        variants["bfloat16_matmuls"] = (config.replace(matmul_dtype="bfloat16"), default_chunk, plain)
-        variants["bfloat16_autodiff"] = (config.replace(dtype="bfloat16"), default_chunk, autodiff_projections)
+        variants["bfloat16"] = (config.replace(dtype="bfloat16"), default_chunk, plain, 0.0)
+        variants["bfloat16_matmuls"] = (config.replace(matmul_dtype="bfloat16"), default_chunk, plain, 0.0)
+        variants["bfloat16_autodiff"] = (config.replace(dtype="bfloat16"), default_chunk, autodiff_projections, 0.0)
     steps = {}
-    for variant, (variant_config, chunk, context) in variants.items():
+    for variant, (variant_config, chunk, context, rdrop_alpha) in variants.items():
         with context():
-            steps[variant] = compiled_step(variant_config, batch, source_length, target_length, chunk)
+            steps[variant] = compiled_step(variant_config, batch, source_length, target_length, chunk, rdrop_alpha)
     seconds = {variant: median(times) for variant, times in time_interleaved(steps, iters).items()}
     return [
         {

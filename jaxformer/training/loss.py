@@ -99,13 +99,15 @@ def logits_gradient(terms: TokenTerms, weights: Float[Array, "*batch"], smoothin
 
 def pair_consistency(
     log_probs: Float[Array, "P 2 *tokens V"],
+    probs: Float[Array, "P 2 *tokens V"],
 ) -> tuple[Float[Array, "P *tokens"], Float[Array, "P 2 *tokens V"]]:  # noqa: UP037 (a shape, not a name)
     """R-Drop's consistency term (Liang et al., 2021) for pairs of predictions of the same tokens
-    under two dropout draws, p and q (log-probabilities): the symmetric KL divergence
+    under two dropout draws, p and q (their log-probabilities and probabilities, which the caller
+    has from `token_terms`: no second exponential): the symmetric KL divergence
     1/2 (KL(p || q) + KL(q || p)) of each pair, and its gradient with respect to both logits in
     closed form, 1/2 (p * (log p - log q - KL(p || q)) + p - q) for p's and alike for q's."""
     log_p, log_q = log_probs[:, 0], log_probs[:, 1]  # [P, *tokens, V]
-    p, q = jnp.exp(log_p), jnp.exp(log_q)
+    p, q = probs[:, 0], probs[:, 1]
     log_ratio = log_p - log_q
     kl_pq = jnp.sum(p * log_ratio, axis=-1)  # [P, *tokens]
     kl_qp = -jnp.sum(q * log_ratio, axis=-1)

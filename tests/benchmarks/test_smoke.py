@@ -93,6 +93,8 @@ def test_step_options_are_timed_against_flax_dropout(tmp_path, capsys):
         "loss_chunk_128",
         "no_dropout",
         "vd_embedding_grad",
+        "rdrop",
+        "rdrop_exp",
     ]  # and, beyond the smoke's tiny model, bfloat16, bfloat16_matmuls and bfloat16_autodiff
     assert rows[0]["speedup"] == 1.0
     for row in rows:
@@ -152,3 +154,28 @@ def test_autodiff_projections_stand_in_for_project_in_the_model():
     with autodiff_projections():
         swapped = logits()
     np.testing.assert_allclose(swapped, logits(), rtol=1e-6, atol=1e-6)
+
+
+def test_exponentiated_pair_probs_stand_in_for_the_softmax_in_r_drops_loss():
+    """step_options' rdrop_exp row: the same R-Drop sums and gradients, the probabilities
+    exponentiated from the log-probabilities."""
+    import jax
+    import numpy as np
+
+    from benchmarks.step_options import exponentiated_pair_probs
+    from jaxformer.training.output_loss import projected_token_losses
+
+    keys = jax.random.split(jax.random.key(0), 3)
+    hidden, embedding = jax.random.normal(keys[0], (4, 6, 8)), jax.random.normal(keys[1], (29, 8))
+    targets, weights = jax.random.randint(keys[2], (4, 6), 0, 29), jax.numpy.ones((4, 6))
+
+    def loss_and_grads():
+        def loss(h, e):
+            return projected_token_losses(h, e, targets, weights, 0.1, 12, rdrop_alpha=5.0)["loss_sum"]
+
+        return jax.value_and_grad(loss, argnums=(0, 1))(hidden, embedding)
+
+    with exponentiated_pair_probs():
+        swapped = loss_and_grads()
+    for got, want in zip(jax.tree.leaves(swapped), jax.tree.leaves(loss_and_grads())):
+        np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-5)
