@@ -105,6 +105,7 @@ def make_variants(
     """Each variant's config: the base config with the `shared` (key, text) overrides, then the
     variant's own, applied and every value validated."""
     variants = []
+    reference = reference_config(config_name, shared).to_dict()
     for name, overrides in sweep.items():
         pairs = []
         for item in overrides:
@@ -122,6 +123,11 @@ def make_variants(
             raise ConfigError(
                 f"variant {name!r}: training.final_choice is False; a sweep compares the final choice's "
                 "validation BLEU (set --config.training.final_choice=True or use a config that does)"
+            )
+        if pairs and config.to_dict() == reference:
+            raise ConfigError(
+                f"variant {name!r}: {', '.join(overrides)} changes nothing in {config_name!r} (its values "
+                "already); an hour spent on it would train the baseline again"
             )
         variants.append(Variant(name, tuple(pairs), config))
     return variants

@@ -159,6 +159,9 @@ def test_seeds_train_each_variant_again_with_moved_seeds_and_rank_by_the_mean(tm
         ({"bad": ["model.d_model=30"]}, r"variant 'bad': .*d_model"),
         ({"a b": []}, r"variant name 'a b' must match"),
         ({"no_choice": ["training.final_choice=False"]}, r"variant 'no_choice': training.final_choice is False"),
+        # tiny's own width, and a value the shared overrides already set: the baseline again.
+        ({"same": ["model.d_model=32"]}, r"variant 'same': model.d_model=32 changes nothing in '.*tiny.py'"),
+        ({"again": ["training.average_last=2"]}, r"variant 'again': training.average_last=2 changes nothing"),
     ],
 )
 def test_a_bad_variant_is_one_line_before_anything_trains(tmp_path, capsys, variants, message):
