@@ -10,9 +10,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import logging
-import math
 import pathlib
-import time
 from collections.abc import Sequence
 from typing import Any
 
@@ -52,68 +50,8 @@ from jaxformer.training.run_tokenizer import RunTokenizers, tokenizer_for_run
 from jaxformer.training.signals import StopRequest
 from jaxformer.training.state import count_parameters, make_init_fn
 from jaxformer.training.step import make_eval_step, make_train_step
+from jaxformer.training.train_metrics import TrainMetrics
 from jaxformer.training.validation_bleu import BleuValidator
-
-
-class NonFiniteLossError(UserError, FloatingPointError):
-    """The training loss became NaN or infinite; the run stops without saving."""
-
-
-# ------------------------------------------------------------------------------------------
-# Training metrics: fetched from the device once per log interval, never per step.
-# ------------------------------------------------------------------------------------------
-
-
-class TrainMetrics:
-    """Collects each step's device metrics; `flush` fetches them, checks the loss is finite,
-    and writes one summary (metrics.jsonl, TensorBoard, the progress bar)."""
-
-    def __init__(self, writer: MetricWriter, checkpointer: Checkpointer, progress: tqdm.tqdm):
-        self.writer, self.checkpointer, self.progress = writer, checkpointer, progress
-        self.pending: list[tuple[int, Any]] = []
-        self.last: dict[str, float] | None = None
-        self.interval_start = time.perf_counter()
-
-    def add(self, step: int, metrics: Any) -> None:
-        self.pending.append((step, metrics))
-
-    def flush(self, step: int | None = None) -> None:
-        if not self.pending:
-            return
-        host, self.pending = jax.device_get(self.pending), []
-        self._check_finite(host)
-        elapsed = time.perf_counter() - self.interval_start
-        self.interval_start = time.perf_counter()
-        totals = {key: sum(float(m[key]) for _, m in host) for key in host[0][1]}
-        summary = summarize(totals)
-        summary.update(
-            learning_rate=float(host[-1][1]["learning_rate"]),
-            grad_norm=float(np.mean([m["grad_norm"] for _, m in host])),
-            tokens_per_second=totals["weight"] / elapsed,
-            steps_per_second=len(host) / elapsed,
-        )
-        self.writer.write(host[-1][0], summary, prefix="train/")
-        self.last = summary
-        self.progress.set_postfix(
-            loss=f"{summary['loss']:.3f}",
-            lr=f"{summary['learning_rate']:.2e}",
-            tok_s=f"{summary['tokens_per_second']:,.0f}",
-        )
-
-    def _check_finite(self, step_metrics: list[tuple[int, dict]]) -> None:
-        for step, metrics in step_metrics:
-            loss = float(metrics["loss_sum"]) / max(float(metrics["weight"]), 1.0)
-            if not (math.isfinite(loss) and math.isfinite(float(metrics["grad_norm"]))):
-                saved = self.checkpointer.steps()
-                kept = (
-                    f"the last good checkpoint is step {saved[-1]} in {self.checkpointer.directory}"
-                    if saved
-                    else "no checkpoint was saved"
-                )
-                raise NonFiniteLossError(
-                    f"training loss is {loss} (gradient norm {float(metrics['grad_norm'])}) at step {step}; "
-                    f"stopping without saving: {kept}. Lower optimizer.learning_rate_scale or check the data."
-                )
 
 
 def _local_rows(batch: dict[str, np.ndarray]) -> dict[str, np.ndarray]:

@@ -80,7 +80,7 @@ def test_a_non_finite_step_stops_training_naming_the_step_and_the_last_good_chec
 
     import tqdm
 
-    from jaxformer.training.loop import NonFiniteLossError, TrainMetrics
+    from jaxformer.training.train_metrics import NonFiniteLossError, TrainMetrics
 
     checkpointer = types.SimpleNamespace(steps=lambda: [20, 40], directory=tmp_path / "checkpoints")
     writer = MetricWriter(tmp_path, enabled=True)
