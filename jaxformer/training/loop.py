@@ -276,11 +276,12 @@ def _train(config, prepared: PreparedRun, model: nn.Module, mesh, rules) -> dict
         logging.info("resumed from step %d of %s", step, checkpointer.directory)
     del overrides  # the starting checkpoints' host parameters, no longer needed
     clock = TrainingClock(0.0 if restored is None else restored[2].train_seconds or 0.0)
-    # R-Drop from a point of the run on (rdrop_start.py): where this segment starts, which phase it is in.
+    # R-Drop from a point of the run on (rdrop_start.py): whether it has started where this segment
+    # starts (True as well where every step is the same: no R-Drop, or R-Drop from the first step).
     rdrop_start = RDropStart.from_config(training)
-    rdrop_on = rdrop_start is None or rdrop_start.started(step, clock.seconds_before)
+    rdrop_started = rdrop_start is None or rdrop_start.started(step, clock.seconds_before)
     budget = (
-        TimeBudget(training.time_budget_minutes * 60, clock, None if rdrop_on else rdrop_start)
+        TimeBudget(training.time_budget_minutes * 60, clock, None if rdrop_started else rdrop_start)
         if training.time_budget_minutes
         else None
     )
@@ -355,7 +356,7 @@ def _train(config, prepared: PreparedRun, model: nn.Module, mesh, rules) -> dict
     budget_spent = budget is not None and clock.seconds_before >= budget.seconds
     if budget_spent:
         logging.info("time budget of %g minutes already spent at step %d", training.time_budget_minutes, step)
-    if rdrop_start is not None and not rdrop_on:
+    if rdrop_start is not None and not rdrop_started:
         logging.info(
             "R-Drop starts %.0f%% of the way through the run (step %.0f%s, whichever comes first); plain steps before",
             training.rdrop_start * 100,
@@ -368,7 +369,7 @@ def _train(config, prepared: PreparedRun, model: nn.Module, mesh, rules) -> dict
         try:
             while step < training.num_train_steps and not stop.requested and not budget_spent:
                 batch = sharding.global_batch(next(train_iterator), batch_sharding)
-                state, metrics = train_fns[rdrop_on](state, batch)
+                state, metrics = train_fns[rdrop_started](state, batch)
                 step += 1
                 train_metrics.add(step, metrics)
                 progress.update(1)
@@ -378,9 +379,9 @@ def _train(config, prepared: PreparedRun, model: nn.Module, mesh, rules) -> dict
                         budget_spent, seconds_read, state = check_budget(
                             budget, schedule_end, state, step, writer, training
                         )
-                if not rdrop_on and rdrop_start.started(step, seconds_read):
+                if not rdrop_started and rdrop_start.started(step, seconds_read):
                     train_metrics.flush()  # a summary covers steps of one kind
-                    rdrop_on = True
+                    rdrop_started = True
                     if budget is not None:
                         budget.rdrop_started()
                     logging.info("R-Drop starts after step %d (%.1f minutes of training)", step, clock.seconds() / 60)
