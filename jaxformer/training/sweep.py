@@ -127,7 +127,7 @@ def make_variants(
         if pairs and config.to_dict() == reference:
             raise ConfigError(
                 f"variant {name!r}: {', '.join(overrides)} changes nothing in {config_name!r} (its values "
-                "already); an hour spent on it would train the baseline again"
+                "already): training it would repeat the config as it is"
             )
         variants.append(Variant(name, tuple(pairs), config))
     return variants
