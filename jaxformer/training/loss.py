@@ -52,6 +52,10 @@ class TokenTerms(NamedTuple):
     is_target: Bool[Array, "*batch V"]  # the one-hot target
     log_normalizer: Float[Array, "*batch"]  # log-sum-exp(logits): log softmax = logits - this
 
+    def softmax(self) -> Float[Array, "*batch V"]:
+        """softmax(logits), from its numerator and denominator (no second exponential)."""
+        return self.exp / self.total[..., None]
+
 
 def token_terms(logits: Float[Array, "*batch V"], targets: Int[Array, "*batch"], smoothing: float) -> TokenTerms:
     """The label-smoothed loss, NLL and accuracy of every token, from float32 logits.
@@ -93,8 +97,7 @@ def weighted_sums(terms: TokenTerms, weights: Float[Array, "*batch"]) -> dict[st
 def logits_gradient(terms: TokenTerms, weights: Float[Array, "*batch"], smoothing: float) -> Float[Array, "*batch V"]:
     """d loss_sum / d logits in closed form: weights * (softmax(logits) - smoothed one-hot)."""
     confidence, low = target_distribution(terms.exp.shape[-1], smoothing)
-    softmax = terms.exp / terms.total[..., None]  # [..., V]
-    return weights[..., None] * (softmax - low - jnp.where(terms.is_target, confidence - low, 0.0))
+    return weights[..., None] * (terms.softmax() - low - jnp.where(terms.is_target, confidence - low, 0.0))
 
 
 def pair_consistency(

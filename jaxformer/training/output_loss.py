@@ -75,8 +75,9 @@ def _chunk(hidden, embedding, bias, targets, weights, smoothing: float, compute_
     grad_logits = logits_gradient(terms, weights, smoothing)  # [B, t, V]
     if rdrop_alpha > 0:
         log_probs = logits - terms.log_normalizer[..., None]  # [B, t, V]
-        probs = terms.exp / terms.total[..., None]  # [B, t, V]: the softmax, from its parts
-        divergence, grad_divergence = pair_consistency(_pairs(log_probs), _pairs(probs))  # [B/2, t], [B/2, 2, t, V]
+        divergence, grad_divergence = pair_consistency(
+            _pairs(log_probs), _pairs(terms.softmax())
+        )  # [B/2, t], [B/2, 2, t, V]
         example_weights = _pairs(weights)[:, 0]  # [B/2, t]: both copies weigh the same
         sums = {key: 0.5 * value for key, value in sums.items()}
         sums[_CONSISTENCY] = jnp.sum(divergence * example_weights)
