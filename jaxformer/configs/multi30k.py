@@ -46,10 +46,11 @@ def get_config():
     # about half the steps, each learning more. At the paper's weight for small corpora (alpha 5)
     # validation NLL fell to 1.48 on a fast 2-core hour where it had stopped at 1.57 without, and the
     # final choice rose from 41.42 to 42.37 and 42.16 (two seeds). A lighter weight fits faster in
-    # steps this few: alpha 3 ended at NLL 1.434 and 42.77, alpha 2 at 1.424 and 43.07. With float32
-    # products (4,760 steps) alpha 5 ended 0.3-1.1 below the runs without it. Plain steps for the
-    # first 40% of the hour (training.rdrop_start=0.4) ended at NLL 1.496 and 41.89 (alpha 5): R-Drop
-    # runs from the first step (README: Results, "R-Drop" and "R-Drop's weight").
+    # steps this few: alpha 3 ended at NLL 1.434 and 42.77, alpha 2 at 1.424 and 43.07; alpha 1 overfit
+    # the last third (1.439 and 42.36). With float32 products (4,760 steps) alpha 5 ended 0.3-1.1
+    # below the runs without it. Plain steps for the first 40% of the hour (training.rdrop_start=0.4)
+    # ended at NLL 1.496 and 41.89 (alpha 5): R-Drop runs from the first step (README: Results,
+    # "R-Drop" and "R-Drop's weight").
     config.training.rdrop_alpha = 2.0
     config.training.loss_chunk_tokens = 256  # 1-6% faster steps than 512 on 2 cores (benchmarks.step_options)
     config.training.log_every_steps = 50
