@@ -13,6 +13,10 @@ machine slows all alike and `speedup` (the baseline's median step time over the 
 - `loss_chunk_N`: the fused dropout with the output projection and loss in chunks of N target
   tokens (`training.loss_chunk_tokens`).
 - `no_dropout`: dropout rate 0, the floor any dropout implementation can reach.
+- `rbg_dropout`, `unsafe_rbg_dropout`: the masks from `jax.random.bernoulli` under jax's other
+  random-bit generators (`jax_default_prng_impl`: XLA's RngBitGenerator, with Threefry or no
+  Threefry at all for splitting and folding in), which large JAX trainers use on TPUs as the
+  cheaper generator; different bits from the same seed.
 - `vd_embedding_grad`: the fused dropout with the output embedding's gradient contracted
   straight to [V, D] in each loss chunk, as `jaxformer/training/output_loss.py` did before it
   accumulated [D, V] and transposed the sum once.
@@ -38,6 +42,7 @@ machine slows all alike and `speedup` (the baseline's median step time over the 
 from __future__ import annotations
 
 import contextlib
+import functools
 from collections.abc import Iterator
 
 import flax.linen as nn
@@ -134,6 +139,19 @@ def _vd_sums_and_grads(hidden, embedding, bias, targets, weights, smoothing, chu
 
 
 @contextlib.contextmanager
+def prng_impl(name: str) -> Iterator[None]:
+    """While open, jax's keys (the train state's dropout key included) are of generator `name`
+    (`jax_default_prng_impl`), so the model's dropout draws with `jax.random.bernoulli` on them
+    (trace and compile inside)."""
+    previous = jax.config.jax_default_prng_impl
+    jax.config.update("jax_default_prng_impl", name)
+    try:
+        yield
+    finally:
+        jax.config.update("jax_default_prng_impl", previous)
+
+
+@contextlib.contextmanager
 def vd_embedding_grad() -> Iterator[None]:
     """While open, the fused output loss computes the embedding's gradient as [V, D] in each
     chunk (`_vd_sums_and_grads`; trace and compile inside)."""
@@ -204,6 +222,8 @@ def bench(
         "fused_dropout": (config, default_chunk, plain, 0.0),
         **{f"loss_chunk_{chunk}": (config, chunk, plain, 0.0) for chunk in CHUNKS if chunk != default_chunk},
         "no_dropout": (config.replace(dropout_rate=0.0), default_chunk, plain, 0.0),
+        "rbg_dropout": (config, default_chunk, functools.partial(prng_impl, "rbg"), 0.0),
+        "unsafe_rbg_dropout": (config, default_chunk, functools.partial(prng_impl, "unsafe_rbg"), 0.0),
         "vd_embedding_grad": (config, default_chunk, vd_embedding_grad, 0.0),
         "rdrop": (config, default_chunk, plain, RDROP_ALPHA),
         "rdrop_exp": (config, default_chunk, exponentiated_pair_probs, RDROP_ALPHA),

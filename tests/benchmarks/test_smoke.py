@@ -92,6 +92,8 @@ def test_step_options_are_timed_against_flax_dropout(tmp_path, capsys):
         "loss_chunk_256",
         "loss_chunk_128",
         "no_dropout",
+        "rbg_dropout",
+        "unsafe_rbg_dropout",
         "vd_embedding_grad",
         "rdrop",
         "rdrop_exp",
@@ -179,3 +181,26 @@ def test_exponentiated_pair_probs_stand_in_for_the_softmax_in_r_drops_loss():
         swapped = loss_and_grads()
     for got, want in zip(jax.tree.leaves(swapped), jax.tree.leaves(loss_and_grads())):
         np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.parametrize("impl", ["rbg", "unsafe_rbg"])
+def test_prng_impl_draws_the_models_dropout_from_another_generator(impl):
+    """step_options' rbg rows: inside the context the train state's key is of the other generator
+    and dropout falls back to `jax.random.bernoulli` on it (other masks than Threefry's); outside,
+    Threefry again."""
+    import jax
+    import numpy as np
+
+    from benchmarks.step_options import prng_impl
+    from jaxformer.model.dropout import keep_mask
+
+    threefry_mask = keep_mask(jax.random.PRNGKey(0), 0.8, (64, 64))
+    with prng_impl(impl):
+        key = jax.random.PRNGKey(0)
+        assert key.shape == (4,)  # RngBitGenerator's key; Threefry's is 2 words
+        mask = keep_mask(key, 0.8, (64, 64))
+        np.testing.assert_array_equal(mask, jax.random.bernoulli(key, 0.8, (64, 64)))
+    assert jax.config.jax_default_prng_impl == "threefry2x32"
+    assert jax.random.PRNGKey(0).shape == (2,)
+    assert not np.array_equal(mask, threefry_mask)
+    assert 0.7 < float(np.mean(mask)) < 0.9
