@@ -1,0 +1,184 @@
+"""XLA compiler options, and data parallelism over virtual CPU devices, against an experiment
+config's own train step, interleaved in one run.
+
+    python -m benchmarks.xla_options [--config multi30k] [--option NAME=KEY:VALUE[,KEY:VALUE]] [--devices N]
+
+The `default` row is the train step as `jaxformer/training/loop.py` compiles it for the config
+(`--config`: a shipped config's name or a file): its model, with `model.matmul_dtype` resolved for
+this machine; its `training` section (R-Drop, loss chunks, label smoothing) and optimizer; under
+its mesh's logical-axis rules, on one device; over one batch of the config's shape
+(`data.batch_size` rows of `data.max_length` random tokens each side, `tokenizer.vocab_size`
+pieces, shared). Every other row changes one thing, and all are timed in turn, one step of each
+per round, so `speedup` (the default's median step time over the row's) holds on a busy machine:
+
+- `--option NAME=KEY:VALUE[,KEY:VALUE]` (repeatable; default: DEFAULT_OPTIONS): the same program
+  compiled with those XLA compiler options, as `XLA_FLAGS="--KEY=VALUE"` would set them for the
+  whole process (`jax.jit(...).lower(...).compile(compiler_options=...)`).
+- `data_parallel_N` (`--devices N`; default: this machine's cores, on a CPU): the same step over
+  a mesh of N devices, the rows split over its data axis. On a CPU they are virtual devices
+  (`jax_num_cpu_devices`) sharing the cores: each runs its share of the rows as a program of its
+  own, beside XLA's intra-op threads, which leave the cores idle between small operations.
+"""
+
+from __future__ import annotations
+
+import os
+
+import flax.linen as nn
+import jax
+
+from benchmarks.common import TrainSteps, median, parser, random_batch, report, time_interleaved
+from jaxformer.model.architectures import build_model
+from jaxformer.training import sharding
+from jaxformer.training.config_file import load_config
+from jaxformer.training.experiment import model_config
+from jaxformer.training.objectives import objective_for
+from jaxformer.training.optimizer import make_optimizer
+from jaxformer.training.state import make_init_fn
+from jaxformer.training.step import make_train_step
+
+COLUMNS = ("config", "variant", "devices", "options", "batch", "length", "step_ms", "tokens_per_s", "speedup")
+
+# XLA:CPU options that could change a small model's step time (jax 0.10.2's XLA).
+DEFAULT_OPTIONS = {
+    # A scheduler that orders independent operations so that more of them can run at once.
+    "concurrency_scheduler": {"xla_cpu_enable_concurrency_optimized_scheduler": True},
+    # 512-bit vectors in XLA's own loops (fusions) on AVX-512 CPUs; the default prefers 256.
+    "vector_width_512": {"xla_cpu_prefer_vector_width": 512},
+    # Fast math in the fusions (reassociation, approximate functions): other numerics, so a
+    # measure of what exactness costs, not a setting to train with.
+    "fast_math": {"xla_cpu_enable_fast_math": True},
+}
+SMOKE_OPTIONS = {"concurrency_scheduler": DEFAULT_OPTIONS["concurrency_scheduler"]}
+
+
+def option_value(text: str) -> bool | int | float | str:
+    """An option's value from the command line: true/false, an integer, a float, or the text."""
+    if text.lower() in ("true", "false"):
+        return text.lower() == "true"
+    for kind in (int, float):
+        try:
+            return kind(text)
+        except ValueError:
+            pass
+    return text
+
+
+def parse_option(text: str) -> tuple[str, dict]:
+    """`NAME=KEY:VALUE[,KEY:VALUE]` -> (NAME, {KEY: VALUE})."""
+    name, _, pairs = text.partition("=")
+    options = {}
+    for pair in pairs.split(","):
+        key, sep, value = pair.partition(":")
+        if not (name and sep and key and value):
+            raise SystemExit(
+                f"--option {text!r}: expected NAME=KEY:VALUE[,KEY:VALUE], e.g. fast=xla_cpu_enable_fast_math:true"
+            )
+        options[key.strip()] = option_value(value.strip())
+    return name, options
+
+
+def use_devices(count: int) -> list:
+    """The first `count` devices, adding virtual CPU devices where jax's backend has not started
+    (a process started with XLA_FLAGS' host_platform_device_count keeps its count)."""
+    if count > 1 and "host_platform_device_count" not in os.environ.get("XLA_FLAGS", ""):
+        try:
+            jax.config.update("jax_num_cpu_devices", count)
+        except RuntimeError:  # the backend already runs with its devices
+            pass
+    devices = jax.devices()
+    if len(devices) < count:
+        raise SystemExit(f"--devices {count}: this process has {len(devices)} device(s) ({devices[0].platform})")
+    return devices[:count]
+
+
+def experiment_steps(config, variants: dict[str, tuple[int, dict]], devices: list) -> dict[str, TrainSteps]:
+    """{row: the config's train step compiled on `devices[:k]` with those compiler options,
+    ready to run} for `variants` {row: (k, options)}."""
+    model = build_model(model_config(config, config.tokenizer.vocab_size))
+    objective = objective_for(model.config, None, config.training.seed)
+    optimizer, learning_rate = make_optimizer(config.optimizer, model.config.d_model)
+    length = config.data.max_length
+    rows = random_batch(0, model.config.vocab_size, config.data.batch_size, length, length, objective.features)
+    rules = sharding.rules_from_config(config.mesh.logical_axis_rules)
+    init_fn = make_init_fn(model, optimizer, length, length)
+    steps = {}
+    for name, (count, options) in variants.items():
+        mesh = sharding.make_mesh(config.mesh.shape, devices[:count])
+        sharding.check_batch_size(config.data.batch_size, mesh, rules)
+        with jax.set_mesh(mesh), nn.logical_axis_rules(rules):
+            boxed = jax.eval_shape(make_init_fn(model, optimizer, length, length, boxed=True), config.training.seed)
+            state_shardings = sharding.logical_shardings(boxed, mesh, rules)
+            batch_sharding = sharding.batch_sharding(mesh, rules)
+            state = jax.jit(init_fn, out_shardings=state_shardings)(config.training.seed)
+            batch = sharding.global_batch(rows, batch_sharding)
+            step = jax.jit(
+                make_train_step(model, optimizer, learning_rate, config.training, objective, rdrop=True),
+                in_shardings=(state_shardings, batch_sharding),
+                out_shardings=(state_shardings, sharding.replicated(mesh)),
+                donate_argnums=0,
+            )
+            steps[name] = TrainSteps(step.lower(state, batch).compile(compiler_options=options or None), state, batch)
+    return steps
+
+
+def main(argv=None) -> list[dict]:
+    arguments = parser(__doc__.splitlines()[0])
+    arguments.add_argument("--config", default="multi30k", help="an experiment config: a shipped name or a file")
+    arguments.add_argument(
+        "--option",
+        action="append",
+        default=None,
+        metavar="NAME=KEY:VALUE[,KEY:VALUE]",
+        help="a row of compiler options",
+    )
+    arguments.add_argument(
+        "--devices",
+        type=int,
+        default=None,
+        help="the data_parallel row's devices (default: the cores, on a CPU; 1: none)",
+    )
+    args = arguments.parse_args(argv)
+    options = dict(map(parse_option, args.option)) if args.option else SMOKE_OPTIONS if args.smoke else DEFAULT_OPTIONS
+    if "default" in options:
+        raise SystemExit("--option default=...: `default` is the row without options; name the row otherwise")
+    config = load_config("tiny" if args.smoke else args.config)
+    count = args.devices if args.devices is not None else (2 if args.smoke else os.cpu_count() or 1)
+    devices = use_devices(count)
+    if args.devices is None and devices[0].platform != "cpu":
+        devices = devices[:1]  # no virtual devices beside an accelerator: pass --devices for real ones
+    variants = {"default": (1, {}), **{name: (1, values) for name, values in options.items()}}
+    if len(devices) > 1:
+        variants[f"data_parallel_{len(devices)}"] = (len(devices), {})
+    steps = experiment_steps(config, variants, devices)
+    seconds = {
+        name: median(times) for name, times in time_interleaved(steps, args.iters or (2 if args.smoke else 10)).items()
+    }
+    batch, length = config.data.batch_size, config.data.max_length
+    rows = [
+        {
+            "config": "tiny" if args.smoke else args.config,
+            "variant": name,
+            "devices": count,
+            "options": ",".join(f"{key}={value}" for key, value in values.items()),
+            "batch": batch,
+            "length": length,
+            "step_ms": 1000 * seconds[name],
+            "tokens_per_s": batch * length / seconds[name],
+            "speedup": seconds["default"] / seconds[name],
+        }
+        for name, (count, values) in variants.items()
+    ]
+    training = config.training
+    matmul_dtype = model_config(config, config.tokenizer.vocab_size).matmul_dtype or "float32"
+    notes = [
+        "  speedup: the default row's median step time over the row's, timed interleaved in this run",
+        f"  the config's own step: matmul_dtype {matmul_dtype}, "
+        f"R-Drop alpha {training.rdrop_alpha}, loss chunks of {training.loss_chunk_tokens} tokens, "
+        f"label smoothing {training.label_smoothing}; {devices[0].platform}",
+    ]
+    return report("xla_options", rows, COLUMNS, args.json, "XLA options and devices, interleaved", notes)
+
+
+if __name__ == "__main__":
+    main()
