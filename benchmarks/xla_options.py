@@ -7,9 +7,10 @@ The `default` row is the train step as `jaxformer/training/loop.py` compiles it 
 (`--config`: a shipped config's name or a file): its model, with `model.matmul_dtype` resolved for
 this machine; its `training` section (R-Drop, loss chunks, label smoothing) and optimizer; under
 its mesh's logical-axis rules, on one device; over one batch of the config's shape
-(`data.batch_size` rows of `data.max_length` random tokens each side, `tokenizer.vocab_size`
-pieces, shared). Every other row changes one thing, and all are timed in turn, one step of each
-per round, so `speedup` (the default's median step time over the row's) holds on a busy machine:
+(`data.batch_size` rows of `data.max_length` random tokens each side, one pair a row with its
+segment ids and positions, as `jaxformer/training/pace.py` times configs for a sweep). Every
+other row changes one thing, and all are timed in turn, one step of each per round, so `speedup`
+(the default's median step time over the row's) holds on a busy machine:
 
 - `--option NAME=KEY:VALUE[,KEY:VALUE]` (repeatable; default: DEFAULT_OPTIONS): the same program
   compiled with those XLA compiler options, as `XLA_FLAGS="--KEY=VALUE"` would set them for the
@@ -24,18 +25,12 @@ from __future__ import annotations
 
 import os
 
-import flax.linen as nn
 import jax
 
-from benchmarks.common import TrainSteps, median, parser, random_batch, report, time_interleaved
-from jaxformer.model.architectures import build_model
-from jaxformer.training import sharding
+from benchmarks.common import median, parser, report, time_interleaved
 from jaxformer.training.config_file import load_config
 from jaxformer.training.experiment import model_config
-from jaxformer.training.objectives import objective_for
-from jaxformer.training.optimizer import make_optimizer
-from jaxformer.training.state import make_init_fn
-from jaxformer.training.step import make_train_step
+from jaxformer.training.pace import ConfigTrainStep
 
 COLUMNS = ("config", "variant", "devices", "options", "batch", "length", "step_ms", "tokens_per_s", "speedup")
 
@@ -92,33 +87,13 @@ def use_devices(count: int) -> list:
     return devices[:count]
 
 
-def experiment_steps(config, variants: dict[str, tuple[int, dict]], devices: list) -> dict[str, TrainSteps]:
-    """{row: the config's train step compiled on `devices[:k]` with those compiler options,
-    ready to run} for `variants` {row: (k, options)}."""
-    model = build_model(model_config(config, config.tokenizer.vocab_size))
-    objective = objective_for(model.config, None, config.training.seed)
-    optimizer, learning_rate = make_optimizer(config.optimizer, model.config.d_model)
-    length = config.data.max_length
-    rows = random_batch(0, model.config.vocab_size, config.data.batch_size, length, length, objective.features)
-    rules = sharding.rules_from_config(config.mesh.logical_axis_rules)
-    init_fn = make_init_fn(model, optimizer, length, length)
+def experiment_steps(config, variants: dict[str, tuple[int, dict]], devices: list) -> dict[str, ConfigTrainStep]:
+    """{row: the config's train step as the training loop builds it (jaxformer/training/pace.py),
+    on `devices[:k]`, compiled with those compiler options} for `variants` {row: (k, options)}."""
     steps = {}
     for name, (count, options) in variants.items():
-        mesh = sharding.make_mesh(config.mesh.shape, devices[:count])
-        sharding.check_batch_size(config.data.batch_size, mesh, rules)
-        with jax.set_mesh(mesh), nn.logical_axis_rules(rules):
-            boxed = jax.eval_shape(make_init_fn(model, optimizer, length, length, boxed=True), config.training.seed)
-            state_shardings = sharding.logical_shardings(boxed, mesh, rules)
-            batch_sharding = sharding.batch_sharding(mesh, rules)
-            state = jax.jit(init_fn, out_shardings=state_shardings)(config.training.seed)
-            batch = sharding.global_batch(rows, batch_sharding)
-            step = jax.jit(
-                make_train_step(model, optimizer, learning_rate, config.training, objective, rdrop=True),
-                in_shardings=(state_shardings, batch_sharding),
-                out_shardings=(state_shardings, sharding.replicated(mesh)),
-                donate_argnums=0,
-            )
-            steps[name] = TrainSteps(step.lower(state, batch).compile(compiler_options=options or None), state, batch)
+        steps[name] = ConfigTrainStep(config, devices=devices[:count])
+        steps[name].compile(options or None)
     return steps
 
 

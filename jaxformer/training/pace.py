@@ -24,6 +24,7 @@ import logging
 import re
 import statistics
 import time
+from collections.abc import Sequence
 
 import flax.linen as nn
 import jax
@@ -69,17 +70,21 @@ class Pace:
         return max(1, round(reference_steps * self.speed))
 
 
-class _TrainSteps:
+class ConfigTrainStep:
     """One config's jitted train step (`rdrop=False`: its plain step) on its own state and random
-    batch: `lowered_text()` is the program without its constants; each call takes one step."""
+    batch, over `devices` (default: all; benchmarks.xla_options times it on fewer):
+    `lowered_text()` is the program without its constants; each call takes one step and returns
+    its metrics."""
 
-    def __init__(self, config: ml_collections.ConfigDict, rdrop: bool = True):
+    def __init__(
+        self, config: ml_collections.ConfigDict, rdrop: bool = True, devices: Sequence[jax.Device] | None = None
+    ):
         data, training = config.data, config.training
         self.rdrop = rdrop and training.rdrop_alpha > 0
         source_size, target_size = experiment.vocabulary_sizes(config)
         shared = not config.tokenizer.separate_vocabularies
         model_config = experiment.model_config(config, target_size, None if shared else source_size)
-        self.mesh = sharding.make_mesh(config.mesh.shape)
+        self.mesh = sharding.make_mesh(config.mesh.shape, devices)
         self.rules = sharding.rules_from_config(config.mesh.logical_axis_rules)
         sharding.check_batch_size(data.batch_size, self.mesh, self.rules)
         with self._context():
@@ -111,13 +116,14 @@ class _TrainSteps:
     def lowered_text(self) -> str:
         return _CONSTANT.sub("dense<>", self.lowered.as_text())
 
-    def compile(self) -> None:
+    def compile(self, compiler_options: dict | None = None) -> None:
+        """Compiles the step, with XLA `compiler_options` (as XLA_FLAGS would set them) if given."""
         with self._context():
-            self.compiled = self.lowered.compile()
+            self.compiled = self.lowered.compile(compiler_options=compiler_options)
 
-    def __call__(self) -> None:
+    def __call__(self) -> dict:
         self.state, metrics = self.compiled(self.state, self.batch)
-        jax.block_until_ready(metrics)
+        return jax.block_until_ready(metrics)
 
 
 def random_rows(
@@ -137,15 +143,15 @@ def random_rows(
     return batch
 
 
-def _programs(config: ml_collections.ConfigDict) -> list[tuple[float, _TrainSteps]]:
+def _programs(config: ml_collections.ConfigDict) -> list[tuple[float, ConfigTrainStep]]:
     """The config's train programs, each with the share of the steps it takes under a step budget."""
     if RDropStart.from_config(config.training) is None:
-        return [(1.0, _TrainSteps(config))]
+        return [(1.0, ConfigTrainStep(config))]
     plain_share = config.training.rdrop_start
-    return [(plain_share, _TrainSteps(config, rdrop=False)), (1.0 - plain_share, _TrainSteps(config))]
+    return [(plain_share, ConfigTrainStep(config, rdrop=False)), (1.0 - plain_share, ConfigTrainStep(config))]
 
 
-def _signature(programs: list[tuple[float, _TrainSteps]]) -> list[tuple[float, str]]:
+def _signature(programs: list[tuple[float, ConfigTrainStep]]) -> list[tuple[float, str]]:
     return [(share, steps.lowered_text()) for share, steps in programs]
 
 

@@ -157,7 +157,7 @@ def test_a_switching_configs_pace_is_the_mix_of_its_two_programs(monkeypatch):
     def fake_step(self):
         now[0] += RDROP_STEP_COST if self.rdrop else 1.0
 
-    monkeypatch.setattr(pace_module._TrainSteps, "__call__", fake_step)
+    monkeypatch.setattr(pace_module.ConfigTrainStep, "__call__", fake_step)
     switching = tiny("training.rdrop_alpha=1.0", "training.rdrop_start=0.25")
     pace = pace_module.relative_pace(switching, tiny())
     assert pace.timed and pace.seconds_per_step == pytest.approx(0.25 + 0.75 * RDROP_STEP_COST)
