@@ -12,7 +12,7 @@ from __future__ import annotations
 import json
 import logging
 import threading
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 
 import grain
 import ml_collections
@@ -29,6 +29,26 @@ def record_text(record, language: str) -> str:
     """One side of a tfds record as text: prepared datasets give bytes, tfds's mock data str."""
     value = record[language]
     return value.decode("utf-8") if isinstance(value, bytes) else str(value)
+
+
+READ_CHUNK = 4096  # records per batched read
+
+
+def read_records(source: Sequence, indices: Iterable[int] | None = None) -> Iterator:
+    """`source`'s records at `indices` (default: all of them), in order. Sources that read
+    batches (`__getitems__`: tfds's array_record sources) are read 4,096 records at a time: one
+    random access per record took 5.0 s for Multi30k's 29,000 training pairs through grain
+    against 0.8 s in batches."""
+    indices = range(len(source)) if indices is None else indices
+    batched = getattr(source, "__getitems__", None)
+    chunk: list[int] = []
+    for index in indices:
+        chunk.append(int(index))
+        if len(chunk) == READ_CHUNK:
+            yield from batched(chunk) if batched else (source[key] for key in chunk)
+            chunk = []
+    if chunk:
+        yield from batched(chunk) if batched else (source[key] for key in chunk)
 
 
 class TokenizePair:
@@ -73,12 +93,11 @@ class TokenizePair:
     def __call__(self, record) -> dict[str, np.ndarray]:
         return self._encode_sides(record, lambda tokenizer, text: tokenizer.encode(text))
 
-    def encode_all(self, records: Sequence) -> EncodedSplit:
+    def encode_all(self, records: Iterable) -> EncodedSplit:
         """`__call__` of every record, as one EncodedSplit: each side's texts go to sentencepiece
         as one list (its own threads), not one string at a time."""
         texts = {feature: [] for feature in self.sides}
-        for index in range(len(records)):
-            record = records[index]  # read (and decoded) once for both sides
+        for record in records:  # read (and decoded) once for both sides
             for feature, (_, language) in self.sides.items():
                 texts[feature].append(record_text(record, language))
         sides = self.sides.items()
@@ -156,7 +175,8 @@ def train_dataset(
     records = grain.MapDataset.source(source)[:usable][shard_index::shard_count]
     encode_once = tokenize.sampling is None and len(records) <= data.encode_once_max_examples
     if encode_once:
-        records = grain.MapDataset.source(tokenize.encode_all(records))
+        shard = range(shard_index, usable, shard_count)  # the records above, read in batches
+        records = grain.MapDataset.source(tokenize.encode_all(read_records(source, shard)))
     dataset = records.shuffle(seed=data.shuffle_seed).repeat(None)  # shuffle before repeat: a new order per epoch
     if tokenize.sampling is not None:
         dataset = dataset.random_map(tokenize.sample, seed=data.shuffle_seed)
@@ -180,7 +200,7 @@ def eval_batches(
     max_length, batch_size = data.max_length, data.eval_batch_size
     count = len(source) if data.max_eval_examples is None else min(data.max_eval_examples, len(source))
     length_filter = LengthFilter(max_length)
-    dataset = grain.MapDataset.source(source)[:count].map(tokenize)
+    dataset = grain.MapDataset.source(list(read_records(source, range(count)))).map(tokenize)
     dataset = dataset.filter(length_filter).to_iter_dataset(grain.ReadOptions(num_threads=0, prefetch_buffer_size=0))
     rows = list(_pack(dataset, max_length, batch_size, shuffle_bins=False, features=tokenize.features))
     if length_filter.dropped:

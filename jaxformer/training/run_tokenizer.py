@@ -15,7 +15,7 @@ import jax
 import ml_collections
 import numpy as np
 
-from jaxformer.data.pipeline import record_text
+from jaxformer.data.pipeline import read_records, record_text
 from jaxformer.data.tokenizer import Tokenizer, TokenizerError, train_tokenizer
 from jaxformer.errors import CheckpointError
 from jaxformer.run.directory import RunDirectory
@@ -69,16 +69,9 @@ def _sentences(train_source: Sequence, languages: Sequence[str], max_sentences: 
     if len(indices) * len(languages) > max_sentences:
         sample_size = max(1, max_sentences // len(languages))
         indices = np.sort(np.random.default_rng(seed).choice(len(indices), sample_size, replace=False))
-    chunk = 4096  # batched reads: one random access per record is several times slower
-    for start in range(0, len(indices), chunk):
-        chosen = [int(i) for i in indices[start : start + chunk]]
-        if hasattr(train_source, "__getitems__"):
-            records = train_source.__getitems__(chosen)
-        else:
-            records = [train_source[i] for i in chosen]
-        for record in records:
-            for language in languages:
-                yield record_text(record, language)
+    for record in read_records(train_source, indices):
+        for language in languages:
+            yield record_text(record, language)
 
 
 def _one_tokenizer(

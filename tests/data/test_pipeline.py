@@ -1,7 +1,8 @@
 import numpy as np
 import pytest
 
-from jaxformer.data.pipeline import LengthFilter, TokenizePair, eval_batches, train_dataset
+from jaxformer.data import pipeline
+from jaxformer.data.pipeline import LengthFilter, TokenizePair, eval_batches, read_records, train_dataset
 from jaxformer.data.tokenizer import train_tokenizer
 from jaxformer.training.experiment import default_config
 
@@ -155,12 +156,42 @@ def test_eval_batches_cover_every_pair_once(corpus):
     assert sorted(pairs) == sorted(kept_pairs(corpus))  # every pair that fits, once
 
 
+class BatchedSource:
+    """A list read as tfds's array_record sources are, one record or a batch (`__getitems__`) at
+    a time; it keeps the batches asked for."""
+
+    def __init__(self, records):
+        self.records, self.batches = records, []
+
+    def __len__(self):
+        return len(self.records)
+
+    def __getitem__(self, index):
+        return self.records[index]
+
+    def __getitems__(self, keys):
+        self.batches.append(list(keys))
+        return [self.records[key] for key in keys]
+
+
+def test_records_are_read_in_order_in_batches_where_the_source_reads_batches(monkeypatch):
+    monkeypatch.setattr(pipeline, "READ_CHUNK", 7)
+    source = BatchedSource([f"record {index}" for index in range(30)])
+    assert list(read_records(source, range(1, 30, 2))) == [f"record {index}" for index in range(1, 30, 2)]
+    assert source.batches == [[1, 3, 5, 7, 9, 11, 13], [15, 17, 19, 21, 23, 25, 27], [29]]
+    assert list(read_records(source)) == source.records
+    assert list(read_records(source.records, [5, 3])) == ["record 5", "record 3"]  # one at a time
+
+
 @pytest.mark.parametrize("shard_index, shard_count", [(0, 1), (1, 2)])
 def test_encoding_once_gives_the_streamed_batches_and_states(corpus, shard_index, shard_count):
-    """A shard small enough to encode up front yields the batches, in the order, and the iterator
-    states of encoding each record as it is drawn; either one's state restores the other, so a
-    run resumed across the change continues exactly."""
-    once = iter(make(corpus, shard_index=shard_index, shard_count=shard_count))
+    """A shard small enough to encode up front (read in batches) yields the batches, in the order,
+    and the iterator states of encoding each record as it is drawn; either one's state restores
+    the other, so a run resumed across the change continues exactly."""
+    records, tokenizer = corpus
+    batched = BatchedSource(records)
+    once = iter(make((batched, tokenizer), shard_index=shard_index, shard_count=shard_count))
+    assert sum(map(len, batched.batches)) == len(records) // shard_count  # the shard, read in batches
     streamed = iter(make(corpus, shard_index=shard_index, shard_count=shard_count, encode_once_max_examples=0))
     for _ in range(25):  # past the end of the first epoch (300 pairs, about 8 a batch)
         want, got = next(streamed), next(once)
