@@ -85,6 +85,7 @@ def test_smoke_with_torch(name, tmp_path, capsys):
     assert any(row["impl"] == "torch" for row in rows)
 
 
+@pytest.mark.slow  # ten step variants compiled and timed: about a minute
 def test_step_options_are_timed_against_flax_dropout(tmp_path, capsys):
     rows = run_smoke("step_options", tmp_path, capsys)
     assert [row["variant"] for row in rows] == [

@@ -9,6 +9,7 @@ from jaxformer.training.config_file import load_config
 from tests.benchmarks.test_smoke import run_smoke
 
 
+@pytest.mark.slow  # five compilations of the step; the option and data-parallel paths are tested below
 def test_smoke_times_the_options_and_the_data_parallel_row_against_the_default(tmp_path, capsys):
     rows = run_smoke("xla_options", tmp_path, capsys)
     assert [(row["variant"], row["devices"]) for row in rows] == [
@@ -31,11 +32,13 @@ def test_options_parse_to_typed_compiler_options():
             xla_options.parse_option(bad)
 
 
+@pytest.mark.slow  # the step lowered and compiled
 def test_an_option_reaches_the_compiler():
     with pytest.raises(Exception, match="xla_cpu_no_such_option"):
         xla_options.main(["--smoke", "--devices", "1", "--option", "bad=xla_cpu_no_such_option:true"])
 
 
+@pytest.mark.slow  # the step compiled for 1 and 2 devices; steps across meshes are compared in test_sharding.py
 def test_the_data_parallel_step_splits_the_rows_and_computes_the_same_step():
     config = load_config("tiny")
     steps = xla_options.experiment_steps(config, {"one": (1, {}), "two": (2, {})}, jax.devices()[:2])

@@ -116,6 +116,7 @@ def test_exact_resume_after_sigkill(straight_run, data_dir, tmp_path):
     assert losses(workdir, "eval/loss") == losses(straight_run, "eval/loss")
 
 
+@pytest.mark.slow  # two more runs; the stream's exact restore is unit-tested in tests/data/test_subword_sampling.py
 def test_subword_sampling_trains_other_segmentations_and_resumes_exactly(straight_run, data_dir, tmp_path):
     sampling = ("--config.tokenizer.sampling_nbest=8", "--config.tokenizer.sampling_alpha=0.1")
     straight, killed = tmp_path / "sampled", tmp_path / "sampled_killed"

@@ -50,6 +50,7 @@ def test_a_config_without_dropout_is_another_program_and_is_timed():
     assert pace.timed and pace.seconds_per_step > 0 and pace.reference_seconds_per_step > 0
 
 
+@pytest.mark.slow  # two models timed; the timed path is also taken by the test above
 def test_a_larger_model_is_measured_slower_in_proportion():
     pace = relative_pace(tiny("model.d_model=128", "model.d_ff=512", "model.num_heads=4"), tiny())
     assert pace.timed

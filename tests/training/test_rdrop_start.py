@@ -109,7 +109,9 @@ def test_the_first_steps_are_a_plain_runs_and_the_rest_r_drop_steps(switched_run
     assert "consistency" in last_metrics(switched_run)["train"]
 
 
-@pytest.mark.parametrize("stopped_at", [5, 20])  # before the switch, and after it
+@pytest.mark.parametrize(
+    "stopped_at", [5, pytest.param(20, marks=pytest.mark.slow)]
+)  # before the switch, and after it (-m slow; the schedule's switch is unit-tested above)
 def test_resuming_on_either_side_of_the_switch_is_exact(switched_run, data_dir, tmp_path, stopped_at):
     resumed = tmp_path / "resumed"
     shutil.copytree(switched_run, resumed)
@@ -158,6 +160,7 @@ def test_a_switching_configs_pace_is_the_mix_of_its_two_programs(monkeypatch):
         now[0] += RDROP_STEP_COST if self.rdrop else 1.0
 
     monkeypatch.setattr(pace_module.ConfigTrainStep, "__call__", fake_step)
+    monkeypatch.setattr(pace_module.ConfigTrainStep, "compile", lambda self, compiler_options=None: None)
     switching = tiny("training.rdrop_alpha=1.0", "training.rdrop_start=0.25")
     pace = pace_module.relative_pace(switching, tiny())
     assert pace.timed and pace.seconds_per_step == pytest.approx(0.25 + 0.75 * RDROP_STEP_COST)

@@ -13,7 +13,14 @@ import pytest
 
 from jaxformer.commands import sweep as sweep_command
 from jaxformer.run.loading import load_checkpoint
-from jaxformer.training.sweep import load_sweep, make_variants
+from jaxformer.training.sweep import (
+    load_sweep,
+    make_variants,
+    results_table,
+    seed_run_name,
+    seeds_row,
+    with_seed_offset,
+)
 from tests.training.test_loop import ROOT, environment
 
 pytestmark = pytest.mark.xdist_group("sweep")
@@ -84,6 +91,7 @@ def test_a_sweep_trains_each_variant_and_ranks_them_by_validation_bleu(tmp_path,
     assert paced.returncode == 2 and "not a --baseline_steps one" in paced.stderr, paced.stderr[-2000:]
 
 
+@pytest.mark.slow  # a pace and two runs; the pace is unit-tested in test_pace.py
 def test_a_step_budget_gives_each_variant_the_reference_steps_times_its_measured_speed(tmp_path, data_dir):
     sweep_file = write_sweep(
         tmp_path / "paced.py",
@@ -116,6 +124,7 @@ def test_a_step_budget_gives_each_variant_the_reference_steps_times_its_measured
         assert again.stderr.count("error: ") == 1
 
 
+@pytest.mark.slow  # three runs; the seeds' configs and their row are unit-tested below
 def test_seeds_train_each_variant_again_with_moved_seeds_and_rank_by_the_mean(tmp_path, data_dir):
     sweep_file = write_sweep(tmp_path / "one.py", {"baseline": []})
     workdir = tmp_path / "sweep"
@@ -184,3 +193,25 @@ def test_the_shipped_sweep_builds_every_variant():
             section, leaf = key.split(".")
             assert str(variant.config[section][leaf]) == text  # applied as written
     assert all(variant.config.training.final_choice for variant in variants)
+
+
+def test_seed_k_moves_both_seeds_by_k_and_the_variant_scores_its_seeds_mean():
+    (variant,) = make_variants(TINY, {"baseline": []}, [("training.final_choice", "True")])
+    assert with_seed_offset(variant.config, 0) is variant.config  # seed 0: the run of a one-seed sweep
+    moved = with_seed_offset(variant.config, 2)
+    assert moved.training.seed == variant.config.training.seed + 2
+    assert moved.data.shuffle_seed == variant.config.data.shuffle_seed + 2
+    assert moved.model == variant.config.model and moved.optimizer == variant.config.optimizer
+    assert [seed_run_name(variant, k) for k in range(3)] == ["baseline", "baseline@seed1", "baseline@seed2"]
+
+    def seed(bleu, steps, chosen, lowercase=None):
+        row = {"variant": "baseline", "changes": "", "speed": None, "steps": steps, "train_minutes": 1.0}
+        row.update(bleu=bleu, lowercase_bleu=lowercase, chrf=50.0, chosen=chosen, alpha=1.4)
+        return row | {f"{name}_bleu": bleu for name in ("latest", "best", "averaged")}
+
+    row = seeds_row([seed(30.0, 100, "best", 31.0), seed(32.0, 103, "averaged", None)])
+    assert row["bleu"] == 31.0 and row["seed_bleus"] == [30.0, 32.0] and row["steps"] == 102
+    assert row["lowercase_bleu"] is None  # one seed lacks it: no mean
+    assert row["chosen"] == "best, averaged" and row["alpha"] is None and len(row["seeds"]) == 2
+    table = results_table([row])
+    assert "| per seed |" in table and "30.00, 32.00" in table and "31.00" in table
