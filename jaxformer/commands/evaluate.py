@@ -35,7 +35,7 @@ from jaxformer.run.loading import load_checkpoint
 
 def split_pairs(workdir: str, split: str, max_examples: int | None) -> tuple[list[str], list[str]]:
     """(sources, references) of a split of the run's own dataset and language pair."""
-    from jaxformer.data.pipeline import record_text
+    from jaxformer.data.pipeline import read_records, record_text
     from jaxformer.data.sources import get_builder, load_split
 
     _, metadata, _ = load_checkpoint(workdir, "latest", params=False)
@@ -44,7 +44,7 @@ def split_pairs(workdir: str, split: str, max_examples: int | None) -> tuple[lis
     builder = get_builder(ml_collections.ConfigDict(data))
     records = load_split(builder, split, languages)
     count = len(records) if max_examples is None else min(max_examples, len(records))
-    rows = records.__getitems__(list(range(count)))
+    rows = list(read_records(records, range(count)))
     return [record_text(r, languages[0]) for r in rows], [record_text(r, languages[1]) for r in rows]
 
 

@@ -11,7 +11,7 @@ from typing import Any
 
 import ml_collections
 
-from jaxformer.data.pipeline import record_text
+from jaxformer.data.pipeline import read_records, record_text
 from jaxformer.data.tokenizer import Tokenizer
 from jaxformer.decoding.generate import DecodeSettings
 from jaxformer.decoding.scoring import corpus_scores
@@ -51,7 +51,7 @@ class ValidationSet:
         """`settings`: the search (default: the config's `decoding` section)."""
         data = config.data
         count = min(examples or len(eval_source), len(eval_source))
-        records = eval_source.__getitems__(list(range(count)))
+        records = list(read_records(eval_source, range(count)))
         self.sources = [record_text(record, data.source_language) for record in records]
         self.references = [record_text(record, data.target_language) for record in records]
         self.translator = Translator(
