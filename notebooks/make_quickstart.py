@@ -143,7 +143,7 @@ from jaxformer.training.loop import train_and_evaluate
 
 accelerator = jax.default_backend() != "cpu"
 config = default_config()
-config.model = model_section("base", d_model=192, num_heads=4, d_ff=768, num_encoder_layers=3, num_decoder_layers=3)
+config.model = model_section("base", d_model=160, num_heads=4, d_ff=640, num_encoder_layers=3, num_decoder_layers=3)
 config.data.max_length = 64
 config.data.batch_size = 32
 config.tokenizer.vocab_size = 8000
