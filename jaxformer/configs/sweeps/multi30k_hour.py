@@ -23,7 +23,7 @@ def get_sweep():
         "dff512": ["model.d_ff=512"],
         # fairseq's Transformer-Tiny as Wu et al. (2021) trained it to convergence on Multi30k
         # (41.02 tokenized BLEU on test_2016_flickr): 4 + 4 layers of width 128, dropout 0.3,
-        # peak rate about 4e-3. About 0.6x the FLOPs a token of `baseline` (d_model 160).
+        # peak rate about 4e-3. About two thirds of the FLOPs a token of `baseline` (d_model 160).
         "transformer_tiny": [
             "model.d_model=128",
             "model.num_heads=4",
