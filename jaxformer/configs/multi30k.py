@@ -11,7 +11,7 @@ def get_config():
     # width 192 trained 1.4-1.5x the steps of width 256 in the same time and ended as high on
     # validation BLEU (40.33 against 39.98); width 160 trains 1.3x the steps of 192 and, over two
     # seeds of a slower VM's hour (3,060-5,000 steps), ended 0.03-0.05 lower in validation NLL and
-    # 0.40 higher in BLEU on average (41.52 against 41.12; README: "The default on a slower VM").
+    # 0.40 higher in BLEU on average (41.52 against 41.12; docs/multi30k_runs.md, 2026-11-27).
     config.model = model_section("base")
     config.model.d_model = 160  # residual width
     config.model.num_heads = 4  # head size 40
@@ -21,11 +21,11 @@ def get_config():
     # The choices below (dropout, bf16 products, R-Drop's weight) were measured at width 192.
     # P_drop: 0.1 (the paper's base) let validation NLL stop falling from step ~4,000 of a fast
     # 2-core hour while training loss kept falling; 0.2 gave 41.96 validation BLEU against 39.58
-    # for 0.1 in the same hour (README: "Results").
+    # for 0.1 in the same hour (docs/multi30k_runs.md).
     config.model.dropout_rate = 0.2
     # bf16 operands for the weight products, float32 everything else, where the machine has bf16
     # dots (AVX512-BF16 CPUs, Ampere+ GPUs, TPUs; float32 elsewhere: jaxformer/hardware.py): 1.37x the
-    # steps of a fast 2-core hour and a final choice within a seed of float32's (README: Results).
+    # steps of a fast 2-core hour and a final choice within a seed of float32's (docs/multi30k_runs.md).
     config.model.matmul_dtype = "auto"
     config.data.name = "multi30k"  # the vendored corpus: no download
     config.data.source_language = "en"
@@ -52,7 +52,7 @@ def get_config():
     # steps this few: alpha 3 ended at NLL 1.434 and 42.77, alpha 2 at 1.424 and 43.07; alpha 1 overfit
     # the last third (1.439 and 42.36). With float32 products (4,760 steps) alpha 5 ended 0.3-1.1
     # below the runs without it. Plain steps for the first 40% of the hour (training.rdrop_start=0.4)
-    # ended at NLL 1.496 and 41.89 (alpha 5): R-Drop runs from the first step (README: Results,
+    # ended at NLL 1.496 and 41.89 (alpha 5): R-Drop runs from the first step (docs/multi30k_runs.md:
     # "R-Drop" and "R-Drop's weight").
     config.training.rdrop_alpha = 2.0
     config.training.loss_chunk_tokens = 256  # 1-6% faster steps than 512 on 2 cores (benchmarks.step_options)

@@ -3,10 +3,10 @@
 An R-Drop step (training.rdrop_alpha, step.py) runs the batch twice. It costs about two plain
 steps and, early in a run, learns less per second than they do. On a fast 2-core hour the plain
 steps had validation NLL 1.75 at 17 minutes, where the R-Drop steps had 1.92. R-Drop overtook
-the plain run only after 35 minutes, when the plain run had stopped improving (README: Results).
+the plain run only after 35 minutes, when the plain run had stopped improving (README: Results; docs/multi30k_runs.md).
 So a run can train plain until it is `rdrop_start` of the way through, then switch to R-Drop.
 Measured on that fast hour, 0.4 led at equal time until about 45 minutes, then ended behind R-Drop
-from the first step (README: Results), so `multi30k` keeps 0; a machine that buys far fewer steps
+from the first step (README: Results; docs/multi30k_runs.md), so `multi30k` keeps 0; a machine that buys far fewer steps
 in the hour is where a later start may pay.
 
 The run's progress is the larger of two fractions: the time budget spent

@@ -36,7 +36,7 @@ def get_sweep():
         ],
         # Regularisation: 29,000 pairs overfit a 3.4M-parameter model within the hour (multi30k: 0.2).
         "dropout0.1": ["model.dropout_rate=0.1"],
-        # 0.3 trailed 0.2 by 4 BLEU at step 3,500 of a fast VM's hour (README: "Three more changes").
+        # 0.3 trailed 0.2 by 4 BLEU at step 3,500 of a fast VM's hour (docs/multi30k_runs.md: "Three more changes").
         "dropout0.3": ["model.dropout_rate=0.3"],
         # fairseq's other two dropouts: on the attention weights and on the feed-forward's hidden layer.
         "attention_dropout0.1": ["model.attention_dropout_rate=0.1", "model.activation_dropout_rate=0.1"],
@@ -51,7 +51,7 @@ def get_sweep():
         "batch24": ["data.batch_size=24"],
         "batch48": ["data.batch_size=48"],
         # Vocabulary: size, and one per language with untied embeddings.
-        # 4,000: 1.11x the steps a second, behind at equal time on a fast VM (README, as above).
+        # 4,000: 1.11x the steps a second, behind at equal time on a fast VM (docs/multi30k_runs.md, as above).
         "vocab4000": ["tokenizer.vocab_size=4000"],
         "vocab12000": ["tokenizer.vocab_size=12000"],
         "separate_vocabularies": ["tokenizer.separate_vocabularies=True", "model.share_embeddings=False"],
