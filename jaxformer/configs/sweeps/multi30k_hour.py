@@ -4,7 +4,7 @@
 
 Each variant but `transformer_tiny` (a published recipe, taken whole) changes one thing in the
 config (its 55-minute training budget, budget schedule and final choice included), so each row of
-the table reads against `baseline`: about 29 hours on 2
+the table reads against `baseline`: 31 runs, about 30 hours on 2
 cores in all, about an hour per variant. What the final choice decodes with (beam size, length
 penalty) and how many checkpoints it averages need no training: compare them on the winner with
 `jaxformer-evaluate --split validation --checkpoint averaged|best|final --beam_size K --alpha A`.
@@ -17,6 +17,7 @@ def get_sweep():
         # Width and depth: a smaller model takes more steps in the hour.
         "d256": ["model.d_model=256", "model.num_heads=4", "model.d_ff=1024"],  # the default until 2026-11-25
         "d192": ["model.d_model=192", "model.num_heads=4", "model.d_ff=768"],  # the default until 2026-11-27
+        # 128 trailed 160 by 0.09 NLL at equal steps and ran 1.09x its steps (docs/multi30k_runs.md).
         "d128": ["model.d_model=128", "model.num_heads=4", "model.d_ff=512"],
         "layers2": ["model.num_encoder_layers=2", "model.num_decoder_layers=2"],
         "layers4": ["model.num_encoder_layers=4", "model.num_decoder_layers=4"],
@@ -36,6 +37,8 @@ def get_sweep():
         ],
         # Regularisation: 29,000 pairs overfit a 3.4M-parameter model within the hour (multi30k: 0.2).
         "dropout0.1": ["model.dropout_rate=0.1"],
+        # 0.15 led 0.2 at every step of a slower VM's hour at width 160 (docs/multi30k_runs.md).
+        "dropout0.15": ["model.dropout_rate=0.15"],
         # 0.3 trailed 0.2 by 4 BLEU at step 3,500 of a fast VM's hour (docs/multi30k_runs.md: "Three more changes").
         "dropout0.3": ["model.dropout_rate=0.3"],
         # fairseq's other two dropouts: on the attention weights and on the feed-forward's hidden layer.
