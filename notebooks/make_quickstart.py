@@ -134,16 +134,18 @@ plt.show()
 ## 3. Train on Multi30k
 
 Multi30k (Elliott et al., 2016) ships inside the package: 29,000 English image descriptions with
-German translations. The config below is `jaxformer/configs/multi30k.py`, shortened;
-every key is documented in `jaxformer.training.experiment.default_config()`.
+German translations. The model is the one `jaxformer/configs/multi30k.py` trains, read from it;
+the rest of that config is shortened here for a notebook. Every key is documented in
+`jaxformer.training.experiment.default_config()`.
 """),
     code("""
+from jaxformer.configs import multi30k
 from jaxformer.training.experiment import default_config, model_section
 from jaxformer.training.loop import train_and_evaluate
 
 accelerator = jax.default_backend() != "cpu"
 config = default_config()
-config.model = model_section("base", d_model=160, num_heads=4, d_ff=640, num_encoder_layers=3, num_decoder_layers=3)
+config.model = multi30k.get_config().model  # the default's model, whole: widths, layers, dropout
 config.data.max_length = 64
 config.data.batch_size = 32
 config.tokenizer.vocab_size = 8000
