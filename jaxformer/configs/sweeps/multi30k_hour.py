@@ -37,6 +37,7 @@ def get_sweep():
         ],
         # Regularisation: 29,000 pairs overfit a 3.4M-parameter model within the hour (multi30k: 0.15,
         # which beat 0.2 at an even pace at two seeds of a slower VM's hour; docs/multi30k_runs.md).
+        # 0.1 led 0.15 to step 3,000 of a slower VM's hour and ended behind (NLL 1.477 against 1.455).
         "dropout0.1": ["model.dropout_rate=0.1"],
         "dropout0.2": ["model.dropout_rate=0.2"],  # the default until 2026-11-27
         # 0.3 trailed 0.2 by 4 BLEU at step 3,500 of a fast VM's hour (docs/multi30k_runs.md: "Three more changes").
