@@ -23,7 +23,8 @@ def get_config():
     # from step ~4,000 of a fast 2-core hour and 0.2 gave 41.96 validation BLEU against 39.58. At
     # width 160 with R-Drop, 0.15 beat 0.2 at an even pace at two seeds of a slower VM's hour (final
     # choice 42.57 and 42.06 against 42.22 and 41.35; validation NLL 1.455 and 1.460 against 1.481
-    # and 1.503) and led at every equal step (docs/multi30k_runs.md, 2026-11-27).
+    # and 1.503) and led at every equal step; 0.1 led 0.15 to step 3,000 and ended behind (NLL 1.477
+    # against 1.455; docs/multi30k_runs.md, 2026-11-27).
     config.model.dropout_rate = 0.15
     # bf16 operands for the weight products, float32 everything else, where the machine has bf16
     # dots (AVX512-BF16 CPUs, Ampere+ GPUs, TPUs; float32 elsewhere: jaxformer/hardware.py): 1.37x the
