@@ -144,12 +144,13 @@ from jaxformer.training.experiment import default_config, model_section
 from jaxformer.training.loop import train_and_evaluate
 
 accelerator = jax.default_backend() != "cpu"
+default = multi30k.get_config()
 config = default_config()
-config.model = multi30k.get_config().model  # the default's model, whole: widths, layers, dropout
-config.data.max_length = 64
-config.data.batch_size = 32
-config.tokenizer.vocab_size = 8000
-config.optimizer.warmup_steps = 800
+config.model = default.model  # the default's model, whole: widths, layers, dropout
+config.data.max_length = default.data.max_length
+config.data.batch_size = default.data.batch_size
+config.tokenizer.vocab_size = default.tokenizer.vocab_size
+config.optimizer.warmup_steps = default.optimizer.warmup_steps
 config.training.num_train_steps = 3000 if accelerator else 400
 config.training.eval_every_steps = config.training.checkpoint_every_steps = 200
 config.training.log_every_steps = 50
