@@ -57,7 +57,7 @@ def get_sweep():
         "warmup1600": ["optimizer.warmup_steps=1600"],
         # Tokens per batch: about 2,000 target tokens at 32 packed rows of 64.
         "batch24": ["data.batch_size=24"],
-        # 48: 1.03x the tokens a second, behind at equal rows all of a slower VM's hour (final choice 42.10
+        # 48: 1.02x the rows in the hour, behind at equal rows all of a slower VM's hour (final choice 42.10
         # against 42.57; docs/multi30k_runs.md, 2026-11-27, night).
         "batch48": ["data.batch_size=48"],
         # Vocabulary: size, and one per language with untied embeddings.
