@@ -56,6 +56,8 @@ def get_sweep():
         "warmup400": ["optimizer.warmup_steps=400"],
         "warmup1600": ["optimizer.warmup_steps=1600"],
         # Tokens per batch: about 2,000 target tokens at 32 packed rows of 64.
+        # 24: level at equal rows, but 0.93x the rows in the hour (final choice 42.03 against 42.57;
+        # docs/multi30k_runs.md, 2026-11-28, early).
         "batch24": ["data.batch_size=24"],
         # 48: 1.02x the rows in the hour, behind at equal rows all of a slower VM's hour (final choice 42.10
         # against 42.57; docs/multi30k_runs.md, 2026-11-27, night).
