@@ -54,12 +54,12 @@ def get_sweep():
         # against 1.455; docs/multi30k_runs.md, 2026-11-27, late).
         "lr0.7": ["optimizer.learning_rate_scale=0.7"],
         "warmup400": ["optimizer.warmup_steps=400"],
-        # Warmup 400 at the default's peak: ahead to step 3,000, behind from 4,000 of a slower VM's hour
+        # Warmup 400 at the default's peak: ahead in NLL to step 3,000, behind from 4,000 of a slower VM's hour
         # (final choice 42.36 against 42.57; docs/multi30k_runs.md, 2026-11-28, early).
         "warmup400_same_peak": ["optimizer.warmup_steps=400", "optimizer.learning_rate_scale=0.7071"],
         "warmup1600": ["optimizer.warmup_steps=1600"],
         # Tokens per batch: about 2,000 target tokens at 32 packed rows of 64.
-        # 24: level at equal rows, but 0.93x the rows in the hour (final choice 42.03 against 42.57;
+        # 24: level at equal rows to 96,000, but 0.93x the rows in the hour (final choice 42.03 against 42.57;
         # docs/multi30k_runs.md, 2026-11-28, early).
         "batch24": ["data.batch_size=24"],
         # 48: 1.02x the rows in the hour, behind at equal rows all of a slower VM's hour (final choice 42.10
