@@ -40,6 +40,9 @@ from jaxformer.run.checksums import (  # noqa: F401  (ChecksumError: re-exported
 )
 from jaxformer.run.metadata import CheckpointMetadata
 
+# Why a step directory was moved aside: it cannot be restored, or a new checkpoint of its step replaced it.
+SET_ASIDE_REASONS = ("damaged", "replaced")
+
 
 def _no_missing_metadata_warning(record: logging.LogRecord) -> bool:
     return "Metadata file does not exist" not in record.getMessage()
@@ -113,14 +116,25 @@ class Checkpointer:
         if self.read_only:
             raise CheckpointError(f"{self.directory} was opened read-only")
 
-    def set_aside(self, step: int) -> pathlib.Path:
-        """Renames a damaged step directory out of orbax's way (kept for inspection, never deleted)."""
+    def set_aside(self, step: int, reason: str = "damaged") -> pathlib.Path:
+        """Renames step's directory out of orbax's way to `<step>.<reason>-<time>` (kept for
+        inspection, never deleted): "damaged" when it cannot be restored, "replaced" when a new
+        checkpoint of the same step takes its place (best/, averaged/ or final/ written again)."""
+        if reason not in SET_ASIDE_REASONS:
+            raise ValueError(f"reason must be one of {SET_ASIDE_REASONS}, not {reason!r}")
         self._writable()
         self.manager.wait_until_finished()
-        target = self.directory / f"{step}.damaged-{time.strftime('%Y%m%d-%H%M%S')}"
+        stem = f"{step}.{reason}-{time.strftime('%Y%m%d-%H%M%S')}"
+        target, copy = self.directory / stem, 1
+        while target.exists():  # set aside twice within a second
+            copy += 1
+            target = self.directory / f"{stem}-{copy}"
         (self.directory / str(step)).rename(target)
         self.manager.reload()
-        logging.warning("moved the damaged checkpoint of step %d to %s", step, target)
+        if reason == "damaged":
+            logging.warning("moved the damaged checkpoint of step %d to %s", step, target)
+        else:
+            logging.warning("moved the previous checkpoint of step %d to %s: a new one replaces it", step, target)
         return target
 
     def _check_step(self, step: int, metadata: CheckpointMetadata) -> None:
@@ -155,7 +169,7 @@ class Checkpointer:
         self._writable()
         self._check_step(step, metadata)
         if step in self.manager.all_steps():
-            self.set_aside(step)
+            self.set_aside(step, reason="replaced")
         state = {"params": params}
         self.manager.save(
             step,

@@ -249,6 +249,37 @@ def test_save_records_checksums_beside_the_metadata(tmp_path):
     reader.close()
 
 
+def test_a_params_checkpoint_saved_again_sets_the_previous_aside_as_replaced_not_damaged(tmp_path, caplog):
+    # average_checkpoints --last N run twice writes averaged/<same newest step> twice: the first
+    # is kept beside the new one, named and logged as replaced (it is not damaged), even twice a second.
+    directory = tmp_path / "averaged"
+    checkpointer = Checkpointer(directory, keep=1)
+    first, second, third = (make_state(seed).params for seed in (1, 2, 3))
+    checkpointer.save_params(7, first, METADATA.replace(step=7))
+    with caplog.at_level(logging.WARNING):
+        checkpointer.save_params(7, second, METADATA.replace(step=7))
+        checkpointer.save_params(7, third, METADATA.replace(step=7))
+    assert checkpointer.steps() == [7]
+    checkpointer.close()
+    messages = [r.getMessage() for r in caplog.records if "step 7" in r.getMessage()]
+    assert len(messages) == 2 and all("previous checkpoint" in m and "damaged" not in m for m in messages)
+    aside = sorted(directory.glob("7.replaced-*"))
+    assert len(aside) == 2 and not list(directory.glob("7.damaged-*"))
+    reader = Checkpointer(directory, keep=None, read_only=True)
+    latest = reader.restore_params(7)
+    reader.close()
+    for leaf, expected in zip(jax.tree.leaves(latest), jax.tree.leaves(third)):
+        np.testing.assert_array_equal(leaf, expected)
+    for index, (path, expected) in enumerate(zip(aside, (first, second))):  # set aside in order, intact
+        shutil.copytree(path, tmp_path / f"copy{index}" / "7")
+        copy = Checkpointer(tmp_path / f"copy{index}", keep=None, read_only=True)
+        for leaf, value in zip(jax.tree.leaves(copy.restore_params(7)), jax.tree.leaves(expected)):
+            np.testing.assert_array_equal(leaf, value)
+        copy.close()
+    with pytest.raises(ValueError, match="reason must be one of"):
+        Checkpointer(directory, keep=1).set_aside(7, reason="old")
+
+
 def test_restore_verifies_and_resumes_the_data_iterator(saved, tmp_path, caplog):
     directory, batches = saved
     checkpointer = Checkpointer(shutil.copytree(directory, tmp_path / "checkpoints"), keep=None)
