@@ -40,8 +40,12 @@ from jaxformer.run.checksums import (  # noqa: F401  (ChecksumError: re-exported
 )
 from jaxformer.run.metadata import CheckpointMetadata
 
-# Why a step directory was moved aside: it cannot be restored, or a new checkpoint of its step replaced it.
-SET_ASIDE_REASONS = ("damaged", "replaced")
+# Why a step directory is moved aside, and the warning that says so: it cannot be restored, or a
+# new checkpoint of its step replaced it.
+SET_ASIDE_WARNINGS = {
+    "damaged": "moved the damaged checkpoint of step %d to %s",
+    "replaced": "moved the previous checkpoint of step %d to %s: a new one replaces it",
+}
 
 
 def _no_missing_metadata_warning(record: logging.LogRecord) -> bool:
@@ -120,8 +124,8 @@ class Checkpointer:
         """Renames step's directory out of orbax's way to `<step>.<reason>-<time>` (kept for
         inspection, never deleted): "damaged" when it cannot be restored, "replaced" when a new
         checkpoint of the same step takes its place (best/, averaged/ or final/ written again)."""
-        if reason not in SET_ASIDE_REASONS:
-            raise ValueError(f"reason must be one of {SET_ASIDE_REASONS}, not {reason!r}")
+        if reason not in SET_ASIDE_WARNINGS:
+            raise ValueError(f"reason must be one of {tuple(SET_ASIDE_WARNINGS)}, not {reason!r}")
         self._writable()
         self.manager.wait_until_finished()
         stem = f"{step}.{reason}-{time.strftime('%Y%m%d-%H%M%S')}"
@@ -131,10 +135,7 @@ class Checkpointer:
             target = self.directory / f"{stem}-{copy}"
         (self.directory / str(step)).rename(target)
         self.manager.reload()
-        if reason == "damaged":
-            logging.warning("moved the damaged checkpoint of step %d to %s", step, target)
-        else:
-            logging.warning("moved the previous checkpoint of step %d to %s: a new one replaces it", step, target)
+        logging.warning(SET_ASIDE_WARNINGS[reason], step, target)
         return target
 
     def _check_step(self, step: int, metadata: CheckpointMetadata) -> None:

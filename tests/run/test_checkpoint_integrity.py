@@ -276,8 +276,10 @@ def test_a_params_checkpoint_saved_again_sets_the_previous_aside_as_replaced_not
         for leaf, value in zip(jax.tree.leaves(copy.restore_params(7)), jax.tree.leaves(expected)):
             np.testing.assert_array_equal(leaf, value)
         copy.close()
+    writer = Checkpointer(directory, keep=1)
     with pytest.raises(ValueError, match="reason must be one of"):
-        Checkpointer(directory, keep=1).set_aside(7, reason="old")
+        writer.set_aside(7, reason="old")
+    writer.close()
 
 
 def test_restore_verifies_and_resumes_the_data_iterator(saved, tmp_path, caplog):
