@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import functools
 import logging
 import re
 import statistics
@@ -73,8 +74,8 @@ class Pace:
 class ConfigTrainStep:
     """One config's jitted train step (`rdrop=False`: its plain step) on its own state and random
     batch, over `devices` (default: all; benchmarks.xla_options times it on fewer):
-    `lowered_text()` is the program without its constants; each call takes one step and returns
-    its metrics."""
+    `lowered_text()` is the program without its constants; `compile()` makes the state and the
+    executable; each call after it takes one step and returns its metrics."""
 
     def __init__(
         self, config: ml_collections.ConfigDict, rdrop: bool = True, devices: Sequence[jax.Device] | None = None
@@ -95,7 +96,14 @@ class ConfigTrainStep:
             init_fn = make_init_fn(model, optimizer, data.max_length, data.max_length, boxed=True)
             state_shardings = sharding.logical_shardings(jax.eval_shape(init_fn, training.seed), self.mesh, self.rules)
             plain_init = make_init_fn(model, optimizer, data.max_length, data.max_length)
-            self.state = jax.jit(plain_init, out_shardings=state_shardings)(training.seed)
+            # The program is lowered on the state's shapes; the state itself is made only when the
+            # step is compiled to be timed (configs that differ in constants never are).
+            self._make_state = functools.partial(jax.jit(plain_init, out_shardings=state_shardings), training.seed)
+            abstract_state = jax.tree.map(
+                lambda leaf, where: jax.ShapeDtypeStruct(leaf.shape, leaf.dtype, sharding=where),
+                jax.eval_shape(plain_init, training.seed),
+                state_shardings,
+            )
             batch_sharding = sharding.batch_sharding(self.mesh, self.rules)
             self.batch = sharding.global_batch(
                 random_rows(data, (source_size, target_size), objective.features), batch_sharding
@@ -106,7 +114,7 @@ class ConfigTrainStep:
                 out_shardings=(state_shardings, sharding.replicated(self.mesh)),
                 donate_argnums=0,
             )
-            self.lowered = self.step.lower(self.state, self.batch)
+            self.lowered = self.step.lower(abstract_state, self.batch)
 
     @contextlib.contextmanager
     def _context(self):
@@ -119,6 +127,7 @@ class ConfigTrainStep:
     def compile(self, compiler_options: dict | None = None) -> None:
         """Compiles the step, with XLA `compiler_options` (as XLA_FLAGS would set them) if given."""
         with self._context():
+            self.state = self._make_state()
             self.compiled = self.lowered.compile(compiler_options=compiler_options)
 
     def __call__(self) -> dict:

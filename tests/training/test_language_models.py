@@ -39,6 +39,7 @@ TINY = [
     "--config.data.eval_batch_size=8",
     "--config.data.max_eval_examples=64",
     "--config.data.num_threads=0",
+    "--config.data.encode_once_max_examples=0",  # read only the pairs 40 steps draw (as configs/tiny.py)
     "--config.tokenizer.vocab_size=600",
     "--config.tokenizer.max_sentences=4000",
     "--config.optimizer.warmup_steps=30",
