@@ -109,9 +109,10 @@ def test_the_first_steps_are_a_plain_runs_and_the_rest_r_drop_steps(switched_run
     assert "consistency" in last_metrics(switched_run)["train"]
 
 
-@pytest.mark.parametrize(
-    "stopped_at", [5, pytest.param(20, marks=pytest.mark.slow)]
-)  # before the switch, and after it (-m slow; the schedule's switch is unit-tested above)
+# Before the switch and after it: two more runs (-m slow). Resume is exact end to end in
+# test_loop.py and test_budget.py, and the switch's step in the run above.
+@pytest.mark.slow
+@pytest.mark.parametrize("stopped_at", [5, 20])
 def test_resuming_on_either_side_of_the_switch_is_exact(switched_run, data_dir, tmp_path, stopped_at):
     resumed = tmp_path / "resumed"
     shutil.copytree(switched_run, resumed)
