@@ -94,16 +94,13 @@ class ConfigTrainStep:
             objective = objective_for(model_config, mask_id=source_size - 1, seed=training.seed)
             optimizer, learning_rate = make_optimizer(config.optimizer, model_config.d_model)
             init_fn = make_init_fn(model, optimizer, data.max_length, data.max_length, boxed=True)
-            state_shardings = sharding.logical_shardings(jax.eval_shape(init_fn, training.seed), self.mesh, self.rules)
-            plain_init = make_init_fn(model, optimizer, data.max_length, data.max_length)
+            boxed_state = jax.eval_shape(init_fn, training.seed)
+            state_shardings = sharding.logical_shardings(boxed_state, self.mesh, self.rules)
             # The program is lowered on the state's shapes; the state itself is made only when the
             # step is compiled to be timed (configs that differ in constants never are).
+            abstract_state = sharding.abstract_with_shardings(sharding.strip_boxes(boxed_state), state_shardings)
+            plain_init = make_init_fn(model, optimizer, data.max_length, data.max_length)
             self._make_state = functools.partial(jax.jit(plain_init, out_shardings=state_shardings), training.seed)
-            abstract_state = jax.tree.map(
-                lambda leaf, where: jax.ShapeDtypeStruct(leaf.shape, leaf.dtype, sharding=where),
-                jax.eval_shape(plain_init, training.seed),
-                state_shardings,
-            )
             batch_sharding = sharding.batch_sharding(self.mesh, self.rules)
             self.batch = sharding.global_batch(
                 random_rows(data, (source_size, target_size), objective.features), batch_sharding
