@@ -150,6 +150,7 @@ config.model = default.model  # the default's model, whole: widths, layers, drop
 config.data.max_length = default.data.max_length
 config.data.batch_size = default.data.batch_size
 config.tokenizer.vocab_size = default.tokenizer.vocab_size
+config.tokenizer.separate_vocabularies = default.tokenizer.separate_vocabularies  # one per language
 config.optimizer.warmup_steps = default.optimizer.warmup_steps
 config.training.num_train_steps = 3000 if accelerator else 400
 config.training.eval_every_steps = config.training.checkpoint_every_steps = 200
@@ -157,6 +158,7 @@ config.training.log_every_steps = 50
 config.data.max_eval_examples = 500
 if QUICK:  # a toy model for a smoke run: its translations are not meant to be good
     config.model = model_section("tiny")
+    config.model.share_embeddings = False  # separate vocabularies, as the default's
     config.tokenizer.vocab_size = 1000
     config.tokenizer.max_sentences = 6000
     config.data.max_length, config.data.batch_size = 48, 8

@@ -126,8 +126,18 @@ def test_paths_a_run_stores_are_made_absolute(tmp_path, monkeypatch):
 @pytest.mark.parametrize(
     ("changes", "message"),
     [
-        ({"model.architecture": "decoder_only", "tokenizer.separate_vocabularies": True}, "applies to translation"),
-        ({"model.architecture": "encoder_only", "training.bleu_every_steps": 100}, "applies to translation"),
+        (
+            {"model.architecture": "decoder_only", "tokenizer.separate_vocabularies": True},
+            "tokenizer.separate_vocabularies=True applies to translation",
+        ),
+        (
+            {
+                "model.architecture": "encoder_only",
+                "tokenizer.separate_vocabularies": False,
+                "training.bleu_every_steps": 100,
+            },
+            "training.bleu_every_steps=100 applies to translation",
+        ),
         (
             {"training.init_from": "/runs/a", "training.init_encoder_from": "/runs/b"},
             "both set: a run starts from a whole model or from pretrained halves",
@@ -135,6 +145,7 @@ def test_paths_a_run_stores_are_made_absolute(tmp_path, monkeypatch):
         (
             {
                 "model.architecture": "decoder_only",
+                "tokenizer.separate_vocabularies": False,
                 "training.bleu_every_steps": 0,
                 "training.final_choice": False,
                 "training.init_decoder_from": "/b",

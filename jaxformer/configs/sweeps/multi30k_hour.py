@@ -65,11 +65,18 @@ def get_sweep():
         # 48: 1.02x the rows in the hour, behind at equal rows all of a slower VM's hour (final choice 42.10
         # against 42.57; docs/multi30k_runs.md, 2026-11-27, night).
         "batch48": ["data.batch_size=48"],
-        # Vocabulary: size, and one per language with untied embeddings.
-        # 4,000: 1.11x the steps a second, behind at equal time on a fast VM (docs/multi30k_runs.md, as above).
+        # Vocabulary: pieces per language (multi30k: 6,000; English holds at most 7,931), and one joint
+        # vocabulary with shared embeddings (until 2026-11-28 multi30k's, with 8,000 pieces: behind at two
+        # seeds of a slow VM's hour, 38.34 and 37.56 against 38.81 and 39.95; docs/multi30k_runs.md).
+        # A joint 4,000: 1.11x the steps a second, behind at equal time on a fast VM (docs/multi30k_runs.md,
+        # as above).
         "vocab4000": ["tokenizer.vocab_size=4000"],
-        "vocab12000": ["tokenizer.vocab_size=12000"],
-        "separate_vocabularies": ["tokenizer.separate_vocabularies=True", "model.share_embeddings=False"],
+        "vocab7500": ["tokenizer.vocab_size=7500"],
+        "joint_vocabulary": [
+            "tokenizer.separate_vocabularies=False",
+            "model.share_embeddings=True",
+            "tokenizer.vocab_size=8000",
+        ],
         "bpe": ["tokenizer.model_type=bpe"],
         # Subword regularisation (Kudo 2018): training segmentations drawn from the 16 best.
         "subword_sampling": ["tokenizer.sampling_nbest=16", "tokenizer.sampling_alpha=0.2"],
