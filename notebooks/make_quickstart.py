@@ -149,8 +149,7 @@ config = default_config()
 config.model = default.model  # the default's model, whole: widths, layers, dropout
 config.data.max_length = default.data.max_length
 config.data.batch_size = default.data.batch_size
-config.tokenizer.vocab_size = default.tokenizer.vocab_size
-config.tokenizer.separate_vocabularies = default.tokenizer.separate_vocabularies  # one per language
+config.tokenizer = default.tokenizer  # the default's vocabularies, whole: one per language, their size
 config.optimizer.warmup_steps = default.optimizer.warmup_steps
 config.training.num_train_steps = 3000 if accelerator else 400
 config.training.eval_every_steps = config.training.checkpoint_every_steps = 200
