@@ -14,5 +14,6 @@ an ml_collections.ConfigDict built on `jaxformer.training.experiment.default_con
 
 For an experiment of your own, copy one of these files anywhere and pass its path:
 `jaxformer-train --config path/to/my_config.py`. The files are not imported by the package: only
-`jaxformer.training.config_file` loads them, by path (multi30k_mlm builds on multi30k_lm).
+`jaxformer.training.config_file` loads them, by path (multi30k_lm takes multi30k's model section,
+multi30k_mlm builds on multi30k_lm).
 """

@@ -2,29 +2,28 @@
 decoder without cross-attention, about 15 minutes on 2 CPU cores. Its checkpoint can start a
 translator's decoder (training.init_decoder_from)."""
 
-from jaxformer.training.experiment import default_config, model_section
+from jaxformer.configs import multi30k
+from jaxformer.training.experiment import default_config
 
 
 def get_config():
     config = default_config()
-    # The model: the multi30k translator's decoder (d_model 256, 4 heads, d_ff 1024, 3 layers)
-    # without cross-attention, and its output layer tied to the embedding.
-    config.model = model_section("base", architecture="decoder_only")
-    config.model.d_model = 256  # residual width
-    config.model.num_heads = 4  # head size 64
-    config.model.d_ff = 1024  # 4 x d_model
+    # The model: the multi30k translator's model section, whole (width, heads, feed-forward, depth,
+    # dropout, matmul dtype), so that this run's decoder and embedding fit that translator's with no
+    # flag to keep in step; its output layer is tied to the embedding.
+    config.model = multi30k.get_config().model
+    config.model.architecture = "decoder_only"
     config.model.num_encoder_layers = 1  # unused by a decoder-only model
-    config.model.num_decoder_layers = 3  # as the multi30k translator's decoder
-    config.model.dropout_rate = 0.1  # P_drop
+    config.model.share_embeddings = True  # one language, one embedding (the output layer's too)
     config.data.name = "multi30k"  # the vendored corpus: no download
     config.data.source_language = "en"  # unused: a causal LM reads the target side
     config.data.target_language = "de"  # the text it models (the side a decoder produces)
     config.data.max_length = 64  # tokens per sentence (EOS included) and packed row length
     config.data.batch_size = 32  # packed rows: about 2,000 tokens per batch
     config.data.eval_batch_size = 32
-    config.tokenizer.vocab_size = 6000  # a German-only unigram vocabulary
+    config.tokenizer.vocab_size = 6000  # a German-only unigram vocabulary, the translator's target size
     config.optimizer.warmup_steps = 400
-    config.optimizer.learning_rate_scale = 1.0  # peak lr 256^-0.5 * 400^-0.5 = 3.1e-3 at step 400
+    config.optimizer.learning_rate_scale = 1.0  # peak lr 160^-0.5 * 400^-0.5 = 4.0e-3 at step 400
     config.training.num_train_steps = 2000  # about 15 minutes on 2 CPU cores
     config.training.label_smoothing = 0.0  # perplexity is the figure that matters here
     config.training.log_every_steps = 50

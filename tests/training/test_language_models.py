@@ -16,12 +16,16 @@ from jaxformer.data.tokenizer import Tokenizer
 from jaxformer.decoding.generate import DecodeSettings
 from jaxformer.decoding.language_model import LanguageModel
 from jaxformer.decoding.translator import Translator
+from jaxformer.model.architectures import build_model
 from jaxformer.model.config import ConfigError
 from jaxformer.model.decoder_only import DecoderOnly
 from jaxformer.model.transformer import Transformer, shift_right
 from jaxformer.run.loading import load_checkpoint
+from jaxformer.run.metadata import CheckpointMetadata
 from jaxformer.tokens import BOS_ID, EOS_ID
-from jaxformer.training.init_from import load_starting_points, starting_overrides
+from jaxformer.training.config_file import load_config
+from jaxformer.training.experiment import model_config
+from jaxformer.training.init_from import StartingPoint, load_starting_points, starting_overrides
 from jaxformer.training.state import init_params
 from tests.training.test_loop import ROOT, environment, losses, train
 
@@ -220,3 +224,30 @@ def test_composed_translator_trains_end_to_end(runs, data_dir, tmp_path):
     _, lm_metadata, _ = load_checkpoint(pretrained["multi30k_lm"])
     assert metadata.tokenizer == mlm_metadata.tokenizer and metadata.target_tokenizer == lm_metadata.tokenizer
     assert Tokenizer(metadata.tokenizer).mask_id is not None
+
+
+def test_the_shipped_language_models_fit_the_shipped_translator():
+    """The README's composed translator (`--config multi30k` with init_encoder_from=multi30k_mlm,
+    init_decoder_from=multi30k_lm) at the shipped sizes: every pretrained parameter fits, and only
+    the cross-attention starts fresh. The tests above shrink all three configs alike, so only this
+    one sees the shipped widths."""
+    configs = {name: load_config(name) for name in NAMES}
+    translator_config = load_config("multi30k")
+    vocab = translator_config.tokenizer.vocab_size
+    assert translator_config.tokenizer.separate_vocabularies  # each side's embedding comes from its own run
+    assert all(config.tokenizer.vocab_size == vocab for config in configs.values())
+    translator = model_config(translator_config, vocab, vocab)
+    abstract = jax.eval_shape(lambda: init_params(build_model(translator), jax.random.key(0), 8, 8))
+    parts = {"multi30k_mlm": "encoder", "multi30k_lm": "decoder"}
+    points = []
+    for name, config in configs.items():
+        pretrained = model_config(config, vocab)
+        shapes = jax.eval_shape(lambda p=pretrained: init_params(build_model(p), jax.random.key(0), 8, 8))
+        params = jax.tree.map(lambda leaf: np.zeros(leaf.shape, leaf.dtype), shapes)
+        metadata = CheckpointMetadata(
+            config=config.to_dict(), model=pretrained.to_dict(), tokenizer=b"", data_fingerprint=None, step=0
+        )
+        points.append(StartingPoint(where=name, step=0, metadata=metadata, params=params, part=parts[name]))
+    overrides = starting_overrides(points, abstract, translator)  # ConfigError listing the misfits otherwise
+    fresh = set(traverse_util.flatten_dict(abstract, sep="/")) - set(overrides)
+    assert fresh and all("/cross_attention" in name for name in fresh)
