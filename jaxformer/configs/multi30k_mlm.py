@@ -3,14 +3,12 @@ multi30k translator's encoder with a masked-LM head tied to the embedding, train
 multi30k_lm.py trains the decoder, for half as many steps (about 10 minutes on 2 CPU cores). Its
 checkpoint can start a translator's encoder (training.init_encoder_from)."""
 
-from jaxformer.configs import multi30k, multi30k_lm
+from jaxformer.configs import multi30k_lm
 
 
 def get_config():
     config = multi30k_lm.get_config()  # the same width, schedule and evaluation
-    config.model.architecture = "encoder_only"
-    config.model.num_encoder_layers = multi30k.get_config().model.num_encoder_layers  # the translator's encoder
-    config.model.num_decoder_layers = 1  # unused by an encoder-only model
+    config.model.architecture = "encoder_only"  # the translator's encoder depth (num_decoder_layers unused)
     config.data.source_language = "en"  # the text it models (the side an encoder reads)
     config.data.target_language = "de"  # unused: a masked LM reads the source side
     config.tokenizer.vocab_size = 6000  # an English-only unigram vocabulary, with a <mask> piece
