@@ -10,6 +10,8 @@ In the checkpoint it is a JSON object (the `metadata` item of each step director
      "data_fingerprint": "..." | null,   what the training data was prepared from (data/sources.py)
      "step": 1000,
      "train_seconds": 1834.2,      seconds the training loop had spent at this step, across resumes
+     "rdrop_by_pace": true,        runs whose R-Drop is decided by their pace, once decided: whether
+                                   the steps after the decision use it (training/rdrop_start.py)
      "bleu": 27.3,                 best/ checkpoints only: the validation BLEU that made them best
      "averaged_steps": [800, 900, 1000],  averaged/ checkpoints only
      "chosen_from": "averaged",    final/ checkpoints only: which candidate the run chose
@@ -50,6 +52,7 @@ class CheckpointMetadata:
     chosen_from: str | None = None  # set in final/ checkpoints: "latest", "best" or "averaged"
     train_seconds: float | None = None  # the training loop's seconds at this step (None: from before it was kept)
     alpha: float | None = None  # final/ checkpoints only: the length penalty chosen on validation (None: not chosen)
+    rdrop_by_pace: bool | None = None  # the run's pace decided R-Drop on or off (None: undecided, or no such rule)
 
     def replace(self, **changes: Any) -> CheckpointMetadata:
         return dataclasses.replace(self, **changes)
@@ -87,6 +90,8 @@ class CheckpointMetadata:
             values["chosen_from"] = self.chosen_from
         if self.alpha is not None:
             values["alpha"] = float(self.alpha)
+        if self.rdrop_by_pace is not None:
+            values["rdrop_by_pace"] = bool(self.rdrop_by_pace)
         return values
 
     @classmethod
@@ -129,6 +134,9 @@ class CheckpointMetadata:
         bleu = typed("bleu", (int, float), "a number", optional=True)
         train_seconds = typed("train_seconds", (int, float), "a number", optional=True)
         alpha = typed("alpha", (int, float), "a number", optional=True)
+        rdrop_by_pace = values.get("rdrop_by_pace")
+        if rdrop_by_pace is not None and not isinstance(rdrop_by_pace, bool):
+            raise fail("rdrop_by_pace", f"holds a JSON {_json_type(rdrop_by_pace)}, not a boolean")
         if alpha is not None and not (math.isfinite(alpha) and alpha >= 0):
             raise fail("alpha", f"is {alpha}, not a length penalty (a finite number >= 0)")
         return cls(
@@ -143,6 +151,7 @@ class CheckpointMetadata:
             train_seconds=None if train_seconds is None else float(train_seconds),
             chosen_from=typed("chosen_from", (str,), "a string", optional=True),
             alpha=None if alpha is None else float(alpha),
+            rdrop_by_pace=rdrop_by_pace,
         )
 
 

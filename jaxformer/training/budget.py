@@ -12,6 +12,7 @@ from __future__ import annotations
 import logging
 import math
 import time
+from typing import NamedTuple
 
 import jax
 import ml_collections
@@ -115,10 +116,17 @@ class ScheduleEnd:
         return self.set(state, self.max_steps)
 
 
+class BudgetReading(NamedTuple):
+    """One check of the time budget, the same in every process (process 0's)."""
+
+    spent: bool  # the budget is spent: this step is the run's last
+    seconds: float  # the training seconds read
+    end_step: float | None  # where the budget runs out at the pace so far (None: no pace yet)
+
+
 def check_budget(budget: TimeBudget, schedule_end: ScheduleEnd, state, step: int, writer, training):
-    """(whether the time budget is spent, the training seconds read, the state with the schedule's
-    end re-estimated). Every process takes process 0's reading, so all stop (and start R-Drop) at
-    the same step with the same schedule."""
+    """(the budget's reading, the state with the schedule's end re-estimated). Every process takes
+    process 0's reading, so all stop (and start R-Drop) at the same step with the same schedule."""
     estimate = budget.end_step(step, training.num_train_steps)
     reading = np.asarray([budget.spent(), -1.0 if estimate is None else estimate, budget.clock.seconds()], np.float64)
     if jax.process_count() > 1:
@@ -128,4 +136,4 @@ def check_budget(budget: TimeBudget, schedule_end: ScheduleEnd, state, step: int
         state = schedule_end.set(state, estimate)
     if step % training.log_every_steps == 0:
         writer.write(step, {"seconds": seconds, "end_step": estimate if estimate > 0 else math.nan}, prefix="budget/")
-    return spent, seconds, state
+    return BudgetReading(spent, seconds, estimate if estimate > 0 else None), state

@@ -119,6 +119,8 @@ VALUE_RULES: dict[str, tuple[Callable[[Any], bool], str]] = {
         "a finite number >= 0 (0: no R-Drop)",
     ),
     "training.rdrop_start": _within(0.0, 1.0),
+    "training.rdrop_min_plain_steps": _at_least(0),
+    "training.rdrop_decision_step": _at_least(1),
     "training.log_every_steps": _at_least(1),
     "training.eval_every_steps": _at_least(1),
     "training.checkpoint_every_steps": _at_least(1),

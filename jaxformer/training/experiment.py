@@ -160,6 +160,13 @@ def default_config() -> ml_collections.ConfigDict:
     # With R-Drop: the fraction of the run (of the time budget or of num_train_steps, whichever is
     # further along) trained with plain steps before R-Drop starts (rdrop_start.py). 0: from the first step.
     config.training.rdrop_start = 0.0
+    # With R-Drop and a time budget: R-Drop only where the budget buys at least this many plain
+    # steps, as estimated at rdrop_decision_step from the plain steps' pace until then; below it the
+    # run stays plain to the end (rdrop_start.py: RDropByPace). 0: R-Drop whatever the pace.
+    config.training.rdrop_min_plain_steps = 0
+    # The step that decides (the steps before it are plain): late enough that the pace so far
+    # includes what the rest of the run pays for (evaluations, validation BLEU, checkpoints).
+    config.training.rdrop_decision_step = 600
     config.training.loss_chunk_tokens = (
         512  # output projection + loss fused over chunks of this many target tokens (0: whole batch)
     )
@@ -266,6 +273,17 @@ def validate(config: ml_collections.ConfigDict) -> None:
         raise ConfigError(
             f"config training.rdrop_start={training.rdrop_start!r} with training.rdrop_alpha=0: there is no "
             "R-Drop to start; set rdrop_alpha > 0, or rdrop_start=0"
+        )
+    if training.rdrop_min_plain_steps > 0 and training.rdrop_alpha == 0:
+        raise ConfigError(
+            f"config training.rdrop_min_plain_steps={training.rdrop_min_plain_steps!r} with "
+            "training.rdrop_alpha=0: there is no R-Drop to decide on; set rdrop_alpha > 0, or rdrop_min_plain_steps=0"
+        )
+    if training.rdrop_min_plain_steps > 0 and training.rdrop_start > 0:
+        raise ConfigError(
+            f"config training.rdrop_min_plain_steps={training.rdrop_min_plain_steps!r} and "
+            f"training.rdrop_start={training.rdrop_start!r} both set: R-Drop starts at a fraction of the run "
+            "or where the run's pace decides, not both; set one of them to 0"
         )
     parts = [key for key in ("init_encoder_from", "init_decoder_from") if training.get(key) is not None]
     if parts and training.init_from is not None:

@@ -45,7 +45,7 @@ from jaxformer.training.metrics import MetricWriter, summarize
 from jaxformer.training.objectives import objective_for
 from jaxformer.training.optimizer import make_optimizer
 from jaxformer.training.periodic import Periodic, run_due
-from jaxformer.training.rdrop_start import RDropStart
+from jaxformer.training.rdrop_start import RDropPhase
 from jaxformer.training.run_tokenizer import RunTokenizers, tokenizer_for_run
 from jaxformer.training.signals import StopRequest
 from jaxformer.training.state import count_parameters, make_init_fn
@@ -276,26 +276,22 @@ def _train(config, prepared: PreparedRun, model: nn.Module, mesh, rules) -> dict
         logging.info("resumed from step %d of %s", step, checkpointer.directory)
     del overrides  # the starting checkpoints' host parameters, no longer needed
     clock = TrainingClock(0.0 if restored is None else restored[2].train_seconds or 0.0)
-    # R-Drop from a point of the run on (rdrop_start.py): whether it has started where this segment
-    # starts (True as well where every step is the same: no R-Drop, or R-Drop from the first step).
-    rdrop_start = RDropStart.from_config(training)
-    rdrop_started = rdrop_start is None or rdrop_start.started(step, clock.seconds_before)
+    # Whether this segment's steps use R-Drop (rdrop_start.py).
+    rdrop = RDropPhase(training, step, clock.seconds_before, None if restored is None else restored[2].rdrop_by_pace)
     budget = (
-        TimeBudget(training.time_budget_minutes * 60, clock, None if rdrop_started else rdrop_start)
-        if training.time_budget_minutes
-        else None
+        TimeBudget(training.time_budget_minutes * 60, clock, rdrop.to_come) if training.time_budget_minutes else None
     )
     schedule_end = ScheduleEnd(config, state, replicated)
     state = schedule_end.at_start(state, step, resumed=restored is not None, timed=budget is not None)
 
     train_fns = {
-        rdrop: jax.jit(
-            make_train_step(model, optimizer, learning_rate, training, objective, rdrop=rdrop),
+        with_rdrop: jax.jit(
+            make_train_step(model, optimizer, learning_rate, training, objective, rdrop=with_rdrop),
             in_shardings=(state_shardings, batch_sharding),
             out_shardings=(state_shardings, replicated),
             donate_argnums=0,
         )
-        for rdrop in ((False, True) if rdrop_start is not None else (True,))
+        for with_rdrop in ((False, True) if rdrop.switches else (True,))
     }
     eval_fn = jax.jit(
         make_eval_step(model, training, objective),
@@ -341,7 +337,11 @@ def _train(config, prepared: PreparedRun, model: nn.Module, mesh, rules) -> dict
 
     def save(step: int) -> None:
         train_metrics.flush()  # never checkpoint past a NaN
-        metadata = prepared.metadata.replace(step=step, train_seconds=clock.seconds())
+        metadata = prepared.metadata.replace(
+            step=step,
+            train_seconds=clock.seconds(),
+            rdrop_by_pace=rdrop.decision,
+        )
         checkpointer.save(step, state, train_iterator, metadata)
 
     periodic = [
@@ -356,32 +356,26 @@ def _train(config, prepared: PreparedRun, model: nn.Module, mesh, rules) -> dict
     budget_spent = budget is not None and clock.seconds_before >= budget.seconds
     if budget_spent:
         logging.info("time budget of %g minutes already spent at step %d", training.time_budget_minutes, step)
-    if rdrop_start is not None and not rdrop_started:
-        logging.info(
-            "R-Drop starts %.0f%% of the way through the run (step %.0f%s, whichever comes first); plain steps before",
-            training.rdrop_start * 100,
-            rdrop_start.step,
-            "" if rdrop_start.seconds is None else f" or {rdrop_start.seconds / 60:.1f} minutes of training",
-        )
     seconds_read = clock.seconds_before  # the training seconds of the last budget check
     clock.start()
     with StopRequest() as stop:
         try:
             while step < training.num_train_steps and not stop.requested and not budget_spent:
                 batch = sharding.global_batch(next(train_iterator), batch_sharding)
-                state, metrics = train_fns[rdrop_started](state, batch)
+                state, metrics = train_fns[rdrop.started](state, batch)
                 step += 1
                 train_metrics.add(step, metrics)
                 progress.update(1)
+                plain_end_step = None  # where the budget ends at the plain pace, at the check that decides
                 if budget is not None:
                     budget.step_done(step)
                     if step % min(training.log_every_steps, BUDGET_CHECK_STEPS) == 0:
-                        budget_spent, seconds_read, state = check_budget(
-                            budget, schedule_end, state, step, writer, training
-                        )
-                if not rdrop_started and rdrop_start.started(step, seconds_read):
+                        if rdrop.due(step):
+                            jax.block_until_ready(state)  # the pace of the steps done, not of those dispatched
+                        reading, state = check_budget(budget, schedule_end, state, step, writer, training)
+                        budget_spent, seconds_read, plain_end_step = reading
+                if rdrop.starts_after(step, seconds_read, plain_end_step):
                     train_metrics.flush()  # a summary covers steps of one kind
-                    rdrop_started = True
                     if budget is not None:
                         budget.rdrop_started()
                     logging.info("R-Drop starts after step %d (%.1f minutes of training)", step, clock.seconds() / 60)

@@ -13,7 +13,9 @@ packed as one pair per row: what a step costs depends only on shapes, not on tok
 Two configs whose train programs differ only in constants (a dropout rate, a learning rate, a
 warmup) cost the same, and are not timed. A config whose R-Drop starts part way (rdrop_start.py)
 has two programs: under a step budget its first `rdrop_start` of the steps are plain, the rest
-R-Drop steps, and its time a step is that mix of the two.
+R-Drop steps, and its time a step is that mix of the two. A config whose R-Drop is decided by
+the run's pace (training.rdrop_min_plain_steps) needs a time budget to decide by; a sweep's runs
+have step budgets, where R-Drop runs from the first step, and its R-Drop program is what is timed.
 """
 
 from __future__ import annotations

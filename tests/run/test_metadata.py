@@ -85,6 +85,14 @@ def test_metadata_round_trips_through_json():
         CheckpointMetadata.from_json({**written, "alpha": -0.5}, "here")
     with pytest.raises(CheckpointError, match="key 'alpha' holds a JSON boolean, not a number"):
         CheckpointMetadata.from_json({**written, "alpha": True}, "here")
+    for decision in (True, False):  # R-Drop decided by the run's pace (training/rdrop_start.py)
+        decided = METADATA.replace(rdrop_by_pace=decision)
+        assert json.loads(json.dumps(decided.to_json()))["rdrop_by_pace"] is decision
+        assert CheckpointMetadata.from_json(json.loads(json.dumps(decided.to_json())), "here") == decided
+    assert "rdrop_by_pace" not in METADATA.to_json()
+    assert CheckpointMetadata.from_json(written, "here").rdrop_by_pace is None
+    with pytest.raises(CheckpointError, match="here: key 'rdrop_by_pace' holds a JSON integer, not a boolean"):
+        CheckpointMetadata.from_json({**written, "rdrop_by_pace": 1}, "here")
 
 
 def test_metadata_from_older_and_newer_writers():

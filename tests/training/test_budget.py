@@ -162,14 +162,14 @@ def test_each_check_moves_the_schedules_end_to_the_estimate(monkeypatch):
     now[0] = 5.0  # compilation
     budget.step_done(1)
     now[0] = 5.0 + 9 * 0.5  # then 0.5 s per step
-    spent, _, state = check_budget(budget, schedule_end, state, 10, writer, config.training)
+    (spent, _, _), state = check_budget(budget, schedule_end, state, 10, writer, config.training)
     assert not spent and schedule_end.steps(state) == pytest.approx(10 + (60 - 9.5) / 0.5)
     assert written == [(10, {"seconds": 9.5, "end_step": pytest.approx(111.0)}, "budget/")]
     np.testing.assert_allclose(
         learning_rate(jnp.int32(10), state.opt_state), budget_rate(10, 111.0, peak(), WARMUP, 0.0), rtol=1e-6
     )
     now[0] = 61.0
-    spent, _, state = check_budget(budget, schedule_end, state, 20, writer, config.training)
+    (spent, _, _), state = check_budget(budget, schedule_end, state, 20, writer, config.training)
     assert spent and schedule_end.steps(state) == 21  # the rate reaches its floor at the next update
 
 

@@ -1,8 +1,15 @@
 """R-Drop that starts part way through a run (training.rdrop_start): where it starts, by steps and
 by time; the budget schedule's end counting the R-Drop steps to come at their cost; a real run's
 plain steps equal a plain run's, its later steps are R-Drop steps, and resuming on either side of
-the switch is exact; the pace of such a config is the mix of its two programs."""
+the switch is exact; the pace of such a config is the mix of its two programs.
 
+R-Drop decided by the run's pace (training.rdrop_min_plain_steps): the decision at its step only,
+from where the budget ends at the plain pace; kept through a resume; in a real run, decided for
+R-Drop, the run is the fractional start at the same step, bitwise, decided against it stays plain;
+the decision is stored in every checkpoint after it; resuming on either side of it is exact."""
+
+import json
+import pathlib
 import re
 import shutil
 
@@ -12,7 +19,7 @@ from jaxformer.training import budget as budget_module
 from jaxformer.training import pace as pace_module
 from jaxformer.training.budget import TimeBudget, TrainingClock
 from jaxformer.training.experiment import ConfigError, default_config, validate
-from jaxformer.training.rdrop_start import RDROP_STEP_COST, RDropStart
+from jaxformer.training.rdrop_start import RDROP_STEP_COST, RDropByPace, RDropPhase, RDropStart
 from tests.training.test_budget import last_metrics
 from tests.training.test_loop import losses, train
 from tests.training.test_pace import tiny
@@ -43,15 +50,30 @@ def test_it_starts_at_the_fraction_of_the_steps_or_of_the_time_budget_whichever_
     assert timed.plain_seconds_left(7000, 2000.0, 0.5) == 0.0
 
 
-def test_the_config_is_checked():
+@pytest.mark.parametrize(
+    ("changes", "message"),
+    [
+        ({"rdrop_start": 0.4}, r"training.rdrop_start=0.4 with training.rdrop_alpha=0: there is no R-Drop"),
+        ({"rdrop_alpha": 5.0, "rdrop_start": 1.0}, r"training.rdrop_start=1.0: must be a number in \[0.0, 1.0\)"),
+        ({"rdrop_min_plain_steps": 7000}, r"rdrop_min_plain_steps=7000 with training.rdrop_alpha=0: there is no R-"),
+        (
+            {"rdrop_alpha": 2.0, "rdrop_min_plain_steps": 7000, "rdrop_start": 0.4},
+            r"rdrop_min_plain_steps=7000 and training.rdrop_start=0.4 both set",
+        ),
+        ({"rdrop_alpha": 2.0, "rdrop_decision_step": 0}, r"training.rdrop_decision_step=0: must be an integer >= 1"),
+    ],
+)
+def test_the_config_is_checked(changes, message):
     config = default_config()
-    config.training.rdrop_start = 0.4
-    with pytest.raises(ConfigError, match=r"training.rdrop_start=0.4 with training.rdrop_alpha=0: there is no R-Drop"):
+    config.training.update(changes)
+    with pytest.raises(ConfigError, match=message):
         validate(config)
-    config.training.rdrop_alpha, config.training.rdrop_start = 5.0, 1.0
-    with pytest.raises(ConfigError, match=r"training.rdrop_start=1.0: must be a number in \[0.0, 1.0\)"):
-        validate(config)
-    config.training.rdrop_start = 0.4
+
+
+@pytest.mark.parametrize("changes", [{"rdrop_start": 0.4}, {"rdrop_min_plain_steps": 7000}])
+def test_either_start_is_valid_with_r_drop(changes):
+    config = default_config()
+    config.training.update({"rdrop_alpha": 2.0, **changes})
     validate(config)
 
 
@@ -169,3 +191,109 @@ def test_a_switching_configs_pace_is_the_mix_of_its_two_programs(monkeypatch):
     # Against R-Drop from the first step: the same programs, in other shares, so timed.
     pace = pace_module.relative_pace(switching, tiny("training.rdrop_alpha=1.0"))
     assert pace.timed and pace.speed == pytest.approx(RDROP_STEP_COST / (0.25 + 0.75 * RDROP_STEP_COST))
+
+
+def paced(**values):
+    rule = dict(rdrop_alpha=2.0, rdrop_min_plain_steps=7000, rdrop_decision_step=600, time_budget_minutes=55.0)
+    return training_section(**{**rule, **values})
+
+
+def test_the_rule_needs_r_drop_and_a_time_budget():
+    assert RDropByPace.from_config(paced(), None) == RDropByPace(7000, 600, None)
+    assert RDropByPace.from_config(paced(time_budget_minutes=0.0), None) is None  # a step budget: as configured
+    assert RDropByPace.from_config(paced(rdrop_min_plain_steps=0), None) is None
+    assert RDropByPace.from_config(paced(rdrop_alpha=0.0), None) is None
+
+
+def test_it_decides_once_at_its_step_from_the_plain_pace():
+    phase = RDropPhase(paced(), step=0, seconds=0.0, decision=None)
+    assert phase.switches and not phase.started and phase.decision is None and phase.to_come is None
+    assert not phase.due(590) and not phase.starts_after(590, 400.0, plain_end_step=50_000.0)  # not its step
+    assert phase.due(600) and not phase.starts_after(600, 410.0, plain_end_step=None)  # no pace yet: not decided
+    assert phase.decision is None and phase.due(610)
+    assert phase.starts_after(610, 420.0, plain_end_step=7000.0) and phase.started and phase.decision is True
+    assert not phase.due(620) and not phase.starts_after(620, 430.0, plain_end_step=1.0)  # decided once
+
+    slow = RDropPhase(paced(), step=0, seconds=0.0, decision=None)
+    assert not slow.starts_after(600, 450.0, plain_end_step=6999.0)
+    assert slow.decision is False and not slow.started and not slow.due(1000)
+    assert not slow.starts_after(5000, 3000.0, plain_end_step=10**6)  # plain to the end
+
+    # Resumed: the stored decision holds, whatever the pace now.
+    assert RDropPhase(paced(), step=2000, seconds=900.0, decision=True).started
+    resumed = RDropPhase(paced(), step=2000, seconds=900.0, decision=False)
+    assert not resumed.started and not resumed.due(2010)
+    assert not resumed.starts_after(2010, 910.0, plain_end_step=10**6)
+    # Resumed from a checkpoint without a decision (written before the rule was set): the next check decides.
+    undecided = RDropPhase(paced(), step=2000, seconds=900.0, decision=None)
+    assert undecided.due(2010) and undecided.starts_after(2010, 910.0, plain_end_step=8000.0)
+
+    # Without a time budget: R-Drop from the first step, as configured.
+    stepped = RDropPhase(paced(time_budget_minutes=0.0), step=0, seconds=0.0, decision=None)
+    assert stepped.started and not stepped.switches and stepped.decision is None
+
+
+# A time budget far above the tiny run's 40 steps: the steps cap ends the run, the estimate at
+# step 10 is 40 (num_train_steps), and the decision follows rdrop_min_plain_steps alone.
+PACED = (
+    "--config.training.rdrop_alpha=1.0",
+    "--config.training.rdrop_decision_step=10",
+    "--config.training.time_budget_minutes=30",
+    "--config.training.checkpoint_every_steps=5",
+    "--config.training.keep_checkpoints=10",
+)
+
+
+def stored_decisions(workdir):
+    checkpoints = pathlib.Path(workdir) / "checkpoints"
+    return {
+        int(path.name): json.loads((path / "metadata" / "metadata").read_text()).get("rdrop_by_pace")
+        for path in checkpoints.iterdir()
+        if path.name.isdigit()
+    }
+
+
+@pytest.fixture(scope="module")
+def decided_run(tmp_path_factory, data_dir):
+    """40 tiny steps whose pace decides for R-Drop at step 10 (the budget buys 40 >= 40 plain steps)."""
+    workdir = tmp_path_factory.mktemp("rdrop_by_pace")
+    result = train(workdir, data_dir, *PACED, "--config.training.rdrop_min_plain_steps=40")
+    return workdir, result.stderr
+
+
+def test_decided_for_r_drop_the_run_is_a_fractional_start_at_the_same_step(decided_run, switched_run):
+    workdir, stderr = decided_run
+    assert "at step 10 the time budget buys about 40 plain steps at their pace so far, at least 40" in stderr
+    assert "R-Drop starts after step 10" in stderr
+    assert losses(workdir) == losses(switched_run)  # R-Drop after step 10 of 40 by the fraction: bitwise, all 40 steps
+    assert sorted(losses(workdir, "train/consistency")) == list(range(11, 41))
+    assert stored_decisions(workdir) == {5: None, 10: True, 15: True, 20: True, 25: True, 30: True, 35: True, 40: True}
+
+
+def test_decided_against_r_drop_the_run_stays_plain(decided_run, data_dir, tmp_path):
+    workdir = tmp_path / "paced"
+    result = train(workdir, data_dir, *PACED, "--config.training.rdrop_min_plain_steps=41")
+    assert "fewer than 41 (training.rdrop_min_plain_steps): plain steps to the end" in result.stderr
+    assert "R-Drop starts" not in result.stderr and losses(workdir, "train/consistency") == {}
+    straight = losses(decided_run[0])  # plain to step 10 as well
+    assert [losses(workdir)[step] for step in range(1, 11)] == [straight[step] for step in range(1, 11)]
+    assert all(losses(workdir)[step] != straight[step] for step in range(11, 41))  # R-Drop steps differ
+    assert stored_decisions(workdir)[40] is False and stored_decisions(workdir)[5] is None
+
+
+@pytest.mark.slow  # two more runs; resume is exact end to end in test_loop.py and above
+@pytest.mark.parametrize("stopped_at", [5, 20])
+def test_resuming_on_either_side_of_the_decision_is_exact(decided_run, data_dir, tmp_path, stopped_at):
+    workdir, _ = decided_run
+    resumed = tmp_path / "resumed"
+    shutil.copytree(workdir, resumed)
+    for checkpoint in (resumed / "checkpoints").iterdir():
+        if checkpoint.name.isdigit() and int(checkpoint.name) > stopped_at:
+            shutil.rmtree(checkpoint)
+    result = train(resumed, data_dir, *PACED, "--config.training.rdrop_min_plain_steps=40")
+    assert f"resumed from step {stopped_at}" in result.stderr
+    assert ("the time budget buys" in result.stderr) == (stopped_at < 10)  # after it, the stored decision holds
+    assert ("at step 10 the time budget buys" in result.stderr) == (stopped_at < 10)
+    straight, again = losses(workdir), losses(resumed)
+    assert [again[step] for step in range(stopped_at + 1, 41)] == [straight[step] for step in range(stopped_at + 1, 41)]
+    assert stored_decisions(resumed)[40] is True
