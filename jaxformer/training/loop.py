@@ -366,14 +366,17 @@ def _train(config, prepared: PreparedRun, model: nn.Module, mesh, rules) -> dict
                 step += 1
                 train_metrics.add(step, metrics)
                 progress.update(1)
-                plain_end_step = None  # where the budget ends at the plain pace, at the check that decides
+                plain_end_step = None  # where the budget ends at the plain pace: read only at the check that decides
                 if budget is not None:
                     budget.step_done(step)
                     if step % min(training.log_every_steps, BUDGET_CHECK_STEPS) == 0:
-                        if rdrop.due(step):
+                        deciding = rdrop.due(step)
+                        if deciding:
                             jax.block_until_ready(state)  # the pace of the steps done, not of those dispatched
                         reading, state = check_budget(budget, schedule_end, state, step, writer, training)
-                        budget_spent, seconds_read, plain_end_step = reading
+                        budget_spent, seconds_read = reading.spent, reading.seconds
+                        if deciding:
+                            plain_end_step = reading.end_step
                 if rdrop.starts_after(step, seconds_read, plain_end_step):
                     train_metrics.flush()  # a summary covers steps of one kind
                     if budget is not None:
