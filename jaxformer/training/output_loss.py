@@ -56,10 +56,13 @@ def _pairs(x):  # [2P, ...] -> [P, 2, ...]: rows 2i and 2i + 1, one example unde
     return x.reshape(x.shape[0] // 2, 2, *x.shape[1:])
 
 
-def _chunk(hidden, embedding, bias, targets, weights, smoothing: float, compute_dtype, rdrop_alpha: float):
+def _chunk(
+    hidden, embedding, bias, targets, weights, smoothing: float, compute_dtype, rdrop_alpha: float, whole: bool = False
+):
     """Sums and gradients for one chunk: hidden [B, t, D], targets and weights [B, t]; `bias`
     [V] or None. The bias's gradient is the logits' gradient summed over the chunk's positions.
-    With `rdrop_alpha` > 0 the rows are R-Drop pairs (see the module's doc)."""
+    With `rdrop_alpha` > 0 the rows are R-Drop pairs (see the module's doc). The embedding's
+    gradient comes as [D, V], or as [V, D] when the chunk is the `whole` batch."""
     logits = jnp.einsum(
         "BTD,VD->BTV",
         hidden.astype(compute_dtype),
@@ -92,11 +95,16 @@ def _chunk(hidden, embedding, bias, targets, weights, smoothing: float, compute_
     # operands XLA:CPU reads the logit gradient in place, where [V, D] made it copy a transposed
     # [V, B * t] of it every chunk (the fused loss runs 1.07x faster for `base`, 1.25x for
     # `small`; the chunks' sums are transposed once, in _sums_and_grads).
-    grad_embedding_t = jnp.einsum(
-        "BTD,BTV->DV", hidden.astype(compute_dtype), grad_logits, preferred_element_type=jnp.float32
-    )  # [D, V]
+    # One chunk: [V, D] straight away. XLA folds a transpose of the [D, V] product into the dot, and
+    # with bf16 operands XLA:CPU (jax 0.10.2, AVX512-BF16) left that folded dot to a kernel without
+    # bf16 x bf16 -> float32, failing at run time with UNIMPLEMENTED.
+    hidden_operand = hidden.astype(compute_dtype)
+    if whole:
+        grad_embedding = jnp.einsum("BTV,BTD->VD", grad_logits, hidden_operand, preferred_element_type=jnp.float32)
+    else:
+        grad_embedding = jnp.einsum("BTD,BTV->DV", hidden_operand, grad_logits, preferred_element_type=jnp.float32)
     grad_bias = None if bias is None else jnp.sum(grad_logits.astype(jnp.float32), axis=(0, 1))  # [V]
-    return sums, grad_hidden, (grad_embedding_t, grad_bias)
+    return sums, grad_hidden, (grad_embedding, grad_bias)
 
 
 def _sums_and_grads(hidden, embedding, bias, targets, weights, smoothing, chunk_tokens, compute_dtype, rdrop_alpha):
@@ -104,10 +112,7 @@ def _sums_and_grads(hidden, embedding, bias, targets, weights, smoothing, chunk_
     chunk = chunk_length(batch, length, chunk_tokens)
     num_chunks = length // chunk
     if num_chunks == 1:
-        sums, grad_hidden, (grad_embedding_t, grad_bias) = _chunk(
-            hidden, embedding, bias, targets, weights, smoothing, compute_dtype, rdrop_alpha
-        )
-        return sums, grad_hidden, (grad_embedding_t.T, grad_bias)
+        return _chunk(hidden, embedding, bias, targets, weights, smoothing, compute_dtype, rdrop_alpha, whole=True)
 
     def split(x):  # [B, T, ...] -> [C, B, t, ...]
         return jnp.moveaxis(x.reshape(batch, num_chunks, chunk, *x.shape[2:]), 1, 0)

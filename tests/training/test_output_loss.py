@@ -50,16 +50,24 @@ def test_sums_and_gradients_equal_the_unfused_loss(chunk_tokens, smoothing):
         np.testing.assert_allclose(got, want, atol=2e-6, rtol=1e-6)
 
 
-def test_reduced_precision_matmuls_give_the_unfused_sums():
+@pytest.mark.parametrize("chunk_tokens", [0, 12, 36])  # one chunk, chunks of 4 positions, one chunk
+def test_reduced_precision_matmuls_give_the_unfused_sums(chunk_tokens):
     """compute_dtype=bfloat16: the logits come from bfloat16 operands (float32 accumulation),
-    as in the unfused model under dtype=bfloat16; the loss maths stays float32."""
+    as in the unfused model under dtype=bfloat16; the loss maths stays float32. Jitted, with one
+    chunk as well: there XLA:CPU once compiled the embedding's gradient to a dot it could not run
+    with bfloat16 operands on AVX512-BF16 machines."""
     hidden, embedding, targets, weights = inputs(2)
-    fused = jax.jit(lambda: projected_token_losses(hidden, embedding, targets, weights, 0.1, 12, jnp.bfloat16))()
+    fused = jax.jit(
+        lambda: projected_token_losses(hidden, embedding, targets, weights, 0.1, chunk_tokens, jnp.bfloat16)
+    )()
     expected = reference(hidden, embedding, targets, weights, 0.1, jnp.bfloat16)
     for key in expected:
         np.testing.assert_allclose(fused[key], expected[key], rtol=1e-6, err_msg=key)
-    grads = jax.grad(
-        lambda h, e: projected_token_losses(h, e, targets, weights, 0.1, 12, jnp.bfloat16)["loss_sum"], argnums=(0, 1)
+    grads = jax.jit(
+        jax.grad(
+            lambda h, e: projected_token_losses(h, e, targets, weights, 0.1, chunk_tokens, jnp.bfloat16)["loss_sum"],
+            argnums=(0, 1),
+        )
     )(hidden, embedding)
     assert [g.dtype for g in grads] == [hidden.dtype, embedding.dtype]
     expected_grads = jax.grad(lambda h, e: reference(h, e, targets, weights, 0.1)["loss_sum"], argnums=(0, 1))(
