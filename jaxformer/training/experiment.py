@@ -14,9 +14,9 @@ import ml_collections
 
 from jaxformer.data.tokenizer import Tokenizer
 from jaxformer.hardware import resolve_matmul_dtype
-from jaxformer.model.config import ARCHITECTURES, ConfigError, TransformerConfig, preset
+from jaxformer.model.config import ConfigError, TransformerConfig, preset
 from jaxformer.tokens import MASK_PIECE
-from jaxformer.training.config_rules import VALUE_RULES
+from jaxformer.training.config_rules import VALUE_RULES, check_combinations
 from jaxformer.training.sharding import DEFAULT_RULES
 
 # Sections whose values must not change when a run resumes from its workdir: they shape the
@@ -241,84 +241,7 @@ def validate(config: ml_collections.ConfigDict) -> None:
     for key, (allowed, description) in VALUE_RULES.items():
         if key in values and not allowed(values[key]):
             raise ConfigError(f"config {key}={values[key]!r}: must be {description}")
-    data = config.data
-    if architecture(config) not in ARCHITECTURES:
-        raise ConfigError(
-            f"config model.architecture={architecture(config)!r}: must be one of {', '.join(map(repr, ARCHITECTURES))}"
-        )
-    if architecture(config) != "encoder_decoder":
-        for key, value in (
-            ("tokenizer.separate_vocabularies", config.tokenizer.separate_vocabularies),
-            ("training.bleu_every_steps", config.training.bleu_every_steps),
-            ("training.final_choice", config.training.final_choice),
-        ):
-            if value:
-                raise ConfigError(
-                    f"config {key}={value!r} applies to translation (model.architecture='encoder_decoder'), "
-                    f"not to {architecture(config)!r}"
-                )
-    sampling = config.tokenizer.sampling_nbest
-    if sampling and config.tokenizer.model_type != "unigram" and config.tokenizer.model_path is None:
-        raise ConfigError(
-            f"config tokenizer.sampling_nbest={sampling}: subword sampling needs n-best segmentations, "
-            f"which a unigram model has and tokenizer.model_type={config.tokenizer.model_type!r} has not"
-        )
-    training = config.training
-    if training.rdrop_alpha > 0 and architecture(config) == "encoder_only":
-        raise ConfigError(
-            f"config training.rdrop_alpha={training.rdrop_alpha!r}: R-Drop compares two predictions of the "
-            "same targets, and a masked LM masks each copy of a row differently; use 0 for 'encoder_only'"
-        )
-    if training.rdrop_start > 0 and training.rdrop_alpha == 0:
-        raise ConfigError(
-            f"config training.rdrop_start={training.rdrop_start!r} with training.rdrop_alpha=0: there is no "
-            "R-Drop to start; set rdrop_alpha > 0, or rdrop_start=0"
-        )
-    if training.rdrop_min_plain_steps > 0 and training.rdrop_alpha == 0:
-        raise ConfigError(
-            f"config training.rdrop_min_plain_steps={training.rdrop_min_plain_steps!r} with "
-            "training.rdrop_alpha=0: there is no R-Drop to decide on; set rdrop_alpha > 0, or rdrop_min_plain_steps=0"
-        )
-    if training.rdrop_min_plain_steps > 0 and training.rdrop_start > 0:
-        raise ConfigError(
-            f"config training.rdrop_min_plain_steps={training.rdrop_min_plain_steps!r} and "
-            f"training.rdrop_start={training.rdrop_start!r} both set: R-Drop starts at a fraction of the run "
-            "or where the run's pace decides, not both; set one of them to 0"
-        )
-    parts = [key for key in ("init_encoder_from", "init_decoder_from") if training.get(key) is not None]
-    if parts and training.init_from is not None:
-        raise ConfigError(
-            f"config training.init_from and training.{parts[0]} both set: a run starts from a whole model "
-            "or from pretrained halves, not both"
-        )
-    if parts and architecture(config) != "encoder_decoder":
-        raise ConfigError(
-            f"config training.{parts[0]} starts a translator (model.architecture='encoder_decoder'), "
-            f"not an {architecture(config)!r} model"
-        )
-    if architecture(config) == "encoder_decoder" and data.source_language == data.target_language:
-        raise ConfigError(f"config data.source_language and data.target_language are both {data.source_language!r}")
-    if data.batch_size % config.optimizer.accumulation_steps:
-        raise ConfigError(
-            f"config optimizer.accumulation_steps={config.optimizer.accumulation_steps} must divide "
-            f"data.batch_size={data.batch_size}"
-        )
-    if data.input_shards and data.batch_size % data.input_shards:
-        raise ConfigError(f"config data.input_shards={data.input_shards} must divide data.batch_size={data.batch_size}")
-    given_files = {split: spec for split, spec in data.files.items() if spec is not None}
-    if data.name == "parallel_files" and "train" not in given_files:
-        raise ConfigError(
-            "config data.name='parallel_files' needs data.files.train: a TSV file or a path with {lang} in it"
-        )
-    if data.name != "parallel_files" and given_files:
-        split = next(iter(given_files))
-        raise ConfigError(
-            f"config data.files.{split}={given_files[split]!r} applies to data.name='parallel_files' only, "
-            f"not {data.name!r}"
-        )
-    for rule in config.mesh.logical_axis_rules:
-        if not (isinstance(rule, (tuple, list)) and len(rule) == 2 and isinstance(rule[0], str)):
-            raise ConfigError(f"config mesh.logical_axis_rules: {rule!r} is not a (logical name, mesh axes) pair")
+    check_combinations(config, architecture(config))
     source_size, target_size = vocabulary_sizes(config)
     model_config(config, target_size, source_size if config.tokenizer.separate_vocabularies else None)
 
