@@ -49,7 +49,7 @@ class CheckpointMetadata:
     bleu: float | None = None  # set in best/ checkpoints
     averaged_steps: tuple[int, ...] | None = None  # set in averaged/ checkpoints
     target_tokenizer: bytes | None = None  # the target side's model with separate vocabularies; None: shared
-    chosen_from: str | None = None  # set in final/ checkpoints: "latest", "best" or "averaged"
+    chosen_from: str | None = None  # set in final/ checkpoints: "latest", "best", "averaged" or "ema"
     train_seconds: float | None = None  # the training loop's seconds at this step (None: from before it was kept)
     alpha: float | None = None  # final/ checkpoints only: the length penalty chosen on validation (None: not chosen)
     rdrop_by_pace: bool | None = None  # the run's pace decided R-Drop on or off (None: undecided, or no such rule)

@@ -100,6 +100,7 @@ VALUE_RULES: dict[str, tuple[Callable[[Any], bool], str]] = {
     "optimizer.eps": ((lambda value: _number(value) and value >= 0), "a number >= 0"),
     "optimizer.clip_norm": ((lambda value: _number(value) and value >= 0), "a number >= 0 (0 turns clipping off)"),
     "optimizer.accumulation_steps": _at_least(1),
+    "optimizer.ema_decay": _within(0.0, 1.0),
     "mesh.shape": _MESH_SHAPE,
     "training.seed": _at_least(0),
     "training.init_from": _OPTIONAL_TEXT,

@@ -129,6 +129,9 @@ def default_config() -> ml_collections.ConfigDict:
     config.optimizer.eps = 1e-9  # Adam epsilon
     config.optimizer.clip_norm = 1.0  # global gradient-norm clip (0 turns it off)
     config.optimizer.accumulation_steps = 1  # micro-batches per optimizer update
+    # An exponential moving average of the parameters with this decay (0: none), kept in the
+    # optimizer state and offered to the final choice as the candidate "ema" (parameter_ema.py).
+    config.optimizer.ema_decay = 0.0
 
     # Devices: a (data, fsdp, tensor) mesh and the rules mapping logical axis names onto it.
     config.mesh = ml_collections.ConfigDict()

@@ -1,7 +1,7 @@
 """The run's final model, chosen at its end (training.final_choice): the latest parameters, the
-best by validation BLEU during training (workdir/best), or the mean of the last checkpoints
-(training.average_last of them), whichever translates the validation split (data.max_eval_examples
-of it, when set) best with the
+best by validation BLEU during training (workdir/best), the mean of the last checkpoints
+(training.average_last of them), or the parameters' moving average (optimizer.ema_decay, when set),
+whichever translates the validation split (data.max_eval_examples of it, when set) best with the
 config's decoding (beam 4 by default). Then, when training.final_alphas lists length penalties,
 the chosen parameters are translated with each and the highest-scoring alpha is kept with them
 (decoding.alpha on a tie): a model trained for an hour on a small corpus writes short outputs,
@@ -29,13 +29,16 @@ from jaxformer.run.metadata import CheckpointMetadata
 from jaxformer.training.run_tokenizer import RunTokenizers
 from jaxformer.training.validation_bleu import ValidationSet
 
-CANDIDATES = ("latest", "best", "averaged")  # in this order; a tie goes to the first
+CANDIDATES = ("latest", "best", "averaged", "ema")  # in this order; a tie goes to the first
 SCORES = ("bleu", "lowercase_bleu", "chrf")  # kept per candidate and per alpha
 
 
-def _candidates(run: RunDirectory, average_last: int, step: int, params: Any, metadata: CheckpointMetadata):
+def _candidates(
+    run: RunDirectory, average_last: int, step: int, params: Any, metadata: CheckpointMetadata, ema_params: Any
+):
     """{name: (metadata, params)}: the latest parameters, best/'s when they are another step's,
-    and the mean of the last `average_last` checkpoints (of those kept, at least two)."""
+    the mean of the last `average_last` checkpoints (of those kept, at least two), and the moving
+    average `ema_params` when not None."""
     candidates = {"latest": (metadata, params)}
     if run.best.is_dir():
         try:
@@ -50,6 +53,8 @@ def _candidates(run: RunDirectory, average_last: int, step: int, params: Any, me
     reader.close()
     if min(average_last, kept) >= 2:
         candidates["averaged"] = averaged_last(run, min(average_last, kept))
+    if ema_params is not None:
+        candidates["ema"] = (metadata, ema_params)
     return candidates
 
 
@@ -75,9 +80,11 @@ def choose_final(
     step: int,
     params: Any,
     metadata: CheckpointMetadata,
+    ema_params: Any = None,
 ) -> dict[str, Any]:
     """Scores the candidates on the whole validation split, then the chosen one with each of
-    training.final_alphas, and saves it to workdir/final; returns {"chosen": name, "alpha": ...,
+    training.final_alphas, and saves it to workdir/final (`ema_params`: the optimizer's moving average
+    of the parameters, a candidate when given); returns {"chosen": name, "alpha": ...,
     "bleu": ..., "<name>/bleu": ..., "<name>/chrf": ..., "alpha_<alpha>/bleu": ..., ...}. A run that already
     chose at this step (a finished run started again) keeps its choice."""
     writer = Checkpointer(run.final, keep=1)
@@ -89,7 +96,9 @@ def choose_final(
         started = time.monotonic()
         examples = config.data.max_eval_examples or 0  # the pairs the run validates on (0: all)
         validation = ValidationSet(config, model_config, tokenizers.source, eval_source, examples, tokenizers.target)
-        candidates = _candidates(run, config.training.average_last, step, params, metadata.replace(step=step))
+        candidates = _candidates(
+            run, config.training.average_last, step, params, metadata.replace(step=step), ema_params
+        )
         summary: dict[str, Any] = {}
         candidate_scores = {}
         for name, (_, candidate_params) in candidates.items():

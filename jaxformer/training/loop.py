@@ -44,6 +44,7 @@ from jaxformer.training.init_from import (
 from jaxformer.training.metrics import MetricWriter, summarize
 from jaxformer.training.objectives import objective_for
 from jaxformer.training.optimizer import make_optimizer
+from jaxformer.training.parameter_ema import parameter_ema, restart_parameter_ema
 from jaxformer.training.periodic import Periodic, run_due
 from jaxformer.training.rdrop_start import RDropPhase
 from jaxformer.training.run_tokenizer import RunTokenizers, tokenizer_for_run
@@ -270,7 +271,8 @@ def _train(config, prepared: PreparedRun, model: nn.Module, mesh, rules) -> dict
     if restored is None:
         state, step = jax.jit(init_fn, out_shardings=state_shardings)(training.seed), 0
         if overrides:
-            state = state.replace(params=with_overrides(state.params, overrides))
+            params = with_overrides(state.params, overrides)
+            state = state.replace(params=params, opt_state=restart_parameter_ema(state.opt_state, params))
     else:
         step, state, _ = restored
         logging.info("resumed from step %d of %s", step, checkpointer.directory)
@@ -407,7 +409,15 @@ def _train(config, prepared: PreparedRun, model: nn.Module, mesh, rules) -> dict
     if training.final_choice and not stopped_early:  # after close(): every checkpoint is written
         metadata = prepared.metadata.replace(train_seconds=train_seconds)
         last["final"] = choose_final(
-            config, model.config, tokenizers, prepared.eval_source, run, step, state.params, metadata
+            config,
+            model.config,
+            tokenizers,
+            prepared.eval_source,
+            run,
+            step,
+            state.params,
+            metadata,
+            ema_params=parameter_ema(state.opt_state),
         )
     if train_metrics.last is not None:
         last["train"] = train_metrics.last

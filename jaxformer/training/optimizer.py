@@ -17,6 +17,8 @@ import jax.numpy as jnp
 import ml_collections
 import optax
 
+from jaxformer.training.parameter_ema import with_parameter_ema
+
 SCHEDULES = ("rsqrt", "budget")
 # (train step, optimizer state) -> learning rate, for the metrics.
 LearningRate = Callable[[jax.Array, optax.OptState], jax.Array]
@@ -85,7 +87,8 @@ def make_optimizer(
 ) -> tuple[optax.GradientTransformation, LearningRate]:
     """The optimizer an experiment config's `optimizer` section describes (schedule,
     learning_rate_scale, warmup_steps, decay_floor, b1, b2, eps, clip_norm (0: no clipping),
-    accumulation_steps), and its learning rate as a function of (train step, optimizer state), for logging.
+    accumulation_steps, ema_decay (0: no moving average of the parameters)), and its learning rate as
+    a function of (train step, optimizer state), for logging.
 
     With `accumulation_steps` k > 1 each call sees one micro-batch; gradients are averaged
     and Adam steps once every k calls, so the schedule counts optimizer updates: train step
@@ -113,6 +116,8 @@ def make_optimizer(
             return schedule(step // every)
 
     optimizer = optax.chain(*chain)
+    if config.get("ema_decay", 0.0):  # averages the parameters after each update, not each micro-batch
+        optimizer = with_parameter_ema(optimizer, config.ema_decay)
     if every == 1:
         return optimizer, learning_rate
     return optax.MultiSteps(optimizer, every_k_schedule=every), learning_rate

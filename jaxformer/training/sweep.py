@@ -192,7 +192,8 @@ def seeds_row(seed_rows: Sequence[dict[str, Any]]) -> dict[str, Any]:
 
     row = {key: seed_rows[0][key] for key in ("variant", "changes", "speed")}
     row["steps"] = round(mean([seed["steps"] for seed in seed_rows]))
-    row.update({key: mean([seed[key] for seed in seed_rows]) for key in MEAN_KEYS})
+    # .get: a row written before a candidate existed (a sweep resumed across versions) lacks its score.
+    row.update({key: mean([seed.get(key) for seed in seed_rows]) for key in MEAN_KEYS})
     row["chosen"] = ", ".join(seed["chosen"] for seed in seed_rows)
     row["alpha"] = None  # each seed chose its own: under "seeds"
     row["seed_bleus"] = [seed["bleu"] for seed in seed_rows]
@@ -331,7 +332,7 @@ def results_table(rows: Sequence[dict[str, Any]]) -> str:
     columns = [
         *("variant", "changes", "steps", "speed", "train minutes", "validation BLEU"),
         *(["per seed"] if several else []),
-        *("chosen", "alpha", "latest", "best", "averaged"),
+        *("chosen", "alpha", *CANDIDATES),
     ]
     lines = [line(columns), line(["---"] * len(columns))]
     for row in sorted(rows, key=lambda row: -row["bleu"]):
@@ -346,7 +347,7 @@ def results_table(rows: Sequence[dict[str, Any]]) -> str:
             *([per_seed] if several else []),
             row["chosen"],
             alphas(row),
-            *(number(row[f"{name}_bleu"]) for name in CANDIDATES),
+            *(number(row.get(f"{name}_bleu")) for name in CANDIDATES),
         ]
         lines.append(line(cells))
     return "\n".join(lines) + "\n"

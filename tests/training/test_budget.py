@@ -1,7 +1,8 @@
 """Spending a training budget: the "budget" schedule's shape in a real run, exact resume in the
 middle of it, a wall-clock budget that ends the run (and is carried across a resume), the pace
-estimate, and the automatic final choice among the latest, best and averaged parameters (checked
-against translating each candidate through Translator and scoring it with sacreBLEU)."""
+estimate, and the automatic final choice among the latest, best and averaged parameters and their
+moving average (checked against translating each candidate through Translator and scoring it with
+sacreBLEU)."""
 
 import dataclasses
 import json
@@ -49,6 +50,8 @@ CHOICE = (
     # Then these length penalties besides decoding.alpha (0.6) on the chosen parameters; 0.6 twice
     # is scored once.
     "--config.training.final_alphas=(0.0, 0.6, 3.0)",
+    # A moving average of the parameters: checkpointed, resumed, and the final choice's fourth candidate.
+    "--config.optimizer.ema_decay=0.9",
 )
 
 
@@ -58,6 +61,32 @@ def peak():
 
 def last_metrics(workdir):
     return json.loads((pathlib.Path(workdir) / "last_metrics.json").read_text())
+
+
+def ema_in_checkpoint(workdir, step):
+    """The parameters' moving average as a checkpoint's `state` holds it, read by orbax alone."""
+    import orbax.checkpoint as ocp
+
+    path = pathlib.Path(workdir) / "checkpoints" / str(step) / "state"
+    checkpointer = ocp.PyTreeCheckpointer()
+    as_numpy = jax.tree.map(
+        lambda _: ocp.RestoreArgs(restore_type=np.ndarray), checkpointer.metadata(path).item_metadata.tree
+    )
+    state = checkpointer.restore(path, args=ocp.args.PyTreeRestore(restore_args=as_numpy))
+    checkpointer.close()
+    found = [value for path, value in _subtrees(state) if path and path[-1] == "ema_params"]
+    assert len(found) == 1, "one moving average in the optimizer state"
+    return found[0]
+
+
+def _subtrees(tree, path=()):
+    yield path, tree
+    if isinstance(tree, dict):
+        for key, value in tree.items():
+            yield from _subtrees(value, (*path, str(key)))
+    elif isinstance(tree, (list, tuple)):
+        for index, value in enumerate(tree):
+            yield from _subtrees(value, (*path, str(index)))
 
 
 @pytest.fixture(scope="module")
@@ -91,6 +120,11 @@ def test_resume_in_the_middle_of_the_schedule_is_exact(scheduled_run, data_dir, 
         load_checkpoint(resumed, "final")[1].chosen_from
         == load_checkpoint(scheduled_run.workdir, "final")[1].chosen_from
     )
+    # The moving average is restored with the optimizer state and goes on as if never stopped.
+    jax.tree.map(
+        np.testing.assert_array_equal, ema_in_checkpoint(resumed, 40), ema_in_checkpoint(scheduled_run.workdir, 40)
+    )
+    assert last_metrics(resumed)["final"]["ema/bleu"] == last_metrics(scheduled_run.workdir)["final"]["ema/bleu"]
 
 
 @pytest.mark.slow  # three runs; the budget's arithmetic is tested with a fake clock below
@@ -176,7 +210,7 @@ def test_each_check_moves_the_schedules_end_to_the_estimate(monkeypatch):
 def test_the_run_saves_the_candidate_with_the_highest_validation_bleu(scheduled_run, data_dir):
     workdir, stderr = scheduled_run.workdir, scheduled_run.stderr
     summary = json.loads((workdir / "last_metrics.json").read_text())["final"]
-    assert {"latest/bleu", "averaged/bleu"} <= set(summary)
+    assert {"latest/bleu", "averaged/bleu", "ema/bleu"} <= set(summary)
     step, metadata, _ = load_checkpoint(workdir, "final")
     assert step == 40 and metadata.chosen_from == summary["chosen"] and metadata.bleu == summary["bleu"]
     assert summary["bleu"] == max(value for key, value in summary.items() if key.endswith("/bleu"))
@@ -203,6 +237,13 @@ def test_the_run_saves_the_candidate_with_the_highest_validation_bleu(scheduled_
     for name in ("latest", "averaged", "best"):
         if f"{name}/bleu" in summary:
             assert bleu(name) == pytest.approx(summary[f"{name}/bleu"], abs=1e-6), name
+    # The moving average, as step 40's checkpoint holds it, differs from the latest parameters.
+    ema = ema_in_checkpoint(workdir, 40)
+    latest = load_checkpoint(workdir, "latest")[2]
+    assert jax.tree.structure(ema) == jax.tree.structure(latest)
+    assert not all(np.array_equal(a, b) for a, b in zip(jax.tree.leaves(ema), jax.tree.leaves(latest), strict=True))
+    ema_bleu = sacrebleu.corpus_bleu(translator.with_params(ema).translate(sources), [references]).score
+    assert ema_bleu == pytest.approx(summary["ema/bleu"], abs=1e-6)
 
     # Then the chosen parameters with each length penalty: the highest BLEU's alpha is kept (the
     # config's 0.6 on a tie, then the first listed), and final/ translates to that BLEU with it.

@@ -13,6 +13,7 @@ import pytest
 
 from jaxformer.commands import sweep as sweep_command
 from jaxformer.run.loading import load_checkpoint
+from jaxformer.training.final_choice import CANDIDATES
 from jaxformer.training.sweep import (
     load_sweep,
     make_variants,
@@ -70,7 +71,7 @@ def test_a_sweep_trains_each_variant_and_ranks_them_by_validation_bleu(tmp_path,
         assert (
             row[f"{row['chosen']}_bleu"]
             == row["bleu"]
-            == max(row[f"{name}_bleu"] for name in ("latest", "best", "averaged") if row[f"{name}_bleu"] is not None)
+            == max(row[f"{name}_bleu"] for name in CANDIDATES if row[f"{name}_bleu"] is not None)
         )
         assert metadata.config["data"]["shuffle_seed"] == (1 if row["variant"] == "shuffle1" else 0)
     assert rows[1]["changes"] == "data.shuffle_seed=1"
@@ -207,7 +208,7 @@ def test_seed_k_moves_both_seeds_by_k_and_the_variant_scores_its_seeds_mean():
     def seed(bleu, steps, chosen, lowercase=None):
         row = {"variant": "baseline", "changes": "", "speed": None, "steps": steps, "train_minutes": 1.0}
         row.update(bleu=bleu, lowercase_bleu=lowercase, chrf=50.0, chosen=chosen, alpha=1.4)
-        return row | {f"{name}_bleu": bleu for name in ("latest", "best", "averaged")}
+        return row | {f"{name}_bleu": bleu for name in CANDIDATES}
 
     row = seeds_row([seed(30.0, 100, "best", 31.0), seed(32.0, 103, "averaged", None)])
     assert row["bleu"] == 31.0 and row["seed_bleus"] == [30.0, 32.0] and row["steps"] == 102
