@@ -63,11 +63,9 @@ def _chunk(
     [V] or None. The bias's gradient is the logits' gradient summed over the chunk's positions.
     With `rdrop_alpha` > 0 the rows are R-Drop pairs (see the module's doc). The embedding's
     gradient comes as [D, V], or as [V, D] when the chunk is the `whole` batch."""
+    hidden_operand = hidden.astype(compute_dtype)  # [B, t, D]: the logits' and the embedding gradient's
     logits = jnp.einsum(
-        "BTD,VD->BTV",
-        hidden.astype(compute_dtype),
-        embedding.astype(compute_dtype),
-        preferred_element_type=jnp.float32,
+        "BTD,VD->BTV", hidden_operand, embedding.astype(compute_dtype), preferred_element_type=jnp.float32
     )  # [B, t, V]
     if bias is not None:
         logits = logits + bias.astype(jnp.float32)[None, None]
@@ -98,7 +96,6 @@ def _chunk(
     # One chunk: [V, D] straight away. XLA folds a transpose of the [D, V] product into the dot, and
     # with bf16 operands XLA:CPU (jax 0.10.2, AVX512-BF16) left that folded dot to a kernel without
     # bf16 x bf16 -> float32, failing at run time with UNIMPLEMENTED.
-    hidden_operand = hidden.astype(compute_dtype)
     if whole:
         grad_embedding = jnp.einsum("BTV,BTD->VD", grad_logits, hidden_operand, preferred_element_type=jnp.float32)
     else:
