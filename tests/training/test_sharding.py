@@ -15,6 +15,7 @@ from jaxformer.model.transformer import Transformer
 from jaxformer.training import sharding
 from jaxformer.training.experiment import default_config
 from jaxformer.training.optimizer import make_optimizer
+from jaxformer.training.parameter_ema import parameter_ema
 from jaxformer.training.state import make_init_fn
 from jaxformer.training.step import train_step
 
@@ -32,7 +33,7 @@ def batch_of_8():
     return {"inputs": inputs, "targets": targets}
 
 
-def sharded_init(mesh_shape, devices, adam=False):
+def sharded_init(mesh_shape, devices, adam=False, ema_decay=0.0):
     """(mesh, model, optimizer, learning_rate, state shardings, initial state on the mesh).
 
     Plain SGD by default: Adam's first step is lr * g / (|g| + 1e-9), which turns the ~1e-9
@@ -45,6 +46,7 @@ def sharded_init(mesh_shape, devices, adam=False):
     if adam:
         optimizer_config = default_config().optimizer
         optimizer_config.warmup_steps = 10
+        optimizer_config.ema_decay = ema_decay
         optimizer, learning_rate = make_optimizer(optimizer_config, CONFIG.d_model)
     else:
         optimizer, learning_rate = optax.sgd(1.0), lambda step, opt_state: jnp.float32(1.0)
@@ -129,6 +131,18 @@ def test_parameters_and_optimizer_state_are_really_split(mesh_shape):
     adam_mu = state.opt_state[1][0].mu["shared_embedding"]["embedding"]
     assert adam_mu.sharding.spec == embedding.sharding.spec  # Adam's moments follow their parameters
     assert adam_mu.addressable_shards[0].data.shape == embedding.addressable_shards[0].data.shape
+
+
+def test_the_parameters_moving_average_is_split_as_the_parameters_are():
+    *_, state = sharded_init((2, 2, 2), jax.devices(), adam=True, ema_decay=0.99)
+    average = parameter_ema(state.opt_state)
+    jax.tree.map(lambda ema, param: _same_split(ema, param), average, state.params)
+    assert average["shared_embedding"]["embedding"].sharding.spec == PartitionSpec("tensor", "fsdp")
+
+
+def _same_split(ema, param):
+    assert ema.sharding.spec == param.sharding.spec
+    assert ema.addressable_shards[0].data.shape == param.addressable_shards[0].data.shape
 
 
 def test_mesh_shape_errors():
