@@ -35,7 +35,7 @@ def with_parameter_ema(inner: optax.GradientTransformation, decay: float) -> opt
         raise ValueError(f"ema decay {decay}: must be in (0, 1)")
 
     def init_fn(params):
-        return ParameterEmaState(inner.init(params), jnp.zeros([], jnp.int32), jax.tree.map(lambda leaf: leaf, params))
+        return ParameterEmaState(inner.init(params), jnp.zeros([], jnp.int32), params)
 
     def update_fn(updates, state, params=None):
         if params is None:

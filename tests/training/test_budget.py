@@ -13,6 +13,7 @@ import types
 import jax
 import jax.numpy as jnp
 import numpy as np
+import optax
 import pytest
 import sacrebleu
 
@@ -74,19 +75,9 @@ def ema_in_checkpoint(workdir, step):
     )
     state = checkpointer.restore(path, args=ocp.args.PyTreeRestore(restore_args=as_numpy))
     checkpointer.close()
-    found = [value for path, value in _subtrees(state) if path and path[-1] == "ema_params"]
-    assert len(found) == 1, "one moving average in the optimizer state"
-    return found[0]
-
-
-def _subtrees(tree, path=()):
-    yield path, tree
-    if isinstance(tree, dict):
-        for key, value in tree.items():
-            yield from _subtrees(value, (*path, str(key)))
-    elif isinstance(tree, (list, tuple)):
-        for index, value in enumerate(tree):
-            yield from _subtrees(value, (*path, str(index)))
+    average = optax.tree_utils.tree_get(state, "ema_params")  # KeyError if the state held two
+    assert average is not None, "a moving average in the optimizer state"
+    return average
 
 
 @pytest.fixture(scope="module")

@@ -136,7 +136,7 @@ def test_parameters_and_optimizer_state_are_really_split(mesh_shape):
 def test_the_parameters_moving_average_is_split_as_the_parameters_are():
     *_, state = sharded_init((2, 2, 2), jax.devices(), adam=True, ema_decay=0.99)
     average = parameter_ema(state.opt_state)
-    jax.tree.map(lambda ema, param: _same_split(ema, param), average, state.params)
+    jax.tree.map(_same_split, average, state.params)
     assert average["shared_embedding"]["embedding"].sharding.spec == PartitionSpec("tensor", "fsdp")
 
 
