@@ -61,7 +61,7 @@ from jaxformer.tokens import BOS_ID, EOS_ID, NUM_SPECIAL_TOKENS, PAD_ID, UNK_ID
 Piece = model_pb2.ModelProto.SentencePiece
 
 # Marian activation names -> jaxformer's; transformers' "gelu" is the exact erf form.
-ACTIVATIONS = {"relu": "relu", "gelu": "gelu", "swish": "swish", "silu": "swish"}
+ACTIVATIONS = {"relu": "relu", "gelu": "gelu", "swish": "swish", "silu": "swish", "relu2": "squared_relu"}
 MARIAN_LAYER_NORM_EPSILON = 1e-5  # torch.nn.LayerNorm's default; MarianConfig has no option for it
 MARIAN_POSITION_BASE = 10_000.0
 # The BOS row repeats the decoder start token's (pad's) embedding; its logit is that token's minus

@@ -106,7 +106,7 @@ def check_exportable(config: TransformerConfig) -> None:
 
 def marian_config(config: TransformerConfig, max_positions: int = 512) -> dict[str, Any]:
     """MarianConfig's values for a jaxformer model (its own ids: pad 0, eos 1, decoder start BOS 3)."""
-    activation = {"relu": "relu", "gelu": "gelu", "swish": "swish"}[config.activation]
+    activation = {"relu": "relu", "gelu": "gelu", "swish": "swish", "squared_relu": "relu2"}[config.activation]
     return {
         "vocab_size": config.vocab_size,
         "decoder_vocab_size": config.vocab_size,

@@ -54,8 +54,9 @@ class TransformerConfig:
     attention_dropout_rate: float = 0.0
     # Dropout after the feed-forward activation (0 in the paper).
     activation_dropout_rate: float = 0.0
-    # Feed-forward activation: "relu" (the paper), "gelu" (exact erf form) or "swish" (SiLU, x * sigmoid(x)).
-    activation: Literal["relu", "gelu", "swish"] = "relu"
+    # Feed-forward activation: "relu" (the paper), "gelu" (exact erf form), "swish" (SiLU, x * sigmoid(x))
+    # or "squared_relu" (relu(x)^2, So et al. 2021's Primer).
+    activation: Literal["relu", "gelu", "swish", "squared_relu"] = "relu"
     # "post": LayerNorm(x + Sublayer(x)) as in the paper; "pre": x + Sublayer(LayerNorm(x)),
     # with a final LayerNorm after each stack.
     normalization: Literal["post", "pre"] = "post"
@@ -147,6 +148,7 @@ class TransformerConfig:
 
 
 ARCHITECTURES = ("encoder_decoder", "encoder_only", "decoder_only")
+ACTIVATIONS = ("relu", "gelu", "swish", "squared_relu")  # the feed-forward non-linearities (model/layers.py)
 _DTYPE_FIELDS = ("dtype", "param_dtype", "matmul_dtype")  # normalised to jnp.dtype; names in to_dict
 _FIELD_NAMES = tuple(field.name for field in dataclasses.fields(TransformerConfig))
 
@@ -191,8 +193,8 @@ def _validate(config: TransformerConfig) -> None:
         fail("architecture", f"must be one of {', '.join(map(repr, ARCHITECTURES))}")
     if config.architecture != "encoder_decoder" and config.source_vocab_size is not None:
         fail("source_vocab_size", f"applies to the encoder_decoder architecture only, not {config.architecture!r}")
-    if config.activation not in ("relu", "gelu", "swish"):
-        fail("activation", 'must be "relu", "gelu" or "swish"')
+    if config.activation not in ACTIVATIONS:
+        fail("activation", f"must be one of {', '.join(map(repr, ACTIVATIONS))}")
     if config.position_layout not in ("interleaved", "halves"):
         fail("position_layout", 'must be "interleaved" (the paper) or "halves"')
     if not isinstance(config.logits_bias, (bool, np.bool_)):

@@ -85,9 +85,14 @@ def embed_with_positions(
 
 
 def activation_function(name: str) -> Callable[[Array], Array]:
-    """The feed-forward non-linearity by name: "relu" (the paper), "gelu" (exact erf form) or
-    "swish" (SiLU, x * sigmoid(x))."""
-    functions = {"relu": jax.nn.relu, "gelu": lambda x: jax.nn.gelu(x, approximate=False), "swish": jax.nn.silu}
+    """The feed-forward non-linearity by name: "relu" (the paper), "gelu" (exact erf form), "swish"
+    (SiLU, x * sigmoid(x)) or "squared_relu" (relu(x)^2)."""
+    functions = {
+        "relu": jax.nn.relu,
+        "gelu": lambda x: jax.nn.gelu(x, approximate=False),
+        "swish": jax.nn.silu,
+        "squared_relu": lambda x: jnp.square(jax.nn.relu(x)),
+    }
     if name not in functions:
         raise ValueError(f"unknown activation {name!r}; choose one of {', '.join(functions)}")
     return functions[name]

@@ -332,3 +332,19 @@ def test_the_imported_run_translates_and_exports_through_the_commands(imported, 
     exported = tmp_path / "export"
     assert export.main([*flags, "--output", str(exported), "--platforms", "cpu"]) == 0
     assert load_export(exported).translate(lines) == expected
+
+
+def test_every_activation_maps_to_transformers_own_function_both_ways():
+    from transformers.activations import ACT2FN
+
+    from jaxformer.interop.marian import ACTIVATIONS
+    from jaxformer.interop.marian_export import marian_config
+    from jaxformer.model.config import preset
+    from jaxformer.model.layers import activation_function
+
+    x = np.linspace(-6.0, 6.0, 49, dtype=np.float32)
+    for marian_name, ours in ACTIVATIONS.items():
+        want = ACT2FN[marian_name](torch.from_numpy(x)).numpy()
+        np.testing.assert_allclose(activation_function(ours)(x), want, rtol=1e-5, atol=1e-6, err_msg=marian_name)
+        exported = marian_config(preset("tiny", activation=ours))["activation_function"]
+        assert ACTIVATIONS[exported] == ours

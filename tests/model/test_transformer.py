@@ -199,6 +199,21 @@ def test_swish_is_silu():
     np.testing.assert_allclose(activation_function("swish")(x), x / (1.0 + np.exp(-np.asarray(x))), rtol=1e-6)
 
 
+def test_squared_relu_is_relu_squared_and_changes_the_model():
+    from jaxformer.model.layers import activation_function
+
+    x = np.linspace(-6.0, 6.0, 25, dtype=np.float32)
+    np.testing.assert_array_equal(activation_function("squared_relu")(jnp.asarray(x)), np.maximum(x, 0.0) ** 2)
+    gradient = jax.grad(lambda v: jnp.sum(activation_function("squared_relu")(v)))(jnp.asarray(x))
+    np.testing.assert_allclose(gradient, 2.0 * np.maximum(x, 0.0), rtol=1e-6)
+    source = random_tokens(jax.random.key(17), (2, 6), TINY.vocab_size)
+    target = random_tokens(jax.random.key(18), (2, 4), TINY.vocab_size)
+    params = init_params(TINY)  # the same parameters: the activation has none of its own
+    relu = jit_apply(Transformer(TINY))(params, source, target)
+    squared = jit_apply(Transformer(TINY.replace(activation="squared_relu")))(params, source, target)
+    assert not np.allclose(relu, squared, atol=1e-4)
+
+
 def test_logits_bias_is_added_to_the_logits_and_to_each_decoding_step():
     from jaxformer.model.cache import init_cache
     from jaxformer.model.config import preset as make_preset

@@ -4,7 +4,7 @@
 
 Each variant but `transformer_tiny` (a published recipe, taken whole) changes one thing in the
 config (its 55-minute training budget, budget schedule and final choice included), so each row of
-the table reads against `baseline`: 33 runs, about 33 hours on 2
+the table reads against `baseline`: 34 runs, about 34 hours on 2
 cores in all, about an hour per variant. What the final choice decodes with (beam size, length
 penalty) and how many checkpoints it averages need no training: compare them on the winner with
 `jaxformer-evaluate --split validation --checkpoint averaged|best|final --beam_size K --alpha A`.
@@ -25,8 +25,11 @@ def get_sweep():
         # The feed-forward's non-linearity: GELU (exact erf form) for the paper's ReLU. At seed 1 of a
         # slower VM's hour it was ahead in validation NLL at every evaluation (by 0.07 at step 500 and
         # 0.02 at the end, 1.490 against 1.511) but ended within a seed in the final choice (42.45
-        # against 42.34), and its step costs 1.07x (docs/multi30k_runs.md, 2026-11-29, late morning).
+        # against 42.34), at ReLU's pace within the noise (docs/multi30k_runs.md, 2026-11-29, late morning).
         "gelu": ["model.activation=gelu"],
+        # Squared ReLU (Primer's): behind GELU and ReLU at seed 1 of the same VM, with 1.07x the steps
+        # (final choice 41.86 against 42.34; docs/multi30k_runs.md, 2026-11-29, late morning).
+        "squared_relu": ["model.activation=squared_relu"],
         # fairseq's Transformer-Tiny as Wu et al. (2021) trained it to convergence on Multi30k
         # (41.02 tokenized BLEU on test_2016_flickr): 4 + 4 layers of width 128, dropout 0.3,
         # peak rate about 4e-3. About two thirds of the FLOPs a token of `baseline` (d_model 160).
