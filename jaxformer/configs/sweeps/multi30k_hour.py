@@ -27,8 +27,9 @@ def get_sweep():
         # 0.02 at the end, 1.490 against 1.511) but ended within a seed in the final choice (42.45
         # against 42.34), at ReLU's pace within the noise (docs/multi30k_runs.md, 2026-11-29, late morning).
         "gelu": ["model.activation=gelu"],
-        # Squared ReLU (Primer's): behind GELU and ReLU at seed 1 of the same VM, with 1.07x the steps
-        # (final choice 41.86 against 42.34; docs/multi30k_runs.md, 2026-11-29, late morning).
+        # Squared ReLU (Primer's): behind GELU and ReLU at seed 1 of the same VM although its faster
+        # hour bought 1.07x the steps (final choice 41.86 against 42.34; docs/multi30k_runs.md, 2026-11-29,
+        # late morning).
         "squared_relu": ["model.activation=squared_relu"],
         # fairseq's Transformer-Tiny as Wu et al. (2021) trained it to convergence on Multi30k
         # (41.02 tokenized BLEU on test_2016_flickr): 4 + 4 layers of width 128, dropout 0.3,
