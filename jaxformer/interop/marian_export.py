@@ -15,7 +15,7 @@ import numpy as np
 
 from jaxformer.data.tokenizer import Tokenizer
 from jaxformer.export.safetensors import flatten
-from jaxformer.interop.marian import MARIAN_LAYER_NORM_EPSILON, MARIAN_POSITION_BASE, check_new_output
+from jaxformer.interop.marian import ACTIVATIONS, MARIAN_LAYER_NORM_EPSILON, MARIAN_POSITION_BASE, check_new_output
 from jaxformer.interop.marian_layout import ConversionError, layer_names, to_marian_layout
 from jaxformer.model.config import TransformerConfig
 from jaxformer.model.position import halves_order
@@ -106,7 +106,8 @@ def check_exportable(config: TransformerConfig) -> None:
 
 def marian_config(config: TransformerConfig, max_positions: int = 512) -> dict[str, Any]:
     """MarianConfig's values for a jaxformer model (its own ids: pad 0, eos 1, decoder start BOS 3)."""
-    activation = {"relu": "relu", "gelu": "gelu", "swish": "swish", "squared_relu": "relu2"}[config.activation]
+    # The import's map read backwards; its first name for an activation ("swish" before the alias "silu").
+    activation = next(marian for marian, ours in ACTIVATIONS.items() if ours == config.activation)
     return {
         "vocab_size": config.vocab_size,
         "decoder_vocab_size": config.vocab_size,
