@@ -12,11 +12,14 @@ if not any("xla_backend_optimization_level" in flag for flag in _flags):
 os.environ["XLA_FLAGS"] = " ".join(_flags)
 os.environ.setdefault("JAX_PLATFORMS", "cpu")
 # One persistent compilation cache for the whole run: pytest workers and the train.py
-# subprocesses the tests start compile the same tiny programs many times over.
+# subprocesses the tests start compile the same tiny programs many times over. Every program is
+# kept, single eager operations too: reading one back took about a quarter of compiling it (11
+# against 40 ms at level 0; docs/test_suite.md), and the two workers and each subprocess compile
+# the same few thousand of them.
 os.environ.setdefault(
     "JAX_COMPILATION_CACHE_DIR", str(pathlib.Path(__file__).parents[1] / ".pytest_cache" / "jax_compilation_cache")
 )
-os.environ.setdefault("JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS", "0.2")
+os.environ.setdefault("JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS", "0")
 
 import jax  # noqa: E402
 

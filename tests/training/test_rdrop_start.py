@@ -120,6 +120,9 @@ SWITCHED = (
 )
 
 
+# R-Drop's start end to end (-m slow): two runs, for an option multi30k leaves off. When it starts
+# is unit-tested above (the fraction of the steps or of the time, and the schedule's end).
+@pytest.mark.slow
 def test_the_first_steps_are_a_plain_runs_and_the_rest_r_drop_steps(switched_run, data_dir, tmp_path):
     plain = tmp_path / "plain"
     train(plain, data_dir, "--config.training.num_train_steps=10")  # tiny's rate does not depend on the end
@@ -261,6 +264,9 @@ def decided_run(tmp_path_factory, data_dir):
     return workdir, result.stderr
 
 
+# The pace's decision, end to end (-m slow): two runs. The decision itself (once, at its step, from
+# the plain pace) is unit-tested above.
+@pytest.mark.slow
 def test_decided_for_r_drop_the_run_is_a_fractional_start_at_the_same_step(decided_run, switched_run):
     workdir, stderr = decided_run
     assert "at step 10 the time budget buys about 40 plain steps at their pace so far, at least 40" in stderr
@@ -270,6 +276,7 @@ def test_decided_for_r_drop_the_run_is_a_fractional_start_at_the_same_step(decid
     assert stored_decisions(workdir) == {5: None, 10: True, 15: True, 20: True, 25: True, 30: True, 35: True, 40: True}
 
 
+@pytest.mark.slow
 def test_decided_against_r_drop_the_run_stays_plain(decided_run, data_dir, tmp_path):
     workdir = tmp_path / "paced"
     result = train(workdir, data_dir, *PACED, "--config.training.rdrop_min_plain_steps=41")
