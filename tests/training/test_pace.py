@@ -45,12 +45,13 @@ def test_configs_that_differ_only_in_constants_are_not_timed():
     assert pace.steps_for(1234) == 1234
 
 
+@pytest.mark.slow  # two programs timed, for step-budget sweeps and R-Drop's pace decision (both -m slow end to end)
 def test_a_config_without_dropout_is_another_program_and_is_timed():
     pace = relative_pace(tiny("model.dropout_rate=0.0"), tiny())
     assert pace.timed and pace.seconds_per_step > 0 and pace.reference_seconds_per_step > 0
 
 
-@pytest.mark.slow  # two models timed; the timed path is also taken by the test above
+@pytest.mark.slow  # two models timed
 def test_a_larger_model_is_measured_slower_in_proportion():
     pace = relative_pace(tiny("model.d_model=128", "model.d_ff=512", "model.num_heads=4"), tiny())
     assert pace.timed

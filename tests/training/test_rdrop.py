@@ -132,7 +132,9 @@ def hand_written_loss(model, params, data, key):
     return (cross_entropy + ALPHA * jnp.sum(divergence * weights[::2])) / jnp.sum(weights)
 
 
-@pytest.mark.parametrize("dropout_rate", [0.0, 0.1])
+# Without dropout (-m slow): the pair is one prediction twice, which the loss's own test checks
+# (test_identical_copies_diverge_by_nothing_and_train_like_one); the step's pairing is checked at 0.1.
+@pytest.mark.parametrize("dropout_rate", [pytest.param(0.0, marks=pytest.mark.slow), 0.1])
 def test_the_train_step_pairs_every_row_with_itself_under_its_dropout_key(dropout_rate):
     model, state, train_fn = setup(dropout_rate)
     data = batch(3)

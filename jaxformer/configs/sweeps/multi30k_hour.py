@@ -4,7 +4,7 @@
 
 Each variant but `transformer_tiny` (a published recipe, taken whole) changes one thing in the
 config (its 55-minute training budget, budget schedule and final choice included), so each row of
-the table reads against `baseline`: 34 runs, about 34 hours on 2
+the table reads against `baseline`: 35 runs, about 35 hours on 2
 cores in all, about an hour per variant. What the final choice decodes with (beam size, length
 penalty) and how many checkpoints it averages need no training: compare them on the winner with
 `jaxformer-evaluate --split validation --checkpoint averaged|best|final --beam_size K --alpha A`.
@@ -22,6 +22,10 @@ def get_sweep():
         "layers2": ["model.num_encoder_layers=2", "model.num_decoder_layers=2"],
         "layers4": ["model.num_encoder_layers=4", "model.num_decoder_layers=4"],
         "dff512": ["model.d_ff=512"],
+        # 2 x d_model, as Transformer-Tiny: 1.185x the step speed, and at seed 1 of a slower VM's hour
+        # 0.026 lower in validation NLL at the end but within a seed in the final choice (42.41 against
+        # 42.34; docs/multi30k_runs.md, 2026-11-29, afternoon).
+        "dff320": ["model.d_ff=320"],
         # The feed-forward's non-linearity: GELU (exact erf form) for the paper's ReLU. At seed 1 of a
         # slower VM's hour it was ahead in validation NLL at every evaluation (by 0.07 at step 500 and
         # 0.02 at the end, 1.490 against 1.511) but ended within a seed in the final choice (42.45
