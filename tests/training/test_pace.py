@@ -45,7 +45,9 @@ def test_configs_that_differ_only_in_constants_are_not_timed():
     assert pace.steps_for(1234) == 1234
 
 
-@pytest.mark.slow  # two programs timed, for step-budget sweeps and R-Drop's pace decision (both -m slow end to end)
+# Two real programs timed (-m slow). The timed path's rounds, medians and shares stay in the default
+# suite with a clock and steps faked: test_rdrop_start.py::test_a_switching_configs_pace_is_the_mix_of_its_two_programs.
+@pytest.mark.slow
 def test_a_config_without_dropout_is_another_program_and_is_timed():
     pace = relative_pace(tiny("model.dropout_rate=0.0"), tiny())
     assert pace.timed and pace.seconds_per_step > 0 and pace.reference_seconds_per_step > 0
