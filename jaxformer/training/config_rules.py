@@ -98,6 +98,7 @@ VALUE_RULES: dict[str, tuple[Callable[[Any], bool], str]] = {
     "optimizer.b1": _within(0.0, 1.0),
     "optimizer.b2": _within(0.0, 1.0),
     "optimizer.eps": ((lambda value: _number(value) and value >= 0), "a number >= 0"),
+    "optimizer.weight_decay": ((lambda value: _number(value) and value >= 0), "a number >= 0 (0: plain Adam)"),
     "optimizer.clip_norm": ((lambda value: _number(value) and value >= 0), "a number >= 0 (0 turns clipping off)"),
     "optimizer.accumulation_steps": _at_least(1),
     "optimizer.ema_decay": _within(0.0, 1.0),

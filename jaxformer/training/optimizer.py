@@ -1,6 +1,10 @@
 """The paper's optimizer (section 5.3): Adam(0.9, 0.98, 1e-9) with warmup then inverse square root
 decay, plus global-norm gradient clipping and optional gradient accumulation.
 
+`optimizer.weight_decay` > 0 makes it AdamW (Loshchilov and Hutter 2019): the decay is decoupled
+from Adam's moments and scaled by the learning rate, as in optax.adamw and torch's AdamW, and
+applies to the weight matrices and embeddings only (`decays`), not to biases or LayerNorm scales.
+
 `optimizer.schedule="budget"` replaces the inverse square root with budgeted training's schedule
 (Li, Yumer and Ramanan 2020): the same warmup to the same peak, then a linear decay that reaches its
 floor where the run's budget ends. That end lives in the optimizer state (`end_step`), so it is
@@ -82,13 +86,19 @@ def set_end_step(opt_state: optax.OptState, value: jax.Array) -> optax.OptState:
     return optax.tree_utils.tree_set(opt_state, end_step=value)
 
 
+def decays(params):
+    """Which parameters weight decay shrinks: those with two or more axes (weight matrices and
+    embeddings); biases and LayerNorm scales are vectors and keep their size."""
+    return jax.tree.map(lambda param: jnp.ndim(param) >= 2, params)
+
+
 def make_optimizer(
     config: ml_collections.ConfigDict, d_model: int
 ) -> tuple[optax.GradientTransformation, LearningRate]:
     """The optimizer an experiment config's `optimizer` section describes (schedule,
-    learning_rate_scale, warmup_steps, decay_floor, b1, b2, eps, clip_norm (0: no clipping),
-    accumulation_steps, ema_decay (0: no moving average of the parameters)), and its learning rate as
-    a function of (train step, optimizer state), for logging.
+    learning_rate_scale, warmup_steps, decay_floor, b1, b2, eps, weight_decay (0: plain Adam),
+    clip_norm (0: no clipping), accumulation_steps, ema_decay (0: no moving average of the
+    parameters)), and its learning rate as a function of (train step, optimizer state), for logging.
 
     With `accumulation_steps` k > 1 each call sees one micro-batch; gradients are averaged
     and Adam steps once every k calls, so the schedule counts optimizer updates: train step
@@ -96,20 +106,25 @@ def make_optimizer(
     training loop sets it.
     """
     every = config.accumulation_steps
+    weight_decay = config.get("weight_decay", 0.0)
     chain = [optax.clip_by_global_norm(config.clip_norm)] if config.clip_norm else []
     if config.get("schedule", "rsqrt") == "budget":
         peak = config.learning_rate_scale * d_model**-0.5 * config.warmup_steps**-0.5  # the rsqrt schedule's peak
         floor = config.decay_floor
-        chain += [
-            optax.scale_by_adam(b1=config.b1, b2=config.b2, eps=config.eps),
-            scale_by_budget_schedule(peak, config.warmup_steps, floor, end_step=1.0),
-        ]
+        chain.append(optax.scale_by_adam(b1=config.b1, b2=config.b2, eps=config.eps))
+        if weight_decay:  # before the schedule, so that the rate scales the decay too (AdamW)
+            chain.append(optax.add_decayed_weights(weight_decay, mask=decays))
+        chain.append(scale_by_budget_schedule(peak, config.warmup_steps, floor, end_step=1.0))
 
         def learning_rate(step, opt_state):
             return budget_rate(step // every, end_step(opt_state), peak, config.warmup_steps, floor)
     else:
         schedule = rsqrt_schedule(d_model, config.warmup_steps, config.learning_rate_scale)
-        chain.append(optax.adam(schedule, b1=config.b1, b2=config.b2, eps=config.eps))
+        if weight_decay:
+            adam = optax.adamw(schedule, config.b1, config.b2, config.eps, weight_decay=weight_decay, mask=decays)
+        else:
+            adam = optax.adam(schedule, b1=config.b1, b2=config.b2, eps=config.eps)
+        chain.append(adam)
 
         def learning_rate(step, opt_state):
             del opt_state

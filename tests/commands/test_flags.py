@@ -109,6 +109,10 @@ def test_missing_inputs_and_workdirs_are_named(tmp_path, capsys, no_decoding):
             "config training.label_smoothing=1.5: must be a number in [0.0, 1.0)",
         ),
         (["--config.data.batch_size=0"], "config data.batch_size=0: must be an integer >= 1"),
+        (
+            ["--config.optimizer.weight_decay=-0.1"],
+            "config optimizer.weight_decay=-0.1: must be a number >= 0 (0: plain Adam)",
+        ),
         (["--config.decoding.method=beem"], "config decoding.method='beem': must be one of 'beam', 'greedy', 'sample'"),
         (
             ["--config.tokenizer.model_type=wordpiece"],

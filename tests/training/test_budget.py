@@ -53,6 +53,8 @@ CHOICE = (
     "--config.training.final_alphas=(0.0, 0.6, 3.0)",
     # A moving average of the parameters: checkpointed, resumed, and the final choice's fourth candidate.
     "--config.optimizer.ema_decay=0.9",
+    # AdamW's decay, under the budget schedule: its (leafless) state is checkpointed and resumed too.
+    "--config.optimizer.weight_decay=0.01",
 )
 
 

@@ -10,6 +10,7 @@ from jaxformer.training.optimizer import (
     end_step,
     make_optimizer,
     rsqrt_schedule,
+    scale_by_budget_schedule,
     set_end_step,
 )
 
@@ -119,3 +120,67 @@ def test_budget_schedule_end_lives_in_the_optimizer_state_and_moves_the_rate():
     state = set_end_step(optimizer.init(params), jnp.float32(20.0))
     updates, _ = optimizer.update(grads, state, params)
     np.testing.assert_allclose(updates["w"], -float(learning_rate(jnp.int32(0), state)), rtol=1e-5)
+
+
+def _adamw_reference(params, grads_per_step, rates, weight_decay, b1=0.9, b2=0.98, eps=1e-9):
+    """Loshchilov and Hutter's AdamW written out in numpy: Adam's bias-corrected step plus
+    weight_decay x the parameter, both times the step's rate; vectors (biases, scales) not decayed."""
+    params = {name: np.asarray(value, np.float64) for name, value in params.items()}
+    m = {name: np.zeros_like(value) for name, value in params.items()}
+    v = {name: np.zeros_like(value) for name, value in params.items()}
+    for t, (grads, rate) in enumerate(zip(grads_per_step, rates, strict=True), start=1):
+        for name, value in params.items():
+            g = np.asarray(grads[name], np.float64)
+            m[name] = b1 * m[name] + (1 - b1) * g
+            v[name] = b2 * v[name] + (1 - b2) * g**2
+            step = (m[name] / (1 - b1**t)) / (np.sqrt(v[name] / (1 - b2**t)) + eps)
+            decay = weight_decay * value if value.ndim >= 2 else 0.0
+            params[name] = value - rate * (step + decay)
+    return params
+
+
+@pytest.mark.parametrize("schedule", ["rsqrt", "budget"])
+def test_weight_decay_is_adamw_on_matrices_and_embeddings_only(schedule):
+    config = section(schedule=schedule, warmup_steps=3, clip_norm=0.0, weight_decay=0.3)
+    optimizer, learning_rate = make_optimizer(config, d_model=16)
+    rng = np.random.default_rng(0)
+    params = {
+        "kernel": jnp.asarray(rng.normal(size=(4, 3)), jnp.float32),
+        "embedding": jnp.asarray(rng.normal(size=(5, 4)), jnp.float32),
+        "bias": jnp.asarray(rng.normal(size=(3,)), jnp.float32),
+        "scale": jnp.asarray(rng.normal(size=(4,)), jnp.float32),
+    }
+    grads_per_step = [{name: rng.normal(size=value.shape) for name, value in params.items()} for _ in range(6)]
+    state = optimizer.init(params)
+    if schedule == "budget":
+        state = set_end_step(state, jnp.float32(8.0))
+    rates, current = [], params
+    for step, grads in enumerate(grads_per_step):
+        rates.append(float(learning_rate(jnp.int32(step), state)))
+        updates, state = optimizer.update(jax.tree.map(jnp.float32, grads), state, current)
+        current = optax.apply_updates(current, updates)
+    expected = _adamw_reference(params, grads_per_step, rates, weight_decay=0.3)
+    for name in params:
+        np.testing.assert_allclose(current[name], expected[name], rtol=2e-5, atol=1e-6, err_msg=name)
+    undecayed = _adamw_reference(params, grads_per_step, rates, weight_decay=0.0)
+    assert not np.allclose(current["kernel"], undecayed["kernel"], atol=1e-4)  # the decay moved the matrices
+    np.testing.assert_allclose(current["bias"], undecayed["bias"], rtol=2e-5, atol=1e-6)
+
+
+def test_no_weight_decay_keeps_the_state_tree_runs_saved_before_the_option_have():
+    params = {"kernel": jnp.ones((2, 2)), "bias": jnp.ones(2)}
+    before = {  # the chains make_optimizer built before weight_decay existed
+        "rsqrt": optax.chain(
+            optax.clip_by_global_norm(1.0), optax.adam(rsqrt_schedule(16, 4000), b1=0.9, b2=0.98, eps=1e-9)
+        ),
+        "budget": optax.chain(
+            optax.clip_by_global_norm(1.0),
+            optax.scale_by_adam(b1=0.9, b2=0.98, eps=1e-9),
+            scale_by_budget_schedule(1e-3, 4, 0.0, end_step=1.0),
+        ),
+    }
+    for schedule, old in before.items():
+        plain, _ = make_optimizer(section(schedule=schedule, weight_decay=0.0), d_model=16)
+        assert jax.tree.structure(plain.init(params)) == jax.tree.structure(old.init(params))
+        decayed, _ = make_optimizer(section(schedule=schedule, weight_decay=0.1), d_model=16)
+        assert jax.tree.structure(decayed.init(params)) != jax.tree.structure(old.init(params))

@@ -33,7 +33,7 @@ def batch_of_8():
     return {"inputs": inputs, "targets": targets}
 
 
-def sharded_init(mesh_shape, devices, adam=False, ema_decay=0.0):
+def sharded_init(mesh_shape, devices, adam=False, ema_decay=0.0, weight_decay=0.0):
     """(mesh, model, optimizer, learning_rate, state shardings, initial state on the mesh).
 
     Plain SGD by default: Adam's first step is lr * g / (|g| + 1e-9), which turns the ~1e-9
@@ -47,6 +47,7 @@ def sharded_init(mesh_shape, devices, adam=False, ema_decay=0.0):
         optimizer_config = default_config().optimizer
         optimizer_config.warmup_steps = 10
         optimizer_config.ema_decay = ema_decay
+        optimizer_config.weight_decay = weight_decay
         optimizer, learning_rate = make_optimizer(optimizer_config, CONFIG.d_model)
     else:
         optimizer, learning_rate = optax.sgd(1.0), lambda step, opt_state: jnp.float32(1.0)
@@ -57,9 +58,12 @@ def sharded_init(mesh_shape, devices, adam=False, ema_decay=0.0):
     return mesh, model, optimizer, learning_rate, state_shardings, state
 
 
-def one_step(mesh_shape, devices, rdrop_alpha=0.0):
-    """(initial state, state after one SGD step, loss) on a mesh over `devices`."""
-    mesh, model, optimizer, learning_rate, state_shardings, state = sharded_init(mesh_shape, devices)
+def one_step(mesh_shape, devices, rdrop_alpha=0.0, **optimizer_options):
+    """(initial state, state after one SGD step (or `sharded_init`'s `optimizer_options`), loss)
+    on a mesh over `devices`."""
+    mesh, model, optimizer, learning_rate, state_shardings, state = sharded_init(
+        mesh_shape, devices, **optimizer_options
+    )
     with jax.set_mesh(mesh), nn.logical_axis_rules(sharding.DEFAULT_RULES):
         batch_sharding = sharding.batch_sharding(mesh, sharding.DEFAULT_RULES)
         step = jax.jit(
@@ -138,6 +142,20 @@ def test_the_parameters_moving_average_is_split_as_the_parameters_are():
     average = parameter_ema(state.opt_state)
     jax.tree.map(_same_split, average, state.params)
     assert average["shared_embedding"]["embedding"].sharding.spec == PartitionSpec("tensor", "fsdp")
+
+
+def test_weight_decay_shrinks_the_sharded_matrices_only():
+    initial, plain, _ = one_step((2, 2, 2), jax.devices(), adam=True)
+    _, decayed, _ = one_step((2, 2, 2), jax.devices(), adam=True, weight_decay=0.5)
+    rate = 64**-0.5 * 10**-1.5  # the first update's rate: d_model 64, warmup 10
+
+    def check(start, without, with_decay):
+        shrink = rate * 0.5 * np.asarray(start) if np.ndim(start) >= 2 else 0.0
+        np.testing.assert_allclose(np.asarray(with_decay), np.asarray(without) - shrink, atol=1e-6, rtol=1e-6)
+
+    jax.tree.map(check, initial.params, jax.device_get(plain.params), jax.device_get(decayed.params))
+    kernel = initial.params["shared_embedding"]["embedding"]
+    assert np.abs(rate * 0.5 * kernel).max() > 1e-4  # large enough for the check to see
 
 
 def _same_split(ema, param):
