@@ -127,7 +127,7 @@ def default_config() -> ml_collections.ConfigDict:
     config.optimizer.b1 = 0.9  # Adam beta1
     config.optimizer.b2 = 0.98  # Adam beta2
     config.optimizer.eps = 1e-9  # Adam epsilon
-    # Decoupled weight decay (AdamW): each update also shrinks the weight matrices and embeddings by
+    # Decoupled weight decay (AdamW): each update also shrinks the kernels and embeddings by
     # learning rate x weight_decay of their value; biases and LayerNorm scales are left alone. 0: Adam.
     config.optimizer.weight_decay = 0.0
     config.optimizer.clip_norm = 1.0  # global gradient-norm clip (0 turns it off)

@@ -3,7 +3,7 @@ decay, plus global-norm gradient clipping and optional gradient accumulation.
 
 `optimizer.weight_decay` > 0 makes it AdamW (Loshchilov and Hutter 2019): the decay is decoupled
 from Adam's moments and scaled by the learning rate, as in optax.adamw and torch's AdamW, and
-applies to the weight matrices and embeddings only (`decays`), not to biases or LayerNorm scales.
+applies to the kernels and embeddings only (`decays`), not to biases or LayerNorm scales.
 
 `optimizer.schedule="budget"` replaces the inverse square root with budgeted training's schedule
 (Li, Yumer and Ramanan 2020): the same warmup to the same peak, then a linear decay that reaches its
@@ -87,9 +87,15 @@ def set_end_step(opt_state: optax.OptState, value: jax.Array) -> optax.OptState:
 
 
 def decays(params):
-    """Which parameters weight decay shrinks: those with two or more axes (weight matrices and
-    embeddings); biases and LayerNorm scales are vectors and keep their size."""
-    return jax.tree.map(lambda param: jnp.ndim(param) >= 2, params)
+    """Which parameters weight decay shrinks, by name: kernels and embeddings (`*kernel`,
+    `embedding`), not biases or LayerNorm scales. Not by rank: attention biases are [H, K] and
+    scanned layers stack every parameter on a layers axis."""
+
+    def is_weight(path, _):
+        name = next((str(entry.key) for entry in reversed(path) if isinstance(entry, jax.tree_util.DictKey)), "")
+        return name.endswith("kernel") or name == "embedding"
+
+    return jax.tree_util.tree_map_with_path(is_weight, params)
 
 
 def make_optimizer(

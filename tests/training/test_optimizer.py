@@ -124,7 +124,7 @@ def test_budget_schedule_end_lives_in_the_optimizer_state_and_moves_the_rate():
 
 def _adamw_reference(params, grads_per_step, rates, weight_decay, b1=0.9, b2=0.98, eps=1e-9):
     """Loshchilov and Hutter's AdamW written out in numpy: Adam's bias-corrected step plus
-    weight_decay x the parameter, both times the step's rate; vectors (biases, scales) not decayed."""
+    weight_decay x the parameter, both times the step's rate; biases and scales not decayed."""
     params = {name: np.asarray(value, np.float64) for name, value in params.items()}
     m = {name: np.zeros_like(value) for name, value in params.items()}
     v = {name: np.zeros_like(value) for name, value in params.items()}
@@ -134,21 +134,23 @@ def _adamw_reference(params, grads_per_step, rates, weight_decay, b1=0.9, b2=0.9
             m[name] = b1 * m[name] + (1 - b1) * g
             v[name] = b2 * v[name] + (1 - b2) * g**2
             step = (m[name] / (1 - b1**t)) / (np.sqrt(v[name] / (1 - b2**t)) + eps)
-            decay = weight_decay * value if value.ndim >= 2 else 0.0
+            decay = weight_decay * value if name in ("kernel", "embedding", "query_kernel") else 0.0
             params[name] = value - rate * (step + decay)
     return params
 
 
 @pytest.mark.parametrize("schedule", ["rsqrt", "budget"])
-def test_weight_decay_is_adamw_on_matrices_and_embeddings_only(schedule):
+def test_weight_decay_is_adamw_on_kernels_and_embeddings_only(schedule):
     config = section(schedule=schedule, warmup_steps=3, clip_norm=0.0, weight_decay=0.3)
     optimizer, learning_rate = make_optimizer(config, d_model=16)
     rng = np.random.default_rng(0)
     params = {
         "kernel": jnp.asarray(rng.normal(size=(4, 3)), jnp.float32),
         "embedding": jnp.asarray(rng.normal(size=(5, 4)), jnp.float32),
+        "query_kernel": jnp.asarray(rng.normal(size=(2, 4, 3)), jnp.float32),  # [layers, D, K]: scanned
         "bias": jnp.asarray(rng.normal(size=(3,)), jnp.float32),
-        "scale": jnp.asarray(rng.normal(size=(4,)), jnp.float32),
+        "query_bias": jnp.asarray(rng.normal(size=(2, 3)), jnp.float32),  # [H, K]: a bias all the same
+        "scale": jnp.asarray(rng.normal(size=(2, 4)), jnp.float32),  # [layers, D]: a scanned LayerNorm
     }
     grads_per_step = [{name: rng.normal(size=value.shape) for name, value in params.items()} for _ in range(6)]
     state = optimizer.init(params)
@@ -164,7 +166,8 @@ def test_weight_decay_is_adamw_on_matrices_and_embeddings_only(schedule):
         np.testing.assert_allclose(current[name], expected[name], rtol=2e-5, atol=1e-6, err_msg=name)
     undecayed = _adamw_reference(params, grads_per_step, rates, weight_decay=0.0)
     assert not np.allclose(current["kernel"], undecayed["kernel"], atol=1e-4)  # the decay moved the matrices
-    np.testing.assert_allclose(current["bias"], undecayed["bias"], rtol=2e-5, atol=1e-6)
+    for name in ("bias", "query_bias", "scale"):
+        np.testing.assert_allclose(current[name], undecayed[name], rtol=2e-5, atol=1e-6, err_msg=name)
 
 
 def test_no_weight_decay_keeps_the_state_tree_runs_saved_before_the_option_have():

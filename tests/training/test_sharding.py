@@ -144,16 +144,24 @@ def test_the_parameters_moving_average_is_split_as_the_parameters_are():
     assert average["shared_embedding"]["embedding"].sharding.spec == PartitionSpec("tensor", "fsdp")
 
 
-def test_weight_decay_shrinks_the_sharded_matrices_only():
+def test_weight_decay_shrinks_the_sharded_kernels_and_embeddings_only():
     initial, plain, _ = one_step((2, 2, 2), jax.devices(), adam=True)
     _, decayed, _ = one_step((2, 2, 2), jax.devices(), adam=True, weight_decay=0.5)
     rate = 64**-0.5 * 10**-1.5  # the first update's rate: d_model 64, warmup 10
 
-    def check(start, without, with_decay):
-        shrink = rate * 0.5 * np.asarray(start) if np.ndim(start) >= 2 else 0.0
-        np.testing.assert_allclose(np.asarray(with_decay), np.asarray(without) - shrink, atol=1e-6, rtol=1e-6)
+    decayed_names = set()
 
-    jax.tree.map(check, initial.params, jax.device_get(plain.params), jax.device_get(decayed.params))
+    def check(path, start, without, with_decay):
+        name = path[-1].key
+        if name.endswith("kernel") or name == "embedding":
+            decayed_names.add(name)
+            without = without - rate * 0.5 * np.asarray(start)
+        np.testing.assert_allclose(np.asarray(with_decay), np.asarray(without), atol=1e-6, rtol=1e-6, err_msg=name)
+
+    jax.tree_util.tree_map_with_path(
+        check, initial.params, jax.device_get(plain.params), jax.device_get(decayed.params)
+    )
+    assert {"embedding", "query_kernel", "wi_kernel"} <= decayed_names
     kernel = initial.params["shared_embedding"]["embedding"]
     assert np.abs(rate * 0.5 * kernel).max() > 1e-4  # large enough for the check to see
 
