@@ -59,8 +59,8 @@ def sharded_init(mesh_shape, devices, adam=False, ema_decay=0.0, weight_decay=0.
 
 
 def one_step(mesh_shape, devices, rdrop_alpha=0.0, **optimizer_options):
-    """(initial state, state after one SGD step (or `sharded_init`'s `optimizer_options`), loss)
-    on a mesh over `devices`."""
+    """(initial state, state after one step, loss) on a mesh over `devices`: a step of SGD, or of
+    the optimizer that `optimizer_options` (`sharded_init`'s adam, ema_decay, weight_decay) choose."""
     mesh, model, optimizer, learning_rate, state_shardings, state = sharded_init(
         mesh_shape, devices, **optimizer_options
     )
@@ -162,8 +162,8 @@ def test_weight_decay_shrinks_the_sharded_kernels_and_embeddings_only():
         check, initial.params, jax.device_get(plain.params), jax.device_get(decayed.params)
     )
     assert {"embedding", "query_kernel", "wi_kernel"} <= decayed_names
-    kernel = initial.params["shared_embedding"]["embedding"]
-    assert np.abs(rate * 0.5 * kernel).max() > 1e-4  # large enough for the check to see
+    embedding = initial.params["shared_embedding"]["embedding"]
+    assert np.abs(rate * 0.5 * embedding).max() > 1e-4  # a shrink large enough for the check to see
 
 
 def _same_split(ema, param):
