@@ -39,6 +39,12 @@ def _within(low: float, high: float, closed_high: bool = False) -> tuple[Callabl
     return (lambda value: _number(value) and low <= value < high), f"a number in [{low}, {high})"
 
 
+def _non_negative(note: str = "", finite: bool = False) -> tuple[Callable[[Any], bool], str]:
+    """A number >= 0 (and finite, with `finite`); `note` says what a value such as 0 means."""
+    meaning = ("a finite number >= 0" if finite else "a number >= 0") + (f" ({note})" if note else "")
+    return (lambda value: _number(value) and value >= 0 and (not finite or math.isfinite(value))), meaning
+
+
 _POSITIVE_NUMBER = (lambda value: _number(value) and value > 0 and math.isfinite(value)), "a finite number > 0"
 _NON_EMPTY_TEXT = (lambda value: isinstance(value, str) and value.strip() != ""), "a non-empty string"
 _OPTIONAL_TEXT = (
@@ -87,19 +93,16 @@ VALUE_RULES: dict[str, tuple[Callable[[Any], bool], str]] = {
     "tokenizer.separate_vocabularies": ((lambda value: isinstance(value, bool)), "True or False"),
     "tokenizer.target_model_path": _OPTIONAL_TEXT,
     "tokenizer.sampling_nbest": _at_least(0),
-    "tokenizer.sampling_alpha": (
-        (lambda value: _number(value) and value >= 0 and math.isfinite(value)),
-        "a finite number >= 0",
-    ),
+    "tokenizer.sampling_alpha": _non_negative(finite=True),
     "optimizer.schedule": _one_of("rsqrt", "budget"),
     "optimizer.learning_rate_scale": _POSITIVE_NUMBER,
     "optimizer.decay_floor": _within(0.0, 1.0, closed_high=True),
     "optimizer.warmup_steps": _at_least(1),
     "optimizer.b1": _within(0.0, 1.0),
     "optimizer.b2": _within(0.0, 1.0),
-    "optimizer.eps": ((lambda value: _number(value) and value >= 0), "a number >= 0"),
-    "optimizer.weight_decay": ((lambda value: _number(value) and value >= 0), "a number >= 0 (0: plain Adam)"),
-    "optimizer.clip_norm": ((lambda value: _number(value) and value >= 0), "a number >= 0 (0 turns clipping off)"),
+    "optimizer.eps": _non_negative(),
+    "optimizer.weight_decay": _non_negative("0: plain Adam"),
+    "optimizer.clip_norm": _non_negative("0 turns clipping off"),
     "optimizer.accumulation_steps": _at_least(1),
     "optimizer.ema_decay": _within(0.0, 1.0),
     "mesh.shape": _MESH_SHAPE,
@@ -112,16 +115,10 @@ VALUE_RULES: dict[str, tuple[Callable[[Any], bool], str]] = {
         "'latest', 'best', 'averaged', 'final' or a step number",
     ),
     "training.num_train_steps": _at_least(1),
-    "training.time_budget_minutes": (
-        (lambda value: _number(value) and value >= 0 and math.isfinite(value)),
-        "a finite number >= 0 (0: no time budget)",
-    ),
+    "training.time_budget_minutes": _non_negative("0: no time budget", finite=True),
     "training.label_smoothing": _within(0.0, 1.0),
     "training.loss_chunk_tokens": _at_least(0),
-    "training.rdrop_alpha": (
-        (lambda value: _number(value) and value >= 0 and math.isfinite(value)),
-        "a finite number >= 0 (0: no R-Drop)",
-    ),
+    "training.rdrop_alpha": _non_negative("0: no R-Drop", finite=True),
     "training.rdrop_start": _within(0.0, 1.0),
     "training.rdrop_min_plain_steps": _at_least(0),
     "training.rdrop_decision_step": _at_least(1),
@@ -145,7 +142,7 @@ VALUE_RULES: dict[str, tuple[Callable[[Any], bool], str]] = {
     ),
     "decoding.method": _one_of("beam", "greedy", "sample"),
     "decoding.beam_size": _at_least(1),
-    "decoding.alpha": ((lambda value: _number(value) and value >= 0), "a number >= 0"),
+    "decoding.alpha": _non_negative(),
     "decoding.max_extra_length": _at_least(1),
     "decoding.stop": _one_of(*BEAM_STOPS),
     "decoding.batch_size": _at_least(1),
