@@ -61,7 +61,7 @@ def get_sweep():
         # at seed 1: a tie over two seeds, so multi30k keeps 0.1 (docs/multi30k_runs.md, 2026-11-27, night).
         "smoothing0.2": ["training.label_smoothing=0.2"],
         "smoothing0.0": ["training.label_smoothing=0.0"],
-        # Decoupled weight decay (AdamW) on the matrices and embeddings: not measured in the hour yet.
+        # Decoupled weight decay (AdamW) on the kernels and embeddings: not measured in the hour yet.
         "weight_decay0.01": ["optimizer.weight_decay=0.01"],
         "weight_decay0.1": ["optimizer.weight_decay=0.1"],
         # The learning rate: its peak and the warmup that reaches it.
