@@ -50,7 +50,7 @@ def get_config():
     # Decoupled weight decay (AdamW) on the kernels and embeddings, not biases or LayerNorm scales:
     # at two seeds of a slower VM's hour (4,200 and 4,240 steps, the controls' pace) validation NLL
     # ended 0.054 and 0.034 lower (1.458 and 1.460 against 1.512 and 1.494, lower at every evaluation
-    # from step 1,000) and the final choice rose from 42.50 and 42.01 to 42.56 and 43.05
+    # from step 500) and the final choice rose from 42.50 and 42.01 to 42.56 and 43.05
     # (docs/multi30k_runs.md, 2026-12-01, night, and 2026-12-02).
     config.optimizer.weight_decay = 0.1
     # After the warmup the rate decays linearly to zero where the time budget (or num_train_steps) ends.
