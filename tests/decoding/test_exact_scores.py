@@ -22,6 +22,10 @@ from jaxformer.model.config import preset
 from jaxformer.model.transformer import Transformer
 from jaxformer.tokens import BOS_ID, EOS_ID, PAD_ID
 
+# One worker for the module: its tests share programs (and module fixtures) that a second
+# worker would trace, lower and fetch again.
+pytestmark = pytest.mark.xdist_group("exact-scores")
+
 # Six tokens: pad, EOS, unk, BOS and two words. The search may emit EOS, unk and the words.
 SMALL = preset("tiny", vocab_size=6, deterministic=True)
 WORDS = (2, 4, 5)  # every token a hypothesis may hold before its EOS

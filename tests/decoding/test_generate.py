@@ -11,6 +11,10 @@ from jaxformer.model.config import preset
 from jaxformer.model.transformer import Transformer
 from jaxformer.tokens import BOS_ID, EOS_ID, PAD_ID
 
+# One worker for the module: its tests share programs (and module fixtures) that a second
+# worker would trace, lower and fetch again.
+pytestmark = pytest.mark.xdist_group("generate")
+
 CONFIG = preset("tiny", vocab_size=40, deterministic=True)
 EXTRA = 5
 

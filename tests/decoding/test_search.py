@@ -19,6 +19,10 @@ from jaxformer.decoding.search import (
     top_k,
 )
 
+# One worker for the module: its tests share programs (and module fixtures) that a second
+# worker would trace, lower and fetch again.
+pytestmark = pytest.mark.xdist_group("search")
+
 V, PAD, EOS, BOS = 6, 0, 1, 3
 BANNED = (PAD, BOS)
 WORDS = (2, 4, 5)  # the tokens a hypothesis may hold before its EOS

@@ -11,6 +11,10 @@ from jaxformer.model.config import preset
 from jaxformer.model.transformer import Transformer, unstack_layers
 from jaxformer.tokens import BOS_ID, PAD_ID
 
+# One worker for the module: its tests share programs (and module fixtures) that a second
+# worker would trace, lower and fetch again.
+pytestmark = pytest.mark.xdist_group("cache")
+
 TINY = preset("tiny", deterministic=True)
 B, S, T = 3, 7, 6
 

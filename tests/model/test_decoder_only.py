@@ -13,6 +13,10 @@ from jaxformer.model.decoder_only import DecoderOnly
 from jaxformer.model.transformer import Transformer, shift_right, stack_layers, unstack_layers
 from jaxformer.tokens import EOS_ID, PAD_ID
 
+# One worker for the module: its tests share programs (and module fixtures) that a second
+# worker would trace, lower and fetch again.
+pytestmark = pytest.mark.xdist_group("decoder-only")
+
 TINY = preset("tiny", deterministic=True)
 B, T = 3, 7
 

@@ -10,6 +10,10 @@ from jaxformer.model.config import ConfigError, preset
 from jaxformer.model.transformer import Transformer
 from jaxformer.training.loss import label_smoothed_cross_entropy
 
+# One worker for the module: its tests share programs (and module fixtures) that a second
+# worker would trace, lower and fetch again.
+pytestmark = pytest.mark.xdist_group("memory-options")
+
 CONFIG = preset("tiny", deterministic=True, num_encoder_layers=3, num_decoder_layers=2)
 
 

@@ -10,6 +10,10 @@ from jaxformer.model.config import preset
 from jaxformer.model.transformer import Transformer, shift_right
 from jaxformer.tokens import BOS_ID, PAD_ID
 
+# One worker for the module: its tests share programs (and module fixtures) that a second
+# worker would trace, lower and fetch again.
+pytestmark = pytest.mark.xdist_group("transformer")
+
 TINY = preset("tiny", deterministic=True)
 
 

@@ -21,6 +21,10 @@ from jaxformer.training.state import make_init_fn
 from jaxformer.training.step import make_train_step
 from tests.training.test_step import CONFIG, batch  # the tiny model and its batches
 
+# One worker for the module: its tests share programs (and module fixtures) that a second
+# worker would trace, lower and fetch again.
+pytestmark = pytest.mark.xdist_group("rdrop")
+
 P, T, D, V = 3, 12, 8, 29  # pairs, target length, width, vocabulary
 ALPHA = 5.0
 

@@ -19,8 +19,14 @@ from jaxformer.training.parameter_ema import parameter_ema
 from jaxformer.training.state import make_init_fn
 from jaxformer.training.step import train_step
 
+# One worker for the module: its tests share programs (and module fixtures) that a second
+# worker would trace, lower and fetch again.
+pytestmark = pytest.mark.xdist_group("sharding")
+
 # Sizes divisible by every mesh axis below (8 heads for tensor=8, width 64 for fsdp).
 CONFIG = preset("tiny", vocab_size=64, d_model=64, num_heads=8, d_ff=128)
+# A layer per stack is enough where a check is per parameter, not per layer: half the compilation.
+ONE_LAYER = CONFIG.replace(num_encoder_layers=1, num_decoder_layers=1)
 LENGTH = 12
 
 
@@ -33,7 +39,7 @@ def batch_of_8():
     return {"inputs": inputs, "targets": targets}
 
 
-def sharded_init(mesh_shape, devices, adam=False, ema_decay=0.0, weight_decay=0.0):
+def sharded_init(mesh_shape, devices, adam=False, ema_decay=0.0, weight_decay=0.0, model_config=CONFIG):
     """(mesh, model, optimizer, learning_rate, state shardings, initial state on the mesh).
 
     Plain SGD by default: Adam's first step is lr * g / (|g| + 1e-9), which turns the ~1e-9
@@ -42,13 +48,13 @@ def sharded_init(mesh_shape, devices, adam=False, ema_decay=0.0, weight_decay=0.
     """
     mesh = sharding.make_mesh(mesh_shape, devices)
     rules = sharding.DEFAULT_RULES
-    model = Transformer(CONFIG)
+    model = Transformer(model_config)
     if adam:
         optimizer_config = default_config().optimizer
         optimizer_config.warmup_steps = 10
         optimizer_config.ema_decay = ema_decay
         optimizer_config.weight_decay = weight_decay
-        optimizer, learning_rate = make_optimizer(optimizer_config, CONFIG.d_model)
+        optimizer, learning_rate = make_optimizer(optimizer_config, model_config.d_model)
     else:
         optimizer, learning_rate = optax.sgd(1.0), lambda step, opt_state: jnp.float32(1.0)
     with jax.set_mesh(mesh), nn.logical_axis_rules(rules):
@@ -58,12 +64,11 @@ def sharded_init(mesh_shape, devices, adam=False, ema_decay=0.0, weight_decay=0.
     return mesh, model, optimizer, learning_rate, state_shardings, state
 
 
-def one_step(mesh_shape, devices, rdrop_alpha=0.0, **optimizer_options):
+def one_step(mesh_shape, devices, rdrop_alpha=0.0, **init_options):
     """(initial state, state after one step, loss) on a mesh over `devices`: a step of SGD, or of
-    the optimizer that `optimizer_options` (`sharded_init`'s adam, ema_decay, weight_decay) choose."""
-    mesh, model, optimizer, learning_rate, state_shardings, state = sharded_init(
-        mesh_shape, devices, **optimizer_options
-    )
+    the optimizer that `init_options` (`sharded_init`'s adam, ema_decay, weight_decay) choose, on
+    the model of `init_options`' model_config (CONFIG by default)."""
+    mesh, model, optimizer, learning_rate, state_shardings, state = sharded_init(mesh_shape, devices, **init_options)
     with jax.set_mesh(mesh), nn.logical_axis_rules(sharding.DEFAULT_RULES):
         batch_sharding = sharding.batch_sharding(mesh, sharding.DEFAULT_RULES)
         step = jax.jit(
@@ -145,8 +150,8 @@ def test_the_parameters_moving_average_is_split_as_the_parameters_are():
 
 
 def test_weight_decay_shrinks_the_sharded_kernels_and_embeddings_only():
-    initial, plain, _ = one_step((2, 2, 2), jax.devices(), adam=True)
-    _, decayed, _ = one_step((2, 2, 2), jax.devices(), adam=True, weight_decay=0.5)
+    initial, plain, _ = one_step((2, 2, 2), jax.devices(), adam=True, model_config=ONE_LAYER)
+    _, decayed, _ = one_step((2, 2, 2), jax.devices(), adam=True, weight_decay=0.5, model_config=ONE_LAYER)
     rate = 64**-0.5 * 10**-1.5  # the first update's rate: d_model 64, warmup 10
 
     decayed_names = set()
