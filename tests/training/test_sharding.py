@@ -24,9 +24,9 @@ from jaxformer.training.step import train_step
 pytestmark = pytest.mark.xdist_group("sharding")
 
 # Sizes divisible by every mesh axis below (8 heads for tensor=8, width 64 for fsdp).
-CONFIG = preset("tiny", vocab_size=64, d_model=64, num_heads=8, d_ff=128)
-# A layer per stack is enough where a check is per parameter, not per layer: half the compilation.
-ONE_LAYER = CONFIG.replace(num_encoder_layers=1, num_decoder_layers=1)
+# One layer per stack holds every kind of parameter and activation the mesh splits (a second
+# layer repeats them, at about a third more compilation in each test).
+CONFIG = preset("tiny", vocab_size=64, d_model=64, num_heads=8, d_ff=128, num_encoder_layers=1, num_decoder_layers=1)
 LENGTH = 12
 
 
@@ -39,7 +39,7 @@ def batch_of_8():
     return {"inputs": inputs, "targets": targets}
 
 
-def sharded_init(mesh_shape, devices, adam=False, ema_decay=0.0, weight_decay=0.0, model_config=CONFIG):
+def sharded_init(mesh_shape, devices, adam=False, ema_decay=0.0, weight_decay=0.0):
     """(mesh, model, optimizer, learning_rate, state shardings, initial state on the mesh).
 
     Plain SGD by default: Adam's first step is lr * g / (|g| + 1e-9), which turns the ~1e-9
@@ -48,13 +48,13 @@ def sharded_init(mesh_shape, devices, adam=False, ema_decay=0.0, weight_decay=0.
     """
     mesh = sharding.make_mesh(mesh_shape, devices)
     rules = sharding.DEFAULT_RULES
-    model = Transformer(model_config)
+    model = Transformer(CONFIG)
     if adam:
         optimizer_config = default_config().optimizer
         optimizer_config.warmup_steps = 10
         optimizer_config.ema_decay = ema_decay
         optimizer_config.weight_decay = weight_decay
-        optimizer, learning_rate = make_optimizer(optimizer_config, model_config.d_model)
+        optimizer, learning_rate = make_optimizer(optimizer_config, CONFIG.d_model)
     else:
         optimizer, learning_rate = optax.sgd(1.0), lambda step, opt_state: jnp.float32(1.0)
     with jax.set_mesh(mesh), nn.logical_axis_rules(rules):
@@ -64,11 +64,12 @@ def sharded_init(mesh_shape, devices, adam=False, ema_decay=0.0, weight_decay=0.
     return mesh, model, optimizer, learning_rate, state_shardings, state
 
 
-def one_step(mesh_shape, devices, rdrop_alpha=0.0, **init_options):
+def one_step(mesh_shape, devices, rdrop_alpha=0.0, **optimizer_options):
     """(initial state, state after one step, loss) on a mesh over `devices`: a step of SGD, or of
-    the optimizer that `init_options` (`sharded_init`'s adam, ema_decay, weight_decay) choose, on
-    the model of `init_options`' model_config (CONFIG by default)."""
-    mesh, model, optimizer, learning_rate, state_shardings, state = sharded_init(mesh_shape, devices, **init_options)
+    the optimizer that `optimizer_options` (`sharded_init`'s adam, ema_decay, weight_decay) choose."""
+    mesh, model, optimizer, learning_rate, state_shardings, state = sharded_init(
+        mesh_shape, devices, **optimizer_options
+    )
     with jax.set_mesh(mesh), nn.logical_axis_rules(sharding.DEFAULT_RULES):
         batch_sharding = sharding.batch_sharding(mesh, sharding.DEFAULT_RULES)
         step = jax.jit(
@@ -94,7 +95,9 @@ def single_device():
     return one_step((1, 1, 1), jax.devices()[:1])
 
 
-@pytest.mark.parametrize("mesh_shape", [(8, 1, 1), (2, 2, 2), (1, 1, 8)])
+# Tensor parallelism alone over all 8 devices with -m slow: (2, 2, 2) splits the heads and the
+# feed-forward too, alongside fsdp and data.
+@pytest.mark.parametrize("mesh_shape", [(8, 1, 1), (2, 2, 2), pytest.param((1, 1, 8), marks=pytest.mark.slow)])
 def test_one_step_matches_one_device(single_device, mesh_shape):
     initial_1, state_1, loss_1 = single_device
     initial_8, state_8, loss_8 = one_step(mesh_shape, jax.devices())
@@ -150,8 +153,8 @@ def test_the_parameters_moving_average_is_split_as_the_parameters_are():
 
 
 def test_weight_decay_shrinks_the_sharded_kernels_and_embeddings_only():
-    initial, plain, _ = one_step((2, 2, 2), jax.devices(), adam=True, model_config=ONE_LAYER)
-    _, decayed, _ = one_step((2, 2, 2), jax.devices(), adam=True, weight_decay=0.5, model_config=ONE_LAYER)
+    initial, plain, _ = one_step((2, 2, 2), jax.devices(), adam=True)
+    _, decayed, _ = one_step((2, 2, 2), jax.devices(), adam=True, weight_decay=0.5)
     rate = 64**-0.5 * 10**-1.5  # the first update's rate: d_model 64, warmup 10
 
     decayed_names = set()
