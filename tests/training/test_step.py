@@ -14,7 +14,9 @@ from jaxformer.training.optimizer import make_optimizer, rsqrt_schedule
 from jaxformer.training.state import make_init_fn
 from jaxformer.training.step import make_eval_step, make_train_step
 
-CONFIG = preset("tiny", vocab_size=48)  # dropout 0.1: the key matters
+# dropout 0.1: the key matters. One layer per stack: every kind of layer the step runs, at about a
+# third less compilation than the preset's two.
+CONFIG = preset("tiny", vocab_size=48, num_encoder_layers=1, num_decoder_layers=1)
 
 
 def batch(seed):
