@@ -87,6 +87,10 @@ def test_two_processes_match_one_process(data_dir, tmp_path):
     assert "process 1 of 2" in stderr
     assert_close(losses(double), losses(single))
     assert sorted(losses(double)) == list(range(1, 11))
+    # Validation split between the two processes' readers sums to what one process computes.
+    for metric in ("eval/loss", "eval/accuracy"):
+        assert sorted(losses(double, metric)) == [10]
+        assert_close(losses(double, metric), losses(single, metric))
 
 
 @pytest.mark.slow  # two 40-step runs (python -m pytest -m slow); bfloat16 numerics are unit-tested in tests/model
