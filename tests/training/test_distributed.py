@@ -9,8 +9,8 @@ import subprocess
 import numpy as np
 import pytest
 
+from tests.training.test_loop import ONE_LAYER, losses
 from tests.training.test_loop import command as train_command
-from tests.training.test_loop import losses
 
 COMMON = ("--config.data.batch_size=8", "--config.data.eval_batch_size=8")
 
@@ -63,7 +63,7 @@ def free_port():
 
 @pytest.mark.xdist_group("distributed-processes")
 def test_two_processes_match_one_process(data_dir, tmp_path):
-    steps = ("--config.training.num_train_steps=10", "--config.data.input_shards=2")
+    steps = ("--config.training.num_train_steps=10", "--config.data.input_shards=2", *ONE_LAYER)
     single = tmp_path / "single"
     run(single, data_dir, 2, *steps)
     double = tmp_path / "double"

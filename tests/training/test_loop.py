@@ -16,6 +16,10 @@ pytestmark = pytest.mark.xdist_group("train-loop")
 
 ROOT = pathlib.Path(__file__).parents[2]
 STEPS = 40  # checkpoints at 20 and 40 (jaxformer/configs/tiny.py)
+# One layer per stack, for runs whose checks hold for any depth: every parameter kind is in
+# layer_0, and each program compiles in about two thirds of the tiny preset's time
+# (docs/test_suite.md).
+ONE_LAYER = ("--config.model.num_encoder_layers=1", "--config.model.num_decoder_layers=1")
 
 
 def command(workdir, data_dir, *overrides):

@@ -22,7 +22,7 @@ from jaxformer.training.sweep import (
     seeds_row,
     with_seed_offset,
 )
-from tests.training.test_loop import ROOT, environment
+from tests.training.test_loop import ONE_LAYER, ROOT, environment
 
 pytestmark = pytest.mark.xdist_group("sweep")
 
@@ -36,6 +36,7 @@ SHARED = (
     "--config.data.max_eval_examples=16",
     "--config.decoding.beam_size=2",
     "--config.decoding.max_extra_length=8",
+    *ONE_LAYER,
 )
 
 
