@@ -48,7 +48,8 @@ def get_config():
     config.optimizer.warmup_steps = 800  # short warmup: a 2-core hour is about 5,000 steps
     # 0.7 was behind in validation NLL at every evaluation (11-27); 1.4 and 1.2, with weight decay 0.3,
     # ended lower in NLL (1.415 and 1.432 against 1.438) and lower in the final choice (43.02 and 43.04
-    # against 43.27), one seed each (docs/multi30k_runs.md, 2026-12-02, late afternoon and evening).
+    # against 43.27), one seed each; 1.4 at seed 1 was behind in NLL at equal steps from 1,500 and
+    # again lower in the final choice (43.03 against 43.29) (docs/multi30k_runs.md, 2026-12-02).
     config.optimizer.learning_rate_scale = 1.0  # peak lr 160^-0.5 * 800^-0.5 = 2.80e-3 at step 800
     # Decoupled weight decay (AdamW) on the kernels and embeddings, not biases or LayerNorm scales.
     # 0.1 against none, at two seeds of a slower VM's hour (4,200 and 4,240 steps, the controls'
