@@ -54,6 +54,12 @@ class TransformerConfig:
     attention_dropout_rate: float = 0.0
     # Dropout after the feed-forward activation (0 in the paper).
     activation_dropout_rate: float = 0.0
+    # Word dropout (Gal and Ghahramani 2016; Sennrich and Zhang 2019; Marian's --dropout-src and
+    # --dropout-trg): each token's whole embedding zeroed with this probability before the positional
+    # encoding is added (the rest scaled by 1 / (1 - rate)), in the encoder's input (source) and the
+    # decoder's (target; a decoder-only model's tokens). 0 in the paper.
+    source_word_dropout_rate: float = 0.0
+    target_word_dropout_rate: float = 0.0
     # Feed-forward activation: "relu" (the paper), "gelu" (exact erf form), "swish" (SiLU, x * sigmoid(x))
     # or "squared_relu" (relu(x)^2, So et al. 2021's Primer).
     activation: Literal["relu", "gelu", "swish", "squared_relu"] = "relu"
@@ -150,6 +156,13 @@ class TransformerConfig:
 ARCHITECTURES = ("encoder_decoder", "encoder_only", "decoder_only")
 ACTIVATIONS = ("relu", "gelu", "swish", "squared_relu")  # the feed-forward non-linearities (model/layers.py)
 _DTYPE_FIELDS = ("dtype", "param_dtype", "matmul_dtype")  # normalised to jnp.dtype; names in to_dict
+_DROPOUT_FIELDS = (
+    "dropout_rate",
+    "attention_dropout_rate",
+    "activation_dropout_rate",
+    "source_word_dropout_rate",
+    "target_word_dropout_rate",
+)
 _FIELD_NAMES = tuple(field.name for field in dataclasses.fields(TransformerConfig))
 
 
@@ -185,7 +198,7 @@ def _validate(config: TransformerConfig) -> None:
                 f"differs from vocab_size={config.vocab_size}, so source and target cannot share one embedding "
                 "matrix: set share_embeddings=False",
             )
-    for field in ("dropout_rate", "attention_dropout_rate", "activation_dropout_rate"):
+    for field in _DROPOUT_FIELDS:
         value = getattr(config, field)
         if not isinstance(value, (int, float)) or isinstance(value, bool) or not 0.0 <= value < 1.0:
             fail(field, "must lie in [0, 1)")
@@ -193,6 +206,10 @@ def _validate(config: TransformerConfig) -> None:
         fail("architecture", f"must be one of {', '.join(map(repr, ARCHITECTURES))}")
     if config.architecture != "encoder_decoder" and config.source_vocab_size is not None:
         fail("source_vocab_size", f"applies to the encoder_decoder architecture only, not {config.architecture!r}")
+    if config.architecture == "decoder_only" and config.source_word_dropout_rate:
+        fail("source_word_dropout_rate", "a decoder_only model has no source: use target_word_dropout_rate")
+    if config.architecture == "encoder_only" and config.target_word_dropout_rate:
+        fail("target_word_dropout_rate", "an encoder_only model has no decoder input: use source_word_dropout_rate")
     if config.activation not in ACTIVATIONS:
         fail("activation", f"must be one of {', '.join(map(repr, ACTIVATIONS))}")
     if config.position_layout not in ("interleaved", "halves"):

@@ -157,9 +157,16 @@ class Decoder(EmbeddedStack):
     def setup(self):
         config = self.config
         if self.cross_attention:
-            self._build(DecoderLayer, config.num_decoder_layers, num_inputs=3)
+            self._build(
+                DecoderLayer, config.num_decoder_layers, num_inputs=3, word_dropout_rate=config.target_word_dropout_rate
+            )
         else:
-            self._build(CausalDecoderLayer, config.num_decoder_layers, num_inputs=1)
+            self._build(
+                CausalDecoderLayer,
+                config.num_decoder_layers,
+                num_inputs=1,
+                word_dropout_rate=config.target_word_dropout_rate,
+            )
         if not config.tie_output_embedding:
             self.logits_kernel = self.param(
                 "logits_kernel",
@@ -222,7 +229,9 @@ class Decoder(EmbeddedStack):
         `project=False`, the final hidden states [B, T, D] instead. `encoded` is None exactly
         when the decoder has no cross-attention."""
         self._check_source_side(encoded is not None, "encoded source")
-        y = embed_with_positions(self.embed, self.input_dropout, target, target_positions, deterministic)  # [B, T, D]
+        y = embed_with_positions(
+            self.embed, self.input_dropout, target, target_positions, deterministic, word_dropout=self.word_dropout
+        )  # [B, T, D]
         self_mask = decoder_self_mask(target, target_segments)  # [B, 1, T, T]
         if encoded is None:
             y = self.stack(y, self_mask, deterministic=deterministic)

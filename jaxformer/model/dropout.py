@@ -102,3 +102,19 @@ class Dropout(nn.Module):
         if self.rate == 0.0 or deterministic:
             return inputs
         return dropout(inputs, self.rate, self.make_rng("dropout"))
+
+
+class WordDropout(nn.Module):
+    """Word dropout: each token's whole embedding [D] zeroed with probability `rate`, the others
+    scaled by 1 / (1 - rate), so the layer above sees that a token stands at a position but not
+    which. One mask bit per token from the "dropout" keys, broadcast over D."""
+
+    rate: float
+
+    @nn.compact
+    def __call__(self, embedded: Float[Array, "B L D"], deterministic: bool) -> Float[Array, "B L D"]:
+        if self.rate == 0.0 or deterministic:
+            return embedded
+        keep_prob = 1.0 - self.rate
+        keep = keep_mask(self.make_rng("dropout"), keep_prob, (*embedded.shape[:-1], 1))  # [B, L, 1]
+        return lax.select(jnp.broadcast_to(keep, embedded.shape), embedded / keep_prob, jnp.zeros_like(embedded))

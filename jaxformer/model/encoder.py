@@ -48,7 +48,10 @@ class Encoder(EmbeddedStack):
     """Embeds the source, adds positional encodings and runs the encoder layers."""
 
     def setup(self):
-        self._build(EncoderLayer, self.config.num_encoder_layers, num_inputs=1)
+        config = self.config
+        self._build(
+            EncoderLayer, config.num_encoder_layers, num_inputs=1, word_dropout_rate=config.source_word_dropout_rate
+        )
 
     def __call__(
         self,
@@ -57,6 +60,8 @@ class Encoder(EmbeddedStack):
         source_positions: Int[Array, "B S"] | None = None,
         deterministic: bool = True,
     ) -> Float[Array, "B S D"]:
-        x = embed_with_positions(self.embed, self.input_dropout, source, source_positions, deterministic)  # [B, S, D]
+        x = embed_with_positions(
+            self.embed, self.input_dropout, source, source_positions, deterministic, word_dropout=self.word_dropout
+        )  # [B, S, D]
         mask = encoder_self_mask(source, source_segments)  # [B, 1, S, S]
         return self._final(self.stack(x, mask, deterministic=deterministic))

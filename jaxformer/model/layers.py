@@ -10,7 +10,7 @@ import jax
 import jax.numpy as jnp
 
 from jaxformer.model.config import TransformerConfig
-from jaxformer.model.dropout import Dropout
+from jaxformer.model.dropout import Dropout, WordDropout
 from jaxformer.model.position import positional_encoding
 from jaxformer.model.projection import project
 from jaxformer.typing import Array, Float, Int
@@ -68,14 +68,18 @@ def embed_with_positions(
     positions: Int[Array, "B L"] | None,
     deterministic: bool,
     table_length: int | None = None,
+    word_dropout: nn.Module | None = None,
 ) -> Float[Array, "B L D"]:
-    """Dropout(scaled token embedding + positional encoding), the input of either stack.
+    """Dropout(scaled token embedding + positional encoding), the input of either stack; with
+    `word_dropout`, whole token embeddings are dropped before the positions are added.
 
     `table_length` (default L) bounds the positions: a decoding step embeds one token at
     position i of a longer output.
     """
     config = embed.config
     x = embed(tokens)  # [B, L, D]
+    if word_dropout is not None:
+        x = word_dropout(x, deterministic=deterministic)  # [B, L, D]
     length = tokens.shape[1] if table_length is None else table_length
     encoding = positional_encoding(
         length, config.d_model, positions, config.position_base, config.position_layout
@@ -228,9 +232,11 @@ class EmbeddedStack(nn.Module):
     config: TransformerConfig
     embed: Embed
 
-    def _build(self, layer_cls: type, num_layers: int, num_inputs: int) -> None:
+    def _build(self, layer_cls: type, num_layers: int, num_inputs: int, word_dropout_rate: float = 0.0) -> None:
         config = self.config
         self.input_dropout = Dropout(config.dropout_rate)
+        # Created only when on, so that models without it keep the module tree they always had.
+        self.word_dropout = WordDropout(word_dropout_rate) if word_dropout_rate else None
         self.stack = LayerStack(layer_cls, config, num_layers, num_inputs=num_inputs)
         nn.share_scope(self, self.stack)  # parameters read encoder/layer_0/..., not encoder/stack/...
         if config.normalization == "pre":
