@@ -104,3 +104,25 @@ def test_rates_are_checked_and_apply_only_where_the_side_exists():
         preset("tiny", architecture="decoder_only", source_word_dropout_rate=0.1)
     with pytest.raises(ConfigError, match=r"target_word_dropout_rate=0.1: an encoder_only model has no decoder"):
         preset("tiny", architecture="encoder_only", target_word_dropout_rate=0.1)
+
+
+def test_a_decoder_only_model_drops_its_input_tokens():
+    from jaxformer.model.decoder_only import DecoderOnly
+
+    config = CONFIG.replace(architecture="decoder_only")
+    tokens = jax.random.randint(jax.random.key(8), (3, 9), 4, ZERO_ID)
+    params = nn.unbox(DecoderOnly(config).init(jax.random.key(9), tokens, deterministic=True)["params"])
+    logits, state = DecoderOnly(config.replace(target_word_dropout_rate=RATE)).apply(
+        {"params": params},
+        tokens,
+        rngs={"dropout": jax.random.key(10)},
+        capture_intermediates=lambda module, method: type(module) is WordDropout,
+    )
+    (embedded,) = state["intermediates"]["decoder"]["word_dropout"]["__call__"]
+    dropped = np.asarray((embedded == 0).all(axis=-1))  # [B, T]
+    assert 0 < dropped.sum() < dropped.size
+    reference_params = _zeroed_and_scaled(params, "embedding", 1.0 / (1.0 - RATE))
+    reference = DecoderOnly(config).apply(
+        {"params": reference_params}, jnp.where(dropped, ZERO_ID, tokens), deterministic=True
+    )
+    np.testing.assert_allclose(logits, reference, atol=1e-5)
