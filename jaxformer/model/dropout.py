@@ -82,39 +82,31 @@ def keep_mask(key: jax.Array, keep_prob: float, shape: Sequence[int]) -> Bool[Ar
     return uniform < np.float32(keep_prob)
 
 
-def dropout(inputs: Float[Array, ...], rate: float, key: jax.Array) -> Float[Array, ...]:
+def dropout(
+    inputs: Float[Array, ...], rate: float, key: jax.Array, broadcast_dims: Sequence[int] = ()
+) -> Float[Array, ...]:
     """Inverted dropout: each element zeroed with probability `rate`, the rest scaled by
-    1 / (1 - rate); the values of `flax.linen.Dropout` with the same key."""
+    1 / (1 - rate); the values of `flax.linen.Dropout` with the same key. Along `broadcast_dims`
+    one mask bit covers the whole axis (word dropout: (-1,), a token's whole embedding)."""
     if rate == 1.0:  # no division by zero, and no NaN gradient
         return jnp.zeros_like(inputs)
     keep_prob = 1.0 - rate
-    mask = keep_mask(key, keep_prob, inputs.shape)
+    mask_shape = list(inputs.shape)
+    for axis in broadcast_dims:
+        mask_shape[axis] = 1
+    mask = jnp.broadcast_to(keep_mask(key, keep_prob, mask_shape), inputs.shape)
     return lax.select(mask, inputs / keep_prob, jnp.zeros_like(inputs))
 
 
 class Dropout(nn.Module):
-    """`flax.linen.Dropout` (the same masks from the same "dropout" keys) over `dropout` above."""
+    """`flax.linen.Dropout` (the same masks from the same "dropout" keys, `broadcast_dims` too)
+    over `dropout` above."""
 
     rate: float
+    broadcast_dims: Sequence[int] = ()
 
     @nn.compact
     def __call__(self, inputs: Float[Array, ...], deterministic: bool) -> Float[Array, ...]:
         if self.rate == 0.0 or deterministic:
             return inputs
-        return dropout(inputs, self.rate, self.make_rng("dropout"))
-
-
-class WordDropout(nn.Module):
-    """Word dropout: each token's whole embedding [D] zeroed with probability `rate`, the others
-    scaled by 1 / (1 - rate), so the layer above sees that a token stands at a position but not
-    which. One mask bit per token from the "dropout" keys, broadcast over D."""
-
-    rate: float
-
-    @nn.compact
-    def __call__(self, embedded: Float[Array, "B L D"], deterministic: bool) -> Float[Array, "B L D"]:
-        if self.rate == 0.0 or deterministic:
-            return embedded
-        keep_prob = 1.0 - self.rate
-        keep = keep_mask(self.make_rng("dropout"), keep_prob, (*embedded.shape[:-1], 1))  # [B, L, 1]
-        return lax.select(jnp.broadcast_to(keep, embedded.shape), embedded / keep_prob, jnp.zeros_like(embedded))
+        return dropout(inputs, self.rate, self.make_rng("dropout"), self.broadcast_dims)

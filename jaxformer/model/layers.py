@@ -10,7 +10,7 @@ import jax
 import jax.numpy as jnp
 
 from jaxformer.model.config import TransformerConfig
-from jaxformer.model.dropout import Dropout, WordDropout
+from jaxformer.model.dropout import Dropout
 from jaxformer.model.position import positional_encoding
 from jaxformer.model.projection import project
 from jaxformer.typing import Array, Float, Int
@@ -235,8 +235,9 @@ class EmbeddedStack(nn.Module):
     def _build(self, layer_cls: type, num_layers: int, num_inputs: int, word_dropout_rate: float = 0.0) -> None:
         config = self.config
         self.input_dropout = Dropout(config.dropout_rate)
-        # Created only when on, so that models without it keep the module tree they always had.
-        self.word_dropout = WordDropout(word_dropout_rate) if word_dropout_rate else None
+        # Word dropout (one bit per token: its whole embedding [D] dropped or kept), created only when
+        # on, so that models without it keep the module tree they always had.
+        self.word_dropout = Dropout(word_dropout_rate, broadcast_dims=(-1,)) if word_dropout_rate else None
         self.stack = LayerStack(layer_cls, config, num_layers, num_inputs=num_inputs)
         nn.share_scope(self, self.stack)  # parameters read encoder/layer_0/..., not encoder/stack/...
         if config.normalization == "pre":

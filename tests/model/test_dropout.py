@@ -37,14 +37,15 @@ def test_other_generators_use_bernoulli_itself():
 
 @pytest.mark.parametrize("dtype", [jnp.float32, jnp.bfloat16])
 @pytest.mark.parametrize("rate", [0.1, 0.3, 1.0])
-def test_module_equals_flax_dropout(dtype, rate):
+@pytest.mark.parametrize("broadcast_dims", [(), (-1,), (0, 2)])
+def test_module_equals_flax_dropout(dtype, rate, broadcast_dims):
     x = jax.random.normal(jax.random.key(1), (4, 9, 16)).astype(dtype)
     rngs = {"dropout": jax.random.PRNGKey(3)}
-    ours = Dropout(rate).apply({}, x, deterministic=False, rngs=rngs)
-    flax_dropout = nn.Dropout(rate).apply({}, x, deterministic=False, rngs=rngs)
+    ours = Dropout(rate, broadcast_dims).apply({}, x, deterministic=False, rngs=rngs)
+    flax_dropout = nn.Dropout(rate, broadcast_dims).apply({}, x, deterministic=False, rngs=rngs)
     assert ours.dtype == flax_dropout.dtype
     np.testing.assert_array_equal(ours, flax_dropout)
-    np.testing.assert_array_equal(Dropout(rate).apply({}, x, deterministic=True), x)
+    np.testing.assert_array_equal(Dropout(rate, broadcast_dims).apply({}, x, deterministic=True), x)
 
 
 def test_dropout_rate_and_scale():

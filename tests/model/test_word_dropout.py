@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 
 from jaxformer.model.config import ConfigError, preset
-from jaxformer.model.dropout import WordDropout
+from jaxformer.model.dropout import Dropout
 from jaxformer.model.transformer import Transformer
 
 # Separate source and target tables and an untied output projection, so that scaling an input
@@ -19,17 +19,31 @@ ZERO_ID = CONFIG.vocab_size - 1
 RATE = 0.3
 
 
+def word_dropout(rate):
+    return Dropout(rate, broadcast_dims=(-1,))
+
+
+def _capture_word_dropouts(module, method):
+    return module.name == "word_dropout"
+
+
+def _dropped(intermediates, stack):
+    """[B, L]: where the stack's word dropout zeroed the whole embedding."""
+    (embedded,) = intermediates[stack]["word_dropout"]["__call__"]
+    return np.asarray((embedded == 0).all(axis=-1))
+
+
 def test_whole_tokens_are_dropped_at_the_rate_and_the_rest_scaled():
     embedded = jax.random.normal(jax.random.key(0), (64, 128, 16))
-    out = np.asarray(WordDropout(0.25).apply({}, embedded, deterministic=False, rngs={"dropout": jax.random.key(1)}))
+    out = np.asarray(word_dropout(0.25).apply({}, embedded, deterministic=False, rngs={"dropout": jax.random.key(1)}))
     dropped = (out == 0).all(axis=-1)  # [B, L]
     np.testing.assert_allclose(out[~dropped], np.asarray(embedded)[~dropped] / 0.75, rtol=1e-6)
     assert ((out == 0).any(axis=-1) == dropped).all()  # no token partly dropped
     assert abs(dropped.mean() - 0.25) < 0.025  # 8,192 tokens: 5 standard deviations is 0.024
-    other_key = WordDropout(0.25).apply({}, embedded, deterministic=False, rngs={"dropout": jax.random.key(2)})
+    other_key = word_dropout(0.25).apply({}, embedded, deterministic=False, rngs={"dropout": jax.random.key(2)})
     assert not np.array_equal((np.asarray(other_key) == 0).all(axis=-1), dropped)
-    np.testing.assert_array_equal(WordDropout(0.25).apply({}, embedded, deterministic=True), embedded)
-    np.testing.assert_array_equal(WordDropout(0.0).apply({}, embedded, deterministic=False), embedded)
+    np.testing.assert_array_equal(word_dropout(0.25).apply({}, embedded, deterministic=True), embedded)
+    np.testing.assert_array_equal(word_dropout(0.0).apply({}, embedded, deterministic=False), embedded)
 
 
 def _setup(seed):
@@ -46,14 +60,12 @@ def _train_apply(config, params, source, target, seed):
         source,
         target,
         rngs={"dropout": jax.random.key(seed)},
-        capture_intermediates=lambda module, method: type(module) is WordDropout,
+        capture_intermediates=_capture_word_dropouts,
     )
-    dropped = {}
-    for side in ("encoder", "decoder"):
-        if "word_dropout" in state["intermediates"][side]:
-            (embedded,) = state["intermediates"][side]["word_dropout"]["__call__"]
-            dropped[side] = np.asarray((embedded == 0).all(axis=-1))  # [B, L]
-    return logits, dropped
+    intermediates = state["intermediates"]
+    return logits, {
+        stack: _dropped(intermediates, stack) for stack in intermediates if "word_dropout" in intermediates[stack]
+    }
 
 
 def _zeroed_and_scaled(params, table, scale):
@@ -116,10 +128,9 @@ def test_a_decoder_only_model_drops_its_input_tokens():
         {"params": params},
         tokens,
         rngs={"dropout": jax.random.key(10)},
-        capture_intermediates=lambda module, method: type(module) is WordDropout,
+        capture_intermediates=_capture_word_dropouts,
     )
-    (embedded,) = state["intermediates"]["decoder"]["word_dropout"]["__call__"]
-    dropped = np.asarray((embedded == 0).all(axis=-1))  # [B, T]
+    dropped = _dropped(state["intermediates"], "decoder")  # [B, T]
     assert 0 < dropped.sum() < dropped.size
     reference_params = _zeroed_and_scaled(params, "embedding", 1.0 / (1.0 - RATE))
     reference = DecoderOnly(config).apply(
