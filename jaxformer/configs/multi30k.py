@@ -67,7 +67,7 @@ def get_config():
     # fast 2-core machine with bf16 dots reaches, so the budget, not this cap, ends the hour there.
     config.training.num_train_steps = 16000
     # 0.0 (with weight decay 0.3), seed 0: final choice 43.51 at 0.92x the control's steps, then 42.70
-    # at its 4,360 steps, against 43.27 (docs/multi30k_runs.md, 2026-12-03, late afternoon and evening).
+    # at a step budget of 4,360 where 0.1 at the same budget gave 43.27 (docs/multi30k_runs.md, 2026-12-03).
     config.training.label_smoothing = 0.1
     # R-Drop (Liang et al., 2021): each batch runs twice under two dropout draws, so the hour takes
     # about half the steps, each learning more. At the paper's weight for small corpora (alpha 5)
