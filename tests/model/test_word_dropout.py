@@ -9,6 +9,7 @@ import numpy as np
 import pytest
 
 from jaxformer.model.config import ConfigError, preset
+from jaxformer.model.decoder_only import DecoderOnly
 from jaxformer.model.dropout import Dropout
 from jaxformer.model.transformer import Transformer
 
@@ -119,8 +120,6 @@ def test_rates_are_checked_and_apply_only_where_the_side_exists():
 
 
 def test_a_decoder_only_model_drops_its_input_tokens():
-    from jaxformer.model.decoder_only import DecoderOnly
-
     config = CONFIG.replace(architecture="decoder_only")
     tokens = jax.random.randint(jax.random.key(8), (3, 9), 4, ZERO_ID)
     params = nn.unbox(DecoderOnly(config).init(jax.random.key(9), tokens, deterministic=True)["params"])
