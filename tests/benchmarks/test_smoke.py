@@ -23,6 +23,7 @@ POSITIVE = {
     "input_pipeline": ("pairs", "batch_cpu_ms", "batch_wall_ms", "step_ms", "steps_per_s", "speedup"),
     "real_data": ("steps", "pairs", "target_tokens", "step_ms", "tokens_per_s", "pairs_per_s"),
     "decoding": ("batch", "out_len", "sentences_per_s", "tokens_per_s", "call_ms"),
+    "step_profile": ("step_ms", "jax_ops_over_wall"),
     "scaling": (
         "length",
         "batch",
@@ -63,13 +64,14 @@ def smoke_output(name, tmp_path, capsys, *extra):
 SLOW_SMOKE = ("decoding", "real_data", "scaling")
 
 
-# step_options and xla_options run their smokes in tests of their own, which check the rows further.
+# step_options, xla_options and step_profile run their smokes in tests of their own, which check
+# the rows further.
 @pytest.mark.parametrize(
     "name",
     [
         pytest.param(name, marks=pytest.mark.slow) if name in SLOW_SMOKE else name
         for name in sorted(POSITIVE)
-        if name not in ("step_options", "xla_options")
+        if name not in ("step_options", "xla_options", "step_profile")
     ],
 )
 def test_smoke(name, tmp_path, capsys):
