@@ -93,7 +93,7 @@ def run_once(stop: str, cache: str, cache_dir: pathlib.Path, args, input_path: p
     output, report = scratch / "out.txt", scratch / "report.json"
     command = [sys.executable, "-c", CHILD, str(report), "--workdir", args.workdir, "--checkpoint", args.checkpoint]
     command += ["--beam_size", str(args.beam_size), "--stop", stop, "--no_progress"]
-    command += ["--input", str(input_path), "--output", str(output)]
+    command += ["--input", str(input_path), "--output", str(output), "--overwrite"]
     used = resource.getrusage(resource.RUSAGE_CHILDREN)
     start = time.perf_counter()
     result = subprocess.run(command, env=env, capture_output=True, text=True)

@@ -92,20 +92,36 @@ def number(low: float, *, inclusive: bool) -> Callable[[str], float]:
 def check_readable_file(path: str | None, flag: str) -> None:
     if path is None:
         return
+    if os.path.isdir(path):
+        raise FlagError(f"{flag} {path}: is a directory, not a file")
     if not os.path.isfile(path):
         raise FlagError(f"{flag} {path}: no such file")
     if not os.access(path, os.R_OK):
         raise FlagError(f"{flag} {path}: not readable")
 
 
-def check_writable_file(path: str | None, flag: str) -> None:
+def check_writable_file(
+    path: str | None, flag: str, overwrite: bool = False, inputs: dict[str, str | None] | None = None
+) -> None:
     """Fails now, not after the decoding, if `path` cannot be written: it is a directory, its
-    folder is missing, or a file cannot be created there (permissions, read-only disk)."""
+    folder is missing, or a file cannot be created there (permissions, read-only disk); or if it
+    already exists, unless `overwrite`; or if it is one of the command's `inputs` ({flag: path}),
+    whatever `overwrite` says, since writing it would destroy what is being read."""
     if path is None:
         return
     target = pathlib.Path(path)
     if target.is_dir():
         raise FlagError(f"{flag} {path}: is a directory")
+    for input_flag, input_path in (inputs or {}).items():
+        if (
+            input_path is not None
+            and target.exists()
+            and os.path.exists(input_path)
+            and os.path.samefile(target, input_path)
+        ):
+            raise FlagError(f"{flag} {path}: is the {input_flag} file; writing it would destroy what is read")
+    if target.exists() and not overwrite:
+        raise FlagError(f"{flag} {path}: already exists; pass --overwrite to replace it")
     folder = target.parent
     if not folder.is_dir():
         raise FlagError(f"{flag} {path}: the folder {folder} does not exist")
@@ -262,16 +278,22 @@ def read_lines(path: str | None) -> list[str]:
 
 
 def add_input_output_flags(parser: argparse.ArgumentParser, what: str) -> None:
-    """--input and --output: text files, one item per line; stdin and stdout by default."""
+    """--input and --output: text files, one item per line; stdin and stdout by default; an
+    existing --output is replaced only with --overwrite."""
     parser.add_argument("--input", help=f"{what} file, one per line (default: stdin)")
-    parser.add_argument("--output", help="output file (default: stdout)")
+    parser.add_argument("--output", help="output file (default: stdout); an existing one needs --overwrite")
+    add_overwrite_flag(parser, "--output")
+
+
+def add_overwrite_flag(parser: argparse.ArgumentParser, what: str) -> None:
+    parser.add_argument("--overwrite", action="store_true", help=f"replace an existing {what}")
 
 
 def checked_input_lines(args: argparse.Namespace) -> list[str]:
     """The lines of --input, once --workdir, --input and --output are known to be usable."""
     check_workdir(args.workdir)
     check_readable_file(args.input, "--input")
-    check_writable_file(args.output, "--output")
+    check_writable_file(args.output, "--output", args.overwrite, {"--input": args.input})
     return read_lines(args.input)
 
 

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import sys
 import time
 
@@ -18,6 +19,7 @@ import ml_collections
 from jaxformer.commands.common import (
     FlagError,
     add_decoding_flags,
+    add_overwrite_flag,
     at_least,
     check_readable_file,
     check_workdir,
@@ -60,6 +62,7 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--max_examples", type=at_least(1), help="score only the first N pairs")
     parser.add_argument("--output", help="also write the translations here")
     parser.add_argument("--json", help="also write the scores here as JSON")
+    add_overwrite_flag(parser, "--output or --json")
     return parser
 
 
@@ -69,8 +72,11 @@ def run(args: argparse.Namespace) -> int:
     check_workdir(args.workdir)
     check_readable_file(args.source, "--source")
     check_readable_file(args.reference, "--reference")
-    check_writable_file(args.output, "--output")
-    check_writable_file(args.json, "--json")
+    inputs = {"--source": args.source, "--reference": args.reference}
+    check_writable_file(args.output, "--output", args.overwrite, inputs)
+    check_writable_file(args.json, "--json", args.overwrite, inputs)
+    if args.output and args.json and os.path.abspath(args.output) == os.path.abspath(args.json):
+        raise FlagError(f"--output and --json are the same file, {args.output}")
 
     if args.split:
         sources, references = split_pairs(args.workdir, args.split, args.max_examples)

@@ -117,16 +117,40 @@ class LanguageModel:
         return [hypotheses[0][0] for hypotheses in self.complete_nbest(prompts)]
 
     def complete_nbest(self, prompts: Sequence[str]) -> list[list[tuple[str, float]]]:
-        """Per prompt, (prompt + continuation as text, score) for each hypothesis, best first."""
+        """Per prompt, (prompt + continuation as text, score) for each hypothesis, best first. The
+        prompt is the caller's text as given (sentencepiece's normalisation, unknown characters and
+        runs of spaces left as they were); the continuation follows it as the tokenizer spaces it."""
         encoded = [self.tokenizer.encode(prompt, add_eos=False) for prompt in prompts]
         results: list[Any] = [None] * len(prompts)
         for indices, tokens, scores in self.continue_ids(encoded):
             for row, index in enumerate(indices):
                 results[index] = [
-                    (self.tokenizer.decode(np.concatenate([encoded[index], tokens[row, k]])), float(scores[row, k]))
-                    for k in range(tokens.shape[1])
+                    (prompts[index] + self._continuation(encoded[index], tokens[row, k], prompts[index]), float(score))
+                    for k, score in enumerate(scores[row])
                 ]
         return results
+
+    def _continuation(self, prompt_ids: np.ndarray, continuation_ids: np.ndarray, prompt: str) -> str:
+        """The text that `continuation_ids` add after the prompt: the decoded prompt and continuation
+        less the decoded prompt, so a continuation that starts a new word brings its space."""
+        decoded_prompt = self.tokenizer.decode(prompt_ids)
+        decoded = self.tokenizer.decode(np.concatenate([prompt_ids, continuation_ids]))
+        if decoded.startswith(decoded_prompt):
+            text = decoded[len(decoded_prompt) :]
+        else:  # decoding is not prefix-stable at this boundary: the continuation alone, spaced by its first piece
+            text = self.tokenizer.decode(continuation_ids)
+            first = [int(i) for i in continuation_ids if int(i) not in (PAD_ID, BOS_ID)][:1]
+            if (
+                prompt
+                and text
+                and first
+                and first[0] != EOS_ID
+                and self.tokenizer.pieces(first)[0].startswith("\u2581")
+            ):
+                text = " " + text
+        if prompt[-1:].isspace() and text[:1] == " ":
+            text = text[1:]  # the prompt's own trailing space already separates the new word
+        return text
 
     def continue_ids(self, prompts: Sequence[np.ndarray]):
         """Yields (prompt indices, tokens [b, K, L], scores [b, K]) per batch of equal-length prompts."""

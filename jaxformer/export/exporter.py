@@ -81,6 +81,12 @@ def export_checkpoint(
     if unknown or not platforms:
         raise ExportError(f"platforms {', '.join(unknown) or '(none)'}: choose among {', '.join(KNOWN_PLATFORMS)}")
     check_output(output, overwrite)
+    architecture = load_checkpoint(workdir, checkpoint, params=False)[1].model_config().architecture
+    if architecture != "encoder_decoder":  # found before the parameters are read or anything is lowered
+        raise ExportError(
+            f"{workdir} holds a {architecture} model; an export holds a translator's beam search "
+            "and needs an encoder_decoder one"
+        )
     with staging_directory(output) as staging:
         step, metadata, params = load_checkpoint(workdir, checkpoint)
         config, params = decoding_variant(metadata.model_config(), params)
@@ -132,7 +138,13 @@ def export_checkpoint(
                 "jax_version": jax.__version__,
                 "calling_convention_version": program.calling_convention_version,
             },
-            "files": {**files, "loader": {"name": standalone.LOADER_FILE, "imports": list(standalone.LOADER_IMPORTS)}},
+            "files": {
+                **files,
+                "loader": {
+                    **_file_entry(staging / standalone.LOADER_FILE),
+                    "imports": [_file_entry(staging / name) for name in standalone.LOADER_IMPORTS],
+                },
+            },
         }
         (staging / standalone.CONFIG_FILE).write_text(json.dumps(description, indent=2) + "\n", encoding="utf-8")
         check_export(staging)  # what was written reads back: every file, the parameters against the program

@@ -58,10 +58,14 @@ def _import_beside(name: str):
     return module
 
 
+_MISSING_HELPER: str | None = None  # why serve.py could not import its helper; `load` reports it
 if __package__:  # jaxformer.export.standalone, inside the package
     from jaxformer.decoding import sentence_batches
 else:  # serve.py, in an export beside its copy of jaxformer/decoding/sentence_batches.py
-    sentence_batches = _import_beside("sentence_batches")
+    try:
+        sentence_batches = _import_beside("sentence_batches")
+    except ImportError as error:  # `import serve` still works; `load` raises ExportError naming the file
+        sentence_batches, _MISSING_HELPER = None, str(error)
 
 FORMAT = "jaxformer-export"
 FORMAT_VERSION = 1
@@ -199,6 +203,26 @@ def read_verified(directory: pathlib.Path, config: dict[str, Any], role: str) ->
     if hashlib.sha256(data).hexdigest() != entry.get("sha256"):
         raise ExportError(f"{path} is damaged: its SHA-256 differs from the one in {directory / CONFIG_FILE}")
     return path, data
+
+
+def check_loader_files(directory: pathlib.Path, config: dict[str, Any]) -> None:
+    """serve.py and the helpers it imports are there, each with config.json's SHA-256 (exports
+    written before the loader's checksums were recorded name the helpers only: their presence
+    is checked)."""
+    loader = config["files"].get("loader")
+    if not isinstance(loader, dict):
+        return
+    entries = [loader] + [entry if isinstance(entry, dict) else {"name": entry} for entry in loader.get("imports", [])]
+    for entry in entries:
+        name = entry.get("name")
+        if not isinstance(name, str) or pathlib.PurePath(name).name != name:
+            raise ExportError(f"{directory / CONFIG_FILE}: files.loader names no file of the directory")
+        data = _read_bytes(directory / name)
+        if "sha256" in entry and hashlib.sha256(data).hexdigest() != entry["sha256"]:
+            raise ExportError(
+                f"{directory / name} is damaged or edited: its SHA-256 differs from the one in "
+                f"{directory / CONFIG_FILE}"
+            )
 
 
 def read_tokenizer(directory: pathlib.Path, config: dict[str, Any], role: str, vocab_size: int) -> Tokenizer:
@@ -360,8 +384,11 @@ def load(directory: str | pathlib.Path, batch_size: int | None = None) -> Export
 def read_export(directory: str | pathlib.Path) -> tuple[dict[str, Any], Any, Tokenizer, Tokenizer, jax.export.Exported]:
     """(config, host parameters, source and target tokenizer (one object if shared), program) of an export,
     every file checked against config.json's SHA-256 and the parameters against the program's inputs."""
+    if _MISSING_HELPER is not None:
+        raise ExportError(_MISSING_HELPER)
     directory = pathlib.Path(directory)
     config = read_config(directory)
+    check_loader_files(directory, config)
     model, target_tokenizer = config["model"], None
     tokenizer = read_tokenizer(directory, config, "tokenizer", model.get("source_vocab_size") or model["vocab_size"])
     if "target_tokenizer" in config["files"]:  # separate vocabularies
@@ -392,6 +419,28 @@ def _check_parameters(params: Any, program: jax.export.Exported, params_path, pr
 # -- command line ----------------------------------------------------------------------------
 
 
+class InputError(ValueError):
+    """The text to translate cannot be read; the message names the line."""
+
+
+def stdin_lines(data: bytes) -> list[str]:
+    """The UTF-8 lines of `data` without their line breaks; a line that is not UTF-8 is an
+    InputError naming it. The rules (and the message) of translate.py's reader,
+    jaxformer/data/parallel_text.py's `decode_lines`, which serve.py cannot import."""
+    raw_lines = data.split(b"\n")
+    if raw_lines and raw_lines[-1] == b"":
+        raw_lines.pop()  # the final line break ends the last line
+    lines = []
+    for number, raw in enumerate(raw_lines, start=1):
+        try:
+            lines.append(raw.decode("utf-8").rstrip("\r"))
+        except UnicodeDecodeError as error:
+            raise InputError(
+                f"<stdin>: line {number} is not valid UTF-8 ({error.reason} at byte {error.start})"
+            ) from None
+    return lines
+
+
 def _positive(text: str) -> int:
     if not text.isdigit() or int(text) < 1:
         raise argparse.ArgumentTypeError(f"must be an integer >= 1, got {text!r}")
@@ -408,14 +457,11 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--batch_size", type=_positive, help="sentences per batch (default: the export's)")
     args = parser.parse_args(argv)
     try:
+        lines = stdin_lines(sys.stdin.buffer.read())  # before the model: bad input costs no loading
         model = load(args.directory, args.batch_size)
-    except ExportError as error:
+    except (ExportError, InputError) as error:
         sys.stderr.write(f"error: {error}\n")
         return 2
-    text = sys.stdin.buffer.read().decode("utf-8")
-    lines = [line.rstrip("\r") for line in text.split("\n")]
-    if lines and lines[-1] == "":
-        lines.pop()  # the final line break ends the last line
     sys.stdout.write("".join(" ".join(line.splitlines()) + "\n" for line in model.translate(lines)))
     return 0
 

@@ -84,11 +84,49 @@ def test_unwritable_outputs_fail_before_decoding(kind, decoding_workdir, tmp_pat
     assert sorted(p.name for p in tmp_path.iterdir()) == ["a file", "in.en"]  # no probe or partial file left
 
 
+def test_an_existing_output_needs_overwrite_and_an_input_is_never_overwritten(
+    decoding_workdir, tmp_path, capsys, no_decoding
+):
+    workdir = str(decoding_workdir)
+    source, reference, output = tmp_path / "in.en", tmp_path / "ref.de", tmp_path / "out.de"
+    for path, text in ((source, "A dog.\n"), (reference, "Ein Hund.\n"), (output, "kept\n")):
+        path.write_text(text)
+    translating = ["--workdir", workdir, "--input", str(source)]
+    evaluating = ["--workdir", workdir, "--source", str(source), "--reference", str(reference)]
+    refusals = [
+        (translate, [*translating, "--output", str(output)], f"--output {output}: already exists; pass --overwrite"),
+        (evaluate, [*evaluating, "--output", str(output)], f"--output {output}: already exists; pass --overwrite"),
+        (evaluate, [*evaluating, "--json", str(output)], f"--json {output}: already exists; pass --overwrite"),
+        (translate, [*translating, "--output", str(source), "--overwrite"], f"--output {source}: is the --input file"),
+        (evaluate, [*evaluating, "--output", str(source), "--overwrite"], f"--output {source}: is the --source file"),
+        (evaluate, [*evaluating, "--json", str(reference), "--overwrite"], f"--json {reference}: is the --reference"),
+        (
+            evaluate,
+            [*evaluating, "--output", str(tmp_path / "new"), "--json", str(tmp_path / "new")],
+            f"--output and --json are the same file, {tmp_path / 'new'}",
+        ),
+    ]
+    link = tmp_path / "link.en"  # another name for the input is the input
+    link.symlink_to(source)
+    refusals.append(
+        (translate, [*translating, "--output", str(link), "--overwrite"], f"--output {link}: is the --input")
+    )
+    for command, flags, message in refusals:
+        assert command.main(flags) == 2, flags
+        error = capsys.readouterr().err
+        assert error.startswith(f"error: {message}") and error.count("\n") == 1, error
+    assert (source.read_text(), reference.read_text(), output.read_text()) == ("A dog.\n", "Ein Hund.\n", "kept\n")
+    with pytest.raises(AssertionError, match="started decoding"):  # --overwrite lets the command go on
+        translate.main([*translating, "--output", str(output), "--overwrite"])
+
+
 def test_missing_inputs_and_workdirs_are_named(tmp_path, capsys, no_decoding):
     assert translate.main(["--workdir", str(tmp_path / "run"), "--input", str(tmp_path / "in.en")]) == 2
     assert capsys.readouterr().err == f"error: --workdir {tmp_path / 'run'}: no such directory\n"
     assert translate.main(["--workdir", str(tmp_path), "--input", str(tmp_path / "in.en")]) == 2
     assert capsys.readouterr().err == f"error: --input {tmp_path / 'in.en'}: no such file\n"
+    assert translate.main(["--workdir", str(tmp_path), "--input", str(tmp_path)]) == 2
+    assert capsys.readouterr().err == f"error: --input {tmp_path}: is a directory, not a file\n"
     assert evaluate.main(["--workdir", str(tmp_path), "--split", "x", "--source", "a", "--reference", "b"]) == 2
     assert capsys.readouterr().err == "error: give either --split, or both --source and --reference\n"
     with pytest.raises(SystemExit) as stopped:

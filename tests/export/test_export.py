@@ -1,6 +1,7 @@
 """jaxformer-export: the directory it writes, serving it without jaxformer, Translator.from_export,
 and the refusals (overwriting, damaged files)."""
 
+import hashlib
 import json
 import os
 import pathlib
@@ -145,7 +146,12 @@ def test_the_directory_holds_everything_serving_needs(exported, workdir):
     assert config["platforms"] == ["cpu", "cuda", "tpu"] and config["platforms_failed"] == {}
     assert (exported / "serve.py").read_bytes() == pathlib.Path(standalone.__file__).read_bytes()
     assert (exported / "sentence_batches.py").read_bytes() == pathlib.Path(sentence_batches.__file__).read_bytes()
-    assert config["files"]["loader"] == {"name": "serve.py", "imports": ["sentence_batches.py"]}
+    digest = lambda path: hashlib.sha256(path.read_bytes()).hexdigest()  # noqa: E731
+    assert config["files"]["loader"] == {
+        "name": "serve.py",
+        "sha256": digest(exported / "serve.py"),
+        "imports": [{"name": "sentence_batches.py", "sha256": digest(exported / "sentence_batches.py")}],
+    }
     assert (exported / "tokenizer.model").read_bytes() == metadata.tokenizer
     stored = read_safetensors(exported / "params.safetensors")
     expected = flatten(decode_params)
@@ -257,6 +263,9 @@ def test_overwrite_replaces_an_export_whole_or_not_at_all(
         (lambda d: _flip_byte(d / "tokenizer.model"), "tokenizer.model", "damaged"),
         (lambda d: (d / "config.json").write_text('{"format": "jaxformer-export", '), "config.json", "not valid JSON"),
         (lambda d: (d / "config.json").unlink(), "config.json", "no such file"),
+        (lambda d: (d / "sentence_batches.py").unlink(), "sentence_batches.py", "no such file"),
+        (lambda d: _append(d / "sentence_batches.py", b"\nprint('edited')\n"), "sentence_batches.py", "edited"),
+        (lambda d: _append(d / "serve.py", b"\n# edited\n"), "serve.py", "edited"),
     ],
 )
 def test_a_missing_or_damaged_file_is_named_in_one_line(exported, tmp_path, damage, file_name, message):
@@ -303,6 +312,10 @@ def test_bad_flags_are_one_line(capsys):
     assert "--workdir /nonexistent/run: no such directory" in capsys.readouterr().err
 
 
+def _append(path, data):
+    path.write_bytes(path.read_bytes() + data)
+
+
 def _flip_byte(path):
     data = bytearray(path.read_bytes())
     data[len(data) // 2] ^= 0xFF
@@ -326,3 +339,40 @@ def test_serve_py_names_a_missing_helper(exported, tmp_path):
     )
     assert result.returncode != 0
     assert f"{lone / 'sentence_batches.py'} is missing" in result.stderr
+
+
+def test_serve_py_reads_its_input_before_the_model(exported, tmp_path):
+    """Text that is not UTF-8 is named by its line, before any export is read (here: none is)."""
+    for directory in (exported, tmp_path / "no-export"):
+        result = subprocess.run(
+            [sys.executable, str(exported / "serve.py"), str(directory)],
+            input=b"A man.\n\xff\xfe bad bytes\nTwo dogs.\n",
+            capture_output=True,
+            timeout=120,
+        )
+        assert result.returncode == 2 and result.stdout == b""
+        assert result.stderr.decode() == "error: <stdin>: line 2 is not valid UTF-8 (invalid start byte at byte 0)\n"
+
+
+def test_a_language_model_is_refused_before_its_parameters_are_read(workdir, tmp_path, capsys, monkeypatch):
+    from jaxformer.model.decoder_only import DecoderOnly
+
+    _, metadata, _ = load_checkpoint(workdir, params=False)
+    config = metadata.model_config().replace(architecture="decoder_only")
+    params = DecoderOnly(config).init(jax.random.key(0), np.ones((1, 4), np.int32))["params"]
+    language_model = tmp_path / "lm"
+    checkpointer = Checkpointer(RunDirectory(language_model).checkpoints, keep=None)
+    checkpointer.save_params(1, params, metadata.replace(model=config.to_dict(), step=1))
+    checkpointer.close()
+
+    def load_without_parameters(*args, params=True, **kwargs):
+        assert not params, "the parameters were read"
+        return load_checkpoint(*args, params=False, **kwargs)
+
+    monkeypatch.setattr(exporter, "load_checkpoint", load_without_parameters)
+    assert export.main(["--workdir", str(language_model), "--output", str(tmp_path / "out")]) == 2
+    assert capsys.readouterr().err == (
+        f"error: {language_model} holds a decoder_only model; an export holds a translator's beam search "
+        "and needs an encoder_decoder one\n"
+    )
+    assert not (tmp_path / "out").exists()

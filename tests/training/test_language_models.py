@@ -137,6 +137,24 @@ def test_greedy_continuation_equals_argmax_of_full_forward_passes(runs):
     assert lm.complete(prompts) == [lm.complete([prompt])[0] for prompt in prompts]  # grouped by length
 
 
+def test_a_prompt_is_kept_as_written(runs):
+    """What sentencepiece normalises away (runs of spaces, NFKC's compatibility characters, a
+    trailing space) or cannot spell (an emoji) stays in the printed prompt; the continuation is the
+    one the normalised prompt gets."""
+    step, metadata, params = load_checkpoint(runs["multi30k_lm"])
+    tokenizer = metadata.load_tokenizer()
+    lm = LanguageModel(metadata.model_config(), params, tokenizer, DecodeSettings(method="greedy", max_extra_length=6))
+    for prompt in ("Ein  Mann   mit", "Eine \ufb01 Frau \u2460", "Zwei Hunde \U0001f6b4 im", "Ein Kind "):
+        normalised = tokenizer.decode(tokenizer.encode(prompt, add_eos=False))
+        assert normalised != prompt  # the case is one sentencepiece rewrites
+        completed, plain = lm.complete([prompt])[0], lm.complete([normalised])[0]
+        assert completed.startswith(prompt) and plain.startswith(normalised)
+        continuation = plain[len(normalised) :]
+        assert continuation.strip(), prompt  # something was generated
+        expected = continuation[1:] if prompt.endswith(" ") and continuation.startswith(" ") else continuation
+        assert completed == prompt + expected, (prompt, completed, plain)
+
+
 def test_generate_command(runs, tmp_path):
     workdir = runs["multi30k_lm"]
     (tmp_path / "prompts.txt").write_text("Ein Mann\n\nZwei Hunde spielen\n")
