@@ -41,6 +41,10 @@ class EncodedSplit(Sequence):
         columns = self._columns.items()
         return {feature: flat[offsets[index] : offsets[index + 1]] for feature, (flat, offsets) in columns}
 
+    def lengths(self) -> dict[str, np.ndarray]:
+        """{feature: int64 [N]}: each record's token count."""
+        return {feature: np.diff(offsets) for feature, (_, offsets) in self._columns.items()}
+
     @property
     def nbytes(self) -> int:
         """Memory held: the ids and their offsets."""

@@ -19,6 +19,7 @@ import ml_collections
 import numpy as np
 
 from jaxformer.data.encoded_split import EncodedSplit
+from jaxformer.data.parallel_text import DataError
 from jaxformer.data.subword_sampling import SubwordSampling
 from jaxformer.data.tokenizer import Tokenizer
 
@@ -110,12 +111,18 @@ class TokenizePair:
 
 
 class LengthFilter:
-    """Keeps examples whose sides all fit in `max_length` tokens; counts what it drops."""
+    """Keeps examples whose sides all fit in `max_length` tokens; counts what it drops.
+
+    An endless stream whose examples are all too long would never yield a batch: once more
+    examples in a row than `give_up_after` are dropped (set by `train_dataset` to a few epochs of
+    its shard, so a shard with one example that fits never gets there), it raises DataError."""
 
     def __init__(self, max_length: int):
         self.max_length = max_length
         self.seen = 0
         self.dropped = 0
+        self.dropped_in_a_row = 0
+        self.give_up_after: int | None = None
         self._lock = threading.Lock()  # grain may call it from several reader threads
 
     def __call__(self, example) -> bool:
@@ -123,7 +130,24 @@ class LengthFilter:
         with self._lock:
             self.seen += 1
             self.dropped += not keep
+            self.dropped_in_a_row = 0 if keep else self.dropped_in_a_row + 1
+            if self.give_up_after is not None and self.dropped_in_a_row > self.give_up_after:
+                raise DataError(
+                    f"no training pair fits data.max_length={self.max_length} tokens a side: the last "
+                    f"{self.dropped_in_a_row:,} drawn were all longer; raise data.max_length"
+                )
         return keep
+
+
+def check_some_fit(lengths: dict[str, np.ndarray], max_length: int, split: str) -> None:
+    """DataError unless at least one example's sides ({feature: token counts}) all fit `max_length`."""
+    longest_side = np.max(np.stack(list(lengths.values())), axis=0) if lengths else np.zeros(0, np.int64)
+    if not np.any(longest_side <= max_length):
+        shortest = f"; the shortest needs {int(longest_side.min())}" if len(longest_side) else ""
+        raise DataError(
+            f"{split}: none of the {len(longest_side):,} examples fits data.max_length={max_length} tokens a side"
+            f"{shortest}; raise data.max_length"
+        )
 
 
 def _pack(
@@ -169,15 +193,19 @@ def train_dataset(
     usable = len(source) // shard_count * shard_count
     records = grain.MapDataset.source(source)[:usable][shard_index::shard_count]
     encode_once = tokenize.sampling is None and len(records) <= data.encode_once_max_examples
+    length_filter = length_filter or LengthFilter(data.max_length)
+    length_filter.give_up_after = 3 * len(records)  # an epoch is a permutation: 2 epochs can run without a keep
     if encode_once:
         shard = range(shard_index, usable, shard_count)  # the records above, read in batches
-        records = grain.MapDataset.source(tokenize.encode_all(read_records(source, shard)))
+        encoded = tokenize.encode_all(read_records(source, shard))
+        check_some_fit(encoded.lengths(), data.max_length, "training")  # now, not as a stream that never yields
+        records = grain.MapDataset.source(encoded)
     dataset = records.shuffle(seed=data.shuffle_seed).repeat(None)  # shuffle before repeat: a new order per epoch
     if tokenize.sampling is not None:
         dataset = dataset.random_map(tokenize.sample, seed=data.shuffle_seed)
     elif not encode_once:
         dataset = dataset.map(tokenize)
-    dataset = dataset.filter(length_filter or LengthFilter(data.max_length))
+    dataset = dataset.filter(length_filter)
     read_options = grain.ReadOptions(num_threads=data.num_threads, prefetch_buffer_size=4 * batch_size)
     dataset = dataset.to_iter_dataset(read_options)
     packed = _pack(
@@ -198,6 +226,13 @@ def eval_batches(
     dataset = grain.MapDataset.source(list(read_records(source, range(count)))).map(tokenize)
     dataset = dataset.filter(length_filter).to_iter_dataset(grain.ReadOptions(num_threads=0, prefetch_buffer_size=0))
     rows = list(_pack(dataset, max_length, batch_size, shuffle_bins=False, features=tokenize.features))
+    if not rows:
+        raise DataError(
+            f"evaluation: none of the {count:,} examples fits data.max_length={max_length} tokens a side; "
+            "raise data.max_length"
+            if count
+            else "evaluation: the split has no examples"
+        )
     if length_filter.dropped:
         logging.warning(
             "evaluation: %d of %d examples longer than %d tokens left out", length_filter.dropped, count, max_length

@@ -2,6 +2,7 @@ import numpy as np
 import pytest
 
 from jaxformer.data import pipeline
+from jaxformer.data.parallel_text import DataError
 from jaxformer.data.pipeline import LengthFilter, TokenizePair, eval_batches, read_records, train_dataset
 from jaxformer.data.tokenizer import train_tokenizer
 from jaxformer.training.experiment import default_config
@@ -137,6 +138,35 @@ def test_length_filter_counts_drops(corpus):
     while length_filter.seen < len(records):  # one whole epoch read
         next(iterator)
     assert overlong >= 1 and length_filter.dropped >= overlong
+
+
+@pytest.mark.parametrize("encode_once", [True, False])
+def test_a_split_where_nothing_fits_is_an_error_not_an_endless_wait(corpus, encode_once):
+    records, tokenizer = corpus
+    shortest = min(max(map(len, pair)) for pair in kept_pairs(corpus))
+    overrides = dict(max_length=shortest - 1, encode_once_max_examples=1_000_000 if encode_once else 0)
+    if encode_once:  # found while the split is encoded, before anything else
+        with pytest.raises(DataError, match=f"training: none of the {len(records)} examples fits data.max_length="):
+            make(corpus, **overrides)
+    else:  # a stream: once a few epochs' worth of examples in a row were all too long
+        iterator = iter(make(corpus, **overrides))
+        with pytest.raises(DataError, match=f"no training pair fits data.max_length={shortest - 1} tokens a side"):
+            next(iterator)
+    with pytest.raises(DataError, match=f"evaluation: none of the {len(records)} examples fits data.max_length="):
+        eval_batches(records, TokenizePair.for_data(data_section(), tokenizer), data_section(max_length=shortest - 1))
+
+
+def test_one_example_that_fits_is_enough(corpus):
+    """The streaming filter's patience: a split where a single example fits still yields batches."""
+    records, tokenizer = corpus
+    lengths = [max(len(tokenizer.encode(r["en"].decode())), len(tokenizer.encode(r["de"].decode()))) for r in records]
+    shortest = min(lengths)
+    only_one = [r for r, n in zip(records, lengths) if n > shortest] + [records[lengths.index(shortest)]]
+    data = data_section(max_length=shortest, encode_once_max_examples=0)
+    iterator = iter(train_dataset(only_one, TokenizePair.for_data(data, tokenizer), data))
+    for _ in range(3):
+        batch = next(iterator)
+        assert (batch["inputs_segment_ids"].max(axis=1) == 1).all()  # one copy of that example a row
 
 
 def test_process_shards_are_disjoint(corpus):
