@@ -199,8 +199,9 @@ class ParallelFiles(FingerprintedBuilder):
         )
 
     def _split_generators(self, dl_manager: tfds.download.DownloadManager):
-        skipped = SkipCounter()
-        pairs = {split: read_pairs(files, *self._languages, skipped) for split, files in self._files.items()}
+        pairs = {  # each split counts (and reports) its own skipped pairs
+            split: read_pairs(files, *self._languages, SkipCounter()) for split, files in self._files.items()
+        }
         if self._holdout is not None:
             pairs["train"], pairs["validation"] = self._hold_out(pairs["train"])
         return {split: self._generate_examples(split_pairs) for split, split_pairs in pairs.items()}

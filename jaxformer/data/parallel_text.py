@@ -7,6 +7,7 @@ import dataclasses
 import gzip
 import logging
 import pathlib
+import zlib
 from collections.abc import Callable, Iterable, Iterator
 
 from jaxformer.errors import UserError
@@ -25,15 +26,17 @@ class SkipCounter:
 
 
 def _open_text(path: pathlib.Path):
-    return gzip.open(path, "rb") if path.suffix == ".gz" else open(path, "rb")
+    return gzip.open(path, "rb") if path.suffix.lower() == ".gz" else open(path, "rb")
 
 
 def decode_lines(raw_lines: Iterable[bytes], name: str | pathlib.Path) -> list[str]:
-    """UTF-8 lines without their line breaks; a bad byte raises DataError naming `name` and the line."""
+    """UTF-8 lines without their line breaks, and without the byte-order mark that some editors
+    write at the start of a file (it is not text: a reference that kept it would lose BLEU); a
+    bad byte raises DataError naming `name` and the line."""
     lines = []
     for number, raw in enumerate(raw_lines, start=1):
         try:
-            lines.append(raw.decode("utf-8").rstrip("\r\n"))
+            lines.append(raw.decode("utf-8-sig" if number == 1 else "utf-8").rstrip("\r\n"))
         except UnicodeDecodeError as error:
             raise DataError(
                 f"{name}: line {number} is not valid UTF-8 ({error.reason} at byte {error.start})"
@@ -44,8 +47,11 @@ def decode_lines(raw_lines: Iterable[bytes], name: str | pathlib.Path) -> list[s
 def read_lines(path: str | pathlib.Path) -> list[str]:
     """The lines of a text file, gzip or plain."""
     path = pathlib.Path(path)
-    with _open_text(path) as handle:
-        return decode_lines(handle, path)
+    try:
+        with _open_text(path) as handle:
+            return decode_lines(handle, path)
+    except (EOFError, gzip.BadGzipFile, zlib.error) as error:  # a truncated download, or plain text named .gz
+        raise DataError(f"{path}: not a complete gzip file ({error})") from None
 
 
 def read_parallel_lines(

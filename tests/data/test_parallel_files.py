@@ -317,6 +317,40 @@ def test_content_errors_name_the_file_and_line(tmp_path, caplog):
     warnings = [r.getMessage() for r in caplog.records if "empty side" in r.getMessage()]
     assert len(warnings) == 1 and "skipped 2 pairs" in warnings[0] and "holes/train.fr:6" in warnings[0]
 
+    # ... per split: clean validation and test files are not blamed for the training file's holes.
+    clean = write_text_files(tmp_path / "clean" / "valid.{lang}", good[:6])
+    caplog.clear()
+    with caplog.at_level(logging.WARNING):
+        get_builder(section(tmp_path, train=train, validation=clean, test=clean)).download_and_prepare()
+    warnings = [r.getMessage() for r in caplog.records if "empty side" in r.getMessage()]
+    assert len(warnings) == 1 and "holes/train.fr" in warnings[0], warnings
+
+    # A truncated download, plain text named .gz, upper-case suffixes.
+    whole = gzip.compress("".join(f"{s}\t{t}\n" for s, t in good).encode(), mtime=0)
+    cut = write_bytes(tmp_path / "cut.tsv", whole[: len(whole) // 2])  # not .gz: written as given
+    cut = cut.rename(tmp_path / "cut.tsv.gz")
+    assert error_for(train=str(cut)).startswith(f"{cut}: not a complete gzip file (")
+    plain = tmp_path / "plain.tsv.gz"
+    plain.write_bytes(b"un\tdeux\n")
+    assert error_for(train=str(plain)).startswith(f"{plain}: not a complete gzip file (")
+    upper = tmp_path / "upper" / "TRAIN.TSV.GZ"
+    upper.parent.mkdir()
+    upper.write_bytes(whole)
+    assert read(get_builder(section(tmp_path, train=str(upper), validation_holdout=2)), "train")[0] in good
+
+
+def test_a_byte_order_mark_is_not_text(tmp_path):
+    good = pairs(0, 20)
+    bom = b"\xef\xbb\xbf"
+    tsv = write_bytes(tmp_path / "bom.tsv", bom + "".join(f"{s}\t{t}\n" for s, t in good).encode())
+    files = write_text_files(tmp_path / "bom" / "train.{lang}", good)
+    for language in ("fr", "ja"):
+        path = tmp_path / "bom" / f"train.{language}"
+        path.write_bytes(bom + path.read_bytes())
+    for train in (str(tsv), files):
+        builder = get_builder(section(tmp_path, train=train, validation_holdout=2))
+        assert sorted(read(builder, "train") + read(builder, "validation")) == sorted(good)
+
 
 # -- a tiny run trained on such files, as the README's command says --------------------------------
 
