@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import dataclasses
 import difflib
+import math
 from collections.abc import Mapping
 from typing import Any, Literal
 
@@ -224,8 +225,8 @@ def _validate(config: TransformerConfig) -> None:
         fail("remat_policy", 'must be "none", "full", "dots" or "dots_no_batch"')
     if config.attention_implementation not in ("jaxformer", "xla", "cudnn"):
         fail("attention_implementation", 'must be "jaxformer", "xla" or "cudnn"')
-    if not config.layer_norm_epsilon > 0:
-        fail("layer_norm_epsilon", "must be positive")
+    if not 0 < config.layer_norm_epsilon < math.inf:
+        fail("layer_norm_epsilon", "must be a finite number > 0")
     if not config.position_base > 1:
         fail("position_base", "must be greater than 1")
     for field in ("dtype", "param_dtype"):

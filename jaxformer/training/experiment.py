@@ -255,6 +255,8 @@ def validate(config: ml_collections.ConfigDict) -> None:
 # Paths a run stores in its checkpoints' config: made absolute, so that resuming, evaluating or
 # fine-tuning from another directory finds the same files.
 PATH_KEYS = (
+    "data.data_dir",
+    "data.raw_dir",
     "data.files.train",
     "data.files.validation",
     "data.files.test",
@@ -274,7 +276,7 @@ def with_absolute_paths(config: ml_collections.ConfigDict) -> ml_collections.Con
         section = config
         for name in sections:
             section = section[name]
-        if section[leaf] is not None:
+        if section[leaf] is not None and "://" not in section[leaf]:  # gs://... and other remote paths stay
             section[leaf] = str(pathlib.Path(section[leaf]).expanduser().absolute())
     return config
 
@@ -373,15 +375,15 @@ def describe(config: ml_collections.ConfigDict) -> str:
     return f"config: model preset {preset_name!r}; changed from the defaults: " + (", ".join(changed) or "nothing")
 
 
-def resume_differences(saved: dict[str, Any], current: ml_collections.ConfigDict) -> list[str]:
-    """'key: saved -> current' for every resume-sensitive value that changed. A key the saved
-    config lacks (the run was made before the key existed) counts as its default, the behaviour
-    that run had."""
+def resume_differences(saved: dict[str, Any], current: ml_collections.ConfigDict, free: bool = False) -> list[str]:
+    """'key: saved -> current' for every resume-sensitive value that changed (with `free`: every
+    RESUME_FREE value, which a resumed run may change and reports). A key the saved config lacks
+    (the run was made before the key existed) counts as its default, the behaviour that run had."""
     saved_flat, current_flat = _flatten(saved), _flatten(current.to_dict())
     defaults = _flatten(default_config())
     differences = []
     for key in sorted(set(saved_flat) | set(current_flat)):
-        if key.split(".")[0] not in RESUME_SENSITIVE or key in RESUME_FREE:
+        if free != (key in RESUME_FREE) or (not free and key.split(".")[0] not in RESUME_SENSITIVE):
             continue
         was = saved_flat.get(key, defaults.get(key, "<unset>"))
         if was != current_flat.get(key, "<unset>"):

@@ -114,6 +114,9 @@ def _check_same_run(workdir: pathlib.Path, saved: CheckpointMetadata | None, con
             f"{workdir} holds a run with another configuration; use a new workdir or restore these values: "
             + "; ".join(differences)
         )
+    changed = experiment.resume_differences(saved.config, config, free=True)
+    if changed:
+        logging.warning("resuming with values that a resumed run may change: %s", "; ".join(changed))
 
 
 def _prepare_data(data: ml_collections.ConfigDict) -> tuple[Any, Any, Any]:

@@ -149,7 +149,15 @@ def test_missing_inputs_and_workdirs_are_named(tmp_path, capsys, no_decoding):
         (["--config.data.batch_size=0"], "config data.batch_size=0: must be an integer >= 1"),
         (
             ["--config.optimizer.weight_decay=-0.1"],
-            "config optimizer.weight_decay=-0.1: must be a number >= 0 (0: plain Adam)",
+            "config optimizer.weight_decay=-0.1: must be a finite number >= 0 (0: plain Adam)",
+        ),
+        (["--config.optimizer.weight_decay=1e999"], "config optimizer.weight_decay=inf: must be a finite number >= 0"),
+        (["--config.optimizer.eps=1e999"], "config optimizer.eps=inf: must be a finite number >= 0"),
+        (["--config.optimizer.clip_norm=1e999"], "config optimizer.clip_norm=inf: must be a finite number >= 0"),
+        (["--config.decoding.alpha=1e999"], "config decoding.alpha=inf: must be a finite number >= 0"),
+        (
+            ["--config.model.layer_norm_epsilon=1e999"],
+            "TransformerConfig.layer_norm_epsilon=inf: must be a finite number > 0",
         ),
         (["--config.decoding.method=beem"], "config decoding.method='beem': must be one of 'beam', 'greedy', 'sample'"),
         (

@@ -63,6 +63,10 @@ def test_resume_differences_name_changed_keys():
     current.optimizer.learning_rate_scale = 0.5  # allowed
     current.data.data_dir = "/elsewhere"  # allowed
     assert experiment.resume_differences(saved, current) == []
+    assert experiment.resume_differences(saved, current, free=True) == [  # what the resumed run logs
+        "data.data_dir: None -> '/elsewhere'",
+        "optimizer.learning_rate_scale: 2.0 -> 0.5",
+    ]
     current.model.num_heads = 2
     current.tokenizer.vocab_size = 500
     assert experiment.resume_differences(saved, current) == [
@@ -116,7 +120,10 @@ def test_paths_a_run_stores_are_made_absolute(tmp_path, monkeypatch):
     config.data.name = "parallel_files"
     config.data.files.train = "corpus/train.{lang}.gz"
     config.training.init_from = "runs/base"
+    config.data.data_dir = "tfds"  # a later command run from elsewhere reads the same prepared data
+    config.data.raw_dir = "gs://bucket/multi30k"  # not a local path: kept
     absolute = experiment.with_absolute_paths(config)
+    assert absolute.data.data_dir == str(tmp_path / "tfds") and absolute.data.raw_dir == "gs://bucket/multi30k"
     assert absolute.data.files.train == str(tmp_path / "corpus" / "train.{lang}.gz")
     assert absolute.training.init_from == str(tmp_path / "runs" / "base")
     assert absolute.data.files.validation is None and absolute.tokenizer.model_path is None
