@@ -44,10 +44,25 @@ def split_pairs(workdir: str, split: str, max_examples: int | None) -> tuple[lis
     data = metadata.config["data"]
     languages = (data["source_language"], data["target_language"])
     builder = get_builder(ml_collections.ConfigDict(data))
+    _check_same_data(workdir, metadata.data_fingerprint, builder)  # files known up front: before preparing
     records = load_split(builder, split, languages)
+    _check_same_data(workdir, metadata.data_fingerprint, builder)  # fingerprinted once fetched
     count = len(records) if max_examples is None else min(max_examples, len(records))
     rows = list(read_records(records, range(count)))
     return [record_text(r, languages[0]) for r in rows], [record_text(r, languages[1]) for r in rows]
+
+
+def _check_same_data(workdir: str, trained_on: str | None, builder) -> None:
+    """The run's split only comes from the data it was trained on: with other or edited files a
+    held-out validation split could hold training pairs, and a test file would not be the run's."""
+    from jaxformer.data.sources import data_fingerprint
+
+    now = data_fingerprint(builder)
+    if trained_on is not None and now is not None and now != trained_on:
+        raise DataError(
+            f"{workdir} was trained on other data files (fingerprint {trained_on}) than {builder.name} has now "
+            f"({now}); restore the files, or score files of your own with --source and --reference"
+        )
 
 
 def build_parser() -> argparse.ArgumentParser:

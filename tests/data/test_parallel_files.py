@@ -407,6 +407,10 @@ def test_the_readme_command_trains_on_own_files_and_the_run_translates(tmp_path,
     # What evaluate.py --split test scores: the test file, read through the checkpoint's data section.
     sources, references = evaluate.split_pairs(str(workdir), "test", None)
     assert list(zip(sources, references)) == pairs(1300, 10)
+    # ... and only while the files are the ones the run was trained on: edited, its holdout would move.
+    write_text_files(tmp_path / "corpus" / "train.{lang}.gz", pairs(0, 1301))
+    with pytest.raises(DataError, match=r"runs/fr-ja was trained on other data files \(fingerprint sha256:"):
+        evaluate.split_pairs(str(workdir), "validation", None)
     translator = Translator.from_workdir(workdir, settings=DecodeSettings(method="greedy", max_extra_length=8))
     outputs = translator.translate(sources[:4])
     assert translator.step == 4 and len(outputs) == 4 and all(isinstance(output, str) for output in outputs)
