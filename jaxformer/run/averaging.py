@@ -54,9 +54,10 @@ def averaged_last(workdir: str | os.PathLike, last: int) -> tuple[CheckpointMeta
 
 def average_last(workdir: str | os.PathLike, last: int) -> tuple[int, list[int]]:
     """Writes the mean of the last `last` checkpoints as `workdir/averaged/<newest step>`;
-    returns (that step, the steps averaged)."""
+    returns (that step, the steps averaged). Averages of earlier steps stay beside it (`averaged`
+    reads the newest); one of the same step is set aside as `<step>.replaced-<time>`."""
     metadata, params = averaged_last(workdir, last)
-    writer = Checkpointer(RunDirectory(workdir).averaged, keep=1)
+    writer = Checkpointer(RunDirectory(workdir).averaged, keep=None)
     writer.save_params(metadata.step, params, metadata)
     writer.close()
     return metadata.step, list(metadata.averaged_steps)

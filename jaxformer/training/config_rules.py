@@ -175,6 +175,12 @@ def check_combinations(config, architecture: str) -> None:
             f"which a unigram model has and tokenizer.model_type={config.tokenizer.model_type!r} has not"
         )
     training = config.training
+    if training.final_choice and training.average_last > training.keep_checkpoints:
+        raise ConfigError(
+            f"config training.average_last={training.average_last} with training.keep_checkpoints="
+            f"{training.keep_checkpoints}: the final choice averages kept checkpoints only; keep at least "
+            f"{training.average_last}, or lower average_last"
+        )
     if training.rdrop_alpha > 0 and architecture == "encoder_only":
         raise ConfigError(
             f"config training.rdrop_alpha={training.rdrop_alpha!r}: R-Drop compares two predictions of the "

@@ -51,6 +51,13 @@ def _candidates(
     reader = Checkpointer(run.checkpoints, keep=None, read_only=True)
     kept = len(reader.steps())
     reader.close()
+    if 0 < kept < average_last:  # a run that ended before it had written average_last checkpoints
+        logging.warning(
+            "final choice: the run has %d checkpoint(s), fewer than training.average_last=%d; %s",
+            kept,
+            average_last,
+            f"the average is of those {kept}" if kept >= 2 else "no average is a candidate",
+        )
     if min(average_last, kept) >= 2:
         candidates["averaged"] = averaged_last(run, min(average_last, kept))
     if ema_params is not None:

@@ -3,6 +3,7 @@
 import json
 import os
 import pathlib
+import shutil
 import subprocess
 import sys
 
@@ -170,3 +171,11 @@ def test_average_of_the_last_checkpoints(tmp_path):
     Translator.from_workdir(workdir, "averaged", settings=translate_settings()).translate(["A cat."])
     with pytest.raises(CheckpointError, match="cannot average the last 5"):
         average_checkpoints.average_last(workdir, 5)
+    # An average of earlier checkpoints, then one of later ones: both stay, "averaged" is the newest.
+    earlier = make_workdir(tmp_path / "earlier", steps=(10, 20, 30), scale=lambda step: step / 10)[0]
+    assert average_checkpoints.average_last(earlier, 2) == (30, [20, 30])
+    more = make_workdir(tmp_path / "more", steps=(40,), scale=lambda step: step / 10)[0]
+    shutil.copytree(more / "checkpoints" / "40", earlier / "checkpoints" / "40")
+    assert average_checkpoints.average_last(earlier, 2) == (40, [30, 40])
+    assert sorted(p.name for p in (earlier / "averaged").iterdir()) == ["30", "40"]
+    assert load_checkpoint(earlier, "averaged")[1].averaged_steps == (30, 40)

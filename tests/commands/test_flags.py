@@ -148,6 +148,11 @@ def test_missing_inputs_and_workdirs_are_named(tmp_path, capsys, no_decoding):
         ),
         (["--config.data.batch_size=0"], "config data.batch_size=0: must be an integer >= 1"),
         (
+            ["--config.training.final_choice=True", "--config.training.average_last=5"],
+            "config training.average_last=5 with training.keep_checkpoints=3: the final choice averages kept "
+            "checkpoints only",
+        ),
+        (
             ["--config.optimizer.weight_decay=-0.1"],
             "config optimizer.weight_decay=-0.1: must be a finite number >= 0 (0: plain Adam)",
         ),
