@@ -122,8 +122,12 @@ def _one_tokenizer(
                 f"{path} has {tokenizer.vocab_size} pieces but tokenizer.vocab_size={section.vocab_size}; "
                 "use a new workdir to train a new tokenizer"
             )
-        return tokenizer
-    tokenizer = train_tokenizer(
+        if saved is not None:
+            return tokenizer
+    # Training is deterministic: a file that no checkpoint vouches for (left by an earlier start in
+    # this workdir that wrote no checkpoint, or by a failed fine-tuning) is used only if it is the
+    # one this config trains on this data.
+    trained = train_tokenizer(
         _sentences(train_source, languages, section.max_sentences),
         section.vocab_size,
         section.model_type,
@@ -131,6 +135,16 @@ def _one_tokenizer(
         section.max_sentences,
         control_symbols=control,
     )
+    if tokenizer is not None:
+        if trained.model_proto != tokenizer.model_proto:
+            raise CheckpointError(
+                f"{path} is not the tokenizer this config trains on the {'+'.join(languages)} text of this data, and "
+                "no checkpoint of the workdir was made with it (an earlier start left it?); delete it to train "
+                "a new one, or use a new workdir"
+            )
+        logging.info("%s is the tokenizer this config trains on this data: reused", path)
+        return tokenizer
+    tokenizer = trained
     if jax.process_index() == 0:  # training is deterministic: every process holds the same model
         tokenizer.save(path)
         logging.info(

@@ -82,3 +82,34 @@ def test_beyond_max_sentences_only_a_seeded_sample_of_records_is_read():
     assert sentences == [f"{side}{i}" for i in large.read for side in "ed"]
     again = CountingSource(10_000)
     assert list(_sentences(again, ["en", "de"], max_sentences=1001)) == sentences  # seeded: the same sample
+
+
+def test_a_tokenizer_no_checkpoint_vouches_for_is_used_only_if_the_config_trains_it(tokenizer_run, tmp_path, caplog):
+    """Left by an earlier start of the workdir that wrote no checkpoint: the same config on the same
+    data trains the same model, so it is reused; another one (other data, a failed fine-tuning's)
+    is refused, not used unannounced."""
+    import logging
+
+    from jaxformer.training.run_tokenizer import tokenizer_for_run
+
+    _, config, _, other = tokenizer_run
+    records = [
+        {"en": en.encode(), "de": de.encode()}
+        for en, de in zip(read_raw("train.en.gz", 1500), read_raw("train.de.gz", 1500))
+    ]
+    config.tokenizer.vocab_size = other.vocab_size
+    first = tokenizer_for_run(config, RunDirectory(tmp_path), records, None).source
+    path = RunDirectory(tmp_path).tokenizer_file
+    assert path.read_bytes() == first.model_proto
+    with caplog.at_level(logging.INFO):
+        again = tokenizer_for_run(config, RunDirectory(tmp_path), records, None).source
+    assert again.model_proto == first.model_proto and f"{path} is the tokenizer this config trains" in caplog.text
+
+    other.save(path)
+    with pytest.raises(CheckpointError) as raised:
+        tokenizer_for_run(config, RunDirectory(tmp_path), records, None)
+    message = str(raised.value)
+    assert (
+        message.startswith(f"{path} is not the tokenizer this config trains on the en+de text") and "\n" not in message
+    )
+    assert path.read_bytes() == other.model_proto  # left as it was
