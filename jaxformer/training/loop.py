@@ -47,7 +47,7 @@ from jaxformer.training.optimizer import make_optimizer
 from jaxformer.training.parameter_ema import parameter_ema, restart_parameter_ema
 from jaxformer.training.periodic import Periodic, run_due
 from jaxformer.training.rdrop_start import RDropPhase
-from jaxformer.training.run_tokenizer import RunTokenizers, tokenizer_for_run
+from jaxformer.training.run_tokenizer import RunTokenizers, log_unknown_rate, tokenizer_for_run
 from jaxformer.training.signals import StopRequest
 from jaxformer.training.state import count_parameters, make_init_fn
 from jaxformer.training.step import make_eval_step, make_train_step
@@ -208,6 +208,7 @@ def _locked_train_and_evaluate(config: ml_collections.ConfigDict, workdir: pathl
     else:
         saved_tokenizers = None
     tokenizers = tokenizer_for_run(config, run, train_source, saved_tokenizers, side_tokenizers(starting_points))
+    log_unknown_rate(config, tokenizers, train_source)
 
     model_config = experiment.model_config(
         config, tokenizers.target.vocab_size, None if tokenizers.shared else tokenizers.source.vocab_size

@@ -20,6 +20,7 @@ from jaxformer.data.tokenizer import Tokenizer, TokenizerError, train_tokenizer
 from jaxformer.errors import CheckpointError
 from jaxformer.run.directory import RunDirectory
 from jaxformer.run.metadata import CheckpointMetadata
+from jaxformer.tokens import UNK_ID
 from jaxformer.training import experiment
 
 SavedTokenizer = tuple[bytes, str]  # a sentencepiece model, and where it comes from (for messages)
@@ -197,3 +198,37 @@ def tokenizer_for_run(
         config, run.target_tokenizer_file, (data.target_language,), "target_model_path", train_source, target_saved
     )
     return RunTokenizers(source, target)
+
+
+UNKNOWN_WARNING = 0.005  # a share of <unk> pieces above this on the training text is warned about
+UNKNOWN_SAMPLE = 2000  # training pairs encoded to measure it
+
+
+def log_unknown_rate(config: ml_collections.ConfigDict, tokenizers: RunTokenizers, train_source: Sequence) -> None:
+    """Logs the share of <unk> pieces each side's tokenizer gives on a seeded sample of the
+    training split, with a warning above UNKNOWN_WARNING: a given model for another language or
+    script spells part of the text as <unk>, which the model can then never write."""
+    data = config.data
+    by_language = {data.source_language: tokenizers.source, data.target_language: tokenizers.target}
+    languages = experiment.text_languages(config)
+    count = min(len(train_source), UNKNOWN_SAMPLE)
+    indices = np.sort(np.random.default_rng(0).choice(len(train_source), count, replace=False))
+    texts = {language: [] for language in languages}
+    for record in read_records(train_source, indices):
+        for language in languages:
+            texts[language].append(record_text(record, language))
+    shares = {}
+    for language in languages:
+        ids = np.concatenate(by_language[language].encode(texts[language], add_eos=False) or [np.zeros(0, np.int32)])
+        shares[language] = float(np.mean(ids == UNK_ID)) if ids.size else 0.0
+    summary = ", ".join(f"{language} {100 * share:.2f}%" for language, share in shares.items())
+    logging.info("<unk> pieces on %d training pairs: %s", count, summary)
+    for language, share in shares.items():
+        if share > UNKNOWN_WARNING:
+            logging.warning(
+                "%.1f%% of the %s side's pieces are <unk> on %d training pairs: its tokenizer cannot spell part "
+                "of this text (a model for another language or script?), and the model can never write it",
+                100 * share,
+                language,
+                count,
+            )

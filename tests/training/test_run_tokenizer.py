@@ -113,3 +113,28 @@ def test_a_tokenizer_no_checkpoint_vouches_for_is_used_only_if_the_config_trains
         message.startswith(f"{path} is not the tokenizer this config trains on the en+de text") and "\n" not in message
     )
     assert path.read_bytes() == other.model_proto  # left as it was
+
+
+def test_a_tokenizer_that_cannot_spell_a_side_is_warned_about(caplog):
+    import logging
+
+    from jaxformer.data.tokenizer import train_tokenizer
+    from jaxformer.training import experiment
+    from jaxformer.training.run_tokenizer import RunTokenizers, log_unknown_rate
+
+    english, german = read_raw("train.en.gz", 1500), read_raw("train.de.gz", 1500)
+    records = [{"en": en.encode(), "de": de.encode()} for en, de in zip(english, german)]
+    config = experiment.default_config()
+    for text, warned in ((english + german, False), (english, True)):  # an English-only model has no umlauts
+        tokenizer = train_tokenizer(text, vocab_size=500)
+        caplog.clear()
+        with caplog.at_level(logging.INFO):
+            log_unknown_rate(config, RunTokenizers(tokenizer, tokenizer), records)
+        (info,) = [r.getMessage() for r in caplog.records if r.getMessage().startswith("<unk> pieces on 1500")]
+        warnings = [r.getMessage() for r in caplog.records if r.levelno == logging.WARNING]
+        assert info.startswith("<unk> pieces on 1500 training pairs: en 0.00%, de ")
+        if warned:
+            (warning,) = warnings
+            assert "of the de side's pieces are <unk> on 1500 training pairs" in warning
+        else:
+            assert warnings == []
