@@ -52,6 +52,9 @@ class RunDirectory:
     averaged = _Entry("averaged", 'the parameters averaged over the last checkpoints ("averaged")')
     final = _Entry("final", 'the parameters the run chose at its end by validation BLEU ("final")')
     metrics_file = _Entry("metrics.jsonl", 'one JSON object per line: {"step", "time", "<prefix>/<metric>": value}')
+    rolled_back_metrics_file = _Entry(
+        "metrics.rolled_back.jsonl", "records of steps after the checkpoint a run resumed from, which it trained again"
+    )
     tensorboard_dir = _Entry("tensorboard", "TensorBoard event files of the same metrics")
     last_metrics_file = _Entry("last_metrics.json", "the metrics of the run's last step")
 

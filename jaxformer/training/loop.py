@@ -310,7 +310,7 @@ def _train(config, prepared: PreparedRun, model: nn.Module, mesh, rules) -> dict
         if training.bleu_every_steps
         else None
     )
-    writer = MetricWriter(run)
+    writer = MetricWriter(run, start_step=step)
     progress = tqdm.tqdm(
         total=training.num_train_steps,
         initial=step,

@@ -68,18 +68,59 @@ def cut_torn_last_line(path: str | pathlib.Path) -> int:
     return offset - last_start
 
 
+def move_records_after(path: str | pathlib.Path, step: int, destination: str | pathlib.Path) -> int:
+    """Moves the records of steps after `step` from the JSONL file `path` to the end of
+    `destination` (lines that are not records stay); returns how many moved. `path` is replaced
+    whole (written beside it, then renamed), so a crash leaves the old or the new file."""
+    path, destination = pathlib.Path(path), pathlib.Path(destination)
+    if not path.exists():
+        return 0
+    kept, moved = [], []
+    with open(path, "rb") as handle:
+        for line in handle:
+            record = json.loads(line) if _is_record(line) else None
+            later = isinstance(record, dict) and isinstance(record.get("step"), int) and record["step"] > step
+            (moved if later else kept).append(line)
+    if moved:
+        with open(destination, "ab") as handle:  # first, so that no record is ever in neither file
+            handle.writelines(moved)
+            handle.flush()
+            os.fsync(handle.fileno())
+        staging = path.with_name(f".{path.name}.moving")
+        with open(staging, "wb") as handle:
+            handle.writelines(kept)
+            handle.flush()
+            os.fsync(handle.fileno())
+        os.replace(staging, path)
+    return len(moved)
+
+
 class MetricWriter:
     """Writes scalars for a step to JSONL and TensorBoard; only process 0 writes.
 
-    Opening an existing `metrics.jsonl` first cuts off a torn last line (`cut_torn_last_line`)."""
+    Opening an existing `metrics.jsonl` first cuts off a torn last line (`cut_torn_last_line`),
+    then, for a run that starts at `start_step` (the checkpoint it resumed from, 0 for a new one),
+    moves the records of later steps, written by a segment that stopped before its next
+    checkpoint and trained again now, to `metrics.rolled_back.jsonl`: metrics.jsonl keeps one
+    record of each step's metrics, those of the parameters the run went on from."""
 
-    def __init__(self, workdir: str | pathlib.Path, enabled: bool | None = None):
+    def __init__(self, workdir: str | pathlib.Path, enabled: bool | None = None, start_step: int | None = None):
         self.enabled = jax.process_index() == 0 if enabled is None else enabled
         self._jsonl = None
         self._tensorboard = None
         if self.enabled:
             run = RunDirectory(workdir)
             cut_torn_last_line(run.metrics_file)
+            if start_step is not None:
+                moved = move_records_after(run.metrics_file, start_step, run.rolled_back_metrics_file)
+                if moved:
+                    logging.warning(
+                        "%s: moved %d record(s) of steps after %d, which this run trains again, to %s",
+                        run.metrics_file,
+                        moved,
+                        start_step,
+                        run.rolled_back_metrics_file,
+                    )
             self._jsonl = open(run.metrics_file, "a", encoding="utf-8")
             self._tensorboard = ScalarEventWriter(run.tensorboard_dir)
 

@@ -97,3 +97,23 @@ def test_a_non_finite_step_stops_training_naming_the_step_and_the_last_good_chec
     writer.close()
     logged = [json.loads(line)["step"] for line in (tmp_path / "metrics.jsonl").read_text().splitlines()]
     assert logged == [41]  # nothing of the interval with the NaN is written
+
+
+def test_a_resumed_run_moves_the_records_of_the_steps_it_trains_again(tmp_path, caplog):
+    path, moved_to = tmp_path / "metrics.jsonl", tmp_path / "metrics.rolled_back.jsonl"
+    first_segment = records(8)  # steps 0-7 logged; the newest checkpoint is step 4's
+    lines = first_segment.splitlines(keepends=True)
+    path.write_bytes(b"".join(lines[:3]) + b"not a record\n" + b"".join(lines[3:]))  # a bad line stays put
+    with caplog.at_level(logging.WARNING):
+        writer = MetricWriter(tmp_path, enabled=True, start_step=4)
+    writer.write(5, {"loss": 1.5})
+    writer.close()
+    steps = [json.loads(line)["step"] for line in path.read_bytes().splitlines() if line.startswith(b"{")]
+    assert steps == [0, 1, 2, 3, 4, 5] and b"not a record\n" in path.read_bytes()
+    assert moved_to.read_bytes() == b"".join(lines[5:])  # steps 5-7, as written
+    (warning,) = [r.getMessage() for r in caplog.records if "moved" in r.getMessage()]
+    assert warning == f"{path}: moved 3 record(s) of steps after 4, which this run trains again, to {moved_to}"
+    # A second resume from the same step moves the second segment's record after the first's.
+    MetricWriter(tmp_path, enabled=True, start_step=4).close()
+    assert [json.loads(line)["step"] for line in moved_to.read_bytes().splitlines()] == [5, 6, 7, 5]
+    assert not list(tmp_path.glob(".*moving"))
