@@ -11,6 +11,7 @@ import dataclasses
 import json
 import logging
 import pathlib
+import shutil
 from collections.abc import Sequence
 from typing import Any
 
@@ -145,6 +146,7 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str | pathlib
     config = experiment.with_absolute_paths(config)
     _input_shards(config.data)
     workdir = pathlib.Path(workdir).absolute()
+    existed = set(workdir.iterdir()) if workdir.is_dir() else None  # what a failed start must leave as it was
     try:
         workdir.mkdir(parents=True, exist_ok=True)
     except OSError as error:
@@ -152,8 +154,25 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str | pathlib
     lock = _hold_workdir(workdir)
     try:
         return _locked_train_and_evaluate(config, workdir)
+    except UserError:
+        lock.release()
+        if jax.process_index() == 0:
+            _remove_empty_folders(workdir, existed)
+        raise
     finally:
         lock.release()
+
+
+def _remove_empty_folders(workdir: pathlib.Path, existed: set[pathlib.Path] | None) -> None:
+    """Removes the folders a failed start made that hold no file (a run makes checkpoints/ before
+    its data and tokenizer are ready), and the workdir itself when the run made it and it is left
+    empty: bad input leaves nothing behind. `existed`: the workdir's entries before (None: no workdir)."""
+    for entry in workdir.iterdir():
+        if entry not in (existed or set()) and entry.is_dir() and not entry.is_symlink():
+            if not any(path.is_file() or path.is_symlink() for path in entry.rglob("*")):
+                shutil.rmtree(entry, ignore_errors=True)
+    if existed is None and not any(workdir.iterdir()):
+        workdir.rmdir()
 
 
 @dataclasses.dataclass

@@ -219,3 +219,23 @@ def test_train_names_a_missing_config_file_in_one_line(tmp_path):
     assert result.returncode == 2
     assert result.stderr == f"error: config file {tmp_path / 'nope.py'} does not exist\n"
     assert not (tmp_path / "w").exists()
+
+
+def test_bad_data_files_leave_no_workdir_behind(tmp_path, capsys):
+    (tmp_path / "short.en").write_text("One.\nTwo.\n")
+    (tmp_path / "short.de").write_text("Eins.\n")
+    existing = tmp_path / "existing"
+    existing.mkdir()
+    (existing / "notes.txt").write_text("mine")
+    for files, message in (
+        (str(tmp_path / "absent.{lang}"), "absent.en"),
+        (str(tmp_path / "short.{lang}"), "line counts differ"),
+    ):
+        for workdir in (tmp_path / "run", existing):
+            flags = ["--config", "tiny", "--workdir", str(workdir), "--config.data.name=parallel_files"]
+            flags += [f"--config.data.files.train={files}", f"--config.data.data_dir={tmp_path / 'tfds'}"]
+            assert train.main([*flags, "--config.data.batch_size=8"]) == 2  # a row per simulated device
+            error = capsys.readouterr().err.splitlines()[-1]  # after the config and devices lines
+            assert error.startswith("error: ") and message in error, error
+    assert not (tmp_path / "run").exists()  # made by the run, holding nothing: removed
+    assert sorted(p.name for p in existing.iterdir()) == ["notes.txt"]  # the user's: left as it was
