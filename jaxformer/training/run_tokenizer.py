@@ -110,14 +110,24 @@ def _one_tokenizer(
                 given.save(path)
                 logging.info("converted %s to jaxformer's special ids, saved to %s", model_path, path)
             return given
-        if given.model_proto != tokenizer.model_proto:
-            holder = f"{path}" if saved is None else f"{path} and {saved[1]}"
+        if given.model_proto != tokenizer.model_proto and saved is not None:
             raise CheckpointError(
-                f"tokenizer.{model_key} {model_path} has changed: it does not convert to the tokenizer in {holder}; "
+                f"tokenizer.{model_key} {model_path} does not convert to the tokenizer of {saved[1]}, which the "
+                f"model was trained with (the file changed since, or it is another model); restore that file, or "
+                f"leave tokenizer.{model_key} unset to use the model's"
+            )
+        if given.model_proto != tokenizer.model_proto:
+            raise CheckpointError(
+                f"tokenizer.{model_key} {model_path} has changed: it does not convert to the tokenizer in {path}; "
                 "restore that file, or use a new workdir"
             )
         return tokenizer
     if tokenizer is not None:
+        if tokenizer.vocab_size != section.vocab_size and saved is not None:
+            raise CheckpointError(
+                f"the tokenizer of {saved[1]} has {tokenizer.vocab_size} pieces, and the model was trained with it, "
+                f"but tokenizer.vocab_size={section.vocab_size}; leave tokenizer.vocab_size at {tokenizer.vocab_size}"
+            )
         if tokenizer.vocab_size != section.vocab_size:
             raise CheckpointError(
                 f"{path} has {tokenizer.vocab_size} pieces but tokenizer.vocab_size={section.vocab_size}; "

@@ -93,6 +93,7 @@ def test_a_tokenizer_no_checkpoint_vouches_for_is_used_only_if_the_config_trains
     from jaxformer.training.run_tokenizer import tokenizer_for_run
 
     _, config, _, other = tokenizer_run
+    config = config.copy_and_resolve_references()  # the module's config stays as it was
     records = [
         {"en": en.encode(), "de": de.encode()}
         for en, de in zip(read_raw("train.en.gz", 1500), read_raw("train.de.gz", 1500))
@@ -138,3 +139,36 @@ def test_a_tokenizer_that_cannot_spell_a_side_is_warned_about(caplog):
             assert "of the de side's pieces are <unk> on 1500 training pairs" in warning
         else:
             assert warnings == []
+
+
+def test_a_fine_tuning_start_names_its_tokenizer_when_the_config_disagrees(tokenizer_run, tmp_path):
+    import io
+
+    import sentencepiece as spm
+
+    from jaxformer.training.run_tokenizer import tokenizer_for_run
+
+    run, config, tokenizer, _ = tokenizer_run
+    config = config.copy_and_resolve_references()  # the module's config stays as it was
+    checkpointer = Checkpointer(RunDirectory(run).checkpoints, keep=None, read_only=True)
+    _, metadata = checkpointer.latest_step_metadata()
+    checkpointer.close()
+    where = f"the fine-tuning start, {run}"
+    (tmp_path / "a").mkdir()
+    (tmp_path / "b").mkdir()
+    config.tokenizer.vocab_size = 400
+    with pytest.raises(CheckpointError) as raised:
+        tokenizer_for_run(config, RunDirectory(tmp_path / "a"), None, (metadata, where))
+    assert str(raised.value) == (
+        f"the tokenizer of {where} has {tokenizer.vocab_size} pieces, and the model was trained with it, but "
+        f"tokenizer.vocab_size=400; leave tokenizer.vocab_size at {tokenizer.vocab_size}"
+    )
+    model = io.BytesIO()  # another sentencepiece model, given as tokenizer.model_path
+    spm.SentencePieceTrainer.train(
+        sentence_iterator=iter(read_raw("train.en.gz", 800)), model_writer=model, vocab_size=300, minloglevel=2
+    )
+    (tmp_path / "other.model").write_bytes(model.getvalue())
+    config.tokenizer.vocab_size = tokenizer.vocab_size
+    config.tokenizer.model_path = str(tmp_path / "other.model")
+    with pytest.raises(CheckpointError, match=rf"other.model does not convert to the tokenizer of {where}, which"):
+        tokenizer_for_run(config, RunDirectory(tmp_path / "b"), None, (metadata, where))
