@@ -198,7 +198,9 @@ def test_the_shipped_sweep_builds_every_variant():
 
 
 def test_seed_k_moves_both_seeds_by_k_and_the_variant_scores_its_seeds_mean():
-    (variant,) = make_variants(TINY, {"baseline": []}, [("training.final_choice", "True")])
+    (variant,) = make_variants(
+        TINY, {"baseline": []}, [("training.final_choice", "True"), ("training.average_last", "2")]
+    )
     assert with_seed_offset(variant.config, 0) is variant.config  # seed 0: the run of a one-seed sweep
     moved = with_seed_offset(variant.config, 2)
     assert moved.training.seed == variant.config.training.seed + 2
