@@ -221,6 +221,15 @@ def _flatten(config, prefix: str = "") -> dict[str, Any]:
     return flat
 
 
+def _as_tuples(flat: dict[str, Any]) -> dict[str, Any]:
+    """Lists (as a checkpoint's JSON holds a config's tuples) as tuples, nested ones too."""
+
+    def convert(value):
+        return tuple(convert(item) for item in value) if isinstance(value, (list, tuple)) else value
+
+    return {key: convert(value) for key, value in flat.items()}
+
+
 @functools.cache
 def nullable_keys() -> frozenset[str]:
     """The dotted keys whose default_config() value is None: None is one of their values."""
@@ -379,8 +388,8 @@ def resume_differences(saved: dict[str, Any], current: ml_collections.ConfigDict
     """'key: saved -> current' for every resume-sensitive value that changed (with `free`: every
     RESUME_FREE value, which a resumed run may change and reports). A key the saved config lacks
     (the run was made before the key existed) counts as its default, the behaviour that run had."""
-    saved_flat, current_flat = _flatten(saved), _flatten(current.to_dict())
-    defaults = _flatten(default_config())
+    saved_flat, current_flat = _as_tuples(_flatten(saved)), _as_tuples(_flatten(current.to_dict()))
+    defaults = _as_tuples(_flatten(default_config()))
     differences = []
     for key in sorted(set(saved_flat) | set(current_flat)):
         if free != (key in RESUME_FREE) or (not free and key.split(".")[0] not in RESUME_SENSITIVE):
