@@ -15,6 +15,7 @@ import ml_collections
 import numpy as np
 from flax import traverse_util
 
+from jaxformer.errors import CheckpointError
 from jaxformer.model.config import ConfigError, TransformerConfig
 from jaxformer.model.transformer import stack_layers, unstack_layers
 from jaxformer.run.loading import load_from_directory, locate_checkpoint
@@ -48,8 +49,16 @@ def load_starting_points(training: ml_collections.ConfigDict) -> tuple[StartingP
         path = training.get(key)
         if path is None:
             continue
-        directory, step = locate_checkpoint(path, training.init_checkpoint)
-        step, metadata, params = load_from_directory(directory, step)
+        try:
+            directory, step = locate_checkpoint(path, training.init_checkpoint)
+            step, metadata, params = load_from_directory(directory, step)
+        except CheckpointError as error:  # named by the key that led there
+            chosen = (
+                ""
+                if training.init_checkpoint == "latest"
+                else f" (training.init_checkpoint={training.init_checkpoint!r})"
+            )
+            raise CheckpointError(f"training.{key}{chosen}: {error}") from None
         where = f"step {step} of {directory}"
         found = metadata.model.get("architecture", "encoder_decoder")
         if part in _PART_ARCHITECTURE and found != _PART_ARCHITECTURE[part]:
@@ -60,6 +69,82 @@ def load_starting_points(training: ml_collections.ConfigDict) -> tuple[StartingP
         logging.info("starting the %s from the parameters of %s", "model" if part == "model" else part, where)
         points.append(StartingPoint(where=where, step=step, metadata=metadata, params=params, part=part))
     return tuple(points)
+
+
+# The model fields a part's parameters were trained for: each must be the new model's, or the
+# parameters would compute another function (dropout, dtypes, remat and scan may change).
+_SHAPES = ("d_model", "num_heads", "d_ff")
+_FUNCTION = ("activation", "normalization", "layer_norm_epsilon", "position_base", "position_layout")
+_PART_FIELDS = {
+    "model": (*_SHAPES, "num_encoder_layers", "num_decoder_layers", *_FUNCTION, "tie_output_embedding", "logits_bias"),
+    "encoder": (*_SHAPES, "num_encoder_layers", *_FUNCTION),
+    "decoder": (*_SHAPES, "num_decoder_layers", *_FUNCTION, "tie_output_embedding"),
+}
+# The side of the data whose language a part's run read (encoder_only: the source side, decoder_only: the target).
+_PART_SIDES = {
+    "model": ("source_language", "target_language"),
+    "encoder": ("source_language",),
+    "decoder": ("target_language",),
+}
+
+
+def check_starting_points(points: Sequence[StartingPoint], config: ml_collections.ConfigDict) -> None:
+    """Before any data is read: each starting point fits the experiment `config` (its model
+    section and languages). `ConfigError` for another architecture (init_from), any model field
+    its parameters were trained for that differs (one error listing them all), or a part alone
+    under one shared vocabulary; a warning when its run read other languages."""
+    from jaxformer.training import experiment
+
+    architecture = experiment.architecture(config)
+    parts = {point.part for point in points}
+    if len(parts & {"encoder", "decoder"}) == 1 and not config.tokenizer.separate_vocabularies:
+        (part,) = parts & {"encoder", "decoder"}
+        raise ConfigError(
+            f"training.{PARTS[part]} alone with one shared vocabulary: the shared tokenizer would be the {part} "
+            f"start's, made for its side's text only; set tokenizer.separate_vocabularies=True and "
+            "model.share_embeddings=False (the other side's tokenizer is then trained here)"
+        )
+    defaults = TransformerConfig()
+    for point in points:
+        key, saved = PARTS[point.part], point.metadata.model
+        found = saved.get("architecture", "encoder_decoder")
+        if point.part == "model" and found != architecture:
+            part = {"encoder_only": "encoder", "decoder_only": "decoder"}.get(found)
+            hint = (
+                f"; to start a translator's {part} from it, use training.{PARTS[part]}"
+                if part and architecture == "encoder_decoder"
+                else ""
+            )
+            raise ConfigError(
+                f"training.{key}: {point.where} holds {_a(found)} model and this run trains "
+                f"{_a(architecture)} one{hint}"
+            )
+        differences = [
+            f"model.{field}={saved.get(field, getattr(defaults, field))!r} there, {config.model[field]!r} here"
+            for field in _PART_FIELDS[point.part]
+            if saved.get(field, getattr(defaults, field)) != config.model[field]
+        ]
+        if differences:
+            raise ConfigError(
+                f"training.{key}: {point.where} was trained with another model section; set it as in that run: "
+                + "; ".join(differences)
+            )
+        trained_on = point.metadata.config.get("data", {})
+        for side in _PART_SIDES[point.part]:
+            if trained_on.get(side) is not None and trained_on[side] != config.data[side]:
+                logging.warning(
+                    "training.%s: %s read %s=%r, and this run reads %r: its %s starts from another language",
+                    key,
+                    point.where,
+                    side if point.part == "model" else "its text in " + side,
+                    trained_on[side],
+                    config.data[side],
+                    "model" if point.part == "model" else point.part,
+                )
+
+
+def _a(word: str) -> str:
+    return f"{'an' if word[0] in 'aeiou' else 'a'} {word}"
 
 
 def _shape(leaf: Any) -> tuple[int, ...]:

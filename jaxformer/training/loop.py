@@ -37,6 +37,7 @@ from jaxformer.training.final_choice import choose_final
 from jaxformer.training.init_from import (
     PARTS,
     StartingPoint,
+    check_starting_points,
     load_starting_points,
     side_tokenizers,
     starting_overrides,
@@ -157,20 +158,29 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str | pathlib
     except UserError:
         lock.release()
         if jax.process_index() == 0:
-            _remove_empty_folders(workdir, existed)
+            _undo_failed_start(workdir, existed)
         raise
     finally:
         lock.release()
 
 
-def _remove_empty_folders(workdir: pathlib.Path, existed: set[pathlib.Path] | None) -> None:
-    """Removes the folders a failed start made that hold no file (a run makes checkpoints/ before
-    its data and tokenizer are ready), and the workdir itself when the run made it and it is left
-    empty: bad input leaves nothing behind. `existed`: the workdir's entries before (None: no workdir)."""
-    for entry in workdir.iterdir():
-        if entry not in (existed or set()) and entry.is_dir() and not entry.is_symlink():
-            if not any(path.is_file() or path.is_symlink() for path in entry.rglob("*")):
-                shutil.rmtree(entry, ignore_errors=True)
+def _undo_failed_start(workdir: pathlib.Path, existed: set[pathlib.Path] | None) -> None:
+    """After a start that failed on bad input before its first checkpoint, removes what it added
+    to the workdir (empty folders, tokenizers trained or restored from a start: nothing a rerun
+    needs, and what would refuse a corrected config), and the workdir itself when the run made it:
+    bad input leaves nothing behind. `existed`: the workdir's entries before (None: no workdir). A
+    run that started training (its metrics tell how it failed) or saved a checkpoint keeps everything."""
+    run = RunDirectory(workdir)
+    if run.metrics_file.exists() or any(path.is_file() for path in run.checkpoints.rglob("*")):
+        return
+    added = [entry for entry in workdir.iterdir() if entry not in (existed or set())]
+    for entry in added:
+        if entry.is_dir() and not entry.is_symlink():
+            shutil.rmtree(entry, ignore_errors=True)
+        else:
+            entry.unlink(missing_ok=True)
+    if added:
+        logging.info("removed what this start added to %s: %s", workdir, ", ".join(sorted(e.name for e in added)))
     if existed is None and not any(workdir.iterdir()):
         workdir.rmdir()
 
@@ -206,6 +216,7 @@ def _locked_train_and_evaluate(config: ml_collections.ConfigDict, workdir: pathl
     if latest is not None and any(training.get(key) is not None for key in PARTS.values()):
         logging.info("resuming this workdir's run; training.init_*from only set where a new run starts")
     starting_points = load_starting_points(training) if latest is None else ()
+    check_starting_points(starting_points, config)
 
     mesh = sharding.make_mesh(config.mesh.shape)
     rules = sharding.rules_from_config(config.mesh.logical_axis_rules)

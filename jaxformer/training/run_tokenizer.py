@@ -124,11 +124,15 @@ def _one_tokenizer(
         return tokenizer
     if tokenizer is not None:
         if tokenizer.vocab_size != section.vocab_size and saved is not None:
-            raise CheckpointError(
-                f"the tokenizer of {saved[1]} has {tokenizer.vocab_size} pieces, and the model was trained with it, "
-                f"but tokenizer.vocab_size={section.vocab_size}; leave tokenizer.vocab_size at {tokenizer.vocab_size}"
+            # A start's tokenizer comes with its embeddings; nothing is trained here. (A resumed run
+            # whose tokenizer.vocab_size changed was refused before: loop._check_same_run.)
+            logging.info(
+                "the tokenizer of %s has %d pieces: it replaces tokenizer.vocab_size=%d for this vocabulary",
+                saved[1],
+                tokenizer.vocab_size,
+                section.vocab_size,
             )
-        if tokenizer.vocab_size != section.vocab_size:
+        elif tokenizer.vocab_size != section.vocab_size:
             raise CheckpointError(
                 f"{path} has {tokenizer.vocab_size} pieces but tokenizer.vocab_size={section.vocab_size}; "
                 "use a new workdir to train a new tokenizer"

@@ -223,6 +223,30 @@ def test_a_translator_starts_from_both(runs):
         load_starting_points(swapped)
 
 
+def test_a_translators_start_from_a_language_model_is_checked_against_its_config(runs):
+    from jaxformer.training.config_file import apply_overrides
+    from jaxformer.training.init_from import check_starting_points
+
+    config = load_config("multi30k")
+    apply_overrides(config, [flag[len("--config.") :].split("=", 1) for flag in TINY])
+    config.training.init_encoder_from = str(runs["multi30k_mlm"])
+    config.training.init_decoder_from = str(runs["multi30k_lm"])
+    check_starting_points(load_starting_points(config.training), config)  # the README's composition fits
+
+    config.training.init_encoder_from = None  # one part under one shared vocabulary
+    config.tokenizer.separate_vocabularies, config.model.share_embeddings = False, True
+    with pytest.raises(ConfigError, match="training.init_decoder_from alone with one shared vocabulary"):
+        check_starting_points(load_starting_points(config.training), config)
+
+    config.training.init_decoder_from, config.training.init_from = None, str(runs["multi30k_lm"])
+    with pytest.raises(
+        ConfigError,
+        match=r"holds a decoder_only model and this run trains an encoder_decoder one; to start a translator's "
+        r"decoder from it, use training.init_decoder_from$",
+    ):
+        check_starting_points(load_starting_points(config.training), config)
+
+
 @pytest.mark.slow  # a third run; the composed starting point is checked in test_a_translator_starts_from_both
 def test_composed_translator_trains_end_to_end(runs, data_dir, tmp_path):
     pretrained = runs
