@@ -239,6 +239,7 @@ def decode_settings_from_flags(args: argparse.Namespace, max_extra_length: int):
     --top_k name."""
     from jaxformer.decoding.generate import DecodeSettings
 
+    check_sampling_flags(args)
     return DecodeSettings(
         method=args.method,
         beam_size=args.beam_size,
@@ -249,6 +250,15 @@ def decode_settings_from_flags(args: argparse.Namespace, max_extra_length: int):
         temperature=args.temperature,
         top_k=args.top_k,
     )
+
+
+def check_sampling_flags(args: argparse.Namespace) -> None:
+    """--temperature and --top_k only with --method sample: under another search they would be ignored."""
+    if getattr(args, "method", "sample") == "sample":
+        return
+    for flag, value, default in (("--temperature", args.temperature, 1.0), ("--top_k", args.top_k, 0)):
+        if value != default:
+            raise FlagError(f"{flag} {value:g} applies to --method sample, not {args.method}")
 
 
 def resolved_alpha(args: argparse.Namespace) -> float:
@@ -292,6 +302,7 @@ def add_overwrite_flag(parser: argparse.ArgumentParser, what: str) -> None:
 def checked_input_lines(args: argparse.Namespace) -> list[str]:
     """The lines of --input, once --workdir, --input and --output are known to be usable."""
     check_workdir(args.workdir)
+    check_sampling_flags(args)
     check_readable_file(args.input, "--input")
     check_writable_file(args.output, "--output", args.overwrite, {"--input": args.input})
     return read_lines(args.input)

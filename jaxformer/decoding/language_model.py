@@ -104,9 +104,14 @@ class LanguageModel:
         _, metadata, _ = load_checkpoint(workdir, checkpoint, params=False)
         architecture = metadata.model_config().architecture
         if architecture != "decoder_only":
+            use = {
+                "encoder_decoder": "translate with jaxformer-translate",
+                "encoder_only": "a masked LM continues no text: start a translator's encoder from it "
+                "(training.init_encoder_from)",
+            }.get(architecture, "")
             raise ConfigError(
-                f"{workdir} holds an {architecture} model; a LanguageModel (jaxformer-generate) continues text "
-                "with a decoder_only one (translate with jaxformer-translate)"
+                f"{workdir} holds {'an' if architecture[0] in 'aeiou' else 'a'} {architecture} model; a LanguageModel "
+                f"(jaxformer-generate) continues text with a decoder_only one ({use})"
             )
         step, metadata, params = load_checkpoint(workdir, checkpoint)
         logging.info("loaded step %d of %s (%s checkpoint)", step, workdir, checkpoint)

@@ -68,10 +68,12 @@ class Translator:
         parallel_batches: int = 2,
     ):
         if config.architecture != "encoder_decoder":
-            raise ConfigError(
-                f"a Translator needs an encoder_decoder model, not {config.architecture!r} "
-                "(continue text with a decoder_only one through jaxformer-generate / LanguageModel)"
-            )
+            use = {
+                "decoder_only": "continue text with it through jaxformer-generate / LanguageModel",
+                "encoder_only": "a masked LM translates nothing: start a translator's encoder from it with "
+                "training.init_encoder_from",
+            }.get(config.architecture, "")
+            raise ConfigError(f"a Translator needs an encoder_decoder model, not {config.architecture!r} ({use})")
         # `tokenizer` encodes the input; `target_tokenizer` (separate vocabularies) decodes the output.
         target_tokenizer = tokenizer if target_tokenizer is None else target_tokenizer
         for side, model_size, side_tokenizer in (

@@ -316,6 +316,11 @@ def vocabulary_sizes(config: ml_collections.ConfigDict) -> tuple[int, int]:
     missing or unusable file, or a contradicting tokenizer.vocab_size, is an error before any
     data is prepared."""
     section = config.tokenizer
+    if section.target_model_path is not None and architecture(config) != "encoder_decoder":
+        raise ConfigError(
+            f"config tokenizer.target_model_path={section.target_model_path!r}: a language model "
+            f"({architecture(config)}) has one vocabulary; give it as tokenizer.model_path"
+        )
     if section.target_model_path is not None and not section.separate_vocabularies:
         raise ConfigError(
             f"config tokenizer.target_model_path={section.target_model_path!r} needs "

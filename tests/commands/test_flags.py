@@ -50,6 +50,17 @@ def test_bad_decoding_flags_are_one_line(command, flags, message, tmp_path, caps
     assert error.startswith(f"error: {message}") and error.count("\n") == 1, error
 
 
+@pytest.mark.parametrize("command", [translate, evaluate])
+def test_sampling_flags_under_another_search_are_refused(command, tmp_path, capsys, no_decoding):
+    extra = ["--split", "validation"] if command is evaluate else []
+    for flags, message in (
+        (["--top_k", "5"], "--top_k 5 applies to --method sample, not beam"),
+        (["--method", "greedy", "--temperature", "0.5"], "--temperature 0.5 applies to --method sample, not greedy"),
+    ):
+        assert command.main(["--workdir", str(tmp_path), *extra, *flags]) == 2
+        assert capsys.readouterr().err == f"error: {message}\n"
+
+
 @pytest.mark.parametrize("kind", ["missing folder", "a directory", "under a file", "unwritable place"])
 def test_unwritable_outputs_fail_before_decoding(kind, decoding_workdir, tmp_path, capsys, no_decoding):
     (tmp_path / "a file").write_text("x")

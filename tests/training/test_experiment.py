@@ -179,3 +179,15 @@ def test_language_models_read_one_side_and_translators_both():
     assert experiment.text_languages(load("multi30k")) == ("en", "de")
     assert experiment.control_symbols(load("multi30k_mlm")) == ("<mask>",)
     assert experiment.control_symbols(load("multi30k_lm")) == ()
+
+
+@pytest.mark.parametrize("name", ["multi30k_lm", "multi30k_mlm"])
+def test_a_language_models_one_vocabulary_is_tokenizer_model_path(name):
+    config = load(name)
+    config.tokenizer.target_model_path = "/models/de.model"
+    with pytest.raises(
+        ConfigError,
+        match=r"target_model_path='/models/de.model': a language model \((de|en)coder_only\) "
+        r"has one vocabulary; give it as tokenizer.model_path$",
+    ):
+        experiment.validate(config)

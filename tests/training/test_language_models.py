@@ -179,12 +179,19 @@ def test_generate_command(runs, tmp_path):
         text=True,
         timeout=300,
     )
-    assert refused.returncode == 2 and "holds an encoder_only model" in refused.stderr.strip().splitlines()[-1]
+    last_line = refused.stderr.strip().splitlines()[-1]
+    assert refused.returncode == 2 and "holds an encoder_only model" in last_line
+    assert (
+        "a masked LM continues no text: start a translator's encoder from it (training.init_encoder_from)" in last_line
+    )
 
 
 def test_a_translator_refuses_a_language_model(runs):
     _, metadata, params = load_checkpoint(runs["multi30k_lm"])
     with pytest.raises(ConfigError, match="a Translator needs an encoder_decoder model, not 'decoder_only'"):
+        Translator(metadata.model_config(), params, metadata.load_tokenizer())
+    _, metadata, params = load_checkpoint(runs["multi30k_mlm"])
+    with pytest.raises(ConfigError, match="not 'encoder_only' \\(a masked LM translates nothing: start a translator's"):
         Translator(metadata.model_config(), params, metadata.load_tokenizer())
 
 
