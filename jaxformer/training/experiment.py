@@ -389,15 +389,18 @@ def describe(config: ml_collections.ConfigDict) -> str:
     return f"config: model preset {preset_name!r}; changed from the defaults: " + (", ".join(changed) or "nothing")
 
 
-def resume_differences(saved: dict[str, Any], current: ml_collections.ConfigDict, free: bool = False) -> list[str]:
+def resume_differences(
+    saved: dict[str, Any], current: ml_collections.ConfigDict, free: bool = False, sections=RESUME_SENSITIVE
+) -> list[str]:
     """'key: saved -> current' for every resume-sensitive value that changed (with `free`: every
-    RESUME_FREE value, which a resumed run may change and reports). A key the saved config lacks
-    (the run was made before the key existed) counts as its default, the behaviour that run had."""
+    RESUME_FREE value, which a resumed run may change and reports; `sections`: the sections
+    compared, None for all). A key the saved config lacks (the run was made before the key
+    existed) counts as its default, the behaviour that run had."""
     saved_flat, current_flat = _as_tuples(_flatten(saved)), _as_tuples(_flatten(current.to_dict()))
     defaults = _as_tuples(_flatten(default_config()))
     differences = []
     for key in sorted(set(saved_flat) | set(current_flat)):
-        if free != (key in RESUME_FREE) or (not free and key.split(".")[0] not in RESUME_SENSITIVE):
+        if free != (key in RESUME_FREE) or (not free and sections is not None and key.split(".")[0] not in sections):
             continue
         was = saved_flat.get(key, defaults.get(key, "<unset>"))
         if was != current_flat.get(key, "<unset>"):

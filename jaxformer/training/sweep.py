@@ -159,6 +159,28 @@ def finished_result(workdir: pathlib.Path) -> dict[str, Any] | None:
     return last if "bleu" in last.get("final", {}) else None
 
 
+def _check_finished_as_configured(
+    run_dir: pathlib.Path, variant: Variant, seed_offset: int, pace: dict[str, Any] | None
+) -> None:
+    """A finished run counts for its variant only if it was trained with the variant's config as
+    the sweep would train it now (every key, the data's place and the loader's threads aside):
+    an edited sweep file or other command-line values would otherwise be reported with an
+    earlier config's results."""
+    from jaxformer.run.loading import load_checkpoint
+
+    config = with_seed_offset(variant.config, seed_offset)
+    if pace is not None:
+        config = with_steps(config, pace["steps"])
+    saved = load_checkpoint(run_dir, "latest", params=False)[1].config
+    differences = experiment.resume_differences(saved, experiment.with_absolute_paths(config), sections=None)
+    if differences:
+        raise ConfigError(
+            f"variant {variant.name!r} finished in {run_dir} with another configuration than the sweep gives it now: "
+            + "; ".join(differences)
+            + f"; sweep in a new --workdir, or remove {run_dir} to train it again"
+        )
+
+
 def result_row(variant: Variant, last: dict[str, Any], pace: dict[str, Any] | None = None) -> dict[str, Any]:
     final = last["final"]
     row = {
@@ -308,6 +330,7 @@ def run_sweep(
                     return rows, last["stopped_by_signal"]
                 last = finished_result(run_dir)
             else:
+                _check_finished_as_configured(run_dir, variant, seed_offset, pace)
                 logging.info("sweep: variant %s already finished in %s", variant.name, run_dir)
             seed_rows.append(result_row(variant, last, pace))
         rows.append(seeds_row(seed_rows))

@@ -91,6 +91,16 @@ def test_a_sweep_trains_each_variant_and_ranks_them_by_validation_bleu(tmp_path,
     # Variants trained on the config's own budget are not mixed with step-budget ones.
     paced = sweep(workdir, sweep_file, data_dir, "--baseline_steps", "10")
     assert paced.returncode == 2 and "not a --baseline_steps one" in paced.stderr, paced.stderr[-2000:]
+    # An edited sweep file: the finished run is not reported as the edited variant's.
+    edited = write_sweep(tmp_path / "edited.py", {"baseline": [], "shuffle1": ["data.shuffle_seed=2"]})
+    stale = sweep(workdir, edited, data_dir)
+    assert stale.returncode == 2, stale.stderr[-2000:]
+    assert stale.stderr.strip().splitlines()[-1] == (
+        f"error: variant 'shuffle1' finished in {workdir / 'shuffle1'} with another configuration than the sweep "
+        f"gives it now: data.shuffle_seed: 1 -> 2; sweep in a new --workdir, or remove {workdir / 'shuffle1'} to "
+        "train it again"
+    )
+    assert {name: (workdir / name / "metrics.jsonl").read_bytes() for name in metrics} == metrics
 
 
 @pytest.mark.slow  # a pace and two runs; the pace is unit-tested in test_pace.py
