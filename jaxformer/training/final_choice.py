@@ -94,12 +94,19 @@ def choose_final(
     of the parameters, a candidate when given); returns {"chosen": name, "alpha": ...,
     "bleu": ..., "<name>/bleu": ..., "<name>/chrf": ..., "alpha_<alpha>/bleu": ..., ...}. A run that already
     chose at this step (a finished run started again) keeps its choice."""
-    writer = Checkpointer(run.final, keep=1)
+    writer = Checkpointer(run.final, keep=None)  # an earlier choice (a run continued past its end) stays
     try:
         if step in writer.steps():
             chosen = writer.read_metadata(step)
             logging.info("final choice: already made at step %d (%s)", step, chosen.chosen_from)
             return {"chosen": chosen.chosen_from, "alpha": chosen.alpha, "bleu": chosen.bleu}
+        earlier = writer.steps()
+        if earlier:
+            logging.info(
+                "final choice: the choices made at step(s) %s stay in %s; --checkpoint final reads the newest",
+                ", ".join(map(str, earlier)),
+                run.final,
+            )
         started = time.monotonic()
         examples = config.data.max_eval_examples or 0  # the pairs the run validates on (0: all)
         validation = ValidationSet(config, model_config, tokenizers.source, eval_source, examples, tokenizers.target)
