@@ -1,7 +1,8 @@
 """One training run per workdir: a lock file taken before anything is written.
 
 `<workdir>/lock` holds the holder's host, pid, process start time and command line. It is
-created with O_CREAT | O_EXCL, so of two runs started together exactly one gets it. A lock
+created whole by a hard link (which, like O_CREAT | O_EXCL, fails when the name exists; O_EXCL
+where the filesystem has no hard links), so of two runs started together exactly one gets it. A lock
 left by a dead process on this host (kill -9, power loss) is taken over with a warning; a live
 holder, or one on another host (which cannot be checked from here), is an error naming it.
 """
@@ -74,6 +75,26 @@ class WorkdirLock:
             return {}  # torn or garbled: its writer died while writing it
 
     def _try_create(self) -> bool:
+        """The lock file appears whole or not at all: the record is written to a file of this
+        process's own, then hard-linked to the lock's name (which fails when the name exists,
+        as O_EXCL does), so no other run can read a lock file still being written and take it
+        for a dead one's."""
+        draft = self.path.with_name(f"{self.path.name}.draft-{socket.gethostname()}-{os.getpid()}")
+        with open(draft, "w", encoding="utf-8") as handle:
+            json.dump(self._record(), handle)
+            handle.flush()
+            os.fsync(handle.fileno())
+        try:
+            os.link(draft, self.path)
+        except FileExistsError:
+            return False
+        except OSError:  # a filesystem without hard links: exclusive creation, then the record
+            return self._try_create_exclusive()
+        finally:
+            draft.unlink(missing_ok=True)
+        return True
+
+    def _try_create_exclusive(self) -> bool:
         try:
             descriptor = os.open(self.path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644)
         except FileExistsError:

@@ -91,3 +91,28 @@ def test_two_train_runs_on_one_workdir(data_dir, tmp_path):
     assert sorted(path.name for path in (workdir / "checkpoints").iterdir() if path.name.isdigit()) == ["3", "6"]
     assert not (workdir / "lock").exists()
     assert set(losses(workdir)) == set(range(1, 7))
+
+
+def test_a_lock_being_written_is_never_seen_half_written(tmp_path, monkeypatch):
+    """The record is complete before the lock's name exists: a second run that comes while the
+    first is still writing it finds the name free (and takes it) or the whole record (and is
+    refused), never an empty file it would take for a dead run's."""
+    import jaxformer.run.lock as lock_module
+
+    first, second = WorkdirLock(tmp_path), WorkdirLock(tmp_path)
+    real_dump, seen = json.dump, []
+
+    def slow_dump(record, handle):  # the second run tries while the first writes its record
+        seen.append((tmp_path / "lock").exists())
+        if len(seen) == 1:
+            monkeypatch.setattr(lock_module.json, "dump", real_dump)
+            second.acquire()
+        real_dump(record, handle)
+
+    monkeypatch.setattr(lock_module.json, "dump", slow_dump)
+    with pytest.raises(WorkdirLockedError):
+        first.acquire()  # the second took the name while the first was writing: the first is refused
+    assert seen == [False] and second.held and not first.held
+    assert json.loads((tmp_path / "lock").read_text())["pid"] == os.getpid()
+    assert sorted(path.name for path in tmp_path.iterdir()) == ["lock"]  # no draft left behind
+    second.release()
