@@ -396,7 +396,8 @@ def _train(config, prepared: PreparedRun, model: nn.Module, mesh, rules) -> dict
     clock.start()
     with StopRequest() as stop:
         try:
-            while step < training.num_train_steps and not stop.requested and not budget_spent:
+            stopping = stop.agreed(step)  # a signal during the compilation: no step
+            while step < training.num_train_steps and not stopping and not budget_spent:
                 batch = sharding.global_batch(next(train_iterator), batch_sharding)
                 state, metrics = train_fns[rdrop.started](state, batch)
                 step += 1
@@ -422,7 +423,8 @@ def _train(config, prepared: PreparedRun, model: nn.Module, mesh, rules) -> dict
                 run_due(periodic, step, step if budget_spent else training.num_train_steps)
                 if budget_spent:
                     logging.info("time budget of %g minutes spent at step %d", training.time_budget_minutes, step)
-            stopped_early = stop.requested and step < training.num_train_steps
+                stopping = stop.agreed(step, every=BUDGET_CHECK_STEPS)
+            stopped_early = stop.agreed(step) and step < training.num_train_steps  # all processes, or none
             if stopped_early:
                 if step not in checkpointer.steps():
                     save(step)

@@ -5,6 +5,10 @@ from __future__ import annotations
 import logging
 import signal
 
+import jax
+import numpy as np
+from jax.experimental import multihost_utils
+
 
 class StopRequest:
     """`with StopRequest() as stop:` records the first SIGTERM / SIGINT (`stop.signum`) instead
@@ -30,11 +34,27 @@ class StopRequest:
                 pass
         return self
 
+    def agreed(self, step: int, every: int = 1) -> bool:
+        """Whether the run stops after `step`. One process: when it received a signal. Several:
+        when any of them did, as exchanged every `every` steps (the same steps in each, so all
+        leave the loop together and save together; a process that stopped alone would wait in
+        the checkpoint's collectives for ever); the others then take its signal as their own."""
+        if jax.process_count() == 1:
+            return self.requested
+        if step % every:
+            return False
+        signums = np.asarray(multihost_utils.process_allgather(np.int32(self.signum or 0)))
+        if signums.max() and self.signum is None:
+            self.signum = int(signums.max())
+            logging.warning("%s received by another process: saving a checkpoint and stopping", self.signal_name)
+        return bool(signums.max())
+
     def _handle(self, signum, frame) -> None:
         if self.signum is not None and signum == signal.SIGINT:
             raise KeyboardInterrupt
         self.signum = int(signum)
-        logging.warning("%s received: saving a checkpoint and stopping after this step", self.signal_name)
+        when = "after this step" if jax.process_count() == 1 else "at the next step all processes agree on"
+        logging.warning("%s received: saving a checkpoint and stopping %s", self.signal_name, when)
 
     def __exit__(self, *exc) -> None:
         for signum, handler in self._previous.items():

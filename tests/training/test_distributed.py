@@ -50,8 +50,10 @@ def test_checkpoint_restores_under_another_mesh_and_device_count(data_dir, tmp_p
     result = run(second, data_dir, 4, "--config.mesh.shape=(1,2,2)", *steps)  # 4 devices, fsdp x tensor
     assert "resumed from step 10" in result.stderr and "'fsdp': 2, 'tensor': 2" in result.stderr
     logged = [json.loads(line) for line in (second / "metrics.jsonl").read_text().splitlines()]
-    assert sum("train/loss" in record and record["step"] > 10 for record in logged) == 20  # copied + resumed
-    straight, moved = losses(first), losses(second)  # steps 11-20 of `second`: the resumed run's (logged last)
+    assert sum("train/loss" in record and record["step"] > 10 for record in logged) == 10  # the resumed run's
+    copied = [json.loads(line) for line in (second / "metrics.rolled_back.jsonl").read_text().splitlines()]
+    assert sum("train/loss" in record for record in copied) == 10  # the copied run's steps 11-20, moved aside
+    straight, moved = losses(first), losses(second)
     assert_close({s: moved[s] for s in range(11, 21)}, {s: straight[s] for s in range(11, 21)})
 
 
@@ -112,3 +114,36 @@ def test_bfloat16_converges_like_float32(data_dir, tmp_path, steps):
         final[dtype] = np.mean([values[s] for s in range(steps - 9, steps + 1)])  # the last 10 steps
         assert final[dtype] < values[1] - 1.0  # it learns
     assert abs(final["bfloat16"] - final["float32"]) / final["float32"] < 0.05, final
+
+
+@pytest.mark.slow  # two processes trained until one is stopped; the agreement itself: test_signals.py
+@pytest.mark.xdist_group("distributed-processes")
+def test_sigterm_to_one_process_stops_both_with_one_checkpoint(data_dir, tmp_path):
+    import signal
+    import time
+
+    workdir, port = tmp_path / "double", free_port()
+    flags = ("--config.training.num_train_steps=100000", "--config.data.input_shards=2", *ONE_LAYER)
+    processes = [
+        run(
+            workdir,
+            data_dir,
+            1,
+            *flags,
+            f"--coordinator_address=127.0.0.1:{port}",
+            "--num_processes=2",
+            f"--process_id={index}",
+            background=True,
+        )
+        for index in range(2)
+    ]
+    deadline = time.monotonic() + 300
+    while not (workdir / "metrics.jsonl").exists() or max(losses(workdir), default=0) < 3:
+        assert time.monotonic() < deadline and all(p.poll() is None for p in processes)
+        time.sleep(0.5)
+    processes[1].send_signal(signal.SIGTERM)  # one process only: as a preempted host's
+    results = [process.communicate(timeout=300) for process in processes]
+    assert [process.returncode for process in processes] == [143, 143], [stderr[-2000:] for _, stderr in results]
+    steps = sorted(int(path.name) for path in (workdir / "checkpoints").iterdir() if path.name.isdigit())
+    assert len(steps) == 1 and steps[0] >= 3 and steps[0] % 10 == 0  # where both agreed to stop
+    assert "SIGTERM received by another process" in results[0][1]

@@ -105,7 +105,7 @@ def test_resume_is_exact(runs, name, data_dir, tmp_path):
     shutil.rmtree(resumed / "checkpoints" / "40")  # as if the run had stopped after step 20's checkpoint
     result = train(resumed, data_dir, config_flag(name), *TINY)
     assert "resumed from step 20" in result.stderr
-    assert losses(resumed) == losses(workdir)  # bitwise: steps 21 to 40 logged again by the resumed run
+    assert losses(resumed) == losses(workdir)  # bitwise: steps 21 to 40 as the resumed run logged them
     assert losses(resumed, "eval/loss") == losses(workdir, "eval/loss")
     _, _, straight_params = load_checkpoint(workdir)
     _, _, resumed_params = load_checkpoint(resumed)
