@@ -269,6 +269,7 @@ def _train(config, prepared: PreparedRun, model: nn.Module, mesh, rules) -> dict
         make_init_fn(model, optimizer, data.max_length, data.max_length, boxed=True), training.seed
     )
     state_shardings = sharding.logical_shardings(boxed_state, mesh, rules)
+    sharding.check_divisible(sharding.strip_boxes(boxed_state), state_shardings, mesh)
     abstract_state = sharding.abstract_with_shardings(sharding.strip_boxes(boxed_state), state_shardings)
     init_fn = make_init_fn(model, optimizer, data.max_length, data.max_length)
     logging.info("model: %s parameters", f"{count_parameters(abstract_state.params):,}")

@@ -100,6 +100,24 @@ def check_batch_size(batch_size: int, mesh: Mesh, rules) -> None:
         )
 
 
+def check_divisible(abstract_tree: Any, shardings: Any, mesh: Mesh) -> None:
+    """MeshError naming the first array (a parameter or optimizer state: its path) with a
+    dimension that its mesh axes do not divide (4 heads over tensor=8), before anything is
+    compiled; jax would fail inside the compilation with IndivisibleError."""
+    leaves = jax.tree_util.tree_flatten_with_path(abstract_tree)[0]
+    for (path, leaf), sharding in zip(leaves, jax.tree.leaves(shardings), strict=True):
+        for dim, (size, axes) in enumerate(zip(leaf.shape, sharding.spec)):
+            axes = axes if isinstance(axes, tuple) else (axes,) if axes else ()
+            ways = math.prod(mesh.shape[axis] for axis in axes)
+            if size % ways:
+                name = jax.tree_util.keystr(path, simple=True, separator="/")
+                raise MeshError(
+                    f"mesh.shape={tuple(mesh.devices.shape)}: {name} {tuple(leaf.shape)} has {size} along dimension "
+                    f"{dim}, which its mesh axes {', '.join(axes)} ({ways} ways) do not divide; use a mesh whose "
+                    "axes divide the model's sizes (heads, d_ff, d_model, vocabulary)"
+                )
+
+
 def global_batch(local_batch: dict[str, np.ndarray], sharding: NamedSharding) -> dict[str, jax.Array]:
     """One global array per feature from this process's rows (all rows on a single process)."""
     return {key: jax.make_array_from_process_local_data(sharding, value) for key, value in local_batch.items()}

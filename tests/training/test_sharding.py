@@ -190,3 +190,21 @@ def test_mesh_shape_errors():
     mesh = sharding.make_mesh((4, 2, 1))
     with pytest.raises(sharding.MeshError, match="batch_size=6 must be divisible by the 8 data-parallel shards"):
         sharding.check_batch_size(6, mesh, sharding.DEFAULT_RULES)
+
+
+@pytest.mark.parametrize(("num_heads", "divides"), [(8, True), (4, False)])
+def test_a_mesh_that_does_not_divide_the_model_is_named_before_compiling(num_heads, divides):
+    config = CONFIG.replace(num_heads=num_heads)
+    mesh, rules = sharding.make_mesh((1, 1, 8)), sharding.DEFAULT_RULES  # tensor parallel over 8
+    with jax.set_mesh(mesh), nn.logical_axis_rules(rules):
+        boxed = jax.eval_shape(make_init_fn(Transformer(config), optax.sgd(1.0), LENGTH, LENGTH, boxed=True), 0)
+        shardings = sharding.logical_shardings(boxed, mesh, rules)
+    if divides:
+        sharding.check_divisible(sharding.strip_boxes(boxed), shardings, mesh)
+    else:
+        with pytest.raises(
+            sharding.MeshError,
+            match=r"mesh.shape=\(1, 1, 8\): params/.*has 4 along dimension \d+, "
+            r"which its mesh axes tensor \(8 ways\) do not divide",
+        ):
+            sharding.check_divisible(sharding.strip_boxes(boxed), shardings, mesh)
