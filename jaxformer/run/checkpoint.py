@@ -146,16 +146,22 @@ class Checkpointer:
                 f"saving step {step} with the metadata of step {metadata.step}: use metadata.replace(step={step})"
             )
 
-    def save(self, step: int, state: Any, data_iterator, metadata: CheckpointMetadata) -> None:
+    def save(self, step: int, state: Any, data_iterator, metadata: CheckpointMetadata, evict: bool = True) -> None:
         """Saves asynchronously (`wait` or the next save waits for it), with checksums of
-        `state`'s arrays, of the iterator's position and of `metadata` (whose step must be `step`)."""
+        `state`'s arrays, of the iterator's position and of `metadata` (whose step must be `step`).
+        `evict=False`: the newest `keep` are kept all the same (an interim checkpoint that a run
+        stopped by a signal saves to resume from, which must not push an older one out)."""
         self._writable()
         self._check_step(step, metadata)
         if step in self.manager.all_steps():  # left by a run that could not restore it
             self.set_aside(step)
         import grain  # here, not at the top: translating reads parameters only, and grain takes a second to import
 
-        self.manager.save(
+        manager = self.manager
+        if not evict:
+            self.manager.wait_until_finished()
+            manager = ocp.CheckpointManager(self.directory, options=ocp.CheckpointManagerOptions(max_to_keep=None))
+        manager.save(
             step,
             args=ocp.args.Composite(
                 state=ocp.args.StandardSave(state),
@@ -164,6 +170,16 @@ class Checkpointer:
             ),
             force=True,
         )
+        if not evict:
+            manager.wait_until_finished()
+            manager.close()
+            self.manager.reload()
+
+    def delete(self, step: int) -> None:
+        """Deletes checkpoint `step` (an interim one a later checkpoint supersedes)."""
+        self._writable()
+        self.manager.wait_until_finished()
+        self.manager.delete(step)
 
     def save_params(self, step: int, params: Any, metadata: CheckpointMetadata) -> None:
         """A parameters-only checkpoint (best or averaged weights): enough to translate, not to resume."""

@@ -12,6 +12,8 @@ In the checkpoint it is a JSON object (the `metadata` item of each step director
      "train_seconds": 1834.2,      seconds the training loop had spent at this step, across resumes
      "rdrop_by_pace": true,        runs whose R-Drop is decided by their pace, once decided: whether
                                    the steps after the decision use it (training/rdrop_start.py)
+     "interim": true,              a checkpoint saved between scheduled ones to stop on a signal:
+                                   the next checkpoint of the resumed run deletes it
      "bleu": 27.3,                 best/ checkpoints only: the validation BLEU that made them best
      "averaged_steps": [800, 900, 1000],  averaged/ checkpoints only
      "chosen_from": "averaged",    final/ checkpoints only: which candidate the run chose
@@ -53,6 +55,7 @@ class CheckpointMetadata:
     train_seconds: float | None = None  # the training loop's seconds at this step (None: from before it was kept)
     alpha: float | None = None  # final/ checkpoints only: the length penalty chosen on validation (None: not chosen)
     rdrop_by_pace: bool | None = None  # the run's pace decided R-Drop on or off (None: undecided, or no such rule)
+    interim: bool = False  # saved between scheduled checkpoints to stop on a signal; the next one deletes it
 
     def replace(self, **changes: Any) -> CheckpointMetadata:
         return dataclasses.replace(self, **changes)
@@ -92,6 +95,8 @@ class CheckpointMetadata:
             values["alpha"] = float(self.alpha)
         if self.rdrop_by_pace is not None:
             values["rdrop_by_pace"] = bool(self.rdrop_by_pace)
+        if self.interim:
+            values["interim"] = True
         return values
 
     @classmethod
@@ -137,6 +142,9 @@ class CheckpointMetadata:
         rdrop_by_pace = values.get("rdrop_by_pace")
         if rdrop_by_pace is not None and not isinstance(rdrop_by_pace, bool):
             raise fail("rdrop_by_pace", f"holds a JSON {_json_type(rdrop_by_pace)}, not a boolean")
+        interim = values.get("interim", False)
+        if not isinstance(interim, bool):
+            raise fail("interim", f"holds a JSON {_json_type(interim)}, not a boolean")
         if alpha is not None and not (math.isfinite(alpha) and alpha >= 0):
             raise fail("alpha", f"is {alpha}, not a length penalty (a finite number >= 0)")
         return cls(
@@ -152,6 +160,7 @@ class CheckpointMetadata:
             chosen_from=typed("chosen_from", (str,), "a string", optional=True),
             alpha=None if alpha is None else float(alpha),
             rdrop_by_pace=rdrop_by_pace,
+            interim=interim,
         )
 
 

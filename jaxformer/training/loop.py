@@ -164,6 +164,13 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str | pathlib
         lock.release()
 
 
+def _is_interim(checkpointer: Checkpointer, step: int) -> bool:
+    try:
+        return checkpointer.read_metadata(step).interim
+    except CheckpointError:  # unreadable: not this function's to delete
+        return False
+
+
 def _undo_failed_start(workdir: pathlib.Path, existed: set[pathlib.Path] | None) -> None:
     """After a start that failed on bad input before its first checkpoint, removes what it added
     to the workdir (empty folders, tokenizers trained or restored from a start: nothing a rerun
@@ -372,14 +379,22 @@ def _train(config, prepared: PreparedRun, model: nn.Module, mesh, rules) -> dict
         last["bleu"] = validator(step, state.params, prepared.metadata)
         writer.write(step, last["bleu"], prefix="eval/")
 
-    def save(step: int) -> None:
+    def save(step: int, interim: bool = False) -> None:
+        """Checkpoint `step`. On the schedule (and at the run's end) as usual; `interim` (a stop
+        on a signal between scheduled steps): kept without pushing out an older one, and
+        deleted by the next checkpoint, so a resumed run ends with the checkpoints (and their
+        average) of a run never stopped."""
         train_metrics.flush()  # never checkpoint past a NaN
         metadata = prepared.metadata.replace(
-            step=step,
-            train_seconds=clock.seconds(),
-            rdrop_by_pace=rdrop.decision,
+            step=step, train_seconds=clock.seconds(), rdrop_by_pace=rdrop.decision, interim=interim
         )
-        checkpointer.save(step, state, train_iterator, metadata)
+        for earlier in checkpointer.steps():
+            if earlier < step and _is_interim(checkpointer, earlier):
+                logging.info(
+                    "removing the interim checkpoint %d (saved to stop on a signal): %d follows it", earlier, step
+                )
+                checkpointer.delete(earlier)
+        checkpointer.save(step, state, train_iterator, metadata, evict=not interim)
 
     periodic = [
         Periodic("log", training.log_every_steps, lambda step: train_metrics.flush(), at_last_step=False),
@@ -428,7 +443,7 @@ def _train(config, prepared: PreparedRun, model: nn.Module, mesh, rules) -> dict
             stopped_early = stop.agreed(step) and step < training.num_train_steps  # all processes, or none
             if stopped_early:
                 if step not in checkpointer.steps():
-                    save(step)
+                    save(step, interim=step % training.checkpoint_every_steps != 0)
                 logging.warning(
                     "stopped by %s at step %d; checkpoint saved; exiting with %d; resume with the same command",
                     stop.signal_name,

@@ -93,6 +93,12 @@ def test_metadata_round_trips_through_json():
     assert CheckpointMetadata.from_json(written, "here").rdrop_by_pace is None
     with pytest.raises(CheckpointError, match="here: key 'rdrop_by_pace' holds a JSON integer, not a boolean"):
         CheckpointMetadata.from_json({**written, "rdrop_by_pace": 1}, "here")
+    interim = METADATA.replace(interim=True)  # saved to stop on a signal between scheduled checkpoints
+    assert json.loads(json.dumps(interim.to_json()))["interim"] is True and "interim" not in METADATA.to_json()
+    assert CheckpointMetadata.from_json(json.loads(json.dumps(interim.to_json())), "here") == interim
+    assert CheckpointMetadata.from_json(written, "here").interim is False
+    with pytest.raises(CheckpointError, match="here: key 'interim' holds a JSON integer, not a boolean"):
+        CheckpointMetadata.from_json({**written, "interim": 1}, "here")
 
 
 def test_metadata_from_older_and_newer_writers():

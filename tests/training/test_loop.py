@@ -10,7 +10,11 @@ import subprocess
 import sys
 import time
 
+import jax
+import numpy as np
 import pytest
+
+from jaxformer.run.loading import load_checkpoint
 
 pytestmark = pytest.mark.xdist_group("train-loop")
 
@@ -231,3 +235,41 @@ def test_resuming_on_other_data_files_is_an_error(straight_run, data_dir, tmp_pa
     assert result.returncode == 2
     assert f"error: {workdir} was trained on other data files (fingerprint sha256:" in result.stderr
     assert checkpoint_steps(workdir) == [20, 40]
+
+
+@pytest.mark.slow  # two runs, one stopped by a signal between its scheduled checkpoints, then resumed
+def test_a_run_stopped_between_checkpoints_ends_with_the_checkpoints_of_one_never_stopped(data_dir, tmp_path):
+    """The checkpoint a signal saves is interim: it pushes no older checkpoint out, and the
+    resumed run's next checkpoint deletes it, so the last `keep` (and their average) are the same."""
+    flags = (
+        "--config.training.num_train_steps=200",
+        "--config.training.checkpoint_every_steps=50",
+        "--config.training.keep_checkpoints=2",
+        *ONE_LAYER,
+    )
+    straight, stopped = tmp_path / "straight", tmp_path / "stopped"
+    train(straight, data_dir, *flags)
+    process = subprocess.Popen(
+        command(stopped, data_dir, *flags),
+        env=environment(),
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    deadline = time.time() + 300
+    while not (stopped / "metrics.jsonl").exists() or max(losses(stopped), default=0) < 105:
+        assert process.poll() is None and time.time() < deadline
+        time.sleep(0.02)
+    process.send_signal(signal.SIGTERM)
+    _, stderr = process.communicate(timeout=120)
+    assert process.returncode == 143, stderr[-3000:]
+    (interim,) = [step for step in checkpoint_steps(stopped) if step % 50]
+    assert 100 < interim < 150 and checkpoint_steps(stopped) == [50, 100, interim]  # keep=2: 50 not pushed out
+    result = train(stopped, data_dir, *flags)
+    assert f"removing the interim checkpoint {interim}" in result.stderr
+    assert checkpoint_steps(stopped) == checkpoint_steps(straight) == [150, 200]
+    assert losses(stopped) == losses(straight)
+    for step in (150, 200):
+        _, _, ours = load_checkpoint(stopped, step)
+        _, _, theirs = load_checkpoint(straight, step)
+        assert all(np.array_equal(a, b) for a, b in zip(jax.tree.leaves(ours), jax.tree.leaves(theirs), strict=True))
