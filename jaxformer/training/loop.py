@@ -50,7 +50,7 @@ from jaxformer.training.parameter_ema import parameter_ema, restart_parameter_em
 from jaxformer.training.periodic import Periodic, run_due
 from jaxformer.training.rdrop_start import RDropPhase
 from jaxformer.training.run_tokenizer import RunTokenizers, log_unknown_rate, tokenizer_for_run
-from jaxformer.training.signals import StopRequest
+from jaxformer.training.signals import RaiseOnSignal, Stopped, StopRequest
 from jaxformer.training.state import count_parameters, make_init_fn
 from jaxformer.training.step import make_eval_step, make_train_step
 from jaxformer.training.train_metrics import TrainMetrics
@@ -460,17 +460,28 @@ def _train(config, prepared: PreparedRun, model: nn.Module, mesh, rules) -> dict
     train_seconds = clock.seconds()  # the loop's, without the final choice
     if training.final_choice and not stopped_early:  # after close(): every checkpoint is written
         metadata = prepared.metadata.replace(train_seconds=train_seconds)
-        last["final"] = choose_final(
-            config,
-            model.config,
-            tokenizers,
-            prepared.eval_source,
-            run,
-            step,
-            state.params,
-            metadata,
-            ema_params=parameter_ema(state.opt_state),
-        )
+        try:
+            with RaiseOnSignal():
+                last["final"] = choose_final(
+                    config,
+                    model.config,
+                    tokenizers,
+                    prepared.eval_source,
+                    run,
+                    step,
+                    state.params,
+                    metadata,
+                    ema_params=parameter_ema(state.opt_state),
+                )
+        except Stopped as signal_stop:
+            stopped_early, stop.signum = True, signal_stop.signum
+            logging.warning(
+                "stopped by %s during the final choice at step %d (its checkpoint is saved); exiting with %d; "
+                "the same command makes the choice",
+                stop.signal_name,
+                step,
+                exit_code_for_signal(stop.signum),
+            )
     if train_metrics.last is not None:
         last["train"] = train_metrics.last
     last["step"] = step

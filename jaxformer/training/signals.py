@@ -59,3 +59,35 @@ class StopRequest:
     def __exit__(self, *exc) -> None:
         for signum, handler in self._previous.items():
             signal.signal(signum, handler)
+
+
+class Stopped(Exception):
+    """A SIGTERM or SIGINT that arrived during work a signal cannot wait for (the final choice)."""
+
+    def __init__(self, signum: int):
+        super().__init__(signal.Signals(signum).name)
+        self.signum = signum
+
+
+class RaiseOnSignal:
+    """`with RaiseOnSignal():` turns SIGTERM and SIGINT into `Stopped`, where no step boundary
+    comes soon enough to stop at (the final choice decodes the validation split for minutes);
+    outside the main thread signals are left alone."""
+
+    def __init__(self):
+        self._previous = {}
+
+    def __enter__(self) -> RaiseOnSignal:
+        for signum in (signal.SIGTERM, signal.SIGINT):
+            try:
+                self._previous[signum] = signal.signal(signum, self._handle)
+            except ValueError:
+                pass
+        return self
+
+    def _handle(self, signum, frame) -> None:
+        raise Stopped(int(signum))
+
+    def __exit__(self, *exc) -> None:
+        for signum, handler in self._previous.items():
+            signal.signal(signum, handler)

@@ -22,3 +22,22 @@ def test_a_second_ctrl_c_stops_at_once():
         os.kill(os.getpid(), signal.SIGINT)
         assert stop.requested
         os.kill(os.getpid(), signal.SIGINT)
+
+
+@pytest.mark.parametrize("signum", [signal.SIGTERM, signal.SIGINT])
+def test_during_the_final_choice_a_signal_stops_at_once(signum):
+    from jaxformer.training.signals import RaiseOnSignal, Stopped
+
+    before = signal.getsignal(signum)
+    with pytest.raises(Stopped) as stopped, RaiseOnSignal():
+        os.kill(os.getpid(), signum)
+        raise AssertionError("went on after the signal")
+    assert stopped.value.signum == signum and str(stopped.value) == signum.name
+    assert signal.getsignal(signum) == before  # handlers restored
+
+
+def test_one_process_agrees_with_itself():
+    with StopRequest() as stop:
+        assert not stop.agreed(7, every=10)
+        os.kill(os.getpid(), signal.SIGTERM)
+        assert stop.agreed(7, every=10)  # one process: at once, whatever the step
