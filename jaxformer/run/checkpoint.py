@@ -279,7 +279,8 @@ class Checkpointer:
                     raise CheckpointError(f"cannot read the checkpoint {path} ({_first_line(error)})") from error
                 if item_metadata is None:
                     raise CheckpointError(
-                        f"cannot read the checkpoint {path}: its _METADATA file is missing or damaged"
+                        f"cannot read the checkpoint {path}: the index of its arrays (its _METADATA file, or the "
+                        "array store under it that the index is read from) is missing or damaged"
                     )
                 metadata = item_metadata.tree
                 if "params" not in metadata:
