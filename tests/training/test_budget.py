@@ -21,7 +21,7 @@ from jaxformer.data.pipeline import record_text
 from jaxformer.data.sources import get_builder, load_split
 from jaxformer.decoding.translator import Translator
 from jaxformer.run.averaging import average_last
-from jaxformer.run.loading import load_checkpoint
+from jaxformer.run.loading import load_checkpoint, load_from_directory
 from jaxformer.training import budget as budget_module
 from jaxformer.training.budget import ScheduleEnd, TimeBudget, TrainingClock, check_budget
 from jaxformer.training.experiment import default_config, with_absolute_paths
@@ -288,3 +288,22 @@ def _config(data_dir):
     config.data.data_dir = str(data_dir)
     config.decoding.beam_size, config.decoding.max_extra_length = 2, 8
     return config
+
+
+@pytest.mark.slow  # a run continued past its end: 20 steps more and a second final choice
+def test_a_run_continued_past_its_end_keeps_its_earlier_final_choice(scheduled_run, data_dir, tmp_path):
+    workdir = tmp_path / "continued"
+    shutil.copytree(scheduled_run.workdir, workdir)
+    before = load_checkpoint(workdir, "final", params=False)[1]
+    result = train(
+        workdir,
+        data_dir,
+        *SCHEDULE,
+        "--config.optimizer.decay_floor=0.1",
+        *CHOICE,
+        "--config.training.num_train_steps=60",
+    )
+    assert "final choice: the choices made at step(s) 40 stay in" in result.stderr
+    assert sorted(int(path.name) for path in (workdir / "final").iterdir() if path.name.isdigit()) == [40, 60]
+    assert load_checkpoint(workdir, "final", params=False)[0] == 60  # --checkpoint final: the newest
+    assert load_from_directory(workdir / "final", 40, params=False)[1] == before  # the earlier one, as it was
