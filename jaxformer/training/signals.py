@@ -10,13 +10,36 @@ import numpy as np
 from jax.experimental import multihost_utils
 
 
-class StopRequest:
+class _SignalHandler:
+    """A context in which SIGTERM and SIGINT call `_handle`; the previous handlers come back on
+    exit. Outside the main thread signals are left alone."""
+
+    def __init__(self):
+        self._previous = {}
+
+    def __enter__(self):
+        for signum in (signal.SIGTERM, signal.SIGINT):
+            try:
+                self._previous[signum] = signal.signal(signum, self._handle)
+            except ValueError:  # not the main thread
+                pass
+        return self
+
+    def _handle(self, signum, frame) -> None:
+        raise NotImplementedError
+
+    def __exit__(self, *exc) -> None:
+        for signum, handler in self._previous.items():
+            signal.signal(signum, handler)
+
+
+class StopRequest(_SignalHandler):
     """`with StopRequest() as stop:` records the first SIGTERM / SIGINT (`stop.signum`) instead
     of dying; a second Ctrl-C stops at once. Outside the main thread signals are left alone."""
 
     def __init__(self):
+        super().__init__()
         self.signum: int | None = None
-        self._previous = {}
 
     @property
     def requested(self) -> bool:
@@ -25,14 +48,6 @@ class StopRequest:
     @property
     def signal_name(self) -> str | None:
         return None if self.signum is None else signal.Signals(self.signum).name
-
-    def __enter__(self) -> StopRequest:
-        for signum in (signal.SIGTERM, signal.SIGINT):
-            try:
-                self._previous[signum] = signal.signal(signum, self._handle)
-            except ValueError:  # not the main thread
-                pass
-        return self
 
     def agreed(self, step: int, every: int = 1) -> bool:
         """Whether the run stops after `step`. One process: when it received a signal. Several:
@@ -56,10 +71,6 @@ class StopRequest:
         when = "after this step" if jax.process_count() == 1 else "at the next step all processes agree on"
         logging.warning("%s received: saving a checkpoint and stopping %s", self.signal_name, when)
 
-    def __exit__(self, *exc) -> None:
-        for signum, handler in self._previous.items():
-            signal.signal(signum, handler)
-
 
 class Stopped(Exception):
     """A SIGTERM or SIGINT that arrived during work a signal cannot wait for (the final choice)."""
@@ -69,25 +80,10 @@ class Stopped(Exception):
         self.signum = signum
 
 
-class RaiseOnSignal:
+class RaiseOnSignal(_SignalHandler):
     """`with RaiseOnSignal():` turns SIGTERM and SIGINT into `Stopped`, where no step boundary
     comes soon enough to stop at (the final choice decodes the validation split for minutes);
     outside the main thread signals are left alone."""
 
-    def __init__(self):
-        self._previous = {}
-
-    def __enter__(self) -> RaiseOnSignal:
-        for signum in (signal.SIGTERM, signal.SIGINT):
-            try:
-                self._previous[signum] = signal.signal(signum, self._handle)
-            except ValueError:
-                pass
-        return self
-
     def _handle(self, signum, frame) -> None:
         raise Stopped(int(signum))
-
-    def __exit__(self, *exc) -> None:
-        for signum, handler in self._previous.items():
-            signal.signal(signum, handler)
