@@ -159,18 +159,19 @@ def finished_result(workdir: pathlib.Path) -> dict[str, Any] | None:
     return last if "bleu" in last.get("final", {}) else None
 
 
-def _check_finished_as_configured(
-    run_dir: pathlib.Path, variant: Variant, seed_offset: int, pace: dict[str, Any] | None
-) -> None:
-    """A finished run counts for its variant only if it was trained with the variant's config as
-    the sweep would train it now (every key, the data's place and the loader's threads aside):
+def _run_config(variant: Variant, seed_offset: int, pace: dict[str, Any] | None) -> ml_collections.ConfigDict:
+    """The config one seed of `variant` trains with: its seed offset, and its steps under a pace."""
+    config = with_seed_offset(variant.config, seed_offset)
+    return config if pace is None else with_steps(config, pace["steps"])
+
+
+def _check_finished_as_configured(run_dir: pathlib.Path, variant: Variant, config: ml_collections.ConfigDict) -> None:
+    """A finished run counts for its variant only if it was trained with `config`, the one the
+    sweep would train it with now (every key, the data's place and the loader's threads aside):
     an edited sweep file or other command-line values would otherwise be reported with an
     earlier config's results."""
     from jaxformer.run.loading import load_checkpoint
 
-    config = with_seed_offset(variant.config, seed_offset)
-    if pace is not None:
-        config = with_steps(config, pace["steps"])
     saved = load_checkpoint(run_dir, "latest", params=False)[1].config
     differences = experiment.resume_differences(saved, experiment.with_absolute_paths(config), sections=None)
     if differences:
@@ -305,6 +306,7 @@ def run_sweep(
         seed_rows = []
         for seed_offset in range(seeds):
             run_dir = workdir / seed_run_name(variant, seed_offset)
+            config = _run_config(variant, seed_offset, pace)
             last = finished_result(run_dir)
             if last is None:
                 logging.info(
@@ -315,9 +317,7 @@ def run_sweep(
                     f" (seed +{seed_offset})" if seeds > 1 else "",
                     variant.changes(),
                 )
-                config = with_seed_offset(variant.config, seed_offset)
                 if pace is not None:
-                    config = with_steps(config, pace["steps"])
                     logging.info(
                         "sweep: %s trains %d steps: %.3fx the reference's speed, times --baseline_steps %d",
                         variant.name,
@@ -330,7 +330,7 @@ def run_sweep(
                     return rows, last["stopped_by_signal"]
                 last = finished_result(run_dir)
             else:
-                _check_finished_as_configured(run_dir, variant, seed_offset, pace)
+                _check_finished_as_configured(run_dir, variant, config)
                 logging.info("sweep: variant %s already finished in %s", variant.name, run_dir)
             seed_rows.append(result_row(variant, last, pace))
         rows.append(seeds_row(seed_rows))
