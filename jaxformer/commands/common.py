@@ -236,10 +236,9 @@ def check_workdir(workdir: str) -> None:
 
 def decode_settings_from_flags(args: argparse.Namespace, max_extra_length: int):
     """The DecodeSettings that --method, --beam_size, --alpha, --length_penalty, --temperature and
-    --top_k name."""
+    --top_k name (the commands ran `check_sampling_flags` on them with their other flags)."""
     from jaxformer.decoding.generate import DecodeSettings
 
-    check_sampling_flags(args)
     return DecodeSettings(
         method=args.method,
         beam_size=args.beam_size,

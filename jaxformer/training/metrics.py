@@ -18,11 +18,17 @@ from jaxformer.run.directory import RunDirectory
 from jaxformer.training.tensorboard import ScalarEventWriter
 
 
-def _is_record(line: bytes) -> bool:
+def _record(line: bytes) -> dict | None:
+    """The JSON object on `line`, or None when it holds none."""
     try:
-        return isinstance(json.loads(line), dict)
+        value = json.loads(line)
     except ValueError:  # JSONDecodeError, UnicodeDecodeError
-        return False
+        return None
+    return value if isinstance(value, dict) else None
+
+
+def _is_record(line: bytes) -> bool:
+    return _record(line) is not None
 
 
 def cut_torn_last_line(path: str | pathlib.Path) -> int:
@@ -78,8 +84,8 @@ def move_records_after(path: str | pathlib.Path, step: int, destination: str | p
     kept, moved = [], []
     with open(path, "rb") as handle:
         for line in handle:
-            record = json.loads(line) if _is_record(line) else None
-            later = isinstance(record, dict) and isinstance(record.get("step"), int) and record["step"] > step
+            record = _record(line) or {}
+            later = isinstance(record.get("step"), int) and record["step"] > step
             (moved if later else kept).append(line)
     if moved:
         with open(destination, "ab") as handle:  # first, so that no record is ever in neither file
