@@ -63,26 +63,23 @@ def free_port():
         return probe.getsockname()[1]
 
 
+def two_processes(workdir, data_dir, *overrides):
+    """Processes 0 and 1 of one run over jax.distributed on localhost (one device each), started."""
+    port = free_port()
+    coordination = (f"--coordinator_address=127.0.0.1:{port}", "--num_processes=2")
+    return [
+        run(workdir, data_dir, 1, *overrides, *coordination, f"--process_id={index}", background=True)
+        for index in range(2)
+    ]
+
+
 @pytest.mark.xdist_group("distributed-processes")
 def test_two_processes_match_one_process(data_dir, tmp_path):
     steps = ("--config.training.num_train_steps=10", "--config.data.input_shards=2", *ONE_LAYER)
     single = tmp_path / "single"
     run(single, data_dir, 2, *steps)
     double = tmp_path / "double"
-    port = free_port()
-    processes = [
-        run(
-            double,
-            data_dir,
-            1,
-            *steps,
-            f"--coordinator_address=127.0.0.1:{port}",
-            "--num_processes=2",
-            f"--process_id={index}",
-            background=True,
-        )
-        for index in range(2)
-    ]
+    processes = two_processes(double, data_dir, *steps)
     for process in processes:
         _, stderr = process.communicate(timeout=600)
         assert process.returncode == 0, stderr[-4000:]
@@ -122,21 +119,9 @@ def test_sigterm_to_one_process_stops_both_with_one_checkpoint(data_dir, tmp_pat
     import signal
     import time
 
-    workdir, port = tmp_path / "double", free_port()
+    workdir = tmp_path / "double"
     flags = ("--config.training.num_train_steps=100000", "--config.data.input_shards=2", *ONE_LAYER)
-    processes = [
-        run(
-            workdir,
-            data_dir,
-            1,
-            *flags,
-            f"--coordinator_address=127.0.0.1:{port}",
-            "--num_processes=2",
-            f"--process_id={index}",
-            background=True,
-        )
-        for index in range(2)
-    ]
+    processes = two_processes(workdir, data_dir, *flags)
     deadline = time.monotonic() + 300
     while not (workdir / "metrics.jsonl").exists() or max(losses(workdir), default=0) < 3:
         assert time.monotonic() < deadline and all(p.poll() is None for p in processes)
