@@ -207,6 +207,16 @@ def _validate(config: TransformerConfig) -> None:
         fail("architecture", f"must be one of {', '.join(map(repr, ARCHITECTURES))}")
     if config.architecture != "encoder_decoder" and config.source_vocab_size is not None:
         fail("source_vocab_size", f"applies to the encoder_decoder architecture only, not {config.architecture!r}")
+    if config.architecture != "encoder_decoder" and not config.share_embeddings:
+        untie = (
+            "; untie its output layer with tie_output_embedding=False" if config.architecture == "decoder_only" else ""
+        )
+        fail(
+            "share_embeddings",
+            f"the {config.architecture} architecture has one embedding matrix, nothing to share or separate{untie}",
+        )
+    if config.architecture == "encoder_only" and not config.tie_output_embedding:
+        fail("tie_output_embedding", "an encoder_only model's masked-LM head is always tied to its embedding")
     if config.architecture == "decoder_only" and config.source_word_dropout_rate:
         fail("source_word_dropout_rate", "a decoder_only model has no source: use target_word_dropout_rate")
     if config.architecture == "encoder_only" and config.target_word_dropout_rate:

@@ -34,6 +34,15 @@ def test_presets_follow_the_paper():
         (dict(activation="tanh"), r"activation='tanh'"),
         (dict(position_layout="stacked"), r"position_layout='stacked'"),
         (dict(logits_bias=True, architecture="decoder_only"), r"logits_bias=True: applies to the encoder_decoder"),
+        (
+            dict(architecture="decoder_only", share_embeddings=False),
+            r"share_embeddings=False: the decoder_only architecture has one embedding.*tie_output_embedding=False$",
+        ),
+        (
+            dict(architecture="encoder_only", share_embeddings=False),
+            r"share_embeddings=False: the encoder_only architecture has one embedding matrix, nothing to share",
+        ),
+        (dict(architecture="encoder_only", tie_output_embedding=False), r"tie_output_embedding=False: an encoder_only"),
         (dict(normalization="sandwich"), r"normalization='sandwich'"),
         (dict(dtype="int32"), r"dtype=dtype\('int32'\): must be a floating-point dtype"),
         (dict(dtype="not-a-dtype"), r"dtype='not-a-dtype' is not a dtype"),

@@ -120,7 +120,7 @@ def test_rates_are_checked_and_apply_only_where_the_side_exists():
 
 
 def test_a_decoder_only_model_drops_its_input_tokens():
-    config = CONFIG.replace(architecture="decoder_only")
+    config = CONFIG.replace(architecture="decoder_only", share_embeddings=True)
     tokens = jax.random.randint(jax.random.key(8), (3, 9), 4, ZERO_ID)
     params = nn.unbox(DecoderOnly(config).init(jax.random.key(9), tokens, deterministic=True)["params"])
     logits, state = DecoderOnly(config.replace(target_word_dropout_rate=RATE)).apply(
