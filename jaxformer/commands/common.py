@@ -236,7 +236,7 @@ def check_workdir(workdir: str) -> None:
 
 def decode_settings_from_flags(args: argparse.Namespace, max_extra_length: int):
     """The DecodeSettings that --method, --beam_size, --alpha, --length_penalty, --temperature and
-    --top_k name (the commands ran `check_sampling_flags` on them with their other flags)."""
+    --top_k name (the commands ran `check_search_flags` on them with their other flags)."""
     from jaxformer.decoding.generate import DecodeSettings
 
     return DecodeSettings(
@@ -251,13 +251,26 @@ def decode_settings_from_flags(args: argparse.Namespace, max_extra_length: int):
     )
 
 
-def check_sampling_flags(args: argparse.Namespace) -> None:
-    """--temperature and --top_k only with --method sample: under another search they would be ignored."""
-    if getattr(args, "method", "sample") == "sample":
-        return
-    for flag, value, default in (("--temperature", args.temperature, 1.0), ("--top_k", args.top_k, 0)):
-        if value != default:
-            raise FlagError(f"{flag} {value:g} applies to --method sample, not {args.method}")
+# Flags that one search reads and the others would ignore.
+_SEARCH_ONLY_FLAGS = {
+    "beam": ("beam_size", "alpha", "length_penalty", "stop"),
+    "sample": ("temperature", "top_k", "seed"),
+}
+
+
+def check_search_flags(args: argparse.Namespace) -> None:
+    """Beam search's flags (--beam_size, --alpha, --length_penalty, --stop) only with --method
+    beam, sampling's (--temperature, --top_k, --seed) only with --method sample: under another
+    search they would be ignored. A flag counts as given when its value is not its default."""
+    from jaxformer.decoding.generate import DecodeSettings
+
+    defaults = {**vars(DecodeSettings()), "alpha": None, "seed": 0}  # --alpha's default: the run's choice or 0.6
+    method = getattr(args, "method", None)
+    for applies_to, names in _SEARCH_ONLY_FLAGS.items():
+        for name in names:
+            value = getattr(args, name, defaults[name])
+            if method is not None and method != applies_to and value != defaults[name]:
+                raise FlagError(f"--{name} {value} applies to --method {applies_to}, not {method}")
 
 
 def resolved_alpha(args: argparse.Namespace) -> float:
@@ -301,7 +314,7 @@ def add_overwrite_flag(parser: argparse.ArgumentParser, what: str) -> None:
 def checked_input_lines(args: argparse.Namespace) -> list[str]:
     """The lines of --input, once --workdir, --input and --output are known to be usable."""
     check_workdir(args.workdir)
-    check_sampling_flags(args)
+    check_search_flags(args)
     check_readable_file(args.input, "--input")
     check_writable_file(args.output, "--output", args.overwrite, {"--input": args.input})
     return read_lines(args.input)

@@ -22,7 +22,7 @@ from jaxformer.commands.common import (
     add_overwrite_flag,
     at_least,
     check_readable_file,
-    check_sampling_flags,
+    check_search_flags,
     check_workdir,
     check_writable_file,
     make_parser,
@@ -86,7 +86,7 @@ def run(args: argparse.Namespace) -> int:
     if bool(args.split) == bool(args.source or args.reference) or bool(args.source) != bool(args.reference):
         raise FlagError("give either --split, or both --source and --reference")
     check_workdir(args.workdir)
-    check_sampling_flags(args)
+    check_search_flags(args)
     check_readable_file(args.source, "--source")
     check_readable_file(args.reference, "--reference")
     inputs = {"--source": args.source, "--reference": args.reference}

@@ -14,6 +14,7 @@ import tensorflow_datasets as tfds
 from jaxformer.data.multi30k import Multi30k
 from jaxformer.data.parallel_files import ParallelFiles
 from jaxformer.data.parallel_text import DataError
+from jaxformer.files import unwritable_folder_reason
 
 tfds.disable_progress_bar()  # tqdm bars per split drown the training log
 
@@ -50,6 +51,31 @@ def get_builder(data: ml_collections.ConfigDict):
     import tensorflow_datasets.translate  # noqa: F401  registers the wmt*_translate builders, loaded lazily
 
     return tfds.builder(name, data_dir=data_dir, file_format="array_record")
+
+
+def check_source(data: ml_collections.ConfigDict) -> None:
+    """Raises DataError, before anything is prepared or written, when data.name names no dataset
+    (nor a config of one, "wmt14_translate/de-en") or data.data_dir cannot hold the prepared files."""
+    name = data["name"]
+    if name not in ("multi30k", "parallel_files"):
+        import tensorflow_datasets.translate  # noqa: F401  registers the wmt*_translate builders, loaded lazily
+
+        dataset, _, builder_config = name.partition(":")[0].partition("/")
+        try:
+            configs = tfds.builder_cls(dataset).builder_configs
+        except tfds.core.registered.DatasetNotFoundError:
+            raise DataError(
+                f"data.name={name!r} names no dataset: use 'multi30k', 'parallel_files' (your own files, "
+                "data.files) or a tensorflow-datasets name such as 'wmt14_translate/de-en'"
+            ) from None
+        if builder_config and builder_config not in configs:
+            raise DataError(
+                f"data.name={name!r}: {dataset} has no config {builder_config!r}; it has {', '.join(sorted(configs))}"
+            )
+    data_dir = data.get("data_dir")
+    reason = None if data_dir is None else unwritable_folder_reason(data_dir)
+    if reason:
+        raise DataError(f"data.data_dir={data_dir!r}: {reason}")
 
 
 def data_fingerprint(builder) -> str | None:

@@ -23,7 +23,7 @@ import tqdm
 from jax.experimental import multihost_utils
 
 from jaxformer.data.pipeline import LengthFilter, ShardedBatches, TokenizePair, eval_batches, train_dataset
-from jaxformer.data.sources import data_fingerprint, get_builder, load_split
+from jaxformer.data.sources import check_source, data_fingerprint, get_builder, load_split
 from jaxformer.data.subword_sampling import SubwordSampling
 from jaxformer.errors import CheckpointError, UserError, exit_code_for_signal
 from jaxformer.model.architectures import build_model
@@ -146,6 +146,7 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str | pathlib
     experiment.validate(config)
     config = experiment.with_absolute_paths(config)
     _input_shards(config.data)
+    check_source(config.data)
     workdir = pathlib.Path(workdir).absolute()
     existed = set(workdir.iterdir()) if workdir.is_dir() else None  # what a failed start must leave as it was
     try:

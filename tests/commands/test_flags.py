@@ -7,7 +7,7 @@ import sys
 
 import pytest
 
-from jaxformer.commands import average_checkpoints, evaluate, train, translate
+from jaxformer.commands import average_checkpoints, evaluate, generate, train, translate
 
 ROOT = pathlib.Path(__file__).parents[2]
 
@@ -51,13 +51,30 @@ def test_bad_decoding_flags_are_one_line(command, flags, message, tmp_path, caps
 
 
 @pytest.mark.parametrize("command", [translate, evaluate])
-def test_sampling_flags_under_another_search_are_refused(command, tmp_path, capsys, no_decoding):
+def test_one_search_flags_under_another_search_are_refused(command, tmp_path, capsys, no_decoding):
     extra = ["--split", "validation"] if command is evaluate else []
     for flags, message in (
         (["--top_k", "5"], "--top_k 5 applies to --method sample, not beam"),
         (["--method", "greedy", "--temperature", "0.5"], "--temperature 0.5 applies to --method sample, not greedy"),
+        (["--method", "greedy", "--beam_size", "8"], "--beam_size 8 applies to --method beam, not greedy"),
+        (["--method", "sample", "--alpha", "2"], "--alpha 2.0 applies to --method beam, not sample"),
+        (["--method", "greedy", "--stop", "exact"], "--stop exact applies to --method beam, not greedy"),
+        (
+            ["--method", "sample", "--length_penalty", "transformers"],
+            "--length_penalty transformers applies to --method beam, not sample",
+        ),
     ):
         assert command.main(["--workdir", str(tmp_path), *extra, *flags]) == 2
+        assert capsys.readouterr().err == f"error: {message}\n"
+
+
+def test_generate_refuses_one_search_flags_under_another(tmp_path, capsys, no_decoding):
+    for flags, message in (
+        (["--seed", "3"], "--seed 3 applies to --method sample, not greedy"),
+        (["--beam_size", "8"], "--beam_size 8 applies to --method beam, not greedy"),
+        (["--method", "beam", "--top_k", "5"], "--top_k 5 applies to --method sample, not beam"),
+    ):
+        assert generate.main(["--workdir", str(tmp_path), *flags]) == 2
         assert capsys.readouterr().err == f"error: {message}\n"
 
 
@@ -200,6 +217,8 @@ def test_missing_inputs_and_workdirs_are_named(tmp_path, capsys, no_decoding):
         (["--config.trainig.seed=1"], "unknown config key 'trainig.seed'; did you mean training.seed"),
         (["--config.training.seed"], "--config.training.seed has no value"),
         (["--num_processes=2"], "--num_processes=2 and --process_id=None: give both"),
+        (["--config.data.name=bogus_ds"], "data.name='bogus_ds' names no dataset"),
+        (["--config.data.data_dir=/proc/jaxformer-data"], "data.data_dir='/proc/jaxformer-data': /proc takes no new"),
     ],
 )
 def test_bad_config_values_are_one_line_before_any_work(overrides, message, tmp_path, capsys):

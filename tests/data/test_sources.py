@@ -11,7 +11,7 @@ import tensorflow_datasets as tfds
 from jaxformer.data import fingerprint, multi30k
 from jaxformer.data.parallel_text import DataError
 from jaxformer.data.pipeline import TokenizePair, eval_batches
-from jaxformer.data.sources import data_fingerprint, get_builder, load_split
+from jaxformer.data.sources import check_source, data_fingerprint, get_builder, load_split
 from jaxformer.data.tokenizer import train_tokenizer
 from jaxformer.training.experiment import default_config
 
@@ -90,6 +90,30 @@ def test_wmt_builders_through_tfds_mock_data():
     batches = eval_batches(records, TokenizePair.for_data(data, tokenizer), data)
     assert batches and batches[0]["inputs"].shape == (2, 64)
     assert int(sum((b["inputs_segment_ids"].max(axis=1)).sum() for b in batches)) == 6
+
+
+def test_a_name_that_names_no_dataset_and_an_unusable_data_dir_are_one_line_errors(tmp_path):
+    for name in ("multi30k", "parallel_files", "wmt14_translate/de-en", "wmt17_translate"):
+        check_source(section(name, data_dir=str(tmp_path / "new" / "data")))
+    assert not (tmp_path / "new").exists()  # the check writes nothing
+    (tmp_path / "a file").write_text("x")
+    for values, message in (
+        (dict(name="bogus_ds"), r"^data.name='bogus_ds' names no dataset: use 'multi30k', 'parallel_files'"),
+        (dict(name="None"), r"^data.name='None' names no dataset"),
+        (
+            dict(name="wmt14_translate/xx-yy"),
+            r"^data.name='wmt14_translate/xx-yy': wmt14_translate has no config 'xx-yy'; it has cs-en, de-en,",
+        ),
+        (dict(data_dir=str(tmp_path / "a file")), r"data_dir='.*/a file': is a file, not a folder$"),
+        (
+            dict(data_dir=str(tmp_path / "a file" / "sub")),
+            r"data_dir='.*/a file/sub': .*/a file is a file, not a folder$",
+        ),
+        (dict(data_dir="/proc/jaxformer-data"), r"data_dir='/proc/jaxformer-data': /proc takes no new entries \("),
+    ):
+        with pytest.raises(DataError, match=message):
+            check_source(section(values.pop("name", "multi30k"), **values))
+    assert sorted(path.name for path in tmp_path.iterdir()) == ["a file"]
 
 
 def test_raw_dir_is_for_multi30k_only():
