@@ -70,6 +70,16 @@ def at_least(low: int) -> Callable[[str], int]:
     return parse
 
 
+def path_text(text: str) -> str:
+    """A file or folder path: not empty, which would mean the current directory by accident."""
+    if not text.strip():
+        raise argparse.ArgumentTypeError(f"must be a path, got {text!r}")
+    return text
+
+
+path_text.__name__ = "path"
+
+
 def number(low: float, *, inclusive: bool) -> Callable[[str], float]:
     bound = f">= {low}" if inclusive else f"> {low}"
 
@@ -388,7 +398,7 @@ def add_length_penalty_flags(parser: argparse.ArgumentParser) -> None:
 
 def add_checkpoint_flags(parser: argparse.ArgumentParser) -> None:
     """--workdir and --checkpoint: which run's checkpoint a command reads."""
-    parser.add_argument("--workdir", required=True, help="the training run's directory")
+    parser.add_argument("--workdir", type=path_text, required=True, help="the training run's directory")
     add_checkpoint_choice(parser)
 
 

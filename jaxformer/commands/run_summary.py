@@ -123,12 +123,14 @@ def run_summary(config: ml_collections.ConfigDict, workdir: str | pathlib.Path, 
         lines.append(f"checkpoints: none saved in {run.path}")
         return lines
     lines.append("checkpoints: " + "; ".join(places))
-    lines.append(f"metrics: {run.metrics_file}, tensorboard --logdir {run.tensorboard_dir}")
+    lines.append(f"metrics: {run.metrics_file}, tensorboard --logdir {shlex.quote(str(run.tensorboard_dir))}")
     checkpoint = "final" if final_steps else "best" if best is not None else "latest" if latest else "averaged"
     if architecture == "encoder_decoder":
         lines.append("translate: " + translate_command(config, run, checkpoint))
     elif architecture == "decoder_only":
-        lines.append(f"generate: jaxformer-generate --workdir {run.path} < prompts.{config.data.target_language}")
+        workdir = shlex.quote(str(run.path))
+        lines.append(f"generate: jaxformer-generate --workdir {workdir} < prompts.{config.data.target_language}")
     else:
-        lines.append(f"start a translator's encoder: --config.training.init_encoder_from={run.path}")
+        flag = shlex.quote(f"--config.training.init_encoder_from={run.path}")
+        lines.append(f"start a translator's encoder: {flag}")
     return lines

@@ -33,7 +33,7 @@ import logging
 import pathlib
 import sys
 
-from jaxformer.commands.common import FlagError, make_parser, run_command
+from jaxformer.commands.common import FlagError, at_least, make_parser, path_text, run_command
 from jaxformer.errors import EXIT_USER_ERROR, UserError, exit_code_for_signal
 from jaxformer.files import write_text_atomically
 from jaxformer.training.config_file import split_overrides
@@ -43,17 +43,19 @@ def build_parser() -> argparse.ArgumentParser:
     parser = make_parser(__doc__)
     parser.add_argument("--config", required=True, help="the base config: a shipped config's name or a file's path")
     parser.add_argument("--sweep", required=True, help="a shipped sweep's name or a sweep file's path")
-    parser.add_argument("--workdir", required=True, help="the sweep's directory: one workdir per variant in it")
+    parser.add_argument(
+        "--workdir", type=path_text, required=True, help="the sweep's directory: one workdir per variant in it"
+    )
     parser.add_argument(
         "--baseline_steps",
-        type=int,
+        type=at_least(1),
         default=None,
         help="a step budget instead of the config's wall-clock one: N steps for the config as it is, and for "
         "each variant N times its speed relative to it, measured side by side",
     )
     parser.add_argument(
         "--seeds",
-        type=int,
+        type=at_least(1),
         default=1,
         help="train each variant with this many seeds and rank by their mean validation BLEU (default: 1)",
     )
@@ -63,10 +65,6 @@ def build_parser() -> argparse.ArgumentParser:
 def run(args: argparse.Namespace, overrides: list[tuple[str, str]]) -> int:
     from jaxformer.training.sweep import load_sweep, make_variants, reference_config, results_table, run_sweep
 
-    if args.baseline_steps is not None and args.baseline_steps < 1:
-        raise FlagError(f"--baseline_steps {args.baseline_steps} must be a positive number of steps")
-    if args.seeds < 1:
-        raise FlagError(f"--seeds {args.seeds} must be at least 1")
     variants = make_variants(args.config, load_sweep(args.sweep), overrides)
     reference = None if args.baseline_steps is None else reference_config(args.config, overrides)
     workdir = pathlib.Path(args.workdir).absolute()

@@ -23,7 +23,7 @@ import logging
 import sys
 import time
 
-from jaxformer.commands.common import FlagError, make_parser, run_command
+from jaxformer.commands.common import FlagError, make_parser, path_text, run_command
 from jaxformer.errors import EXIT_USER_ERROR, UserError, exit_code_for_signal
 from jaxformer.training.config_file import (
     apply_overrides,
@@ -40,7 +40,7 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument(
         "--config", help="a shipped config's name (multi30k, tiny, ...: see --list_configs) or a config file's path"
     )
-    parser.add_argument("--workdir", help="directory for checkpoints, the tokenizer and metrics")
+    parser.add_argument("--workdir", type=path_text, help="directory for checkpoints, the tokenizer and metrics")
     parser.add_argument(
         "--print_config",
         action="store_true",
@@ -126,7 +126,8 @@ def main(argv: list[str] | None = None) -> int:
         if args.print_config and "workdir" in missing:
             missing.remove("workdir")
         if missing:
-            raise FlagError(f"the following arguments are required: {', '.join('--' + flag for flag in missing)}")
+            flags = ", ".join("--" + flag for flag in missing)
+            raise FlagError(f"the following arguments are required: {flags}; see {parser.prog} --help")
         args.overrides = overrides
         return run(args)
 

@@ -102,6 +102,13 @@ def test_summary_without_bleu_or_best_checkpoint(tmp_path):
     assert not any(line.startswith("validation:") for line in lines)
     assert field(lines, "checkpoints: ") == f"latest {workdir / 'checkpoints'} (steps 5, 10)"
     assert field(lines, "translate: ") == f"jaxformer-translate --workdir '{workdir}' < input.en > output.fr"
+    assert field(lines, "metrics: ").endswith(f"tensorboard --logdir '{workdir / 'tensorboard'}'")
+    for architecture, command in (
+        ("decoder_only", f"generate: jaxformer-generate --workdir '{workdir}' < prompts.fr"),
+        ("encoder_only", f"start a translator's encoder: '--config.training.init_encoder_from={workdir}'"),
+    ):
+        config.model.architecture = architecture
+        assert run_summary(config, workdir, last, seconds=1.0)[-1] == command  # pasted into a shell, one argument
 
 
 def test_summary_without_checkpoints(tmp_path):

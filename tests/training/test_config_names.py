@@ -2,6 +2,7 @@
 path; `--list_configs` lists them and `--print_config` every key, without a workdir."""
 
 import pathlib
+import re
 
 import pytest
 
@@ -81,7 +82,14 @@ def test_list_configs_and_print_config_need_no_workdir(capsys):
     assert "num_train_steps: 40" in printed and "seed: 3" in printed
 
     assert train.main(["--config", "tiny"]) == 2
-    assert capsys.readouterr().err.startswith("error: the following arguments are required: --workdir")
+    missing = r"error: the following arguments are required: --workdir; see \S+ --help\n"
+    assert re.fullmatch(missing, capsys.readouterr().err)
+    with pytest.raises(SystemExit) as stopped:
+        train.main(["--config", "tiny", "--workdir", " "])  # not the current directory
+    assert stopped.value.code == 2
+    assert re.fullmatch(
+        r"error: argument --workdir: must be a path, got ' '; see \S+ --help\n", capsys.readouterr().err
+    )
 
 
 def test_help_says_how_to_list_configs_and_keys(capsys):
