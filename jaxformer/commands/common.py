@@ -403,10 +403,11 @@ def add_checkpoint_flags(parser: argparse.ArgumentParser) -> None:
 
 
 def add_checkpoint_choice(parser: argparse.ArgumentParser, applies_to: str = "") -> None:
-    """--checkpoint: latest, best, averaged or a step (`applies_to`: the flag it goes with, for the help)."""
+    """--checkpoint: latest, best, averaged, final or a step (`applies_to`: the flag it goes with, for the help)."""
     parser.add_argument(
         "--checkpoint",
         type=checkpoint_choice,
         default="latest",
-        help=f"{applies_to}latest, best (validation BLEU), averaged, or a step number (default: latest)",
+        help=f"{applies_to}latest, best (validation BLEU), averaged, final (the run's final choice), or a step "
+        "number (default: latest)",
     )

@@ -1,12 +1,12 @@
 """Convert between Hugging Face MarianMT (OPUS-MT) models and jaxformer runs.
 
-jaxformer-convert --from-hf opus-mt-en-de --output runs/opus-en-de
-jaxformer-convert --to-hf runs/m30k --checkpoint best --output hf/m30k-en-de
+jaxformer-convert --from_hf opus-mt-en-de --output runs/opus-en-de
+jaxformer-convert --to_hf runs/m30k --checkpoint best --output hf/m30k-en-de
 
---from-hf reads a transformers MarianMT directory (config.json, model.safetensors or
+--from_hf reads a transformers MarianMT directory (config.json, model.safetensors or
 pytorch_model.bin, source.spm, target.spm, vocab.json) into a new run directory that
 jaxformer-translate, jaxformer-evaluate, jaxformer-export and training.init_from read as a trained
-run. --to-hf writes a run's checkpoint as a directory that MarianMTModel.from_pretrained and
+run. --to_hf writes a run's checkpoint as a directory that MarianMTModel.from_pretrained and
 MarianTokenizer.from_pretrained load (needs the interop extra: torch and transformers).
 Neither overwrites an existing --output.
 """
@@ -23,22 +23,35 @@ from jaxformer.commands import common
 def build_parser() -> argparse.ArgumentParser:
     parser = common.make_parser(__doc__)
     direction = parser.add_mutually_exclusive_group(required=True)
-    direction.add_argument("--from-hf", dest="from_hf", metavar="DIR", help="a transformers MarianMT directory")
-    direction.add_argument("--to-hf", dest="to_hf", metavar="WORKDIR", help="a jaxformer run directory")
+    # --from-hf and --to-hf: the spellings of earlier releases.
+    direction.add_argument("--from_hf", "--from-hf", metavar="DIR", help="a transformers MarianMT directory")
+    direction.add_argument("--to_hf", "--to-hf", metavar="WORKDIR", help="a jaxformer run directory")
     parser.add_argument("--output", required=True, help="the directory to write (absent or empty)")
-    common.add_checkpoint_choice(parser, applies_to="--to-hf: ")
-    parser.add_argument("--source_language", help="--from-hf: the run's source language (default: the model's)")
-    parser.add_argument("--target_language", help="--from-hf: the run's target language (default: the model's)")
+    common.add_checkpoint_choice(parser, applies_to="--to_hf: ")
+    parser.add_argument("--source_language", help="--from_hf: the run's source language (default: the model's)")
+    parser.add_argument("--target_language", help="--from_hf: the run's target language (default: the model's)")
     parser.add_argument(
         "--max_positions",
         type=common.at_least(1),
         default=512,
-        help="--to-hf: the longest sequence transformers' position table holds (default: 512)",
+        help="--to_hf: the longest sequence transformers' position table holds (default: 512)",
     )
     return parser
 
 
+# The flags of one direction, with the value that means "not given".
+_DIRECTION_FLAGS = {
+    "from_hf": {"source_language": None, "target_language": None},
+    "to_hf": {"checkpoint": "latest", "max_positions": 512},
+}
+
+
 def run(args: argparse.Namespace) -> int:
+    direction = "from_hf" if args.from_hf is not None else "to_hf"
+    for applies_to, flags in _DIRECTION_FLAGS.items():
+        for name, default in flags.items():
+            if applies_to != direction and getattr(args, name) != default:
+                raise common.FlagError(f"--{name} applies to --{applies_to}, not --{direction}")
     print(_from_hf(args) if args.from_hf is not None else _to_hf(args))
     return 0
 
@@ -61,7 +74,7 @@ def _to_hf(args: argparse.Namespace) -> str:
     try:
         import transformers  # noqa: F401
     except ImportError:
-        raise common.FlagError("--to-hf needs transformers and torch: pip install 'jaxformer[interop]'") from None
+        raise common.FlagError("--to_hf needs transformers and torch: pip install 'jaxformer[interop]'") from None
     output = marian_export.export_marian(args.to_hf, args.output, args.checkpoint, args.max_positions)
     return f"wrote the {args.checkpoint} checkpoint of {args.to_hf} to {output} (transformers MarianMT)"
 

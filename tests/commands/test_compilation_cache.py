@@ -118,7 +118,7 @@ ARGUMENTS = {
     "jaxformer-average-checkpoints": ["--workdir", "w"],
     "jaxformer-export": ["--workdir", "w", "--output", "o"],
     "jaxformer-generate": ["--workdir", "w"],
-    "jaxformer-convert": ["--to-hf", "w", "--output", "o"],
+    "jaxformer-convert": ["--to_hf", "w", "--output", "o"],
     "jaxformer-sweep": ["--config", "tiny", "--sweep", "s.py", "--workdir", "w"],
 }
 

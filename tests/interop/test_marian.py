@@ -302,13 +302,22 @@ def test_convert_command_writes_a_run_and_never_overwrites(marian, tmp_path, cap
 
     directory, _ = marian
     output = tmp_path / "run"
-    assert convert.main(["--from-hf", str(directory), "--output", str(output)]) == 0
+    for flags, message in (
+        (["--checkpoint", "best"], "--checkpoint applies to --to_hf, not --from_hf"),
+        (["--max_positions", "7"], "--max_positions applies to --to_hf, not --from_hf"),
+    ):
+        assert convert.main(["--from_hf", str(directory), "--output", str(output), *flags]) == EXIT_USER_ERROR
+        assert capsys.readouterr().err == f"error: {message}\n"
+    assert convert.main(["--to_hf", str(tmp_path), "--output", "o", "--source_language", "fr"]) == EXIT_USER_ERROR
+    assert capsys.readouterr().err == "error: --source_language applies to --from_hf, not --to_hf\n"
+    assert not output.exists() and not (tmp_path / "o").exists()
+    assert convert.main(["--from-hf", str(directory), "--output", str(output)]) == 0  # the earlier spelling
     step, metadata, _ = load_checkpoint(output)
     assert step == 0 and metadata.config["tokenizer"]["separate_vocabularies"]
     assert metadata.config["data"]["source_language"] == "en" and metadata.config["data"]["target_language"] == "de"
     assert (output / "tokenizer.model").is_file() and (output / "tokenizer.target.model").is_file()
     capsys.readouterr()
-    assert convert.main(["--from-hf", str(directory), "--output", str(output)]) == EXIT_USER_ERROR
+    assert convert.main(["--from_hf", str(directory), "--output", str(output)]) == EXIT_USER_ERROR
     assert "not an empty directory" in capsys.readouterr().err
 
 
