@@ -183,7 +183,11 @@ def apply_overrides(config: ml_collections.ConfigDict, overrides: Sequence[tuple
             if part not in section or not isinstance(section[part], ml_collections.ConfigDict):
                 raise unknown_key_error(key, _keys(config))
             section = section[part]
-        if leaf not in section or isinstance(section[leaf], ml_collections.ConfigDict):
+        if leaf in section and isinstance(section[leaf], ml_collections.ConfigDict):
+            names = [f"{key}.{name}" for name in section[leaf]]
+            keys = ", ".join(names[:4]) + (f", ... ({len(names)} keys: --print_config)" if len(names) > 4 else "")
+            raise ConfigError(f"--config.{key} is a section, not a value: set one of its keys ({keys})")
+        if leaf not in section:
             raise unknown_key_error(key, _keys(config))
         reference = section.get_ref(leaf)
         value = _parse(key, text, section[leaf], reference.get_type())

@@ -215,6 +215,12 @@ def test_missing_inputs_and_workdirs_are_named(tmp_path, capsys, no_decoding):
             "unknown config key 'training.num_train_step'; did you mean training.num_train_steps",
         ),
         (["--config.trainig.seed=1"], "unknown config key 'trainig.seed'; did you mean training.seed"),
+        (
+            ["--config.data.files=x.tsv"],
+            "--config.data.files is a section, not a value: set one of its keys (data.files.test, data.files.train, "
+            "data.files.validation)\n",
+        ),
+        (["--config.model=3"], "--config.model is a section, not a value: set one of its keys (model.activation, "),
         (["--config.training.seed"], "--config.training.seed has no value"),
         (["--num_processes=2"], "--num_processes=2 and --process_id=None: give both"),
         (["--config.data.name=bogus_ds"], "data.name='bogus_ds' names no dataset"),
