@@ -5,7 +5,9 @@ without TensorFlow."""
 
 from __future__ import annotations
 
+import contextlib
 import logging
+import sys
 from collections.abc import Sequence
 
 import ml_collections
@@ -86,9 +88,16 @@ def data_fingerprint(builder) -> str | None:
     return getattr(builder, "fingerprint", None)
 
 
+def prepare(builder) -> None:
+    """`builder.download_and_prepare()`, whose progress lines tfds prints to stdout, on stderr with the
+    logs: stdout is where the commands write translations and scores."""
+    with contextlib.redirect_stdout(sys.stderr):
+        builder.download_and_prepare()
+
+
 def load_split(builder, split: str, languages: Sequence[str]) -> Sequence:
     """Prepares the dataset if needed and returns a random-access source for `split`."""
-    builder.download_and_prepare()
+    prepare(builder)
     available = list(builder.info.splits)
     if available and split not in available:  # (tfds.testing.mock_data leaves no split list)
         hint = ""

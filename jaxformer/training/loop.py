@@ -23,7 +23,7 @@ import tqdm
 from jax.experimental import multihost_utils
 
 from jaxformer.data.pipeline import LengthFilter, ShardedBatches, TokenizePair, eval_batches, train_dataset
-from jaxformer.data.sources import check_source, data_fingerprint, get_builder, load_split
+from jaxformer.data.sources import check_source, data_fingerprint, get_builder, load_split, prepare
 from jaxformer.data.subword_sampling import SubwordSampling
 from jaxformer.errors import CheckpointError, UserError, exit_code_for_signal
 from jaxformer.model.architectures import build_model
@@ -127,7 +127,7 @@ def _prepare_data(data: ml_collections.ConfigDict) -> tuple[Any, Any, Any]:
     builder = get_builder(data)
     if jax.process_count() > 1:  # one process prepares the dataset, the others wait and read it
         if jax.process_index() == 0:
-            builder.download_and_prepare()
+            prepare(builder)
         multihost_utils.sync_global_devices("jaxformer: dataset prepared")
     return builder, load_split(builder, data.train_split, languages), load_split(builder, data.eval_split, languages)
 

@@ -37,10 +37,12 @@ def write_raw_corpus(directory, pairs_per_split=3, broken=None):
     return directory
 
 
-def test_multi30k_builder_keeps_order_and_splits(tmp_path):
+def test_multi30k_builder_keeps_order_and_splits(tmp_path, capfd):
     raw = write_raw_corpus(tmp_path / "raw")
     builder = get_builder(section("multi30k", data_dir=str(tmp_path / "tfds"), raw_dir=str(raw)))
     source = load_split(builder, "test_2016_flickr", ("en", "de"))
+    printed = capfd.readouterr()
+    assert printed.out == "" and "Dataset multi30k downloaded and prepared" in printed.err  # stdout is for results
     assert len(source) == 3
     assert [source[i]["en"] for i in range(3)] == [f"test_2016_flickr en sentence {i}".encode() for i in range(3)]
     assert set(builder.info.splits) == set(multi30k.SPLIT_FILES)
