@@ -221,6 +221,7 @@ def checkpoint_choice(value: str) -> str | int:
 
 
 def add_decoding_flags(parser: argparse.ArgumentParser) -> None:
+    """The flags of the commands that translate: which checkpoint, the search, batches, --no_progress."""
     from jaxformer.decoding.generate import METHODS
 
     add_checkpoint_flags(parser)
@@ -237,6 +238,7 @@ def add_decoding_flags(parser: argparse.ArgumentParser) -> None:
         default=256,
         help="longer inputs are translated in pieces (default: 256)",
     )
+    parser.add_argument("--no_progress", action="store_true", help="no progress bar on stderr")
 
 
 def check_workdir(workdir: str) -> None:

@@ -109,7 +109,7 @@ def run(args: argparse.Namespace) -> int:
         name = args.source
     translator = translator_from_flags(args)
     start = time.perf_counter()
-    hypotheses = translator.translate(sources, progress=True)
+    hypotheses = translator.translate(sources, progress=not args.no_progress)
     seconds = time.perf_counter() - start
     scores = corpus_scores(hypotheses, references)
     scores.update(

@@ -17,7 +17,6 @@ def build_parser() -> argparse.ArgumentParser:
     parser = common.make_parser(__doc__)
     common.add_decoding_flags(parser)
     common.add_input_output_flags(parser, "input")
-    parser.add_argument("--no_progress", action="store_true", help="no progress bar on stderr")
     return parser
 
 

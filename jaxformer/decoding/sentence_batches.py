@@ -54,8 +54,9 @@ def split_sentence(
     if len(ids) <= max_source_tokens:
         return [ids]
     logging.warning(
-        "sentence %d has %d tokens, more than max_source_tokens=%d: translating it in pieces",
+        "sentence %d (line %d) has %d tokens, more than max_source_tokens=%d: translating it in pieces",
         index,
+        index + 1,
         len(ids),
         max_source_tokens,
     )

@@ -1,5 +1,8 @@
 """Translator: loading from a workdir, batching by length with input order restored, edge cases."""
 
+import logging
+import re
+
 import numpy as np
 import pytest
 
@@ -29,12 +32,16 @@ def test_batch_translation_keeps_input_order(translator):
     assert len(set(together)) > 1  # distinct inputs give distinct outputs, so order is observable
 
 
-def test_empty_and_overlong_sentences(translator):
+def test_empty_and_overlong_sentences(translator, caplog):
     long_sentence = " ".join(read_raw("val.en.gz", 40))  # about 500 tokens: translated in pieces
     translator_small = Translator(
         translator.config, translator.params, translator.tokenizer, GREEDY, max_source_tokens=64
     )
-    outputs = translator_small.translate(["", "A dog runs.", "   ", long_sentence])
+    with caplog.at_level(logging.WARNING):
+        outputs = translator_small.translate(["", "A dog runs.", "   ", long_sentence])
+    assert re.fullmatch(
+        r"sentence 3 \(line 4\) has \d+ tokens, more than max_source_tokens=64: .*", caplog.messages[-1]
+    )
     assert outputs[0] == "" and outputs[2] == ""
     assert outputs[1] == translator.translate(["A dog runs."])[0]
     pieces = sentence_batches.split_sentence(long_sentence, translator.tokenizer, 64, EOS_ID)
