@@ -230,7 +230,7 @@ from jaxformer import BOS_ID, Transformer
 
 model = Transformer(beam.config)
 source_ids = beam.tokenizer.encode(sentences[0])  # ends with EOS
-output_ids = beam.tokenizer.encode(beam.translate(sentences[:1])[0])
+output_ids = beam.target_tokenizer.encode(beam.translate(sentences[:1])[0])  # German: the target's vocabulary
 decoder_input = np.concatenate([[BOS_ID], output_ids[:-1]])  # teacher forcing: BOS + shifted output
 _, state = model.apply({"params": beam.params}, source_ids[None], decoder_input[None], mutable=["intermediates"])
 last_layer = f"layer_{beam.config.num_decoder_layers - 1}"
@@ -238,7 +238,7 @@ last_layer = f"layer_{beam.config.num_decoder_layers - 1}"
 plt.figure(figsize=(7, 6))
 plt.imshow(np.asarray(weights[0].mean(axis=0)), cmap="viridis", aspect="auto")
 plt.xticks(range(len(source_ids)), beam.tokenizer.pieces(source_ids), rotation=90)
-plt.yticks(range(len(output_ids)), beam.tokenizer.pieces(output_ids))
+plt.yticks(range(len(output_ids)), beam.target_tokenizer.pieces(output_ids))
 plt.xlabel("source"); plt.ylabel("target"); plt.colorbar()
 plt.show()
 """,
@@ -264,7 +264,9 @@ print("next-token logits:", logits_fn(beam.params, source, target).shape)
 generate = make_generate_fn(beam.config, DecodeSettings(beam_size=4))  # jitted beam search with the KV cache
 tokens, scores = generate(beam.params, source)  # [B, 4, S + 50], [B, 4]
 print("beam output:", tokens.shape, "scores:", np.round(np.asarray(scores), 2))
-print([beam.tokenizer.decode(row[0]) for row in np.asarray(tokens)])
+best = [beam.target_tokenizer.decode(row[0]) for row in np.asarray(tokens)]  # ids of the target's vocabulary
+print(best)
+print("the same as beam.translate:", best == beam.translate(sentences))
 """),
 ]
 

@@ -112,3 +112,4 @@ def test_notebook_executes_in_quick_mode(tmp_path, monkeypatch, install_build):
         if output.get("output_type") == "stream"
     )
     assert "sacreBLEU on 40 sentences" in text and "beam output: (3, 4, 74)" in text
+    assert "the same as beam.translate: True" in text  # the jitted search's ids, read with the target's tokenizer

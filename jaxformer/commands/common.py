@@ -158,10 +158,11 @@ class TqdmHandler(logging.StreamHandler):
 
 
 class _QuietLibraries(logging.Filter):
-    """Drops orbax's and tfds's INFO chatter (a dozen lines per checkpoint); warnings pass."""
+    """Drops orbax's and tfds's INFO chatter (a dozen lines per checkpoint) and jax's (its search
+    for accelerators on a CPU machine); warnings pass."""
 
     def filter(self, record: logging.LogRecord) -> bool:
-        noisy = "/orbax/" in record.pathname or "/tensorflow_datasets/" in record.pathname
+        noisy = any(library in record.pathname for library in ("/orbax/", "/tensorflow_datasets/", "/jax/"))
         return record.levelno >= logging.WARNING or not noisy
 
 

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import logging
 import os
 import sys
 import time
@@ -137,7 +138,7 @@ def run(args: argparse.Namespace) -> int:
 
 
 def main(argv: list[str] | None = None) -> int:
-    return run_command(build_parser(), run, argv)
+    return run_command(build_parser(), run, argv, log_level=logging.INFO)
 
 
 if __name__ == "__main__":

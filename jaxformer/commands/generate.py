@@ -8,6 +8,7 @@ jaxformer-generate --workdir runs/m30k_lm --method beam --max_new_tokens 20 --in
 from __future__ import annotations
 
 import argparse
+import logging
 import sys
 
 from jaxformer.commands import common
@@ -51,7 +52,7 @@ def run(args: argparse.Namespace) -> int:
 
 
 def main(argv: list[str] | None = None) -> int:
-    return common.run_command(build_parser(), run, argv)
+    return common.run_command(build_parser(), run, argv, log_level=logging.INFO)
 
 
 if __name__ == "__main__":

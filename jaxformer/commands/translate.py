@@ -7,6 +7,7 @@ python translate.py --workdir runs/m30k --input input.en --output output.de --ch
 from __future__ import annotations
 
 import argparse
+import logging
 import sys
 
 from jaxformer.commands import common
@@ -28,7 +29,7 @@ def run(args: argparse.Namespace) -> int:
 
 
 def main(argv: list[str] | None = None) -> int:
-    return common.run_command(build_parser(), run, argv)
+    return common.run_command(build_parser(), run, argv, log_level=logging.INFO)
 
 
 if __name__ == "__main__":

@@ -255,7 +255,7 @@ def test_the_run_saves_the_candidate_with_the_highest_validation_bleu(scheduled_
     assert bleu(20, greedy, 16) == pytest.approx(losses(workdir, "eval/bleu")[20], abs=1e-6)
 
 
-def test_translate_and_evaluate_use_the_alpha_the_run_chose_unless_told(scheduled_run, tmp_path):
+def test_translate_and_evaluate_use_the_alpha_the_run_chose_unless_told(scheduled_run, tmp_path, capsys):
     from jaxformer.commands import common, evaluate, translate
 
     workdir = scheduled_run.workdir
@@ -274,7 +274,9 @@ def test_translate_and_evaluate_use_the_alpha_the_run_chose_unless_told(schedule
     scores = tmp_path / "scores.json"
     flags = ["--workdir", str(workdir), "--checkpoint", "final", "--split", "validation", "--max_examples", "64"]
     flags += ["--beam_size", "2", "--max_extra_length", "8", "--json", str(scores)]
+    capsys.readouterr()
     assert evaluate.main(flags) == 0
+    assert f"I length penalty alpha {chosen:g}: chosen on validation by the run" in capsys.readouterr().err  # logged
     written = json.loads(scores.read_text())
     assert written["alpha"] == chosen and written["bleu"] == pytest.approx(
         last_metrics(workdir)["final"]["bleu"], abs=1e-6
