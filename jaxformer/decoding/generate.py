@@ -7,6 +7,7 @@ other JAX programs; `make_generate_fn` jits it for one model and one set of sett
 from __future__ import annotations
 
 import dataclasses
+import math
 from typing import Any
 
 import jax
@@ -64,6 +65,12 @@ class DecodeSettings:
             raise ValueError(
                 f"beam_size and max_extra_length must be >= 1, got {self.beam_size}, {self.max_extra_length}"
             )
+        if not 0 <= self.alpha < math.inf:  # NaN too: it would rank every hypothesis alike
+            raise ValueError(f"alpha must be a finite number >= 0, got {self.alpha}")
+        if not 0 < self.temperature < math.inf:
+            raise ValueError(f"temperature must be a finite number > 0, got {self.temperature}")
+        if self.top_k < 0:
+            raise ValueError(f"top_k must be >= 0 (0: the whole vocabulary), got {self.top_k}")
 
     @property
     def hypotheses(self) -> int:

@@ -175,6 +175,10 @@ def _check_known_fields(values: Mapping[str, Any], where: str) -> None:
             raise ConfigError(f"unknown key {key!r} in {where}{hint} Known keys: {', '.join(_FIELD_NAMES)}.")
 
 
+def _number(value: Any) -> bool:
+    return isinstance(value, (int, float, np.integer, np.floating)) and not isinstance(value, (bool, np.bool_))
+
+
 def _validate(config: TransformerConfig) -> None:
     def fail(field: str, problem: str) -> None:
         raise ConfigError(f"TransformerConfig.{field}={getattr(config, field)!r}: {problem}")
@@ -225,8 +229,9 @@ def _validate(config: TransformerConfig) -> None:
         fail("activation", f"must be one of {', '.join(map(repr, ACTIVATIONS))}")
     if config.position_layout not in ("interleaved", "halves"):
         fail("position_layout", 'must be "interleaved" (the paper) or "halves"')
-    if not isinstance(config.logits_bias, (bool, np.bool_)):
-        fail("logits_bias", "must be True or False")
+    for field in ("share_embeddings", "tie_output_embedding", "logits_bias", "deterministic", "scan_layers"):
+        if not isinstance(getattr(config, field), (bool, np.bool_)):
+            fail(field, "must be True or False")
     if config.logits_bias and config.architecture != "encoder_decoder":
         fail("logits_bias", f"applies to the encoder_decoder architecture only, not {config.architecture!r}")
     if config.normalization not in ("post", "pre"):
@@ -235,9 +240,9 @@ def _validate(config: TransformerConfig) -> None:
         fail("remat_policy", 'must be "none", "full", "dots" or "dots_no_batch"')
     if config.attention_implementation not in ("jaxformer", "xla", "cudnn"):
         fail("attention_implementation", 'must be "jaxformer", "xla" or "cudnn"')
-    if not 0 < config.layer_norm_epsilon < math.inf:
+    if not _number(config.layer_norm_epsilon) or not 0 < config.layer_norm_epsilon < math.inf:
         fail("layer_norm_epsilon", "must be a finite number > 0")
-    if not config.position_base > 1:
+    if not _number(config.position_base) or not config.position_base > 1:
         fail("position_base", "must be greater than 1")
     for field in ("dtype", "param_dtype"):
         if not jnp.issubdtype(getattr(config, field), jnp.floating):

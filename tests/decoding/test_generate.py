@@ -99,3 +99,18 @@ def test_sampling_is_seeded(params):
 def test_bad_settings_are_named():
     with pytest.raises(ValueError, match="nucleus"):
         DecodeSettings(method="nucleus")
+
+
+@pytest.mark.parametrize(
+    "values,message",
+    [
+        (dict(alpha=float("nan")), r"alpha must be a finite number >= 0, got nan"),
+        (dict(alpha=-0.5), r"alpha must be a finite number >= 0, got -0.5"),
+        (dict(method="sample", temperature=0.0), r"temperature must be a finite number > 0, got 0.0"),
+        (dict(method="sample", top_k=-5), r"top_k must be >= 0 \(0: the whole vocabulary\), got -5"),
+        (dict(beam_size=0), r"beam_size and max_extra_length must be >= 1, got 0, 50"),
+    ],
+)
+def test_settings_that_would_decode_wrongly_are_refused(values, message):
+    with pytest.raises(ValueError, match=message):
+        DecodeSettings(**values)
