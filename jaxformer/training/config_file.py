@@ -11,6 +11,7 @@ import ast
 import difflib
 import importlib.resources
 import importlib.util
+import logging
 import os
 import pathlib
 from collections.abc import Sequence
@@ -18,7 +19,7 @@ from typing import Any
 
 import ml_collections
 
-from jaxformer.model.config import ConfigError
+from jaxformer.model.config import PRESETS, ConfigError
 from jaxformer.training.experiment import nullable_keys, unknown_key_error
 
 OVERRIDE_PREFIX = "--config."
@@ -175,8 +176,14 @@ def _parse(key: str, text: str, current: Any, field_type: type | None) -> Any:
 
 
 def apply_overrides(config: ml_collections.ConfigDict, overrides: Sequence[tuple[str, str]]) -> None:
-    """Sets each (dotted key, text) on `config`; only existing keys can be set."""
+    """Sets each (dotted key, text) on `config`; only existing keys can be set. `model.preset`
+    comes first, whatever its place: it sets the preset's sizes and dropout (the model section
+    holds every field, so the name alone would change nothing), which the other keys then override."""
+    overrides = sorted(overrides, key=lambda override: override[0] != "model.preset")  # stable otherwise
     for key, text in overrides:
+        if key == "model.preset" and "model" in config and "preset" in config.model:
+            _set_preset(config.model, text)
+            continue
         *path, leaf = key.split(".")
         section = config
         for part in path:
@@ -195,3 +202,12 @@ def apply_overrides(config: ml_collections.ConfigDict, overrides: Sequence[tuple
             section[leaf] = value
         except (TypeError, ValueError) as error:
             raise ConfigError(f"--config.{key}={text}: {error}") from None
+
+
+def _set_preset(model: ml_collections.ConfigDict, name: str) -> None:
+    if name not in PRESETS:
+        raise ConfigError(f"--config.model.preset={name}: must be one of {', '.join(PRESETS)}")
+    sizes = {field: value for field, value in PRESETS[name].items() if field in model}  # vocab_size: the tokenizer's
+    model.preset = name
+    model.update(sizes)
+    logging.info("model preset %r: %s", name, ", ".join(f"{field}={value}" for field, value in sizes.items()))

@@ -15,6 +15,7 @@ from jaxformer.decoding.search import BEAM_STOPS
 from jaxformer.model.config import ARCHITECTURES, ConfigError
 from jaxformer.run.directory import CHECKPOINT_KINDS
 from jaxformer.tokens import NUM_SPECIAL_TOKENS
+from jaxformer.training.sharding import check_rules
 
 
 def _integer(value) -> bool:
@@ -236,3 +237,4 @@ def check_combinations(config, architecture: str) -> None:
     for rule in config.mesh.logical_axis_rules:
         if not (isinstance(rule, (tuple, list)) and len(rule) == 2 and isinstance(rule[0], str)):
             raise ConfigError(f"config mesh.logical_axis_rules: {rule!r} is not a (logical name, mesh axes) pair")
+    check_rules(config.mesh.logical_axis_rules)

@@ -229,7 +229,7 @@ def _locked_train_and_evaluate(config: ml_collections.ConfigDict, workdir: pathl
     mesh = sharding.make_mesh(config.mesh.shape)
     rules = sharding.rules_from_config(config.mesh.logical_axis_rules)
     sharding.check_batch_size(data.batch_size, mesh, rules)
-    sharding.check_batch_size(data.eval_batch_size, mesh, rules)
+    sharding.check_batch_size(data.eval_batch_size, mesh, rules, "data.eval_batch_size")
     logging.info("mesh: %s", dict(mesh.shape))
 
     builder, train_source, eval_source = _prepare_data(data)

@@ -7,6 +7,7 @@ over fsdp (ZeRO-3 style) and tensor (Megatron style), as the logical axis rules 
 
 from __future__ import annotations
 
+import difflib
 import math
 from collections.abc import Sequence
 from typing import Any
@@ -32,6 +33,8 @@ DEFAULT_RULES = (
     ("layers", None),
 )
 BATCH_AXES = ("batch", "length")
+# The logical names the models put on parameters and activations (model/*.py).
+LOGICAL_NAMES = tuple(name for name, _ in DEFAULT_RULES)
 
 
 class MeshError(UserError, ValueError):
@@ -72,6 +75,25 @@ def rules_from_config(rules: Sequence[Sequence[Any]]) -> tuple[tuple[str, Any], 
     return tuple((str(name), tuple(axes) if isinstance(axes, (list, tuple)) else axes) for name, axes in rules)
 
 
+def check_rules(rules: Sequence[Sequence[Any]]) -> None:
+    """MeshError for a rule whose logical name no model uses (a typo would leave that axis
+    replicated without a word) or whose mesh axes are not the mesh's."""
+    for name, axes in rules_from_config(rules):
+        if name not in LOGICAL_NAMES:
+            near = difflib.get_close_matches(name, LOGICAL_NAMES, n=1)
+            hint = f" (did you mean {near[0]!r}?)" if near else ""
+            raise MeshError(
+                f"mesh.logical_axis_rules: {name!r} is no logical axis name{hint}; the models use "
+                + ", ".join(LOGICAL_NAMES)
+            )
+        for axis in axes if isinstance(axes, tuple) else (axes,):
+            if axis is not None and axis not in AXIS_NAMES:
+                raise MeshError(
+                    f"mesh.logical_axis_rules: {name!r} -> {axis!r} is no mesh axis; the mesh has "
+                    + ", ".join(AXIS_NAMES)
+                )
+
+
 def logical_shardings(boxed_tree: Any, mesh: Mesh, rules) -> Any:
     """NamedShardings for a tree whose leaves are boxed with logical names (others: replicated).
 
@@ -89,13 +111,15 @@ def replicated(mesh: Mesh) -> NamedSharding:
     return NamedSharding(mesh, PartitionSpec())
 
 
-def check_batch_size(batch_size: int, mesh: Mesh, rules) -> None:
+def check_batch_size(batch_size: int, mesh: Mesh, rules, key: str = "data.batch_size") -> None:
+    """MeshError naming the config `key` of a batch size that the data-parallel shards or the
+    processes do not divide."""
     spec = nn.logical_to_mesh_axes(BATCH_AXES, rules)[0]
     axes = spec if isinstance(spec, tuple) else (spec,) if spec else ()
     ways = math.prod(mesh.shape[axis] for axis in axes)
     if batch_size % ways or batch_size % jax.process_count():
         raise MeshError(
-            f"data.batch_size={batch_size} must be divisible by the {ways} data-parallel shards "
+            f"{key}={batch_size} must be divisible by the {ways} data-parallel shards "
             f"and by the {jax.process_count()} processes"
         )
 

@@ -224,6 +224,14 @@ def test_missing_inputs_and_workdirs_are_named(tmp_path, capsys, no_decoding):
         (["--config.training.seed"], "--config.training.seed has no value"),
         (["--num_processes=2"], "--num_processes=2 and --process_id=None: give both"),
         (["--config.data.name=bogus_ds"], "data.name='bogus_ds' names no dataset"),
+        (
+            ["--config.mesh.logical_axis_rules=(('batch','data'),('embed','fdsp'))"],
+            "mesh.logical_axis_rules: 'embed' -> 'fdsp' is no mesh axis; the mesh has data, fsdp, tensor\n",
+        ),
+        (
+            ["--config.mesh.logical_axis_rules=(('batch','data'),('emebd','fsdp'))"],
+            "mesh.logical_axis_rules: 'emebd' is no logical axis name (did you mean 'embed'?); the models use batch,",
+        ),
         (["--config.data.data_dir=/proc/jaxformer-data"], "data.data_dir='/proc/jaxformer-data': /proc takes no new"),
     ],
 )

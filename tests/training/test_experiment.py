@@ -191,3 +191,18 @@ def test_a_language_models_one_vocabulary_is_tokenizer_model_path(name):
         r"has one vocabulary; give it as tokenizer.model_path$",
     ):
         experiment.validate(config)
+
+
+def test_a_preset_override_sets_the_presets_sizes_before_the_other_overrides():
+    from jaxformer.model.config import PRESETS
+    from jaxformer.training.config_file import apply_overrides, load_config
+
+    config = load_config("tiny")
+    apply_overrides(config, [("model.d_model", "64"), ("model.preset", "big")])  # the preset first, whatever its place
+    model = experiment.model_config(config, 1000)
+    big = PRESETS["big"]
+    assert (model.d_model, model.num_heads, model.d_ff) == (64, big["num_heads"], big["d_ff"])
+    assert (model.num_encoder_layers, model.dropout_rate) == (big["num_encoder_layers"], big["dropout_rate"])
+    assert model.vocab_size == 1000  # the tokenizer's, not the preset's
+    with pytest.raises(ConfigError, match=r"^--config.model.preset=huge: must be one of tiny, base, big$"):
+        apply_overrides(config, [("model.preset", "huge")])

@@ -190,6 +190,8 @@ def test_mesh_shape_errors():
     mesh = sharding.make_mesh((4, 2, 1))
     with pytest.raises(sharding.MeshError, match="batch_size=6 must be divisible by the 8 data-parallel shards"):
         sharding.check_batch_size(6, mesh, sharding.DEFAULT_RULES)
+    with pytest.raises(sharding.MeshError, match="^data.eval_batch_size=4 must be divisible by the 8 data-parallel"):
+        sharding.check_batch_size(4, mesh, sharding.DEFAULT_RULES, "data.eval_batch_size")
 
 
 @pytest.mark.parametrize(("num_heads", "divides"), [(8, True), (4, False)])
