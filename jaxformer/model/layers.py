@@ -12,7 +12,7 @@ import jax.numpy as jnp
 from jaxformer.model.config import TransformerConfig
 from jaxformer.model.dropout import Dropout
 from jaxformer.model.position import positional_encoding
-from jaxformer.model.projection import project
+from jaxformer.model.projection import WEIGHT_PRODUCT, project
 from jaxformer.typing import Array, Float, Int
 
 
@@ -155,10 +155,15 @@ def residual(
     return norm(inputs + dropout(sublayer(inputs)))
 
 
+# The dots policies also keep the named bf16 weight products (projection.py), which reach remat
+# as custom_vjp calls rather than dot_generals.
+_WEIGHT_PRODUCTS = jax.checkpoint_policies.save_only_these_names(WEIGHT_PRODUCT)
 REMAT_POLICIES = {
     "full": jax.checkpoint_policies.nothing_saveable,
-    "dots": jax.checkpoint_policies.dots_saveable,
-    "dots_no_batch": jax.checkpoint_policies.dots_with_no_batch_dims_saveable,
+    "dots": jax.checkpoint_policies.save_from_both_policies(jax.checkpoint_policies.dots_saveable, _WEIGHT_PRODUCTS),
+    "dots_no_batch": jax.checkpoint_policies.save_from_both_policies(
+        jax.checkpoint_policies.dots_with_no_batch_dims_saveable, _WEIGHT_PRODUCTS
+    ),
 }
 
 

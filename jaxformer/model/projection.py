@@ -23,6 +23,7 @@ import functools
 
 import jax
 import jax.numpy as jnp
+from jax.ad_checkpoint import checkpoint_name
 
 from jaxformer.typing import Array
 
@@ -34,6 +35,10 @@ def _operands_and_output(spec: str) -> tuple[str, str, str]:
         if (letter in lhs) + (letter in rhs) + (letter in output) != 2:
             raise ValueError(f"projection {spec!r}: letter {letter!r} must appear in exactly two of its three terms")
     return lhs, rhs, output
+
+
+# The name of a narrow-operand weight product's output, for remat policies (model/layers.py).
+WEIGHT_PRODUCT = "weight_product"
 
 
 @functools.partial(jax.custom_vjp, nondiff_argnums=(0, 1))
@@ -81,4 +86,5 @@ def project(spec: str, inputs: Array, kernel: Array, operand_dtype=None) -> Arra
         raise ValueError(f"projection {spec!r}: operand dtype {operand_dtype} is wider than the inputs' {inputs.dtype}")
     if jnp.finfo(operand_dtype).bits >= 32:
         return jnp.einsum(spec, inputs, kernel)
-    return _accumulated(spec, operand_dtype, inputs, kernel)
+    # Named: remat's dots policies see a custom_vjp call here, not the dot_general inside it.
+    return checkpoint_name(_accumulated(spec, operand_dtype, inputs, kernel), WEIGHT_PRODUCT)

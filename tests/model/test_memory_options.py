@@ -88,6 +88,36 @@ def test_fused_attention_gives_the_same_loss(reference, implementation):
     np.testing.assert_allclose(fused_loss, loss, rtol=1e-5)  # "cudnn" falls back to XLA on a CPU
 
 
+def _saved_products(config, params):
+    """(dot_general outputs, named bf16 weight products) that remat keeps for the backward pass."""
+    import contextlib
+    import io
+
+    from jax.ad_checkpoint import print_saved_residuals
+
+    source, target = batch()
+    printed = io.StringIO()
+    with contextlib.redirect_stdout(printed):
+        print_saved_residuals(lambda p: jnp.sum(Transformer(config).apply({"params": p}, source, target)), params)
+    text = printed.getvalue()
+    return text.count("output of dot_general"), text.count("weight_product")
+
+
+@pytest.mark.parametrize("policy", ["dots", "dots_no_batch"])
+def test_dots_policies_keep_the_same_products_with_bf16_operands(policy):
+    """bf16 weight products are custom_vjp calls, not dot_generals: without their name the dots
+    policies would keep none of them and recompute everything, as "full" does."""
+    config = preset("tiny", deterministic=True, num_encoder_layers=1, num_decoder_layers=1, remat_policy=policy)
+    source, target = batch()
+    params = nn.meta.unbox(Transformer(config).init(jax.random.key(0), source, target)["params"])
+    dots, named = _saved_products(config, params)
+    assert dots > 0 and named == 0
+    for narrow in (dict(matmul_dtype="bfloat16"), dict(dtype="bfloat16")):
+        narrow_dots, narrow_named = _saved_products(config.replace(**narrow), params)
+        assert narrow_named > 0 and narrow_dots + narrow_named == dots, narrow  # every product kept, as in float32
+    assert _saved_products(config.replace(remat_policy="full", matmul_dtype="bfloat16"), params) == (0, 0)
+
+
 def test_unknown_options_are_errors():
     with pytest.raises(ConfigError, match="remat_policy='some'"):
         preset("tiny", remat_policy="some")
