@@ -87,18 +87,21 @@ def length_sorted_batches(
     max_buffer_growth: float = 1.0,
     extra_length: int = 0,
 ) -> Iterator[tuple[list[int], np.ndarray]]:
-    """(indices into `sources`, int32 [batch_size, S]) batches, longest sources first; a batch
-    short of rows is filled with empty sentences, which stop at once. S is `padded_length` of the
-    batch's longest row: its bucket, or with `max_buffer_growth` > 1 one of `compiled_lengths`
-    (the source lengths a search was compiled for; each S picked is added to it)."""
+    """(indices into `sources`, int32 [R, S]) batches, longest sources first. R is `batch_size`,
+    or for fewer sources the power of two that holds them all (a few rows are not decoded as
+    thousands); a batch short of rows is filled with empty sentences, which stop at once. S is
+    `padded_length` of the batch's longest row: its bucket, or with `max_buffer_growth` > 1 one
+    of `compiled_lengths` (the source lengths a search was compiled for; each S picked is added
+    to it)."""
     known = set() if compiled_lengths is None else compiled_lengths
     order = sorted(range(len(sources)), key=lambda i: len(sources[i]), reverse=True)
+    rows = min(batch_size, 1 << max(len(sources) - 1, 0).bit_length())
     for start in range(0, len(order), batch_size):
         indices = order[start : start + batch_size]
         longest = max(len(sources[i]) for i in indices)
         length = padded_length(longest, length_bucket, known, max_buffer_growth, extra_length)
         known.add(length)
-        batch = np.full((batch_size, length), pad_id, np.int32)
+        batch = np.full((rows, length), pad_id, np.int32)
         batch[len(indices) :, 0] = eos_id
         for row, index in enumerate(indices):
             batch[row, : len(sources[index])] = sources[index]
@@ -134,14 +137,20 @@ def join_pieces(
     decode: Callable[[np.ndarray], str],
 ) -> list[Hypotheses]:
     """Per sentence, its hypotheses (text, score) best first: a one-piece sentence keeps its
-    piece's, a long sentence's best translations of its pieces are joined by spaces (their scores
-    summed), and an empty sentence gives [("", 0.0)]."""
+    piece's; a long sentence's are the best combinations of its pieces' hypotheses, one per piece
+    joined by spaces with their scores summed, as many as a piece has; an empty sentence gives
+    [("", 0.0)]."""
     results: list[Hypotheses] = [[] for _ in range(sentence_count)]
     for owner, hypotheses in zip(owners, decoded):
         texts = [(decode(tokens), score) for tokens, score in hypotheses]
         if not results[owner]:
             results[owner] = texts
         else:
-            best = results[owner][0]
-            results[owner] = [(f"{best[0]} {texts[0][0]}".strip(), best[1] + texts[0][1])]
+            combined = [
+                (f"{before} {after}".strip(), before_score + after_score)
+                for before, before_score in results[owner]
+                for after, after_score in texts
+            ]
+            combined.sort(key=lambda hypothesis: -hypothesis[1])  # stable: ties keep the pieces' order
+            results[owner] = combined[: len(texts)]
     return [result or [("", 0.0)] for result in results]

@@ -47,6 +47,16 @@ def test_longest_batch_first_sets_the_length_the_others_reuse():
         assert all(batch[row, 0] == EOS_ID for row in range(len(indices), 3))  # empty filler rows
 
 
+def test_fewer_sentences_than_a_batch_take_the_power_of_two_that_holds_them():
+    sources = [np.array([7, 7, EOS_ID], np.int32)] * 3
+    for batch_size, rows in ((2048, 4), (3, 3), (2, 2), (1, 1)):
+        shapes = [
+            batch.shape for _, batch in sentence_batches.length_sorted_batches(sources, batch_size, 16, 0, EOS_ID)
+        ]
+        assert shapes == [(rows, 16)] * -(-3 // batch_size), batch_size
+    assert [b.shape for _, b in sentence_batches.length_sorted_batches(sources[:1], 64, 16, 0, EOS_ID)] == [(1, 16)]
+
+
 @pytest.fixture(scope="module")
 def mixed_sentences():
     """Short and long sentences, so their buckets differ (16 and 48 tokens for the tiny tokenizer)."""
@@ -128,3 +138,28 @@ def test_parallel_batches_change_no_result(decoding_workdir, mixed_sentences, se
 def test_parallel_batches_must_be_positive(decoding_workdir):
     with pytest.raises(ValueError, match="parallel_batches must be >= 1, got 0"):
         Translator.from_workdir(decoding_workdir, parallel_batches=0)
+
+
+def test_a_long_sentences_hypotheses_are_the_best_combinations_of_its_pieces():
+    import itertools
+
+    from jaxformer.decoding.sentence_batches import join_pieces
+
+    rng = np.random.default_rng(0)
+    owners = [0, 1, 1, 1, 3]  # sentence 1 in three pieces; sentence 2 empty (no piece)
+    decoded = [
+        [(np.array([piece * 10 + k]), float(score)) for k, score in enumerate(sorted(rng.normal(size=4))[::-1])]
+        for piece in range(len(owners))
+    ]
+    joined = join_pieces(owners, decoded, 4, decode=lambda tokens: f"w{int(tokens[0])}")
+    assert joined[0] == [(f"w{k}", score) for k, (_, score) in enumerate(decoded[0])]
+    assert joined[2] == [("", 0.0)] and len(joined[3]) == 4
+    every = sorted(
+        (
+            (" ".join(f"w{int(t[0])}" for t, _ in combo), sum(s for _, s in combo))
+            for combo in itertools.product(*decoded[1:4])
+        ),
+        key=lambda hypothesis: -hypothesis[1],
+    )  # all 64 combinations: the exhaustive reference
+    assert [text for text, _ in joined[1]] == [text for text, _ in every[:4]]
+    np.testing.assert_allclose([score for _, score in joined[1]], [score for _, score in every[:4]], rtol=1e-12)
