@@ -182,6 +182,12 @@ def check_combinations(config, architecture: str) -> None:
             f"{training.keep_checkpoints}: the final choice averages kept checkpoints only; keep at least "
             f"{training.average_last}, or lower average_last"
         )
+    if training.final_choice and training.final_alphas and config.decoding.method != "beam":
+        raise ConfigError(
+            f"config training.final_alphas={tuple(training.final_alphas)} with decoding.method="
+            f"{config.decoding.method!r}: the length penalty ranks beam search's hypotheses and changes "
+            "nothing else; set decoding.method='beam' or final_alphas=()"
+        )
     if training.rdrop_alpha > 0 and architecture == "encoder_only":
         raise ConfigError(
             f"config training.rdrop_alpha={training.rdrop_alpha!r}: R-Drop compares two predictions of the "

@@ -223,6 +223,15 @@ def test_missing_inputs_and_workdirs_are_named(tmp_path, capsys, no_decoding):
         (["--config.model=3"], "--config.model is a section, not a value: set one of its keys (model.activation, "),
         (["--config.training.seed"], "--config.training.seed has no value"),
         (["--num_processes=2"], "--num_processes=2 and --process_id=None: give both"),
+        (
+            [
+                "--config.decoding.method=greedy",
+                "--config.training.final_choice=True",
+                "--config.training.average_last=2",
+                "--config.training.final_alphas=(1.0,2.0)",
+            ],
+            "config training.final_alphas=(1.0, 2.0) with decoding.method='greedy': the length penalty ranks beam",
+        ),
         (["--config.data.name=bogus_ds"], "data.name='bogus_ds' names no dataset"),
         (
             ["--config.mesh.logical_axis_rules=(('batch','data'),('embed','fdsp'))"],
