@@ -231,6 +231,8 @@ def _locked_train_and_evaluate(config: ml_collections.ConfigDict, workdir: pathl
     sharding.check_batch_size(data.batch_size, mesh, rules)
     sharding.check_batch_size(data.eval_batch_size, mesh, rules, "data.eval_batch_size")
     logging.info("mesh: %s", dict(mesh.shape))
+    if latest is None and not starting_points:
+        _check_mesh_fits_the_configured_model(config, mesh, rules)
 
     builder, train_source, eval_source = _prepare_data(data)
     fingerprint = data_fingerprint(builder)
@@ -268,16 +270,38 @@ def _locked_train_and_evaluate(config: ml_collections.ConfigDict, workdir: pathl
         return _train(config, prepared, build_model(model_config), mesh, rules)
 
 
+def _state_shardings(config, model: nn.Module, optimizer, mesh, rules) -> tuple[Any, Any]:
+    """(the train state's abstract tree, boxed with logical names; its shardings), once every array
+    is known to divide along its mesh axes (MeshError naming the first that does not)."""
+    data = config.data
+    boxed_state = jax.eval_shape(
+        make_init_fn(model, optimizer, data.max_length, data.max_length, boxed=True), config.training.seed
+    )
+    state_shardings = sharding.logical_shardings(boxed_state, mesh, rules)
+    sharding.check_divisible(sharding.strip_boxes(boxed_state), state_shardings, mesh)
+    return boxed_state, state_shardings
+
+
+def _check_mesh_fits_the_configured_model(config, mesh, rules) -> None:
+    """The mesh against the model the config describes (its tokenizer.vocab_size or given
+    tokenizers), before any data is prepared: a mesh that cannot hold it is found in seconds, not
+    after hours of preparing WMT. A fresh run's tokenizers have those sizes; resumed and
+    fine-tuned runs take theirs from elsewhere and are checked once those are known."""
+    source_size, target_size = experiment.vocabulary_sizes(config)
+    model_config = experiment.model_config(
+        config, target_size, source_size if config.tokenizer.separate_vocabularies else None
+    )
+    optimizer, _ = make_optimizer(config.optimizer, model_config.d_model)
+    with jax.set_mesh(mesh), nn.logical_axis_rules(rules):
+        _state_shardings(config, build_model(model_config), optimizer, mesh, rules)
+
+
 def _train(config, prepared: PreparedRun, model: nn.Module, mesh, rules) -> dict[str, Any]:
     data, training = config.data, config.training
     run, checkpointer, tokenizers = prepared.directory, prepared.checkpointer, prepared.tokenizers
     objective = objective_for(model.config, tokenizers.source.mask_id, training.seed)
     optimizer, learning_rate = make_optimizer(config.optimizer, model.config.d_model)
-    boxed_state = jax.eval_shape(
-        make_init_fn(model, optimizer, data.max_length, data.max_length, boxed=True), training.seed
-    )
-    state_shardings = sharding.logical_shardings(boxed_state, mesh, rules)
-    sharding.check_divisible(sharding.strip_boxes(boxed_state), state_shardings, mesh)
+    boxed_state, state_shardings = _state_shardings(config, model, optimizer, mesh, rules)
     abstract_state = sharding.abstract_with_shardings(sharding.strip_boxes(boxed_state), state_shardings)
     init_fn = make_init_fn(model, optimizer, data.max_length, data.max_length)
     logging.info("model: %s parameters", f"{count_parameters(abstract_state.params):,}")

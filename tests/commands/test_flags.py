@@ -2,6 +2,7 @@
 nothing decoded, trained or written."""
 
 import pathlib
+import re
 import subprocess
 import sys
 
@@ -160,6 +161,16 @@ def test_missing_inputs_and_workdirs_are_named(tmp_path, capsys, no_decoding):
     with pytest.raises(SystemExit) as stopped:
         average_checkpoints.main(["--workdir", str(tmp_path), "--last", "0"])
     assert stopped.value.code == 2
+
+
+def test_a_mesh_that_cannot_hold_the_configured_model_stops_before_data_is_prepared(tmp_path, capsys):
+    workdir, data_dir = tmp_path / "run", tmp_path / "data"
+    tiny = str(ROOT / "jaxformer" / "configs" / "tiny.py")
+    overrides = [f"--config.data.data_dir={data_dir}", "--config.mesh.shape=(1,1,8)"]  # 4 heads over tensor=8
+    assert train.main(["--config", tiny, "--workdir", str(workdir), *overrides]) == 2
+    error = capsys.readouterr().err.splitlines()[-1]
+    assert re.fullmatch(r"error: mesh.shape=\(1, 1, 8\): params/\S+ \(.*\) has 4 along dimension \d+, which .*", error)
+    assert not data_dir.exists() and not workdir.exists()  # nothing prepared, trained or left behind
 
 
 @pytest.mark.parametrize(
