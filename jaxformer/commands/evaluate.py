@@ -113,22 +113,28 @@ def run(args: argparse.Namespace) -> int:
     hypotheses = translator.translate(sources, progress=not args.no_progress)
     seconds = time.perf_counter() - start
     scores = corpus_scores(hypotheses, references)
+    settings = translator.settings
+    searched_with = {  # the settings the search read: the others would not describe it
+        "beam": dict(
+            beam_size=settings.beam_size,
+            alpha=settings.alpha,
+            length_penalty=settings.length_penalty,
+            stop=settings.stop,
+        ),
+        "sample": dict(temperature=settings.temperature, top_k=settings.top_k),
+        "greedy": {},
+    }[settings.method]
     scores.update(
         workdir=str(args.workdir),
         checkpoint=str(args.checkpoint),
         step=translator.step,
         data=name,
-        method=args.method,
-        beam_size=args.beam_size,
-        alpha=translator.settings.alpha,
-        length_penalty=args.length_penalty,
-        stop=args.stop,
+        method=settings.method,
+        **searched_with,
         decode_seconds=seconds,
     )
-    print(
-        f"{name}: {len(sources)} sentences, step {translator.step} ({args.checkpoint}), "
-        f"{args.method}{' ' + str(args.beam_size) if args.method == 'beam' else ''}, {seconds:.1f}s"
-    )
+    search = f"beam {settings.beam_size}, alpha {settings.alpha:g}" if settings.method == "beam" else settings.method
+    print(f"{name}: {len(sources)} sentences, step {translator.step} ({args.checkpoint}), {search}, {seconds:.1f}s")
     print(format_scores(scores))
     if args.output:
         write_text_atomically(args.output, "".join(f"{line}\n" for line in hypotheses))

@@ -143,6 +143,7 @@ def test_evaluate_a_split_of_the_runs_dataset(decoding_workdir, tmp_path, capsys
     )
     scores = json.loads((tmp_path / "s.json").read_text())
     assert scores["sentences"] == 12 and scores["data"] == "test_2016_flickr"
+    assert scores["method"] == "greedy" and not {"beam_size", "alpha", "stop", "temperature"} & set(scores)
     assert "translate: 100%" in capsys.readouterr().err  # the progress bar, unless --no_progress:
     arguments = ["--workdir", str(decoding_workdir), "--split", "test_2016_flickr", "--max_examples", "3", *FAST]
     assert evaluate.main([*arguments, "--no_progress"]) == 0
