@@ -22,6 +22,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from jaxformer.commands.common import FlagError, Parser, at_least, check_writable_file, number, path_text
 from jaxformer.configs import multi30k
 from jaxformer.model.architectures import build_model
 from jaxformer.model.config import TransformerConfig, preset
@@ -54,7 +55,8 @@ CONFIGS: dict[str, Callable[[], tuple[TransformerConfig, int, int, int]]] = {
 
 
 def _experiment_shapes(experiment) -> tuple[TransformerConfig, int, int, int]:
-    """An experiment config's model (its tokenizer.vocab_size pieces, shared) and training batch:
+    """An experiment config's model (its tokenizer.vocab_size pieces: per language, separate
+    embeddings, where the config has separate vocabularies, as multi30k does) and training batch:
     data.batch_size packed rows of data.max_length tokens each side. The model computes in float32
     whatever the config's matmul_dtype: the benchmarks compare precisions as rows of their own."""
     model = model_config(experiment, experiment.tokenizer.vocab_size).replace(matmul_dtype=None)
@@ -66,7 +68,8 @@ SMOKE = (preset("tiny"), 4, 16, 16)
 
 
 def small_config(**overrides: Any) -> TransformerConfig:
-    """The `small` model (Multi30k-sized: d 256, 4 heads, 3+3 layers, d_ff 1024, vocab 8192)."""
+    """The `small` model (vocab 8192 shared, d 256, 4 heads, 3+3 layers, d_ff 1024): a small
+    translator, not jaxformer/configs/multi30k.py's model (that is the `multi30k` size)."""
     return CONFIGS["small"]()[0].replace(**overrides)
 
 
@@ -140,8 +143,10 @@ def time_interleaved(
     for fn in fns.values():
         for _ in range(warmup):
             jax.block_until_ready(fn())
+    if iters < 1:
+        raise ValueError(f"iters must be >= 1, got {iters}")
     times: dict[str, list[float]] = {name: [] for name in fns}
-    for _ in range(max(iters, 1)):
+    for _ in range(iters):
         for name, fn in fns.items():
             start = time.perf_counter()
             jax.block_until_ready(fn())
@@ -280,26 +285,109 @@ def cpu_count() -> int:
 # ------------------------------------------------------------------------------------------
 
 
-def parser(description: str, budget_of: str | None = None) -> argparse.ArgumentParser:
-    """The shared options; with `budget_of` ("a row", "a length") also --budget-s, the seconds of
-    timed calls after which timing `budget_of` stops."""
-    result = argparse.ArgumentParser(description=description)
+def summary(doc: str) -> str:
+    """A module docstring's first paragraph, on one line: a benchmark's --help description."""
+    return " ".join(doc.strip().split("\n\n")[0].split())
+
+
+def names(choices: Sequence[str]) -> Callable[[str], list[str]]:
+    """An argparse type: comma-separated names, each one of `choices`, none repeated."""
+    return comma_separated(lambda text: text, f"names from {', '.join(choices)}", choices)
+
+
+def positive_integers(text: str) -> list[int]:
+    """An argparse type: comma-separated integers >= 1."""
+    return comma_separated(at_least(1), "integers >= 1")(text)
+
+
+def comma_separated(item: Callable[[str], Any], what: str, choices: Sequence[str] = ()) -> Callable[[str], list]:
+    """An argparse type: a comma-separated list, each item through `item` (and one of `choices`,
+    when given), none empty or repeated."""
+
+    def parse(text: str) -> list:
+        values = []
+        for piece in text.split(","):
+            if not piece.strip():
+                raise argparse.ArgumentTypeError(f"must be comma-separated {what}, got {text!r}")
+            try:
+                value = item(piece.strip())
+            except argparse.ArgumentTypeError as error:
+                raise argparse.ArgumentTypeError(f"{error} (in {text!r})") from None
+            if choices and value not in choices:
+                raise argparse.ArgumentTypeError(f"{value!r} is not one of {', '.join(choices)}")
+            if value in values:
+                raise argparse.ArgumentTypeError(f"{value!r} is given twice")
+            values.append(value)
+        return values
+
+    parse.__name__ = f"comma-separated {what}"
+    return parse
+
+
+def parser(name: str, doc: str, budget_of: str | None = None, torch: bool = False) -> Parser:
+    """The shared options of benchmark `name` (its module's docstring `doc` gives the --help
+    description); with `budget_of` ("a row", "a length") also --budget-s, the seconds of timed
+    calls after which timing `budget_of` stops; with `torch` (the benchmarks that time the torch
+    reference) --torch and --torch-threads. Errors are one line and exit 2 (`Parser`). Parse with
+    `parse_args`, which checks --json before any work."""
+    result = Parser(prog=f"python -m benchmarks.{name}", description=summary(doc))
     if budget_of:
         result.add_argument(
-            "--budget-s", type=float, default=60.0, help=f"stop timing {budget_of} after this many seconds"
+            "--budget-s",
+            type=number(0.0, inclusive=True),
+            default=60.0,
+            help=f"stop timing {budget_of} after this many seconds of timed calls, keeping at least one "
+            "(default 60; 0: one timed call)",
         )
     result.add_argument(
-        "--smoke", action="store_true", help="tiny sizes and 2 timed steps: a check that it runs, in seconds"
+        "--smoke",
+        action="store_true",
+        help="tiny sizes and a couple of timed steps: a check that it runs; the numbers mean nothing. Not "
+        "with the flags whose values it sets itself (their help says `not with --smoke`)",
     )
-    result.add_argument("--iters", type=int, default=None, help="timed iterations per row (median reported)")
     result.add_argument(
-        "--json", metavar="FILE", default=None, help="also write the rows to FILE, one JSON object a line"
+        "--iters", type=at_least(1), default=None, help="timed iterations per row, >= 1 (median reported)"
     )
-    result.add_argument("--torch", action="store_true", help="also time the PyTorch reference (needs torch)")
     result.add_argument(
-        "--torch-threads", type=int, default=None, help="torch intra-op threads (default: the cores available)"
+        "--json",
+        metavar="FILE",
+        type=path_text,
+        default=None,
+        help="also write the rows to FILE, one JSON object a line",
     )
+    result.add_argument("--overwrite", action="store_true", help="with --json: replace FILE if it exists")
+    if torch:
+        result.add_argument("--torch", action="store_true", help="also time the PyTorch reference (needs torch)")
+        result.add_argument(
+            "--torch-threads",
+            type=at_least(1),
+            default=None,
+            help="torch intra-op threads, >= 1 (default: the cores available)",
+        )
     return result
+
+
+def parse_args(
+    arguments: argparse.ArgumentParser, argv: Sequence[str] | None, smoke_sets: Mapping[str, Any] | None = None
+) -> argparse.Namespace:
+    """`arguments.parse_args(argv)`, checked before any work: --json must be writable (and new,
+    unless --overwrite). `smoke_sets` {dest: default} names the flags (given `default=None` in the
+    parser) whose values --smoke sets itself: with --smoke such a flag is an error; without, a
+    flag not given gets its default here."""
+    args = arguments.parse_args(argv)
+    flags = {action.dest: action.option_strings[0] for action in arguments._actions if action.option_strings}
+    for dest, default in (smoke_sets or {}).items():
+        if getattr(args, dest) is None:
+            setattr(args, dest, default)
+        elif args.smoke:
+            arguments.error(f"argument {flags[dest]}: not allowed with argument --smoke, which sets it itself")
+    if args.overwrite and args.json is None:
+        arguments.error("argument --overwrite: only with --json FILE")
+    try:
+        check_writable_file(args.json, "--json", overwrite=args.overwrite)
+    except FlagError as error:
+        arguments.error(str(error))
+    return args
 
 
 def check_torch(args) -> bool:

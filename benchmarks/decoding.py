@@ -35,12 +35,16 @@ from benchmarks.common import (
     check_torch,
     compile_timed,
     median,
+    names,
+    parse_args,
     parser,
+    positive_integers,
     random_params,
     report,
     small_config,
     time_calls,
 )
+from jaxformer.commands.common import at_least
 from jaxformer.decoding.generate import DecodeSettings, decoding_variant, make_generate_fn
 from jaxformer.decoding.search import NEG_INF, SearchSpec, beam_search, greedy_search
 from jaxformer.model.cache import init_cache
@@ -59,6 +63,7 @@ COLUMNS = (
     "compile_s",
     "kv_speedup",
 )
+SEARCHES = ("greedy", "beam")  # beam: DEFAULTS.beam_size
 DEFAULTS = DecodeSettings()  # the paper's beam size and length penalty, as translate.py uses them
 
 
@@ -73,6 +78,8 @@ def _search(tokens_to_logits, cache, batch: int, method: str, length: int):
     if method == "beam":
         tokens, _ = beam_search(tokens_to_logits, cache, spec, DEFAULTS.beam_size, DEFAULTS.alpha)
         return tokens[:, 0]  # [B, L], the best hypothesis
+    if method != "greedy":
+        raise ValueError(f"search {method!r}: not one of {SEARCHES}")
     tokens, _ = greedy_search(tokens_to_logits, cache, spec)
     return tokens
 
@@ -91,7 +98,7 @@ def kv_decode(model: Transformer, params, source: jax.Array, method: str, length
 
 def recompute_decode(model: Transformer, params, source: jax.Array, method: str, length: int) -> jax.Array:
     """Decoding by recomputation over a fixed-length token buffer: [B, length]."""
-    beams = DEFAULTS.beam_size if method == "beam" else 1
+    beams = {"greedy": 1, "beam": DEFAULTS.beam_size}[method]
     encoded = model.apply({"params": params}, source, method=Transformer.encode)  # [B, S, D]
     encoded, source_rows = jnp.repeat(encoded, beams, axis=0), jnp.repeat(source, beams, axis=0)  # row r: source r // K
 
@@ -155,21 +162,38 @@ def bench_torch(config, source: np.ndarray, length: int, iters: int, budget_s: f
 
 
 def main(argv=None) -> list[dict]:
-    arguments = parser(__doc__.splitlines()[0], budget_of="a row")
-    arguments.add_argument("--batch-sizes", default="1,32,128", help="comma-separated source rows per call")
-    arguments.add_argument("--length", type=int, default=64, help="forced output length (tokens)")
-    arguments.add_argument("--source-length", type=int, default=32, help="source tokens per row")
-    arguments.add_argument("--searches", default="greedy,beam", help="comma-separated: greedy, beam")
+    arguments = parser("decoding", __doc__, budget_of="a row", torch=True)
+    arguments.add_argument(
+        "--batch-sizes",
+        type=positive_integers,
+        default=None,
+        help="comma-separated source rows per call (default 1,32,128; not with --smoke)",
+    )
+    arguments.add_argument(
+        "--length", type=at_least(1), default=None, help="forced output length, tokens (default 64; not with --smoke)"
+    )
+    arguments.add_argument(
+        "--source-length", type=at_least(1), default=None, help="source tokens per row (default 32; not with --smoke)"
+    )
+    arguments.add_argument(
+        "--searches",
+        type=names(SEARCHES),
+        default=list(SEARCHES),
+        help=f"comma-separated, of {', '.join(SEARCHES)} (default {','.join(SEARCHES)})",
+    )
     arguments.add_argument(
         "--library", action="store_true", help="also time make_generate_fn unmodified (no forced length)"
     )
-    args = arguments.parse_args(argv)
+    smoke_sets = {"batch_sizes": [1, 32, 128], "length": 64, "source_length": 32}
+    args = parse_args(arguments, argv, smoke_sets)
+    if args.torch and "greedy" not in args.searches:
+        arguments.error("argument --torch: the torch reference decodes greedily only; add greedy to --searches")
     with_torch = check_torch(args)
     if args.smoke:
         config, batch_sizes, args.length, args.source_length = preset("tiny"), [2], 8, 6
         iters = args.iters or 2
     else:
-        config, batch_sizes = small_config(), [int(b) for b in args.batch_sizes.split(",")]
+        config, batch_sizes = small_config(), args.batch_sizes
         iters = args.iters or 5
     config, params = decoding_variant(config, random_params(config))
     model = Transformer(config)
@@ -177,7 +201,7 @@ def main(argv=None) -> list[dict]:
     for batch in batch_sizes:
         rng = np.random.default_rng(batch)
         source = rng.integers(NUM_SPECIAL_TOKENS, config.vocab_size, (batch, args.source_length), dtype=np.int32)
-        for method in args.searches.split(","):
+        for method in args.searches:
             kv = bench_jax("kv", model, params, source, method, args.length, iters, args.budget_s)
             recompute = bench_jax("recompute", model, params, source, method, args.length, iters, args.budget_s)
             kv["kv_speedup"] = recompute["call_ms"] / kv["call_ms"]

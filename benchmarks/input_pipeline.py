@@ -24,9 +24,10 @@ import time
 
 import jax
 
-from benchmarks.common import median, parser, report
+from benchmarks.common import median, parse_args, parser, report
 from benchmarks.real_data import SOURCE, TARGET, cached_tokenizer, training_pairs
 from benchmarks.step_options import compiled_step
+from jaxformer.commands.common import at_least
 from jaxformer.configs import multi30k
 from jaxformer.data.pipeline import TokenizePair, train_dataset
 from jaxformer.model.config import preset
@@ -55,9 +56,14 @@ def _time_batches(iterator, count: int) -> tuple[float, float]:
 
 
 def main(argv=None) -> list[dict]:
-    arguments = parser(__doc__.splitlines()[0])
-    arguments.add_argument("--steps", type=int, default=None, help="batches (and train steps) per timed block")
-    args = arguments.parse_args(argv)
+    arguments = parser("input_pipeline", __doc__)
+    arguments.add_argument(
+        "--steps",
+        type=at_least(1),
+        default=None,
+        help="batches (and train steps) per timed block (default 25; --smoke: 2)",
+    )
+    args = parse_args(arguments, argv)
     iters = args.iters or (1 if args.smoke else 6)
     steps = args.steps or (2 if args.smoke else 25)
     experiment = multi30k.get_config()

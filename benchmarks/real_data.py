@@ -21,10 +21,21 @@ import jax
 import numpy as np
 
 import jaxformer.data
-from benchmarks.common import check_torch, compile_timed, make_train, median, parser, report, small_config
+from benchmarks.common import (
+    check_torch,
+    compile_timed,
+    make_train,
+    median,
+    parse_args,
+    parser,
+    report,
+    small_config,
+)
+from jaxformer.commands.common import FlagError, at_least
 from jaxformer.data.parallel_text import read_parallel_lines
 from jaxformer.data.pipeline import LengthFilter, TokenizePair, train_dataset
 from jaxformer.data.tokenizer import Tokenizer, train_tokenizer
+from jaxformer.errors import UserError
 from jaxformer.model.config import preset
 from jaxformer.tokens import PAD_ID
 from jaxformer.training.experiment import default_config
@@ -73,6 +84,8 @@ def packed_batches(
         len(tokenizer.encode(r[SOURCE])) <= max_length and len(tokenizer.encode(r[TARGET])) <= max_length
         for r in records
     )
+    if not wanted:
+        raise FlagError(f"argument --max-length: no pair of the slice has both sides within {max_length} tokens")
     data = default_config().data
     data.update(
         dict(
@@ -157,29 +170,64 @@ def bench_torch(config, batches: list[dict], repeats: int) -> dict:
 
 
 def main(argv=None) -> list[dict]:
-    arguments = parser(__doc__.splitlines()[0])
-    arguments.add_argument("--pairs", type=int, default=4096, help="training pairs in the slice (the first ones)")
-    arguments.add_argument("--batch-size", type=int, default=32, help="packed rows per jaxformer batch")
-    arguments.add_argument("--max-length", type=int, default=64, help="row length / longest sentence kept, in tokens")
+    arguments = parser("real_data", __doc__, torch=True)
     arguments.add_argument(
-        "--vocab-size", type=int, default=8000, help="tokenizer pieces (jaxformer/configs/multi30k.py uses 8000)"
+        "--pairs",
+        type=at_least(1),
+        default=None,
+        help="training pairs in the slice, the first ones (default 4096; not with --smoke)",
     )
-    arguments.add_argument("--repeats", type=int, default=None, help="timed passes over the slice (median reported)")
-    args = arguments.parse_args(argv)
+    arguments.add_argument(
+        "--batch-size",
+        type=at_least(1),
+        default=None,
+        help="packed rows per jaxformer batch (default 32; not with --smoke)",
+    )
+    arguments.add_argument(
+        "--max-length",
+        type=at_least(1),
+        default=None,
+        help="row length / longest sentence kept, in tokens (default 64; not with --smoke)",
+    )
+    arguments.add_argument(
+        "--vocab-size",
+        type=at_least(1),
+        default=None,
+        help="tokenizer pieces, one vocabulary shared by both languages (default 8000; not with --smoke). "
+        "jaxformer/configs/multi30k.py has 6000 per language, separate vocabularies",
+    )
+    arguments.add_argument(
+        "--repeats",
+        type=at_least(1),
+        default=None,
+        help="timed passes over the slice (default 3; --smoke: 1); --iters is another name for it",
+    )
+    smoke_sets = {"pairs": 4096, "batch_size": 32, "max_length": 64, "vocab_size": 8000}
+    args = parse_args(arguments, argv, smoke_sets)
     with_torch = check_torch(args)
     if args.smoke:
         args.pairs, args.batch_size, args.max_length, args.vocab_size = 48, 4, 32, 300
+    if args.repeats is not None and args.iters is not None:
+        arguments.error("argument --repeats: not allowed with argument --iters (both set the timed passes)")
     repeats = args.repeats or args.iters or (1 if args.smoke else 3)
 
     pairs = training_pairs()
-    tokenizer = cached_tokenizer(pairs[:2000] if args.smoke else pairs, args.vocab_size)
+    if args.pairs > len(pairs):
+        arguments.error(f"argument --pairs: {args.pairs} is more than the {len(pairs):,} training pairs")
+    try:
+        tokenizer = cached_tokenizer(pairs[:2000] if args.smoke else pairs, args.vocab_size)
+    except UserError as error:  # a vocabulary the sentences cannot fill, or too small for their characters
+        arguments.error(f"argument --vocab-size: {error}")
     if args.smoke:
         config = preset("tiny", vocab_size=tokenizer.vocab_size)
     else:
         config = small_config(vocab_size=tokenizer.vocab_size)
     records = [{SOURCE: en, TARGET: de} for en, de in pairs[: args.pairs]]
 
-    batches, pipeline_s = packed_batches(records, tokenizer, args.max_length, args.batch_size)
+    try:
+        batches, pipeline_s = packed_batches(records, tokenizer, args.max_length, args.batch_size)
+    except FlagError as error:
+        arguments.error(str(error))
     stats = _stats(batches)
     timing = bench_jax(config, batches, args.max_length, repeats)
     seconds = timing["seconds"]

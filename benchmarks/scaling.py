@@ -17,13 +17,16 @@ from benchmarks.common import (
     compile_timed,
     make_train,
     memory_bytes,
+    parse_args,
     parser,
+    positive_integers,
     random_batch,
     report,
     small_config,
     time_train_steps,
     train_flops,
 )
+from jaxformer.commands.common import at_least
 
 COLUMNS = (
     "length",
@@ -52,23 +55,35 @@ def attention_share(config, length: int) -> float:
 
 
 def main(argv=None) -> list[dict]:
-    arguments = parser(__doc__.splitlines()[0], budget_of="a length")
-    arguments.add_argument("--lengths", default="32,64,128,256,512,1024", help="comma-separated sequence lengths")
+    arguments = parser("scaling", __doc__, budget_of="a length")
     arguments.add_argument(
-        "--tokens", type=int, default=4096, help="target tokens per batch (batch = tokens // length)"
+        "--lengths",
+        type=positive_integers,
+        default=None,
+        help="comma-separated sequence lengths (default 32,64,128,256,512,1024; not with --smoke)",
     )
-    arguments.add_argument("--batch", type=int, default=None, help="a fixed batch size instead of --tokens")
-    args = arguments.parse_args(argv)
+    sizing = arguments.add_mutually_exclusive_group()
+    sizing.add_argument(
+        "--tokens",
+        type=at_least(1),
+        default=None,
+        help="target tokens per batch: batch = max(1, tokens // length) (default 4096; not with --smoke)",
+    )
+    sizing.add_argument("--batch", type=at_least(1), default=None, help="a fixed batch size instead of --tokens")
+    # --tokens' default (4096) is set below: only without --batch.
+    args = parse_args(arguments, argv, smoke_sets={"lengths": [32, 64, 128, 256, 512, 1024], "tokens": None})
     if args.smoke:
         config, lengths, args.tokens = SMOKE[0], [8, 16], 32
         iters = args.iters or 2
     else:
-        config, lengths = small_config(), [int(length) for length in args.lengths.split(",")]
+        config, lengths = small_config(), args.lengths
+        if args.batch is None and args.tokens is None:
+            args.tokens = 4096
         iters = args.iters or 5
     state, train_fn = make_train(config, 1, 1)
     rows = []
     for length in lengths:
-        batch = args.batch or max(1, args.tokens // length)
+        batch = args.batch if args.batch is not None else max(1, args.tokens // length)
         data = random_batch(length, config.vocab_size, batch, length, length)
         compiled, compile_s = compile_timed(train_fn, state, data)
         memory = memory_bytes(compiled)

@@ -55,6 +55,8 @@ from benchmarks.common import (
     TrainSteps,
     compile_timed,
     median,
+    names,
+    parse_args,
     parser,
     random_batch,
     report,
@@ -254,10 +256,15 @@ def bench(
 
 
 def main(argv=None) -> list[dict]:
-    arguments = parser(__doc__.splitlines()[0])
-    arguments.add_argument("--configs", default="small,base", help="comma-separated: " + ",".join(CONFIGS))
-    args = arguments.parse_args(argv)
-    sizes = {"smoke": SMOKE} if args.smoke else {name: CONFIGS[name]() for name in args.configs.split(",")}
+    arguments = parser("step_options", __doc__)
+    arguments.add_argument(
+        "--configs",
+        type=names(tuple(CONFIGS)),
+        default=None,
+        help=f"comma-separated, of {', '.join(CONFIGS)} (default small,base; not with --smoke)",
+    )
+    args = parse_args(arguments, argv, smoke_sets={"configs": ["small", "base"]})
+    sizes = {"smoke": SMOKE} if args.smoke else {name: CONFIGS[name]() for name in args.configs}
     iters = args.iters or (2 if args.smoke else 10)
     rows = [row for name, size in sizes.items() for row in bench(name, *size, iters, bfloat16=not args.smoke)]
     notes = ["  speedup: flax_dropout's median step time over the row's, timed interleaved in this run"]

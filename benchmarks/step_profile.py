@@ -30,6 +30,7 @@ from __future__ import annotations
 
 import collections
 import glob
+import os
 import re
 import tempfile
 
@@ -43,12 +44,15 @@ from benchmarks.common import (
     compile_timed,
     make_train,
     median,
+    names,
+    parse_args,
     parser,
     random_batch,
     report,
     time_interleaved,
 )
 from benchmarks.train_step import torch_step
+from jaxformer.commands.common import at_least
 
 COMPONENTS = (
     "attention_core",  # Q K^T, the mask and softmax, dropout on the weights, the weighted sum of V
@@ -162,6 +166,11 @@ def profile_torch(step, count: int) -> dict[str, float]:
     """{component: seconds per step} of the torch step's operators' self times over `count` steps."""
     from torch.profiler import ProfilerActivity, profile
 
+    # Kineto, torch's profiler library, logs `USDT:... profiler_start` / `profiler_stop` on stderr
+    # around every profile, at its highest level (USDT, 5, above ERROR); it reads KINETO_LOG_LEVEL
+    # when the process's first profile starts. A level set by the user is kept.
+    os.environ.setdefault("KINETO_LOG_LEVEL", "6")
+
     with profile(activities=[ProfilerActivity.CPU]) as profiler:
         for _ in range(count):
             step()
@@ -204,12 +213,19 @@ def bench(name: str, config, batch: int, source_length: int, target_length: int,
 
 
 def main(argv=None) -> list[dict]:
-    arguments = parser(__doc__.splitlines()[0])
-    arguments.add_argument("--configs", default="small,base", help="comma-separated: tiny, small, base, multi30k")
-    arguments.add_argument("--profile-steps", type=int, default=None, help="steps profiled per side (default 3)")
-    args = arguments.parse_args(argv)
+    arguments = parser("step_profile", __doc__, torch=True)
+    arguments.add_argument(
+        "--configs",
+        type=names(tuple(CONFIGS)),
+        default=None,
+        help=f"comma-separated, of {', '.join(CONFIGS)} (default small,base; not with --smoke)",
+    )
+    arguments.add_argument(
+        "--profile-steps", type=at_least(1), default=None, help="steps profiled per side (default 3; --smoke: 1)"
+    )
+    args = parse_args(arguments, argv, smoke_sets={"configs": ["small", "base"]})
     with_torch = check_torch(args)
-    setups = [("smoke", *SMOKE)] if args.smoke else [(name, *CONFIGS[name]()) for name in args.configs.split(",")]
+    setups = [("smoke", *SMOKE)] if args.smoke else [(name, *CONFIGS[name]()) for name in args.configs]
     args.iters = args.iters or (2 if args.smoke else 6)
     args.profile_steps = args.profile_steps or (1 if args.smoke else 3)
     rows = []

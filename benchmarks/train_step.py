@@ -27,6 +27,8 @@ from benchmarks.common import (
     make_train,
     matmul_rates_gflops,
     median,
+    names,
+    parse_args,
     parser,
     random_batch,
     report,
@@ -160,21 +162,26 @@ def parameter_notes(rows: list[dict]) -> list[str]:
 
 
 def main(argv=None) -> list[dict]:
-    arguments = parser(__doc__.splitlines()[0], budget_of="a row")
-    arguments.add_argument("--configs", default="tiny,small,base", help="comma-separated: tiny, small, base")
+    arguments = parser("train_step", __doc__, budget_of="a row", torch=True)
+    arguments.add_argument(
+        "--configs",
+        type=names(tuple(CONFIGS)),
+        default=None,
+        help=f"comma-separated, of {', '.join(CONFIGS)} (default tiny,small,base; not with --smoke)",
+    )
     arguments.add_argument(
         "--architecture",
         default="encoder_decoder",
         choices=[name for name in ARCHITECTURES if name in BENCHMARKED],
         help="the translator (encoder_decoder) or a causal language model of the same size (decoder_only)",
     )
-    args = arguments.parse_args(argv)
+    args = parse_args(arguments, argv, smoke_sets={"configs": ["tiny", "small", "base"]})
     with_torch = check_torch(args)
     if args.smoke:
         setups = [("smoke", *SMOKE)]
         iters, peak_size = args.iters or 2, 256
     else:
-        setups = [(name, *CONFIGS[name]()) for name in args.configs.split(",")]
+        setups = [(name, *CONFIGS[name]()) for name in args.configs]
         iters, peak_size = args.iters or 10, 2048
     setups = [(name, config.replace(architecture=args.architecture), *shape) for name, config, *shape in setups]
     peak_iters = 3 if args.smoke else 10

@@ -32,6 +32,8 @@ import sys
 import tempfile
 import time
 
+from jaxformer.commands.common import FlagError, Parser, at_least, check_readable_file, check_writable_file, path_text
+
 ROOT = pathlib.Path(__file__).resolve().parents[1]
 DEFAULT_INPUT = ROOT / "jaxformer" / "data" / "raw" / "multi30k" / "test_2016_flickr.en.gz"
 COLUMNS = (
@@ -113,16 +115,36 @@ def run_once(stop: str, cache: str, cache_dir: pathlib.Path, args, input_path: p
 
 
 def main(argv: list[str] | None = None) -> list[dict]:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--workdir", required=True, help="a translation run's directory")
+    parser = Parser(
+        prog="python -m benchmarks.translate_time",
+        description=__doc__,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    parser.add_argument("--workdir", required=True, type=path_text, help="a translation run's directory")
     parser.add_argument("--checkpoint", default="latest", help="latest (default), best, averaged, final or a step")
-    parser.add_argument("--input", default=str(DEFAULT_INPUT), help="sentences, one a line (.gz or plain)")
-    parser.add_argument("--beam_size", type=int, default=4)
-    parser.add_argument("--rounds", type=int, default=1, help="times each variant runs (median reported)")
-    parser.add_argument("--json", metavar="FILE", help="also write the rows to FILE, one JSON object a line")
+    parser.add_argument(
+        "--input", default=str(DEFAULT_INPUT), type=path_text, help="sentences, one a line (.gz or plain)"
+    )
+    parser.add_argument("--beam_size", type=at_least(1), default=4, help="beam size, >= 1 (default 4)")
+    parser.add_argument(
+        "--rounds", type=at_least(1), default=1, help="times each variant runs, >= 1 (median reported; default 1)"
+    )
+    parser.add_argument(
+        "--json", metavar="FILE", type=path_text, help="also write the rows to FILE, one JSON object a line"
+    )
+    parser.add_argument("--overwrite", action="store_true", help="with --json: replace FILE if it exists")
     args = parser.parse_args(argv)
+    if args.overwrite and args.json is None:
+        parser.error("argument --overwrite: only with --json FILE")
+    try:
+        if not os.path.isdir(args.workdir):
+            raise FlagError(f"--workdir {args.workdir}: no such directory")
+        check_readable_file(args.input, "--input")
+        check_writable_file(args.json, "--json", overwrite=args.overwrite, inputs={"--input": args.input})
+    except FlagError as error:
+        parser.error(str(error))
 
-    from benchmarks.common import cpu_count, report  # imports jax: after --help
+    from benchmarks.common import cpu_count, report  # imports jax: after --help and the flags' checks
     from jaxformer.data.parallel_text import read_lines
 
     sentences = read_lines(args.input)

@@ -23,11 +23,14 @@ other row changes one thing, and all are timed in turn, one step of each per rou
 
 from __future__ import annotations
 
+import argparse
 import os
 
 import jax
 
-from benchmarks.common import median, parser, report, time_interleaved
+from benchmarks.common import median, parse_args, parser, report, time_interleaved
+from jaxformer.commands.common import FlagError, at_least, path_text
+from jaxformer.errors import UserError
 from jaxformer.training.config_file import load_config
 from jaxformer.training.experiment import model_config
 from jaxformer.training.pace import ConfigTrainStep
@@ -60,17 +63,25 @@ def option_value(text: str) -> bool | int | float | str:
 
 
 def parse_option(text: str) -> tuple[str, dict]:
-    """`NAME=KEY:VALUE[,KEY:VALUE]` -> (NAME, {KEY: VALUE})."""
+    """`NAME=KEY:VALUE[,KEY:VALUE]` -> (NAME, {KEY: VALUE}); an argparse type (a bad one is an
+    ArgumentTypeError naming it)."""
     name, _, pairs = text.partition("=")
     options = {}
     for pair in pairs.split(","):
         key, sep, value = pair.partition(":")
-        if not (name and sep and key and value):
-            raise SystemExit(
-                f"--option {text!r}: expected NAME=KEY:VALUE[,KEY:VALUE], e.g. fast=xla_cpu_enable_fast_math:true"
+        if not (name.strip() and sep and key.strip() and value.strip()):
+            raise argparse.ArgumentTypeError(
+                f"{text!r}: expected NAME=KEY:VALUE[,KEY:VALUE], e.g. fast=xla_cpu_enable_fast_math:true"
             )
+        if key.strip() in options:
+            raise argparse.ArgumentTypeError(f"{text!r}: {key.strip()} is given twice")
         options[key.strip()] = option_value(value.strip())
+    if name == "default":
+        raise argparse.ArgumentTypeError(f"{text!r}: `default` is the row without options; name the row otherwise")
     return name, options
+
+
+parse_option.__name__ = "NAME=KEY:VALUE[,KEY:VALUE]"
 
 
 def use_devices(count: int) -> list:
@@ -83,7 +94,7 @@ def use_devices(count: int) -> list:
             pass
     devices = jax.devices()
     if len(devices) < count:
-        raise SystemExit(f"--devices {count}: this process has {len(devices)} device(s) ({devices[0].platform})")
+        raise FlagError(f"argument --devices: {count} asked, this process has {len(devices)} ({devices[0].platform})")
     return devices[:count]
 
 
@@ -98,28 +109,45 @@ def experiment_steps(config, variants: dict[str, tuple[int, dict]], devices: lis
 
 
 def main(argv=None) -> list[dict]:
-    arguments = parser(__doc__.splitlines()[0])
-    arguments.add_argument("--config", default="multi30k", help="an experiment config: a shipped name or a file")
+    arguments = parser("xla_options", __doc__)
+    arguments.add_argument(
+        "--config",
+        type=path_text,
+        default=None,
+        help="an experiment config: a shipped name or a file (default multi30k; not with --smoke, which uses tiny)",
+    )
     arguments.add_argument(
         "--option",
         action="append",
+        type=parse_option,
         default=None,
         metavar="NAME=KEY:VALUE[,KEY:VALUE]",
-        help="a row of compiler options",
+        help="a row of compiler options (repeatable, each NAME once; default: DEFAULT_OPTIONS's rows)",
     )
     arguments.add_argument(
         "--devices",
-        type=int,
+        type=at_least(1),
         default=None,
-        help="the data_parallel row's devices (default: the cores, on a CPU; 1: none)",
+        help="the data_parallel row's devices (default: the cores, on a CPU; 1: no such row)",
     )
-    args = arguments.parse_args(argv)
-    options = dict(map(parse_option, args.option)) if args.option else SMOKE_OPTIONS if args.smoke else DEFAULT_OPTIONS
-    if "default" in options:
-        raise SystemExit("--option default=...: `default` is the row without options; name the row otherwise")
-    config = load_config("tiny" if args.smoke else args.config)
+    args = parse_args(arguments, argv, smoke_sets={"config": "multi30k"})
+    if args.option:
+        given = [name for name, _ in args.option]
+        repeated = [name for name in given if given.count(name) > 1]
+        if repeated:
+            arguments.error(f"argument --option: the row name {repeated[0]!r} is given twice")
+        options = dict(args.option)
+    else:
+        options = SMOKE_OPTIONS if args.smoke else DEFAULT_OPTIONS
+    try:
+        config = load_config("tiny" if args.smoke else args.config)
+    except UserError as error:
+        arguments.error(f"argument --config: {error}")
     count = args.devices if args.devices is not None else (2 if args.smoke else os.cpu_count() or 1)
-    devices = use_devices(count)
+    try:
+        devices = use_devices(count)
+    except FlagError as error:
+        arguments.error(str(error))
     if args.devices is None and devices[0].platform != "cpu":
         devices = devices[:1]  # no virtual devices beside an accelerator: pass --devices for real ones
     variants = {"default": (1, {}), **{name: (1, values) for name, values in options.items()}}

@@ -1,5 +1,7 @@
 """benchmarks.xla_options: its rows, its options' parsing, and its data-parallel row's step."""
 
+import argparse
+
 import jax
 import numpy as np
 import pytest
@@ -28,8 +30,10 @@ def test_options_parse_to_typed_compiler_options():
     )
     assert xla_options.parse_option("f=a:1.5,b:false,c:x")[1] == {"a": 1.5, "b": False, "c": "x"}
     for bad in ("nokey", "name=key", "=key:1", "name=key:"):
-        with pytest.raises(SystemExit, match="expected NAME=KEY:VALUE"):
+        with pytest.raises(argparse.ArgumentTypeError, match="expected NAME=KEY:VALUE"):
             xla_options.parse_option(bad)
+    with pytest.raises(argparse.ArgumentTypeError, match="a is given twice"):
+        xla_options.parse_option("f=a:1,a:2")
 
 
 @pytest.mark.slow  # the step lowered and compiled
