@@ -88,20 +88,19 @@ BUDGET_CHECK_STEPS = 10  # a time budget is checked (and the schedule's end re-e
 
 
 class ScheduleEnd:
-    """Sets the "budget" schedule's end (optimizer.py: `end_step`, in optimizer updates) in the
-    train state; does nothing under other schedules."""
+    """Sets the "budget" schedule's end (optimizer.py: `end_step`, in optimizer updates: train
+    steps) in the train state; does nothing under other schedules."""
 
     def __init__(self, config: ml_collections.ConfigDict, state, replicated):
-        self.updates_per_step = 1 / config.optimizer.accumulation_steps
         self.max_steps = config.training.num_train_steps
         self.replicated = replicated
         self.active = end_step(state.opt_state) is not None
 
     def steps(self, state) -> float:
-        return float(jax.device_get(end_step(state.opt_state))) / self.updates_per_step
+        return float(jax.device_get(end_step(state.opt_state)))
 
     def set(self, state, steps: float):
-        value = jax.device_put(np.float32(steps * self.updates_per_step), self.replicated)
+        value = jax.device_put(np.float32(steps), self.replicated)
         return state.replace(opt_state=set_end_step(state.opt_state, value))
 
     def at_start(self, state, step: int, resumed: bool, timed: bool):

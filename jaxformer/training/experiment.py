@@ -131,7 +131,9 @@ def default_config() -> ml_collections.ConfigDict:
     # learning rate x weight_decay of their value; biases and LayerNorm scales are left alone. 0: Adam.
     config.optimizer.weight_decay = 0.0
     config.optimizer.clip_norm = 1.0  # global gradient-norm clip (0 turns it off)
-    config.optimizer.accumulation_steps = 1  # micro-batches per optimizer update
+    # Each batch in this many micro-batches of data.batch_size / k rows (activation memory of one);
+    # their gradients are summed, so a step is still one update of the whole batch.
+    config.optimizer.accumulation_steps = 1
     # An exponential moving average of the parameters with this decay (0: none), kept in the
     # optimizer state and offered to the final choice as the candidate "ema" (parameter_ema.py).
     config.optimizer.ema_decay = 0.0

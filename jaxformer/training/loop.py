@@ -355,7 +355,15 @@ def _train(config, prepared: PreparedRun, model: nn.Module, mesh, rules) -> dict
 
     train_fns = {
         with_rdrop: jax.jit(
-            make_train_step(model, optimizer, learning_rate, training, objective, rdrop=with_rdrop),
+            make_train_step(
+                model,
+                optimizer,
+                learning_rate,
+                training,
+                objective,
+                rdrop=with_rdrop,
+                accumulation_steps=config.optimizer.accumulation_steps,
+            ),
             in_shardings=(state_shardings, batch_sharding),
             out_shardings=(state_shardings, replicated),
             donate_argnums=0,

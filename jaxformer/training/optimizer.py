@@ -1,5 +1,5 @@
 """The paper's optimizer (section 5.3): Adam(0.9, 0.98, 1e-9) with warmup then inverse square root
-decay, plus global-norm gradient clipping and optional gradient accumulation.
+decay, plus global-norm gradient clipping (gradient accumulation is the train step's: step.py).
 
 `optimizer.weight_decay` > 0 makes it AdamW (Loshchilov and Hutter 2019): the decay is decoupled
 from Adam's moments and scaled by the learning rate, as in optax.adamw and torch's AdamW, and
@@ -106,12 +106,10 @@ def make_optimizer(
     clip_norm (0: no clipping), accumulation_steps, ema_decay (0: no moving average of the
     parameters)), and its learning rate as a function of (train step, optimizer state), for logging.
 
-    With `accumulation_steps` k > 1 each call sees one micro-batch; gradients are averaged
-    and Adam steps once every k calls, so the schedule counts optimizer updates: train step
-    s runs at the rate of update s // k. A budget schedule's end starts at update 1 until the
-    training loop sets it.
+    Every call is one update: `accumulation_steps` is read by the train step (step.py), which
+    adds a batch's micro-batch gradients before it calls this once. A budget schedule's end
+    starts at update 1 until the training loop sets it.
     """
-    every = config.accumulation_steps
     weight_decay = config.get("weight_decay", 0.0)
     chain = [optax.clip_by_global_norm(config.clip_norm)] if config.clip_norm else []
     if config.get("schedule", "rsqrt") == "budget":
@@ -123,7 +121,7 @@ def make_optimizer(
         chain.append(scale_by_budget_schedule(peak, config.warmup_steps, floor, end_step=1.0))
 
         def learning_rate(step, opt_state):
-            return budget_rate(step // every, end_step(opt_state), peak, config.warmup_steps, floor)
+            return budget_rate(step, end_step(opt_state), peak, config.warmup_steps, floor)
     else:
         schedule = rsqrt_schedule(d_model, config.warmup_steps, config.learning_rate_scale)
         if weight_decay:
@@ -134,11 +132,9 @@ def make_optimizer(
 
         def learning_rate(step, opt_state):
             del opt_state
-            return schedule(step // every)
+            return schedule(step)
 
     optimizer = optax.chain(*chain)
-    if config.get("ema_decay", 0.0):  # averages the parameters after each update, not each micro-batch
+    if config.get("ema_decay", 0.0):  # averages the parameters after each update
         optimizer = with_parameter_ema(optimizer, config.ema_decay)
-    if every == 1:
-        return optimizer, learning_rate
-    return optax.MultiSteps(optimizer, every_k_schedule=every), learning_rate
+    return optimizer, learning_rate

@@ -108,7 +108,15 @@ class ConfigTrainStep:
                 random_rows(data, (source_size, target_size), objective.features), batch_sharding
             )
             self.step = jax.jit(
-                make_train_step(model, optimizer, learning_rate, training, objective, rdrop=rdrop),
+                make_train_step(
+                    model,
+                    optimizer,
+                    learning_rate,
+                    training,
+                    objective,
+                    rdrop=rdrop,
+                    accumulation_steps=config.optimizer.accumulation_steps,
+                ),
                 in_shardings=(state_shardings, batch_sharding),
                 out_shardings=(state_shardings, sharding.replicated(self.mesh)),
                 donate_argnums=0,

@@ -39,6 +39,12 @@ def _input_tokens(batch: Batch) -> jax.Array:
     return jnp.sum(tokens != PAD_ID).astype(jnp.float32)
 
 
+def micro_batches(batch: Batch, count: int) -> dict[str, jax.Array]:
+    """[B, L] -> [count, B / count, L]: micro-batch i holds rows i, i + count, i + 2 count, ...,
+    so each keeps its share of every data-parallel shard's rows."""
+    return {key: x.reshape(x.shape[0] // count, count, *x.shape[1:]).swapaxes(0, 1) for key, x in batch.items()}
+
+
 def train_step(
     state: TrainState,
     batch: Batch,
@@ -50,9 +56,15 @@ def train_step(
     loss_chunk_tokens: int = 512,
     objective: Objective = TRANSLATION,
     rdrop_alpha: float = 0.0,
+    accumulation_steps: int = 1,
 ) -> tuple[TrainState, Metrics]:
-    """One optimizer step (or micro-step) with teacher forcing, dropout keyed by
-    `state.dropout_key()` (fold_in(state.rng, state.step)).
+    """One optimizer update with teacher forcing, dropout keyed by `state.dropout_key()`
+    (fold_in(state.rng, state.step)).
+
+    `accumulation_steps` k > 1: the batch's rows are taken k micro-batches at a time (`micro_batches`;
+    the i-th with dropout key fold_in(state.dropout_key(), i)), their gradients of the loss sum
+    added, and the update made once with their sum divided by the whole batch's weight: the
+    gradient of one batch, token-weighted, in the activation memory of a k-th of it.
 
     `rdrop_alpha` > 0: R-Drop (Liang et al., 2021). Every row runs twice, side by side, under
     two dropout draws, and the loss adds alpha times the two predictions' symmetric KL
@@ -64,13 +76,10 @@ def train_step(
     stored whole.
     """
 
-    # R-Drop's pairs as adjacent rows 2i and 2i + 1: a batch-sharded batch stays local to its shard.
-    model_batch = jax.tree.map(lambda x: jnp.repeat(x, 2, axis=0), dict(batch)) if rdrop_alpha > 0 else batch
-
-    def loss_fn(params):
-        outputs, targets, weights = objective.forward(
-            model, params, model_batch, False, state.dropout_key(), project=False
-        )
+    def loss_sum(params, batch, dropout_key):
+        # R-Drop's pairs as adjacent rows 2i and 2i + 1: a batch-sharded batch stays local to its shard.
+        model_batch = jax.tree.map(lambda x: jnp.repeat(x, 2, axis=0), dict(batch)) if rdrop_alpha > 0 else batch
+        outputs, targets, weights = objective.forward(model, params, model_batch, False, dropout_key, project=False)
         # [B, T, D], [V, D], and with config.logits_bias the output bias [V]
         hidden, output_embedding, *output_bias = outputs
         metrics = projected_token_losses(
@@ -85,9 +94,29 @@ def train_step(
             rdrop_alpha=rdrop_alpha,
         )
         metrics["source_tokens"] = _input_tokens(batch)
-        return metrics["loss_sum"] / jnp.maximum(metrics["weight"], 1.0), metrics
+        return metrics["loss_sum"], metrics
 
-    grads, metrics = jax.grad(loss_fn, has_aux=True)(state.params)
+    if accumulation_steps == 1:
+
+        def mean_loss(params):
+            total, metrics = loss_sum(params, batch, state.dropout_key())
+            return total / jnp.maximum(metrics["weight"], 1.0), metrics
+
+        grads, metrics = jax.grad(mean_loss, has_aux=True)(state.params)
+    else:
+        parts = micro_batches(batch, accumulation_steps)
+        micro_gradient = jax.grad(loss_sum, has_aux=True)
+
+        def add_micro_batch(sums, index):
+            part = jax.tree.map(lambda x: x[index], parts)
+            added = micro_gradient(state.params, part, jax.random.fold_in(state.dropout_key(), index))
+            return jax.tree.map(jnp.add, sums, added), None
+
+        first = micro_gradient(
+            state.params, jax.tree.map(lambda x: x[0], parts), jax.random.fold_in(state.dropout_key(), 0)
+        )
+        (grad_sums, metrics), _ = jax.lax.scan(add_micro_batch, first, jnp.arange(1, accumulation_steps))
+        grads = jax.tree.map(lambda g: g / jnp.maximum(metrics["weight"], 1.0), grad_sums)
     updates, opt_state = optimizer.update(grads, state.opt_state, state.params)
     params = optax.apply_updates(state.params, updates)
     metrics["grad_norm"] = optax.tree.norm(grads)
@@ -112,10 +141,12 @@ def make_train_step(
     training: ml_collections.ConfigDict,
     objective: Objective = TRANSLATION,
     rdrop: bool = True,
+    accumulation_steps: int = 1,
 ) -> Callable[[TrainState, Batch], tuple[TrainState, Metrics]]:
     """`train_step` with the model, its objective, the optimizer and its learning rate (from
     `make_optimizer`) bound, and the label smoothing, loss chunk and R-Drop weight of the config's
-    `training` section. `rdrop=False`: the plain step of a config with R-Drop, for the steps
+    `training` section, taking each batch in `accumulation_steps` micro-batches (the
+    `optimizer` section's). `rdrop=False`: the plain step of a config with R-Drop, for the steps
     before it starts (rdrop_start.py)."""
     return functools.partial(
         train_step,
@@ -126,6 +157,7 @@ def make_train_step(
         loss_chunk_tokens=training.loss_chunk_tokens,
         objective=objective,
         rdrop_alpha=training.rdrop_alpha if rdrop else 0.0,
+        accumulation_steps=accumulation_steps,
     )
 
 

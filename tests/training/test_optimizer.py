@@ -57,24 +57,6 @@ def test_gradients_are_clipped_by_global_norm():
     assert len(clip_state) == 2  # clip, then Adam
 
 
-def test_accumulation_equals_one_big_batch():
-    def loss(params, x):
-        return jnp.mean((x @ params["w"]) ** 2)
-
-    x = jax.random.normal(jax.random.key(0), (8, 3))
-    params = {"w": jnp.array([0.3, -0.2, 0.5])}
-    big, _ = make_optimizer(section(warmup_steps=5, clip_norm=0.0), d_model=16)
-    updates, _ = big.update(jax.grad(loss)(params, x), big.init(params), params)
-    expected = optax.apply_updates(params, updates)
-
-    accumulating, _ = make_optimizer(section(warmup_steps=5, clip_norm=0.0, accumulation_steps=2), d_model=16)
-    state, current = accumulating.init(params), params
-    for half in (x[:4], x[4:]):
-        updates, state = accumulating.update(jax.grad(loss)(params, half), state, current)
-        current = optax.apply_updates(current, updates)
-    np.testing.assert_allclose(current["w"], expected["w"], rtol=1e-5)
-
-
 def test_section_values_reach_adam_and_the_learning_rate_counts_updates():
     optimizer, learning_rate = make_optimizer(section(warmup_steps=7, learning_rate_scale=2.0, eps=1e-3), d_model=64)
     np.testing.assert_allclose(learning_rate(3, None), rsqrt_schedule(64, 7, 2.0)(3), rtol=1e-7)
@@ -82,9 +64,9 @@ def test_section_values_reach_adam_and_the_learning_rate_counts_updates():
     updates, _ = optimizer.update(grads, optimizer.init(params), params)
     np.testing.assert_allclose(updates["w"], -float(learning_rate(0, None)) * 0.1 / (0.1 + 1e-3), rtol=1e-5)  # eps 1e-3
     _, accumulating_rate = make_optimizer(section(warmup_steps=7, accumulation_steps=3), d_model=64)
-    for step in range(9):  # train steps count micro-batches: 3 of them share an update's rate
+    for step in range(9):  # a train step is an update whatever its micro-batches (step.py)
         rate = accumulating_rate(jnp.int32(step), None)
-        np.testing.assert_array_equal(rate, rsqrt_schedule(64, 7)(jnp.int32(step // 3)))
+        np.testing.assert_array_equal(rate, rsqrt_schedule(64, 7)(jnp.int32(step)))
 
 
 def test_budget_schedule_warms_up_to_the_rsqrt_peak_then_decays_linearly_to_its_floor_at_the_end():
@@ -102,21 +84,17 @@ def test_budget_schedule_warms_up_to_the_rsqrt_peak_then_decays_linearly_to_its_
 
 def test_budget_schedule_end_lives_in_the_optimizer_state_and_moves_the_rate():
     config = section(schedule="budget", warmup_steps=4, learning_rate_scale=1.0, decay_floor=0.0, clip_norm=0.0)
-    for accumulation in (1, 2):
-        config.accumulation_steps = accumulation
-        optimizer, learning_rate = make_optimizer(config, d_model=16)
-        params, grads = {"w": jnp.array([1.0])}, {"w": jnp.array([0.5])}
-        state = set_end_step(optimizer.init(params), jnp.float32(20.0))
-        assert float(end_step(state)) == 20.0
-        for _ in range(6 * accumulation):  # past the warmup
-            updates, state = optimizer.update(grads, state, params)
-        peak = 16**-0.5 * 4**-0.5
-        np.testing.assert_allclose(learning_rate(jnp.int32(6 * accumulation), state), peak * (1 - 3 / 16), rtol=1e-6)
-        shorter = set_end_step(state, jnp.float32(8.0))
-        np.testing.assert_allclose(learning_rate(jnp.int32(6 * accumulation), shorter), peak * (1 - 3 / 4), rtol=1e-6)
-    # The update applies the logged rate: Adam's first step is -rate * g / (|g| + eps).
-    config.accumulation_steps = 1
     optimizer, learning_rate = make_optimizer(config, d_model=16)
+    params, grads = {"w": jnp.array([1.0])}, {"w": jnp.array([0.5])}
+    state = set_end_step(optimizer.init(params), jnp.float32(20.0))
+    assert float(end_step(state)) == 20.0
+    for _ in range(6):  # past the warmup
+        updates, state = optimizer.update(grads, state, params)
+    peak = 16**-0.5 * 4**-0.5
+    np.testing.assert_allclose(learning_rate(jnp.int32(6), state), peak * (1 - 3 / 16), rtol=1e-6)
+    shorter = set_end_step(state, jnp.float32(8.0))
+    np.testing.assert_allclose(learning_rate(jnp.int32(6), shorter), peak * (1 - 3 / 4), rtol=1e-6)
+    # The update applies the logged rate: Adam's first step is -rate * g / (|g| + eps).
     state = set_end_step(optimizer.init(params), jnp.float32(20.0))
     updates, _ = optimizer.update(grads, state, params)
     np.testing.assert_allclose(updates["w"], -float(learning_rate(jnp.int32(0), state)), rtol=1e-5)

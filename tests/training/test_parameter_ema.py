@@ -1,6 +1,6 @@
 """The parameters' moving average (parameter_ema.py) against a float64 loop written out by hand,
-once per optimizer update under gradient accumulation, and in the optimizer state of the config's
-optimizer. In a real run (checkpointed, resumed exactly, a final-choice candidate): test_budget.py."""
+once per optimizer update, and in the optimizer state of the config's optimizer. In a real run
+(checkpointed, resumed exactly, a final-choice candidate): test_budget.py."""
 
 import jax
 import jax.numpy as jnp
@@ -70,33 +70,6 @@ def _optimizer_config(**overrides):
         ema_decay=0.9,
     )
     return ml_collections.ConfigDict(values | overrides)
-
-
-def test_under_accumulation_the_average_moves_once_per_update():
-    optimizer, _ = make_optimizer(_optimizer_config(accumulation_steps=3), d_model=8)
-    single, _ = make_optimizer(_optimizer_config(accumulation_steps=1), d_model=8)
-    params = _params()
-    state = optimizer.init(params)
-    initial = parameter_ema(state)
-    grads = [_grads(step, params) for step in range(6)]
-    for micro_step in range(6):
-        updates, state = optimizer.update(grads[micro_step], state, params)
-        params = optax.apply_updates(params, updates)
-        if micro_step < 2:  # no update yet: the average holds still
-            jax.tree.map(np.testing.assert_array_equal, parameter_ema(state), initial)
-    assert not np.allclose(parameter_ema(state)["w"], initial["w"])
-    # Two updates, each on the mean of three micro-batches' gradients, as `single` takes them.
-    reference = _params()
-    reference_state = single.init(reference)
-    for update in range(2):
-        mean = jax.tree.map(lambda *leaves: sum(leaves) / 3, *grads[3 * update : 3 * update + 3])
-        updates, reference_state = single.update(mean, reference_state, reference)
-        reference = optax.apply_updates(reference, updates)
-    jax.tree.map(
-        lambda got, want: np.testing.assert_allclose(got, want, rtol=1e-6, atol=1e-7),
-        parameter_ema(state),
-        parameter_ema(reference_state),
-    )
 
 
 def test_off_by_default_and_restarted_at_new_parameters():

@@ -28,15 +28,18 @@ def batch(seed):
 
 
 @functools.cache  # one compilation of each step for the whole module: the states are immutable arrays
-def setup(accumulation_steps=1):
+def setup(accumulation_steps=1, model_config=CONFIG, eps=None):
     config = default_config()
     config.optimizer.warmup_steps = 3
+    if eps is not None:
+        config.optimizer.eps = eps
     config.optimizer.accumulation_steps = accumulation_steps
     config.training.loss_chunk_tokens = 8  # 4 rows x 2 positions per chunk
-    model = Transformer(CONFIG)
-    optimizer, learning_rate = make_optimizer(config.optimizer, CONFIG.d_model)
+    model = Transformer(model_config)
+    optimizer, learning_rate = make_optimizer(config.optimizer, model_config.d_model)
     state = jax.jit(make_init_fn(model, optimizer, 9, 8))(0)
-    return model, state, jax.jit(make_train_step(model, optimizer, learning_rate, config.training)), config
+    step = make_train_step(model, optimizer, learning_rate, config.training, accumulation_steps=accumulation_steps)
+    return model, state, jax.jit(step), config
 
 
 def dropout_loss(model, params, data, key):
@@ -62,7 +65,7 @@ def test_dropout_is_keyed_by_fold_in_of_the_state_step(steps_before):
     assert abs(float(own) - float(other)) > 1e-3  # so the key is really told apart
 
 
-def test_the_step_is_pure_and_counts_micro_batches():
+def test_the_step_is_pure_and_every_step_is_an_update():
     _, state, train_fn, config = setup(accumulation_steps=2)
     first, metrics = train_fn(state, batch(0))
     again, metrics_again = train_fn(state, batch(0))  # same state and batch: same step, whatever ran before
@@ -74,9 +77,40 @@ def test_the_step_is_pure_and_counts_micro_batches():
     for seed in range(1, 4):
         state, metrics = train_fn(state, batch(seed))
         rates.append(float(metrics["learning_rate"]))
-        assert int(state.step) == seed + 1  # every micro-batch is a train step
+        assert int(state.step) == seed + 1
     schedule = rsqrt_schedule(CONFIG.d_model, config.optimizer.warmup_steps)
-    np.testing.assert_allclose(rates, [schedule(0), schedule(0), schedule(1), schedule(1)], rtol=1e-6)  # per update
+    np.testing.assert_allclose(rates, [schedule(step) for step in range(4)], rtol=1e-6)  # one update a step
+
+
+def test_micro_batches_give_the_whole_batchs_token_weighted_update():
+    """Micro-batches of unequal token counts (rows 0 and 2 full, 1 and 3 padded): their summed
+    gradients over the whole batch's weight are one batch's gradient, not a mean of means."""
+    still = CONFIG.replace(dropout_rate=0.0)
+    # Adam's eps far above every gradient: its first update is linear in the gradient (not its sign).
+    _, state, whole_step, _ = setup(1, still, eps=1e3)
+    _, _, accumulating_step, _ = setup(2, still, eps=1e3)
+    data = batch(5)
+    assert (data["targets"][0::2] != 0).sum() != (data["targets"][1::2] != 0).sum()
+    whole, whole_metrics = whole_step(state, data)
+    accumulated, metrics = accumulating_step(state, data)
+    for key in ("loss_sum", "weight", "nll_sum", "correct", "source_tokens", "grad_norm", "learning_rate"):
+        np.testing.assert_allclose(metrics[key], whole_metrics[key], rtol=2e-5, err_msg=key)
+    moved = jax.tree.map(lambda new, old: new - old, whole.params, state.params)
+    moved_accumulated = jax.tree.map(lambda new, old: new - old, accumulated.params, state.params)
+    jax.tree.map(lambda a, b: np.testing.assert_allclose(a, b, rtol=1e-4, atol=1e-12), moved_accumulated, moved)
+    assert int(accumulated.step) == int(whole.step) == 1
+
+
+def test_each_micro_batch_has_its_own_dropout_key():
+    model, state, accumulating_step, _ = setup(accumulation_steps=2)
+    data = batch(6)
+    _, metrics = accumulating_step(state, data)
+    loss = jax.jit(functools.partial(dropout_loss, model))
+    parts = [{key: value[index::2] for key, value in data.items()} for index in range(2)]  # rows i, i + 2
+    keys = [jax.random.fold_in(state.dropout_key(), index) for index in range(2)]
+    np.testing.assert_allclose(
+        metrics["loss_sum"], sum(loss(state.params, p, k) for p, k in zip(parts, keys)), rtol=1e-5
+    )
 
 
 def test_eval_step_sums_the_deterministic_loss():
