@@ -52,7 +52,7 @@ from jaxformer.training.rdrop_start import RDropPhase
 from jaxformer.training.run_tokenizer import RunTokenizers, log_unknown_rate, tokenizer_for_run
 from jaxformer.training.signals import RaiseOnSignal, Stopped, StopRequest
 from jaxformer.training.state import count_parameters, make_init_fn
-from jaxformer.training.step import make_eval_step, make_train_step
+from jaxformer.training.step import make_eval_step, make_run_train_step
 from jaxformer.training.train_metrics import TrainMetrics
 from jaxformer.training.validation_bleu import BleuValidator
 
@@ -355,15 +355,7 @@ def _train(config, prepared: PreparedRun, model: nn.Module, mesh, rules) -> dict
 
     train_fns = {
         with_rdrop: jax.jit(
-            make_train_step(
-                model,
-                optimizer,
-                learning_rate,
-                training,
-                objective,
-                rdrop=with_rdrop,
-                accumulation_steps=config.optimizer.accumulation_steps,
-            ),
+            make_run_train_step(config, model, optimizer, learning_rate, objective, rdrop=with_rdrop),
             in_shardings=(state_shardings, batch_sharding),
             out_shardings=(state_shardings, replicated),
             donate_argnums=0,

@@ -42,7 +42,7 @@ from jaxformer.training.objectives import objective_for
 from jaxformer.training.optimizer import make_optimizer
 from jaxformer.training.rdrop_start import RDropStart
 from jaxformer.training.state import make_init_fn
-from jaxformer.training.step import make_train_step
+from jaxformer.training.step import make_run_train_step
 
 # Timed rounds of one step of each config, after WARMUP_STEPS untimed steps of each. On the noisy
 # 2-core VM, 8 rounds gave 1.37x and 1.52x for the same pair in two processes, and 1.39x
@@ -108,15 +108,7 @@ class ConfigTrainStep:
                 random_rows(data, (source_size, target_size), objective.features), batch_sharding
             )
             self.step = jax.jit(
-                make_train_step(
-                    model,
-                    optimizer,
-                    learning_rate,
-                    training,
-                    objective,
-                    rdrop=rdrop,
-                    accumulation_steps=config.optimizer.accumulation_steps,
-                ),
+                make_run_train_step(config, model, optimizer, learning_rate, objective, rdrop=rdrop),
                 in_shardings=(state_shardings, batch_sharding),
                 out_shardings=(state_shardings, sharding.replicated(self.mesh)),
                 donate_argnums=0,

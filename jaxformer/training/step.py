@@ -161,6 +161,27 @@ def make_train_step(
     )
 
 
+def make_run_train_step(
+    config: ml_collections.ConfigDict,
+    model: nn.Module,
+    optimizer: optax.GradientTransformation,
+    learning_rate: LearningRate,
+    objective: Objective,
+    rdrop: bool = True,
+) -> Callable[[TrainState, Batch], tuple[TrainState, Metrics]]:
+    """`make_train_step` as an experiment `config` runs it: its `training` section and its
+    `optimizer.accumulation_steps` (the training loop's step, and the one the pace times)."""
+    return make_train_step(
+        model,
+        optimizer,
+        learning_rate,
+        config.training,
+        objective,
+        rdrop=rdrop,
+        accumulation_steps=config.optimizer.accumulation_steps,
+    )
+
+
 def make_eval_step(
     model: nn.Module, training: ml_collections.ConfigDict, objective: Objective = TRANSLATION
 ) -> Callable[[object, Batch], Metrics]:
