@@ -191,6 +191,14 @@ def train_dataset(
     """
     batch_size = data.batch_size // shard_count
     usable = len(source) // shard_count * shard_count
+    if usable < len(source) and shard_index == 0:  # equal shards keep the processes' steps in step
+        logging.info(
+            "training pairs: the last %d of %d are not read, so that %d input shards hold %d each",
+            len(source) - usable,
+            len(source),
+            shard_count,
+            usable // shard_count,
+        )
     records = grain.MapDataset.source(source)[:usable][shard_index::shard_count]
     encode_once = tokenize.sampling is None and len(records) <= data.encode_once_max_examples
     length_filter = length_filter or LengthFilter(data.max_length)

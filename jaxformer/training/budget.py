@@ -93,13 +93,23 @@ class ScheduleEnd:
 
     def __init__(self, config: ml_collections.ConfigDict, state, replicated):
         self.max_steps = config.training.num_train_steps
+        self.warmup_steps = config.optimizer.warmup_steps
         self.replicated = replicated
         self.active = end_step(state.opt_state) is not None
+        self.warned_within_warmup = False
 
     def steps(self, state) -> float:
         return float(jax.device_get(end_step(state.opt_state)))
 
     def set(self, state, steps: float):
+        if steps <= self.warmup_steps and not self.warned_within_warmup:
+            self.warned_within_warmup = True
+            logging.warning(
+                "budget schedule: the time budget ends near step %.0f, within optimizer.warmup_steps=%d: "
+                "the rate will still be rising when it ends; a shorter warmup (or a longer budget) lets it decay",
+                steps,
+                self.warmup_steps,
+            )
         value = jax.device_put(np.float32(steps), self.replicated)
         return state.replace(opt_state=set_end_step(state.opt_state, value))
 

@@ -182,6 +182,23 @@ def check_combinations(config, architecture: str) -> None:
             f"{training.keep_checkpoints}: the final choice averages kept checkpoints only; keep at least "
             f"{training.average_last}, or lower average_last"
         )
+    optimizer = config.optimizer
+    if optimizer.schedule != "budget" and optimizer.decay_floor != 0.0:
+        raise ConfigError(
+            f"config optimizer.decay_floor={optimizer.decay_floor!r} applies to optimizer.schedule='budget', "
+            f"not {optimizer.schedule!r}"
+        )
+    if optimizer.schedule == "budget" and not training.time_budget_minutes:
+        if training.num_train_steps <= optimizer.warmup_steps:
+            raise ConfigError(
+                f"config training.num_train_steps={training.num_train_steps} ends within optimizer.warmup_steps="
+                f"{optimizer.warmup_steps}: the budget schedule would never decay; lower warmup_steps"
+            )
+    if not training.rdrop_min_plain_steps and training.rdrop_decision_step != 600:
+        raise ConfigError(
+            f"config training.rdrop_decision_step={training.rdrop_decision_step} applies with "
+            "training.rdrop_min_plain_steps > 0 (R-Drop decided by the pace), which is 0"
+        )
     if training.final_choice and training.final_alphas and config.decoding.method != "beam":
         raise ConfigError(
             f"config training.final_alphas={tuple(training.final_alphas)} with decoding.method="

@@ -243,6 +243,18 @@ def test_a_mesh_that_cannot_hold_the_configured_model_stops_before_data_is_prepa
             ],
             "config training.final_alphas=(1.0, 2.0) with decoding.method='greedy': the length penalty ranks beam",
         ),
+        (
+            ["--config.optimizer.decay_floor=0.5"],
+            "config optimizer.decay_floor=0.5 applies to optimizer.schedule='budget', not 'rsqrt'\n",
+        ),
+        (
+            ["--config.optimizer.schedule=budget", "--config.training.num_train_steps=40"],
+            "config training.num_train_steps=40 ends within optimizer.warmup_steps=",
+        ),
+        (
+            ["--config.training.rdrop_decision_step=5"],
+            "config training.rdrop_decision_step=5 applies with training.rdrop_min_plain_steps > 0",
+        ),
         (["--config.data.name=bogus_ds"], "data.name='bogus_ds' names no dataset"),
         (
             ["--config.mesh.logical_axis_rules=(('batch','data'),('embed','fdsp'))"],

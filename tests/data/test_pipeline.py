@@ -1,3 +1,5 @@
+import logging
+
 import numpy as np
 import pytest
 
@@ -249,3 +251,15 @@ def test_encode_once_holds_every_record_as_the_tokenizer_encodes_it(corpus):
     assert split.nbytes == 4 * tokens + 2 * 8 * (len(records) + 1)
     with pytest.raises(IndexError):
         split[len(records)]
+
+
+def test_pairs_left_out_to_make_equal_shards_are_counted_in_the_log(corpus, caplog):
+    records, tokenizer = corpus
+    odd = records[: (len(records) - 2) // 3 * 3 + 2]  # two more than three equal shards hold
+    with caplog.at_level(logging.INFO):
+        make((odd, tokenizer), shard_index=0, shard_count=3)
+        make((odd, tokenizer), shard_index=1, shard_count=3)  # said once, by shard 0
+    said = [message for message in caplog.messages if message.startswith("training pairs: the last")]
+    assert said == [
+        f"training pairs: the last 2 of {len(odd)} are not read, so that 3 input shards hold {len(odd) // 3} each"
+    ]

@@ -6,6 +6,7 @@ sacreBLEU)."""
 
 import dataclasses
 import json
+import logging
 import pathlib
 import shutil
 import types
@@ -198,6 +199,24 @@ def test_each_check_moves_the_schedules_end_to_the_estimate(monkeypatch):
     now[0] = 61.0
     (spent, _, _), state = check_budget(budget, schedule_end, state, 20, writer, config.training)
     assert spent and schedule_end.steps(state) == 21  # the rate reaches its floor at the next update
+
+
+def test_an_end_within_the_warmup_is_said_once(caplog):
+    config = default_config()
+    config.optimizer.update(schedule="budget", warmup_steps=WARMUP, learning_rate_scale=1.0, decay_floor=0.0)
+    optimizer, _ = make_optimizer(config.optimizer, D_MODEL)
+    params = {"w": jnp.zeros(3)}
+    state = TrainState(step=jnp.int32(0), params=params, opt_state=optimizer.init(params), rng=jax.random.key(0))
+    schedule_end = ScheduleEnd(config, state, jax.sharding.SingleDeviceSharding(jax.devices()[0]))
+    with caplog.at_level(logging.WARNING):
+        state = schedule_end.set(state, WARMUP + 1.0)
+        assert not caplog.messages  # it decays, if briefly
+        for estimate in (WARMUP - 2.0, WARMUP - 3.0):
+            state = schedule_end.set(state, estimate)
+    assert len(caplog.messages) == 1 and caplog.messages[0].startswith(
+        f"budget schedule: the time budget ends near step {WARMUP - 2}, within optimizer.warmup_steps={WARMUP}: "
+    )
+    assert schedule_end.steps(state) == WARMUP - 3.0  # said, not changed
 
 
 def test_the_run_saves_the_candidate_with_the_highest_validation_bleu(scheduled_run, data_dir):
