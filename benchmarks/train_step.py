@@ -161,6 +161,14 @@ def parameter_notes(rows: list[dict]) -> list[str]:
     return lines
 
 
+def as_architecture(config, architecture: str):
+    """A translator's sizes as `architecture`: a language model keeps the target side's vocabulary
+    as its one embedding (multi30k's separate source vocabulary and untied embeddings aside)."""
+    if architecture == "encoder_decoder":
+        return config.replace(architecture=architecture)
+    return config.replace(architecture=architecture, share_embeddings=True, source_vocab_size=None, logits_bias=False)
+
+
 def main(argv=None) -> list[dict]:
     arguments = parser("train_step", __doc__, budget_of="a row", torch=True)
     arguments.add_argument(
@@ -183,7 +191,7 @@ def main(argv=None) -> list[dict]:
     else:
         setups = [(name, *CONFIGS[name]()) for name in args.configs]
         iters, peak_size = args.iters or 10, 2048
-    setups = [(name, config.replace(architecture=args.architecture), *shape) for name, config, *shape in setups]
+    setups = [(name, as_architecture(config, args.architecture), *shape) for name, config, *shape in setups]
     peak_iters = 3 if args.smoke else 10
     rates_before = matmul_rates_gflops(peak_size, iters=peak_iters)
     rows = []

@@ -15,6 +15,7 @@ import io
 import logging
 import os
 import pathlib
+import re
 import signal
 import sys
 import tempfile
@@ -71,9 +72,14 @@ def at_least(low: int) -> Callable[[str], int]:
 
 
 def path_text(text: str) -> str:
-    """A file or folder path: not empty, which would mean the current directory by accident."""
+    """A local file or folder path: not empty, which would mean the current directory by accident,
+    and not a URL (gs://, s3://), which local file operations would take for a folder named gs:."""
     if not text.strip():
         raise argparse.ArgumentTypeError(f"must be a path, got {text!r}")
+    if re.match(r"^[A-Za-z][A-Za-z0-9+.-]*://", text):
+        raise argparse.ArgumentTypeError(
+            f"must be a local path or a mounted file system (NFS, gcsfuse), not a URL: {text!r}"
+        )
     return text
 
 

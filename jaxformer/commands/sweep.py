@@ -63,10 +63,19 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def run(args: argparse.Namespace, overrides: list[tuple[str, str]]) -> int:
-    from jaxformer.training.sweep import load_sweep, make_variants, reference_config, results_table, run_sweep
+    from jaxformer.training.sweep import (
+        check_step_budget,
+        load_sweep,
+        make_variants,
+        reference_config,
+        results_table,
+        run_sweep,
+    )
 
     variants = make_variants(args.config, load_sweep(args.sweep), overrides)
     reference = None if args.baseline_steps is None else reference_config(args.config, overrides)
+    if args.baseline_steps is not None:
+        check_step_budget(variants, args.baseline_steps)
     workdir = pathlib.Path(args.workdir).absolute()
     if workdir.exists() and not workdir.is_dir():
         raise FlagError(f"--workdir {workdir} exists and is not a directory")

@@ -75,7 +75,8 @@ def check_source(data: ml_collections.ConfigDict) -> None:
                 f"data.name={name!r}: {dataset} has no config {builder_config!r}; it has {', '.join(sorted(configs))}"
             )
     data_dir = data.get("data_dir")
-    reason = None if data_dir is None else unwritable_folder_reason(data_dir)
+    local = data_dir is not None and "://" not in data_dir  # gs://... : tfds writes it through its own file API
+    reason = unwritable_folder_reason(data_dir) if local else None
     if reason:
         raise DataError(f"data.data_dir={data_dir!r}: {reason}")
 

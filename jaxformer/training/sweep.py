@@ -160,9 +160,15 @@ def finished_result(workdir: pathlib.Path) -> dict[str, Any] | None:
 
 
 def _run_config(variant: Variant, seed_offset: int, pace: dict[str, Any] | None) -> ml_collections.ConfigDict:
-    """The config one seed of `variant` trains with: its seed offset, and its steps under a pace."""
+    """The config one seed of `variant` trains with: its seed offset, and its steps under a pace
+    (a value that contradicts that step budget is a ConfigError naming the variant)."""
     config = with_seed_offset(variant.config, seed_offset)
-    return config if pace is None else with_steps(config, pace["steps"])
+    if pace is None:
+        return config
+    try:
+        return with_steps(config, pace["steps"])
+    except ConfigError as error:
+        raise ConfigError(f"variant {variant.name!r} at {pace['steps']} steps: {error}") from None
 
 
 def _check_finished_as_configured(run_dir: pathlib.Path, variant: Variant, config: ml_collections.ConfigDict) -> None:
@@ -268,6 +274,15 @@ def with_steps(config: ml_collections.ConfigDict, steps: int) -> ml_collections.
     return config
 
 
+def check_step_budget(variants: Sequence[Variant], baseline_steps: int) -> None:
+    """Each variant's config at `baseline_steps` steps, validated before the first trains (a
+    ConfigError naming the variant): a variant's own steps are that times its measured speed,
+    known only when its turn comes, and a value that contradicts a step budget (a warmup as long
+    as the run) would otherwise stop the sweep after the variants before it had trained."""
+    for variant in variants:
+        _run_config(variant, 0, {"steps": baseline_steps})
+
+
 def run_sweep(
     variants: Sequence[Variant],
     workdir: str | pathlib.Path,
@@ -287,6 +302,8 @@ def run_sweep(
     if seeds < 1:
         raise ConfigError(f"seeds={seeds}: a sweep trains each variant with at least one seed")
     workdir = pathlib.Path(workdir)
+    if baseline_steps is not None:
+        check_step_budget(variants, baseline_steps)
     rows = []
     for index, variant in enumerate(variants, 1):
         path, pace = pace_file(workdir, variant), None

@@ -257,3 +257,15 @@ def test_torch_profiles_print_no_profiler_lines():
     assert result.returncode == 0, result.stderr
     assert result.stdout.strip() == "profiled"
     assert "USDT" not in result.stderr and "profiler_start" not in result.stderr
+
+
+def test_a_translators_sizes_as_a_language_model_keep_one_embedding():
+    from benchmarks.common import CONFIGS
+    from benchmarks.train_step import as_architecture
+
+    config, *_ = CONFIGS["multi30k"]()  # separate vocabularies, untied source embedding
+    assert not config.share_embeddings
+    language_model = as_architecture(config, "decoder_only")
+    assert language_model.share_embeddings and language_model.source_vocab_size is None
+    assert (language_model.vocab_size, language_model.d_model) == (config.vocab_size, config.d_model)
+    assert as_architecture(config, "encoder_decoder") == config

@@ -97,6 +97,7 @@ def test_wmt_builders_through_tfds_mock_data():
 def test_a_name_that_names_no_dataset_and_an_unusable_data_dir_are_one_line_errors(tmp_path):
     for name in ("multi30k", "parallel_files", "wmt14_translate/de-en", "wmt17_translate"):
         check_source(section(name, data_dir=str(tmp_path / "new" / "data")))
+    check_source(section("wmt14_translate/de-en", data_dir="gs://bucket/tensorflow_datasets"))  # tfds's own path
     assert not (tmp_path / "new").exists()  # the check writes nothing
     (tmp_path / "a file").write_text("x")
     for values, message in (

@@ -90,6 +90,11 @@ def test_list_configs_and_print_config_need_no_workdir(capsys):
     assert re.fullmatch(
         r"error: argument --workdir: must be a path, got ' '; see \S+ --help\n", capsys.readouterr().err
     )
+    with pytest.raises(SystemExit):
+        train.main(["--config", "tiny", "--workdir", "gs://bucket/run"])  # local file operations: a folder named gs:
+    assert "argument --workdir: must be a local path or a mounted file system (NFS, gcsfuse), not a URL: " in (
+        capsys.readouterr().err
+    )
 
 
 def test_help_says_how_to_list_configs_and_keys(capsys):

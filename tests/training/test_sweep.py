@@ -195,6 +195,22 @@ def test_a_bad_variant_is_one_line_before_anything_trains(tmp_path, capsys, vari
     assert not workdir.exists()
 
 
+def test_a_variant_that_contradicts_the_step_budget_is_named_before_anything_trains(tmp_path, capsys):
+    sweep_file = write_sweep(tmp_path / "late.py", {"baseline": [], "warmup100": ["optimizer.warmup_steps=100"]})
+    workdir = tmp_path / "sweep"
+    budget = ["--baseline_steps", "12", "--config.optimizer.schedule=budget", "--config.optimizer.warmup_steps=4"]
+    budget += ["--config.training.time_budget_minutes=1", "--config.training.num_train_steps=200"]  # valid as given
+    code = sweep_command.main(
+        ["--config", TINY, "--sweep", str(sweep_file), "--workdir", str(workdir), *SHARED, *budget]
+    )
+    error = capsys.readouterr().err
+    assert code == 2 and error.startswith(
+        "error: variant 'warmup100' at 12 steps: config training.num_train_steps=12 ends within "
+        "optimizer.warmup_steps=100"
+    ), error
+    assert not workdir.exists()  # nothing trained, nothing written
+
+
 def test_the_shipped_sweep_builds_every_variant():
     sweep = load_sweep("multi30k_hour")
     variants = make_variants("multi30k", sweep)
