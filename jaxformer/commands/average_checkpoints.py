@@ -10,14 +10,14 @@ import argparse
 import logging
 import sys
 
-from jaxformer.commands.common import at_least, check_workdir, make_parser, run_command
+from jaxformer.commands.common import at_least, check_workdir, make_parser, path_text, run_command
 from jaxformer.run.averaging import average_last
 from jaxformer.run.directory import RunDirectory
 
 
 def build_parser() -> argparse.ArgumentParser:
     parser = make_parser(__doc__)
-    parser.add_argument("--workdir", required=True, help="the training run's directory")
+    parser.add_argument("--workdir", type=path_text, required=True, help="the training run's directory")
     parser.add_argument("--last", type=at_least(1), default=5, help="how many of the newest checkpoints (default: 5)")
     return parser
 

@@ -248,9 +248,9 @@ def add_decoding_flags(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--no_progress", action="store_true", help="no progress bar on stderr")
 
 
-def check_workdir(workdir: str) -> None:
+def check_workdir(workdir: str, flag: str = "--workdir") -> None:
     if not os.path.isdir(workdir):
-        raise FlagError(f"--workdir {workdir}: no such directory")
+        raise FlagError(f"{flag} {workdir}: no such directory")
 
 
 def decode_settings_from_flags(args: argparse.Namespace, max_extra_length: int):
@@ -261,7 +261,7 @@ def decode_settings_from_flags(args: argparse.Namespace, max_extra_length: int):
     return DecodeSettings(
         method=args.method,
         beam_size=args.beam_size,
-        alpha=resolved_alpha(args),
+        alpha=resolved_alpha(args) if args.method == "beam" else DecodeSettings.alpha,  # the others read none
         length_penalty=args.length_penalty,
         max_extra_length=max_extra_length,
         stop=args.stop,

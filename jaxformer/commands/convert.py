@@ -24,9 +24,15 @@ def build_parser() -> argparse.ArgumentParser:
     parser = common.make_parser(__doc__)
     direction = parser.add_mutually_exclusive_group(required=True)
     # --from-hf and --to-hf: the spellings of earlier releases.
-    direction.add_argument("--from_hf", "--from-hf", metavar="DIR", help="a transformers MarianMT directory")
-    direction.add_argument("--to_hf", "--to-hf", metavar="WORKDIR", help="a jaxformer run directory")
-    parser.add_argument("--output", required=True, help="the directory to write (absent or empty)")
+    direction.add_argument(
+        "--from_hf", "--from-hf", type=common.path_text, metavar="DIR", help="a transformers MarianMT directory"
+    )
+    direction.add_argument(
+        "--to_hf", "--to-hf", type=common.path_text, metavar="WORKDIR", help="a jaxformer run directory"
+    )
+    parser.add_argument(
+        "--output", type=common.path_text, required=True, help="the directory to write (absent or empty)"
+    )
     common.add_checkpoint_choice(parser, applies_to="--to_hf: ")
     parser.add_argument("--source_language", help="--from_hf: the run's source language (default: the model's)")
     parser.add_argument("--target_language", help="--from_hf: the run's target language (default: the model's)")
@@ -70,7 +76,7 @@ def _from_hf(args: argparse.Namespace) -> str:
 def _to_hf(args: argparse.Namespace) -> str:
     from jaxformer.interop import marian_export
 
-    common.check_workdir(args.to_hf)
+    common.check_workdir(args.to_hf, "--to_hf")
     try:
         import transformers  # noqa: F401
     except ImportError:

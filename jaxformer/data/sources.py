@@ -93,7 +93,10 @@ def prepare(builder) -> None:
     """`builder.download_and_prepare()`, whose progress lines tfds prints to stdout, on stderr with the
     logs: stdout is where the commands write translations and scores."""
     with contextlib.redirect_stdout(sys.stderr):
-        builder.download_and_prepare()
+        try:
+            builder.download_and_prepare()
+        except OSError as error:  # a download without network (requests' errors are OSErrors), a full disk
+            raise DataError(f"preparing {builder.name} failed: {type(error).__name__}: {error}") from None
 
 
 def load_split(builder, split: str, languages: Sequence[str]) -> Sequence:

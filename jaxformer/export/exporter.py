@@ -74,7 +74,7 @@ def export_checkpoint(
     """Exports `checkpoint` of the run in `workdir` ("latest", "best", "averaged", "final" or a step) into
     the directory `output`, for beam search with `settings` on `platforms` (those whose lowering
     fails are left out and reported in the summary and config.json)."""
-    output = pathlib.Path(output)
+    output = pathlib.Path(output).absolute()  # "." has no parent to stage beside
     if settings.method != "beam":
         raise ExportError(f"an export holds a beam search; decoding method {settings.method!r} cannot be exported")
     unknown = sorted(set(platforms) - set(KNOWN_PLATFORMS))

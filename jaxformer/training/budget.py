@@ -101,8 +101,12 @@ class ScheduleEnd:
     def steps(self, state) -> float:
         return float(jax.device_get(end_step(state.opt_state)))
 
-    def set(self, state, steps: float):
-        if steps <= self.warmup_steps and not self.warned_within_warmup:
+    def set(self, state, steps: float, step: int | None = None):
+        """The schedule's end moved to `steps`; at train step `step` (a time budget's estimate), an
+        end within the warmup is said once the pace is known over a quarter of the warmup (the
+        first estimates, compilation included, run low)."""
+        settled = step is None or 4 * step >= self.warmup_steps
+        if steps <= self.warmup_steps and settled and not self.warned_within_warmup:
             self.warned_within_warmup = True
             logging.warning(
                 "budget schedule: the time budget ends near step %.0f, within optimizer.warmup_steps=%d: "
@@ -142,7 +146,7 @@ def check_budget(budget: TimeBudget, schedule_end: ScheduleEnd, state, step: int
         reading = np.asarray(multihost_utils.broadcast_one_to_all(reading))
     spent, estimate, seconds = bool(reading[0]), float(reading[1]), float(reading[2])
     if estimate > 0 and schedule_end.active:
-        state = schedule_end.set(state, estimate)
+        state = schedule_end.set(state, estimate, step)
     if step % training.log_every_steps == 0:
         writer.write(step, {"seconds": seconds, "end_step": estimate if estimate > 0 else math.nan}, prefix="budget/")
     return BudgetReading(spent, seconds, estimate if estimate > 0 else None), state

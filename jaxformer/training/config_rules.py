@@ -199,6 +199,11 @@ def check_combinations(config, architecture: str) -> None:
             f"config training.rdrop_decision_step={training.rdrop_decision_step} applies with "
             "training.rdrop_min_plain_steps > 0 (R-Drop decided by the pace), which is 0"
         )
+    if training.final_alphas and not training.final_choice:
+        raise ConfigError(
+            f"config training.final_alphas={tuple(training.final_alphas)} applies with training.final_choice=True, "
+            "which is False"
+        )
     if training.final_choice and training.final_alphas and config.decoding.method != "beam":
         raise ConfigError(
             f"config training.final_alphas={tuple(training.final_alphas)} with decoding.method="

@@ -69,6 +69,20 @@ def test_one_search_flags_under_another_search_are_refused(command, tmp_path, ca
         assert capsys.readouterr().err == f"error: {message}\n"
 
 
+def test_paths_are_never_empty(capsys):
+    from jaxformer.commands import convert
+
+    for command, argv in (
+        (average_checkpoints, ["--workdir", ""]),
+        (convert, ["--from_hf", "hf", "--output", ""]),
+        (convert, ["--to_hf", "", "--output", "out"]),
+    ):
+        with pytest.raises(SystemExit) as stopped:
+            command.main(argv)
+        assert stopped.value.code == 2
+        assert "must be a path, got ''" in capsys.readouterr().err, argv
+
+
 def test_generate_refuses_one_search_flags_under_another(tmp_path, capsys, no_decoding):
     for flags, message in (
         (["--seed", "3"], "--seed 3 applies to --method sample, not greedy"),
@@ -242,6 +256,10 @@ def test_a_mesh_that_cannot_hold_the_configured_model_stops_before_data_is_prepa
                 "--config.training.final_alphas=(1.0,2.0)",
             ],
             "config training.final_alphas=(1.0, 2.0) with decoding.method='greedy': the length penalty ranks beam",
+        ),
+        (
+            ["--config.training.final_alphas=(1.0,2.0)"],
+            "config training.final_alphas=(1.0, 2.0) applies with training.final_choice=True, which is False\n",
         ),
         (
             ["--config.optimizer.decay_floor=0.5"],

@@ -211,8 +211,10 @@ def test_an_end_within_the_warmup_is_said_once(caplog):
     with caplog.at_level(logging.WARNING):
         state = schedule_end.set(state, WARMUP + 1.0)
         assert not caplog.messages  # it decays, if briefly
+        state = schedule_end.set(state, WARMUP - 1.0, step=1)
+        assert not caplog.messages  # too early to tell: the first estimates include compilation
         for estimate in (WARMUP - 2.0, WARMUP - 3.0):
-            state = schedule_end.set(state, estimate)
+            state = schedule_end.set(state, estimate, step=WARMUP)
     assert len(caplog.messages) == 1 and caplog.messages[0].startswith(
         f"budget schedule: the time budget ends near step {WARMUP - 2}, within optimizer.warmup_steps={WARMUP}: "
     )
@@ -296,6 +298,9 @@ def test_translate_and_evaluate_use_the_alpha_the_run_chose_unless_told(schedule
     capsys.readouterr()
     assert evaluate.main(flags) == 0
     assert f"I length penalty alpha {chosen:g}: chosen on validation by the run" in capsys.readouterr().err  # logged
+    greedy = ["--workdir", str(workdir), "--checkpoint", "final", "--split", "validation", "--max_examples", "8"]
+    assert evaluate.main([*greedy, "--method", "greedy", "--max_extra_length", "8"]) == 0
+    assert "length penalty" not in capsys.readouterr().err  # greedy search reads no alpha
     written = json.loads(scores.read_text())
     assert written["alpha"] == chosen and written["bleu"] == pytest.approx(
         last_metrics(workdir)["final"]["bleu"], abs=1e-6
