@@ -194,22 +194,6 @@ def check_combinations(config, architecture: str) -> None:
                 f"config training.num_train_steps={training.num_train_steps} ends within optimizer.warmup_steps="
                 f"{optimizer.warmup_steps}: the budget schedule would never decay; lower warmup_steps"
             )
-    if not training.rdrop_min_plain_steps and training.rdrop_decision_step != 600:
-        raise ConfigError(
-            f"config training.rdrop_decision_step={training.rdrop_decision_step} applies with "
-            "training.rdrop_min_plain_steps > 0 (R-Drop decided by the pace), which is 0"
-        )
-    if training.final_alphas and not training.final_choice:
-        raise ConfigError(
-            f"config training.final_alphas={tuple(training.final_alphas)} applies with training.final_choice=True, "
-            "which is False"
-        )
-    if training.final_choice and training.final_alphas and config.decoding.method != "beam":
-        raise ConfigError(
-            f"config training.final_alphas={tuple(training.final_alphas)} with decoding.method="
-            f"{config.decoding.method!r}: the length penalty ranks beam search's hypotheses and changes "
-            "nothing else; set decoding.method='beam' or final_alphas=()"
-        )
     if training.rdrop_alpha > 0 and architecture == "encoder_only":
         raise ConfigError(
             f"config training.rdrop_alpha={training.rdrop_alpha!r}: R-Drop compares two predictions of the "
@@ -266,3 +250,22 @@ def check_combinations(config, architecture: str) -> None:
         if not (isinstance(rule, (tuple, list)) and len(rule) == 2 and isinstance(rule[0], str)):
             raise ConfigError(f"config mesh.logical_axis_rules: {rule!r} is not a (logical name, mesh axes) pair")
     check_rules(config.mesh.logical_axis_rules)
+
+
+def unused_settings(config) -> list[str]:
+    """Settings of a feature that the config switches off: kept, so that switching it back on
+    restores them, and said, so that none is taken for one in effect."""
+    training = config.training
+    unused = []
+    if training.final_alphas and not training.final_choice:
+        unused.append(f"training.final_alphas={tuple(training.final_alphas)} (training.final_choice is False)")
+    elif training.final_alphas and config.decoding.method != "beam":
+        unused.append(
+            f"training.final_alphas={tuple(training.final_alphas)} (decoding.method is {config.decoding.method!r}: "
+            "a length penalty ranks beam search's hypotheses only)"
+        )
+    if training.rdrop_decision_step != 600 and not training.rdrop_min_plain_steps:
+        unused.append(
+            f"training.rdrop_decision_step={training.rdrop_decision_step} (training.rdrop_min_plain_steps is 0)"
+        )
+    return unused

@@ -33,6 +33,7 @@ from jaxformer.run.lock import WorkdirLock, WorkdirLockedError
 from jaxformer.run.metadata import CheckpointMetadata
 from jaxformer.training import experiment, sharding
 from jaxformer.training.budget import BUDGET_CHECK_STEPS, ScheduleEnd, TimeBudget, TrainingClock, check_budget
+from jaxformer.training.config_rules import unused_settings
 from jaxformer.training.final_choice import choose_final
 from jaxformer.training.init_from import (
     PARTS,
@@ -147,6 +148,8 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str | pathlib
     config = experiment.with_absolute_paths(config)
     _input_shards(config.data)
     check_source(config.data)
+    for setting in unused_settings(config):
+        logging.warning("unused: %s", setting)
     workdir = pathlib.Path(workdir).absolute()
     existed = set(workdir.iterdir()) if workdir.is_dir() else None  # what a failed start must leave as it was
     try:

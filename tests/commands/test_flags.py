@@ -249,29 +249,12 @@ def test_a_mesh_that_cannot_hold_the_configured_model_stops_before_data_is_prepa
         (["--config.training.seed"], "--config.training.seed has no value"),
         (["--num_processes=2"], "--num_processes=2 and --process_id=None: give both"),
         (
-            [
-                "--config.decoding.method=greedy",
-                "--config.training.final_choice=True",
-                "--config.training.average_last=2",
-                "--config.training.final_alphas=(1.0,2.0)",
-            ],
-            "config training.final_alphas=(1.0, 2.0) with decoding.method='greedy': the length penalty ranks beam",
-        ),
-        (
-            ["--config.training.final_alphas=(1.0,2.0)"],
-            "config training.final_alphas=(1.0, 2.0) applies with training.final_choice=True, which is False\n",
-        ),
-        (
             ["--config.optimizer.decay_floor=0.5"],
             "config optimizer.decay_floor=0.5 applies to optimizer.schedule='budget', not 'rsqrt'\n",
         ),
         (
             ["--config.optimizer.schedule=budget", "--config.training.num_train_steps=40"],
             "config training.num_train_steps=40 ends within optimizer.warmup_steps=",
-        ),
-        (
-            ["--config.training.rdrop_decision_step=5"],
-            "config training.rdrop_decision_step=5 applies with training.rdrop_min_plain_steps > 0",
         ),
         (["--config.data.name=bogus_ds"], "data.name='bogus_ds' names no dataset"),
         (

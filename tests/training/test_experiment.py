@@ -206,3 +206,22 @@ def test_a_preset_override_sets_the_presets_sizes_before_the_other_overrides():
     assert model.vocab_size == 1000  # the tokenizer's, not the preset's
     with pytest.raises(ConfigError, match=r"^--config.model.preset=huge: must be one of tiny, base, big$"):
         apply_overrides(config, [("model.preset", "huge")])
+
+
+def test_settings_of_a_feature_switched_off_are_kept_and_named():
+    from jaxformer.training.config_rules import unused_settings
+
+    config = load("multi30k")  # its final choice compares length penalties
+    assert unused_settings(config) == []
+    config.training.final_choice = False  # switched off from the command line: still valid
+    config.training.rdrop_decision_step = 5
+    experiment.validate(config)
+    assert unused_settings(config) == [
+        "training.final_alphas=(1.0, 1.4, 1.8, 2.2) (training.final_choice is False)",
+        "training.rdrop_decision_step=5 (training.rdrop_min_plain_steps is 0)",
+    ]
+    config.training.final_choice, config.decoding.method = True, "greedy"  # the final choice compares no alpha
+    assert unused_settings(config)[0] == (
+        "training.final_alphas=(1.0, 1.4, 1.8, 2.2) (decoding.method is 'greedy': a length penalty ranks beam "
+        "search's hypotheses only)"
+    )
