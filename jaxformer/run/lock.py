@@ -16,9 +16,14 @@ import pathlib
 import socket
 import sys
 import time
+import uuid
 
 from jaxformer.errors import UserError
 from jaxformer.run.directory import RunDirectory
+
+
+def _write_record(record: dict, handle) -> None:
+    json.dump(record, handle)
 
 
 class WorkdirLockedError(UserError):
@@ -79,9 +84,10 @@ class WorkdirLock:
         process's own, then hard-linked to the lock's name (which fails when the name exists,
         as O_EXCL does), so no other run can read a lock file still being written and take it
         for a dead one's."""
-        draft = self.path.with_name(f"{self.path.name}.draft-{socket.gethostname()}-{os.getpid()}")
+        # Its own name even beside another lock of this process (two WorkdirLocks, or two threads).
+        draft = self.path.with_name(f"{self.path.name}.draft-{socket.gethostname()}-{os.getpid()}-{uuid.uuid4().hex}")
         with open(draft, "w", encoding="utf-8") as handle:
-            json.dump(self._record(), handle)
+            _write_record(self._record(), handle)
             handle.flush()
             os.fsync(handle.fileno())
         try:
@@ -100,7 +106,7 @@ class WorkdirLock:
         except FileExistsError:
             return False
         with os.fdopen(descriptor, "w", encoding="utf-8") as handle:
-            json.dump(self._record(), handle)
+            _write_record(self._record(), handle)
             handle.flush()
             os.fsync(handle.fileno())
         return True

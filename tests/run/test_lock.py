@@ -100,16 +100,16 @@ def test_a_lock_being_written_is_never_seen_half_written(tmp_path, monkeypatch):
     import jaxformer.run.lock as lock_module
 
     first, second = WorkdirLock(tmp_path), WorkdirLock(tmp_path)
-    real_dump, seen = json.dump, []
+    real_dump, seen = lock_module._write_record, []  # this module's writer only: other threads keep json.dump
 
     def slow_dump(record, handle):  # the second run tries while the first writes its record
         seen.append((tmp_path / "lock").exists())
         if len(seen) == 1:
-            monkeypatch.setattr(lock_module.json, "dump", real_dump)
+            monkeypatch.setattr(lock_module, "_write_record", real_dump)
             second.acquire()
         real_dump(record, handle)
 
-    monkeypatch.setattr(lock_module.json, "dump", slow_dump)
+    monkeypatch.setattr(lock_module, "_write_record", slow_dump)
     with pytest.raises(WorkdirLockedError):
         first.acquire()  # the second took the name while the first was writing: the first is refused
     assert seen == [False] and second.held and not first.held
