@@ -367,6 +367,17 @@ def parser(name: str, doc: str, budget_of: str | None = None, torch: bool = Fals
     return result
 
 
+def add_configs_flag(arguments: argparse.ArgumentParser, default: Sequence[str]) -> None:
+    """--configs: comma-separated names of `CONFIGS`; `default` is what the benchmark runs without
+    it (and what --smoke sets, so pass it to `parse_args` as `smoke_sets={"configs": default}`)."""
+    arguments.add_argument(
+        "--configs",
+        type=names(tuple(CONFIGS)),
+        default=None,
+        help=f"comma-separated, of {', '.join(CONFIGS)} (default {','.join(default)}; not with --smoke)",
+    )
+
+
 def parse_args(
     arguments: argparse.ArgumentParser, argv: Sequence[str] | None, smoke_sets: Mapping[str, Any] | None = None
 ) -> argparse.Namespace:

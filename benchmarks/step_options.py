@@ -53,9 +53,9 @@ from benchmarks.common import (
     CONFIGS,
     SMOKE,
     TrainSteps,
+    add_configs_flag,
     compile_timed,
     median,
-    names,
     parse_args,
     parser,
     random_batch,
@@ -257,13 +257,9 @@ def bench(
 
 def main(argv=None) -> list[dict]:
     arguments = parser("step_options", __doc__)
-    arguments.add_argument(
-        "--configs",
-        type=names(tuple(CONFIGS)),
-        default=None,
-        help=f"comma-separated, of {', '.join(CONFIGS)} (default small,base; not with --smoke)",
-    )
-    args = parse_args(arguments, argv, smoke_sets={"configs": ["small", "base"]})
+    default_configs = ["small", "base"]
+    add_configs_flag(arguments, default_configs)
+    args = parse_args(arguments, argv, smoke_sets={"configs": default_configs})
     sizes = {"smoke": SMOKE} if args.smoke else {name: CONFIGS[name]() for name in args.configs}
     iters = args.iters or (2 if args.smoke else 10)
     rows = [row for name, size in sizes.items() for row in bench(name, *size, iters, bfloat16=not args.smoke)]

@@ -40,11 +40,11 @@ from benchmarks.common import (
     CONFIGS,
     SMOKE,
     TrainSteps,
+    add_configs_flag,
     check_torch,
     compile_timed,
     make_train,
     median,
-    names,
     parse_args,
     parser,
     random_batch,
@@ -214,16 +214,12 @@ def bench(name: str, config, batch: int, source_length: int, target_length: int,
 
 def main(argv=None) -> list[dict]:
     arguments = parser("step_profile", __doc__, torch=True)
-    arguments.add_argument(
-        "--configs",
-        type=names(tuple(CONFIGS)),
-        default=None,
-        help=f"comma-separated, of {', '.join(CONFIGS)} (default small,base; not with --smoke)",
-    )
+    default_configs = ["small", "base"]
+    add_configs_flag(arguments, default_configs)
     arguments.add_argument(
         "--profile-steps", type=at_least(1), default=None, help="steps profiled per side (default 3; --smoke: 1)"
     )
-    args = parse_args(arguments, argv, smoke_sets={"configs": ["small", "base"]})
+    args = parse_args(arguments, argv, smoke_sets={"configs": default_configs})
     with_torch = check_torch(args)
     setups = [("smoke", *SMOKE)] if args.smoke else [(name, *CONFIGS[name]()) for name in args.configs]
     args.iters = args.iters or (2 if args.smoke else 6)

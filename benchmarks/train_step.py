@@ -22,12 +22,12 @@ from benchmarks.common import (
     CONFIGS,
     SMOKE,
     TrainSteps,
+    add_configs_flag,
     check_torch,
     compile_timed,
     make_train,
     matmul_rates_gflops,
     median,
-    names,
     parse_args,
     parser,
     random_batch,
@@ -171,19 +171,15 @@ def as_architecture(config, architecture: str):
 
 def main(argv=None) -> list[dict]:
     arguments = parser("train_step", __doc__, budget_of="a row", torch=True)
-    arguments.add_argument(
-        "--configs",
-        type=names(tuple(CONFIGS)),
-        default=None,
-        help=f"comma-separated, of {', '.join(CONFIGS)} (default tiny,small,base; not with --smoke)",
-    )
+    default_configs = ["tiny", "small", "base"]
+    add_configs_flag(arguments, default_configs)
     arguments.add_argument(
         "--architecture",
         default="encoder_decoder",
         choices=[name for name in ARCHITECTURES if name in BENCHMARKED],
         help="the translator (encoder_decoder) or a causal language model of the same size (decoder_only)",
     )
-    args = parse_args(arguments, argv, smoke_sets={"configs": ["tiny", "small", "base"]})
+    args = parse_args(arguments, argv, smoke_sets={"configs": default_configs})
     with_torch = check_torch(args)
     if args.smoke:
         setups = [("smoke", *SMOKE)]
