@@ -132,19 +132,27 @@ def choose_final(
                 step=step, bleu=scores[alpha]["bleu"], chosen_from=chosen, alpha=alpha if alphas else None
             ),
         )
-        alpha_bleu = ", ".join(f"{value:g} {scores[value]['bleu']:.2f}" for value in scores)
+        by_alpha = ""  # a greedy or sampled search compares no alpha
+        if alphas:
+            by_alpha = "; by alpha: %s; chose alpha %g" % (
+                ", ".join(f"{value:g} {scores[value]['bleu']:.2f}" for value in scores),
+                alpha,
+            )
         logging.info(
-            "final choice at step %d, validation BLEU on %d sentences: %s; chose %s; by alpha: %s; chose alpha %g "
-            "(saved to %s) in %.0f s",
+            "final choice at step %d, validation BLEU on %d sentences: %s; chose %s%s (saved to %s) in %.0f s",
             step,
             len(validation.sources),
             ", ".join(f"{name} {summary[f'{name}/bleu']:.2f}" for name in candidates),
             chosen,
-            alpha_bleu,
-            alpha,
+            by_alpha,
             run.final,
             time.monotonic() - started,
         )
-        return {"chosen": chosen, "alpha": alpha, **{key: scores[alpha][key] for key in SCORES}, **summary}
+        return {
+            "chosen": chosen,
+            "alpha": alpha if alphas else None,
+            **{key: scores[alpha][key] for key in SCORES},
+            **summary,
+        }
     finally:
         writer.close()

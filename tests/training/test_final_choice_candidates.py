@@ -1,14 +1,18 @@
 """The final choice's candidates when the run has fewer checkpoints than training.average_last."""
 
 import logging
+import types
 
 import jax
+import ml_collections
 import numpy as np
 import pytest
 
 from jaxformer.run.directory import RunDirectory
 from jaxformer.run.loading import load_checkpoint
+from jaxformer.training import final_choice
 from jaxformer.training.final_choice import _candidates
+from jaxformer.training.validation_bleu import decode_settings
 from tests.conftest import make_workdir
 
 
@@ -33,3 +37,46 @@ def test_an_average_of_the_checkpoints_there_are_with_a_warning(steps, tmp_path,
         averaged = candidates["averaged"][1]
         for got, base in zip(jax.tree.leaves(averaged), jax.tree.leaves(first), strict=True):
             np.testing.assert_allclose(got, mean * np.asarray(base), rtol=1e-5, atol=1e-7)
+
+
+class _ScoredByAlpha:
+    """A stand-in for the validation split: BLEU 10 + alpha for every candidate, so the highest alpha wins."""
+
+    sources = ["a", "b", "c"]
+
+    def __init__(self, config, *_, settings=None):
+        self.settings = settings or decode_settings(config)
+
+    def with_settings(self, settings):
+        return _ScoredByAlpha(None, settings=settings)
+
+    def score(self, params):
+        return {"bleu": 10.0 + self.settings.alpha, "lowercase_bleu": 11.0, "chrf": 50.0}
+
+
+@pytest.mark.parametrize("method", ["beam", "greedy"])
+def test_the_final_choice_names_an_alpha_only_where_it_compared_alphas(method, tmp_path, monkeypatch, caplog):
+    workdir, _, _ = make_workdir(tmp_path / "run", steps=(1, 2))
+    step, metadata, params = load_checkpoint(workdir)
+    config = ml_collections.ConfigDict(metadata.config)
+    config.decoding.method, config.training.final_alphas, config.training.average_last = method, (1.0, 2.0), 2
+    monkeypatch.setattr(final_choice, "ValidationSet", _ScoredByAlpha)
+    with caplog.at_level(logging.INFO):
+        summary = final_choice.choose_final(
+            config,
+            None,
+            types.SimpleNamespace(source=None, target=None),
+            None,
+            RunDirectory(workdir),
+            step,
+            params,
+            metadata,
+        )
+    (line,) = [record.getMessage() for record in caplog.records if "final choice at step" in record.getMessage()]
+    saved = load_checkpoint(workdir, "final", params=False)[1]
+    if method == "beam":  # 0.6 (decoding.alpha), then 1 and 2: 2 scores the highest
+        assert summary["alpha"] == saved.alpha == 2.0 and summary["bleu"] == 12.0
+        assert "; by alpha: 0.6 10.60, 1 11.00, 2 12.00; chose alpha 2 (saved to" in line
+    else:  # a greedy search reads no length penalty: none compared, none named or saved
+        assert summary["alpha"] is None and saved.alpha is None and summary["bleu"] == 10.6
+        assert "alpha" not in line and not any(key.startswith("alpha_") for key in summary)
