@@ -22,7 +22,20 @@ from jaxformer.training.sharding import DEFAULT_RULES
 # Sections whose values must not change when a run resumes from its workdir: they shape the
 # parameters, the optimizer state, the tokenizer or the data order.
 RESUME_SENSITIVE = ("model", "data", "tokenizer", "optimizer")
-# Keys in those sections that may change on resume all the same (training.* always may).
+# The training keys that define what the steps compute: a resumed run that changed one would mix
+# two runs. The rest of `training` (its length, budget, evaluations, checkpoints, final choice)
+# may change on resume.
+RESUME_SENSITIVE_KEYS = {
+    "training.seed",
+    "training.label_smoothing",
+    "training.rdrop_alpha",
+    "training.rdrop_start",
+    "training.rdrop_min_plain_steps",
+    "training.rdrop_decision_step",
+}
+# Keys that may change on resume all the same, each change logged as a warning: where the data is
+# read and evaluated from, the schedule's shape, the mesh, the loss's chunking (the same sums in
+# other pieces), and the starting points of a fine-tuning run (read by its first segment only).
 RESUME_FREE = {
     "data.data_dir",
     "data.raw_dir",
@@ -37,6 +50,11 @@ RESUME_FREE = {
     "optimizer.decay_floor",
     "mesh.shape",
     "mesh.logical_axis_rules",
+    "training.loss_chunk_tokens",
+    "training.init_from",
+    "training.init_encoder_from",
+    "training.init_decoder_from",
+    "training.init_checkpoint",
 }
 
 
@@ -394,15 +412,16 @@ def describe(config: ml_collections.ConfigDict) -> str:
 def resume_differences(
     saved: dict[str, Any], current: ml_collections.ConfigDict, free: bool = False, sections=RESUME_SENSITIVE
 ) -> list[str]:
-    """'key: saved -> current' for every resume-sensitive value that changed (with `free`: every
-    RESUME_FREE value, which a resumed run may change and reports; `sections`: the sections
-    compared, None for all). A key the saved config lacks (the run was made before the key
+    """'key: saved -> current' for every resume-sensitive value that changed (the `sections`, None
+    for all, and RESUME_SENSITIVE_KEYS; with `free`: every RESUME_FREE value, which a resumed run
+    may change and reports). A key the saved config lacks (the run was made before the key
     existed) counts as its default, the behaviour that run had."""
     saved_flat, current_flat = _as_tuples(_flatten(saved)), _as_tuples(_flatten(current.to_dict()))
     defaults = _as_tuples(_flatten(default_config()))
     differences = []
     for key in sorted(set(saved_flat) | set(current_flat)):
-        if free != (key in RESUME_FREE) or (not free and sections is not None and key.split(".")[0] not in sections):
+        compared = sections is None or key.split(".")[0] in sections or key in RESUME_SENSITIVE_KEYS
+        if free != (key in RESUME_FREE) or (not free and not compared):
             continue
         was = saved_flat.get(key, defaults.get(key, "<unset>"))
         if was != current_flat.get(key, "<unset>"):

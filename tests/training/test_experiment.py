@@ -77,6 +77,23 @@ def test_resume_differences_name_changed_keys():
     ]
 
 
+def test_a_resume_refuses_training_values_that_change_what_the_steps_compute():
+    saved = json.loads(json.dumps(load("tiny").to_dict()))
+    current = load("tiny")
+    current.training.label_smoothing, current.training.rdrop_alpha, current.training.seed = 0.2, 1.0, 5
+    current.training.eval_every_steps, current.training.time_budget_minutes = 7, 3.0  # the run's length and checks
+    assert experiment.resume_differences(saved, current) == [
+        "training.label_smoothing: 0.1 -> 0.2",
+        "training.rdrop_alpha: 0.0 -> 1.0",
+        "training.seed: 0 -> 5",
+    ]
+    # A fine-tuning start is read by a run's first segment only: a change is reported, not refused.
+    current = load("tiny")
+    current.training.init_from = "/runs/base"
+    assert experiment.resume_differences(saved, current) == []
+    assert experiment.resume_differences(saved, current, free=True) == ["training.init_from: None -> '/runs/base'"]
+
+
 def test_a_run_saved_before_a_key_existed_resumes_at_that_keys_default():
     saved = load("tiny").to_dict()
     for key in ("position_layout", "logits_bias"):  # model options added after such runs were made
