@@ -55,6 +55,9 @@ class CheckpointMetadata:
     train_seconds: float | None = None  # the training loop's seconds at this step (None: from before it was kept)
     alpha: float | None = None  # final/ checkpoints only: the length penalty chosen on validation (None: not chosen)
     rdrop_by_pace: bool | None = None  # the run's pace decided R-Drop on or off (None: undecided, or no such rule)
+    # final/ checkpoints only: every candidate's and length penalty's validation scores ("latest/bleu",
+    # "alpha_1.4/chrf", ...), so a run started again after its choice reports them all (None: from before)
+    choice_scores: dict[str, float] | None = None
     interim: bool = False  # saved between scheduled checkpoints to stop on a signal; the next one deletes it
 
     def replace(self, **changes: Any) -> CheckpointMetadata:
@@ -95,6 +98,8 @@ class CheckpointMetadata:
             values["alpha"] = float(self.alpha)
         if self.rdrop_by_pace is not None:
             values["rdrop_by_pace"] = bool(self.rdrop_by_pace)
+        if self.choice_scores is not None:
+            values["choice_scores"] = {key: float(value) for key, value in self.choice_scores.items()}
         if self.interim:
             values["interim"] = True
         return values
@@ -145,6 +150,11 @@ class CheckpointMetadata:
         interim = values.get("interim", False)
         if not isinstance(interim, bool):
             raise fail("interim", f"holds a JSON {_json_type(interim)}, not a boolean")
+        choice_scores = typed("choice_scores", (Mapping,), "an object", optional=True)
+        if choice_scores is not None and not all(
+            isinstance(value, (int, float)) and not isinstance(value, bool) for value in choice_scores.values()
+        ):
+            raise fail("choice_scores", "holds something other than numbers")
         if alpha is not None and not (math.isfinite(alpha) and alpha >= 0):
             raise fail("alpha", f"is {alpha}, not a length penalty (a finite number >= 0)")
         return cls(
@@ -160,6 +170,9 @@ class CheckpointMetadata:
             chosen_from=typed("chosen_from", (str,), "a string", optional=True),
             alpha=None if alpha is None else float(alpha),
             rdrop_by_pace=rdrop_by_pace,
+            choice_scores=None
+            if choice_scores is None
+            else {key: float(value) for key, value in choice_scores.items()},
             interim=interim,
         )
 

@@ -99,7 +99,12 @@ def choose_final(
         if step in writer.steps():
             chosen = writer.read_metadata(step)
             logging.info("final choice: already made at step %d (%s)", step, chosen.chosen_from)
-            return {"chosen": chosen.chosen_from, "alpha": chosen.alpha, "bleu": chosen.bleu}
+            return {
+                "chosen": chosen.chosen_from,
+                "alpha": chosen.alpha,
+                "bleu": chosen.bleu,
+                **(chosen.choice_scores or {}),
+            }
         earlier = writer.steps()
         if earlier:
             logging.info(
@@ -125,19 +130,27 @@ def choose_final(
         alpha, scores = _choose_alpha(validation, chosen_params, alphas, candidate_scores[chosen])
         if alphas:
             summary.update({f"alpha_{value:g}/{key}": scores[value][key] for value in scores for key in SCORES})
+        result = {
+            "chosen": chosen,
+            "alpha": alpha if alphas else None,
+            **{key: scores[alpha][key] for key in SCORES},
+            **summary,
+        }
         writer.save_params(
             step,
             chosen_params,
             chosen_metadata.replace(
-                step=step, bleu=scores[alpha]["bleu"], chosen_from=chosen, alpha=alpha if alphas else None
+                step=step,
+                bleu=result["bleu"],
+                chosen_from=chosen,
+                alpha=result["alpha"],
+                choice_scores={key: value for key, value in result.items() if key not in ("chosen", "alpha", "bleu")},
             ),
         )
         by_alpha = ""  # a greedy or sampled search compares no alpha
         if alphas:
-            by_alpha = "; by alpha: %s; chose alpha %g" % (
-                ", ".join(f"{value:g} {scores[value]['bleu']:.2f}" for value in scores),
-                alpha,
-            )
+            tried = ", ".join(f"{value:g} {scores[value]['bleu']:.2f}" for value in scores)
+            by_alpha = f"; by alpha: {tried}; chose alpha {alpha:g}"
         logging.info(
             "final choice at step %d, validation BLEU on %d sentences: %s; chose %s%s (saved to %s) in %.0f s",
             step,
@@ -148,11 +161,6 @@ def choose_final(
             run.final,
             time.monotonic() - started,
         )
-        return {
-            "chosen": chosen,
-            "alpha": alpha if alphas else None,
-            **{key: scores[alpha][key] for key in SCORES},
-            **summary,
-        }
+        return result
     finally:
         writer.close()

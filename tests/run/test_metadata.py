@@ -83,6 +83,11 @@ def test_metadata_round_trips_through_json():
         CheckpointMetadata.from_json({**written, "train_seconds": "soon"}, "here")
     with pytest.raises(CheckpointError, match="here: key 'alpha' is -0.5, not a length penalty"):
         CheckpointMetadata.from_json({**written, "alpha": -0.5}, "here")
+    scored = final.replace(choice_scores={"latest/bleu": 30.0, "alpha_1.4/chrf": 61.25})
+    assert CheckpointMetadata.from_json(json.loads(json.dumps(scored.to_json())), "here") == scored
+    assert "choice_scores" not in final.to_json()  # older final/ checkpoints read as None
+    with pytest.raises(CheckpointError, match="here: key 'choice_scores' holds something other than numbers"):
+        CheckpointMetadata.from_json({**written, "choice_scores": {"latest/bleu": "high"}}, "here")
     with pytest.raises(CheckpointError, match="key 'alpha' holds a JSON boolean, not a number"):
         CheckpointMetadata.from_json({**written, "alpha": True}, "here")
     for decision in (True, False):  # R-Drop decided by the run's pace (training/rdrop_start.py)

@@ -80,3 +80,16 @@ def test_the_final_choice_names_an_alpha_only_where_it_compared_alphas(method, t
     else:  # a greedy search reads no length penalty: none compared, none named or saved
         assert summary["alpha"] is None and saved.alpha is None and summary["bleu"] == 10.6
         assert "alpha" not in line and not any(key.startswith("alpha_") for key in summary)
+    # The same command again (a finished run started again): the choice stays, and so does its report.
+    monkeypatch.setattr(_ScoredByAlpha, "score", lambda *_: pytest.fail("the choice was made again"))
+    again = final_choice.choose_final(
+        config,
+        None,
+        types.SimpleNamespace(source=None, target=None),
+        None,
+        RunDirectory(workdir),
+        step,
+        params,
+        metadata,
+    )
+    assert again == summary and {"latest/chrf", "averaged/lowercase_bleu"} <= set(again)
