@@ -306,6 +306,23 @@ class Checkpointer:
             checkpointer.close()
         return restored["params"]
 
+    def check_process_count(self, step: int) -> None:
+        """`CheckpointError` unless this job has as many processes as wrote checkpoint `step`: each
+        process saved its own data iterator's position (`data/process_<i>-of-<n>.json`), which no
+        other number of processes can take over."""
+        written = {
+            int(path.stem.rpartition("-of-")[2])
+            for path in (self.directory / str(step) / "data").glob("process_*-of-*.json")
+            if path.stem.rpartition("-of-")[2].isdigit()
+        }
+        if written and written != {jax.process_count()}:
+            (count, *_) = sorted(written)
+            raise CheckpointError(
+                f"checkpoint {self.directory / str(step)} was written by {count} processes, and this job has "
+                f"{jax.process_count()}: each process's data position is its own, so resume with {count} "
+                "processes, or start a new run from its parameters (training.init_from)"
+            )
+
     def restore_latest(self, abstract_state: Any, data_iterator) -> tuple[int, Any, CheckpointMetadata] | None:
         """(step, state, metadata) of the newest checkpoint that restores and matches its
         checksums; `data_iterator` is moved to its position. A damaged newest checkpoint is set
@@ -317,6 +334,7 @@ class Checkpointer:
         failures = []
         for step in reversed(steps):
             where = str(self.directory / str(step))
+            self.check_process_count(step)  # not damage: no earlier checkpoint of the run would do either
             try:
                 with _draining_event_loops():
                     restored = self.manager.restore(

@@ -223,6 +223,8 @@ def _locked_train_and_evaluate(config: ml_collections.ConfigDict, workdir: pathl
     checkpointer = Checkpointer(run.checkpoints, keep=training.keep_checkpoints)
     latest = checkpointer.latest_step_metadata()
     saved = None if latest is None else latest[1]
+    if latest is not None:  # first: a changed data.input_shards would follow from this
+        checkpointer.check_process_count(latest[0])
     _check_same_run(workdir, saved, config)
     if latest is not None and any(training.get(key) is not None for key in PARTS.values()):
         logging.info("resuming this workdir's run; training.init_*from only set where a new run starts")

@@ -90,6 +90,15 @@ def test_two_processes_match_one_process(data_dir, tmp_path):
     for metric in ("eval/loss", "eval/accuracy"):
         assert sorted(losses(double, metric)) == [10]
         assert_close(losses(double, metric), losses(single, metric))
+    # One process cannot take over two processes' data positions: said at once, and nothing is set aside.
+    command = train_command(double, data_dir, *COMMON, *steps[1:], "--config.training.num_train_steps=12")
+    result = subprocess.run(command, capture_output=True, text=True, timeout=600)
+    assert result.returncode == 2 and result.stderr.strip().splitlines()[-1] == (
+        f"error: checkpoint {double / 'checkpoints' / '10'} was written by 2 processes, and this job has 1: each "
+        "process's data position is its own, so resume with 2 processes, or start a new run from its parameters "
+        "(training.init_from)"
+    ), result.stderr[-2000:]
+    assert sorted(path.name for path in (double / "checkpoints").iterdir()) == ["10"]
 
 
 @pytest.mark.slow  # two 40-step runs (python -m pytest -m slow); bfloat16 numerics are unit-tested in tests/model
