@@ -32,6 +32,8 @@ def split_sentences(
     """(pieces, owners): the source ids to decode, each ending in EOS, and the index of the
     sentence each piece comes from. An empty sentence has no piece; one longer than
     `max_source_tokens` has several (see `split_sentence`)."""
+    if isinstance(sentences, (str, bytes)):  # iterating would translate each character
+        raise TypeError(f"sentences must be a list of str, not one {type(sentences).__name__}: pass [sentence]")
     pieces, owners = [], []
     for index, sentence in enumerate(sentences):
         if not isinstance(sentence, str):

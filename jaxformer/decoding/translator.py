@@ -45,7 +45,9 @@ class Translator:
     max_extra_length) at most `max_buffer_growth` times longer: a new shape costs a compilation
     of the whole search, a longer buffer costs every step of the batch (see
     `sentence_batches.padded_length`; 1.0 pads each batch to its own bucket). Neither the
-    padding nor the other sentences of a batch change a sentence's result. Results come back
+    padding nor the other sentences of a batch change a sentence's result in float32 compute
+    (under `dtype=bfloat16` padding changes the rounding of sums; sampling draws from one key per
+    batch, so a sampled sentence depends on its batch). Results come back
     in input order. Empty input gives empty output. A sentence longer than `max_source_tokens`
     is translated in pieces (at sentence ends where it can) joined by spaces, so nothing is
     dropped. `parallel_batches` batches are decoded at once, from as many threads: on a CPU one
@@ -84,6 +86,20 @@ class Translator:
                 raise ValueError(
                     f"the model's {side} vocabulary has {model_size} tokens, its tokenizer {side_tokenizer.vocab_size}"
                 )
+        # Checked here, not at the first batch: a piece of at most one token would hold no source
+        # token besides its EOS, and a bucket or batch of 0 divides by zero.
+        for name, value, minimum in (
+            ("batch_size", batch_size, 1),
+            ("length_bucket", length_bucket, 1),
+            ("max_source_tokens", max_source_tokens, 2),
+        ):
+            if isinstance(value, bool) or not isinstance(value, int) or value < minimum:
+                raise ValueError(f"{name} must be an integer >= {minimum}, got {value!r}")
+        if settings.method == "sample" and settings.top_k > config.vocab_size:  # a flag: one line from the commands
+            raise ConfigError(
+                f"top_k={settings.top_k} is more than the model's {config.vocab_size} tokens: "
+                "top_k=0 samples from all of them"
+            )
         self.config, _ = decoding_variant(config, {})
         self.params = None if params is None else decoding_variant(config, jax.device_put(params))[1]
         self.scanned = config.scan_layers

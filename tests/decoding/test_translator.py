@@ -57,6 +57,28 @@ def test_empty_and_overlong_sentences(translator, caplog):
     assert outputs[3] == joined  # every piece translated, in order
 
 
+def test_bad_arguments_are_refused_before_any_search(translator):
+    with pytest.raises(TypeError, match=r"sentences must be a list of str, not one str: pass \[sentence\]"):
+        translator.translate("A man.")  # not six one-letter sentences
+    with pytest.raises(TypeError, match="not one str"):
+        translator.translate_nbest("A man.")
+    parts = (translator.config, translator.params, translator.tokenizer, GREEDY)
+    for name, value, minimum in (
+        ("max_source_tokens", 0, 2),  # a piece of at most one token holds only its EOS: the sentence would vanish
+        ("max_source_tokens", 1, 2),
+        ("batch_size", 0, 1),
+        ("batch_size", -1, 1),
+        ("length_bucket", 0, 1),
+    ):
+        with pytest.raises(ValueError, match=rf"^{name} must be an integer >= {minimum}, got {value}$"):
+            Translator(*parts[:3], GREEDY, **{name: value})
+    vocabulary = translator.config.vocab_size
+    sample = DecodeSettings(method="sample", top_k=vocabulary + 1)
+    with pytest.raises(ValueError, match=rf"top_k={vocabulary + 1} is more than the model's {vocabulary} tokens"):
+        Translator(*parts[:3], sample)
+    Translator(*parts[:3], DecodeSettings(method="sample", top_k=vocabulary))  # all of them: allowed
+
+
 def test_nbest_is_sorted_and_beam_4_by_default(decoding_workdir):
     translator = Translator.from_workdir(decoding_workdir)
     assert translator.settings.beam_size == 4 and translator.settings.alpha == 0.6
