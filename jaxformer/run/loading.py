@@ -72,27 +72,48 @@ def load_from_directory(
 
 
 def locate_checkpoint(path: str | os.PathLike, checkpoint: str | int = "latest") -> tuple[pathlib.Path, int | None]:
-    """(directory of step directories, step or None for the newest) that `path` names: a workdir
-    (then `checkpoint` picks "latest", "best", "averaged", "final" or a step), one of a workdir's
-    `checkpoints/`, `best/` or `averaged/` directories (its newest step), or a step directory in
-    one of them. `CheckpointError` naming `path` when it is none of these."""
+    """(directory of step directories, step or None for the newest) that `path` and `checkpoint`
+    name: a workdir (then `checkpoint` picks "latest", "best", "averaged", "final" or a step), one
+    of a workdir's `checkpoints/`, `best/`, `averaged/` or `final/` directories (then `checkpoint`
+    picks "latest", its newest step, or a step), or a step directory in one of them (`checkpoint`
+    "latest" only). `CheckpointError` naming `path` when it is none of these, or naming `path` and
+    `checkpoint` when they contradict each other."""
     path = pathlib.Path(path).absolute()
     if not path.exists():
         raise CheckpointError(f"{path} does not exist")
+    step = int(checkpoint) if isinstance(checkpoint, int) or str(checkpoint).isdigit() else None
     run = RunDirectory(path)
     if any(run.checkpoint_directory(kind).is_dir() for kind in CHECKPOINT_KINDS):
-        if isinstance(checkpoint, int) or str(checkpoint).isdigit():
-            return run.checkpoints, int(checkpoint)
+        if step is not None:
+            return run.checkpoints, step
         directory = run.checkpoint_directory(checkpoint)
         if not directory.is_dir():
             raise CheckpointError(f"{directory} does not exist: no {checkpoint!r} checkpoint in {path}")
         return directory, None
     kind_names = {RunDirectory(path.parent).checkpoint_directory(kind).name for kind in CHECKPOINT_KINDS}
     if path.name in kind_names:
-        return path, None
+        if step is None and checkpoint != "latest":
+            # A kind names one of a workdir's folders; this folder is already one, maybe another.
+            raise CheckpointError(
+                f"{path} is a folder of steps, not a workdir, so checkpoint {checkpoint!r} names nothing in it: "
+                f"choose 'latest' or one of its steps {_step_names(path)}, or give the workdir {path.parent} "
+                f"to choose {checkpoint!r}"
+            )
+        return path, step
     if path.name.isdigit() and path.parent.name in kind_names:
+        if checkpoint != "latest":
+            # Even the same step: one step's directory leaves nothing to choose, so a choice is a mistake.
+            raise CheckpointError(
+                f"{path} is the directory of step {path.name}, so checkpoint {checkpoint!r} has nothing to choose "
+                f"from: keep 'latest', or give its folder {path.parent} to choose among {_step_names(path.parent)}"
+            )
         return path.parent, int(path.name)
     raise CheckpointError(
         f"{path} is not a jaxformer workdir (no {'/, '.join(sorted(kind_names))}/ in it), nor one of those "
         "directories, nor a step directory in one"
     )
+
+
+def _step_names(directory: pathlib.Path) -> list[int]:
+    """The steps of a folder of step directories, for messages."""
+    return sorted(int(entry.name) for entry in directory.iterdir() if entry.name.isdigit() and entry.is_dir())

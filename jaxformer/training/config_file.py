@@ -106,7 +106,8 @@ def load_config(name_or_path: str) -> ml_collections.ConfigDict:
 
 
 def split_overrides(arguments: Sequence[str]) -> tuple[list[tuple[str, str]], list[str]]:
-    """([(key, text)] of `--config.KEY=VALUE` / `--config.KEY VALUE`, the other arguments)."""
+    """([(key, text)] of `--config.KEY=VALUE` / `--config.KEY VALUE`, the other arguments); a key
+    given twice is a ConfigError (`refuse_repeated_keys`)."""
     overrides, rest = [], []
     arguments = list(arguments)
     index = 0
@@ -123,7 +124,19 @@ def split_overrides(arguments: Sequence[str]) -> tuple[list[tuple[str, str]], li
         else:
             rest.append(argument)
         index += 1
+    refuse_repeated_keys(overrides)
     return overrides, rest
+
+
+def refuse_repeated_keys(overrides: Sequence[tuple[str, str]], where: str = "") -> None:
+    """A ConfigError naming the first key that one list of (key, text) overrides sets twice and
+    both values: the last would win unseen. Lists layered on another (a sweep variant's on the
+    command line's) are each checked alone; `where` begins the message ("variant 'x': ")."""
+    first: dict[str, str] = {}
+    for key, text in overrides:
+        if key in first:
+            raise ConfigError(f"{where}config key {key!r} is given twice, as {first[key]!r} and as {text!r}: keep one")
+        first[key] = text
 
 
 def _keys(section: ml_collections.ConfigDict, prefix: str = "") -> list[str]:

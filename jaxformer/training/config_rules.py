@@ -253,8 +253,9 @@ def check_combinations(config, architecture: str) -> None:
 
 
 def unused_settings(config) -> list[str]:
-    """Settings of a feature that the config switches off: kept, so that switching it back on
-    restores them, and said, so that none is taken for one in effect."""
+    """Settings of a feature that the config switches off (or leaves without use: the options of
+    training a tokenizer when none is trained), each different from default_config's: kept, so
+    that switching it back on restores them, and said, so that none is taken for one in effect."""
     training = config.training
     unused = []
     if training.final_alphas and not training.final_choice:
@@ -268,4 +269,38 @@ def unused_settings(config) -> list[str]:
         unused.append(
             f"training.rdrop_decision_step={training.rdrop_decision_step} (training.rdrop_min_plain_steps is 0)"
         )
+    untrained = _tokenizers_not_trained(config)
+    if untrained:
+        from jaxformer.training.experiment import default_config  # experiment imports this module
+
+        defaults = default_config().tokenizer
+        for key in TOKENIZER_TRAINING_KEYS:
+            if config.tokenizer[key] != defaults[key]:
+                unused.append(f"tokenizer.{key}={config.tokenizer[key]!r} ({untrained})")
     return unused
+
+
+# What only training a sentencepiece model reads; tokenizer.vocab_size is not here: a given model
+# or a start's tokenizer that contradicts it is an error or replaces it with a note of its own.
+TOKENIZER_TRAINING_KEYS = ("model_type", "character_coverage", "max_sentences")
+
+
+def _tokenizers_not_trained(config) -> str | None:
+    """Why no tokenizer of the run is trained (each vocabulary comes from a given model or from a
+    start's checkpoint), for a message; None when one is."""
+
+    def giver(*keys: str) -> str | None:  # the first of the keys that is set
+        return next((key for key in keys if config[key.split(".")[0]].get(key.split(".")[1]) is not None), None)
+
+    # A start's tokenizer comes with its embeddings: it is the one used, a given model only checked against it.
+    starts = ("training.init_from", "training.init_encoder_from", "training.init_decoder_from")
+    if not config.tokenizer.separate_vocabularies:
+        shared = giver(*starts, "tokenizer.model_path")
+        return None if shared is None else f"no tokenizer is trained: {shared} gives the vocabulary"
+    source = giver("training.init_from", "training.init_encoder_from", "tokenizer.model_path")
+    target = giver("training.init_from", "training.init_decoder_from", "tokenizer.target_model_path")
+    if source is None or target is None:
+        return None
+    if source == target:
+        return f"no tokenizer is trained: {source} gives both vocabularies"
+    return f"no tokenizer is trained: {source} gives the source vocabulary, {target} the target's"

@@ -359,14 +359,21 @@ def vocabulary_sizes(config: ml_collections.ConfigDict) -> tuple[int, int]:
         for key, path in paths.items()
         if path is not None
     }
-    if len(given) == len(paths) and section.vocab_size != DEFAULT_VOCAB_SIZE:  # nothing is trained here
-        for key, size in given.items():
-            if size != section.vocab_size:
-                raise ConfigError(
-                    f"config tokenizer.vocab_size={section.vocab_size}, but tokenizer.{key} {paths[key]} has "
-                    f"{size} pieces (jaxformer's special pieces included) and no vocabulary is trained here: "
-                    f"set tokenizer.vocab_size={size} or leave it at its default {DEFAULT_VOCAB_SIZE}"
-                )
+    sizes = set(given.values())
+    # Nothing trained here: vocab_size can only agree with the models, and one number cannot agree
+    # with two models of different sizes. Only default_config's value means "the models' sizes"; a
+    # config file's own value (tiny's 1000, multi30k's 6000) is a choice like any other.
+    accepted = {DEFAULT_VOCAB_SIZE, *sizes} if len(sizes) == 1 else {DEFAULT_VOCAB_SIZE}
+    if len(given) == len(paths) and section.vocab_size not in accepted:
+        models = " and ".join(f"tokenizer.{key} {paths[key]} has {size} pieces" for key, size in given.items())
+        choice = f"{DEFAULT_VOCAB_SIZE}" if len(sizes) > 1 else f"{next(iter(sizes))}, or {DEFAULT_VOCAB_SIZE}"
+        both = "; one value cannot be both sizes" if len(sizes) > 1 else ""
+        raise ConfigError(
+            f"config tokenizer.vocab_size={section.vocab_size}, but {models} (jaxformer's special pieces "
+            f"included) and no vocabulary is trained here: set tokenizer.vocab_size={choice} (default_config()'s "
+            f"value, which takes each given model's size{both}; a config file's own value, such as multi30k's "
+            "6000, counts as a choice)"
+        )
     source = given.get("model_path", section.vocab_size)
     target = given.get("target_model_path", section.vocab_size) if section.separate_vocabularies else source
     return source, target

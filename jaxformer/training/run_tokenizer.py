@@ -82,10 +82,12 @@ def _one_tokenizer(
     model_key: str,
     train_source: Sequence,
     saved: tuple[bytes, str] | None,
+    resuming: bool = False,
 ) -> Tokenizer:
-    """The tokenizer at `path`: checked against the checkpoint's (`saved`: its model, where),
-    loaded, or made there first: converted from tokenizer.`model_key` when that is set, else
-    trained on the `languages` sides of the training split."""
+    """The tokenizer at `path`: checked against the checkpoint's (`saved`: its model, where; one of
+    the workdir's own checkpoints when `resuming`, else a start's), loaded, or made there first:
+    converted from tokenizer.`model_key` when that is set, else trained on the `languages` sides
+    of the training split."""
     section = config.tokenizer
     model_path, control = section[model_key], experiment.control_symbols(config)
     if saved is not None:
@@ -110,6 +112,14 @@ def _one_tokenizer(
                 given.save(path)
                 logging.info("converted %s to jaxformer's special ids, saved to %s", model_path, path)
             return given
+        if given.model_proto != tokenizer.model_proto and saved is not None and resuming:
+            # A resumed run keeps its config's tokenizer section, so unsetting the key is no way out.
+            raise CheckpointError(
+                f"tokenizer.{model_key} {model_path} does not convert to the tokenizer of {saved[1]}, which the "
+                f"model was trained with: the file changed after the run trained with it; restore it ({path} "
+                f"holds the checkpoint's conversion of it, and converts to the same tokenizer if copied to "
+                f"{model_path}), or train in a new workdir"
+            )
         if given.model_proto != tokenizer.model_proto and saved is not None:
             raise CheckpointError(
                 f"tokenizer.{model_key} {model_path} does not convert to the tokenizer of {saved[1]}, which the "
@@ -201,17 +211,33 @@ def tokenizer_for_run(
             )
         source_saved = (metadata.tokenizer, where)
         target_saved = None if metadata.target_tokenizer is None else (metadata.target_tokenizer, where)
+    # Only a resumed run has checkpoints in its own workdir; a fine-tuning start's come from another.
+    resuming = saved is not None and _holds_steps(run.checkpoints)
     if not config.tokenizer.separate_vocabularies:
         languages = experiment.text_languages(config)
-        shared = _one_tokenizer(config, run.tokenizer_file, languages, "model_path", train_source, source_saved)
+        shared = _one_tokenizer(
+            config, run.tokenizer_file, languages, "model_path", train_source, source_saved, resuming
+        )
         return RunTokenizers(shared, shared)
     source = _one_tokenizer(
-        config, run.tokenizer_file, (data.source_language,), "model_path", train_source, source_saved
+        config, run.tokenizer_file, (data.source_language,), "model_path", train_source, source_saved, resuming
     )
     target = _one_tokenizer(
-        config, run.target_tokenizer_file, (data.target_language,), "target_model_path", train_source, target_saved
+        config,
+        run.target_tokenizer_file,
+        (data.target_language,),
+        "target_model_path",
+        train_source,
+        target_saved,
+        resuming,
     )
     return RunTokenizers(source, target)
+
+
+def _holds_steps(directory: pathlib.Path) -> bool:
+    """Whether a folder of step directories holds any (orbax's unfinished or set-aside steps have
+    a suffix after the number)."""
+    return directory.is_dir() and any(entry.name.isdigit() for entry in directory.iterdir())
 
 
 UNKNOWN_WARNING = 0.005  # a share of <unk> pieces above this on the training text is warned about

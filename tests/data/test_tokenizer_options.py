@@ -362,7 +362,15 @@ def test_translator_checks_each_vocabulary():
 # -- whole runs of train.py ---------------------------------------------------------------------
 
 
+DEFAULT_STEPS = (
+    "--config.training.num_train_steps=4",
+    "--config.training.checkpoint_every_steps=2",
+    "--config.training.eval_every_steps=4",
+)
+
+
 def train_command(workdir, data_dir, *overrides):
+    given = {flag.split("=")[0] for flag in overrides}
     config = ROOT / "jaxformer" / "configs" / "tiny.py"
     if not config.exists():
         config = ROOT / "configs" / "tiny.py"
@@ -374,9 +382,7 @@ def train_command(workdir, data_dir, *overrides):
         "--workdir",
         str(workdir),
         f"--config.data.data_dir={data_dir}",
-        "--config.training.num_train_steps=4",
-        "--config.training.checkpoint_every_steps=2",
-        "--config.training.eval_every_steps=4",
+        *[flag for flag in DEFAULT_STEPS if flag.split("=")[0] not in given],  # a key given twice is an error
         *overrides,
     ]
 

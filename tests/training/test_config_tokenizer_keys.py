@@ -1,0 +1,160 @@
+"""tokenizer.* keys that a run with given tokenizers cannot use: tokenizer.vocab_size with every
+vocabulary given (one rule, one message), and the options of training a tokenizer when none is
+trained (named at start by unused_settings)."""
+
+import io
+
+import pytest
+import sentencepiece as spm
+
+from jaxformer.model.config import ConfigError
+from jaxformer.training import experiment
+from jaxformer.training.config_file import load_config
+from jaxformer.training.config_rules import unused_settings
+from tests.conftest import read_raw
+
+
+@pytest.fixture(scope="module")
+def models(tmp_path_factory):
+    """Sentencepiece models trained elsewhere (sentencepiece's default ids): 81, 61 and 81 pieces
+    once converted (a <pad> piece added)."""
+    directory = tmp_path_factory.mktemp("models")
+    paths = {}
+    for name, language, size in (("en", "en", 80), ("de", "de", 60), ("de81", "de", 80)):
+        model = io.BytesIO()
+        spm.SentencePieceTrainer.train(
+            sentence_iterator=iter(read_raw(f"train.{language}.gz", 500)),
+            model_writer=model,
+            vocab_size=size,
+            minloglevel=2,
+        )
+        paths[name] = directory / f"{name}.model"
+        paths[name].write_bytes(model.getvalue())
+    return paths
+
+
+def separate(models, target="de", vocab_size=None):
+    config = load_config("multi30k")  # separate vocabularies, tokenizer.vocab_size 6000
+    config.tokenizer.model_path, config.tokenizer.target_model_path = str(models["en"]), str(models[target])
+    if vocab_size is not None:
+        config.tokenizer.vocab_size = vocab_size
+    return config
+
+
+@pytest.mark.parametrize("vocab_size", [6000, 81, 61, 100])
+def test_two_given_models_of_two_sizes_take_the_default_vocab_size_only(models, vocab_size):
+    with pytest.raises(ConfigError) as raised:
+        experiment.validate(separate(models, vocab_size=vocab_size))
+    message = str(raised.value)
+    assert "\n" not in message and message.startswith(f"config tokenizer.vocab_size={vocab_size}, but ")
+    assert f"tokenizer.model_path {models['en']} has 81 pieces" in message
+    assert f"tokenizer.target_model_path {models['de']} has 61 pieces" in message
+    # One advice, the same whichever size was set: 81 and 61 no longer send the user to each other.
+    assert "set tokenizer.vocab_size=8000 (default_config()'s value" in message
+    assert "one value cannot be both sizes" in message and "vocab_size=81" not in message.split("set ")[1]
+    assert "multi30k's 6000, counts as a choice" in message  # not "its default", which multi30k's is not
+
+
+def test_two_given_models_with_the_default_vocab_size_keep_their_sizes(models):
+    config = separate(models, vocab_size=experiment.DEFAULT_VOCAB_SIZE)
+    experiment.validate(config)
+    assert experiment.vocabulary_sizes(config) == (81, 61)
+
+
+def test_two_given_models_of_one_size_also_take_that_size(models):
+    assert experiment.vocabulary_sizes(separate(models, "de81", vocab_size=81)) == (81, 81)
+    with pytest.raises(ConfigError) as raised:
+        experiment.validate(separate(models, "de81"))
+    assert "set tokenizer.vocab_size=81, or 8000 (default_config()'s value" in str(raised.value)
+    assert "both sizes" not in str(raised.value)
+
+
+def test_a_given_shared_model_names_its_size_and_the_default(models):
+    config = load_config("tiny")  # one shared vocabulary of 1000 pieces
+    config.tokenizer.model_path = str(models["en"])
+    with pytest.raises(ConfigError) as raised:
+        experiment.validate(config)
+    message = str(raised.value)
+    assert message.startswith(f"config tokenizer.vocab_size=1000, but tokenizer.model_path {models['en']} has 81")
+    assert "set tokenizer.vocab_size=81, or 8000 (" in message
+    config.tokenizer.vocab_size = 81
+    experiment.validate(config)
+
+
+# -- options of training a tokenizer, when none is trained -----------------------------------------
+
+TRAINING_OPTIONS = {"model_type": "bpe", "character_coverage": 0.9995, "max_sentences": 1000}
+NAMED = [
+    "tokenizer.model_type='bpe'",
+    "tokenizer.character_coverage=0.9995",
+    "tokenizer.max_sentences=1000",
+]
+
+
+def with_options(config, **values):
+    config.tokenizer.update({**TRAINING_OPTIONS, **values})
+    return config
+
+
+def test_a_tokenizer_trained_here_uses_its_options():
+    assert unused_settings(with_options(load_config("tiny"))) == []
+    config = with_options(load_config("multi30k"), model_path="/models/en.model")
+    assert unused_settings(config) == []  # the target's vocabulary is trained with them
+    config = with_options(load_config("multi30k"), target_model_path="/models/de.model")
+    assert unused_settings(config) == []
+    composed = with_options(load_config("multi30k"))
+    composed.training.init_encoder_from = "/runs/mlm"  # the decoder's side is trained here
+    assert unused_settings(composed) == []
+
+
+@pytest.mark.parametrize(
+    "change, reason",
+    [
+        ({"tokenizer.model_path": "/models/joint.model"}, "tokenizer.model_path gives the vocabulary"),
+        ({"training.init_from": "/runs/base"}, "training.init_from gives the vocabulary"),
+        # a given model is only checked against the start's tokenizer, which the run uses
+        (
+            {"training.init_from": "/runs/base", "tokenizer.model_path": "/models/joint.model"},
+            "training.init_from gives the vocabulary",
+        ),
+    ],
+)
+def test_a_given_shared_vocabulary_names_the_training_options_as_unused(change, reason):
+    config = with_options(load_config("tiny"))
+    for key, value in change.items():
+        section, name = key.split(".")
+        config[section][name] = value
+    assert unused_settings(config) == [f"{option} (no tokenizer is trained: {reason})" for option in NAMED]
+
+
+@pytest.mark.parametrize(
+    "change, reason",
+    [
+        (
+            {"tokenizer.model_path": "/models/en.model", "tokenizer.target_model_path": "/models/de.model"},
+            "tokenizer.model_path gives the source vocabulary, tokenizer.target_model_path the target's",
+        ),
+        ({"training.init_from": "/runs/base"}, "training.init_from gives both vocabularies"),
+        (
+            {"training.init_encoder_from": "/runs/mlm", "training.init_decoder_from": "/runs/lm"},
+            "training.init_encoder_from gives the source vocabulary, training.init_decoder_from the target's",
+        ),
+    ],
+)
+def test_given_separate_vocabularies_name_the_training_options_as_unused(change, reason):
+    config = with_options(load_config("multi30k"))
+    for key, value in change.items():
+        section, name = key.split(".")
+        config[section][name] = value
+    assert unused_settings(config) == [f"{option} (no tokenizer is trained: {reason})" for option in NAMED]
+
+
+def test_only_options_that_differ_from_the_defaults_are_named():
+    config = experiment.default_config()
+    config.tokenizer.model_path = "/models/joint.model"
+    assert unused_settings(config) == []  # default_config's model_type, coverage and sample: nothing said
+    tiny = load_config("tiny")  # its own sample size, 4000 sentences
+    tiny.tokenizer.model_path = "/models/joint.model"
+    assert unused_settings(tiny) == [
+        "tokenizer.max_sentences=4000 (no tokenizer is trained: tokenizer.model_path gives the vocabulary)"
+    ]
