@@ -10,7 +10,10 @@ variant trains in WORKDIR/<variant name>, one after another, with the config's o
 checked before the first one trains. A variant's score is the validation BLEU of its final choice
 (training.final_choice); no test set is read. The table, highest first, is printed and written to
 WORKDIR/sweep.md (and each row to WORKDIR/sweep.jsonl). Running the same command again trains only
-the variants not yet finished (resuming the one that was stopped).
+the variants not yet finished (resuming the one that was stopped). The rows of this invocation
+replace the earlier ones of the same variants; an earlier row of a variant that has none in this
+invocation (not in this sweep file, or not reached before a signal or an error stopped it) is kept,
+marked "from an earlier invocation". A stopped or failed sweep writes the rows it finished too.
 
 --baseline_steps N replaces the wall-clock budget by a step budget that does not depend on the
 machine's speed: the config as it is (with the shared --config overrides) would train N steps,
@@ -32,6 +35,8 @@ import json
 import logging
 import pathlib
 import sys
+from collections.abc import Sequence
+from typing import Any
 
 from jaxformer.commands.common import FlagError, at_least, make_parser, path_text, run_command
 from jaxformer.errors import EXIT_USER_ERROR, UserError, exit_code_for_signal
@@ -68,7 +73,6 @@ def run(args: argparse.Namespace, overrides: list[tuple[str, str]]) -> int:
         load_sweep,
         make_variants,
         reference_config,
-        results_table,
         run_sweep,
     )
 
@@ -79,6 +83,7 @@ def run(args: argparse.Namespace, overrides: list[tuple[str, str]]) -> int:
     workdir = pathlib.Path(args.workdir).absolute()
     if workdir.exists() and not workdir.is_dir():
         raise FlagError(f"--workdir {workdir} exists and is not a directory")
+    earlier = read_rows(workdir)  # before anything trains: a bad file costs no run's time
     workdir.mkdir(parents=True, exist_ok=True)
     logging.info(
         "sweep %s over --config %s: %d variants x %d seeds in %s",
@@ -88,12 +93,13 @@ def run(args: argparse.Namespace, overrides: list[tuple[str, str]]) -> int:
         args.seeds,
         workdir,
     )
-    rows, stopped_by = run_sweep(
-        variants, workdir, baseline_steps=args.baseline_steps, reference=reference, seeds=args.seeds
-    )
-    table = results_table(rows)
-    write_text_atomically(workdir / "sweep.md", table)
-    write_text_atomically(workdir / "sweep.jsonl", "".join(json.dumps(row) + "\n" for row in rows))
+    rows = []
+    try:
+        _, stopped_by = run_sweep(
+            variants, workdir, baseline_steps=args.baseline_steps, reference=reference, seeds=args.seeds, rows=rows
+        )
+    finally:  # a variant's error too: the rows finished before it stay in the table
+        table = write_results(workdir, earlier, rows)
     sys.stdout.write(table)
     if stopped_by is not None:
         logging.warning(
@@ -101,6 +107,121 @@ def run(args: argparse.Namespace, overrides: list[tuple[str, str]]) -> int:
         )
         return exit_code_for_signal(stopped_by)
     return 0
+
+
+ROWS_FILE, TABLE_FILE = "sweep.jsonl", "sweep.md"
+EARLIER = "from_earlier_invocation"  # set on a row kept from an earlier invocation's ROWS_FILE
+NUMBER = (int, float)
+ROW_TYPES = {"variant": str, "changes": str, "steps": NUMBER, "train_minutes": NUMBER, "bleu": NUMBER, "chosen": str}
+
+
+def read_rows(workdir: pathlib.Path) -> list[dict[str, Any]]:
+    """The rows an earlier invocation wrote to WORKDIR/sweep.jsonl ([] when none), read before
+    anything trains: a line the table cannot show is an error naming it, not a row dropped later."""
+    path = workdir / ROWS_FILE
+    if not path.is_file():
+        if (workdir / TABLE_FILE).exists():
+            raise UserError(
+                f"{workdir / TABLE_FILE} has no {ROWS_FILE} beside it, whose rows it shows and a sweep keeps: "
+                f"restore {path}, or move {TABLE_FILE} away"
+            )
+        return []
+    try:
+        lines = path.read_text(encoding="utf-8").splitlines()
+    except (OSError, UnicodeDecodeError) as error:
+        raise UserError(f"cannot read {path}: {error}") from None
+    rows, seen = [], set()
+    for number, text in enumerate(lines, 1):
+        if not text.strip():
+            continue
+        try:
+            row = json.loads(text)
+        except ValueError:
+            row = None
+        if not isinstance(row, dict):
+            raise UserError(f"{path} line {number} is not a JSON object; fix or remove that line")
+        for key, kind in ROW_TYPES.items():
+            if not isinstance(row.get(key), kind) or isinstance(row[key], bool):
+                what = "number" if kind is NUMBER else "string"
+                raise UserError(f"{path} line {number} is not a sweep row: its {key!r} is missing or not a {what}")
+        if row["variant"] in seen:
+            raise UserError(f"{path} line {number}: a second row of variant {row['variant']!r}; remove one")
+        seen.add(row["variant"])
+        rows.append(row)
+    return rows
+
+
+def merge_rows(earlier: Sequence[dict[str, Any]], rows: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:
+    """This invocation's `rows`, then each `earlier` row of a variant they have no row for, marked
+    EARLIER: a finished run's row is never lost to a sweep file that leaves its variant out or a
+    sweep that stopped before reaching it."""
+    names = {row["variant"] for row in rows}
+    return [*rows, *({**row, EARLIER: True} for row in earlier if row["variant"] not in names)]
+
+
+def write_results(workdir: pathlib.Path, earlier: Sequence[dict[str, Any]], rows: Sequence[dict[str, Any]]) -> str:
+    """Writes the merged rows to WORKDIR/sweep.jsonl and their table to WORKDIR/sweep.md, when this
+    invocation finished any (else the files, the earlier rows, stay as they are); returns the table."""
+    merged = merge_rows(earlier, rows)
+    if not rows:  # stopped or refused before its first variant finished: nothing to add
+        return results_table(merged)
+    kept = [row["variant"] for row in merged if row.get(EARLIER)]
+    if kept:
+        logging.info(
+            "sweep: keeping the rows an earlier invocation wrote for %s, which this one has none for "
+            "(marked 'from an earlier invocation' in %s)",
+            ", ".join(kept),
+            TABLE_FILE,
+        )
+    table = results_table(merged)
+    # The rows first: a table is rebuilt from them, not they from it.
+    write_text_atomically(workdir / ROWS_FILE, "".join(json.dumps(row) + "\n" for row in merged))
+    write_text_atomically(workdir / TABLE_FILE, table)
+    return table
+
+
+def results_table(rows: Sequence[dict[str, Any]]) -> str:
+    """A Markdown table of the rows, highest validation BLEU first; a `note` column marks the rows
+    kept from an earlier invocation, which this one's sweep file or stop left untouched."""
+    from jaxformer.training.final_choice import CANDIDATES
+
+    def number(value, digits=2):
+        return "" if value is None else f"{value:.{digits}f}"
+
+    def alphas(row):  # each seed's; None: a run from before the final choice kept its alpha
+        chosen = [seed.get("alpha") for seed in row.get("seeds", [row])]
+        missing = "" if len(chosen) == 1 else "?"
+        return ", ".join(missing if alpha is None else f"{alpha:g}" for alpha in chosen)
+
+    def line(cells):
+        return "| " + " | ".join(cells) + " |"
+
+    several = any(len(row.get("seed_bleus", ())) > 1 for row in rows)
+    notes = any(row.get(EARLIER) for row in rows)
+    columns = [
+        *("variant", "changes", "steps", "speed", "train minutes", "validation BLEU"),
+        *(["per seed"] if several else []),
+        *("chosen", "alpha", *CANDIDATES),
+        *(["note"] if notes else []),
+    ]
+    lines = [line(columns), line(["---"] * len(columns))]
+    for row in sorted(rows, key=lambda row: -row["bleu"]):
+        per_seed = ", ".join(number(bleu) for bleu in row.get("seed_bleus", [row["bleu"]]))
+        cells = [
+            row["variant"],
+            row["changes"],
+            f"{row['steps']:,}",
+            number(row.get("speed")),
+            number(row["train_minutes"], 1),
+            f"**{number(row['bleu'])}**",
+            *([per_seed] if several else []),
+            row["chosen"],
+            alphas(row),
+            *(number(row.get(f"{name}_bleu")) for name in CANDIDATES),
+            *(["from an earlier invocation" if row.get(EARLIER) else ""] if notes else []),
+        ]
+        lines.append(line(cells))
+    return "\n".join(lines) + "\n"
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -21,6 +21,10 @@ so a variant can be trained with several seeds (`seeds`): seed k moves training.
 data.shuffle_seed (the initialisation, dropout and the batches' order) by k and trains in
 WORKDIR/<variant>@seed<k> (k = 0 in WORKDIR/<variant>, so a one-seed sweep's runs are reused), and
 the variant's score is the mean of its seeds' final choices.
+
+A SIGTERM or Ctrl-C stops the sweep wherever it comes: during a run's training loop the run saves
+a checkpoint and stops (signals.py); anywhere else (a run setting up, a pace being measured) it
+raises `Stopped` and the run's own cleanup (its lock) happens on the way out.
 """
 
 from __future__ import annotations
@@ -37,6 +41,7 @@ from typing import Any
 import jax
 import ml_collections
 
+from jaxformer.errors import UserError
 from jaxformer.files import write_text_atomically
 from jaxformer.model.config import ConfigError
 from jaxformer.run.directory import RunDirectory
@@ -46,9 +51,11 @@ from jaxformer.training.config_file import (
     call_file_function,
     load_config,
     packaged_config_directory,
+    refuse_repeated_keys,
 )
 from jaxformer.training.final_choice import CANDIDATES
 from jaxformer.training.pace import Pace, relative_pace
+from jaxformer.training.signals import RaiseOnSignal, Stopped
 
 VARIANT_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.+-]*")  # a folder name on every platform
 
@@ -115,6 +122,7 @@ def make_variants(
             pairs.append((key.strip().removeprefix("--config."), text))
         config = load_config(config_name)
         try:
+            refuse_repeated_keys(pairs)  # a variant may override a shared flag, not itself
             apply_overrides(config, [*shared, *pairs])
             experiment.validate(config)
         except ConfigError as error:
@@ -290,13 +298,13 @@ def run_sweep(
     baseline_steps: int | None = None,
     reference: ml_collections.ConfigDict | None = None,
     seeds: int = 1,
+    rows: list[dict[str, Any]] | None = None,
 ) -> tuple[list[dict[str, Any]], int | None]:
     """Trains each variant not yet finished in workdir/<name> (and, with `seeds` > 1, its other
     seeds in workdir/<name>@seed<k>), in order; (the rows of the finished variants, the signal that
-    stopped a run, or None). With `baseline_steps`, each variant trains that many steps times its
-    speed relative to `reference` (see the module's doc)."""
-    from jaxformer.training.loop import train_and_evaluate
-
+    stopped the sweep, or None). Each row is appended to `rows` (when given) as its variant
+    finishes, so a caller keeps them when a later variant fails. With `baseline_steps`, each
+    variant trains that many steps times its speed relative to `reference` (see the module's doc)."""
     if (baseline_steps is None) != (reference is None):
         raise ValueError("baseline_steps and reference go together")
     if seeds < 1:
@@ -304,90 +312,74 @@ def run_sweep(
     workdir = pathlib.Path(workdir)
     if baseline_steps is not None:
         check_step_budget(variants, baseline_steps)
-    rows = []
-    for index, variant in enumerate(variants, 1):
-        path, pace = pace_file(workdir, variant), None
-        stored = stored_pace(path)
-        if baseline_steps is None and stored is not None:
-            raise ConfigError(
-                f"variant {variant.name!r} in {workdir} trains for a step budget ({path}): "
-                f"run with --baseline_steps {stored['baseline_steps']}"
-            )
-        if baseline_steps is not None:
-            if finished_result(workdir / variant.name) is not None and stored is None:
-                raise ConfigError(
-                    f"variant {variant.name!r} finished in {workdir / variant.name} with the config's own budget, "
-                    "not a --baseline_steps one: run without --baseline_steps or in a new --workdir"
+    rows = [] if rows is None else rows
+    # The training loop puts its own handler in for its steps and the final choice and returns
+    # "stopped_by_signal"; this one covers the rest (a run setting up, a pace measured), where
+    # the default handler would end the process without a table and with the run's lock held.
+    with RaiseOnSignal():
+        try:
+            for index, variant in enumerate(variants, 1):
+                seed_rows, stopped_by = _train_variant(
+                    variant, index, len(variants), workdir, baseline_steps, reference, seeds
                 )
-            pace = variant_pace(variant, reference, baseline_steps, path, stored)
-        seed_rows = []
-        for seed_offset in range(seeds):
-            run_dir = workdir / seed_run_name(variant, seed_offset)
-            config = _run_config(variant, seed_offset, pace)
-            last = finished_result(run_dir)
-            if last is None:
-                logging.info(
-                    "sweep: variant %d of %d, %s%s: %s",
-                    index,
-                    len(variants),
-                    variant.name,
-                    f" (seed +{seed_offset})" if seeds > 1 else "",
-                    variant.changes(),
-                )
-                if pace is not None:
-                    logging.info(
-                        "sweep: %s trains %d steps: %.3fx the reference's speed, times --baseline_steps %d",
-                        variant.name,
-                        pace["steps"],
-                        pace["speed"],
-                        baseline_steps,
-                    )
-                last = train_and_evaluate(config, str(run_dir))
-                if last.get("stopped_by_signal"):
-                    return rows, last["stopped_by_signal"]
-                last = finished_result(run_dir)
-            else:
-                _check_finished_as_configured(run_dir, variant, config)
-                logging.info("sweep: variant %s already finished in %s", variant.name, run_dir)
-            seed_rows.append(result_row(variant, last, pace))
-        rows.append(seeds_row(seed_rows))
+                if stopped_by is not None:
+                    return rows, stopped_by
+                rows.append(seeds_row(seed_rows))
+        except Stopped as stop:
+            logging.warning("sweep: %s received outside a training loop: stopping", stop)
+            return rows, stop.signum
     return rows, None
 
 
-def results_table(rows: Sequence[dict[str, Any]]) -> str:
-    """A Markdown table of the rows, highest validation BLEU first."""
+def _train_variant(
+    variant: Variant,
+    index: int,
+    count: int,
+    workdir: pathlib.Path,
+    baseline_steps: int | None,
+    reference: ml_collections.ConfigDict | None,
+    seeds: int,
+) -> tuple[list[dict[str, Any]], int | None]:
+    """(the rows of the variant's seeds, each trained unless finished; the signal that stopped
+    one of its runs, or None)."""
+    from jaxformer.training.loop import train_and_evaluate
 
-    def number(value, digits=2):
-        return "" if value is None else f"{value:.{digits}f}"
-
-    def alphas(row):  # each seed's; None: a run from before the final choice kept its alpha
-        chosen = [seed.get("alpha") for seed in row.get("seeds", [row])]
-        missing = "" if len(chosen) == 1 else "?"
-        return ", ".join(missing if alpha is None else f"{alpha:g}" for alpha in chosen)
-
-    def line(cells):
-        return "| " + " | ".join(cells) + " |"
-
-    several = any(len(row.get("seed_bleus", ())) > 1 for row in rows)
-    columns = [
-        *("variant", "changes", "steps", "speed", "train minutes", "validation BLEU"),
-        *(["per seed"] if several else []),
-        *("chosen", "alpha", *CANDIDATES),
-    ]
-    lines = [line(columns), line(["---"] * len(columns))]
-    for row in sorted(rows, key=lambda row: -row["bleu"]):
-        per_seed = ", ".join(number(bleu) for bleu in row.get("seed_bleus", [row["bleu"]]))
-        cells = [
-            row["variant"],
-            row["changes"],
-            f"{row['steps']:,}",
-            number(row.get("speed")),
-            number(row["train_minutes"], 1),
-            f"**{number(row['bleu'])}**",
-            *([per_seed] if several else []),
-            row["chosen"],
-            alphas(row),
-            *(number(row.get(f"{name}_bleu")) for name in CANDIDATES),
-        ]
-        lines.append(line(cells))
-    return "\n".join(lines) + "\n"
+    path, pace = pace_file(workdir, variant), None
+    stored = stored_pace(path)
+    if baseline_steps is None and stored is not None:
+        raise ConfigError(
+            f"variant {variant.name!r} in {workdir} trains for a step budget ({path}): "
+            f"run with --baseline_steps {stored['baseline_steps']}"
+        )
+    if baseline_steps is not None:
+        if finished_result(workdir / variant.name) is not None and stored is None:
+            raise ConfigError(
+                f"variant {variant.name!r} finished in {workdir / variant.name} with the config's own budget, "
+                "not a --baseline_steps one: run without --baseline_steps or in a new --workdir"
+            )
+        pace = variant_pace(variant, reference, baseline_steps, path, stored)
+    seed_rows = []
+    for seed_offset in range(seeds):
+        run_dir = workdir / seed_run_name(variant, seed_offset)
+        config = _run_config(variant, seed_offset, pace)
+        seed = f" (seed +{seed_offset})" if seeds > 1 else ""
+        last = finished_result(run_dir)
+        if last is None:
+            logging.info("sweep: variant %d of %d, %s%s: %s", index, count, variant.name, seed, variant.changes())
+            if pace is not None:
+                logging.info(
+                    "sweep: %s trains %d steps: %.3fx the reference's speed, times --baseline_steps %d",
+                    *(variant.name, pace["steps"], pace["speed"], baseline_steps),
+                )
+            try:
+                last = train_and_evaluate(config, str(run_dir))
+            except UserError as error:  # one found only now, in its data (a vocabulary the corpus cannot fill)
+                raise UserError(f"variant {variant.name!r}{seed}: {error}") from error
+            if last.get("stopped_by_signal"):
+                return seed_rows, last["stopped_by_signal"]
+            last = finished_result(run_dir)
+        else:
+            _check_finished_as_configured(run_dir, variant, config)
+            logging.info("sweep: variant %s already finished in %s", variant.name, run_dir)
+        seed_rows.append(result_row(variant, last, pace))
+    return seed_rows, None

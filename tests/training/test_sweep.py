@@ -12,12 +12,12 @@ import numpy as np
 import pytest
 
 from jaxformer.commands import sweep as sweep_command
+from jaxformer.commands.sweep import results_table
 from jaxformer.run.loading import load_checkpoint
 from jaxformer.training.final_choice import CANDIDATES
 from jaxformer.training.sweep import (
     load_sweep,
     make_variants,
-    results_table,
     seed_run_name,
     seeds_row,
     with_seed_offset,
@@ -101,6 +101,16 @@ def test_a_sweep_trains_each_variant_and_ranks_them_by_validation_bleu(tmp_path,
         "train it again"
     )
     assert {name: (workdir / name / "metrics.jsonl").read_bytes() for name in metrics} == metrics
+    # A variant's error found only in its data names it; the finished rows, and the earlier one of a
+    # variant this sweep file leaves out, stay in the table (unit-tested in test_sweep_tables.py).
+    big = sweep(
+        workdir, write_sweep(tmp_path / "big.py", {"baseline": [], "big": ["tokenizer.vocab_size=60000"]}), data_dir
+    )
+    assert big.returncode == 2 and big.stderr.count("error: ") == 1, big.stderr[-2000:]
+    assert big.stderr.strip().splitlines()[-1].startswith("error: variant 'big': cannot train a 60000-piece")
+    kept = {row["variant"]: row for row in map(json.loads, (workdir / "sweep.jsonl").read_text().splitlines())}
+    assert kept == {"baseline": rows[0], "shuffle1": {**rows[1], "from_earlier_invocation": True}}
+    assert not (workdir / "big").exists()
 
 
 @pytest.mark.slow  # a pace and two runs; the pace is unit-tested in test_pace.py
@@ -169,7 +179,7 @@ def test_seeds_train_each_variant_again_with_moved_seeds_and_rank_by_the_mean(tm
     assert again.returncode == 0 and again.stdout == result.stdout, again.stderr[-3000:]
     assert again.stderr.count("already finished") == 2
     bad = sweep(workdir, sweep_file, data_dir, "--seeds", "0")
-    assert bad.returncode == 2 and "--seeds 0 must be at least 1" in bad.stderr, bad.stderr[-2000:]
+    assert bad.returncode == 2 and "--seeds: must be an integer >= 1, got 0" in bad.stderr, bad.stderr[-2000:]
 
 
 @pytest.mark.parametrize(
@@ -177,6 +187,10 @@ def test_seeds_train_each_variant_again_with_moved_seeds_and_rank_by_the_mean(tm
     [
         ({"wide": ["model.d_modle=64"]}, r"variant 'wide': .*model\.d_modle"),
         ({"odd": ["model.d_model"]}, r"variant 'odd': override 'model.d_model' is not KEY=VALUE"),
+        (
+            {"twice": ["model.dropout_rate=0.2", "model.dropout_rate=0.3"]},
+            r"variant 'twice': config key 'model.dropout_rate' is given twice, as '0.2' and as '0.3'",
+        ),
         ({"bad": ["model.d_model=30"]}, r"variant 'bad': .*d_model"),
         ({"a b": []}, r"variant name 'a b' must match"),
         ({"no_choice": ["training.final_choice=False"]}, r"variant 'no_choice': training.final_choice is False"),
@@ -200,8 +214,9 @@ def test_a_variant_that_contradicts_the_step_budget_is_named_before_anything_tra
     workdir = tmp_path / "sweep"
     budget = ["--baseline_steps", "12", "--config.optimizer.schedule=budget", "--config.optimizer.warmup_steps=4"]
     budget += ["--config.training.time_budget_minutes=1", "--config.training.num_train_steps=200"]  # valid as given
+    shared = [flag for flag in SHARED if not flag.startswith("--config.training.num_train_steps=")]  # 200 here
     code = sweep_command.main(
-        ["--config", TINY, "--sweep", str(sweep_file), "--workdir", str(workdir), *SHARED, *budget]
+        ["--config", TINY, "--sweep", str(sweep_file), "--workdir", str(workdir), *shared, *budget]
     )
     error = capsys.readouterr().err
     assert code == 2 and error.startswith(
