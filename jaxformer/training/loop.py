@@ -26,6 +26,7 @@ from jaxformer.data.pipeline import LengthFilter, ShardedBatches, TokenizePair, 
 from jaxformer.data.sources import check_source, data_fingerprint, get_builder, load_split, prepare
 from jaxformer.data.subword_sampling import SubwordSampling
 from jaxformer.errors import CheckpointError, UserError, exit_code_for_signal
+from jaxformer.files import write_text_atomically
 from jaxformer.model.architectures import build_model
 from jaxformer.run.checkpoint import Checkpointer
 from jaxformer.run.directory import RunDirectory
@@ -522,5 +523,5 @@ def _train(config, prepared: PreparedRun, model: nn.Module, mesh, rules) -> dict
     if stopped_early:
         last["stopped_by_signal"] = stop.signum
     if jax.process_index() == 0:
-        run.last_metrics_file.write_text(json.dumps(last, indent=2))
+        write_text_atomically(run.last_metrics_file, json.dumps(last, indent=2))  # a sweep reads it: never torn
     return last
