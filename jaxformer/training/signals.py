@@ -72,8 +72,11 @@ class StopRequest(_SignalHandler):
         logging.warning("%s received: saving a checkpoint and stopping %s", self.signal_name, when)
 
 
-class Stopped(Exception):
-    """A SIGTERM or SIGINT that arrived during work a signal cannot wait for (the final choice)."""
+class Stopped(BaseException):
+    """A SIGTERM or SIGINT that arrived during work a signal cannot wait for (the final choice).
+    Not an `Exception`, as KeyboardInterrupt is not: the `except Exception` that reads a damaged
+    checkpoint as one to skip (checkpoint.py) must not take a stop for damage and set aside the
+    checkpoints after it."""
 
     def __init__(self, signum: int):
         super().__init__(signal.Signals(signum).name)

@@ -96,3 +96,23 @@ def test_no_readable_checkpoint_names_each(workdir):
         flip_array_bit(workdir / "checkpoints" / str(step))
     with pytest.raises(CheckpointError, match="no checkpoint in .* can be read: step 40: .*; step 20: "):
         load_checkpoint(workdir)
+
+
+def test_a_signal_during_a_restore_is_a_stop_not_damage(workdir, monkeypatch):
+    """SIGTERM while the newest checkpoint is read (a sweep's run setting up, under RaiseOnSignal)
+    stops the restore; it neither tries the previous checkpoint nor sets the newest aside."""
+    from jaxformer.run.checkpoint import Checkpointer
+    from jaxformer.training.signals import Stopped
+
+    checkpointer = Checkpointer(workdir / "checkpoints")
+    tried = []
+
+    def restore(step, args):
+        tried.append(step)
+        raise Stopped(15)
+
+    monkeypatch.setattr(checkpointer.manager, "restore", restore)
+    before = snapshot(workdir)
+    with pytest.raises(Stopped):
+        checkpointer.restore_latest(None, None)
+    assert tried == [40] and snapshot(workdir) == before
