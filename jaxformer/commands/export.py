@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import argparse
 import logging
+import signal
 import sys
 
 from jaxformer.commands.common import (
@@ -21,7 +22,9 @@ from jaxformer.commands.common import (
     resolved_alpha,
     run_command,
 )
+from jaxformer.errors import exit_code_for_signal
 from jaxformer.export.program import KNOWN_PLATFORMS, PLATFORMS
+from jaxformer.training.signals import RaiseOnSignal, Stopped
 
 
 def platform_list(text: str) -> tuple[str, ...]:
@@ -31,6 +34,9 @@ def platform_list(text: str) -> tuple[str, ...]:
         raise argparse.ArgumentTypeError(
             f"must be a comma-separated list of {', '.join(KNOWN_PLATFORMS)}; got {text!r}"
         )
+    repeated = sorted({name for name in names if names.count(name) > 1})
+    if repeated:
+        raise argparse.ArgumentTypeError(f"names {', '.join(repeated)} more than once; got {text!r}")
     return names
 
 
@@ -66,22 +72,34 @@ def run(args: argparse.Namespace) -> int:
     from jaxformer.export.exporter import ServingSettings, export_checkpoint
 
     check_workdir(args.workdir)
-    summary = export_checkpoint(
-        args.workdir,
-        args.output,
-        args.checkpoint,
-        DecodeSettings(
-            method="beam",
-            beam_size=args.beam_size,
-            alpha=resolved_alpha(args),
-            length_penalty=args.length_penalty,
-            stop=args.stop,
-            max_extra_length=args.max_extra_length,
-        ),
-        ServingSettings(batch_size=args.batch_size, max_source_tokens=args.max_source_tokens),
-        platforms=args.platforms,
-        overwrite=args.overwrite,
+    settings = DecodeSettings(
+        method="beam",
+        beam_size=args.beam_size,
+        alpha=resolved_alpha(args),
+        length_penalty=args.length_penalty,
+        stop=args.stop,
+        max_extra_length=args.max_extra_length,
     )
+    serving = ServingSettings(batch_size=args.batch_size, max_source_tokens=args.max_source_tokens)
+    # The default handlers would end the process at once, leaving the staging directory behind;
+    # Stopped unwinds through the exporter, which removes it.
+    try:
+        with RaiseOnSignal():
+            summary = export_checkpoint(
+                args.workdir,
+                args.output,
+                args.checkpoint,
+                settings,
+                serving,
+                platforms=args.platforms,
+                overwrite=args.overwrite,
+            )
+    except Stopped as stop:  # a BaseException: no `except Exception` on the way took it for an error
+        sys.stderr.write(
+            f"error: {args.output}: stopped by {signal.Signals(stop.signum).name}; an export is put in place "
+            f"whole or not at all; exiting with {exit_code_for_signal(stop.signum)}\n"
+        )
+        return exit_code_for_signal(stop.signum)
     for platform, reason in summary.failed.items():
         print(f"not exported for {platform}: {reason}", file=sys.stderr)
     print(

@@ -17,6 +17,7 @@ import math
 import os
 import pathlib
 import shutil
+import signal
 import tempfile
 from collections.abc import Iterator, Sequence
 from typing import Any
@@ -41,7 +42,8 @@ PROGRAM_FILE = "beam_search.jaxexport"
 
 @dataclasses.dataclass(frozen=True)
 class ServingSettings:
-    """How the loader batches sentences; the defaults are `Translator`'s."""
+    """How the loader batches sentences. length_bucket and max_source_tokens default to
+    `Translator`'s; batch_size to 64, twice Translator's 32."""
 
     batch_size: int = 64  # rows per decoding batch
     length_bucket: int = 16  # source lengths are rounded up to a multiple of this
@@ -80,6 +82,9 @@ def export_checkpoint(
     unknown = sorted(set(platforms) - set(KNOWN_PLATFORMS))
     if unknown or not platforms:
         raise ExportError(f"platforms {', '.join(unknown) or '(none)'}: choose among {', '.join(KNOWN_PLATFORMS)}")
+    repeated = sorted({platform for platform in platforms if list(platforms).count(platform) > 1})
+    if repeated:
+        raise ExportError(f"platforms {', '.join(platforms)}: {', '.join(repeated)} given more than once")
     check_output(output, overwrite)
     architecture = load_checkpoint(workdir, checkpoint, params=False)[1].model_config().architecture
     if architecture != "encoder_decoder":  # found before the parameters are read or anything is lowered
@@ -188,26 +193,48 @@ def write_program(directory: pathlib.Path, program: jax.export.Exported) -> dict
 # -- the output directory --------------------------------------------------------------------
 
 
-def is_export(directory: pathlib.Path) -> bool:
+def _export_files(directory: pathlib.Path) -> set[str] | None:
+    """The names of the files the export in `directory` consists of (those its config.json lists,
+    and itself), or None if `directory` holds no export."""
     try:
         config = json.loads((directory / standalone.CONFIG_FILE).read_text(encoding="utf-8"))
     except (OSError, ValueError):
-        return False
-    return isinstance(config, dict) and config.get("format") == standalone.FORMAT
+        return None
+    if not isinstance(config, dict) or config.get("format") != standalone.FORMAT:
+        return None
+    files = config.get("files") if isinstance(config.get("files"), dict) else {}
+    loader = files.get("loader") if isinstance(files.get("loader"), dict) else {}
+    imports = loader.get("imports") if isinstance(loader.get("imports"), list) else []
+    entries = [*files.values(), *imports]
+    names = [entry.get("name") if isinstance(entry, dict) else entry for entry in entries]
+    return {name for name in names if isinstance(name, str)} | {standalone.CONFIG_FILE}
 
 
 def check_output(output: pathlib.Path, overwrite: bool) -> None:
-    """`ExportError` unless `output` is absent, an empty directory, or (with `overwrite`) an export."""
+    """`ExportError` unless `output` is absent, an empty directory, or (with `overwrite`) an export
+    and nothing else."""
     if output.exists() and not output.is_dir():
         raise ExportError(f"the output {output} is a file, not a directory")
     if not output.is_dir() or not any(output.iterdir()):
         return
     if not overwrite:
         raise ExportError(f"the output directory {output} is not empty; pass --overwrite to replace the export in it")
-    if not is_export(output):
+    export_files = _export_files(output)
+    if export_files is None:
         raise ExportError(
             f"the output directory {output} holds something other than a jaxformer export (no readable "
             f"{standalone.CONFIG_FILE}); not replacing it, even with --overwrite"
+        )
+    cache = output / "__pycache__"  # serve.py and its helper, compiled where they ran
+    others = [path for path in output.iterdir() if path.name not in export_files or not path.is_file()]
+    if cache.is_dir():
+        modules = {name.removesuffix(".py") for name in export_files if name.endswith(".py")}
+        others.remove(cache)
+        others += [path for path in cache.iterdir() if path.suffix != ".pyc" or path.name.split(".")[0] not in modules]
+    if others:
+        raise ExportError(
+            f"the output directory {output} holds {min(others)}, which is not part of the export in it; "
+            "not replacing it, even with --overwrite (move it elsewhere first)"
         )
 
 
@@ -220,20 +247,43 @@ def staging_directory(output: pathlib.Path) -> Iterator[pathlib.Path]:
         staging = pathlib.Path(tempfile.mkdtemp(dir=output.parent, prefix=f".{output.name}.", suffix=".partial"))
     except OSError as error:
         raise ExportError(f"cannot write the export beside {output}: {error.strerror or error}") from None
-    umask = os.umask(0)
-    os.umask(umask)
-    os.chmod(staging, 0o777 & ~umask)  # mkdtemp's is private to its owner; an export is not
     try:
+        umask = os.umask(0)
+        os.umask(umask)
+        os.chmod(staging, 0o777 & ~umask)  # mkdtemp's is private to its owner; an export is not
         yield staging
     finally:
         shutil.rmtree(staging, ignore_errors=True)  # gone already once moved into place
 
 
 def _move_into_place(staging: pathlib.Path, output: pathlib.Path) -> None:
-    if output.is_dir() and any(output.iterdir()):  # an export, which check_output let through
-        retired = pathlib.Path(tempfile.mkdtemp(dir=output.parent, prefix=f".{output.name}.", suffix=".old"))
-        os.replace(output, retired)
-        os.replace(staging, output)
-        shutil.rmtree(retired)
-    else:
-        os.replace(staging, output)  # absent, or an empty directory (which rename replaces)
+    # A signal between the renames would leave the old export hidden beside an absent output, and
+    # its handler would then delete the new one with the staging directory.
+    with _signals_deferred():
+        if output.is_dir() and any(output.iterdir()):  # an export, which check_output let through
+            retired = pathlib.Path(tempfile.mkdtemp(dir=output.parent, prefix=f".{output.name}.", suffix=".old"))
+            os.replace(output, retired)
+            os.replace(staging, output)
+            shutil.rmtree(retired)
+        else:
+            os.replace(staging, output)  # absent, or an empty directory (which rename replaces)
+
+
+@contextlib.contextmanager
+def _signals_deferred() -> Iterator[None]:
+    """SIGTERM and SIGINT received inside are raised again on leaving, to the handlers then in
+    place. (Blocking them would not do: another thread, jax's, would take them.) Outside the main
+    thread signals are left alone."""
+    received, previous = [], {}
+    try:
+        for signum in (signal.SIGTERM, signal.SIGINT):
+            previous[signum] = signal.signal(signum, lambda signum, frame: received.append(signum))
+    except ValueError:  # not the main thread
+        pass
+    try:
+        yield
+    finally:
+        for signum, handler in previous.items():
+            signal.signal(signum, signal.SIG_DFL if handler is None else handler)  # None: not set from Python
+        for signum in received:
+            signal.raise_signal(signum)

@@ -36,6 +36,7 @@ import importlib.util
 import json
 import math
 import pathlib
+import re
 import struct
 import sys
 from collections.abc import Sequence
@@ -88,6 +89,16 @@ SAFETENSORS_DTYPES: dict[str, np.dtype] = {
     "U64": np.dtype(np.uint64),
     "I64": np.dtype(np.int64),
     "F64": np.dtype(np.float64),
+}
+
+
+# The integers of config.json the loader uses, with their least values. model.source_vocab_size may
+# be null (one shared vocabulary); a sentence is cut every max_source_tokens - 1 tokens.
+_CONFIG_INTEGERS = {
+    "special_tokens": {"pad": 0, "eos": 0, "bos": 0},
+    "model": {"vocab_size": 1, "source_vocab_size": 1},
+    "decoding": {"beam_size": 1, "max_extra_length": 0},
+    "serving": {"batch_size": 1, "length_bucket": 1, "max_source_tokens": 2, "max_source_length": 1},
 }
 
 
@@ -180,27 +191,52 @@ def read_config(directory: str | pathlib.Path) -> dict[str, Any]:
             f"{path} has export format version {config.get('format_version')!r}; "
             f"this loader reads version {FORMAT_VERSION}"
         )
-    for section, keys in (
-        ("files", ("parameters", "tokenizer", "program")),
-        ("special_tokens", ("pad", "eos", "bos")),
-        ("model", ("vocab_size",)),
-        ("decoding", ("beam_size", "max_extra_length")),
-        ("serving", ("batch_size", "length_bucket", "max_source_tokens", "max_source_length")),
-    ):
-        if not isinstance(config.get(section), dict) or any(key not in config[section] for key in keys):
-            raise ExportError(f"{path}: section {section!r} is missing or lacks one of {', '.join(keys)}")
+    for section, keys in _CONFIG_INTEGERS.items():
+        for key, least in keys.items():
+            value = config[section].get(key) if isinstance(config.get(section), dict) else None
+            if (value is not None or key != "source_vocab_size") and (
+                not isinstance(value, int) or isinstance(value, bool) or value < least
+            ):
+                raise ExportError(f"{path}: {section}.{key} is {value!r}; it must be an integer >= {least}")
+    serving = config["serving"]
+    longest = serving["length_bucket"] * math.ceil(serving["max_source_tokens"] / serving["length_bucket"])
+    if longest > serving["max_source_length"]:
+        raise ExportError(
+            f"{path}: serving.max_source_tokens {serving['max_source_tokens']} makes rows of {longest} tokens "
+            f"(a multiple of length_bucket {serving['length_bucket']}), over max_source_length "
+            f"{serving['max_source_length']}"
+        )
+    _check_file_entries(path, config.get("files"))
     return config
+
+
+def _check_file_entries(path: pathlib.Path, files: Any) -> None:
+    """config.json's "files": each a {"name": a file of the directory, "sha256": its digest}. Older
+    exports list the loader's helpers by name alone and give no digest for serve.py: those are
+    checked for presence only (check_loader_files)."""
+    loader = files.get("loader") if isinstance(files, dict) else None
+    imports = loader.get("imports", []) if isinstance(loader, dict) else None
+    if not isinstance(imports, list):
+        raise ExportError(f"{path}: files.loader is {loader!r}, not serve.py's name, SHA-256 and imports")
+    entries = [(role, files.get(role), True) for role in ("parameters", "tokenizer", "program")]
+    entries += [("target_tokenizer", files["target_tokenizer"], True)] if "target_tokenizer" in files else []
+    entries += [("loader", loader, False)]
+    entries += [("loader.imports", entry if isinstance(entry, dict) else {"name": entry}, False) for entry in imports]
+    for key, entry, digest_needed in entries:
+        name = entry.get("name") if isinstance(entry, dict) else None
+        digest = entry.get("sha256", None if digest_needed else "") if isinstance(entry, dict) else None
+        if name in ("", "..") or not isinstance(name, str) or pathlib.PurePath(name).name != name:
+            digest = None
+        if not isinstance(digest, str):
+            raise ExportError(f"{path}: files.{key} is {entry!r}, not a file of the directory and its SHA-256")
 
 
 def read_verified(directory: pathlib.Path, config: dict[str, Any], role: str) -> tuple[pathlib.Path, bytes]:
     """(path, bytes) of config.json's file `role`, whose SHA-256 must be config.json's."""
-    entry = config["files"][role]
-    name = entry.get("name") if isinstance(entry, dict) else None
-    if not isinstance(name, str) or pathlib.PurePath(name).name != name:
-        raise ExportError(f"{directory / CONFIG_FILE}: files.{role} names no file of the directory")
-    path = directory / name
+    entry = config["files"][role]  # a name and a digest (read_config)
+    path = directory / entry["name"]
     data = _read_bytes(path)
-    if hashlib.sha256(data).hexdigest() != entry.get("sha256"):
+    if hashlib.sha256(data).hexdigest() != entry["sha256"]:
         raise ExportError(f"{path} is damaged: its SHA-256 differs from the one in {directory / CONFIG_FILE}")
     return path, data
 
@@ -209,14 +245,10 @@ def check_loader_files(directory: pathlib.Path, config: dict[str, Any]) -> None:
     """serve.py and the helpers it imports are there, each with config.json's SHA-256 (exports
     written before the loader's checksums were recorded name the helpers only: their presence
     is checked)."""
-    loader = config["files"].get("loader")
-    if not isinstance(loader, dict):
-        return
+    loader = config["files"]["loader"]  # its entries checked by read_config
     entries = [loader] + [entry if isinstance(entry, dict) else {"name": entry} for entry in loader.get("imports", [])]
     for entry in entries:
-        name = entry.get("name")
-        if not isinstance(name, str) or pathlib.PurePath(name).name != name:
-            raise ExportError(f"{directory / CONFIG_FILE}: files.loader names no file of the directory")
+        name = entry["name"]
         data = _read_bytes(directory / name)
         if "sha256" in entry and hashlib.sha256(data).hexdigest() != entry["sha256"]:
             raise ExportError(
@@ -306,7 +338,7 @@ class ExportedTranslator:
         self.params = jax.device_put(params)
         self.batch_size = int(serving["batch_size"] if batch_size is None else batch_size)
         if self.batch_size < 1:
-            raise ValueError(f"batch_size must be >= 1, got {batch_size}")
+            raise ValueError(f"batch_size must be >= 1, got {self.batch_size}")
         self.length_bucket = int(serving["length_bucket"])
         self.max_source_tokens = int(serving["max_source_tokens"])
         self.max_source_length = int(serving["max_source_length"])
@@ -395,10 +427,33 @@ def read_export(directory: str | pathlib.Path) -> tuple[dict[str, Any], Any, Tok
         target_tokenizer = read_tokenizer(directory, config, "target_tokenizer", model["vocab_size"])
     program_path, data = read_verified(directory, config, "program")
     program = parse_program(data, program_path)
+    _check_program_shapes(config, program, directory / CONFIG_FILE, program_path)
     parameters_path, data = read_verified(directory, config, "parameters")
     params = unflatten(parse_safetensors(data, parameters_path), parameters_path)
     _check_parameters(params, program, parameters_path, program_path)
     return config, params, tokenizer, target_tokenizer or tokenizer, program
+
+
+def _check_program_shapes(config: dict[str, Any], program: jax.export.Exported, config_path, program_path) -> None:
+    """config.json's beam size, extra length and longest source are the program's: tokens [B, K, S + extra],
+    S bounded by the constraint jax.export wrote into the program's shape assertions at export time."""
+    tokens = program.out_avals[0].shape if len(program.out_avals) == 2 else ()
+    extra = tokens[2] - program.in_avals[-1].shape[1] if len(tokens) == 3 and program.in_avals else None
+    bound = re.search(rb"symbolic shape constraint S <= (\d+)\.", program.mlir_module_serialized)
+    if not isinstance(extra, int) or not isinstance(tokens[1], int) or bound is None:
+        raise ExportError(f"{program_path} is not an exported beam search: (tokens [B, K, S + extra], S <= N) expected")
+    decoding, serving = config["decoding"], config["serving"]
+    for key, value, fixed, what in (
+        ("decoding.beam_size", decoding["beam_size"], tokens[1], "returns {} hypotheses per sentence"),
+        ("decoding.max_extra_length", decoding["max_extra_length"], extra, "adds {} tokens to the source length"),
+    ):
+        if value != fixed:
+            raise ExportError(f"{config_path}: {key} is {value}, but {program_path} {what.format(fixed)}")
+    if serving["max_source_length"] > int(bound.group(1)):
+        raise ExportError(
+            f"{config_path}: serving.max_source_length is {serving['max_source_length']}, but {program_path} "
+            f"takes sources of at most {int(bound.group(1))} tokens"
+        )
 
 
 def _check_parameters(params: Any, program: jax.export.Exported, params_path, program_path) -> None:

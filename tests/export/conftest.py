@@ -1,5 +1,19 @@
+import os
+import shutil
+import subprocess
+import sys
+
+import jax
 import jaxtyping
 import pytest
+
+from jaxformer.run.checkpoint import Checkpointer
+from jaxformer.run.directory import RunDirectory
+from jaxformer.run.loading import load_checkpoint
+from tests.conftest import make_workdir
+
+# Small enough to decode quickly; sources over 32 tokens are translated in pieces.
+FLAGS = ["--beam_size", "3", "--max_extra_length", "8", "--batch_size", "4", "--max_source_tokens", "32"]
 
 
 @pytest.fixture
@@ -12,3 +26,32 @@ def symbolic_shapes_unchecked():
     jaxtyping.config.update("jaxtyping_disable", True)
     yield
     jaxtyping.config.update("jaxtyping_disable", previous)
+
+
+@pytest.fixture(scope="session")
+def workdir(tmp_path_factory):
+    """A run with a latest and a different best checkpoint (its parameters scaled by 1.5)."""
+    workdir, _, _ = make_workdir(tmp_path_factory.mktemp("export") / "run")
+    step, metadata, params = load_checkpoint(workdir)
+    best = Checkpointer(RunDirectory(workdir).best, keep=None)
+    best.save_params(step, jax.tree.map(lambda leaf: leaf * 1.5, params), metadata.replace(bleu=12.5))
+    best.close()
+    return workdir
+
+
+@pytest.fixture(scope="session")
+def exported(workdir):
+    """The export, written by the installed command as a user runs it; shared by the test files
+    (read-only: a test that changes an export changes a copy)."""
+    command = shutil.which("jaxformer-export", path=os.path.dirname(sys.executable))
+    assert command, f"jaxformer-export is not installed beside {sys.executable}: pip install -e ."
+    output = workdir.parent / "export"
+    result = subprocess.run(
+        [command, "--workdir", str(workdir), "--checkpoint", "best", "--output", str(output), *FLAGS],
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert f"exported step 1 of {workdir} (best checkpoint)" in result.stdout and "cpu, cuda, tpu" in result.stdout
+    return output

@@ -25,14 +25,13 @@ from jaxformer.export.safetensors import flatten, read_safetensors
 from jaxformer.run.checkpoint import Checkpointer
 from jaxformer.run.directory import RunDirectory
 from jaxformer.run.loading import load_checkpoint
-from tests.conftest import assert_same_hypotheses, make_workdir, read_raw
+from tests.conftest import assert_same_hypotheses, read_raw
+from tests.export.conftest import FLAGS
 from tests.export.serving import serve_without_jaxformer
 
 pytestmark = pytest.mark.xdist_group("export")
 
-# Small enough to decode quickly; sources over 32 tokens are translated in pieces.
-SETTINGS = DecodeSettings(beam_size=3, max_extra_length=8)
-FLAGS = ["--beam_size", "3", "--max_extra_length", "8", "--batch_size", "4", "--max_source_tokens", "32"]
+SETTINGS = DecodeSettings(beam_size=3, max_extra_length=8)  # the export's (conftest.py's FLAGS)
 
 SERVE = """
 import io, json, pathlib, runpy
@@ -64,34 +63,6 @@ command_output, sys.stdout = sys.stdout.getvalue(), printed
 loaded = sorted(name for name, module in sys.modules.items() if name.startswith("jaxformer") and module is not None)
 (results / "results.json").write_text(json.dumps({"nbest": nbest, "command": command_output, "loaded": loaded}))
 """
-
-
-@pytest.fixture(scope="module")
-def workdir(tmp_path_factory):
-    """A run with a latest and a different best checkpoint (its parameters scaled by 1.5)."""
-    workdir, _, _ = make_workdir(tmp_path_factory.mktemp("export") / "run")
-    step, metadata, params = load_checkpoint(workdir)
-    best = Checkpointer(RunDirectory(workdir).best, keep=None)
-    best.save_params(step, jax.tree.map(lambda leaf: leaf * 1.5, params), metadata.replace(bleu=12.5))
-    best.close()
-    return workdir
-
-
-@pytest.fixture(scope="module")
-def exported(workdir):
-    """The export, written by the installed command as a user runs it."""
-    command = shutil.which("jaxformer-export", path=os.path.dirname(sys.executable))
-    assert command, f"jaxformer-export is not installed beside {sys.executable}: pip install -e ."
-    output = workdir.parent / "export"
-    result = subprocess.run(
-        [command, "--workdir", str(workdir), "--checkpoint", "best", "--output", str(output), *FLAGS],
-        capture_output=True,
-        text=True,
-        timeout=300,
-    )
-    assert result.returncode == 0, result.stderr[-3000:]
-    assert f"exported step 1 of {workdir} (best checkpoint)" in result.stdout and "cpu, cuda, tpu" in result.stdout
-    return output
 
 
 @pytest.fixture(scope="module")

@@ -1,0 +1,207 @@
+"""What the export's loader and command check before they work: every value of config.json the
+loader uses (its type, range and agreement with the program), an --overwrite output that holds
+more than an export, repeated platforms, and a signal during an export."""
+
+import json
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import time
+
+import pytest
+
+from jaxformer.commands import export
+from jaxformer.export import exporter, standalone
+from jaxformer.export.loading import ExportError, load_export
+from jaxformer.training.signals import RaiseOnSignal, Stopped
+from tests.export.conftest import FLAGS
+
+pytestmark = pytest.mark.xdist_group("export")  # the export fixture of conftest.py, made once
+
+
+def _edit_config(directory, edit):
+    config = json.loads((directory / "config.json").read_text())
+    edit(config)
+    (directory / "config.json").write_text(json.dumps(config))
+
+
+def _set(section, key, value):
+    return lambda config: config[section].__setitem__(key, value)
+
+
+# The export has beam size 3, max_extra_length 8, max_source_tokens 32 (the program's bound).
+@pytest.mark.parametrize(
+    "edit, message",
+    [
+        (
+            _set("serving", "max_source_length", 64),
+            "serving.max_source_length is 64, but {program} takes sources of at most 32 tokens",
+        ),
+        (
+            lambda c: c["serving"].update(max_source_length=512, max_source_tokens=512),
+            "serving.max_source_length is 512, but {program} takes sources of at most 32 tokens",
+        ),
+        (_set("serving", "max_source_tokens", 40), "serving.max_source_tokens 40 makes rows of 48 tokens"),
+        (_set("serving", "length_bucket", 0), "serving.length_bucket is 0; it must be an integer >= 1"),
+        (_set("serving", "length_bucket", "16"), "serving.length_bucket is '16'; it must be an integer >= 1"),
+        (_set("serving", "batch_size", 0), "serving.batch_size is 0; it must be an integer >= 1"),
+        (_set("serving", "max_source_tokens", 1), "serving.max_source_tokens is 1; it must be an integer >= 2"),
+        (lambda c: c["serving"].pop("batch_size"), "serving.batch_size is None"),
+        (_set("decoding", "beam_size", 8), "decoding.beam_size is 8, but {program} returns 3 hypotheses"),
+        (_set("decoding", "max_extra_length", 50), "decoding.max_extra_length is 50, but {program} adds 8 tokens"),
+        (_set("model", "vocab_size", True), "model.vocab_size is True"),
+        (_set("special_tokens", "pad", -1), "special_tokens.pad is -1"),
+        (_set("files", "loader", "serve.py"), "files.loader is 'serve.py', not serve.py's name"),
+        (lambda c: c["files"]["loader"].update(imports="sentence_batches.py"), "files.loader is {"),
+        (_set("files", "parameters", "params.safetensors"), "files.parameters is 'params.safetensors'"),
+        (lambda c: c["files"]["program"].pop("sha256"), "files.program is {'name': 'beam_search.jaxexport'}"),
+        (lambda c: c["files"]["tokenizer"].update(name=".."), "files.tokenizer is {'name': '..'"),
+        (lambda c: c.pop("files"), "files.loader is None"),
+    ],
+)
+def test_an_edited_config_value_is_named_with_its_value(exported, tmp_path, edit, message):
+    copy = tmp_path / "copy"
+    shutil.copytree(exported, copy)
+    _edit_config(copy, edit)
+    expected = f"{copy / 'config.json'}: " + message.replace("{program}", str(copy / "beam_search.jaxexport"))
+    for load, error_type in ((standalone.load, standalone.ExportError), (load_export, ExportError)):
+        with pytest.raises(error_type) as error:
+            load(copy)
+        assert str(error.value).startswith(expected) and "\n" not in str(error.value), str(error.value)
+
+
+def test_serve_py_names_an_edited_bound_before_translating(exported, tmp_path):
+    """The audit's case: a raised bound loaded, then failed with a traceback on a long line."""
+    copy = tmp_path / "copy"
+    shutil.copytree(exported, copy)
+    _edit_config(copy, lambda c: c["serving"].update(max_source_length=512, max_source_tokens=512))
+    result = subprocess.run(
+        [sys.executable, str(copy / "serve.py")],
+        input="A man. " * 200 + "\n",
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert result.returncode == 2 and result.stdout == ""
+    assert result.stderr == (
+        f"error: {copy / 'config.json'}: serving.max_source_length is 512, but {copy / 'beam_search.jaxexport'} "
+        "takes sources of at most 32 tokens\n"
+    )
+
+
+def test_values_the_program_allows_still_load(exported, tmp_path):
+    """Serving choices within the program's bounds, and the loader entries of older exports
+    (helpers by name, no digest for serve.py), are not edits to refuse."""
+    copy = tmp_path / "copy"
+    shutil.copytree(exported, copy)
+
+    def edit(config):
+        config["serving"].update(batch_size=2, max_source_tokens=20)  # rows of 32: the bound
+        config["files"]["loader"] = {"name": "serve.py", "imports": ["sentence_batches.py"]}
+
+    _edit_config(copy, edit)
+    model = standalone.load(copy)
+    assert (model.batch_size, model.max_source_tokens, model.max_source_length) == (2, 20, 32)
+    with pytest.raises(ValueError, match="batch_size must be >= 1, got 0"):  # the value used, not the argument
+        standalone.ExportedTranslator(model.config | {"serving": {"batch_size": 0}}, {}, None, model.program)
+
+
+@pytest.mark.parametrize(
+    "add, first",
+    [
+        (lambda d: (d / "NOTES.txt").write_text("mine"), "NOTES.txt"),
+        (lambda d: (d / "outputs").mkdir() or (d / "outputs" / "a.de").write_text("mine"), "outputs"),
+        (
+            lambda d: (d / "__pycache__").mkdir() or (d / "__pycache__" / "notes.txt").write_text("x"),
+            "__pycache__/notes.txt",
+        ),
+        (
+            lambda d: (d / "__pycache__").mkdir() or (d / "__pycache__" / "mine.cpython-311.pyc").write_text("x"),
+            "__pycache__/mine.cpython-311.pyc",
+        ),
+    ],
+)
+def test_overwrite_refuses_an_export_beside_other_files(exported, workdir, tmp_path, capsys, monkeypatch, add, first):
+    output = tmp_path / "served"
+    shutil.copytree(exported, output)
+    add(output)
+    before = sorted(str(path.relative_to(output)) for path in output.rglob("*"))
+
+    def no_work(*args, **kwargs):
+        raise AssertionError("the checkpoint was read")
+
+    monkeypatch.setattr(exporter, "load_checkpoint", no_work)
+    assert export.main(["--workdir", str(workdir), "--output", str(output), "--overwrite"]) == 2
+    error = capsys.readouterr().err
+    assert error == (
+        f"error: the output directory {output} holds {output / first}, which is not part of the export in it; "
+        "not replacing it, even with --overwrite (move it elsewhere first)\n"
+    )
+    assert sorted(str(path.relative_to(output)) for path in output.rglob("*")) == before
+
+
+def test_overwrite_replaces_an_export_that_python_has_run(exported, workdir, tmp_path, symbolic_shapes_unchecked):
+    """serve.py and its helper compiled into __pycache__ by a run are the export's own files."""
+    output = tmp_path / "served"
+    shutil.copytree(exported, output)
+    (output / "__pycache__").mkdir()
+    for name in ("serve.cpython-311.pyc", "sentence_batches.cpython-311.pyc"):
+        (output / "__pycache__" / name).write_bytes(b"compiled")
+    flags = ["--workdir", str(workdir), "--output", str(output), "--overwrite", "--platforms", "cpu", *FLAGS]
+    assert export.main(flags) == 0
+    assert json.loads((output / "config.json").read_text())["platforms"] == ["cpu"]
+    assert not (output / "__pycache__").exists() and os.listdir(tmp_path) == ["served"]
+
+
+def test_repeated_platforms_are_refused(workdir, tmp_path, capsys):
+    with pytest.raises(SystemExit) as stop:
+        export.main(["--workdir", str(workdir), "--output", str(tmp_path / "out"), "--platforms", "cpu,tpu,cpu"])
+    assert stop.value.code == 2
+    assert "argument --platforms: names cpu more than once; got 'cpu,tpu,cpu'" in capsys.readouterr().err
+    with pytest.raises(ExportError, match="platforms cpu, cpu: cpu given more than once"):
+        exporter.export_checkpoint(workdir, tmp_path / "out", platforms=("cpu", "cpu"))
+    assert not (tmp_path / "out").exists()
+
+
+def test_sigterm_during_an_export_removes_its_staging_directory(workdir, tmp_path):
+    command = shutil.which("jaxformer-export", path=os.path.dirname(sys.executable))
+    output = tmp_path / "export"
+    process = subprocess.Popen(
+        [command, "--workdir", str(workdir), "--output", str(output), "--platforms", "cpu", *FLAGS],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        deadline = time.monotonic() + 300
+        while not [name for name in os.listdir(tmp_path) if name.endswith(".partial")]:
+            assert process.poll() is None and time.monotonic() < deadline, "no staging directory appeared"
+            time.sleep(0.02)
+        process.send_signal(signal.SIGTERM)
+        _, stderr = process.communicate(timeout=300)
+    finally:
+        process.kill()
+    assert process.returncode == 143, stderr[-3000:]
+    assert stderr.splitlines()[-1] == (
+        f"error: {output}: stopped by SIGTERM; an export is put in place whole or not at all; exiting with 143"
+    )
+    assert os.listdir(tmp_path) == []
+
+
+def test_a_signal_while_an_export_replaces_another_waits_for_both_renames(tmp_path, monkeypatch):
+    output, staging = tmp_path / "export", tmp_path / ".export.x.partial"
+    for directory, text in ((output, "old"), (staging, "new")):
+        directory.mkdir()
+        (directory / "config.json").write_text(text)
+    real_replace = os.replace
+
+    def replace_then_signal(source, destination):  # SIGTERM right after the first rename
+        real_replace(source, destination)
+        os.kill(os.getpid(), signal.SIGTERM)
+
+    monkeypatch.setattr(exporter.os, "replace", replace_then_signal)
+    with pytest.raises(Stopped), RaiseOnSignal():
+        exporter._move_into_place(staging, output)
+    assert (output / "config.json").read_text() == "new" and os.listdir(tmp_path) == ["export"]
