@@ -19,6 +19,8 @@ import sys
 
 from jaxformer.commands import common
 
+DEFAULT_MAX_POSITIONS = 512
+
 
 def build_parser() -> argparse.ArgumentParser:
     parser = common.make_parser(__doc__)
@@ -34,29 +36,31 @@ def build_parser() -> argparse.ArgumentParser:
         "--output", type=common.path_text, required=True, help="the directory to write (absent or empty)"
     )
     common.add_checkpoint_choice(parser, applies_to="--to_hf: ")
+    # None: not given, so that a flag of the other direction is refused even at its default value.
+    parser.set_defaults(checkpoint=None)
     parser.add_argument("--source_language", help="--from_hf: the run's source language (default: the model's)")
     parser.add_argument("--target_language", help="--from_hf: the run's target language (default: the model's)")
     parser.add_argument(
         "--max_positions",
         type=common.at_least(1),
-        default=512,
-        help="--to_hf: the longest sequence transformers' position table holds (default: 512)",
+        help=f"--to_hf: the longest sequence transformers' position table holds (default: {DEFAULT_MAX_POSITIONS})",
     )
     return parser
 
 
-# The flags of one direction, with the value that means "not given".
+# The flags of one direction; each defaults to None, "not given", and --to_hf's get their
+# values in _to_hf.
 _DIRECTION_FLAGS = {
-    "from_hf": {"source_language": None, "target_language": None},
-    "to_hf": {"checkpoint": "latest", "max_positions": 512},
+    "from_hf": ("source_language", "target_language"),
+    "to_hf": ("checkpoint", "max_positions"),
 }
 
 
 def run(args: argparse.Namespace) -> int:
     direction = "from_hf" if args.from_hf is not None else "to_hf"
     for applies_to, flags in _DIRECTION_FLAGS.items():
-        for name, default in flags.items():
-            if applies_to != direction and getattr(args, name) != default:
+        for name in flags:
+            if applies_to != direction and getattr(args, name) is not None:
                 raise common.FlagError(f"--{name} applies to --{applies_to}, not --{direction}")
     print(_from_hf(args) if args.from_hf is not None else _to_hf(args))
     return 0
@@ -81,8 +85,10 @@ def _to_hf(args: argparse.Namespace) -> str:
         import transformers  # noqa: F401
     except ImportError:
         raise common.FlagError("--to_hf needs transformers and torch: pip install 'jaxformer[interop]'") from None
-    output = marian_export.export_marian(args.to_hf, args.output, args.checkpoint, args.max_positions)
-    return f"wrote the {args.checkpoint} checkpoint of {args.to_hf} to {output} (transformers MarianMT)"
+    checkpoint = "latest" if args.checkpoint is None else args.checkpoint
+    max_positions = DEFAULT_MAX_POSITIONS if args.max_positions is None else args.max_positions
+    output = marian_export.export_marian(args.to_hf, args.output, checkpoint, max_positions)
+    return f"wrote the {checkpoint} checkpoint of {args.to_hf} to {output} (transformers MarianMT)"
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -1,9 +1,10 @@
 """Hugging Face MarianMT models (the OPUS-MT translation models) to and from jaxformer runs.
 
 `import_marian(directory, workdir)` reads a transformers MarianMT directory (config.json,
-model.safetensors or pytorch_model.bin, source.spm, target.spm, vocab.json) into a jaxformer run
-directory that `Translator.from_workdir`, jaxformer-translate, jaxformer-evaluate,
-`training.init_from` and jaxformer-export read as they read a trained run's.
+model.safetensors or pytorch_model.bin, source.spm, target.spm, vocab.json; marian_files.py
+checks and reads them) into a jaxformer run directory that `Translator.from_workdir`,
+jaxformer-translate, jaxformer-evaluate, `training.init_from` and jaxformer-export read as they
+read a trained run's.
 `export_marian(workdir, directory)` (marian_export.py) writes a run's checkpoint in that format,
 for `MarianMTModel.from_pretrained` and `MarianTokenizer.from_pretrained`.
 
@@ -13,9 +14,10 @@ Marian is the same post-norm encoder-decoder; what differs maps onto model optio
 - a learned output bias, Marian's final_logits_bias (`logits_bias=True`);
 - the activation ("swish" in many OPUS-MT models), LayerNorm epsilon 1e-5;
 - the vocabulary: one vocab.json over both languages, with a source and a target sentencepiece
-  model. jaxformer keeps its separate-vocabulary path (`share_embeddings=False`, both embeddings
-  copies of Marian's shared matrix) with one sentencepiece model per side whose piece ids ARE the
-  model's ids (pieces a side's .spm lacks are UNUSED there: never produced);
+  model. jaxformer keeps its separate-vocabulary path (`share_embeddings=False`, the embeddings
+  Marian's encoder and decoder embed_tokens: copies of its shared matrix unless the weights hold
+  their own) with one sentencepiece model per side whose piece ids ARE the model's ids (pieces a
+  side's .spm lacks are UNUSED there: never produced);
 - ids: jaxformer's pad 0, eos 1, unk 2, bos 3 are Marian's pad, eos and unk, then a BOS row that
   copies Marian's decoder start token's (its pad) embedding row and bias entry, then every other
   token in Marian's order. jaxformer's decoder starts from BOS, so it starts from the vector
@@ -35,7 +37,6 @@ reading pytorch_model.bin, and writing the transformers directory.
 from __future__ import annotations
 
 import dataclasses
-import json
 import logging
 import math
 import os
@@ -48,7 +49,17 @@ import numpy as np
 from sentencepiece import sentencepiece_model_pb2 as model_pb2
 
 from jaxformer.data.tokenizer import Tokenizer
-from jaxformer.export.safetensors import read_safetensors, unflatten
+from jaxformer.export.safetensors import unflatten
+from jaxformer.interop.marian_files import (  # noqa: F401 (ACTIVATIONS, the constants: this module's API too)
+    ACTIVATIONS,
+    MARIAN_LAYER_NORM_EPSILON,
+    MARIAN_POSITION_BASE,
+    MarianDirectory,
+    marian_token_ids,
+    marian_unk_id,
+    model_config_from_marian,
+    read_marian_directory,
+)
 from jaxformer.interop.marian_layout import (
     ConversionError,
     layer_names,
@@ -60,10 +71,6 @@ from jaxformer.tokens import BOS_ID, EOS_ID, NUM_SPECIAL_TOKENS, PAD_ID, UNK_ID
 
 Piece = model_pb2.ModelProto.SentencePiece
 
-# Marian activation names -> jaxformer's; transformers' "gelu" is the exact erf form.
-ACTIVATIONS = {"relu": "relu", "gelu": "gelu", "swish": "swish", "silu": "swish", "relu2": "squared_relu"}
-MARIAN_LAYER_NORM_EPSILON = 1e-5  # torch.nn.LayerNorm's default; MarianConfig has no option for it
-MARIAN_POSITION_BASE = 10_000.0
 # The BOS row repeats the decoder start token's (pad's) embedding; its logit is that token's minus
 # this, so it takes a share e^-100 of the probability: none in float32, the softmax stays Marian's.
 BOS_LOGIT_OFFSET = 100.0
@@ -117,106 +124,7 @@ def side_model_proto(spm_proto: bytes, pieces: Sequence[str], where: str) -> byt
     return model.SerializeToString(deterministic=True)
 
 
-# -- reading a transformers directory ----------------------------------------------------------
-
-
-@dataclasses.dataclass(frozen=True)
-class MarianDirectory:
-    """What a transformers MarianMT directory holds."""
-
-    config: dict[str, Any]  # config.json
-    weights: dict[str, np.ndarray]  # by transformers name, float32
-    vocab: dict[str, int]  # vocab.json
-    source_spm: bytes
-    target_spm: bytes
-    tokenizer_config: dict[str, Any]  # tokenizer_config.json, {} without one
-
-
-def _read_json(path: pathlib.Path) -> Any:
-    try:
-        return json.loads(path.read_text(encoding="utf-8"))
-    except OSError as error:
-        raise ConversionError(f"cannot read {path}: {error.strerror or error}") from error
-    except json.JSONDecodeError as error:
-        raise ConversionError(f"{path} is not JSON: {error}") from error
-
-
-def _read_weights(directory: pathlib.Path) -> dict[str, np.ndarray]:
-    if (directory / "model.safetensors").is_file():
-        tensors = read_safetensors(directory / "model.safetensors")
-    elif (directory / "pytorch_model.bin").is_file():
-        import torch  # the interop extra
-
-        state = torch.load(directory / "pytorch_model.bin", map_location="cpu", weights_only=True)
-        tensors = {name: value.float().numpy() for name, value in state.items()}
-    else:
-        raise ConversionError(f"{directory} holds neither model.safetensors nor pytorch_model.bin")
-    return {name: np.asarray(value, np.float32) for name, value in tensors.items()}
-
-
-def read_marian_directory(directory: str | os.PathLike) -> MarianDirectory:
-    """The files of a transformers MarianMT directory; `ConversionError` naming a missing one."""
-    directory = pathlib.Path(directory)
-    if not directory.is_dir():
-        raise ConversionError(f"{directory} is not a directory")
-    for name in ("config.json", "vocab.json", "source.spm", "target.spm"):
-        if not (directory / name).is_file():
-            raise ConversionError(f"{directory} has no {name}: not a transformers MarianMT directory")
-    if (directory / "target_vocab.json").is_file():
-        raise ConversionError(f"{directory} has a target_vocab.json: separate Marian vocabularies are not supported")
-    tokenizer_config = directory / "tokenizer_config.json"
-    return MarianDirectory(
-        config=_read_json(directory / "config.json"),
-        weights=_read_weights(directory),
-        vocab=_read_json(directory / "vocab.json"),
-        source_spm=(directory / "source.spm").read_bytes(),
-        target_spm=(directory / "target.spm").read_bytes(),
-        tokenizer_config=_read_json(tokenizer_config) if tokenizer_config.is_file() else {},
-    )
-
-
-def model_config_from_marian(hf: Mapping[str, Any]) -> TransformerConfig:
-    """The jaxformer model of a MarianConfig (config.json's values)."""
-
-    def same(first: str, second: str) -> Any:
-        if hf[first] != hf[second]:
-            raise ConversionError(f"config.json: {first}={hf[first]} differs from {second}={hf[second]}")
-        return hf[first]
-
-    if hf.get("model_type", "marian") != "marian":
-        raise ConversionError(f"config.json: model_type {hf['model_type']!r} is not a MarianMT model")
-    if not hf.get("share_encoder_decoder_embeddings", True):
-        raise ConversionError(
-            "config.json: share_encoder_decoder_embeddings=false (separate vocabularies) is unsupported"
-        )
-    if hf.get("decoder_vocab_size") not in (None, hf["vocab_size"]):
-        raise ConversionError(f"config.json: decoder_vocab_size differs from vocab_size={hf['vocab_size']}")
-    activation = hf.get("activation_function", "gelu")
-    if activation not in ACTIVATIONS:
-        raise ConversionError(f"config.json: activation_function {activation!r}; supported: {', '.join(ACTIVATIONS)}")
-    size = hf["vocab_size"] + 1  # the BOS row
-    return TransformerConfig(
-        vocab_size=size,
-        source_vocab_size=size,
-        d_model=hf["d_model"],
-        num_heads=same("encoder_attention_heads", "decoder_attention_heads"),
-        d_ff=same("encoder_ffn_dim", "decoder_ffn_dim"),
-        num_encoder_layers=hf["encoder_layers"],
-        num_decoder_layers=hf["decoder_layers"],
-        dropout_rate=float(hf.get("dropout", 0.1)),
-        attention_dropout_rate=float(hf.get("attention_dropout", 0.0)),
-        activation_dropout_rate=float(hf.get("activation_dropout", 0.0)),
-        activation=ACTIVATIONS[activation],
-        normalization="post",
-        layer_norm_epsilon=MARIAN_LAYER_NORM_EPSILON,
-        share_embeddings=False,
-        # jaxformer scales embeddings by sqrt(d_model): without Marian's scale_embedding the input
-        # embeddings are stored divided by it, so the output projection needs its own kernel.
-        tie_output_embedding=bool(hf.get("tie_word_embeddings", True) and hf.get("scale_embedding", False)),
-        position_base=MARIAN_POSITION_BASE,
-        position_layout="halves",
-        logits_bias=True,
-    )
+# -- converting ------------------------------------------------------------------------------
 
 
 def _shared_embedding(weights: Mapping[str, np.ndarray]) -> np.ndarray:
@@ -228,28 +136,82 @@ def _shared_embedding(weights: Mapping[str, np.ndarray]) -> np.ndarray:
     raise ConversionError("the weights hold no embedding (model.shared.weight)")
 
 
+@dataclasses.dataclass(frozen=True)
+class MarianEmbeddings:
+    """The three vocabulary matrices MarianMTModel computes with, by Marian id. [V, D] each"""
+
+    encoder: np.ndarray  # model.encoder.embed_tokens
+    decoder: np.ndarray  # model.decoder.embed_tokens
+    output: np.ndarray  # lm_head
+
+
+def marian_embeddings(
+    hf: Mapping[str, Any], weights: Mapping[str, np.ndarray], config: TransformerConfig
+) -> MarianEmbeddings:
+    """The matrices as transformers loads them: each module's own tensor where the weights hold
+    one, else model.shared.weight, which tying gives it. transformers 5 keeps a saved embed_tokens
+    or lm_head that differs from model.shared even under tie_word_embeddings=true, and saves all
+    four separately under tie_word_embeddings=false; model.shared itself then computes nothing."""
+    shared = _shared_embedding(weights)
+    tied = hf.get("tie_word_embeddings", True)
+    found = {}
+    for role, name in (
+        ("encoder", "model.encoder.embed_tokens.weight"),
+        ("decoder", "model.decoder.embed_tokens.weight"),
+        ("output", "lm_head.weight"),
+    ):
+        if name in weights:
+            found[role] = weights[name]
+        elif tied or role != "output":
+            if not tied:
+                # transformers before 5 used model.shared here whatever the config said (the
+                # module was shared); transformers 5 would initialize it randomly instead.
+                logging.warning("the weights have no %s: using model.shared.weight, as transformers 4 did", name)
+            found[role] = shared
+        else:
+            raise ConversionError(f"config.json has tie_word_embeddings=false, but the weights have no {name}")
+        if found[role].shape != (config.vocab_size - 1, config.d_model):
+            raise ConversionError(
+                f"the weights' {name if name in weights else 'model.shared.weight'} has shape {found[role].shape}, "
+                f"not ({config.vocab_size - 1}, {config.d_model})"
+            )
+    return MarianEmbeddings(**found)
+
+
+def output_is_tied(hf: Mapping[str, Any], embeddings: MarianEmbeddings) -> bool:
+    """Whether jaxformer's output layer can be its target embedding: lm_head equal to the decoder's
+    embedding and, as jaxformer scales embeddings by sqrt(d_model), Marian's scale_embedding on
+    (without it the stored embedding is divided by that scale, and lm_head is not)."""
+    return bool(hf.get("scale_embedding", False)) and np.array_equal(embeddings.output, embeddings.decoder)
+
+
 def params_from_marian(
-    hf: Mapping[str, Any], weights: Mapping[str, np.ndarray], config: TransformerConfig, order: np.ndarray
+    hf: Mapping[str, Any],
+    weights: Mapping[str, np.ndarray],
+    config: TransformerConfig,
+    order: np.ndarray,
+    embeddings: MarianEmbeddings | None = None,
 ) -> dict[str, Any]:
-    """jaxformer parameters (separate vocabularies) of Marian weights; `order` from `vocabulary_order`."""
+    """jaxformer parameters (separate vocabularies) of Marian weights; `order` from
+    `vocabulary_order`; `embeddings` defaults to `marian_embeddings`, config.tie_output_embedding
+    must be `output_is_tied`'s."""
     missing = [name for _, name, _ in layer_names(config) if name not in weights]
     if missing:
         raise ConversionError(f"the weights lack {len(missing)} layer parameters, e.g. {missing[0]}")
     flat = {
         path: to_jaxformer_layout(kind, weights[name], config.num_heads) for path, name, kind in layer_names(config)
     }
-    shared = _shared_embedding(weights)
-    if shared.shape != (config.vocab_size - 1, config.d_model):
+    embeddings = embeddings or marian_embeddings(hf, weights, config)
+    if config.tie_output_embedding != output_is_tied(hf, embeddings):
         raise ConversionError(
-            f"the embedding has shape {shared.shape}, not ({config.vocab_size - 1}, {config.d_model})"
+            f"tie_output_embedding={config.tie_output_embedding} does not fit the weights' lm_head and "
+            "decoder embedding"
         )
-    embedding = shared[order]
-    if not hf.get("scale_embedding", False):
-        embedding = embedding / np.float32(math.sqrt(config.d_model))
-    flat["source_embedding/embedding"] = flat["target_embedding/embedding"] = embedding
+    scale = np.float32(1.0 if hf.get("scale_embedding", False) else math.sqrt(config.d_model))
+    flat["source_embedding/embedding"] = embeddings.encoder[order] / scale
+    flat["target_embedding/embedding"] = embeddings.decoder[order] / scale
     if not config.tie_output_embedding:
-        output = weights["lm_head.weight"] if not hf.get("tie_word_embeddings", True) else shared
-        flat["decoder/logits_kernel"] = output[order].T
+        flat["decoder/logits_kernel"] = embeddings.output[order].T
     bias = weights.get("final_logits_bias", np.zeros((1, config.vocab_size - 1), np.float32)).reshape(-1)[order]
     bias[BOS_ID] -= BOS_LOGIT_OFFSET
     flat["decoder/logits_bias"] = bias
@@ -269,27 +231,15 @@ class ConvertedMarian:
     target_language: str | None
 
 
-def _special_token(tokenizer_config: Mapping[str, Any], role: str, default: str) -> str:
-    value = tokenizer_config.get(f"{role}_token", default)
-    return value.get("content", default) if isinstance(value, Mapping) else str(value)
-
-
 def convert_marian(files: MarianDirectory) -> ConvertedMarian:
     """The jaxformer model, parameters and tokenizers of a read MarianMT directory."""
     hf, vocab = files.config, files.vocab
     config = model_config_from_marian(hf)
     size = hf["vocab_size"]
-    unk_piece = _special_token(files.tokenizer_config, "unk", "<unk>")
-    if unk_piece not in vocab:
-        raise ConversionError(f"vocab.json has no unknown token {unk_piece!r}")
-    eos_id = hf.get("eos_token_id", 0)
-    eos_id = eos_id[0] if isinstance(eos_id, list) else eos_id
-    pad_id = hf.get("pad_token_id", size - 1)
-    start_id = hf.get("decoder_start_token_id", pad_id)
-    order = vocabulary_order(size, pad_id, eos_id, vocab[unk_piece], start_id)
+    pad_id, eos_id, start_id = marian_token_ids(hf, {}, "config.json")
+    unk_id = marian_unk_id(vocab, files.tokenizer_config, size, "vocab.json")
+    order = vocabulary_order(size, pad_id, eos_id, unk_id, start_id)
     names = {index: piece for piece, index in vocab.items()}
-    if max(names) >= size:
-        raise ConversionError(f"vocab.json has ids up to {max(names)}, beyond config.json's vocab_size={size}")
     pieces = [names.get(int(index), f"<marian-unused-{index}>") for index in order]
     pieces[BOS_ID] = next(name for name in ("<s>", "<jaxformer-bos>", "<jaxformer-bos-3>") if name not in vocab)
     codes = [piece for piece in vocab if LANGUAGE_CODE.match(piece)]
@@ -303,7 +253,9 @@ def convert_marian(files: MarianDirectory) -> ConvertedMarian:
         )
     source = Tokenizer(side_model_proto(files.source_spm, pieces, "source.spm"))
     target = Tokenizer(side_model_proto(files.target_spm, pieces, "target.spm"))
-    params = params_from_marian(hf, files.weights, config, order)
+    embeddings = marian_embeddings(hf, files.weights, config)
+    config = dataclasses.replace(config, tie_output_embedding=output_is_tied(hf, embeddings))
+    params = params_from_marian(hf, files.weights, config, order, embeddings)
     languages = [files.tokenizer_config.get(key) for key in ("source_lang", "target_lang")]
     return ConvertedMarian(config, params, source, target, order, *languages)
 

@@ -4,6 +4,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import logging
 import os
@@ -15,7 +16,8 @@ import numpy as np
 
 from jaxformer.data.tokenizer import Tokenizer
 from jaxformer.export.safetensors import flatten
-from jaxformer.interop.marian import ACTIVATIONS, MARIAN_LAYER_NORM_EPSILON, MARIAN_POSITION_BASE, check_new_output
+from jaxformer.interop.marian import check_new_output
+from jaxformer.interop.marian_files import ACTIVATIONS, MARIAN_LAYER_NORM_EPSILON, MARIAN_POSITION_BASE
 from jaxformer.interop.marian_layout import ConversionError, layer_names, to_marian_layout
 from jaxformer.model.config import TransformerConfig
 from jaxformer.model.position import halves_order
@@ -55,10 +57,14 @@ def permute_axis(
 
 def marian_weights(config: TransformerConfig, params: Mapping[str, Any]) -> dict[str, np.ndarray]:
     """Marian's weights (transformers names, one shared vocabulary) of a post-norm jaxformer
-    model's parameters, interleaved positions permuted into the halves layout."""
+    model's parameters, per layer (`unstack_layers` for a scan_layers model), interleaved
+    positions permuted into the halves layout."""
     flat = {path: np.asarray(value, np.float32) for path, value in flatten(params).items()}
     if config.position_layout == "interleaved":
-        flat = permute_axis(flat, logical_axis_names(config), "embed", halves_order(config.d_model))
+        # The axis names of the parameters as given, per layer: a scan_layers model's would be
+        # of its stacked tree, whose paths these are not.
+        names = logical_axis_names(dataclasses.replace(config, scan_layers=False))
+        flat = permute_axis(flat, names, "embed", halves_order(config.d_model))
     if config.share_embeddings:
         embedding = flat["shared_embedding/embedding"]
     else:
@@ -96,6 +102,19 @@ def check_exportable(config: TransformerConfig) -> None:
                 f"TransformerConfig.{option}={getattr(config, option)!r} has no MarianMT form (MarianMT is a "
                 "post-norm encoder-decoder with 10000-based sinusoids and one tied, shared embedding)"
             )
+    operands = np.dtype(config.matmul_operand_dtype)
+    if operands.itemsize < 4:
+        # The metadata holds the run's resolved model: matmul_dtype="auto" is here what it became
+        # on the training machine (bfloat16 where bf16 products are native, jaxformer/hardware.py).
+        setting = "dtype" if config.matmul_dtype is None else "matmul_dtype"
+        logging.warning(
+            "the run's weight products take %s inputs (model.%s=%s), transformers' take float32 ones: its "
+            "logits differ from the run's by about 1e-2 and its translations can differ, much more than the "
+            "LayerNorm epsilon's 1e-6",
+            operands.name,
+            setting,
+            operands.name,
+        )
     if config.layer_norm_epsilon != MARIAN_LAYER_NORM_EPSILON:
         logging.warning(
             "layer_norm_epsilon=%g; MarianMT's LayerNorm uses %g, which changes the outputs slightly (about 1e-6)",

@@ -3,9 +3,6 @@ random MarianMT model made and saved with transformers, imported as a jaxformer 
 transformers' teacher-forced logits, greedy and beam-4 outputs and MarianTokenizer's ids; a
 jaxformer run exported the other way must load in transformers and give jaxformer's."""
 
-import io
-import json
-
 import jaxtyping
 import numpy as np
 import pytest
@@ -15,8 +12,7 @@ from tests.conftest import make_workdir, read_raw
 pytest.importorskip("transformers")
 torch = pytest.importorskip("torch")
 
-import sentencepiece as spm  # noqa: E402
-from transformers import GenerationConfig, MarianConfig, MarianMTModel, MarianTokenizer  # noqa: E402
+from transformers import MarianMTModel, MarianTokenizer  # noqa: E402
 
 from jaxformer.decoding.generate import DecodeSettings  # noqa: E402
 from jaxformer.decoding.translator import Translator  # noqa: E402
@@ -24,95 +20,24 @@ from jaxformer.interop.marian import ConversionError, import_marian  # noqa: E40
 from jaxformer.interop.marian_export import export_marian  # noqa: E402
 from jaxformer.interop.marian_layout import marian_to_jaxformer_ids  # noqa: E402
 from jaxformer.model.transformer import Transformer  # noqa: E402
+from tests.interop.marian_models import (  # noqa: E402
+    ALPHA,
+    MAX_EXTRA,
+    hf_generate,
+    sentences,
+    teacher_forced_logits,
+    until_eos,
+    write_marian,
+)
 
 pytestmark = pytest.mark.xdist_group("interop")  # the module's models are built once
-
-MAX_EXTRA = 8  # output tokens <= source tokens + this, in both libraries
-ALPHA = 0.6
-
-
-def train_spm(lines, vocab_size):
-    """A sentencepiece model as OPUS-MT's are trained: sentencepiece's own ids (unk 0, bos 1, eos 2)."""
-    model = io.BytesIO()
-    spm.SentencePieceTrainer.train(
-        sentence_iterator=iter(lines), model_writer=model, vocab_size=vocab_size, model_type="unigram"
-    )
-    return model.getvalue()
-
-
-def marian_vocab(*protos):
-    """Marian's vocab.json: </s> 0, <unk> 1, every piece of either model once, <pad> last."""
-    vocab = {"</s>": 0, "<unk>": 1}
-    for proto in protos:
-        processor = spm.SentencePieceProcessor(model_proto=proto)
-        for index in range(processor.get_piece_size()):
-            piece = processor.id_to_piece(index)
-            if not (processor.is_control(index) or processor.is_unknown(index)):
-                vocab.setdefault(piece, len(vocab))
-    vocab["<pad>"] = len(vocab)
-    return vocab
-
-
-def randomize(model):
-    """Weights large enough that outputs depend on the input (transformers' init is std 0.02)."""
-    generator = torch.Generator().manual_seed(0)
-    with torch.no_grad():
-        for name, parameter in model.named_parameters():
-            if "embed_positions" in name:  # the sinusoids, kept
-                continue
-            if "layer_norm" in name:
-                base = 1.0 if name.endswith("weight") else 0.0
-                parameter.copy_(base + 0.1 * torch.randn(parameter.shape, generator=generator))
-            else:
-                std = 0.1 if name.endswith("bias") else 0.25
-                parameter.copy_(std * torch.randn(parameter.shape, generator=generator))
-        bias = 0.5 * torch.randn(model.final_logits_bias.shape, generator=generator)
-        bias[0, model.config.eos_token_id] += 2.0  # sentences end before the length limit
-        model.final_logits_bias.copy_(bias)
 
 
 @pytest.fixture(scope="module")
 def marian(tmp_path_factory):
     """A saved tiny MarianMT directory (swish, nonzero final_logits_bias) and its model."""
     directory = tmp_path_factory.mktemp("marian")
-    english, german = read_raw("train.en.gz", 400), read_raw("train.de.gz", 400)
-    source_spm, target_spm = train_spm(english, 150), train_spm(german, 150)
-    vocab = marian_vocab(source_spm, target_spm)
-    pad = vocab["<pad>"]
-    config = MarianConfig(
-        vocab_size=len(vocab),
-        decoder_vocab_size=len(vocab),
-        d_model=32,
-        encoder_layers=2,
-        decoder_layers=2,
-        encoder_attention_heads=4,
-        decoder_attention_heads=4,
-        encoder_ffn_dim=64,
-        decoder_ffn_dim=64,
-        activation_function="swish",
-        max_position_embeddings=128,
-        scale_embedding=True,
-        pad_token_id=pad,
-        eos_token_id=0,
-        forced_eos_token_id=0,
-        decoder_start_token_id=pad,
-    )
-    torch.manual_seed(0)
-    model = MarianMTModel(config).eval()
-    randomize(model)
-    model.save_pretrained(directory)
-    (directory / "source.spm").write_bytes(source_spm)
-    (directory / "target.spm").write_bytes(target_spm)
-    (directory / "vocab.json").write_text(json.dumps(vocab))
-    tokenizer = MarianTokenizer(
-        str(directory / "source.spm"),
-        str(directory / "target.spm"),
-        str(directory / "vocab.json"),
-        source_lang="en",
-        target_lang="de",
-    )
-    tokenizer.save_pretrained(directory)
-    return directory, model
+    return directory, write_marian(directory)
 
 
 @pytest.fixture(scope="module")
@@ -121,39 +46,6 @@ def imported(marian, tmp_path_factory):
     workdir = tmp_path_factory.mktemp("imported") / "run"
     converted = import_marian(directory, workdir)
     return workdir, converted
-
-
-def sentences(count, offset=0):
-    return read_raw("val.en.gz")[offset : offset + count]
-
-
-def hf_generate(model, input_ids, limit, num_beams, pad_id, start_id, eos_id, bad_ids, early_stopping="never"):
-    """transformers' search with the settings under which jaxformer's is the same search (see
-    test_beam_search_matches_transformers)."""
-    settings = GenerationConfig(
-        max_new_tokens=limit,
-        num_beams=num_beams,
-        num_return_sequences=num_beams,
-        do_sample=False,
-        length_penalty=ALPHA,
-        early_stopping=early_stopping,
-        decoder_start_token_id=start_id,
-        pad_token_id=pad_id,
-        eos_token_id=eos_id,
-        forced_eos_token_id=eos_id,
-        bad_words_ids=[[token] for token in bad_ids],
-        return_dict_in_generate=True,
-        output_scores=True,
-    )
-    with torch.no_grad():
-        output = model.generate(input_ids=torch.tensor([input_ids]), generation_config=settings)
-    scores = None if num_beams == 1 else output.sequences_scores.numpy()
-    return [until_eos(row[1:], eos_id) for row in output.sequences.numpy()], scores
-
-
-def until_eos(ids, eos_id):
-    ids = [int(token) for token in ids]
-    return ids[: ids.index(eos_id) + 1] if eos_id in ids else ids
 
 
 # -- transformers -> jaxformer ----------------------------------------------------------------
@@ -180,27 +72,10 @@ def test_tokenization_matches_marian_tokenizer(marian, imported):
 def test_teacher_forced_logits_match(marian, imported):
     directory, model = marian
     workdir, converted = imported
-    tokenizer = MarianTokenizer.from_pretrained(directory)
-    batch = tokenizer(sentences(6), text_target=read_raw("val.de.gz")[:6], padding=True, return_tensors="pt")
-    labels = batch["labels"]
-    pad = model.config.pad_token_id
-    decoder_inputs = torch.cat([torch.full_like(labels[:, :1], pad), labels[:, :-1]], dim=1)
-    with torch.no_grad():
-        expected = model(
-            input_ids=batch["input_ids"], attention_mask=batch["attention_mask"], decoder_input_ids=decoder_inputs
-        ).logits.numpy()[..., converted.order]  # [B, T, V] in jaxformer's ids
-
-    to_jaxformer = marian_to_jaxformer_ids(converted.order)
-    source = to_jaxformer[batch["input_ids"].numpy()]  # padding -> 0
-    target = to_jaxformer[decoder_inputs.numpy()]
-    target[:, 0] = 3  # BOS, the copy of Marian's decoder start
-    target[labels.numpy() == pad] = 0
-    translator = Translator.from_workdir(workdir)
-    logits = Transformer(translator.config).apply({"params": translator.params}, source, target)
-    valid = labels.numpy() != pad
+    logits, expected = teacher_forced_logits(directory, model, workdir, converted.order)
     marian_ids = np.arange(converted.config.vocab_size) != 3  # BOS's column has no Marian counterpart
-    assert np.abs(np.asarray(logits)[valid][:, marian_ids] - expected[valid][:, marian_ids]).max() < 1e-4
-    assert (np.asarray(logits)[valid][:, 3] < expected[valid][:, 3] - 99).all()  # and no probability
+    assert np.abs(logits[:, marian_ids] - expected[:, marian_ids]).max() < 1e-4
+    assert (logits[:, 3] < expected[:, 3] - 99).all()  # and no probability
 
 
 # jaxformer's beam stop rules and transformers' early_stopping values for the same rule.

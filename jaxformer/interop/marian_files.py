@@ -1,0 +1,258 @@
+"""Reading a transformers MarianMT directory (see marian.py for the mapping as a whole).
+
+Every small file is read and checked first, config.json completely, and the weights last: a
+damaged or unsupported directory is refused in one line naming the file (and key) before a large
+model's weights are loaded, and before anything is written.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import pathlib
+import pickle
+from collections.abc import Mapping
+from typing import Any
+
+import numpy as np
+import sentencepiece as spm
+
+from jaxformer.export import standalone
+from jaxformer.export.safetensors import read_safetensors
+from jaxformer.interop.marian_layout import ConversionError
+from jaxformer.model.config import ConfigError, TransformerConfig
+
+# Marian activation names -> jaxformer's; transformers' "gelu" is the exact erf form.
+ACTIVATIONS = {"relu": "relu", "gelu": "gelu", "swish": "swish", "silu": "swish", "relu2": "squared_relu"}
+MARIAN_LAYER_NORM_EPSILON = 1e-5  # torch.nn.LayerNorm's default; MarianConfig has no option for it
+MARIAN_POSITION_BASE = 10_000.0
+# config.json's sizes without a MarianConfig default that could stand for a real model's.
+SIZES = (
+    "vocab_size",
+    "d_model",
+    "encoder_layers",
+    "decoder_layers",
+    "encoder_attention_heads",
+    "decoder_attention_heads",
+    "encoder_ffn_dim",
+    "decoder_ffn_dim",
+)
+
+
+@dataclasses.dataclass(frozen=True)
+class MarianDirectory:
+    """What a transformers MarianMT directory holds."""
+
+    config: dict[str, Any]  # config.json
+    weights: dict[str, np.ndarray]  # by transformers name, float32
+    vocab: dict[str, int]  # vocab.json
+    source_spm: bytes
+    target_spm: bytes
+    tokenizer_config: dict[str, Any]  # tokenizer_config.json, {} without one
+
+
+def _read_json(path: pathlib.Path) -> Any:
+    try:
+        return json.loads(path.read_text(encoding="utf-8"))
+    except OSError as error:
+        raise ConversionError(f"cannot read {path}: {error.strerror or error}") from error
+    except (UnicodeDecodeError, json.JSONDecodeError) as error:
+        raise ConversionError(f"{path} is not JSON: {error}") from error
+
+
+def _read_object(path: pathlib.Path) -> dict[str, Any]:
+    value = _read_json(path)
+    if not isinstance(value, dict):
+        raise ConversionError(f"{path} holds a JSON {type(value).__name__}, not an object")
+    return value
+
+
+def _read_spm(path: pathlib.Path) -> bytes:
+    try:
+        data = path.read_bytes()
+    except OSError as error:
+        raise ConversionError(f"cannot read {path}: {error.strerror or error}") from error
+    try:
+        pieces = spm.SentencePieceProcessor(model_proto=data).get_piece_size()
+    except RuntimeError:  # sentencepiece's parse failure, whose own text names no file
+        pieces = None
+    if not pieces:  # an empty file parses as a model without pieces
+        raise ConversionError(f"{path} is not a sentencepiece model")
+    return data
+
+
+def _read_weights(directory: pathlib.Path) -> dict[str, np.ndarray]:
+    if (directory / "model.safetensors").is_file():
+        try:
+            tensors = read_safetensors(directory / "model.safetensors")
+        except standalone.ExportError as error:  # its message names the file and the damage
+            raise ConversionError(str(error)) from error
+    elif (directory / "pytorch_model.bin").is_file():
+        import torch  # the interop extra
+
+        path = directory / "pytorch_model.bin"
+        try:
+            state = torch.load(path, map_location="cpu", weights_only=True)
+        except pickle.UnpicklingError as error:  # torch's own text here is advice on weights_only=False
+            raise ConversionError(
+                f"{path} is not a readable torch state dict: damaged, or holding objects besides tensors"
+            ) from error
+        except (RuntimeError, EOFError, ValueError, OSError) as error:
+            raise ConversionError(f"{path} is not a readable torch state dict: {error}".splitlines()[0]) from error
+        if not isinstance(state, dict) or not all(isinstance(value, torch.Tensor) for value in state.values()):
+            raise ConversionError(f"{path} is not a state dict of tensors")
+        tensors = {name: value.float().numpy() for name, value in state.items()}
+    else:
+        raise ConversionError(f"{directory} holds neither model.safetensors nor pytorch_model.bin")
+    return {name: np.asarray(value, np.float32) for name, value in tensors.items()}
+
+
+def _is_count(value: Any) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool) and value > 0
+
+
+def model_config_from_marian(hf: Mapping[str, Any], where: str = "config.json") -> TransformerConfig:
+    """The jaxformer model of a MarianConfig (config.json's values, read from `where`). Its
+    tie_output_embedding is what the config implies; `convert_marian` settles it from the weights."""
+    for key in SIZES:
+        if key not in hf:
+            raise ConversionError(f"{where} has no {key!r}: not a complete MarianMT config")
+        if not _is_count(hf[key]):
+            raise ConversionError(f"{where}: {key}={hf[key]!r} is not a positive integer")
+
+    def same(first: str, second: str) -> Any:
+        if hf[first] != hf[second]:
+            raise ConversionError(f"{where}: {first}={hf[first]} differs from {second}={hf[second]}")
+        return hf[first]
+
+    if hf.get("model_type", "marian") != "marian":
+        raise ConversionError(f"{where}: model_type {hf['model_type']!r} is not a MarianMT model")
+    if not hf.get("share_encoder_decoder_embeddings", True):
+        raise ConversionError(f"{where}: share_encoder_decoder_embeddings=false (separate vocabularies) is unsupported")
+    if hf.get("decoder_vocab_size") not in (None, hf["vocab_size"]):
+        raise ConversionError(f"{where}: decoder_vocab_size differs from vocab_size={hf['vocab_size']}")
+    activation = hf.get("activation_function", "gelu")
+    if activation not in ACTIVATIONS:
+        raise ConversionError(f"{where}: activation_function {activation!r}; supported: {', '.join(ACTIVATIONS)}")
+    size = hf["vocab_size"] + 1  # the BOS row
+    num_heads, d_ff = (
+        same("encoder_attention_heads", "decoder_attention_heads"),
+        same("encoder_ffn_dim", "decoder_ffn_dim"),
+    )
+    try:
+        return TransformerConfig(
+            vocab_size=size,
+            source_vocab_size=size,
+            d_model=hf["d_model"],
+            num_heads=num_heads,
+            d_ff=d_ff,
+            num_encoder_layers=hf["encoder_layers"],
+            num_decoder_layers=hf["decoder_layers"],
+            dropout_rate=float(hf.get("dropout", 0.1)),
+            attention_dropout_rate=float(hf.get("attention_dropout", 0.0)),
+            activation_dropout_rate=float(hf.get("activation_dropout", 0.0)),
+            activation=ACTIVATIONS[activation],
+            normalization="post",
+            layer_norm_epsilon=MARIAN_LAYER_NORM_EPSILON,
+            share_embeddings=False,
+            # jaxformer scales embeddings by sqrt(d_model): without Marian's scale_embedding the input
+            # embeddings are stored divided by it, so the output projection needs its own kernel.
+            tie_output_embedding=bool(hf.get("tie_word_embeddings", True) and hf.get("scale_embedding", False)),
+            position_base=MARIAN_POSITION_BASE,
+            position_layout="halves",
+            logits_bias=True,
+        )
+    except (ConfigError, TypeError, ValueError) as error:
+        raise ConversionError(f"{where}: {error}") from error
+
+
+def _one_eos_id(value: Any, where: str) -> Any:
+    """eos_token_id as one id. transformers stops at any id of a list; jaxformer's search ends
+    sequences at its single EOS only, so a list of several cannot be decoded the same way."""
+    if isinstance(value, list):
+        if not value or any(other != value[0] for other in value):
+            raise ConversionError(
+                f"{where}: eos_token_id={value} names several end tokens; jaxformer's search stops at one only"
+            )
+        value = value[0]
+    return value
+
+
+def marian_token_ids(hf: Mapping[str, Any], generation: Mapping[str, Any], where: str) -> tuple[int, int, int]:
+    """(pad, eos, decoder start) ids of config.json's values `hf` (from `where`) and
+    generation_config.json's `generation` (what transformers' generate uses, {} without one)."""
+    size = hf["vocab_size"]
+    eos_id = _one_eos_id(hf.get("eos_token_id", 0), where)
+    if "eos_token_id" in generation:
+        generation_where = pathlib.Path(where).with_name("generation_config.json")
+        generation_eos = _one_eos_id(generation["eos_token_id"], str(generation_where))
+        if generation_eos != eos_id:
+            raise ConversionError(
+                f"{generation_where}: eos_token_id={generation['eos_token_id']} differs from "
+                f"{where}'s {hf.get('eos_token_id', 0)}"
+            )
+    pad_id = hf.get("pad_token_id", size - 1)
+    start_id = hf.get("decoder_start_token_id", pad_id)
+    ids = {"eos_token_id": eos_id, "pad_token_id": pad_id, "decoder_start_token_id": start_id}
+    for key, value in ids.items():
+        if not (isinstance(value, int) and not isinstance(value, bool) and 0 <= value < size):
+            raise ConversionError(f"{where}: {key}={value!r} is not an id below vocab_size={size}")
+    if pad_id == eos_id:
+        raise ConversionError(f"{where}: pad_token_id and eos_token_id are both {pad_id}; they must differ")
+    return pad_id, eos_id, start_id
+
+
+def _special_token(tokenizer_config: Mapping[str, Any], role: str, default: str) -> str:
+    value = tokenizer_config.get(f"{role}_token", default)
+    return value.get("content", default) if isinstance(value, Mapping) else str(value)
+
+
+def marian_unk_id(vocab: Mapping[str, int], tokenizer_config: Mapping[str, Any], size: int, where: str) -> int:
+    """The id of the unknown token (tokenizer_config.json's unk_token, "<unk>" by default) in
+    `vocab` (vocab.json, read from `where`), whose ids must lie below config.json's vocab_size."""
+    unk_piece = _special_token(tokenizer_config, "unk", "<unk>")
+    if not vocab:
+        raise ConversionError(f"{where} is empty")
+    if unk_piece not in vocab:
+        raise ConversionError(f"{where} has no unknown token {unk_piece!r}")
+    if max(vocab.values()) >= size:
+        raise ConversionError(f"{where} has ids up to {max(vocab.values())}, beyond config.json's vocab_size={size}")
+    return vocab[unk_piece]
+
+
+def read_marian_directory(directory: str | pathlib.Path) -> MarianDirectory:
+    """The files of a transformers MarianMT directory; `ConversionError` naming a missing,
+    damaged or unsupported one, config.json's values checked before the weights are read."""
+    directory = pathlib.Path(directory)
+    if not directory.is_dir():
+        raise ConversionError(f"{directory} is not a directory")
+    for name in ("config.json", "vocab.json", "source.spm", "target.spm"):
+        if not (directory / name).is_file():
+            raise ConversionError(f"{directory} has no {name}: not a transformers MarianMT directory")
+    if (directory / "target_vocab.json").is_file():
+        raise ConversionError(f"{directory} has a target_vocab.json: separate Marian vocabularies are not supported")
+    config = _read_object(directory / "config.json")
+    model_config_from_marian(config, str(directory / "config.json"))
+    generation = directory / "generation_config.json"
+    ids = marian_token_ids(
+        config, _read_object(generation) if generation.is_file() else {}, str(directory / "config.json")
+    )
+    vocab = _read_object(directory / "vocab.json")
+    if not all(isinstance(index, int) and not isinstance(index, bool) and index >= 0 for index in vocab.values()):
+        raise ConversionError(f"{directory / 'vocab.json'} is not an object of pieces to non-negative integer ids")
+    tokenizer_path = directory / "tokenizer_config.json"
+    tokenizer_config = _read_object(tokenizer_path) if tokenizer_path.is_file() else {}
+    unk_id = marian_unk_id(vocab, tokenizer_config, config["vocab_size"], str(directory / "vocab.json"))
+    if unk_id in ids[:2]:
+        raise ConversionError(
+            f"{directory / 'vocab.json'}: the unknown token's id {unk_id} is config.json's pad or eos id; "
+            "they must differ"
+        )
+    return MarianDirectory(
+        config=config,
+        vocab=vocab,
+        source_spm=_read_spm(directory / "source.spm"),
+        target_spm=_read_spm(directory / "target.spm"),
+        tokenizer_config=tokenizer_config,
+        weights=_read_weights(directory),  # last: the expensive read, once everything else is known to be good
+    )

@@ -1,0 +1,201 @@
+"""MarianMT interop beyond the common model (test_marian.py): untied embeddings imported against
+transformers, scan_layers and bf16 runs exported, and the damaged directories and misplaced
+flags jaxformer-convert refuses in one line before any expensive work, writing nothing."""
+
+import json
+import logging
+import shutil
+
+import numpy as np
+import pytest
+
+from tests.conftest import make_workdir
+
+pytest.importorskip("transformers")
+torch = pytest.importorskip("torch")
+
+from transformers import MarianMTModel, MarianTokenizer  # noqa: E402
+
+from jaxformer.commands import convert  # noqa: E402
+from jaxformer.decoding.generate import DecodeSettings  # noqa: E402
+from jaxformer.decoding.translator import Translator  # noqa: E402
+from jaxformer.errors import EXIT_USER_ERROR  # noqa: E402
+from jaxformer.export.safetensors import read_safetensors  # noqa: E402
+from jaxformer.interop import marian_files  # noqa: E402
+from jaxformer.interop.marian import import_marian  # noqa: E402
+from jaxformer.interop.marian_export import export_marian  # noqa: E402
+from jaxformer.interop.marian_layout import marian_to_jaxformer_ids  # noqa: E402
+from jaxformer.model.transformer import Transformer, stack_layers  # noqa: E402
+from jaxformer.run.checkpoint import Checkpointer  # noqa: E402
+from jaxformer.run.directory import RunDirectory  # noqa: E402
+from jaxformer.run.loading import load_checkpoint  # noqa: E402
+from tests.interop.marian_models import (  # noqa: E402
+    MAX_EXTRA,
+    hf_generate,
+    sentences,
+    teacher_forced_logits,
+    until_eos,
+    write_marian,
+)
+
+pytestmark = pytest.mark.xdist_group("interop-checks")  # the module's models are built once
+
+EMBEDDINGS = ("model.encoder.embed_tokens.weight", "model.decoder.embed_tokens.weight", "lm_head.weight")
+
+
+@pytest.fixture(scope="module")
+def untied(tmp_path_factory):
+    """A MarianMT directory saved with tie_word_embeddings=False, its model, and its import."""
+    directory = tmp_path_factory.mktemp("untied")
+    model = write_marian(directory, tie_word_embeddings=False)
+    workdir = tmp_path_factory.mktemp("untied-run") / "run"
+    return directory, model, workdir, import_marian(directory, workdir)
+
+
+def test_untied_encoder_and_decoder_embeddings_are_imported_as_transformers_uses_them(untied):
+    directory, model, workdir, converted = untied
+    weights = read_safetensors(directory / "model.safetensors")
+    for name in EMBEDDINGS:  # transformers 5 saves each; model.shared then computes nothing
+        assert np.abs(weights[name] - weights["model.shared.weight"]).max() > 0.1, name
+    assert not converted.config.share_embeddings and not converted.config.tie_output_embedding
+
+    logits, expected = teacher_forced_logits(directory, model, workdir, converted.order)
+    marian_ids = np.arange(converted.config.vocab_size) != 3  # BOS's column has no Marian counterpart
+    assert np.abs(logits[:, marian_ids] - expected[:, marian_ids]).max() < 1e-4
+
+    tokenizer = MarianTokenizer.from_pretrained(directory)
+    translator = Translator.from_workdir(workdir, settings=DecodeSettings(method="greedy", max_extra_length=MAX_EXTRA))
+    pad, eos = model.config.pad_token_id, model.config.eos_token_id
+    sources = [tokenizer(text)["input_ids"] for text in sorted(sentences(20), key=len)[:4]]
+    to_jaxformer = marian_to_jaxformer_ids(converted.order)
+    results = translator.translate_ids([to_jaxformer[ids].astype(np.int32) for ids in sources])
+    for ids, hypotheses in zip(sources, results, strict=True):
+        expected_ids, _ = hf_generate(model, ids, len(ids) + MAX_EXTRA, 1, pad, pad, eos, [pad])
+        assert [[int(converted.order[token]) for token in until_eos(hypotheses[0][0], 1)]] == expected_ids
+
+
+# -- exporting runs --------------------------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def run(tmp_path_factory):
+    workdir, _, _ = make_workdir(tmp_path_factory.mktemp("run"))
+    return workdir
+
+
+def rewritten_run(workdir, output, change_params=lambda params: params, **model):
+    """A copy of the run in `workdir` as `output` with the model fields `model` changed and its
+    parameters passed through `change_params`."""
+    step, metadata, params = load_checkpoint(workdir)
+    checkpointer = Checkpointer(RunDirectory(output).checkpoints, keep=None)
+    checkpointer.save_params(step, change_params(params), metadata.replace(model={**metadata.model, **model}))
+    checkpointer.close()
+    return output
+
+
+def test_a_scan_layers_run_exports_with_its_outputs(run, tmp_path, caplog):
+    workdir = rewritten_run(run, tmp_path / "scanned", stack_layers, scan_layers=True)
+    with caplog.at_level(logging.WARNING):
+        directory = export_marian(workdir, tmp_path / "hf")
+    assert not [record for record in caplog.records if "bfloat16" in record.getMessage()]  # a float32 run
+
+    model = MarianMTModel.from_pretrained(directory).eval()
+    _, metadata, params = load_checkpoint(workdir)
+    assert metadata.model_config().scan_layers and metadata.model_config().position_layout == "interleaved"
+    tokenizer = metadata.load_tokenizer()
+    source = np.asarray([tokenizer.encode(text) for text in sentences(1)])
+    target = np.concatenate([[[3]], source[:, :-1]], axis=1)  # any tokens after BOS
+    with torch.no_grad():
+        expected = model(input_ids=torch.from_numpy(source), decoder_input_ids=torch.from_numpy(target)).logits
+    logits = Transformer(metadata.model_config()).apply({"params": params}, source, target, deterministic=True)
+    assert np.abs(np.asarray(logits) - expected.numpy()).max() < 1e-4
+
+
+def test_a_bf16_products_run_exports_with_a_warning_of_what_changes(run, tmp_path, caplog):
+    workdir = rewritten_run(run, tmp_path / "bf16", matmul_dtype="bfloat16")
+    with caplog.at_level(logging.WARNING):
+        export_marian(workdir, tmp_path / "hf")
+    warnings = [record.getMessage() for record in caplog.records if "bfloat16" in record.getMessage()]
+    assert len(warnings) == 1 and "model.matmul_dtype=bfloat16" in warnings[0] and "1e-2" in warnings[0]
+
+
+# -- what jaxformer-convert refuses ----------------------------------------------------------
+
+
+def _edit_json(path, **changes):
+    path.write_text(json.dumps({**json.loads(path.read_text()), **changes}))
+
+
+def _without_d_model(directory):
+    config = json.loads((directory / "config.json").read_text())
+    del config["d_model"]
+    (directory / "config.json").write_text(json.dumps(config))
+
+
+def _truncated_weights(directory):
+    data = (directory / "model.safetensors").read_bytes()
+    (directory / "model.safetensors").write_bytes(data[: len(data) // 2])
+
+
+def _damaged_torch_weights(directory):
+    (directory / "model.safetensors").unlink()
+    (directory / "pytorch_model.bin").write_bytes(b"not a torch file")
+
+
+# name: (the damage, the file the message names, what it says, whether the weights get read)
+DAMAGES = {
+    "source.spm": (lambda d: (d / "source.spm").write_bytes(b"garbage"), "source.spm", "is not a sentencepiece model"),
+    "empty target.spm": (lambda d: (d / "target.spm").write_bytes(b""), "target.spm", "is not a sentencepiece model"),
+    "no d_model": (_without_d_model, "config.json", "has no 'd_model'"),
+    "config.json a list": (lambda d: (d / "config.json").write_text("[]"), "config.json", "not an object"),
+    "eos ids": (
+        lambda d: _edit_json(d / "config.json", eos_token_id=[0, 5]),
+        "config.json",
+        ": eos_token_id=[0, 5] names several end tokens",
+    ),
+    "pad is eos": (
+        lambda d: _edit_json(d / "config.json", pad_token_id=0),
+        "config.json",
+        ": pad_token_id and eos_token_id are both 0",
+    ),
+    "generation eos ids": (
+        lambda d: _edit_json(d / "generation_config.json", eos_token_id=[0, 5]),
+        "generation_config.json",
+        ": eos_token_id=[0, 5] names several end tokens",
+    ),
+    "truncated model.safetensors": (_truncated_weights, "model.safetensors", "is not a readable safetensors file"),
+    "pytorch_model.bin": (_damaged_torch_weights, "pytorch_model.bin", "is not a readable torch state dict"),
+}
+
+
+@pytest.mark.parametrize("damage", DAMAGES)
+def test_a_damaged_directory_is_refused_in_one_line_naming_the_file(untied, damage, tmp_path, capsys, monkeypatch):
+    directory = shutil.copytree(untied[0], tmp_path / "hf")
+    spoil, file, problem = DAMAGES[damage]
+    spoil(directory)
+    if file not in ("model.safetensors", "pytorch_model.bin"):  # found before the weights are read
+
+        def read_weights(_):
+            raise AssertionError("the weights were read")
+
+        monkeypatch.setattr(marian_files, "_read_weights", read_weights)
+    output = tmp_path / "run"
+    assert convert.main(["--from_hf", str(directory), "--output", str(output)]) == EXIT_USER_ERROR
+    error = capsys.readouterr().err
+    assert error.startswith("error: ") and error.count("\n") == 1, error
+    assert file in error and problem in error, error
+    assert not output.exists()
+
+
+def test_one_eos_id_in_a_list_is_that_id():
+    assert marian_files.marian_token_ids({"vocab_size": 8, "eos_token_id": [0, 0]}, {}, "config.json") == (7, 0, 7)
+
+
+def test_flags_of_the_other_direction_are_refused_even_at_their_default_values(tmp_path, capsys):
+    for argv, message in (
+        (["--from_hf", "hf", "--checkpoint", "latest"], "--checkpoint applies to --to_hf, not --from_hf"),
+        (["--from_hf", "hf", "--max_positions", "512"], "--max_positions applies to --to_hf, not --from_hf"),
+    ):
+        assert convert.main([*argv, "--output", str(tmp_path / "out")]) == EXIT_USER_ERROR
+        assert capsys.readouterr().err == f"error: {message}\n"
+    assert not (tmp_path / "out").exists()
