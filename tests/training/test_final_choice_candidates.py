@@ -61,17 +61,13 @@ def test_the_final_choice_names_an_alpha_only_where_it_compared_alphas(method, t
     config = ml_collections.ConfigDict(metadata.config)
     config.decoding.method, config.training.final_alphas, config.training.average_last = method, (1.0, 2.0), 2
     monkeypatch.setattr(final_choice, "ValidationSet", _ScoredByAlpha)
+
+    def choose():  # the loop's call at the run's end; no tokenizer or data is read by the stand-in
+        tokenizers = types.SimpleNamespace(source=None, target=None)
+        return final_choice.choose_final(config, None, tokenizers, None, RunDirectory(workdir), step, params, metadata)
+
     with caplog.at_level(logging.INFO):
-        summary = final_choice.choose_final(
-            config,
-            None,
-            types.SimpleNamespace(source=None, target=None),
-            None,
-            RunDirectory(workdir),
-            step,
-            params,
-            metadata,
-        )
+        summary = choose()
     (line,) = [record.getMessage() for record in caplog.records if "final choice at step" in record.getMessage()]
     saved = load_checkpoint(workdir, "final", params=False)[1]
     if method == "beam":  # 0.6 (decoding.alpha), then 1 and 2: 2 scores the highest
@@ -82,14 +78,5 @@ def test_the_final_choice_names_an_alpha_only_where_it_compared_alphas(method, t
         assert "alpha" not in line and not any(key.startswith("alpha_") for key in summary)
     # The same command again (a finished run started again): the choice stays, and so does its report.
     monkeypatch.setattr(_ScoredByAlpha, "score", lambda *_: pytest.fail("the choice was made again"))
-    again = final_choice.choose_final(
-        config,
-        None,
-        types.SimpleNamespace(source=None, target=None),
-        None,
-        RunDirectory(workdir),
-        step,
-        params,
-        metadata,
-    )
+    again = choose()
     assert again == summary and {"latest/chrf", "averaged/lowercase_bleu"} <= set(again)
