@@ -58,6 +58,21 @@ RESUME_FREE = {
 }
 
 
+# Of RESUME_FREE, the keys that say where the data is and how the work is spread, not what a run
+# computes: a sweep reuses a finished run whose other keys all agree with its variant's.
+PLACEMENT_KEYS = {
+    "data.data_dir",
+    "data.raw_dir",
+    "data.download",
+    "data.num_threads",
+    "data.encode_once_max_examples",
+    "data.eval_batch_size",
+    "mesh.shape",
+    "mesh.logical_axis_rules",
+    "training.loss_chunk_tokens",
+}
+
+
 DEFAULT_VOCAB_SIZE = 8000  # tokenizer.vocab_size's default: a given model's size replaces it
 
 

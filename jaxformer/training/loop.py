@@ -492,7 +492,7 @@ def _train(config, prepared: PreparedRun, model: nn.Module, mesh, rules) -> dict
     if training.final_choice and not stopped_early:  # after close(): every checkpoint is written
         metadata = prepared.metadata.replace(train_seconds=train_seconds)
         try:
-            with RaiseOnSignal():
+            with RaiseOnSignal() as signals:
                 last["final"] = choose_final(
                     config,
                     model.config,
@@ -504,6 +504,7 @@ def _train(config, prepared: PreparedRun, model: nn.Module, mesh, rules) -> dict
                     metadata,
                     ema_params=parameter_ema(state.opt_state),
                 )
+                signals.check()  # a signal whose exception a garbage-collection callback swallowed
         except Stopped as signal_stop:
             stopped_early, stop.signum = True, signal_stop.signum
             logging.warning(

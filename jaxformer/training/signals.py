@@ -84,9 +84,21 @@ class Stopped(BaseException):
 
 
 class RaiseOnSignal(_SignalHandler):
-    """`with RaiseOnSignal():` turns SIGTERM and SIGINT into `Stopped`, where no step boundary
-    comes soon enough to stop at (the final choice decodes the validation split for minutes);
-    outside the main thread signals are left alone."""
+    """`with RaiseOnSignal() as signals:` turns SIGTERM and SIGINT into `Stopped`, where no step
+    boundary comes soon enough to stop at (the final choice decodes the validation split for
+    minutes); outside the main thread signals are left alone. The signal is also kept
+    (`signals.signum`): a handler that runs inside a garbage-collection callback has its exception
+    printed and dropped by Python, so the block calls `check()` where work ends, to raise it again."""
+
+    def __init__(self):
+        super().__init__()
+        self.signum: int | None = None
 
     def _handle(self, signum, frame) -> None:
-        raise Stopped(int(signum))
+        self.signum = int(signum)
+        raise Stopped(self.signum)
+
+    def check(self) -> None:
+        """Raises `Stopped` if a signal came and its exception was lost on the way."""
+        if self.signum is not None:
+            raise Stopped(self.signum)

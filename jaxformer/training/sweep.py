@@ -181,13 +181,21 @@ def _run_config(variant: Variant, seed_offset: int, pace: dict[str, Any] | None)
 
 def _check_finished_as_configured(run_dir: pathlib.Path, variant: Variant, config: ml_collections.ConfigDict) -> None:
     """A finished run counts for its variant only if it was trained with `config`, the one the
-    sweep would train it with now (every key, the data's place and the loader's threads aside):
+    sweep would train it with now (every key but experiment.PLACEMENT_KEYS, which say where the
+    data is and how the work is spread):
     an edited sweep file or other command-line values would otherwise be reported with an
     earlier config's results."""
     from jaxformer.run.loading import load_checkpoint
 
     saved = load_checkpoint(run_dir, "latest", params=False)[1].config
-    differences = experiment.resume_differences(saved, experiment.with_absolute_paths(config), sections=None)
+    config = experiment.with_absolute_paths(config)
+    # A resumed run may change the learning rate's schedule or the evaluation's subset; a finished
+    # one reused as a variant's result may not: its numbers came from the saved values.
+    differences = experiment.resume_differences(saved, config, sections=None) + [
+        difference
+        for difference in experiment.resume_differences(saved, config, free=True)
+        if difference.split(":")[0] not in experiment.PLACEMENT_KEYS
+    ]
     if differences:
         raise ConfigError(
             f"variant {variant.name!r} finished in {run_dir} with another configuration than the sweep gives it now: "
@@ -316,15 +324,17 @@ def run_sweep(
     # The training loop puts its own handler in for its steps and the final choice and returns
     # "stopped_by_signal"; this one covers the rest (a run setting up, a pace measured), where
     # the default handler would end the process without a table and with the run's lock held.
-    with RaiseOnSignal():
+    with RaiseOnSignal() as signals:
         try:
             for index, variant in enumerate(variants, 1):
+                signals.check()  # one that a garbage-collection callback swallowed stops here at the latest
                 seed_rows, stopped_by = _train_variant(
                     variant, index, len(variants), workdir, baseline_steps, reference, seeds
                 )
                 if stopped_by is not None:
                     return rows, stopped_by
                 rows.append(seeds_row(seed_rows))
+            signals.check()
         except Stopped as stop:
             logging.warning("sweep: %s received outside a training loop: stopping", stop)
             return rows, stop.signum

@@ -36,6 +36,22 @@ def test_during_the_final_choice_a_signal_stops_at_once(signum):
     assert signal.getsignal(signum) == before  # handlers restored
 
 
+def test_a_stop_that_a_callback_swallowed_is_raised_again():
+    """Python prints and drops an exception raised inside a garbage-collection callback (the
+    handler can run there): the signal is kept, and `check()` raises it."""
+    from jaxformer.training.signals import RaiseOnSignal, Stopped
+
+    with pytest.raises(Stopped) as stopped, RaiseOnSignal() as signals:
+        try:
+            os.kill(os.getpid(), signal.SIGTERM)
+        except Stopped:
+            pass  # as the callback's caller does
+        signals.check()
+    assert stopped.value.signum == signal.SIGTERM
+    with RaiseOnSignal() as quiet:
+        quiet.check()  # no signal: nothing raised
+
+
 def test_one_process_agrees_with_itself():
     with StopRequest() as stop:
         assert not stop.agreed(7, every=10)

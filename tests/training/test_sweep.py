@@ -100,6 +100,12 @@ def test_a_sweep_trains_each_variant_and_ranks_them_by_validation_bleu(tmp_path,
         f"gives it now: data.shuffle_seed: 1 -> 2; sweep in a new --workdir, or remove {workdir / 'shuffle1'} to "
         "train it again"
     )
+    # A learning rate that a resumed run may change is no such thing for a finished run's result.
+    relearned = write_sweep(
+        tmp_path / "lr.py", {"baseline": [], "shuffle1": ["data.shuffle_seed=1", "optimizer.learning_rate_scale=3.0"]}
+    )
+    stale = sweep(workdir, relearned, data_dir)
+    assert stale.returncode == 2 and "optimizer.learning_rate_scale: 2.0 -> 3.0;" in stale.stderr, stale.stderr[-2000:]
     assert {name: (workdir / name / "metrics.jsonl").read_bytes() for name in metrics} == metrics
     # A variant's error found only in its data names it; the finished rows, and the earlier one of a
     # variant this sweep file leaves out, stay in the table (unit-tested in test_sweep_tables.py).
