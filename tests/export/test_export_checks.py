@@ -205,3 +205,24 @@ def test_a_signal_while_an_export_replaces_another_waits_for_both_renames(tmp_pa
     with pytest.raises(Stopped), RaiseOnSignal():
         exporter._move_into_place(staging, output)
     assert (output / "config.json").read_text() == "new" and os.listdir(tmp_path) == ["export"]
+
+
+def test_a_program_without_jax_exports_bound_wording_loads_with_that_bound_unchecked(exported):
+    """The source-length bound is read from jax.export's assertion text in the artifact; an
+    artifact worded otherwise (another jax) still loads, with its beam and lengths checked."""
+    import types
+
+    model = standalone.load(exported)
+    program = model.program
+    assert b"symbolic shape constraint S <= " in program.mlir_module_serialized
+    reworded = types.SimpleNamespace(
+        in_avals=program.in_avals, out_avals=program.out_avals, mlir_module_serialized=b"worded otherwise"
+    )
+    config = json.loads((exported / "config.json").read_text())
+    config["serving"]["max_source_length"] = 10_000
+    standalone._check_program_shapes(config, reworded, "config.json", "program")  # the bound unchecked
+    with pytest.raises(standalone.ExportError, match="serving.max_source_length is 10000, but program takes"):
+        standalone._check_program_shapes(config, program, "config.json", "program")
+    config["decoding"]["beam_size"] += 1
+    with pytest.raises(standalone.ExportError, match="decoding.beam_size is"):
+        standalone._check_program_shapes(config, reworded, "config.json", "program")
