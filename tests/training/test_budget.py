@@ -129,7 +129,7 @@ def test_a_time_budget_ends_the_run_and_carries_over_a_resume(data_dir, tmp_path
     train(workdir, data_dir, *timed, "--config.training.time_budget_minutes=10", "--config.training.num_train_steps=30")
     first = last_metrics(workdir)
     assert first["step"] == 30 and "ended_by" not in first and 0 < first["train_seconds"] < 600
-    # Resumed with a budget that leaves 6 more seconds (training.* may change on resume).
+    # Resumed with a budget that leaves 6 more seconds (the run's budget and length may change on resume).
     budget_seconds = first["train_seconds"] + 6.0
     timed = (*timed, f"--config.training.time_budget_minutes={budget_seconds / 60!r}")
     forever = "--config.training.num_train_steps=1000000"
