@@ -253,7 +253,9 @@ def _locked_train_and_evaluate(config: ml_collections.ConfigDict, workdir: pathl
         saved_tokenizers = (starting_points[0].metadata, f"the fine-tuning start, {starting_points[0].where}")
     else:
         saved_tokenizers = None
-    tokenizers = tokenizer_for_run(config, run, train_source, saved_tokenizers, side_tokenizers(starting_points))
+    tokenizers = tokenizer_for_run(
+        config, run, train_source, saved_tokenizers, side_tokenizers(starting_points), resuming=latest is not None
+    )
     log_unknown_rate(config, tokenizers, train_source)
 
     model_config = experiment.model_config(

@@ -112,25 +112,25 @@ def _one_tokenizer(
                 given.save(path)
                 logging.info("converted %s to jaxformer's special ids, saved to %s", model_path, path)
             return given
-        if given.model_proto != tokenizer.model_proto and saved is not None and resuming:
-            # A resumed run keeps its config's tokenizer section, so unsetting the key is no way out.
-            raise CheckpointError(
-                f"tokenizer.{model_key} {model_path} does not convert to the tokenizer of {saved[1]}, which the "
-                f"model was trained with: the file changed after the run trained with it; restore it ({path} "
-                f"holds the checkpoint's conversion of it, and converts to the same tokenizer if copied to "
-                f"{model_path}), or train in a new workdir"
-            )
-        if given.model_proto != tokenizer.model_proto and saved is not None:
-            raise CheckpointError(
-                f"tokenizer.{model_key} {model_path} does not convert to the tokenizer of {saved[1]}, which the "
-                f"model was trained with (the file changed since, or it is another model); restore that file, or "
-                f"leave tokenizer.{model_key} unset to use the model's"
-            )
         if given.model_proto != tokenizer.model_proto:
-            raise CheckpointError(
-                f"tokenizer.{model_key} {model_path} has changed: it does not convert to the tokenizer in {path}; "
-                "restore that file, or use a new workdir"
-            )
+            if saved is None:
+                advice = (
+                    f"has changed: it does not convert to the tokenizer in {path}; restore that file, or use a "
+                    "new workdir"
+                )
+            elif resuming:  # the run keeps its config's tokenizer section, so unsetting the key is no way out
+                advice = (
+                    f"does not convert to the tokenizer of {saved[1]}, which the model was trained with: the file "
+                    f"changed after the run trained with it; restore it ({path} holds the checkpoint's conversion of "
+                    f"it, and converts to the same tokenizer if copied to {model_path}), or train in a new workdir"
+                )
+            else:
+                advice = (
+                    f"does not convert to the tokenizer of {saved[1]}, which the model was trained with (the file "
+                    f"changed since, or it is another model); restore that file, or leave tokenizer.{model_key} "
+                    "unset to use the model's"
+                )
+            raise CheckpointError(f"tokenizer.{model_key} {model_path} {advice}")
         return tokenizer
     if tokenizer is not None:
         if tokenizer.vocab_size != section.vocab_size and saved is not None:
@@ -184,13 +184,15 @@ def tokenizer_for_run(
     train_source: Sequence,
     saved: tuple[CheckpointMetadata, str] | None,
     sides: tuple[SavedTokenizer | None, SavedTokenizer | None] = (None, None),
+    resuming: bool = False,
 ) -> RunTokenizers:
     """The run's tokenizers, in `run.tokenizer_file` (shared or source) and, with separate
     vocabularies, `run.target_tokenizer_file`. `saved` is (a checkpoint's metadata, a description
     of that checkpoint) when the parameters come from one: the newest on resume, the fine-tuning
     start's otherwise. `sides` are the (source, target) tokenizers of a translator composed from
     an encoder's and a decoder's runs, (model, where) each, or None for a side trained here.
-    `config` is the experiment config (its tokenizer and data sections)."""
+    `resuming`: `saved` is the workdir's own checkpoint. `config` is the experiment config (its
+    tokenizer and data sections)."""
     run = RunDirectory(run)
     data = config.data
     source_saved, target_saved = sides
@@ -211,8 +213,6 @@ def tokenizer_for_run(
             )
         source_saved = (metadata.tokenizer, where)
         target_saved = None if metadata.target_tokenizer is None else (metadata.target_tokenizer, where)
-    # Only a resumed run has checkpoints in its own workdir; a fine-tuning start's come from another.
-    resuming = saved is not None and _holds_steps(run.checkpoints)
     if not config.tokenizer.separate_vocabularies:
         languages = experiment.text_languages(config)
         shared = _one_tokenizer(
@@ -232,12 +232,6 @@ def tokenizer_for_run(
         resuming,
     )
     return RunTokenizers(source, target)
-
-
-def _holds_steps(directory: pathlib.Path) -> bool:
-    """Whether a folder of step directories holds any (orbax's unfinished or set-aside steps have
-    a suffix after the number)."""
-    return directory.is_dir() and any(entry.name.isdigit() for entry in directory.iterdir())
 
 
 UNKNOWN_WARNING = 0.005  # a share of <unk> pieces above this on the training text is warned about

@@ -51,11 +51,11 @@ def given_config(given):
 def test_resume_with_a_changed_model_file_says_how_to_restore_it(run):
     workdir, given, original, other, saved = run
     config = given_config(given)
-    assert tokenizer_for_run(config, workdir, None, saved).source.vocab_size == 81
+    assert tokenizer_for_run(config, workdir, None, saved, resuming=True).source.vocab_size == 81
     given.write_bytes(other)  # edited after the run trained with it
     try:
         with pytest.raises(CheckpointError) as raised:
-            tokenizer_for_run(config, workdir, None, saved)
+            tokenizer_for_run(config, workdir, None, saved, resuming=True)
         message = str(raised.value)
         assert "\n" not in message
         assert message.startswith(f"tokenizer.model_path {given} does not convert to the tokenizer of {saved[1]}")
@@ -64,7 +64,7 @@ def test_resume_with_a_changed_model_file_says_how_to_restore_it(run):
         assert "unset" not in message  # a resumed run that unsets the key is refused as a changed config
         # The advice works: the workdir's copy, written over the given file, resumes.
         shutil.copy(workdir.tokenizer_file, given)
-        assert tokenizer_for_run(config, workdir, None, saved).source.model_proto == saved[0].tokenizer
+        assert tokenizer_for_run(config, workdir, None, saved, resuming=True).source.model_proto == saved[0].tokenizer
     finally:
         given.write_bytes(original)
 
