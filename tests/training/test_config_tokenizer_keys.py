@@ -107,6 +107,14 @@ def test_a_tokenizer_trained_here_uses_its_options():
     assert unused_settings(composed) == []
 
 
+def changed(config, change):
+    """`config` with the {"section.key": value} of `change` set."""
+    for key, value in change.items():
+        section, name = key.split(".")
+        config[section][name] = value
+    return config
+
+
 @pytest.mark.parametrize(
     "change, reason",
     [
@@ -120,10 +128,7 @@ def test_a_tokenizer_trained_here_uses_its_options():
     ],
 )
 def test_a_given_shared_vocabulary_names_the_training_options_as_unused(change, reason):
-    config = with_options(load_config("tiny"))
-    for key, value in change.items():
-        section, name = key.split(".")
-        config[section][name] = value
+    config = changed(with_options(load_config("tiny")), change)
     assert unused_settings(config) == [f"{option} (no tokenizer is trained: {reason})" for option in NAMED]
 
 
@@ -142,10 +147,7 @@ def test_a_given_shared_vocabulary_names_the_training_options_as_unused(change, 
     ],
 )
 def test_given_separate_vocabularies_name_the_training_options_as_unused(change, reason):
-    config = with_options(load_config("multi30k"))
-    for key, value in change.items():
-        section, name = key.split(".")
-        config[section][name] = value
+    config = changed(with_options(load_config("multi30k")), change)
     assert unused_settings(config) == [f"{option} (no tokenizer is trained: {reason})" for option in NAMED]
 
 
