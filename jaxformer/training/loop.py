@@ -1,18 +1,16 @@
 """train_and_evaluate(config, workdir): the whole training run, resumable from its workdir.
 
-In order: check the config, lock the workdir, compare with the run already there, prepare
-the data, the tokenizer and the model, restore or initialise the state, then train with the
-periodic work (log, evaluate, BLEU, checkpoint) scheduled by `periodic.itstime`.
+In order: check the config, lock the workdir, then (run_start.py) compare with the run already
+there and prepare the data, the tokenizers and the model; here, restore or initialise the state,
+then train with the periodic work (log, evaluate, BLEU, checkpoint) scheduled by
+`periodic.itstime`, and make the final choice.
 """
 
 from __future__ import annotations
 
-import dataclasses
 import json
 import logging
 import pathlib
-import shutil
-from collections.abc import Sequence
 from typing import Any
 
 import flax.linen as nn
@@ -20,28 +18,19 @@ import jax
 import ml_collections
 import numpy as np
 import tqdm
-from jax.experimental import multihost_utils
 
 from jaxformer.data.pipeline import LengthFilter, ShardedBatches, TokenizePair, eval_batches, train_dataset
-from jaxformer.data.sources import check_source, data_fingerprint, get_builder, load_split, prepare
+from jaxformer.data.sources import check_source
 from jaxformer.data.subword_sampling import SubwordSampling
 from jaxformer.errors import CheckpointError, UserError, exit_code_for_signal
 from jaxformer.files import write_text_atomically
 from jaxformer.model.architectures import build_model
 from jaxformer.run.checkpoint import Checkpointer
-from jaxformer.run.directory import RunDirectory
-from jaxformer.run.lock import WorkdirLock, WorkdirLockedError
-from jaxformer.run.metadata import CheckpointMetadata
-from jaxformer.training import experiment, sharding
+from jaxformer.training import experiment, run_start, sharding
 from jaxformer.training.budget import BUDGET_CHECK_STEPS, ScheduleEnd, TimeBudget, TrainingClock, check_budget
 from jaxformer.training.config_rules import unused_settings
 from jaxformer.training.final_choice import choose_final
 from jaxformer.training.init_from import (
-    PARTS,
-    StartingPoint,
-    check_starting_points,
-    load_starting_points,
-    side_tokenizers,
     starting_overrides,
     with_overrides,
 )
@@ -51,7 +40,7 @@ from jaxformer.training.optimizer import make_optimizer
 from jaxformer.training.parameter_ema import parameter_ema, restart_parameter_ema
 from jaxformer.training.periodic import Periodic, run_due
 from jaxformer.training.rdrop_start import RDropPhase
-from jaxformer.training.run_tokenizer import RunTokenizers, log_unknown_rate, tokenizer_for_run
+from jaxformer.training.run_start import PreparedRun
 from jaxformer.training.signals import RaiseOnSignal, Stopped, StopRequest
 from jaxformer.training.state import count_parameters, make_init_fn
 from jaxformer.training.step import make_eval_step, make_run_train_step
@@ -74,71 +63,6 @@ def _evaluate(eval_fn, params, batches, batch_sharding) -> dict[str, float]:
     return summarize(jax.device_get(totals))
 
 
-# ------------------------------------------------------------------------------------------
-# Before training: the workdir, the run already in it, the data.
-# ------------------------------------------------------------------------------------------
-
-
-def _hold_workdir(workdir: pathlib.Path) -> WorkdirLock:
-    """Process 0 takes the workdir's lock; every process learns whether it got it."""
-    lock = WorkdirLock(workdir)
-    failure = None
-    if jax.process_index() == 0:
-        try:
-            lock.acquire()
-        except WorkdirLockedError as error:
-            failure = error
-    if jax.process_count() > 1:
-        held = multihost_utils.broadcast_one_to_all(np.int32(failure is None))
-        if not held and failure is None:
-            failure = WorkdirLockedError(f"{workdir} is in use by another training run (see process 0's log)")
-    if failure is not None:
-        raise failure
-    return lock
-
-
-def _input_shards(data: ml_collections.ConfigDict) -> tuple[int, range]:
-    """(number of input shards, the shards this process reads) for the `data` section."""
-    shards = data.input_shards or jax.process_count()
-    if shards % jax.process_count() or data.batch_size % shards:
-        raise experiment.ConfigError(
-            f"data.input_shards={shards} must be a multiple of the {jax.process_count()} processes "
-            f"and divide data.batch_size={data.batch_size}"
-        )
-    per_process = shards // jax.process_count()
-    return shards, range(jax.process_index() * per_process, (jax.process_index() + 1) * per_process)
-
-
-def _check_same_run(workdir: pathlib.Path, saved: CheckpointMetadata | None, config: ml_collections.ConfigDict) -> None:
-    if saved is None:
-        return
-    differences = experiment.resume_differences(saved.config, config)
-    if differences:
-        raise CheckpointError(
-            f"{workdir} holds a run with another configuration; use a new workdir or restore these values: "
-            + "; ".join(differences)
-        )
-    changed = experiment.resume_differences(saved.config, config, free=True)
-    if changed:
-        logging.warning("resuming with values that a resumed run may change: %s", "; ".join(changed))
-
-
-def _prepare_data(data: ml_collections.ConfigDict) -> tuple[Any, Any, Any]:
-    """(builder, training split, evaluation split) of the `data` section, prepared once for all processes."""
-    languages = (data.source_language, data.target_language)
-    builder = get_builder(data)
-    if jax.process_count() > 1:  # one process prepares the dataset, the others wait and read it
-        if jax.process_index() == 0:
-            prepare(builder)
-        multihost_utils.sync_global_devices("jaxformer: dataset prepared")
-    return builder, load_split(builder, data.train_split, languages), load_split(builder, data.eval_split, languages)
-
-
-# ------------------------------------------------------------------------------------------
-# The run.
-# ------------------------------------------------------------------------------------------
-
-
 def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str | pathlib.Path) -> dict[str, Any]:
     """Trains (or resumes) the experiment `config` in `workdir`; returns the last metrics
     (with "stopped_by_signal": its number, when SIGTERM or Ctrl-C stopped the run early).
@@ -147,7 +71,7 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str | pathlib
     the run (one run per workdir)."""
     experiment.validate(config)
     config = experiment.with_absolute_paths(config)
-    _input_shards(config.data)
+    run_start.input_shards(config.data)
     check_source(config.data)
     for setting in unused_settings(config):
         logging.warning("unused: %s", setting)
@@ -157,13 +81,13 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str | pathlib
         workdir.mkdir(parents=True, exist_ok=True)
     except OSError as error:
         raise UserError(f"cannot create the workdir {workdir}: {error.strerror}") from None
-    lock = _hold_workdir(workdir)
+    lock = run_start.hold_workdir(workdir)
     try:
         return _locked_train_and_evaluate(config, workdir)
     except UserError:
         lock.release()
         if jax.process_index() == 0:
-            _undo_failed_start(workdir, existed)
+            run_start.undo_failed_start(workdir, existed)
         raise
     finally:
         lock.release()
@@ -176,140 +100,19 @@ def _is_interim(checkpointer: Checkpointer, step: int) -> bool:
         return False
 
 
-def _undo_failed_start(workdir: pathlib.Path, existed: set[pathlib.Path] | None) -> None:
-    """After a start that failed on bad input before its first checkpoint, removes what it added
-    to the workdir (empty folders, tokenizers trained or restored from a start: nothing a rerun
-    needs, and what would refuse a corrected config), and the workdir itself when the run made it:
-    bad input leaves nothing behind. `existed`: the workdir's entries before (None: no workdir). A
-    run that started training (its metrics tell how it failed) or saved a checkpoint keeps everything."""
-    run = RunDirectory(workdir)
-    if run.metrics_file.exists() or any(path.is_file() for path in run.checkpoints.rglob("*")):
-        return
-    added = [entry for entry in workdir.iterdir() if entry not in (existed or set())]
-    for entry in added:
-        if entry.is_dir() and not entry.is_symlink():
-            shutil.rmtree(entry, ignore_errors=True)
-        else:
-            entry.unlink(missing_ok=True)
-    if added:
-        logging.info("removed what this start added to %s: %s", workdir, ", ".join(sorted(e.name for e in added)))
-    if existed is None and not any(workdir.iterdir()):
-        workdir.rmdir()
-
-
-@dataclasses.dataclass
-class PreparedRun:
-    """What a run has ready before its model is built and its state restored or initialised."""
-
-    directory: RunDirectory
-    checkpointer: Checkpointer
-    tokenizers: RunTokenizers
-    metadata: CheckpointMetadata  # written with every checkpoint (each save sets its step)
-    train_source: Sequence
-    eval_source: Sequence
-    starting_points: tuple[StartingPoint, ...]  # fine-tuning or composing; none when resuming or from scratch
-
-    def take_starting_points(self) -> tuple[StartingPoint, ...]:
-        """The starting points, handed over once: their host parameters are freed once used."""
-        points, self.starting_points = self.starting_points, ()
-        return points
-
-
 def _locked_train_and_evaluate(config: ml_collections.ConfigDict, workdir: pathlib.Path) -> dict[str, Any]:
-    data, training = config.data, config.training
-    logging.info("%s (all keys: --print_config)", experiment.describe(config))
-    logging.info("devices: %s", jax.devices())
-
-    run = RunDirectory(workdir)
-    checkpointer = Checkpointer(run.checkpoints, keep=training.keep_checkpoints)
-    latest = checkpointer.latest_step_metadata()
-    saved = None if latest is None else latest[1]
-    if latest is not None:  # first: a changed data.input_shards would follow from this
-        checkpointer.check_process_count(latest[0])
-    _check_same_run(workdir, saved, config)
-    if latest is not None and any(training.get(key) is not None for key in PARTS.values()):
-        logging.info("resuming this workdir's run; training.init_*from only set where a new run starts")
-    starting_points = load_starting_points(training) if latest is None else ()
-    check_starting_points(starting_points, config)
-
-    mesh = sharding.make_mesh(config.mesh.shape)
-    rules = sharding.rules_from_config(config.mesh.logical_axis_rules)
-    sharding.check_batch_size(data.batch_size, mesh, rules)
-    sharding.check_batch_size(data.eval_batch_size, mesh, rules, "data.eval_batch_size")
-    logging.info("mesh: %s", dict(mesh.shape))
-    if latest is None and not starting_points:
-        _check_mesh_fits_the_configured_model(config, mesh, rules)
-
-    builder, train_source, eval_source = _prepare_data(data)
-    fingerprint = data_fingerprint(builder)
-    if saved is not None and saved.data_fingerprint is not None and saved.data_fingerprint != fingerprint:
-        raise CheckpointError(
-            f"{workdir} was trained on other data files (fingerprint {saved.data_fingerprint}) than "
-            f"{builder.name} has now ({fingerprint}); restore the files or use a new workdir"
-        )
-    if latest is not None:
-        saved_tokenizers = (saved, f"checkpoint {latest[0]} of {checkpointer.directory}")
-    elif starting_points and starting_points[0].part == "model":  # its embeddings belong to its tokenizer
-        saved_tokenizers = (starting_points[0].metadata, f"the fine-tuning start, {starting_points[0].where}")
-    else:
-        saved_tokenizers = None
-    tokenizers = tokenizer_for_run(
-        config, run, train_source, saved_tokenizers, side_tokenizers(starting_points), resuming=latest is not None
-    )
-    log_unknown_rate(config, tokenizers, train_source)
-
-    model_config = experiment.model_config(
-        config, tokenizers.target.vocab_size, None if tokenizers.shared else tokenizers.source.vocab_size
-    )
-    if config.model.get("matmul_dtype") == "auto":
-        operands, platform = model_config.matmul_operand_dtype.name, jax.default_backend()
-        logging.info("model.matmul_dtype=auto: %s weight products on this machine (%s)", operands, platform)
-    metadata = CheckpointMetadata(
-        config=config.to_dict(),
-        model=model_config.to_dict(),
-        tokenizer=tokenizers.source.model_proto,
-        target_tokenizer=None if tokenizers.shared else tokenizers.target.model_proto,
-        data_fingerprint=fingerprint,
-        step=0,
-    )
-    prepared = PreparedRun(run, checkpointer, tokenizers, metadata, train_source, eval_source, starting_points)
-    del starting_points  # _train takes them from `prepared`
-    with jax.set_mesh(mesh), nn.logical_axis_rules(rules):
-        return _train(config, prepared, build_model(model_config), mesh, rules)
+    prepared = run_start.prepare_run(config, workdir)
+    with jax.set_mesh(prepared.mesh), nn.logical_axis_rules(prepared.rules):
+        return _train(config, prepared, build_model(prepared.model_config))
 
 
-def _state_shardings(config, model: nn.Module, optimizer, mesh, rules) -> tuple[Any, Any]:
-    """(the train state's abstract tree, boxed with logical names; its shardings), once every array
-    is known to divide along its mesh axes (MeshError naming the first that does not)."""
-    data = config.data
-    boxed_state = jax.eval_shape(
-        make_init_fn(model, optimizer, data.max_length, data.max_length, boxed=True), config.training.seed
-    )
-    state_shardings = sharding.logical_shardings(boxed_state, mesh, rules)
-    sharding.check_divisible(sharding.strip_boxes(boxed_state), state_shardings, mesh)
-    return boxed_state, state_shardings
-
-
-def _check_mesh_fits_the_configured_model(config, mesh, rules) -> None:
-    """The mesh against the model the config describes (its tokenizer.vocab_size or given
-    tokenizers), before any data is prepared: a mesh that cannot hold it is found in seconds, not
-    after hours of preparing WMT. A fresh run's tokenizers have those sizes; resumed and
-    fine-tuned runs take theirs from elsewhere and are checked once those are known."""
-    source_size, target_size = experiment.vocabulary_sizes(config)
-    model_config = experiment.model_config(
-        config, target_size, source_size if config.tokenizer.separate_vocabularies else None
-    )
-    optimizer, _ = make_optimizer(config.optimizer, model_config.d_model)
-    with jax.set_mesh(mesh), nn.logical_axis_rules(rules):
-        _state_shardings(config, build_model(model_config), optimizer, mesh, rules)
-
-
-def _train(config, prepared: PreparedRun, model: nn.Module, mesh, rules) -> dict[str, Any]:
+def _train(config, prepared: PreparedRun, model: nn.Module) -> dict[str, Any]:
     data, training = config.data, config.training
     run, checkpointer, tokenizers = prepared.directory, prepared.checkpointer, prepared.tokenizers
     objective = objective_for(model.config, tokenizers.source.mask_id, training.seed)
     optimizer, learning_rate = make_optimizer(config.optimizer, model.config.d_model)
-    boxed_state, state_shardings = _state_shardings(config, model, optimizer, mesh, rules)
+    mesh, rules = prepared.mesh, prepared.rules
+    boxed_state, state_shardings = run_start.state_shapes_and_shardings(config, model, optimizer, mesh, rules)
     abstract_state = sharding.abstract_with_shardings(sharding.strip_boxes(boxed_state), state_shardings)
     init_fn = make_init_fn(model, optimizer, data.max_length, data.max_length)
     logging.info("model: %s parameters", f"{count_parameters(abstract_state.params):,}")
@@ -322,7 +125,7 @@ def _train(config, prepared: PreparedRun, model: nn.Module, mesh, rules) -> dict
     replicated = sharding.replicated(mesh)
 
     length_filter = LengthFilter(data.max_length)
-    shard_count, my_shards = _input_shards(data)
+    shard_count, my_shards = run_start.input_shards(data)
     sampling = SubwordSampling.from_config(config.tokenizer)
     tokenize = TokenizePair.for_data(data, tokenizers.source, tokenizers.target, objective.features, sampling)
     train_iterator = ShardedBatches(

@@ -135,7 +135,7 @@ def _one_tokenizer(
     if tokenizer is not None:
         if tokenizer.vocab_size != section.vocab_size and saved is not None:
             # A start's tokenizer comes with its embeddings; nothing is trained here. (A resumed run
-            # whose tokenizer.vocab_size changed was refused before: loop._check_same_run.)
+            # whose tokenizer.vocab_size changed was refused before: run_start.check_same_run.)
             logging.info(
                 "the tokenizer of %s has %d pieces: it replaces tokenizer.vocab_size=%d for this vocabulary",
                 saved[1],

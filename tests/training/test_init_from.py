@@ -134,12 +134,12 @@ def test_stack_layers_inverts_unstack_layers():
 def test_a_start_that_does_not_fit_is_refused_before_any_data_is_read(source_run, data_dir, tmp_path, monkeypatch):
     """The model fields its parameters were trained for, the architecture, the key in the message;
     checked before data preparation (refused here by a stand-in) and leaving no workdir behind."""
-    from jaxformer.training import loop
+    from jaxformer.training import run_start
 
     def no_data(*args, **kwargs):
         raise AssertionError("data was prepared before the starting point was checked")
 
-    monkeypatch.setattr(loop, "_prepare_data", no_data)
+    monkeypatch.setattr(run_start, "prepare_data", no_data)
     refusals = [
         (
             {"model.activation": "gelu", "model.normalization": "pre", "model.position_layout": "halves"},

@@ -11,7 +11,7 @@ from jaxformer.commands import sweep as sweep_command
 from jaxformer.commands.sweep import EARLIER, merge_rows, results_table
 from jaxformer.data.parallel_text import DataError
 from jaxformer.run.directory import RunDirectory
-from jaxformer.training import loop
+from jaxformer.training import loop, run_start
 from jaxformer.training.final_choice import CANDIDATES
 from tests.training.test_sweep import SHARED, TINY, write_sweep
 
@@ -182,7 +182,7 @@ def test_a_signal_while_a_variant_sets_up_stops_the_sweep_and_frees_its_workdir(
     try:
         real, runs = loop.train_and_evaluate, Runs()
         monkeypatch.setattr(loop, "train_and_evaluate", lambda c, w: (runs if w.endswith("/first") else real)(c, w))
-        monkeypatch.setattr(loop, "_check_same_run", stop_during_setup)
+        monkeypatch.setattr(run_start, "check_same_run", stop_during_setup)
         code, output = run_sweep(tmp_path, capsys, {"first": [], "second": ["data.shuffle_seed=1"]})
         assert signal.getsignal(signal.SIGTERM) is default_handler  # given back
     finally:

@@ -1,0 +1,232 @@
+"""The start of a run, before its first step: the workdir held, the run already in it compared,
+the data prepared, the tokenizers trained or restored, the model described, the mesh made.
+
+`prepare_run(config, workdir)` returns all of it as a `PreparedRun`; `undo_failed_start` takes
+back what a start that failed on bad input added to the workdir. loop.py trains from there.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+import pathlib
+import shutil
+from collections.abc import Sequence
+from typing import Any
+
+import flax.linen as nn
+import jax
+import ml_collections
+import numpy as np
+from jax.experimental import multihost_utils
+
+from jaxformer.data.sources import data_fingerprint, get_builder, load_split, prepare
+from jaxformer.errors import CheckpointError
+from jaxformer.model.architectures import build_model
+from jaxformer.model.config import TransformerConfig
+from jaxformer.run.checkpoint import Checkpointer
+from jaxformer.run.directory import RunDirectory
+from jaxformer.run.lock import WorkdirLock, WorkdirLockedError
+from jaxformer.run.metadata import CheckpointMetadata
+from jaxformer.training import experiment, resume_rules, sharding
+from jaxformer.training.init_from import (
+    PARTS,
+    StartingPoint,
+    check_starting_points,
+    load_starting_points,
+    side_tokenizers,
+)
+from jaxformer.training.optimizer import make_optimizer
+from jaxformer.training.run_tokenizer import RunTokenizers, log_unknown_rate, tokenizer_for_run
+from jaxformer.training.state import make_init_fn
+
+
+def hold_workdir(workdir: pathlib.Path) -> WorkdirLock:
+    """Process 0 takes the workdir's lock; every process learns whether it got it."""
+    lock = WorkdirLock(workdir)
+    failure = None
+    if jax.process_index() == 0:
+        try:
+            lock.acquire()
+        except WorkdirLockedError as error:
+            failure = error
+    if jax.process_count() > 1:
+        held = multihost_utils.broadcast_one_to_all(np.int32(failure is None))
+        if not held and failure is None:
+            failure = WorkdirLockedError(f"{workdir} is in use by another training run (see process 0's log)")
+    if failure is not None:
+        raise failure
+    return lock
+
+
+def input_shards(data: ml_collections.ConfigDict) -> tuple[int, range]:
+    """(number of input shards, the shards this process reads) for the `data` section."""
+    shards = data.input_shards or jax.process_count()
+    if shards % jax.process_count() or data.batch_size % shards:
+        raise experiment.ConfigError(
+            f"data.input_shards={shards} must be a multiple of the {jax.process_count()} processes "
+            f"and divide data.batch_size={data.batch_size}"
+        )
+    per_process = shards // jax.process_count()
+    return shards, range(jax.process_index() * per_process, (jax.process_index() + 1) * per_process)
+
+
+def check_same_run(workdir: pathlib.Path, saved: CheckpointMetadata | None, config: ml_collections.ConfigDict) -> None:
+    if saved is None:
+        return
+    differences = resume_rules.resume_differences(saved.config, config)
+    if differences:
+        raise CheckpointError(
+            f"{workdir} holds a run with another configuration; use a new workdir or restore these values: "
+            + "; ".join(differences)
+        )
+    changed = resume_rules.resume_differences(saved.config, config, free=True)
+    if changed:
+        logging.warning("resuming with values that a resumed run may change: %s", "; ".join(changed))
+
+
+def prepare_data(data: ml_collections.ConfigDict) -> tuple[Any, Any, Any]:
+    """(builder, training split, evaluation split) of the `data` section, prepared once for all processes."""
+    languages = (data.source_language, data.target_language)
+    builder = get_builder(data)
+    if jax.process_count() > 1:  # one process prepares the dataset, the others wait and read it
+        if jax.process_index() == 0:
+            prepare(builder)
+        multihost_utils.sync_global_devices("jaxformer: dataset prepared")
+    return builder, load_split(builder, data.train_split, languages), load_split(builder, data.eval_split, languages)
+
+
+# ------------------------------------------------------------------------------------------
+# The run.
+
+
+def undo_failed_start(workdir: pathlib.Path, existed: set[pathlib.Path] | None) -> None:
+    """After a start that failed on bad input before its first checkpoint, removes what it added
+    to the workdir (empty folders, tokenizers trained or restored from a start: nothing a rerun
+    needs, and what would refuse a corrected config), and the workdir itself when the run made it:
+    bad input leaves nothing behind. `existed`: the workdir's entries before (None: no workdir). A
+    run that started training (its metrics tell how it failed) or saved a checkpoint keeps everything."""
+    run = RunDirectory(workdir)
+    if run.metrics_file.exists() or any(path.is_file() for path in run.checkpoints.rglob("*")):
+        return
+    added = [entry for entry in workdir.iterdir() if entry not in (existed or set())]
+    for entry in added:
+        if entry.is_dir() and not entry.is_symlink():
+            shutil.rmtree(entry, ignore_errors=True)
+        else:
+            entry.unlink(missing_ok=True)
+    if added:
+        logging.info("removed what this start added to %s: %s", workdir, ", ".join(sorted(e.name for e in added)))
+    if existed is None and not any(workdir.iterdir()):
+        workdir.rmdir()
+
+
+@dataclasses.dataclass
+class PreparedRun:
+    """What a run has ready before its model is built and its state restored or initialised."""
+
+    directory: RunDirectory
+    checkpointer: Checkpointer
+    tokenizers: RunTokenizers
+    metadata: CheckpointMetadata  # written with every checkpoint (each save sets its step)
+    train_source: Sequence
+    eval_source: Sequence
+    starting_points: tuple[StartingPoint, ...]  # fine-tuning or composing; none when resuming or from scratch
+    model_config: TransformerConfig  # with the vocabulary sizes of `tokenizers`
+    mesh: jax.sharding.Mesh
+    rules: Any  # logical axis rules (training/sharding.py)
+
+    def take_starting_points(self) -> tuple[StartingPoint, ...]:
+        """The starting points, handed over once: their host parameters are freed once used."""
+        points, self.starting_points = self.starting_points, ()
+        return points
+
+
+def prepare_run(config: ml_collections.ConfigDict, workdir: pathlib.Path) -> PreparedRun:
+    """Everything before the model is built, for `config` in the (held) `workdir`: checked against
+    the run already there, the data prepared, the tokenizers ready and the model described."""
+    data, training = config.data, config.training
+    logging.info("%s (all keys: --print_config)", experiment.describe(config))
+    logging.info("devices: %s", jax.devices())
+
+    run = RunDirectory(workdir)
+    checkpointer = Checkpointer(run.checkpoints, keep=training.keep_checkpoints)
+    latest = checkpointer.latest_step_metadata()
+    saved = None if latest is None else latest[1]
+    if latest is not None:  # first: a changed data.input_shards would follow from this
+        checkpointer.check_process_count(latest[0])
+    check_same_run(workdir, saved, config)
+    if latest is not None and any(training.get(key) is not None for key in PARTS.values()):
+        logging.info("resuming this workdir's run; training.init_*from only set where a new run starts")
+    starting_points = load_starting_points(training) if latest is None else ()
+    check_starting_points(starting_points, config)
+
+    mesh = sharding.make_mesh(config.mesh.shape)
+    rules = sharding.rules_from_config(config.mesh.logical_axis_rules)
+    sharding.check_batch_size(data.batch_size, mesh, rules)
+    sharding.check_batch_size(data.eval_batch_size, mesh, rules, "data.eval_batch_size")
+    logging.info("mesh: %s", dict(mesh.shape))
+    if latest is None and not starting_points:
+        check_mesh_fits_the_configured_model(config, mesh, rules)
+
+    builder, train_source, eval_source = prepare_data(data)
+    fingerprint = data_fingerprint(builder)
+    if saved is not None and saved.data_fingerprint is not None and saved.data_fingerprint != fingerprint:
+        raise CheckpointError(
+            f"{workdir} was trained on other data files (fingerprint {saved.data_fingerprint}) than "
+            f"{builder.name} has now ({fingerprint}); restore the files or use a new workdir"
+        )
+    if latest is not None:
+        saved_tokenizers = (saved, f"checkpoint {latest[0]} of {checkpointer.directory}")
+    elif starting_points and starting_points[0].part == "model":  # its embeddings belong to its tokenizer
+        saved_tokenizers = (starting_points[0].metadata, f"the fine-tuning start, {starting_points[0].where}")
+    else:
+        saved_tokenizers = None
+    tokenizers = tokenizer_for_run(
+        config, run, train_source, saved_tokenizers, side_tokenizers(starting_points), resuming=latest is not None
+    )
+    log_unknown_rate(config, tokenizers, train_source)
+
+    model_config = experiment.model_config(
+        config, tokenizers.target.vocab_size, None if tokenizers.shared else tokenizers.source.vocab_size
+    )
+    if config.model.get("matmul_dtype") == "auto":
+        operands, platform = model_config.matmul_operand_dtype.name, jax.default_backend()
+        logging.info("model.matmul_dtype=auto: %s weight products on this machine (%s)", operands, platform)
+    metadata = CheckpointMetadata(
+        config=config.to_dict(),
+        model=model_config.to_dict(),
+        tokenizer=tokenizers.source.model_proto,
+        target_tokenizer=None if tokenizers.shared else tokenizers.target.model_proto,
+        data_fingerprint=fingerprint,
+        step=0,
+    )
+    return PreparedRun(
+        run, checkpointer, tokenizers, metadata, train_source, eval_source, starting_points, model_config, mesh, rules
+    )
+
+
+def state_shapes_and_shardings(config, model: nn.Module, optimizer, mesh, rules) -> tuple[Any, Any]:
+    """(the train state's abstract tree, boxed with logical names; its shardings), once every array
+    is known to divide along its mesh axes (MeshError naming the first that does not)."""
+    data = config.data
+    boxed_state = jax.eval_shape(
+        make_init_fn(model, optimizer, data.max_length, data.max_length, boxed=True), config.training.seed
+    )
+    state_shardings = sharding.logical_shardings(boxed_state, mesh, rules)
+    sharding.check_divisible(sharding.strip_boxes(boxed_state), state_shardings, mesh)
+    return boxed_state, state_shardings
+
+
+def check_mesh_fits_the_configured_model(config, mesh, rules) -> None:
+    """The mesh against the model the config describes (its tokenizer.vocab_size or given
+    tokenizers), before any data is prepared: a mesh that cannot hold it is found in seconds, not
+    after hours of preparing WMT. A fresh run's tokenizers have those sizes; resumed and
+    fine-tuned runs take theirs from elsewhere and are checked once those are known."""
+    source_size, target_size = experiment.vocabulary_sizes(config)
+    model_config = experiment.model_config(
+        config, target_size, source_size if config.tokenizer.separate_vocabularies else None
+    )
+    optimizer, _ = make_optimizer(config.optimizer, model_config.d_model)
+    with jax.set_mesh(mesh), nn.logical_axis_rules(rules):
+        state_shapes_and_shardings(config, build_model(model_config), optimizer, mesh, rules)
