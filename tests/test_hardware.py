@@ -6,7 +6,8 @@ import pytest
 from jaxformer import hardware
 from jaxformer.configs import multi30k
 from jaxformer.training.config_file import apply_overrides
-from jaxformer.training.experiment import model_config, resume_differences
+from jaxformer.training.experiment import model_config
+from jaxformer.training.resume_rules import resume_differences
 
 X86 = """processor\t: 0
 flags\t\t: fpu vme sse2 avx2 avx512f avx512_vnni avx512_bf16

@@ -19,60 +19,6 @@ from jaxformer.tokens import MASK_PIECE
 from jaxformer.training.config_rules import VALUE_RULES, check_combinations
 from jaxformer.training.sharding import DEFAULT_RULES
 
-# Sections whose values must not change when a run resumes from its workdir: they shape the
-# parameters, the optimizer state, the tokenizer or the data order.
-RESUME_SENSITIVE = ("model", "data", "tokenizer", "optimizer")
-# The training keys that define what the steps compute: a resumed run that changed one would mix
-# two runs. The rest of `training` (its length, budget, evaluations, checkpoints, final choice)
-# may change on resume.
-RESUME_SENSITIVE_KEYS = {
-    "training.seed",
-    "training.label_smoothing",
-    "training.rdrop_alpha",
-    "training.rdrop_start",
-    "training.rdrop_min_plain_steps",
-    "training.rdrop_decision_step",
-}
-# Keys that may change on resume all the same, each change logged as a warning: where the data is
-# read and evaluated from, the schedule's shape, the mesh, the loss's chunking (the same sums in
-# other pieces), and the starting points of a fine-tuning run (read by its first segment only).
-RESUME_FREE = {
-    "data.data_dir",
-    "data.raw_dir",
-    "data.download",
-    "data.num_threads",
-    "data.encode_once_max_examples",
-    "data.eval_split",
-    "data.max_eval_examples",
-    "data.eval_batch_size",
-    "optimizer.learning_rate_scale",
-    "optimizer.warmup_steps",
-    "optimizer.decay_floor",
-    "mesh.shape",
-    "mesh.logical_axis_rules",
-    "training.loss_chunk_tokens",
-    "training.init_from",
-    "training.init_encoder_from",
-    "training.init_decoder_from",
-    "training.init_checkpoint",
-}
-
-
-# Of RESUME_FREE, the keys that say where the data is and how the work is spread, not what a run
-# computes: a sweep reuses a finished run whose other keys all agree with its variant's.
-PLACEMENT_KEYS = {
-    "data.data_dir",
-    "data.raw_dir",
-    "data.download",
-    "data.num_threads",
-    "data.encode_once_max_examples",
-    "data.eval_batch_size",
-    "mesh.shape",
-    "mesh.logical_axis_rules",
-    "training.loss_chunk_tokens",
-}
-
-
 DEFAULT_VOCAB_SIZE = 8000  # tokenizer.vocab_size's default: a given model's size replaces it
 
 
@@ -245,18 +191,18 @@ def default_config() -> ml_collections.ConfigDict:
     return config
 
 
-def _flatten(config, prefix: str = "") -> dict[str, Any]:
+def flatten(config, prefix: str = "") -> dict[str, Any]:
     """{"section.key": value} for a nested ConfigDict or dict."""
     flat = {}
     for key, value in config.items():
         if isinstance(value, (dict, ml_collections.ConfigDict)):
-            flat.update(_flatten(value, f"{prefix}{key}."))
+            flat.update(flatten(value, f"{prefix}{key}."))
         else:
             flat[f"{prefix}{key}"] = value
     return flat
 
 
-def _as_tuples(flat: dict[str, Any]) -> dict[str, Any]:
+def as_tuples(flat: dict[str, Any]) -> dict[str, Any]:
     """Lists (as a checkpoint's JSON holds a config's tuples) as tuples, nested ones too."""
 
     def convert(value):
@@ -268,7 +214,7 @@ def _as_tuples(flat: dict[str, Any]) -> dict[str, Any]:
 @functools.cache
 def nullable_keys() -> frozenset[str]:
     """The dotted keys whose default_config() value is None: None is one of their values."""
-    return frozenset(key for key, value in _flatten(default_config()).items() if value is None)
+    return frozenset(key for key, value in flatten(default_config()).items() if value is None)
 
 
 def unknown_key_error(key: str, known: Iterable[str]) -> ConfigError:
@@ -281,8 +227,8 @@ def unknown_key_error(key: str, known: Iterable[str]) -> ConfigError:
 def validate(config: ml_collections.ConfigDict) -> None:
     """Raises ConfigError naming the key and what it allows, for an unknown key (with near
     matches), a value out of range, values that contradict each other, or a bad model."""
-    known = _flatten(default_config())
-    values = _flatten(config)
+    known = flatten(default_config())
+    values = flatten(config)
     for key in values:
         if key.startswith("model."):
             continue  # checked against TransformerConfig's fields by model_config()
@@ -416,10 +362,10 @@ def model_config(
 def describe(config: ml_collections.ConfigDict) -> str:
     """A compact print of an experiment config: the model preset, then one `key=value` per key
     that differs from `default_config()` (the model section against its preset)."""
-    defaults = _flatten(default_config())
-    model_defaults = _flatten({"model": model_section(config.model.get("preset", "base")).to_dict()})
+    defaults = flatten(default_config())
+    model_defaults = flatten({"model": model_section(config.model.get("preset", "base")).to_dict()})
     changed = []
-    for key, value in _flatten(config.to_dict()).items():
+    for key, value in flatten(config.to_dict()).items():
         default = model_defaults.get(key, "<unset>") if key.startswith("model.") else defaults.get(key, "<unset>")
         if isinstance(value, list):
             value = tuple(value)
@@ -429,23 +375,3 @@ def describe(config: ml_collections.ConfigDict) -> str:
             changed.append(f"{key}={value!r}")
     preset_name = config.model.get("preset", "base")
     return f"config: model preset {preset_name!r}; changed from the defaults: " + (", ".join(changed) or "nothing")
-
-
-def resume_differences(
-    saved: dict[str, Any], current: ml_collections.ConfigDict, free: bool = False, sections=RESUME_SENSITIVE
-) -> list[str]:
-    """'key: saved -> current' for every resume-sensitive value that changed (the `sections`, None
-    for all, and RESUME_SENSITIVE_KEYS; with `free`: every RESUME_FREE value, which a resumed run
-    may change and reports). A key the saved config lacks (the run was made before the key
-    existed) counts as its default, the behaviour that run had."""
-    saved_flat, current_flat = _as_tuples(_flatten(saved)), _as_tuples(_flatten(current.to_dict()))
-    defaults = _as_tuples(_flatten(default_config()))
-    differences = []
-    for key in sorted(set(saved_flat) | set(current_flat)):
-        compared = sections is None or key.split(".")[0] in sections or key in RESUME_SENSITIVE_KEYS
-        if free != (key in RESUME_FREE) or (not free and not compared):
-            continue
-        was = saved_flat.get(key, defaults.get(key, "<unset>"))
-        if was != current_flat.get(key, "<unset>"):
-            differences.append(f"{key}: {was!r} -> {current_flat.get(key, '<unset>')!r}")
-    return differences

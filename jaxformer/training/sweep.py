@@ -45,7 +45,7 @@ from jaxformer.errors import UserError
 from jaxformer.files import write_text_atomically
 from jaxformer.model.config import ConfigError
 from jaxformer.run.directory import RunDirectory
-from jaxformer.training import experiment
+from jaxformer.training import experiment, resume_rules
 from jaxformer.training.config_file import (
     apply_overrides,
     call_file_function,
@@ -181,7 +181,7 @@ def _run_config(variant: Variant, seed_offset: int, pace: dict[str, Any] | None)
 
 def _check_finished_as_configured(run_dir: pathlib.Path, variant: Variant, config: ml_collections.ConfigDict) -> None:
     """A finished run counts for its variant only if it was trained with `config`, the one the
-    sweep would train it with now (every key but experiment.PLACEMENT_KEYS, which say where the
+    sweep would train it with now (every key but resume_rules.PLACEMENT_KEYS, which say where the
     data is and how the work is spread):
     an edited sweep file or other command-line values would otherwise be reported with an
     earlier config's results."""
@@ -191,10 +191,10 @@ def _check_finished_as_configured(run_dir: pathlib.Path, variant: Variant, confi
     config = experiment.with_absolute_paths(config)
     # A resumed run may change the learning rate's schedule or the evaluation's subset; a finished
     # one reused as a variant's result may not: its numbers came from the saved values.
-    differences = experiment.resume_differences(saved, config, sections=None) + [
+    differences = resume_rules.resume_differences(saved, config, sections=None) + [
         difference
-        for difference in experiment.resume_differences(saved, config, free=True)
-        if difference.split(":")[0] not in experiment.PLACEMENT_KEYS
+        for difference in resume_rules.resume_differences(saved, config, free=True)
+        if difference.split(":")[0] not in resume_rules.PLACEMENT_KEYS
     ]
     if differences:
         raise ConfigError(

@@ -5,7 +5,7 @@ import pathlib
 import pytest
 
 from jaxformer.model.config import ConfigError, preset
-from jaxformer.training import experiment
+from jaxformer.training import experiment, resume_rules
 
 CONFIG_DIR = pathlib.Path(__file__).parents[2] / "jaxformer" / "configs"
 
@@ -59,19 +59,19 @@ def test_model_vocab_must_come_from_the_tokenizer():
 
 def test_resume_differences_name_changed_keys():
     saved = json.loads(json.dumps(load("tiny").to_dict()))  # as a checkpoint stores it: tuples as lists
-    assert experiment.resume_differences(saved, load("tiny"), free=True) == []
+    assert resume_rules.resume_differences(saved, load("tiny"), free=True) == []
     current = load("tiny")
     current.training.num_train_steps = 999  # allowed
     current.optimizer.learning_rate_scale = 0.5  # allowed
     current.data.data_dir = "/elsewhere"  # allowed
-    assert experiment.resume_differences(saved, current) == []
-    assert experiment.resume_differences(saved, current, free=True) == [  # what the resumed run logs
+    assert resume_rules.resume_differences(saved, current) == []
+    assert resume_rules.resume_differences(saved, current, free=True) == [  # what the resumed run logs
         "data.data_dir: None -> '/elsewhere'",
         "optimizer.learning_rate_scale: 2.0 -> 0.5",
     ]
     current.model.num_heads = 2
     current.tokenizer.vocab_size = 500
-    assert experiment.resume_differences(saved, current) == [
+    assert resume_rules.resume_differences(saved, current) == [
         "model.num_heads: 4 -> 2",
         "tokenizer.vocab_size: 1000 -> 500",
     ]
@@ -82,7 +82,7 @@ def test_a_resume_refuses_training_values_that_change_what_the_steps_compute():
     current = load("tiny")
     current.training.label_smoothing, current.training.rdrop_alpha, current.training.seed = 0.2, 1.0, 5
     current.training.eval_every_steps, current.training.time_budget_minutes = 7, 3.0  # the run's length and checks
-    assert experiment.resume_differences(saved, current) == [
+    assert resume_rules.resume_differences(saved, current) == [
         "training.label_smoothing: 0.1 -> 0.2",
         "training.rdrop_alpha: 0.0 -> 1.0",
         "training.seed: 0 -> 5",
@@ -90,8 +90,8 @@ def test_a_resume_refuses_training_values_that_change_what_the_steps_compute():
     # A fine-tuning start is read by a run's first segment only: a change is reported, not refused.
     current = load("tiny")
     current.training.init_from = "/runs/base"
-    assert experiment.resume_differences(saved, current) == []
-    assert experiment.resume_differences(saved, current, free=True) == ["training.init_from: None -> '/runs/base'"]
+    assert resume_rules.resume_differences(saved, current) == []
+    assert resume_rules.resume_differences(saved, current, free=True) == ["training.init_from: None -> '/runs/base'"]
 
 
 def test_a_run_saved_before_a_key_existed_resumes_at_that_keys_default():
@@ -100,10 +100,10 @@ def test_a_run_saved_before_a_key_existed_resumes_at_that_keys_default():
         del saved["model"][key]
     del saved["optimizer"]["clip_norm"]
     current = load("tiny")
-    assert experiment.resume_differences(saved, current) == []
+    assert resume_rules.resume_differences(saved, current) == []
     current.model.logits_bias = True  # a behaviour the saved run did not have
     current.optimizer.clip_norm = 0.5
-    assert experiment.resume_differences(saved, current) == [
+    assert resume_rules.resume_differences(saved, current) == [
         "model.logits_bias: False -> True",
         "optimizer.clip_norm: 1.0 -> 0.5",
     ]

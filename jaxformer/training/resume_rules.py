@@ -1,0 +1,90 @@
+"""What a run resumed from its workdir may change in its config, and what it may not.
+
+A resumed run compares its config with the one its checkpoint saved (run_start.py): a changed
+RESUME_SENSITIVE value is refused, a changed RESUME_FREE value is logged. A sweep (sweep.py)
+reuses a finished run only when every key but PLACEMENT_KEYS agrees.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import ml_collections
+
+from jaxformer.training import experiment
+
+# Sections whose values must not change when a run resumes from its workdir: they shape the
+# parameters, the optimizer state, the tokenizer or the data order.
+RESUME_SENSITIVE = ("model", "data", "tokenizer", "optimizer")
+# The training keys that define what the steps compute: a resumed run that changed one would mix
+# two runs. The rest of `training` (its length, budget, evaluations, checkpoints, final choice)
+# may change on resume.
+RESUME_SENSITIVE_KEYS = {
+    "training.seed",
+    "training.label_smoothing",
+    "training.rdrop_alpha",
+    "training.rdrop_start",
+    "training.rdrop_min_plain_steps",
+    "training.rdrop_decision_step",
+}
+# Keys that may change on resume all the same, each change logged as a warning: where the data is
+# read and evaluated from, the schedule's shape, the mesh, the loss's chunking (the same sums in
+# other pieces), and the starting points of a fine-tuning run (read by its first segment only).
+RESUME_FREE = {
+    "data.data_dir",
+    "data.raw_dir",
+    "data.download",
+    "data.num_threads",
+    "data.encode_once_max_examples",
+    "data.eval_split",
+    "data.max_eval_examples",
+    "data.eval_batch_size",
+    "optimizer.learning_rate_scale",
+    "optimizer.warmup_steps",
+    "optimizer.decay_floor",
+    "mesh.shape",
+    "mesh.logical_axis_rules",
+    "training.loss_chunk_tokens",
+    "training.init_from",
+    "training.init_encoder_from",
+    "training.init_decoder_from",
+    "training.init_checkpoint",
+}
+
+
+# Of RESUME_FREE, the keys that say where the data is and how the work is spread, not what a run
+# computes: a sweep reuses a finished run whose other keys all agree with its variant's.
+PLACEMENT_KEYS = {
+    "data.data_dir",
+    "data.raw_dir",
+    "data.download",
+    "data.num_threads",
+    "data.encode_once_max_examples",
+    "data.eval_batch_size",
+    "mesh.shape",
+    "mesh.logical_axis_rules",
+    "training.loss_chunk_tokens",
+}
+
+
+def resume_differences(
+    saved: dict[str, Any], current: ml_collections.ConfigDict, free: bool = False, sections=RESUME_SENSITIVE
+) -> list[str]:
+    """'key: saved -> current' for every resume-sensitive value that changed (the `sections`, None
+    for all, and RESUME_SENSITIVE_KEYS; with `free`: every RESUME_FREE value, which a resumed run
+    may change and reports). A key the saved config lacks (the run was made before the key
+    existed) counts as its default, the behaviour that run had."""
+
+    def flat(config) -> dict[str, Any]:
+        return experiment.as_tuples(experiment.flatten(config))
+
+    saved_flat, current_flat, defaults = flat(saved), flat(current.to_dict()), flat(experiment.default_config())
+    differences = []
+    for key in sorted(set(saved_flat) | set(current_flat)):
+        compared = sections is None or key.split(".")[0] in sections or key in RESUME_SENSITIVE_KEYS
+        if free != (key in RESUME_FREE) or (not free and not compared):
+            continue
+        was = saved_flat.get(key, defaults.get(key, "<unset>"))
+        if was != current_flat.get(key, "<unset>"):
+            differences.append(f"{key}: {was!r} -> {current_flat.get(key, '<unset>')!r}")
+    return differences
