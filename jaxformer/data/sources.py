@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import contextlib
 import logging
+import pathlib
 import sys
 from collections.abc import Sequence
 
@@ -96,7 +97,26 @@ def prepare(builder) -> None:
         try:
             builder.download_and_prepare()
         except OSError as error:  # a download without network (requests' errors are OSErrors), a full disk
+            _remove_empty_builder_folders(builder)
             raise DataError(f"preparing {builder.name} failed: {type(error).__name__}: {error}") from None
+        except BaseException:  # bad input found while reading it (DataError), a signal
+            _remove_empty_builder_folders(builder)
+            raise
+
+
+def _remove_empty_builder_folders(builder) -> None:
+    """After a failed preparation, the builder's own folders under the data_dir (`<name>/<config>/
+    <version>`) that tfds left empty: a corrected rerun must not find a `files-<fingerprint>` folder
+    that holds nothing. Folders with anything in them, and the data_dir itself, stay."""
+    root = pathlib.Path(builder.data_dir_root).resolve()
+    folder = pathlib.Path(builder.data_dir).resolve()
+    while folder != root and root in folder.parents:
+        if folder.exists():
+            try:
+                folder.rmdir()  # only if empty
+            except OSError:
+                return
+        folder = folder.parent
 
 
 def load_split(builder, split: str, languages: Sequence[str]) -> Sequence:

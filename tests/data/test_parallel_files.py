@@ -15,7 +15,7 @@ import pytest
 from jaxformer.data import fingerprint
 from jaxformer.data.parallel_files import ParallelFiles, holdout_indices
 from jaxformer.data.parallel_text import DataError
-from jaxformer.data.sources import data_fingerprint, get_builder, load_split
+from jaxformer.data.sources import data_fingerprint, get_builder, load_split, prepare
 from jaxformer.training.experiment import default_config
 
 # French -> Japanese sentences built from parts: every line different, Japanese in its own script.
@@ -337,6 +337,18 @@ def test_content_errors_name_the_file_and_line(tmp_path, caplog):
     upper.parent.mkdir()
     upper.write_bytes(whole)
     assert read(get_builder(section(tmp_path, train=str(upper), validation_holdout=2)), "train")[0] in good
+
+
+def test_a_failed_preparation_leaves_no_empty_dataset_folder(tmp_path):
+    """The builder's `<name>/files-<fingerprint>` folders that tfds made for a preparation that
+    failed on bad input are taken back; the same files corrected prepare as usual."""
+    broken = write_bytes(tmp_path / "train.tsv", b"".join(f"{s}\t{t}\n".encode() for s, t in pairs(0, 20)) + b"x\n")
+    builder = get_builder(section(tmp_path, train=str(broken), validation_holdout=2))
+    with pytest.raises(DataError, match="line 21 has 0 tabs"):
+        prepare(builder)
+    assert not (tmp_path / "tfds" / "parallel_files").exists()
+    write_tsv(tmp_path / "train.tsv", pairs(0, 20))
+    assert len(read(get_builder(section(tmp_path, train=str(broken), validation_holdout=2)), "train")) == 18
 
 
 def test_a_byte_order_mark_is_not_text(tmp_path):
