@@ -9,6 +9,7 @@ and lowercased tokenized BLEU.
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import logging
 import os
@@ -37,8 +38,18 @@ from jaxformer.files import write_text_atomically
 from jaxformer.run.loading import load_checkpoint
 
 
-def split_pairs(workdir: str, split: str, max_examples: int | None) -> tuple[list[str], list[str]]:
-    """(sources, references) of a split of the run's own dataset and language pair."""
+@dataclasses.dataclass(frozen=True)
+class FileLines:
+    """Where a split's pairs are in the user's file, when pairs with an empty side were left out
+    of it as it was prepared: `--output` keeps one line per line of the file."""
+
+    numbers: list[int]  # the 1-based line of each pair scored
+    total: int  # the lines of the file (of the first of them, up to the last pair scored, with --max_examples)
+
+
+def split_pairs(workdir: str, split: str, max_examples: int | None) -> tuple[list[str], list[str], FileLines | None]:
+    """(sources, references) of a split of the run's own dataset and language pair, and where
+    they are in the user's file if it had lines that are not pairs (else None)."""
     from jaxformer.data.pipeline import read_records, record_text
     from jaxformer.data.sources import get_builder, load_split
 
@@ -51,7 +62,34 @@ def split_pairs(workdir: str, split: str, max_examples: int | None) -> tuple[lis
     _check_same_data(workdir, metadata.data_fingerprint, builder)  # fingerprinted once fetched
     count = len(records) if max_examples is None else min(max_examples, len(records))
     rows = list(read_records(records, range(count)))
-    return [record_text(r, languages[0]) for r in rows], [record_text(r, languages[1]) for r in rows]
+    file_lines = _file_lines(builder, split, languages, len(records), count)
+    return [record_text(r, languages[0]) for r in rows], [record_text(r, languages[1]) for r in rows], file_lines
+
+
+def _file_lines(builder, split: str, languages: tuple[str, str], prepared: int, count: int) -> FileLines | None:
+    """The lines of a parallel_files split given as a file that hold its first `count` pairs,
+    when the file has lines that are not pairs (an empty side); None otherwise."""
+    from jaxformer.data.parallel_files import ParallelFiles, read_pairs
+    from jaxformer.data.parallel_text import SkipCounter, read_lines
+
+    if not isinstance(builder, ParallelFiles) or split not in builder.given_files:
+        return None  # Multi30k's files have no empty side; a held-out validation split has no file of its own
+    files, skipped = builder.given_files[split], SkipCounter()
+    numbers = [number for number, _, _ in read_pairs(files, *languages, skipped)]
+    if not skipped.empty:
+        return None
+    if len(numbers) != prepared:  # the fingerprint says the files are the run's: their pairs are the split's
+        raise DataError(f"{files.spec}: {len(numbers)} pairs with text on both sides, the prepared split {prepared}")
+    total = len(read_lines(files.tsv or files.by_language[languages[0]]))
+    if count < prepared:
+        total = numbers[count - 1]
+    logging.warning(
+        "%s: %d of the lines up to line %d are not scored (an empty side): --output writes them as empty lines",
+        files.spec,
+        total - count,
+        total,
+    )
+    return FileLines(numbers[:count], total)
 
 
 def _check_same_data(workdir: str, trained_on: str | None, builder) -> None:
@@ -97,10 +135,10 @@ def run(args: argparse.Namespace) -> int:
         raise FlagError(f"--output and --json are the same file, {args.output}")
 
     if args.split:
-        sources, references = split_pairs(args.workdir, args.split, args.max_examples)
+        sources, references, file_lines = split_pairs(args.workdir, args.split, args.max_examples)
         name = args.split
     else:
-        sources, references = read_lines(args.source), read_lines(args.reference)
+        sources, references, file_lines = read_lines(args.source), read_lines(args.reference), None
         if len(sources) != len(references):
             raise DataError(
                 f"line counts differ: {args.source} has {len(sources)} lines, {args.reference} has {len(references)}"
@@ -137,7 +175,12 @@ def run(args: argparse.Namespace) -> int:
     print(f"{name}: {len(sources)} sentences, step {translator.step} ({args.checkpoint}), {search}, {seconds:.1f}s")
     print(format_scores(scores))
     if args.output:
-        write_text_atomically(args.output, "".join(f"{line}\n" for line in hypotheses))
+        lines = hypotheses
+        if file_lines is not None:  # one line per line of the user's file
+            lines = [""] * file_lines.total
+            for number, hypothesis in zip(file_lines.numbers, hypotheses):
+                lines[number - 1] = hypothesis
+        write_text_atomically(args.output, "".join(f"{line}\n" for line in lines))
     if args.json:
         write_text_atomically(args.json, json.dumps(scores, indent=2))
     return 0

@@ -11,6 +11,7 @@ import shlex
 
 import numpy as np
 import pytest
+import sacrebleu
 
 from jaxformer.data import fingerprint
 from jaxformer.data.parallel_files import ParallelFiles, holdout_indices
@@ -394,7 +395,8 @@ def test_the_readme_command_trains_on_own_files_and_the_run_translates(tmp_path,
 
     monkeypatch.chdir(tmp_path)  # the command's relative paths are taken from here
     write_text_files(tmp_path / "corpus" / "train.{lang}.gz", pairs(0, 1300))  # 1,000 held out for validation
-    write_tsv(tmp_path / "corpus" / "test.tsv", pairs(1300, 10))
+    test_pairs = pairs(1300, 10)
+    write_tsv(tmp_path / "corpus" / "test.tsv", [*test_pairs[:3], ("", "vide"), *test_pairs[3:], ("vide", "")])
     overrides, rest = split_overrides(shlex.split(README_COMMAND)[1:])
     assert rest == ["--config", "parallel_files", "--workdir", "runs/fr-ja"]
     prepared_in = [("data.data_dir", str(tmp_path / "tfds"))]  # not ~/tensorflow_datasets
@@ -417,8 +419,19 @@ def test_the_readme_command_trains_on_own_files_and_the_run_translates(tmp_path,
     assert len(read(shipped_data, "train")) == 300 and len(read(shipped_data, "validation")) == 1000
 
     # What evaluate.py --split test scores: the test file, read through the checkpoint's data section.
-    sources, references = evaluate.split_pairs(str(workdir), "test", None)
-    assert list(zip(sources, references)) == pairs(1300, 10)
+    # Its lines with an empty side are not pairs: they are not scored, and --output keeps their lines.
+    sources, references, file_lines = evaluate.split_pairs(str(workdir), "test", None)
+    assert list(zip(sources, references)) == test_pairs
+    assert file_lines == evaluate.FileLines([1, 2, 3, *range(5, 12)], 12)
+    assert evaluate.split_pairs(str(workdir), "test", 3)[2] == evaluate.FileLines([1, 2, 3], 3)
+    assert evaluate.split_pairs(str(workdir), "test", 4)[2] == evaluate.FileLines([1, 2, 3, 5], 5)
+    flags = ["--workdir", str(workdir), "--split", "test", "--method", "greedy", "--no_progress", "--output"]
+    assert evaluate.main([*flags, "hyp.ja", "--json", "scores.json"]) == 0
+    written = (tmp_path / "hyp.ja").read_text().split("\n")
+    assert len(written) == 13 and written[3] == written[11] == written[12] == ""  # 12 lines, each ended
+    scored = [line for number, line in enumerate(written[:12], start=1) if number not in (4, 12)]
+    expected = sacrebleu.corpus_bleu(scored, [[target for _, target in test_pairs]]).score
+    assert json.loads((tmp_path / "scores.json").read_text())["bleu"] == pytest.approx(expected)
     # ... and only while the files are the ones the run was trained on: edited, its holdout would move.
     write_text_files(tmp_path / "corpus" / "train.{lang}.gz", pairs(0, 1301))
     with pytest.raises(DataError, match=r"runs/fr-ja was trained on other data files \(fingerprint sha256:"):
