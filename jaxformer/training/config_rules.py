@@ -252,10 +252,12 @@ def check_combinations(config, architecture: str) -> None:
     check_rules(config.mesh.logical_axis_rules)
 
 
-def unused_settings(config) -> list[str]:
+def unused_settings(config, resuming: bool = False) -> list[str]:
     """Settings of a feature that the config switches off (or leaves without use: the options of
     training a tokenizer when none is trained), each different from default_config's: kept, so
-    that switching it back on restores them, and said, so that none is taken for one in effect."""
+    that switching it back on restores them, and said, so that none is taken for one in effect.
+    `resuming`: the workdir's run goes on with its own tokenizers, trained (or not) at its start
+    with these very options (a change is refused), so the options are not named."""
     training = config.training
     unused = []
     if training.final_alphas and not training.final_choice:
@@ -269,7 +271,7 @@ def unused_settings(config) -> list[str]:
         unused.append(
             f"training.rdrop_decision_step={training.rdrop_decision_step} (training.rdrop_min_plain_steps is 0)"
         )
-    untrained = _tokenizers_not_trained(config)
+    untrained = None if resuming else _tokenizers_not_trained(config)
     if untrained:
         from jaxformer.training.experiment import default_config  # experiment imports this module
 

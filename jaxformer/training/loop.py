@@ -28,7 +28,6 @@ from jaxformer.model.architectures import build_model
 from jaxformer.run.checkpoint import Checkpointer
 from jaxformer.training import experiment, run_start, sharding
 from jaxformer.training.budget import BUDGET_CHECK_STEPS, ScheduleEnd, TimeBudget, TrainingClock, check_budget
-from jaxformer.training.config_rules import unused_settings
 from jaxformer.training.final_choice import choose_final
 from jaxformer.training.init_from import (
     starting_overrides,
@@ -73,8 +72,6 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str | pathlib
     config = experiment.with_absolute_paths(config)
     run_start.input_shards(config.data)
     check_source(config.data)
-    for setting in unused_settings(config):
-        logging.warning("unused: %s", setting)
     workdir = pathlib.Path(workdir).absolute()
     existed = set(workdir.iterdir()) if workdir.is_dir() else None  # what a failed start must leave as it was
     try:

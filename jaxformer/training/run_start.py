@@ -29,6 +29,7 @@ from jaxformer.run.directory import RunDirectory
 from jaxformer.run.lock import WorkdirLock, WorkdirLockedError
 from jaxformer.run.metadata import CheckpointMetadata
 from jaxformer.training import experiment, resume_rules, sharding
+from jaxformer.training.config_rules import unused_settings
 from jaxformer.training.init_from import (
     PARTS,
     StartingPoint,
@@ -156,6 +157,8 @@ def prepare_run(config: ml_collections.ConfigDict, workdir: pathlib.Path) -> Pre
     if latest is not None:  # first: a changed data.input_shards would follow from this
         checkpointer.check_process_count(latest[0])
     check_same_run(workdir, saved, config)
+    for setting in unused_settings(config, resuming=latest is not None):
+        logging.warning("unused: %s", setting)
     if latest is not None and any(training.get(key) is not None for key in PARTS.values()):
         logging.info("resuming this workdir's run; training.init_*from only set where a new run starts")
     starting_points = load_starting_points(training) if latest is None else ()

@@ -151,6 +151,17 @@ def test_given_separate_vocabularies_name_the_training_options_as_unused(change,
     assert unused_settings(config) == [f"{option} (no tokenizer is trained: {reason})" for option in NAMED]
 
 
+def test_a_resumed_run_names_no_tokenizer_option():
+    """The workdir's checkpoint gives a resumed run its tokenizers, made with these options at its
+    start (a changed one is refused): whatever init_from or model_path says, none is 'unused'."""
+    config = changed(with_options(load_config("tiny")), {"training.init_from": "/runs/base"})
+    assert unused_settings(config) != [] and unused_settings(config, resuming=True) == []
+    config.training.rdrop_decision_step = 700  # other unused settings are still named
+    assert unused_settings(config, resuming=True) == [
+        "training.rdrop_decision_step=700 (training.rdrop_min_plain_steps is 0)"
+    ]
+
+
 def test_only_options_that_differ_from_the_defaults_are_named():
     config = experiment.default_config()
     config.tokenizer.model_path = "/models/joint.model"
