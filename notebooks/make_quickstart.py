@@ -54,7 +54,8 @@ The next cell installs jaxformer when it is not installed yet, from `JAXFORMER_P
 default [the repository]({REPOSITORY}). Without access to it (offline, or to try local
 changes), install from a clone instead: `pip install -e /path/to/clone` before starting the
 notebook, or set `JAXFORMER_PACKAGE` (in the cell, or as an environment variable) to the clone's
-folder or to a wheel built in it with `pip wheel --no-deps -w dist .`.
+folder or to a wheel built in it with `pip wheel --no-deps -w dist .`. It installs matplotlib
+too, for the plots, where it is missing.
 """),
     code(f"""
 import importlib
@@ -68,6 +69,17 @@ except ImportError:  # on Colab: install it (JAX comes with the runtime)
     %pip install -q "{{JAXFORMER_PACKAGE}}"
     importlib.invalidate_caches()  # see the newly installed package
     import jaxformer
+else:
+    if "JAXFORMER_PACKAGE" in os.environ:
+        print(
+            f"JAXFORMER_PACKAGE={{JAXFORMER_PACKAGE}} is not installed: jaxformer already is "
+            "(to install that instead: pip uninstall -y jaxformer, restart the runtime, run this cell again)"
+        )
+try:
+    import matplotlib  # the plots below (Colab has it; the `notebook` extra installs it elsewhere)
+except ImportError:
+    %pip install -q matplotlib
+    importlib.invalidate_caches()
 
 import jax
 

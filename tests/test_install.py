@@ -15,12 +15,15 @@ from tests.install_env import ROOT
 pytestmark = pytest.mark.xdist_group("install")
 
 SENTENCES = ["A man is riding a bicycle.", "Two dogs are playing in the snow."]
-SCRIPTS = (
+SCRIPTS = (  # the README's list ("Installing jaxformer as a package")
     "jaxformer-train",
     "jaxformer-translate",
     "jaxformer-evaluate",
     "jaxformer-average-checkpoints",
     "jaxformer-export",
+    "jaxformer-generate",
+    "jaxformer-convert",
+    "jaxformer-sweep",
 )
 
 
@@ -34,10 +37,11 @@ def test_wheel_holds_the_configs_and_the_corpus(install_build):
     shipped = {
         path.relative_to(ROOT).as_posix()
         for folder in ("jaxformer/configs", "jaxformer/data/raw/multi30k")
-        for path in (ROOT / folder).iterdir()
+        for path in (ROOT / folder).rglob("*")
         if path.is_file() and path.suffix != ".pyc"
     }
-    assert {"jaxformer/configs/tiny.py", "jaxformer/data/raw/multi30k/train.en.gz"} <= shipped
+    assert {"jaxformer/configs/tiny.py", "jaxformer/configs/sweeps/multi30k_hour.py"} <= shipped
+    assert "jaxformer/data/raw/multi30k/train.en.gz" in shipped
     with zipfile.ZipFile(install_build.wheel) as archive:
         names = set(archive.namelist())
         assert shipped <= names, sorted(shipped - names)
@@ -45,8 +49,12 @@ def test_wheel_holds_the_configs_and_the_corpus(install_build):
             assert archive.read(name) == (ROOT / name).read_bytes(), name
         assert gzip.decompress(archive.read("jaxformer/data/raw/multi30k/train.en.gz")).count(b"\n") == 29000
     assert not any(name.startswith(("tests/", "configs/", "notebooks/", "benchmarks/")) for name in names)
-    for script in SCRIPTS:
-        assert f"{script} = jaxformer.commands." in entry_points(install_build.wheel)
+    scripts = [line.split(" = ")[0] for line in entry_points(install_build.wheel).splitlines() if " = " in line]
+    assert sorted(scripts) == sorted(SCRIPTS)
+    assert all(f"{script} = jaxformer.commands." in entry_points(install_build.wheel) for script in SCRIPTS)
+    readme = (ROOT / "README.md").read_text()
+    listed = readme.split("### Installing jaxformer as a package", 1)[1].split("The configs and", 1)[0]
+    assert [name.strip("`,. \n") for name in listed.split("console scripts:", 1)[1].split()] == list(SCRIPTS)
 
 
 @pytest.mark.slow  # a fresh venv, then train -> translate -> export through the installed scripts (-m slow)

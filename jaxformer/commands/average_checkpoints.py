@@ -1,7 +1,8 @@
-"""Average the parameters of the last N checkpoints of a run into `workdir/averaged`.
+"""Average the parameters of the last N checkpoints of a run into `workdir/averaged/<step>`
+(`jaxformer-average-checkpoints`; `python average_checkpoints.py` in a clone).
 
-python average_checkpoints.py --workdir runs/m30k --last 5
-python evaluate.py --workdir runs/m30k --checkpoint averaged --split test_2016_flickr
+    jaxformer-average-checkpoints --workdir runs/m30k --last 5
+    jaxformer-evaluate --workdir runs/m30k --checkpoint averaged --split test_2016_flickr
 """
 
 from __future__ import annotations

@@ -1,9 +1,9 @@
 """Translate a test set and score it: cased detokenized sacreBLEU with its signature, chrF,
-and lowercased tokenized BLEU.
+and lowercased tokenized BLEU (`jaxformer-evaluate`; `python evaluate.py` in a clone).
 
-    python evaluate.py --workdir runs/m30k --split test_2016_flickr
-    python evaluate.py --workdir runs/mine --split test        (data.name="parallel_files" with data.files.test)
-    python evaluate.py --workdir runs/m30k --source test.en --reference test.de --output hyp.de
+    jaxformer-evaluate --workdir runs/m30k --split test_2016_flickr
+    jaxformer-evaluate --workdir runs/mine --split test      (data.name="parallel_files" with data.files.test)
+    jaxformer-evaluate --workdir runs/m30k --source test.en --reference test.de --output hyp.de
 """
 
 from __future__ import annotations

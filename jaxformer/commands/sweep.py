@@ -1,7 +1,7 @@
 """Train one config once per variant and compare the variants on validation BLEU (`jaxformer-sweep`).
 
     jaxformer-sweep --config multi30k --sweep multi30k_hour --workdir runs/sweep
-    jaxformer-sweep --config tiny --sweep my_sweep.py --workdir runs/tiny_sweep --config.training.num_train_steps=100
+    jaxformer-sweep --config multi30k --sweep my_sweep.py --workdir runs/mine --config.training.time_budget_minutes=10
 
 --sweep takes the name of a sweep shipped with jaxformer (jaxformer/configs/sweeps/) or the path
 of a Python file whose get_sweep() returns {variant name: ["SECTION.KEY=VALUE", ...]}. Each

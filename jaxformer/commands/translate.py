@@ -1,7 +1,8 @@
-"""Translate text, one sentence per line: stdin to stdout, or file to file.
+"""Translate text, one sentence per line: stdin to stdout, or file to file (`jaxformer-translate`;
+`python translate.py` in a clone).
 
-python translate.py --workdir runs/m30k < input.en > output.de
-python translate.py --workdir runs/m30k --input input.en --output output.de --checkpoint best
+    jaxformer-translate --workdir runs/m30k < input.en > output.de
+    jaxformer-translate --workdir runs/m30k --input input.en --output output.de --checkpoint best
 """
 
 from __future__ import annotations
