@@ -195,6 +195,11 @@ def main(argv=None) -> list[dict]:
     else:
         config, batch_sizes = small_config(), args.batch_sizes
         iters = args.iters or 5
+    if args.library and args.length <= args.source_length:  # make_generate_fn writes up to S + max_extra_length > S
+        arguments.error(
+            f"argument --length: with --library, must exceed --source-length ({args.source_length}) for outputs "
+            f"of at most --length tokens, got {args.length}"
+        )
     config, params = decoding_variant(config, random_params(config))
     model = Transformer(config)
     rows = []

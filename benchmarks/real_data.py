@@ -105,6 +105,12 @@ def packed_batches(
         batch = next(iterator)
         batches.append(batch)
         pairs += int(batch["targets_segment_ids"].max(axis=1).sum())
+    if len(batches) < 2:  # the epoch fills less than a batch: the packed rows would repeat its pairs
+        raise FlagError(
+            f"argument --pairs: {wanted} pairs of the slice have both sides within {max_length} tokens, fewer "
+            f"than one packed batch of {batch_size} rows holds ({pairs}); raise --pairs or --max-length, "
+            "or lower --batch-size"
+        )
     return batches, time.perf_counter() - start
 
 

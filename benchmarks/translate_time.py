@@ -32,7 +32,15 @@ import sys
 import tempfile
 import time
 
-from jaxformer.commands.common import FlagError, Parser, at_least, check_readable_file, check_writable_file, path_text
+from jaxformer.commands.common import (
+    FlagError,
+    Parser,
+    at_least,
+    check_readable_file,
+    check_writable_file,
+    checkpoint_choice,
+    path_text,
+)
 
 ROOT = pathlib.Path(__file__).resolve().parents[1]
 DEFAULT_INPUT = ROOT / "jaxformer" / "data" / "raw" / "multi30k" / "test_2016_flickr.en.gz"
@@ -93,7 +101,8 @@ def run_once(stop: str, cache: str, cache_dir: pathlib.Path, args, input_path: p
     env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(ROOT), env.get("PYTHONPATH")]))
     env["JAX_COMPILATION_CACHE_DIR"] = str(cache_dir)
     output, report = scratch / "out.txt", scratch / "report.json"
-    command = [sys.executable, "-c", CHILD, str(report), "--workdir", args.workdir, "--checkpoint", args.checkpoint]
+    command = [sys.executable, "-c", CHILD, str(report), "--workdir", args.workdir]
+    command += ["--checkpoint", str(args.checkpoint)]
     command += ["--beam_size", str(args.beam_size), "--stop", stop, "--no_progress"]
     command += ["--input", str(input_path), "--output", str(output), "--overwrite"]
     used = resource.getrusage(resource.RUSAGE_CHILDREN)
@@ -102,7 +111,12 @@ def run_once(stop: str, cache: str, cache_dir: pathlib.Path, args, input_path: p
     wall = time.perf_counter() - start
     after = resource.getrusage(resource.RUSAGE_CHILDREN)
     if result.returncode != 0:
-        sys.exit(f"error: translate ({stop}, cache {cache}) failed:\n{result.stderr[-3000:]}")
+        lines = result.stderr.strip().splitlines() or [""]
+        if lines[-1].startswith("error: "):  # the command's own one-line error
+            print(f"error: translate ({stop}, cache {cache}): {lines[-1][len('error: ') :]}", file=sys.stderr)
+            sys.exit(result.returncode)
+        failed = f"translate ({stop}, cache {cache}) failed (exit {result.returncode})"
+        sys.exit(f"error: {failed}:\n{result.stderr[-3000:]}")
     child = json.loads(report.read_text())
     return {
         "wall_s": wall,
@@ -121,7 +135,12 @@ def main(argv: list[str] | None = None) -> list[dict]:
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     parser.add_argument("--workdir", required=True, type=path_text, help="a translation run's directory")
-    parser.add_argument("--checkpoint", default="latest", help="latest (default), best, averaged, final or a step")
+    parser.add_argument(
+        "--checkpoint",
+        default="latest",
+        type=checkpoint_choice,
+        help="latest (default), best, averaged, final or a step",
+    )
     parser.add_argument(
         "--input", default=str(DEFAULT_INPUT), type=path_text, help="sentences, one a line (.gz or plain)"
     )
@@ -146,6 +165,13 @@ def main(argv: list[str] | None = None) -> list[dict]:
 
     from benchmarks.common import cpu_count, report  # imports jax: after --help and the flags' checks
     from jaxformer.data.parallel_text import read_lines
+    from jaxformer.errors import UserError
+    from jaxformer.run.loading import load_checkpoint
+
+    try:  # the checkpoint's metadata, before any process is timed
+        load_checkpoint(args.workdir, args.checkpoint, params=False)
+    except UserError as error:
+        parser.error(str(error))
 
     sentences = read_lines(args.input)
     runs: dict[tuple[str, str], list[dict]] = {variant: [] for variant in VARIANTS}

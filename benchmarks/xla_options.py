@@ -27,6 +27,7 @@ import argparse
 import os
 
 import jax
+import numpy as np
 
 from benchmarks.common import median, parse_args, parser, report, time_interleaved
 from jaxformer.commands.common import FlagError, at_least, path_text
@@ -98,6 +99,18 @@ def use_devices(count: int) -> list:
     return devices[:count]
 
 
+def check_options(options: dict[str, dict]) -> None:
+    """Each row's compiler options, compiled once on a scalar function: an option XLA does not
+    know (or a value of the wrong kind) is a FlagError naming the row, in a second, before the
+    train steps take minutes to compile."""
+    for name, values in options.items():
+        try:
+            jax.jit(lambda x: x + 1).lower(np.float32(0)).compile(values)
+        except Exception as error:  # XlaRuntimeError / JaxRuntimeError: "INVALID_ARGUMENT: No such compile option"
+            reason = str(error).splitlines()[0] if str(error) else type(error).__name__
+            raise FlagError(f"argument --option: row {name!r}: {reason}") from None
+
+
 def experiment_steps(config, variants: dict[str, tuple[int, dict]], devices: list) -> dict[str, ConfigTrainStep]:
     """{row: the config's train step as the training loop builds it (jaxformer/training/pace.py),
     on `devices[:k]`, compiled with those compiler options} for `variants` {row: (k, options)}."""
@@ -150,6 +163,10 @@ def main(argv=None) -> list[dict]:
         arguments.error(str(error))
     if args.devices is None and devices[0].platform != "cpu":
         devices = devices[:1]  # no virtual devices beside an accelerator: pass --devices for real ones
+    try:
+        check_options(options)
+    except FlagError as error:
+        arguments.error(str(error))
     variants = {"default": (1, {}), **{name: (1, values) for name, values in options.items()}}
     if len(devices) > 1:
         variants[f"data_parallel_{len(devices)}"] = (len(devices), {})

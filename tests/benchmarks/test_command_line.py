@@ -57,6 +57,11 @@ BAD_VALUES = [
     ("decoding", ["--smoke", "--searches", "foo"], ["--searches", "'foo'", "greedy, beam"]),
     ("decoding", ["--smoke", "--searches", "greedy,greedy"], ["--searches", "'greedy' is given twice"]),
     ("decoding", ["--batch-sizes", "x"], ["--batch-sizes", "'x'"]),
+    (
+        "decoding",
+        ["--library", "--length", "8", "--source-length", "8"],
+        ["--length", "with --library, must exceed --source-length (8)", "got 8"],
+    ),
     ("decoding", ["--batch-sizes", "0"], ["--batch-sizes", ">= 1", "got 0"]),
     ("decoding", ["--batch-sizes", "1,,2"], ["--batch-sizes", "'1,,2'"]),
     ("decoding", ["--length", "0"], ["--length", "got 0"]),
@@ -76,10 +81,20 @@ BAD_VALUES = [
     ("xla_options", ["--option", "default=a:1"], ["--option", "`default` is the row without options"]),
     ("xla_options", ["--option", "a=b:1", "--option", "a=c:2"], ["--option", "'a' is given twice"]),
     ("xla_options", ["--devices", "0"], ["--devices", "got 0"]),
+    (  # an option XLA does not know: found on a scalar function, before the train steps compile
+        "xla_options",
+        ["--smoke", "--devices", "1", "--option", "bad=xla_no_such_option:true"],
+        ["--option", "row 'bad'", "No such compile option: 'xla_no_such_option'"],
+    ),
     ("input_pipeline", ["--steps", "0"], ["--steps", "got 0"]),
     ("real_data", ["--pairs", "0"], ["--pairs", "got 0"]),
     ("real_data", ["--pairs", "1000000"], ["--pairs", "1000000", "training pairs"]),
     ("real_data", ["--repeats", "2", "--iters", "2"], ["--repeats", "--iters"]),
+    (  # 1 of 64 pairs within 16 tokens: a packed batch of 4 rows would repeat it
+        "real_data",
+        ["--pairs", "64", "--batch-size", "4", "--max-length", "16", "--vocab-size", "300"],
+        ["--pairs", "1 pairs of the slice have both sides within 16 tokens", "one packed batch of 4 rows"],
+    ),
     ("train_step", ["--iters", "0"], ["--iters", "got 0"]),
     ("train_step", ["--iters", "-3"], ["--iters", "got -3"]),
     ("train_step", ["--budget-s", "-1"], ["--budget-s", "-1"]),
@@ -206,6 +221,13 @@ def test_translate_time_checks_its_files_and_counts_first(tmp_path, capsys):
     existing = tmp_path / "rows.jsonl"
     existing.write_text("kept\n")
     assert "already exists" in refused("translate_time", ["--workdir", workdir, "--json", str(existing)], capsys)
+    line = refused("translate_time", ["--workdir", workdir, "--checkpoint", "nosuch"], capsys)
+    assert "argument --checkpoint: must be latest, best, averaged, final or a step number, got 'nosuch'" in line
+    (tmp_path / "checkpoints").mkdir()  # a workdir without that checkpoint: found before any process runs
+    assert "holds no checkpoint" in refused("translate_time", ["--workdir", workdir, "--checkpoint", "9"], capsys)
+    assert f"{tmp_path / 'best'} does not exist" in refused(
+        "translate_time", ["--workdir", workdir, "--checkpoint", "best"], capsys
+    )
 
 
 @pytest.mark.parametrize("name", [*BENCHMARKS, "translate_time"])
