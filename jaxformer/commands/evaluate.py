@@ -62,33 +62,28 @@ def split_pairs(workdir: str, split: str, max_examples: int | None) -> tuple[lis
     _check_same_data(workdir, metadata.data_fingerprint, builder)  # fingerprinted once fetched
     count = len(records) if max_examples is None else min(max_examples, len(records))
     rows = list(read_records(records, range(count)))
-    file_lines = _file_lines(builder, split, languages, len(records), count)
+    file_lines = _file_lines(builder, split, len(records), count)
     return [record_text(r, languages[0]) for r in rows], [record_text(r, languages[1]) for r in rows], file_lines
 
 
-def _file_lines(builder, split: str, languages: tuple[str, str], prepared: int, count: int) -> FileLines | None:
-    """The lines of a parallel_files split given as a file that hold its first `count` pairs,
-    when the file has lines that are not pairs (an empty side); None otherwise."""
-    from jaxformer.data.parallel_files import ParallelFiles, read_pairs
-    from jaxformer.data.parallel_text import SkipCounter, read_lines
-
-    if not isinstance(builder, ParallelFiles) or split not in builder.given_files:
-        return None  # Multi30k's files have no empty side; a held-out validation split has no file of its own
-    files, skipped = builder.given_files[split], SkipCounter()
-    numbers = [number for number, _, _ in read_pairs(files, *languages, skipped)]
-    if not skipped.empty:
+def _file_lines(builder, split: str, prepared: int, count: int) -> FileLines | None:
+    """The lines of the split's file(s) that hold its first `count` pairs, when the file has
+    lines that are not pairs (an empty side, left out as the split was prepared); None otherwise."""
+    located = builder.file_lines(split) if hasattr(builder, "file_lines") else None  # tfds' own builders: no
+    if located is None or len(located[0]) == located[1]:
         return None
+    numbers, total = located
     if len(numbers) != prepared:  # the fingerprint says the files are the run's: their pairs are the split's
-        raise DataError(f"{files.spec}: {len(numbers)} pairs with text on both sides, the prepared split {prepared}")
-    total = len(read_lines(files.tsv or files.by_language[languages[0]]))
+        raise DataError(f"{split}: its files hold {len(numbers)} pairs with text on both sides, the split {prepared}")
     if count < prepared:
         total = numbers[count - 1]
-    logging.warning(
-        "%s: %d of the lines up to line %d are not scored (an empty side): --output writes them as empty lines",
-        files.spec,
-        total - count,
-        total,
-    )
+    if total > count:
+        logging.warning(
+            "%s: %d of its first %d lines are not scored (an empty side): --output writes them as empty lines",
+            split,
+            total - count,
+            total,
+        )
     return FileLines(numbers[:count], total)
 
 

@@ -24,7 +24,7 @@ import tensorflow_datasets as tfds
 
 from jaxformer.data import fingerprint as fp
 from jaxformer.data.fingerprinted_builder import FingerprintedBuilder
-from jaxformer.data.parallel_text import DataError, read_parallel_lines
+from jaxformer.data.parallel_text import DataError, read_lines, read_parallel_lines
 
 VENDORED_DIR = pathlib.Path(__file__).parent / "raw" / "multi30k"
 DOWNLOAD_URL = "https://github.com/multi30k/dataset/raw/master/data/task1/raw/{prefix}.{language}.gz"
@@ -85,6 +85,16 @@ class Multi30k(FingerprintedBuilder):
         if missing:
             raise DataError(f"Multi30k files not found: {', '.join(missing)} (pass raw_dir= or download=True)")
         return paths
+
+    def file_lines(self, split: str) -> tuple[list[int], int] | None:
+        """(the 1-based line of each pair of `split` in its files, the files' line count): where a
+        split's outputs go to line up with the files; None for downloaded files (the official ones
+        have no empty side)."""
+        if self._download:
+            return None
+        paths = self._local_paths()
+        english, german = (paths[f"{SPLIT_FILES[split]}.{language}.gz"] for language in LANGUAGES)
+        return [number for number, _, _ in read_parallel_lines(english, german)], len(read_lines(english))
 
     def _current_source_files(self) -> dict[str, dict] | None:
         return None if self._download else fp.hash_files(self._local_paths())

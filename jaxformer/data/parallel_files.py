@@ -29,7 +29,7 @@ import tensorflow_datasets as tfds
 
 from jaxformer.data import fingerprint as fp
 from jaxformer.data.fingerprinted_builder import FingerprintedBuilder
-from jaxformer.data.parallel_text import DataError, SkipCounter, read_parallel_lines, read_tsv_pairs
+from jaxformer.data.parallel_text import DataError, SkipCounter, read_lines, read_parallel_lines, read_tsv_pairs
 
 SPLITS = ("train", "validation", "test")
 LANGUAGE_FIELD = "{lang}"
@@ -167,6 +167,15 @@ class ParallelFiles(FingerprintedBuilder):
     def given_files(self) -> dict[str, SplitFiles]:
         """split -> its files, for the splits given as files (validation may be held out instead)."""
         return dict(self._files)
+
+    def file_lines(self, split: str) -> tuple[list[int], int] | None:
+        """(the 1-based line of each pair of `split` in its file(s), their line count): where a
+        split's outputs go to line up with the file; None for a split held out of another."""
+        if split not in self._files:
+            return None
+        files = self._files[split]
+        numbers = [number for number, _, _ in read_pairs(files, *self._languages, SkipCounter())]
+        return numbers, len(read_lines(files.tsv or files.by_language[self._languages[0]]))
 
     def _named_paths(self) -> dict[str, pathlib.Path]:
         return {name: path for files in self._files.values() for name, path in files.named_paths().items()}

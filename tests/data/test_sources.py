@@ -53,6 +53,29 @@ def test_multi30k_builder_keeps_order_and_splits(tmp_path, capfd):
         load_split(builder, "train", ("en", "fr"))
 
 
+def test_multi30k_test_outputs_line_up_with_files_that_have_an_empty_side(tmp_path, caplog):
+    """A raw_dir whose test file has a line with an empty side: the prepared split leaves it out,
+    and evaluate's --output puts each translation on its pair's line, that one empty."""
+    from jaxformer.commands import evaluate
+
+    def blank_second(lines):
+        return [lines[0], "", *lines[2:]]
+
+    raw = write_raw_corpus(tmp_path / "raw", pairs_per_split=4, broken=(("test_2016_flickr", "de"), blank_second))
+    builder = get_builder(section("multi30k", data_dir=str(tmp_path / "tfds"), raw_dir=str(raw)))
+    assert len(load_split(builder, "test_2016_flickr", ("en", "de"))) == 3
+    assert builder.file_lines("test_2016_flickr") == ([1, 3, 4], 4)
+    assert builder.file_lines("validation") == ([1, 2, 3, 4], 4)
+    with caplog.at_level(logging.WARNING):
+        assert evaluate._file_lines(builder, "test_2016_flickr", 3, 3) == evaluate.FileLines([1, 3, 4], 4)
+    assert "test_2016_flickr: 1 of its first 4 lines are not scored" in caplog.text
+    caplog.clear()
+    with caplog.at_level(logging.WARNING):  # the first pair only: no line of it left out, nothing said
+        assert evaluate._file_lines(builder, "test_2016_flickr", 3, 1) == evaluate.FileLines([1], 1)
+    assert "not scored" not in caplog.text
+    assert evaluate._file_lines(builder, "validation", 4, 4) is None  # every line a pair
+
+
 def test_multi30k_builder_reports_bad_files(tmp_path):
     raw = write_raw_corpus(tmp_path / "raw", broken=(("val", "de"), lambda lines: lines[:-1]))
     builder = get_builder(section("multi30k", data_dir=str(tmp_path / "tfds"), raw_dir=str(raw)))
