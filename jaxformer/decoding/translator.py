@@ -215,7 +215,12 @@ class Translator:
 
         with (
             tqdm.tqdm(
-                total=len(sources), desc="translate", unit="sent", disable=not progress, dynamic_ncols=True
+                # disable=None: on a terminal only; a redirected stderr gets the log lines, not the bar's redraws
+                total=len(sources),
+                desc="translate",
+                unit="sent",
+                disable=None if progress else True,
+                dynamic_ncols=True,
             ) as bar,
             concurrent.futures.ThreadPoolExecutor(self.parallel_batches) as pool,
         ):

@@ -187,7 +187,7 @@ def _train(config, prepared: PreparedRun, model: nn.Module) -> dict[str, Any]:
         initial=step,
         desc="train",
         unit="step",
-        disable=jax.process_index() != 0,
+        disable=True if jax.process_index() != 0 else None,  # None: on a terminal only, not in a redirected log
         dynamic_ncols=True,
     )
     train_metrics = TrainMetrics(writer, checkpointer, progress)

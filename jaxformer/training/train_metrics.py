@@ -4,6 +4,7 @@ the progress bar)."""
 
 from __future__ import annotations
 
+import logging
 import math
 import time
 from typing import Any
@@ -56,6 +57,14 @@ class TrainMetrics:
             lr=f"{summary['learning_rate']:.2e}",
             tok_s=f"{summary['tokens_per_second']:,.0f}",
         )
+        if self.progress.disable and jax.process_index() == 0:  # no bar (a redirected log): the bar's figures as a line
+            logging.info(
+                "step %d: training loss %.4f, learning rate %.2e, %s tokens/s",
+                host[-1][0],
+                summary["loss"],
+                summary["learning_rate"],
+                f"{summary['tokens_per_second']:,.0f}",
+            )
 
     def _check_finite(self, step_metrics: list[tuple[int, dict]]) -> None:
         for step, metrics in step_metrics:

@@ -30,6 +30,8 @@ def train(workdir, data_dir, *overrides):
     result = subprocess.run(command, env=environment(), capture_output=True, text=True, timeout=600)
     seconds = time.perf_counter() - start
     assert result.returncode == 0, result.stderr[-4000:]
+    # stderr is a pipe here, as in a redirected log: no progress bar redraws, its figures as log lines
+    assert "\r" not in result.stderr and re.search(r" I step \d+: training loss \d+\.\d{4}, ", result.stderr)
     lines = result.stderr.splitlines()
     first = next(index for index, line in enumerate(lines) if " I run finished: " in line)
     return [lines[first].split(" I ", 1)[1]] + [line.strip() for line in lines[first + 1 :]], seconds
