@@ -3,17 +3,54 @@ beforehand whether a folder can be written at all."""
 
 from __future__ import annotations
 
+import contextlib
 import os
 import pathlib
+import secrets
+import stat
 import tempfile
 
 
 def write_text_atomically(path: str | pathlib.Path, text: str) -> None:
-    """Writes through a temporary file and a rename, so a failure never leaves half a file."""
+    """Writes `text` (UTF-8) to `path` through a temporary file and a rename, so a failure never
+    leaves half a file. A symbolic link stays a link: the file it points to gets the text, as a
+    shell's `>` would do. A FIFO, a terminal or another device cannot be swapped for a new file, so
+    it is written into directly."""
     path = pathlib.Path(path)
-    temporary = path.with_name(path.name + ".tmp")
-    temporary.write_text(text, encoding="utf-8")
-    temporary.replace(path)
+    try:
+        existing_mode = path.stat().st_mode
+    except FileNotFoundError:
+        existing_mode = None
+    if existing_mode is not None and not stat.S_ISREG(existing_mode):
+        # Opened through `path` itself: /dev/stdout's link /proc/self/fd/1 names a pipe as
+        # "pipe:[1234]", which no resolved path reaches.
+        with open(path, "w", encoding="utf-8") as stream:
+            stream.write(text)
+        return
+    destination = pathlib.Path(os.path.realpath(path)) if path.is_symlink() else path
+    descriptor, temporary = _create_unique_file(destination)
+    try:
+        with open(descriptor, "w", encoding="utf-8") as stream:
+            stream.write(text)
+        if existing_mode is not None:  # a replaced file keeps who may read and run it
+            os.chmod(temporary, stat.S_IMODE(existing_mode))
+        os.replace(temporary, destination)
+    except BaseException:  # Ctrl-C included: never leave the temporary behind
+        with contextlib.suppress(OSError):
+            os.unlink(temporary)
+        raise
+
+
+def _create_unique_file(destination: pathlib.Path) -> tuple[int, str]:
+    """A new, empty, hidden file beside `destination` (the same file system, so the rename is
+    atomic), open for writing. Unlike tempfile.mkstemp's 0600, its permissions are what the umask
+    gives any new file, as writing `destination` directly would have."""
+    while True:
+        temporary = os.path.join(destination.parent, f".{destination.name}.{secrets.token_hex(4)}.tmp")
+        try:
+            return os.open(temporary, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o666), temporary
+        except FileExistsError:  # another writer's temporary, or a user's file: never touched
+            continue
 
 
 def unwritable_folder_reason(path: str | pathlib.Path) -> str | None:

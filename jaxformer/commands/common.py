@@ -33,8 +33,31 @@ class FlagError(UserError):
     """A command-line flag has a value the command cannot use."""
 
 
+class _StoreOnce(argparse._StoreAction):
+    """argparse's plain `store`, refusing a second value: argparse would keep the last one and
+    drop the first without a word, so `--config tiny ... --config multi30k` would train multi30k."""
+
+    def __call__(self, parser, namespace, values, option_string=None):
+        given = parser.__dict__.setdefault("_values_given", {})
+        if option_string is not None:  # a positional argument cannot be given twice
+            if self in given:
+                raise argparse.ArgumentError(self, f"given twice ({given[self]!r}, then {values!r})")
+            given[self] = values
+        super().__call__(parser, namespace, values, option_string)
+
+
 class Parser(argparse.ArgumentParser):
-    """argparse with one-line errors: `error: argument --batch_size: ...; see --help`."""
+    """argparse with one-line errors: `error: argument --batch_size: ...; see --help`, and a flag
+    that holds one value refused when given twice."""
+
+    def __init__(self, *args, **kwargs):
+        super().__init__(*args, **kwargs)
+        self.register("action", None, _StoreOnce)
+        self.register("action", "store", _StoreOnce)
+
+    def parse_known_args(self, args=None, namespace=None):
+        self._values_given = {}  # each parse starts afresh: a parser may parse several command lines
+        return super().parse_known_args(args, namespace)
 
     def error(self, message: str):
         sys.stderr.write(f"error: {message}; see {self.prog} --help\n")
@@ -110,7 +133,11 @@ def check_readable_file(path: str | None, flag: str) -> None:
         return
     if os.path.isdir(path):
         raise FlagError(f"{flag} {path}: is a directory, not a file")
-    if not os.path.isfile(path):
+    if os.path.islink(path) and not os.path.exists(path):
+        raise FlagError(f"{flag} {path}: a symbolic link to {os.readlink(path)}, which does not exist")
+    # Anything else that exists can be read once, as read_lines does: a pipe, a process
+    # substitution's /dev/fd/63 and /dev/stdin are not regular files.
+    if not os.path.exists(path):
         raise FlagError(f"{flag} {path}: no such file")
     if not os.access(path, os.R_OK):
         raise FlagError(f"{flag} {path}: not readable")
@@ -119,10 +146,13 @@ def check_readable_file(path: str | None, flag: str) -> None:
 def check_writable_file(
     path: str | None, flag: str, overwrite: bool = False, inputs: dict[str, str | None] | None = None
 ) -> None:
-    """Fails now, not after the decoding, if `path` cannot be written: it is a directory, its
-    folder is missing, or a file cannot be created there (permissions, read-only disk); or if it
-    already exists, unless `overwrite`; or if it is one of the command's `inputs` ({flag: path}),
-    whatever `overwrite` says, since writing it would destroy what is being read."""
+    """Fails now, not after the decoding, if `path` cannot be written: it is a directory or a
+    socket, its folder is missing, or a file cannot be created there (permissions, read-only disk);
+    or if it already exists, unless `overwrite`; or if it is the same regular file as one of the
+    command's `inputs` ({flag: path}), whatever `overwrite` says, since writing it would destroy
+    what is being read. A symbolic link is checked as the file it points to, which is what
+    write_text_atomically replaces; an existing FIFO or device (/dev/stdout) is written into, so
+    only its own permission matters."""
     if path is None:
         return
     target = pathlib.Path(path)
@@ -131,20 +161,25 @@ def check_writable_file(
     for input_flag, input_path in (inputs or {}).items():
         if (
             input_path is not None
-            and target.exists()
+            and target.is_file()
             and os.path.exists(input_path)
             and os.path.samefile(target, input_path)
         ):
             raise FlagError(f"{flag} {path}: is the {input_flag} file; writing it would destroy what is read")
     if target.exists() and not overwrite:
         raise FlagError(f"{flag} {path}: already exists; pass --overwrite to replace it")
-    folder = target.parent
-    if not folder.is_dir():
-        raise FlagError(f"{flag} {path}: the folder {folder} does not exist")
+    if target.is_socket():
+        raise FlagError(f"{flag} {path}: is a socket, which cannot be written as a file")
     if target.exists() and not os.access(target, os.W_OK):
         raise FlagError(f"{flag} {path}: not writable")
+    if target.exists() and not target.is_file():
+        return
+    destination = pathlib.Path(os.path.realpath(target)) if target.is_symlink() else target
+    folder = destination.parent
+    if not folder.is_dir():
+        raise FlagError(f"{flag} {path}: the folder {folder} does not exist")
     try:  # the real test: permission bits do not tell about read-only mounts, or bind root
-        with tempfile.NamedTemporaryFile(dir=folder, prefix=f".{target.name}.", suffix=".probe"):
+        with tempfile.NamedTemporaryFile(dir=folder, prefix=f".{destination.name}.", suffix=".probe"):
             pass
     except OSError as error:
         raise FlagError(f"{flag} {path}: cannot write in {folder} ({error.strerror})") from None

@@ -127,7 +127,8 @@ def test_evaluate_scores_files_like_sacrebleu(decoding_workdir, tmp_path, capsys
     assert "nrefs:1|case:mixed|eff:no|tok:13a|smooth:exp" in printed and "chrF" in printed
 
 
-def test_evaluate_a_split_of_the_runs_dataset(decoding_workdir, tmp_path, capsys):
+def test_evaluate_a_split_of_the_runs_dataset(decoding_workdir, tmp_path, capsys, monkeypatch):
+    monkeypatch.setattr(sys.stderr, "isatty", lambda: True)  # the progress bar is drawn on a terminal only
     evaluate.main(
         [
             "--workdir",
@@ -147,6 +148,9 @@ def test_evaluate_a_split_of_the_runs_dataset(decoding_workdir, tmp_path, capsys
     assert "translate: 100%" in capsys.readouterr().err  # the progress bar, unless --no_progress:
     arguments = ["--workdir", str(decoding_workdir), "--split", "test_2016_flickr", "--max_examples", "3", *FAST]
     assert evaluate.main([*arguments, "--no_progress"]) == 0
+    assert "translate:" not in capsys.readouterr().err
+    monkeypatch.setattr(sys.stderr, "isatty", lambda: False)  # ... or where stderr is a file or a pipe
+    assert evaluate.main(arguments) == 0
     assert "translate:" not in capsys.readouterr().err
     capsys.readouterr()
     assert evaluate.main(["--workdir", str(decoding_workdir), "--split", "test_2099", *FAST]) == 2
