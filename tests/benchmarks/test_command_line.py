@@ -15,7 +15,7 @@ from benchmarks import common
 
 README = pathlib.Path(common.__file__).with_name("README.md").read_text(encoding="utf-8")
 WITH_TORCH = ("train_step", "real_data", "decoding", "step_profile")
-WITHOUT_TORCH = ("scaling", "input_pipeline", "step_options", "xla_options")
+WITHOUT_TORCH = ("scaling", "memory_options", "input_pipeline", "step_options", "xla_options")
 BENCHMARKS = WITH_TORCH + WITHOUT_TORCH
 RUN, TIME_INTERLEAVED = subprocess.run, common.time_interleaved  # the no_work fixture forbids them
 # Imported before the no_work fixture patches anything, so that no module binds its stand-ins.
@@ -76,6 +76,9 @@ BAD_VALUES = [
     ("step_options", ["--configs", "foo"], ["--configs", "'foo'"]),
     ("step_profile", ["--configs", "foo"], ["--configs", "'foo'"]),
     ("step_profile", ["--profile-steps", "0"], ["--profile-steps", "got 0"]),
+    ("memory_options", ["--options", "plain,nosuch"], ["--options", "'nosuch' is not one of plain, remat_full"]),
+    ("memory_options", ["--smoke", "--layers", "2"], ["--layers", "not allowed with argument --smoke"]),
+    ("memory_options", ["--batch", "0"], ["--batch", "got 0"]),
     ("xla_options", ["--config", "nosuch"], ["--config", "nosuch"]),
     ("xla_options", ["--option", "bad"], ["--option", "'bad'", "NAME=KEY:VALUE"]),
     ("xla_options", ["--option", "default=a:1"], ["--option", "`default` is the row without options"]),

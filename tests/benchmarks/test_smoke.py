@@ -24,6 +24,7 @@ POSITIVE = {
     "real_data": ("steps", "pairs", "target_tokens", "step_ms", "tokens_per_s", "pairs_per_s"),
     "decoding": ("batch", "out_len", "sentences_per_s", "tokens_per_s", "call_ms"),
     "step_profile": ("step_ms", "jax_ops_over_wall"),
+    "memory_options": ("layers", "batch", "length", "compile_s", "step_ms", "temp_MB", "total_MB", "temp_x"),
     "scaling": (
         "length",
         "batch",
@@ -61,7 +62,7 @@ def smoke_output(name, tmp_path, capsys, *extra):
 
 
 # These take the longest; they run with -m slow.
-SLOW_SMOKE = ("decoding", "real_data", "scaling")
+SLOW_SMOKE = ("decoding", "real_data", "scaling", "memory_options")  # memory_options: 11 compilations, 90 s
 
 
 # step_options, xla_options and step_profile run their smokes in tests of their own, which check
@@ -208,3 +209,13 @@ def test_prng_impl_draws_the_models_dropout_from_another_generator(impl):
     assert jax.random.PRNGKey(0).shape == (2,)
     assert not np.array_equal(mask, threefry_mask)
     assert 0.7 < float(np.mean(mask)) < 0.9
+
+
+def test_memory_options_put_plain_first_and_scanned_remat_keeps_less(tmp_path, capsys):
+    """`plain` is the reference whatever the order asked; the scanned stack recomputed in the
+    backward pass holds fewer temporaries than the scanned stack that keeps its activations."""
+    rows = run_smoke("memory_options", tmp_path, capsys, "--options", "scan_remat_full,scan")
+    assert [row["option"] for row in rows] == ["plain", "scan_remat_full", "scan"]
+    assert rows[0]["temp_x"] == 1.0
+    by_option = {row["option"]: row for row in rows}
+    assert by_option["scan_remat_full"]["temp_MB"] < by_option["scan"]["temp_MB"]
