@@ -12,10 +12,15 @@ import tempfile
 
 
 def write_text_atomically(path: str | pathlib.Path, text: str) -> None:
-    """Writes `text` (UTF-8) to `path` through a temporary file and a rename, so a failure never
-    leaves half a file. A symbolic link stays a link: the file it points to gets the text, as a
-    shell's `>` would do. A FIFO, a terminal or another device cannot be swapped for a new file, so
-    it is written into directly."""
+    """Writes `text` (UTF-8) to `path` as `write_bytes_atomically` does."""
+    write_bytes_atomically(path, text.encode("utf-8"))
+
+
+def write_bytes_atomically(path: str | pathlib.Path, data: bytes) -> None:
+    """Writes `data` to `path` through a temporary file, flushed to disk, and a rename, so a
+    failure never leaves half a file. A symbolic link stays a link: the file it points to gets the
+    data, as a shell's `>` would do. A FIFO, a terminal or another device cannot be swapped for a
+    new file, so it is written into directly."""
     path = pathlib.Path(path)
     try:
         existing_mode = path.stat().st_mode
@@ -24,14 +29,16 @@ def write_text_atomically(path: str | pathlib.Path, text: str) -> None:
     if existing_mode is not None and not stat.S_ISREG(existing_mode):
         # Opened through `path` itself: /dev/stdout's link /proc/self/fd/1 names a pipe as
         # "pipe:[1234]", which no resolved path reaches.
-        with open(path, "w", encoding="utf-8") as stream:
-            stream.write(text)
+        with open(path, "wb") as stream:
+            stream.write(data)
         return
     destination = pathlib.Path(os.path.realpath(path)) if path.is_symlink() else path
     descriptor, temporary = _create_unique_file(destination)
     try:
-        with open(descriptor, "w", encoding="utf-8") as stream:
-            stream.write(text)
+        with open(descriptor, "wb") as stream:
+            stream.write(data)
+            stream.flush()
+            os.fsync(stream.fileno())  # on disk before the rename makes it the file
         if existing_mode is not None:  # a replaced file keeps who may read and run it
             os.chmod(temporary, stat.S_IMODE(existing_mode))
         os.replace(temporary, destination)

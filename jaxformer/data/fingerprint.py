@@ -21,6 +21,8 @@ import os
 import pathlib
 from collections.abc import Mapping
 
+from jaxformer.files import write_text_atomically
+
 RECORD_NAME = "jaxformer_sources.json"
 RECORD_FORMAT = 1
 _CHUNK = 1 << 20
@@ -88,13 +90,7 @@ def write_record(directory: str | os.PathLike, record: Mapping) -> pathlib.Path:
     directory = pathlib.Path(directory)
     payload = {"format": RECORD_FORMAT, **record, "prepared_files": directory_sizes(directory)}
     path = directory / RECORD_NAME
-    temporary = path.with_name(path.name + ".tmp")
-    with open(temporary, "w", encoding="utf-8") as handle:
-        json.dump(payload, handle, indent=1, sort_keys=True)
-        handle.write("\n")
-        handle.flush()
-        os.fsync(handle.fileno())
-    os.replace(temporary, path)
+    write_text_atomically(path, json.dumps(payload, indent=1, sort_keys=True) + "\n")
     return path
 
 

@@ -15,6 +15,7 @@ from google.protobuf.message import DecodeError
 from sentencepiece import sentencepiece_model_pb2 as model_pb2
 
 from jaxformer.errors import UserError
+from jaxformer.files import write_bytes_atomically
 from jaxformer.tokens import BOS_ID, EOS_ID, MASK_PIECE, NUM_SPECIAL_TOKENS, PAD_ID, UNK_ID
 
 
@@ -77,10 +78,7 @@ class Tokenizer:
             raise TokenizerError(f"the {what} {path} is unusable: {error}") from error
 
     def save(self, path: str | pathlib.Path) -> None:
-        path = pathlib.Path(path)
-        temporary = path.with_suffix(".tmp")
-        temporary.write_bytes(self.model_proto)
-        temporary.replace(path)  # atomic: a crash never leaves half a model
+        write_bytes_atomically(path, self.model_proto)  # a crash never leaves half a model
 
     @property
     def vocab_size(self) -> int:

@@ -22,7 +22,10 @@ def test_trains_with_fixed_special_ids_and_round_trips(model_type, tmp_path):
     assert ids.dtype == np.int32 and ids[-1] == EOS_ID and (ids[:-1] > BOS_ID).all()
     assert tokenizer.decode(ids) == SENTENCES[1]
     assert tokenizer.decode(np.concatenate([[BOS_ID], ids, [PAD_ID, PAD_ID]])) == SENTENCES[1]
+    (tmp_path / "spm.tmp").write_text("a file of the user's")  # never a save's temporary
     tokenizer.save(tmp_path / "spm.model")
+    assert (tmp_path / "spm.tmp").read_text() == "a file of the user's"
+    assert sorted(path.name for path in tmp_path.iterdir()) == ["spm.model", "spm.tmp"]
     assert (
         Tokenizer.load(tmp_path / "spm.model").encode(SENTENCES[0]).tolist() == tokenizer.encode(SENTENCES[0]).tolist()
     )
