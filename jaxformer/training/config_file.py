@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import ast
 import difflib
+import importlib.machinery
 import importlib.resources
 import importlib.util
 import logging
@@ -20,7 +21,7 @@ from typing import Any
 import ml_collections
 
 from jaxformer.model.config import PRESETS, ConfigError
-from jaxformer.training.experiment import nullable_keys, unknown_key_error
+from jaxformer.training.experiment import default_config, nullable_keys, unknown_key_error
 
 OVERRIDE_PREFIX = "--config."
 
@@ -31,7 +32,10 @@ def call_file_function(path: str | pathlib.Path, function: str, kind: str = "con
     path = pathlib.Path(path)
     if not path.is_file():
         raise ConfigError(f"{kind} {path} does not exist" if not path.exists() else f"{kind} {path} is not a file")
-    spec = importlib.util.spec_from_file_location(f"jaxformer_{kind.split()[0]}_{path.stem}", path)
+    name = f"jaxformer_{kind.split()[0]}_{path.stem}"
+    # An explicit loader: importlib finds none for a name not ending in .py (my_config.txt), and
+    # the README promises that any path is read as a config file.
+    spec = importlib.util.spec_from_file_location(name, path, loader=_UncachedSourceLoader(name, str(path)))
     module = importlib.util.module_from_spec(spec)
     try:
         spec.loader.exec_module(module)
@@ -47,12 +51,64 @@ def call_file_function(path: str | pathlib.Path, function: str, kind: str = "con
         raise ConfigError(f"{kind} {path}: {function}() raised {type(error).__name__}: {error}") from error
 
 
+class _UncachedSourceLoader(importlib.machinery.SourceFileLoader):
+    """Compiles the file each time, without __pycache__: my_config.txt and my_config.py beside it
+    would share one cached bytecode file, each run overwriting the other's."""
+
+    def get_code(self, fullname: str):
+        return self.source_to_code(self.get_data(self.path), self.path)
+
+
 def load_config_file(path: str | pathlib.Path) -> ml_collections.ConfigDict:
-    """The ConfigDict that `get_config()` of the Python file at `path` returns."""
+    """The ConfigDict that `get_config()` of the Python file at `path` returns, with every key of
+    `default_config()`."""
     config = call_file_function(path, "get_config")
     if not isinstance(config, ml_collections.ConfigDict):
         raise ConfigError(f"config file {path}: get_config() returned {type(config).__name__}, not a ConfigDict")
+    refuse_missing_keys(config, path)
     return config
+
+
+def missing_keys(
+    config: ml_collections.ConfigDict, reference: ml_collections.ConfigDict, prefix: str = ""
+) -> list[str]:
+    """The dotted keys and sections of `reference` that `config` lacks, a missing section named
+    once (not each of its keys); a value where `reference` has a section counts as that section
+    missing. Extra keys are validate()'s to refuse."""
+    missing = []
+    for key, value in reference.items():
+        if key not in config:
+            missing.append(f"{prefix}{key}")
+        elif isinstance(value, ml_collections.ConfigDict):
+            if isinstance(config[key], ml_collections.ConfigDict):
+                missing.extend(missing_keys(config[key], value, f"{prefix}{key}."))
+            else:
+                missing.append(f"{prefix}{key}")
+    return missing
+
+
+def refuse_missing_keys(config: ml_collections.ConfigDict, path: str | pathlib.Path) -> None:
+    """A ConfigError naming the file and the first keys or sections of `default_config()` its
+    config lacks: each is read somewhere (a missing one fails as a traceback, possibly after the
+    data is prepared and a tokenizer trained), and none can be set from the command line."""
+    reference = default_config()
+    missing = missing_keys(config, reference)
+    if not missing:
+        return
+    named = [f"section {key!r}" if _is_section(reference, key) else repr(key) for key in missing[:3]]
+    more = f" and {len(missing) - 3} more" if len(missing) > 3 else ""
+    raise ConfigError(
+        f"config file {path}: get_config() lacks {', '.join(named)}{more}; start it from "
+        "jaxformer.training.experiment.default_config() (as the shipped configs do) and change only "
+        "what differs, instead of deleting or replacing keys"
+    )
+
+
+def _is_section(reference: ml_collections.ConfigDict, key: str) -> bool:
+    value = reference
+    for part in key.split("."):
+        value = value[part]
+    return isinstance(value, ml_collections.ConfigDict)
 
 
 def packaged_config_directory() -> pathlib.Path:
@@ -87,6 +143,8 @@ def config_path(name_or_path: str) -> pathlib.Path:
     if name_or_path not in names:
         near = difflib.get_close_matches(name_or_path, names, n=1, cutoff=0.6)
         hint = f"did you mean {near[0]}? " if near else ""
+        if pathlib.Path(name_or_path).is_file():  # a bare file name reads as a config's name (README)
+            hint = f"to read the file {name_or_path}, give it as --config ./{name_or_path}; "
         raise ConfigError(
             f"no config named {name_or_path!r}; {hint}jaxformer ships {', '.join(names)} "
             "(or give the path of a .py config file)"

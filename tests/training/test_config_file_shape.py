@@ -1,0 +1,124 @@
+"""A config file's shape: every key of default_config() present (a missing one is refused when the
+file loads, before overrides or any work), and any file name read as Python source."""
+
+import pathlib
+import shutil
+import sys
+
+import pytest
+
+from jaxformer.commands import train
+from jaxformer.model.config import ConfigError
+from jaxformer.training import experiment
+from jaxformer.training.config_file import load_config, load_config_file, packaged_config_names
+from jaxformer.training.sweep import load_sweep
+
+ROOT = pathlib.Path(__file__).parents[2]
+TINY = ROOT / "jaxformer" / "configs" / "tiny.py"
+REMEDY = "start it from jaxformer.training.experiment.default_config() (as the shipped configs do)"
+
+
+def tiny_changed_by(tmp_path, *lines, name="partial.py"):
+    """A config file: tiny's config, then `lines` run on it (as `c`)."""
+    path = tmp_path / name
+    body = "".join(f"    {line}\n" for line in lines)
+    header = "from jaxformer.configs.tiny import get_config as tiny\n\ndef get_config():\n    c = tiny()\n"
+    path.write_text(f"{header}{body}    return c\n")
+    return path
+
+
+def one_error_line(capsys) -> str:
+    lines = [line for line in capsys.readouterr().err.splitlines() if line.startswith("error: ")]
+    assert len(lines) == 1, lines
+    return lines[0]
+
+
+def test_a_missing_key_is_refused_before_the_overrides_naming_the_file_and_key(tmp_path, capsys):
+    path = tiny_changed_by(tmp_path, "del c.training['rdrop_start']")
+    # the override names a key default_config() has: the file lacks it, the key is not unknown
+    argv = ["--config", str(path), "--print_config", "--config.training.rdrop_start=0.4"]
+    assert train.main(argv) == 2
+    error = one_error_line(capsys)
+    assert error.startswith(f"error: config file {path}: get_config() lacks 'training.rdrop_start'; "), error
+    assert REMEDY in error and "unknown config key" not in error
+
+
+def test_a_missing_section_is_refused_before_a_run_writes_anything(tmp_path, capsys):
+    path = tiny_changed_by(tmp_path, "del c['decoding']")
+    workdir = tmp_path / "run"
+    assert train.main(["--config", str(path), "--workdir", str(workdir)]) == 2
+    assert "get_config() lacks section 'decoding'; " in one_error_line(capsys)
+    assert not workdir.exists()  # no data prepared, no tokenizer trained
+
+
+def test_a_replaced_section_names_the_first_keys_it_lacks(tmp_path):
+    path = tiny_changed_by(
+        tmp_path,
+        "import ml_collections",
+        "c.data.files = ml_collections.ConfigDict({'train': 'corpus.tsv'})",
+        "del c.model['dropout_rate'], c.model['d_ff'], c.optimizer['b1']",
+    )
+    with pytest.raises(ConfigError) as error:
+        load_config_file(path)
+    assert str(error.value).startswith(  # ConfigDict keeps its keys sorted
+        f"config file {path}: get_config() lacks 'data.files.test', 'data.files.validation', 'model.d_ff' and 2 more; "
+    )
+
+
+def test_a_value_in_place_of_a_section_is_that_section_missing(tmp_path):
+    path = tiny_changed_by(tmp_path, "del c.data['files']", "c.data.files = 'corpus.tsv'")
+    with pytest.raises(ConfigError, match=r"get_config\(\) lacks section 'data.files'; "):
+        load_config_file(path)
+
+
+@pytest.mark.parametrize("name", packaged_config_names())
+def test_every_shipped_config_has_every_key(name):
+    assert set(experiment.flatten(load_config(name))) >= set(experiment.flatten(experiment.default_config()))
+
+
+def test_an_extra_key_is_refused_as_unknown(tmp_path, capsys):
+    path = tiny_changed_by(tmp_path, "c.training.rdrop_begin = 0.4")
+    assert train.main(["--config", str(path), "--print_config"]) == 2
+    assert one_error_line(capsys) == (
+        "error: unknown config key 'training.rdrop_begin'; did you mean training.rdrop_start, "
+        "training.rdrop_decision_step, training.rdrop_alpha?"
+    )
+
+
+def test_a_path_not_ending_in_py_is_read_as_python(tmp_path, monkeypatch, capsys):
+    mine = tmp_path / "my_tiny.txt"
+    shutil.copy(TINY, mine)
+    monkeypatch.setattr(sys, "dont_write_bytecode", False)  # as Python runs by default (the tests' env sets it)
+    assert load_config(str(mine)).to_dict() == load_config("tiny").to_dict()
+    monkeypatch.chdir(tmp_path)
+    assert train.main(["--config", "./my_tiny.txt", "--print_config"]) == 0
+    assert "num_train_steps: 40" in capsys.readouterr().out
+    assert sorted(path.name for path in tmp_path.iterdir()) == ["my_tiny.txt"]  # no __pycache__ beside it
+    # a bare file name means a shipped config (README); the message says how to read the file
+    with pytest.raises(ConfigError, match=r"no config named 'my_tiny.txt'; to read the file my_tiny.txt, give it as "):
+        load_config("my_tiny.txt")
+
+
+@pytest.mark.parametrize(
+    "text, message",
+    [
+        ("def get_config(:\n", "config file {path}, line 1: "),
+        ("x = 1\n", "config file {path} has no get_config() function"),
+        ("import nothing_of_that_name\n", "config file {path} fails to load: ModuleNotFoundError: "),
+    ],
+)
+def test_a_path_not_ending_in_py_keeps_the_one_line_errors(text, message, tmp_path):
+    path = tmp_path / "mine.cfg"
+    path.write_text(text)
+    with pytest.raises(ConfigError) as error:
+        load_config(str(path))
+    assert str(error.value).startswith(message.format(path=path)) and "\n" not in str(error.value)
+    for missing, problem in ((tmp_path / "none.cfg", "does not exist"), (tmp_path, "is not a file")):
+        with pytest.raises(ConfigError, match=f"^config file {missing} {problem}$"):
+            load_config_file(missing)
+
+
+def test_a_sweep_file_not_ending_in_py_is_read_as_python(tmp_path):
+    path = tmp_path / "sweep.txt"
+    path.write_text("def get_sweep():\n    return {'wide': ['model.d_ff=128'], 'base': []}\n")
+    assert load_sweep(str(path)) == {"wide": ["model.d_ff=128"], "base": []}
