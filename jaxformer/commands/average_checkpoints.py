@@ -1,5 +1,7 @@
 """Average the parameters of the last N checkpoints of a run into `workdir/averaged/<step>`
-(`jaxformer-average-checkpoints`; `python average_checkpoints.py` in a clone).
+(`jaxformer-average-checkpoints`; `python average_checkpoints.py` in a clone). The checkpoints
+must be one run's (its model, tokenizers, data and run-defining config): a step of another run is
+refused, naming the first difference, before any parameters are read.
 
     jaxformer-average-checkpoints --workdir runs/m30k --last 5
     jaxformer-evaluate --workdir runs/m30k --checkpoint averaged --split test_2016_flickr
@@ -14,6 +16,7 @@ import sys
 from jaxformer.commands.common import at_least, check_workdir, make_parser, path_text, run_command
 from jaxformer.run.averaging import average_last
 from jaxformer.run.directory import RunDirectory
+from jaxformer.training.final_choice import run_config_differences
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -25,7 +28,7 @@ def build_parser() -> argparse.ArgumentParser:
 
 def run(args: argparse.Namespace) -> int:
     check_workdir(args.workdir)
-    step, chosen = average_last(args.workdir, args.last)
+    step, chosen = average_last(args.workdir, args.last, run_config_differences)
     print(f"averaged steps {chosen} into {RunDirectory(args.workdir).averaged / str(step)}")
     return 0
 

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import logging
 import os
+from collections.abc import Callable
 from typing import Any
 
 import jax
@@ -32,18 +33,69 @@ def average_parameters(trees: list[Any]) -> Any:
     )
 
 
-def averaged_last(workdir: str | os.PathLike, last: int) -> tuple[CheckpointMetadata, Any]:
-    """(metadata, mean parameters) of the last `last` checkpoints of `workdir/checkpoints`; the
-    metadata is the newest one's, with `averaged_steps` set. `CheckpointError` when fewer are kept."""
-    reader = Checkpointer(RunDirectory(workdir).checkpoints, keep=None, read_only=True)
-    steps = reader.steps()
-    reader.close()
-    if len(steps) < last:
-        raise CheckpointError(
-            f"{workdir} has {len(steps)} checkpoints ({steps}); cannot average the last {last}. "
-            "Raise training.keep_checkpoints to keep more."
+def model_differences(metadata: CheckpointMetadata, newest: CheckpointMetadata) -> list[str]:
+    """What makes checkpoint `metadata` another model's than checkpoint `newest`, each as
+    'what: this -> newest': a field of the model both describe, a tokenizer (its pieces are the
+    embeddings' rows), the data they were trained on. The run's config is the caller's to compare
+    (`config_differences`): which of its keys define a run is training's to say."""
+    differences = [
+        f"model.{field}: {metadata.model[field]!r} -> {newest.model[field]!r}"
+        for field in sorted(set(metadata.model) & set(newest.model))
+        # "auto" resolves by the machine each run segment ran on; the parameters are the same
+        if field != "matmul_dtype" and metadata.model[field] != newest.model[field]
+    ]
+    differences += [
+        f"{name}: another sentencepiece model"
+        for name, value, newest_value in (
+            ("tokenizer", metadata.tokenizer, newest.tokenizer),
+            ("target_tokenizer", metadata.target_tokenizer, newest.target_tokenizer),
         )
-    chosen = steps[-last:]
+        if value != newest_value
+    ]
+    if None not in (metadata.data_fingerprint, newest.data_fingerprint) and (
+        metadata.data_fingerprint != newest.data_fingerprint
+    ):
+        differences.append(f"data fingerprint: {metadata.data_fingerprint} -> {newest.data_fingerprint}")
+    return differences
+
+
+ConfigDifferences = Callable[[dict[str, Any], dict[str, Any]], list[str]]  # (config, newest's) -> "key: a -> b"
+
+
+def averaged_last(
+    workdir: str | os.PathLike, last: int, config_differences: ConfigDifferences | None = None
+) -> tuple[CheckpointMetadata, Any]:
+    """(metadata, mean parameters) of the last `last` checkpoints of `workdir/checkpoints`; the
+    metadata is the newest one's, with `averaged_steps` set. `CheckpointError`, before any
+    parameters are read, when fewer are kept or when one of them is not of the newest one's run:
+    `model_differences`, and `config_differences` of their configs when given."""
+    reader = Checkpointer(RunDirectory(workdir).checkpoints, keep=None, read_only=True)
+    try:
+        steps = reader.steps()
+        if not steps:
+            raise CheckpointError(f"{workdir} has no checkpoint in {reader.directory}: nothing to average")
+        if len(steps) < last:
+            raise CheckpointError(
+                f"{workdir} has {len(steps)} checkpoints ({steps}); cannot average the last {last}. "
+                "Raise training.keep_checkpoints to keep more."
+            )
+        chosen = steps[-last:]
+        newest = reader.read_metadata(chosen[-1])
+        for step in chosen[:-1]:
+            metadata = reader.read_metadata(step)
+            differences = config_differences(metadata.config, newest.config) if config_differences else []
+            named = {difference.split(":")[0] for difference in differences}  # config.model and model agree
+            differences += [item for item in model_differences(metadata, newest) if item.split(":")[0] not in named]
+            if differences:
+                more = len(differences) - 1
+                more = f"; {more} more difference{'s' if more > 1 else ''}" if more else ""
+                raise CheckpointError(
+                    f"checkpoints {step} and {chosen[-1]} of {reader.directory} are not of one run (step {step} -> "
+                    f"step {chosen[-1]}: {differences[0]}{more}), so they cannot be averaged; move the other run's "
+                    "checkpoint out of that folder"
+                )
+    finally:
+        reader.close()
     trees, metadata = [], None
     for step in chosen:
         _, metadata, params = load_checkpoint(workdir, step)
@@ -52,11 +104,14 @@ def averaged_last(workdir: str | os.PathLike, last: int) -> tuple[CheckpointMeta
     return metadata.replace(step=chosen[-1], averaged_steps=tuple(chosen)), average_parameters(trees)
 
 
-def average_last(workdir: str | os.PathLike, last: int) -> tuple[int, list[int]]:
-    """Writes the mean of the last `last` checkpoints as `workdir/averaged/<newest step>`;
-    returns (that step, the steps averaged). Averages of earlier steps stay beside it (`averaged`
-    reads the newest); one of the same step is set aside as `<step>.replaced-<time>`."""
-    metadata, params = averaged_last(workdir, last)
+def average_last(
+    workdir: str | os.PathLike, last: int, config_differences: ConfigDifferences | None = None
+) -> tuple[int, list[int]]:
+    """Writes the mean of the last `last` checkpoints as `workdir/averaged/<newest step>` (checked
+    as `averaged_last` checks them); returns (that step, the steps averaged). Averages of earlier
+    steps stay beside it (`averaged` reads the newest); one of the same step is set aside as
+    `<step>.replaced-<time>`."""
+    metadata, params = averaged_last(workdir, last, config_differences)
     writer = Checkpointer(RunDirectory(workdir).averaged, keep=None)
     writer.save_params(metadata.step, params, metadata)
     writer.close()

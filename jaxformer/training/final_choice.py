@@ -19,18 +19,74 @@ from typing import Any
 
 import ml_collections
 
-from jaxformer.errors import CheckpointError
+from jaxformer.errors import CheckpointError, UserError
 from jaxformer.model.config import TransformerConfig
 from jaxformer.run.averaging import averaged_last
 from jaxformer.run.checkpoint import Checkpointer
 from jaxformer.run.directory import RunDirectory
 from jaxformer.run.loading import load_from_directory
 from jaxformer.run.metadata import CheckpointMetadata
+from jaxformer.training import experiment, resume_rules
 from jaxformer.training.run_tokenizer import RunTokenizers
 from jaxformer.training.validation_bleu import ValidationSet
 
 CANDIDATES = ("latest", "best", "averaged", "ema")  # in this order; a tie goes to the first
 SCORES = ("bleu", "lowercase_bleu", "chrf")  # kept per candidate and per alpha
+# The config keys a choice depends on besides the run itself: which candidates, which validation
+# pairs, which search (decoding.batch_size too: padding moves a float or two), which alphas.
+CHOICE_KEYS = (
+    "training.average_last",
+    "training.final_alphas",
+    "data.eval_split",
+    "data.max_eval_examples",
+    *(f"decoding.{key}" for key in ("method", "beam_size", "alpha", "max_extra_length", "stop", "batch_size")),
+)
+
+
+def run_config_differences(config: dict[str, Any], newest: dict[str, Any]) -> list[str]:
+    """'key: value -> newest's' for each config value that makes a checkpoint's run another than the
+    newest checkpoint's: what a run resumed from its workdir may not change (resume_rules), for
+    averaging (run/averaging.py)."""
+    return resume_rules.resume_differences(config, ml_collections.ConfigDict(newest))
+
+
+def _choice_values(config: dict[str, Any]) -> dict[str, Any]:
+    """The CHOICE_KEYS values of a config; a key it lacks has its default, as the run that lacked it had."""
+    flat = {**experiment.flatten(experiment.default_config()), **experiment.as_tuples(experiment.flatten(config))}
+    return {key: flat[key] for key in CHOICE_KEYS}
+
+
+def _choice_settings(config: dict[str, Any], kept: int) -> dict[str, Any]:
+    """`_choice_values` as far as they change the choice: final_alphas only for beam search, which
+    alone reads a length penalty, and average_last as the number averaged of the `kept` checkpoints."""
+    settings = _choice_values(config)
+    if settings["decoding.method"] != "beam":
+        settings["training.final_alphas"] = ()
+    averaged = min(settings["training.average_last"], kept)
+    settings["training.average_last"] = averaged if averaged >= 2 else 0
+    return settings
+
+
+def _refuse_other_settings(config: ml_collections.ConfigDict, run: RunDirectory, step: int, chosen) -> None:
+    """A UserError when the choice kept at `step` was made with other CHOICE_KEYS values than
+    `config` has: the same command again would report it as if made with these."""
+    reader = Checkpointer(run.checkpoints, keep=None, read_only=True)
+    kept = len(reader.steps())
+    reader.close()
+    made_with, now = _choice_settings(chosen.config, kept), _choice_settings(config.to_dict(), kept)
+    if made_with != now:
+        was, current = _choice_values(chosen.config), _choice_values(config.to_dict())
+        # the keys changed: final_alphas unchanged but read no more under greedy search is not one
+        named = ", ".join(
+            f"{key}={was[key]!r} (now {current[key]!r})"
+            for key in CHOICE_KEYS
+            if made_with[key] != now[key] and was[key] != current[key]
+        )
+        raise UserError(
+            f"the final choice in {run.final / str(step)} was made with {named}; it stays as it is: to choose "
+            f"again with the settings now, move {run.final} aside (e.g. to {run.final}.before), then run the same "
+            "command again; or run with the settings it was made with"
+        )
 
 
 def _candidates(
@@ -59,7 +115,10 @@ def _candidates(
             f"the average is of those {kept}" if kept >= 2 else "no average is a candidate",
         )
     if min(average_last, kept) >= 2:
-        candidates["averaged"] = averaged_last(run, min(average_last, kept))
+        try:
+            candidates["averaged"] = averaged_last(run, min(average_last, kept), run_config_differences)
+        except CheckpointError as error:  # a checkpoint of another run in checkpoints/, as best/ above
+            logging.warning("final choice: %s; no average is a candidate", error)
     if ema_params is not None:
         candidates["ema"] = (metadata, ema_params)
     return candidates
@@ -93,11 +152,13 @@ def choose_final(
     training.final_alphas, and saves it to workdir/final (`ema_params`: the optimizer's moving average
     of the parameters, a candidate when given); returns {"chosen": name, "alpha": ...,
     "bleu": ..., "<name>/bleu": ..., "<name>/chrf": ..., "alpha_<alpha>/bleu": ..., ...}. A run that already
-    chose at this step (a finished run started again) keeps its choice."""
+    chose at this step (a finished run started again) keeps its choice; a UserError when that
+    choice was made with other settings (CHOICE_KEYS) than `config` has."""
     writer = Checkpointer(run.final, keep=None)  # an earlier choice (a run continued past its end) stays
     try:
         if step in writer.steps():
             chosen = writer.read_metadata(step)
+            _refuse_other_settings(config, run, step, chosen)
             logging.info("final choice: already made at step %d (%s)", step, chosen.chosen_from)
             return {
                 "chosen": chosen.chosen_from,
@@ -140,6 +201,7 @@ def choose_final(
             step,
             chosen_params,
             chosen_metadata.replace(
+                config=config.to_dict(),  # the settings of this choice (best/'s may be of a resume's start)
                 step=step,
                 bleu=result["bleu"],
                 chosen_from=chosen,

@@ -1,0 +1,232 @@
+"""Averaging only one run's checkpoints (average_checkpoints and the final choice's average), and a
+final choice kept only while the settings it was made with stay."""
+
+import copy
+import logging
+import shutil
+import types
+
+import jax
+import ml_collections
+import numpy as np
+import pytest
+
+from jaxformer.commands import average_checkpoints
+from jaxformer.errors import CheckpointError, UserError
+from jaxformer.run.averaging import averaged_last
+from jaxformer.run.checkpoint import Checkpointer
+from jaxformer.run.directory import RunDirectory
+from jaxformer.run.loading import load_checkpoint
+from jaxformer.training import final_choice
+from jaxformer.training.validation_bleu import decode_settings
+from tests.conftest import make_workdir
+
+
+@pytest.fixture(scope="module")
+def run_template(tmp_path_factory):
+    """A run with checkpoints 10 and 20 (step k holds k / 10 times the first parameters)."""
+    workdir, params, _ = make_workdir(
+        tmp_path_factory.mktemp("template") / "run", steps=(10, 20), scale=lambda s: s / 10
+    )
+    return workdir, params
+
+
+@pytest.fixture
+def run(run_template, tmp_path):
+    workdir = tmp_path / "run"
+    shutil.copytree(run_template[0], workdir)
+    return workdir, run_template[1]
+
+
+def add_checkpoint(workdir, step, params, change_config=None, **metadata_changes):
+    """Checkpoint `step` of `params` with step 20's metadata, its config changed by `change_config`."""
+    metadata = load_checkpoint(workdir, 20, params=False)[1]
+    config = copy.deepcopy(metadata.config)
+    if change_config:
+        change_config(config)
+    checkpointer = Checkpointer(RunDirectory(workdir).checkpoints, keep=None)
+    checkpointer.save_params(step, params, metadata.replace(step=step, config=config, **metadata_changes))
+    checkpointer.close()
+
+
+def average(workdir, capsys, last=3):
+    code = average_checkpoints.main(["--workdir", str(workdir), "--last", str(last)])
+    captured = capsys.readouterr()
+    return code, captured.out, [line for line in captured.err.splitlines() if line.startswith("error: ")]
+
+
+def test_a_step_of_another_model_is_refused_before_its_parameters_are_read(run, capsys):
+    workdir, params = run
+    wider = jax.tree.map(lambda leaf: np.concatenate([leaf, leaf], axis=-1), params)  # every shape differs
+
+    def wider_ff(config):
+        config["model"]["d_ff"] *= 2
+
+    metadata = load_checkpoint(workdir, 20, params=False)[1]
+    add_checkpoint(workdir, 30, wider, wider_ff, model={**metadata.model, "d_ff": metadata.model["d_ff"] * 2})
+    code, _, errors = average(workdir, capsys)
+    checkpoints = RunDirectory(workdir).checkpoints
+    assert code == 2 and errors == [
+        f"error: checkpoints 10 and 30 of {checkpoints} are not of one run (step 10 -> step 30: model.d_ff: 64 -> "
+        "128), so they cannot be averaged; move the other run's checkpoint out of that folder"
+    ]
+    assert not RunDirectory(workdir).averaged.exists()
+
+
+def test_a_step_of_a_run_with_another_config_is_refused_though_its_shapes_agree(run, capsys):
+    workdir, params = run
+
+    def other_seed(config):
+        config["training"]["seed"] = 1
+
+    add_checkpoint(workdir, 30, jax.tree.map(lambda leaf: leaf * 3, params), other_seed)
+    code, _, errors = average(workdir, capsys)
+    assert code == 2 and len(errors) == 1
+    assert "checkpoints 10 and 30 of " in errors[0] and "(step 10 -> step 30: training.seed: 0 -> 1)" in errors[0]
+    assert not RunDirectory(workdir).averaged.exists()
+
+
+def test_another_tokenizer_is_refused_by_the_averaging_itself(run):
+    workdir, params = run
+    other = load_checkpoint(workdir, 20, params=False)[1].tokenizer + b"\x00"
+    add_checkpoint(workdir, 30, params, tokenizer=other)
+    with pytest.raises(CheckpointError, match=r"\(step 20 -> step 30: tokenizer: another sentencepiece model\)"):
+        averaged_last(workdir, 2)
+
+
+def test_what_a_resume_may_change_still_averages(run, capsys):
+    """Later checkpoints of one run: a longer schedule, another warmup, a budget, an interim
+    checkpoint, matmul_dtype "auto" resolved on another machine."""
+    workdir, params = run
+
+    def resumed(config):
+        config["training"]["num_train_steps"] = 400
+        config["training"]["time_budget_minutes"] = 60.0
+        config["optimizer"]["warmup_steps"] = 10
+        config["data"]["max_eval_examples"] = 16
+
+    metadata = load_checkpoint(workdir, 20, params=False)[1]
+    model = {**metadata.model, "matmul_dtype": "bfloat16"}
+    add_checkpoint(workdir, 30, jax.tree.map(lambda leaf: leaf * 3, params), resumed, model=model, interim=True)
+    code, out, errors = average(workdir, capsys)
+    assert (code, errors) == (0, []) and out.startswith("averaged steps [10, 20, 30] into ")
+    averaged = load_checkpoint(workdir, "averaged")[2]
+    for got, base in zip(jax.tree.leaves(averaged), jax.tree.leaves(params), strict=True):
+        np.testing.assert_allclose(got, 2 * np.asarray(base), rtol=1e-5, atol=1e-7)
+
+
+def test_a_workdir_without_checkpoints_is_said_to_have_none(tmp_path, capsys):
+    code, _, errors = average(tmp_path, capsys)
+    assert code == 2 and errors == [
+        f"error: {tmp_path} has no checkpoint in {RunDirectory(tmp_path).checkpoints}: nothing to average"
+    ]
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_the_final_choice_leaves_out_an_average_of_two_runs_with_a_warning(run, caplog):
+    workdir, params = run
+
+    def other_seed(config):
+        config["training"]["seed"] = 1
+
+    add_checkpoint(workdir, 30, params, other_seed)
+    step, metadata, latest = load_checkpoint(workdir)
+    with caplog.at_level(logging.WARNING):
+        candidates = final_choice._candidates(RunDirectory(workdir), 3, step, latest, metadata, None)
+    assert set(candidates) == {"latest"}
+    (warning,) = [record.getMessage() for record in caplog.records if "final choice" in record.getMessage()]
+    assert "training.seed: 0 -> 1" in warning and warning.endswith("; no average is a candidate")
+    shutil.rmtree(RunDirectory(workdir).checkpoints / "30")  # one run's checkpoints: averaged, as before
+    candidates = final_choice._candidates(RunDirectory(workdir), 3, 20, latest, metadata, None)
+    assert candidates["averaged"][0].averaged_steps == (10, 20)
+
+
+class _Scored:
+    """A stand-in for the validation split: BLEU 10 + alpha, counting the translations it scores."""
+
+    sources = ["a", "b", "c"]
+    calls = 0
+
+    def __init__(self, config, *_, settings=None):
+        self.settings = settings or decode_settings(config)
+
+    def with_settings(self, settings):
+        return _Scored(None, settings=settings)
+
+    def score(self, params):
+        _Scored.calls += 1
+        return {"bleu": 10.0 + self.settings.alpha, "lowercase_bleu": 11.0, "chrf": 50.0}
+
+
+def _config(metadata, **changes):
+    config = ml_collections.ConfigDict(copy.deepcopy(metadata.config))
+    config.training.average_last, config.training.final_alphas = 2, (1.0, 2.0)
+    for key, value in changes.items():
+        section, name = key.split("__")
+        config[section][name] = value
+    return config
+
+
+@pytest.mark.parametrize(
+    "changes, named",
+    [
+        ({"training__final_alphas": (1.0, 3.0)}, "training.final_alphas=(1.0, 2.0) (now (1.0, 3.0))"),
+        ({"decoding__beam_size": 2}, "decoding.beam_size=4 (now 2)"),
+        ({"decoding__method": "greedy"}, "decoding.method='beam' (now 'greedy'); it stays as it is"),
+        ({"data__max_eval_examples": 2}, "data.max_eval_examples=None (now 2)"),
+    ],
+)
+def test_a_choice_made_with_other_settings_is_named_and_kept(changes, named, run, monkeypatch):
+    workdir, _ = run
+    step, metadata, params = load_checkpoint(workdir)
+    monkeypatch.setattr(final_choice, "ValidationSet", _Scored)
+    tokenizers = types.SimpleNamespace(source=None, target=None)
+
+    def choose(config):  # the loop's call at the run's end
+        return final_choice.choose_final(config, None, tokenizers, None, RunDirectory(workdir), step, params, metadata)
+
+    first = choose(_config(metadata))
+    final = RunDirectory(workdir).final
+    stored = sorted(path.name for path in final.iterdir())
+    calls = _Scored.calls
+    with pytest.raises(UserError) as error:
+        choose(_config(metadata, **changes))
+    message = str(error.value)
+    assert message.startswith(f"the final choice in {final / str(step)} was made with {named}"), message
+    assert f"move {final} aside" in message and "\n" not in message
+    assert _Scored.calls == calls and sorted(path.name for path in final.iterdir()) == stored  # nothing redone
+    assert choose(_config(metadata)) == first  # the settings it was made with: kept, and its report
+
+
+@pytest.mark.parametrize(
+    "changes",
+    [
+        {"training__average_last": 5},  # still the two checkpoints there are
+        {"training__keep_checkpoints": 9},  # not a setting of the choice
+    ],
+)
+def test_a_setting_the_choice_did_not_read_keeps_it(changes, run, monkeypatch):
+    workdir, _ = run
+    step, metadata, params = load_checkpoint(workdir)
+    monkeypatch.setattr(final_choice, "ValidationSet", _Scored)
+    tokenizers = types.SimpleNamespace(source=None, target=None)
+
+    def choose(config):
+        return final_choice.choose_final(config, None, tokenizers, None, RunDirectory(workdir), step, params, metadata)
+
+    first = choose(_config(metadata))
+    calls = _Scored.calls
+    assert choose(_config(metadata, **changes)) == first and _Scored.calls == calls
+
+
+def test_final_alphas_under_greedy_search_keep_the_choice(run, monkeypatch):
+    workdir, _ = run
+    step, metadata, params = load_checkpoint(workdir)
+    monkeypatch.setattr(final_choice, "ValidationSet", _Scored)
+    tokenizers = types.SimpleNamespace(source=None, target=None)
+
+    def choose(config):
+        return final_choice.choose_final(config, None, tokenizers, None, RunDirectory(workdir), step, params, metadata)
+
+    first = choose(_config(metadata, decoding__method="greedy"))
+    assert choose(_config(metadata, decoding__method="greedy", training__final_alphas=(3.0,))) == first
