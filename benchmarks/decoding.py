@@ -31,19 +31,8 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from benchmarks.common import (
-    check_torch,
-    compile_timed,
-    median,
-    names,
-    parse_args,
-    parser,
-    positive_integers,
-    random_params,
-    report,
-    small_config,
-    time_calls,
-)
+from benchmarks.command_line import check_torch, names, parse_args, parser, positive_integers, report
+from benchmarks.common import compile_timed, median, random_params, small_config, time_calls
 from jaxformer.commands.common import at_least
 from jaxformer.decoding.generate import DecodeSettings, decoding_variant, make_generate_fn
 from jaxformer.decoding.search import NEG_INF, SearchSpec, beam_search, greedy_search

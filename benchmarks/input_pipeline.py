@@ -24,7 +24,8 @@ import time
 
 import jax
 
-from benchmarks.common import median, parse_args, parser, report
+from benchmarks.command_line import parse_args, parser, report
+from benchmarks.common import median
 from benchmarks.real_data import SOURCE, TARGET, cached_tokenizer, training_pairs
 from benchmarks.step_options import compiled_step
 from jaxformer.commands.common import at_least

@@ -15,16 +15,13 @@ otherwise, so a row measured on one backend says nothing of another's.
 
 from __future__ import annotations
 
+from benchmarks.command_line import names, parse_args, parser, report
 from benchmarks.common import (
     SMOKE,
     compile_timed,
     make_train,
     memory_bytes,
-    names,
-    parse_args,
-    parser,
     random_batch,
-    report,
     small_config,
     time_train_steps,
 )

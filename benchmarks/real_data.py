@@ -21,16 +21,8 @@ import jax
 import numpy as np
 
 import jaxformer.data
-from benchmarks.common import (
-    check_torch,
-    compile_timed,
-    make_train,
-    median,
-    parse_args,
-    parser,
-    report,
-    small_config,
-)
+from benchmarks.command_line import check_torch, parse_args, parser, report
+from benchmarks.common import compile_timed, make_train, median, small_config
 from jaxformer.commands.common import FlagError, at_least
 from jaxformer.data.parallel_text import read_parallel_lines
 from jaxformer.data.pipeline import LengthFilter, TokenizePair, train_dataset

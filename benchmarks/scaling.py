@@ -12,16 +12,13 @@ Memory is XLA's own accounting of the compiled step (jit(...).lower(...).compile
 
 from __future__ import annotations
 
+from benchmarks.command_line import parse_args, parser, positive_integers, report
 from benchmarks.common import (
     SMOKE,
     compile_timed,
     make_train,
     memory_bytes,
-    parse_args,
-    parser,
-    positive_integers,
     random_batch,
-    report,
     small_config,
     time_train_steps,
     train_flops,

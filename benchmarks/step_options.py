@@ -49,19 +49,8 @@ import flax.linen as nn
 import jax
 import jax.numpy as jnp
 
-from benchmarks.common import (
-    CONFIGS,
-    SMOKE,
-    TrainSteps,
-    add_configs_flag,
-    compile_timed,
-    median,
-    parse_args,
-    parser,
-    random_batch,
-    report,
-    time_interleaved,
-)
+from benchmarks.command_line import add_configs_flag, parse_args, parser, report
+from benchmarks.common import CONFIGS, SMOKE, TrainSteps, compile_timed, median, random_batch, time_interleaved
 from jaxformer.model import attention, decoder, encoder, layers
 from jaxformer.model.architectures import build_model
 from jaxformer.training import output_loss

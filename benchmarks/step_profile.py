@@ -36,19 +36,15 @@ import tempfile
 
 import jax
 
+from benchmarks.command_line import add_configs_flag, check_torch, parse_args, parser, report
 from benchmarks.common import (
     CONFIGS,
     SMOKE,
     TrainSteps,
-    add_configs_flag,
-    check_torch,
     compile_timed,
     make_train,
     median,
-    parse_args,
-    parser,
     random_batch,
-    report,
     time_interleaved,
 )
 from benchmarks.train_step import torch_step

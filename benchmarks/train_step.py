@@ -18,20 +18,16 @@ the stricter figure against the fastest single matmul call seen.
 
 from __future__ import annotations
 
+from benchmarks.command_line import add_configs_flag, check_torch, parse_args, parser, report
 from benchmarks.common import (
     CONFIGS,
     SMOKE,
     TrainSteps,
-    add_configs_flag,
-    check_torch,
     compile_timed,
     make_train,
     matmul_rates_gflops,
     median,
-    parse_args,
-    parser,
     random_batch,
-    report,
     time_interleaved,
     torch_matmul_peak_gflops,
     train_flops,

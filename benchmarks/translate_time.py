@@ -163,7 +163,8 @@ def main(argv: list[str] | None = None) -> list[dict]:
     except FlagError as error:
         parser.error(str(error))
 
-    from benchmarks.common import cpu_count, report  # imports jax: after --help and the flags' checks
+    from benchmarks.command_line import report  # imports jax: after --help and the flags' checks
+    from benchmarks.common import cpu_count
     from jaxformer.data.parallel_text import read_lines
     from jaxformer.errors import UserError
     from jaxformer.run.loading import load_checkpoint

@@ -29,7 +29,8 @@ import os
 import jax
 import numpy as np
 
-from benchmarks.common import median, parse_args, parser, report, time_interleaved
+from benchmarks.command_line import parse_args, parser, report
+from benchmarks.common import median, time_interleaved
 from jaxformer.commands.common import FlagError, at_least, path_text
 from jaxformer.errors import UserError
 from jaxformer.training.config_file import load_config

@@ -11,7 +11,7 @@ import sys
 
 import pytest
 
-from benchmarks import common
+from benchmarks import command_line, common
 
 README = pathlib.Path(common.__file__).with_name("README.md").read_text(encoding="utf-8")
 WITH_TORCH = ("train_step", "real_data", "decoding", "step_profile")
@@ -167,18 +167,18 @@ def test_json_is_checked_before_any_work(tmp_path, capsys):
 def test_overwrite_lets_json_replace_a_file(tmp_path):
     existing = tmp_path / "rows.jsonl"
     existing.write_text("old\n")
-    args = common.parse_args(common.parser("x", "Doc."), ["--json", str(existing), "--overwrite"])
+    args = command_line.parse_args(command_line.parser("x", "Doc."), ["--json", str(existing), "--overwrite"])
     assert args.json == str(existing) and args.overwrite
-    args = common.parse_args(common.parser("x", "Doc."), ["--json", str(tmp_path / "new.jsonl")])
+    args = command_line.parse_args(command_line.parser("x", "Doc."), ["--json", str(tmp_path / "new.jsonl")])
     assert not args.overwrite
 
 
 def test_flags_smoke_does_not_set_keep_their_defaults_and_values():
-    arguments = common.parser("x", "Doc.")
-    arguments.add_argument("--configs", type=common.names(("a", "b")), default=None)
-    assert common.parse_args(arguments, [], {"configs": ["a"]}).configs == ["a"]
-    assert common.parse_args(arguments, ["--configs", "b,a"], {"configs": ["a"]}).configs == ["b", "a"]
-    assert common.parse_args(arguments, ["--smoke"], {"configs": ["a"]}).configs == ["a"]  # unused by --smoke
+    arguments = command_line.parser("x", "Doc.")
+    arguments.add_argument("--configs", type=command_line.names(("a", "b")), default=None)
+    assert command_line.parse_args(arguments, [], {"configs": ["a"]}).configs == ["a"]
+    assert command_line.parse_args(arguments, ["--configs", "b,a"], {"configs": ["a"]}).configs == ["b", "a"]
+    assert command_line.parse_args(arguments, ["--smoke"], {"configs": ["a"]}).configs == ["a"]  # unused by --smoke
 
 
 def test_time_interleaved_refuses_no_rounds():
@@ -210,7 +210,7 @@ def test_help_describes_the_benchmark_in_whole_sentences(name, capsys):
 
 
 def test_a_docstrings_first_sentence_over_two_lines_is_whole():
-    assert common.summary("One sentence\nover two lines.\n\n    usage\n") == "One sentence over two lines."
+    assert command_line.summary("One sentence\nover two lines.\n\n    usage\n") == "One sentence over two lines."
 
 
 def test_translate_time_checks_its_files_and_counts_first(tmp_path, capsys):

@@ -4,7 +4,7 @@ something on, and repeatable ones, may come again."""
 
 import pytest
 
-from benchmarks import common as benchmark_common
+from benchmarks import command_line as benchmark_command_line
 from benchmarks import translate_time
 from jaxformer.commands import evaluate, train, translate
 from jaxformer.commands.common import make_parser
@@ -64,7 +64,7 @@ def test_defaults_do_not_count_and_each_parse_starts_afresh():
 
 
 def test_the_benchmarks_refuse_a_second_value_and_keep_repeatable_flags(tmp_path, capsys):
-    arguments = benchmark_common.parser("xla_options", "A benchmark.")
+    arguments = benchmark_command_line.parser("xla_options", "A benchmark.")
     arguments.add_argument("--option", action="append", default=None)
     error = refusal(arguments.parse_args, ["--iters", "2", "--iters", "3"], capsys)
     assert error == "error: argument --iters: given twice (2, then 3); see python -m benchmarks.xla_options --help\n"
