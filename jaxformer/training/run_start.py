@@ -86,15 +86,27 @@ def check_same_run(workdir: pathlib.Path, saved: CheckpointMetadata | None, conf
         logging.warning("resuming with values that a resumed run may change: %s", "; ".join(changed))
 
 
-def prepare_data(data: ml_collections.ConfigDict) -> tuple[Any, Any, Any]:
-    """(builder, training split, evaluation split) of the `data` section, prepared once for all processes."""
+def prepare_data(data: ml_collections.ConfigDict, builder) -> tuple[Any, Any]:
+    """(training split, evaluation split) of the `data` section from its `builder`, prepared once
+    for all processes."""
     languages = (data.source_language, data.target_language)
-    builder = get_builder(data)
     if jax.process_count() > 1:  # one process prepares the dataset, the others wait and read it
         if jax.process_index() == 0:
             prepare(builder)
         multihost_utils.sync_global_devices("jaxformer: dataset prepared")
-    return builder, load_split(builder, data.train_split, languages), load_split(builder, data.eval_split, languages)
+    return load_split(builder, data.train_split, languages), load_split(builder, data.eval_split, languages)
+
+
+def check_same_data(workdir: pathlib.Path, saved: CheckpointMetadata | None, builder) -> None:
+    """A CheckpointError when the run in `workdir` was trained on other data files than `builder`
+    reads now. Local files are fingerprinted when the builder is made, so this is known before a
+    copy of the new files is prepared; downloaded ones once they are fetched (None until then)."""
+    fingerprint = data_fingerprint(builder)
+    if None not in (saved and saved.data_fingerprint, fingerprint) and saved.data_fingerprint != fingerprint:
+        raise CheckpointError(
+            f"{workdir} was trained on other data files (fingerprint {saved.data_fingerprint}) than "
+            f"{builder.name} has now ({fingerprint}); restore the files or use a new workdir"
+        )
 
 
 # ------------------------------------------------------------------------------------------
@@ -172,13 +184,11 @@ def prepare_run(config: ml_collections.ConfigDict, workdir: pathlib.Path) -> Pre
     if latest is None and not starting_points:
         check_mesh_fits_the_configured_model(config, mesh, rules)
 
-    builder, train_source, eval_source = prepare_data(data)
+    builder = get_builder(data)
+    check_same_data(workdir, saved, builder)  # before preparing: a refused resume prepares nothing
+    train_source, eval_source = prepare_data(data, builder)
+    check_same_data(workdir, saved, builder)  # downloaded files: fingerprinted once fetched
     fingerprint = data_fingerprint(builder)
-    if saved is not None and saved.data_fingerprint is not None and saved.data_fingerprint != fingerprint:
-        raise CheckpointError(
-            f"{workdir} was trained on other data files (fingerprint {saved.data_fingerprint}) than "
-            f"{builder.name} has now ({fingerprint}); restore the files or use a new workdir"
-        )
     if latest is not None:
         saved_tokenizers = (saved, f"checkpoint {latest[0]} of {checkpointer.directory}")
     elif starting_points and starting_points[0].part == "model":  # its embeddings belong to its tokenizer

@@ -27,11 +27,12 @@ ONE_LAYER = ("--config.model.num_encoder_layers=1", "--config.model.num_decoder_
 
 
 def command(workdir, data_dir, *overrides):
+    """train.py on the tiny config, or on the config an override names (`--config=PATH`)."""
+    named = any(flag == "--config" or flag.startswith("--config=") for flag in overrides)
     return [
         sys.executable,
         str(ROOT / "train.py"),
-        "--config",
-        str(ROOT / "jaxformer" / "configs" / "tiny.py"),
+        *([] if named else ["--config", str(ROOT / "jaxformer" / "configs" / "tiny.py")]),
         "--workdir",
         str(workdir),
         f"--config.data.data_dir={data_dir}",
@@ -229,12 +230,16 @@ def test_resuming_on_other_data_files_is_an_error(straight_run, data_dir, tmp_pa
     lines[0] = lines[0].upper()  # one edited line: other data, the same file names
     with gzip.open(raw / "val.de.gz", "wt", encoding="utf-8") as handle:
         handle.write("\n".join(lines) + "\n")
+    prepared = sorted((pathlib.Path(data_dir) / "multi30k").iterdir())
     result = train(
         workdir, data_dir, f"--config.data.raw_dir={raw}", "--config.training.num_train_steps=60", check=False
     )
     assert result.returncode == 2
     assert f"error: {workdir} was trained on other data files (fingerprint sha256:" in result.stderr
     assert checkpoint_steps(workdir) == [20, 40]
+    # Refused before the edited files were prepared: no new copy of the data under data_dir.
+    assert sorted((pathlib.Path(data_dir) / "multi30k").iterdir()) == prepared
+    assert "downloaded and prepared" not in result.stderr
 
 
 @pytest.mark.slow  # two runs, one stopped by a signal between its scheduled checkpoints, then resumed
