@@ -81,7 +81,7 @@ def test_the_readme_layout_names_every_module():
     tree = layout[layout.index("```text") : layout.index("```", layout.index("```text") + 7)]
     unnamed = [
         str(path.relative_to(ROOT))
-        for path in sorted((ROOT / "jaxformer").rglob("*.py"))
+        for path in [*sorted((ROOT / "jaxformer").rglob("*.py")), *sorted((ROOT / "benchmarks").glob("*.py"))]
         if path.name != "__init__.py"
         and path.parent.name != "configs"
         and path.parent.name != "sweeps"

@@ -123,6 +123,11 @@ def test_exact_resume_after_sigkill(straight_run, data_dir, tmp_path):
     killed_at_step_20_and_resumed(workdir, data_dir)
     assert losses(workdir) == losses(straight_run)  # bitwise: every step's loss, same data order
     assert losses(workdir, "eval/loss") == losses(straight_run, "eval/loss")
+    from jaxformer.run.loading import load_checkpoint  # ... and the parameters it ends with, bit for bit
+
+    (_, _, resumed), (_, _, straight) = (load_checkpoint(run, STEPS) for run in (workdir, straight_run))
+    for a, b in zip(jax.tree.leaves(resumed), jax.tree.leaves(straight), strict=True):
+        np.testing.assert_array_equal(np.asarray(a), np.asarray(b))
 
 
 @pytest.mark.slow  # two more runs; the stream's exact restore is unit-tested in tests/data/test_subword_sampling.py
