@@ -167,6 +167,19 @@ def _config(metadata, **changes):
     return config
 
 
+def _chooser(workdir, monkeypatch):
+    """(step, metadata, choose(config)): the loop's call of choose_final at the run's end, with
+    validation scores from `_Scored` (no decoding)."""
+    step, metadata, params = load_checkpoint(workdir)
+    monkeypatch.setattr(final_choice, "ValidationSet", _Scored)
+    tokenizers = types.SimpleNamespace(source=None, target=None)
+
+    def choose(config):
+        return final_choice.choose_final(config, None, tokenizers, None, RunDirectory(workdir), step, params, metadata)
+
+    return step, metadata, choose
+
+
 @pytest.mark.parametrize(
     "changes, named",
     [
@@ -178,13 +191,7 @@ def _config(metadata, **changes):
 )
 def test_a_choice_made_with_other_settings_is_named_and_kept(changes, named, run, monkeypatch):
     workdir, _ = run
-    step, metadata, params = load_checkpoint(workdir)
-    monkeypatch.setattr(final_choice, "ValidationSet", _Scored)
-    tokenizers = types.SimpleNamespace(source=None, target=None)
-
-    def choose(config):  # the loop's call at the run's end
-        return final_choice.choose_final(config, None, tokenizers, None, RunDirectory(workdir), step, params, metadata)
-
+    step, metadata, choose = _chooser(workdir, monkeypatch)
     first = choose(_config(metadata))
     final = RunDirectory(workdir).final
     stored = sorted(path.name for path in final.iterdir())
@@ -207,13 +214,7 @@ def test_a_choice_made_with_other_settings_is_named_and_kept(changes, named, run
 )
 def test_a_setting_the_choice_did_not_read_keeps_it(changes, run, monkeypatch):
     workdir, _ = run
-    step, metadata, params = load_checkpoint(workdir)
-    monkeypatch.setattr(final_choice, "ValidationSet", _Scored)
-    tokenizers = types.SimpleNamespace(source=None, target=None)
-
-    def choose(config):
-        return final_choice.choose_final(config, None, tokenizers, None, RunDirectory(workdir), step, params, metadata)
-
+    _, metadata, choose = _chooser(workdir, monkeypatch)
     first = choose(_config(metadata))
     calls = _Scored.calls
     assert choose(_config(metadata, **changes)) == first and _Scored.calls == calls
@@ -221,12 +222,6 @@ def test_a_setting_the_choice_did_not_read_keeps_it(changes, run, monkeypatch):
 
 def test_final_alphas_under_greedy_search_keep_the_choice(run, monkeypatch):
     workdir, _ = run
-    step, metadata, params = load_checkpoint(workdir)
-    monkeypatch.setattr(final_choice, "ValidationSet", _Scored)
-    tokenizers = types.SimpleNamespace(source=None, target=None)
-
-    def choose(config):
-        return final_choice.choose_final(config, None, tokenizers, None, RunDirectory(workdir), step, params, metadata)
-
+    _, metadata, choose = _chooser(workdir, monkeypatch)
     first = choose(_config(metadata, decoding__method="greedy"))
     assert choose(_config(metadata, decoding__method="greedy", training__final_alphas=(3.0,))) == first
