@@ -99,6 +99,18 @@ def _draining_event_loops():
 # ------------------------------------------------------------------------------------------
 
 
+def _refuse_removed(path: pathlib.Path) -> None:
+    """A CheckpointError when the step folder above `path` is gone: it was there when the read
+    began, so a run training in the workdir removed it (it keeps only its last checkpoints), and
+    calling it damaged would be wrong."""
+    step_folder = path.parent
+    if not step_folder.exists():
+        raise CheckpointError(
+            f"checkpoint {step_folder} was removed while it was read (a run training in that workdir keeps only "
+            "its last checkpoints); run again"
+        )
+
+
 class Checkpointer:
     """Saves every `save_every` steps (and on demand), keeps the last `keep`, restores the newest usable one.
 
@@ -257,6 +269,7 @@ class Checkpointer:
     def _verified_params(self, step: int, metadata_values: dict[str, Any], abstract_params: Any | None) -> Any:
         path = self.directory / str(step) / "state"
         if not path.exists():
+            _refuse_removed(path)  # its metadata was just read: the folder was there
             raise CheckpointError(f"{path} does not exist; the checkpoints in {self.directory} are {self.steps()}")
         checksums = saved_checksums(metadata_values, str(path.parent))
         absl_logger = logging.getLogger("absl")
@@ -270,14 +283,17 @@ class Checkpointer:
         return params
 
     def _restore_params(self, path: pathlib.Path, abstract_params: Any | None) -> Any:
+        """The `params` item of the checkpoint at `path`; CheckpointError naming what is wrong."""
         checkpointer = ocp.PyTreeCheckpointer()
         try:
             with _draining_event_loops():
                 try:
                     item_metadata = checkpointer.metadata(path).item_metadata
                 except Exception as error:
+                    _refuse_removed(path)
                     raise CheckpointError(f"cannot read the checkpoint {path} ({_first_line(error)})") from error
                 if item_metadata is None:
+                    _refuse_removed(path)
                     raise CheckpointError(
                         f"cannot read the checkpoint {path}: the index of its arrays (its _METADATA file, or the "
                         "array store under it that the index is read from) is missing or damaged"

@@ -423,3 +423,24 @@ def test_a_failed_restore_leaves_no_event_loop_errors(tmp_path, capfd, monkeypat
     time.sleep(0.5)  # reads left running would report to the closed event loop by now
     assert not unraisable
     assert "Event loop is closed" not in "".join(capfd.readouterr())
+
+
+def test_a_step_removed_while_it_is_read_is_named_as_removed_not_damaged(tmp_path, monkeypatch):
+    """A run training in the workdir deletes its oldest checkpoint as a reader (averaging, say)
+    goes through it: the metadata read, the folder gone before the arrays are."""
+    writer = Checkpointer(tmp_path / "checkpoints", keep=None)
+    writer.save_params(3, make_state(3).params, METADATA.replace(step=3))
+    writer.close()
+    reader = Checkpointer(tmp_path / "checkpoints", keep=None, read_only=True)
+    read_json = Checkpointer._read_json
+
+    def read_then_removed(self, step):
+        values = read_json(self, step)
+        shutil.rmtree(tmp_path / "checkpoints" / str(step))
+        return values
+
+    monkeypatch.setattr(Checkpointer, "_read_json", read_then_removed)
+    with pytest.raises(CheckpointError, match=r"checkpoint .*/3 was removed while it was read") as error:
+        reader.restore_params(3)
+    assert "damaged" not in str(error.value)
+    reader.close()
