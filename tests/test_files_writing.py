@@ -118,11 +118,17 @@ def test_a_character_device_is_written_into_not_replaced(tmp_path):
     assert [entry.name for entry in tmp_path.iterdir()] == ["null"]
 
 
-def test_an_existing_fifo_still_needs_overwrite_and_a_socket_is_refused(tmp_path):
+def test_a_fifo_or_device_needs_no_overwrite_a_file_does_and_a_socket_is_refused(tmp_path):
     fifo = tmp_path / "named.pipe"
     os.mkfifo(fifo)
-    with pytest.raises(FlagError, match=r"named.pipe: already exists; pass --overwrite to replace it$"):
-        check_writable_file(str(fifo), "--output")
+    check_writable_file(str(fifo), "--output")  # written into, as the shell's `>` does: nothing replaced
+    check_writable_file("/dev/null", "--output")
+    (tmp_path / "kept.txt").write_text("mine\n")
+    with pytest.raises(FlagError, match=r"kept.txt: already exists; pass --overwrite to replace it$"):
+        check_writable_file(str(tmp_path / "kept.txt"), "--output")
+    (tmp_path / "link.txt").symlink_to(tmp_path / "kept.txt")  # a link to a file: that file would be replaced
+    with pytest.raises(FlagError, match=r"link.txt: already exists; pass --overwrite to replace it$"):
+        check_writable_file(str(tmp_path / "link.txt"), "--output")
     with socket.socket(socket.AF_UNIX) as listening:
         listening.bind(str(tmp_path / "sock"))
         with pytest.raises(FlagError, match=r"sock: is a socket, which cannot be written as a file$"):

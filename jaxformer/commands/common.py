@@ -148,7 +148,7 @@ def check_writable_file(
 ) -> None:
     """Fails now, not after the decoding, if `path` cannot be written: it is a directory or a
     socket, its folder is missing, or a file cannot be created there (permissions, read-only disk);
-    or if it already exists, unless `overwrite`; or if it is the same regular file as one of the
+    or if it is an existing file, unless `overwrite`; or if it is the same regular file as one of the
     command's `inputs` ({flag: path}), whatever `overwrite` says, since writing it would destroy
     what is being read. A symbolic link is checked as the file it points to, which is what
     write_text_atomically replaces; an existing FIFO or device (/dev/stdout) is written into, so
@@ -166,7 +166,7 @@ def check_writable_file(
             and os.path.samefile(target, input_path)
         ):
             raise FlagError(f"{flag} {path}: is the {input_flag} file; writing it would destroy what is read")
-    if target.exists() and not overwrite:
+    if target.is_file() and not overwrite:  # a FIFO or a device (/dev/stdout) is written into, not replaced
         raise FlagError(f"{flag} {path}: already exists; pass --overwrite to replace it")
     if target.is_socket():
         raise FlagError(f"{flag} {path}: is a socket, which cannot be written as a file")

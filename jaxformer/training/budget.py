@@ -101,16 +101,17 @@ class ScheduleEnd:
     def steps(self, state) -> float:
         return float(jax.device_get(end_step(state.opt_state)))
 
-    def set(self, state, steps: float, step: int | None = None):
-        """The schedule's end moved to `steps`; at train step `step` (a time budget's estimate), an
-        end within the warmup is said once the pace is known over a quarter of the warmup (the
-        first estimates, compilation included, run low)."""
+    def set(self, state, steps: float, step: int | None = None, ends_by: str = "the time budget"):
+        """The schedule's end moved to `steps` (where `ends_by` ends the run); at train step `step`
+        (a time budget's estimate), an end within the warmup is said once the pace is known over a
+        quarter of the warmup (the first estimates, compilation included, run low)."""
         settled = step is None or 4 * step >= self.warmup_steps
         if steps <= self.warmup_steps and settled and not self.warned_within_warmup:
             self.warned_within_warmup = True
             logging.warning(
-                "budget schedule: the time budget ends near step %.0f, within optimizer.warmup_steps=%d: "
-                "the rate will still be rising when it ends; a shorter warmup (or a longer budget) lets it decay",
+                "budget schedule: %s ends the run near step %.0f, within optimizer.warmup_steps=%d: "
+                "the rate will still be rising when it ends; a shorter warmup (or a longer run) lets it decay",
+                ends_by,
                 steps,
                 self.warmup_steps,
             )
@@ -126,7 +127,7 @@ class ScheduleEnd:
             return state
         if resumed and abs(self.steps(state) - self.max_steps) > 0.5:
             logging.info("budget schedule: its end moves from step %.0f to %d", self.steps(state), self.max_steps)
-        return self.set(state, self.max_steps)
+        return self.set(state, self.max_steps, ends_by=f"training.num_train_steps={self.max_steps}")
 
 
 class BudgetReading(NamedTuple):
@@ -146,7 +147,9 @@ def check_budget(budget: TimeBudget, schedule_end: ScheduleEnd, state, step: int
         reading = np.asarray(multihost_utils.broadcast_one_to_all(reading))
     spent, estimate, seconds = bool(reading[0]), float(reading[1]), float(reading[2])
     if estimate > 0 and schedule_end.active:
-        state = schedule_end.set(state, estimate, step)
+        capped = estimate >= training.num_train_steps  # the estimate stops at the run's own end
+        ends_by = f"training.num_train_steps={training.num_train_steps}" if capped else "the time budget"
+        state = schedule_end.set(state, estimate, step, ends_by)
     if step % training.log_every_steps == 0:
         writer.write(step, {"seconds": seconds, "end_step": estimate if estimate > 0 else math.nan}, prefix="budget/")
     return BudgetReading(spent, seconds, estimate if estimate > 0 else None), state

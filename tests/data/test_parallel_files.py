@@ -352,6 +352,19 @@ def test_a_failed_preparation_leaves_no_empty_dataset_folder(tmp_path):
     assert len(read(get_builder(section(tmp_path, train=str(broken), validation_holdout=2)), "train")) == 18
 
 
+def test_file_lines_are_known_for_splits_read_whole_from_a_file(tmp_path):
+    """Where evaluate --output puts each pair: known for a split read whole from its file; not for
+    a validation split held out of the training file, nor for the training split it was held out of."""
+    train = write_tsv(tmp_path / "train.tsv", [*pairs(0, 5), ("", "vide"), *pairs(5, 20)])
+    test = write_tsv(tmp_path / "test.tsv", [("un", "一"), ("deux", ""), ("trois", "三")])
+    held_out = get_builder(section(tmp_path, train=str(train), test=str(test), validation_holdout=2))
+    assert held_out.file_lines("train") is None and held_out.file_lines("validation") is None
+    assert held_out.file_lines("test") == ([1, 3], 3)
+    given = get_builder(section(tmp_path, train=str(train), validation=str(test)))
+    assert given.file_lines("train") == ([*range(1, 6), *range(7, 27)], 26)  # pairs(start, count)
+    assert given.file_lines("validation") == ([1, 3], 3)
+
+
 def test_a_byte_order_mark_is_not_text(tmp_path):
     good = pairs(0, 20)
     bom = b"\xef\xbb\xbf"

@@ -216,9 +216,28 @@ def test_an_end_within_the_warmup_is_said_once(caplog):
         for estimate in (WARMUP - 2.0, WARMUP - 3.0):
             state = schedule_end.set(state, estimate, step=WARMUP)
     assert len(caplog.messages) == 1 and caplog.messages[0].startswith(
-        f"budget schedule: the time budget ends near step {WARMUP - 2}, within optimizer.warmup_steps={WARMUP}: "
+        f"budget schedule: the time budget ends the run near step {WARMUP - 2}, within "
+        f"optimizer.warmup_steps={WARMUP}: "
     )
     assert schedule_end.steps(state) == WARMUP - 3.0  # said, not changed
+
+
+def test_an_end_within_the_warmup_names_num_train_steps_where_it_ends_the_run(caplog):
+    """A time budget with num_train_steps inside the warmup: the steps end the run, not the budget."""
+    config = default_config()
+    config.optimizer.update(schedule="budget", warmup_steps=WARMUP, learning_rate_scale=1.0, decay_floor=0.0)
+    config.training.update(time_budget_minutes=55.0, num_train_steps=WARMUP - 5)
+    optimizer, _ = make_optimizer(config.optimizer, D_MODEL)
+    params = {"w": jnp.zeros(3)}
+    state = TrainState(step=jnp.int32(0), params=params, opt_state=optimizer.init(params), rng=jax.random.key(0))
+    schedule_end = ScheduleEnd(config, state, jax.sharding.SingleDeviceSharding(jax.devices()[0]))
+    with caplog.at_level(logging.WARNING):
+        schedule_end.at_start(state, 0, resumed=False, timed=True)
+    assert caplog.messages == [
+        f"budget schedule: training.num_train_steps={WARMUP - 5} ends the run near step {WARMUP - 5}, within "
+        f"optimizer.warmup_steps={WARMUP}: the rate will still be rising when it ends; a shorter warmup (or a "
+        "longer run) lets it decay"
+    ]
 
 
 def test_the_run_saves_the_candidate_with_the_highest_validation_bleu(scheduled_run, data_dir):
