@@ -8,6 +8,7 @@ import os
 import pathlib
 import secrets
 import stat
+import sys
 import tempfile
 
 
@@ -22,6 +23,14 @@ def write_bytes_atomically(path: str | pathlib.Path, data: bytes) -> None:
     data, as a shell's `>` would do. A FIFO, a terminal or another device cannot be swapped for a
     new file, so it is written into directly."""
     path = pathlib.Path(path)
+    descriptor = open_descriptor(path)
+    if descriptor is not None:  # /dev/stdout and the like: what the shell redirected, kept as it is
+        if descriptor in (1, 2):
+            (sys.stdout if descriptor == 1 else sys.stderr).flush()  # what this process printed comes first
+        view = memoryview(data)
+        while view:
+            view = view[os.write(descriptor, view) :]
+        return
     try:
         existing_mode = path.stat().st_mode
     except FileNotFoundError:
@@ -46,6 +55,20 @@ def write_bytes_atomically(path: str | pathlib.Path, data: bytes) -> None:
         with contextlib.suppress(OSError):
             os.unlink(temporary)
         raise
+
+
+def open_descriptor(path: str | pathlib.Path) -> int | None:
+    """The file descriptor of this process that `path` names (/dev/stdout, /dev/stderr, /dev/fd/N,
+    /proc/self/fd/N), or None. Such a path is written through the descriptor: opened by name it
+    would truncate, or be renamed over, a file the shell redirected stdout to (`>> log`)."""
+    text = os.path.abspath(str(path))
+    named = {"/dev/stdout": 1, "/dev/stderr": 2}
+    if text in named:
+        return named[text]
+    for folder in ("/dev/fd/", "/proc/self/fd/", f"/proc/{os.getpid()}/fd/"):
+        if text.startswith(folder) and text[len(folder) :].isdigit():
+            return int(text[len(folder) :])
+    return None
 
 
 def _create_unique_file(destination: pathlib.Path) -> tuple[int, str]:

@@ -6,12 +6,16 @@ import os
 import pathlib
 import socket
 import stat
+import subprocess
+import sys
 
 import pytest
 
 from jaxformer.commands import evaluate, translate
 from jaxformer.commands.common import FlagError, check_readable_file, check_writable_file
-from jaxformer.files import write_text_atomically
+from jaxformer.files import open_descriptor, write_text_atomically
+
+ROOT = pathlib.Path(__file__).parents[1]
 
 
 @pytest.fixture
@@ -190,3 +194,20 @@ def test_evaluate_reads_process_substitutions(tmp_path, monkeypatch):
     finally:
         os.close(sources[0])
         os.close(references[0])
+
+
+def test_dev_stdout_redirected_to_a_file_is_written_through_the_descriptor(tmp_path):
+    """`cmd --output /dev/stdout >> log`: the log keeps what was in it and what the process
+    printed first; opened by name the file would be truncated, or renamed over."""
+    log = tmp_path / "log.txt"
+    log.write_text("header\n")
+    program = (
+        "import sys; from jaxformer.files import write_text_atomically; "
+        "print('printed first'); write_text_atomically('/dev/stdout', 'written\\n'); print('printed after')"
+    )
+    with open(log, "a") as appended:
+        subprocess.run([sys.executable, "-c", program], stdout=appended, check=True, cwd=ROOT)
+    assert log.read_text() == "header\nprinted first\nwritten\nprinted after\n"
+    assert open_descriptor("/dev/stdout") == 1 and open_descriptor("/dev/fd/7") == 7
+    assert open_descriptor(tmp_path / "out.txt") is None
+    check_writable_file("/dev/stdout", "--output")  # no --overwrite: nothing is replaced

@@ -25,7 +25,7 @@ import tqdm
 
 from jaxformer.commands.compilation_cache import enable_compilation_cache
 from jaxformer.errors import EXIT_USER_ERROR, UserError, exit_code_for_signal
-from jaxformer.files import write_text_atomically
+from jaxformer.files import open_descriptor, write_text_atomically
 from jaxformer.run.directory import CHECKPOINT_KINDS
 
 
@@ -154,6 +154,10 @@ def check_writable_file(
     write_text_atomically replaces; an existing FIFO or device (/dev/stdout) is written into, so
     only its own permission matters."""
     if path is None:
+        return
+    if open_descriptor(path) is not None:  # written through this process's descriptor, as the shell set it up
+        if not os.access(path, os.W_OK):
+            raise FlagError(f"{flag} {path}: not writable")
         return
     target = pathlib.Path(path)
     if target.is_dir():

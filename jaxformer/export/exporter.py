@@ -213,6 +213,10 @@ def _export_files(directory: pathlib.Path) -> set[str] | None:
 def check_output(output: pathlib.Path, overwrite: bool) -> None:
     """`ExportError` unless `output` is absent, an empty directory, or (with `overwrite`) an export
     and nothing else."""
+    if output.is_symlink():  # the new export is renamed into place: it would replace the link, not fill its folder
+        raise ExportError(
+            f"the output {output} is a symbolic link (to {os.readlink(output)}); give the folder itself as --output"
+        )
     if output.exists() and not output.is_dir():
         raise ExportError(f"the output {output} is a file, not a directory")
     if not output.is_dir() or not any(output.iterdir()):

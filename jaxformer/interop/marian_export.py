@@ -9,6 +9,7 @@ import json
 import logging
 import os
 import pathlib
+import sys
 from collections.abc import Mapping
 from typing import Any
 
@@ -199,7 +200,16 @@ def export_marian(
         max_length=max_positions,
     )
     output.mkdir(parents=True, exist_ok=True)
-    model.save_pretrained(output)
+    from transformers.utils import logging as transformers_logging
+
+    bar_was_on = transformers_logging.is_progress_bar_enabled()
+    if not sys.stderr.isatty():  # its shard-writing bar redraws with carriage returns into a redirected log
+        transformers_logging.disable_progress_bar()
+    try:
+        model.save_pretrained(output)
+    finally:
+        if bar_was_on:
+            transformers_logging.enable_progress_bar()
     (output / "source.spm").write_bytes(source.model_proto)
     (output / "target.spm").write_bytes(target.model_proto)
     (output / "vocab.json").write_text(json.dumps({piece: index for index, piece in enumerate(pieces)}, indent=2))

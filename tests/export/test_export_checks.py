@@ -142,6 +142,23 @@ def test_overwrite_refuses_an_export_beside_other_files(exported, workdir, tmp_p
     assert sorted(str(path.relative_to(output)) for path in output.rglob("*")) == before
 
 
+def test_an_output_that_is_a_symbolic_link_is_refused_before_any_work(workdir, tmp_path, capsys, monkeypatch):
+    (tmp_path / "real").mkdir()
+    (tmp_path / "link").symlink_to(tmp_path / "real")
+
+    def no_work(*args, **kwargs):
+        raise AssertionError("the checkpoint was read")
+
+    monkeypatch.setattr(exporter, "load_checkpoint", no_work)
+    for flags in ([], ["--overwrite"]):
+        assert export.main(["--workdir", str(workdir), "--output", str(tmp_path / "link"), *flags]) == 2
+        assert capsys.readouterr().err == (
+            f"error: the output {tmp_path / 'link'} is a symbolic link (to {tmp_path / 'real'}); give the folder "
+            "itself as --output\n"
+        )
+    assert (tmp_path / "link").is_symlink() and not any((tmp_path / "real").iterdir())
+
+
 def test_overwrite_replaces_an_export_that_python_has_run(exported, workdir, tmp_path, symbolic_shapes_unchecked):
     """serve.py and its helper compiled into __pycache__ by a run are the export's own files."""
     output = tmp_path / "served"
