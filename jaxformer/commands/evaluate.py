@@ -51,15 +51,18 @@ def split_pairs(workdir: str, split: str, max_examples: int | None) -> tuple[lis
     """(sources, references) of a split of the run's own dataset and language pair, and where
     they are in the user's file if it had lines that are not pairs (else None)."""
     from jaxformer.data.pipeline import read_records, record_text
-    from jaxformer.data.sources import get_builder, load_split
+    from jaxformer.data.sources import check_same_data, get_builder, load_split
 
     _, metadata, _ = load_checkpoint(workdir, "latest", params=False)
     data = metadata.config["data"]
     languages = (data["source_language"], data["target_language"])
     builder = get_builder(ml_collections.ConfigDict(data))
-    _check_same_data(workdir, metadata.data_fingerprint, builder)  # files known up front: before preparing
+    # The run's split only comes from the data it was trained on: with other or edited files a
+    # held-out validation split could hold training pairs, and a test file would not be the run's.
+    remedy = "restore the files, or score files of your own with --source and --reference"
+    check_same_data(builder, metadata.data_fingerprint, workdir, remedy)  # files known up front: before preparing
     records = load_split(builder, split, languages)
-    _check_same_data(workdir, metadata.data_fingerprint, builder)  # fingerprinted once fetched
+    check_same_data(builder, metadata.data_fingerprint, workdir, remedy)  # fingerprinted once fetched
     count = len(records) if max_examples is None else min(max_examples, len(records))
     rows = list(read_records(records, range(count)))
     file_lines = _file_lines(builder, split, len(records), count)
@@ -85,19 +88,6 @@ def _file_lines(builder, split: str, prepared: int, count: int) -> FileLines | N
             total,
         )
     return FileLines(numbers[:count], total)
-
-
-def _check_same_data(workdir: str, trained_on: str | None, builder) -> None:
-    """The run's split only comes from the data it was trained on: with other or edited files a
-    held-out validation split could hold training pairs, and a test file would not be the run's."""
-    from jaxformer.data.sources import data_fingerprint
-
-    now = data_fingerprint(builder)
-    if trained_on is not None and now is not None and now != trained_on:
-        raise DataError(
-            f"{workdir} was trained on other data files (fingerprint {trained_on}) than {builder.name} has now "
-            f"({now}); restore the files, or score files of your own with --source and --reference"
-        )
 
 
 def build_parser() -> argparse.ArgumentParser:

@@ -90,6 +90,19 @@ def data_fingerprint(builder) -> str | None:
     return getattr(builder, "fingerprint", None)
 
 
+def check_same_data(builder, trained_on: str | None, workdir, remedy: str) -> None:
+    """A DataError when the run in `workdir`, trained on data of fingerprint `trained_on`, would
+    now read other files through `builder`; `remedy` ends the message. Local files are fingerprinted
+    when the builder is made, so this is known before a copy of them is prepared; downloaded ones
+    once they are fetched (None until then: check again after preparing)."""
+    now = data_fingerprint(builder)
+    if trained_on is not None and now is not None and now != trained_on:
+        raise DataError(
+            f"{workdir} was trained on other data files (fingerprint {trained_on}) than {builder.name} has now "
+            f"({now}); {remedy}"
+        )
+
+
 def prepare(builder) -> None:
     """`builder.download_and_prepare()`, whose progress lines tfds prints to stdout, on stderr with the
     logs: stdout is where the commands write translations and scores."""

@@ -56,10 +56,11 @@ def _choice_values(config: dict[str, Any]) -> dict[str, Any]:
     return {key: flat[key] for key in CHOICE_KEYS}
 
 
-def _choice_settings(config: dict[str, Any], kept: int) -> dict[str, Any]:
-    """`_choice_values` as far as they change the choice: final_alphas only for beam search, which
-    alone reads a length penalty, and average_last as the number averaged of the `kept` checkpoints."""
-    settings = _choice_values(config)
+def _choice_settings(values: dict[str, Any], kept: int) -> dict[str, Any]:
+    """`_choice_values`' `values` as far as they change the choice: final_alphas only for beam
+    search, which alone reads a length penalty, and average_last as the number averaged of the
+    `kept` checkpoints."""
+    settings = dict(values)
     if settings["decoding.method"] != "beam":
         settings["training.final_alphas"] = ()
     averaged = min(settings["training.average_last"], kept)
@@ -73,9 +74,9 @@ def _refuse_other_settings(config: ml_collections.ConfigDict, run: RunDirectory,
     reader = Checkpointer(run.checkpoints, keep=None, read_only=True)
     kept = len(reader.steps())
     reader.close()
-    made_with, now = _choice_settings(chosen.config, kept), _choice_settings(config.to_dict(), kept)
+    was, current = _choice_values(chosen.config), _choice_values(config.to_dict())
+    made_with, now = _choice_settings(was, kept), _choice_settings(current, kept)
     if made_with != now:
-        was, current = _choice_values(chosen.config), _choice_values(config.to_dict())
         # the keys changed: final_alphas unchanged but read no more under greedy search is not one
         named = ", ".join(
             f"{key}={was[key]!r} (now {current[key]!r})"

@@ -20,7 +20,7 @@ import ml_collections
 import numpy as np
 from jax.experimental import multihost_utils
 
-from jaxformer.data.sources import data_fingerprint, get_builder, load_split, prepare
+from jaxformer.data.sources import check_same_data, data_fingerprint, get_builder, load_split, prepare
 from jaxformer.errors import CheckpointError
 from jaxformer.model.architectures import build_model
 from jaxformer.model.config import TransformerConfig
@@ -95,18 +95,6 @@ def prepare_data(data: ml_collections.ConfigDict, builder) -> tuple[Any, Any]:
             prepare(builder)
         multihost_utils.sync_global_devices("jaxformer: dataset prepared")
     return load_split(builder, data.train_split, languages), load_split(builder, data.eval_split, languages)
-
-
-def check_same_data(workdir: pathlib.Path, saved: CheckpointMetadata | None, builder) -> None:
-    """A CheckpointError when the run in `workdir` was trained on other data files than `builder`
-    reads now. Local files are fingerprinted when the builder is made, so this is known before a
-    copy of the new files is prepared; downloaded ones once they are fetched (None until then)."""
-    fingerprint = data_fingerprint(builder)
-    if None not in (saved and saved.data_fingerprint, fingerprint) and saved.data_fingerprint != fingerprint:
-        raise CheckpointError(
-            f"{workdir} was trained on other data files (fingerprint {saved.data_fingerprint}) than "
-            f"{builder.name} has now ({fingerprint}); restore the files or use a new workdir"
-        )
 
 
 # ------------------------------------------------------------------------------------------
@@ -185,9 +173,10 @@ def prepare_run(config: ml_collections.ConfigDict, workdir: pathlib.Path) -> Pre
         check_mesh_fits_the_configured_model(config, mesh, rules)
 
     builder = get_builder(data)
-    check_same_data(workdir, saved, builder)  # before preparing: a refused resume prepares nothing
+    trained_on, remedy = saved and saved.data_fingerprint, "restore the files or use a new workdir"
+    check_same_data(builder, trained_on, workdir, remedy)  # before preparing: a refused resume prepares nothing
     train_source, eval_source = prepare_data(data, builder)
-    check_same_data(workdir, saved, builder)  # downloaded files: fingerprinted once fetched
+    check_same_data(builder, trained_on, workdir, remedy)  # downloaded files: fingerprinted once fetched
     fingerprint = data_fingerprint(builder)
     if latest is not None:
         saved_tokenizers = (saved, f"checkpoint {latest[0]} of {checkpointer.directory}")
