@@ -35,9 +35,7 @@ def write_bytes_atomically(path: str | pathlib.Path, data: bytes) -> None:
         existing_mode = path.stat().st_mode
     except FileNotFoundError:
         existing_mode = None
-    if existing_mode is not None and not stat.S_ISREG(existing_mode):
-        # Opened through `path` itself: /dev/stdout's link /proc/self/fd/1 names a pipe as
-        # "pipe:[1234]", which no resolved path reaches.
+    if existing_mode is not None and not stat.S_ISREG(existing_mode):  # a FIFO or a device: no rename can replace it
         with open(path, "wb") as stream:
             stream.write(data)
         return
