@@ -23,6 +23,7 @@ from collections.abc import Callable
 
 import tqdm
 
+from jaxformer.argument_parser import Parser
 from jaxformer.commands.compilation_cache import enable_compilation_cache
 from jaxformer.errors import EXIT_USER_ERROR, UserError, exit_code_for_signal
 from jaxformer.files import open_descriptor, write_text_atomically
@@ -31,37 +32,6 @@ from jaxformer.run.directory import CHECKPOINT_KINDS
 
 class FlagError(UserError):
     """A command-line flag has a value the command cannot use."""
-
-
-class _StoreOnce(argparse._StoreAction):
-    """argparse's plain `store`, refusing a second value: argparse would keep the last one and
-    drop the first without a word, so `--config tiny ... --config multi30k` would train multi30k."""
-
-    def __call__(self, parser, namespace, values, option_string=None):
-        given = parser.__dict__.setdefault("_values_given", {})
-        if option_string is not None:  # a positional argument cannot be given twice
-            if self in given:
-                raise argparse.ArgumentError(self, f"given twice ({given[self]!r}, then {values!r})")
-            given[self] = values
-        super().__call__(parser, namespace, values, option_string)
-
-
-class Parser(argparse.ArgumentParser):
-    """argparse with one-line errors: `error: argument --batch_size: ...; see --help`, and a flag
-    that holds one value refused when given twice."""
-
-    def __init__(self, *args, **kwargs):
-        super().__init__(*args, **kwargs)
-        self.register("action", None, _StoreOnce)
-        self.register("action", "store", _StoreOnce)
-
-    def parse_known_args(self, args=None, namespace=None):
-        self._values_given = {}  # each parse starts afresh: a parser may parse several command lines
-        return super().parse_known_args(args, namespace)
-
-    def error(self, message: str):
-        sys.stderr.write(f"error: {message}; see {self.prog} --help\n")
-        sys.exit(EXIT_USER_ERROR)
 
 
 CACHE_NOTE = (  # every command's --help ends with it (the formatter keeps these line breaks)

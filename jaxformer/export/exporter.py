@@ -24,7 +24,6 @@ from typing import Any
 
 import jax
 
-from jaxformer.decoding import sentence_batches
 from jaxformer.decoding.generate import DecodeSettings, decoding_variant
 from jaxformer.errors import CheckpointError
 from jaxformer.export import standalone
@@ -38,6 +37,7 @@ PARAMETERS_FILE = "params.safetensors"
 TOKENIZER_FILE = "tokenizer.model"  # the shared vocabulary's, or the source side's
 TARGET_TOKENIZER_FILE = "tokenizer.target.model"  # with separate vocabularies only
 PROGRAM_FILE = "beam_search.jaxexport"
+PACKAGE_FOLDER = pathlib.Path(standalone.__file__).parents[1]  # jaxformer/, where LOADER_IMPORTS are
 
 
 @dataclasses.dataclass(frozen=True)
@@ -119,8 +119,8 @@ def export_checkpoint(
             "program": write_program(staging, program),
         }
         shutil.copyfile(standalone.__file__, staging / standalone.LOADER_FILE)
-        for name in standalone.LOADER_IMPORTS:
-            shutil.copyfile(pathlib.Path(sentence_batches.__file__).with_name(name), staging / name)
+        for module in standalone.LOADER_IMPORTS:
+            shutil.copyfile(PACKAGE_FOLDER / module, staging / pathlib.PurePath(module).name)
         description = {
             "format": standalone.FORMAT,
             "format_version": standalone.FORMAT_VERSION,
@@ -147,7 +147,9 @@ def export_checkpoint(
                 **files,
                 "loader": {
                     **_file_entry(staging / standalone.LOADER_FILE),
-                    "imports": [_file_entry(staging / name) for name in standalone.LOADER_IMPORTS],
+                    "imports": [
+                        _file_entry(staging / pathlib.PurePath(module).name) for module in standalone.LOADER_IMPORTS
+                    ],
                 },
             },
         }

@@ -23,6 +23,7 @@ The directory holds (the names are config.json's "files", with their SHA-256):
                             scores float32 [B, K]), B and S symbolic (S <= max_source_length)
     serve.py                this file
     sentence_batches.py     a copy of jaxformer/decoding/sentence_batches.py, which serve.py imports
+    argument_parser.py      a copy of jaxformer/argument_parser.py, serve.py's command line
 
 The parameters file is safetensors, read here with numpy alone: an 8-byte little-endian header
 length, a JSON header {name: {dtype, shape, data_offsets}} and the raw little-endian bytes.
@@ -59,20 +60,24 @@ def _import_beside(name: str):
     return module
 
 
-_MISSING_HELPER: str | None = None  # why serve.py could not import its helper; `load` reports it
+_MISSING_HELPER: str | None = None  # why serve.py could not import a helper; `load` and `main` report it
 if __package__:  # jaxformer.export.standalone, inside the package
+    from jaxformer import argument_parser
     from jaxformer.decoding import sentence_batches
-else:  # serve.py, in an export beside its copy of jaxformer/decoding/sentence_batches.py
+else:  # serve.py, in an export beside its copies of the LOADER_IMPORTS
     try:
         sentence_batches = _import_beside("sentence_batches")
+        argument_parser = _import_beside("argument_parser")
     except ImportError as error:  # `import serve` still works; `load` raises ExportError naming the file
-        sentence_batches, _MISSING_HELPER = None, str(error)
+        _MISSING_HELPER = str(error)
 
 FORMAT = "jaxformer-export"
 FORMAT_VERSION = 1
 CONFIG_FILE = "config.json"
 LOADER_FILE = "serve.py"
-LOADER_IMPORTS = ("sentence_batches.py",)  # copied beside serve.py from jaxformer/decoding/
+# The jaxformer modules serve.py imports (standard library, numpy and jax only), by their path in
+# the package; each is copied beside serve.py under its file name.
+LOADER_IMPORTS = ("decoding/sentence_batches.py", "argument_parser.py")
 
 # safetensors dtype names; the data is stored little-endian.
 SAFETENSORS_DTYPES: dict[str, np.dtype] = {
@@ -505,7 +510,10 @@ def _positive(text: str) -> int:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(
+    if _MISSING_HELPER is not None:
+        sys.stderr.write(f"error: {_MISSING_HELPER}\n")
+        return 2
+    parser = argument_parser.Parser(
         description="Translate stdin to stdout, one sentence per line, with a jaxformer export."
     )
     parser.add_argument(

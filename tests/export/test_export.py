@@ -14,6 +14,7 @@ import jax
 import numpy as np
 import pytest
 
+from jaxformer import argument_parser
 from jaxformer.commands import export
 from jaxformer.decoding import sentence_batches
 from jaxformer.decoding.generate import DecodeSettings, decoding_variant, make_generate_fn
@@ -82,6 +83,7 @@ def sentences(translator):
 
 def test_the_directory_holds_everything_serving_needs(exported, workdir):
     assert sorted(os.listdir(exported)) == [
+        "argument_parser.py",
         "beam_search.jaxexport",
         "config.json",
         "params.safetensors",
@@ -117,11 +119,15 @@ def test_the_directory_holds_everything_serving_needs(exported, workdir):
     assert config["platforms"] == ["cpu", "cuda", "tpu"] and config["platforms_failed"] == {}
     assert (exported / "serve.py").read_bytes() == pathlib.Path(standalone.__file__).read_bytes()
     assert (exported / "sentence_batches.py").read_bytes() == pathlib.Path(sentence_batches.__file__).read_bytes()
+    assert (exported / "argument_parser.py").read_bytes() == pathlib.Path(argument_parser.__file__).read_bytes()
     digest = lambda path: hashlib.sha256(path.read_bytes()).hexdigest()  # noqa: E731
     assert config["files"]["loader"] == {
         "name": "serve.py",
         "sha256": digest(exported / "serve.py"),
-        "imports": [{"name": "sentence_batches.py", "sha256": digest(exported / "sentence_batches.py")}],
+        "imports": [
+            {"name": "sentence_batches.py", "sha256": digest(exported / "sentence_batches.py")},
+            {"name": "argument_parser.py", "sha256": digest(exported / "argument_parser.py")},
+        ],
     }
     assert (exported / "tokenizer.model").read_bytes() == metadata.tokenizer
     stored = read_safetensors(exported / "params.safetensors")
@@ -310,6 +316,26 @@ def test_serve_py_names_a_missing_helper(exported, tmp_path):
     )
     assert result.returncode != 0
     assert f"{lone / 'sentence_batches.py'} is missing" in result.stderr
+
+
+@pytest.mark.parametrize(
+    "flags, message",
+    [
+        (["--batch_size", "2", "--batch_size", "3"], "argument --batch_size: given twice (2, then 3)"),
+        (["--batch_size", "0"], "argument --batch_size: must be an integer >= 1, got '0'"),
+        (["--no_such_flag"], "unrecognized arguments: --no_such_flag"),
+    ],
+)
+def test_serve_py_refuses_a_bad_command_line_in_one_line(exported, flags, message):
+    result = subprocess.run(
+        [sys.executable, str(exported / "serve.py"), *flags],
+        input="A man.\n",
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert result.returncode == 2 and result.stdout == ""
+    assert result.stderr == f"error: {message}; see serve.py --help\n"
 
 
 def test_serve_py_reads_its_input_before_the_model(exported, tmp_path):

@@ -1,0 +1,44 @@
+"""The command-line parser of every jaxformer command and of an export's serve.py: argparse with
+one-line errors, and a flag that holds one value refused when given twice.
+
+It imports the standard library alone, because `jaxformer-export` copies it beside serve.py,
+which runs where jaxformer is not installed.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+
+EXIT_USAGE = 2  # argparse's status for a bad command line; jaxformer.errors.EXIT_USER_ERROR is the same
+
+
+class _StoreOnce(argparse._StoreAction):
+    """argparse's plain `store`, refusing a second value: argparse would keep the last one and
+    drop the first without a word, so `--config tiny ... --config multi30k` would train multi30k."""
+
+    def __call__(self, parser, namespace, values, option_string=None):
+        given = parser.__dict__.setdefault("_values_given", {})
+        if option_string is not None:  # a positional argument cannot be given twice
+            if self in given:
+                raise argparse.ArgumentError(self, f"given twice ({given[self]!r}, then {values!r})")
+            given[self] = values
+        super().__call__(parser, namespace, values, option_string)
+
+
+class Parser(argparse.ArgumentParser):
+    """argparse with one-line errors (`error: argument --batch_size: ...; see PROG --help`, where
+    argparse prints its usage first), and a flag that holds one value refused when given twice."""
+
+    def __init__(self, *args, **kwargs):
+        super().__init__(*args, **kwargs)
+        self.register("action", None, _StoreOnce)
+        self.register("action", "store", _StoreOnce)
+
+    def parse_known_args(self, args=None, namespace=None):
+        self._values_given = {}  # each parse starts afresh: a parser may parse several command lines
+        return super().parse_known_args(args, namespace)
+
+    def error(self, message: str):
+        sys.stderr.write(f"error: {message}; see {self.prog} --help\n")
+        sys.exit(EXIT_USAGE)
