@@ -15,6 +15,7 @@ sides they take when they initialise a translator.
 from __future__ import annotations
 
 import dataclasses
+import zlib
 from collections.abc import Mapping
 from typing import Any, ClassVar
 
@@ -23,6 +24,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from jaxformer.data.parallel_text import DataError
 from jaxformer.model.config import TransformerConfig
 from jaxformer.model.transformer import shift_right
 from jaxformer.tokens import PAD_ID
@@ -121,14 +123,49 @@ class MaskedLanguageModel(Objective):
         return outputs, targets, weights
 
     def evaluation_batches(self, batches: list[dict[str, np.ndarray]]) -> list[dict[str, np.ndarray]]:
-        """Each batch with its masking drawn once (from `seed` and its index), so that every
-        evaluation scores the same positions."""
-        masked_batches = []
-        for index, batch in enumerate(batches):
-            rng = jax.random.fold_in(jax.random.key(self.seed), index)
-            inputs, targets, weights = jax.device_get(self.masked(rng, jnp.asarray(batch["inputs"])))
-            masked_batches.append({**batch, "inputs": inputs, MASKED_TARGETS: targets, MASKED_WEIGHTS: weights})
-        return masked_batches
+        """Each batch with its masking drawn once, per example: an example's masking depends on
+        `seed` and its tokens alone, not on the row or batch it was packed into, so that every
+        evaluation, at every data.eval_batch_size, scores the same positions."""
+        spans = [(batch, *span) for batch in batches for span in _example_spans(batch)]
+        examples = np.zeros((len(spans), batches[0]["inputs"].shape[1]), np.int32)  # [N, S], each from position 0
+        for number, (batch, row, start, end) in enumerate(spans):
+            examples[number, : end - start] = batch["inputs"][row, start:end]
+        # A digest of each example's tokens picks its key: identical sentences are masked alike.
+        digests = np.array([zlib.crc32(example.astype("<i4").tobytes()) for example in examples], np.uint32)  # [N]
+        keys = jax.vmap(jax.random.fold_in, in_axes=(None, 0))(jax.random.key(self.seed), digests)  # [N]
+        drawn = jax.device_get(jax.vmap(lambda key, example: self.masked(key, example[None]))(keys, examples))
+        if not drawn.weights.any():  # every evaluation would report a loss of 0
+            raise DataError(
+                f"evaluation: the masking (seed {self.seed}) selects none of the {int((examples != PAD_ID).sum())} "
+                f"tokens of the {len(spans)} validation examples; evaluate more of them (data.max_eval_examples)"
+            )
+        masked = {
+            id(batch): {
+                "inputs": batch["inputs"].copy(),
+                MASKED_TARGETS: batch["inputs"].copy(),
+                MASKED_WEIGHTS: np.zeros(batch["inputs"].shape, np.float32),
+            }
+            for batch in batches
+        }
+        for number, (batch, row, start, end) in enumerate(spans):
+            for key, values in zip(("inputs", MASKED_TARGETS, MASKED_WEIGHTS), drawn):  # values [N, 1, S]
+                masked[id(batch)][key][row, start:end] = values[number, 0, : end - start]
+        return [{**batch, **masked[id(batch)]} for batch in batches]
+
+
+def _example_spans(batch: Mapping[str, np.ndarray]) -> list[tuple[int, int, int]]:
+    """(row, start, end) of each example of a packed batch's "inputs", in order; without segment
+    ids, a row's tokens before its padding are one example."""
+    tokens = batch["inputs"]  # [B, S]
+    segments = batch.get("inputs_segment_ids")
+    if segments is None:
+        segments = (tokens != PAD_ID).astype(np.int32)  # [B, S]
+    spans = []
+    for row in range(tokens.shape[0]):
+        for segment in np.unique(segments[row][segments[row] > 0]):
+            (positions,) = np.nonzero(segments[row] == segment)
+            spans.append((row, int(positions[0]), int(positions[-1]) + 1))
+    return spans
 
 
 def objective_for(config: TransformerConfig, mask_id: int | None = None, seed: int = 0) -> Objective:

@@ -5,8 +5,10 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
+from jaxformer.data.parallel_text import DataError
 from jaxformer.tokens import BOS_ID, EOS_ID, NUM_SPECIAL_TOKENS, PAD_ID, UNK_ID
 from jaxformer.training.mlm_masking import mask_tokens
+from jaxformer.training.objectives import MASKED_TARGETS, MASKED_WEIGHTS, MaskedLanguageModel
 
 VOCAB = 60
 
@@ -72,3 +74,68 @@ def test_the_same_key_gives_the_same_masking_and_another_key_another():
     other = mask_tokens(jax.random.key(4), tokens, 4, VOCAB)
     np.testing.assert_array_equal(first.inputs, again.inputs)
     assert not np.array_equal(first.weights, other.weights)
+
+
+def _packed(examples, per_row, rows_per_batch, row_length=24):
+    """`examples` packed `per_row` to a row (segment ids 1, 2, ...), in batches of `rows_per_batch`
+    rows, the last padded with empty rows, as the evaluation pipeline lays them out."""
+    rows = [examples[i : i + per_row] for i in range(0, len(examples), per_row)]
+    batches = []
+    for first in range(0, len(rows), rows_per_batch):
+        inputs = np.zeros((rows_per_batch, row_length), np.int32)
+        segments = np.zeros_like(inputs)
+        for row, packed in enumerate(rows[first : first + rows_per_batch]):
+            position = 0
+            for segment, example in enumerate(packed, start=1):
+                inputs[row, position : position + len(example)] = example
+                segments[row, position : position + len(example)] = segment
+                position += len(example)
+        batches.append({"inputs": inputs, "inputs_segment_ids": segments})
+    return batches
+
+
+def _by_example(batches):
+    """{example's tokens: (masked inputs, weights)} of masked evaluation batches."""
+    found = {}
+    for batch in batches:
+        for row in range(batch["inputs"].shape[0]):
+            segments = batch["inputs_segment_ids"][row]
+            for segment in np.unique(segments[segments > 0]):
+                span = segments == segment
+                key = tuple(batch[MASKED_TARGETS][row, span])
+                found[key] = (tuple(batch["inputs"][row, span]), tuple(batch[MASKED_WEIGHTS][row, span]))
+    return found
+
+
+def test_evaluation_masking_is_per_example_whatever_the_packing():
+    """An example is masked alike packed alone in batches of 4 rows or three to a row in batches of
+    3: which positions an evaluation scores cannot depend on data.eval_batch_size."""
+    rng = np.random.default_rng(5)
+    examples = [rng.integers(NUM_SPECIAL_TOKENS + 1, VOCAB, rng.integers(3, 8)).astype(np.int32) for _ in range(30)]
+    objective = MaskedLanguageModel(mask_id=4, vocab_size=VOCAB, seed=7)
+    alone = _by_example(objective.evaluation_batches(_packed(examples, per_row=1, rows_per_batch=4)))
+    three = _by_example(objective.evaluation_batches(_packed(examples, per_row=3, rows_per_batch=3)))
+    assert len(alone) == len(three) == len({tuple(e) for e in examples}) and alone == three
+    weights = np.concatenate([np.array(w) for _, w in alone.values()])
+    assert 0 < weights.sum() < len(weights)  # some positions scored, not all
+    changed = [inputs != targets for targets, (inputs, _) in alone.items()]
+    assert any(changed)
+    other_seed = MaskedLanguageModel(mask_id=4, vocab_size=VOCAB, seed=8)
+    assert _by_example(other_seed.evaluation_batches(_packed(examples, per_row=1, rows_per_batch=4))) != alone
+
+
+def test_evaluation_that_masks_no_token_is_refused():
+    """Validation whose masking selects nothing would score a loss of 0 and a perplexity of 1."""
+    one_token = [np.array([NUM_SPECIAL_TOKENS + 1], np.int32)]
+    for seed in range(100):  # a seed whose masking skips the one token (15% select it)
+        objective = MaskedLanguageModel(mask_id=4, vocab_size=VOCAB, seed=seed)
+        try:
+            objective.evaluation_batches(_packed(one_token, per_row=1, rows_per_batch=2))
+        except DataError as error:
+            assert str(error) == (
+                f"evaluation: the masking (seed {seed}) selects none of the 1 tokens of the 1 validation examples; "
+                "evaluate more of them (data.max_eval_examples)"
+            )
+            break
+    else:
+        pytest.fail("no seed of 100 left the one token unmasked")
