@@ -271,14 +271,43 @@ def unused_settings(config, resuming: bool = False) -> list[str]:
         unused.append(
             f"training.rdrop_decision_step={training.rdrop_decision_step} (training.rdrop_min_plain_steps is 0)"
         )
+    from jaxformer.training.experiment import default_config  # experiment imports this module
+
+    defaults = default_config()
+    for key, why in _translation_settings_unused(config):
+        section, name = key.split(".")
+        if config[section][name] != defaults[section][name]:
+            unused.append(f"{key}={config[section][name]!r} ({why})")
     untrained = None if resuming else _tokenizers_not_trained(config)
     if untrained:
-        from jaxformer.training.experiment import default_config  # experiment imports this module
-
-        defaults = default_config().tokenizer
         for key in TOKENIZER_TRAINING_KEYS:
-            if config.tokenizer[key] != defaults[key]:
+            if config.tokenizer[key] != defaults.tokenizer[key]:
                 unused.append(f"tokenizer.{key}={config.tokenizer[key]!r} ({untrained})")
+    return unused
+
+
+def _translation_settings_unused(config) -> list[tuple[str, str]]:
+    """(key, why) for each setting of translating during training (validation BLEU, the final
+    choice) that this config never reads."""
+    training = config.training
+    architecture = config.model.get("architecture", "encoder_decoder")
+    if architecture != "encoder_decoder":
+        why = f"model.architecture is {architecture!r}: nothing is translated during training"
+        keys = [f"decoding.{key}" for key in config.decoding] + [
+            "training.bleu_examples",
+            "training.bleu_method",
+            "training.average_last",
+        ]
+        return [(key, why) for key in keys]
+    unused = []
+    if not training.bleu_every_steps:
+        why = "training.bleu_every_steps is 0"
+        unused += [("training.bleu_examples", why), ("training.bleu_method", why)]
+    if not training.final_choice:
+        unused.append(("training.average_last", "training.final_choice is False"))
+        if not training.bleu_every_steps:
+            why = "training.bleu_every_steps is 0 and training.final_choice is False: nothing is translated"
+            unused += [(f"decoding.{key}", why) for key in config.decoding]
     return unused
 
 

@@ -171,3 +171,37 @@ def test_only_options_that_differ_from_the_defaults_are_named():
     assert unused_settings(tiny) == [
         "tokenizer.max_sentences=4000 (no tokenizer is trained: tokenizer.model_path gives the vocabulary)"
     ]
+
+
+@pytest.mark.parametrize("name", ["multi30k_lm", "multi30k_mlm"])
+def test_a_language_model_names_the_translation_settings_it_never_reads(name):
+    architecture = load_config(name).model.architecture
+    config = changed(
+        load_config(name),
+        {"decoding.beam_size": 8, "decoding.method": "sample", "training.bleu_examples": 100, "training.average_last": 2},
+    )
+    why = f"model.architecture is {architecture!r}: nothing is translated during training"
+    assert unused_settings(config) == [
+        f"decoding.beam_size=8 ({why})",
+        f"decoding.method='sample' ({why})",
+        f"training.bleu_examples=100 ({why})",
+        f"training.average_last=2 ({why})",
+    ]
+
+
+def test_a_translator_names_the_validation_bleu_and_final_choice_settings_it_never_reads():
+    config = changed(load_config("multi30k"), {"training.bleu_examples": 100, "decoding.beam_size": 6})
+    assert unused_settings(config) == []  # validation BLEU and the final choice read them
+    config = changed(config, {"training.bleu_every_steps": 0})
+    assert unused_settings(config) == [
+        "training.bleu_examples=100 (training.bleu_every_steps is 0)",
+        "training.bleu_method='greedy' (training.bleu_every_steps is 0)",
+    ]
+    config = changed(config, {"training.final_choice": False, "training.final_alphas": (), "training.average_last": 3})
+    nothing = "training.bleu_every_steps is 0 and training.final_choice is False: nothing is translated"
+    assert unused_settings(config) == [
+        "training.bleu_examples=100 (training.bleu_every_steps is 0)",
+        "training.bleu_method='greedy' (training.bleu_every_steps is 0)",
+        "training.average_last=3 (training.final_choice is False)",
+        f"decoding.beam_size=6 ({nothing})",
+    ]
