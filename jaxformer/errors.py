@@ -16,6 +16,11 @@ def exit_code_for_signal(signum: int) -> int:
     return 128 + int(signum)
 
 
+def with_article(word: str) -> str:
+    """ "an encoder_only", "a decoder_only": a word of a message with its indefinite article."""
+    return f"{'an' if word[:1].lower() in tuple('aeiou') else 'a'} {word}"
+
+
 class UserError(Exception):
     """A problem in what the user gave (config, flags, files, workdir); the message names it."""
 

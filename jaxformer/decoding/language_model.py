@@ -19,6 +19,7 @@ import numpy as np
 from jaxformer.data.tokenizer import Tokenizer
 from jaxformer.decoding.generate import DecodeSettings, Hypotheses, decoding_variant, search
 from jaxformer.decoding.search import SearchSpec
+from jaxformer.errors import with_article
 from jaxformer.model.cache import DecoderCache, init_cache
 from jaxformer.model.config import ConfigError, TransformerConfig
 from jaxformer.model.decoder_only import DecoderOnly
@@ -110,7 +111,7 @@ class LanguageModel:
                 "(training.init_encoder_from)",
             }.get(architecture, "")
             raise ConfigError(
-                f"{workdir} holds {'an' if architecture[0] in 'aeiou' else 'a'} {architecture} model; a LanguageModel "
+                f"{workdir} holds {with_article(architecture)} model; a LanguageModel "
                 f"(jaxformer-generate) continues text with a decoder_only one ({use})"
             )
         step, metadata, params = load_checkpoint(workdir, checkpoint)

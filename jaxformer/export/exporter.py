@@ -25,7 +25,7 @@ from typing import Any
 import jax
 
 from jaxformer.decoding.generate import DecodeSettings, decoding_variant
-from jaxformer.errors import CheckpointError
+from jaxformer.errors import CheckpointError, with_article
 from jaxformer.export import standalone
 from jaxformer.export.loading import ExportError, check_export
 from jaxformer.export.program import KNOWN_PLATFORMS, PLATFORMS, export_beam_search
@@ -89,7 +89,7 @@ def export_checkpoint(
     architecture = load_checkpoint(workdir, checkpoint, params=False)[1].model_config().architecture
     if architecture != "encoder_decoder":  # found before the parameters are read or anything is lowered
         raise ExportError(
-            f"{workdir} holds a {architecture} model; an export holds a translator's beam search "
+            f"{workdir} holds {with_article(architecture)} model; an export holds a translator's beam search "
             "and needs an encoder_decoder one"
         )
     with staging_directory(output) as staging:

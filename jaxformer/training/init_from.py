@@ -15,7 +15,7 @@ import ml_collections
 import numpy as np
 from flax import traverse_util
 
-from jaxformer.errors import CheckpointError
+from jaxformer.errors import CheckpointError, with_article
 from jaxformer.model.config import ConfigError, TransformerConfig
 from jaxformer.model.transformer import stack_layers, unstack_layers
 from jaxformer.run.loading import load_from_directory, locate_checkpoint
@@ -63,8 +63,8 @@ def load_starting_points(training: ml_collections.ConfigDict) -> tuple[StartingP
         found = metadata.model.get("architecture", "encoder_decoder")
         if part in _PART_ARCHITECTURE and found != _PART_ARCHITECTURE[part]:
             raise ConfigError(
-                f"training.{key}: {where} holds a {found} model; a translator's {part} starts from an "
-                f"{_PART_ARCHITECTURE[part]} run"
+                f"training.{key}: {where} holds {with_article(found)} model; a translator's {part} starts from "
+                f"{with_article(_PART_ARCHITECTURE[part])} run"
             )
         logging.info("starting the %s from the parameters of %s", "model" if part == "model" else part, where)
         points.append(StartingPoint(where=where, step=step, metadata=metadata, params=params, part=part))
@@ -105,6 +105,7 @@ def check_starting_points(points: Sequence[StartingPoint], config: ml_collection
             "model.share_embeddings=False (the other side's tokenizer is then trained here)"
         )
     defaults = TransformerConfig()
+    mismatches = []  # per starting point: its model fields that differ from this run's
     for point in points:
         key, saved = PARTS[point.part], point.metadata.model
         found = saved.get("architecture", "encoder_decoder")
@@ -116,8 +117,8 @@ def check_starting_points(points: Sequence[StartingPoint], config: ml_collection
                 else ""
             )
             raise ConfigError(
-                f"training.{key}: {point.where} holds {_a(found)} model and this run trains "
-                f"{_a(architecture)} one{hint}"
+                f"training.{key}: {point.where} holds {with_article(found)} model and this run trains "
+                f"{with_article(architecture)} one{hint}"
             )
         differences = [
             f"model.{field}={saved.get(field, getattr(defaults, field))!r} there, {config.model[field]!r} here"
@@ -125,11 +126,14 @@ def check_starting_points(points: Sequence[StartingPoint], config: ml_collection
             if saved.get(field, getattr(defaults, field)) != config.model[field]
         ]
         if differences:
-            raise ConfigError(
+            mismatches.append(
                 f"training.{key}: {point.where} was trained with another model section; set it as in that run: "
                 + "; ".join(differences)
             )
-        trained_on = point.metadata.config.get("data", {})
+    if mismatches:
+        raise ConfigError("; and ".join(mismatches))
+    for point in points:
+        key, trained_on = PARTS[point.part], point.metadata.config.get("data", {})
         for side in _PART_SIDES[point.part]:
             if trained_on.get(side) is not None and trained_on[side] != config.data[side]:
                 logging.warning(
@@ -141,10 +145,6 @@ def check_starting_points(points: Sequence[StartingPoint], config: ml_collection
                     config.data[side],
                     "model" if point.part == "model" else point.part,
                 )
-
-
-def _a(word: str) -> str:
-    return f"{'an' if word[0] in 'aeiou' else 'a'} {word}"
 
 
 def _shape(leaf: Any) -> tuple[int, ...]:

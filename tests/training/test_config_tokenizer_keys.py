@@ -178,7 +178,12 @@ def test_a_language_model_names_the_translation_settings_it_never_reads(name):
     architecture = load_config(name).model.architecture
     config = changed(
         load_config(name),
-        {"decoding.beam_size": 8, "decoding.method": "sample", "training.bleu_examples": 100, "training.average_last": 2},
+        {
+            "decoding.beam_size": 8,
+            "decoding.method": "sample",
+            "training.bleu_examples": 100,
+            "training.average_last": 2,
+        },
     )
     why = f"model.architecture is {architecture!r}: nothing is translated during training"
     assert unused_settings(config) == [

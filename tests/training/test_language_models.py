@@ -1,6 +1,7 @@
 """The encoder-only (masked LM) and decoder-only (causal LM) configs end to end at the tiny size:
 training, exact resume, generation, and a translator composed from the two."""
 
+import re
 import shutil
 import subprocess
 import sys
@@ -226,7 +227,14 @@ def test_a_translator_starts_from_both(runs):
     with pytest.raises(ConfigError, match="each give an embedding"):
         starting_overrides(points, abstract, config.replace(share_embeddings=True, source_vocab_size=None))
     swapped = ml_collections.ConfigDict({**training.to_dict(), "init_encoder_from": str(pretrained["multi30k_lm"])})
-    with pytest.raises(ConfigError, match="holds a decoder_only model"):
+    with pytest.raises(
+        ConfigError, match="holds a decoder_only model; a translator's encoder starts from an encoder_only run$"
+    ):
+        load_starting_points(swapped)
+    swapped = ml_collections.ConfigDict({**training.to_dict(), "init_decoder_from": str(pretrained["multi30k_mlm"])})
+    with pytest.raises(
+        ConfigError, match="holds an encoder_only model; a translator's decoder starts from a decoder_only run$"
+    ):
         load_starting_points(swapped)
 
 
@@ -239,6 +247,20 @@ def test_a_translators_start_from_a_language_model_is_checked_against_its_config
     config.training.init_encoder_from = str(runs["multi30k_mlm"])
     config.training.init_decoder_from = str(runs["multi30k_lm"])
     check_starting_points(load_starting_points(config.training), config)  # the README's composition fits
+
+    deeper = config.copy_and_resolve_references()  # both parts differ: one error names both
+    deeper.model.num_encoder_layers += 1
+    deeper.model.num_decoder_layers += 1
+    layers = (config.model.num_encoder_layers, config.model.num_decoder_layers)
+    with pytest.raises(ConfigError) as refused:
+        check_starting_points(load_starting_points(deeper.training), deeper)
+    assert re.fullmatch(
+        rf"training.init_encoder_from: step \d+ of \S+ was trained with another model section; set it as in that "
+        rf"run: model.num_encoder_layers={layers[0]} there, {layers[0] + 1} here; and training.init_decoder_from: "
+        rf"step \d+ of \S+ was trained with another model section; set it as in that run: "
+        rf"model.num_decoder_layers={layers[1]} there, {layers[1] + 1} here",
+        str(refused.value),
+    )
 
     config.training.init_encoder_from = None  # one part under one shared vocabulary
     config.tokenizer.separate_vocabularies, config.model.share_embeddings = False, True
