@@ -349,9 +349,10 @@ def checked_input_lines(args: argparse.Namespace) -> list[str]:
 
 
 def write_lines(path: str | None, lines: list[str]) -> None:
-    """One line per item (line breaks inside an item become spaces), to `path` atomically, or to
-    stdout when `path` is None."""
-    text = "".join(" ".join(line.splitlines()) + "\n" for line in lines)
+    """One line per item, to `path` atomically, or to stdout when `path` is None. A line break
+    inside an item (\\n, \\r; what a reader of lines splits at) becomes a space; other characters,
+    U+2028 and form feeds included, are written as they are, as the readers here take them."""
+    text = "".join(re.sub(r"\r\n|[\r\n]", " ", line) + "\n" for line in lines)
     if path is None:
         sys.stdout.write(text)
         sys.stdout.flush()

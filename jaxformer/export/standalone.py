@@ -527,7 +527,8 @@ def main(argv: list[str] | None = None) -> int:
     except (ExportError, InputError) as error:
         sys.stderr.write(f"error: {error}\n")
         return 2
-    sys.stdout.write("".join(" ".join(line.splitlines()) + "\n" for line in model.translate(lines)))
+    # A line break inside a translation becomes a space (write_lines' rule in jaxformer/commands/common.py).
+    sys.stdout.write("".join(re.sub(r"\r\n|[\r\n]", " ", line) + "\n" for line in model.translate(lines)))
     return 0
 
 

@@ -158,7 +158,7 @@ def test_a_prompt_is_kept_as_written(runs):
 
 def test_generate_command(runs, tmp_path):
     workdir = runs["multi30k_lm"]
-    (tmp_path / "prompts.txt").write_text("Ein Mann\n\nZwei Hunde spielen\n")
+    (tmp_path / "prompts.txt").write_text("Ein Mann\n\nZwei Hunde spielen\nEin\u2028Kind\x0cmit\n", encoding="utf-8")
     result = subprocess.run(
         [sys.executable, "-m", "jaxformer.commands.generate", "--workdir", str(workdir), "--method", "beam"]
         + ["--max_new_tokens", "6", "--input", str(tmp_path / "prompts.txt")],
@@ -168,8 +168,9 @@ def test_generate_command(runs, tmp_path):
         timeout=300,
     )
     assert result.returncode == 0, result.stderr[-3000:]
-    lines = result.stdout.splitlines()
-    assert len(lines) == 3 and lines[0].startswith("Ein Mann") and lines[2].startswith("Zwei Hunde spielen")
+    lines = result.stdout.split("\n")[:-1]  # split at what the file was split at, not at U+2028
+    assert len(lines) == 4 and lines[0].startswith("Ein Mann") and lines[2].startswith("Zwei Hunde spielen")
+    assert lines[3].startswith("Ein\u2028Kind\x0cmit")  # a prompt is printed as written
     assert all(len(line.split()) > 1 for line in lines)  # something was added to every prompt
 
     refused = subprocess.run(
