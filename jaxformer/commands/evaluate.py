@@ -118,6 +118,9 @@ def run(args: argparse.Namespace) -> int:
     check_writable_file(args.json, "--json", args.overwrite, inputs)
     if args.output and args.json and os.path.abspath(args.output) == os.path.abspath(args.json):
         raise FlagError(f"--output and --json are the same file, {args.output}")
+    from jaxformer.decoding.translator import Translator  # the data stack: after the flags are checked
+
+    Translator.check_workdir(args.workdir, args.checkpoint)  # a language model's run: before any data is read
 
     if args.split:
         sources, references, file_lines = split_pairs(args.workdir, args.split, args.max_examples)

@@ -16,6 +16,7 @@ import tqdm
 from jaxformer.data.tokenizer import Tokenizer
 from jaxformer.decoding import sentence_batches
 from jaxformer.decoding.generate import DecodeSettings, decoding_variant, make_generate_fn
+from jaxformer.errors import with_article
 from jaxformer.model.config import ConfigError, TransformerConfig
 from jaxformer.model.transformer import unstack_layers
 from jaxformer.run.loading import load_checkpoint
@@ -34,6 +35,14 @@ def _as_loaded(params: Any) -> Any:
     if {device for leaf in leaves for device in leaf.sharding.device_set} != {jax.devices()[0]}:
         return params
     return jax.device_put(jax.device_get(params))
+
+
+# What a run of another architecture is for, in the refusal to translate with it.
+_OTHER_USES = {
+    "decoder_only": "continue text with it through jaxformer-generate / LanguageModel",
+    "encoder_only": "a masked LM translates nothing: "
+    "start a translator's encoder from it with training.init_encoder_from",
+}
 
 
 class Translator:
@@ -70,12 +79,10 @@ class Translator:
         parallel_batches: int = 2,
     ):
         if config.architecture != "encoder_decoder":
-            use = {
-                "decoder_only": "continue text with it through jaxformer-generate / LanguageModel",
-                "encoder_only": "a masked LM translates nothing: start a translator's encoder from it with "
-                "training.init_encoder_from",
-            }.get(config.architecture, "")
-            raise ConfigError(f"a Translator needs an encoder_decoder model, not {config.architecture!r} ({use})")
+            raise ConfigError(
+                f"a Translator needs an encoder_decoder model, not {config.architecture!r} "
+                f"({_OTHER_USES.get(config.architecture, '')})"
+            )
         # `tokenizer` encodes the input; `target_tokenizer` (separate vocabularies) decodes the output.
         target_tokenizer = tokenizer if target_tokenizer is None else target_tokenizer
         for side, model_size, side_tokenizer in (
@@ -147,6 +154,7 @@ class Translator:
     ) -> Translator:
         """The model, tokenizers and parameters of a training run's `checkpoint` ("latest",
         "best", "averaged" or a step number; see `jaxformer.run.loading.load_checkpoint`)."""
+        cls.check_workdir(workdir, checkpoint)
         step, metadata, params = load_checkpoint(workdir, checkpoint)
         logging.info("loaded step %d of %s (%s checkpoint)", step, workdir, checkpoint)
         translator = cls(
@@ -159,6 +167,18 @@ class Translator:
         )
         translator.step = step
         return translator
+
+    @staticmethod
+    def check_workdir(workdir: str | os.PathLike, checkpoint: str | int = "latest") -> None:
+        """A `ConfigError` naming `workdir`, read from the checkpoint's metadata before any data or
+        parameter is, when its model is not a translator."""
+        _, metadata, _ = load_checkpoint(workdir, checkpoint, params=False)
+        architecture = metadata.model_config().architecture
+        if architecture != "encoder_decoder":
+            raise ConfigError(
+                f"{workdir} holds {with_article(architecture)} model; a Translator needs an encoder_decoder one "
+                f"({_OTHER_USES.get(architecture, '')})"
+            )
 
     @classmethod
     def from_export(cls, directory: str | os.PathLike, batch_size: int | None = None):

@@ -197,6 +197,26 @@ def test_a_translator_refuses_a_language_model(runs):
         Translator(metadata.model_config(), params, metadata.load_tokenizer())
 
 
+@pytest.mark.parametrize("command", ["evaluate", "translate"])
+def test_translating_commands_refuse_a_language_model_run_before_reading_data_or_parameters(runs, command):
+    workdir = runs["multi30k_lm"]
+    flags = ["--split", "test_2016_flickr"] if command == "evaluate" else []
+    result = subprocess.run(
+        [sys.executable, "-m", f"jaxformer.commands.{command}", "--workdir", str(workdir), *flags],
+        env=environment(),
+        input="A man.\n",
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert result.returncode == 2
+    assert result.stderr.strip().splitlines()[-1] == (
+        f"error: {workdir} holds a decoder_only model; a Translator needs an encoder_decoder one "
+        "(continue text with it through jaxformer-generate / LanguageModel)"
+    )
+    assert "loaded step" not in result.stderr and "pairs" not in result.stderr  # nothing read first
+
+
 def test_a_translator_starts_from_both(runs):
     pretrained = runs
     training = ml_collections.ConfigDict(
