@@ -6,7 +6,7 @@ from __future__ import annotations
 import copy
 import difflib
 import functools
-import pathlib
+import os
 from collections.abc import Iterable
 from typing import Any
 
@@ -259,7 +259,8 @@ PATH_KEYS = (
 
 
 def with_absolute_paths(config: ml_collections.ConfigDict) -> ml_collections.ConfigDict:
-    """A copy of `config` whose PATH_KEYS hold absolute paths ("~" expanded)."""
+    """A copy of `config` whose PATH_KEYS hold absolute, normalised paths ("~" expanded, "a/../b"
+    as "b"), so that one file given two ways is recorded as one path."""
     config = copy.deepcopy(config)
     for key in PATH_KEYS:
         *sections, leaf = key.split(".")
@@ -267,7 +268,7 @@ def with_absolute_paths(config: ml_collections.ConfigDict) -> ml_collections.Con
         for name in sections:
             section = section[name]
         if section[leaf] is not None and "://" not in section[leaf]:  # gs://... and other remote paths stay
-            section[leaf] = str(pathlib.Path(section[leaf]).expanduser().absolute())
+            section[leaf] = os.path.abspath(os.path.expanduser(section[leaf]))
     return config
 
 

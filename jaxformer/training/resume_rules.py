@@ -30,9 +30,16 @@ RESUME_SENSITIVE_KEYS = {
 # Keys that may change on resume all the same, each change logged as a warning: where the data is
 # read and evaluated from, the schedule's shape, the mesh, the loss's chunking (the same sums in
 # other pieces), and the starting points of a fine-tuning run (read by its first segment only).
+# Paths to the run's own files may name them elsewhere: their contents are what must not change,
+# and those are checked apart (the data's fingerprint, a given tokenizer against the workdir's).
 RESUME_FREE = {
     "data.data_dir",
     "data.raw_dir",
+    "data.files.train",
+    "data.files.validation",
+    "data.files.test",
+    "tokenizer.model_path",
+    "tokenizer.target_model_path",
     "data.download",
     "data.num_threads",
     "data.encode_once_max_examples",

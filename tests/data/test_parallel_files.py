@@ -4,10 +4,12 @@ splits, prepared once per fingerprint of the files and settings; and a tiny run 
 import gzip
 import json
 import logging
+import logging.handlers
 import os
 import pickle
 import re
 import shlex
+import shutil
 
 import numpy as np
 import pytest
@@ -425,6 +427,7 @@ def test_the_readme_command_trains_on_own_files_and_the_run_translates(tmp_path,
     assert last["step"] == 4 and np.isfinite(last["train"]["loss"]) and np.isfinite(last["eval"]["loss"])
 
     workdir = tmp_path / "runs" / "fr-ja"
+    shutil.copytree(tmp_path / "corpus", tmp_path / "moved")  # the same files, elsewhere (for the resume below)
     step, metadata, _ = load_checkpoint(workdir, "latest", params=False)
     assert step == 4 and sorted(p.name for p in (workdir / "checkpoints").iterdir() if p.name.isdigit()) == ["4"]
     shipped_data = get_builder(shipped.data)  # the README's data: what the run was trained on
@@ -452,3 +455,22 @@ def test_the_readme_command_trains_on_own_files_and_the_run_translates(tmp_path,
     translator = Translator.from_workdir(workdir, settings=DecodeSettings(method="greedy", max_extra_length=8))
     outputs = translator.translate(sources[:4])
     assert translator.step == 4 and len(outputs) == 4 and all(isinstance(output, str) for output in outputs)
+
+    # The run resumes from the same files moved elsewhere and named another way (their contents,
+    # not their paths, are the run's), the change logged; the edited ones are refused.
+    moved = [("data.files.train", "corpus/../moved/train.{lang}.gz"), ("data.files.test", "moved/test.tsv")]
+    longer = [("training.num_train_steps", "6")]
+    config = load_config("tiny")
+    apply_overrides(config, overrides + prepared_in + TINY_RUN + moved + longer)
+    logged = logging.handlers.BufferingHandler(10_000)  # evaluate.main above set up the root logger's handlers
+    logging.getLogger().addHandler(logged)
+    try:
+        assert train_and_evaluate(config, rest[3])["step"] == 6
+    finally:
+        logging.getLogger().removeHandler(logged)
+    moved_train = f"data.files.train: '{tmp_path}/corpus/train.{{lang}}.gz' -> '{tmp_path}/moved/train.{{lang}}.gz'"
+    assert any(moved_train in record.getMessage() for record in logged.buffer if record.levelno == logging.WARNING)
+    config = load_config("tiny")
+    apply_overrides(config, overrides + prepared_in + TINY_RUN + [("training.num_train_steps", "8")])
+    with pytest.raises(DataError, match=r"runs/fr-ja was trained on other data files"):
+        train_and_evaluate(config, rest[3])
