@@ -274,6 +274,18 @@ def unused_settings(config, resuming: bool = False) -> list[str]:
     from jaxformer.training.experiment import default_config  # experiment imports this module
 
     defaults = default_config()
+    data = config.data
+    if data.validation_holdout != defaults.data.validation_holdout:
+        if data.name != "parallel_files":
+            unused.append(
+                f"data.validation_holdout={data.validation_holdout} (data.name is {data.name!r}, "
+                "whose validation split is its own; only parallel_files holds pairs out)"
+            )
+        elif data.files.get("validation"):
+            unused.append(
+                f"data.validation_holdout={data.validation_holdout} (data.files.validation is given: "
+                "no pairs are held out)"
+            )
     for key, why in _translation_settings_unused(config):
         section, name = key.split(".")
         if config[section][name] != defaults[section][name]:

@@ -210,3 +210,18 @@ def test_a_translator_names_the_validation_bleu_and_final_choice_settings_it_nev
         "training.average_last=3 (training.final_choice is False)",
         f"decoding.beam_size=6 ({nothing})",
     ]
+
+
+def test_a_holdout_that_nothing_holds_out_is_named():
+    config = changed(load_config("multi30k"), {"data.validation_holdout": 77})
+    assert unused_settings(config) == [
+        "data.validation_holdout=77 (data.name is 'multi30k', whose validation split is its own; "
+        "only parallel_files holds pairs out)"
+    ]
+    config = changed(load_config("parallel_files"), {"data.validation_holdout": 77})
+    config.data.files.train = "t.tsv"
+    assert unused_settings(config) == []  # held out of t.tsv
+    config.data.files.validation = "dev.tsv"
+    assert unused_settings(config) == [
+        "data.validation_holdout=77 (data.files.validation is given: no pairs are held out)"
+    ]
