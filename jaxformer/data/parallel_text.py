@@ -41,6 +41,12 @@ def decode_lines(raw_lines: Iterable[bytes], name: str | pathlib.Path) -> list[s
             raise DataError(
                 f"{name}: line {number} is not valid UTF-8 ({error.reason} at byte {error.start})"
             ) from None
+    carriage_returns = sum(line.count("\r") for line in lines)
+    if carriage_returns and carriage_returns >= len(lines):  # not a stray \r in some lines: the breaks
+        raise DataError(
+            f"{name}: its {len(lines)} line(s) hold {carriage_returns} carriage returns (\\r): its lines end in \\r "
+            "alone (classic Mac OS), and lines here end in \\n; convert them, e.g. with tr '\\r' '\\n'"
+        )
     return lines
 
 

@@ -238,7 +238,8 @@ def check_combinations(config, architecture: str) -> None:
     given_files = {split: spec for split, spec in data.files.items() if spec is not None}
     if data.name == "parallel_files" and "train" not in given_files:
         raise ConfigError(
-            "config data.name='parallel_files' needs data.files.train: a TSV file or a path with {lang} in it"
+            "config data.name='parallel_files' needs data.files.train: a TSV file or a path with {lang} in it, "
+            "e.g. --config.data.files.train='corpus/train.{lang}.gz'"
         )
     if data.name != "parallel_files" and given_files:
         split = next(iter(given_files))

@@ -298,6 +298,17 @@ def test_content_errors_name_the_file_and_line(tmp_path, caplog):
     (tmp_path / "latin1" / "train.ja").write_bytes(("\n".join(t for _, t in good[:8]) + "\n").encode())
     assert re.search(r"latin1/train\.fr: line 8 is not valid UTF-8", error_for(train=latin1))
 
+    # Lines ended by \r alone (classic Mac OS) read as one line: named as such, not as a count mismatch.
+    mac = write_text_files(tmp_path / "mac" / "train.{lang}", good)
+    (tmp_path / "mac" / "train.fr").write_bytes("\r".join(s for s, _ in good).encode() + b"\r")
+    assert error_for(train=mac) == (
+        f"{tmp_path / 'mac' / 'train.fr'}: its 1 line(s) hold 19 carriage returns (\\r): its lines end in \\r alone "
+        "(classic Mac OS), and lines here end in \\n; convert them, e.g. with tr '\\r' '\\n'"
+    )
+    stray = [(f"{s}\r", t) if i % 3 == 0 else (s, t) for i, (s, t) in enumerate(good)]  # a few stray ones are text
+    stray_files = write_text_files(tmp_path / "stray" / "train.{lang}", [(s.replace("\r", "\rx"), t) for s, t in stray])
+    assert len(read(get_builder(section(tmp_path, train=stray_files, validation_holdout=2)), "train")) == 18
+
     short = write_text_files(tmp_path / "short" / "train.{lang}.gz", good)
     write_bytes(tmp_path / "short" / "train.ja.gz", ("\n".join(t for _, t in good[:-1]) + "\n").encode())
     assert re.search(r"train\.fr\.gz has 20 lines, .*train\.ja\.gz has 19", error_for(train=short))

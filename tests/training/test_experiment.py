@@ -125,7 +125,7 @@ def test_describe_lists_only_what_differs_from_the_defaults():
 def test_parallel_files_keys_are_checked_before_anything_runs():
     config = experiment.default_config()
     config.data.name = "parallel_files"
-    with pytest.raises(ConfigError, match="needs data.files.train"):
+    with pytest.raises(ConfigError, match=r"needs data.files.train: .*, e.g. --config.data.files.train='corpus/train"):
         experiment.validate(config)
     config = experiment.default_config()
     config.data.files.test = "test.tsv"
