@@ -321,12 +321,16 @@ def vocabulary_sizes(config: ml_collections.ConfigDict) -> tuple[int, int]:
         for key, path in paths.items()
         if path is not None
     }
-    sizes = set(given.values())
+    # A fine-tuning start's tokenizer is the one its side uses (it replaces vocab_size, logged), a
+    # given model there only checked against it: vocab_size is held to the other sides' models.
+    checked = {key: path for key, path in paths.items() if key not in _given_by_starts(config)}
+    sizes = {given[key] for key in checked if key in given}
     # Nothing trained here: vocab_size can only agree with the models, and one number cannot agree
     # with two models of different sizes. Only default_config's value means "the models' sizes"; a
     # config file's own value (tiny's 1000, multi30k's 6000) is a choice like any other.
     accepted = {DEFAULT_VOCAB_SIZE, *sizes} if len(sizes) == 1 else {DEFAULT_VOCAB_SIZE}
-    if len(given) == len(paths) and section.vocab_size not in accepted:
+    if checked and all(key in given for key in checked) and section.vocab_size not in accepted:
+        given = {key: given[key] for key in checked}
         models = " and ".join(f"tokenizer.{key} {paths[key]} has {size} pieces" for key, size in given.items())
         choice = f"{DEFAULT_VOCAB_SIZE}" if len(sizes) > 1 else f"{next(iter(sizes))}, or {DEFAULT_VOCAB_SIZE}"
         both = "; one value cannot be both sizes" if len(sizes) > 1 else ""
@@ -339,6 +343,18 @@ def vocabulary_sizes(config: ml_collections.ConfigDict) -> tuple[int, int]:
     source = given.get("model_path", section.vocab_size)
     target = given.get("target_model_path", section.vocab_size) if section.separate_vocabularies else source
     return source, target
+
+
+def _given_by_starts(config: ml_collections.ConfigDict) -> set[str]:
+    """The tokenizer keys ("model_path", "target_model_path") of the vocabularies that a new run's
+    fine-tuning start gives with its embeddings (training.init_from: every one; init_encoder_from:
+    the source's; init_decoder_from: the target's; a shared one, by any of them)."""
+    training = config.training
+    source = training.get("init_from") or training.get("init_encoder_from")
+    target = training.get("init_from") or training.get("init_decoder_from")
+    if not config.tokenizer.separate_vocabularies:
+        return {"model_path"} if source or target else set()
+    return {key for key, start in (("model_path", source), ("target_model_path", target)) if start}
 
 
 def model_config(

@@ -69,6 +69,29 @@ def test_two_given_models_of_one_size_also_take_that_size(models):
     assert "both sizes" not in str(raised.value)
 
 
+def test_a_side_that_a_fine_tuning_start_gives_holds_vocab_size_to_nothing(models):
+    """The start's tokenizer replaces tokenizer.vocab_size (logged): a model given for that side is
+    only checked against it, so its size cannot contradict vocab_size."""
+    config = load_config("tiny")  # one shared vocabulary of 1000 pieces
+    config.tokenizer.model_path = str(models["en"])  # 81 pieces
+    config.training.init_from = "/runs/base"
+    experiment.validate(config)
+    assert experiment.vocabulary_sizes(config) == (81, 81)
+    # Separate vocabularies: the encoder's start gives the source side; the target's model still
+    # holds vocab_size to its size.
+    config = separate(models)
+    config.training.init_encoder_from = "/runs/mlm"
+    with pytest.raises(ConfigError) as raised:
+        experiment.validate(config)
+    assert f"tokenizer.target_model_path {models['de']} has 61 pieces" in str(raised.value)
+    assert "tokenizer.model_path" not in str(raised.value).split(", but ")[1]
+    config.tokenizer.vocab_size = 61
+    experiment.validate(config)
+    config.training.init_encoder_from, config.training.init_from = None, "/runs/base"
+    config.tokenizer.vocab_size = 6000  # both sides from the start
+    experiment.validate(config)
+
+
 def test_a_given_shared_model_names_its_size_and_the_default(models):
     config = load_config("tiny")  # one shared vocabulary of 1000 pieces
     config.tokenizer.model_path = str(models["en"])
