@@ -13,6 +13,7 @@ import logging
 import signal
 import sys
 
+from jaxformer.commands import common
 from jaxformer.commands.common import (
     add_beam_flags,
     add_checkpoint_flags,
@@ -46,7 +47,9 @@ platform_list.__name__ = "platform list"
 def build_parser() -> argparse.ArgumentParser:
     parser = make_parser(__doc__)
     add_checkpoint_flags(parser)
-    parser.add_argument("--output", required=True, help="the export directory to write (absent or empty)")
+    parser.add_argument(
+        "--output", required=True, type=common.path_text, help="the export directory to write (absent or empty)"
+    )
     parser.add_argument("--overwrite", action="store_true", help="replace the export already in --output")
     add_beam_flags(parser)
     parser.add_argument(

@@ -30,6 +30,7 @@ from jaxformer.export import standalone
 from jaxformer.export.loading import ExportError, check_export
 from jaxformer.export.program import KNOWN_PLATFORMS, PLATFORMS, export_beam_search
 from jaxformer.export.safetensors import flatten, unflatten, write_safetensors
+from jaxformer.files import unwritable_folder_reason
 from jaxformer.run.loading import load_checkpoint
 from jaxformer.tokens import BOS_ID, EOS_ID, PAD_ID, UNK_ID
 
@@ -221,6 +222,9 @@ def check_output(output: pathlib.Path, overwrite: bool) -> None:
         )
     if output.exists() and not output.is_dir():
         raise ExportError(f"the output {output} is a file, not a directory")
+    unwritable = unwritable_folder_reason(output.parent)  # the export is staged beside it, then renamed
+    if unwritable:
+        raise ExportError(f"cannot write the export {output}: {output.parent}: {unwritable}")
     if not output.is_dir() or not any(output.iterdir()):
         return
     if not overwrite:

@@ -35,6 +35,7 @@ import argparse
 import hashlib
 import importlib.util
 import json
+import logging
 import math
 import pathlib
 import re
@@ -262,11 +263,15 @@ def check_loader_files(directory: pathlib.Path, config: dict[str, Any]) -> None:
             )
 
 
-def read_tokenizer(directory: pathlib.Path, config: dict[str, Any], role: str, vocab_size: int) -> Tokenizer:
+def read_tokenizer(directory: pathlib.Path, config: dict[str, Any], role: str, size_key: str) -> Tokenizer:
+    """The tokenizer file `role`, whose piece count must be config.json's model.`size_key`."""
     path, data = read_verified(directory, config, role)
     tokenizer = Tokenizer(data, path, config["special_tokens"])
-    if tokenizer.vocab_size != vocab_size:
-        raise ExportError(f"{path} has {tokenizer.vocab_size} pieces, but the model's vocabulary {vocab_size}")
+    if tokenizer.vocab_size != config["model"][size_key]:
+        raise ExportError(
+            f"{path} has {tokenizer.vocab_size} pieces, but {directory / CONFIG_FILE} gives the model "
+            f"model.{size_key}={config['model'][size_key]}"
+        )
     return tokenizer
 
 
@@ -306,7 +311,10 @@ class Tokenizer:
         self.pad_id, self.eos_id, self.bos_id = special_tokens["pad"], special_tokens["eos"], special_tokens["bos"]
         ids = (self._processor.pad_id(), self._processor.eos_id(), self._processor.bos_id())
         if ids != (self.pad_id, self.eos_id, self.bos_id):
-            raise ExportError(f"{where}: (pad, eos, bos) ids {ids} differ from config.json's special_tokens")
+            raise ExportError(
+                f"{where}: its (pad, eos, bos) ids {ids} differ from config.json's special_tokens "
+                f"{(self.pad_id, self.eos_id, self.bos_id)}"
+            )
 
     @property
     def vocab_size(self) -> int:
@@ -426,10 +434,15 @@ def read_export(directory: str | pathlib.Path) -> tuple[dict[str, Any], Any, Tok
     directory = pathlib.Path(directory)
     config = read_config(directory)
     check_loader_files(directory, config)
-    model, target_tokenizer = config["model"], None
-    tokenizer = read_tokenizer(directory, config, "tokenizer", model.get("source_vocab_size") or model["vocab_size"])
-    if "target_tokenizer" in config["files"]:  # separate vocabularies
-        target_tokenizer = read_tokenizer(directory, config, "target_tokenizer", model["vocab_size"])
+    separate = config["model"].get("source_vocab_size") is not None
+    if separate != ("target_tokenizer" in config["files"]):  # else the target ids would be decoded as source ones
+        raise ExportError(
+            f"{directory / CONFIG_FILE}: model.source_vocab_size is {config['model'].get('source_vocab_size')} "
+            f"({'separate' if separate else 'one shared'} vocabularies), but files "
+            f"{'lacks' if separate else 'has'} a target_tokenizer"
+        )
+    tokenizer = read_tokenizer(directory, config, "tokenizer", "source_vocab_size" if separate else "vocab_size")
+    target_tokenizer = read_tokenizer(directory, config, "target_tokenizer", "vocab_size") if separate else None
     program_path, data = read_verified(directory, config, "program")
     program = parse_program(data, program_path)
     _check_program_shapes(config, program, directory / CONFIG_FILE, program_path)
@@ -521,6 +534,8 @@ def main(argv: list[str] | None = None) -> int:
     )
     parser.add_argument("--batch_size", type=_positive, help="sentences per batch (default: the export's)")
     args = parser.parse_args(argv)
+    # The jaxformer commands' log format (a long sentence's warning, say), on stderr, apart from the output.
+    logging.basicConfig(format="%(asctime)s %(levelname).1s %(message)s", datefmt="%H:%M:%S", stream=sys.stderr)
     try:
         lines = stdin_lines(sys.stdin.buffer.read())  # before the model: bad input costs no loading
         model = load(args.directory, args.batch_size)

@@ -351,6 +351,23 @@ def test_serve_py_reads_its_input_before_the_model(exported, tmp_path):
         assert result.stderr.decode() == "error: <stdin>: line 2 is not valid UTF-8 (invalid start byte at byte 0)\n"
 
 
+def test_serve_py_logs_in_the_commands_format(exported):
+    """A long sentence's warning, as the jaxformer commands log it ("HH:MM:SS W ..."), on stderr."""
+    result = subprocess.run(
+        [sys.executable, str(exported / "serve.py")],
+        input="A man rides a horse. " * 12 + "\nTwo dogs.\n",
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert result.returncode == 0 and len(result.stdout.split("\n")) == 3
+    assert re.fullmatch(
+        r"\d\d:\d\d:\d\d W sentence 0 \(line 1\) has \d+ tokens, more than max_source_tokens=32: translating it in "
+        r"pieces\n",
+        result.stderr,
+    ), result.stderr
+
+
 def test_a_language_model_is_refused_before_its_parameters_are_read(workdir, tmp_path, capsys, monkeypatch):
     from jaxformer.model.decoder_only import DecoderOnly
 

@@ -59,6 +59,10 @@ def _set(section, key, value):
         (lambda c: c["files"]["program"].pop("sha256"), "files.program is {'name': 'beam_search.jaxexport'}"),
         (lambda c: c["files"]["tokenizer"].update(name=".."), "files.tokenizer is {'name': '..'"),
         (lambda c: c.pop("files"), "files.loader is None"),
+        (
+            _set("model", "source_vocab_size", 50),
+            "model.source_vocab_size is 50 (separate vocabularies), but files lacks a target_tokenizer",
+        ),
     ],
 )
 def test_an_edited_config_value_is_named_with_its_value(exported, tmp_path, edit, message):
@@ -70,6 +74,26 @@ def test_an_edited_config_value_is_named_with_its_value(exported, tmp_path, edit
         with pytest.raises(error_type) as error:
             load(copy)
         assert str(error.value).startswith(expected) and "\n" not in str(error.value), str(error.value)
+
+
+def test_a_tokenizer_that_disagrees_with_config_json_names_both(exported, tmp_path):
+    copy = tmp_path / "copy"
+    shutil.copytree(exported, copy)
+    size = json.loads((copy / "config.json").read_text())["model"]["vocab_size"]
+    _edit_config(copy, _set("model", "vocab_size", size - 1))
+    with pytest.raises(standalone.ExportError) as error:
+        standalone.load(copy)
+    assert str(error.value) == (
+        f"{copy / 'tokenizer.model'} has {size} pieces, but {copy / 'config.json'} gives the model "
+        f"model.vocab_size={size - 1}"
+    )
+    _edit_config(copy, lambda c: c["model"].update(vocab_size=size) or c["special_tokens"].update(eos=2, bos=1))
+    with pytest.raises(standalone.ExportError) as error:
+        standalone.load(copy)
+    assert str(error.value) == (
+        f"{copy / 'tokenizer.model'}: its (pad, eos, bos) ids (0, 1, 3) differ from config.json's special_tokens "
+        "(0, 2, 1)"
+    )
 
 
 def test_serve_py_names_an_edited_bound_before_translating(exported, tmp_path):
@@ -157,6 +181,31 @@ def test_an_output_that_is_a_symbolic_link_is_refused_before_any_work(workdir, t
             "itself as --output\n"
         )
     assert (tmp_path / "link").is_symlink() and not any((tmp_path / "real").iterdir())
+
+
+def test_an_output_that_cannot_be_made_is_refused_before_any_work(workdir, tmp_path, capsys, monkeypatch):
+    def no_work(*args, **kwargs):
+        raise AssertionError("the checkpoint was read")
+
+    monkeypatch.setattr(exporter, "load_checkpoint", no_work)
+    (tmp_path / "afile").write_text("x")
+    for output, message in (
+        (
+            tmp_path / "afile" / "sub",
+            f"error: cannot write the export {tmp_path / 'afile' / 'sub'}: {tmp_path / 'afile'}: "
+            "is a file, not a folder",
+        ),
+        ("", "error: argument --output: must be a path, got ''"),
+        ("gs://bucket/e", "error: argument --output: must be a local path or a mounted file system"),
+    ):
+        try:
+            status = export.main(["--workdir", str(workdir), "--output", str(output)])
+        except SystemExit as exit:  # a flag's error, from argparse
+            status = exit.code
+        assert status == 2
+        error = capsys.readouterr().err
+        assert error.startswith(message) and error.count("\n") == 1, error
+    assert not (tmp_path / "gs:").exists() and (tmp_path / "afile").read_text() == "x"
 
 
 def test_overwrite_replaces_an_export_that_python_has_run(exported, workdir, tmp_path, symbolic_shapes_unchecked):

@@ -149,5 +149,17 @@ def test_tokenizers_that_do_not_fit_the_model_are_refused(workdir, exported, tmp
     (copy / "tokenizer.target.model").write_bytes(source_model)  # verified, but of the source's size
     config["files"]["target_tokenizer"]["sha256"] = hashlib.sha256(source_model).hexdigest()
     (copy / "config.json").write_text(json.dumps(config))
-    with pytest.raises(ExportError, match=f"tokenizer.target.model has {SOURCE_SIZE} pieces, but the model's"):
+    with pytest.raises(
+        ExportError,
+        match=f"tokenizer.target.model has {SOURCE_SIZE} pieces, but .*config.json gives the model "
+        f"model.vocab_size={TARGET_SIZE}$",
+    ):
+        load_export(copy)
+    config["files"].pop("target_tokenizer")  # the target ids would be decoded with the source's tokenizer
+    (copy / "config.json").write_text(json.dumps(config))
+    with pytest.raises(
+        ExportError,
+        match=f"config.json: model.source_vocab_size is {SOURCE_SIZE} \\(separate vocabularies\\), but files lacks "
+        "a target_tokenizer$",
+    ):
         load_export(copy)
