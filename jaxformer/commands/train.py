@@ -71,6 +71,34 @@ def list_configs() -> str:
     return "\n".join(lines) + "\n"
 
 
+def check_distributed_flags(args: argparse.Namespace) -> None:
+    """The multi-process flags make one launch: by hand, --coordinator_address host:port with
+    --num_processes and --process_id; or --distributed, which finds them on a TPU pod or SLURM."""
+    if (args.num_processes is None) != (args.process_id is None) or (
+        args.num_processes is not None and not 0 <= args.process_id < args.num_processes
+    ):
+        raise FlagError(
+            f"--num_processes={args.num_processes} and --process_id={args.process_id}: give both, "
+            "with 0 <= process_id < num_processes"
+        )
+    if args.num_processes is not None and not (args.coordinator_address or args.distributed):
+        raise FlagError(
+            f"--num_processes={args.num_processes} and --process_id={args.process_id} need "
+            "--coordinator_address=host:port (process 0's), or --distributed"
+        )
+    if args.coordinator_address is not None:
+        host, _, port = args.coordinator_address.rpartition(":")
+        if not host or not port.isdigit() or not 0 < int(port) < 65536:
+            raise FlagError(
+                f"--coordinator_address={args.coordinator_address!r}: must be host:port, e.g. 10.0.0.2:1234"
+            )
+        if args.num_processes is None and not args.distributed:
+            raise FlagError(
+                f"--coordinator_address={args.coordinator_address} needs --num_processes and --process_id "
+                "(or --distributed, where the cluster gives them)"
+            )
+
+
 def run(args: argparse.Namespace) -> int:
     from jaxformer.training import experiment
 
@@ -80,18 +108,20 @@ def run(args: argparse.Namespace) -> int:
     if args.print_config:
         print(config)
         return 0
-    if (args.num_processes is None) != (args.process_id is None) or (
-        args.num_processes is not None and not 0 <= args.process_id < args.num_processes
-    ):
-        raise FlagError(
-            f"--num_processes={args.num_processes} and --process_id={args.process_id}: give both, "
-            "with 0 <= process_id < num_processes"
-        )
+    check_distributed_flags(args)
     import jax
 
     if args.distributed or args.coordinator_address:
         jax.config.update("jax_cpu_collectives_implementation", "gloo")  # CPU processes (GPU/TPU ignore it)
-        jax.distributed.initialize(args.coordinator_address, args.num_processes, args.process_id)
+        try:
+            jax.distributed.initialize(args.coordinator_address, args.num_processes, args.process_id)
+        except (ValueError, RuntimeError) as error:  # no cluster found, an unreachable coordinator
+            where = (
+                "--distributed"
+                if args.coordinator_address is None
+                else f"--coordinator_address={args.coordinator_address}"
+            )
+            raise FlagError(f"{where}: cannot join a multi-process run: {error}") from None
         logging.info("process %d of %d", jax.process_index(), jax.process_count())
 
     from jaxformer.commands.run_summary import run_summary

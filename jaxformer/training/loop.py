@@ -8,6 +8,7 @@ then train with the periodic work (log, evaluate, BLEU, checkpoint) scheduled by
 
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
 import pathlib
@@ -26,7 +27,7 @@ from jaxformer.errors import CheckpointError, UserError, exit_code_for_signal
 from jaxformer.files import write_text_atomically
 from jaxformer.model.architectures import build_model
 from jaxformer.run.checkpoint import Checkpointer
-from jaxformer.training import experiment, run_start, sharding
+from jaxformer.training import experiment, processes, run_start, sharding
 from jaxformer.training.budget import BUDGET_CHECK_STEPS, ScheduleEnd, TimeBudget, TrainingClock, check_budget
 from jaxformer.training.final_choice import choose_final
 from jaxformer.training.init_from import (
@@ -70,6 +71,7 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str | pathlib
     the run (one run per workdir)."""
     experiment.validate(config)
     config = experiment.with_absolute_paths(config)
+    processes.check_same_config(config)
     run_start.input_shards(config.data)
     check_source(config.data)
     workdir = pathlib.Path(workdir).absolute()
@@ -78,7 +80,13 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str | pathlib
         workdir.mkdir(parents=True, exist_ok=True)
     except OSError as error:
         raise UserError(f"cannot create the workdir {workdir}: {error.strerror}") from None
-    lock = run_start.hold_workdir(workdir)
+    try:
+        lock = run_start.hold_workdir(workdir)
+    except processes.WorkdirNotSharedError:
+        if existed is None:  # each process made its own folder: none of them is the run's
+            with contextlib.suppress(OSError):
+                workdir.rmdir()
+        raise
     try:
         return _locked_train_and_evaluate(config, workdir)
     except UserError:

@@ -28,7 +28,7 @@ from jaxformer.run.checkpoint import Checkpointer
 from jaxformer.run.directory import RunDirectory
 from jaxformer.run.lock import WorkdirLock, WorkdirLockedError
 from jaxformer.run.metadata import CheckpointMetadata
-from jaxformer.training import experiment, resume_rules, sharding
+from jaxformer.training import experiment, processes, resume_rules, sharding
 from jaxformer.training.config_rules import unused_settings
 from jaxformer.training.init_from import (
     PARTS,
@@ -57,6 +57,11 @@ def hold_workdir(workdir: pathlib.Path) -> WorkdirLock:
             failure = WorkdirLockedError(f"{workdir} is in use by another training run (see process 0's log)")
     if failure is not None:
         raise failure
+    try:
+        processes.check_shared_workdir(workdir)
+    except processes.WorkdirNotSharedError:
+        lock.release()
+        raise
     return lock
 
 

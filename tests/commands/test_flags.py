@@ -249,6 +249,16 @@ def test_a_mesh_that_cannot_hold_the_configured_model_stops_before_data_is_prepa
         (["--config.training.seed"], "--config.training.seed has no value"),
         (["--num_processes=2"], "--num_processes=2 and --process_id=None: give both"),
         (
+            ["--num_processes=2", "--process_id=1"],
+            "--num_processes=2 and --process_id=1 need --coordinator_address=host:port (process 0's), or --distributed",
+        ),
+        (["--coordinator_address=127.0.0.1:1"], "--coordinator_address=127.0.0.1:1 needs --num_processes and"),
+        (
+            ["--coordinator_address=nohost", "--num_processes=2", "--process_id=0"],
+            "--coordinator_address='nohost': must be host:port, e.g. 10.0.0.2:1234",
+        ),
+        (["--distributed"], "--distributed: cannot join a multi-process run: "),  # no TPU pod or SLURM job here
+        (
             ["--config.optimizer.decay_floor=0.5"],
             "config optimizer.decay_floor=0.5 applies to optimizer.schedule='budget', not 'rsqrt'\n",
         ),

@@ -73,6 +73,50 @@ def two_processes(workdir, data_dir, *overrides):
     ]
 
 
+def _two_started_apart(data_dir, workdirs, overrides):
+    """Processes 0 and 1 of one run, each with its own workdir and overrides; their exit codes and logs."""
+    port = free_port()
+    coordination = (f"--coordinator_address=127.0.0.1:{port}", "--num_processes=2")
+    processes = [
+        run(workdir, data_dir, 1, *extra, *coordination, f"--process_id={index}", background=True)
+        for index, (workdir, extra) in enumerate(zip(workdirs, overrides))
+    ]
+    results = [process.communicate(timeout=300)[1] for process in processes]
+    return [process.returncode for process in processes], results
+
+
+@pytest.mark.xdist_group("distributed-processes")
+def test_processes_started_apart_are_refused_before_any_work(data_dir, tmp_path):
+    """Another learning rate in one process trained apart without a word; another step count left
+    the others waiting forever; a workdir on each host's own disk failed at the first checkpoint.
+    Each is now one line in every process, before anything is prepared or written."""
+    from jaxformer.training.config_file import load_config
+
+    scales = [load_config("tiny").optimizer.learning_rate_scale, 3.0]
+    workdir = tmp_path / "run"
+    codes, logs = _two_started_apart(
+        data_dir, [workdir, workdir], [(), (f"--config.optimizer.learning_rate_scale={scales[1]}",)]
+    )
+    assert codes == [2, 2], [log[-2000:] for log in logs]
+    for index, log in enumerate(logs):
+        assert log.strip().splitlines()[-1] == (
+            "error: the processes were started with different configs: optimizer.learning_rate_scale differ "
+            f"between them (process {index} has optimizer.learning_rate_scale={scales[index]!r}); run the "
+            "same command on every host"
+        )
+    assert not workdir.exists()
+
+    apart = [tmp_path / "host0", tmp_path / "host1"]  # each process's own folder
+    codes, logs = _two_started_apart(data_dir, apart, [(), ()])
+    assert codes == [2, 2], [log[-2000:] for log in logs]
+    for log in logs:
+        assert log.strip().splitlines()[-1] == (
+            f"error: the workdir {apart[0]} is not one folder for every process: process(es) 1 do not see the file "
+            "process 0 wrote into it; give a folder on a file system every host mounts (NFS, gcsfuse, ...)"
+        ).replace(str(apart[0]), str(apart[0]) if log is logs[0] else str(apart[1]))
+    assert not apart[0].exists() and not apart[1].exists()
+
+
 @pytest.mark.xdist_group("distributed-processes")
 def test_two_processes_match_one_process(data_dir, tmp_path):
     steps = ("--config.training.num_train_steps=10", "--config.data.input_shards=2", *ONE_LAYER)

@@ -1,0 +1,89 @@
+"""The processes of a multi-process run agree before any work: each was started with the same
+config, and they share one workdir.
+
+"Run the same command on every host" is a promise nothing enforced: a process started with
+another learning rate trained its copy of the replicated parameters apart without a word, one
+with another num_train_steps left the others waiting in a collective forever, and hosts writing
+to their own local disks found out at the first checkpoint, one with a traceback and the other
+hanging. Each check here gathers what every process sees, so that all of them raise the same
+error at the same point, and none is left waiting.
+"""
+
+from __future__ import annotations
+
+import pathlib
+import secrets
+import zlib
+
+import jax
+import ml_collections
+import numpy as np
+from jax.experimental import multihost_utils
+
+from jaxformer.errors import UserError
+from jaxformer.model.config import ConfigError
+from jaxformer.training import experiment
+
+# Where a host caches its prepared data may differ between hosts (a local disk each); what the
+# run computes may not.
+HOST_LOCAL_KEYS = ("data.data_dir", "data.raw_dir")
+
+
+class WorkdirNotSharedError(UserError):
+    """The processes of a run do not see one workdir."""
+
+
+def check_same_config(config: ml_collections.ConfigDict) -> None:
+    """A ConfigError on every process when their configs differ in a value (other than
+    HOST_LOCAL_KEYS); each names the keys, and its own values of them. Nothing is written."""
+    if jax.process_count() == 1:
+        return
+    values = {key: value for key, value in experiment.flatten(config.to_dict()).items() if key not in HOST_LOCAL_KEYS}
+    keys = sorted(values)
+    names_digest = zlib.crc32("\n".join(keys).encode())
+    row = np.array([names_digest] + [zlib.crc32(repr((key, values[key])).encode()) for key in keys], np.uint32)
+    lengths = multihost_utils.process_allgather(np.int32(len(row)))  # [P]
+    if len(set(np.asarray(lengths).tolist())) > 1:
+        raise ConfigError(
+            f"the {jax.process_count()} processes were started with configs of different keys ({len(keys)} "
+            "here); run the same command, with the same config file, on every host"
+        )
+    rows = np.asarray(multihost_utils.process_allgather(row))  # [P, 1 + K]
+    if (rows[:, 0] != rows[0, 0]).any():
+        raise ConfigError(
+            "the processes were started with configs of different keys; run the same command, with the same "
+            "config file, on every host"
+        )
+    differing = [key for index, key in enumerate(keys, start=1) if (rows[:, index] != rows[0, index]).any()]
+    if differing:
+        mine = ", ".join(f"{key}={values[key]!r}" for key in differing)
+        raise ConfigError(
+            f"the processes were started with different configs: {', '.join(differing)} differ between them "
+            f"(process {jax.process_index()} has {mine}); run the same command on every host"
+        )
+
+
+def check_shared_workdir(workdir: pathlib.Path) -> None:
+    """A WorkdirNotSharedError on every process unless each sees the file process 0 writes into
+    `workdir` (a random name, removed again): checkpoints and the tokenizer are written once, by
+    process 0 or by all together, into one folder that every process reads."""
+    if jax.process_count() == 1:
+        return
+    probe, token = None, 0
+    if jax.process_index() == 0:
+        token = secrets.randbelow(2**31)
+        probe = workdir / f".processes-share-this-{token}"
+        probe.write_text(str(token))
+    # A collective: every process reads the name after process 0 has written the file.
+    token = int(multihost_utils.broadcast_one_to_all(np.int32(token)))
+    seen = (workdir / f".processes-share-this-{token}").is_file()
+    everyone = np.asarray(multihost_utils.process_allgather(np.int32(seen)))  # [P], after every process looked
+    if probe is not None:
+        probe.unlink(missing_ok=True)
+    blind = [index for index, saw in enumerate(everyone.tolist()) if not saw]
+    if blind:
+        raise WorkdirNotSharedError(
+            f"the workdir {workdir} is not one folder for every process: process(es) "
+            f"{', '.join(map(str, blind))} do not see the file process 0 wrote into it; give a folder on a file "
+            "system every host mounts (NFS, gcsfuse, ...)"
+        )
