@@ -11,7 +11,7 @@ import dataclasses
 import json
 import pathlib
 import pickle
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from typing import Any
 
 import numpy as np
@@ -199,7 +199,66 @@ def marian_token_ids(hf: Mapping[str, Any], generation: Mapping[str, Any], where
             raise ConversionError(f"{where}: {key}={value!r} is not an id below vocab_size={size}")
     if pad_id == eos_id:
         raise ConversionError(f"{where}: pad_token_id and eos_token_id are both {pad_id}; they must differ")
+    # generate() starts from generation_config.json's decoder start token; jaxformer's BOS copies config.json's.
+    if generation.get("decoder_start_token_id") not in (None, start_id):
+        raise ConversionError(
+            f"{pathlib.Path(where).with_name('generation_config.json')}: decoder_start_token_id="
+            f"{generation['decoder_start_token_id']!r} differs from {where}'s {start_id}"
+        )
     return pad_id, eos_id, start_id
+
+
+def _only_pad(value: Any, pad_id: int, _: int) -> bool:
+    return not value or (isinstance(value, list) and all(token == pad_id for token in value))
+
+
+# generate()'s settings that change which tokens greedy and beam search choose, each with a test of
+# the values that change nothing (jaxformer's search has none of them) and those values in words.
+# Sampling's settings act only when sampling; num_beams, length_penalty, early_stopping and
+# max_length are the search's own, which jaxformer-translate's flags choose.
+GENERATION_SETTINGS: dict[str, tuple[Callable[[Any, int, int], bool], str]] = {
+    "bad_words_ids": (
+        lambda value, pad_id, eos_id: (
+            not value or (isinstance(value, list) and all(words == [pad_id] for words in value))
+        ),
+        "none, or [[pad_token_id]]: jaxformer never produces pad",
+    ),
+    "suppress_tokens": (_only_pad, "none, or the pad token"),
+    "begin_suppress_tokens": (_only_pad, "none, or the pad token"),
+    "forced_bos_token_id": (lambda value, *_: value is None, "none"),
+    "forced_eos_token_id": (
+        lambda value, _, eos_id: value in (None, eos_id) or (isinstance(value, list) and set(value) == {eos_id}),
+        "none, or eos_token_id: jaxformer ends a sequence cut at the length limit with EOS",
+    ),
+    "forced_decoder_ids": (lambda value, *_: not value, "none"),
+    "sequence_bias": (lambda value, *_: not value, "none"),
+    "no_repeat_ngram_size": (lambda value, *_: not value, "0"),
+    "encoder_no_repeat_ngram_size": (lambda value, *_: not value, "0"),
+    "repetition_penalty": (lambda value, *_: value in (None, 1), "1.0"),
+    "encoder_repetition_penalty": (lambda value, *_: value in (None, 1), "1.0"),
+    # The decoder start token counts towards min_length: 1 bans EOS nowhere.
+    "min_length": (lambda value, *_: value in (None, 0, 1), "0 or 1"),
+    "min_new_tokens": (lambda value, *_: not value, "0"),
+    "exponential_decay_length_penalty": (lambda value, *_: value is None, "none"),
+    "num_beam_groups": (lambda value, *_: value in (None, 1), "1"),
+}
+
+
+def check_generation_settings(settings: Mapping[str, Any], pad_id: int, eos_id: int, where: str) -> None:
+    """`ConversionError` naming the key and value where `settings` (read from `where`, the file
+    transformers' generate takes them from) would make transformers decode otherwise than
+    jaxformer (GENERATION_SETTINGS)."""
+    for key, (unchanged, accepted) in GENERATION_SETTINGS.items():
+        value = settings.get(key)
+        try:
+            same = unchanged(value, pad_id, eos_id)
+        except TypeError:  # a value of another type (a dict where a list belongs): not one that changes nothing
+            same = False
+        if not same:
+            raise ConversionError(
+                f"{where}: {key}={value!r} changes what transformers generates, and jaxformer's search has no such "
+                f"setting (accepted: {accepted})"
+            )
 
 
 def _special_token(tokenizer_config: Mapping[str, Any], role: str, default: str) -> str:
@@ -233,10 +292,14 @@ def read_marian_directory(directory: str | pathlib.Path) -> MarianDirectory:
         raise ConversionError(f"{directory} has a target_vocab.json: separate Marian vocabularies are not supported")
     config = _read_object(directory / "config.json")
     model_config_from_marian(config, str(directory / "config.json"))
-    generation = directory / "generation_config.json"
-    ids = marian_token_ids(
-        config, _read_object(generation) if generation.is_file() else {}, str(directory / "config.json")
-    )
+    generation_path = directory / "generation_config.json"
+    generation = _read_object(generation_path) if generation_path.is_file() else {}
+    ids = marian_token_ids(config, generation, str(directory / "config.json"))
+    # transformers reads generate()'s settings from generation_config.json, or config.json without one.
+    if generation_path.is_file():
+        check_generation_settings(generation, *ids[:2], str(generation_path))
+    else:
+        check_generation_settings(config, *ids[:2], str(directory / "config.json"))
     vocab = _read_object(directory / "vocab.json")
     if not all(isinstance(index, int) and not isinstance(index, bool) and index >= 0 for index in vocab.values()):
         raise ConversionError(f"{directory / 'vocab.json'} is not an object of pieces to non-negative integer ids")

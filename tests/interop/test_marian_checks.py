@@ -132,6 +132,16 @@ def _without_d_model(directory):
     (directory / "config.json").write_text(json.dumps(config))
 
 
+def _pad_and_another_banned(directory):
+    pad = json.loads((directory / "config.json").read_text())["pad_token_id"]
+    _edit_json(directory / "generation_config.json", bad_words_ids=[[pad], [5]])
+
+
+def _config_setting_without_generation_config(directory):
+    (directory / "generation_config.json").unlink()
+    _edit_json(directory / "config.json", no_repeat_ngram_size=3)
+
+
 def _truncated_weights(directory):
     data = (directory / "model.safetensors").read_bytes()
     (directory / "model.safetensors").write_bytes(data[: len(data) // 2])
@@ -163,6 +173,41 @@ DAMAGES = {
         "generation_config.json",
         ": eos_token_id=[0, 5] names several end tokens",
     ),
+    "a token banned besides pad": (
+        _pad_and_another_banned,
+        "generation_config.json",
+        ", [5]] changes what transformers generates",
+    ),
+    "forced_bos_token_id": (
+        lambda d: _edit_json(d / "generation_config.json", forced_bos_token_id=5),
+        "generation_config.json",
+        ": forced_bos_token_id=5 changes what transformers generates",
+    ),
+    "forced_eos_token_id not eos": (
+        lambda d: _edit_json(d / "generation_config.json", forced_eos_token_id=5),
+        "generation_config.json",
+        ": forced_eos_token_id=5 changes what transformers generates",
+    ),
+    "repetition_penalty": (
+        lambda d: _edit_json(d / "generation_config.json", repetition_penalty=1.2),
+        "generation_config.json",
+        ": repetition_penalty=1.2 changes what transformers generates",
+    ),
+    "suppress_tokens": (
+        lambda d: _edit_json(d / "generation_config.json", suppress_tokens=[5]),
+        "generation_config.json",
+        ": suppress_tokens=[5] changes what transformers generates",
+    ),
+    "generation decoder start": (
+        lambda d: _edit_json(d / "generation_config.json", decoder_start_token_id=5),
+        "generation_config.json",
+        ": decoder_start_token_id=5 differs from",
+    ),
+    "config.json's settings without generation_config.json": (
+        _config_setting_without_generation_config,
+        "config.json",
+        "/config.json: no_repeat_ngram_size=3 changes what transformers generates",
+    ),
     "truncated model.safetensors": (_truncated_weights, "model.safetensors", "is not a readable safetensors file"),
     "pytorch_model.bin": (_damaged_torch_weights, "pytorch_model.bin", "is not a readable torch state dict"),
 }
@@ -189,6 +234,16 @@ def test_a_damaged_directory_is_refused_in_one_line_naming_the_file(untied, dama
 
 def test_one_eos_id_in_a_list_is_that_id():
     assert marian_files.marian_token_ids({"vocab_size": 8, "eos_token_id": [0, 0]}, {}, "config.json") == (7, 0, 7)
+
+
+def test_generation_settings_that_decode_as_jaxformer_does_are_accepted():
+    # Helsinki-NLP/opus-mt-en-de's generation_config.json, and the settings that change nothing.
+    opus = {"bad_words_ids": [[58100]], "forced_eos_token_id": 0, "max_length": 512, "num_beams": 4}
+    marian_files.check_generation_settings(opus, 58100, 0, "generation_config.json")
+    neutral = {"repetition_penalty": 1.0, "no_repeat_ngram_size": 0, "min_length": 1, "suppress_tokens": [58100]}
+    marian_files.check_generation_settings(neutral, 58100, 0, "generation_config.json")
+    with pytest.raises(marian_files.ConversionError, match=r"^g.json: bad_words_ids=\[\[0\]\] changes"):
+        marian_files.check_generation_settings({"bad_words_ids": [[0]]}, 58100, 0, "g.json")  # eos banned
 
 
 def test_flags_of_the_other_direction_are_refused_even_at_their_default_values(tmp_path, capsys):
