@@ -11,6 +11,7 @@ import dataclasses
 import json
 import pathlib
 import pickle
+import re
 from collections.abc import Callable, Mapping
 from typing import Any
 
@@ -19,13 +20,14 @@ import sentencepiece as spm
 
 from jaxformer.export import standalone
 from jaxformer.export.safetensors import read_safetensors
-from jaxformer.interop.marian_layout import ConversionError
+from jaxformer.interop.marian_layout import ConversionError, marian_weight_shapes
 from jaxformer.model.config import ConfigError, TransformerConfig
 
 # Marian activation names -> jaxformer's; transformers' "gelu" is the exact erf form.
 ACTIVATIONS = {"relu": "relu", "gelu": "gelu", "swish": "swish", "silu": "swish", "relu2": "squared_relu"}
 MARIAN_LAYER_NORM_EPSILON = 1e-5  # torch.nn.LayerNorm's default; MarianConfig has no option for it
 MARIAN_POSITION_BASE = 10_000.0
+MARIAN_MAX_POSITIONS = 1024  # MarianConfig's default max_position_embeddings
 # config.json's sizes without a MarianConfig default that could stand for a real model's.
 SIZES = (
     "vocab_size",
@@ -105,6 +107,35 @@ def _read_weights(directory: pathlib.Path) -> dict[str, np.ndarray]:
     else:
         raise ConversionError(f"{directory} holds neither model.safetensors nor pytorch_model.bin")
     return {name: np.asarray(value, np.float32) for name, value in tensors.items()}
+
+
+LAYER = re.compile(r"^model\.(encoder|decoder)\.layers\.(\d+)\.")
+
+
+def check_marian_weights(
+    hf: Mapping[str, Any], weights: Mapping[str, np.ndarray], where: str, config_where: str
+) -> None:
+    """`ConversionError` naming the tensor unless the weights (read from `where`) are what a
+    MarianMTModel of config.json's values `hf` (from `config_where`) takes: each tensor of the
+    shape config.json gives it (transformers refuses a size mismatch), none it has no place for
+    (transformers drops those, "unexpected"), and every layer parameter there."""
+    config = model_config_from_marian(hf, config_where)
+    shapes = marian_weight_shapes(config, hf.get("max_position_embeddings", MARIAN_MAX_POSITIONS))
+    for name, array in weights.items():
+        if name not in shapes:
+            layer = LAYER.match(name)
+            if layer and int(layer[2]) >= hf[f"{layer[1]}_layers"]:
+                key = f"{layer[1]}_layers"
+                raise ConversionError(f"{where} holds {name}, a layer beyond {config_where}'s {key}={hf[key]}")
+            raise ConversionError(f"{where} holds {name}, which a MarianMTModel of {config_where} has no place for")
+        shape, keys = shapes[name]
+        if tuple(array.shape) != shape:
+            raise ConversionError(
+                f"{where}: {name} has shape {tuple(array.shape)}, but {config_where}'s {keys} give {shape}"
+            )
+    missing = [name for name in shapes if LAYER.match(name) and name not in weights]
+    if missing:
+        raise ConversionError(f"{where} lacks {len(missing)} layer parameters of {config_where}, e.g. {missing[0]}")
 
 
 def _is_count(value: Any) -> bool:
@@ -311,11 +342,17 @@ def read_marian_directory(directory: str | pathlib.Path) -> MarianDirectory:
             f"{directory / 'vocab.json'}: the unknown token's id {unk_id} is config.json's pad or eos id; "
             "they must differ"
         )
+    source_spm, target_spm = _read_spm(directory / "source.spm"), _read_spm(directory / "target.spm")
+    weights = _read_weights(directory)  # last: the expensive read, once everything else is known to be good
+    weights_file = next(
+        directory / name for name in ("model.safetensors", "pytorch_model.bin") if (directory / name).is_file()
+    )
+    check_marian_weights(config, weights, str(weights_file), str(directory / "config.json"))
     return MarianDirectory(
         config=config,
         vocab=vocab,
-        source_spm=_read_spm(directory / "source.spm"),
-        target_spm=_read_spm(directory / "target.spm"),
+        source_spm=source_spm,
+        target_spm=target_spm,
         tokenizer_config=tokenizer_config,
-        weights=_read_weights(directory),  # last: the expensive read, once everything else is known to be good
+        weights=weights,
     )

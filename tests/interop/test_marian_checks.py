@@ -4,6 +4,7 @@ flags jaxformer-convert refuses in one line before any expensive work, writing n
 
 import json
 import logging
+import re
 import shutil
 
 import numpy as np
@@ -20,7 +21,7 @@ from jaxformer.commands import convert  # noqa: E402
 from jaxformer.decoding.generate import DecodeSettings  # noqa: E402
 from jaxformer.decoding.translator import Translator  # noqa: E402
 from jaxformer.errors import EXIT_USER_ERROR  # noqa: E402
-from jaxformer.export.safetensors import read_safetensors  # noqa: E402
+from jaxformer.export.safetensors import read_safetensors, write_safetensors  # noqa: E402
 from jaxformer.interop import marian_files  # noqa: E402
 from jaxformer.interop.marian import import_marian  # noqa: E402
 from jaxformer.interop.marian_export import export_marian  # noqa: E402
@@ -142,6 +143,12 @@ def _config_setting_without_generation_config(directory):
     _edit_json(directory / "config.json", no_repeat_ngram_size=3)
 
 
+def _unknown_tensor(directory):
+    weights = read_safetensors(directory / "model.safetensors")
+    weights["model.encoder.layernorm_embedding.weight"] = np.ones(32, np.float32)
+    write_safetensors(directory / "model.safetensors", weights)
+
+
 def _truncated_weights(directory):
     data = (directory / "model.safetensors").read_bytes()
     (directory / "model.safetensors").write_bytes(data[: len(data) // 2])
@@ -208,6 +215,21 @@ DAMAGES = {
         "config.json",
         "/config.json: no_repeat_ngram_size=3 changes what transformers generates",
     ),
+    "ffn width": (  # transformers: a size mismatch
+        lambda d: _edit_json(d / "config.json", encoder_ffn_dim=48, decoder_ffn_dim=48),
+        "model.safetensors",
+        ".fc1.bias has shape (64,), but ",
+    ),
+    "fewer layers": (  # transformers: unexpected weights, dropped
+        lambda d: _edit_json(d / "config.json", encoder_layers=1),
+        "model.safetensors",
+        "holds model.encoder.layers.1.",
+    ),
+    "a tensor of no Marian parameter": (
+        _unknown_tensor,
+        "model.safetensors",
+        "holds model.encoder.layernorm_embedding.weight, which a MarianMTModel of ",
+    ),
     "truncated model.safetensors": (_truncated_weights, "model.safetensors", "is not a readable safetensors file"),
     "pytorch_model.bin": (_damaged_torch_weights, "pytorch_model.bin", "is not a readable torch state dict"),
 }
@@ -230,6 +252,34 @@ def test_a_damaged_directory_is_refused_in_one_line_naming_the_file(untied, dama
     assert error.startswith("error: ") and error.count("\n") == 1, error
     assert file in error and problem in error, error
     assert not output.exists()
+
+
+def test_the_weights_are_held_to_config_json_naming_both_shapes_and_keys(untied, tmp_path):
+    directory = shutil.copytree(untied[0], tmp_path / "hf")
+    _edit_json(directory / "config.json", encoder_ffn_dim=48, decoder_ffn_dim=48)
+    with pytest.raises(marian_files.ConversionError) as error:
+        marian_files.read_marian_directory(directory)
+    ffn = (
+        r"/model\.safetensors: model\.(encoder|decoder)\.layers\.0\.fc1\.bias has shape \(64,\), "
+        r"but .*/config\.json's \1_ffn_dim=48, d_model=32 give \(48,\)$"
+    )
+    assert re.search(ffn, str(error.value)), error.value
+    _edit_json(directory / "config.json", encoder_ffn_dim=64, decoder_ffn_dim=64, encoder_layers=1)
+    with pytest.raises(marian_files.ConversionError, match=r"a layer beyond .*config\.json's encoder_layers=1$"):
+        marian_files.read_marian_directory(directory)
+
+
+def test_a_transformers_4_state_dict_with_its_sinusoids_is_read(untied, tmp_path):
+    directory = shutil.copytree(untied[0], tmp_path / "hf")
+    (directory / "model.safetensors").unlink()
+    state = untied[1].state_dict()  # as transformers 4 saved it: the sinusoids too
+    assert state["model.encoder.embed_positions.weight"].shape == (128, 32)
+    torch.save(state, directory / "pytorch_model.bin")
+    assert set(marian_files.read_marian_directory(directory).weights) == set(state)
+    state["model.decoder.embed_positions.weight"] = state["model.decoder.embed_positions.weight"][:64]
+    torch.save(state, directory / "pytorch_model.bin")
+    with pytest.raises(marian_files.ConversionError, match=r"max_position_embeddings=128, d_model=32 give"):
+        marian_files.read_marian_directory(directory)
 
 
 def test_one_eos_id_in_a_list_is_that_id():
