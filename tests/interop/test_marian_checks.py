@@ -296,6 +296,30 @@ def test_generation_settings_that_decode_as_jaxformer_does_are_accepted():
         marian_files.check_generation_settings({"bad_words_ids": [[0]]}, 58100, 0, "g.json")  # eos banned
 
 
+def test_an_output_that_cannot_be_created_is_refused_before_anything_is_read(
+    untied, run, tmp_path, capsys, monkeypatch
+):
+    from jaxformer.interop import marian
+    from jaxformer.run import loading
+
+    def read(*_):
+        raise AssertionError("the input was read")
+
+    monkeypatch.setattr(marian, "read_marian_directory", read)
+    monkeypatch.setattr(loading, "load_checkpoint", read)
+    (tmp_path / "afile").write_text("")
+    outputs = {
+        str(tmp_path / "afile" / "sub"): f"{tmp_path / 'afile'} is a file, not a folder",
+        "/proc/jaxformer-output": "/proc takes no new entries (",
+    }
+    for direction, source in (("--from_hf", untied[0]), ("--to_hf", run)):
+        for output, reason in outputs.items():
+            assert convert.main([direction, str(source), "--output", output]) == EXIT_USER_ERROR
+            error = capsys.readouterr().err
+            assert error.startswith(f"error: cannot write {output}: {reason}") and error.count("\n") == 1, error
+    assert (tmp_path / "afile").read_text() == ""
+
+
 def test_flags_of_the_other_direction_are_refused_even_at_their_default_values(tmp_path, capsys):
     for argv, message in (
         (["--from_hf", "hf", "--checkpoint", "latest"], "--checkpoint applies to --to_hf, not --from_hf"),
