@@ -50,6 +50,7 @@ from sentencepiece import sentencepiece_model_pb2 as model_pb2
 
 from jaxformer.data.tokenizer import Tokenizer
 from jaxformer.export.safetensors import unflatten
+from jaxformer.files import unwritable_folder_reason
 from jaxformer.interop.marian_files import (  # noqa: F401 (ACTIVATIONS, the constants: this module's API too)
     ACTIVATIONS,
     MARIAN_LAYER_NORM_EPSILON,
@@ -261,8 +262,13 @@ def convert_marian(files: MarianDirectory) -> ConvertedMarian:
 
 
 def check_new_output(output: pathlib.Path) -> None:
+    """`ConversionError` unless `output` is absent or an empty directory, and can be written (a file
+    above it, or a folder that takes no new entries, would fail only once the model is converted)."""
     if output.exists() and (not output.is_dir() or any(output.iterdir())):
         raise ConversionError(f"{output} already exists and is not an empty directory: choose a new --output")
+    reason = unwritable_folder_reason(output)
+    if reason:
+        raise ConversionError(f"cannot write {output}: {reason}")
 
 
 def import_marian(

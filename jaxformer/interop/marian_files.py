@@ -11,7 +11,8 @@ import dataclasses
 import json
 import pathlib
 import pickle
-from collections.abc import Mapping
+import re
+from collections.abc import Callable, Mapping
 from typing import Any
 
 import numpy as np
@@ -19,13 +20,14 @@ import sentencepiece as spm
 
 from jaxformer.export import standalone
 from jaxformer.export.safetensors import read_safetensors
-from jaxformer.interop.marian_layout import ConversionError
+from jaxformer.interop.marian_layout import ConversionError, marian_weight_shapes
 from jaxformer.model.config import ConfigError, TransformerConfig
 
 # Marian activation names -> jaxformer's; transformers' "gelu" is the exact erf form.
 ACTIVATIONS = {"relu": "relu", "gelu": "gelu", "swish": "swish", "silu": "swish", "relu2": "squared_relu"}
 MARIAN_LAYER_NORM_EPSILON = 1e-5  # torch.nn.LayerNorm's default; MarianConfig has no option for it
 MARIAN_POSITION_BASE = 10_000.0
+MARIAN_MAX_POSITIONS = 1024  # MarianConfig's default max_position_embeddings
 # config.json's sizes without a MarianConfig default that could stand for a real model's.
 SIZES = (
     "vocab_size",
@@ -105,6 +107,35 @@ def _read_weights(directory: pathlib.Path) -> dict[str, np.ndarray]:
     else:
         raise ConversionError(f"{directory} holds neither model.safetensors nor pytorch_model.bin")
     return {name: np.asarray(value, np.float32) for name, value in tensors.items()}
+
+
+LAYER = re.compile(r"^model\.(encoder|decoder)\.layers\.(\d+)\.")
+
+
+def check_marian_weights(
+    hf: Mapping[str, Any], weights: Mapping[str, np.ndarray], where: str, config_where: str
+) -> None:
+    """`ConversionError` naming the tensor unless the weights (read from `where`) are what a
+    MarianMTModel of config.json's values `hf` (from `config_where`) takes: each tensor of the
+    shape config.json gives it (transformers refuses a size mismatch), none it has no place for
+    (transformers drops those, "unexpected"), and every layer parameter there."""
+    config = model_config_from_marian(hf, config_where)
+    shapes = marian_weight_shapes(config, hf.get("max_position_embeddings", MARIAN_MAX_POSITIONS))
+    for name, array in weights.items():
+        if name not in shapes:
+            layer = LAYER.match(name)
+            if layer and int(layer[2]) >= hf[f"{layer[1]}_layers"]:
+                key = f"{layer[1]}_layers"
+                raise ConversionError(f"{where} holds {name}, a layer beyond {config_where}'s {key}={hf[key]}")
+            raise ConversionError(f"{where} holds {name}, which a MarianMTModel of {config_where} has no place for")
+        shape, keys = shapes[name]
+        if tuple(array.shape) != shape:
+            raise ConversionError(
+                f"{where}: {name} has shape {tuple(array.shape)}, but {config_where}'s {keys} give {shape}"
+            )
+    missing = [name for name in shapes if LAYER.match(name) and name not in weights]
+    if missing:
+        raise ConversionError(f"{where} lacks {len(missing)} layer parameters of {config_where}, e.g. {missing[0]}")
 
 
 def _is_count(value: Any) -> bool:
@@ -199,7 +230,66 @@ def marian_token_ids(hf: Mapping[str, Any], generation: Mapping[str, Any], where
             raise ConversionError(f"{where}: {key}={value!r} is not an id below vocab_size={size}")
     if pad_id == eos_id:
         raise ConversionError(f"{where}: pad_token_id and eos_token_id are both {pad_id}; they must differ")
+    # generate() starts from generation_config.json's decoder start token; jaxformer's BOS copies config.json's.
+    if generation.get("decoder_start_token_id") not in (None, start_id):
+        raise ConversionError(
+            f"{pathlib.Path(where).with_name('generation_config.json')}: decoder_start_token_id="
+            f"{generation['decoder_start_token_id']!r} differs from {where}'s {start_id}"
+        )
     return pad_id, eos_id, start_id
+
+
+def _only_pad(value: Any, pad_id: int, _: int) -> bool:
+    return not value or (isinstance(value, list) and all(token == pad_id for token in value))
+
+
+# generate()'s settings that change which tokens greedy and beam search choose, each with a test of
+# the values that change nothing (jaxformer's search has none of them) and those values in words.
+# Sampling's settings act only when sampling; num_beams, length_penalty, early_stopping and
+# max_length are the search's own, which jaxformer-translate's flags choose.
+GENERATION_SETTINGS: dict[str, tuple[Callable[[Any, int, int], bool], str]] = {
+    "bad_words_ids": (
+        lambda value, pad_id, eos_id: (
+            not value or (isinstance(value, list) and all(words == [pad_id] for words in value))
+        ),
+        "none, or [[pad_token_id]]: jaxformer never produces pad",
+    ),
+    "suppress_tokens": (_only_pad, "none, or the pad token"),
+    "begin_suppress_tokens": (_only_pad, "none, or the pad token"),
+    "forced_bos_token_id": (lambda value, *_: value is None, "none"),
+    "forced_eos_token_id": (
+        lambda value, _, eos_id: value in (None, eos_id) or (isinstance(value, list) and set(value) == {eos_id}),
+        "none, or eos_token_id: jaxformer ends a sequence cut at the length limit with EOS",
+    ),
+    "forced_decoder_ids": (lambda value, *_: not value, "none"),
+    "sequence_bias": (lambda value, *_: not value, "none"),
+    "no_repeat_ngram_size": (lambda value, *_: not value, "0"),
+    "encoder_no_repeat_ngram_size": (lambda value, *_: not value, "0"),
+    "repetition_penalty": (lambda value, *_: value in (None, 1), "1.0"),
+    "encoder_repetition_penalty": (lambda value, *_: value in (None, 1), "1.0"),
+    # The decoder start token counts towards min_length: 1 bans EOS nowhere.
+    "min_length": (lambda value, *_: value in (None, 0, 1), "0 or 1"),
+    "min_new_tokens": (lambda value, *_: not value, "0"),
+    "exponential_decay_length_penalty": (lambda value, *_: value is None, "none"),
+    "num_beam_groups": (lambda value, *_: value in (None, 1), "1"),
+}
+
+
+def check_generation_settings(settings: Mapping[str, Any], pad_id: int, eos_id: int, where: str) -> None:
+    """`ConversionError` naming the key and value where `settings` (read from `where`, the file
+    transformers' generate takes them from) would make transformers decode otherwise than
+    jaxformer (GENERATION_SETTINGS)."""
+    for key, (unchanged, accepted) in GENERATION_SETTINGS.items():
+        value = settings.get(key)
+        try:
+            same = unchanged(value, pad_id, eos_id)
+        except TypeError:  # a value of another type (a dict where a list belongs): not one that changes nothing
+            same = False
+        if not same:
+            raise ConversionError(
+                f"{where}: {key}={value!r} changes what transformers generates, and jaxformer's search has no such "
+                f"setting (accepted: {accepted})"
+            )
 
 
 def _special_token(tokenizer_config: Mapping[str, Any], role: str, default: str) -> str:
@@ -233,10 +323,14 @@ def read_marian_directory(directory: str | pathlib.Path) -> MarianDirectory:
         raise ConversionError(f"{directory} has a target_vocab.json: separate Marian vocabularies are not supported")
     config = _read_object(directory / "config.json")
     model_config_from_marian(config, str(directory / "config.json"))
-    generation = directory / "generation_config.json"
-    ids = marian_token_ids(
-        config, _read_object(generation) if generation.is_file() else {}, str(directory / "config.json")
-    )
+    generation_path = directory / "generation_config.json"
+    generation = _read_object(generation_path) if generation_path.is_file() else {}
+    ids = marian_token_ids(config, generation, str(directory / "config.json"))
+    # transformers reads generate()'s settings from generation_config.json, or config.json without one.
+    if generation_path.is_file():
+        check_generation_settings(generation, *ids[:2], str(generation_path))
+    else:
+        check_generation_settings(config, *ids[:2], str(directory / "config.json"))
     vocab = _read_object(directory / "vocab.json")
     if not all(isinstance(index, int) and not isinstance(index, bool) and index >= 0 for index in vocab.values()):
         raise ConversionError(f"{directory / 'vocab.json'} is not an object of pieces to non-negative integer ids")
@@ -248,11 +342,17 @@ def read_marian_directory(directory: str | pathlib.Path) -> MarianDirectory:
             f"{directory / 'vocab.json'}: the unknown token's id {unk_id} is config.json's pad or eos id; "
             "they must differ"
         )
+    source_spm, target_spm = _read_spm(directory / "source.spm"), _read_spm(directory / "target.spm")
+    weights = _read_weights(directory)  # last: the expensive read, once everything else is known to be good
+    weights_file = next(
+        directory / name for name in ("model.safetensors", "pytorch_model.bin") if (directory / name).is_file()
+    )
+    check_marian_weights(config, weights, str(weights_file), str(directory / "config.json"))
     return MarianDirectory(
         config=config,
         vocab=vocab,
-        source_spm=_read_spm(directory / "source.spm"),
-        target_spm=_read_spm(directory / "target.spm"),
+        source_spm=source_spm,
+        target_spm=target_spm,
         tokenizer_config=tokenizer_config,
-        weights=_read_weights(directory),  # last: the expensive read, once everything else is known to be good
+        weights=weights,
     )

@@ -56,6 +56,37 @@ def layer_names(config: TransformerConfig) -> list[tuple[str, str, str]]:
     return names
 
 
+def marian_weight_shapes(config: TransformerConfig, max_positions: int) -> dict[str, tuple[tuple[int, ...], str]]:
+    """Each tensor that a MarianMTModel of `config`'s sizes (and max_position_embeddings
+    `max_positions`) takes, by transformers name: its shape, and the MarianConfig values giving it."""
+    d_model, size, d_ff = config.d_model, config.vocab_size - 1, config.d_ff  # vocab_size counts the BOS row
+    width = f"d_model={d_model}"
+    embedding = (size, d_model), f"vocab_size={size}, {width}"
+    shapes = {
+        name: embedding
+        for name in (
+            "model.shared.weight",
+            "model.encoder.embed_tokens.weight",
+            "model.decoder.embed_tokens.weight",
+            "lm_head.weight",
+        )
+    }
+    shapes["final_logits_bias"] = (1, size), f"vocab_size={size}"
+    for stack in ("encoder", "decoder"):
+        # The sinusoids, which transformers 4 saved; jaxformer computes them, as transformers does.
+        positions = (max_positions, d_model), f"max_position_embeddings={max_positions}, {width}"
+        shapes[f"model.{stack}.embed_positions.weight"] = positions
+    for _, name, kind in layer_names(config):
+        ffn = f"{name.split('.')[1]}_ffn_dim={d_ff}, {width}"
+        if ".fc1." in name:
+            shapes[name] = ((d_ff, d_model) if name.endswith("weight") else (d_ff,)), ffn
+        elif name.endswith("fc2.weight"):
+            shapes[name] = (d_model, d_ff), ffn
+        else:
+            shapes[name] = ((d_model, d_model) if kind in ("heads_in", "heads_out") else (d_model,)), width
+    return shapes
+
+
 def to_jaxformer_layout(kind: str, array: np.ndarray, num_heads: int) -> np.ndarray:
     """A transformers (torch) parameter in jaxformer's layout (see the kinds above)."""
     array = np.asarray(array, np.float32)

@@ -4,6 +4,7 @@ flags jaxformer-convert refuses in one line before any expensive work, writing n
 
 import json
 import logging
+import re
 import shutil
 
 import numpy as np
@@ -20,7 +21,7 @@ from jaxformer.commands import convert  # noqa: E402
 from jaxformer.decoding.generate import DecodeSettings  # noqa: E402
 from jaxformer.decoding.translator import Translator  # noqa: E402
 from jaxformer.errors import EXIT_USER_ERROR  # noqa: E402
-from jaxformer.export.safetensors import read_safetensors  # noqa: E402
+from jaxformer.export.safetensors import read_safetensors, write_safetensors  # noqa: E402
 from jaxformer.interop import marian_files  # noqa: E402
 from jaxformer.interop.marian import import_marian  # noqa: E402
 from jaxformer.interop.marian_export import export_marian  # noqa: E402
@@ -132,6 +133,22 @@ def _without_d_model(directory):
     (directory / "config.json").write_text(json.dumps(config))
 
 
+def _pad_and_another_banned(directory):
+    pad = json.loads((directory / "config.json").read_text())["pad_token_id"]
+    _edit_json(directory / "generation_config.json", bad_words_ids=[[pad], [5]])
+
+
+def _config_setting_without_generation_config(directory):
+    (directory / "generation_config.json").unlink()
+    _edit_json(directory / "config.json", no_repeat_ngram_size=3)
+
+
+def _unknown_tensor(directory):
+    weights = read_safetensors(directory / "model.safetensors")
+    weights["model.encoder.layernorm_embedding.weight"] = np.ones(32, np.float32)
+    write_safetensors(directory / "model.safetensors", weights)
+
+
 def _truncated_weights(directory):
     data = (directory / "model.safetensors").read_bytes()
     (directory / "model.safetensors").write_bytes(data[: len(data) // 2])
@@ -163,6 +180,56 @@ DAMAGES = {
         "generation_config.json",
         ": eos_token_id=[0, 5] names several end tokens",
     ),
+    "a token banned besides pad": (
+        _pad_and_another_banned,
+        "generation_config.json",
+        ", [5]] changes what transformers generates",
+    ),
+    "forced_bos_token_id": (
+        lambda d: _edit_json(d / "generation_config.json", forced_bos_token_id=5),
+        "generation_config.json",
+        ": forced_bos_token_id=5 changes what transformers generates",
+    ),
+    "forced_eos_token_id not eos": (
+        lambda d: _edit_json(d / "generation_config.json", forced_eos_token_id=5),
+        "generation_config.json",
+        ": forced_eos_token_id=5 changes what transformers generates",
+    ),
+    "repetition_penalty": (
+        lambda d: _edit_json(d / "generation_config.json", repetition_penalty=1.2),
+        "generation_config.json",
+        ": repetition_penalty=1.2 changes what transformers generates",
+    ),
+    "suppress_tokens": (
+        lambda d: _edit_json(d / "generation_config.json", suppress_tokens=[5]),
+        "generation_config.json",
+        ": suppress_tokens=[5] changes what transformers generates",
+    ),
+    "generation decoder start": (
+        lambda d: _edit_json(d / "generation_config.json", decoder_start_token_id=5),
+        "generation_config.json",
+        ": decoder_start_token_id=5 differs from",
+    ),
+    "config.json's settings without generation_config.json": (
+        _config_setting_without_generation_config,
+        "config.json",
+        "/config.json: no_repeat_ngram_size=3 changes what transformers generates",
+    ),
+    "ffn width": (  # transformers: a size mismatch
+        lambda d: _edit_json(d / "config.json", encoder_ffn_dim=48, decoder_ffn_dim=48),
+        "model.safetensors",
+        ".fc1.bias has shape (64,), but ",
+    ),
+    "fewer layers": (  # transformers: unexpected weights, dropped
+        lambda d: _edit_json(d / "config.json", encoder_layers=1),
+        "model.safetensors",
+        "holds model.encoder.layers.1.",
+    ),
+    "a tensor of no Marian parameter": (
+        _unknown_tensor,
+        "model.safetensors",
+        "holds model.encoder.layernorm_embedding.weight, which a MarianMTModel of ",
+    ),
     "truncated model.safetensors": (_truncated_weights, "model.safetensors", "is not a readable safetensors file"),
     "pytorch_model.bin": (_damaged_torch_weights, "pytorch_model.bin", "is not a readable torch state dict"),
 }
@@ -187,8 +254,70 @@ def test_a_damaged_directory_is_refused_in_one_line_naming_the_file(untied, dama
     assert not output.exists()
 
 
+def test_the_weights_are_held_to_config_json_naming_both_shapes_and_keys(untied, tmp_path):
+    directory = shutil.copytree(untied[0], tmp_path / "hf")
+    _edit_json(directory / "config.json", encoder_ffn_dim=48, decoder_ffn_dim=48)
+    with pytest.raises(marian_files.ConversionError) as error:
+        marian_files.read_marian_directory(directory)
+    ffn = (
+        r"/model\.safetensors: model\.(encoder|decoder)\.layers\.0\.fc1\.bias has shape \(64,\), "
+        r"but .*/config\.json's \1_ffn_dim=48, d_model=32 give \(48,\)$"
+    )
+    assert re.search(ffn, str(error.value)), error.value
+    _edit_json(directory / "config.json", encoder_ffn_dim=64, decoder_ffn_dim=64, encoder_layers=1)
+    with pytest.raises(marian_files.ConversionError, match=r"a layer beyond .*config\.json's encoder_layers=1$"):
+        marian_files.read_marian_directory(directory)
+
+
+def test_a_transformers_4_state_dict_with_its_sinusoids_is_read(untied, tmp_path):
+    directory = shutil.copytree(untied[0], tmp_path / "hf")
+    (directory / "model.safetensors").unlink()
+    state = untied[1].state_dict()  # as transformers 4 saved it: the sinusoids too
+    assert state["model.encoder.embed_positions.weight"].shape == (128, 32)
+    torch.save(state, directory / "pytorch_model.bin")
+    assert set(marian_files.read_marian_directory(directory).weights) == set(state)
+    state["model.decoder.embed_positions.weight"] = state["model.decoder.embed_positions.weight"][:64]
+    torch.save(state, directory / "pytorch_model.bin")
+    with pytest.raises(marian_files.ConversionError, match=r"max_position_embeddings=128, d_model=32 give"):
+        marian_files.read_marian_directory(directory)
+
+
 def test_one_eos_id_in_a_list_is_that_id():
     assert marian_files.marian_token_ids({"vocab_size": 8, "eos_token_id": [0, 0]}, {}, "config.json") == (7, 0, 7)
+
+
+def test_generation_settings_that_decode_as_jaxformer_does_are_accepted():
+    # Helsinki-NLP/opus-mt-en-de's generation_config.json, and the settings that change nothing.
+    opus = {"bad_words_ids": [[58100]], "forced_eos_token_id": 0, "max_length": 512, "num_beams": 4}
+    marian_files.check_generation_settings(opus, 58100, 0, "generation_config.json")
+    neutral = {"repetition_penalty": 1.0, "no_repeat_ngram_size": 0, "min_length": 1, "suppress_tokens": [58100]}
+    marian_files.check_generation_settings(neutral, 58100, 0, "generation_config.json")
+    with pytest.raises(marian_files.ConversionError, match=r"^g.json: bad_words_ids=\[\[0\]\] changes"):
+        marian_files.check_generation_settings({"bad_words_ids": [[0]]}, 58100, 0, "g.json")  # eos banned
+
+
+def test_an_output_that_cannot_be_created_is_refused_before_anything_is_read(
+    untied, run, tmp_path, capsys, monkeypatch
+):
+    from jaxformer.interop import marian
+    from jaxformer.run import loading
+
+    def read(*_):
+        raise AssertionError("the input was read")
+
+    monkeypatch.setattr(marian, "read_marian_directory", read)
+    monkeypatch.setattr(loading, "load_checkpoint", read)
+    (tmp_path / "afile").write_text("")
+    outputs = {
+        str(tmp_path / "afile" / "sub"): f"{tmp_path / 'afile'} is a file, not a folder",
+        "/proc/jaxformer-output": "/proc takes no new entries (",
+    }
+    for direction, source in (("--from_hf", untied[0]), ("--to_hf", run)):
+        for output, reason in outputs.items():
+            assert convert.main([direction, str(source), "--output", output]) == EXIT_USER_ERROR
+            error = capsys.readouterr().err
+            assert error.startswith(f"error: cannot write {output}: {reason}") and error.count("\n") == 1, error
+    assert (tmp_path / "afile").read_text() == ""
 
 
 def test_flags_of_the_other_direction_are_refused_even_at_their_default_values(tmp_path, capsys):
