@@ -187,6 +187,9 @@ def test_evaluate_reads_process_substitutions(tmp_path, monkeypatch):
         def reached(args):
             raise ReachedTranslation
 
+        from jaxformer.decoding.translator import Translator
+
+        monkeypatch.setattr(Translator, "check_workdir", staticmethod(lambda *args: None))  # no run here
         monkeypatch.setattr(evaluate, "translator_from_flags", reached)
         flags = ["--workdir", str(tmp_path), "--source", f"/dev/fd/{sources[0]}"]
         with pytest.raises(ReachedTranslation):
