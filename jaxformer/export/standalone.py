@@ -500,8 +500,9 @@ class InputError(ValueError):
 
 def stdin_lines(data: bytes) -> list[str]:
     """The UTF-8 lines of `data` without their line breaks; a line that is not UTF-8 is an
-    InputError naming it. The rules (and the message) of translate.py's reader,
-    jaxformer/data/parallel_text.py's `decode_lines`, which serve.py cannot import."""
+    InputError naming it, with the message of translate.py's reader (jaxformer/data/parallel_text.py's
+    `decode_lines`, which serve.py cannot import; a byte-order mark and lines ended by \\r alone
+    are that reader's file rules, not a stream's)."""
     raw_lines = data.split(b"\n")
     if raw_lines and raw_lines[-1] == b"":
         raw_lines.pop()  # the final line break ends the last line
