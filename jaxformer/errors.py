@@ -17,8 +17,8 @@ def exit_code_for_signal(signum: int) -> int:
 
 
 def with_article(word: str) -> str:
-    """ "an encoder_only", "a decoder_only": a word of a message with its indefinite article."""
-    return f"{'an' if word[:1].lower() in tuple('aeiou') else 'a'} {word}"
+    """A word of a message (quoted or not) with its indefinite article: "an encoder_only", "a 'decoder_only'"."""
+    return f"{'an' if word.lstrip(chr(34) + chr(39))[:1].lower() in tuple('aeiou') else 'a'} {word}"
 
 
 class UserError(Exception):

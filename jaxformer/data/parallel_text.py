@@ -41,11 +41,12 @@ def decode_lines(raw_lines: Iterable[bytes], name: str | pathlib.Path) -> list[s
             raise DataError(
                 f"{name}: line {number} is not valid UTF-8 ({error.reason} at byte {error.start})"
             ) from None
+    # Lines ended by \r alone read as one line holding them all; a stray \r in a line is text.
     carriage_returns = sum(line.count("\r") for line in lines)
-    if carriage_returns and carriage_returns >= len(lines):  # not a stray \r in some lines: the breaks
+    if carriage_returns >= max(2, 2 * len(lines)):
         raise DataError(
-            f"{name}: its {len(lines)} line(s) hold {carriage_returns} carriage returns (\\r): its lines end in \\r "
-            "alone (classic Mac OS), and lines here end in \\n; convert them, e.g. with tr '\\r' '\\n'"
+            f"{name}: its {len(lines)} line(s) hold {carriage_returns} carriage returns (\\r), as lines ended by \\r "
+            "alone (classic Mac OS) read; lines here end in \\n: convert them, e.g. with tr '\\r' '\\n'"
         )
     return lines
 

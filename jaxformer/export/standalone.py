@@ -438,7 +438,7 @@ def read_export(directory: str | pathlib.Path) -> tuple[dict[str, Any], Any, Tok
     if separate != ("target_tokenizer" in config["files"]):  # else the target ids would be decoded as source ones
         raise ExportError(
             f"{directory / CONFIG_FILE}: model.source_vocab_size is {config['model'].get('source_vocab_size')} "
-            f"({'separate' if separate else 'one shared'} vocabularies), but files "
+            f"({'separate vocabularies' if separate else 'one shared vocabulary'}), but files "
             f"{'lacks' if separate else 'has'} a target_tokenizer"
         )
     tokenizer = read_tokenizer(directory, config, "tokenizer", "source_vocab_size" if separate else "vocab_size")

@@ -12,6 +12,7 @@ from typing import Any
 import numpy as np
 
 from jaxformer.decoding.search import BEAM_STOPS
+from jaxformer.errors import with_article
 from jaxformer.model.config import ARCHITECTURES, ConfigError
 from jaxformer.run.directory import CHECKPOINT_KINDS
 from jaxformer.tokens import NUM_SPECIAL_TOKENS
@@ -224,7 +225,7 @@ def check_combinations(config, architecture: str) -> None:
     if parts and architecture != "encoder_decoder":
         raise ConfigError(
             f"config training.{parts[0]} starts a translator (model.architecture='encoder_decoder'), "
-            f"not an {architecture!r} model"
+            f"not {with_article(repr(architecture))} model"
         )
     if architecture == "encoder_decoder" and data.source_language == data.target_language:
         raise ConfigError(f"config data.source_language and data.target_language are both {data.source_language!r}")

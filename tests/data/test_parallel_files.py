@@ -17,7 +17,7 @@ import sacrebleu
 
 from jaxformer.data import fingerprint
 from jaxformer.data.parallel_files import ParallelFiles, holdout_indices
-from jaxformer.data.parallel_text import DataError
+from jaxformer.data.parallel_text import DataError, decode_lines
 from jaxformer.data.sources import data_fingerprint, get_builder, load_split, prepare
 from jaxformer.training.experiment import default_config
 
@@ -302,12 +302,14 @@ def test_content_errors_name_the_file_and_line(tmp_path, caplog):
     mac = write_text_files(tmp_path / "mac" / "train.{lang}", good)
     (tmp_path / "mac" / "train.fr").write_bytes("\r".join(s for s, _ in good).encode() + b"\r")
     assert error_for(train=mac) == (
-        f"{tmp_path / 'mac' / 'train.fr'}: its 1 line(s) hold 19 carriage returns (\\r): its lines end in \\r alone "
-        "(classic Mac OS), and lines here end in \\n; convert them, e.g. with tr '\\r' '\\n'"
+        f"{tmp_path / 'mac' / 'train.fr'}: its 1 line(s) hold 19 carriage returns (\\r), as lines ended by \\r alone "
+        "(classic Mac OS) read; lines here end in \\n: convert them, e.g. with tr '\\r' '\\n'"
     )
     stray = [(f"{s}\r", t) if i % 3 == 0 else (s, t) for i, (s, t) in enumerate(good)]  # a few stray ones are text
+    stray[1] = (f"A\r{stray[1][0]}\r", stray[1][1])  # even one line with two, and the first line with one
     stray_files = write_text_files(tmp_path / "stray" / "train.{lang}", [(s.replace("\r", "\rx"), t) for s, t in stray])
     assert len(read(get_builder(section(tmp_path, train=stray_files, validation_holdout=2)), "train")) == 18
+    assert decode_lines([b"A man\rin a hat .\n"], "<stdin>") == ["A man\rin a hat ."]  # one line, one \r: text
 
     short = write_text_files(tmp_path / "short" / "train.{lang}.gz", good)
     write_bytes(tmp_path / "short" / "train.ja.gz", ("\n".join(t for _, t in good[:-1]) + "\n").encode())

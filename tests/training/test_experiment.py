@@ -242,3 +242,21 @@ def test_settings_of_a_feature_switched_off_are_kept_and_named():
         "training.final_alphas=(1.0, 1.4, 1.8, 2.2) (decoding.method is 'greedy': a length penalty ranks beam "
         "search's hypotheses only)"
     )
+
+
+@pytest.mark.parametrize(
+    "name, key, article",
+    [
+        ("multi30k_lm", "init_encoder_from", "a 'decoder_only'"),
+        ("multi30k_mlm", "init_decoder_from", "an 'encoder_only'"),
+    ],
+)
+def test_a_language_model_started_from_a_translators_part_is_named_with_its_article(name, key, article):
+    from jaxformer.training.config_file import load_config
+
+    config = load_config(name)
+    config.training[key] = "/runs/part"
+    with pytest.raises(
+        ConfigError, match=rf"starts a translator \(model.architecture='encoder_decoder'\), not {article} model$"
+    ):
+        experiment.validate(config)
