@@ -259,8 +259,9 @@ PATH_KEYS = (
 
 
 def with_absolute_paths(config: ml_collections.ConfigDict) -> ml_collections.ConfigDict:
-    """A copy of `config` whose PATH_KEYS hold absolute, normalised paths ("~" expanded, "a/../b"
-    as "b"), so that one file given two ways is recorded as one path."""
+    """A copy of `config` whose PATH_KEYS hold absolute paths with symbolic links resolved ("~"
+    expanded), so that one file given two ways is recorded as one path. Resolved as the system
+    does: "link/../x" is x beside the link's target, which a lexical "x" would not be."""
     config = copy.deepcopy(config)
     for key in PATH_KEYS:
         *sections, leaf = key.split(".")
@@ -268,7 +269,7 @@ def with_absolute_paths(config: ml_collections.ConfigDict) -> ml_collections.Con
         for name in sections:
             section = section[name]
         if section[leaf] is not None and "://" not in section[leaf]:  # gs://... and other remote paths stay
-            section[leaf] = os.path.abspath(os.path.expanduser(section[leaf]))
+            section[leaf] = os.path.realpath(os.path.expanduser(section[leaf]))
     return config
 
 

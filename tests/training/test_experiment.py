@@ -148,6 +148,15 @@ def test_paths_a_run_stores_are_made_absolute(tmp_path, monkeypatch):
     assert absolute.data.files.validation is None and absolute.tokenizer.model_path is None
     assert config.data.files.train == "corpus/train.{lang}.gz"  # the caller's config is left as it was
 
+    # "link/../tok" is the "tok" beside the link's target, as the system opens it, not "./tok".
+    (tmp_path / "elsewhere" / "sub").mkdir(parents=True)
+    (tmp_path / "link").symlink_to(tmp_path / "elsewhere" / "sub")
+    config.tokenizer.model_path = "link/../tok/same.model"
+    config.data.files.train = "corpus/../corpus/train.{lang}.gz"
+    absolute = experiment.with_absolute_paths(config)
+    assert absolute.tokenizer.model_path == str(tmp_path / "elsewhere" / "tok" / "same.model")
+    assert absolute.data.files.train == str(tmp_path / "corpus" / "train.{lang}.gz")
+
 
 @pytest.mark.parametrize(
     ("changes", "message"),
