@@ -99,30 +99,40 @@ def check_distributed_flags(args: argparse.Namespace) -> None:
             )
 
 
-def run(args: argparse.Namespace) -> int:
-    from jaxformer.training import experiment
+def join_processes(args: argparse.Namespace) -> None:
+    """jax.distributed.initialize from the flags. jax waits for every process to connect (up to its
+    initialization timeout, 5 minutes, after which it ends the process): the log says so first."""
+    import jax
 
-    config = load_config(args.config)
-    apply_overrides(config, args.overrides)
-    experiment.validate(config)  # every value, before anything is prepared, compiled or written
+    jax.config.update("jax_cpu_collectives_implementation", "gloo")  # CPU processes (GPU/TPU ignore it)
+    where = "--distributed" if args.coordinator_address is None else f"--coordinator_address={args.coordinator_address}"
+    if args.coordinator_address is not None:  # by hand, where a process not started is the likely wait
+        logging.info("joining the multi-process run (%s); jax waits up to 5 minutes for every process", where)
+    try:
+        jax.distributed.initialize(args.coordinator_address, args.num_processes, args.process_id)
+    except (ValueError, RuntimeError) as error:  # no cluster found, a coordinator that refuses
+        raise FlagError(f"{where}: cannot join a multi-process run: {error}") from None
+    logging.info("process %d of %d", jax.process_index(), jax.process_count())
+
+
+def run(args: argparse.Namespace) -> int:
+    from jaxformer.training import experiment, processes
+
+    check_distributed_flags(args)
+    if (args.distributed or args.coordinator_address) and not args.print_config:
+        join_processes(args)  # first: a config error in one process is then an error in every one
+
+    def checked_config():
+        config = load_config(args.config)
+        apply_overrides(config, args.overrides)
+        experiment.validate(config)  # every value, before anything is prepared, compiled or written
+        return config
+
+    config = processes.all_or_none(checked_config)
     if args.print_config:
         print(config)
         return 0
-    check_distributed_flags(args)
     import jax
-
-    if args.distributed or args.coordinator_address:
-        jax.config.update("jax_cpu_collectives_implementation", "gloo")  # CPU processes (GPU/TPU ignore it)
-        try:
-            jax.distributed.initialize(args.coordinator_address, args.num_processes, args.process_id)
-        except (ValueError, RuntimeError) as error:  # no cluster found, an unreachable coordinator
-            where = (
-                "--distributed"
-                if args.coordinator_address is None
-                else f"--coordinator_address={args.coordinator_address}"
-            )
-            raise FlagError(f"{where}: cannot join a multi-process run: {error}") from None
-        logging.info("process %d of %d", jax.process_index(), jax.process_count())
 
     from jaxformer.commands.run_summary import run_summary
     from jaxformer.training.loop import train_and_evaluate

@@ -69,21 +69,29 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str | pathlib
 
     Every config value is checked before anything is written; then the workdir is locked for
     the run (one run per workdir)."""
-    experiment.validate(config)
-    config = experiment.with_absolute_paths(config)
+
+    def checked(config: ml_collections.ConfigDict) -> ml_collections.ConfigDict:
+        experiment.validate(config)
+        return experiment.with_absolute_paths(config)
+
+    config = processes.all_or_none(lambda: checked(config))
     processes.check_same_config(config)
     run_start.input_shards(config.data)
-    check_source(config.data)
     workdir = pathlib.Path(workdir).absolute()
     existed = set(workdir.iterdir()) if workdir.is_dir() else None  # what a failed start must leave as it was
+
+    def make_workdir() -> None:  # what one host alone may fail at: its data_dir, its view of the workdir
+        check_source(config.data)
+        try:
+            workdir.mkdir(parents=True, exist_ok=True)
+        except OSError as error:
+            raise UserError(f"cannot create the workdir {workdir}: {error.strerror}") from None
+
     try:
-        workdir.mkdir(parents=True, exist_ok=True)
-    except OSError as error:
-        raise UserError(f"cannot create the workdir {workdir}: {error.strerror}") from None
-    try:
+        processes.all_or_none(make_workdir)
         lock = run_start.hold_workdir(workdir)
-    except processes.WorkdirNotSharedError:
-        if existed is None:  # each process made its own folder: none of them is the run's
+    except (processes.AnotherProcessError, processes.WorkdirNotSharedError):
+        if existed is None:  # the folder this process made is no run's (nothing is in it)
             with contextlib.suppress(OSError):
                 workdir.rmdir()
         raise

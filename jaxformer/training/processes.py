@@ -14,6 +14,8 @@ from __future__ import annotations
 import pathlib
 import secrets
 import zlib
+from collections.abc import Callable
+from typing import TypeVar
 
 import jax
 import ml_collections
@@ -27,10 +29,45 @@ from jaxformer.training import experiment
 # Where a host caches its prepared data may differ between hosts (a local disk each); what the
 # run computes may not.
 HOST_LOCAL_KEYS = ("data.data_dir", "data.raw_dir")
+T = TypeVar("T")
 
 
 class WorkdirNotSharedError(UserError):
     """The processes of a run do not see one workdir."""
+
+
+class AnotherProcessError(UserError):
+    """Another process of the run met a user's error where this one did not."""
+
+
+_MESSAGE_BYTES = 1024  # of another process's error message, passed on whole up to this length
+
+
+def all_or_none(step: Callable[[], T]) -> T:
+    """`step()` in every process, where a UserError in any of them is raised in all: the process
+    that met it raises its own, the others an AnotherProcessError quoting it. A check that one
+    process alone fails (an invalid override given to one host, a folder it cannot create) would
+    otherwise end that process and leave the others waiting in their next collective."""
+    error = None
+    try:
+        result = step()
+    except UserError as caught:
+        error = caught
+    # Without jax.distributed there is one process; asking jax would start its backend for nothing.
+    if jax.distributed.is_initialized() and jax.process_count() > 1:
+        message = np.zeros(_MESSAGE_BYTES, np.uint8)
+        if error is not None:
+            text = (str(error) or type(error).__name__).encode()[:_MESSAGE_BYTES]
+            message[: len(text)] = np.frombuffer(text, np.uint8)
+        failed = np.asarray(multihost_utils.process_allgather(np.int32(error is not None)))  # [P]
+        messages = np.asarray(multihost_utils.process_allgather(message))  # [P, _MESSAGE_BYTES]
+        if error is None and failed.any():
+            first = int(np.argmax(failed))
+            text = bytes(messages[first]).rstrip(b"\0").decode(errors="replace")
+            raise AnotherProcessError(f"process {first} of the run stopped before any work: {text}")
+    if error is not None:
+        raise error
+    return result
 
 
 def check_same_config(config: ml_collections.ConfigDict) -> None:

@@ -116,6 +116,21 @@ def test_processes_started_apart_are_refused_before_any_work(data_dir, tmp_path)
         ).replace(str(apart[0]), str(apart[0]) if log is logs[0] else str(apart[1]))
     assert not apart[0].exists() and not apart[1].exists()
 
+    # What one process alone fails at (an invalid override, a workdir it cannot make) is an error in
+    # both, the others quoting it, where it ended that process and left the others waiting.
+    (tmp_path / "afile").write_text("x")
+    for workdirs, extra, failing in (
+        ([workdir, workdir], [(), ("--config.training.num_train_steps=-1",)], "config training.num_train_steps=-1"),
+        ([workdir, tmp_path / "afile" / "sub"], [(), ()], f"cannot create the workdir {tmp_path / 'afile' / 'sub'}"),
+    ):
+        codes, logs = _two_started_apart(data_dir, workdirs, extra)
+        assert codes == [2, 2], [log[-2000:] for log in logs]
+        own, quoted = logs[1].strip().splitlines()[-1], logs[0].strip().splitlines()[-1]
+        assert own.startswith(f"error: {failing}") and quoted == own.replace(
+            "error: ", "error: process 1 of the run stopped before any work: ", 1
+        )
+        assert not workdir.exists()
+
 
 @pytest.mark.xdist_group("distributed-processes")
 def test_two_processes_match_one_process(data_dir, tmp_path):
