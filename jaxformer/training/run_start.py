@@ -38,7 +38,7 @@ from jaxformer.training.init_from import (
     side_tokenizers,
 )
 from jaxformer.training.optimizer import make_optimizer
-from jaxformer.training.run_tokenizer import RunTokenizers, log_unknown_rate, tokenizer_for_run
+from jaxformer.training.run_tokenizer import RunTokenizers, check_given_models, log_unknown_rate, tokenizer_for_run
 from jaxformer.training.state import make_init_fn
 
 
@@ -168,6 +168,14 @@ def prepare_run(config: ml_collections.ConfigDict, workdir: pathlib.Path) -> Pre
         logging.info("resuming this workdir's run; training.init_*from only set where a new run starts")
     starting_points = load_starting_points(training) if latest is None else ()
     check_starting_points(starting_points, config)
+    if latest is not None:
+        saved_tokenizers = (saved, f"checkpoint {latest[0]} of {checkpointer.directory}")
+    elif starting_points and starting_points[0].part == "model":  # its embeddings belong to its tokenizer
+        saved_tokenizers = (starting_points[0].metadata, f"the fine-tuning start, {starting_points[0].where}")
+    else:
+        saved_tokenizers = None
+    resuming = latest is not None
+    check_given_models(config, run, saved_tokenizers, side_tokenizers(starting_points), resuming)  # before the data
 
     mesh = sharding.make_mesh(config.mesh.shape)
     rules = sharding.rules_from_config(config.mesh.logical_axis_rules)
@@ -183,14 +191,8 @@ def prepare_run(config: ml_collections.ConfigDict, workdir: pathlib.Path) -> Pre
     train_source, eval_source = prepare_data(data, builder)
     check_same_data(builder, trained_on, workdir, remedy)  # downloaded files: fingerprinted once fetched
     fingerprint = data_fingerprint(builder)
-    if latest is not None:
-        saved_tokenizers = (saved, f"checkpoint {latest[0]} of {checkpointer.directory}")
-    elif starting_points and starting_points[0].part == "model":  # its embeddings belong to its tokenizer
-        saved_tokenizers = (starting_points[0].metadata, f"the fine-tuning start, {starting_points[0].where}")
-    else:
-        saved_tokenizers = None
     tokenizers = tokenizer_for_run(
-        config, run, train_source, saved_tokenizers, side_tokenizers(starting_points), resuming=latest is not None
+        config, run, train_source, saved_tokenizers, side_tokenizers(starting_points), resuming=resuming
     )
     log_unknown_rate(config, tokenizers, train_source)
 

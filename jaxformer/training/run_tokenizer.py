@@ -62,6 +62,28 @@ def _checked_against_checkpoint(path: pathlib.Path, saved_proto: bytes, where: s
     return saved
 
 
+def _given_model_differs(
+    model_key: str, model_path: str, path: pathlib.Path, saved: SavedTokenizer | None, resuming: bool
+) -> CheckpointError:
+    """The error for a given tokenizer.`model_key` that does not convert to the run's tokenizer
+    (the workdir's file `path`, or `saved`'s: the checkpoint's the parameters come from)."""
+    if saved is None:
+        advice = f"has changed: it does not convert to the tokenizer in {path}; restore that file, or use a new workdir"
+    elif resuming:  # the run keeps its config's tokenizer section, so unsetting the key is no way out
+        advice = (
+            f"does not convert to the tokenizer of {saved[1]}, which the model was trained with: the file "
+            f"changed after the run trained with it; restore it ({path} holds the checkpoint's conversion of "
+            f"it, and converts to the same tokenizer if copied to {model_path}), or train in a new workdir"
+        )
+    else:
+        advice = (
+            f"does not convert to the tokenizer of {saved[1]}, which the model was trained with (the file "
+            f"changed since, or it is another model); restore that file, or leave tokenizer.{model_key} "
+            "unset to use the model's"
+        )
+    return CheckpointError(f"tokenizer.{model_key} {model_path} {advice}")
+
+
 def _sentences(train_source: Sequence, languages: Sequence[str], max_sentences: int, seed: int = 0) -> Iterator[str]:
     """The `languages` sides of the training records; beyond `max_sentences` sentences, those of
     a seeded sample of records, drawn before reading (decoding every record of a large corpus
@@ -113,24 +135,7 @@ def _one_tokenizer(
                 logging.info("converted %s to jaxformer's special ids, saved to %s", model_path, path)
             return given
         if given.model_proto != tokenizer.model_proto:
-            if saved is None:
-                advice = (
-                    f"has changed: it does not convert to the tokenizer in {path}; restore that file, or use a "
-                    "new workdir"
-                )
-            elif resuming:  # the run keeps its config's tokenizer section, so unsetting the key is no way out
-                advice = (
-                    f"does not convert to the tokenizer of {saved[1]}, which the model was trained with: the file "
-                    f"changed after the run trained with it; restore it ({path} holds the checkpoint's conversion of "
-                    f"it, and converts to the same tokenizer if copied to {model_path}), or train in a new workdir"
-                )
-            else:
-                advice = (
-                    f"does not convert to the tokenizer of {saved[1]}, which the model was trained with (the file "
-                    f"changed since, or it is another model); restore that file, or leave tokenizer.{model_key} "
-                    "unset to use the model's"
-                )
-            raise CheckpointError(f"tokenizer.{model_key} {model_path} {advice}")
+            raise _given_model_differs(model_key, model_path, path, saved, resuming)
         return tokenizer
     if tokenizer is not None:
         if tokenizer.vocab_size != section.vocab_size and saved is not None:
@@ -195,24 +200,7 @@ def tokenizer_for_run(
     tokenizer and data sections)."""
     run = RunDirectory(run)
     data = config.data
-    source_saved, target_saved = sides
-    if not config.tokenizer.separate_vocabularies and None not in sides and sides[0][0] != sides[1][0]:
-        raise CheckpointError(
-            f"{sides[0][1]} and {sides[1][1]} have different tokenizers, so they cannot share one vocabulary: "
-            "set tokenizer.separate_vocabularies=True and model.share_embeddings=False"
-        )
-    if not config.tokenizer.separate_vocabularies:
-        source_saved = source_saved or target_saved
-    if saved is not None:
-        metadata, where = saved
-        separate = metadata.target_tokenizer is not None
-        if separate != bool(config.tokenizer.separate_vocabularies):
-            raise CheckpointError(
-                f"{where} has {'separate source and target vocabularies' if separate else 'one shared vocabulary'}, "
-                f"but tokenizer.separate_vocabularies={config.tokenizer.separate_vocabularies}"
-            )
-        source_saved = (metadata.tokenizer, where)
-        target_saved = None if metadata.target_tokenizer is None else (metadata.target_tokenizer, where)
+    source_saved, target_saved = _saved_sides(config, saved, sides)
     if not config.tokenizer.separate_vocabularies:
         languages = experiment.text_languages(config)
         shared = _one_tokenizer(
@@ -232,6 +220,62 @@ def tokenizer_for_run(
         resuming,
     )
     return RunTokenizers(source, target)
+
+
+def _saved_sides(
+    config: ml_collections.ConfigDict,
+    saved: tuple[CheckpointMetadata, str] | None,
+    sides: tuple[SavedTokenizer | None, SavedTokenizer | None],
+) -> tuple[SavedTokenizer | None, SavedTokenizer | None]:
+    """(source, target) tokenizers that come from checkpoints (tokenizer_for_run's `saved` and
+    `sides`), None for a side made here; the shared one twice over for one shared vocabulary."""
+    source_saved, target_saved = sides
+    if not config.tokenizer.separate_vocabularies and None not in sides and sides[0][0] != sides[1][0]:
+        raise CheckpointError(
+            f"{sides[0][1]} and {sides[1][1]} have different tokenizers, so they cannot share one vocabulary: "
+            "set tokenizer.separate_vocabularies=True and model.share_embeddings=False"
+        )
+    if not config.tokenizer.separate_vocabularies:
+        source_saved = source_saved or target_saved
+    if saved is not None:
+        metadata, where = saved
+        separate = metadata.target_tokenizer is not None
+        if separate != bool(config.tokenizer.separate_vocabularies):
+            raise CheckpointError(
+                f"{where} has {'separate source and target vocabularies' if separate else 'one shared vocabulary'}, "
+                f"but tokenizer.separate_vocabularies={config.tokenizer.separate_vocabularies}"
+            )
+        source_saved = (metadata.tokenizer, where)
+        target_saved = None if metadata.target_tokenizer is None else (metadata.target_tokenizer, where)
+    return source_saved, target_saved
+
+
+def check_given_models(
+    config: ml_collections.ConfigDict,
+    run: RunDirectory,
+    saved: tuple[CheckpointMetadata, str] | None,
+    sides: tuple[SavedTokenizer | None, SavedTokenizer | None] = (None, None),
+    resuming: bool = False,
+) -> None:
+    """tokenizer_for_run's refusals that need no data, before any is prepared: checkpoints whose
+    vocabularies cannot be the config's, and a given model that does not convert to the tokenizer
+    of the checkpoint its side's embeddings come from. Reads the given models; writes nothing."""
+    run = RunDirectory(run)
+    source_saved, target_saved = _saved_sides(config, saved, sides)
+    keyed = [("model_path", source_saved, run.tokenizer_file)]
+    if config.tokenizer.separate_vocabularies:
+        keyed.append(("target_model_path", target_saved, run.target_tokenizer_file))
+    for model_key, side_saved, path in keyed:
+        model_path = config.tokenizer[model_key]
+        if side_saved is None or model_path is None:
+            continue
+        try:
+            stored = Tokenizer(side_saved[0]).model_proto  # as _one_tokenizer reads it
+        except (TypeError, ValueError):
+            continue  # unusable: _checked_against_checkpoint names it
+        given = Tokenizer.from_sentencepiece_file(model_path, experiment.control_symbols(config))
+        if given.model_proto != stored:
+            raise _given_model_differs(model_key, model_path, path, side_saved, resuming)
 
 
 UNKNOWN_WARNING = 0.005  # a share of <unk> pieces above this on the training text is warned about

@@ -147,7 +147,7 @@ def test_a_fine_tuning_start_names_its_tokenizer_when_the_config_disagrees(token
 
     import sentencepiece as spm
 
-    from jaxformer.training.run_tokenizer import tokenizer_for_run
+    from jaxformer.training.run_tokenizer import check_given_models, tokenizer_for_run
 
     run, config, tokenizer, _ = tokenizer_run
     config = config.copy_and_resolve_references()  # the module's config stays as it was
@@ -174,3 +174,11 @@ def test_a_fine_tuning_start_names_its_tokenizer_when_the_config_disagrees(token
     config.tokenizer.model_path = str(tmp_path / "other.model")
     with pytest.raises(CheckpointError, match=rf"other.model does not convert to the tokenizer of {where}, which"):
         tokenizer_for_run(config, RunDirectory(tmp_path / "b"), None, (metadata, where))
+    # The same refusal before any data is prepared (run_start), writing nothing; the start's own model passes.
+    (tmp_path / "c").mkdir()
+    with pytest.raises(CheckpointError, match=rf"other.model does not convert to the tokenizer of {where}, which"):
+        check_given_models(config, RunDirectory(tmp_path / "c"), (metadata, where))
+    assert not any((tmp_path / "c").iterdir())
+    tokenizer.save(tmp_path / "same.model")
+    config.tokenizer.model_path = str(tmp_path / "same.model")
+    check_given_models(config, RunDirectory(tmp_path / "c"), (metadata, where))
