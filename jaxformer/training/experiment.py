@@ -259,9 +259,10 @@ PATH_KEYS = (
 
 
 def with_absolute_paths(config: ml_collections.ConfigDict) -> ml_collections.ConfigDict:
-    """A copy of `config` whose PATH_KEYS hold absolute paths with symbolic links resolved ("~"
-    expanded), so that one file given two ways is recorded as one path. Resolved as the system
-    does: "link/../x" is x beside the link's target, which a lexical "x" would not be."""
+    """A copy of `config` whose PATH_KEYS hold absolute paths, their folders' symbolic links resolved
+    ("~" expanded), so that one file given two ways is recorded as one path. Resolved as the system
+    does: "link/../x" is x beside the link's target, which a lexical "x" would not be. The last
+    part is kept as given: a file that is a link (a git-annex or hub blob) keeps its name."""
     config = copy.deepcopy(config)
     for key in PATH_KEYS:
         *sections, leaf = key.split(".")
@@ -269,8 +270,19 @@ def with_absolute_paths(config: ml_collections.ConfigDict) -> ml_collections.Con
         for name in sections:
             section = section[name]
         if section[leaf] is not None and "://" not in section[leaf]:  # gs://... and other remote paths stay
-            section[leaf] = os.path.realpath(os.path.expanduser(section[leaf]))
+            section[leaf] = _absolute(section[leaf])
     return config
+
+
+def _absolute(path: str) -> str:
+    """`path` absolute, its folder resolved as the system resolves it and its last part kept: a
+    data file's name (.tsv, .gz, {lang}) is read as given, even where the file is a link."""
+    path = os.path.expanduser(path)
+    path = path.rstrip(os.sep) or os.sep
+    folder, name = os.path.split(path)
+    if name in ("", ".", ".."):
+        return os.path.realpath(path)
+    return os.path.join(os.path.realpath(folder or os.curdir), name)
 
 
 def architecture(config: ml_collections.ConfigDict) -> str:

@@ -156,6 +156,16 @@ def test_paths_a_run_stores_are_made_absolute(tmp_path, monkeypatch):
     absolute = experiment.with_absolute_paths(config)
     assert absolute.tokenizer.model_path == str(tmp_path / "elsewhere" / "tok" / "same.model")
     assert absolute.data.files.train == str(tmp_path / "corpus" / "train.{lang}.gz")
+    # A file that is a link keeps its name (a .tsv linked to a git-annex or hub blob is still a TSV).
+    (tmp_path / "blobs").mkdir()
+    (tmp_path / "blobs" / "5f3a").write_text("a\tb\n")
+    (tmp_path / "corpus").mkdir()
+    (tmp_path / "corpus" / "train.tsv").symlink_to(tmp_path / "blobs" / "5f3a")
+    config.data.files.train = "corpus/train.tsv"
+    config.training.init_from = "runs/base/"
+    absolute = experiment.with_absolute_paths(config)
+    assert absolute.data.files.train == str(tmp_path / "corpus" / "train.tsv")
+    assert absolute.training.init_from == str(tmp_path / "runs" / "base")
 
 
 @pytest.mark.parametrize(
