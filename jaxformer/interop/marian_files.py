@@ -239,26 +239,27 @@ def marian_token_ids(hf: Mapping[str, Any], generation: Mapping[str, Any], where
     return pad_id, eos_id, start_id
 
 
-def _only_pad(value: Any, pad_id: int, _: int) -> bool:
-    return not value or (isinstance(value, list) and all(token == pad_id for token in value))
+def _only_never_produced(value: Any, pad_id: int, _: int, start_id: int) -> bool:
+    """None, or tokens jaxformer's search never produces: pad, and the decoder start (its BOS)."""
+    return not value or (isinstance(value, list) and all(token in (pad_id, start_id) for token in value))
 
 
 # generate()'s settings that change which tokens greedy and beam search choose, each with a test of
 # the values that change nothing (jaxformer's search has none of them) and those values in words.
 # Sampling's settings act only when sampling; num_beams, length_penalty, early_stopping and
 # max_length are the search's own, which jaxformer-translate's flags choose.
-GENERATION_SETTINGS: dict[str, tuple[Callable[[Any, int, int], bool], str]] = {
+GENERATION_SETTINGS: dict[str, tuple[Callable[[Any, int, int, int], bool], str]] = {
     "bad_words_ids": (
-        lambda value, pad_id, eos_id: (
-            not value or (isinstance(value, list) and all(words == [pad_id] for words in value))
+        lambda value, pad_id, _, start_id: (
+            not value or (isinstance(value, list) and all(words in ([pad_id], [start_id]) for words in value))
         ),
-        "none, or [[pad_token_id]]: jaxformer never produces pad",
+        "none, [[pad_token_id]] or [[decoder_start_token_id]]: jaxformer's search never produces either",
     ),
-    "suppress_tokens": (_only_pad, "none, or the pad token"),
-    "begin_suppress_tokens": (_only_pad, "none, or the pad token"),
+    "suppress_tokens": (_only_never_produced, "none, the pad token or the decoder start token"),
+    "begin_suppress_tokens": (_only_never_produced, "none, the pad token or the decoder start token"),
     "forced_bos_token_id": (lambda value, *_: value is None, "none"),
     "forced_eos_token_id": (
-        lambda value, _, eos_id: value in (None, eos_id) or (isinstance(value, list) and set(value) == {eos_id}),
+        lambda value, _, eos_id, __: value in (None, eos_id) or (isinstance(value, list) and set(value) == {eos_id}),
         "none, or eos_token_id: jaxformer ends a sequence cut at the length limit with EOS",
     ),
     "forced_decoder_ids": (lambda value, *_: not value, "none"),
@@ -275,14 +276,14 @@ GENERATION_SETTINGS: dict[str, tuple[Callable[[Any, int, int], bool], str]] = {
 }
 
 
-def check_generation_settings(settings: Mapping[str, Any], pad_id: int, eos_id: int, where: str) -> None:
+def check_generation_settings(settings: Mapping[str, Any], pad_id: int, eos_id: int, start_id: int, where: str) -> None:
     """`ConversionError` naming the key and value where `settings` (read from `where`, the file
     transformers' generate takes them from) would make transformers decode otherwise than
     jaxformer (GENERATION_SETTINGS)."""
     for key, (unchanged, accepted) in GENERATION_SETTINGS.items():
         value = settings.get(key)
         try:
-            same = unchanged(value, pad_id, eos_id)
+            same = unchanged(value, pad_id, eos_id, start_id)
         except TypeError:  # a value of another type (a dict where a list belongs): not one that changes nothing
             same = False
         if not same:
@@ -328,9 +329,9 @@ def read_marian_directory(directory: str | pathlib.Path) -> MarianDirectory:
     ids = marian_token_ids(config, generation, str(directory / "config.json"))
     # transformers reads generate()'s settings from generation_config.json, or config.json without one.
     if generation_path.is_file():
-        check_generation_settings(generation, *ids[:2], str(generation_path))
+        check_generation_settings(generation, *ids, str(generation_path))
     else:
-        check_generation_settings(config, *ids[:2], str(directory / "config.json"))
+        check_generation_settings(config, *ids, str(directory / "config.json"))
     vocab = _read_object(directory / "vocab.json")
     if not all(isinstance(index, int) and not isinstance(index, bool) and index >= 0 for index in vocab.values()):
         raise ConversionError(f"{directory / 'vocab.json'} is not an object of pieces to non-negative integer ids")

@@ -3,6 +3,8 @@ random MarianMT model made and saved with transformers, imported as a jaxformer 
 transformers' teacher-forced logits, greedy and beam-4 outputs and MarianTokenizer's ids; a
 jaxformer run exported the other way must load in transformers and give jaxformer's."""
 
+import json
+
 import jaxtyping
 import numpy as np
 import pytest
@@ -16,10 +18,12 @@ from transformers import MarianMTModel, MarianTokenizer  # noqa: E402
 
 from jaxformer.decoding.generate import DecodeSettings  # noqa: E402
 from jaxformer.decoding.translator import Translator  # noqa: E402
+from jaxformer.interop import marian_files  # noqa: E402
 from jaxformer.interop.marian import ConversionError, import_marian  # noqa: E402
 from jaxformer.interop.marian_export import export_marian  # noqa: E402
 from jaxformer.interop.marian_layout import marian_to_jaxformer_ids  # noqa: E402
 from jaxformer.model.transformer import Transformer  # noqa: E402
+from jaxformer.run.loading import load_checkpoint  # noqa: E402
 from tests.interop.marian_models import (  # noqa: E402
     ALPHA,
     MAX_EXTRA,
@@ -131,6 +135,17 @@ def exported(tmp_path_factory):
     workdir, _, _ = make_workdir(tmp_path_factory.mktemp("jaxformer-run"))
     directory = export_marian(workdir, tmp_path_factory.mktemp("exported") / "marian")
     return workdir, directory
+
+
+def test_an_exported_run_reads_back_in(exported):
+    """--to_hf then --from_hf: what jaxformer writes (bad_words_ids [[pad], [decoder start]], the two
+    tokens its search never produces) passes every check of the reader, and gives the run's model."""
+    workdir, directory = exported
+    read = marian_files.read_marian_directory(directory)
+    assert json.loads((directory / "generation_config.json").read_text())["bad_words_ids"] == [[0], [3]]
+    _, metadata, _ = load_checkpoint(workdir, params=False)
+    converted = marian_files.model_config_from_marian(read.config, "config.json")
+    assert (converted.d_model, converted.num_heads) == (metadata.model["d_model"], metadata.model["num_heads"])
 
 
 def test_exported_run_loads_in_transformers_with_the_same_outputs(exported):

@@ -289,11 +289,13 @@ def test_one_eos_id_in_a_list_is_that_id():
 def test_generation_settings_that_decode_as_jaxformer_does_are_accepted():
     # Helsinki-NLP/opus-mt-en-de's generation_config.json, and the settings that change nothing.
     opus = {"bad_words_ids": [[58100]], "forced_eos_token_id": 0, "max_length": 512, "num_beams": 4}
-    marian_files.check_generation_settings(opus, 58100, 0, "generation_config.json")
+    marian_files.check_generation_settings(opus, 58100, 0, 58100, "generation_config.json")
     neutral = {"repetition_penalty": 1.0, "no_repeat_ngram_size": 0, "min_length": 1, "suppress_tokens": [58100]}
-    marian_files.check_generation_settings(neutral, 58100, 0, "generation_config.json")
+    marian_files.check_generation_settings(neutral, 58100, 0, 58100, "generation_config.json")
+    started = {"bad_words_ids": [[0], [3]], "suppress_tokens": [3]}  # jaxformer's --to_hf: pad 0, start 3
+    marian_files.check_generation_settings(started, 0, 1, 3, "generation_config.json")
     with pytest.raises(marian_files.ConversionError, match=r"^g.json: bad_words_ids=\[\[0\]\] changes"):
-        marian_files.check_generation_settings({"bad_words_ids": [[0]]}, 58100, 0, "g.json")  # eos banned
+        marian_files.check_generation_settings({"bad_words_ids": [[0]]}, 58100, 0, 58100, "g.json")  # eos banned
 
 
 def test_an_output_that_cannot_be_created_is_refused_before_anything_is_read(
