@@ -70,30 +70,30 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str | pathlib
     Every config value is checked before anything is written; then the workdir is locked for
     the run (one run per workdir)."""
 
-    def checked(config: ml_collections.ConfigDict) -> ml_collections.ConfigDict:
-        experiment.validate(config)
-        return experiment.with_absolute_paths(config)
-
-    config = processes.all_or_none(lambda: checked(config))
-    processes.check_same_config(config)
+    processes.all_or_none(lambda: experiment.validate(config))
+    processes.check_same_config(config)  # as given: relative paths resolve per host, and may differ
+    config = experiment.with_absolute_paths(config)
     run_start.input_shards(config.data)
     workdir = pathlib.Path(workdir).absolute()
-    existed = set(workdir.iterdir()) if workdir.is_dir() else None  # what a failed start must leave as it was
+    made = []  # the workdir, once this process has created it
 
-    def make_workdir() -> None:  # what one host alone may fail at: its data_dir, its view of the workdir
+    def make_workdir() -> set | None:  # what one host alone may fail at: its data_dir, its view of the workdir
         check_source(config.data)
+        before = set(workdir.iterdir()) if workdir.is_dir() else None  # what a failed start must leave as it was
         try:
             workdir.mkdir(parents=True, exist_ok=True)
         except OSError as error:
             raise UserError(f"cannot create the workdir {workdir}: {error.strerror}") from None
+        made.extend([workdir] if before is None else [])
+        return before
 
     try:
-        processes.all_or_none(make_workdir)
+        existed = processes.all_or_none(make_workdir)
         lock = run_start.hold_workdir(workdir)
     except (processes.AnotherProcessError, processes.WorkdirNotSharedError):
-        if existed is None:  # the folder this process made is no run's (nothing is in it)
+        for folder in made:  # no run's (nothing is in it)
             with contextlib.suppress(OSError):
-                workdir.rmdir()
+                folder.rmdir()
         raise
     try:
         return _locked_train_and_evaluate(config, workdir)

@@ -44,20 +44,21 @@ _MESSAGE_BYTES = 1024  # of another process's error message, passed on whole up 
 
 
 def all_or_none(step: Callable[[], T]) -> T:
-    """`step()` in every process, where a UserError in any of them is raised in all: the process
-    that met it raises its own, the others an AnotherProcessError quoting it. A check that one
-    process alone fails (an invalid override given to one host, a folder it cannot create) would
+    """`step()` in every process, where an error in any of them is raised in all: the process that
+    met it raises its own, the others an AnotherProcessError quoting it. A check that one process
+    alone fails (an invalid override given to one host, a folder it cannot create or search) would
     otherwise end that process and leave the others waiting in their next collective."""
     error = None
     try:
         result = step()
-    except UserError as caught:
+    except Exception as caught:  # noqa: BLE001  (a bug too: the others must not wait for this process)
         error = caught
     # Without jax.distributed there is one process; asking jax would start its backend for nothing.
     if jax.distributed.is_initialized() and jax.process_count() > 1:
         message = np.zeros(_MESSAGE_BYTES, np.uint8)
         if error is not None:
-            text = (str(error) or type(error).__name__).encode()[:_MESSAGE_BYTES]
+            described = str(error) if isinstance(error, UserError) else f"{type(error).__name__}: {error}"
+            text = described.encode()[:_MESSAGE_BYTES]
             message[: len(text)] = np.frombuffer(text, np.uint8)
         failed = np.asarray(multihost_utils.process_allgather(np.int32(error is not None)))  # [P]
         messages = np.asarray(multihost_utils.process_allgather(message))  # [P, _MESSAGE_BYTES]
@@ -108,11 +109,17 @@ def check_shared_workdir(workdir: pathlib.Path) -> None:
         return
     probe, token = None, 0
     if jax.process_index() == 0:
-        token = secrets.randbelow(2**31)
+        token = secrets.randbelow(2**31 - 1) + 1
         probe = workdir / f".processes-share-this-{token}"
-        probe.write_text(str(token))
+        try:
+            probe.write_text(str(token))
+        except OSError as error:  # told to the others as token 0, so that none waits for process 0
+            probe, token, unwritable = None, 0, error.strerror or str(error)
     # A collective: every process reads the name after process 0 has written the file.
     token = int(multihost_utils.broadcast_one_to_all(np.int32(token)))
+    if token == 0:
+        reason = unwritable if jax.process_index() == 0 else "see process 0's log"
+        raise WorkdirNotSharedError(f"process 0 cannot write into the workdir {workdir} ({reason})")
     seen = (workdir / f".processes-share-this-{token}").is_file()
     everyone = np.asarray(multihost_utils.process_allgather(np.int32(seen)))  # [P], after every process looked
     if probe is not None:

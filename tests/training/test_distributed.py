@@ -131,6 +131,18 @@ def test_processes_started_apart_are_refused_before_any_work(data_dir, tmp_path)
         )
         assert not workdir.exists()
 
+    # Not a user's error, but one process's alone (a name the file system refuses): a traceback
+    # there, and the other process told which process stopped and why, instead of waiting.
+    codes, logs = _two_started_apart(data_dir, [workdir, tmp_path / ("x" * 300)], [(), ()])
+    assert codes == [2, 1], [log[-2000:] for log in logs]
+    assert (
+        logs[0]
+        .strip()
+        .splitlines()[-1]
+        .startswith("error: process 1 of the run stopped before any work: OSError: [Errno 36] File name too long")
+    )
+    assert not workdir.exists()
+
 
 @pytest.mark.xdist_group("distributed-processes")
 def test_two_processes_match_one_process(data_dir, tmp_path):
