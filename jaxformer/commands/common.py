@@ -25,6 +25,7 @@ import tqdm
 
 from jaxformer.argument_parser import Parser
 from jaxformer.commands.compilation_cache import enable_compilation_cache
+from jaxformer.decoding import sentence_batches
 from jaxformer.errors import EXIT_USER_ERROR, UserError, exit_code_for_signal
 from jaxformer.files import open_descriptor, write_text_atomically
 from jaxformer.run.directory import CHECKPOINT_KINDS
@@ -349,10 +350,9 @@ def checked_input_lines(args: argparse.Namespace) -> list[str]:
 
 
 def write_lines(path: str | None, lines: list[str]) -> None:
-    """One line per item, to `path` atomically, or to stdout when `path` is None. A line break
-    inside an item (\\n, \\r; what a reader of lines splits at) becomes a space; other characters,
-    U+2028 and form feeds included, are written as they are, as the readers here take them."""
-    text = "".join(re.sub(r"\r\n|[\r\n]", " ", line) + "\n" for line in lines)
+    """One line per item (sentence_batches.as_lines, the rule serve.py writes by too), to `path`
+    atomically, or to stdout when `path` is None."""
+    text = sentence_batches.as_lines(lines)
     if path is None:
         sys.stdout.write(text)
         sys.stdout.flush()

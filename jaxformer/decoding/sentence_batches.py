@@ -17,6 +17,14 @@ from typing import Protocol, runtime_checkable
 import numpy as np
 
 SENTENCE_END = re.compile(r"(?<=[.!?;:])\s+")
+LINE_BREAK = re.compile(r"\r\n|[\r\n]")  # what a reader of lines splits at; U+2028, form feeds are text
+
+
+def as_lines(texts: Iterable[str]) -> str:
+    """One line per text, each ended by \\n: a line break inside a text becomes a space, so line N
+    of the output answers line N of the input."""
+    return "".join(LINE_BREAK.sub(" ", text) + "\n" for text in texts)
+
 
 Hypotheses = list[tuple[str, float]]  # (text, score), best first
 

@@ -543,8 +543,7 @@ def main(argv: list[str] | None = None) -> int:
     except (ExportError, InputError) as error:
         sys.stderr.write(f"error: {error}\n")
         return 2
-    # A line break inside a translation becomes a space (write_lines' rule in jaxformer/commands/common.py).
-    sys.stdout.write("".join(re.sub(r"\r\n|[\r\n]", " ", line) + "\n" for line in model.translate(lines)))
+    sys.stdout.write(sentence_batches.as_lines(model.translate(lines)))
     return 0
 
 
