@@ -7,8 +7,6 @@ import os
 import pathlib
 import re
 import shutil
-import subprocess
-import sys
 
 import jax
 import numpy as np
@@ -28,7 +26,7 @@ from jaxformer.run.directory import RunDirectory
 from jaxformer.run.loading import load_checkpoint
 from tests.conftest import assert_same_hypotheses, read_raw
 from tests.export.conftest import FLAGS
-from tests.export.serving import serve_without_jaxformer
+from tests.export.serving import run_serve_py, serve_without_jaxformer
 
 pytestmark = pytest.mark.xdist_group("export")
 
@@ -311,9 +309,7 @@ def test_serve_py_names_a_missing_helper(exported, tmp_path):
     lone = tmp_path / "lone"
     lone.mkdir()
     shutil.copy(exported / "serve.py", lone / "serve.py")  # without sentence_batches.py beside it
-    result = subprocess.run(
-        [sys.executable, str(lone / "serve.py")], input="", capture_output=True, text=True, timeout=120
-    )
+    result = run_serve_py(lone, input="", timeout=120)
     assert result.returncode != 0
     assert f"{lone / 'sentence_batches.py'} is missing" in result.stderr
 
@@ -327,13 +323,7 @@ def test_serve_py_names_a_missing_helper(exported, tmp_path):
     ],
 )
 def test_serve_py_refuses_a_bad_command_line_in_one_line(exported, flags, message):
-    result = subprocess.run(
-        [sys.executable, str(exported / "serve.py"), *flags],
-        input="A man.\n",
-        capture_output=True,
-        text=True,
-        timeout=120,
-    )
+    result = run_serve_py(exported, *flags, input="A man.\n", timeout=120)
     assert result.returncode == 2 and result.stdout == ""
     assert result.stderr == f"error: {message}; see serve.py --help\n"
 
@@ -341,25 +331,14 @@ def test_serve_py_refuses_a_bad_command_line_in_one_line(exported, flags, messag
 def test_serve_py_reads_its_input_before_the_model(exported, tmp_path):
     """Text that is not UTF-8 is named by its line, before any export is read (here: none is)."""
     for directory in (exported, tmp_path / "no-export"):
-        result = subprocess.run(
-            [sys.executable, str(exported / "serve.py"), str(directory)],
-            input=b"A man.\n\xff\xfe bad bytes\nTwo dogs.\n",
-            capture_output=True,
-            timeout=120,
-        )
+        result = run_serve_py(exported, directory, input=b"A man.\n\xff\xfe bad bytes\nTwo dogs.\n", timeout=120)
         assert result.returncode == 2 and result.stdout == b""
         assert result.stderr.decode() == "error: <stdin>: line 2 is not valid UTF-8 (invalid start byte at byte 0)\n"
 
 
 def test_serve_py_logs_in_the_commands_format(exported):
     """A long sentence's warning, as the jaxformer commands log it ("HH:MM:SS W ..."), on stderr."""
-    result = subprocess.run(
-        [sys.executable, str(exported / "serve.py")],
-        input="A man rides a horse. " * 12 + "\nTwo dogs.\n",
-        capture_output=True,
-        text=True,
-        timeout=300,
-    )
+    result = run_serve_py(exported, input="A man rides a horse. " * 12 + "\nTwo dogs.\n")
     assert result.returncode == 0 and len(result.stdout.split("\n")) == 3
     assert re.fullmatch(
         r"\d\d:\d\d:\d\d W sentence 0 \(line 1\) has \d+ tokens, more than max_source_tokens=32: translating it in "

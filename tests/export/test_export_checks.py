@@ -17,6 +17,7 @@ from jaxformer.export import exporter, standalone
 from jaxformer.export.loading import ExportError, load_export
 from jaxformer.training.signals import RaiseOnSignal, Stopped
 from tests.export.conftest import FLAGS
+from tests.export.serving import run_serve_py
 
 pytestmark = pytest.mark.xdist_group("export")  # the export fixture of conftest.py, made once
 
@@ -101,13 +102,7 @@ def test_serve_py_names_an_edited_bound_before_translating(exported, tmp_path):
     copy = tmp_path / "copy"
     shutil.copytree(exported, copy)
     _edit_config(copy, lambda c: c["serving"].update(max_source_length=512, max_source_tokens=512))
-    result = subprocess.run(
-        [sys.executable, str(copy / "serve.py")],
-        input="A man. " * 200 + "\n",
-        capture_output=True,
-        text=True,
-        timeout=300,
-    )
+    result = run_serve_py(copy, input="A man. " * 200 + "\n")
     assert result.returncode == 2 and result.stdout == ""
     assert result.stderr == (
         f"error: {copy / 'config.json'}: serving.max_source_length is 512, but {copy / 'beam_search.jaxexport'} "
