@@ -19,11 +19,10 @@ import numpy as np
 from jaxformer.data.tokenizer import Tokenizer
 from jaxformer.decoding.generate import DecodeSettings, Hypotheses, decoding_variant, search
 from jaxformer.decoding.search import SearchSpec
-from jaxformer.errors import with_article
 from jaxformer.model.cache import DecoderCache, init_cache
 from jaxformer.model.config import ConfigError, TransformerConfig
 from jaxformer.model.decoder_only import DecoderOnly
-from jaxformer.run.loading import load_checkpoint
+from jaxformer.run.loading import ARCHITECTURE_USES, load_checkpoint, require_architecture
 from jaxformer.tokens import BOS_ID, EOS_ID, PAD_ID
 from jaxformer.typing import Array, Float, Int
 
@@ -86,7 +85,7 @@ class LanguageModel:
         if config.architecture != "decoder_only":
             raise ConfigError(
                 f"a LanguageModel needs a decoder_only model, not {config.architecture!r} "
-                "(translate with an encoder_decoder one through jaxformer-translate / Translator)"
+                f"({ARCHITECTURE_USES.get(config.architecture, '')})"
             )
         if config.vocab_size != tokenizer.vocab_size:
             raise ValueError(f"the model has {config.vocab_size} tokens, its tokenizer {tokenizer.vocab_size}")
@@ -102,18 +101,12 @@ class LanguageModel:
     ) -> LanguageModel:
         """The model and tokenizer of a decoder-only training run's `checkpoint`. A `ConfigError`
         naming the workdir, before any parameter is read, when its model is of another architecture."""
-        _, metadata, _ = load_checkpoint(workdir, checkpoint, params=False)
-        architecture = metadata.model_config().architecture
-        if architecture != "decoder_only":
-            use = {
-                "encoder_decoder": "translate with jaxformer-translate",
-                "encoder_only": "a masked LM continues no text: start a translator's encoder from it "
-                "(training.init_encoder_from)",
-            }.get(architecture, "")
-            raise ConfigError(
-                f"{workdir} holds {with_article(architecture)} model; a LanguageModel "
-                f"(jaxformer-generate) continues text with a decoder_only one ({use})"
-            )
+        require_architecture(
+            workdir,
+            checkpoint,
+            "decoder_only",
+            "a LanguageModel (jaxformer-generate) continues text with a decoder_only one",
+        )
         step, metadata, params = load_checkpoint(workdir, checkpoint)
         logging.info("loaded step %d of %s (%s checkpoint)", step, workdir, checkpoint)
         return cls(metadata.model_config(), params, metadata.load_tokenizer(), settings, **kwargs)

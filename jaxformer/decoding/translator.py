@@ -16,10 +16,9 @@ import tqdm
 from jaxformer.data.tokenizer import Tokenizer
 from jaxformer.decoding import sentence_batches
 from jaxformer.decoding.generate import DecodeSettings, decoding_variant, make_generate_fn
-from jaxformer.errors import with_article
 from jaxformer.model.config import ConfigError, TransformerConfig
 from jaxformer.model.transformer import unstack_layers
-from jaxformer.run.loading import load_checkpoint
+from jaxformer.run.loading import ARCHITECTURE_USES, load_checkpoint, require_architecture
 from jaxformer.tokens import EOS_ID, PAD_ID
 
 
@@ -35,14 +34,6 @@ def _as_loaded(params: Any) -> Any:
     if {device for leaf in leaves for device in leaf.sharding.device_set} != {jax.devices()[0]}:
         return params
     return jax.device_put(jax.device_get(params))
-
-
-# What a run of another architecture is for, in the refusal to translate with it.
-_OTHER_USES = {
-    "decoder_only": "continue text with it through jaxformer-generate / LanguageModel",
-    "encoder_only": "a masked LM translates nothing: "
-    "start a translator's encoder from it with training.init_encoder_from",
-}
 
 
 class Translator:
@@ -81,7 +72,7 @@ class Translator:
         if config.architecture != "encoder_decoder":
             raise ConfigError(
                 f"a Translator needs an encoder_decoder model, not {config.architecture!r} "
-                f"({_OTHER_USES.get(config.architecture, '')})"
+                f"({ARCHITECTURE_USES.get(config.architecture, '')})"
             )
         # `tokenizer` encodes the input; `target_tokenizer` (separate vocabularies) decodes the output.
         target_tokenizer = tokenizer if target_tokenizer is None else target_tokenizer
@@ -172,13 +163,7 @@ class Translator:
     def check_workdir(workdir: str | os.PathLike, checkpoint: str | int = "latest") -> None:
         """A `ConfigError` naming `workdir`, read from the checkpoint's metadata before any data or
         parameter is, when its model is not a translator."""
-        _, metadata, _ = load_checkpoint(workdir, checkpoint, params=False)
-        architecture = metadata.model_config().architecture
-        if architecture != "encoder_decoder":
-            raise ConfigError(
-                f"{workdir} holds {with_article(architecture)} model; a Translator needs an encoder_decoder one "
-                f"({_OTHER_USES.get(architecture, '')})"
-            )
+        require_architecture(workdir, checkpoint, "encoder_decoder", "a Translator needs an encoder_decoder one")
 
     @classmethod
     def from_export(cls, directory: str | os.PathLike, batch_size: int | None = None):

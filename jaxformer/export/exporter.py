@@ -25,13 +25,13 @@ from typing import Any
 import jax
 
 from jaxformer.decoding.generate import DecodeSettings, decoding_variant
-from jaxformer.errors import CheckpointError, with_article
+from jaxformer.errors import CheckpointError
 from jaxformer.export import standalone
 from jaxformer.export.loading import ExportError, check_export
 from jaxformer.export.program import KNOWN_PLATFORMS, PLATFORMS, export_beam_search
 from jaxformer.export.safetensors import flatten, unflatten, write_safetensors
 from jaxformer.files import unwritable_folder_reason
-from jaxformer.run.loading import load_checkpoint
+from jaxformer.run.loading import load_checkpoint, require_architecture
 from jaxformer.tokens import BOS_ID, EOS_ID, PAD_ID, UNK_ID
 
 PARAMETERS_FILE = "params.safetensors"
@@ -87,12 +87,13 @@ def export_checkpoint(
     if repeated:
         raise ExportError(f"platforms {', '.join(platforms)}: {', '.join(repeated)} given more than once")
     check_output(output, overwrite)
-    architecture = load_checkpoint(workdir, checkpoint, params=False)[1].model_config().architecture
-    if architecture != "encoder_decoder":  # found before the parameters are read or anything is lowered
-        raise ExportError(
-            f"{workdir} holds {with_article(architecture)} model; an export holds a translator's beam search "
-            "and needs an encoder_decoder one"
-        )
+    require_architecture(  # before the parameters are read or anything is lowered
+        workdir,
+        checkpoint,
+        "encoder_decoder",
+        "an export holds a translator's beam search and needs an encoder_decoder one",
+        ExportError,
+    )
     with staging_directory(output) as staging:
         step, metadata, params = load_checkpoint(workdir, checkpoint)
         config, params = decoding_variant(metadata.model_config(), params)

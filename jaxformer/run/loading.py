@@ -7,7 +7,8 @@ import os
 import pathlib
 from typing import Any
 
-from jaxformer.errors import CheckpointError
+from jaxformer.errors import CheckpointError, with_article
+from jaxformer.model.config import ConfigError
 from jaxformer.run.checkpoint import Checkpointer
 from jaxformer.run.directory import CHECKPOINT_KINDS, RunDirectory
 from jaxformer.run.metadata import CheckpointMetadata
@@ -30,6 +31,30 @@ def load_checkpoint(
         raise CheckpointError(f"{directory} does not exist: no {which!r} checkpoint in {workdir}")
     step = checkpoint if isinstance(checkpoint, int) else None
     return load_from_directory(directory, step, params=params, newest_readable=checkpoint == "latest")
+
+
+# What a run of each architecture is for, in the refusal of a use that needs another.
+ARCHITECTURE_USES = {
+    "encoder_decoder": "translate with it through jaxformer-translate / Translator",
+    "decoder_only": "continue text with it through jaxformer-generate / LanguageModel",
+    "encoder_only": "a masked LM translates and continues nothing: "
+    "start a translator's encoder from it with training.init_encoder_from",
+}
+
+
+def require_architecture(
+    workdir: str | os.PathLike,
+    checkpoint: str | int,
+    architecture: str,
+    needs: str,
+    error: type[Exception] = ConfigError,
+) -> None:
+    """`error` naming `workdir`, read from the checkpoint's metadata alone (before any data or
+    parameter is), when its model is not of `architecture`. `needs` says who needs it, e.g.
+    "a Translator needs an encoder_decoder one"."""
+    found = load_checkpoint(workdir, checkpoint, params=False)[1].model_config().architecture
+    if found != architecture:
+        raise error(f"{workdir} holds {with_article(found)} model; {needs} ({ARCHITECTURE_USES.get(found, '')})")
 
 
 def load_from_directory(

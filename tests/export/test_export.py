@@ -366,6 +366,6 @@ def test_a_language_model_is_refused_before_its_parameters_are_read(workdir, tmp
     assert export.main(["--workdir", str(language_model), "--output", str(tmp_path / "out")]) == 2
     assert capsys.readouterr().err == (
         f"error: {language_model} holds a decoder_only model; an export holds a translator's beam search "
-        "and needs an encoder_decoder one\n"
+        "and needs an encoder_decoder one (continue text with it through jaxformer-generate / LanguageModel)\n"
     )
     assert not (tmp_path / "out").exists()

@@ -184,7 +184,8 @@ def test_generate_command(runs, tmp_path):
     last_line = refused.stderr.strip().splitlines()[-1]
     assert refused.returncode == 2 and "holds an encoder_only model" in last_line
     assert (
-        "a masked LM continues no text: start a translator's encoder from it (training.init_encoder_from)" in last_line
+        "(a masked LM translates and continues nothing: start a translator's encoder from it with "
+        "training.init_encoder_from)" in last_line
     )
 
 
@@ -193,7 +194,7 @@ def test_a_translator_refuses_a_language_model(runs):
     with pytest.raises(ConfigError, match="a Translator needs an encoder_decoder model, not 'decoder_only'"):
         Translator(metadata.model_config(), params, metadata.load_tokenizer())
     _, metadata, params = load_checkpoint(runs["multi30k_mlm"])
-    with pytest.raises(ConfigError, match="not 'encoder_only' \\(a masked LM translates nothing: start a translator's"):
+    with pytest.raises(ConfigError, match="not 'encoder_only' \\(a masked LM translates and continues nothing"):
         Translator(metadata.model_config(), params, metadata.load_tokenizer())
 
 
