@@ -1,6 +1,6 @@
 """Export a checkpoint for serving: one directory with the parameters (safetensors), the
 tokenizer, the beam search as a serialized jax.export program and serve.py, a loader that needs
-only jax, numpy and sentencepiece.
+only jax, numpy, sentencepiece and flatbuffers (which jax reads the program with).
 
 jaxformer-export --workdir runs/m30k --checkpoint best --output exports/m30k
 python exports/m30k/serve.py < sentences.en > sentences.de

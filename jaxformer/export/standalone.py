@@ -1,8 +1,8 @@
 """Serving a jaxformer export with plain JAX: `load(directory).translate(sentences)`.
 
 `jaxformer-export` copies this file into every export as `serve.py`. It imports only jax,
-numpy, sentencepiece and the standard library, so an export runs where jaxformer is not
-installed:
+numpy, sentencepiece and the standard library (and jax's deserializer flatbuffers, which jax does
+not install), so an export runs where jaxformer is not installed:
 
     import serve                                    # the export directory on sys.path
     model = serve.load("exports/m30k")
@@ -49,15 +49,44 @@ import jax.numpy as jnp
 import numpy as np
 import sentencepiece as spm
 
+FORMAT = "jaxformer-export"
+FORMAT_VERSION = 1
+CONFIG_FILE = "config.json"
+LOADER_FILE = "serve.py"
+# The jaxformer modules serve.py imports (standard library, numpy and jax only), by their path in
+# the package; each is copied beside serve.py under its file name.
+LOADER_IMPORTS = ("decoding/sentence_batches.py", "argument_parser.py")
+
+
+def _recorded_digest(folder: pathlib.Path, file_name: str) -> str | None:
+    """config.json's SHA-256 of the loader helper `file_name` in `folder`, or None where it records
+    none (an older export) or cannot be read (`load` then names what is wrong with config.json)."""
+    try:
+        imports = json.loads((folder / CONFIG_FILE).read_bytes())["files"]["loader"]["imports"]
+        digests = [entry.get("sha256") for entry in imports if isinstance(entry, dict) and entry["name"] == file_name]
+    except (OSError, ValueError, KeyError, TypeError, AttributeError):
+        return None
+    return digests[0] if digests and isinstance(digests[0], str) else None
+
 
 def _import_beside(name: str):
-    """The module `name`.py in this file's folder: an export's copy of a jaxformer helper."""
+    """The module `name`.py in this file's folder: an export's copy of a jaxformer helper, held to
+    config.json's SHA-256 before any of its code runs."""
     path = pathlib.Path(__file__).with_name(f"{name}.py")
     spec = importlib.util.spec_from_file_location(f"serve_{name}", path)
     if spec is None or not path.is_file():
         raise ImportError(f"{path} is missing: serve.py needs it beside itself (export the model again)")
+    digest = _recorded_digest(path.parent, path.name)
+    if digest is not None and hashlib.sha256(path.read_bytes()).hexdigest() != digest:
+        raise ImportError(
+            f"{path} is damaged or edited: its SHA-256 differs from the one in {path.parent / CONFIG_FILE}"
+        )
     module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
+    try:
+        spec.loader.exec_module(module)
+    except Exception as error:  # noqa: BLE001  (an older export's damaged copy, unchecked, fails in any way)
+        reason = " ".join(f"{type(error).__name__}: {error}".split())
+        raise ImportError(f"{path} cannot be imported ({reason}); export the model again") from None
     return module
 
 
@@ -72,13 +101,6 @@ else:  # serve.py, in an export beside its copies of the LOADER_IMPORTS
     except ImportError as error:  # `import serve` still works; `load` raises ExportError naming the file
         _MISSING_HELPER = str(error)
 
-FORMAT = "jaxformer-export"
-FORMAT_VERSION = 1
-CONFIG_FILE = "config.json"
-LOADER_FILE = "serve.py"
-# The jaxformer modules serve.py imports (standard library, numpy and jax only), by their path in
-# the package; each is copied beside serve.py under its file name.
-LOADER_IMPORTS = ("decoding/sentence_batches.py", "argument_parser.py")
 
 # safetensors dtype names; the data is stored little-endian.
 SAFETENSORS_DTYPES: dict[str, np.dtype] = {

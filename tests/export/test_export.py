@@ -314,6 +314,33 @@ def test_serve_py_names_a_missing_helper(exported, tmp_path):
     assert f"{lone / 'sentence_batches.py'} is missing" in result.stderr
 
 
+def test_serve_py_checks_a_helper_before_running_it(exported, tmp_path):
+    """An edited copy of a helper is refused before any of its code runs; an older export's (no
+    digest recorded) that cannot run is named in one line, not a traceback."""
+    edited = tmp_path / "edited"
+    shutil.copytree(exported, edited)
+    marker = tmp_path / "ran"
+    _append(edited / "sentence_batches.py", f"\nopen({str(marker)!r}, 'w').close()\n".encode())
+    result = run_serve_py(edited, input="A man.\n", timeout=120)
+    assert result.returncode == 2 and result.stdout == "" and not marker.exists()
+    assert result.stderr == (
+        f"error: {edited / 'sentence_batches.py'} is damaged or edited: its SHA-256 differs from the one in "
+        f"{edited / 'config.json'}\n"
+    )
+
+    older = tmp_path / "older"
+    shutil.copytree(exported, older)
+    config = json.loads((older / "config.json").read_text())
+    config["files"]["loader"]["imports"] = [entry["name"] for entry in config["files"]["loader"]["imports"]]
+    (older / "config.json").write_text(json.dumps(config))
+    truncated = (older / "sentence_batches.py").read_bytes()
+    (older / "sentence_batches.py").write_bytes(truncated[: truncated.index(b"def ") + 12])
+    result = run_serve_py(older, input="A man.\n", timeout=120)
+    assert result.returncode == 2 and result.stdout == ""
+    assert result.stderr.startswith(f"error: {older / 'sentence_batches.py'} cannot be imported (SyntaxError: ")
+    assert result.stderr.count("\n") == 1
+
+
 @pytest.mark.parametrize(
     "flags, message",
     [
