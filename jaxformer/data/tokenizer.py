@@ -238,10 +238,20 @@ def train_tokenizer(
     except RuntimeError as error:  # sentencepiece reports a corpus too small for the vocabulary this way
         reason = str(error).strip().splitlines()[-1] if str(error).strip() else type(error).__name__
         raise TokenizerError(
-            f"cannot train a {vocab_size}-piece {model_type} tokenizer on {len(sentences)} sentences: {reason} "
-            "(set a smaller tokenizer.vocab_size)"
+            f"cannot train a {vocab_size}-piece {model_type} tokenizer on {len(sentences)} sentences: {reason}"
+            f"{_advice(reason)}"
         ) from None
     return Tokenizer(model.getvalue())
+
+
+def _advice(reason: str) -> str:
+    """Which way to move the config for sentencepiece's `reason`: a vocabulary can be too small for
+    the corpus's characters as well as too large for its text."""
+    if "required_chars" in reason:  # "Vocabulary size is smaller than required_chars. 20 vs 89. ..."
+        return " (set a larger tokenizer.vocab_size, or a smaller tokenizer.character_coverage)"
+    if "too high" in reason:  # "Vocabulary size too high (8000). Please set it to a value <= 4138."
+        return " (set a smaller tokenizer.vocab_size)"
+    return ""
 
 
 def _train_sentencepiece(

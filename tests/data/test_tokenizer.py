@@ -73,3 +73,11 @@ def test_a_vocabulary_too_large_for_the_corpus_is_one_tokenizer_error():
     ) as error:
         train_tokenizer(["hello world", "a b c"], 500)
     assert "\n" not in str(error.value) and "smaller tokenizer.vocab_size" in str(error.value)
+
+
+def test_a_vocabulary_too_small_for_the_corpus_characters_asks_for_a_larger_one():
+    sentences = ["".join(chr(ord("a") + (i * 7 + j) % 26) for j in range(12)) for i in range(40)]
+    with pytest.raises(TokenizerError, match=r"cannot train a 10-piece unigram tokenizer on 40 sentences: ") as error:
+        train_tokenizer(sentences, 10)
+    assert str(error.value).endswith("(set a larger tokenizer.vocab_size, or a smaller tokenizer.character_coverage)")
+    assert "smaller tokenizer.vocab_size" not in str(error.value)
