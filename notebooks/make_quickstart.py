@@ -162,8 +162,13 @@ config.model = default.model  # the default's model, whole: widths, layers, drop
 config.data.max_length = default.data.max_length
 config.data.batch_size = default.data.batch_size
 config.tokenizer = default.tokenizer  # the default's vocabularies, whole: one per language, their size
-config.optimizer.warmup_steps = default.optimizer.warmup_steps
 config.training.num_train_steps = 3000 if accelerator else 400
+# The default's optimizer, whole (AdamW with weight decay, warmup, then a linear decay that ends with
+# the run). 400 steps on a CPU warm up for a quarter of them to the default's peak rate.
+warmup = default.optimizer.warmup_steps if accelerator else 100
+config.optimizer = default.optimizer
+config.optimizer.learning_rate_scale *= (warmup / config.optimizer.warmup_steps) ** 0.5  # the same peak
+config.optimizer.warmup_steps = warmup
 config.training.eval_every_steps = config.training.checkpoint_every_steps = 200
 config.training.log_every_steps = 50
 config.data.max_eval_examples = 500
