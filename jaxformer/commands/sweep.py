@@ -41,6 +41,7 @@ from typing import Any
 from jaxformer.commands.common import FlagError, at_least, make_parser, path_text, run_command
 from jaxformer.errors import EXIT_USER_ERROR, UserError, exit_code_for_signal
 from jaxformer.files import write_text_atomically
+from jaxformer.run.directory import SweepDirectory
 from jaxformer.training.config_file import split_overrides
 
 
@@ -109,8 +110,7 @@ def run(args: argparse.Namespace, overrides: list[tuple[str, str]]) -> int:
     return 0
 
 
-ROWS_FILE, TABLE_FILE = "sweep.jsonl", "sweep.md"
-EARLIER = "from_earlier_invocation"  # set on a row kept from an earlier invocation's ROWS_FILE
+EARLIER = "from_earlier_invocation"  # set on a row kept from an earlier invocation's sweep.jsonl
 NUMBER = (int, float)
 ROW_TYPES = {"variant": str, "changes": str, "steps": NUMBER, "train_minutes": NUMBER, "bleu": NUMBER, "chosen": str}
 
@@ -118,12 +118,13 @@ ROW_TYPES = {"variant": str, "changes": str, "steps": NUMBER, "train_minutes": N
 def read_rows(workdir: pathlib.Path) -> list[dict[str, Any]]:
     """The rows an earlier invocation wrote to WORKDIR/sweep.jsonl ([] when none), read before
     anything trains: a line the table cannot show is an error naming it, not a row dropped later."""
-    path = workdir / ROWS_FILE
+    sweep = SweepDirectory(workdir)
+    path = sweep.rows_file
     if not path.is_file():
-        if (workdir / TABLE_FILE).exists():
+        if sweep.table_file.exists():
             raise UserError(
-                f"{workdir / TABLE_FILE} has no {ROWS_FILE} beside it, whose rows it shows and a sweep keeps: "
-                f"restore {path}, or move {TABLE_FILE} away"
+                f"{sweep.table_file} has no {path.name} beside it, whose rows it shows and a sweep keeps: "
+                f"restore {path}, or move {sweep.table_file.name} away"
             )
         return []
     try:
@@ -162,7 +163,7 @@ def merge_rows(earlier: Sequence[dict[str, Any]], rows: Sequence[dict[str, Any]]
 def write_results(workdir: pathlib.Path, earlier: Sequence[dict[str, Any]], rows: Sequence[dict[str, Any]]) -> str:
     """Writes the merged rows to WORKDIR/sweep.jsonl and their table to WORKDIR/sweep.md, when this
     invocation finished any (else the files, the earlier rows, stay as they are); returns the table."""
-    merged = merge_rows(earlier, rows)
+    merged, sweep = merge_rows(earlier, rows), SweepDirectory(workdir)
     if not rows:  # stopped or refused before its first variant finished: nothing to add
         return results_table(merged)
     kept = [row["variant"] for row in merged if row.get(EARLIER)]
@@ -171,12 +172,12 @@ def write_results(workdir: pathlib.Path, earlier: Sequence[dict[str, Any]], rows
             "sweep: keeping the rows an earlier invocation wrote for %s, which this one has none for "
             "(marked 'from an earlier invocation' in %s)",
             ", ".join(kept),
-            TABLE_FILE,
+            sweep.table_file.name,
         )
     table = results_table(merged)
     # The rows first: a table is rebuilt from them, not they from it.
-    write_text_atomically(workdir / ROWS_FILE, "".join(json.dumps(row) + "\n" for row in merged))
-    write_text_atomically(workdir / TABLE_FILE, table)
+    write_text_atomically(sweep.rows_file, "".join(json.dumps(row) + "\n" for row in merged))
+    write_text_atomically(sweep.table_file, table)
     return table
 
 

@@ -15,7 +15,15 @@
         last_metrics.json     the metrics of the run's last step, written when it ends
 
 Each `<step>/` directory is an orbax checkpoint (run/checkpoint.py) whose metadata follows
-run/metadata.py. Only paths here: nothing is read, created or locked.
+run/metadata.py. A sweep's directory (jaxformer-sweep) holds one such run directory per variant
+(`<variant>/`, and `<variant>@seed<k>/` for its other seeds) beside its own entries:
+
+    <sweep workdir>/
+        sweep.jsonl           one JSON row per finished variant (and seed)
+        sweep.md              the rows as a Markdown table, highest validation BLEU first
+        pace/<variant>.json   under --baseline_steps: each variant's measured pace and steps
+
+Only paths here: nothing is read, created or locked.
 """
 
 from __future__ import annotations
@@ -33,16 +41,30 @@ class _Entry:
     def __init__(self, name: str, doc: str):
         self.name, self.__doc__ = name, doc
 
-    def __get__(self, run: RunDirectory | None, owner: type | None = None) -> pathlib.Path | _Entry:
+    def __get__(self, run: _Directory | None, owner: type | None = None) -> pathlib.Path | _Entry:
         return self if run is None else run.path / self.name
 
 
 @dataclasses.dataclass(frozen=True)
-class RunDirectory:
-    """The paths of one run's directory; `RunDirectory(workdir)` takes a str or any path-like
-    (a `RunDirectory` included), and is itself path-like."""
+class _Directory:
+    """A directory's paths: made from a str or any path-like (one of these included), and itself path-like."""
 
     path: pathlib.Path
+
+    def __post_init__(self):
+        object.__setattr__(self, "path", pathlib.Path(self.path))
+
+    def __fspath__(self) -> str:
+        return os.fspath(self.path)
+
+    def __str__(self) -> str:
+        return str(self.path)
+
+
+@dataclasses.dataclass(frozen=True)
+class RunDirectory(_Directory):
+    """The paths of one run's directory; `RunDirectory(workdir)` takes a str or any path-like
+    (a `RunDirectory` included), and is itself path-like."""
 
     lock_file = _Entry("lock", "held by the training run using the workdir (run/lock.py)")
     tokenizer_file = _Entry("tokenizer.model", "the (source) sentencepiece model")
@@ -58,17 +80,19 @@ class RunDirectory:
     tensorboard_dir = _Entry("tensorboard", "TensorBoard event files of the same metrics")
     last_metrics_file = _Entry("last_metrics.json", "the metrics of the run's last step")
 
-    def __post_init__(self):
-        object.__setattr__(self, "path", pathlib.Path(self.path))
-
-    def __fspath__(self) -> str:
-        return os.fspath(self.path)
-
-    def __str__(self) -> str:
-        return str(self.path)
-
     def checkpoint_directory(self, which: str) -> pathlib.Path:
         """`checkpoints` for "latest", `best` for "best", `averaged` for "averaged", `final` for "final"."""
         if which not in CHECKPOINT_KINDS:
             raise ValueError(f"checkpoint {which!r}: choose one of {', '.join(CHECKPOINT_KINDS)} or a step number")
         return {"latest": self.checkpoints, "best": self.best, "averaged": self.averaged, "final": self.final}[which]
+
+
+@dataclasses.dataclass(frozen=True)
+class SweepDirectory(_Directory):
+    """The paths of a sweep's directory, beside its variants' run directories; no variant may be
+    named like one of them (nor like one in another case: some filesystems fold case)."""
+
+    rows_file = _Entry("sweep.jsonl", "one JSON row per finished variant (and seed)")
+    table_file = _Entry("sweep.md", "the rows as a Markdown table, highest validation BLEU first")
+    pace_dir = _Entry("pace", "under --baseline_steps: <variant>.json, each variant's measured pace")
+    OWN_NAMES = ("sweep.jsonl", "sweep.md", "pace")

@@ -44,7 +44,7 @@ import ml_collections
 from jaxformer.errors import UserError
 from jaxformer.files import write_text_atomically
 from jaxformer.model.config import ConfigError
-from jaxformer.run.directory import RunDirectory
+from jaxformer.run.directory import RunDirectory, SweepDirectory
 from jaxformer.training import experiment, resume_rules
 from jaxformer.training.config_file import (
     apply_overrides,
@@ -93,6 +93,11 @@ def load_sweep(name_or_path: str) -> dict[str, list[str]]:
     for name, overrides in sweep.items():
         if not isinstance(name, str) or not VARIANT_NAME.fullmatch(name):
             raise ConfigError(f"sweep file {path}: variant name {name!r} must match {VARIANT_NAME.pattern}")
+        if name.lower() in SweepDirectory.OWN_NAMES:
+            raise ConfigError(
+                f"sweep file {path}: variant name {name!r} is taken: the sweep's workdir holds its own "
+                f"{', '.join(SweepDirectory.OWN_NAMES)} beside the variants' runs; choose another"
+            )
         if isinstance(overrides, str) or not all(isinstance(item, str) for item in overrides):
             raise ConfigError(f"sweep file {path}: variant {name!r} must list its overrides as strings KEY=VALUE")
     return sweep
@@ -179,28 +184,38 @@ def _run_config(variant: Variant, seed_offset: int, pace: dict[str, Any] | None)
         raise ConfigError(f"variant {variant.name!r} at {pace['steps']} steps: {error}") from None
 
 
-def _check_finished_as_configured(run_dir: pathlib.Path, variant: Variant, config: ml_collections.ConfigDict) -> None:
-    """A finished run counts for its variant only if it was trained with `config`, the one the
-    sweep would train it with now (every key but resume_rules.PLACEMENT_KEYS, which say where the
-    data is and how the work is spread):
-    an edited sweep file or other command-line values would otherwise be reported with an
-    earlier config's results."""
+def _check_run_as_configured(
+    run_dir: pathlib.Path, variant: Variant, config: ml_collections.ConfigDict, finished: bool
+) -> None:
+    """A run counts for its variant, finished or resumed, only if it was trained with `config`, the
+    one the sweep would train it with now (every key but resume_rules.PLACEMENT_KEYS, which say
+    where the data is and how the work is spread): an edited sweep file or other command-line
+    values would otherwise be reported with an earlier config's results, or with steps trained
+    under it. A run stopped before its first checkpoint starts afresh; a damaged one is training's
+    to name."""
     from jaxformer.run.loading import load_checkpoint
 
-    saved = load_checkpoint(run_dir, "latest", params=False)[1].config
+    if not finished and not RunDirectory(run_dir).checkpoints.is_dir():
+        return
+    try:
+        saved = load_checkpoint(run_dir, "latest", params=False)
+    except CheckpointError:
+        if finished:
+            raise
+        return
     config = experiment.with_absolute_paths(config)
-    # A resumed run may change the learning rate's schedule or the evaluation's subset; a finished
-    # one reused as a variant's result may not: its numbers came from the saved values.
-    differences = resume_rules.resume_differences(saved, config, sections=None) + [
+    # A resumed run may change the learning rate's schedule or the evaluation's subset; a sweep's
+    # run may not: its numbers come from the saved values, or its first steps did.
+    differences = resume_rules.resume_differences(saved[1].config, config, sections=None) + [
         difference
-        for difference in resume_rules.resume_differences(saved, config, free=True)
+        for difference in resume_rules.resume_differences(saved[1].config, config, free=True)
         if difference.split(":")[0] not in resume_rules.PLACEMENT_KEYS
     ]
     if differences:
+        state = "finished" if finished else f"stopped at step {saved[0]}"
         raise ConfigError(
-            f"variant {variant.name!r} finished in {run_dir} with another configuration than the sweep gives it now: "
-            + "; ".join(differences)
-            + f"; sweep in a new --workdir, or remove {run_dir} to train it again"
+            f"variant {variant.name!r} {state} in {run_dir} with another configuration than the sweep gives it "
+            "now: " + "; ".join(differences) + f"; sweep in a new --workdir, or remove {run_dir} to train it again"
         )
 
 
@@ -247,7 +262,7 @@ def seeds_row(seed_rows: Sequence[dict[str, Any]]) -> dict[str, Any]:
 
 
 def pace_file(workdir: pathlib.Path, variant: Variant) -> pathlib.Path:
-    return workdir / "pace" / f"{variant.name}.json"
+    return SweepDirectory(workdir).pace_dir / f"{variant.name}.json"
 
 
 def stored_pace(path: pathlib.Path) -> dict[str, Any] | None:
@@ -374,6 +389,7 @@ def _train_variant(
         config = _run_config(variant, seed_offset, pace)
         seed = f" (seed +{seed_offset})" if seeds > 1 else ""
         last = finished_result(run_dir)
+        _check_run_as_configured(run_dir, variant, config, finished=last is not None)
         if last is None:
             logging.info("sweep: variant %d of %d, %s%s: %s", index, count, variant.name, seed, variant.changes())
             if pace is not None:
@@ -389,7 +405,6 @@ def _train_variant(
                 return seed_rows, last["stopped_by_signal"]
             last = finished_result(run_dir)
         else:
-            _check_finished_as_configured(run_dir, variant, config)
             logging.info("sweep: variant %s already finished in %s", variant.name, run_dir)
         seed_rows.append(result_row(variant, last, pace))
     return seed_rows, None

@@ -4,6 +4,7 @@ errors raised before anything trains."""
 
 import json
 import re
+import shutil
 import subprocess
 import sys
 
@@ -107,6 +108,21 @@ def test_a_sweep_trains_each_variant_and_ranks_them_by_validation_bleu(tmp_path,
     stale = sweep(workdir, relearned, data_dir)
     assert stale.returncode == 2 and "optimizer.learning_rate_scale: 2.0 -> 3.0;" in stale.stderr, stale.stderr[-2000:]
     assert {name: (workdir / name / "metrics.jsonl").read_bytes() for name in metrics} == metrics
+    # Nor for a stopped run that would resume: its steps so far were trained with the saved values.
+    shutil.copytree(workdir / "shuffle1", workdir / "stopped")
+    (workdir / "stopped" / "last_metrics.json").unlink()  # as a run stopped before its end leaves it
+    for overrides, difference in (
+        (["data.shuffle_seed=2"], "data.shuffle_seed: 1 -> 2"),
+        (["data.shuffle_seed=1", "optimizer.learning_rate_scale=3.0"], "optimizer.learning_rate_scale: 2.0 -> 3.0"),
+    ):
+        stale = sweep(workdir, write_sweep(tmp_path / "stopped.py", {"stopped": overrides}), data_dir)
+        assert stale.returncode == 2, stale.stderr[-2000:]
+        assert stale.stderr.strip().splitlines()[-1] == (
+            f"error: variant 'stopped' stopped at step 12 in {workdir / 'stopped'} with another configuration than "
+            f"the sweep gives it now: {difference}; sweep in a new --workdir, or remove {workdir / 'stopped'} to "
+            "train it again"
+        )
+    shutil.rmtree(workdir / "stopped")
     # A variant's error found only in its data names it; the finished rows, and the earlier one of a
     # variant this sweep file leaves out, stay in the table (unit-tested in test_sweep_tables.py).
     big = sweep(
@@ -199,6 +215,10 @@ def test_seeds_train_each_variant_again_with_moved_seeds_and_rank_by_the_mean(tm
         ),
         ({"bad": ["model.d_model=30"]}, r"variant 'bad': .*d_model"),
         ({"a b": []}, r"variant name 'a b' must match"),
+        # The sweep's own files and folder: a variant's run there would overwrite them, or they it.
+        ({"sweep.jsonl": ["model.dropout_rate=0.2"]}, r"variant name 'sweep.jsonl' is taken: .* sweep.md, pace"),
+        ({"Sweep.md": ["model.dropout_rate=0.2"]}, r"variant name 'Sweep.md' is taken"),
+        ({"pace": ["model.dropout_rate=0.2"]}, r"variant name 'pace' is taken"),
         ({"no_choice": ["training.final_choice=False"]}, r"variant 'no_choice': training.final_choice is False"),
         # tiny's own width, and a value the shared overrides already set: the baseline again.
         ({"same": ["model.d_model=32"]}, r"variant 'same': model.d_model=32 changes nothing in '.*tiny.py'"),
