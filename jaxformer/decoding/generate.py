@@ -24,7 +24,7 @@ from jaxformer.decoding.search import (
     sample_search,
 )
 from jaxformer.model.cache import init_cache
-from jaxformer.model.config import TransformerConfig
+from jaxformer.model.config import ConfigError, TransformerConfig
 from jaxformer.model.transformer import Transformer, unstack_layers
 from jaxformer.tokens import BOS_ID, EOS_ID, PAD_ID
 from jaxformer.typing import Array, Float, Int
@@ -71,6 +71,15 @@ class DecodeSettings:
             raise ValueError(f"temperature must be a finite number > 0, got {self.temperature}")
         if self.top_k < 0:
             raise ValueError(f"top_k must be >= 0 (0: the whole vocabulary), got {self.top_k}")
+
+    def check_fits(self, config: TransformerConfig) -> None:
+        """A ConfigError when these settings ask `config`'s model for more than it has (a flag's
+        value, which the commands print in one line): checked before any parameter is read."""
+        if self.method == "sample" and self.top_k > config.vocab_size:
+            raise ConfigError(
+                f"top_k={self.top_k} is more than the model's {config.vocab_size} tokens: "
+                "top_k=0 samples from all of them"
+            )
 
     @property
     def hypotheses(self) -> int:

@@ -89,6 +89,7 @@ class LanguageModel:
             )
         if config.vocab_size != tokenizer.vocab_size:
             raise ValueError(f"the model has {config.vocab_size} tokens, its tokenizer {tokenizer.vocab_size}")
+        settings.check_fits(config)
         self.config, self.params = decoding_variant(config, jax.device_put(params))
         self.tokenizer, self.settings, self.batch_size = tokenizer, settings, batch_size
         model = DecoderOnly(self.config)
@@ -101,12 +102,13 @@ class LanguageModel:
     ) -> LanguageModel:
         """The model and tokenizer of a decoder-only training run's `checkpoint`. A `ConfigError`
         naming the workdir, before any parameter is read, when its model is of another architecture."""
-        require_architecture(
+        model_config = require_architecture(
             workdir,
             checkpoint,
             "decoder_only",
             "a LanguageModel (jaxformer-generate) continues text with a decoder_only one",
         )
+        settings.check_fits(model_config)  # before the parameters are read
         step, metadata, params = load_checkpoint(workdir, checkpoint)
         logging.info("loaded step %d of %s (%s checkpoint)", step, workdir, checkpoint)
         return cls(metadata.model_config(), params, metadata.load_tokenizer(), settings, **kwargs)

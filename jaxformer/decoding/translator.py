@@ -44,10 +44,11 @@ class Translator:
     the search was compiled for already when that makes the search's buffer (source length +
     max_extra_length) at most `max_buffer_growth` times longer: a new shape costs a compilation
     of the whole search, a longer buffer costs every step of the batch (see
-    `sentence_batches.padded_length`; 1.0 pads each batch to its own bucket). Neither the
-    padding nor the other sentences of a batch change a sentence's result in float32 compute
-    (under `dtype=bfloat16` padding changes the rounding of sums; sampling draws from one key per
-    batch, so a sampled sentence depends on its batch). Results come back
+    `sentence_batches.padded_length`; 1.0 pads each batch to its own bucket). The search lets
+    neither the padding nor the other sentences of a batch change a sentence's result; the
+    arithmetic moves float32 scores by up to about 1e-3 with the batch's shape, which bfloat16 operands
+    (`matmul_dtype`, `dtype`) round to 8 bits and can turn a near-tie (README, "Translation");
+    sampling draws from one key per batch, so a sampled sentence depends on its batch. Results come back
     in input order. Empty input gives empty output. A sentence longer than `max_source_tokens`
     is translated in pieces (at sentence ends where it can) joined by spaces, so nothing is
     dropped. `parallel_batches` batches are decoded at once, from as many threads: on a CPU one
@@ -93,11 +94,7 @@ class Translator:
         ):
             if isinstance(value, bool) or not isinstance(value, int) or value < minimum:
                 raise ValueError(f"{name} must be an integer >= {minimum}, got {value!r}")
-        if settings.method == "sample" and settings.top_k > config.vocab_size:  # a flag: one line from the commands
-            raise ConfigError(
-                f"top_k={settings.top_k} is more than the model's {config.vocab_size} tokens: "
-                "top_k=0 samples from all of them"
-            )
+        settings.check_fits(config)
         self.config, _ = decoding_variant(config, {})
         self.params = None if params is None else decoding_variant(config, jax.device_put(params))[1]
         self.scanned = config.scan_layers
@@ -145,7 +142,7 @@ class Translator:
     ) -> Translator:
         """The model, tokenizers and parameters of a training run's `checkpoint` ("latest",
         "best", "averaged" or a step number; see `jaxformer.run.loading.load_checkpoint`)."""
-        cls.check_workdir(workdir, checkpoint)
+        settings.check_fits(cls.check_workdir(workdir, checkpoint))  # before the parameters are read
         step, metadata, params = load_checkpoint(workdir, checkpoint)
         logging.info("loaded step %d of %s (%s checkpoint)", step, workdir, checkpoint)
         translator = cls(
@@ -160,10 +157,10 @@ class Translator:
         return translator
 
     @staticmethod
-    def check_workdir(workdir: str | os.PathLike, checkpoint: str | int = "latest") -> None:
-        """A `ConfigError` naming `workdir`, read from the checkpoint's metadata before any data or
-        parameter is, when its model is not a translator."""
-        require_architecture(workdir, checkpoint, "encoder_decoder", "a Translator needs an encoder_decoder one")
+    def check_workdir(workdir: str | os.PathLike, checkpoint: str | int = "latest") -> TransformerConfig:
+        """The model config of `workdir`'s checkpoint, read from its metadata before any data or
+        parameter is; a `ConfigError` naming `workdir` when its model is not a translator."""
+        return require_architecture(workdir, checkpoint, "encoder_decoder", "a Translator needs an encoder_decoder one")
 
     @classmethod
     def from_export(cls, directory: str | os.PathLike, batch_size: int | None = None):

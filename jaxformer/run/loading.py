@@ -8,7 +8,7 @@ import pathlib
 from typing import Any
 
 from jaxformer.errors import CheckpointError, with_article
-from jaxformer.model.config import ConfigError
+from jaxformer.model.config import ConfigError, TransformerConfig
 from jaxformer.run.checkpoint import Checkpointer
 from jaxformer.run.directory import CHECKPOINT_KINDS, RunDirectory
 from jaxformer.run.metadata import CheckpointMetadata
@@ -48,13 +48,15 @@ def require_architecture(
     architecture: str,
     needs: str,
     error: type[Exception] = ConfigError,
-) -> None:
-    """`error` naming `workdir`, read from the checkpoint's metadata alone (before any data or
-    parameter is), when its model is not of `architecture`. `needs` says who needs it, e.g.
-    "a Translator needs an encoder_decoder one"."""
-    found = load_checkpoint(workdir, checkpoint, params=False)[1].model_config().architecture
+) -> TransformerConfig:
+    """The model config of `workdir`'s `checkpoint`, read from its metadata alone (before any data
+    or parameter is); `error` naming `workdir` when its model is not of `architecture`. `needs`
+    says who needs it, e.g. "a Translator needs an encoder_decoder one"."""
+    model_config = load_checkpoint(workdir, checkpoint, params=False)[1].model_config()
+    found = model_config.architecture
     if found != architecture:
         raise error(f"{workdir} holds {with_article(found)} model; {needs} ({ARCHITECTURE_USES.get(found, '')})")
+    return model_config
 
 
 def load_from_directory(

@@ -79,6 +79,20 @@ def test_bad_arguments_are_refused_before_any_search(translator):
     Translator(*parts[:3], DecodeSettings(method="sample", top_k=vocabulary))  # all of them: allowed
 
 
+def test_from_workdir_checks_the_settings_before_reading_parameters(decoding_workdir, monkeypatch):
+    from jaxformer.decoding import translator as translator_module
+    from jaxformer.run.loading import load_checkpoint
+
+    def metadata_only(*args, params=True, **kwargs):
+        assert not params, "the parameters were read"
+        return load_checkpoint(*args, params=False, **kwargs)
+
+    monkeypatch.setattr(translator_module, "load_checkpoint", metadata_only)
+    vocabulary = Translator.check_workdir(decoding_workdir).vocab_size
+    with pytest.raises(ValueError, match=rf"^top_k={vocabulary + 1} is more than the model's {vocabulary} tokens"):
+        Translator.from_workdir(decoding_workdir, settings=DecodeSettings(method="sample", top_k=vocabulary + 1))
+
+
 def test_nbest_is_sorted_and_beam_4_by_default(decoding_workdir):
     translator = Translator.from_workdir(decoding_workdir)
     assert translator.settings.beam_size == 4 and translator.settings.alpha == 0.6

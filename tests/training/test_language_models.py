@@ -173,6 +173,19 @@ def test_generate_command(runs, tmp_path):
     assert lines[3].startswith("Ein\u2028Kind\x0cmit")  # a prompt is printed as written
     assert all(len(line.split()) > 1 for line in lines)  # something was added to every prompt
 
+    # More tokens to sample among than the model has: refused before the parameters are read.
+    too_many = subprocess.run(
+        [sys.executable, "-m", "jaxformer.commands.generate", "--workdir", str(workdir), "--method", "sample"]
+        + ["--top_k", "100000"],
+        env=environment(),
+        input="Ein Mann\n",
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert too_many.returncode == 2 and too_many.stdout == "" and "loaded step" not in too_many.stderr
+    assert too_many.stderr.strip().splitlines()[-1].startswith("error: top_k=100000 is more than the model's ")
+
     refused = subprocess.run(
         [sys.executable, "-m", "jaxformer.commands.generate", "--workdir", str(runs["multi30k_mlm"])],
         env=environment(),
