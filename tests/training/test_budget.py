@@ -316,7 +316,16 @@ def test_translate_and_evaluate_use_the_alpha_the_run_chose_unless_told(schedule
     flags += ["--beam_size", "2", "--max_extra_length", "8", "--json", str(scores)]
     capsys.readouterr()
     assert evaluate.main(flags) == 0
-    assert f"I length penalty alpha {chosen:g}: chosen on validation by the run" in capsys.readouterr().err  # logged
+    logged = capsys.readouterr().err
+    assert f"I length penalty alpha {chosen:g}: chosen on validation by the run" in logged
+    assert "another search" not in logged  # the search the choice was made with
+    # Another search than the choice's: the alpha is still the run's, with a warning naming the difference.
+    beam = load_checkpoint(workdir, "final", params=False)[1].config["decoding"]["beam_size"]
+    assert alpha("--checkpoint", "final", "--beam_size", str(beam + 1), "--max_extra_length", "8") == chosen
+    assert (
+        f"W alpha {chosen:g} was chosen for another search than this one (beam_size {beam} -> {beam + 1}): "
+        "give --alpha to choose it yourself"
+    ) in capsys.readouterr().err
     greedy = ["--workdir", str(workdir), "--checkpoint", "final", "--split", "validation", "--max_examples", "8"]
     assert evaluate.main([*greedy, "--method", "greedy", "--max_extra_length", "8"]) == 0
     assert "length penalty" not in capsys.readouterr().err  # greedy search reads no alpha
