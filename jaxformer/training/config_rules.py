@@ -227,6 +227,17 @@ def check_combinations(config, architecture: str) -> None:
             f"config training.{parts[0]} starts a translator (model.architecture='encoder_decoder'), "
             f"not {with_article(repr(architecture))} model"
         )
+    # Quality is chosen on validation data; a test set is scored once, at the end (evaluate.py).
+    for key in ("train_split", "eval_split"):
+        if data[key].startswith("test"):
+            raise ConfigError(
+                f"config data.{key}={data[key]!r} is a test split: a run trains and chooses on its training and "
+                f"validation splits; score a test set once, at the end, with jaxformer-evaluate --split {data[key]}"
+            )
+    if data.eval_split == data.train_split:
+        raise ConfigError(
+            f"config data.eval_split={data.eval_split!r} is data.train_split too: validation is held out of training"
+        )
     if architecture == "encoder_decoder" and data.source_language == data.target_language:
         raise ConfigError(f"config data.source_language and data.target_language are both {data.source_language!r}")
     if data.batch_size % config.optimizer.accumulation_steps:

@@ -224,6 +224,16 @@ def test_a_mesh_that_cannot_hold_the_configured_model_stops_before_data_is_prepa
         ),
         (["--config.mesh.shape=(2,0,1)"], "config mesh.shape=(2, 0, 1): must be three integers"),
         (
+            ["--config.data.eval_split=test_2016_flickr"],
+            "config data.eval_split='test_2016_flickr' is a test split: a run trains and chooses on its training and "
+            "validation splits; score a test set once, at the end, with jaxformer-evaluate --split test_2016_flickr",
+        ),
+        (["--config.data.train_split=test"], "config data.train_split='test' is a test split"),
+        (
+            ["--config.data.eval_split=train"],
+            "config data.eval_split='train' is data.train_split too: validation is held out of training",
+        ),
+        (
             ["--config.optimizer.accumulation_steps=3"],
             "config optimizer.accumulation_steps=3 must divide data.batch_size=4",
         ),
