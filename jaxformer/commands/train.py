@@ -139,6 +139,8 @@ def run(args: argparse.Namespace) -> int:
 
     start = time.perf_counter()
     last = train_and_evaluate(config, args.workdir)
+    if "step" not in last:  # stopped by a signal before its first step: no run to summarise
+        return exit_code_for_signal(last["stopped_by_signal"])
     # Every process reads the workdir for the summary: orbax's checkpoint managers synchronise all
     # processes when they open, so process 0 alone would wait for the others forever.
     summary = run_summary(config, args.workdir, last, time.perf_counter() - start)

@@ -27,6 +27,7 @@ from jaxformer.errors import CheckpointError, UserError, exit_code_for_signal
 from jaxformer.files import write_text_atomically
 from jaxformer.model.architectures import build_model
 from jaxformer.run.checkpoint import Checkpointer
+from jaxformer.run.directory import RunDirectory
 from jaxformer.training import experiment, processes, run_start, sharding
 from jaxformer.training.budget import BUDGET_CHECK_STEPS, ScheduleEnd, TimeBudget, TrainingClock, check_budget
 from jaxformer.training.final_choice import choose_final
@@ -96,12 +97,28 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str | pathlib
                 folder.rmdir()
         raise
     try:
-        return _locked_train_and_evaluate(config, workdir)
+        # Until the training loop takes signals as requests to stop at a step boundary (and the
+        # final choice as its own), SIGTERM and Ctrl-C stop the preparation (data, tokenizers,
+        # compilation) at once, as a failed start: the workdir unlocked and left as it was.
+        with RaiseOnSignal():
+            return _locked_train_and_evaluate(config, workdir)
     except UserError:
         lock.release()
         if jax.process_index() == 0:
             run_start.undo_failed_start(workdir, existed)
         raise
+    except Stopped as stop:
+        lock.release()
+        if jax.process_index() == 0:
+            run_start.undo_failed_start(workdir, existed)
+        trained = RunDirectory(workdir).metrics_file.exists()  # else it stopped before its first step
+        logging.warning(
+            "stopped by %s %s; exiting with %d",
+            stop,
+            "; resume with the same command" if trained else "before training began: nothing to save",
+            exit_code_for_signal(stop.signum),
+        )
+        return {"stopped_by_signal": stop.signum}
     finally:
         lock.release()
 

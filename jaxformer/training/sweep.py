@@ -336,9 +336,9 @@ def run_sweep(
     if baseline_steps is not None:
         check_step_budget(variants, baseline_steps)
     rows = [] if rows is None else rows
-    # The training loop puts its own handler in for its steps and the final choice and returns
-    # "stopped_by_signal"; this one covers the rest (a run setting up, a pace measured), where
-    # the default handler would end the process without a table and with the run's lock held.
+    # A run puts its own handlers in (its preparation, its steps, the final choice) and returns
+    # "stopped_by_signal"; this one covers the rest (a pace measured, the sweep's own work), where
+    # the default handler would end the process without a table.
     with RaiseOnSignal() as signals:
         try:
             for index, variant in enumerate(variants, 1):

@@ -188,7 +188,7 @@ def test_a_signal_while_a_variant_sets_up_stops_the_sweep_and_frees_its_workdir(
     finally:
         signal.signal(signal.SIGTERM, previous)
     assert code == 128 + signal.SIGTERM, output.err
-    assert "SIGTERM received outside a training loop" in output.err
+    assert "stopped by SIGTERM before training began: nothing to save; exiting with 143" in output.err
     assert "sweep stopped after 1 of 2 variants" in output.err
     assert not RunDirectory(tmp_path / "sweep" / "second").lock_file.exists()
     assert [r["variant"] for r in rows_file(tmp_path / "sweep")] == ["first"]
