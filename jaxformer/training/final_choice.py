@@ -90,6 +90,25 @@ def _refuse_other_settings(config: ml_collections.ConfigDict, run: RunDirectory,
         )
 
 
+def check_kept_choice(config: ml_collections.ConfigDict, run: RunDirectory, step: int, train_seconds: float) -> None:
+    """Before anything is prepared: a run resumed at `step` that trains no further (its steps or
+    its time budget spent) and already chose there is held to that choice's settings, as
+    `choose_final` holds it when it gets there, so that a refusal costs no data or compilation."""
+    training = config.training
+    budget_spent = bool(training.time_budget_minutes) and train_seconds >= training.time_budget_minutes * 60
+    if not training.final_choice or (step < training.num_train_steps and not budget_spent):
+        return
+    if not (run.final / str(step)).is_dir():
+        return
+    reader = Checkpointer(run.final, keep=None, read_only=True)
+    try:
+        chosen = reader.read_metadata(step) if step in reader.steps() else None
+    finally:
+        reader.close()
+    if chosen is not None:
+        _refuse_other_settings(config, run, step, chosen)
+
+
 def _candidates(
     run: RunDirectory, average_last: int, step: int, params: Any, metadata: CheckpointMetadata, ema_params: Any
 ):

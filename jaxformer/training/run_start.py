@@ -30,6 +30,7 @@ from jaxformer.run.lock import WorkdirLock, WorkdirLockedError
 from jaxformer.run.metadata import CheckpointMetadata
 from jaxformer.training import experiment, processes, resume_rules, sharding
 from jaxformer.training.config_rules import unused_settings
+from jaxformer.training.final_choice import check_kept_choice
 from jaxformer.training.init_from import (
     PARTS,
     StartingPoint,
@@ -162,6 +163,8 @@ def prepare_run(config: ml_collections.ConfigDict, workdir: pathlib.Path) -> Pre
     if latest is not None:  # first: a changed data.input_shards would follow from this
         checkpointer.check_process_count(latest[0])
     check_same_run(workdir, saved, config)
+    if latest is not None:
+        check_kept_choice(config, run, latest[0], saved.train_seconds or 0.0)
     for setting in unused_settings(config, resuming=latest is not None):
         logging.warning("unused: %s", setting)
     if latest is not None and any(training.get(key) is not None for key in PARTS.values()):

@@ -203,6 +203,21 @@ def test_a_choice_made_with_other_settings_is_named_and_kept(changes, named, run
     assert f"move {final} aside" in message and "\n" not in message
     assert _Scored.calls == calls and sorted(path.name for path in final.iterdir()) == stored  # nothing redone
     assert choose(_config(metadata)) == first  # the settings it was made with: kept, and its report
+    # A restart is held to it before anything is prepared (run_start), with the same message ...
+    run_directory, ended, same = RunDirectory(workdir), _config(metadata, **changes), _config(metadata)
+    for config in (ended, same):  # a run that ended at `step`, with its final choice
+        config.training.num_train_steps, config.training.final_choice = step, True
+    with pytest.raises(UserError) as early:
+        final_choice.check_kept_choice(ended, run_directory, step, 0.0)
+    assert str(early.value) == message
+    final_choice.check_kept_choice(same, run_directory, step, 0.0)
+    # ... unless it trains on: it then chooses again at its new end.
+    further = _config(metadata, **changes)
+    further.training.num_train_steps, further.training.final_choice = step + 10, True
+    final_choice.check_kept_choice(further, run_directory, step, 0.0)
+    further.training.time_budget_minutes = 1.0  # and its budget spent: it trains no further
+    with pytest.raises(UserError, match="was made with"):
+        final_choice.check_kept_choice(further, run_directory, step, 60.0)
 
 
 @pytest.mark.parametrize(
