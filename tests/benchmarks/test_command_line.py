@@ -84,6 +84,11 @@ BAD_VALUES = [
     ("xla_options", ["--option", "default=a:1"], ["--option", "`default` is the row without options"]),
     ("xla_options", ["--option", "a=b:1", "--option", "a=c:2"], ["--option", "'a' is given twice"]),
     ("xla_options", ["--devices", "0"], ["--devices", "got 0"]),
+    (  # 3 devices cannot split tiny's 4 rows: found before any row's step compiles
+        "xla_options",
+        ["--config", "tiny", "--devices", "3"],
+        ["--devices", "3, row 'data_parallel_3'", "data.batch_size=4 must be divisible by the 3 data-parallel"],
+    ),
     (  # an option XLA does not know: found on a scalar function, before the train steps compile
         "xla_options",
         ["--smoke", "--devices", "1", "--option", "bad=xla_no_such_option:true"],
