@@ -12,9 +12,13 @@ run (rounds of one block of each pipeline, medians over the rounds):
 - `batch_cpu_ms` / `batch_wall_ms`: the pipeline alone, per batch drawn (CPU: the process's,
   every thread's);
 - `step_ms`: the loop train.py runs, per step: draw a batch, take `multi30k`'s train step on it
-  (its model as the config gives it on this machine: `model.matmul_dtype=auto`) without waiting
-  for the step (the pipeline's threads prefetch while XLA computes, on the same cores), `--steps`
-  steps a block, blocked on at the block's end.
+  without waiting for the step (the pipeline's threads prefetch while XLA computes, on the same
+  cores), `--steps` steps a block, blocked on at the block's end. The step is the config's own,
+  as the training loop builds it (`jaxformer/training/pace.py`'s `ConfigTrainStep`, on every
+  device): its model as the config gives it on this machine (`model.matmul_dtype=auto`), its
+  `training` and `optimizer` sections (R-Drop, AdamW's weight decay), and its vocabularies (one
+  unigram tokenizer per language, trained on that side of the split as `train.py` trains it).
+  `--smoke` takes that step at the `tiny` preset's sizes, in float32, on short rows.
 `speedup` is streamed's median over the row's. `encode_s` is the one-off encoding of the split.
 """
 
@@ -27,24 +31,59 @@ import jax
 from benchmarks.command_line import parse_args, parser, report
 from benchmarks.common import median
 from benchmarks.real_data import SOURCE, TARGET, cached_tokenizer, training_pairs
-from benchmarks.step_options import compiled_step
 from jaxformer.commands.common import at_least
 from jaxformer.configs import multi30k
 from jaxformer.data.pipeline import TokenizePair, train_dataset
-from jaxformer.model.config import preset
-from jaxformer.training.experiment import model_config
+from jaxformer.data.tokenizer import Tokenizer
+from jaxformer.model.config import PRESETS
+from jaxformer.training import experiment as experiments
+from jaxformer.training import sharding
+from jaxformer.training.pace import ConfigTrainStep
 
 COLUMNS = ("pipeline", "pairs", "batch_cpu_ms", "batch_wall_ms", "step_ms", "steps_per_s", "speedup", "encode_s")
 PIPELINES = {"streamed": 0, "encoded_once": None}  # name -> data.encode_once_max_examples (None: the config's)
 
 
-def _pipelines(records, tokenizer, data) -> dict:
+# The model sizes --smoke takes from the `tiny` preset.
+SMOKE_SIZES = ("d_model", "num_heads", "d_ff", "num_encoder_layers", "num_decoder_layers")
+
+
+def smoke_config(config, device_count: int):
+    """`config` at the smoke's sizes: the tiny preset's model in float32 (bf16 training of a model
+    that small fails on XLA:CPU: benchmarks.step_options), 300 pieces a vocabulary, 32-token rows,
+    4 rows a device; everything else (R-Drop, weight decay, separate vocabularies) as it is."""
+    for key in SMOKE_SIZES:
+        config.model[key] = PRESETS["tiny"][key]
+    config.model.matmul_dtype = None
+    config.tokenizer.vocab_size = 300
+    config.data.batch_size, config.data.max_length = 4 * device_count, 32
+    return config
+
+
+def config_tokenizers(config, pairs: list[tuple[str, str]]) -> tuple[Tokenizer, Tokenizer]:
+    """(source, target) tokenizers of `config` on `pairs`, as `train.py` trains them
+    (jaxformer/training/run_tokenizer.py): one per language (tokenizer.separate_vocabularies),
+    each on its side's text, or one on both; of the tokenizer section's size and kind."""
+    section = config.tokenizer
+    options = dict(
+        model_type=section.model_type,
+        character_coverage=section.character_coverage,
+        max_sentences=section.max_sentences,
+        control_symbols=tuple(experiments.control_symbols(config)),
+    )
+    if not section.separate_vocabularies:
+        shared = cached_tokenizer(pairs, section.vocab_size, (0, 1), **options)
+        return shared, shared
+    return tuple(cached_tokenizer(pairs, section.vocab_size, (side,), **options) for side in (0, 1))
+
+
+def _pipelines(records, tokenizers, data) -> dict:
     iterators = {}
     for name, limit in PIPELINES.items():
         section = data.copy_and_resolve_references()
         if limit is not None:
             section.encode_once_max_examples = limit
-        iterators[name] = iter(train_dataset(records, TokenizePair.for_data(section, tokenizer), section))
+        iterators[name] = iter(train_dataset(records, TokenizePair.for_data(section, *tokenizers), section))
     return iterators
 
 
@@ -68,20 +107,28 @@ def main(argv=None) -> list[dict]:
     iters = args.iters or (1 if args.smoke else 6)
     steps = args.steps or (2 if args.smoke else 25)
     experiment = multi30k.get_config()
-    data = experiment.data
     pairs = training_pairs()
     if args.smoke:
         pairs = pairs[:2000]
-        data.batch_size, data.max_length, vocab_size = 4, 32, 300
-    else:
-        vocab_size = experiment.tokenizer.vocab_size
-    tokenizer = cached_tokenizer(pairs, vocab_size)
+        smoke_config(experiment, jax.device_count())
+    data = experiment.data
+    # The step runs over every device, as train.py's: a batch they cannot split is refused now,
+    # before the tokenizers train and the step compiles.
+    rules = sharding.rules_from_config(experiment.mesh.logical_axis_rules)
+    try:
+        sharding.check_batch_size(data.batch_size, sharding.make_mesh(experiment.mesh.shape), rules)
+    except sharding.MeshError as error:
+        arguments.error(f"multi30k's {error} ({jax.device_count()} devices)")
+    tokenizers = config_tokenizers(experiment, pairs)
+    sizes = experiments.vocabulary_sizes(experiment)  # what the step is built for
+    if sizes != tuple(tokenizer.vocab_size for tokenizer in tokenizers):
+        raise RuntimeError(f"tokenizers of {[t.vocab_size for t in tokenizers]} pieces, the config's {sizes}")
     records = [{SOURCE: en, TARGET: de} for en, de in pairs]
 
     start = time.perf_counter()
-    TokenizePair.for_data(data, tokenizer).encode_all(records)
+    TokenizePair.for_data(data, *tokenizers).encode_all(records)
     encode_s = time.perf_counter() - start
-    iterators = _pipelines(records, tokenizer, data)
+    iterators = _pipelines(records, tokenizers, data)
     for iterator in iterators.values():  # reader threads started, first epochs' buffers filled
         _time_batches(iterator, steps)
     alone = {name: [] for name in iterators}
@@ -89,20 +136,15 @@ def main(argv=None) -> list[dict]:
         for name, iterator in iterators.items():
             alone[name].append(_time_batches(iterator, steps))
 
-    if args.smoke:
-        model = preset("tiny", vocab_size=tokenizer.vocab_size)
-    else:
-        model = model_config(experiment, tokenizer.vocab_size)
-    first = next(iterators["streamed"])
-    length = data.max_length
-    compiled = compiled_step(model, first, length, length, experiment.training.loss_chunk_tokens)
-    state = compiled.state
+    train_step = ConfigTrainStep(experiment)  # lowered on random rows of the batches' shape
+    train_step.compile()
+    state, batch_sharding = train_step.state, sharding.batch_sharding(train_step.mesh, train_step.rules)
     stepped = {name: [] for name in iterators}
     for round_index in range(iters + 1):  # the first round warms up
         for name, iterator in iterators.items():
             wall = time.perf_counter()
-            for _ in range(steps):
-                state, metrics = compiled.compiled(state, next(iterator))
+            for _ in range(steps):  # as the training loop feeds its step
+                state, metrics = train_step.compiled(state, sharding.global_batch(next(iterator), batch_sharding))
             jax.block_until_ready(metrics)
             if round_index:
                 stepped[name].append(1e3 * (time.perf_counter() - wall) / steps)
@@ -123,14 +165,26 @@ def main(argv=None) -> list[dict]:
                 encode_s=encode_s if name == "encoded_once" else None,
             )
         )
-    title = (
-        f"input pipeline: Multi30k {SOURCE}-{TARGET}, {len(records)} pairs, {data.batch_size} x {length} rows, "
-        f"{tokenizer.vocab_size}-piece tokenizer, {data.num_threads} reader threads, {jax.local_device_count()} device"
+    source, target = tokenizers
+    vocabularies = (
+        f"{source.vocab_size}-piece {SOURCE} and {target.vocab_size}-piece {TARGET} tokenizers"
+        if experiment.tokenizer.separate_vocabularies
+        else f"one {source.vocab_size}-piece tokenizer"
     )
+    title = (
+        f"input pipeline: Multi30k {SOURCE}-{TARGET}, {len(records)} pairs, {data.batch_size} x {data.max_length} "
+        f"rows, {vocabularies}, {data.num_threads} reader threads, {jax.device_count()} device(s)"
+    )
+    model = experiments.model_config(
+        experiment, sizes[1], sizes[0] if experiment.tokenizer.separate_vocabularies else None
+    )
+    training, optimizer = experiment.training, experiment.optimizer
     notes = [
         f"  {iters} rounds of {steps} batches (and steps) per pipeline, interleaved; medians",
-        f"  step_ms: {'the tiny model' if args.smoke else 'multi30k'}'s train step fed by the pipeline "
-        f"(weight products' operands {model.matmul_operand_dtype.name})",
+        f"  step_ms: multi30k's train step{' at the tiny preset sizes' if args.smoke else ''} fed by the pipeline: "
+        f"R-Drop alpha {training.rdrop_alpha}, weight decay {optimizer.weight_decay}, label smoothing "
+        f"{training.label_smoothing}, loss chunks of {training.loss_chunk_tokens} tokens, dropout "
+        f"{model.dropout_rate}, weight products' operands {model.matmul_operand_dtype.name}",
     ]
     return report("input_pipeline", rows, COLUMNS, args.json, title, notes)
 

@@ -57,13 +57,17 @@ def training_pairs() -> list[tuple[str, str]]:
     return [(en, de) for _, en, de in read_parallel_lines(RAW / "train.en.gz", RAW / "train.de.gz")]
 
 
-def cached_tokenizer(pairs: list[tuple[str, str]], vocab_size: int) -> Tokenizer:
-    """A tokenizer trained on `pairs` (both sides), cached in the temp dir across runs."""
-    digest = hashlib.sha1(f"{len(pairs)}|{pairs[0]}|{pairs[-1]}|{vocab_size}".encode()).hexdigest()[:12]
+def cached_tokenizer(
+    pairs: list[tuple[str, str]], vocab_size: int, sides: tuple[int, ...] = (0, 1), **options
+) -> Tokenizer:
+    """A tokenizer trained on the `sides` of `pairs` (0: English, 1: German; default both), with
+    train_tokenizer's `options` (model_type, ...), cached in the temp dir across runs."""
+    key = f"{len(pairs)}|{pairs[0]}|{pairs[-1]}|{vocab_size}|{sides}|{sorted(options.items())}"
+    digest = hashlib.sha1(key.encode()).hexdigest()[:12]
     path = pathlib.Path(tempfile.gettempdir()) / f"jaxformer-bench-tokenizer-{vocab_size}-{digest}.model"
     if path.exists():
         return Tokenizer.load(path)
-    tokenizer = train_tokenizer([sentence for pair in pairs for sentence in pair], vocab_size)
+    tokenizer = train_tokenizer([pair[side] for pair in pairs for side in sides], vocab_size, **options)
     tokenizer.save(path)
     return tokenizer
 

@@ -111,7 +111,8 @@ def torch_component(operator: str, ranges: tuple[str, ...]) -> str:
     """The component of a torch profiler event: its operator name, inside `ranges` (its ancestors)."""
     from benchmarks.torch_reference import OPTIMIZER_RANGE
 
-    if OPTIMIZER_RANGE in ranges:
+    # The range's own self time (the Python between its operators) is the optimizer's too.
+    if operator == OPTIMIZER_RANGE or OPTIMIZER_RANGE in ranges:
         return "optimizer"
     for component, prefixes in _TORCH_OPERATORS.items():
         if operator.startswith(prefixes):

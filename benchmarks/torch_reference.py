@@ -2,11 +2,13 @@
 `torch.nn.Transformer` (`TorchTransformer`), and a decoder-only language model built from
 `torch.nn.TransformerEncoder` under a causal mask (`TorchLanguageModel`).
 
-Post-norm, ReLU, one embedding shared by source, target and the (tied) output projection, scaled
-by sqrt(d_model), sinusoidal positions, dropout; label-smoothed cross-entropy (0.1, padding
-ignored); Adam(0.9, 0.98, 1e-9) with the paper's warmup / inverse-square-root schedule and
-global-norm clipping at 1.0, as jaxformer's optimizer. Greedy decoding runs the encoder once and
-recomputes the decoder over the whole prefix at every step, as an `nn.Transformer` user does.
+Post-norm, ReLU, one embedding shared by source, target and the (tied) output projection (or, for
+a config with `share_embeddings=False`, a source embedding of its own of `source_vocab_size` rows
+beside the target's tied one, as jaxformer's), scaled by sqrt(d_model), sinusoidal positions,
+dropout; label-smoothed cross-entropy (0.1, padding ignored); Adam(0.9, 0.98, 1e-9) with the
+paper's warmup / inverse-square-root schedule and global-norm clipping at 1.0, as jaxformer's
+optimizer. Greedy decoding runs the encoder once and recomputes the decoder over the whole prefix
+at every step, as an `nn.Transformer` user does.
 
 torch is an optional extra (`pip install 'jaxformer[torch]'`): it is imported here only, and the
 benchmarks import this module only when asked for torch rows and torch is installed.
@@ -44,12 +46,14 @@ def causal_mask(length: int, device=None) -> torch.Tensor:
 
 class TiedEmbedding(nn.Module):
     """The embedding both references share: tokens scaled by sqrt(d_model) + sinusoidal
-    positions + dropout in, and the tied output projection (hidden @ embedding^T) out."""
+    positions + dropout in, and the tied output projection (hidden @ embedding^T) out.
+    `vocab_size` (default: the config's) sets its rows: a separate source embedding's are the
+    source vocabulary's."""
 
-    def __init__(self, config: TransformerConfig, max_length: int):
+    def __init__(self, config: TransformerConfig, max_length: int, vocab_size: int | None = None):
         super().__init__()
         self.d_model = config.d_model
-        self.embedding = nn.Embedding(config.vocab_size, config.d_model)
+        self.embedding = nn.Embedding(vocab_size or config.vocab_size, config.d_model)
         nn.init.normal_(self.embedding.weight, std=config.d_model**-0.5)
         self.register_buffer(
             "positions", torch.from_numpy(np.array(sinusoidal_table(max_length, config.d_model))), persistent=False
@@ -107,11 +111,17 @@ class TorchTransformer(nn.Module):
         )
         match_dropout(self.transformer, config)
         self.tied = TiedEmbedding(config, max_length)
+        # Unshared (jaxformer's share_embeddings=False, multi30k's separate vocabularies): the
+        # source side's own matrix, so that both sides hold, differentiate and update as many weights.
+        self.source_embedding = (
+            None if config.share_embeddings else TiedEmbedding(config, max_length, config.encoder_vocab_size)
+        )
 
     def encode(self, source: torch.Tensor) -> torch.Tensor:
+        embedding = self.tied if self.source_embedding is None else self.source_embedding
         with warnings.catch_warnings():  # the inference fast path's nested tensors are a "prototype"
             warnings.filterwarnings("ignore", message="The PyTorch API of nested tensors")
-            return self.transformer.encoder(self.tied.embed(source), src_key_padding_mask=source == PAD_ID)
+            return self.transformer.encoder(embedding.embed(source), src_key_padding_mask=source == PAD_ID)
 
     def decode(self, memory: torch.Tensor, source: torch.Tensor, target_in: torch.Tensor) -> torch.Tensor:
         """Decoder hidden states [B, T, D] for decoder inputs `target_in` (causal, padding masked)."""

@@ -110,17 +110,31 @@ def bench(
     return rows
 
 
+def model_settings(config) -> str:
+    """What a config's model trains with beyond its sizes: norm, activation, dropout, embeddings."""
+    if config.share_embeddings:
+        embeddings = "one embedding for both sides"
+    else:
+        embeddings = f"a separate source embedding ({config.encoder_vocab_size} pieces)"
+    return (
+        f"{config.normalization}-norm, {config.activation}, dropout {config.dropout_rate} (attention "
+        f"{config.attention_dropout_rate}, activation {config.activation_dropout_rate}), {embeddings}, "
+        f"{'tied' if config.tie_output_embedding else 'untied'} output embedding"
+    )
+
+
 def settings(setups, with_torch: bool, torch_threads: int | None) -> list[str]:
-    """Footnotes: what every row ran with, each model's size, and the parameter counts compared."""
+    """Footnotes: what every row ran with, each model's size, and the parameter counts compared.
+    A model setting that differs between the configs (multi30k's dropout) is given per config."""
     experiment = default_config()
     optimizer, training = experiment.optimizer, experiment.training
     config = setups[0][1]
+    models = {name: model_settings(config) for name, config, *_ in setups}
+    shared = len(set(models.values())) == 1
     lines = [
-        f"settings: {config.architecture}, {config.normalization}-norm, {config.activation}, dropout "
-        f"{config.dropout_rate} (attention {config.attention_dropout_rate}, activation "
-        f"{config.activation_dropout_rate}), tied output embedding; Adam({optimizer.b1}, {optimizer.b2}, "
-        f"{optimizer.eps}), warmup {optimizer.warmup_steps}, clip {optimizer.clip_norm}, label smoothing "
-        f"{training.label_smoothing}, loss chunks of {training.loss_chunk_tokens} tokens; float32",
+        f"settings: {config.architecture}, {models[setups[0][0]] + ', ' if shared else ''}Adam({optimizer.b1}, "
+        f"{optimizer.b2}, {optimizer.eps}), warmup {optimizer.warmup_steps}, clip {optimizer.clip_norm}, label "
+        f"smoothing {training.label_smoothing}, loss chunks of {training.loss_chunk_tokens} tokens; float32",
         "  dense random rows (no padding); tokens_per_s counts the target tokens of a step",
     ]
     if with_torch:
@@ -138,7 +152,7 @@ def settings(setups, with_torch: bool, torch_threads: int | None) -> list[str]:
         )
         lines.append(
             f"  {name}: vocab {config.vocab_size}, d {config.d_model}, {config.num_heads} heads, "
-            f"{layers}, d_ff {config.d_ff}, batch {batch}"
+            f"{layers}, d_ff {config.d_ff}, batch {batch}{'' if shared else '; ' + models[name]}"
         )
     return lines
 

@@ -19,6 +19,8 @@ other row changes one thing, and all are timed in turn, one step of each per rou
   a mesh of N devices, the rows split over its data axis. On a CPU they are virtual devices
   (`jax_num_cpu_devices`) sharing the cores: each runs its share of the rows as a program of its
   own, beside XLA's intra-op threads, which leave the cores idle between small operations.
+  N must divide the config's `data.batch_size` (an error naming --devices, before anything
+  compiles, where it does not).
 """
 
 from __future__ import annotations
@@ -33,6 +35,7 @@ from benchmarks.command_line import parse_args, parser, report
 from benchmarks.common import median, time_interleaved
 from jaxformer.commands.common import FlagError, at_least, path_text
 from jaxformer.errors import UserError
+from jaxformer.training import sharding
 from jaxformer.training.config_file import load_config
 from jaxformer.training.experiment import model_config
 from jaxformer.training.pace import ConfigTrainStep
@@ -112,12 +115,36 @@ def check_options(options: dict[str, dict]) -> None:
             raise FlagError(f"argument --option: row {name!r}: {reason}") from None
 
 
+def check_meshes(config, variants: dict[str, tuple[int, dict]], devices: list, default_count: bool) -> None:
+    """A FlagError for a row whose devices the config's mesh or batch cannot use (data.batch_size
+    not divisible by the data-parallel shards, a mesh.shape of another device count), in
+    milliseconds, before the steps take minutes to compile: naming --devices for the
+    data-parallel row (`default_count`: the count was this machine's cores), --config for a
+    one-device row."""
+    rules = sharding.rules_from_config(config.mesh.logical_axis_rules)
+    for name, (count, _) in variants.items():
+        try:
+            sharding.check_rules(config.mesh.logical_axis_rules)
+            sharding.check_batch_size(
+                config.data.batch_size, sharding.make_mesh(config.mesh.shape, devices[:count]), rules
+            )
+        except sharding.MeshError as error:
+            if count == 1:
+                raise FlagError(f"argument --config: row {name!r} on one device: {error}") from None
+            given = f"{count} (the default: this machine's cores)" if default_count else str(count)
+            raise FlagError(
+                f"argument --devices: {given}, row {name!r}: {error}; pass --devices with a count that divides "
+                f"data.batch_size={config.data.batch_size} (1: no data-parallel row)"
+            ) from None
+
+
 def experiment_steps(config, variants: dict[str, tuple[int, dict]], devices: list) -> dict[str, ConfigTrainStep]:
     """{row: the config's train step as the training loop builds it (jaxformer/training/pace.py),
-    on `devices[:k]`, compiled with those compiler options} for `variants` {row: (k, options)}."""
-    steps = {}
-    for name, (count, options) in variants.items():
-        steps[name] = ConfigTrainStep(config, devices=devices[:count])
+    on `devices[:k]`, compiled with those compiler options} for `variants` {row: (k, options)}.
+    Every row's step is built (traced and lowered) before any compiles, so that a row that cannot
+    be fails before minutes of compilation."""
+    steps = {name: ConfigTrainStep(config, devices=devices[:count]) for name, (count, _) in variants.items()}
+    for name, (_, options) in variants.items():
         steps[name].compile(options or None)
     return steps
 
@@ -164,13 +191,14 @@ def main(argv=None) -> list[dict]:
         arguments.error(str(error))
     if args.devices is None and devices[0].platform != "cpu":
         devices = devices[:1]  # no virtual devices beside an accelerator: pass --devices for real ones
-    try:
-        check_options(options)
-    except FlagError as error:
-        arguments.error(str(error))
     variants = {"default": (1, {}), **{name: (1, values) for name, values in options.items()}}
     if len(devices) > 1:
         variants[f"data_parallel_{len(devices)}"] = (len(devices), {})
+    try:
+        check_meshes(config, variants, devices, default_count=args.devices is None)
+        check_options(options)
+    except FlagError as error:
+        arguments.error(str(error))
     steps = experiment_steps(config, variants, devices)
     seconds = {
         name: median(times) for name, times in time_interleaved(steps, args.iters or (2 if args.smoke else 10)).items()

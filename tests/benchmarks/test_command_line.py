@@ -84,6 +84,11 @@ BAD_VALUES = [
     ("xla_options", ["--option", "default=a:1"], ["--option", "`default` is the row without options"]),
     ("xla_options", ["--option", "a=b:1", "--option", "a=c:2"], ["--option", "'a' is given twice"]),
     ("xla_options", ["--devices", "0"], ["--devices", "got 0"]),
+    (  # 3 devices cannot split tiny's 4 rows: found before any row's step compiles
+        "xla_options",
+        ["--config", "tiny", "--devices", "3"],
+        ["--devices", "3, row 'data_parallel_3'", "data.batch_size=4 must be divisible by the 3 data-parallel"],
+    ),
     (  # an option XLA does not know: found on a scalar function, before the train steps compile
         "xla_options",
         ["--smoke", "--devices", "1", "--option", "bad=xla_no_such_option:true"],
@@ -294,3 +299,19 @@ def test_a_translators_sizes_as_a_language_model_keep_one_embedding():
     assert language_model.share_embeddings and language_model.source_vocab_size is None
     assert (language_model.vocab_size, language_model.d_model) == (config.vocab_size, config.d_model)
     assert as_architecture(config, "encoder_decoder") == config
+
+
+def test_train_step_footnotes_give_each_configs_own_dropout():
+    from benchmarks.common import CONFIGS
+    from benchmarks.train_step import settings
+
+    setups = [(name, *CONFIGS[name]()) for name in ("tiny", "multi30k")]
+    assert setups[0][1].dropout_rate != setups[1][1].dropout_rate  # 0.1 against 0.15
+    lines = settings(setups, with_torch=False, torch_threads=None)
+    for name, config, *_ in setups:
+        (line,) = [line for line in lines if line.startswith(f"  {name}: ")]
+        assert f"dropout {config.dropout_rate} " in line, line
+    assert "separate source embedding (6000 pieces)" in lines[-1]
+    assert "dropout" not in lines[0]  # the rows' shared settings name no one config's dropout
+    (alike,) = [line for line in settings(setups[:1], with_torch=False, torch_threads=None) if "dropout" in line]
+    assert alike.startswith("settings: ")  # one config: its model settings with the shared ones

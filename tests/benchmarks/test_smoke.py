@@ -65,14 +65,14 @@ def smoke_output(name, tmp_path, capsys, *extra):
 SLOW_SMOKE = ("decoding", "real_data", "scaling", "memory_options")  # memory_options: 11 compilations, 90 s
 
 
-# step_options, xla_options and step_profile run their smokes in tests of their own, which check
-# the rows further.
+# step_options, xla_options, step_profile and input_pipeline run their smokes in tests of their
+# own, which check the rows further.
 @pytest.mark.parametrize(
     "name",
     [
         pytest.param(name, marks=pytest.mark.slow) if name in SLOW_SMOKE else name
         for name in sorted(POSITIVE)
-        if name not in ("step_options", "xla_options", "step_profile")
+        if name not in ("step_options", "xla_options", "step_profile", "input_pipeline")
     ],
 )
 def test_smoke(name, tmp_path, capsys):

@@ -57,6 +57,7 @@ def test_torch_operators_are_charged_by_name_and_range():
         ("aten::mul", ()): "other",
         ("aten::mul", ("aten::_foreach_mul_", OPTIMIZER_RANGE)): "optimizer",
         ("aten::mm", (OPTIMIZER_RANGE,)): "optimizer",
+        (OPTIMIZER_RANGE, ()): "optimizer",  # the range's own self time, outside its operators
     }
     for (operator, ranges), component in cases.items():
         assert step_profile.torch_component(operator, ranges) == component, operator
