@@ -382,10 +382,11 @@ def write_lines(path: str | None, lines: list[str]) -> None:
         write_text_atomically(path, text)
 
 
-def translator_from_flags(args: argparse.Namespace):
+def translator_from_flags(args: argparse.Namespace, settings=None):
+    """The translator the flags describe; `settings`: their DecodeSettings, when made already."""
     from jaxformer.decoding.translator import Translator
 
-    settings = decode_settings_from_flags(args, args.max_extra_length)
+    settings = decode_settings_from_flags(args, args.max_extra_length) if settings is None else settings
     return Translator.from_workdir(
         args.workdir, args.checkpoint, settings, batch_size=args.batch_size, max_source_tokens=args.max_source_tokens
     )

@@ -27,6 +27,7 @@ from jaxformer.commands.common import (
     check_search_flags,
     check_workdir,
     check_writable_file,
+    decode_settings_from_flags,
     make_parser,
     read_lines,
     run_command,
@@ -120,7 +121,9 @@ def run(args: argparse.Namespace) -> int:
         raise FlagError(f"--output and --json are the same file, {args.output}")
     from jaxformer.decoding.translator import Translator  # the data stack: after the flags are checked
 
-    Translator.check_workdir(args.workdir, args.checkpoint)  # a language model's run: before any data is read
+    # A language model's run, or a search the model cannot run: refused before any data is read.
+    settings = decode_settings_from_flags(args, args.max_extra_length)
+    settings.check_fits(Translator.check_workdir(args.workdir, args.checkpoint))
 
     if args.split:
         sources, references, file_lines = split_pairs(args.workdir, args.split, args.max_examples)
@@ -134,7 +137,7 @@ def run(args: argparse.Namespace) -> int:
         if args.max_examples is not None:
             sources, references = sources[: args.max_examples], references[: args.max_examples]
         name = args.source
-    translator = translator_from_flags(args)
+    translator = translator_from_flags(args, settings)
     start = time.perf_counter()
     hypotheses = translator.translate(sources, progress=not args.no_progress)
     seconds = time.perf_counter() - start

@@ -306,8 +306,17 @@ def _train(config, prepared: PreparedRun, model: nn.Module) -> dict[str, Any]:
                 if budget_spent:
                     logging.info("time budget of %g minutes spent at step %d", training.time_budget_minutes, step)
                 stopping = stop.agreed(step, every=BUDGET_CHECK_STEPS)
-            stopped_early = stop.agreed(step) and step < training.num_train_steps  # all processes, or none
-            if stopped_early:
+            stopped_early = stop.agreed(step)  # all processes, or none
+            if stopped_early and step == training.num_train_steps:  # its last checkpoint is saved as scheduled
+                if training.final_choice:
+                    logging.warning(
+                        "stopped by %s at the last step, %d, before the final choice; exiting with %d; the same "
+                        "command makes the choice",
+                        *(stop.signal_name, step, exit_code_for_signal(stop.signum)),
+                    )
+                else:
+                    stopped_early = False  # nothing left to do: the run finished
+            elif stopped_early:
                 if step not in checkpointer.steps():
                     save(step, interim=step % training.checkpoint_every_steps != 0)
                 logging.warning(

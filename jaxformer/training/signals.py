@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import logging
+import os
 import signal
+import threading
 
 import jax
 import numpy as np
@@ -83,22 +85,66 @@ class Stopped(BaseException):
         self.signum = signum
 
 
+# Where a signal's exception is held back: JAX, XLA's compiler and orbax's writers call back into
+# Python from C++ that does not expect one, and an exception raised there leaves JAX to crash at
+# exit (SIGSEGV) instead of exiting with 128 + the signal's number.
+_HOLDING_MODULES = frozenset({"jax", "jaxlib", "flax", "optax", "orbax"})
+_RETRY_SECONDS = 0.05
+
+
+def _inside_libraries(frame) -> bool:
+    """Whether the interrupted code, or any of its callers, is one of _HOLDING_MODULES'."""
+    while frame is not None:
+        if frame.f_globals.get("__name__", "").partition(".")[0] in _HOLDING_MODULES:
+            return True
+        frame = frame.f_back
+    return False
+
+
 class RaiseOnSignal(_SignalHandler):
     """`with RaiseOnSignal() as signals:` turns SIGTERM and SIGINT into `Stopped`, where no step
     boundary comes soon enough to stop at (the final choice decodes the validation split for
-    minutes); outside the main thread signals are left alone. The signal is also kept
-    (`signals.signum`): a handler that runs inside a garbage-collection callback has its exception
-    printed and dropped by Python, so the block calls `check()` where work ends, to raise it again."""
+    minutes; a run prepares its data and compiles); outside the main thread signals are left
+    alone. A signal that interrupts JAX (a compilation, say) or orbax is raised as soon as their
+    call returns (the signal is sent again every 50 ms until then), never inside it. One that came
+    but was not raised (a handler that runs inside a garbage-collection callback has its exception
+    printed and dropped by Python) is raised by `check()`, and at the latest on leaving the block."""
 
     def __init__(self):
         super().__init__()
         self.signum: int | None = None
+        self._raised = False  # Stopped raised for `signum`
+        self._closed = False
+        self._retry: threading.Timer | None = None
 
     def _handle(self, signum, frame) -> None:
         self.signum = int(signum)
+        if _inside_libraries(frame):
+            self._retry = threading.Timer(_RETRY_SECONDS, self._send_again, (int(signum),))
+            self._retry.daemon = True
+            self._retry.start()
+            return
+        self._raised = True
         raise Stopped(self.signum)
 
+    def _send_again(self, signum: int) -> None:
+        if self._closed:
+            return
+        if signal.getsignal(signum) != self._handle:  # a nested handler's now (a training loop's): its to act on
+            self.signum = None
+        os.kill(os.getpid(), signum)
+
     def check(self) -> None:
-        """Raises `Stopped` if a signal came and its exception was lost on the way."""
+        """Raises `Stopped` if a signal came and its exception was not raised, or lost on the way."""
         if self.signum is not None:
+            self._raised = True
+            raise Stopped(self.signum)
+
+    def __exit__(self, exc_type, *exc) -> None:
+        self._closed = True
+        if self._retry is not None:
+            self._retry.cancel()
+        super().__exit__(exc_type, *exc)
+        if exc_type is None and self.signum is not None and not self._raised:
+            self._raised = True
             raise Stopped(self.signum)

@@ -142,3 +142,14 @@ def test_parameters_from_a_one_device_mesh_get_the_program_loaded_ones_get(trans
         trained = translator.with_params(sharded)
         assert trained._generate.lower(trained.params, source, rng).as_text() == loaded
         assert trained.translate(read_raw("val.en.gz", 4)) == translator.translate(read_raw("val.en.gz", 4))
+
+
+def test_evaluate_refuses_a_search_the_model_cannot_run_before_reading_the_split(decoding_workdir, capsys):
+    from jaxformer.commands import evaluate
+
+    vocabulary = Translator.check_workdir(decoding_workdir).vocab_size
+    flags = ["--workdir", str(decoding_workdir), "--split", "validation", "--method", "sample"]
+    assert evaluate.main([*flags, "--top_k", str(vocabulary + 1)]) == 2
+    err = capsys.readouterr().err
+    assert err.strip().splitlines()[-1].startswith(f"error: top_k={vocabulary + 1} is more than the model's ")
+    assert "pairs" not in err and "loaded step" not in err  # neither the split nor the parameters read

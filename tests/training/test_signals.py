@@ -1,6 +1,10 @@
 import logging
 import os
 import signal
+import subprocess
+import sys
+import time
+import types
 
 import pytest
 
@@ -99,3 +103,107 @@ def test_the_train_command_exits_with_the_signals_code_when_stopped_while_prepar
     assert code == exit_code_for_signal(signal.SIGTERM) == 143
     assert "W stopped by SIGTERM before training began: nothing to save; exiting with 143" in capsys.readouterr().err
     assert not workdir.exists()
+
+
+def _frame_of(module_name):
+    return types.SimpleNamespace(f_globals={"__name__": module_name}, f_back=None)
+
+
+def test_a_signal_inside_jax_is_raised_once_jax_returns():
+    """Not inside JAX's (or orbax's) code, whose C++ callers do not expect an exception: the
+    signal is held, sent again until the code outside runs, and raised there."""
+    from jaxformer.training.signals import RaiseOnSignal, Stopped
+
+    with pytest.raises(Stopped) as stopped, RaiseOnSignal() as signals:
+        try:
+            signals._handle(signal.SIGTERM, _frame_of("jax._src.compiler"))  # as if it came during a compilation
+        except Stopped:
+            raise AssertionError("raised inside JAX's code") from None
+        assert signals.signum == signal.SIGTERM  # held
+        deadline = time.monotonic() + 10
+        while time.monotonic() < deadline:
+            time.sleep(0.01)  # here, outside JAX: the signal comes again and is raised
+        raise AssertionError("the held signal was never raised")
+    assert stopped.value.signum == signal.SIGTERM
+    # A block that ends while one is held raises it on the way out.
+    with pytest.raises(Stopped), RaiseOnSignal() as signals:
+        try:
+            signals._handle(signal.SIGINT, _frame_of("orbax.checkpoint.checkpoint_manager"))
+        except Stopped:
+            raise AssertionError("raised inside orbax's code") from None
+    assert signal.getsignal(signal.SIGINT) is signal.default_int_handler
+
+
+COMPILE_AND_STOP = """
+import os, signal, sys
+import jax, jax.numpy as jnp
+from jax._src import compiler
+from jaxformer.training.signals import RaiseOnSignal, Stopped
+
+original = compiler.backend_compile_and_load
+def compile_interrupted(*args, **kwargs):  # SIGTERM arrives while XLA compiles, as a preemption's may
+    os.kill(os.getpid(), signal.SIGTERM)
+    return original(*args, **kwargs)
+compiler.backend_compile_and_load = compile_interrupted
+try:
+    with RaiseOnSignal():
+        jax.jit(lambda x: jnp.tanh(x @ x.T))(jnp.ones((8, 8))).block_until_ready()
+        print("compiled", flush=True)
+        while True:
+            pass
+except Stopped as stop:
+    print("stopped by", stop, flush=True)
+sys.exit(143)
+"""
+
+
+def test_a_signal_during_a_compilation_ends_the_process_with_its_code(tmp_path):
+    """Raised inside the compilation, JAX then crashed at exit (SIGSEGV, 139) instead of exiting 143."""
+    env = {**os.environ, "JAX_ENABLE_COMPILATION_CACHE": "false", "JAX_PLATFORMS": "cpu"}
+    result = subprocess.run(
+        [sys.executable, "-c", COMPILE_AND_STOP], capture_output=True, text=True, timeout=120, env=env, cwd=tmp_path
+    )
+    assert result.returncode == 143, result.stderr[-2000:]
+    assert result.stdout == "compiled\nstopped by SIGTERM\n"
+
+
+def test_a_signal_at_the_last_step_stops_before_the_final_choice(data_dir, tmp_path, monkeypatch, caplog):
+    """The last step's checkpoint is saved as scheduled; the final choice (minutes of decoding) is
+    left to the same command, which makes it, instead of the signal being ignored."""
+    from jaxformer.training import loop
+    from jaxformer.training.config_file import apply_overrides, load_config
+
+    config = load_config("tiny")
+    overrides = {
+        "data.data_dir": str(data_dir),
+        "training.num_train_steps": "4",
+        "training.checkpoint_every_steps": "2",
+        "training.eval_every_steps": "2",
+        "training.final_choice": "True",
+        "training.average_last": "2",
+        "data.max_eval_examples": "8",
+        "decoding.beam_size": "2",
+        "decoding.max_extra_length": "4",
+        "model.num_encoder_layers": "1",
+        "model.num_decoder_layers": "1",
+        "data.batch_size": "8",  # a row for each of the 8 simulated devices (tests/conftest.py)
+        "data.eval_batch_size": "8",
+    }
+    apply_overrides(config, list(overrides.items()))
+    workdir = tmp_path / "run"
+    real_run_due = loop.run_due
+
+    def signal_at_the_last_step(periodic, step, end):
+        real_run_due(periodic, step, end)
+        if step == end:
+            os.kill(os.getpid(), signal.SIGTERM)  # during its evaluation or checkpoint
+
+    monkeypatch.setattr(loop, "run_due", signal_at_the_last_step)
+    with caplog.at_level(logging.WARNING):
+        last = loop.train_and_evaluate(config, workdir)
+    assert last["stopped_by_signal"] == signal.SIGTERM and "final" not in last and last["step"] == 4
+    assert "stopped by SIGTERM at the last step, 4, before the final choice; exiting with 143" in caplog.text
+    assert not (workdir / "final").exists()
+    monkeypatch.setattr(loop, "run_due", real_run_due)
+    again = loop.train_and_evaluate(config, workdir)  # the same command: no step, the choice
+    assert "stopped_by_signal" not in again and again["final"]["chosen"] and (workdir / "final" / "4").is_dir()
