@@ -100,8 +100,8 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str | pathlib
         # Until the training loop takes signals as requests to stop at a step boundary (and the
         # final choice as its own), SIGTERM and Ctrl-C stop the preparation (data, tokenizers,
         # compilation) at once, as a failed start: the workdir unlocked and left as it was.
-        with RaiseOnSignal():
-            return _locked_train_and_evaluate(config, workdir)
+        with RaiseOnSignal() as preparation:
+            return _locked_train_and_evaluate(config, workdir, preparation)
     except UserError:
         lock.release()
         if jax.process_index() == 0:
@@ -113,9 +113,9 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str | pathlib
             run_start.undo_failed_start(workdir, existed)
         trained = RunDirectory(workdir).metrics_file.exists()  # else it stopped before its first step
         logging.warning(
-            "stopped by %s %s; exiting with %d",
+            "stopped by %s%s; exiting with %d",
             stop,
-            "; resume with the same command" if trained else "before training began: nothing to save",
+            "; resume with the same command" if trained else " before training began: nothing to save",
             exit_code_for_signal(stop.signum),
         )
         return {"stopped_by_signal": stop.signum}
@@ -130,13 +130,17 @@ def _is_interim(checkpointer: Checkpointer, step: int) -> bool:
         return False
 
 
-def _locked_train_and_evaluate(config: ml_collections.ConfigDict, workdir: pathlib.Path) -> dict[str, Any]:
+def _locked_train_and_evaluate(
+    config: ml_collections.ConfigDict, workdir: pathlib.Path, preparation: RaiseOnSignal
+) -> dict[str, Any]:
     prepared = run_start.prepare_run(config, workdir)
     with jax.set_mesh(prepared.mesh), nn.logical_axis_rules(prepared.rules):
-        return _train(config, prepared, build_model(prepared.model_config))
+        return _train(config, prepared, build_model(prepared.model_config), preparation)
 
 
-def _train(config, prepared: PreparedRun, model: nn.Module) -> dict[str, Any]:
+def _train(config, prepared: PreparedRun, model: nn.Module, preparation: RaiseOnSignal) -> dict[str, Any]:
+    """`preparation`: the handler that stops the run before its loop; a signal it holds (one that
+    came inside JAX's code) stops the run before the loop takes signals over."""
     data, training = config.data, config.training
     run, checkpointer, tokenizers = prepared.directory, prepared.checkpointer, prepared.tokenizers
     objective = objective_for(model.config, tokenizers.source.mask_id, training.seed)
@@ -214,6 +218,7 @@ def _train(config, prepared: PreparedRun, model: nn.Module) -> dict[str, Any]:
         if training.bleu_every_steps
         else None
     )
+    preparation.check()  # before the metrics files: a stop until here is a failed start, undone
     writer = MetricWriter(run, start_step=step)
     progress = tqdm.tqdm(
         total=training.num_train_steps,
@@ -276,6 +281,7 @@ def _train(config, prepared: PreparedRun, model: nn.Module) -> dict[str, Any]:
         logging.info("time budget of %g minutes already spent at step %d", training.time_budget_minutes, step)
     seconds_read = clock.seconds_before  # the training seconds of the last budget check
     clock.start()
+    preparation.check()  # one held since: not handed to the loop, which would compile and take a step first
     with StopRequest() as stop:
         try:
             stopping = stop.agreed(step)  # a signal during the compilation: no step
@@ -306,17 +312,8 @@ def _train(config, prepared: PreparedRun, model: nn.Module) -> dict[str, Any]:
                 if budget_spent:
                     logging.info("time budget of %g minutes spent at step %d", training.time_budget_minutes, step)
                 stopping = stop.agreed(step, every=BUDGET_CHECK_STEPS)
-            stopped_early = stop.agreed(step)  # all processes, or none
-            if stopped_early and step == training.num_train_steps:  # its last checkpoint is saved as scheduled
-                if training.final_choice:
-                    logging.warning(
-                        "stopped by %s at the last step, %d, before the final choice; exiting with %d; the same "
-                        "command makes the choice",
-                        *(stop.signal_name, step, exit_code_for_signal(stop.signum)),
-                    )
-                else:
-                    stopped_early = False  # nothing left to do: the run finished
-            elif stopped_early:
+            stopped_early = stop.agreed(step) and step < training.num_train_steps  # all processes, or none
+            if stopped_early:
                 if step not in checkpointer.steps():
                     save(step, interim=step % training.checkpoint_every_steps != 0)
                 logging.warning(
@@ -333,6 +330,15 @@ def _train(config, prepared: PreparedRun, model: nn.Module) -> dict[str, Any]:
             if validator:
                 validator.close()
     train_seconds = clock.seconds()  # the loop's, without the final choice
+    # A signal at the last step, or while its checkpoint was written: the run's steps are done and
+    # saved, and the final choice (minutes of decoding) is left to the same command.
+    if training.final_choice and not stopped_early and stop.agreed(step):
+        stopped_early = True
+        logging.warning(
+            "stopped by %s after the last step, %d (its checkpoint is saved), before the final choice; exiting "
+            "with %d; the same command makes the choice",
+            *(stop.signal_name, step, exit_code_for_signal(stop.signum)),
+        )
     if training.final_choice and not stopped_early:  # after close(): every checkpoint is written
         metadata = prepared.metadata.replace(train_seconds=train_seconds)
         try:

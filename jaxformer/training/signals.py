@@ -106,9 +106,10 @@ class RaiseOnSignal(_SignalHandler):
     boundary comes soon enough to stop at (the final choice decodes the validation split for
     minutes; a run prepares its data and compiles); outside the main thread signals are left
     alone. A signal that interrupts JAX (a compilation, say) or orbax is raised as soon as their
-    call returns (the signal is sent again every 50 ms until then), never inside it. One that came
-    but was not raised (a handler that runs inside a garbage-collection callback has its exception
-    printed and dropped by Python) is raised by `check()`, and at the latest on leaving the block."""
+    call returns (the signal is sent again every 50 ms until then), never inside it; signals after
+    the first are not raised (the stop's clean-up runs). One that came but was not raised (held
+    until the block's work ended, or raised inside a garbage-collection callback, whose exception
+    Python prints and drops) is raised by `check()`, which the block calls where its work ends."""
 
     def __init__(self):
         super().__init__()
@@ -118,6 +119,8 @@ class RaiseOnSignal(_SignalHandler):
         self._retry: threading.Timer | None = None
 
     def _handle(self, signum, frame) -> None:
+        if self._raised:  # the stop is under way: another exception would break off its clean-up
+            return
         self.signum = int(signum)
         if _inside_libraries(frame):
             self._retry = threading.Timer(_RETRY_SECONDS, self._send_again, (int(signum),))
@@ -135,16 +138,13 @@ class RaiseOnSignal(_SignalHandler):
         os.kill(os.getpid(), signum)
 
     def check(self) -> None:
-        """Raises `Stopped` if a signal came and its exception was not raised, or lost on the way."""
+        """Raises `Stopped` if a signal came (its exception held, or lost on the way)."""
         if self.signum is not None:
             self._raised = True
             raise Stopped(self.signum)
 
-    def __exit__(self, exc_type, *exc) -> None:
+    def __exit__(self, *exc) -> None:
         self._closed = True
         if self._retry is not None:
             self._retry.cancel()
-        super().__exit__(exc_type, *exc)
-        if exc_type is None and self.signum is not None and not self._raised:
-            self._raised = True
-            raise Stopped(self.signum)
+        super().__exit__(*exc)

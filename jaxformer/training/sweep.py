@@ -35,7 +35,7 @@ import json
 import logging
 import pathlib
 import re
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import jax
@@ -344,7 +344,7 @@ def run_sweep(
             for index, variant in enumerate(variants, 1):
                 signals.check()  # one that a garbage-collection callback swallowed stops here at the latest
                 seed_rows, stopped_by = _train_variant(
-                    variant, index, len(variants), workdir, baseline_steps, reference, seeds
+                    variant, index, len(variants), workdir, baseline_steps, reference, seeds, signals.check
                 )
                 if stopped_by is not None:
                     return rows, stopped_by
@@ -364,9 +364,11 @@ def _train_variant(
     baseline_steps: int | None,
     reference: ml_collections.ConfigDict | None,
     seeds: int,
+    check_signals: Callable[[], None],
 ) -> tuple[list[dict[str, Any]], int | None]:
     """(the rows of the variant's seeds, each trained unless finished; the signal that stopped
-    one of its runs, or None)."""
+    one of its runs, or None). `check_signals` raises `Stopped` for a signal the sweep holds (one
+    that came while JAX measured the pace), before a run starts."""
     from jaxformer.training.loop import train_and_evaluate
 
     path, pace = pace_file(workdir, variant), None
@@ -390,6 +392,7 @@ def _train_variant(
         seed = f" (seed +{seed_offset})" if seeds > 1 else ""
         last = finished_result(run_dir)
         _check_run_as_configured(run_dir, variant, config, finished=last is not None)
+        check_signals()
         if last is None:
             logging.info("sweep: variant %d of %d, %s%s: %s", index, count, variant.name, seed, variant.changes())
             if pace is not None:

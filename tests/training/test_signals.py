@@ -125,13 +125,22 @@ def test_a_signal_inside_jax_is_raised_once_jax_returns():
             time.sleep(0.01)  # here, outside JAX: the signal comes again and is raised
         raise AssertionError("the held signal was never raised")
     assert stopped.value.signum == signal.SIGTERM
-    # A block that ends while one is held raises it on the way out.
+    # Held when the block's work ends: its check() raises it; a signal after the first is not
+    # raised (it would break off the stop's clean-up).
     with pytest.raises(Stopped), RaiseOnSignal() as signals:
         try:
             signals._handle(signal.SIGINT, _frame_of("orbax.checkpoint.checkpoint_manager"))
         except Stopped:
             raise AssertionError("raised inside orbax's code") from None
+        signals.check()
     assert signal.getsignal(signal.SIGINT) is signal.default_int_handler
+    with pytest.raises(Stopped), RaiseOnSignal() as signals:
+        try:
+            os.kill(os.getpid(), signal.SIGTERM)
+        except Stopped:
+            signals._handle(signal.SIGINT, None)  # a second signal during the clean-up: not raised
+            assert signals.signum == signal.SIGTERM
+            raise
 
 
 COMPILE_AND_STOP = """
@@ -167,9 +176,11 @@ def test_a_signal_during_a_compilation_ends_the_process_with_its_code(tmp_path):
     assert result.stdout == "compiled\nstopped by SIGTERM\n"
 
 
-def test_a_signal_at_the_last_step_stops_before_the_final_choice(data_dir, tmp_path, monkeypatch, caplog):
+@pytest.mark.parametrize("when", ["last step", "last checkpoint closing"])
+def test_a_signal_at_the_last_step_stops_before_the_final_choice(data_dir, tmp_path, monkeypatch, caplog, when):
     """The last step's checkpoint is saved as scheduled; the final choice (minutes of decoding) is
     left to the same command, which makes it, instead of the signal being ignored."""
+    from jaxformer.run.checkpoint import Checkpointer
     from jaxformer.training import loop
     from jaxformer.training.config_file import apply_overrides, load_config
 
@@ -198,12 +209,47 @@ def test_a_signal_at_the_last_step_stops_before_the_final_choice(data_dir, tmp_p
         if step == end:
             os.kill(os.getpid(), signal.SIGTERM)  # during its evaluation or checkpoint
 
-    monkeypatch.setattr(loop, "run_due", signal_at_the_last_step)
+    real_close, sent = Checkpointer.close, []
+
+    def signal_while_closing(checkpointer):  # while the last checkpoint's write is waited for
+        if not sent and checkpointer.directory == workdir / "checkpoints":
+            sent.append(os.kill(os.getpid(), signal.SIGTERM))
+        real_close(checkpointer)
+
+    if when == "last step":
+        monkeypatch.setattr(loop, "run_due", signal_at_the_last_step)
+    else:
+        monkeypatch.setattr(Checkpointer, "close", signal_while_closing)
     with caplog.at_level(logging.WARNING):
         last = loop.train_and_evaluate(config, workdir)
     assert last["stopped_by_signal"] == signal.SIGTERM and "final" not in last and last["step"] == 4
-    assert "stopped by SIGTERM at the last step, 4, before the final choice; exiting with 143" in caplog.text
+    assert (
+        "stopped by SIGTERM after the last step, 4 (its checkpoint is saved), before the final choice; "
+        "exiting with 143; the same command makes the choice"
+    ) in caplog.text
     assert not (workdir / "final").exists()
     monkeypatch.setattr(loop, "run_due", real_run_due)
+    monkeypatch.setattr(Checkpointer, "close", real_close)
     again = loop.train_and_evaluate(config, workdir)  # the same command: no step, the choice
     assert "stopped_by_signal" not in again and again["final"]["chosen"] and (workdir / "final" / "4").is_dir()
+
+
+def test_a_signal_held_in_jax_while_a_run_prepares_stops_it_before_its_first_step(data_dir, tmp_path, monkeypatch):
+    """One that came inside JAX's code late in the preparation (the state's compilation) is not
+    handed to the training loop, which would compile and take a step first: the run stops before."""
+    from jaxformer.training import loop, run_start, signals
+    from jaxformer.training.config_file import apply_overrides, load_config
+
+    config = load_config("tiny")
+    apply_overrides(config, [("data.data_dir", str(data_dir)), ("data.batch_size", "8"), ("data.eval_batch_size", "8")])
+    workdir = tmp_path / "run"
+    real_shapes = run_start.state_shapes_and_shardings
+
+    def signal_inside_jax(*args, **kwargs):
+        signal.getsignal(signal.SIGTERM)(signal.SIGTERM, _frame_of("jax._src.interpreters.pxla"))  # held
+        return real_shapes(*args, **kwargs)
+
+    monkeypatch.setattr(run_start, "state_shapes_and_shardings", signal_inside_jax)
+    monkeypatch.setattr(signals, "_RETRY_SECONDS", 600.0)  # still held when the loop would take over
+    assert loop.train_and_evaluate(config, workdir) == {"stopped_by_signal": signal.SIGTERM}
+    assert not workdir.exists()  # no step, no checkpoint: the start undone
