@@ -184,12 +184,14 @@ def test_evaluate_reads_process_substitutions(tmp_path, monkeypatch):
             os.write(write_end, text)
             os.close(write_end)
 
-        def reached(args):
+        def reached(args, settings=None):
             raise ReachedTranslation
 
         from jaxformer.decoding.translator import Translator
+        from jaxformer.model.config import TransformerConfig
 
-        monkeypatch.setattr(Translator, "check_workdir", staticmethod(lambda *args: None))  # no run here
+        no_run_here = staticmethod(lambda *args: TransformerConfig(vocab_size=100))  # its model's config
+        monkeypatch.setattr(Translator, "check_workdir", no_run_here)
         monkeypatch.setattr(evaluate, "translator_from_flags", reached)
         flags = ["--workdir", str(tmp_path), "--source", f"/dev/fd/{sources[0]}"]
         with pytest.raises(ReachedTranslation):

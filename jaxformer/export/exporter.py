@@ -158,6 +158,7 @@ def export_checkpoint(
         (staging / standalone.CONFIG_FILE).write_text(json.dumps(description, indent=2) + "\n", encoding="utf-8")
         check_export(staging)  # what was written reads back: every file, the parameters against the program
         check_output(output, overwrite)  # nothing else appeared there meanwhile
+        _raise_held_signal()
         _move_into_place(staging, output)
     logging.info("wrote %s", output)
     return ExportSummary(output, step, tuple(program.platforms), failed)
@@ -265,6 +266,15 @@ def staging_directory(output: pathlib.Path) -> Iterator[pathlib.Path]:
         yield staging
     finally:
         shutil.rmtree(staging, ignore_errors=True)  # gone already once moved into place
+
+
+def _raise_held_signal() -> None:
+    """A signal that the handler in place holds (the export command's RaiseOnSignal holds one that
+    came inside JAX's code, which an export is mostly) stops the export here, before it is put in
+    place, not after."""
+    holder = getattr(signal.getsignal(signal.SIGTERM), "__self__", None)
+    if callable(getattr(holder, "check", None)):
+        holder.check()
 
 
 def _move_into_place(staging: pathlib.Path, output: pathlib.Path) -> None:

@@ -86,9 +86,25 @@ class Stopped(BaseException):
 
 
 # Where a signal's exception is held back: JAX, XLA's compiler and orbax's writers call back into
-# Python from C++ that does not expect one, and an exception raised there leaves JAX to crash at
-# exit (SIGSEGV) instead of exiting with 128 + the signal's number.
-_HOLDING_MODULES = frozenset({"jax", "jaxlib", "flax", "optax", "orbax"})
+# Python from C++ that does not expect one (JAX then crashes at exit, SIGSEGV, instead of exiting
+# with 128 + the signal's number); logging prints and drops an exception raised while it writes a
+# record; one raised during an import leaves a module half made, and one raised while a thread
+# pool shuts down leaves a thread running JAX at exit (abort).
+_HOLDING_MODULES = frozenset(
+    {
+        "jax",
+        "jaxlib",
+        "flax",
+        "optax",
+        "orbax",
+        "absl",
+        "logging",
+        "tqdm",
+        "importlib",  # the frozen importlib._bootstrap too
+        "threading",
+        "concurrent",
+    }
+)
 _RETRY_SECONDS = 0.05
 
 
