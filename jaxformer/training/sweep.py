@@ -41,7 +41,7 @@ from typing import Any
 import jax
 import ml_collections
 
-from jaxformer.errors import UserError
+from jaxformer.errors import CheckpointError, UserError
 from jaxformer.files import write_text_atomically
 from jaxformer.model.config import ConfigError
 from jaxformer.run.directory import RunDirectory, SweepDirectory
@@ -198,7 +198,7 @@ def _check_run_as_configured(
     if not finished and not RunDirectory(run_dir).checkpoints.is_dir():
         return
     try:
-        saved = load_checkpoint(run_dir, "latest", params=False)
+        step, metadata, _ = load_checkpoint(run_dir, "latest", params=False)
     except CheckpointError:
         if finished:
             raise
@@ -206,13 +206,13 @@ def _check_run_as_configured(
     config = experiment.with_absolute_paths(config)
     # A resumed run may change the learning rate's schedule or the evaluation's subset; a sweep's
     # run may not: its numbers come from the saved values, or its first steps did.
-    differences = resume_rules.resume_differences(saved[1].config, config, sections=None) + [
+    differences = resume_rules.resume_differences(metadata.config, config, sections=None) + [
         difference
-        for difference in resume_rules.resume_differences(saved[1].config, config, free=True)
+        for difference in resume_rules.resume_differences(metadata.config, config, free=True)
         if difference.split(":")[0] not in resume_rules.PLACEMENT_KEYS
     ]
     if differences:
-        state = "finished" if finished else f"stopped at step {saved[0]}"
+        state = "finished" if finished else f"stopped at step {step}"
         raise ConfigError(
             f"variant {variant.name!r} {state} in {run_dir} with another configuration than the sweep gives it "
             "now: " + "; ".join(differences) + f"; sweep in a new --workdir, or remove {run_dir} to train it again"

@@ -286,3 +286,16 @@ def test_seed_k_moves_both_seeds_by_k_and_the_variant_scores_its_seeds_mean():
     assert row["chosen"] == "best, averaged" and row["alpha"] is None and len(row["seeds"]) == 2
     table = results_table([row])
     assert "| per seed |" in table and "30.00, 32.00" in table and "31.00" in table
+
+
+def test_a_stopped_run_without_a_readable_checkpoint_is_left_to_training(tmp_path):
+    """Only a checkpoint tells how a stopped run was configured: one without (a start killed
+    while writing its first) is not refused by the sweep; training names or replaces it."""
+    from jaxformer.training import sweep as sweep_module
+
+    (variant,) = make_variants(
+        TINY, {"wide": ["model.d_model=64"]}, [("training.final_choice", "True"), ("training.average_last", "2")]
+    )
+    run_dir = tmp_path / "wide"
+    (run_dir / "checkpoints").mkdir(parents=True)  # no step in it
+    sweep_module._check_run_as_configured(run_dir, variant, variant.config, finished=False)
