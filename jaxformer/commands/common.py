@@ -271,17 +271,9 @@ def decode_settings_from_flags(args: argparse.Namespace, max_extra_length: int):
     return DecodeSettings(
         method=args.method,
         beam_size=args.beam_size,
-        alpha=(  # the others read none
-            resolved_alpha(
-                args,
-                beam_size=args.beam_size,
-                length_penalty=args.length_penalty,
-                max_extra_length=max_extra_length,
-                stop=args.stop,
-            )
-            if args.method == "beam"
-            else DecodeSettings.alpha
-        ),
+        alpha=resolved_alpha(args, max_extra_length)
+        if args.method == "beam"
+        else DecodeSettings.alpha,  # the others read none
         length_penalty=args.length_penalty,
         max_extra_length=max_extra_length,
         stop=args.stop,
@@ -312,11 +304,11 @@ def check_search_flags(args: argparse.Namespace) -> None:
                 raise FlagError(f"--{name} {value} applies to --method {applies_to}, not {method}")
 
 
-def resolved_alpha(args: argparse.Namespace, **search: Any) -> float:
+def resolved_alpha(args: argparse.Namespace, max_extra_length: int) -> float:
     """--alpha when given; else, with --checkpoint final, the length penalty the run's final choice
-    kept with those parameters (training.final_alphas), with a warning naming each of `search`'s
-    settings (beam_size, length_penalty, max_extra_length, stop) that differs from the search the
-    choice was made with; else DecodeSettings' default (0.6)."""
+    kept with those parameters (training.final_alphas), with a warning naming each setting of this
+    search (--beam_size, --length_penalty, --stop, `max_extra_length`) that differs from the search
+    the choice was made with; else DecodeSettings' default (0.6)."""
     from jaxformer.decoding.generate import DecodeSettings
 
     if args.alpha is not None:
@@ -329,6 +321,12 @@ def resolved_alpha(args: argparse.Namespace, **search: Any) -> float:
         if alpha is not None:
             logging.info("length penalty alpha %g: chosen on validation by the run (--alpha overrides it)", alpha)
             chosen_with = {**vars(DecodeSettings()), **metadata.config.get("decoding", {})}
+            search = dict(
+                beam_size=args.beam_size,
+                length_penalty=args.length_penalty,
+                max_extra_length=max_extra_length,
+                stop=args.stop,
+            )
             differences = [
                 f"{key} {chosen_with[key]} -> {value}" for key, value in search.items() if chosen_with[key] != value
             ]

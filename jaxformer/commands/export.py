@@ -78,13 +78,7 @@ def run(args: argparse.Namespace) -> int:
     settings = DecodeSettings(
         method="beam",
         beam_size=args.beam_size,
-        alpha=resolved_alpha(
-            args,
-            beam_size=args.beam_size,
-            length_penalty=args.length_penalty,
-            max_extra_length=args.max_extra_length,
-            stop=args.stop,
-        ),
+        alpha=resolved_alpha(args, args.max_extra_length),
         length_penalty=args.length_penalty,
         stop=args.stop,
         max_extra_length=args.max_extra_length,

@@ -95,4 +95,4 @@ class SweepDirectory(_Directory):
     rows_file = _Entry("sweep.jsonl", "one JSON row per finished variant (and seed)")
     table_file = _Entry("sweep.md", "the rows as a Markdown table, highest validation BLEU first")
     pace_dir = _Entry("pace", "under --baseline_steps: <variant>.json, each variant's measured pace")
-    OWN_NAMES = ("sweep.jsonl", "sweep.md", "pace")
+    OWN_NAMES = (rows_file.name, table_file.name, pace_dir.name)

@@ -149,7 +149,7 @@ class RaiseOnSignal(_SignalHandler):
     def _send_again(self, signum: int) -> None:
         if self._closed:
             return
-        if signal.getsignal(signum) != self._handle:  # a nested handler's now (a training loop's): its to act on
+        if signal.getsignal(signum) != self._handle:  # a nested handler is in place (a training loop's): it acts
             self.signum = None
         os.kill(os.getpid(), signum)
 
