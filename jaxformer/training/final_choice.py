@@ -11,6 +11,7 @@ alpha unless --alpha is given. No test data is read."""
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import logging
 import time
@@ -174,6 +175,7 @@ def choose_final(
     "bleu": ..., "<name>/bleu": ..., "<name>/chrf": ..., "alpha_<alpha>/bleu": ..., ...}. A run that already
     chose at this step (a finished run started again) keeps its choice; a UserError when that
     choice was made with other settings (CHOICE_KEYS) than `config` has."""
+    made_final_dir = not run.final.exists()  # removed again if the choice is stopped before it saves
     writer = Checkpointer(run.final, keep=None)  # an earlier choice (a run continued past its end) stays
     try:
         if step in writer.steps():
@@ -246,3 +248,6 @@ def choose_final(
         return result
     finally:
         writer.close()
+        if made_final_dir and run.final.is_dir() and not any(run.final.iterdir()):
+            with contextlib.suppress(OSError):  # another process of the run removed it first
+                run.final.rmdir()

@@ -339,6 +339,12 @@ def _train(config, prepared: PreparedRun, model: nn.Module, preparation: RaiseOn
             "with %d; the same command makes the choice",
             *(stop.signal_name, step, exit_code_for_signal(stop.signum)),
         )
+    elif not training.final_choice and not stopped_early and stop.agreed(step):
+        logging.warning(
+            "%s received at the last step, %d, which is done and saved: the run is complete, nothing is left to "
+            "stop; exiting with 0",
+            *(stop.signal_name, step),
+        )
     if training.final_choice and not stopped_early:  # after close(): every checkpoint is written
         metadata = prepared.metadata.replace(train_seconds=train_seconds)
         try:

@@ -176,12 +176,8 @@ def test_a_signal_during_a_compilation_ends_the_process_with_its_code(tmp_path):
     assert result.stdout == "compiled\nstopped by SIGTERM\n"
 
 
-@pytest.mark.parametrize("when", ["last step", "last checkpoint closing"])
-def test_a_signal_at_the_last_step_stops_before_the_final_choice(data_dir, tmp_path, monkeypatch, caplog, when):
-    """The last step's checkpoint is saved as scheduled; the final choice (minutes of decoding) is
-    left to the same command, which makes it, instead of the signal being ignored."""
-    from jaxformer.run.checkpoint import Checkpointer
-    from jaxformer.training import loop
+def _four_step_config(data_dir, final_choice: bool):
+    """A tiny run of 4 steps, checkpointed and validated every 2, with or without the final choice."""
     from jaxformer.training.config_file import apply_overrides, load_config
 
     config = load_config("tiny")
@@ -190,7 +186,7 @@ def test_a_signal_at_the_last_step_stops_before_the_final_choice(data_dir, tmp_p
         "training.num_train_steps": "4",
         "training.checkpoint_every_steps": "2",
         "training.eval_every_steps": "2",
-        "training.final_choice": "True",
+        "training.final_choice": str(final_choice),
         "training.average_last": "2",
         "data.max_eval_examples": "8",
         "decoding.beam_size": "2",
@@ -201,6 +197,17 @@ def test_a_signal_at_the_last_step_stops_before_the_final_choice(data_dir, tmp_p
         "data.eval_batch_size": "8",
     }
     apply_overrides(config, list(overrides.items()))
+    return config
+
+
+@pytest.mark.parametrize("when", ["last step", "last checkpoint closing"])
+def test_a_signal_at_the_last_step_stops_before_the_final_choice(data_dir, tmp_path, monkeypatch, caplog, when):
+    """The last step's checkpoint is saved as scheduled; the final choice (minutes of decoding) is
+    left to the same command, which makes it, instead of the signal being ignored."""
+    from jaxformer.run.checkpoint import Checkpointer
+    from jaxformer.training import loop
+
+    config = _four_step_config(data_dir, final_choice=True)
     workdir = tmp_path / "run"
     real_run_due = loop.run_due
 
@@ -232,6 +239,58 @@ def test_a_signal_at_the_last_step_stops_before_the_final_choice(data_dir, tmp_p
     monkeypatch.setattr(Checkpointer, "close", real_close)
     again = loop.train_and_evaluate(config, workdir)  # the same command: no step, the choice
     assert "stopped_by_signal" not in again and again["final"]["chosen"] and (workdir / "final" / "4").is_dir()
+
+
+@pytest.mark.slow  # a training run and its final choice: the default suite is near its limit
+def test_a_signal_during_the_final_choice_leaves_no_final_directory(data_dir, tmp_path, monkeypatch, caplog):
+    """Stopped before the choice saved anything, the run leaves no empty final/ behind (one that
+    reads as a choice made and lost); the same command then makes the choice."""
+    from jaxformer.training import loop
+    from jaxformer.training.validation_bleu import ValidationSet
+
+    config = _four_step_config(data_dir, final_choice=True)
+    workdir = tmp_path / "run"
+    real_score = ValidationSet.score
+
+    def signal_while_scoring(validation, params):
+        os.kill(os.getpid(), signal.SIGTERM)
+        return real_score(validation, params)
+
+    monkeypatch.setattr(ValidationSet, "score", signal_while_scoring)
+    with caplog.at_level(logging.WARNING):
+        last = loop.train_and_evaluate(config, workdir)
+    assert last["stopped_by_signal"] == signal.SIGTERM and "final" not in last and last["step"] == 4
+    assert "stopped by SIGTERM during the final choice at step 4" in caplog.text
+    assert not (workdir / "final").exists()
+    monkeypatch.setattr(ValidationSet, "score", real_score)
+    again = loop.train_and_evaluate(config, workdir)
+    assert "stopped_by_signal" not in again and (workdir / "final" / "4").is_dir()
+
+
+@pytest.mark.slow  # a training run and its final choice: the default suite is near its limit
+def test_a_signal_at_the_last_step_of_a_run_without_a_final_choice_says_it_is_complete(
+    data_dir, tmp_path, monkeypatch, caplog
+):
+    """Nothing is left to stop: the run ends as finished (exit 0), and its log says so after the
+    handler's 'stopping after this step'."""
+    from jaxformer.training import loop
+
+    config = _four_step_config(data_dir, final_choice=False)
+    real_run_due = loop.run_due
+
+    def signal_at_the_last_step(periodic, step, end):
+        real_run_due(periodic, step, end)
+        if step == end:
+            os.kill(os.getpid(), signal.SIGTERM)
+
+    monkeypatch.setattr(loop, "run_due", signal_at_the_last_step)
+    with caplog.at_level(logging.WARNING):
+        last = loop.train_and_evaluate(config, tmp_path / "run")
+    assert "stopped_by_signal" not in last and last["step"] == 4
+    assert (
+        "SIGTERM received at the last step, 4, which is done and saved: the run is complete, nothing is left to "
+        "stop; exiting with 0"
+    ) in caplog.text
 
 
 def test_a_signal_held_in_jax_while_a_run_prepares_stops_it_before_its_first_step(data_dir, tmp_path, monkeypatch):
