@@ -225,18 +225,20 @@ def torch_matmul_peak_gflops(size: int = 2048, iters: int = 5) -> float:
 
 def random_batch(
     seed: int,
-    vocab_size: int,
+    config: TransformerConfig,
     batch: int,
     source_length: int,
     target_length: int,
     features: Sequence[str] = ("inputs", "targets"),
 ) -> dict[str, np.ndarray]:
     """Dense rows of random non-special tokens (no padding), int32: {"inputs", "targets"}, or
-    only the `features` named (a language model's objective reads one side)."""
+    only the `features` named (a language model's objective reads one side). Each side's ids
+    come from its own vocabulary: the inputs from `config.encoder_vocab_size` (the source's, with
+    separate vocabularies), the targets from `config.vocab_size`."""
     rng = np.random.default_rng(seed)
     data = {
-        "inputs": rng.integers(NUM_SPECIAL_TOKENS, vocab_size, (batch, source_length), dtype=np.int32),
-        "targets": rng.integers(NUM_SPECIAL_TOKENS, vocab_size, (batch, target_length), dtype=np.int32),
+        "inputs": rng.integers(NUM_SPECIAL_TOKENS, config.encoder_vocab_size, (batch, source_length), dtype=np.int32),
+        "targets": rng.integers(NUM_SPECIAL_TOKENS, config.vocab_size, (batch, target_length), dtype=np.int32),
     }
     return {name: data[name] for name in features}
 

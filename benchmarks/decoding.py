@@ -194,7 +194,9 @@ def main(argv=None) -> list[dict]:
     rows = []
     for batch in batch_sizes:
         rng = np.random.default_rng(batch)
-        source = rng.integers(NUM_SPECIAL_TOKENS, config.vocab_size, (batch, args.source_length), dtype=np.int32)
+        source = rng.integers(
+            NUM_SPECIAL_TOKENS, config.encoder_vocab_size, (batch, args.source_length), dtype=np.int32
+        )
         for method in args.searches:
             kv = bench_jax("kv", model, params, source, method, args.length, iters, args.budget_s)
             recompute = bench_jax("recompute", model, params, source, method, args.length, iters, args.budget_s)

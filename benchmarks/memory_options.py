@@ -70,7 +70,7 @@ def main(argv=None) -> list[dict]:
     else:
         model = small_config(num_encoder_layers=args.layers, num_decoder_layers=args.layers)
         iters = args.iters or 3
-    data = random_batch(0, model.vocab_size, args.batch, args.length, args.length)
+    data = random_batch(0, model, args.batch, args.length, args.length)
     rows = []
     for name in chosen:
         state, train_fn = make_train(model.replace(**OPTIONS[name]), args.length, args.length)

@@ -81,7 +81,7 @@ def main(argv=None) -> list[dict]:
     rows = []
     for length in lengths:
         batch = args.batch if args.batch is not None else max(1, args.tokens // length)
-        data = random_batch(length, config.vocab_size, batch, length, length)
+        data = random_batch(length, config, batch, length, length)
         compiled, compile_s = compile_timed(train_fn, state, data)
         memory = memory_bytes(compiled)
         seconds, state = time_train_steps(compiled, state, data, iters, args.budget_s)

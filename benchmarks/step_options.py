@@ -205,7 +205,7 @@ def compiled_step(
 def bench(
     name: str, config, batch_size: int, source_length: int, target_length: int, iters: int, bfloat16: bool = True
 ) -> list[dict]:
-    batch = random_batch(0, config.vocab_size, batch_size, source_length, target_length)
+    batch = random_batch(0, config, batch_size, source_length, target_length)
     default_chunk = default_config().training.loss_chunk_tokens
     plain = contextlib.nullcontext
     variants = {  # name: (model config, loss chunk tokens, what its step is traced under, R-Drop's alpha)

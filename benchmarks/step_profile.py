@@ -183,7 +183,7 @@ def profile_torch(step, count: int) -> dict[str, float]:
 
 def bench(name: str, config, batch: int, source_length: int, target_length: int, args, with_torch: bool):
     """One config's rows: one per component, then `step` (the wall time)."""
-    data = random_batch(0, config.vocab_size, batch, source_length, target_length)
+    data = random_batch(0, config, batch, source_length, target_length)
     state, train_fn = make_train(config, source_length, target_length)
     compiled, _ = compile_timed(train_fn, state, data)
     calls = {"jaxformer": TrainSteps(compiled, state, data)}

@@ -65,7 +65,7 @@ def torch_step(config, data: dict):
     on `data`, the batch jaxformer trains on)."""
     from benchmarks import torch_reference as reference
 
-    model = reference.MODELS[config.architecture](config, max_length=max(v.shape[1] for v in data.values()))
+    model = reference.build(config, max_length=max(v.shape[1] for v in data.values()))
     step = reference.make_train_step(model, config.d_model)
     tensors = [reference.as_tensor(value) for value in data.values()]  # (source,) targets
     return sum(p.numel() for p in model.parameters()), lambda: step(*tensors)
@@ -78,7 +78,7 @@ def bench(
     if config.architecture == "decoder_only":
         source_length = None  # no source side: the model reads the targets only
     features = objective_for(config).features
-    data = random_batch(0, config.vocab_size, batch, source_length or 1, target_length, features)
+    data = random_batch(0, config, batch, source_length or 1, target_length, features)
     state, train_fn = make_train(config, source_length or 1, target_length)
     compiled, compile_s = compile_timed(train_fn, state, data)
     calls, params = {"jaxformer": TrainSteps(compiled, state, data)}, {"jaxformer": count_parameters(state.params)}
