@@ -19,12 +19,13 @@ import re
 import signal
 import sys
 import tempfile
+import warnings
 from collections.abc import Callable
 
 import tqdm
 
 from jaxformer.argument_parser import Parser
-from jaxformer.commands.compilation_cache import enable_compilation_cache
+from jaxformer.commands.compilation_cache import enable_compilation_cache, repair_unreadable_entry
 from jaxformer.decoding import sentence_batches
 from jaxformer.errors import EXIT_USER_ERROR, UserError, exit_code_for_signal
 from jaxformer.files import open_descriptor, write_text_atomically
@@ -198,6 +199,17 @@ def configure_logging(level: int, verbose: bool = False) -> None:
         absl_logging.use_python_logging(quiet=True)
     except (ImportError, AttributeError):
         pass
+    warnings.showwarning = _log_warning
+
+
+def _log_warning(message, category, filename, lineno, file=None, line=None) -> None:
+    """Python's warnings as one log line each (through the handler above, so never across a
+    progress bar), instead of two raw lines on stderr; jax's unreadable cache entry repaired."""
+    text = str(message)
+    repaired = repair_unreadable_entry(text)
+    if repaired is None:
+        text = f"{category.__name__}: {' '.join(text.split())} ({os.path.basename(filename)}:{lineno})"
+    logging.getLogger("py.warnings").warning("%s", repaired or text)
 
 
 # -- running a command -----------------------------------------------------------------------
@@ -212,8 +224,8 @@ def run_command(
     """Parses `argv`, runs `body(args)` and turns a user's error into one line and an exit code."""
     args = parser.parse_args(argv)
     configure_logging(log_level, args.verbose)
-    enable_compilation_cache()  # before `body` compiles anything
     try:
+        enable_compilation_cache()  # before `body` compiles anything
         return body(args)
     except UserError as error:
         if args.verbose:

@@ -3,25 +3,38 @@ written to disk and read back by the next, so a second `jaxformer-translate` (ev
 generate, export, ...) of the same model skips its compilations.
 
 Where: $JAX_COMPILATION_CACHE_DIR (jax's own variable) when set, else
-$XDG_CACHE_HOME/jaxformer/xla, else ~/.cache/jaxformer/xla. JAXFORMER_COMPILATION_CACHE=0
-turns the cache off. A directory that cannot be created or written warns in one line and the
-command runs without the cache. Programs that compiled in less than 0.1 s are not kept (reading
-them back would cost about what compiling them does); JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS
-overrides that, and jax's other JAX_COMPILATION_CACHE_* / JAX_PERSISTENT_CACHE_* variables apply
-as jax documents them. The cache is trusted code: keep it where only you can write.
+$XDG_CACHE_HOME/jaxformer/xla, else ~/.cache/jaxformer/xla. JAXFORMER_COMPILATION_CACHE=0 (or
+false, no, off; 1, true, yes, on or unset keep it on; anything else is refused) turns the cache
+off, as does jax's own JAX_ENABLE_COMPILATION_CACHE=false. A directory that cannot be created or
+written (a read-only one included: jax would fail each write) warns in one line and the command
+runs without the cache. Programs that compiled in less than 0.1 s are not kept (reading them back
+would cost about what compiling them does); JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS overrides
+that, and jax's other JAX_COMPILATION_CACHE_* / JAX_PERSISTENT_CACHE_* variables (such as
+JAX_COMPILATION_CACHE_MAX_SIZE, a bound in bytes) apply as jax documents them.
+
+An entry that cannot be read (an interrupted write: a full disk, a process killed while writing)
+would be compiled again by every later run, as jax never replaces an entry: when jax reports one,
+the program's entries that do not decompress are removed (`repair_unreadable_entry`) and the
+fresh compilation takes their place. The cache is trusted code: keep it where only you can write.
 """
 
 from __future__ import annotations
 
+import glob
 import logging
 import os
 import pathlib
+import re
 import sys
 import tempfile
 from collections.abc import Mapping
 
+from jaxformer.errors import UserError
+
 SWITCH = "JAXFORMER_COMPILATION_CACHE"
 OFF = ("0", "false", "no", "off")
+ON = ("", "1", "true", "yes", "on")
+JAX_SWITCH = "JAX_ENABLE_COMPILATION_CACHE"
 DIRECTORY_VARIABLE = "JAX_COMPILATION_CACHE_DIR"
 MIN_COMPILE_TIME_VARIABLE = "JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS"
 MIN_COMPILE_SECONDS = 0.1
@@ -30,7 +43,13 @@ MIN_COMPILE_SECONDS = 0.1
 def cache_directory(environ: Mapping[str, str] | None = None) -> pathlib.Path | None:
     """The directory the cache lives in, or None when JAXFORMER_COMPILATION_CACHE turns it off."""
     environ = os.environ if environ is None else environ
-    if environ.get(SWITCH, "").strip().lower() in OFF:
+    switch = environ.get(SWITCH, "").strip().lower()
+    if switch not in OFF + ON:
+        raise UserError(
+            f"{SWITCH}={environ[SWITCH]!r}: set it to 0, false, no or off to turn the compilation cache off "
+            "(1, true, yes, on or unset keep it on)"
+        )
+    if switch in OFF or environ.get(JAX_SWITCH, "").strip().lower() in OFF:
         return None
     if environ.get(DIRECTORY_VARIABLE):
         return pathlib.Path(environ[DIRECTORY_VARIABLE]).expanduser()
@@ -55,6 +74,8 @@ def enable_compilation_cache(environ: Mapping[str, str] | None = None) -> pathli
             pass
     except OSError as error:
         reason = error.strerror or type(error).__name__
+        if directory.exists() and not directory.is_dir():  # mkdir's "File exists" says less
+            reason = "not a directory"
         logging.warning("compilation cache %s is unusable (%s): running without it", directory, reason)
         _set_jax_option("jax_enable_compilation_cache", False)
         return None
@@ -75,3 +96,54 @@ def _set_jax_option(name: str, value: bool | float | str) -> None:
         jax.config.update(name, value)
     else:
         os.environ[name.upper()] = str(value).lower() if isinstance(value, bool) else str(value)
+
+
+# jax's warning when an entry cannot be read (jax/_src/compiler.py): the program's name, or the key.
+_READ_ERROR = re.compile(r"Error reading persistent compilation cache entry for '([^']+)': (.*)", re.DOTALL)
+
+
+def repair_unreadable_entry(warning: str) -> str | None:
+    """For jax's warning that a cache entry could not be read: removes the entries of that program
+    that do not decompress (jax would leave them, and compile the program again in every later
+    run) and returns the one line to log instead; None for any other warning. An entry that
+    decompresses but does not load is left, and named."""
+    match = _READ_ERROR.fullmatch(warning.strip())
+    if match is None:
+        return None
+    name, reason = match.group(1), match.group(2).strip().splitlines()[0]
+    import jax
+
+    if not jax.config.jax_compilation_cache_dir:  # not a directory jaxformer set up: nothing to look at
+        return f"compilation cache: an entry for {name} could not be read ({reason}); compiling again"
+    directory = pathlib.Path(jax.config.jax_compilation_cache_dir)
+    pattern = f"{glob.escape(name)}*-cache"
+    removed = [path for path in sorted(directory.glob(pattern)) if _remove_if_unreadable(path)]
+    if removed:
+        names = ", ".join(path.name for path in removed)
+        return (
+            f"compilation cache: an entry for {name} could not be read ({reason}); removed {names} from "
+            f"{directory}: compiling again, cached in its place"
+        )
+    return (
+        f"compilation cache: an entry for {name} could not be read ({reason}); compiling again; to replace "
+        f"the entry, remove {directory / pattern}"
+    )
+
+
+def _remove_if_unreadable(path: pathlib.Path) -> bool:
+    """Removes the cache entry `path` when jax could not decompress it; whether it did."""
+    try:
+        from jax._src.compilation_cache import decompress_executable  # the format jax wrote it in
+    except ImportError:  # another jax's layout: nothing is removed that might be sound
+        return False
+    try:
+        decompress_executable(path.read_bytes())
+    except OSError:  # gone already (another process repaired it), or unreadable to us
+        return False
+    except Exception:  # zlib's or zstandard's error: truncated, empty or not an entry
+        try:
+            path.unlink()
+        except OSError:
+            return False
+        return True
+    return False

@@ -11,6 +11,7 @@ import pytest
 
 from jaxformer.commands import common
 from jaxformer.commands.compilation_cache import cache_directory
+from jaxformer.errors import EXIT_USER_ERROR, UserError
 
 ROOT = pathlib.Path(__file__).parents[2]
 
@@ -73,6 +74,36 @@ def test_the_directory_is_jaxs_variable_else_the_users_cache(monkeypatch, tmp_pa
     for off in ("0", "false", "OFF", "no"):
         assert cache_directory({**both, "JAXFORMER_COMPILATION_CACHE": off}) is None
     assert cache_directory({**both, "JAXFORMER_COMPILATION_CACHE": "1"}) == pathlib.Path("/jax")
+    assert cache_directory({**both, "JAX_ENABLE_COMPILATION_CACHE": "false"}) is None  # jax's own switch
+    with pytest.raises(UserError, match=r"^JAXFORMER_COMPILATION_CACHE='disabled': set it to 0, false, no or off"):
+        cache_directory({**both, "JAXFORMER_COMPILATION_CACHE": "disabled"})  # not taken for "on"
+
+
+def test_a_switch_value_it_does_not_know_is_one_line_before_the_command_runs(monkeypatch, capsys):
+    monkeypatch.setenv("JAXFORMER_COMPILATION_CACHE", "none")
+    ran = []
+    assert common.run_command(common.make_parser(None), ran.append, []) == EXIT_USER_ERROR and not ran
+    assert capsys.readouterr().err.startswith("error: JAXFORMER_COMPILATION_CACHE='none': set it to 0")
+
+
+def test_an_entry_left_unreadable_is_replaced_by_the_next_compilation(tmp_path):
+    """jax never overwrites an entry: one cut short (a full disk, a process killed while writing)
+    cost every later run the compilation and a raw two-line warning. It is removed, in one line,
+    and the program compiled again takes its place."""
+    from jax._src.compilation_cache import decompress_executable
+
+    directory = tmp_path / "cache"
+    run_process(tmp_path, JAX_COMPILATION_CACHE_DIR=str(directory))
+    written = [path for path in directory.iterdir() if path.name.endswith("-cache")]
+    [entry] = [path for path in written if path.name.startswith("jit__lambda")]
+    entry.write_bytes(entry.read_bytes()[:100])  # cut short
+    hits, stderr = run_process(tmp_path, JAX_COMPILATION_CACHE_DIR=str(directory))
+    assert hits == len(written) - 1  # the others read back; this one compiled
+    lines = [line for line in stderr.splitlines() if "cache" in line]
+    assert len(lines) == 1, stderr[-3000:]
+    assert "W compilation cache: an entry for jit__lambda" in lines[0] and " could not be read (" in lines[0]
+    assert lines[0].endswith(f"removed {entry.name} from {directory}: compiling again, cached in its place")
+    decompress_executable(entry.read_bytes())  # written anew, whole
 
 
 @pytest.mark.parametrize("jax_first", [False, True], ids=["before-jax", "after-jax"])
