@@ -9,7 +9,6 @@ then train with the periodic work (log, evaluate, BLEU, checkpoint) scheduled by
 from __future__ import annotations
 
 import contextlib
-import json
 import logging
 import pathlib
 from typing import Any
@@ -24,7 +23,6 @@ from jaxformer.data.pipeline import LengthFilter, ShardedBatches, TokenizePair, 
 from jaxformer.data.sources import check_source
 from jaxformer.data.subword_sampling import SubwordSampling
 from jaxformer.errors import CheckpointError, UserError, exit_code_for_signal
-from jaxformer.files import write_text_atomically
 from jaxformer.model.architectures import build_model
 from jaxformer.run.checkpoint import Checkpointer
 from jaxformer.run.directory import RunDirectory
@@ -35,7 +33,7 @@ from jaxformer.training.init_from import (
     starting_overrides,
     with_overrides,
 )
-from jaxformer.training.metrics import MetricWriter, summarize
+from jaxformer.training.metrics import MetricWriter, summarize, write_last_metrics
 from jaxformer.training.objectives import objective_for
 from jaxformer.training.optimizer import make_optimizer
 from jaxformer.training.parameter_ema import parameter_ema, restart_parameter_ema
@@ -244,11 +242,13 @@ def _train(config, prepared: PreparedRun, model: nn.Module, preparation: RaiseOn
             length_filter.dropped,
             length_filter.seen,
         )
+        train_metrics.restart_interval()
 
     def validate_bleu(step: int) -> None:
         train_metrics.flush()
         last["bleu"] = validator(step, state.params, prepared.metadata)
         writer.write(step, last["bleu"], prefix="eval/")
+        train_metrics.restart_interval()
 
     def save(step: int, interim: bool = False) -> None:
         """Checkpoint `step`. On the schedule (and at the run's end) as usual; `interim` (a stop
@@ -266,6 +266,7 @@ def _train(config, prepared: PreparedRun, model: nn.Module, preparation: RaiseOn
                 )
                 checkpointer.delete(earlier)
         checkpointer.save(step, state, train_iterator, metadata, evict=not interim)
+        train_metrics.restart_interval()
 
     periodic = [
         Periodic("log", training.log_every_steps, lambda step: train_metrics.flush(), at_last_step=False),
@@ -300,6 +301,9 @@ def _train(config, prepared: PreparedRun, model: nn.Module, preparation: RaiseOn
                             jax.block_until_ready(state)  # the pace of the steps done, not of those dispatched
                         reading, state = check_budget(budget, schedule_end, state, step, writer, training)
                         budget_spent, seconds_read = reading.spent, reading.seconds
+                        if reading.end_step is not None:  # the bar's total and ETA: where the budget ends
+                            progress.total = max(step, min(round(reading.end_step), training.num_train_steps))
+                            progress.refresh()
                         if deciding:
                             plain_end_step = reading.end_step
                 if rdrop.starts_after(step, seconds_read, plain_end_step):
@@ -380,5 +384,5 @@ def _train(config, prepared: PreparedRun, model: nn.Module, preparation: RaiseOn
     if stopped_early:
         last["stopped_by_signal"] = stop.signum
     if jax.process_index() == 0:
-        write_text_atomically(run.last_metrics_file, json.dumps(last, indent=2))  # a sweep reads it: never torn
+        last = write_last_metrics(run, last)
     return last

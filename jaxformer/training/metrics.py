@@ -10,10 +10,12 @@ import os
 import pathlib
 import time
 from collections.abc import Mapping
+from typing import Any
 
 import jax
 import numpy as np
 
+from jaxformer.files import write_text_atomically
 from jaxformer.run.directory import RunDirectory
 from jaxformer.training.tensorboard import ScalarEventWriter
 
@@ -128,7 +130,9 @@ class MetricWriter:
                         run.rolled_back_metrics_file,
                     )
             self._jsonl = open(run.metrics_file, "a", encoding="utf-8")
-            self._tensorboard = ScalarEventWriter(run.tensorboard_dir)
+            self._tensorboard = ScalarEventWriter(
+                run.tensorboard_dir, first_step=None if start_step is None else start_step + 1
+            )
 
     def write(self, step: int, scalars: Mapping[str, float], prefix: str = "") -> None:
         if not self.enabled:
@@ -157,9 +161,26 @@ def summarize(totals: Mapping[str, float]) -> dict[str, float]:
     summary = {
         "loss": float(totals["loss_sum"]) / weight,
         "nll": nll,
-        "perplexity": math.exp(min(nll, 50.0)),
+        "perplexity": math.exp(nll) if nll < 700.0 else math.inf,  # exp overflows a double past ~709
         "accuracy": float(totals["correct"]) / weight,
     }
     if "consistency_sum" in totals:  # R-Drop's divergence (output_loss.py), part of the loss
         summary["consistency"] = float(totals["consistency_sum"]) / weight
     return summary
+
+
+def write_last_metrics(run: RunDirectory, last: dict[str, Any]) -> dict[str, Any]:
+    """Writes `last` (the figures of a training process: its step range, its last train, eval and
+    BLEU metrics, its final choice) to last_metrics.json, whole or not at all (a sweep reads it),
+    and returns what was written. A process that trained no step (a finished run started again)
+    keeps the earlier figures it did not measure anew: they are still the run's."""
+    if last["step"] == last["first_step"] and run.last_metrics_file.is_file():
+        try:
+            earlier = json.loads(run.last_metrics_file.read_text(encoding="utf-8"))
+        except (OSError, ValueError):
+            earlier = None
+        if isinstance(earlier, dict) and earlier.get("step") == last["step"]:
+            earlier.pop("stopped_by_signal", None)  # this process's own stop, if any, is in `last`
+            last = {**earlier, **last}
+    write_text_atomically(run.last_metrics_file, json.dumps(last, indent=2))
+    return last

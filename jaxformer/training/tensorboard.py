@@ -77,22 +77,40 @@ def scalar_summary(scalars: Mapping[str, float]) -> bytes:
     return b"".join(_length_delimited(1, value) for value in values)
 
 
-def event(wall_time: float, step: int = 0, *, file_version: bytes | None = None, summary: bytes | None = None) -> bytes:
-    """An `Event` proto: wall_time = 1 (double), step = 2, file_version = 3 or summary = 5."""
+# SessionLog (event.proto) { status = 1: START = 1 }: TensorBoard drops every event of the run
+# at its step or later read before it (EventAccumulator's purge of orphaned data).
+SESSION_START = _varint(1 << 3 | 0) + _varint(1)
+
+
+def event(
+    wall_time: float,
+    step: int = 0,
+    *,
+    file_version: bytes | None = None,
+    summary: bytes | None = None,
+    session_log: bytes | None = None,
+) -> bytes:
+    """An `Event` proto: wall_time = 1 (double), step = 2, file_version = 3, summary = 5 or
+    session_log = 7."""
     encoded = b"\x09" + struct.pack("<d", wall_time) + b"\x10" + _varint(step)
     if file_version is not None:
         encoded += _length_delimited(3, file_version)
     if summary is not None:
         encoded += _length_delimited(5, summary)
+    if session_log is not None:
+        encoded += _length_delimited(7, session_log)
     return encoded
 
 
 class ScalarEventWriter:
     """Appends scalars to a new event file in `directory`, named as TensorBoard expects
     (events.out.tfevents.<seconds>.<host>.<pid>.<n>: a resumed run writes a file of its own
-    beside the earlier ones, and TensorBoard reads them all)."""
+    beside the earlier ones, and TensorBoard reads them all). `first_step`: the first step this
+    writer writes, where it takes over from the earlier files: a session start at that step tells
+    TensorBoard to drop their records of it and later steps (a segment that stopped before its
+    next checkpoint, trained again now), as metrics.jsonl moves them aside."""
 
-    def __init__(self, directory: str | os.PathLike):
+    def __init__(self, directory: str | os.PathLike, first_step: int | None = None):
         directory = pathlib.Path(directory)
         directory.mkdir(parents=True, exist_ok=True)
         now = time.time()
@@ -105,6 +123,8 @@ class ScalarEventWriter:
             except FileExistsError:
                 continue
         self._file.write(tfrecord(event(now, file_version=FILE_VERSION)))
+        if first_step is not None:
+            self._file.write(tfrecord(event(now, first_step, session_log=SESSION_START)))
         self._file.flush()
 
     def write(self, step: int, scalars: Mapping[str, float]) -> None:

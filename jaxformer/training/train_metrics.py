@@ -35,6 +35,12 @@ class TrainMetrics:
     def add(self, step: int, metrics: Any) -> None:
         self.pending.append((step, metrics))
 
+    def restart_interval(self) -> None:
+        """After work between steps (evaluation, BLEU, a checkpoint), flushed before it: the next
+        summary's tokens and steps per second time the training steps alone."""
+        if not self.pending:
+            self.interval_start = time.perf_counter()
+
     def flush(self, step: int | None = None) -> None:
         if not self.pending:
             return

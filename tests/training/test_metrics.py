@@ -1,5 +1,6 @@
 import json
 import logging
+import math
 
 import pytest
 
@@ -117,3 +118,64 @@ def test_a_resumed_run_moves_the_records_of_the_steps_it_trains_again(tmp_path, 
     MetricWriter(tmp_path, enabled=True, start_step=4).close()
     assert [json.loads(line)["step"] for line in moved_to.read_bytes().splitlines()] == [5, 6, 7, 5]
     assert not list(tmp_path.glob(".*moving"))
+
+
+def test_tokens_per_second_time_the_training_steps_alone(tmp_path, monkeypatch):
+    """An evaluation, BLEU or checkpoint between two log intervals (flushed before it) is not
+    counted in the next interval's tokens and steps per second."""
+    import types
+
+    import tqdm
+
+    from jaxformer.training import train_metrics as module
+
+    now = [0.0]
+    monkeypatch.setattr(module.time, "perf_counter", lambda: now[0])
+    checkpointer = types.SimpleNamespace(steps=lambda: [], directory=tmp_path / "checkpoints")
+    writer = MetricWriter(tmp_path, enabled=True)
+    metrics = module.TrainMetrics(writer, checkpointer, tqdm.tqdm(disable=True))
+    step = {"loss_sum": 8.0, "nll_sum": 8.0, "correct": 1.0, "weight": 100.0, "learning_rate": 1e-3, "grad_norm": 1.0}
+    metrics.add(1, step)
+    now[0] += 2.0  # two steps in 2 s
+    metrics.add(2, step)
+    metrics.flush()
+    assert metrics.last["tokens_per_second"] == 100.0 and metrics.last["steps_per_second"] == 1.0
+    now[0] += 30.0  # an evaluation
+    metrics.restart_interval()
+    metrics.add(3, step)
+    now[0] += 4.0  # two steps in 4 s
+    metrics.add(4, step)
+    metrics.flush()
+    writer.close()
+    assert metrics.last["tokens_per_second"] == 50.0 and metrics.last["steps_per_second"] == 0.5
+
+
+def test_perplexity_is_exp_of_the_nll_however_large():
+    from jaxformer.training.metrics import summarize
+
+    totals = {"loss_sum": 80.0, "nll_sum": 78.0, "correct": 0.0, "weight": 1.0}
+    assert summarize(totals)["perplexity"] == pytest.approx(math.exp(78.0))  # was cut off at exp(50)
+    assert summarize({**totals, "nll_sum": 78592.3})["perplexity"] == math.inf
+
+
+def test_a_finished_run_started_again_keeps_its_figures_in_last_metrics(tmp_path):
+    """A process that trained no step measured no training or validation figures: the earlier
+    ones stay (they were lost, and the summary's validation line with them); a stop recorded
+    by the earlier process does not."""
+    from jaxformer.run.directory import RunDirectory
+    from jaxformer.training.metrics import write_last_metrics
+
+    run = RunDirectory(tmp_path)
+    finished = {"eval": {"loss": 2.5}, "train": {"loss": 2.0}, "step": 40, "first_step": 20, "stopped_by_signal": 15}
+    run.last_metrics_file.write_text(json.dumps(finished))
+    again = write_last_metrics(run, {"final": {"chosen": "latest"}, "step": 40, "first_step": 40})
+    assert again == {
+        "eval": {"loss": 2.5},
+        "train": {"loss": 2.0},
+        "step": 40,
+        "first_step": 40,
+        "final": again["final"],
+    }
+    assert json.loads(run.last_metrics_file.read_text()) == again
+    trained = write_last_metrics(run, {"train": {"loss": 1.0}, "step": 60, "first_step": 40})
+    assert trained == {"train": {"loss": 1.0}, "step": 60, "first_step": 40}  # its own figures only

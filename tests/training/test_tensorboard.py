@@ -91,6 +91,26 @@ def test_a_resumed_writer_adds_a_file_and_keeps_the_earlier_one(tmp_path):
     ]
 
 
+def test_a_resumed_writer_tells_tensorboard_to_drop_the_steps_trained_again(tmp_path):
+    """The records after the checkpoint a run resumed from (a segment that stopped before its next
+    checkpoint) are superseded: a session start at the first step written again, TensorBoard's
+    sign to drop the earlier files' events at that step and after, as metrics.jsonl moves them."""
+    from tensorboardX.proto.event_pb2 import SessionLog
+
+    first = MetricWriter(tmp_path, enabled=True, start_step=0)
+    for step in range(1, 8):
+        first.write(step, {"loss": 1.0 / step}, prefix="train/")
+    first.close()
+    MetricWriter(tmp_path, enabled=True, start_step=4).close()
+    starts = sorted(
+        event.step
+        for path in (tmp_path / "tensorboard").iterdir()
+        for event in read_events(path)
+        if event.HasField("session_log") and event.session_log.status == SessionLog.START
+    )
+    assert starts == [1, 5]  # a new run supersedes every earlier record; the resume, steps 5 and after
+
+
 def test_training_imports_neither_torch_nor_tensorboardx():
     code = (
         "import sys, jaxformer.commands.train; print(sorted(m for m in ('torch', 'tensorboardX') if m in sys.modules))"
