@@ -63,17 +63,32 @@ def _checked_against_checkpoint(path: pathlib.Path, saved_proto: bytes, where: s
 
 
 def _given_model_differs(
-    model_key: str, model_path: str, path: pathlib.Path, saved: SavedTokenizer | None, resuming: bool
+    model_key: str,
+    model_path: str,
+    path: pathlib.Path,
+    saved: SavedTokenizer | None,
+    resuming: bool,
+    trained_with: str | None = None,
 ) -> CheckpointError:
     """The error for a given tokenizer.`model_key` that does not convert to the run's tokenizer
-    (the workdir's file `path`, or `saved`'s: the checkpoint's the parameters come from)."""
+    (the workdir's file `path`, or `saved`'s: the checkpoint's the parameters come from).
+    `trained_with`, when `resuming`: the tokenizer.`model_key` the run was trained with (None:
+    it trained its own tokenizer)."""
     if saved is None:
         advice = f"has changed: it does not convert to the tokenizer in {path}; restore that file, or use a new workdir"
-    elif resuming:  # the run keeps its config's tokenizer section, so unsetting the key is no way out
+    elif resuming:
+        if trained_with is None:
+            why = f"the run trained its own tokenizer (tokenizer.{model_key} was unset)"
+        elif pathlib.Path(trained_with).expanduser().resolve() == pathlib.Path(model_path).expanduser().resolve():
+            why = (
+                f"the file changed after the run trained with it (restore it: {path}, the checkpoint's conversion "
+                f"of it, converts to the same tokenizer if copied to {model_path})"
+            )
+        else:
+            why = f"the run was trained with tokenizer.{model_key}={trained_with}"
         advice = (
-            f"does not convert to the tokenizer of {saved[1]}, which the model was trained with: the file "
-            f"changed after the run trained with it; restore it ({path} holds the checkpoint's conversion of "
-            f"it, and converts to the same tokenizer if copied to {model_path}), or train in a new workdir"
+            f"does not convert to the tokenizer of {saved[1]}, which the model was trained with: {why}; leave "
+            f"tokenizer.{model_key} unset to resume with the run's own copy ({path}), or train in a new workdir"
         )
     else:
         advice = (
@@ -82,6 +97,27 @@ def _given_model_differs(
             "unset to use the model's"
         )
     return CheckpointError(f"tokenizer.{model_key} {model_path} {advice}")
+
+
+def _trained_with(saved: tuple[CheckpointMetadata, str] | None, model_key: str) -> str | None:
+    """The tokenizer.`model_key` of the checkpoint `saved`'s run (None when it trained its own)."""
+    if saved is None:
+        return None
+    return (saved[0].config or {}).get("tokenizer", {}).get(model_key)
+
+
+def _given_model(config: ml_collections.ConfigDict, model_key: str, path: pathlib.Path, resuming: bool) -> Tokenizer:
+    """tokenizer.`model_key`, converted; on resume, a file that cannot be read says that the run
+    has its own copy of the tokenizer it trained with."""
+    try:
+        return Tokenizer.from_sentencepiece_file(config.tokenizer[model_key], experiment.control_symbols(config))
+    except TokenizerError as error:
+        if not resuming:
+            raise
+        raise TokenizerError(
+            f"{error}; the run keeps its own copy of the tokenizer it trained with ({path}): leave "
+            f"tokenizer.{model_key} unset to resume with it"
+        ) from error
 
 
 def _sentences(train_source: Sequence, languages: Sequence[str], max_sentences: int, seed: int = 0) -> Iterator[str]:
@@ -105,6 +141,7 @@ def _one_tokenizer(
     train_source: Sequence,
     saved: tuple[bytes, str] | None,
     resuming: bool = False,
+    trained_with: str | None = None,
 ) -> Tokenizer:
     """The tokenizer at `path`: checked against the checkpoint's (`saved`: its model, where; one of
     the workdir's own checkpoints when `resuming`, else a start's), loaded, or made there first:
@@ -119,7 +156,7 @@ def _one_tokenizer(
     else:
         tokenizer = None
     if model_path is not None:
-        given = Tokenizer.from_sentencepiece_file(model_path, control)
+        given = _given_model(config, model_key, path, resuming and saved is not None)
         if tokenizer is None:
             if section.vocab_size != given.vocab_size:
                 logging.info(
@@ -135,7 +172,7 @@ def _one_tokenizer(
                 logging.info("converted %s to jaxformer's special ids, saved to %s", model_path, path)
             return given
         if given.model_proto != tokenizer.model_proto:
-            raise _given_model_differs(model_key, model_path, path, saved, resuming)
+            raise _given_model_differs(model_key, model_path, path, saved, resuming, trained_with)
         return tokenizer
     if tokenizer is not None:
         if tokenizer.vocab_size != section.vocab_size and saved is not None:
@@ -204,11 +241,25 @@ def tokenizer_for_run(
     if not config.tokenizer.separate_vocabularies:
         languages = experiment.text_languages(config)
         shared = _one_tokenizer(
-            config, run.tokenizer_file, languages, "model_path", train_source, source_saved, resuming
+            config,
+            run.tokenizer_file,
+            languages,
+            "model_path",
+            train_source,
+            source_saved,
+            resuming,
+            _trained_with(saved, "model_path"),
         )
         return RunTokenizers(shared, shared)
     source = _one_tokenizer(
-        config, run.tokenizer_file, (data.source_language,), "model_path", train_source, source_saved, resuming
+        config,
+        run.tokenizer_file,
+        (data.source_language,),
+        "model_path",
+        train_source,
+        source_saved,
+        resuming,
+        _trained_with(saved, "model_path"),
     )
     target = _one_tokenizer(
         config,
@@ -218,6 +269,7 @@ def tokenizer_for_run(
         train_source,
         target_saved,
         resuming,
+        _trained_with(saved, "target_model_path"),
     )
     return RunTokenizers(source, target)
 
@@ -273,9 +325,11 @@ def check_given_models(
             stored = Tokenizer(side_saved[0]).model_proto  # as _one_tokenizer reads it
         except (TypeError, ValueError):
             continue  # unusable: _checked_against_checkpoint names it
-        given = Tokenizer.from_sentencepiece_file(model_path, experiment.control_symbols(config))
+        given = _given_model(config, model_key, path, resuming)
         if given.model_proto != stored:
-            raise _given_model_differs(model_key, model_path, path, side_saved, resuming)
+            raise _given_model_differs(
+                model_key, model_path, path, side_saved, resuming, _trained_with(saved, model_key) if resuming else None
+            )
 
 
 UNKNOWN_WARNING = 0.005  # a share of <unk> pieces above this on the training text is warned about

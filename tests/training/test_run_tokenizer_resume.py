@@ -1,6 +1,7 @@
-"""A given tokenizer.model_path file that changed after its run trained: on resume the error
-says how to restore the file (a resumed run cannot unset the key); a fine-tuning start may
-leave the key unset and take its start's tokenizer."""
+"""A given tokenizer.model_path file that changed after its run trained, or another file: on
+resume the error names the file the run trained with and says how to go on (restore it, or unset
+the key and resume with the workdir's copy); a fine-tuning start may leave the key unset and take
+its start's tokenizer."""
 
 import io
 import shutil
@@ -37,7 +38,8 @@ def run(tmp_path_factory):
     checkpointer = Checkpointer(RunDirectory(workdir).checkpoints, keep=None, read_only=True)
     step, metadata = checkpointer.latest_step_metadata()
     checkpointer.close()
-    metadata = metadata.replace(tokenizer=Tokenizer.from_sentencepiece_file(given).model_proto)
+    trained_with = {**metadata.config, "tokenizer": {**metadata.config["tokenizer"], "model_path": str(given)}}
+    metadata = metadata.replace(tokenizer=Tokenizer.from_sentencepiece_file(given).model_proto, config=trained_with)
     other = sentencepiece_model(read_raw("train.en.gz")[3000:3600], 80)
     return RunDirectory(workdir), given, original, other, (metadata, f"checkpoint {step} of {checkpointer.directory}")
 
@@ -59,14 +61,45 @@ def test_resume_with_a_changed_model_file_says_how_to_restore_it(run):
         message = str(raised.value)
         assert "\n" not in message
         assert message.startswith(f"tokenizer.model_path {given} does not convert to the tokenizer of {saved[1]}")
-        assert "the file changed after the run trained with it; restore it" in message
-        assert f"({workdir.tokenizer_file} holds the checkpoint's conversion of it" in message
-        assert "unset" not in message  # a resumed run that unsets the key is refused as a changed config
-        # The advice works: the workdir's copy, written over the given file, resumes.
+        assert f"the file changed after the run trained with it (restore it: {workdir.tokenizer_file}, the " in message
+        assert message.endswith(
+            f"leave tokenizer.model_path unset to resume with the run's own copy ({workdir.tokenizer_file}), or "
+            "train in a new workdir"
+        )
+        # Both ways out work: the key unset (a change a resume may make), and the workdir's copy
+        # written over the given file.
+        unset = experiment.default_config()
+        assert tokenizer_for_run(unset, workdir, None, saved, resuming=True).source.model_proto == saved[0].tokenizer
         shutil.copy(workdir.tokenizer_file, given)
         assert tokenizer_for_run(config, workdir, None, saved, resuming=True).source.model_proto == saved[0].tokenizer
     finally:
         given.write_bytes(original)
+
+
+def test_resume_with_another_model_file_names_the_one_the_run_trained_with(run, tmp_path):
+    """Not 'the file changed, copy the workdir's over it': that would overwrite another model."""
+    workdir, given, _, other, saved = run
+    another = tmp_path / "another.model"
+    another.write_bytes(other)
+    with pytest.raises(CheckpointError) as raised:
+        tokenizer_for_run(given_config(another), workdir, None, saved, resuming=True)
+    message = str(raised.value)
+    assert f"the run was trained with tokenizer.model_path={given}; leave tokenizer.model_path unset" in message
+    assert "changed" not in message and "copied to" not in message
+
+
+def test_resume_with_a_model_file_gone_says_the_run_has_its_own_copy(run, tmp_path):
+    from jaxformer.data.tokenizer import TokenizerError
+
+    workdir, _, _, _, saved = run
+    with pytest.raises(TokenizerError) as raised:
+        tokenizer_for_run(given_config(tmp_path / "deleted.model"), workdir, None, saved, resuming=True)
+    message = str(raised.value)
+    assert "\n" not in message and str(tmp_path / "deleted.model") in message
+    assert message.endswith(
+        f"the run keeps its own copy of the tokenizer it trained with ({workdir.tokenizer_file}): leave "
+        "tokenizer.model_path unset to resume with it"
+    )
 
 
 def test_a_fine_tuning_start_may_leave_the_key_unset(run, tmp_path):
