@@ -19,6 +19,7 @@ there is a holdout): see `FingerprintedBuilder`. An edited file is never served 
 from __future__ import annotations
 
 import dataclasses
+import itertools
 import logging
 import os
 import pathlib
@@ -113,6 +114,24 @@ def holdout_indices(count: int, holdout: int, seed: int) -> np.ndarray:
     return np.sort(np.random.default_rng(seed).choice(count, size=holdout, replace=False))
 
 
+def _refuse_a_split_twice(files: Mapping[str, SplitFiles], hashes: Mapping[str, Mapping]) -> None:
+    """A DataError when two splits are given the same text (the same files, or copies of them):
+    validation BLEU, best/ and the final choice would be chosen on training pairs, or a test set
+    scored on pairs trained or chosen on."""
+    contents = {split: tuple(hashes[name]["sha256"] for name in given.named_paths()) for split, given in files.items()}
+    for first, second in itertools.combinations(files, 2):
+        if contents[first] == contents[second]:
+            holdout = (
+                "; leave it unset to hold data.validation_holdout training pairs out for validation"
+                if second == "validation"
+                else ""
+            )
+            raise DataError(
+                f"data.files.{second}={files[second].spec!r} holds the same text as data.files.{first}="
+                f"{files[first].spec!r}: each split needs pairs of its own{holdout}"
+            )
+
+
 class ParallelFiles(FingerprintedBuilder):
     """The user's parallel text files as splits train, validation (given or held out of train) and
     test (if given); features: the two language codes, as text. See the module's docstring."""
@@ -150,7 +169,9 @@ class ParallelFiles(FingerprintedBuilder):
         settings = {"source_language": source_language, "target_language": target_language}
         if self._holdout is not None:
             settings.update(validation_holdout=validation_holdout, holdout_seed=holdout_seed)
-        self._set_sources(fp.hash_files(self._named_paths()), settings)
+        hashes = fp.hash_files(self._named_paths())
+        _refuse_a_split_twice(self._files, hashes)
+        self._set_sources(hashes, settings)
         super().__init__(
             init_args={
                 "files": {split: spec.spec for split, spec in self._files.items()},

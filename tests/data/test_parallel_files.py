@@ -264,7 +264,19 @@ def test_file_errors_name_the_file_before_anything_is_prepared(tmp_path):
         "TSV with {lang}": (dict(train=str(tmp_path / "train.{lang}.tsv")), r"a TSV file holds both languages"),
         "no train": (dict(validation=fine), r"data\.name='parallel_files' needs data\.files\.train"),
         "a directory": (dict(train=str(tmp_path / "corpus.tsv")), r"corpus\.tsv is not a file"),
+        "validation is train": (
+            dict(train=fine, validation=fine),
+            r"^data\.files\.validation=.* holds the same text as data\.files\.train=.*: each split needs pairs "
+            r"of its own; leave it unset to hold data\.validation_holdout training pairs out for validation$",
+        ),
+        "test is a copy of validation": (
+            dict(train=fine, validation=str(tmp_path / "dev.tsv"), test=str(tmp_path / "copy" / "dev.tsv")),
+            r"^data\.files\.test=.*copy/dev\.tsv' holds the same text as data\.files\.validation=.*dev\.tsv'"
+            r": each split needs pairs of its own$",
+        ),
     }
+    write_tsv(tmp_path / "dev.tsv", pairs(20, 5))
+    write_tsv(tmp_path / "copy" / "dev.tsv", pairs(20, 5))
     (tmp_path / "corpus.tsv").mkdir()
     for name, (values, message) in cases.items():
         with pytest.raises(DataError, match=message) as caught:
@@ -335,9 +347,10 @@ def test_content_errors_name_the_file_and_line(tmp_path, caplog):
 
     # ... per split: clean validation and test files are not blamed for the training file's holes.
     clean = write_text_files(tmp_path / "clean" / "valid.{lang}", good[:6])
+    clean_test = write_text_files(tmp_path / "clean" / "test.{lang}", good[6:12])
     caplog.clear()
     with caplog.at_level(logging.WARNING):
-        get_builder(section(tmp_path, train=train, validation=clean, test=clean)).download_and_prepare()
+        get_builder(section(tmp_path, train=train, validation=clean, test=clean_test)).download_and_prepare()
     warnings = [r.getMessage() for r in caplog.records if "empty side" in r.getMessage()]
     assert len(warnings) == 1 and "holes/train.fr" in warnings[0], warnings
 
