@@ -16,6 +16,7 @@ import ml_collections
 import numpy as np
 
 from jaxformer.data.pipeline import read_records, record_text
+from jaxformer.data.subword_sampling import SubwordSampling
 from jaxformer.data.tokenizer import Tokenizer, TokenizerError, train_tokenizer
 from jaxformer.errors import CheckpointError
 from jaxformer.run.directory import RunDirectory
@@ -310,26 +311,34 @@ def check_given_models(
     resuming: bool = False,
 ) -> None:
     """tokenizer_for_run's refusals that need no data, before any is prepared: checkpoints whose
-    vocabularies cannot be the config's, and a given model that does not convert to the tokenizer
-    of the checkpoint its side's embeddings come from. Reads the given models; writes nothing."""
+    vocabularies cannot be the config's, a given model that does not convert to the tokenizer of
+    the checkpoint its side's embeddings come from, and subword sampling (tokenizer.sampling_nbest)
+    with a tokenizer, given or a checkpoint's, that is not a unigram model. Reads the given
+    models; writes nothing."""
     run = RunDirectory(run)
     source_saved, target_saved = _saved_sides(config, saved, sides)
+    sampling = SubwordSampling.from_config(config.tokenizer)
     keyed = [("model_path", source_saved, run.tokenizer_file)]
     if config.tokenizer.separate_vocabularies:
         keyed.append(("target_model_path", target_saved, run.target_tokenizer_file))
     for model_key, side_saved, path in keyed:
         model_path = config.tokenizer[model_key]
-        if side_saved is None or model_path is None:
+        stored = None
+        if side_saved is not None:
+            try:
+                stored = Tokenizer(side_saved[0])  # as _one_tokenizer reads it
+            except (TypeError, ValueError):
+                continue  # unusable: _checked_against_checkpoint names it
+        if model_path is None and (stored is None or sampling is None):
             continue
-        try:
-            stored = Tokenizer(side_saved[0]).model_proto  # as _one_tokenizer reads it
-        except (TypeError, ValueError):
-            continue  # unusable: _checked_against_checkpoint names it
-        given = _given_model(config, model_key, path, resuming)
-        if given.model_proto != stored:
+        given = None if model_path is None else _given_model(config, model_key, path, resuming)
+        if given is not None and stored is not None and given.model_proto != stored.model_proto:
             raise _given_model_differs(
                 model_key, model_path, path, side_saved, resuming, _trained_with(saved, model_key) if resuming else None
             )
+        if sampling is not None:  # the data is prepared before the pipeline would say so
+            where = f"tokenizer.{model_key} {model_path}" if given else f"the tokenizer of {side_saved[1]}"
+            sampling.check(given or stored, where)
 
 
 UNKNOWN_WARNING = 0.005  # a share of <unk> pieces above this on the training text is warned about

@@ -18,10 +18,10 @@ from jaxformer.training.run_tokenizer import tokenizer_for_run
 from tests.conftest import make_workdir, read_raw
 
 
-def sentencepiece_model(sentences, size):
+def sentencepiece_model(sentences, size, model_type="unigram"):
     model = io.BytesIO()
     spm.SentencePieceTrainer.train(
-        sentence_iterator=iter(sentences), model_writer=model, vocab_size=size, minloglevel=2
+        sentence_iterator=iter(sentences), model_writer=model, vocab_size=size, minloglevel=2, model_type=model_type
     )
     return model.getvalue()
 
@@ -112,3 +112,25 @@ def test_a_fine_tuning_start_may_leave_the_key_unset(run, tmp_path):
         assert "leave tokenizer.model_path unset to use the model's" in str(raised.value)
     finally:
         given.write_bytes(original)
+
+
+def test_subword_sampling_with_a_given_bpe_model_is_refused_before_the_data(run, tmp_path):
+    """The pipeline would refuse it too, after the whole corpus had been prepared."""
+    from jaxformer.data.tokenizer import TokenizerError
+    from jaxformer.training.run_tokenizer import check_given_models
+
+    workdir, _, _, _, saved = run
+    bpe = tmp_path / "bpe.model"
+    bpe.write_bytes(sentencepiece_model(read_raw("train.en.gz", 600), 80, model_type="bpe"))
+    config = given_config(bpe)
+    config.tokenizer.sampling_nbest, config.tokenizer.sampling_alpha = 4, 0.5
+    with pytest.raises(TokenizerError) as raised:
+        check_given_models(config, RunDirectory(tmp_path / "new"), None)
+    assert str(raised.value) == (
+        f"config tokenizer.sampling_nbest=4: subword sampling needs a unigram sentencepiece model, and "
+        f"tokenizer.model_path {bpe} is a bpe model (set sampling_nbest=0)"
+    )
+    check_given_models(given_config(bpe), RunDirectory(tmp_path / "new"), None)  # no sampling: fine
+    unigram = given_config(workdir.tokenizer_file)
+    unigram.tokenizer.sampling_nbest = 4
+    check_given_models(unigram, workdir, saved, resuming=True)  # a unigram model samples
