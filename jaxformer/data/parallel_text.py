@@ -57,7 +57,9 @@ def read_lines(path: str | pathlib.Path) -> list[str]:
     try:
         with _open_text(path) as handle:
             return decode_lines(handle, path)
-    except (EOFError, gzip.BadGzipFile, zlib.error) as error:  # a truncated download, or plain text named .gz
+    except gzip.BadGzipFile as error:  # plain text (or another format) named .gz
+        raise DataError(f"{path}: not a gzip file ({error}); rename it without .gz if it is plain text") from None
+    except (EOFError, zlib.error) as error:  # a truncated download
         raise DataError(f"{path}: not a complete gzip file ({error})") from None
 
 

@@ -361,7 +361,8 @@ def test_content_errors_name_the_file_and_line(tmp_path, caplog):
     assert error_for(train=str(cut)).startswith(f"{cut}: not a complete gzip file (")
     plain = tmp_path / "plain.tsv.gz"
     plain.write_bytes(b"un\tdeux\n")
-    assert error_for(train=str(plain)).startswith(f"{plain}: not a complete gzip file (")
+    assert error_for(train=str(plain)).startswith(f"{plain}: not a gzip file (")
+    assert error_for(train=str(plain)).endswith("); rename it without .gz if it is plain text")
     upper = tmp_path / "upper" / "TRAIN.TSV.GZ"
     upper.parent.mkdir()
     upper.write_bytes(whole)
