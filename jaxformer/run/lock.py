@@ -4,7 +4,9 @@
 created whole by a hard link (which, like O_CREAT | O_EXCL, fails when the name exists; O_EXCL
 where the filesystem has no hard links), so of two runs started together exactly one gets it. A lock
 left by a dead process on this host (kill -9, power loss) is taken over with a warning; a live
-holder, or one on another host (which cannot be checked from here), is an error naming it.
+holder, or one on another host (which cannot be checked from here), is an error naming it. An
+unreadable lock file is taken over only once it is WRITE_GRACE_SECONDS old: under O_EXCL the
+file exists, empty, before its holder writes the record, and a slow filesystem may show it so.
 """
 
 from __future__ import annotations
@@ -20,6 +22,9 @@ import uuid
 
 from jaxformer.errors import UserError
 from jaxformer.run.directory import RunDirectory
+
+WRITE_GRACE_SECONDS = 10.0  # an unreadable lock file younger than this may still be being written
+_POLL_SECONDS = 0.1
 
 
 def _write_record(record: dict, handle) -> None:
@@ -79,6 +84,23 @@ class WorkdirLock:
         except (OSError, ValueError):
             return {}  # torn or garbled: its writer died while writing it
 
+    def _settled_holder(self) -> dict | None:
+        """`_read_holder`'s answer, but an unreadable file is read again until it is whole or
+        WRITE_GRACE_SECONDS old (by its modification time, and at most that long from now): a run
+        that just created it under O_EXCL is still writing its record."""
+        deadline = time.monotonic() + WRITE_GRACE_SECONDS
+        while True:
+            holder = self._read_holder()
+            if holder is None or isinstance(holder.get("pid"), int):
+                return holder
+            try:
+                age = time.time() - self.path.stat().st_mtime
+            except FileNotFoundError:
+                return None
+            if age >= WRITE_GRACE_SECONDS or time.monotonic() >= deadline:
+                return holder
+            time.sleep(_POLL_SECONDS)
+
     def _try_create(self) -> bool:
         """The lock file appears whole or not at all: the record is written to a file of this
         process's own, then hard-linked to the lock's name (which fails when the name exists,
@@ -116,7 +138,7 @@ class WorkdirLock:
             if self._try_create():
                 self.held = True
                 return
-            holder = self._read_holder()
+            holder = self._settled_holder()
             if holder is None:
                 continue  # released between our create and our read
             same_host = holder.get("host") == socket.gethostname()

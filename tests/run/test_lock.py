@@ -5,6 +5,7 @@ import os
 import socket
 import subprocess
 import sys
+import time
 
 import pytest
 
@@ -48,9 +49,32 @@ def test_a_reused_pid_does_not_keep_a_stale_lock(tmp_path, caplog):
 
 def test_a_garbled_lock_file_is_taken_over(tmp_path, caplog):
     (tmp_path / "lock").write_text('{"host": "h", "pi')  # its writer died mid-write
+    os.utime(tmp_path / "lock", (0, time.time() - 60))  # a minute ago
     with WorkdirLock(tmp_path):
         pass
     assert "unreadable lock file" in caplog.text
+
+
+def test_a_lock_file_still_being_written_is_not_taken_for_a_dead_runs(tmp_path, monkeypatch):
+    """Without hard links (gcsfuse) the lock is created empty, then written: a second run that
+    reads it in between waits for the record instead of taking the lock over, which left two runs
+    in one workdir."""
+    import threading
+
+    import jaxformer.run.lock as lock_module
+
+    monkeypatch.setattr(os, "link", lambda *args: (_ for _ in ()).throw(PermissionError("no hard links")))
+    (tmp_path / "lock").write_text("")  # created under O_EXCL by the first run, not yet written
+    writer = threading.Timer(0.5, write_lock, (tmp_path,))  # its record, half a second later
+    writer.start()
+    with pytest.raises(WorkdirLockedError, match=rf"in use by another training run: pid {os.getpid()} on host"):
+        WorkdirLock(tmp_path).acquire()
+    writer.join()
+    assert json.loads((tmp_path / "lock").read_text())["pid"] == os.getpid()  # left to its holder
+    monkeypatch.setattr(lock_module, "WRITE_GRACE_SECONDS", 0.3)
+    (tmp_path / "lock").write_text("")  # a writer that died before writing: taken over after the grace
+    with WorkdirLock(tmp_path) as lock:
+        assert lock.held
 
 
 def test_a_lock_held_on_another_host_is_refused(tmp_path):
