@@ -3,12 +3,30 @@
 Every command catches `UserError`, prints its message on one line and exits with
 `EXIT_USER_ERROR`; `--verbose` shows the traceback too. Anything else is a bug and keeps its
 traceback. A run stopped by a signal exits with 128 + the signal's number, as shells report it,
-so a scheduler can tell a preempted run (requeue it) from a finished one (exit 0).
+so a scheduler can tell a preempted run (requeue it) from a finished one (exit 0); a full disk
+exits with EXIT_NO_SPACE, in one line.
 """
 
 from __future__ import annotations
 
 EXIT_USER_ERROR = 2
+EXIT_NO_SPACE = 75  # sysexits.h's EX_TEMPFAIL: the disk (or quota) is full; free space and run again
+
+
+def no_space_error(error: BaseException) -> OSError | None:
+    """The OSError "no space left on device" (or "disk quota exceeded") that `error` is or was
+    raised from (orbax and logging wrap it), else None."""
+    import errno
+
+    seen = set()
+    while error is not None and id(error) not in seen:
+        seen.add(id(error))
+        if isinstance(error, OSError) and error.errno in (errno.ENOSPC, errno.EDQUOT):
+            return error
+        if "No space left on device" in str(error):  # tensorstore's own errors carry the OS's text only
+            return OSError(errno.ENOSPC, " ".join(str(error).split()))
+        error = error.__cause__ or error.__context__
+    return None
 
 
 def exit_code_for_signal(signum: int) -> int:

@@ -27,7 +27,7 @@ import tqdm
 from jaxformer.argument_parser import Parser
 from jaxformer.commands.compilation_cache import enable_compilation_cache, repair_unreadable_entry
 from jaxformer.decoding import sentence_batches
-from jaxformer.errors import EXIT_USER_ERROR, UserError, exit_code_for_signal
+from jaxformer.errors import EXIT_NO_SPACE, EXIT_USER_ERROR, UserError, exit_code_for_signal, no_space_error
 from jaxformer.files import open_descriptor, write_text_atomically
 from jaxformer.run.directory import CHECKPOINT_KINDS
 
@@ -176,10 +176,14 @@ class TqdmHandler(logging.StreamHandler):
 
 class _QuietLibraries(logging.Filter):
     """Drops orbax's and tfds's INFO chatter (a dozen lines per checkpoint) and jax's (its search
-    for accelerators on a CPU machine); warnings pass."""
+    for accelerators on a CPU machine); warnings pass, and errors too, but without the traceback
+    of the library's own thread (orbax logs each of its writer threads' failures, dozens of lines
+    apiece, and the error that ends the command is reported by it, once)."""
 
     def filter(self, record: logging.LogRecord) -> bool:
         noisy = any(library in record.pathname for library in ("/orbax/", "/tensorflow_datasets/", "/jax/"))
+        if noisy and record.exc_info:
+            record.exc_info, record.exc_text = None, None
         return record.levelno >= logging.WARNING or not noisy
 
 
@@ -236,6 +240,16 @@ def run_command(
     except KeyboardInterrupt:
         sys.stderr.write("interrupted\n")
         return exit_code_for_signal(signal.SIGINT)
+    except Exception as error:
+        full = no_space_error(error)
+        if full is None or args.verbose:
+            raise
+        where = f" writing {full.filename}" if full.filename else ""
+        sys.stderr.write(
+            f"error: {full.strerror or full}{where}: free space (or quota), then run the same command again "
+            "(a training run resumes from its last checkpoint)\n"
+        )
+        return EXIT_NO_SPACE
 
 
 # -- the decoding commands' flags ------------------------------------------------------------
