@@ -110,6 +110,22 @@ def check_kept_choice(config: ml_collections.ConfigDict, run: RunDirectory, step
         _refuse_other_settings(config, run, step, chosen)
 
 
+def saved_choice(run: RunDirectory, step: int) -> dict[str, Any] | None:
+    """The final choice at `step` as `choose_final` returns it, read from workdir/final; None when
+    none is saved there, whole."""
+    if not (run.final / str(step)).is_dir():
+        return None
+    reader = Checkpointer(run.final, keep=None, read_only=True)
+    try:
+        return _as_result(reader.read_metadata(step)) if step in reader.steps() else None
+    finally:
+        reader.close()
+
+
+def _as_result(chosen: CheckpointMetadata) -> dict[str, Any]:
+    return {"chosen": chosen.chosen_from, "alpha": chosen.alpha, "bleu": chosen.bleu, **(chosen.choice_scores or {})}
+
+
 def _candidates(
     run: RunDirectory, average_last: int, step: int, params: Any, metadata: CheckpointMetadata, ema_params: Any
 ):
@@ -182,12 +198,7 @@ def choose_final(
             chosen = writer.read_metadata(step)
             _refuse_other_settings(config, run, step, chosen)
             logging.info("final choice: already made at step %d (%s)", step, chosen.chosen_from)
-            return {
-                "chosen": chosen.chosen_from,
-                "alpha": chosen.alpha,
-                "bleu": chosen.bleu,
-                **(chosen.choice_scores or {}),
-            }
+            return _as_result(chosen)
         earlier = writer.steps()
         if earlier:
             logging.info(

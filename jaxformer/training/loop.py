@@ -11,6 +11,7 @@ from __future__ import annotations
 import contextlib
 import logging
 import pathlib
+import signal
 from typing import Any
 
 import flax.linen as nn
@@ -28,7 +29,7 @@ from jaxformer.run.checkpoint import Checkpointer
 from jaxformer.run.directory import RunDirectory
 from jaxformer.training import experiment, processes, run_start, sharding
 from jaxformer.training.budget import BUDGET_CHECK_STEPS, ScheduleEnd, TimeBudget, TrainingClock, check_budget
-from jaxformer.training.final_choice import choose_final
+from jaxformer.training.final_choice import choose_final, saved_choice
 from jaxformer.training.init_from import (
     starting_overrides,
     with_overrides,
@@ -366,14 +367,21 @@ def _train(config, prepared: PreparedRun, model: nn.Module, preparation: RaiseOn
                 )
                 signals.check()  # a signal whose exception a garbage-collection callback swallowed
         except Stopped as signal_stop:
-            stopped_early, stop.signum = True, signal_stop.signum
-            logging.warning(
-                "stopped by %s during the final choice at step %d (its checkpoint is saved); exiting with %d; "
-                "the same command makes the choice",
-                stop.signal_name,
-                step,
-                exit_code_for_signal(stop.signum),
-            )
+            saved = saved_choice(run, step)
+            if saved is not None:  # the signal came as the choice was closed: it is made
+                last["final"] = saved
+                logging.warning(
+                    "%s received as the final choice at step %d ended: it is saved, the run is complete; "
+                    "exiting with 0",
+                    *(signal.Signals(signal_stop.signum).name, step),
+                )
+            else:
+                stopped_early, stop.signum = True, signal_stop.signum
+                logging.warning(
+                    "stopped by %s during the final choice at step %d (its checkpoint is saved); exiting with %d; "
+                    "the same command makes the choice",
+                    *(stop.signal_name, step, exit_code_for_signal(stop.signum)),
+                )
     if train_metrics.last is not None:
         last["train"] = train_metrics.last
     last["step"] = step

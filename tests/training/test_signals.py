@@ -268,6 +268,30 @@ def test_a_signal_during_the_final_choice_leaves_no_final_directory(data_dir, tm
 
 
 @pytest.mark.slow  # a training run and its final choice: the default suite is near its limit
+def test_a_signal_as_the_final_choice_is_saved_leaves_the_run_complete(data_dir, tmp_path, monkeypatch, caplog):
+    """Held while orbax wrote final/, the signal was raised once the choice was saved, and the run
+    then said it stopped before the choice and exited 143; it is complete, and says so."""
+    from jaxformer.run.checkpoint import Checkpointer
+    from jaxformer.training import loop
+
+    config = _four_step_config(data_dir, final_choice=True)
+    workdir = tmp_path / "run"
+    real_close = Checkpointer.close
+
+    def signal_once_final_is_written(checkpointer):
+        real_close(checkpointer)
+        if checkpointer.directory == workdir / "final" and not checkpointer.read_only:
+            os.kill(os.getpid(), signal.SIGTERM)
+
+    monkeypatch.setattr(Checkpointer, "close", signal_once_final_is_written)
+    with caplog.at_level(logging.WARNING):
+        last = loop.train_and_evaluate(config, workdir)
+    assert "stopped_by_signal" not in last and last["final"]["chosen"] and (workdir / "final" / "4").is_dir()
+    assert "SIGTERM received as the final choice at step 4 ended: it is saved, the run is complete" in caplog.text
+    assert "stopped by SIGTERM" not in caplog.text
+
+
+@pytest.mark.slow  # a training run and its final choice: the default suite is near its limit
 def test_a_signal_at_the_last_step_of_a_run_without_a_final_choice_says_it_is_complete(
     data_dir, tmp_path, monkeypatch, caplog
 ):
