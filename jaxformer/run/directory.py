@@ -10,9 +10,17 @@
         averaged/<step>/      the mean parameters of the last N checkpoints (average_checkpoints)
         final/<step>/         the parameters the run chose at its end (training.final_choice):
                               latest, best or averaged, by validation BLEU
-        metrics.jsonl         one JSON record per logged step (train/..., eval/...)
+        metrics.jsonl         one JSON record per logged step (train/..., eval/..., budget/...)
+        metrics.rolled_back.jsonl   the records of steps after the checkpoint a run resumed from,
+                              which it trained again (written only then)
         tensorboard/          TensorBoard event files of the same metrics
         last_metrics.json     the metrics of the run's last step, written when it ends
+
+Beside the `<step>/` directories of checkpoints/, best/, averaged/ and final/ may lie
+`<step>.damaged-<time>/` (a checkpoint that could not be restored, set aside for inspection and
+never deleted), `<step>.replaced-<time>/` (one a new checkpoint of its step replaced) and, after a
+process was killed while saving, orbax's `<step>.orbax-checkpoint-tmp*` (never read as a
+checkpoint).
 
 Each `<step>/` directory is an orbax checkpoint (run/checkpoint.py) whose metadata follows
 run/metadata.py. A sweep's directory (jaxformer-sweep) holds one such run directory per variant
