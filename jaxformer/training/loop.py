@@ -18,7 +18,6 @@ import flax.linen as nn
 import jax
 import ml_collections
 import numpy as np
-import tqdm
 
 from jaxformer.data.pipeline import LengthFilter, ShardedBatches, TokenizePair, eval_batches, train_dataset
 from jaxformer.data.sources import check_source
@@ -44,7 +43,7 @@ from jaxformer.training.run_start import PreparedRun
 from jaxformer.training.signals import RaiseOnSignal, Stopped, StopRequest
 from jaxformer.training.state import count_parameters, make_init_fn
 from jaxformer.training.step import make_eval_step, make_run_train_step
-from jaxformer.training.train_metrics import TrainMetrics
+from jaxformer.training.train_metrics import TrainMetrics, progress_bar
 from jaxformer.training.validation_bleu import BleuValidator
 
 
@@ -219,14 +218,7 @@ def _train(config, prepared: PreparedRun, model: nn.Module, preparation: RaiseOn
     )
     preparation.check()  # before the metrics files: a stop until here is a failed start, undone
     writer = MetricWriter(run, start_step=step)
-    progress = tqdm.tqdm(
-        total=training.num_train_steps,
-        initial=step,
-        desc="train",
-        unit="step",
-        disable=True if jax.process_index() != 0 else None,  # None: on a terminal only, not in a redirected log
-        dynamic_ncols=True,
-    )
+    progress = progress_bar(training.num_train_steps, step)
     train_metrics = TrainMetrics(writer, checkpointer, progress)
     last: dict[str, Any] = {}
 

@@ -6,6 +6,8 @@ from __future__ import annotations
 
 import logging
 import math
+import os
+import sys
 import time
 from typing import Any
 
@@ -16,6 +18,19 @@ import tqdm
 from jaxformer.errors import UserError
 from jaxformer.run.checkpoint import Checkpointer
 from jaxformer.training.metrics import MetricWriter, summarize
+
+
+def progress_bar(total: int, initial: int) -> tqdm.tqdm:
+    """The training bar: on process 0's terminal only, so that a redirected log gets its figures as
+    a line every log interval instead (TrainMetrics.flush); a terminal that reports no width
+    (a pseudo-terminal never sized) counts as none, as tqdm would draw nothing there."""
+    disable = True if jax.process_index() != 0 else None  # None: tqdm's own test, a terminal
+    try:
+        if os.get_terminal_size(sys.stderr.fileno()).columns == 0:
+            disable = True
+    except (OSError, ValueError, AttributeError):  # not a terminal, or no descriptor (a captured stream)
+        pass
+    return tqdm.tqdm(total=total, initial=initial, desc="train", unit="step", disable=disable, dynamic_ncols=True)
 
 
 class NonFiniteLossError(UserError, FloatingPointError):

@@ -179,3 +179,19 @@ def test_a_finished_run_started_again_keeps_its_figures_in_last_metrics(tmp_path
     assert json.loads(run.last_metrics_file.read_text()) == again
     trained = write_last_metrics(run, {"train": {"loss": 1.0}, "step": 60, "first_step": 40})
     assert trained == {"train": {"loss": 1.0}, "step": 60, "first_step": 40}  # its own figures only
+
+
+def test_a_terminal_of_no_width_gets_the_log_lines_not_an_empty_bar(monkeypatch):
+    """tqdm draws nothing on a terminal that reports 0 columns (a pseudo-terminal never sized):
+    the bar is off there, so the figures come as log lines, as in a redirected log."""
+    import os
+    import sys
+    import types
+
+    from jaxformer.training.train_metrics import progress_bar
+
+    monkeypatch.setattr(sys, "stderr", types.SimpleNamespace(fileno=lambda: 2, write=lambda text: None))
+    monkeypatch.setattr(os, "get_terminal_size", lambda descriptor: os.terminal_size((0, 0)))
+    assert progress_bar(100, 0).disable
+    monkeypatch.setattr(os, "get_terminal_size", lambda descriptor: os.terminal_size((120, 40)))
+    assert progress_bar(100, 0).disable is None or not progress_bar(100, 0).disable  # tqdm's own test decides
