@@ -299,6 +299,12 @@ def unused_settings(config, resuming: bool = False) -> list[str]:
                 f"data.validation_holdout={data.validation_holdout} (data.files.validation is given: "
                 "no pairs are held out)"
             )
+    starts = ("init_from", "init_encoder_from", "init_decoder_from")
+    if training.init_checkpoint != defaults.training.init_checkpoint and not any(training[key] for key in starts):
+        unused.append(
+            f"training.init_checkpoint={training.init_checkpoint!r} (no training.init_from, init_encoder_from or "
+            "init_decoder_from: the run starts from random values)"
+        )
     for key, why in _translation_settings_unused(config):
         section, name = key.split(".")
         if config[section][name] != defaults[section][name]:

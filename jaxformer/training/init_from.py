@@ -76,7 +76,15 @@ def load_starting_points(training: ml_collections.ConfigDict) -> tuple[StartingP
 _SHAPES = ("d_model", "num_heads", "d_ff")
 _FUNCTION = ("activation", "normalization", "layer_norm_epsilon", "position_base", "position_layout")
 _PART_FIELDS = {
-    "model": (*_SHAPES, "num_encoder_layers", "num_decoder_layers", *_FUNCTION, "tie_output_embedding", "logits_bias"),
+    "model": (
+        *_SHAPES,
+        "num_encoder_layers",
+        "num_decoder_layers",
+        *_FUNCTION,
+        "share_embeddings",
+        "tie_output_embedding",
+        "logits_bias",
+    ),
     "encoder": (*_SHAPES, "num_encoder_layers", *_FUNCTION),
     "decoder": (*_SHAPES, "num_decoder_layers", *_FUNCTION, "tie_output_embedding"),
 }
@@ -125,6 +133,11 @@ def check_starting_points(points: Sequence[StartingPoint], config: ml_collection
             for field in _PART_FIELDS[point.part]
             if saved.get(field, getattr(defaults, field)) != config.model[field]
         ]
+        separate = point.metadata.target_tokenizer is not None  # the tokenizers the parameters were trained with
+        if point.part == "model" and separate != bool(config.tokenizer.separate_vocabularies):
+            differences.append(
+                f"tokenizer.separate_vocabularies={separate} there, {config.tokenizer.separate_vocabularies} here"
+            )
         if differences:
             mismatches.append(
                 f"training.{key}: {point.where} was trained with another model section; set it as in that run: "

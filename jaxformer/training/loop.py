@@ -217,7 +217,7 @@ def _train(config, prepared: PreparedRun, model: nn.Module, preparation: RaiseOn
         else None
     )
     preparation.check()  # before the metrics files: a stop until here is a failed start, undone
-    writer = MetricWriter(run, start_step=step)
+    writer = MetricWriter(run, start_step=-1 if restored is None else step)
     progress = progress_bar(training.num_train_steps, step)
     train_metrics = TrainMetrics(writer, checkpointer, progress)
     last: dict[str, Any] = {}

@@ -107,7 +107,8 @@ class MetricWriter:
     """Writes scalars for a step to JSONL and TensorBoard; only process 0 writes.
 
     Opening an existing `metrics.jsonl` first cuts off a torn last line (`cut_torn_last_line`),
-    then, for a run that starts at `start_step` (the checkpoint it resumed from, 0 for a new one),
+    then, for a run that starts at `start_step` (the checkpoint it resumed from, -1 for a new one:
+    every record is then of an earlier start that saved no checkpoint, step 0's evaluation included),
     moves the records of later steps, written by a segment that stopped before its next
     checkpoint and trained again now, to `metrics.rolled_back.jsonl`: metrics.jsonl keeps one
     record of each step's metrics, those of the parameters the run went on from."""
@@ -123,10 +124,10 @@ class MetricWriter:
                 moved = move_records_after(run.metrics_file, start_step, run.rolled_back_metrics_file)
                 if moved:
                     logging.warning(
-                        "%s: moved %d record(s) of steps after %d, which this run trains again, to %s",
+                        "%s: moved %d record(s) of %s, which this run trains again, to %s",
                         run.metrics_file,
                         moved,
-                        start_step,
+                        f"steps after {start_step}" if start_step >= 0 else "a start that saved no checkpoint",
                         run.rolled_back_metrics_file,
                     )
             self._jsonl = open(run.metrics_file, "a", encoding="utf-8")

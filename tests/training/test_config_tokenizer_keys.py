@@ -248,3 +248,14 @@ def test_a_holdout_that_nothing_holds_out_is_named():
     assert unused_settings(config) == [
         "data.validation_holdout=77 (data.files.validation is given: no pairs are held out)"
     ]
+
+
+def test_a_start_checkpoint_without_a_start_is_named():
+    """training.init_checkpoint alone (its init_from forgotten) trained from random values without a word."""
+    config = changed(load_config("multi30k"), {"training.init_checkpoint": "best"})
+    assert unused_settings(config) == [
+        "training.init_checkpoint='best' (no training.init_from, init_encoder_from or init_decoder_from: the run "
+        "starts from random values)"
+    ]
+    config.training.init_from = "runs/base"
+    assert unused_settings(config) == []

@@ -148,6 +148,10 @@ def test_a_start_that_does_not_fit_is_refused_before_any_data_is_read(source_run
             r"model.position_layout='interleaved' there, 'halves' here$",
         ),
         ({"model.d_ff": 48}, r"model.d_ff=64 there, 48 here$"),
+        (  # one error for the vocabularies' layout, too (it came after the data, one key at a time)
+            {"model.share_embeddings": False, "tokenizer.separate_vocabularies": True},
+            r"model.share_embeddings=True there, False here; tokenizer.separate_vocabularies=False there, True here$",
+        ),
         (
             {"model.architecture": "decoder_only"},
             r"training.init_from: step 10 of .* holds an encoder_decoder model and this run trains a decoder_only one$",

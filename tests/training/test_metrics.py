@@ -195,3 +195,13 @@ def test_a_terminal_of_no_width_gets_the_log_lines_not_an_empty_bar(monkeypatch)
     assert progress_bar(100, 0).disable
     monkeypatch.setattr(os, "get_terminal_size", lambda descriptor: os.terminal_size((120, 40)))
     assert progress_bar(100, 0).disable is None or not progress_bar(100, 0).disable  # tqdm's own test decides
+
+
+def test_a_new_run_moves_every_record_of_a_start_that_saved_no_checkpoint(tmp_path, caplog):
+    """Step 0's evaluation (a fine-tuning start's) included: it was written twice."""
+    path = tmp_path / "metrics.jsonl"
+    path.write_bytes(records(6))  # steps 0-5 of a start killed before its first checkpoint
+    with caplog.at_level(logging.WARNING):
+        MetricWriter(tmp_path, enabled=True, start_step=-1).close()
+    assert path.read_bytes() == b"" and (tmp_path / "metrics.rolled_back.jsonl").read_bytes() == records(6)
+    assert "moved 6 record(s) of a start that saved no checkpoint, which this run trains again" in caplog.text

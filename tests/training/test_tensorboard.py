@@ -97,7 +97,7 @@ def test_a_resumed_writer_tells_tensorboard_to_drop_the_steps_trained_again(tmp_
     sign to drop the earlier files' events at that step and after, as metrics.jsonl moves them."""
     from tensorboardX.proto.event_pb2 import SessionLog
 
-    first = MetricWriter(tmp_path, enabled=True, start_step=0)
+    first = MetricWriter(tmp_path, enabled=True, start_step=-1)  # a new run
     for step in range(1, 8):
         first.write(step, {"loss": 1.0 / step}, prefix="train/")
     first.close()
@@ -108,7 +108,7 @@ def test_a_resumed_writer_tells_tensorboard_to_drop_the_steps_trained_again(tmp_
         for event in read_events(path)
         if event.HasField("session_log") and event.session_log.status == SessionLog.START
     )
-    assert starts == [1, 5]  # a new run supersedes every earlier record; the resume, steps 5 and after
+    assert starts == [0, 5]  # a new run supersedes every earlier record; the resume, steps 5 and after
 
 
 def test_training_imports_neither_torch_nor_tensorboardx():
