@@ -68,6 +68,7 @@ from jaxformer.interop.marian_layout import (
     vocabulary_order,
 )
 from jaxformer.model.config import TransformerConfig
+from jaxformer.model.position import sinusoidal_table
 from jaxformer.tokens import BOS_ID, EOS_ID, NUM_SPECIAL_TOKENS, PAD_ID, UNK_ID
 
 Piece = model_pb2.ModelProto.SentencePiece
@@ -202,6 +203,10 @@ def params_from_marian(
     flat = {
         path: to_jaxformer_layout(kind, weights[name], config.num_heads) for path, name, kind in layer_names(config)
     }
+    for stack in ("encoder", "decoder"):
+        name = f"model.{stack}.embed_positions.weight"
+        if name in weights:
+            _check_sinusoids(name, weights[name], config)
     embeddings = embeddings or marian_embeddings(hf, weights, config)
     if config.tie_output_embedding != output_is_tied(hf, embeddings):
         raise ConversionError(
@@ -217,6 +222,22 @@ def params_from_marian(
     bias[BOS_ID] -= BOS_LOGIT_OFFSET
     flat["decoder/logits_bias"] = bias
     return unflatten({path: np.ascontiguousarray(value, np.float32) for path, value in flat.items()}, "weights")
+
+
+# How far saved sinusoids may lie from the computed ones: a float16 or bfloat16 copy's rounding.
+SINUSOID_TOLERANCE = 5e-3
+
+
+def _check_sinusoids(name: str, table: np.ndarray, config: TransformerConfig) -> None:
+    """A ConversionError unless `table` is the sinusoids jaxformer computes (transformers 4 saved
+    them; transformers 5 loads the file's values, so learned or edited ones would be dropped here)."""
+    expected = sinusoidal_table(table.shape[0], config.d_model, config.position_base, config.position_layout)
+    difference = float(np.max(np.abs(np.asarray(table, np.float32) - expected))) if table.size else 0.0
+    if difference > SINUSOID_TOLERANCE:
+        raise ConversionError(
+            f"{name} is not the sinusoids transformers computes (they differ by up to {difference:.3g}): jaxformer "
+            "computes its positions, so learned or edited ones cannot be imported"
+        )
 
 
 @dataclasses.dataclass(frozen=True)

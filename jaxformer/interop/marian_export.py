@@ -223,6 +223,7 @@ def export_marian(
         unk_token=pieces[UNK_ID],
         eos_token=pieces[EOS_ID],
         pad_token=pieces[PAD_ID],
+        model_max_length=max_positions,  # its truncation: the positions the model has
     )
     tokenizer.save_pretrained(output)
     logging.info("wrote step %d of %s (%s checkpoint) to %s", step, workdir, checkpoint, output)

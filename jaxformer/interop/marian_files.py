@@ -90,9 +90,15 @@ def _read_weights(directory: pathlib.Path) -> dict[str, np.ndarray]:
         except standalone.ExportError as error:  # its message names the file and the damage
             raise ConversionError(str(error)) from error
     elif (directory / "pytorch_model.bin").is_file():
-        import torch  # the interop extra
-
         path = directory / "pytorch_model.bin"
+        try:
+            import torch  # the interop extra
+        except ImportError:
+            raise ConversionError(
+                f"{path}: reading a torch checkpoint needs torch: pip install 'jaxformer[interop]' (a "
+                "model.safetensors is read without it)"
+            ) from None
+
         try:
             state = torch.load(path, map_location="cpu", weights_only=True)
         except pickle.UnpicklingError as error:  # torch's own text here is advice on weights_only=False
@@ -105,6 +111,16 @@ def _read_weights(directory: pathlib.Path) -> dict[str, np.ndarray]:
             raise ConversionError(f"{path} is not a state dict of tensors")
         tensors = {name: value.float().numpy() for name, value in state.items()}
     else:
+        sharded = [
+            name
+            for name in ("model.safetensors.index.json", "pytorch_model.bin.index.json")
+            if (directory / name).is_file()
+        ]
+        if sharded:
+            raise ConversionError(
+                f"{directory / sharded[0]}: the weights are sharded, which jaxformer-convert does not read; save "
+                "them whole (save_pretrained with a max_shard_size above the model's size)"
+            )
         raise ConversionError(f"{directory} holds neither model.safetensors nor pytorch_model.bin")
     return {name: np.asarray(value, np.float32) for name, value in tensors.items()}
 
@@ -161,7 +177,9 @@ def model_config_from_marian(hf: Mapping[str, Any], where: str = "config.json") 
     if not hf.get("share_encoder_decoder_embeddings", True):
         raise ConversionError(f"{where}: share_encoder_decoder_embeddings=false (separate vocabularies) is unsupported")
     if hf.get("decoder_vocab_size") not in (None, hf["vocab_size"]):
-        raise ConversionError(f"{where}: decoder_vocab_size differs from vocab_size={hf['vocab_size']}")
+        raise ConversionError(
+            f"{where}: decoder_vocab_size={hf['decoder_vocab_size']} differs from vocab_size={hf['vocab_size']}"
+        )
     activation = hf.get("activation_function", "gelu")
     if activation not in ACTIVATIONS:
         raise ConversionError(f"{where}: activation_function {activation!r}; supported: {', '.join(ACTIVATIONS)}")

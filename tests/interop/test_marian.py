@@ -137,6 +137,16 @@ def exported(tmp_path_factory):
     return workdir, directory
 
 
+def test_max_positions_reach_the_tokenizer(exported, tmp_path):
+    """MarianTokenizer truncates to model_max_length: it kept 512 under --max_positions 16, and
+    transformers then failed on longer inputs."""
+    directory = export_marian(exported[0], tmp_path / "short", max_positions=16)
+    assert json.loads((directory / "config.json").read_text())["max_position_embeddings"] == 16
+    assert json.loads((directory / "tokenizer_config.json").read_text())["model_max_length"] == 16
+    tokenizer = MarianTokenizer.from_pretrained(directory)
+    assert len(tokenizer("a " * 40, truncation=True)["input_ids"]) == 16
+
+
 def test_an_exported_run_reads_back_in(exported):
     """--to_hf then --from_hf: what jaxformer writes (bad_words_ids [[pad], [decoder start]], the two
     tokens its search never produces) passes every check of the reader, and gives the run's model."""

@@ -276,9 +276,42 @@ def test_a_transformers_4_state_dict_with_its_sinusoids_is_read(untied, tmp_path
     assert state["model.encoder.embed_positions.weight"].shape == (128, 32)
     torch.save(state, directory / "pytorch_model.bin")
     assert set(marian_files.read_marian_directory(directory).weights) == set(state)
+    from jaxformer.interop.marian import convert_marian
+
+    convert_marian(marian_files.read_marian_directory(directory))  # the sinusoids computed: accepted
+    # Learned or edited positions, which transformers 5 loads and uses, were dropped without a word.
+    edited = dict(state)
+    edited["model.encoder.embed_positions.weight"] = edited["model.encoder.embed_positions.weight"] + 0.1
+    torch.save(edited, directory / "pytorch_model.bin")
+    with pytest.raises(marian_files.ConversionError) as raised:
+        convert_marian(marian_files.read_marian_directory(directory))
+    assert str(raised.value) == (
+        "model.encoder.embed_positions.weight is not the sinusoids transformers computes (they differ by up to 0.1): "
+        "jaxformer computes its positions, so learned or edited ones cannot be imported"
+    )
     state["model.decoder.embed_positions.weight"] = state["model.decoder.embed_positions.weight"][:64]
     torch.save(state, directory / "pytorch_model.bin")
     with pytest.raises(marian_files.ConversionError, match=r"max_position_embeddings=128, d_model=32 give"):
+        marian_files.read_marian_directory(directory)
+
+
+def test_weights_it_cannot_read_are_named(untied, tmp_path, monkeypatch):
+    directory = shutil.copytree(untied[0], tmp_path / "hf")
+    (directory / "model.safetensors").rename(directory / "model-00001-of-00001.safetensors")
+    (directory / "model.safetensors.index.json").write_text("{}")
+    with pytest.raises(marian_files.ConversionError, match=r"model\.safetensors\.index\.json: the weights are sharded"):
+        marian_files.read_marian_directory(directory)
+    torch.save(untied[1].state_dict(), directory / "pytorch_model.bin")
+    monkeypatch.setitem(__import__("sys").modules, "torch", None)  # torch not installed
+    with pytest.raises(marian_files.ConversionError) as raised:
+        marian_files.read_marian_directory(directory)
+    assert str(raised.value).endswith(
+        "pytorch_model.bin: reading a torch checkpoint needs torch: pip install "
+        "'jaxformer[interop]' (a model.safetensors is read without it)"
+    )
+    monkeypatch.undo()
+    _edit_json(directory / "config.json", decoder_vocab_size=200)
+    with pytest.raises(marian_files.ConversionError, match=r"decoder_vocab_size=200 differs from vocab_size="):
         marian_files.read_marian_directory(directory)
 
 
