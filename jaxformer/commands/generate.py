@@ -24,7 +24,10 @@ def build_parser() -> argparse.ArgumentParser:
     common.add_length_penalty_flags(parser)
     common.add_stop_flag(parser)
     parser.add_argument(
-        "--max_new_tokens", type=common.at_least(1), default=30, help="tokens added to each prompt, EOS included"
+        "--max_new_tokens",
+        type=common.at_least(1),
+        default=30,
+        help="tokens added to each prompt, EOS included (default: 30)",
     )
     parser.add_argument(
         "--temperature",
@@ -32,7 +35,9 @@ def build_parser() -> argparse.ArgumentParser:
         default=1.0,
         help="sampling temperature (default: 1.0)",
     )
-    parser.add_argument("--top_k", type=common.at_least(0), default=0, help="sample among the k most likely; 0 = all")
+    parser.add_argument(
+        "--top_k", type=common.at_least(0), default=0, help="sample among the k most likely; 0 = all (default: 0)"
+    )
     parser.add_argument("--seed", type=common.at_least(0), default=0, help="sampling seed (default: 0)")
     parser.add_argument("--batch_size", type=common.at_least(1), default=64, help="prompts per batch (default: 64)")
     common.add_input_output_flags(parser, "prompts")
