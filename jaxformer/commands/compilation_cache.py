@@ -27,6 +27,7 @@ import pathlib
 import re
 import sys
 import tempfile
+import time
 from collections.abc import Mapping
 
 from jaxformer.errors import UserError
@@ -116,8 +117,12 @@ def repair_unreadable_entry(warning: str) -> str | None:
     if not jax.config.jax_compilation_cache_dir:  # not a directory jaxformer set up: nothing to look at
         return f"compilation cache: an entry for {name} could not be read ({reason}); compiling again"
     directory = pathlib.Path(jax.config.jax_compilation_cache_dir)
-    pattern = f"{glob.escape(name)}*-cache"
-    removed = [path for path in sorted(directory.glob(pattern)) if _remove_if_unreadable(path)]
+    # Its entries only (<program>-<hex key>-cache, or <key>-cache when jax names the key), not
+    # another program's whose name starts alike (jit_step_with_ema beside jit_step).
+    entry = re.compile(rf"{re.escape(name)}(-[0-9a-f]+)?-cache")
+    pattern = f"{glob.escape(name)}-*-cache"
+    entries = [path for path in sorted(directory.glob(f"{glob.escape(name)}*-cache")) if entry.fullmatch(path.name)]
+    removed = [path for path in entries if _remove_if_unreadable(path)]
     if removed:
         names = ", ".join(path.name for path in removed)
         return (
@@ -130,13 +135,19 @@ def repair_unreadable_entry(warning: str) -> str | None:
     )
 
 
+WRITING_SECONDS = 10.0  # jax writes an entry in place: one younger than this may be another process's, unfinished
+
+
 def _remove_if_unreadable(path: pathlib.Path) -> bool:
-    """Removes the cache entry `path` when jax could not decompress it; whether it did."""
+    """Removes the cache entry `path` when jax could not decompress it and it is WRITING_SECONDS
+    old (a younger one may still be being written); whether it did."""
     try:
         from jax._src.compilation_cache import decompress_executable  # the format jax wrote it in
     except ImportError:  # another jax's layout: nothing is removed that might be sound
         return False
     try:
+        if time.time() - path.stat().st_mtime < WRITING_SECONDS:
+            return False
         decompress_executable(path.read_bytes())
     except OSError:  # gone already (another process repaired it), or unreadable to us
         return False

@@ -1,13 +1,14 @@
 """Convert between Hugging Face MarianMT (OPUS-MT) models and jaxformer runs.
 
 jaxformer-convert --from_hf opus-mt-en-de --output runs/opus-en-de
-jaxformer-convert --to_hf runs/m30k --checkpoint best --output hf/m30k-en-de
+jaxformer-convert --to_hf runs/m30k_shared --checkpoint best --output hf/m30k-en-de
 
 --from_hf reads a transformers MarianMT directory (config.json, model.safetensors or
 pytorch_model.bin, source.spm, target.spm, vocab.json) into a new run directory that
 jaxformer-translate, jaxformer-evaluate, jaxformer-export and training.init_from read as a trained
 run. --to_hf writes a run's checkpoint as a directory that MarianMTModel.from_pretrained and
-MarianTokenizer.from_pretrained load (needs the interop extra: torch and transformers).
+MarianTokenizer.from_pretrained load (needs the interop extra: torch and transformers), for a run
+with one shared vocabulary (MarianMT has one: multi30k's separate vocabularies are refused).
 Neither overwrites an existing --output.
 """
 

@@ -91,9 +91,12 @@ def run_summary(config: ml_collections.ConfigDict, workdir: str | pathlib.Path, 
 
     architecture = experiment.architecture(config)
     if "eval" in last:
-        scores = f"loss {last['eval']['loss']:.4f}, perplexity {last['eval']['perplexity']:.2f}"
+        figures = {
+            key: float(value) for key, value in last["eval"].items() if key in ("loss", "perplexity", "accuracy")
+        }
+        scores = f"loss {figures['loss']:.4f}, perplexity {figures['perplexity']:.2f}"  # float("inf") reads 'inf'
         if architecture == "encoder_only":
-            scores += f", masked-token accuracy {last['eval']['accuracy']:.4f}"
+            scores += f", masked-token accuracy {figures['accuracy']:.4f}"
         lines.append(f"validation: {scores}")
     best = best_checkpoint(run)
     if best is not None and best[1] is not None:

@@ -119,8 +119,9 @@ def _refuse_a_split_twice(files: Mapping[str, SplitFiles], hashes: Mapping[str, 
     validation BLEU, best/ and the final choice would be chosen on training pairs, or a test set
     scored on pairs trained or chosen on."""
     contents = {split: tuple(hashes[name]["sha256"] for name in given.named_paths()) for split, given in files.items()}
+    empty = {split for split, given in files.items() if all(hashes[name]["size"] == 0 for name in given.named_paths())}
     for first, second in itertools.combinations(files, 2):
-        if contents[first] == contents[second]:
+        if contents[first] == contents[second] and not {first, second} & empty:  # an empty one: "holds no pair"
             holdout = (
                 "; leave it unset to hold data.validation_holdout training pairs out for validation"
                 if second == "validation"

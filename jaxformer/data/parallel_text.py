@@ -57,9 +57,11 @@ def read_lines(path: str | pathlib.Path) -> list[str]:
     try:
         with _open_text(path) as handle:
             return decode_lines(handle, path)
-    except gzip.BadGzipFile as error:  # plain text (or another format) named .gz
-        raise DataError(f"{path}: not a gzip file ({error}); rename it without .gz if it is plain text") from None
-    except (EOFError, zlib.error) as error:  # a truncated download
+    except (EOFError, gzip.BadGzipFile, zlib.error) as error:
+        with open(path, "rb") as handle:
+            is_gzip = handle.read(2) == b"\x1f\x8b"  # gzip's magic bytes: a damaged or cut download
+        if not is_gzip:  # plain text (or another format) named .gz
+            raise DataError(f"{path}: not a gzip file ({error}); rename it without .gz if it is plain text") from None
         raise DataError(f"{path}: not a complete gzip file ({error})") from None
 
 

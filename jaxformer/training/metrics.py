@@ -127,7 +127,9 @@ class MetricWriter:
                         "%s: moved %d record(s) of %s, which this run trains again, to %s",
                         run.metrics_file,
                         moved,
-                        f"steps after {start_step}" if start_step >= 0 else "a start that saved no checkpoint",
+                        f"steps after {start_step}"
+                        if start_step >= 0
+                        else "earlier runs with no checkpoint to resume from",
                         run.rolled_back_metrics_file,
                     )
             self._jsonl = open(run.metrics_file, "a", encoding="utf-8")
@@ -183,5 +185,17 @@ def write_last_metrics(run: RunDirectory, last: dict[str, Any]) -> dict[str, Any
         if isinstance(earlier, dict) and earlier.get("step") == last["step"]:
             earlier.pop("stopped_by_signal", None)  # this process's own stop, if any, is in `last`
             last = {**earlier, **last}
-    write_text_atomically(run.last_metrics_file, json.dumps(last, indent=2))
+    write_text_atomically(run.last_metrics_file, json.dumps(_strict_json(last), indent=2))
     return last
+
+
+def _strict_json(value: Any) -> Any:
+    """`value` with each float JSON cannot hold (inf, nan: a diverged run's perplexity) as its
+    repr, as metrics.jsonl writes them."""
+    if isinstance(value, float) and not math.isfinite(value):
+        return repr(value)
+    if isinstance(value, dict):
+        return {key: _strict_json(item) for key, item in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [_strict_json(item) for item in value]
+    return value

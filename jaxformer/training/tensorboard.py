@@ -10,6 +10,7 @@ pairs (tensorflow/core/framework/summary.proto). Only the fields used here are e
 from __future__ import annotations
 
 import itertools
+import math
 import os
 import pathlib
 import socket
@@ -69,10 +70,19 @@ def _length_delimited(field: int, payload: bytes) -> bytes:
     return _varint(field << 3 | 2) + _varint(len(payload)) + payload
 
 
+FLOAT32_MAX = 3.4028234663852886e38
+
+
+def _float32(value: float) -> float:
+    """`value` as a float32 holds it: beyond its range, infinity of the same sign (struct refuses those)."""
+    return math.copysign(math.inf, value) if math.isfinite(value) and abs(value) > FLOAT32_MAX else value
+
+
 def scalar_summary(scalars: Mapping[str, float]) -> bytes:
     """A `Summary` proto: one Value(tag = 1, simple_value = 2, a float32) per scalar."""
     values = (
-        _length_delimited(1, tag.encode("utf-8")) + b"\x15" + struct.pack("<f", value) for tag, value in scalars.items()
+        _length_delimited(1, tag.encode("utf-8")) + b"\x15" + struct.pack("<f", _float32(value))
+        for tag, value in scalars.items()
     )
     return b"".join(_length_delimited(1, value) for value in values)
 

@@ -5,6 +5,7 @@ import os
 import pathlib
 import subprocess
 import sys
+import time
 import tomllib
 
 import pytest
@@ -97,6 +98,7 @@ def test_an_entry_left_unreadable_is_replaced_by_the_next_compilation(tmp_path):
     written = [path for path in directory.iterdir() if path.name.endswith("-cache")]
     [entry] = [path for path in written if path.name.startswith("jit__lambda")]
     entry.write_bytes(entry.read_bytes()[:100])  # cut short
+    os.utime(entry, (time.time() - 60, time.time() - 60))  # by an earlier run (a younger one may be in writing)
     hits, stderr = run_process(tmp_path, JAX_COMPILATION_CACHE_DIR=str(directory))
     assert hits == len(written) - 1  # the others read back; this one compiled
     lines = [line for line in stderr.splitlines() if "cache" in line]
@@ -168,3 +170,26 @@ def test_every_command_sets_the_cache_up(monkeypatch):
         module, function = target.split(":")
         with pytest.raises(CacheSetUp):
             getattr(importlib.import_module(module), function)(ARGUMENTS[script])
+
+
+def test_the_repair_leaves_entries_in_writing_and_other_programs_alone(tmp_path):
+    import jax
+
+    from jaxformer.commands.compilation_cache import repair_unreadable_entry
+
+    old = time.time() - 60
+    damaged, other, writing = (
+        tmp_path / name for name in ("jit_step-0a1b-cache", "jit_step_with_ema-2c3d-cache", "jit_step-4e5f-cache")
+    )
+    for path in (damaged, other, writing):
+        path.write_bytes(b"cut")
+    for path in (damaged, other):
+        os.utime(path, (old, old))
+    before = jax.config.jax_compilation_cache_dir
+    jax.config.update("jax_compilation_cache_dir", str(tmp_path))
+    try:
+        line = repair_unreadable_entry("Error reading persistent compilation cache entry for 'jit_step': error: bad")
+    finally:
+        jax.config.update("jax_compilation_cache_dir", before)
+    assert line.endswith(f"removed jit_step-0a1b-cache from {tmp_path}: compiling again, cached in its place")
+    assert not damaged.exists() and other.exists() and writing.exists()

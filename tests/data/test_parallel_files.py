@@ -363,6 +363,16 @@ def test_content_errors_name_the_file_and_line(tmp_path, caplog):
     plain.write_bytes(b"un\tdeux\n")
     assert error_for(train=str(plain)).startswith(f"{plain}: not a gzip file (")
     assert error_for(train=str(plain)).endswith("); rename it without .gz if it is plain text")
+    crc = bytearray(whole)
+    crc[-8] ^= 0xFF  # the stored CRC: a damaged gzip, not plain text
+    damaged = write_bytes(tmp_path / "damaged.tsv", bytes(crc)).rename(tmp_path / "damaged.tsv.gz")
+    assert error_for(train=str(damaged)).startswith(f"{damaged}: not a complete gzip file (CRC check failed")
+    # Two empty files are not "the same text": the one that is empty is named as such.
+    empty_validation, empty_test = write_tsv(tmp_path / "v.tsv", []), write_tsv(tmp_path / "t.tsv", [])
+    fine = write_tsv(tmp_path / "fine.tsv", good)
+    assert "holds no pair with text on both sides" in error_for(
+        train=fine, validation=empty_validation, test=empty_test
+    )
     upper = tmp_path / "upper" / "TRAIN.TSV.GZ"
     upper.parent.mkdir()
     upper.write_bytes(whole)

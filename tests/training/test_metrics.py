@@ -204,4 +204,18 @@ def test_a_new_run_moves_every_record_of_a_start_that_saved_no_checkpoint(tmp_pa
     with caplog.at_level(logging.WARNING):
         MetricWriter(tmp_path, enabled=True, start_step=-1).close()
     assert path.read_bytes() == b"" and (tmp_path / "metrics.rolled_back.jsonl").read_bytes() == records(6)
-    assert "moved 6 record(s) of a start that saved no checkpoint, which this run trains again" in caplog.text
+    assert (
+        "moved 6 record(s) of earlier runs with no checkpoint to resume from, which this run trains again"
+        in caplog.text
+    )
+
+
+def test_last_metrics_is_strict_json_for_a_diverged_run(tmp_path):
+    from jaxformer.run.directory import RunDirectory
+    from jaxformer.training.metrics import write_last_metrics
+
+    run = RunDirectory(tmp_path)
+    last = write_last_metrics(run, {"eval": {"perplexity": math.inf, "loss": 800.0}, "step": 4, "first_step": 0})
+    assert last["eval"]["perplexity"] == math.inf  # the caller's figures stay numbers
+    text = run.last_metrics_file.read_text()
+    assert "Infinity" not in text and json.loads(text)["eval"] == {"perplexity": "inf", "loss": 800.0}

@@ -111,6 +111,18 @@ def test_a_resumed_writer_tells_tensorboard_to_drop_the_steps_trained_again(tmp_
     assert starts == [0, 5]  # a new run supersedes every earlier record; the resume, steps 5 and after
 
 
+def test_a_value_beyond_float32_is_written_as_infinity(tmp_path):
+    """A diverging run's perplexity (exp of a loss above 88.7) raised OverflowError mid-training."""
+    writer = ScalarEventWriter(tmp_path)
+    writer.write(2, {"train/perplexity": math.exp(177.8), "train/low": -1e39, "train/loss": 177.8})
+    writer.close()
+    assert scalars_of(read_events(writer.path)) == [
+        (2, "train/perplexity", math.inf),
+        (2, "train/low", -math.inf),
+        (2, "train/loss", struct.unpack("<f", struct.pack("<f", 177.8))[0]),
+    ]
+
+
 def test_training_imports_neither_torch_nor_tensorboardx():
     code = (
         "import sys, jaxformer.commands.train; print(sorted(m for m in ('torch', 'tensorboardX') if m in sys.modules))"
