@@ -19,6 +19,7 @@ from jaxformer.errors import CheckpointError
 from jaxformer.run.checkpoint import Checkpointer
 from jaxformer.run.directory import RunDirectory
 from jaxformer.training import experiment
+from jaxformer.training.metrics import perplexity_text
 
 
 def format_duration(seconds: float) -> str:
@@ -94,7 +95,7 @@ def run_summary(config: ml_collections.ConfigDict, workdir: str | pathlib.Path, 
         figures = {
             key: float(value) for key, value in last["eval"].items() if key in ("loss", "perplexity", "accuracy")
         }
-        scores = f"loss {figures['loss']:.4f}, perplexity {figures['perplexity']:.2f}"  # float("inf") reads 'inf'
+        scores = f"loss {figures['loss']:.4f}, perplexity {perplexity_text(figures['perplexity'])}"
         if architecture == "encoder_only":
             scores += f", masked-token accuracy {figures['accuracy']:.4f}"
         lines.append(f"validation: {scores}")

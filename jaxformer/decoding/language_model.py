@@ -22,6 +22,7 @@ from jaxformer.decoding.search import SearchSpec
 from jaxformer.model.cache import DecoderCache, init_cache
 from jaxformer.model.config import ConfigError, TransformerConfig
 from jaxformer.model.decoder_only import DecoderOnly
+from jaxformer.run.directory import checkpoint_name
 from jaxformer.run.loading import ARCHITECTURE_USES, load_checkpoint, require_architecture
 from jaxformer.tokens import BOS_ID, EOS_ID, PAD_ID
 from jaxformer.typing import Array, Float, Int
@@ -110,7 +111,7 @@ class LanguageModel:
         )
         settings.check_fits(model_config)  # before the parameters are read
         step, metadata, params = load_checkpoint(workdir, checkpoint)
-        logging.info("loaded step %d of %s (%s checkpoint)", step, workdir, checkpoint)
+        logging.info("loaded step %d of %s (%s)", step, workdir, checkpoint_name(checkpoint))
         return cls(metadata.model_config(), params, metadata.load_tokenizer(), settings, **kwargs)
 
     def complete(self, prompts: Sequence[str]) -> list[str]:

@@ -18,6 +18,7 @@ from jaxformer.decoding import sentence_batches
 from jaxformer.decoding.generate import DecodeSettings, decoding_variant, make_generate_fn
 from jaxformer.model.config import ConfigError, TransformerConfig
 from jaxformer.model.transformer import unstack_layers
+from jaxformer.run.directory import checkpoint_name
 from jaxformer.run.loading import ARCHITECTURE_USES, load_checkpoint, require_architecture
 from jaxformer.tokens import EOS_ID, PAD_ID
 
@@ -144,7 +145,7 @@ class Translator:
         "best", "averaged" or a step number; see `jaxformer.run.loading.load_checkpoint`)."""
         settings.check_fits(cls.check_workdir(workdir, checkpoint))  # before the parameters are read
         step, metadata, params = load_checkpoint(workdir, checkpoint)
-        logging.info("loaded step %d of %s (%s checkpoint)", step, workdir, checkpoint)
+        logging.info("loaded step %d of %s (%s)", step, workdir, checkpoint_name(checkpoint))
         translator = cls(
             metadata.model_config(),
             params,

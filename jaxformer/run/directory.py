@@ -53,6 +53,11 @@ class _Entry:
         return self if run is None else run.path / self.name
 
 
+def checkpoint_name(which: str | int) -> str:
+    """`--checkpoint` as words: "best checkpoint", or "checkpoint 50" for a step."""
+    return f"{which} checkpoint" if which in CHECKPOINT_KINDS else f"checkpoint {which}"
+
+
 @dataclasses.dataclass(frozen=True)
 class _Directory:
     """A directory's paths: made from a str or any path-like (one of these included), and itself path-like."""

@@ -33,7 +33,7 @@ from jaxformer.training.init_from import (
     starting_overrides,
     with_overrides,
 )
-from jaxformer.training.metrics import MetricWriter, summarize, write_last_metrics
+from jaxformer.training.metrics import MetricWriter, perplexity_text, summarize, write_last_metrics
 from jaxformer.training.objectives import objective_for
 from jaxformer.training.optimizer import make_optimizer
 from jaxformer.training.parameter_ema import parameter_ema, restart_parameter_ema
@@ -227,10 +227,10 @@ def _train(config, prepared: PreparedRun, model: nn.Module, preparation: RaiseOn
         last["eval"] = _evaluate(eval_fn, state.params, eval_data, batch_sharding)
         writer.write(step, last["eval"], prefix="eval/")
         logging.info(
-            "step %d: validation loss %.4f, perplexity %.2f, accuracy %.4f; length filter dropped %d of %d pairs read",
+            "step %d: validation loss %.4f, perplexity %s, accuracy %.4f; length filter dropped %d of %d pairs read",
             step,
             last["eval"]["loss"],
-            last["eval"]["perplexity"],
+            perplexity_text(last["eval"]["perplexity"]),
             last["eval"]["accuracy"],
             length_filter.dropped,
             length_filter.seen,

@@ -156,6 +156,12 @@ class MetricWriter:
             self._tensorboard.close()
 
 
+def perplexity_text(value: float) -> str:
+    """A perplexity for a log line: two decimals, or three significant digits once it is large (a
+    diverging run's reaches dozens of digits)."""
+    return f"{value:.2f}" if value < 1e6 else f"{value:.3g}"
+
+
 def summarize(totals: Mapping[str, float]) -> dict[str, float]:
     """Per-token averages from summed metrics: the label-smoothed loss, the perplexity
     exp(unsmoothed negative log-likelihood), accuracy, and R-Drop's divergence when trained with it."""

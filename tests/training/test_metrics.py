@@ -219,3 +219,12 @@ def test_last_metrics_is_strict_json_for_a_diverged_run(tmp_path):
     assert last["eval"]["perplexity"] == math.inf  # the caller's figures stay numbers
     text = run.last_metrics_file.read_text()
     assert "Infinity" not in text and json.loads(text)["eval"] == {"perplexity": "inf", "loss": 800.0}
+
+
+def test_a_large_perplexity_is_logged_in_three_significant_digits():
+    from jaxformer.run.directory import checkpoint_name
+    from jaxformer.training.metrics import perplexity_text
+
+    assert perplexity_text(7.1394) == "7.14" and perplexity_text(math.exp(160.8)) == "6.83e+69"
+    assert perplexity_text(math.inf) == "inf"
+    assert checkpoint_name("best") == "best checkpoint" and checkpoint_name("50") == "checkpoint 50"
