@@ -9,6 +9,8 @@ exits with EXIT_NO_SPACE, in one line.
 
 from __future__ import annotations
 
+import errno
+
 EXIT_USER_ERROR = 2
 EXIT_NO_SPACE = 75  # sysexits.h's EX_TEMPFAIL: the disk (or quota) is full; free space and run again
 
@@ -16,8 +18,6 @@ EXIT_NO_SPACE = 75  # sysexits.h's EX_TEMPFAIL: the disk (or quota) is full; fre
 def no_space_error(error: BaseException) -> OSError | None:
     """The OSError "no space left on device" (or "disk quota exceeded") that `error` is or was
     raised from (orbax and logging wrap it), else None."""
-    import errno
-
     seen = set()
     while error is not None and id(error) not in seen:
         seen.add(id(error))

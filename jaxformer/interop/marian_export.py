@@ -22,6 +22,7 @@ from jaxformer.interop.marian_files import ACTIVATIONS, MARIAN_LAYER_NORM_EPSILO
 from jaxformer.interop.marian_layout import ConversionError, layer_names, to_marian_layout
 from jaxformer.model.config import TransformerConfig
 from jaxformer.model.position import halves_order
+from jaxformer.run.directory import checkpoint_name
 from jaxformer.tokens import BOS_ID, EOS_ID, PAD_ID, UNK_ID
 
 # -- writing a transformers directory ----------------------------------------------------------
@@ -226,5 +227,5 @@ def export_marian(
         model_max_length=max_positions,  # its truncation: the positions the model has
     )
     tokenizer.save_pretrained(output)
-    logging.info("wrote step %d of %s (%s checkpoint) to %s", step, workdir, checkpoint, output)
+    logging.info("wrote step %d of %s (%s) to %s", step, workdir, checkpoint_name(checkpoint), output)
     return output

@@ -99,13 +99,7 @@ def check_kept_choice(config: ml_collections.ConfigDict, run: RunDirectory, step
     budget_spent = bool(training.time_budget_minutes) and train_seconds >= training.time_budget_minutes * 60
     if not training.final_choice or (step < training.num_train_steps and not budget_spent):
         return
-    if not (run.final / str(step)).is_dir():
-        return
-    reader = Checkpointer(run.final, keep=None, read_only=True)
-    try:
-        chosen = reader.read_metadata(step) if step in reader.steps() else None
-    finally:
-        reader.close()
+    chosen = _saved_metadata(run, step)
     if chosen is not None:
         _refuse_other_settings(config, run, step, chosen)
 
@@ -113,11 +107,17 @@ def check_kept_choice(config: ml_collections.ConfigDict, run: RunDirectory, step
 def saved_choice(run: RunDirectory, step: int) -> dict[str, Any] | None:
     """The final choice at `step` as `choose_final` returns it, read from workdir/final; None when
     none is saved there, whole."""
+    chosen = _saved_metadata(run, step)
+    return None if chosen is None else _as_result(chosen)
+
+
+def _saved_metadata(run: RunDirectory, step: int) -> CheckpointMetadata | None:
+    """The metadata of the final choice saved, whole, at `step` in workdir/final; None without one."""
     if not (run.final / str(step)).is_dir():
         return None
     reader = Checkpointer(run.final, keep=None, read_only=True)
     try:
-        return _as_result(reader.read_metadata(step)) if step in reader.steps() else None
+        return reader.read_metadata(step) if step in reader.steps() else None
     finally:
         reader.close()
 

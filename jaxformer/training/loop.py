@@ -11,7 +11,6 @@ from __future__ import annotations
 import contextlib
 import logging
 import pathlib
-import signal
 from typing import Any
 
 import flax.linen as nn
@@ -329,19 +328,20 @@ def _train(config, prepared: PreparedRun, model: nn.Module, preparation: RaiseOn
     train_seconds = clock.seconds()  # the loop's, without the final choice
     # A signal at the last step, or while its checkpoint was written: the run's steps are done and
     # saved, and the final choice (minutes of decoding) is left to the same command.
-    if training.final_choice and not stopped_early and stop.agreed(step):
-        stopped_early = True
-        logging.warning(
-            "stopped by %s after the last step, %d (its checkpoint is saved), before the final choice; exiting "
-            "with %d; the same command makes the choice",
-            *(stop.signal_name, step, exit_code_for_signal(stop.signum)),
-        )
-    elif not training.final_choice and not stopped_early and stop.agreed(step):
-        logging.warning(
-            "%s received at the last step, %d, which is done and saved: the run is complete, nothing is left to "
-            "stop; exiting with 0",
-            *(stop.signal_name, step),
-        )
+    if not stopped_early and stop.agreed(step):
+        if training.final_choice:
+            stopped_early = True
+            logging.warning(
+                "stopped by %s after the last step, %d (its checkpoint is saved), before the final choice; exiting "
+                "with %d; the same command makes the choice",
+                *(stop.signal_name, step, exit_code_for_signal(stop.signum)),
+            )
+        else:
+            logging.warning(
+                "%s received at the last step, %d, which is done and saved: the run is complete, nothing is left "
+                "to stop; exiting with 0",
+                *(stop.signal_name, step),
+            )
     if training.final_choice and not stopped_early:  # after close(): every checkpoint is written
         metadata = prepared.metadata.replace(train_seconds=train_seconds)
         try:
@@ -365,7 +365,7 @@ def _train(config, prepared: PreparedRun, model: nn.Module, preparation: RaiseOn
                 logging.warning(
                     "%s received as the final choice at step %d ended: it is saved, the run is complete; "
                     "exiting with 0",
-                    *(signal.Signals(signal_stop.signum).name, step),
+                    *(signal_stop, step),  # a Stopped reads as its signal's name
                 )
             else:
                 stopped_early, stop.signum = True, signal_stop.signum

@@ -144,7 +144,7 @@ class MetricWriter:
         record = {
             "step": int(step),
             "time": time.time(),
-            **{k: (v if math.isfinite(v) else repr(v)) for k, v in values.items()},
+            **_strict_json(values),
         }
         self._jsonl.write(json.dumps(record) + "\n")
         self._jsonl.flush()
