@@ -180,10 +180,19 @@ class _QuietLibraries(logging.Filter):
     of the library's own thread (orbax logs each of its writer threads' failures, dozens of lines
     apiece, and the error that ends the command is reported by it, once)."""
 
+    # orbax's warnings about a step folder that jaxformer reads and reports on itself: one being
+    # written or removed by a run training beside the reader, or damaged (the checkpoint's own
+    # warning or error names it, with what is done about it).
+    REPORTED_BY_JAXFORMER = ("Metadata file does not exist", "Failed to get item metadata from directory")
+
     def filter(self, record: logging.LogRecord) -> bool:
         noisy = any(library in record.pathname for library in ("/orbax/", "/tensorflow_datasets/", "/jax/"))
         if noisy and record.exc_info:
             record.exc_info, record.exc_text = None, None
+        if noisy and "/orbax/" in record.pathname and record.levelno < logging.ERROR:
+            message = record.getMessage()
+            if any(text in message for text in self.REPORTED_BY_JAXFORMER):
+                return False
         return record.levelno >= logging.WARNING or not noisy
 
 
@@ -285,6 +294,8 @@ def add_decoding_flags(parser: argparse.ArgumentParser) -> None:
 
 
 def check_workdir(workdir: str, flag: str = "--workdir") -> None:
+    if os.path.exists(workdir) and not os.path.isdir(workdir):
+        raise FlagError(f"{flag} {workdir}: not a directory (a training run's workdir is one)")
     if not os.path.isdir(workdir):
         raise FlagError(f"{flag} {workdir}: no such directory")
 

@@ -11,9 +11,8 @@ import jax
 import numpy as np
 
 from jaxformer.errors import CheckpointError
-from jaxformer.run.checkpoint import Checkpointer
+from jaxformer.run.checkpoint import LISTING_ATTEMPTS, Checkpointer, CheckpointRemoved
 from jaxformer.run.directory import RunDirectory
-from jaxformer.run.loading import load_checkpoint
 from jaxformer.run.metadata import CheckpointMetadata
 
 
@@ -68,7 +67,22 @@ def averaged_last(
     """(metadata, mean parameters) of the last `last` checkpoints of `workdir/checkpoints`; the
     metadata is the newest one's, with `averaged_steps` set. `CheckpointError`, before any
     parameters are read, when fewer are kept or when one of them is not of the newest one's run:
-    `model_differences`, and `config_differences` of their configs when given."""
+    `model_differences`, and `config_differences` of their configs when given. When a run
+    training in the workdir removes one of them while they are read, the last ones are listed
+    again."""
+    for attempt in range(LISTING_ATTEMPTS):
+        try:
+            return _average_once(workdir, last, config_differences)
+        except CheckpointRemoved:
+            if attempt == LISTING_ATTEMPTS - 1:
+                raise
+            logging.info("a checkpoint was removed while it was read: listing the last %d again", last)
+    raise AssertionError("unreachable")
+
+
+def _average_once(
+    workdir: str | os.PathLike, last: int, config_differences: ConfigDifferences | None
+) -> tuple[CheckpointMetadata, Any]:
     reader = Checkpointer(RunDirectory(workdir).checkpoints, keep=None, read_only=True)
     try:
         steps = reader.steps()
@@ -94,14 +108,13 @@ def averaged_last(
                     f"step {chosen[-1]}: {differences[0]}{more}), so they cannot be averaged; move the other run's "
                     "checkpoint out of that folder"
                 )
+        trees = []
+        for step in chosen:
+            trees.append(reader.read_params(step)[1])
+            logging.info("read step %d", step)
     finally:
         reader.close()
-    trees, metadata = [], None
-    for step in chosen:
-        _, metadata, params = load_checkpoint(workdir, step)
-        trees.append(params)
-        logging.info("read step %d", step)
-    return metadata.replace(step=chosen[-1], averaged_steps=tuple(chosen)), average_parameters(trees)
+    return newest.replace(step=chosen[-1], averaged_steps=tuple(chosen)), average_parameters(trees)
 
 
 def average_last(

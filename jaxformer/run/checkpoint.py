@@ -99,16 +99,40 @@ def _draining_event_loops():
 # ------------------------------------------------------------------------------------------
 
 
+class CheckpointRemoved(CheckpointError):
+    """A checkpoint went away while it was read: a run training in the workdir removed it (it keeps
+    only its last checkpoints). Readers of "the newest" list the steps again and retry."""
+
+
+# How often a reader lists a folder again when a training run removed what it was reading.
+LISTING_ATTEMPTS = 5
+
+
 def _refuse_removed(path: pathlib.Path) -> None:
-    """A CheckpointError when the step folder above `path` is gone: it was there when the read
-    began, so a run training in the workdir removed it (it keeps only its last checkpoints), and
-    calling it damaged would be wrong."""
+    """`CheckpointRemoved` when the step folder above `path` is gone: it was there when the read
+    began, so a run training in the workdir removed it, and calling it damaged would be wrong."""
     step_folder = path.parent
     if not step_folder.exists():
-        raise CheckpointError(
+        raise CheckpointRemoved(
             f"checkpoint {step_folder} was removed while it was read (a run training in that workdir keeps only "
             "its last checkpoints); run again"
         )
+
+
+def _checkpoint_manager(directory: pathlib.Path, keep: int | None, read_only: bool) -> ocp.CheckpointManager:
+    """Orbax's manager of `directory`. It reads every step folder as it opens; a read-only one
+    beside a training run can find a folder gone between listing and reading it, so it lists again."""
+    options = ocp.CheckpointManagerOptions(max_to_keep=None if read_only else keep, create=not read_only)
+    for _ in range(LISTING_ATTEMPTS):
+        try:
+            return ocp.CheckpointManager(directory, options=options)
+        except FileNotFoundError:
+            if not (read_only and directory.is_dir()):
+                raise
+    raise CheckpointRemoved(
+        f"the checkpoints in {directory} changed while they were listed, {LISTING_ATTEMPTS} times (a run training "
+        "in that workdir removes its older checkpoints); run again"
+    )
 
 
 class Checkpointer:
@@ -119,10 +143,7 @@ class Checkpointer:
     def __init__(self, directory: str | pathlib.Path, keep: int | None = 3, read_only: bool = False):
         self.directory = pathlib.Path(directory).absolute()
         self.read_only = read_only
-        self.manager = ocp.CheckpointManager(
-            self.directory,
-            options=ocp.CheckpointManagerOptions(max_to_keep=None if read_only else keep, create=not read_only),
-        )
+        self.manager = _checkpoint_manager(self.directory, keep, read_only)
         self._warned: set[int] = set()  # steps whose unreadable metadata latest_step_metadata reported
 
     def steps(self) -> list[int]:
@@ -223,6 +244,7 @@ class Checkpointer:
                     "metadata"
                 ]
         except Exception as error:
+            _refuse_removed(self.directory / str(step) / "metadata")  # listed, then gone: not damaged
             if not path.exists():
                 raise CheckpointError(
                     f"cannot read the metadata of checkpoint {step}: {path} does not exist"
@@ -317,6 +339,7 @@ class Checkpointer:
                         ),
                     )
                 except Exception as error:
+                    _refuse_removed(path)
                     raise CheckpointError(f"cannot restore the parameters of {path} ({_first_line(error)})") from error
         finally:
             checkpointer.close()

@@ -9,7 +9,7 @@ from typing import Any
 
 from jaxformer.errors import CheckpointError, with_article
 from jaxformer.model.config import ConfigError, TransformerConfig
-from jaxformer.run.checkpoint import Checkpointer
+from jaxformer.run.checkpoint import LISTING_ATTEMPTS, Checkpointer, CheckpointRemoved
 from jaxformer.run.directory import CHECKPOINT_KINDS, RunDirectory
 from jaxformer.run.metadata import CheckpointMetadata
 
@@ -26,8 +26,11 @@ def load_checkpoint(
     does, but sets nothing aside: nothing in the workdir is modified. Any other choice that is
     damaged is a `CheckpointError` naming it."""
     which = "latest" if isinstance(checkpoint, int) else checkpoint
-    directory = RunDirectory(workdir).checkpoint_directory(which)
+    run = RunDirectory(workdir)
+    directory = run.checkpoint_directory(which)
     if not directory.is_dir():
+        if not any(run.checkpoint_directory(kind).is_dir() for kind in CHECKPOINT_KINDS):
+            raise CheckpointError(_not_a_workdir(pathlib.Path(workdir).absolute()))
         raise CheckpointError(f"{directory} does not exist: no {which!r} checkpoint in {workdir}")
     step = checkpoint if isinstance(checkpoint, int) else None
     return load_from_directory(directory, step, params=params, newest_readable=checkpoint == "latest")
@@ -64,7 +67,20 @@ def load_from_directory(
 ) -> tuple[int, CheckpointMetadata, Any]:
     """(step, metadata, params) of checkpoint `step` (None: the newest) of a directory of step
     directories (`checkpoints/`, `best/` or `averaged/`). With `newest_readable`, a damaged
-    newest checkpoint is skipped with a warning, as `load_checkpoint` does for "latest"."""
+    newest checkpoint is skipped with a warning, as `load_checkpoint` does for "latest". The
+    newest that a run training beside the reader removes while it is read is looked up again."""
+    for attempt in range(LISTING_ATTEMPTS):
+        try:
+            return _load_once(directory, step, params, newest_readable)
+        except CheckpointRemoved:
+            if step is not None or attempt == LISTING_ATTEMPTS - 1:
+                raise
+    raise AssertionError("unreachable")
+
+
+def _load_once(
+    directory: pathlib.Path, step: int | None, params: bool, newest_readable: bool
+) -> tuple[int, CheckpointMetadata, Any]:
     checkpointer = Checkpointer(directory, keep=None, read_only=True)
 
     def read(step: int) -> tuple[CheckpointMetadata, Any]:  # CheckpointError if damaged
@@ -85,6 +101,8 @@ def load_from_directory(
         for step in reversed(steps):
             try:
                 metadata, restored = read(step)
+            except CheckpointRemoved:
+                raise  # not damaged: the newest are looked up again
             except CheckpointError as error:
                 damaged.append((step, error))
                 continue
@@ -139,6 +157,20 @@ def locate_checkpoint(path: str | os.PathLike, checkpoint: str | int = "latest")
         f"{path} is not a jaxformer workdir (no {'/, '.join(sorted(kind_names))}/ in it), nor one of those "
         "directories, nor a step directory in one"
     )
+
+
+def _not_a_workdir(path: pathlib.Path) -> str:
+    """Why `path` holds no checkpoint to load: it is one of a workdir's folders, or a step in one
+    (then which workdir and choice to give instead), or no run at all."""
+    kinds = {RunDirectory(path.parent).checkpoint_directory(kind).name: kind for kind in CHECKPOINT_KINDS}
+    if path.name in kinds:
+        return f"{path} is the {path.name}/ folder of the workdir {path.parent}: give that workdir"
+    if path.name.isdigit() and path.parent.name in kinds:
+        workdir, kind = path.parent.parent, kinds[path.parent.name]
+        choice = path.name if kind == "latest" else kind
+        return f"{path} is a step folder of the workdir {workdir}: give that workdir and --checkpoint {choice}"
+    names = "/, ".join(sorted(kinds))
+    return f"{path} is not a jaxformer workdir (no {names}/ in it): give a training run's --workdir"
 
 
 def _step_names(directory: pathlib.Path) -> list[int]:
