@@ -24,21 +24,26 @@ def write_bytes_atomically(path: str | pathlib.Path, data: bytes) -> None:
     new file, so it is written into directly."""
     path = pathlib.Path(path)
     descriptor = open_descriptor(path)
-    if descriptor is not None:  # /dev/stdout and the like: what the shell redirected, kept as it is
-        if descriptor in (1, 2):
-            (sys.stdout if descriptor == 1 else sys.stderr).flush()  # what this process printed comes first
-        view = memoryview(data)
-        while view:
-            view = view[os.write(descriptor, view) :]
-        return
     try:
-        existing_mode = path.stat().st_mode
-    except FileNotFoundError:
-        existing_mode = None
-    if existing_mode is not None and not stat.S_ISREG(existing_mode):  # a FIFO or a device: no rename can replace it
-        with open(path, "wb") as stream:
-            stream.write(data)
-        return
+        if descriptor is not None:  # /dev/stdout and the like: what the shell redirected, kept as it is
+            if descriptor in (1, 2):
+                (sys.stdout if descriptor == 1 else sys.stderr).flush()  # what this process printed comes first
+            view = memoryview(data)
+            while view:
+                view = view[os.write(descriptor, view) :]
+            return
+        try:
+            existing_mode = path.stat().st_mode
+        except FileNotFoundError:
+            existing_mode = None
+        if existing_mode is not None and not stat.S_ISREG(existing_mode):  # a FIFO or a device: no rename
+            with open(path, "wb") as stream:
+                stream.write(data)
+            return
+    except OSError as error:
+        if error.filename is None:  # a write names no file; the error ("No space left on device") should
+            error.filename = str(path)
+        raise
     destination = pathlib.Path(os.path.realpath(path)) if path.is_symlink() else path
     descriptor, temporary = _create_unique_file(destination)
     try:
@@ -53,6 +58,21 @@ def write_bytes_atomically(path: str | pathlib.Path, data: bytes) -> None:
         with contextlib.suppress(OSError):
             os.unlink(temporary)
         raise
+
+
+def write_to_stream(stream, text: str) -> None:
+    """`text` (UTF-8) to a text stream such as sys.stdout, all of it or an OSError: a buffered
+    writer whose pipe's reader went away part-way returns the count written instead of raising
+    (CPython 3.11), and a text stream's write drops that count, so the output ended short and the
+    command 'succeeded'."""
+    stream.flush()  # what was printed before comes first
+    if not hasattr(stream, "buffer"):  # a StringIO in its place (a caller capturing the output)
+        stream.write(text)
+        return
+    view = memoryview(text.encode("utf-8"))
+    while view:
+        view = view[stream.buffer.write(view) :]
+    stream.buffer.flush()
 
 
 def open_descriptor(path: str | pathlib.Path) -> int | None:

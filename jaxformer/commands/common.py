@@ -28,7 +28,7 @@ from jaxformer.argument_parser import Parser
 from jaxformer.commands.compilation_cache import enable_compilation_cache, repair_unreadable_entry
 from jaxformer.decoding import sentence_batches
 from jaxformer.errors import EXIT_NO_SPACE, EXIT_USER_ERROR, UserError, exit_code_for_signal, no_space_error
-from jaxformer.files import open_descriptor, write_text_atomically
+from jaxformer.files import open_descriptor, write_text_atomically, write_to_stream
 from jaxformer.run.directory import CHECKPOINT_KINDS
 
 
@@ -249,6 +249,9 @@ def run_command(
     except KeyboardInterrupt:
         sys.stderr.write("interrupted\n")
         return exit_code_for_signal(signal.SIGINT)
+    except BrokenPipeError:  # the reader of stdout closed it (`| head`): it wants no more, as SIGPIPE says
+        _discard_stdout()
+        return exit_code_for_signal(signal.SIGPIPE)
     except Exception as error:
         full = no_space_error(error)
         if full is None or args.verbose:
@@ -259,6 +262,14 @@ def run_command(
             "(a training run resumes from its last checkpoint)\n"
         )
         return EXIT_NO_SPACE
+
+
+def _discard_stdout() -> None:
+    """Points stdout at /dev/null, so that the interpreter's last flush of what it still holds
+    does not fail a second time, with a message, after the command has ended."""
+    devnull = os.open(os.devnull, os.O_WRONLY)
+    os.dup2(devnull, sys.stdout.fileno())
+    os.close(devnull)
 
 
 # -- the decoding commands' flags ------------------------------------------------------------
@@ -410,11 +421,15 @@ def write_lines(path: str | None, lines: list[str]) -> None:
     """One line per item (sentence_batches.as_lines, the rule serve.py writes by too), to `path`
     atomically, or to stdout when `path` is None."""
     text = sentence_batches.as_lines(lines)
-    if path is None:
-        sys.stdout.write(text)
-        sys.stdout.flush()
-    else:
+    if path is not None:
         write_text_atomically(path, text)
+        return
+    try:
+        write_to_stream(sys.stdout, text)
+    except OSError as error:
+        if error.filename is None:  # a write names no file; the error ("No space left on device") should
+            error.filename = "<stdout>"
+        raise
 
 
 def translator_from_flags(args: argparse.Namespace, settings=None):

@@ -29,7 +29,6 @@ from jaxformer.commands.common import (
     check_writable_file,
     decode_settings_from_flags,
     make_parser,
-    read_lines,
     run_command,
     translator_from_flags,
 )
@@ -79,16 +78,36 @@ def _file_lines(builder, split: str, prepared: int, count: int) -> FileLines | N
     numbers, total = located
     if len(numbers) != prepared:  # the fingerprint says the files are the run's: their pairs are the split's
         raise DataError(f"{split}: its files hold {len(numbers)} pairs with text on both sides, the split {prepared}")
-    if count < prepared:
-        total = numbers[count - 1]
+    return _scored_lines(split, numbers, total, count)
+
+
+def _scored_lines(name: str, numbers: list[int], total: int, count: int) -> FileLines | None:
+    """Where the first `count` of the pairs at lines `numbers` (of `total`) are, said in a warning
+    when lines among them are not scored; None when every line is a pair."""
+    if len(numbers) == total:
+        return None
+    if count < len(numbers):
+        total = numbers[count - 1] if count else 0
     if total > count:
         logging.warning(
             "%s: %d of its first %d lines are not scored (an empty side): --output writes them as empty lines",
-            split,
+            name,
             total - count,
             total,
         )
     return FileLines(numbers[:count], total)
+
+
+def file_pairs(source: str, reference: str, max_examples: int | None) -> tuple[list[str], list[str], FileLines | None]:
+    """(sources, references) of the first `max_examples` pairs of two line-aligned files, and
+    where they are in them: a pair with an empty side is left out, as it is from a split."""
+    from jaxformer.data.parallel_text import SkipCounter, read_parallel_lines
+
+    skipped = SkipCounter()
+    pairs = list(read_parallel_lines(source, reference, skipped))
+    count = len(pairs) if max_examples is None else min(max_examples, len(pairs))
+    file_lines = _scored_lines(source, [number for number, _, _ in pairs], len(pairs) + skipped.empty, count)
+    return [pair[1] for pair in pairs[:count]], [pair[2] for pair in pairs[:count]], file_lines
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -129,14 +148,11 @@ def run(args: argparse.Namespace) -> int:
         sources, references, file_lines = split_pairs(args.workdir, args.split, args.max_examples)
         name = args.split
     else:
-        sources, references, file_lines = read_lines(args.source), read_lines(args.reference), None
-        if len(sources) != len(references):
-            raise DataError(
-                f"line counts differ: {args.source} has {len(sources)} lines, {args.reference} has {len(references)}"
-            )
-        if args.max_examples is not None:
-            sources, references = sources[: args.max_examples], references[: args.max_examples]
+        sources, references, file_lines = file_pairs(args.source, args.reference, args.max_examples)
         name = args.source
+    if not sources:
+        where = args.split or f"{args.source} and {args.reference}"
+        raise DataError(f"{where}: no pair with text on both sides, nothing to score")
     translator = translator_from_flags(args, settings)
     start = time.perf_counter()
     hypotheses = translator.translate(sources, progress=not args.no_progress)

@@ -115,6 +115,10 @@ class Multi30k(FingerprintedBuilder):
             return f"does not list the {len(FILE_NAMES)} Multi30k files"
         return None
 
+    def split_names(self) -> list[str]:
+        """The splits it prepares, known before it prepares them."""
+        return list(SPLIT_FILES)
+
     def _info(self) -> tfds.core.DatasetInfo:
         return tfds.core.DatasetInfo(
             builder=self,

@@ -190,6 +190,10 @@ class ParallelFiles(FingerprintedBuilder):
         """split -> its files, for the splits given as files (validation may be held out instead)."""
         return dict(self._files)
 
+    def split_names(self) -> list[str]:
+        """The splits it prepares, known before it prepares them: the files', and validation held out of train."""
+        return [split for split in SPLITS if split in self._files or (split == "validation" and self._holdout)]
+
     def file_lines(self, split: str) -> tuple[list[int], int] | None:
         """(the 1-based line of each pair of `split` in its file(s), their line count): where a
         split's outputs go to line up with the file; None for a split held out of another and for

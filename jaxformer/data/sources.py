@@ -117,6 +117,14 @@ def prepare(builder) -> None:
             raise
 
 
+def _refuse_unknown_split(builder, split: str, available: list[str]) -> None:
+    if available and split not in available:  # (tfds.testing.mock_data leaves no split list)
+        hint = ""
+        if split == "test" and isinstance(builder, ParallelFiles):
+            hint = "; set data.files.test to score a test file"
+        raise DataError(f"dataset {builder.name!r} has no split {split!r}; it has {', '.join(available)}{hint}")
+
+
 def _remove_empty_builder_folders(builder) -> None:
     """After a failed preparation, the builder's own folders under the data_dir (`<name>/<config>/
     <version>`) that tfds left empty: a corrected rerun must not find a `files-<fingerprint>` folder
@@ -133,14 +141,13 @@ def _remove_empty_builder_folders(builder) -> None:
 
 
 def load_split(builder, split: str, languages: Sequence[str]) -> Sequence:
-    """Prepares the dataset if needed and returns a random-access source for `split`."""
+    """Prepares the dataset if needed and returns a random-access source for `split`; a split it
+    has not is refused before anything is prepared where the builder can tell its splits then
+    (jaxformer's own builders, or a tfds dataset prepared before), after it otherwise."""
+    known = builder.split_names() if hasattr(builder, "split_names") else list(builder.info.splits)
+    _refuse_unknown_split(builder, split, known)
     prepare(builder)
-    available = list(builder.info.splits)
-    if available and split not in available:  # (tfds.testing.mock_data leaves no split list)
-        hint = ""
-        if split == "test" and isinstance(builder, ParallelFiles):
-            hint = "; set data.files.test to score a test file"
-        raise DataError(f"dataset {builder.name!r} has no split {split!r}; it has {', '.join(available)}{hint}")
+    _refuse_unknown_split(builder, split, list(builder.info.splits))
     features = set(builder.info.features.keys())
     missing = [language for language in languages if language not in features]
     if missing:

@@ -80,6 +80,11 @@ class DecodeSettings:
                 f"top_k={self.top_k} is more than the model's {config.vocab_size} tokens: "
                 "top_k=0 samples from all of them"
             )
+        if self.method == "beam" and self.beam_size > config.vocab_size:
+            raise ConfigError(
+                f"beam_size={self.beam_size} is more than the model's {config.vocab_size} tokens: a beam keeps "
+                "distinct hypotheses, and the first step has only that many"
+            )
 
     @property
     def hypotheses(self) -> int:

@@ -77,7 +77,10 @@ def export_checkpoint(
     """Exports `checkpoint` of the run in `workdir` ("latest", "best", "averaged", "final" or a step) into
     the directory `output`, for beam search with `settings` on `platforms` (those whose lowering
     fails are left out and reported in the summary and config.json)."""
-    output = pathlib.Path(output).absolute()  # "." has no parent to stage beside
+    try:
+        output = pathlib.Path(output).absolute()  # "." has no parent to stage beside
+    except FileNotFoundError:  # a relative path in a removed folder
+        raise ExportError(f"the output {output}: the current folder no longer exists; cd to one that does") from None
     if settings.method != "beam":
         raise ExportError(f"an export holds a beam search; decoding method {settings.method!r} cannot be exported")
     unknown = sorted(set(platforms) - set(KNOWN_PLATFORMS))
@@ -224,6 +227,12 @@ def check_output(output: pathlib.Path, overwrite: bool) -> None:
         )
     if output.exists() and not output.is_dir():
         raise ExportError(f"the output {output} is a file, not a directory")
+    current, resolved = pathlib.Path.cwd().resolve(), output.resolve()
+    if resolved == current or resolved in current.parents:
+        raise ExportError(
+            f"the output {output} holds the current folder: the export is renamed into place, which would take the "
+            "folder from under this shell; give another folder, e.g. ./export"
+        )
     unwritable = unwritable_folder_reason(output.parent)  # the export is staged beside it, then renamed
     if unwritable:
         raise ExportError(f"cannot write the export {output}: {output.parent}: {unwritable}")

@@ -37,8 +37,10 @@ import importlib.util
 import json
 import logging
 import math
+import os
 import pathlib
 import re
+import signal
 import struct
 import sys
 from collections.abc import Sequence
@@ -565,7 +567,20 @@ def main(argv: list[str] | None = None) -> int:
     except (ExportError, InputError) as error:
         sys.stderr.write(f"error: {error}\n")
         return 2
-    sys.stdout.write(sentence_batches.as_lines(model.translate(lines)))
+    try:
+        # Through the byte buffer, checking what it wrote: a text stream's write drops the short
+        # count a buffered writer returns once the pipe's reader has gone (CPython 3.11).
+        text = sentence_batches.as_lines(model.translate(lines))
+        if not hasattr(sys.stdout, "buffer"):  # a StringIO in its place (a caller capturing the output)
+            sys.stdout.write(text)
+            return 0
+        output = memoryview(text.encode("utf-8"))
+        while output:
+            output = output[sys.stdout.buffer.write(output) :]
+        sys.stdout.buffer.flush()
+    except BrokenPipeError:  # the reader closed stdout (`| head`): no more is wanted, as SIGPIPE says
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())  # the interpreter's last flush then passes
+        return 128 + signal.SIGPIPE
     return 0
 
 

@@ -162,6 +162,8 @@ def locate_checkpoint(path: str | os.PathLike, checkpoint: str | int = "latest")
 def _not_a_workdir(path: pathlib.Path) -> str:
     """Why `path` holds no checkpoint to load: it is one of a workdir's folders, or a step in one
     (then which workdir and choice to give instead), or no run at all."""
+    if not path.exists():
+        return f"{path} does not exist"
     kinds = {RunDirectory(path.parent).checkpoint_directory(kind).name: kind for kind in CHECKPOINT_KINDS}
     if path.name in kinds:
         return f"{path} is the {path.name}/ folder of the workdir {path.parent}: give that workdir"

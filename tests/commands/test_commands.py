@@ -170,6 +170,57 @@ def test_evaluate_rejects_misaligned_files(decoding_workdir, tmp_path, capsys):
     assert "error: line counts differ" in capsys.readouterr().err
 
 
+def test_evaluate_leaves_out_file_pairs_with_an_empty_side_as_a_split_does(
+    decoding_workdir, tmp_path, capsys, monkeypatch
+):
+    sources, references = read_raw("val.en.gz", 8), read_raw("val.de.gz", 8)
+    sources[2], references[4] = "", "  "  # line 3's source, line 5's reference
+    source, reference = tmp_path / "t.en", tmp_path / "t.de"
+    source.write_text("\n".join(sources) + "\n")
+    reference.write_text("\n".join(references) + "\n")
+    hypotheses, scores_file = tmp_path / "hyp.de", tmp_path / "scores.json"
+    files = ["--source", str(source), "--reference", str(reference)]
+    arguments = ["--workdir", str(decoding_workdir), *files, "--output", str(hypotheses), "--json", str(scores_file)]
+    assert evaluate.main([*arguments, *FAST]) == 0
+    scores = json.loads(scores_file.read_text())
+    outputs = hypotheses.read_text().splitlines()
+    assert len(outputs) == 8 and outputs[2] == outputs[4] == ""  # one line per line of the files
+    kept = [index for index in range(8) if index not in (2, 4)]
+    assert scores["sentences"] == 6
+    scored = [outputs[index] for index in kept]
+    assert scores["bleu"] == pytest.approx(sacrebleu.corpus_bleu(scored, [[references[i] for i in kept]]).score)
+    assert "2 of its first 8 lines are not scored (an empty side)" in capsys.readouterr().err
+
+    class NoModel:  # files without a pair are refused before the model is read
+        @staticmethod
+        def from_workdir(*args, **kwargs):
+            raise AssertionError("the model was read")
+
+        check_workdir = Translator.check_workdir
+
+    monkeypatch.setattr("jaxformer.decoding.translator.Translator", NoModel)
+    for text in ("", "\n\n"):
+        source.write_text(text)
+        reference.write_text(text)
+        assert evaluate.main(["--workdir", str(decoding_workdir), *files, *FAST]) == 2
+        error = capsys.readouterr().err.splitlines()[-1]
+        assert error == f"error: {source} and {reference}: no pair with text on both sides, nothing to score"
+
+
+def test_an_unknown_split_is_refused_before_the_data_is_prepared(decoding_workdir, tmp_path, capsys, monkeypatch):
+    from jaxformer.data import sources
+
+    def no_preparation(builder):
+        raise AssertionError("the dataset was prepared")
+
+    monkeypatch.setattr(sources, "prepare", no_preparation)
+    assert evaluate.main(["--workdir", str(decoding_workdir), "--split", "nosuch", *FAST]) == 2
+    error = capsys.readouterr().err.splitlines()[-1]
+    assert error.startswith(
+        "error: dataset 'multi30k' has no split 'nosuch'; it has train, validation, test_2016_flickr"
+    )
+
+
 def test_average_of_the_last_checkpoints(tmp_path):
     workdir, params, _ = make_workdir(tmp_path / "run", steps=(10, 20, 30, 40), scale=lambda step: step / 10)
     average_checkpoints.main(["--workdir", str(workdir), "--last", "3"])

@@ -50,3 +50,34 @@ def test_a_librarys_thread_failure_is_logged_without_its_traceback():
         )
         record.exc_info = sys.exc_info()
     assert quiet.filter(record) and record.exc_info is None  # the message stays, the traceback goes
+
+
+def test_a_reader_that_closes_stdout_ends_the_command_quietly_as_sigpipe_would():
+    """`jaxformer-translate ... | head -1` on a long output: exit 141, no traceback, nothing on
+    stderr (Python's own handling printed a BrokenPipeError's traceback and exited 1)."""
+    import subprocess
+
+    program = (
+        "import sys\n"
+        "from jaxformer.commands import common\n"
+        "def body(args):\n"
+        "    common.write_lines(None, ['ein Satz'] * 200_000)\n"
+        "    return 0\n"
+        "sys.exit(common.run_command(common.make_parser(None), body, []))\n"
+    )
+    process = subprocess.Popen(
+        [sys.executable, "-c", program], stdout=subprocess.PIPE, stderr=subprocess.PIPE, stdin=subprocess.DEVNULL
+    )
+    assert process.stdout.read(9) == b"ein Satz\n"
+    process.stdout.close()  # as `head -1` does once it has its line
+    error = process.stderr.read().decode()
+    assert process.wait() == 141, error
+    assert error == ""
+
+
+def test_a_full_device_is_named_in_the_error(tmp_path):
+    from jaxformer.files import write_text_atomically
+
+    with pytest.raises(OSError) as error:
+        write_text_atomically("/dev/full", "x" * 100_000)
+    assert error.value.errno == errno.ENOSPC and error.value.filename == "/dev/full"

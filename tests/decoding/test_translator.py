@@ -77,6 +77,9 @@ def test_bad_arguments_are_refused_before_any_search(translator):
     with pytest.raises(ValueError, match=rf"top_k={vocabulary + 1} is more than the model's {vocabulary} tokens"):
         Translator(*parts[:3], sample)
     Translator(*parts[:3], DecodeSettings(method="sample", top_k=vocabulary))  # all of them: allowed
+    with pytest.raises(ValueError, match=rf"^beam_size={vocabulary + 1} is more than the model's {vocabulary} tokens"):
+        Translator(*parts[:3], DecodeSettings(beam_size=vocabulary + 1))
+    Translator(*parts[:3], DecodeSettings(method="greedy", beam_size=vocabulary + 1))  # not a beam: unused
 
 
 def test_from_workdir_checks_the_settings_before_reading_parameters(decoding_workdir, monkeypatch):

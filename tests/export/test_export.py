@@ -7,6 +7,8 @@ import os
 import pathlib
 import re
 import shutil
+import subprocess
+import sys
 
 import jax
 import numpy as np
@@ -396,3 +398,17 @@ def test_a_language_model_is_refused_before_its_parameters_are_read(workdir, tmp
         "and needs an encoder_decoder one (continue text with it through jaxformer-generate / LanguageModel)\n"
     )
     assert not (tmp_path / "out").exists()
+
+
+def test_serve_py_ends_quietly_when_its_reader_closes_stdout(exported):
+    """`python serve.py < in | true`: exit 141 as SIGPIPE, no BrokenPipeError traceback."""
+    process = subprocess.Popen(
+        [sys.executable, str(exported / "serve.py")],
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+    )
+    process.stdout.close()  # the reader is gone before anything is written
+    _, error = process.communicate(b"A man rides a horse.\nTwo dogs.\n", timeout=300)
+    assert process.returncode == 141, error.decode()
+    assert b"Traceback" not in error and b"Exception ignored" not in error

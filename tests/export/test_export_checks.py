@@ -287,3 +287,21 @@ def test_a_program_without_jax_exports_bound_wording_loads_with_that_bound_unche
     config["decoding"]["beam_size"] += 1
     with pytest.raises(standalone.ExportError, match="decoding.beam_size is"):
         standalone._check_program_shapes(config, reworded, "config.json", "program")
+
+
+def test_an_output_that_holds_the_current_folder_is_refused_before_any_work(workdir, tmp_path, capsys, monkeypatch):
+    """The export is renamed into place: `--output .` would take the folder from under the shell."""
+
+    def no_work(*args, **kwargs):
+        raise AssertionError("the checkpoint was read")
+
+    monkeypatch.setattr(exporter, "load_checkpoint", no_work)
+    inner = tmp_path / "out" / "inner"
+    inner.mkdir(parents=True)
+    monkeypatch.chdir(inner)
+    for output in (".", "..", str(inner)):
+        assert export.main(["--workdir", str(workdir), "--output", output, "--overwrite"]) == 2
+        error = capsys.readouterr().err
+        assert error.startswith("error: the output ") and "holds the current folder" in error, error
+        assert error.count("\n") == 1
+    assert inner.is_dir() and not any(inner.iterdir())
