@@ -294,6 +294,12 @@ def add_decoding_flags(parser: argparse.ArgumentParser) -> None:
         "--temperature", type=number(0.0, inclusive=False), default=1.0, help="sampling temperature (default: 1.0)"
     )
     parser.add_argument("--top_k", type=at_least(0), default=0, help="sample among the k most likely tokens; 0 = all")
+    parser.add_argument(
+        "--seed",
+        type=at_least(0),
+        default=0,
+        help="sampling seed; the same seed and --batch_size sample alike (default: 0)",
+    )
     parser.add_argument("--batch_size", type=at_least(1), default=32, help="sentences per decoding batch (default: 32)")
     parser.add_argument(
         "--max_source_tokens",
@@ -438,7 +444,12 @@ def translator_from_flags(args: argparse.Namespace, settings=None):
 
     settings = decode_settings_from_flags(args, args.max_extra_length) if settings is None else settings
     return Translator.from_workdir(
-        args.workdir, args.checkpoint, settings, batch_size=args.batch_size, max_source_tokens=args.max_source_tokens
+        args.workdir,
+        args.checkpoint,
+        settings,
+        batch_size=args.batch_size,
+        max_source_tokens=args.max_source_tokens,
+        seed=args.seed,
     )
 
 

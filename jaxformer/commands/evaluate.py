@@ -166,7 +166,7 @@ def run(args: argparse.Namespace) -> int:
             length_penalty=settings.length_penalty,
             stop=settings.stop,
         ),
-        "sample": dict(temperature=settings.temperature, top_k=settings.top_k),
+        "sample": dict(temperature=settings.temperature, top_k=settings.top_k, seed=args.seed),
         "greedy": {},
     }[settings.method]
     scores.update(

@@ -70,6 +70,7 @@ class Translator:
         max_source_tokens: int = 256,
         target_tokenizer: Tokenizer | None = None,
         parallel_batches: int = 2,
+        seed: int = 0,
     ):
         if config.architecture != "encoder_decoder":
             raise ConfigError(
@@ -110,7 +111,7 @@ class Translator:
         self.parallel_batches = parallel_batches
         self._generate = make_generate_fn(self.config, settings)
         self._compiled_lengths: set[int] = set()  # shared with with_params' copies, as _generate is
-        self._rng = jax.random.key(0)
+        self._rng = jax.random.key(seed)  # sampling's: one key per batch, split from it in turn
         self.step: int | None = None  # the checkpoint's step, when loaded from a workdir
 
     @property

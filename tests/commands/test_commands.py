@@ -97,6 +97,23 @@ def test_translate_names_a_bad_line(decoding_workdir, tmp_path, capsys):
         translate.main(["--workdir", str(decoding_workdir), "--input", str(source), "--verbose", *FAST])
 
 
+def test_translate_samples_with_the_seed_it_is_given(decoding_workdir, tmp_path, capsys):
+    source = tmp_path / "in.en"
+    source.write_text("A man sleeps.\nTwo dogs run on the beach.\nA girl reads a book in the park.\n")
+    sample = ["--workdir", str(decoding_workdir), "--input", str(source), "--method", "sample", "--no_progress"]
+
+    def sampled(*flags):
+        assert translate.main([*sample, "--max_extra_length", "12", *flags]) == 0
+        return capsys.readouterr().out
+
+    outputs = {seed: sampled("--seed", str(seed)) for seed in range(4)}
+    assert sampled() == outputs[0]  # the default seed
+    assert sampled("--seed", "2") == outputs[2]
+    assert len(set(outputs.values())) > 1  # twelve tokens of three sentences from an untrained model
+    assert translate.main(["--workdir", str(decoding_workdir), "--input", str(source), "--seed", "3", *FAST]) == 2
+    assert capsys.readouterr().err == "error: --seed 3 applies to --method sample, not greedy\n"
+
+
 def test_evaluate_scores_files_like_sacrebleu(decoding_workdir, tmp_path, capsys):
     sources, references = read_raw("val.en.gz", 30), read_raw("val.de.gz", 30)
     source, reference = tmp_path / "val.en", tmp_path / "val.de"
