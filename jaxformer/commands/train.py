@@ -113,6 +113,9 @@ def join_processes(args: argparse.Namespace) -> None:
     except (ValueError, RuntimeError) as error:  # no cluster found, a coordinator that refuses
         raise FlagError(f"{where}: cannot join a multi-process run: {error}") from None
     logging.info("process %d of %d", jax.process_index(), jax.process_count())
+    from jaxformer.training import processes
+
+    processes.check_same_device_counts()  # before the first gather, which needs them equal
 
 
 def run(args: argparse.Namespace) -> int:

@@ -356,10 +356,11 @@ class Checkpointer:
         }
         if written and written != {jax.process_count()}:
             (count, *_) = sorted(written)
+            processes = f"{count} process{'es' if count > 1 else ''}"
             raise CheckpointError(
-                f"checkpoint {self.directory / str(step)} was written by {count} processes, and this job has "
-                f"{jax.process_count()}: each process's data position is its own, so resume with {count} "
-                "processes, or start a new run from its parameters (training.init_from)"
+                f"checkpoint {self.directory / str(step)} was written by {processes}, and this job has "
+                f"{jax.process_count()}: each process's data position is its own, so resume with {processes}, "
+                "or start a new run from its parameters (training.init_from)"
             )
 
     def restore_latest(self, abstract_state: Any, data_iterator) -> tuple[int, Any, CheckpointMetadata] | None:

@@ -154,7 +154,13 @@ def _array_checksums(tree: Any) -> dict[str, str]:
                 leaf = jax.random.key_data(leaf)
             if not (leaf.is_fully_addressable and all(d.platform == "cpu" for d in leaf.sharding.device_set)):
                 names.append(path_name(path))
-                pending.append(_elementwise_sums(leaf))
+                sums = _elementwise_sums(leaf)
+                if not leaf.is_fully_addressable:
+                    # Each program of an array spread over processes runs collectives; CPU hosts (gloo)
+                    # run programs in flight in any order, and two processes that take them in another
+                    # order wait on each other for ever. One at a time, then.
+                    sums.block_until_ready()
+                pending.append(sums)
                 continue
         words = _host_words(np.asarray(leaf))
         if words is not None:  # strings and objects are not arrays orbax writes as such

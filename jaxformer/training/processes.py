@@ -11,10 +11,11 @@ error at the same point, and none is left waiting.
 
 from __future__ import annotations
 
+import collections
 import pathlib
 import secrets
 import zlib
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import TypeVar
 
 import jax
@@ -41,6 +42,19 @@ class AnotherProcessError(UserError):
 
 
 _MESSAGE_BYTES = 1024  # of another process's error message, passed on whole up to this length
+
+
+def check_same_device_counts(devices: Sequence[jax.Device] | None = None) -> None:
+    """A ConfigError in every process (each sees every process's devices: no collective needed)
+    when the processes hold different numbers of devices: each host gathers the same amount from
+    every other, and the batch and the mesh are laid out in equal parts per process."""
+    counts = collections.Counter(device.process_index for device in (jax.devices() if devices is None else devices))
+    if len(set(counts.values())) > 1:
+        held = ", ".join(f"process {index} has {counts[index]}" for index in sorted(counts))
+        raise ConfigError(
+            f"the processes hold different numbers of devices ({held}); give every host the same number "
+            "(CUDA_VISIBLE_DEVICES, or --xla_force_host_platform_device_count on CPU)"
+        )
 
 
 def all_or_none(step: Callable[[], T]) -> T:

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import difflib
 import math
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import flax.linen as nn
@@ -117,10 +117,40 @@ def check_batch_size(batch_size: int, mesh: Mesh, rules, key: str = "data.batch_
     spec = nn.logical_to_mesh_axes(BATCH_AXES, rules)[0]
     axes = spec if isinstance(spec, tuple) else (spec,) if spec else ()
     ways = math.prod(mesh.shape[axis] for axis in axes)
-    if batch_size % ways or batch_size % jax.process_count():
+    processes = jax.process_count()
+    if batch_size % ways or batch_size % processes:
         raise MeshError(
             f"{key}={batch_size} must be divisible by the {ways} data-parallel shards "
-            f"and by the {jax.process_count()} processes"
+            f"and by the {processes} process{'es' if processes > 1 else ''}"
+        )
+    check_rows_within_processes(mesh, rules)
+
+
+def check_rows_within_processes(mesh: Mesh, rules, process_of: Callable[[jax.Device], int] | None = None) -> None:
+    """MeshError when a data-parallel shard of the batch lies on devices of more than one process:
+    each process builds its own rows of every batch (`global_batch`), so two processes would give
+    one shard different rows, and the 'replicated' parameters would drift apart between them.
+    `process_of`: a device's process (its `process_index`)."""
+    process_of = process_of or (lambda device: device.process_index)
+    spec = nn.logical_to_mesh_axes(BATCH_AXES, rules)[0]
+    axes = spec if isinstance(spec, tuple) else (spec,) if spec else ()
+    shard_of = np.zeros(mesh.devices.shape, int)  # the batch shard each device holds, by its batch axes' indices
+    for axis in axes:
+        index = mesh.axis_names.index(axis)
+        shape = [1] * mesh.devices.ndim
+        shape[index] = mesh.shape[axis]
+        shard_of = shard_of * mesh.shape[axis] + np.arange(mesh.shape[axis]).reshape(shape)
+    holders: dict[int, set[int]] = {}
+    for shard, device in zip(shard_of.ravel(), mesh.devices.ravel()):
+        holders.setdefault(int(shard), set()).add(process_of(device))
+    shared = [shard for shard, processes in holders.items() if len(processes) > 1]
+    if shared:
+        ways = len(holders)
+        raise MeshError(
+            f"mesh.shape={tuple(mesh.devices.shape)}: {len(shared)} of its {ways} data-parallel shard"
+            f"{'s' if ways > 1 else ''} (data x fsdp) span devices of several processes, which each read their "
+            "own rows of the batch; use a mesh whose data x fsdp is a multiple of the process count (tensor "
+            "parallelism within one host)"
         )
 
 

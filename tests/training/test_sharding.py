@@ -1,6 +1,7 @@
 """Sharded training on 8 simulated CPU devices (see conftest.py): meshes agree with one device."""
 
 import functools
+import re
 
 import flax.linen as nn
 import jax
@@ -192,6 +193,32 @@ def test_mesh_shape_errors():
         sharding.check_batch_size(6, mesh, sharding.DEFAULT_RULES)
     with pytest.raises(sharding.MeshError, match="^data.eval_batch_size=4 must be divisible by the 8 data-parallel"):
         sharding.check_batch_size(4, mesh, sharding.DEFAULT_RULES, "data.eval_batch_size")
+
+
+@pytest.mark.parametrize(
+    ("shape", "processes", "spans"),
+    [
+        ((1, 1, 8), 2, True),  # one batch shard over both hosts: each would give it its own rows
+        ((2, 1, 4), 4, True),  # two shards, four hosts
+        ((2, 1, 4), 2, False),
+        ((1, 2, 4), 2, False),
+        ((2, 2, 2), 4, False),
+        ((8, 1, 1), 8, False),
+    ],
+)
+def test_a_batch_shard_on_devices_of_two_processes_is_refused(shape, processes, spans):
+    """As the devices of `processes` hosts with 8 / processes devices each, in order."""
+    mesh = sharding.make_mesh(shape)
+    per_host = 8 // processes
+
+    def check():
+        sharding.check_rows_within_processes(mesh, sharding.DEFAULT_RULES, lambda device: device.id // per_host)
+
+    if not spans:
+        check()
+        return
+    with pytest.raises(sharding.MeshError, match=rf"^mesh.shape={re.escape(str(shape))}: \d+ of its \d+ data-parallel"):
+        check()
 
 
 @pytest.mark.parametrize(("num_heads", "divides"), [(8, True), (4, False)])
