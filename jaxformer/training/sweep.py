@@ -242,13 +242,17 @@ def variant_pace(
     baseline_steps: int,
     path: pathlib.Path,
     stored: dict[str, Any] | None,
+    check_signals: Callable[[], None] = lambda: None,
 ) -> dict[str, Any]:
     """The variant's pace record: `stored` when an earlier process measured it (a resumed
     variant keeps its step budget; sweep_checks refused one for another --baseline_steps), else
-    measured against `reference` and written to `path`."""
+    measured against `reference` (`check_signals` between its steps) and written to `path`."""
     if stored is not None:
         return stored
-    pace = Pace(1.0, 1.0, timed=False) if not variant.overrides else relative_pace(variant.config, reference)
+    if not variant.overrides:
+        pace = Pace(1.0, 1.0, timed=False)
+    else:
+        pace = relative_pace(variant.config, reference, check_signals)
     record = {"baseline_steps": baseline_steps, "steps": pace.steps_for(baseline_steps), "speed": pace.speed}
     record.update(dataclasses.asdict(pace))
     if jax.process_index() == 0:
@@ -357,7 +361,7 @@ def _train_variant(
     pace = None
     if baseline_steps is not None:
         path = pace_file(workdir, variant)
-        pace = variant_pace(variant, reference, baseline_steps, path, stored_pace(path))
+        pace = variant_pace(variant, reference, baseline_steps, path, stored_pace(path), check_signals)
     seed_rows = []
     for seed_offset in range(seeds):
         run_dir = workdir / seed_run_name(variant, seed_offset)

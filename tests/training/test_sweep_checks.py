@@ -56,7 +56,7 @@ def runs(monkeypatch):
     monkeypatch.setattr(loop, "train_and_evaluate", runs := SavedRuns())
     monkeypatch.setattr(loading, "load_checkpoint", load_saved)
     # Every variant here changes constants only: not timed, as pace.py finds without compiling.
-    monkeypatch.setattr(sweep_module, "relative_pace", lambda config, reference: Pace(1.0, 1.0, timed=False))
+    monkeypatch.setattr(sweep_module, "relative_pace", lambda config, reference, *checks: Pace(1.0, 1.0, timed=False))
     return runs
 
 
