@@ -7,8 +7,10 @@
 of a Python file whose get_sweep() returns {variant name: ["SECTION.KEY=VALUE", ...]}. Each
 variant trains in WORKDIR/<variant name>, one after another, with the config's own budget; any
 --config.SECTION.KEY=VALUE given here applies to every variant first. Every variant is built and
-checked before the first one trains. A variant's score is the validation BLEU of its final choice
-(training.final_choice); no test set is read. The table, highest first, is printed and written to
+checked, and every run already in WORKDIR checked against it (its config, step budget and data
+files), before the first one trains; one invocation at a time holds WORKDIR (WORKDIR/sweep.lock).
+A variant's score is the validation BLEU of its final choice (training.final_choice); no test set
+is read. The table, highest first, is printed and written to
 WORKDIR/sweep.md (and each row to WORKDIR/sweep.jsonl). Running the same command again trains only
 the variants not yet finished (resuming the one that was stopped). The rows of this invocation
 replace the earlier ones of the same variants; an earlier row of a variant that has none in this
@@ -19,7 +21,8 @@ marked "from an earlier invocation". A stopped or failed sweep writes the rows i
 machine's speed: the config as it is (with the shared --config overrides) would train N steps,
 and each variant trains N times its steps a second over that config's, measured by timing their
 train steps in turn before it trains (WORKDIR/pace/<variant>.json). On a fast or a slow machine,
-or beside other jobs, every variant then gets the same compute. multi30k's 55-minute budget
+or beside other jobs, every variant then gets the same compute (a variant's or this command's own
+training.num_train_steps or training.time_budget_minutes is refused). multi30k's 55-minute budget
 buys about 4,750 steps of its d_model 192 model on the machine the README reports.
 
 --seeds K trains each variant K times, seed k (0 to K-1) with training.seed and data.shuffle_seed
@@ -33,6 +36,7 @@ from __future__ import annotations
 import argparse
 import json
 import logging
+import math
 import pathlib
 import sys
 from collections.abc import Sequence
@@ -69,23 +73,32 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def run(args: argparse.Namespace, overrides: list[tuple[str, str]]) -> int:
-    from jaxformer.training.sweep import (
-        check_step_budget,
-        load_sweep,
-        make_variants,
-        reference_config,
-        run_sweep,
-    )
+    from jaxformer.run.lock import SweepLock
+    from jaxformer.training.sweep import check_step_budget, load_sweep, make_variants, reference_config
 
     variants = make_variants(args.config, load_sweep(args.sweep), overrides)
     reference = None if args.baseline_steps is None else reference_config(args.config, overrides)
     if args.baseline_steps is not None:
-        check_step_budget(variants, args.baseline_steps)
+        check_step_budget(variants, args.baseline_steps, overrides)
     workdir = pathlib.Path(args.workdir).absolute()
     if workdir.exists() and not workdir.is_dir():
         raise FlagError(f"--workdir {workdir} exists and is not a directory")
-    earlier = read_rows(workdir)  # before anything trains: a bad file costs no run's time
+    created = not workdir.exists()
     workdir.mkdir(parents=True, exist_ok=True)
+    try:
+        # Held from reading sweep.jsonl to writing it again: a second invocation beside this one
+        # would write its own rows over this one's, or this one over its.
+        with SweepLock(workdir):
+            return _run_locked(args, variants, reference, workdir)
+    finally:
+        if created and not any(workdir.iterdir()):  # refused before writing anything: as it was
+            workdir.rmdir()
+
+
+def _run_locked(args: argparse.Namespace, variants, reference, workdir: pathlib.Path) -> int:
+    from jaxformer.training.sweep import run_sweep
+
+    earlier = read_rows(workdir)  # before anything trains: a bad file costs no run's time
     logging.info(
         "sweep %s over --config %s: %d variants x %d seeds in %s",
         args.sweep,
@@ -117,9 +130,13 @@ ROW_TYPES = {"variant": str, "changes": str, "steps": NUMBER, "train_minutes": N
 
 def read_rows(workdir: pathlib.Path) -> list[dict[str, Any]]:
     """The rows an earlier invocation wrote to WORKDIR/sweep.jsonl ([] when none), read before
-    anything trains: a line the table cannot show is an error naming it, not a row dropped later."""
+    anything trains: a line the table cannot show is an error naming it, not a row dropped later,
+    nor a table that fails once the sweep has trained."""
     sweep = SweepDirectory(workdir)
     path = sweep.rows_file
+    for entry in (path, sweep.table_file):
+        if entry.exists() and not entry.is_file():
+            raise UserError(f"{entry} is a directory (or another non-file), where the sweep keeps a file: move it away")
     if not path.is_file():
         if sweep.table_file.exists():
             raise UserError(
@@ -141,15 +158,52 @@ def read_rows(workdir: pathlib.Path) -> list[dict[str, Any]]:
             row = None
         if not isinstance(row, dict):
             raise UserError(f"{path} line {number} is not a JSON object; fix or remove that line")
-        for key, kind in ROW_TYPES.items():
-            if not isinstance(row.get(key), kind) or isinstance(row[key], bool):
-                what = "number" if kind is NUMBER else "string"
-                raise UserError(f"{path} line {number} is not a sweep row: its {key!r} is missing or not a {what}")
+        problem = row_problem(row)
+        if problem is not None:
+            raise UserError(f"{path} line {number} is not a sweep row: {problem}; fix or remove that line")
         if row["variant"] in seen:
             raise UserError(f"{path} line {number}: a second row of variant {row['variant']!r}; remove one")
         seen.add(row["variant"])
         rows.append(row)
     return rows
+
+
+def row_problem(row: dict[str, Any], seed_row: bool = False) -> str | None:
+    """What the table could not show in a row of sweep.jsonl (a key missing, a value of the wrong
+    type, a number that is not finite), or None; a variant's row may hold its seeds' rows."""
+    from jaxformer.training.final_choice import CANDIDATES
+
+    def finite(value) -> bool:
+        return isinstance(value, NUMBER) and not isinstance(value, bool) and math.isfinite(value)
+
+    def shown(value) -> str:
+        text = repr(value)
+        return text if len(text) <= 40 else text[:37] + "..."
+
+    for key, kind in ROW_TYPES.items():
+        if key not in row or row[key] is None:
+            return f"its {key!r} is missing"
+        if not (finite(row[key]) if kind is NUMBER else isinstance(row[key], kind)):
+            return f"its {key!r} is {shown(row[key])}, not {'a finite number' if kind is NUMBER else 'a string'}"
+    # None where not known: a pace without --baseline_steps, a score an older run did not keep.
+    for key in ("speed", "alpha", "lowercase_bleu", "chrf", *(f"{name}_bleu" for name in CANDIDATES)):
+        if row.get(key) is not None and not finite(row[key]):
+            return f"its {key!r} is {shown(row[key])}, not a finite number or null"
+    if seed_row:
+        return None
+    if EARLIER in row and not isinstance(row[EARLIER], bool):
+        return f"its {EARLIER!r} is {shown(row[EARLIER])}, not true or false"
+    bleus = row.get("seed_bleus", [])
+    if not isinstance(bleus, list) or not all(finite(bleu) for bleu in bleus):
+        return f"its 'seed_bleus' is {shown(bleus)}, not a list of finite numbers"
+    seeds = row.get("seeds", [])
+    if not isinstance(seeds, list):
+        return f"its 'seeds' is {shown(seeds)}, not a list of its seeds' rows"
+    for index, seed in enumerate(seeds):
+        problem = row_problem(seed, seed_row=True) if isinstance(seed, dict) else "it is not a JSON object"
+        if problem is not None:
+            return f"its 'seeds' item {index}: {problem.removeprefix('its ')}"
+    return None
 
 
 def merge_rows(earlier: Sequence[dict[str, Any]], rows: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:
@@ -174,9 +228,9 @@ def write_results(workdir: pathlib.Path, earlier: Sequence[dict[str, Any]], rows
             ", ".join(kept),
             sweep.table_file.name,
         )
-    table = results_table(merged)
-    # The rows first: a table is rebuilt from them, not they from it.
+    # The rows first, before the table is made: a table is rebuilt from them, not they from it.
     write_text_atomically(sweep.rows_file, "".join(json.dumps(row) + "\n" for row in merged))
+    table = results_table(merged)
     write_text_atomically(sweep.table_file, table)
     return table
 

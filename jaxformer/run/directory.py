@@ -30,6 +30,7 @@ run/metadata.py. A sweep's directory (jaxformer-sweep) holds one such run direct
         sweep.jsonl           one JSON row per finished variant (and seed)
         sweep.md              the rows as a Markdown table, highest validation BLEU first
         pace/<variant>.json   under --baseline_steps: each variant's measured pace and steps
+        sweep.lock            held by the jaxformer-sweep using the directory (run/lock.py)
 
 Only paths here: nothing is read, created or locked.
 """
@@ -108,4 +109,5 @@ class SweepDirectory(_Directory):
     rows_file = _Entry("sweep.jsonl", "one JSON row per finished variant (and seed)")
     table_file = _Entry("sweep.md", "the rows as a Markdown table, highest validation BLEU first")
     pace_dir = _Entry("pace", "under --baseline_steps: <variant>.json, each variant's measured pace")
-    OWN_NAMES = (rows_file.name, table_file.name, pace_dir.name)
+    lock_file = _Entry("sweep.lock", "held by the jaxformer-sweep using the directory (run/lock.py)")
+    OWN_NAMES = (rows_file.name, table_file.name, pace_dir.name, lock_file.name)

@@ -1,4 +1,5 @@
-"""One training run per workdir: a lock file taken before anything is written.
+"""One training run per workdir, and one jaxformer-sweep per sweep directory: a lock file taken
+before anything is written (`<workdir>/lock`; a sweep's `sweep.lock`, `SweepLock`).
 
 `<workdir>/lock` holds the holder's host, pid, process start time and command line. It is
 created whole by a hard link (which, like O_CREAT | O_EXCL, fails when the name exists; O_EXCL
@@ -21,7 +22,7 @@ import time
 import uuid
 
 from jaxformer.errors import UserError
-from jaxformer.run.directory import RunDirectory
+from jaxformer.run.directory import RunDirectory, SweepDirectory
 
 WRITE_GRACE_SECONDS = 10.0  # an unreadable lock file younger than this may still be being written
 _POLL_SECONDS = 0.1
@@ -63,9 +64,15 @@ def _describe(holder: dict) -> str:
 class WorkdirLock:
     """`with WorkdirLock(workdir):` holds `<workdir>/lock` for the block (process 0 of a run)."""
 
+    HOLDER = "training run"  # what holds the lock, for the error naming it
+
     def __init__(self, workdir: str | os.PathLike):
-        self.path = RunDirectory(workdir).lock_file
+        self.path = self._lock_path(workdir)
         self.held = False
+
+    @staticmethod
+    def _lock_path(workdir: str | os.PathLike) -> pathlib.Path:
+        return RunDirectory(workdir).lock_file
 
     def _record(self) -> dict:
         return {
@@ -147,8 +154,8 @@ class WorkdirLock:
             if not garbled and (not same_host or _is_alive(pid, holder.get("start_ticks"))):
                 where = "" if same_host else " (another host: this cannot check whether it still runs)"
                 raise WorkdirLockedError(
-                    f"{self.path.parent} is in use by another training run: {_describe(holder)}{where}; "
-                    f"wait for it, use another --workdir, or delete {self.path} if that run is gone"
+                    f"{self.path.parent} is in use by another {self.HOLDER}: {_describe(holder)}{where}; "
+                    f"wait for it, use another --workdir, or delete {self.path} if that process is gone"
                 )
             # Its holder is dead: move the stale file aside atomically (only one taker wins the
             # rename), then create our own.
@@ -159,12 +166,13 @@ class WorkdirLock:
                 continue
             stale.unlink(missing_ok=True)
             logging.warning(
-                "took over %s from a run that is no longer alive (%s)",
+                "took over %s from a %s that is no longer alive (%s)",
                 self.path,
+                self.HOLDER,
                 _describe(holder) if not garbled else "unreadable lock file",
             )
         raise WorkdirLockedError(
-            f"{self.path.parent} is in use by another training run that started just now ({self.path})"
+            f"{self.path.parent} is in use by another {self.HOLDER} that started just now ({self.path})"
         )
 
     def release(self) -> None:
@@ -181,3 +189,15 @@ class WorkdirLock:
 
     def __exit__(self, *exc) -> None:
         self.release()
+
+
+class SweepLock(WorkdirLock):
+    """`with SweepLock(directory):` holds a sweep directory's `sweep.lock` for a jaxformer-sweep
+    invocation, which reads sweep.jsonl at its start and writes it again at its end: a second
+    invocation beside it would drop the first one's rows (or it the second's)."""
+
+    HOLDER = "jaxformer-sweep"
+
+    @staticmethod
+    def _lock_path(workdir: str | os.PathLike) -> pathlib.Path:
+        return SweepDirectory(workdir).lock_file

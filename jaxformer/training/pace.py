@@ -27,7 +27,7 @@ import logging
 import re
 import statistics
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 
 import flax.linen as nn
 import jax
@@ -163,11 +163,17 @@ def _signature(programs: list[tuple[float, ConfigTrainStep]]) -> list[tuple[floa
     return [(share, steps.lowered_text()) for share, steps in programs]
 
 
-def relative_pace(config: ml_collections.ConfigDict, reference: ml_collections.ConfigDict) -> Pace:
+def relative_pace(
+    config: ml_collections.ConfigDict,
+    reference: ml_collections.ConfigDict,
+    between_steps: Callable[[], None] = lambda: None,
+) -> Pace:
     """`config`'s train-step time against `reference`'s, measured in turn in this process:
     WARMUP_STEPS untimed steps of each program, then PACE_ROUNDS rounds of one step of each. A
     config's time a step is its programs' medians weighted by their shares of the steps. With
-    several processes every one takes process 0's figures."""
+    several processes every one takes process 0's figures. `between_steps` is called after each
+    compilation and step, outside JAX's code (a signal held while JAX ran is raised there: the
+    steps spend nearly all their time in JAX, so one re-sent would seldom land outside it)."""
     programs = {"config": _programs(config), "reference": _programs(reference)}
     if _signature(programs["config"]) == _signature(programs["reference"]):
         logging.info("pace: the same train program as the reference up to constants; not timed")
@@ -175,6 +181,7 @@ def relative_pace(config: ml_collections.ConfigDict, reference: ml_collections.C
     timed = [(name, index, steps) for name in programs for index, (_, steps) in enumerate(programs[name])]
     for _, _, steps in timed:
         steps.compile()
+        between_steps()
     times: dict[tuple[str, int], list[float]] = {(name, index): [] for name, index, _ in timed}
     for round_index in range(WARMUP_STEPS + PACE_ROUNDS):
         for name, index, run_step in timed:
@@ -182,6 +189,7 @@ def relative_pace(config: ml_collections.ConfigDict, reference: ml_collections.C
             run_step()
             if round_index >= WARMUP_STEPS:
                 times[name, index].append(time.perf_counter() - start)
+            between_steps()
     seconds_per_step = np.asarray(
         [
             sum(share * statistics.median(times[name, index]) for index, (share, _) in enumerate(programs[name]))

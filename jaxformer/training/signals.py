@@ -5,6 +5,7 @@ from __future__ import annotations
 import logging
 import os
 import signal
+import sys
 import threading
 
 import jax
@@ -105,13 +106,21 @@ _HOLDING_MODULES = frozenset(
         "concurrent",
     }
 )
+# Code that runs as a callback of an object's end (a weakref's, a finalizer's, a `__del__`), often
+# inside a garbage collection: Python prints an exception raised there ("Exception ignored in") and
+# drops it, so a signal that comes there is held as inside the libraries.
+_CALLBACK_MODULES = frozenset({"weakref", "_weakrefset"})
 _RETRY_SECONDS = 0.05
 
 
 def _inside_libraries(frame) -> bool:
-    """Whether the interrupted code, or any of its callers, is one of _HOLDING_MODULES'."""
+    """Whether the interrupted code, or any of its callers, is one of _HOLDING_MODULES' or a
+    callback of an object's end (_CALLBACK_MODULES', or a `__del__`)."""
     while frame is not None:
-        if frame.f_globals.get("__name__", "").partition(".")[0] in _HOLDING_MODULES:
+        module = frame.f_globals.get("__name__", "")
+        if module.partition(".")[0] in _HOLDING_MODULES or module in _CALLBACK_MODULES:
+            return True
+        if getattr(frame, "f_code", None) is not None and frame.f_code.co_name == "__del__":
             return True
         frame = frame.f_back
     return False
@@ -121,11 +130,13 @@ class RaiseOnSignal(_SignalHandler):
     """`with RaiseOnSignal() as signals:` turns SIGTERM and SIGINT into `Stopped`, where no step
     boundary comes soon enough to stop at (the final choice decodes the validation split for
     minutes; a run prepares its data and compiles); outside the main thread signals are left
-    alone. A signal that interrupts JAX (a compilation, say) or orbax is raised as soon as their
-    call returns (the signal is sent again every 50 ms until then), never inside it; signals after
-    the first are not raised (the stop's clean-up runs). One that came but was not raised (held
-    until the block's work ended, or raised inside a garbage-collection callback, whose exception
-    Python prints and drops) is raised by `check()`, which the block calls where its work ends."""
+    alone. A signal that interrupts JAX (a compilation, say) or orbax, or a callback of an
+    object's end (a weakref's, a `__del__`: Python prints and drops an exception raised there), is
+    raised as soon as that call returns (the signal is sent again every 50 ms until then), never
+    inside it; signals after the first are not raised (the stop's clean-up runs). A `Stopped` that
+    Python dropped all the same (raised in a callback not known as one) is not printed, and the
+    signal is sent again likewise. One that came but was not raised (held until the block's work
+    ended) is raised by `check()`, which the block calls where its work ends."""
 
     def __init__(self):
         super().__init__()
@@ -133,18 +144,38 @@ class RaiseOnSignal(_SignalHandler):
         self._raised = False  # Stopped raised for `signum`
         self._closed = False
         self._retry: threading.Timer | None = None
+        self._previous_unraisable_hook = None
+
+    def __enter__(self):
+        self._previous_unraisable_hook = sys.unraisablehook
+        sys.unraisablehook = self._unraisable
+        return super().__enter__()
 
     def _handle(self, signum, frame) -> None:
         if self._raised:  # the stop is under way: another exception would break off its clean-up
             return
         self.signum = int(signum)
         if _inside_libraries(frame):
-            self._retry = threading.Timer(_RETRY_SECONDS, self._send_again, (int(signum),))
-            self._retry.daemon = True
-            self._retry.start()
+            self._send_later(int(signum))
             return
         self._raised = True
         raise Stopped(self.signum)
+
+    def _send_later(self, signum: int) -> None:
+        self._retry = threading.Timer(_RETRY_SECONDS, self._send_again, (signum,))
+        self._retry.daemon = True
+        self._retry.start()
+
+    def _unraisable(self, unraisable) -> None:
+        """sys.unraisablehook in the block: this handler's `Stopped`, which Python dropped (it was
+        raised in a callback), is not a stop under way: its signal is sent again, to be raised in
+        ordinary code. Anything else goes to the hook that was in place."""
+        stop = unraisable.exc_value
+        if isinstance(stop, Stopped) and self._raised and stop.signum == self.signum and not self._closed:
+            self._raised = False
+            self._send_later(stop.signum)
+            return
+        self._previous_unraisable_hook(unraisable)
 
     def _send_again(self, signum: int) -> None:
         if self._closed:
@@ -163,4 +194,6 @@ class RaiseOnSignal(_SignalHandler):
         self._closed = True
         if self._retry is not None:
             self._retry.cancel()
+        if sys.unraisablehook == self._unraisable:  # else another replaced it since: theirs to restore
+            sys.unraisablehook = self._previous_unraisable_hook
         super().__exit__(*exc)

@@ -3,8 +3,9 @@ one run after another, each in its own workdir, compared on validation BLEU only
 
 A sweep file is a Python file whose `get_sweep()` returns {variant name: [override, ...]}, each
 override written as after `--config.` on the command line ("model.dropout_rate=0.3"); a variant
-with no overrides is the config as it is. Every variant is built and validated before the first
-run starts. Each run ends with the final choice (training.final_choice must be on), whose
+with no overrides is the config as it is. Every variant is built and validated, and every run
+already in the workdir checked against what the sweep gives it now (sweep_checks.py), before the
+first run starts. Each run ends with the final choice (training.final_choice must be on), whose
 validation BLEU (beam search with the `decoding` settings, on the validation split) is the
 variant's score; no test set is read. A variant whose workdir already holds that choice is not
 trained again, so running the same sweep again resumes it where it stopped.
@@ -41,11 +42,11 @@ from typing import Any
 import jax
 import ml_collections
 
-from jaxformer.errors import CheckpointError, UserError
+from jaxformer.errors import UserError
 from jaxformer.files import write_text_atomically
 from jaxformer.model.config import ConfigError
 from jaxformer.run.directory import RunDirectory, SweepDirectory
-from jaxformer.training import experiment, resume_rules
+from jaxformer.training import experiment
 from jaxformer.training.config_file import (
     apply_overrides,
     call_file_function,
@@ -172,7 +173,7 @@ def finished_result(workdir: pathlib.Path) -> dict[str, Any] | None:
     return last if "bleu" in last.get("final", {}) else None
 
 
-def _run_config(variant: Variant, seed_offset: int, pace: dict[str, Any] | None) -> ml_collections.ConfigDict:
+def run_config(variant: Variant, seed_offset: int, pace: dict[str, Any] | None) -> ml_collections.ConfigDict:
     """The config one seed of `variant` trains with: its seed offset, and its steps under a pace
     (a value that contradicts that step budget is a ConfigError naming the variant)."""
     config = with_seed_offset(variant.config, seed_offset)
@@ -182,41 +183,6 @@ def _run_config(variant: Variant, seed_offset: int, pace: dict[str, Any] | None)
         return with_steps(config, pace["steps"])
     except ConfigError as error:
         raise ConfigError(f"variant {variant.name!r} at {pace['steps']} steps: {error}") from None
-
-
-def _check_run_as_configured(
-    run_dir: pathlib.Path, variant: Variant, config: ml_collections.ConfigDict, finished: bool
-) -> None:
-    """A run counts for its variant, finished or resumed, only if it was trained with `config`, the
-    one the sweep would train it with now (every key but resume_rules.PLACEMENT_KEYS, which say
-    where the data is and how the work is spread): an edited sweep file or other command-line
-    values would otherwise be reported with an earlier config's results, or with steps trained
-    under it. A run stopped before its first checkpoint starts afresh; a damaged one is training's
-    to name."""
-    from jaxformer.run.loading import load_checkpoint
-
-    if not finished and not RunDirectory(run_dir).checkpoints.is_dir():
-        return
-    try:
-        step, metadata, _ = load_checkpoint(run_dir, "latest", params=False)
-    except CheckpointError:
-        if finished:
-            raise
-        return
-    config = experiment.with_absolute_paths(config)
-    # A resumed run may change the learning rate's schedule or the evaluation's subset; a sweep's
-    # run may not: its numbers come from the saved values, or its first steps did.
-    differences = resume_rules.resume_differences(metadata.config, config, sections=None) + [
-        difference
-        for difference in resume_rules.resume_differences(metadata.config, config, free=True)
-        if difference.split(":")[0] not in resume_rules.PLACEMENT_KEYS
-    ]
-    if differences:
-        state = "finished" if finished else f"stopped at step {step}"
-        raise ConfigError(
-            f"variant {variant.name!r} {state} in {run_dir} with another configuration than the sweep gives it "
-            "now: " + "; ".join(differences) + f"; sweep in a new --workdir, or remove {run_dir} to train it again"
-        )
 
 
 def result_row(variant: Variant, last: dict[str, Any], pace: dict[str, Any] | None = None) -> dict[str, Any]:
@@ -276,17 +242,17 @@ def variant_pace(
     baseline_steps: int,
     path: pathlib.Path,
     stored: dict[str, Any] | None,
+    check_signals: Callable[[], None] = lambda: None,
 ) -> dict[str, Any]:
     """The variant's pace record: `stored` when an earlier process measured it (a resumed
-    variant keeps its step budget), else measured against `reference` and written to `path`."""
+    variant keeps its step budget; sweep_checks refused one for another --baseline_steps), else
+    measured against `reference` (`check_signals` between its steps) and written to `path`."""
     if stored is not None:
-        if stored["baseline_steps"] != baseline_steps:
-            raise ConfigError(
-                f"variant {variant.name!r} was given its steps for --baseline_steps {stored['baseline_steps']} "
-                f"({path}), not {baseline_steps}: run with {stored['baseline_steps']} or in a new --workdir"
-            )
         return stored
-    pace = Pace(1.0, 1.0, timed=False) if not variant.overrides else relative_pace(variant.config, reference)
+    if not variant.overrides:
+        pace = Pace(1.0, 1.0, timed=False)
+    else:
+        pace = relative_pace(variant.config, reference, check_signals)
     record = {"baseline_steps": baseline_steps, "steps": pace.steps_for(baseline_steps), "speed": pace.speed}
     record.update(dataclasses.asdict(pace))
     if jax.process_index() == 0:
@@ -305,13 +271,31 @@ def with_steps(config: ml_collections.ConfigDict, steps: int) -> ml_collections.
     return config
 
 
-def check_step_budget(variants: Sequence[Variant], baseline_steps: int) -> None:
+STEP_KEYS = ("training.num_train_steps", "training.time_budget_minutes")  # what --baseline_steps sets
+
+
+def check_step_budget(variants: Sequence[Variant], baseline_steps: int, shared: Sequence[tuple[str, str]] = ()) -> None:
     """Each variant's config at `baseline_steps` steps, validated before the first trains (a
     ConfigError naming the variant): a variant's own steps are that times its measured speed,
     known only when its turn comes, and a value that contradicts a step budget (a warmup as long
-    as the run) would otherwise stop the sweep after the variants before it had trained."""
+    as the run) would otherwise stop the sweep after the variants before it had trained. A step
+    count or time budget given by a variant or by the command line (`shared`) is refused: the
+    step budget would replace it unseen."""
+    replaced = "--baseline_steps sets each variant's steps (its speed relative to the config's, times"
+    for key, text in shared:
+        if key in STEP_KEYS:
+            raise ConfigError(
+                f"--config.{key}={text} with --baseline_steps {baseline_steps}: {replaced} {baseline_steps}); "
+                "drop one of the two"
+            )
     for variant in variants:
-        _run_config(variant, 0, {"steps": baseline_steps})
+        for key, text in variant.overrides:
+            if key in STEP_KEYS:
+                raise ConfigError(
+                    f"variant {variant.name!r}: {key}={text} with --baseline_steps {baseline_steps}: {replaced} "
+                    f"{baseline_steps}); drop it from the sweep file, or run without --baseline_steps"
+                )
+        run_config(variant, 0, {"steps": baseline_steps})
 
 
 def run_sweep(
@@ -332,9 +316,12 @@ def run_sweep(
         raise ValueError("baseline_steps and reference go together")
     if seeds < 1:
         raise ConfigError(f"seeds={seeds}: a sweep trains each variant with at least one seed")
+    from jaxformer.training.sweep_checks import check_existing_runs  # it builds on this module
+
     workdir = pathlib.Path(workdir)
     if baseline_steps is not None:
         check_step_budget(variants, baseline_steps)
+    check_existing_runs(variants, workdir, baseline_steps, seeds)  # before anything trains: all of them
     rows = [] if rows is None else rows
     # A run puts its own handlers in (its preparation, its steps, the final choice) and returns
     # "stopped_by_signal"; this one covers the rest (a pace measured, the sweep's own work), where
@@ -371,27 +358,16 @@ def _train_variant(
     that came while JAX measured the pace), before a run starts."""
     from jaxformer.training.loop import train_and_evaluate
 
-    path, pace = pace_file(workdir, variant), None
-    stored = stored_pace(path)
-    if baseline_steps is None and stored is not None:
-        raise ConfigError(
-            f"variant {variant.name!r} in {workdir} trains for a step budget ({path}): "
-            f"run with --baseline_steps {stored['baseline_steps']}"
-        )
+    pace = None
     if baseline_steps is not None:
-        if finished_result(workdir / variant.name) is not None and stored is None:
-            raise ConfigError(
-                f"variant {variant.name!r} finished in {workdir / variant.name} with the config's own budget, "
-                "not a --baseline_steps one: run without --baseline_steps or in a new --workdir"
-            )
-        pace = variant_pace(variant, reference, baseline_steps, path, stored)
+        path = pace_file(workdir, variant)
+        pace = variant_pace(variant, reference, baseline_steps, path, stored_pace(path), check_signals)
     seed_rows = []
     for seed_offset in range(seeds):
         run_dir = workdir / seed_run_name(variant, seed_offset)
-        config = _run_config(variant, seed_offset, pace)
+        config = run_config(variant, seed_offset, pace)
         seed = f" (seed +{seed_offset})" if seeds > 1 else ""
-        last = finished_result(run_dir)
-        _check_run_as_configured(run_dir, variant, config, finished=last is not None)
+        last = finished_result(run_dir)  # one that does not fit the sweep was refused before anything trained
         check_signals()
         if last is None:
             logging.info("sweep: variant %d of %d, %s%s: %s", index, count, variant.name, seed, variant.changes())

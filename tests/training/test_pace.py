@@ -45,6 +45,31 @@ def test_configs_that_differ_only_in_constants_are_not_timed():
     assert pace.steps_for(1234) == 1234
 
 
+def test_a_signal_held_while_the_steps_ran_stops_the_measurement_after_that_step(monkeypatch):
+    """The steps run inside JAX's code, where RaiseOnSignal holds a signal: the sweep's pace
+    measurement ran to its end before its check raised it. The check now runs between steps."""
+    import signal
+    import types
+
+    from jaxformer.training import pace as pace_module
+    from jaxformer.training.signals import RaiseOnSignal, Stopped
+
+    steps = []
+
+    def fake_step(self):
+        steps.append(self)
+        if len(steps) == 3:  # a SIGTERM during this step's XLA call: held
+            frame = types.SimpleNamespace(f_globals={"__name__": "jax._src.pjit"}, f_back=None)
+            signal.getsignal(signal.SIGTERM)(signal.SIGTERM, frame)
+
+    monkeypatch.setattr(pace_module.ConfigTrainStep, "__call__", fake_step)
+    monkeypatch.setattr(pace_module.ConfigTrainStep, "compile", lambda self, compiler_options=None: None)
+    monkeypatch.setattr("jaxformer.training.signals._RETRY_SECONDS", 600.0)  # no re-send: the check alone
+    with pytest.raises(Stopped), RaiseOnSignal() as signals:
+        relative_pace(tiny("model.dropout_rate=0.0"), tiny(), signals.check)
+    assert len(steps) == 3  # not the 2 x (warmup + rounds) of a whole measurement
+
+
 # Two real programs timed (-m slow). The timed path's rounds, medians and shares stay in the default
 # suite with a clock and steps faked: test_rdrop_start.py::test_a_switching_configs_pace_is_the_mix_of_its_two_programs.
 @pytest.mark.slow

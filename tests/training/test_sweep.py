@@ -47,9 +47,11 @@ def write_sweep(path, sweep):
 
 
 def sweep(workdir, sweep_file, data_dir, *flags):
+    # --baseline_steps sets the steps: SHARED's step count would be refused beside it.
+    shared = [flag for flag in SHARED if "--baseline_steps" not in flags or "num_train_steps" not in flag]
     return subprocess.run(
         [sys.executable, "-m", "jaxformer.commands.sweep", "--config", TINY, "--sweep", str(sweep_file)]
-        + ["--workdir", str(workdir), f"--config.data.data_dir={data_dir}", *SHARED, *flags],
+        + ["--workdir", str(workdir), f"--config.data.data_dir={data_dir}", *shared, *flags],
         env=environment(),
         capture_output=True,
         text=True,
@@ -142,7 +144,7 @@ def test_a_step_budget_gives_each_variant_the_reference_steps_times_its_measured
         {"baseline": [], "wide": ["model.d_model=128", "model.d_ff=512"]},
     )
     workdir = tmp_path / "sweep"
-    result = sweep(workdir, sweep_file, data_dir, "--baseline_steps", "10", "--config.training.time_budget_minutes=30")
+    result = sweep(workdir, sweep_file, data_dir, "--baseline_steps", "10")
     assert result.returncode == 0, result.stderr[-3000:]
     rows = {row["variant"]: row for row in map(json.loads, (workdir / "sweep.jsonl").read_text().splitlines())}
     paces = {name: json.loads((workdir / "pace" / f"{name}.json").read_text()) for name in rows}
@@ -154,7 +156,6 @@ def test_a_step_budget_gives_each_variant_the_reference_steps_times_its_measured
         step, metadata, _ = load_checkpoint(workdir / name, "final", params=False)
         assert row["steps"] == step == paces[name]["steps"]
         assert row["speed"] == pytest.approx(paces[name]["speed"])
-        # The step budget replaces the wall-clock one given to every variant.
         assert metadata.config["training"]["num_train_steps"] == paces[name]["steps"]
         assert metadata.config["training"]["time_budget_minutes"] == 0
     assert "| speed |" in (workdir / "sweep.md").read_text()
@@ -236,20 +237,58 @@ def test_a_bad_variant_is_one_line_before_anything_trains(tmp_path, capsys, vari
 
 
 def test_a_variant_that_contradicts_the_step_budget_is_named_before_anything_trains(tmp_path, capsys):
-    sweep_file = write_sweep(tmp_path / "late.py", {"baseline": [], "warmup100": ["optimizer.warmup_steps=100"]})
+    sweep_file = write_sweep(tmp_path / "late.py", {"baseline": [], "warmup30": ["optimizer.warmup_steps=30"]})
     workdir = tmp_path / "sweep"
     budget = ["--baseline_steps", "12", "--config.optimizer.schedule=budget", "--config.optimizer.warmup_steps=4"]
-    budget += ["--config.training.time_budget_minutes=1", "--config.training.num_train_steps=200"]  # valid as given
-    shared = [flag for flag in SHARED if not flag.startswith("--config.training.num_train_steps=")]  # 200 here
+    shared = [flag for flag in SHARED if not flag.startswith("--config.training.num_train_steps=")]  # tiny's 40
     code = sweep_command.main(
         ["--config", TINY, "--sweep", str(sweep_file), "--workdir", str(workdir), *shared, *budget]
     )
     error = capsys.readouterr().err
     assert code == 2 and error.startswith(
-        "error: variant 'warmup100' at 12 steps: config training.num_train_steps=12 ends within "
-        "optimizer.warmup_steps=100"
+        "error: variant 'warmup30' at 12 steps: config training.num_train_steps=12 ends within "
+        "optimizer.warmup_steps=30"
     ), error
     assert not workdir.exists()  # nothing trained, nothing written
+
+
+@pytest.mark.parametrize(
+    "variant, flag, message",
+    [
+        (
+            ["training.num_train_steps=100"],
+            None,
+            "variant 'own': training.num_train_steps=100 with --baseline_steps 12: --baseline_steps sets each "
+            "variant's steps (its speed relative to the config's, times 12); drop it from the sweep file, or run "
+            "without --baseline_steps",
+        ),
+        (
+            ["training.time_budget_minutes=5"],
+            None,
+            "variant 'own': training.time_budget_minutes=5 with --baseline_steps 12: --baseline_steps sets",
+        ),
+        (
+            ["model.dropout_rate=0.2"],
+            "--config.training.time_budget_minutes=30",
+            "--config.training.time_budget_minutes=30 with --baseline_steps 12: --baseline_steps sets each "
+            "variant's steps (its speed relative to the config's, times 12); drop one of the two",
+        ),
+        (["model.dropout_rate=0.2"], "--config.training.num_train_steps=12", "--config.training.num_train_steps=12 "),
+    ],
+)
+def test_a_step_count_or_time_budget_beside_baseline_steps_is_refused(tmp_path, capsys, variant, flag, message):
+    """--baseline_steps gives each variant its steps: a variant's own count or budget, or the
+    command line's, would be replaced unseen, and the table would show the variant as if it held."""
+    sweep_file = write_sweep(tmp_path / "steps.py", {"baseline": [], "own": variant})
+    workdir = tmp_path / "sweep"
+    shared = [flag for flag in SHARED if not flag.startswith("--config.training.num_train_steps=")]
+    flags = ["--baseline_steps", "12", *([flag] if flag else [])]
+    code = sweep_command.main(
+        ["--config", TINY, "--sweep", str(sweep_file), "--workdir", str(workdir), *shared, *flags]
+    )
+    error = capsys.readouterr().err
+    assert code == 2 and error.startswith(f"error: {message}") and error.count("\n") == 1, error
+    assert not workdir.exists()
 
 
 def test_the_shipped_sweep_builds_every_variant():
@@ -291,11 +330,11 @@ def test_seed_k_moves_both_seeds_by_k_and_the_variant_scores_its_seeds_mean():
 def test_a_stopped_run_without_a_readable_checkpoint_is_left_to_training(tmp_path):
     """Only a checkpoint tells how a stopped run was configured: one without (a start killed
     while writing its first) is not refused by the sweep; training names or replaces it."""
-    from jaxformer.training import sweep as sweep_module
+    from jaxformer.training.sweep_checks import run_problems
 
     (variant,) = make_variants(
         TINY, {"wide": ["model.d_model=64"]}, [("training.final_choice", "True"), ("training.average_last", "2")]
     )
     run_dir = tmp_path / "wide"
     (run_dir / "checkpoints").mkdir(parents=True)  # no step in it
-    sweep_module._check_run_as_configured(run_dir, variant, variant.config, finished=False)
+    assert run_problems(run_dir, variant, variant.config) == []

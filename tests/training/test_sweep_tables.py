@@ -198,8 +198,22 @@ def test_a_signal_while_a_variant_sets_up_stops_the_sweep_and_frees_its_workdir(
     "contents, message",
     [
         ("{not json\n", r"sweep.jsonl line 1 is not a JSON object; fix or remove that line"),
-        ('{"variant": "a"}\n', r"sweep.jsonl line 1 is not a sweep row: its 'changes' is missing or not a string"),
+        ('{"variant": "a"}\n', r"sweep.jsonl line 1 is not a sweep row: its 'changes' is missing; fix or remove"),
         (None, r"sweep.md has no sweep.jsonl beside it"),
+        # Every field a row may hold, as the table shows it: not found only once the sweep has trained.
+        (
+            row("a", 1.0) | {"speed": "fast"},
+            "line 1 is not a sweep row: its 'speed' is 'fast', not a finite number or null",
+        ),
+        (row("a", 1.0) | {"seed_bleus": ["x"]}, "its 'seed_bleus' is ['x'], not a list of finite numbers"),
+        (row("a", 1.0) | {"latest_bleu": "x"}, "its 'latest_bleu' is 'x', not a finite number or null"),
+        (row("a", 1.0) | {"alpha": "x"}, "its 'alpha' is 'x', not a finite number or null"),
+        (row("a", 1.0) | {"seeds": 5}, "its 'seeds' is 5, not a list of its seeds' rows"),
+        (row("a", 1.0) | {"bleu": float("nan")}, "its 'bleu' is nan, not a finite number"),
+        (row("a", 1.0) | {"steps": True}, "its 'steps' is True, not a finite number"),
+        (row("a", 1.0) | {"seeds": [row("a", 1.0) | {"alpha": "x"}]}, "its 'seeds' item 0: 'alpha' is 'x', not a"),
+        (row("a", 1.0) | {"seeds": [row("a", 1.0), 3]}, "its 'seeds' item 1: it is not a JSON object"),
+        (row("a", 1.0) | {EARLIER: "yes"}, "its 'from_earlier_invocation' is 'yes', not true or false"),
     ],
 )
 def test_an_unreadable_rows_file_is_one_line_before_anything_trains(tmp_path, capsys, monkeypatch, contents, message):
@@ -207,7 +221,7 @@ def test_an_unreadable_rows_file_is_one_line_before_anything_trains(tmp_path, ca
     workdir.mkdir()
     (workdir / "sweep.md").write_text("| variant |\n| --- |\n| a |\n")
     if contents is not None:
-        (workdir / "sweep.jsonl").write_text(contents)
+        (workdir / "sweep.jsonl").write_text(contents if isinstance(contents, str) else json.dumps(contents) + "\n")
     monkeypatch.setattr(loop, "train_and_evaluate", runs := Runs())
     before = {path.name: path.read_bytes() for path in workdir.iterdir()}
     code, output = run_sweep(tmp_path, capsys, {"baseline": []})
@@ -224,3 +238,29 @@ def test_a_second_row_of_one_variant_is_an_error_naming_its_line(tmp_path, capsy
     monkeypatch.setattr(loop, "train_and_evaluate", Runs())
     code, output = run_sweep(tmp_path, capsys, {"baseline": []})
     assert code == 2 and output.err.strip().endswith("sweep.jsonl line 2: a second row of variant 'a'; remove one")
+
+
+def test_a_directory_where_the_rows_file_goes_is_named_as_one(tmp_path, capsys, monkeypatch):
+    workdir = tmp_path / "sweep"
+    (workdir / "sweep.jsonl").mkdir(parents=True)
+    (workdir / "sweep.md").write_text("| variant |\n| --- |\n")
+    monkeypatch.setattr(loop, "train_and_evaluate", runs := Runs())
+    code, output = run_sweep(tmp_path, capsys, {"baseline": []})
+    assert code == 2 and output.err == (
+        f"error: {workdir / 'sweep.jsonl'} is a directory (or another non-file), where the sweep keeps a file: "
+        "move it away\n"
+    )
+    assert runs.trained == []
+
+
+def test_the_rows_are_written_before_the_table_is_made(tmp_path, capsys, monkeypatch):
+    """A table that cannot be made (a bug in it) loses no finished row: the rows are written first."""
+
+    def broken_table(rows):
+        raise RuntimeError("the table's bug")
+
+    monkeypatch.setattr(loop, "train_and_evaluate", Runs())
+    monkeypatch.setattr(sweep_command, "results_table", broken_table)
+    with pytest.raises(RuntimeError, match="the table's bug"):
+        run_sweep(tmp_path, capsys, {"baseline": [], "new": ["data.shuffle_seed=1"]})
+    assert [r["variant"] for r in rows_file(tmp_path / "sweep")] == ["baseline", "new"]

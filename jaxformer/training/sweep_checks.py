@@ -1,0 +1,156 @@
+"""A sweep's existing runs, checked against what the sweep would give them before anything trains.
+
+A run in the sweep's workdir, finished or stopped with a checkpoint (which the sweep would
+resume), counts for its variant only if it was trained with the config, the step budget and the
+data files the sweep gives it now. Every run of every variant is checked before the first one
+trains, and every problem is named in one error: a refusal that came when its variant's turn came
+would follow hours of training of the variants before it, and fixing it would not tell whether a
+later variant would be refused next.
+"""
+
+from __future__ import annotations
+
+import json
+import pathlib
+from collections.abc import Sequence
+
+import ml_collections
+
+from jaxformer.errors import CheckpointError
+from jaxformer.model.config import ConfigError
+from jaxformer.run.directory import RunDirectory
+from jaxformer.run.metadata import CheckpointMetadata
+from jaxformer.training import experiment, resume_rules
+from jaxformer.training.sweep import Variant, finished_result, pace_file, run_config, seed_run_name, stored_pace
+
+
+def check_existing_runs(
+    variants: Sequence[Variant], workdir: pathlib.Path, baseline_steps: int | None, seeds: int
+) -> None:
+    """A ConfigError naming every run (or pace record) in `workdir` that does not fit the sweep
+    as configured now: its config, its step budget (--baseline_steps and the pace kept for it) or
+    the data files it was trained on."""
+    fingerprints = DataFingerprints()
+    problems = [
+        problem for variant in variants for problem in _problems(variant, workdir, baseline_steps, seeds, fingerprints)
+    ]
+    if len(problems) == 1:
+        raise ConfigError(problems[0])
+    if problems:
+        numbered = "; ".join(f"({number}) {problem}" for number, problem in enumerate(problems, 1))
+        raise ConfigError(f"{len(problems)} problems with the runs in {workdir}, found before training any: {numbered}")
+
+
+def _problems(
+    variant: Variant,
+    workdir: pathlib.Path,
+    baseline_steps: int | None,
+    seeds: int,
+    fingerprints: DataFingerprints,
+) -> list[str]:
+    """What keeps `variant`'s pace record or its runs (one a seed) from counting for it now."""
+    path = pace_file(workdir, variant)
+    stored = stored_pace(path)
+    run_dirs = [workdir / seed_run_name(variant, seed_offset) for seed_offset in range(seeds)]
+    if baseline_steps is None and stored is not None:
+        return [
+            f"variant {variant.name!r} in {workdir} trains for a step budget ({path}): "
+            f"run with --baseline_steps {stored['baseline_steps']}"
+        ]
+    if baseline_steps is not None and stored is not None and stored["baseline_steps"] != baseline_steps:
+        return [
+            f"variant {variant.name!r} was given its steps for --baseline_steps {stored['baseline_steps']} "
+            f"({path}), not {baseline_steps}: run with {stored['baseline_steps']} or in a new --workdir"
+        ]
+    if baseline_steps is not None and stored is None:
+        # A variant's pace is kept before its first run trains: a run without one had the config's own budget.
+        return [
+            f"variant {variant.name!r} {state} in {run_dir} with the config's own budget, not a --baseline_steps "
+            "one: run without --baseline_steps or in a new --workdir"
+            for run_dir in run_dirs
+            if (state := _saved_state(run_dir)[0]) is not None
+        ]
+    problems = []
+    for seed_offset, run_dir in enumerate(run_dirs):
+        config = run_config(variant, seed_offset, stored)
+        problems += run_problems(run_dir, variant, config, fingerprints)
+    return problems
+
+
+def _saved_state(run_dir: pathlib.Path) -> tuple[str | None, CheckpointMetadata | None]:
+    """("finished" or "stopped at step N", its latest checkpoint's metadata), or (None, None) for
+    a run that is not there or that training starts afresh (one stopped before its first readable
+    checkpoint: only a checkpoint tells how a stopped run was configured; a damaged one is training's
+    to name). A finished run's checkpoint must be readable."""
+    from jaxformer.run.loading import load_checkpoint
+
+    finished = finished_result(run_dir) is not None
+    if not finished and not RunDirectory(run_dir).checkpoints.is_dir():
+        return None, None
+    try:
+        step, metadata, _ = load_checkpoint(run_dir, "latest", params=False)
+    except CheckpointError:
+        if finished:
+            raise
+        return None, None
+    return ("finished" if finished else f"stopped at step {step}"), metadata
+
+
+def run_problems(
+    run_dir: pathlib.Path,
+    variant: Variant,
+    config: ml_collections.ConfigDict,
+    fingerprints: DataFingerprints | None = None,
+) -> list[str]:
+    """What keeps the run in `run_dir` from counting for `variant`, which the sweep would train
+    with `config` now: every key that differs but resume_rules.PLACEMENT_KEYS (where the data is
+    and how the work is spread), and the data files when they are other files than it was trained
+    on. An edited sweep file or other command-line values would otherwise be reported with an
+    earlier config's results, or with steps trained under it."""
+    state, metadata = _saved_state(run_dir)
+    if state is None:
+        return []
+    config = experiment.with_absolute_paths(config)
+    # A resumed run may change the learning rate's schedule or the evaluation's subset; a sweep's
+    # run may not: its numbers come from the saved values, or its first steps did.
+    differences = resume_rules.resume_differences(metadata.config, config, sections=None) + [
+        difference
+        for difference in resume_rules.resume_differences(metadata.config, config, free=True)
+        if difference.split(":")[0] not in resume_rules.PLACEMENT_KEYS
+    ]
+    remedy = f"sweep in a new --workdir, or remove {run_dir} to train it again"
+    problems = []
+    if differences:
+        problems.append(
+            f"variant {variant.name!r} {state} in {run_dir} with another configuration than the sweep gives it "
+            f"now: {'; '.join(differences)}; {remedy}"
+        )
+    fingerprints = DataFingerprints() if fingerprints is None else fingerprints
+    now = fingerprints.of(config.data) if metadata.data_fingerprint is not None else None
+    if now is not None and now != metadata.data_fingerprint:
+        raw_dir = config.data.get("raw_dir")
+        reads = f"data.raw_dir={raw_dir!r}" if raw_dir else f"data.name={config.data.name!r}"
+        problems.append(
+            f"variant {variant.name!r} {state} in {run_dir} was trained on other data files (fingerprint "
+            f"{metadata.data_fingerprint}) than the sweep gives it now ({now}, {reads}); restore those files, "
+            f"or {remedy}"
+        )
+    return problems
+
+
+class DataFingerprints:
+    """The fingerprint of the data files a `data` section reads, as training records it in each
+    checkpoint: local files are hashed when their builder is made (a few MB, no data prepared),
+    once per distinct section; None where it is known only once fetched (a download) or not kept
+    (the tfds catalogue's datasets)."""
+
+    def __init__(self):
+        self._known: dict[str, str | None] = {}
+
+    def of(self, data: ml_collections.ConfigDict) -> str | None:
+        from jaxformer.data.sources import data_fingerprint, get_builder
+
+        key = json.dumps(data.to_dict(), sort_keys=True, default=str)
+        if key not in self._known:
+            self._known[key] = data_fingerprint(get_builder(data))
+        return self._known[key]

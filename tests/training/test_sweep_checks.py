@@ -1,0 +1,191 @@
+"""jaxformer-sweep's checks of the runs already in its workdir, all made before anything trains
+(a config, a step budget or data files other than the sweep gives a run now), and its lock on the
+workdir. The runs are stand-ins that leave a finished run's last metrics and what the sweep reads
+of its checkpoint (its config and data fingerprint)."""
+
+import json
+import pathlib
+import shutil
+import socket
+import subprocess
+import types
+
+import pytest
+
+from jaxformer.commands import sweep as sweep_command
+from jaxformer.errors import CheckpointError
+from jaxformer.run import loading
+from jaxformer.run.directory import RunDirectory, SweepDirectory
+from jaxformer.run.lock import SweepLock
+from jaxformer.training import experiment, loop
+from jaxformer.training import sweep as sweep_module
+from jaxformer.training.pace import Pace
+from tests.conftest import RAW
+from tests.training.test_sweep import SHARED, TINY, write_sweep
+from tests.training.test_sweep_tables import Runs, rows_file
+
+pytestmark = pytest.mark.xdist_group("sweep")
+
+
+class SavedRuns(Runs):
+    """Runs that also leave what the sweep reads of a run's checkpoint, as training saves it: its
+    config (with absolute paths) and the fingerprint of the data files it read."""
+
+    def __call__(self, config, workdir):
+        from jaxformer.data.sources import data_fingerprint, get_builder
+
+        last = super().__call__(config, workdir)
+        saved = {
+            "config": experiment.with_absolute_paths(config).to_dict(),
+            "data_fingerprint": data_fingerprint(get_builder(config.data)),
+        }
+        RunDirectory(workdir).checkpoints.mkdir(parents=True, exist_ok=True)
+        (pathlib.Path(workdir) / "saved.json").write_text(json.dumps(saved))
+        return last
+
+
+def load_saved(run_dir, which, params=True):
+    path = pathlib.Path(run_dir) / "saved.json"
+    if not path.is_file():
+        raise CheckpointError(f"no checkpoint in {run_dir}")
+    return 12, types.SimpleNamespace(**json.loads(path.read_text())), None
+
+
+@pytest.fixture
+def runs(monkeypatch):
+    monkeypatch.setattr(loop, "train_and_evaluate", runs := SavedRuns())
+    monkeypatch.setattr(loading, "load_checkpoint", load_saved)
+    # Every variant here changes constants only: not timed, as pace.py finds without compiling.
+    monkeypatch.setattr(sweep_module, "relative_pace", lambda config, reference, *checks: Pace(1.0, 1.0, timed=False))
+    return runs
+
+
+def sweep(tmp_path, capsys, variants, *flags, shared=SHARED):
+    """(the exit code, stderr: its error line alone when it failed, after the log's)"""
+    code = sweep_command.main(
+        ["--config", TINY, "--sweep", str(write_sweep(tmp_path / "sweep.py", variants))]
+        + ["--workdir", str(tmp_path / "sweep"), f"--config.data.data_dir={tmp_path / 'data'}", *shared, *flags]
+    )
+    err = capsys.readouterr().err
+    if code == 0:
+        return code, err
+    assert err.count("error: ") == 1 and err.endswith("\n"), err
+    return code, err[err.index("error: ") :]
+
+
+STEPLESS = [flag for flag in SHARED if not flag.startswith("--config.training.num_train_steps=")]  # --baseline_steps'
+
+
+def test_a_run_that_no_longer_fits_is_refused_before_the_variants_before_it_train(tmp_path, capsys, runs):
+    code, err = sweep(tmp_path, capsys, {"baseline": [], "lr3": ["optimizer.learning_rate_scale=3.0"]})
+    assert code == 0, err
+    workdir = tmp_path / "sweep"
+    shutil.rmtree(workdir / "baseline")
+    runs.trained.clear()
+    code, err = sweep(tmp_path, capsys, {"baseline": [], "lr3": ["optimizer.learning_rate_scale=3.5"]})
+    assert code == 2 and err.count("\n") == 1, err
+    assert err == (
+        f"error: variant 'lr3' finished in {workdir / 'lr3'} with another configuration than the sweep gives it "
+        f"now: optimizer.learning_rate_scale: 3.0 -> 3.5; sweep in a new --workdir, or remove {workdir / 'lr3'} "
+        "to train it again\n"
+    )
+    assert runs.trained == []  # baseline, before it, was not trained first
+
+
+def test_a_workdir_of_another_step_budget_is_refused_before_a_new_variant_trains(tmp_path, capsys, runs):
+    variants = {"baseline": [], "lr3": ["optimizer.learning_rate_scale=3.0"]}
+    code, err = sweep(tmp_path, capsys, variants, "--baseline_steps", "20", shared=STEPLESS)
+    assert code == 0, err
+    runs.trained.clear()
+    workdir = tmp_path / "sweep"
+    more = {"new": ["model.dropout_rate=0.2"], **variants}
+    code, err = sweep(tmp_path, capsys, more, "--baseline_steps", "30", shared=STEPLESS)
+    assert code == 2 and err.count("\n") == 1, err
+    assert err.startswith(f"error: 2 problems with the runs in {workdir}, found before training any: ")
+    for number, name in enumerate(["baseline", "lr3"], 1):
+        assert (
+            f"({number}) variant {name!r} was given its steps for --baseline_steps 20 "
+            f"({workdir / 'pace' / name}.json), not 30: run with 20 or in a new --workdir"
+        ) in err
+    assert runs.trained == [] and not (workdir / "pace" / "new.json").exists()
+    # With 20, as the workdir's runs had: the new variant trains, the others are finished.
+    code, err = sweep(tmp_path, capsys, more, "--baseline_steps", "20", shared=STEPLESS)
+    assert code == 0, err
+    assert runs.trained == ["new"]
+
+
+def test_runs_of_the_other_kind_of_budget_are_all_named_at_once(tmp_path, capsys, runs):
+    variants = {"baseline": [], "lr3": ["optimizer.learning_rate_scale=3.0"]}
+    assert sweep(tmp_path, capsys, variants)[0] == 0
+    workdir = tmp_path / "sweep"
+    code, err = sweep(tmp_path, capsys, variants, "--baseline_steps", "12", shared=STEPLESS)
+    assert code == 2 and err.count("\n") == 1, err
+    for number, name in enumerate(["baseline", "lr3"], 1):
+        assert (
+            f"({number}) variant {name!r} finished in {workdir / name} with the config's own budget, not a "
+            "--baseline_steps one: run without --baseline_steps or in a new --workdir"
+        ) in err
+    # A pace kept for a variant: its runs had a step budget.
+    (workdir / "pace").mkdir()
+    (workdir / "pace" / "lr3.json").write_text(json.dumps({"baseline_steps": 12, "steps": 12, "speed": 1.0}))
+    code, err = sweep(tmp_path, capsys, {"new": ["model.dropout_rate=0.2"], **variants})
+    assert code == 2 and err == (
+        f"error: variant 'lr3' in {workdir} trains for a step budget ({workdir / 'pace' / 'lr3.json'}): "
+        "run with --baseline_steps 12\n"
+    )
+    assert runs.trained == ["baseline", "lr3"]  # the first invocation's only
+
+
+def test_a_run_trained_on_other_data_files_is_refused_before_anything_trains(tmp_path, capsys, runs):
+    first, other = tmp_path / "raw", tmp_path / "other_raw"
+    shutil.copytree(RAW, first)
+    shutil.copytree(RAW, other)
+    (other / "val.de.gz").write_bytes((RAW / "val.en.gz").read_bytes())  # another file under the same name
+    variants = {"baseline": [], "lr3": ["optimizer.learning_rate_scale=3.0"]}
+    assert sweep(tmp_path, capsys, variants, f"--config.data.raw_dir={first}")[0] == 0
+    runs.trained.clear()
+    assert sweep(tmp_path, capsys, variants, f"--config.data.raw_dir={first}")[0] == 0  # the same files: counted
+    shutil.copytree(RAW, tmp_path / "copy")
+    assert sweep(tmp_path, capsys, variants, f"--config.data.raw_dir={tmp_path / 'copy'}")[0] == 0  # a copy too
+    assert runs.trained == []
+
+    shutil.rmtree(tmp_path / "sweep" / "baseline")
+    code, err = sweep(tmp_path, capsys, variants, f"--config.data.raw_dir={other}")
+    assert code == 2 and err.count("\n") == 1, err
+    run_dir = tmp_path / "sweep" / "lr3"
+    saved = json.loads((run_dir / "saved.json").read_text())["data_fingerprint"]
+    assert err.startswith(
+        f"error: variant 'lr3' finished in {run_dir} was trained on other data files (fingerprint {saved}) than the "
+        "sweep gives it now (sha256:"
+    )
+    assert err.endswith(
+        f", data.raw_dir={str(other)!r}); restore those files, or sweep in a new --workdir, or "
+        f"remove {run_dir} to train it again\n"
+    )
+    assert runs.trained == []
+
+
+def test_a_second_sweep_in_the_same_workdir_is_refused_naming_the_first(tmp_path, capsys, runs):
+    workdir = tmp_path / "sweep"
+    workdir.mkdir()
+    with SweepLock(workdir):  # as another jaxformer-sweep, alive, would hold it
+        code, err = sweep(tmp_path, capsys, {"baseline": []})
+    assert code == 2 and err.count("\n") == 1, err
+    assert err.startswith(f"error: {workdir} is in use by another jaxformer-sweep: pid ")
+    assert runs.trained == [] and list(workdir.iterdir()) == []
+
+    # One whose holder is gone does not block: it is taken over, said in the log.
+    finished = subprocess.Popen(["true"])
+    finished.wait()
+    lock = SweepDirectory(workdir).lock_file
+    lock.write_text(json.dumps({"host": socket.gethostname(), "pid": finished.pid, "start_time": 0}))
+    code, err = sweep(tmp_path, capsys, {"baseline": []})
+    assert code == 0, err
+    assert f"took over {lock} from a jaxformer-sweep that is no longer alive" in err
+    assert runs.trained == ["baseline"] and not lock.exists()
+    assert [row["variant"] for row in rows_file(workdir)] == ["baseline"]
+
+
+def test_a_variant_may_not_be_named_like_the_sweeps_lock(tmp_path, capsys):
+    code, err = sweep(tmp_path, capsys, {"baseline": [], "sweep.lock": ["model.dropout_rate=0.2"]})
+    assert code == 2 and "variant name 'sweep.lock' is taken" in err, err
