@@ -173,7 +173,9 @@ def test_a_signal_during_a_compilation_ends_the_process_with_its_code(tmp_path):
         [sys.executable, "-c", COMPILE_AND_STOP], capture_output=True, text=True, timeout=120, env=env, cwd=tmp_path
     )
     assert result.returncode == 143, result.stderr[-2000:]
-    assert result.stdout == "compiled\nstopped by SIGTERM\n"
+    # The signal, sent again every 50 ms, lands after the compilation returns: before the print
+    # that follows it, or in the loop after it.
+    assert result.stdout in ("compiled\nstopped by SIGTERM\n", "stopped by SIGTERM\n"), result.stdout
 
 
 def _four_step_config(data_dir, final_choice: bool):
