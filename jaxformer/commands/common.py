@@ -420,7 +420,14 @@ def checked_input_lines(args: argparse.Namespace) -> list[str]:
     check_search_flags(args)
     check_readable_file(args.input, "--input")
     check_writable_file(args.output, "--output", args.overwrite, {"--input": args.input})
+    if args.output is None:
+        check_stdout_open()
     return read_lines(args.input)
+
+
+def check_stdout_open() -> None:
+    if sys.stdout is None:  # started with stdout closed (`>&-`)
+        raise FlagError("stdout is closed: give --output, or run without closing it")
 
 
 def write_lines(path: str | None, lines: list[str]) -> None:
@@ -430,6 +437,7 @@ def write_lines(path: str | None, lines: list[str]) -> None:
     if path is not None:
         write_text_atomically(path, text)
         return
+    check_stdout_open()
     try:
         write_to_stream(sys.stdout, text)
     except OSError as error:

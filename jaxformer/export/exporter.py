@@ -227,8 +227,12 @@ def check_output(output: pathlib.Path, overwrite: bool) -> None:
         )
     if output.exists() and not output.is_dir():
         raise ExportError(f"the output {output} is a file, not a directory")
-    current, resolved = pathlib.Path.cwd().resolve(), output.resolve()
-    if resolved == current or resolved in current.parents:
+    try:
+        current = pathlib.Path.cwd().resolve()
+    except FileNotFoundError:  # a removed folder: it holds no output, and the output is absolute
+        current = None
+    resolved = output.resolve()
+    if current is not None and (resolved == current or resolved in current.parents):
         raise ExportError(
             f"the output {output} holds the current folder: the export is renamed into place, which would take the "
             "folder from under this shell; give another folder, e.g. ./export"

@@ -3,6 +3,7 @@ once there is space), not a bug's traceback; orbax's writer threads log their fa
 their tracebacks."""
 
 import errno
+import os
 import logging
 import sys
 
@@ -81,3 +82,20 @@ def test_a_full_device_is_named_in_the_error(tmp_path):
     with pytest.raises(OSError) as error:
         write_text_atomically("/dev/full", "x" * 100_000)
     assert error.value.errno == errno.ENOSPC and error.value.filename == "/dev/full"
+
+
+def test_a_closed_stdout_is_one_line_before_any_work(tmp_path):
+    """`jaxformer-translate ... >&-`: an AttributeError traceback once the translations were made."""
+    import subprocess
+
+    result = subprocess.run(
+        [sys.executable, "-m", "jaxformer.commands.translate", "--workdir", str(tmp_path)],
+        input="A man.\n",
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+        text=True,
+        preexec_fn=lambda: os.close(1),
+        timeout=120,
+    )
+    assert result.returncode == 2
+    assert result.stderr == "error: stdout is closed: give --output, or run without closing it\n"

@@ -305,3 +305,12 @@ def test_an_output_that_holds_the_current_folder_is_refused_before_any_work(work
         assert error.startswith("error: the output ") and "holds the current folder" in error, error
         assert error.count("\n") == 1
     assert inner.is_dir() and not any(inner.iterdir())
+
+
+def test_an_absolute_output_exports_from_a_removed_current_folder(workdir, tmp_path, monkeypatch):
+    """The check that the output does not hold the current folder needs no current folder."""
+    gone = tmp_path / "gone"
+    gone.mkdir()
+    monkeypatch.chdir(gone)
+    gone.rmdir()
+    exporter.check_output(tmp_path / "out", overwrite=False)  # no FileNotFoundError from the current folder
