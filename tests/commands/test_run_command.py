@@ -3,8 +3,8 @@ once there is space), not a bug's traceback; orbax's writer threads log their fa
 their tracebacks."""
 
 import errno
-import os
 import logging
+import os
 import sys
 
 import pytest
