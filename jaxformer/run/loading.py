@@ -62,6 +62,9 @@ def require_architecture(
     return model_config
 
 
+_REPORTED_DAMAGED: set[tuple[str, int]] = set()  # (directory, step) said damaged by this process
+
+
 def load_from_directory(
     directory: pathlib.Path, step: int | None = None, *, params: bool = True, newest_readable: bool = False
 ) -> tuple[int, CheckpointMetadata, Any]:
@@ -107,7 +110,11 @@ def _load_once(
                 damaged.append((step, error))
                 continue
             for bad_step, error in damaged:
-                logging.warning("checkpoint %d of %s is damaged (%s); using step %d", bad_step, directory, error, step)
+                if (str(directory), bad_step) not in _REPORTED_DAMAGED:  # a command reads the metadata, then all
+                    _REPORTED_DAMAGED.add((str(directory), bad_step))
+                    logging.warning(
+                        "checkpoint %d of %s is damaged (%s); using step %d", bad_step, directory, error, step
+                    )
             return step, metadata, restored
         raise CheckpointError(
             f"no checkpoint in {directory} can be read: " + "; ".join(f"step {s}: {error}" for s, error in damaged)

@@ -162,3 +162,14 @@ def test_orbax_warnings_about_what_jaxformer_reports_itself_stay_out_of_the_log(
     assert not quiet.filter(record("/site-packages/orbax/checkpoint/checkpoint_manager.py"))
     assert quiet.filter(record("/site-packages/orbax/checkpoint/checkpoint_manager.py", logging.ERROR))
     assert quiet.filter(record("/work/jaxformer/run/checkpoint.py"))
+
+
+def test_a_damaged_newest_checkpoint_is_reported_once_per_process(run, caplog):
+    """A command reads the metadata first (the model's shape, before any parameter), then the
+    whole checkpoint: the warning came twice."""
+    workdir, _ = run
+    (RunDirectory(workdir).checkpoints / "30" / "metadata" / "metadata").write_text("garbage")
+    with caplog.at_level(logging.WARNING):
+        assert load_checkpoint(workdir, "latest", params=False)[0] == 20
+        assert load_checkpoint(workdir, "latest")[0] == 20
+    assert len([record for record in caplog.records if "checkpoint 30 of" in record.getMessage()]) == 1
