@@ -11,7 +11,7 @@ import jax
 import numpy as np
 
 from jaxformer.errors import CheckpointError
-from jaxformer.run.checkpoint import LISTING_ATTEMPTS, Checkpointer, CheckpointRemoved
+from jaxformer.run.checkpoint import Checkpointer, listing_again
 from jaxformer.run.directory import RunDirectory
 from jaxformer.run.metadata import CheckpointMetadata
 
@@ -70,14 +70,7 @@ def averaged_last(
     `model_differences`, and `config_differences` of their configs when given. When a run
     training in the workdir removes one of them while they are read, the last ones are listed
     again."""
-    for attempt in range(LISTING_ATTEMPTS):
-        try:
-            return _average_once(workdir, last, config_differences)
-        except CheckpointRemoved:
-            if attempt == LISTING_ATTEMPTS - 1:
-                raise
-            logging.info("a checkpoint was removed while it was read: listing the last %d again", last)
-    raise AssertionError("unreachable")
+    return listing_again(lambda: _average_once(workdir, last, config_differences))
 
 
 def _average_once(

@@ -23,7 +23,8 @@ import logging
 import pathlib
 import time
 import warnings
-from typing import Any
+from collections.abc import Callable
+from typing import Any, TypeVar
 
 import jax
 import numpy as np
@@ -106,6 +107,18 @@ class CheckpointRemoved(CheckpointError):
 
 # How often a reader lists a folder again when a training run removed what it was reading.
 LISTING_ATTEMPTS = 5
+T = TypeVar("T")
+
+
+def listing_again(read: Callable[[], T]) -> T:
+    """`read()`, called again (LISTING_ATTEMPTS times in all) while it raises `CheckpointRemoved`:
+    each call lists the steps anew, so one that a training run removed is no longer among them."""
+    for _ in range(LISTING_ATTEMPTS - 1):
+        try:
+            return read()
+        except CheckpointRemoved:
+            logging.info("a checkpoint was removed while it was read: listing the checkpoints again")
+    return read()
 
 
 def _refuse_removed(path: pathlib.Path) -> None:

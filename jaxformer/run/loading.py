@@ -9,7 +9,7 @@ from typing import Any
 
 from jaxformer.errors import CheckpointError, with_article
 from jaxformer.model.config import ConfigError, TransformerConfig
-from jaxformer.run.checkpoint import LISTING_ATTEMPTS, Checkpointer, CheckpointRemoved
+from jaxformer.run.checkpoint import Checkpointer, CheckpointRemoved, listing_again
 from jaxformer.run.directory import CHECKPOINT_KINDS, RunDirectory
 from jaxformer.run.metadata import CheckpointMetadata
 
@@ -72,13 +72,9 @@ def load_from_directory(
     directories (`checkpoints/`, `best/` or `averaged/`). With `newest_readable`, a damaged
     newest checkpoint is skipped with a warning, as `load_checkpoint` does for "latest". The
     newest that a run training beside the reader removes while it is read is looked up again."""
-    for attempt in range(LISTING_ATTEMPTS):
-        try:
-            return _load_once(directory, step, params, newest_readable)
-        except CheckpointRemoved:
-            if step is not None or attempt == LISTING_ATTEMPTS - 1:
-                raise
-    raise AssertionError("unreachable")
+    if step is not None:  # that step, or an error saying it is gone
+        return _load_once(directory, step, params, newest_readable)
+    return listing_again(lambda: _load_once(directory, step, params, newest_readable))
 
 
 def _load_once(

@@ -111,12 +111,16 @@ def replicated(mesh: Mesh) -> NamedSharding:
     return NamedSharding(mesh, PartitionSpec())
 
 
+def _batch_axes(rules) -> tuple[str, ...]:
+    """The mesh axes that the rows of a batch are split over (data, fsdp by default)."""
+    spec = nn.logical_to_mesh_axes(BATCH_AXES, rules)[0]
+    return spec if isinstance(spec, tuple) else (spec,) if spec else ()
+
+
 def check_batch_size(batch_size: int, mesh: Mesh, rules, key: str = "data.batch_size") -> None:
     """MeshError naming the config `key` of a batch size that the data-parallel shards or the
     processes do not divide."""
-    spec = nn.logical_to_mesh_axes(BATCH_AXES, rules)[0]
-    axes = spec if isinstance(spec, tuple) else (spec,) if spec else ()
-    ways = math.prod(mesh.shape[axis] for axis in axes)
+    ways = math.prod(mesh.shape[axis] for axis in _batch_axes(rules))
     processes = jax.process_count()
     if batch_size % ways or batch_size % processes:
         raise MeshError(
@@ -132,10 +136,8 @@ def check_rows_within_processes(mesh: Mesh, rules, process_of: Callable[[jax.Dev
     one shard different rows, and the 'replicated' parameters would drift apart between them.
     `process_of`: a device's process (its `process_index`)."""
     process_of = process_of or (lambda device: device.process_index)
-    spec = nn.logical_to_mesh_axes(BATCH_AXES, rules)[0]
-    axes = spec if isinstance(spec, tuple) else (spec,) if spec else ()
     shard_of = np.zeros(mesh.devices.shape, int)  # the batch shard each device holds, by its batch axes' indices
-    for axis in axes:
+    for axis in _batch_axes(rules):
         index = mesh.axis_names.index(axis)
         shape = [1] * mesh.devices.ndim
         shape[index] = mesh.shape[axis]

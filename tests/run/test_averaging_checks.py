@@ -31,13 +31,6 @@ def run_template(tmp_path_factory):
     return workdir, params
 
 
-@pytest.fixture
-def run(run_template, tmp_path):
-    workdir = tmp_path / "run"
-    shutil.copytree(run_template[0], workdir)
-    return workdir, run_template[1]
-
-
 def add_checkpoint(workdir, step, params, change_config=None, **metadata_changes):
     """Checkpoint `step` of `params` with step 20's metadata, its config changed by `change_config`."""
     metadata = load_checkpoint(workdir, 20, params=False)[1]

@@ -29,13 +29,6 @@ def run_template(tmp_path_factory):
     return workdir, params
 
 
-@pytest.fixture
-def run(run_template, tmp_path):
-    workdir = tmp_path / "run"
-    shutil.copytree(run_template[0], workdir)
-    return workdir, run_template[1]
-
-
 def remove_on_first_read(monkeypatch, workdir, step, method="read_params"):
     """Checkpointer.`method`(step) finds the step's folder gone, once, as a training run's clean-up would."""
     original = getattr(Checkpointer, method)
