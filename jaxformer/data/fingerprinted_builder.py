@@ -25,6 +25,16 @@ from jaxformer.data import fingerprint as fp
 from jaxformer.data.parallel_text import DataError
 
 
+class LocalDatasetInfo(tfds.core.DatasetInfo):
+    """The DatasetInfo of a dataset prepared here, never one of tfds's catalogue: tfds's lookup of
+    pre-computed metadata on its bucket (`initialize_from_bucket`, run whenever a builder is made
+    before its data is prepared) has nothing to find for it, and leaves an empty `tmp...tfds`
+    folder in the system's temporary directory each time."""
+
+    def initialize_from_bucket(self) -> None:
+        return None
+
+
 class FingerprintedBuilder(tfds.core.GeneratorBasedBuilder, skip_registration=True):
     """Base of the builders whose prepared data is keyed by their source files; see the module."""
 

@@ -23,7 +23,7 @@ import pathlib
 import tensorflow_datasets as tfds
 
 from jaxformer.data import fingerprint as fp
-from jaxformer.data.fingerprinted_builder import FingerprintedBuilder
+from jaxformer.data.fingerprinted_builder import FingerprintedBuilder, LocalDatasetInfo
 from jaxformer.data.parallel_text import DataError, read_lines, read_parallel_lines
 
 VENDORED_DIR = pathlib.Path(__file__).parent / "raw" / "multi30k"
@@ -120,7 +120,7 @@ class Multi30k(FingerprintedBuilder):
         return list(SPLIT_FILES)
 
     def _info(self) -> tfds.core.DatasetInfo:
-        return tfds.core.DatasetInfo(
+        return LocalDatasetInfo(
             builder=self,
             description="Multi30k task 1: English descriptions of Flickr30k images with German translations.",
             features=tfds.features.FeaturesDict({language: tfds.features.Text() for language in LANGUAGES}),

@@ -29,7 +29,7 @@ import numpy as np
 import tensorflow_datasets as tfds
 
 from jaxformer.data import fingerprint as fp
-from jaxformer.data.fingerprinted_builder import FingerprintedBuilder
+from jaxformer.data.fingerprinted_builder import FingerprintedBuilder, LocalDatasetInfo
 from jaxformer.data.parallel_text import DataError, SkipCounter, read_lines, read_parallel_lines, read_tsv_pairs
 
 SPLITS = ("train", "validation", "test")
@@ -226,7 +226,7 @@ class ParallelFiles(FingerprintedBuilder):
         return summary
 
     def _info(self) -> tfds.core.DatasetInfo:
-        return tfds.core.DatasetInfo(
+        return LocalDatasetInfo(
             builder=self,
             description=f"Parallel text {self._languages[0]}-{self._languages[1]} from the user's files.",
             features=tfds.features.FeaturesDict({language: tfds.features.Text() for language in self._languages}),

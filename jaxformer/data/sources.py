@@ -9,6 +9,7 @@ import contextlib
 import logging
 import pathlib
 import sys
+import tempfile
 from collections.abc import Sequence
 
 import ml_collections
@@ -53,7 +54,22 @@ def get_builder(data: ml_collections.ConfigDict):
         )
     import tensorflow_datasets.translate  # noqa: F401  registers the wmt*_translate builders, loaded lazily
 
-    return tfds.builder(name, data_dir=data_dir, file_format="array_record")
+    with _scratch_temporary_folder():
+        return tfds.builder(name, data_dir=data_dir, file_format="array_record")
+
+
+@contextlib.contextmanager
+def _scratch_temporary_folder():
+    """Temporary files made meanwhile go to a folder removed afterwards: a tfds builder made before
+    its data is prepared looks for its metadata on tfds's bucket (DatasetInfo.initialize_from_bucket),
+    which leaves an empty `tmp...tfds` folder in the system's temporary directory every time."""
+    saved = tempfile.tempdir
+    with tempfile.TemporaryDirectory(prefix="jaxformer-tfds-") as scratch:
+        tempfile.tempdir = scratch
+        try:
+            yield
+        finally:
+            tempfile.tempdir = saved
 
 
 def check_source(data: ml_collections.ConfigDict) -> None:

@@ -4,6 +4,7 @@ import logging
 import os
 import pickle
 import shutil
+import tempfile
 
 import pytest
 import tensorflow_datasets as tfds
@@ -115,6 +116,24 @@ def test_wmt_builders_through_tfds_mock_data():
     batches = eval_batches(records, TokenizePair.for_data(data, tokenizer), data)
     assert batches and batches[0]["inputs"].shape == (2, 64)
     assert int(sum((b["inputs_segment_ids"].max(axis=1)).sum() for b in batches)) == 6
+
+
+def test_making_builders_before_their_data_is_prepared_leaves_no_temporary_folders(tmp_path, monkeypatch):
+    temporary = tmp_path / "system_tmp"  # tfds's metadata lookup made an empty tmp...tfds folder here per builder
+    temporary.mkdir()
+    monkeypatch.setattr(tempfile, "tempdir", str(temporary))
+    pairs = tmp_path / "pairs.tsv"
+    pairs.write_text("a b\tc d\ne f\tg h\n", encoding="utf-8")
+    sections = [
+        section("multi30k", data_dir=str(tmp_path / "tfds")),
+        section("parallel_files", data_dir=str(tmp_path / "tfds"), files={"train": str(pairs)}),
+        section("wmt14_translate/de-en", data_dir=str(tmp_path / "tfds")),
+    ]
+    for data in sections:
+        builder = get_builder(data)
+        assert not builder.data_path.exists()
+    assert list(temporary.iterdir()) == []
+    assert tempfile.gettempdir() == str(temporary)
 
 
 def test_a_name_that_names_no_dataset_and_an_unusable_data_dir_are_one_line_errors(tmp_path):
