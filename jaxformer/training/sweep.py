@@ -57,6 +57,7 @@ from jaxformer.training.config_file import (
 from jaxformer.training.final_choice import CANDIDATES
 from jaxformer.training.pace import Pace, relative_pace
 from jaxformer.training.signals import RaiseOnSignal, Stopped
+from jaxformer.training.sweep_validation import check_seeds_share_validation, refuse_other_validation_pairs
 
 VARIANT_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.+-]*")  # a folder name on every platform
 
@@ -138,6 +139,7 @@ def make_variants(
                 f"variant {name!r}: training.final_choice is False; a sweep compares the final choice's "
                 "validation BLEU (set --config.training.final_choice=True or use a config that does)"
             )
+        refuse_other_validation_pairs(name, config.to_dict(), reference)
         if pairs and config.to_dict() == reference:
             raise ConfigError(
                 f"variant {name!r}: {', '.join(overrides)} changes nothing in {config_name!r} (its values "
@@ -319,6 +321,8 @@ def run_sweep(
     from jaxformer.training.sweep_checks import check_existing_runs  # it builds on this module
 
     workdir = pathlib.Path(workdir)
+    if variants:
+        check_seeds_share_validation(variants[0].config, seeds)
     if baseline_steps is not None:
         check_step_budget(variants, baseline_steps)
     check_existing_runs(variants, workdir, baseline_steps, seeds)  # before anything trains: all of them

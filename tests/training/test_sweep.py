@@ -224,6 +224,12 @@ def test_seeds_train_each_variant_again_with_moved_seeds_and_rank_by_the_mean(tm
         # tiny's own width, and a value the shared overrides already set: the baseline again.
         ({"same": ["model.d_model=32"]}, r"variant 'same': model.d_model=32 changes nothing in '.*tiny.py'"),
         ({"again": ["training.average_last=2"]}, r"variant 'again': training.average_last=2 changes nothing"),
+        # Scored on other pairs, its BLEU would be ranked against the others' over other sentences.
+        (
+            {"subset": ["data.max_eval_examples=8"]},
+            r"variant 'subset': data.max_eval_examples=8 \(the others: 16\) changes the validation pairs",
+        ),
+        ({"reverse": ["data.source_language=de", "data.target_language=en"]}, r"variant 'reverse': data.source_lang"),
     ],
 )
 def test_a_bad_variant_is_one_line_before_anything_trains(tmp_path, capsys, variants, message):
@@ -234,6 +240,34 @@ def test_a_bad_variant_is_one_line_before_anything_trains(tmp_path, capsys, vari
     assert code == 2 and error.startswith("error: ") and error.count("\n") == 1
     assert re.search(message, error), error
     assert not workdir.exists()
+
+
+def test_held_out_validation_pairs_must_be_the_same_for_every_variant_and_seed(tmp_path, capsys):
+    pairs = tmp_path / "pairs.tsv"
+    pairs.write_text("".join(f"source {i}\ttarget {i}\n" for i in range(40)), encoding="utf-8")
+    own_data = (
+        "--config.data.name=parallel_files",
+        f"--config.data.files.train={pairs}",
+        "--config.data.validation_holdout=10",
+        "--config.data.source_language=xx",
+        "--config.data.target_language=yy",
+    )
+    workdir = tmp_path / "sweep"
+
+    def refused(sweep, *flags):
+        sweep_file = write_sweep(tmp_path / "own.py", sweep)
+        flags = ("--config", TINY, "--sweep", str(sweep_file), "--workdir", str(workdir), *SHARED, *own_data, *flags)
+        code = sweep_command.main(list(flags))
+        error = capsys.readouterr().err
+        assert code == 2 and error.count("\n") == 1 and not workdir.exists(), error
+        return error
+
+    # The pairs held out of the training file are drawn with data.shuffle_seed, which --seeds moves.
+    assert "--seeds 2: seed k moves data.shuffle_seed" in refused({"baseline": []}, "--seeds", "2")
+    error = refused({"baseline": [], "shuffled": ["data.shuffle_seed=5"]})
+    assert "variant 'shuffled': data.shuffle_seed=5 (the others: 0) changes the validation pairs" in error
+    error = refused({"baseline": [], "holdout": ["data.validation_holdout=5"]})
+    assert "variant 'holdout': data.validation_holdout=5 (the others: 10)" in error
 
 
 def test_a_variant_that_contradicts_the_step_budget_is_named_before_anything_trains(tmp_path, capsys):
