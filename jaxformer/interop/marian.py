@@ -18,17 +18,20 @@ Marian is the same post-norm encoder-decoder; what differs maps onto model optio
   Marian's encoder and decoder embed_tokens: copies of its shared matrix unless the weights hold
   their own) with one sentencepiece model per side whose piece ids ARE the model's ids (pieces a
   side's .spm lacks are UNUSED there: never produced);
-- ids: jaxformer's pad 0, eos 1, unk 2, bos 3 are Marian's pad, eos and unk, then a BOS row that
-  copies Marian's decoder start token's (its pad) embedding row and bias entry, then every other
-  token in Marian's order. jaxformer's decoder starts from BOS, so it starts from the vector
-  Marian's starts from, and bans pad and BOS as Marian's generation config bans pad. BOS's logit
-  is the start token's minus `BOS_LOGIT_OFFSET`, so the extra row takes no probability;
+- ids: jaxformer's pad 0, eos 1, unk 2, bos 3 are Marian's pad, eos, unk and decoder start
+  token, then every other token in Marian's order. jaxformer's decoder starts from BOS, so it
+  starts from the vector Marian's starts from, and bans pad and BOS as Marian's generation config
+  bans pad. Where the start token is pad, eos or unk (OPUS-MT's is pad), that token keeps its id
+  and BOS is an extra row copying its embedding row and bias entry (vocab_size is Marian's + 1),
+  its logit the start token's minus `BOS_LOGIT_OFFSET`, so that it takes no probability; a start
+  token of its own (a jaxformer export's BOS) is BOS itself, so a run exported and imported again
+  keeps its ids and parameters;
 - the beam search's length penalty: `DecodeSettings(length_penalty="transformers")` is
   transformers' |Y|^alpha.
 
 The other way, a jaxformer run keeps its ids (Marian's pad, eos and decoder start are then 0, 1
-and 3); interleaved positions are exported exactly by permuting the model width (every weight's
-"embed" axis) into the halves layout. Pre-norm models have no Marian form.
+and 3, BOS's row its own); interleaved positions are exported exactly by permuting the model
+width (every weight's "embed" axis) into the halves layout. Pre-norm models have no Marian form.
 
 torch and transformers (the `interop` extra) are imported only where a file format needs them:
 reading pytorch_model.bin, and writing the transformers directory.
@@ -63,6 +66,7 @@ from jaxformer.interop.marian_files import (  # noqa: F401 (ACTIVATIONS, the con
 )
 from jaxformer.interop.marian_layout import (
     ConversionError,
+    bos_is_copy,
     layer_names,
     to_jaxformer_layout,
     vocabulary_order,
@@ -73,7 +77,7 @@ from jaxformer.tokens import BOS_ID, EOS_ID, NUM_SPECIAL_TOKENS, PAD_ID, UNK_ID
 
 Piece = model_pb2.ModelProto.SentencePiece
 
-# The BOS row repeats the decoder start token's (pad's) embedding; its logit is that token's minus
+# A copied BOS row repeats the decoder start token's (pad's) embedding; its logit is that token's minus
 # this, so it takes a share e^-100 of the probability: none in float32, the softmax stays Marian's.
 BOS_LOGIT_OFFSET = 100.0
 LANGUAGE_CODE = re.compile(r"^>>.+<<$")  # multilingual models' target-language tokens, e.g. >>de<<
@@ -172,10 +176,10 @@ def marian_embeddings(
             found[role] = shared
         else:
             raise ConversionError(f"config.json has tie_word_embeddings=false, but the weights have no {name}")
-        if found[role].shape != (config.vocab_size - 1, config.d_model):
+        if found[role].shape != (hf["vocab_size"], config.d_model):
             raise ConversionError(
                 f"the weights' {name if name in weights else 'model.shared.weight'} has shape {found[role].shape}, "
-                f"not ({config.vocab_size - 1}, {config.d_model})"
+                f"not ({hf['vocab_size']}, {config.d_model})"
             )
     return MarianEmbeddings(**found)
 
@@ -218,8 +222,9 @@ def params_from_marian(
     flat["target_embedding/embedding"] = embeddings.decoder[order] / scale
     if not config.tie_output_embedding:
         flat["decoder/logits_kernel"] = embeddings.output[order].T
-    bias = weights.get("final_logits_bias", np.zeros((1, config.vocab_size - 1), np.float32)).reshape(-1)[order]
-    bias[BOS_ID] -= BOS_LOGIT_OFFSET
+    bias = weights.get("final_logits_bias", np.zeros((1, hf["vocab_size"]), np.float32)).reshape(-1)[order]
+    if bos_is_copy(order):  # a second row of pad's (or eos's, unk's): it must take none of its probability
+        bias[BOS_ID] -= BOS_LOGIT_OFFSET
     flat["decoder/logits_bias"] = bias
     return unflatten({path: np.ascontiguousarray(value, np.float32) for path, value in flat.items()}, "weights")
 
@@ -256,14 +261,15 @@ class ConvertedMarian:
 def convert_marian(files: MarianDirectory) -> ConvertedMarian:
     """The jaxformer model, parameters and tokenizers of a read MarianMT directory."""
     hf, vocab = files.config, files.vocab
-    config = model_config_from_marian(hf)
     size = hf["vocab_size"]
     pad_id, eos_id, start_id = marian_token_ids(hf, {}, "config.json")
     unk_id = marian_unk_id(vocab, files.tokenizer_config, size, "vocab.json")
     order = vocabulary_order(size, pad_id, eos_id, unk_id, start_id)
+    config = model_config_from_marian(hf, vocab_size=len(order))
     names = {index: piece for piece, index in vocab.items()}
     pieces = [names.get(int(index), f"<marian-unused-{index}>") for index in order]
-    pieces[BOS_ID] = next(name for name in ("<s>", "<jaxformer-bos>", "<jaxformer-bos-3>") if name not in vocab)
+    if bos_is_copy(order):  # the copy's piece: a name of its own
+        pieces[BOS_ID] = next(name for name in ("<s>", "<jaxformer-bos>", "<jaxformer-bos-3>") if name not in vocab)
     codes = [piece for piece in vocab if LANGUAGE_CODE.match(piece)]
     if codes:
         logging.warning(

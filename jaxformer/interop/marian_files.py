@@ -136,7 +136,7 @@ def check_marian_weights(
     shape config.json gives it (transformers refuses a size mismatch), none it has no place for
     (transformers drops those, "unexpected"), and every layer parameter there."""
     config = model_config_from_marian(hf, config_where)
-    shapes = marian_weight_shapes(config, hf.get("max_position_embeddings", MARIAN_MAX_POSITIONS))
+    shapes = marian_weight_shapes(config, hf["vocab_size"], hf.get("max_position_embeddings", MARIAN_MAX_POSITIONS))
     for name, array in weights.items():
         if name not in shapes:
             layer = LAYER.match(name)
@@ -158,9 +158,13 @@ def _is_count(value: Any) -> bool:
     return isinstance(value, int) and not isinstance(value, bool) and value > 0
 
 
-def model_config_from_marian(hf: Mapping[str, Any], where: str = "config.json") -> TransformerConfig:
+def model_config_from_marian(
+    hf: Mapping[str, Any], where: str = "config.json", vocab_size: int | None = None
+) -> TransformerConfig:
     """The jaxformer model of a MarianConfig (config.json's values, read from `where`). Its
-    tie_output_embedding is what the config implies; `convert_marian` settles it from the weights."""
+    vocabulary is `vocab_size` ids (vocabulary_order's, which may add a BOS row), Marian's own
+    without it; its tie_output_embedding is what the config implies; `convert_marian` settles
+    both from the vocabulary and the weights."""
     for key in SIZES:
         if key not in hf:
             raise ConversionError(f"{where} has no {key!r}: not a complete MarianMT config")
@@ -183,7 +187,7 @@ def model_config_from_marian(hf: Mapping[str, Any], where: str = "config.json") 
     activation = hf.get("activation_function", "gelu")
     if activation not in ACTIVATIONS:
         raise ConversionError(f"{where}: activation_function {activation!r}; supported: {', '.join(ACTIVATIONS)}")
-    size = hf["vocab_size"] + 1  # the BOS row
+    size = vocab_size or hf["vocab_size"]
     num_heads, d_ff = (
         same("encoder_attention_heads", "decoder_attention_heads"),
         same("encoder_ffn_dim", "decoder_ffn_dim"),
@@ -248,7 +252,7 @@ def marian_token_ids(hf: Mapping[str, Any], generation: Mapping[str, Any], where
             raise ConversionError(f"{where}: {key}={value!r} is not an id below vocab_size={size}")
     if pad_id == eos_id:
         raise ConversionError(f"{where}: pad_token_id and eos_token_id are both {pad_id}; they must differ")
-    # generate() starts from generation_config.json's decoder start token; jaxformer's BOS copies config.json's.
+    # generate() starts from generation_config.json's decoder start token; jaxformer's BOS is config.json's.
     if generation.get("decoder_start_token_id") not in (None, start_id):
         raise ConversionError(
             f"{pathlib.Path(where).with_name('generation_config.json')}: decoder_start_token_id="

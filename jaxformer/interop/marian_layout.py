@@ -7,7 +7,7 @@ import numpy as np
 
 from jaxformer.errors import UserError
 from jaxformer.model.config import TransformerConfig
-from jaxformer.tokens import NUM_SPECIAL_TOKENS
+from jaxformer.tokens import BOS_ID
 
 
 class ConversionError(UserError, ValueError):
@@ -56,10 +56,13 @@ def layer_names(config: TransformerConfig) -> list[tuple[str, str, str]]:
     return names
 
 
-def marian_weight_shapes(config: TransformerConfig, max_positions: int) -> dict[str, tuple[tuple[int, ...], str]]:
-    """Each tensor that a MarianMTModel of `config`'s sizes (and max_position_embeddings
-    `max_positions`) takes, by transformers name: its shape, and the MarianConfig values giving it."""
-    d_model, size, d_ff = config.d_model, config.vocab_size - 1, config.d_ff  # vocab_size counts the BOS row
+def marian_weight_shapes(
+    config: TransformerConfig, size: int, max_positions: int
+) -> dict[str, tuple[tuple[int, ...], str]]:
+    """Each tensor that a MarianMTModel of `config`'s widths and layers (vocab_size `size`, Marian's
+    own, and max_position_embeddings `max_positions`) takes, by transformers name: its shape, and
+    the MarianConfig values giving it."""
+    d_model, d_ff = config.d_model, config.d_ff
     width = f"d_model={d_model}"
     embedding = (size, d_model), f"vocab_size={size}, {width}"
     shapes = {
@@ -120,17 +123,24 @@ def to_marian_layout(kind: str, array: np.ndarray) -> np.ndarray:
 
 def vocabulary_order(size: int, pad_id: int, eos_id: int, unk_id: int, start_id: int) -> np.ndarray:
     """For each jaxformer id, the Marian id whose row it takes: pad, eos, unk, the decoder start
-    token (jaxformer's BOS, a copy), then every other Marian id in order. [size + 1]"""
+    token (jaxformer's BOS), then every other Marian id in order. A start token that is pad, eos or
+    unk (OPUS-MT's is pad) keeps its own id among those, and BOS is a copy of its row [size + 1];
+    one of its own (jaxformer's exports' BOS) is BOS itself [size]."""
     specials = (pad_id, eos_id, unk_id)
     if len(set(specials)) != 3:
         raise ConversionError(f"Marian's pad, eos and unk ids must differ, got {specials}")
-    others = [index for index in range(size) if index not in specials]
+    others = [index for index in range(size) if index not in (*specials, start_id)]
     return np.asarray([pad_id, eos_id, unk_id, start_id, *others], np.int64)
+
+
+def bos_is_copy(order: np.ndarray) -> bool:
+    """Whether jaxformer's BOS in `order` (vocabulary_order's) repeats a row that pad, eos or unk has."""
+    return int(order[BOS_ID]) in order[:BOS_ID]
 
 
 def marian_to_jaxformer_ids(order: np.ndarray) -> np.ndarray:
     """For each Marian id, its jaxformer id (the inverse of `vocabulary_order`, BOS's copy aside)."""
-    ids = np.empty(len(order) - 1, np.int64)
-    ids[order[NUM_SPECIAL_TOKENS:]] = np.arange(NUM_SPECIAL_TOKENS, len(order))
-    ids[order[: NUM_SPECIAL_TOKENS - 1]] = np.arange(NUM_SPECIAL_TOKENS - 1)
+    ids = np.empty(len(order) - bos_is_copy(order), np.int64)
+    ids[order[BOS_ID:]] = np.arange(BOS_ID, len(order))
+    ids[order[:BOS_ID]] = np.arange(BOS_ID)  # after BOS: where BOS is a copy, the token's own id
     return ids
