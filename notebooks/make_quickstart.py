@@ -54,7 +54,8 @@ The next cell installs jaxformer when it is not installed yet, from `JAXFORMER_P
 default [the repository]({REPOSITORY}). Without access to it (offline, or to try local
 changes), install from a clone instead: `pip install -e /path/to/clone` before starting the
 notebook, or set `JAXFORMER_PACKAGE` (in the cell, or as an environment variable) to the clone's
-folder or to a wheel built in it with `pip wheel --no-deps -w dist .`. It installs matplotlib
+folder or to a wheel built in it with `rm -rf build dist && pip wheel --no-deps -w dist .` (setuptools
+builds from `build/lib`, where a module a later version removed would still be). It installs matplotlib
 too, for the plots, where it is missing.
 """),
     code(f"""
@@ -72,8 +73,9 @@ except ImportError:  # on Colab: install it (JAX comes with the runtime)
 else:
     if "JAXFORMER_PACKAGE" in os.environ:
         print(
-            f"JAXFORMER_PACKAGE={{JAXFORMER_PACKAGE}} is not installed: jaxformer already is "
-            "(to install that instead: pip uninstall -y jaxformer, restart the runtime, run this cell again)"
+            f"jaxformer is installed already (in {{os.path.dirname(jaxformer.__file__)}}), so "
+            f"JAXFORMER_PACKAGE={{JAXFORMER_PACKAGE}} was not installed again (to install it anew: "
+            "pip uninstall -y jaxformer, restart the runtime, run this cell again)"
         )
 try:
     import matplotlib  # the plots below (Colab has it; the `notebook` extra installs it elsewhere)
@@ -151,6 +153,9 @@ the rest of that config is shortened here for a notebook. Every key is documente
 `jaxformer.training.experiment.default_config()`.
 """),
     code("""
+import logging
+
+from jaxformer.commands.common import configure_logging
 from jaxformer.configs import multi30k
 from jaxformer.training.experiment import default_config, model_section
 from jaxformer.training.loop import train_and_evaluate
@@ -185,6 +190,7 @@ if QUICK:  # a toy model for a smoke run: its translations are not meant to be g
     config.training.log_every_steps = 10
 
 workdir = "runs/quickstart"
+configure_logging(logging.INFO)  # the training log below the cell, as jaxformer-train prints it
 last = train_and_evaluate(config, workdir)  # run the cell again to resume from the last checkpoint
 print(last)
 """),

@@ -112,4 +112,6 @@ def test_notebook_executes_in_quick_mode(tmp_path, monkeypatch, install_build):
         if output.get("output_type") == "stream"
     )
     assert "sacreBLEU on 40 sentences" in text and "beam output: (3, 4, 74)" in text
+    # The training cell shows the run's log as jaxformer-train does (the root logger alone shows nothing).
+    assert re.search(r"^\d\d:\d\d:\d\d I step 30: validation loss ", text, flags=re.MULTILINE), text[:3000]
     assert "the same as beam.translate: True" in text  # the jitted search's ids, read with the target's tokenizer

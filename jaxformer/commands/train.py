@@ -34,13 +34,26 @@ from jaxformer.training.config_file import (
     split_overrides,
 )
 
+logger = logging.getLogger(__name__)
+
 
 def build_parser() -> argparse.ArgumentParser:
     parser = make_parser(__doc__)
-    parser.add_argument(
-        "--config", help="a shipped config's name (multi30k, tiny, ...: see --list_configs) or a config file's path"
+    # --config and --workdir are required but for --print_config and --list_configs, which argparse
+    # cannot say: the usage names the three forms.
+    parser.usage = (
+        "%(prog)s [-h] [--verbose] --config CONFIG --workdir WORKDIR [--config.KEY=VALUE ...]\n"
+        "       [--distributed | --coordinator_address HOST:PORT --num_processes N --process_id I]\n"
+        "       %(prog)s --config CONFIG [--config.KEY=VALUE ...] --print_config\n"
+        "       %(prog)s --list_configs"
     )
-    parser.add_argument("--workdir", type=path_text, help="directory for checkpoints, the tokenizer and metrics")
+    parser.add_argument(
+        "--config",
+        help="required: a shipped config's name (multi30k, tiny, ...: see --list_configs) or a config file's path",
+    )
+    parser.add_argument(
+        "--workdir", type=path_text, help="required: directory for checkpoints, the tokenizer and metrics"
+    )
     parser.add_argument(
         "--print_config",
         action="store_true",
@@ -107,12 +120,12 @@ def join_processes(args: argparse.Namespace) -> None:
     jax.config.update("jax_cpu_collectives_implementation", "gloo")  # CPU processes (GPU/TPU ignore it)
     where = "--distributed" if args.coordinator_address is None else f"--coordinator_address={args.coordinator_address}"
     if args.coordinator_address is not None:  # by hand, where a process not started is the likely wait
-        logging.info("joining the multi-process run (%s); jax waits up to 5 minutes for every process", where)
+        logger.info("joining the multi-process run (%s); jax waits up to 5 minutes for every process", where)
     try:
         jax.distributed.initialize(args.coordinator_address, args.num_processes, args.process_id)
     except (ValueError, RuntimeError) as error:  # no cluster found, a coordinator that refuses
         raise FlagError(f"{where}: cannot join a multi-process run: {error}") from None
-    logging.info("process %d of %d", jax.process_index(), jax.process_count())
+    logger.info("process %d of %d", jax.process_index(), jax.process_count())
     from jaxformer.training import processes
 
     processes.check_same_device_counts()  # before the first gather, which needs them equal
@@ -148,7 +161,7 @@ def run(args: argparse.Namespace) -> int:
     # processes when they open, so process 0 alone would wait for the others forever.
     summary = run_summary(config, args.workdir, last, time.perf_counter() - start)
     if jax.process_index() == 0:
-        logging.info("%s", "\n  ".join(summary))
+        logger.info("%s", "\n  ".join(summary))
     if last.get("stopped_by_signal"):
         return exit_code_for_signal(last["stopped_by_signal"])
     return 0

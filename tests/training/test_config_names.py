@@ -102,3 +102,15 @@ def test_help_says_how_to_list_configs_and_keys(capsys):
         train.main(["--help"])
     text = capsys.readouterr().out
     assert "--list_configs" in text and "--print_config" in text and "jaxformer-train --config multi30k" in text
+
+
+def test_usage_shows_config_and_workdir_as_required_and_the_forms_that_need_less(capsys):
+    with pytest.raises(SystemExit):
+        train.main(["--help"])
+    usage = capsys.readouterr().out.split("\n\n")[0].splitlines()
+    assert usage[0].startswith("usage: ") and " --config CONFIG --workdir WORKDIR " in usage[0]
+    assert usage[2].endswith(" --config CONFIG [--config.KEY=VALUE ...] --print_config")
+    assert usage[3].endswith(" --list_configs") and "[--config CONFIG]" not in "".join(usage)
+    assert train.main(["--list_configs"]) == 0
+    assert train.main(["--config", "tiny"]) == 2
+    assert "the following arguments are required: --workdir" in capsys.readouterr().err
