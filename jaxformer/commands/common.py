@@ -31,6 +31,8 @@ from jaxformer.errors import EXIT_NO_SPACE, EXIT_USER_ERROR, UserError, exit_cod
 from jaxformer.files import open_descriptor, write_text_atomically, write_to_stream
 from jaxformer.run.directory import CHECKPOINT_KINDS
 
+logger = logging.getLogger(__name__)
+
 
 class FlagError(UserError):
     """A command-line flag has a value the command cannot use."""
@@ -373,7 +375,7 @@ def resolved_alpha(args: argparse.Namespace, max_extra_length: int) -> float:
         metadata = load_checkpoint(args.workdir, "final", params=False)[1]
         alpha = metadata.alpha
         if alpha is not None:
-            logging.info("length penalty alpha %g: chosen on validation by the run (--alpha overrides it)", alpha)
+            logger.info("length penalty alpha %g: chosen on validation by the run (--alpha overrides it)", alpha)
             chosen_with = {**vars(DecodeSettings()), **metadata.config.get("decoding", {})}
             search = dict(
                 beam_size=args.beam_size,
@@ -385,7 +387,7 @@ def resolved_alpha(args: argparse.Namespace, max_extra_length: int) -> float:
                 f"{key} {chosen_with[key]} -> {value}" for key, value in search.items() if chosen_with[key] != value
             ]
             if differences:
-                logging.warning(
+                logger.warning(
                     "alpha %g was chosen for another search than this one (%s): give --alpha to choose it yourself",
                     *(alpha, ", ".join(differences)),
                 )

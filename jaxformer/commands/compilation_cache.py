@@ -32,6 +32,8 @@ from collections.abc import Mapping
 
 from jaxformer.errors import UserError
 
+logger = logging.getLogger(__name__)
+
 SWITCH = "JAXFORMER_COMPILATION_CACHE"
 OFF = ("0", "false", "no", "off")
 ON = ("", "1", "true", "yes", "on")
@@ -77,7 +79,7 @@ def enable_compilation_cache(environ: Mapping[str, str] | None = None) -> pathli
         reason = error.strerror or type(error).__name__
         if directory.exists() and not directory.is_dir():  # mkdir's "File exists" says less
             reason = "not a directory"
-        logging.warning("compilation cache %s is unusable (%s): running without it", directory, reason)
+        logger.warning("compilation cache %s is unusable (%s): running without it", directory, reason)
         _set_jax_option("jax_enable_compilation_cache", False)
         return None
     _set_jax_option("jax_enable_compilation_cache", True)

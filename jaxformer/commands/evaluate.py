@@ -37,6 +37,8 @@ from jaxformer.decoding.scoring import corpus_scores, format_scores
 from jaxformer.files import write_text_atomically
 from jaxformer.run.loading import load_checkpoint
 
+logger = logging.getLogger(__name__)
+
 
 @dataclasses.dataclass(frozen=True)
 class FileLines:
@@ -89,7 +91,7 @@ def _scored_lines(name: str, numbers: list[int], total: int, count: int) -> File
     if count < len(numbers):
         total = numbers[count - 1] if count else 0
     if total > count:
-        logging.warning(
+        logger.warning(
             "%s: %d of its first %d lines are not scored (an empty side): --output writes them as empty lines",
             name,
             total - count,

@@ -21,6 +21,8 @@ from jaxformer.run.directory import RunDirectory
 from jaxformer.training import experiment
 from jaxformer.training.metrics import perplexity_text
 
+logger = logging.getLogger(__name__)
+
 
 def format_duration(seconds: float) -> str:
     """35.2 s, 12 min 05 s, 2 h 03 min."""
@@ -56,7 +58,7 @@ def best_checkpoint(run: RunDirectory) -> tuple[int, float | None] | None:
         try:
             return steps[-1], checkpointer.read_metadata(steps[-1]).bleu
         except CheckpointError as error:
-            logging.warning("%s", error)
+            logger.warning("%s", error)
             return steps[-1], None
     finally:
         checkpointer.close()

@@ -48,6 +48,8 @@ from jaxformer.files import write_text_atomically
 from jaxformer.run.directory import SweepDirectory
 from jaxformer.training.config_file import split_overrides
 
+logger = logging.getLogger(__name__)
+
 
 def build_parser() -> argparse.ArgumentParser:
     parser = make_parser(__doc__)
@@ -101,7 +103,7 @@ def _run_locked(args: argparse.Namespace, variants, reference, workdir: pathlib.
     from jaxformer.training.sweep import run_sweep
 
     earlier = read_rows(workdir)  # before anything trains: a bad file costs no run's time
-    logging.info(
+    logger.info(
         "sweep %s over --config %s: %d variants x %d seeds in %s",
         args.sweep,
         args.config,
@@ -118,7 +120,7 @@ def _run_locked(args: argparse.Namespace, variants, reference, workdir: pathlib.
         table = write_results(workdir, earlier, rows)
     sys.stdout.write(table)
     if stopped_by is not None:
-        logging.warning(
+        logger.warning(
             "sweep stopped after %d of %d variants; run the same command to resume", len(rows), len(variants)
         )
         return exit_code_for_signal(stopped_by)
@@ -224,7 +226,7 @@ def write_results(workdir: pathlib.Path, earlier: Sequence[dict[str, Any]], rows
         return results_table(merged)
     kept = [row["variant"] for row in merged if row.get(EARLIER)]
     if kept:
-        logging.info(
+        logger.info(
             "sweep: keeping the rows an earlier invocation wrote for %s, which this one has none for "
             "(marked 'from an earlier invocation' in %s)",
             ", ".join(kept),

@@ -24,6 +24,8 @@ import tensorflow_datasets as tfds
 from jaxformer.data import fingerprint as fp
 from jaxformer.data.parallel_text import DataError
 
+logger = logging.getLogger(__name__)
+
 
 class LocalDatasetInfo(tfds.core.DatasetInfo):
     """The DatasetInfo of a dataset prepared here, never one of tfds's catalogue: tfds's lookup of
@@ -124,7 +126,7 @@ class FingerprintedBuilder(tfds.core.GeneratorBasedBuilder, skip_registration=Tr
                 super().download_and_prepare(**kwargs)  # reuses it
                 self._log_once()
                 return
-            logging.warning(
+            logger.warning(
                 "%s: not using the prepared data in %s: %s; preparing it again", self.name, self.data_dir, problem
             )
             kwargs["download_config"] = dataclasses.replace(
@@ -182,7 +184,7 @@ class FingerprintedBuilder(tfds.core.GeneratorBasedBuilder, skip_registration=Tr
     def _log_once(self) -> None:
         if not self._logged:
             self._logged = True
-            logging.info(
+            logger.info(
                 "%s: fingerprint %s of %s; prepared data in %s",
                 self.name,
                 self._fingerprint,

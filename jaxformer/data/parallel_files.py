@@ -32,6 +32,8 @@ from jaxformer.data import fingerprint as fp
 from jaxformer.data.fingerprinted_builder import FingerprintedBuilder, LocalDatasetInfo
 from jaxformer.data.parallel_text import DataError, SkipCounter, read_lines, read_parallel_lines, read_tsv_pairs
 
+logger = logging.getLogger(__name__)
+
 SPLITS = ("train", "validation", "test")
 LANGUAGE_FIELD = "{lang}"
 TSV_SUFFIXES = (".tsv", ".tsv.gz")
@@ -253,7 +255,7 @@ class ParallelFiles(FingerprintedBuilder):
             )
         held = np.zeros(len(train), bool)
         held[holdout_indices(len(train), holdout, seed)] = True
-        logging.warning(
+        logger.warning(
             "no data.files.validation: held out %s of %s training pairs as the validation split (seed %d)",
             f"{holdout:,}",
             f"{len(train):,}",

@@ -12,6 +12,8 @@ from collections.abc import Callable, Iterable, Iterator
 
 from jaxformer.errors import UserError
 
+logger = logging.getLogger(__name__)
+
 
 class DataError(UserError, ValueError):
     """Bad input data; the message names the file and, where there is one, the line."""
@@ -121,6 +123,6 @@ def _with_text_on_both_sides(
             continue
         yield number, source, target
     if skipped.empty:
-        logging.warning(
+        logger.warning(
             "skipped %d pairs with an empty side in %s (first at %s)", skipped.empty, where, skipped.first_empty
         )

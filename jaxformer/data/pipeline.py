@@ -23,6 +23,8 @@ from jaxformer.data.parallel_text import DataError
 from jaxformer.data.subword_sampling import SubwordSampling
 from jaxformer.data.tokenizer import Tokenizer
 
+logger = logging.getLogger(__name__)
+
 FEATURES = ("inputs", "targets")
 
 
@@ -192,7 +194,7 @@ def train_dataset(
     batch_size = data.batch_size // shard_count
     usable = len(source) // shard_count * shard_count
     if usable < len(source) and shard_index == 0:  # equal shards keep the processes' steps in step
-        logging.info(
+        logger.info(
             "training pairs: the last %d of %d are not read, so that %d input shards hold %d each",
             len(source) - usable,
             len(source),
@@ -242,7 +244,7 @@ def eval_batches(
             else "evaluation: the split has no examples"
         )
     if length_filter.dropped:
-        logging.warning(
+        logger.warning(
             "evaluation: %d of %d examples longer than %d tokens left out", length_filter.dropped, count, max_length
         )
     batches = []

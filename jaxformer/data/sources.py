@@ -20,6 +20,8 @@ from jaxformer.data.parallel_files import ParallelFiles
 from jaxformer.data.parallel_text import DataError
 from jaxformer.files import unwritable_folder_reason
 
+logger = logging.getLogger(__name__)
+
 tfds.disable_progress_bar()  # tqdm bars per split drown the training log
 
 
@@ -172,5 +174,5 @@ def load_split(builder, split: str, languages: Sequence[str]) -> Sequence:
             f"it has {', '.join(sorted(features))}"
         )
     source = builder.as_data_source(split=split)
-    logging.info("%s[%s]: %d pairs", builder.name, split, len(source))
+    logger.info("%s[%s]: %d pairs", builder.name, split, len(source))
     return source

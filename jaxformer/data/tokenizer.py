@@ -18,6 +18,8 @@ from jaxformer.errors import UserError
 from jaxformer.files import write_bytes_atomically
 from jaxformer.tokens import BOS_ID, EOS_ID, MASK_PIECE, NUM_SPECIAL_TOKENS, PAD_ID, UNK_ID
 
+logger = logging.getLogger(__name__)
+
 
 class TokenizerError(UserError, ValueError):
     """Bytes or a file that are not a usable sentencepiece model; the message names the file."""
@@ -232,7 +234,7 @@ def train_tokenizer(
         chosen = np.sort(np.random.default_rng(seed).choice(len(sentences), max_sentences, replace=False))
         sentences = [sentences[i] for i in chosen]
     model = io.BytesIO()
-    logging.info("training a %s sentencepiece model with %d pieces", model_type, vocab_size)
+    logger.info("training a %s sentencepiece model with %d pieces", model_type, vocab_size)
     try:
         _train_sentencepiece(sentences, model, vocab_size, model_type, character_coverage, control_symbols)
     except RuntimeError as error:  # sentencepiece reports a corpus too small for the vocabulary this way

@@ -27,6 +27,8 @@ from jaxformer.run.loading import ARCHITECTURE_USES, load_checkpoint, require_ar
 from jaxformer.tokens import BOS_ID, EOS_ID, PAD_ID
 from jaxformer.typing import Array, Float, Int
 
+logger = logging.getLogger(__name__)
+
 
 class PromptedCache(NamedTuple):
     """The search's cache: the decoder's, with the prompt already in it, and each row's last
@@ -111,7 +113,7 @@ class LanguageModel:
         )
         settings.check_fits(model_config)  # before the parameters are read
         step, metadata, params = load_checkpoint(workdir, checkpoint)
-        logging.info("loaded step %d of %s (%s)", step, workdir, checkpoint_name(checkpoint))
+        logger.info("loaded step %d of %s (%s)", step, workdir, checkpoint_name(checkpoint))
         return cls(metadata.model_config(), params, metadata.load_tokenizer(), settings, **kwargs)
 
     def complete(self, prompts: Sequence[str]) -> list[str]:

@@ -16,6 +16,8 @@ from typing import Protocol, runtime_checkable
 
 import numpy as np
 
+logger = logging.getLogger(__name__)
+
 SENTENCE_END = re.compile(r"(?<=[.!?;:])\s+")
 LINE_BREAK = re.compile(r"\r\n|[\r\n]")  # what a reader of lines splits at; U+2028, form feeds are text
 
@@ -63,7 +65,7 @@ def split_sentence(
     ids = tokenizer.encode(sentence)
     if len(ids) <= max_source_tokens:
         return [ids]
-    logging.warning(
+    logger.warning(
         "sentence %d (line %d) has %d tokens, more than max_source_tokens=%d: translating it in pieces",
         index,
         index + 1,

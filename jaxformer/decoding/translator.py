@@ -22,6 +22,8 @@ from jaxformer.run.directory import checkpoint_name
 from jaxformer.run.loading import ARCHITECTURE_USES, load_checkpoint, require_architecture
 from jaxformer.tokens import EOS_ID, PAD_ID
 
+logger = logging.getLogger(__name__)
+
 
 def _as_loaded(params: Any) -> Any:
     """Parameters that all live on the default device, placed there as `from_workdir` places
@@ -146,7 +148,7 @@ class Translator:
         "best", "averaged" or a step number; see `jaxformer.run.loading.load_checkpoint`)."""
         settings.check_fits(cls.check_workdir(workdir, checkpoint))  # before the parameters are read
         step, metadata, params = load_checkpoint(workdir, checkpoint)
-        logging.info("loaded step %d of %s (%s)", step, workdir, checkpoint_name(checkpoint))
+        logger.info("loaded step %d of %s (%s)", step, workdir, checkpoint_name(checkpoint))
         translator = cls(
             metadata.model_config(),
             params,

@@ -34,6 +34,8 @@ from jaxformer.files import unwritable_folder_reason
 from jaxformer.run.loading import load_checkpoint, require_architecture
 from jaxformer.tokens import BOS_ID, EOS_ID, PAD_ID, UNK_ID
 
+logger = logging.getLogger(__name__)
+
 PARAMETERS_FILE = "params.safetensors"
 TOKENIZER_FILE = "tokenizer.model"  # the shared vocabulary's, or the source side's
 TARGET_TOKENIZER_FILE = "tokenizer.target.model"  # with separate vocabularies only
@@ -111,7 +113,7 @@ def export_checkpoint(
                     f"its tokenizer {tokenizer.vocab_size}"
                 )
         params = unflatten(flatten(jax.device_get(params)), "the checkpoint")  # plain dicts of host arrays
-        logging.info("exporting the beam search for %s", ", ".join(platforms))
+        logger.info("exporting the beam search for %s", ", ".join(platforms))
         program, failed = export_beam_search(config, settings, params, serving.max_source_length, platforms)
         files = {
             "parameters": write_parameters(staging, params),
@@ -163,7 +165,7 @@ def export_checkpoint(
         check_output(output, overwrite)  # nothing else appeared there meanwhile
         _raise_held_signal()
         _move_into_place(staging, output)
-    logging.info("wrote %s", output)
+    logger.info("wrote %s", output)
     return ExportSummary(output, step, tuple(program.platforms), failed)
 
 

@@ -20,6 +20,8 @@ import numpy as np
 from jaxformer.decoding.generate import DecodeSettings, make_generate_fn
 from jaxformer.model.config import TransformerConfig
 
+logger = logging.getLogger(__name__)
+
 PLATFORMS = ("cpu", "cuda", "tpu")
 KNOWN_PLATFORMS = ("cpu", "cuda", "rocm", "tpu")
 
@@ -63,7 +65,7 @@ def export_beam_search(
         except Exception as error:  # noqa: BLE001
             first_error = first_error or error
             failed[platform] = _first_line(error)
-            logging.warning("cannot export the beam search for %s: %s", platform, failed[platform])
+            logger.warning("cannot export the beam search for %s: %s", platform, failed[platform])
     if not working:
         raise first_error
     return jax.export.export(generate_fn, platforms=tuple(working))(*specs), failed

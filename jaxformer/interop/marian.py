@@ -75,6 +75,8 @@ from jaxformer.model.config import TransformerConfig
 from jaxformer.model.position import sinusoidal_table
 from jaxformer.tokens import BOS_ID, EOS_ID, NUM_SPECIAL_TOKENS, PAD_ID, UNK_ID
 
+logger = logging.getLogger(__name__)
+
 Piece = model_pb2.ModelProto.SentencePiece
 
 # A copied BOS row repeats the decoder start token's (pad's) embedding; its logit is that token's minus
@@ -95,7 +97,7 @@ def side_model_proto(spm_proto: bytes, pieces: Sequence[str], where: str) -> byt
     wanted = set(pieces)
     dropped = [p.piece for p in original.pieces if p.type in producible and p.piece not in wanted]
     if dropped:
-        logging.warning(
+        logger.warning(
             "%s has %d pieces that vocab.json lacks (e.g. %s); MarianTokenizer maps them to <unk>, jaxformer's "
             "tokenizer segments without them, so text containing them may tokenize differently",
             where,
@@ -172,7 +174,7 @@ def marian_embeddings(
             if not tied:
                 # transformers before 5 used model.shared here whatever the config said (the
                 # module was shared); transformers 5 would initialize it randomly instead.
-                logging.warning("the weights have no %s: using model.shared.weight, as transformers 4 did", name)
+                logger.warning("the weights have no %s: using model.shared.weight, as transformers 4 did", name)
             found[role] = shared
         else:
             raise ConversionError(f"config.json has tie_word_embeddings=false, but the weights have no {name}")
@@ -272,7 +274,7 @@ def convert_marian(files: MarianDirectory) -> ConvertedMarian:
         pieces[BOS_ID] = next(name for name in ("<s>", "<jaxformer-bos>", "<jaxformer-bos-3>") if name not in vocab)
     codes = [piece for piece in vocab if LANGUAGE_CODE.match(piece)]
     if codes:
-        logging.warning(
+        logger.warning(
             "the vocabulary has %d target-language tokens (e.g. %s): jaxformer's tokenizer does not produce "
             "them from text, so sentences must be translated without them (a multilingual model's target "
             "language cannot be chosen through jaxformer-translate)",

@@ -25,6 +25,8 @@ from jaxformer.model.position import halves_order
 from jaxformer.run.directory import checkpoint_name
 from jaxformer.tokens import BOS_ID, EOS_ID, PAD_ID, UNK_ID
 
+logger = logging.getLogger(__name__)
+
 # -- writing a transformers directory ----------------------------------------------------------
 
 
@@ -109,7 +111,7 @@ def check_exportable(config: TransformerConfig) -> None:
         # The metadata holds the run's resolved model: matmul_dtype="auto" is here what it became
         # on the training machine (bfloat16 where bf16 products are native, jaxformer/hardware.py).
         setting = "dtype" if config.matmul_dtype is None else "matmul_dtype"
-        logging.warning(
+        logger.warning(
             "the run's weight products take %s inputs (model.%s=%s), transformers' take float32 ones: its "
             "logits differ from the run's by about 1e-2 and its translations can differ, much more than the "
             "LayerNorm epsilon's 1e-6",
@@ -118,7 +120,7 @@ def check_exportable(config: TransformerConfig) -> None:
             operands.name,
         )
     if config.layer_norm_epsilon != MARIAN_LAYER_NORM_EPSILON:
-        logging.warning(
+        logger.warning(
             "layer_norm_epsilon=%g; MarianMT's LayerNorm uses %g, which changes the outputs slightly (about 1e-6)",
             config.layer_norm_epsilon,
             MARIAN_LAYER_NORM_EPSILON,
@@ -227,5 +229,5 @@ def export_marian(
         model_max_length=max_positions,  # its truncation: the positions the model has
     )
     tokenizer.save_pretrained(output)
-    logging.info("wrote step %d of %s (%s) to %s", step, workdir, checkpoint_name(checkpoint), output)
+    logger.info("wrote step %d of %s (%s) to %s", step, workdir, checkpoint_name(checkpoint), output)
     return output

@@ -21,6 +21,8 @@ from jaxformer.model.dropout import dropout
 from jaxformer.model.projection import project
 from jaxformer.typing import Array, Bool, Float
 
+logger = logging.getLogger(__name__)
+
 # Einsum specs by the layout of keys and values: [B, S, N, H] as projected, or heads-major
 # [B, N, S, H] as the decoding caches store them (see cache.py).
 _SCORES = {False: "BTNH,BSNH->BNTS", True: "BTNH,BNSH->BNTS"}
@@ -129,11 +131,11 @@ def fused_attention(
 
 @functools.lru_cache(maxsize=1)
 def _warn_cudnn_fallback_once() -> None:
-    logging.warning("cuDNN attention is unavailable here; using the XLA implementation")
+    logger.warning("cuDNN attention is unavailable here; using the XLA implementation")
 
 
 def _warn_cudnn_fallback(error: Exception) -> None:
-    logging.debug("cuDNN attention failed: %s", error)
+    logger.debug("cuDNN attention failed: %s", error)
     _warn_cudnn_fallback_once()
 
 

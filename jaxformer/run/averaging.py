@@ -15,6 +15,8 @@ from jaxformer.run.checkpoint import Checkpointer, listing_again
 from jaxformer.run.directory import RunDirectory
 from jaxformer.run.metadata import CheckpointMetadata
 
+logger = logging.getLogger(__name__)
+
 
 def average_parameters(trees: list[Any]) -> Any:
     """The element-wise mean of parameter trees of one structure, accumulated in float64."""
@@ -104,7 +106,7 @@ def _average_once(
         trees = []
         for step in chosen:
             trees.append(reader.read_params(step)[1])
-            logging.info("read step %d", step)
+            logger.info("read step %d", step)
     finally:
         reader.close()
     return newest.replace(step=chosen[-1], averaged_steps=tuple(chosen)), average_parameters(trees)

@@ -41,6 +41,8 @@ from jaxformer.run.checksums import (  # noqa: F401  (ChecksumError: re-exported
 )
 from jaxformer.run.metadata import CheckpointMetadata
 
+logger = logging.getLogger(__name__)
+
 # Why a step directory is moved aside, and the warning that says so: it cannot be restored, or a
 # new checkpoint of its step replaced it.
 SET_ASIDE_WARNINGS = {
@@ -117,7 +119,7 @@ def listing_again(read: Callable[[], T]) -> T:
         try:
             return read()
         except CheckpointRemoved:
-            logging.info("a checkpoint was removed while it was read: listing the checkpoints again")
+            logger.info("a checkpoint was removed while it was read: listing the checkpoints again")
     return read()
 
 
@@ -181,7 +183,7 @@ class Checkpointer:
             target = self.directory / f"{stem}-{copy}"
         (self.directory / str(step)).rename(target)
         self.manager.reload()
-        logging.warning(SET_ASIDE_WARNINGS[reason], step, target)
+        logger.warning(SET_ASIDE_WARNINGS[reason], step, target)
         return target
 
     def _check_step(self, step: int, metadata: CheckpointMetadata) -> None:
@@ -279,7 +281,7 @@ class Checkpointer:
             except CheckpointError as error:  # a damaged step: restore_latest will set it aside
                 if step not in self._warned:
                     self._warned.add(step)
-                    logging.warning("cannot read the metadata of checkpoint %d (%s)", step, error)
+                    logger.warning("cannot read the metadata of checkpoint %d (%s)", step, error)
         return None
 
     def latest_metadata(self) -> CheckpointMetadata | None:
@@ -407,7 +409,7 @@ class Checkpointer:
                     verify_iterator(data_iterator, checksums, where)
             except Exception as error:  # orbax/tensorstore raise many types for damaged files
                 failures.append(f"step {step}: {_first_line(error)}")
-                logging.warning(
+                logger.warning(
                     "checkpoint %s cannot be restored (%s); trying the previous one", where, _first_line(error)
                 )
                 continue

@@ -16,6 +16,8 @@ import numpy as np
 
 from jaxformer.errors import CheckpointError
 
+logger = logging.getLogger(__name__)
+
 CHECKSUMS = "checksums"  # the metadata key of the checksums written at save
 CHECKSUM_FORMAT = 1
 
@@ -213,7 +215,7 @@ def with_checksums(metadata: dict[str, Any], tree: Any, data_iterator=None) -> d
 def saved_checksums(metadata: dict[str, Any], where: str) -> dict[str, Any] | None:
     checksums = metadata.get(CHECKSUMS)
     if checksums is None:
-        logging.warning(
+        logger.warning(
             "checkpoint %s has no checksums (written by an older jaxformer): its arrays are restored unverified", where
         )
         return None

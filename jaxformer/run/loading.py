@@ -13,6 +13,8 @@ from jaxformer.run.checkpoint import Checkpointer, CheckpointRemoved, listing_ag
 from jaxformer.run.directory import CHECKPOINT_KINDS, RunDirectory
 from jaxformer.run.metadata import CheckpointMetadata
 
+logger = logging.getLogger(__name__)
+
 
 def load_checkpoint(
     workdir: str | os.PathLike, checkpoint: str | int = "latest", params: bool = True
@@ -108,7 +110,7 @@ def _load_once(
             for bad_step, error in damaged:
                 if (str(directory), bad_step) not in _REPORTED_DAMAGED:  # a command reads the metadata, then all
                     _REPORTED_DAMAGED.add((str(directory), bad_step))
-                    logging.warning(
+                    logger.warning(
                         "checkpoint %d of %s is damaged (%s); using step %d", bad_step, directory, error, step
                     )
             return step, metadata, restored

@@ -24,6 +24,8 @@ import uuid
 from jaxformer.errors import UserError
 from jaxformer.run.directory import RunDirectory, SweepDirectory
 
+logger = logging.getLogger(__name__)
+
 WRITE_GRACE_SECONDS = 10.0  # an unreadable lock file younger than this may still be being written
 _POLL_SECONDS = 0.1
 
@@ -165,7 +167,7 @@ class WorkdirLock:
             except FileNotFoundError:
                 continue
             stale.unlink(missing_ok=True)
-            logging.warning(
+            logger.warning(
                 "took over %s from a %s that is no longer alive (%s)",
                 self.path,
                 self.HOLDER,

@@ -22,6 +22,8 @@ from jax.experimental import multihost_utils
 from jaxformer.training.optimizer import end_step, set_end_step
 from jaxformer.training.rdrop_start import RDROP_STEP_COST, RDropStart
 
+logger = logging.getLogger(__name__)
+
 
 class TrainingClock:
     """Seconds spent by the run's training loop: `seconds_before` (earlier segments, up to the
@@ -108,7 +110,7 @@ class ScheduleEnd:
         settled = step is None or 4 * step >= self.warmup_steps
         if steps <= self.warmup_steps and settled and not self.warned_within_warmup:
             self.warned_within_warmup = True
-            logging.warning(
+            logger.warning(
                 "budget schedule: %s ends the run near step %.0f, within optimizer.warmup_steps=%d: "
                 "the rate will still be rising when it ends; a shorter warmup (or a longer run) lets it decay",
                 ends_by,
@@ -123,10 +125,10 @@ class ScheduleEnd:
         from that guess and a resumed one keeps the estimate it saved."""
         if not self.active or (resumed and timed):
             if self.active:
-                logging.info("budget schedule: resumed with its end at step %.0f", self.steps(state))
+                logger.info("budget schedule: resumed with its end at step %.0f", self.steps(state))
             return state
         if resumed and abs(self.steps(state) - self.max_steps) > 0.5:
-            logging.info("budget schedule: its end moves from step %.0f to %d", self.steps(state), self.max_steps)
+            logger.info("budget schedule: its end moves from step %.0f to %d", self.steps(state), self.max_steps)
         return self.set(state, self.max_steps, ends_by=f"training.num_train_steps={self.max_steps}")
 
 

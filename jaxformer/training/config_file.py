@@ -23,6 +23,8 @@ import ml_collections
 from jaxformer.model.config import PRESETS, ConfigError
 from jaxformer.training.experiment import default_config, nullable_keys, unknown_key_error
 
+logger = logging.getLogger(__name__)
+
 OVERRIDE_PREFIX = "--config."
 
 
@@ -281,4 +283,4 @@ def _set_preset(model: ml_collections.ConfigDict, name: str) -> None:
     sizes = {field: value for field, value in PRESETS[name].items() if field in model}  # vocab_size: the tokenizer's
     model.preset = name
     model.update(sizes)
-    logging.info("model preset %r: %s", name, ", ".join(f"{field}={value}" for field, value in sizes.items()))
+    logger.info("model preset %r: %s", name, ", ".join(f"{field}={value}" for field, value in sizes.items()))

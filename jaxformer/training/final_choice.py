@@ -31,6 +31,8 @@ from jaxformer.training import experiment, resume_rules
 from jaxformer.training.run_tokenizer import RunTokenizers
 from jaxformer.training.validation_bleu import ValidationSet
 
+logger = logging.getLogger(__name__)
+
 CANDIDATES = ("latest", "best", "averaged", "ema")  # in this order; a tie goes to the first
 SCORES = ("bleu", "lowercase_bleu", "chrf")  # kept per candidate and per alpha
 # The config keys a choice depends on besides the run itself: which candidates, which validation
@@ -137,7 +139,7 @@ def _candidates(
         try:
             best_step, best_metadata, best_params = load_from_directory(run.best)
         except CheckpointError as error:
-            logging.warning("final choice: %s; best/ is not a candidate", error)
+            logger.warning("final choice: %s; best/ is not a candidate", error)
         else:
             if best_step != step:  # at the last step best/ holds the latest parameters
                 candidates["best"] = (best_metadata, best_params)
@@ -145,7 +147,7 @@ def _candidates(
     kept = len(reader.steps())
     reader.close()
     if 0 < kept < average_last:  # a run that ended before it had written average_last checkpoints
-        logging.warning(
+        logger.warning(
             "final choice: the run has %d checkpoint(s), fewer than training.average_last=%d; %s",
             kept,
             average_last,
@@ -155,7 +157,7 @@ def _candidates(
         try:
             candidates["averaged"] = averaged_last(run, min(average_last, kept), run_config_differences)
         except CheckpointError as error:  # a checkpoint of another run in checkpoints/, as best/ above
-            logging.warning("final choice: %s; no average is a candidate", error)
+            logger.warning("final choice: %s; no average is a candidate", error)
     if ema_params is not None:
         candidates["ema"] = (metadata, ema_params)
     return candidates
@@ -197,11 +199,11 @@ def choose_final(
         if step in writer.steps():
             chosen = writer.read_metadata(step)
             _refuse_other_settings(config, run, step, chosen)
-            logging.info("final choice: already made at step %d (%s)", step, chosen.chosen_from)
+            logger.info("final choice: already made at step %d (%s)", step, chosen.chosen_from)
             return _as_result(chosen)
         earlier = writer.steps()
         if earlier:
-            logging.info(
+            logger.info(
                 "final choice: the choices made at step(s) %s stay in %s; --checkpoint final reads the newest",
                 ", ".join(map(str, earlier)),
                 run.final,
@@ -246,7 +248,7 @@ def choose_final(
         if alphas:
             tried = ", ".join(f"{value:g} {scores[value]['bleu']:.2f}" for value in scores)
             by_alpha = f"; by alpha: {tried}; chose alpha {alpha:g}"
-        logging.info(
+        logger.info(
             "final choice at step %d, validation BLEU on %d sentences: %s; chose %s%s (saved to %s) in %.0f s",
             step,
             len(validation.sources),

@@ -21,6 +21,8 @@ from jaxformer.model.transformer import stack_layers, unstack_layers
 from jaxformer.run.loading import load_from_directory, locate_checkpoint
 from jaxformer.run.metadata import CheckpointMetadata
 
+logger = logging.getLogger(__name__)
+
 # What a starting point gives a new run: every parameter, or one side of a translator with its
 # embedding (the encoder from a masked LM, the decoder from a causal LM).
 PARTS = {"model": "init_from", "encoder": "init_encoder_from", "decoder": "init_decoder_from"}
@@ -66,7 +68,7 @@ def load_starting_points(training: ml_collections.ConfigDict) -> tuple[StartingP
                 f"training.{key}: {where} holds {with_article(found)} model; a translator's {part} starts from "
                 f"{with_article(_PART_ARCHITECTURE[part])} run"
             )
-        logging.info("starting the %s from the parameters of %s", "model" if part == "model" else part, where)
+        logger.info("starting the %s from the parameters of %s", "model" if part == "model" else part, where)
         points.append(StartingPoint(where=where, step=step, metadata=metadata, params=params, part=part))
     return tuple(points)
 
@@ -149,7 +151,7 @@ def check_starting_points(points: Sequence[StartingPoint], config: ml_collection
         key, trained_on = PARTS[point.part], point.metadata.config.get("data", {})
         for side in _PART_SIDES[point.part]:
             if trained_on.get(side) is not None and trained_on[side] != config.data[side]:
-                logging.warning(
+                logger.warning(
                     "training.%s: %s read %s=%r, and this run reads %r: its %s starts from another language",
                     key,
                     point.where,
@@ -225,13 +227,11 @@ def starting_overrides(
             f"{saved[name].dtype} -> {wanted[name].dtype}" for name in saved if saved[name].dtype != wanted[name].dtype
         }
         if casts:
-            logging.info("parameters cast from the dtypes of %s: %s", point.where, ", ".join(sorted(casts)))
+            logger.info("parameters cast from the dtypes of %s: %s", point.where, ", ".join(sorted(casts)))
         overrides.update({name: np.asarray(value).astype(wanted[name].dtype) for name, value in saved.items()})
     fresh = [name for name in wanted if name not in overrides]
     if points and fresh:
-        logging.info(
-            "%d of %d parameter arrays start from random values: %s", len(fresh), len(wanted), ", ".join(fresh)
-        )
+        logger.info("%d of %d parameter arrays start from random values: %s", len(fresh), len(wanted), ", ".join(fresh))
     return overrides
 
 

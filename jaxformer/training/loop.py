@@ -45,6 +45,8 @@ from jaxformer.training.step import make_eval_step, make_run_train_step
 from jaxformer.training.train_metrics import TrainMetrics, progress_bar
 from jaxformer.training.validation_bleu import BleuValidator
 
+logger = logging.getLogger(__name__)
+
 
 def _local_rows(batch: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
     """This process's slice of a batch every process holds whole."""
@@ -109,7 +111,7 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str | pathlib
         if jax.process_index() == 0:
             run_start.undo_failed_start(workdir, existed)
         trained = RunDirectory(workdir).metrics_file.exists()  # else it stopped before its first step
-        logging.warning(
+        logger.warning(
             "stopped by %s%s; exiting with %d",
             stop,
             "; resume with the same command" if trained else " before training began: nothing to save",
@@ -146,7 +148,7 @@ def _train(config, prepared: PreparedRun, model: nn.Module, preparation: RaiseOn
     boxed_state, state_shardings = run_start.state_shapes_and_shardings(config, model, optimizer, mesh, rules)
     abstract_state = sharding.abstract_with_shardings(sharding.strip_boxes(boxed_state), state_shardings)
     init_fn = make_init_fn(model, optimizer, data.max_length, data.max_length)
-    logging.info("model: %s parameters", f"{count_parameters(abstract_state.params):,}")
+    logger.info("model: %s parameters", f"{count_parameters(abstract_state.params):,}")
     # Fine-tuning or composing: checked against this model before anything is compiled.
     starting_points = prepared.take_starting_points()
     from_starting_points = bool(starting_points)
@@ -184,7 +186,7 @@ def _train(config, prepared: PreparedRun, model: nn.Module, preparation: RaiseOn
             state = state.replace(params=params, opt_state=restart_parameter_ema(state.opt_state, params))
     else:
         step, state, _ = restored
-        logging.info("resumed from step %d of %s", step, checkpointer.directory)
+        logger.info("resumed from step %d of %s", step, checkpointer.directory)
     del overrides  # the starting checkpoints' host parameters, no longer needed
     clock = TrainingClock(0.0 if restored is None else restored[2].train_seconds or 0.0)
     # Whether this segment's steps use R-Drop (rdrop_start.py).
@@ -225,7 +227,7 @@ def _train(config, prepared: PreparedRun, model: nn.Module, preparation: RaiseOn
         train_metrics.flush()
         last["eval"] = _evaluate(eval_fn, state.params, eval_data, batch_sharding)
         writer.write(step, last["eval"], prefix="eval/")
-        logging.info(
+        logger.info(
             "step %d: validation loss %.4f, perplexity %s, accuracy %.4f; length filter dropped %d of %d pairs read",
             step,
             last["eval"]["loss"],
@@ -253,7 +255,7 @@ def _train(config, prepared: PreparedRun, model: nn.Module, preparation: RaiseOn
         )
         for earlier in checkpointer.steps():
             if earlier < step and _is_interim(checkpointer, earlier):
-                logging.info(
+                logger.info(
                     "removing the interim checkpoint %d (saved to stop on a signal): %d follows it", earlier, step
                 )
                 checkpointer.delete(earlier)
@@ -271,7 +273,7 @@ def _train(config, prepared: PreparedRun, model: nn.Module, preparation: RaiseOn
     # A run resumed with its budget already spent (saved at the budget's last step) trains no more.
     budget_spent = budget is not None and clock.seconds_before >= budget.seconds
     if budget_spent:
-        logging.info("time budget of %g minutes already spent at step %d", training.time_budget_minutes, step)
+        logger.info("time budget of %g minutes already spent at step %d", training.time_budget_minutes, step)
     seconds_read = clock.seconds_before  # the training seconds of the last budget check
     clock.start()
     preparation.check()  # one held since: not handed to the loop, which would compile and take a step first
@@ -302,17 +304,17 @@ def _train(config, prepared: PreparedRun, model: nn.Module, preparation: RaiseOn
                     train_metrics.flush()  # a summary covers steps of one kind
                     if budget is not None:
                         budget.rdrop_started()
-                    logging.info("R-Drop starts after step %d (%.1f minutes of training)", step, clock.seconds() / 60)
+                    logger.info("R-Drop starts after step %d (%.1f minutes of training)", step, clock.seconds() / 60)
                 # The budget's last step is the run's last: its evaluation and checkpoint are due.
                 run_due(periodic, step, step if budget_spent else training.num_train_steps)
                 if budget_spent:
-                    logging.info("time budget of %g minutes spent at step %d", training.time_budget_minutes, step)
+                    logger.info("time budget of %g minutes spent at step %d", training.time_budget_minutes, step)
                 stopping = stop.agreed(step, every=BUDGET_CHECK_STEPS)
             stopped_early = stop.agreed(step) and step < training.num_train_steps  # all processes, or none
             if stopped_early:
                 if step not in checkpointer.steps():
                     save(step, interim=step % training.checkpoint_every_steps != 0)
-                logging.warning(
+                logger.warning(
                     "stopped by %s at step %d; checkpoint saved; exiting with %d; resume with the same command",
                     stop.signal_name,
                     step,
@@ -331,13 +333,13 @@ def _train(config, prepared: PreparedRun, model: nn.Module, preparation: RaiseOn
     if not stopped_early and stop.agreed(step):
         if training.final_choice:
             stopped_early = True
-            logging.warning(
+            logger.warning(
                 "stopped by %s after the last step, %d (its checkpoint is saved), before the final choice; exiting "
                 "with %d; the same command makes the choice",
                 *(stop.signal_name, step, exit_code_for_signal(stop.signum)),
             )
         else:
-            logging.warning(
+            logger.warning(
                 "%s received at the last step, %d, which is done and saved: the run is complete, nothing is left "
                 "to stop; exiting with 0",
                 *(stop.signal_name, step),
@@ -362,14 +364,14 @@ def _train(config, prepared: PreparedRun, model: nn.Module, preparation: RaiseOn
             saved = saved_choice(run, step)
             if saved is not None:  # the signal came as the choice was closed: it is made
                 last["final"] = saved
-                logging.warning(
+                logger.warning(
                     "%s received as the final choice at step %d ended: it is saved, the run is complete; "
                     "exiting with 0",
                     *(signal_stop, step),  # a Stopped reads as its signal's name
                 )
             else:
                 stopped_early, stop.signum = True, signal_stop.signum
-                logging.warning(
+                logger.warning(
                     "stopped by %s during the final choice at step %d (its checkpoint is saved); exiting with %d; "
                     "the same command makes the choice",
                     *(stop.signal_name, step, exit_code_for_signal(stop.signum)),

@@ -19,6 +19,8 @@ from jaxformer.files import write_text_atomically
 from jaxformer.run.directory import RunDirectory
 from jaxformer.training.tensorboard import ScalarEventWriter
 
+logger = logging.getLogger(__name__)
+
 
 def _record(line: bytes) -> dict | None:
     """The JSON object on `line`, or None when it holds none."""
@@ -51,7 +53,7 @@ def cut_torn_last_line(path: str | pathlib.Path) -> int:
             last_start, last_line = offset, line
             offset += len(line)
     if bad_lines:
-        logging.warning(
+        logger.warning(
             "%s: %d line(s) in the middle are not JSON records (line %s%s); left as they are",
             path,
             len(bad_lines),
@@ -65,7 +67,7 @@ def cut_torn_last_line(path: str | pathlib.Path) -> int:
         handle.flush()
         os.fsync(handle.fileno())
     preview = last_line[:80] + (b"..." if len(last_line) > 80 else b"")
-    logging.warning(
+    logger.warning(
         "%s: cut off a torn last line, bytes %d-%d (%d bytes: %r), before appending",
         path,
         last_start,
@@ -123,7 +125,7 @@ class MetricWriter:
             if start_step is not None:
                 moved = move_records_after(run.metrics_file, start_step, run.rolled_back_metrics_file)
                 if moved:
-                    logging.warning(
+                    logger.warning(
                         "%s: moved %d record(s) of %s, which this run trains again, to %s",
                         run.metrics_file,
                         moved,

@@ -44,6 +44,8 @@ from jaxformer.training.rdrop_start import RDropStart
 from jaxformer.training.state import make_init_fn
 from jaxformer.training.step import make_run_train_step
 
+logger = logging.getLogger(__name__)
+
 # Timed rounds of one step of each config, after WARMUP_STEPS untimed steps of each. On the noisy
 # 2-core VM, 8 rounds gave 1.37x and 1.52x for the same pair in two processes, and 1.39x
 # against 1.48x from the first 8 and all 16 rounds of one process: 24 rounds cost a minute
@@ -176,7 +178,7 @@ def relative_pace(
     steps spend nearly all their time in JAX, so one re-sent would seldom land outside it)."""
     programs = {"config": _programs(config), "reference": _programs(reference)}
     if _signature(programs["config"]) == _signature(programs["reference"]):
-        logging.info("pace: the same train program as the reference up to constants; not timed")
+        logger.info("pace: the same train program as the reference up to constants; not timed")
         return Pace(1.0, 1.0, timed=False)
     timed = [(name, index, steps) for name in programs for index, (_, steps) in enumerate(programs[name])]
     for _, _, steps in timed:
@@ -200,7 +202,7 @@ def relative_pace(
     if jax.process_count() > 1:
         seconds_per_step = np.asarray(multihost_utils.broadcast_one_to_all(seconds_per_step))
     pace = Pace(float(seconds_per_step[0]), float(seconds_per_step[1]), timed=True)
-    logging.info(
+    logger.info(
         "pace: %.3f s a step against the reference's %.3f s (%d rounds in turn): %.3fx its speed",
         pace.seconds_per_step,
         pace.reference_seconds_per_step,

@@ -36,6 +36,8 @@ import logging
 
 import ml_collections
 
+logger = logging.getLogger(__name__)
+
 # What a step costs once R-Drop runs, over a plain step, until it is measured. The batch runs
 # twice through the same program, so the cost doubles (1.9x measured on 2 CPU cores). The budget
 # schedule's end is estimated with this factor until R-Drop starts, and from its measured pace after.
@@ -113,15 +115,15 @@ class RDropPhase:
         else:
             self.started = self.fraction is None or self.fraction.started(step, seconds)
         if training.rdrop_min_plain_steps and training.rdrop_alpha > 0 and self.by_pace is None:
-            logging.info("R-Drop from the first step: training.rdrop_min_plain_steps needs a time budget to decide by")
+            logger.info("R-Drop from the first step: training.rdrop_min_plain_steps needs a time budget to decide by")
         elif self.by_pace is not None and self.by_pace.decision is None:
-            logging.info(
+            logger.info(
                 "plain steps to step %d, then R-Drop only if the time budget buys %d plain steps at their pace",
                 self.by_pace.decision_step,
                 self.by_pace.min_plain_steps,
             )
         elif self.to_come is not None:
-            logging.info(
+            logger.info(
                 "R-Drop starts %.0f%% of the way through the run (step %.0f%s, whichever comes first); "
                 "plain steps before",
                 training.rdrop_start * 100,
@@ -160,7 +162,7 @@ class RDropPhase:
         if plain_end_step is None or not self.by_pace.due(step):
             return False
         self.started = self.by_pace.decide(plain_end_step)
-        logging.info(
+        logger.info(
             "at step %d the time budget buys about %.0f plain steps at their pace so far, %s %d "
             "(training.rdrop_min_plain_steps): %s",
             step,

@@ -42,6 +42,8 @@ from jaxformer.training.optimizer import make_optimizer
 from jaxformer.training.run_tokenizer import RunTokenizers, check_given_models, log_unknown_rate, tokenizer_for_run
 from jaxformer.training.state import make_init_fn
 
+logger = logging.getLogger(__name__)
+
 
 def hold_workdir(workdir: pathlib.Path) -> WorkdirLock:
     """Process 0 takes the workdir's lock; every process learns whether it got it."""
@@ -89,7 +91,7 @@ def check_same_run(workdir: pathlib.Path, saved: CheckpointMetadata | None, conf
         )
     changed = resume_rules.resume_differences(saved.config, config, free=True)
     if changed:
-        logging.warning("resuming with values that a resumed run may change: %s", "; ".join(changed))
+        logger.warning("resuming with values that a resumed run may change: %s", "; ".join(changed))
 
 
 def prepare_data(data: ml_collections.ConfigDict, builder) -> tuple[Any, Any]:
@@ -123,7 +125,7 @@ def undo_failed_start(workdir: pathlib.Path, existed: set[pathlib.Path] | None) 
         else:
             entry.unlink(missing_ok=True)
     if added:
-        logging.info("removed what this start added to %s: %s", workdir, ", ".join(sorted(e.name for e in added)))
+        logger.info("removed what this start added to %s: %s", workdir, ", ".join(sorted(e.name for e in added)))
     if existed is None and not any(workdir.iterdir()):
         workdir.rmdir()
 
@@ -153,8 +155,8 @@ def prepare_run(config: ml_collections.ConfigDict, workdir: pathlib.Path) -> Pre
     """Everything before the model is built, for `config` in the (held) `workdir`: checked against
     the run already there, the data prepared, the tokenizers ready and the model described."""
     data, training = config.data, config.training
-    logging.info("%s (all keys: --print_config)", experiment.describe(config))
-    logging.info("devices: %s", jax.devices())
+    logger.info("%s (all keys: --print_config)", experiment.describe(config))
+    logger.info("devices: %s", jax.devices())
 
     run = RunDirectory(workdir)
     checkpointer = Checkpointer(run.checkpoints, keep=training.keep_checkpoints)
@@ -166,9 +168,9 @@ def prepare_run(config: ml_collections.ConfigDict, workdir: pathlib.Path) -> Pre
     if latest is not None:
         check_kept_choice(config, run, latest[0], saved.train_seconds or 0.0)
     for setting in unused_settings(config, resuming=latest is not None):
-        logging.warning("unused: %s", setting)
+        logger.warning("unused: %s", setting)
     if latest is not None and any(training.get(key) is not None for key in PARTS.values()):
-        logging.info("resuming this workdir's run; training.init_*from only set where a new run starts")
+        logger.info("resuming this workdir's run; training.init_*from only set where a new run starts")
     starting_points = load_starting_points(training) if latest is None else ()
     check_starting_points(starting_points, config)
     if latest is not None:
@@ -184,7 +186,7 @@ def prepare_run(config: ml_collections.ConfigDict, workdir: pathlib.Path) -> Pre
     rules = sharding.rules_from_config(config.mesh.logical_axis_rules)
     sharding.check_batch_size(data.batch_size, mesh, rules)
     sharding.check_batch_size(data.eval_batch_size, mesh, rules, "data.eval_batch_size")
-    logging.info("mesh: %s", dict(mesh.shape))
+    logger.info("mesh: %s", dict(mesh.shape))
     if latest is None and not starting_points:
         check_mesh_fits_the_configured_model(config, mesh, rules)
 
@@ -204,7 +206,7 @@ def prepare_run(config: ml_collections.ConfigDict, workdir: pathlib.Path) -> Pre
     )
     if config.model.get("matmul_dtype") == "auto":
         operands, platform = model_config.matmul_operand_dtype.name, jax.default_backend()
-        logging.info("model.matmul_dtype=auto: %s weight products on this machine (%s)", operands, platform)
+        logger.info("model.matmul_dtype=auto: %s weight products on this machine (%s)", operands, platform)
     metadata = CheckpointMetadata(
         config=config.to_dict(),
         model=model_config.to_dict(),

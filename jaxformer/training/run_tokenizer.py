@@ -24,6 +24,8 @@ from jaxformer.run.metadata import CheckpointMetadata
 from jaxformer.tokens import UNK_ID
 from jaxformer.training import experiment
 
+logger = logging.getLogger(__name__)
+
 SavedTokenizer = tuple[bytes, str]  # a sentencepiece model, and where it comes from (for messages)
 
 
@@ -49,7 +51,7 @@ def _checked_against_checkpoint(path: pathlib.Path, saved_proto: bytes, where: s
         ) from error
     if not path.exists():
         saved.save(path)
-        logging.info("restored %s from %s", path, where)
+        logger.info("restored %s from %s", path, where)
         return saved
     try:
         tokenizer = Tokenizer.load(path)
@@ -160,7 +162,7 @@ def _one_tokenizer(
         given = _given_model(config, model_key, path, resuming and saved is not None)
         if tokenizer is None:
             if section.vocab_size != given.vocab_size:
-                logging.info(
+                logger.info(
                     "tokenizer.%s %s has %d pieces (jaxformer's special pieces included); it replaces "
                     "tokenizer.vocab_size=%d for this vocabulary",
                     model_key,
@@ -170,7 +172,7 @@ def _one_tokenizer(
                 )
             if jax.process_index() == 0:
                 given.save(path)
-                logging.info("converted %s to jaxformer's special ids, saved to %s", model_path, path)
+                logger.info("converted %s to jaxformer's special ids, saved to %s", model_path, path)
             return given
         if given.model_proto != tokenizer.model_proto:
             raise _given_model_differs(model_key, model_path, path, saved, resuming, trained_with)
@@ -179,7 +181,7 @@ def _one_tokenizer(
         if tokenizer.vocab_size != section.vocab_size and saved is not None:
             # A start's tokenizer comes with its embeddings; nothing is trained here. (A resumed run
             # whose tokenizer.vocab_size changed was refused before: run_start.check_same_run.)
-            logging.info(
+            logger.info(
                 "the tokenizer of %s has %d pieces: it replaces tokenizer.vocab_size=%d for this vocabulary",
                 saved[1],
                 tokenizer.vocab_size,
@@ -210,12 +212,12 @@ def _one_tokenizer(
                 "no checkpoint of the workdir was made with it (an earlier start left it?); delete it to train "
                 "a new one, or use a new workdir"
             )
-        logging.info("%s is the tokenizer this config trains on this data: reused", path)
+        logger.info("%s is the tokenizer this config trains on this data: reused", path)
         return tokenizer
     tokenizer = trained
     if jax.process_index() == 0:  # training is deterministic: every process holds the same model
         tokenizer.save(path)
-        logging.info(
+        logger.info(
             "trained a %d-piece tokenizer on the %s text, saved to %s", tokenizer.vocab_size, "+".join(languages), path
         )
     return tokenizer
@@ -363,10 +365,10 @@ def log_unknown_rate(config: ml_collections.ConfigDict, tokenizers: RunTokenizer
         ids = np.concatenate(by_language[language].encode(texts[language], add_eos=False) or [np.zeros(0, np.int32)])
         shares[language] = float(np.mean(ids == UNK_ID)) if ids.size else 0.0
     summary = ", ".join(f"{language} {100 * share:.2f}%" for language, share in shares.items())
-    logging.info("<unk> pieces on %d training pairs: %s", count, summary)
+    logger.info("<unk> pieces on %d training pairs: %s", count, summary)
     for language, share in shares.items():
         if share > UNKNOWN_WARNING:
-            logging.warning(
+            logger.warning(
                 "%.1f%% of the %s side's pieces are <unk> on %d training pairs: its tokenizer cannot spell part "
                 "of this text (a model for another language or script?), and the model can never write it",
                 100 * share,

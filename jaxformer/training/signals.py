@@ -12,6 +12,8 @@ import jax
 import numpy as np
 from jax.experimental import multihost_utils
 
+logger = logging.getLogger(__name__)
+
 
 class _SignalHandler:
     """A context in which SIGTERM and SIGINT call `_handle`; the previous handlers come back on
@@ -64,7 +66,7 @@ class StopRequest(_SignalHandler):
         signums = np.asarray(multihost_utils.process_allgather(np.int32(self.signum or 0)))
         if signums.max() and self.signum is None:
             self.signum = int(signums.max())
-            logging.warning("%s received by another process: saving a checkpoint and stopping", self.signal_name)
+            logger.warning("%s received by another process: saving a checkpoint and stopping", self.signal_name)
         return bool(signums.max())
 
     def _handle(self, signum, frame) -> None:
@@ -72,7 +74,7 @@ class StopRequest(_SignalHandler):
             raise KeyboardInterrupt
         self.signum = int(signum)
         when = "after this step" if jax.process_count() == 1 else "at the next step all processes agree on"
-        logging.warning("%s received: saving a checkpoint and stopping %s", self.signal_name, when)
+        logger.warning("%s received: saving a checkpoint and stopping %s", self.signal_name, when)
 
 
 class Stopped(BaseException):

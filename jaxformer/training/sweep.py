@@ -59,6 +59,8 @@ from jaxformer.training.pace import Pace, relative_pace
 from jaxformer.training.signals import RaiseOnSignal, Stopped
 from jaxformer.training.sweep_validation import check_seeds_share_validation, refuse_other_validation_pairs
 
+logger = logging.getLogger(__name__)
+
 VARIANT_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.+-]*")  # a folder name on every platform
 
 
@@ -342,7 +344,7 @@ def run_sweep(
                 rows.append(seeds_row(seed_rows))
             signals.check()
         except Stopped as stop:
-            logging.warning("sweep: %s received outside a training loop: stopping", stop)
+            logger.warning("sweep: %s received outside a training loop: stopping", stop)
             return rows, stop.signum
     return rows, None
 
@@ -374,9 +376,9 @@ def _train_variant(
         last = finished_result(run_dir)  # one that does not fit the sweep was refused before anything trained
         check_signals()
         if last is None:
-            logging.info("sweep: variant %d of %d, %s%s: %s", index, count, variant.name, seed, variant.changes())
+            logger.info("sweep: variant %d of %d, %s%s: %s", index, count, variant.name, seed, variant.changes())
             if pace is not None:
-                logging.info(
+                logger.info(
                     "sweep: %s trains %d steps: %.3fx the reference's speed, times --baseline_steps %d",
                     *(variant.name, pace["steps"], pace["speed"], baseline_steps),
                 )
@@ -388,6 +390,6 @@ def _train_variant(
                 return seed_rows, last["stopped_by_signal"]
             last = finished_result(run_dir)
         else:
-            logging.info("sweep: variant %s already finished in %s", variant.name, run_dir)
+            logger.info("sweep: variant %s already finished in %s", variant.name, run_dir)
         seed_rows.append(result_row(variant, last, pace))
     return seed_rows, None

@@ -19,6 +19,8 @@ from jaxformer.errors import UserError
 from jaxformer.run.checkpoint import Checkpointer
 from jaxformer.training.metrics import MetricWriter, summarize
 
+logger = logging.getLogger(__name__)
+
 
 def progress_bar(total: int, initial: int) -> tqdm.tqdm:
     """The training bar: on process 0's terminal only, so that a redirected log gets its figures as
@@ -79,7 +81,7 @@ class TrainMetrics:
             tok_s=f"{summary['tokens_per_second']:,.0f}",
         )
         if self.progress.disable and jax.process_index() == 0:  # no bar (a redirected log): the bar's figures as a line
-            logging.info(
+            logger.info(
                 "step %d: training loss %.4f, learning rate %.2e, %s tokens/s",
                 host[-1][0],
                 summary["loss"],

@@ -21,6 +21,8 @@ from jaxformer.run.checkpoint import Checkpointer
 from jaxformer.run.directory import RunDirectory
 from jaxformer.run.metadata import CheckpointMetadata
 
+logger = logging.getLogger(__name__)
+
 
 def decode_settings(config: ml_collections.ConfigDict) -> DecodeSettings:
     decoding = config.decoding
@@ -106,7 +108,7 @@ class BleuValidator:
         """Scores `params`; when BLEU improves, saves them to workdir/best with `metadata`
         (its step and BLEU set to this step's)."""
         scores = self.validation.score(params)
-        logging.info(
+        logger.info(
             "step %d: validation BLEU %.2f on %d sentences (%s)",
             step,
             scores["bleu"],
@@ -116,7 +118,7 @@ class BleuValidator:
         if scores["bleu"] > self.best_bleu:
             self.best_bleu = scores["bleu"]
             self.best.save_params(step, params, metadata.replace(step=step, bleu=scores["bleu"]))
-            logging.info("step %d: best validation BLEU so far; parameters saved to %s", step, self.best.directory)
+            logger.info("step %d: best validation BLEU so far; parameters saved to %s", step, self.best.directory)
         return {
             "bleu": scores["bleu"],
             "chrf": scores["chrf"],
