@@ -11,9 +11,10 @@ import jax
 import numpy as np
 
 from jaxformer.errors import CheckpointError
-from jaxformer.run.checkpoint import Checkpointer, listing_again
+from jaxformer.run.checkpoint import Checkpointer
 from jaxformer.run.directory import RunDirectory
 from jaxformer.run.metadata import CheckpointMetadata
+from jaxformer.run.removal import listing_again
 
 logger = logging.getLogger(__name__)
 

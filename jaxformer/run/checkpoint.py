@@ -23,8 +23,7 @@ import logging
 import pathlib
 import time
 import warnings
-from collections.abc import Callable
-from typing import Any, TypeVar
+from typing import Any
 
 import jax
 import numpy as np
@@ -40,6 +39,7 @@ from jaxformer.run.checksums import (  # noqa: F401  (ChecksumError: re-exported
     with_checksums,
 )
 from jaxformer.run.metadata import CheckpointMetadata
+from jaxformer.run.removal import LISTING_ATTEMPTS, CheckpointRemoved, refuse_removed
 
 logger = logging.getLogger(__name__)
 
@@ -100,38 +100,6 @@ def _draining_event_loops():
 # ------------------------------------------------------------------------------------------
 # The checkpointer.
 # ------------------------------------------------------------------------------------------
-
-
-class CheckpointRemoved(CheckpointError):
-    """A checkpoint went away while it was read: a run training in the workdir removed it (it keeps
-    only its last checkpoints). Readers of "the newest" list the steps again and retry."""
-
-
-# How often a reader lists a folder again when a training run removed what it was reading.
-LISTING_ATTEMPTS = 5
-T = TypeVar("T")
-
-
-def listing_again(read: Callable[[], T]) -> T:
-    """`read()`, called again (LISTING_ATTEMPTS times in all) while it raises `CheckpointRemoved`:
-    each call lists the steps anew, so one that a training run removed is no longer among them."""
-    for _ in range(LISTING_ATTEMPTS - 1):
-        try:
-            return read()
-        except CheckpointRemoved:
-            logger.info("a checkpoint was removed while it was read: listing the checkpoints again")
-    return read()
-
-
-def _refuse_removed(path: pathlib.Path) -> None:
-    """`CheckpointRemoved` when the step folder above `path` is gone: it was there when the read
-    began, so a run training in the workdir removed it, and calling it damaged would be wrong."""
-    step_folder = path.parent
-    if not step_folder.exists():
-        raise CheckpointRemoved(
-            f"checkpoint {step_folder} was removed while it was read (a run training in that workdir keeps only "
-            "its last checkpoints); run again"
-        )
 
 
 def _checkpoint_manager(directory: pathlib.Path, keep: int | None, read_only: bool) -> ocp.CheckpointManager:
@@ -259,7 +227,7 @@ class Checkpointer:
                     "metadata"
                 ]
         except Exception as error:
-            _refuse_removed(self.directory / str(step) / "metadata")  # listed, then gone: not damaged
+            refuse_removed(self.directory / str(step) / "metadata")  # listed, then gone: not damaged
             if not path.exists():
                 raise CheckpointError(
                     f"cannot read the metadata of checkpoint {step}: {path} does not exist"
@@ -306,8 +274,8 @@ class Checkpointer:
     def _verified_params(self, step: int, metadata_values: dict[str, Any], abstract_params: Any | None) -> Any:
         path = self.directory / str(step) / "state"
         if not path.exists():
-            _refuse_removed(path)  # its metadata was just read: the folder was there
-            raise CheckpointError(f"{path} does not exist; the checkpoints in {self.directory} are {self.steps()}")
+            refuse_removed(path)  # its metadata was just read: the folder was there
+            raise CheckpointError(f"checkpoint {path.parent} is incomplete or damaged: it has no {path.name} folder")
         checksums = saved_checksums(metadata_values, str(path.parent))
         absl_logger = logging.getLogger("absl")
         absl_logger.addFilter(_no_missing_metadata_warning)  # reading one item directly has no step metadata; harmless
@@ -327,10 +295,10 @@ class Checkpointer:
                 try:
                     item_metadata = checkpointer.metadata(path).item_metadata
                 except Exception as error:
-                    _refuse_removed(path)
+                    refuse_removed(path)
                     raise CheckpointError(f"cannot read the checkpoint {path} ({_first_line(error)})") from error
                 if item_metadata is None:
-                    _refuse_removed(path)
+                    refuse_removed(path)
                     raise CheckpointError(
                         f"cannot read the checkpoint {path}: the index of its arrays (its _METADATA file, or the "
                         "array store under it that the index is read from) is missing or damaged"
@@ -354,7 +322,7 @@ class Checkpointer:
                         ),
                     )
                 except Exception as error:
-                    _refuse_removed(path)
+                    refuse_removed(path)
                     raise CheckpointError(f"cannot restore the parameters of {path} ({_first_line(error)})") from error
         finally:
             checkpointer.close()

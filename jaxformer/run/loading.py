@@ -9,9 +9,10 @@ from typing import Any
 
 from jaxformer.errors import CheckpointError, with_article
 from jaxformer.model.config import ConfigError, TransformerConfig
-from jaxformer.run.checkpoint import Checkpointer, CheckpointRemoved, listing_again
+from jaxformer.run.checkpoint import Checkpointer
 from jaxformer.run.directory import CHECKPOINT_KINDS, RunDirectory
 from jaxformer.run.metadata import CheckpointMetadata
+from jaxformer.run.removal import CheckpointRemoved, listing_again
 
 logger = logging.getLogger(__name__)
 

@@ -5,6 +5,8 @@ damaged, and never a traceback."""
 
 import logging
 import shutil
+import threading
+import time
 
 import numpy as np
 import orbax.checkpoint as ocp
@@ -14,9 +16,10 @@ from jaxformer.commands.common import _QuietLibraries
 from jaxformer.errors import CheckpointError
 from jaxformer.run import checkpoint as checkpoint_module
 from jaxformer.run.averaging import averaged_last
-from jaxformer.run.checkpoint import Checkpointer, CheckpointRemoved
+from jaxformer.run.checkpoint import Checkpointer
 from jaxformer.run.directory import RunDirectory
 from jaxformer.run.loading import load_checkpoint
+from jaxformer.run.removal import CheckpointRemoved
 from tests.conftest import make_workdir
 
 
@@ -90,6 +93,57 @@ def test_parameters_removed_under_the_array_reader_are_named_as_removed(run, mon
     monkeypatch.setattr(ocp.PyTreeCheckpointer, "restore", restore)
     with pytest.raises(CheckpointRemoved, match="was removed while it was read"):
         load_checkpoint(workdir, 30)
+
+
+def remove_as_orbax_does(step_folder):
+    """orbax's removal of a step: its files first (threads, over a while), the folder last."""
+    files = sorted(path for path in step_folder.rglob("*") if path.is_file())
+    first = [path for path in files if "state" in path.relative_to(step_folder).parts]  # the arrays
+    for path in first:
+        path.unlink()
+
+    def the_rest():
+        for path in [path for path in files if path not in first]:
+            time.sleep(0.1)
+            path.unlink(missing_ok=True)
+        time.sleep(0.5)
+        shutil.rmtree(step_folder)
+
+    thread = threading.Thread(target=the_rest)
+    thread.start()
+    return thread
+
+
+def test_a_checkpoint_whose_files_go_before_its_folder_is_removed_not_damaged(run, monkeypatch, caplog):
+    workdir, params = run
+    original = ocp.PyTreeCheckpointer.restore
+    removals = []
+
+    def restore(self, path, *args, **kwargs):
+        if path.parent.name == "30" and not removals:
+            removals.append(remove_as_orbax_does(path.parent))
+        return original(self, path, *args, **kwargs)
+
+    monkeypatch.setattr(ocp.PyTreeCheckpointer, "restore", restore)
+    with caplog.at_level(logging.WARNING):
+        step, _, restored = load_checkpoint(workdir, "latest")
+    removals[0].join()
+    assert step == 20
+    np.testing.assert_allclose(first_leaf(restored), 2 * first_leaf(params), rtol=1e-6)
+    assert not [record for record in caplog.records if "damaged" in record.getMessage()]
+
+
+def test_a_checkpoint_missing_files_that_stays_is_damaged(run):
+    workdir, _ = run
+    state = RunDirectory(workdir).checkpoints / "20" / "state"
+    for path in sorted(path for path in state.rglob("*") if path.is_file())[::2]:
+        path.unlink()
+    with pytest.raises(CheckpointError) as raised:
+        load_checkpoint(workdir, 20)
+    assert not isinstance(raised.value, CheckpointRemoved) and "20/state" in str(raised.value)
+    shutil.rmtree(state)
+    with pytest.raises(CheckpointError, match=r"checkpoint .*/20 is incomplete or damaged: it has no state folder$"):
+        load_checkpoint(workdir, 20)
 
 
 def test_the_average_lists_the_last_checkpoints_again_when_one_is_removed(run, monkeypatch):
