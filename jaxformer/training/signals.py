@@ -192,10 +192,18 @@ class RaiseOnSignal(_SignalHandler):
             self._raised = True
             raise Stopped(self.signum)
 
-    def __exit__(self, *exc) -> None:
+    def __exit__(self, exc_type, exc, traceback) -> None:
         self._closed = True
         if self._retry is not None:
             self._retry.cancel()
         if sys.unraisablehook == self._unraisable:  # else another replaced it since: theirs to restore
             sys.unraisablehook = self._previous_unraisable_hook
-        super().__exit__(*exc)
+        super().__exit__(exc_type, exc, traceback)
+        # A signal held inside a library call that then failed (a download that ends in a network
+        # error) would be lost with the error on its way out: the stop asked for wins.
+        if self.signum is not None and not self._raised and isinstance(exc, Exception):
+            self._raised = True
+            failure = " ".join(f"{type(exc).__name__}: {exc}".split())
+            name = signal.Signals(self.signum).name
+            logger.warning("%s: the work it came during then failed (%s); stopping", name, failure)
+            raise Stopped(self.signum) from exc

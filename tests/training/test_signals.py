@@ -1,3 +1,4 @@
+import concurrent.futures
 import logging
 import os
 import signal
@@ -141,6 +142,26 @@ def test_a_signal_inside_jax_is_raised_once_jax_returns():
             signals._handle(signal.SIGINT, None)  # a second signal during the clean-up: not raised
             assert signals.signum == signal.SIGTERM
             raise
+
+
+def test_a_signal_held_inside_a_library_call_is_not_lost_when_the_work_then_fails(caplog):
+    """tfds downloads in a thread pool, the main thread waiting in `concurrent`: a signal there is
+    held; a download that then fails (offline) must not carry the stop away with its error."""
+    from jaxformer.data.parallel_text import DataError
+    from jaxformer.training.signals import RaiseOnSignal, Stopped
+
+    def download_that_fails():
+        with concurrent.futures.ThreadPoolExecutor(1) as pool:
+            pool.submit(os.kill, os.getpid(), signal.SIGTERM).result()  # arrives while the main thread waits
+        raise DataError("preparing wmt14_translate failed: ConnectionError: no network")
+
+    with pytest.raises(Stopped) as stopped, RaiseOnSignal():
+        download_that_fails()
+    assert stopped.value.signum == signal.SIGTERM
+    assert isinstance(stopped.value.__cause__, DataError)
+    assert "SIGTERM: the work it came during then failed (DataError: preparing wmt14_translate failed" in caplog.text
+    with pytest.raises(DataError), RaiseOnSignal():  # no signal: the error as it is
+        raise DataError("preparing failed")
 
 
 COMPILE_AND_STOP = """
