@@ -38,9 +38,9 @@ from jaxformer.commands.common import (
     at_least,
     check_readable_file,
     check_writable_file,
-    checkpoint_choice,
     path_text,
 )
+from jaxformer.commands.decoding_flags import checkpoint_choice
 
 ROOT = pathlib.Path(__file__).resolve().parents[1]
 DEFAULT_INPUT = ROOT / "jaxformer" / "data" / "raw" / "multi30k" / "test_2016_flickr.en.gz"
@@ -66,13 +66,13 @@ VARIANTS = tuple((stop, cache) for stop in STOPS for cache in ("cold", "warm"))
 # to a file for the table.
 CHILD = """
 import json, sys, time
-from jaxformer.commands import common, translate
+from jaxformer.commands import decoding_flags, translate
 
 report = sys.argv[1]
 built, seconds = [], {}
 
 def translator_from_flags(args):
-    translator = common.translator_from_flags(args)
+    translator = decoding_flags.translator_from_flags(args)
     built.append(translator)
     translate_sentences = translator.translate
 

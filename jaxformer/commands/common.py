@@ -29,7 +29,6 @@ from jaxformer.commands.compilation_cache import enable_compilation_cache, repai
 from jaxformer.decoding import sentence_batches
 from jaxformer.errors import EXIT_NO_SPACE, EXIT_USER_ERROR, UserError, exit_code_for_signal, no_space_error
 from jaxformer.files import open_descriptor, write_text_atomically, write_to_stream
-from jaxformer.run.directory import CHECKPOINT_KINDS
 
 logger = logging.getLogger(__name__)
 
@@ -274,125 +273,11 @@ def _discard_stdout() -> None:
     os.close(devnull)
 
 
-# -- the decoding commands' flags ------------------------------------------------------------
-
-
-def checkpoint_choice(value: str) -> str | int:
-    if value.isdigit():
-        return int(value)
-    if value not in CHECKPOINT_KINDS:
-        raise argparse.ArgumentTypeError(f"must be {', '.join(CHECKPOINT_KINDS)} or a step number, got {value!r}")
-    return value
-
-
-def add_decoding_flags(parser: argparse.ArgumentParser) -> None:
-    """The flags of the commands that translate: which checkpoint, the search, batches, --no_progress."""
-    from jaxformer.decoding.generate import METHODS
-
-    add_checkpoint_flags(parser)
-    parser.add_argument("--method", choices=METHODS, default="beam", help="search (default: beam)")
-    add_beam_flags(parser)
-    parser.add_argument(
-        "--temperature", type=number(0.0, inclusive=False), default=1.0, help="sampling temperature (default: 1.0)"
-    )
-    parser.add_argument("--top_k", type=at_least(0), default=0, help="sample among the k most likely tokens; 0 = all")
-    parser.add_argument(
-        "--seed",
-        type=at_least(0),
-        default=0,
-        help="sampling seed; the same seed and --batch_size sample alike (default: 0)",
-    )
-    parser.add_argument("--batch_size", type=at_least(1), default=32, help="sentences per decoding batch (default: 32)")
-    parser.add_argument(
-        "--max_source_tokens",
-        type=at_least(2),
-        default=256,
-        help="longer inputs are translated in pieces (default: 256)",
-    )
-    parser.add_argument("--no_progress", action="store_true", help="no progress bar on stderr")
-
-
 def check_workdir(workdir: str, flag: str = "--workdir") -> None:
     if os.path.exists(workdir) and not os.path.isdir(workdir):
         raise FlagError(f"{flag} {workdir}: not a directory (a training run's workdir is one)")
     if not os.path.isdir(workdir):
         raise FlagError(f"{flag} {workdir}: no such directory")
-
-
-def decode_settings_from_flags(args: argparse.Namespace, max_extra_length: int):
-    """The DecodeSettings that --method, --beam_size, --alpha, --length_penalty, --temperature and
-    --top_k name (the commands ran `check_search_flags` on them with their other flags)."""
-    from jaxformer.decoding.generate import DecodeSettings
-
-    return DecodeSettings(
-        method=args.method,
-        beam_size=args.beam_size,
-        alpha=resolved_alpha(args, max_extra_length)
-        if args.method == "beam"
-        else DecodeSettings.alpha,  # the others read none
-        length_penalty=args.length_penalty,
-        max_extra_length=max_extra_length,
-        stop=args.stop,
-        temperature=args.temperature,
-        top_k=args.top_k,
-    )
-
-
-# Flags that one search reads and the others would ignore.
-_SEARCH_ONLY_FLAGS = {
-    "beam": ("beam_size", "alpha", "length_penalty", "stop"),
-    "sample": ("temperature", "top_k", "seed"),
-}
-
-
-def check_search_flags(args: argparse.Namespace) -> None:
-    """Beam search's flags (--beam_size, --alpha, --length_penalty, --stop) only with --method
-    beam, sampling's (--temperature, --top_k, --seed) only with --method sample: under another
-    search they would be ignored. A flag counts as given when its value is not its default."""
-    from jaxformer.decoding.generate import DecodeSettings
-
-    defaults = {**vars(DecodeSettings()), "alpha": None, "seed": 0}  # --alpha's default: the run's choice or 0.6
-    method = getattr(args, "method", None)
-    for applies_to, names in _SEARCH_ONLY_FLAGS.items():
-        for name in names:
-            value = getattr(args, name, defaults[name])
-            if method is not None and method != applies_to and value != defaults[name]:
-                raise FlagError(f"--{name} {value} applies to --method {applies_to}, not {method}")
-
-
-def resolved_alpha(args: argparse.Namespace, max_extra_length: int) -> float:
-    """--alpha when given; else, with --checkpoint final, the length penalty the run's final choice
-    kept with those parameters (training.final_alphas), with a warning naming each setting of this
-    search (--beam_size, --length_penalty, --stop, `max_extra_length`) that differs from the search
-    the choice was made with; else DecodeSettings' default (0.6)."""
-    from jaxformer.decoding.generate import DecodeSettings
-
-    if args.alpha is not None:
-        return args.alpha
-    if args.checkpoint == "final":
-        from jaxformer.run.loading import load_checkpoint
-
-        metadata = load_checkpoint(args.workdir, "final", params=False)[1]
-        alpha = metadata.alpha
-        if alpha is not None:
-            logger.info("length penalty alpha %g: chosen on validation by the run (--alpha overrides it)", alpha)
-            chosen_with = {**vars(DecodeSettings()), **metadata.config.get("decoding", {})}
-            search = dict(
-                beam_size=args.beam_size,
-                length_penalty=args.length_penalty,
-                max_extra_length=max_extra_length,
-                stop=args.stop,
-            )
-            differences = [
-                f"{key} {chosen_with[key]} -> {value}" for key, value in search.items() if chosen_with[key] != value
-            ]
-            if differences:
-                logger.warning(
-                    "alpha %g was chosen for another search than this one (%s): give --alpha to choose it yourself",
-                    *(alpha, ", ".join(differences)),
-                )
-            return alpha
-    return DecodeSettings.alpha
 
 
 def read_lines(path: str | None) -> list[str]:
@@ -416,17 +301,6 @@ def add_overwrite_flag(parser: argparse.ArgumentParser, what: str) -> None:
     parser.add_argument("--overwrite", action="store_true", help=f"replace an existing {what}")
 
 
-def checked_input_lines(args: argparse.Namespace) -> list[str]:
-    """The lines of --input, once --workdir, --input and --output are known to be usable."""
-    check_workdir(args.workdir)
-    check_search_flags(args)
-    check_readable_file(args.input, "--input")
-    check_writable_file(args.output, "--output", args.overwrite, {"--input": args.input})
-    if args.output is None:
-        check_stdout_open()
-    return read_lines(args.input)
-
-
 def check_stdout_open() -> None:
     if sys.stdout is None:  # started with stdout closed (`>&-`)
         raise FlagError("stdout is closed: give --output, or run without closing it")
@@ -446,81 +320,3 @@ def write_lines(path: str | None, lines: list[str]) -> None:
         if error.filename is None:  # a write names no file; the error ("No space left on device") should
             error.filename = "<stdout>"
         raise
-
-
-def translator_from_flags(args: argparse.Namespace, settings=None):
-    """The translator the flags describe; `settings`: their DecodeSettings, when made already."""
-    from jaxformer.decoding.translator import Translator
-
-    settings = decode_settings_from_flags(args, args.max_extra_length) if settings is None else settings
-    return Translator.from_workdir(
-        args.workdir,
-        args.checkpoint,
-        settings,
-        batch_size=args.batch_size,
-        max_source_tokens=args.max_source_tokens,
-        seed=args.seed,
-    )
-
-
-def add_beam_flags(parser: argparse.ArgumentParser) -> None:
-    """--beam_size, --alpha, --length_penalty, --stop and --max_extra_length, as translate, evaluate
-    and export take them."""
-    parser.add_argument("--beam_size", type=at_least(1), default=4, help="beam width (default: 4)")
-    add_length_penalty_flags(parser)
-    parser.add_argument(
-        "--max_extra_length", type=at_least(1), default=50, help="output tokens <= input tokens + this (default: 50)"
-    )
-    add_stop_flag(parser)
-
-
-def add_stop_flag(parser: argparse.ArgumentParser) -> None:
-    """--stop: when beam search stops a sentence (search.py's beam_search)."""
-    from jaxformer.decoding.generate import DecodeSettings
-    from jaxformer.decoding.search import BEAM_STOPS
-
-    default = DecodeSettings().stop
-    parser.add_argument(
-        "--stop",
-        choices=BEAM_STOPS,
-        default=default,
-        help="when beam search stops a sentence: exact, once no live hypothesis can win (transformers' "
-        "early_stopping='never'); current_length, once none can win at its current length (early_stopping=False); "
-        f"beam_full, once beam_size hypotheses have ended (fairseq; early_stopping=True) (default: {default})",
-    )
-
-
-def add_length_penalty_flags(parser: argparse.ArgumentParser) -> None:
-    """--alpha and --length_penalty: the beam search's length normalisation."""
-    from jaxformer.decoding.search import LENGTH_PENALTIES
-
-    parser.add_argument(
-        "--alpha",
-        type=number(0.0, inclusive=True),
-        help="length penalty exponent (default: with --checkpoint final, the one the run chose on validation "
-        "when it compared them, training.final_alphas; else 0.6)",
-    )
-    parser.add_argument(
-        "--length_penalty",
-        choices=LENGTH_PENALTIES,
-        default="gnmt",
-        help="its form: gnmt, ((5 + |Y|) / 6)^alpha, or transformers, |Y|^alpha, as Hugging Face's beam "
-        "search (default: gnmt)",
-    )
-
-
-def add_checkpoint_flags(parser: argparse.ArgumentParser) -> None:
-    """--workdir and --checkpoint: which run's checkpoint a command reads."""
-    parser.add_argument("--workdir", type=path_text, required=True, help="the training run's directory")
-    add_checkpoint_choice(parser)
-
-
-def add_checkpoint_choice(parser: argparse.ArgumentParser, applies_to: str = "") -> None:
-    """--checkpoint: latest, best, averaged, final or a step (`applies_to`: the flag it goes with, for the help)."""
-    parser.add_argument(
-        "--checkpoint",
-        type=checkpoint_choice,
-        default="latest",
-        help=f"{applies_to}latest, best (validation BLEU), averaged, final (the run's final choice), or a step "
-        "number (default: latest)",
-    )

@@ -18,7 +18,7 @@ import argparse
 import logging
 import sys
 
-from jaxformer.commands import common
+from jaxformer.commands import common, decoding_flags
 
 DEFAULT_MAX_POSITIONS = 512
 
@@ -36,7 +36,7 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument(
         "--output", type=common.path_text, required=True, help="the directory to write (absent or empty)"
     )
-    common.add_checkpoint_choice(parser, applies_to="--to_hf: ")
+    decoding_flags.add_checkpoint_choice(parser, applies_to="--to_hf: ")
     # None: not given, so that a flag of the other direction is refused even at its default value.
     parser.set_defaults(checkpoint=None)
     parser.add_argument("--source_language", help="--from_hf: the run's source language (default: the model's)")

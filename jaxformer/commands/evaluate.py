@@ -20,16 +20,18 @@ import ml_collections
 
 from jaxformer.commands.common import (
     FlagError,
-    add_decoding_flags,
     add_overwrite_flag,
     at_least,
     check_readable_file,
-    check_search_flags,
     check_workdir,
     check_writable_file,
-    decode_settings_from_flags,
     make_parser,
     run_command,
+)
+from jaxformer.commands.decoding_flags import (
+    add_decoding_flags,
+    check_search_flags,
+    decode_settings_from_flags,
     translator_from_flags,
 )
 from jaxformer.data.parallel_text import DataError

@@ -14,15 +14,8 @@ import signal
 import sys
 
 from jaxformer.commands import common
-from jaxformer.commands.common import (
-    add_beam_flags,
-    add_checkpoint_flags,
-    at_least,
-    check_workdir,
-    make_parser,
-    resolved_alpha,
-    run_command,
-)
+from jaxformer.commands.common import at_least, check_workdir, make_parser, run_command
+from jaxformer.commands.decoding_flags import add_beam_flags, add_checkpoint_flags, resolved_alpha
 from jaxformer.errors import exit_code_for_signal
 from jaxformer.export.program import KNOWN_PLATFORMS, PLATFORMS
 from jaxformer.training.signals import RaiseOnSignal, Stopped

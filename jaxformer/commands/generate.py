@@ -11,18 +11,18 @@ import argparse
 import logging
 import sys
 
-from jaxformer.commands import common
+from jaxformer.commands import common, decoding_flags
 
 
 def build_parser() -> argparse.ArgumentParser:
     from jaxformer.decoding.generate import METHODS
 
     parser = common.make_parser(__doc__)
-    common.add_checkpoint_flags(parser)
+    decoding_flags.add_checkpoint_flags(parser)
     parser.add_argument("--method", choices=METHODS, default="greedy", help="search (default: greedy)")
     parser.add_argument("--beam_size", type=common.at_least(1), default=4, help="beam width (default: 4)")
-    common.add_length_penalty_flags(parser)
-    common.add_stop_flag(parser)
+    decoding_flags.add_length_penalty_flags(parser)
+    decoding_flags.add_stop_flag(parser)
     parser.add_argument(
         "--max_new_tokens",
         type=common.at_least(1),
@@ -47,8 +47,8 @@ def build_parser() -> argparse.ArgumentParser:
 def run(args: argparse.Namespace) -> int:
     from jaxformer.decoding.language_model import LanguageModel
 
-    prompts = common.checked_input_lines(args)
-    settings = common.decode_settings_from_flags(args, max_extra_length=args.max_new_tokens)
+    prompts = decoding_flags.checked_input_lines(args)
+    settings = decoding_flags.decode_settings_from_flags(args, max_extra_length=args.max_new_tokens)
     model = LanguageModel.from_workdir(
         args.workdir, args.checkpoint, settings, batch_size=args.batch_size, seed=args.seed
     )

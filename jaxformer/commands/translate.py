@@ -11,19 +11,19 @@ import argparse
 import logging
 import sys
 
-from jaxformer.commands import common
-from jaxformer.commands.common import translator_from_flags  # a name of this module: tests replace it here
+from jaxformer.commands import common, decoding_flags
+from jaxformer.commands.decoding_flags import translator_from_flags  # a name of this module: tests replace it here
 
 
 def build_parser() -> argparse.ArgumentParser:
     parser = common.make_parser(__doc__)
-    common.add_decoding_flags(parser)
+    decoding_flags.add_decoding_flags(parser)
     common.add_input_output_flags(parser, "input")
     return parser
 
 
 def run(args: argparse.Namespace) -> int:
-    sentences = common.checked_input_lines(args)
+    sentences = decoding_flags.checked_input_lines(args)
     translator = translator_from_flags(args)
     common.write_lines(args.output, translator.translate(sentences, progress=not args.no_progress))
     return 0

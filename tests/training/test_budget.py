@@ -296,7 +296,7 @@ def test_the_run_saves_the_candidate_with_the_highest_validation_bleu(scheduled_
 
 
 def test_translate_and_evaluate_use_the_alpha_the_run_chose_unless_told(scheduled_run, tmp_path, capsys):
-    from jaxformer.commands import common, evaluate, translate
+    from jaxformer.commands import decoding_flags, evaluate, translate
 
     workdir = scheduled_run.workdir
     chosen = load_checkpoint(workdir, "final", params=False)[1].alpha
@@ -304,7 +304,7 @@ def test_translate_and_evaluate_use_the_alpha_the_run_chose_unless_told(schedule
 
     def alpha(*flags):
         args = translate.build_parser().parse_args(["--workdir", str(workdir), *flags])
-        return common.decode_settings_from_flags(args, 8).alpha
+        return decoding_flags.decode_settings_from_flags(args, 8).alpha
 
     assert alpha("--checkpoint", "final") == chosen
     assert alpha("--checkpoint", "final", "--alpha", "0.25") == 0.25
