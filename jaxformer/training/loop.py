@@ -21,9 +21,8 @@ import numpy as np
 from jaxformer.data.pipeline import LengthFilter, ShardedBatches, TokenizePair, eval_batches, train_dataset
 from jaxformer.data.sources import check_source
 from jaxformer.data.subword_sampling import SubwordSampling
-from jaxformer.errors import CheckpointError, UserError, exit_code_for_signal
+from jaxformer.errors import UserError, exit_code_for_signal
 from jaxformer.model.architectures import build_model
-from jaxformer.run.checkpoint import Checkpointer
 from jaxformer.run.directory import RunDirectory
 from jaxformer.training import experiment, processes, run_start, sharding
 from jaxformer.training.budget import BUDGET_CHECK_STEPS, ScheduleEnd, TimeBudget, TrainingClock, check_budget
@@ -32,6 +31,7 @@ from jaxformer.training.init_from import (
     starting_overrides,
     with_overrides,
 )
+from jaxformer.training.kept_checkpoints import remove_beyond_keep, remove_interim_before
 from jaxformer.training.metrics import MetricWriter, perplexity_text, summarize, write_last_metrics
 from jaxformer.training.objectives import objective_for
 from jaxformer.training.optimizer import make_optimizer
@@ -120,13 +120,6 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str | pathlib
         return {"stopped_by_signal": stop.signum}
     finally:
         lock.release()
-
-
-def _is_interim(checkpointer: Checkpointer, step: int) -> bool:
-    try:
-        return checkpointer.read_metadata(step).interim
-    except CheckpointError:  # unreadable: not this function's to delete
-        return False
 
 
 def _locked_train_and_evaluate(
@@ -253,12 +246,7 @@ def _train(config, prepared: PreparedRun, model: nn.Module, preparation: RaiseOn
         metadata = prepared.metadata.replace(
             step=step, train_seconds=clock.seconds(), rdrop_by_pace=rdrop.decision, interim=interim
         )
-        for earlier in checkpointer.steps():
-            if earlier < step and _is_interim(checkpointer, earlier):
-                logger.info(
-                    "removing the interim checkpoint %d (saved to stop on a signal): %d follows it", earlier, step
-                )
-                checkpointer.delete(earlier)
+        remove_interim_before(checkpointer, step)
         checkpointer.save(step, state, train_iterator, metadata, evict=not interim)
         train_metrics.restart_interval()
 
@@ -321,6 +309,8 @@ def _train(config, prepared: PreparedRun, model: nn.Module, preparation: RaiseOn
                     exit_code_for_signal(stop.signum),
                 )
             train_metrics.flush()
+            if not stopped_early:  # resumed at its end, a run saves nothing: orbax applied no keep rule
+                remove_beyond_keep(checkpointer, training.keep_checkpoints)
         finally:
             progress.close()
             checkpointer.close()
