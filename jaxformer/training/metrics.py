@@ -180,19 +180,55 @@ def summarize(totals: Mapping[str, float]) -> dict[str, float]:
     return summary
 
 
+# The entries of last_metrics.json that metrics.jsonl logs, each as records of its prefix told
+# apart by a key of their own (validation loss and BLEU are both "eval/" figures, in records of
+# their own).
+LOGGED_FIGURES = {"train": ("train/", "train/loss"), "eval": ("eval/", "eval/loss"), "bleu": ("eval/", "eval/bleu")}
+
+
+_NON_FINITE = ("inf", "-inf", "nan")  # how metrics.jsonl writes them (_strict_json)
+
+
+def logged_figures(run: RunDirectory, step: int) -> dict[str, dict[str, float]]:
+    """The LOGGED_FIGURES that metrics.jsonl records at `step` (the last record of each, as the
+    process that measured it kept): metrics.jsonl holds the records of the steps the run went on
+    from (a resumed run moved those of the steps it trained again to metrics.rolled_back.jsonl)."""
+    figures: dict[str, dict[str, float]] = {}
+    if not run.metrics_file.is_file():
+        return figures
+    with open(run.metrics_file, "rb") as handle:
+        for line in handle:
+            record = _record(line)
+            if record is None or record.get("step") != step:
+                continue
+            for name, (prefix, marker) in LOGGED_FIGURES.items():
+                if marker in record:
+                    figures[name] = {
+                        key.removeprefix(prefix): float(value)
+                        for key, value in record.items()
+                        if key.startswith(prefix) and (isinstance(value, (int, float)) or value in _NON_FINITE)
+                    }
+    return figures
+
+
 def write_last_metrics(run: RunDirectory, last: dict[str, Any]) -> dict[str, Any]:
     """Writes `last` (the figures of a training process: its step range, its last train, eval and
     BLEU metrics, its final choice) to last_metrics.json, whole or not at all (a sweep reads it),
-    and returns what was written. A process that trained no step (a finished run started again)
-    keeps the earlier figures it did not measure anew: they are still the run's."""
-    if last["step"] == last["first_step"] and run.last_metrics_file.is_file():
-        try:
-            earlier = json.loads(run.last_metrics_file.read_text(encoding="utf-8"))
-        except (OSError, ValueError):
-            earlier = None
-        if isinstance(earlier, dict) and earlier.get("step") == last["step"]:
-            earlier.pop("stopped_by_signal", None)  # this process's own stop, if any, is in `last`
-            last = {**earlier, **last}
+    and returns what was written. A process that trained no step (a finished run started again,
+    one killed after its last checkpoint, or during its final choice) keeps the earlier figures it
+    did not measure anew: they are still the run's, from an earlier last_metrics.json of that
+    step or else from metrics.jsonl's records of it."""
+    if last["step"] == last["first_step"]:
+        earlier = None
+        if run.last_metrics_file.is_file():
+            try:
+                earlier = json.loads(run.last_metrics_file.read_text(encoding="utf-8"))
+            except (OSError, ValueError):
+                pass
+        if not (isinstance(earlier, dict) and earlier.get("step") == last["step"]):
+            earlier = {}
+        earlier.pop("stopped_by_signal", None)  # this process's own stop, if any, is in `last`
+        last = {**logged_figures(run, last["step"]), **earlier, **last}
     write_text_atomically(run.last_metrics_file, json.dumps(_strict_json(last), indent=2))
     return last
 

@@ -361,3 +361,25 @@ def test_a_run_continued_past_its_end_keeps_its_earlier_final_choice(scheduled_r
     assert sorted(int(path.name) for path in (workdir / "final").iterdir() if path.name.isdigit()) == [40, 60]
     assert load_checkpoint(workdir, "final", params=False)[0] == 60  # --checkpoint final: the newest
     assert load_from_directory(workdir / "final", 40, params=False)[1] == before  # the earlier one, as it was
+
+
+@pytest.mark.slow  # the final choice made again
+def test_a_run_killed_during_its_final_choice_ends_with_the_figures_of_one_never_stopped(
+    scheduled_run, data_dir, tmp_path
+):
+    """Killed (kill -9) while its final choice was saved: the same command trains no step, makes
+    the choice, and writes the last figures (and summary) of a run never stopped."""
+    workdir = tmp_path / "killed"
+    shutil.copytree(scheduled_run.workdir, workdir)
+    (workdir / "last_metrics.json").unlink()
+    (workdir / "final" / "40").rename(workdir / "final" / "40.orbax-checkpoint-tmp-1700000000000000")
+    result = train(workdir, data_dir, *SCHEDULE, "--config.optimizer.decay_floor=0.1", *CHOICE)
+    assert "resumed from step 40" in result.stderr
+    straight, resumed = last_metrics(scheduled_run.workdir), last_metrics(workdir)
+    assert (
+        sorted(resumed) == sorted(straight) == ["bleu", "eval", "final", "first_step", "step", "train", "train_seconds"]
+    )
+    assert [resumed[key] for key in ("eval", "bleu", "train", "final", "step")] == [
+        straight[key] for key in ("eval", "bleu", "train", "final", "step")
+    ]
+    assert f"validation: loss {straight['eval']['loss']:.4f}, perplexity " in result.stderr

@@ -71,17 +71,18 @@ def checkpoint_steps(workdir):
     return sorted(int(path.name) for path in directory.iterdir() if path.name.isdigit())
 
 
+# Validation BLEU does not touch the training state: the resumed runs below, without it, match.
+STRAIGHT_BLEU = (
+    "--config.training.bleu_every_steps=20",
+    "--config.training.bleu_examples=16",
+    "--config.decoding.max_extra_length=8",
+)
+
+
 @pytest.fixture(scope="module")
 def straight_run(tmp_path_factory, data_dir):
     workdir = tmp_path_factory.mktemp("straight")
-    # Validation BLEU does not touch the training state: the resumed runs below, without it, match.
-    train(
-        workdir,
-        data_dir,
-        "--config.training.bleu_every_steps=20",
-        "--config.training.bleu_examples=16",
-        "--config.decoding.max_extra_length=8",
-    )
+    train(workdir, data_dir, *STRAIGHT_BLEU)
     return workdir
 
 
@@ -128,6 +129,26 @@ def test_exact_resume_after_sigkill(straight_run, data_dir, tmp_path):
     (_, _, resumed), (_, _, straight) = (load_checkpoint(run, STEPS) for run in (workdir, straight_run))
     for a, b in zip(jax.tree.leaves(resumed), jax.tree.leaves(straight), strict=True):
         np.testing.assert_array_equal(np.asarray(a), np.asarray(b))
+
+
+def test_a_run_killed_after_its_last_checkpoint_ends_as_one_never_stopped(straight_run, data_dir, tmp_path):
+    """Killed (kill -9) once its last checkpoint was written, before orbax removed the oldest one
+    beyond training.keep_checkpoints and before last_metrics.json: the same command trains no step,
+    and ends with the checkpoints and the last figures (and summary) of a run never stopped."""
+    workdir = tmp_path / "killed"
+    shutil.copytree(straight_run, workdir)
+    (workdir / "last_metrics.json").unlink()
+    # With keep_checkpoints=1 (a resumed run may change it), checkpoint 20 is the one orbax had not removed yet.
+    result = train(workdir, data_dir, *STRAIGHT_BLEU, "--config.training.keep_checkpoints=1")
+    assert "resumed from step 40" in result.stderr and checkpoint_steps(workdir) == [STEPS]
+    straight, resumed = (json.loads((run / "last_metrics.json").read_text()) for run in (straight_run, workdir))
+    assert sorted(resumed) == sorted(straight) == ["bleu", "eval", "first_step", "step", "train", "train_seconds"]
+    assert [resumed[key] for key in ("eval", "bleu", "train", "step")] == [
+        straight[key] for key in ("eval", "bleu", "train", "step")
+    ]
+    validation = f"loss {straight['eval']['loss']:.4f}, perplexity {straight['eval']['perplexity']:.2f}"
+    assert f"validation: {validation}\n" in result.stderr
+    assert f"checkpoints: latest {workdir / 'checkpoints'} (step {STEPS});" in result.stderr
 
 
 @pytest.mark.slow  # two more runs; the stream's exact restore is unit-tested in tests/data/test_subword_sampling.py

@@ -181,6 +181,49 @@ def test_a_finished_run_started_again_keeps_its_figures_in_last_metrics(tmp_path
     assert trained == {"train": {"loss": 1.0}, "step": 60, "first_step": 40}  # its own figures only
 
 
+def test_a_run_killed_after_its_last_checkpoint_takes_its_figures_from_metrics_jsonl(tmp_path):
+    """Killed after its last checkpoint, before last_metrics.json was written (or during the final
+    choice), the run is started again and trains no step: its last figures are those metrics.jsonl
+    recorded at that step, as the process that measured them would have written them."""
+    from jaxformer.run.directory import RunDirectory
+    from jaxformer.training.metrics import write_last_metrics
+
+    run = RunDirectory(tmp_path)
+    writer = MetricWriter(tmp_path, enabled=True, start_step=-1)
+    train = {"loss": 2.0, "nll": 1.9, "perplexity": 6.7, "accuracy": 0.4, "learning_rate": 1e-3}
+    evaluation = {"loss": 2.5, "nll": 2.4, "perplexity": math.inf, "accuracy": 0.3}
+    bleu = {"bleu": 12.5, "chrf": 30.0, "lowercase_bleu": 13.0, "best_bleu": 14.0}
+    for step, scale in ((20, 2.0), (40, 1.0)):  # an earlier step's records are not the last figures
+        writer.write(step, {key: value * scale for key, value in train.items()}, prefix="train/")
+        writer.write(step, {key: value * scale for key, value in evaluation.items()}, prefix="eval/")
+        writer.write(step, {key: value * scale for key, value in bleu.items()}, prefix="eval/")
+        writer.write(step, {"seconds": 9.0, "end_step": 41.0}, prefix="budget/")
+    writer.close()
+    (tmp_path / "metrics.rolled_back.jsonl").write_text(json.dumps({"step": 40, "eval/loss": 9.0}) + "\n")
+    resumed = MetricWriter(tmp_path, enabled=True, start_step=40)  # as the resumed run opens it
+    resumed.close()
+
+    final = {"chosen": "latest", "bleu": 15.0}
+    last = write_last_metrics(run, {"final": final, "step": 40, "train_seconds": 9.0, "first_step": 40})
+    assert last == {
+        "train": train,
+        "eval": evaluation,
+        "bleu": bleu,
+        "final": final,
+        "step": 40,
+        "train_seconds": 9.0,
+        "first_step": 40,
+    }
+    assert json.loads(run.last_metrics_file.read_text())["eval"]["perplexity"] == "inf"  # as metrics.jsonl has it
+    # An earlier last_metrics.json of that step (a finished run started again) is kept as it was.
+    run.last_metrics_file.write_text(json.dumps({"eval": {"loss": 2.5}, "step": 40, "first_step": 0}))
+    again = write_last_metrics(run, {"step": 40, "train_seconds": 9.0, "first_step": 40})
+    assert again["eval"] == {"loss": 2.5} and again["train"] == train and again["bleu"] == bleu
+    # A process that trained steps has its own figures only.
+    trained = write_last_metrics(run, {"train": {"loss": 1.0}, "step": 40, "first_step": 20})
+    assert trained == {"train": {"loss": 1.0}, "step": 40, "first_step": 20}
+
+
 def test_a_terminal_of_no_width_gets_the_log_lines_not_an_empty_bar(monkeypatch):
     """tqdm draws nothing on a terminal that reports 0 columns (a pseudo-terminal never sized):
     the bar is off there, so the figures come as log lines, as in a redirected log."""
