@@ -15,6 +15,7 @@ from collections.abc import Sequence
 import ml_collections
 import tensorflow_datasets as tfds
 
+from jaxformer.data.download_errors import download_problem
 from jaxformer.data.multi30k import Multi30k
 from jaxformer.data.parallel_files import ParallelFiles
 from jaxformer.data.parallel_text import DataError
@@ -130,8 +131,11 @@ def prepare(builder) -> None:
         except OSError as error:  # a download without network (requests' errors are OSErrors), a full disk
             _remove_empty_builder_folders(builder)
             raise DataError(f"preparing {builder.name} failed: {type(error).__name__}: {error}") from None
-        except BaseException:  # bad input found while reading it (DataError), a signal
+        except BaseException as error:  # bad input found while reading it (DataError), tfds's about its files, a signal
             _remove_empty_builder_folders(builder)
+            problem = download_problem(builder, error) if isinstance(error, Exception) else None
+            if problem is not None:
+                raise DataError(f"preparing {builder.name} failed: {problem}") from None
             raise
 
 
