@@ -8,6 +8,7 @@ message, which is read here.
 
 from __future__ import annotations
 
+import importlib.util
 import pathlib
 import re
 
@@ -25,6 +26,11 @@ NEEDS_TENSORFLOW = (
 )
 _EMPTY_MANUAL_FOLDER = re.compile(r"(Manual directory \S+ does not exist or is empty)\.")
 _EXTRACTION = re.compile(r"Error while extracting (?P<path>.+?) to (?P<to>.+?): (?P<reason>.*)")
+
+
+def tensorflow_installed() -> bool:
+    """Whether TensorFlow can be imported, which tfds needs to extract archives (not to read prepared data)."""
+    return importlib.util.find_spec("tensorflow") is not None
 
 
 def manual_folder(builder) -> pathlib.Path:

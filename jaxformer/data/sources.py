@@ -15,7 +15,8 @@ from collections.abc import Sequence
 import ml_collections
 import tensorflow_datasets as tfds
 
-from jaxformer.data.download_errors import download_problem
+from jaxformer.data.download_errors import NEEDS_TENSORFLOW, download_problem, tensorflow_installed
+from jaxformer.data.fingerprinted_builder import FingerprintedBuilder
 from jaxformer.data.multi30k import Multi30k
 from jaxformer.data.parallel_files import ParallelFiles
 from jaxformer.data.parallel_text import DataError
@@ -124,7 +125,14 @@ def check_same_data(builder, trained_on: str | None, workdir, remedy: str) -> No
 
 def prepare(builder) -> None:
     """`builder.download_and_prepare()`, whose progress lines tfds prints to stdout, on stderr with the
-    logs: stdout is where the commands write translations and scores."""
+    logs: stdout is where the commands write translations and scores. A tfds catalogue dataset
+    (wmt*) not prepared yet is refused first where TensorFlow, which tfds extracts its downloads
+    with, is not installed: before hours of downloading, not after."""
+    if not isinstance(builder, FingerprintedBuilder) and not builder.data_path.exists() and not tensorflow_installed():
+        raise DataError(
+            f"preparing {builder.name}/{builder.builder_config.name} needs TensorFlow (tensorflow-datasets extracts "
+            f"the downloaded archives with it), and {NEEDS_TENSORFLOW}"
+        )
     with contextlib.redirect_stdout(sys.stderr):
         try:
             builder.download_and_prepare()

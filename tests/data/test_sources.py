@@ -9,7 +9,7 @@ import tempfile
 import pytest
 import tensorflow_datasets as tfds
 
-from jaxformer.data import fingerprint, multi30k
+from jaxformer.data import fingerprint, multi30k, sources
 from jaxformer.data.parallel_text import DataError
 from jaxformer.data.pipeline import TokenizePair, eval_batches
 from jaxformer.data.sources import check_source, data_fingerprint, get_builder, load_split
@@ -103,7 +103,8 @@ def test_vendored_multi30k_is_complete(tmp_path):
     assert "Elliott" in (multi30k.VENDORED_DIR / "README.md").read_text()
 
 
-def test_wmt_builders_through_tfds_mock_data():
+def test_wmt_builders_through_tfds_mock_data(monkeypatch):
+    monkeypatch.setattr(sources, "tensorflow_installed", lambda: True)  # preparing the real data would need it
     with tfds.testing.mock_data(num_examples=6, policy=tfds.testing.MockPolicy.USE_CODE):
         builder = get_builder(section("wmt14_translate/de-en", data_dir=None))
         assert set(builder.info.features.keys()) == {"de", "en"}

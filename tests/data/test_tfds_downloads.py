@@ -13,8 +13,9 @@ import tensorflow_datasets as tfds
 from tensorflow_datasets.core.download import checksums, downloader, extractor
 from tensorflow_datasets.core.download import util as download_util
 
+from jaxformer.data import sources
 from jaxformer.data.parallel_text import DataError
-from jaxformer.data.sources import get_builder, load_split
+from jaxformer.data.sources import get_builder, load_split, prepare
 from tests.data.test_sources import section
 
 WMT14 = pathlib.Path(tfds.__file__).parent / "url_checksums" / "wmt14_translate.txt"
@@ -36,6 +37,7 @@ def fake_network(monkeypatch):
         return served["serve"](url, pathlib.Path(destination))
 
     monkeypatch.setattr(downloader._Downloader, "_sync_download", download)
+    monkeypatch.setattr(sources, "tensorflow_installed", lambda: True)  # refused before anything otherwise
     return served
 
 
@@ -104,7 +106,7 @@ def test_a_downloaded_archive_that_cannot_be_extracted_is_one_line(tmp_path, fak
 
 
 @pytest.mark.skipif(importlib.util.find_spec("tensorflow") is not None, reason="TensorFlow is installed")
-def test_extracting_without_tensorflow_is_one_line(tmp_path, fake_network):
+def test_extracting_without_tensorflow_is_one_line(tmp_path, fake_network):  # (if the check before missed it)
     fake_network["serve"] = lambda url, folder: _served(url, folder, b"archive", expected_files()[url])
     with pytest.raises(DataError, match=r"extracts downloaded archives with TensorFlow: it is not installed: pip"):
         _prepare(tmp_path)
@@ -140,6 +142,24 @@ def test_a_refused_download_and_files_needed_by_hand_are_one_line(tmp_path, fake
         rf"\S+ and place them in {manual}: data-plaintext-format\.0\.tar, .*",
         str(raised.value),
     ), raised.value
+
+
+def test_a_catalogue_dataset_is_refused_before_downloading_where_tensorflow_is_missing(
+    tmp_path, fake_network, monkeypatch
+):
+    monkeypatch.setattr(sources, "tensorflow_installed", lambda: False)
+    place_by_hand(tmp_path)
+    builder = get_builder(section("wmt14_translate/de-en", data_dir=str(tmp_path)))
+    with pytest.raises(DataError) as raised:
+        load_split(builder, "train", ("de", "en"))
+    assert str(raised.value) == (
+        "preparing wmt14_translate/de-en needs TensorFlow (tensorflow-datasets extracts the downloaded archives with "
+        "it), and it is not installed: pip install tensorflow (only to prepare the data: reading it needs none), "
+        "or give the corpus as text files with data.name='parallel_files'"
+    )
+    assert sorted(path.name for path in tmp_path.iterdir()) == ["downloads"]  # nothing read, extracted or made
+    builder.data_path.mkdir(parents=True)  # prepared (elsewhere, or before): read without TensorFlow
+    prepare(builder)
 
 
 def test_a_run_that_meets_a_bad_file_placed_by_hand_leaves_no_workdir(tmp_path, fake_network, capsys):
