@@ -33,6 +33,12 @@ def tensorflow_installed() -> bool:
     return importlib.util.find_spec("tensorflow") is not None
 
 
+def dataset_name(builder) -> str:
+    """The dataset's name with its config, as data.name gives it: "wmt14_translate/de-en"."""
+    config = builder.builder_config
+    return builder.name if config is None else f"{builder.name}/{config.name}"
+
+
 def manual_folder(builder) -> pathlib.Path:
     """Where tfds looks for a dataset's files placed by hand: `<data_dir>/downloads/manual`."""
     return pathlib.Path(builder.data_dir_root) / "downloads" / "manual"
@@ -56,7 +62,7 @@ def download_problem(builder, error: BaseException) -> str | None:
     if isinstance(error, AssertionError):  # tfds's word for files to be placed by hand
         empty = _EMPTY_MANUAL_FOLDER.match(text)
         if empty:
-            return f"{builder.name}/{builder.builder_config.name} needs files placed by hand: {empty[1]}"
+            return f"{dataset_name(builder)} needs files placed by hand: {empty[1]}"
         if "manually download" in text:  # which files, from where, to where
             return text
     return None

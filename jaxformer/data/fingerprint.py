@@ -9,8 +9,9 @@ from the same files (languages, a held-out slice and its seed) can be fingerprin
 
 The record (`RECORD_NAME`, JSON, in the prepared data's directory) is written last, after the data,
 so it also marks a finished preparation: a directory without one is unfinished. It holds the
-fingerprint, each source file's size and hash, the settings (if any), and the size of every
-prepared file.
+fingerprint, each source file's size and hash, the settings (if any), and the size and hash of
+every prepared file: a prepared file cut short or with other bytes (a disk's damage) is found
+before it is read. Records written before the hashes were kept check the sizes alone.
 """
 
 from __future__ import annotations
@@ -86,9 +87,11 @@ def directory_sizes(directory: str | os.PathLike) -> dict[str, int]:
 
 
 def write_record(directory: str | os.PathLike, record: Mapping) -> pathlib.Path:
-    """Writes `record` (plus the sizes of the files now in `directory`) atomically as RECORD_NAME."""
+    """Writes `record` (plus the sizes and SHA-256 of the files now in `directory`) atomically as RECORD_NAME."""
     directory = pathlib.Path(directory)
-    payload = {"format": RECORD_FORMAT, **record, "prepared_files": directory_sizes(directory)}
+    sizes = directory_sizes(directory)
+    hashes = {name: hash_file(directory / name)["sha256"] for name in sizes}
+    payload = {"format": RECORD_FORMAT, **record, "prepared_files": sizes, "prepared_sha256": hashes}
     path = directory / RECORD_NAME
     write_text_atomically(path, json.dumps(payload, indent=1, sort_keys=True) + "\n")
     return path
@@ -110,6 +113,7 @@ def read_record(directory: str | os.PathLike) -> tuple[dict | None, str | None]:
         not isinstance(files, dict)
         or not all(isinstance(v, dict) and {"size", "sha256"} <= set(v) for v in files.values())
         or not isinstance(prepared, dict)
+        or not isinstance(record.get("prepared_sha256", {}), dict)
         or not isinstance(record.get("fingerprint"), str)
         or not isinstance(record.get("settings"), (dict, type(None)))
     ):
@@ -120,8 +124,10 @@ def read_record(directory: str | os.PathLike) -> tuple[dict | None, str | None]:
 
 
 def prepared_differences(directory: str | os.PathLike, record: Mapping) -> list[str]:
-    """One phrase per prepared file named in `record` that is missing or has another size now."""
+    """One phrase per prepared file named in `record` that is missing, or has another size or
+    (where the record keeps them) other bytes now."""
     directory = pathlib.Path(directory)
+    hashes = record.get("prepared_sha256", {})
     phrases = []
     for name, size in sorted(record["prepared_files"].items()):
         path = directory / name
@@ -129,4 +135,8 @@ def prepared_differences(directory: str | os.PathLike, record: Mapping) -> list[
             phrases.append(f"{path} is missing")
         elif path.stat().st_size != size:
             phrases.append(f"{path} has {path.stat().st_size} bytes, recorded {size}")
+        elif name in hashes and (now := hash_file(path)["sha256"]) != hashes[name]:
+            phrases.append(
+                f"{path} has other bytes than recorded (sha256 {short(now)}, recorded {short(hashes[name])})"
+            )
     return phrases

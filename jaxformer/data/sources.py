@@ -15,11 +15,12 @@ from collections.abc import Sequence
 import ml_collections
 import tensorflow_datasets as tfds
 
-from jaxformer.data.download_errors import NEEDS_TENSORFLOW, download_problem, tensorflow_installed
+from jaxformer.data.download_errors import NEEDS_TENSORFLOW, dataset_name, download_problem, tensorflow_installed
 from jaxformer.data.fingerprinted_builder import FingerprintedBuilder
 from jaxformer.data.multi30k import Multi30k
 from jaxformer.data.parallel_files import ParallelFiles
 from jaxformer.data.parallel_text import DataError
+from jaxformer.data.prepared_split import ReadableSplit, damaged, split_problem
 from jaxformer.files import unwritable_folder_reason
 
 logger = logging.getLogger(__name__)
@@ -130,7 +131,7 @@ def prepare(builder) -> None:
     with, is not installed: before hours of downloading, not after."""
     if not isinstance(builder, FingerprintedBuilder) and not builder.data_path.exists() and not tensorflow_installed():
         raise DataError(
-            f"preparing {builder.name}/{builder.builder_config.name} needs TensorFlow (tensorflow-datasets extracts "
+            f"preparing {dataset_name(builder)} needs TensorFlow (tensorflow-datasets extracts "
             f"the downloaded archives with it), and {NEEDS_TENSORFLOW}"
         )
     with contextlib.redirect_stdout(sys.stderr):
@@ -173,10 +174,14 @@ def _remove_empty_builder_folders(builder) -> None:
 def load_split(builder, split: str, languages: Sequence[str]) -> Sequence:
     """Prepares the dataset if needed and returns a random-access source for `split`; a split it
     has not is refused before anything is prepared where the builder can tell its splits then
-    (jaxformer's own builders, or a tfds dataset prepared before), after it otherwise."""
+    (jaxformer's own builders, or a tfds dataset prepared before), after it otherwise. A damaged
+    prepared copy is refused when the split is opened, or read (`prepared_split`)."""
     known = builder.split_names() if hasattr(builder, "split_names") else list(builder.info.splits)
     _refuse_unknown_split(builder, split, known)
     prepare(builder)
+    problem = split_problem(builder, split)  # before the tokenizer or the pipeline read it
+    if problem:
+        raise damaged(builder, problem)
     _refuse_unknown_split(builder, split, list(builder.info.splits))
     features = set(builder.info.features.keys())
     missing = [language for language in languages if language not in features]
@@ -185,6 +190,6 @@ def load_split(builder, split: str, languages: Sequence[str]) -> Sequence:
             f"dataset {builder.name!r} has no language {', '.join(map(repr, missing))}; "
             f"it has {', '.join(sorted(features))}"
         )
-    source = builder.as_data_source(split=split)
+    source = ReadableSplit(builder.as_data_source(split=split), builder, split)
     logger.info("%s[%s]: %d pairs", builder.name, split, len(source))
     return source
