@@ -171,18 +171,9 @@ def _remove_empty_builder_folders(builder) -> None:
         folder = folder.parent
 
 
-def load_split(builder, split: str, languages: Sequence[str]) -> Sequence:
-    """Prepares the dataset if needed and returns a random-access source for `split`; a split it
-    has not is refused before anything is prepared where the builder can tell its splits then
-    (jaxformer's own builders, or a tfds dataset prepared before), after it otherwise. A damaged
-    prepared copy is refused when the split is opened, or read (`prepared_split`)."""
-    known = builder.split_names() if hasattr(builder, "split_names") else list(builder.info.splits)
-    _refuse_unknown_split(builder, split, known)
-    prepare(builder)
-    problem = split_problem(builder, split)  # before the tokenizer or the pipeline read it
-    if problem:
-        raise damaged(builder, problem)
-    _refuse_unknown_split(builder, split, list(builder.info.splits))
+def check_languages(builder, languages: Sequence[str]) -> None:
+    """DataError unless the dataset has each of `languages`: known from the builder's code (its
+    features), so refused before anything is downloaded or prepared."""
     features = set(builder.info.features.keys())
     missing = [language for language in languages if language not in features]
     if missing:
@@ -190,6 +181,21 @@ def load_split(builder, split: str, languages: Sequence[str]) -> Sequence:
             f"dataset {builder.name!r} has no language {', '.join(map(repr, missing))}; "
             f"it has {', '.join(sorted(features))}"
         )
+
+
+def load_split(builder, split: str, languages: Sequence[str]) -> Sequence:
+    """Prepares the dataset if needed and returns a random-access source for `split`; a split it
+    has not is refused before anything is prepared where the builder can tell its splits then
+    (jaxformer's own builders, or a tfds dataset prepared before), after it otherwise. A damaged
+    prepared copy is refused when the split is opened, or read (`prepared_split`)."""
+    known = builder.split_names() if hasattr(builder, "split_names") else list(builder.info.splits)
+    _refuse_unknown_split(builder, split, known)
+    check_languages(builder, languages)
+    prepare(builder)
+    problem = split_problem(builder, split)  # before the tokenizer or the pipeline read it
+    if problem:
+        raise damaged(builder, problem)
+    _refuse_unknown_split(builder, split, list(builder.info.splits))
     source = ReadableSplit(builder.as_data_source(split=split), builder, split)
     logger.info("%s[%s]: %d pairs", builder.name, split, len(source))
     return source

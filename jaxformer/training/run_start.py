@@ -20,7 +20,7 @@ import ml_collections
 import numpy as np
 from jax.experimental import multihost_utils
 
-from jaxformer.data.sources import check_same_data, data_fingerprint, get_builder, load_split, prepare
+from jaxformer.data.sources import check_languages, check_same_data, data_fingerprint, get_builder, load_split, prepare
 from jaxformer.errors import CheckpointError
 from jaxformer.model.architectures import build_model
 from jaxformer.model.config import TransformerConfig
@@ -100,6 +100,7 @@ def prepare_data(data: ml_collections.ConfigDict, builder) -> tuple[Any, Any]:
     languages = (data.source_language, data.target_language)
     if jax.process_count() > 1:  # one process prepares the dataset, the others wait and read it
         if jax.process_index() == 0:
+            check_languages(builder, languages)
             prepare(builder)
         multihost_utils.sync_global_devices("jaxformer: dataset prepared")
     return load_split(builder, data.train_split, languages), load_split(builder, data.eval_split, languages)

@@ -174,3 +174,10 @@ def test_a_run_that_meets_a_bad_file_placed_by_hand_leaves_no_workdir(tmp_path, 
     error = capsys.readouterr().err.splitlines()[-1]
     assert error.startswith(f"error: preparing wmt14_translate failed: {tmp_path / 'tfds' / 'downloads' / 'manual'}/")
     assert not workdir.exists()
+
+
+def test_a_language_the_dataset_has_not_is_refused_before_anything_is_downloaded(tmp_path, fake_network):
+    builder = get_builder(section("wmt14_translate/de-en", data_dir=str(tmp_path)))  # downloads fail the test
+    with pytest.raises(DataError, match=r"^dataset 'wmt14_translate' has no language 'fr'; it has de, en$"):
+        load_split(builder, "train", ("fr", "en"))
+    assert list(tmp_path.iterdir()) == []
