@@ -57,8 +57,7 @@ def get_builder(data: ml_collections.ConfigDict):
             holdout_seed=data.get("shuffle_seed", 0),
             file_format="array_record",
         )
-    import tensorflow_datasets.translate  # noqa: F401  registers the wmt*_translate builders, loaded lazily
-
+    _check_catalogue_name(name)
     with _scratch_temporary_folder():
         return tfds.builder(name, data_dir=data_dir, file_format="array_record")
 
@@ -82,25 +81,35 @@ def check_source(data: ml_collections.ConfigDict) -> None:
     (nor a config of one, "wmt14_translate/de-en") or data.data_dir cannot hold the prepared files."""
     name = data["name"]
     if name not in ("multi30k", "parallel_files"):
-        import tensorflow_datasets.translate  # noqa: F401  registers the wmt*_translate builders, loaded lazily
-
-        dataset, _, builder_config = name.partition(":")[0].partition("/")
-        try:
-            configs = tfds.builder_cls(dataset).builder_configs
-        except tfds.core.registered.DatasetNotFoundError:
-            raise DataError(
-                f"data.name={name!r} names no dataset: use 'multi30k', 'parallel_files' (your own files, "
-                "data.files) or a tensorflow-datasets name such as 'wmt14_translate/de-en'"
-            ) from None
-        if builder_config and builder_config not in configs:
-            raise DataError(
-                f"data.name={name!r}: {dataset} has no config {builder_config!r}; it has {', '.join(sorted(configs))}"
-            )
+        _check_catalogue_name(name)
     data_dir = data.get("data_dir")
     local = data_dir is not None and "://" not in data_dir  # gs://... : tfds writes it through its own file API
     reason = unwritable_folder_reason(data_dir) if local else None
     if reason:
         raise DataError(f"data.data_dir={data_dir!r}: {reason}")
+
+
+def _check_catalogue_name(name: str) -> None:
+    """DataError unless `name` names a tensorflow-datasets dataset and, where it has several, one of its configs."""
+    import tensorflow_datasets.translate  # noqa: F401  registers the wmt*_translate builders, loaded lazily
+
+    dataset, _, builder_config = name.partition(":")[0].partition("/")
+    try:
+        configs = tfds.builder_cls(dataset).builder_configs
+    except tfds.core.registered.DatasetNotFoundError:
+        raise DataError(
+            f"data.name={name!r} names no dataset: use 'multi30k', 'parallel_files' (your own files, "
+            "data.files) or a tensorflow-datasets name such as 'wmt14_translate/de-en'"
+        ) from None
+    if builder_config and builder_config not in configs:
+        raise DataError(
+            f"data.name={name!r}: {dataset} has no config {builder_config!r}; it has {', '.join(sorted(configs))}"
+        )
+    if not builder_config and len(configs) > 1:  # tfds would pick its default (wmt*: cs-en) and download it
+        raise DataError(
+            f"data.name={name!r}: {dataset} has several configs; name one: "
+            + ", ".join(f"{dataset}/{config}" for config in sorted(configs))
+        )
 
 
 def data_fingerprint(builder) -> str | None:

@@ -138,7 +138,7 @@ def test_making_builders_before_their_data_is_prepared_leaves_no_temporary_folde
 
 
 def test_a_name_that_names_no_dataset_and_an_unusable_data_dir_are_one_line_errors(tmp_path):
-    for name in ("multi30k", "parallel_files", "wmt14_translate/de-en", "wmt17_translate"):
+    for name in ("multi30k", "parallel_files", "wmt14_translate/de-en", "wmt17_translate/de-en"):
         check_source(section(name, data_dir=str(tmp_path / "new" / "data")))
     check_source(section("wmt14_translate/de-en", data_dir="gs://bucket/tensorflow_datasets"))  # tfds's own path
     assert not (tmp_path / "new").exists()  # the check writes nothing
@@ -150,6 +150,11 @@ def test_a_name_that_names_no_dataset_and_an_unusable_data_dir_are_one_line_erro
             dict(name="wmt14_translate/xx-yy"),
             r"^data.name='wmt14_translate/xx-yy': wmt14_translate has no config 'xx-yy'; it has cs-en, de-en,",
         ),
+        (  # tfds's default config (cs-en), downloaded without a word
+            dict(name="wmt14_translate"),
+            r"^data.name='wmt14_translate': wmt14_translate has several configs; name one: wmt14_translate/cs-en, "
+            r"wmt14_translate/de-en, wmt14_translate/fr-en, wmt14_translate/hi-en, wmt14_translate/ru-en$",
+        ),
         (dict(data_dir=str(tmp_path / "a file")), r"data_dir='.*/a file': is a file, not a folder$"),
         (
             dict(data_dir=str(tmp_path / "a file" / "sub")),
@@ -160,6 +165,12 @@ def test_a_name_that_names_no_dataset_and_an_unusable_data_dir_are_one_line_erro
         with pytest.raises(DataError, match=message):
             check_source(section(values.pop("name", "multi30k"), **values))
     assert sorted(path.name for path in tmp_path.iterdir()) == ["a file"]
+
+
+def test_a_dataset_with_several_configs_is_refused_without_one(tmp_path):
+    with pytest.raises(DataError, match=r"^data.name='wmt17_translate': wmt17_translate has several configs; name one"):
+        get_builder(section("wmt17_translate", data_dir=str(tmp_path)))  # evaluate's way in: no check_source
+    assert list(tmp_path.iterdir()) == []
 
 
 def test_raw_dir_is_for_multi30k_only():
