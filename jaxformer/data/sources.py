@@ -6,8 +6,10 @@ without TensorFlow."""
 from __future__ import annotations
 
 import contextlib
+import importlib.util
 import logging
 import pathlib
+import re
 import sys
 import tempfile
 from collections.abc import Sequence
@@ -28,6 +30,11 @@ logger = logging.getLogger(__name__)
 tfds.disable_progress_bar()  # tqdm bars per split drown the training log
 
 
+_CATALOGUE_NAME = re.compile(r"(?P<dataset>\w+)(?:/(?P<config>[\w.-]+))?(?::(?P<version>[\w.*-]+))?")
+# The file systems tfds reaches through fsspec where TensorFlow is not installed, and their packages.
+_FILE_SYSTEMS = {"gs": "gcsfs", "s3": "s3fs", "az": "adlfs", "hf": "huggingface_hub"}
+
+
 def get_builder(data: ml_collections.ConfigDict):
     """The tfds builder of the `data` section (data.name: "multi30k", "parallel_files" or a tfds
     name), writing array_record files under data.data_dir. Keys a section lacks (one saved by an
@@ -35,6 +42,7 @@ def get_builder(data: ml_collections.ConfigDict):
     and (parallel_files) for data.files that are missing or not a TSV file or {lang} path, before
     anything is read."""
     name = data["name"]
+    _check_file_system(data.get("data_dir"))
     files = {split: spec for split, spec in (data.get("files") or {}).items() if spec is not None}
     if files and name != "parallel_files":
         raise DataError(
@@ -83,6 +91,7 @@ def check_source(data: ml_collections.ConfigDict) -> None:
     if name not in ("multi30k", "parallel_files"):
         _check_catalogue_name(name)
     data_dir = data.get("data_dir")
+    _check_file_system(data_dir)
     local = data_dir is not None and "://" not in data_dir  # gs://... : tfds writes it through its own file API
     reason = unwritable_folder_reason(data_dir) if local else None
     if reason:
@@ -93,9 +102,16 @@ def _check_catalogue_name(name: str) -> None:
     """DataError unless `name` names a tensorflow-datasets dataset and, where it has several, one of its configs."""
     import tensorflow_datasets.translate  # noqa: F401  registers the wmt*_translate builders, loaded lazily
 
-    dataset, _, builder_config = name.partition(":")[0].partition("/")
+    parts = _CATALOGUE_NAME.fullmatch(name)
+    if parts is None:
+        raise DataError(
+            f"data.name={name!r} is not a tensorflow-datasets name: give <dataset>/<config>, optionally "
+            "with :<version>, e.g. 'wmt14_translate/de-en' or 'wmt14_translate/de-en:1.0.0'"
+        )
+    dataset, builder_config, version = parts["dataset"], parts["config"] or "", parts["version"]
     try:
-        configs = tfds.builder_cls(dataset).builder_configs
+        builder_class = tfds.builder_cls(dataset)
+        configs = builder_class.builder_configs
     except tfds.core.registered.DatasetNotFoundError:
         raise DataError(
             f"data.name={name!r} names no dataset: use 'multi30k', 'parallel_files' (your own files, "
@@ -109,6 +125,46 @@ def _check_catalogue_name(name: str) -> None:
         raise DataError(
             f"data.name={name!r}: {dataset} has several configs; name one: "
             + ", ".join(f"{dataset}/{config}" for config in sorted(configs))
+        )
+    config = configs.get(builder_config) or next(iter(configs.values()), None)
+    versions = _versions(builder_class, config)
+    if version is not None and not any(_version_matches(known, version) for known in versions):
+        raise DataError(
+            f"data.name={name!r}: {name.partition(':')[0]} has no version {version!r}; it has "
+            f"{', '.join(map(str, versions))} (or leave the version out)"
+        )
+
+
+def _versions(builder_class, config) -> list:
+    """The versions tfds can prepare of `builder_class` with `config`, its canonical one first."""
+    from tensorflow_datasets.core.dataset_builder import canonical_version_for_config
+
+    supported = (config.supported_versions if config is not None else None) or builder_class.SUPPORTED_VERSIONS
+    return [
+        tfds.core.Version(str(version)) for version in [canonical_version_for_config(builder_class, config), *supported]
+    ]
+
+
+def _version_matches(known, requested: str) -> bool:
+    try:
+        return known.match(requested)
+    except ValueError:  # not x.y.z (wildcards allowed)
+        return False
+
+
+def _installed(package: str) -> bool:
+    return importlib.util.find_spec(package) is not None
+
+
+def _check_file_system(data_dir: str | None) -> None:
+    """DataError when data.data_dir is on a file system (gs://, s3://, ...) that needs a package
+    not installed: tfds reaches those through TensorFlow, or else through fsspec's packages."""
+    scheme = data_dir.split("://", 1)[0] if data_dir is not None and "://" in data_dir else None
+    package = _FILE_SYSTEMS.get(scheme)
+    if package is not None and not _installed(package) and not tensorflow_installed():
+        raise DataError(
+            f"data.data_dir={data_dir!r}: tensorflow-datasets reaches {scheme}:// through {package} (or TensorFlow), "
+            f"which is not installed: pip install {package}"
         )
 
 

@@ -137,10 +137,21 @@ def test_making_builders_before_their_data_is_prepared_leaves_no_temporary_folde
     assert tempfile.gettempdir() == str(temporary)
 
 
-def test_a_name_that_names_no_dataset_and_an_unusable_data_dir_are_one_line_errors(tmp_path):
-    for name in ("multi30k", "parallel_files", "wmt14_translate/de-en", "wmt17_translate/de-en"):
+def test_a_name_that_names_no_dataset_and_an_unusable_data_dir_are_one_line_errors(tmp_path, monkeypatch):
+    for name in ("multi30k", "parallel_files", "wmt14_translate/de-en", "wmt17_translate/de-en:1.0.0"):
         check_source(section(name, data_dir=str(tmp_path / "new" / "data")))
+    monkeypatch.setattr(sources, "_installed", lambda package: package == "gcsfs")
     check_source(section("wmt14_translate/de-en", data_dir="gs://bucket/tensorflow_datasets"))  # tfds's own path
+    monkeypatch.setattr(sources, "_installed", lambda package: False)
+    monkeypatch.setattr(sources, "tensorflow_installed", lambda: False)
+    for name in ("multi30k", "wmt14_translate/de-en"):  # a traceback from tfds once the builder was made
+        with pytest.raises(DataError, match=r"^data.data_dir='gs://b/tfds': tensorflow-datasets reaches gs:// "):
+            check_source(section(name, data_dir="gs://b/tfds"))
+        with pytest.raises(
+            DataError, match=r"through gcsfs \(or TensorFlow\), which is not installed: pip install gcsfs$"
+        ):
+            get_builder(section(name, data_dir="gs://b/tfds"))
+    monkeypatch.undo()
     assert not (tmp_path / "new").exists()  # the check writes nothing
     (tmp_path / "a file").write_text("x")
     for values, message in (
@@ -154,6 +165,15 @@ def test_a_name_that_names_no_dataset_and_an_unusable_data_dir_are_one_line_erro
             dict(name="wmt14_translate"),
             r"^data.name='wmt14_translate': wmt14_translate has several configs; name one: wmt14_translate/cs-en, "
             r"wmt14_translate/de-en, wmt14_translate/fr-en, wmt14_translate/hi-en, wmt14_translate/ru-en$",
+        ),
+        (  # an AssertionError traceback from tfds
+            dict(name="wmt14_translate/de-en:9.9.9"),
+            r"^data.name='wmt14_translate/de-en:9.9.9': wmt14_translate/de-en has no version '9.9.9'; it has 1.0.0 "
+            r"\(or leave the version out\)$",
+        ),
+        (
+            dict(name="wmt14_translate:1.0.0/de-en"),
+            r"^data.name='wmt14_translate:1.0.0/de-en' is not a tensorflow-datasets name: give <dataset>/<config>, ",
         ),
         (dict(data_dir=str(tmp_path / "a file")), r"data_dir='.*/a file': is a file, not a folder$"),
         (
