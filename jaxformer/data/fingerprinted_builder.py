@@ -132,7 +132,11 @@ class FingerprintedBuilder(tfds.core.GeneratorBasedBuilder, skip_registration=Tr
             kwargs["download_config"] = dataclasses.replace(
                 download_config, download_mode=tfds.download.GenerateMode.REUSE_CACHE_IF_EXISTS
             )
-        super().download_and_prepare(**kwargs)
+        try:
+            super().download_and_prepare(**kwargs)
+        except FileExistsError:  # tfds's last step, renaming its copy into place, found another there
+            self._use_a_copy_prepared_meanwhile()
+            return
         current = self._current_source_files()
         if current is not None:  # the files must not have changed under the preparation
             changed = fp.file_differences(self._source_files, current)
@@ -151,6 +155,18 @@ class FingerprintedBuilder(tfds.core.GeneratorBasedBuilder, skip_registration=Tr
         if self._settings is not None:
             record["settings"] = self._settings
         fp.write_record(self.data_path, record)
+        self._log_once()
+
+    def _use_a_copy_prepared_meanwhile(self) -> None:
+        """After another process (a run on the same data_dir) prepared the same data while this
+        one did: its copy where it is complete and from the same files, else a DataError."""
+        problem = self._check_prepared()
+        if problem is not None:
+            raise DataError(
+                f"another process prepared {self.data_dir} while this one did, and it is not usable ({problem}); "
+                "run again"
+            )
+        logger.info("%s: another process prepared %s meanwhile; using its copy", self.name, self.data_dir)
         self._log_once()
 
     def _check_prepared(self) -> str | None:

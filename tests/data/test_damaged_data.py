@@ -9,6 +9,7 @@ import shutil
 import pytest
 import tensorflow_datasets as tfds
 
+from jaxformer.data import fingerprint
 from jaxformer.data.parallel_text import DataError
 from jaxformer.data.pipeline import read_records
 from jaxformer.data.sources import get_builder, load_split
@@ -127,3 +128,35 @@ def test_jaxformers_own_builders_prepare_a_copy_with_zeroed_bytes_again(tmp_path
         source = load_split(get_builder(data), "train", ("en", "de"))
         assert len(list(read_records(source))) == len(source) == 1000  # and 1,000 held out for validation
     assert f"{path} has other bytes than recorded (sha256 " in caplog.text and "preparing it again" in caplog.text
+
+
+def test_data_prepared_by_another_process_meanwhile_is_used(tmp_path, monkeypatch, caplog):
+    from jaxformer.data import parallel_files
+
+    pairs = tmp_path / "pairs.tsv"
+    pairs.write_text("".join(f"sentence {i}\tSatz {i}\n" for i in range(50)))
+    data = section(
+        "parallel_files", data_dir=str(tmp_path / "tfds"), files={"train": str(pairs)}, validation_holdout=10
+    )
+    real = parallel_files.ParallelFiles._generate_examples
+    other_run = []
+
+    def prepared_elsewhere_meanwhile(self, split_pairs):  # the other run finishes first
+        if not other_run:
+            other_run.append(get_builder(data))
+            other_run[0].download_and_prepare()
+        yield from real(self, split_pairs)
+
+    monkeypatch.setattr(parallel_files.ParallelFiles, "_generate_examples", prepared_elsewhere_meanwhile)
+    builder = get_builder(data)
+    with caplog.at_level(logging.INFO):
+        source = load_split(builder, "train", ("en", "de"))
+    assert len(list(read_records(source))) == 40  # 10 held out for validation
+    assert f"another process prepared {builder.data_dir} meanwhile; using its copy" in caplog.text
+    assert sorted(path.name for path in pathlib.Path(builder.data_dir).parent.iterdir()) == ["1.0.0"]
+
+    other_run.clear()  # and one that is not usable: run again
+    shutil.rmtree(builder.data_dir)
+    monkeypatch.setattr(fingerprint, "write_record", lambda *args: None)  # the other run's copy: no record
+    with pytest.raises(DataError, match=r"^another process prepared \S+ while this one did, and it is not usable \("):
+        load_split(get_builder(data), "train", ("en", "de"))
