@@ -127,7 +127,9 @@ def prepared_differences(directory: str | os.PathLike, record: Mapping) -> list[
     """One phrase per prepared file named in `record` that is missing, or has another size or
     (where the record keeps them) other bytes now."""
     directory = pathlib.Path(directory)
-    hashes = record.get("prepared_sha256", {})
+    hashes = record.get("prepared_sha256")
+    if hashes is None:  # a record of an older jaxformer, sizes only: its files' bytes cannot be checked
+        return [f"{directory / RECORD_NAME} records no SHA-256 of the prepared files (an older jaxformer's)"]
     phrases = []
     for name, size in sorted(record["prepared_files"].items()):
         path = directory / name

@@ -83,7 +83,10 @@ class Multi30k(FingerprintedBuilder):
         paths = {name: self._raw_dir / name for name in FILE_NAMES}
         missing = [str(path) for path in paths.values() if not path.is_file()]
         if missing:
-            raise DataError(f"Multi30k files not found: {', '.join(missing)} (pass raw_dir= or download=True)")
+            raise DataError(
+                f"Multi30k files not found: {', '.join(missing)} (set data.raw_dir to the folder that holds "
+                "them, or data.download=True)"
+            )
         return paths
 
     def file_lines(self, split: str) -> tuple[list[int], int] | None:

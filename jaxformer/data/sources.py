@@ -31,8 +31,9 @@ tfds.disable_progress_bar()  # tqdm bars per split drown the training log
 
 
 _CATALOGUE_NAME = re.compile(r"(?P<dataset>\w+)(?:/(?P<config>[\w.-]+))?(?::(?P<version>[\w.*-]+))?")
-# The file systems tfds reaches through fsspec where TensorFlow is not installed, and their packages.
-_FILE_SYSTEMS = {"gs": "gcsfs", "s3": "s3fs", "az": "adlfs", "hf": "huggingface_hub"}
+# The file systems tfds reaches through fsspec where TensorFlow is not installed, and their packages
+# (hf:// holds datasets, not a place to prepare one).
+_FILE_SYSTEMS = {"gs": "gcsfs", "s3": "s3fs", "az": "adlfs"}
 
 
 def get_builder(data: ml_collections.ConfigDict):
@@ -160,6 +161,12 @@ def _check_file_system(data_dir: str | None) -> None:
     """DataError when data.data_dir is on a file system (gs://, s3://, ...) that needs a package
     not installed: tfds reaches those through TensorFlow, or else through fsspec's packages."""
     scheme = data_dir.split("://", 1)[0] if data_dir is not None and "://" in data_dir else None
+    if scheme is not None and scheme not in _FILE_SYSTEMS:
+        local = " (give the local path itself)" if scheme == "file" else ""
+        raise DataError(
+            f"data.data_dir={data_dir!r}: {scheme}:// is not a file system the prepared data can be written to; "
+            f"use a local path or {', '.join(f'{name}://' for name in _FILE_SYSTEMS)}{local}"
+        )
     package = _FILE_SYSTEMS.get(scheme)
     if package is not None and not _installed(package) and not tensorflow_installed():
         raise DataError(

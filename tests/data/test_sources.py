@@ -151,6 +151,12 @@ def test_a_name_that_names_no_dataset_and_an_unusable_data_dir_are_one_line_erro
             DataError, match=r"through gcsfs \(or TensorFlow\), which is not installed: pip install gcsfs$"
         ):
             get_builder(section(name, data_dir="gs://b/tfds"))
+    for data_dir in ("file:///data/tfds", "http://example.com/x", "memory://x", "hf://datasets/x"):
+        for check in (check_source, get_builder):  # a KeyError or a network traceback from tfds's file API
+            with pytest.raises(DataError, match=r"is not a file system the prepared data can be written to; use a "):
+                check(section("multi30k", data_dir=data_dir))
+    with pytest.raises(DataError, match=r"gs://, s3://, az:// \(give the local path itself\)$"):
+        check_source(section("multi30k", data_dir="file:///data/tfds"))
     monkeypatch.undo()
     assert not (tmp_path / "new").exists()  # the check writes nothing
     (tmp_path / "a file").write_text("x")
@@ -307,6 +313,17 @@ def test_the_stored_fingerprint_is_checked_and_a_bad_copy_prepared_again(tmp_pat
         assert len(warnings) == 1, warnings
         assert again.data_dir in warnings[0] and expected in warnings[0] and "preparing it again" in warnings[0]
         assert _record(again)["files"] == good["files"]  # prepared again, with a true record
+
+    # A record of an older jaxformer (the prepared files' sizes, not their SHA-256): its bytes cannot
+    # be checked, so it is prepared again once, and recorded in full.
+    _tamper_record(builder, lambda record: record.pop("prepared_sha256"))
+    caplog.clear()
+    with caplog.at_level(logging.WARNING):
+        assert read_split(get_builder(section("multi30k", data_dir=str(tmp_path / "tfds"), raw_dir=str(raw)))) == [
+            f"train en user sentence {i}" for i in range(3)
+        ]
+    assert "records no SHA-256 of the prepared files (an older jaxformer's); preparing it again" in caplog.text
+    assert "multi30k-train.array_record-00000-of-00001" in _record(builder)["prepared_sha256"]
 
     # A missing record (preparation cut short after tfds renamed the directory) or a damaged
     # prepared file: prepared again too.
