@@ -135,6 +135,18 @@ def _refuse_a_split_twice(files: Mapping[str, SplitFiles], hashes: Mapping[str, 
             )
 
 
+def _refuse_the_same_pairs_twice(files: Mapping[str, SplitFiles], pairs: Mapping[str, list]) -> None:
+    """As `_refuse_a_split_twice`, for files whose bytes differ but whose pairs are the same: a
+    compressed copy, or a TSV file of the pairs that {lang} files hold."""
+    texts = {split: [(source, target) for _, source, target in split_pairs] for split, split_pairs in pairs.items()}
+    for first, second in itertools.combinations(files, 2):
+        if texts[first] == texts[second]:
+            raise DataError(
+                f"data.files.{second}={files[second].spec!r} holds the same pairs as data.files.{first}="
+                f"{files[first].spec!r} (in another file format): each split needs pairs of its own"
+            )
+
+
 class ParallelFiles(FingerprintedBuilder):
     """The user's parallel text files as splits train, validation (given or held out of train) and
     test (if given); features: the two language codes, as text. See the module's docstring."""
@@ -240,6 +252,7 @@ class ParallelFiles(FingerprintedBuilder):
         pairs = {  # each split counts (and reports) its own skipped pairs
             split: read_pairs(files, *self._languages, SkipCounter()) for split, files in self._files.items()
         }
+        _refuse_the_same_pairs_twice(self._files, pairs)
         if self._holdout is not None:
             pairs["train"], pairs["validation"] = self._hold_out(pairs["train"])
         return {split: self._generate_examples(split_pairs) for split, split_pairs in pairs.items()}

@@ -290,6 +290,28 @@ def test_file_errors_name_the_file_before_anything_is_prepared(tmp_path):
         get_builder(section(tmp_path, train=fine, raw_dir=str(tmp_path)))
 
 
+def test_splits_with_the_same_pairs_in_other_file_formats_are_refused(tmp_path):
+    """Other bytes, the same pairs: a compressed copy, or a TSV file of what {lang} files hold.
+    Found when the pairs are read, before anything is prepared (and a corrected rerun prepares)."""
+    train = write_text_files(tmp_path / "train.{lang}", pairs(0, 20))
+    compressed = write_text_files(tmp_path / "copy" / "train.{lang}.gz", pairs(0, 20))
+    dev = write_text_files(tmp_path / "dev.{lang}", pairs(20, 5))
+    dev_tsv = write_tsv(tmp_path / "dev.tsv", pairs(20, 5))
+    for values, message in (
+        (
+            dict(train=train, validation=compressed),
+            r"^data\.files\.validation=.*copy/train\.\{lang\}\.gz' holds the same pairs as data\.files\.train=",
+        ),
+        (dict(train=train, validation=dev, test=dev_tsv), r"^data\.files\.test=.*dev\.tsv' holds the same pairs as "),
+    ):
+        with pytest.raises(
+            DataError, match=message + r".*\(in another file format\): each split needs pairs of its own$"
+        ):
+            load_split(get_builder(section(tmp_path, **values)), "train", ("fr", "ja"))
+        assert not list((tmp_path / "tfds").rglob("*.array_record*"))  # nothing prepared
+    assert len(read(get_builder(section(tmp_path, train=train, validation=dev)), "validation")) == 5
+
+
 def test_content_errors_name_the_file_and_line(tmp_path, caplog):
     def error_for(**files):
         with pytest.raises(DataError) as caught:
