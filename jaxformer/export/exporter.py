@@ -269,18 +269,24 @@ def check_output(output: pathlib.Path, overwrite: bool) -> None:
 def staging_directory(output: pathlib.Path) -> Iterator[pathlib.Path]:
     """A new directory beside `output` (on the same file system, so it can be renamed into
     place), removed if the export fails."""
+    staging = None
     try:
-        output.parent.mkdir(parents=True, exist_ok=True)
-        staging = pathlib.Path(tempfile.mkdtemp(dir=output.parent, prefix=f".{output.name}.", suffix=".partial"))
-    except OSError as error:
-        raise ExportError(f"cannot write the export beside {output}: {error.strerror or error}") from None
-    try:
+        # A signal while it is made is raised once `staging` names it, so that it is removed too.
+        with _signals_deferred():
+            try:
+                output.parent.mkdir(parents=True, exist_ok=True)
+                staging = pathlib.Path(
+                    tempfile.mkdtemp(dir=output.parent, prefix=f".{output.name}.", suffix=".partial")
+                )
+            except OSError as error:
+                raise ExportError(f"cannot write the export beside {output}: {error.strerror or error}") from None
         umask = os.umask(0)
         os.umask(umask)
         os.chmod(staging, 0o777 & ~umask)  # mkdtemp's is private to its owner; an export is not
         yield staging
     finally:
-        shutil.rmtree(staging, ignore_errors=True)  # gone already once moved into place
+        if staging is not None:
+            shutil.rmtree(staging, ignore_errors=True)  # gone already once moved into place
 
 
 def _raise_held_signal() -> None:

@@ -251,6 +251,22 @@ def test_sigterm_during_an_export_removes_its_staging_directory(workdir, tmp_pat
     assert os.listdir(tmp_path) == []
 
 
+def test_a_signal_as_the_staging_directory_is_made_removes_it(tmp_path, monkeypatch):
+    """SIGTERM right after mkdtemp made the directory, before it is returned: still removed."""
+    real_mkdtemp = exporter.tempfile.mkdtemp
+
+    def mkdtemp_then_signal(*args, **kwargs):
+        path = real_mkdtemp(*args, **kwargs)
+        os.kill(os.getpid(), signal.SIGTERM)
+        return path
+
+    monkeypatch.setattr(exporter.tempfile, "mkdtemp", mkdtemp_then_signal)
+    with pytest.raises(Stopped), RaiseOnSignal():
+        with exporter.staging_directory(tmp_path / "export"):
+            raise AssertionError("the export went on after the signal")
+    assert os.listdir(tmp_path) == []
+
+
 def test_a_signal_while_an_export_replaces_another_waits_for_both_renames(tmp_path, monkeypatch):
     output, staging = tmp_path / "export", tmp_path / ".export.x.partial"
     for directory, text in ((output, "old"), (staging, "new")):
