@@ -28,9 +28,14 @@ _EMPTY_MANUAL_FOLDER = re.compile(r"(Manual directory \S+ does not exist or is e
 _EXTRACTION = re.compile(r"Error while extracting (?P<path>.+?) to (?P<to>.+?): (?P<reason>.*)")
 
 
+def installed(package: str) -> bool:
+    """Whether `package` can be imported (found, not imported)."""
+    return importlib.util.find_spec(package) is not None
+
+
 def tensorflow_installed() -> bool:
     """Whether TensorFlow can be imported, which tfds needs to extract archives (not to read prepared data)."""
-    return importlib.util.find_spec("tensorflow") is not None
+    return installed("tensorflow")
 
 
 def dataset_name(builder) -> str:

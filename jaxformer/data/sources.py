@@ -6,7 +6,6 @@ without TensorFlow."""
 from __future__ import annotations
 
 import contextlib
-import importlib.util
 import logging
 import pathlib
 import re
@@ -17,7 +16,13 @@ from collections.abc import Sequence
 import ml_collections
 import tensorflow_datasets as tfds
 
-from jaxformer.data.download_errors import NEEDS_TENSORFLOW, dataset_name, download_problem, tensorflow_installed
+from jaxformer.data.download_errors import (
+    NEEDS_TENSORFLOW,
+    dataset_name,
+    download_problem,
+    installed,
+    tensorflow_installed,
+)
 from jaxformer.data.fingerprinted_builder import FingerprintedBuilder
 from jaxformer.data.multi30k import Multi30k
 from jaxformer.data.parallel_files import ParallelFiles
@@ -153,10 +158,6 @@ def _version_matches(known, requested: str) -> bool:
         return False
 
 
-def _installed(package: str) -> bool:
-    return importlib.util.find_spec(package) is not None
-
-
 def _check_file_system(data_dir: str | None) -> None:
     """DataError when data.data_dir is on a file system (gs://, s3://, ...) that needs a package
     not installed: tfds reaches those through TensorFlow, or else through fsspec's packages."""
@@ -168,7 +169,7 @@ def _check_file_system(data_dir: str | None) -> None:
             f"use a local path or {', '.join(f'{name}://' for name in _FILE_SYSTEMS)}{local}"
         )
     package = _FILE_SYSTEMS.get(scheme)
-    if package is not None and not _installed(package) and not tensorflow_installed():
+    if package is not None and not installed(package) and not tensorflow_installed():
         raise DataError(
             f"data.data_dir={data_dir!r}: tensorflow-datasets reaches {scheme}:// through {package} (or TensorFlow), "
             f"which is not installed: pip install {package}"

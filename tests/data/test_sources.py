@@ -140,9 +140,9 @@ def test_making_builders_before_their_data_is_prepared_leaves_no_temporary_folde
 def test_a_name_that_names_no_dataset_and_an_unusable_data_dir_are_one_line_errors(tmp_path, monkeypatch):
     for name in ("multi30k", "parallel_files", "wmt14_translate/de-en", "wmt17_translate/de-en:1.0.0"):
         check_source(section(name, data_dir=str(tmp_path / "new" / "data")))
-    monkeypatch.setattr(sources, "_installed", lambda package: package == "gcsfs")
+    monkeypatch.setattr(sources, "installed", lambda package: package == "gcsfs")
     check_source(section("wmt14_translate/de-en", data_dir="gs://bucket/tensorflow_datasets"))  # tfds's own path
-    monkeypatch.setattr(sources, "_installed", lambda package: False)
+    monkeypatch.setattr(sources, "installed", lambda package: False)
     monkeypatch.setattr(sources, "tensorflow_installed", lambda: False)
     for name in ("multi30k", "wmt14_translate/de-en"):  # a traceback from tfds once the builder was made
         with pytest.raises(DataError, match=r"^data.data_dir='gs://b/tfds': tensorflow-datasets reaches gs:// "):
