@@ -49,6 +49,15 @@ def manual_folder(builder) -> pathlib.Path:
     return pathlib.Path(builder.data_dir_root) / "downloads" / "manual"
 
 
+def offline_remedy(builder) -> str:
+    """What to do where the files cannot be downloaded: the builder's own word (its `offline_remedy()`),
+    or tfds's folder for files placed by hand."""
+    own = getattr(builder, "offline_remedy", None)
+    if own is not None:
+        return own()
+    return f"without network, place the files in {manual_folder(builder)} (see the README)"
+
+
 def download_problem(builder, error: BaseException) -> str | None:
     """`error`, raised while `builder` fetched or extracted its files, as one line with its remedy;
     None for an error that is not about the downloaded or placed files."""
@@ -63,7 +72,7 @@ def download_problem(builder, error: BaseException) -> str | None:
             return f"{type(cause).__name__}: {cause}"
         return _extraction_problem(builder, text)
     if isinstance(error, download_util.DownloadError):
-        return f"{text}; without network, place the files in {manual_folder(builder)} (see the README)"
+        return f"{text}; {offline_remedy(builder)}"
     if isinstance(error, AssertionError):  # tfds's word for files to be placed by hand
         empty = _EMPTY_MANUAL_FOLDER.match(text)
         if empty:

@@ -113,6 +113,14 @@ class Multi30k(FingerprintedBuilder):
     def _sources_summary(self) -> str:
         return f"{len(FILE_NAMES)} files {_FILES_PATTERN} {self._source_description()}"
 
+    def offline_remedy(self) -> str:
+        """What to do where the official files cannot be downloaded (tfds's folder for files placed by
+        hand does not serve them: they have no registered checksums)."""
+        return (
+            f"without network, set data.raw_dir to a folder with the {len(FILE_NAMES)} files {_FILES_PATTERN} "
+            "(or leave data.download off to use the copy that comes with jaxformer)"
+        )
+
     def _unfetched_record_problem(self, record: dict) -> str | None:
         if set(record["files"]) != set(FILE_NAMES):
             return f"does not list the {len(FILE_NAMES)} Multi30k files"

@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import contextlib
 import logging
-import pathlib
 import re
 import sys
 import tempfile
@@ -27,6 +26,7 @@ from jaxformer.data.fingerprinted_builder import FingerprintedBuilder
 from jaxformer.data.multi30k import Multi30k
 from jaxformer.data.parallel_files import ParallelFiles
 from jaxformer.data.parallel_text import DataError
+from jaxformer.data.preparation_attempt import preparation_attempt
 from jaxformer.data.prepared_split import ReadableSplit, damaged, split_problem
 from jaxformer.files import unwritable_folder_reason
 
@@ -201,7 +201,9 @@ def prepare(builder) -> None:
     """`builder.download_and_prepare()`, whose progress lines tfds prints to stdout, on stderr with the
     logs: stdout is where the commands write translations and scores. A tfds catalogue dataset
     (wmt*) not prepared yet is refused first where TensorFlow, which tfds extracts its downloads
-    with, is not installed: before hours of downloading, not after."""
+    with, is not installed: before hours of downloading, not after. A download host that cannot be
+    reached is refused in seconds, and a failed preparation leaves nothing behind but the files it
+    downloaded in full (`preparation_attempt`)."""
     if not isinstance(builder, FingerprintedBuilder) and not builder.data_path.exists() and not tensorflow_installed():
         raise DataError(
             f"preparing {dataset_name(builder)} needs TensorFlow (tensorflow-datasets extracts "
@@ -209,12 +211,11 @@ def prepare(builder) -> None:
         )
     with contextlib.redirect_stdout(sys.stderr):
         try:
-            builder.download_and_prepare()
+            with preparation_attempt(builder):  # a host that cannot be reached is an error in seconds, not minutes
+                builder.download_and_prepare()
         except OSError as error:  # a download without network (requests' errors are OSErrors), a full disk
-            _remove_empty_builder_folders(builder)
             raise DataError(f"preparing {builder.name} failed: {type(error).__name__}: {error}") from None
         except BaseException as error:  # bad input found while reading it (DataError), tfds's about its files, a signal
-            _remove_empty_builder_folders(builder)
             problem = download_problem(builder, error) if isinstance(error, Exception) else None
             if problem is not None:
                 raise DataError(f"preparing {builder.name} failed: {problem}") from None
@@ -227,21 +228,6 @@ def _refuse_unknown_split(builder, split: str, available: list[str]) -> None:
         if split == "test" and isinstance(builder, ParallelFiles):
             hint = "; set data.files.test to score a test file"
         raise DataError(f"dataset {builder.name!r} has no split {split!r}; it has {', '.join(available)}{hint}")
-
-
-def _remove_empty_builder_folders(builder) -> None:
-    """After a failed preparation, the builder's own folders under the data_dir (`<name>/<config>/
-    <version>`) that tfds left empty: a corrected rerun must not find a `files-<fingerprint>` folder
-    that holds nothing. Folders with anything in them, and the data_dir itself, stay."""
-    root = pathlib.Path(builder.data_dir_root).resolve()
-    folder = pathlib.Path(builder.data_dir).resolve()
-    while folder != root and root in folder.parents:
-        if folder.exists():
-            try:
-                folder.rmdir()  # only if empty
-            except OSError:
-                return
-        folder = folder.parent
 
 
 def check_languages(builder, languages: Sequence[str]) -> None:

@@ -13,7 +13,7 @@ import tensorflow_datasets as tfds
 from tensorflow_datasets.core.download import checksums, downloader, extractor
 from tensorflow_datasets.core.download import util as download_util
 
-from jaxformer.data import sources
+from jaxformer.data import preparation_attempt, sources
 from jaxformer.data.parallel_text import DataError
 from jaxformer.data.sources import get_builder, load_split, prepare
 from tests.data.test_sources import section
@@ -37,6 +37,7 @@ def fake_network(monkeypatch):
         return served["serve"](url, pathlib.Path(destination))
 
     monkeypatch.setattr(downloader._Downloader, "_sync_download", download)
+    monkeypatch.setattr(preparation_attempt, "unreachable", lambda url: None)  # its probe of the host
     monkeypatch.setattr(sources, "tensorflow_installed", lambda: True)  # refused before anything otherwise
     return served
 
