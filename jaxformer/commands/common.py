@@ -4,13 +4,15 @@ logging routed around progress bars, and one way to report a user's error.
 A command is `main(argv) -> exit code`, built by `run_command(parser, body, argv)`: a
 `UserError` (bad config, flags, data, files, workdir) prints one line, `error: ...`, and exits
 with `EXIT_USER_ERROR`; `--verbose` adds the traceback. Anything else is a bug and keeps its
-traceback. Ctrl-C exits with 130, as shells report it. Every command keeps its compiled programs
+traceback. Ctrl-C exits with 130, as shells report it; a reader of stdout that went away (`| head`)
+ends the command quietly with 141, as SIGPIPE would. Every command keeps its compiled programs
 in the persistent compilation cache (jaxformer/commands/compilation_cache.py).
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import io
 import logging
 import os
@@ -240,7 +242,10 @@ def run_command(
     configure_logging(log_level, args.verbose)
     try:
         enable_compilation_cache()  # before `body` compiles anything
-        return body(args)
+        code = body(args)
+        if sys.stdout is not None:  # what print() holds: a reader gone is a BrokenPipeError here, not at exit
+            sys.stdout.flush()
+        return code
     except UserError as error:
         if args.verbose:
             raise
@@ -267,7 +272,12 @@ def run_command(
 
 def _discard_stdout() -> None:
     """Points stdout at /dev/null, so that the interpreter's last flush of what it still holds
-    does not fail a second time, with a message, after the command has ended."""
+    does not fail a second time, with a message, after the command has ended. What stdout holds
+    goes out first where it still can: the pipe that broke may have been a FIFO --output's."""
+    if sys.stdout is None:
+        return
+    with contextlib.suppress(OSError):
+        sys.stdout.flush()
     devnull = os.open(os.devnull, os.O_WRONLY)
     os.dup2(devnull, sys.stdout.fileno())
     os.close(devnull)

@@ -76,6 +76,67 @@ def test_a_reader_that_closes_stdout_ends_the_command_quietly_as_sigpipe_would()
     assert error == ""
 
 
+def _without_unbuffered_output() -> dict[str, str]:
+    """The environment of a user's shell: PYTHONUNBUFFERED (which some machines set) would write
+    each print at once, hiding what a block-buffered stdout still holds when the command ends."""
+    return {key: value for key, value in os.environ.items() if key != "PYTHONUNBUFFERED"}
+
+
+def test_printed_output_whose_reader_went_away_ends_quietly_as_sigpipe_would():
+    """`jaxformer-evaluate ... | true` (or `--list_configs`, `--print_config`): what print() left in
+    stdout's buffer was flushed by the interpreter at exit, which printed "Exception ignored ...
+    BrokenPipeError" and exited 120; the command now flushes it itself and exits 141, quietly."""
+    import subprocess
+
+    program = (
+        "import sys\n"
+        "from jaxformer.commands import common\n"
+        "def body(args):\n"
+        "    print('BLEU 12.3')\n"
+        "    sys.stdin.readline()  # returns once the reader has closed stdout\n"
+        "    return 0\n"
+        "sys.exit(common.run_command(common.make_parser(None), body, []))\n"
+    )
+    process = subprocess.Popen(
+        [sys.executable, "-c", program],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        stdin=subprocess.PIPE,
+        env=_without_unbuffered_output(),
+    )
+    process.stdout.close()  # as `| true` does, before reading anything
+    process.stdin.write(b"\n")
+    process.stdin.close()
+    error = process.stderr.read().decode()
+    assert process.wait() == 141, error
+    assert error == ""
+
+
+def test_a_broken_output_fifo_keeps_what_the_command_printed_to_stdout(tmp_path):
+    """evaluate --output FIFO whose reader went away, stdout to a file: the scores printed before
+    reach the file (they were discarded with stdout when the FIFO's write failed)."""
+    import subprocess
+
+    program = (
+        "import errno, sys\n"
+        "from jaxformer.commands import common\n"
+        "def body(args):\n"
+        "    print('BLEU 12.3')\n"
+        "    raise BrokenPipeError(errno.EPIPE, 'Broken pipe', 'hypotheses.fifo')  # writing --output\n"
+        "sys.exit(common.run_command(common.make_parser(None), body, []))\n"
+    )
+    with open(tmp_path / "scores.txt", "wb") as scores:
+        result = subprocess.run(
+            [sys.executable, "-c", program],
+            stdout=scores,
+            stderr=subprocess.PIPE,
+            stdin=subprocess.DEVNULL,
+            env=_without_unbuffered_output(),
+        )
+    assert result.returncode == 141 and result.stderr == b""
+    assert (tmp_path / "scores.txt").read_text() == "BLEU 12.3\n"
+
+
 def test_a_full_device_is_named_in_the_error(tmp_path):
     from jaxformer.files import write_text_atomically
 
