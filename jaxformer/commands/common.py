@@ -236,12 +236,16 @@ def run_command(
     body: Callable[[argparse.Namespace], int],
     argv: list[str] | None,
     log_level: int = logging.WARNING,
+    compiles: Callable[[argparse.Namespace], bool] = lambda args: True,
 ) -> int:
-    """Parses `argv`, runs `body(args)` and turns a user's error into one line and an exit code."""
+    """Parses `argv`, runs `body(args)` and turns a user's error into one line and an exit code.
+    `compiles(args)`: whether the command line compiles anything; one that only informs
+    (`--list_configs`) does not depend on the compilation cache's settings."""
     args = parser.parse_args(argv)
     configure_logging(log_level, args.verbose)
     try:
-        enable_compilation_cache()  # before `body` compiles anything
+        if compiles(args):
+            enable_compilation_cache()  # before `body` compiles anything
         code = body(args)
         if sys.stdout is not None:  # what print() holds: a reader gone is a BrokenPipeError here, not at exit
             sys.stdout.flush()

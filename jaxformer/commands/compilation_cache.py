@@ -5,7 +5,8 @@ generate, export, ...) of the same model skips its compilations.
 Where: $JAX_COMPILATION_CACHE_DIR (jax's own variable) when set, else
 $XDG_CACHE_HOME/jaxformer/xla, else ~/.cache/jaxformer/xla. JAXFORMER_COMPILATION_CACHE=0 (or
 false, no, off; 1, true, yes, on or unset keep it on; anything else is refused) turns the cache
-off, as does jax's own JAX_ENABLE_COMPILATION_CACHE=false. A directory that cannot be created or
+off, as does jax's own JAX_ENABLE_COMPILATION_CACHE=false; a command line that compiles nothing
+(train --list_configs, --print_config) reads none of this. A directory that cannot be created or
 written (a read-only one included: jax would fail each write) warns in one line and the command
 runs without the cache. Programs that compiled in less than 0.1 s are not kept (reading them back
 would cost about what compiling them does); JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS overrides

@@ -189,7 +189,10 @@ def main(argv: list[str] | None = None) -> int:
         args.overrides = overrides
         return run(args)
 
-    return run_command(parser, body, rest, log_level=logging.INFO)
+    def compiles(args: argparse.Namespace) -> bool:  # --list_configs and --print_config only inform
+        return not (args.list_configs or args.print_config)
+
+    return run_command(parser, body, rest, log_level=logging.INFO, compiles=compiles)
 
 
 if __name__ == "__main__":

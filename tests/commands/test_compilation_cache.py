@@ -87,6 +87,21 @@ def test_a_switch_value_it_does_not_know_is_one_line_before_the_command_runs(mon
     assert capsys.readouterr().err.startswith("error: JAXFORMER_COMPILATION_CACHE='none': set it to 0")
 
 
+def test_flags_that_only_inform_do_not_depend_on_the_cache_settings(monkeypatch, capsys, tmp_path):
+    """train --list_configs and --print_config compile nothing: a switch value the cache refuses
+    does not stop them (it did, in one line); a run that trains still refuses it so."""
+    from jaxformer.commands import train
+
+    monkeypatch.setenv("JAXFORMER_COMPILATION_CACHE", "maybe")
+    assert train.main(["--list_configs"]) == 0
+    assert "multi30k" in capsys.readouterr().out
+    assert train.main(["--config", "tiny", "--print_config"]) == 0
+    assert "num_train_steps" in capsys.readouterr().out
+    assert train.main(["--config", "tiny", "--workdir", str(tmp_path / "run")]) == EXIT_USER_ERROR
+    assert capsys.readouterr().err.startswith("error: JAXFORMER_COMPILATION_CACHE='maybe': set it to 0")
+    assert not (tmp_path / "run").exists()
+
+
 def test_an_entry_left_unreadable_is_replaced_by_the_next_compilation(tmp_path):
     """jax never overwrites an entry: one cut short (a full disk, a process killed while writing)
     cost every later run the compilation and a raw two-line warning. It is removed, in one line,
@@ -145,7 +160,7 @@ class CacheSetUp(Exception):
 
 # Arguments each command parses; the set-up comes next, before its body.
 ARGUMENTS = {
-    "jaxformer-train": ["--list_configs"],
+    "jaxformer-train": ["--config", "tiny", "--workdir", "w"],
     "jaxformer-translate": ["--workdir", "w"],
     "jaxformer-evaluate": ["--workdir", "w"],
     "jaxformer-average-checkpoints": ["--workdir", "w"],
