@@ -69,6 +69,20 @@ def at_least(low: int) -> Callable[[str], int]:
     return parse
 
 
+def integer_from(low: int, high: int) -> Callable[[str], int]:
+    def parse(text: str) -> int:
+        try:
+            value = int(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"must be an integer from {low} to {high}, got {text!r}") from None
+        if not low <= value <= high:
+            raise argparse.ArgumentTypeError(f"must be an integer from {low} to {high}, got {value}")
+        return value
+
+    parse.__name__ = f"integer from {low} to {high}"
+    return parse
+
+
 def path_text(text: str) -> str:
     """A local file or folder path: not empty, which would mean the current directory by accident,
     and not a URL (gs://, s3://), which local file operations would take for a folder named gs:."""

@@ -13,6 +13,7 @@ from jaxformer.commands.common import (
     check_stdout_open,
     check_workdir,
     check_writable_file,
+    integer_from,
     number,
     path_text,
     read_lines,
@@ -162,10 +163,15 @@ def translator_from_flags(args: argparse.Namespace, settings=None):
 def add_beam_flags(parser: argparse.ArgumentParser) -> None:
     """--beam_size, --alpha, --length_penalty, --stop and --max_extra_length, as translate, evaluate
     and export take them."""
+    from jaxformer.decoding.generate import MAX_EXTRA_LENGTH
+
     parser.add_argument("--beam_size", type=at_least(1), default=4, help="beam width (default: 4)")
     add_length_penalty_flags(parser)
     parser.add_argument(
-        "--max_extra_length", type=at_least(1), default=50, help="output tokens <= input tokens + this (default: 50)"
+        "--max_extra_length",
+        type=integer_from(1, MAX_EXTRA_LENGTH),
+        default=50,
+        help=f"output tokens <= input tokens + this, at most {MAX_EXTRA_LENGTH} (default: 50)",
     )
     add_stop_flag(parser)
 

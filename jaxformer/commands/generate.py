@@ -15,7 +15,7 @@ from jaxformer.commands import common, decoding_flags
 
 
 def build_parser() -> argparse.ArgumentParser:
-    from jaxformer.decoding.generate import METHODS
+    from jaxformer.decoding.generate import MAX_EXTRA_LENGTH, METHODS
 
     parser = common.make_parser(__doc__)
     decoding_flags.add_checkpoint_flags(parser)
@@ -25,9 +25,9 @@ def build_parser() -> argparse.ArgumentParser:
     decoding_flags.add_stop_flag(parser)
     parser.add_argument(
         "--max_new_tokens",
-        type=common.at_least(1),
+        type=common.integer_from(1, MAX_EXTRA_LENGTH),
         default=30,
-        help="tokens added to each prompt, EOS included (default: 30)",
+        help=f"tokens added to each prompt, EOS included, at most {MAX_EXTRA_LENGTH} (default: 30)",
     )
     parser.add_argument(
         "--temperature",

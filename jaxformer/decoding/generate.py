@@ -34,6 +34,12 @@ METHODS = ("beam", "greedy", "sample")
 # more (search.py's CacheGrowth): most translations are far shorter than source + 50 tokens, and
 # every step reads, and beam search reorders, the whole cache.
 FIRST_CACHE_LENGTH = 16
+# The most output tokens a search may add to its source (max_extra_length; generate's
+# max_new_tokens). The sinusoidal positional encoding has no last position, so the model sets no
+# bound: this one stops a mistyped value (10**9 would build a position table and token buffers of
+# billions of rows, and fail minutes later, out of memory) before anything is read or compiled.
+# 4,096 is 16 times the longest rows the shipped configs train on (wmt14's data.max_length, 256).
+MAX_EXTRA_LENGTH = 4096
 
 
 @dataclasses.dataclass(frozen=True)
@@ -61,10 +67,10 @@ class DecodeSettings:
             raise ValueError(f"length penalty {self.length_penalty!r}: choose one of {', '.join(LENGTH_PENALTIES)}")
         if self.stop not in BEAM_STOPS:
             raise ValueError(f"beam stop rule {self.stop!r}: choose one of {', '.join(BEAM_STOPS)}")
-        if self.beam_size < 1 or self.max_extra_length < 1:
-            raise ValueError(
-                f"beam_size and max_extra_length must be >= 1, got {self.beam_size}, {self.max_extra_length}"
-            )
+        if self.beam_size < 1:
+            raise ValueError(f"beam_size must be >= 1, got {self.beam_size}")
+        if not 1 <= self.max_extra_length <= MAX_EXTRA_LENGTH:
+            raise ValueError(f"max_extra_length must be from 1 to {MAX_EXTRA_LENGTH}, got {self.max_extra_length}")
         if not 0 <= self.alpha < math.inf:  # NaN too: it would rank every hypothesis alike
             raise ValueError(f"alpha must be a finite number >= 0, got {self.alpha}")
         if not 0 < self.temperature < math.inf:

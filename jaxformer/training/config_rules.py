@@ -11,6 +11,7 @@ from typing import Any
 
 import numpy as np
 
+from jaxformer.decoding.generate import MAX_EXTRA_LENGTH
 from jaxformer.decoding.search import BEAM_STOPS
 from jaxformer.errors import with_article
 from jaxformer.model.config import ARCHITECTURES, ConfigError
@@ -145,7 +146,10 @@ VALUE_RULES: dict[str, tuple[Callable[[Any], bool], str]] = {
     "decoding.method": _one_of("beam", "greedy", "sample"),
     "decoding.beam_size": _at_least(1),
     "decoding.alpha": _non_negative(finite=True),
-    "decoding.max_extra_length": _at_least(1),
+    "decoding.max_extra_length": (
+        (lambda value: _integer(value) and 1 <= value <= MAX_EXTRA_LENGTH),
+        f"an integer from 1 to {MAX_EXTRA_LENGTH}",
+    ),
     "decoding.stop": _one_of(*BEAM_STOPS),
     "decoding.batch_size": _at_least(1),
 }

@@ -30,7 +30,12 @@ def no_decoding(monkeypatch):
         (["--batch_size", "0"], "argument --batch_size: must be an integer >= 1, got 0"),
         (["--batch_size", "many"], "argument --batch_size: must be an integer >= 1, got 'many'"),
         (["--beam_size", "-1"], "argument --beam_size: must be an integer >= 1, got -1"),
-        (["--max_extra_length", "0"], "argument --max_extra_length: must be an integer >= 1, got 0"),
+        (["--max_extra_length", "0"], "argument --max_extra_length: must be an integer from 1 to 4096, got 0"),
+        # Not the late out-of-memory error of a position table and token buffers of 10**9 rows.
+        (
+            ["--max_extra_length", "1000000000"],
+            "argument --max_extra_length: must be an integer from 1 to 4096, got 1000000000",
+        ),
         (["--temperature", "0"], "argument --temperature: must be a finite number > 0.0, got 0"),
         (["--alpha", "nan"], "argument --alpha: must be a finite number >= 0.0, got nan"),
         (["--top_k", "-3"], "argument --top_k: must be an integer >= 0, got -3"),
@@ -91,6 +96,15 @@ def test_generate_refuses_one_search_flags_under_another(tmp_path, capsys, no_de
     ):
         assert generate.main(["--workdir", str(tmp_path), *flags]) == 2
         assert capsys.readouterr().err == f"error: {message}\n"
+
+
+def test_generate_bounds_the_tokens_it_adds(tmp_path, capsys, no_decoding):
+    with pytest.raises(SystemExit) as stopped:
+        generate.main(["--workdir", str(tmp_path), "--max_new_tokens", "1000000000"])
+    assert stopped.value.code == 2
+    assert capsys.readouterr().err.startswith(
+        "error: argument --max_new_tokens: must be an integer from 1 to 4096, got 1000000000; see "
+    )
 
 
 @pytest.mark.parametrize("kind", ["missing folder", "a directory", "under a file", "unwritable place"])
@@ -286,6 +300,10 @@ def test_a_mesh_that_cannot_hold_the_configured_model_stops_before_data_is_prepa
             "mesh.logical_axis_rules: 'emebd' is no logical axis name (did you mean 'embed'?); the models use batch,",
         ),
         (["--config.data.data_dir=/proc/jaxformer-data"], "data.data_dir='/proc/jaxformer-data': /proc takes no new"),
+        (
+            ["--config.decoding.max_extra_length=1000000000"],
+            "config decoding.max_extra_length=1000000000: must be an integer from 1 to 4096\n",
+        ),
     ],
 )
 def test_bad_config_values_are_one_line_before_any_work(overrides, message, tmp_path, capsys):

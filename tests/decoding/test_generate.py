@@ -108,7 +108,9 @@ def test_bad_settings_are_named():
         (dict(alpha=-0.5), r"alpha must be a finite number >= 0, got -0.5"),
         (dict(method="sample", temperature=0.0), r"temperature must be a finite number > 0, got 0.0"),
         (dict(method="sample", top_k=-5), r"top_k must be >= 0 \(0: the whole vocabulary\), got -5"),
-        (dict(beam_size=0), r"beam_size and max_extra_length must be >= 1, got 0, 50"),
+        (dict(beam_size=0), r"beam_size must be >= 1, got 0"),
+        (dict(max_extra_length=0), r"max_extra_length must be from 1 to 4096, got 0"),
+        (dict(max_extra_length=10**9), r"max_extra_length must be from 1 to 4096, got 1000000000"),
     ],
 )
 def test_settings_that_would_decode_wrongly_are_refused(values, message):
