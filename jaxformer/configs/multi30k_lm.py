@@ -12,7 +12,9 @@ def get_config():
     # dropout, matmul dtype), so that this run's decoder and embedding fit that translator's with no
     # flag to keep in step; its output layer is tied to the embedding.
     config.model = multi30k.get_config().model
-    config.model.architecture = "decoder_only"  # num_encoder_layers stays, unused: multi30k_mlm's depth
+    # num_encoder_layers stays, unused here: multi30k_mlm's depth (set apart from num_decoder_layers,
+    # the run names it in its `W unused:` line).
+    config.model.architecture = "decoder_only"
     config.model.share_embeddings = True  # one language, one embedding (the output layer's too)
     config.data.name = "multi30k"  # the vendored corpus: no download
     config.data.source_language = "en"  # unused: a causal LM reads the target side

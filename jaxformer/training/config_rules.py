@@ -309,6 +309,9 @@ def unused_settings(config, resuming: bool = False) -> list[str]:
             f"training.init_checkpoint={training.init_checkpoint!r} (no training.init_from, init_encoder_from or "
             "init_decoder_from: the run starts from random values)"
         )
+    depth = _missing_stack_depth(config)
+    if depth is not None:
+        unused.append(depth)
     for key, why in _translation_settings_unused(config):
         section, name = key.split(".")
         if config[section][name] != defaults[section][name]:
@@ -319,6 +322,26 @@ def unused_settings(config, resuming: bool = False) -> list[str]:
             if config.tokenizer[key] != defaults.tokenizer[key]:
                 unused.append(f"tokenizer.{key}={config.tokenizer[key]!r} ({untrained})")
     return unused
+
+
+def _missing_stack_depth(config) -> str | None:
+    """The depth of the stack a language model does not have (model.num_encoder_layers of a
+    decoder_only model, num_decoder_layers of an encoder_only one), where it differs from its own
+    stack's: a config made from a translator's keeps both depths (multi30k_lm.py), and one set
+    apart from the other was meant for a stack that is not built."""
+    model = config.model
+    architecture = model.get("architecture", "encoder_decoder")
+    stacks = {"decoder_only": ("encoder", "decoder"), "encoder_only": ("decoder", "encoder")}
+    if architecture not in stacks:
+        return None
+    missing, built = stacks[architecture]
+    value, depth = model.get(f"num_{missing}_layers"), model.get(f"num_{built}_layers")
+    if value == depth:
+        return None
+    return (
+        f"model.num_{missing}_layers={value!r} (model.architecture is {architecture!r}: no {missing} is built; "
+        f"the {built}'s depth is model.num_{built}_layers={depth!r})"
+    )
 
 
 def _translation_settings_unused(config) -> list[tuple[str, str]]:

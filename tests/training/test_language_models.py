@@ -24,7 +24,8 @@ from jaxformer.model.transformer import Transformer, shift_right
 from jaxformer.run.loading import load_checkpoint
 from jaxformer.run.metadata import CheckpointMetadata
 from jaxformer.tokens import BOS_ID, EOS_ID
-from jaxformer.training.config_file import load_config
+from jaxformer.training.config_file import apply_overrides, load_config
+from jaxformer.training.config_rules import unused_settings
 from jaxformer.training.experiment import model_config
 from jaxformer.training.init_from import StartingPoint, load_starting_points, starting_overrides
 from jaxformer.training.state import init_params
@@ -360,3 +361,20 @@ def test_the_shipped_language_models_fit_the_shipped_translator():
     overrides = starting_overrides(points, abstract, translator)  # ConfigError listing the misfits otherwise
     fresh = set(traverse_util.flatten_dict(abstract, sep="/")) - set(overrides)
     assert fresh and all("/cross_attention" in name for name in fresh)
+
+
+@pytest.mark.parametrize(
+    ("name", "architecture", "missing", "built"),
+    [("multi30k_lm", "decoder_only", "encoder", "decoder"), ("multi30k_mlm", "encoder_only", "decoder", "encoder")],
+)
+def test_the_depth_of_the_stack_a_language_model_lacks_is_named_unused(name, architecture, missing, built):
+    """`--config multi30k_lm --config.model.num_encoder_layers=6` (a decoder_only model: no encoder)
+    was ignored without a word; it is named in the run's `W unused:` line. The shipped configs keep
+    the translator's two equal depths, and say nothing."""
+    config = load_config(name)
+    assert unused_settings(config) == []
+    apply_overrides(config, [(f"model.num_{missing}_layers", "6")])
+    assert unused_settings(config) == [
+        f"model.num_{missing}_layers=6 (model.architecture is '{architecture}': no {missing} is built; "
+        f"the {built}'s depth is model.num_{built}_layers=3)"
+    ]
