@@ -2,7 +2,7 @@
 
 import sys
 
-from jaxformer.commands.average_checkpoints import main
+from jaxformer.commands.launch import average_checkpoints as main
 
 if __name__ == "__main__":
     sys.exit(main())

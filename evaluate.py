@@ -2,7 +2,7 @@
 
 import sys
 
-from jaxformer.commands.evaluate import main
+from jaxformer.commands.launch import evaluate as main
 
 if __name__ == "__main__":
     sys.exit(main())

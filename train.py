@@ -6,7 +6,7 @@
 
 import sys
 
-from jaxformer.commands.train import main
+from jaxformer.commands.launch import train as main
 
 if __name__ == "__main__":
     sys.exit(main())

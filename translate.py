@@ -2,7 +2,7 @@
 
 import sys
 
-from jaxformer.commands.translate import main
+from jaxformer.commands.launch import translate as main
 
 if __name__ == "__main__":
     sys.exit(main())

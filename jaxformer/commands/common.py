@@ -27,6 +27,7 @@ from collections.abc import Callable
 import tqdm
 
 from jaxformer.argument_parser import Parser
+from jaxformer.commands import launch
 from jaxformer.commands.compilation_cache import enable_compilation_cache, repair_unreadable_entry
 from jaxformer.decoding import sentence_batches
 from jaxformer.errors import EXIT_NO_SPACE, EXIT_USER_ERROR, UserError, exit_code_for_signal, no_space_error
@@ -258,6 +259,7 @@ def run_command(
     args = parser.parse_args(argv)
     configure_logging(log_level, args.verbose)
     try:
+        launch.loaded()  # a Ctrl-C that came while the command loaded ends it here
         if compiles(args):
             enable_compilation_cache()  # before `body` compiles anything
         code = body(args)

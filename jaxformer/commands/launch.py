@@ -1,0 +1,81 @@
+"""Where every command starts: the console scripts (pyproject.toml) and a clone's train.py,
+translate.py, evaluate.py and average_checkpoints.py call the functions below.
+
+Loading a command (importing it and building its parser) takes a second or more: jax, flax,
+orbax, tfds. A Ctrl-C then printed the traceback of whatever module was loading, or of the error
+it left in a native module's import, or was printed as "Exception ignored" by the garbage
+collector's callback that jax registers, and lost. While `launch` loads a command, a Ctrl-C is
+kept instead: run_command, once it has the command line, ends the command as it ends one that
+comes later (`interrupted`, exit 130). A second Ctrl-C while loading interrupts at once.
+This module imports the standard library and jaxformer.errors alone, so that it is loaded at once.
+"""
+
+from __future__ import annotations
+
+import importlib
+import signal
+import sys
+import threading
+from collections.abc import Callable
+
+from jaxformer.errors import exit_code_for_signal
+
+_kept: list[int] = []  # the Ctrl-C that came while the command was loading
+
+
+def _keep(signum: int, frame) -> None:
+    if _kept:  # a second one: at once
+        raise KeyboardInterrupt
+    _kept.append(signum)
+
+
+def launch(module: str, argv: list[str] | None = None) -> int:
+    """`module`'s `main(argv)`, a Ctrl-C kept while it loads (see `loaded`), and one that comes
+    before run_command handles it ended as run_command does."""
+    keeping = threading.current_thread() is threading.main_thread() and (
+        signal.getsignal(signal.SIGINT) is signal.default_int_handler  # not ignored (a background job)
+    )
+    if keeping:
+        signal.signal(signal.SIGINT, _keep)
+    try:
+        return importlib.import_module(module).main(argv)
+    except KeyboardInterrupt:
+        pass
+    except SystemExit:  # argparse's --help, or its usage error, before run_command
+        if not _kept:
+            raise
+    finally:
+        if signal.getsignal(signal.SIGINT) is _keep:
+            signal.signal(signal.SIGINT, signal.default_int_handler)
+    _kept.clear()
+    sys.stderr.write("interrupted\n")
+    return exit_code_for_signal(signal.SIGINT)
+
+
+def loaded() -> None:
+    """The command is loaded (run_command calls this first): Python's Ctrl-C again, and a
+    KeyboardInterrupt now for one that came while it loaded."""
+    if signal.getsignal(signal.SIGINT) is _keep:
+        signal.signal(signal.SIGINT, signal.default_int_handler)
+    if _kept:
+        _kept.clear()
+        raise KeyboardInterrupt
+
+
+def _command(name: str) -> Callable[[list[str] | None], int]:
+    def main(argv: list[str] | None = None) -> int:
+        return launch(f"jaxformer.commands.{name}", argv)
+
+    main.__name__ = main.__qualname__ = name
+    main.__doc__ = f"jaxformer.commands.{name}.main, launched (a Ctrl-C while it loads: exit 130)."
+    return main
+
+
+train = _command("train")
+translate = _command("translate")
+evaluate = _command("evaluate")
+average_checkpoints = _command("average_checkpoints")
+export = _command("export")
+generate = _command("generate")
+convert = _command("convert")
+sweep = _command("sweep")

@@ -1,0 +1,71 @@
+"""A Ctrl-C while a command is still loading (importing jax, building its parser) ends it as a
+later one does, `interrupted` and exit 130: no traceback of the module that was loading, and not
+lost in jax's garbage-collector callback."""
+
+import os
+import pathlib
+import signal
+import subprocess
+import sys
+import time
+import tomllib
+
+ROOT = pathlib.Path(__file__).parents[2]
+
+# A command whose loading takes `seconds` (argv[1]) and says when it has begun.
+SLOW_COMMAND = """
+import sys, time
+sys.stderr.write("loading\\n")
+sys.stderr.flush()
+time.sleep(float(sys.argv[1]))
+from jaxformer.commands import common
+
+def main(argv=None):
+    return common.run_command(common.make_parser(None), lambda args: print("ran") or 0, [])
+"""
+
+# Python's own Ctrl-C handler, as a terminal's process has it, whatever the test runner's process set.
+LAUNCH = (
+    "import signal, sys; signal.signal(signal.SIGINT, signal.default_int_handler); "
+    "from jaxformer.commands.launch import launch; sys.exit(launch('slow_command'))"
+)
+
+
+def start_and_interrupt(tmp_path, seconds, interrupts):
+    (tmp_path / "slow_command.py").write_text(SLOW_COMMAND)
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(tmp_path), str(ROOT)])}
+    process = subprocess.Popen(
+        [sys.executable, "-c", LAUNCH, str(seconds)],
+        env=env,
+        stdin=subprocess.DEVNULL,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+    )
+    assert process.stderr.readline() == b"loading\n"
+    start = time.monotonic()
+    for _ in range(interrupts):
+        process.send_signal(signal.SIGINT)
+        time.sleep(0.2)
+    output, error = process.communicate(timeout=60)
+    return process.returncode, output.decode(), error.decode(), time.monotonic() - start
+
+
+def test_a_ctrl_c_while_the_command_loads_ends_it_in_one_line_once_loaded(tmp_path):
+    code, output, error, _ = start_and_interrupt(tmp_path, seconds=1, interrupts=1)
+    assert (code, output, error) == (130, "", "interrupted\n")
+
+
+def test_a_second_ctrl_c_while_it_loads_ends_it_at_once(tmp_path):
+    code, output, error, seconds = start_and_interrupt(tmp_path, seconds=60, interrupts=2)
+    assert (code, output, error) == (130, "", "interrupted\n")
+    assert seconds < 30
+
+
+def test_every_entry_point_is_launched():
+    scripts = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["scripts"]
+    assert all(target.startswith("jaxformer.commands.launch:") for target in scripts.values()), scripts
+    for name in ("train", "translate", "evaluate", "average_checkpoints"):
+        assert f"from jaxformer.commands.launch import {name} as main\n" in (ROOT / f"{name}.py").read_text()
+    loads = "import sys, jaxformer.commands.launch; print(sorted({'jax', 'numpy'} & set(sys.modules)))"
+    result = subprocess.run([sys.executable, "-c", loads], cwd=ROOT, capture_output=True, text=True, check=True)
+    assert result.stdout == "[]\n"  # loaded before the Ctrl-C can come: nothing heavy
