@@ -8,7 +8,6 @@ bytes damaged in between are found when they are read (`ReadableSplit`).
 
 from __future__ import annotations
 
-import contextlib
 import os
 import pathlib
 from collections.abc import Sequence
@@ -62,7 +61,7 @@ def _first_line(error: BaseException) -> str:
 
 class ReadableSplit(Sequence):
     """A random-access source (`builder.as_data_source(split)`) whose read errors (a record in a
-    damaged file) are DataErrors naming the prepared data and the folder to remove."""
+    damaged file) are DataErrors naming the file, the prepared data and the folder to remove."""
 
     def __init__(self, source: Sequence, builder, split: str):
         self._source, self._builder, self._split = source, builder, split
@@ -71,21 +70,41 @@ class ReadableSplit(Sequence):
         return len(self._source)
 
     def __getitem__(self, key):
-        with self._reading():
+        try:
             return self._source[key]
+        except RuntimeError as error:  # array_record's only error for a file it cannot read
+            raise self._damaged(key, error) from None
 
     def __getitems__(self, keys: Sequence[int]) -> list:
         """Many records at once, read in parallel where the source can (array_record's)."""
-        with self._reading():
-            batched = getattr(self._source, "__getitems__", None)
-            return list(batched(keys)) if batched else [self._source[key] for key in keys]
-
-    @contextlib.contextmanager
-    def _reading(self):
+        batched = getattr(self._source, "__getitems__", None)
+        if batched is None:
+            return [self[key] for key in keys]
         try:
-            yield
-        except RuntimeError as error:  # array_record's only error for a file it cannot read
-            raise damaged(self._builder, f"its {self._split} split cannot be read ({_first_line(error)})") from None
+            return list(batched(keys))
+        except RuntimeError as error:
+            for key in keys:  # one at a time, to name the file of the record that fails
+                self[key]
+            raise self._damaged(None, error) from None
+
+    def _damaged(self, key: int | None, error: RuntimeError) -> DataError:
+        path = None if key is None else self._file_of(key)
+        where = f"its {self._split} split" if path is None else str(path)
+        return damaged(self._builder, f"{where} cannot be read ({_first_line(error)})")
+
+    def _file_of(self, key: int) -> pathlib.Path | None:
+        """The file holding record `key`: the split's files hold its records in order."""
+        try:
+            instructions = self._builder.info.splits[self._split].file_instructions
+        except (KeyError, AttributeError, TypeError):  # no files (tfds's mock data)
+            return None
+        start = 0
+        for instruction in instructions:
+            count = instruction.take if instruction.take >= 0 else instruction.examples_in_shard - instruction.skip
+            if start <= key < start + count:
+                return pathlib.Path(os.fspath(instruction.filename))
+            start += count
+        return None
 
     def __repr__(self) -> str:
         return f"ReadableSplit({self._source!r})"

@@ -5,6 +5,7 @@ bytes damaged mid-file, read); jaxformer's own builders prepare such a copy agai
 import logging
 import pathlib
 import shutil
+import types
 
 import pytest
 import tensorflow_datasets as tfds
@@ -12,6 +13,7 @@ import tensorflow_datasets as tfds
 from jaxformer.data import fingerprint
 from jaxformer.data.parallel_text import DataError
 from jaxformer.data.pipeline import read_records
+from jaxformer.data.prepared_split import ReadableSplit
 from jaxformer.data.sources import get_builder, load_split
 from tests.data.test_sources import section
 
@@ -106,12 +108,44 @@ def test_bytes_zeroed_mid_file_are_refused_when_read(builder):
     with pytest.raises(DataError) as raised:
         list(read_records(source))
     assert str(raised.value).startswith(
-        f"the prepared tiny_translate data in {builder.data_dir} is damaged: its train split cannot be read "
+        f"the prepared tiny_translate data in {builder.data_dir} is damaged: {path} cannot be read "
         "(Corrupted Riegeli/records file: "
     )
     assert str(raised.value).endswith(f"remove {builder.data_dir} so that it is prepared again")
-    with pytest.raises(DataError, match="its train split cannot be read"):  # one at a time, around the damage
+    with pytest.raises(DataError, match=f"damaged: {path} cannot be read"):  # one at a time, around the damage
         [source[i] for i in range(len(source) * 2 // 5, len(source) * 3 // 5)]
+
+
+class ShardedSplit:
+    """A split of three files of 10 records each, the second one damaged (what array_record raises)."""
+
+    def __len__(self):
+        return 30
+
+    def __getitem__(self, key):
+        if 10 <= key < 20:
+            raise RuntimeError("Corrupted Riegeli/records file: chunk header hash mismatch")
+        return {"en": b"a", "de": b"b"}
+
+    def __getitems__(self, keys):
+        return [self[key] for key in keys]
+
+
+def test_the_file_of_a_record_that_cannot_be_read_is_named(tmp_path):
+    files = [tmp_path / f"tiny-train.array_record-0000{i}-of-00003" for i in range(3)]
+    instructions = [types.SimpleNamespace(filename=str(path), skip=0, take=10, examples_in_shard=10) for path in files]
+    splits = {"train": types.SimpleNamespace(file_instructions=instructions)}
+    builder = types.SimpleNamespace(name="tiny", data_dir=str(tmp_path), info=types.SimpleNamespace(splits=splits))
+    source = ReadableSplit(ShardedSplit(), builder, "train")
+    problem = f"{files[1]} cannot be read (Corrupted Riegeli/records file: chunk header hash mismatch)"
+    message = (
+        f"the prepared tiny data in {tmp_path} is damaged: {problem}; remove {tmp_path} so that it is prepared again"
+    )
+    for read in (lambda: source[14], lambda: source.__getitems__([3, 27, 12, 5]), lambda: list(read_records(source))):
+        with pytest.raises(DataError) as raised:
+            read()
+        assert str(raised.value) == message
+    assert source.__getitems__([0, 29]) == [{"en": b"a", "de": b"b"}] * 2
 
 
 def test_jaxformers_own_builders_prepare_a_copy_with_zeroed_bytes_again(tmp_path, caplog):
