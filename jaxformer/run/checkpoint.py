@@ -191,6 +191,10 @@ class Checkpointer:
             manager.close()
             self.manager.reload()
 
+    def wait(self) -> None:
+        """Returns once the last save is written; raises its error if it failed."""
+        self.manager.wait_until_finished()
+
     def delete(self, step: int) -> None:
         """Deletes checkpoint `step` (an interim one a later checkpoint supersedes)."""
         self._writable()

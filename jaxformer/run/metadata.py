@@ -12,7 +12,7 @@ In the checkpoint it is a JSON object (the `metadata` item of each step director
      "train_seconds": 1834.2,      seconds the training loop had spent at this step, across resumes
      "rdrop_by_pace": true,        runs whose R-Drop is decided by their pace, once decided: whether
                                    the steps after the decision use it (training/rdrop_start.py)
-     "interim": true,              a checkpoint saved between scheduled ones to stop on a signal:
+     "interim": true,              a checkpoint saved between scheduled ones to stop (a signal, unreadable data):
                                    the next checkpoint of the resumed run deletes it
      "bleu": 27.3,                 best/ checkpoints only: the validation BLEU that made them best
      "averaged_steps": [800, 900, 1000],  averaged/ checkpoints only
@@ -58,7 +58,7 @@ class CheckpointMetadata:
     # final/ checkpoints only: every candidate's and length penalty's validation scores ("latest/bleu",
     # "alpha_1.4/chrf", ...), so a run started again after its choice reports them all (None: from before)
     choice_scores: dict[str, float] | None = None
-    interim: bool = False  # saved between scheduled checkpoints to stop on a signal; the next one deletes it
+    interim: bool = False  # saved between scheduled checkpoints to stop (signal, unreadable data); next deletes it
 
     def replace(self, **changes: Any) -> CheckpointMetadata:
         return dataclasses.replace(self, **changes)

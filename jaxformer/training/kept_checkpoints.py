@@ -1,5 +1,5 @@
 """Which of a run's checkpoints (in `<workdir>/checkpoints`) stay: the last
-`training.keep_checkpoints` scheduled ones, and an interim one (saved on a signal between scheduled
+`training.keep_checkpoints` scheduled ones, and an interim one (saved to stop between scheduled
 steps) until the next checkpoint replaces it.
 
 Orbax applies the keep rule (its max_to_keep) only inside a save. A run resumed at its end (killed
@@ -19,7 +19,7 @@ logger = logging.getLogger(__name__)
 
 
 def is_interim(checkpointer: Checkpointer, step: int) -> bool:
-    """Whether checkpoint `step` was saved on a signal between scheduled checkpoints."""
+    """Whether checkpoint `step` was saved to stop between scheduled checkpoints (a signal, unreadable data)."""
     try:
         return checkpointer.read_metadata(step).interim
     except CheckpointError:  # unreadable: not this module's to delete as interim
@@ -31,7 +31,7 @@ def remove_interim_before(checkpointer: Checkpointer, step: int) -> None:
     process calls it (orbax's delete is collective; process 0 deletes)."""
     for earlier in checkpointer.steps():
         if earlier < step and is_interim(checkpointer, earlier):
-            logger.info("removing the interim checkpoint %d (saved to stop on a signal): %d follows it", earlier, step)
+            logger.info("removing the interim checkpoint %d (saved to stop early): %d follows it", earlier, step)
             checkpointer.delete(earlier)
 
 

@@ -18,6 +18,7 @@ import jax
 import ml_collections
 import numpy as np
 
+from jaxformer.data.parallel_text import DataError
 from jaxformer.data.pipeline import LengthFilter, ShardedBatches, TokenizePair, eval_batches, train_dataset
 from jaxformer.data.sources import check_source
 from jaxformer.data.subword_sampling import SubwordSampling
@@ -43,6 +44,7 @@ from jaxformer.training.signals import RaiseOnSignal, Stopped, StopRequest
 from jaxformer.training.state import count_parameters, make_init_fn
 from jaxformer.training.step import make_eval_step, make_run_train_step
 from jaxformer.training.train_metrics import TrainMetrics, progress_bar
+from jaxformer.training.unreadable_batch import saved_before_stopping
 from jaxformer.training.validation_bleu import BleuValidator
 
 logger = logging.getLogger(__name__)
@@ -180,6 +182,7 @@ def _train(config, prepared: PreparedRun, model: nn.Module, preparation: RaiseOn
     else:
         step, state, _ = restored
         logger.info("resumed from step %d of %s", step, checkpointer.directory)
+    first_step = step  # where this run started or resumed
     del overrides  # the starting checkpoints' host parameters, no longer needed
     clock = TrainingClock(0.0 if restored is None else restored[2].train_seconds or 0.0)
     # Whether this segment's steps use R-Drop (rdrop_start.py).
@@ -239,7 +242,7 @@ def _train(config, prepared: PreparedRun, model: nn.Module, preparation: RaiseOn
 
     def save(step: int, interim: bool = False) -> None:
         """Checkpoint `step`. On the schedule (and at the run's end) as usual; `interim` (a stop
-        on a signal between scheduled steps): kept without pushing out an older one, and
+        between scheduled steps: a signal, unreadable data): kept without pushing out an older one, and
         deleted by the next checkpoint, so a resumed run ends with the checkpoints (and their
         average) of a run never stopped."""
         train_metrics.flush()  # never checkpoint past a NaN
@@ -249,6 +252,12 @@ def _train(config, prepared: PreparedRun, model: nn.Module, preparation: RaiseOn
         remove_interim_before(checkpointer, step)
         checkpointer.save(step, state, train_iterator, metadata, evict=not interim)
         train_metrics.restart_interval()
+
+    def save_steps_done(step: int) -> None:
+        """A stop between scheduled checkpoints: the steps since the last one, written (not queued)."""
+        if step not in checkpointer.steps():
+            save(step, interim=step % training.checkpoint_every_steps != 0)
+        checkpointer.wait()
 
     periodic = [
         Periodic("log", training.log_every_steps, lambda step: train_metrics.flush(), at_last_step=False),
@@ -265,11 +274,17 @@ def _train(config, prepared: PreparedRun, model: nn.Module, preparation: RaiseOn
     seconds_read = clock.seconds_before  # the training seconds of the last budget check
     clock.start()
     preparation.check()  # one held since: not handed to the loop, which would compile and take a step first
+    unreadable = None  # the data's error that stopped the loop
     with StopRequest() as stop:
         try:
             stopping = stop.agreed(step)  # a signal during the compilation: no step
             while step < training.num_train_steps and not stopping and not budget_spent:
-                batch = sharding.global_batch(next(train_iterator), batch_sharding)
+                try:
+                    host_batch = next(train_iterator)
+                except DataError as error:  # a prepared file damaged since the start: unreadable_batch.py
+                    unreadable = saved_before_stopping(error, step, first_step, save_steps_done)
+                    raise unreadable from None
+                batch = sharding.global_batch(host_batch, batch_sharding)
                 state, metrics = train_fns[rdrop.started](state, batch)
                 step += 1
                 train_metrics.add(step, metrics)
@@ -300,8 +315,7 @@ def _train(config, prepared: PreparedRun, model: nn.Module, preparation: RaiseOn
                 stopping = stop.agreed(step, every=BUDGET_CHECK_STEPS)
             stopped_early = stop.agreed(step) and step < training.num_train_steps  # all processes, or none
             if stopped_early:
-                if step not in checkpointer.steps():
-                    save(step, interim=step % training.checkpoint_every_steps != 0)
+                save_steps_done(step)
                 logger.warning(
                     "stopped by %s at step %d; checkpoint saved; exiting with %d; resume with the same command",
                     stop.signal_name,
@@ -313,7 +327,11 @@ def _train(config, prepared: PreparedRun, model: nn.Module, preparation: RaiseOn
                 remove_beyond_keep(checkpointer, training.keep_checkpoints)
         finally:
             progress.close()
-            checkpointer.close()
+            try:
+                checkpointer.close()
+            except Exception:
+                if unreadable is None:
+                    raise  # else the failed save's error again, said in the data's error raised
             writer.close()
             if validator:
                 validator.close()
@@ -372,7 +390,7 @@ def _train(config, prepared: PreparedRun, model: nn.Module, preparation: RaiseOn
     last["train_seconds"] = train_seconds
     if budget_spent:
         last["ended_by"] = "time budget"
-    last["first_step"] = 0 if restored is None else restored[0]  # where this run started or resumed
+    last["first_step"] = first_step
     if stopped_early:
         last["stopped_by_signal"] = stop.signum
     if jax.process_index() == 0:

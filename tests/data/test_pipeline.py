@@ -263,3 +263,62 @@ def test_pairs_left_out_to_make_equal_shards_are_counted_in_the_log(corpus, capl
     assert said == [
         f"training pairs: the last 2 of {len(odd)} are not read, so that 3 input shards hold {len(odd) // 3} each"
     ]
+
+
+class DamagedSource:
+    """`records`, read one at a time; once `sound_reads` is set, the reads after that many raise
+    DataError, as a prepared file damaged while a run trains does (`ReadableSplit`)."""
+
+    def __init__(self, records):
+        self.records, self.reads, self.sound_reads = records, 0, None
+
+    def __len__(self):
+        return len(self.records)
+
+    def __getitem__(self, index):
+        self.reads += 1
+        if self.sound_reads is not None and self.reads > self.sound_reads:
+            raise DataError("the prepared data is damaged")
+        return self.records[index]
+
+
+def test_a_batch_that_cannot_be_read_leaves_the_state_of_the_batches_before_it(corpus):
+    """Whichever record fails (in the first shard, or in the second once the first has its rows),
+    the state is that of the batches yielded: restored (a checkpoint saved then), it yields the
+    failed batch and those after it as a pipeline never damaged; read again once the data is
+    sound, the failed batch comes whole."""
+    records, tokenizer = corpus
+
+    def sharded(source):  # two input shards, each read as its records are drawn
+        return pipeline.ShardedBatches(
+            [iter(make((source, tokenizer), shard_index=i, shard_count=2, encode_once_max_examples=0)) for i in (0, 1)]
+        )
+
+    sound = sharded(records)
+    expected = [next(sound) for _ in range(5)]
+    counting = DamagedSource(records)
+    counted = sharded(counting)
+    for _ in range(3):
+        next(counted)
+    reads_before = counting.reads
+    next(counted)
+    reads_of_batch_4 = counting.reads - reads_before
+    assert reads_of_batch_4 > 4  # both shards read for it
+    for failing_read in range(1, reads_of_batch_4 + 1):
+        source = DamagedSource(records)
+        damaged = sharded(source)
+        for _ in range(3):
+            next(damaged)
+        before = damaged.get_state()
+        source.sound_reads = source.reads + failing_read - 1
+        with pytest.raises(DataError):
+            next(damaged)
+        assert damaged.get_state() == before, f"failing at read {failing_read} of the batch"
+        restored = sharded(records)
+        restored.set_state(damaged.get_state())
+        source.sound_reads = None  # the data prepared again
+        for want in expected[3:]:
+            for iterator in (restored, damaged):
+                got = next(iterator)
+                for key in want:
+                    np.testing.assert_array_equal(got[key], want[key])

@@ -211,6 +211,68 @@ def test_damaged_latest_checkpoint_falls_back_to_the_previous(straight_run, data
     assert losses(workdir) == {step: straight[step] for step in range(21, STEPS + 1)}
 
 
+# train.py (its arguments after argv[1]) whose prepared training file (under the data_dir argv[1])
+# gets the middle half of its bytes zeroed once step 25 is done, as a disk or another program might.
+DAMAGED_AFTER_STEP_25 = """
+import pathlib, sys
+from jaxformer.commands import train
+from jaxformer.training import loop
+
+real_run_due = loop.run_due
+
+def damage_after_step_25(periodic, step, end):
+    real_run_due(periodic, step, end)
+    if step == 25:
+        (path,) = pathlib.Path(sys.argv[1]).rglob("multi30k-train.array_record-*")
+        size = path.stat().st_size
+        with path.open("r+b") as file:  # in place: the run's open reader sees it
+            file.seek(size // 4)
+            file.write(bytes(size // 2))
+
+loop.run_due = damage_after_step_25
+sys.exit(train.main(sys.argv[2:]))
+"""
+
+
+@pytest.mark.slow  # two runs; the pieces are unit-tested (tests/data/test_pipeline.py, test_unreadable_batch.py)
+def test_data_damaged_while_training_stops_with_its_steps_saved_and_resumes_exactly(straight_run, data_dir, tmp_path):
+    """The steps since the last checkpoint are saved (an interim checkpoint) before the one-line
+    error; once the data is prepared again, the same command resumes there: the losses and the
+    parameters of a run never stopped, and its checkpoints."""
+    tfds_dir, workdir = tmp_path / "tfds", tmp_path / "damaged"
+    shutil.copytree(data_dir, tfds_dir)
+    argv = command(workdir, tfds_dir)[2:]  # after the interpreter and train.py
+    result = subprocess.run(
+        [sys.executable, "-c", DAMAGED_AFTER_STEP_25, str(tfds_dir), *argv],
+        env=environment(),
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
+    assert result.returncode == 2, result.stderr[-3000:]
+    stopped = max(losses(workdir))
+    assert 25 <= stopped < STEPS and checkpoint_steps(workdir) == [20, stopped]
+    (train_file,) = tfds_dir.rglob("multi30k-train.array_record-*")
+    prepared = train_file.parent
+    error = result.stderr.strip().splitlines()[-1]
+    assert error.startswith(
+        f"error: the prepared multi30k data in {prepared} is damaged: {train_file} cannot be read ("
+    )
+    assert error.endswith(
+        f"; remove {prepared} so that it is prepared again; training stopped after step {stopped}, which is saved: "
+        "the same command then resumes there"
+    )
+    shutil.rmtree(prepared)  # as the error says
+    resumed = train(workdir, tfds_dir)
+    assert f"resumed from step {stopped} of" in resumed.stderr
+    assert checkpoint_steps(workdir) == [20, STEPS]  # the interim one removed by the next
+    assert losses(workdir) == losses(straight_run)  # bitwise: every step's loss, same data order
+    assert losses(workdir, "eval/loss") == losses(straight_run, "eval/loss")
+    (_, _, ours), (_, _, theirs) = (load_checkpoint(run, STEPS) for run in (workdir, straight_run))
+    for a, b in zip(jax.tree.leaves(ours), jax.tree.leaves(theirs), strict=True):
+        np.testing.assert_array_equal(np.asarray(a), np.asarray(b))
+
+
 @pytest.mark.slow  # a second run; the finiteness check is unit-tested
 def test_nan_loss_stops_and_keeps_the_last_good_checkpoint(straight_run, data_dir, tmp_path):
     workdir = tmp_path / "diverged"
