@@ -98,7 +98,7 @@ def parser(name: str, doc: str, budget_of: str | None = None, torch: bool = Fals
             "--torch-threads",
             type=at_least(1),
             default=None,
-            help="torch intra-op threads, >= 1 (default: the cores available)",
+            help="with --torch: torch intra-op threads, >= 1 (default: the cores available)",
         )
     return result
 
@@ -120,7 +120,7 @@ def parse_args(
     """`arguments.parse_args(argv)`, checked before any work: --json must be writable (and new,
     unless --overwrite). `smoke_sets` {dest: default} names the flags (given `default=None` in the
     parser) whose values --smoke sets itself: with --smoke such a flag is an error; without, a
-    flag not given gets its default here."""
+    flag not given gets its default here. --torch-threads is only with --torch, which it tunes."""
     args = arguments.parse_args(argv)
     flags = {action.dest: action.option_strings[0] for action in arguments._actions if action.option_strings}
     for dest, default in (smoke_sets or {}).items():
@@ -130,6 +130,8 @@ def parse_args(
             arguments.error(f"argument {flags[dest]}: not allowed with argument --smoke, which sets it itself")
     if args.overwrite and args.json is None:
         arguments.error("argument --overwrite: only with --json FILE")
+    if getattr(args, "torch_threads", None) is not None and not args.torch:  # it sets nothing without torch
+        arguments.error("argument --torch-threads: only with --torch")
     try:
         check_writable_file(args.json, "--json", overwrite=args.overwrite)
     except FlagError as error:

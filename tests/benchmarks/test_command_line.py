@@ -125,6 +125,11 @@ def test_benchmarks_that_time_no_torch_refuse_the_torch_flags(name, flag, capsys
 
 
 @pytest.mark.parametrize("name", WITH_TORCH)
+def test_torch_threads_without_torch_is_refused(name, capsys):
+    assert "argument --torch-threads: only with --torch" in refused(name, ["--smoke", "--torch-threads", "1"], capsys)
+
+
+@pytest.mark.parametrize("name", WITH_TORCH)
 def test_torch_threads_are_at_least_one(name, capsys):
     assert "argument --torch-threads: must be an integer >= 1, got 0" in refused(
         name, ["--smoke", "--torch-threads", "0"], capsys
