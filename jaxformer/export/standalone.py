@@ -210,6 +210,9 @@ def read_config(directory: str | pathlib.Path) -> dict[str, Any]:
     if not directory.is_dir():
         raise ExportError(f"{directory}: no such directory")
     path = directory / CONFIG_FILE
+    if not os.path.lexists(path) and not os.path.lexists(directory / LOADER_FILE):
+        # Without serve.py beside it either, no export was ever here; with it, one lost its config.
+        raise ExportError(f"{directory} is not a jaxformer export (no {CONFIG_FILE} in it)")
     try:
         config = json.loads(_read_bytes(path).decode("utf-8"))
     except (UnicodeDecodeError, json.JSONDecodeError) as error:

@@ -316,6 +316,21 @@ def test_serve_py_names_a_missing_helper(exported, tmp_path):
     assert f"{lone / 'sentence_batches.py'} is missing" in result.stderr
 
 
+def test_a_folder_without_an_export_is_said_to_be_no_export(exported, tmp_path):
+    """No config.json and no serve.py: not an export at all, not an incomplete one (which an
+    export that lost its config.json is: see test_a_missing_or_damaged_file_is_named_in_one_line)."""
+    other = tmp_path / "other"
+    other.mkdir()
+    (other / "notes.txt").write_text("not an export\n")
+    for load, error_type in ((standalone.load, standalone.ExportError), (load_export, ExportError)):
+        with pytest.raises(error_type) as error:
+            load(other)
+        assert str(error.value) == f"{other} is not a jaxformer export (no config.json in it)"
+    result = run_serve_py(exported, other, input="A man.\n", timeout=120)
+    assert result.returncode == 2 and result.stdout == ""
+    assert result.stderr == f"error: {other} is not a jaxformer export (no config.json in it)\n"
+
+
 def test_serve_py_checks_a_helper_before_running_it(exported, tmp_path):
     """An edited copy of a helper is refused before any of its code runs; an older export's (no
     digest recorded) that cannot run is named in one line, not a traceback."""
