@@ -6,6 +6,7 @@ from __future__ import annotations
 import contextlib
 import os
 import pathlib
+import re
 import secrets
 import stat
 import sys
@@ -118,3 +119,24 @@ def unwritable_folder_reason(path: str | pathlib.Path) -> str | None:
     except OSError as error:
         return f"{existing} takes no new entries ({error.strerror})"
     return None
+
+
+def is_mount_point(path: str | pathlib.Path) -> bool:
+    """Whether the folder `path` has a file system mounted on it (a Docker volume, a bind mount),
+    which rename(2) cannot move or replace. os.path.ismount misses a bind mount of a folder of
+    its parent's file system (same device); Linux lists every mount in /proc/self/mountinfo."""
+    if os.path.ismount(path):
+        return True
+    try:
+        with open("/proc/self/mountinfo", "rb") as handle:
+            table = handle.read()
+    except OSError:  # not Linux
+        return False
+    resolved = os.path.realpath(path)
+    for line in table.splitlines():
+        fields = line.split()
+        if len(fields) > 4:  # the fifth is the mount point, with space, tab, newline and backslash as \ooo
+            where = re.sub(rb"\\([0-7]{3})", lambda match: bytes([int(match.group(1), 8)]), fields[4])
+            if os.fsdecode(where) == resolved:
+                return True
+    return False

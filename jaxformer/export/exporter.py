@@ -1,8 +1,11 @@
 """A training run's checkpoint as a self-contained export directory (`jaxformer-export`).
 
 The export is written into a temporary directory beside the output and renamed into place once
-complete and read back, so a crash never leaves half an export. A non-empty output is replaced
-only when asked to (`overwrite`), and only if it is an export itself. Its contents are listed
+complete and read back, so a crash never leaves half an export. An output that is a mount point
+(a Docker volume), which no rename can replace, is staged inside itself and its entries are
+moved in, config.json last: a crash between those moves leaves no loadable export, never a mixed
+one. A move that fails undoes those before it. A non-empty output is replaced only when asked to
+(`overwrite`), and only if it is an export itself. Its contents are listed
 in jaxformer/export/standalone.py, which is copied into it as serve.py.
 """
 
@@ -10,6 +13,7 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import errno
 import hashlib
 import json
 import logging
@@ -30,7 +34,7 @@ from jaxformer.export import standalone
 from jaxformer.export.loading import ExportError, check_export
 from jaxformer.export.program import KNOWN_PLATFORMS, PLATFORMS, export_beam_search
 from jaxformer.export.safetensors import flatten, unflatten, write_safetensors
-from jaxformer.files import unwritable_folder_reason
+from jaxformer.files import is_mount_point, unwritable_folder_reason
 from jaxformer.run.loading import load_checkpoint, require_architecture
 from jaxformer.tokens import BOS_ID, EOS_ID, PAD_ID, UNK_ID
 
@@ -162,7 +166,7 @@ def export_checkpoint(
         }
         (staging / standalone.CONFIG_FILE).write_text(json.dumps(description, indent=2) + "\n", encoding="utf-8")
         check_export(staging)  # what was written reads back: every file, the parameters against the program
-        check_output(output, overwrite)  # nothing else appeared there meanwhile
+        check_output(output, overwrite, staging)  # nothing else appeared there meanwhile
         _raise_held_signal()
         _move_into_place(staging, output)
     logger.info("wrote %s", output)
@@ -220,9 +224,15 @@ def _export_files(directory: pathlib.Path) -> set[str] | None:
     return {name for name in names if isinstance(name, str)} | {standalone.CONFIG_FILE}
 
 
-def check_output(output: pathlib.Path, overwrite: bool) -> None:
+def _staged_inside(output: pathlib.Path) -> bool:
+    """Whether the export is staged inside `output` and its entries moved in: a mount point cannot
+    be renamed or replaced (EBUSY), nor can anything be renamed into it from outside (EXDEV)."""
+    return output.is_dir() and is_mount_point(output)
+
+
+def check_output(output: pathlib.Path, overwrite: bool, staging: pathlib.Path | None = None) -> None:
     """`ExportError` unless `output` is absent, an empty directory, or (with `overwrite`) an export
-    and nothing else."""
+    and nothing else, the export's own `staging` directory aside."""
     if output.is_symlink():  # the new export is renamed into place: it would replace the link, not fill its folder
         raise ExportError(
             f"the output {output} is a symbolic link (to {os.readlink(output)}); give the folder itself as --output"
@@ -239,10 +249,13 @@ def check_output(output: pathlib.Path, overwrite: bool) -> None:
             f"the output {output} holds the current folder: the export is renamed into place, which would take the "
             "folder from under this shell; give another folder, e.g. ./export"
         )
-    unwritable = unwritable_folder_reason(output.parent)  # the export is staged beside it, then renamed
+    folder = output if _staged_inside(output) else output.parent  # where the export is staged
+    unwritable = unwritable_folder_reason(folder)
     if unwritable:
-        raise ExportError(f"cannot write the export {output}: {output.parent}: {unwritable}")
-    if not output.is_dir() or not any(output.iterdir()):
+        where = "" if folder == output else f"{folder}: "  # the reason names the mount point already
+        raise ExportError(f"cannot write the export {output}: {where}{unwritable}")
+    entries = [path for path in output.iterdir() if path != staging] if output.is_dir() else []
+    if not entries:
         return
     if not overwrite:
         raise ExportError(f"the output directory {output} is not empty; pass --overwrite to replace the export in it")
@@ -253,7 +266,7 @@ def check_output(output: pathlib.Path, overwrite: bool) -> None:
             f"{standalone.CONFIG_FILE}); not replacing it, even with --overwrite"
         )
     cache = output / "__pycache__"  # serve.py and its helper, compiled where they ran
-    others = [path for path in output.iterdir() if path.name not in export_files or not path.is_file()]
+    others = [path for path in entries if path.name not in export_files or not path.is_file()]
     if cache.is_dir():
         modules = {name.removesuffix(".py") for name in export_files if name.endswith(".py")}
         others.remove(cache)
@@ -268,16 +281,15 @@ def check_output(output: pathlib.Path, overwrite: bool) -> None:
 @contextlib.contextmanager
 def staging_directory(output: pathlib.Path) -> Iterator[pathlib.Path]:
     """A new directory beside `output` (on the same file system, so it can be renamed into
-    place), removed if the export fails."""
+    place), or inside it where it is a mount point; removed if the export fails."""
     staging = None
     try:
         # A signal while it is made is raised once `staging` names it, so that it is removed too.
         with _signals_deferred():
             try:
                 output.parent.mkdir(parents=True, exist_ok=True)
-                staging = pathlib.Path(
-                    tempfile.mkdtemp(dir=output.parent, prefix=f".{output.name}.", suffix=".partial")
-                )
+                folder = output if _staged_inside(output) else output.parent
+                staging = pathlib.Path(tempfile.mkdtemp(dir=folder, prefix=f".{output.name}.", suffix=".partial"))
             except OSError as error:
                 raise ExportError(f"cannot write the export beside {output}: {error.strerror or error}") from None
         umask = os.umask(0)
@@ -299,16 +311,62 @@ def _raise_held_signal() -> None:
 
 
 def _move_into_place(staging: pathlib.Path, output: pathlib.Path) -> None:
+    """Renames `staging` to `output`, the export there (which check_output let through) moved
+    aside first and removed once the new one is in place. A `staging` inside `output` (a mount
+    point) has its entries moved in instead, the old export's config.json out first and the new
+    one's in last. A rename that fails undoes those before it: the old export stays in place and
+    nothing is left beside it."""
     # A signal between the renames would leave the old export hidden beside an absent output, and
     # its handler would then delete the new one with the staging directory.
     with _signals_deferred():
-        if output.is_dir() and any(output.iterdir()):  # an export, which check_output let through
-            retired = pathlib.Path(tempfile.mkdtemp(dir=output.parent, prefix=f".{output.name}.", suffix=".old"))
-            os.replace(output, retired)
-            os.replace(staging, output)
-            shutil.rmtree(retired)
-        else:
-            os.replace(staging, output)  # absent, or an empty directory (which rename replaces)
+        old = [entry for entry in output.iterdir() if entry != staging] if output.is_dir() else []
+        retired, placed = None, False
+        try:
+            if old:
+                retired = pathlib.Path(tempfile.mkdtemp(dir=staging.parent, prefix=f".{output.name}.", suffix=".old"))
+            if staging.parent == output:
+                config_last = sorted(staging.iterdir(), key=lambda entry: entry.name == standalone.CONFIG_FILE)
+                config_first = sorted(old, key=lambda entry: entry.name != standalone.CONFIG_FILE)
+                moves = [(entry, retired / entry.name) for entry in config_first]
+                moves += [(entry, output / entry.name) for entry in config_last]
+            else:
+                moves = [(output, retired)] if old else []
+                moves += [(staging, output)]  # onto an absent output, or an empty directory (which rename replaces)
+            _rename_all(moves)
+            placed = True
+        except OSError as error:
+            raise ExportError(_move_failure(output, error, retired)) from None
+        finally:
+            if retired is not None and placed:
+                shutil.rmtree(retired, ignore_errors=True)
+            elif retired is not None:
+                with contextlib.suppress(OSError):
+                    os.rmdir(retired)  # empty (or gone) once the renames are undone
+
+
+def _rename_all(moves: list[tuple[pathlib.Path, pathlib.Path]]) -> None:
+    """Each (source, target) renamed in turn; if one fails, those done are renamed back, last first."""
+    done = []
+    try:
+        for source, target in moves:
+            os.replace(source, target)
+            done.append((source, target))
+    except OSError:
+        for source, target in reversed(done):
+            with contextlib.suppress(OSError):
+                os.replace(target, source)
+        raise
+
+
+def _move_failure(output: pathlib.Path, error: OSError, retired: pathlib.Path | None) -> str:
+    """The one line saying that the export could not be moved into `output`, and where the old one is
+    if putting it back failed too."""
+    message = f"cannot move the export into {output}: {error.strerror or error}"
+    if error.errno == errno.EBUSY:  # a mount point that is_mount_point did not see
+        message += f" ({output} is in use, a mount point?): give a folder inside it, e.g. {output / 'export'}"
+    if retired is not None and retired.exists() and any(retired.iterdir()):
+        message += f"; the previous export is in {retired}"
+    return message
 
 
 @contextlib.contextmanager
