@@ -78,9 +78,10 @@ def run(args: argparse.Namespace) -> int:
     )
     serving = ServingSettings(batch_size=args.batch_size, max_source_tokens=args.max_source_tokens)
     # The default handlers would end the process at once, leaving the staging directory behind;
-    # Stopped unwinds through the exporter, which removes it.
+    # Stopped unwinds through the exporter, which removes it. Once the export is in place the
+    # work is done: a signal then ends nothing early, and the command says so and exits with 0.
     try:
-        with RaiseOnSignal():
+        with RaiseOnSignal() as signals:
             summary = export_checkpoint(
                 args.workdir,
                 args.output,
@@ -89,6 +90,13 @@ def run(args: argparse.Namespace) -> int:
                 serving,
                 platforms=args.platforms,
                 overwrite=args.overwrite,
+                on_placed=signals.finish,
+            )
+            for platform, reason in summary.failed.items():
+                print(f"not exported for {platform}: {reason}", file=sys.stderr)
+            print(
+                f"exported step {summary.step} of {args.workdir} ({args.checkpoint} checkpoint) to "
+                f"{summary.directory} for {', '.join(summary.platforms)}"
             )
     except Stopped as stop:  # a BaseException: no `except Exception` on the way took it for an error
         sys.stderr.write(
@@ -96,12 +104,11 @@ def run(args: argparse.Namespace) -> int:
             f"whole or not at all; exiting with {exit_code_for_signal(stop.signum)}\n"
         )
         return exit_code_for_signal(stop.signum)
-    for platform, reason in summary.failed.items():
-        print(f"not exported for {platform}: {reason}", file=sys.stderr)
-    print(
-        f"exported step {summary.step} of {args.workdir} ({args.checkpoint} checkpoint) to {summary.directory} "
-        f"for {', '.join(summary.platforms)}"
-    )
+    if signals.late_signum is not None:
+        sys.stderr.write(
+            f"{signal.Signals(signals.late_signum).name} came once the export was in place: it is complete; "
+            "exiting with 0\n"
+        )
     return 0
 
 

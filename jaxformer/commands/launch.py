@@ -7,11 +7,17 @@ it left in a native module's import, or was printed as "Exception ignored" by th
 collector's callback that jax registers, and lost. While `launch` loads a command, a Ctrl-C is
 kept instead: run_command, once it has the command line, ends the command as it ends one that
 comes later (`interrupted`, exit 130). A second Ctrl-C while loading interrupts at once.
+Once the command has returned its exit code, a SIGTERM or Ctrl-C while Python exits (jax's
+clean-up takes half a second) changes nothing: the command's work is done (an export in place,
+a run complete) and its exit code says so. While the exit callbacks run it is said in one line,
+and a second one ends the process at once; after them it is ignored.
 This module imports the standard library and jaxformer.errors alone, so that it is loaded at once.
 """
 
 from __future__ import annotations
 
+import atexit
+import contextlib
 import importlib
 import signal
 import sys
@@ -38,18 +44,56 @@ def launch(module: str, argv: list[str] | None = None) -> int:
     if keeping:
         signal.signal(signal.SIGINT, _keep)
     try:
-        return importlib.import_module(module).main(argv)
+        code = importlib.import_module(module).main(argv)
     except KeyboardInterrupt:
         pass
     except SystemExit:  # argparse's --help, or its usage error, before run_command
         if not _kept:
             raise
+    else:
+        _keep_exit_code(code)
+        return code
     finally:
         if signal.getsignal(signal.SIGINT) is _keep:
             signal.signal(signal.SIGINT, signal.default_int_handler)
     _kept.clear()
     sys.stderr.write("interrupted\n")
     return exit_code_for_signal(signal.SIGINT)
+
+
+_finished: list[int] = []  # the exit code of the command that returned
+
+
+def _keep_exit_code(code: int) -> None:
+    """SIGTERM and SIGINT, from now until the process ends, leave `code` as its exit code: one that
+    comes while the exit callbacks run (jax's) is said in one line, and a second one ends the
+    process at once; after those callbacks Python handles no signal, and they are ignored."""
+    if threading.current_thread() is not threading.main_thread():
+        return
+    _finished[:] = [code]
+    for signum in (signal.SIGTERM, signal.SIGINT):
+        if signal.getsignal(signum) != signal.SIG_IGN:  # an ignored one (a background job's Ctrl-C) stays so
+            signal.signal(signum, _after_the_end)
+
+
+def _after_the_end(signum: int, frame) -> None:
+    for each in (signal.SIGTERM, signal.SIGINT):
+        if signal.getsignal(each) is _after_the_end:
+            signal.signal(each, signal.SIG_DFL)  # a second one: at once
+    with contextlib.suppress(OSError, ValueError):  # stderr closed, or its reader gone
+        sys.stderr.write(
+            f"{signal.Signals(signum).name} came after the command had finished; exiting with {_finished[0]}\n"
+        )
+        sys.stderr.flush()
+
+
+@atexit.register  # when this module is imported, before jax is: its exit callbacks run after jax's
+def _ignore_signals_once_python_ends() -> None:
+    """Python then resets the handlers it set to the default (death, 128 + the signal's number)
+    and frees its modules (jax's, for a fraction of a second); an ignored signal stays ignored."""
+    for signum in (signal.SIGTERM, signal.SIGINT):
+        if signal.getsignal(signum) is _after_the_end:
+            signal.signal(signum, signal.SIG_IGN)
 
 
 def loaded() -> None:

@@ -23,7 +23,7 @@ import pathlib
 import shutil
 import signal
 import tempfile
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from typing import Any
 
 import jax
@@ -79,10 +79,13 @@ def export_checkpoint(
     *,
     platforms: Sequence[str] = PLATFORMS,
     overwrite: bool = False,
+    on_placed: Callable[[], None] | None = None,
 ) -> ExportSummary:
     """Exports `checkpoint` of the run in `workdir` ("latest", "best", "averaged", "final" or a step) into
     the directory `output`, for beam search with `settings` on `platforms` (those whose lowering
-    fails are left out and reported in the summary and config.json)."""
+    fails are left out and reported in the summary and config.json). `on_placed()` is called
+    once the export is in place, before a signal that came during the final move is raised again
+    (the export command takes one from then on as late: its work is done)."""
     try:
         output = pathlib.Path(output).absolute()  # "." has no parent to stage beside
     except FileNotFoundError:  # a relative path in a removed folder
@@ -168,7 +171,7 @@ def export_checkpoint(
         check_export(staging)  # what was written reads back: every file, the parameters against the program
         check_output(output, overwrite, staging)  # nothing else appeared there meanwhile
         _raise_held_signal()
-        _move_into_place(staging, output)
+        _move_into_place(staging, output, on_placed)
     logger.info("wrote %s", output)
     return ExportSummary(output, step, tuple(program.platforms), failed)
 
@@ -310,12 +313,13 @@ def _raise_held_signal() -> None:
         holder.check()
 
 
-def _move_into_place(staging: pathlib.Path, output: pathlib.Path) -> None:
+def _move_into_place(staging: pathlib.Path, output: pathlib.Path, on_placed: Callable[[], None] | None = None) -> None:
     """Renames `staging` to `output`, the export there (which check_output let through) moved
     aside first and removed once the new one is in place. A `staging` inside `output` (a mount
     point) has its entries moved in instead, the old export's config.json out first and the new
     one's in last. A rename that fails undoes those before it: the old export stays in place and
-    nothing is left beside it."""
+    nothing is left beside it. `on_placed()` is called once it is in place, before a signal that
+    came meanwhile is raised again."""
     # A signal between the renames would leave the old export hidden beside an absent output, and
     # its handler would then delete the new one with the staging directory.
     with _signals_deferred():
@@ -342,6 +346,8 @@ def _move_into_place(staging: pathlib.Path, output: pathlib.Path) -> None:
             elif retired is not None:
                 with contextlib.suppress(OSError):
                     os.rmdir(retired)  # empty (or gone) once the renames are undone
+        if on_placed is not None:
+            on_placed()
 
 
 def _rename_all(moves: list[tuple[pathlib.Path, pathlib.Path]]) -> None:

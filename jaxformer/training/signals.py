@@ -138,13 +138,17 @@ class RaiseOnSignal(_SignalHandler):
     inside it; signals after the first are not raised (the stop's clean-up runs). A `Stopped` that
     Python dropped all the same (raised in a callback not known as one) is not printed, and the
     signal is sent again likewise. One that came but was not raised (held until the block's work
-    ended) is raised by `check()`, which the block calls where its work ends."""
+    ended) is raised by `check()`, which the block calls where its work ends. Once that work is
+    done (an export in place), `finish()` turns later signals into a note: `late_signum`, raised
+    no more."""
 
     def __init__(self):
         super().__init__()
         self.signum: int | None = None
         self._raised = False  # Stopped raised for `signum`
         self._closed = False
+        self._finished = False
+        self.late_signum: int | None = None  # the first signal after `finish()`
         self._retry: threading.Timer | None = None
         self._previous_unraisable_hook = None
 
@@ -154,6 +158,9 @@ class RaiseOnSignal(_SignalHandler):
         return super().__enter__()
 
     def _handle(self, signum, frame) -> None:
+        if self._finished:  # nothing left to stop
+            self.late_signum = self.late_signum or int(signum)
+            return
         if self._raised:  # the stop is under way: another exception would break off its clean-up
             return
         self.signum = int(signum)
@@ -191,6 +198,15 @@ class RaiseOnSignal(_SignalHandler):
         if self.signum is not None:
             self._raised = True
             raise Stopped(self.signum)
+
+    def finish(self) -> None:
+        """The work that a signal would stop is done: one that comes from now on (or came and is
+        held, not raised yet) is kept in `late_signum` and not raised."""
+        self._finished = True
+        if self._retry is not None:
+            self._retry.cancel()
+        if self.signum is not None and not self._raised:
+            self.late_signum, self.signum = self.signum, None
 
     def __exit__(self, exc_type, exc, traceback) -> None:
         self._closed = True

@@ -10,6 +10,8 @@ import sys
 import time
 import tomllib
 
+import pytest
+
 ROOT = pathlib.Path(__file__).parents[2]
 
 # A command whose loading takes `seconds` (argv[1]) and says when it has begun.
@@ -69,3 +71,41 @@ def test_every_entry_point_is_launched():
     loads = "import sys, jaxformer.commands.launch; print(sorted({'jax', 'numpy'} & set(sys.modules)))"
     result = subprocess.run([sys.executable, "-c", loads], cwd=ROOT, capture_output=True, text=True, check=True)
     assert result.stdout == "[]\n"  # loaded before the Ctrl-C can come: nothing heavy
+
+
+# A command that has finished with exit code argv[1], then takes a while to end: in an exit
+# callback (argv[2] == "callback", as jax's clean-up) or as Python frees its modules (as jax's
+# objects are); it says when it has begun.
+FINISHED_COMMAND = """
+import atexit, os, sys, time
+
+class EndsSlowly:
+    def __del__(self, write=os.write, sleep=time.sleep):
+        write(2, b"ending\\n")
+        sleep(2)
+
+def main(argv=None):
+    if sys.argv[2] == "callback":
+        atexit.register(lambda: os.write(2, b"ending\\n") and time.sleep(2))
+    else:
+        globals()["ends_slowly"] = EndsSlowly()
+    return int(sys.argv[1])
+"""
+
+
+@pytest.mark.parametrize("code", [0, 2])
+@pytest.mark.parametrize("when", ["callback", "teardown"])
+def test_a_signal_after_the_command_finished_keeps_its_exit_code(tmp_path, code, when):
+    """The work is done (an export in place): SIGTERM while Python exits is no stop, 143."""
+    (tmp_path / "finished_command.py").write_text(FINISHED_COMMAND)
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(tmp_path), str(ROOT)])}
+    launch = "import sys; from jaxformer.commands.launch import launch; sys.exit(launch('finished_command'))"
+    process = subprocess.Popen(
+        [sys.executable, "-c", launch, str(code), when], env=env, stdin=subprocess.DEVNULL, stderr=subprocess.PIPE
+    )
+    assert process.stderr.readline() == b"ending\n"
+    process.send_signal(signal.SIGTERM)
+    _, error = process.communicate(timeout=60)
+    assert process.returncode == code
+    said = f"SIGTERM came after the command had finished; exiting with {code}\n" if when == "callback" else ""
+    assert error.decode() == said

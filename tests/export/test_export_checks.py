@@ -284,6 +284,29 @@ def test_a_signal_while_an_export_replaces_another_waits_for_both_renames(tmp_pa
     assert (output / "config.json").read_text() == "new" and os.listdir(tmp_path) == ["export"]
 
 
+def test_a_signal_once_the_export_is_in_place_ends_nothing_early(
+    exported, workdir, tmp_path, capsys, monkeypatch, symbolic_shapes_unchecked
+):
+    """SIGTERM as the new export replaces the old one: it is in place and complete, so the command
+    says so and exits with 0, not 143 after its success line."""
+    output = tmp_path / "served"
+    shutil.copytree(exported, output)
+    real_replace = os.replace
+
+    def replace_then_signal(source, destination):  # SIGTERM with each rename of the final move
+        real_replace(source, destination)
+        os.kill(os.getpid(), signal.SIGTERM)
+
+    monkeypatch.setattr(exporter.os, "replace", replace_then_signal)
+    flags = ["--workdir", str(workdir), "--output", str(output), "--overwrite", "--platforms", "cpu", *FLAGS]
+    assert export.main(flags) == 0
+    captured = capsys.readouterr()
+    assert f"to {output} for cpu" in captured.out
+    assert captured.err.splitlines()[-1] == "SIGTERM came once the export was in place: it is complete; exiting with 0"
+    assert json.loads((output / "config.json").read_text())["platforms"] == ["cpu"]
+    assert os.listdir(tmp_path) == ["served"]
+
+
 def test_a_program_without_jax_exports_bound_wording_loads_with_that_bound_unchecked(exported):
     """The source-length bound is read from jax.export's assertion text in the artifact; an
     artifact worded otherwise (another jax) still loads, with its beam and lengths checked."""
