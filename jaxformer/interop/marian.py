@@ -30,8 +30,10 @@ Marian is the same post-norm encoder-decoder; what differs maps onto model optio
   transformers' |Y|^alpha.
 
 The other way, a jaxformer run keeps its ids (Marian's pad, eos and decoder start are then 0, 1
-and 3, BOS's row its own); interleaved positions are exported exactly by permuting the model
-width (every weight's "embed" axis) into the halves layout. Pre-norm models have no Marian form.
+and 3, BOS's row its own); source and target embeddings that differ (an imported model
+fine-tuned) are the encoder's and decoder's own embed_tokens (share_encoder_decoder_embeddings=
+false); interleaved positions are exported exactly by permuting the model width (every weight's
+"embed" axis) into the halves layout. Pre-norm models have no Marian form.
 
 torch and transformers (the `interop` extra) are imported only where a file format needs them:
 reading pytorch_model.bin, and writing the transformers directory.
@@ -159,8 +161,9 @@ def marian_embeddings(
     """The matrices as transformers loads them: each module's own tensor where the weights hold
     one, else model.shared.weight, which tying gives it. transformers 5 keeps a saved embed_tokens
     or lm_head that differs from model.shared even under tie_word_embeddings=true, and saves all
-    four separately under tie_word_embeddings=false; model.shared itself then computes nothing."""
-    shared = _shared_embedding(weights)
+    four separately under tie_word_embeddings=false; model.shared itself then computes nothing.
+    Under share_encoder_decoder_embeddings=false there is no model.shared: the encoder and decoder
+    have their own embed_tokens, and a tied lm_head is the decoder's."""
     tied = hf.get("tie_word_embeddings", True)
     found = {}
     for role, name in (
@@ -170,7 +173,14 @@ def marian_embeddings(
     ):
         if name in weights:
             found[role] = weights[name]
+        elif not hf.get("share_encoder_decoder_embeddings", True):
+            if role != "output" or not tied:  # transformers would initialize the module randomly
+                raise ConversionError(
+                    f"config.json has share_encoder_decoder_embeddings=false, but the weights have no {name}"
+                )
+            found[role] = found["decoder"]
         elif tied or role != "output":
+            shared = _shared_embedding(weights)
             if not tied:
                 # transformers before 5 used model.shared here whatever the config said (the
                 # module was shared); transformers 5 would initialize it randomly instead.

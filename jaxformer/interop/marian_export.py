@@ -60,9 +60,12 @@ def permute_axis(
 
 
 def marian_weights(config: TransformerConfig, params: Mapping[str, Any]) -> dict[str, np.ndarray]:
-    """Marian's weights (transformers names, one shared vocabulary) of a post-norm jaxformer
-    model's parameters, per layer (`unstack_layers` for a scan_layers model), interleaved
-    positions permuted into the halves layout."""
+    """Marian's weights (transformers names, one vocabulary) of a post-norm jaxformer model's
+    parameters, per layer (`unstack_layers` for a scan_layers model), interleaved positions
+    permuted into the halves layout. Equal source and target embeddings (a shared one, or an
+    imported model's two copies) are MarianMT's shared form, model.shared with both embed_tokens
+    its copies; different ones (an imported model fine-tuned) are the encoder's and decoder's own
+    embed_tokens and no model.shared (`share_encoder_decoder_embeddings=false`)."""
     flat = {path: np.asarray(value, np.float32) for path, value in flatten(params).items()}
     if config.position_layout == "interleaved":
         # The axis names of the parameters as given, per layer: a scan_layers model's would be
@@ -70,22 +73,18 @@ def marian_weights(config: TransformerConfig, params: Mapping[str, Any]) -> dict
         names = logical_axis_names(dataclasses.replace(config, scan_layers=False))
         flat = permute_axis(flat, names, "embed", halves_order(config.d_model))
     if config.share_embeddings:
-        embedding = flat["shared_embedding/embedding"]
+        source = target = flat["shared_embedding/embedding"]
     else:
-        embedding = flat["target_embedding/embedding"]
-        if not np.array_equal(embedding, flat["source_embedding/embedding"]):
-            raise ConversionError(
-                "the model's source and target embeddings differ: MarianMT shares one embedding matrix "
-                "(model.share_embeddings=False is exported only with identical embeddings, as an imported model has)"
-            )
+        source, target = flat["source_embedding/embedding"], flat["target_embedding/embedding"]
     bias = flat.get("decoder/logits_bias", np.zeros(config.vocab_size, np.float32))
     weights = {
-        "model.shared.weight": embedding,
-        "model.encoder.embed_tokens.weight": embedding,
-        "model.decoder.embed_tokens.weight": embedding,
-        "lm_head.weight": embedding,
+        "model.encoder.embed_tokens.weight": source,
+        "model.decoder.embed_tokens.weight": target,
+        "lm_head.weight": target,
         "final_logits_bias": bias.reshape(1, -1),
     }
+    if np.array_equal(source, target):
+        weights["model.shared.weight"] = target
     for path, name, kind in layer_names(config):
         weights[name] = to_marian_layout(kind, flat[path])
     return weights
@@ -104,7 +103,7 @@ def check_exportable(config: TransformerConfig) -> None:
         if problem:
             raise ConversionError(
                 f"TransformerConfig.{option}={getattr(config, option)!r} has no MarianMT form (MarianMT is a "
-                "post-norm encoder-decoder with 10000-based sinusoids and one tied, shared embedding)"
+                "post-norm encoder-decoder with 10000-based sinusoids, one vocabulary and a tied output layer)"
             )
     operands = np.dtype(config.matmul_operand_dtype)
     if operands.itemsize < 4:
@@ -127,8 +126,9 @@ def check_exportable(config: TransformerConfig) -> None:
         )
 
 
-def marian_config(config: TransformerConfig, max_positions: int = 512) -> dict[str, Any]:
-    """MarianConfig's values for a jaxformer model (its own ids: pad 0, eos 1, decoder start BOS 3)."""
+def marian_config(config: TransformerConfig, max_positions: int = 512, shared: bool = True) -> dict[str, Any]:
+    """MarianConfig's values for a jaxformer model (its own ids: pad 0, eos 1, decoder start BOS 3)
+    whose encoder and decoder embeddings are one matrix, model.shared (`shared`), or two."""
     # The import's map read backwards; its first name for an activation ("swish" before the alias "silu").
     activation = next(marian for marian, ours in ACTIVATIONS.items() if ours == config.activation)
     return {
@@ -151,7 +151,7 @@ def marian_config(config: TransformerConfig, max_positions: int = 512) -> dict[s
         "eos_token_id": EOS_ID,
         "forced_eos_token_id": EOS_ID,
         "decoder_start_token_id": BOS_ID,
-        "share_encoder_decoder_embeddings": True,
+        "share_encoder_decoder_embeddings": shared,
         "tie_word_embeddings": True,
     }
 
@@ -189,7 +189,8 @@ def export_marian(
     import torch
     from transformers import GenerationConfig, MarianConfig, MarianMTModel, MarianTokenizer
 
-    model = MarianMTModel(MarianConfig(**marian_config(config, max_positions)))
+    shared = "model.shared.weight" in weights
+    model = MarianMTModel(MarianConfig(**marian_config(config, max_positions, shared)))
     missing, unexpected = model.load_state_dict({k: torch.from_numpy(v) for k, v in weights.items()}, strict=False)
     leftover = [name for name in missing if "embed_positions" not in name]
     if leftover or unexpected:

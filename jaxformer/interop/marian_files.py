@@ -137,6 +137,8 @@ def check_marian_weights(
     (transformers drops those, "unexpected"), and every layer parameter there."""
     config = model_config_from_marian(hf, config_where)
     shapes = marian_weight_shapes(config, hf["vocab_size"], hf.get("max_position_embeddings", MARIAN_MAX_POSITIONS))
+    if not hf.get("share_encoder_decoder_embeddings", True):
+        del shapes["model.shared.weight"]  # the encoder and decoder embed_tokens are the modules' own
     for name, array in weights.items():
         if name not in shapes:
             layer = LAYER.match(name)
@@ -178,8 +180,6 @@ def model_config_from_marian(
 
     if hf.get("model_type", "marian") != "marian":
         raise ConversionError(f"{where}: model_type {hf['model_type']!r} is not a MarianMT model")
-    if not hf.get("share_encoder_decoder_embeddings", True):
-        raise ConversionError(f"{where}: share_encoder_decoder_embeddings=false (separate vocabularies) is unsupported")
     if hf.get("decoder_vocab_size") not in (None, hf["vocab_size"]):
         raise ConversionError(
             f"{where}: decoder_vocab_size={hf['decoder_vocab_size']} differs from vocab_size={hf['vocab_size']}"

@@ -11,9 +11,13 @@ import sentencepiece as spm
 import torch
 from transformers import GenerationConfig, MarianConfig, MarianMTModel, MarianTokenizer
 
+from jaxformer.decoding.generate import DecodeSettings
 from jaxformer.decoding.translator import Translator
 from jaxformer.interop.marian_layout import marian_to_jaxformer_ids
 from jaxformer.model.transformer import Transformer
+from jaxformer.run.checkpoint import Checkpointer
+from jaxformer.run.directory import RunDirectory
+from jaxformer.run.loading import load_checkpoint
 from tests.conftest import read_raw
 
 MAX_EXTRA = 8  # output tokens <= source tokens + this, in both libraries
@@ -159,3 +163,48 @@ def teacher_forced_logits(directory, model, workdir, order, count=6):
     logits = Transformer(translator.config).apply({"params": translator.params}, source, target)
     valid = labels.numpy() != pad
     return np.asarray(logits)[valid], expected[valid]
+
+
+def rewritten_run(workdir, output, change_params=lambda params: params, **model):
+    """A copy of the run in `workdir` as `output` with the model fields `model` changed and its
+    parameters passed through `change_params`."""
+    step, metadata, params = load_checkpoint(workdir)
+    checkpointer = Checkpointer(RunDirectory(output).checkpoints, keep=None)
+    checkpointer.save_params(step, change_params(params), metadata.replace(model={**metadata.model, **model}))
+    checkpointer.close()
+    return output
+
+
+def check_export_matches_run(directory, workdir, count=5):
+    """Asserts that the transformers directory `directory`, exported from the run in `workdir`,
+    loads with every weight in its place and gives the run's tokenization, teacher-forced logits
+    (within 1e-4) and greedy outputs (in the run's ids, which the export keeps)."""
+    model, loading = MarianMTModel.from_pretrained(directory, output_loading_info=True)
+    assert not any(loading.values()), loading  # no missing, unexpected or mismatched weights
+    model.eval()
+    tokenizer = MarianTokenizer.from_pretrained(directory)
+    translator = Translator.from_workdir(workdir, settings=DecodeSettings(method="greedy", max_extra_length=MAX_EXTRA))
+    texts, targets = sentences(count), read_raw("val.de.gz")[:count]
+    for text in texts:  # the same ids from MarianTokenizer as from the run's tokenizer
+        assert tokenizer(text)["input_ids"] == translator.tokenizer.encode(text).tolist()
+
+    batch = tokenizer(texts, text_target=targets, padding=True, return_tensors="pt")
+    labels = batch["labels"].numpy()
+    decoder_inputs = np.concatenate([np.full_like(labels[:, :1], 3), labels[:, :-1]], axis=1)
+    decoder_inputs[labels == 0] = 0
+    with torch.no_grad():
+        expected = model(
+            input_ids=batch["input_ids"],
+            attention_mask=batch["attention_mask"],
+            decoder_input_ids=torch.from_numpy(decoder_inputs),
+        ).logits.numpy()
+    logits = Transformer(translator.config).apply(
+        {"params": translator.params}, batch["input_ids"].numpy(), decoder_inputs
+    )
+    valid = labels != 0
+    assert np.abs(np.asarray(logits)[valid] - expected[valid]).max() < 1e-4
+
+    sources = [translator.tokenizer.encode(text) for text in texts]
+    for ids, hypotheses in zip(sources, translator.translate_ids(sources), strict=True):
+        expected, _ = hf_generate(model, ids.tolist(), len(ids) + MAX_EXTRA, 1, 0, 3, 1, [0, 3])
+        assert [until_eos(hypotheses[0][0], 1)] == expected

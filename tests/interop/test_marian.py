@@ -14,7 +14,7 @@ from tests.conftest import make_workdir, read_raw
 pytest.importorskip("transformers")
 torch = pytest.importorskip("torch")
 
-from transformers import MarianMTModel, MarianTokenizer  # noqa: E402
+from transformers import MarianTokenizer  # noqa: E402
 
 from jaxformer.decoding.generate import DecodeSettings  # noqa: E402
 from jaxformer.decoding.translator import Translator  # noqa: E402
@@ -22,11 +22,11 @@ from jaxformer.interop import marian_files  # noqa: E402
 from jaxformer.interop.marian import ConversionError, import_marian  # noqa: E402
 from jaxformer.interop.marian_export import export_marian  # noqa: E402
 from jaxformer.interop.marian_layout import marian_to_jaxformer_ids  # noqa: E402
-from jaxformer.model.transformer import Transformer  # noqa: E402
 from jaxformer.run.loading import load_checkpoint  # noqa: E402
 from tests.interop.marian_models import (  # noqa: E402
     ALPHA,
     MAX_EXTRA,
+    check_export_matches_run,
     hf_generate,
     sentences,
     teacher_forced_logits,
@@ -160,33 +160,7 @@ def test_an_exported_run_reads_back_in(exported):
 
 def test_exported_run_loads_in_transformers_with_the_same_outputs(exported):
     workdir, directory = exported
-    model = MarianMTModel.from_pretrained(directory).eval()
-    tokenizer = MarianTokenizer.from_pretrained(directory)
-    translator = Translator.from_workdir(workdir, settings=DecodeSettings(method="greedy", max_extra_length=MAX_EXTRA))
-    texts, targets = sentences(5), read_raw("val.de.gz")[:5]
-    for text in texts:  # the same ids from MarianTokenizer as from the run's tokenizer
-        assert tokenizer(text)["input_ids"] == translator.tokenizer.encode(text).tolist()
-
-    batch = tokenizer(texts, text_target=targets, padding=True, return_tensors="pt")
-    labels = batch["labels"].numpy()
-    decoder_inputs = np.concatenate([np.full_like(labels[:, :1], 3), labels[:, :-1]], axis=1)
-    decoder_inputs[labels == 0] = 0
-    with torch.no_grad():
-        expected = model(
-            input_ids=batch["input_ids"],
-            attention_mask=batch["attention_mask"],
-            decoder_input_ids=torch.from_numpy(decoder_inputs),
-        ).logits.numpy()
-    logits = Transformer(translator.config).apply(
-        {"params": translator.params}, batch["input_ids"].numpy(), decoder_inputs
-    )
-    valid = labels != 0
-    assert np.abs(np.asarray(logits)[valid] - expected[valid]).max() < 1e-4
-
-    sources = [translator.tokenizer.encode(text) for text in texts]
-    for ids, hypotheses in zip(sources, translator.translate_ids(sources), strict=True):
-        expected, _ = hf_generate(model, ids.tolist(), len(ids) + MAX_EXTRA, 1, 0, 3, 1, [0, 3])
-        assert [until_eos(hypotheses[0][0], 1)] == expected
+    check_export_matches_run(directory, workdir)
 
 
 def test_export_refuses_what_marian_cannot_hold(exported, tmp_path):

@@ -27,12 +27,11 @@ from jaxformer.interop.marian import import_marian  # noqa: E402
 from jaxformer.interop.marian_export import export_marian  # noqa: E402
 from jaxformer.interop.marian_layout import marian_to_jaxformer_ids  # noqa: E402
 from jaxformer.model.transformer import Transformer, stack_layers  # noqa: E402
-from jaxformer.run.checkpoint import Checkpointer  # noqa: E402
-from jaxformer.run.directory import RunDirectory  # noqa: E402
 from jaxformer.run.loading import load_checkpoint  # noqa: E402
 from tests.interop.marian_models import (  # noqa: E402
     MAX_EXTRA,
     hf_generate,
+    rewritten_run,
     sentences,
     teacher_forced_logits,
     until_eos,
@@ -82,16 +81,6 @@ def test_untied_encoder_and_decoder_embeddings_are_imported_as_transformers_uses
 def run(tmp_path_factory):
     workdir, _, _ = make_workdir(tmp_path_factory.mktemp("run"))
     return workdir
-
-
-def rewritten_run(workdir, output, change_params=lambda params: params, **model):
-    """A copy of the run in `workdir` as `output` with the model fields `model` changed and its
-    parameters passed through `change_params`."""
-    step, metadata, params = load_checkpoint(workdir)
-    checkpointer = Checkpointer(RunDirectory(output).checkpoints, keep=None)
-    checkpointer.save_params(step, change_params(params), metadata.replace(model={**metadata.model, **model}))
-    checkpointer.close()
-    return output
 
 
 def test_a_scan_layers_run_exports_with_its_outputs(run, tmp_path, caplog):

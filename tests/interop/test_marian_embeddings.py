@@ -1,0 +1,115 @@
+"""MarianMT's embedding forms both ways (jaxformer/interop/marian.py, marian_export.py): an imported
+model fine-tuned until its encoder's and decoder's copies of Marian's embedding differ exports as
+transformers' separate embed_tokens (share_encoder_decoder_embeddings=false; it was refused), and
+such a model made with transformers imports as transformers computes it."""
+
+import json
+import shutil
+
+import numpy as np
+import pytest
+
+pytest.importorskip("transformers")
+pytest.importorskip("torch")
+
+from jaxformer.export.safetensors import flatten, read_safetensors, write_safetensors  # noqa: E402
+from jaxformer.interop.marian import ConversionError, import_marian  # noqa: E402
+from jaxformer.interop.marian_export import export_marian  # noqa: E402
+from jaxformer.run.loading import load_checkpoint  # noqa: E402
+from tests.interop.marian_models import (  # noqa: E402
+    check_export_matches_run,
+    rewritten_run,
+    teacher_forced_logits,
+    write_marian,
+)
+
+pytestmark = pytest.mark.xdist_group("interop-embeddings")  # the module's models are built once
+
+
+@pytest.fixture(scope="module")
+def opus(tmp_path_factory):
+    """An OPUS-MT-style model (one shared embedding, decoding from pad) imported as a run."""
+    directory = tmp_path_factory.mktemp("opus")
+    write_marian(directory)
+    workdir = tmp_path_factory.mktemp("opus-run") / "run"
+    import_marian(directory, workdir)
+    return workdir
+
+
+def _flat(workdir):
+    _, metadata, params = load_checkpoint(workdir)
+    return metadata, {path: np.asarray(value) for path, value in flatten(params).items()}
+
+
+def _assert_same_run(first, second):
+    (first_metadata, first_params), (metadata, params) = _flat(first), _flat(second)
+    assert metadata.model == first_metadata.model
+    assert sorted(params) == sorted(first_params)
+    for path, value in first_params.items():
+        np.testing.assert_array_equal(params[path], value, err_msg=path)
+
+
+def _trained_apart(params):
+    """What fine-tuning does to an imported model's source and target copies of Marian's embedding."""
+    generator = np.random.default_rng(0)
+    changed = dict(params)
+    for name in ("source_embedding", "target_embedding"):
+        embedding = np.asarray(params[name]["embedding"])
+        changed[name] = {"embedding": embedding + 0.05 * generator.standard_normal(embedding.shape, np.float32)}
+    return changed
+
+
+def test_an_import_whose_embeddings_were_trained_apart_exports_and_reads_back(opus, tmp_path):
+    workdir = rewritten_run(opus, tmp_path / "tuned", _trained_apart)
+    directory = export_marian(workdir, tmp_path / "hf")
+    config = json.loads((directory / "config.json").read_text())
+    assert config["share_encoder_decoder_embeddings"] is False and config["tie_word_embeddings"] is True
+    weights = read_safetensors(directory / "model.safetensors")
+    assert "model.shared.weight" not in weights and "lm_head.weight" not in weights  # lm_head: the decoder's
+    assert not (directory / "target_vocab.json").exists()  # one vocabulary
+    check_export_matches_run(directory, workdir)
+    import_marian(directory, tmp_path / "again")
+    _assert_same_run(workdir, tmp_path / "again")
+
+
+def test_equal_embeddings_still_export_in_the_shared_form(opus, tmp_path):
+    directory = export_marian(opus, tmp_path / "hf")
+    assert json.loads((directory / "config.json").read_text())["share_encoder_decoder_embeddings"] is True
+    assert "model.shared.weight" in read_safetensors(directory / "model.safetensors")
+
+
+@pytest.fixture(scope="module")
+def separate(tmp_path_factory):
+    """A MarianMT directory saved with share_encoder_decoder_embeddings=False (one vocab.json), its
+    model, and its import."""
+    directory = tmp_path_factory.mktemp("separate")
+    model = write_marian(directory, share_encoder_decoder_embeddings=False)
+    workdir = tmp_path_factory.mktemp("separate-run") / "run"
+    return directory, model, workdir, import_marian(directory, workdir)
+
+
+def test_separate_encoder_and_decoder_embeddings_are_imported_as_transformers_uses_them(separate):
+    directory, model, workdir, converted = separate
+    weights = read_safetensors(directory / "model.safetensors")
+    assert "model.shared.weight" not in weights
+    encoder, decoder = weights["model.encoder.embed_tokens.weight"], weights["model.decoder.embed_tokens.weight"]
+    assert np.abs(encoder - decoder).max() > 0.1
+    assert converted.config.tie_output_embedding  # lm_head is the decoder's
+
+    logits, expected = teacher_forced_logits(directory, model, workdir, converted.order)
+    marian_ids = np.arange(converted.config.vocab_size) != 3  # BOS's column has no Marian counterpart
+    assert np.abs(logits[:, marian_ids] - expected[:, marian_ids]).max() < 1e-4
+
+
+def test_separate_embeddings_that_transformers_would_not_load_are_refused(separate, tmp_path):
+    directory = shutil.copytree(separate[0], tmp_path / "hf")
+    weights = read_safetensors(directory / "model.safetensors")
+    encoder = weights.pop("model.encoder.embed_tokens.weight")
+    write_safetensors(directory / "model.safetensors", weights)  # transformers would initialize it randomly
+    with pytest.raises(ConversionError, match=r"share_encoder_decoder_embeddings=false, but the weights have no "):
+        import_marian(directory, tmp_path / "run")
+    weights.update({"model.encoder.embed_tokens.weight": encoder, "model.shared.weight": encoder})
+    write_safetensors(directory / "model.safetensors", weights)  # transformers has no model.shared there
+    with pytest.raises(ConversionError, match=r"holds model\.shared\.weight, which a MarianMTModel of .* no place"):
+        import_marian(directory, tmp_path / "run")
+    assert not (tmp_path / "run").exists()
