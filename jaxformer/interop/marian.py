@@ -32,8 +32,9 @@ Marian is the same post-norm encoder-decoder; what differs maps onto model optio
 The other way, a jaxformer run keeps its ids (Marian's pad, eos and decoder start are then 0, 1
 and 3, BOS's row its own); source and target embeddings that differ (an imported model
 fine-tuned) are the encoder's and decoder's own embed_tokens (share_encoder_decoder_embeddings=
-false); interleaved positions are exported exactly by permuting the model width (every weight's
-"embed" axis) into the halves layout. Pre-norm models have no Marian form.
+false), an untied output layer is lm_head (tie_word_embeddings=false); interleaved positions are
+exported exactly by permuting the model width (every weight's "embed" axis) into the halves
+layout. Pre-norm models have no Marian form.
 
 torch and transformers (the `interop` extra) are imported only where a file format needs them:
 reading pytorch_model.bin, and writing the transformers directory.

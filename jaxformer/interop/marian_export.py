@@ -65,7 +65,9 @@ def marian_weights(config: TransformerConfig, params: Mapping[str, Any]) -> dict
     permuted into the halves layout. Equal source and target embeddings (a shared one, or an
     imported model's two copies) are MarianMT's shared form, model.shared with both embed_tokens
     its copies; different ones (an imported model fine-tuned) are the encoder's and decoder's own
-    embed_tokens and no model.shared (`share_encoder_decoder_embeddings=false`)."""
+    embed_tokens and no model.shared (`share_encoder_decoder_embeddings=false`). An untied output
+    layer is lm_head (`tie_word_embeddings=false`): jaxformer's embeddings are scaled as Marian's
+    under scale_embedding=true, and its output kernel is lm_head as it is."""
     flat = {path: np.asarray(value, np.float32) for path, value in flatten(params).items()}
     if config.position_layout == "interleaved":
         # The axis names of the parameters as given, per layer: a scan_layers model's would be
@@ -80,7 +82,7 @@ def marian_weights(config: TransformerConfig, params: Mapping[str, Any]) -> dict
     weights = {
         "model.encoder.embed_tokens.weight": source,
         "model.decoder.embed_tokens.weight": target,
-        "lm_head.weight": target,
+        "lm_head.weight": target if config.tie_output_embedding else flat["decoder/logits_kernel"].T,
         "final_logits_bias": bias.reshape(1, -1),
     }
     if np.array_equal(source, target):
@@ -96,14 +98,13 @@ def check_exportable(config: TransformerConfig) -> None:
         "architecture": config.architecture != "encoder_decoder",
         "normalization": config.normalization != "post",
         "position_base": config.position_base != MARIAN_POSITION_BASE,
-        "tie_output_embedding": not config.tie_output_embedding,
         "source_vocab_size": config.encoder_vocab_size != config.vocab_size,
     }
     for option, problem in problems.items():
         if problem:
             raise ConversionError(
                 f"TransformerConfig.{option}={getattr(config, option)!r} has no MarianMT form (MarianMT is a "
-                "post-norm encoder-decoder with 10000-based sinusoids, one vocabulary and a tied output layer)"
+                "post-norm encoder-decoder with 10000-based sinusoids and one vocabulary)"
             )
     operands = np.dtype(config.matmul_operand_dtype)
     if operands.itemsize < 4:
@@ -152,7 +153,7 @@ def marian_config(config: TransformerConfig, max_positions: int = 512, shared: b
         "forced_eos_token_id": EOS_ID,
         "decoder_start_token_id": BOS_ID,
         "share_encoder_decoder_embeddings": shared,
-        "tie_word_embeddings": True,
+        "tie_word_embeddings": config.tie_output_embedding,
     }
 
 

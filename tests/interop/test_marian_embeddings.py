@@ -1,7 +1,9 @@
 """MarianMT's embedding forms both ways (jaxformer/interop/marian.py, marian_export.py): an imported
 model fine-tuned until its encoder's and decoder's copies of Marian's embedding differ exports as
 transformers' separate embed_tokens (share_encoder_decoder_embeddings=false; it was refused), and
-such a model made with transformers imports as transformers computes it."""
+such a model made with transformers imports as transformers computes it; an untied output layer
+exports as lm_head (tie_word_embeddings=false; it was refused), so that a model imported untied
+(scale_embedding=false, or its own lm_head) exports back to the first import bit for bit."""
 
 import json
 import shutil
@@ -9,16 +11,22 @@ import shutil
 import numpy as np
 import pytest
 
+from tests.conftest import make_workdir, read_raw
+
 pytest.importorskip("transformers")
-pytest.importorskip("torch")
+torch = pytest.importorskip("torch")
+
+from transformers import MarianMTModel, MarianTokenizer  # noqa: E402
 
 from jaxformer.export.safetensors import flatten, read_safetensors, write_safetensors  # noqa: E402
 from jaxformer.interop.marian import ConversionError, import_marian  # noqa: E402
 from jaxformer.interop.marian_export import export_marian  # noqa: E402
+from jaxformer.interop.marian_layout import marian_to_jaxformer_ids  # noqa: E402
 from jaxformer.run.loading import load_checkpoint  # noqa: E402
 from tests.interop.marian_models import (  # noqa: E402
     check_export_matches_run,
     rewritten_run,
+    sentences,
     teacher_forced_logits,
     write_marian,
 )
@@ -113,3 +121,73 @@ def test_separate_embeddings_that_transformers_would_not_load_are_refused(separa
     with pytest.raises(ConversionError, match=r"holds model\.shared\.weight, which a MarianMTModel of .* no place"):
         import_marian(directory, tmp_path / "run")
     assert not (tmp_path / "run").exists()
+
+
+# -- untied output layers ---------------------------------------------------------------------
+
+
+def _round_trip(directory, tmp_path):
+    """The MarianMT model in `directory` imported, exported and imported again: (the first
+    import's run, its export's config.json values, the model transformers loads from the export)."""
+    import_marian(directory, tmp_path / "first")
+    exported = export_marian(tmp_path / "first", tmp_path / "exported")
+    import_marian(exported, tmp_path / "second")
+    _assert_same_run(tmp_path / "first", tmp_path / "second")
+    model, loading = MarianMTModel.from_pretrained(exported, output_loading_info=True)
+    assert not any(loading.values()), loading  # no missing, unexpected or mismatched weights
+    return tmp_path / "first", json.loads((exported / "config.json").read_text()), model.eval()
+
+
+@pytest.mark.parametrize(
+    ("made_with", "exported_as"),
+    [
+        # jaxformer scales its embeddings: the stored ones divided by sqrt(d_model), lm_head as it is
+        (dict(scale_embedding=False), dict(share_encoder_decoder_embeddings=True, scale_embedding=True)),
+        # transformers 5's own encoder, decoder and output matrices
+        (dict(tie_word_embeddings=False), dict(share_encoder_decoder_embeddings=False, scale_embedding=True)),
+    ],
+)
+def test_a_model_imported_untied_exports_back_to_its_import(made_with, exported_as, tmp_path):
+    original = write_marian(tmp_path / "hf", **made_with)
+    first, config, exported = _round_trip(tmp_path / "hf", tmp_path)
+    assert {key: config[key] for key in exported_as} == exported_as and config["tie_word_embeddings"] is False
+
+    # transformers computes with the export what it computed with the original, in the export's ids
+    _, metadata, _ = load_checkpoint(first)
+    assert not metadata.model["tie_output_embedding"]
+    order = import_marian(tmp_path / "hf", tmp_path / "again").order
+    tokenizer = MarianTokenizer.from_pretrained(tmp_path / "hf")
+    batch = tokenizer(sentences(3), text_target=read_raw("val.de.gz")[:3], padding=True, return_tensors="pt")
+    labels, pad = batch["labels"], original.config.pad_token_id
+    decoder_inputs = torch.cat([torch.full_like(labels[:, :1], pad), labels[:, :-1]], dim=1)
+    to_jaxformer = torch.from_numpy(marian_to_jaxformer_ids(order))
+    exported_inputs = to_jaxformer[decoder_inputs]
+    exported_inputs[:, 0] = 3  # the export decodes from its BOS
+    with torch.no_grad():
+        expected = original(
+            input_ids=batch["input_ids"], attention_mask=batch["attention_mask"], decoder_input_ids=decoder_inputs
+        ).logits[..., order]
+        logits = exported(
+            input_ids=to_jaxformer[batch["input_ids"]],
+            attention_mask=batch["attention_mask"],
+            decoder_input_ids=exported_inputs,
+        ).logits
+    valid = (labels != pad).numpy()
+    columns = np.arange(len(order)) != 3  # BOS's column has no Marian counterpart
+    assert np.abs(logits.numpy()[valid][:, columns] - expected.numpy()[valid][:, columns]).max() < 1e-4
+
+
+def test_an_untied_run_exports_with_its_output_kernel(tmp_path):
+    workdir, params, _ = make_workdir(tmp_path / "run")  # interleaved positions: lm_head's width permuted too
+
+    def untied(params):
+        kernel = np.asarray(params["shared_embedding"]["embedding"]).T
+        generator = np.random.default_rng(0)
+        decoder = {**params["decoder"], "logits_kernel": generator.standard_normal(kernel.shape, np.float32) * 0.3}
+        return {**params, "decoder": decoder}
+
+    workdir = rewritten_run(workdir, tmp_path / "untied", untied, tie_output_embedding=False)
+    directory = export_marian(workdir, tmp_path / "hf")
+    config = json.loads((directory / "config.json").read_text())
+    assert config["tie_word_embeddings"] is False and config["share_encoder_decoder_embeddings"] is True
+    check_export_matches_run(directory, workdir)
