@@ -39,6 +39,9 @@ SIZES = (
     "encoder_ffn_dim",
     "decoder_ffn_dim",
 )
+# config.json's switches that the conversion reads, with MarianConfig's defaults. A value that is
+# not a JSON boolean is refused, as transformers refuses it: Python would read "false" as true.
+SWITCHES = {"scale_embedding": False, "tie_word_embeddings": True, "share_encoder_decoder_embeddings": True}
 
 
 @dataclasses.dataclass(frozen=True)
@@ -180,6 +183,9 @@ def model_config_from_marian(
 
     if hf.get("model_type", "marian") != "marian":
         raise ConversionError(f"{where}: model_type {hf['model_type']!r} is not a MarianMT model")
+    for key in SWITCHES:
+        if not isinstance(hf.get(key, SWITCHES[key]), bool):
+            raise ConversionError(f"{where}: {key}={json.dumps(hf[key])} is not a JSON boolean (true or false)")
     if hf.get("decoder_vocab_size") not in (None, hf["vocab_size"]):
         raise ConversionError(
             f"{where}: decoder_vocab_size={hf['decoder_vocab_size']} differs from vocab_size={hf['vocab_size']}"

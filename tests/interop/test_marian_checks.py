@@ -204,6 +204,22 @@ DAMAGES = {
         "config.json",
         "/config.json: no_repeat_ngram_size=3 changes what transformers generates",
     ),
+    # transformers refuses these; Python's truth value read the string "false" as true
+    "scale_embedding a string": (
+        lambda d: _edit_json(d / "config.json", scale_embedding="false"),
+        "config.json",
+        ': scale_embedding="false" is not a JSON boolean (true or false)',
+    ),
+    "tie_word_embeddings a number": (
+        lambda d: _edit_json(d / "config.json", tie_word_embeddings=0),
+        "config.json",
+        ": tie_word_embeddings=0 is not a JSON boolean (true or false)",
+    ),
+    "share_encoder_decoder_embeddings null": (
+        lambda d: _edit_json(d / "config.json", share_encoder_decoder_embeddings=None),
+        "config.json",
+        ": share_encoder_decoder_embeddings=null is not a JSON boolean (true or false)",
+    ),
     "ffn width": (  # transformers: a size mismatch
         lambda d: _edit_json(d / "config.json", encoder_ffn_dim=48, decoder_ffn_dim=48),
         "model.safetensors",
