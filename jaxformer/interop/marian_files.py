@@ -42,6 +42,15 @@ SIZES = (
 # config.json's switches that the conversion reads, with MarianConfig's defaults. A value that is
 # not a JSON boolean is refused, as transformers refuses it: Python would read "false" as true.
 SWITCHES = {"scale_embedding": False, "tie_word_embeddings": True, "share_encoder_decoder_embeddings": True}
+# Keys of transformers < 4 (BART's, which MarianConfig then was) that built another network when
+# set otherwise; transformers 5 ignores them. Each with the value of the network converted (OPUS-MT's
+# config.json files carry these) and what the other value built.
+EARLIER_SWITCHES = {
+    "normalize_before": (False, "pre-norm layers"),
+    "add_final_layer_norm": (False, "a LayerNorm after each stack"),
+    "normalize_embedding": (False, "a LayerNorm on the embeddings"),
+    "static_position_embeddings": (True, "learned positions"),
+}
 
 
 @dataclasses.dataclass(frozen=True)
@@ -183,9 +192,15 @@ def model_config_from_marian(
 
     if hf.get("model_type", "marian") != "marian":
         raise ConversionError(f"{where}: model_type {hf['model_type']!r} is not a MarianMT model")
-    for key in SWITCHES:
-        if not isinstance(hf.get(key, SWITCHES[key]), bool):
+    for key, default in {**SWITCHES, **{key: value for key, (value, _) in EARLIER_SWITCHES.items()}}.items():
+        if not isinstance(hf.get(key, default), bool):
             raise ConversionError(f"{where}: {key}={json.dumps(hf[key])} is not a JSON boolean (true or false)")
+    for key, (converted, other) in EARLIER_SWITCHES.items():
+        if hf.get(key, converted) != converted:
+            raise ConversionError(
+                f"{where}: {key}={json.dumps(hf[key])} declares {other}, which transformers before 4 built and "
+                f"transformers 5 ignores; jaxformer converts MarianMT's network ({key}={json.dumps(converted)})"
+            )
     if hf.get("decoder_vocab_size") not in (None, hf["vocab_size"]):
         raise ConversionError(
             f"{where}: decoder_vocab_size={hf['decoder_vocab_size']} differs from vocab_size={hf['vocab_size']}"

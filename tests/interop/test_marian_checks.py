@@ -238,6 +238,18 @@ DAMAGES = {
     "truncated model.safetensors": (_truncated_weights, "model.safetensors", "is not a readable safetensors file"),
     "pytorch_model.bin": (_damaged_torch_weights, "pytorch_model.bin", "is not a readable torch state dict"),
 }
+# transformers < 4's keys for another network, which transformers 5 ignores
+for key, value, network in (
+    ("normalize_before", True, "pre-norm layers"),
+    ("add_final_layer_norm", True, "a LayerNorm after each stack"),
+    ("normalize_embedding", True, "a LayerNorm on the embeddings"),
+    ("static_position_embeddings", False, "learned positions"),
+):
+    DAMAGES[f"{key}={value}"] = (
+        lambda d, key=key, value=value: _edit_json(d / "config.json", **{key: value}),
+        "config.json",
+        f": {key}={json.dumps(value)} declares {network}, which transformers before 4 built",
+    )
 
 
 @pytest.mark.parametrize("damage", DAMAGES)
@@ -257,6 +269,14 @@ def test_a_damaged_directory_is_refused_in_one_line_naming_the_file(untied, dama
     assert error.startswith("error: ") and error.count("\n") == 1, error
     assert file in error and problem in error, error
     assert not output.exists()
+
+
+def test_the_earlier_keys_of_an_opus_mt_config_are_accepted(untied, tmp_path):
+    directory = shutil.copytree(untied[0], tmp_path / "hf")
+    # Helsinki-NLP/opus-mt-en-de's, which transformers 5 ignores: they declare MarianMT's network
+    earlier = dict(normalize_before=False, add_final_layer_norm=False, normalize_embedding=False)
+    _edit_json(directory / "config.json", static_position_embeddings=True, add_bias_logits=False, **earlier)
+    marian_files.read_marian_directory(directory)
 
 
 def test_the_weights_are_held_to_config_json_naming_both_shapes_and_keys(untied, tmp_path):
