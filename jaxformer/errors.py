@@ -1,7 +1,7 @@
 """The errors a user can cause (bad config, flags, data, files or workdir) and the exit codes.
 
 Every command catches `UserError`, prints its message on one line and exits with
-`EXIT_USER_ERROR`; `--verbose` shows the traceback too. Anything else is a bug and keeps its
+`EXIT_USER_ERROR`; `--verbose` prints the traceback too, with the same exit code. Anything else is a bug and keeps its
 traceback. A run stopped by a signal exits with 128 + the signal's number, as shells report it,
 so a scheduler can tell a preempted run (requeue it) from a finished one (exit 0); a full disk
 exits with EXIT_NO_SPACE, in one line.

@@ -3,10 +3,11 @@ logging routed around progress bars, and one way to report a user's error.
 
 A command is `main(argv) -> exit code`, built by `run_command(parser, body, argv)`: a
 `UserError` (bad config, flags, data, files, workdir) prints one line, `error: ...`, and exits
-with `EXIT_USER_ERROR`; `--verbose` adds the traceback. Anything else is a bug and keeps its
-traceback. Ctrl-C exits with 130, as shells report it; a reader of stdout that went away (`| head`)
-ends the command quietly with 141, as SIGPIPE would. Every command keeps its compiled programs
-in the persistent compilation cache (jaxformer/commands/compilation_cache.py).
+with `EXIT_USER_ERROR`; `--verbose` prints the traceback before that line and keeps the exit code.
+Anything else is a bug and keeps its traceback. Ctrl-C exits with 130, as shells report it; a
+reader of stdout that went away (`| head`) ends the command quietly with 141, as SIGPIPE would.
+Every command keeps its compiled programs in the persistent compilation cache
+(jaxformer/commands/compilation_cache.py).
 """
 
 from __future__ import annotations
@@ -21,6 +22,7 @@ import re
 import signal
 import sys
 import tempfile
+import traceback
 import warnings
 from collections.abc import Callable
 
@@ -268,7 +270,7 @@ def run_command(
         return code
     except UserError as error:
         if args.verbose:
-            raise
+            _print_traceback()
         message = str(error) or type(error).__name__
         sys.stderr.write(f"error: {message}\n")
         return EXIT_USER_ERROR
@@ -280,14 +282,22 @@ def run_command(
         return exit_code_for_signal(signal.SIGPIPE)
     except Exception as error:
         full = no_space_error(error)
-        if full is None or args.verbose:
+        if full is None:
             raise
+        if args.verbose:
+            _print_traceback()
         where = f" writing {full.filename}" if full.filename else ""
         sys.stderr.write(
             f"error: {full.strerror or full}{where}: free space (or quota), then run the same command again "
             "(a training run resumes from its last checkpoint)\n"
         )
         return EXIT_NO_SPACE
+
+
+def _print_traceback() -> None:
+    """`--verbose`: the traceback of the error being handled goes to stderr before its one line;
+    the exit code stays the one the error has without `--verbose` (a scheduler reads it)."""
+    traceback.print_exc(file=sys.stderr)
 
 
 def _discard_stdout() -> None:

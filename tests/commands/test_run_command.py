@@ -10,7 +10,7 @@ import sys
 import pytest
 
 from jaxformer.commands import common
-from jaxformer.errors import EXIT_NO_SPACE, no_space_error
+from jaxformer.errors import EXIT_NO_SPACE, EXIT_USER_ERROR, UserError, no_space_error
 
 
 def test_a_full_disk_is_one_line_and_its_own_exit_code(capsys):
@@ -24,6 +24,26 @@ def test_a_full_disk_is_one_line_and_its_own_exit_code(capsys):
     assert capsys.readouterr().err == (
         "error: No space left on device writing /runs/m30k/metrics.jsonl: free space (or quota), then run the same "
         "command again (a training run resumes from its last checkpoint)\n"
+    )
+
+
+def test_verbose_prints_the_traceback_and_keeps_the_exit_code(capsys):
+    def user_error(args):
+        raise UserError("config.json: key 'x' has value 3; allowed: 1 or 2")
+
+    def full_disk(args):
+        raise OSError(errno.ENOSPC, "No space left on device", "/runs/m30k/metrics.jsonl")
+
+    assert common.run_command(common.make_parser(None), user_error, ["--verbose"]) == EXIT_USER_ERROR
+    err = capsys.readouterr().err
+    assert err.startswith("Traceback (most recent call last)") and "in user_error" in err
+    assert err.endswith("error: config.json: key 'x' has value 3; allowed: 1 or 2\n")
+    assert common.run_command(common.make_parser(None), full_disk, ["--verbose"]) == EXIT_NO_SPACE
+    err = capsys.readouterr().err
+    assert err.startswith("Traceback (most recent call last)") and "in full_disk" in err
+    assert err.endswith(
+        "error: No space left on device writing /runs/m30k/metrics.jsonl: free space (or quota), "
+        "then run the same command again (a training run resumes from its last checkpoint)\n"
     )
 
 
