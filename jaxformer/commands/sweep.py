@@ -241,7 +241,8 @@ def write_results(workdir: pathlib.Path, earlier: Sequence[dict[str, Any]], rows
 
 def results_table(rows: Sequence[dict[str, Any]]) -> str:
     """A Markdown table of the rows, highest validation BLEU first; a `note` column marks the rows
-    kept from an earlier invocation, which this one's sweep file or stop left untouched."""
+    kept from an earlier invocation, which this one's sweep file or stop left untouched. A `speed`
+    column (relative to the config's) only when a row has one, as `--baseline_steps` rows do."""
     from jaxformer.training.final_choice import CANDIDATES
 
     def number(value, digits=2):
@@ -259,8 +260,11 @@ def results_table(rows: Sequence[dict[str, Any]]) -> str:
 
     several = any(len(row.get("seed_bleus", ())) > 1 for row in rows)
     notes = any(row.get(EARLIER) for row in rows)
+    paced = any(row.get("speed") is not None for row in rows)
     columns = [
-        *("variant", "changes", "steps", "speed", "train minutes", "validation BLEU"),
+        *("variant", "changes", "steps"),
+        *(["speed"] if paced else []),
+        *("train minutes", "validation BLEU"),
         *(["per seed"] if several else []),
         *("chosen", "alpha", *CANDIDATES),
         *(["note"] if notes else []),
@@ -272,7 +276,7 @@ def results_table(rows: Sequence[dict[str, Any]]) -> str:
             row["variant"],
             row["changes"],
             f"{row['steps']:,}",
-            number(row.get("speed")),
+            *([number(row.get("speed"))] if paced else []),
             number(row["train_minutes"], 1),
             f"**{number(row['bleu'])}**",
             *([per_seed] if several else []),

@@ -61,6 +61,17 @@ def test_this_invocations_rows_replace_the_same_variants_and_the_others_are_kept
     assert "note" not in results_table(this)  # nothing kept: no column
 
 
+def test_the_speed_column_is_there_only_when_a_row_has_a_speed():
+    wall_clock = [row("baseline", 30.0), row("wide", 31.0)]
+    assert list(table_rows(results_table(wall_clock))["wide"]) == [
+        *("variant", "changes", "steps", "train minutes", "validation BLEU", "chosen", "alpha", *CANDIDATES),
+    ]
+    paced = [row("baseline", 30.0) | {"speed": 1.0}, row("wide", 31.0) | {"speed": 0.75}]
+    cells = table_rows(results_table(paced))
+    assert list(cells["wide"])[:4] == ["variant", "changes", "steps", "speed"]
+    assert {name: cell["speed"] for name, cell in cells.items()} == {"baseline": "1.00", "wide": "0.75"}
+
+
 class Runs:
     """A stand-in for train_and_evaluate: each run 'finishes' at once (its last metrics, scored by
     its seed), or does what `events[run name]` says: a signal number (stopped), an exception."""
