@@ -23,7 +23,8 @@ and each variant trains N times its steps a second over that config's, measured 
 train steps in turn before it trains (WORKDIR/pace/<variant>.json). On a fast or a slow machine,
 or beside other jobs, every variant then gets the same compute (a variant's or this command's own
 training.num_train_steps or training.time_budget_minutes is refused). multi30k's 55-minute budget
-buys about 4,750 steps of its d_model 192 model on the machine the README reports.
+bought its d_model 160 model 4,110 to 4,960 steps on the 2-core AMD VMs of the README's
+"Results: Multi30k en->de" (docs/multi30k_runs.md, 2026-12-02 and 2026-12-04).
 
 --seeds K trains each variant K times, seed k (0 to K-1) with training.seed and data.shuffle_seed
 moved by k, in WORKDIR/<variant>@seed<k> (k = 0: WORKDIR/<variant>, so a one-seed sweep's runs

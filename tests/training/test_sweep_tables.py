@@ -275,3 +275,9 @@ def test_the_rows_are_written_before_the_table_is_made(tmp_path, capsys, monkeyp
     with pytest.raises(RuntimeError, match="the table's bug"):
         run_sweep(tmp_path, capsys, {"baseline": [], "new": ["data.shuffle_seed=1"]})
     assert [r["variant"] for r in rows_file(tmp_path / "sweep")] == ["baseline", "new"]
+
+
+def test_the_help_quotes_the_multi30k_model_of_today():
+    from jaxformer.configs import multi30k
+
+    assert f"d_model {multi30k.get_config().model.d_model} model" in " ".join(sweep_command.__doc__.split())
