@@ -174,9 +174,8 @@ def export_marian(
     check_new_output(output)
     step, metadata, params = load_checkpoint(workdir, checkpoint)
     config = metadata.model_config()
-    check_exportable(config)
-    if config.scan_layers:
-        params = unstack_layers(params)
+    # The tokenizers first: two vocabularies of different sizes are also a source_vocab_size that
+    # check_exportable refuses, in words that do not name the option the run set.
     source, target = metadata.load_tokenizer(), metadata.load_target_tokenizer()
     pieces = _piece_names(source)
     if _piece_names(target) != pieces:
@@ -185,6 +184,9 @@ def export_marian(
             "vocabulary over both (a run with tokenizer.separate_vocabularies=True exports only when its two "
             "tokenizers share their pieces, as an imported model's do)"
         )
+    check_exportable(config)
+    if config.scan_layers:
+        params = unstack_layers(params)
     weights = marian_weights(config, params)
 
     import torch

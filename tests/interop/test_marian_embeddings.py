@@ -18,10 +18,13 @@ torch = pytest.importorskip("torch")
 
 from transformers import MarianMTModel, MarianTokenizer  # noqa: E402
 
+from jaxformer.data.tokenizer import train_tokenizer  # noqa: E402
 from jaxformer.export.safetensors import flatten, read_safetensors, write_safetensors  # noqa: E402
 from jaxformer.interop.marian import ConversionError, import_marian  # noqa: E402
 from jaxformer.interop.marian_export import export_marian  # noqa: E402
 from jaxformer.interop.marian_layout import marian_to_jaxformer_ids  # noqa: E402
+from jaxformer.run.checkpoint import Checkpointer  # noqa: E402
+from jaxformer.run.directory import RunDirectory  # noqa: E402
 from jaxformer.run.loading import load_checkpoint  # noqa: E402
 from tests.interop.marian_models import (  # noqa: E402
     check_export_matches_run,
@@ -84,6 +87,28 @@ def test_equal_embeddings_still_export_in_the_shared_form(opus, tmp_path):
     directory = export_marian(opus, tmp_path / "hf")
     assert json.loads((directory / "config.json").read_text())["share_encoder_decoder_embeddings"] is True
     assert "model.shared.weight" in read_safetensors(directory / "model.safetensors")
+
+
+def _with_own_target_vocabulary(workdir, output, vocab_size):
+    """The run in `workdir` as one with separate vocabularies: a German tokenizer of `vocab_size`
+    pieces for the target (the parameters are left as they are: the export refuses before them)."""
+    step, metadata, params = load_checkpoint(workdir)
+    target = train_tokenizer(read_raw("train.de.gz", 1500), vocab_size=vocab_size)
+    model = {**metadata.model, "share_embeddings": False, "source_vocab_size": metadata.model["vocab_size"]}
+    model["vocab_size"] = target.vocab_size
+    checkpointer = Checkpointer(RunDirectory(output).checkpoints, keep=None)
+    checkpointer.save_params(step, params, metadata.replace(model=model, target_tokenizer=target.model_proto))
+    checkpointer.close()
+    return output
+
+
+@pytest.mark.parametrize("sizes", ["equal", "different"])
+def test_separate_vocabularies_are_refused_naming_the_option_whatever_their_sizes(opus, sizes, tmp_path):
+    source_size = load_checkpoint(opus, params=False)[1].model_config().vocab_size
+    workdir = _with_own_target_vocabulary(opus, tmp_path / "run", source_size if sizes == "equal" else 300)
+    with pytest.raises(ConversionError, match=r"tokenizer\.separate_vocabularies=True exports only when its two"):
+        export_marian(workdir, tmp_path / "hf")
+    assert not (tmp_path / "hf").exists()
 
 
 @pytest.fixture(scope="module")
