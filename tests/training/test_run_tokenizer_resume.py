@@ -40,6 +40,9 @@ def run(tmp_path_factory):
     checkpointer.close()
     trained_with = {**metadata.config, "tokenizer": {**metadata.config["tokenizer"], "model_path": str(given)}}
     metadata = metadata.replace(tokenizer=Tokenizer.from_sentencepiece_file(given).model_proto, config=trained_with)
+    # The run's own copy, as a run writes it: no test may depend on another having written it first
+    # (xdist can run any one of them alone on a worker).
+    RunDirectory(workdir).tokenizer_file.write_bytes(metadata.tokenizer)
     other = sentencepiece_model(read_raw("train.en.gz")[3000:3600], 80)
     return RunDirectory(workdir), given, original, other, (metadata, f"checkpoint {step} of {checkpointer.directory}")
 
