@@ -45,3 +45,9 @@ class UserError(Exception):
 
 class CheckpointError(UserError, RuntimeError):
     """No usable checkpoint, or one that does not belong to this configuration."""
+
+
+def first_line(error: BaseException) -> str:
+    """`error` in one line for a message: its type and the first line of its text."""
+    text = str(error).strip()
+    return f"{type(error).__name__}: {text.splitlines()[0]}" if text else type(error).__name__

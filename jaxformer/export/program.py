@@ -18,6 +18,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from jaxformer.decoding.generate import DecodeSettings, make_generate_fn
+from jaxformer.errors import first_line
 from jaxformer.model.config import TransformerConfig
 
 logger = logging.getLogger(__name__)
@@ -64,13 +65,8 @@ def export_beam_search(
             working.append(platform)
         except Exception as error:  # noqa: BLE001
             first_error = first_error or error
-            failed[platform] = _first_line(error)
+            failed[platform] = first_line(error)
             logger.warning("cannot export the beam search for %s: %s", platform, failed[platform])
     if not working:
         raise first_error
     return jax.export.export(generate_fn, platforms=tuple(working))(*specs), failed
-
-
-def _first_line(error: BaseException) -> str:
-    text = str(error).strip()
-    return f"{type(error).__name__}: {text.splitlines()[0]}" if text else type(error).__name__

@@ -29,7 +29,7 @@ import jax
 import numpy as np
 import orbax.checkpoint as ocp
 
-from jaxformer.errors import CheckpointError
+from jaxformer.errors import CheckpointError, first_line
 from jaxformer.run.checksums import (  # noqa: F401  (ChecksumError: re-exported)
     ChecksumError,
     saved_checksums,
@@ -53,11 +53,6 @@ SET_ASIDE_WARNINGS = {
 
 def _no_missing_metadata_warning(record: logging.LogRecord) -> bool:
     return "Metadata file does not exist" not in record.getMessage()
-
-
-def _first_line(error: BaseException) -> str:
-    text = str(error).strip()
-    return f"{type(error).__name__}: {text.splitlines()[0]}" if text else type(error).__name__
 
 
 # ------------------------------------------------------------------------------------------
@@ -236,7 +231,7 @@ class Checkpointer:
                 raise CheckpointError(
                     f"cannot read the metadata of checkpoint {step}: {path} does not exist"
                 ) from error
-            raise CheckpointError(f"cannot read {path} ({_first_line(error)})") from error
+            raise CheckpointError(f"cannot read {path} ({first_line(error)})") from error
         verify_metadata(values, str(path))
         return values
 
@@ -300,7 +295,7 @@ class Checkpointer:
                     item_metadata = checkpointer.metadata(path).item_metadata
                 except Exception as error:
                     refuse_removed(path)
-                    raise CheckpointError(f"cannot read the checkpoint {path} ({_first_line(error)})") from error
+                    raise CheckpointError(f"cannot read the checkpoint {path} ({first_line(error)})") from error
                 if item_metadata is None:
                     refuse_removed(path)
                     raise CheckpointError(
@@ -327,7 +322,7 @@ class Checkpointer:
                     )
                 except Exception as error:
                     refuse_removed(path)
-                    raise CheckpointError(f"cannot restore the parameters of {path} ({_first_line(error)})") from error
+                    raise CheckpointError(f"cannot restore the parameters of {path} ({first_line(error)})") from error
         finally:
             checkpointer.close()
         return restored["params"]
@@ -380,9 +375,9 @@ class Checkpointer:
                     verify_arrays(restored["state"], checksums, where)
                     verify_iterator(data_iterator, checksums, where)
             except Exception as error:  # orbax/tensorstore raise many types for damaged files
-                failures.append(f"step {step}: {_first_line(error)}")
+                failures.append(f"step {step}: {first_line(error)}")
                 logger.warning(
-                    "checkpoint %s cannot be restored (%s); trying the previous one", where, _first_line(error)
+                    "checkpoint %s cannot be restored (%s); trying the previous one", where, first_line(error)
                 )
                 continue
             for damaged in steps:

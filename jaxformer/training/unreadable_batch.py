@@ -12,13 +12,9 @@ from collections.abc import Callable
 import jax
 
 from jaxformer.data.parallel_text import DataError
+from jaxformer.errors import first_line
 
 logger = logging.getLogger(__name__)
-
-
-def _first_line(error: BaseException) -> str:
-    text = str(error).strip()
-    return f"{type(error).__name__}: {text.splitlines()[0]}" if text else type(error).__name__
 
 
 def saved_before_stopping(error: DataError, step: int, first_step: int, save: Callable[[int], None]) -> DataError:
@@ -36,11 +32,11 @@ def saved_before_stopping(error: DataError, step: int, first_step: int, save: Ca
     try:
         save(step)
     except Exception as save_error:
-        logger.warning("the checkpoint of step %d could not be saved: %s", step, _first_line(save_error))
+        logger.warning("the checkpoint of step %d could not be saved: %s", step, first_line(save_error))
         logger.debug("the failed save of step %d", step, exc_info=save_error)
         return DataError(
             f"{error}; training stopped after step {step}, whose checkpoint could not be saved "
-            f"({_first_line(save_error)}); the same command then resumes from the last checkpoint"
+            f"({first_line(save_error)}); the same command then resumes from the last checkpoint"
         )
     return DataError(
         f"{error}; training stopped after step {step}, which is saved: the same command then resumes there"
