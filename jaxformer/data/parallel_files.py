@@ -56,7 +56,7 @@ class SplitFiles:
 
 
 def split_files(split: str, spec: str, languages: Sequence[str]) -> SplitFiles:
-    """The files of `data.files.<split>` = `spec`, checked to exist (nothing is read)."""
+    """The files of `data.files.<split>` = `spec`, checked to exist and to open for reading (nothing is read)."""
     setting = f"data.files.{split}={spec!r}"  # as given, in errors
     spec = os.path.abspath(os.path.expanduser(spec))
     is_tsv = spec.lower().endswith(TSV_SUFFIXES)
@@ -76,14 +76,15 @@ def split_files(split: str, spec: str, languages: Sequence[str]) -> SplitFiles:
             f"(e.g. corpus/{split}.{LANGUAGE_FIELD}.gz for corpus/{split}.{languages[0]}.gz and "
             f"corpus/{split}.{languages[1]}.gz)"
         )
-    missing = missing_files(files)
-    if missing:
-        raise DataError(f"{setting}: {'; '.join(missing)}")
+    unusable = unusable_files(files)
+    if unusable:
+        raise DataError(f"{setting}: {'; '.join(unusable)}")
     return files
 
 
-def missing_files(files: SplitFiles) -> list[str]:
-    """One phrase per file of `files` that is not there (or is not a file)."""
+def unusable_files(files: SplitFiles) -> list[str]:
+    """One phrase per file of `files` that is not there, is not a file or cannot be opened for
+    reading (permissions): found before anything is hashed or prepared."""
     if files.tsv is not None:
         described = {str(files.tsv): files.tsv}
     else:
@@ -94,7 +95,22 @@ def missing_files(files: SplitFiles) -> list[str]:
             phrases.append(f"{description} not found")
         elif not path.is_file():
             phrases.append(f"{description} is not a file")
+        else:
+            try:
+                with open(path, "rb"):
+                    pass
+            except OSError as error:
+                phrases.append(f"{description} cannot be read ({error.strerror or error})")
     return phrases
+
+
+def hash_source_files(paths: Mapping[str, pathlib.Path]) -> dict[str, dict]:
+    """`fp.hash_files(paths)`, with a file that fails to read (a disk's error, or one made
+    unreadable since it was checked) as a DataError naming it."""
+    try:
+        return fp.hash_files(paths)
+    except OSError as error:
+        raise DataError(f"{error.filename}: cannot be read ({error.strerror or error})") from None
 
 
 def read_pairs(
@@ -184,7 +200,7 @@ class ParallelFiles(FingerprintedBuilder):
         settings = {"source_language": source_language, "target_language": target_language}
         if self._holdout is not None:
             settings.update(validation_holdout=validation_holdout, holdout_seed=holdout_seed)
-        hashes = fp.hash_files(self._named_paths())
+        hashes = hash_source_files(self._named_paths())
         _refuse_a_split_twice(self._files, hashes)
         self._set_sources(hashes, settings)
         super().__init__(
@@ -222,10 +238,12 @@ class ParallelFiles(FingerprintedBuilder):
         return {name: path for files in self._files.values() for name, path in files.named_paths().items()}
 
     def _current_source_files(self) -> dict[str, dict]:
-        missing = [phrase for files in self._files.values() for phrase in missing_files(files)]
-        if missing:
-            raise DataError(f"{self._source_location()}: files went missing while preparing: {'; '.join(missing)}")
-        return fp.hash_files(self._named_paths())
+        unusable = [phrase for files in self._files.values() for phrase in unusable_files(files)]
+        if unusable:
+            raise DataError(
+                f"{self._source_location()}: files went missing or unreadable while preparing: {'; '.join(unusable)}"
+            )
+        return hash_source_files(self._named_paths())
 
     def _source_location(self) -> str:
         return "data.files (" + ", ".join(f"{split}={files.spec}" for split, files in self._files.items()) + ")"

@@ -54,7 +54,7 @@ def decode_lines(raw_lines: Iterable[bytes], name: str | pathlib.Path) -> list[s
 
 
 def read_lines(path: str | pathlib.Path) -> list[str]:
-    """The lines of a text file, gzip or plain."""
+    """The lines of a text file, gzip or plain; DataError naming it when it cannot be read."""
     path = pathlib.Path(path)
     try:
         with _open_text(path) as handle:
@@ -65,6 +65,8 @@ def read_lines(path: str | pathlib.Path) -> list[str]:
         if not is_gzip:  # plain text (or another format) named .gz
             raise DataError(f"{path}: not a gzip file ({error}); rename it without .gz if it is plain text") from None
         raise DataError(f"{path}: not a complete gzip file ({error})") from None
+    except OSError as error:  # after the gzip errors above, which are OSErrors too
+        raise DataError(f"{path}: cannot be read ({error.strerror or error})") from None
 
 
 def read_parallel_lines(

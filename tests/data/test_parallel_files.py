@@ -1,6 +1,7 @@
 """data.name = "parallel_files": the user's own TSV or {lang} text files as train / validation / test
 splits, prepared once per fingerprint of the files and settings; and a tiny run trained on them."""
 
+import errno
 import gzip
 import json
 import logging
@@ -17,7 +18,7 @@ import sacrebleu
 
 from jaxformer.data import fingerprint
 from jaxformer.data.parallel_files import ParallelFiles, holdout_indices
-from jaxformer.data.parallel_text import DataError, decode_lines
+from jaxformer.data.parallel_text import DataError, decode_lines, read_lines
 from jaxformer.data.sources import data_fingerprint, get_builder, load_split, prepare
 from jaxformer.training.experiment import default_config
 
@@ -288,6 +289,54 @@ def test_file_errors_name_the_file_before_anything_is_prepared(tmp_path):
         get_builder(section(tmp_path, name="multi30k", test=fine))
     with pytest.raises(DataError, match="data.raw_dir and data.download apply to multi30k only"):
         get_builder(section(tmp_path, train=fine, raw_dir=str(tmp_path)))
+
+
+def make_unreadable(path, monkeypatch):
+    """`path` without read permission; where that does not stop this process (root), opening it
+    raises the PermissionError a user's process would get."""
+    path.chmod(0)
+    if os.access(path, os.R_OK):
+        real_open = open
+
+        def denying_open(file, *args, **kwargs):
+            if os.fspath(file) == str(path):
+                raise PermissionError(errno.EACCES, os.strerror(errno.EACCES), str(path))
+            return real_open(file, *args, **kwargs)
+
+        monkeypatch.setattr("builtins.open", denying_open)
+
+
+@pytest.mark.parametrize("form", ["text files", "tsv"])
+def test_an_unreadable_file_is_named_before_anything_is_hashed_or_prepared(tmp_path, monkeypatch, form):
+    fine = write_text_files(tmp_path / "corpus" / "train.{lang}", pairs(0, 20))
+    dev_tsv = write_tsv(tmp_path / "dev.tsv", pairs(20, 5))
+    if form == "tsv":
+        unreadable, values = tmp_path / "dev.tsv", dict(train=fine, validation=dev_tsv)
+        message = rf"^data\.files\.validation='.*dev\.tsv': {unreadable} cannot be read \(Permission denied\)$"
+    else:
+        unreadable, values = tmp_path / "corpus" / "train.ja", dict(train=fine)
+        message = rf"^data\.files\.train='.*': {unreadable} \(its 'ja' file\) cannot be read \(Permission denied\)$"
+    make_unreadable(unreadable, monkeypatch)
+    with pytest.raises(DataError, match=message):
+        get_builder(section(tmp_path, **values))
+    assert not (tmp_path / "tfds").exists()
+
+
+def test_a_read_error_after_the_check_is_one_line_naming_the_file(tmp_path, monkeypatch):
+    """A disk's error (EIO) while hashing, or a file replaced by a folder before it is read."""
+    train = write_text_files(tmp_path / "train.{lang}", pairs(0, 20))
+
+    def failing_hash(path):
+        raise OSError(errno.EIO, os.strerror(errno.EIO), str(path))
+
+    with monkeypatch.context() as patched:
+        patched.setattr(fingerprint, "hash_file", failing_hash)
+        with pytest.raises(DataError, match=rf"^{tmp_path}/train\.(fr|ja): cannot be read \(Input/output error\)$"):
+            get_builder(section(tmp_path, train=train))
+    (tmp_path / "train.fr").unlink()
+    (tmp_path / "train.fr").mkdir()  # as if replaced after the check: read_lines opens what is there
+    with pytest.raises(DataError, match=rf"^{tmp_path}/train\.fr: cannot be read \(Is a directory\)$"):
+        read_lines(tmp_path / "train.fr")
 
 
 def test_splits_with_the_same_pairs_in_other_file_formats_are_refused(tmp_path):
