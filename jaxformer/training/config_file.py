@@ -8,6 +8,7 @@ Errors name the file, the config name or the key, with near matches for a misspe
 from __future__ import annotations
 
 import ast
+import copy
 import difflib
 import importlib.machinery
 import importlib.resources
@@ -19,6 +20,7 @@ from collections.abc import Sequence
 from typing import Any
 
 import ml_collections
+import numpy as np
 
 from jaxformer.model.config import PRESETS, ConfigError
 from jaxformer.training.experiment import default_config, nullable_keys, unknown_key_error
@@ -68,7 +70,39 @@ def load_config_file(path: str | pathlib.Path) -> ml_collections.ConfigDict:
     if not isinstance(config, ml_collections.ConfigDict):
         raise ConfigError(f"config file {path}: get_config() returned {type(config).__name__}, not a ConfigDict")
     refuse_missing_keys(config, path)
+    return with_python_values(config)
+
+
+def with_python_values(config: ml_collections.ConfigDict) -> ml_collections.ConfigDict:
+    """A copy of `config` whose numpy scalars (`numpy.int64(20)`, in lists and tuples too) are
+    Python's int, float and bool: a value computed with numpy passes every check, but would fail
+    where the config is written as JSON (the first checkpoint) and refuse `--config.KEY=` overrides."""
+    config = copy.deepcopy(config)
+    _replace_numpy_scalars(config)
     return config
+
+
+def _replace_numpy_scalars(section: ml_collections.ConfigDict) -> None:
+    for key in list(section.keys()):
+        value = section[key]
+        if isinstance(value, ml_collections.ConfigDict):
+            _replace_numpy_scalars(value)
+        elif _holds_numpy_scalars(value):
+            with section.unlocked():  # a numpy-typed field takes no Python value: made anew
+                del section[key]
+                section[key] = _python_value(value)
+
+
+def _holds_numpy_scalars(value: Any) -> bool:
+    if isinstance(value, (list, tuple)):
+        return any(_holds_numpy_scalars(item) for item in value)
+    return isinstance(value, np.generic)
+
+
+def _python_value(value: Any) -> Any:
+    if isinstance(value, (list, tuple)):
+        return type(value)(_python_value(item) for item in value)
+    return value.item() if isinstance(value, np.generic) else value
 
 
 def missing_keys(

@@ -1,16 +1,18 @@
 """A config file's shape: every key of default_config() present (a missing one is refused when the
 file loads, before overrides or any work), and any file name read as Python source."""
 
+import json
 import pathlib
 import shutil
 import sys
 
+import numpy as np
 import pytest
 
 from jaxformer.commands import train
 from jaxformer.model.config import ConfigError
 from jaxformer.training import experiment
-from jaxformer.training.config_file import load_config, load_config_file, packaged_config_names
+from jaxformer.training.config_file import load_config, load_config_file, packaged_config_names, with_python_values
 from jaxformer.training.sweep import load_sweep
 
 ROOT = pathlib.Path(__file__).parents[2]
@@ -122,3 +124,38 @@ def test_a_sweep_file_not_ending_in_py_is_read_as_python(tmp_path):
     path = tmp_path / "sweep.txt"
     path.write_text("def get_sweep():\n    return {'wide': ['model.d_ff=128'], 'base': []}\n")
     assert load_sweep(str(path)) == {"wide": ["model.d_ff=128"], "base": []}
+
+
+def test_numpy_scalars_of_a_replaced_section_become_python_values(tmp_path, capsys):
+    """Computed with numpy, they pass every check, but the first checkpoint writes the config as
+    JSON (which has no numpy types) and a numpy-typed key refuses a Python value from the command line."""
+    path = tiny_changed_by(
+        tmp_path,
+        "import ml_collections, numpy",
+        "d = c.training.to_dict()",
+        "d['num_train_steps'], d['keep_checkpoints'] = numpy.int64(20), numpy.int32(5)",
+        "d['label_smoothing'] = numpy.float32(0.25)",
+        "d['final_choice'], d['final_alphas'] = numpy.bool_(True), [numpy.float64(0.6), 1.0]",
+        "c.training = ml_collections.ConfigDict(d)",
+    )
+    config = load_config_file(path)
+    training = config.training
+    assert (training.num_train_steps, training.label_smoothing, training.final_choice) == (20, 0.25, True)
+    assert [type(training[key]) for key in ("num_train_steps", "label_smoothing", "final_choice")] == [int, float, bool]
+    assert [type(alpha) for alpha in training.final_alphas] == [float, float]
+    json.dumps(config.to_dict())  # as each checkpoint's metadata does
+    experiment.validate(config)
+
+    assert train.main(["--config", str(path), "--print_config", "--config.training.num_train_steps=30"]) == 0
+    printed = capsys.readouterr().out
+    assert "num_train_steps: 30" in printed and "numpy" not in printed
+
+
+def test_a_library_callers_numpy_scalars_become_python_values():
+    config = experiment.default_config()
+    with config.unlocked():
+        del config.training["seed"]
+        config.training["seed"] = np.int64(3)
+    plain = with_python_values(config)
+    assert type(plain.training.seed) is int and plain.training.seed == 3
+    assert type(config.training.seed) is np.int64  # the caller's config is left as it was
