@@ -53,6 +53,13 @@ def _checked_against_checkpoint(path: pathlib.Path, saved_proto: bytes, where: s
         saved.save(path)
         logger.info("restored %s from %s", path, where)
         return saved
+    _check_workdir_copy(path, saved, where)
+    return saved
+
+
+def _check_workdir_copy(path: pathlib.Path, saved: Tokenizer, where: str) -> None:
+    """A CheckpointError when the workdir's tokenizer file `path` is unreadable or is not `saved`,
+    the tokenizer stored in `where` that the model was trained with."""
     try:
         tokenizer = Tokenizer.load(path)
     except TokenizerError as error:
@@ -62,7 +69,6 @@ def _checked_against_checkpoint(path: pathlib.Path, saved_proto: bytes, where: s
             f"{path} is not the tokenizer stored in {where}, which the model was trained with; "
             f"delete {path} to restore it from the checkpoint, or train in a new workdir"
         )
-    return saved
 
 
 def _given_model_differs(
@@ -313,10 +319,11 @@ def check_given_models(
     resuming: bool = False,
 ) -> None:
     """tokenizer_for_run's refusals that need no data, before any is prepared: checkpoints whose
-    vocabularies cannot be the config's, a given model that does not convert to the tokenizer of
+    vocabularies cannot be the config's, a workdir's tokenizer file that is not the one stored in
+    that checkpoint (swapped or edited), a given model that does not convert to the tokenizer of
     the checkpoint its side's embeddings come from, and subword sampling (tokenizer.sampling_nbest)
     with a tokenizer, given or a checkpoint's, that is not a unigram model. Reads the given
-    models; writes nothing."""
+    models and the workdir's; writes nothing."""
     run = RunDirectory(run)
     source_saved, target_saved = _saved_sides(config, saved, sides)
     sampling = SubwordSampling.from_config(config.tokenizer)
@@ -331,6 +338,8 @@ def check_given_models(
                 stored = Tokenizer(side_saved[0])  # as _one_tokenizer reads it
             except (TypeError, ValueError):
                 continue  # unusable: _checked_against_checkpoint names it
+            if path.exists():
+                _check_workdir_copy(path, stored, side_saved[1])
         if model_path is None and (stored is None or sampling is None):
             continue
         given = None if model_path is None else _given_model(config, model_key, path, resuming)

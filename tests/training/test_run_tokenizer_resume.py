@@ -137,3 +137,33 @@ def test_subword_sampling_with_a_given_bpe_model_is_refused_before_the_data(run,
     unigram = given_config(workdir.tokenizer_file)
     unigram.tokenizer.sampling_nbest = 4
     check_given_models(unigram, workdir, saved, resuming=True)  # a unigram model samples
+
+
+def test_a_swapped_workdir_tokenizer_is_refused_before_the_data(run, tmp_path, monkeypatch):
+    """Another sentencepiece model copied over the workdir's tokenizer.model, then the same command:
+    refused before any data is prepared (the run's data_dir is never made), not after hours of it."""
+    from jaxformer.training import run_start
+
+    def no_data(*args, **kwargs):
+        raise AssertionError("the data was prepared before the workdir's tokenizer was checked")
+
+    monkeypatch.setattr(run_start, "get_builder", no_data)
+    monkeypatch.setattr(run_start, "prepare_data", no_data)
+    workdir = RunDirectory(shutil.copytree(run[0], tmp_path / "run"))
+    checkpointer = Checkpointer(workdir.checkpoints, keep=None, read_only=True)
+    step, metadata = checkpointer.latest_step_metadata()
+    checkpointer.close()
+    # The module's workdir holds a conversion of given.model; its checkpoint, the tokenizer make_workdir trained.
+    assert workdir.tokenizer_file.read_bytes() != metadata.tokenizer
+    config = experiment.default_config()
+    config.model = experiment.model_section("tiny")
+    config.tokenizer.vocab_size = metadata.config["tokenizer"]["vocab_size"]
+    config.data.data_dir = str(tmp_path / "tfds")
+    with pytest.raises(CheckpointError) as raised:
+        run_start.prepare_run(config, workdir.path)
+    assert str(raised.value) == (
+        f"{workdir.tokenizer_file} is not the tokenizer stored in checkpoint {step} of {workdir.checkpoints}, "
+        f"which the model was trained with; delete {workdir.tokenizer_file} to restore it from the checkpoint, "
+        "or train in a new workdir"
+    )
+    assert not (tmp_path / "tfds").exists()
