@@ -64,9 +64,10 @@ def split_pairs(workdir: str, split: str, max_examples: int | None) -> tuple[lis
     # The run's split only comes from the data it was trained on: with other or edited files a
     # held-out validation split could hold training pairs, and a test file would not be the run's.
     remedy = "restore the files, or score files of your own with --source and --reference"
-    check_same_data(builder, metadata.data_fingerprint, workdir, remedy)  # files known up front: before preparing
+    trained_on, trained_files = metadata.data_fingerprint, data.get("files")
+    check_same_data(builder, trained_on, workdir, remedy, trained_files)  # files known up front: before preparing
     records = load_split(builder, split, languages)
-    check_same_data(builder, metadata.data_fingerprint, workdir, remedy)  # fingerprinted once fetched
+    check_same_data(builder, trained_on, workdir, remedy, trained_files)  # fingerprinted once fetched
     count = len(records) if max_examples is None else min(max_examples, len(records))
     rows = list(read_records(records, range(count)))
     file_lines = _file_lines(builder, split, len(records), count)

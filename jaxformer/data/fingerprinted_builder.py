@@ -86,6 +86,37 @@ class FingerprintedBuilder(tfds.core.GeneratorBasedBuilder, skip_registration=Tr
         """File name -> {"size", "sha256"} of the source files (None like `fingerprint`)."""
         return None if self._source_files is None else {name: dict(v) for name, v in self._source_files.items()}
 
+    def changes_since(self, fingerprint: str) -> list[str] | None:
+        """One phrase per source file (and for the settings) that differs from what the data of
+        `fingerprint` was prepared from, read from that preparation's record where data_dir still
+        holds it; None where it does not, or while the sources are not known (a download)."""
+        if self._source_files is None or not self.builder_config.name.startswith("files-"):
+            return None
+        then = self.data_path.parent.parent / f"files-{fp.short(fingerprint)}" / self.data_path.name
+        record, problem = fp.read_record(then)
+        if problem or record["fingerprint"] != fingerprint:
+            return None
+        old, new = record["files"], self._source_files
+        phrases = []
+        for name in sorted(set(old) | set(new)):
+            role, _, file = name.rpartition(": ")  # "train.fr: train.fr.gz": the file of train's fr side
+            named = f"the {role} file {file}" if role else name
+            if name not in old:
+                phrases.append(f"{named} is new")
+            elif name not in new:
+                phrases.append(f"{named} is no longer given")
+            elif old[name]["size"] != new[name]["size"]:
+                phrases.append(f"{named} has {new[name]['size']} bytes, {old[name]['size']} then")
+            elif old[name]["sha256"] != new[name]["sha256"]:
+                digests = f"sha256 {fp.short(new[name]['sha256'])}, then {fp.short(old[name]['sha256'])}"
+                phrases.append(f"{named} has other bytes ({digests})")
+        old_settings, new_settings = record.get("settings") or {}, self._settings or {}
+        for key in sorted(set(old_settings) | set(new_settings)):
+            if old_settings.get(key) != new_settings.get(key):
+                value, then = (repr(s[key]) if key in s else "unset" for s in (new_settings, old_settings))
+                phrases.append(f"the setting {key} is {value}, {then} then")
+        return phrases
+
     # -- what a subclass says about its sources -------------------------------------------------
 
     @abc.abstractmethod

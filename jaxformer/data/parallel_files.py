@@ -220,6 +220,20 @@ class ParallelFiles(FingerprintedBuilder):
         """split -> its files, for the splits given as files (validation may be held out instead)."""
         return dict(self._files)
 
+    def spec_changes(self, trained_files: Mapping[str, str | None]) -> list[str]:
+        """One phrase per split of data.files given otherwise than in `trained_files` (a run's
+        data.files, absolute); the same paths whose files changed, where every split is as it was."""
+        phrases = []
+        for split in SPLITS:
+            then = trained_files.get(split)
+            now = self._files[split].spec if split in self._files else None
+            if then is not None:
+                then = os.path.abspath(os.path.expanduser(then))
+            if now != then:
+                given = "unset" if now is None else repr(now)
+                phrases.append(f"data.files.{split} is {given}, {'unset' if then is None else repr(then)} then")
+        return phrases or [f"the files at the paths of data.files ({', '.join(self._files)}) changed"]
+
     def split_names(self) -> list[str]:
         """The splits it prepares, known before it prepares them: the files', and validation held out of train."""
         return [split for split in SPLITS if split in self._files or (split == "validation" and self._holdout)]

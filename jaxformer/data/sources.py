@@ -10,7 +10,7 @@ import logging
 import re
 import sys
 import tempfile
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 
 import ml_collections
 import tensorflow_datasets as tfds
@@ -184,17 +184,31 @@ def data_fingerprint(builder) -> str | None:
     return getattr(builder, "fingerprint", None)
 
 
-def check_same_data(builder, trained_on: str | None, workdir, remedy: str) -> None:
+def check_same_data(
+    builder, trained_on: str | None, workdir, remedy: str, trained_files: Mapping[str, str | None] | None = None
+) -> None:
     """A DataError when the run in `workdir`, trained on data of fingerprint `trained_on`, would
-    now read other files through `builder`; `remedy` ends the message. Local files are fingerprinted
-    when the builder is made, so this is known before a copy of them is prepared; downloaded ones
-    once they are fetched (None until then: check again after preparing)."""
+    now read other files through `builder`; `remedy` ends the message, which names what changed
+    (`data_changes`; `trained_files`: the run's data.files). Local files are fingerprinted when the
+    builder is made, so this is known before a copy of them is prepared; downloaded ones once they
+    are fetched (None until then: check again after preparing)."""
     now = data_fingerprint(builder)
     if trained_on is not None and now is not None and now != trained_on:
+        changes = data_changes(builder, trained_on, trained_files)
         raise DataError(
             f"{workdir} was trained on other data files (fingerprint {trained_on}) than {builder.name} has now "
-            f"({now}); {remedy}"
+            f"({now}){': ' + '; '.join(changes) if changes else ''}; {remedy}"
         )
+
+
+def data_changes(builder, trained_on: str, trained_files: Mapping[str, str | None] | None) -> list[str]:
+    """What differs from the data the run was trained on: each file, where data_dir still holds
+    the record of that data's preparation; else (parallel_files) each split of data.files given
+    otherwise than the run's `trained_files`; else nothing known."""
+    changes = builder.changes_since(trained_on) if isinstance(builder, FingerprintedBuilder) else None
+    if changes is None and isinstance(builder, ParallelFiles) and trained_files is not None:
+        changes = builder.spec_changes(trained_files)
+    return changes or []
 
 
 def prepare(builder) -> None:

@@ -192,10 +192,12 @@ def prepare_run(config: ml_collections.ConfigDict, workdir: pathlib.Path) -> Pre
         check_mesh_fits_the_configured_model(config, mesh, rules)
 
     builder = get_builder(data)
-    trained_on, remedy = saved and saved.data_fingerprint, "restore the files or use a new workdir"
-    check_same_data(builder, trained_on, workdir, remedy)  # before preparing: a refused resume prepares nothing
+    trained_on = saved and saved.data_fingerprint
+    trained_files = saved and (saved.config or {}).get("data", {}).get("files")
+    remedy = "restore the files and data.files as the run had them, or use a new workdir"
+    check_same_data(builder, trained_on, workdir, remedy, trained_files)  # before preparing: prepares nothing
     train_source, eval_source = prepare_data(data, builder)
-    check_same_data(builder, trained_on, workdir, remedy)  # downloaded files: fingerprinted once fetched
+    check_same_data(builder, trained_on, workdir, remedy, trained_files)  # downloads: fingerprinted once fetched
     fingerprint = data_fingerprint(builder)
     tokenizers = tokenizer_for_run(
         config, run, train_source, saved_tokenizers, side_tokenizers(starting_points), resuming=resuming

@@ -19,7 +19,7 @@ import sacrebleu
 from jaxformer.data import fingerprint
 from jaxformer.data.parallel_files import ParallelFiles, holdout_indices
 from jaxformer.data.parallel_text import DataError, decode_lines, read_lines
-from jaxformer.data.sources import data_fingerprint, get_builder, load_split, prepare
+from jaxformer.data.sources import check_same_data, data_fingerprint, get_builder, load_split, prepare
 from jaxformer.training.experiment import default_config
 
 # French -> Japanese sentences built from parts: every line different, Japanese in its own script.
@@ -448,6 +448,42 @@ def test_content_errors_name_the_file_and_line(tmp_path, caplog):
     upper.parent.mkdir()
     upper.write_bytes(whole)
     assert read(get_builder(section(tmp_path, train=str(upper), validation_holdout=2)), "train")[0] in good
+
+
+def test_a_resume_on_changed_files_names_what_changed(tmp_path):
+    """Each file added, gone or edited since the run's data was prepared (from that preparation's
+    record), or, where data_dir no longer holds it, each split of data.files given otherwise."""
+    train = write_text_files(tmp_path / "train.{lang}", pairs(0, 20))
+    builder = get_builder(section(tmp_path, train=train, validation_holdout=2))
+    prepare(builder)
+    trained_on, trained_files = builder.fingerprint, {"train": train, "validation": None, "test": None}
+
+    def error_for(trained_files=trained_files, **values):
+        with pytest.raises(DataError) as caught:
+            check_same_data(get_builder(section(tmp_path, **values)), trained_on, "runs/fr-ja", "R", trained_files)
+        prefix = rf"runs/fr-ja was trained on other data files \(fingerprint {trained_on}\) than parallel_files has"
+        assert re.match(rf"{prefix} now \(sha256:\w+\): ", str(caught.value)) and str(caught.value).endswith("; R")
+        return str(caught.value).split("): ", 1)[1].removesuffix("; R")
+
+    test = write_tsv(tmp_path / "test.tsv", pairs(20, 5))
+    assert error_for(train=train, validation_holdout=2, test=test) == "the test file test.tsv is new"
+    dev = write_text_files(tmp_path / "dev.{lang}", pairs(30, 5))
+    assert error_for(train=train, validation=dev) == (
+        "the validation.fr file dev.fr is new; the validation.ja file dev.ja is new; "
+        "the setting holdout_seed is unset, 0 then; the setting validation_holdout is unset, 2 then"
+    )
+    french = (tmp_path / "train.fr").read_bytes()
+    (tmp_path / "train.fr").write_bytes(french.replace(b"Le chat", b"Un chat", 1))  # the same size
+    (tmp_path / "train.ja").write_bytes((tmp_path / "train.ja").read_bytes() + "猫。\n".encode())
+    assert re.fullmatch(
+        r"the train\.fr file train\.fr has other bytes \(sha256 \w{12}, then \w{12}\); "
+        r"the train\.ja file train\.ja has \d+ bytes, \d+ then",
+        error_for(train=train, validation_holdout=2),
+    )
+
+    shutil.rmtree(tmp_path / "tfds")  # no record of the run's preparation: its data.files tell what changed
+    assert error_for(train=train, validation_holdout=2) == "the files at the paths of data.files (train) changed"
+    assert error_for(train=train, validation_holdout=2, test=test) == f"data.files.test is {test!r}, unset then"
 
 
 def test_a_failed_preparation_leaves_no_empty_dataset_folder(tmp_path):
