@@ -203,14 +203,19 @@ def _one_tokenizer(
     # Training is deterministic: a file that no checkpoint vouches for (left by an earlier start in
     # this workdir that wrote no checkpoint, or by a failed fine-tuning) is used only if it is the
     # one this config trains on this data.
-    trained = train_tokenizer(
-        _sentences(train_source, languages, section.max_sentences),
-        section.vocab_size,
-        section.model_type,
-        section.character_coverage,
-        section.max_sentences,
-        control_symbols=control,
-    )
+    try:
+        trained = train_tokenizer(
+            _sentences(train_source, languages, section.max_sentences),
+            section.vocab_size,
+            section.model_type,
+            section.character_coverage,
+            section.max_sentences,
+            control_symbols=control,
+        )
+    except TokenizerError as error:
+        if not section.separate_vocabularies:
+            raise
+        raise TokenizerError(f"the {'+'.join(languages)!r} tokenizer (separate vocabularies): {error}") from None
     if tokenizer is not None:
         if trained.model_proto != tokenizer.model_proto:
             raise CheckpointError(

@@ -264,6 +264,20 @@ def records(count=3000):
     return [{"en": en.encode(), "de": de.encode()} for en, de in zip(ENGLISH[:count], GERMAN[:count])]
 
 
+def test_a_separate_vocabulary_too_small_names_its_language(tmp_path):
+    from jaxformer.training.run_tokenizer import tokenizer_for_run
+
+    config = tiny_config()
+    config.tokenizer.separate_vocabularies, config.model.share_embeddings = True, False
+    config.tokenizer.vocab_size = 10
+    with pytest.raises(TokenizerError) as raised:
+        tokenizer_for_run(config, RunDirectory(tmp_path), records(40), None)
+    assert str(raised.value).startswith(
+        "the 'en' tokenizer (separate vocabularies): cannot train a 10-piece unigram tokenizer on 40 sentences: "
+    )
+    assert "\n" not in str(raised.value)
+
+
 def test_separate_tokenizers_are_trained_on_their_own_side(tmp_path):
     from jaxformer.training.run_tokenizer import tokenizer_for_run
 
