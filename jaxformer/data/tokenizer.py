@@ -211,6 +211,22 @@ def with_control_piece(model_proto: bytes, piece: str) -> bytes:
     return model.SerializeToString(deterministic=True)
 
 
+def pieces_text(path: str | pathlib.Path, tokenizer: Tokenizer) -> str:
+    """For a message about the size of `tokenizer`, converted from the sentencepiece model file
+    `path` (`Tokenizer.from_sentencepiece_file`): the file's own piece count, and where the
+    conversion added pieces, which and the count then: "<path> has 500 pieces, 501 with the
+    masked LM's <mask> piece added"."""
+    model = model_pb2.ModelProto()
+    model.ParseFromString(pathlib.Path(path).read_bytes())  # read and converted before: a usable model
+    own = {piece.piece for piece in model.pieces}
+    added = [piece for piece in tokenizer.pieces(range(tokenizer.vocab_size)) if piece not in own]
+    text = f"{path} has {len(model.pieces)} pieces"
+    special = [piece for piece in added if piece != MASK_PIECE]
+    kinds = [f"jaxformer's special piece{'s' if len(special) > 1 else ''} {', '.join(special)}"] if special else []
+    kinds += [f"the masked LM's {MASK_PIECE} piece"] if MASK_PIECE in added else []
+    return f"{text}, {tokenizer.vocab_size} with {' and '.join(kinds)} added" if kinds else text
+
+
 def train_tokenizer(
     sentences: Iterable[str],
     vocab_size: int,

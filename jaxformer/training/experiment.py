@@ -12,7 +12,7 @@ from typing import Any
 
 import ml_collections
 
-from jaxformer.data.tokenizer import Tokenizer
+from jaxformer.data.tokenizer import Tokenizer, pieces_text
 from jaxformer.hardware import resolve_matmul_dtype
 from jaxformer.model.config import ConfigError, TransformerConfig, preset
 from jaxformer.tokens import MASK_PIECE
@@ -329,11 +329,12 @@ def vocabulary_sizes(config: ml_collections.ConfigDict) -> tuple[int, int]:
     paths = {"model_path": section.model_path}
     if section.separate_vocabularies:
         paths["target_model_path"] = section.target_model_path
-    given = {
-        key: Tokenizer.from_sentencepiece_file(path, control_symbols(config)).vocab_size
+    tokenizers = {
+        key: Tokenizer.from_sentencepiece_file(path, control_symbols(config))
         for key, path in paths.items()
         if path is not None
     }
+    given = {key: tokenizer.vocab_size for key, tokenizer in tokenizers.items()}
     # A fine-tuning start's tokenizer is the one its side uses (it replaces vocab_size, logged), a
     # given model there only checked against it: vocab_size is held to the other sides' models.
     checked = {key: path for key, path in paths.items() if key not in _given_by_starts(config)}
@@ -343,15 +344,13 @@ def vocabulary_sizes(config: ml_collections.ConfigDict) -> tuple[int, int]:
     # config file's own value (tiny's 1000, multi30k's 6000) is a choice like any other.
     accepted = {DEFAULT_VOCAB_SIZE, *sizes} if len(sizes) == 1 else {DEFAULT_VOCAB_SIZE}
     if checked and all(key in given for key in checked) and section.vocab_size not in accepted:
-        given = {key: given[key] for key in checked}
-        models = " and ".join(f"tokenizer.{key} {paths[key]} has {size} pieces" for key, size in given.items())
+        models = " and ".join(f"tokenizer.{key} {pieces_text(paths[key], tokenizers[key])}" for key in checked)
         choice = f"{DEFAULT_VOCAB_SIZE}" if len(sizes) > 1 else f"{next(iter(sizes))}, or {DEFAULT_VOCAB_SIZE}"
         both = "; one value cannot be both sizes" if len(sizes) > 1 else ""
         raise ConfigError(
-            f"config tokenizer.vocab_size={section.vocab_size}, but {models} (jaxformer's special pieces "
-            f"included) and no vocabulary is trained here: set tokenizer.vocab_size={choice} (default_config()'s "
-            f"value, which takes each given model's size{both}; a config file's own value, such as multi30k's "
-            "6000, counts as a choice)"
+            f"config tokenizer.vocab_size={section.vocab_size}, but {models}, and no vocabulary is trained here: "
+            f"set tokenizer.vocab_size={choice} (default_config()'s value, which takes each given model's size{both}; "
+            "a config file's own value, such as multi30k's 6000, counts as a choice)"
         )
     source = given.get("model_path", section.vocab_size)
     target = given.get("target_model_path", section.vocab_size) if section.separate_vocabularies else source

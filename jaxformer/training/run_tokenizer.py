@@ -17,7 +17,7 @@ import numpy as np
 
 from jaxformer.data.pipeline import read_records, record_text
 from jaxformer.data.subword_sampling import SubwordSampling
-from jaxformer.data.tokenizer import Tokenizer, TokenizerError, train_tokenizer
+from jaxformer.data.tokenizer import Tokenizer, TokenizerError, pieces_text, train_tokenizer
 from jaxformer.errors import CheckpointError
 from jaxformer.run.directory import RunDirectory
 from jaxformer.run.metadata import CheckpointMetadata
@@ -169,11 +169,9 @@ def _one_tokenizer(
         if tokenizer is None:
             if section.vocab_size != given.vocab_size:
                 logger.info(
-                    "tokenizer.%s %s has %d pieces (jaxformer's special pieces included); it replaces "
-                    "tokenizer.vocab_size=%d for this vocabulary",
+                    "tokenizer.%s %s; it replaces tokenizer.vocab_size=%d for this vocabulary",
                     model_key,
-                    model_path,
-                    given.vocab_size,
+                    pieces_text(model_path, given),
                     section.vocab_size,
                 )
             if jax.process_index() == 0:

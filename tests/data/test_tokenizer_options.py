@@ -234,7 +234,7 @@ def test_validation_of_tokenizer_options(model_files):
     config.tokenizer.model_path = joint
     with pytest.raises(ConfigError) as raised:  # nothing is trained: 1000 contradicts the models
         experiment.validate(config)
-    assert "tokenizer.vocab_size=1000" in str(raised.value) and "401 pieces" in str(raised.value)
+    assert "tokenizer.vocab_size=1000" in str(raised.value) and "400 pieces, 401 with" in str(raised.value)
     config.tokenizer.vocab_size = experiment.DEFAULT_VOCAB_SIZE
     assert experiment.vocabulary_sizes(config) == (401, 301)
     model = experiment.model_config(config, 301, 401)
@@ -246,7 +246,9 @@ def test_validation_of_tokenizer_options(model_files):
         experiment.validate(shared)
     shared.tokenizer.target_model_path = None
     shared.tokenizer.model_path = joint
-    with pytest.raises(ConfigError, match=r"tokenizer.vocab_size=1000, but tokenizer.model_path .* has 401 pieces"):
+    with pytest.raises(
+        ConfigError, match=r"tokenizer.vocab_size=1000, but tokenizer.model_path .* has 400 pieces, 401 with"
+    ):
         experiment.validate(shared)
     shared.tokenizer.vocab_size = 401
     experiment.validate(shared)
@@ -329,7 +331,9 @@ def test_a_given_model_replaces_the_default_vocab_size_and_is_checked_on_resume(
         tokenizers = tokenizer_for_run(config, run, None, None)  # nothing to train on: nothing is trained
     assert tokenizers.shared and tokenizers.source.vocab_size == 401
     assert any(
-        "has 401 pieces" in r.getMessage() and "tokenizer.vocab_size=8000" in r.getMessage() for r in caplog.records
+        "has 400 pieces, 401 with jaxformer's special piece <pad> added; it replaces tokenizer.vocab_size=8000"
+        in r.getMessage()
+        for r in caplog.records
     )
     assert run.tokenizer_file.read_bytes() == with_jaxformer_ids(given.read_bytes())
     assert not run.target_tokenizer_file.exists()

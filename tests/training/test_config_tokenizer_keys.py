@@ -47,8 +47,12 @@ def test_two_given_models_of_two_sizes_take_the_default_vocab_size_only(models, 
         experiment.validate(separate(models, vocab_size=vocab_size))
     message = str(raised.value)
     assert "\n" not in message and message.startswith(f"config tokenizer.vocab_size={vocab_size}, but ")
-    assert f"tokenizer.model_path {models['en']} has 81 pieces" in message
-    assert f"tokenizer.target_model_path {models['de']} has 61 pieces" in message
+    assert (
+        f"tokenizer.model_path {models['en']} has 80 pieces, 81 with jaxformer's special piece <pad> added" in message
+    )
+    assert (
+        f"tokenizer.target_model_path {models['de']} has 60 pieces, 61 with jaxformer's special piece <pad>" in message
+    )
     # One advice, the same whichever size was set: 81 and 61 no longer send the user to each other.
     assert "set tokenizer.vocab_size=8000 (default_config()'s value" in message
     assert "one value cannot be both sizes" in message and "vocab_size=81" not in message.split("set ")[1]
@@ -83,7 +87,7 @@ def test_a_side_that_a_fine_tuning_start_gives_holds_vocab_size_to_nothing(model
     config.training.init_encoder_from = "/runs/mlm"
     with pytest.raises(ConfigError) as raised:
         experiment.validate(config)
-    assert f"tokenizer.target_model_path {models['de']} has 61 pieces" in str(raised.value)
+    assert f"tokenizer.target_model_path {models['de']} has 60 pieces, 61 with" in str(raised.value)
     assert "tokenizer.model_path" not in str(raised.value).split(", but ")[1]
     config.tokenizer.vocab_size = 61
     experiment.validate(config)
@@ -98,9 +102,34 @@ def test_a_given_shared_model_names_its_size_and_the_default(models):
     with pytest.raises(ConfigError) as raised:
         experiment.validate(config)
     message = str(raised.value)
-    assert message.startswith(f"config tokenizer.vocab_size=1000, but tokenizer.model_path {models['en']} has 81")
+    assert message.startswith(
+        f"config tokenizer.vocab_size=1000, but tokenizer.model_path {models['en']} has 80 pieces, 81 with "
+        "jaxformer's special piece <pad> added, and no vocabulary is trained here: "
+    )
     assert "set tokenizer.vocab_size=81, or 8000 (" in message
     config.tokenizer.vocab_size = 81
+    experiment.validate(config)
+
+
+def test_a_masked_lm_names_the_given_models_own_size_and_the_mask_piece_it_adds(models, tmp_path):
+    """A model with jaxformer's ids (a workdir's tokenizer.model) has all its special pieces: the
+    masked LM adds only its <mask> piece, and the message counts the file's pieces, then that one."""
+    from jaxformer.data.tokenizer import with_jaxformer_ids
+
+    converted = tmp_path / "tokenizer.model"
+    converted.write_bytes(with_jaxformer_ids(models["en"].read_bytes()))  # 81 pieces, <pad> included
+    config = load_config("multi30k_mlm")
+    config.tokenizer.model_path, config.tokenizer.vocab_size = str(converted), 81
+    with pytest.raises(ConfigError) as raised:
+        experiment.validate(config)
+    assert str(raised.value).startswith(
+        f"config tokenizer.vocab_size=81, but tokenizer.model_path {converted} has 81 pieces, 82 with the masked "
+        "LM's <mask> piece added, and no vocabulary is trained here: set tokenizer.vocab_size=82, or 8000 ("
+    )
+    config.tokenizer.model_path = str(models["en"])  # sentencepiece's own ids: no <pad> either
+    with pytest.raises(ConfigError, match="has 80 pieces, 82 with jaxformer's special piece <pad> and the masked LM's"):
+        experiment.validate(config)
+    config.tokenizer.vocab_size = 82
     experiment.validate(config)
 
 
