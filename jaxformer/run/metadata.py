@@ -14,6 +14,11 @@ In the checkpoint it is a JSON object (the `metadata` item of each step director
                                    the steps after the decision use it (training/rdrop_start.py)
      "interim": true,              a checkpoint saved between scheduled ones to stop (a signal, unreadable data):
                                    the next checkpoint of the resumed run deletes it
+     "train_window": {"steps": 4, "last_step": 34, "sums": {"loss_sum": 812.5, ...},
+                      "learning_rate": 0.002, "seconds": 0.4},
+                                   interim checkpoints saved between log steps only: the summed metrics
+                                   of the steps since the last train/ record, which the resumed run
+                                   goes on from (training/train_metrics.py)
      "bleu": 27.3,                 best/ checkpoints only: the validation BLEU that made them best
      "averaged_steps": [800, 900, 1000],  averaged/ checkpoints only
      "chosen_from": "averaged",    final/ checkpoints only: which candidate the run chose
@@ -59,6 +64,7 @@ class CheckpointMetadata:
     # "alpha_1.4/chrf", ...), so a run started again after its choice reports them all (None: from before)
     choice_scores: dict[str, float] | None = None
     interim: bool = False  # saved between scheduled checkpoints to stop (signal, unreadable data); next deletes it
+    train_window: dict[str, Any] | None = None  # interim ones: the metrics of the steps since the last train/ record
 
     def replace(self, **changes: Any) -> CheckpointMetadata:
         return dataclasses.replace(self, **changes)
@@ -102,6 +108,8 @@ class CheckpointMetadata:
             values["choice_scores"] = {key: float(value) for key, value in self.choice_scores.items()}
         if self.interim:
             values["interim"] = True
+        if self.train_window is not None:
+            values["train_window"] = self.train_window
         return values
 
     @classmethod
@@ -155,6 +163,11 @@ class CheckpointMetadata:
             isinstance(value, (int, float)) and not isinstance(value, bool) for value in choice_scores.values()
         ):
             raise fail("choice_scores", "holds something other than numbers")
+        train_window = typed("train_window", (Mapping,), "an object", optional=True)
+        if train_window is not None and not _is_train_window(train_window):
+            raise fail(
+                "train_window", "is not the metrics of a log interval (steps, last_step, sums, learning_rate, seconds)"
+            )
         if alpha is not None and not (math.isfinite(alpha) and alpha >= 0):
             raise fail("alpha", f"is {alpha}, not a length penalty (a finite number >= 0)")
         return cls(
@@ -174,7 +187,24 @@ class CheckpointMetadata:
             if choice_scores is None
             else {key: float(value) for key, value in choice_scores.items()},
             interim=interim,
+            train_window=None if train_window is None else dict(train_window),
         )
+
+
+def _is_train_window(values: Mapping[str, Any]) -> bool:
+    def number(value: Any) -> bool:
+        return isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
+
+    counts = [values.get(key) for key in ("steps", "last_step")]
+    sums = values.get("sums")
+    return (
+        all(isinstance(count, int) and not isinstance(count, bool) and count > 0 for count in counts)
+        and isinstance(sums, Mapping)
+        and all(key in sums for key in ("loss_sum", "nll_sum", "correct", "weight", "grad_norm"))
+        and all(number(value) for value in sums.values())
+        and number(values.get("learning_rate"))
+        and number(values.get("seconds"))
+    )
 
 
 def _json_type(value: Any) -> str:

@@ -218,7 +218,7 @@ def _train(config, prepared: PreparedRun, model: nn.Module, preparation: RaiseOn
     preparation.check()  # before the metrics files: a stop until here is a failed start, undone
     writer = MetricWriter(run, start_step=-1 if restored is None else step)
     progress = progress_bar(training.num_train_steps, step)
-    train_metrics = TrainMetrics(writer, checkpointer, progress)
+    train_metrics = TrainMetrics(writer, checkpointer, progress, None if restored is None else restored[2].train_window)
     last: dict[str, Any] = {}
 
     def evaluate(step: int) -> None:
@@ -247,9 +247,9 @@ def _train(config, prepared: PreparedRun, model: nn.Module, preparation: RaiseOn
         between scheduled steps: a signal, unreadable data): kept without pushing out an older one, and
         deleted by the next checkpoint, so a resumed run ends with the checkpoints (and their
         average) of a run never stopped."""
-        train_metrics.flush()  # never checkpoint past a NaN
+        window = train_metrics.for_checkpoint(interim)  # an interim one keeps its log interval's steps, unwritten
         metadata = prepared.metadata.replace(
-            step=step, train_seconds=clock.seconds(), rdrop_by_pace=rdrop.decision, interim=interim
+            step=step, train_seconds=clock.seconds(), rdrop_by_pace=rdrop.decision, interim=interim, train_window=window
         )
         remove_interim_before(checkpointer, step)
         checkpointer.save(step, state, train_iterator, metadata, evict=not interim)
@@ -324,9 +324,9 @@ def _train(config, prepared: PreparedRun, model: nn.Module, preparation: RaiseOn
                     step,
                     exit_code_for_signal(stop.signum),
                 )
-            train_metrics.flush()
-            if not stopped_early:  # resumed at its end, a run saves nothing: orbax applied no keep rule
-                remove_beyond_keep(checkpointer, training.keep_checkpoints)
+            if not stopped_early:  # stopped, the steps since the last record are in the checkpoint, not written
+                train_metrics.flush()
+                remove_beyond_keep(checkpointer, training.keep_checkpoints)  # resumed at its end, orbax applied none
         finally:
             progress.close()
             try:

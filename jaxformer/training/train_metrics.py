@@ -9,10 +9,10 @@ import math
 import os
 import sys
 import time
+from collections.abc import Mapping
 from typing import Any
 
 import jax
-import numpy as np
 import tqdm
 
 from jaxformer.errors import UserError
@@ -39,13 +39,61 @@ class NonFiniteLossError(UserError, FloatingPointError):
     """The training loss became NaN or infinite; the run stops without saving."""
 
 
+class TrainWindow:
+    """The summed metrics of the steps of one log interval not yet written. A checkpoint saved
+    between log steps (to stop: a signal, unreadable data) stores it (`to_json`), and the resumed
+    run goes on adding to it, so that the interval's record is the one a run never stopped writes.
+    Each step's values are added in step order, one at a time: the same sums, bit for bit, whether
+    or not the interval was split by a stop."""
+
+    def __init__(
+        self,
+        steps: int = 0,
+        last_step: int = 0,
+        sums: dict[str, float] | None = None,
+        learning_rate: float = 0.0,
+        seconds: float = 0.0,
+    ):
+        self.steps, self.last_step, self.sums = steps, last_step, dict(sums or {})
+        self.learning_rate = learning_rate  # the last step's
+        self.seconds = seconds  # the training seconds of its steps before the stop (the resumed run's are timed anew)
+
+    def add(self, step: int, metrics: Mapping[str, Any]) -> None:
+        for key, value in metrics.items():
+            self.sums[key] = self.sums.get(key, 0.0) + float(value)
+        self.steps, self.last_step, self.learning_rate = self.steps + 1, step, float(metrics["learning_rate"])
+
+    def to_json(self, seconds: float) -> dict[str, Any]:
+        """As CheckpointMetadata.train_window holds it; `seconds`: those of its steps so far."""
+        return {
+            "steps": self.steps,
+            "last_step": self.last_step,
+            "sums": dict(self.sums),
+            "learning_rate": self.learning_rate,
+            "seconds": seconds,
+        }
+
+    @classmethod
+    def from_json(cls, values: Mapping[str, Any]) -> TrainWindow:
+        return cls(values["steps"], values["last_step"], values["sums"], values["learning_rate"], values["seconds"])
+
+
 class TrainMetrics:
     """Collects each step's device metrics; `flush` fetches them, checks the loss is finite,
-    and writes one summary (metrics.jsonl, TensorBoard, the progress bar)."""
+    and writes one summary (metrics.jsonl, TensorBoard, the progress bar). `window`: the steps
+    of the log interval that an interim checkpoint saved (`for_checkpoint`), which a resumed run
+    goes on from."""
 
-    def __init__(self, writer: MetricWriter, checkpointer: Checkpointer, progress: tqdm.tqdm):
+    def __init__(
+        self,
+        writer: MetricWriter,
+        checkpointer: Checkpointer,
+        progress: tqdm.tqdm,
+        window: Mapping[str, Any] | None = None,
+    ):
         self.writer, self.checkpointer, self.progress = writer, checkpointer, progress
         self.pending: list[tuple[int, Any]] = []
+        self.window = None if window is None else TrainWindow.from_json(window)  # fetched, not yet written
         self.last: dict[str, float] | None = None
         self.interval_start = time.perf_counter()
 
@@ -55,25 +103,46 @@ class TrainMetrics:
     def restart_interval(self) -> None:
         """After work between steps (evaluation, BLEU, a checkpoint), flushed before it: the next
         summary's tokens and steps per second time the training steps alone."""
-        if not self.pending:
+        if not self.pending and self.window is None:
             self.interval_start = time.perf_counter()
 
+    def _fetch(self) -> TrainWindow | None:
+        """The window with the pending steps' metrics fetched (once per interval) and added."""
+        if self.pending:
+            host, self.pending = jax.device_get(self.pending), []
+            self._check_finite(host)
+            self.window = self.window or TrainWindow()
+            for step, metrics in host:
+                self.window.add(step, metrics)
+        return self.window
+
+    def for_checkpoint(self, interim: bool) -> dict[str, Any] | None:
+        """What a checkpoint stores of the interval since the last summary, its steps checked
+        finite first (never checkpoint past a NaN). A scheduled checkpoint (and the run's last)
+        writes the summary, as a run never stopped does there, and stores nothing; an interim one,
+        which stops the run between log steps, stores the window and writes nothing."""
+        if not interim:
+            self.flush()
+            return None
+        window = self._fetch()
+        if window is None:
+            return None
+        return window.to_json(window.seconds + time.perf_counter() - self.interval_start)
+
     def flush(self, step: int | None = None) -> None:
-        if not self.pending:
+        window, self.window = self._fetch(), None
+        if window is None:
             return
-        host, self.pending = jax.device_get(self.pending), []
-        self._check_finite(host)
-        elapsed = time.perf_counter() - self.interval_start
+        elapsed = window.seconds + time.perf_counter() - self.interval_start
         self.interval_start = time.perf_counter()
-        totals = {key: sum(float(m[key]) for _, m in host) for key in host[0][1]}
-        summary = summarize(totals)
+        summary = summarize(window.sums)
         summary.update(
-            learning_rate=float(host[-1][1]["learning_rate"]),
-            grad_norm=float(np.mean([m["grad_norm"] for _, m in host])),
-            tokens_per_second=totals["weight"] / elapsed,
-            steps_per_second=len(host) / elapsed,
+            learning_rate=window.learning_rate,
+            grad_norm=window.sums["grad_norm"] / window.steps,
+            tokens_per_second=window.sums["weight"] / elapsed,
+            steps_per_second=window.steps / elapsed,
         )
-        self.writer.write(host[-1][0], summary, prefix="train/")
+        self.writer.write(window.last_step, summary, prefix="train/")
         self.last = summary
         self.progress.set_postfix(
             loss=f"{summary['loss']:.3f}",
@@ -83,7 +152,7 @@ class TrainMetrics:
         if self.progress.disable and jax.process_index() == 0:  # no bar (a redirected log): the bar's figures as a line
             logger.info(
                 "step %d: training loss %.4f, learning rate %.2e, %s tokens/s",
-                host[-1][0],
+                window.last_step,
                 summary["loss"],
                 summary["learning_rate"],
                 f"{summary['tokens_per_second']:,.0f}",

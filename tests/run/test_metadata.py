@@ -106,6 +106,26 @@ def test_metadata_round_trips_through_json():
         CheckpointMetadata.from_json({**written, "interim": 1}, "here")
 
 
+def test_an_interim_checkpoint_keeps_the_metrics_of_its_unlogged_steps():
+    """A checkpoint saved to stop between log steps holds those steps' summed metrics, which the
+    resumed run goes on from (training/train_metrics.py); older checkpoints have none."""
+    window = {
+        "steps": 4,
+        "last_step": 34,
+        "sums": {"loss_sum": 812.5, "nll_sum": 900.25, "correct": 12.0, "weight": 170.0, "grad_norm": 3.5},
+        "learning_rate": 0.002,
+        "seconds": 0.4,
+    }
+    interim = METADATA.replace(interim=True, train_window=window)
+    written = json.loads(json.dumps(interim.to_json()))
+    assert written["train_window"] == window and "train_window" not in METADATA.to_json()
+    assert CheckpointMetadata.from_json(written, "here") == interim
+    assert CheckpointMetadata.from_json(METADATA.to_json(), "here").train_window is None
+    for damaged in ({**window, "steps": 0}, {**window, "sums": {"loss_sum": 1.0}}, {**window, "seconds": "0.4"}):
+        with pytest.raises(CheckpointError, match="^here: key 'train_window' is not the metrics of a log interval"):
+            CheckpointMetadata.from_json({**written, "train_window": damaged}, "here")
+
+
 def test_metadata_from_older_and_newer_writers():
     old = {"config": {}, "model": {}, "tokenizer": "AAAA", "step": 3, "checksums": {"format": 1}}  # before fingerprints
     metadata = CheckpointMetadata.from_json(old, "old")

@@ -366,3 +366,55 @@ def test_a_run_stopped_between_checkpoints_ends_with_the_checkpoints_of_one_neve
         _, _, ours = load_checkpoint(stopped, step)
         _, _, theirs = load_checkpoint(straight, step)
         assert all(np.array_equal(a, b) for a, b in zip(jax.tree.leaves(ours), jax.tree.leaves(theirs), strict=True))
+
+
+# train.py (its arguments after argv[2]) sent SIGTERM once step argv[1] is done, as a scheduler might.
+SIGTERM_AFTER_STEP = """
+import os, signal, sys
+from jaxformer.commands import train
+from jaxformer.training import loop
+
+real_run_due = loop.run_due
+
+def stop_after(periodic, step, end):
+    real_run_due(periodic, step, end)
+    if step == int(sys.argv[1]):
+        os.kill(os.getpid(), signal.SIGTERM)
+
+loop.run_due = stop_after
+sys.exit(train.main(sys.argv[2:]))
+"""
+
+
+@pytest.mark.slow  # three runs: one never stopped, one stopped by a signal between log steps and then resumed
+def test_a_run_stopped_between_log_steps_writes_the_records_of_one_never_stopped(data_dir, tmp_path):
+    """The steps since the last train/ record are stored with the interim checkpoint, not written
+    as a record of their own: the resumed run's record at the next log step covers the whole
+    interval, so metrics.jsonl and TensorBoard hold the figures of a run never stopped."""
+    from tests.training.test_tensorboard import read_events, scalars_of
+
+    flags = ("--config.training.log_every_steps=10", *ONE_LAYER)
+    straight, stopped = tmp_path / "straight", tmp_path / "stopped"
+    train(straight, data_dir, *flags)
+    argv = command(stopped, data_dir, *flags)[2:]  # after the interpreter and train.py
+    result = subprocess.run(
+        [sys.executable, "-c", SIGTERM_AFTER_STEP, "34", *argv],
+        env=environment(),
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
+    assert result.returncode == 143, result.stderr[-3000:]
+    assert "stopped by SIGTERM at step 34; checkpoint saved" in result.stderr
+    assert checkpoint_steps(stopped) == [20, 34] and max(losses(stopped)) == 30  # no record of steps 31-34
+    assert "resumed from step 34 of" in train(stopped, data_dir, *flags).stderr
+
+    def train_figures(workdir):
+        timed = ("time", "train/tokens_per_second", "train/steps_per_second")
+        lines = (workdir / "metrics.jsonl").read_text().splitlines()
+        records = [{key: value for key, value in json.loads(line).items() if key not in timed} for line in lines]
+        events = [s for path in sorted((workdir / "tensorboard").iterdir()) for s in scalars_of(read_events(path))]
+        return records, sorted(event for event in events if event[1] not in timed)
+
+    assert train_figures(stopped) == train_figures(straight)
+    assert sorted(losses(stopped)) == [10, 20, 30, 40]

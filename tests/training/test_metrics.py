@@ -2,6 +2,7 @@ import json
 import logging
 import math
 
+import numpy as np
 import pytest
 
 from jaxformer.training.metrics import MetricWriter, cut_torn_last_line
@@ -148,6 +149,68 @@ def test_tokens_per_second_time_the_training_steps_alone(tmp_path, monkeypatch):
     metrics.flush()
     writer.close()
     assert metrics.last["tokens_per_second"] == 50.0 and metrics.last["steps_per_second"] == 0.5
+
+
+def test_a_log_interval_split_by_an_interim_checkpoint_writes_the_record_of_one_never_split(tmp_path):
+    """A checkpoint saved to stop between log steps stores the interval's summed metrics and writes
+    no record; the resumed run goes on from them, and its record at the log step is, value for
+    value, that of a run never stopped (times aside)."""
+    import types
+
+    import tqdm
+
+    from jaxformer.training.train_metrics import TrainMetrics
+
+    rng = np.random.default_rng(0)
+    steps = [
+        {
+            "loss_sum": np.float32(rng.uniform(100, 900)),
+            "nll_sum": np.float32(rng.uniform(100, 900)),
+            "correct": np.float32(rng.integers(0, 50)),
+            "weight": np.float32(rng.integers(100, 200)),
+            "learning_rate": np.float32(step * 1e-4),
+            "grad_norm": np.float32(rng.uniform(0.1, 3.0)),
+        }
+        for step in range(1, 11)
+    ]
+    checkpointer = types.SimpleNamespace(steps=lambda: [], directory=tmp_path / "checkpoints")
+
+    def records(workdir):
+        lines = (workdir / "metrics.jsonl").read_text().splitlines()
+        times = ("time", "train/tokens_per_second", "train/steps_per_second")
+        return [{key: value for key, value in json.loads(line).items() if key not in times} for line in lines]
+
+    (tmp_path / "straight").mkdir(), (tmp_path / "stopped").mkdir()
+    straight = MetricWriter(tmp_path / "straight", enabled=True)
+    metrics = TrainMetrics(straight, checkpointer, tqdm.tqdm(disable=True))
+    for step, values in enumerate(steps, 1):
+        metrics.add(step, values)
+    metrics.flush()
+    straight.close()
+
+    stopped = MetricWriter(tmp_path / "stopped", enabled=True)
+    metrics = TrainMetrics(stopped, checkpointer, tqdm.tqdm(disable=True))
+    for step, values in enumerate(steps[:4], 1):
+        metrics.add(step, values)
+    window = json.loads(json.dumps(metrics.for_checkpoint(interim=True)))  # as the checkpoint's metadata holds it
+    assert window["steps"] == 4 and window["last_step"] == 4
+    assert metrics.for_checkpoint(interim=True) == {**window, "seconds": pytest.approx(window["seconds"], abs=1)}
+    stopped.close()
+    assert not (tmp_path / "stopped" / "metrics.jsonl").read_text()  # no record of the partial interval
+    resumed = MetricWriter(tmp_path / "stopped", enabled=True, start_step=4)
+    metrics = TrainMetrics(resumed, checkpointer, tqdm.tqdm(disable=True), window=window)
+    for step, values in enumerate(steps[4:], 5):
+        metrics.add(step, values)
+    metrics.flush()
+    assert records(tmp_path / "stopped") == records(tmp_path / "straight")
+    assert [record["step"] for record in records(tmp_path / "straight")] == [10]
+
+    # A scheduled checkpoint (or the run's last) writes the record there, as a run never stopped does.
+    metrics.add(11, steps[0])
+    assert metrics.for_checkpoint(interim=False) is None and metrics.window is None
+    assert metrics.for_checkpoint(interim=True) is None  # nothing since: the interim one stores no window
+    resumed.close()
+    assert [record["step"] for record in records(tmp_path / "stopped")] == [10, 11]
 
 
 def test_perplexity_is_exp_of_the_nll_however_large():
