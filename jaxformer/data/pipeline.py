@@ -140,6 +140,15 @@ class LengthFilter:
                 )
         return keep
 
+    def dropped_since(self, first_step: int) -> str:
+        """For the training log's validation lines: what the filter dropped of the training pairs
+        this process read, since it started (or resumed) training at `first_step`; "" before it read any
+        (a fine-tuning run's evaluation at step 0)."""
+        if not self.seen:
+            return ""
+        since = "the run started" if first_step == 0 else f"it resumed at step {first_step}"
+        return f"; the length filter dropped {self.dropped:,} of the {self.seen:,} training pairs read since {since}"
+
 
 def check_some_fit(lengths: dict[str, np.ndarray], max_length: int, split: str) -> None:
     """DataError unless at least one example's sides ({feature: token counts}) all fit `max_length`."""

@@ -226,13 +226,12 @@ def _train(config, prepared: PreparedRun, model: nn.Module, preparation: RaiseOn
         last["eval"] = _evaluate(eval_fn, state.params, eval_data, batch_sharding)
         writer.write(step, last["eval"], prefix="eval/")
         logger.info(
-            "step %d: validation loss %.4f, perplexity %s, accuracy %.4f; length filter dropped %d of %d pairs read",
+            "step %d: validation loss %.4f, perplexity %s, accuracy %.4f%s",
             step,
             last["eval"]["loss"],
             perplexity_text(last["eval"]["perplexity"]),
             last["eval"]["accuracy"],
-            length_filter.dropped,
-            length_filter.seen,
+            length_filter.dropped_since(first_step),
         )
         train_metrics.restart_interval()
 

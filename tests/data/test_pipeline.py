@@ -142,6 +142,19 @@ def test_length_filter_counts_drops(corpus):
     assert overlong >= 1 and length_filter.dropped >= overlong
 
 
+def test_the_training_log_says_what_the_length_filter_counted():
+    """The validation line's counts are of the training pairs this process read: since the run
+    started, or since it resumed; nothing before any was read (a fine-tuning run's step 0)."""
+    length_filter = LengthFilter(3)
+    assert length_filter.dropped_since(0) == ""
+    for example in [{"inputs": np.ones(a), "targets": np.ones(1)} for a in range(1, 1502)]:
+        length_filter(example)
+    assert length_filter.dropped_since(0) == (
+        "; the length filter dropped 1,498 of the 1,501 training pairs read since the run started"
+    )
+    assert length_filter.dropped_since(34).endswith("1,501 training pairs read since it resumed at step 34")
+
+
 @pytest.mark.parametrize("encode_once", [True, False])
 def test_a_split_where_nothing_fits_is_an_error_not_an_endless_wait(corpus, encode_once):
     records, tokenizer = corpus

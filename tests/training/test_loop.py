@@ -4,6 +4,7 @@ import gzip
 import json
 import os
 import pathlib
+import re
 import shutil
 import signal
 import subprocess
@@ -116,12 +117,18 @@ def killed_at_step_20_and_resumed(workdir, data_dir, *overrides):
     process.wait()
     process.stderr.close()
     assert max(losses(workdir)) < STEPS, "the run finished before it could be killed"
-    train(workdir, data_dir, *overrides)
+    return train(workdir, data_dir, *overrides)
 
 
 def test_exact_resume_after_sigkill(straight_run, data_dir, tmp_path):
     workdir = tmp_path / "killed"
-    killed_at_step_20_and_resumed(workdir, data_dir)
+    resumed = killed_at_step_20_and_resumed(workdir, data_dir)
+    # Its validation line counts the training pairs this process read: since it resumed.
+    assert re.search(
+        r"step 40: validation loss .*; the length filter dropped \d+ of the [\d,]+ training pairs "
+        r"read since it resumed at step 20\n",
+        resumed.stderr,
+    ), resumed.stderr[-3000:]
     assert losses(workdir) == losses(straight_run)  # bitwise: every step's loss, same data order
     assert losses(workdir, "eval/loss") == losses(straight_run, "eval/loss")
     from jaxformer.run.loading import load_checkpoint  # ... and the parameters it ends with, bit for bit
