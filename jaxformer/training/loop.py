@@ -68,7 +68,8 @@ def _evaluate(eval_fn, params, batches, batch_sharding) -> dict[str, float]:
 
 def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str | pathlib.Path) -> dict[str, Any]:
     """Trains (or resumes) the experiment `config` in `workdir`; returns the last metrics
-    (with "stopped_by_signal": its number, when SIGTERM or Ctrl-C stopped the run early).
+    (with "stopped_by_signal": its number, when SIGTERM or Ctrl-C stopped the run early;
+    "signal_once_complete": its number, when one came as the complete run's final choice ended).
 
     Every config value is checked before anything is written; then the workdir is locked for
     the run (one run per workdir)."""
@@ -373,6 +374,7 @@ def _train(config, prepared: PreparedRun, model: nn.Module, preparation: RaiseOn
             saved = saved_choice(run, step)
             if saved is not None:  # the signal came as the choice was closed: it is made
                 last["final"] = saved
+                last["signal_once_complete"] = signal_stop.signum  # a sweep stops before its next run
                 logger.warning(
                     "%s received as the final choice at step %d ended: it is saved, the run is complete; "
                     "exiting with 0",

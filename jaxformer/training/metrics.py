@@ -227,7 +227,8 @@ def write_last_metrics(run: RunDirectory, last: dict[str, Any]) -> dict[str, Any
                 pass
         if not (isinstance(earlier, dict) and earlier.get("step") == last["step"]):
             earlier = {}
-        earlier.pop("stopped_by_signal", None)  # this process's own stop, if any, is in `last`
+        for own in ("stopped_by_signal", "signal_once_complete"):  # this process's own signal, if any, is in `last`
+            earlier.pop(own, None)
         last = {**logged_figures(run, last["step"]), **earlier, **last}
     write_text_atomically(run.last_metrics_file, json.dumps(_strict_json(last), indent=2))
     return last

@@ -340,6 +340,8 @@ def run_sweep(
                     variant, index, len(variants), workdir, baseline_steps, reference, seeds, signals.check
                 )
                 if stopped_by is not None:
+                    if len(seed_rows) == seeds:  # the signal came as its last run completed: the variant is done
+                        rows.append(seeds_row(seed_rows))
                     return rows, stopped_by
                 rows.append(seeds_row(seed_rows))
             signals.check()
@@ -360,8 +362,8 @@ def _train_variant(
     check_signals: Callable[[], None],
 ) -> tuple[list[dict[str, Any]], int | None]:
     """(the rows of the variant's seeds, each trained unless finished; the signal that stopped
-    one of its runs, or None). `check_signals` raises `Stopped` for a signal the sweep holds (one
-    that came while JAX measured the pace), before a run starts."""
+    one of its runs, or came as one completed, or None). `check_signals` raises `Stopped` for a
+    signal the sweep holds (one that came while JAX measured the pace), before a run starts."""
     from jaxformer.training.loop import train_and_evaluate
 
     pace = None
@@ -388,7 +390,15 @@ def _train_variant(
                 raise UserError(f"variant {variant.name!r}{seed}: {error}") from error
             if last.get("stopped_by_signal"):
                 return seed_rows, last["stopped_by_signal"]
+            # The run is complete, and the signal (as its final choice ended) stops the sweep all the same.
+            late_signal = last.get("signal_once_complete")
             last = finished_result(run_dir)
+            if late_signal:
+                seed_rows.append(result_row(variant, last, pace))
+                logger.warning(
+                    "sweep: stopping after %s%s, which was complete when the signal came", variant.name, seed
+                )
+                return seed_rows, late_signal
         else:
             logger.info("sweep: variant %s already finished in %s", variant.name, run_dir)
         seed_rows.append(result_row(variant, last, pace))

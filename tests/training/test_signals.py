@@ -310,6 +310,7 @@ def test_a_signal_as_the_final_choice_is_saved_leaves_the_run_complete(data_dir,
     with caplog.at_level(logging.WARNING):
         last = loop.train_and_evaluate(config, workdir)
     assert "stopped_by_signal" not in last and last["final"]["chosen"] and (workdir / "final" / "4").is_dir()
+    assert last["signal_once_complete"] == signal.SIGTERM  # a sweep stops before its next variant
     assert "SIGTERM received as the final choice at step 4 ended: it is saved, the run is complete" in caplog.text
     assert "stopped by SIGTERM" not in caplog.text
 

@@ -74,7 +74,8 @@ def test_the_speed_column_is_there_only_when_a_row_has_a_speed():
 
 class Runs:
     """A stand-in for train_and_evaluate: each run 'finishes' at once (its last metrics, scored by
-    its seed), or does what `events[run name]` says: a signal number (stopped), an exception."""
+    its seed), or does what `events[run name]` says: a signal number (stopped), an exception, or
+    ("complete", a signal number): finished, the signal having come as its final choice ended."""
 
     def __init__(self, events=None):
         self.events = events or {}
@@ -86,14 +87,14 @@ class Runs:
         event = self.events.get(name)
         if isinstance(event, Exception):
             raise event
-        if event is not None:
+        if event is not None and not isinstance(event, tuple):
             return {"step": 3, "stopped_by_signal": event}
         bleu = 20.0 + config.training.seed + config.data.shuffle_seed / 10
         last = {"step": 12, "train_seconds": 60.0, "final": {"chosen": "best", "bleu": bleu, "best/bleu": bleu}}
         path = RunDirectory(workdir).last_metrics_file
         path.parent.mkdir(parents=True, exist_ok=True)
         path.write_text(json.dumps(last))
-        return last
+        return last if event is None else {**last, "signal_once_complete": event[1]}
 
 
 def run_sweep(tmp_path, capsys, sweep, *flags):
@@ -165,6 +166,28 @@ def test_a_stopped_sweep_writes_its_finished_rows_and_keeps_the_earlier_ones(tmp
     code, output = run_sweep(tmp_path, capsys, {"other": ["data.shuffle_seed=2"]})
     assert code == 128 + signal.SIGINT, output.err
     assert {name: (workdir / name).read_bytes() for name in before} == before
+
+
+@pytest.mark.parametrize(
+    "seeds, signalled, finished",
+    [(1, "first", ["first"]), (2, "first@seed1", ["first"]), (2, "first", [])],
+)
+def test_a_signal_as_a_run_completes_stops_the_sweep_with_its_row(
+    tmp_path, capsys, monkeypatch, seeds, signalled, finished
+):
+    """The run is complete when the signal comes as its final choice ends (loop.py says so and
+    returns 'signal_once_complete'): the sweep keeps its row when it was the variant's last run,
+    then stops, as a signal anywhere else stops it, instead of training the next variant."""
+    monkeypatch.setattr(loop, "train_and_evaluate", runs := Runs({signalled: ("complete", signal.SIGTERM)}))
+    code, output = run_sweep(tmp_path, capsys, {"first": [], "second": ["data.shuffle_seed=1"]}, "--seeds", str(seeds))
+    assert code == 128 + signal.SIGTERM, output.err
+    assert runs.trained[-1] == signalled and "second" not in runs.trained
+    assert f"sweep stopped after {len(finished)} of 2 variants" in output.err
+    workdir = tmp_path / "sweep"
+    if finished:
+        assert [r["variant"] for r in rows_file(workdir)] == finished
+    else:  # its other seed is not trained: no row yet, nothing written
+        assert not (workdir / "sweep.jsonl").exists()
 
 
 @pytest.mark.parametrize("seeds, named", [(1, "variant 'bigvocab'"), (2, "variant 'bigvocab' (seed +1)")])
