@@ -119,9 +119,13 @@ def average_last(
     """Writes the mean of the last `last` checkpoints as `workdir/averaged/<newest step>` (checked
     as `averaged_last` checks them); returns (that step, the steps averaged). Averages of earlier
     steps stay beside it (`averaged` reads the newest); one of the same step is set aside as
-    `<step>.replaced-<time>`."""
+    `<step>.replaced-<time>`. Where `averaged` is not a folder, `CheckpointError` before any
+    checkpoint is read."""
+    averaged = RunDirectory(workdir).averaged
+    if (averaged.exists() or averaged.is_symlink()) and not averaged.is_dir():
+        raise CheckpointError(f"{averaged} is not a directory, where the averaged checkpoints go: move it away")
     metadata, params = averaged_last(workdir, last, config_differences)
-    writer = Checkpointer(RunDirectory(workdir).averaged, keep=None)
+    writer = Checkpointer(averaged, keep=None)
     writer.save_params(metadata.step, params, metadata)
     writer.close()
     return metadata.step, list(metadata.averaged_steps)

@@ -200,7 +200,9 @@ class Checkpointer:
         """A parameters-only checkpoint (best or averaged weights): enough to translate, not to resume."""
         self._writable()
         self._check_step(step, metadata)
-        if step in self.manager.all_steps():
+        target = self.directory / str(step)
+        # Not a step to orbax (a file, say), it would be overwritten all the same.
+        if step in self.manager.all_steps() or target.exists() or target.is_symlink():
             self.set_aside(step, reason="replaced")
         state = {"params": params}
         self.manager.save(

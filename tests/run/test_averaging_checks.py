@@ -233,3 +233,35 @@ def test_final_alphas_under_greedy_search_keep_the_choice(run, monkeypatch):
     _, metadata, choose = _chooser(workdir, monkeypatch)
     first = choose(_config(metadata, decoding__method="greedy"))
     assert choose(_config(metadata, decoding__method="greedy", training__final_alphas=(3.0,))) == first
+
+
+def test_a_file_where_the_averages_go_is_one_line_before_any_checkpoint_is_read(run, capsys, monkeypatch):
+    from jaxformer.run import averaging
+
+    workdir, _ = run
+    averaged = RunDirectory(workdir).averaged
+    averaged.write_text("not a folder")
+    reads = []
+    monkeypatch.setattr(averaging, "averaged_last", lambda *args: reads.append(args))
+    code, _, errors = average(workdir, capsys, last=2)
+    assert code == 2 and errors == [
+        f"error: {averaged} is not a directory, where the averaged checkpoints go: move it away"
+    ]
+    assert reads == [] and averaged.read_text() == "not a folder"
+
+
+def test_a_file_at_the_averages_step_is_kept_aside_as_a_replaced_one(run, capsys):
+    workdir, params = run
+    averaged = RunDirectory(workdir).averaged
+    averaged.mkdir()
+    (averaged / "20").write_text("a file of mine")
+    code = average_checkpoints.main(["--workdir", str(workdir), "--last", "2"])
+    err = capsys.readouterr().err
+    assert code == 0, err
+    (aside,) = averaged.glob("20.replaced-*")
+    assert aside.read_text() == "a file of mine"
+    assert f"moved the previous checkpoint of step 20 to {aside}: a new one replaces it" in err
+    step, _, mean = load_checkpoint(workdir, "averaged")
+    assert step == 20
+    expected = jax.tree.map(lambda leaf: leaf * 1.5, params)  # steps 10 and 20: 1 and 2 times the first
+    jax.tree.map(lambda a, b: np.testing.assert_allclose(a, b, rtol=1e-6), mean, expected)
