@@ -10,8 +10,9 @@ each variant the steps that the reference reaches in its budget times that ratio
 Each config's train step is built as the training loop builds it (its model, objective, optimizer,
 mesh and shardings, state donated) and runs on dense random rows of the config's batch shape,
 packed as one pair per row: what a step costs depends only on shapes, not on token values.
-Two configs whose train programs differ only in constants (a dropout rate, a learning rate, a
-warmup) cost the same, and are not timed. A config whose R-Drop starts part way (rdrop_start.py)
+Two configs whose train programs differ only in constants (a nonzero dropout rate, a learning
+rate, a warmup) cost the same, and are not timed; a dropout rate of 0 draws no masks (another
+program). A config whose R-Drop starts part way (rdrop_start.py)
 has two programs: under a step budget its first `rdrop_start` of the steps are plain, the rest
 R-Drop steps, and its time a step is that mix of the two. A config whose R-Drop is decided by
 the run's pace (training.rdrop_min_plain_steps) needs a time budget to decide by; a sweep's runs
