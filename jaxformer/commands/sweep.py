@@ -77,7 +77,8 @@ def build_parser() -> argparse.ArgumentParser:
 
 def run(args: argparse.Namespace, overrides: list[tuple[str, str]]) -> int:
     from jaxformer.run.lock import SweepLock
-    from jaxformer.training.sweep import check_step_budget, load_sweep, make_variants, reference_config
+    from jaxformer.training.sweep import check_step_budget, make_variants, reference_config
+    from jaxformer.training.sweep_file import load_sweep
     from jaxformer.training.sweep_validation import check_seeds_share_validation
 
     variants = make_variants(args.config, load_sweep(args.sweep), overrides)
@@ -112,10 +113,18 @@ def _run_locked(args: argparse.Namespace, variants, reference, workdir: pathlib.
         args.seeds,
         workdir,
     )
+    names = {variant.name for variant in variants}
+    kept = [row for row in earlier if row["variant"] not in names]  # checked too: the table ranks them with the rest
     rows = []
     try:
         _, stopped_by = run_sweep(
-            variants, workdir, baseline_steps=args.baseline_steps, reference=reference, seeds=args.seeds, rows=rows
+            variants,
+            workdir,
+            baseline_steps=args.baseline_steps,
+            reference=reference,
+            seeds=args.seeds,
+            rows=rows,
+            kept_rows=kept,
         )
     finally:  # a variant's error too: the rows finished before it stay in the table
         table = write_results(workdir, earlier, rows)

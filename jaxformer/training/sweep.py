@@ -35,7 +35,6 @@ import dataclasses
 import json
 import logging
 import pathlib
-import re
 from collections.abc import Callable, Sequence
 from typing import Any
 
@@ -47,21 +46,13 @@ from jaxformer.files import write_text_atomically
 from jaxformer.model.config import ConfigError
 from jaxformer.run.directory import RunDirectory, SweepDirectory
 from jaxformer.training import experiment
-from jaxformer.training.config_file import (
-    apply_overrides,
-    call_file_function,
-    load_config,
-    packaged_config_directory,
-    refuse_repeated_keys,
-)
+from jaxformer.training.config_file import apply_overrides, load_config, refuse_repeated_keys
 from jaxformer.training.final_choice import CANDIDATES
 from jaxformer.training.pace import Pace, relative_pace
 from jaxformer.training.signals import RaiseOnSignal, Stopped
 from jaxformer.training.sweep_validation import check_seeds_share_validation, refuse_other_validation_pairs
 
 logger = logging.getLogger(__name__)
-
-VARIANT_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.+-]*")  # a folder name on every platform
 
 
 @dataclasses.dataclass(frozen=True)
@@ -72,39 +63,6 @@ class Variant:
 
     def changes(self) -> str:
         return ", ".join(f"{key}={text}" for key, text in self.overrides) or "(the config as it is)"
-
-
-def packaged_sweep_directory() -> pathlib.Path:
-    return packaged_config_directory() / "sweeps"
-
-
-def sweep_path(name_or_path: str) -> pathlib.Path:
-    """jaxformer/configs/sweeps/NAME.py for a name without `/` or `.py`, else the path as given."""
-    if "/" in name_or_path or name_or_path.endswith(".py"):
-        return pathlib.Path(name_or_path)
-    names = sorted(path.stem for path in packaged_sweep_directory().glob("*.py") if not path.stem.startswith("_"))
-    if name_or_path not in names:
-        raise ConfigError(f"no sweep named {name_or_path!r}; jaxformer ships {', '.join(names)} (or give a .py path)")
-    return packaged_sweep_directory() / f"{name_or_path}.py"
-
-
-def load_sweep(name_or_path: str) -> dict[str, list[str]]:
-    """{variant name: [override, ...]} from the sweep file's get_sweep()."""
-    path = sweep_path(name_or_path)
-    sweep = call_file_function(path, "get_sweep", "sweep file")
-    if not isinstance(sweep, dict) or not sweep:
-        raise ConfigError(f"sweep file {path}: get_sweep() must return a non-empty dict of variant name -> overrides")
-    for name, overrides in sweep.items():
-        if not isinstance(name, str) or not VARIANT_NAME.fullmatch(name):
-            raise ConfigError(f"sweep file {path}: variant name {name!r} must match {VARIANT_NAME.pattern}")
-        if name.lower() in SweepDirectory.OWN_NAMES:
-            raise ConfigError(
-                f"sweep file {path}: variant name {name!r} is taken: the sweep's workdir holds its own "
-                f"{', '.join(SweepDirectory.OWN_NAMES)} beside the variants' runs; choose another"
-            )
-        if isinstance(overrides, str) or not all(isinstance(item, str) for item in overrides):
-            raise ConfigError(f"sweep file {path}: variant {name!r} must list its overrides as strings KEY=VALUE")
-    return sweep
 
 
 def reference_config(config_name: str, shared: Sequence[tuple[str, str]] = ()) -> ml_collections.ConfigDict:
@@ -147,7 +105,14 @@ def make_variants(
                 f"variant {name!r}: {', '.join(overrides)} changes nothing in {config_name!r} (its values "
                 "already): training it would repeat the config as it is"
             )
-        variants.append(Variant(name, tuple(pairs), config))
+        variant = Variant(name, tuple(pairs), config)
+        same = next((other for other in variants if other.config.to_dict() == config.to_dict()), None)
+        if same is not None:
+            raise ConfigError(
+                f"variants {same.name!r} ({same.changes()}) and {name!r} ({variant.changes()}) give the same config: "
+                "the sweep would train it twice; keep one"
+            )
+        variants.append(variant)
     return variants
 
 
@@ -173,8 +138,22 @@ def finished_result(workdir: pathlib.Path) -> dict[str, Any] | None:
     path = RunDirectory(workdir).last_metrics_file
     if not path.is_file():
         return None
-    last = json.loads(path.read_text(encoding="utf-8"))
+    last = _json_object(path)
+    if last is None or not isinstance(last.get("final", {}), dict):
+        raise UserError(
+            f"{path} is damaged (not a run's last metrics): remove it, and the sweep runs that variant's run "
+            "again, which finds its steps and final choice saved and writes the file anew"
+        )
     return last if "bleu" in last.get("final", {}) else None
+
+
+def _json_object(path: pathlib.Path) -> dict[str, Any] | None:
+    """The JSON object in the file at `path`, or None when it cannot be read as one."""
+    try:
+        value = json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, ValueError):  # UnicodeDecodeError and JSONDecodeError are ValueErrors
+        return None
+    return value if isinstance(value, dict) else None
 
 
 def run_config(variant: Variant, seed_offset: int, pace: dict[str, Any] | None) -> ml_collections.ConfigDict:
@@ -236,8 +215,22 @@ def pace_file(workdir: pathlib.Path, variant: Variant) -> pathlib.Path:
 
 
 def stored_pace(path: pathlib.Path) -> dict[str, Any] | None:
-    """The pace record an earlier process wrote for a variant, or None."""
-    return json.loads(path.read_text(encoding="utf-8")) if path.is_file() else None
+    """The pace record an earlier process wrote for a variant, or None; a damaged one is an error
+    naming it."""
+    if not path.is_file():
+        return None
+    record = _json_object(path)
+    if record is None or not all(
+        isinstance(record.get(key), kind) and not isinstance(record[key], bool) for key, kind in PACE_FIELDS.items()
+    ):
+        raise UserError(
+            f"{path} is damaged (not a pace record with {', '.join(PACE_FIELDS)}): remove it to measure the "
+            "variant's pace again, and the variant's runs with it, if any (they trained for the steps it held)"
+        )
+    return record
+
+
+PACE_FIELDS = {"baseline_steps": int, "steps": int, "speed": (int, float)}  # what a sweep reads of a pace record
 
 
 def variant_pace(
@@ -310,12 +303,15 @@ def run_sweep(
     reference: ml_collections.ConfigDict | None = None,
     seeds: int = 1,
     rows: list[dict[str, Any]] | None = None,
+    kept_rows: Sequence[dict[str, Any]] = (),
 ) -> tuple[list[dict[str, Any]], int | None]:
     """Trains each variant not yet finished in workdir/<name> (and, with `seeds` > 1, its other
     seeds in workdir/<name>@seed<k>), in order; (the rows of the finished variants, the signal that
     stopped the sweep, or None). Each row is appended to `rows` (when given) as its variant
     finishes, so a caller keeps them when a later variant fails. With `baseline_steps`, each
-    variant trains that many steps times its speed relative to `reference` (see the module's doc)."""
+    variant trains that many steps times its speed relative to `reference` (see the module's doc).
+    `kept_rows`: the earlier rows of variants not in `variants` that the caller's table keeps,
+    checked (with the runs) to compare with theirs before anything trains."""
     if (baseline_steps is None) != (reference is None):
         raise ValueError("baseline_steps and reference go together")
     if seeds < 1:
@@ -327,7 +323,7 @@ def run_sweep(
         check_seeds_share_validation(variants[0].config, seeds)
     if baseline_steps is not None:
         check_step_budget(variants, baseline_steps)
-    check_existing_runs(variants, workdir, baseline_steps, seeds)  # before anything trains: all of them
+    check_existing_runs(variants, workdir, baseline_steps, seeds, kept_rows)  # before anything trains: all of them
     rows = [] if rows is None else rows
     # A run puts its own handlers in (its preparation, its steps, the final choice) and returns
     # "stopped_by_signal"; this one covers the rest (a pace measured, the sweep's own work), where

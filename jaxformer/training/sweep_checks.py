@@ -13,27 +13,39 @@ from __future__ import annotations
 import json
 import pathlib
 from collections.abc import Sequence
+from typing import Any
 
 import ml_collections
 
 from jaxformer.errors import CheckpointError
 from jaxformer.model.config import ConfigError
-from jaxformer.run.directory import RunDirectory
+from jaxformer.run.directory import RunDirectory, SweepDirectory
 from jaxformer.run.metadata import CheckpointMetadata
 from jaxformer.training import experiment, resume_rules
 from jaxformer.training.sweep import Variant, finished_result, pace_file, run_config, seed_run_name, stored_pace
+from jaxformer.training.sweep_validation import validation_differences
 
 
 def check_existing_runs(
-    variants: Sequence[Variant], workdir: pathlib.Path, baseline_steps: int | None, seeds: int
+    variants: Sequence[Variant],
+    workdir: pathlib.Path,
+    baseline_steps: int | None,
+    seeds: int,
+    kept_rows: Sequence[dict[str, Any]] = (),
 ) -> None:
     """A ConfigError naming every run (or pace record) in `workdir` that does not fit the sweep
     as configured now: its config, its step budget (--baseline_steps and the pace kept for it) or
-    the data files it was trained on."""
+    the data files it was trained on; and every row of `kept_rows` (sweep.jsonl's rows of variants
+    that `variants` leave out, which the table keeps) that would not compare with the variants'."""
     fingerprints = DataFingerprints()
     problems = [
         problem for variant in variants for problem in _problems(variant, workdir, baseline_steps, seeds, fingerprints)
     ]
+    if variants:
+        reference = experiment.with_absolute_paths(variants[0].config).to_dict()  # all agree on its pairs
+        problems += [
+            problem for row in kept_rows for problem in _kept_row_problems(row, workdir, baseline_steps, reference)
+        ]
     if len(problems) == 1:
         raise ConfigError(problems[0])
     if problems:
@@ -75,6 +87,56 @@ def _problems(
         config = run_config(variant, seed_offset, stored)
         problems += run_problems(run_dir, variant, config, fingerprints)
     return problems
+
+
+def _kept_row_problems(
+    row: dict[str, Any], workdir: pathlib.Path, baseline_steps: int | None, reference: dict[str, Any]
+) -> list[str]:
+    """What keeps the row of a variant the sweep file leaves out from comparing with the rows of
+    this sweep's: another kind of budget (its row's speed, its pace record) or another N, or other
+    validation pairs (its run's latest checkpoint's config, where the run is still there)."""
+    name, rows_file = row["variant"], SweepDirectory(workdir).rows_file
+    path = SweepDirectory(workdir).pace_dir / f"{name}.json"
+    stored = stored_pace(path)
+    paced = stored is not None or row.get("speed") is not None
+    kept = f"variant {name!r}, whose row {rows_file} keeps from an earlier invocation,"
+    remedy = f"remove its row from {rows_file.name}, or sweep in a new --workdir"
+    if baseline_steps is None and paced:
+        if stored is None:
+            return [f"{kept} trained for a step budget (its row has a speed): run with --baseline_steps, or {remedy}"]
+        return [
+            f"{kept} trained for a step budget ({path}): run with --baseline_steps {stored['baseline_steps']}, "
+            f"or {remedy}"
+        ]
+    if baseline_steps is not None and not paced:
+        return [
+            f"{kept} trained with the config's own budget, not a --baseline_steps one: run without "
+            f"--baseline_steps, or {remedy}"
+        ]
+    if baseline_steps is not None and stored is None:
+        return [
+            f"{kept} trained for a step budget whose pace record, {path}, is gone: its N cannot be checked "
+            f"against --baseline_steps {baseline_steps}; {remedy}"
+        ]
+    if baseline_steps is not None and stored["baseline_steps"] != baseline_steps:
+        earlier = stored["baseline_steps"]
+        return [f"{kept} was given its steps for --baseline_steps {earlier}, not {baseline_steps}: {remedy}"]
+    run_dir = workdir / name
+    if not RunDirectory(run_dir).checkpoints.is_dir():
+        return []  # the run is gone: nothing tells what it was scored on
+    from jaxformer.run.loading import load_checkpoint
+
+    try:
+        _, metadata, _ = load_checkpoint(run_dir, "latest", params=False)
+    except CheckpointError:
+        return []
+    differences = validation_differences(metadata.config, reference, ignored=resume_rules.PLACEMENT_KEYS)
+    if not differences:
+        return []
+    return [
+        f"{kept} was scored on other validation pairs than this sweep's variants ({'; '.join(differences)}), so "
+        f"its BLEU would not compare with theirs: {remedy}"
+    ]
 
 
 def _saved_state(run_dir: pathlib.Path) -> tuple[str | None, CheckpointMetadata | None]:

@@ -35,11 +35,25 @@ def _holds_out_validation(config: dict[str, Any]) -> bool:
     return _value(config, "data.name") == "parallel_files" and not _value(config, "data.files.validation")
 
 
+def validation_keys(reference: dict[str, Any]) -> tuple[str, ...]:
+    """The keys on which a config must agree with `reference` (as a dict) to be scored on its pairs."""
+    return VALIDATION_KEYS + (HOLDOUT_KEYS if _holds_out_validation(reference) else ())
+
+
+def validation_differences(config: dict[str, Any], reference: dict[str, Any], ignored=frozenset()) -> list[str]:
+    """'key: config's value -> reference's' for each key but `ignored` that makes `config` (as a
+    dict) score its final choice on other validation pairs than `reference`."""
+    return [
+        f"{key}: {_value(config, key)!r} -> {_value(reference, key)!r}"
+        for key in validation_keys(reference)
+        if key not in ignored and _value(config, key) != _value(reference, key)
+    ]
+
+
 def refuse_other_validation_pairs(name: str, config: dict[str, Any], reference: dict[str, Any]) -> None:
     """A ConfigError when variant `name`'s config (as a dict) would score its final choice on other
     validation pairs than the `reference` config: other data, split, subset or languages."""
-    keys = VALIDATION_KEYS + (HOLDOUT_KEYS if _holds_out_validation(reference) else ())
-    for key in keys:
+    for key in validation_keys(reference):
         if _value(config, key) != _value(reference, key):
             raise ConfigError(
                 f"variant {name!r}: {key}={_value(config, key)!r} (the others: {_value(reference, key)!r}) changes "

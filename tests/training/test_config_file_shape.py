@@ -13,7 +13,7 @@ from jaxformer.commands import train
 from jaxformer.model.config import ConfigError
 from jaxformer.training import experiment
 from jaxformer.training.config_file import load_config, load_config_file, packaged_config_names, with_python_values
-from jaxformer.training.sweep import load_sweep
+from jaxformer.training.sweep_file import load_sweep
 
 ROOT = pathlib.Path(__file__).parents[2]
 TINY = ROOT / "jaxformer" / "configs" / "tiny.py"

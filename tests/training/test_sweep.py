@@ -16,13 +16,8 @@ from jaxformer.commands import sweep as sweep_command
 from jaxformer.commands.sweep import results_table
 from jaxformer.run.loading import load_checkpoint
 from jaxformer.training.final_choice import CANDIDATES
-from jaxformer.training.sweep import (
-    load_sweep,
-    make_variants,
-    seed_run_name,
-    seeds_row,
-    with_seed_offset,
-)
+from jaxformer.training.sweep import make_variants, seed_run_name, seeds_row, with_seed_offset
+from jaxformer.training.sweep_file import load_sweep
 from tests.training.test_loop import ONE_LAYER, ROOT, environment
 
 pytestmark = pytest.mark.xdist_group("sweep")
@@ -230,6 +225,15 @@ def test_seeds_train_each_variant_again_with_moved_seeds_and_rank_by_the_mean(tm
             r"variant 'subset': data.max_eval_examples=8 \(the others: 16\) changes the validation pairs",
         ),
         ({"reverse": ["data.source_language=de", "data.target_language=en"]}, r"variant 'reverse': data.source_lang"),
+        # A run's folder, its pace's file and a seed's folder are named after it: 300 characters is no file name.
+        ({"x" * 300: []}, r"variant name x{20}\.\.\. is 300 characters long, more than the 100 its runs' folders"),
+        ({"x" * 101: ["model.dropout_rate=0.2"]}, r"variant name x{20}\.\.\. is 101 characters long"),
+        # The same thing trained twice under two names, however its values are written.
+        (
+            {"a": ["model.dropout_rate=0.2"], "b": ["model.dropout_rate=0.20"]},
+            r"variants 'a' \(model.dropout_rate=0.2\) and 'b' \(model.dropout_rate=0.20\) give the same config: "
+            r"the sweep would train it twice; keep one",
+        ),
     ],
 )
 def test_a_bad_variant_is_one_line_before_anything_trains(tmp_path, capsys, variants, message):
@@ -240,6 +244,28 @@ def test_a_bad_variant_is_one_line_before_anything_trains(tmp_path, capsys, vari
     assert code == 2 and error.startswith("error: ") and error.count("\n") == 1
     assert re.search(message, error), error
     assert not workdir.exists()
+
+
+def test_a_variant_name_written_twice_in_the_sweep_file_is_refused_naming_both_lines(tmp_path, capsys):
+    """Python keeps the second of two equal keys of a dict display: the first variant would be lost."""
+    sweep_file = tmp_path / "twice.py"
+    sweep_file.write_text(
+        "def get_sweep():\n"
+        "    return {\n"
+        '        "a": ["model.dropout_rate=0.2"],\n'
+        '        "b": ["model.dropout_rate=0.3"],\n'
+        '        "a": ["training.label_smoothing=0.0"],\n'
+        "    }\n"
+    )
+    workdir = tmp_path / "sweep"
+    code = sweep_command.main(["--config", TINY, "--sweep", str(sweep_file), "--workdir", str(workdir), *SHARED])
+    assert code == 2 and capsys.readouterr().err == (
+        f"error: sweep file {sweep_file}: key 'a' is written twice in one dict, lines 3 and 5, and Python keeps "
+        "only the second: rename or remove one\n"
+    )
+    assert not workdir.exists()
+    x_100 = "x" * 100  # the longest name: its seed's folder (x...x@seed12) is still a file name
+    assert load_sweep(str(write_sweep(tmp_path / "long.py", {x_100: [], "b": ["c=1"]}))) == {x_100: [], "b": ["c=1"]}
 
 
 def test_held_out_validation_pairs_must_be_the_same_for_every_variant_and_seed(tmp_path, capsys):

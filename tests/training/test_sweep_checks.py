@@ -189,3 +189,85 @@ def test_a_second_sweep_in_the_same_workdir_is_refused_naming_the_first(tmp_path
 def test_a_variant_may_not_be_named_like_the_sweeps_lock(tmp_path, capsys):
     code, err = sweep(tmp_path, capsys, {"baseline": [], "sweep.lock": ["model.dropout_rate=0.2"]})
     assert code == 2 and "variant name 'sweep.lock' is taken" in err, err
+
+
+def test_a_damaged_pace_or_last_metrics_file_is_one_line_naming_it(tmp_path, capsys, runs):
+    variants = {"baseline": [], "lr3": ["optimizer.learning_rate_scale=3.0"]}
+    assert sweep(tmp_path, capsys, variants, "--baseline_steps", "20", shared=STEPLESS)[0] == 0
+    workdir = tmp_path / "sweep"
+    pace = workdir / "pace" / "lr3.json"
+    pace.write_text(pace.read_text()[:10])  # cut short, as a full disk leaves a file
+    runs.trained.clear()
+    for flags in (["--baseline_steps", "20"], []):  # read by either kind of budget's check
+        code, err = sweep(tmp_path, capsys, variants, *flags, shared=STEPLESS if flags else SHARED)
+        assert code == 2 and err == (
+            f"error: {pace} is damaged (not a pace record with baseline_steps, steps, speed): remove it to measure "
+            "the variant's pace again, and the variant's runs with it, if any (they trained for the steps it held)\n"
+        )
+    pace.write_text(json.dumps({"baseline_steps": 20, "steps": "20", "speed": 1.0}))  # JSON, not a pace's
+    code, err = sweep(tmp_path, capsys, variants, "--baseline_steps", "20", shared=STEPLESS)
+    assert code == 2 and err.startswith(f"error: {pace} is damaged"), err
+
+    shutil.rmtree(workdir)
+    assert sweep(tmp_path, capsys, variants)[0] == 0
+    last_metrics = workdir / "lr3" / "last_metrics.json"
+    for damaged in ('{"step": 12, "fin', "[]"):
+        last_metrics.write_text(damaged)
+        code, err = sweep(tmp_path, capsys, variants)
+        assert code == 2 and err == (
+            f"error: {last_metrics} is damaged (not a run's last metrics): remove it, and the sweep runs that "
+            "variant's run again, which finds its steps and final choice saved and writes the file anew\n"
+        )
+    assert runs.trained == ["baseline", "lr3"]  # the second sweep's only
+
+
+def test_the_rows_kept_from_an_earlier_invocation_must_compare_with_this_ones(tmp_path, capsys, runs):
+    """Rows of variants this sweep file leaves out stay in the table, ranked with its own: one of
+    another kind of budget, another N or other validation pairs is an error naming it, before
+    anything trains, as a run of the sweep file's own variants would be."""
+    earlier = {"baseline": [], "lr3": ["optimizer.learning_rate_scale=3.0"]}
+    assert sweep(tmp_path, capsys, earlier)[0] == 0
+    workdir = tmp_path / "sweep"
+    kept = f"whose row {workdir / 'sweep.jsonl'} keeps from an earlier invocation,"
+    remedy = "remove its row from sweep.jsonl, or sweep in a new --workdir"
+    new = {"new": ["model.dropout_rate=0.2"]}
+    runs.trained.clear()
+    code, err = sweep(tmp_path, capsys, new, "--baseline_steps", "20", shared=STEPLESS)
+    assert code == 2 and err.startswith(f"error: 2 problems with the runs in {workdir}, found before training any: ")
+    for number, name in enumerate(["baseline", "lr3"], 1):
+        assert (
+            f"({number}) variant {name!r}, {kept} trained with the config's own budget, not a --baseline_steps one: "
+            f"run without --baseline_steps, or {remedy}"
+        ) in err
+    fewer = [flag for flag in SHARED if not flag.startswith("--config.data.max_eval_examples=")]
+    code, err = sweep(tmp_path, capsys, new, "--config.data.max_eval_examples=8", shared=fewer)
+    expected = (
+        f"(2) variant 'lr3', {kept} was scored on other validation pairs than this sweep's variants "
+        f"(data.max_eval_examples: 16 -> 8), so its BLEU would not compare with theirs: {remedy}"
+    )
+    assert code == 2 and expected in err, err
+    assert runs.trained == [] and not (workdir / "new").exists()
+    assert sweep(tmp_path, capsys, new)[0] == 0  # the same budget and pairs: kept and ranked with it
+    assert runs.trained == ["new"]
+
+    # A step-budgeted workdir: its rows are neither wall-clock ones nor another N's.
+    shutil.rmtree(workdir)
+    assert sweep(tmp_path, capsys, earlier, "--baseline_steps", "20", shared=STEPLESS)[0] == 0
+    code, err = sweep(tmp_path, capsys, new)
+    expected = (
+        f"(1) variant 'baseline', {kept} trained for a step budget ({workdir / 'pace' / 'baseline.json'}): "
+        f"run with --baseline_steps 20, or {remedy}"
+    )
+    assert code == 2 and expected in err, err
+    code, err = sweep(tmp_path, capsys, new, "--baseline_steps", "30", shared=STEPLESS)
+    expected = f"(2) variant 'lr3', {kept} was given its steps for --baseline_steps 20, not 30: {remedy}"
+    assert code == 2 and expected in err, err
+    (workdir / "pace" / "lr3.json").unlink()  # its row's speed still tells
+    code, err = sweep(tmp_path, capsys, new, "--baseline_steps", "20", shared=STEPLESS)
+    assert code == 2 and err == (
+        f"error: variant 'lr3', {kept} trained for a step budget whose pace record, {workdir / 'pace' / 'lr3.json'}, "
+        f"is gone: its N cannot be checked against --baseline_steps 20; {remedy}\n"
+    )
+    code, err = sweep(tmp_path, capsys, new)
+    assert code == 2 and "variant 'lr3', " in err and "trained for a step budget (its row has a speed)" in err, err
+    assert runs.trained == ["new", "baseline", "lr3"]
