@@ -19,11 +19,17 @@ such a run; 0 means finished.
 from __future__ import annotations
 
 import argparse
+import contextlib
+import copy
+import functools
 import logging
 import sys
 import time
+from collections.abc import Callable
+from typing import NoReturn
 
-from jaxformer.commands.common import FlagError, make_parser, path_text, run_command
+from jaxformer.argument_parser import Parser
+from jaxformer.commands.common import FlagError, configure_logging, make_parser, path_text, run_command
 from jaxformer.errors import EXIT_USER_ERROR, UserError, exit_code_for_signal
 from jaxformer.training.config_file import (
     apply_overrides,
@@ -62,6 +68,12 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument(
         "--list_configs", action="store_true", help="list the configs shipped with jaxformer, then exit"
     )
+    add_launch_flags(parser)
+    return parser
+
+
+def add_launch_flags(parser: argparse.ArgumentParser) -> None:
+    """The flags that join a multi-process run (build_parser's, and `flags_to_join`'s alone)."""
     parser.add_argument(
         "--distributed",
         action="store_true",
@@ -72,7 +84,6 @@ def build_parser() -> argparse.ArgumentParser:
     )
     parser.add_argument("--num_processes", type=int, help="number of processes in a multi-process run launched by hand")
     parser.add_argument("--process_id", type=int, help="this process's index in a multi-process run launched by hand")
-    return parser
 
 
 def list_configs() -> str:
@@ -131,11 +142,80 @@ def join_processes(args: argparse.Namespace) -> None:
     processes.check_same_device_counts()  # before the first gather, which needs them equal
 
 
+def joins(args: argparse.Namespace) -> bool:
+    """Whether the command line joins a multi-process run (--print_config alone never does)."""
+    return bool(args.distributed or args.coordinator_address) and not args.print_config
+
+
+def _raise_usage_error(parser: argparse.ArgumentParser) -> Callable[[str], NoReturn]:
+    def refuse(message: str) -> NoReturn:
+        raise FlagError(f"{message}; see {parser.prog} --help")
+
+    return refuse
+
+
+def check_command_line(
+    parser: argparse.ArgumentParser, arguments: list[str]
+) -> tuple[list[tuple[str, str]], list[str]]:
+    """`split_overrides(arguments)`, once every error of the command line itself (an override given
+    twice or without a value, a flag argparse refuses, --config or --workdir missing) has been
+    found: each is raised, a FlagError or ConfigError, where argparse would print it and exit."""
+    overrides, rest = split_overrides(arguments)
+    strict = copy.copy(parser)
+    strict.error = _raise_usage_error(parser)  # argparse reports through error(); --help still exits
+    args = strict.parse_args(rest)
+    if args.list_configs:
+        return overrides, rest
+    missing = [flag for flag in ("config", "workdir") if getattr(args, flag) is None]
+    if args.print_config and "workdir" in missing:
+        missing.remove("workdir")
+    if missing:
+        flags = ", ".join("--" + flag for flag in missing)
+        raise FlagError(f"the following arguments are required: {flags}; see {parser.prog} --help")
+    return overrides, rest
+
+
+def flags_to_join(arguments: list[str]) -> argparse.Namespace | None:
+    """The launch flags of a command line that is wrong elsewhere, read alone; None where they do
+    not join a run (or cannot: they are wrong too), so that no other process waits for this one."""
+    parser = Parser(add_help=False)
+    for flag in ("--verbose", "--print_config", "--list_configs"):
+        parser.add_argument(flag, action="store_true")
+    add_launch_flags(parser)
+    parser.error = _raise_usage_error(parser)
+    try:
+        args, _ = parser.parse_known_args(arguments)
+        check_distributed_flags(args)
+    except UserError:
+        return None
+    return args if joins(args) and not args.list_configs else None
+
+
+def stop_every_process(error: UserError, arguments: list[str]) -> int:
+    """Reports an error of the command line in one line. Where the command line joins a run, it
+    joins first and raises the error in every process (the others quote it), as a config error
+    is: leaving first would leave them waiting 5 minutes for this process, then abort."""
+    launch_flags = flags_to_join(arguments)
+    if launch_flags is not None:
+        from jaxformer.training import processes
+
+        configure_logging(logging.INFO, launch_flags.verbose)
+        with contextlib.suppress(UserError):  # this process's own error is the one to report
+            join_processes(launch_flags)
+            processes.all_or_none(functools.partial(_raise, error))
+    sys.stderr.write(f"error: {error}\n")
+    return EXIT_USER_ERROR
+
+
+def _raise(error: Exception) -> NoReturn:
+    raise error
+
+
 def run(args: argparse.Namespace) -> int:
     from jaxformer.training import experiment, processes
 
     check_distributed_flags(args)
-    if (args.distributed or args.coordinator_address) and not args.print_config:
+    if joins(args):
         join_processes(args)  # first: a config error in one process is then an error in every one
 
     def checked_config():
@@ -171,21 +251,14 @@ def main(argv: list[str] | None = None) -> int:
     parser = build_parser()
     argv = sys.argv[1:] if argv is None else list(argv)
     try:
-        overrides, rest = split_overrides(argv)
-    except UserError as error:  # a dangling --config.KEY
-        sys.stderr.write(f"error: {error}\n")
-        return EXIT_USER_ERROR
+        overrides, rest = check_command_line(parser, argv)
+    except UserError as error:
+        return stop_every_process(error, argv)
 
     def body(args: argparse.Namespace) -> int:
         if args.list_configs:
             sys.stdout.write(list_configs())
             return 0
-        missing = [flag for flag in ("config", "workdir") if getattr(args, flag) is None]
-        if args.print_config and "workdir" in missing:
-            missing.remove("workdir")
-        if missing:
-            flags = ", ".join("--" + flag for flag in missing)
-            raise FlagError(f"the following arguments are required: {flags}; see {parser.prog} --help")
         args.overrides = overrides
         return run(args)
 

@@ -84,14 +84,11 @@ def test_list_configs_and_print_config_need_no_workdir(capsys):
     assert train.main(["--config", "tiny"]) == 2
     missing = r"error: the following arguments are required: --workdir; see \S+ --help\n"
     assert re.fullmatch(missing, capsys.readouterr().err)
-    with pytest.raises(SystemExit) as stopped:
-        train.main(["--config", "tiny", "--workdir", " "])  # not the current directory
-    assert stopped.value.code == 2
+    assert train.main(["--config", "tiny", "--workdir", " "]) == 2  # not the current directory
     assert re.fullmatch(
         r"error: argument --workdir: must be a path, got ' '; see \S+ --help\n", capsys.readouterr().err
     )
-    with pytest.raises(SystemExit):
-        train.main(["--config", "tiny", "--workdir", "gs://bucket/run"])  # local file operations: a folder named gs:
+    assert train.main(["--config", "tiny", "--workdir", "gs://bucket/run"]) == 2  # local file operations: gs: a folder
     assert "argument --workdir: must be a local path or a mounted file system (NFS, gcsfuse), not a URL: " in (
         capsys.readouterr().err
     )

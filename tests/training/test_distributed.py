@@ -145,6 +145,22 @@ def test_processes_started_apart_are_refused_before_any_work(data_dir, tmp_path)
 
 
 @pytest.mark.xdist_group("distributed-processes")
+def test_a_command_line_error_in_one_process_is_raised_in_both(data_dir, tmp_path):
+    """An override given twice in one process ended it at once, and the other waited 5 minutes,
+    then aborted (exit 134): the processes now join first, as for an invalid override."""
+    workdir = tmp_path / "run"
+    twice = ("--config.data.max_length=16", "--config.data.max_length=16")
+    codes, logs = _two_started_apart(data_dir, [workdir, workdir], [(), twice])
+    assert codes == [2, 2], [log[-2000:] for log in logs]
+    own = "error: config key 'data.max_length' is given twice, as '16' and as '16': keep one"
+    assert logs[1].strip().splitlines()[-1] == own
+    assert logs[0].strip().splitlines()[-1] == own.replace(
+        "error: ", "error: process 1 of the run stopped before any work: "
+    )
+    assert not workdir.exists()
+
+
+@pytest.mark.xdist_group("distributed-processes")
 def test_two_processes_match_one_process(data_dir, tmp_path):
     steps = ("--config.training.num_train_steps=10", "--config.data.input_shards=2", *ONE_LAYER)
     single = tmp_path / "single"
