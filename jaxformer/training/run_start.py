@@ -187,6 +187,7 @@ def prepare_run(config: ml_collections.ConfigDict, workdir: pathlib.Path) -> Pre
     rules = sharding.rules_from_config(config.mesh.logical_axis_rules)
     sharding.check_batch_size(data.batch_size, mesh, rules)
     sharding.check_batch_size(data.eval_batch_size, mesh, rules, "data.eval_batch_size")
+    sharding.warn_unsplit_batch(mesh, rules)
     logger.info("mesh: %s", dict(mesh.shape))
     if latest is None and not starting_points:
         check_mesh_fits_the_configured_model(config, mesh, rules)

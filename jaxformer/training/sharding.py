@@ -8,6 +8,7 @@ over fsdp (ZeRO-3 style) and tensor (Megatron style), as the logical axis rules 
 from __future__ import annotations
 
 import difflib
+import logging
 import math
 from collections.abc import Callable, Sequence
 from typing import Any
@@ -18,6 +19,8 @@ import numpy as np
 from jax.sharding import Mesh, NamedSharding, PartitionSpec
 
 from jaxformer.errors import UserError
+
+logger = logging.getLogger(__name__)
 
 AXIS_NAMES = ("data", "fsdp", "tensor")
 # Logical axis -> mesh axes, tried in order; an axis already used by a dimension falls through
@@ -77,7 +80,9 @@ def rules_from_config(rules: Sequence[Sequence[Any]]) -> tuple[tuple[str, Any], 
 
 def check_rules(rules: Sequence[Sequence[Any]]) -> None:
     """MeshError for a rule whose logical name no model uses (a typo would leave that axis
-    replicated without a word) or whose mesh axes are not the mesh's."""
+    replicated without a word), whose mesh axes are not the mesh's, or that names one mesh axis
+    twice (jax cannot split a dimension twice over one axis). Two rules whose arrays would share
+    a mesh axis need no check: flax gives an axis to the first, the next rule for the other."""
     for name, axes in rules_from_config(rules):
         if name not in LOGICAL_NAMES:
             near = difflib.get_close_matches(name, LOGICAL_NAMES, n=1)
@@ -92,6 +97,13 @@ def check_rules(rules: Sequence[Sequence[Any]]) -> None:
                     f"mesh.logical_axis_rules: {name!r} -> {axis!r} is no mesh axis; the mesh has "
                     + ", ".join(AXIS_NAMES)
                 )
+        named = axes if isinstance(axes, tuple) else ()
+        repeated = sorted({axis for axis in named if named.count(axis) > 1})
+        if repeated:
+            raise MeshError(
+                f"mesh.logical_axis_rules: {name!r} -> {axes!r} names the mesh axis {repeated[0]!r} twice; "
+                "name each mesh axis once in a rule"
+            )
 
 
 def logical_shardings(boxed_tree: Any, mesh: Mesh, rules) -> Any:
@@ -128,6 +140,26 @@ def check_batch_size(batch_size: int, mesh: Mesh, rules, key: str = "data.batch_
             f"and by the {processes} process{'es' if processes > 1 else ''}"
         )
     check_rows_within_processes(mesh, rules)
+
+
+def warn_unsplit_batch(mesh: Mesh, rules) -> None:
+    """Warns (one line) when the rules leave the batch unsplit over a data-parallel mesh axis
+    (data or fsdp) of more than one device: no 'batch' rule, or one without that axis. Every
+    device along it then computes the same rows, which trains correctly but wastes those devices."""
+    unsplit = [axis for axis in ("data", "fsdp") if mesh.shape[axis] > 1 and axis not in _batch_axes(rules)]
+    if unsplit:
+        axes, sizes = " and ".join(unsplit), " and ".join(str(mesh.shape[axis]) for axis in unsplit)
+        logger.warning(
+            "mesh.logical_axis_rules do not split the batch over the mesh ax%s %s (size%s %s in mesh.shape=%s): "
+            "the devices along %s compute the same rows; add %s to the 'batch' rule, as in ('batch', ('data', 'fsdp'))",
+            "es" if len(unsplit) > 1 else "is",
+            axes,
+            "s" if len(unsplit) > 1 else "",
+            sizes,
+            tuple(mesh.devices.shape),
+            "them" if len(unsplit) > 1 else "it",
+            " and ".join(repr(axis) for axis in unsplit),
+        )
 
 
 def check_rows_within_processes(mesh: Mesh, rules, process_of: Callable[[jax.Device], int] | None = None) -> None:

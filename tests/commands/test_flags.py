@@ -296,6 +296,11 @@ def test_a_mesh_that_cannot_hold_the_configured_model_stops_before_data_is_prepa
             "mesh.logical_axis_rules: 'embed' -> 'fdsp' is no mesh axis; the mesh has data, fsdp, tensor\n",
         ),
         (
+            ["--config.mesh.logical_axis_rules=(('batch',('data','data')),('vocab','tensor'))"],
+            "mesh.logical_axis_rules: 'batch' -> ('data', 'data') names the mesh axis 'data' twice; name each mesh "
+            "axis once in a rule\n",
+        ),
+        (
             ["--config.mesh.logical_axis_rules=(('batch','data'),('emebd','fsdp'))"],
             "mesh.logical_axis_rules: 'emebd' is no logical axis name (did you mean 'embed'?); the models use batch,",
         ),

@@ -195,6 +195,41 @@ def test_mesh_shape_errors():
         sharding.check_batch_size(4, mesh, sharding.DEFAULT_RULES, "data.eval_batch_size")
 
 
+def test_a_mesh_axis_named_twice_in_one_rule_is_refused():
+    """('batch', ('data', 'data')) was taken as 64 data-parallel shards of 8 devices, or failed in
+    jax with a DuplicateSpecError traceback."""
+    rules = (("batch", ("data", "data")), *sharding.DEFAULT_RULES[1:])
+    with pytest.raises(
+        sharding.MeshError,
+        match=re.escape("mesh.logical_axis_rules: 'batch' -> ('data', 'data') names the mesh axis 'data' twice"),
+    ):
+        sharding.check_rules(rules)
+    sharding.check_rules((("batch", ("data", "fsdp")), ("embed", "fsdp"), ("vocab", ("tensor",))))
+
+
+@pytest.mark.parametrize(
+    ("shape", "rules", "warned"),
+    [
+        ((8, 1, 1), (), "do not split the batch over the mesh axis data (size 8 in mesh.shape=(8, 1, 1))"),
+        (
+            (2, 4, 1),
+            (("batch", "data"),),
+            "the mesh axis fsdp (size 4 in mesh.shape=(2, 4, 1))",
+        ),
+        ((2, 2, 2), (("batch", "tensor"),), "over the mesh axes data and fsdp (sizes 2 and 2 in mesh.shape=(2, 2, 2))"),
+        ((1, 1, 8), (), None),  # tensor parallel only: no rows to split
+        ((4, 2, 1), sharding.DEFAULT_RULES, None),
+    ],
+)
+def test_rules_that_leave_the_batch_unsplit_are_warned_about(shape, rules, warned, caplog):
+    sharding.warn_unsplit_batch(sharding.make_mesh(shape), rules)
+    messages = [record.getMessage() for record in caplog.records]
+    if warned is None:
+        assert messages == []
+    else:
+        assert len(messages) == 1 and warned in messages[0], messages
+
+
 @pytest.mark.parametrize(
     ("shape", "processes", "spans"),
     [
