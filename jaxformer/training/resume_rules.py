@@ -29,7 +29,8 @@ RESUME_SENSITIVE_KEYS = {
 }
 # Keys that may change on resume all the same, each change logged as a warning: where the data is
 # read and evaluated from, the schedule's shape, the mesh, the loss's chunking (the same sums in
-# other pieces), and the starting points of a fine-tuning run (read by its first segment only).
+# other pieces), the remat policy (the same step, what its backward pass recomputes: a run out of
+# memory may turn it on to go on), and the starting points of a fine-tuning run (read by its first segment only).
 # Paths to the run's own files may name them elsewhere: their contents are what must not change,
 # and those are checked apart (the data's fingerprint, a given tokenizer against the workdir's).
 RESUME_FREE = {
@@ -51,6 +52,7 @@ RESUME_FREE = {
     "optimizer.decay_floor",
     "mesh.shape",
     "mesh.logical_axis_rules",
+    "model.remat_policy",
     "training.loss_chunk_tokens",
     "training.init_from",
     "training.init_encoder_from",

@@ -77,6 +77,22 @@ def test_resume_differences_name_changed_keys():
     ]
 
 
+def test_a_resume_may_turn_remat_on_but_not_change_the_layout_or_the_dtype():
+    """A run out of memory could not resume with model.remat_policy='full' ('none' -> 'full'
+    refused), though remat recomputes the same step; scan_layers (the parameters' layout) and the
+    dtype (the numerics) still may not change."""
+    saved = json.loads(json.dumps(load("tiny").to_dict()))
+    current = load("tiny")
+    current.model.remat_policy = "full"
+    assert resume_rules.resume_differences(saved, current) == []
+    assert resume_rules.resume_differences(saved, current, free=True) == ["model.remat_policy: 'none' -> 'full'"]
+    current.model.scan_layers, current.model.dtype = True, "bfloat16"
+    assert resume_rules.resume_differences(saved, current) == [
+        "model.dtype: 'float32' -> 'bfloat16'",
+        "model.scan_layers: False -> True",
+    ]
+
+
 def test_a_resume_refuses_training_values_that_change_what_the_steps_compute():
     saved = json.loads(json.dumps(load("tiny").to_dict()))
     current = load("tiny")
