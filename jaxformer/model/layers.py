@@ -38,7 +38,11 @@ class Embed(nn.Module):
 
     def __call__(self, tokens: Int[Array, "B L"]) -> Float[Array, "B L D"]:
         config = self.config
-        embedded = jnp.take(self.embedding, tokens, axis=0).astype(config.dtype)  # [B, L, D]
+        # The lookup reads whole rows: the table gathered along `embed`, as FSDP gathers every weight
+        # it uses. Rows split along D (embed -> fsdp) left XLA no way to the batch-split activations
+        # but replicating them (its "Involuntary full rematerialization" warnings, both passes).
+        table = nn.with_logical_constraint(self.embedding, ("vocab", None))
+        embedded = jnp.take(table, tokens, axis=0).astype(config.dtype)  # [B, L, D]
         return embedded * jnp.sqrt(config.d_model).astype(config.dtype)
 
     def attend(self, hidden: Float[Array, "B T D"]) -> Float[Array, "B T V"]:

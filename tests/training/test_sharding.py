@@ -1,7 +1,11 @@
 """Sharded training on 8 simulated CPU devices (see conftest.py): meshes agree with one device."""
 
 import functools
+import os
+import pathlib
 import re
+import subprocess
+import sys
 
 import flax.linen as nn
 import jax
@@ -228,6 +232,46 @@ def test_rules_that_leave_the_batch_unsplit_are_warned_about(shape, rules, warne
         assert messages == []
     else:
         assert len(messages) == 1 and warned in messages[0], messages
+
+
+EMBEDDING_LOOKUP_ON_A_2x2x2_MESH = """
+import flax.linen as nn
+import jax
+import jax.numpy as jnp
+
+from jaxformer.model.config import preset
+from jaxformer.model.layers import Embed, constrain
+from jaxformer.training import sharding
+
+embed = Embed(preset("tiny", vocab_size=64, d_model=64))
+mesh, rules = sharding.make_mesh((2, 2, 2)), sharding.DEFAULT_RULES
+tokens = jnp.arange(96, dtype=jnp.int32).reshape(8, 12) % 64
+with jax.set_mesh(mesh), nn.logical_axis_rules(rules):
+    shardings = sharding.logical_shardings(jax.eval_shape(embed.init, jax.random.key(0), tokens), mesh, rules)
+    params = jax.jit(embed.init, out_shardings=shardings)(jax.random.key(0), tokens)
+    loss = lambda params, tokens: jnp.sum(constrain(embed.apply(params, tokens)) ** 2)
+    batch = jax.device_put(tokens, sharding.batch_sharding(mesh, rules))
+    jax.jit(jax.grad(loss)).lower(params, batch).compile()
+print("compiled")
+"""
+
+
+def test_the_embedding_lookup_needs_no_replication_on_a_data_fsdp_tensor_mesh():
+    """Rows of a table split along embed (fsdp) and vocab (tensor) went to batch-split activations
+    only by replicating them: XLA printed 'Involuntary full rematerialization' (900 characters,
+    12 times a run) and did the work of a replicated lookup. In a subprocess: XLA logs while it
+    compiles, which a program in the persistent compilation cache would skip."""
+    env = {**os.environ, "JAX_ENABLE_COMPILATION_CACHE": "false", "JAX_PLATFORMS": "cpu"}
+    result = subprocess.run(
+        [sys.executable, "-c", EMBEDDING_LOOKUP_ON_A_2x2x2_MESH],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        env=env,
+        cwd=pathlib.Path(__file__).parents[2],  # this checkout's jaxformer
+    )
+    assert result.returncode == 0 and result.stdout == "compiled\n", result.stderr[-2000:]
+    assert "Involuntary full rematerialization" not in result.stderr, result.stderr[-2000:]
 
 
 @pytest.mark.parametrize(
