@@ -82,18 +82,22 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str | pathlib
     workdir = pathlib.Path(workdir).absolute()
     made = []  # the workdir, once this process has created it
 
-    def make_workdir() -> set | None:  # what one host alone may fail at: its data_dir, its view of the workdir
+    def look() -> set | None:  # what one host alone may fail at: its data_dir, its view of the workdir
         check_source(config.data)
-        before = set(workdir.iterdir()) if workdir.is_dir() else None  # what a failed start must leave as it was
+        return set(workdir.iterdir()) if workdir.is_dir() else None  # what a failed start must leave as it was
+
+    def make_workdir() -> None:
         try:
             workdir.mkdir(parents=True, exist_ok=True)
         except OSError as error:
             raise UserError(f"cannot create the workdir {workdir}: {error.strerror}") from None
-        made.extend([workdir] if before is None else [])
-        return before
+        made.extend([workdir] if existed is None else [])
 
     try:
-        existed = processes.all_or_none(make_workdir)
+        # Every process looks before any creates the folder: a look after another process's mkdir
+        # took the workdir for one that existed, and a failed start left it behind, empty.
+        existed = processes.all_or_none(look)
+        processes.all_or_none(make_workdir)
         lock = run_start.hold_workdir(workdir)
     except (processes.AnotherProcessError, processes.WorkdirNotSharedError):
         for folder in made:  # no run's (nothing is in it)
