@@ -43,8 +43,9 @@ def model_differences(metadata: CheckpointMetadata, newest: CheckpointMetadata) 
     differences = [
         f"model.{field}: {metadata.model[field]!r} -> {newest.model[field]!r}"
         for field in sorted(set(metadata.model) & set(newest.model))
-        # "auto" resolves by the machine each run segment ran on; the parameters are the same
-        if field != "matmul_dtype" and metadata.model[field] != newest.model[field]
+        # "auto" resolves by the machine each run segment ran on, and a resumed run may turn remat
+        # on or off (out of memory): the parameters are the same
+        if field not in ("matmul_dtype", "remat_policy") and metadata.model[field] != newest.model[field]
     ]
     differences += [
         f"{name}: another sentencepiece model"

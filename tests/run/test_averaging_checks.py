@@ -89,7 +89,7 @@ def test_another_tokenizer_is_refused_by_the_averaging_itself(run):
 
 def test_what_a_resume_may_change_still_averages(run, capsys):
     """Later checkpoints of one run: a longer schedule, another warmup, a budget, an interim
-    checkpoint, matmul_dtype "auto" resolved on another machine."""
+    checkpoint, matmul_dtype "auto" resolved on another machine, remat turned on."""
     workdir, params = run
 
     def resumed(config):
@@ -97,9 +97,10 @@ def test_what_a_resume_may_change_still_averages(run, capsys):
         config["training"]["time_budget_minutes"] = 60.0
         config["optimizer"]["warmup_steps"] = 10
         config["data"]["max_eval_examples"] = 16
+        config["model"]["remat_policy"] = "full"
 
     metadata = load_checkpoint(workdir, 20, params=False)[1]
-    model = {**metadata.model, "matmul_dtype": "bfloat16"}
+    model = {**metadata.model, "matmul_dtype": "bfloat16", "remat_policy": "full"}
     add_checkpoint(workdir, 30, jax.tree.map(lambda leaf: leaf * 3, params), resumed, model=model, interim=True)
     code, out, errors = average(workdir, capsys)
     assert (code, errors) == (0, []) and out.startswith("averaged steps [10, 20, 30] into ")
