@@ -105,14 +105,12 @@ class TransformerConfig:
     attention_implementation: Literal["jaxformer", "xla", "cudnn"] = "jaxformer"
 
     def __post_init__(self):
+        for field in dataclasses.fields(self):
+            value = getattr(self, field.name)
+            if isinstance(value, np.generic):  # numpy scalars as Python's, so configs compare and hash alike
+                object.__setattr__(self, field.name, value.item())
         for name in _DTYPE_FIELDS:
-            value = getattr(self, name)
-            if value is None and name == "matmul_dtype":  # None: dtype's own
-                continue
-            try:
-                object.__setattr__(self, name, jnp.dtype(value))
-            except TypeError as error:
-                raise ConfigError(f"TransformerConfig.{name}={value!r} is not a dtype") from error
+            object.__setattr__(self, name, _model_dtype(name, getattr(self, name)))
         _validate(self)
 
     @property
@@ -155,6 +153,10 @@ class TransformerConfig:
 
 
 ARCHITECTURES = ("encoder_decoder", "encoder_only", "decoder_only")
+# The compute and storage dtypes the model runs in; float64 is not one (the projections refuse
+# operands wider than their float32 inputs, and jax stores float64 parameters as float32 unless
+# jax_enable_x64 is set).
+MODEL_DTYPES = ("float32", "bfloat16", "float16")
 ACTIVATIONS = ("relu", "gelu", "swish", "squared_relu")  # the feed-forward non-linearities (model/layers.py)
 _DTYPE_FIELDS = ("dtype", "param_dtype", "matmul_dtype")  # normalised to jnp.dtype; names in to_dict
 _DROPOUT_FIELDS = (
@@ -167,16 +169,43 @@ _DROPOUT_FIELDS = (
 _FIELD_NAMES = tuple(field.name for field in dataclasses.fields(TransformerConfig))
 
 
+def check_architecture(config: TransformerConfig, architecture: str, user: str) -> None:
+    """A ConfigError when `config` is of another architecture than `user` (a model class, a
+    function) builds, found when it is constructed rather than at its first init or apply."""
+    if config.architecture != architecture:
+        raise ConfigError(
+            f"{user} needs a config with architecture={architecture!r}, got architecture={config.architecture!r} "
+            "(build_model(config) builds the model of a config's architecture)"
+        )
+
+
+def _model_dtype(name: str, value: Any) -> jnp.dtype | None:
+    """`value` of the dtype field `name` as a jnp.dtype; a ConfigError unless it is one of MODEL_DTYPES
+    (or None for matmul_dtype: dtype's own)."""
+    if value is None and name == "matmul_dtype":
+        return None
+    allowed = f"one of {', '.join(map(repr, MODEL_DTYPES))}"
+    if name == "matmul_dtype":  # also read from experiment configs, where "auto" is resolved before it gets here
+        allowed += " or None (an experiment config's 'auto' is resolved to one of them by jaxformer/hardware.py)"
+    try:
+        dtype = None if value is None else jnp.dtype(value)  # jnp.dtype(None) would be float64
+    except (TypeError, ValueError):
+        dtype = None
+    if dtype is None or dtype.name not in MODEL_DTYPES:
+        raise ConfigError(f"TransformerConfig.{name}={value!r}: must be {allowed}")
+    return dtype
+
+
 def _check_known_fields(values: Mapping[str, Any], where: str) -> None:
     for key in values:
         if key not in _FIELD_NAMES:
             near = difflib.get_close_matches(key, _FIELD_NAMES, n=3, cutoff=0.5)
-            hint = f"; did you mean {', '.join(near)}?" if near else ""
+            hint = f"; did you mean {', '.join(near)}?" if near else "."
             raise ConfigError(f"unknown key {key!r} in {where}{hint} Known keys: {', '.join(_FIELD_NAMES)}.")
 
 
-def _number(value: Any) -> bool:
-    return isinstance(value, (int, float, np.integer, np.floating)) and not isinstance(value, (bool, np.bool_))
+def _number(value: Any) -> bool:  # numpy scalars are Python's by now (__post_init__)
+    return isinstance(value, (int, float)) and not isinstance(value, bool)
 
 
 def _validate(config: TransformerConfig) -> None:
@@ -185,7 +214,7 @@ def _validate(config: TransformerConfig) -> None:
 
     for field in ("vocab_size", "d_model", "num_heads", "d_ff", "num_encoder_layers", "num_decoder_layers"):
         value = getattr(config, field)
-        if not isinstance(value, (int, np.integer)) or isinstance(value, bool) or value <= 0:
+        if not isinstance(value, int) or isinstance(value, bool) or value <= 0:
             fail(field, "must be a positive integer")
     if config.d_model % config.num_heads:
         fail("d_model", f"must be divisible by num_heads={config.num_heads}")
@@ -195,7 +224,7 @@ def _validate(config: TransformerConfig) -> None:
         fail("vocab_size", f"must exceed the {NUM_SPECIAL_TOKENS} special tokens (pad, eos, unk, bos)")
     if config.source_vocab_size is not None:
         value = config.source_vocab_size
-        if not isinstance(value, (int, np.integer)) or isinstance(value, bool) or value <= NUM_SPECIAL_TOKENS:
+        if not isinstance(value, int) or isinstance(value, bool) or value <= NUM_SPECIAL_TOKENS:
             fail("source_vocab_size", f"must be None or an integer above the {NUM_SPECIAL_TOKENS} special tokens")
         if value != config.vocab_size and config.share_embeddings:
             fail(
@@ -205,7 +234,7 @@ def _validate(config: TransformerConfig) -> None:
             )
     for field in _DROPOUT_FIELDS:
         value = getattr(config, field)
-        if not isinstance(value, (int, float)) or isinstance(value, bool) or not 0.0 <= value < 1.0:
+        if not _number(value) or not 0.0 <= value < 1.0:
             fail(field, "must lie in [0, 1)")
     if config.architecture not in ARCHITECTURES:
         fail("architecture", f"must be one of {', '.join(map(repr, ARCHITECTURES))}")
@@ -230,7 +259,7 @@ def _validate(config: TransformerConfig) -> None:
     if config.position_layout not in ("interleaved", "halves"):
         fail("position_layout", 'must be "interleaved" (the paper) or "halves"')
     for field in ("share_embeddings", "tie_output_embedding", "logits_bias", "deterministic", "scan_layers"):
-        if not isinstance(getattr(config, field), (bool, np.bool_)):
+        if not isinstance(getattr(config, field), bool):
             fail(field, "must be True or False")
     if config.logits_bias and config.architecture != "encoder_decoder":
         fail("logits_bias", f"applies to the encoder_decoder architecture only, not {config.architecture!r}")
@@ -244,14 +273,8 @@ def _validate(config: TransformerConfig) -> None:
         fail("layer_norm_epsilon", "must be a finite number > 0")
     if not _number(config.position_base) or not config.position_base > 1:
         fail("position_base", "must be greater than 1")
-    for field in ("dtype", "param_dtype"):
-        if not jnp.issubdtype(getattr(config, field), jnp.floating):
-            fail(field, "must be a floating-point dtype")
-    if config.matmul_dtype is not None:
-        if not jnp.issubdtype(config.matmul_dtype, jnp.floating):
-            fail("matmul_dtype", "must be None or a floating-point dtype")
-        if jnp.finfo(config.matmul_dtype).bits > jnp.finfo(config.dtype).bits:
-            fail("matmul_dtype", f"must not be wider than dtype={config.dtype.name}")
+    if config.matmul_dtype is not None and jnp.finfo(config.matmul_dtype).bits > jnp.finfo(config.dtype).bits:
+        fail("matmul_dtype", f"must not be wider than dtype={config.dtype.name}")
 
 
 # Named sizes. `base` and `big` are the paper's Table 3 models; `tiny` runs in seconds on a CPU.

@@ -20,7 +20,7 @@ from __future__ import annotations
 import flax.linen as nn
 
 from jaxformer.model.cache import DecoderCache
-from jaxformer.model.config import TransformerConfig
+from jaxformer.model.config import TransformerConfig, check_architecture
 from jaxformer.model.decoder import Decoder
 from jaxformer.model.layers import Embed
 from jaxformer.typing import Array, Float, Int
@@ -34,6 +34,10 @@ class DecoderOnly(nn.Module):
     """The causal language model. `config.deterministic`, or the `deterministic` argument, turns dropout off."""
 
     config: TransformerConfig
+
+    def __post_init__(self):
+        check_architecture(self.config, "decoder_only", "DecoderOnly")
+        super().__post_init__()
 
     def setup(self):
         self.embedding = Embed(self.config)

@@ -15,7 +15,7 @@ from __future__ import annotations
 import flax.linen as nn
 import jax.numpy as jnp
 
-from jaxformer.model.config import TransformerConfig
+from jaxformer.model.config import TransformerConfig, check_architecture
 from jaxformer.model.encoder import Encoder
 from jaxformer.model.layers import Embed, activation_function, layer_norm
 from jaxformer.model.masking import token_validity
@@ -62,6 +62,10 @@ class EncoderOnly(nn.Module):
     argument, turns dropout off. Packed rows pass segment ids and per-segment positions."""
 
     config: TransformerConfig
+
+    def __post_init__(self):
+        check_architecture(self.config, "encoder_only", "EncoderOnly")
+        super().__post_init__()
 
     def setup(self):
         self.embedding = Embed(self.config)

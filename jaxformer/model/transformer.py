@@ -18,7 +18,7 @@ import jax
 import jax.numpy as jnp
 
 from jaxformer.model.cache import DecoderCache, EncoderContext
-from jaxformer.model.config import TransformerConfig
+from jaxformer.model.config import TransformerConfig, check_architecture
 from jaxformer.model.decoder import Decoder, EncodedSource
 from jaxformer.model.encoder import Encoder
 from jaxformer.model.layers import Embed
@@ -45,6 +45,10 @@ class Transformer(nn.Module):
     """The whole model. `config.deterministic`, or the `deterministic` argument, turns dropout off."""
 
     config: TransformerConfig
+
+    def __post_init__(self):
+        check_architecture(self.config, "encoder_decoder", "Transformer")
+        super().__post_init__()
 
     def setup(self):
         config = self.config

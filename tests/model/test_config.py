@@ -1,6 +1,7 @@
 import dataclasses
 
 import jax.numpy as jnp
+import numpy as np
 import pytest
 
 from jaxformer.model.config import PRESETS, ConfigError, TransformerConfig, preset
@@ -48,10 +49,15 @@ def test_presets_follow_the_paper():
         (dict(tie_output_embedding=0), r"tie_output_embedding=0: must be True or False"),
         (dict(layer_norm_epsilon="x"), r"layer_norm_epsilon='x': must be a finite number > 0"),
         (dict(normalization="sandwich"), r"normalization='sandwich'"),
-        (dict(dtype="int32"), r"dtype=dtype\('int32'\): must be a floating-point dtype"),
-        (dict(dtype="not-a-dtype"), r"dtype='not-a-dtype' is not a dtype"),
-        (dict(matmul_dtype="bf16x"), r"matmul_dtype='bf16x' is not a dtype"),
-        (dict(matmul_dtype="int8"), r"matmul_dtype=dtype\('int8'\): must be None or a floating-point dtype"),
+        (dict(dtype="int32"), r"dtype='int32': must be one of 'float32', 'bfloat16', 'float16'$"),
+        (dict(dtype="not-a-dtype"), r"dtype='not-a-dtype': must be one of 'float32', 'bfloat16', 'float16'$"),
+        (dict(dtype=None), r"dtype=None: must be one of 'float32', 'bfloat16', 'float16'$"),
+        (dict(dtype="float64"), r"dtype='float64': must be one of 'float32', 'bfloat16', 'float16'$"),
+        (dict(param_dtype="float64"), r"param_dtype='float64': must be one of 'float32', 'bfloat16', 'float16'$"),
+        (dict(param_dtype=None), r"param_dtype=None: must be one of"),
+        (dict(matmul_dtype="bf16x"), r"matmul_dtype='bf16x': must be one of 'float32', 'bfloat16', 'float16' or None "),
+        (dict(matmul_dtype="int8"), r"matmul_dtype='int8': must be one of .* or None "),
+        (dict(matmul_dtype="auto"), r"matmul_dtype='auto': .* or None \(an experiment config's 'auto' is resolved"),
         (dict(dtype="bfloat16", matmul_dtype="float32"), r"matmul_dtype=dtype\('float32'\): must not be wider"),
     ],
 )
@@ -93,3 +99,35 @@ def test_dtypes_are_normalised_and_round_trip():
     # Metadata written before the field existed has no such key: the float32 model it was.
     old = {key: value for key, value in preset("tiny").to_dict().items() if key != "matmul_dtype"}
     assert TransformerConfig.from_dict({"preset": "tiny", **old}).matmul_operand_dtype == jnp.float32
+
+
+def test_every_dtype_the_model_runs_in_is_accepted():
+    for name in ("float32", "bfloat16", "float16"):
+        config = preset("tiny", dtype=name, param_dtype=name, matmul_dtype=name)
+        assert config.dtype.name == config.param_dtype.name == config.matmul_dtype.name == name
+
+
+def test_numpy_scalars_become_pythons_and_the_config_is_the_plain_one():
+    plain = preset("tiny", d_model=64, dropout_rate=0.2, scan_layers=True, layer_norm_epsilon=1e-5)
+    from_numpy = preset(
+        "tiny",
+        d_model=np.int64(64),
+        dropout_rate=np.float32(0.2),
+        scan_layers=np.bool_(True),
+        layer_norm_epsilon=np.float64(1e-5),
+    )
+    assert type(from_numpy.d_model) is int and type(from_numpy.scan_layers) is bool
+    assert type(from_numpy.dropout_rate) is float and type(from_numpy.layer_norm_epsilon) is float
+    assert from_numpy.d_model == 64 and from_numpy.dropout_rate == pytest.approx(0.2)
+    assert plain.replace(dropout_rate=from_numpy.dropout_rate) == from_numpy
+    assert hash(preset("tiny", num_heads=np.int32(8))) == hash(preset("tiny", num_heads=8))
+    assert preset("tiny").replace(vocab_size=np.uint16(100)) == preset("tiny", vocab_size=100)
+    with pytest.raises(ConfigError, match=r"dropout_rate=1.0: must lie in \[0, 1\)"):
+        preset("tiny", dropout_rate=np.float32(1.0))
+
+
+def test_an_unknown_key_without_a_near_match_ends_its_sentence():
+    with pytest.raises(
+        ConfigError, match=r"^unknown key 'xyz' in preset 'tiny' overrides\. Known keys: architecture, "
+    ):
+        preset("tiny", xyz=1)

@@ -17,8 +17,13 @@ from jaxformer.tokens import EOS_ID, PAD_ID
 # worker would trace, lower and fetch again.
 pytestmark = pytest.mark.xdist_group("decoder-only")
 
-TINY = preset("tiny", deterministic=True)
+TINY = preset("tiny", deterministic=True, architecture="decoder_only")
 B, T = 3, 7
+
+
+def translator_config(config):
+    """The encoder-decoder model of the same sizes as the decoder-only `config`."""
+    return config.replace(architecture="encoder_decoder")
 
 
 def boxed_variables(config, length=T):
@@ -113,7 +118,7 @@ def test_parameter_tree_is_the_translators_decoder_without_cross_attention(norma
     layers = {f"layer_{index}" for index in range(config.num_decoder_layers)}
     assert set(params["decoder"]) == layers | ({"final_norm"} if normalization == "pre" else set())
     tokens = jnp.ones((1, T), jnp.int32)
-    translator = jax.eval_shape(Transformer(config).init, jax.random.key(0), tokens, tokens)
+    translator = jax.eval_shape(Transformer(translator_config(config)).init, jax.random.key(0), tokens, tokens)
     translator_decoder = nn.meta.unbox(translator["params"]["decoder"])
     for layer in layers:
         kept = {key: value for key, value in translator_decoder[layer].items() if not key.startswith("cross_attention")}
@@ -153,10 +158,11 @@ def test_the_source_side_is_given_exactly_to_a_decoder_with_cross_attention():
     encoded = jnp.zeros((B, T, TINY.d_model))
     with pytest.raises(ValueError, match="no cross-attention .* takes no encoder output"):
         model.apply({"params": params}, inputs, method=lambda module, x: module.decoder.context(encoded, x))
-    translator = jax.eval_shape(Transformer(TINY).init, jax.random.key(0), inputs, inputs)
+    translator = jax.eval_shape(Transformer(translator_config(TINY)).init, jax.random.key(0), inputs, inputs)
     with pytest.raises(ValueError, match="needs the encoded source"):
         jax.eval_shape(
-            lambda v: Transformer(TINY).apply(v, inputs, method=lambda module, x: module.decoder(x)), translator
+            lambda v: Transformer(translator_config(TINY)).apply(v, inputs, method=lambda module, x: module.decoder(x)),
+            translator,
         )
 
 

@@ -14,7 +14,7 @@ from jaxformer.model.transformer import stack_layers
 from jaxformer.tokens import PAD_ID
 from jaxformer.training.sharding import DEFAULT_RULES
 
-TINY = preset("tiny", vocab_size=50, dropout_rate=0.0, deterministic=True)
+TINY = preset("tiny", vocab_size=50, dropout_rate=0.0, deterministic=True, architecture="encoder_only")
 B, S = 3, 7
 
 
