@@ -8,10 +8,12 @@ from __future__ import annotations
 
 import dataclasses
 import math
+import typing
 from typing import Any
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 
 from jaxformer.decoding.search import (
     BEAM_STOPS,
@@ -42,6 +44,23 @@ FIRST_CACHE_LENGTH = 16
 MAX_EXTRA_LENGTH = 4096
 
 
+# The type each DecodeSettings field must have (checked before its range): a float or a string
+# there fails inside jit with a JAX TypeError, a bool passes as 0 or 1.
+_FIELD_KINDS: dict[str, Any] = {
+    "method": str,
+    "beam_size": int,
+    "alpha": (int, float),
+    "length_penalty": str,
+    "max_extra_length": int,
+    "stop": str,
+    "temperature": (int, float),
+    "top_k": int,
+}
+
+
+# Its __post_init__ checks each field's type itself, with the one-line ValueError a flag's value
+# gets: no_type_check keeps the tests' jaxtyping hook (tests/conftest.py) from raising first.
+@typing.no_type_check
 @dataclasses.dataclass(frozen=True)
 class DecodeSettings:
     """How to search. Beam 4, alpha 0.6 and output <= input + 50 are the paper's; the stop rule is
@@ -61,6 +80,15 @@ class DecodeSettings:
     top_k: int = 0  # sampling only; 0 = the whole vocabulary
 
     def __post_init__(self):
+        for field in dataclasses.fields(self):
+            value = getattr(self, field.name)
+            if isinstance(value, np.generic):  # numpy scalars as Python's
+                value = value.item()
+                object.__setattr__(self, field.name, value)
+            kind = _FIELD_KINDS[field.name]
+            if isinstance(value, bool) or not isinstance(value, kind):  # True would be a beam of 1
+                expected = {str: "a string", int: "an integer", (int, float): "a number"}[kind]
+                raise ValueError(f"{field.name} must be {expected}, got {value!r}")
         if self.method not in METHODS:
             raise ValueError(f"decoding method {self.method!r}: choose one of {', '.join(METHODS)}")
         if self.length_penalty not in LENGTH_PENALTIES:
@@ -162,12 +190,55 @@ def search(
     return tokens[:, None], scores[:, None]
 
 
-def make_generate_fn(config: TransformerConfig, settings: DecodeSettings = DecodeSettings()):
+def check_source_ids(source: Any, vocab_size: int) -> None:
+    """A ValueError naming the first id of a concrete (numpy or jax) `source` [B, S] outside
+    [0, vocab_size): the model would give that row NaN logits (or, below 0, the last embedding).
+    Traced arrays are not checked: nothing inside a jitted program can raise."""
+    if isinstance(source, jax.core.Tracer) or not isinstance(source, (np.ndarray, jax.Array)):
+        return
+    if isinstance(source, jax.Array) and not source.is_fully_addressable:
+        return  # another process holds part of it
+    ids = np.asarray(source)
+    if ids.ndim != 2 or ids.size == 0 or (ids.min() >= 0 and ids.max() < vocab_size):
+        return
+    row, position = np.argwhere((ids < 0) | (ids >= vocab_size))[0]
+    raise ValueError(
+        f"source id {ids[row, position]} at row {row}, position {position} is outside the model's source "
+        f"vocabulary [0, {vocab_size})"
+    )
+
+
+class GenerateFn:
+    """`make_generate_fn`'s result: the jitted search, called after `check_source_ids` on the
+    host; `trace` and `lower` are the jitted function's (so `jax.export.export` takes it)."""
+
+    def __init__(self, jitted: Any, source_vocab_size: int):
+        self.jitted, self.source_vocab_size = jitted, source_vocab_size
+        self.trace, self.lower = jitted.trace, jitted.lower
+
+    def __call__(self, params: Any, source: Any, rng: jax.Array | None = None) -> Hypotheses:  # source: ids [B, S]
+        check_source_ids(source, self.source_vocab_size)
+        return self.jitted(params, source, rng)
+
+
+def make_generate_fn(config: TransformerConfig, settings: DecodeSettings = DecodeSettings()) -> GenerateFn:
     """`jit(lambda params, source, rng: generate(...))` for the decoding variant of `config`;
-    pass parameters already in the decoding form (`decoding_variant`)."""
+    pass parameters already in the decoding form (`decoding_variant`). A concrete `source` is
+    checked on the host first (`check_source_ids`)."""
+    if config.architecture != "encoder_decoder":
+        instead = (
+            " (a decoder_only model continues prompts: continue_prompts or LanguageModel, "
+            "jaxformer/decoding/language_model.py)"
+            if config.architecture == "decoder_only"
+            else ""
+        )
+        found = config.architecture
+        raise ConfigError(
+            f"make_generate_fn translates with an encoder_decoder model, not architecture={found!r}{instead}"
+        )
     model = Transformer(config)
 
     def generate_fn(params, source, rng=None):
         return generate(model, params, source, settings, rng)
 
-    return jax.jit(generate_fn)
+    return GenerateFn(jax.jit(generate_fn), config.encoder_vocab_size)

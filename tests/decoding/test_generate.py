@@ -7,7 +7,7 @@ import numpy as np
 import pytest
 
 from jaxformer.decoding.generate import DecodeSettings, generate, make_generate_fn
-from jaxformer.model.config import preset
+from jaxformer.model.config import ConfigError, preset
 from jaxformer.model.transformer import Transformer
 from jaxformer.tokens import BOS_ID, EOS_ID, PAD_ID
 
@@ -116,3 +116,63 @@ def test_bad_settings_are_named():
 def test_settings_that_would_decode_wrongly_are_refused(values, message):
     with pytest.raises(ValueError, match=message):
         DecodeSettings(**values)
+
+
+@pytest.mark.parametrize(
+    "values,message",
+    [
+        (dict(beam_size=2.0), r"^beam_size must be an integer, got 2.0$"),
+        (dict(beam_size="4"), r"^beam_size must be an integer, got '4'$"),
+        (dict(beam_size=True), r"^beam_size must be an integer, got True$"),
+        (dict(max_extra_length=2.5), r"^max_extra_length must be an integer, got 2.5$"),
+        (dict(top_k=np.float32(3)), r"^top_k must be an integer, got 3.0$"),
+        (dict(alpha="0.6"), r"^alpha must be a number, got '0.6'$"),
+        (dict(alpha=False), r"^alpha must be a number, got False$"),
+        (dict(temperature=None), r"^temperature must be a number, got None$"),
+        (dict(method=None), r"^method must be a string, got None$"),
+        (dict(stop=1), r"^stop must be a string, got 1$"),
+        (dict(length_penalty=b"gnmt"), r"^length_penalty must be a string, got b'gnmt'$"),
+    ],
+)
+def test_settings_of_the_wrong_type_are_refused_before_anything_is_traced(values, message):
+    with pytest.raises(ValueError, match=message):
+        DecodeSettings(**values)
+
+
+def test_numpy_settings_are_pythons():
+    settings = DecodeSettings(beam_size=np.int64(3), alpha=np.float32(0.5), max_extra_length=np.int32(7), top_k=1)
+    assert settings == DecodeSettings(beam_size=3, alpha=0.5, max_extra_length=7, top_k=1)
+    assert type(settings.beam_size) is int and type(settings.alpha) is float
+    assert DecodeSettings(alpha=1, temperature=2).alpha == 1  # an int is a number
+
+
+@pytest.mark.parametrize(
+    "architecture,use", [("decoder_only", "continue_prompts or LanguageModel"), ("encoder_only", "")]
+)
+def test_generate_refuses_a_model_that_does_not_translate(architecture, use):
+    config = CONFIG.replace(architecture=architecture)
+    message = f"^make_generate_fn translates with an encoder_decoder model, not architecture='{architecture}'.*{use}"
+    with pytest.raises(ConfigError, match=message):
+        make_generate_fn(config, DecodeSettings(max_extra_length=EXTRA))
+
+
+@pytest.mark.parametrize(
+    "bad_id,row,position", [(CONFIG.vocab_size, 0, 2), (10**6, 2, 0), (-1, 1, 4)], ids=["vocab", "huge", "negative"]
+)
+def test_generate_names_a_source_id_outside_the_vocabulary(params, bad_id, row, position):
+    generate_fn = make_generate_fn(CONFIG, DecodeSettings(method="greedy", max_extra_length=EXTRA))
+    source = np.array(source_rows())
+    source[row, position] = bad_id
+    message = (
+        rf"^source id {bad_id} at row {row}, position {position} is outside the model's source vocabulary \[0, 40\)$"
+    )
+    for given in (source, jnp.asarray(source)):
+        with pytest.raises(ValueError, match=message):
+            generate_fn(params, given)
+
+
+def test_generate_checks_separate_vocabularies_by_the_source_side():
+    config = CONFIG.replace(source_vocab_size=60, share_embeddings=False)
+    generate_fn = make_generate_fn(config, DecodeSettings(method="greedy", max_extra_length=EXTRA))
+    with pytest.raises(ValueError, match=r"source id 60 at row 0, position 1 .* \[0, 60\)$"):
+        generate_fn({}, np.array([[59, 60, EOS_ID]]))  # refused before the parameters are read
