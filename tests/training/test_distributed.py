@@ -85,6 +85,7 @@ def _two_started_apart(data_dir, workdirs, overrides):
     return [process.returncode for process in processes], results
 
 
+@pytest.mark.slow  # ~25 s of two-process starts; one process's command-line error in both: the test below
 @pytest.mark.xdist_group("distributed-processes")
 def test_processes_started_apart_are_refused_before_any_work(data_dir, tmp_path):
     """Another learning rate in one process trained apart without a word; another step count left
