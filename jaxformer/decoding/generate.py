@@ -26,7 +26,7 @@ from jaxformer.decoding.search import (
     sample_search,
 )
 from jaxformer.model.cache import init_cache
-from jaxformer.model.config import ConfigError, TransformerConfig
+from jaxformer.model.config import ConfigError, TransformerConfig, set_python_scalar_fields
 from jaxformer.model.transformer import Transformer, unstack_layers
 from jaxformer.tokens import BOS_ID, EOS_ID, PAD_ID
 from jaxformer.typing import Array, Float, Int
@@ -80,11 +80,9 @@ class DecodeSettings:
     top_k: int = 0  # sampling only; 0 = the whole vocabulary
 
     def __post_init__(self):
+        set_python_scalar_fields(self)
         for field in dataclasses.fields(self):
             value = getattr(self, field.name)
-            if isinstance(value, np.generic):  # numpy scalars as Python's
-                value = value.item()
-                object.__setattr__(self, field.name, value)
             kind = _FIELD_KINDS[field.name]
             if isinstance(value, bool) or not isinstance(value, kind):  # True would be a beam of 1
                 expected = {str: "a string", int: "an integer", (int, float): "a number"}[kind]

@@ -23,6 +23,16 @@ class ConfigError(UserError, ValueError):
     """A configuration value is invalid; the message names the field and the value."""
 
 
+def set_python_scalar_fields(instance: Any) -> None:
+    """Replaces each numpy scalar (`numpy.int64(64)`) in the fields of the frozen dataclass
+    `instance` with its Python value: a value computed with numpy then passes the type checks and
+    compares, hashes and serialises as the plain one would. For `__post_init__`."""
+    for field in dataclasses.fields(instance):
+        value = getattr(instance, field.name)
+        if isinstance(value, np.generic):
+            object.__setattr__(instance, field.name, value.item())
+
+
 @dataclasses.dataclass(frozen=True)
 class TransformerConfig:
     """Hyperparameters of the encoder-decoder Transformer (Vaswani et al., 2017).
@@ -105,10 +115,7 @@ class TransformerConfig:
     attention_implementation: Literal["jaxformer", "xla", "cudnn"] = "jaxformer"
 
     def __post_init__(self):
-        for field in dataclasses.fields(self):
-            value = getattr(self, field.name)
-            if isinstance(value, np.generic):  # numpy scalars as Python's, so configs compare and hash alike
-                object.__setattr__(self, field.name, value.item())
+        set_python_scalar_fields(self)  # so configs compare and hash alike
         for name in _DTYPE_FIELDS:
             object.__setattr__(self, name, _model_dtype(name, getattr(self, name)))
         _validate(self)

@@ -4,7 +4,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from jaxformer.model.config import PRESETS, ConfigError, TransformerConfig, preset
+from jaxformer.model.config import PRESETS, ConfigError, TransformerConfig, preset, set_python_scalar_fields
 
 
 def test_presets_follow_the_paper():
@@ -105,6 +105,24 @@ def test_every_dtype_the_model_runs_in_is_accepted():
     for name in ("float32", "bfloat16", "float16"):
         config = preset("tiny", dtype=name, param_dtype=name, matmul_dtype=name)
         assert config.dtype.name == config.param_dtype.name == config.matmul_dtype.name == name
+
+
+def test_one_helper_turns_a_frozen_dataclass_numpy_scalars_into_pythons_and_leaves_the_rest():
+    @dataclasses.dataclass(frozen=True)
+    class Fields:
+        count: object
+        rate: object
+        flag: object
+        name: object = "beam"
+        table: object = None
+        missing: object = None
+
+    table = np.arange(3)
+    fields = Fields(np.int64(3), np.float32(0.5), np.bool_(False), np.str_("greedy"), table)
+    set_python_scalar_fields(fields)
+    assert [type(value) for value in (fields.count, fields.rate, fields.flag, fields.name)] == [int, float, bool, str]
+    assert (fields.count, fields.rate, fields.flag, fields.name) == (3, 0.5, False, "greedy")
+    assert fields.table is table and fields.missing is None  # arrays and None are not scalars
 
 
 def test_numpy_scalars_become_pythons_and_the_config_is_the_plain_one():
