@@ -82,6 +82,15 @@ def with_python_values(config: ml_collections.ConfigDict) -> ml_collections.Conf
     return config
 
 
+def holds_numpy_scalars(config: ml_collections.ConfigDict) -> bool:
+    """Whether any value of `config` (in its sections, lists and tuples too) is a numpy scalar:
+    what `with_python_values` would change. A config file's were replaced as it loaded."""
+    return any(
+        holds_numpy_scalars(value) if isinstance(value, ml_collections.ConfigDict) else _holds_numpy_scalars(value)
+        for value in config.values()
+    )
+
+
 def _replace_numpy_scalars(section: ml_collections.ConfigDict) -> None:
     for key in list(section.keys()):
         value = section[key]

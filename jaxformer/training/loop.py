@@ -27,7 +27,7 @@ from jaxformer.model.architectures import build_model
 from jaxformer.run.directory import RunDirectory
 from jaxformer.training import experiment, processes, run_start, sharding
 from jaxformer.training.budget import BUDGET_CHECK_STEPS, ScheduleEnd, TimeBudget, TrainingClock, check_budget
-from jaxformer.training.config_file import with_python_values
+from jaxformer.training.config_file import holds_numpy_scalars, with_python_values
 from jaxformer.training.final_choice import choose_final, saved_choice
 from jaxformer.training.init_from import (
     starting_overrides,
@@ -74,7 +74,8 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str | pathlib
     Every config value is checked before anything is written; then the workdir is locked for
     the run (one run per workdir)."""
 
-    config = with_python_values(config)  # a caller's numpy scalars: each checkpoint writes the config as JSON
+    if holds_numpy_scalars(config):  # a library caller's: each checkpoint writes the config as JSON
+        config = with_python_values(config)
     processes.all_or_none(lambda: experiment.validate(config))
     processes.check_same_config(config)  # as given: relative paths resolve per host, and may differ
     config = experiment.with_absolute_paths(config)

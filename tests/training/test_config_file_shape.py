@@ -5,13 +5,15 @@ import json
 import pathlib
 import shutil
 import sys
+import types
 
 import numpy as np
 import pytest
 
 from jaxformer.commands import train
+from jaxformer.errors import EXIT_USER_ERROR, UserError
 from jaxformer.model.config import ConfigError
-from jaxformer.training import experiment
+from jaxformer.training import config_file, experiment, loop
 from jaxformer.training.config_file import load_config, load_config_file, packaged_config_names, with_python_values
 from jaxformer.training.sweep_file import load_sweep
 
@@ -158,4 +160,55 @@ def test_a_library_callers_numpy_scalars_become_python_values():
         config.training["seed"] = np.int64(3)
     plain = with_python_values(config)
     assert type(plain.training.seed) is int and plain.training.seed == 3
+    assert type(config.training.seed) is np.int64  # the caller's config is left as it was
+
+
+class _StopBeforeTheRun(UserError):
+    pass
+
+
+@pytest.fixture
+def runs(monkeypatch):
+    """Each train_and_evaluate stops, a UserError, where it would first look at the data, and leaves
+    in runs.configs the config it would have run; runs.conversions counts `with_python_values`."""
+    runs = types.SimpleNamespace(configs=[], conversions=0)
+    convert = config_file.with_python_values
+
+    def counted(config):
+        runs.conversions += 1
+        return convert(config)
+
+    def stop(config):
+        runs.configs.append(config)
+        raise _StopBeforeTheRun("stopped before the run")
+
+    for module in (config_file, loop):  # load_config_file's and train_and_evaluate's
+        monkeypatch.setattr(module, "with_python_values", counted)
+    monkeypatch.setattr(experiment, "with_absolute_paths", stop)
+    return runs
+
+
+def test_a_config_files_numpy_scalars_are_converted_once_on_the_command_path(tmp_path, capsys, runs):
+    path = tiny_changed_by(
+        tmp_path,
+        "import ml_collections, numpy",
+        "c.training = ml_collections.ConfigDict({**c.training.to_dict(), 'seed': numpy.int64(7)})",
+    )
+    assert train.main(["--config", str(path), "--workdir", str(tmp_path / "run")]) == EXIT_USER_ERROR
+    assert one_error_line(capsys) == "error: stopped before the run"
+    assert runs.conversions == 1  # as the file loaded, not again in train_and_evaluate
+    [config] = runs.configs
+    assert type(config.training.seed) is int and config.training.seed == 7
+
+
+def test_train_and_evaluate_converts_a_library_callers_numpy_scalars(tmp_path, runs):
+    config = load_config("tiny")
+    with config.unlocked():
+        del config.training["seed"]
+        config.training["seed"] = np.int64(3)
+    runs.conversions = 0  # load_config's
+    with pytest.raises(_StopBeforeTheRun):
+        loop.train_and_evaluate(config, tmp_path / "run")
+    [ran] = runs.configs
+    assert type(ran.training.seed) is int and ran.training.seed == 3 and runs.conversions == 1
     assert type(config.training.seed) is np.int64  # the caller's config is left as it was
