@@ -15,7 +15,8 @@ WORKDIR/sweep.md (and each row to WORKDIR/sweep.jsonl). Running the same command
 the variants not yet finished (resuming the one that was stopped). The rows of this invocation
 replace the earlier ones of the same variants; an earlier row of a variant that has none in this
 invocation (not in this sweep file, or not reached before a signal or an error stopped it) is kept,
-marked "from an earlier invocation". A stopped or failed sweep writes the rows it finished too.
+marked "from an earlier invocation", and must have been scored on this invocation's validation pairs (each
+row records them). A stopped or failed sweep writes the rows it finished too.
 
 --baseline_steps N replaces the wall-clock budget by a step budget that does not depend on the
 machine's speed: the config as it is (with the shared --config overrides) would train N steps,
@@ -40,7 +41,7 @@ import logging
 import math
 import pathlib
 import sys
-from collections.abc import Sequence
+from collections.abc import Collection, Sequence
 from typing import Any
 
 from jaxformer.commands.common import FlagError, at_least, make_parser, path_text, run_command
@@ -103,6 +104,7 @@ def run(args: argparse.Namespace, overrides: list[tuple[str, str]]) -> int:
 
 def _run_locked(args: argparse.Namespace, variants, reference, workdir: pathlib.Path) -> int:
     from jaxformer.training.sweep import run_sweep
+    from jaxformer.training.sweep_checks import unchecked_rows
 
     earlier = read_rows(workdir)  # before anything trains: a bad file costs no run's time
     logger.info(
@@ -115,6 +117,7 @@ def _run_locked(args: argparse.Namespace, variants, reference, workdir: pathlib.
     )
     names = {variant.name for variant in variants}
     kept = [row for row in earlier if row["variant"] not in names]  # checked too: the table ranks them with the rest
+    unchecked = unchecked_rows(kept, workdir)  # their validation pairs: the table says so
     rows = []
     try:
         _, stopped_by = run_sweep(
@@ -127,7 +130,7 @@ def _run_locked(args: argparse.Namespace, variants, reference, workdir: pathlib.
             kept_rows=kept,
         )
     finally:  # a variant's error too: the rows finished before it stay in the table
-        table = write_results(workdir, earlier, rows)
+        table = write_results(workdir, earlier, rows, unchecked)
     sys.stdout.write(table)
     if stopped_by is not None:
         logger.warning(
@@ -138,6 +141,7 @@ def _run_locked(args: argparse.Namespace, variants, reference, workdir: pathlib.
 
 
 EARLIER = "from_earlier_invocation"  # set on a row kept from an earlier invocation's sweep.jsonl
+UNCHECKED = "from an earlier invocation, validation pairs unchecked"  # the note of sweep_checks.unchecked_rows'
 NUMBER = (int, float)
 ROW_TYPES = {"variant": str, "changes": str, "steps": NUMBER, "train_minutes": NUMBER, "bleu": NUMBER, "chosen": str}
 
@@ -205,6 +209,8 @@ def row_problem(row: dict[str, Any], seed_row: bool = False) -> str | None:
             return f"its {key!r} is {shown(row[key])}, not a finite number or null"
     if seed_row:
         return None
+    if row.get("validation") is not None and not isinstance(row["validation"], dict):
+        return f"its 'validation' is {shown(row['validation'])}, not the JSON object of its validation settings"
     if EARLIER in row and not isinstance(row[EARLIER], bool):
         return f"its {EARLIER!r} is {shown(row[EARLIER])}, not true or false"
     bleus = row.get("seed_bleus", [])
@@ -228,12 +234,18 @@ def merge_rows(earlier: Sequence[dict[str, Any]], rows: Sequence[dict[str, Any]]
     return [*rows, *({**row, EARLIER: True} for row in earlier if row["variant"] not in names)]
 
 
-def write_results(workdir: pathlib.Path, earlier: Sequence[dict[str, Any]], rows: Sequence[dict[str, Any]]) -> str:
+def write_results(
+    workdir: pathlib.Path,
+    earlier: Sequence[dict[str, Any]],
+    rows: Sequence[dict[str, Any]],
+    unchecked: Collection[str] = (),
+) -> str:
     """Writes the merged rows to WORKDIR/sweep.jsonl and their table to WORKDIR/sweep.md, when this
-    invocation finished any (else the files, the earlier rows, stay as they are); returns the table."""
+    invocation finished any (else the files, the earlier rows, stay as they are); returns the table.
+    `unchecked`: the kept rows' variants whose validation pairs could not be checked."""
     merged, sweep = merge_rows(earlier, rows), SweepDirectory(workdir)
     if not rows:  # stopped or refused before its first variant finished: nothing to add
-        return results_table(merged)
+        return results_table(merged, unchecked)
     kept = [row["variant"] for row in merged if row.get(EARLIER)]
     if kept:
         logger.info(
@@ -244,14 +256,15 @@ def write_results(workdir: pathlib.Path, earlier: Sequence[dict[str, Any]], rows
         )
     # The rows first, before the table is made: a table is rebuilt from them, not they from it.
     write_text_atomically(sweep.rows_file, "".join(json.dumps(row) + "\n" for row in merged))
-    table = results_table(merged)
+    table = results_table(merged, unchecked)
     write_text_atomically(sweep.table_file, table)
     return table
 
 
-def results_table(rows: Sequence[dict[str, Any]]) -> str:
+def results_table(rows: Sequence[dict[str, Any]], unchecked: Collection[str] = ()) -> str:
     """A Markdown table of the rows, highest validation BLEU first; a `note` column marks the rows
-    kept from an earlier invocation, which this one's sweep file or stop left untouched. A `speed`
+    kept from an earlier invocation, which this one's sweep file or stop left untouched, and those
+    of them (`unchecked`) whose validation pairs could not be checked against this one's. A `speed`
     column (relative to the config's) only when a row has one, as `--baseline_steps` rows do."""
     from jaxformer.training.final_choice import CANDIDATES
 
@@ -293,10 +306,16 @@ def results_table(rows: Sequence[dict[str, Any]]) -> str:
             row["chosen"],
             alphas(row),
             *(number(row.get(f"{name}_bleu")) for name in CANDIDATES),
-            *(["from an earlier invocation" if row.get(EARLIER) else ""] if notes else []),
+            *([_note(row, unchecked)] if notes else []),
         ]
         lines.append(line(cells))
     return "\n".join(lines) + "\n"
+
+
+def _note(row: dict[str, Any], unchecked: Collection[str]) -> str:
+    if not row.get(EARLIER):
+        return ""
+    return UNCHECKED if row["variant"] in unchecked else "from an earlier invocation"
 
 
 def main(argv: list[str] | None = None) -> int:

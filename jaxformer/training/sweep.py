@@ -50,7 +50,11 @@ from jaxformer.training.config_file import apply_overrides, load_config, refuse_
 from jaxformer.training.final_choice import CANDIDATES
 from jaxformer.training.pace import Pace, relative_pace
 from jaxformer.training.signals import RaiseOnSignal, Stopped
-from jaxformer.training.sweep_validation import check_seeds_share_validation, refuse_other_validation_pairs
+from jaxformer.training.sweep_validation import (
+    check_seeds_share_validation,
+    refuse_other_validation_pairs,
+    validation_record,
+)
 
 logger = logging.getLogger(__name__)
 
@@ -168,7 +172,10 @@ def run_config(variant: Variant, seed_offset: int, pace: dict[str, Any] | None) 
         raise ConfigError(f"variant {variant.name!r} at {pace['steps']} steps: {error}") from None
 
 
-def result_row(variant: Variant, last: dict[str, Any], pace: dict[str, Any] | None = None) -> dict[str, Any]:
+def result_row(
+    variant: Variant, last: dict[str, Any], config: ml_collections.ConfigDict, pace: dict[str, Any] | None = None
+) -> dict[str, Any]:
+    """The row of a run trained with `config`: its scores, and which validation pairs gave them."""
     final = last["final"]
     row = {
         "variant": variant.name,
@@ -182,6 +189,8 @@ def result_row(variant: Variant, last: dict[str, Any], pace: dict[str, Any] | No
         "alpha": final.get("alpha"),  # None: a run from before the final choice kept its alpha
         "lowercase_bleu": final.get("lowercase_bleu", final.get(f"{final['chosen']}/lowercase_bleu")),
         "chrf": final.get("chrf", final.get(f"{final['chosen']}/chrf")),
+        # What a later invocation checks the row against its variants' by, the run's folder gone or not.
+        "validation": validation_record(experiment.with_absolute_paths(config).to_dict()),
     }
     row.update({f"{name}_bleu": final.get(f"{name}/bleu") for name in CANDIDATES})
     return row
@@ -199,7 +208,8 @@ def seeds_row(seed_rows: Sequence[dict[str, Any]]) -> dict[str, Any]:
     def mean(values):
         return None if any(value is None for value in values) else sum(values) / len(values)
 
-    row = {key: seed_rows[0][key] for key in ("variant", "changes", "speed")}
+    # The seeds share their validation pairs (sweep_validation refuses seeds that would not): seed 0's record.
+    row = {key: seed_rows[0].get(key) for key in ("variant", "changes", "speed", "validation")}
     row["steps"] = round(mean([seed["steps"] for seed in seed_rows]))
     # .get: a row written before a candidate existed (a sweep resumed across versions) lacks its score.
     row.update({key: mean([seed.get(key) for seed in seed_rows]) for key in MEAN_KEYS})
@@ -390,12 +400,12 @@ def _train_variant(
             late_signal = last.get("signal_once_complete")
             last = finished_result(run_dir)
             if late_signal:
-                seed_rows.append(result_row(variant, last, pace))
+                seed_rows.append(result_row(variant, last, config, pace))
                 logger.warning(
                     "sweep: stopping after %s%s, which was complete when the signal came", variant.name, seed
                 )
                 return seed_rows, late_signal
         else:
             logger.info("sweep: variant %s already finished in %s", variant.name, run_dir)
-        seed_rows.append(result_row(variant, last, pace))
+        seed_rows.append(result_row(variant, last, config, pace))
     return seed_rows, None

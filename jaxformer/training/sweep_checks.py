@@ -11,6 +11,7 @@ later variant would be refused next.
 from __future__ import annotations
 
 import json
+import logging
 import pathlib
 from collections.abc import Sequence
 from typing import Any
@@ -23,7 +24,9 @@ from jaxformer.run.directory import RunDirectory, SweepDirectory
 from jaxformer.run.metadata import CheckpointMetadata
 from jaxformer.training import experiment, resume_rules
 from jaxformer.training.sweep import Variant, finished_result, pace_file, run_config, seed_run_name, stored_pace
-from jaxformer.training.sweep_validation import validation_differences
+from jaxformer.training.sweep_validation import recorded_config, validation_differences
+
+logger = logging.getLogger(__name__)
 
 
 def check_existing_runs(
@@ -36,7 +39,8 @@ def check_existing_runs(
     """A ConfigError naming every run (or pace record) in `workdir` that does not fit the sweep
     as configured now: its config, its step budget (--baseline_steps and the pace kept for it) or
     the data files it was trained on; and every row of `kept_rows` (sweep.jsonl's rows of variants
-    that `variants` leave out, which the table keeps) that would not compare with the variants'."""
+    that `variants` leave out, which the table keeps) that would not compare with the variants'.
+    A kept row whose validation pairs nothing tells (`unchecked_rows`) is named in a warning."""
     fingerprints = DataFingerprints()
     problems = [
         problem for variant in variants for problem in _problems(variant, workdir, baseline_steps, seeds, fingerprints)
@@ -51,6 +55,38 @@ def check_existing_runs(
     if problems:
         numbered = "; ".join(f"({number}) {problem}" for number, problem in enumerate(problems, 1))
         raise ConfigError(f"{len(problems)} problems with the runs in {workdir}, found before training any: {numbered}")
+    unchecked = unchecked_rows(kept_rows, workdir) if variants else []
+    if unchecked:
+        logger.warning(
+            "sweep: cannot check that the rows of %s, kept from an earlier invocation, were scored on this sweep's "
+            "validation pairs: an older jaxformer wrote them without recording those, and their runs' checkpoints "
+            "are gone or unreadable; ranked unchecked (marked so in %s)",
+            ", ".join(unchecked),
+            SweepDirectory(workdir).table_file.name,
+        )
+
+
+def unchecked_rows(kept_rows: Sequence[dict[str, Any]], workdir: pathlib.Path) -> list[str]:
+    """The variants of the `kept_rows` whose validation pairs nothing tells (`_scored_with`)."""
+    return [row["variant"] for row in kept_rows if _scored_with(row, workdir) is None]
+
+
+def _scored_with(row: dict[str, Any], workdir: pathlib.Path) -> dict[str, Any] | None:
+    """The config (as a dict) that says which validation pairs a kept row was scored on: the
+    row's own record of it, or, in a row an older jaxformer wrote without one, its run's latest
+    checkpoint's config while the run is there; None when neither is there."""
+    if row.get("validation") is not None:
+        return recorded_config(row["validation"])
+    run_dir = workdir / row["variant"]
+    if not RunDirectory(run_dir).checkpoints.is_dir():
+        return None
+    from jaxformer.run.loading import load_checkpoint
+
+    try:
+        _, metadata, _ = load_checkpoint(run_dir, "latest", params=False)
+    except CheckpointError:
+        return None
+    return metadata.config
 
 
 def _problems(
@@ -94,7 +130,7 @@ def _kept_row_problems(
 ) -> list[str]:
     """What keeps the row of a variant the sweep file leaves out from comparing with the rows of
     this sweep's: another kind of budget (its row's speed, its pace record) or another N, or other
-    validation pairs (its run's latest checkpoint's config, where the run is still there)."""
+    validation pairs (its row's record of them, or its run's checkpoint's config: `_scored_with`)."""
     name, rows_file = row["variant"], SweepDirectory(workdir).rows_file
     path = SweepDirectory(workdir).pace_dir / f"{name}.json"
     stored = stored_pace(path)
@@ -121,16 +157,10 @@ def _kept_row_problems(
     if baseline_steps is not None and stored["baseline_steps"] != baseline_steps:
         earlier = stored["baseline_steps"]
         return [f"{kept} was given its steps for --baseline_steps {earlier}, not {baseline_steps}: {remedy}"]
-    run_dir = workdir / name
-    if not RunDirectory(run_dir).checkpoints.is_dir():
-        return []  # the run is gone: nothing tells what it was scored on
-    from jaxformer.run.loading import load_checkpoint
-
-    try:
-        _, metadata, _ = load_checkpoint(run_dir, "latest", params=False)
-    except CheckpointError:
+    scored_with = _scored_with(row, workdir)
+    if scored_with is None:  # named by check_existing_runs's warning, and in the table
         return []
-    differences = validation_differences(metadata.config, reference, ignored=resume_rules.PLACEMENT_KEYS)
+    differences = validation_differences(scored_with, reference, ignored=resume_rules.PLACEMENT_KEYS)
     if not differences:
         return []
     return [

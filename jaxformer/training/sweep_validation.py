@@ -50,6 +50,26 @@ def validation_differences(config: dict[str, Any], reference: dict[str, Any], ig
     ]
 
 
+def validation_record(config: dict[str, Any]) -> dict[str, Any]:
+    """What a sweep row keeps of the config (as a dict, its paths absolute) its run was scored with:
+    the value of every key that can say which validation pairs, by dotted key. A later invocation
+    checks the row against its variants' with it, when the run's folder may be gone."""
+    return {key: _value(config, key) for key in VALIDATION_KEYS + HOLDOUT_KEYS}
+
+
+def recorded_config(record: dict[str, Any]) -> dict[str, Any]:
+    """A `validation_record` as the config dict it was taken from (its dotted keys as sections),
+    for validation_differences."""
+    config: dict[str, Any] = {}
+    for dotted, value in record.items():
+        *sections, leaf = dotted.split(".")
+        section = config
+        for name in sections:
+            section = section.setdefault(name, {})
+        section[leaf] = value
+    return config
+
+
 def refuse_other_validation_pairs(name: str, config: dict[str, Any], reference: dict[str, Any]) -> None:
     """A ConfigError when variant `name`'s config (as a dict) would score its final choice on other
     validation pairs than the `reference` config: other data, split, subset or languages."""

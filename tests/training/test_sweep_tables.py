@@ -136,13 +136,15 @@ def test_a_sweep_file_with_fewer_variants_keeps_the_rows_of_the_others(tmp_path,
         assert {key: rows[kept["variant"]][key] for key in kept} == kept  # as the earlier invocation wrote it
     table = (workdir / "sweep.md").read_text()
     assert table in output.out
+    # Rows of an older jaxformer (no record of their validation pairs) without their runs: said, not silent.
     assert {name: cells["note"] for name, cells in table_rows(table).items()} == {
-        "wide": "from an earlier invocation",
-        "deep": "from an earlier invocation",
+        "wide": "from an earlier invocation, validation pairs unchecked",
+        "deep": "from an earlier invocation, validation pairs unchecked",
         "baseline": "",
         "new": "",
     }
     assert "keeping the rows an earlier invocation wrote for wide, deep, which this one has none for" in output.err
+    assert "cannot check that the rows of wide, deep, kept from an earlier invocation, were scored" in output.err
 
 
 def test_a_stopped_sweep_writes_its_finished_rows_and_keeps_the_earlier_ones(tmp_path, capsys, monkeypatch):
@@ -248,6 +250,7 @@ def test_a_signal_while_a_variant_sets_up_stops_the_sweep_and_frees_its_workdir(
         (row("a", 1.0) | {"seeds": [row("a", 1.0) | {"alpha": "x"}]}, "its 'seeds' item 0: 'alpha' is 'x', not a"),
         (row("a", 1.0) | {"seeds": [row("a", 1.0), 3]}, "its 'seeds' item 1: it is not a JSON object"),
         (row("a", 1.0) | {EARLIER: "yes"}, "its 'from_earlier_invocation' is 'yes', not true or false"),
+        (row("a", 1.0) | {"validation": "m30k"}, "its 'validation' is 'm30k', not the JSON object of its validation"),
     ],
 )
 def test_an_unreadable_rows_file_is_one_line_before_anything_trains(tmp_path, capsys, monkeypatch, contents, message):
@@ -290,7 +293,7 @@ def test_a_directory_where_the_rows_file_goes_is_named_as_one(tmp_path, capsys, 
 def test_the_rows_are_written_before_the_table_is_made(tmp_path, capsys, monkeypatch):
     """A table that cannot be made (a bug in it) loses no finished row: the rows are written first."""
 
-    def broken_table(rows):
+    def broken_table(rows, unchecked=()):
         raise RuntimeError("the table's bug")
 
     monkeypatch.setattr(loop, "train_and_evaluate", Runs())
