@@ -9,9 +9,13 @@ refused, naming the first difference, before any parameters are read.
 
 from __future__ import annotations
 
+if __name__ == "__main__":  # `python -m`: launched as the console script is, before jax loads (launch.py)
+    from jaxformer.commands.launch import run_as_main
+
+    run_as_main("jaxformer.commands.average_checkpoints")
+
 import argparse
 import logging
-import sys
 
 from jaxformer.commands.common import at_least, check_workdir, make_parser, path_text, run_command
 from jaxformer.run.averaging import average_last
@@ -35,7 +39,3 @@ def run(args: argparse.Namespace) -> int:
 
 def main(argv: list[str] | None = None) -> int:
     return run_command(build_parser(), run, argv, log_level=logging.INFO)
-
-
-if __name__ == "__main__":
-    sys.exit(main())

@@ -14,9 +14,13 @@ Neither overwrites an existing --output.
 
 from __future__ import annotations
 
+if __name__ == "__main__":  # `python -m`: launched as the console script is, before jax loads (launch.py)
+    from jaxformer.commands.launch import run_as_main
+
+    run_as_main("jaxformer.commands.convert")
+
 import argparse
 import logging
-import sys
 
 from jaxformer.commands import common, decoding_flags
 
@@ -94,7 +98,3 @@ def _to_hf(args: argparse.Namespace) -> str:
 
 def main(argv: list[str] | None = None) -> int:
     return common.run_command(build_parser(), run, argv, log_level=logging.INFO)
-
-
-if __name__ == "__main__":
-    sys.exit(main())

@@ -8,12 +8,16 @@ and lowercased tokenized BLEU (`jaxformer-evaluate`; `python evaluate.py` in a c
 
 from __future__ import annotations
 
+if __name__ == "__main__":  # `python -m`: launched as the console script is, before jax loads (launch.py)
+    from jaxformer.commands.launch import run_as_main
+
+    run_as_main("jaxformer.commands.evaluate")
+
 import argparse
 import dataclasses
 import json
 import logging
 import os
-import sys
 import time
 
 import ml_collections
@@ -200,7 +204,3 @@ def run(args: argparse.Namespace) -> int:
 
 def main(argv: list[str] | None = None) -> int:
     return run_command(build_parser(), run, argv, log_level=logging.INFO)
-
-
-if __name__ == "__main__":
-    sys.exit(main())

@@ -8,6 +8,11 @@ python exports/m30k/serve.py < sentences.en > sentences.de
 
 from __future__ import annotations
 
+if __name__ == "__main__":  # `python -m`: launched as the console script is, before jax loads (launch.py)
+    from jaxformer.commands.launch import run_as_main
+
+    run_as_main("jaxformer.commands.export")
+
 import argparse
 import logging
 import signal
@@ -114,7 +119,3 @@ def run(args: argparse.Namespace) -> int:
 
 def main(argv: list[str] | None = None) -> int:
     return run_command(build_parser(), run, argv, log_level=logging.INFO)
-
-
-if __name__ == "__main__":
-    sys.exit(main())

@@ -7,9 +7,13 @@ jaxformer-generate --workdir runs/m30k_lm --method beam --max_new_tokens 20 --in
 
 from __future__ import annotations
 
+if __name__ == "__main__":  # `python -m`: launched as the console script is, before jax loads (launch.py)
+    from jaxformer.commands.launch import run_as_main
+
+    run_as_main("jaxformer.commands.generate")
+
 import argparse
 import logging
-import sys
 
 from jaxformer.commands import common, decoding_flags
 
@@ -58,7 +62,3 @@ def run(args: argparse.Namespace) -> int:
 
 def main(argv: list[str] | None = None) -> int:
     return common.run_command(build_parser(), run, argv, log_level=logging.INFO)
-
-
-if __name__ == "__main__":
-    sys.exit(main())

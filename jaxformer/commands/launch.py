@@ -1,5 +1,6 @@
-"""Where every command starts: the console scripts (pyproject.toml) and a clone's train.py,
-translate.py, evaluate.py and average_checkpoints.py call the functions below.
+"""Where every command starts: the console scripts (pyproject.toml), a clone's train.py,
+translate.py, evaluate.py and average_checkpoints.py, and `python -m jaxformer.commands.NAME`
+(each command module calls `run_as_main` first when it is `__main__`) call the functions below.
 
 Loading a command (importing it and building its parser) takes a second or more: jax, flax,
 orbax, tfds. A Ctrl-C then printed the traceback of whatever module was loading, or of the error
@@ -23,6 +24,7 @@ import signal
 import sys
 import threading
 from collections.abc import Callable
+from typing import NoReturn
 
 from jaxformer.errors import exit_code_for_signal
 
@@ -104,6 +106,13 @@ def loaded() -> None:
     if _kept:
         _kept.clear()
         raise KeyboardInterrupt
+
+
+def run_as_main(module: str) -> NoReturn:
+    """`python -m jaxformer.commands.NAME`, or its file run as a script: `module` launched as its
+    console script is. Run as `__main__`, a command module calls this before its own imports:
+    run as they come, they would load jax with Python's Ctrl-C (a traceback) in place."""
+    sys.exit(launch(module))
 
 
 def _command(name: str) -> Callable[[list[str] | None], int]:

@@ -35,6 +35,11 @@ A single hour run's score moves by most of a BLEU point with the seed alone.
 
 from __future__ import annotations
 
+if __name__ == "__main__":  # `python -m`: launched as the console script is, before jax loads (launch.py)
+    from jaxformer.commands.launch import run_as_main
+
+    run_as_main("jaxformer.commands.sweep")
+
 import argparse
 import json
 import logging
@@ -326,7 +331,3 @@ def main(argv: list[str] | None = None) -> int:
         sys.stderr.write(f"error: {error}\n")
         return EXIT_USER_ERROR
     return run_command(build_parser(), lambda args: run(args, overrides), rest, log_level=logging.INFO)
-
-
-if __name__ == "__main__":
-    sys.exit(main())

@@ -18,6 +18,11 @@ such a run; 0 means finished.
 
 from __future__ import annotations
 
+if __name__ == "__main__":  # `python -m`: launched as the console script is, before jax loads (launch.py)
+    from jaxformer.commands.launch import run_as_main
+
+    run_as_main("jaxformer.commands.train")
+
 import argparse
 import contextlib
 import copy
@@ -266,7 +271,3 @@ def main(argv: list[str] | None = None) -> int:
         return not (args.list_configs or args.print_config)
 
     return run_command(parser, body, rest, log_level=logging.INFO, compiles=compiles)
-
-
-if __name__ == "__main__":
-    sys.exit(main())

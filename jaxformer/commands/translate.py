@@ -7,9 +7,13 @@
 
 from __future__ import annotations
 
+if __name__ == "__main__":  # `python -m`: launched as the console script is, before jax loads (launch.py)
+    from jaxformer.commands.launch import run_as_main
+
+    run_as_main("jaxformer.commands.translate")
+
 import argparse
 import logging
-import sys
 
 from jaxformer.commands import common, decoding_flags
 from jaxformer.commands.decoding_flags import translator_from_flags  # a name of this module: tests replace it here
@@ -31,7 +35,3 @@ def run(args: argparse.Namespace) -> int:
 
 def main(argv: list[str] | None = None) -> int:
     return common.run_command(build_parser(), run, argv, log_level=logging.INFO)
-
-
-if __name__ == "__main__":
-    sys.exit(main())

@@ -2,6 +2,7 @@
 later one does, `interrupted` and exit 130: no traceback of the module that was loading, and not
 lost in jax's garbage-collector callback."""
 
+import ast
 import os
 import pathlib
 import signal
@@ -109,3 +110,54 @@ def test_a_signal_after_the_command_finished_keeps_its_exit_code(tmp_path, code,
     assert process.returncode == code
     said = f"SIGTERM came after the command had finished; exiting with {code}\n" if when == "callback" else ""
     assert error.decode() == said
+
+
+def test_python_dash_m_launches_every_command_before_its_imports():
+    """`python -m jaxformer.commands.NAME` runs the module as `__main__`: its first statement after
+    the docstring must hand it to launch, or jax loads before a Ctrl-C is kept."""
+    scripts = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["scripts"]
+    names = sorted(target.partition(":")[2] for target in scripts.values())
+    commands = (ROOT / "jaxformer" / "commands").glob("*.py")
+    assert names == sorted(path.stem for path in commands if "\ndef main(" in path.read_text())
+    for name in names:
+        body = ast.parse((ROOT / "jaxformer" / "commands" / f"{name}.py").read_text()).body
+        first = next(
+            node for node in body[1:] if not (isinstance(node, ast.ImportFrom) and node.module == "__future__")
+        )
+        assert ast.unparse(first) == (
+            "if __name__ == '__main__':\n"
+            "    from jaxformer.commands.launch import run_as_main\n"
+            f"    run_as_main('jaxformer.commands.{name}')"
+        ), name
+
+
+def jax_is_loading(process):
+    """Whether `process` has mapped jaxlib (Linux), so its launcher's Ctrl-C handler is in place."""
+    try:
+        return "jaxlib" in pathlib.Path(f"/proc/{process.pid}/maps").read_text()
+    except OSError:
+        return None
+
+
+def test_a_ctrl_c_while_python_dash_m_loads_the_command_ends_it_in_one_line(tmp_path):
+    """As its console script: `interrupted` and 130, whether the Ctrl-C comes while jax loads or,
+    on a fast machine, once the command waits for its input (stdin, held open)."""
+    (tmp_path / "checkpoints").mkdir()  # a workdir as far as the flags' checks go
+    env = {**os.environ, "PYTHONPATH": str(ROOT), "JAX_PLATFORMS": "cpu"}
+    for delay in (0.0, 0.5):
+        process = subprocess.Popen(
+            [sys.executable, "-m", "jaxformer.commands.translate", "--workdir", str(tmp_path)],
+            env=env,
+            cwd=tmp_path,
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL),  # Python's own handler, as a terminal's
+        )
+        deadline = time.monotonic() + 60
+        while jax_is_loading(process) is False and process.poll() is None and time.monotonic() < deadline:
+            time.sleep(0.01)
+        time.sleep(delay if jax_is_loading(process) else delay + 0.5)
+        process.send_signal(signal.SIGINT)
+        output, error = process.communicate(timeout=60)
+        assert (process.returncode, output, error) == (130, b"", b"interrupted\n"), (delay, error.decode()[-3000:])
