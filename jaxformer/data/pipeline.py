@@ -140,14 +140,21 @@ class LengthFilter:
                 )
         return keep
 
-    def dropped_since(self, first_step: int) -> str:
+    def dropped_since(
+        self, first_step: int, sum_over_processes: Callable[[tuple[int, int]], tuple[int, int]] | None = None
+    ) -> str:
         """For the training log's validation lines: what the filter dropped of the training pairs
-        this process read, since it started (or resumed) training at `first_step`; "" before it read any
-        (a fine-tuning run's evaluation at step 0)."""
-        if not self.seen:
+        read since training started (or resumed) at `first_step`; "" before any was read (a
+        fine-tuning run's evaluation at step 0). The run's counts: each process reads its own
+        shard, so with several the caller gives `sum_over_processes`, a collective that every
+        process calls at the same validation step (before the early return, or one would wait)."""
+        seen, dropped = self.seen, self.dropped
+        if sum_over_processes is not None:
+            seen, dropped = sum_over_processes((seen, dropped))
+        if not seen:
             return ""
         since = "the run started" if first_step == 0 else f"it resumed at step {first_step}"
-        return f"; the length filter dropped {self.dropped:,} of the {self.seen:,} training pairs read since {since}"
+        return f"; the length filter dropped {dropped:,} of the {seen:,} training pairs read since {since}"
 
 
 def check_some_fit(lengths: dict[str, np.ndarray], max_length: int, split: str) -> None:

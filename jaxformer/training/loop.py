@@ -237,7 +237,7 @@ def _train(config, prepared: PreparedRun, model: nn.Module, preparation: RaiseOn
             last["eval"]["loss"],
             perplexity_text(last["eval"]["perplexity"]),
             last["eval"]["accuracy"],
-            length_filter.dropped_since(first_step),
+            length_filter.dropped_since(first_step, processes.summed_over_processes),
         )
         train_metrics.restart_interval()
 

@@ -44,6 +44,17 @@ class AnotherProcessError(UserError):
 _MESSAGE_BYTES = 1024  # of another process's error message, passed on whole up to this length
 
 
+def summed_over_processes(counts: tuple[int, ...]) -> tuple[int, ...]:
+    """Every process's `counts` (non-negative ints: what each read of its own shard) summed, for a
+    log line that speaks for the run: a collective, which every process calls at the same point."""
+    if jax.process_count() == 1:
+        return counts
+    # Gathered as int32 (jax's integers without x64): each count in two parts, so none wraps.
+    parts = np.array([divmod(count, 2**30) for count in counts], np.int32)  # [N, 2]
+    gathered = np.asarray(multihost_utils.process_allgather(parts)).astype(np.int64).sum(axis=0)  # [N, 2]
+    return tuple(int(high) * 2**30 + int(low) for high, low in gathered)
+
+
 def check_same_device_counts(devices: Sequence[jax.Device] | None = None) -> None:
     """A ConfigError in every process (each sees every process's devices: no collective needed)
     when the processes hold different numbers of devices: each host gathers the same amount from

@@ -143,8 +143,8 @@ def test_length_filter_counts_drops(corpus):
 
 
 def test_the_training_log_says_what_the_length_filter_counted():
-    """The validation line's counts are of the training pairs this process read: since the run
-    started, or since it resumed; nothing before any was read (a fine-tuning run's step 0)."""
+    """The validation line's counts are of the training pairs the run read: since it started, or
+    since it resumed; nothing before any was read (a fine-tuning run's step 0)."""
     length_filter = LengthFilter(3)
     assert length_filter.dropped_since(0) == ""
     for example in [{"inputs": np.ones(a), "targets": np.ones(1)} for a in range(1, 1502)]:
@@ -153,6 +153,26 @@ def test_the_training_log_says_what_the_length_filter_counted():
         "; the length filter dropped 1,498 of the 1,501 training pairs read since the run started"
     )
     assert length_filter.dropped_since(34).endswith("1,501 training pairs read since it resumed at step 34")
+
+
+def test_the_training_log_counts_every_process():
+    """With several processes each reads its own shard: the line gives the run's sums, from a
+    collective that every process calls, also one that has read nothing yet (or the others wait)."""
+    from jaxformer.training import processes
+
+    length_filter, calls = LengthFilter(3), []
+
+    def summed(counts):  # as if a second process had read as much again
+        calls.append(counts)
+        return tuple(2 * count for count in counts)
+
+    assert length_filter.dropped_since(0, summed) == "" and calls == [(0, 0)]
+    for example in [{"inputs": np.ones(a), "targets": np.ones(1)} for a in range(1, 6)]:
+        length_filter(example)
+    assert length_filter.dropped_since(7, summed) == (
+        "; the length filter dropped 4 of the 10 training pairs read since it resumed at step 7"
+    )
+    assert processes.summed_over_processes((5, 2)) == (5, 2)  # one process: its own
 
 
 @pytest.mark.parametrize("encode_once", [True, False])

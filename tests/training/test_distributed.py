@@ -2,6 +2,7 @@
 
 import json
 import os
+import re
 import shutil
 import socket
 import subprocess
@@ -13,6 +14,7 @@ from tests.training.test_loop import ONE_LAYER, losses
 from tests.training.test_loop import command as train_command
 
 COMMON = ("--config.data.batch_size=8", "--config.data.eval_batch_size=8")
+LENGTH_FILTER = re.compile(r"the length filter dropped (\d+) of the (\d+) training pairs read")  # dropped, seen
 
 
 def run(workdir, data_dir, devices, *overrides, extra_env=None, background=False):
@@ -178,13 +180,21 @@ def test_an_error_in_every_process_leaves_no_workdir(data_dir, tmp_path):
 def test_two_processes_match_one_process(data_dir, tmp_path):
     steps = ("--config.training.num_train_steps=10", "--config.data.input_shards=2", *ONE_LAYER)
     single = tmp_path / "single"
-    run(single, data_dir, 2, *steps)
+    single_log = run(single, data_dir, 2, *steps).stderr
     double = tmp_path / "double"
     processes = two_processes(double, data_dir, *steps)
+    logs = []
     for process in processes:
         _, stderr = process.communicate(timeout=600)
         assert process.returncode == 0, stderr[-4000:]
+        logs.append(stderr)
     assert "process 1 of 2" in stderr
+    # The length filter's counts are the run's, summed over both processes' shards: the same line in
+    # each, and about what one process reading both shards counts (each process alone: about half).
+    counts = [[tuple(map(int, found)) for found in LENGTH_FILTER.findall(log)] for log in (*logs, single_log)]
+    assert len(counts[0]) == 1 and counts[0] == counts[1], counts
+    (dropped, seen), ((_, single_seen),) = counts[0][0], counts[2]
+    assert 0.9 < seen / single_seen < 1.1 and dropped <= seen, counts
     assert_close(losses(double), losses(single))
     assert sorted(losses(double)) == list(range(1, 11))
     # Validation split between the two processes' readers sums to what one process computes.
