@@ -1,4 +1,9 @@
-"""SIGTERM and Ctrl-C during training: save a checkpoint at the next step boundary, then stop."""
+"""SIGTERM and Ctrl-C during training: save a checkpoint at the next step boundary, then stop.
+
+Once the run has returned, its checkpoints closed (orbax's writes waited for) and its metrics and
+final choice written, a signal has nothing left to save: one that comes while Python exits is the
+launcher's (commands/launch.py), which keeps the exit code, 0 for a finished run, as nothing is lost.
+"""
 
 from __future__ import annotations
 

@@ -1,4 +1,5 @@
 import concurrent.futures
+import json
 import logging
 import os
 import signal
@@ -360,3 +361,28 @@ def test_a_signal_held_in_jax_while_a_run_prepares_stops_it_before_its_first_ste
     monkeypatch.setattr(signals, "_RETRY_SECONDS", 600.0)  # still held when the loop would take over
     assert loop.train_and_evaluate(config, workdir) == {"stopped_by_signal": signal.SIGTERM}
     assert not workdir.exists()  # no step, no checkpoint: the start undone
+
+
+@pytest.mark.slow  # a short training run (about 20 s); the launcher's part: tests/commands/test_launch.py
+def test_a_sigterm_after_the_run_finished_exits_0_with_the_run_complete(data_dir, tmp_path):
+    """Sent once the summary is printed, while Python exits (jax's clean-up): the run is saved and
+    its exit code stays 0, as `python -m` too (it had died of the signal, 143, for a finished run)."""
+    from jaxformer.run.loading import load_checkpoint
+    from tests.training.test_loop import ONE_LAYER, command, environment, losses
+
+    workdir = tmp_path / "finished"
+    train = command(workdir, data_dir, *ONE_LAYER, "--config.training.num_train_steps=4")
+    train[1:2] = ["-m", "jaxformer.commands.train"]
+    process = subprocess.Popen(train, env=environment(), stdin=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+    said = []
+    while not (said and said[-1].startswith("  translate: ")):  # the summary's last line
+        said.append(process.stderr.readline())
+        assert said[-1], "".join(said)[-3000:]
+    time.sleep(0.1)  # past the command's return: in Python's exit
+    process.send_signal(signal.SIGTERM)
+    error = "".join(said) + process.communicate(timeout=60)[1]
+    assert process.returncode == 0 and "Traceback" not in error, error[-3000:]
+    assert sorted(losses(workdir)) == [1, 2, 3, 4] and not (workdir / "lock").exists()
+    assert (workdir / "checkpoints" / "4" / "commit_success.txt").is_file()
+    assert load_checkpoint(workdir, 4)[0] == 4  # complete: it restores, checksums verified
+    assert json.loads((workdir / "last_metrics.json").read_text())["step"] == 4
