@@ -82,8 +82,9 @@ def read_raw(name, count=None):
     return lines if count is None else lines[:count]
 
 
-def make_workdir(workdir, data_dir=None, steps=(1,), scale=lambda step: 1.0):
-    """Checkpoints of a random tiny model (parameters times `scale(step)`) with run metadata."""
+def make_workdir(workdir, data_dir=None, steps=(1,), scale=lambda step: 1.0, data=None, data_fingerprint=None):
+    """Checkpoints of a random tiny model (parameters times `scale(step)`) with run metadata: its
+    data section the defaults with `data`'s keys, trained on data of `data_fingerprint`."""
     import flax.linen as nn
     import jax.numpy as jnp
 
@@ -103,6 +104,8 @@ def make_workdir(workdir, data_dir=None, steps=(1,), scale=lambda step: 1.0):
     config.tokenizer.vocab_size = tokenizer.vocab_size
     if data_dir is not None:
         config.data.data_dir = str(data_dir)
+    for key, value in (data or {}).items():
+        config.data[key] = value
     params = nn.meta.unbox(
         Transformer(model_config).init(jax.random.key(0), jnp.ones((1, 4), jnp.int32), jnp.ones((1, 4), jnp.int32))[
             "params"
@@ -112,7 +115,7 @@ def make_workdir(workdir, data_dir=None, steps=(1,), scale=lambda step: 1.0):
         config=config.to_dict(),
         model=model_config.to_dict(),
         tokenizer=tokenizer.model_proto,
-        data_fingerprint=None,
+        data_fingerprint=data_fingerprint,
         step=0,
     )
     checkpointer = Checkpointer(RunDirectory(workdir).checkpoints, keep=None)

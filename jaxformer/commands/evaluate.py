@@ -64,11 +64,12 @@ def split_pairs(workdir: str, split: str, max_examples: int | None) -> tuple[lis
     _, metadata, _ = load_checkpoint(workdir, "latest", params=False)
     data = metadata.config["data"]
     languages = (data["source_language"], data["target_language"])
-    builder = get_builder(ml_collections.ConfigDict(data))
     # The run's split only comes from the data it was trained on: with other or edited files a
     # held-out validation split could hold training pairs, and a test file would not be the run's.
+    # Files of other splits may be gone: the split is then read from the copy prepared from them all.
     remedy = "restore the files, or score files of your own with --source and --reference"
     trained_on, trained_files = metadata.data_fingerprint, data.get("files")
+    builder = get_builder(ml_collections.ConfigDict(data), prepared_from=trained_on)
     check_same_data(builder, trained_on, workdir, remedy, trained_files)  # files known up front: before preparing
     records = load_split(builder, split, languages)
     check_same_data(builder, trained_on, workdir, remedy, trained_files)  # fingerprinted once fetched

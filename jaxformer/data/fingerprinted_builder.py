@@ -17,7 +17,8 @@ from __future__ import annotations
 import abc
 import dataclasses
 import logging
-from collections.abc import Mapping
+import pathlib
+from collections.abc import Mapping, Sequence
 
 import tensorflow_datasets as tfds
 
@@ -48,13 +49,28 @@ class FingerprintedBuilder(tfds.core.GeneratorBasedBuilder, skip_registration=Tr
         super().__init_subclass__(**kwargs)
         cls._KNOWN_CONFIGS = {}
 
-    def __init__(self, *, init_args: Mapping, config_name: str | None = None, description: str, **kwargs):
+    def __init__(
+        self,
+        *,
+        init_args: Mapping,
+        config_name: str | None = None,
+        description: str,
+        missing: Sequence[str] = (),
+        prepared_from: str | None = None,
+        **kwargs,
+    ):
         """Called by a subclass's `__init__` once it has called `_set_sources` (local files) or
-        chosen `config_name` (sources known once fetched). `init_args` are the subclass's own
-        keyword arguments, kept so that tfds can re-create the builder when unpickling it."""
+        chosen `config_name` (sources known once fetched), or, where local files are `missing`,
+        with the fingerprint of the data they were `prepared_from` (a run's): the copy prepared
+        then is read instead, and each split's own files are checked against its record as the
+        split is loaded (`check_split_sources`). `init_args` are the subclass's own keyword
+        arguments, kept so that tfds can re-create the builder when unpickling it."""
         if "config" in kwargs:
             raise TypeError(f"{type(self).__name__} picks its config from its source files; do not pass config=")
         self._logged = False
+        self._missing, self._prepared_from = list(missing), prepared_from
+        if self._missing:
+            config_name = "files-" + fp.short(prepared_from)
         if config_name is None:
             config_name = "files-" + fp.short(self._fingerprint)
         else:
@@ -117,7 +133,29 @@ class FingerprintedBuilder(tfds.core.GeneratorBasedBuilder, skip_registration=Tr
                 phrases.append(f"the setting {key} is {value}, {then} then")
         return phrases
 
+    def check_split_sources(self, split: str) -> None:
+        """Where files were missing when the builder was made: a DataError unless `split`'s own
+        files are there and, once the prepared copy's record is read (`download_and_prepare`),
+        the files that copy was prepared from. Nothing to check otherwise: every file was hashed."""
+        if not self._missing:
+            return
+        paths = self._split_paths(split)
+        missing = [str(path) for path in paths.values() if not path.is_file()]
+        if missing:
+            raise DataError(f"{split}: {', '.join(missing)} not found")
+        if self._source_files is not None:
+            recorded = {name: self._source_files[name] for name in paths if name in self._source_files}
+            changed = fp.file_differences(recorded, fp.hash_files(paths))
+            if changed:
+                raise DataError(
+                    f"{split}: its files are not those {self.data_dir} was prepared from: {'; '.join(changed)}"
+                )
+
     # -- what a subclass says about its sources -------------------------------------------------
+
+    def _split_paths(self, split: str) -> dict[str, pathlib.Path]:
+        """Fingerprint name -> path of the local files `split` is prepared from (where files can be missing)."""
+        raise NotImplementedError
 
     @abc.abstractmethod
     def _current_source_files(self) -> dict[str, dict] | None:
@@ -146,6 +184,16 @@ class FingerprintedBuilder(tfds.core.GeneratorBasedBuilder, skip_registration=Tr
 
         A prepared copy whose record is missing or disagrees (other source files, a prepared
         file missing or of another size) is prepared again, with a warning naming why."""
+        if self._missing:  # the data cannot be prepared again: the copy prepared from all of them, or nothing
+            problem = self._check_prepared() if self.data_path.exists() else f"{self.data_path} is missing"
+            if problem is not None:
+                raise DataError(
+                    f"{', '.join(self._missing)} not found, and no usable copy of the data prepared from them "
+                    f"is left ({problem}): restore the files"
+                )
+            super().download_and_prepare(**kwargs)  # reuses it
+            self._log_once()
+            return
         download_config = kwargs.get("download_config") or tfds.download.DownloadConfig()
         mode = download_config.download_mode
         if mode == tfds.download.GenerateMode.UPDATE_DATASET_INFO:
@@ -209,6 +257,8 @@ class FingerprintedBuilder(tfds.core.GeneratorBasedBuilder, skip_registration=Tr
         record_path = self.data_path / fp.RECORD_NAME
         if record.get("config") != self.builder_config.name:
             return f"{record_path} was written for {record.get('config')!r}, not {self.builder_config.name!r}"
+        if self._missing and record["fingerprint"] != self._prepared_from:
+            return f"{record_path} records the fingerprint {record['fingerprint']}, not {self._prepared_from}"
         if self._source_files is not None:
             changed = fp.file_differences(record["files"], self._source_files)
             if changed:
@@ -226,6 +276,7 @@ class FingerprintedBuilder(tfds.core.GeneratorBasedBuilder, skip_registration=Tr
             return "; ".join(changed)
         if self._source_files is None:
             self._source_files, self._fingerprint = record["files"], record["fingerprint"]
+            self._settings = record.get("settings")
         return None
 
     def _log_once(self) -> None:

@@ -59,23 +59,38 @@ class Multi30k(FingerprintedBuilder):
     RELEASE_NOTES = {"1.0.0": "Raw cased text of task 1, en-de, all six splits; empty pairs skipped."}
     DISPLAY_NAME = "Multi30k"
 
-    def __init__(self, *, raw_dir: str | pathlib.Path | None = None, download: bool = False, **kwargs):
+    def __init__(
+        self,
+        *,
+        raw_dir: str | pathlib.Path | None = None,
+        download: bool = False,
+        prepared_from: str | None = None,
+        **kwargs,
+    ):
         """`raw_dir` holds `{prefix}.{en,de}.gz` (default: the vendored copy); `download=True`
-        fetches the official files instead. Local files are hashed here (a few MB)."""
+        fetches the official files instead. Local files are hashed here (a few MB). With
+        `prepared_from`, the fingerprint of a run's data, files not found are no error until a
+        split is read: the copy prepared from them is read instead (see `FingerprintedBuilder`)."""
         self._raw_dir = pathlib.Path(raw_dir) if raw_dir is not None else VENDORED_DIR
         self._download = download
+        missing = []
+        if prepared_from is not None and not download:
+            missing = [str(self._raw_dir / name) for name in FILE_NAMES if not (self._raw_dir / name).is_file()]
         if download:  # fingerprinted once downloaded; keyed by the URLs until then
             urls = json.dumps(sorted(_urls().values())).encode()
             config_name = "download-" + fp.short(hashlib.sha256(urls).hexdigest())
             description = "Multi30k from the official files (download=True)"
         else:
-            self._set_sources(fp.hash_files(self._local_paths()))
-            config_name = None  # named after the fingerprint
+            if not missing:
+                self._set_sources(fp.hash_files(self._local_paths()))
+            config_name = None  # named after the fingerprint (`prepared_from`'s where files are missing)
             description = "Multi30k from local files; jaxformer_sources.json names them"
         super().__init__(
-            init_args={"raw_dir": raw_dir, "download": download},
+            init_args={"raw_dir": raw_dir, "download": download, "prepared_from": prepared_from},
             config_name=config_name,
             description=description,
+            missing=missing,
+            prepared_from=prepared_from,
             **kwargs,
         )
 
@@ -95,9 +110,12 @@ class Multi30k(FingerprintedBuilder):
         have no empty side)."""
         if self._download:
             return None
-        paths = self._local_paths()
-        english, german = (paths[f"{SPLIT_FILES[split]}.{language}.gz"] for language in LANGUAGES)
+        english, german = self._split_paths(split).values()
         return [number for number, _, _ in read_parallel_lines(english, german)], len(read_lines(english))
+
+    def _split_paths(self, split: str) -> dict[str, pathlib.Path]:
+        names = [f"{SPLIT_FILES[split]}.{language}.gz" for language in LANGUAGES]
+        return {name: self._raw_dir / name for name in names}
 
     def _current_source_files(self) -> dict[str, dict] | None:
         return None if self._download else fp.hash_files(self._local_paths())

@@ -55,8 +55,9 @@ class SplitFiles:
         return {f"{self.split}.{language}: {path.name}": path for language, path in self.by_language.items()}
 
 
-def split_files(split: str, spec: str, languages: Sequence[str]) -> SplitFiles:
-    """The files of `data.files.<split>` = `spec`, checked to exist and to open for reading (nothing is read)."""
+def split_files(split: str, spec: str, languages: Sequence[str], missing_allowed: bool = False) -> SplitFiles:
+    """The files of `data.files.<split>` = `spec`, checked to exist (unless `missing_allowed`)
+    and to open for reading (nothing is read)."""
     setting = f"data.files.{split}={spec!r}"  # as given, in errors
     spec = os.path.abspath(os.path.expanduser(spec))
     is_tsv = spec.lower().endswith(TSV_SUFFIXES)
@@ -76,15 +77,15 @@ def split_files(split: str, spec: str, languages: Sequence[str]) -> SplitFiles:
             f"(e.g. corpus/{split}.{LANGUAGE_FIELD}.gz for corpus/{split}.{languages[0]}.gz and "
             f"corpus/{split}.{languages[1]}.gz)"
         )
-    unusable = unusable_files(files)
+    unusable = unusable_files(files, missing_allowed)
     if unusable:
         raise DataError(f"{setting}: {'; '.join(unusable)}")
     return files
 
 
-def unusable_files(files: SplitFiles) -> list[str]:
-    """One phrase per file of `files` that is not there, is not a file or cannot be opened for
-    reading (permissions): found before anything is hashed or prepared."""
+def unusable_files(files: SplitFiles, missing_allowed: bool = False) -> list[str]:
+    """One phrase per file of `files` that is not there (unless `missing_allowed`), is not a file
+    or cannot be opened for reading (permissions): found before anything is hashed or prepared."""
     if files.tsv is not None:
         described = {str(files.tsv): files.tsv}
     else:
@@ -92,7 +93,8 @@ def unusable_files(files: SplitFiles) -> list[str]:
     phrases = []
     for description, path in described.items():
         if not path.exists():
-            phrases.append(f"{description} not found")
+            if not missing_allowed:
+                phrases.append(f"{description} not found")
         elif not path.is_file():
             phrases.append(f"{description} is not a file")
         else:
@@ -179,11 +181,14 @@ class ParallelFiles(FingerprintedBuilder):
         target_language: str,
         validation_holdout: int = 1000,
         holdout_seed: int = 0,
+        prepared_from: str | None = None,
         **kwargs,
     ):
         """`files`: split -> file spec (see the module), "train" required; `validation_holdout`
         pairs drawn with `holdout_seed` leave train for validation when no validation file is
-        given. The files are checked to exist, then hashed."""
+        given. The files are checked to exist, then hashed. With `prepared_from`, the fingerprint
+        of a run's data, files not found are no error until a split is read: the copy prepared
+        from them is read instead (see `FingerprintedBuilder`)."""
         unknown = sorted(set(files) - set(SPLITS))
         if unknown:
             raise DataError(f"data.files.{unknown[0]}: no such split; parallel_files has {', '.join(SPLITS)}")
@@ -196,13 +201,19 @@ class ParallelFiles(FingerprintedBuilder):
         self._holdout = None if files.get("validation") else (validation_holdout, holdout_seed)
         if self._holdout is not None and validation_holdout < 1:
             raise DataError(f"data.validation_holdout={validation_holdout}: must be at least 1")
-        self._files = {split: split_files(split, files[split], self._languages) for split in SPLITS if files.get(split)}
-        settings = {"source_language": source_language, "target_language": target_language}
-        if self._holdout is not None:
-            settings.update(validation_holdout=validation_holdout, holdout_seed=holdout_seed)
-        hashes = hash_source_files(self._named_paths())
-        _refuse_a_split_twice(self._files, hashes)
-        self._set_sources(hashes, settings)
+        self._files = {
+            split: split_files(split, files[split], self._languages, missing_allowed=prepared_from is not None)
+            for split in SPLITS
+            if files.get(split)
+        }
+        missing = [str(path) for path in self._named_paths().values() if not path.exists()]
+        if not missing:
+            settings = {"source_language": source_language, "target_language": target_language}
+            if self._holdout is not None:
+                settings.update(validation_holdout=validation_holdout, holdout_seed=holdout_seed)
+            hashes = hash_source_files(self._named_paths())
+            _refuse_a_split_twice(self._files, hashes)
+            self._set_sources(hashes, settings)
         super().__init__(
             init_args={
                 "files": {split: spec.spec for split, spec in self._files.items()},
@@ -210,8 +221,11 @@ class ParallelFiles(FingerprintedBuilder):
                 "target_language": target_language,
                 "validation_holdout": validation_holdout,
                 "holdout_seed": holdout_seed,
+                "prepared_from": prepared_from,
             },
             description="Parallel text from the files in data.files; jaxformer_sources.json names them",
+            missing=missing,
+            prepared_from=prepared_from,
             **kwargs,
         )
 
@@ -247,6 +261,10 @@ class ParallelFiles(FingerprintedBuilder):
         files = self._files[split]
         numbers = [number for number, _, _ in read_pairs(files, *self._languages, SkipCounter())]
         return numbers, len(read_lines(files.tsv or files.by_language[self._languages[0]]))
+
+    def _split_paths(self, split: str) -> dict[str, pathlib.Path]:
+        held_out = split == "validation" and self._holdout is not None
+        return self._files["train" if held_out else split].named_paths()
 
     def _named_paths(self) -> dict[str, pathlib.Path]:
         return {name: path for files in self._files.values() for name, path in files.named_paths().items()}

@@ -41,12 +41,14 @@ _CATALOGUE_NAME = re.compile(r"(?P<dataset>\w+)(?:/(?P<config>[\w.-]+))?(?::(?P<
 _FILE_SYSTEMS = {"gs": "gcsfs", "s3": "s3fs", "az": "adlfs"}
 
 
-def get_builder(data: ml_collections.ConfigDict):
+def get_builder(data: ml_collections.ConfigDict, prepared_from: str | None = None):
     """The tfds builder of the `data` section (data.name: "multi30k", "parallel_files" or a tfds
     name), writing array_record files under data.data_dir. Keys a section lacks (one saved by an
     older jaxformer) take their defaults. Raises DataError for keys that do not apply to data.name,
     and (parallel_files) for data.files that are missing or not a TSV file or {lang} path, before
-    anything is read."""
+    anything is read. `prepared_from`, the fingerprint of a run's data: local files not found are
+    no error until a split of theirs is read (`load_split`); the others' are read from the copy
+    prepared from all of them, where data_dir still holds it."""
     name = data["name"]
     _check_file_system(data.get("data_dir"))
     files = {split: spec for split, spec in (data.get("files") or {}).items() if spec is not None}
@@ -60,7 +62,13 @@ def get_builder(data: ml_collections.ConfigDict):
         raise DataError(f"data.raw_dir and data.download apply to multi30k only, not {name!r}")
     data_dir = data.get("data_dir")
     if name == "multi30k":
-        return Multi30k(data_dir=data_dir, raw_dir=raw_dir, download=download, file_format="array_record")
+        return Multi30k(
+            data_dir=data_dir,
+            raw_dir=raw_dir,
+            download=download,
+            prepared_from=prepared_from,
+            file_format="array_record",
+        )
     if name == "parallel_files":
         return ParallelFiles(
             data_dir=data_dir,
@@ -69,6 +77,7 @@ def get_builder(data: ml_collections.ConfigDict):
             target_language=data["target_language"],
             validation_holdout=data.get("validation_holdout", 1000),
             holdout_seed=data.get("shuffle_seed", 0),
+            prepared_from=prepared_from,
             file_format="array_record",
         )
     _check_catalogue_name(name)
@@ -264,7 +273,10 @@ def load_split(builder, split: str, languages: Sequence[str]) -> Sequence:
     known = builder.split_names() if hasattr(builder, "split_names") else list(builder.info.splits)
     _refuse_unknown_split(builder, split, known)
     check_languages(builder, languages)
+    check_split_sources = getattr(builder, "check_split_sources", lambda split: None)  # tfds's own: no files
+    check_split_sources(split)  # its own files there
     prepare(builder)
+    check_split_sources(split)  # ... and those the prepared copy was made from
     problem = split_problem(builder, split)  # before the tokenizer or the pipeline read it
     if problem:
         raise damaged(builder, problem)

@@ -240,6 +240,32 @@ def test_an_unknown_split_is_refused_before_the_data_is_prepared(decoding_workdi
     )
 
 
+def test_evaluate_a_split_needs_only_its_own_files(tmp_path, capsys):
+    """The run's other files gone (its training files deleted): the split is read from the copy
+    prepared from them all; its own file gone, one line names it."""
+    from jaxformer.data.sources import get_builder
+    from jaxformer.training.experiment import default_config
+    from tests.data.test_sources import write_raw_corpus
+
+    raw = write_raw_corpus(tmp_path / "raw")
+    data = default_config().data
+    data.data_dir, data.raw_dir = str(tmp_path / "tfds"), str(raw)
+    trained = get_builder(data)
+    trained.download_and_prepare()
+    run = {"raw_dir": str(raw)}
+    workdir = make_workdir(tmp_path / "run", tmp_path / "tfds", data=run, data_fingerprint=trained.fingerprint)[0]
+    (raw / "train.en.gz").unlink()
+    (raw / "val.de.gz").unlink()
+    arguments = ["--workdir", str(workdir), "--split", "test_2016_flickr", "--no_progress", *FAST]
+    assert evaluate.main([*arguments, "--json", str(tmp_path / "s.json")]) == 0
+    assert json.loads((tmp_path / "s.json").read_text())["sentences"] == 3
+    capsys.readouterr()
+    (raw / "test_2016_flickr.de.gz").unlink()
+    assert evaluate.main(arguments) == 2
+    errors = [line for line in capsys.readouterr().err.splitlines() if " I " not in line]
+    assert errors == [f"error: test_2016_flickr: {raw / 'test_2016_flickr.de.gz'} not found"]
+
+
 def test_average_of_the_last_checkpoints(tmp_path):
     workdir, params, _ = make_workdir(tmp_path / "run", steps=(10, 20, 30, 40), scale=lambda step: step / 10)
     average_checkpoints.main(["--workdir", str(workdir), "--last", "3"])

@@ -486,6 +486,40 @@ def test_a_resume_on_changed_files_names_what_changed(tmp_path):
     assert error_for(train=train, validation_holdout=2, test=test) == f"data.files.test is {test!r}, unset then"
 
 
+def test_a_split_of_a_runs_data_needs_only_its_own_files(tmp_path):
+    """With the run's fingerprint (evaluate --split), a split is read from the copy prepared from
+    every file once the others are gone; its own files must be there, and be the same."""
+    train = write_text_files(tmp_path / "corpus" / "train.{lang}.gz", pairs(0, 60))
+    test = write_tsv(tmp_path / "corpus" / "test.tsv", pairs(60, 5))
+    data = section(tmp_path, train=train, test=test, validation_holdout=10)
+    trained = get_builder(data)
+    expected = {split: read(trained, split) for split in ("test", "validation")}
+    for language in ("fr", "ja"):
+        os.remove(train.replace("{lang}", language))
+    with pytest.raises(DataError, match=r"data.files.train=.*train\.fr\.gz \(its 'fr' file\) not found"):
+        get_builder(data)  # without the run's fingerprint: every file
+    builder = get_builder(data, prepared_from=trained.fingerprint)
+    assert read(builder, "test") == expected["test"] and builder.fingerprint == trained.fingerprint
+    assert builder.file_lines("test") == ([1, 2, 3, 4, 5], 5)
+    held_out = get_builder(data, prepared_from=trained.fingerprint)  # validation is read out of train's files
+    with pytest.raises(
+        DataError, match=rf"^validation: {re.escape(str(tmp_path))}/corpus/train\.fr\.gz, .*ja\.gz not found$"
+    ):
+        read(held_out, "validation")
+    write_tsv(tmp_path / "corpus" / "test.tsv", pairs(61, 5))
+    with pytest.raises(
+        DataError,
+        match=r"^test: its files are not those .* was prepared from: test: test.tsv \(382 bytes there, 383 here\)$",
+    ):
+        read(get_builder(data, prepared_from=trained.fingerprint), "test")
+    write_tsv(tmp_path / "corpus" / "test.tsv", pairs(60, 5))
+    shutil.rmtree(trained.data_path)  # nothing left to read the split from
+    with pytest.raises(
+        DataError, match=r"train\.ja\.gz not found, and no usable copy .* is missing\): restore the files$"
+    ):
+        read(get_builder(data, prepared_from=trained.fingerprint), "test")
+
+
 def test_a_failed_preparation_leaves_no_empty_dataset_folder(tmp_path):
     """The builder's `<name>/files-<fingerprint>` folders that tfds made for a preparation that
     failed on bad input are taken back; the same files corrected prepare as usual."""
