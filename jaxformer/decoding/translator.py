@@ -192,11 +192,13 @@ class Translator:
     # -- ids ---------------------------------------------------------------------------
 
     def translate_ids(
-        self, sources: Sequence[np.ndarray], progress: bool = False
+        self, sources: Sequence[np.ndarray | Sequence[int]] | np.ndarray, progress: bool = False
     ) -> list[list[tuple[np.ndarray, float]]]:
-        """Hypotheses (ids, score) per source id sequence (each ending in EOS), in input order."""
+        """Hypotheses (ids, score) per source id sequence (each ending in EOS), in input order.
+        Each sequence is checked first (`checked_id_sequences`): errors name its index in `sources`."""
         if self.params is None:
             raise ValueError("this Translator has no parameters yet: use with_params(params)")
+        sources = checked_id_sequences(sources, self.config.encoder_vocab_size)
         results: list[Any] = [None] * len(sources)
 
         def jobs():  # in order, on this thread: the sampling keys do not depend on thread timing
@@ -235,3 +237,29 @@ class Translator:
                     results[index] = [(tokens[row, k], float(scores[row, k])) for k in range(tokens.shape[1])]
                 bar.update(len(batch_indices))
         return results
+
+
+def checked_id_sequences(sources: Sequence[Any] | np.ndarray, vocab_size: int) -> list[np.ndarray]:
+    """`sources` as int32 arrays, one per sentence: any integer dtype is cast. One array of ids
+    (a sentence, not a list of them), a sequence of another rank, a bool, float or other dtype,
+    or an id outside [0, vocab_size) is an error in one line naming the sequence's index in
+    `sources` (and the id's position): not the row of a length-sorted batch that the search sees."""
+    if isinstance(sources, (np.ndarray, jax.Array)) and np.ndim(sources) == 1:
+        raise TypeError(f"sources must be a list of id sequences, not one of shape {np.shape(sources)}: pass [ids]")
+    arrays = [np.asarray(source) for source in sources]
+    for index, ids in enumerate(arrays):
+        if ids.ndim != 1:
+            raise ValueError(f"source {index} must be one sentence's ids (1-D), got shape {ids.shape}")
+        if ids.dtype == np.bool_ or not (np.issubdtype(ids.dtype, np.integer) or ids.size == 0):
+            raise TypeError(f"source {index}'s ids must be integers, got dtype {ids.dtype}")
+    lengths = [len(ids) for ids in arrays]
+    flat = np.concatenate([ids.astype(np.int64) for ids in arrays]) if arrays else np.zeros(0, np.int64)
+    outside = np.flatnonzero((flat < 0) | (flat >= vocab_size))
+    if outside.size:
+        index = int(np.searchsorted(np.cumsum(lengths), outside[0], side="right"))
+        position = int(outside[0] - sum(lengths[:index]))
+        raise ValueError(
+            f"source {index}: id {flat[outside[0]]} at position {position} is outside the model's source "
+            f"vocabulary [0, {vocab_size})"
+        )
+    return [ids.astype(np.int32, copy=False) for ids in arrays]

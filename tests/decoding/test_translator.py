@@ -82,6 +82,34 @@ def test_bad_arguments_are_refused_before_any_search(translator):
     Translator(*parts[:3], DecodeSettings(method="greedy", beam_size=vocabulary + 1))  # not a beam: unused
 
 
+def test_translate_ids_names_the_callers_source(translator):
+    vocabulary = translator.config.encoder_vocab_size
+    sources = [np.array([5, 6, EOS_ID]), np.array([5, 6, 7, 8, 9, vocabulary, EOS_ID]), np.array([5, EOS_ID])]
+    # The longest source is row 0 of the length-sorted batch: the message names the caller's index.
+    outside = rf"^source 1: id {vocabulary} at position 5 is outside the model's source vocabulary \[0, {vocabulary}\)$"
+    with pytest.raises(ValueError, match=outside):
+        translator.translate_ids(sources)
+    sources[1][5] = -1
+    with pytest.raises(ValueError, match=r"^source 1: id -1 at position 5 "):
+        translator.translate_ids(sources)
+    with pytest.raises(
+        TypeError, match=r"^sources must be a list of id sequences, not one of shape \(3,\): pass \[ids\]$"
+    ):
+        translator.translate_ids(sources[0])
+    for bad, error, message in (
+        (sources[0][None], ValueError, r"^source 1 must be one sentence's ids \(1-D\), got shape \(1, 3\)$"),
+        (sources[0].astype(np.float32), TypeError, r"^source 1's ids must be integers, got dtype float32$"),
+        (sources[0] > 0, TypeError, r"^source 1's ids must be integers, got dtype bool$"),
+    ):
+        with pytest.raises(error, match=message):
+            translator.translate_ids([sources[0], bad])
+    expected = translator.translate_ids([sources[0], sources[2]])
+    for given in ([sources[0].astype(np.int64), sources[2].astype(np.uint16)], [sources[0].tolist(), [5, EOS_ID]]):
+        assert [[ids.tolist() for ids, _ in nbest] for nbest in translator.translate_ids(given)] == [
+            [ids.tolist() for ids, _ in nbest] for nbest in expected
+        ]
+
+
 def test_from_workdir_checks_the_settings_before_reading_parameters(decoding_workdir, monkeypatch):
     from jaxformer.decoding import translator as translator_module
     from jaxformer.run.loading import load_checkpoint
