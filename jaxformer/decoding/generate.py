@@ -191,7 +191,8 @@ def search(
 def check_source_ids(source: Any, vocab_size: int) -> None:
     """A ValueError naming the first id of a concrete (numpy or jax) `source` [B, S] outside
     [0, vocab_size): the model would give that row NaN logits (or, below 0, the last embedding).
-    Traced arrays are not checked: nothing inside a jitted program can raise."""
+    A jax.Array is copied to the host to be checked (which waits for what computes it); traced
+    arrays are not checked: nothing inside a jitted program can raise."""
     if isinstance(source, jax.core.Tracer) or not isinstance(source, (np.ndarray, jax.Array)):
         return
     if isinstance(source, jax.Array) and not source.is_fully_addressable:
@@ -206,23 +207,47 @@ def check_source_ids(source: Any, vocab_size: int) -> None:
     )
 
 
+def checked_source(source: Any, vocab_size: int) -> Any:
+    """`source` as the search takes it, int32 ids [B, S]: any integer dtype is cast; another rank
+    is a ValueError, a bool, float or other dtype a TypeError, each one line naming the shape or
+    dtype given. Host ids (numpy arrays, nested lists) are checked against `vocab_size` too
+    (`check_source_ids`). A jax.Array's (or tracer's) shape and dtype are, its values not: they
+    would have to be copied to the host, which waits for whatever computes them and stalls JAX's
+    asynchronous dispatch for every batch; call `check_source_ids` on it to check them."""
+    on_device = isinstance(source, jax.Array)
+    if not on_device:
+        try:
+            source = np.asarray(source)
+        except ValueError:  # a ragged list
+            raise ValueError("source must be ids [batch, length]: got rows of different lengths") from None
+    shape, dtype = tuple(source.shape), np.dtype(source.dtype)
+    if len(shape) != 2:
+        one = ": for one sentence's ids pass source[None]" if len(shape) == 1 else ""
+        raise ValueError(f"source must be ids [batch, length] (2-D), got shape {shape}{one}")
+    if dtype == np.bool_ or not np.issubdtype(dtype, np.integer):
+        raise TypeError(f"source ids must be integers, got dtype {dtype} (shape {shape})")
+    if on_device:
+        return source if dtype == np.int32 else source.astype(jnp.int32)
+    check_source_ids(source, vocab_size)  # on the integers given: a cast could wrap a huge id into range
+    return source.astype(np.int32, copy=False)
+
+
 class GenerateFn:
-    """`make_generate_fn`'s result: the jitted search, called after `check_source_ids` on the
-    host; `trace` and `lower` are the jitted function's (so `jax.export.export` takes it)."""
+    """`make_generate_fn`'s result: the jitted search, called on `checked_source(source)`;
+    `trace` and `lower` are the jitted function's (so `jax.export.export` takes it)."""
 
     def __init__(self, jitted: Any, source_vocab_size: int):
         self.jitted, self.source_vocab_size = jitted, source_vocab_size
         self.trace, self.lower = jitted.trace, jitted.lower
 
     def __call__(self, params: Any, source: Any, rng: jax.Array | None = None) -> Hypotheses:  # source: ids [B, S]
-        check_source_ids(source, self.source_vocab_size)
-        return self.jitted(params, source, rng)
+        return self.jitted(params, checked_source(source, self.source_vocab_size), rng)
 
 
 def make_generate_fn(config: TransformerConfig, settings: DecodeSettings = DecodeSettings()) -> GenerateFn:
     """`jit(lambda params, source, rng: generate(...))` for the decoding variant of `config`;
-    pass parameters already in the decoding form (`decoding_variant`). A concrete `source` is
-    checked on the host first (`check_source_ids`)."""
+    pass parameters already in the decoding form (`decoding_variant`). `source` is checked and
+    cast to int32 first (`checked_source`: its shape and dtype; a host array's ids too)."""
     if config.architecture != "encoder_decoder":
         instead = (
             " (a decoder_only model continues prompts: continue_prompts or LanguageModel, "

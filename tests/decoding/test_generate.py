@@ -6,7 +6,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from jaxformer.decoding.generate import DecodeSettings, generate, make_generate_fn
+from jaxformer.decoding.generate import DecodeSettings, check_source_ids, generate, make_generate_fn
 from jaxformer.model.config import ConfigError, preset
 from jaxformer.model.transformer import Transformer
 from jaxformer.tokens import BOS_ID, EOS_ID, PAD_ID
@@ -166,9 +166,38 @@ def test_generate_names_a_source_id_outside_the_vocabulary(params, bad_id, row, 
     message = (
         rf"^source id {bad_id} at row {row}, position {position} is outside the model's source vocabulary \[0, 40\)$"
     )
-    for given in (source, jnp.asarray(source)):
+    for given in (source, source.tolist(), source.astype(np.int64)):
         with pytest.raises(ValueError, match=message):
             generate_fn(params, given)
+    on_device = jnp.asarray(source)
+    with pytest.raises(ValueError, match=message):
+        check_source_ids(on_device, CONFIG.vocab_size)  # asked for: copied to the host and checked
+    # Through the search its values are not: a copy to the host would wait for it, batch after batch.
+    with jax.transfer_guard_device_to_host("disallow"):
+        tokens, _ = generate_fn(params, on_device)
+    assert tokens.shape == (3, 1, 6 + EXTRA)
+
+
+def test_generate_names_a_source_of_the_wrong_shape_or_dtype(params):
+    generate_fn = make_generate_fn(CONFIG, DecodeSettings(method="greedy", max_extra_length=EXTRA))
+    source = np.array(source_rows())
+    for given, error, message in (
+        (source[0], ValueError, r"must be ids \[batch, length\] \(2-D\), got shape \(6,\): .* pass source\[None\]$"),
+        (source[None], ValueError, r"must be ids \[batch, length\] \(2-D\), got shape \(1, 3, 6\)$"),
+        ([[5, 6, EOS_ID], [5, EOS_ID]], ValueError, "must be ids \\[batch, length\\]: got rows of different lengths$"),
+        (source.astype(np.float32), TypeError, r"ids must be integers, got dtype float32 \(shape \(3, 6\)\)$"),
+        (jnp.asarray(source, jnp.float32), TypeError, "ids must be integers, got dtype float32"),
+        (source > 3, TypeError, "ids must be integers, got dtype bool"),
+    ):
+        with pytest.raises(error, match="^source " + message):
+            generate_fn(params, given)
+    with pytest.raises(TypeError, match="got dtype float32"):  # inside a jitted program: when it is traced
+        jax.jit(lambda source: generate_fn(params, source))(jnp.asarray(source, jnp.float32))
+    expected = generate_fn(params, source.astype(np.int32))
+    for given in (source.astype(np.int64), source.astype(np.uint8), source.tolist(), jnp.asarray(source, jnp.int16)):
+        tokens, scores = generate_fn(params, given)  # any integers: cast to int32
+        np.testing.assert_array_equal(tokens, expected[0])
+        np.testing.assert_array_equal(scores, expected[1])
 
 
 def test_generate_checks_separate_vocabularies_by_the_source_side():
