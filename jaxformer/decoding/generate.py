@@ -210,10 +210,9 @@ def check_source_ids(source: Any, vocab_size: int) -> None:
 def checked_source(source: Any, vocab_size: int) -> Any:
     """`source` as the search takes it, int32 ids [B, S]: any integer dtype is cast; another rank
     is a ValueError, a bool, float or other dtype a TypeError, each one line naming the shape or
-    dtype given. Host ids (numpy arrays, nested lists) are checked against `vocab_size` too
-    (`check_source_ids`). A jax.Array's (or tracer's) shape and dtype are, its values not: they
-    would have to be copied to the host, which waits for whatever computes them and stalls JAX's
-    asynchronous dispatch for every batch; call `check_source_ids` on it to check them."""
+    dtype given. Concrete ids are checked against `vocab_size` too (`check_source_ids`): a
+    jax.Array's are copied to the host for it, a wait that costs less than a batch of NaN rows
+    found later; a tracer's shape and dtype only (nothing inside a jitted program can raise)."""
     on_device = isinstance(source, jax.Array)
     if not on_device:
         try:
@@ -226,9 +225,9 @@ def checked_source(source: Any, vocab_size: int) -> Any:
         raise ValueError(f"source must be ids [batch, length] (2-D), got shape {shape}{one}")
     if dtype == np.bool_ or not np.issubdtype(dtype, np.integer):
         raise TypeError(f"source ids must be integers, got dtype {dtype} (shape {shape})")
+    check_source_ids(source, vocab_size)  # on the integers given: a cast could wrap a huge id into range
     if on_device:
         return source if dtype == np.int32 else source.astype(jnp.int32)
-    check_source_ids(source, vocab_size)  # on the integers given: a cast could wrap a huge id into range
     return source.astype(np.int32, copy=False)
 
 
@@ -247,7 +246,7 @@ class GenerateFn:
 def make_generate_fn(config: TransformerConfig, settings: DecodeSettings = DecodeSettings()) -> GenerateFn:
     """`jit(lambda params, source, rng: generate(...))` for the decoding variant of `config`;
     pass parameters already in the decoding form (`decoding_variant`). `source` is checked and
-    cast to int32 first (`checked_source`: its shape and dtype; a host array's ids too)."""
+    cast to int32 first (`checked_source`: its shape, dtype and concrete ids)."""
     if config.architecture != "encoder_decoder":
         instead = (
             " (a decoder_only model continues prompts: continue_prompts or LanguageModel, "
