@@ -1,9 +1,10 @@
 """Writing files so that a crash, a full disk or a kill never leaves half of one, and knowing
-beforehand whether a folder can be written at all."""
+beforehand whether a folder can be written at all; reading a JSON object back, or None."""
 
 from __future__ import annotations
 
 import contextlib
+import json
 import os
 import pathlib
 import re
@@ -11,6 +12,7 @@ import secrets
 import stat
 import sys
 import tempfile
+from typing import Any
 
 
 def write_text_atomically(path: str | pathlib.Path, text: str) -> None:
@@ -74,6 +76,15 @@ def write_to_stream(stream, text: str) -> None:
     while view:
         view = view[stream.buffer.write(view) :]
     stream.buffer.flush()
+
+
+def read_json_object(path: pathlib.Path) -> dict[str, Any] | None:
+    """The JSON object in the file at `path`, or None when it cannot be read as one."""
+    try:
+        value = json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, ValueError):  # UnicodeDecodeError and JSONDecodeError are ValueErrors
+        return None
+    return value if isinstance(value, dict) else None
 
 
 def open_descriptor(path: str | pathlib.Path) -> int | None:

@@ -14,8 +14,8 @@ By default each variant trains with the config's own budget (a wall-clock one fo
 the rows depend on the machine's speed while each ran. With `baseline_steps` the config as it is
 (with the sweep's shared overrides: the reference) gets that many steps instead, and each variant
 as many more or fewer as it trains faster or slower than the reference, measured side by side
-before it trains (pace.py) and kept in WORKDIR/pace/<variant>.json for its resumes: the same
-compute on a fast, a slow or a busy machine.
+before it trains (pace.py) and kept in WORKDIR/pace/<variant>.json for its resumes (sweep_pace.py):
+the same compute on a fast, a slow or a busy machine.
 
 One hour run's final choice moves by most of a BLEU point with the seed alone (README: Results),
 so a variant can be trained with several seeds (`seeds`): seed k moves training.seed and
@@ -32,24 +32,22 @@ from __future__ import annotations
 
 import copy
 import dataclasses
-import json
 import logging
 import pathlib
 from collections.abc import Callable, Sequence
 from typing import Any
 
-import jax
 import ml_collections
 
 from jaxformer.errors import UserError
-from jaxformer.files import write_text_atomically
+from jaxformer.files import read_json_object
 from jaxformer.model.config import ConfigError
-from jaxformer.run.directory import RunDirectory, SweepDirectory
+from jaxformer.run.directory import RunDirectory
 from jaxformer.training import experiment
 from jaxformer.training.config_file import apply_overrides, load_config, refuse_repeated_keys
 from jaxformer.training.final_choice import CANDIDATES
-from jaxformer.training.pace import Pace, relative_pace
 from jaxformer.training.signals import RaiseOnSignal, Stopped
+from jaxformer.training.sweep_pace import pace_file, stored_pace, variant_pace
 from jaxformer.training.sweep_validation import (
     check_seeds_share_validation,
     refuse_other_validation_pairs,
@@ -142,22 +140,13 @@ def finished_result(workdir: pathlib.Path) -> dict[str, Any] | None:
     path = RunDirectory(workdir).last_metrics_file
     if not path.is_file():
         return None
-    last = _json_object(path)
+    last = read_json_object(path)
     if last is None or not isinstance(last.get("final", {}), dict):
         raise UserError(
             f"{path} is damaged (not a run's last metrics): remove it, and the sweep runs that variant's run "
             "again, which finds its steps and final choice saved and writes the file anew"
         )
     return last if "bleu" in last.get("final", {}) else None
-
-
-def _json_object(path: pathlib.Path) -> dict[str, Any] | None:
-    """The JSON object in the file at `path`, or None when it cannot be read as one."""
-    try:
-        value = json.loads(path.read_text(encoding="utf-8"))
-    except (OSError, ValueError):  # UnicodeDecodeError and JSONDecodeError are ValueErrors
-        return None
-    return value if isinstance(value, dict) else None
 
 
 def run_config(variant: Variant, seed_offset: int, pace: dict[str, Any] | None) -> ml_collections.ConfigDict:
@@ -218,54 +207,6 @@ def seeds_row(seed_rows: Sequence[dict[str, Any]]) -> dict[str, Any]:
     row["seed_bleus"] = [seed["bleu"] for seed in seed_rows]
     row["seeds"] = list(seed_rows)
     return row
-
-
-def pace_file(workdir: pathlib.Path, variant: Variant) -> pathlib.Path:
-    return SweepDirectory(workdir).pace_dir / f"{variant.name}.json"
-
-
-def stored_pace(path: pathlib.Path) -> dict[str, Any] | None:
-    """The pace record an earlier process wrote for a variant, or None; a damaged one is an error
-    naming it."""
-    if not path.is_file():
-        return None
-    record = _json_object(path)
-    if record is None or not all(
-        isinstance(record.get(key), kind) and not isinstance(record[key], bool) for key, kind in PACE_FIELDS.items()
-    ):
-        raise UserError(
-            f"{path} is damaged (not a pace record with {', '.join(PACE_FIELDS)}): remove it to measure the "
-            "variant's pace again, and the variant's runs with it, if any (they trained for the steps it held)"
-        )
-    return record
-
-
-PACE_FIELDS = {"baseline_steps": int, "steps": int, "speed": (int, float)}  # what a sweep reads of a pace record
-
-
-def variant_pace(
-    variant: Variant,
-    reference: ml_collections.ConfigDict,
-    baseline_steps: int,
-    path: pathlib.Path,
-    stored: dict[str, Any] | None,
-    check_signals: Callable[[], None] = lambda: None,
-) -> dict[str, Any]:
-    """The variant's pace record: `stored` when an earlier process measured it (a resumed
-    variant keeps its step budget; sweep_checks refused one for another --baseline_steps), else
-    measured against `reference` (`check_signals` between its steps) and written to `path`."""
-    if stored is not None:
-        return stored
-    if not variant.overrides:
-        pace = Pace(1.0, 1.0, timed=False)
-    else:
-        pace = relative_pace(variant.config, reference, check_signals)
-    record = {"baseline_steps": baseline_steps, "steps": pace.steps_for(baseline_steps), "speed": pace.speed}
-    record.update(dataclasses.asdict(pace))
-    if jax.process_index() == 0:
-        path.parent.mkdir(parents=True, exist_ok=True)
-        write_text_atomically(path, json.dumps(record) + "\n")
-    return record
 
 
 def with_steps(config: ml_collections.ConfigDict, steps: int) -> ml_collections.ConfigDict:

@@ -23,7 +23,8 @@ from jaxformer.model.config import ConfigError
 from jaxformer.run.directory import RunDirectory, SweepDirectory
 from jaxformer.run.metadata import CheckpointMetadata
 from jaxformer.training import experiment, resume_rules
-from jaxformer.training.sweep import Variant, finished_result, pace_file, run_config, seed_run_name, stored_pace
+from jaxformer.training.sweep import Variant, finished_result, run_config, seed_run_name
+from jaxformer.training.sweep_pace import pace_file, stored_pace
 from jaxformer.training.sweep_validation import recorded_config, validation_differences
 
 logger = logging.getLogger(__name__)

@@ -17,8 +17,7 @@ from jaxformer.errors import CheckpointError
 from jaxformer.run import loading
 from jaxformer.run.directory import RunDirectory, SweepDirectory
 from jaxformer.run.lock import SweepLock
-from jaxformer.training import experiment, loop
-from jaxformer.training import sweep as sweep_module
+from jaxformer.training import experiment, loop, sweep_pace
 from jaxformer.training.pace import Pace
 from tests.conftest import RAW
 from tests.training.test_sweep import SHARED, TINY, write_sweep
@@ -56,7 +55,7 @@ def runs(monkeypatch):
     monkeypatch.setattr(loop, "train_and_evaluate", runs := SavedRuns())
     monkeypatch.setattr(loading, "load_checkpoint", load_saved)
     # Every variant here changes constants only: not timed, as pace.py finds without compiling.
-    monkeypatch.setattr(sweep_module, "relative_pace", lambda config, reference, *checks: Pace(1.0, 1.0, timed=False))
+    monkeypatch.setattr(sweep_pace, "relative_pace", lambda config, reference, *checks: Pace(1.0, 1.0, timed=False))
     return runs
 
 
