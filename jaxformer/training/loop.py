@@ -16,7 +16,6 @@ from typing import Any
 import flax.linen as nn
 import jax
 import ml_collections
-import numpy as np
 
 from jaxformer.data.parallel_text import DataError
 from jaxformer.data.pipeline import LengthFilter, ShardedBatches, TokenizePair, eval_batches, train_dataset
@@ -29,10 +28,7 @@ from jaxformer.training import experiment, processes, run_start, sharding
 from jaxformer.training.budget import BUDGET_CHECK_STEPS, ScheduleEnd, TimeBudget, TrainingClock, check_budget
 from jaxformer.training.config_file import holds_numpy_scalars, with_python_values
 from jaxformer.training.final_choice import choose_final, saved_choice
-from jaxformer.training.init_from import (
-    starting_overrides,
-    with_overrides,
-)
+from jaxformer.training.init_from import starting_overrides, with_overrides
 from jaxformer.training.kept_checkpoints import remove_beyond_keep, remove_interim_before
 from jaxformer.training.metrics import MetricWriter, perplexity_text, summarize, write_last_metrics
 from jaxformer.training.objectives import objective_for
@@ -51,17 +47,10 @@ from jaxformer.training.validation_bleu import BleuValidator
 logger = logging.getLogger(__name__)
 
 
-def _local_rows(batch: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
-    """This process's slice of a batch every process holds whole."""
-    rows = next(iter(batch.values())).shape[0] // jax.process_count()
-    start = jax.process_index() * rows
-    return {key: value[start : start + rows] for key, value in batch.items()}
-
-
 def _evaluate(eval_fn, params, batches, batch_sharding) -> dict[str, float]:
     totals = None
     for batch in batches:
-        metrics = eval_fn(params, sharding.global_batch(_local_rows(batch), batch_sharding))
+        metrics = eval_fn(params, sharding.global_batch(sharding.local_rows(batch), batch_sharding))
         totals = metrics if totals is None else jax.tree.map(lambda a, b: a + b, totals, metrics)
     return summarize(jax.device_get(totals))
 

@@ -211,6 +211,13 @@ def global_batch(local_batch: dict[str, np.ndarray], sharding: NamedSharding) ->
     return {key: jax.make_array_from_process_local_data(sharding, value) for key, value in local_batch.items()}
 
 
+def local_rows(batch: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+    """This process's slice of a batch every process holds whole: the rows it gives `global_batch`."""
+    rows = next(iter(batch.values())).shape[0] // jax.process_count()
+    start = jax.process_index() * rows
+    return {key: value[start : start + rows] for key, value in batch.items()}
+
+
 def strip_boxes(tree: Any) -> Any:
     """The values inside logical-axis boxes, with no sharding constraint applied (unlike
     `nn.meta.unbox` under active rules), for abstract trees outside jit."""
