@@ -4,7 +4,6 @@ the search and its settings, and the translator they describe; checked before an
 from __future__ import annotations
 
 import argparse
-import logging
 
 from jaxformer.commands.common import (
     FlagError,
@@ -19,8 +18,6 @@ from jaxformer.commands.common import (
     read_lines,
 )
 from jaxformer.run.directory import CHECKPOINT_KINDS
-
-logger = logging.getLogger(__name__)
 
 
 def checkpoint_choice(value: str) -> str | int:
@@ -103,35 +100,15 @@ def resolved_alpha(args: argparse.Namespace, max_extra_length: int) -> float:
     """--alpha when given; else, with --checkpoint final, the length penalty the run's final choice
     kept with those parameters (training.final_alphas), with a warning naming each setting of this
     search (--beam_size, --length_penalty, --stop, `max_extra_length`) that differs from the search
-    the choice was made with; else DecodeSettings' default (0.6)."""
+    the choice was made with; else DecodeSettings' default (0.6). Decided by
+    `checkpoint_alpha`, as `Translator.from_workdir` decides it."""
+    from jaxformer.decoding.checkpoint_alpha import checkpoint_alpha
     from jaxformer.decoding.generate import DecodeSettings
 
-    if args.alpha is not None:
-        return args.alpha
-    if args.checkpoint == "final":
-        from jaxformer.run.loading import load_checkpoint
-
-        metadata = load_checkpoint(args.workdir, "final", params=False)[1]
-        alpha = metadata.alpha
-        if alpha is not None:
-            logger.info("length penalty alpha %g: chosen on validation by the run (--alpha overrides it)", alpha)
-            chosen_with = {**vars(DecodeSettings()), **metadata.config.get("decoding", {})}
-            search = dict(
-                beam_size=args.beam_size,
-                length_penalty=args.length_penalty,
-                max_extra_length=max_extra_length,
-                stop=args.stop,
-            )
-            differences = [
-                f"{key} {chosen_with[key]} -> {value}" for key, value in search.items() if chosen_with[key] != value
-            ]
-            if differences:
-                logger.warning(
-                    "alpha %g was chosen for another search than this one (%s): give --alpha to choose it yourself",
-                    *(alpha, ", ".join(differences)),
-                )
-            return alpha
-    return DecodeSettings.alpha
+    search = DecodeSettings(
+        beam_size=args.beam_size, length_penalty=args.length_penalty, max_extra_length=max_extra_length, stop=args.stop
+    )
+    return checkpoint_alpha(args.workdir, args.checkpoint, search, args.alpha, override="--alpha")
 
 
 def checked_input_lines(args: argparse.Namespace) -> list[str]:

@@ -28,6 +28,7 @@ from typing import Any
 
 import jax
 
+from jaxformer.decoding.checkpoint_alpha import checkpoint_settings
 from jaxformer.decoding.generate import DecodeSettings, decoding_variant
 from jaxformer.errors import CheckpointError
 from jaxformer.export import standalone
@@ -74,7 +75,7 @@ def export_checkpoint(
     workdir: str | os.PathLike,
     output: str | os.PathLike,
     checkpoint: str | int = "latest",
-    settings: DecodeSettings = DecodeSettings(),
+    settings: DecodeSettings | None = None,
     serving: ServingSettings = ServingSettings(),
     *,
     platforms: Sequence[str] = PLATFORMS,
@@ -83,14 +84,15 @@ def export_checkpoint(
 ) -> ExportSummary:
     """Exports `checkpoint` of the run in `workdir` ("latest", "best", "averaged", "final" or a step) into
     the directory `output`, for beam search with `settings` on `platforms` (those whose lowering
-    fails are left out and reported in the summary and config.json). `on_placed()` is called
-    once the export is in place, before a signal that came during the final move is raised again
-    (the export command takes one from then on as late: its work is done)."""
+    fails are left out and reported in the summary and config.json; no `settings`: DecodeSettings()
+    with, on "final", the alpha the run chose, as `Translator.from_workdir`). `on_placed()` is
+    called once the export is in place, before a signal that came during the final move is raised
+    again (the export command takes one from then on as late: its work is done)."""
     try:
         output = pathlib.Path(output).absolute()  # "." has no parent to stage beside
     except FileNotFoundError:  # a relative path in a removed folder
         raise ExportError(f"the output {output}: the current folder no longer exists; cd to one that does") from None
-    if settings.method != "beam":
+    if settings is not None and settings.method != "beam":
         raise ExportError(f"an export holds a beam search; decoding method {settings.method!r} cannot be exported")
     unknown = sorted(set(platforms) - set(KNOWN_PLATFORMS))
     if unknown or not platforms:
@@ -106,6 +108,7 @@ def export_checkpoint(
         "an export holds a translator's beam search and needs an encoder_decoder one",
         ExportError,
     )
+    settings = checkpoint_settings(workdir, checkpoint, settings)
     with staging_directory(output) as staging:
         step, metadata, params = load_checkpoint(workdir, checkpoint)
         config, params = decoding_variant(metadata.model_config(), params)

@@ -1,0 +1,91 @@
+"""The length penalty of --checkpoint final: the run's chosen alpha, the same from Python
+(Translator.from_workdir, export_checkpoint) as from the commands, unless the caller gives one."""
+
+import dataclasses
+import logging
+import shutil
+
+import pytest
+
+from jaxformer.commands import decoding_flags, translate
+from jaxformer.decoding.generate import DecodeSettings
+from jaxformer.decoding.translator import Translator
+from jaxformer.run.checkpoint import Checkpointer
+from jaxformer.run.directory import RunDirectory
+from jaxformer.run.loading import load_checkpoint
+
+pytestmark = pytest.mark.xdist_group("decoding-workdir")
+CHOSEN = 1.8  # not DecodeSettings' 0.6
+SENTENCES = ["A man rides a horse.", "Two children play in the snow."]
+
+
+@pytest.fixture(scope="module")
+def final_workdir(decoding_workdir, tmp_path_factory):
+    """decoding_workdir with a final choice: its latest parameters kept with alpha CHOSEN, chosen
+    with the config's search but stop="exact" (another stop rule than DecodeSettings')."""
+    workdir = tmp_path_factory.mktemp("final-choice") / "run"
+    shutil.copytree(decoding_workdir, workdir)
+    step, metadata, params = load_checkpoint(workdir)
+    config = dict(metadata.config, decoding={**metadata.config["decoding"], "stop": "exact"})
+    writer = Checkpointer(RunDirectory(workdir).final, keep=None)
+    writer.save_params(step, params, metadata.replace(config=config, chosen_from="latest", alpha=CHOSEN, bleu=1.0))
+    writer.close()
+    return workdir
+
+
+def test_from_workdir_searches_final_with_the_alpha_the_run_chose(final_workdir, caplog):
+    with caplog.at_level(logging.INFO, logger="jaxformer"):
+        translator = Translator.from_workdir(final_workdir, "final", batch_size=8)
+    assert translator.settings == DecodeSettings(alpha=CHOSEN)
+    assert (
+        f"length penalty alpha {CHOSEN:g}: chosen on validation by the run "
+        "(settings=DecodeSettings(alpha=...) overrides it)" in caplog.messages
+    )
+    assert (
+        f"alpha {CHOSEN:g} was chosen for another search than this one (stop exact -> current_length): "
+        "give settings=DecodeSettings(alpha=...) to choose it yourself" in caplog.messages
+    )
+    # The search translate and evaluate run without --alpha: the same settings, so the same translations.
+    args = translate.build_parser().parse_args(["--workdir", str(final_workdir), "--checkpoint", "final"])
+    assert decoding_flags.decode_settings_from_flags(args, args.max_extra_length) == translator.settings
+
+    nbest = translator.translate_nbest(SENTENCES)
+    with_chosen = Translator.from_workdir(final_workdir, "final", DecodeSettings(alpha=CHOSEN), batch_size=8)
+    assert with_chosen.translate_nbest(SENTENCES) == nbest
+    at_default = translator.with_settings(DecodeSettings())
+    assert [[score for _, score in hypotheses] for hypotheses in at_default.translate_nbest(SENTENCES)] != [
+        [score for _, score in hypotheses] for hypotheses in nbest
+    ]
+
+
+def test_settings_given_keep_their_alpha_on_final(final_workdir, caplog):
+    given = DecodeSettings(beam_size=2, max_extra_length=8)
+    with caplog.at_level(logging.INFO, logger="jaxformer"):
+        translator = Translator.from_workdir(final_workdir, "final", given)
+    assert translator.settings == given
+    assert f"length penalty alpha 0.6 as given (the run chose {CHOSEN:g} on validation)" in caplog.messages
+    caplog.clear()
+    for checkpoint, settings in (("latest", None), ("final", DecodeSettings(method="greedy", max_extra_length=8))):
+        with caplog.at_level(logging.INFO, logger="jaxformer"):
+            Translator.from_workdir(final_workdir, checkpoint, settings)
+        assert not [message for message in caplog.messages if "alpha" in message], checkpoint
+    assert Translator.from_workdir(final_workdir, "latest").settings == DecodeSettings()
+
+
+def test_export_checkpoint_exports_final_with_the_alpha_the_run_chose(final_workdir, tmp_path, monkeypatch):
+    from jaxformer.export import exporter
+
+    exported = []
+
+    class Lowered(Exception):
+        pass
+
+    def export_beam_search(config, settings, *args, **kwargs):
+        exported.append(settings)
+        raise Lowered  # what was asked for is known; the lowering itself is tested in tests/export
+
+    monkeypatch.setattr(exporter, "export_beam_search", export_beam_search)
+    for settings in (None, dataclasses.replace(DecodeSettings(), alpha=0.25)):
+        with pytest.raises(Lowered):
+            exporter.export_checkpoint(final_workdir, tmp_path / "export", "final", settings, platforms=("cpu",))
+    assert [settings.alpha for settings in exported] == [CHOSEN, 0.25]
