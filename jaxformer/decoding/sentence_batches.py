@@ -151,10 +151,12 @@ def join_pieces(
     """Per sentence, its hypotheses (text, score) best first: a one-piece sentence keeps its
     piece's; a long sentence's are the best combinations of its pieces' hypotheses, one per piece
     joined by spaces with their scores summed, as many as a piece has; an empty sentence gives
-    [("", 0.0)]."""
+    [("", 0.0)]. Each text is `decode`'s without whitespace at its ends, as fairseq's and
+    transformers' sentencepiece detokenizers strip it: a hypothesis cut at the length limit can
+    end in a lone word-start piece, "▁", which sentencepiece decodes to a trailing space."""
     results: list[Hypotheses] = [[] for _ in range(sentence_count)]
     for owner, hypotheses in zip(owners, decoded):
-        texts = [(decode(tokens), score) for tokens, score in hypotheses]
+        texts = [(decode(tokens).strip(), score) for tokens, score in hypotheses]
         if not results[owner]:
             results[owner] = texts
         else:

@@ -163,3 +163,19 @@ def test_a_long_sentences_hypotheses_are_the_best_combinations_of_its_pieces():
     )  # all 64 combinations: the exhaustive reference
     assert [text for text, _ in joined[1]] == [text for text, _ in every[:4]]
     np.testing.assert_allclose([score for _, score in joined[1]], [score for _, score in every[:4]], rtol=1e-12)
+
+
+def test_a_hypothesis_cut_after_a_word_start_piece_ends_without_a_space(decoding_workdir):
+    from jaxformer.decoding.sentence_batches import join_pieces
+    from jaxformer.run.loading import load_checkpoint
+
+    tokenizer = load_checkpoint(decoding_workdir, params=False)[1].load_tokenizer()
+    words = list(tokenizer.encode("Ein Mann", add_eos=False))
+    (word_start,) = [i for i in range(tokenizer.vocab_size) if tokenizer.pieces([i]) == ["\u2581"]]
+    cut = np.array([*words, word_start, EOS_ID, PAD_ID])  # the length limit's EOS after a lone "▁"
+    complete = np.array([*words, EOS_ID, PAD_ID, PAD_ID])
+    assert tokenizer.decode(cut) == "Ein Mann " and tokenizer.decode(complete) == "Ein Mann"  # sentencepiece's
+    owners = [0, 1, 1]  # sentence 1 in two pieces
+    decoded = [[(cut, -1.0), (complete, -2.0)], [(cut, -1.0)], [(complete, -1.5)]]
+    joined = join_pieces(owners, decoded, 2, tokenizer.decode)
+    assert joined == [[("Ein Mann", -1.0), ("Ein Mann", -2.0)], [("Ein Mann Ein Mann", -2.5)]]  # one space between
