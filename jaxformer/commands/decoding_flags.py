@@ -60,6 +60,7 @@ def decode_settings_from_flags(args: argparse.Namespace, max_extra_length: int):
     --top_k name (the commands ran `check_search_flags` on them with their other flags)."""
     from jaxformer.decoding.generate import DecodeSettings
 
+    args = with_length_penalty(args)
     return DecodeSettings(
         method=args.method,
         beam_size=args.beam_size,
@@ -87,13 +88,31 @@ def check_search_flags(args: argparse.Namespace) -> None:
     search they would be ignored. A flag counts as given when its value is not its default."""
     from jaxformer.decoding.generate import DecodeSettings
 
-    defaults = {**vars(DecodeSettings()), "alpha": None, "seed": 0}  # --alpha's default: the run's choice or 0.6
+    # --alpha's and --length_penalty's default: the run's choice, or 0.6 and gnmt
+    defaults = {**vars(DecodeSettings()), "alpha": None, "length_penalty": None, "seed": 0}
     method = getattr(args, "method", None)
     for applies_to, names in _SEARCH_ONLY_FLAGS.items():
         for name in names:
             value = getattr(args, name, defaults[name])
             if method is not None and method != applies_to and value != defaults[name]:
                 raise FlagError(f"--{name} {value} applies to --method {applies_to}, not {method}")
+
+
+def with_length_penalty(args: argparse.Namespace) -> argparse.Namespace:
+    """`args` with --length_penalty settled: as given; else, with --checkpoint final under beam
+    search, the form the run's final choice was made with (decoding.length_penalty in final/'s
+    config; its alpha was chosen with it), logged; else gnmt."""
+    from jaxformer.decoding.generate import DecodeSettings
+
+    form = args.length_penalty
+    if form is None and args.checkpoint == "final" and getattr(args, "method", "beam") == "beam":
+        from jaxformer.run.loading import load_checkpoint
+
+        config = load_checkpoint(args.workdir, "final", params=False)[1].config
+        form = config.get("decoding", {}).get("length_penalty")
+        if form is not None:
+            logger.info("length penalty %s: the run's final choice was made with it (--length_penalty overrides)", form)
+    return argparse.Namespace(**{**vars(args), "length_penalty": form or DecodeSettings.length_penalty})
 
 
 def resolved_alpha(args: argparse.Namespace, max_extra_length: int) -> float:
@@ -182,9 +201,9 @@ def add_length_penalty_flags(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--length_penalty",
         choices=LENGTH_PENALTIES,
-        default="gnmt",
         help="its form: gnmt, ((5 + |Y|) / 6)^alpha, or transformers, |Y|^alpha, as Hugging Face's beam "
-        "search (default: gnmt)",
+        "search (default: with --checkpoint final, the one the run chose its alpha with, decoding.length_penalty; "
+        "else gnmt)",
     )
 
 

@@ -20,7 +20,12 @@ import sys
 
 from jaxformer.commands import common
 from jaxformer.commands.common import at_least, check_workdir, make_parser, run_command
-from jaxformer.commands.decoding_flags import add_beam_flags, add_checkpoint_flags, resolved_alpha
+from jaxformer.commands.decoding_flags import (
+    add_beam_flags,
+    add_checkpoint_flags,
+    resolved_alpha,
+    with_length_penalty,
+)
 from jaxformer.errors import exit_code_for_signal
 from jaxformer.export.program import KNOWN_PLATFORMS, PLATFORMS
 from jaxformer.training.signals import RaiseOnSignal, Stopped
@@ -73,6 +78,7 @@ def run(args: argparse.Namespace) -> int:
     from jaxformer.export.exporter import ServingSettings, export_checkpoint
 
     check_workdir(args.workdir)
+    args = with_length_penalty(args)
     settings = DecodeSettings(
         method="beam",
         beam_size=args.beam_size,

@@ -27,7 +27,8 @@ Marian is the same post-norm encoder-decoder; what differs maps onto model optio
   token of its own (a jaxformer export's BOS) is BOS itself, so a run exported and imported again
   keeps its ids and parameters;
 - the beam search's length penalty: `DecodeSettings(length_penalty="transformers")` is
-  transformers' |Y|^alpha.
+  transformers' |Y|^alpha (the imported run's config says so: decoding.length_penalty, which a
+  run fine-tuned from it validates and makes its final choice with).
 
 The other way, a jaxformer run keeps its ids (Marian's pad, eos and decoder start are then 0, 1
 and 3, BOS's row its own); source and target embeddings that differ (an imported model
@@ -339,6 +340,9 @@ def import_marian(
     config.tokenizer.separate_vocabularies = True
     config.data.source_language = source_language or converted.source_language or config.data.source_language
     config.data.target_language = target_language or converted.target_language or config.data.target_language
+    # The form transformers' beam search scores with: a run fine-tuned from this one validates,
+    # keeps best/ and makes its final choice with it (run_start.settle_length_penalty).
+    config.decoding.length_penalty = "transformers"
     metadata = CheckpointMetadata(
         config=config.to_dict(),
         model=converted.config.to_dict(),

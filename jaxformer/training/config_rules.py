@@ -12,7 +12,7 @@ from typing import Any
 import numpy as np
 
 from jaxformer.decoding.generate import MAX_EXTRA_LENGTH
-from jaxformer.decoding.search import BEAM_STOPS
+from jaxformer.decoding.search import BEAM_STOPS, LENGTH_PENALTIES
 from jaxformer.errors import with_article
 from jaxformer.model.config import ARCHITECTURES, ConfigError
 from jaxformer.run.directory import CHECKPOINT_KINDS
@@ -149,6 +149,10 @@ VALUE_RULES: dict[str, tuple[Callable[[Any], bool], str]] = {
     "decoding.max_extra_length": (
         (lambda value: _integer(value) and 1 <= value <= MAX_EXTRA_LENGTH),
         f"an integer from 1 to {MAX_EXTRA_LENGTH}",
+    ),
+    "decoding.length_penalty": (
+        (lambda value: value is None or value in LENGTH_PENALTIES),
+        "None (training.init_from's form, else 'gnmt') or one of " + ", ".join(map(repr, LENGTH_PENALTIES)),
     ),
     "decoding.stop": _one_of(*BEAM_STOPS),
     "decoding.batch_size": _at_least(1),

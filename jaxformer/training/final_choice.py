@@ -6,8 +6,9 @@ config's decoding (beam 4 by default). Then, when training.final_alphas lists le
 the chosen parameters are translated with each and the highest-scoring alpha is kept with them
 (decoding.alpha on a tie): a model trained for an hour on a small corpus writes short outputs,
 and the paper's 0.6 was chosen for WMT. Saved as workdir/final/<step> (`--checkpoint final`), its
-metadata naming the candidate, its alpha and its BLEU; translate, evaluate and export use that
-alpha unless --alpha is given. No test data is read."""
+metadata naming the candidate, its alpha and its BLEU (and its config the length penalty's form,
+decoding.length_penalty); translate, evaluate and export use that alpha unless --alpha is given,
+and that form unless --length_penalty is. No test data is read."""
 
 from __future__ import annotations
 
@@ -20,6 +21,7 @@ from typing import Any
 
 import ml_collections
 
+from jaxformer.decoding.generate import DecodeSettings
 from jaxformer.errors import CheckpointError, UserError
 from jaxformer.model.config import TransformerConfig
 from jaxformer.run.averaging import averaged_last
@@ -42,7 +44,8 @@ CHOICE_KEYS = (
     "training.final_alphas",
     "data.eval_split",
     "data.max_eval_examples",
-    *(f"decoding.{key}" for key in ("method", "beam_size", "alpha", "max_extra_length", "stop", "batch_size")),
+    *(f"decoding.{key}" for key in ("method", "beam_size", "alpha", "length_penalty", "max_extra_length", "stop")),
+    "decoding.batch_size",
 )
 
 
@@ -54,9 +57,12 @@ def run_config_differences(config: dict[str, Any], newest: dict[str, Any]) -> li
 
 
 def _choice_values(config: dict[str, Any]) -> dict[str, Any]:
-    """The CHOICE_KEYS values of a config; a key it lacks has its default, as the run that lacked it had."""
+    """The CHOICE_KEYS values of a config; a key it lacks has its default, as the run that lacked it
+    had (a length penalty the run's start did not settle, or that a run before the key lacks: gnmt)."""
     flat = {**experiment.flatten(experiment.default_config()), **experiment.as_tuples(experiment.flatten(config))}
-    return {key: flat[key] for key in CHOICE_KEYS}
+    values = {key: flat[key] for key in CHOICE_KEYS}
+    values["decoding.length_penalty"] = values["decoding.length_penalty"] or DecodeSettings.length_penalty
+    return values
 
 
 def _choice_settings(values: dict[str, Any], kept: int) -> dict[str, Any]:
@@ -247,7 +253,8 @@ def choose_final(
         by_alpha = ""  # a greedy or sampled search compares no alpha
         if alphas:
             tried = ", ".join(f"{value:g} {scores[value]['bleu']:.2f}" for value in scores)
-            by_alpha = f"; by alpha: {tried}; chose alpha {alpha:g}"
+            form = validation.settings.length_penalty
+            by_alpha = f"; by alpha ({form} length penalty): {tried}; chose alpha {alpha:g}"
         logger.info(
             "final choice at step %d, validation BLEU on %d sentences: %s; chose %s%s (saved to %s) in %.0f s",
             step,

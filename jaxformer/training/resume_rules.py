@@ -61,6 +61,11 @@ RESUME_FREE = {
 }
 
 
+# Keys whose None the run's start settles (run_start.settle_length_penalty): a checkpoint saves the
+# value it settled on, which a config that still says None asks for again.
+SETTLED_AT_START = {"decoding.length_penalty"}
+
+
 # Of RESUME_FREE, the keys that say where the data is and how the work is spread, not what a run
 # computes: a sweep reuses a finished run whose other keys all agree with its variant's.
 PLACEMENT_KEYS = {
@@ -82,7 +87,8 @@ def resume_differences(
     """'key: saved -> current' for every resume-sensitive value that changed (the `sections`, None
     for all, and RESUME_SENSITIVE_KEYS; with `free`: every RESUME_FREE value, which a resumed run
     may change and reports). A key the saved config lacks (the run was made before the key
-    existed) counts as its default, the behaviour that run had."""
+    existed) counts as its default, the behaviour that run had; a SETTLED_AT_START key that
+    `current` leaves None agrees with any saved value."""
 
     def flat(config) -> dict[str, Any]:
         return experiment.as_tuples(experiment.flatten(config))
@@ -92,6 +98,8 @@ def resume_differences(
     for key in sorted(set(saved_flat) | set(current_flat)):
         compared = sections is None or key.split(".")[0] in sections or key in RESUME_SENSITIVE_KEYS
         if free != (key in RESUME_FREE) or (not free and not compared):
+            continue
+        if key in SETTLED_AT_START and current_flat.get(key) is None:
             continue
         was = saved_flat.get(key, defaults.get(key, "<unset>"))
         if was != current_flat.get(key, "<unset>"):

@@ -21,6 +21,7 @@ import numpy as np
 from jax.experimental import multihost_utils
 
 from jaxformer.data.sources import check_languages, check_same_data, data_fingerprint, get_builder, load_split, prepare
+from jaxformer.decoding.generate import DecodeSettings
 from jaxformer.errors import CheckpointError
 from jaxformer.model.architectures import build_model
 from jaxformer.model.config import TransformerConfig
@@ -92,6 +93,27 @@ def check_same_run(workdir: pathlib.Path, saved: CheckpointMetadata | None, conf
     changed = resume_rules.resume_differences(saved.config, config, free=True)
     if changed:
         logger.warning("resuming with values that a resumed run may change: %s", "; ".join(changed))
+
+
+def settle_length_penalty(
+    config: ml_collections.ConfigDict, saved: CheckpointMetadata | None, start: StartingPoint | None
+) -> None:
+    """Sets a decoding.length_penalty left None (validation BLEU, best/ and the final choice read
+    it; the checkpoints save it): a resumed run's is the one its checkpoint `saved`; a run started
+    from training.init_from's `start` takes the form that run decodes with (a --from_hf import's is
+    transformers', as the import says to decode it), logged; else gnmt, the form before the key."""
+    if config.decoding.length_penalty is not None:
+        return
+    origin = saved if saved is not None else start.metadata if start is not None else None
+    form = (origin.config if origin is not None else {}).get("decoding", {}).get("length_penalty")
+    config.decoding.length_penalty = form or DecodeSettings.length_penalty
+    if saved is None and start is not None:
+        logger.info(
+            "decoding.length_penalty=%s (validation BLEU, best/ and the final choice): the form of %s, "
+            "training.init_from; set the key to choose another",
+            config.decoding.length_penalty,
+            start.where,
+        )
 
 
 def prepare_data(data: ml_collections.ConfigDict, builder) -> tuple[Any, Any]:
@@ -166,14 +188,17 @@ def prepare_run(config: ml_collections.ConfigDict, workdir: pathlib.Path) -> Pre
     if latest is not None:  # first: a changed data.input_shards would follow from this
         checkpointer.check_process_count(latest[0])
     check_same_run(workdir, saved, config)
-    if latest is not None:
-        check_kept_choice(config, run, latest[0], saved.train_seconds or 0.0)
-    for setting in unused_settings(config, resuming=latest is not None):
+    for setting in unused_settings(config, resuming=latest is not None):  # as given, before settling
         logger.warning("unused: %s", setting)
+    if latest is not None:
+        settle_length_penalty(config, saved, None)
+        check_kept_choice(config, run, latest[0], saved.train_seconds or 0.0)
     if latest is not None and any(training.get(key) is not None for key in PARTS.values()):
         logger.info("resuming this workdir's run; training.init_*from only set where a new run starts")
     starting_points = load_starting_points(training) if latest is None else ()
     check_starting_points(starting_points, config)
+    if latest is None:
+        settle_length_penalty(config, None, next((point for point in starting_points if point.part == "model"), None))
     if latest is not None:
         saved_tokenizers = (saved, f"checkpoint {latest[0]} of {checkpointer.directory}")
     elif starting_points and starting_points[0].part == "model":  # its embeddings belong to its tokenizer

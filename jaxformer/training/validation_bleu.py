@@ -25,11 +25,14 @@ logger = logging.getLogger(__name__)
 
 
 def decode_settings(config: ml_collections.ConfigDict) -> DecodeSettings:
+    """The search the `decoding` section describes; a length_penalty still None (the run's start
+    settles it: run_start.settle_length_penalty), or absent in an older run's config, is gnmt."""
     decoding = config.decoding
     return DecodeSettings(
         method=decoding.method,
         beam_size=decoding.beam_size,
         alpha=decoding.alpha,
+        length_penalty=decoding.get("length_penalty") or DecodeSettings.length_penalty,
         stop=decoding.stop,
         max_extra_length=decoding.max_extra_length,
     )

@@ -73,6 +73,20 @@ def test_tokenization_matches_marian_tokenizer(marian, imported):
             assert translator.target_tokenizer.decode(to_jaxformer[ids]) == decoded
 
 
+def test_a_run_fine_tuned_from_an_import_translates_during_training_with_transformers_length_penalty(imported):
+    from jaxformer.training.experiment import default_config
+    from jaxformer.training.init_from import load_starting_points
+    from jaxformer.training.run_start import settle_length_penalty
+
+    workdir, _ = imported
+    assert load_checkpoint(workdir, params=False)[1].config["decoding"]["length_penalty"] == "transformers"
+    config = default_config()
+    config.training.init_from = str(workdir)
+    (start,) = load_starting_points(config.training)
+    settle_length_penalty(config, None, start)  # as the fine-tuning run's start does (run_start.prepare_run)
+    assert config.decoding.length_penalty == "transformers"
+
+
 def test_teacher_forced_logits_match(marian, imported):
     directory, model = marian
     workdir, converted = imported

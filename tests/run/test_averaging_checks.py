@@ -179,6 +179,8 @@ def _chooser(workdir, monkeypatch):
     [
         ({"training__final_alphas": (1.0, 3.0)}, "training.final_alphas=(1.0, 2.0) (now (1.0, 3.0))"),
         ({"decoding__beam_size": 2}, "decoding.beam_size=4 (now 2)"),
+        # The run's config has no length_penalty: made before the key, with gnmt.
+        ({"decoding__length_penalty": "transformers"}, "decoding.length_penalty='gnmt' (now 'transformers')"),
         ({"decoding__method": "greedy"}, "decoding.method='beam' (now 'greedy'); it stays as it is"),
         ({"data__max_eval_examples": 2}, "data.max_eval_examples=None (now 2)"),
     ],
@@ -219,6 +221,7 @@ def test_a_choice_made_with_other_settings_is_named_and_kept(changes, named, run
     [
         {"training__average_last": 5},  # still the two checkpoints there are
         {"training__keep_checkpoints": 9},  # not a setting of the choice
+        {"decoding__length_penalty": "gnmt"},  # the form the choice was made with, before the key
     ],
 )
 def test_a_setting_the_choice_did_not_read_keeps_it(changes, run, monkeypatch):

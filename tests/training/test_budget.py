@@ -49,6 +49,9 @@ CHOICE = (
     "--config.training.bleu_method=greedy",  # during training; the final choice searches with `decoding`
     "--config.decoding.beam_size=2",
     "--config.decoding.max_extra_length=8",
+    # transformers' |Y|^alpha, as a run fine-tuned from a --from_hf import has it: the BLEU during
+    # training, the final choice and its alphas are searched with it, and final/ is translated with it.
+    "--config.decoding.length_penalty=transformers",
     # Then these length penalties besides decoding.alpha (0.6) on the chosen parameters; 0.6 twice
     # is scored once.
     "--config.training.final_alphas=(0.0, 0.6, 3.0)",
@@ -284,6 +287,7 @@ def test_the_run_saves_the_candidate_with_the_highest_validation_bleu(scheduled_
     assert len([key for key in summary if key.startswith("alpha_") and key.endswith("/bleu")]) == 3
     assert summary[f"alpha_{0.6:g}/bleu"] == summary[f"{summary['chosen']}/bleu"]
     assert metadata.alpha == summary["alpha"] == max(by_alpha, key=by_alpha.get)
+    assert metadata.config["decoding"]["length_penalty"] == "transformers"  # the form that alpha was chosen with
     assert summary["bleu"] == by_alpha[metadata.alpha]
     for alpha in (0.0, 3.0):
         with_alpha = dataclasses.replace(decode_settings(config), alpha=alpha)
@@ -295,7 +299,7 @@ def test_the_run_saves_the_candidate_with_the_highest_validation_bleu(scheduled_
     assert bleu(20, greedy, 16) == pytest.approx(losses(workdir, "eval/bleu")[20], abs=1e-6)
 
 
-def test_translate_and_evaluate_use_the_alpha_the_run_chose_unless_told(scheduled_run, tmp_path, capsys):
+def test_translate_and_evaluate_use_the_alpha_the_run_chose_unless_told(scheduled_run, tmp_path, capsys, caplog):
     from jaxformer.commands import decoding_flags, evaluate, translate
 
     workdir = scheduled_run.workdir
@@ -310,6 +314,20 @@ def test_translate_and_evaluate_use_the_alpha_the_run_chose_unless_told(schedule
     assert alpha("--checkpoint", "final", "--alpha", "0.25") == 0.25
     assert alpha("--checkpoint", "latest") == alpha("--checkpoint", "best") == 0.6  # no choice made there
 
+    def form(*flags):
+        args = translate.build_parser().parse_args(["--workdir", str(workdir), *flags])
+        return decoding_flags.decode_settings_from_flags(args, 8).length_penalty
+
+    # The length penalty's form the alpha was chosen with goes with it, unless --length_penalty is given.
+    assert form("--checkpoint", "final") == form("--checkpoint", "final", "--alpha", "0.25") == "transformers"
+    assert form("--checkpoint", "latest") == form("--checkpoint", "best") == "gnmt"
+    caplog.clear()
+    assert form("--checkpoint", "final", "--length_penalty", "gnmt", "--beam_size", "2") == "gnmt"
+    assert caplog.messages == [  # another search than the choice's
+        f"alpha {chosen:g} was chosen for another search than this one (length_penalty transformers -> gnmt): "
+        "give --alpha to choose it yourself",
+    ]
+
     # Through the command: evaluate's JSON names the alpha its translations were searched with.
     scores = tmp_path / "scores.json"
     flags = ["--workdir", str(workdir), "--checkpoint", "final", "--split", "validation", "--max_examples", "64"]
@@ -318,6 +336,7 @@ def test_translate_and_evaluate_use_the_alpha_the_run_chose_unless_told(schedule
     assert evaluate.main(flags) == 0
     logged = capsys.readouterr().err
     assert f"I length penalty alpha {chosen:g}: chosen on validation by the run" in logged
+    assert "I length penalty transformers: the run's final choice was made with it" in logged
     assert "another search" not in logged  # the search the choice was made with
     # Another search than the choice's: the alpha is still the run's, with a warning naming the difference.
     beam = load_checkpoint(workdir, "final", params=False)[1].config["decoding"]["beam_size"]
@@ -330,6 +349,7 @@ def test_translate_and_evaluate_use_the_alpha_the_run_chose_unless_told(schedule
     assert evaluate.main([*greedy, "--method", "greedy", "--max_extra_length", "8"]) == 0
     assert "length penalty" not in capsys.readouterr().err  # greedy search reads no alpha
     written = json.loads(scores.read_text())
+    assert written["length_penalty"] == "transformers"
     assert written["alpha"] == chosen and written["bleu"] == pytest.approx(
         last_metrics(workdir)["final"]["bleu"], abs=1e-6
     )
@@ -341,6 +361,7 @@ def _config(data_dir):
     config = load_config(str(ROOT / "jaxformer" / "configs" / "tiny.py"))
     config.data.data_dir = str(data_dir)
     config.decoding.beam_size, config.decoding.max_extra_length = 2, 8
+    config.decoding.length_penalty = "transformers"
     return config
 
 

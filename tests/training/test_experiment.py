@@ -295,3 +295,33 @@ def test_a_language_model_started_from_a_translators_part_is_named_with_its_arti
         ConfigError, match=rf"starts a translator \(model.architecture='encoder_decoder'\), not {article} model$"
     ):
         experiment.validate(config)
+
+
+def test_the_length_penalty_form_of_translating_during_training_is_a_config_key():
+    from jaxformer.training.config_file import apply_overrides
+    from jaxformer.training.validation_bleu import decode_settings
+
+    config = load("multi30k")
+    assert config.decoding.length_penalty is None  # the run's start settles it (run_start.settle_length_penalty)
+    assert decode_settings(config).length_penalty == "gnmt"
+    apply_overrides(config, [("decoding.length_penalty", "transformers")])
+    experiment.validate(config)
+    assert decode_settings(config).length_penalty == "transformers"  # validation BLEU and the final choice
+    apply_overrides(config, [("decoding.length_penalty", "marian")])
+    with pytest.raises(ConfigError) as error:
+        experiment.validate(config)
+    assert str(error.value) == (
+        "config decoding.length_penalty='marian': must be None (training.init_from's form, else 'gnmt') or one of "
+        "'gnmt', 'transformers'"
+    )
+
+
+def test_a_length_penalty_left_none_agrees_with_the_one_a_run_settled_on():
+    config = load("multi30k")
+    saved = config.to_dict()
+    saved["decoding"]["length_penalty"] = "transformers"
+    assert resume_rules.resume_differences(saved, config, sections=None) == []
+    config.decoding.length_penalty = "gnmt"
+    assert "decoding.length_penalty: 'transformers' -> 'gnmt'" in resume_rules.resume_differences(
+        saved, config, sections=None
+    )

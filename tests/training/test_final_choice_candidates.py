@@ -72,7 +72,7 @@ def test_the_final_choice_names_an_alpha_only_where_it_compared_alphas(method, t
     saved = load_checkpoint(workdir, "final", params=False)[1]
     if method == "beam":  # 0.6 (decoding.alpha), then 1 and 2: 2 scores the highest
         assert summary["alpha"] == saved.alpha == 2.0 and summary["bleu"] == 12.0
-        assert "; by alpha: 0.6 10.60, 1 11.00, 2 12.00; chose alpha 2 (saved to" in line
+        assert "; by alpha (gnmt length penalty): 0.6 10.60, 1 11.00, 2 12.00; chose alpha 2 (saved to" in line
     else:  # a greedy search reads no length penalty: none compared, none named or saved
         assert summary["alpha"] is None and saved.alpha is None and summary["bleu"] == 10.6
         assert "alpha" not in line and not any(key.startswith("alpha_") for key in summary)

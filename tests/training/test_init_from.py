@@ -1,6 +1,7 @@
 """Fine-tuning (training.init_from): a new run starts from another run's parameters and tokenizer,
 with a fresh optimizer, step and data order."""
 
+import dataclasses
 import logging
 import pathlib
 
@@ -85,6 +86,40 @@ def test_a_step_directory_and_a_step_number_name_the_same_start(source_run):
     assert any(
         not np.array_equal(a, c) for a, c in zip(jax.tree.leaves(by_number.params), jax.tree.leaves(latest.params))
     )
+
+
+def test_a_run_translates_during_training_with_the_length_penalty_of_the_run_it_starts_from(source_run, caplog):
+    """decoding.length_penalty left None: a resumed run's saved one; a fine-tuning run's start's,
+    logged (a --from_hf import's is transformers: tests/interop/test_marian.py); else gnmt."""
+    from jaxformer.training.run_start import settle_length_penalty
+
+    # The source run settled its None at its start and saved it with every checkpoint.
+    (point,) = load_starting_points(tiny_config(".", init_from=str(source_run)).training)
+    assert point.metadata.config["decoding"]["length_penalty"] == "gnmt"
+    transformers_run = point.metadata.config | {
+        "decoding": point.metadata.config["decoding"] | {"length_penalty": "transformers"}
+    }
+    start = dataclasses.replace(point, metadata=point.metadata.replace(config=transformers_run))
+
+    def settled(value, saved=None, start=None):
+        config = tiny_config(".")
+        config.decoding.length_penalty = value
+        settle_length_penalty(config, saved, start)
+        return config.decoding.length_penalty
+
+    with caplog.at_level(logging.INFO, logger="jaxformer.training.run_start"):
+        assert settled(None, start=start) == "transformers"
+    assert [record.getMessage() for record in caplog.records if record.name.endswith("run_start")] == [
+        f"decoding.length_penalty=transformers (validation BLEU, best/ and the final choice): the form of "
+        f"{point.where}, training.init_from; set the key to choose another"
+    ]
+    assert settled(None, start=point) == "gnmt" and settled(None) == "gnmt"  # from scratch: gnmt, as before the key
+    assert settled("gnmt", start=start) == "gnmt"  # set: kept
+    # Resumed: the form its checkpoint saved (one of a run before the key: gnmt); set: the new value.
+    assert settled(None, saved=start.metadata) == "transformers"
+    before_the_key = {**point.metadata.config, "decoding": {"method": "beam"}}
+    assert settled(None, saved=point.metadata.replace(config=before_the_key)) == "gnmt"
+    assert settled("gnmt", saved=start.metadata) == "gnmt"
 
 
 def test_a_model_of_another_shape_is_one_error_listing_the_parameters(source_run):
