@@ -105,13 +105,10 @@ def with_length_penalty(args: argparse.Namespace) -> argparse.Namespace:
     from jaxformer.decoding.generate import DecodeSettings
 
     form = args.length_penalty
-    if form is None and args.checkpoint == "final" and getattr(args, "method", "beam") == "beam":
-        from jaxformer.run.loading import load_checkpoint
+    if form is None and getattr(args, "method", "beam") == "beam":
+        from jaxformer.decoding.checkpoint_alpha import checkpoint_length_penalty
 
-        config = load_checkpoint(args.workdir, "final", params=False)[1].config
-        form = config.get("decoding", {}).get("length_penalty")
-        if form is not None:
-            logger.info("length penalty %s: the run's final choice was made with it (--length_penalty overrides)", form)
+        form = checkpoint_length_penalty(args.workdir, args.checkpoint, override="--length_penalty")
     return argparse.Namespace(**{**vars(args), "length_penalty": form or DecodeSettings.length_penalty})
 
 

@@ -17,6 +17,7 @@ logger = logging.getLogger(__name__)
 
 # How a Python caller gives its own alpha, in the log lines below (the commands name --alpha).
 SETTINGS_ALPHA = "settings=DecodeSettings(alpha=...)"
+SETTINGS_LENGTH_PENALTY = "settings=DecodeSettings(length_penalty=...)"
 
 # The settings of a beam search that the chosen alpha depends on, besides the parameters.
 _SEARCH_KEYS = ("beam_size", "length_penalty", "max_extra_length", "stop")
@@ -42,7 +43,11 @@ def checkpoint_alpha(
         alpha = metadata.alpha
         if alpha is not None:
             logger.info("length penalty alpha %g: chosen on validation by the run (%s overrides it)", alpha, override)
-            chosen_with = {**vars(DecodeSettings()), **metadata.config.get("decoding", {})}
+            saved = metadata.config.get("decoding", {})  # None: a key left to its default (a run from before it)
+            chosen_with = {
+                **vars(DecodeSettings()),
+                **{key: value for key, value in saved.items() if value is not None},
+            }
             differences = [
                 f"{key} {chosen_with[key]} -> {getattr(search, key)}"
                 for key in _SEARCH_KEYS
@@ -57,14 +62,31 @@ def checkpoint_alpha(
     return DecodeSettings.alpha
 
 
+def checkpoint_length_penalty(
+    workdir: str | os.PathLike, checkpoint: str | int, override: str = SETTINGS_LENGTH_PENALTY
+) -> str | None:
+    """For `checkpoint` "final", the length penalty's form the run's final choice compared its
+    alphas with (decoding.length_penalty in final/'s config), logged; else None (the caller's
+    default, gnmt). `override`: how the caller gives its own form, for the log line. Only
+    final/'s metadata is read."""
+    if checkpoint != "final":
+        return None
+    form = load_checkpoint(workdir, "final", params=False)[1].config.get("decoding", {}).get("length_penalty")
+    if form is not None:
+        logger.info("length penalty %s: the run's final choice was made with it (%s overrides it)", form, override)
+    return form
+
+
 def checkpoint_settings(
     workdir: str | os.PathLike, checkpoint: str | int, settings: DecodeSettings | None
 ) -> DecodeSettings:
     """`settings` when given: their alpha is the caller's choice, even on "final" (logged when the
     run chose another there); else DecodeSettings() with `checkpoint_alpha`'s alpha: on "final",
-    the one the run chose, as the commands search without --alpha."""
+    the one the run chose, with the length penalty's form it chose it with, as the commands
+    search without --alpha and --length_penalty."""
     if settings is None:
-        search = DecodeSettings()
+        form = checkpoint_length_penalty(workdir, checkpoint)
+        search = DecodeSettings() if form is None else DecodeSettings(length_penalty=form)
         return dataclasses.replace(search, alpha=checkpoint_alpha(workdir, checkpoint, search))
     if checkpoint == "final" and settings.method == "beam":  # the other searches read no length penalty
         chosen = load_checkpoint(workdir, "final", params=False)[1].alpha

@@ -58,6 +58,28 @@ def test_from_workdir_searches_final_with_the_alpha_the_run_chose(final_workdir,
     ]
 
 
+def test_from_workdir_searches_final_with_the_length_penalty_the_alpha_was_chosen_with(
+    decoding_workdir, tmp_path, caplog
+):
+    workdir = tmp_path / "run"
+    shutil.copytree(decoding_workdir, workdir)
+    step, metadata, params = load_checkpoint(workdir)
+    config = dict(metadata.config, decoding={**metadata.config["decoding"], "length_penalty": "transformers"})
+    writer = Checkpointer(RunDirectory(workdir).final, keep=None)
+    writer.save_params(step, params, metadata.replace(config=config, chosen_from="latest", alpha=CHOSEN, bleu=1.0))
+    writer.close()
+    with caplog.at_level(logging.INFO, logger="jaxformer"):
+        translator = Translator.from_workdir(workdir, "final", batch_size=8)
+    assert translator.settings == DecodeSettings(length_penalty="transformers", alpha=CHOSEN)
+    assert (
+        "length penalty transformers: the run's final choice was made with it "
+        "(settings=DecodeSettings(length_penalty=...) overrides it)" in caplog.messages
+    )
+    assert not [message for message in caplog.messages if "another search" in message]
+    args = translate.build_parser().parse_args(["--workdir", str(workdir), "--checkpoint", "final"])
+    assert decoding_flags.decode_settings_from_flags(args, args.max_extra_length) == translator.settings
+
+
 def test_settings_given_keep_their_alpha_on_final(final_workdir, caplog):
     given = DecodeSettings(beam_size=2, max_extra_length=8)
     with caplog.at_level(logging.INFO, logger="jaxformer"):
