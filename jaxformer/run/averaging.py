@@ -122,11 +122,10 @@ def average_last(
     steps stay beside it (`averaged` reads the newest); one of the same step is set aside as
     `<step>.replaced-<time>`. Where `averaged` is not a folder, `CheckpointError` before any
     checkpoint is read."""
-    averaged = RunDirectory(workdir).averaged
-    if (averaged.exists() or averaged.is_symlink()) and not averaged.is_dir():
-        raise CheckpointError(f"{averaged} is not a directory, where the averaged checkpoints go: move it away")
+    run = RunDirectory(workdir)
+    run.check_folders("averaged")
     metadata, params = averaged_last(workdir, last, config_differences)
-    writer = Checkpointer(averaged, keep=None)
+    writer = Checkpointer(run.averaged, keep=None)
     writer.save_params(metadata.step, params, metadata)
     writer.close()
     return metadata.step, list(metadata.averaged_steps)

@@ -32,7 +32,8 @@ run/metadata.py. A sweep's directory (jaxformer-sweep) holds one such run direct
         pace/<variant>.json   under --baseline_steps: each variant's measured pace and steps
         sweep.lock            held by the jaxformer-sweep using the directory (run/lock.py)
 
-Only paths here: nothing is read, created or locked.
+Only paths here, and `RunDirectory.check_folders`, which looks whether a folder among them is
+one: nothing is read, created or locked.
 """
 
 from __future__ import annotations
@@ -41,7 +42,16 @@ import dataclasses
 import os
 import pathlib
 
+from jaxformer.errors import CheckpointError
+
 CHECKPOINT_KINDS = ("latest", "best", "averaged", "final")  # what --checkpoint names, besides a step number
+# What each kind's folder holds, in the refusal of a file where it goes.
+_HOLDS = {
+    "latest": "checkpoints",
+    "best": "best checkpoints",
+    "averaged": "averaged checkpoints",
+    "final": "final choices",
+}
 
 
 class _Entry:
@@ -99,6 +109,15 @@ class RunDirectory(_Directory):
         if which not in CHECKPOINT_KINDS:
             raise ValueError(f"checkpoint {which!r}: choose one of {', '.join(CHECKPOINT_KINDS)} or a step number")
         return {"latest": self.checkpoints, "best": self.best, "averaged": self.averaged, "final": self.final}[which]
+
+    def check_folders(self, *kinds: str) -> None:
+        """`CheckpointError` naming the first folder of `kinds` (CHECKPOINT_KINDS) where something
+        else lies (a file, a dangling link): orbax finds out only as it saves there, and the work
+        done before is lost. A folder that does not exist yet is fine."""
+        for kind in kinds:
+            path = self.checkpoint_directory(kind)
+            if (path.exists() or path.is_symlink()) and not path.is_dir():
+                raise CheckpointError(f"{path} is not a directory, where the {_HOLDS[kind]} go: move it away")
 
 
 @dataclasses.dataclass(frozen=True)

@@ -103,9 +103,7 @@ def check_kept_choice(config: ml_collections.ConfigDict, run: RunDirectory, step
     """Before anything is prepared: a run resumed at `step` that trains no further (its steps or
     its time budget spent) and already chose there is held to that choice's settings, as
     `choose_final` holds it when it gets there, so that a refusal costs no data or compilation."""
-    training = config.training
-    budget_spent = bool(training.time_budget_minutes) and train_seconds >= training.time_budget_minutes * 60
-    if not training.final_choice or (step < training.num_train_steps and not budget_spent):
+    if not config.training.final_choice or resume_rules.trains_further(config.training, step, train_seconds):
         return
     chosen = _saved_metadata(run, step)
     if chosen is not None:
@@ -198,7 +196,9 @@ def choose_final(
     of the parameters, a candidate when given); returns {"chosen": name, "alpha": ...,
     "bleu": ..., "<name>/bleu": ..., "<name>/chrf": ..., "alpha_<alpha>/bleu": ..., ...}. A run that already
     chose at this step (a finished run started again) keeps its choice; a UserError when that
-    choice was made with other settings (CHOICE_KEYS) than `config` has."""
+    choice was made with other settings (CHOICE_KEYS) than `config` has, or when a file lies at
+    workdir/best or workdir/final."""
+    run.check_folders("best", "final")  # before any scoring: a file at best/ is no candidate to drop quietly
     made_final_dir = not run.final.exists()  # removed again if the choice is stopped before it saves
     writer = Checkpointer(run.final, keep=None)  # an earlier choice (a run continued past its end) stays
     try:

@@ -105,3 +105,10 @@ def resume_differences(
         if was != current_flat.get(key, "<unset>"):
             differences.append(f"{key}: {was!r} -> {current_flat.get(key, '<unset>')!r}")
     return differences
+
+
+def trains_further(training: ml_collections.ConfigDict, step: int, train_seconds: float) -> bool:
+    """Whether a run resumed at `step`, `train_seconds` into its training, takes another step: its
+    training.num_train_steps not reached and its time budget (when set) not spent."""
+    budget_spent = bool(training.time_budget_minutes) and train_seconds >= training.time_budget_minutes * 60
+    return step < training.num_train_steps and not budget_spent

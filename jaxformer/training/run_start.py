@@ -42,6 +42,7 @@ from jaxformer.training.init_from import (
 from jaxformer.training.optimizer import make_optimizer
 from jaxformer.training.run_tokenizer import RunTokenizers, check_given_models, log_unknown_rate, tokenizer_for_run
 from jaxformer.training.state import make_init_fn
+from jaxformer.training.validation_bleu import check_best_measured_alike
 
 logger = logging.getLogger(__name__)
 
@@ -182,6 +183,10 @@ def prepare_run(config: ml_collections.ConfigDict, workdir: pathlib.Path) -> Pre
     logger.info("devices: %s", jax.devices())
 
     run = RunDirectory(workdir)
+    folders = ["latest"]  # where the run saves, and where the final choice reads a candidate
+    folders += ["best"] if training.bleu_every_steps or training.final_choice else []
+    folders += ["final"] if training.final_choice else []
+    run.check_folders(*folders)  # a file there is found now, not by a save after hours of steps
     checkpointer = Checkpointer(run.checkpoints, keep=training.keep_checkpoints)
     latest = checkpointer.latest_step_metadata()
     saved = None if latest is None else latest[1]
@@ -193,6 +198,8 @@ def prepare_run(config: ml_collections.ConfigDict, workdir: pathlib.Path) -> Pre
     if latest is not None:
         settle_length_penalty(config, saved, None)
         check_kept_choice(config, run, latest[0], saved.train_seconds or 0.0)
+        if resume_rules.trains_further(training, latest[0], saved.train_seconds or 0.0):
+            check_best_measured_alike(config, run)
     if latest is not None and any(training.get(key) is not None for key in PARTS.values()):
         logger.info("resuming this workdir's run; training.init_*from only set where a new run starts")
     starting_points = load_starting_points(training) if latest is None else ()

@@ -16,12 +16,23 @@ from jaxformer.data.tokenizer import Tokenizer
 from jaxformer.decoding.generate import DecodeSettings
 from jaxformer.decoding.scoring import corpus_scores
 from jaxformer.decoding.translator import Translator
+from jaxformer.errors import UserError
 from jaxformer.model.config import TransformerConfig
 from jaxformer.run.checkpoint import Checkpointer
 from jaxformer.run.directory import RunDirectory
 from jaxformer.run.metadata import CheckpointMetadata
+from jaxformer.training import experiment
 
 logger = logging.getLogger(__name__)
+
+# The config keys a validation BLEU score depends on: which pairs, how many, which search. A score
+# best/ keeps is beaten only by one measured alike (decoding.batch_size moves a float or two: no).
+BLEU_KEYS = (
+    "training.bleu_examples",
+    "training.bleu_method",
+    "data.eval_split",
+    *(f"decoding.{key}" for key in ("method", "beam_size", "alpha", "max_extra_length", "stop")),
+)
 
 
 def decode_settings(config: ml_collections.ConfigDict) -> DecodeSettings:
@@ -131,3 +142,50 @@ class BleuValidator:
 
     def close(self) -> None:
         self.best.close()
+
+
+def _bleu_values(config: dict[str, Any]) -> dict[str, Any]:
+    """The BLEU_KEYS values of a config; a key it lacks has its default, as the run that lacked it had."""
+    flat = {**experiment.flatten(experiment.default_config()), **experiment.as_tuples(experiment.flatten(config))}
+    return {key: flat[key] for key in BLEU_KEYS}
+
+
+def _measure(values: dict[str, Any]) -> dict[str, Any]:
+    """`_bleu_values`' `values` as far as they change the score: the search training.bleu_method
+    names (None: decoding.method's), its beam size and length penalty only for beam search."""
+    measure = dict(values)
+    method = measure["training.bleu_method"] or measure["decoding.method"]
+    measure["training.bleu_method"] = measure["decoding.method"] = method
+    if method != "beam":
+        measure["decoding.beam_size"] = measure["decoding.alpha"] = None
+    return measure
+
+
+def check_best_measured_alike(config: ml_collections.ConfigDict, run: RunDirectory) -> None:
+    """Before anything is prepared, for a resumed run that validates again: a UserError naming the
+    BLEU_KEYS values that differ from those best/'s score was measured with. BleuValidator
+    compares each new score with that one, and two measures would decide which parameters best/
+    (then the final choice) keeps."""
+    if not config.training.bleu_every_steps or not run.best.is_dir():
+        return
+    reader = Checkpointer(run.best, keep=None, read_only=True)
+    try:
+        latest = reader.latest_step_metadata()
+    finally:
+        reader.close()
+    if latest is None or latest[1].bleu is None:  # nothing BleuValidator compares with
+        return
+    step, best = latest
+    was, now = _bleu_values(best.config), _bleu_values(config.to_dict())
+    measured, measuring = _measure(was), _measure(now)
+    if measured != measuring:
+        named = ", ".join(
+            f"{key}={was[key]!r} (now {now[key]!r})"
+            for key in BLEU_KEYS
+            if measured[key] != measuring[key] and was[key] != now[key]
+        )
+        raise UserError(
+            f"the validation BLEU {best.bleu:.2f} of {run.best / str(step)}, which new scores are compared with, "
+            f"was measured with {named}: restore the setting it was measured with, or move {run.best} aside "
+            f"(e.g. to {run.best}.before) to keep the best by the new measure"
+        )

@@ -1,0 +1,147 @@
+"""What a training run refuses at its start, before any data is prepared: a file where it saves
+(checkpoints/, best/, final/), and a resume whose validation BLEU would be measured otherwise than
+the score best/ keeps."""
+
+import copy
+import logging
+import shutil
+import types
+
+import ml_collections
+import pytest
+
+from jaxformer.commands import train
+from jaxformer.errors import EXIT_USER_ERROR, CheckpointError, UserError
+from jaxformer.run.checkpoint import Checkpointer
+from jaxformer.run.directory import RunDirectory
+from jaxformer.run.loading import load_checkpoint
+from jaxformer.training import final_choice, run_start
+from tests.conftest import make_workdir
+
+
+@pytest.fixture
+def no_data(monkeypatch):
+    """Preparing the data fails the test: every refusal here comes first."""
+
+    def prepared(data):
+        pytest.fail("the data was prepared before the refusal")
+
+    monkeypatch.setattr(run_start, "get_builder", prepared)
+
+
+@pytest.fixture(scope="module")
+def finished_template(tmp_path_factory):
+    """A run with checkpoints 10 and 20, and best/ holding step 10 with BLEU 5 (greedy, on 16 pairs)."""
+    workdir, params, _ = make_workdir(tmp_path_factory.mktemp("finished") / "run", steps=(10, 20))
+    metadata = load_checkpoint(workdir, 20, params=False)[1]
+    config = copy.deepcopy(metadata.config)
+    config["training"].update(bleu_every_steps=10, bleu_examples=16, bleu_method="greedy", num_train_steps=20)
+    best = Checkpointer(RunDirectory(workdir).best, keep=1)
+    best.save_params(10, params, metadata.replace(step=10, bleu=5.0, config=config))
+    best.close()
+    return workdir
+
+
+@pytest.fixture
+def finished(finished_template, tmp_path):
+    workdir = tmp_path / "run"
+    shutil.copytree(finished_template, workdir)
+    return workdir
+
+
+def config_of(workdir, **training):
+    """best/'s config (the run's, with its BLEU settings), its `training` keys changed."""
+    config = ml_collections.ConfigDict(load_checkpoint(workdir, "best", params=False)[1].config)
+    for key, value in training.items():
+        config.training[key] = value
+    return config
+
+
+@pytest.mark.parametrize("folder, holds", [("best", "best checkpoints"), ("final", "final choices")])
+def test_a_file_where_a_fresh_run_saves_is_one_line_before_any_work(folder, holds, tmp_path, capsys, no_data):
+    workdir = tmp_path / "run"
+    workdir.mkdir()
+    (workdir / folder).write_text("junk\n")
+    argv = [
+        "--config",
+        "tiny",
+        "--workdir",
+        str(workdir),
+        "--config.training.final_choice=True",
+        "--config.training.average_last=3",
+    ]
+    assert train.main([*argv, "--config.training.bleu_every_steps=20"]) == EXIT_USER_ERROR
+    errors = [line for line in capsys.readouterr().err.splitlines() if line.startswith("error: ")]
+    assert errors == [f"error: {workdir / folder} is not a directory, where the {holds} go: move it away"]
+    assert sorted(path.name for path in workdir.iterdir()) == [folder]  # nothing added, nothing lost
+    assert (workdir / folder).read_text() == "junk\n"
+
+
+def test_only_the_folders_a_run_uses_are_checked(tmp_path):
+    run = RunDirectory(tmp_path)
+    (tmp_path / "final").write_text("a file of mine")
+    (tmp_path / "best").symlink_to(tmp_path / "nowhere")
+    run.check_folders("latest", "averaged")  # absent: fine
+    with pytest.raises(CheckpointError, match=r"/best is not a directory, where the best checkpoints go"):
+        run.check_folders("latest", "best", "final")  # a dangling link too
+
+
+@pytest.mark.parametrize("folder", ["best", "final"])
+def test_a_file_in_a_finished_run_is_refused_not_dropped_from_the_candidates(folder, finished, no_data):
+    config = config_of(finished, final_choice=True)
+    if folder == "best":
+        shutil.rmtree(finished / folder)
+    (finished / folder).write_text("junk")
+    with pytest.raises(CheckpointError, match=f"{finished / folder} is not a directory"):
+        run_start.prepare_run(config, finished)
+    # and where the choice is made from Python, before any candidate is scored
+    tokenizers = types.SimpleNamespace(source=None, target=None)
+    with pytest.raises(CheckpointError, match=f"{finished / folder} is not a directory"):
+        final_choice.choose_final(config, None, tokenizers, None, RunDirectory(finished), 20, None, None)
+
+
+@pytest.mark.parametrize(
+    "changes, named",
+    [
+        ({"bleu_examples": 4}, "training.bleu_examples=16 (now 4)"),
+        ({"bleu_method": "beam"}, "training.bleu_method='greedy' (now 'beam')"),
+        ({"bleu_method": None}, "training.bleu_method='greedy' (now None)"),  # decoding.method is beam
+    ],
+)
+def test_a_resume_measuring_bleu_otherwise_than_best_is_refused(changes, named, finished, no_data):
+    config = config_of(finished, num_train_steps=40, **changes)
+    best = RunDirectory(finished).best
+    with pytest.raises(UserError) as refused:
+        run_start.prepare_run(config, finished)
+    message = str(refused.value)
+    assert message == (
+        f"the validation BLEU 5.00 of {best / '10'}, which new scores are compared with, was measured with {named}: "
+        f"restore the setting it was measured with, or move {best} aside (e.g. to {best}.before) to keep the best "
+        "by the new measure"
+    )
+
+
+@pytest.mark.parametrize(
+    "changes",
+    [
+        {"num_train_steps": 20, "bleu_examples": 4},  # trains no further: no BLEU to compare
+        {"num_train_steps": 40, "bleu_every_steps": 0, "bleu_examples": 4},  # no BLEU at all
+        {"num_train_steps": 40},  # measured alike ...
+        {"num_train_steps": 40, "batch_size": None},  # ... what greedy search does not read may change
+    ],
+)
+def test_a_resume_measuring_alike_or_not_at_all_goes_on(changes, finished, no_data):
+    config = config_of(finished, **{key: value for key, value in changes.items() if key != "batch_size"})
+    if "batch_size" in changes:
+        config.decoding.beam_size, config.decoding.alpha, config.decoding.batch_size = 2, 1.0, 7
+    with pytest.raises(pytest.fail.Exception, match="the data was prepared"):  # past the checks
+        run_start.prepare_run(config, finished)
+
+
+def test_best_with_unreadable_metadata_is_left_to_the_validator(finished, no_data, caplog):
+    Checkpointer(RunDirectory(finished).best, keep=None, read_only=True).metadata_file(10).write_text("{")
+    config = ml_collections.ConfigDict(load_checkpoint(finished, 20, params=False)[1].config)
+    config.training.update(bleu_every_steps=10, bleu_examples=4, num_train_steps=40)
+    with caplog.at_level(logging.WARNING), pytest.raises(pytest.fail.Exception, match="the data was prepared"):
+        run_start.prepare_run(config, finished)
+    assert any("cannot read the metadata of checkpoint 10" in record.getMessage() for record in caplog.records)
