@@ -36,7 +36,29 @@ def load_checkpoint(
             raise CheckpointError(_not_a_workdir(pathlib.Path(workdir).absolute()))
         raise CheckpointError(f"{directory} does not exist: no {which!r} checkpoint in {workdir}")
     step = checkpoint if isinstance(checkpoint, int) else None
-    return load_from_directory(directory, step, params=params, newest_readable=checkpoint == "latest")
+    loaded = load_from_directory(directory, step, params=params, newest_readable=checkpoint == "latest")
+    if checkpoint == "final":
+        _warn_if_trained_past(run, loaded[0])
+    return loaded
+
+
+_REPORTED_TRAINED_PAST: set[tuple[str, int]] = set()  # (workdir, final step) said outdated by this process
+
+
+def _warn_if_trained_past(run: RunDirectory, chosen_step: int) -> None:
+    """A warning when the run has checkpoints after its newest final choice: it was continued (a
+    longer run or budget) and stopped before it chose again, so that choice is not of its end."""
+    later = [step for step in _step_names(run.checkpoints) if step > chosen_step] if run.checkpoints.is_dir() else []
+    if later and (str(run.path), chosen_step) not in _REPORTED_TRAINED_PAST:  # a command loads it more than once
+        _REPORTED_TRAINED_PAST.add((str(run.path), chosen_step))
+        logger.warning(
+            "the final choice of %s was made at step %d, and the run trained past it, to step %d; running its "
+            "training command again makes the choice at the run's end (until then, final is step %d's)",
+            run.path,
+            chosen_step,
+            max(later),
+            chosen_step,
+        )
 
 
 # What a run of each architecture is for, in the refusal of a use that needs another.

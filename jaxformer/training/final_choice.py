@@ -118,14 +118,30 @@ def saved_choice(run: RunDirectory, step: int) -> dict[str, Any] | None:
 
 
 def _saved_metadata(run: RunDirectory, step: int) -> CheckpointMetadata | None:
-    """The metadata of the final choice saved, whole, at `step` in workdir/final; None without one."""
+    """The metadata of the final choice saved, whole, at `step` in workdir/final; None without one
+    or when it cannot be read."""
     if not (run.final / str(step)).is_dir():
         return None
     reader = Checkpointer(run.final, keep=None, read_only=True)
     try:
         return reader.read_metadata(step) if step in reader.steps() else None
+    except CheckpointError:  # damaged: `choose_final` sets it aside and chooses again
+        return None
     finally:
         reader.close()
+
+
+def _verified_choice(writer: Checkpointer, step: int) -> CheckpointMetadata | None:
+    """The metadata of the choice kept at `step`, once its parameters match their checksums; None
+    when it is damaged, then set aside (`<step>.damaged-<time>`, as a damaged checkpoint is when
+    training resumes) for the choice to be made again: its report would hold for parameters that
+    `--checkpoint final` cannot read."""
+    try:
+        return writer.read_params(step)[0]
+    except CheckpointError as error:
+        logger.warning("final choice: the one made at step %d is damaged (%s); making it again", step, error)
+        writer.set_aside(step)
+        return None
 
 
 def _as_result(chosen: CheckpointMetadata) -> dict[str, Any]:
@@ -195,15 +211,16 @@ def choose_final(
     training.final_alphas, and saves it to workdir/final (`ema_params`: the optimizer's moving average
     of the parameters, a candidate when given); returns {"chosen": name, "alpha": ...,
     "bleu": ..., "<name>/bleu": ..., "<name>/chrf": ..., "alpha_<alpha>/bleu": ..., ...}. A run that already
-    chose at this step (a finished run started again) keeps its choice; a UserError when that
+    chose at this step (a finished run started again) keeps its choice, once its parameters are
+    verified (a damaged one is set aside and the choice made again); a UserError when that
     choice was made with other settings (CHOICE_KEYS) than `config` has, or when a file lies at
     workdir/best or workdir/final."""
     run.check_folders("best", "final")  # before any scoring: a file at best/ is no candidate to drop quietly
     made_final_dir = not run.final.exists()  # removed again if the choice is stopped before it saves
     writer = Checkpointer(run.final, keep=None)  # an earlier choice (a run continued past its end) stays
     try:
-        if step in writer.steps():
-            chosen = writer.read_metadata(step)
+        chosen = _verified_choice(writer, step) if step in writer.steps() else None
+        if chosen is not None:
             _refuse_other_settings(config, run, step, chosen)
             logger.info("final choice: already made at step %d (%s)", step, chosen.chosen_from)
             return _as_result(chosen)

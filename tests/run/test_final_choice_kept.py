@@ -1,0 +1,117 @@
+"""The final choice a run keeps in final/: verified before a finished run reports it as made (a
+damaged one is set aside and made again), and named as outdated when the run trained past it."""
+
+import json
+import logging
+import shutil
+import types
+
+import ml_collections
+import pytest
+
+from jaxformer.run.checkpoint import Checkpointer
+from jaxformer.run.directory import RunDirectory
+from jaxformer.run.loading import load_checkpoint
+from jaxformer.training import final_choice
+from jaxformer.training.validation_bleu import decode_settings
+from tests.conftest import make_workdir
+
+
+@pytest.fixture(scope="module")
+def run_template(tmp_path_factory):
+    """A run with checkpoints 10 and 20."""
+    workdir, params, _ = make_workdir(tmp_path_factory.mktemp("template") / "run", steps=(10, 20))
+    return workdir, params
+
+
+class _Scored:
+    """A stand-in for the validation split: BLEU 10 for every candidate, counting what it scores."""
+
+    sources = ["a", "b", "c"]
+    calls = 0
+
+    def __init__(self, config, *_, settings=None):
+        self.settings = settings or decode_settings(config)
+
+    def with_settings(self, settings):
+        return _Scored(None, settings=settings)
+
+    def score(self, params):
+        _Scored.calls += 1
+        return {"bleu": 10.0, "lowercase_bleu": 11.0, "chrf": 50.0}
+
+
+@pytest.fixture
+def choose(run, monkeypatch):
+    """The loop's call of choose_final at step 20, the run's end (scored by `_Scored`)."""
+    workdir, _ = run
+    step, metadata, params = load_checkpoint(workdir)
+    config = ml_collections.ConfigDict(metadata.config)
+    config.training.final_choice, config.training.num_train_steps, config.training.average_last = True, step, 2
+    monkeypatch.setattr(final_choice, "ValidationSet", _Scored)
+    tokenizers = types.SimpleNamespace(source=None, target=None)
+    return lambda: final_choice.choose_final(
+        config, None, tokenizers, None, RunDirectory(workdir), step, params, metadata
+    )
+
+
+def _wrong_array_checksum(step_directory):
+    """Damage as the arrays' checksums see it (a flipped bit in a data file, found reliably)."""
+    path = step_directory / "metadata" / "metadata"
+    values = json.loads(path.read_text())
+    first = sorted(values["checksums"]["arrays"])[0]
+    values["checksums"]["arrays"][first] = "deadbeef" * 2  # the metadata's own digest leaves its checksums out
+    path.write_text(json.dumps(values))
+    return first
+
+
+@pytest.mark.parametrize("damage", ["array", "metadata", "state folder"])
+def test_a_damaged_choice_is_set_aside_and_made_again(damage, run, choose, caplog):
+    workdir, _ = run
+    final = RunDirectory(workdir).final
+    first = choose()
+    if damage == "array":
+        named = f"array {_wrong_array_checksum(final / '20')} does not match its checksum"
+    elif damage == "metadata":
+        (final / "20" / "metadata" / "metadata").write_text("{")
+        named = "cannot read"
+    else:
+        shutil.rmtree(final / "20" / "state")
+        named = "it has no state folder"
+    calls = _Scored.calls
+    with caplog.at_level(logging.WARNING):
+        again = choose()  # was "already made at step 20", and evaluate --checkpoint final failed later
+    assert _Scored.calls > calls and again == first  # chosen again, alike
+    warnings = [record.getMessage() for record in caplog.records if record.levelno == logging.WARNING]
+    (warning,) = [message for message in warnings if message.startswith("final choice: the one made at step 20")]
+    assert named in warning and warning.endswith("; making it again") and "\n" not in warning
+    (aside,) = final.glob("20.damaged-*")
+    assert f"moved the damaged checkpoint of step 20 to {aside}" in warnings
+    assert load_checkpoint(workdir, "final")[0] == 20  # whole again
+
+
+def test_a_whole_choice_is_kept_without_scoring_again(run, choose):
+    first = choose()
+    calls = _Scored.calls
+    assert choose() == first and _Scored.calls == calls
+    assert not list(RunDirectory(run[0]).final.glob("20.*"))
+
+
+def test_final_names_the_steps_the_run_trained_past_it(run, caplog):
+    workdir, params = run
+    metadata = load_checkpoint(workdir, 20, params=False)[1]
+    writer = Checkpointer(RunDirectory(workdir).final, keep=None)
+    writer.save_params(10, params, metadata.replace(step=10, chosen_from="latest", bleu=1.0))
+    with caplog.at_level(logging.WARNING):
+        for _ in range(2):  # a command reads final more than once: said once
+            assert load_checkpoint(workdir, "final", params=False)[0] == 10
+    assert [record.getMessage() for record in caplog.records if record.levelno == logging.WARNING] == [
+        f"the final choice of {workdir} was made at step 10, and the run trained past it, to step 20; running its "
+        "training command again makes the choice at the run's end (until then, final is step 10's)"
+    ]
+    caplog.clear()
+    writer.save_params(20, params, metadata.replace(step=20, chosen_from="latest", bleu=1.0))  # the choice made
+    writer.close()
+    with caplog.at_level(logging.WARNING):
+        assert load_checkpoint(workdir, "final", params=False)[0] == 20
+    assert [record for record in caplog.records if record.levelno == logging.WARNING] == []
