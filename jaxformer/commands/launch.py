@@ -13,6 +13,8 @@ clean-up takes half a second) changes nothing: the command's work is done (an ex
 a run complete) and its exit code says so. While the exit callbacks run it is said in one line,
 and a second one ends the process at once; after them it is ignored.
 This module imports the standard library and jaxformer.errors alone, so that it is loaded at once.
+Before it loads a command it checks the jax variables of the compilation cache that the README
+names: jax reads them as it is imported, and a bad value was a 38-line traceback from that import.
 """
 
 from __future__ import annotations
@@ -20,13 +22,14 @@ from __future__ import annotations
 import atexit
 import contextlib
 import importlib
+import os
 import signal
 import sys
 import threading
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from typing import NoReturn
 
-from jaxformer.errors import exit_code_for_signal
+from jaxformer.errors import EXIT_USER_ERROR, exit_code_for_signal
 
 _kept: list[int] = []  # the Ctrl-C that came while the command was loading
 
@@ -37,9 +40,42 @@ def _keep(signum: int, frame) -> None:
     _kept.append(signum)
 
 
+# jax's own parsing of these (jax/_src/config.py: bool_env, and int() / float() for its flags).
+_JAX_TRUTH_VALUES = ("y", "yes", "t", "true", "on", "1", "n", "no", "f", "false", "off", "0")
+_JAX_NUMBERS = {
+    "JAX_COMPILATION_CACHE_MAX_SIZE": (int, "a whole number of bytes (-1: no bound)"),
+    "JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS": (float, "a number of seconds"),
+}
+
+
+def jax_variable_error(environ: Mapping[str, str]) -> str | None:
+    """The one line that says what is wrong with a compilation-cache variable jax would refuse
+    as it is imported (None: nothing)."""
+    switch = environ.get("JAX_ENABLE_COMPILATION_CACHE")
+    if switch is not None and switch.lower() not in _JAX_TRUTH_VALUES:
+        return (
+            f"environment variable JAX_ENABLE_COMPILATION_CACHE={switch!r}: jax reads true, yes, on or 1 "
+            "(the cache on), false, no, off or 0 (off); unset it to keep the cache on"
+        )
+    for name, (kind, expected) in _JAX_NUMBERS.items():
+        value = environ.get(name)
+        if value is None:
+            continue
+        try:
+            kind(value)
+        except ValueError:
+            return f"environment variable {name}={value!r} is not {expected}, which jax needs; fix or unset it"
+    return None
+
+
 def launch(module: str, argv: list[str] | None = None) -> int:
     """`module`'s `main(argv)`, a Ctrl-C kept while it loads (see `loaded`), and one that comes
-    before run_command handles it ended as run_command does."""
+    before run_command handles it ended as run_command does. A compilation-cache variable jax
+    would refuse on import is an error in one line first (exit 2)."""
+    problem = jax_variable_error(os.environ)
+    if problem is not None:
+        sys.stderr.write(f"error: {problem}\n")
+        return EXIT_USER_ERROR
     keeping = threading.current_thread() is threading.main_thread() and (
         signal.getsignal(signal.SIGINT) is signal.default_int_handler  # not ignored (a background job)
     )

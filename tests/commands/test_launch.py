@@ -161,3 +161,35 @@ def test_a_ctrl_c_while_python_dash_m_loads_the_command_ends_it_in_one_line(tmp_
         process.send_signal(signal.SIGINT)
         output, error = process.communicate(timeout=60)
         assert (process.returncode, output, error) == (130, b"", b"interrupted\n"), (delay, error.decode()[-3000:])
+
+
+@pytest.mark.parametrize(
+    ("variable", "value", "named"),
+    [
+        ("JAX_ENABLE_COMPILATION_CACHE", "maybe", "true, yes, on or 1"),
+        ("JAX_COMPILATION_CACHE_MAX_SIZE", "abc", "a whole number of bytes"),
+        ("JAX_COMPILATION_CACHE_MAX_SIZE", "1e9", "a whole number of bytes"),
+        ("JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS", "soon", "a number of seconds"),
+    ],
+)
+def test_a_compilation_cache_variable_jax_would_refuse_is_one_line_before_jax_loads(variable, value, named):
+    """jax reads these as it is imported: a bad value was a 38-line traceback from that import."""
+    env = {**os.environ, variable: value}
+    result = subprocess.run(
+        [sys.executable, "-c", "import sys; from jaxformer.commands.launch import train; sys.exit(train(['--help']))"],
+        cwd=ROOT,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert result.returncode == 2 and result.stdout == ""
+    assert result.stderr.startswith(f"error: environment variable {variable}={value!r}")
+    assert named in result.stderr and result.stderr.count("\n") == 1
+
+
+def test_the_values_jax_accepts_pass():
+    from jaxformer.commands.launch import jax_variable_error
+
+    accepted = {"JAX_ENABLE_COMPILATION_CACHE": "False", "JAX_COMPILATION_CACHE_MAX_SIZE": " 1_000 "}
+    assert jax_variable_error({**accepted, "JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS": "0.5"}) is None
