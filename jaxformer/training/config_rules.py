@@ -197,12 +197,12 @@ def check_combinations(config, architecture: str) -> None:
             f"config optimizer.decay_floor={optimizer.decay_floor!r} applies to optimizer.schedule='budget', "
             f"not {optimizer.schedule!r}"
         )
-    if optimizer.schedule == "budget" and not training.time_budget_minutes:
-        if training.num_train_steps <= optimizer.warmup_steps:
-            raise ConfigError(
-                f"config training.num_train_steps={training.num_train_steps} ends within optimizer.warmup_steps="
-                f"{optimizer.warmup_steps}: the budget schedule would never decay; lower warmup_steps"
-            )
+    # A time budget ends the run at num_train_steps at the latest: the same cap.
+    if optimizer.schedule == "budget" and training.num_train_steps <= optimizer.warmup_steps:
+        raise ConfigError(
+            f"config training.num_train_steps={training.num_train_steps} ends within optimizer.warmup_steps="
+            f"{optimizer.warmup_steps}: the budget schedule would never decay; lower warmup_steps"
+        )
     if training.rdrop_alpha > 0 and architecture == "encoder_only":
         raise ConfigError(
             f"config training.rdrop_alpha={training.rdrop_alpha!r}: R-Drop compares two predictions of the "

@@ -225,6 +225,20 @@ def test_architecture_options_that_contradict_are_errors(changes, message):
         experiment.validate(config)
 
 
+@pytest.mark.parametrize("time_budget_minutes", [0.0, 1.0])
+def test_a_budget_schedule_capped_within_its_warmup_is_refused_with_or_without_a_time_budget(time_budget_minutes):
+    """A time budget ends the run at num_train_steps at the latest: it trained only warmup steps."""
+    config = load("multi30k")
+    config.training.time_budget_minutes, config.training.num_train_steps = time_budget_minutes, 5
+    config.optimizer.warmup_steps = 10
+    with pytest.raises(
+        ConfigError,
+        match=r"^config training.num_train_steps=5 ends within optimizer.warmup_steps=10: the budget schedule would "
+        "never decay; lower warmup_steps$",
+    ):
+        experiment.validate(config)
+
+
 def test_language_models_read_one_side_and_translators_both():
     assert experiment.text_languages(load("multi30k_mlm")) == ("en",)
     assert experiment.text_languages(load("multi30k_lm")) == ("de",)
