@@ -10,6 +10,9 @@ In the checkpoint it is a JSON object (the `metadata` item of each step director
      "data_fingerprint": "..." | null,   what the training data was prepared from (data/sources.py)
      "step": 1000,
      "train_seconds": 1834.2,      seconds the training loop had spent at this step, across resumes
+     "work_seconds": {"evaluate": 3.1, "bleu": 9.8, "checkpoint": 0.4},
+                                   time-budgeted runs: the latest duration of each kind of periodic
+                                   work, which the budget's end estimate counts (training/budget.py)
      "rdrop_by_pace": true,        runs whose R-Drop is decided by their pace, once decided: whether
                                    the steps after the decision use it (training/rdrop_start.py)
      "interim": true,              a checkpoint saved between scheduled ones to stop (a signal, unreadable data):
@@ -65,6 +68,7 @@ class CheckpointMetadata:
     choice_scores: dict[str, float] | None = None
     interim: bool = False  # saved between scheduled checkpoints to stop (signal, unreadable data); next deletes it
     train_window: dict[str, Any] | None = None  # interim ones: the metrics of the steps since the last train/ record
+    work_seconds: dict[str, float] | None = None  # time-budgeted runs: each periodic work's latest seconds
 
     def replace(self, **changes: Any) -> CheckpointMetadata:
         return dataclasses.replace(self, **changes)
@@ -110,6 +114,8 @@ class CheckpointMetadata:
             values["interim"] = True
         if self.train_window is not None:
             values["train_window"] = self.train_window
+        if self.work_seconds is not None:
+            values["work_seconds"] = {name: float(seconds) for name, seconds in self.work_seconds.items()}
         return values
 
     @classmethod
@@ -163,6 +169,12 @@ class CheckpointMetadata:
             isinstance(value, (int, float)) and not isinstance(value, bool) for value in choice_scores.values()
         ):
             raise fail("choice_scores", "holds something other than numbers")
+        work_seconds = typed("work_seconds", (Mapping,), "an object", optional=True)
+        if work_seconds is not None and not all(
+            isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value) and value >= 0
+            for value in work_seconds.values()
+        ):
+            raise fail("work_seconds", "holds something other than durations (finite numbers >= 0)")
         train_window = typed("train_window", (Mapping,), "an object", optional=True)
         if train_window is not None and not _is_train_window(train_window):
             raise fail(
@@ -188,6 +200,7 @@ class CheckpointMetadata:
             else {key: float(value) for key, value in choice_scores.items()},
             interim=interim,
             train_window=None if train_window is None else dict(train_window),
+            work_seconds=None if work_seconds is None else {key: float(value) for key, value in work_seconds.items()},
         )
 
 

@@ -5,6 +5,12 @@ spent when the checkpoint it resumes from was saved (CheckpointMetadata.train_se
 process's time since its loop started. `TimeBudget` turns the pace measured so far into the step
 at which the budget runs out: the end of the "budget" learning-rate schedule (optimizer.py),
 corrected as the run goes, and the signal to stop.
+
+The periodic work (evaluations, validation BLEU, checkpoints) comes in lumps: averaged into the
+pace, a 5-second evaluation due just before the estimated end was not foreseen, and the run found
+its budget spent after it, well above the schedule's floor. So the pace counts the steps alone, and
+the estimate adds each kind of work due before the end at its latest measured duration (kept in
+the checkpoints, CheckpointMetadata.work_seconds, so a resumed run knows them before its first).
 """
 
 from __future__ import annotations
@@ -40,50 +46,96 @@ class TrainingClock:
         return self.seconds_before + (0.0 if self._started is None else time.monotonic() - self._started)
 
 
+def _multiples(every: int, start: int, end: int) -> int:
+    """How many multiples of `every` lie in [start, end) (start >= 1)."""
+    return max((end - 1) // every - (start - 1) // every, 0)
+
+
 class TimeBudget:
-    """A wall-clock budget of `seconds` for the training loop. The pace is measured from this
-    segment's first completed step, so the first step's compilation is spent but not
-    extrapolated; evaluations and checkpoints inside the measured span are, which is what
-    the remaining steps will also pay.
+    """A wall-clock budget of `seconds` for the training loop. The pace of the steps is measured
+    from this segment's first completed step, so the first step's compilation is spent but not
+    extrapolated, and without the periodic work (`work_done`): `work_every` (a kind of work's
+    name: every how many steps it is due) and its latest seconds, `work_seconds` (carried over
+    a resume), foresee that work where it falls.
 
     `rdrop_start`: R-Drop is still to start (rdrop_start.py). Its steps are counted at
     RDROP_STEP_COST times the plain pace until `rdrop_started()`, which measures the pace afresh."""
 
-    def __init__(self, seconds: float, clock: TrainingClock, rdrop_start: RDropStart | None = None):
+    def __init__(
+        self,
+        seconds: float,
+        clock: TrainingClock,
+        rdrop_start: RDropStart | None = None,
+        work_every: dict[str, int] | None = None,
+        work_seconds: dict[str, float] | None = None,
+    ):
         self.seconds, self.clock, self.rdrop_start = seconds, clock, rdrop_start
+        self.work_every = {name: every for name, every in (work_every or {}).items() if every > 0}
+        self.work_seconds = dict(work_seconds or {})  # what the checkpoints keep
         self._pace_from: tuple[int, float] | None = None  # (step, clock seconds) where the pace is measured from
+        self._work_since = 0.0  # the seconds of periodic work since then
 
     def step_done(self, step: int) -> None:
         if self._pace_from is None:
             self._pace_from = (step, self.clock.seconds())
 
+    def work_done(self, name: str, seconds: float) -> None:
+        """Periodic work `name` took `seconds`: the latest duration of its kind, and not the steps' pace."""
+        self.work_seconds[name] = seconds
+        if self._pace_from is not None:
+            self._work_since += seconds
+
     def rdrop_started(self) -> None:
         """The steps from now on are R-Drop steps: their pace is measured from the first one
         completed (its compilation spent, not extrapolated)."""
-        self.rdrop_start, self._pace_from = None, None
+        self.rdrop_start, self._pace_from, self._work_since = None, None, 0.0
 
     def spent(self) -> bool:
         return self.clock.seconds() >= self.seconds
 
     def seconds_per_step(self, step: int) -> float | None:
+        """The steps' pace, without the periodic work among them."""
         if self._pace_from is None or step <= self._pace_from[0]:
             return None
         first_step, first_seconds = self._pace_from
-        return (self.clock.seconds() - first_seconds) / (step - first_step)
+        return max(self.clock.seconds() - first_seconds - self._work_since, 0.0) / (step - first_step)
 
     def end_step(self, step: int, max_steps: int) -> float | None:
-        """The step at which the budget runs out at the pace so far, within [step + 1,
-        max_steps]; None before a pace is known."""
+        """The step at which the budget runs out at the pace so far, with the periodic work due
+        from `step` on (this step's is still to run) at its latest durations, within
+        [step + 1, max_steps]; None before a pace is known."""
         pace = self.seconds_per_step(step)
         if pace is None:
             return None
         pace, now = max(pace, 1e-9), self.clock.seconds()
         remaining = max(self.seconds - now, 0.0)
-        steps_left = remaining / pace
+        plain_steps = math.inf  # the steps to come at the plain pace; the rest are R-Drop's
         if self.rdrop_start is not None:
-            plain = min(self.rdrop_start.plain_seconds_left(step, now, pace), remaining)
-            steps_left = plain / pace + (remaining - plain) / (pace * RDROP_STEP_COST)
-        return float(min(max(step + steps_left, step + 1), max_steps))
+            plain_steps = min(self.rdrop_start.plain_seconds_left(step, now, pace), remaining) / pace
+
+        def steps_seconds(end: int) -> float:
+            plain = min(end - step, plain_steps)
+            return plain * pace + (end - step - plain) * pace * RDROP_STEP_COST
+
+        def work_seconds(end: int) -> float:  # the work due at steps [step, end)
+            return sum(
+                self.work_seconds.get(name, 0.0) * _multiples(every, step, end)
+                for name, every in self.work_every.items()
+            )
+
+        if steps_seconds(max_steps) + work_seconds(max_steps) <= remaining:
+            return float(max_steps)
+        reached, beyond = step, max_steps  # the last step reached within the budget lies in [reached, beyond)
+        while beyond - reached > 1:
+            middle = (reached + beyond) // 2
+            if steps_seconds(middle) + work_seconds(middle) <= remaining:
+                reached = middle
+            else:
+                beyond = middle
+        # The budget runs out during step `reached`'s work, or during the step after it.
+        after_work = steps_seconds(reached) + work_seconds(reached + 1)
+        fraction = (remaining - after_work) / (steps_seconds(reached + 1) - steps_seconds(reached))
+        return float(min(max(reached + min(max(fraction, 0.0), 1.0), step + 1), max_steps))
 
 
 BUDGET_CHECK_STEPS = 10  # a time budget is checked (and the schedule's end re-estimated) this often at most
@@ -155,3 +207,44 @@ def check_budget(budget: TimeBudget, schedule_end: ScheduleEnd, state, step: int
     if step % training.log_every_steps == 0:
         writer.write(step, {"seconds": seconds, "end_step": estimate if estimate > 0 else math.nan}, prefix="budget/")
     return BudgetReading(spent, seconds, estimate if estimate > 0 else None), state
+
+
+def spent_by_work(budget: TimeBudget, schedule_end: ScheduleEnd, state, step: int):
+    """(whether this step's evaluation and BLEU, done, have spent the budget, the state): process
+    0's reading, the same in every process. Spent, the step is the run's last, and the schedule's
+    end is set there as a check's would be, before the step's checkpoint saves it."""
+    reading = np.asarray([budget.spent()], np.float64)
+    if jax.process_count() > 1:
+        reading = np.asarray(multihost_utils.broadcast_one_to_all(reading))
+    spent = bool(reading[0])
+    if spent and schedule_end.active:
+        state = schedule_end.set(state, step + 1.0)
+    return spent, state
+
+
+def shortened_past(training, step: int, interim: bool, budget_spent: bool, schedule_end: ScheduleEnd, state, rate):
+    """For a run resumed at `step` with nothing left to train: the setting shortened past the step
+    it had trained to, before the end it was heading for ("training.num_train_steps=20"), said in
+    one line with the rate the budget schedule ended at (`rate(count, opt_state)`); None when the
+    run had simply ended there. `interim`: the checkpoint was saved to stop, not at the end."""
+    planned = schedule_end.active and schedule_end.steps(state) > step + 1  # a time budget's end is step + 1
+    if step > training.num_train_steps:
+        setting = f"training.num_train_steps={training.num_train_steps}"
+    elif budget_spent and (interim or planned):
+        setting = f"training.time_budget_minutes={training.time_budget_minutes:g}"
+    else:
+        return None
+    said = f"{setting} ends the run at step {step}, already trained: it was shortened past that step"
+    if not schedule_end.active:
+        logger.warning("%s", said)
+        return setting
+    last, floor = (float(rate(np.int32(count), state.opt_state)) for count in (step - 1, 2**30))
+    if last <= floor * (1 + 1e-4):
+        logger.info("%s; the budget schedule had reached its floor", said)
+    else:
+        above = f"{last / floor:.1f}x its floor {floor:.3g}" if floor > 0 else "its floor 0"
+        logger.warning(
+            "%s, so the budget schedule ended above its floor: the rate %.3g is %s (its end was step %.0f)",
+            *(said, last, above, schedule_end.steps(state)),
+        )
+    return setting

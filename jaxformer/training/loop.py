@@ -25,9 +25,18 @@ from jaxformer.errors import UserError, exit_code_for_signal
 from jaxformer.model.architectures import build_model
 from jaxformer.run.directory import RunDirectory
 from jaxformer.training import experiment, processes, run_start, sharding
-from jaxformer.training.budget import BUDGET_CHECK_STEPS, ScheduleEnd, TimeBudget, TrainingClock, check_budget
+from jaxformer.training.budget import (
+    BUDGET_CHECK_STEPS,
+    ScheduleEnd,
+    TimeBudget,
+    TrainingClock,
+    check_budget,
+    shortened_past,
+    spent_by_work,
+)
 from jaxformer.training.config_file import holds_numpy_scalars, with_python_values
-from jaxformer.training.final_choice import choose_final, saved_choice
+from jaxformer.training.final_choice import choose_final
+from jaxformer.training.final_choice_stop import choose_unless_stopped
 from jaxformer.training.init_from import starting_overrides, with_overrides
 from jaxformer.training.kept_checkpoints import remove_beyond_keep, remove_interim_before
 from jaxformer.training.metrics import MetricWriter, perplexity_text, summarize, write_last_metrics
@@ -184,10 +193,18 @@ def _train(config, prepared: PreparedRun, model: nn.Module, preparation: RaiseOn
     clock = TrainingClock(0.0 if restored is None else restored[2].train_seconds or 0.0)
     # Whether this segment's steps use R-Drop (rdrop_start.py).
     rdrop = RDropPhase(training, step, clock.seconds_before, None if restored is None else restored[2].rdrop_by_pace)
-    budget = (
-        TimeBudget(training.time_budget_minutes * 60, clock, rdrop.to_come) if training.time_budget_minutes else None
-    )
+    budget = None
+    if training.time_budget_minutes:
+        work = {"evaluate": training.eval_every_steps, "bleu": training.bleu_every_steps}
+        work["checkpoint"] = training.checkpoint_every_steps
+        seconds = None if restored is None else restored[2].work_seconds
+        budget = TimeBudget(training.time_budget_minutes * 60, clock, rdrop.to_come, work, seconds)
+    # A run resumed with its budget already spent (saved at the budget's last step) trains no more.
+    budget_spent = budget is not None and clock.seconds_before >= budget.seconds
     schedule_end = ScheduleEnd(config, state, replicated)
+    # Resumed with its length or budget shortened past the step trained to: the run ends here, early.
+    interim = restored is not None and restored[2].interim
+    shortened = shortened_past(training, step, interim, budget_spent, schedule_end, state, learning_rate)
     state = schedule_end.at_start(state, step, resumed=restored is not None, timed=budget is not None)
 
     train_fns = {
@@ -245,6 +262,7 @@ def _train(config, prepared: PreparedRun, model: nn.Module, preparation: RaiseOn
         metadata = prepared.metadata.replace(
             step=step, train_seconds=clock.seconds(), rdrop_by_pace=rdrop.decision, interim=interim, train_window=window
         )
+        metadata = metadata.replace(work_seconds=None if budget is None else budget.work_seconds)
         remove_interim_before(checkpointer, step)
         checkpointer.save(step, state, train_iterator, metadata, evict=not interim)
         train_metrics.restart_interval()
@@ -257,18 +275,28 @@ def _train(config, prepared: PreparedRun, model: nn.Module, preparation: RaiseOn
 
     periodic = [
         Periodic("log", training.log_every_steps, lambda step: train_metrics.flush(), at_last_step=False),
-        Periodic("evaluate", training.eval_every_steps, evaluate),
-        Periodic("bleu", training.bleu_every_steps if validator else 0, validate_bleu),
-        Periodic("checkpoint", training.checkpoint_every_steps, save),
+        Periodic("evaluate", training.eval_every_steps, evaluate, timed=True),
+        Periodic("bleu", training.bleu_every_steps if validator else 0, validate_bleu, timed=True),
+        Periodic("checkpoint", training.checkpoint_every_steps, save, timed=True, saves=True),
     ]
+
+    def spent_by_the_work() -> bool:
+        """Asked after a step's evaluation or BLEU, before its checkpoint: whether they spent the budget."""
+        nonlocal state, budget_spent
+        budget_spent, state = spent_by_work(budget, schedule_end, state, step)
+        return budget_spent
+
+    timing = () if budget is None else (budget.work_done, spent_by_the_work)
     if from_starting_points and step == 0:
         evaluate(0)  # where fine-tuning starts: the starting model on this run's validation data
-    # A run resumed with its budget already spent (saved at the budget's last step) trains no more.
-    budget_spent = budget is not None and clock.seconds_before >= budget.seconds
     if budget_spent:
         logger.info("time budget of %g minutes already spent at step %d", training.time_budget_minutes, step)
     seconds_read = clock.seconds_before  # the training seconds of the last budget check
     clock.start()
+    if shortened and interim:  # stopped between scheduled steps: the work of the run's last step is to do
+        run_due([action for action in periodic if not action.saves], step, step)
+        checkpointer.delete(step)  # saved again, as the run's last
+        save(step)
     preparation.check()  # one held since: not handed to the loop, which would compile and take a step first
     unreadable = None  # the data's error that stopped the loop
     with StopRequest() as stop:
@@ -305,7 +333,7 @@ def _train(config, prepared: PreparedRun, model: nn.Module, preparation: RaiseOn
                         budget.rdrop_started()
                     logger.info("R-Drop starts after step %d (%.1f minutes of training)", step, clock.seconds() / 60)
                 # The budget's last step is the run's last: its evaluation and checkpoint are due.
-                run_due(periodic, step, step if budget_spent else training.num_train_steps)
+                run_due(periodic, step, step if budget_spent else training.num_train_steps, *timing)
                 if budget_spent:
                     logger.info("time budget of %g minutes spent at step %d", training.time_budget_minutes, step)
                 stopping = stop.agreed(step, every=BUDGET_CHECK_STEPS)
@@ -350,43 +378,19 @@ def _train(config, prepared: PreparedRun, model: nn.Module, preparation: RaiseOn
             )
     if training.final_choice and not stopped_early:  # after close(): every checkpoint is written
         metadata = prepared.metadata.replace(train_seconds=train_seconds)
-        try:
-            with RaiseOnSignal() as signals:
-                last["final"] = choose_final(
-                    config,
-                    model.config,
-                    tokenizers,
-                    prepared.eval_source,
-                    run,
-                    step,
-                    state.params,
-                    metadata,
-                    ema_params=parameter_ema(state.opt_state),
-                )
-                signals.check()  # a signal whose exception a garbage-collection callback swallowed
-        except Stopped as signal_stop:
-            saved = saved_choice(run, step)
-            if saved is not None:  # the signal came as the choice was closed: it is made
-                last["final"] = saved
-                last["signal_once_complete"] = signal_stop.signum  # a sweep stops before its next run
-                logger.warning(
-                    "%s received as the final choice at step %d ended: it is saved, the run is complete; "
-                    "exiting with 0",
-                    *(signal_stop, step),  # a Stopped reads as its signal's name
-                )
-            else:
-                stopped_early, stop.signum = True, signal_stop.signum
-                logger.warning(
-                    "stopped by %s during the final choice at step %d (its checkpoint is saved); exiting with %d; "
-                    "the same command makes the choice",
-                    *(stop.signal_name, step, exit_code_for_signal(stop.signum)),
-                )
+        ema = parameter_ema(state.opt_state)
+        candidates = (config, model.config, tokenizers, prepared.eval_source, run, step, state.params, metadata)
+        signum = choose_unless_stopped(lambda: choose_final(*candidates, ema_params=ema), run, step, last)
+        if signum is not None:
+            stopped_early, stop.signum = True, signum
     if train_metrics.last is not None:
         last["train"] = train_metrics.last
     last["step"] = step
     last["train_seconds"] = train_seconds
     if budget_spent:
         last["ended_by"] = "time budget"
+    if shortened:
+        last["shortened_by"] = shortened
     last["first_step"] = first_step
     if stopped_early:
         last["stopped_by_signal"] = stop.signum

@@ -173,6 +173,32 @@ def test_the_pace_excludes_the_first_step_and_the_end_is_clamped(monkeypatch):
     assert budget.spent() and budget.end_step(11, 1000) == 12  # at least the next step
 
 
+def test_the_estimate_foresees_the_periodic_work_due_before_the_end(monkeypatch):
+    """A 5-second evaluation every 100 steps: measured, it is kept out of the steps' pace and
+    counted where it falls, so an end it would push the run past is the step it runs at."""
+    now = [0.0]
+    monkeypatch.setattr(budget_module.time, "monotonic", lambda: now[0])
+    clock = TrainingClock()
+    clock.start()
+    budget = TimeBudget(30.0, clock, work_every={"evaluate": 100, "bleu": 0})
+    now[0] = 1.0  # the first step: compilation
+    budget.step_done(1)
+    now[0] += 49 * 0.2  # steps 2-50 at 0.2 s
+    budget.work_done("evaluate", 5.0)  # at step 50 (as if due then): measured, not the steps' pace
+    now[0] += 5.0 + 40 * 0.2  # then to step 90: 23.8 s spent, 6.2 s left
+    assert budget.seconds_per_step(90) == pytest.approx(0.2)
+    # Steps 90-99 take 2 s, step 100's evaluation 5 more: the budget runs out during it.
+    assert budget.end_step(90, 5000) == pytest.approx(100.0)
+    budget.work_seconds["evaluate"] = 1.0  # a shorter one: through it, then 3.2 s of steps after it
+    assert budget.end_step(90, 5000) == pytest.approx(100 + 3.2 / 0.2)
+    # Carried over a resume: the new segment foresees the evaluation before it has run one.
+    resumed = TimeBudget(30.0, TrainingClock(24.0), work_every={"evaluate": 100}, work_seconds=budget.work_seconds)
+    resumed.clock.start()
+    resumed.step_done(91)
+    now[0] += 9 * 0.2  # at step 100, 4.2 s left: its evaluation (1 s), then 3.2 s of steps
+    assert resumed.work_seconds == {"evaluate": 1.0} and resumed.end_step(100, 5000) == pytest.approx(100 + 3.2 / 0.2)
+
+
 def test_each_check_moves_the_schedules_end_to_the_estimate(monkeypatch):
     now = [0.0]
     monkeypatch.setattr(budget_module.time, "monotonic", lambda: now[0])
@@ -241,6 +267,29 @@ def test_an_end_within_the_warmup_names_num_train_steps_where_it_ends_the_run(ca
         f"optimizer.warmup_steps={WARMUP}: the rate will still be rising when it ends; a shorter warmup (or a "
         "longer run) lets it decay"
     ]
+
+
+def test_a_run_resumed_past_a_shortened_length_ends_there_and_says_its_rate_is_above_the_floor(
+    scheduled_run, data_dir, tmp_path
+):
+    workdir = tmp_path / "shortened"
+    shutil.copytree(scheduled_run.workdir, workdir)
+    shutil.rmtree(workdir / "checkpoints" / "40")  # as if stopped at step 20
+    shutil.rmtree(workdir / "final")
+    shortened = "--config.training.num_train_steps=10"
+    result = train(workdir, data_dir, *SCHEDULE, "--config.optimizer.decay_floor=0.1", *CHOICE, shortened)
+    rate, floor = float(budget_rate(19, 40, peak(), WARMUP, 0.1)), 0.1 * peak()  # step 20's, on its way to 40
+    assert (
+        "W training.num_train_steps=10 ends the run at step 20, already trained: it was shortened past that step, so "
+        f"the budget schedule ended above its floor: the rate {rate:.3g} is {rate / floor:.1f}x its floor "
+        f"{floor:.3g} (its end was step 40)"
+    ) in result.stderr
+    assert (
+        "run finished: 0 steps: step 20 was already trained past training.num_train_steps=10, shortened on resume, so "
+        "the run ends there ("
+    ) in result.stderr
+    assert last_metrics(workdir)["shortened_by"] == "training.num_train_steps=10"
+    assert "final choice at step 20" in result.stderr
 
 
 def test_the_run_saves_the_candidate_with_the_highest_validation_bleu(scheduled_run, data_dir):

@@ -25,3 +25,26 @@ def test_run_due_runs_the_due_actions_in_order():
         ("evaluate", 7),
         ("checkpoint", 7),
     ]
+
+
+def test_work_that_spends_the_budget_makes_its_step_the_last_before_the_checkpoint():
+    """Step 50's evaluation spends the time budget: step 50 is the run's last, with the BLEU and
+    checkpoint a last step has, once each (not again at step 51, after a second evaluation)."""
+    calls, timed, asked = [], [], []
+    actions = [
+        Periodic("log", 1, lambda step: calls.append(("log", step)), at_last_step=False),
+        Periodic("evaluate", 50, lambda step: calls.append(("evaluate", step)), timed=True),
+        Periodic("bleu", 100, lambda step: calls.append(("bleu", step)), timed=True),
+        Periodic("checkpoint", 100, lambda step: calls.append(("checkpoint", step)), timed=True, saves=True),
+    ]
+
+    def ends_here():
+        asked.append(len(calls))
+        return True
+
+    assert run_due(actions, 49, 1000, lambda name, seconds: timed.append(name), ends_here) == 1000
+    assert asked == []  # no work ran: the budget is read at the checks
+    assert run_due(actions, 50, 1000, lambda name, seconds: timed.append(name), ends_here) == 50
+    assert asked == [3]  # after the evaluation, before the checkpoint
+    assert calls == [("log", 49), ("log", 50), ("evaluate", 50), ("bleu", 50), ("checkpoint", 50)]
+    assert timed == ["evaluate", "bleu", "checkpoint"]
