@@ -211,6 +211,7 @@ def test_prng_impl_draws_the_models_dropout_from_another_generator(impl):
     assert 0.7 < float(np.mean(mask)) < 0.9
 
 
+@pytest.mark.slow  # about 14 s: the default suite is near its 10-minute limit
 def test_memory_options_put_plain_first_and_scanned_remat_keeps_less(tmp_path, capsys):
     """`plain` is the reference whatever the order asked; the scanned stack recomputed in the
     backward pass holds fewer temporaries than the scanned stack that keeps its activations."""

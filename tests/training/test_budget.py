@@ -269,6 +269,7 @@ def test_an_end_within_the_warmup_names_num_train_steps_where_it_ends_the_run(ca
     ]
 
 
+@pytest.mark.slow  # a resumed run and its final choice (about 8 s): the default suite is near its limit
 def test_a_run_resumed_past_a_shortened_length_ends_there_and_says_its_rate_is_above_the_floor(
     scheduled_run, data_dir, tmp_path
 ):

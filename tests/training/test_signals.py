@@ -224,7 +224,11 @@ def _four_step_config(data_dir, final_choice: bool):
     return config
 
 
-@pytest.mark.parametrize("when", ["last step", "last checkpoint closing"])
+@pytest.mark.parametrize(
+    "when",
+    # the second (about 18 s) in the slow set: the default suite is near its 10-minute limit
+    ["last step", pytest.param("last checkpoint closing", marks=pytest.mark.slow)],
+)
 def test_a_signal_at_the_last_step_stops_before_the_final_choice(data_dir, tmp_path, monkeypatch, caplog, when):
     """The last step's checkpoint is saved as scheduled; the final choice (minutes of decoding) is
     left to the same command, which makes it, instead of the signal being ignored."""
