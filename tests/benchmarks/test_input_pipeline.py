@@ -1,10 +1,13 @@
 """benchmarks.input_pipeline: its rows, and that the step it feeds is multi30k's own."""
 
+import pytest
+
 from benchmarks import input_pipeline
 from jaxformer.configs import multi30k
 from tests.benchmarks.test_smoke import smoke_output
 
 
+@pytest.mark.slow  # about 13 s: the default suite is near its 10-minute limit
 def test_smoke_feeds_multi30ks_own_train_step(tmp_path, capsys, monkeypatch):
     built = []
 

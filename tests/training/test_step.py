@@ -82,6 +82,7 @@ def test_the_step_is_pure_and_every_step_is_an_update():
     np.testing.assert_allclose(rates, [schedule(step) for step in range(4)], rtol=1e-6)  # one update a step
 
 
+@pytest.mark.slow  # about 30 s of compiling two steps: the default suite is near its 10-minute limit
 def test_micro_batches_give_the_whole_batchs_token_weighted_update():
     """Micro-batches of unequal token counts (rows 0 and 2 full, 1 and 3 padded): their summed
     gradients over the whole batch's weight are one batch's gradient, not a mean of means."""
