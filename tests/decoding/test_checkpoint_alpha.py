@@ -23,10 +23,15 @@ SENTENCES = ["A man rides a horse.", "Two children play in the snow."]
 def final_workdir(decoding_workdir, tmp_path_factory):
     """decoding_workdir with a final choice: its latest parameters kept with alpha CHOSEN, chosen
     with the config's search but stop="exact" (another stop rule than DecodeSettings')."""
-    workdir = tmp_path_factory.mktemp("final-choice") / "run"
-    shutil.copytree(decoding_workdir, workdir)
+    return with_final_choice(decoding_workdir, tmp_path_factory.mktemp("final-choice") / "run", stop="exact")
+
+
+def with_final_choice(source, workdir, **chosen_with):
+    """A copy of the run `source` at `workdir` whose final/ keeps its latest parameters with
+    alpha CHOSEN, chosen with its config's decoding settings changed by `chosen_with`."""
+    shutil.copytree(source, workdir)
     step, metadata, params = load_checkpoint(workdir)
-    config = dict(metadata.config, decoding={**metadata.config["decoding"], "stop": "exact"})
+    config = dict(metadata.config, decoding={**metadata.config["decoding"], **chosen_with})
     writer = Checkpointer(RunDirectory(workdir).final, keep=None)
     writer.save_params(step, params, metadata.replace(config=config, chosen_from="latest", alpha=CHOSEN, bleu=1.0))
     writer.close()
@@ -61,13 +66,7 @@ def test_from_workdir_searches_final_with_the_alpha_the_run_chose(final_workdir,
 def test_from_workdir_searches_final_with_the_length_penalty_the_alpha_was_chosen_with(
     decoding_workdir, tmp_path, caplog
 ):
-    workdir = tmp_path / "run"
-    shutil.copytree(decoding_workdir, workdir)
-    step, metadata, params = load_checkpoint(workdir)
-    config = dict(metadata.config, decoding={**metadata.config["decoding"], "length_penalty": "transformers"})
-    writer = Checkpointer(RunDirectory(workdir).final, keep=None)
-    writer.save_params(step, params, metadata.replace(config=config, chosen_from="latest", alpha=CHOSEN, bleu=1.0))
-    writer.close()
+    workdir = with_final_choice(decoding_workdir, tmp_path / "run", length_penalty="transformers")
     with caplog.at_level(logging.INFO, logger="jaxformer"):
         translator = Translator.from_workdir(workdir, "final", batch_size=8)
     assert translator.settings == DecodeSettings(length_penalty="transformers", alpha=CHOSEN)
