@@ -184,7 +184,7 @@ def test_evaluate_reads_process_substitutions(tmp_path, monkeypatch):
             os.write(write_end, text)
             os.close(write_end)
 
-        def reached(args, settings=None):
+        def reached(*args, **kwargs):
             raise ReachedTranslation
 
         from jaxformer.decoding.translator import Translator

@@ -55,16 +55,18 @@ def add_decoding_flags(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--no_progress", action="store_true", help="no progress bar on stderr")
 
 
-def decode_settings_from_flags(args: argparse.Namespace, max_extra_length: int):
+def decode_settings_from_flags(args: argparse.Namespace, max_extra_length: int, chosen=None):
     """The DecodeSettings that --method, --beam_size, --alpha, --length_penalty, --temperature and
-    --top_k name (the commands ran `check_search_flags` on them with their other flags)."""
+    --top_k name (the commands ran `check_search_flags` on them with their other flags). `chosen`:
+    `final_search(args)`, when the caller read it already."""
     from jaxformer.decoding.generate import DecodeSettings
 
-    args = with_length_penalty(args)
+    chosen = final_search(args, chosen)
+    args = with_length_penalty(args, chosen)
     return DecodeSettings(
         method=args.method,
         beam_size=args.beam_size,
-        alpha=resolved_alpha(args, max_extra_length)
+        alpha=resolved_alpha(args, max_extra_length, chosen)
         if args.method == "beam"
         else DecodeSettings.alpha,  # the others read none
         length_penalty=args.length_penalty,
@@ -98,33 +100,45 @@ def check_search_flags(args: argparse.Namespace) -> None:
                 raise FlagError(f"--{name} {value} applies to --method {applies_to}, not {method}")
 
 
-def with_length_penalty(args: argparse.Namespace) -> argparse.Namespace:
+def final_search(args: argparse.Namespace, chosen=None):
+    """`chosen` when read already; else, with --checkpoint final under beam search (the others
+    read no length penalty), what final/ says of the search the run's choice was made with
+    (`chosen_search`): read once for all the flags and the translator settle from it; else None."""
+    from jaxformer.decoding.checkpoint_alpha import chosen_search
+
+    if chosen is not None or getattr(args, "method", "beam") != "beam":
+        return chosen
+    return chosen_search(args.workdir, args.checkpoint)
+
+
+def with_length_penalty(args: argparse.Namespace, chosen) -> argparse.Namespace:
     """`args` with --length_penalty settled: as given; else, with --checkpoint final under beam
-    search, the form the run's final choice was made with (decoding.length_penalty in final/'s
-    config; its alpha was chosen with it), logged; else gnmt."""
+    search, the form the run's final choice was made with (`chosen`, `final_search(args)`:
+    decoding.length_penalty in final/'s config; its alpha was chosen with it), logged; else gnmt."""
     from jaxformer.decoding.generate import DecodeSettings
 
     form = args.length_penalty
     if form is None and getattr(args, "method", "beam") == "beam":
         from jaxformer.decoding.checkpoint_alpha import checkpoint_length_penalty
 
-        form = checkpoint_length_penalty(args.workdir, args.checkpoint, override="--length_penalty")
+        form = checkpoint_length_penalty(chosen, override="--length_penalty")
     return argparse.Namespace(**{**vars(args), "length_penalty": form or DecodeSettings.length_penalty})
 
 
-def resolved_alpha(args: argparse.Namespace, max_extra_length: int) -> float:
+def resolved_alpha(args: argparse.Namespace, max_extra_length: int, chosen) -> float:
     """--alpha when given; else, with --checkpoint final, the length penalty the run's final choice
-    kept with those parameters (training.final_alphas), with a warning naming each setting of this
-    search (--beam_size, --length_penalty, --stop, `max_extra_length`) that differs from the search
-    the choice was made with; else DecodeSettings' default (0.6). Decided by
-    `checkpoint_alpha`, as `Translator.from_workdir` decides it."""
+    kept with those parameters (`chosen`, `final_search(args)`: training.final_alphas), with a
+    warning naming each setting of this search (--beam_size, --length_penalty, --stop,
+    `max_extra_length`) that differs from the search the choice was made with; else
+    DecodeSettings' default (0.6). Decided by `checkpoint_alpha`, as `Translator.from_workdir`
+    decides it."""
     from jaxformer.decoding.checkpoint_alpha import checkpoint_alpha
     from jaxformer.decoding.generate import DecodeSettings
 
     search = DecodeSettings(
         beam_size=args.beam_size, length_penalty=args.length_penalty, max_extra_length=max_extra_length, stop=args.stop
     )
-    return checkpoint_alpha(args.workdir, args.checkpoint, search, args.alpha, override="--alpha")
+    return checkpoint_alpha(chosen, search, args.alpha, override="--alpha")
 
 
 def checked_input_lines(args: argparse.Namespace) -> list[str]:
@@ -138,15 +152,18 @@ def checked_input_lines(args: argparse.Namespace) -> list[str]:
     return read_lines(args.input)
 
 
-def translator_from_flags(args: argparse.Namespace, settings=None):
-    """The translator the flags describe; `settings`: their DecodeSettings, when made already."""
+def translator_from_flags(args: argparse.Namespace, settings=None, chosen=None):
+    """The translator the flags describe; `settings`: their DecodeSettings, and `chosen`:
+    `final_search(args)`, when made already."""
     from jaxformer.decoding.translator import Translator
 
-    settings = decode_settings_from_flags(args, args.max_extra_length) if settings is None else settings
+    chosen = final_search(args, chosen)
+    settings = decode_settings_from_flags(args, args.max_extra_length, chosen) if settings is None else settings
     return Translator.from_workdir(
         args.workdir,
         args.checkpoint,
         settings,
+        chosen=chosen,
         batch_size=args.batch_size,
         max_source_tokens=args.max_source_tokens,
         seed=args.seed,

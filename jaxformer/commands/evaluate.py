@@ -36,6 +36,7 @@ from jaxformer.commands.decoding_flags import (
     add_decoding_flags,
     check_search_flags,
     decode_settings_from_flags,
+    final_search,
     translator_from_flags,
 )
 from jaxformer.data.parallel_text import DataError
@@ -151,7 +152,8 @@ def run(args: argparse.Namespace) -> int:
     from jaxformer.decoding.translator import Translator  # the data stack: after the flags are checked
 
     # A language model's run, or a search the model cannot run: refused before any data is read.
-    settings = decode_settings_from_flags(args, args.max_extra_length)
+    chosen = final_search(args)  # final/'s search, read once for the settings and the translator
+    settings = decode_settings_from_flags(args, args.max_extra_length, chosen)
     settings.check_fits(Translator.check_workdir(args.workdir, args.checkpoint))
 
     if args.split:
@@ -163,7 +165,7 @@ def run(args: argparse.Namespace) -> int:
     if not sources:
         where = args.split or f"{args.source} and {args.reference}"
         raise DataError(f"{where}: no pair with text on both sides, nothing to score")
-    translator = translator_from_flags(args, settings)
+    translator = translator_from_flags(args, settings, chosen)
     start = time.perf_counter()
     hypotheses = translator.translate(sources, progress=not args.no_progress)
     seconds = time.perf_counter() - start

@@ -23,6 +23,7 @@ from jaxformer.commands.common import at_least, check_workdir, make_parser, run_
 from jaxformer.commands.decoding_flags import (
     add_beam_flags,
     add_checkpoint_flags,
+    final_search,
     resolved_alpha,
     with_length_penalty,
 )
@@ -78,11 +79,12 @@ def run(args: argparse.Namespace) -> int:
     from jaxformer.export.exporter import ServingSettings, export_checkpoint
 
     check_workdir(args.workdir)
-    args = with_length_penalty(args)
+    chosen = final_search(args)  # final/'s search, read once for the settings and the export
+    args = with_length_penalty(args, chosen)
     settings = DecodeSettings(
         method="beam",
         beam_size=args.beam_size,
-        alpha=resolved_alpha(args, args.max_extra_length),
+        alpha=resolved_alpha(args, args.max_extra_length, chosen),
         length_penalty=args.length_penalty,
         stop=args.stop,
         max_extra_length=args.max_extra_length,
@@ -102,6 +104,7 @@ def run(args: argparse.Namespace) -> int:
                 platforms=args.platforms,
                 overwrite=args.overwrite,
                 on_placed=signals.finish,
+                chosen=chosen,
             )
             for platform, reason in summary.failed.items():
                 print(f"not exported for {platform}: {reason}", file=sys.stderr)

@@ -9,6 +9,7 @@ from __future__ import annotations
 import dataclasses
 import logging
 import os
+from typing import Any
 
 from jaxformer.decoding.generate import DecodeSettings
 from jaxformer.run.loading import load_checkpoint
@@ -23,73 +24,95 @@ SETTINGS_LENGTH_PENALTY = "settings=DecodeSettings(length_penalty=...)"
 _SEARCH_KEYS = ("beam_size", "length_penalty", "max_extra_length", "stop")
 
 
+@dataclasses.dataclass(frozen=True)
+class ChosenSearch:
+    """What final/'s metadata says of the search the run's final choice was made with, read once
+    for all that a command or constructor settles from it."""
+
+    alpha: float | None  # the one kept (training.final_alphas); None: the run compared none
+    length_penalty: str | None  # decoding.length_penalty; None: a run from before the key (gnmt)
+    chosen_with: dict[str, Any]  # _SEARCH_KEYS' values; a key the run left to its default has DecodeSettings'
+
+
+def chosen_search(
+    workdir: str | os.PathLike, checkpoint: str | int, chosen: ChosenSearch | None = None
+) -> ChosenSearch | None:
+    """`chosen` when the caller read it already; else, for `checkpoint` "final", what final/'s
+    metadata says of the search its choice was made with (only the metadata is read, not the
+    parameters); else None: no other checkpoint keeps a search."""
+    if chosen is not None or checkpoint != "final":
+        return chosen
+    metadata = load_checkpoint(workdir, "final", params=False)[1]
+    saved = metadata.config.get("decoding", {})  # None: a key left to its default (a run from before it)
+    chosen_with = {**vars(DecodeSettings()), **{key: value for key, value in saved.items() if value is not None}}
+    return ChosenSearch(
+        alpha=metadata.alpha,
+        length_penalty=saved.get("length_penalty"),
+        chosen_with={key: chosen_with[key] for key in _SEARCH_KEYS},
+    )
+
+
 def checkpoint_alpha(
-    workdir: str | os.PathLike,
-    checkpoint: str | int,
+    chosen: ChosenSearch | None,
     search: DecodeSettings,
     given: float | None = None,
     override: str = SETTINGS_ALPHA,
 ) -> float:
-    """`given` when not None; else, for `checkpoint` "final", the length penalty the run's final
-    choice kept with those parameters (training.final_alphas), logged, with a warning naming each
-    setting of `search` (its beam_size, length_penalty, max_extra_length, stop; its alpha is not
-    read) that differs from the search the choice was made with; else DecodeSettings' default
-    (0.6). `override`: how the caller gives its own alpha, for those log lines. Only final/'s
-    metadata is read, not its parameters."""
+    """`given` when not None; else the length penalty the run's final choice kept with its
+    parameters (`chosen`, for --checkpoint final: training.final_alphas), logged, with a warning
+    naming each setting of `search` (its beam_size, length_penalty, max_extra_length, stop; its
+    alpha is not read) that differs from the search the choice was made with; else
+    DecodeSettings' default (0.6). `override`: how the caller gives its own alpha, for those log
+    lines."""
     if given is not None:
         return given
-    if checkpoint == "final":
-        metadata = load_checkpoint(workdir, "final", params=False)[1]
-        alpha = metadata.alpha
-        if alpha is not None:
-            logger.info("length penalty alpha %g: chosen on validation by the run (%s overrides it)", alpha, override)
-            saved = metadata.config.get("decoding", {})  # None: a key left to its default (a run from before it)
-            chosen_with = {
-                **vars(DecodeSettings()),
-                **{key: value for key, value in saved.items() if value is not None},
-            }
-            differences = [
-                f"{key} {chosen_with[key]} -> {getattr(search, key)}"
-                for key in _SEARCH_KEYS
-                if chosen_with[key] != getattr(search, key)
-            ]
-            if differences:
-                logger.warning(
-                    "alpha %g was chosen for another search than this one (%s): give %s to choose it yourself",
-                    *(alpha, ", ".join(differences), override),
-                )
-            return alpha
+    if chosen is not None and chosen.alpha is not None:
+        alpha = chosen.alpha
+        logger.info("length penalty alpha %g: chosen on validation by the run (%s overrides it)", alpha, override)
+        differences = [
+            f"{key} {chosen.chosen_with[key]} -> {getattr(search, key)}"
+            for key in _SEARCH_KEYS
+            if chosen.chosen_with[key] != getattr(search, key)
+        ]
+        if differences:
+            logger.warning(
+                "alpha %g was chosen for another search than this one (%s): give %s to choose it yourself",
+                *(alpha, ", ".join(differences), override),
+            )
+        return alpha
     return DecodeSettings.alpha
 
 
-def checkpoint_length_penalty(
-    workdir: str | os.PathLike, checkpoint: str | int, override: str = SETTINGS_LENGTH_PENALTY
-) -> str | None:
-    """For `checkpoint` "final", the length penalty's form the run's final choice compared its
-    alphas with (decoding.length_penalty in final/'s config), logged; else None (the caller's
-    default, gnmt). `override`: how the caller gives its own form, for the log line. Only
-    final/'s metadata is read."""
-    if checkpoint != "final":
-        return None
-    form = load_checkpoint(workdir, "final", params=False)[1].config.get("decoding", {}).get("length_penalty")
+def checkpoint_length_penalty(chosen: ChosenSearch | None, override: str = SETTINGS_LENGTH_PENALTY) -> str | None:
+    """The length penalty's form the run's final choice compared its alphas with (`chosen`, for
+    --checkpoint final: decoding.length_penalty in final/'s config), logged; else None (the
+    caller's default, gnmt). `override`: how the caller gives its own form, for the log line."""
+    form = None if chosen is None else chosen.length_penalty
     if form is not None:
         logger.info("length penalty %s: the run's final choice was made with it (%s overrides it)", form, override)
     return form
 
 
 def checkpoint_settings(
-    workdir: str | os.PathLike, checkpoint: str | int, settings: DecodeSettings | None
+    workdir: str | os.PathLike,
+    checkpoint: str | int,
+    settings: DecodeSettings | None,
+    chosen: ChosenSearch | None = None,
 ) -> DecodeSettings:
     """`settings` when given: their alpha is the caller's choice, even on "final" (logged when the
     run chose another there); else DecodeSettings() with `checkpoint_alpha`'s alpha: on "final",
     the one the run chose, with the length penalty's form it chose it with, as the commands
-    search without --alpha and --length_penalty."""
+    search without --alpha and --length_penalty. `chosen`: final/'s `chosen_search` when the
+    caller read it already (the commands, for their flags): final/ is then not read again."""
     if settings is None:
-        form = checkpoint_length_penalty(workdir, checkpoint)
+        chosen = chosen_search(workdir, checkpoint, chosen)
+        form = checkpoint_length_penalty(chosen)
         search = DecodeSettings() if form is None else DecodeSettings(length_penalty=form)
-        return dataclasses.replace(search, alpha=checkpoint_alpha(workdir, checkpoint, search))
+        return dataclasses.replace(search, alpha=checkpoint_alpha(chosen, search))
     if checkpoint == "final" and settings.method == "beam":  # the other searches read no length penalty
-        chosen = load_checkpoint(workdir, "final", params=False)[1].alpha
-        if chosen is not None and chosen != settings.alpha:
-            logger.info("length penalty alpha %g as given (the run chose %g on validation)", settings.alpha, chosen)
+        chosen_alpha = chosen_search(workdir, checkpoint, chosen).alpha
+        if chosen_alpha is not None and chosen_alpha != settings.alpha:
+            logger.info(
+                "length penalty alpha %g as given (the run chose %g on validation)", settings.alpha, chosen_alpha
+            )
     return settings

@@ -15,7 +15,7 @@ import tqdm
 
 from jaxformer.data.tokenizer import Tokenizer
 from jaxformer.decoding import sentence_batches
-from jaxformer.decoding.checkpoint_alpha import checkpoint_settings
+from jaxformer.decoding.checkpoint_alpha import ChosenSearch, checkpoint_settings
 from jaxformer.decoding.generate import DecodeSettings, decoding_variant, make_generate_fn
 from jaxformer.model.config import ConfigError, TransformerConfig
 from jaxformer.model.transformer import unstack_layers
@@ -143,15 +143,18 @@ class Translator:
         workdir: str | os.PathLike,
         checkpoint: str | int = "latest",
         settings: DecodeSettings | None = None,
+        *,
+        chosen: ChosenSearch | None = None,
         **kwargs,
     ) -> Translator:
         """The model, tokenizers and parameters of a training run's `checkpoint` ("latest",
         "best", "averaged", "final" or a step number; see `jaxformer.run.loading.load_checkpoint`).
         Without `settings`, DecodeSettings() with, on "final", the length penalty alpha the run's
         final choice kept (training.final_alphas), as translate, evaluate and export search without
-        --alpha (`checkpoint_alpha`); given `settings` search with their alpha."""
+        --alpha (`checkpoint_alpha`); given `settings` search with their alpha. `chosen`: final/'s
+        `chosen_search`, when the caller read it already (the commands, for their flags)."""
         model_config = cls.check_workdir(workdir, checkpoint)  # before the parameters are read
-        settings = checkpoint_settings(workdir, checkpoint, settings)
+        settings = checkpoint_settings(workdir, checkpoint, settings, chosen)
         settings.check_fits(model_config)
         step, metadata, params = load_checkpoint(workdir, checkpoint)
         logger.info("loaded step %d of %s (%s)", step, workdir, checkpoint_name(checkpoint))

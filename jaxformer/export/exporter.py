@@ -28,7 +28,7 @@ from typing import Any
 
 import jax
 
-from jaxformer.decoding.checkpoint_alpha import checkpoint_settings
+from jaxformer.decoding.checkpoint_alpha import ChosenSearch, checkpoint_settings
 from jaxformer.decoding.generate import DecodeSettings, decoding_variant
 from jaxformer.errors import CheckpointError
 from jaxformer.export import standalone
@@ -81,13 +81,15 @@ def export_checkpoint(
     platforms: Sequence[str] = PLATFORMS,
     overwrite: bool = False,
     on_placed: Callable[[], None] | None = None,
+    chosen: ChosenSearch | None = None,
 ) -> ExportSummary:
     """Exports `checkpoint` of the run in `workdir` ("latest", "best", "averaged", "final" or a step) into
     the directory `output`, for beam search with `settings` on `platforms` (those whose lowering
     fails are left out and reported in the summary and config.json; no `settings`: DecodeSettings()
     with, on "final", the alpha the run chose, as `Translator.from_workdir`). `on_placed()` is
     called once the export is in place, before a signal that came during the final move is raised
-    again (the export command takes one from then on as late: its work is done)."""
+    again (the export command takes one from then on as late: its work is done). `chosen`: final/'s
+    `chosen_search`, when the caller read it already (the export command, for its flags)."""
     try:
         output = pathlib.Path(output).absolute()  # "." has no parent to stage beside
     except FileNotFoundError:  # a relative path in a removed folder
@@ -108,7 +110,7 @@ def export_checkpoint(
         "an export holds a translator's beam search and needs an encoder_decoder one",
         ExportError,
     )
-    settings = checkpoint_settings(workdir, checkpoint, settings)
+    settings = checkpoint_settings(workdir, checkpoint, settings, chosen)
     with staging_directory(output) as staging:
         step, metadata, params = load_checkpoint(workdir, checkpoint)
         config, params = decoding_variant(metadata.model_config(), params)

@@ -110,3 +110,52 @@ def test_export_checkpoint_exports_final_with_the_alpha_the_run_chose(final_work
         with pytest.raises(Lowered):
             exporter.export_checkpoint(final_workdir, tmp_path / "export", "final", settings, platforms=("cpu",))
     assert [settings.alpha for settings in exported] == [CHOSEN, 0.25]
+
+
+class _Reached(Exception):
+    """The command got to its search with these settings."""
+
+
+@pytest.mark.parametrize("command", ["translate", "evaluate", "export"])
+@pytest.mark.parametrize("alpha_flags", [[], ["--alpha", "0.25"]])
+def test_a_command_on_final_reads_its_chosen_search_once(
+    command, alpha_flags, final_workdir, tmp_path, monkeypatch, capsys
+):
+    from jaxformer.commands import evaluate, export
+    from jaxformer.decoding import checkpoint_alpha
+    from jaxformer.export import exporter
+
+    reads = []
+
+    def counted(workdir, checkpoint="latest", params=True):
+        reads.append(checkpoint)
+        return load_checkpoint(workdir, checkpoint, params)
+
+    def reached(*args, **_):  # Translator.translate, or the export's lowering: (self or config, settings, ...)
+        raise _Reached(args[0].settings if command != "export" else args[1])
+
+    monkeypatch.setattr(checkpoint_alpha, "load_checkpoint", counted)
+    monkeypatch.setattr(Translator, "translate", reached)
+    monkeypatch.setattr(exporter, "export_beam_search", reached)
+    text = tmp_path / "text"
+    text.write_text("A man rides a horse.\n")
+    flags = ["--workdir", str(final_workdir), "--checkpoint", "final", *alpha_flags]
+    main, command_flags = {
+        "translate": (translate.main, ["--input", str(text)]),
+        "evaluate": (evaluate.main, ["--source", str(text), "--reference", str(text)]),
+        "export": (export.main, ["--output", str(tmp_path / "export"), "--platforms", "cpu"]),
+    }[command]
+    with pytest.raises(_Reached) as searched:
+        main([*flags, *command_flags])
+    assert reads == ["final"]  # was 2 (--alpha given) or 3: the length penalty's form, the alpha, the constructor's
+    assert searched.value.args[0].alpha == (0.25 if alpha_flags else CHOSEN)
+    logged = [line.split(" ", 2)[2] for line in capsys.readouterr().err.splitlines()]  # "12:00:00 I message"
+    assert [message for message in logged if "alpha" in message] == (
+        [f"length penalty alpha 0.25 as given (the run chose {CHOSEN:g} on validation)"]
+        if alpha_flags
+        else [
+            f"length penalty alpha {CHOSEN:g}: chosen on validation by the run (--alpha overrides it)",
+            f"alpha {CHOSEN:g} was chosen for another search than this one (stop exact -> current_length): "
+            "give --alpha to choose it yourself",
+        ]
+    )
