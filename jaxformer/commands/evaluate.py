@@ -42,7 +42,7 @@ from jaxformer.commands.decoding_flags import (
 from jaxformer.data.parallel_text import DataError
 from jaxformer.decoding.scoring import corpus_scores, format_scores
 from jaxformer.files import write_text_atomically
-from jaxformer.run.loading import load_checkpoint
+from jaxformer.run.loading import check_final_choice, load_checkpoint
 
 logger = logging.getLogger(__name__)
 
@@ -151,6 +151,8 @@ def run(args: argparse.Namespace) -> int:
         raise FlagError(f"--output and --json are the same file, {args.output}")
     from jaxformer.decoding.translator import Translator  # the data stack: after the flags are checked
 
+    if args.checkpoint == "final":  # a damaged choice found before the split is prepared and the search compiled
+        check_final_choice(args.workdir)
     # A language model's run, or a search the model cannot run: refused before any data is read.
     chosen = final_search(args)  # final/'s search, read once for the settings and the translator
     settings = decode_settings_from_flags(args, args.max_extra_length, chosen)

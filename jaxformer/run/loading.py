@@ -27,7 +27,8 @@ def load_checkpoint(
     "latest" skips a damaged newest checkpoint (metadata or parameters unreadable, or not
     matching their checksums) with a warning and uses the newest one that reads, as training
     does, but sets nothing aside: nothing in the workdir is modified. Any other choice that is
-    damaged is a `CheckpointError` naming it."""
+    damaged is a `CheckpointError` naming it; for "final", with the remedy: the run's training
+    command, run again, makes the choice again (`unreadable_final_choice`)."""
     which = "latest" if isinstance(checkpoint, int) else checkpoint
     run = RunDirectory(workdir)
     directory = run.checkpoint_directory(which)
@@ -36,10 +37,35 @@ def load_checkpoint(
             raise CheckpointError(_not_a_workdir(pathlib.Path(workdir).absolute()))
         raise CheckpointError(f"{directory} does not exist: no {which!r} checkpoint in {workdir}")
     step = checkpoint if isinstance(checkpoint, int) else None
-    loaded = load_from_directory(directory, step, params=params, newest_readable=checkpoint == "latest")
+    try:
+        loaded = load_from_directory(directory, step, params=params, newest_readable=checkpoint == "latest")
+    except CheckpointRemoved:
+        raise  # not damaged: gone while it was read
+    except CheckpointError as error:
+        if checkpoint != "final":
+            raise
+        raise CheckpointError(unreadable_final_choice(run, error)) from error
     if checkpoint == "final":
         _warn_if_trained_past(run, loaded[0])
     return loaded
+
+
+def check_final_choice(workdir: str | os.PathLike) -> None:
+    """The run's final choice read whole before a command's expensive work (preparing a split,
+    compiling a search) on `--checkpoint final`: its metadata and parameters verified against their
+    checksums by the read the run itself verifies a choice it kept with (`Checkpointer.read_params`,
+    training/final_choice.py); a `CheckpointError` naming final/ and the remedy when it is damaged."""
+    load_checkpoint(workdir, "final")
+
+
+def unreadable_final_choice(run: RunDirectory, error: CheckpointError) -> str:
+    """Why `--checkpoint final` cannot be used, in one line, and what makes it usable again: the
+    run's training command, which verifies the choice it kept, sets a damaged one aside and chooses
+    again (or, on a run trained past it, chooses at its end)."""
+    return (
+        f"the final choice in {run.final} cannot be read: {error}; running the run's training command again "
+        "makes the choice again (it sets a damaged one aside)"
+    )
 
 
 _REPORTED_TRAINED_PAST: set[tuple[str, int]] = set()  # (workdir, final step) said outdated by this process

@@ -1,5 +1,6 @@
 """The final choice a run keeps in final/: verified before a finished run reports it as made (a
-damaged one is set aside and made again), and named as outdated when the run trained past it."""
+damaged one is set aside and made again), named as outdated when the run trained past it, and
+refused by the commands, damaged, in one line before their work."""
 
 import json
 import logging
@@ -115,3 +116,52 @@ def test_final_names_the_steps_the_run_trained_past_it(run, caplog):
     with caplog.at_level(logging.WARNING):
         assert load_checkpoint(workdir, "final", params=False)[0] == 20
     assert [record for record in caplog.records if record.levelno == logging.WARNING] == []
+
+
+def _cut_short(step_directory):
+    """Damage orbax sees: the largest array data file cut to half its length."""
+    data = max((step_directory / "state").rglob("ocdbt.process_0/d/*"), key=lambda path: path.stat().st_size)
+    data.write_bytes(data.read_bytes()[: data.stat().st_size // 2])
+    return "cannot restore the parameters of"
+
+
+@pytest.mark.parametrize(
+    "command, damage", [("evaluate", "array"), ("evaluate", "cut short"), ("translate", "array"), ("export", "array")]
+)
+def test_a_command_refuses_a_damaged_choice_in_one_line_before_its_work(
+    command, damage, run, choose, tmp_path, capsys, monkeypatch
+):
+    from jaxformer.commands import evaluate, export, translate
+    from jaxformer.decoding.translator import Translator
+    from jaxformer.export import exporter
+
+    workdir, _ = run
+    choose()
+    final = RunDirectory(workdir).final
+    if damage == "array":
+        named = f"array {_wrong_array_checksum(final / '20')} does not match its checksum"
+    else:
+        named = _cut_short(final / "20")
+    before = sorted(path.name for path in final.iterdir())
+
+    def work(*args, **kwargs):
+        pytest.fail("the command went on to its work with a damaged final choice")
+
+    for module, name in ((evaluate, "split_pairs"), (Translator, "translate"), (exporter, "export_beam_search")):
+        monkeypatch.setattr(module, name, work)
+    text = tmp_path / "text"
+    text.write_text("a\n")
+    main, flags = {
+        "evaluate": (evaluate.main, ["--split", "validation"]),
+        "translate": (translate.main, ["--input", str(text)]),
+        "export": (export.main, ["--output", str(tmp_path / "export"), "--platforms", "cpu"]),
+    }[command]
+    capsys.readouterr()
+    assert main(["--workdir", str(workdir), "--checkpoint", "final", *flags]) == 2
+    (line,) = [line for line in capsys.readouterr().err.splitlines() if line.startswith("error:")]
+    assert line.startswith(f"error: the final choice in {final} cannot be read: ") and named in line, line
+    assert line.endswith(
+        "running the run's training command again makes the choice again (it sets a damaged one aside)"
+    )
+    assert sorted(path.name for path in final.iterdir()) == before  # read only: the training command sets it aside
+    assert not (tmp_path / "export").exists()
