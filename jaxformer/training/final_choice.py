@@ -29,7 +29,7 @@ from jaxformer.run.checkpoint import Checkpointer
 from jaxformer.run.directory import RunDirectory
 from jaxformer.run.loading import load_from_directory
 from jaxformer.run.metadata import CheckpointMetadata
-from jaxformer.training import experiment, resume_rules
+from jaxformer.training import resume_rules
 from jaxformer.training.run_tokenizer import RunTokenizers
 from jaxformer.training.validation_bleu import ValidationSet
 
@@ -59,8 +59,7 @@ def run_config_differences(config: dict[str, Any], newest: dict[str, Any]) -> li
 def _choice_values(config: dict[str, Any]) -> dict[str, Any]:
     """The CHOICE_KEYS values of a config; a key it lacks has its default, as the run that lacked it
     had (a length penalty the run's start did not settle, or that a run before the key lacks: gnmt)."""
-    flat = {**experiment.flatten(experiment.default_config()), **experiment.as_tuples(experiment.flatten(config))}
-    values = {key: flat[key] for key in CHOICE_KEYS}
+    values = resume_rules.kept_setting_values(config, CHOICE_KEYS)
     values["decoding.length_penalty"] = values["decoding.length_penalty"] or DecodeSettings.length_penalty
     return values
 
@@ -87,11 +86,7 @@ def _refuse_other_settings(config: ml_collections.ConfigDict, run: RunDirectory,
     made_with, now = _choice_settings(was, kept), _choice_settings(current, kept)
     if made_with != now:
         # the keys changed: final_alphas unchanged but read no more under greedy search is not one
-        named = ", ".join(
-            f"{key}={was[key]!r} (now {current[key]!r})"
-            for key in CHOICE_KEYS
-            if made_with[key] != now[key] and was[key] != current[key]
-        )
+        named = resume_rules.changed_settings(CHOICE_KEYS, was, current, made_with, now)
         raise UserError(
             f"the final choice in {run.final / str(step)} was made with {named}; it stays as it is: to choose "
             f"again with the settings now, move {run.final} aside (e.g. to {run.final}.before), then run the same "

@@ -2,11 +2,14 @@
 
 A resumed run compares its config with the one its checkpoint saved (run_start.py): a changed
 RESUME_SENSITIVE value is refused, a changed RESUME_FREE value is logged. A sweep (sweep.py)
-reuses a finished run only when every key but PLACEMENT_KEYS agrees.
+reuses a finished run only when every key but PLACEMENT_KEYS agrees. A result the run kept from
+before (best/'s validation BLEU, final/'s choice) is held to the settings it was made with: a
+refusal names those that changed (`changed_settings`).
 """
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from typing import Any
 
 import ml_collections
@@ -105,6 +108,31 @@ def resume_differences(
         if was != current_flat.get(key, "<unset>"):
             differences.append(f"{key}: {was!r} -> {current_flat.get(key, '<unset>')!r}")
     return differences
+
+
+def kept_setting_values(config: dict[str, Any], keys: Sequence[str]) -> dict[str, Any]:
+    """The `keys` values of a config as a kept result saved it, or as a run has it now; a key the
+    config lacks has its default, as the run that lacked it had."""
+    flat = {**experiment.flatten(experiment.default_config()), **experiment.as_tuples(experiment.flatten(config))}
+    return {key: flat[key] for key in keys}
+
+
+def changed_settings(
+    keys: Sequence[str],
+    was: dict[str, Any],
+    now: dict[str, Any],
+    read_then: dict[str, Any],
+    read_now: dict[str, Any],
+) -> str:
+    """'key=was (now current), ...' for each of `keys` whose value changed in a way the kept result
+    reads (`read_then` against `read_now`: `was` and `now` as it reads them): a beam size under
+    greedy search changes nothing, and a key unchanged itself but read otherwise through another
+    (training.bleu_method None while decoding.method changed) is left to that other."""
+    return ", ".join(
+        f"{key}={was[key]!r} (now {now[key]!r})"
+        for key in keys
+        if read_then[key] != read_now[key] and was[key] != now[key]
+    )
 
 
 def trains_further(training: ml_collections.ConfigDict, step: int, train_seconds: float) -> bool:

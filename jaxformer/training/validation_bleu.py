@@ -21,7 +21,7 @@ from jaxformer.model.config import TransformerConfig
 from jaxformer.run.checkpoint import Checkpointer
 from jaxformer.run.directory import RunDirectory
 from jaxformer.run.metadata import CheckpointMetadata
-from jaxformer.training import experiment
+from jaxformer.training.resume_rules import changed_settings, kept_setting_values
 
 logger = logging.getLogger(__name__)
 
@@ -144,15 +144,10 @@ class BleuValidator:
         self.best.close()
 
 
-def _bleu_values(config: dict[str, Any]) -> dict[str, Any]:
-    """The BLEU_KEYS values of a config; a key it lacks has its default, as the run that lacked it had."""
-    flat = {**experiment.flatten(experiment.default_config()), **experiment.as_tuples(experiment.flatten(config))}
-    return {key: flat[key] for key in BLEU_KEYS}
-
-
 def _measure(values: dict[str, Any]) -> dict[str, Any]:
-    """`_bleu_values`' `values` as far as they change the score: the search training.bleu_method
-    names (None: decoding.method's), its beam size and length penalty only for beam search."""
+    """A config's BLEU_KEYS `values` (`kept_setting_values`) as far as they change the score: the
+    search training.bleu_method names (None: decoding.method's), its beam size and length penalty
+    only for beam search."""
     measure = dict(values)
     method = measure["training.bleu_method"] or measure["decoding.method"]
     measure["training.bleu_method"] = measure["decoding.method"] = method
@@ -176,14 +171,10 @@ def check_best_measured_alike(config: ml_collections.ConfigDict, run: RunDirecto
     if latest is None or latest[1].bleu is None:  # nothing BleuValidator compares with
         return
     step, best = latest
-    was, now = _bleu_values(best.config), _bleu_values(config.to_dict())
+    was, now = kept_setting_values(best.config, BLEU_KEYS), kept_setting_values(config.to_dict(), BLEU_KEYS)
     measured, measuring = _measure(was), _measure(now)
     if measured != measuring:
-        named = ", ".join(
-            f"{key}={was[key]!r} (now {now[key]!r})"
-            for key in BLEU_KEYS
-            if measured[key] != measuring[key] and was[key] != now[key]
-        )
+        named = changed_settings(BLEU_KEYS, was, now, measured, measuring)
         raise UserError(
             f"the validation BLEU {best.bleu:.2f} of {run.best / str(step)}, which new scores are compared with, "
             f"was measured with {named}: restore the setting it was measured with, or move {run.best} aside "

@@ -125,6 +125,34 @@ def test_a_run_saved_before_a_key_existed_resumes_at_that_keys_default():
     ]
 
 
+def test_a_kept_result_names_the_settings_it_reads_that_changed():
+    keys = ("decoding.method", "decoding.beam_size", "training.bleu_method", "training.bleu_examples")
+    saved = load("tiny").to_dict()
+    del saved["training"]["bleu_examples"]  # a run from before the key: its default
+    current = load("tiny")
+    current.decoding.update(method="greedy", beam_size=2)
+    current.training.bleu_examples = 4
+    was = resume_rules.kept_setting_values(saved, keys)
+    now = resume_rules.kept_setting_values(current.to_dict(), keys)
+    assert was["training.bleu_examples"] == experiment.default_config().training.bleu_examples
+    assert now == {**was, "decoding.method": "greedy", "decoding.beam_size": 2, "training.bleu_examples": 4}
+
+    def read(values):  # as a validation search reads them: bleu_method None is decoding.method's
+        method = values["training.bleu_method"] or values["decoding.method"]
+        return {
+            **values,
+            "training.bleu_method": method,
+            "decoding.beam_size": values["decoding.beam_size"] * (method == "beam"),
+        }
+
+    assert resume_rules.changed_settings(keys, was, now, read(was), read(now)) == (
+        "decoding.method='beam' (now 'greedy'), decoding.beam_size=4 (now 2), "
+        f"training.bleu_examples={was['training.bleu_examples']!r} (now 4)"
+    )  # not training.bleu_method: None both times, read otherwise through decoding.method
+    greedy = {**now, "decoding.beam_size": 4}  # a beam size greedy search does not read
+    assert resume_rules.changed_settings(keys, now, greedy, read(now), read(greedy)) == ""
+
+
 def test_describe_lists_only_what_differs_from_the_defaults():
     config = load("tiny")
     text = experiment.describe(config)
