@@ -126,6 +126,30 @@ def make_workdir(workdir, data_dir=None, steps=(1,), scale=lambda step: 1.0, dat
     return workdir, params, tokenizer
 
 
+def scored_validation(bleu):
+    """A stand-in for the final choice's validation split (`final_choice.ValidationSet`), which
+    decodes nothing: each candidate scores BLEU `bleu(settings)` under the search `settings` (the
+    config's decoding, or those of `with_settings`), lowercase BLEU 11 and chrF 50; `calls` counts
+    the translations scored."""
+    from jaxformer.training.validation_bleu import decode_settings
+
+    class Scored:
+        sources = ["a", "b", "c"]
+        calls = 0
+
+        def __init__(self, config, *_, settings=None):
+            self.settings = settings or decode_settings(config)
+
+        def with_settings(self, settings):
+            return Scored(None, settings=settings)
+
+        def score(self, params):
+            Scored.calls += 1
+            return {"bleu": bleu(self.settings), "lowercase_bleu": 11.0, "chrf": 50.0}
+
+    return Scored
+
+
 @pytest.fixture(scope="session")
 def decoding_workdir(tmp_path_factory, data_dir):
     workdir, _, _ = make_workdir(tmp_path_factory.mktemp("decoding-workdir"), data_dir)

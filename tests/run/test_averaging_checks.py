@@ -18,8 +18,7 @@ from jaxformer.run.checkpoint import Checkpointer
 from jaxformer.run.directory import RunDirectory
 from jaxformer.run.loading import load_checkpoint
 from jaxformer.training import final_choice
-from jaxformer.training.validation_bleu import decode_settings
-from tests.conftest import make_workdir
+from tests.conftest import make_workdir, scored_validation
 
 
 @pytest.fixture(scope="module")
@@ -135,21 +134,7 @@ def test_the_final_choice_leaves_out_an_average_of_two_runs_with_a_warning(run, 
     assert candidates["averaged"][0].averaged_steps == (10, 20)
 
 
-class _Scored:
-    """A stand-in for the validation split: BLEU 10 + alpha, counting the translations it scores."""
-
-    sources = ["a", "b", "c"]
-    calls = 0
-
-    def __init__(self, config, *_, settings=None):
-        self.settings = settings or decode_settings(config)
-
-    def with_settings(self, settings):
-        return _Scored(None, settings=settings)
-
-    def score(self, params):
-        _Scored.calls += 1
-        return {"bleu": 10.0 + self.settings.alpha, "lowercase_bleu": 11.0, "chrf": 50.0}
+_Scored = scored_validation(lambda settings: 10.0 + settings.alpha)  # the highest alpha wins
 
 
 def _config(metadata, **changes):

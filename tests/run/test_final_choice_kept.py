@@ -14,8 +14,7 @@ from jaxformer.run.checkpoint import Checkpointer
 from jaxformer.run.directory import RunDirectory
 from jaxformer.run.loading import load_checkpoint
 from jaxformer.training import final_choice
-from jaxformer.training.validation_bleu import decode_settings
-from tests.conftest import make_workdir
+from tests.conftest import make_workdir, scored_validation
 
 
 @pytest.fixture(scope="module")
@@ -25,21 +24,7 @@ def run_template(tmp_path_factory):
     return workdir, params
 
 
-class _Scored:
-    """A stand-in for the validation split: BLEU 10 for every candidate, counting what it scores."""
-
-    sources = ["a", "b", "c"]
-    calls = 0
-
-    def __init__(self, config, *_, settings=None):
-        self.settings = settings or decode_settings(config)
-
-    def with_settings(self, settings):
-        return _Scored(None, settings=settings)
-
-    def score(self, params):
-        _Scored.calls += 1
-        return {"bleu": 10.0, "lowercase_bleu": 11.0, "chrf": 50.0}
+_Scored = scored_validation(lambda settings: 10.0)  # BLEU 10 for every candidate
 
 
 @pytest.fixture

@@ -12,8 +12,7 @@ from jaxformer.run.directory import RunDirectory
 from jaxformer.run.loading import load_checkpoint
 from jaxformer.training import final_choice
 from jaxformer.training.final_choice import _candidates
-from jaxformer.training.validation_bleu import decode_settings
-from tests.conftest import make_workdir
+from tests.conftest import make_workdir, scored_validation
 
 
 @pytest.mark.parametrize("steps", [(1,), (1, 2), (1, 2, 3)])
@@ -39,19 +38,7 @@ def test_an_average_of_the_checkpoints_there_are_with_a_warning(steps, tmp_path,
             np.testing.assert_allclose(got, mean * np.asarray(base), rtol=1e-5, atol=1e-7)
 
 
-class _ScoredByAlpha:
-    """A stand-in for the validation split: BLEU 10 + alpha for every candidate, so the highest alpha wins."""
-
-    sources = ["a", "b", "c"]
-
-    def __init__(self, config, *_, settings=None):
-        self.settings = settings or decode_settings(config)
-
-    def with_settings(self, settings):
-        return _ScoredByAlpha(None, settings=settings)
-
-    def score(self, params):
-        return {"bleu": 10.0 + self.settings.alpha, "lowercase_bleu": 11.0, "chrf": 50.0}
+_ScoredByAlpha = scored_validation(lambda settings: 10.0 + settings.alpha)  # the highest alpha wins
 
 
 @pytest.mark.parametrize("method", ["beam", "greedy"])
