@@ -115,16 +115,19 @@ def _create_unique_file(destination: pathlib.Path) -> tuple[int, str]:
 
 def unwritable_folder_reason(path: str | pathlib.Path) -> str | None:
     """Why files cannot be written under the folder `path` (created with its parents if missing),
-    or None when they can: it is a file, something above it is a file, or the nearest existing
-    folder refuses a new entry (tried with an empty folder, removed at once)."""
+    or None when they can: it, or the nearest thing above it that exists, is a file or a link to
+    one, or a link to nothing (mkdir does not follow a link, so it cannot create the link's
+    target), or is a folder that refuses a new entry (tried with an empty folder, removed at once)."""
     path = pathlib.Path(path).absolute()
-    if path.exists() and not path.is_dir():
-        return "is a file, not a folder"
     existing = path
-    while not existing.exists():
+    while not existing.exists() and not existing.is_symlink():
         existing = existing.parent
+    subject = "" if existing == path else f"{existing} "
+    if not existing.exists():
+        return f"{subject}is a link to {os.readlink(existing)}, which does not exist"
     if not existing.is_dir():
-        return f"{existing} is a file, not a folder"
+        link = f"a link to {os.readlink(existing)}, " if existing.is_symlink() else ""
+        return f"{subject}is {link}a file, not a folder"
     try:
         os.rmdir(tempfile.mkdtemp(prefix=".jaxformer-probe-", dir=existing))
     except OSError as error:

@@ -7,8 +7,9 @@ $XDG_CACHE_HOME/jaxformer/xla, else ~/.cache/jaxformer/xla. JAXFORMER_COMPILATIO
 false, no, off; 1, true, yes, on or unset keep it on; anything else is refused) turns the cache
 off, as does jax's own JAX_ENABLE_COMPILATION_CACHE=false; a command line that compiles nothing
 (train --list_configs, --print_config) reads none of this. A directory that cannot be created or
-written (a read-only one included: jax would fail each write) warns in one line and the command
-runs without the cache. Programs that compiled in less than 0.1 s are not kept (reading them back
+written (a read-only one included: jax would fail each write) warns in one line saying why (a
+file or a link to nowhere on its path, a folder that takes no new entries) and the command runs
+without the cache. Programs that compiled in less than 0.1 s are not kept (reading them back
 would cost about what compiling them does); JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS overrides
 that, and jax's other JAX_COMPILATION_CACHE_* / JAX_PERSISTENT_CACHE_* variables (such as
 JAX_COMPILATION_CACHE_MAX_SIZE, a bound in bytes) apply as jax documents them.
@@ -32,6 +33,7 @@ import time
 from collections.abc import Mapping
 
 from jaxformer.errors import UserError
+from jaxformer.files import unwritable_folder_reason
 
 logger = logging.getLogger(__name__)
 
@@ -77,10 +79,10 @@ def enable_compilation_cache(environ: Mapping[str, str] | None = None) -> pathli
         with tempfile.NamedTemporaryFile(dir=directory, prefix=".probe-"):
             pass
     except OSError as error:
-        reason = error.strerror or type(error).__name__
-        if directory.exists() and not directory.is_dir():  # mkdir's "File exists" says less
-            reason = "not a directory"
-        logger.warning("compilation cache %s is unusable (%s): running without it", directory, reason)
+        # mkdir's own error misleads: "File exists" for a link to nowhere, "No such file or
+        # directory" for a folder in /proc.
+        reason = unwritable_folder_reason(directory) or error.strerror or type(error).__name__
+        logger.warning("compilation cache %s: %s; the cache is off for this run", directory, reason)
         _set_jax_option("jax_enable_compilation_cache", False)
         return None
     _set_jax_option("jax_enable_compilation_cache", True)

@@ -149,9 +149,72 @@ def test_an_unusable_directory_warns_once_and_the_command_runs(tmp_path):
     assert hits == 0
     warnings = [line for line in stderr.splitlines() if "compilation cache" in line]
     assert len(warnings) == 1, stderr[-3000:]  # not jax's warning at every compilation
-    expected = f"compilation cache {blocker / 'cache'} is unusable (Not a directory): running without it"
-    assert warnings[0].endswith(expected)
+    expected = f"{blocker / 'cache'}: {blocker} is a file, not a folder; the cache is off for this run"
+    assert warnings[0].endswith(f"compilation cache {expected}")
     assert "Traceback" not in stderr
+
+
+def unusable_warning(monkeypatch, caplog, directory):
+    """The one warning enable_compilation_cache logs for `directory`, checking that it turned the
+    cache off (the jax options it set are recorded, not applied to this test session)."""
+    from jaxformer.commands import compilation_cache
+
+    options = {}
+    monkeypatch.setattr(compilation_cache, "_set_jax_option", options.__setitem__)
+    with caplog.at_level("WARNING", logger=compilation_cache.__name__):
+        assert compilation_cache.enable_compilation_cache({"JAX_COMPILATION_CACHE_DIR": str(directory)}) is None
+    assert options == {"jax_enable_compilation_cache": False}
+    [record] = caplog.records
+    return record.getMessage()
+
+
+def test_a_link_to_nowhere_is_named_with_its_target(monkeypatch, caplog, tmp_path):
+    """mkdir's error for a dangling link is "File exists", which the warning passed on as the reason."""
+    link = tmp_path / "cache"
+    link.symlink_to(tmp_path / "moved-disk" / "xla")
+    assert unusable_warning(monkeypatch, caplog, link) == (
+        f"compilation cache {link}: is a link to {tmp_path / 'moved-disk' / 'xla'}, which does not exist; "
+        "the cache is off for this run"
+    )
+    caplog.clear()
+    below = link / "jaxformer"
+    assert unusable_warning(monkeypatch, caplog, below) == (
+        f"compilation cache {below}: {link} is a link to {tmp_path / 'moved-disk' / 'xla'}, which does not exist; "
+        "the cache is off for this run"
+    )
+    assert not (tmp_path / "moved-disk").exists()  # nothing created on the link's behalf
+
+
+def test_a_file_or_a_link_to_one_is_named_as_a_file(monkeypatch, caplog, tmp_path):
+    a_file = tmp_path / "xla"
+    a_file.write_text("kept\n")
+    link = tmp_path / "link"
+    link.symlink_to(a_file)
+    expected = {
+        a_file: f"compilation cache {a_file}: is a file, not a folder",
+        link: f"compilation cache {link}: is a link to {a_file}, a file, not a folder",
+    }
+    for directory, start in expected.items():
+        caplog.clear()
+        assert unusable_warning(monkeypatch, caplog, directory) == f"{start}; the cache is off for this run"
+    assert a_file.read_text() == "kept\n"
+
+
+def test_a_folder_on_a_read_only_file_system_says_so(monkeypatch, caplog, tmp_path):
+    """Where the kernel refuses the write (a read-only mount; mocked here, as tests cannot mount),
+    its reason is passed on, naming the folder."""
+    import errno
+    import tempfile
+
+    def read_only(*args, **kwargs):
+        raise OSError(errno.EROFS, os.strerror(errno.EROFS))
+
+    monkeypatch.setattr(tempfile, "NamedTemporaryFile", read_only)
+    monkeypatch.setattr(tempfile, "mkdtemp", read_only)
+    assert unusable_warning(monkeypatch, caplog, tmp_path) == (
+        f"compilation cache {tmp_path}: {tmp_path} takes no new entries (Read-only file system); "
+        "the cache is off for this run"
+    )
 
 
 class CacheSetUp(Exception):

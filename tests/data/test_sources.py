@@ -160,6 +160,7 @@ def test_a_name_that_names_no_dataset_and_an_unusable_data_dir_are_one_line_erro
     monkeypatch.undo()
     assert not (tmp_path / "new").exists()  # the check writes nothing
     (tmp_path / "a file").write_text("x")
+    (tmp_path / "a link").symlink_to(tmp_path / "unmounted")  # mkdir would fail on it once preparing
     for values, message in (
         (dict(name="bogus_ds"), r"^data.name='bogus_ds' names no dataset: use 'multi30k', 'parallel_files'"),
         (dict(name="None"), r"^data.name='None' names no dataset"),
@@ -187,10 +188,14 @@ def test_a_name_that_names_no_dataset_and_an_unusable_data_dir_are_one_line_erro
             r"data_dir='.*/a file/sub': .*/a file is a file, not a folder$",
         ),
         (dict(data_dir="/proc/jaxformer-data"), r"data_dir='/proc/jaxformer-data': /proc takes no new entries \("),
+        (
+            dict(data_dir=str(tmp_path / "a link" / "tfds")),
+            r"data_dir='.*/a link/tfds': .*/a link is a link to .*/unmounted, which does not exist$",
+        ),
     ):
         with pytest.raises(DataError, match=message):
             check_source(section(values.pop("name", "multi30k"), **values))
-    assert sorted(path.name for path in tmp_path.iterdir()) == ["a file"]
+    assert sorted(path.name for path in tmp_path.iterdir()) == ["a file", "a link"]
 
 
 def test_a_dataset_with_several_configs_is_refused_without_one(tmp_path):
