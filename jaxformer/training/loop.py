@@ -35,6 +35,7 @@ from jaxformer.training.budget import (
     spent_by_work,
 )
 from jaxformer.training.config_file import holds_numpy_scalars, with_python_values
+from jaxformer.training.config_paths import with_absolute_paths
 from jaxformer.training.final_choice import choose_final
 from jaxformer.training.final_choice_stop import choose_unless_stopped
 from jaxformer.training.init_from import starting_overrides, with_overrides
@@ -76,7 +77,7 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str | pathlib
         config = with_python_values(config)
     processes.all_or_none(lambda: experiment.validate(config))
     processes.check_same_config(config)  # as given: relative paths resolve per host, and may differ
-    config = experiment.with_absolute_paths(config)
+    config = with_absolute_paths(config)
     run_start.input_shards(config.data)
     workdir = pathlib.Path(workdir).absolute()
     made = []  # the workdir, once this process has created it

@@ -45,6 +45,7 @@ from jaxformer.model.config import ConfigError
 from jaxformer.run.directory import RunDirectory
 from jaxformer.training import experiment
 from jaxformer.training.config_file import apply_overrides, load_config, refuse_repeated_keys
+from jaxformer.training.config_paths import with_absolute_paths
 from jaxformer.training.final_choice import CANDIDATES
 from jaxformer.training.signals import RaiseOnSignal, Stopped
 from jaxformer.training.sweep_pace import pace_file, stored_pace, variant_pace
@@ -179,7 +180,7 @@ def result_row(
         "lowercase_bleu": final.get("lowercase_bleu", final.get(f"{final['chosen']}/lowercase_bleu")),
         "chrf": final.get("chrf", final.get(f"{final['chosen']}/chrf")),
         # What a later invocation checks the row against its variants' by, the run's folder gone or not.
-        "validation": validation_record(experiment.with_absolute_paths(config).to_dict()),
+        "validation": validation_record(with_absolute_paths(config).to_dict()),
     }
     row.update({f"{name}_bleu": final.get(f"{name}/bleu") for name in CANDIDATES})
     return row

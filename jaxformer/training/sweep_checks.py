@@ -22,7 +22,8 @@ from jaxformer.errors import CheckpointError
 from jaxformer.model.config import ConfigError
 from jaxformer.run.directory import RunDirectory, SweepDirectory
 from jaxformer.run.metadata import CheckpointMetadata
-from jaxformer.training import experiment, resume_rules
+from jaxformer.training import resume_rules
+from jaxformer.training.config_paths import with_absolute_paths
 from jaxformer.training.sweep import Variant, finished_result, run_config, seed_run_name
 from jaxformer.training.sweep_pace import pace_file, stored_pace
 from jaxformer.training.sweep_validation import recorded_config, validation_differences
@@ -47,7 +48,7 @@ def check_existing_runs(
         problem for variant in variants for problem in _problems(variant, workdir, baseline_steps, seeds, fingerprints)
     ]
     if variants:
-        reference = experiment.with_absolute_paths(variants[0].config).to_dict()  # all agree on its pairs
+        reference = with_absolute_paths(variants[0].config).to_dict()  # all agree on its pairs
         problems += [
             problem for row in kept_rows for problem in _kept_row_problems(row, workdir, baseline_steps, reference)
         ]
@@ -203,7 +204,7 @@ def run_problems(
     state, metadata = _saved_state(run_dir)
     if state is None:
         return []
-    config = experiment.with_absolute_paths(config)
+    config = with_absolute_paths(config)
     # A resumed run may change the learning rate's schedule or the evaluation's subset; a sweep's
     # run may not: its numbers come from the saved values, or its first steps did.
     differences = resume_rules.resume_differences(metadata.config, config, sections=None) + [

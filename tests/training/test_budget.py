@@ -25,7 +25,8 @@ from jaxformer.run.averaging import average_last
 from jaxformer.run.loading import load_checkpoint, load_from_directory
 from jaxformer.training import budget as budget_module
 from jaxformer.training.budget import ScheduleEnd, TimeBudget, TrainingClock, check_budget
-from jaxformer.training.experiment import default_config, with_absolute_paths
+from jaxformer.training.config_paths import with_absolute_paths
+from jaxformer.training.experiment import default_config
 from jaxformer.training.optimizer import budget_rate, make_optimizer
 from jaxformer.training.state import TrainState
 from jaxformer.training.validation_bleu import decode_settings

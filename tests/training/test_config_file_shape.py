@@ -184,7 +184,7 @@ def runs(monkeypatch):
 
     for module in (config_file, loop):  # load_config_file's and train_and_evaluate's
         monkeypatch.setattr(module, "with_python_values", counted)
-    monkeypatch.setattr(experiment, "with_absolute_paths", stop)
+    monkeypatch.setattr(loop, "with_absolute_paths", stop)
     return runs
 
 

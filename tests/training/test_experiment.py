@@ -6,6 +6,7 @@ import pytest
 
 from jaxformer.model.config import ConfigError, preset
 from jaxformer.training import experiment, resume_rules
+from jaxformer.training.config_paths import with_absolute_paths
 
 CONFIG_DIR = pathlib.Path(__file__).parents[2] / "jaxformer" / "configs"
 
@@ -185,7 +186,7 @@ def test_paths_a_run_stores_are_made_absolute(tmp_path, monkeypatch):
     config.training.init_from = "runs/base"
     config.data.data_dir = "tfds"  # a later command run from elsewhere reads the same prepared data
     config.data.raw_dir = "gs://bucket/multi30k"  # not a local path: kept
-    absolute = experiment.with_absolute_paths(config)
+    absolute = with_absolute_paths(config)
     assert absolute.data.data_dir == str(tmp_path / "tfds") and absolute.data.raw_dir == "gs://bucket/multi30k"
     assert absolute.data.files.train == str(tmp_path / "corpus" / "train.{lang}.gz")
     assert absolute.training.init_from == str(tmp_path / "runs" / "base")
@@ -197,7 +198,7 @@ def test_paths_a_run_stores_are_made_absolute(tmp_path, monkeypatch):
     (tmp_path / "link").symlink_to(tmp_path / "elsewhere" / "sub")
     config.tokenizer.model_path = "link/../tok/same.model"
     config.data.files.train = "corpus/../corpus/train.{lang}.gz"
-    absolute = experiment.with_absolute_paths(config)
+    absolute = with_absolute_paths(config)
     assert absolute.tokenizer.model_path == str(tmp_path / "elsewhere" / "tok" / "same.model")
     assert absolute.data.files.train == str(tmp_path / "corpus" / "train.{lang}.gz")
     # A file that is a link keeps its name (a .tsv linked to a git-annex or hub blob is still a TSV).
@@ -207,7 +208,7 @@ def test_paths_a_run_stores_are_made_absolute(tmp_path, monkeypatch):
     (tmp_path / "corpus" / "train.tsv").symlink_to(tmp_path / "blobs" / "5f3a")
     config.data.files.train = "corpus/train.tsv"
     config.training.init_from = "runs/base/"
-    absolute = experiment.with_absolute_paths(config)
+    absolute = with_absolute_paths(config)
     assert absolute.data.files.train == str(tmp_path / "corpus" / "train.tsv")
     assert absolute.training.init_from == str(tmp_path / "runs" / "base")
 

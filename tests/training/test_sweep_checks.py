@@ -17,7 +17,8 @@ from jaxformer.errors import CheckpointError
 from jaxformer.run import loading
 from jaxformer.run.directory import RunDirectory, SweepDirectory
 from jaxformer.run.lock import SweepLock
-from jaxformer.training import experiment, loop, sweep_pace
+from jaxformer.training import loop, sweep_pace
+from jaxformer.training.config_paths import with_absolute_paths
 from jaxformer.training.pace import Pace
 from tests.conftest import RAW
 from tests.training.test_sweep import SHARED, TINY, write_sweep
@@ -35,7 +36,7 @@ class SavedRuns(Runs):
 
         last = super().__call__(config, workdir)
         saved = {
-            "config": experiment.with_absolute_paths(config).to_dict(),
+            "config": with_absolute_paths(config).to_dict(),
             "data_fingerprint": data_fingerprint(get_builder(config.data)),
         }
         RunDirectory(workdir).checkpoints.mkdir(parents=True, exist_ok=True)
