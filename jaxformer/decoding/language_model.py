@@ -1,5 +1,5 @@
 """Continuing prompts with a decoder-only model: the prompt through the KV cache, then the same
-greedy, sampling or beam search as translation (search.py).
+greedy, sampling or beam search as translation (search.py), greedy unless told otherwise.
 
 `continue_prompts(model, params, prompts, settings, rng)` is a pure, jittable function of arrays;
 `LanguageModel` is text in, text out, from a training workdir.
@@ -29,6 +29,11 @@ from jaxformer.typing import Array, Float, Int
 
 logger = logging.getLogger(__name__)
 
+# The search a continuation gets unless the caller gives another: greedy, as transformers' generate
+# and jaxformer-generate do. Translation's default, beam 4, favours dull, repetitive continuations
+# of open-ended text (Holtzman et al., 2020); beam and sampling are a DecodeSettings(method=...) away.
+CONTINUATION_SETTINGS = DecodeSettings(method="greedy")
+
 
 class PromptedCache(NamedTuple):
     """The search's cache: the decoder's, with the prompt already in it, and each row's last
@@ -40,7 +45,11 @@ class PromptedCache(NamedTuple):
 
 
 def continue_prompts(
-    model: DecoderOnly, params: Any, prompts: Int[Array, "B P"], settings=DecodeSettings(), rng: jax.Array | None = None
+    model: DecoderOnly,
+    params: Any,
+    prompts: Int[Array, "B P"],
+    settings=CONTINUATION_SETTINGS,
+    rng: jax.Array | None = None,
 ) -> Hypotheses:
     """Continuations of prompt rows of equal length P (no padding; P may be 0): (tokens [B, K, L]
     with L = settings.max_extra_length, ending in EOS then padding, or cut at N tokens as they
@@ -72,15 +81,16 @@ def continue_prompts(
 
 
 class LanguageModel:
-    """Continues prompts (text) with a decoder-only model. Prompts are grouped by token count, so
-    rows need no padding; `batch_size` rows at a time, each group length compiled once."""
+    """Continues prompts (text) with a decoder-only model, by greedy search unless `settings` say
+    otherwise. Prompts are grouped by token count, so rows need no padding; `batch_size` rows at a
+    time, each group length compiled once."""
 
     def __init__(
         self,
         config: TransformerConfig,
         params: Any,
         tokenizer: Tokenizer,
-        settings: DecodeSettings = DecodeSettings(),
+        settings: DecodeSettings = CONTINUATION_SETTINGS,
         *,
         batch_size: int = 64,
         seed: int = 0,
@@ -101,7 +111,11 @@ class LanguageModel:
 
     @classmethod
     def from_workdir(
-        cls, workdir: str | os.PathLike, checkpoint: str | int = "latest", settings=DecodeSettings(), **kwargs
+        cls,
+        workdir: str | os.PathLike,
+        checkpoint: str | int = "latest",
+        settings: DecodeSettings = CONTINUATION_SETTINGS,
+        **kwargs,
     ) -> LanguageModel:
         """The model and tokenizer of a decoder-only training run's `checkpoint`. A `ConfigError`
         naming the workdir, before any parameter is read, when its model is of another architecture."""

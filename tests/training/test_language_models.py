@@ -1,6 +1,7 @@
 """The encoder-only (masked LM) and decoder-only (causal LM) configs end to end at the tiny size:
 training, exact resume, generation, and a translator composed from the two."""
 
+import inspect
 import re
 import shutil
 import subprocess
@@ -15,7 +16,7 @@ from flax import traverse_util
 
 from jaxformer.data.tokenizer import Tokenizer
 from jaxformer.decoding.generate import DecodeSettings
-from jaxformer.decoding.language_model import LanguageModel
+from jaxformer.decoding.language_model import LanguageModel, continue_prompts
 from jaxformer.decoding.translator import Translator
 from jaxformer.model.architectures import build_model
 from jaxformer.model.config import ConfigError
@@ -137,6 +138,28 @@ def test_greedy_continuation_equals_argmax_of_full_forward_passes(runs):
                 break
         assert lm.complete([prompt])[0] == tokenizer.decode(sequence), prompt
     assert lm.complete(prompts) == [lm.complete([prompt])[0] for prompt in prompts]  # grouped by length
+
+
+def test_a_continuation_is_greedy_unless_told_otherwise(runs):
+    """LanguageModel searched as translation does, beam 4, unless given settings: jaxformer-generate
+    and transformers' generate continue greedily (beam search favours dull, repetitive continuations
+    of open-ended text). Greedy is the default now, of the pure function too; beam stays a setting away."""
+    step, metadata, params = load_checkpoint(runs["multi30k_lm"])
+    greedy = DecodeSettings(method="greedy")
+    assert LanguageModel(metadata.model_config(), params, metadata.load_tokenizer()).settings == greedy
+    assert LanguageModel.from_workdir(runs["multi30k_lm"]).settings == greedy
+    assert inspect.signature(continue_prompts).parameters["settings"].default == greedy
+
+
+@pytest.mark.slow  # about 9 s: a greedy and a beam search compiled for each prompt length
+def test_the_default_continuation_is_the_greedy_one_not_the_beam_one(runs):
+    step, metadata, params = load_checkpoint(runs["multi30k_lm"])
+    config, tokenizer = metadata.model_config(), metadata.load_tokenizer()
+    prompts = ["Ein Mann", "Zwei Hunde", "Eine Frau mit"]
+    by_default = LanguageModel(config, params, tokenizer).complete(prompts)
+    assert by_default == LanguageModel(config, params, tokenizer, DecodeSettings(method="greedy")).complete(prompts)
+    beam = LanguageModel(config, params, tokenizer, DecodeSettings(method="beam", beam_size=4)).complete(prompts)
+    assert beam != by_default  # these prompts tell the two searches apart
 
 
 def test_a_prompt_is_kept_as_written(runs):
