@@ -21,7 +21,8 @@ from jaxformer.training import experiment
 RESUME_SENSITIVE = ("model", "data", "tokenizer", "optimizer")
 # The training keys that define what the steps compute: a resumed run that changed one would mix
 # two runs. The rest of `training` (its length, budget, evaluations, checkpoints, final choice)
-# may change on resume.
+# may change on resume; a lowered keep_checkpoints only where it deletes none of the checkpoints the
+# run's own value keeps (kept_checkpoints.check_keep_not_lowered).
 RESUME_SENSITIVE_KEYS = {
     "training.seed",
     "training.label_smoothing",

@@ -39,6 +39,7 @@ from jaxformer.training.init_from import (
     load_starting_points,
     side_tokenizers,
 )
+from jaxformer.training.kept_checkpoints import check_keep_not_lowered
 from jaxformer.training.optimizer import make_optimizer
 from jaxformer.training.run_tokenizer import RunTokenizers, check_given_models, log_unknown_rate, tokenizer_for_run
 from jaxformer.training.state import make_init_fn
@@ -197,8 +198,12 @@ def prepare_run(config: ml_collections.ConfigDict, workdir: pathlib.Path) -> Pre
         logger.warning("unused: %s", setting)
     if latest is not None:
         settle_length_penalty(config, saved, None)
+        saves_again = resume_rules.trains_further(training, latest[0], saved.train_seconds or 0.0)
+        default_keep = experiment.default_config().training.keep_checkpoints  # a run saved before the key
+        kept_before = saved.config.get("training", {}).get("keep_checkpoints", default_keep)
+        check_keep_not_lowered(checkpointer, kept_before, training.keep_checkpoints, saves_again, latest[0])
         check_kept_choice(config, run, latest[0], saved.train_seconds or 0.0)
-        if resume_rules.trains_further(training, latest[0], saved.train_seconds or 0.0):
+        if saves_again:
             check_best_measured_alike(config, run)
     if latest is not None and any(training.get(key) is not None for key in PARTS.values()):
         logger.info("resuming this workdir's run; training.init_*from only set where a new run starts")

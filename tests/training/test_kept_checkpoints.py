@@ -5,7 +5,7 @@ import numpy as np
 
 from jaxformer.run.checkpoint import Checkpointer
 from jaxformer.run.metadata import CheckpointMetadata
-from jaxformer.training.kept_checkpoints import remove_beyond_keep, remove_interim_before
+from jaxformer.training.kept_checkpoints import lost_by_lowering, remove_beyond_keep, remove_interim_before
 
 METADATA = CheckpointMetadata(config={}, model={}, tokenizer=b"\0", data_fingerprint=None, step=0)
 
@@ -38,3 +38,19 @@ def test_an_interim_checkpoint_pushes_no_scheduled_one_out(tmp_path):
     remove_interim_before(checkpointer, 40)
     assert checkpointer.steps() == [25, 30, 35]
     checkpointer.close()
+
+
+def test_lowering_the_keep_loses_what_the_old_keep_would_have_kept():
+    """Against the rule applied by hand: orbax keeps the newest `keep` with the new checkpoint among
+    them; a run that saves no more keeps the newest `keep` of those it has."""
+    scheduled = [10, 20, 30, 40, 50]
+    for kept_before in range(1, 8):
+        for keep in range(1, 8):
+            for saves_again in (True, False):
+                existing = scheduled + [60] if saves_again else scheduled
+                survives = {k: set(existing[-k:]) for k in (kept_before, keep)}
+                expected = [step for step in scheduled if step in survives[kept_before] - survives[keep]]
+                assert lost_by_lowering(scheduled, kept_before, keep, saves_again) == expected
+    assert lost_by_lowering(scheduled, 5, 2, saves_again=True) == [20, 30, 40]  # 10 goes either way
+    assert lost_by_lowering(scheduled, 5, 2, saves_again=False) == [10, 20, 30]
+    assert lost_by_lowering([40], 3, 1, saves_again=False) == []  # nothing beyond the lower keep

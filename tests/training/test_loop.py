@@ -15,6 +15,9 @@ import jax
 import numpy as np
 import pytest
 
+from jaxformer.commands import train as train_command
+from jaxformer.errors import EXIT_USER_ERROR
+from jaxformer.run.checksums import _metadata_digest
 from jaxformer.run.loading import load_checkpoint
 
 pytestmark = pytest.mark.xdist_group("train-loop")
@@ -138,14 +141,25 @@ def test_exact_resume_after_sigkill(straight_run, data_dir, tmp_path):
         np.testing.assert_array_equal(np.asarray(a), np.asarray(b))
 
 
-def test_a_run_killed_after_its_last_checkpoint_ends_as_one_never_stopped(straight_run, data_dir, tmp_path):
+def test_a_run_killed_after_its_last_checkpoint_ends_as_one_never_stopped(straight_run, data_dir, tmp_path, capsys):
     """Killed (kill -9) once its last checkpoint was written, before orbax removed the oldest one
     beyond training.keep_checkpoints and before last_metrics.json: the same command trains no step,
     and ends with the checkpoints and the last figures (and summary) of a run never stopped."""
     workdir = tmp_path / "killed"
     shutil.copytree(straight_run, workdir)
     (workdir / "last_metrics.json").unlink()
-    # With keep_checkpoints=1 (a resumed run may change it), checkpoint 20 is the one orbax had not removed yet.
+    lowered = command(workdir, data_dir, *STRAIGHT_BLEU, "--config.training.keep_checkpoints=1")
+    assert train_command.main(lowered[2:]) == EXIT_USER_ERROR  # a resume lowering the run's keep of 3 itself
+    [error] = [line for line in capsys.readouterr().err.splitlines() if line.startswith("error: ")]
+    assert error.startswith("error: training.keep_checkpoints=1, lowered from the run's 3: its end (it trains no ")
+    assert error.endswith(" to keep fewer") and checkpoint_steps(workdir) == [20, STEPS]  # one line; 20 kept
+    # A run keeping 1 checkpoint, as checkpoint 40's config now says: 20 is the one orbax had not
+    # removed yet.
+    metadata_file = workdir / "checkpoints" / str(STEPS) / "metadata" / "metadata"
+    written = json.loads(metadata_file.read_text())
+    written["config"]["training"]["keep_checkpoints"] = 1
+    written["checksums"]["metadata"] = _metadata_digest(written)
+    metadata_file.write_text(json.dumps(written))
     result = train(workdir, data_dir, *STRAIGHT_BLEU, "--config.training.keep_checkpoints=1")
     assert "resumed from step 40" in result.stderr and checkpoint_steps(workdir) == [STEPS]
     straight, resumed = (json.loads((run / "last_metrics.json").read_text()) for run in (straight_run, workdir))

@@ -145,3 +145,41 @@ def test_best_with_unreadable_metadata_is_left_to_the_validator(finished, no_dat
     with caplog.at_level(logging.WARNING), pytest.raises(pytest.fail.Exception, match="the data was prepared"):
         run_start.prepare_run(config, finished)
     assert any("cannot read the metadata of checkpoint 10" in record.getMessage() for record in caplog.records)
+
+
+@pytest.mark.parametrize(
+    "num_train_steps, keep, lost, when",
+    [
+        # 20, which the run resumes from, is not named: moved aside, the run would resume from 10.
+        (40, 1, "10", "its next checkpoint"),
+        (40, 2, "10", "its next checkpoint"),
+        (20, 1, "10", "its end (it trains no further)"),
+    ],
+)
+def test_a_resume_keeping_fewer_checkpoints_than_the_run_kept_is_refused(
+    num_train_steps, keep, lost, when, finished, no_data
+):
+    """Orbax deleted, at the first save, the checkpoints beyond a lowered training.keep_checkpoints
+    (the run's end, those beyond it), which the run had kept for averaging: refused, nothing lost."""
+    checkpoints = RunDirectory(finished).checkpoints
+    config = config_of(finished, num_train_steps=num_train_steps, keep_checkpoints=keep)
+    with pytest.raises(CheckpointError) as refused:
+        run_start.prepare_run(config, finished)
+    first = checkpoints / lost.split(",")[0]
+    assert str(refused.value) == (
+        f"training.keep_checkpoints={keep}, lowered from the run's 3: {when} would delete checkpoint {lost} of "
+        f"{checkpoints}, which it keeps for averaging; restore training.keep_checkpoints=3, or move those aside "
+        f"yourself (e.g. {first} to {first}.kept) to keep fewer"
+    )
+    assert sorted(path.name for path in checkpoints.iterdir()) == ["10", "20"]
+    for step in lost.split(", "):  # the way on it names: then the lower keep goes on
+        (checkpoints / step).rename(checkpoints / f"{step}.kept")
+    with pytest.raises(pytest.fail.Exception, match="the data was prepared"):
+        run_start.prepare_run(config, finished)
+
+
+@pytest.mark.parametrize("num_train_steps, keep", [(40, 5), (20, 2)])  # more kept; fewer, none of those there lost
+def test_a_resume_keeping_another_number_that_loses_nothing_goes_on(num_train_steps, keep, finished, no_data):
+    config = config_of(finished, num_train_steps=num_train_steps, keep_checkpoints=keep)
+    with pytest.raises(pytest.fail.Exception, match="the data was prepared"):
+        run_start.prepare_run(config, finished)
