@@ -17,19 +17,19 @@ warning that they are unverified.
 
 from __future__ import annotations
 
-import asyncio
-import contextlib
+import json
 import logging
 import pathlib
 import time
-import warnings
 from typing import Any
 
 import jax
 import numpy as np
 import orbax.checkpoint as ocp
+from jax.experimental import multihost_utils
 
 from jaxformer.errors import CheckpointError, first_line
+from jaxformer.files import write_text_atomically
 from jaxformer.run.checksums import (  # noqa: F401  (ChecksumError: re-exported)
     ChecksumError,
     saved_checksums,
@@ -37,7 +37,9 @@ from jaxformer.run.checksums import (  # noqa: F401  (ChecksumError: re-exported
     verify_iterator,
     verify_metadata,
     with_checksums,
+    with_saved_checksums,
 )
+from jaxformer.run.event_loops import draining_event_loops
 from jaxformer.run.metadata import CheckpointMetadata
 from jaxformer.run.removal import LISTING_ATTEMPTS, CheckpointRemoved, refuse_removed
 
@@ -53,48 +55,6 @@ SET_ASIDE_WARNINGS = {
 
 def _no_missing_metadata_warning(record: logging.LogRecord) -> bool:
     return "Metadata file does not exist" not in record.getMessage()
-
-
-# ------------------------------------------------------------------------------------------
-# Orbax runs each restore in a fresh asyncio event loop and closes it as soon as the read
-# fails; the other tensorstore reads still in flight then report to the closed loop from
-# their threads, and each prints a "RuntimeError: Event loop is closed" traceback. The loops
-# made here wait for those reads before they close.
-# ------------------------------------------------------------------------------------------
-
-
-class _DrainingEventLoop(asyncio.SelectorEventLoop):
-    def close(self) -> None:
-        if not self.is_closed() and not self.is_running():
-            pending = [task for task in asyncio.all_tasks(self) if not task.done()]
-            if pending:
-                self.run_until_complete(asyncio.gather(*pending, return_exceptions=True))
-        super().close()
-
-
-@contextlib.contextmanager
-def _draining_event_loops():
-    """Event loops created meanwhile (by orbax's restores) finish their tasks before closing."""
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore", DeprecationWarning)  # the policy API is deprecated from Python 3.14
-        policy_class = getattr(asyncio, "DefaultEventLoopPolicy", None)
-        if policy_class is not None:
-            previous = asyncio.get_event_loop_policy()
-            policy = policy_class()
-            policy._loop_factory = _DrainingEventLoop  # what its new_event_loop() makes
-            asyncio.set_event_loop_policy(policy)
-    try:
-        yield
-    finally:
-        if policy_class is not None:
-            with warnings.catch_warnings():
-                warnings.simplefilter("ignore", DeprecationWarning)
-                asyncio.set_event_loop_policy(previous)
-
-
-# ------------------------------------------------------------------------------------------
-# The checkpointer.
-# ------------------------------------------------------------------------------------------
 
 
 def _checkpoint_manager(directory: pathlib.Path, keep: int | None, read_only: bool) -> ocp.CheckpointManager:
@@ -196,6 +156,19 @@ class Checkpointer:
         self.manager.wait_until_finished()
         self.manager.delete(step)
 
+    def replace_metadata(self, step: int, metadata: CheckpointMetadata) -> None:
+        """Gives checkpoint `step` the metadata `metadata` (of `step`), its arrays and data position
+        kept with their checksums: an interim checkpoint made a run's last. The new file is written
+        beside the old one and renamed over it, so at every instant the checkpoint is complete, with
+        its old metadata or its new. Every process calls it (process 0 writes) and returns once it is."""
+        self._writable()
+        self._check_step(step, metadata)
+        values = with_saved_checksums(metadata.to_json(), self._read_json(step))
+        if jax.process_index() == 0:
+            write_text_atomically(self.metadata_file(step), json.dumps(values))  # as orbax's JsonSave writes it
+        if jax.process_count() > 1:
+            multihost_utils.sync_global_devices(f"jaxformer: metadata of checkpoint {step} replaced")
+
     def save_params(self, step: int, params: Any, metadata: CheckpointMetadata) -> None:
         """A parameters-only checkpoint (best or averaged weights): enough to translate, not to resume."""
         self._writable()
@@ -223,7 +196,7 @@ class Checkpointer:
         self.manager.wait_until_finished()
         path = self.metadata_file(step)
         try:
-            with _draining_event_loops():
+            with draining_event_loops():
                 values = self.manager.restore(step, args=ocp.args.Composite(metadata=ocp.args.JsonRestore()))[
                     "metadata"
                 ]
@@ -292,7 +265,7 @@ class Checkpointer:
         """The `params` item of the checkpoint at `path`; CheckpointError naming what is wrong."""
         checkpointer = ocp.PyTreeCheckpointer()
         try:
-            with _draining_event_loops():
+            with draining_event_loops():
                 try:
                     item_metadata = checkpointer.metadata(path).item_metadata
                 except Exception as error:
@@ -360,7 +333,7 @@ class Checkpointer:
             where = str(self.directory / str(step))
             self.check_process_count(step)  # not damage: no earlier checkpoint of the run would do either
             try:
-                with _draining_event_loops():
+                with draining_event_loops():
                     restored = self.manager.restore(
                         step,
                         args=ocp.args.Composite(

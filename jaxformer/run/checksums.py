@@ -212,6 +212,17 @@ def with_checksums(metadata: dict[str, Any], tree: Any, data_iterator=None) -> d
     return {**{k: v for k, v in metadata.items() if k != CHECKSUMS}, CHECKSUMS: checksums}
 
 
+def with_saved_checksums(metadata: dict[str, Any], saved: dict[str, Any]) -> dict[str, Any]:
+    """A copy of `metadata` holding the checksums of the arrays and the iterator's state from the
+    metadata `saved` (a checkpoint's, whose metadata `metadata` replaces: its arrays are kept) and
+    a checksum of itself; without checksums in `saved` (an older jaxformer's), none."""
+    checksums = saved.get(CHECKSUMS)
+    plain = {k: v for k, v in metadata.items() if k != CHECKSUMS}
+    if not isinstance(checksums, dict):
+        return plain
+    return {**plain, CHECKSUMS: {**checksums, "metadata": _metadata_digest(plain)}}
+
+
 def saved_checksums(metadata: dict[str, Any], where: str) -> dict[str, Any] | None:
     checksums = metadata.get(CHECKSUMS)
     if checksums is None:

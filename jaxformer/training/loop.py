@@ -254,18 +254,22 @@ def _train(config, prepared: PreparedRun, model: nn.Module, preparation: RaiseOn
         writer.write(step, last["bleu"], prefix="eval/")
         train_metrics.restart_interval()
 
-    def save(step: int, interim: bool = False) -> None:
+    def save(step: int, interim: bool = False, in_place: bool = False) -> None:
         """Checkpoint `step`. On the schedule (and at the run's end) as usual; `interim` (a stop
         between scheduled steps: a signal, unreadable data): kept without pushing out an older one, and
         deleted by the next checkpoint, so a resumed run ends with the checkpoints (and their
-        average) of a run never stopped."""
+        average) of a run never stopped. `in_place`: step's interim checkpoint, this state's, made
+        scheduled by its metadata alone (deleted and saved again, a kill in between lost it)."""
         window = train_metrics.for_checkpoint(interim)  # an interim one keeps its log interval's steps, unwritten
         metadata = prepared.metadata.replace(
             step=step, train_seconds=clock.seconds(), rdrop_by_pace=rdrop.decision, interim=interim, train_window=window
         )
         metadata = metadata.replace(work_seconds=None if budget is None else budget.work_seconds)
         remove_interim_before(checkpointer, step)
-        checkpointer.save(step, state, train_iterator, metadata, evict=not interim)
+        if in_place:
+            checkpointer.replace_metadata(step, metadata)
+        else:
+            checkpointer.save(step, state, train_iterator, metadata, evict=not interim)
         train_metrics.restart_interval()
 
     def save_steps_done(step: int) -> None:
@@ -296,8 +300,7 @@ def _train(config, prepared: PreparedRun, model: nn.Module, preparation: RaiseOn
     clock.start()
     if shortened and interim:  # stopped between scheduled steps: the work of the run's last step is to do
         run_due([action for action in periodic if not action.saves], step, step)
-        checkpointer.delete(step)  # saved again, as the run's last
-        save(step)
+        save(step, in_place=True)
     preparation.check()  # one held since: not handed to the loop, which would compile and take a step first
     unreadable = None  # the data's error that stopped the loop
     with StopRequest() as stop:
