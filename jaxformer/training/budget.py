@@ -205,7 +205,9 @@ def check_budget(budget: TimeBudget, schedule_end: ScheduleEnd, state, step: int
         ends_by = f"training.num_train_steps={training.num_train_steps}" if capped else "the time budget"
         state = schedule_end.set(state, estimate, step, ends_by)
     if step % training.log_every_steps == 0:
-        writer.write(step, {"seconds": seconds, "end_step": estimate if estimate > 0 else math.nan}, prefix="budget/")
+        # No end_step until a pace gives one: left out, not NaN (written "nan", as a figure measured so would be).
+        estimated = {"end_step": estimate} if estimate > 0 else {}
+        writer.write(step, {"seconds": seconds, **estimated}, prefix="budget/")
     return BudgetReading(spent, seconds, estimate if estimate > 0 else None), state
 
 

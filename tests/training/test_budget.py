@@ -30,6 +30,7 @@ from jaxformer.training.experiment import default_config
 from jaxformer.training.optimizer import budget_rate, make_optimizer
 from jaxformer.training.state import TrainState
 from jaxformer.training.validation_bleu import decode_settings
+from tests.training.test_budget_records import not_json
 from tests.training.test_loop import ROOT, losses, train
 
 pytestmark = pytest.mark.xdist_group("budget")
@@ -128,11 +129,18 @@ def test_resume_in_the_middle_of_the_schedule_is_exact(scheduled_run, data_dir, 
 @pytest.mark.slow  # three runs; the budget's arithmetic is tested with a fake clock below
 def test_a_time_budget_ends_the_run_and_carries_over_a_resume(data_dir, tmp_path):
     workdir = tmp_path / "timed"
-    timed = (*SCHEDULE, "--config.training.log_every_steps=10")
-    # A budget far beyond 30 steps however slow the machine: the run ends by its steps.
-    train(workdir, data_dir, *timed, "--config.training.time_budget_minutes=10", "--config.training.num_train_steps=30")
+    # A budget far beyond 30 steps however slow the machine: the run ends by its steps. The tiny
+    # config logs (and checks the budget at) every step: step 1's has no pace yet, so no end_step.
+    train(
+        workdir, data_dir, *SCHEDULE, "--config.training.time_budget_minutes=10", "--config.training.num_train_steps=30"
+    )
+    records = [json.loads(line, parse_constant=not_json) for line in (workdir / "metrics.jsonl").open()]
+    ends = {record["step"]: record.get("budget/end_step") for record in records if "budget/seconds" in record}
+    assert sorted(ends) == list(range(1, 31)) and ends[1] is None
+    assert all(type(ends[step]) is float and step <= ends[step] <= 30 for step in range(2, 31))
     first = last_metrics(workdir)
     assert first["step"] == 30 and "ended_by" not in first and 0 < first["train_seconds"] < 600
+    timed = (*SCHEDULE, "--config.training.log_every_steps=10")
     # Resumed with a budget that leaves 6 more seconds (the run's budget and length may change on resume).
     budget_seconds = first["train_seconds"] + 6.0
     timed = (*timed, f"--config.training.time_budget_minutes={budget_seconds / 60!r}")
