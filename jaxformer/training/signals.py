@@ -78,8 +78,20 @@ class StopRequest(_SignalHandler):
         if self.signum is not None and signum == signal.SIGINT:
             raise KeyboardInterrupt
         self.signum = int(signum)
-        when = "after this step" if jax.process_count() == 1 else "at the next step all processes agree on"
-        logger.warning("%s received: saving a checkpoint and stopping %s", self.signal_name, when)
+        logger.warning("%s", stop_message(self.signal_name, jax.process_count()))
+
+
+def stop_message(signal_name: str, process_count: int) -> str:
+    """What the training loop does on a signal it takes as a request to stop. One comes anywhere in
+    a step (its compilation included), in the evaluation or BLEU after it, or between steps; the
+    loop asks after each step's work, so that step (between steps: the next) and the work due at it
+    end first; with several processes, the step at which they next exchange signals and its work."""
+    if process_count == 1:
+        when = "once the step under way (between steps: the next one) and"
+    else:
+        when = "at the next step at which all processes exchange signals, once it and"
+    work = "any evaluation, BLEU or checkpoint due at it are done"
+    return f"{signal_name} received: stopping {when} {work}; a checkpoint is saved"
 
 
 class Stopped(BaseException):

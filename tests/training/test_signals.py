@@ -24,6 +24,24 @@ def test_a_signal_is_recorded_not_fatal(signum):
     assert signal.getsignal(signum) is not stop._handle  # handlers restored
 
 
+def test_a_signal_says_the_step_under_way_and_its_work_end_first(caplog):
+    """One may come during an evaluation, a BLEU pass, a compilation or between steps, where 'after
+    this step' said nothing true: the loop asks after each step's work (with several processes, at
+    the steps where they exchange signals), so that step and the work due at it end first."""
+    with caplog.at_level(logging.WARNING), StopRequest():
+        os.kill(os.getpid(), signal.SIGTERM)
+    assert caplog.messages == [
+        "SIGTERM received: stopping once the step under way (between steps: the next one) and any evaluation, BLEU "
+        "or checkpoint due at it are done; a checkpoint is saved"
+    ]
+    from jaxformer.training.signals import stop_message
+
+    assert stop_message("SIGINT", 2) == (
+        "SIGINT received: stopping at the next step at which all processes exchange signals, once it and any "
+        "evaluation, BLEU or checkpoint due at it are done; a checkpoint is saved"
+    )
+
+
 def test_a_second_ctrl_c_stops_at_once():
     with StopRequest() as stop, pytest.raises(KeyboardInterrupt):
         os.kill(os.getpid(), signal.SIGINT)
@@ -325,7 +343,7 @@ def test_a_signal_at_the_last_step_of_a_run_without_a_final_choice_says_it_is_co
     data_dir, tmp_path, monkeypatch, caplog
 ):
     """Nothing is left to stop: the run ends as finished (exit 0), and its log says so after the
-    handler's 'stopping after this step'."""
+    handler's 'stopping once the step under way ... are done'."""
     from jaxformer.training import loop
 
     config = _four_step_config(data_dir, final_choice=False)
