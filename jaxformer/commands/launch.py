@@ -8,10 +8,11 @@ it left in a native module's import, or was printed as "Exception ignored" by th
 collector's callback that jax registers, and lost. While `launch` loads a command, a Ctrl-C is
 kept instead: run_command, once it has the command line, ends the command as it ends one that
 comes later (`interrupted`, exit 130). A second Ctrl-C while loading interrupts at once.
-Once the command has returned its exit code, a SIGTERM or Ctrl-C while Python exits (jax's
-clean-up takes half a second) changes nothing: the command's work is done (an export in place,
-a run complete) and its exit code says so. While the exit callbacks run it is said in one line,
-and a second one ends the process at once; after them it is ignored.
+Once the command has returned its exit code (or, for a training run, once the run's work is done,
+before its summary), a SIGTERM or Ctrl-C, while Python exits too (jax's clean-up takes half a
+second), changes nothing: the command's work is done (an export in place, a run complete or
+stopped and saved) and its exit code says so. Until the exit callbacks end it is said in one
+line, and a second one ends the process at once; after them it is ignored.
 This module imports the standard library and jaxformer.errors alone, so that it is loaded at once.
 Before it loads a command it checks the jax variables of the compilation cache that the README
 names: jax reads them as it is imported, and a bad value was a 38-line traceback from that import.
@@ -89,7 +90,7 @@ def launch(module: str, argv: list[str] | None = None) -> int:
         if not _kept:
             raise
     else:
-        _keep_exit_code(code)
+        keep_exit_code(code)
         return code
     finally:
         if signal.getsignal(signal.SIGINT) is _keep:
@@ -102,13 +103,17 @@ def launch(module: str, argv: list[str] | None = None) -> int:
 _finished: list[int] = []  # the exit code of the command that returned
 
 
-def _keep_exit_code(code: int) -> None:
+def keep_exit_code(code: int) -> None:
     """SIGTERM and SIGINT, from now until the process ends, leave `code` as its exit code: one that
-    comes while the exit callbacks run (jax's) is said in one line, and a second one ends the
-    process at once; after those callbacks Python handles no signal, and they are ignored."""
+    comes before the exit callbacks end (jax's) is said in one line, and a second one ends the
+    process at once; after those callbacks Python handles no signal, and they are ignored. A
+    command whose work is done before it returns calls it then (train, before its run's summary);
+    `launch` calls it as the command returns: a second call sets the code, not the handlers again."""
     if threading.current_thread() is not threading.main_thread():
         return
-    _finished[:] = [code]
+    kept, _finished[:] = bool(_finished), [code]
+    if kept:  # a signal since may have made the next one end the process: it stays so
+        return
     for signum in (signal.SIGTERM, signal.SIGINT):
         if signal.getsignal(signum) != signal.SIG_IGN:  # an ignored one (a background job's Ctrl-C) stays so
             signal.signal(signum, _after_the_end)
@@ -120,7 +125,7 @@ def _after_the_end(signum: int, frame) -> None:
             signal.signal(each, signal.SIG_DFL)  # a second one: at once
     with contextlib.suppress(OSError, ValueError):  # stderr closed, or its reader gone
         sys.stderr.write(
-            f"{signal.Signals(signum).name} came after the command had finished; exiting with {_finished[0]}\n"
+            f"{signal.Signals(signum).name} came once the command's work was done; exiting with {_finished[0]}\n"
         )
         sys.stderr.flush()
 

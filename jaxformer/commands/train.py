@@ -34,6 +34,7 @@ from collections.abc import Callable
 from typing import NoReturn
 
 from jaxformer.argument_parser import Parser
+from jaxformer.commands import launch
 from jaxformer.commands.common import FlagError, configure_logging, make_parser, path_text, run_command
 from jaxformer.errors import EXIT_USER_ERROR, UserError, exit_code_for_signal
 from jaxformer.training.config_file import (
@@ -239,17 +240,22 @@ def run(args: argparse.Namespace) -> int:
     from jaxformer.training.loop import train_and_evaluate
 
     start = time.perf_counter()
-    last = train_and_evaluate(config, args.workdir)
+    # Once the run's work is done, a signal changes nothing: the launcher's handlers take them, before
+    # the run's are given back, and keep the exit code through the summary and Python's exit.
+    last = train_and_evaluate(config, args.workdir, on_complete=lambda last: launch.keep_exit_code(exit_code(last)))
     if "step" not in last:  # stopped by a signal before its first step: no run to summarise
-        return exit_code_for_signal(last["stopped_by_signal"])
+        return exit_code(last)
     # Every process reads the workdir for the summary: orbax's checkpoint managers synchronise all
     # processes when they open, so process 0 alone would wait for the others forever.
     summary = run_summary(config, args.workdir, last, time.perf_counter() - start)
     if jax.process_index() == 0:
         logger.info("%s", "\n  ".join(summary))
-    if last.get("stopped_by_signal"):
-        return exit_code_for_signal(last["stopped_by_signal"])
-    return 0
+    return exit_code(last)
+
+
+def exit_code(last: dict) -> int:
+    """The exit code of a run that returned `last`: 128 + the number of the signal that stopped it, or 0."""
+    return exit_code_for_signal(last["stopped_by_signal"]) if last.get("stopped_by_signal") else 0
 
 
 def main(argv: list[str] | None = None) -> int:

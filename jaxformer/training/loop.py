@@ -11,6 +11,7 @@ from __future__ import annotations
 import contextlib
 import logging
 import pathlib
+from collections.abc import Callable
 from typing import Any
 
 import flax.linen as nn
@@ -36,6 +37,7 @@ from jaxformer.training.budget import (
 )
 from jaxformer.training.config_file import holds_numpy_scalars, with_python_values
 from jaxformer.training.config_paths import with_absolute_paths
+from jaxformer.training.end_signals import stopped_before_the_final_choice, with_late_signal
 from jaxformer.training.final_choice import choose_final
 from jaxformer.training.final_choice_stop import choose_unless_stopped
 from jaxformer.training.init_from import starting_overrides, with_overrides
@@ -65,10 +67,16 @@ def _evaluate(eval_fn, params, batches, batch_sharding) -> dict[str, float]:
     return summarize(jax.device_get(totals))
 
 
-def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str | pathlib.Path) -> dict[str, Any]:
+def train_and_evaluate(
+    config: ml_collections.ConfigDict,
+    workdir: str | pathlib.Path,
+    on_complete: Callable[[dict[str, Any]], None] = lambda last: None,
+) -> dict[str, Any]:
     """Trains (or resumes) the experiment `config` in `workdir`; returns the last metrics
     (with "stopped_by_signal": its number, when SIGTERM or Ctrl-C stopped the run early;
-    "signal_once_complete": its number, when one came as the complete run's final choice ended).
+    "signal_once_complete": its number, when one came once the complete run's work was done).
+    `on_complete(last)` is called then, while the run's signal handlers are still in place: a
+    handler it installs takes over with no moment between (end_signals.py).
 
     Every config value is checked before anything is written; then the workdir is locked for
     the run (one run per workdir)."""
@@ -106,10 +114,12 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str | pathlib
         raise
     try:
         # Until the training loop takes signals as requests to stop at a step boundary (and the
-        # final choice as its own), SIGTERM and Ctrl-C stop the preparation (data, tokenizers,
-        # compilation) at once, as a failed start: the workdir unlocked and left as it was.
+        # final choice as its own), SIGTERM and Ctrl-C stop the preparation at once, as a failed
+        # start: the workdir unlocked and left as it was. Once the run's work is done, they are noted.
         with RaiseOnSignal() as preparation:
-            return _locked_train_and_evaluate(config, workdir, preparation)
+            last = _locked_train_and_evaluate(config, workdir, preparation)
+            on_complete(last)
+            return with_late_signal(last, preparation.late_signum)
     except UserError:
         lock.release()
         if jax.process_index() == 0:
@@ -364,22 +374,9 @@ def _train(config, prepared: PreparedRun, model: nn.Module, preparation: RaiseOn
             if validator:
                 validator.close()
     train_seconds = clock.seconds()  # the loop's, without the final choice
-    # A signal at the last step, or while its checkpoint was written: the run's steps are done and
-    # saved, and the final choice (minutes of decoding) is left to the same command.
-    if not stopped_early and stop.agreed(step):
-        if training.final_choice:
-            stopped_early = True
-            logger.warning(
-                "stopped by %s after the last step, %d (its checkpoint is saved), before the final choice; exiting "
-                "with %d; the same command makes the choice",
-                *(stop.signal_name, step, exit_code_for_signal(stop.signum)),
-            )
-        else:
-            logger.warning(
-                "%s received at the last step, %d, which is done and saved: the run is complete, nothing is left "
-                "to stop; exiting with 0",
-                *(stop.signal_name, step),
-            )
+    if stopped_early or not training.final_choice:
+        preparation.finish()  # nothing is left that a signal would stop: one from now on is noted
+    stopped_early = stopped_early or stopped_before_the_final_choice(stop, step, training.final_choice)
     if training.final_choice and not stopped_early:  # after close(): every checkpoint is written
         metadata = prepared.metadata.replace(train_seconds=train_seconds)
         ema = parameter_ema(state.opt_state)
@@ -387,6 +384,7 @@ def _train(config, prepared: PreparedRun, model: nn.Module, preparation: RaiseOn
         signum = choose_unless_stopped(lambda: choose_final(*candidates, ema_params=ema), run, step, last)
         if signum is not None:
             stopped_early, stop.signum = True, signum
+        preparation.finish()
     if train_metrics.last is not None:
         last["train"] = train_metrics.last
     last["step"] = step

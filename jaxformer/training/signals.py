@@ -1,8 +1,10 @@
 """SIGTERM and Ctrl-C during training: save a checkpoint at the next step boundary, then stop.
 
-Once the run has returned, its checkpoints closed (orbax's writes waited for) and its metrics and
-final choice written, a signal has nothing left to save: one that comes while Python exits is the
-launcher's (commands/launch.py), which keeps the exit code, 0 for a finished run, as nothing is lost.
+Once the run's work is done, its checkpoints closed (orbax's writes waited for) and its final
+choice made or left to the same command, a signal has nothing left to save: the run notes it
+(end_signals.py), and from before the run's handlers are given back to the process's end (the
+summary, Python's exit) the launcher's take them (commands/launch.py), which keep the exit code,
+0 for a finished run, as nothing is lost.
 """
 
 from __future__ import annotations
@@ -22,7 +24,8 @@ logger = logging.getLogger(__name__)
 
 class _SignalHandler:
     """A context in which SIGTERM and SIGINT call `_handle`; the previous handlers come back on
-    exit. Outside the main thread signals are left alone."""
+    exit, where `_handle` is still in place (one installed since, a caller's taking over with no
+    moment between, stays). Outside the main thread signals are left alone."""
 
     def __init__(self):
         self._previous = {}
@@ -40,7 +43,8 @@ class _SignalHandler:
 
     def __exit__(self, *exc) -> None:
         for signum, handler in self._previous.items():
-            signal.signal(signum, handler)
+            if signal.getsignal(signum) == self._handle:
+                signal.signal(signum, handler)
 
 
 class StopRequest(_SignalHandler):

@@ -108,7 +108,7 @@ def test_a_signal_after_the_command_finished_keeps_its_exit_code(tmp_path, code,
     process.send_signal(signal.SIGTERM)
     _, error = process.communicate(timeout=60)
     assert process.returncode == code
-    said = f"SIGTERM came after the command had finished; exiting with {code}\n" if when == "callback" else ""
+    said = f"SIGTERM came once the command's work was done; exiting with {code}\n" if when == "callback" else ""
     assert error.decode() == said
 
 
