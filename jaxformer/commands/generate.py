@@ -20,6 +20,7 @@ from jaxformer.commands import common, decoding_flags
 
 def build_parser() -> argparse.ArgumentParser:
     from jaxformer.decoding.generate import MAX_EXTRA_LENGTH, METHODS
+    from jaxformer.decoding.language_model import CONTINUATION_TOKENS
 
     parser = common.make_parser(__doc__)
     decoding_flags.add_checkpoint_flags(parser)
@@ -30,8 +31,8 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument(
         "--max_new_tokens",
         type=common.integer_from(1, MAX_EXTRA_LENGTH),
-        default=30,
-        help=f"tokens added to each prompt, EOS included, at most {MAX_EXTRA_LENGTH} (default: 30)",
+        default=CONTINUATION_TOKENS,
+        help=f"tokens added to each prompt, EOS included, at most {MAX_EXTRA_LENGTH} (default: {CONTINUATION_TOKENS})",
     )
     parser.add_argument(
         "--temperature",

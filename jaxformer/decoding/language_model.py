@@ -32,7 +32,10 @@ logger = logging.getLogger(__name__)
 # The search a continuation gets unless the caller gives another: greedy, as transformers' generate
 # and jaxformer-generate do. Translation's default, beam 4, favours dull, repetitive continuations
 # of open-ended text (Holtzman et al., 2020); beam and sampling are a DecodeSettings(method=...) away.
-CONTINUATION_SETTINGS = DecodeSettings(method="greedy")
+# Up to as many new tokens as jaxformer-generate's --max_new_tokens adds by default, so the Python
+# API and the command continue a prompt alike.
+CONTINUATION_TOKENS = 30
+CONTINUATION_SETTINGS = DecodeSettings(method="greedy", max_extra_length=CONTINUATION_TOKENS)
 
 
 class PromptedCache(NamedTuple):

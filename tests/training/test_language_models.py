@@ -14,6 +14,7 @@ import numpy as np
 import pytest
 from flax import traverse_util
 
+from jaxformer.commands import generate as generate_command
 from jaxformer.data.tokenizer import Tokenizer
 from jaxformer.decoding.generate import DecodeSettings
 from jaxformer.decoding.language_model import LanguageModel, continue_prompts
@@ -142,9 +143,11 @@ def test_greedy_continuation_equals_argmax_of_full_forward_passes(runs):
 
 def test_a_continuation_is_greedy_unless_told_otherwise(runs):
     """LanguageModel searched with translation's beam 4 unless given settings, unlike jaxformer-generate
-    and transformers' generate (beam search favours dull, repetitive continuations of open-ended text)."""
+    and transformers' generate (beam search favours dull, repetitive continuations of open-ended text),
+    and added up to 50 tokens where jaxformer-generate adds 30."""
     step, metadata, params = load_checkpoint(runs["multi30k_lm"])
-    greedy = DecodeSettings(method="greedy")
+    new_tokens = generate_command.build_parser().parse_args(["--workdir", "w"]).max_new_tokens
+    greedy = DecodeSettings(method="greedy", max_extra_length=new_tokens)
     assert LanguageModel(metadata.model_config(), params, metadata.load_tokenizer()).settings == greedy
     assert LanguageModel.from_workdir(runs["multi30k_lm"]).settings == greedy
     assert inspect.signature(continue_prompts).parameters["settings"].default == greedy
