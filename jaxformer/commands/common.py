@@ -341,9 +341,11 @@ def add_overwrite_flag(parser: argparse.ArgumentParser, what: str) -> None:
     parser.add_argument("--overwrite", action="store_true", help=f"replace an existing {what}")
 
 
-def check_stdout_open() -> None:
-    if sys.stdout is None:  # started with stdout closed (`>&-`)
-        raise FlagError("stdout is closed: give --output, or run without closing it")
+def check_stdout_open(keeps_output: str = "--output") -> None:
+    """Fails before any work when the command was started with stdout closed (`>&-`), where
+    print() writes nowhere and says nothing; `keeps_output`: the flag that writes a file instead."""
+    if sys.stdout is None:
+        raise FlagError(f"stdout is closed: give {keeps_output}, or run without closing it")
 
 
 def write_lines(path: str | None, lines: list[str]) -> None:

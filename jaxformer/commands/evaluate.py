@@ -27,6 +27,7 @@ from jaxformer.commands.common import (
     add_overwrite_flag,
     at_least,
     check_readable_file,
+    check_stdout_open,
     check_workdir,
     check_writable_file,
     make_parser,
@@ -149,6 +150,8 @@ def run(args: argparse.Namespace) -> int:
     check_writable_file(args.json, "--json", args.overwrite, inputs)
     if args.output and args.json and os.path.abspath(args.output) == os.path.abspath(args.json):
         raise FlagError(f"--output and --json are the same file, {args.output}")
+    if args.json is None:  # the scores are printed: with stdout closed they would be lost once decoded
+        check_stdout_open("--json")
     from jaxformer.decoding.translator import Translator  # the data stack: after the flags are checked
 
     if args.checkpoint == "final":  # a damaged choice found before the split is prepared and the search compiled

@@ -177,6 +177,19 @@ def test_an_existing_output_needs_overwrite_and_an_input_is_never_overwritten(
         translate.main([*translating, "--output", str(output), "--overwrite"])
 
 
+def test_evaluate_with_stdout_closed_is_refused_before_any_work_unless_json_keeps_the_scores(
+    decoding_workdir, tmp_path, capsys, monkeypatch, no_decoding
+):
+    """`jaxformer-evaluate ... >&-` decoded everything, printed its scores nowhere and exited 0."""
+    (tmp_path / "in.en").write_text("A dog.\n")
+    files = ["--source", str(tmp_path / "in.en"), "--reference", str(tmp_path / "in.en")]
+    monkeypatch.setattr(sys, "stdout", None)  # what Python sets when started with fd 1 closed
+    assert evaluate.main(["--workdir", str(decoding_workdir), *files]) == 2
+    assert capsys.readouterr().err == "error: stdout is closed: give --json, or run without closing it\n"
+    with pytest.raises(AssertionError, match="started decoding"):  # --json keeps them: the command goes on
+        evaluate.main(["--workdir", str(decoding_workdir), *files, "--json", str(tmp_path / "scores.json")])
+
+
 def test_missing_inputs_and_workdirs_are_named(tmp_path, capsys, no_decoding):
     assert translate.main(["--workdir", str(tmp_path / "run"), "--input", str(tmp_path / "in.en")]) == 2
     assert capsys.readouterr().err == f"error: --workdir {tmp_path / 'run'}: no such directory\n"
