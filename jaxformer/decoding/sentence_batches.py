@@ -36,18 +36,27 @@ class Encoder(Protocol):
     def encode(self, text: str, add_eos: bool = True) -> np.ndarray: ...
 
 
+def sentence_list(sentences: Iterable[str]) -> list[str]:
+    """`sentences` read once into a list (a list, a generator, a file's lines), each checked to be
+    a str, before anything is decoded: the results are joined per sentence once all are decoded,
+    and a generator can be read only once."""
+    if isinstance(sentences, (str, bytes)):  # iterating would translate each character
+        raise TypeError(f"sentences must be a list of str, not one {type(sentences).__name__}: pass [sentence]")
+    listed = list(sentences)
+    for index, sentence in enumerate(listed):
+        if not isinstance(sentence, str):
+            raise TypeError(f"sentence {index} is {type(sentence).__name__}, not str")
+    return listed
+
+
 def split_sentences(
-    sentences: Sequence[str], tokenizer: Encoder, max_source_tokens: int, eos_id: int
+    sentences: Iterable[str], tokenizer: Encoder, max_source_tokens: int, eos_id: int
 ) -> tuple[list[np.ndarray], list[int]]:
     """(pieces, owners): the source ids to decode, each ending in EOS, and the index of the
     sentence each piece comes from. An empty sentence has no piece; one longer than
     `max_source_tokens` has several (see `split_sentence`)."""
-    if isinstance(sentences, (str, bytes)):  # iterating would translate each character
-        raise TypeError(f"sentences must be a list of str, not one {type(sentences).__name__}: pass [sentence]")
     pieces, owners = [], []
-    for index, sentence in enumerate(sentences):
-        if not isinstance(sentence, str):
-            raise TypeError(f"sentence {index} is {type(sentence).__name__}, not str")
+    for index, sentence in enumerate(sentence_list(sentences)):
         for piece in split_sentence(sentence, tokenizer, max_source_tokens, eos_id, index):
             pieces.append(piece)
             owners.append(index)

@@ -6,7 +6,7 @@ import concurrent.futures
 import copy
 import logging
 import os
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 from typing import Any
 
 import jax
@@ -188,12 +188,14 @@ class Translator:
 
     # -- text --------------------------------------------------------------------------
 
-    def translate(self, sentences: Sequence[str], progress: bool = False) -> list[str]:
-        """One translation per input sentence, in order."""
+    def translate(self, sentences: Iterable[str], progress: bool = False) -> list[str]:
+        """One translation per input sentence, in order; `sentences`: any iterable of str (a
+        generator, a file's lines), read once before anything is decoded."""
         return [hypotheses[0][0] for hypotheses in self.translate_nbest(sentences, progress)]
 
-    def translate_nbest(self, sentences: Sequence[str], progress: bool = False) -> list[list[tuple[str, float]]]:
+    def translate_nbest(self, sentences: Iterable[str], progress: bool = False) -> list[list[tuple[str, float]]]:
         """Per sentence, the search's hypotheses (beam: beam_size of them) as (text, score), best first."""
+        sentences = sentence_batches.sentence_list(sentences)
         pieces, owners = sentence_batches.split_sentences(sentences, self.tokenizer, self.max_source_tokens, EOS_ID)
         decoded = self.translate_ids(pieces, progress=progress)
         return sentence_batches.join_pieces(owners, decoded, len(sentences), self.target_tokenizer.decode)

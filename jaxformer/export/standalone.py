@@ -43,7 +43,7 @@ import re
 import signal
 import struct
 import sys
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 from typing import Any
 
 import jax
@@ -387,13 +387,15 @@ class ExportedTranslator:
 
     # -- text -------------------------------------------------------------------------------
 
-    def translate(self, sentences: Sequence[str], progress: bool = False) -> list[str]:
-        """One translation per input sentence, in order; an empty sentence gives ""."""
+    def translate(self, sentences: Iterable[str], progress: bool = False) -> list[str]:
+        """One translation per input sentence, in order; an empty sentence gives "". `sentences`:
+        any iterable of str (a generator, a file's lines), read once before anything is decoded."""
         return [hypotheses[0][0] for hypotheses in self.translate_nbest(sentences, progress)]
 
-    def translate_nbest(self, sentences: Sequence[str], progress: bool = False) -> list[list[tuple[str, float]]]:
+    def translate_nbest(self, sentences: Iterable[str], progress: bool = False) -> list[list[tuple[str, float]]]:
         """Per sentence, the beam's hypotheses as (text, score), best first; `progress` counts
         the decoded pieces on stderr."""
+        sentences = sentence_batches.sentence_list(sentences)
         pieces, owners = sentence_batches.split_sentences(
             sentences, self.tokenizer, self.max_source_tokens, self.tokenizer.eos_id
         )

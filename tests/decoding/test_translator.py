@@ -57,6 +57,26 @@ def test_empty_and_overlong_sentences(translator, caplog):
     assert outputs[3] == joined  # every piece translated, in order
 
 
+def test_any_iterable_of_sentences_is_read_once_before_the_search(translator, tmp_path, monkeypatch):
+    """A generator or a file's lines failed with "object of type 'generator' has no len()" once
+    every sentence was decoded."""
+    sentences = read_raw("val.en.gz", 3)
+    expected = translator.translate(sentences)
+    assert translator.translate(sentence for sentence in sentences) == expected
+    (tmp_path / "in.en").write_text("".join(f"{sentence}\n" for sentence in sentences))
+    with open(tmp_path / "in.en") as lines:  # each with its line break, which the tokenizer ignores
+        assert translator.translate(lines) == expected
+    nbest = translator.translate_nbest(iter(sentences))
+    assert [hypotheses[0][0] for hypotheses in nbest] == expected
+
+    def no_search(*args, **kwargs):
+        raise AssertionError("the search ran")
+
+    monkeypatch.setattr(translator, "translate_ids", no_search)
+    with pytest.raises(TypeError, match="^sentence 2 is bytes, not str$"):  # found before any decoding
+        translator.translate(sentence for sentence in ["A man.", "A dog.", b"A cat."])
+
+
 def test_bad_arguments_are_refused_before_any_search(translator):
     with pytest.raises(TypeError, match=r"sentences must be a list of str, not one str: pass \[sentence\]"):
         translator.translate("A man.")  # not six one-letter sentences

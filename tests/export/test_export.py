@@ -44,7 +44,7 @@ import serve
 
 model = serve.load(directory)
 sentences = json.loads((results / "sentences.json").read_text())
-nbest = model.translate_nbest(sentences)
+nbest = model.translate_nbest(sentence for sentence in sentences)  # any iterable, as Translator takes
 sources = np.load(results / "sources.npz")
 outputs = {}
 for name in sources.files:
@@ -177,6 +177,7 @@ def test_translator_from_export_equals_the_translator(exported, translator, sent
     served_nbest = served.translate_nbest(sentences, progress=True)
     progress = capsys.readouterr().err  # before the Translator below logs its own warnings
     assert_same_hypotheses(served_nbest, translator.translate_nbest(sentences))
+    assert served.translate(iter(sentences)) == [nbest[0][0] for nbest in served_nbest]  # read once, up front
     assert re.search(r"translate: (\d+)/\1\n", progress)  # every piece, counted on stderr
     pieces = [ids for ids in map(translator.tokenizer.encode, sentences) if 0 < len(ids) <= 32][::-1]
     assert_same_hypotheses(served.translate_sequences(pieces), translator.translate_ids(pieces))
