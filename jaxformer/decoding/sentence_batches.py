@@ -66,12 +66,14 @@ def split_sentences(
 def split_sentence(
     sentence: str, tokenizer: Encoder, max_source_tokens: int, eos_id: int, index: int = 0
 ) -> list[np.ndarray]:
-    """Source ids of a sentence: none for an empty one; for one longer than `max_source_tokens`,
-    pieces cut at sentence ends where it can and every `max_source_tokens` - 1 tokens where it
-    cannot, so that nothing is dropped."""
-    if not sentence.strip():
-        return []
+    """Source ids of a sentence: none for an empty one, which the tokenizer encodes to no piece
+    (whitespace, and characters its normaliser drops: zero-width spaces, a byte-order mark, control
+    characters), since a source of EOS alone would be given an invented translation; for one longer
+    than `max_source_tokens`, pieces cut at sentence ends where it can and every
+    `max_source_tokens` - 1 tokens where it cannot, so that nothing is dropped."""
     ids = tokenizer.encode(sentence)
+    if not np.any(ids != eos_id):
+        return []
     if len(ids) <= max_source_tokens:
         return [ids]
     logger.warning(

@@ -528,17 +528,17 @@ class InputError(ValueError):
 
 
 def stdin_lines(data: bytes) -> list[str]:
-    """The UTF-8 lines of `data` without their line breaks; a line that is not UTF-8 is an
-    InputError naming it, with the message of translate.py's reader (jaxformer/data/parallel_text.py's
-    `decode_lines`, which serve.py cannot import; a byte-order mark and lines ended by \\r alone
-    are that reader's file rules, not a stream's)."""
+    """The UTF-8 lines of `data` without their line breaks, and without a byte-order mark at its
+    start, as translate.py reads stdin (jaxformer/data/parallel_text.py's `decode_lines`, which
+    serve.py cannot import; its refusal of lines ended by \\r alone is a file rule, not a
+    stream's); a line that is not UTF-8 is an InputError naming it, with that reader's message."""
     raw_lines = data.split(b"\n")
     if raw_lines and raw_lines[-1] == b"":
         raw_lines.pop()  # the final line break ends the last line
     lines = []
     for number, raw in enumerate(raw_lines, start=1):
         try:
-            lines.append(raw.decode("utf-8").rstrip("\r"))
+            lines.append(raw.decode("utf-8-sig" if number == 1 else "utf-8").rstrip("\r"))
         except UnicodeDecodeError as error:
             raise InputError(
                 f"<stdin>: line {number} is not valid UTF-8 ({error.reason} at byte {error.start})"

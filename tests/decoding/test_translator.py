@@ -44,6 +44,10 @@ def test_empty_and_overlong_sentences(translator, caplog):
     )
     assert outputs[0] == "" and outputs[2] == ""
     assert outputs[1] == translator.translate(["A dog runs."])[0]
+    # Lines that are empty to the tokenizer were decoded from EOS alone, an invented translation.
+    nothing = ["\u200b", "\x01\x02", "\ufeff", " \u200b\t"]  # zero-width space, control characters, BOM
+    assert [len(translator.tokenizer.encode(text, add_eos=False)) for text in nothing] == [0] * len(nothing)
+    assert translator.translate_nbest(nothing) == [[("", 0.0)]] * len(nothing)
     pieces = sentence_batches.split_sentence(long_sentence, translator.tokenizer, 64, EOS_ID)
     assert len(pieces) > 1 and all(len(piece) <= 64 and piece[-1] == EOS_ID for piece in pieces)
     # Nothing dropped: the pieces hold every token of the sentence.

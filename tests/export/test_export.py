@@ -2,6 +2,7 @@
 and the refusals (overwriting, damaged files)."""
 
 import hashlib
+import io
 import json
 import os
 import pathlib
@@ -381,12 +382,22 @@ def test_serve_py_reads_its_input_before_the_model(exported, tmp_path):
         assert result.stderr.decode() == "error: <stdin>: line 2 is not valid UTF-8 (invalid start byte at byte 0)\n"
 
 
+def test_serve_py_reads_stdin_as_translate_does():
+    """A byte-order mark that starts the input is dropped, as translate.py's reader drops it
+    (serve.py kept it, and translated a line holding only it)."""
+    from jaxformer.data.parallel_text import decode_lines
+
+    for data in (b"\xef\xbb\xbf\nA man.\r\n\xef\xbb\xbfTwo dogs.\n", b"\xef\xbb\xbfA man.", b"A\n\n\xef\xbb\xbf\n"):
+        assert standalone.stdin_lines(data) == decode_lines(io.BytesIO(data).readlines(), "<stdin>"), data
+
+
 def test_serve_py_logs_in_the_commands_format(exported):
-    """A long sentence's warning, as the jaxformer commands log it ("HH:MM:SS W ..."), on stderr."""
-    result = run_serve_py(exported, input="A man rides a horse. " * 12 + "\nTwo dogs.\n")
-    assert result.returncode == 0 and len(result.stdout.split("\n")) == 3
+    """A long sentence's warning, as the jaxformer commands log it ("HH:MM:SS W ..."), on stderr;
+    a line that is empty to the tokenizer (a byte-order mark alone) is an empty line."""
+    result = run_serve_py(exported, input="\ufeff\n" + "A man rides a horse. " * 12 + "\nTwo dogs.\n")
+    assert result.returncode == 0 and result.stdout.split("\n")[0] == "" and len(result.stdout.split("\n")) == 4
     assert re.fullmatch(
-        r"\d\d:\d\d:\d\d W sentence 0 \(line 1\) has \d+ tokens, more than max_source_tokens=32: translating it in "
+        r"\d\d:\d\d:\d\d W sentence 1 \(line 2\) has \d+ tokens, more than max_source_tokens=32: translating it in "
         r"pieces\n",
         result.stderr,
     ), result.stderr
