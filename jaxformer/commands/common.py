@@ -181,6 +181,14 @@ def check_writable_file(
         raise FlagError(f"{flag} {path}: cannot write in {folder} ({error.strerror})") from None
 
 
+def one_file(first: str, second: str) -> bool:
+    """Whether writing `first` writes `second`: the same real path (a symbolic link, even one to
+    nothing yet, is written as its target) or, both existing, one file (a hard link)."""
+    if os.path.realpath(first) == os.path.realpath(second):
+        return True
+    return os.path.exists(first) and os.path.exists(second) and os.path.samefile(first, second)
+
+
 # -- logging ---------------------------------------------------------------------------------
 
 

@@ -17,7 +17,6 @@ import argparse
 import dataclasses
 import json
 import logging
-import os
 import time
 
 import ml_collections
@@ -31,6 +30,7 @@ from jaxformer.commands.common import (
     check_workdir,
     check_writable_file,
     make_parser,
+    one_file,
     run_command,
 )
 from jaxformer.commands.decoding_flags import (
@@ -148,8 +148,8 @@ def run(args: argparse.Namespace) -> int:
     inputs = {"--source": args.source, "--reference": args.reference}
     check_writable_file(args.output, "--output", args.overwrite, inputs)
     check_writable_file(args.json, "--json", args.overwrite, inputs)
-    if args.output and args.json and os.path.abspath(args.output) == os.path.abspath(args.json):
-        raise FlagError(f"--output and --json are the same file, {args.output}")
+    if args.output and args.json and one_file(args.output, args.json):  # the scores would replace the translations
+        raise FlagError(f"--output {args.output} and --json {args.json} are the same file")
     if args.json is None:  # the scores are printed: with stdout closed they would be lost once decoded
         check_stdout_open("--json")
     from jaxformer.decoding.translator import Translator  # the data stack: after the flags are checked

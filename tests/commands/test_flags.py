@@ -1,6 +1,7 @@
 """Every command checks its flags and output paths first: one line naming the flag, exit 2,
 nothing decoded, trained or written."""
 
+import os
 import pathlib
 import re
 import subprocess
@@ -160,7 +161,7 @@ def test_an_existing_output_needs_overwrite_and_an_input_is_never_overwritten(
         (
             evaluate,
             [*evaluating, "--output", str(tmp_path / "new"), "--json", str(tmp_path / "new")],
-            f"--output and --json are the same file, {tmp_path / 'new'}",
+            f"--output {tmp_path / 'new'} and --json {tmp_path / 'new'} are the same file",
         ),
     ]
     link = tmp_path / "link.en"  # another name for the input is the input
@@ -168,6 +169,14 @@ def test_an_existing_output_needs_overwrite_and_an_input_is_never_overwritten(
     refusals.append(
         (translate, [*translating, "--output", str(link), "--overwrite"], f"--output {link}: is the --input")
     )
+    # The scores written through another name for the translations' file replaced them: a link to a
+    # file not made yet, a link to the existing output, and a hard link to it.
+    (tmp_path / "to-new").symlink_to(tmp_path / "new")
+    (tmp_path / "to-output").symlink_to(output)
+    os.link(output, tmp_path / "hard")
+    for other, existing in (("to-new", tmp_path / "new"), ("to-output", output), ("hard", output)):
+        flags = [*evaluating, "--output", str(tmp_path / other), "--json", str(existing), "--overwrite"]
+        refusals.append((evaluate, flags, f"--output {tmp_path / other} and --json {existing} are the same file"))
     for command, flags, message in refusals:
         assert command.main(flags) == 2, flags
         error = capsys.readouterr().err
