@@ -172,7 +172,8 @@ def run(args: argparse.Namespace) -> int:
         raise DataError(f"{where}: no pair with text on both sides, nothing to score")
     translator = translator_from_flags(args, settings, chosen)
     start = time.perf_counter()
-    hypotheses = translator.translate(sources, progress=not args.no_progress)
+    line_numbers = None if file_lines is None else file_lines.numbers  # a long sentence's warning names its line
+    hypotheses = translator.translate(sources, progress=not args.no_progress, line_numbers=line_numbers)
     seconds = time.perf_counter() - start
     scores = corpus_scores(hypotheses, references)
     settings = translator.settings

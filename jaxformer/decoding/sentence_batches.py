@@ -50,21 +50,30 @@ def sentence_list(sentences: Iterable[str]) -> list[str]:
 
 
 def split_sentences(
-    sentences: Iterable[str], tokenizer: Encoder, max_source_tokens: int, eos_id: int
+    sentences: Iterable[str],
+    tokenizer: Encoder,
+    max_source_tokens: int,
+    eos_id: int,
+    line_numbers: Sequence[int] | None = None,
 ) -> tuple[list[np.ndarray], list[int]]:
     """(pieces, owners): the source ids to decode, each ending in EOS, and the index of the
     sentence each piece comes from. An empty sentence has no piece; one longer than
-    `max_source_tokens` has several (see `split_sentence`)."""
+    `max_source_tokens` has several (see `split_sentence`). `line_numbers`: each sentence's line in
+    the user's file, which a warning names (default: its index + 1), where lines were left out."""
+    sentences = sentence_list(sentences)
+    if line_numbers is not None and len(line_numbers) != len(sentences):
+        raise ValueError(f"{len(line_numbers)} line numbers for {len(sentences)} sentences")
     pieces, owners = [], []
-    for index, sentence in enumerate(sentence_list(sentences)):
-        for piece in split_sentence(sentence, tokenizer, max_source_tokens, eos_id, index):
+    for index, sentence in enumerate(sentences):
+        line = index + 1 if line_numbers is None else line_numbers[index]
+        for piece in split_sentence(sentence, tokenizer, max_source_tokens, eos_id, index, line):
             pieces.append(piece)
             owners.append(index)
     return pieces, owners
 
 
 def split_sentence(
-    sentence: str, tokenizer: Encoder, max_source_tokens: int, eos_id: int, index: int = 0
+    sentence: str, tokenizer: Encoder, max_source_tokens: int, eos_id: int, index: int = 0, line: int | None = None
 ) -> list[np.ndarray]:
     """Source ids of a sentence: none for an empty one, which the tokenizer encodes to no piece
     (whitespace, and characters its normaliser drops: zero-width spaces, a byte-order mark, control
@@ -79,7 +88,7 @@ def split_sentence(
     logger.warning(
         "sentence %d (line %d) has %d tokens, more than max_source_tokens=%d: translating it in pieces",
         index,
-        index + 1,
+        index + 1 if line is None else line,
         len(ids),
         max_source_tokens,
     )

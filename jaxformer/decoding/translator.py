@@ -188,15 +188,23 @@ class Translator:
 
     # -- text --------------------------------------------------------------------------
 
-    def translate(self, sentences: Iterable[str], progress: bool = False) -> list[str]:
+    def translate(
+        self, sentences: Iterable[str], progress: bool = False, *, line_numbers: Sequence[int] | None = None
+    ) -> list[str]:
         """One translation per input sentence, in order; `sentences`: any iterable of str (a
-        generator, a file's lines), read once before anything is decoded."""
-        return [hypotheses[0][0] for hypotheses in self.translate_nbest(sentences, progress)]
+        generator, a file's lines), read once before anything is decoded. `line_numbers`: each
+        sentence's line in its file, named in the warning about a long one (default: its index + 1)."""
+        nbest = self.translate_nbest(sentences, progress, line_numbers=line_numbers)
+        return [hypotheses[0][0] for hypotheses in nbest]
 
-    def translate_nbest(self, sentences: Iterable[str], progress: bool = False) -> list[list[tuple[str, float]]]:
+    def translate_nbest(
+        self, sentences: Iterable[str], progress: bool = False, *, line_numbers: Sequence[int] | None = None
+    ) -> list[list[tuple[str, float]]]:
         """Per sentence, the search's hypotheses (beam: beam_size of them) as (text, score), best first."""
         sentences = sentence_batches.sentence_list(sentences)
-        pieces, owners = sentence_batches.split_sentences(sentences, self.tokenizer, self.max_source_tokens, EOS_ID)
+        pieces, owners = sentence_batches.split_sentences(
+            sentences, self.tokenizer, self.max_source_tokens, EOS_ID, line_numbers
+        )
         decoded = self.translate_ids(pieces, progress=progress)
         return sentence_batches.join_pieces(owners, decoded, len(sentences), self.target_tokenizer.decode)
 

@@ -3,6 +3,7 @@
 import json
 import os
 import pathlib
+import re
 import shutil
 import subprocess
 import sys
@@ -194,13 +195,14 @@ def test_evaluate_leaves_out_file_pairs_with_an_empty_side_as_a_split_does(
 ):
     sources, references = read_raw("val.en.gz", 8), read_raw("val.de.gz", 8)
     sources[2], references[4] = "", "  "  # line 3's source, line 5's reference
+    sources[5] = " ".join(read_raw("val.en.gz", 4))  # over 32 tokens: translated in pieces, with a warning
     source, reference = tmp_path / "t.en", tmp_path / "t.de"
     source.write_text("\n".join(sources) + "\n")
     reference.write_text("\n".join(references) + "\n")
     hypotheses, scores_file = tmp_path / "hyp.de", tmp_path / "scores.json"
     files = ["--source", str(source), "--reference", str(reference)]
     arguments = ["--workdir", str(decoding_workdir), *files, "--output", str(hypotheses), "--json", str(scores_file)]
-    assert evaluate.main([*arguments, *FAST]) == 0
+    assert evaluate.main([*arguments, "--max_source_tokens", "32", *FAST]) == 0
     scores = json.loads(scores_file.read_text())
     outputs = hypotheses.read_text().splitlines()
     assert len(outputs) == 8 and outputs[2] == outputs[4] == ""  # one line per line of the files
@@ -208,7 +210,9 @@ def test_evaluate_leaves_out_file_pairs_with_an_empty_side_as_a_split_does(
     assert scores["sentences"] == 6
     scored = [outputs[index] for index in kept]
     assert scores["bleu"] == pytest.approx(sacrebleu.corpus_bleu(scored, [[references[i] for i in kept]]).score)
-    assert "2 of its first 8 lines are not scored (an empty side)" in capsys.readouterr().err
+    err = capsys.readouterr().err
+    assert "2 of its first 8 lines are not scored (an empty side)" in err
+    assert re.search(r" W sentence 3 \(line 6\) has \d+ tokens, more than max_source_tokens=32", err), err
 
     class NoModel:  # files without a pair are refused before the model is read
         @staticmethod
