@@ -334,6 +334,8 @@ def read_lines(path: str | None) -> list[str]:
 
     if path is not None:
         return parallel_text.read_lines(path)
+    if sys.stdin is None:  # started with stdin closed (`<&-`)
+        raise FlagError("stdin is closed: give --input, or run without closing it")
     return parallel_text.decode_lines(io.BytesIO(sys.stdin.buffer.read()), "<stdin>")
 
 

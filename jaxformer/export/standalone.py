@@ -566,6 +566,9 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     # The jaxformer commands' log format (a long sentence's warning, say), on stderr, apart from the output.
     logging.basicConfig(format="%(asctime)s %(levelname).1s %(message)s", datefmt="%H:%M:%S", stream=sys.stderr)
+    if sys.stdin is None:  # started with stdin closed (`<&-`), as translate.py refuses it
+        sys.stderr.write("error: stdin is closed: serve.py translates the lines of stdin\n")
+        return 2
     try:
         lines = stdin_lines(sys.stdin.buffer.read())  # before the model: bad input costs no loading
         model = load(args.directory, args.batch_size)

@@ -199,6 +199,14 @@ def test_evaluate_with_stdout_closed_is_refused_before_any_work_unless_json_keep
         evaluate.main(["--workdir", str(decoding_workdir), *files, "--json", str(tmp_path / "scores.json")])
 
 
+def test_a_closed_stdin_is_one_line_before_any_work(tmp_path, capsys, monkeypatch, no_decoding):
+    """`jaxformer-translate ... <&-` ended in "AttributeError: 'NoneType' object has no attribute 'buffer'"."""
+    monkeypatch.setattr(sys, "stdin", None)  # what Python sets when started with fd 0 closed
+    for command in (translate, generate):
+        assert command.main(["--workdir", str(tmp_path)]) == 2
+        assert capsys.readouterr().err == "error: stdin is closed: give --input, or run without closing it\n"
+
+
 def test_missing_inputs_and_workdirs_are_named(tmp_path, capsys, no_decoding):
     assert translate.main(["--workdir", str(tmp_path / "run"), "--input", str(tmp_path / "in.en")]) == 2
     assert capsys.readouterr().err == f"error: --workdir {tmp_path / 'run'}: no such directory\n"

@@ -391,6 +391,13 @@ def test_serve_py_reads_stdin_as_translate_does():
         assert standalone.stdin_lines(data) == decode_lines(io.BytesIO(data).readlines(), "<stdin>"), data
 
 
+def test_serve_py_started_with_stdin_closed_says_so_in_one_line(tmp_path, capsys, monkeypatch):
+    """`python serve.py <&-` ended in an AttributeError traceback; now one line before the export is read."""
+    monkeypatch.setattr(sys, "stdin", None)  # what Python sets when started with fd 0 closed
+    assert standalone.main([str(tmp_path / "no-export")]) == 2
+    assert capsys.readouterr().err == "error: stdin is closed: serve.py translates the lines of stdin\n"
+
+
 def test_serve_py_logs_in_the_commands_format(exported):
     """A long sentence's warning, as the jaxformer commands log it ("HH:MM:SS W ..."), on stderr;
     a line that is empty to the tokenizer (a byte-order mark alone) is an empty line."""
