@@ -32,6 +32,7 @@ length, a JSON header {name: {dtype, shape, data_offsets}} and the raw little-en
 from __future__ import annotations
 
 import argparse
+import errno
 import hashlib
 import importlib.util
 import json
@@ -58,6 +59,7 @@ LOADER_FILE = "serve.py"
 # The jaxformer modules serve.py imports (standard library, numpy and jax only), by their path in
 # the package; each is copied beside serve.py under its file name.
 LOADER_IMPORTS = ("decoding/sentence_batches.py", "argument_parser.py")
+EXIT_NO_SPACE = 75  # a full disk's exit code, jaxformer.errors.EXIT_NO_SPACE, which serve.py cannot import
 
 
 def _recorded_digest(folder: pathlib.Path, file_name: str) -> str | None:
@@ -566,9 +568,13 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     # The jaxformer commands' log format (a long sentence's warning, say), on stderr, apart from the output.
     logging.basicConfig(format="%(asctime)s %(levelname).1s %(message)s", datefmt="%H:%M:%S", stream=sys.stderr)
-    if sys.stdin is None:  # started with stdin closed (`<&-`), as translate.py refuses it
-        sys.stderr.write("error: stdin is closed: serve.py translates the lines of stdin\n")
-        return 2
+    for stream, closed in (  # started with it closed (`<&-`, `>&-`): refused before any work, as by translate.py
+        (sys.stdin, "stdin is closed: serve.py translates the lines of stdin"),
+        (sys.stdout, "stdout is closed: serve.py writes the translations to stdout"),
+    ):
+        if stream is None:
+            sys.stderr.write(f"error: {closed}\n")
+            return 2
     try:
         lines = stdin_lines(sys.stdin.buffer.read())  # before the model: bad input costs no loading
         model = load(args.directory, args.batch_size)
@@ -587,9 +593,24 @@ def main(argv: list[str] | None = None) -> int:
             output = output[sys.stdout.buffer.write(output) :]
         sys.stdout.buffer.flush()
     except BrokenPipeError:  # the reader closed stdout (`| head`): no more is wanted, as SIGPIPE says
-        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())  # the interpreter's last flush then passes
+        _discard_stdout()
         return 128 + signal.SIGPIPE
+    except OSError as error:
+        if error.errno not in (errno.ENOSPC, errno.EDQUOT):
+            raise
+        _discard_stdout()
+        where = f"{error.strerror or error} writing <stdout>"
+        sys.stderr.write(f"error: {where}: free space (or quota), then run the same command again\n")
+        return EXIT_NO_SPACE
     return 0
+
+
+def _discard_stdout() -> None:
+    """Points stdout at /dev/null once writing it failed, so that the interpreter's last flush of
+    what it still holds does not fail again, with a message, after serve.py has said why."""
+    devnull = os.open(os.devnull, os.O_WRONLY)
+    os.dup2(devnull, sys.stdout.fileno())
+    os.close(devnull)
 
 
 if __name__ == "__main__":

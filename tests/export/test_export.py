@@ -20,7 +20,7 @@ from jaxformer.commands import export
 from jaxformer.decoding import sentence_batches
 from jaxformer.decoding.generate import DecodeSettings, decoding_variant, make_generate_fn
 from jaxformer.decoding.translator import Translator
-from jaxformer.errors import UserError
+from jaxformer.errors import EXIT_NO_SPACE, UserError
 from jaxformer.export import exporter, standalone
 from jaxformer.export.loading import ExportError, load_export
 from jaxformer.export.safetensors import flatten, read_safetensors
@@ -396,6 +396,49 @@ def test_serve_py_started_with_stdin_closed_says_so_in_one_line(tmp_path, capsys
     monkeypatch.setattr(sys, "stdin", None)  # what Python sets when started with fd 0 closed
     assert standalone.main([str(tmp_path / "no-export")]) == 2
     assert capsys.readouterr().err == "error: stdin is closed: serve.py translates the lines of stdin\n"
+
+
+class UpperCase:
+    """Stands in for an export's model where what is tested is serve.py's writing."""
+
+    @staticmethod
+    def translate(sentences):
+        return [sentence.upper() for sentence in sentences]
+
+
+def test_serve_py_output_failures_are_one_line_with_translates_exit_codes(tmp_path, capsys, monkeypatch):
+    """`python serve.py > /dev/full` ended in an OSError traceback once everything was translated,
+    and `>&-` in an AttributeError: now translate.py's codes, 75 for a full disk, 2 for stdout closed
+    (before the export is read)."""
+
+    def no_loading(*args):
+        raise AssertionError("the export was read")
+
+    monkeypatch.setattr(standalone, "load", no_loading)
+    monkeypatch.setattr(sys, "stdin", io.TextIOWrapper(io.BytesIO(b"a man.\n"), encoding="utf-8"))
+    monkeypatch.setattr(sys, "stdout", None)  # what Python sets when started with fd 1 closed
+    assert standalone.main([str(tmp_path)]) == 2
+    assert capsys.readouterr().err == "error: stdout is closed: serve.py writes the translations to stdout\n"
+    monkeypatch.setattr(standalone, "load", lambda *args: UpperCase())
+    with open("/dev/full", "w", encoding="utf-8") as full:
+        monkeypatch.setattr(sys, "stdout", full)
+        assert standalone.main([str(tmp_path)]) == EXIT_NO_SPACE
+        assert capsys.readouterr().err == (
+            "error: No space left on device writing <stdout>: free space (or quota), then run the same command again\n"
+        )
+    # closed without an error: what it held was let go, as the interpreter's last flush must let it go
+
+
+@pytest.mark.slow  # a subprocess that loads the export and translates: the case above, end to end
+def test_serve_py_to_a_full_disk_says_so_once(exported):
+    with open("/dev/full", "wb") as full:
+        result = subprocess.run(
+            [sys.executable, str(exported / "serve.py")], input=b"A man.\n", stdout=full, stderr=subprocess.PIPE
+        )
+    assert result.returncode == EXIT_NO_SPACE
+    assert (
+        result.stderr.decode().count("\n") == 1 and "No space left on device writing <stdout>" in result.stderr.decode()
+    )
 
 
 def test_serve_py_logs_in_the_commands_format(exported):
