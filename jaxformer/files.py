@@ -115,24 +115,39 @@ def _create_unique_file(destination: pathlib.Path) -> tuple[int, str]:
 
 def unwritable_folder_reason(path: str | pathlib.Path) -> str | None:
     """Why files cannot be written under the folder `path` (created with its parents if missing),
-    or None when they can: it, or the nearest thing above it that exists, is a file or a link to
-    one, or a link to nothing (mkdir does not follow a link, so it cannot create the link's
-    target), or is a folder that refuses a new entry (tried with an empty folder, removed at once)."""
+    or None when they can: `not_a_folder_reason`, or the nearest folder above it that exists
+    refuses a new entry (tried with an empty folder, removed at once)."""
+    reason = not_a_folder_reason(path)
+    if reason is not None:
+        return reason
+    existing = _nearest_existing(pathlib.Path(path).absolute())
+    try:
+        os.rmdir(tempfile.mkdtemp(prefix=".jaxformer-probe-", dir=existing))
+    except OSError as error:
+        return f"{existing} takes no new entries ({error.strerror})"
+    return None
+
+
+def not_a_folder_reason(path: str | pathlib.Path) -> str | None:
+    """Why the folder `path` cannot be there or be made, or None: it, or the nearest thing above it
+    that exists (named then), is a file or a link to one, or a link to nothing (mkdir does not
+    follow a link, so it cannot create the link's target)."""
     path = pathlib.Path(path).absolute()
-    existing = path
-    while not existing.exists() and not existing.is_symlink():
-        existing = existing.parent
+    existing = _nearest_existing(path)
     subject = "" if existing == path else f"{existing} "
     if not existing.exists():
         return f"{subject}is a link to {os.readlink(existing)}, which does not exist"
     if not existing.is_dir():
         link = f"a link to {os.readlink(existing)}, " if existing.is_symlink() else ""
         return f"{subject}is {link}a file, not a folder"
-    try:
-        os.rmdir(tempfile.mkdtemp(prefix=".jaxformer-probe-", dir=existing))
-    except OSError as error:
-        return f"{existing} takes no new entries ({error.strerror})"
     return None
+
+
+def _nearest_existing(path: pathlib.Path) -> pathlib.Path:
+    """`path`, or the nearest folder above it that exists; a link counts, even one to nothing."""
+    while not path.exists() and not path.is_symlink():
+        path = path.parent
+    return path
 
 
 def is_mount_point(path: str | pathlib.Path) -> bool:

@@ -33,7 +33,7 @@ from jaxformer.commands import launch
 from jaxformer.commands.compilation_cache import enable_compilation_cache, repair_unreadable_entry
 from jaxformer.decoding import sentence_batches
 from jaxformer.errors import EXIT_NO_SPACE, EXIT_USER_ERROR, UserError, exit_code_for_signal, no_space_error
-from jaxformer.files import open_descriptor, write_text_atomically, write_to_stream
+from jaxformer.files import not_a_folder_reason, open_descriptor, write_text_atomically, write_to_stream
 
 logger = logging.getLogger(__name__)
 
@@ -90,7 +90,7 @@ def path_text(text: str) -> str:
     """A local file or folder path: not empty, which would mean the current directory by accident,
     and not a URL (gs://, s3://), which local file operations would take for a folder named gs:."""
     if not text.strip():
-        raise argparse.ArgumentTypeError(f"must be a path, got {text!r}")
+        raise argparse.ArgumentTypeError(f"must be a path, got {'an empty one' if not text else repr(text)}")
     if re.match(r"^[A-Za-z][A-Za-z0-9+.-]*://", text):
         raise argparse.ArgumentTypeError(
             f"must be a local path or a mounted file system (NFS, gcsfuse), not a URL: {text!r}"
@@ -172,8 +172,8 @@ def check_writable_file(
         return
     destination = pathlib.Path(os.path.realpath(target)) if target.is_symlink() else target
     folder = destination.parent
-    if not folder.is_dir():
-        raise FlagError(f"{flag} {path}: the folder {folder} does not exist")
+    if not folder.is_dir():  # a file (or a link to nothing) on the way is named as such, not as missing
+        raise FlagError(f"{flag} {path}: {not_a_folder_reason(destination) or f'the folder {folder} does not exist'}")
     try:  # the real test: permission bits do not tell about read-only mounts, or bind root
         with tempfile.NamedTemporaryFile(dir=folder, prefix=f".{destination.name}.", suffix=".probe"):
             pass
@@ -342,8 +342,10 @@ def read_lines(path: str | None) -> list[str]:
 def add_input_output_flags(parser: argparse.ArgumentParser, what: str) -> None:
     """--input and --output: text files, one item per line; stdin and stdout by default; an
     existing --output is replaced only with --overwrite."""
-    parser.add_argument("--input", help=f"{what} file, one per line (default: stdin)")
-    parser.add_argument("--output", help="output file (default: stdout); an existing one needs --overwrite")
+    parser.add_argument("--input", type=path_text, help=f"{what} file, one per line (default: stdin)")
+    parser.add_argument(
+        "--output", type=path_text, help="output file (default: stdout); an existing one needs --overwrite"
+    )
     add_overwrite_flag(parser, "--output")
 
 

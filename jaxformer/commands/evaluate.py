@@ -31,6 +31,7 @@ from jaxformer.commands.common import (
     check_writable_file,
     make_parser,
     one_file,
+    path_text,
     run_command,
 )
 from jaxformer.commands.decoding_flags import (
@@ -129,11 +130,11 @@ def build_parser() -> argparse.ArgumentParser:
         "--split",
         help="a split of the run's dataset, e.g. test_2016_flickr or validation (multi30k), test (parallel_files)",
     )
-    parser.add_argument("--source", help="source file, one sentence per line (with --reference)")
-    parser.add_argument("--reference", help="reference translations, line-aligned with --source")
+    parser.add_argument("--source", type=path_text, help="source file, one sentence per line (with --reference)")
+    parser.add_argument("--reference", type=path_text, help="reference translations, line-aligned with --source")
     parser.add_argument("--max_examples", type=at_least(1), help="score only the first N pairs")
-    parser.add_argument("--output", help="also write the translations here")
-    parser.add_argument("--json", help="also write the scores here as JSON")
+    parser.add_argument("--output", type=path_text, help="also write the translations here")
+    parser.add_argument("--json", type=path_text, help="also write the scores here as JSON")
     add_overwrite_flag(parser, "--output or --json")
     return parser
 

@@ -86,7 +86,29 @@ def test_paths_are_never_empty(capsys):
         with pytest.raises(SystemExit) as stopped:
             command.main(argv)
         assert stopped.value.code == 2
-        assert "must be a path, got ''" in capsys.readouterr().err, argv
+        assert "must be a path, got an empty one" in capsys.readouterr().err, argv
+
+
+def test_output_paths_that_cannot_be_files_say_why(tmp_path, capsys, monkeypatch, no_decoding):
+    """`--output ""` said "--output : is a directory", and `--output f/x.de`, with f a file, that
+    the folder f does not exist."""
+    monkeypatch.chdir(tmp_path)
+    pathlib.Path("f").write_text("a file\n")
+    pathlib.Path("in.en").write_text("A dog.\n")
+    files = ["--source", "in.en", "--reference", "in.en"]
+    for command, flags, outputs, inputs in (
+        (translate, ["--input", "in.en"], ("--output",), ("--input",)),
+        (generate, ["--input", "in.en"], ("--output",), ("--input",)),
+        (evaluate, files, ("--output", "--json"), ("--source", "--reference")),
+    ):
+        for flag in (*outputs, *inputs):
+            with pytest.raises(SystemExit) as stopped:
+                command.main(["--workdir", str(tmp_path), *flags, flag, ""])
+            assert stopped.value.code == 2
+            assert capsys.readouterr().err.startswith(f"error: argument {flag}: must be a path, got an empty one")
+        for flag in outputs:
+            assert command.main(["--workdir", str(tmp_path), *flags, flag, "f/x.de"]) == 2
+            assert capsys.readouterr().err == f"error: {flag} f/x.de: {tmp_path / 'f'} is a file, not a folder\n"
 
 
 def test_generate_refuses_one_search_flags_under_another(tmp_path, capsys, no_decoding):

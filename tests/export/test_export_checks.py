@@ -190,7 +190,7 @@ def test_an_output_that_cannot_be_made_is_refused_before_any_work(workdir, tmp_p
             f"error: cannot write the export {tmp_path / 'afile' / 'sub'}: {tmp_path / 'afile'}: "
             "is a file, not a folder",
         ),
-        ("", "error: argument --output: must be a path, got ''"),
+        ("", "error: argument --output: must be a path, got an empty one"),
         ("gs://bucket/e", "error: argument --output: must be a local path or a mounted file system"),
     ):
         try:
