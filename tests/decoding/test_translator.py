@@ -124,9 +124,13 @@ def test_translate_ids_names_the_callers_source(translator):
         (sources[0][None], ValueError, r"^source 1 must be one sentence's ids \(1-D\), got shape \(1, 3\)$"),
         (sources[0].astype(np.float32), TypeError, r"^source 1's ids must be integers, got dtype float32$"),
         (sources[0] > 0, TypeError, r"^source 1's ids must be integers, got dtype bool$"),
+        ([], ValueError, rf"^source 1 is empty: a sentence's ids end with EOS \({EOS_ID}\)$"),
+        (np.zeros(0, np.int32), ValueError, r"^source 1 is empty: "),
     ):
         with pytest.raises(error, match=message):
             translator.translate_ids([sources[0], bad])
+    with pytest.raises(ValueError, match=r"^source 0 is empty: "):  # alone: an IndexError from the batching
+        translator.translate_ids([[]])
     expected = translator.translate_ids([sources[0], sources[2]])
     for given in ([sources[0].astype(np.int64), sources[2].astype(np.uint16)], [sources[0].tolist(), [5, EOS_ID]]):
         assert [[ids.tolist() for ids, _ in nbest] for nbest in translator.translate_ids(given)] == [
