@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import logging
 import os
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 from typing import Any, NamedTuple
 
 import jax
@@ -19,6 +19,7 @@ import numpy as np
 from jaxformer.data.tokenizer import Tokenizer
 from jaxformer.decoding.generate import DecodeSettings, Hypotheses, decoding_variant, search
 from jaxformer.decoding.search import SearchSpec
+from jaxformer.decoding.sentence_batches import sentence_list
 from jaxformer.model.cache import DecoderCache, init_cache
 from jaxformer.model.config import ConfigError, TransformerConfig
 from jaxformer.model.decoder_only import DecoderOnly
@@ -133,14 +134,16 @@ class LanguageModel:
         logger.info("loaded step %d of %s (%s)", step, workdir, checkpoint_name(checkpoint))
         return cls(metadata.model_config(), params, metadata.load_tokenizer(), settings, **kwargs)
 
-    def complete(self, prompts: Sequence[str]) -> list[str]:
+    def complete(self, prompts: Iterable[str]) -> list[str]:
         """Each prompt followed by its best continuation, as text."""
         return [hypotheses[0][0] for hypotheses in self.complete_nbest(prompts)]
 
-    def complete_nbest(self, prompts: Sequence[str]) -> list[list[tuple[str, float]]]:
+    def complete_nbest(self, prompts: Iterable[str]) -> list[list[tuple[str, float]]]:
         """Per prompt, (prompt + continuation as text, score) for each hypothesis, best first. The
         prompt is the caller's text as given (sentencepiece's normalisation, unknown characters and
-        runs of spaces left as they were); the continuation follows it as the tokenizer spaces it."""
+        runs of spaces left as they were); the continuation follows it as the tokenizer spaces it.
+        Any iterable of str (a generator, a file's lines), read once before anything is decoded."""
+        prompts = sentence_list(prompts)
         encoded = [self.tokenizer.encode(prompt, add_eos=False) for prompt in prompts]
         results: list[Any] = [None] * len(prompts)
         for indices, tokens, scores in self.continue_ids(encoded):

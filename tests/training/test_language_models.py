@@ -179,6 +179,11 @@ def test_a_prompt_is_kept_as_written(runs):
         assert continuation.strip(), prompt  # something was generated
         expected = continuation[1:] if prompt.endswith(" ") and continuation.startswith(" ") else continuation
         assert completed == prompt + expected, (prompt, completed, plain)
+    prompts = ("Ein  Mann   mit", "Ein Kind ")
+    # Any iterable of str, as Translator.translate takes, read once before the search; one str is refused.
+    assert lm.complete(prompt for prompt in prompts) == lm.complete(list(prompts))
+    with pytest.raises(TypeError, match="not one str"):
+        lm.complete("Ein Mann")
 
 
 def test_generate_command(runs, tmp_path):
