@@ -20,7 +20,6 @@ from __future__ import annotations
 import json
 import logging
 import pathlib
-import time
 from typing import Any
 
 import jax
@@ -40,17 +39,16 @@ from jaxformer.run.checksums import (  # noqa: F401  (ChecksumError: re-exported
     with_saved_checksums,
 )
 from jaxformer.run.event_loops import draining_event_loops
+from jaxformer.run.interrupted_saves import (
+    SET_ASIDE_WARNINGS,
+    finish_interrupted_saves,
+    replacing_path,
+    set_aside_path,
+)
 from jaxformer.run.metadata import CheckpointMetadata
 from jaxformer.run.removal import LISTING_ATTEMPTS, CheckpointRemoved, refuse_removed
 
 logger = logging.getLogger(__name__)
-
-# Why a step directory is moved aside, and the warning that says so: it cannot be restored, or a
-# new checkpoint of its step replaced it.
-SET_ASIDE_WARNINGS = {
-    "damaged": "moved the damaged checkpoint of step %d to %s",
-    "replaced": "moved the previous checkpoint of step %d to %s: a new one replaces it",
-}
 
 
 def _no_missing_metadata_warning(record: logging.LogRecord) -> bool:
@@ -81,6 +79,8 @@ class Checkpointer:
     def __init__(self, directory: str | pathlib.Path, keep: int | None = 3, read_only: bool = False):
         self.directory = pathlib.Path(directory).absolute()
         self.read_only = read_only
+        if not read_only:  # before orbax lists the steps: a step put back is one
+            self._on_process_0(lambda: finish_interrupted_saves(self.directory), "interrupted saves finished")
         self.manager = _checkpoint_manager(self.directory, keep, read_only)
         self._warned: set[int] = set()  # steps whose unreadable metadata latest_step_metadata reported
 
@@ -99,11 +99,7 @@ class Checkpointer:
             raise ValueError(f"reason must be one of {tuple(SET_ASIDE_WARNINGS)}, not {reason!r}")
         self._writable()
         self.manager.wait_until_finished()
-        stem = f"{step}.{reason}-{time.strftime('%Y%m%d-%H%M%S')}"
-        target, copy = self.directory / stem, 1
-        while target.exists():  # set aside twice within a second
-            copy += 1
-            target = self.directory / f"{stem}-{copy}"
+        target = set_aside_path(self.directory, step, reason)
         (self.directory / str(step)).rename(target)
         self.manager.reload()
         logger.warning(SET_ASIDE_WARNINGS[reason], step, target)
@@ -175,8 +171,11 @@ class Checkpointer:
         self._check_step(step, metadata)
         target = self.directory / str(step)
         # Not a step to orbax (a file, say), it would be overwritten all the same.
-        if step in self.manager.all_steps() or target.exists() or target.is_symlink():
-            self.set_aside(step, reason="replaced")
+        replacing = step in self.manager.all_steps() or target.exists() or target.is_symlink()
+        if replacing:  # kept whole, under a name the next writer puts back if this save is interrupted
+            self.manager.wait_until_finished()
+            self._on_process_0(lambda: target.rename(replacing_path(self.directory, step)), f"step {step} moved")
+            self.manager.reload()
         state = {"params": params}
         self.manager.save(
             step,
@@ -187,6 +186,15 @@ class Checkpointer:
             force=True,
         )
         self.manager.wait_until_finished()
+        if replacing:
+            self._on_process_0(lambda: finish_interrupted_saves(self.directory), f"step {step} replaced")
+
+    def _on_process_0(self, change, what: str) -> None:
+        """`change()` of the folder by process 0 alone, every process returning once it is made."""
+        if jax.process_index() == 0:
+            change()
+        if jax.process_count() > 1:
+            multihost_utils.sync_global_devices(f"jaxformer: {self.directory}: {what}")
 
     def metadata_file(self, step: int) -> pathlib.Path:
         return self.directory / str(step) / "metadata" / "metadata"

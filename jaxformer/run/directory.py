@@ -19,8 +19,9 @@
 Beside the `<step>/` directories of checkpoints/, best/, averaged/ and final/ may lie
 `<step>.damaged-<time>/` (a checkpoint that could not be restored, set aside for inspection and
 never deleted), `<step>.replaced-<time>/` (one a new checkpoint of its step replaced) and, after a
-process was killed while saving, orbax's `<step>.orbax-checkpoint-tmp*` (never read as a
-checkpoint).
+process was killed while saving, `<step>.replacing/` (the whole previous version of a step being
+replaced, which the folder's next writer puts back: run/interrupted_saves.py) and orbax's
+`<step>.orbax-checkpoint-tmp*` (never read as a checkpoint).
 
 Each `<step>/` directory is an orbax checkpoint (run/checkpoint.py) whose metadata follows
 run/metadata.py. A sweep's directory (jaxformer-sweep) holds one such run directory per variant

@@ -11,6 +11,7 @@ from jaxformer.errors import CheckpointError, with_article
 from jaxformer.model.config import ConfigError, TransformerConfig
 from jaxformer.run.checkpoint import Checkpointer
 from jaxformer.run.directory import CHECKPOINT_KINDS, RunDirectory
+from jaxformer.run.interrupted_saves import interrupted_replacement_note
 from jaxformer.run.metadata import CheckpointMetadata
 from jaxformer.run.removal import CheckpointRemoved, listing_again
 
@@ -141,11 +142,14 @@ def _load_once(
     try:
         steps = checkpointer.steps()
         if not steps:
-            raise CheckpointError(f"{directory} holds no checkpoint")
+            raise CheckpointError(f"{directory} holds no checkpoint{interrupted_replacement_note(directory)}")
         if not newest_readable or step is not None:
             step = steps[-1] if step is None else step
             if step not in steps:
-                raise CheckpointError(f"{directory} has no checkpoint for step {step}; it has {steps}")
+                raise CheckpointError(
+                    f"{directory} has no checkpoint for step {step}; it has {steps}"
+                    + interrupted_replacement_note(directory)
+                )
             return (step, *read(step))
         damaged = []
         for step in reversed(steps):

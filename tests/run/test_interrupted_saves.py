@@ -1,0 +1,89 @@
+"""A process killed while a parameters-only checkpoint (best/, averaged/, final/) replaces one of
+its step: the previous version stays whole, readers name it, and the next writer puts it back."""
+
+import logging
+import pathlib
+import shutil
+
+import numpy as np
+import pytest
+
+from jaxformer.errors import CheckpointError
+from jaxformer.run.checkpoint import Checkpointer
+from jaxformer.run.loading import load_from_directory
+from tests.conftest import make_workdir
+
+
+@pytest.fixture(scope="module")
+def saved(tmp_path_factory):
+    """(metadata, params) of a tiny model's step 20."""
+    workdir, _, _ = make_workdir(tmp_path_factory.mktemp("interrupted") / "run", steps=(20,))
+    reader = Checkpointer(pathlib.Path(workdir) / "checkpoints", read_only=True)
+    try:
+        return reader.read_params(20)
+    finally:
+        reader.close()
+
+
+class Killed(Exception):
+    """Stands for the SIGKILL that stops a save halfway."""
+
+
+def _leaves(tree):
+    import jax
+
+    return jax.tree.leaves(tree)
+
+
+def test_a_replacement_killed_halfway_is_named_then_put_back(saved, tmp_path, monkeypatch, caplog):
+    metadata, params = saved
+    folder = tmp_path / "averaged"
+    writer = Checkpointer(folder, keep=None)
+    writer.save_params(20, params, metadata)
+    writer.close()
+    doubled = [leaf * 2 for leaf in _leaves(params)]
+
+    writer = Checkpointer(folder, keep=None)
+
+    def killed(*args, **kwargs):
+        raise Killed
+
+    monkeypatch.setattr(writer.manager, "save", killed)
+    with pytest.raises(Killed):
+        writer.save_params(20, jax_tree_like(params, doubled), metadata)
+    monkeypatch.undo()
+    kept = folder / "20.replacing"
+    assert not (folder / "20").exists() and kept.is_dir()
+
+    with pytest.raises(CheckpointError, match=rf"holds no checkpoint; .*{kept} holds its previous version, whole"):
+        load_from_directory(folder)
+    assert not (folder / "20").exists()  # a reader moves nothing
+
+    with caplog.at_level(logging.WARNING):
+        Checkpointer(folder, keep=None).close()
+    assert f"put back checkpoint {folder / '20'} from {kept}" in caplog.text
+    step, _, restored = load_from_directory(folder)
+    assert step == 20
+    for got, want in zip(_leaves(restored), _leaves(params), strict=True):
+        np.testing.assert_array_equal(got, want)
+
+
+def test_a_replacement_killed_after_the_new_version_is_whole_sets_the_old_one_aside(saved, tmp_path, caplog):
+    metadata, params = saved
+    folder = tmp_path / "best"
+    writer = Checkpointer(folder, keep=None)
+    writer.save_params(20, params, metadata)
+    writer.save_params(20, params, metadata)  # whole: the old one set aside, nothing in between left
+    writer.close()
+    assert sorted(path.name.partition("-")[0] for path in folder.iterdir()) == ["20", "20.replaced"]
+    shutil.copytree(folder / "20", folder / "20.replacing")  # a kill after orbax's commit, before the last move
+    with caplog.at_level(logging.WARNING):
+        Checkpointer(folder, keep=None).close()
+    assert "moved the previous checkpoint of step 20" in caplog.text
+    assert sorted(path.name.partition("-")[0] for path in folder.iterdir()) == ["20", "20.replaced", "20.replaced"]
+
+
+def jax_tree_like(tree, leaves):
+    import jax
+
+    return jax.tree.unflatten(jax.tree.structure(tree), leaves)
