@@ -6,7 +6,9 @@ three moves: the whole previous version is renamed `<step>.replacing`, orbax wri
 (in `<step>.orbax-checkpoint-tmp*`, renamed `<step>` once whole), and `<step>.replacing` becomes
 `<step>.replaced-<time>`. A kill between them leaves `<step>.replacing`: with no `<step>` it is
 the last whole version, which the next writer renames back; beside a new `<step>` it was
-replaced, and is set aside as any replaced one. Only a writer that no other live
+replaced, and is set aside as any replaced one. Orbax's `*.orbax-checkpoint-tmp*` folders that a
+kill leaves (an interim checkpoint a stopped run was writing, say, whose step is never saved
+again) are never readable: the next writer removes them. Only a writer that no other live
 process writes beside calls these (the training run holding the workdir lock; average_checkpoints
 for averaged/); readers only name what they find.
 """
@@ -15,11 +17,13 @@ from __future__ import annotations
 
 import logging
 import pathlib
+import shutil
 import time
 
 logger = logging.getLogger(__name__)
 
 REPLACING = "replacing"
+PARTIAL_SAVE_MARK = ".orbax-checkpoint-tmp"  # in the names of orbax's folders of unfinished saves
 SET_ASIDE_WARNINGS = {
     "damaged": "moved the damaged checkpoint of step %d to %s",
     "replaced": "moved the previous checkpoint of step %d to %s: a new one replaces it",
@@ -69,7 +73,7 @@ def interrupted_replacement_note(directory: pathlib.Path) -> str:
 
 def finish_interrupted_saves(directory: pathlib.Path) -> None:
     """Puts back each interrupted replacement's previous version (or sets it aside when the new one
-    is whole), with a warning naming it."""
+    is whole), and removes orbax's partial saves, each with a warning naming it."""
     if not directory.is_dir():
         return
     for path in sorted(directory.glob(f"*.{REPLACING}")):
@@ -87,3 +91,15 @@ def finish_interrupted_saves(directory: pathlib.Path) -> None:
                 directory / step,
                 path,
             )
+    partial = sorted(path for path in directory.iterdir() if PARTIAL_SAVE_MARK in path.name)
+    for path in partial:
+        if path.is_dir() and not path.is_symlink():
+            shutil.rmtree(path)
+        else:
+            path.unlink()
+    if partial:
+        logger.warning(
+            "removed the partial checkpoint save%s that an interrupted process left (never readable): %s",
+            "s" if len(partial) > 1 else "",
+            ", ".join(str(path) for path in partial),
+        )

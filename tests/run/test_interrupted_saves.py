@@ -87,3 +87,21 @@ def jax_tree_like(tree, leaves):
     import jax
 
     return jax.tree.unflatten(jax.tree.structure(tree), leaves)
+
+
+def test_partial_saves_are_removed_by_the_next_writer_with_a_warning_never_by_a_reader(saved, tmp_path, caplog):
+    metadata, params = saved
+    folder = tmp_path / "checkpoints"
+    writer = Checkpointer(folder, keep=None)
+    writer.save_params(20, params, metadata)
+    writer.close()
+    partial = [folder / "46.orbax-checkpoint-tmp", folder / "50.orbax-checkpoint-tmp-1765000000123456"]
+    for path in partial:  # what a kill -9 during an interim save leaves
+        (path / "state").mkdir(parents=True)
+        (path / "state" / "d").write_bytes(b"\0" * 16)
+    Checkpointer(folder, keep=None, read_only=True).close()
+    assert all(path.is_dir() for path in partial)
+    with caplog.at_level(logging.WARNING):
+        Checkpointer(folder, keep=None).close()
+    assert f"(never readable): {partial[0]}, {partial[1]}" in caplog.text
+    assert sorted(path.name for path in folder.iterdir()) == ["20"]
