@@ -11,7 +11,7 @@ from jaxformer.errors import CheckpointError, with_article
 from jaxformer.model.config import ConfigError, TransformerConfig
 from jaxformer.run.checkpoint import Checkpointer
 from jaxformer.run.directory import CHECKPOINT_KINDS, RunDirectory
-from jaxformer.run.interrupted_saves import interrupted_replacement_note
+from jaxformer.run.interrupted_saves import interrupted_replacement_note, interrupted_replacements
 from jaxformer.run.metadata import CheckpointMetadata
 from jaxformer.run.removal import CheckpointRemoved, listing_again
 
@@ -143,6 +143,8 @@ def _load_once(
         steps = checkpointer.steps()
         if not steps:
             raise CheckpointError(f"{directory} holds no checkpoint{interrupted_replacement_note(directory)}")
+        if step is None:
+            _warn_if_newer_interrupted(directory, steps[-1])
         if not newest_readable or step is not None:
             step = steps[-1] if step is None else step
             if step not in steps:
@@ -172,6 +174,19 @@ def _load_once(
         )
     finally:
         checkpointer.close()
+
+
+def _warn_if_newer_interrupted(directory: pathlib.Path, newest: int) -> None:
+    """The newest readable step is not the folder's newest when a save replacing a later one was
+    interrupted (its whole previous version waits as `<step>.replacing`): said once per folder,
+    rather than an older average or choice read without a word."""
+    newer = [step for step in interrupted_replacements(directory) if step > newest]
+    if newer and str(directory) not in _REPORTED_INTERRUPTED:
+        _REPORTED_INTERRUPTED.add(str(directory))
+        logger.warning("reading step %d of %s%s", newest, directory, interrupted_replacement_note(directory))
+
+
+_REPORTED_INTERRUPTED: set[str] = set()
 
 
 def locate_checkpoint(path: str | os.PathLike, checkpoint: str | int = "latest") -> tuple[pathlib.Path, int | None]:

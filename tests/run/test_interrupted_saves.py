@@ -105,3 +105,21 @@ def test_partial_saves_are_removed_by_the_next_writer_with_a_warning_never_by_a_
         Checkpointer(folder, keep=None).close()
     assert f"(never readable): {partial[0]}, {partial[1]}" in caplog.text
     assert sorted(path.name for path in folder.iterdir()) == ["20"]
+
+
+def test_an_older_step_read_while_a_newer_ones_replacement_was_interrupted_is_said(saved, tmp_path, caplog):
+    """averaged/ holding 10 and 20, 20's replacement killed halfway: the newest readable is 10, and
+    reading it is said, naming 20's kept version, rather than an older average read without a word."""
+    metadata, params = saved
+    folder = tmp_path / "averaged"
+    writer = Checkpointer(folder, keep=None)
+    writer.save_params(10, params, metadata.replace(step=10))
+    writer.save_params(20, params, metadata)
+    writer.close()
+    (folder / "20").rename(folder / "20.replacing")  # what a kill between the two moves leaves
+    with caplog.at_level(logging.WARNING):
+        step, _, _ = load_from_directory(folder, params=False)
+    assert step == 10
+    assert f"reading step 10 of {folder}; a save replacing a checkpoint was interrupted: {folder / '20.replacing'}" in (
+        caplog.text
+    )
