@@ -31,7 +31,7 @@ import jax
 from jaxformer.decoding.checkpoint_alpha import ChosenSearch, checkpoint_settings
 from jaxformer.decoding.generate import DecodeSettings, decoding_variant
 from jaxformer.errors import CheckpointError
-from jaxformer.export import standalone
+from jaxformer.export import staging_leftovers, standalone
 from jaxformer.export.loading import ExportError, check_export
 from jaxformer.export.program import KNOWN_PLATFORMS, PLATFORMS, export_beam_search
 from jaxformer.export.safetensors import flatten, unflatten, write_safetensors
@@ -102,6 +102,7 @@ def export_checkpoint(
     repeated = sorted({platform for platform in platforms if list(platforms).count(platform) > 1})
     if repeated:
         raise ExportError(f"platforms {', '.join(platforms)}: {', '.join(repeated)} given more than once")
+    staging_leftovers.remove_dead(output if _staged_inside(output) else output.parent, output)
     check_output(output, overwrite)
     require_architecture(  # before the parameters are read or anything is lowered
         workdir,
@@ -303,7 +304,8 @@ def staging_directory(output: pathlib.Path) -> Iterator[pathlib.Path]:
         umask = os.umask(0)
         os.umask(umask)
         os.chmod(staging, 0o777 & ~umask)  # mkdtemp's is private to its owner; an export is not
-        yield staging
+        with staging_leftovers.held(staging):
+            yield staging
     finally:
         if staging is not None:
             shutil.rmtree(staging, ignore_errors=True)  # gone already once moved into place

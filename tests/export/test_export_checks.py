@@ -353,3 +353,32 @@ def test_an_absolute_output_exports_from_a_removed_current_folder(workdir, tmp_p
     monkeypatch.chdir(gone)
     gone.rmdir()
     exporter.check_output(tmp_path / "out", overwrite=False)  # no FileNotFoundError from the current folder
+
+
+def test_a_killed_exports_staging_folder_is_removed_by_the_next_export_and_a_live_ones_kept(
+    workdir, tmp_path, capsys, monkeypatch
+):
+    """A SIGKILLed export leaves its hidden `.<output>.*.partial` beside --output; the next export
+    to that output removes it, with a warning, before its checks, but not the folder of an export
+    still running (it holds a lock on its own), nor a killed export's to another output."""
+    output = tmp_path / "export"
+    dead, other = tmp_path / ".export.killed.partial", tmp_path / ".other.killed.partial"
+    for folder in (dead, other):
+        folder.mkdir()
+        (folder / "model.safetensors").write_bytes(b"half")
+
+    def no_work(*args, **kwargs):
+        raise AssertionError("the checkpoint was read")
+
+    monkeypatch.setattr(exporter, "load_checkpoint", no_work)
+    with exporter.staging_directory(output) as live:
+        output.mkdir()
+        (output / "kept.txt").write_text("x")  # refused as not empty: the check after the clean-up
+        assert export.main(["--workdir", str(workdir), "--output", str(output)]) == 2
+        error = capsys.readouterr().err
+        assert live.is_dir() and other.is_dir() and not dead.exists()
+    assert f"removed {dead}, left by an export to {output} that was killed before it was in place" in error
+    assert str(live) not in error and str(other) not in error
+    assert error.endswith(
+        f"error: the output directory {output} is not empty; pass --overwrite to replace the export in it\n"
+    )
