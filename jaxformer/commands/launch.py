@@ -82,6 +82,7 @@ def launch(module: str, argv: list[str] | None = None) -> int:
     )
     if keeping:
         signal.signal(signal.SIGINT, _keep)
+    _launching.append(module)
     try:
         code = importlib.import_module(module).main(argv)
     except KeyboardInterrupt:
@@ -93,6 +94,7 @@ def launch(module: str, argv: list[str] | None = None) -> int:
         keep_exit_code(code)
         return code
     finally:
+        _launching.pop()
         if signal.getsignal(signal.SIGINT) is _keep:
             signal.signal(signal.SIGINT, signal.default_int_handler)
     _kept.clear()
@@ -101,6 +103,7 @@ def launch(module: str, argv: list[str] | None = None) -> int:
 
 
 _finished: list[int] = []  # the exit code of the command that returned
+_launching: list[str] = []  # the command `launch` runs: its process ends when it returns
 
 
 def keep_exit_code(code: int) -> None:
@@ -108,8 +111,10 @@ def keep_exit_code(code: int) -> None:
     comes before the exit callbacks end (jax's) is said in one line, and a second one ends the
     process at once; after those callbacks Python handles no signal, and they are ignored. A
     command whose work is done before it returns calls it then (train, before its run's summary);
-    `launch` calls it as the command returns: a second call sets the code, not the handlers again."""
-    if threading.current_thread() is not threading.main_thread():
+    `launch` calls it as the command returns: a second call sets the code, not the handlers again.
+    A command called from Python (train.main in a notebook) is not launched: its caller's handlers
+    stay, and a Ctrl-C after it interrupts the caller as before."""
+    if threading.current_thread() is not threading.main_thread() or not _launching:
         return
     kept, _finished[:] = bool(_finished), [code]
     if kept:  # a signal since may have made the next one end the process: it stays so

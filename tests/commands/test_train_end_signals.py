@@ -26,6 +26,7 @@ def handlers(monkeypatch):
     """The signal handlers and the launcher's kept exit code, given back after the test."""
     before = {signum: signal.getsignal(signum) for signum in SIGNALS}
     monkeypatch.setattr(launch, "_finished", [])
+    monkeypatch.setattr(launch, "_launching", [], raising=False)
     signal.signal(signal.SIGTERM, signal.SIG_DFL)  # as a command's process has it
     yield
     for signum, handler in before.items():
@@ -48,6 +49,7 @@ def test_a_handler_installed_in_a_signal_block_is_left_in_place(handlers):
 
 
 def test_the_launchers_handler_keeps_the_exit_code_and_a_second_signal_ends_the_process(handlers, capsys):
+    launch._launching.append("jaxformer.commands.train")  # as launch() has it while the command runs
     launch.keep_exit_code(0)
     deliver(signal.SIGTERM)
     assert capsys.readouterr().err == "SIGTERM came once the command's work was done; exiting with 0\n"
@@ -59,7 +61,7 @@ def test_the_launchers_handler_keeps_the_exit_code_and_a_second_signal_ends_the_
 def test_a_signal_once_the_run_is_done_changes_nothing_through_the_summary(handlers, tmp_path, monkeypatch, capsys):
     """Sent between the run's end and its summary, or during it: it is said, and the run exits 0
     with its summary (it died of the signal, 143, with nothing lost)."""
-    from jaxformer.commands import run_summary, train
+    from jaxformer.commands import run_summary
     from jaxformer.training import loop
 
     def run_done(config, workdir, preparation):  # as _train ends: the run's work done, then a signal
@@ -75,7 +77,7 @@ def test_a_signal_once_the_run_is_done_changes_nothing_through_the_summary(handl
     monkeypatch.setattr(run_summary, "run_summary", summary_signalled)
     workdir = tmp_path / "run"
     argv = ["--config", "tiny", "--workdir", str(workdir), f"--config.data.data_dir={tmp_path / 'data'}"]
-    assert train.main(argv) == 0
+    assert launch.launch("jaxformer.commands.train", argv) == 0
     error = capsys.readouterr().err
     by_the_run = (
         "W SIGTERM received once the run had ended at step 4, which is saved: nothing is left to stop; exiting "
@@ -84,6 +86,28 @@ def test_a_signal_once_the_run_is_done_changes_nothing_through_the_summary(handl
     assert by_the_run + "with 0\n" in error and by_the_launcher in error
     assert error.index(by_the_run) < error.index(by_the_launcher) < error.index("I run finished: 4 steps\n")
     assert launch._finished == [0]
+
+
+def test_a_run_started_from_python_leaves_its_callers_handlers(handlers, tmp_path, monkeypatch):
+    """train.main called from Python (a notebook, a script of the user's), not by the launcher:
+    once it returns, a Ctrl-C interrupts the caller as before; the launcher's hand-over, which
+    kept the exit code of a process about to end, would have swallowed it."""
+    from jaxformer.commands import run_summary, train
+    from jaxformer.training import loop
+
+    def run_done(config, workdir, preparation):
+        preparation.finish()
+        return {"step": 4, "first_step": 0, "train_seconds": 1.0}
+
+    monkeypatch.setattr(loop, "_locked_train_and_evaluate", run_done)
+    monkeypatch.setattr(run_summary, "run_summary", lambda *args: ["run finished: 4 steps"])
+    signal.signal(signal.SIGINT, signal.default_int_handler)
+    argv = ["--config", "tiny", "--workdir", str(tmp_path / "run"), f"--config.data.data_dir={tmp_path / 'data'}"]
+    assert train.main(argv) == 0
+    assert signal.getsignal(signal.SIGINT) is signal.default_int_handler
+    assert signal.getsignal(signal.SIGTERM) == signal.SIG_DFL
+    with pytest.raises(KeyboardInterrupt):
+        deliver(signal.SIGINT)
 
 
 @pytest.mark.slow  # a training run (about 10 s); the hand-over to the launcher is tested above without one
