@@ -376,7 +376,9 @@ def _train(config, prepared: PreparedRun, model: nn.Module, preparation: RaiseOn
     train_seconds = clock.seconds()  # the loop's, without the final choice
     if stopped_early or not training.final_choice:
         preparation.finish()  # nothing is left that a signal would stop: one from now on is noted
-    stopped_early = stopped_early or stopped_before_the_final_choice(stop, step, training.final_choice)
+    if not stopped_early and stopped_before_the_final_choice(stop, step, training.final_choice):
+        stopped_early = True
+        preparation.finish()  # the choice is left to the same command: nothing else is left to stop
     if training.final_choice and not stopped_early:  # after close(): every checkpoint is written
         metadata = prepared.metadata.replace(train_seconds=train_seconds)
         ema = parameter_ema(state.opt_state)

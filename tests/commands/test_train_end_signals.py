@@ -130,3 +130,32 @@ def test_a_signal_as_a_real_run_writes_its_last_metrics_is_noted(handlers, data_
     note = "SIGTERM received once the run had ended at step 4, which is saved: nothing is left to stop; exiting with 0"
     assert note in caplog.messages and "stopped by" not in caplog.text
     assert (tmp_path / "run" / "last_metrics.json").is_file() and (tmp_path / "run" / "checkpoints" / "4").is_dir()
+
+
+@pytest.mark.slow  # a training run (about 10 s)
+def test_a_second_signal_after_a_stop_before_the_final_choice_keeps_the_runs_end(
+    handlers, data_dir, tmp_path, monkeypatch, caplog
+):
+    """A signal at the last step stops the run before its final choice (143); a second one as
+    last_metrics.json is written is noted, not raised: the run's end (that file, the summary) is
+    not lost (it raised, and the run ended without them)."""
+    from jaxformer.training import loop
+    from tests.training.test_signals import _four_step_config
+
+    real_stopped, real_write = loop.stopped_before_the_final_choice, loop.write_last_metrics
+
+    def signalled_at_the_last_step(stop, step, final_choice):
+        stop.signum = signal.SIGTERM  # as the handler of the loop's block records one
+        return real_stopped(stop, step, final_choice)
+
+    def write_signalled(run, last):
+        deliver(signal.SIGTERM)
+        return real_write(run, last)
+
+    monkeypatch.setattr(loop, "stopped_before_the_final_choice", signalled_at_the_last_step)
+    monkeypatch.setattr(loop, "write_last_metrics", write_signalled)
+    with caplog.at_level(logging.WARNING):
+        last = loop.train_and_evaluate(_four_step_config(data_dir, final_choice=True), tmp_path / "run")
+    assert last["stopped_by_signal"] == signal.SIGTERM and last["step"] == 4
+    assert "SIGTERM received once the run had ended at step 4, which is saved" in caplog.text
+    assert (tmp_path / "run" / "last_metrics.json").is_file() and not (tmp_path / "run" / "final").exists()
