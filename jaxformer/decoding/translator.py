@@ -263,8 +263,8 @@ def checked_id_sequences(sources: Sequence[Any] | np.ndarray, vocab_size: int) -
     (a sentence, not a list of them), a sequence of another rank, an empty one, a bool, float or
     other dtype, or an id outside [0, vocab_size) is an error in one line naming the sequence's index
     in `sources` (and the id's position): not the row of a length-sorted batch that the search sees.
-    An empty sequence is no sentence (a sentence's ids end with EOS; `translate` gives an empty line
-    no source at all): decoded as a row of padding, it would get an invented output."""
+    An empty sequence, or EOS alone, is no sentence (a sentence's ids end with EOS; `translate` gives
+    an empty line no source at all): decoded, it would get an invented output."""
     if isinstance(sources, (np.ndarray, jax.Array)) and np.ndim(sources) == 1:
         raise TypeError(f"sources must be a list of id sequences, not one of shape {np.shape(sources)}: pass [ids]")
     arrays = [np.asarray(source) for source in sources]
@@ -275,6 +275,11 @@ def checked_id_sequences(sources: Sequence[Any] | np.ndarray, vocab_size: int) -
             raise ValueError(f"source {index} is empty: a sentence's ids end with EOS ({EOS_ID})")
         if ids.dtype == np.bool_ or not np.issubdtype(ids.dtype, np.integer):
             raise TypeError(f"source {index}'s ids must be integers, got dtype {ids.dtype}")
+        if ids.size == 1 and ids[0] == EOS_ID:
+            raise ValueError(
+                f"source {index} is EOS ({EOS_ID}) alone: no sentence to translate (translate gives a line that "
+                "encodes to no piece an empty output)"
+            )
     lengths = [len(ids) for ids in arrays]
     flat = np.concatenate([ids.astype(np.int64) for ids in arrays]) if arrays else np.zeros(0, np.int64)
     outside = np.flatnonzero((flat < 0) | (flat >= vocab_size))

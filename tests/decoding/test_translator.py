@@ -126,6 +126,8 @@ def test_translate_ids_names_the_callers_source(translator):
         (sources[0] > 0, TypeError, r"^source 1's ids must be integers, got dtype bool$"),
         ([], ValueError, rf"^source 1 is empty: a sentence's ids end with EOS \({EOS_ID}\)$"),
         (np.zeros(0, np.int32), ValueError, r"^source 1 is empty: "),
+        # what translate() makes of a line that encodes to no piece, given empty output there
+        ([EOS_ID], ValueError, rf"^source 1 is EOS \({EOS_ID}\) alone: no sentence to translate "),
     ):
         with pytest.raises(error, match=message):
             translator.translate_ids([sources[0], bad])
