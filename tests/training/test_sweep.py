@@ -55,6 +55,7 @@ def sweep(workdir, sweep_file, data_dir, *flags):
     )
 
 
+@pytest.mark.slow  # two real runs (about 39 s); the sweep's tables, checks and signals are tested with stand-ins
 def test_a_sweep_trains_each_variant_and_ranks_them_by_validation_bleu(tmp_path, data_dir):
     # A variant that changes the data order, not the programs: the second run compiles nothing new.
     sweep_file = write_sweep(tmp_path / "two.py", {"baseline": [], "shuffle1": ["data.shuffle_seed=1"]})
