@@ -9,7 +9,7 @@ import math
 import os
 import pathlib
 import time
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from typing import Any
 
 import jax
@@ -80,17 +80,22 @@ def cut_torn_last_line(path: str | pathlib.Path) -> int:
 
 def move_records_after(path: str | pathlib.Path, step: int, destination: str | pathlib.Path) -> int:
     """Moves the records of steps after `step` from the JSONL file `path` to the end of
-    `destination` (lines that are not records stay); returns how many moved. `path` is replaced
-    whole (written beside it, then renamed), so a crash leaves the old or the new file."""
+    `destination` (lines that are not records stay); returns how many moved."""
+    return move_records(path, lambda record: isinstance(record.get("step"), int) and record["step"] > step, destination)
+
+
+def move_records(path: str | pathlib.Path, moves: Callable[[dict], bool], destination: str | pathlib.Path) -> int:
+    """Moves the records that `moves` picks from the JSONL file `path` to the end of `destination`
+    (lines that are not records stay); returns how many moved. `path` is replaced whole (written
+    beside it, then renamed), so a crash leaves the old or the new file."""
     path, destination = pathlib.Path(path), pathlib.Path(destination)
     if not path.exists():
         return 0
     kept, moved = [], []
     with open(path, "rb") as handle:
         for line in handle:
-            record = _record(line) or {}
-            later = isinstance(record.get("step"), int) and record["step"] > step
-            (moved if later else kept).append(line)
+            record = _record(line)
+            (moved if record is not None and moves(record) else kept).append(line)
     if moved:
         with open(destination, "ab") as handle:  # first, so that no record is ever in neither file
             handle.writelines(moved)
@@ -105,6 +110,20 @@ def move_records_after(path: str | pathlib.Path, step: int, destination: str | p
     return len(moved)
 
 
+def records_at(path: str | pathlib.Path, step: int) -> list[dict]:
+    """The records of `step` in the JSONL file `path`, in file order."""
+    path = pathlib.Path(path)
+    if not path.exists():
+        return []
+    with open(path, "rb") as handle:
+        return [record for record in map(_record, handle) if record is not None and record.get("step") == step]
+
+
+def metric_names(record: Mapping[str, Any]) -> frozenset[str]:
+    """What a record measures (its kind: a train/ summary, an evaluation, BLEU, a budget reading)."""
+    return frozenset(record) - {"step", "time"}
+
+
 class MetricWriter:
     """Writes scalars for a step to JSONL and TensorBoard; only process 0 writes.
 
@@ -113,14 +132,19 @@ class MetricWriter:
     every record is then of an earlier start that saved no checkpoint, step 0's evaluation included),
     moves the records of later steps, written by a segment that stopped before its next
     checkpoint and trained again now, to `metrics.rolled_back.jsonl`: metrics.jsonl keeps one
-    record of each step's metrics, those of the parameters the run went on from."""
+    record of each step's metrics, those of the parameters the run went on from. A record of
+    `start_step` itself (a run resumed from an interim checkpoint with its length shortened past
+    it does that step's evaluation, BLEU and train/ summary) moves an earlier one of the same
+    metrics there too: that step's work was done before the stop, or before a kill cut the end short."""
 
     def __init__(self, workdir: str | pathlib.Path, enabled: bool | None = None, start_step: int | None = None):
         self.enabled = jax.process_index() == 0 if enabled is None else enabled
         self._jsonl = None
         self._tensorboard = None
+        self._start_step = start_step
+        self._earlier_at_start: set[frozenset[str]] = set()  # what the records of start_step measure
         if self.enabled:
-            run = RunDirectory(workdir)
+            run = self._run = RunDirectory(workdir)
             cut_torn_last_line(run.metrics_file)
             if start_step is not None:
                 moved = move_records_after(run.metrics_file, start_step, run.rolled_back_metrics_file)
@@ -134,6 +158,7 @@ class MetricWriter:
                         else "earlier runs with no checkpoint to resume from",
                         run.rolled_back_metrics_file,
                     )
+                self._earlier_at_start = {metric_names(record) for record in records_at(run.metrics_file, start_step)}
             self._jsonl = open(run.metrics_file, "a", encoding="utf-8")
             self._tensorboard = ScalarEventWriter(
                 run.tensorboard_dir, first_step=None if start_step is None else start_step + 1
@@ -148,9 +173,31 @@ class MetricWriter:
             "time": time.time(),
             **_strict_json(values),
         }
+        if step == self._start_step and metric_names(record) in self._earlier_at_start:
+            self._move_earlier(int(step), metric_names(record))
         self._jsonl.write(json.dumps(record) + "\n")
         self._jsonl.flush()
         self._tensorboard.write(int(step), values)
+
+    def _move_earlier(self, step: int, names: frozenset[str]) -> None:
+        """Moves the earlier records of `step` that measure `names` to metrics.rolled_back.jsonl, and
+        tells TensorBoard to drop the step's events and take the records metrics.jsonl keeps again."""
+        self._earlier_at_start.discard(names)
+        run = self._run
+        self._jsonl.close()  # the file is replaced: appending goes on in the new one
+        moved = move_records(
+            run.metrics_file,
+            lambda record: record.get("step") == step and metric_names(record) == names,
+            run.rolled_back_metrics_file,
+        )
+        self._jsonl = open(run.metrics_file, "a", encoding="utf-8")
+        logger.warning(
+            "%s: moved %d record(s) of step %d (%s), which this run writes again, to %s",
+            *(run.metrics_file, moved, step, ", ".join(sorted(names)), run.rolled_back_metrics_file),
+        )
+        self._tensorboard.restart_at(step)
+        for kept in records_at(run.metrics_file, step):
+            self._tensorboard.write(step, {name: float(kept[name]) for name in metric_names(kept)}, kept.get("time"))
 
     def close(self) -> None:
         if self.enabled:

@@ -137,8 +137,15 @@ class ScalarEventWriter:
             self._file.write(tfrecord(event(now, first_step, session_log=SESSION_START)))
         self._file.flush()
 
-    def write(self, step: int, scalars: Mapping[str, float]) -> None:
-        self._file.write(tfrecord(event(time.time(), step, summary=scalar_summary(scalars))))
+    def write(self, step: int, scalars: Mapping[str, float], wall_time: float | None = None) -> None:
+        """`wall_time`: when the scalars were measured, for a record written again; now if None."""
+        wall_time = time.time() if wall_time is None else wall_time
+        self._file.write(tfrecord(event(wall_time, step, summary=scalar_summary(scalars))))
+        self._file.flush()
+
+    def restart_at(self, step: int) -> None:
+        """A session start at `step`: TensorBoard drops every event of `step` and later read before it."""
+        self._file.write(tfrecord(event(time.time(), step, session_log=SESSION_START)))
         self._file.flush()
 
     def close(self) -> None:

@@ -121,6 +121,65 @@ def test_a_resumed_run_moves_the_records_of_the_steps_it_trains_again(tmp_path, 
     assert not list(tmp_path.glob(".*moving"))
 
 
+def test_the_work_of_the_step_resumed_at_written_again_moves_the_earlier_records(tmp_path, caplog):
+    """A run resumed from an interim checkpoint (step 10) with its length shortened past it does
+    step 10's evaluation and train/ summary: once more where the stop came after the evaluation, and
+    again after a kill before the end was saved. metrics.jsonl and TensorBoard end with the records
+    of a run never stopped, one of each; the earlier ones go to metrics.rolled_back.jsonl."""
+    from tests.training.test_tensorboard import read_events
+
+    train = {"loss": 2.0, "accuracy": 0.4}
+    evaluation = {"loss": 2.5, "perplexity": math.inf}
+
+    def records_by_kind(path):
+        lines = [json.loads(line) for line in path.read_text().splitlines()]
+        return sorted((line.pop("step"), sorted((k, v) for k, v in line.items() if k != "time")) for line in lines)
+
+    def tensorboard_view(workdir):
+        """(step, tag, value) as TensorBoard shows them: a session start drops the events read before it
+        at its step and later."""
+        shown = []
+        for path in sorted((workdir / "tensorboard").iterdir()):
+            for event in read_events(path):
+                if event.HasField("session_log"):
+                    shown = [scalar for scalar in shown if scalar[0] < event.step]
+                shown += [(event.step, value.tag, value.simple_value) for value in event.summary.value]
+        return sorted(shown)
+
+    (tmp_path / "straight").mkdir(), (tmp_path / "stopped").mkdir()
+    straight = MetricWriter(tmp_path / "straight", enabled=True, start_step=-1)
+    for step, scalars, prefix in ((9, train, "train/"), (10, evaluation, "eval/"), (10, {"seconds": 9.0}, "budget/")):
+        straight.write(step, scalars, prefix=prefix)
+    straight.write(10, {**train, "loss": 1.5}, prefix="train/")
+    straight.close()
+
+    stopped = MetricWriter(tmp_path / "stopped", enabled=True, start_step=-1)  # stopped after step 10's evaluation
+    for step, scalars, prefix in ((9, train, "train/"), (10, evaluation, "eval/"), (10, {"seconds": 9.0}, "budget/")):
+        stopped.write(step, scalars, prefix=prefix)
+    stopped.close()
+    for _ in ("killed before the end was saved", "resumed again"):
+        with caplog.at_level(logging.WARNING):
+            resumed = MetricWriter(tmp_path / "stopped", enabled=True, start_step=10)
+            resumed.write(10, evaluation, prefix="eval/")
+            resumed.write(10, {**train, "loss": 1.5}, prefix="train/")  # the interval the checkpoint kept
+            resumed.close()
+
+    metrics, moved_to = tmp_path / "stopped" / "metrics.jsonl", tmp_path / "stopped" / "metrics.rolled_back.jsonl"
+    assert records_by_kind(metrics) == records_by_kind(tmp_path / "straight" / "metrics.jsonl")
+    assert [(record[0], record[1][0][0]) for record in records_by_kind(moved_to)] == [
+        (10, "eval/loss"),
+        (10, "eval/loss"),
+        (10, "train/accuracy"),
+    ]
+    assert tensorboard_view(tmp_path / "stopped") == tensorboard_view(tmp_path / "straight")
+    warnings = [r.getMessage() for r in caplog.records if "writes again" in r.getMessage()]
+    assert warnings[0] == (
+        f"{metrics}: moved 1 record(s) of step 10 (eval/loss, eval/perplexity), which this run writes again, "
+        f"to {moved_to}"
+    )
+    assert len(warnings) == 3 and not list((tmp_path / "stopped").glob(".*moving"))
+
+
 def test_tokens_per_second_time_the_training_steps_alone(tmp_path, monkeypatch):
     """An evaluation, BLEU or checkpoint between two log intervals (flushed before it) is not
     counted in the next interval's tokens and steps per second."""

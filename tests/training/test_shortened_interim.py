@@ -2,6 +2,7 @@
 shortened past that step ends there: that step's evaluation, and its interim checkpoint made the
 run's last, which a kill at any point never leaves missing."""
 
+import json
 import subprocess
 import sys
 
@@ -81,3 +82,9 @@ def test_a_kill_as_a_shortened_run_ends_at_its_interim_checkpoint_loses_no_step(
     step, metadata, _ = load_checkpoint(workdir, 34)
     assert step == 34 and metadata.train_window is None  # steps 31-34 written as their record, not kept
     assert 34 in losses(workdir, "eval/loss") and max(losses(workdir)) == 34  # its evaluation, its train record
+    # Written again after the kill: the killed process's records of step 34 moved aside, each kept once.
+    records = [json.loads(line) for line in (workdir / "metrics.jsonl").read_text().splitlines()]
+    kinds = [(record["step"], frozenset(record) - {"time"}) for record in records]
+    assert len(kinds) == len(set(kinds))
+    moved = (workdir / "metrics.rolled_back.jsonl").read_text().splitlines()
+    assert {json.loads(line)["step"] for line in moved} == {34}
