@@ -49,8 +49,20 @@ if os.environ.get("JAXFORMER_SHAPE_CHECKS", "1") != "0":  # 0: off, to measure w
 jax.config.update("jax_numpy_rank_promotion", "raise")
 
 
+import logging  # noqa: E402
+
 import numpy as np  # noqa: E402
 import pytest  # noqa: E402
+
+
+@pytest.fixture(autouse=True)
+def _root_log_level_restored():
+    """A command run in-process (train.main sets INFO) sets the root logger's level as its process
+    would once; the next test on the same worker gets it back, or its captured stderr holds
+    another test's INFO lines."""
+    level = logging.getLogger().level
+    yield
+    logging.getLogger().setLevel(level)
 
 
 @pytest.fixture(scope="session")
