@@ -63,6 +63,7 @@ def test_torch_operators_are_charged_by_name_and_range():
         assert step_profile.torch_component(operator, ranges) == component, operator
 
 
+@pytest.mark.slow  # to the slow set (about 17 s): the default suite ran 12 min 38 s on a 2-core Intel VM (2026-12-06)
 def test_smoke_splits_both_steps_into_components(tmp_path, capsys):
     pytest.importorskip("torch")
     rows, output = smoke_output("step_profile", tmp_path, capsys, "--torch", "--torch-threads", "1")

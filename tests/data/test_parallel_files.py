@@ -577,6 +577,7 @@ TINY_RUN = [
 ]
 
 
+@pytest.mark.slow  # to the slow set (about 33 s): the default suite ran 12 min 38 s on a 2-core Intel VM (2026-12-06)
 def test_the_readme_command_trains_on_own_files_and_the_run_translates(tmp_path, monkeypatch):
     from jaxformer.commands import evaluate
     from jaxformer.decoding.generate import DecodeSettings

@@ -491,6 +491,7 @@ def test_resume_refuses_another_target_tokenizer(separate_run, data_dir, model_f
     assert error.startswith(f"error: {RunDirectory(workdir).target_tokenizer_file} is not the tokenizer stored in")
 
 
+@pytest.mark.slow  # to the slow set (about 10 s): the default suite ran 12 min 38 s on a 2-core Intel VM (2026-12-06)
 @pytest.mark.xdist_group("tokenizer-options")
 def test_run_with_a_model_trained_elsewhere(data_dir, tmp_path):
     given = tmp_path / "joint.model"  # sentencepiece's default ids; 1000 pieces once <pad> is added (tiny.py's size)

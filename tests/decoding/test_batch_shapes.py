@@ -118,7 +118,10 @@ def test_a_growing_decoder_cache_changes_no_result(decoding_workdir, mixed_sente
 
 @pytest.mark.parametrize(
     "settings",
-    [DecodeSettings(beam_size=3, max_extra_length=6, stop="beam_full"), DecodeSettings(method="sample")],
+    [
+        DecodeSettings(beam_size=3, max_extra_length=6, stop="beam_full"),
+        pytest.param(DecodeSettings(method="sample"), marks=pytest.mark.slow),  # about 11 s; beam's stays
+    ],
     ids=["beam", "sample"],
 )
 def test_parallel_batches_change_no_result(decoding_workdir, mixed_sentences, settings):

@@ -70,6 +70,7 @@ def _trained_apart(params):
     return changed
 
 
+@pytest.mark.slow  # to the slow set (about 13 s): the default suite ran 12 min 38 s on a 2-core Intel VM (2026-12-06)
 def test_an_import_whose_embeddings_were_trained_apart_exports_and_reads_back(opus, tmp_path):
     workdir = rewritten_run(opus, tmp_path / "tuned", _trained_apart)
     directory = export_marian(workdir, tmp_path / "hf")

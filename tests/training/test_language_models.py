@@ -186,6 +186,7 @@ def test_a_prompt_is_kept_as_written(runs):
         lm.complete("Ein Mann")
 
 
+@pytest.mark.slow  # to the slow set (about 16 s): the default suite ran 12 min 38 s on a 2-core Intel VM (2026-12-06)
 def test_generate_command(runs, tmp_path):
     workdir = runs["multi30k_lm"]
     (tmp_path / "prompts.txt").write_text("Ein Mann\n\nZwei Hunde spielen\nEin\u2028Kind\x0cmit\n", encoding="utf-8")

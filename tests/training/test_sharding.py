@@ -157,6 +157,7 @@ def test_the_parameters_moving_average_is_split_as_the_parameters_are():
     assert average["shared_embedding"]["embedding"].sharding.spec == PartitionSpec("tensor", "fsdp")
 
 
+@pytest.mark.slow  # to the slow set (about 15 s): the default suite ran 12 min 38 s on a 2-core Intel VM (2026-12-06)
 def test_weight_decay_shrinks_the_sharded_kernels_and_embeddings_only():
     initial, plain, _ = one_step((2, 2, 2), jax.devices(), adam=True)
     _, decayed, _ = one_step((2, 2, 2), jax.devices(), adam=True, weight_decay=0.5)
