@@ -147,6 +147,7 @@ def test_evaluate_scores_files_like_sacrebleu(decoding_workdir, tmp_path, capsys
     assert "nrefs:1|case:mixed|eff:no|tok:13a|smooth:exp" in printed and "chrF" in printed
 
 
+@pytest.mark.slow  # to the slow set (about 9 s): the default suite ran 10 min 28 s on a 2-core Intel VM (2026-12-06)
 def test_evaluate_a_split_of_the_runs_dataset(decoding_workdir, tmp_path, capsys, monkeypatch):
     monkeypatch.setattr(sys.stderr, "isatty", lambda: True)  # the progress bar is drawn on a terminal only
     evaluate.main(

@@ -67,7 +67,10 @@ def mixed_sentences():
 
 @pytest.mark.parametrize(
     "settings",
-    [DecodeSettings(method="greedy", max_extra_length=6), DecodeSettings(beam_size=3, max_extra_length=6)],
+    [
+        pytest.param(DecodeSettings(method="greedy", max_extra_length=6), marks=pytest.mark.slow),  # 8 s; beam's stays
+        DecodeSettings(beam_size=3, max_extra_length=6),
+    ],
     ids=["greedy", "beam"],
 )
 def test_padding_to_a_compiled_length_changes_no_result(decoding_workdir, mixed_sentences, settings):
@@ -100,7 +103,7 @@ def nbest_texts_and_scores(translator, sentences):
     return [[text for text, _ in hypotheses] for hypotheses in nbest], [[s for _, s in h] for h in nbest]
 
 
-@pytest.mark.parametrize("stop", ["exact", "beam_full"])
+@pytest.mark.parametrize("stop", [pytest.param("exact", marks=pytest.mark.slow), "beam_full"])  # 8 s each
 def test_a_growing_decoder_cache_changes_no_result(decoding_workdir, mixed_sentences, monkeypatch, stop):
     """The decoder cache starting at 4 positions and doubling (4, 8, 16, 32, then 48 + 30) gives
     the translations and scores of one cache of 78 positions from the start."""

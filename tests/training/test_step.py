@@ -125,6 +125,7 @@ def test_eval_step_sums_the_deterministic_loss():
     assert float(metrics["source_tokens"]) == data["inputs"].size
 
 
+@pytest.mark.slow  # to the slow set (about 8 s): the default suite ran 10 min 28 s on a 2-core Intel VM (2026-12-06)
 def test_bfloat16_matmuls_reach_the_fused_output_loss():
     """Under matmul_dtype=bfloat16 the step's fused output projection rounds its operands as the
     model's own logits do: the step's loss is the unfused loss of the same model with the same
