@@ -15,6 +15,7 @@ from typing import Any
 import ml_collections
 
 from jaxformer.training import experiment
+from jaxformer.training.config_paths import PATH_KEYS
 
 # Sections whose values must not change when a run resumes from its workdir: they shape the
 # parameters, the optimizer state, the tokenizer or the data order.
@@ -38,13 +39,7 @@ RESUME_SENSITIVE_KEYS = {
 # Paths to the run's own files may name them elsewhere: their contents are what must not change,
 # and those are checked apart (the data's fingerprint, a given tokenizer against the workdir's).
 RESUME_FREE = {
-    "data.data_dir",
-    "data.raw_dir",
-    "data.files.train",
-    "data.files.validation",
-    "data.files.test",
-    "tokenizer.model_path",
-    "tokenizer.target_model_path",
+    *PATH_KEYS,  # the data's and tokenizers' files, and the fine-tuning run's starting points
     "data.download",
     "data.num_threads",
     "data.encode_once_max_examples",
@@ -58,9 +53,6 @@ RESUME_FREE = {
     "mesh.logical_axis_rules",
     "model.remat_policy",
     "training.loss_chunk_tokens",
-    "training.init_from",
-    "training.init_encoder_from",
-    "training.init_decoder_from",
     "training.init_checkpoint",
 }
 
