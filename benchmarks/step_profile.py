@@ -49,6 +49,7 @@ from benchmarks.common import (
 )
 from benchmarks.train_step import torch_step
 from jaxformer.commands.common import at_least
+from jaxformer.model.attention import ATTENTION_CORE
 
 COMPONENTS = (
     "attention_core",  # Q K^T, the mask and softmax, dropout on the weights, the weighted sum of V
@@ -94,8 +95,8 @@ def jax_component(op_name: str) -> str:
     """The component of an XLA operation, from its HLO `op_name` (the traced jax path)."""
     if "jvp(" not in op_name and "transpose(" not in op_name:
         return "optimizer"  # outside the gradient's computation: clipping, the update, the metrics
-    if ".attend/" in op_name:
-        return "attention_core"
+    if f"/{ATTENTION_CORE}/" in op_name:
+        return "attention_core"  # not the Q and W^O products beside it in MultiHeadAttention.attend
     if op_name.endswith("dot_general"):
         return "matmuls"
     if "Transformer" not in op_name:

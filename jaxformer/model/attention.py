@@ -30,6 +30,9 @@ _WEIGHTED_SUM = {False: "BNTS,BSNH->BTNH", True: "BNTS,BNSH->BTNH"}
 # Keys and values [B, S, N, H], or [B, N, S, H] as the decoding cache holds them (heads_major=True):
 # the two middle axes are left unchecked, the mask's S is checked against the logits.
 KeysOrCachedKeys = Float[Array, "B _ _ H"]
+# The name scope of softmax(Q K^T / sqrt(d_k)) V inside MultiHeadAttention.attend: a profile's
+# operations under it are the attention core, the products beside it the weight projections.
+ATTENTION_CORE = "attention_core"
 
 
 @jax.custom_vjp
@@ -220,15 +223,18 @@ class MultiHeadAttention(nn.Module):
         deterministic = config.deterministic if deterministic is None else deterministic
         query = self._heads(self.query, inputs_q)  # [B, T, N, H]
         use_dropout = not deterministic and config.attention_dropout_rate > 0.0
-        if config.attention_implementation == "jaxformer" or use_dropout or heads_major:
-            weights = dot_product_attention_weights(query, key, mask, heads_major=heads_major)  # [B, N, T, S] float32
-            # Kept only when the caller asks for them (apply(..., mutable=["intermediates"])), for plots.
-            self.sow("intermediates", "attention_weights", weights)
-            if use_dropout:
-                weights = dropout_weights(weights, config.attention_dropout_rate, self.make_rng("dropout"))
-            attended = jnp.einsum(_WEIGHTED_SUM[heads_major], weights.astype(value.dtype), value)  # [B, T, N, H]
-        else:
-            attended = fused_attention(query, key, value, mask, config.attention_implementation)  # [B, T, N, H]
+        # Named apart from the Q and W^O products around it, so that profiles and traces
+        # (benchmarks/step_profile.py) can tell softmax(Q K^T) V from the weight products.
+        with jax.named_scope(ATTENTION_CORE):
+            if config.attention_implementation == "jaxformer" or use_dropout or heads_major:
+                weights = dot_product_attention_weights(query, key, mask, heads_major=heads_major)  # [B, N, T, S] f32
+                # Kept only when the caller asks for them (apply(..., mutable=["intermediates"])), for plots.
+                self.sow("intermediates", "attention_weights", weights)
+                if use_dropout:
+                    weights = dropout_weights(weights, config.attention_dropout_rate, self.make_rng("dropout"))
+                attended = jnp.einsum(_WEIGHTED_SUM[heads_major], weights.astype(value.dtype), value)  # [B, T, N, H]
+            else:
+                attended = fused_attention(query, key, value, mask, config.attention_implementation)  # [B, T, N, H]
         kernel, bias = self.out
         return merge_heads(
             attended, kernel.astype(config.dtype), bias.astype(config.dtype), config.matmul_operand_dtype

@@ -25,8 +25,11 @@ def test_xla_operations_are_charged_by_their_traced_path():
         "jit(train_step)/transpose(jvp(Transformer.hidden_states))/Transformer/decoder/stack/layer_0/layer_0._sublayers"
     )
     cases = {
-        f"{model}/self_attention/self_attention.attend/BTNH,BSNH->BNTS/dot_general": "attention_core",
-        f"{model}/cross_attention/cross_attention.attend/jit(_where)/select_n": "attention_core",
+        f"{model}/self_attention/self_attention.attend/attention_core/BTNH,BSNH->BNTS/dot_general": "attention_core",
+        f"{model}/cross_attention/cross_attention.attend/attention_core/jit(_where)/select_n": "attention_core",
+        # The query and output projections are traced inside attend, beside its core.
+        f"{model}/self_attention/self_attention.attend/BLD,DNH->BLNH/dot_general": "matmuls",
+        f"{model}/self_attention/self_attention.attend/BLNH,NHD->BLD/dot_general": "matmuls",
         f"{model}/self_attention/self_attention._heads/BLD,DNH->BLNH/dot_general": "matmuls",
         f"{model}/feed_forward/BLD,DF->BLF/dot_general": "matmuls",
         "jit(train_step)/jvp()/while/body/closed_call/BTD,VD->BTV/dot_general": "matmuls",
@@ -39,6 +42,21 @@ def test_xla_operations_are_charged_by_their_traced_path():
     }
     for op_name, component in cases.items():
         assert step_profile.jax_component(op_name) == component, op_name
+
+
+def test_the_compiled_steps_attention_products_are_the_core_and_its_projections_are_matmuls():
+    from benchmarks.common import SMOKE, compile_timed, make_train, random_batch
+
+    config, batch, source_length, target_length = SMOKE
+    state, train_fn = make_train(config, source_length, target_length)
+    compiled, _ = compile_timed(train_fn, state, random_batch(0, config, batch, source_length, target_length))
+    op_names = set(dict(step_profile._INSTRUCTION.findall(compiled.as_text())).values())
+    products = {name for name in op_names if name.endswith("/dot_general") and "jvp(" in name}
+    charged = {name: step_profile.jax_component(name) for name in products}
+    assert "attention_core" in charged.values() and "matmuls" in charged.values()
+    for name, component in charged.items():
+        spec = name.split("/")[-2]  # the einsum's, e.g. BLD,DNH->BLNH: a product with a weight reads D
+        assert component == ("matmuls" if "D" in spec else "attention_core"), name
 
 
 def test_torch_operators_are_charged_by_name_and_range():
