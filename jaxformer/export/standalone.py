@@ -409,14 +409,17 @@ class ExportedTranslator:
     def translate_sequences(
         self, sources: Sequence[np.ndarray], progress: bool = False
     ) -> list[list[tuple[np.ndarray, float]]]:
-        """Hypotheses (ids, score) per source id sequence (each ending in EOS), in input order."""
+        """Hypotheses (ids, score) per source id sequence (each ending in EOS), in input order; an
+        empty one or EOS alone is refused, naming its index, before any batch runs."""
+        for index, ids in enumerate(sources):
+            _refuse_no_sentence(np.asarray(ids), self.tokenizer.eos_id, f"source {index}")
         results: list[Any] = [None] * len(sources)
         batches = sentence_batches.length_sorted_batches(
             sources, self.batch_size, self.length_bucket, self.tokenizer.pad_id, self.tokenizer.eos_id
         )
         translated = 0
         for indices, batch in batches:
-            tokens, scores = self.translate_ids(batch)
+            tokens, scores = self._decode_batch(batch)  # its filler rows are EOS alone
             for row, index in enumerate(indices):
                 results[index] = [(tokens[row, k], float(scores[row, k])) for k in range(tokens.shape[1])]
             translated += len(indices)
@@ -429,10 +432,15 @@ class ExportedTranslator:
     def translate_ids(self, source: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         """The program on padded source rows int32 [B, S] (pad 0, each row ending in EOS):
         (tokens int32 [B, K, S + max_extra_length] best first, ending in EOS then padding,
-        scores float32 [B, K], log p / length penalty)."""
+        scores float32 [B, K], log p / length penalty). A row of padding alone, or EOS alone, is refused."""
         source = np.asarray(source)
         if source.ndim != 2 or not np.issubdtype(source.dtype, np.integer) or 0 in source.shape:
             raise ValueError(f"source must be a non-empty integer array [B, S]; got {source.dtype} {source.shape}")
+        for row, ids in enumerate(source):
+            _refuse_no_sentence(ids[ids != self.tokenizer.pad_id], self.tokenizer.eos_id, f"source row {row}")
+        return self._decode_batch(source)
+
+    def _decode_batch(self, source: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         if source.shape[1] > self.max_source_length:
             raise ValueError(
                 f"source length {source.shape[1]} exceeds the {self.max_source_length} tokens this export "
@@ -442,6 +450,17 @@ class ExportedTranslator:
             raise ValueError(f"source ids must lie in [0, {self.vocab_size}); got {source.min()} .. {source.max()}")
         tokens, scores = self._run(self.params, source.astype(np.int32))
         return np.asarray(tokens), np.asarray(scores)
+
+
+def _refuse_no_sentence(ids: np.ndarray, eos_id: int, name: str) -> None:
+    """A one-line ValueError naming `name` for ids that are no sentence: none, or EOS alone, which
+    the program would give an invented translation (`translate` gives such a line ""). This is
+    the refusal of jaxformer/decoding/translator.py's `checked_id_sequences`, kept here because
+    serve.py runs without jaxformer and that module imports its model code."""
+    if ids.size == 0:
+        raise ValueError(f"{name} is empty: a sentence's ids end with EOS ({eos_id})")
+    if ids.size == 1 and ids[0] == eos_id:
+        raise ValueError(f'{name} is EOS ({eos_id}) alone: no sentence to translate (translate gives it "")')
 
 
 def load(directory: str | pathlib.Path, batch_size: int | None = None) -> ExportedTranslator:

@@ -1,0 +1,59 @@
+"""Sources that are no sentence (no ids, EOS alone) given to an export: refused by its id-level
+entry points, as `Translator.translate_ids` refuses them, and given "" by its text-level ones, all
+without running its program, which would invent a translation for them."""
+
+import io
+
+import numpy as np
+import pytest
+
+from jaxformer.export import standalone
+
+pytestmark = pytest.mark.xdist_group("export")  # the export fixture of conftest.py, made once
+
+EOS, PAD = 1, 0  # the export's special tokens (test_export.py checks its config.json)
+
+
+@pytest.fixture
+def unrun(exported):
+    """The export, loaded with one sentence per batch and a program that must not run."""
+    model = standalone.load(exported, batch_size=1)
+
+    def run(params, source):
+        raise AssertionError(f"the program ran on {source.tolist()}")
+
+    model._run = run
+    return model
+
+
+def test_the_id_entry_points_refuse_no_sentence_before_any_batch(unrun):
+    sentence = np.asarray([5, 6, 7, EOS], np.int32)  # longest, so the first batch were it decoded
+    for bad, message in (
+        (np.asarray([EOS], np.int32), rf"^source 1 is EOS \({EOS}\) alone: no sentence to translate "),
+        (np.zeros(0, np.int32), rf"^source 1 is empty: a sentence's ids end with EOS \({EOS}\)$"),
+        ([], r"^source 1 is empty: "),
+    ):
+        with pytest.raises(ValueError, match=message):
+            unrun.translate_sequences([sentence, bad])
+    rows = np.full((2, 4), PAD, np.int32)
+    rows[0] = sentence
+    for second_row, message in (
+        ([EOS, PAD, PAD, PAD], rf"^source row 1 is EOS \({EOS}\) alone: "),
+        ([PAD] * 4, r"^source row 1 is empty: "),
+    ):
+        rows[1] = second_row
+        with pytest.raises(ValueError, match=message):
+            unrun.translate_ids(rows)
+
+
+def test_the_text_entry_points_give_no_sentence_an_empty_output(unrun, monkeypatch):
+    lines = ["", " ", "\u200b", "\ufeff"]  # each encodes to no piece, EOS alone
+    assert [len(unrun.tokenizer.encode(line)) for line in lines] == [1] * len(lines)
+    assert unrun.translate(lines) == [""] * len(lines)
+    assert unrun.translate_nbest(lines) == [[("", 0.0)]] * len(lines)
+    # serve.py's command line, which translates stdin's lines with `translate`
+    monkeypatch.setattr(standalone, "load", lambda directory, batch_size: unrun)
+    monkeypatch.setattr("sys.stdin", io.TextIOWrapper(io.BytesIO("\n".join(lines).encode() + b"\n")))
+    monkeypatch.setattr("sys.stdout", io.StringIO())
+    assert standalone.main([]) == 0
+    assert standalone.sys.stdout.getvalue() == "\n" * len(lines)
