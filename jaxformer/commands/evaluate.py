@@ -42,6 +42,7 @@ from jaxformer.commands.decoding_flags import (
     translator_from_flags,
 )
 from jaxformer.data.parallel_text import DataError
+from jaxformer.data.tokenizer import Tokenizer
 from jaxformer.decoding.scoring import corpus_scores, format_scores
 from jaxformer.files import write_text_atomically
 from jaxformer.run.loading import check_final_choice, load_checkpoint
@@ -58,9 +59,14 @@ class FileLines:
     total: int  # the lines of the file (of the first of them, up to the last pair scored, with --max_examples)
 
 
-def split_pairs(workdir: str, split: str, max_examples: int | None) -> tuple[list[str], list[str], FileLines | None]:
+Pair = tuple[int, str, str]  # (1-based line in the user's file, source, reference)
+
+
+def split_pairs(
+    workdir: str, split: str, max_examples: int | None, tokenizers: tuple[Tokenizer, Tokenizer]
+) -> tuple[list[str], list[str], FileLines | None]:
     """(sources, references) of a split of the run's own dataset and language pair, and where
-    they are in the user's file if it had lines that are not pairs (else None)."""
+    they are in the user's file if it had lines that are not scored (else None)."""
     from jaxformer.data.pipeline import read_records, record_text
     from jaxformer.data.sources import check_same_data, get_builder, load_split
 
@@ -76,22 +82,45 @@ def split_pairs(workdir: str, split: str, max_examples: int | None) -> tuple[lis
     check_same_data(builder, trained_on, workdir, remedy, trained_files)  # files known up front: before preparing
     records = load_split(builder, split, languages)
     check_same_data(builder, trained_on, workdir, remedy, trained_files)  # fingerprinted once fetched
-    count = len(records) if max_examples is None else min(max_examples, len(records))
-    rows = list(read_records(records, range(count)))
-    file_lines = _file_lines(builder, split, len(records), count)
-    return [record_text(r, languages[0]) for r in rows], [record_text(r, languages[1]) for r in rows], file_lines
+    numbers, total = _pair_lines(builder, split, len(records))
+    # Every record, not the first max_examples: which of them are scored is known once each is encoded.
+    rows = read_records(records)
+    pairs = [(number, record_text(r, languages[0]), record_text(r, languages[1])) for number, r in zip(numbers, rows)]
+    return _first_scored(split, pairs, total, max_examples, tokenizers)
 
 
-def _file_lines(builder, split: str, prepared: int, count: int) -> FileLines | None:
-    """The lines of the split's file(s) that hold its first `count` pairs, when the file has
-    lines that are not pairs (an empty side, left out as the split was prepared); None otherwise."""
-    located = builder.file_lines(split) if hasattr(builder, "file_lines") else None  # tfds' own builders: no
-    if located is None or len(located[0]) == located[1]:
-        return None
+def _pair_lines(builder, split: str, prepared: int) -> tuple[list[int], int]:
+    """(the line of each of the split's `prepared` pairs in its file(s), their line count): lines
+    with an empty side were left out as the split was prepared; tfds' own builders know no file."""
+    located = builder.file_lines(split) if hasattr(builder, "file_lines") else None
+    if located is None:
+        return list(range(1, prepared + 1)), prepared
     numbers, total = located
     if len(numbers) != prepared:  # the fingerprint says the files are the run's: their pairs are the split's
         raise DataError(f"{split}: its files hold {len(numbers)} pairs with text on both sides, the split {prepared}")
-    return _scored_lines(split, numbers, total, count)
+    return numbers, total
+
+
+def _first_scored(
+    name: str, pairs: list[Pair], total: int, max_examples: int | None, tokenizers: tuple[Tokenizer, Tokenizer]
+) -> tuple[list[str], list[str], FileLines | None]:
+    """(sources, references, where they are) of the first `max_examples` of `pairs` (of `total`
+    lines) whose sides both encode to a piece. A side of zero-width spaces or control characters
+    alone is empty to the model, as to translate, which gives such a source an empty output: it is
+    left out as an empty line is, not scored as a sentence the model was given."""
+    from jaxformer.decoding.sentence_batches import has_pieces
+    from jaxformer.tokens import EOS_ID
+
+    source_ids = tokenizers[0].encode([source for _, source, _ in pairs])
+    reference_ids = tokenizers[1].encode([reference for _, _, reference in pairs])
+    scored = [
+        pair
+        for pair, source, reference in zip(pairs, source_ids, reference_ids)
+        if has_pieces(source, EOS_ID) and has_pieces(reference, EOS_ID)
+    ]
+    count = len(scored) if max_examples is None else min(max_examples, len(scored))
+    file_lines = _scored_lines(name, [number for number, _, _ in scored], total, count)
+    return [pair[1] for pair in scored[:count]], [pair[2] for pair in scored[:count]], file_lines
 
 
 def _scored_lines(name: str, numbers: list[int], total: int, count: int) -> FileLines | None:
@@ -111,16 +140,16 @@ def _scored_lines(name: str, numbers: list[int], total: int, count: int) -> File
     return FileLines(numbers[:count], total)
 
 
-def file_pairs(source: str, reference: str, max_examples: int | None) -> tuple[list[str], list[str], FileLines | None]:
-    """(sources, references) of the first `max_examples` pairs of two line-aligned files, and
+def file_pairs(
+    source: str, reference: str, max_examples: int | None, tokenizers: tuple[Tokenizer, Tokenizer]
+) -> tuple[list[str], list[str], FileLines | None]:
+    """(sources, references) of the first `max_examples` scored pairs of two line-aligned files, and
     where they are in them: a pair with an empty side is left out, as it is from a split."""
     from jaxformer.data.parallel_text import SkipCounter, read_parallel_lines
 
     skipped = SkipCounter()
     pairs = list(read_parallel_lines(source, reference, skipped))
-    count = len(pairs) if max_examples is None else min(max_examples, len(pairs))
-    file_lines = _scored_lines(source, [number for number, _, _ in pairs], len(pairs) + skipped.empty, count)
-    return [pair[1] for pair in pairs[:count]], [pair[2] for pair in pairs[:count]], file_lines
+    return _first_scored(source, pairs, len(pairs) + skipped.empty, max_examples, tokenizers)
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -162,11 +191,13 @@ def run(args: argparse.Namespace) -> int:
     settings = decode_settings_from_flags(args, args.max_extra_length, chosen)
     settings.check_fits(Translator.check_workdir(args.workdir, args.checkpoint))
 
+    _, metadata, _ = load_checkpoint(args.workdir, args.checkpoint, params=False)
+    tokenizers = (metadata.load_tokenizer(), metadata.load_target_tokenizer())  # what is empty to the model
     if args.split:
-        sources, references, file_lines = split_pairs(args.workdir, args.split, args.max_examples)
+        sources, references, file_lines = split_pairs(args.workdir, args.split, args.max_examples, tokenizers)
         name = args.split
     else:
-        sources, references, file_lines = file_pairs(args.source, args.reference, args.max_examples)
+        sources, references, file_lines = file_pairs(args.source, args.reference, args.max_examples, tokenizers)
         name = args.source
     if not sources:
         where = args.split or f"{args.source} and {args.reference}"

@@ -49,6 +49,13 @@ def sentence_list(sentences: Iterable[str]) -> list[str]:
     return listed
 
 
+def has_pieces(ids: np.ndarray, eos_id: int) -> bool:
+    """Whether a sentence's ids hold a piece besides EOS: whitespace, and characters a tokenizer's
+    normaliser drops (zero-width spaces, a byte-order mark, control characters), encode to none,
+    which is no sentence to translate (a source of EOS alone would be given an invented one)."""
+    return bool(np.any(ids != eos_id))
+
+
 def split_sentences(
     sentences: Iterable[str],
     tokenizer: Encoder,
@@ -76,12 +83,10 @@ def split_sentence(
     sentence: str, tokenizer: Encoder, max_source_tokens: int, eos_id: int, index: int = 0, line: int | None = None
 ) -> list[np.ndarray]:
     """Source ids of a sentence: none for an empty one, which the tokenizer encodes to no piece
-    (whitespace, and characters its normaliser drops: zero-width spaces, a byte-order mark, control
-    characters), since a source of EOS alone would be given an invented translation; for one longer
-    than `max_source_tokens`, pieces cut at sentence ends where it can and every
-    `max_source_tokens` - 1 tokens where it cannot, so that nothing is dropped."""
+    (`has_pieces`); for one longer than `max_source_tokens`, pieces cut at sentence ends where it
+    can and every `max_source_tokens` - 1 tokens where it cannot, so that nothing is dropped."""
     ids = tokenizer.encode(sentence)
-    if not np.any(ids != eos_id):
+    if not has_pieces(ids, eos_id):
         return []
     if len(ids) <= max_source_tokens:
         return [ids]

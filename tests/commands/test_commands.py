@@ -194,9 +194,11 @@ def test_evaluate_rejects_misaligned_files(decoding_workdir, tmp_path, capsys):
 def test_evaluate_leaves_out_file_pairs_with_an_empty_side_as_a_split_does(
     decoding_workdir, tmp_path, capsys, monkeypatch
 ):
-    sources, references = read_raw("val.en.gz", 8), read_raw("val.de.gz", 8)
+    sources, references = read_raw("val.en.gz", 10), read_raw("val.de.gz", 10)
     sources[2], references[4] = "", "  "  # line 3's source, line 5's reference
     sources[5] = " ".join(read_raw("val.en.gz", 4))  # over 32 tokens: translated in pieces, with a warning
+    # Sides that encode to no piece are empty too, as translate reads them: not scored as empty outputs.
+    sources[1], sources[7], references[8] = "\u200b", "\x07", "\ufeff\u200b"
     source, reference = tmp_path / "t.en", tmp_path / "t.de"
     source.write_text("\n".join(sources) + "\n")
     reference.write_text("\n".join(references) + "\n")
@@ -206,14 +208,15 @@ def test_evaluate_leaves_out_file_pairs_with_an_empty_side_as_a_split_does(
     assert evaluate.main([*arguments, "--max_source_tokens", "32", *FAST]) == 0
     scores = json.loads(scores_file.read_text())
     outputs = hypotheses.read_text().splitlines()
-    assert len(outputs) == 8 and outputs[2] == outputs[4] == ""  # one line per line of the files
-    kept = [index for index in range(8) if index not in (2, 4)]
-    assert scores["sentences"] == 6
+    left_out = (1, 2, 4, 7, 8)
+    assert len(outputs) == 10 and all(outputs[index] == "" for index in left_out)  # one line per line of the files
+    kept = [index for index in range(10) if index not in left_out]
+    assert scores["sentences"] == 5
     scored = [outputs[index] for index in kept]
     assert scores["bleu"] == pytest.approx(sacrebleu.corpus_bleu(scored, [[references[i] for i in kept]]).score)
     err = capsys.readouterr().err
-    assert "2 of its first 8 lines are not scored (an empty side)" in err
-    assert re.search(r" W sentence 3 \(line 6\) has \d+ tokens, more than max_source_tokens=32", err), err
+    assert "5 of its first 10 lines are not scored (an empty side)" in err
+    assert re.search(r" W sentence 2 \(line 6\) has \d+ tokens, more than max_source_tokens=32", err), err
 
     class NoModel:  # files without a pair are refused before the model is read
         @staticmethod

@@ -615,11 +615,12 @@ def test_the_readme_command_trains_on_own_files_and_the_run_translates(tmp_path,
 
     # What evaluate.py --split test scores: the test file, read through the checkpoint's data section.
     # Its lines with an empty side are not pairs: they are not scored, and --output keeps their lines.
-    sources, references, file_lines = evaluate.split_pairs(str(workdir), "test", None)
+    tokenizers = (metadata.load_tokenizer(), metadata.load_target_tokenizer())
+    sources, references, file_lines = evaluate.split_pairs(str(workdir), "test", None, tokenizers)
     assert list(zip(sources, references)) == test_pairs
     assert file_lines == evaluate.FileLines([1, 2, 3, *range(5, 12)], 12)
-    assert evaluate.split_pairs(str(workdir), "test", 3)[2] == evaluate.FileLines([1, 2, 3], 3)
-    assert evaluate.split_pairs(str(workdir), "test", 4)[2] == evaluate.FileLines([1, 2, 3, 5], 5)
+    assert evaluate.split_pairs(str(workdir), "test", 3, tokenizers)[2] == evaluate.FileLines([1, 2, 3], 3)
+    assert evaluate.split_pairs(str(workdir), "test", 4, tokenizers)[2] == evaluate.FileLines([1, 2, 3, 5], 5)
     flags = ["--workdir", str(workdir), "--split", "test", "--method", "greedy", "--no_progress", "--output"]
     assert evaluate.main([*flags, "hyp.ja", "--json", "scores.json"]) == 0
     written = (tmp_path / "hyp.ja").read_text().split("\n")
@@ -630,7 +631,7 @@ def test_the_readme_command_trains_on_own_files_and_the_run_translates(tmp_path,
     # ... and only while the files are the ones the run was trained on: edited, its holdout would move.
     write_text_files(tmp_path / "corpus" / "train.{lang}.gz", pairs(0, 1301))
     with pytest.raises(DataError, match=r"runs/fr-ja was trained on other data files \(fingerprint sha256:"):
-        evaluate.split_pairs(str(workdir), "validation", None)
+        evaluate.split_pairs(str(workdir), "validation", None, tokenizers)
     translator = Translator.from_workdir(workdir, settings=DecodeSettings(method="greedy", max_extra_length=8))
     outputs = translator.translate(sources[:4])
     assert translator.step == 4 and len(outputs) == 4 and all(isinstance(output, str) for output in outputs)

@@ -67,14 +67,17 @@ def test_multi30k_test_outputs_line_up_with_files_that_have_an_empty_side(tmp_pa
     assert len(load_split(builder, "test_2016_flickr", ("en", "de"))) == 3
     assert builder.file_lines("test_2016_flickr") == ([1, 3, 4], 4)
     assert builder.file_lines("validation") == ([1, 2, 3, 4], 4)
+    numbers, total = evaluate._pair_lines(builder, "test_2016_flickr", 3)
+    assert (numbers, total) == ([1, 3, 4], 4)
     with caplog.at_level(logging.WARNING):
-        assert evaluate._file_lines(builder, "test_2016_flickr", 3, 3) == evaluate.FileLines([1, 3, 4], 4)
+        assert evaluate._scored_lines("test_2016_flickr", numbers, total, 3) == evaluate.FileLines([1, 3, 4], 4)
     assert "test_2016_flickr: 1 of its first 4 lines are not scored" in caplog.text
     caplog.clear()
     with caplog.at_level(logging.WARNING):  # the first pair only: no line of it left out, nothing said
-        assert evaluate._file_lines(builder, "test_2016_flickr", 3, 1) == evaluate.FileLines([1], 1)
+        assert evaluate._scored_lines("test_2016_flickr", numbers, total, 1) == evaluate.FileLines([1], 1)
     assert "not scored" not in caplog.text
-    assert evaluate._file_lines(builder, "validation", 4, 4) is None  # every line a pair
+    assert evaluate._pair_lines(builder, "validation", 4) == ([1, 2, 3, 4], 4)  # every line a pair
+    assert evaluate._scored_lines("validation", [1, 2, 3, 4], 4, 4) is None
 
 
 def test_multi30k_builder_reports_bad_files(tmp_path):
