@@ -15,9 +15,11 @@ if __name__ == "__main__":  # `python -m`: launched as the console script is, be
 
 import argparse
 import dataclasses
+import itertools
 import json
 import logging
 import time
+from collections.abc import Iterable
 
 import ml_collections
 
@@ -60,6 +62,9 @@ class FileLines:
 
 
 Pair = tuple[int, str, str]  # (1-based line in the user's file, source, reference)
+# Pairs encoded at a time while looking for the scored ones: a split of millions of pairs is read
+# only as far as --max_examples needs.
+_ENCODE_CHUNK = 4096
 
 
 def split_pairs(
@@ -83,9 +88,9 @@ def split_pairs(
     records = load_split(builder, split, languages)
     check_same_data(builder, trained_on, workdir, remedy, trained_files)  # fingerprinted once fetched
     numbers, total = _pair_lines(builder, split, len(records))
-    # Every record, not the first max_examples: which of them are scored is known once each is encoded.
+    # Read as far as needed: which records are scored is known once each is encoded.
     rows = read_records(records)
-    pairs = [(number, record_text(r, languages[0]), record_text(r, languages[1])) for number, r in zip(numbers, rows)]
+    pairs = ((number, record_text(r, languages[0]), record_text(r, languages[1])) for number, r in zip(numbers, rows))
     return _first_scored(split, pairs, total, max_examples, tokenizers)
 
 
@@ -102,24 +107,33 @@ def _pair_lines(builder, split: str, prepared: int) -> tuple[list[int], int]:
 
 
 def _first_scored(
-    name: str, pairs: list[Pair], total: int, max_examples: int | None, tokenizers: tuple[Tokenizer, Tokenizer]
+    name: str, pairs: Iterable[Pair], total: int, max_examples: int | None, tokenizers: tuple[Tokenizer, Tokenizer]
 ) -> tuple[list[str], list[str], FileLines | None]:
     """(sources, references, where they are) of the first `max_examples` of `pairs` (of `total`
     lines) whose sides both encode to a piece. A side of zero-width spaces or control characters
     alone is empty to the model, as to translate, which gives such a source an empty output: it is
-    left out as an empty line is, not scored as a sentence the model was given."""
+    left out as an empty line is, not scored as a sentence the model was given. `pairs` are read
+    and encoded a chunk at a time, no further than the `max_examples`-th scored pair."""
     from jaxformer.decoding.sentence_batches import has_pieces
     from jaxformer.tokens import EOS_ID
 
-    source_ids = tokenizers[0].encode([source for _, source, _ in pairs])
-    reference_ids = tokenizers[1].encode([reference for _, _, reference in pairs])
-    scored = [
-        pair
-        for pair, source, reference in zip(pairs, source_ids, reference_ids)
-        if has_pieces(source, EOS_ID) and has_pieces(reference, EOS_ID)
-    ]
+    scored: list[Pair] = []
+    pairs = iter(pairs)
+    while max_examples is None or len(scored) < max_examples:
+        chunk = list(itertools.islice(pairs, _ENCODE_CHUNK))
+        if not chunk:
+            break
+        source_ids = tokenizers[0].encode([source for _, source, _ in chunk])
+        reference_ids = tokenizers[1].encode([reference for _, _, reference in chunk])
+        scored += [
+            pair
+            for pair, source, reference in zip(chunk, source_ids, reference_ids)
+            if has_pieces(source, EOS_ID) and has_pieces(reference, EOS_ID)
+        ]
     count = len(scored) if max_examples is None else min(max_examples, len(scored))
-    file_lines = _scored_lines(name, [number for number, _, _ in scored], total, count)
+    if count < len(scored) or (count and next(pairs, None) is not None):
+        total = scored[count - 1][0]  # the lines read: up to the last pair scored
+    file_lines = _scored_lines(name, [number for number, _, _ in scored[:count]], total, count)
     return [pair[1] for pair in scored[:count]], [pair[2] for pair in scored[:count]], file_lines
 
 
