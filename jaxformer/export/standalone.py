@@ -409,10 +409,13 @@ class ExportedTranslator:
     def translate_sequences(
         self, sources: Sequence[np.ndarray], progress: bool = False
     ) -> list[list[tuple[np.ndarray, float]]]:
-        """Hypotheses (ids, score) per source id sequence (each ending in EOS), in input order; an
-        empty one or EOS alone is refused, naming its index, before any batch runs."""
+        """Hypotheses (ids, score) per source id sequence (each ending in EOS), in input order. Each
+        is checked before any batch runs (`_refuse_bad_ids`), errors naming its index in `sources`."""
+        if isinstance(sources, (np.ndarray, jax.Array)) and np.ndim(sources) == 1:
+            raise TypeError(f"sources must be a list of id sequences, not one of shape {np.shape(sources)}: pass [ids]")
+        sources = [np.asarray(ids) for ids in sources]
         for index, ids in enumerate(sources):
-            _refuse_no_sentence(np.asarray(ids), self.tokenizer.eos_id, f"source {index}")
+            _refuse_bad_ids(ids, self.tokenizer.eos_id, f"source {index}", self.vocab_size)
         results: list[Any] = [None] * len(sources)
         batches = sentence_batches.length_sorted_batches(
             sources, self.batch_size, self.length_bucket, self.tokenizer.pad_id, self.tokenizer.eos_id
@@ -437,7 +440,9 @@ class ExportedTranslator:
         if source.ndim != 2 or not np.issubdtype(source.dtype, np.integer) or 0 in source.shape:
             raise ValueError(f"source must be a non-empty integer array [B, S]; got {source.dtype} {source.shape}")
         for row, ids in enumerate(source):
-            _refuse_no_sentence(ids[ids != self.tokenizer.pad_id], self.tokenizer.eos_id, f"source row {row}")
+            _refuse_bad_ids(ids[ids != self.tokenizer.pad_id], self.tokenizer.eos_id, f"source row {row}")
+        if source.min() < 0 or source.max() >= self.vocab_size:
+            raise ValueError(f"source ids must lie in [0, {self.vocab_size}); got {source.min()} .. {source.max()}")
         return self._decode_batch(source)
 
     def _decode_batch(self, source: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
@@ -446,21 +451,31 @@ class ExportedTranslator:
                 f"source length {source.shape[1]} exceeds the {self.max_source_length} tokens this export "
                 "was made for (jaxformer-export --max_source_tokens)"
             )
-        if source.min() < 0 or source.max() >= self.vocab_size:
-            raise ValueError(f"source ids must lie in [0, {self.vocab_size}); got {source.min()} .. {source.max()}")
         tokens, scores = self._run(self.params, source.astype(np.int32))
         return np.asarray(tokens), np.asarray(scores)
 
 
-def _refuse_no_sentence(ids: np.ndarray, eos_id: int, name: str) -> None:
-    """A one-line ValueError naming `name` for ids that are no sentence: none, or EOS alone, which
-    the program would give an invented translation (`translate` gives such a line ""). This is
-    the refusal of jaxformer/decoding/translator.py's `checked_id_sequences`, kept here because
-    serve.py runs without jaxformer and that module imports its model code."""
+def _refuse_bad_ids(ids: np.ndarray, eos_id: int, name: str, vocab_size: int | None = None) -> None:
+    """A one-line error naming `name` for ids that are no sentence's: not 1-D, none, not integers
+    (a float would be cast when the batch is filled), EOS alone, which the program would give an
+    invented translation (`translate` gives such a line ""), or with `vocab_size` an id outside
+    [0, vocab_size), naming its position. These are the refusals of
+    jaxformer/decoding/translator.py's `checked_id_sequences`, kept here because serve.py runs
+    without jaxformer and that module imports its model code."""
+    if ids.ndim != 1:
+        raise ValueError(f"{name} must be one sentence's ids (1-D), got shape {ids.shape}")
     if ids.size == 0:
         raise ValueError(f"{name} is empty: a sentence's ids end with EOS ({eos_id})")
+    if ids.dtype == np.bool_ or not np.issubdtype(ids.dtype, np.integer):
+        raise TypeError(f"{name}'s ids must be integers, got dtype {ids.dtype}")
     if ids.size == 1 and ids[0] == eos_id:
         raise ValueError(f'{name} is EOS ({eos_id}) alone: no sentence to translate (translate gives it "")')
+    outside = np.flatnonzero((ids < 0) | (ids >= vocab_size)) if vocab_size is not None else []
+    if len(outside):
+        raise ValueError(
+            f"{name}: id {ids[outside[0]]} at position {outside[0]} is outside the model's source "
+            f"vocabulary [0, {vocab_size})"
+        )
 
 
 def load(directory: str | pathlib.Path, batch_size: int | None = None) -> ExportedTranslator:

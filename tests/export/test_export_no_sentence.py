@@ -1,6 +1,7 @@
-"""Sources that are no sentence (no ids, EOS alone) given to an export: refused by its id-level
-entry points, as `Translator.translate_ids` refuses them, and given "" by its text-level ones, all
-without running its program, which would invent a translation for them."""
+"""Sources that are no sentence (no ids, EOS alone) or no sentence's ids (floats, another rank, ids
+outside the vocabulary) given to an export: refused by its id-level entry points, as
+`Translator.translate_ids` refuses them, naming the source, and no sentence given "" by its
+text-level ones, all without running its program, which would invent a translation for them."""
 
 import io
 
@@ -44,6 +45,27 @@ def test_the_id_entry_points_refuse_no_sentence_before_any_batch(unrun):
         rows[1] = second_row
         with pytest.raises(ValueError, match=message):
             unrun.translate_ids(rows)
+
+
+def test_translate_sequences_refuses_what_is_no_sentences_ids_naming_it_before_any_batch(unrun):
+    sentence = np.asarray([5, 6, 7, EOS], np.int32)  # longest, so the first batch were it decoded
+    vocabulary = unrun.vocab_size
+    for bad, error, message in (
+        (np.asarray([5.0, 6.0, EOS]), TypeError, r"^source 1's ids must be integers, got dtype float64$"),
+        (np.asarray([3.7, EOS]), TypeError, r"^source 1's ids must be integers, got dtype float64$"),  # not 3
+        (np.asarray([5, EOS]) > 0, TypeError, r"^source 1's ids must be integers, got dtype bool$"),
+        (sentence[None], ValueError, r"^source 1 must be one sentence's ids \(1-D\), got shape \(1, 4\)$"),
+        (
+            [5, 6, vocabulary, EOS],
+            ValueError,
+            rf"^source 1: id {vocabulary} at position 2 is outside the model's source vocabulary \[0, {vocabulary}\)$",
+        ),
+        (np.asarray([5, -1, EOS], np.int64), ValueError, r"^source 1: id -1 at position 1 is outside "),
+    ):
+        with pytest.raises(error, match=message):
+            unrun.translate_sequences([sentence, bad])
+    with pytest.raises(TypeError, match=r"^sources must be a list of id sequences, not one of shape \(4,\): pass"):
+        unrun.translate_sequences(sentence)
 
 
 def test_the_text_entry_points_give_no_sentence_an_empty_output(unrun, monkeypatch):
