@@ -56,6 +56,24 @@ def has_pieces(ids: np.ndarray, eos_id: int) -> bool:
     return bool(np.any(ids != eos_id))
 
 
+def refuse_other_than_one_sentence(ids: np.ndarray, eos_id: int, name: str) -> None:
+    """A one-line `ValueError` naming `name` and the position for non-empty 1-D ids that are not
+    one sentence's: a last id other than EOS, or EOS before the end (sentences run together). The
+    model was trained on single sentences ending in EOS; either would be translated as input it
+    never saw. Both translators' id-level entry points call this, so they refuse in the same words."""
+    if ids[-1] != eos_id:
+        raise ValueError(
+            f"{name} ends with id {ids[-1]} at position {ids.size - 1}, not EOS ({eos_id}): "
+            "a sentence's ids end with EOS"
+        )
+    early = np.flatnonzero(ids[:-1] == eos_id)
+    if early.size:
+        raise ValueError(
+            f"{name} has EOS ({eos_id}) at position {early[0]}, before its end at position {ids.size - 1}: "
+            "one sentence per source"
+        )
+
+
 def split_sentences(
     sentences: Iterable[str],
     tokenizer: Encoder,

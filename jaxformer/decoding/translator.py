@@ -264,7 +264,9 @@ def checked_id_sequences(sources: Sequence[Any] | np.ndarray, vocab_size: int) -
     other dtype, or an id outside [0, vocab_size) is an error in one line naming the sequence's index
     in `sources` (and the id's position): not the row of a length-sorted batch that the search sees.
     An empty sequence, or EOS alone, is no sentence (a sentence's ids end with EOS; `translate` gives
-    an empty line no source at all): decoded, it would get an invented output."""
+    an empty line no source at all): decoded, it would get an invented output. So is one whose last
+    id is not EOS, or one with EOS before its end (sentences run together): the model was trained on
+    single sentences ending in EOS, and would translate either as input it never saw."""
     if isinstance(sources, (np.ndarray, jax.Array)) and np.ndim(sources) == 1:
         raise TypeError(f"sources must be a list of id sequences, not one of shape {np.shape(sources)}: pass [ids]")
     arrays = [np.asarray(source) for source in sources]
@@ -280,6 +282,7 @@ def checked_id_sequences(sources: Sequence[Any] | np.ndarray, vocab_size: int) -
                 f"source {index} is EOS ({EOS_ID}) alone: no sentence to translate (translate gives a line that "
                 "encodes to no piece an empty output)"
             )
+        sentence_batches.refuse_other_than_one_sentence(ids, EOS_ID, f"source {index}")
     lengths = [len(ids) for ids in arrays]
     flat = np.concatenate([ids.astype(np.int64) for ids in arrays]) if arrays else np.zeros(0, np.int64)
     outside = np.flatnonzero((flat < 0) | (flat >= vocab_size))

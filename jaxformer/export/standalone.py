@@ -435,7 +435,8 @@ class ExportedTranslator:
     def translate_ids(self, source: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         """The program on padded source rows int32 [B, S] (pad 0, each row ending in EOS):
         (tokens int32 [B, K, S + max_extra_length] best first, ending in EOS then padding,
-        scores float32 [B, K], log p / length penalty). A row of padding alone, or EOS alone, is refused."""
+        scores float32 [B, K], log p / length penalty). A row of padding alone, EOS alone, a row whose
+        last id before the padding is not EOS, or one with EOS before that, is refused."""
         source = np.asarray(source)
         if source.ndim != 2 or not np.issubdtype(source.dtype, np.integer) or 0 in source.shape:
             raise ValueError(f"source must be a non-empty integer array [B, S]; got {source.dtype} {source.shape}")
@@ -458,8 +459,9 @@ class ExportedTranslator:
 def _refuse_bad_ids(ids: np.ndarray, eos_id: int, name: str, vocab_size: int | None = None) -> None:
     """A one-line error naming `name` for ids that are no sentence's: not 1-D, none, not integers
     (a float would be cast when the batch is filled), EOS alone, which the program would give an
-    invented translation (`translate` gives such a line ""), or with `vocab_size` an id outside
-    [0, vocab_size), naming its position. These are the refusals of
+    invented translation (`translate` gives such a line ""), a last id other than EOS or EOS before
+    the end (sentences run together; sentence_batches.py's check, which both translators share),
+    or with `vocab_size` an id outside [0, vocab_size), naming its position. These are the refusals of
     jaxformer/decoding/translator.py's `checked_id_sequences`, kept here because serve.py runs
     without jaxformer and that module imports its model code."""
     if ids.ndim != 1:
@@ -470,6 +472,7 @@ def _refuse_bad_ids(ids: np.ndarray, eos_id: int, name: str, vocab_size: int | N
         raise TypeError(f"{name}'s ids must be integers, got dtype {ids.dtype}")
     if ids.size == 1 and ids[0] == eos_id:
         raise ValueError(f'{name} is EOS ({eos_id}) alone: no sentence to translate (translate gives it "")')
+    sentence_batches.refuse_other_than_one_sentence(ids, eos_id, name)
     outside = np.flatnonzero((ids < 0) | (ids >= vocab_size)) if vocab_size is not None else []
     if len(outside):
         raise ValueError(

@@ -128,6 +128,18 @@ def test_translate_ids_names_the_callers_source(translator):
         (np.zeros(0, np.int32), ValueError, r"^source 1 is empty: "),
         # what translate() makes of a line that encodes to no piece, given empty output there
         ([EOS_ID], ValueError, rf"^source 1 is EOS \({EOS_ID}\) alone: no sentence to translate "),
+        # the model was trained on one sentence per source, ending in EOS
+        (
+            [5, 6, 7],
+            ValueError,
+            rf"^source 1 ends with id 7 at position 2, not EOS \({EOS_ID}\): a sentence's ids end with EOS$",
+        ),
+        (
+            [5, EOS_ID, 6, EOS_ID],
+            ValueError,
+            rf"^source 1 has EOS \({EOS_ID}\) at position 1, before its end at position 3: one sentence per source$",
+        ),
+        ([EOS_ID, EOS_ID], ValueError, r"^source 1 has EOS \(1\) at position 0, before its end at position 1: "),
     ):
         with pytest.raises(error, match=message):
             translator.translate_ids([sources[0], bad])

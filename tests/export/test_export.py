@@ -184,7 +184,7 @@ def test_translator_from_export_equals_the_translator(exported, translator, sent
     pieces = [ids for ids in map(translator.tokenizer.encode, sentences) if 1 < len(ids) <= 32][::-1]
     assert_same_hypotheses(served.translate_sequences(pieces), translator.translate_ids(pieces))
     with pytest.raises(ValueError, match="exceeds the 32 tokens"):
-        served.translate_ids(np.ones((1, 33), np.int32))
+        served.translate_ids(np.append(np.full((1, 32), 5, np.int32), [[1]], axis=1))  # one sentence, ending in EOS
 
 
 def test_an_export_is_never_overwritten_by_accident(workdir, tmp_path, capsys):

@@ -1,7 +1,8 @@
-"""Sources that are no sentence (no ids, EOS alone) or no sentence's ids (floats, another rank, ids
-outside the vocabulary) given to an export: refused by its id-level entry points, as
-`Translator.translate_ids` refuses them, naming the source, and no sentence given "" by its
-text-level ones, all without running its program, which would invent a translation for them."""
+"""Sources that are no sentence (no ids, EOS alone), not one sentence (no EOS at the end, EOS before
+it) or no sentence's ids (floats, another rank, ids outside the vocabulary) given to an export:
+refused by its id-level entry points, as `Translator.translate_ids` refuses them, naming the
+source, and no sentence given "" by its text-level ones, all without running its program, which
+would invent a translation for them or translate input the model never saw."""
 
 import io
 
@@ -33,6 +34,13 @@ def test_the_id_entry_points_refuse_no_sentence_before_any_batch(unrun):
         (np.asarray([EOS], np.int32), rf"^source 1 is EOS \({EOS}\) alone: no sentence to translate "),
         (np.zeros(0, np.int32), rf"^source 1 is empty: a sentence's ids end with EOS \({EOS}\)$"),
         ([], r"^source 1 is empty: "),
+        # the model was trained on one sentence per source, ending in EOS
+        ([5, 6, 7], rf"^source 1 ends with id 7 at position 2, not EOS \({EOS}\): a sentence's ids end with EOS$"),
+        (
+            [5, EOS, 6, EOS],
+            rf"^source 1 has EOS \({EOS}\) at position 1, before its end at position 3: one sentence per source$",
+        ),
+        ([EOS, EOS], rf"^source 1 has EOS \({EOS}\) at position 0, before its end at position 1: "),
     ):
         with pytest.raises(ValueError, match=message):
             unrun.translate_sequences([sentence, bad])
@@ -41,6 +49,8 @@ def test_the_id_entry_points_refuse_no_sentence_before_any_batch(unrun):
     for second_row, message in (
         ([EOS, PAD, PAD, PAD], rf"^source row 1 is EOS \({EOS}\) alone: "),
         ([PAD] * 4, r"^source row 1 is empty: "),
+        ([5, 6, PAD, PAD], rf"^source row 1 ends with id 6 at position 1, not EOS \({EOS}\): "),
+        ([5, EOS, 6, EOS], rf"^source row 1 has EOS \({EOS}\) at position 1, before its end at position 3: "),
     ):
         rows[1] = second_row
         with pytest.raises(ValueError, match=message):

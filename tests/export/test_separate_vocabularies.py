@@ -129,7 +129,8 @@ def test_serve_py_without_jaxformer_equals_the_translator(exported, workdir, tmp
     tokens = [hypotheses[0][0] for hypotheses in translator.translate_ids(pieces)]
     assert [served.target_tokenizer.decode(ids) for ids in tokens] == [hypotheses[0][0] for hypotheses in expected[:3]]
 
-    source = np.full((1, 16), 1, np.int32)
+    source = np.full((1, 16), 5, np.int32)
+    source[0, -1] = 1  # EOS, ending the one sentence
     source[0, 0] = SOURCE_SIZE  # a target id, beyond the source vocabulary
     with pytest.raises(ValueError, match=rf"source ids must lie in \[0, {SOURCE_SIZE}\)"):
         served.translate_ids(source)
