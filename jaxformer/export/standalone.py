@@ -618,10 +618,10 @@ def main(argv: list[str] | None = None) -> int:
     except (ExportError, InputError) as error:
         sys.stderr.write(f"error: {error}\n")
         return 2
+    text = sentence_batches.as_lines(model.translate(lines))  # outside the try: its errors are not the output's
     try:
         # Through the byte buffer, checking what it wrote: a text stream's write drops the short
         # count a buffered writer returns once the pipe's reader has gone (CPython 3.11).
-        text = sentence_batches.as_lines(model.translate(lines))
         if not hasattr(sys.stdout, "buffer"):  # a StringIO in its place (a caller capturing the output)
             sys.stdout.write(text)
             return 0
@@ -632,13 +632,14 @@ def main(argv: list[str] | None = None) -> int:
     except BrokenPipeError:  # the reader closed stdout (`| head`): no more is wanted, as SIGPIPE says
         _discard_stdout()
         return 128 + signal.SIGPIPE
-    except OSError as error:
-        if error.errno not in (errno.ENOSPC, errno.EDQUOT):
-            raise
+    except OSError as error:  # a full disk, EIO, EFBIG (`ulimit -f`), ...: one line, not a traceback
         _discard_stdout()
         where = f"{error.strerror or error} writing <stdout>"
-        sys.stderr.write(f"error: {where}: free space (or quota), then run the same command again\n")
-        return EXIT_NO_SPACE
+        if error.errno in (errno.ENOSPC, errno.EDQUOT):
+            sys.stderr.write(f"error: {where}: free space (or quota), then run the same command again\n")
+            return EXIT_NO_SPACE
+        sys.stderr.write(f"error: {where}: the translations written stop short of the end\n")
+        return 2
     return 0
 
 

@@ -27,3 +27,11 @@ def run_serve_py(directory, *args, input: str | bytes, timeout: int = 300) -> su
         text=isinstance(input, str),
         timeout=timeout,
     )
+
+
+class UpperCase:
+    """Stands in for an export's model where what is tested is serve.py's writing."""
+
+    @staticmethod
+    def translate(sentences):
+        return [sentence.upper() for sentence in sentences]

@@ -29,7 +29,7 @@ from jaxformer.run.directory import RunDirectory
 from jaxformer.run.loading import load_checkpoint
 from tests.conftest import assert_same_hypotheses, read_raw
 from tests.export.conftest import FLAGS
-from tests.export.serving import run_serve_py, serve_without_jaxformer
+from tests.export.serving import UpperCase, run_serve_py, serve_without_jaxformer
 
 pytestmark = pytest.mark.xdist_group("export")
 
@@ -397,14 +397,6 @@ def test_serve_py_started_with_stdin_closed_says_so_in_one_line(tmp_path, capsys
     monkeypatch.setattr(sys, "stdin", None)  # what Python sets when started with fd 0 closed
     assert standalone.main([str(tmp_path / "no-export")]) == 2
     assert capsys.readouterr().err == "error: stdin is closed: serve.py translates the lines of stdin\n"
-
-
-class UpperCase:
-    """Stands in for an export's model where what is tested is serve.py's writing."""
-
-    @staticmethod
-    def translate(sentences):
-        return [sentence.upper() for sentence in sentences]
 
 
 def test_serve_py_output_failures_are_one_line_with_translates_exit_codes(tmp_path, capsys, monkeypatch):
