@@ -152,9 +152,9 @@ def checked_input_lines(args: argparse.Namespace) -> list[str]:
     return read_lines(args.input)
 
 
-def translator_from_flags(args: argparse.Namespace, settings=None, chosen=None):
-    """The translator the flags describe; `settings`: their DecodeSettings, and `chosen`:
-    `final_search(args)`, when made already."""
+def translator_from_flags(args: argparse.Namespace, settings=None, chosen=None, loaded=None):
+    """The translator the flags describe; `settings`: their DecodeSettings, `chosen`:
+    `final_search(args)`, and `loaded`: the checkpoint's `load_checkpoint`, when made already."""
     from jaxformer.decoding.translator import Translator
 
     chosen = final_search(args, chosen)
@@ -164,6 +164,7 @@ def translator_from_flags(args: argparse.Namespace, settings=None, chosen=None):
         args.checkpoint,
         settings,
         chosen=chosen,
+        loaded=loaded,
         batch_size=args.batch_size,
         max_source_tokens=args.max_source_tokens,
         seed=args.seed,

@@ -47,7 +47,7 @@ from jaxformer.data.parallel_text import DataError
 from jaxformer.data.tokenizer import Tokenizer
 from jaxformer.decoding.scoring import corpus_scores, format_scores
 from jaxformer.files import write_text_atomically
-from jaxformer.run.loading import check_final_choice, load_checkpoint
+from jaxformer.run.loading import load_checkpoint
 
 logger = logging.getLogger(__name__)
 
@@ -198,14 +198,15 @@ def run(args: argparse.Namespace) -> int:
         check_stdout_open("--json")
     from jaxformer.decoding.translator import Translator  # the data stack: after the flags are checked
 
-    if args.checkpoint == "final":  # a damaged choice found before the split is prepared and the search compiled
-        check_final_choice(args.workdir)
     # A language model's run, or a search the model cannot run: refused before any data is read.
     chosen = final_search(args)  # final/'s search, read once for the settings and the translator
     settings = decode_settings_from_flags(args, args.max_extra_length, chosen)
     settings.check_fits(Translator.check_workdir(args.workdir, args.checkpoint))
-
-    _, metadata, _ = load_checkpoint(args.workdir, args.checkpoint, params=False)
+    # The checkpoint read whole, its parameters verified against their checksums, before the split is
+    # prepared or the files read: a damaged one (an array file cut short or gone, its array index gone)
+    # is found before that work, as a damaged final choice is, with its remedy; the translator takes it.
+    loaded = load_checkpoint(args.workdir, args.checkpoint)
+    metadata = loaded[1]
     tokenizers = (metadata.load_tokenizer(), metadata.load_target_tokenizer())  # what is empty to the model
     if args.split:
         sources, references, file_lines = split_pairs(args.workdir, args.split, args.max_examples, tokenizers)
@@ -216,7 +217,7 @@ def run(args: argparse.Namespace) -> int:
     if not sources:
         where = args.split or f"{args.source} and {args.reference}"
         raise DataError(f"{where}: no pair with text on both sides, nothing to score")
-    translator = translator_from_flags(args, settings, chosen)
+    translator = translator_from_flags(args, settings, chosen, loaded)
     start = time.perf_counter()
     line_numbers = None if file_lines is None else file_lines.numbers  # a long sentence's warning names its line
     hypotheses = translator.translate(sources, progress=not args.no_progress, line_numbers=line_numbers)

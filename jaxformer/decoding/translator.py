@@ -21,6 +21,7 @@ from jaxformer.model.config import ConfigError, TransformerConfig
 from jaxformer.model.transformer import unstack_layers
 from jaxformer.run.directory import checkpoint_name
 from jaxformer.run.loading import ARCHITECTURE_USES, load_checkpoint, require_architecture
+from jaxformer.run.metadata import CheckpointMetadata
 from jaxformer.tokens import EOS_ID, PAD_ID
 
 logger = logging.getLogger(__name__)
@@ -145,6 +146,7 @@ class Translator:
         settings: DecodeSettings | None = None,
         *,
         chosen: ChosenSearch | None = None,
+        loaded: tuple[int, CheckpointMetadata, Any] | None = None,
         **kwargs,
     ) -> Translator:
         """The model, tokenizers and parameters of a training run's `checkpoint` ("latest",
@@ -152,11 +154,13 @@ class Translator:
         Without `settings`, DecodeSettings() with, on "final", the length penalty alpha the run's
         final choice kept (training.final_alphas), as translate, evaluate and export search without
         --alpha (`checkpoint_alpha`); given `settings` search with their alpha. `chosen`: final/'s
-        `chosen_search`, when the caller read it already (the commands, for their flags)."""
+        `chosen_search`, when the caller read it already (the commands, for their flags); `loaded`: the
+        (step, metadata, params) `load_checkpoint(workdir, checkpoint)` gave the caller (evaluate, which
+        reads them before its data), not read again."""
         model_config = cls.check_workdir(workdir, checkpoint)  # before the parameters are read
         settings = checkpoint_settings(workdir, checkpoint, settings, chosen)
         settings.check_fits(model_config)
-        step, metadata, params = load_checkpoint(workdir, checkpoint)
+        step, metadata, params = load_checkpoint(workdir, checkpoint) if loaded is None else loaded
         logger.info("loaded step %d of %s (%s)", step, workdir, checkpoint_name(checkpoint))
         translator = cls(
             metadata.model_config(),

@@ -51,14 +51,6 @@ def load_checkpoint(
     return loaded
 
 
-def check_final_choice(workdir: str | os.PathLike) -> None:
-    """The run's final choice read whole before a command's expensive work (preparing a split,
-    compiling a search) on `--checkpoint final`: its metadata and parameters verified against their
-    checksums by the read the run itself verifies a choice it kept with (`Checkpointer.read_params`,
-    training/final_choice.py); a `CheckpointError` naming final/ and the remedy when it is damaged."""
-    load_checkpoint(workdir, "final")
-
-
 def unreadable_final_choice(run: RunDirectory, error: CheckpointError) -> str:
     """Why `--checkpoint final` cannot be used, in one line, and what makes it usable again: the
     run's training command, which verifies the choice it kept, sets a damaged one aside and chooses

@@ -1,6 +1,7 @@
 """The final choice a run keeps in final/: verified before a finished run reports it as made (a
 damaged one is set aside and made again), named as outdated when the run trained past it, and
-refused by the commands, damaged, in one line before their work."""
+refused by the commands, damaged, in one line before their work; evaluate reads any checkpoint it
+names (final or a step) whole, once, before its data."""
 
 import json
 import logging
@@ -150,3 +151,81 @@ def test_a_command_refuses_a_damaged_choice_in_one_line_before_its_work(
     )
     assert sorted(path.name for path in final.iterdir()) == before  # read only: the training command sets it aside
     assert not (tmp_path / "export").exists()
+
+
+FAST = ["--method", "greedy", "--max_extra_length", "6"]
+
+
+def _array_file_removed(step_directory):
+    max((step_directory / "state").rglob("ocdbt.process_0/d/*"), key=lambda path: path.stat().st_size).unlink()
+    return "cannot restore the parameters of"
+
+
+def _array_index_removed(step_directory):
+    (step_directory / "state" / "_METADATA").unlink()
+    return "the index of its arrays (its _METADATA file"
+
+
+DAMAGE = {
+    "cut short": _cut_short,
+    "array file removed": _array_file_removed,
+    "array index removed": _array_index_removed,
+    "array checksum": lambda step: f"array {_wrong_array_checksum(step)} does not match its checksum",
+}
+
+
+def _pair_files(tmp_path):
+    source, reference = tmp_path / "test.en", tmp_path / "test.de"
+    source.write_text("A man sleeps.\nTwo dogs run.\n")
+    reference.write_text("Ein Mann schläft.\nZwei Hunde rennen.\n")
+    return ["--source", str(source), "--reference", str(reference)]
+
+
+@pytest.mark.parametrize("data", ["split", "files"])
+@pytest.mark.parametrize("damage", DAMAGE)
+def test_a_damaged_step_is_refused_in_one_line_before_the_data_is_read(
+    damage, data, run, tmp_path, capsys, monkeypatch
+):
+    from jaxformer.commands import evaluate
+
+    workdir, _ = run
+    step = RunDirectory(workdir).checkpoints / "20"
+    named = DAMAGE[damage](step)
+
+    def read(*args, **kwargs):
+        pytest.fail("the data was read before the checkpoint")
+
+    monkeypatch.setattr(evaluate, "split_pairs", read)
+    monkeypatch.setattr(evaluate, "file_pairs", read)
+    flags = ["--split", "validation"] if data == "split" else _pair_files(tmp_path)
+    capsys.readouterr()
+    assert evaluate.main(["--workdir", str(workdir), "--checkpoint", "20", *flags, *FAST]) == 2
+    (line,) = [line for line in capsys.readouterr().err.splitlines() if line.startswith("error:")]
+    assert named in line and str(step) in line, line
+
+
+@pytest.mark.parametrize("checkpoint", ["final", "20"])
+def test_evaluate_reads_the_parameters_once(checkpoint, run, tmp_path, capsys, monkeypatch):
+    from jaxformer.commands import evaluate
+    from jaxformer.decoding.translator import Translator
+
+    workdir, params = run
+    final = RunDirectory(workdir).final
+    writer = Checkpointer(final, keep=None)
+    metadata = load_checkpoint(workdir, 20, params=False)[1]
+    writer.save_params(20, params, metadata.replace(step=20, chosen_from="latest", bleu=1.0))
+    writer.close()
+    reads = []
+    restore = Checkpointer._restore_params
+
+    def counted(self, *args):
+        reads.append(self.directory)
+        return restore(self, *args)
+
+    monkeypatch.setattr(Checkpointer, "_restore_params", counted)
+    monkeypatch.setattr(Translator, "translate", lambda self, sentences, **kwargs: ["Ein Mann."] * len(sentences))
+    arguments = ["--workdir", str(workdir), "--checkpoint", checkpoint, *_pair_files(tmp_path), *FAST]
+    assert evaluate.main(arguments) == 0
+    assert "2 sentences, step 20" in capsys.readouterr().out
+    # Not a second read for the translator (final/ was read whole as it was checked, then again).
+    assert reads == [final if checkpoint == "final" else RunDirectory(workdir).checkpoints]
