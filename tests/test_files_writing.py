@@ -177,7 +177,8 @@ class ReachedTranslation(Exception):
     """Raised where evaluate would load its model: it read both inputs without an error."""
 
 
-def test_evaluate_reads_process_substitutions(tmp_path, monkeypatch):
+def test_evaluate_reads_process_substitutions(decoding_workdir, monkeypatch):
+    # A real run's workdir: evaluate encodes the pairs with its tokenizers before translating.
     sources, references = os.pipe(), os.pipe()
     try:
         for (_, write_end), text in ((sources, b"a dog.\n"), (references, b"ein Hund.\n")):
@@ -187,13 +188,8 @@ def test_evaluate_reads_process_substitutions(tmp_path, monkeypatch):
         def reached(*args, **kwargs):
             raise ReachedTranslation
 
-        from jaxformer.decoding.translator import Translator
-        from jaxformer.model.config import TransformerConfig
-
-        no_run_here = staticmethod(lambda *args: TransformerConfig(vocab_size=100))  # its model's config
-        monkeypatch.setattr(Translator, "check_workdir", no_run_here)
         monkeypatch.setattr(evaluate, "translator_from_flags", reached)
-        flags = ["--workdir", str(tmp_path), "--source", f"/dev/fd/{sources[0]}"]
+        flags = ["--workdir", str(decoding_workdir), "--source", f"/dev/fd/{sources[0]}"]
         with pytest.raises(ReachedTranslation):
             evaluate.main([*flags, "--reference", f"/dev/fd/{references[0]}"])
     finally:
