@@ -38,6 +38,10 @@ from jaxformer.files import not_a_folder_reason, open_descriptor, write_text_ato
 logger = logging.getLogger(__name__)
 
 
+class OutputError(UserError):
+    """A command's output could not be written whole (other than a full disk or a closed pipe)."""
+
+
 class FlagError(UserError):
     """A command-line flag has a value the command cannot use."""
 
@@ -370,7 +374,14 @@ def write_lines(path: str | None, lines: list[str]) -> None:
     check_stdout_open()
     try:
         write_to_stream(sys.stdout, text)
+    except BrokenPipeError:
+        raise  # the reader went away: run_command ends as SIGPIPE would
     except OSError as error:
         if error.filename is None:  # a write names no file; the error ("No space left on device") should
             error.filename = "<stdout>"
-        raise
+        if no_space_error(error) is not None:
+            raise  # run_command's own line and exit code for a full disk
+        # An I/O error, a file-size limit (`ulimit -f`), a file opened read-only: one line, not a traceback.
+        raise OutputError(
+            f"{error.strerror or error} writing {error.filename}: the lines written stop short of the end"
+        ) from error

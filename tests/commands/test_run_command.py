@@ -3,6 +3,7 @@ once there is space), not a bug's traceback; orbax's writer threads log their fa
 their tracebacks."""
 
 import errno
+import io
 import logging
 import os
 import sys
@@ -180,3 +181,43 @@ def test_a_closed_stdout_is_one_line_before_any_work(tmp_path):
     )
     assert result.returncode == 2
     assert result.stderr == "error: stdout is closed: give --output, or run without closing it\n"
+
+
+class _FailingStdout(io.StringIO):
+    """stdout whose writes fail with `error_number` after `room` characters."""
+
+    def __init__(self, error_number: int, room: int):
+        super().__init__()
+        self.error_number, self.room = error_number, room
+
+    def write(self, text):
+        if len(self.getvalue()) + len(text) > self.room:
+            raise OSError(self.error_number, os.strerror(self.error_number))
+        return super().write(text)
+
+
+@pytest.mark.parametrize("error_number", [errno.EIO, errno.EFBIG, errno.EBADF])
+def test_stdout_that_fails_to_take_the_output_is_one_line(monkeypatch, capsys, error_number):
+    """`jaxformer-translate` to a stdout that fails (an I/O error, `ulimit -f`, a descriptor opened
+    read-only) ended with an OSError traceback and exit 1, as for a bug."""
+    stdout = _FailingStdout(error_number, room=0)
+
+    def body(args):
+        monkeypatch.setattr(sys, "stdout", stdout)
+        common.write_lines(None, ["ein Satz"] * 3)
+        return 0
+
+    code = common.run_command(common.make_parser(None), body, [])
+    error = capsys.readouterr().err
+    assert code == EXIT_USER_ERROR
+    assert error == f"error: {os.strerror(error_number)} writing <stdout>: the lines written stop short of the end\n"
+
+
+def test_a_full_stdout_keeps_its_own_line_and_exit_code(monkeypatch, capsys):
+    def body(args):
+        monkeypatch.setattr(sys, "stdout", _FailingStdout(errno.ENOSPC, room=0))
+        common.write_lines(None, ["ein Satz"])
+        return 0
+
+    assert common.run_command(common.make_parser(None), body, []) == EXIT_NO_SPACE
+    assert "free space (or quota)" in capsys.readouterr().err
