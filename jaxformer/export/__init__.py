@@ -5,3 +5,6 @@ tokenizer, a serialized `jax.export` of the beam search and a plain-JAX loader, 
 and `Translator.from_export` read one. Nothing below `commands` imports this package, except
 `Translator.from_export`, lazily.
 """
+
+# Before its helpers: export_files imports its error and file names from standalone, which imports it.
+from jaxformer.export import standalone  # noqa: F401, E402

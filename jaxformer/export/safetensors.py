@@ -5,7 +5,7 @@ The format: an 8-byte little-endian header length N, N bytes of JSON
 padded with spaces to a multiple of 8 bytes, then the tensors' raw little-endian bytes, back to
 back (offsets count from the end of the header). Names are the parameter paths joined with "/".
 
-The reader lives in standalone.py, because the serve.py of an export must read the file with
+The reader lives in export_files.py, because the serve.py of an export must read the file with
 nothing but numpy; it is re-exported here.
 """
 
@@ -19,7 +19,7 @@ from typing import Any
 
 import numpy as np
 
-from jaxformer.export.standalone import SAFETENSORS_DTYPES, read_safetensors, unflatten  # noqa: F401
+from jaxformer.export.export_files import SAFETENSORS_DTYPES, read_safetensors, unflatten  # noqa: F401
 
 _NAME_OF_DTYPE = {dtype: name for name, dtype in SAFETENSORS_DTYPES.items()}
 

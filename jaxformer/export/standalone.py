@@ -24,33 +24,25 @@ The directory holds (the names are config.json's "files", with their SHA-256):
     serve.py                this file
     sentence_batches.py     a copy of jaxformer/decoding/sentence_batches.py, which serve.py imports
     argument_parser.py      a copy of jaxformer/argument_parser.py, serve.py's command line
-
-The parameters file is safetensors, read here with numpy alone: an 8-byte little-endian header
-length, a JSON header {name: {dtype, shape, data_offsets}} and the raw little-endian bytes.
+    export_files.py         a copy of jaxformer/export/export_files.py, which reads and checks the files
+    serve_streams.py        a copy of jaxformer/export/serve_streams.py, serve.py's stdin and stdout
 """
 
 from __future__ import annotations
 
-import argparse
 import errno
 import hashlib
 import importlib.util
 import json
 import logging
-import math
-import os
 import pathlib
-import re
 import signal
-import struct
 import sys
 from collections.abc import Iterable, Sequence
 from typing import Any
 
 import jax
-import jax.numpy as jnp
 import numpy as np
-import sentencepiece as spm
 
 FORMAT = "jaxformer-export"
 FORMAT_VERSION = 1
@@ -58,8 +50,18 @@ CONFIG_FILE = "config.json"
 LOADER_FILE = "serve.py"
 # The jaxformer modules serve.py imports (standard library, numpy and jax only), by their path in
 # the package; each is copied beside serve.py under its file name.
-LOADER_IMPORTS = ("decoding/sentence_batches.py", "argument_parser.py")
+LOADER_IMPORTS = (
+    "decoding/sentence_batches.py",
+    "argument_parser.py",
+    "export/export_files.py",
+    "export/serve_streams.py",
+)
 EXIT_NO_SPACE = 75  # a full disk's exit code, jaxformer.errors.EXIT_NO_SPACE, which serve.py cannot import
+
+
+class ExportError(ValueError):
+    """An export directory or one of its files is missing, damaged or of another format; the
+    message names the file."""
 
 
 def _recorded_digest(folder: pathlib.Path, file_name: str) -> str | None:
@@ -73,9 +75,10 @@ def _recorded_digest(folder: pathlib.Path, file_name: str) -> str | None:
     return digests[0] if digests and isinstance(digests[0], str) else None
 
 
-def _import_beside(name: str):
+def _import_beside(name: str, **given: Any):
     """The module `name`.py in this file's folder: an export's copy of a jaxformer helper, held to
-    config.json's SHA-256 before any of its code runs."""
+    config.json's SHA-256 before any of its code runs; `given` are the names of this file that it
+    uses, which the package's module imports from jaxformer.export.standalone."""
     path = pathlib.Path(__file__).with_name(f"{name}.py")
     spec = importlib.util.spec_from_file_location(f"serve_{name}", path)
     if spec is None or not path.is_file():
@@ -86,6 +89,7 @@ def _import_beside(name: str):
             f"{path} is damaged or edited: its SHA-256 differs from the one in {path.parent / CONFIG_FILE}"
         )
     module = importlib.util.module_from_spec(spec)
+    vars(module).update(given)
     try:
         spec.loader.exec_module(module)
     except Exception as error:  # noqa: BLE001  (an older export's damaged copy, unchecked, fails in any way)
@@ -95,268 +99,37 @@ def _import_beside(name: str):
 
 
 _MISSING_HELPER: str | None = None  # why serve.py could not import a helper; `load` and `main` report it
-if __package__:  # jaxformer.export.standalone, inside the package
+if __package__:  # jaxformer.export.standalone, inside the package (whose __init__ imports it before its helpers)
     from jaxformer import argument_parser
     from jaxformer.decoding import sentence_batches
+    from jaxformer.export import export_files, serve_streams
+    from jaxformer.export.export_files import (  # noqa: F401  (re-exported)
+        SAFETENSORS_DTYPES,
+        Tokenizer,
+        parse_safetensors,
+        read_config,
+        read_safetensors,
+        unflatten,
+    )
+    from jaxformer.export.serve_streams import InputError, stdin_lines  # noqa: F401  (re-exported)
 else:  # serve.py, in an export beside its copies of the LOADER_IMPORTS
     try:
         sentence_batches = _import_beside("sentence_batches")
         argument_parser = _import_beside("argument_parser")
+        export_files = _import_beside(
+            "export_files",
+            ExportError=ExportError,
+            FORMAT=FORMAT,
+            FORMAT_VERSION=FORMAT_VERSION,
+            CONFIG_FILE=CONFIG_FILE,
+            LOADER_FILE=LOADER_FILE,
+        )
+        serve_streams = _import_beside("serve_streams")
     except ImportError as error:  # `import serve` still works; `load` raises ExportError naming the file
         _MISSING_HELPER = str(error)
 
 
-# safetensors dtype names; the data is stored little-endian.
-SAFETENSORS_DTYPES: dict[str, np.dtype] = {
-    "BOOL": np.dtype(np.bool_),
-    "U8": np.dtype(np.uint8),
-    "I8": np.dtype(np.int8),
-    "U16": np.dtype(np.uint16),
-    "I16": np.dtype(np.int16),
-    "F16": np.dtype(np.float16),
-    "BF16": np.dtype(jnp.bfloat16),
-    "U32": np.dtype(np.uint32),
-    "I32": np.dtype(np.int32),
-    "F32": np.dtype(np.float32),
-    "U64": np.dtype(np.uint64),
-    "I64": np.dtype(np.int64),
-    "F64": np.dtype(np.float64),
-}
-
-
-# The integers of config.json the loader uses, with their least values. model.source_vocab_size may
-# be null (one shared vocabulary); a sentence is cut every max_source_tokens - 1 tokens.
-_CONFIG_INTEGERS = {
-    "special_tokens": {"pad": 0, "eos": 0, "bos": 0},
-    "model": {"vocab_size": 1, "source_vocab_size": 1},
-    "decoding": {"beam_size": 1, "max_extra_length": 0},
-    "serving": {"batch_size": 1, "length_bucket": 1, "max_source_tokens": 2, "max_source_length": 1},
-}
-
-
-class ExportError(ValueError):
-    """An export directory or one of its files is missing, damaged or of another format; the
-    message names the file."""
-
-
-# -- the files -------------------------------------------------------------------------------
-
-
-def read_safetensors(path: str | pathlib.Path) -> dict[str, np.ndarray]:
-    """The tensors of a safetensors file by name, in their stored dtypes."""
-    return parse_safetensors(_read_bytes(pathlib.Path(path)), path)
-
-
-def parse_safetensors(data: bytes, where: str | pathlib.Path) -> dict[str, np.ndarray]:
-    """The tensors of the safetensors file `where` whose bytes are `data`."""
-
-    def damaged(problem: str) -> ExportError:
-        return ExportError(f"{where} is not a readable safetensors file: {problem}")
-
-    if len(data) < 8:
-        raise damaged(f"it has {len(data)} bytes, fewer than the 8 of its header length")
-    (header_length,) = struct.unpack("<Q", data[:8])
-    if header_length > len(data) - 8:
-        raise damaged(f"its header length {header_length} exceeds the {len(data) - 8} bytes that follow")
-    try:
-        header = json.loads(data[8 : 8 + header_length].decode("utf-8"))
-    except (UnicodeDecodeError, json.JSONDecodeError) as error:
-        raise damaged(f"its header is not JSON ({error})") from None
-    if not isinstance(header, dict):
-        raise damaged("its header is not a JSON object")
-    buffer = memoryview(data)[8 + header_length :]
-    tensors, spans = {}, []
-    for name, entry in header.items():
-        if name == "__metadata__":
-            continue
-        try:
-            dtype, shape, (begin, end) = SAFETENSORS_DTYPES[entry["dtype"]], entry["shape"], entry["data_offsets"]
-        except (TypeError, KeyError, ValueError):
-            raise damaged(f"tensor {name!r} has no known dtype, shape or data_offsets") from None
-        if not isinstance(shape, list) or not all(isinstance(n, int) and n >= 0 for n in [*shape, begin, end]):
-            raise damaged(f"tensor {name!r} has a shape or offsets that are not non-negative integers")
-        if not begin <= end <= len(buffer) or end - begin != math.prod(shape) * dtype.itemsize:
-            raise damaged(f"tensor {name!r} has data_offsets {[begin, end]} that do not fit its shape {shape}")
-        raw = np.frombuffer(buffer[begin:end], dtype=f"<u{dtype.itemsize}")  # any dtype, byte order fixed
-        tensors[name] = raw.astype(f"=u{dtype.itemsize}").view(dtype).reshape(shape)
-        spans.append((begin, end))
-    position = 0
-    for begin, end in sorted(spans):
-        if begin != position:
-            raise damaged(f"its tensors leave a gap or overlap at byte {position} of the data")
-        position = end
-    if position != len(buffer):
-        raise damaged(f"its tensors cover {position} of the {len(buffer)} data bytes")
-    return tensors
-
-
-def unflatten(tensors: dict[str, np.ndarray], where: str | pathlib.Path) -> dict[str, Any]:
-    """Nested dicts from names "a/b/c"."""
-    tree: dict[str, Any] = {}
-    for name, array in tensors.items():
-        *parents, leaf = name.split("/")
-        node = tree
-        for key in parents:
-            node = node.setdefault(key, {})
-            if not isinstance(node, dict):
-                raise ExportError(f"{where}: tensor {name!r} lies below another tensor")
-        if leaf in node:
-            raise ExportError(f"{where}: tensor {name!r} is also a prefix of other names")
-        node[leaf] = array
-    return tree
-
-
-def read_config(directory: str | pathlib.Path) -> dict[str, Any]:
-    """config.json of an export, checked for the format and version this loader reads."""
-    directory = pathlib.Path(directory)
-    if not directory.is_dir():
-        raise ExportError(f"{directory}: no such directory")
-    path = directory / CONFIG_FILE
-    if not os.path.lexists(path) and not os.path.lexists(directory / LOADER_FILE):
-        # Without serve.py beside it either, no export was ever here; with it, one lost its config.
-        raise ExportError(f"{directory} is not a jaxformer export (no {CONFIG_FILE} in it)")
-    try:
-        config = json.loads(_read_bytes(path).decode("utf-8"))
-    except (UnicodeDecodeError, json.JSONDecodeError) as error:
-        raise ExportError(f"{path} is damaged: not valid JSON ({error})") from None
-    if not isinstance(config, dict) or config.get("format") != FORMAT:
-        raise ExportError(f'{path} is not the config of a jaxformer export (no "format": "{FORMAT}")')
-    if config.get("format_version") != FORMAT_VERSION:
-        raise ExportError(
-            f"{path} has export format version {config.get('format_version')!r}; "
-            f"this loader reads version {FORMAT_VERSION}"
-        )
-    for section, keys in _CONFIG_INTEGERS.items():
-        for key, least in keys.items():
-            value = config[section].get(key) if isinstance(config.get(section), dict) else None
-            if (value is not None or key != "source_vocab_size") and (
-                not isinstance(value, int) or isinstance(value, bool) or value < least
-            ):
-                raise ExportError(f"{path}: {section}.{key} is {value!r}; it must be an integer >= {least}")
-    serving = config["serving"]
-    longest = serving["length_bucket"] * math.ceil(serving["max_source_tokens"] / serving["length_bucket"])
-    if longest > serving["max_source_length"]:
-        raise ExportError(
-            f"{path}: serving.max_source_tokens {serving['max_source_tokens']} makes rows of {longest} tokens "
-            f"(a multiple of length_bucket {serving['length_bucket']}), over max_source_length "
-            f"{serving['max_source_length']}"
-        )
-    _check_file_entries(path, config.get("files"))
-    return config
-
-
-def _check_file_entries(path: pathlib.Path, files: Any) -> None:
-    """config.json's "files": each a {"name": a file of the directory, "sha256": its digest}. Older
-    exports list the loader's helpers by name alone and give no digest for serve.py: those are
-    checked for presence only (check_loader_files)."""
-    loader = files.get("loader") if isinstance(files, dict) else None
-    imports = loader.get("imports", []) if isinstance(loader, dict) else None
-    if not isinstance(imports, list):
-        raise ExportError(f"{path}: files.loader is {loader!r}, not serve.py's name, SHA-256 and imports")
-    entries = [(role, files.get(role), True) for role in ("parameters", "tokenizer", "program")]
-    entries += [("target_tokenizer", files["target_tokenizer"], True)] if "target_tokenizer" in files else []
-    entries += [("loader", loader, False)]
-    entries += [("loader.imports", entry if isinstance(entry, dict) else {"name": entry}, False) for entry in imports]
-    for key, entry, digest_needed in entries:
-        name = entry.get("name") if isinstance(entry, dict) else None
-        digest = entry.get("sha256", None if digest_needed else "") if isinstance(entry, dict) else None
-        if name in ("", "..") or not isinstance(name, str) or pathlib.PurePath(name).name != name:
-            digest = None
-        if not isinstance(digest, str):
-            raise ExportError(f"{path}: files.{key} is {entry!r}, not a file of the directory and its SHA-256")
-
-
-def read_verified(directory: pathlib.Path, config: dict[str, Any], role: str) -> tuple[pathlib.Path, bytes]:
-    """(path, bytes) of config.json's file `role`, whose SHA-256 must be config.json's."""
-    entry = config["files"][role]  # a name and a digest (read_config)
-    path = directory / entry["name"]
-    data = _read_bytes(path)
-    if hashlib.sha256(data).hexdigest() != entry["sha256"]:
-        raise ExportError(f"{path} is damaged: its SHA-256 differs from the one in {directory / CONFIG_FILE}")
-    return path, data
-
-
-def check_loader_files(directory: pathlib.Path, config: dict[str, Any]) -> None:
-    """serve.py and the helpers it imports are there, each with config.json's SHA-256 (exports
-    written before the loader's checksums were recorded name the helpers only: their presence
-    is checked)."""
-    loader = config["files"]["loader"]  # its entries checked by read_config
-    entries = [loader] + [entry if isinstance(entry, dict) else {"name": entry} for entry in loader.get("imports", [])]
-    for entry in entries:
-        name = entry["name"]
-        data = _read_bytes(directory / name)
-        if "sha256" in entry and hashlib.sha256(data).hexdigest() != entry["sha256"]:
-            raise ExportError(
-                f"{directory / name} is damaged or edited: its SHA-256 differs from the one in "
-                f"{directory / CONFIG_FILE}"
-            )
-
-
-def read_tokenizer(directory: pathlib.Path, config: dict[str, Any], role: str, size_key: str) -> Tokenizer:
-    """The tokenizer file `role`, whose piece count must be config.json's model.`size_key`."""
-    path, data = read_verified(directory, config, role)
-    tokenizer = Tokenizer(data, path, config["special_tokens"])
-    if tokenizer.vocab_size != config["model"][size_key]:
-        raise ExportError(
-            f"{path} has {tokenizer.vocab_size} pieces, but {directory / CONFIG_FILE} gives the model "
-            f"model.{size_key}={config['model'][size_key]}"
-        )
-    return tokenizer
-
-
-def parse_program(data: bytes, where: pathlib.Path) -> jax.export.Exported:
-    """The deserialized jax.export program."""
-    try:
-        import flatbuffers  # noqa: F401  (what jax's deserializer needs)
-    except ImportError:
-        raise ExportError(f"reading {where} needs the flatbuffers package: pip install flatbuffers") from None
-    try:
-        program = jax.export.deserialize(bytearray(data))
-    except Exception as error:  # noqa: BLE001  (a damaged flatbuffer fails in arbitrary ways)
-        raise ExportError(f"{where} is damaged: jax.export cannot deserialize it ({type(error).__name__})") from None
-    return program
-
-
-def _read_bytes(path: pathlib.Path) -> bytes:
-    try:
-        return path.read_bytes()
-    except FileNotFoundError:
-        raise ExportError(f"{path}: no such file; the export is incomplete") from None
-    except OSError as error:
-        raise ExportError(f"cannot read {path}: {error.strerror or error}") from None
-
-
 # -- translating -----------------------------------------------------------------------------
-
-
-class Tokenizer:
-    """A sentencepiece model: text <-> int32 ids, EOS appended, decoding up to the first EOS."""
-
-    def __init__(self, model_proto: bytes, where: str | pathlib.Path, special_tokens: dict[str, int]):
-        try:
-            self._processor = spm.SentencePieceProcessor(model_proto=model_proto)
-        except RuntimeError:  # sentencepiece's only report of a model it cannot parse
-            raise ExportError(f"{where} is damaged: sentencepiece cannot parse it") from None
-        self.pad_id, self.eos_id, self.bos_id = special_tokens["pad"], special_tokens["eos"], special_tokens["bos"]
-        ids = (self._processor.pad_id(), self._processor.eos_id(), self._processor.bos_id())
-        if ids != (self.pad_id, self.eos_id, self.bos_id):
-            raise ExportError(
-                f"{where}: its (pad, eos, bos) ids {ids} differ from config.json's special_tokens "
-                f"{(self.pad_id, self.eos_id, self.bos_id)}"
-            )
-
-    @property
-    def vocab_size(self) -> int:
-        return self._processor.get_piece_size()
-
-    def encode(self, text: str, add_eos: bool = True) -> np.ndarray:
-        return np.asarray(self._processor.encode(text, add_eos=add_eos), dtype=np.int32)
-
-    def decode(self, ids: Sequence[int] | np.ndarray) -> str:
-        ids = [int(i) for i in np.asarray(ids).reshape(-1)]
-        if self.eos_id in ids:
-            ids = ids[: ids.index(self.eos_id)]
-        return self._processor.decode([i for i in ids if i not in (self.pad_id, self.bos_id)])
 
 
 class ExportedTranslator:
@@ -500,8 +273,8 @@ def read_export(directory: str | pathlib.Path) -> tuple[dict[str, Any], Any, Tok
     if _MISSING_HELPER is not None:
         raise ExportError(_MISSING_HELPER)
     directory = pathlib.Path(directory)
-    config = read_config(directory)
-    check_loader_files(directory, config)
+    config = export_files.read_config(directory)
+    export_files.check_loader_files(directory, config)
     separate = config["model"].get("source_vocab_size") is not None
     if separate != ("target_tokenizer" in config["files"]):  # else the target ids would be decoded as source ones
         raise ExportError(
@@ -509,86 +282,21 @@ def read_export(directory: str | pathlib.Path) -> tuple[dict[str, Any], Any, Tok
             f"({'separate vocabularies' if separate else 'one shared vocabulary'}), but files "
             f"{'lacks' if separate else 'has'} a target_tokenizer"
         )
-    tokenizer = read_tokenizer(directory, config, "tokenizer", "source_vocab_size" if separate else "vocab_size")
-    target_tokenizer = read_tokenizer(directory, config, "target_tokenizer", "vocab_size") if separate else None
-    program_path, data = read_verified(directory, config, "program")
-    program = parse_program(data, program_path)
-    _check_program_shapes(config, program, directory / CONFIG_FILE, program_path)
-    parameters_path, data = read_verified(directory, config, "parameters")
-    params = unflatten(parse_safetensors(data, parameters_path), parameters_path)
-    _check_parameters(params, program, parameters_path, program_path)
+    size_key = "source_vocab_size" if separate else "vocab_size"
+    tokenizer = export_files.read_tokenizer(directory, config, "tokenizer", size_key)
+    target_tokenizer = (
+        export_files.read_tokenizer(directory, config, "target_tokenizer", "vocab_size") if separate else None
+    )
+    program_path, data = export_files.read_verified(directory, config, "program")
+    program = export_files.parse_program(data, program_path)
+    export_files.check_program_shapes(config, program, directory / CONFIG_FILE, program_path)
+    parameters_path, data = export_files.read_verified(directory, config, "parameters")
+    params = export_files.unflatten(export_files.parse_safetensors(data, parameters_path), parameters_path)
+    export_files.check_parameters(params, program, parameters_path, program_path)
     return config, params, tokenizer, target_tokenizer or tokenizer, program
 
 
-def _check_program_shapes(config: dict[str, Any], program: jax.export.Exported, config_path, program_path) -> None:
-    """config.json's beam size, extra length and longest source are the program's: tokens [B, K, S + extra],
-    S bounded by the constraint jax.export wrote into the program's shape assertions at export time."""
-    tokens = program.out_avals[0].shape if len(program.out_avals) == 2 else ()
-    extra = tokens[2] - program.in_avals[-1].shape[1] if len(tokens) == 3 and program.in_avals else None
-    # jax.export's own wording, fixed in the artifact when it was exported; a jax that words it
-    # otherwise leaves only the bound unchecked here (the program still asserts it when called).
-    bound = re.search(rb"symbolic shape constraint S <= (\d+)\.", program.mlir_module_serialized)
-    if not isinstance(extra, int) or not isinstance(tokens[1], int):
-        raise ExportError(f"{program_path} is not an exported beam search: tokens [B, K, S + extra] expected")
-    decoding, serving = config["decoding"], config["serving"]
-    for key, value, fixed, what in (
-        ("decoding.beam_size", decoding["beam_size"], tokens[1], "returns {} hypotheses per sentence"),
-        ("decoding.max_extra_length", decoding["max_extra_length"], extra, "adds {} tokens to the source length"),
-    ):
-        if value != fixed:
-            raise ExportError(f"{config_path}: {key} is {value}, but {program_path} {what.format(fixed)}")
-    if bound is not None and serving["max_source_length"] > int(bound.group(1)):
-        raise ExportError(
-            f"{config_path}: serving.max_source_length is {serving['max_source_length']}, but {program_path} "
-            f"takes sources of at most {int(bound.group(1))} tokens"
-        )
-
-
-def _check_parameters(params: Any, program: jax.export.Exported, params_path, program_path) -> None:
-    """The parameters are the ones the program takes: same names, shapes and dtypes."""
-    source = jax.ShapeDtypeStruct((1, 1), np.int32)
-    if jax.tree.structure(((params, source), {})) != program.in_tree:
-        raise ExportError(f"{params_path} does not hold the parameters that {program_path} takes (other names)")
-    named = jax.tree_util.tree_flatten_with_path(params)[0]
-    for (path, leaf), aval in zip(named, program.in_avals):
-        if leaf.shape != aval.shape or leaf.dtype != aval.dtype:
-            name = "/".join(str(key.key) for key in path)
-            raise ExportError(
-                f"{params_path}: tensor {name!r} is {leaf.dtype}{list(leaf.shape)}, but {program_path} takes "
-                f"{aval.dtype}{list(aval.shape)}"
-            )
-
-
 # -- command line ----------------------------------------------------------------------------
-
-
-class InputError(ValueError):
-    """The text to translate cannot be read; the message names the line."""
-
-
-def stdin_lines(data: bytes) -> list[str]:
-    """The UTF-8 lines of `data` without their line breaks, and without a byte-order mark at its
-    start, as translate.py reads stdin (jaxformer/data/parallel_text.py's `decode_lines`, which
-    serve.py cannot import; its refusal of lines ended by \\r alone is a file rule, not a
-    stream's); a line that is not UTF-8 is an InputError naming it, with that reader's message."""
-    raw_lines = data.split(b"\n")
-    if raw_lines and raw_lines[-1] == b"":
-        raw_lines.pop()  # the final line break ends the last line
-    lines = []
-    for number, raw in enumerate(raw_lines, start=1):
-        try:
-            lines.append(raw.decode("utf-8-sig" if number == 1 else "utf-8").rstrip("\r"))
-        except UnicodeDecodeError as error:
-            raise InputError(
-                f"<stdin>: line {number} is not valid UTF-8 ({error.reason} at byte {error.start})"
-            ) from None
-    return lines
-
-
-def _positive(text: str) -> int:
-    if not text.isdigit() or int(text) < 1:
-        raise argparse.ArgumentTypeError(f"must be an integer >= 1, got {text!r}")
-    return int(text)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -601,7 +309,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument(
         "directory", nargs="?", default=pathlib.Path(__file__).parent, help="the export (default: this file's folder)"
     )
-    parser.add_argument("--batch_size", type=_positive, help="sentences per batch (default: the export's)")
+    parser.add_argument(
+        "--batch_size", type=serve_streams.positive_integer, help="sentences per batch (default: the export's)"
+    )
     args = parser.parse_args(argv)
     # The jaxformer commands' log format (a long sentence's warning, say), on stderr, apart from the output.
     logging.basicConfig(format="%(asctime)s %(levelname).1s %(message)s", datefmt="%H:%M:%S", stream=sys.stderr)
@@ -613,9 +323,9 @@ def main(argv: list[str] | None = None) -> int:
             sys.stderr.write(f"error: {closed}\n")
             return 2
     try:
-        lines = stdin_lines(sys.stdin.buffer.read())  # before the model: bad input costs no loading
+        lines = serve_streams.stdin_lines(sys.stdin.buffer.read())  # before the model: bad input costs no loading
         model = load(args.directory, args.batch_size)
-    except (ExportError, InputError) as error:
+    except (ExportError, serve_streams.InputError) as error:
         sys.stderr.write(f"error: {error}\n")
         return 2
     text = sentence_batches.as_lines(model.translate(lines))  # outside the try: its errors are not the output's
@@ -630,10 +340,10 @@ def main(argv: list[str] | None = None) -> int:
             output = output[sys.stdout.buffer.write(output) :]
         sys.stdout.buffer.flush()
     except BrokenPipeError:  # the reader closed stdout (`| head`): no more is wanted, as SIGPIPE says
-        _discard_stdout()
+        serve_streams.discard_stdout()
         return 128 + signal.SIGPIPE
     except OSError as error:  # a full disk, EIO, EFBIG (`ulimit -f`), ...: one line, not a traceback
-        _discard_stdout()
+        serve_streams.discard_stdout()
         where = f"{error.strerror or error} writing <stdout>"
         if error.errno in (errno.ENOSPC, errno.EDQUOT):
             sys.stderr.write(f"error: {where}: free space (or quota), then run the same command again\n")
@@ -641,14 +351,6 @@ def main(argv: list[str] | None = None) -> int:
         sys.stderr.write(f"error: {where}: the translations written stop short of the end\n")
         return 2
     return 0
-
-
-def _discard_stdout() -> None:
-    """Points stdout at /dev/null once writing it failed, so that the interpreter's last flush of
-    what it still holds does not fail again, with a message, after serve.py has said why."""
-    devnull = os.open(os.devnull, os.O_WRONLY)
-    os.dup2(devnull, sys.stdout.fileno())
-    os.close(devnull)
 
 
 if __name__ == "__main__":

@@ -21,7 +21,7 @@ from jaxformer.decoding import sentence_batches
 from jaxformer.decoding.generate import DecodeSettings, decoding_variant, make_generate_fn
 from jaxformer.decoding.translator import Translator
 from jaxformer.errors import EXIT_NO_SPACE, UserError
-from jaxformer.export import exporter, standalone
+from jaxformer.export import export_files, exporter, serve_streams, standalone
 from jaxformer.export.loading import ExportError, load_export
 from jaxformer.export.safetensors import flatten, read_safetensors
 from jaxformer.run.checkpoint import Checkpointer
@@ -87,9 +87,11 @@ def test_the_directory_holds_everything_serving_needs(exported, workdir):
         "argument_parser.py",
         "beam_search.jaxexport",
         "config.json",
+        "export_files.py",
         "params.safetensors",
         "sentence_batches.py",
         "serve.py",
+        "serve_streams.py",
         "tokenizer.model",
     ]
     assert not [name for name in os.listdir(exported.parent) if name.startswith(".export")]  # no staging left
@@ -121,6 +123,8 @@ def test_the_directory_holds_everything_serving_needs(exported, workdir):
     assert (exported / "serve.py").read_bytes() == pathlib.Path(standalone.__file__).read_bytes()
     assert (exported / "sentence_batches.py").read_bytes() == pathlib.Path(sentence_batches.__file__).read_bytes()
     assert (exported / "argument_parser.py").read_bytes() == pathlib.Path(argument_parser.__file__).read_bytes()
+    for helper in map(pathlib.Path, (export_files.__file__, serve_streams.__file__)):
+        assert (exported / helper.name).read_bytes() == helper.read_bytes()
     digest = lambda path: hashlib.sha256(path.read_bytes()).hexdigest()  # noqa: E731
     assert config["files"]["loader"] == {
         "name": "serve.py",
@@ -128,6 +132,8 @@ def test_the_directory_holds_everything_serving_needs(exported, workdir):
         "imports": [
             {"name": "sentence_batches.py", "sha256": digest(exported / "sentence_batches.py")},
             {"name": "argument_parser.py", "sha256": digest(exported / "argument_parser.py")},
+            {"name": "export_files.py", "sha256": digest(exported / "export_files.py")},
+            {"name": "serve_streams.py", "sha256": digest(exported / "serve_streams.py")},
         ],
     }
     assert (exported / "tokenizer.model").read_bytes() == metadata.tokenizer

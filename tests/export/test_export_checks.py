@@ -13,7 +13,7 @@ import time
 import pytest
 
 from jaxformer.commands import export
-from jaxformer.export import exporter, standalone
+from jaxformer.export import export_files, exporter, standalone
 from jaxformer.export.loading import ExportError, load_export
 from jaxformer.training.signals import RaiseOnSignal, Stopped
 from tests.export.conftest import FLAGS
@@ -320,12 +320,12 @@ def test_a_program_without_jax_exports_bound_wording_loads_with_that_bound_unche
     )
     config = json.loads((exported / "config.json").read_text())
     config["serving"]["max_source_length"] = 10_000
-    standalone._check_program_shapes(config, reworded, "config.json", "program")  # the bound unchecked
+    export_files.check_program_shapes(config, reworded, "config.json", "program")  # the bound unchecked
     with pytest.raises(standalone.ExportError, match="serving.max_source_length is 10000, but program takes"):
-        standalone._check_program_shapes(config, program, "config.json", "program")
+        export_files.check_program_shapes(config, program, "config.json", "program")
     config["decoding"]["beam_size"] += 1
     with pytest.raises(standalone.ExportError, match="decoding.beam_size is"):
-        standalone._check_program_shapes(config, reworded, "config.json", "program")
+        export_files.check_program_shapes(config, reworded, "config.json", "program")
 
 
 def test_an_output_that_holds_the_current_folder_is_refused_before_any_work(workdir, tmp_path, capsys, monkeypatch):
