@@ -57,10 +57,23 @@ def has_pieces(ids: np.ndarray, eos_id: int) -> bool:
 
 
 def refuse_other_than_one_sentence(ids: np.ndarray, eos_id: int, name: str) -> None:
-    """A one-line `ValueError` naming `name` and the position for non-empty 1-D ids that are not
-    one sentence's: a last id other than EOS, or EOS before the end (sentences run together). The
-    model was trained on single sentences ending in EOS; either would be translated as input it
-    never saw. Both translators' id-level entry points call this, so they refuse in the same words."""
+    """A one-line error naming `name` (and the position) for ids that are not one sentence's: not
+    1-D, empty, not integers (a bool or float would be cast when a batch is filled), EOS alone
+    (decoded, it would get an invented output; `translate` gives a line that encodes to no piece an
+    empty one), a last id other than EOS, or EOS before the end (sentences run together). The model
+    was trained on single sentences ending in EOS. Both translators' id-level entry points call
+    this, so they refuse in the same words."""
+    if ids.ndim != 1:
+        raise ValueError(f"{name} must be one sentence's ids (1-D), got shape {ids.shape}")
+    if ids.size == 0:
+        raise ValueError(f"{name} is empty: a sentence's ids end with EOS ({eos_id})")
+    if ids.dtype == np.bool_ or not np.issubdtype(ids.dtype, np.integer):
+        raise TypeError(f"{name}'s ids must be integers, got dtype {ids.dtype}")
+    if ids.size == 1 and ids[0] == eos_id:
+        raise ValueError(
+            f"{name} is EOS ({eos_id}) alone: no sentence to translate (translate gives a line that encodes "
+            "to no piece an empty output)"
+        )
     if ids[-1] != eos_id:
         raise ValueError(
             f"{name} ends with id {ids[-1]} at position {ids.size - 1}, not EOS ({eos_id}): "

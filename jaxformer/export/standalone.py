@@ -230,21 +230,9 @@ class ExportedTranslator:
 
 
 def _refuse_bad_ids(ids: np.ndarray, eos_id: int, name: str, vocab_size: int | None = None) -> None:
-    """A one-line error naming `name` for ids that are no sentence's: not 1-D, none, not integers
-    (a float would be cast when the batch is filled), EOS alone, which the program would give an
-    invented translation (`translate` gives such a line ""), a last id other than EOS or EOS before
-    the end (sentences run together; sentence_batches.py's check, which both translators share),
-    or with `vocab_size` an id outside [0, vocab_size), naming its position. These are the refusals of
-    jaxformer/decoding/translator.py's `checked_id_sequences`, kept here because serve.py runs
-    without jaxformer and that module imports its model code."""
-    if ids.ndim != 1:
-        raise ValueError(f"{name} must be one sentence's ids (1-D), got shape {ids.shape}")
-    if ids.size == 0:
-        raise ValueError(f"{name} is empty: a sentence's ids end with EOS ({eos_id})")
-    if ids.dtype == np.bool_ or not np.issubdtype(ids.dtype, np.integer):
-        raise TypeError(f"{name}'s ids must be integers, got dtype {ids.dtype}")
-    if ids.size == 1 and ids[0] == eos_id:
-        raise ValueError(f'{name} is EOS ({eos_id}) alone: no sentence to translate (translate gives it "")')
+    """A one-line error naming `name` for ids that are no one sentence's (sentence_batches.py's
+    check, which Translator.translate_ids shares and every export carries), or with `vocab_size`
+    for an id outside [0, vocab_size), naming its position."""
     sentence_batches.refuse_other_than_one_sentence(ids, eos_id, name)
     outside = np.flatnonzero((ids < 0) | (ids >= vocab_size)) if vocab_size is not None else []
     if len(outside):
