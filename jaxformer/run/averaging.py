@@ -13,6 +13,7 @@ import numpy as np
 from jaxformer.errors import CheckpointError
 from jaxformer.run.checkpoint import Checkpointer
 from jaxformer.run.directory import RunDirectory
+from jaxformer.run.lock import AveragingLock
 from jaxformer.run.metadata import CheckpointMetadata
 from jaxformer.run.removal import listing_again
 
@@ -120,12 +121,13 @@ def average_last(
     """Writes the mean of the last `last` checkpoints as `workdir/averaged/<newest step>` (checked
     as `averaged_last` checks them); returns (that step, the steps averaged). Averages of earlier
     steps stay beside it (`averaged` reads the newest); one of the same step is set aside as
-    `<step>.replaced-<time>`. Where `averaged` is not a folder, `CheckpointError` before any
-    checkpoint is read."""
+    `<step>.replaced-<time>`. Where `averaged` is not a folder, `CheckpointError`, and while another
+    averaging of `workdir` runs, `WorkdirLockedError` naming it, before any checkpoint is read."""
     run = RunDirectory(workdir)
     run.check_folders("averaged")
-    metadata, params = averaged_last(workdir, last, config_differences)
-    writer = Checkpointer(run.averaged, keep=None)
-    writer.save_params(metadata.step, params, metadata)
-    writer.close()
+    with AveragingLock(run):
+        metadata, params = averaged_last(workdir, last, config_differences)
+        writer = Checkpointer(run.averaged, keep=None)
+        writer.save_params(metadata.step, params, metadata)
+        writer.close()
     return metadata.step, list(metadata.averaged_steps)

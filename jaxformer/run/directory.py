@@ -8,6 +8,7 @@
         checkpoints/<step>/   the newest checkpoints: train state, data iterator, metadata
         best/<step>/          the parameters with the best validation BLEU so far
         averaged/<step>/      the mean parameters of the last N checkpoints (average_checkpoints)
+        averaged.lock         held by the average_checkpoints writing averaged/ (run/lock.py)
         final/<step>/         the parameters the run chose at its end (training.final_choice):
                               latest, best or averaged, by validation BLEU
         metrics.jsonl         one JSON record per logged step (train/..., eval/..., budget/...)
@@ -97,6 +98,7 @@ class RunDirectory(_Directory):
     checkpoints = _Entry("checkpoints", 'the newest checkpoints of the train state ("latest")')
     best = _Entry("best", 'the best parameters by validation BLEU ("best")')
     averaged = _Entry("averaged", 'the parameters averaged over the last checkpoints ("averaged")')
+    averaging_lock_file = _Entry("averaged.lock", "held by the average_checkpoints writing averaged/ (run/lock.py)")
     final = _Entry("final", 'the parameters the run chose at its end by validation BLEU ("final")')
     metrics_file = _Entry("metrics.jsonl", 'one JSON object per line: {"step", "time", "<prefix>/<metric>": value}')
     rolled_back_metrics_file = _Entry(

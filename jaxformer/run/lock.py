@@ -1,5 +1,6 @@
-"""One training run per workdir, and one jaxformer-sweep per sweep directory: a lock file taken
-before anything is written (`<workdir>/lock`; a sweep's `sweep.lock`, `SweepLock`).
+"""One training run per workdir, one jaxformer-sweep per sweep directory and one averaging per
+workdir's averaged/: a lock file taken before anything is written (`<workdir>/lock`; a sweep's
+`sweep.lock`, `SweepLock`; `<workdir>/averaged.lock`, `AveragingLock`).
 
 `<workdir>/lock` holds the holder's host, pid, process start time and command line. It is
 created whole by a hard link (which, like O_CREAT | O_EXCL, fails when the name exists; O_EXCL
@@ -203,3 +204,16 @@ class SweepLock(WorkdirLock):
     @staticmethod
     def _lock_path(workdir: str | os.PathLike) -> pathlib.Path:
         return SweepDirectory(workdir).lock_file
+
+
+class AveragingLock(WorkdirLock):
+    """`with AveragingLock(workdir):` holds `<workdir>/averaged.lock` while jaxformer-average-checkpoints
+    averages into averaged/: two at once would each set the other's step aside, or put back the
+    previous version the other is replacing (run/interrupted_saves.py). A training run in the workdir
+    never writes averaged/, so this lock is not the workdir's."""
+
+    HOLDER = "jaxformer-average-checkpoints"
+
+    @staticmethod
+    def _lock_path(workdir: str | os.PathLike) -> pathlib.Path:
+        return RunDirectory(workdir).averaging_lock_file

@@ -3,6 +3,7 @@ final choice kept only while the settings it was made with stay."""
 
 import copy
 import logging
+import os
 import shutil
 import types
 
@@ -17,6 +18,7 @@ from jaxformer.run.averaging import averaged_last
 from jaxformer.run.checkpoint import Checkpointer
 from jaxformer.run.directory import RunDirectory
 from jaxformer.run.loading import load_checkpoint
+from jaxformer.run.lock import WorkdirLock
 from jaxformer.training import final_choice
 from tests.conftest import make_workdir, scored_validation
 
@@ -254,3 +256,35 @@ def test_a_file_at_the_averages_step_is_kept_aside_as_a_replaced_one(run, capsys
     assert step == 20
     expected = jax.tree.map(lambda leaf: leaf * 1.5, params)  # steps 10 and 20: 1 and 2 times the first
     jax.tree.map(lambda a, b: np.testing.assert_allclose(a, b, rtol=1e-6), mean, expected)
+
+
+def test_a_second_averaging_of_the_workdir_is_refused_and_the_first_is_written_whole(run, capsys, monkeypatch):
+    """Two averagings of one workdir at once: the second, started while the first reads the
+    checkpoints, is refused in one line naming the workdir and the first's process, and the first
+    writes the whole mean. A training run holding the workdir does not stop either."""
+    from jaxformer.run import averaging
+
+    workdir, params = run
+    real, second = averaging.averaged_last, []
+
+    def first_reading(*args):
+        if not second:  # the first averaging's reading (without the lock the second's would start a third)
+            second.append(None)
+            second[0] = average(workdir, capsys, last=2)
+        return real(*args)
+
+    monkeypatch.setattr(averaging, "averaged_last", first_reading)
+    with WorkdirLock(workdir):  # the run training in the workdir
+        code, out, errors = average(workdir, capsys, last=2)
+    assert (code, errors) == (0, []) and out.startswith("averaged steps [10, 20] into ")
+    ((second_code, second_out, second_errors),) = second
+    assert second_code == 2 and second_out == "" and len(second_errors) == 1
+    assert second_errors[0].startswith(
+        f"error: {workdir} is in use by another jaxformer-average-checkpoints: pid {os.getpid()} on host "
+    )
+    step, _, mean = load_checkpoint(workdir, "averaged")
+    assert step == 20 and [path.name for path in RunDirectory(workdir).averaged.iterdir()] == ["20"]
+    jax.tree.map(
+        lambda a, b: np.testing.assert_allclose(a, b, rtol=1e-6), mean, jax.tree.map(lambda x: x * 1.5, params)
+    )
+    assert not RunDirectory(workdir).averaging_lock_file.exists()  # released
