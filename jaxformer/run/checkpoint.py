@@ -91,19 +91,24 @@ class Checkpointer:
         if self.read_only:
             raise CheckpointError(f"{self.directory} was opened read-only")
 
-    def set_aside(self, step: int, reason: str = "damaged") -> pathlib.Path:
+    def set_aside(self, step: int, reason: str = "damaged") -> None:
         """Renames step's directory out of orbax's way to `<step>.<reason>-<time>` (kept for
         inspection, never deleted): "damaged" when it cannot be restored, "replaced" when a new
-        checkpoint of the same step takes its place (best/, averaged/ or final/ written again)."""
+        checkpoint of the same step takes its place (best/, averaged/ or final/ written again).
+        Every process calls it; process 0 renames (each process renaming the one folder, all but
+        the first found it gone) and the others return once it has."""
         if reason not in SET_ASIDE_WARNINGS:
             raise ValueError(f"reason must be one of {tuple(SET_ASIDE_WARNINGS)}, not {reason!r}")
         self._writable()
         self.manager.wait_until_finished()
-        target = set_aside_path(self.directory, step, reason)
-        (self.directory / str(step)).rename(target)
+
+        def move() -> None:
+            target = set_aside_path(self.directory, step, reason)
+            (self.directory / str(step)).rename(target)
+            logger.warning(SET_ASIDE_WARNINGS[reason], step, target)
+
+        self._on_process_0(move, f"step {step} set aside")
         self.manager.reload()
-        logger.warning(SET_ASIDE_WARNINGS[reason], step, target)
-        return target
 
     def _check_step(self, step: int, metadata: CheckpointMetadata) -> None:
         if not isinstance(metadata, CheckpointMetadata):

@@ -4,16 +4,13 @@ one process reading the whole arrays, and none waits for ever (the programs that
 with its collectives, were all in flight at once, and gloo's hosts took them in different orders)."""
 
 import json
-import os
-import socket
-import subprocess
-import sys
 import textwrap
 
 import numpy as np
 import pytest
 
 from jaxformer.run.checksums import array_checksums
+from tests.run.two_processes import run_two_processes
 
 SHAPES = [(64, 32), (32,), (16, 4, 8), (4, 8, 16), ()]
 SPECS = ['P("fsdp")', "P()", 'P("fsdp", "tensor")', 'P(None, None, "fsdp")', "P()"]
@@ -50,24 +47,6 @@ def host_arrays():
 def test_arrays_spread_over_processes_are_summed_alike_in_each(tmp_path):
     script = tmp_path / "sums.py"
     script.write_text(PROGRAM.format(shapes=SHAPES, specs=", ".join(SPECS)))
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        address = f"127.0.0.1:{probe.getsockname()[1]}"
-    root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-    env = dict(os.environ, XLA_FLAGS="--xla_force_host_platform_device_count=2", JAX_PLATFORMS="cpu")
-    env["PYTHONPATH"] = os.pathsep.join([root, env.get("PYTHONPATH", "")])
-    processes = [
-        subprocess.Popen(
-            [sys.executable, str(script), address, str(index)],
-            env=env,
-            stdout=subprocess.PIPE,
-            stderr=subprocess.PIPE,
-            text=True,
-        )
-        for index in range(2)
-    ]
-    outputs = [process.communicate(timeout=240) for process in processes]
-    for process, (_, error) in zip(processes, outputs):
-        assert process.returncode == 0, error[-3000:]
+    outputs = run_two_processes(script, devices=2)
     digests = [json.loads(out.strip().splitlines()[-1]) for out, _ in outputs]
     assert digests[0] == digests[1] == array_checksums(host_arrays())
