@@ -368,16 +368,20 @@ def test_an_output_that_cannot_be_created_is_refused_before_anything_is_read(
     monkeypatch.setattr(marian, "read_marian_directory", read)
     monkeypatch.setattr(loading, "load_checkpoint", read)
     (tmp_path / "afile").write_text("")
+    (tmp_path / "dangling").symlink_to(tmp_path / "nowhere" / "run")  # mkdir would not follow it: refused
+    (tmp_path / "gone").symlink_to("nowhere")  # a folder above the output, relative
     outputs = {
         str(tmp_path / "afile" / "sub"): f"{tmp_path / 'afile'} is a file, not a folder",
         "/proc/jaxformer-output": "/proc takes no new entries (",
+        str(tmp_path / "dangling"): f"is a link to {tmp_path / 'nowhere' / 'run'}, which does not exist",
+        str(tmp_path / "gone" / "run"): f"{tmp_path / 'gone'} is a link to nowhere, which does not exist",
     }
     for direction, source in (("--from_hf", untied[0]), ("--to_hf", run)):
         for output, reason in outputs.items():
             assert convert.main([direction, str(source), "--output", output]) == EXIT_USER_ERROR
             error = capsys.readouterr().err
             assert error.startswith(f"error: cannot write {output}: {reason}") and error.count("\n") == 1, error
-    assert (tmp_path / "afile").read_text() == ""
+    assert (tmp_path / "afile").read_text() == "" and not (tmp_path / "nowhere").exists()  # nothing through a link
 
 
 def test_flags_of_the_other_direction_are_refused_even_at_their_default_values(tmp_path, capsys):
