@@ -125,6 +125,8 @@ def average_last(
     averaging of `workdir` runs, `WorkdirLockedError` naming it, before any checkpoint is read."""
     run = RunDirectory(workdir)
     run.check_folders("averaged")
+    if not run.checkpoints.is_dir():  # before the lock, whose file would need the workdir
+        raise CheckpointError(f"{workdir} has no checkpoint in {run.checkpoints}: nothing to average")
     with AveragingLock(run):
         metadata, params = averaged_last(workdir, last, config_differences)
         writer = Checkpointer(run.averaged, keep=None)

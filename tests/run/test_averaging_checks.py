@@ -14,7 +14,7 @@ import pytest
 
 from jaxformer.commands import average_checkpoints
 from jaxformer.errors import CheckpointError, UserError
-from jaxformer.run.averaging import averaged_last
+from jaxformer.run.averaging import average_last, averaged_last
 from jaxformer.run.checkpoint import Checkpointer
 from jaxformer.run.directory import RunDirectory
 from jaxformer.run.loading import load_checkpoint
@@ -116,6 +116,13 @@ def test_a_workdir_without_checkpoints_is_said_to_have_none(tmp_path, capsys):
         f"error: {tmp_path} has no checkpoint in {RunDirectory(tmp_path).checkpoints}: nothing to average"
     ]
     assert list(tmp_path.iterdir()) == []
+
+
+def test_average_last_of_a_missing_workdir_says_it_has_no_checkpoint(tmp_path):
+    missing = tmp_path / "no_run"
+    with pytest.raises(CheckpointError, match="has no checkpoint in .*: nothing to average"):
+        average_last(missing, 2)
+    assert not missing.exists()
 
 
 def test_the_final_choice_leaves_out_an_average_of_two_runs_with_a_warning(run, caplog):
