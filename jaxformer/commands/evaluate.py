@@ -19,7 +19,7 @@ import itertools
 import json
 import logging
 import time
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 
 import ml_collections
 
@@ -43,7 +43,7 @@ from jaxformer.commands.decoding_flags import (
     final_search,
     translator_from_flags,
 )
-from jaxformer.data.parallel_text import DataError
+from jaxformer.data.parallel_text import DataError, skipped_pairs_text
 from jaxformer.data.tokenizer import Tokenizer
 from jaxformer.decoding.scoring import corpus_scores, format_scores
 from jaxformer.files import write_text_atomically
@@ -107,17 +107,26 @@ def _pair_lines(builder, split: str, prepared: int) -> tuple[list[int], int]:
 
 
 def _first_scored(
-    name: str, pairs: Iterable[Pair], total: int, max_examples: int | None, tokenizers: tuple[Tokenizer, Tokenizer]
+    name: str,
+    pairs: Iterable[Pair],
+    total: int,
+    max_examples: int | None,
+    tokenizers: tuple[Tokenizer, Tokenizer],
+    place: Callable[[int, bool | None], str] = lambda number, source_side: f"line {number} of its files",
+    first_empty: str | None = None,
 ) -> tuple[list[str], list[str], FileLines | None]:
     """(sources, references, where they are) of the first `max_examples` of `pairs` (of `total`
     lines) whose sides both encode to a piece. A side of zero-width spaces or control characters
     alone is empty to the model, as to translate, which gives such a source an empty output: it is
     left out as an empty line is, not scored as a sentence the model was given. `pairs` are read
-    and encoded a chunk at a time, no further than the `max_examples`-th scored pair."""
+    and encoded a chunk at a time, no further than the `max_examples`-th scored pair. The lines
+    left out, both kinds, are said in one warning naming the first: `place(line, source side or
+    None where not known)`, or `first_empty`, where the reader found the first empty line."""
     from jaxformer.decoding.sentence_batches import has_pieces
     from jaxformer.tokens import EOS_ID
 
     scored: list[Pair] = []
+    no_piece: dict[int, bool] = {}  # line -> whether its source side is the one without a piece
     pairs = iter(pairs)
     while max_examples is None or len(scored) < max_examples:
         chunk = list(itertools.islice(pairs, _ENCODE_CHUNK))
@@ -125,32 +134,40 @@ def _first_scored(
             break
         source_ids = tokenizers[0].encode([source for _, source, _ in chunk])
         reference_ids = tokenizers[1].encode([reference for _, _, reference in chunk])
-        scored += [
-            pair
-            for pair, source, reference in zip(chunk, source_ids, reference_ids)
-            if has_pieces(source, EOS_ID) and has_pieces(reference, EOS_ID)
-        ]
+        for pair, source, reference in zip(chunk, source_ids, reference_ids):
+            if has_pieces(source, EOS_ID) and has_pieces(reference, EOS_ID):
+                scored.append(pair)
+            else:
+                no_piece[pair[0]] = not has_pieces(source, EOS_ID)
     count = len(scored) if max_examples is None else min(max_examples, len(scored))
     if count < len(scored) or (count and next(pairs, None) is not None):
         total = scored[count - 1][0]  # the lines read: up to the last pair scored
-    file_lines = _scored_lines(name, [number for number, _, _ in scored[:count]], total, count)
+    numbers = [number for number, _, _ in scored[:count]]
+    first = _first_left_out(numbers)
+    first_place = place(first, no_piece[first]) if first in no_piece else first_empty or place(first, None)
+    file_lines = _scored_lines(name, numbers, total, count, first_place)
     return [pair[1] for pair in scored[:count]], [pair[2] for pair in scored[:count]], file_lines
 
 
-def _scored_lines(name: str, numbers: list[int], total: int, count: int) -> FileLines | None:
+def _first_left_out(numbers: list[int]) -> int:
+    """The first line missing from the ascending 1-based line `numbers`."""
+    return next((index for index, number in enumerate(numbers, start=1) if number != index), len(numbers) + 1)
+
+
+def _scored_lines(
+    name: str, numbers: list[int], total: int, count: int, first_place: str | None = None
+) -> FileLines | None:
     """Where the first `count` of the pairs at lines `numbers` (of `total`) are, said in a warning
-    when lines among them are not scored; None when every line is a pair."""
+    (in the data reader's words, `first_place` naming the first line left out) when lines among
+    them are not scored; None when every line is a pair."""
     if len(numbers) == total:
         return None
     if count < len(numbers):
         total = numbers[count - 1] if count else 0
     if total > count:
-        logger.warning(
-            "%s: %d of its first %d lines are not scored (an empty side): --output writes them as empty lines",
-            name,
-            total - count,
-            total,
-        )
+        first_place = first_place or f"line {_first_left_out(numbers[:count])} of its files"
+        skipped = skipped_pairs_text(total - count, f"the first {total:,} lines of {name}", first_place)
+        logger.warning("%s: --output writes them as empty lines", skipped)
     return FileLines(numbers[:count], total)
 
 
@@ -158,12 +175,21 @@ def file_pairs(
     source: str, reference: str, max_examples: int | None, tokenizers: tuple[Tokenizer, Tokenizer]
 ) -> tuple[list[str], list[str], FileLines | None]:
     """(sources, references) of the first `max_examples` scored pairs of two line-aligned files, and
-    where they are in them: a pair with an empty side is left out, as it is from a split."""
+    where they are in them: a pair with an empty side is left out, as it is from a split. The
+    reader's own warning is off: the one warning here counts the lines it left out too."""
     from jaxformer.data.parallel_text import SkipCounter, read_parallel_lines
 
-    skipped = SkipCounter()
+    skipped = SkipCounter(report=False)
     pairs = list(read_parallel_lines(source, reference, skipped))
-    return _first_scored(source, pairs, len(pairs) + skipped.empty, max_examples, tokenizers)
+    return _first_scored(
+        f"{source} / {reference}",
+        pairs,
+        len(pairs) + skipped.empty,
+        max_examples,
+        tokenizers,
+        lambda number, source_side: f"{source if source_side is not False else reference}:{number}",
+        skipped.first_empty,
+    )
 
 
 def build_parser() -> argparse.ArgumentParser:

@@ -255,11 +255,12 @@ class ParallelFiles(FingerprintedBuilder):
     def file_lines(self, split: str) -> tuple[list[int], int] | None:
         """(the 1-based line of each pair of `split` in its file(s), their line count): where a
         split's outputs go to line up with the file; None for a split held out of another and for
-        the split it was held out of (its pairs are the file's less the held-out ones)."""
+        the split it was held out of (its pairs are the file's less the held-out ones). Its caller
+        (evaluate) reports the lines left out, with those it leaves out itself: nothing is logged here."""
         if split not in self._files or (split == "train" and self._holdout is not None):
             return None
         files = self._files[split]
-        numbers = [number for number, _, _ in read_pairs(files, *self._languages, SkipCounter())]
+        numbers = [number for number, _, _ in read_pairs(files, *self._languages, SkipCounter(report=False))]
         return numbers, len(read_lines(files.tsv or files.by_language[self._languages[0]]))
 
     def _split_paths(self, split: str) -> dict[str, pathlib.Path]:

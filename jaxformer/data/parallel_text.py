@@ -21,10 +21,20 @@ class DataError(UserError, ValueError):
 
 @dataclasses.dataclass
 class SkipCounter:
-    """How many pairs were skipped because one side was empty, and where the first was."""
+    """How many pairs were skipped because one side was empty, and where the first was. With
+    `report` off the reader logs nothing: its caller (evaluate) leaves out more pairs, those with
+    a side the tokenizer encodes to no piece, and reports them all in one warning."""
 
     empty: int = 0
     first_empty: str | None = None
+    report: bool = True
+
+
+def skipped_pairs_text(count: int, where: str, first: str) -> str:
+    """The one wording of the warning for pairs left out for an empty side, whoever leaves them out:
+    this reader (a side with no text), evaluate and the training pipeline (also a side that the
+    tokenizer encodes to no piece: zero-width spaces or control characters alone)."""
+    return f"skipped {count:,} pair{'' if count == 1 else 's'} with an empty side in {where} (first at {first})"
 
 
 def _open_text(path: pathlib.Path):
@@ -115,7 +125,8 @@ def _with_text_on_both_sides(
     pairs: Iterable[tuple[str, str]], skipped: SkipCounter | None, place: Callable[[int, bool], str], where: str
 ) -> Iterator[tuple[int, str, str]]:
     """(line number, source, target), stripped, of the pairs with text on both sides; the others
-    are counted in `skipped` (`place(number, source_empty)` names the first) and logged once."""
+    are counted in `skipped` (`place(number, source_empty)` names the first) and logged once
+    (unless `skipped.report` is off)."""
     skipped = SkipCounter() if skipped is None else skipped
     for number, (source, target) in enumerate(pairs, start=1):
         source, target = source.strip(), target.strip()
@@ -124,7 +135,5 @@ def _with_text_on_both_sides(
             skipped.first_empty = skipped.first_empty or place(number, not source)
             continue
         yield number, source, target
-    if skipped.empty:
-        logger.warning(
-            "skipped %d pairs with an empty side in %s (first at %s)", skipped.empty, where, skipped.first_empty
-        )
+    if skipped.empty and skipped.report:
+        logger.warning("%s", skipped_pairs_text(skipped.empty, where, skipped.first_empty))

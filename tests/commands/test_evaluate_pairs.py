@@ -5,6 +5,8 @@ import logging
 import numpy as np
 
 from jaxformer.commands import evaluate
+from jaxformer.data.parallel_text import SkipCounter, read_parallel_lines
+from jaxformer.data.tokenizer import train_tokenizer
 from jaxformer.tokens import EOS_ID
 
 
@@ -32,7 +34,7 @@ def test_max_examples_stops_reading_once_that_many_pairs_are_scored(monkeypatch,
     assert max(read) <= 6, read  # two chunks of two, then at most the one look-ahead
     # The warning counts the lines read up to the last scored pair, not the file's 104.
     assert (file_lines.numbers, file_lines.total) == ([1, 3, 4], 4)
-    assert "1 of its first 4 lines are not scored" in caplog.text
+    assert "skipped 1 pair with an empty side in the first 4 lines of f (first at line 2 of its files)" in caplog.text
 
 
 def test_without_max_examples_every_pair_is_read_and_counted(monkeypatch):
@@ -43,3 +45,30 @@ def test_without_max_examples_every_pair_is_read_and_counted(monkeypatch):
     sources, _, file_lines = evaluate._first_scored("f", _pairs(lines, read), 3, None, tokenizers)
     assert sources == ["a", "c"] and read == [1, 2, 3]
     assert (file_lines.numbers, file_lines.total) == ([1, 3], 3)
+
+
+def test_files_with_sides_of_no_piece_get_one_count_in_one_warning(tmp_path, caplog):
+    """A zero-width space or control characters alone are no piece to the tokenizer: left out with
+    the empty lines, and the one warning counts them all and names the first of either kind; the
+    reader, which knows no tokenizer, says the same words of the empty lines alone."""
+    words = "one two three four five six seven eight nine ten".split()
+    tokenizer = train_tokenizer(words * 3, vocab_size=20)
+    sources = ["one two", "three", "\u200b", "four", "", "five", "six"]
+    references = ["eins", "\x07\x1b", "zwei", "drei", "vier", "  ", "sechs"]
+    source, reference = tmp_path / "t.en", tmp_path / "t.de"
+    source.write_text("\n".join(sources) + "\n")
+    reference.write_text("\n".join(references) + "\n")
+    with caplog.at_level(logging.WARNING):
+        scored_sources, scored_references, file_lines = evaluate.file_pairs(
+            str(source), str(reference), None, (tokenizer, tokenizer)
+        )
+    assert scored_sources == ["one two", "four", "six"] and scored_references == ["eins", "drei", "sechs"]
+    assert (file_lines.numbers, file_lines.total) == ([1, 4, 7], 7)
+    assert [record.getMessage() for record in caplog.records if "empty side" in record.getMessage()] == [
+        f"skipped 4 pairs with an empty side in the first 7 lines of {source} / {reference} (first at {reference}:2)"
+        ": --output writes them as empty lines"
+    ]
+    caplog.clear()
+    with caplog.at_level(logging.WARNING):
+        assert [number for number, _, _ in read_parallel_lines(source, reference, SkipCounter())] == [1, 2, 3, 4, 7]
+    assert caplog.messages == [f"skipped 2 pairs with an empty side in {source} / {reference} (first at {source}:5)"]
