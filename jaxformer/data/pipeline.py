@@ -19,9 +19,10 @@ import ml_collections
 import numpy as np
 
 from jaxformer.data.encoded_split import EncodedSplit
-from jaxformer.data.parallel_text import DataError
+from jaxformer.data.parallel_text import DataError, skipped_pairs_text
 from jaxformer.data.subword_sampling import SubwordSampling
 from jaxformer.data.tokenizer import Tokenizer
+from jaxformer.tokens import EOS_ID
 
 logger = logging.getLogger(__name__)
 
@@ -112,32 +113,58 @@ class TokenizePair:
         }
 
 
-class LengthFilter:
-    """Keeps examples whose sides all fit in `max_length` tokens; counts what it drops.
+def has_a_piece_on_every_side(example: dict[str, np.ndarray]) -> bool:
+    """Whether each side's ids hold a piece besides EOS. A side of zero-width spaces or control
+    characters alone (text to the data reader, which keeps it) encodes to EOS alone: trained on,
+    the model would learn to translate nothing into something, or to end at once. evaluate and
+    translate read such a side as empty (decoding/sentence_batches.has_pieces); so does training."""
+    return all(bool(np.any(ids != EOS_ID)) for ids in example.values())
 
-    An endless stream whose examples are all too long would never yield a batch: once more
+
+def without_a_piece(encoded: EncodedSplit) -> np.ndarray:
+    """The indices of `encoded`'s records with a side of EOS alone (ids end with EOS: one id is EOS)."""
+    return np.flatnonzero(np.any(np.stack(list(encoded.lengths().values())) <= 1, axis=0))
+
+
+class LengthFilter:
+    """Keeps examples whose sides all fit in `max_length` tokens and hold a piece each
+    (`has_a_piece_on_every_side`); counts what it drops, the pairs of no piece apart.
+
+    An endless stream whose examples are all dropped would never yield a batch: once more
     examples in a row than `give_up_after` are dropped (set by `train_dataset` to a few epochs of
-    its shard, so a shard with one example that fits never gets there), it raises DataError."""
+    its shard, so a shard with one example that fits never gets there), it raises DataError.
+    `no_piece_reported`: the pairs of no piece were counted and reported before training (a
+    split encoded once); else the first one drawn is said in a warning as it comes."""
 
     def __init__(self, max_length: int):
         self.max_length = max_length
         self.seen = 0
         self.dropped = 0
+        self.no_piece = 0
+        self.no_piece_reported = False
         self.dropped_in_a_row = 0
         self.give_up_after: int | None = None
         self._lock = threading.Lock()  # grain may call it from several reader threads
 
     def __call__(self, example) -> bool:
-        keep = all(len(ids) <= self.max_length for ids in example.values())
+        no_piece = not has_a_piece_on_every_side(example)
+        keep = not no_piece and all(len(ids) <= self.max_length for ids in example.values())
         with self._lock:
             self.seen += 1
-            self.dropped += not keep
+            self.dropped += not keep and not no_piece
+            self.no_piece += no_piece
+            first_no_piece = no_piece and self.no_piece == 1 and not self.no_piece_reported
             self.dropped_in_a_row = 0 if keep else self.dropped_in_a_row + 1
             if self.give_up_after is not None and self.dropped_in_a_row > self.give_up_after:
                 raise DataError(
                     f"no training pair fits data.max_length={self.max_length} tokens a side: the last "
-                    f"{self.dropped_in_a_row:,} drawn were all longer; raise data.max_length"
+                    f"{self.dropped_in_a_row:,} drawn were all longer, or had a side of no piece; raise data.max_length"
                 )
+        if first_no_piece:
+            logger.warning(
+                "training: a pair with a side that encodes to no piece (a zero-width space or control characters "
+                "alone) was drawn and is left out, as every such pair is; the validation lines count them"
+            )
         return keep
 
     def dropped_since(
@@ -148,13 +175,14 @@ class LengthFilter:
         fine-tuning run's evaluation at step 0). The run's counts: each process reads its own
         shard, so with several the caller gives `sum_over_processes`, a collective that every
         process calls at the same validation step (before the early return, or one would wait)."""
-        seen, dropped = self.seen, self.dropped
+        seen, dropped, no_piece = self.seen, self.dropped, self.no_piece
         if sum_over_processes is not None:
-            seen, dropped = sum_over_processes((seen, dropped))
+            seen, dropped, no_piece = sum_over_processes((seen, dropped, no_piece))
         if not seen:
             return ""
         since = "the run started" if first_step == 0 else f"it resumed at step {first_step}"
-        return f"; the length filter dropped {dropped:,} of the {seen:,} training pairs read since {since}"
+        left_out = f" and left out {no_piece:,} with a side of no piece" if no_piece else ""
+        return f"; the length filter dropped {dropped:,}{left_out} of the {seen:,} training pairs read since {since}"
 
 
 def check_some_fit(lengths: dict[str, np.ndarray], max_length: int, split: str) -> None:
@@ -166,6 +194,14 @@ def check_some_fit(lengths: dict[str, np.ndarray], max_length: int, split: str) 
             f"{split}: none of the {len(longest_side):,} examples fits data.max_length={max_length} tokens a side"
             f"{shortest}; raise data.max_length"
         )
+
+
+def _report_no_piece(no_piece: np.ndarray, where: str, split_index: Callable[[int], int]) -> None:
+    """One warning, in the data reader's words, for the pairs at `no_piece` (indices of the records
+    encoded, `split_index` giving each one's place in the split) with a side of no piece."""
+    if len(no_piece):
+        first = f"pair {split_index(int(no_piece[0])) + 1:,}; a side the tokenizer encodes to no piece"
+        logger.warning("%s", skipped_pairs_text(len(no_piece), where, first))
 
 
 def _pack(
@@ -224,7 +260,16 @@ def train_dataset(
     if encode_once:
         shard = range(shard_index, usable, shard_count)  # the records above, read in batches
         encoded = tokenize.encode_all(read_records(source, shard))
-        check_some_fit(encoded.lengths(), data.max_length, "training")  # now, not as a stream that never yields
+        # Pairs with a side of no piece, counted and said now; the filter leaves them out as they are drawn,
+        # so that the other pairs come in the order, and the iterator's states are those, of a split without them.
+        no_piece = without_a_piece(encoded)
+        where = "the training split" if shard_count == 1 else f"input shard {shard_index} of the training split"
+        _report_no_piece(no_piece, where, lambda index: shard_index + index * shard_count)
+        length_filter.no_piece_reported = True
+        kept = np.ones(len(encoded), bool)
+        kept[no_piece] = False
+        lengths = {feature: side[kept] for feature, side in encoded.lengths().items()}
+        check_some_fit(lengths, data.max_length, "training")  # now, not as a stream that never yields
         records = grain.MapDataset.source(encoded)
     dataset = records.shuffle(seed=data.shuffle_seed).repeat(None)  # shuffle before repeat: a new order per epoch
     if tokenize.sampling is not None:
@@ -249,8 +294,12 @@ def eval_batches(
     max_length, batch_size = data.max_length, data.eval_batch_size
     count = len(source) if data.max_eval_examples is None else min(data.max_eval_examples, len(source))
     length_filter = LengthFilter(max_length)
-    dataset = grain.MapDataset.source(list(read_records(source, range(count)))).map(tokenize)
-    dataset = dataset.filter(length_filter).to_iter_dataset(grain.ReadOptions(num_threads=0, prefetch_buffer_size=0))
+    length_filter.no_piece_reported = True  # below, before any is drawn
+    encoded = tokenize.encode_all(read_records(source, range(count)))  # the ids `tokenize` gives each record
+    no_piece = without_a_piece(encoded)
+    _report_no_piece(no_piece, "the evaluation split", lambda index: index)
+    dataset = grain.MapDataset.source(encoded).filter(length_filter)
+    dataset = dataset.to_iter_dataset(grain.ReadOptions(num_threads=0, prefetch_buffer_size=0))
     rows = list(_pack(dataset, max_length, batch_size, shuffle_bins=False, features=tokenize.features))
     if not rows:
         raise DataError(

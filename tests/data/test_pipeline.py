@@ -39,6 +39,11 @@ def kept_pairs(corpus, max_length=MAX_LENGTH):
     return [pair for pair in pairs if max(map(len, pair)) <= max_length]
 
 
+def ids(count):
+    """`count` ids of a piece (5), not EOS: a side that the length filter judges by its length alone."""
+    return np.full(count, 5)
+
+
 def data_section(**overrides):
     """The experiment's data section as these tests use it, with `overrides`."""
     data = default_config().data
@@ -129,7 +134,7 @@ def test_iterator_state_restores_exactly(corpus):
 
 def test_length_filter_counts_drops(corpus):
     length_filter = LengthFilter(3)
-    examples = [{"inputs": np.ones(a), "targets": np.ones(b)} for a, b in [(3, 3), (4, 1), (1, 4), (2, 2)]]
+    examples = [{"inputs": ids(a), "targets": ids(b)} for a, b in [(3, 3), (4, 1), (1, 4), (2, 2)]]
     assert [length_filter(example) for example in examples] == [True, False, False, True]
     assert (length_filter.seen, length_filter.dropped) == (4, 2)
 
@@ -147,7 +152,7 @@ def test_the_training_log_says_what_the_length_filter_counted():
     since it resumed; nothing before any was read (a fine-tuning run's step 0)."""
     length_filter = LengthFilter(3)
     assert length_filter.dropped_since(0) == ""
-    for example in [{"inputs": np.ones(a), "targets": np.ones(1)} for a in range(1, 1502)]:
+    for example in [{"inputs": ids(a), "targets": ids(1)} for a in range(1, 1502)]:
         length_filter(example)
     assert length_filter.dropped_since(0) == (
         "; the length filter dropped 1,498 of the 1,501 training pairs read since the run started"
@@ -166,8 +171,8 @@ def test_the_training_log_counts_every_process():
         calls.append(counts)
         return tuple(2 * count for count in counts)
 
-    assert length_filter.dropped_since(0, summed) == "" and calls == [(0, 0)]
-    for example in [{"inputs": np.ones(a), "targets": np.ones(1)} for a in range(1, 6)]:
+    assert length_filter.dropped_since(0, summed) == "" and calls == [(0, 0, 0)]
+    for example in [{"inputs": ids(a), "targets": ids(1)} for a in range(1, 6)]:
         length_filter(example)
     assert length_filter.dropped_since(7, summed) == (
         "; the length filter dropped 4 of the 10 training pairs read since it resumed at step 7"
@@ -355,3 +360,50 @@ def test_a_batch_that_cannot_be_read_leaves_the_state_of_the_batches_before_it(c
                 got = next(iterator)
                 for key in want:
                     np.testing.assert_array_equal(got[key], want[key])
+
+
+NO_PIECE = [{"en": "\u200b".encode(), "de": b"ein hund"}, {"en": b"a dog", "de": b"\x07\x1b"}]
+
+
+@pytest.mark.parametrize("encode_once", [True, False])
+def test_pairs_with_a_side_of_no_piece_are_not_trained_on_and_are_said_once(corpus, encode_once, caplog):
+    """A zero-width space or control characters alone encode to EOS alone: such a pair is left out
+    of the training batches and of evaluation, as evaluate leaves it out; counted and said in one
+    warning before training where the split is encoded once, else when the first one is drawn."""
+    records, tokenizer = corpus
+    assert all(len(tokenizer.encode(text)) == 1 for text in ("\u200b", "\x07\x1b"))  # EOS alone
+    with_holes = [*records[:10], NO_PIECE[0], *records[10:20], NO_PIECE[1], *records[20:]]
+    length_filter = LengthFilter(MAX_LENGTH)
+    with caplog.at_level(logging.WARNING):
+        batches = iter(
+            make((with_holes, tokenizer), length_filter, encode_once_max_examples=10**6 if encode_once else 0)
+        )
+        said_before_training = [message for message in caplog.messages if "no piece" in message]
+        pairs = []
+        while length_filter.seen < 2 * len(with_holes):  # two epochs
+            pairs += unpack(next(batches))
+    assert not any(len(side) == 1 for pair in pairs for side in pair)
+    assert set(pairs) == set(kept_pairs(corpus))  # every other pair is trained on
+    said = [message for message in caplog.messages if "no piece" in message]
+    assert length_filter.no_piece == 2 * 2 and "left out 4 with a side of no piece" in length_filter.dropped_since(0)
+    if encode_once:
+        assert (
+            said
+            == said_before_training
+            == [
+                "skipped 2 pairs with an empty side in the training split "
+                "(first at pair 11; a side the tokenizer encodes to no piece)"
+            ]
+        )
+    else:
+        assert said_before_training == [] and len(said) == 1 and said[0].startswith("training: a pair with a side")
+
+    caplog.clear()
+    data = data_section()
+    with caplog.at_level(logging.WARNING):
+        evaluated = eval_batches(with_holes, TokenizePair.for_data(data, tokenizer), data)
+    assert sorted(pair for batch in evaluated for pair in unpack(batch)) == sorted(kept_pairs(corpus))
+    assert [message for message in caplog.messages if "no piece" in message] == [
+        "skipped 2 pairs with an empty side in the evaluation split "
+        "(first at pair 11; a side the tokenizer encodes to no piece)"
+    ]
