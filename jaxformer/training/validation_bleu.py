@@ -11,16 +11,19 @@ from typing import Any
 
 import ml_collections
 
+from jaxformer.data.parallel_text import skipped_pairs_text
 from jaxformer.data.pipeline import read_records, record_text
 from jaxformer.data.tokenizer import Tokenizer
 from jaxformer.decoding.generate import DecodeSettings
 from jaxformer.decoding.scoring import corpus_scores
+from jaxformer.decoding.sentence_batches import has_pieces
 from jaxformer.decoding.translator import Translator
 from jaxformer.errors import UserError
 from jaxformer.model.config import TransformerConfig
 from jaxformer.run.checkpoint import Checkpointer
 from jaxformer.run.directory import RunDirectory
 from jaxformer.run.metadata import CheckpointMetadata
+from jaxformer.tokens import EOS_ID
 from jaxformer.training.resume_rules import changed_settings, kept_setting_values
 
 logger = logging.getLogger(__name__)
@@ -68,8 +71,10 @@ class ValidationSet:
         data = config.data
         count = min(examples or len(eval_source), len(eval_source))
         records = list(read_records(eval_source, range(count)))
-        self.sources = [record_text(record, data.source_language) for record in records]
-        self.references = [record_text(record, data.target_language) for record in records]
+        sources = [record_text(record, data.source_language) for record in records]
+        references = [record_text(record, data.target_language) for record in records]
+        scored = _with_pieces(sources, references, tokenizer, target_tokenizer or tokenizer)
+        self.sources, self.references = [sources[i] for i in scored], [references[i] for i in scored]
         self.translator = Translator(
             model_config,
             None,
@@ -92,6 +97,26 @@ class ValidationSet:
     def score(self, params: Any) -> dict[str, Any]:
         """sacreBLEU's BLEU, chrF, lowercase BLEU and signature of `params`' translations."""
         return corpus_scores(self.translator.with_params(params).translate(self.sources), self.references)
+
+
+def _with_pieces(
+    sources: list[str], references: list[str], tokenizer: Tokenizer, target_tokenizer: Tokenizer
+) -> list[int]:
+    """The indices of the pairs whose sides both encode to a piece: one of zero-width spaces or
+    control characters alone is empty, as evaluate reads it (translate gives such a source an
+    empty output, which a score would count); the others are said in one warning."""
+    source_ids, reference_ids = tokenizer.encode(sources), target_tokenizer.encode(references)
+    kept = [
+        index
+        for index, (source, reference) in enumerate(zip(source_ids, reference_ids))
+        if has_pieces(source, EOS_ID) and has_pieces(reference, EOS_ID)
+    ]
+    if len(kept) < len(sources):
+        first = next(index for index, kept_index in enumerate([*kept, len(sources)]) if index != kept_index)
+        where = f"the first {len(sources):,} validation pairs scored for BLEU"
+        first_place = f"pair {first + 1:,}; a side the tokenizer encodes to no piece"
+        logger.warning("%s", skipped_pairs_text(len(sources) - len(kept), where, first_place))
+    return kept
 
 
 class BleuValidator:
