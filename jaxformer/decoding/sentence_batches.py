@@ -56,13 +56,14 @@ def has_pieces(ids: np.ndarray, eos_id: int) -> bool:
     return bool(np.any(ids != eos_id))
 
 
-def refuse_other_than_one_sentence(ids: np.ndarray, eos_id: int, name: str) -> None:
+def refuse_other_than_one_sentence(ids: np.ndarray, eos_id: int, name: str, pad_id: int) -> None:
     """A one-line error naming `name` (and the position) for ids that are not one sentence's: not
     1-D, empty, not integers (a bool or float would be cast when a batch is filled), EOS alone
     (decoded, it would get an invented output; `translate` gives a line that encodes to no piece an
-    empty one), a last id other than EOS, or EOS before the end (sentences run together). The model
-    was trained on single sentences ending in EOS. Both translators' id-level entry points call
-    this, so they refuse in the same words."""
+    empty one), a last id other than EOS, EOS before the end (sentences run together), or PAD
+    before it (the model's mask would drop that token silently: no tokenizer gives a sentence PAD).
+    The model was trained on single sentences ending in EOS. Both translators' id-level entry
+    points call this, so they refuse in the same words."""
     if ids.ndim != 1:
         raise ValueError(f"{name} must be one sentence's ids (1-D), got shape {ids.shape}")
     if ids.size == 0:
@@ -84,6 +85,12 @@ def refuse_other_than_one_sentence(ids: np.ndarray, eos_id: int, name: str) -> N
         raise ValueError(
             f"{name} has EOS ({eos_id}) at position {early[0]}, before its end at position {ids.size - 1}: "
             "one sentence per source"
+        )
+    padding = np.flatnonzero(ids == pad_id)
+    if padding.size:
+        raise ValueError(
+            f"{name} has PAD ({pad_id}) at position {padding[0]}, before its EOS at position {ids.size - 1}: "
+            "padding goes only after a sentence's EOS"
         )
 
 

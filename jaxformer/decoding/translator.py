@@ -270,12 +270,13 @@ def checked_id_sequences(sources: Sequence[Any] | np.ndarray, vocab_size: int) -
     An empty sequence, or EOS alone, is no sentence (a sentence's ids end with EOS; `translate` gives
     an empty line no source at all): decoded, it would get an invented output. So is one whose last
     id is not EOS, or one with EOS before its end (sentences run together): the model was trained on
-    single sentences ending in EOS, and would translate either as input it never saw."""
+    single sentences ending in EOS, and would translate either as input it never saw. PAD before the
+    end is refused too: the model's mask would drop that token without a word."""
     if isinstance(sources, (np.ndarray, jax.Array)) and np.ndim(sources) == 1:
         raise TypeError(f"sources must be a list of id sequences, not one of shape {np.shape(sources)}: pass [ids]")
     arrays = [np.asarray(source) for source in sources]
     for index, ids in enumerate(arrays):
-        sentence_batches.refuse_other_than_one_sentence(ids, EOS_ID, f"source {index}")
+        sentence_batches.refuse_other_than_one_sentence(ids, EOS_ID, f"source {index}", PAD_ID)
     lengths = [len(ids) for ids in arrays]
     flat = np.concatenate([ids.astype(np.int64) for ids in arrays]) if arrays else np.zeros(0, np.int64)
     outside = np.flatnonzero((flat < 0) | (flat >= vocab_size))

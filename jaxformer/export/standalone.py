@@ -188,7 +188,7 @@ class ExportedTranslator:
             raise TypeError(f"sources must be a list of id sequences, not one of shape {np.shape(sources)}: pass [ids]")
         sources = [np.asarray(ids) for ids in sources]
         for index, ids in enumerate(sources):
-            _refuse_bad_ids(ids, self.tokenizer.eos_id, f"source {index}", self.vocab_size)
+            _refuse_bad_ids(ids, self.tokenizer, f"source {index}", self.vocab_size)
         results: list[Any] = [None] * len(sources)
         batches = sentence_batches.length_sorted_batches(
             sources, self.batch_size, self.length_bucket, self.tokenizer.pad_id, self.tokenizer.eos_id
@@ -209,12 +209,13 @@ class ExportedTranslator:
         """The program on padded source rows int32 [B, S] (pad 0, each row ending in EOS):
         (tokens int32 [B, K, S + max_extra_length] best first, ending in EOS then padding,
         scores float32 [B, K], log p / length penalty). A row of padding alone, EOS alone, a row whose
-        last id before the padding is not EOS, or one with EOS before that, is refused."""
+        last id before the padding is not EOS, or one with EOS or PAD before that, is refused: only the
+        padding after a row's EOS is no part of its sentence."""
         source = np.asarray(source)
         if source.ndim != 2 or not np.issubdtype(source.dtype, np.integer) or 0 in source.shape:
             raise ValueError(f"source must be a non-empty integer array [B, S]; got {source.dtype} {source.shape}")
         for row, ids in enumerate(source):
-            _refuse_bad_ids(ids[ids != self.tokenizer.pad_id], self.tokenizer.eos_id, f"source row {row}")
+            _refuse_bad_ids(_without_trailing_padding(ids, self.tokenizer.pad_id), self.tokenizer, f"source row {row}")
         if source.min() < 0 or source.max() >= self.vocab_size:
             raise ValueError(f"source ids must lie in [0, {self.vocab_size}); got {source.min()} .. {source.max()}")
         return self._decode_batch(source)
@@ -229,11 +230,17 @@ class ExportedTranslator:
         return np.asarray(tokens), np.asarray(scores)
 
 
-def _refuse_bad_ids(ids: np.ndarray, eos_id: int, name: str, vocab_size: int | None = None) -> None:
+def _without_trailing_padding(row: np.ndarray, pad_id: int) -> np.ndarray:
+    """A padded row's ids up to its last one other than PAD; PAD before that stays, to be refused."""
+    kept = np.flatnonzero(row != pad_id)
+    return row[: kept[-1] + 1] if kept.size else row[:0]
+
+
+def _refuse_bad_ids(ids: np.ndarray, tokenizer: Tokenizer, name: str, vocab_size: int | None = None) -> None:
     """A one-line error naming `name` for ids that are no one sentence's (sentence_batches.py's
     check, which Translator.translate_ids shares and every export carries), or with `vocab_size`
     for an id outside [0, vocab_size), naming its position."""
-    sentence_batches.refuse_other_than_one_sentence(ids, eos_id, name)
+    sentence_batches.refuse_other_than_one_sentence(ids, tokenizer.eos_id, name, tokenizer.pad_id)
     outside = np.flatnonzero((ids < 0) | (ids >= vocab_size)) if vocab_size is not None else []
     if len(outside):
         raise ValueError(

@@ -11,7 +11,7 @@ from jaxformer.decoding.generate import DecodeSettings
 from jaxformer.decoding.translator import Translator
 from jaxformer.errors import CheckpointError
 from jaxformer.run.loading import load_checkpoint
-from jaxformer.tokens import EOS_ID
+from jaxformer.tokens import EOS_ID, PAD_ID
 from tests.conftest import make_workdir, read_raw
 
 pytestmark = pytest.mark.xdist_group("decoding-workdir")
@@ -140,6 +140,14 @@ def test_translate_ids_names_the_callers_source(translator):
             rf"^source 1 has EOS \({EOS_ID}\) at position 1, before its end at position 3: one sentence per source$",
         ),
         ([EOS_ID, EOS_ID], ValueError, r"^source 1 has EOS \(1\) at position 0, before its end at position 1: "),
+        # the encoder's mask would drop a PAD inside a sentence without a word
+        (
+            [5, PAD_ID, 7, EOS_ID],
+            ValueError,
+            rf"^source 1 has PAD \({PAD_ID}\) at position 1, before its EOS at position 3: padding goes only after "
+            "a sentence's EOS$",
+        ),
+        ([PAD_ID, 5, EOS_ID], ValueError, rf"^source 1 has PAD \({PAD_ID}\) at position 0, before its EOS "),
     ):
         with pytest.raises(error, match=message):
             translator.translate_ids([sources[0], bad])
