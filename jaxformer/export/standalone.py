@@ -103,15 +103,6 @@ if __package__:  # jaxformer.export.standalone, inside the package (whose __init
     from jaxformer import argument_parser
     from jaxformer.decoding import sentence_batches
     from jaxformer.export import export_files, serve_streams
-    from jaxformer.export.export_files import (  # noqa: F401  (re-exported)
-        SAFETENSORS_DTYPES,
-        Tokenizer,
-        parse_safetensors,
-        read_config,
-        read_safetensors,
-        unflatten,
-    )
-    from jaxformer.export.serve_streams import InputError, stdin_lines  # noqa: F401  (re-exported)
 else:  # serve.py, in an export beside its copies of the LOADER_IMPORTS
     try:
         sentence_batches = _import_beside("sentence_batches")
@@ -128,6 +119,29 @@ else:  # serve.py, in an export beside its copies of the LOADER_IMPORTS
     except ImportError as error:  # `import serve` still works; `load` raises ExportError naming the file
         _MISSING_HELPER = str(error)
 
+# The public names serve.py defined itself until export_files.py and serve_streams.py took them
+# (4c781c1): they stay serve.py's too, in an export as in the package, for the code that uses them
+# (`serve.read_config(directory)`, `serve.Tokenizer`).
+MOVED_TO_HELPERS = {
+    "export_files": (
+        "SAFETENSORS_DTYPES",
+        "Tokenizer",
+        "check_loader_files",
+        "parse_program",
+        "parse_safetensors",
+        "read_config",
+        "read_safetensors",
+        "read_tokenizer",
+        "read_verified",
+        "unflatten",
+    ),
+    "serve_streams": ("InputError", "stdin_lines"),
+}
+if _MISSING_HELPER is None:
+    globals().update(
+        {name: getattr(globals()[helper], name) for helper, names in MOVED_TO_HELPERS.items() for name in names}
+    )
+
 
 # -- translating -----------------------------------------------------------------------------
 
@@ -142,10 +156,10 @@ class ExportedTranslator:
         self,
         config: dict[str, Any],
         params: Any,
-        tokenizer: Tokenizer,
+        tokenizer: export_files.Tokenizer,
         program: jax.export.Exported,
         batch_size: int | None = None,
-        target_tokenizer: Tokenizer | None = None,  # separate vocabularies: decodes the output
+        target_tokenizer: export_files.Tokenizer | None = None,  # separate vocabularies: decodes the output
     ):
         serving = config["serving"]
         self.config, self.tokenizer, self.program = config, tokenizer, program
@@ -236,7 +250,9 @@ def _without_trailing_padding(row: np.ndarray, pad_id: int) -> np.ndarray:
     return row[: kept[-1] + 1] if kept.size else row[:0]
 
 
-def _refuse_bad_ids(ids: np.ndarray, tokenizer: Tokenizer, name: str, vocab_size: int | None = None) -> None:
+def _refuse_bad_ids(
+    ids: np.ndarray, tokenizer: export_files.Tokenizer, name: str, vocab_size: int | None = None
+) -> None:
     """A one-line error naming `name` for ids that are no one sentence's (sentence_batches.py's
     check, which Translator.translate_ids shares and every export carries), or with `vocab_size`
     for an id outside [0, vocab_size), naming its position."""
@@ -262,7 +278,9 @@ def load(directory: str | pathlib.Path, batch_size: int | None = None) -> Export
     return ExportedTranslator(config, params, tokenizer, program, batch_size, target_tokenizer)
 
 
-def read_export(directory: str | pathlib.Path) -> tuple[dict[str, Any], Any, Tokenizer, Tokenizer, jax.export.Exported]:
+def read_export(
+    directory: str | pathlib.Path,
+) -> tuple[dict[str, Any], Any, export_files.Tokenizer, export_files.Tokenizer, jax.export.Exported]:
     """(config, host parameters, source and target tokenizer (one object if shared), program) of an export,
     every file checked against config.json's SHA-256 and the parameters against the program's inputs."""
     if _MISSING_HELPER is not None:

@@ -178,6 +178,47 @@ def test_serve_py_without_jaxformer_equals_the_translator(exported, translator, 
     np.testing.assert_allclose(outputs["odd_shape_scores"], scores, rtol=1e-6)  # symbolic shapes compile otherwise
 
 
+# The public names serve.py defined itself before export_files.py and serve_streams.py took them
+# (4c781c1), which code written against an earlier export may use: a bare serve.py must keep them.
+NAMES_OF_EARLIER_EXPORTS = (
+    *("FORMAT", "FORMAT_VERSION", "CONFIG_FILE", "LOADER_FILE", "LOADER_IMPORTS", "EXIT_NO_SPACE"),
+    *("ExportError", "ExportedTranslator", "load", "read_export", "main"),
+    *("SAFETENSORS_DTYPES", "Tokenizer", "read_safetensors", "parse_safetensors", "unflatten", "read_config"),
+    *("read_verified", "check_loader_files", "read_tokenizer", "parse_program", "InputError", "stdin_lines"),
+)
+
+NAMES = """
+import json, pathlib
+
+directory, results = pathlib.Path(sys.argv[1]), pathlib.Path(sys.argv[2])
+sys.path.insert(0, str(directory))
+import serve
+
+names = json.loads((results / "names.json").read_text())
+found = {"missing": [name for name in names if not hasattr(serve, name)]}
+if not found["missing"]:  # used as an earlier export's user used them
+    found["config"] = serve.read_config(directory)
+    found["tokenizer"] = isinstance(serve.load(directory).tokenizer, serve.Tokenizer)
+    try:
+        serve.stdin_lines(b"A man.\\n\\xff\\n")
+    except serve.InputError as error:
+        found["refused"] = str(error)
+print(json.dumps(found))
+"""
+
+
+def test_serve_py_without_jaxformer_keeps_the_names_of_earlier_exports(exported, tmp_path):
+    (tmp_path / "names.json").write_text(json.dumps(NAMES_OF_EARLIER_EXPORTS))
+    stdout, stderr = serve_without_jaxformer(NAMES, exported, tmp_path).communicate(timeout=120)
+    assert stdout, stderr[-3000:]
+    found = json.loads(stdout)
+    assert found["missing"] == []
+    assert found["config"] == json.loads((exported / "config.json").read_text())
+    assert found["tokenizer"] is True
+    assert found["refused"].startswith("<stdin>: line 2 is not valid UTF-8")
+    assert [name for name in NAMES_OF_EARLIER_EXPORTS if not hasattr(standalone, name)] == []  # and in the package
+
+
 def test_translator_from_export_equals_the_translator(exported, translator, sentences, capsys):
     served = Translator.from_export(exported)
     assert served.batch_size == 4 and served.max_source_length == 32
