@@ -13,7 +13,7 @@ import time
 import pytest
 
 from jaxformer.commands import export
-from jaxformer.export import export_files, exporter, standalone
+from jaxformer.export import export_files, exporter, output_folder, standalone
 from jaxformer.export.loading import ExportError, load_export
 from jaxformer.training.signals import RaiseOnSignal, Stopped
 from tests.export.conftest import FLAGS
@@ -253,16 +253,16 @@ def test_sigterm_during_an_export_removes_its_staging_directory(workdir, tmp_pat
 
 def test_a_signal_as_the_staging_directory_is_made_removes_it(tmp_path, monkeypatch):
     """SIGTERM right after mkdtemp made the directory, before it is returned: still removed."""
-    real_mkdtemp = exporter.tempfile.mkdtemp
+    real_mkdtemp = output_folder.tempfile.mkdtemp
 
     def mkdtemp_then_signal(*args, **kwargs):
         path = real_mkdtemp(*args, **kwargs)
         os.kill(os.getpid(), signal.SIGTERM)
         return path
 
-    monkeypatch.setattr(exporter.tempfile, "mkdtemp", mkdtemp_then_signal)
+    monkeypatch.setattr(output_folder.tempfile, "mkdtemp", mkdtemp_then_signal)
     with pytest.raises(Stopped), RaiseOnSignal():
-        with exporter.staging_directory(tmp_path / "export"):
+        with output_folder.staging_directory(tmp_path / "export"):
             raise AssertionError("the export went on after the signal")
     assert os.listdir(tmp_path) == []
 
@@ -278,9 +278,9 @@ def test_a_signal_while_an_export_replaces_another_waits_for_both_renames(tmp_pa
         real_replace(source, destination)
         os.kill(os.getpid(), signal.SIGTERM)
 
-    monkeypatch.setattr(exporter.os, "replace", replace_then_signal)
+    monkeypatch.setattr(output_folder.os, "replace", replace_then_signal)
     with pytest.raises(Stopped), RaiseOnSignal():
-        exporter._move_into_place(staging, output)
+        output_folder.move_into_place(staging, output)
     assert (output / "config.json").read_text() == "new" and os.listdir(tmp_path) == ["export"]
 
 
@@ -297,7 +297,7 @@ def test_a_signal_once_the_export_is_in_place_ends_nothing_early(
         real_replace(source, destination)
         os.kill(os.getpid(), signal.SIGTERM)
 
-    monkeypatch.setattr(exporter.os, "replace", replace_then_signal)
+    monkeypatch.setattr(output_folder.os, "replace", replace_then_signal)
     flags = ["--workdir", str(workdir), "--output", str(output), "--overwrite", "--platforms", "cpu", *FLAGS]
     assert export.main(flags) == 0
     captured = capsys.readouterr()
@@ -352,7 +352,7 @@ def test_an_absolute_output_exports_from_a_removed_current_folder(workdir, tmp_p
     gone.mkdir()
     monkeypatch.chdir(gone)
     gone.rmdir()
-    exporter.check_output(tmp_path / "out", overwrite=False)  # no FileNotFoundError from the current folder
+    output_folder.check_output(tmp_path / "out", overwrite=False)  # no FileNotFoundError from the current folder
 
 
 def test_a_killed_exports_staging_folder_is_removed_by_the_next_export_and_a_live_ones_kept(
@@ -371,7 +371,7 @@ def test_a_killed_exports_staging_folder_is_removed_by_the_next_export_and_a_liv
         raise AssertionError("the checkpoint was read")
 
     monkeypatch.setattr(exporter, "load_checkpoint", no_work)
-    with exporter.staging_directory(output) as live:
+    with output_folder.staging_directory(output) as live:
         output.mkdir()
         (output / "kept.txt").write_text("x")  # refused as not empty: the check after the clean-up
         assert export.main(["--workdir", str(workdir), "--output", str(output)]) == 2
