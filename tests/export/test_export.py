@@ -1,15 +1,13 @@
 """jaxformer-export: the directory it writes, serving it without jaxformer, Translator.from_export,
-and the refusals (overwriting, damaged files)."""
+and the command's refusals (overwriting, bad flags, a language model). A damaged export is in
+test_export_damage.py, serve.py's command line in test_serve_command_line.py."""
 
 import hashlib
-import io
 import json
 import os
 import pathlib
 import re
 import shutil
-import subprocess
-import sys
 
 import jax
 import numpy as np
@@ -20,7 +18,6 @@ from jaxformer.commands import export
 from jaxformer.decoding import sentence_batches
 from jaxformer.decoding.generate import DecodeSettings, decoding_variant, make_generate_fn
 from jaxformer.decoding.translator import Translator
-from jaxformer.errors import EXIT_NO_SPACE, UserError
 from jaxformer.export import export_files, exporter, serve_streams, standalone
 from jaxformer.export.loading import ExportError, load_export
 from jaxformer.export.safetensors import flatten, read_safetensors
@@ -29,7 +26,7 @@ from jaxformer.run.directory import RunDirectory
 from jaxformer.run.loading import load_checkpoint
 from tests.conftest import assert_same_hypotheses, read_raw
 from tests.export.conftest import FLAGS
-from tests.export.serving import UpperCase, run_serve_py, serve_without_jaxformer
+from tests.export.serving import serve_without_jaxformer
 
 pytestmark = pytest.mark.xdist_group("export")
 
@@ -281,52 +278,6 @@ def test_overwrite_replaces_an_export_whole_or_not_at_all(
         load_export(output)
 
 
-@pytest.mark.parametrize(
-    "damage, file_name, message",
-    [
-        (lambda d: (d / "params.safetensors").unlink(), "params.safetensors", "no such file"),
-        (lambda d: _flip_byte(d / "beam_search.jaxexport"), "beam_search.jaxexport", "damaged"),
-        (lambda d: _flip_byte(d / "params.safetensors"), "params.safetensors", "damaged"),
-        (lambda d: _flip_byte(d / "tokenizer.model"), "tokenizer.model", "damaged"),
-        (lambda d: (d / "config.json").write_text('{"format": "jaxformer-export", '), "config.json", "not valid JSON"),
-        (lambda d: (d / "config.json").unlink(), "config.json", "no such file"),
-        (lambda d: (d / "sentence_batches.py").unlink(), "sentence_batches.py", "no such file"),
-        (lambda d: _append(d / "sentence_batches.py", b"\nprint('edited')\n"), "sentence_batches.py", "edited"),
-        (lambda d: _append(d / "serve.py", b"\n# edited\n"), "serve.py", "edited"),
-    ],
-)
-def test_a_missing_or_damaged_file_is_named_in_one_line(exported, tmp_path, damage, file_name, message):
-    copy = tmp_path / "copy"
-    shutil.copytree(exported, copy)
-    damage(copy)
-    for load, error_type in (
-        (standalone.load, standalone.ExportError),
-        (load_export, ExportError),
-        (Translator.from_export, UserError),
-    ):
-        with pytest.raises(error_type, match=message) as error:
-            load(copy)
-        assert str(copy / file_name) in str(error.value) and "\n" not in str(error.value)
-
-
-def test_damage_behind_matching_checksums_is_still_named(exported, tmp_path):
-    """A file replaced together with its checksum: the readers themselves name it."""
-    copy = tmp_path / "copy"
-    shutil.copytree(exported, copy)
-    config = json.loads((copy / "config.json").read_text())
-    for role, garbage, message in (
-        ("program", b"\x10\0\0\0not a flatbuffer at all", "cannot deserialize"),
-        ("tokenizer", b"not a sentencepiece model", "sentencepiece cannot parse"),
-        ("parameters", b"\x02\0\0\0\0\0\0\0{}", "does not hold the parameters"),
-    ):
-        original = (copy / config["files"][role]["name"]).read_bytes()
-        _replace_file(copy, config, role, garbage)
-        with pytest.raises(ExportError, match=message):
-            load_export(copy)
-        _replace_file(copy, config, role, original)
-    load_export(copy)  # restored: reads again
-
-
 def test_bad_flags_are_one_line(capsys):
     for flags, message in (
         (["--platforms", "gpu"], "argument --platforms: must be a comma-separated list of cpu, cuda, rocm, tpu"),
@@ -338,159 +289,7 @@ def test_bad_flags_are_one_line(capsys):
     assert export.main(["--workdir", "/nonexistent/run", "--output", "o"]) == 2
     assert "--workdir /nonexistent/run: no such directory" in capsys.readouterr().err
 
-
-def _append(path, data):
-    path.write_bytes(path.read_bytes() + data)
-
-
-def _flip_byte(path):
-    data = bytearray(path.read_bytes())
-    data[len(data) // 2] ^= 0xFF
-    path.write_bytes(bytes(data))
-
-
-def _replace_file(directory, config, role, data):
-    import hashlib
-
-    (directory / config["files"][role]["name"]).write_bytes(data)
-    config["files"][role]["sha256"] = hashlib.sha256(data).hexdigest()
-    (directory / "config.json").write_text(json.dumps(config))
-
-
-def test_serve_py_names_a_missing_helper(exported, tmp_path):
-    lone = tmp_path / "lone"
-    lone.mkdir()
-    shutil.copy(exported / "serve.py", lone / "serve.py")  # without sentence_batches.py beside it
-    result = run_serve_py(lone, input="", timeout=120)
-    assert result.returncode != 0
-    assert f"{lone / 'sentence_batches.py'} is missing" in result.stderr
-
-
-def test_a_folder_without_an_export_is_said_to_be_no_export(exported, tmp_path):
-    """No config.json and no serve.py: not an export at all, not an incomplete one (which an
-    export that lost its config.json is: see test_a_missing_or_damaged_file_is_named_in_one_line)."""
-    other = tmp_path / "other"
-    other.mkdir()
-    (other / "notes.txt").write_text("not an export\n")
-    for load, error_type in ((standalone.load, standalone.ExportError), (load_export, ExportError)):
-        with pytest.raises(error_type) as error:
-            load(other)
-        assert str(error.value) == f"{other} is not a jaxformer export (no config.json in it)"
-    result = run_serve_py(exported, other, input="A man.\n", timeout=120)
-    assert result.returncode == 2 and result.stdout == ""
-    assert result.stderr == f"error: {other} is not a jaxformer export (no config.json in it)\n"
-
-
-def test_serve_py_checks_a_helper_before_running_it(exported, tmp_path):
-    """An edited copy of a helper is refused before any of its code runs; an older export's (no
-    digest recorded) that cannot run is named in one line, not a traceback."""
-    edited = tmp_path / "edited"
-    shutil.copytree(exported, edited)
-    marker = tmp_path / "ran"
-    _append(edited / "sentence_batches.py", f"\nopen({str(marker)!r}, 'w').close()\n".encode())
-    result = run_serve_py(edited, input="A man.\n", timeout=120)
-    assert result.returncode == 2 and result.stdout == "" and not marker.exists()
-    assert result.stderr == (
-        f"error: {edited / 'sentence_batches.py'} is damaged or edited: its SHA-256 differs from the one in "
-        f"{edited / 'config.json'}\n"
-    )
-
-    older = tmp_path / "older"
-    shutil.copytree(exported, older)
-    config = json.loads((older / "config.json").read_text())
-    config["files"]["loader"]["imports"] = [entry["name"] for entry in config["files"]["loader"]["imports"]]
-    (older / "config.json").write_text(json.dumps(config))
-    truncated = (older / "sentence_batches.py").read_bytes()
-    (older / "sentence_batches.py").write_bytes(truncated[: truncated.index(b"def ") + 12])
-    result = run_serve_py(older, input="A man.\n", timeout=120)
-    assert result.returncode == 2 and result.stdout == ""
-    assert result.stderr.startswith(f"error: {older / 'sentence_batches.py'} cannot be imported (SyntaxError: ")
-    assert result.stderr.count("\n") == 1
-
-
-@pytest.mark.parametrize(
-    "flags, message",
-    [
-        (["--batch_size", "2", "--batch_size", "3"], "argument --batch_size: given twice (2, then 3)"),
-        (["--batch_size", "0"], "argument --batch_size: must be an integer >= 1, got '0'"),
-        (["--no_such_flag"], "unrecognized arguments: --no_such_flag"),
-    ],
-)
-def test_serve_py_refuses_a_bad_command_line_in_one_line(exported, flags, message):
-    result = run_serve_py(exported, *flags, input="A man.\n", timeout=120)
-    assert result.returncode == 2 and result.stdout == ""
-    assert result.stderr == f"error: {message}; see serve.py --help\n"
-
-
-def test_serve_py_reads_its_input_before_the_model(exported, tmp_path):
-    """Text that is not UTF-8 is named by its line, before any export is read (here: none is)."""
-    for directory in (exported, tmp_path / "no-export"):
-        result = run_serve_py(exported, directory, input=b"A man.\n\xff\xfe bad bytes\nTwo dogs.\n", timeout=120)
-        assert result.returncode == 2 and result.stdout == b""
-        assert result.stderr.decode() == "error: <stdin>: line 2 is not valid UTF-8 (invalid start byte at byte 0)\n"
-
-
-def test_serve_py_reads_stdin_as_translate_does():
-    """A byte-order mark that starts the input is dropped, as translate.py's reader drops it
-    (serve.py kept it, and translated a line holding only it)."""
-    from jaxformer.data.parallel_text import decode_lines
-
-    for data in (b"\xef\xbb\xbf\nA man.\r\n\xef\xbb\xbfTwo dogs.\n", b"\xef\xbb\xbfA man.", b"A\n\n\xef\xbb\xbf\n"):
-        assert standalone.stdin_lines(data) == decode_lines(io.BytesIO(data).readlines(), "<stdin>"), data
-
-
-def test_serve_py_started_with_stdin_closed_says_so_in_one_line(tmp_path, capsys, monkeypatch):
-    """`python serve.py <&-` ended in an AttributeError traceback; now one line before the export is read."""
-    monkeypatch.setattr(sys, "stdin", None)  # what Python sets when started with fd 0 closed
-    assert standalone.main([str(tmp_path / "no-export")]) == 2
-    assert capsys.readouterr().err == "error: stdin is closed: serve.py translates the lines of stdin\n"
-
-
-def test_serve_py_output_failures_are_one_line_with_translates_exit_codes(tmp_path, capsys, monkeypatch):
-    """`python serve.py > /dev/full` ended in an OSError traceback once everything was translated,
-    and `>&-` in an AttributeError: now translate.py's codes, 75 for a full disk, 2 for stdout closed
-    (before the export is read)."""
-
-    def no_loading(*args):
-        raise AssertionError("the export was read")
-
-    monkeypatch.setattr(standalone, "load", no_loading)
-    monkeypatch.setattr(sys, "stdin", io.TextIOWrapper(io.BytesIO(b"a man.\n"), encoding="utf-8"))
-    monkeypatch.setattr(sys, "stdout", None)  # what Python sets when started with fd 1 closed
-    assert standalone.main([str(tmp_path)]) == 2
-    assert capsys.readouterr().err == "error: stdout is closed: serve.py writes the translations to stdout\n"
-    monkeypatch.setattr(standalone, "load", lambda *args: UpperCase())
-    with open("/dev/full", "w", encoding="utf-8") as full:
-        monkeypatch.setattr(sys, "stdout", full)
-        assert standalone.main([str(tmp_path)]) == EXIT_NO_SPACE
-        assert capsys.readouterr().err == (
-            "error: No space left on device writing <stdout>: free space (or quota), then run the same command again\n"
-        )
     # closed without an error: what it held was let go, as the interpreter's last flush must let it go
-
-
-@pytest.mark.slow  # a subprocess that loads the export and translates: the case above, end to end
-def test_serve_py_to_a_full_disk_says_so_once(exported):
-    with open("/dev/full", "wb") as full:
-        result = subprocess.run(
-            [sys.executable, str(exported / "serve.py")], input=b"A man.\n", stdout=full, stderr=subprocess.PIPE
-        )
-    assert result.returncode == EXIT_NO_SPACE
-    assert (
-        result.stderr.decode().count("\n") == 1 and "No space left on device writing <stdout>" in result.stderr.decode()
-    )
-
-
-def test_serve_py_logs_in_the_commands_format(exported):
-    """A long sentence's warning, as the jaxformer commands log it ("HH:MM:SS W ..."), on stderr;
-    a line that is empty to the tokenizer (a byte-order mark alone) is an empty line."""
-    result = run_serve_py(exported, input="\ufeff\n" + "A man rides a horse. " * 12 + "\nTwo dogs.\n")
-    assert result.returncode == 0 and result.stdout.split("\n")[0] == "" and len(result.stdout.split("\n")) == 4
-    assert re.fullmatch(
-        r"\d\d:\d\d:\d\d W sentence 1 \(line 2\) has \d+ tokens, more than max_source_tokens=32: translating it in "
-        r"pieces\n",
-        result.stderr,
-    ), result.stderr
 
 
 def test_a_language_model_is_refused_before_its_parameters_are_read(workdir, tmp_path, capsys, monkeypatch):
@@ -515,17 +314,3 @@ def test_a_language_model_is_refused_before_its_parameters_are_read(workdir, tmp
         "and needs an encoder_decoder one (continue text with it through jaxformer-generate / LanguageModel)\n"
     )
     assert not (tmp_path / "out").exists()
-
-
-def test_serve_py_ends_quietly_when_its_reader_closes_stdout(exported):
-    """`python serve.py < in | true`: exit 141 as SIGPIPE, no BrokenPipeError traceback."""
-    process = subprocess.Popen(
-        [sys.executable, str(exported / "serve.py")],
-        stdin=subprocess.PIPE,
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-    )
-    process.stdout.close()  # the reader is gone before anything is written
-    _, error = process.communicate(b"A man rides a horse.\nTwo dogs.\n", timeout=300)
-    assert process.returncode == 141, error.decode()
-    assert b"Traceback" not in error and b"Exception ignored" not in error

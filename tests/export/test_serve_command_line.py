@@ -1,0 +1,63 @@
+"""serve.py as a command: its flags, its reading of stdin (before the export, as translate.py
+reads it, stdin closed) and its log lines. Its writing of stdout is in test_serve_write_errors.py."""
+
+import io
+import re
+import sys
+
+import pytest
+
+from jaxformer.export import standalone
+from tests.export.serving import run_serve_py
+
+pytestmark = pytest.mark.xdist_group("export")
+
+
+@pytest.mark.parametrize(
+    "flags, message",
+    [
+        (["--batch_size", "2", "--batch_size", "3"], "argument --batch_size: given twice (2, then 3)"),
+        (["--batch_size", "0"], "argument --batch_size: must be an integer >= 1, got '0'"),
+        (["--no_such_flag"], "unrecognized arguments: --no_such_flag"),
+    ],
+)
+def test_serve_py_refuses_a_bad_command_line_in_one_line(exported, flags, message):
+    result = run_serve_py(exported, *flags, input="A man.\n", timeout=120)
+    assert result.returncode == 2 and result.stdout == ""
+    assert result.stderr == f"error: {message}; see serve.py --help\n"
+
+
+def test_serve_py_reads_its_input_before_the_model(exported, tmp_path):
+    """Text that is not UTF-8 is named by its line, before any export is read (here: none is)."""
+    for directory in (exported, tmp_path / "no-export"):
+        result = run_serve_py(exported, directory, input=b"A man.\n\xff\xfe bad bytes\nTwo dogs.\n", timeout=120)
+        assert result.returncode == 2 and result.stdout == b""
+        assert result.stderr.decode() == "error: <stdin>: line 2 is not valid UTF-8 (invalid start byte at byte 0)\n"
+
+
+def test_serve_py_reads_stdin_as_translate_does():
+    """A byte-order mark that starts the input is dropped, as translate.py's reader drops it
+    (serve.py kept it, and translated a line holding only it)."""
+    from jaxformer.data.parallel_text import decode_lines
+
+    for data in (b"\xef\xbb\xbf\nA man.\r\n\xef\xbb\xbfTwo dogs.\n", b"\xef\xbb\xbfA man.", b"A\n\n\xef\xbb\xbf\n"):
+        assert standalone.stdin_lines(data) == decode_lines(io.BytesIO(data).readlines(), "<stdin>"), data
+
+
+def test_serve_py_started_with_stdin_closed_says_so_in_one_line(tmp_path, capsys, monkeypatch):
+    """`python serve.py <&-` ended in an AttributeError traceback; now one line before the export is read."""
+    monkeypatch.setattr(sys, "stdin", None)  # what Python sets when started with fd 0 closed
+    assert standalone.main([str(tmp_path / "no-export")]) == 2
+    assert capsys.readouterr().err == "error: stdin is closed: serve.py translates the lines of stdin\n"
+
+
+def test_serve_py_logs_in_the_commands_format(exported):
+    """A long sentence's warning, as the jaxformer commands log it ("HH:MM:SS W ..."), on stderr;
+    a line that is empty to the tokenizer (a byte-order mark alone) is an empty line."""
+    result = run_serve_py(exported, input="\ufeff\n" + "A man rides a horse. " * 12 + "\nTwo dogs.\n")
+    assert result.returncode == 0 and result.stdout.split("\n")[0] == "" and len(result.stdout.split("\n")) == 4
+    assert re.fullmatch(
+        r"\d\d:\d\d:\d\d W sentence 1 \(line 2\) has \d+ tokens, more than max_source_tokens=32: translating it in "
+        r"pieces\n",
+        result.stderr,
+    ), result.stderr
