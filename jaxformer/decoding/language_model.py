@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import logging
 import os
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Iterator, Sequence
 from typing import Any, NamedTuple
 
 import jax
@@ -39,6 +39,63 @@ CONTINUATION_TOKENS = 30
 CONTINUATION_SETTINGS = DecodeSettings(method="greedy", max_extra_length=CONTINUATION_TOKENS)
 
 
+# Ids no text encodes to (control pieces), which a prompt, the start of a text, cannot hold: the
+# decoder learnt from BOS, a text, EOS, then PAD, so a prompt holding one would be continued as
+# input it never learnt from (after EOS, a text has ended: what follows is no continuation of it).
+NOT_IN_A_PROMPT = {EOS_ID: "EOS", BOS_ID: "BOS", PAD_ID: "PAD"}
+
+
+def refuse_other_than_a_prompt(ids: np.ndarray, vocab_size: int, name: str) -> None:
+    """A one-line error naming `name` (and the position) for ids that are not a prompt's: not 1-D,
+    not integers (a bool or float would be cast when the rows are stacked), an id outside
+    [0, vocab_size) (NaN logits, or below 0 the last embedding), or EOS, BOS or PAD anywhere
+    (`NOT_IN_A_PROMPT`). A prompt is a text's ids without the EOS that ends it (`encode(text,
+    add_eos=False)`), so EOS at its end is refused too; an empty prompt is unconditional generation."""
+    if ids.ndim != 1:
+        raise ValueError(f"{name} must be one prompt's ids (1-D), got shape {ids.shape}")
+    if ids.size and (ids.dtype == np.bool_ or not np.issubdtype(ids.dtype, np.integer)):  # [] is float64
+        raise TypeError(f"{name}'s ids must be integers, got dtype {ids.dtype}")
+    outside = np.flatnonzero((ids < 0) | (ids >= vocab_size))
+    if outside.size:
+        raise ValueError(
+            f"{name}: id {ids[outside[0]]} at position {outside[0]} is outside the model's vocabulary [0, {vocab_size})"
+        )
+    special = np.flatnonzero(np.isin(ids, list(NOT_IN_A_PROMPT)))
+    if special.size:
+        position = int(special[0])
+        label = NOT_IN_A_PROMPT[int(ids[position])]
+        raise ValueError(
+            f"{name} has {label} ({ids[position]}) at position {position}: a prompt is the start of a text, its "
+            f"ids without the EOS ({EOS_ID}) that ends it, and holds no EOS, BOS ({BOS_ID}) or PAD ({PAD_ID})"
+        )
+
+
+def checked_prompts(prompts: Sequence[Any] | np.ndarray, vocab_size: int) -> list[np.ndarray]:
+    """`prompts` as int32 arrays, one per prompt, each checked (`refuse_other_than_a_prompt`) with
+    errors naming its index in `prompts`, before anything is compiled."""
+    if isinstance(prompts, (np.ndarray, jax.Array)) and np.ndim(prompts) == 1:
+        raise TypeError(f"prompts must be a list of id sequences, not one of shape {np.shape(prompts)}: pass [ids]")
+    arrays = [np.asarray(prompt) for prompt in prompts]
+    for index, ids in enumerate(arrays):
+        refuse_other_than_a_prompt(ids, vocab_size, f"prompt {index}")
+    return [ids.astype(np.int32, copy=False) for ids in arrays]
+
+
+def check_prompt_rows(prompts: Any, vocab_size: int) -> None:
+    """Each row of concrete (numpy or jax) `prompts` [B, P] checked as a prompt, errors naming the
+    row. A jax.Array is copied to the host for it; traced arrays, and one that another process
+    holds part of, are not checked (nothing inside a jitted program can raise)."""
+    if isinstance(prompts, jax.core.Tracer) or not isinstance(prompts, (np.ndarray, jax.Array)):
+        return
+    if isinstance(prompts, jax.Array) and not prompts.is_fully_addressable:
+        return
+    rows = np.asarray(prompts)
+    if rows.ndim != 2:
+        raise ValueError(f"prompts must be ids [batch, length], got shape {rows.shape}")
+    for row, ids in enumerate(rows):
+        refuse_other_than_a_prompt(ids, vocab_size, f"prompt row {row}")
+
+
 class PromptedCache(NamedTuple):
     """The search's cache: the decoder's, with the prompt already in it, and each row's last
     prompt token, which the first search step reads instead of the search's BOS."""
@@ -59,7 +116,9 @@ def continue_prompts(
     with L = settings.max_extra_length, ending in EOS then padding, or cut at N tokens as they
     stand; scores [B, K], log p of the continuation, divided by the length penalty for beam
     search). The decoder reads BOS, the prompt, then the continuation. `model` must be the
-    decoding variant (`decoding_variant`)."""
+    decoding variant (`decoding_variant`). Concrete prompts are checked first (`check_prompt_rows`);
+    inside a caller's own `jax.jit` nothing can raise, so there only their shape counts."""
+    check_prompt_rows(prompts, model.config.vocab_size)
     batch, prompt_length = prompts.shape
     new_tokens = settings.max_extra_length
     decoder_inputs = jnp.concatenate([jnp.full((batch, 1), BOS_ID, prompts.dtype), prompts], axis=1)  # [B, P + 1]
@@ -176,8 +235,15 @@ class LanguageModel:
             text = text[1:]  # the prompt's own trailing space already separates the new word
         return text
 
-    def continue_ids(self, prompts: Sequence[np.ndarray]):
-        """Yields (prompt indices, tokens [b, K, L], scores [b, K]) per batch of equal-length prompts."""
+    def continue_ids(
+        self, prompts: Sequence[np.ndarray | Sequence[int]] | np.ndarray
+    ) -> Iterator[tuple[list[int], Any, Any]]:
+        """(prompt indices, tokens [b, K, L], scores [b, K]) per batch of equal-length prompts, each
+        prompt a text's ids without EOS (`checked_prompts`: checked when called, errors naming its
+        index in `prompts`, before anything is compiled)."""
+        return self._continued_batches(checked_prompts(prompts, self.config.vocab_size))
+
+    def _continued_batches(self, prompts: list[np.ndarray]) -> Iterator[tuple[list[int], Any, Any]]:
         by_length: dict[int, list[int]] = {}
         for index, prompt in enumerate(prompts):
             by_length.setdefault(len(prompt), []).append(index)
