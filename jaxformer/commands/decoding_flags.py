@@ -152,9 +152,10 @@ def checked_input_lines(args: argparse.Namespace) -> list[str]:
     return read_lines(args.input)
 
 
-def translator_from_flags(args: argparse.Namespace, settings=None, chosen=None, loaded=None):
+def translator_from_flags(args: argparse.Namespace, settings=None, chosen=None, loaded=None, tokenizers=None):
     """The translator the flags describe; `settings`: their DecodeSettings, `chosen`:
-    `final_search(args)`, and `loaded`: the checkpoint's `load_checkpoint`, when made already."""
+    `final_search(args)`, `loaded`: the checkpoint's `load_checkpoint`, and `tokenizers`: its
+    metadata's `load_tokenizers()`, when made already."""
     from jaxformer.decoding.translator import Translator
 
     chosen = final_search(args, chosen)
@@ -165,6 +166,7 @@ def translator_from_flags(args: argparse.Namespace, settings=None, chosen=None, 
         settings,
         chosen=chosen,
         loaded=loaded,
+        tokenizers=tokenizers,
         batch_size=args.batch_size,
         max_source_tokens=args.max_source_tokens,
         seed=args.seed,

@@ -227,13 +227,16 @@ def run(args: argparse.Namespace) -> int:
     # A language model's run, or a search the model cannot run: refused before any data is read.
     chosen = final_search(args)  # final/'s search, read once for the settings and the translator
     settings = decode_settings_from_flags(args, args.max_extra_length, chosen)
-    settings.check_fits(Translator.check_workdir(args.workdir, args.checkpoint))
+
+    def check_model(metadata):  # from the one read of the checkpoint's metadata, before its parameters
+        settings.check_fits(Translator.check_workdir(args.workdir, args.checkpoint, metadata))
+
     # The checkpoint read whole, its parameters verified against their checksums, before the split is
     # prepared or the files read: a damaged one (an array file cut short or gone, its array index gone)
-    # is found before that work, as a damaged final choice is, with its remedy; the translator takes it.
-    loaded = load_checkpoint(args.workdir, args.checkpoint)
-    metadata = loaded[1]
-    tokenizers = (metadata.load_tokenizer(), metadata.load_target_tokenizer())  # what is empty to the model
+    # is found before that work, as a damaged final choice is, with its remedy; the translator takes it,
+    # and the tokenizers that say what is empty to the model.
+    loaded = load_checkpoint(args.workdir, args.checkpoint, before_params=check_model)
+    tokenizers = loaded[1].load_tokenizers()
     if args.split:
         sources, references, file_lines = split_pairs(args.workdir, args.split, args.max_examples, tokenizers)
         name = args.split
@@ -243,7 +246,7 @@ def run(args: argparse.Namespace) -> int:
     if not sources:
         where = args.split or f"{args.source} and {args.reference}"
         raise DataError(f"{where}: no pair with text on both sides, nothing to score")
-    translator = translator_from_flags(args, settings, chosen, loaded)
+    translator = translator_from_flags(args, settings, chosen, loaded, tokenizers)
     start = time.perf_counter()
     line_numbers = None if file_lines is None else file_lines.numbers  # a long sentence's warning names its line
     hypotheses = translator.translate(sources, progress=not args.no_progress, line_numbers=line_numbers)

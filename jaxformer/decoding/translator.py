@@ -147,6 +147,7 @@ class Translator:
         *,
         chosen: ChosenSearch | None = None,
         loaded: tuple[int, CheckpointMetadata, Any] | None = None,
+        tokenizers: tuple[Tokenizer, Tokenizer] | None = None,
         **kwargs,
     ) -> Translator:
         """The model, tokenizers and parameters of a training run's `checkpoint` ("latest",
@@ -156,28 +157,31 @@ class Translator:
         --alpha (`checkpoint_alpha`); given `settings` search with their alpha. `chosen`: final/'s
         `chosen_search`, when the caller read it already (the commands, for their flags); `loaded`: the
         (step, metadata, params) `load_checkpoint(workdir, checkpoint)` gave the caller (evaluate, which
-        reads them before its data), not read again."""
-        model_config = cls.check_workdir(workdir, checkpoint)  # before the parameters are read
+        reads them before its data), not read again, and `tokenizers` its metadata's
+        `load_tokenizers()`, when the caller loaded them (evaluate, for what is empty to the model)."""
+        metadata = None if loaded is None else loaded[1]
+        model_config = cls.check_workdir(workdir, checkpoint, metadata)  # before the parameters are read
         settings = checkpoint_settings(workdir, checkpoint, settings, chosen)
         settings.check_fits(model_config)
         step, metadata, params = load_checkpoint(workdir, checkpoint) if loaded is None else loaded
         logger.info("loaded step %d of %s (%s)", step, workdir, checkpoint_name(checkpoint))
+        tokenizer, target_tokenizer = metadata.load_tokenizers() if tokenizers is None else tokenizers
         translator = cls(
-            metadata.model_config(),
-            params,
-            metadata.load_tokenizer(),
-            settings,
-            target_tokenizer=None if metadata.target_tokenizer is None else metadata.load_target_tokenizer(),
-            **kwargs,
+            metadata.model_config(), params, tokenizer, settings, target_tokenizer=target_tokenizer, **kwargs
         )
         translator.step = step
         return translator
 
     @staticmethod
-    def check_workdir(workdir: str | os.PathLike, checkpoint: str | int = "latest") -> TransformerConfig:
+    def check_workdir(
+        workdir: str | os.PathLike, checkpoint: str | int = "latest", metadata: CheckpointMetadata | None = None
+    ) -> TransformerConfig:
         """The model config of `workdir`'s checkpoint, read from its metadata before any data or
-        parameter is; a `ConfigError` naming `workdir` when its model is not a translator."""
-        return require_architecture(workdir, checkpoint, "encoder_decoder", "a Translator needs an encoder_decoder one")
+        parameter is (`metadata`: that checkpoint's, when read already); a `ConfigError` naming
+        `workdir` when its model is not a translator."""
+        return require_architecture(
+            workdir, checkpoint, "encoder_decoder", "a Translator needs an encoder_decoder one", metadata=metadata
+        )
 
     @classmethod
     def from_export(cls, directory: str | os.PathLike, batch_size: int | None = None):

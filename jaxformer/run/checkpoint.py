@@ -20,6 +20,7 @@ from __future__ import annotations
 import json
 import logging
 import pathlib
+from collections.abc import Callable
 from typing import Any
 
 import jax
@@ -251,11 +252,16 @@ class Checkpointer:
         `CheckpointError` (a `ChecksumError` for a mismatch) names what is damaged."""
         return self._verified_params(step, self._read_json(step), abstract_params)
 
-    def read_params(self, step: int) -> tuple[CheckpointMetadata, Any]:
+    def read_params(
+        self, step: int, before_params: Callable[[CheckpointMetadata], object] | None = None
+    ) -> tuple[CheckpointMetadata, Any]:
         """(metadata, host parameters) of checkpoint `step`, its metadata read once; errors as
-        `read_metadata` and `restore_params`."""
+        `read_metadata` and `restore_params`. `before_params(metadata)` runs before the parameters
+        are read: what it raises, they are not."""
         values = self._read_json(step)
         metadata = CheckpointMetadata.from_json(values, str(self.metadata_file(step)))
+        if before_params is not None:
+            before_params(metadata)
         return metadata, self._verified_params(step, values, None)
 
     def _verified_params(self, step: int, metadata_values: dict[str, Any], abstract_params: Any | None) -> Any:

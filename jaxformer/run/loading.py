@@ -5,6 +5,7 @@ from __future__ import annotations
 import logging
 import os
 import pathlib
+from collections.abc import Callable
 from typing import Any
 
 from jaxformer.errors import CheckpointError, with_article
@@ -17,13 +18,21 @@ from jaxformer.run.removal import CheckpointRemoved, listing_again
 
 logger = logging.getLogger(__name__)
 
+MetadataCheck = Callable[[CheckpointMetadata], object]  # raises to refuse a checkpoint
+
 
 def load_checkpoint(
-    workdir: str | os.PathLike, checkpoint: str | int = "latest", params: bool = True
+    workdir: str | os.PathLike,
+    checkpoint: str | int = "latest",
+    params: bool = True,
+    before_params: MetadataCheck | None = None,
 ) -> tuple[int, CheckpointMetadata, Any]:
     """(step, metadata, params) of a workdir's checkpoint: "latest", "best", "averaged", "final" or a step
     of `workdir/checkpoints`. Parameters come back as host arrays, without optimizer state
-    (None with `params=False`), verified against their checksums.
+    (None with `params=False`), verified against their checksums. `before_params` is given each
+    checkpoint's metadata before its parameters are read, so that a caller refuses a checkpoint
+    it cannot use (another architecture, a search that does not fit) from the one read of its
+    metadata, at no parameter's cost.
 
     "latest" skips a damaged newest checkpoint (metadata or parameters unreadable, or not
     matching their checksums) with a warning and uses the newest one that reads, as training
@@ -38,8 +47,12 @@ def load_checkpoint(
             raise CheckpointError(_not_a_workdir(pathlib.Path(workdir).absolute()))
         raise CheckpointError(f"{directory} does not exist: no {which!r} checkpoint in {workdir}")
     step = checkpoint if isinstance(checkpoint, int) else None
+    if checkpoint == "final" and before_params is not None:
+        before_params = _trained_past_said_first(run, before_params)
     try:
-        loaded = load_from_directory(directory, step, params=params, newest_readable=checkpoint == "latest")
+        loaded = load_from_directory(
+            directory, step, params=params, newest_readable=checkpoint == "latest", before_params=before_params
+        )
     except CheckpointRemoved:
         raise  # not damaged: gone while it was read
     except CheckpointError as error:
@@ -49,6 +62,17 @@ def load_checkpoint(
     if checkpoint == "final":
         _warn_if_trained_past(run, loaded[0])
     return loaded
+
+
+def _trained_past_said_first(run: RunDirectory, check: MetadataCheck) -> MetadataCheck:
+    """`check` of a final choice's metadata, after the warning that the run trained past it: said
+    before a refusal, as where that metadata is read alone first (`require_architecture`)."""
+
+    def checked(metadata: CheckpointMetadata) -> object:
+        _warn_if_trained_past(run, metadata.step)
+        return check(metadata)
+
+    return checked
 
 
 def unreadable_final_choice(run: RunDirectory, error: CheckpointError) -> str:
@@ -95,11 +119,15 @@ def require_architecture(
     architecture: str,
     needs: str,
     error: type[Exception] = ConfigError,
+    metadata: CheckpointMetadata | None = None,
 ) -> TransformerConfig:
     """The model config of `workdir`'s `checkpoint`, read from its metadata alone (before any data
     or parameter is); `error` naming `workdir` when its model is not of `architecture`. `needs`
-    says who needs it, e.g. "a Translator needs an encoder_decoder one"."""
-    model_config = load_checkpoint(workdir, checkpoint, params=False)[1].model_config()
+    says who needs it, e.g. "a Translator needs an encoder_decoder one". `metadata`: the
+    checkpoint's, when the caller read it already (then nothing is read)."""
+    if metadata is None:
+        metadata = load_checkpoint(workdir, checkpoint, params=False)[1]
+    model_config = metadata.model_config()
     found = model_config.architecture
     if found != architecture:
         raise error(f"{workdir} holds {with_article(found)} model; {needs} ({ARCHITECTURE_USES.get(found, '')})")
@@ -110,25 +138,35 @@ _REPORTED_DAMAGED: set[tuple[str, int]] = set()  # (directory, step) said damage
 
 
 def load_from_directory(
-    directory: pathlib.Path, step: int | None = None, *, params: bool = True, newest_readable: bool = False
+    directory: pathlib.Path,
+    step: int | None = None,
+    *,
+    params: bool = True,
+    newest_readable: bool = False,
+    before_params: MetadataCheck | None = None,
 ) -> tuple[int, CheckpointMetadata, Any]:
     """(step, metadata, params) of checkpoint `step` (None: the newest) of a directory of step
     directories (`checkpoints/`, `best/` or `averaged/`). With `newest_readable`, a damaged
     newest checkpoint is skipped with a warning, as `load_checkpoint` does for "latest". The
-    newest that a run training beside the reader removes while it is read is looked up again."""
+    newest that a run training beside the reader removes while it is read is looked up again.
+    `before_params`: as `load_checkpoint`'s."""
     if step is not None:  # that step, or an error saying it is gone
-        return _load_once(directory, step, params, newest_readable)
-    return listing_again(lambda: _load_once(directory, step, params, newest_readable))
+        return _load_once(directory, step, params, newest_readable, before_params)
+    return listing_again(lambda: _load_once(directory, step, params, newest_readable, before_params))
 
 
 def _load_once(
-    directory: pathlib.Path, step: int | None, params: bool, newest_readable: bool
+    directory: pathlib.Path,
+    step: int | None,
+    params: bool,
+    newest_readable: bool,
+    before_params: MetadataCheck | None,
 ) -> tuple[int, CheckpointMetadata, Any]:
     checkpointer = Checkpointer(directory, keep=None, read_only=True)
 
     def read(step: int) -> tuple[CheckpointMetadata, Any]:  # CheckpointError if damaged
         if params:
-            return checkpointer.read_params(step)
+            return checkpointer.read_params(step, before_params)
         return checkpointer.read_metadata(step), None
 
     try:

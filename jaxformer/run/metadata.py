@@ -85,6 +85,11 @@ class CheckpointMetadata:
         """The target side's sentencepiece model: the shared one when the vocabulary is shared."""
         return Tokenizer(self.tokenizer if self.target_tokenizer is None else self.target_tokenizer)
 
+    def load_tokenizers(self) -> tuple[Tokenizer, Tokenizer]:
+        """(source, target) sentencepiece models: one Tokenizer, parsed once, for a shared vocabulary."""
+        source = self.load_tokenizer()
+        return source, source if self.target_tokenizer is None else Tokenizer(self.target_tokenizer)
+
     def to_json(self) -> dict[str, Any]:
         """The JSON object stored in the checkpoint (without its checksums)."""
         values: dict[str, Any] = {

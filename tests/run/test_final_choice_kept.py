@@ -11,9 +11,11 @@ import types
 import ml_collections
 import pytest
 
+from jaxformer.data.tokenizer import Tokenizer
 from jaxformer.run.checkpoint import Checkpointer
 from jaxformer.run.directory import RunDirectory
 from jaxformer.run.loading import load_checkpoint
+from jaxformer.run.metadata import CheckpointMetadata
 from jaxformer.training import final_choice
 from tests.conftest import make_workdir, scored_validation
 
@@ -204,28 +206,67 @@ def test_a_damaged_step_is_refused_in_one_line_before_the_data_is_read(
     assert named in line and str(step) in line, line
 
 
+def _counted_reads(monkeypatch):
+    """What a command reads, counted: checkpoint metadata parsed, tokenizers parsed, and the folder
+    of each parameters' read."""
+    reads = {"metadata": 0, "tokenizers": 0, "parameters": []}
+    from_json, tokenizer, restore = CheckpointMetadata.from_json, Tokenizer.__init__, Checkpointer._restore_params
+
+    def metadata_read(*args):
+        reads["metadata"] += 1
+        return from_json(*args)
+
+    def tokenizer_parsed(self, *args):
+        reads["tokenizers"] += 1
+        return tokenizer(self, *args)
+
+    def parameters_read(self, *args):
+        reads["parameters"].append(self.directory)
+        return restore(self, *args)
+
+    monkeypatch.setattr(CheckpointMetadata, "from_json", staticmethod(metadata_read))
+    monkeypatch.setattr(Tokenizer, "__init__", tokenizer_parsed)
+    monkeypatch.setattr(Checkpointer, "_restore_params", parameters_read)
+    return reads
+
+
+def _final_choice(workdir, params, step):
+    writer = Checkpointer(RunDirectory(workdir).final, keep=None)
+    metadata = load_checkpoint(workdir, 20, params=False)[1]
+    writer.save_params(step, params, metadata.replace(step=step, chosen_from="latest", bleu=1.0))
+    writer.close()
+
+
 @pytest.mark.parametrize("checkpoint", ["final", "20"])
-def test_evaluate_reads_the_parameters_once(checkpoint, run, tmp_path, capsys, monkeypatch):
+def test_evaluate_reads_the_checkpoint_once(checkpoint, run, tmp_path, capsys, monkeypatch):
     from jaxformer.commands import evaluate
     from jaxformer.decoding.translator import Translator
 
     workdir, params = run
-    final = RunDirectory(workdir).final
-    writer = Checkpointer(final, keep=None)
-    metadata = load_checkpoint(workdir, 20, params=False)[1]
-    writer.save_params(20, params, metadata.replace(step=20, chosen_from="latest", bleu=1.0))
-    writer.close()
-    reads = []
-    restore = Checkpointer._restore_params
-
-    def counted(self, *args):
-        reads.append(self.directory)
-        return restore(self, *args)
-
-    monkeypatch.setattr(Checkpointer, "_restore_params", counted)
+    _final_choice(workdir, params, 20)
+    reads = _counted_reads(monkeypatch)
     monkeypatch.setattr(Translator, "translate", lambda self, sentences, **kwargs: ["Ein Mann."] * len(sentences))
     arguments = ["--workdir", str(workdir), "--checkpoint", checkpoint, *_pair_files(tmp_path), *FAST]
     assert evaluate.main(arguments) == 0
     assert "2 sentences, step 20" in capsys.readouterr().out
-    # Not a second read for the translator (final/ was read whole as it was checked, then again).
-    assert reads == [final if checkpoint == "final" else RunDirectory(workdir).checkpoints]
+    # Not a second read for the translator (final/ was read whole as it was checked, then again), nor
+    # of the metadata for the checks before the data; one tokenizer (a shared vocabulary) says what is
+    # empty to the model and translates (each was parsed three times).
+    folder = RunDirectory(workdir).final if checkpoint == "final" else RunDirectory(workdir).checkpoints
+    assert reads == {"metadata": 1, "tokenizers": 1, "parameters": [folder]}
+
+
+def test_evaluate_refuses_a_search_from_the_metadata_after_saying_the_run_trained_past_its_choice(
+    run, tmp_path, capsys, monkeypatch
+):
+    from jaxformer.commands import evaluate
+
+    workdir, params = run
+    _final_choice(workdir, params, 10)
+    reads = _counted_reads(monkeypatch)
+    arguments = ["--workdir", str(workdir), "--checkpoint", "final", *_pair_files(tmp_path)]
+    assert evaluate.main([*arguments, "--method", "sample", "--top_k", "100000"]) == 2
+    lines = capsys.readouterr().err.strip().splitlines()
+    assert "was made at step 10, and the run trained past it, to step 20" in lines[-2]
+    assert lines[-1].startswith("error: top_k=100000 is more than the model's ")
+    assert reads == {"metadata": 1, "tokenizers": 0, "parameters": []}  # refused before the parameters are read
