@@ -17,7 +17,7 @@ from flax import traverse_util
 from jaxformer.commands import generate as generate_command
 from jaxformer.data.tokenizer import Tokenizer
 from jaxformer.decoding.generate import DecodeSettings
-from jaxformer.decoding.language_model import LanguageModel, continue_prompts
+from jaxformer.decoding.language_model import CONTINUATION_TOKENS, LanguageModel, continue_prompts
 from jaxformer.decoding.translator import Translator
 from jaxformer.model.architectures import build_model
 from jaxformer.model.config import ConfigError
@@ -158,8 +158,10 @@ def test_the_default_continuation_is_the_greedy_one_not_the_beam_one(runs):
     step, metadata, params = load_checkpoint(runs["multi30k_lm"])
     config, tokenizer, prompts = metadata.model_config(), metadata.load_tokenizer(), ["Ein Mann", "Zwei Hunde"]
     by_default = LanguageModel(config, params, tokenizer).complete(prompts)
-    assert by_default == LanguageModel(config, params, tokenizer, DecodeSettings(method="greedy")).complete(prompts)
-    beam = LanguageModel(config, params, tokenizer, DecodeSettings(method="beam", beam_size=4)).complete(prompts)
+    greedy = DecodeSettings(method="greedy", max_extra_length=CONTINUATION_TOKENS)
+    assert by_default == LanguageModel(config, params, tokenizer, greedy).complete(prompts)
+    beam_settings = DecodeSettings(method="beam", beam_size=4, max_extra_length=CONTINUATION_TOKENS)
+    beam = LanguageModel(config, params, tokenizer, beam_settings).complete(prompts)
     assert beam != by_default  # these prompts tell the two searches apart
 
 
