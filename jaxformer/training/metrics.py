@@ -31,27 +31,18 @@ def _record(line: bytes) -> dict | None:
     return value if isinstance(value, dict) else None
 
 
-def _is_record(line: bytes) -> bool:
-    return _record(line) is not None
-
-
-def cut_torn_last_line(path: str | pathlib.Path) -> int:
-    """Cuts a torn last line (no line break at its end, or not a JSON object) off a JSONL file,
-    as a full disk or a crash mid-write leaves it, so that appending starts on a line of its own.
-    Returns the number of bytes removed. Earlier lines are never changed; a bad one among them
-    is only reported. Warnings name the file."""
-    path = pathlib.Path(path)
+def _read_lines(path: pathlib.Path) -> list[tuple[bytes, dict | None]]:
+    """The lines of the JSONL file `path` (none when it is absent), each with its record (`_record`)."""
     if not path.exists():
-        return 0
-    bad_lines: list[int] = []
-    last_start, last_line, number, offset = 0, b"", 0, 0
+        return []
     with open(path, "rb") as handle:
-        for line in handle:
-            if number and not _is_record(last_line):  # the previous line is not the last: report only
-                bad_lines.append(number)
-            number += 1
-            last_start, last_line = offset, line
-            offset += len(line)
+        return [(line, _record(line)) for line in handle]
+
+
+def _cut_torn_end(path: pathlib.Path, lines: list[tuple[bytes, dict | None]]) -> int:
+    """`cut_torn_last_line` on `path`, whose `lines` (`_read_lines`) are already read; the lines
+    cut off are removed from `lines`."""
+    bad_lines = [number for number, (_, record) in enumerate(lines[:-1], 1) if record is None]
     if bad_lines:
         logger.warning(
             "%s: %d line(s) in the middle are not JSON records (line %s%s); left as they are",
@@ -60,8 +51,11 @@ def cut_torn_last_line(path: str | pathlib.Path) -> int:
             bad_lines[0],
             " and more" if len(bad_lines) > 1 else "",
         )
-    if not last_line or (last_line.endswith(b"\n") and _is_record(last_line)):
+    if not lines or (lines[-1][0].endswith(b"\n") and lines[-1][1] is not None):
         return 0
+    last_line = lines.pop()[0]
+    last_start = sum(len(line) for line, _ in lines)
+    offset = last_start + len(last_line)
     with open(path, "r+b") as handle:
         handle.truncate(last_start)
         handle.flush()
@@ -78,45 +72,43 @@ def cut_torn_last_line(path: str | pathlib.Path) -> int:
     return offset - last_start
 
 
-def move_records_after(path: str | pathlib.Path, step: int, destination: str | pathlib.Path) -> int:
-    """Moves the records of steps after `step` from the JSONL file `path` to the end of
-    `destination` (lines that are not records stay); returns how many moved."""
-    return move_records(path, lambda record: isinstance(record.get("step"), int) and record["step"] > step, destination)
+def cut_torn_last_line(path: str | pathlib.Path) -> int:
+    """Cuts a torn last line (no line break at its end, or not a JSON object) off a JSONL file,
+    as a full disk or a crash mid-write leaves it, so that appending starts on a line of its own.
+    Returns the number of bytes removed. Earlier lines are never changed; a bad one among them
+    is only reported. Warnings name the file."""
+    path = pathlib.Path(path)
+    return _cut_torn_end(path, _read_lines(path))
 
 
 def move_records(path: str | pathlib.Path, moves: Callable[[dict], bool], destination: str | pathlib.Path) -> int:
     """Moves the records that `moves` picks from the JSONL file `path` to the end of `destination`
     (lines that are not records stay); returns how many moved. `path` is replaced whole (written
     beside it, then renamed), so a crash leaves the old or the new file."""
-    path, destination = pathlib.Path(path), pathlib.Path(destination)
-    if not path.exists():
-        return 0
+    path = pathlib.Path(path)
+    return _move_lines(path, _read_lines(path), moves, pathlib.Path(destination))[0]
+
+
+def _move_lines(
+    path: pathlib.Path, lines: list[tuple[bytes, dict | None]], moves: Callable[[dict], bool], destination: pathlib.Path
+) -> tuple[int, list[dict]]:
+    """`move_records` on `path`, whose `lines` (`_read_lines`) are already read; returns how many
+    moved and the records kept, in file order."""
     kept, moved = [], []
-    with open(path, "rb") as handle:
-        for line in handle:
-            record = _record(line)
-            (moved if record is not None and moves(record) else kept).append(line)
+    for line, record in lines:
+        (moved if record is not None and moves(record) else kept).append((line, record))
     if moved:
         with open(destination, "ab") as handle:  # first, so that no record is ever in neither file
-            handle.writelines(moved)
+            handle.writelines(line for line, _ in moved)
             handle.flush()
             os.fsync(handle.fileno())
         staging = path.with_name(f".{path.name}.moving")
         with open(staging, "wb") as handle:
-            handle.writelines(kept)
+            handle.writelines(line for line, _ in kept)
             handle.flush()
             os.fsync(handle.fileno())
         os.replace(staging, path)
-    return len(moved)
-
-
-def records_at(path: str | pathlib.Path, step: int) -> list[dict]:
-    """The records of `step` in the JSONL file `path`, in file order."""
-    path = pathlib.Path(path)
-    if not path.exists():
-        return []
-    with open(path, "rb") as handle:
-        return [record for record in map(_record, handle) if record is not None and record.get("step") == step]
+    return len(moved), [record for _, record in kept if record is not None]
 
 
 def metric_names(record: Mapping[str, Any]) -> frozenset[str]:
@@ -142,12 +134,18 @@ class MetricWriter:
         self._jsonl = None
         self._tensorboard = None
         self._start_step = start_step
-        self._earlier_at_start: set[frozenset[str]] = set()  # what the records of start_step measure
+        self.records_at_start: list[dict] = []  # the records of start_step metrics.jsonl held at the start
         if self.enabled:
             run = self._run = RunDirectory(workdir)
-            cut_torn_last_line(run.metrics_file)
+            lines = _read_lines(run.metrics_file)  # read once: every step below works on these lines
+            _cut_torn_end(run.metrics_file, lines)
             if start_step is not None:
-                moved = move_records_after(run.metrics_file, start_step, run.rolled_back_metrics_file)
+                moved, kept = _move_lines(
+                    run.metrics_file,
+                    lines,
+                    lambda record: isinstance(record.get("step"), int) and record["step"] > start_step,
+                    run.rolled_back_metrics_file,
+                )
                 if moved:
                     logger.warning(
                         "%s: moved %d record(s) of %s, which this run trains again, to %s",
@@ -158,7 +156,7 @@ class MetricWriter:
                         else "earlier runs with no checkpoint to resume from",
                         run.rolled_back_metrics_file,
                     )
-                self._earlier_at_start = {metric_names(record) for record in records_at(run.metrics_file, start_step)}
+                self.records_at_start = [record for record in kept if record.get("step") == start_step]
             self._jsonl = open(run.metrics_file, "a", encoding="utf-8")
             self._tensorboard = ScalarEventWriter(
                 run.tensorboard_dir, first_step=None if start_step is None else start_step + 1
@@ -173,20 +171,25 @@ class MetricWriter:
             "time": time.time(),
             **_strict_json(values),
         }
-        if step == self._start_step and metric_names(record) in self._earlier_at_start:
+        if step == self._start_step and metric_names(record) in self._earlier_at_start():
             self._move_earlier(int(step), metric_names(record))
         self._jsonl.write(json.dumps(record) + "\n")
         self._jsonl.flush()
         self._tensorboard.write(int(step), values)
 
+    def _earlier_at_start(self) -> set[frozenset[str]]:
+        """What the records of start_step that metrics.jsonl still holds from before this run measure."""
+        return {metric_names(record) for record in self.records_at_start}
+
     def _move_earlier(self, step: int, names: frozenset[str]) -> None:
         """Moves the earlier records of `step` that measure `names` to metrics.rolled_back.jsonl, and
         tells TensorBoard to drop the step's events and take the records metrics.jsonl keeps again."""
-        self._earlier_at_start.discard(names)
+        self.records_at_start = [record for record in self.records_at_start if metric_names(record) != names]
         run = self._run
         self._jsonl.close()  # the file is replaced: appending goes on in the new one
-        moved = move_records(
+        moved, kept = _move_lines(
             run.metrics_file,
+            _read_lines(run.metrics_file),
             lambda record: record.get("step") == step and metric_names(record) == names,
             run.rolled_back_metrics_file,
         )
@@ -196,8 +199,11 @@ class MetricWriter:
             *(run.metrics_file, moved, step, ", ".join(sorted(names)), run.rolled_back_metrics_file),
         )
         self._tensorboard.restart_at(step)
-        for kept in records_at(run.metrics_file, step):
-            self._tensorboard.write(step, {name: float(kept[name]) for name in metric_names(kept)}, kept.get("time"))
+        for record in kept:
+            if record.get("step") == step:
+                self._tensorboard.write(
+                    step, {name: float(record[name]) for name in metric_names(record)}, record.get("time")
+                )
 
     def close(self) -> None:
         if self.enabled:

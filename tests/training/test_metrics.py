@@ -1,6 +1,7 @@
 import json
 import logging
 import math
+import pathlib
 
 import numpy as np
 import pytest
@@ -119,6 +120,32 @@ def test_a_resumed_run_moves_the_records_of_the_steps_it_trains_again(tmp_path, 
     MetricWriter(tmp_path, enabled=True, start_step=4).close()
     assert [json.loads(line)["step"] for line in moved_to.read_bytes().splitlines()] == [5, 6, 7, 5]
     assert not list(tmp_path.glob(".*moving"))
+
+
+def test_a_resumed_run_reads_metrics_jsonl_once_at_its_start(tmp_path, monkeypatch):
+    """Its torn last line cut, the records of the steps it trains again moved, those of the step it
+    resumed at kept for the loop: all from one read of the file (a long run's is large)."""
+    import builtins
+
+    from jaxformer.training import metrics as module
+
+    path = tmp_path / "metrics.jsonl"
+    lines = records(8).splitlines(keepends=True)
+    path.write_bytes(b"".join(lines) + b'{"step": 8, "ti')  # torn: killed mid-write
+    reads = []
+
+    def counted_open(file, mode="r", *args, **kwargs):
+        if pathlib.Path(file) == path and mode in ("r", "rb"):
+            reads.append(mode)
+        return builtins.open(file, mode, *args, **kwargs)
+
+    monkeypatch.setattr(module, "open", counted_open, raising=False)
+    writer = MetricWriter(tmp_path, enabled=True, start_step=4)
+    writer.close()
+    assert len(reads) == 1
+    assert path.read_bytes() == b"".join(lines[:5])  # the torn line cut, steps 5-7 moved
+    assert (tmp_path / "metrics.rolled_back.jsonl").read_bytes() == b"".join(lines[5:])
+    assert writer.records_at_start == [json.loads(lines[4])]
 
 
 def test_the_work_of_the_step_resumed_at_written_again_moves_the_earlier_records(tmp_path, caplog):
