@@ -25,7 +25,7 @@ from jaxformer.data.subword_sampling import SubwordSampling
 from jaxformer.errors import UserError, exit_code_for_signal
 from jaxformer.model.architectures import build_model
 from jaxformer.run.directory import RunDirectory
-from jaxformer.training import experiment, processes, run_start, sharding
+from jaxformer.training import experiment, processes, run_start, sharding, shortened_end
 from jaxformer.training.budget import (
     BUDGET_CHECK_STEPS,
     ScheduleEnd,
@@ -309,7 +309,8 @@ def _train(config, prepared: PreparedRun, model: nn.Module, preparation: RaiseOn
     seconds_read = clock.seconds_before  # the training seconds of the last budget check
     clock.start()
     if shortened and interim:  # stopped between scheduled steps: the work of the run's last step is to do
-        run_due([action for action in periodic if not action.saves], step, step)
+        best_bleu = None if validator is None else validator.best_bleu
+        shortened_end.end_work(periodic, step, writer, checkpointer, restored[2], prepared.metadata, best_bleu)
         save(step, in_place=True)
     preparation.check()  # one held since: not handed to the loop, which would compile and take a step first
     unreadable = None  # the data's error that stopped the loop

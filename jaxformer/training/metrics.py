@@ -172,7 +172,7 @@ class MetricWriter:
             **_strict_json(values),
         }
         if step == self._start_step and metric_names(record) in self._earlier_at_start():
-            self._move_earlier(int(step), metric_names(record))
+            self.move_earlier(int(step), metric_names(record))
         self._jsonl.write(json.dumps(record) + "\n")
         self._jsonl.flush()
         self._tensorboard.write(int(step), values)
@@ -181,7 +181,7 @@ class MetricWriter:
         """What the records of start_step that metrics.jsonl still holds from before this run measure."""
         return {metric_names(record) for record in self.records_at_start}
 
-    def _move_earlier(self, step: int, names: frozenset[str]) -> None:
+    def move_earlier(self, step: int, names: frozenset[str]) -> None:
         """Moves the earlier records of `step` that measure `names` to metrics.rolled_back.jsonl, and
         tells TensorBoard to drop the step's events and take the records metrics.jsonl keeps again."""
         self.records_at_start = [record for record in self.records_at_start if metric_names(record) != names]

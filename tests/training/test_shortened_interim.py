@@ -82,9 +82,78 @@ def test_a_kill_as_a_shortened_run_ends_at_its_interim_checkpoint_loses_no_step(
     step, metadata, _ = load_checkpoint(workdir, 34)
     assert step == 34 and metadata.train_window is None  # steps 31-34 written as their record, not kept
     assert 34 in losses(workdir, "eval/loss") and max(losses(workdir)) == 34  # its evaluation, its train record
+    # The killed process's evaluation of step 34 is complete and measured alike: it stands, not measured again.
+    assert "step 34: validation loss" in killed.stderr and "as measured before the stop" in result.stderr
     # Written again after the kill: the killed process's records of step 34 moved aside, each kept once.
     records = [json.loads(line) for line in (workdir / "metrics.jsonl").read_text().splitlines()]
     kinds = [(record["step"], frozenset(record) - {"time"}) for record in records]
     assert len(kinds) == len(set(kinds))
     moved = (workdir / "metrics.rolled_back.jsonl").read_text().splitlines()
     assert {json.loads(line)["step"] for line in moved} == {34}
+    assert not [line for line in moved if "eval/loss" in line]  # only its train/ record, written again
+
+
+def test_the_last_steps_records_stand_for_its_work_when_complete_and_measured_alike():
+    from jaxformer.training.experiment import default_config
+    from jaxformer.training.shortened_end import reusable_records
+
+    config = default_config().to_dict()
+    evaluation = {"step": 34, "time": 1.0, "eval/loss": 2.5, "eval/perplexity": "inf", "eval/accuracy": 0.3}
+    bleu = {"step": 34, "time": 2.0, "eval/bleu": 12.5, "eval/chrf": 30.0, "eval/best_bleu": 14.0}
+    train = {"step": 34, "time": 0.5, "train/loss": 2.0}
+    due = ["evaluate", "bleu"]
+    assert reusable_records(due, [train, evaluation, bleu], config, config, 14.0) == {
+        "evaluate": evaluation,
+        "bleu": bleu,
+    }
+    assert reusable_records(["evaluate"], [train, evaluation, bleu], config, config, 14.0) == {"evaluate": evaluation}
+    assert reusable_records(due, [train, evaluation], config, config, 14.0) == {"evaluate": evaluation}  # BLEU's lost
+    assert reusable_records(due, [train], config, config, 14.0) == {}
+    # best/ lacks the step's parameters, which the record says were the best: measured (and saved) again.
+    assert reusable_records(due, [evaluation, bleu], config, config, 13.0) == {"evaluate": evaluation}
+    other_split = json.loads(json.dumps(config))
+    other_split["data"]["eval_split"] = "test"
+    assert reusable_records(due, [evaluation, bleu], config, other_split, 14.0) == {}  # both read that split
+    beam = json.loads(json.dumps(config))
+    beam["decoding"]["beam_size"] += 1
+    assert reusable_records(due, [evaluation, bleu], config, beam, 14.0) == {"evaluate": evaluation}
+
+
+def test_work_measured_otherwise_moves_the_records_aside_before_the_checkpoint_takes_the_new_config(tmp_path):
+    """Killed after either, the records left in metrics.jsonl are those of the config the checkpoint
+    holds; the work whose records stand for it is not done again."""
+    import types
+
+    from jaxformer.training.experiment import default_config
+    from jaxformer.training.metrics import MetricWriter
+    from jaxformer.training.periodic import Periodic
+    from jaxformer.training.shortened_end import end_work
+
+    made_with = default_config().to_dict()
+    now = json.loads(json.dumps(made_with))
+    now["decoding"]["beam_size"] += 1  # BLEU measured otherwise, the validation loss alike
+    writer = MetricWriter(tmp_path, enabled=True, start_step=-1)
+    writer.write(34, {"loss": 2.5, "perplexity": 12.2, "accuracy": 0.3}, prefix="eval/")
+    writer.write(34, {"bleu": 12.5, "best_bleu": 14.0}, prefix="eval/")
+    writer.close()
+    events = []
+    writer = MetricWriter(tmp_path, enabled=True, start_step=34)
+
+    def moved(step, names, move=writer.move_earlier):
+        events.append(("moved", sorted(names)))
+        move(step, names)
+
+    writer.move_earlier = moved
+    checkpointer = types.SimpleNamespace(replace_metadata=lambda step, metadata: events.append(("config", metadata)))
+    saved = types.SimpleNamespace(config=made_with, replace=lambda **changes: changes["config"] is now)
+    periodic = [
+        Periodic("log", 10, lambda step: events.append("log"), at_last_step=False),
+        Periodic("evaluate", 20, lambda step: events.append("evaluate")),
+        Periodic("bleu", 20, lambda step: events.append("bleu")),
+        Periodic("checkpoint", 20, lambda step: events.append("checkpoint"), saves=True),
+    ]
+    end_work(periodic, 34, writer, checkpointer, saved, types.SimpleNamespace(config=now), 14.0)
+    writer.close()
+    assert events == [("moved", ["eval/best_bleu", "eval/bleu"]), ("config", True), "bleu"]
+    kept = [json.loads(line) for line in (tmp_path / "metrics.jsonl").read_text().splitlines()]
+    assert [sorted(record) for record in kept] == [["eval/accuracy", "eval/loss", "eval/perplexity", "step", "time"]]
