@@ -9,6 +9,7 @@ then train with the periodic work (log, evaluate, BLEU, checkpoint) scheduled by
 from __future__ import annotations
 
 import contextlib
+import functools
 import logging
 import pathlib
 from collections.abc import Callable
@@ -41,13 +42,14 @@ from jaxformer.training.end_signals import stopped_before_the_final_choice, with
 from jaxformer.training.final_choice import choose_final
 from jaxformer.training.final_choice_stop import choose_unless_stopped
 from jaxformer.training.init_from import starting_overrides, with_overrides
-from jaxformer.training.kept_checkpoints import remove_beyond_keep, remove_interim_before
+from jaxformer.training.kept_checkpoints import remove_beyond_keep
 from jaxformer.training.metrics import MetricWriter, perplexity_text, summarize, write_last_metrics
 from jaxformer.training.objectives import objective_for
 from jaxformer.training.optimizer import make_optimizer
 from jaxformer.training.parameter_ema import parameter_ema, restart_parameter_ema
 from jaxformer.training.periodic import Periodic, run_due
 from jaxformer.training.rdrop_start import RDropPhase
+from jaxformer.training.run_saves import RunSaver
 from jaxformer.training.run_start import PreparedRun
 from jaxformer.training.signals import RaiseOnSignal, Stopped, StopRequest
 from jaxformer.training.state import count_parameters, make_init_fn
@@ -242,6 +244,16 @@ def _train(config, prepared: PreparedRun, model: nn.Module, preparation: RaiseOn
     writer = MetricWriter(run, start_step=-1 if restored is None else step)
     progress = progress_bar(training.num_train_steps, step)
     train_metrics = TrainMetrics(writer, checkpointer, progress, None if restored is None else restored[2].train_window)
+    saver = RunSaver(
+        checkpointer,
+        train_metrics,
+        prepared.metadata,
+        clock,
+        rdrop,
+        budget,
+        train_iterator,
+        training.checkpoint_every_steps,
+    )
     last: dict[str, Any] = {}
 
     def evaluate(step: int) -> None:
@@ -264,35 +276,13 @@ def _train(config, prepared: PreparedRun, model: nn.Module, preparation: RaiseOn
         writer.write(step, last["bleu"], prefix="eval/")
         train_metrics.restart_interval()
 
-    def save(step: int, interim: bool = False, in_place: bool = False) -> None:
-        """Checkpoint `step`. On the schedule (and at the run's end) as usual; `interim` (a stop
-        between scheduled steps: a signal, unreadable data): kept without pushing out an older one, and
-        deleted by the next checkpoint, so a resumed run ends with the checkpoints (and their
-        average) of a run never stopped. `in_place`: step's interim checkpoint, this state's, made
-        scheduled by its metadata alone (deleted and saved again, a kill in between lost it)."""
-        window = train_metrics.for_checkpoint(interim)  # an interim one keeps its log interval's steps, unwritten
-        metadata = prepared.metadata.replace(
-            step=step, train_seconds=clock.seconds(), rdrop_by_pace=rdrop.decision, interim=interim, train_window=window
-        )
-        metadata = metadata.replace(work_seconds=None if budget is None else budget.work_seconds)
-        remove_interim_before(checkpointer, step)
-        if in_place:
-            checkpointer.replace_metadata(step, metadata)
-        else:
-            checkpointer.save(step, state, train_iterator, metadata, evict=not interim)
-        train_metrics.restart_interval()
-
-    def save_steps_done(step: int) -> None:
-        """A stop between scheduled checkpoints: the steps since the last one, written (not queued)."""
-        if step not in checkpointer.steps():
-            save(step, interim=step % training.checkpoint_every_steps != 0)
-        checkpointer.wait()
-
     periodic = [
         Periodic("log", training.log_every_steps, lambda step: train_metrics.flush(), at_last_step=False),
         Periodic("evaluate", training.eval_every_steps, evaluate, timed=True),
         Periodic("bleu", training.bleu_every_steps if validator else 0, validate_bleu, timed=True),
-        Periodic("checkpoint", training.checkpoint_every_steps, save, timed=True, saves=True),
+        Periodic(
+            "checkpoint", training.checkpoint_every_steps, lambda step: saver.save(step, state), timed=True, saves=True
+        ),
     ]
 
     def spent_by_the_work() -> bool:
@@ -311,7 +301,7 @@ def _train(config, prepared: PreparedRun, model: nn.Module, preparation: RaiseOn
     if shortened and interim:  # stopped between scheduled steps: the work of the run's last step is to do
         best_bleu = None if validator is None else validator.best_bleu
         shortened_end.end_work(periodic, step, writer, checkpointer, restored[2], prepared.metadata, best_bleu)
-        save(step, in_place=True)
+        saver.save(step, state, in_place=True)
     preparation.check()  # one held since: not handed to the loop, which would compile and take a step first
     unreadable = None  # the data's error that stopped the loop
     with StopRequest() as stop:
@@ -321,7 +311,9 @@ def _train(config, prepared: PreparedRun, model: nn.Module, preparation: RaiseOn
                 try:
                     host_batch = next(train_iterator)
                 except DataError as error:  # a prepared file damaged since the start: unreadable_batch.py
-                    unreadable = saved_before_stopping(error, step, first_step, save_steps_done)
+                    unreadable = saved_before_stopping(
+                        error, step, first_step, functools.partial(saver.save_steps_done, state=state)
+                    )
                     raise unreadable from None
                 batch = sharding.global_batch(host_batch, batch_sharding)
                 state, metrics = train_fns[rdrop.started](state, batch)
@@ -354,7 +346,7 @@ def _train(config, prepared: PreparedRun, model: nn.Module, preparation: RaiseOn
                 stopping = stop.agreed(step, every=BUDGET_CHECK_STEPS)
             stopped_early = stop.agreed(step) and step < training.num_train_steps  # all processes, or none
             if stopped_early:
-                save_steps_done(step)
+                saver.save_steps_done(step, state)
                 logger.warning(
                     "stopped by %s at step %d; checkpoint saved; exiting with %d; resume with the same command",
                     stop.signal_name,
