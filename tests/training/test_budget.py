@@ -208,6 +208,15 @@ def test_the_estimate_foresees_the_periodic_work_due_before_the_end(monkeypatch)
     assert resumed.work_seconds == {"evaluate": 1.0} and resumed.end_step(100, 5000) == pytest.approx(100 + 3.2 / 0.2)
 
 
+def test_the_rate_within_the_warmup_does_not_depend_on_the_schedules_end():
+    """Why a new run's first evaluation, unforeseen by the estimate, costs nothing while it falls
+    within the warmup (budget.py): the rate there is the same whatever the end; after it, not."""
+    within = [float(budget_rate(count, end, 1.0, 100, 0.1)) for end in (150.0, 5000.0) for count in (0, 49, 98)]
+    assert within[:3] == within[3:] == pytest.approx([0.01, 0.5, 0.99])  # counted from 0
+    after = [float(budget_rate(119, end, 1.0, 100, 0.1)) for end in (150.0, 5000.0)]
+    assert after[0] == pytest.approx(1.0 - 0.9 * 20 / 50) and after[1] > after[0]
+
+
 def test_each_check_moves_the_schedules_end_to_the_estimate(monkeypatch):
     now = [0.0]
     monkeypatch.setattr(budget_module.time, "monotonic", lambda: now[0])
