@@ -22,9 +22,36 @@ import sysconfig
 
 ROOT = pathlib.Path(__file__).parents[1]
 # What building the wheel reads: pyproject.toml (and the README it names) and the package.
-BUILD_INPUTS = ("pyproject.toml", "README.md", "jaxformer")
+BUILD_INPUTS = ("pyproject.toml", "README.md", "MANIFEST.in", "jaxformer")
 # jaxformer's own entries in site-packages (package, metadata, editable finder) and .pth files.
 _NOT_A_DEPENDENCY = re.compile(r"^(jaxformer([-.].*)?|__editable__.*|.*\.pth)$", re.IGNORECASE)
+
+
+def copy_build_inputs(source: pathlib.Path) -> pathlib.Path:
+    """The files a build reads (BUILD_INPUTS), copied from the checkout into `source`."""
+    source.mkdir(parents=True, exist_ok=True)
+    for name in BUILD_INPUTS:
+        if (ROOT / name).is_dir():
+            shutil.copytree(ROOT / name, source / name, ignore=shutil.ignore_patterns("__pycache__", "*.pyc"))
+        else:
+            shutil.copy2(ROOT / name, source / name)
+    return source
+
+
+def build_sdist(directory: pathlib.Path) -> pathlib.Path:
+    """jaxformer's source distribution, built into `directory` with the test environment's
+    setuptools from a copy of every file git tracks in the checkout (tests, benchmarks and
+    notebooks included: what `python -m build --sdist` in a clone sees)."""
+    source = directory / "source"
+    tracked = subprocess.run(["git", "ls-files", "-z"], cwd=ROOT, check=True, capture_output=True).stdout
+    for name in filter(None, tracked.decode().split("\0")):
+        if (ROOT / name).is_file():  # a tracked file deleted in the working tree is not built from
+            (source / name).parent.mkdir(parents=True, exist_ok=True)
+            shutil.copy2(ROOT / name, source / name)
+    output = directory / "dist"
+    code = f"from setuptools import build_meta; print(build_meta.build_sdist({str(output)!r}))"
+    result = subprocess.run([sys.executable, "-c", code], cwd=source, check=True, capture_output=True, text=True)
+    return output / result.stdout.strip().splitlines()[-1]
 
 
 def build_wheel(directory: pathlib.Path) -> pathlib.Path:
@@ -32,13 +59,7 @@ def build_wheel(directory: pathlib.Path) -> pathlib.Path:
     environment's setuptools, no build isolation). A copy, because an in-tree build writes build/
     and *.egg-info into the checkout, and setuptools reuses build/lib: a deleted module would
     stay in later wheels."""
-    source = directory / "source"
-    for name in BUILD_INPUTS:
-        if (ROOT / name).is_dir():
-            shutil.copytree(ROOT / name, source / name, ignore=shutil.ignore_patterns("__pycache__", "*.pyc"))
-        else:
-            source.mkdir(parents=True, exist_ok=True)
-            shutil.copy2(ROOT / name, source / name)
+    source = copy_build_inputs(directory / "source")
     output = directory / "dist"
     subprocess.run(
         [sys.executable, "-m", "pip", "wheel", "--no-deps", "--no-build-isolation", "--no-index", "-q", "-w", output]

@@ -6,11 +6,12 @@ all work, with the installed package (tests/install_env.py)."""
 import gzip
 import pathlib
 import shlex
+import tarfile
 import zipfile
 
 import pytest
 
-from tests.install_env import ROOT
+from tests.install_env import ROOT, build_sdist
 
 pytestmark = pytest.mark.xdist_group("install")
 
@@ -55,6 +56,17 @@ def test_wheel_holds_the_configs_and_the_corpus(install_build):
     readme = (ROOT / "README.md").read_text()
     listed = readme.split("### Installing jaxformer as a package", 1)[1].split("The configs and", 1)[0]
     assert [name.strip("`,. \n") for name in listed.split("console scripts:", 1)[1].split()] == list(SCRIPTS)
+
+
+def test_the_sdist_holds_the_package_and_not_the_test_suite(tmp_path):
+    sdist = build_sdist(tmp_path)
+    with tarfile.open(sdist) as archive:
+        names = [name.split("/", 1)[1] for name in archive.getnames() if "/" in name]
+    assert {"pyproject.toml", "README.md", "jaxformer/configs/multi30k.py", "jaxformer/export/serve_streams.py"} <= set(
+        names
+    )
+    assert "jaxformer/data/raw/multi30k/train.en.gz" in names
+    assert not [name for name in names if name.startswith(("tests/", "benchmarks/", "notebooks/", "runs/"))]
 
 
 @pytest.mark.slow  # a fresh venv, then train -> translate -> export through the installed scripts (-m slow)

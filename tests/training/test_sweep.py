@@ -14,6 +14,7 @@ import pytest
 
 from jaxformer.commands import sweep as sweep_command
 from jaxformer.commands.sweep import results_table
+from jaxformer.configs.sweeps import multi30k_hour
 from jaxformer.run.loading import load_checkpoint
 from jaxformer.training.final_choice import CANDIDATES
 from jaxformer.training.sweep import make_variants, seed_run_name, seeds_row, with_seed_offset
@@ -362,6 +363,9 @@ def test_the_shipped_sweep_builds_every_variant():
             section, leaf = key.split(".")
             assert str(variant.config[section][leaf]) == text  # applied as written
     assert all(variant.config.training.final_choice for variant in variants)
+    # Its docstring, which `jaxformer-sweep --help` users read, counts the runs it makes.
+    count = f"{len(variants) - 1} variants and the baseline, {len(variants)} runs"
+    assert count in " ".join(multi30k_hour.__doc__.split())
 
 
 def test_seed_k_moves_both_seeds_by_k_and_the_variant_scores_its_seeds_mean():

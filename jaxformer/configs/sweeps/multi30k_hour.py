@@ -4,7 +4,7 @@
 
 Each variant but `transformer_tiny` (a published recipe, taken whole) changes one thing in the
 config (its 55-minute training budget, budget schedule and final choice included), so each row of
-the table reads against `baseline`: 38 runs, about 38 hours on 2
+the table reads against `baseline`: 38 variants and the baseline, 39 runs, about 39 hours on 2
 cores in all, about an hour per variant. What the final choice decodes with (beam size, length
 penalty) and how many checkpoints it averages need no training: compare them on the winner with
 `jaxformer-evaluate --split validation --checkpoint averaged|best|final --beam_size K --alpha A`.
