@@ -1,0 +1,84 @@
+"""generate()'s settings in a MarianMT directory (generation_config.json, or config.json without
+one) that make transformers choose other tokens than jaxformer's search does: each is refused at
+import in one line naming the key and value, unless it has a value that changes nothing.
+
+transformers' GenerationConfig keys that are not listed here change no token greedy or beam search
+chooses (tests/interop/test_marian_checks.py holds every key of the installed GenerationConfig to
+this): the search's own (num_beams, length_penalty, early_stopping, max_length, max_new_tokens,
+num_return_sequences), which jaxformer-translate's flags choose; sampling's (do_sample,
+temperature, top_k, top_p, typical_p, min_p, top_h, epsilon_cutoff, eta_cutoff), which act only
+when sampling; the token ids, checked by marian_files.marian_token_ids; and those of speed,
+caching, compilation, lossless speculative decoding and what generate returns.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping
+from typing import Any
+
+from jaxformer.interop.marian_layout import ConversionError
+
+
+def _only_never_produced(value: Any, pad_id: int, _: int, start_id: int) -> bool:
+    """None, or tokens jaxformer's search never produces: pad, and the decoder start (its BOS)."""
+    return not value or (isinstance(value, list) and all(token in (pad_id, start_id) for token in value))
+
+
+# generate()'s settings that change which tokens greedy and beam search choose, each with a test of
+# the values that change nothing (jaxformer's search has none of them) and those values in words.
+# Sampling's settings act only when sampling; num_beams, length_penalty, early_stopping and
+# max_length are the search's own, which jaxformer-translate's flags choose.
+GENERATION_SETTINGS: dict[str, tuple[Callable[[Any, int, int, int], bool], str]] = {
+    "bad_words_ids": (
+        lambda value, pad_id, _, start_id: (
+            not value or (isinstance(value, list) and all(words in ([pad_id], [start_id]) for words in value))
+        ),
+        "none, [[pad_token_id]] or [[decoder_start_token_id]]: jaxformer's search never produces either",
+    ),
+    "suppress_tokens": (_only_never_produced, "none, the pad token or the decoder start token"),
+    "begin_suppress_tokens": (_only_never_produced, "none, the pad token or the decoder start token"),
+    "forced_bos_token_id": (lambda value, *_: value is None, "none"),
+    "forced_eos_token_id": (
+        lambda value, _, eos_id, __: value in (None, eos_id) or (isinstance(value, list) and set(value) == {eos_id}),
+        "none, or eos_token_id: jaxformer ends a sequence cut at the length limit with EOS",
+    ),
+    "forced_decoder_ids": (lambda value, *_: not value, "none"),
+    "sequence_bias": (lambda value, *_: not value, "none"),
+    "no_repeat_ngram_size": (lambda value, *_: not value, "0"),
+    "encoder_no_repeat_ngram_size": (lambda value, *_: not value, "0"),
+    "repetition_penalty": (lambda value, *_: value in (None, 1), "1.0"),
+    "encoder_repetition_penalty": (lambda value, *_: value in (None, 1), "1.0"),
+    # The decoder start token counts towards min_length: 1 bans EOS nowhere.
+    "min_length": (lambda value, *_: value in (None, 0, 1), "0 or 1"),
+    "min_new_tokens": (lambda value, *_: not value, "0"),
+    "exponential_decay_length_penalty": (lambda value, *_: value is None, "none"),
+    "num_beam_groups": (lambda value, *_: value in (None, 1), "1"),
+    "diversity_penalty": (lambda value, *_: not value, "0"),
+    "penalty_alpha": (lambda value, *_: not value, "0"),  # contrastive search
+    "dola_layers": (lambda value, *_: value is None, "none"),
+    "guidance_scale": (lambda value, *_: value in (None, 1), "1"),  # classifier-free guidance
+    "watermarking_config": (lambda value, *_: value is None, "none"),  # biases each step's tokens
+    "force_words_ids": (lambda value, *_: not value, "none"),
+    "constraints": (lambda value, *_: not value, "none"),
+    "stop_strings": (lambda value, *_: not value, "none"),
+    "token_healing": (lambda value, *_: not value, "false"),
+    "max_time": (lambda value, *_: value is None, "none: where generate stops would depend on the machine's speed"),
+    "assistant_ensemble_weight": (lambda value, *_: value is None, "none: speculative decoding stays lossless"),
+}
+
+
+def check_generation_settings(settings: Mapping[str, Any], pad_id: int, eos_id: int, start_id: int, where: str) -> None:
+    """`ConversionError` naming the key and value where `settings` (read from `where`, the file
+    transformers' generate takes them from) would make transformers decode otherwise than
+    jaxformer (GENERATION_SETTINGS)."""
+    for key, (unchanged, accepted) in GENERATION_SETTINGS.items():
+        value = settings.get(key)
+        try:
+            same = unchanged(value, pad_id, eos_id, start_id)
+        except TypeError:  # a value of another type (a dict where a list belongs): not one that changes nothing
+            same = False
+        if not same:
+            raise ConversionError(
+                f"{where}: {key}={value!r} changes what transformers generates, and jaxformer's search has no such "
+                f"setting (accepted: {accepted})"
+            )
