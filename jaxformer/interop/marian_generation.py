@@ -64,6 +64,15 @@ GENERATION_SETTINGS: dict[str, tuple[Callable[[Any, int, int, int], bool], str]]
     "token_healing": (lambda value, *_: not value, "false"),
     "max_time": (lambda value, *_: value is None, "none: where generate stops would depend on the machine's speed"),
     "assistant_ensemble_weight": (lambda value, *_: value is None, "none: speculative decoding stays lossless"),
+    # OPUS-MT's newer generation_config.json files set it. transformers then scores each step with the
+    # log-probabilities renormalized over the tokens left after its bans (pad), so beam scores, and with
+    # them n-best lists, differ from jaxformer's log p under the model (the best hypothesis rarely does).
+    # Matching it would take a search option carried by the run to translate, evaluate and exports.
+    "renormalize_logits": (
+        lambda value, *_: value in (None, False),
+        "false; set it false to convert with jaxformer's scores, log p under the model, whose n-best lists "
+        "can differ from transformers' renormalized ones",
+    ),
 }
 
 
