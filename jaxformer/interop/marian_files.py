@@ -327,6 +327,12 @@ def read_marian_directory(directory: str | pathlib.Path) -> MarianDirectory:
         raise ConversionError(f"{directory / 'vocab.json'} is not an object of pieces to non-negative integer ids")
     tokenizer_path = directory / "tokenizer_config.json"
     tokenizer_config = _read_object(tokenizer_path) if tokenizer_path.is_file() else {}
+    if tokenizer_config.get("separate_vocabs", False) is not False:  # a target_vocab.json is refused above
+        raise ConversionError(
+            f"{tokenizer_path}: separate_vocabs={json.dumps(tokenizer_config['separate_vocabs'])} declares separate "
+            f"Marian vocabularies, but {directory} has no target_vocab.json (MarianTokenizer cannot load it); "
+            "jaxformer converts one shared vocab.json"
+        )
     unk_id = marian_unk_id(vocab, tokenizer_config, config["vocab_size"], str(directory / "vocab.json"))
     if unk_id in ids[:2]:
         raise ConversionError(

@@ -199,6 +199,11 @@ DAMAGES = {
         "generation_config.json",
         ": watermarking_config={'bias': 2.0, 'context_width': 1} changes what transformers generates",
     ),
+    "separate_vocabs without target_vocab.json": (  # MarianTokenizer fails on it
+        lambda d: _edit_json(d / "tokenizer_config.json", separate_vocabs=True),
+        "tokenizer_config.json",
+        ": separate_vocabs=true declares separate Marian vocabularies, but ",
+    ),
     "generation decoder start": (
         lambda d: _edit_json(d / "generation_config.json", decoder_start_token_id=5),
         "generation_config.json",
