@@ -188,7 +188,10 @@ def model_config_from_marian(
 
     def same(first: str, second: str) -> Any:
         if hf[first] != hf[second]:
-            raise ConversionError(f"{where}: {first}={hf[first]} differs from {second}={hf[second]}")
+            raise ConversionError(
+                f"{where}: {first}={hf[first]} differs from {second}={hf[second]}; jaxformer's model has one value for "
+                "both stacks, so it cannot convert this model"
+            )
         return hf[first]
 
     if hf.get("model_type", "marian") != "marian":

@@ -235,6 +235,17 @@ DAMAGES = {
         "model.safetensors",
         ".fc1.bias has shape (64,), but ",
     ),
+    "encoder and decoder ffn widths": (
+        lambda d: _edit_json(d / "config.json", encoder_ffn_dim=64, decoder_ffn_dim=96),
+        "config.json",
+        ": encoder_ffn_dim=64 differs from decoder_ffn_dim=96; jaxformer's model has one value for both stacks, "
+        "so it cannot convert this model",
+    ),
+    "encoder and decoder heads": (
+        lambda d: _edit_json(d / "config.json", encoder_attention_heads=4, decoder_attention_heads=2),
+        "config.json",
+        ": encoder_attention_heads=4 differs from decoder_attention_heads=2; jaxformer's model has one value",
+    ),
     "fewer layers": (  # transformers: unexpected weights, dropped
         lambda d: _edit_json(d / "config.json", encoder_layers=1),
         "model.safetensors",
