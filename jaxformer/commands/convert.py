@@ -24,8 +24,6 @@ import logging
 
 from jaxformer.commands import common, decoding_flags
 
-DEFAULT_MAX_POSITIONS = 512
-
 
 def build_parser() -> argparse.ArgumentParser:
     parser = common.make_parser(__doc__)
@@ -48,7 +46,8 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument(
         "--max_positions",
         type=common.at_least(1),
-        help=f"--to_hf: the longest sequence transformers' position table holds (default: {DEFAULT_MAX_POSITIONS})",
+        help="--to_hf: the longest sequence transformers' position table holds (default: the run's "
+        "model.max_positions, which an imported model keeps, else 512)",
     )
     return parser
 
@@ -91,8 +90,7 @@ def _to_hf(args: argparse.Namespace) -> str:
     except ImportError:
         raise common.FlagError("--to_hf needs transformers and torch: pip install 'jaxformer[interop]'") from None
     checkpoint = "latest" if args.checkpoint is None else args.checkpoint
-    max_positions = DEFAULT_MAX_POSITIONS if args.max_positions is None else args.max_positions
-    output = marian_export.export_marian(args.to_hf, args.output, checkpoint, max_positions)
+    output = marian_export.export_marian(args.to_hf, args.output, checkpoint, args.max_positions)
     return f"wrote the {checkpoint} checkpoint of {args.to_hf} to {output} (transformers MarianMT)"
 
 

@@ -136,22 +136,34 @@ def decoding_variant(config: TransformerConfig, params: Any) -> tuple[Transforme
 Hypotheses = tuple[Int[Array, "B K L"], Float[Array, "B K"]]
 
 
+def output_limits(source_lengths: Int[Array, B], max_extra_length: int, max_positions: int | None) -> Int[Array, B]:
+    """The most output tokens (EOS included) of each row: its real source tokens + max_extra_length,
+    and no more than the model's positions (`TransformerConfig.max_positions`, None: no bound), the
+    decoder's input (BOS and the tokens before the last) taking one position per output token."""
+    limits = source_lengths + max_extra_length
+    return limits if max_positions is None else jnp.minimum(limits, max_positions)
+
+
 def generate(
     model: Transformer, params: Any, source: Int[Array, "B S"], settings=DecodeSettings(), rng: jax.Array | None = None
 ) -> Hypotheses:
     """Translates padded source rows: (tokens [B, K, L] ending in EOS then padding, scores [B, K]).
 
-    L = S + settings.max_extra_length; row b ends by (real source tokens of b) + max_extra_length
-    output tokens, EOS included, and never outputs pad or BOS. Beam search gives K = beam_size
+    L = S + settings.max_extra_length (at most the model's max_positions); row b ends by `output_limits`
+    (its real source tokens + max_extra_length, at most max_positions) output tokens, EOS included,
+    and never outputs pad or BOS. Beam search gives K = beam_size
     hypotheses best first, scored log p(Y) / length_penalty(|Y|); greedy and sampling give K = 1
     with log p(Y). Every score is what the model's full forward pass gives for Y, hypotheses
     ended at the limit included (see jaxformer/decoding/search.py). `model` must be the decoding
     variant (`decoding_variant`).
     """
     batch, source_length = source.shape
-    max_length = source_length + settings.max_extra_length
+    max_length, max_positions = source_length + settings.max_extra_length, model.config.max_positions
+    if max_positions is not None and not jax.export.is_symbolic_dim(max_length):
+        max_length = min(max_length, max_positions)  # the rows' limits are no longer
     context = model.apply({"params": params}, source, method=Transformer.encoder_context)
-    limits = jnp.sum(source != PAD_ID, axis=1, dtype=jnp.int32) + settings.max_extra_length  # [B], <= max_length
+    source_lengths = jnp.sum(source != PAD_ID, axis=1, dtype=jnp.int32)
+    limits = output_limits(source_lengths, settings.max_extra_length, max_positions)  # [B], <= max_length
     growth = None
     if not jax.export.is_symbolic_dim(max_length):  # an exported program keeps one full-length cache
         growth = CacheGrowth.doubling(FIRST_CACHE_LENGTH, max_length, lambda cache, length: cache.grown(length))

@@ -106,6 +106,8 @@ class Translator:
         self.scanned = config.scan_layers
         self.tokenizer, self.target_tokenizer = tokenizer, target_tokenizer
         self.settings = settings
+        # A model with a last position (an imported MarianMT model's) never reads a source past it.
+        max_source_tokens = min(max_source_tokens, config.max_positions or max_source_tokens)
         self.batch_size, self.length_bucket, self.max_source_tokens = batch_size, length_bucket, max_source_tokens
         if not max_buffer_growth >= 1:
             raise ValueError(f"max_buffer_growth must be >= 1, got {max_buffer_growth}")

@@ -108,6 +108,9 @@ def export_checkpoint(
     with output_folder.staging_directory(output) as staging:
         step, metadata, params = load_checkpoint(workdir, checkpoint)
         config, params = decoding_variant(metadata.model_config(), params)
+        if config.max_positions is not None and serving.max_source_tokens > config.max_positions:
+            # The loader then splits longer sentences where the model's positions end, as Translator does.
+            serving = dataclasses.replace(serving, max_source_tokens=config.max_positions)
         separate = metadata.target_tokenizer is not None  # separate source and target vocabularies
         for side, model_size, tokenizer in (
             ("source" if separate else "shared", config.encoder_vocab_size, metadata.load_tokenizer()),

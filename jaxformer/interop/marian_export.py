@@ -127,7 +127,27 @@ def check_exportable(config: TransformerConfig) -> None:
         )
 
 
-def marian_config(config: TransformerConfig, max_positions: int = 512, shared: bool = True) -> dict[str, Any]:
+# max_position_embeddings of a run whose model has no last position (model.max_positions None).
+DEFAULT_MAX_POSITIONS = 512
+
+
+def exported_positions(config: TransformerConfig, requested: int | None) -> int:
+    """max_position_embeddings of a run's export: `requested`, else the model's own max_positions
+    (an imported model's, so a round trip keeps it), else DEFAULT_MAX_POSITIONS; a ConversionError
+    where `requested` is more than the model has, positions it never had."""
+    if requested is None:
+        return config.max_positions or DEFAULT_MAX_POSITIONS
+    if config.max_positions is not None and requested > config.max_positions:
+        raise ConversionError(
+            f"max_positions={requested} is more than the {config.max_positions} positions the run's model has "
+            "(model.max_positions)"
+        )
+    return requested
+
+
+def marian_config(
+    config: TransformerConfig, max_positions: int = DEFAULT_MAX_POSITIONS, shared: bool = True
+) -> dict[str, Any]:
     """MarianConfig's values for a jaxformer model (its own ids: pad 0, eos 1, decoder start BOS 3)
     whose encoder and decoder embeddings are one matrix, model.shared (`shared`), or two."""
     # The import's map read backwards; its first name for an activation ("swish" before the alias "silu").
@@ -162,11 +182,15 @@ def _piece_names(tokenizer: Tokenizer) -> list[str]:
 
 
 def export_marian(
-    workdir: str | os.PathLike, output: str | os.PathLike, checkpoint: str | int = "latest", max_positions: int = 512
+    workdir: str | os.PathLike,
+    output: str | os.PathLike,
+    checkpoint: str | int = "latest",
+    max_positions: int | None = None,
 ) -> pathlib.Path:
     """Writes a run's checkpoint as a transformers MarianMT directory `output` (new or empty):
     config.json, model.safetensors, generation_config.json, source.spm, target.spm, vocab.json and
-    tokenizer_config.json. Needs the interop extra (torch, transformers)."""
+    tokenizer_config.json, with `max_positions` positions (`exported_positions`). Needs the interop
+    extra (torch, transformers)."""
     from jaxformer.model.transformer import unstack_layers
     from jaxformer.run.loading import load_checkpoint
 
@@ -174,6 +198,7 @@ def export_marian(
     check_new_output(output)
     step, metadata, params = load_checkpoint(workdir, checkpoint)
     config = metadata.model_config()
+    max_positions = exported_positions(config, max_positions)
     # The tokenizers first: two vocabularies of different sizes are also a source_vocab_size that
     # check_exportable refuses, in words that do not name the option the run set.
     source, target = metadata.load_tokenizer(), metadata.load_target_tokenizer()

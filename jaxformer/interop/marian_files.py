@@ -149,7 +149,7 @@ def check_marian_weights(
     shape config.json gives it (transformers refuses a size mismatch), none it has no place for
     (transformers drops those, "unexpected"), and every layer parameter there."""
     config = model_config_from_marian(hf, config_where)
-    shapes = marian_weight_shapes(config, hf["vocab_size"], hf.get("max_position_embeddings", MARIAN_MAX_POSITIONS))
+    shapes = marian_weight_shapes(config, hf["vocab_size"], config.max_positions)
     if not hf.get("share_encoder_decoder_embeddings", True):
         del shapes["model.shared.weight"]  # the encoder and decoder embed_tokens are the modules' own
     for name, array in weights.items():
@@ -209,6 +209,9 @@ def model_config_from_marian(
         raise ConversionError(
             f"{where}: decoder_vocab_size={hf['decoder_vocab_size']} differs from vocab_size={hf['vocab_size']}"
         )
+    max_positions = hf.get("max_position_embeddings", MARIAN_MAX_POSITIONS)
+    if not _is_count(max_positions):
+        raise ConversionError(f"{where}: max_position_embeddings={max_positions!r} is not a positive integer")
     activation = hf.get("activation_function", "gelu")
     if activation not in ACTIVATIONS:
         raise ConversionError(f"{where}: activation_function {activation!r}; supported: {', '.join(ACTIVATIONS)}")
@@ -238,6 +241,7 @@ def model_config_from_marian(
             tie_output_embedding=bool(hf.get("tie_word_embeddings", True) and hf.get("scale_embedding", False)),
             position_base=MARIAN_POSITION_BASE,
             position_layout="halves",
+            max_positions=max_positions,  # transformers refuses longer inputs; translation splits them
             logits_bias=True,
         )
     except (ConfigError, TypeError, ValueError) as error:

@@ -87,6 +87,11 @@ class TransformerConfig:
     # Where the sinusoids sit along d_model: "interleaved" (sin, cos of each frequency in turn, the
     # paper's formula) or "halves" (the sines of every frequency, then their cosines).
     position_layout: Literal["interleaved", "halves"] = "interleaved"
+    # The positions the model has, or None: the sinusoids have no last one. An imported MarianMT
+    # model's max_position_embeddings, which transformers holds every input and output to:
+    # translation splits longer sources as max_source_tokens does and ends outputs there
+    # (decoding/generate.py's output_limits). The model itself computes any position asked of it.
+    max_positions: int | None = None
     # A learned output bias [V] added to the logits (decoder/logits_bias); encoder_decoder only.
     logits_bias: bool = False
     # Compute dtype of activations and matmuls; softmax and LayerNorm statistics stay float32.
@@ -263,6 +268,10 @@ def _validate(config: TransformerConfig) -> None:
         fail("target_word_dropout_rate", "an encoder_only model has no decoder input: use source_word_dropout_rate")
     if config.activation not in ACTIVATIONS:
         fail("activation", f"must be one of {', '.join(map(repr, ACTIVATIONS))}")
+    if config.max_positions is not None and (
+        not isinstance(config.max_positions, int) or isinstance(config.max_positions, bool) or config.max_positions < 2
+    ):
+        fail("max_positions", "must be None or an integer >= 2 (a token and EOS)")
     if config.position_layout not in ("interleaved", "halves"):
         fail("position_layout", 'must be "interleaved" (the paper) or "halves"')
     for field in ("share_embeddings", "tie_output_embedding", "logits_bias", "deterministic", "scan_layers"):

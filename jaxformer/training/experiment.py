@@ -26,8 +26,10 @@ def model_section(preset_name: str = "base", **overrides: Any) -> ml_collections
     values = preset(preset_name, **overrides).to_dict()
     for field in ("vocab_size", "source_vocab_size", "deterministic"):  # set from the tokenizers / by the loop
         values.pop(field)
-    # None by default: typed, so that --config.model.matmul_dtype=bfloat16 (or auto) parses as a string.
+    # None by default: typed, so that --config.model.matmul_dtype=bfloat16 (or auto) parses as a string,
+    # --config.model.max_positions=512 as an integer.
     values["matmul_dtype"] = ml_collections.FieldReference(values["matmul_dtype"], field_type=str)
+    values["max_positions"] = ml_collections.FieldReference(values["max_positions"], field_type=int)
     return ml_collections.ConfigDict({"preset": preset_name, **values})
 
 

@@ -3,6 +3,8 @@ is the same model (its vocabulary, ids, pieces, parameters and translations), an
 model (decoding from its pad token, imported with a copied BOS row) imported, exported and
 imported again is what the first import gave. Both once grew the vocabulary by a row."""
 
+import json
+
 import numpy as np
 import pytest
 
@@ -13,12 +15,13 @@ pytest.importorskip("torch")
 
 from jaxformer.decoding.generate import DecodeSettings  # noqa: E402
 from jaxformer.decoding.translator import Translator  # noqa: E402
-from jaxformer.export.safetensors import flatten  # noqa: E402
+from jaxformer.export.safetensors import flatten, read_safetensors, write_safetensors  # noqa: E402
 from jaxformer.interop.marian import import_marian  # noqa: E402
 from jaxformer.interop.marian_export import export_marian, logical_axis_names, permute_axis  # noqa: E402
-from jaxformer.interop.marian_layout import marian_to_jaxformer_ids, vocabulary_order  # noqa: E402
+from jaxformer.interop.marian_layout import ConversionError, marian_to_jaxformer_ids, vocabulary_order  # noqa: E402
 from jaxformer.model.position import halves_order  # noqa: E402
 from jaxformer.run.loading import load_checkpoint  # noqa: E402
+from jaxformer.tokens import EOS_ID  # noqa: E402
 from tests.interop.marian_models import MAX_EXTRA, sentences, write_marian  # noqa: E402
 
 pytestmark = pytest.mark.xdist_group("interop-round-trip")
@@ -83,6 +86,39 @@ def test_an_opus_model_imported_exported_and_imported_again_is_unchanged(tmp_pat
     assert sorted(params) == sorted(first_params)
     for path, value in first_params.items():  # BOS's row and its bias (the pad's minus the offset) included
         np.testing.assert_array_equal(params[path], value, err_msg=path)
+
+
+def test_a_models_positions_bound_its_translations_and_come_back_in_its_export(tmp_path):
+    """transformers refuses an input past max_position_embeddings (IndexError in embed_positions);
+    the import once dropped it, translated sources and outputs with positions the model never had,
+    and --to_hf wrote 512 instead."""
+    marian, positions = tmp_path / "hf", 12
+    write_marian(marian, max_position_embeddings=positions)
+    weights = read_safetensors(marian / "model.safetensors")
+    weights["final_logits_bias"][0, 0] = -1e4  # Marian's eos: each output runs to its length limit
+    write_safetensors(marian / "model.safetensors", weights)
+    converted = import_marian(marian, tmp_path / "run")
+    assert converted.config.max_positions == positions
+
+    translator = Translator.from_workdir(
+        tmp_path / "run", settings=DecodeSettings(method="greedy", max_extra_length=50)
+    )
+    assert translator.max_source_tokens == positions  # longer sources are translated in pieces
+    text = " ".join(sentences(3))
+    assert len(translator.tokenizer.encode(text)) > positions
+    short = translator.tokenizer.encode(sentences(1)[0])[:3]
+    for source in (
+        np.append(short[:2], EOS_ID),
+        translator.tokenizer.encode(text)[: positions - 1].tolist() + [EOS_ID],
+    ):
+        (hypotheses,) = translator.translate_ids([np.asarray(source, np.int32)])
+        output = hypotheses[0][0]
+        assert int(np.argmax(output == EOS_ID)) + 1 == min(len(source) + 50, positions)
+
+    exported = export_marian(tmp_path / "run", tmp_path / "exported")
+    assert json.loads((exported / "config.json").read_text())["max_position_embeddings"] == positions
+    with pytest.raises(ConversionError, match=f"^max_positions=64 is more than the {positions} positions"):
+        export_marian(tmp_path / "run", tmp_path / "wider", max_positions=64)
 
 
 def test_the_decoder_start_is_bos_itself_unless_it_is_pad_eos_or_unk():

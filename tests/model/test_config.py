@@ -34,6 +34,7 @@ def test_presets_follow_the_paper():
         (dict(vocab_size=4), r"vocab_size=4: must exceed the 4 special tokens"),
         (dict(activation="tanh"), r"activation='tanh'"),
         (dict(position_layout="stacked"), r"position_layout='stacked'"),
+        (dict(max_positions=1), r"max_positions=1: must be None or an integer >= 2"),
         (dict(logits_bias=True, architecture="decoder_only"), r"logits_bias=True: applies to the encoder_decoder"),
         (
             dict(architecture="decoder_only", share_embeddings=False),
