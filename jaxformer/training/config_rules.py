@@ -184,6 +184,10 @@ def check_combinations(config, architecture: str) -> None:
             f"config tokenizer.sampling_nbest={sampling}: subword sampling needs n-best segmentations, "
             f"which a unigram model has and tokenizer.model_type={config.tokenizer.model_type!r} has not"
         )
+    positions, length = config.model.get("max_positions"), config.data.max_length  # an imported model's limit
+    if positions is not None and length > positions:
+        message = f"rows that long reach positions the model lacks; lower data.max_length to at most {positions}"
+        raise ConfigError(f"config data.max_length={length} with model.max_positions={positions}: {message}")
     training = config.training
     if training.final_choice and training.average_last > training.keep_checkpoints:
         raise ConfigError(

@@ -76,7 +76,7 @@ def load_starting_points(training: ml_collections.ConfigDict) -> tuple[StartingP
 # The model fields a part's parameters were trained for: each must be the new model's, or the
 # parameters would compute another function (dropout, dtypes, remat and scan may change).
 _SHAPES = ("d_model", "num_heads", "d_ff")
-_FUNCTION = ("activation", "normalization", "layer_norm_epsilon", "position_base", "position_layout")
+_FUNCTION = ("activation", "normalization", "layer_norm_epsilon", "position_base", "position_layout", "max_positions")
 _PART_FIELDS = {
     "model": (
         *_SHAPES,

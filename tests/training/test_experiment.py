@@ -243,13 +243,22 @@ def test_paths_a_run_stores_are_made_absolute(tmp_path, monkeypatch):
             "starts a translator",
         ),
         ({"model.architecture": "encoder_and_decoder"}, "model.architecture='encoder_and_decoder': must be one of"),
+        (  # an imported MarianMT model has max_position_embeddings positions; multi30k's rows are 64 long
+            {"model.max_positions": 48},
+            r"^config data.max_length=64 with model.max_positions=48: rows that long reach positions the model "
+            "lacks; lower data.max_length to at most 48$",
+        ),
+        ({"model.max_positions": 64}, None),  # positions 0 to 63: the rows fit
     ],
 )
-def test_architecture_options_that_contradict_are_errors(changes, message):
+def test_config_options_that_contradict_are_errors(changes, message):
     config = load("multi30k")
     for key, value in changes.items():
         section, name = key.split(".")
         config[section][name] = value
+    if message is None:
+        experiment.validate(config)
+        return
     with pytest.raises(ConfigError, match=message):
         experiment.validate(config)
 

@@ -183,6 +183,7 @@ def test_a_start_that_does_not_fit_is_refused_before_any_data_is_read(source_run
             r"model.position_layout='interleaved' there, 'halves' here$",
         ),
         ({"model.d_ff": 48}, r"model.d_ff=64 there, 48 here$"),
+        ({"model.max_positions": 64}, r"model.max_positions=None there, 64 here$"),  # an imported model's limit
         (  # one error for the vocabularies' layout, too (it came after the data, one key at a time)
             {"model.share_embeddings": False, "tokenizer.separate_vocabularies": True},
             r"model.share_embeddings=True there, False here; tokenizer.separate_vocabularies=False there, True here$",
