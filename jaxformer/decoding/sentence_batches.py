@@ -122,7 +122,8 @@ def split_sentence(
 ) -> list[np.ndarray]:
     """Source ids of a sentence: none for an empty one, which the tokenizer encodes to no piece
     (`has_pieces`); for one longer than `max_source_tokens`, pieces cut at sentence ends where it
-    can and every `max_source_tokens` - 1 tokens where it cannot, so that nothing is dropped."""
+    can and every `max_source_tokens` - 1 tokens where it cannot, so that nothing is dropped.
+    `index` (0-based) and `line` (1-based, default index + 1) place it in the warning, counted from 1."""
     ids = tokenizer.encode(sentence)
     if not has_pieces(ids, eos_id):
         return []
@@ -130,7 +131,7 @@ def split_sentence(
         return [ids]
     logger.warning(
         "sentence %d (line %d) has %d tokens, more than max_source_tokens=%d: translating it in pieces",
-        index,
+        index + 1,  # counted from 1, as lines are: the line differs where lines were left out
         index + 1 if line is None else line,
         len(ids),
         max_source_tokens,

@@ -218,7 +218,7 @@ def test_evaluate_leaves_out_file_pairs_with_an_empty_side_as_a_split_does(
     said = f"skipped 5 pairs with an empty side in the first 10 lines of {source} / {reference} (first at {source}:2)"
     said_lines = [line for line in err.splitlines() if "empty side" in line]  # the reader's warning is off
     assert len(said_lines) == 1 and said_lines[0].endswith(f"{said}: --output writes them as empty lines"), err
-    assert re.search(r" W sentence 2 \(line 6\) has \d+ tokens, more than max_source_tokens=32", err), err
+    assert re.search(r" W sentence 3 \(line 6\) has \d+ tokens, more than max_source_tokens=32", err), err
 
     class NoModel:  # files without a pair are refused before the model is read
         @staticmethod

@@ -40,7 +40,7 @@ def test_empty_and_overlong_sentences(translator, caplog):
     with caplog.at_level(logging.WARNING):
         outputs = translator_small.translate(["", "A dog runs.", "   ", long_sentence])
     assert re.fullmatch(
-        r"sentence 3 \(line 4\) has \d+ tokens, more than max_source_tokens=64: .*", caplog.messages[-1]
+        r"sentence 4 \(line 4\) has \d+ tokens, more than max_source_tokens=64: .*", caplog.messages[-1]
     )
     assert outputs[0] == "" and outputs[2] == ""
     assert outputs[1] == translator.translate(["A dog runs."])[0]

@@ -57,7 +57,7 @@ def test_serve_py_logs_in_the_commands_format(exported):
     result = run_serve_py(exported, input="\ufeff\n" + "A man rides a horse. " * 12 + "\nTwo dogs.\n")
     assert result.returncode == 0 and result.stdout.split("\n")[0] == "" and len(result.stdout.split("\n")) == 4
     assert re.fullmatch(
-        r"\d\d:\d\d:\d\d W sentence 1 \(line 2\) has \d+ tokens, more than max_source_tokens=32: translating it in "
+        r"\d\d:\d\d:\d\d W sentence 2 \(line 2\) has \d+ tokens, more than max_source_tokens=32: translating it in "
         r"pieces\n",
         result.stderr,
     ), result.stderr
