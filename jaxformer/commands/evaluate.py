@@ -45,7 +45,14 @@ from jaxformer.commands.decoding_flags import (
 )
 from jaxformer.data.parallel_text import DataError, skipped_pairs_text
 from jaxformer.data.tokenizer import Tokenizer
-from jaxformer.decoding.scoring import corpus_scores, format_scores
+from jaxformer.decoding.scoring import (
+    BLEU_TOKENIZERS,
+    bleu_tokenizer,
+    bleu_tokenizer_problem,
+    corpus_scores,
+    format_scores,
+)
+from jaxformer.errors import UserError
 from jaxformer.files import write_text_atomically
 from jaxformer.run.loading import load_checkpoint
 
@@ -192,6 +199,18 @@ def file_pairs(
     )
 
 
+def bleu_tokenize(args: argparse.Namespace, run_config: dict) -> str:
+    """The sacreBLEU tokenizer BLEU and lowercase BLEU are scored with: --bleu_tokenize, else the
+    run's training.bleu_tokenize, else sacreBLEU's choice for the run's target language; a
+    UserError in one line when it cannot be built here."""
+    language = run_config["data"]["target_language"]
+    tokenize = bleu_tokenizer(language, args.bleu_tokenize or run_config.get("training", {}).get("bleu_tokenize"))
+    problem = bleu_tokenizer_problem(tokenize, language, "--bleu_tokenize")
+    if problem:
+        raise UserError(problem)
+    return tokenize
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = make_parser(__doc__)
     add_decoding_flags(parser)
@@ -204,6 +223,12 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--max_examples", type=at_least(1), help="score only the first N pairs")
     parser.add_argument("--output", type=path_text, help="also write the translations here")
     parser.add_argument("--json", type=path_text, help="also write the scores here as JSON")
+    parser.add_argument(
+        "--bleu_tokenize",
+        choices=BLEU_TOKENIZERS,
+        help="sacreBLEU's tokenizer for BLEU and lowercase BLEU (default: the run's training.bleu_tokenize, "
+        "else sacreBLEU's choice for its target language: zh, ja-mecab, ko-mecab, else 13a)",
+    )
     add_overwrite_flag(parser, "--output or --json")
     return parser
 
@@ -230,6 +255,7 @@ def run(args: argparse.Namespace) -> int:
 
     def check_model(metadata):  # from the one read of the checkpoint's metadata, before its parameters
         settings.check_fits(Translator.check_workdir(args.workdir, args.checkpoint, metadata))
+        bleu_tokenize(args, metadata.config)  # a tokenizer missing its module: before any data is read
 
     # The checkpoint read whole, its parameters verified against their checksums, before the split is
     # prepared or the files read: a damaged one (an array file cut short or gone, its array index gone)
@@ -251,7 +277,7 @@ def run(args: argparse.Namespace) -> int:
     line_numbers = None if file_lines is None else file_lines.numbers  # a long sentence's warning names its line
     hypotheses = translator.translate(sources, progress=not args.no_progress, line_numbers=line_numbers)
     seconds = time.perf_counter() - start
-    scores = corpus_scores(hypotheses, references)
+    scores = corpus_scores(hypotheses, references, bleu_tokenize(args, loaded[1].config))
     settings = translator.settings
     searched_with = {  # the settings the search read: the others would not describe it
         "beam": dict(

@@ -12,6 +12,7 @@ from typing import Any
 import numpy as np
 
 from jaxformer.decoding.generate import MAX_EXTRA_LENGTH
+from jaxformer.decoding.scoring import BLEU_TOKENIZERS, bleu_tokenizer, bleu_tokenizer_problem
 from jaxformer.decoding.search import BEAM_STOPS, LENGTH_PENALTIES
 from jaxformer.errors import with_article
 from jaxformer.model.config import ARCHITECTURES, ConfigError
@@ -132,6 +133,10 @@ VALUE_RULES: dict[str, tuple[Callable[[Any], bool], str]] = {
     "training.bleu_every_steps": _at_least(0),
     "training.bleu_examples": _at_least(0),
     "training.bleu_method": ((lambda value: value in (None, "greedy", "beam")), "None, 'greedy' or 'beam'"),
+    "training.bleu_tokenize": (
+        (lambda value: value is None or value in BLEU_TOKENIZERS),
+        "None (sacreBLEU's choice for data.target_language) or one of " + ", ".join(map(repr, BLEU_TOKENIZERS)),
+    ),
     "training.final_choice": ((lambda value: isinstance(value, bool)), "True or False"),
     "training.average_last": _at_least(0),
     "training.final_alphas": (
@@ -189,6 +194,10 @@ def check_combinations(config, architecture: str) -> None:
         message = f"rows that long reach positions the model lacks; lower data.max_length to at most {positions}"
         raise ConfigError(f"config data.max_length={length} with model.max_positions={positions}: {message}")
     training = config.training
+    if architecture == "encoder_decoder" and (training.bleu_every_steps or training.final_choice):  # BLEU's tokenizer
+        tokenize = bleu_tokenizer(data.target_language, training.get("bleu_tokenize"))  # built before any data
+        if problem := bleu_tokenizer_problem(tokenize, data.target_language, "--config.training.bleu_tokenize"):
+            raise ConfigError(f"config training.bleu_tokenize={training.get('bleu_tokenize')!r}: {problem}")
     if training.final_choice and training.average_last > training.keep_checkpoints:
         raise ConfigError(
             f"config training.average_last={training.average_last} with training.keep_checkpoints="
@@ -362,6 +371,7 @@ def _translation_settings_unused(config) -> list[tuple[str, str]]:
         keys = [f"decoding.{key}" for key in config.decoding] + [
             "training.bleu_examples",
             "training.bleu_method",
+            "training.bleu_tokenize",
             "training.average_last",
         ]
         return [(key, why) for key in keys]

@@ -168,6 +168,10 @@ def default_config() -> ml_collections.ConfigDict:
     # The search for that BLEU, "greedy" or "beam" (None: decoding.method); greedy costs a fraction
     # of beam 4 and ranks checkpoints alike. The final choice always uses `decoding`.
     config.training.bleu_method = ml_collections.FieldReference(None, field_type=str)
+    # sacreBLEU's tokenizer for BLEU and lowercase BLEU, here and in evaluate (e.g. "char", "13a",
+    # "intl"). None: sacreBLEU's choice for data.target_language, as its `-l src-trg` makes it:
+    # "zh", "ja-mecab" (pip install 'jaxformer[ja]'), "ko-mecab" (jaxformer[ko]), else "13a".
+    config.training.bleu_tokenize = ml_collections.FieldReference(None, field_type=str)
     # At the end of the run, the latest parameters, best/'s and the mean of the last average_last
     # checkpoints are scored on the whole validation split with `decoding`; the highest is saved
     # to workdir/final ("--checkpoint final").

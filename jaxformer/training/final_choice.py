@@ -31,17 +31,19 @@ from jaxformer.run.loading import load_from_directory
 from jaxformer.run.metadata import CheckpointMetadata
 from jaxformer.training import resume_rules
 from jaxformer.training.run_tokenizer import RunTokenizers
-from jaxformer.training.validation_bleu import ValidationSet
+from jaxformer.training.validation_bleu import ValidationSet, scored_tokenizer
 
 logger = logging.getLogger(__name__)
 
 CANDIDATES = ("latest", "best", "averaged", "ema")  # in this order; a tie goes to the first
 SCORES = ("bleu", "lowercase_bleu", "chrf")  # kept per candidate and per alpha
 # The config keys a choice depends on besides the run itself: which candidates, which validation
-# pairs, which search (decoding.batch_size too: padding moves a float or two), which alphas.
+# pairs, which search (decoding.batch_size too: padding moves a float or two), which alphas, which
+# BLEU tokenizer.
 CHOICE_KEYS = (
     "training.average_last",
     "training.final_alphas",
+    "training.bleu_tokenize",
     "data.eval_split",
     "data.max_eval_examples",
     *(f"decoding.{key}" for key in ("method", "beam_size", "alpha", "length_penalty", "max_extra_length", "stop")),
@@ -58,8 +60,10 @@ def run_config_differences(config: dict[str, Any], newest: dict[str, Any]) -> li
 
 def _choice_values(config: dict[str, Any]) -> dict[str, Any]:
     """The CHOICE_KEYS values of a config; a key it lacks has its default, as the run that lacked it
-    had (a length penalty the run's start did not settle, or that a run before the key lacks: gnmt)."""
+    had (a length penalty the run's start did not settle, or that a run before the key lacks: gnmt);
+    the BLEU tokenizer the one it scores with (scored_tokenizer)."""
     values = resume_rules.kept_setting_values(config, CHOICE_KEYS)
+    values["training.bleu_tokenize"] = scored_tokenizer(config)
     values["decoding.length_penalty"] = values["decoding.length_penalty"] or DecodeSettings.length_penalty
     return values
 

@@ -15,7 +15,7 @@ from jaxformer.data.parallel_text import skipped_pairs_text
 from jaxformer.data.pipeline import read_records, record_text
 from jaxformer.data.tokenizer import Tokenizer
 from jaxformer.decoding.generate import DecodeSettings
-from jaxformer.decoding.scoring import corpus_scores
+from jaxformer.decoding.scoring import bleu_tokenizer, corpus_scores
 from jaxformer.decoding.sentence_batches import has_pieces
 from jaxformer.decoding.translator import Translator
 from jaxformer.errors import UserError
@@ -28,14 +28,26 @@ from jaxformer.training.resume_rules import changed_settings, kept_setting_value
 
 logger = logging.getLogger(__name__)
 
-# The config keys a validation BLEU score depends on: which pairs, how many, which search. A score
-# best/ keeps is beaten only by one measured alike (decoding.batch_size moves a float or two: no).
+# The config keys a validation BLEU score depends on: which pairs, how many, which search, which
+# tokenizer. A score best/ keeps is beaten only by one measured alike (decoding.batch_size moves a
+# float or two: no).
 BLEU_KEYS = (
     "training.bleu_examples",
     "training.bleu_method",
+    "training.bleu_tokenize",
     "data.eval_split",
     *(f"decoding.{key}" for key in ("method", "beam_size", "alpha", "max_extra_length", "stop")),
 )
+
+
+def scored_tokenizer(config: dict[str, Any]) -> str:
+    """The sacreBLEU tokenizer of the scores a run with `config` (as a checkpoint saves it) made:
+    its training.bleu_tokenize, else sacreBLEU's choice for its target language; 13a where the
+    config is older than that key, whatever the language, as scores were made then."""
+    training = config.get("training", {})
+    if "bleu_tokenize" not in training:
+        return "13a"
+    return bleu_tokenizer(config["data"]["target_language"], training["bleu_tokenize"])
 
 
 def decode_settings(config: ml_collections.ConfigDict) -> DecodeSettings:
@@ -74,6 +86,7 @@ class ValidationSet:
         sources = [record_text(record, data.source_language) for record in records]
         references = [record_text(record, data.target_language) for record in records]
         scored = _with_pieces(sources, references, tokenizer, target_tokenizer or tokenizer)
+        self.tokenize = bleu_tokenizer(data.target_language, config.training.get("bleu_tokenize"))
         self.sources, self.references = [sources[i] for i in scored], [references[i] for i in scored]
         self.translator = Translator(
             model_config,
@@ -96,7 +109,8 @@ class ValidationSet:
 
     def score(self, params: Any) -> dict[str, Any]:
         """sacreBLEU's BLEU, chrF, lowercase BLEU and signature of `params`' translations."""
-        return corpus_scores(self.translator.with_params(params).translate(self.sources), self.references)
+        hypotheses = self.translator.with_params(params).translate(self.sources)
+        return corpus_scores(hypotheses, self.references, self.tokenize)
 
 
 def _with_pieces(
@@ -172,7 +186,7 @@ class BleuValidator:
 def _measure(values: dict[str, Any]) -> dict[str, Any]:
     """A config's BLEU_KEYS `values` (`kept_setting_values`) as far as they change the score: the
     search training.bleu_method names (None: decoding.method's), its beam size and length penalty
-    only for beam search."""
+    only for beam search; `values`' training.bleu_tokenize is scored_tokenizer's."""
     measure = dict(values)
     method = measure["training.bleu_method"] or measure["decoding.method"]
     measure["training.bleu_method"] = measure["decoding.method"] = method
@@ -197,6 +211,8 @@ def check_best_measured_alike(config: ml_collections.ConfigDict, run: RunDirecto
         return
     step, best = latest
     was, now = kept_setting_values(best.config, BLEU_KEYS), kept_setting_values(config.to_dict(), BLEU_KEYS)
+    was["training.bleu_tokenize"] = scored_tokenizer(best.config)
+    now["training.bleu_tokenize"] = scored_tokenizer(config.to_dict())
     measured, measuring = _measure(was), _measure(now)
     if measured != measuring:
         named = changed_settings(BLEU_KEYS, was, now, measured, measuring)

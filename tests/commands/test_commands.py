@@ -1,5 +1,6 @@
 """translate, evaluate and average_checkpoints, run as a user runs them."""
 
+import argparse
 import json
 import os
 import pathlib
@@ -15,7 +16,7 @@ import sacrebleu
 
 from jaxformer.commands import average_checkpoints, evaluate, translate
 from jaxformer.decoding.translator import Translator
-from jaxformer.errors import CheckpointError
+from jaxformer.errors import EXIT_USER_ERROR, CheckpointError
 from jaxformer.run.loading import load_checkpoint
 from tests.conftest import make_workdir, read_raw
 
@@ -145,6 +146,46 @@ def test_evaluate_scores_files_like_sacrebleu(decoding_workdir, tmp_path, capsys
     assert scores["chrf"] == pytest.approx(sacrebleu.corpus_chrf(outputs, [references]).score)
     assert scores["lowercase_bleu"] == pytest.approx(sacrebleu.corpus_bleu(outputs, [references], lowercase=True).score)
     assert "nrefs:1|case:mixed|eff:no|tok:13a|smooth:exp" in printed and "chrF" in printed
+
+
+def test_evaluate_scores_bleu_with_the_tokenizer_named_and_refuses_one_it_cannot_build_first(
+    decoding_workdir, tmp_path, capsys, monkeypatch
+):
+    sources, references = read_raw("val.en.gz", 10), read_raw("val.de.gz", 10)
+    source, reference = tmp_path / "val.en", tmp_path / "val.de"
+    source.write_text("\n".join(sources) + "\n")
+    reference.write_text("\n".join(references) + "\n")
+    hypotheses, scores_file = tmp_path / "hyp.de", tmp_path / "scores.json"
+    files = ["--source", str(source), "--reference", str(reference), "--output", str(hypotheses)]
+    arguments = ["--workdir", str(decoding_workdir), *files, "--json", str(scores_file), *FAST]
+    monkeypatch.setattr("sacrebleu.tokenizers.tokenizer_ja_mecab.MeCab", None)  # as without the ja extra
+    read = evaluate.file_pairs
+    monkeypatch.setattr(evaluate, "file_pairs", lambda *args: pytest.fail("the files were read first"))
+    capsys.readouterr()
+    assert evaluate.main([*arguments, "--bleu_tokenize", "ja-mecab"]) == EXIT_USER_ERROR
+    (line,) = capsys.readouterr().err.splitlines()
+    assert line.startswith("error: BLEU of target language 'de' is scored with sacreBLEU's 'ja-mecab' tokenizer, ")
+    assert line.endswith(
+        "install it with pip install 'jaxformer[ja]', or name another tokenizer with --bleu_tokenize (e.g. 'char')"
+    )
+    assert not hypotheses.exists() and not scores_file.exists()
+    monkeypatch.setattr(evaluate, "file_pairs", read)
+    assert evaluate.main([*arguments, "--bleu_tokenize", "char"]) == 0
+    printed, scores = capsys.readouterr().out, json.loads(scores_file.read_text())
+    outputs = hypotheses.read_text().splitlines()
+    for lowercase, key in ((False, "bleu"), (True, "lowercase_bleu")):
+        bleu = sacrebleu.BLEU(tokenize="char", lowercase=lowercase)
+        assert scores[key] == pytest.approx(bleu.corpus_score(outputs, [references]).score)
+        assert scores[f"{key}_signature"] == str(bleu.get_signature())
+    assert scores["chrf"] == pytest.approx(sacrebleu.corpus_chrf(outputs, [references]).score)
+    assert "|tok:char|" in printed
+    # Without the flag: the run's training.bleu_tokenize, else sacreBLEU's choice for its target language.
+    run = {"data": {"target_language": "zh"}, "training": {"bleu_tokenize": None}}
+    no_flag, flag = argparse.Namespace(bleu_tokenize=None), argparse.Namespace(bleu_tokenize="intl")
+    assert [evaluate.bleu_tokenize(no_flag, run), evaluate.bleu_tokenize(flag, run)] == ["zh", "intl"]
+    run["training"]["bleu_tokenize"] = "char"
+    assert [evaluate.bleu_tokenize(no_flag, run), evaluate.bleu_tokenize(flag, run)] == ["char", "intl"]
+    assert evaluate.bleu_tokenize(no_flag, {"data": {"target_language": "zh"}, "training": {}}) == "zh"  # older run
 
 
 @pytest.mark.slow  # to the slow set (about 9 s): the default suite ran 10 min 28 s on a 2-core Intel VM (2026-12-06)

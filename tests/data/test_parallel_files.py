@@ -626,8 +626,12 @@ def test_the_readme_command_trains_on_own_files_and_the_run_translates(tmp_path,
     written = (tmp_path / "hyp.ja").read_text().split("\n")
     assert len(written) == 13 and written[3] == written[11] == written[12] == ""  # 12 lines, each ended
     scored = [line for number, line in enumerate(written[:12], start=1) if number not in (4, 12)]
-    expected = sacrebleu.corpus_bleu(scored, [[target for _, target in test_pairs]]).score
-    assert json.loads((tmp_path / "scores.json").read_text())["bleu"] == pytest.approx(expected)
+    # Japanese BLEU as sacreBLEU scores Japanese (ja-mecab, the dev extra's): 13a would see a token a sentence.
+    bleu = sacrebleu.BLEU(trg_lang="ja")
+    expected = bleu.corpus_score(scored, [[target for _, target in test_pairs]]).score
+    scores = json.loads((tmp_path / "scores.json").read_text())
+    assert scores["bleu"] == pytest.approx(expected) and scores["bleu_signature"] == str(bleu.get_signature())
+    assert "|tok:ja-mecab-" in scores["bleu_signature"]
     # ... and only while the files are the ones the run was trained on: edited, its holdout would move.
     write_text_files(tmp_path / "corpus" / "train.{lang}.gz", pairs(0, 1301))
     with pytest.raises(DataError, match=r"runs/fr-ja was trained on other data files \(fingerprint sha256:"):

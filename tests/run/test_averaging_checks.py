@@ -177,6 +177,8 @@ def _chooser(workdir, monkeypatch):
         ({"decoding__length_penalty": "transformers"}, "decoding.length_penalty='gnmt' (now 'transformers')"),
         ({"decoding__method": "greedy"}, "decoding.method='beam' (now 'greedy'); it stays as it is"),
         ({"data__max_eval_examples": 2}, "data.max_eval_examples=None (now 2)"),
+        # BLEU's tokenizer: the run's, with no bleu_tokenize or None, 13a for its German
+        ({"training__bleu_tokenize": "char"}, "training.bleu_tokenize='13a' (now 'char')"),
     ],
 )
 def test_a_choice_made_with_other_settings_is_named_and_kept(changes, named, run, monkeypatch):
@@ -216,6 +218,7 @@ def test_a_choice_made_with_other_settings_is_named_and_kept(changes, named, run
         {"training__average_last": 5},  # still the two checkpoints there are
         {"training__keep_checkpoints": 9},  # not a setting of the choice
         {"decoding__length_penalty": "gnmt"},  # the form the choice was made with, before the key
+        {"training__bleu_tokenize": "13a"},  # the tokenizer it scored German with, before the key
     ],
 )
 def test_a_setting_the_choice_did_not_read_keeps_it(changes, run, monkeypatch):

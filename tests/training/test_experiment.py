@@ -263,6 +263,28 @@ def test_config_options_that_contradict_are_errors(changes, message):
         experiment.validate(config)
 
 
+def test_a_bleu_tokenizer_is_one_of_sacrebleus_and_built_before_a_run_that_scores_bleu(monkeypatch):
+    """ja-mecab without MeCab (the ja extra) would stop the run at its first validation BLEU."""
+    monkeypatch.setattr("sacrebleu.tokenizers.tokenizer_ja_mecab.MeCab", None)
+    config = load("multi30k")
+    config.data.target_language = "ja"
+    with pytest.raises(
+        ConfigError,
+        match=r"^config training.bleu_tokenize=None: BLEU of target language 'ja' is scored with sacreBLEU's "
+        r"'ja-mecab' tokenizer, which cannot be built here \(RuntimeError: [^\n]*\): install it with pip install "
+        r"'jaxformer\[ja\]', or name another tokenizer with --config.training.bleu_tokenize \(e.g. 'char'\)$",
+    ):
+        experiment.validate(config)
+    config.training.bleu_tokenize = "char"  # needs nothing
+    experiment.validate(config)
+    config.training.bleu_tokenize = None
+    config.training.bleu_every_steps, config.training.final_choice = 0, False  # nothing scored while training
+    experiment.validate(config)
+    config.training.bleu_tokenize = "mecab"
+    with pytest.raises(ConfigError, match=r"^config training.bleu_tokenize='mecab': must be None \(sacreBLEU's "):
+        experiment.validate(config)
+
+
 @pytest.mark.parametrize("time_budget_minutes", [0.0, 1.0])
 def test_a_budget_schedule_capped_within_its_warmup_is_refused_with_or_without_a_time_budget(time_budget_minutes):
     """A time budget ends the run at num_train_steps at the latest: it trained only warmup steps."""

@@ -4,6 +4,7 @@ the score best/ keeps."""
 
 import copy
 import logging
+import re
 import shutil
 import types
 
@@ -15,7 +16,7 @@ from jaxformer.errors import EXIT_USER_ERROR, CheckpointError, UserError
 from jaxformer.run.checkpoint import Checkpointer
 from jaxformer.run.directory import RunDirectory
 from jaxformer.run.loading import load_checkpoint
-from jaxformer.training import final_choice, run_start
+from jaxformer.training import final_choice, run_start, validation_bleu
 from tests.conftest import make_workdir
 
 
@@ -106,6 +107,7 @@ def test_a_file_in_a_finished_run_is_refused_not_dropped_from_the_candidates(fol
         ({"bleu_examples": 4}, "training.bleu_examples=16 (now 4)"),
         ({"bleu_method": "beam"}, "training.bleu_method='greedy' (now 'beam')"),
         ({"bleu_method": None}, "training.bleu_method='greedy' (now None)"),  # decoding.method is beam
+        ({"bleu_tokenize": "char"}, "training.bleu_tokenize='13a' (now 'char')"),  # None: 13a, for German
     ],
 )
 def test_a_resume_measuring_bleu_otherwise_than_best_is_refused(changes, named, finished, no_data):
@@ -127,6 +129,7 @@ def test_a_resume_measuring_bleu_otherwise_than_best_is_refused(changes, named, 
         {"num_train_steps": 20, "bleu_examples": 4},  # trains no further: no BLEU to compare
         {"num_train_steps": 40, "bleu_every_steps": 0, "bleu_examples": 4},  # no BLEU at all
         {"num_train_steps": 40},  # measured alike ...
+        {"num_train_steps": 40, "bleu_tokenize": "13a"},  # ... the tokenizer None gives German named
         {"num_train_steps": 40, "batch_size": None},  # ... what greedy search does not read may change
     ],
 )
@@ -183,3 +186,39 @@ def test_a_resume_keeping_another_number_that_loses_nothing_goes_on(num_train_st
     config = config_of(finished, num_train_steps=num_train_steps, keep_checkpoints=keep)
     with pytest.raises(pytest.fail.Exception, match="the data was prepared"):
         run_start.prepare_run(config, finished)
+
+
+@pytest.mark.parametrize("language, named", [("de", None), ("ja", "training.bleu_tokenize='13a' (now 'ja-mecab')")])
+def test_a_best_scored_before_the_tokenizer_key_was_scored_with_13a(language, named, finished):
+    """A best/ from before training.bleu_tokenize: 13a whatever the language, which a Japanese
+    run now leaves for ja-mecab (its old scores all 0.00)."""
+    run = RunDirectory(finished)
+    _, metadata, params = load_checkpoint(finished, "best")
+    config = copy.deepcopy(metadata.config)
+    config["data"]["target_language"] = language
+    del config["training"]["bleu_tokenize"]
+    shutil.rmtree(run.best)
+    best = Checkpointer(run.best, keep=1)
+    best.save_params(10, params, metadata.replace(config=config))
+    best.close()
+    now = ml_collections.ConfigDict(config)
+    now.training.bleu_tokenize, now.training.num_train_steps = None, 40
+    if named is None:
+        validation_bleu.check_best_measured_alike(now, run)
+        return
+    with pytest.raises(UserError, match=f"was measured with {re.escape(named)}: restore the setting"):
+        validation_bleu.check_best_measured_alike(now, run)
+
+
+def test_a_bleu_tokenizer_that_cannot_be_built_is_one_line_before_any_work(tmp_path, capsys, no_data, monkeypatch):
+    monkeypatch.setattr("sacrebleu.tokenizers.tokenizer_ja_mecab.MeCab", None)  # as without the ja extra
+    workdir = tmp_path / "run"
+    argv = ["--config", "tiny", "--workdir", str(workdir), "--config.data.target_language=ja"]
+    assert train.main([*argv, "--config.training.bleu_every_steps=20"]) == EXIT_USER_ERROR
+    errors = [line for line in capsys.readouterr().err.splitlines() if line.startswith("error: ")]
+    assert len(errors) == 1 and errors[0].startswith(
+        "error: config training.bleu_tokenize=None: BLEU of target language 'ja' is scored with sacreBLEU's "
+        "'ja-mecab' tokenizer, which cannot be built here"
+    )
+    assert errors[0].endswith("or name another tokenizer with --config.training.bleu_tokenize (e.g. 'char')")
+    assert not workdir.exists()
