@@ -243,7 +243,7 @@ def choose_final(
             summary.update({f"{name}/{key}": candidate_scores[name][key] for key in SCORES})
         chosen = max(candidates, key=lambda name: (summary[f"{name}/bleu"], -CANDIDATES.index(name)))
         chosen_metadata, chosen_params = candidates[chosen]
-        # Length penalties rank beam search's hypotheses only (config_rules.unused_settings says so).
+        # Length penalties rank beam search's hypotheses only (unused_settings says so).
         alphas = config.training.final_alphas if config.decoding.method == "beam" else ()
         alpha, scores = _choose_alpha(validation, chosen_params, alphas, candidate_scores[chosen])
         if alphas:

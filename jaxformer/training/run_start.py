@@ -30,7 +30,6 @@ from jaxformer.run.directory import RunDirectory
 from jaxformer.run.lock import WorkdirLock, WorkdirLockedError
 from jaxformer.run.metadata import CheckpointMetadata
 from jaxformer.training import experiment, processes, resume_rules, sharding
-from jaxformer.training.config_rules import unused_settings
 from jaxformer.training.final_choice import check_kept_choice
 from jaxformer.training.init_from import (
     PARTS,
@@ -43,6 +42,7 @@ from jaxformer.training.kept_checkpoints import check_keep_not_lowered
 from jaxformer.training.optimizer import make_optimizer
 from jaxformer.training.run_tokenizer import RunTokenizers, check_given_models, log_unknown_rate, tokenizer_for_run
 from jaxformer.training.state import make_init_fn
+from jaxformer.training.unused_settings import unused_settings
 from jaxformer.training.validation_bleu import check_best_measured_alike
 
 logger = logging.getLogger(__name__)

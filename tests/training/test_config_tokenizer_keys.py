@@ -10,7 +10,7 @@ import sentencepiece as spm
 from jaxformer.model.config import ConfigError
 from jaxformer.training import experiment
 from jaxformer.training.config_file import load_config
-from jaxformer.training.config_rules import unused_settings
+from jaxformer.training.unused_settings import unused_settings
 from tests.conftest import read_raw
 
 

@@ -335,7 +335,7 @@ def test_a_preset_override_sets_the_presets_sizes_before_the_other_overrides():
 
 
 def test_settings_of_a_feature_switched_off_are_kept_and_named():
-    from jaxformer.training.config_rules import unused_settings
+    from jaxformer.training.unused_settings import unused_settings
 
     config = load("multi30k")  # its final choice compares length penalties
     assert unused_settings(config) == []

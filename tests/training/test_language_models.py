@@ -27,10 +27,10 @@ from jaxformer.run.loading import load_checkpoint
 from jaxformer.run.metadata import CheckpointMetadata
 from jaxformer.tokens import BOS_ID, EOS_ID
 from jaxformer.training.config_file import apply_overrides, load_config
-from jaxformer.training.config_rules import unused_settings
 from jaxformer.training.experiment import model_config
 from jaxformer.training.init_from import StartingPoint, load_starting_points, starting_overrides
 from jaxformer.training.state import init_params
+from jaxformer.training.unused_settings import unused_settings
 from tests.training.test_loop import ROOT, environment, losses, train
 
 pytestmark = pytest.mark.xdist_group("language-models")

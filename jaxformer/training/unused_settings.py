@@ -1,0 +1,132 @@
+"""Settings a config keeps but does not use: the options of a feature it switches off (or of
+training a tokenizer when none is trained), said at the start of a run so that none is taken for
+one in effect (`unused_settings`, read by run_start; config_rules holds what each key allows)."""
+
+from __future__ import annotations
+
+
+def unused_settings(config, resuming: bool = False) -> list[str]:
+    """Settings of a feature that the config switches off (or leaves without use: the options of
+    training a tokenizer when none is trained), each different from default_config's: kept, so
+    that switching it back on restores them, and said, so that none is taken for one in effect.
+    `resuming`: the workdir's run goes on with its own tokenizers, trained (or not) at its start
+    with these very options (a change is refused), so the options are not named."""
+    training = config.training
+    unused = []
+    if training.final_alphas and not training.final_choice:
+        unused.append(f"training.final_alphas={tuple(training.final_alphas)} (training.final_choice is False)")
+    elif training.final_alphas and config.decoding.method != "beam":
+        unused.append(
+            f"training.final_alphas={tuple(training.final_alphas)} (decoding.method is {config.decoding.method!r}: "
+            "a length penalty ranks beam search's hypotheses only)"
+        )
+    if training.rdrop_decision_step != 600 and not training.rdrop_min_plain_steps:
+        unused.append(
+            f"training.rdrop_decision_step={training.rdrop_decision_step} (training.rdrop_min_plain_steps is 0)"
+        )
+    from jaxformer.training.experiment import default_config  # experiment imports this module
+
+    defaults = default_config()
+    data = config.data
+    if data.validation_holdout != defaults.data.validation_holdout:
+        if data.name != "parallel_files":
+            unused.append(
+                f"data.validation_holdout={data.validation_holdout} (data.name is {data.name!r}, "
+                "whose validation split is its own; only parallel_files holds pairs out)"
+            )
+        elif data.files.get("validation"):
+            unused.append(
+                f"data.validation_holdout={data.validation_holdout} (data.files.validation is given: "
+                "no pairs are held out)"
+            )
+    starts = ("init_from", "init_encoder_from", "init_decoder_from")
+    if training.init_checkpoint != defaults.training.init_checkpoint and not any(training[key] for key in starts):
+        unused.append(
+            f"training.init_checkpoint={training.init_checkpoint!r} (no training.init_from, init_encoder_from or "
+            "init_decoder_from: the run starts from random values)"
+        )
+    depth = _missing_stack_depth(config)
+    if depth is not None:
+        unused.append(depth)
+    for key, why in _translation_settings_unused(config):
+        section, name = key.split(".")
+        if config[section][name] != defaults[section][name]:
+            unused.append(f"{key}={config[section][name]!r} ({why})")
+    untrained = None if resuming else _tokenizers_not_trained(config)
+    if untrained:
+        for key in TOKENIZER_TRAINING_KEYS:
+            if config.tokenizer[key] != defaults.tokenizer[key]:
+                unused.append(f"tokenizer.{key}={config.tokenizer[key]!r} ({untrained})")
+    return unused
+
+
+def _missing_stack_depth(config) -> str | None:
+    """The depth of the stack a language model does not have (model.num_encoder_layers of a
+    decoder_only model, num_decoder_layers of an encoder_only one), where it differs from its own
+    stack's: a config made from a translator's keeps both depths (multi30k_lm.py), and one set
+    apart from the other was meant for a stack that is not built."""
+    model = config.model
+    architecture = model.get("architecture", "encoder_decoder")
+    stacks = {"decoder_only": ("encoder", "decoder"), "encoder_only": ("decoder", "encoder")}
+    if architecture not in stacks:
+        return None
+    missing, built = stacks[architecture]
+    value, depth = model.get(f"num_{missing}_layers"), model.get(f"num_{built}_layers")
+    if value == depth:
+        return None
+    return (
+        f"model.num_{missing}_layers={value!r} (model.architecture is {architecture!r}: no {missing} is built; "
+        f"the {built}'s depth is model.num_{built}_layers={depth!r})"
+    )
+
+
+def _translation_settings_unused(config) -> list[tuple[str, str]]:
+    """(key, why) for each setting of translating during training (validation BLEU, the final
+    choice) that this config never reads."""
+    training = config.training
+    architecture = config.model.get("architecture", "encoder_decoder")
+    if architecture != "encoder_decoder":
+        why = f"model.architecture is {architecture!r}: nothing is translated during training"
+        keys = [f"decoding.{key}" for key in config.decoding] + [
+            "training.bleu_examples",
+            "training.bleu_method",
+            "training.bleu_tokenize",
+            "training.average_last",
+        ]
+        return [(key, why) for key in keys]
+    unused = []
+    if not training.bleu_every_steps:
+        why = "training.bleu_every_steps is 0"
+        unused += [("training.bleu_examples", why), ("training.bleu_method", why)]
+    if not training.final_choice:
+        unused.append(("training.average_last", "training.final_choice is False"))
+        if not training.bleu_every_steps:
+            why = "training.bleu_every_steps is 0 and training.final_choice is False: nothing is translated"
+            unused += [(f"decoding.{key}", why) for key in config.decoding]
+    return unused
+
+
+# What only training a sentencepiece model reads; tokenizer.vocab_size is not here: a given model
+# or a start's tokenizer that contradicts it is an error or replaces it with a note of its own.
+TOKENIZER_TRAINING_KEYS = ("model_type", "character_coverage", "max_sentences")
+
+
+def _tokenizers_not_trained(config) -> str | None:
+    """Why no tokenizer of the run is trained (each vocabulary comes from a given model or from a
+    start's checkpoint), for a message; None when one is."""
+
+    def giver(*keys: str) -> str | None:  # the first of the keys that is set
+        return next((key for key in keys if config[key.split(".")[0]].get(key.split(".")[1]) is not None), None)
+
+    # A start's tokenizer comes with its embeddings: it is the one used, a given model only checked against it.
+    starts = ("training.init_from", "training.init_encoder_from", "training.init_decoder_from")
+    if not config.tokenizer.separate_vocabularies:
+        shared = giver(*starts, "tokenizer.model_path")
+        return None if shared is None else f"no tokenizer is trained: {shared} gives the vocabulary"
+    source = giver("training.init_from", "training.init_encoder_from", "tokenizer.model_path")
+    target = giver("training.init_from", "training.init_decoder_from", "tokenizer.target_model_path")
+    if source is None or target is None:
+        return None
+    if source == target:
+        return f"no tokenizer is trained: {source} gives both vocabularies"
+    return f"no tokenizer is trained: {source} gives the source vocabulary, {target} the target's"
