@@ -91,6 +91,7 @@ class TransformerConfig:
     # model's max_position_embeddings, which transformers holds every input and output to:
     # translation splits longer sources as max_source_tokens does and ends outputs there
     # (decoding/generate.py's output_limits). The model itself computes any position asked of it.
+    # encoder_decoder only (a language model's generation has no such limit).
     max_positions: int | None = None
     # A learned output bias [V] added to the logits (decoder/logits_bias); encoder_decoder only.
     logits_bias: bool = False
@@ -279,6 +280,8 @@ def _validate(config: TransformerConfig) -> None:
             fail(field, "must be True or False")
     if config.logits_bias and config.architecture != "encoder_decoder":
         fail("logits_bias", f"applies to the encoder_decoder architecture only, not {config.architecture!r}")
+    if config.max_positions is not None and config.architecture != "encoder_decoder":  # only translation obeys it
+        fail("max_positions", f"applies to the encoder_decoder architecture only, not {config.architecture!r}")
     if config.normalization not in ("post", "pre"):
         fail("normalization", 'must be "post" (the paper) or "pre"')
     if config.remat_policy not in ("none", "full", "dots", "dots_no_batch"):

@@ -36,6 +36,7 @@ def test_presets_follow_the_paper():
         (dict(position_layout="stacked"), r"position_layout='stacked'"),
         (dict(max_positions=1), r"max_positions=1: must be None or an integer >= 2"),
         (dict(logits_bias=True, architecture="decoder_only"), r"logits_bias=True: applies to the encoder_decoder"),
+        (dict(max_positions=48, architecture="decoder_only"), r"max_positions=48: applies to the encoder_decoder"),
         (
             dict(architecture="decoder_only", share_embeddings=False),
             r"share_embeddings=False: the decoder_only architecture has one embedding.*tie_output_embedding=False$",
