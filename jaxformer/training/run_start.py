@@ -269,7 +269,7 @@ def state_shapes_and_shardings(config, model: nn.Module, optimizer, mesh, rules)
         make_init_fn(model, optimizer, data.max_length, data.max_length, boxed=True), config.training.seed
     )
     state_shardings = sharding.logical_shardings(boxed_state, mesh, rules)
-    sharding.check_divisible(sharding.strip_boxes(boxed_state), state_shardings, mesh)
+    sharding.check_divisible(boxed_state, state_shardings, mesh)
     return boxed_state, state_shardings
 
 

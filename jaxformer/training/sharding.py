@@ -188,21 +188,34 @@ def check_rows_within_processes(mesh: Mesh, rules, process_of: Callable[[jax.Dev
         )
 
 
-def check_divisible(abstract_tree: Any, shardings: Any, mesh: Mesh) -> None:
-    """MeshError naming the first array (a parameter or optimizer state: its path) with a
-    dimension that its mesh axes do not divide (4 heads over tensor=8), before anything is
-    compiled; jax would fail inside the compilation with IndivisibleError."""
-    leaves = jax.tree_util.tree_flatten_with_path(abstract_tree)[0]
-    for (path, leaf), sharding in zip(leaves, jax.tree.leaves(shardings), strict=True):
+# The config key behind each logical name a parameter's dimension may carry (for the refusal).
+_SIZE_KEYS = {
+    "heads": "model.num_heads",
+    "mlp": "model.d_ff",
+    "embed": "model.d_model",
+    "vocab": "the vocabulary's size (tokenizer.vocab_size, or tokenizer.model_path's pieces)",
+}
+
+
+def check_divisible(boxed_tree: Any, shardings: Any, mesh: Mesh) -> None:
+    """MeshError naming the config key (model.num_heads=4) and the first array (a parameter or
+    optimizer state: its path) of a dimension that its mesh axes do not divide (4 heads over
+    tensor=8), before anything is compiled; jax would fail inside the compilation with
+    IndivisibleError. `boxed_tree`: abstract arrays boxed with their logical names."""
+    leaves = jax.tree_util.tree_flatten_with_path(strip_boxes(boxed_tree))[0]
+    logical = jax.tree.leaves(nn.get_partition_spec(boxed_tree), is_leaf=lambda x: isinstance(x, PartitionSpec))
+    for (path, leaf), spec, sharding in zip(leaves, logical, jax.tree.leaves(shardings), strict=True):
         for dim, (size, axes) in enumerate(zip(leaf.shape, sharding.spec)):
             axes = axes if isinstance(axes, tuple) else (axes,) if axes else ()
             ways = math.prod(mesh.shape[axis] for axis in axes)
             if size % ways:
                 name = jax.tree_util.keystr(path, simple=True, separator="/")
+                key = _SIZE_KEYS.get(spec[dim] if dim < len(spec) else None)
+                what = f"{key}={size}" if key and key.startswith("model.") else f"{key}, {size}," if key else str(size)
                 raise MeshError(
-                    f"mesh.shape={tuple(mesh.devices.shape)}: {name} {tuple(leaf.shape)} has {size} along dimension "
-                    f"{dim}, which its mesh axes {', '.join(axes)} ({ways} ways) do not divide; use a mesh whose "
-                    "axes divide the model's sizes (heads, d_ff, d_model, vocabulary)"
+                    f"mesh.shape={tuple(mesh.devices.shape)}: {what} is not divisible by its mesh axes "
+                    f"{', '.join(axes)} ({ways} ways), which split {name} {tuple(leaf.shape)} along dimension {dim}; "
+                    "use a mesh whose axes divide the model's sizes (heads, d_ff, d_model, vocabulary)"
                 )
 
 

@@ -301,19 +301,24 @@ def test_a_batch_shard_on_devices_of_two_processes_is_refused(shape, processes, 
         check()
 
 
-@pytest.mark.parametrize(("num_heads", "divides"), [(8, True), (4, False)])
-def test_a_mesh_that_does_not_divide_the_model_is_named_before_compiling(num_heads, divides):
-    config = CONFIG.replace(num_heads=num_heads)
-    mesh, rules = sharding.make_mesh((1, 1, 8)), sharding.DEFAULT_RULES  # tensor parallel over 8
+@pytest.mark.parametrize(
+    ("changes", "mesh_shape", "named"),
+    [
+        ({}, (1, 1, 8), None),  # 8 heads, d_ff 128, vocabulary 64 over tensor=8; d_model 64
+        ({"num_heads": 4}, (1, 1, 8), r"model.num_heads=4 is not divisible by its mesh axes tensor \(8 ways\)"),
+        ({"d_ff": 130}, (2, 1, 4), r"model.d_ff=130 is not divisible by its mesh axes tensor \(4 ways\)"),
+        ({"d_model": 36, "num_heads": 4}, (1, 8, 1), r"model.d_model=36 is not divisible by its mesh axes fsdp"),
+        ({"vocab_size": 66}, (2, 1, 4), r"the vocabulary's size \(tokenizer.vocab_size.*\), 66, is not divisible"),
+    ],
+)
+def test_a_mesh_that_does_not_divide_the_model_names_the_key_before_compiling(changes, mesh_shape, named):
+    config = CONFIG.replace(**changes)
+    mesh, rules = sharding.make_mesh(mesh_shape), sharding.DEFAULT_RULES
     with jax.set_mesh(mesh), nn.logical_axis_rules(rules):
         boxed = jax.eval_shape(make_init_fn(Transformer(config), optax.sgd(1.0), LENGTH, LENGTH, boxed=True), 0)
         shardings = sharding.logical_shardings(boxed, mesh, rules)
-    if divides:
-        sharding.check_divisible(sharding.strip_boxes(boxed), shardings, mesh)
-    else:
-        with pytest.raises(
-            sharding.MeshError,
-            match=r"mesh.shape=\(1, 1, 8\): params/.*has 4 along dimension \d+, "
-            r"which its mesh axes tensor \(8 ways\) do not divide",
-        ):
-            sharding.check_divisible(sharding.strip_boxes(boxed), shardings, mesh)
+    if named is None:
+        sharding.check_divisible(boxed, shardings, mesh)
+        return
+    with pytest.raises(sharding.MeshError, match=rf"^mesh.shape={re.escape(str(mesh_shape))}: {named}.*, which split "):
+        sharding.check_divisible(boxed, shardings, mesh)
