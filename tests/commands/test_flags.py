@@ -249,7 +249,11 @@ def test_a_mesh_that_cannot_hold_the_configured_model_stops_before_data_is_prepa
     overrides = [f"--config.data.data_dir={data_dir}", "--config.mesh.shape=(1,1,8)"]  # 4 heads over tensor=8
     assert train.main(["--config", tiny, "--workdir", str(workdir), *overrides]) == 2
     error = capsys.readouterr().err.splitlines()[-1]
-    assert re.fullmatch(r"error: mesh.shape=\(1, 1, 8\): params/\S+ \(.*\) has 4 along dimension \d+, which .*", error)
+    assert re.fullmatch(
+        r"error: mesh.shape=\(1, 1, 8\): model.num_heads=4 is not divisible by its mesh axes tensor \(8 ways\), "
+        r"which split params/\S+ \(.*\) along dimension \d+; .*",
+        error,
+    )
     assert not data_dir.exists() and not workdir.exists()  # nothing prepared, trained or left behind
 
 
