@@ -273,6 +273,7 @@ def test_real_data_help_gives_multi30ks_vocabulary_as_it_is(capsys):
     assert f"multi30k.py has {tokenizer.vocab_size} per language, separate vocabularies" in text
 
 
+@pytest.mark.slow  # about 9 s of torch profiling, for the benchmark's printed table only
 def test_torch_profiles_print_no_profiler_lines():
     pytest.importorskip("torch")
     code = (

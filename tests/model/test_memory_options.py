@@ -103,7 +103,8 @@ def _saved_products(config, params):
     return text.count("output of dot_general"), text.count("weight_product")
 
 
-@pytest.mark.parametrize("policy", ["dots", "dots_no_batch"])
+# "dots" (about 10 s) under -m slow: "dots_no_batch" keeps the same check of the bf16 operands in the default suite.
+@pytest.mark.parametrize("policy", [pytest.param("dots", marks=pytest.mark.slow), "dots_no_batch"])
 def test_dots_policies_keep_the_same_products_with_bf16_operands(policy):
     """bf16 weight products are custom_vjp calls, not dot_generals: without their name the dots
     policies would keep none of them and recompute everything, as "full" does."""
