@@ -157,7 +157,9 @@ def loaded() -> None:
 def run_as_main(module: str) -> NoReturn:
     """`python -m jaxformer.commands.NAME`, or its file run as a script: `module` launched as its
     console script is. Run as `__main__`, a command module calls this before its own imports:
-    run as they come, they would load jax with Python's Ctrl-C (a traceback) in place."""
+    run as they come, they would load jax with Python's Ctrl-C (a traceback) in place. Its usage
+    line names the command as it was run (argparse would take the file's name, `translate.py`)."""
+    sys.argv[0] = f"python -m {module}"
     sys.exit(launch(module))
 
 

@@ -131,6 +131,20 @@ def test_python_dash_m_launches_every_command_before_its_imports():
         ), name
 
 
+def test_python_dash_m_names_the_command_in_its_usage():
+    env = {**os.environ, "PYTHONPATH": str(ROOT), "JAX_PLATFORMS": "cpu"}
+    result = subprocess.run(
+        [sys.executable, "-m", "jaxformer.commands.average_checkpoints", "--help"],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert result.returncode == 0 and result.stdout.startswith(
+        "usage: python -m jaxformer.commands.average_checkpoints "
+    ), result.stdout[:200]
+
+
 def jax_is_loading(process):
     """Whether `process` has mapped jaxlib (Linux), so its launcher's Ctrl-C handler is in place."""
     try:
