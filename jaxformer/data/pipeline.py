@@ -158,7 +158,8 @@ class LengthFilter:
             if self.give_up_after is not None and self.dropped_in_a_row > self.give_up_after:
                 raise DataError(
                     f"no training pair fits data.max_length={self.max_length} tokens a side: the last "
-                    f"{self.dropped_in_a_row:,} drawn were all longer, or had a side of no piece; raise data.max_length"
+                    f"{self.dropped_in_a_row:,} drawn were all longer ({self.dropped:,} so far: raise data.max_length) "
+                    f"or had a side of no piece ({self.no_piece:,}: mend the data)"
                 )
         if first_no_piece:
             logger.warning(
@@ -185,9 +186,15 @@ class LengthFilter:
         return f"; the length filter dropped {dropped:,}{left_out} of the {seen:,} training pairs read since {since}"
 
 
-def check_some_fit(lengths: dict[str, np.ndarray], max_length: int, split: str) -> None:
-    """DataError unless at least one example's sides ({feature: token counts}) all fit `max_length`."""
+NO_PIECE_LEFT = "pair has a side the tokenizer encodes to no piece (zero-width spaces or control characters alone)"
+
+
+def check_some_fit(lengths: dict[str, np.ndarray], max_length: int, split: str, no_piece: int = 0) -> None:
+    """DataError unless at least one example's sides ({feature: token counts}) all fit `max_length`;
+    `no_piece`: the pairs already left out for a side of no piece (all of them: said so)."""
     longest_side = np.max(np.stack(list(lengths.values())), axis=0) if lengths else np.zeros(0, np.int64)
+    if not len(longest_side) and no_piece:
+        raise DataError(f"{split}: every {NO_PIECE_LEFT}: nothing to read in its {no_piece:,} pairs")
     if not np.any(longest_side <= max_length):
         shortest = f"; the shortest needs {int(longest_side.min())}" if len(longest_side) else ""
         raise DataError(
@@ -269,7 +276,7 @@ def train_dataset(
         kept = np.ones(len(encoded), bool)
         kept[no_piece] = False
         lengths = {feature: side[kept] for feature, side in encoded.lengths().items()}
-        check_some_fit(lengths, data.max_length, "training")  # now, not as a stream that never yields
+        check_some_fit(lengths, data.max_length, "training", len(no_piece))  # now, not as a stream never yielding
         records = grain.MapDataset.source(encoded)
     dataset = records.shuffle(seed=data.shuffle_seed).repeat(None)  # shuffle before repeat: a new order per epoch
     if tokenize.sampling is not None:
@@ -301,6 +308,8 @@ def eval_batches(
     dataset = grain.MapDataset.source(encoded).filter(length_filter)
     dataset = dataset.to_iter_dataset(grain.ReadOptions(num_threads=0, prefetch_buffer_size=0))
     rows = list(_pack(dataset, max_length, batch_size, shuffle_bins=False, features=tokenize.features))
+    if not rows and count and len(no_piece) == count:
+        raise DataError(f"evaluation: every {NO_PIECE_LEFT}: nothing to read in its {count:,} pairs")
     if not rows:
         raise DataError(
             f"evaluation: none of the {count:,} examples fits data.max_length={max_length} tokens a side; "

@@ -334,7 +334,7 @@ def read_marian_directory(directory: str | pathlib.Path) -> MarianDirectory:
         raise ConversionError(f"{directory / 'vocab.json'} is not an object of pieces to non-negative integer ids")
     tokenizer_path = directory / "tokenizer_config.json"
     tokenizer_config = _read_object(tokenizer_path) if tokenizer_path.is_file() else {}
-    if tokenizer_config.get("separate_vocabs", False) is not False:  # a target_vocab.json is refused above
+    if tokenizer_config.get("separate_vocabs"):  # a target_vocab.json is refused above; null or false: one vocabulary
         raise ConversionError(
             f"{tokenizer_path}: separate_vocabs={json.dumps(tokenizer_config['separate_vocabs'])} declares separate "
             f"Marian vocabularies, but {directory} has no target_vocab.json (MarianTokenizer cannot load it); "

@@ -407,3 +407,22 @@ def test_pairs_with_a_side_of_no_piece_are_not_trained_on_and_are_said_once(corp
         "skipped 2 pairs with an empty side in the evaluation split "
         "(first at pair 11; a side the tokenizer encodes to no piece)"
     ]
+
+
+@pytest.mark.parametrize("encode_once", [True, False])
+def test_a_split_of_pairs_with_no_piece_alone_says_so_not_to_raise_max_length(corpus, encode_once):
+    _, tokenizer = corpus
+    holes = NO_PIECE * 3  # every pair has a side of no piece
+    overrides = dict(encode_once_max_examples=1_000_000 if encode_once else 0)
+    if encode_once:
+        with pytest.raises(
+            DataError, match=r"^training: every pair has a side the tokenizer encodes to no piece .*6 pairs$"
+        ):
+            make((holes, tokenizer), **overrides)
+    else:
+        with pytest.raises(
+            DataError, match=r"all longer \(0 so far: raise data.max_length\) or had a side of no piece"
+        ):
+            next(iter(make((holes, tokenizer), **overrides)))
+    with pytest.raises(DataError, match=r"^evaluation: every pair has a side the tokenizer encodes to no piece"):
+        eval_batches(holes, TokenizePair.for_data(data_section(), tokenizer), data_section())

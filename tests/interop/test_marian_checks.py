@@ -300,6 +300,14 @@ def test_the_earlier_keys_of_an_opus_mt_config_are_accepted(untied, tmp_path):
     marian_files.read_marian_directory(directory)
 
 
+@pytest.mark.parametrize("separate_vocabs", [None, False, 0])
+def test_a_tokenizer_config_without_separate_vocabularies_is_read(untied, tmp_path, separate_vocabs):
+    """null, false or 0: one vocabulary, as MarianTokenizer reads them (only a true value needs a target_vocab.json)."""
+    directory = shutil.copytree(untied[0], tmp_path / "hf")
+    _edit_json(directory / "tokenizer_config.json", separate_vocabs=separate_vocabs)
+    marian_files.read_marian_directory(directory)
+
+
 def test_the_weights_are_held_to_config_json_naming_both_shapes_and_keys(untied, tmp_path):
     directory = shutil.copytree(untied[0], tmp_path / "hf")
     _edit_json(directory / "config.json", encoder_ffn_dim=48, decoder_ffn_dim=48)
