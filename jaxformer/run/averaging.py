@@ -78,6 +78,10 @@ def averaged_last(
     return listing_again(lambda: _average_once(workdir, last, config_differences))
 
 
+def _no_checkpoint(workdir: str | os.PathLike, checkpoints: os.PathLike) -> CheckpointError:
+    return CheckpointError(f"{workdir} has no checkpoint in {checkpoints}: nothing to average")
+
+
 def _average_once(
     workdir: str | os.PathLike, last: int, config_differences: ConfigDifferences | None
 ) -> tuple[CheckpointMetadata, Any]:
@@ -85,7 +89,7 @@ def _average_once(
     try:
         steps = reader.steps()
         if not steps:
-            raise CheckpointError(f"{workdir} has no checkpoint in {reader.directory}: nothing to average")
+            raise _no_checkpoint(workdir, reader.directory)
         if len(steps) < last:
             raise CheckpointError(
                 f"{workdir} has {len(steps)} checkpoints ({steps}); cannot average the last {last}. "
@@ -126,7 +130,7 @@ def average_last(
     run = RunDirectory(workdir)
     run.check_folders("averaged")
     if not run.checkpoints.is_dir():  # before the lock, whose file would need the workdir
-        raise CheckpointError(f"{workdir} has no checkpoint in {run.checkpoints}: nothing to average")
+        raise _no_checkpoint(workdir, run.checkpoints)
     with AveragingLock(run):
         metadata, params = averaged_last(workdir, last, config_differences)
         writer = Checkpointer(run.averaged, keep=None)
