@@ -51,6 +51,8 @@ from jaxformer.run.removal import LISTING_ATTEMPTS, CheckpointRemoved, refuse_re
 
 logger = logging.getLogger(__name__)
 
+_REASON_BYTES = 1024  # of process 0's error, passed on to the others whole up to this length
+
 
 def _no_missing_metadata_warning(record: logging.LogRecord) -> bool:
     return "Metadata file does not exist" not in record.getMessage()
@@ -81,7 +83,7 @@ class Checkpointer:
         self.directory = pathlib.Path(directory).absolute()
         self.read_only = read_only
         if not read_only:  # before orbax lists the steps: a step put back is one
-            self._on_process_0(lambda: finish_interrupted_saves(self.directory), "interrupted saves finished")
+            self._on_process_0(lambda: finish_interrupted_saves(self.directory), "finish the interrupted saves")
         self.manager = _checkpoint_manager(self.directory, keep, read_only)
         self._warned: set[int] = set()  # steps whose unreadable metadata latest_step_metadata reported
 
@@ -97,7 +99,7 @@ class Checkpointer:
         inspection, never deleted): "damaged" when it cannot be restored, "replaced" when a new
         checkpoint of the same step takes its place (best/, averaged/ or final/ written again).
         Every process calls it; process 0 renames (each process renaming the one folder, all but
-        the first found it gone) and the others return once it has."""
+        the first found it gone) and the others return once it has, or raise at once if it could not."""
         if reason not in SET_ASIDE_WARNINGS:
             raise ValueError(f"reason must be one of {tuple(SET_ASIDE_WARNINGS)}, not {reason!r}")
         self._writable()
@@ -108,7 +110,7 @@ class Checkpointer:
             (self.directory / str(step)).rename(target)
             logger.warning(SET_ASIDE_WARNINGS[reason], step, target)
 
-        self._on_process_0(move, f"step {step} set aside")
+        self._on_process_0(move, f"set step {step} aside")
         self.manager.reload()
 
     def _check_step(self, step: int, metadata: CheckpointMetadata) -> None:
@@ -180,7 +182,9 @@ class Checkpointer:
         replacing = step in self.manager.all_steps() or target.exists() or target.is_symlink()
         if replacing:  # kept whole, under a name the next writer puts back if this save is interrupted
             self.manager.wait_until_finished()
-            self._on_process_0(lambda: target.rename(replacing_path(self.directory, step)), f"step {step} moved")
+            self._on_process_0(
+                lambda: target.rename(replacing_path(self.directory, step)), f"move step {step} aside to replace it"
+            )
             self.manager.reload()
         state = {"params": params}
         self.manager.save(
@@ -193,14 +197,29 @@ class Checkpointer:
         )
         self.manager.wait_until_finished()
         if replacing:
-            self._on_process_0(lambda: finish_interrupted_saves(self.directory), f"step {step} replaced")
+            self._on_process_0(lambda: finish_interrupted_saves(self.directory), f"set the replaced step {step} aside")
 
-    def _on_process_0(self, change, what: str) -> None:
-        """`change()` of the folder by process 0 alone, every process returning once it is made."""
+    def _on_process_0(self, change, doing: str) -> None:
+        """`change()` of the folder (`doing` it) by process 0 alone, every process returning once it is
+        made. If it fails, process 0 raises its error and the others at once a CheckpointError quoting
+        it (a barrier left them waiting for process 0 until jax's distributed timeout)."""
+        failure = None
         if jax.process_index() == 0:
-            change()
+            try:
+                change()
+            except Exception as error:  # noqa: BLE001  (a bug too: the others must not wait for process 0)
+                failure = error
         if jax.process_count() > 1:
-            multihost_utils.sync_global_devices(f"jaxformer: {self.directory}: {what}")
+            reason = "" if failure is None else first_line(failure)
+            sent = reason.encode()[:_REASON_BYTES].ljust(_REASON_BYTES, b"\0")
+            failed, told = multihost_utils.broadcast_one_to_all(
+                (np.int32(failure is not None), np.frombuffer(sent, np.uint8))
+            )
+            if failure is None and int(failed):
+                told = bytes(np.asarray(told)).rstrip(b"\0").decode(errors="replace")
+                raise CheckpointError(f"process 0 could not {doing} in {self.directory} ({told})")
+        if failure is not None:
+            raise failure
 
     def metadata_file(self, step: int) -> pathlib.Path:
         return self.directory / str(step) / "metadata" / "metadata"
