@@ -27,7 +27,7 @@ from jax.experimental import multihost_utils
 from jaxformer.training.metrics import metric_names, perplexity_text
 from jaxformer.training.periodic import Periodic, itstime, run_due
 from jaxformer.training.resume_rules import kept_setting_values
-from jaxformer.training.validation_bleu import BLEU_KEYS
+from jaxformer.training.validation_bleu import BLEU_KEYS, bleu_measured_alike
 
 logger = logging.getLogger(__name__)
 
@@ -41,8 +41,11 @@ REUSABLE_WORK = {
 
 def measured_alike(name: str, made_with: Mapping[str, Any], now: Mapping[str, Any]) -> bool:
     """Whether work `name` measures the same with the config `now` as with `made_with` (configs as
-    a checkpoint saves them)."""
+    a checkpoint saves them); BLEU by the rule best/'s score is held to (a beam size under greedy
+    search changes nothing; a config older than training.bleu_tokenize scored with 13a)."""
     keys = REUSABLE_WORK[name][1]
+    if name == "bleu":
+        return bleu_measured_alike(dict(made_with), dict(now), keys)
     return kept_setting_values(dict(made_with), keys) == kept_setting_values(dict(now), keys)
 
 

@@ -7,6 +7,7 @@ import dataclasses
 import logging
 import math
 import os
+from collections.abc import Sequence
 from typing import Any
 
 import ml_collections
@@ -183,16 +184,36 @@ class BleuValidator:
         self.best.close()
 
 
-def _measure(values: dict[str, Any]) -> dict[str, Any]:
-    """A config's BLEU_KEYS `values` (`kept_setting_values`) as far as they change the score: the
-    search training.bleu_method names (None: decoding.method's), its beam size and length penalty
-    only for beam search; `values`' training.bleu_tokenize is scored_tokenizer's."""
+def bleu_settings(config: dict[str, Any], keys: Sequence[str] = BLEU_KEYS) -> dict[str, Any]:
+    """The `keys` values (BLEU_KEYS, with decoding.length_penalty where a caller compares it) of a
+    config as a checkpoint saves it or as a run has it now (`kept_setting_values`), as its scores
+    were made: training.bleu_tokenize the tokenizer it scored with (scored_tokenizer), a length
+    penalty left None gnmt."""
+    values = kept_setting_values(config, keys)
+    values["training.bleu_tokenize"] = scored_tokenizer(config)
+    if "decoding.length_penalty" in values:
+        values["decoding.length_penalty"] = values["decoding.length_penalty"] or DecodeSettings.length_penalty
+    return values
+
+
+def bleu_measure(values: dict[str, Any]) -> dict[str, Any]:
+    """`bleu_settings`' `values` as far as they change the score: the search training.bleu_method
+    names (None: decoding.method's), its beam size, alpha and length penalty only for beam search."""
     measure = dict(values)
     method = measure["training.bleu_method"] or measure["decoding.method"]
     measure["training.bleu_method"] = measure["decoding.method"] = method
     if method != "beam":
-        measure["decoding.beam_size"] = measure["decoding.alpha"] = None
+        for key in ("decoding.beam_size", "decoding.alpha", "decoding.length_penalty"):
+            if key in measure:
+                measure[key] = None
     return measure
+
+
+def bleu_measured_alike(made_with: dict[str, Any], now: dict[str, Any], keys: Sequence[str] = BLEU_KEYS) -> bool:
+    """Whether validation BLEU scores with the config `now` as with `made_with` (configs as a
+    checkpoint saves them), as far as their `keys` tell: the one rule of best/'s score and of a
+    record a shortened run reuses (shortened_end.py)."""
+    return bleu_measure(bleu_settings(made_with, keys)) == bleu_measure(bleu_settings(now, keys))
 
 
 def check_best_measured_alike(config: ml_collections.ConfigDict, run: RunDirectory) -> None:
@@ -210,12 +231,9 @@ def check_best_measured_alike(config: ml_collections.ConfigDict, run: RunDirecto
     if latest is None or latest[1].bleu is None:  # nothing BleuValidator compares with
         return
     step, best = latest
-    was, now = kept_setting_values(best.config, BLEU_KEYS), kept_setting_values(config.to_dict(), BLEU_KEYS)
-    was["training.bleu_tokenize"] = scored_tokenizer(best.config)
-    now["training.bleu_tokenize"] = scored_tokenizer(config.to_dict())
-    measured, measuring = _measure(was), _measure(now)
-    if measured != measuring:
-        named = changed_settings(BLEU_KEYS, was, now, measured, measuring)
+    if not bleu_measured_alike(best.config, config.to_dict()):
+        was, now = bleu_settings(best.config), bleu_settings(config.to_dict())
+        named = changed_settings(BLEU_KEYS, was, now, bleu_measure(was), bleu_measure(now))
         raise UserError(
             f"the validation BLEU {best.bleu:.2f} of {run.best / str(step)}, which new scores are compared with, "
             f"was measured with {named}: restore the setting it was measured with, or move {run.best} aside "
