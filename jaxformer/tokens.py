@@ -12,9 +12,19 @@ A vocabulary for a masked-LM (an encoder-only model) also holds MASK_PIECE, a co
 that no text encodes to; `Tokenizer.mask_id` is its id.
 """
 
+import numpy as np
+
 PAD_ID = 0
 EOS_ID = 1
 UNK_ID = 2
 BOS_ID = 3
 NUM_SPECIAL_TOKENS = 4
 MASK_PIECE = "<mask>"
+
+
+def has_pieces(ids: np.ndarray) -> bool:
+    """Whether a sentence's ids hold a piece besides EOS: whitespace, and characters a tokenizer's
+    normaliser drops (zero-width spaces, a byte-order mark, control characters), encode to none,
+    which is no sentence to train on, score or translate. decoding/sentence_batches.py keeps its
+    own copy of this rule, taking the export's EOS id: exports ship that file without jaxformer."""
+    return bool(np.any(ids != EOS_ID))

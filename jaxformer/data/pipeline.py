@@ -22,7 +22,7 @@ from jaxformer.data.encoded_split import EncodedSplit
 from jaxformer.data.parallel_text import DataError, skipped_pairs_text
 from jaxformer.data.subword_sampling import SubwordSampling
 from jaxformer.data.tokenizer import Tokenizer
-from jaxformer.tokens import EOS_ID
+from jaxformer.tokens import has_pieces
 
 logger = logging.getLogger(__name__)
 
@@ -117,8 +117,8 @@ def has_a_piece_on_every_side(example: dict[str, np.ndarray]) -> bool:
     """Whether each side's ids hold a piece besides EOS. A side of zero-width spaces or control
     characters alone (text to the data reader, which keeps it) encodes to EOS alone: trained on,
     the model would learn to translate nothing into something, or to end at once. evaluate and
-    translate read such a side as empty (decoding/sentence_batches.has_pieces); so does training."""
-    return all(bool(np.any(ids != EOS_ID)) for ids in example.values())
+    translate read such a side as empty (`has_pieces`); so does training."""
+    return all(has_pieces(ids) for ids in example.values())
 
 
 def without_a_piece(encoded: EncodedSplit) -> np.ndarray:

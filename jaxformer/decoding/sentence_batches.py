@@ -52,7 +52,9 @@ def sentence_list(sentences: Iterable[str]) -> list[str]:
 def has_pieces(ids: np.ndarray, eos_id: int) -> bool:
     """Whether a sentence's ids hold a piece besides EOS: whitespace, and characters a tokenizer's
     normaliser drops (zero-width spaces, a byte-order mark, control characters), encode to none,
-    which is no sentence to translate (a source of EOS alone would be given an invented one)."""
+    which is no sentence to translate (a source of EOS alone would be given an invented one).
+    jaxformer.tokens.has_pieces is the package's rule; this copy stays because an export ships this
+    file without jaxformer (tests/test_tokens.py checks that the two agree)."""
     return bool(np.any(ids != eos_id))
 
 
