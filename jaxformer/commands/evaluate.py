@@ -129,8 +129,7 @@ def _first_scored(
     and encoded a chunk at a time, no further than the `max_examples`-th scored pair. The lines
     left out, both kinds, are said in one warning naming the first: `place(line, source side or
     None where not known)`, or `first_empty`, where the reader found the first empty line."""
-    from jaxformer.decoding.sentence_batches import has_pieces
-    from jaxformer.tokens import EOS_ID
+    from jaxformer.data.pipeline import pairs_of_no_piece
 
     scored: list[Pair] = []
     no_piece: dict[int, bool] = {}  # line -> whether its source side is the one without a piece
@@ -139,13 +138,12 @@ def _first_scored(
         chunk = list(itertools.islice(pairs, _ENCODE_CHUNK))
         if not chunk:
             break
-        source_ids = tokenizers[0].encode([source for _, source, _ in chunk])
-        reference_ids = tokenizers[1].encode([reference for _, _, reference in chunk])
-        for pair, source, reference in zip(chunk, source_ids, reference_ids):
-            if has_pieces(source, EOS_ID) and has_pieces(reference, EOS_ID):
-                scored.append(pair)
+        left_out = pairs_of_no_piece([pair[1] for pair in chunk], [pair[2] for pair in chunk], tokenizers)
+        for index, pair in enumerate(chunk):
+            if index in left_out:
+                no_piece[pair[0]] = left_out[index]
             else:
-                no_piece[pair[0]] = not has_pieces(source, EOS_ID)
+                scored.append(pair)
     count = len(scored) if max_examples is None else min(max_examples, len(scored))
     if count < len(scored) or (count and next(pairs, None) is not None):
         total = scored[count - 1][0]  # the lines read: up to the last pair scored

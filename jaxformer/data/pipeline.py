@@ -121,6 +121,21 @@ def has_a_piece_on_every_side(example: dict[str, np.ndarray]) -> bool:
     return all(has_pieces(ids) for ids in example.values())
 
 
+def pairs_of_no_piece(
+    sources: Sequence[str], references: Sequence[str], tokenizers: tuple[Tokenizer, Tokenizer]
+) -> dict[int, bool]:
+    """The indices of the pairs with a side the tokenizers (the source's, the reference's) encode
+    to no piece, each with whether its source side is one: evaluate and validation BLEU leave them
+    out, as training does (translate would give such a source an empty output, which a score
+    would count)."""
+    source_ids, reference_ids = tokenizers[0].encode(list(sources)), tokenizers[1].encode(list(references))
+    return {
+        index: not has_pieces(source)
+        for index, (source, reference) in enumerate(zip(source_ids, reference_ids))
+        if not (has_pieces(source) and has_pieces(reference))
+    }
+
+
 def without_a_piece(encoded: EncodedSplit) -> np.ndarray:
     """The indices of `encoded`'s records with a side of EOS alone (ids end with EOS: one id is EOS)."""
     return np.flatnonzero(np.any(np.stack(list(encoded.lengths().values())) <= 1, axis=0))

@@ -13,18 +13,16 @@ from typing import Any
 import ml_collections
 
 from jaxformer.data.parallel_text import skipped_pairs_text
-from jaxformer.data.pipeline import read_records, record_text
+from jaxformer.data.pipeline import pairs_of_no_piece, read_records, record_text
 from jaxformer.data.tokenizer import Tokenizer
 from jaxformer.decoding.generate import DecodeSettings
 from jaxformer.decoding.scoring import bleu_tokenizer, corpus_scores
-from jaxformer.decoding.sentence_batches import has_pieces
 from jaxformer.decoding.translator import Translator
 from jaxformer.errors import UserError
 from jaxformer.model.config import TransformerConfig
 from jaxformer.run.checkpoint import Checkpointer
 from jaxformer.run.directory import RunDirectory
 from jaxformer.run.metadata import CheckpointMetadata
-from jaxformer.tokens import EOS_ID
 from jaxformer.training.resume_rules import changed_settings, kept_setting_values
 
 logger = logging.getLogger(__name__)
@@ -120,18 +118,12 @@ def _with_pieces(
     """The indices of the pairs whose sides both encode to a piece: one of zero-width spaces or
     control characters alone is empty, as evaluate reads it (translate gives such a source an
     empty output, which a score would count); the others are said in one warning."""
-    source_ids, reference_ids = tokenizer.encode(sources), target_tokenizer.encode(references)
-    kept = [
-        index
-        for index, (source, reference) in enumerate(zip(source_ids, reference_ids))
-        if has_pieces(source, EOS_ID) and has_pieces(reference, EOS_ID)
-    ]
-    if len(kept) < len(sources):
-        first = next(index for index, kept_index in enumerate([*kept, len(sources)]) if index != kept_index)
+    left_out = pairs_of_no_piece(sources, references, (tokenizer, target_tokenizer))
+    if left_out:
         where = f"the first {len(sources):,} validation pairs scored for BLEU"
-        first_place = f"pair {first + 1:,}; a side the tokenizer encodes to no piece"
-        logger.warning("%s", skipped_pairs_text(len(sources) - len(kept), where, first_place))
-    return kept
+        first_place = f"pair {min(left_out) + 1:,}; a side the tokenizer encodes to no piece"
+        logger.warning("%s", skipped_pairs_text(len(left_out), where, first_place))
+    return [index for index in range(len(sources)) if index not in left_out]
 
 
 class BleuValidator:

@@ -6,6 +6,7 @@ import numpy as np
 
 from jaxformer.commands import evaluate
 from jaxformer.data.parallel_text import SkipCounter, read_parallel_lines
+from jaxformer.data.pipeline import pairs_of_no_piece
 from jaxformer.data.tokenizer import train_tokenizer
 from jaxformer.tokens import EOS_ID
 
@@ -15,6 +16,13 @@ class _SpaceTokenizer:
 
     def encode(self, lines):
         return [np.array([5] * len(line.split()) + [EOS_ID]) for line in lines]
+
+
+class _NoPiece:
+    """EOS alone for every line: a tokenizer that knows none of the references' text."""
+
+    def encode(self, lines):
+        return [np.array([EOS_ID]) for _ in lines]
 
 
 def _pairs(lines, read):
@@ -72,3 +80,15 @@ def test_files_with_sides_of_no_piece_get_one_count_in_one_warning(tmp_path, cap
     with caplog.at_level(logging.WARNING):
         assert [number for number, _, _ in read_parallel_lines(source, reference, SkipCounter())] == [1, 2, 3, 4, 7]
     assert caplog.messages == [f"skipped 2 pairs with an empty side in {source} / {reference} (first at {source}:5)"]
+
+
+def test_pairs_of_no_piece_names_each_with_whether_its_source_is_one():
+    """The rule evaluate and validation BLEU share (data/pipeline.py)."""
+    sources = ["a b", " ", "c", "", "d"]
+    references = ["x", "y", " ", "\t", "w"]
+    tokenizers = (_SpaceTokenizer(), _SpaceTokenizer())
+    assert pairs_of_no_piece(sources, references, tokenizers) == {1: True, 2: False, 3: True}
+    # Each side is encoded by its own tokenizer: the references' leaves out every pair here.
+    every = {index: not source.split() for index, source in enumerate(sources)}
+    assert pairs_of_no_piece(sources, references, (_SpaceTokenizer(), _NoPiece())) == every
+    assert pairs_of_no_piece([], [], tokenizers) == {}
