@@ -150,7 +150,7 @@ def _first_scored(
     numbers = [number for number, _, _ in scored[:count]]
     first = _first_left_out(numbers)
     first_place = place(first, no_piece[first]) if first in no_piece else first_empty or place(first, None)
-    file_lines = _scored_lines(name, numbers, total, count, first_place)
+    file_lines = _scored_lines(name, numbers, total, first_place)
     return [pair[1] for pair in scored[:count]], [pair[2] for pair in scored[:count]], file_lines
 
 
@@ -159,21 +159,16 @@ def _first_left_out(numbers: list[int]) -> int:
     return next((index for index, number in enumerate(numbers, start=1) if number != index), len(numbers) + 1)
 
 
-def _scored_lines(
-    name: str, numbers: list[int], total: int, count: int, first_place: str | None = None
-) -> FileLines | None:
-    """Where the first `count` of the pairs at lines `numbers` (of `total`) are, said in a warning
-    (in the data reader's words, `first_place` naming the first line left out) when lines among
-    them are not scored; None when every line is a pair."""
+def _scored_lines(name: str, numbers: list[int], total: int, first_place: str) -> FileLines | None:
+    """Where the pairs at lines `numbers` (of `total`) are, said in a warning (in the data reader's
+    words, `first_place` naming the first line left out) when lines among them are not scored;
+    None when every line is a pair."""
     if len(numbers) == total:
         return None
-    if count < len(numbers):
-        total = numbers[count - 1] if count else 0
-    if total > count:
-        first_place = first_place or f"line {_first_left_out(numbers[:count])} of its files"
-        skipped = skipped_pairs_text(total - count, f"the first {total:,} lines of {name}", first_place)
+    if total > len(numbers):
+        skipped = skipped_pairs_text(total - len(numbers), f"the first {total:,} lines of {name}", first_place)
         logger.warning("%s: --output writes them as empty lines", skipped)
-    return FileLines(numbers[:count], total)
+    return FileLines(numbers, total)
 
 
 def file_pairs(

@@ -11,7 +11,7 @@ import tensorflow_datasets as tfds
 
 from jaxformer.data import fingerprint, multi30k, sources
 from jaxformer.data.parallel_text import DataError
-from jaxformer.data.pipeline import TokenizePair, eval_batches
+from jaxformer.data.pipeline import TokenizePair, eval_batches, read_records
 from jaxformer.data.sources import check_source, data_fingerprint, get_builder, load_split
 from jaxformer.data.tokenizer import train_tokenizer
 from jaxformer.training.experiment import default_config
@@ -69,16 +69,28 @@ def test_multi30k_test_outputs_line_up_with_files_that_have_an_empty_side(tmp_pa
     assert builder.file_lines("validation") == ([1, 2, 3, 4], 4)
     numbers, total = evaluate._pair_lines(builder, "test_2016_flickr", 3)
     assert (numbers, total) == ([1, 3, 4], 4)
+
+    lines = [f"test_2016_flickr {language} sentence {i}" for language in ("en", "de") for i in range(4)]
+    tokenizer = train_tokenizer(lines * 20, vocab_size=25)
+
+    def scored(split, max_examples):  # as evaluate.split_pairs reads a split once the run is loaded
+        records = list(read_records(load_split(builder, split, ("en", "de"))))
+        numbers, total = evaluate._pair_lines(builder, split, len(records))
+        pairs = [(number, record["en"].decode(), record["de"].decode()) for number, record in zip(numbers, records)]
+        return evaluate._first_scored(split, pairs, total, max_examples, (tokenizer, tokenizer))
+
     with caplog.at_level(logging.WARNING):
-        assert evaluate._scored_lines("test_2016_flickr", numbers, total, 3) == evaluate.FileLines([1, 3, 4], 4)
+        sources, _, file_lines = scored("test_2016_flickr", 3)
+    assert sources == [f"test_2016_flickr en sentence {i}" for i in (0, 2, 3)]
+    assert file_lines == evaluate.FileLines([1, 3, 4], 4)
     said = "skipped 1 pair with an empty side in the first 4 lines of test_2016_flickr (first at line 2 of its files)"
     assert said in caplog.text
     caplog.clear()
     with caplog.at_level(logging.WARNING):  # the first pair only: no line of it left out, nothing said
-        assert evaluate._scored_lines("test_2016_flickr", numbers, total, 1) == evaluate.FileLines([1], 1)
+        assert scored("test_2016_flickr", 1)[2] is None
     assert "empty side" not in caplog.text
     assert evaluate._pair_lines(builder, "validation", 4) == ([1, 2, 3, 4], 4)  # every line a pair
-    assert evaluate._scored_lines("validation", [1, 2, 3, 4], 4, 4) is None
+    assert scored("validation", None)[2] is None
 
 
 def test_multi30k_builder_reports_bad_files(tmp_path):
