@@ -35,7 +35,7 @@ logger = logging.getLogger(__name__)
 # the config keys that change what it measures: which pairs, how many, which search.
 REUSABLE_WORK = {
     "evaluate": ("eval/loss", ("data.eval_split", "data.max_eval_examples")),
-    "bleu": ("eval/bleu", (*BLEU_KEYS, "decoding.length_penalty")),
+    "bleu": ("eval/bleu", BLEU_KEYS),
 }
 
 

@@ -27,15 +27,16 @@ from jaxformer.training.resume_rules import changed_settings, kept_setting_value
 
 logger = logging.getLogger(__name__)
 
-# The config keys a validation BLEU score depends on: which pairs, how many, which search, which
-# tokenizer. A score best/ keeps is beaten only by one measured alike (decoding.batch_size moves a
-# float or two: no).
+# The config keys a validation BLEU score depends on: which pairs, how many, which search (every
+# `decoding` key the search reads: beam search's length penalty form too), which tokenizer. A
+# score best/ keeps is beaten only by one measured alike (decoding.batch_size moves a float or
+# two: no).
 BLEU_KEYS = (
     "training.bleu_examples",
     "training.bleu_method",
     "training.bleu_tokenize",
     "data.eval_split",
-    *(f"decoding.{key}" for key in ("method", "beam_size", "alpha", "max_extra_length", "stop")),
+    *(f"decoding.{key}" for key in ("method", "beam_size", "alpha", "length_penalty", "max_extra_length", "stop")),
 )
 
 
@@ -177,10 +178,9 @@ class BleuValidator:
 
 
 def bleu_settings(config: dict[str, Any], keys: Sequence[str] = BLEU_KEYS) -> dict[str, Any]:
-    """The `keys` values (BLEU_KEYS, with decoding.length_penalty where a caller compares it) of a
-    config as a checkpoint saves it or as a run has it now (`kept_setting_values`), as its scores
-    were made: training.bleu_tokenize the tokenizer it scored with (scored_tokenizer), a length
-    penalty left None gnmt."""
+    """The `keys` values of a config as a checkpoint saves it or as a run has it now
+    (`kept_setting_values`), as its scores were made: training.bleu_tokenize the tokenizer it
+    scored with (scored_tokenizer), a length penalty left None gnmt."""
     values = kept_setting_values(config, keys)
     values["training.bleu_tokenize"] = scored_tokenizer(config)
     if "decoding.length_penalty" in values:

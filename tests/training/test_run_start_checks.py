@@ -50,6 +50,19 @@ def finished(finished_template, tmp_path):
     return workdir
 
 
+def best_measured_with(workdir, edit) -> dict:
+    """best/'s checkpoint saved again with its config changed by `edit` (in place); that config."""
+    _, metadata, params = load_checkpoint(workdir, "best")
+    config = copy.deepcopy(metadata.config)
+    edit(config)
+    best_folder = RunDirectory(workdir).best
+    shutil.rmtree(best_folder)
+    best = Checkpointer(best_folder, keep=1)
+    best.save_params(metadata.step, params, metadata.replace(config=config))
+    best.close()
+    return config
+
+
 def config_of(workdir, **training):
     """best/'s config (the run's, with its BLEU settings), its `training` keys changed."""
     config = ml_collections.ConfigDict(load_checkpoint(workdir, "best", params=False)[1].config)
@@ -193,21 +206,40 @@ def test_a_best_scored_before_the_tokenizer_key_was_scored_with_13a(language, na
     """A best/ from before training.bleu_tokenize: 13a whatever the language, which a Japanese
     run now leaves for ja-mecab (its old scores all 0.00)."""
     run = RunDirectory(finished)
-    _, metadata, params = load_checkpoint(finished, "best")
-    config = copy.deepcopy(metadata.config)
-    config["data"]["target_language"] = language
-    del config["training"]["bleu_tokenize"]
-    shutil.rmtree(run.best)
-    best = Checkpointer(run.best, keep=1)
-    best.save_params(10, params, metadata.replace(config=config))
-    best.close()
-    now = ml_collections.ConfigDict(config)
+
+    def before_the_key(config):
+        config["data"]["target_language"] = language
+        del config["training"]["bleu_tokenize"]
+
+    now = ml_collections.ConfigDict(best_measured_with(finished, before_the_key))
     now.training.bleu_tokenize, now.training.num_train_steps = None, 40
     if named is None:
         validation_bleu.check_best_measured_alike(now, run)
         return
     with pytest.raises(UserError, match=f"was measured with {re.escape(named)}: restore the setting"):
         validation_bleu.check_best_measured_alike(now, run)
+
+
+@pytest.mark.parametrize("bleu_method", ["beam", "greedy"])
+def test_a_resume_changing_the_length_penalty_form_is_refused_where_the_search_reads_it(bleu_method, finished, no_data):
+    """best/ measured with gnmt's length penalty (its config's None, as the run's start settles
+    it): transformers' ranks beam search's hypotheses otherwise, so two measures would compete
+    for best/; greedy search reads no penalty."""
+    best_measured_with(finished, lambda config: config["training"].update(bleu_method=bleu_method))
+    config = config_of(finished, num_train_steps=40)
+    config.decoding.length_penalty = "transformers"
+    if bleu_method == "greedy":
+        with pytest.raises(pytest.fail.Exception, match="the data was prepared"):  # past the checks
+            run_start.prepare_run(config, finished)
+        return
+    with pytest.raises(UserError) as refused:
+        run_start.prepare_run(config, finished)
+    best = RunDirectory(finished).best
+    assert str(refused.value) == (
+        f"the validation BLEU 5.00 of {best / '10'}, which new scores are compared with, was measured with "
+        "decoding.length_penalty='gnmt' (now 'transformers'): restore the setting it was measured with, or move "
+        f"{best} aside (e.g. to {best}.before) to keep the best by the new measure"
+    )
 
 
 def test_a_bleu_tokenizer_that_cannot_be_built_is_one_line_before_any_work(tmp_path, capsys, no_data, monkeypatch):
