@@ -21,7 +21,6 @@ from typing import Any
 
 import ml_collections
 
-from jaxformer.decoding.generate import DecodeSettings
 from jaxformer.errors import CheckpointError, UserError
 from jaxformer.model.config import TransformerConfig
 from jaxformer.run.averaging import averaged_last
@@ -31,7 +30,7 @@ from jaxformer.run.loading import load_from_directory
 from jaxformer.run.metadata import CheckpointMetadata
 from jaxformer.training import resume_rules
 from jaxformer.training.run_tokenizer import RunTokenizers
-from jaxformer.training.validation_bleu import ValidationSet, scored_tokenizer
+from jaxformer.training.validation_bleu import ValidationSet, bleu_settings
 
 logger = logging.getLogger(__name__)
 
@@ -61,11 +60,8 @@ def run_config_differences(config: dict[str, Any], newest: dict[str, Any]) -> li
 def _choice_values(config: dict[str, Any]) -> dict[str, Any]:
     """The CHOICE_KEYS values of a config; a key it lacks has its default, as the run that lacked it
     had (a length penalty the run's start did not settle, or that a run before the key lacks: gnmt);
-    the BLEU tokenizer the one it scores with (scored_tokenizer)."""
-    values = resume_rules.kept_setting_values(config, CHOICE_KEYS)
-    values["training.bleu_tokenize"] = scored_tokenizer(config)
-    values["decoding.length_penalty"] = values["decoding.length_penalty"] or DecodeSettings.length_penalty
-    return values
+    the BLEU tokenizer the one it scores with: as validation BLEU reads them (bleu_settings)."""
+    return bleu_settings(config, CHOICE_KEYS)
 
 
 def _choice_settings(values: dict[str, Any], kept: int) -> dict[str, Any]:
