@@ -47,11 +47,10 @@ from jaxformer.run.interrupted_saves import (
     set_aside_path,
 )
 from jaxformer.run.metadata import CheckpointMetadata
+from jaxformer.run.process_0 import on_process_0
 from jaxformer.run.removal import LISTING_ATTEMPTS, CheckpointRemoved, refuse_removed
 
 logger = logging.getLogger(__name__)
-
-_REASON_BYTES = 1024  # of process 0's error, passed on to the others whole up to this length
 
 
 def _no_missing_metadata_warning(record: logging.LogRecord) -> bool:
@@ -83,7 +82,9 @@ class Checkpointer:
         self.directory = pathlib.Path(directory).absolute()
         self.read_only = read_only
         if not read_only:  # before orbax lists the steps: a step put back is one
-            self._on_process_0(lambda: finish_interrupted_saves(self.directory), "finish the interrupted saves")
+            on_process_0(
+                self.directory, lambda: finish_interrupted_saves(self.directory), "finish the interrupted saves"
+            )
         self.manager = _checkpoint_manager(self.directory, keep, read_only)
         self._warned: set[int] = set()  # steps whose unreadable metadata latest_step_metadata reported
 
@@ -110,7 +111,7 @@ class Checkpointer:
             (self.directory / str(step)).rename(target)
             logger.warning(SET_ASIDE_WARNINGS[reason], step, target)
 
-        self._on_process_0(move, f"set step {step} aside")
+        on_process_0(self.directory, move, f"set step {step} aside")
         self.manager.reload()
 
     def _check_step(self, step: int, metadata: CheckpointMetadata) -> None:
@@ -182,8 +183,10 @@ class Checkpointer:
         replacing = step in self.manager.all_steps() or target.exists() or target.is_symlink()
         if replacing:  # kept whole, under a name the next writer puts back if this save is interrupted
             self.manager.wait_until_finished()
-            self._on_process_0(
-                lambda: target.rename(replacing_path(self.directory, step)), f"move step {step} aside to replace it"
+            on_process_0(
+                self.directory,
+                lambda: target.rename(replacing_path(self.directory, step)),
+                f"move step {step} aside to replace it",
             )
             self.manager.reload()
         state = {"params": params}
@@ -197,29 +200,9 @@ class Checkpointer:
         )
         self.manager.wait_until_finished()
         if replacing:
-            self._on_process_0(lambda: finish_interrupted_saves(self.directory), f"set the replaced step {step} aside")
-
-    def _on_process_0(self, change, doing: str) -> None:
-        """`change()` of the folder (`doing` it) by process 0 alone, every process returning once it is
-        made. If it fails, process 0 raises its error and the others at once a CheckpointError quoting
-        it (a barrier left them waiting for process 0 until jax's distributed timeout)."""
-        failure = None
-        if jax.process_index() == 0:
-            try:
-                change()
-            except Exception as error:  # noqa: BLE001  (a bug too: the others must not wait for process 0)
-                failure = error
-        if jax.process_count() > 1:
-            reason = "" if failure is None else first_line(failure)
-            sent = reason.encode()[:_REASON_BYTES].ljust(_REASON_BYTES, b"\0")
-            failed, told = multihost_utils.broadcast_one_to_all(
-                (np.int32(failure is not None), np.frombuffer(sent, np.uint8))
+            on_process_0(
+                self.directory, lambda: finish_interrupted_saves(self.directory), f"set the replaced step {step} aside"
             )
-            if failure is None and int(failed):
-                told = bytes(np.asarray(told)).rstrip(b"\0").decode(errors="replace")
-                raise CheckpointError(f"process 0 could not {doing} in {self.directory} ({told})")
-        if failure is not None:
-            raise failure
 
     def metadata_file(self, step: int) -> pathlib.Path:
         return self.directory / str(step) / "metadata" / "metadata"
