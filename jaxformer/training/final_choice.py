@@ -30,7 +30,7 @@ from jaxformer.run.loading import load_from_directory
 from jaxformer.run.metadata import CheckpointMetadata
 from jaxformer.training import resume_rules
 from jaxformer.training.run_tokenizer import RunTokenizers
-from jaxformer.training.validation_bleu import ValidationSet, bleu_settings
+from jaxformer.training.validation_bleu import BEAM_ONLY_KEYS, ValidationSet, bleu_settings
 
 logger = logging.getLogger(__name__)
 
@@ -65,12 +65,13 @@ def _choice_values(config: dict[str, Any]) -> dict[str, Any]:
 
 
 def _choice_settings(values: dict[str, Any], kept: int) -> dict[str, Any]:
-    """`_choice_values`' `values` as far as they change the choice: final_alphas only for beam
-    search, which alone reads a length penalty, and average_last as the number averaged of the
+    """`_choice_values`' `values` as far as they change the choice: final_alphas and BEAM_ONLY_KEYS
+    only for beam search, which alone reads them, and average_last as the number averaged of the
     `kept` checkpoints."""
     settings = dict(values)
     if settings["decoding.method"] != "beam":
         settings["training.final_alphas"] = ()
+        settings.update(dict.fromkeys(BEAM_ONLY_KEYS))
     averaged = min(settings["training.average_last"], kept)
     settings["training.average_last"] = averaged if averaged >= 2 else 0
     return settings

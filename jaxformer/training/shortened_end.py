@@ -43,9 +43,9 @@ def measured_alike(name: str, made_with: Mapping[str, Any], now: Mapping[str, An
     """Whether work `name` measures the same with the config `now` as with `made_with` (configs as
     a checkpoint saves them); BLEU by the rule best/'s score is held to (a beam size under greedy
     search changes nothing; a config older than training.bleu_tokenize scored with 13a)."""
-    keys = REUSABLE_WORK[name][1]
     if name == "bleu":
-        return bleu_measured_alike(dict(made_with), dict(now), keys)
+        return bleu_measured_alike(dict(made_with), dict(now))
+    keys = REUSABLE_WORK[name][1]
     return kept_setting_values(dict(made_with), keys) == kept_setting_values(dict(now), keys)
 
 

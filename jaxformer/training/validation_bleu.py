@@ -39,6 +39,9 @@ BLEU_KEYS = (
     *(f"decoding.{key}" for key in ("method", "beam_size", "alpha", "length_penalty", "max_extra_length", "stop")),
 )
 
+# The decoding settings only beam search reads: greedy search's result is the same whatever they are.
+BEAM_ONLY_KEYS = tuple(f"decoding.{key}" for key in ("beam_size", "alpha", "length_penalty", "stop"))
+
 
 def scored_tokenizer(config: dict[str, Any]) -> str:
     """The sacreBLEU tokenizer of the scores a run with `config` (as a checkpoint saves it) made:
@@ -190,22 +193,23 @@ def bleu_settings(config: dict[str, Any], keys: Sequence[str] = BLEU_KEYS) -> di
 
 def bleu_measure(values: dict[str, Any]) -> dict[str, Any]:
     """`bleu_settings`' `values` as far as they change the score: the search training.bleu_method
-    names (None: decoding.method's), its beam size, alpha and length penalty only for beam search."""
+    names (None: decoding.method's), its beam size, alpha, length penalty and stop rule only for
+    beam search (greedy search reads none of them)."""
     measure = dict(values)
     method = measure["training.bleu_method"] or measure["decoding.method"]
     measure["training.bleu_method"] = measure["decoding.method"] = method
     if method != "beam":
-        for key in ("decoding.beam_size", "decoding.alpha", "decoding.length_penalty"):
+        for key in BEAM_ONLY_KEYS:
             if key in measure:
                 measure[key] = None
     return measure
 
 
-def bleu_measured_alike(made_with: dict[str, Any], now: dict[str, Any], keys: Sequence[str] = BLEU_KEYS) -> bool:
+def bleu_measured_alike(made_with: dict[str, Any], now: dict[str, Any]) -> bool:
     """Whether validation BLEU scores with the config `now` as with `made_with` (configs as a
-    checkpoint saves them), as far as their `keys` tell: the one rule of best/'s score and of a
+    checkpoint saves them), as far as their BLEU_KEYS tell: the one rule of best/'s score and of a
     record a shortened run reuses (shortened_end.py)."""
-    return bleu_measure(bleu_settings(made_with, keys)) == bleu_measure(bleu_settings(now, keys))
+    return bleu_measure(bleu_settings(made_with)) == bleu_measure(bleu_settings(now))
 
 
 def check_best_measured_alike(config: ml_collections.ConfigDict, run: RunDirectory) -> None:

@@ -215,6 +215,24 @@ def test_a_choice_made_with_other_settings_is_named_and_kept(changes, named, run
 @pytest.mark.parametrize(
     "changes",
     [
+        {"decoding__beam_size": 2},
+        {"decoding__alpha": 1.0},
+        {"decoding__length_penalty": "transformers"},
+        {"decoding__stop": "exact"},
+    ],
+)
+def test_a_beam_setting_changed_under_a_greedy_choice_keeps_it(changes, run, monkeypatch):
+    """Greedy search reads no beam size, alpha, length penalty or stop rule."""
+    workdir, _ = run
+    _, metadata, choose = _chooser(workdir, monkeypatch)
+    first = choose(_config(metadata, decoding__method="greedy"))
+    calls = _Scored.calls
+    assert choose(_config(metadata, decoding__method="greedy", **changes)) == first and _Scored.calls == calls
+
+
+@pytest.mark.parametrize(
+    "changes",
+    [
         {"training__average_last": 5},  # still the two checkpoints there are
         {"training__keep_checkpoints": 9},  # not a setting of the choice
         {"decoding__length_penalty": "gnmt"},  # the form the choice was made with, before the key

@@ -221,13 +221,19 @@ def test_a_best_scored_before_the_tokenizer_key_was_scored_with_13a(language, na
 
 
 @pytest.mark.parametrize("bleu_method", ["beam", "greedy"])
-def test_a_resume_changing_the_length_penalty_form_is_refused_where_the_search_reads_it(bleu_method, finished, no_data):
+@pytest.mark.parametrize(
+    ("key", "value", "measured"), [("length_penalty", "transformers", "'gnmt'"), ("stop", "exact", "'current_length'")]
+)
+def test_a_resume_changing_a_beam_setting_is_refused_where_the_search_reads_it(
+    bleu_method, key, value, measured, finished, no_data
+):
     """best/ measured with gnmt's length penalty (its config's None, as the run's start settles
-    it): transformers' ranks beam search's hypotheses otherwise, so two measures would compete
-    for best/; greedy search reads no penalty."""
+    it) and the default stop rule: transformers' penalty ranks beam search's hypotheses otherwise
+    and another stop rule ends them elsewhere, so two measures would compete for best/; greedy
+    search reads neither."""
     best_measured_with(finished, lambda config: config["training"].update(bleu_method=bleu_method))
     config = config_of(finished, num_train_steps=40)
-    config.decoding.length_penalty = "transformers"
+    config.decoding[key] = value
     if bleu_method == "greedy":
         with pytest.raises(pytest.fail.Exception, match="the data was prepared"):  # past the checks
             run_start.prepare_run(config, finished)
@@ -237,7 +243,7 @@ def test_a_resume_changing_the_length_penalty_form_is_refused_where_the_search_r
     best = RunDirectory(finished).best
     assert str(refused.value) == (
         f"the validation BLEU 5.00 of {best / '10'}, which new scores are compared with, was measured with "
-        "decoding.length_penalty='gnmt' (now 'transformers'): restore the setting it was measured with, or move "
+        f"decoding.{key}={measured} (now {value!r}): restore the setting it was measured with, or move "
         f"{best} aside (e.g. to {best}.before) to keep the best by the new measure"
     )
 
