@@ -73,11 +73,13 @@ def run(args: argparse.Namespace) -> int:
 def _from_hf(args: argparse.Namespace) -> str:
     from jaxformer.interop import marian
 
-    config = marian.import_marian(args.from_hf, args.output, args.source_language, args.target_language).config
+    converted = marian.import_marian(args.from_hf, args.output, args.source_language, args.target_language)
+    config = converted.config
+    renormalize = " --renormalize_after_bans true" if converted.renormalize_after_bans else ""
     return (
         f"converted {args.from_hf} to {args.output}: {config.num_encoder_layers}+{config.num_decoder_layers} "
         f"layers, d_model {config.d_model}, {config.vocab_size} tokens; decode it as transformers does with "
-        "--length_penalty transformers"
+        f"--length_penalty transformers{renormalize}"
     )
 
 

@@ -35,6 +35,7 @@ def add_decoding_flags(parser: argparse.ArgumentParser) -> None:
     add_checkpoint_flags(parser)
     parser.add_argument("--method", choices=METHODS, default="beam", help="search (default: beam)")
     add_beam_flags(parser)
+    add_renormalize_flag(parser)
     parser.add_argument(
         "--temperature", type=number(0.0, inclusive=False), default=1.0, help="sampling temperature (default: 1.0)"
     )
@@ -56,13 +57,13 @@ def add_decoding_flags(parser: argparse.ArgumentParser) -> None:
 
 
 def decode_settings_from_flags(args: argparse.Namespace, max_extra_length: int, chosen=None):
-    """The DecodeSettings that --method, --beam_size, --alpha, --length_penalty, --temperature and
-    --top_k name (the commands ran `check_search_flags` on them with their other flags). `chosen`:
-    `final_search(args)`, when the caller read it already."""
+    """The DecodeSettings that --method, --beam_size, --alpha, --length_penalty, --temperature,
+    --top_k and --renormalize_after_bans name (the commands ran `check_search_flags` on them with
+    their other flags). `chosen`: `final_search(args)`, when the caller read it already."""
     from jaxformer.decoding.generate import DecodeSettings
 
     chosen = final_search(args, chosen)
-    args = with_length_penalty(args, chosen)
+    args = with_chosen_forms(args, chosen)
     return DecodeSettings(
         method=args.method,
         beam_size=args.beam_size,
@@ -74,6 +75,7 @@ def decode_settings_from_flags(args: argparse.Namespace, max_extra_length: int, 
         stop=args.stop,
         temperature=args.temperature,
         top_k=args.top_k,
+        renormalize_after_bans=args.renormalize_after_bans,
     )
 
 
@@ -102,8 +104,9 @@ def check_search_flags(args: argparse.Namespace) -> None:
 
 def final_search(args: argparse.Namespace, chosen=None):
     """`chosen` when read already; else, with --checkpoint final under beam search (the others
-    read no length penalty), what final/ says of the search the run's choice was made with
-    (`chosen_search`): read once for all the flags and the translator settle from it; else None."""
+    read no length penalty, and choose the same tokens renormalized or not), what final/ says of
+    the search the run's choice was made with (`chosen_search`): read once for all the flags and
+    the translator settle from it; else None."""
     from jaxformer.decoding.checkpoint_alpha import chosen_search
 
     if chosen is not None or getattr(args, "method", "beam") != "beam":
@@ -111,32 +114,40 @@ def final_search(args: argparse.Namespace, chosen=None):
     return chosen_search(args.workdir, args.checkpoint)
 
 
-def with_length_penalty(args: argparse.Namespace, chosen) -> argparse.Namespace:
-    """`args` with --length_penalty settled: as given; else, with --checkpoint final under beam
-    search, the form the run's final choice was made with (`chosen`, `final_search(args)`:
-    decoding.length_penalty in final/'s config; its alpha was chosen with it), logged; else gnmt."""
+def with_chosen_forms(args: argparse.Namespace, chosen) -> argparse.Namespace:
+    """`args` with --length_penalty and --renormalize_after_bans settled: as given; else, with
+    --checkpoint final under beam search, those the run's final choice was made with (`chosen`,
+    `final_search(args)`: decoding.length_penalty and decoding.renormalize_after_bans in final/'s
+    config; its alpha was chosen with them), logged; else gnmt and false."""
+    from jaxformer.decoding.checkpoint_alpha import checkpoint_length_penalty, checkpoint_renormalization
     from jaxformer.decoding.generate import DecodeSettings
 
     form = args.length_penalty
     if form is None and getattr(args, "method", "beam") == "beam":
-        from jaxformer.decoding.checkpoint_alpha import checkpoint_length_penalty
-
         form = checkpoint_length_penalty(chosen, override="--length_penalty")
-    return argparse.Namespace(**{**vars(args), "length_penalty": form or DecodeSettings.length_penalty})
+    renormalized = getattr(args, "renormalize_after_bans", None)
+    if renormalized is None:  # final/'s, read under beam search alone (`final_search`)
+        renormalized = bool(checkpoint_renormalization(chosen, override="--renormalize_after_bans"))
+    settled = {"length_penalty": form or DecodeSettings.length_penalty, "renormalize_after_bans": renormalized}
+    return argparse.Namespace(**{**vars(args), **settled})
 
 
 def resolved_alpha(args: argparse.Namespace, max_extra_length: int, chosen) -> float:
     """--alpha when given; else, with --checkpoint final, the length penalty the run's final choice
     kept with those parameters (`chosen`, `final_search(args)`: training.final_alphas), with a
     warning naming each setting of this search (--beam_size, --length_penalty, --stop,
-    `max_extra_length`) that differs from the search the choice was made with; else
-    DecodeSettings' default (0.6). Decided by `checkpoint_alpha`, as `Translator.from_workdir`
-    decides it."""
+    --renormalize_after_bans, `max_extra_length`) that differs from the search the choice was made
+    with; else DecodeSettings' default (0.6). Decided by `checkpoint_alpha`, as
+    `Translator.from_workdir` decides it. `args`: `with_chosen_forms`'."""
     from jaxformer.decoding.checkpoint_alpha import checkpoint_alpha
     from jaxformer.decoding.generate import DecodeSettings
 
     search = DecodeSettings(
-        beam_size=args.beam_size, length_penalty=args.length_penalty, max_extra_length=max_extra_length, stop=args.stop
+        beam_size=args.beam_size,
+        length_penalty=args.length_penalty,
+        max_extra_length=max_extra_length,
+        stop=args.stop,
+        renormalize_after_bans=args.renormalize_after_bans,
     )
     return checkpoint_alpha(chosen, search, args.alpha, override="--alpha")
 
@@ -221,6 +232,26 @@ def add_length_penalty_flags(parser: argparse.ArgumentParser) -> None:
         help="its form: gnmt, ((5 + |Y|) / 6)^alpha, or transformers, |Y|^alpha, as Hugging Face's beam "
         "search (default: with --checkpoint final, the one the run chose its alpha with, decoding.length_penalty; "
         "else gnmt)",
+    )
+
+
+def true_or_false(text: str) -> bool:
+    if text not in ("true", "false"):
+        raise argparse.ArgumentTypeError(f"must be true or false, got {text!r}")
+    return text == "true"
+
+
+def add_renormalize_flag(parser: argparse.ArgumentParser) -> None:
+    """--renormalize_after_bans: how every search scores (search.py's module docstring)."""
+    parser.add_argument(
+        "--renormalize_after_bans",
+        type=true_or_false,
+        metavar="{true,false}",
+        help="true: score each step's log-probabilities over the tokens the search allows there (pad and BOS "
+        "removed before the softmax; EOS alone, at no cost, at the length limit), as transformers' generate with "
+        "renormalize_logits=True; false: log p under the model (default: with --checkpoint final under beam "
+        "search, the run's decoding.renormalize_after_bans, which a --from_hf import of such a model sets; else "
+        "false; greedy search and sampling choose the same tokens either way)",
     )
 
 

@@ -272,12 +272,13 @@ def run(args: argparse.Namespace) -> int:
     seconds = time.perf_counter() - start
     scores = corpus_scores(hypotheses, references, bleu_tokenize(args, loaded[1].config))
     settings = translator.settings
-    searched_with = {  # the settings the search read: the others would not describe it
+    searched_with = {  # the settings that chose the outputs: the others would not describe them
         "beam": dict(
             beam_size=settings.beam_size,
             alpha=settings.alpha,
             length_penalty=settings.length_penalty,
             stop=settings.stop,
+            renormalize_after_bans=settings.renormalize_after_bans,  # greedy search and sampling: the same tokens
         ),
         "sample": dict(temperature=settings.temperature, top_k=settings.top_k, seed=args.seed),
         "greedy": {},

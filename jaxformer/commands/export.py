@@ -23,9 +23,10 @@ from jaxformer.commands.common import at_least, check_workdir, make_parser, run_
 from jaxformer.commands.decoding_flags import (
     add_beam_flags,
     add_checkpoint_flags,
+    add_renormalize_flag,
     final_search,
     resolved_alpha,
-    with_length_penalty,
+    with_chosen_forms,
 )
 from jaxformer.errors import exit_code_for_signal
 from jaxformer.export.program import KNOWN_PLATFORMS, PLATFORMS
@@ -56,6 +57,7 @@ def build_parser() -> argparse.ArgumentParser:
     )
     parser.add_argument("--overwrite", action="store_true", help="replace the export already in --output")
     add_beam_flags(parser)
+    add_renormalize_flag(parser)
     parser.add_argument(
         "--batch_size", type=at_least(1), default=64, help="the loader's sentences per batch (default: 64)"
     )
@@ -80,7 +82,7 @@ def run(args: argparse.Namespace) -> int:
 
     check_workdir(args.workdir)
     chosen = final_search(args)  # final/'s search, read once for the settings and the export
-    args = with_length_penalty(args, chosen)
+    args = with_chosen_forms(args, chosen)
     settings = DecodeSettings(
         method="beam",
         beam_size=args.beam_size,
@@ -88,6 +90,7 @@ def run(args: argparse.Namespace) -> int:
         length_penalty=args.length_penalty,
         stop=args.stop,
         max_extra_length=args.max_extra_length,
+        renormalize_after_bans=args.renormalize_after_bans,
     )
     serving = ServingSettings(batch_size=args.batch_size, max_source_tokens=args.max_source_tokens)
     # The default handlers would end the process at once, leaving the staging directory behind;

@@ -28,6 +28,7 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--beam_size", type=common.at_least(1), default=4, help="beam width (default: 4)")
     decoding_flags.add_length_penalty_flags(parser)
     decoding_flags.add_stop_flag(parser)
+    decoding_flags.add_renormalize_flag(parser)
     parser.add_argument(
         "--max_new_tokens",
         type=common.integer_from(1, MAX_EXTRA_LENGTH),

@@ -1,8 +1,10 @@
 """The length penalty a checkpoint is searched with. A run's final choice compares
 training.final_alphas and keeps the best one in final/'s metadata: --checkpoint final is searched
-with it unless the caller gives an alpha. Decided here, for the commands (--alpha) and for the
-Python constructors (`Translator.from_workdir`, `export_checkpoint`), so that both give the same
-translations of the same checkpoint."""
+with it unless the caller gives an alpha, and with the length penalty's form and renormalisation
+the choice was made with (decoding.length_penalty, decoding.renormalize_after_bans) unless the
+caller gives its own. Decided here, for the commands (--alpha) and for the Python constructors
+(`Translator.from_workdir`, `export_checkpoint`), so that both give the same translations of the
+same checkpoint."""
 
 from __future__ import annotations
 
@@ -19,9 +21,10 @@ logger = logging.getLogger(__name__)
 # How a Python caller gives its own alpha, in the log lines below (the commands name --alpha).
 SETTINGS_ALPHA = "settings=DecodeSettings(alpha=...)"
 SETTINGS_LENGTH_PENALTY = "settings=DecodeSettings(length_penalty=...)"
+SETTINGS_RENORMALIZE = "settings=DecodeSettings(renormalize_after_bans=...)"
 
 # The settings of a beam search that the chosen alpha depends on, besides the parameters.
-_SEARCH_KEYS = ("beam_size", "length_penalty", "max_extra_length", "stop")
+_SEARCH_KEYS = ("beam_size", "length_penalty", "max_extra_length", "stop", "renormalize_after_bans")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -31,6 +34,7 @@ class ChosenSearch:
 
     alpha: float | None  # the one kept (training.final_alphas); None: the run compared none
     length_penalty: str | None  # decoding.length_penalty; None: a run from before the key (gnmt)
+    renormalize_after_bans: bool | None  # decoding.renormalize_after_bans; None: a run from before the key
     chosen_with: dict[str, Any]  # _SEARCH_KEYS' values; a key the run left to its default has DecodeSettings'
 
 
@@ -48,6 +52,7 @@ def chosen_search(
     return ChosenSearch(
         alpha=metadata.alpha,
         length_penalty=saved.get("length_penalty"),
+        renormalize_after_bans=saved.get("renormalize_after_bans"),
         chosen_with={key: chosen_with[key] for key in _SEARCH_KEYS},
     )
 
@@ -60,10 +65,10 @@ def checkpoint_alpha(
 ) -> float:
     """`given` when not None; else the length penalty the run's final choice kept with its
     parameters (`chosen`, for --checkpoint final: training.final_alphas), logged, with a warning
-    naming each setting of `search` (its beam_size, length_penalty, max_extra_length, stop; its
-    alpha is not read) that differs from the search the choice was made with; else
-    DecodeSettings' default (0.6). `override`: how the caller gives its own alpha, for those log
-    lines."""
+    naming each setting of `search` (its beam_size, length_penalty, max_extra_length, stop,
+    renormalize_after_bans; its alpha is not read) that differs from the search the choice was
+    made with; else DecodeSettings' default (0.6). `override`: how the caller gives its own alpha,
+    for those log lines."""
     if given is not None:
         return given
     if chosen is not None and chosen.alpha is not None:
@@ -93,6 +98,19 @@ def checkpoint_length_penalty(chosen: ChosenSearch | None, override: str = SETTI
     return form
 
 
+def checkpoint_renormalization(chosen: ChosenSearch | None, override: str = SETTINGS_RENORMALIZE) -> bool | None:
+    """Whether the run's final choice was made with renormalised scores (`chosen`, for --checkpoint
+    final: decoding.renormalize_after_bans in final/'s config), logged when it was; else None (the
+    caller's default, False). `override`: how the caller gives its own, for the log line."""
+    renormalized = None if chosen is None else chosen.renormalize_after_bans
+    if renormalized:
+        logger.info(
+            "scores renormalized over the allowed tokens: the run's final choice was made so (%s overrides it)",
+            override,
+        )
+    return renormalized
+
+
 def checkpoint_settings(
     workdir: str | os.PathLike,
     checkpoint: str | int,
@@ -101,18 +119,27 @@ def checkpoint_settings(
 ) -> DecodeSettings:
     """`settings` when given: their alpha is the caller's choice, even on "final" (logged when the
     run chose another there); else DecodeSettings() with `checkpoint_alpha`'s alpha: on "final",
-    the one the run chose, with the length penalty's form it chose it with, as the commands
-    search without --alpha and --length_penalty. `chosen`: final/'s `chosen_search` when the
-    caller read it already (the commands, for their flags): final/ is then not read again."""
+    the one the run chose, with the length penalty's form and renormalisation it chose it with, as
+    the commands search without --alpha, --length_penalty and --renormalize_after_bans. `chosen`:
+    final/'s `chosen_search` when the caller read it already (the commands, for their flags):
+    final/ is then not read again."""
     if settings is None:
         chosen = chosen_search(workdir, checkpoint, chosen)
-        form = checkpoint_length_penalty(chosen)
-        search = DecodeSettings() if form is None else DecodeSettings(length_penalty=form)
+        form = checkpoint_length_penalty(chosen) or DecodeSettings.length_penalty
+        renormalized = bool(checkpoint_renormalization(chosen))
+        search = DecodeSettings(length_penalty=form, renormalize_after_bans=renormalized)
         return dataclasses.replace(search, alpha=checkpoint_alpha(chosen, search))
-    if checkpoint == "final" and settings.method == "beam":  # the other searches read no length penalty
-        chosen_alpha = chosen_search(workdir, checkpoint, chosen).alpha
-        if chosen_alpha is not None and chosen_alpha != settings.alpha:
+    # The other searches read no length penalty, and choose the same tokens renormalized or not.
+    if checkpoint == "final" and settings.method == "beam":
+        chosen = chosen_search(workdir, checkpoint, chosen)
+        if chosen.alpha is not None and chosen.alpha != settings.alpha:
             logger.info(
-                "length penalty alpha %g as given (the run chose %g on validation)", settings.alpha, chosen_alpha
+                "length penalty alpha %g as given (the run chose %g on validation)", settings.alpha, chosen.alpha
+            )
+        if bool(chosen.renormalize_after_bans) != settings.renormalize_after_bans:
+            logger.info(
+                "renormalize_after_bans=%s as given (the run's final choice was made with %s)",
+                settings.renormalize_after_bans,
+                bool(chosen.renormalize_after_bans),
             )
     return settings

@@ -55,6 +55,7 @@ _FIELD_KINDS: dict[str, Any] = {
     "stop": str,
     "temperature": (int, float),
     "top_k": int,
+    "renormalize_after_bans": bool,
 }
 
 
@@ -78,14 +79,19 @@ class DecodeSettings:
     stop: str = "current_length"
     temperature: float = 1.0  # sampling only
     top_k: int = 0  # sampling only; 0 = the whole vocabulary
+    # Each step's log-probabilities normalised over the tokens the search allows there (pad, BOS and,
+    # at a row's limit, all but EOS removed before the softmax), as transformers' generate scores with
+    # renormalize_logits=True (a --from_hf import of a model that sets it). False: log p under the model.
+    renormalize_after_bans: bool = False
 
     def __post_init__(self):
         set_python_scalar_fields(self)
         for field in dataclasses.fields(self):
             value = getattr(self, field.name)
             kind = _FIELD_KINDS[field.name]
-            if isinstance(value, bool) or not isinstance(value, kind):  # True would be a beam of 1
-                expected = {str: "a string", int: "an integer", (int, float): "a number"}[kind]
+            # True would be a beam of 1; 1 a switch turned on
+            if isinstance(value, bool) != (kind is bool) or not isinstance(value, kind):
+                expected = {str: "a string", int: "an integer", (int, float): "a number", bool: "True or False"}[kind]
                 raise ValueError(f"{field.name} must be {expected}, got {value!r}")
         if self.method not in METHODS:
             raise ValueError(f"decoding method {self.method!r}: choose one of {', '.join(METHODS)}")
@@ -154,8 +160,9 @@ def generate(
     and never outputs pad or BOS. Beam search gives K = beam_size
     hypotheses best first, scored log p(Y) / length_penalty(|Y|); greedy and sampling give K = 1
     with log p(Y). Every score is what the model's full forward pass gives for Y, hypotheses
-    ended at the limit included (see jaxformer/decoding/search.py). `model` must be the decoding
-    variant (`decoding_variant`).
+    ended at the limit included (see jaxformer/decoding/search.py); with
+    settings.renormalize_after_bans, log p(Y) sums each step's log-probabilities over the tokens
+    allowed there. `model` must be the decoding variant (`decoding_variant`).
     """
     batch, source_length = source.shape
     max_length, max_positions = source_length + settings.max_extra_length, model.config.max_positions
@@ -187,7 +194,8 @@ def search(
 ) -> Hypotheses:
     """The search `settings.method` names over `tokens_to_logits`, hypotheses [B, K, ...] always
     (K = 1 for greedy search and sampling); `cache` has one row per batch row (beam search
-    repeats it per beam)."""
+    repeats it per beam). `spec`'s renormalize_after_bans is the settings'."""
+    spec = dataclasses.replace(spec, renormalize_after_bans=settings.renormalize_after_bans)
     if settings.method == "beam":
         return beam_search(
             tokens_to_logits, cache, spec, settings.beam_size, settings.alpha, settings.length_penalty, settings.stop

@@ -29,6 +29,13 @@ So a returned score is log p(Y) (greedy search, sampling) or log p(Y) / length_p
 (beam search), |Y| counting EOS: what a full forward pass over Y gives. Without `limits`, a
 sequence that reaches `max_length` tokens is cut there as it stands, without EOS (for callers
 that force a fixed output length, such as benchmarks/decoding.py).
+
+A spec with `renormalize_after_bans` removes the forbidden tokens before the log_softmax
+instead, so that each step's log-probabilities are normalised over the tokens allowed there
+(transformers' generate with renormalize_logits=True, which an OPUS-MT model may ask for): a
+score sums log softmax(logits over the allowed tokens)[y_t], EOS at a row's limit costs 0. It
+changes scores, and so which hypotheses beam search keeps; greedy search and sampling choose
+the same tokens (the shift is the same for every token of a row).
 """
 
 from __future__ import annotations
@@ -136,6 +143,8 @@ class SearchSpec:
     limits: Int[Array, B] | None = None  # row b ends by limits[b] tokens, EOS included
     banned_ids: Sequence[int] = ()  # never generated (pad and BOS for a jaxformer model)
     cache_growth: CacheGrowth | None = None  # None: the cache holds max_length tokens from the start
+    # Each step's log-probabilities normalised over the tokens allowed there (see the module docstring).
+    renormalize_after_bans: bool = False
 
     def __post_init__(self):
         if self.limits is not None and jnp.shape(self.limits) != (self.batch_size,):
@@ -158,25 +167,28 @@ class SearchSpec:
         return jnp.minimum(jnp.asarray(self.limits, jnp.int32), self.max_length)
 
 
-def _constrain(
-    log_probs: Float[Array, "R V"],
+def _step_log_probs(
+    logits: Float[Array, "R V"],
     step: Int[Array, ""],
     limits: Int[Array, R] | None,
-    banned_ids: tuple[int, ...],
-    eos_id: int,
+    spec: SearchSpec,
 ) -> Float[Array, "R V"]:
-    """NEG_INF at the tokens row r may not take as its output token number `step` + 1: the
-    banned ones, and everything but EOS once that token reaches the row's limit. The other
-    entries keep their log-probabilities (no renormalisation)."""
-    if limits is None and not banned_ids:
-        return log_probs
-    vocab = log_probs.shape[-1]
-    allowed = jnp.asarray(~np.isin(np.arange(vocab), banned_ids))[None, :]  # [1, V]
+    """The log-probabilities of row r's output token number `step` + 1, NEG_INF at the tokens it
+    may not take: the banned ones, and everything but EOS once that token reaches the row's limit
+    (`limits`, one per row). The others keep their full-vocabulary log-probabilities, or with
+    `spec.renormalize_after_bans` those of the allowed tokens alone."""
+    logits = logits.astype(jnp.float32)
+    if limits is None and not spec.banned_ids:
+        return jax.nn.log_softmax(logits, axis=-1)
+    vocab = logits.shape[-1]
+    allowed = jnp.asarray(~np.isin(np.arange(vocab), spec.banned_ids))[None, :]  # [1, V]
     if limits is not None:
         must_end = (step + 1 >= limits)[:, None]  # [R, 1]
-        is_eos = (jnp.arange(vocab) == eos_id)[None, :]  # [1, V]
+        is_eos = (jnp.arange(vocab) == spec.eos_id)[None, :]  # [1, V]
         allowed = jnp.where(must_end, is_eos, allowed)  # [R, V]
-    return jnp.where(allowed, log_probs, NEG_INF)
+    if spec.renormalize_after_bans:  # EOS is never banned: every row keeps a token to normalise over
+        logits = jnp.where(allowed, logits, -jnp.inf)
+    return jnp.where(allowed, jax.nn.log_softmax(logits, axis=-1), NEG_INF)
 
 
 # -- one hypothesis per row: greedy search and sampling --------------------------------------
@@ -203,14 +215,13 @@ def _one_per_row(
     """Extends every row by the token `choose(log_probs [B, V], rng) -> [B]` picks until EOS;
     `log_probs` carry NEG_INF at the forbidden tokens, which `choose` must never pick."""
     batch_size, max_length, bos_id, eos_id = spec.batch_size, spec.max_length, spec.bos_id, spec.eos_id
-    limits, banned_ids = spec.row_limits(), spec.banned_ids
+    limits = spec.row_limits()
 
     def body(state: SearchState) -> SearchState:
         step = state.step
         previous = jnp.where(step == 0, bos_id, state.tokens[:, jnp.maximum(step - 1, 0)])[:, None]  # [B, 1]
         logits, cache = tokens_to_logits(previous, state.cache)  # [B, V]
-        log_probs = jax.nn.log_softmax(logits.astype(jnp.float32), axis=-1)  # [B, V]
-        log_probs = _constrain(log_probs, step, limits, banned_ids, eos_id)  # [B, V]
+        log_probs = _step_log_probs(logits, step, limits, spec)  # [B, V]
         rng, step_rng = jax.random.split(state.rng)
         chosen = choose(log_probs, step_rng).astype(jnp.int32)  # [B]
         chosen_log_prob = jnp.take_along_axis(log_probs, chosen[:, None], axis=-1)[:, 0]  # [B]
@@ -239,8 +250,8 @@ def greedy_search(
     tokens_to_logits: TokensToLogits, cache: Any, spec: SearchSpec
 ) -> tuple[Int[Array, "B L"], Float[Array, B]]:
     """The most likely allowed token at every step: (tokens [B, L] padded with 0 after EOS,
-    log p(tokens) [B] under the model). `spec`'s `limits` and `banned_ids` as in the module
-    docstring."""
+    log p(tokens) [B] under the model). `spec`'s `limits`, `banned_ids` and
+    `renormalize_after_bans` as in the module docstring."""
     return _one_per_row(
         tokens_to_logits, cache, spec, lambda log_probs, rng: jnp.argmax(log_probs, axis=-1), jax.random.key(0)
     )
@@ -256,7 +267,8 @@ def sample_search(
 ) -> tuple[Int[Array, "B L"], Float[Array, B]]:
     """Ancestral sampling from softmax(logits / temperature) over the allowed tokens, restricted
     to the `top_k` most likely of them when `top_k` > 0: (tokens [B, L], log p(tokens) [B] under
-    the model itself, untempered). `spec`'s `limits` and `banned_ids` as in the module docstring."""
+    the model itself, untempered). `spec`'s `limits`, `banned_ids` and `renormalize_after_bans` as in
+    the module docstring."""
     if temperature <= 0:
         raise ValueError(f"sampling needs temperature > 0, got {temperature}; use greedy_search for argmax")
 
@@ -306,8 +318,8 @@ def beam_search(
     """Beam search with length penalty; returns the `beam_size` best ended sequences per row,
     best first, as (tokens [B, K, L] padded with 0, scores [B, K] = log p(Y) / length_penalty(|Y|),
     of the form `penalty` names: "gnmt" or "transformers", see `length_penalty`).
-    `spec`'s `limits` and `banned_ids` as in the module docstring; a slot a row cannot fill (it
-    has fewer than K possible sequences) scores about NEG_INF.
+    `spec`'s `limits`, `banned_ids` and `renormalize_after_bans` as in the module docstring; a
+    slot a row cannot fill (it has fewer than K possible sequences) scores about NEG_INF.
 
     `cache` holds one row per batch row; it is repeated for the K beams. Each step expands
     the live beams into their 2K best continuations; those ending in EOS that rank among the
@@ -334,7 +346,7 @@ def beam_search(
         raise ValueError(f"unknown beam stop rule {stop!r}; choose one of {', '.join(BEAM_STOPS)}")
     B, K = spec.batch_size, beam_size
     max_length, bos_id, eos_id = spec.max_length, spec.bos_id, spec.eos_id
-    limits, banned_ids = spec.row_limits(), spec.banned_ids
+    limits = spec.row_limits()
     longest = jnp.full((B,), max_length, jnp.int32) if limits is None else limits  # [B]
     row_limits = None if limits is None else jnp.repeat(limits, K)  # [R]
     cache = jax.tree.map(lambda leaf: leaf if jnp.ndim(leaf) == 0 else jnp.repeat(leaf, K, axis=0), cache)  # [R, ...]
@@ -362,8 +374,7 @@ def beam_search(
         previous = jnp.where(step == 0, bos_id, state.live_tokens[:, :, jnp.maximum(step - 1, 0)])  # [B, K]
         logits, cache = tokens_to_logits(previous.reshape(B * K, 1), state.cache)  # [R, V]
         vocab = logits.shape[-1]
-        log_probs = jax.nn.log_softmax(logits.astype(jnp.float32), axis=-1)  # [R, V]
-        log_probs = _constrain(log_probs, step, row_limits, banned_ids, eos_id).reshape(B, K, vocab)
+        log_probs = _step_log_probs(logits, step, row_limits, spec).reshape(B, K, vocab)  # [B, K, V]
         candidates = (state.live_log_probs[:, :, None] + log_probs).reshape(B, K * vocab)  # [B, K * V]
         top_log_probs, top_indices = top_k(candidates, min(2 * K, K * vocab))  # [B, 2K]
         top_beams, top_tokens = top_indices // vocab, (top_indices % vocab).astype(jnp.int32)  # [B, 2K]

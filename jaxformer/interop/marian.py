@@ -28,7 +28,10 @@ Marian is the same post-norm encoder-decoder; what differs maps onto model optio
   keeps its ids and parameters;
 - the beam search's length penalty: `DecodeSettings(length_penalty="transformers")` is
   transformers' |Y|^alpha (the imported run's config says so: decoding.length_penalty, which a
-  run fine-tuned from it validates and makes its final choice with).
+  run fine-tuned from it validates and makes its final choice with);
+- generate()'s renormalize_logits: `DecodeSettings(renormalize_after_bans=True)` scores each
+  step over the tokens the search allows, as transformers then does (decoding.renormalize_after_bans
+  in the run's config, carried as decoding.length_penalty is; marian_generation.py).
 
 The other way, a jaxformer run keeps its ids (Marian's pad, eos and decoder start are then 0, 1
 and 3, BOS's row its own); source and target embeddings that differ (an imported model
@@ -270,6 +273,7 @@ class ConvertedMarian:
     order: np.ndarray  # [V]: the Marian id of each jaxformer id (vocabulary_order)
     source_language: str | None
     target_language: str | None
+    renormalize_after_bans: bool  # transformers' generate renormalizes its scores (renormalize_logits)
 
 
 def convert_marian(files: MarianDirectory) -> ConvertedMarian:
@@ -299,7 +303,7 @@ def convert_marian(files: MarianDirectory) -> ConvertedMarian:
     config = dataclasses.replace(config, tie_output_embedding=output_is_tied(hf, embeddings))
     params = params_from_marian(hf, files.weights, config, order, embeddings)
     languages = [files.tokenizer_config.get(key) for key in ("source_lang", "target_lang")]
-    return ConvertedMarian(config, params, source, target, order, *languages)
+    return ConvertedMarian(config, params, source, target, order, *languages, files.renormalize_logits)
 
 
 def check_new_output(output: pathlib.Path) -> None:
@@ -341,8 +345,9 @@ def import_marian(
     config.data.source_language = source_language or converted.source_language or config.data.source_language
     config.data.target_language = target_language or converted.target_language or config.data.target_language
     # The form transformers' beam search scores with: a run fine-tuned from this one validates,
-    # keeps best/ and makes its final choice with it (run_start.settle_length_penalty).
+    # keeps best/ and makes its final choice with it (run_start.settle_inherited_decoding).
     config.decoding.length_penalty = "transformers"
+    config.decoding.renormalize_after_bans = converted.renormalize_after_bans
     metadata = CheckpointMetadata(
         config=config.to_dict(),
         model=converted.config.to_dict(),

@@ -230,6 +230,8 @@ def export_marian(
         forced_eos_token_id=EOS_ID,
         bad_words_ids=[[PAD_ID], [BOS_ID]],
         max_length=max_positions,
+        # how the run scores (an import of a model that sets it); GenerationConfig writes only true
+        renormalize_logits=bool(metadata.config.get("decoding", {}).get("renormalize_after_bans")),
     )
     output.mkdir(parents=True, exist_ok=True)
     from transformers.utils import logging as transformers_logging

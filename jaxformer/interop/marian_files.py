@@ -20,7 +20,7 @@ import sentencepiece as spm
 
 from jaxformer.export import standalone
 from jaxformer.export.safetensors import read_safetensors
-from jaxformer.interop.marian_generation import check_generation_settings
+from jaxformer.interop.marian_generation import check_generation_settings, renormalizes
 from jaxformer.interop.marian_layout import ConversionError, marian_weight_shapes
 from jaxformer.model.config import ConfigError, TransformerConfig
 
@@ -64,6 +64,7 @@ class MarianDirectory:
     source_spm: bytes
     target_spm: bytes
     tokenizer_config: dict[str, Any]  # tokenizer_config.json, {} without one
+    renormalize_logits: bool = False  # generate()'s setting (marian_generation.renormalizes)
 
 
 def _read_json(path: pathlib.Path) -> Any:
@@ -325,10 +326,11 @@ def read_marian_directory(directory: str | pathlib.Path) -> MarianDirectory:
     generation = _read_object(generation_path) if generation_path.is_file() else {}
     ids = marian_token_ids(config, generation, str(directory / "config.json"))
     # transformers reads generate()'s settings from generation_config.json, or config.json without one.
-    if generation_path.is_file():
-        check_generation_settings(generation, *ids, str(generation_path))
-    else:
-        check_generation_settings(config, *ids, str(directory / "config.json"))
+    settings, settings_path = (
+        (generation, generation_path) if generation_path.is_file() else (config, directory / "config.json")
+    )
+    check_generation_settings(settings, *ids, str(settings_path))
+    renormalize_logits = renormalizes(settings, str(settings_path))
     vocab = _read_object(directory / "vocab.json")
     if not all(isinstance(index, int) and not isinstance(index, bool) and index >= 0 for index in vocab.values()):
         raise ConversionError(f"{directory / 'vocab.json'} is not an object of pieces to non-negative integer ids")
@@ -359,4 +361,5 @@ def read_marian_directory(directory: str | pathlib.Path) -> MarianDirectory:
         target_spm=target_spm,
         tokenizer_config=tokenizer_config,
         weights=weights,
+        renormalize_logits=renormalize_logits,
     )

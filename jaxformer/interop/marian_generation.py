@@ -2,6 +2,15 @@
 one) that make transformers choose other tokens than jaxformer's search does: each is refused at
 import in one line naming the key and value, unless it has a value that changes nothing.
 
+One is carried over instead (CARRIED_SETTINGS): renormalize_logits, which newer OPUS-MT files set
+(e.g. opus-mt-en-jap). transformers then scores each step with the log-probabilities renormalized
+over the tokens left after its bans (log_softmax again once bad_words_ids has removed pad), so its
+beam scores, n-best lists and now and then its best hypothesis differ from those of log p under
+the model. jaxformer's search does the same under DecodeSettings.renormalize_after_bans, which the
+import sets in the run's config (decoding.renormalize_after_bans: validation, the final choice,
+--checkpoint final's translate, evaluate and export, and --to_hf, which writes it back). A value
+other than true, false or null is refused: transformers renormalizes only for true.
+
 transformers' GenerationConfig keys that are not listed here change no token greedy or beam search
 chooses (tests/interop/test_marian_checks.py holds every key of the installed GenerationConfig to
 this): the search's own (num_beams, length_penalty, early_stopping, max_length, max_new_tokens,
@@ -13,6 +22,7 @@ caching, compilation, lossless speculative decoding and what generate returns.
 
 from __future__ import annotations
 
+import json
 from collections.abc import Callable, Mapping
 from typing import Any
 
@@ -64,16 +74,20 @@ GENERATION_SETTINGS: dict[str, tuple[Callable[[Any, int, int, int], bool], str]]
     "token_healing": (lambda value, *_: not value, "false"),
     "max_time": (lambda value, *_: value is None, "none: where generate stops would depend on the machine's speed"),
     "assistant_ensemble_weight": (lambda value, *_: value is None, "none: speculative decoding stays lossless"),
-    # OPUS-MT's newer generation_config.json files set it. transformers then scores each step with the
-    # log-probabilities renormalized over the tokens left after its bans (pad), so beam scores, and with
-    # them n-best lists, differ from jaxformer's log p under the model (the best hypothesis rarely does).
-    # Matching it would take a search option carried by the run to translate, evaluate and exports.
-    "renormalize_logits": (
-        lambda value, *_: value in (None, False),
-        "false; set it false to convert with jaxformer's scores, log p under the model, whose n-best lists "
-        "can differ from transformers' renormalized ones",
-    ),
 }
+# generate()'s settings that change how transformers scores, carried into the run's decoding
+# settings (see the module docstring) instead of refused.
+CARRIED_SETTINGS = ("renormalize_logits",)
+
+
+def renormalizes(settings: Mapping[str, Any], where: str) -> bool:
+    """Whether transformers' generate renormalizes each step's log-probabilities after its bans
+    (`settings`' renormalize_logits, read from `where`); `ConversionError` for a value other than
+    true, false or null, which transformers would take as false (it renormalizes for true alone)."""
+    value = settings.get("renormalize_logits")
+    if value is not None and not isinstance(value, bool):
+        raise ConversionError(f"{where}: renormalize_logits={json.dumps(value)} is not a JSON boolean (true or false)")
+    return bool(value)
 
 
 def check_generation_settings(settings: Mapping[str, Any], pad_id: int, eos_id: int, start_id: int, where: str) -> None:

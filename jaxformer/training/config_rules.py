@@ -159,6 +159,10 @@ VALUE_RULES: dict[str, tuple[Callable[[Any], bool], str]] = {
         (lambda value: value is None or value in LENGTH_PENALTIES),
         "None (training.init_from's form, else 'gnmt') or one of " + ", ".join(map(repr, LENGTH_PENALTIES)),
     ),
+    "decoding.renormalize_after_bans": (
+        (lambda value: value is None or isinstance(value, bool)),
+        "None (training.init_from's, else False), True or False",
+    ),
     "decoding.stop": _one_of(*BEAM_STOPS),
     "decoding.batch_size": _at_least(1),
 }

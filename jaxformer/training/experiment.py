@@ -188,8 +188,13 @@ def default_config() -> ml_collections.ConfigDict:
     config.decoding.beam_size = 4  # the paper's beam
     config.decoding.alpha = 0.6  # length penalty ((5 + |Y|) / 6)^alpha
     # Its form: "gnmt", ((5 + |Y|) / 6)^alpha, or "transformers", |Y|^alpha (as a --from_hf import is
-    # decoded). None: the form of training.init_from's run (an import's: transformers), else gnmt.
+    # decoded). None: the form of training.init_from's run (an import's: transformers), else gnmt
+    # (run_start.settle_inherited_decoding).
     config.decoding.length_penalty = ml_collections.FieldReference(None, field_type=str)
+    # True: each step's log-probabilities normalised over the tokens the search allows there (pad and
+    # BOS removed before the softmax), as transformers' generate with renormalize_logits=True scores
+    # (a --from_hf import of such a model sets it). None: training.init_from's run's, else False.
+    config.decoding.renormalize_after_bans = ml_collections.FieldReference(None, field_type=bool)
     config.decoding.max_extra_length = 50  # output tokens <= source tokens + this (at most 4,096: MAX_EXTRA_LENGTH)
     # When beam search stops a sentence: exact, current_length (the same validation BLEU as exact on
     # Multi30k, a fifth faster) or beam_full.

@@ -7,8 +7,9 @@ the chosen parameters are translated with each and the highest-scoring alpha is 
 (decoding.alpha on a tie): a model trained for an hour on a small corpus writes short outputs,
 and the paper's 0.6 was chosen for WMT. Saved as workdir/final/<step> (`--checkpoint final`), its
 metadata naming the candidate, its alpha and its BLEU (and its config the length penalty's form,
-decoding.length_penalty); translate, evaluate and export use that alpha unless --alpha is given,
-and that form unless --length_penalty is. No test data is read."""
+decoding.length_penalty, and decoding.renormalize_after_bans); translate, evaluate and export use
+that alpha unless --alpha is given, that form unless --length_penalty is, and that renormalisation
+unless --renormalize_after_bans is. No test data is read."""
 
 from __future__ import annotations
 
@@ -46,6 +47,7 @@ CHOICE_KEYS = (
     "data.eval_split",
     "data.max_eval_examples",
     *(f"decoding.{key}" for key in ("method", "beam_size", "alpha", "length_penalty", "max_extra_length", "stop")),
+    "decoding.renormalize_after_bans",
     "decoding.batch_size",
 )
 
@@ -59,8 +61,9 @@ def run_config_differences(config: dict[str, Any], newest: dict[str, Any]) -> li
 
 def _choice_values(config: dict[str, Any]) -> dict[str, Any]:
     """The CHOICE_KEYS values of a config; a key it lacks has its default, as the run that lacked it
-    had (a length penalty the run's start did not settle, or that a run before the key lacks: gnmt);
-    the BLEU tokenizer the one it scores with: as validation BLEU reads them (bleu_settings)."""
+    had (a length penalty or renormalisation the run's start did not settle, or that a run before
+    the key lacks: gnmt, False); the BLEU tokenizer the one it scores with: as validation BLEU reads
+    them (bleu_settings)."""
     return bleu_settings(config, CHOICE_KEYS)
 
 

@@ -57,9 +57,9 @@ RESUME_FREE = {
 }
 
 
-# Keys whose None the run's start settles (run_start.settle_length_penalty): a checkpoint saves the
-# value it settled on, which a config that still says None asks for again.
-SETTLED_AT_START = {"decoding.length_penalty"}
+# Keys whose None the run's start settles (run_start.settle_inherited_decoding): a checkpoint saves
+# the value it settled on, which a config that still says None asks for again.
+SETTLED_AT_START = {"decoding.length_penalty", "decoding.renormalize_after_bans"}
 
 
 # Of RESUME_FREE, the keys that say where the data is and how the work is spread, not what a run

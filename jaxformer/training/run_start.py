@@ -97,23 +97,35 @@ def check_same_run(workdir: pathlib.Path, saved: CheckpointMetadata | None, conf
         logger.warning("resuming with values that a resumed run may change: %s", "; ".join(changed))
 
 
-def settle_length_penalty(
+# The decoding keys a run takes from the run it starts from when left None, each with its value
+# before the key existed: how the model is searched and scored (a --from_hf import says how
+# transformers does it), not a choice of this run's.
+INHERITED_DECODING = {
+    "length_penalty": DecodeSettings.length_penalty,
+    "renormalize_after_bans": DecodeSettings.renormalize_after_bans,
+}
+
+
+def settle_inherited_decoding(
     config: ml_collections.ConfigDict, saved: CheckpointMetadata | None, start: StartingPoint | None
 ) -> None:
-    """Sets a decoding.length_penalty left None (validation BLEU, best/ and the final choice read
-    it; the checkpoints save it): a resumed run's is the one its checkpoint `saved`; a run started
-    from training.init_from's `start` takes the form that run decodes with (a --from_hf import's is
-    transformers', as the import says to decode it), logged; else gnmt, the form before the key."""
-    if config.decoding.length_penalty is not None:
-        return
+    """Sets each INHERITED_DECODING key left None (validation BLEU, best/ and the final choice read
+    them; the checkpoints save them): a resumed run's is the one its checkpoint `saved`; a run
+    started from training.init_from's `start` takes the value that run decodes with (a --from_hf
+    import's length penalty is transformers', as the import says to decode it), logged; else the
+    value before the key (gnmt, no renormalisation)."""
     origin = saved if saved is not None else start.metadata if start is not None else None
-    form = (origin.config if origin is not None else {}).get("decoding", {}).get("length_penalty")
-    config.decoding.length_penalty = form or DecodeSettings.length_penalty
-    if saved is None and start is not None:
+    origin_decoding = (origin.config if origin is not None else {}).get("decoding", {})
+    settled = []
+    for key, before_the_key in INHERITED_DECODING.items():
+        if config.decoding[key] is None:
+            config.decoding[key] = origin_decoding.get(key) or before_the_key
+            settled.append(f"decoding.{key}={config.decoding[key]}")
+    if saved is None and start is not None and settled:
         logger.info(
-            "decoding.length_penalty=%s (validation BLEU, best/ and the final choice): the form of %s, "
-            "training.init_from; set the key to choose another",
-            config.decoding.length_penalty,
+            "%s (validation BLEU, best/ and the final choice): those of %s, training.init_from; set a key to "
+            "choose another",
+            ", ".join(settled),
             start.where,
         )
 
@@ -197,7 +209,7 @@ def prepare_run(config: ml_collections.ConfigDict, workdir: pathlib.Path) -> Pre
     for setting in unused_settings(config, resuming=latest is not None):  # as given, before settling
         logger.warning("unused: %s", setting)
     if latest is not None:
-        settle_length_penalty(config, saved, None)
+        settle_inherited_decoding(config, saved, None)
         saves_again = resume_rules.trains_further(training, latest[0], saved.train_seconds or 0.0)
         default_keep = experiment.default_config().training.keep_checkpoints  # a run saved before the key
         kept_before = saved.config.get("training", {}).get("keep_checkpoints", default_keep)
@@ -210,7 +222,9 @@ def prepare_run(config: ml_collections.ConfigDict, workdir: pathlib.Path) -> Pre
     starting_points = load_starting_points(training) if latest is None else ()
     check_starting_points(starting_points, config)
     if latest is None:
-        settle_length_penalty(config, None, next((point for point in starting_points if point.part == "model"), None))
+        settle_inherited_decoding(
+            config, None, next((point for point in starting_points if point.part == "model"), None)
+        )
     if latest is not None:
         saved_tokenizers = (saved, f"checkpoint {latest[0]} of {checkpointer.directory}")
     elif starting_points and starting_points[0].part == "model":  # its embeddings belong to its tokenizer

@@ -37,10 +37,14 @@ BLEU_KEYS = (
     "training.bleu_tokenize",
     "data.eval_split",
     *(f"decoding.{key}" for key in ("method", "beam_size", "alpha", "length_penalty", "max_extra_length", "stop")),
+    "decoding.renormalize_after_bans",
 )
 
 # The decoding settings only beam search reads: greedy search's result is the same whatever they are.
-BEAM_ONLY_KEYS = tuple(f"decoding.{key}" for key in ("beam_size", "alpha", "length_penalty", "stop"))
+# (Renormalising after the bans changes greedy search's scores, not its tokens.)
+BEAM_ONLY_KEYS = tuple(
+    f"decoding.{key}" for key in ("beam_size", "alpha", "length_penalty", "stop", "renormalize_after_bans")
+)
 
 
 def scored_tokenizer(config: dict[str, Any]) -> str:
@@ -54,8 +58,9 @@ def scored_tokenizer(config: dict[str, Any]) -> str:
 
 
 def decode_settings(config: ml_collections.ConfigDict) -> DecodeSettings:
-    """The search the `decoding` section describes; a length_penalty still None (the run's start
-    settles it: run_start.settle_length_penalty), or absent in an older run's config, is gnmt."""
+    """The search the `decoding` section describes; a length_penalty or renormalize_after_bans
+    still None (the run's start settles them: run_start.settle_inherited_decoding), or absent in an
+    older run's config, is gnmt, or False."""
     decoding = config.decoding
     return DecodeSettings(
         method=decoding.method,
@@ -64,6 +69,7 @@ def decode_settings(config: ml_collections.ConfigDict) -> DecodeSettings:
         length_penalty=decoding.get("length_penalty") or DecodeSettings.length_penalty,
         stop=decoding.stop,
         max_extra_length=decoding.max_extra_length,
+        renormalize_after_bans=bool(decoding.get("renormalize_after_bans")),
     )
 
 
@@ -183,11 +189,13 @@ class BleuValidator:
 def bleu_settings(config: dict[str, Any], keys: Sequence[str] = BLEU_KEYS) -> dict[str, Any]:
     """The `keys` values of a config as a checkpoint saves it or as a run has it now
     (`kept_setting_values`), as its scores were made: training.bleu_tokenize the tokenizer it
-    scored with (scored_tokenizer), a length penalty left None gnmt."""
+    scored with (scored_tokenizer), a length penalty left None gnmt, renormalize_after_bans left None off."""
     values = kept_setting_values(config, keys)
     values["training.bleu_tokenize"] = scored_tokenizer(config)
     if "decoding.length_penalty" in values:
         values["decoding.length_penalty"] = values["decoding.length_penalty"] or DecodeSettings.length_penalty
+    if "decoding.renormalize_after_bans" in values:  # None: the run's start did not settle it, as off
+        values["decoding.renormalize_after_bans"] = bool(values["decoding.renormalize_after_bans"])
     return values
 
 

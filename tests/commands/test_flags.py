@@ -45,6 +45,10 @@ def no_decoding(monkeypatch):
             "argument --checkpoint: must be latest, best, averaged, final or a step number, got 'newest'",
         ),
         (["--method", "beams"], "argument --method: invalid choice: 'beams'"),
+        (
+            ["--renormalize_after_bans", "yes"],
+            "argument --renormalize_after_bans: must be true or false, got 'yes'",
+        ),
     ],
 )
 @pytest.mark.parametrize("command", [translate, evaluate])

@@ -79,6 +79,56 @@ def test_from_workdir_searches_final_with_the_length_penalty_the_alpha_was_chose
     assert decoding_flags.decode_settings_from_flags(args, args.max_extra_length) == translator.settings
 
 
+def test_final_is_searched_with_the_renormalization_its_choice_was_made_with(
+    decoding_workdir, tmp_path, caplog, monkeypatch
+):
+    from jaxformer.commands import export
+    from jaxformer.export import exporter
+
+    workdir = with_final_choice(decoding_workdir, tmp_path / "run", renormalize_after_bans=True)
+    with caplog.at_level(logging.INFO, logger="jaxformer"):
+        translator = Translator.from_workdir(workdir, "final", batch_size=8)
+    assert translator.settings == DecodeSettings(alpha=CHOSEN, renormalize_after_bans=True)
+    assert (
+        "scores renormalized over the allowed tokens: the run's final choice was made so "
+        "(settings=DecodeSettings(renormalize_after_bans=...) overrides it)" in caplog.messages
+    )
+    assert not [message for message in caplog.messages if "another search" in message]
+    assert Translator.from_workdir(workdir, "latest").settings == DecodeSettings()  # no other checkpoint keeps one
+
+    def from_flags(*flags):
+        args = translate.build_parser().parse_args(["--workdir", str(workdir), "--checkpoint", "final", *flags])
+        return decoding_flags.decode_settings_from_flags(args, args.max_extra_length)
+
+    assert from_flags() == translator.settings
+    # Greedy search reads no final/ (renormalized or not, it chooses the same tokens) unless told.
+    assert not from_flags("--method", "greedy").renormalize_after_bans
+    assert from_flags("--method", "greedy", "--renormalize_after_bans", "true").renormalize_after_bans
+    caplog.clear()
+    with caplog.at_level(logging.INFO, logger="jaxformer"):
+        assert from_flags("--renormalize_after_bans", "false") == DecodeSettings(alpha=CHOSEN)
+    assert (
+        f"alpha {CHOSEN:g} was chosen for another search than this one (renormalize_after_bans True -> False): "
+        "give --alpha to choose it yourself" in caplog.messages
+    )
+    caplog.clear()
+    with caplog.at_level(logging.INFO, logger="jaxformer"):
+        Translator.from_workdir(workdir, "final", DecodeSettings(beam_size=2))
+    assert "renormalize_after_bans=False as given (the run's final choice was made with True)" in caplog.messages
+
+    def reached(config, settings, *_, **__):  # the export's lowering: what it was asked for is known
+        raise _Reached(settings)
+
+    monkeypatch.setattr(exporter, "export_beam_search", reached)
+    for export_final in (
+        lambda: exporter.export_checkpoint(workdir, tmp_path / "export", "final", platforms=("cpu",)),
+        lambda: export.main(["--workdir", str(workdir), "--checkpoint", "final", "--output", str(tmp_path / "e")]),
+    ):
+        with pytest.raises(_Reached) as searched:
+            export_final()
+        assert searched.value.args[0] == translator.settings  # the export decodes as the run's translator
+
+
 def test_settings_given_keep_their_alpha_on_final(final_workdir, caplog):
     given = DecodeSettings(beam_size=2, max_extra_length=8)
     with caplog.at_level(logging.INFO, logger="jaxformer"):

@@ -4,9 +4,12 @@ For a hypothesis Y (output tokens up to and including EOS) of source X, the full
 `Transformer.__call__(X, BOS + Y[:-1])` gives log p(Y) = sum_t log_softmax(logits_t)[Y_t].
 Beam search must return log p(Y) / ((5 + |Y|) / 6)^alpha, greedy search and sampling log p(Y),
 also for hypotheses that reach their row's length limit (where only EOS is allowed, at its real
-cost), and no search may emit pad or BOS.
+cost), and no search may emit pad or BOS. With DecodeSettings(renormalize_after_bans=True),
+log p(Y) is the full pass's with each position's softmax taken over the tokens the search allows
+there (not pad or BOS; EOS alone at the row's limit, where it then costs 0).
 """
 
+import dataclasses
 import functools
 import itertools
 
@@ -64,9 +67,10 @@ def hypothesis(tokens):
     return tuple(tokens[: tokens.index(EOS_ID) + 1]) if EOS_ID in tokens else tuple(tokens)
 
 
-def log_probs_by_full_pass(config, params, sources, hypotheses, length):
+def log_probs_by_full_pass(config, params, sources, hypotheses, length, limits=None):
     """log p(Y) [N] of each hypothesis Y (a tuple of at most `length` ids ending in EOS) of
-    source row `sources[n]`."""
+    source row `sources[n]`; given `limits` [N] (each hypothesis's row limit), with each
+    position's softmax over the tokens allowed there (renormalize_after_bans)."""
     rows = -(-len(hypotheses) // 16) * 16  # few shapes, few compilations
     targets = np.zeros((rows, length), np.int32)
     inputs = np.zeros((rows, length), np.int32)  # BOS + Y[:-1], then padding
@@ -77,9 +81,24 @@ def log_probs_by_full_pass(config, params, sources, hypotheses, length):
         inputs[n, 1 : len(y)] = y[:-1]
         source[n] = sources[n]
     logits = forward(config)(params, jnp.asarray(source), jnp.asarray(inputs))  # [rows, length, V]
-    log_probs = np.asarray(jax.nn.log_softmax(logits, axis=-1), np.float64)
+    if limits is None:
+        log_probs = np.asarray(jax.nn.log_softmax(logits, axis=-1), np.float64)
+    else:
+        log_probs = allowed_log_softmax(np.asarray(logits, np.float64), np.resize(limits, rows))
     picked = np.take_along_axis(log_probs, targets[:, :, None], axis=-1)[:, :, 0]  # [rows, length]
     return np.asarray([picked[n, : len(y)].sum() for n, y in enumerate(hypotheses)])
+
+
+def allowed_log_softmax(logits, limits):
+    """log_softmax of `logits` [N, T, V] over the tokens allowed at each position: neither pad nor
+    BOS, and EOS alone where the output token reaches its row's limit (`limits` [N])."""
+    allowed = np.ones(logits.shape, bool)
+    allowed[..., [PAD_ID, BOS_ID]] = False
+    at_limit = np.arange(logits.shape[1])[None, :] + 1 >= np.asarray(limits)[:, None]  # [N, T]
+    allowed[at_limit] = np.arange(logits.shape[-1]) == EOS_ID
+    logits = np.where(allowed, logits, -np.inf)
+    shifted = logits - logits.max(axis=-1, keepdims=True)
+    return shifted - np.log(np.exp(shifted).sum(axis=-1, keepdims=True))
 
 
 def documented_score(log_prob, length, alpha):
@@ -106,18 +125,29 @@ def small_params():
 
 @pytest.fixture(scope="module")
 def enumeration(small_params):
-    """Per source row, every hypothesis with its log p(Y) by the full forward pass."""
-    per_row = [every_hypothesis(limit) for limit in limits_of(SMALL_SOURCES, SMALL_EXTRA)]
+    """Per renormalize_after_bans (False, True), per source row, every hypothesis with its log p(Y)
+    by the full forward pass."""
+    limits = limits_of(SMALL_SOURCES, SMALL_EXTRA)
+    per_row = [every_hypothesis(limit) for limit in limits]
     sources = np.concatenate(
         [np.repeat(SMALL_SOURCES[row : row + 1], len(ys), axis=0) for row, ys in enumerate(per_row)]
     )
-    log_probs = log_probs_by_full_pass(SMALL, small_params, sources, [y for ys in per_row for y in ys], length=4)
+    hypotheses = [y for ys in per_row for y in ys]
+    hypothesis_limits = np.repeat(limits, [len(ys) for ys in per_row])
     split = np.cumsum([len(ys) for ys in per_row])[:-1]
-    return [dict(zip(ys, row_log_probs)) for ys, row_log_probs in zip(per_row, np.split(log_probs, split))]
+    enumerated = {}
+    for renormalized in (False, True):
+        log_probs = log_probs_by_full_pass(
+            SMALL, small_params, sources, hypotheses, length=4, limits=hypothesis_limits if renormalized else None
+        )
+        enumerated[renormalized] = [
+            dict(zip(ys, row_log_probs)) for ys, row_log_probs in zip(per_row, np.split(log_probs, split))
+        ]
+    return enumerated
 
 
-@pytest.mark.parametrize("alpha", [0.0, 0.6])
-def test_exhaustive_beam_equals_enumeration(small_params, enumeration, alpha):
+@pytest.mark.parametrize(("alpha", "renormalize"), [(0.0, False), (0.6, False), (0.6, True)])
+def test_exhaustive_beam_equals_enumeration(small_params, enumeration, alpha, renormalize):
     limits = limits_of(SMALL_SOURCES, SMALL_EXTRA)
     # The widest step of the longest row: 3^(limit - 2) live hypotheses, each with EOS and the
     # 3 words as candidates. A beam this wide keeps every live hypothesis and ranks every
@@ -125,12 +155,14 @@ def test_exhaustive_beam_equals_enumeration(small_params, enumeration, alpha):
     # so the n-best list is a real top K.
     beam = len(WORDS) ** (limits.max() - 2) * (len(WORDS) + 1)
     assert beam < len(every_hypothesis(limits.max()))
-    settings = DecodeSettings(beam_size=int(beam), alpha=alpha, max_extra_length=SMALL_EXTRA)
+    settings = DecodeSettings(
+        beam_size=int(beam), alpha=alpha, max_extra_length=SMALL_EXTRA, renormalize_after_bans=renormalize
+    )
     tokens, scores = generate_fn(SMALL, settings)(small_params, jnp.asarray(SMALL_SOURCES))
     tokens, scores = np.asarray(tokens), np.asarray(scores)
 
     best_at_limit = []
-    for row, log_probs in enumerate(enumeration):
+    for row, log_probs in enumerate(enumeration[renormalize]):
         expected = sorted(
             ((documented_score(lp, len(y), alpha), y) for y, lp in log_probs.items()), key=lambda pair: -pair[0]
         )
@@ -150,8 +182,13 @@ def test_exhaustive_beam_equals_enumeration(small_params, enumeration, alpha):
             np.testing.assert_allclose(score, documented_score(log_probs[y], len(y), alpha), **TOLERANCE)
         assert (scores[row, kept:] < -1e8).all()  # slots beyond the possible hypotheses stay empty
         best_at_limit.append(len(expected[0][1]) == limits[row])
-    # The case the free EOS at the limit got wrong is exercised, and so is the other.
-    assert any(best_at_limit) and not all(best_at_limit), best_at_limit
+    if not renormalize:  # the case the free EOS at the limit got wrong is exercised, and so is the other
+        assert any(best_at_limit) and not all(best_at_limit), best_at_limit
+    else:  # renormalised, EOS at the limit costs 0 and most bests end there; some differ from the model's
+        model_best = [
+            max(row, key=lambda y, row=row: documented_score(row[y], len(y), alpha)) for row in enumeration[False]
+        ]
+        assert [hypothesis(t) for t in tokens[:, 0]] != model_best
 
 
 # -- (b), (c): n-best, greedy and sampled scores on a larger vocabulary ----------------------
@@ -173,9 +210,10 @@ def large_sources():
     return source
 
 
-def check_hypotheses(config, params, sources, extra, tokens, scores, alpha=None):
+def check_hypotheses(config, params, sources, extra, tokens, scores, alpha=None, renormalized=False):
     """Every hypothesis ends in EOS within its row's limit, holds no pad or BOS, and scores what
-    the full forward pass gives; returns how many end exactly at the limit."""
+    the full forward pass gives (`renormalized`: over the tokens allowed at each position); returns
+    how many end exactly at the limit."""
     tokens, scores = np.asarray(tokens), np.asarray(scores)  # [B, K, L], [B, K]
     limits = limits_of(sources, extra)
     hypotheses, rows = [], []
@@ -187,7 +225,8 @@ def check_hypotheses(config, params, sources, extra, tokens, scores, alpha=None)
             assert (tokens[row, k, len(y) :] == PAD_ID).all()
             hypotheses.append(y)
             rows.append(row)
-    log_probs = log_probs_by_full_pass(config, params, sources[rows], hypotheses, tokens.shape[-1])
+    hypothesis_limits = limits[rows] if renormalized else None
+    log_probs = log_probs_by_full_pass(config, params, sources[rows], hypotheses, tokens.shape[-1], hypothesis_limits)
     lengths = np.asarray([len(y) for y in hypotheses])
     expected = log_probs if alpha is None else log_probs / np.asarray(length_penalty(lengths, alpha))
     np.testing.assert_allclose(scores.reshape(-1), expected, **TOLERANCE)
@@ -237,15 +276,14 @@ def pad_loving_params(large_params):
     return params
 
 
-@pytest.mark.parametrize(
-    "settings",
-    [
-        DecodeSettings(beam_size=4, alpha=0.6, max_extra_length=LARGE_EXTRA),
-        DecodeSettings(method="greedy", max_extra_length=LARGE_EXTRA),
-        DecodeSettings(method="sample", temperature=1.5, top_k=20, max_extra_length=LARGE_EXTRA),
-    ],
-    ids=["beam", "greedy", "sample"],
-)
+PAD_LOVING_SETTINGS = [
+    DecodeSettings(beam_size=4, alpha=0.6, max_extra_length=LARGE_EXTRA),
+    DecodeSettings(method="greedy", max_extra_length=LARGE_EXTRA),
+    DecodeSettings(method="sample", temperature=1.5, top_k=20, max_extra_length=LARGE_EXTRA),
+]
+
+
+@pytest.mark.parametrize("settings", PAD_LOVING_SETTINGS, ids=["beam", "greedy", "sample"])
 def test_pad_and_bos_are_never_generated(pad_loving_params, large_sources, settings):
     inputs = np.full((16, 7 + LARGE_EXTRA), 10, np.int32)  # the shapes check_hypotheses passes
     inputs[:, 0] = BOS_ID
@@ -265,3 +303,20 @@ def test_pad_and_bos_are_never_generated(pad_loving_params, large_sources, setti
         scores,
         alpha=settings.alpha if settings.method == "beam" else None,
     )
+
+
+@pytest.mark.parametrize("settings", PAD_LOVING_SETTINGS, ids=["beam", "greedy", "sample"])
+def test_renormalized_scores_are_exact_over_the_allowed_tokens(pad_loving_params, large_sources, settings):
+    """renormalize_after_bans: every score sums each step's log_softmax over the tokens allowed
+    there, which for this model (pad and BOS hold most of the mass) is far above log p under the
+    model; greedy search and sampling choose the tokens they choose without it."""
+    renormalized = dataclasses.replace(settings, renormalize_after_bans=True)
+    source, key = jnp.asarray(large_sources), jax.random.key(0)
+    plain_tokens, plain_scores = generate_fn(LARGE, settings)(pad_loving_params, source, key)
+    tokens, scores = generate_fn(LARGE, renormalized)(pad_loving_params, source, key)
+    alpha = settings.alpha if settings.method == "beam" else None
+    check_hypotheses(LARGE, pad_loving_params, large_sources, LARGE_EXTRA, tokens, scores, alpha, renormalized=True)
+    # Each hypothesis scores at least its log p, so the k-th best at least the k-th best log p.
+    assert (np.asarray(scores) > np.asarray(plain_scores) + 1.0).all()
+    if settings.method != "beam":
+        np.testing.assert_array_equal(tokens, plain_tokens)

@@ -132,6 +132,8 @@ def test_settings_that_would_decode_wrongly_are_refused(values, message):
         (dict(method=None), r"^method must be a string, got None$"),
         (dict(stop=1), r"^stop must be a string, got 1$"),
         (dict(length_penalty=b"gnmt"), r"^length_penalty must be a string, got b'gnmt'$"),
+        (dict(renormalize_after_bans=1), r"^renormalize_after_bans must be True or False, got 1$"),
+        (dict(renormalize_after_bans="false"), r"^renormalize_after_bans must be True or False, got 'false'$"),
     ],
 )
 def test_settings_of_the_wrong_type_are_refused_before_anything_is_traced(values, message):
@@ -140,9 +142,16 @@ def test_settings_of_the_wrong_type_are_refused_before_anything_is_traced(values
 
 
 def test_numpy_settings_are_pythons():
-    settings = DecodeSettings(beam_size=np.int64(3), alpha=np.float32(0.5), max_extra_length=np.int32(7), top_k=1)
-    assert settings == DecodeSettings(beam_size=3, alpha=0.5, max_extra_length=7, top_k=1)
+    settings = DecodeSettings(
+        beam_size=np.int64(3),
+        alpha=np.float32(0.5),
+        max_extra_length=np.int32(7),
+        top_k=1,
+        renormalize_after_bans=np.True_,
+    )
+    assert settings == DecodeSettings(beam_size=3, alpha=0.5, max_extra_length=7, top_k=1, renormalize_after_bans=True)
     assert type(settings.beam_size) is int and type(settings.alpha) is float
+    assert type(settings.renormalize_after_bans) is bool
     assert DecodeSettings(alpha=1, temperature=2).alpha == 1  # an int is a number
 
 

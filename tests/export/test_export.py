@@ -106,6 +106,7 @@ def test_the_directory_holds_everything_serving_needs(exported, workdir):
         "stop": "current_length",
         "temperature": 1.0,
         "top_k": 0,
+        "renormalize_after_bans": False,
     }
     assert config["special_tokens"] == {"pad": 0, "eos": 1, "unk": 2, "bos": 3}
     assert config["serving"] == {"batch_size": 4, "length_bucket": 16, "max_source_tokens": 32, "max_source_length": 32}

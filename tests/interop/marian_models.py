@@ -111,9 +111,13 @@ def sentences(count, offset=0):
     return read_raw("val.en.gz")[offset : offset + count]
 
 
-def hf_generate(model, input_ids, limit, num_beams, pad_id, start_id, eos_id, bad_ids, early_stopping="never"):
+def hf_generate(
+    model, input_ids, limit, num_beams, pad_id, start_id, eos_id, bad_ids, early_stopping="never", renormalize=False
+):
     """transformers' search with the settings under which jaxformer's is the same search (see
-    test_marian.py's test_search_matches_transformers_generate)."""
+    test_marian.py's test_search_matches_transformers_generate): (the hypotheses, their scores;
+    under greedy search None, or with `renormalize` the sum of the chosen tokens' log-probabilities,
+    which renormalize_logits makes each step's scores)."""
     settings = GenerationConfig(
         max_new_tokens=limit,
         num_beams=num_beams,
@@ -128,11 +132,17 @@ def hf_generate(model, input_ids, limit, num_beams, pad_id, start_id, eos_id, ba
         bad_words_ids=[[token] for token in bad_ids],
         return_dict_in_generate=True,
         output_scores=True,
+        renormalize_logits=renormalize,
     )
     with torch.no_grad():
         output = model.generate(input_ids=torch.tensor([input_ids]), generation_config=settings)
-    scores = None if num_beams == 1 else output.sequences_scores.numpy()
-    return [until_eos(row[1:], eos_id) for row in output.sequences.numpy()], scores
+    sequences = [until_eos(row[1:], eos_id) for row in output.sequences.numpy()]
+    if num_beams > 1:
+        return sequences, output.sequences_scores.numpy()
+    if not renormalize:  # greedy search's scores are then the processed logits, no log-probabilities
+        return sequences, None
+    chosen = [float(step_scores[0, token]) for step_scores, token in zip(output.scores, sequences[0])]
+    return sequences, np.asarray([sum(chosen)])
 
 
 def until_eos(ids, eos_id):

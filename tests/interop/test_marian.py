@@ -4,6 +4,7 @@ transformers' teacher-forced logits, greedy and beam-4 outputs and MarianTokeniz
 jaxformer run exported the other way must load in transformers and give jaxformer's."""
 
 import json
+import shutil
 
 import jaxtyping
 import numpy as np
@@ -14,7 +15,7 @@ from tests.conftest import make_workdir, read_raw
 pytest.importorskip("transformers")
 torch = pytest.importorskip("torch")
 
-from transformers import MarianTokenizer  # noqa: E402
+from transformers import MarianMTModel, MarianTokenizer  # noqa: E402
 
 from jaxformer.decoding.generate import DecodeSettings  # noqa: E402
 from jaxformer.decoding.translator import Translator  # noqa: E402
@@ -76,15 +77,16 @@ def test_tokenization_matches_marian_tokenizer(marian, imported):
 def test_a_run_fine_tuned_from_an_import_translates_during_training_with_transformers_length_penalty(imported):
     from jaxformer.training.experiment import default_config
     from jaxformer.training.init_from import load_starting_points
-    from jaxformer.training.run_start import settle_length_penalty
+    from jaxformer.training.run_start import settle_inherited_decoding
 
     workdir, _ = imported
     assert load_checkpoint(workdir, params=False)[1].config["decoding"]["length_penalty"] == "transformers"
     config = default_config()
     config.training.init_from = str(workdir)
     (start,) = load_starting_points(config.training)
-    settle_length_penalty(config, None, start)  # as the fine-tuning run's start does (run_start.prepare_run)
+    settle_inherited_decoding(config, None, start)  # as the fine-tuning run's start does (run_start.prepare_run)
     assert config.decoding.length_penalty == "transformers"
+    assert config.decoding.renormalize_after_bans is False  # the model's generation config does not renormalize
 
 
 def test_teacher_forced_logits_match(marian, imported):
@@ -94,6 +96,28 @@ def test_teacher_forced_logits_match(marian, imported):
     marian_ids = np.arange(converted.config.vocab_size) != 3  # BOS's column has no Marian counterpart
     assert np.abs(logits[:, marian_ids] - expected[:, marian_ids]).max() < 1e-4
     assert (logits[:, 3] < expected[:, 3] - 99).all()  # and no probability
+
+
+def transformers_search(beam_size, stop="current_length", renormalize=False):
+    """The search of transformers' generate as hf_generate runs it, greedy for a beam of 1."""
+    return DecodeSettings(
+        method="greedy" if beam_size == 1 else "beam",
+        beam_size=beam_size,
+        alpha=ALPHA,
+        length_penalty="transformers",
+        max_extra_length=MAX_EXTRA,
+        stop=stop,
+        renormalize_after_bans=renormalize,
+    )
+
+
+def short_sources(directory, converted):
+    """Five short validation sentences in MarianTokenizer's ids, and in the import's (`converted`)."""
+    tokenizer = MarianTokenizer.from_pretrained(directory)
+    texts = sorted(sentences(40), key=len)[:5]  # short ones: transformers' search is slow on a CPU
+    sources = [tokenizer(text)["input_ids"] for text in texts]
+    to_jaxformer = marian_to_jaxformer_ids(converted.order)
+    return sources, [to_jaxformer[ids].astype(np.int32) for ids in sources]
 
 
 # jaxformer's beam stop rules and transformers' early_stopping values for the same rule.
@@ -114,26 +138,14 @@ def test_search_matches_transformers_generate(marian, imported, beam_size, stop)
     the sentences in one batch, transformers one at a time."""
     directory, model = marian
     workdir, converted = imported
-    tokenizer = MarianTokenizer.from_pretrained(directory)
-    method = "greedy" if beam_size == 1 else "beam"
-    settings = DecodeSettings(
-        method=method,
-        beam_size=beam_size,
-        alpha=ALPHA,
-        length_penalty="transformers",
-        max_extra_length=MAX_EXTRA,
-        stop=stop,
-    )
-    translator = Translator.from_workdir(workdir, settings=settings)
-    texts = sorted(sentences(40), key=len)[:5]  # short ones: transformers' search is slow on a CPU
+    translator = Translator.from_workdir(workdir, settings=transformers_search(beam_size, stop))
     pad, eos = model.config.pad_token_id, model.config.eos_token_id
-    to_jaxformer = marian_to_jaxformer_ids(converted.order)
-    sources = [tokenizer(text)["input_ids"] for text in texts]
-    results = translator.translate_ids([to_jaxformer[ids].astype(np.int32) for ids in sources])
+    sources, ids = short_sources(directory, converted)
+    results = translator.translate_ids(ids)
     lengths = []
-    for ids, hypotheses in zip(sources, results, strict=True):
-        limit = len(ids) + MAX_EXTRA
-        expected, expected_scores = hf_generate(model, ids, limit, beam_size, pad, pad, eos, [pad], STOPS[stop])
+    for source, hypotheses in zip(sources, results, strict=True):
+        limit = len(source) + MAX_EXTRA
+        expected, expected_scores = hf_generate(model, source, limit, beam_size, pad, pad, eos, [pad], STOPS[stop])
         ours = [[int(converted.order[token]) for token in until_eos(tokens, 1)] for tokens, _ in hypotheses]
         assert ours == expected
         if expected_scores is not None:  # the same scores, but for hypotheses cut at the limit, whose forced
@@ -143,6 +155,75 @@ def test_search_matches_transformers_generate(marian, imported, beam_size, stop)
             np.testing.assert_allclose(scores[ended], expected_scores[ended], rtol=1e-4, atol=1e-4)
         lengths += [len(sequence) for sequence in expected]
     assert len(set(lengths)) > 2  # outputs of several lengths, not all cut at the limit
+
+
+# How far pad's output bias is raised in the `renormalized` model: pad then takes a large share of
+# every step's probability, which transformers' renormalize_logits gives back to the other tokens.
+PAD_BIAS = 4.0
+
+
+@pytest.fixture(scope="module")
+def renormalized(marian, tmp_path_factory):
+    """The `marian` model with pad made likely, saved with renormalize_logits=true in its
+    generation_config.json (as opus-mt-en-jap's), its transformers model, and its import."""
+    directory = tmp_path_factory.mktemp("renormalized") / "marian"
+    shutil.copytree(marian[0], directory)
+    model = MarianMTModel.from_pretrained(directory).eval()
+    with torch.no_grad():
+        model.final_logits_bias[0, model.config.pad_token_id] += PAD_BIAS
+    model.generation_config.renormalize_logits = True
+    model.save_pretrained(directory)
+    workdir = tmp_path_factory.mktemp("renormalized-run") / "run"
+    return directory, model, workdir, import_marian(directory, workdir)
+
+
+def test_renormalize_logits_is_imported_as_the_runs_search_and_exported_back(renormalized, tmp_path, capsys):
+    from jaxformer.commands import convert
+
+    directory, _, workdir, converted = renormalized
+    assert json.loads((directory / "generation_config.json").read_text())["renormalize_logits"] is True
+    assert converted.renormalize_after_bans
+    assert load_checkpoint(workdir, params=False)[1].config["decoding"]["renormalize_after_bans"] is True
+    assert convert.main(["--from_hf", str(directory), "--output", str(tmp_path / "run")]) == 0
+    assert capsys.readouterr().out.endswith(
+        "decode it as transformers does with --length_penalty transformers --renormalize_after_bans true\n"
+    )
+    exported = export_marian(workdir, tmp_path / "hf")  # --to_hf writes it back: transformers searches as the run
+    assert json.loads((exported / "generation_config.json").read_text())["renormalize_logits"] is True
+    assert marian_files.read_marian_directory(exported).renormalize_logits
+
+
+@pytest.mark.slow  # transformers' beam search on a CPU: about 10 s
+@pytest.mark.parametrize("beam_size", [1, 4])
+def test_renormalized_search_matches_transformers_generate(renormalized, beam_size):
+    """With renormalize_logits=True transformers scores each step over the tokens left after its
+    bans (pad, and all but EOS at the length limit, whose forced EOS then costs 0): the import's
+    search (decoding.renormalize_after_bans) gives its hypotheses and scores, those cut at the limit
+    included; log p under the model (the option off) gives other scores."""
+    directory, model, workdir, converted = renormalized
+    translator = Translator.from_workdir(workdir, settings=transformers_search(beam_size, renormalize=True))
+    pad, eos = model.config.pad_token_id, model.config.eos_token_id
+    sources, ids = short_sources(directory, converted)
+    results = translator.translate_ids(ids)
+    plain = translator.with_settings(transformers_search(beam_size)).translate_ids(ids)
+    plain_differences, other_lists, at_limit = [], [], []
+    for source, hypotheses, plain_hypotheses in zip(sources, results, plain, strict=True):
+        limit = len(source) + MAX_EXTRA
+        expected, expected_scores = hf_generate(
+            model, source, limit, beam_size, pad, pad, eos, [pad], early_stopping=False, renormalize=True
+        )
+        in_marian_ids = [
+            [[int(converted.order[token]) for token in until_eos(tokens, 1)] for tokens, _ in found]
+            for found in (hypotheses, plain_hypotheses)
+        ]
+        assert in_marian_ids[0] == expected
+        np.testing.assert_allclose([score for _, score in hypotheses], expected_scores, rtol=1e-4, atol=1e-4)
+        plain_differences += [abs(score - hf) for (_, score), hf in zip(plain_hypotheses, expected_scores)]
+        other_lists.append(in_marian_ids[1] != expected)
+        at_limit += [len(sequence) == limit for sequence in expected]
+    assert min(plain_differences) > 0.1  # without the option every score is another: the test can fail
+    assert beam_size == 1 or any(other_lists)  # and beam search keeps other hypotheses
+    assert any(at_limit) and (beam_size == 1 or not all(at_limit))  # the free EOS at the limit, and the others
 
 
 # -- jaxformer -> transformers ----------------------------------------------------------------

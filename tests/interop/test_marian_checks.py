@@ -225,6 +225,11 @@ DAMAGES = {
         "config.json",
         ": tie_word_embeddings=0 is not a JSON boolean (true or false)",
     ),
+    "renormalize_logits a string": (  # transformers renormalizes for true alone
+        lambda d: _edit_json(d / "generation_config.json", renormalize_logits="true"),
+        "generation_config.json",
+        ': renormalize_logits="true" is not a JSON boolean (true or false)',
+    ),
     "share_encoder_decoder_embeddings null": (
         lambda d: _edit_json(d / "config.json", share_encoder_decoder_embeddings=None),
         "config.json",
@@ -405,6 +410,7 @@ def test_every_setting_of_transformers_generate_is_refused_or_changes_no_token()
 
     keys = set(GenerationConfig().to_dict())
     unknown = keys - GENERATION_KEYS_THAT_CHANGE_NOTHING - set(marian_generation.GENERATION_SETTINGS)
+    unknown -= set(marian_generation.CARRIED_SETTINGS)
     assert not unknown, f"transformers' GenerationConfig has keys neither refused nor known harmless: {unknown}"
 
 
@@ -422,15 +428,26 @@ def test_every_setting_of_transformers_generate_is_refused_or_changes_no_token()
         ("token_healing", True),
         ("max_time", 10.0),
         ("assistant_ensemble_weight", 0.5),
-        ("renormalize_logits", True),  # opus-mt-en-jap's: the audit saw 9 of 40 four-best lists differ
     ],
 )
 def test_settings_of_searches_jaxformer_lacks_are_refused_and_their_neutral_values_accepted(key, value):
     with pytest.raises(marian_files.ConversionError, match=rf"^g.json: {key}=.* changes what transformers generates"):
         marian_generation.check_generation_settings({key: value}, 58100, 0, 58100, "g.json")
     neutral = {"guidance_scale": 1.0, "penalty_alpha": 0.0, "diversity_penalty": 0.0, "token_healing": False}
-    neutral["renormalize_logits"] = False
     marian_generation.check_generation_settings({key: neutral.get(key)}, 58100, 0, 58100, "g.json")
+
+
+def test_renormalize_logits_is_carried_over_not_refused():
+    """opus-mt-en-jap's generation_config.json sets it (the audit saw 9 of 40 four-best lists differ
+    without it): the import's search renormalizes as transformers does (test_marian.py)."""
+    for value, renormalizes in ((True, True), (False, False), (None, False)):
+        marian_generation.check_generation_settings({"renormalize_logits": value}, 58100, 0, 58100, "g.json")
+        assert marian_generation.renormalizes({"renormalize_logits": value}, "g.json") is renormalizes
+    assert marian_generation.renormalizes({}, "g.json") is False
+    for value, written in (("true", '"true"'), (1, "1")):  # transformers renormalizes for true alone
+        with pytest.raises(marian_files.ConversionError) as raised:
+            marian_generation.renormalizes({"renormalize_logits": value}, "g.json")
+        assert str(raised.value) == f"g.json: renormalize_logits={written} is not a JSON boolean (true or false)"
 
 
 def test_an_output_that_cannot_be_created_is_refused_before_anything_is_read(

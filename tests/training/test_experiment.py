@@ -390,12 +390,39 @@ def test_the_length_penalty_form_of_translating_during_training_is_a_config_key(
     )
 
 
+def test_renormalizing_after_the_bans_is_a_decoding_key_of_true_or_false():
+    import ml_collections
+
+    from jaxformer.training.config_file import apply_overrides
+    from jaxformer.training.validation_bleu import decode_settings
+
+    config = load("multi30k")
+    assert config.decoding.renormalize_after_bans is None  # the run's start settles it
+    assert decode_settings(config).renormalize_after_bans is False
+    apply_overrides(config, [("decoding.renormalize_after_bans", "true")])
+    experiment.validate(config)
+    assert decode_settings(config).renormalize_after_bans is True  # validation BLEU and the final choice
+    with pytest.raises(ConfigError) as error:
+        apply_overrides(config, [("decoding.renormalize_after_bans", "maybe")])
+    assert str(error.value) == "--config.decoding.renormalize_after_bans=maybe: must be True or False"
+    for value in ("yes", 1):  # as a config file or a saved run's JSON can hold it
+        config.decoding = ml_collections.ConfigDict({**config.decoding.to_dict(), "renormalize_after_bans": value})
+        with pytest.raises(ConfigError) as error:
+            experiment.validate(config)
+        assert str(error.value) == (
+            f"config decoding.renormalize_after_bans={value!r}: must be None (training.init_from's, else False), "
+            "True or False"
+        )
+
+
 def test_a_length_penalty_left_none_agrees_with_the_one_a_run_settled_on():
     config = load("multi30k")
     saved = config.to_dict()
     saved["decoding"]["length_penalty"] = "transformers"
+    saved["decoding"]["renormalize_after_bans"] = True
     assert resume_rules.resume_differences(saved, config, sections=None) == []
     config.decoding.length_penalty = "gnmt"
-    assert "decoding.length_penalty: 'transformers' -> 'gnmt'" in resume_rules.resume_differences(
-        saved, config, sections=None
-    )
+    config.decoding.renormalize_after_bans = False
+    differences = resume_rules.resume_differences(saved, config, sections=None)
+    assert "decoding.length_penalty: 'transformers' -> 'gnmt'" in differences
+    assert "decoding.renormalize_after_bans: True -> False" in differences

@@ -89,37 +89,42 @@ def test_a_step_directory_and_a_step_number_name_the_same_start(source_run):
 
 
 def test_a_run_translates_during_training_with_the_length_penalty_of_the_run_it_starts_from(source_run, caplog):
-    """decoding.length_penalty left None: a resumed run's saved one; a fine-tuning run's start's,
-    logged (a --from_hf import's is transformers: tests/interop/test_marian.py); else gnmt."""
-    from jaxformer.training.run_start import settle_length_penalty
+    """decoding.length_penalty and decoding.renormalize_after_bans left None: a resumed run's saved
+    ones; a fine-tuning run's start's, logged (a --from_hf import's length penalty is transformers:
+    tests/interop/test_marian.py); else gnmt and False."""
+    from jaxformer.training.run_start import settle_inherited_decoding
 
-    # The source run settled its None at its start and saved it with every checkpoint.
+    # The source run settled its Nones at its start and saved them with every checkpoint.
     (point,) = load_starting_points(tiny_config(".", init_from=str(source_run)).training)
     assert point.metadata.config["decoding"]["length_penalty"] == "gnmt"
+    assert point.metadata.config["decoding"]["renormalize_after_bans"] is False
     transformers_run = point.metadata.config | {
-        "decoding": point.metadata.config["decoding"] | {"length_penalty": "transformers"}
+        "decoding": point.metadata.config["decoding"]
+        | {"length_penalty": "transformers", "renormalize_after_bans": True}
     }
     start = dataclasses.replace(point, metadata=point.metadata.replace(config=transformers_run))
 
-    def settled(value, saved=None, start=None):
+    def settled(form, renormalize=None, saved=None, start=None):
         config = tiny_config(".")
-        config.decoding.length_penalty = value
-        settle_length_penalty(config, saved, start)
-        return config.decoding.length_penalty
+        config.decoding.length_penalty, config.decoding.renormalize_after_bans = form, renormalize
+        settle_inherited_decoding(config, saved, start)
+        return config.decoding.length_penalty, config.decoding.renormalize_after_bans
 
     with caplog.at_level(logging.INFO, logger="jaxformer.training.run_start"):
-        assert settled(None, start=start) == "transformers"
+        assert settled(None, start=start) == ("transformers", True)
     assert [record.getMessage() for record in caplog.records if record.name.endswith("run_start")] == [
-        f"decoding.length_penalty=transformers (validation BLEU, best/ and the final choice): the form of "
-        f"{point.where}, training.init_from; set the key to choose another"
+        "decoding.length_penalty=transformers, decoding.renormalize_after_bans=True (validation BLEU, best/ and "
+        f"the final choice): those of {point.where}, training.init_from; set a key to choose another"
     ]
-    assert settled(None, start=point) == "gnmt" and settled(None) == "gnmt"  # from scratch: gnmt, as before the key
-    assert settled("gnmt", start=start) == "gnmt"  # set: kept
-    # Resumed: the form its checkpoint saved (one of a run before the key: gnmt); set: the new value.
-    assert settled(None, saved=start.metadata) == "transformers"
+    # From scratch: gnmt and False, as before the keys.
+    assert settled(None, start=point) == ("gnmt", False) and settled(None) == ("gnmt", False)
+    assert settled("gnmt", False, start=start) == ("gnmt", False)  # set: kept
+    assert settled("gnmt", start=start) == ("gnmt", True)  # each key left None is settled on its own
+    # Resumed: the values its checkpoint saved (those of a run before the keys: gnmt, False); set: the new ones.
+    assert settled(None, saved=start.metadata) == ("transformers", True)
     before_the_key = {**point.metadata.config, "decoding": {"method": "beam"}}
-    assert settled(None, saved=point.metadata.replace(config=before_the_key)) == "gnmt"
-    assert settled("gnmt", saved=start.metadata) == "gnmt"
+    assert settled(None, saved=point.metadata.replace(config=before_the_key)) == ("gnmt", False)
+    assert settled("gnmt", False, saved=start.metadata) == ("gnmt", False)
 
 
 def test_a_model_of_another_shape_is_one_error_listing_the_parameters(source_run):
