@@ -219,6 +219,7 @@ def test_a_choice_made_with_other_settings_is_named_and_kept(changes, named, run
         {"decoding__alpha": 1.0},
         {"decoding__length_penalty": "transformers"},
         {"decoding__stop": "exact"},
+        {"decoding__renormalize_after_bans": True},
     ],
 )
 def test_a_beam_setting_changed_under_a_greedy_choice_keeps_it(changes, run, monkeypatch):

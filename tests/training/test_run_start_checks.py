@@ -222,7 +222,12 @@ def test_a_best_scored_before_the_tokenizer_key_was_scored_with_13a(language, na
 
 @pytest.mark.parametrize("bleu_method", ["beam", "greedy"])
 @pytest.mark.parametrize(
-    ("key", "value", "measured"), [("length_penalty", "transformers", "'gnmt'"), ("stop", "exact", "'current_length'")]
+    ("key", "value", "measured"),
+    [
+        ("length_penalty", "transformers", "'gnmt'"),
+        ("stop", "exact", "'current_length'"),
+        ("renormalize_after_bans", True, "False"),
+    ],
 )
 def test_a_resume_changing_a_beam_setting_is_refused_where_the_search_reads_it(
     bleu_method, key, value, measured, finished, no_data
