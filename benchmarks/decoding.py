@@ -8,7 +8,8 @@ tokens (pad, EOS, unk, BOS) are masked out of the logits, so all variants do the
 
   kv         jaxformer's cached decoding: Transformer.encoder_context once, then
              Transformer.decode_step per token (the callback jaxformer.decoding.generate
-             builds, plus the mask), under jaxformer.decoding.search's greedy / beam search.
+             builds, plus the mask), under jaxformer.decoding.search's greedy search /
+             jaxformer.decoding.beam_search's beam search.
   recompute  no cache: the encoder once, then at every step Transformer.decode over a
              fixed [rows, length] buffer of the tokens so far (static shapes, jitted, what an
              nn.Transformer-style user writes in JAX), reading the logits at the current
@@ -34,8 +35,9 @@ import numpy as np
 from benchmarks.command_line import check_torch, names, parse_args, parser, positive_integers, report
 from benchmarks.common import compile_timed, median, random_params, small_config, time_calls
 from jaxformer.commands.common import at_least
+from jaxformer.decoding.beam_search import beam_search
 from jaxformer.decoding.generate import DecodeSettings, decoding_variant, make_generate_fn
-from jaxformer.decoding.search import NEG_INF, SearchSpec, beam_search, greedy_search
+from jaxformer.decoding.search import NEG_INF, SearchSpec, greedy_search
 from jaxformer.model.cache import init_cache
 from jaxformer.model.config import preset
 from jaxformer.model.transformer import Transformer

@@ -9,7 +9,7 @@ measures: interpreter start, imports, checkpoint, compilations, decoding) with t
 flags but one, in one of these variants:
 
   stop    --stop exact, current_length (the default) or beam_full: when beam search stops a
-          sentence (jaxformer/decoding/search.py)
+          sentence (jaxformer/decoding/beam_search.py)
   cache   cold:   a fresh, empty persistent compilation cache directory
           warm:   the same directory, second process
 

@@ -23,7 +23,8 @@ _LAZY = {
     "jaxformer.model.position": ("positional_encoding", "sinusoidal_table"),
     "jaxformer.model.transformer": ("Transformer", "shift_right"),
     "jaxformer.decoding.generate": ("DecodeSettings", "decoding_variant", "generate", "make_generate_fn"),
-    "jaxformer.decoding.search": ("SearchSpec", "beam_search", "greedy_search", "sample_search"),
+    "jaxformer.decoding.search": ("SearchSpec", "greedy_search", "sample_search"),
+    "jaxformer.decoding.beam_search": ("beam_search",),
     "jaxformer.decoding.translator": ("Translator",),  # pulls in the data stack (sentencepiece, orbax)
     "jaxformer.decoding.language_model": ("LanguageModel", "continue_prompts"),  # so does this
 }

@@ -7,6 +7,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+import jaxformer
 from jaxformer import Transformer, TransformerConfig
 
 
@@ -26,6 +27,18 @@ def test_jitted_apply_from_public_api():
         params, encoded, source, target
     )
     np.testing.assert_allclose(decoded, logits, atol=1e-6)
+
+
+def test_every_exported_name_resolves():
+    """Each name of `jaxformer.__all__` is imported on first use from the module said to hold it;
+    one that module no longer defines would fail only where a user first touches it."""
+    unresolved = []
+    for name in jaxformer.__all__:
+        try:
+            getattr(jaxformer, name)
+        except (AttributeError, ImportError) as error:
+            unresolved.append(f"{name}: {error}")
+    assert not unresolved, unresolved
 
 
 def test_readme_example_runs():

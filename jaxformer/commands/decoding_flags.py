@@ -201,9 +201,9 @@ def add_beam_flags(parser: argparse.ArgumentParser) -> None:
 
 
 def add_stop_flag(parser: argparse.ArgumentParser) -> None:
-    """--stop: when beam search stops a sentence (search.py's beam_search)."""
+    """--stop: when beam search stops a sentence (beam_search.py)."""
+    from jaxformer.decoding.beam_search import BEAM_STOPS
     from jaxformer.decoding.generate import DecodeSettings
-    from jaxformer.decoding.search import BEAM_STOPS
 
     default = DecodeSettings().stop
     parser.add_argument(
@@ -218,7 +218,7 @@ def add_stop_flag(parser: argparse.ArgumentParser) -> None:
 
 def add_length_penalty_flags(parser: argparse.ArgumentParser) -> None:
     """--alpha and --length_penalty: the beam search's length normalisation."""
-    from jaxformer.decoding.search import LENGTH_PENALTIES
+    from jaxformer.decoding.beam_search import LENGTH_PENALTIES
 
     parser.add_argument(
         "--alpha",

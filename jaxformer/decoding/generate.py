@@ -15,16 +15,8 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from jaxformer.decoding.search import (
-    BEAM_STOPS,
-    LENGTH_PENALTIES,
-    CacheGrowth,
-    SearchSpec,
-    TokensToLogits,
-    beam_search,
-    greedy_search,
-    sample_search,
-)
+from jaxformer.decoding.beam_search import BEAM_STOPS, LENGTH_PENALTIES, beam_search
+from jaxformer.decoding.search import CacheGrowth, SearchSpec, TokensToLogits, greedy_search, sample_search
 from jaxformer.model.cache import init_cache
 from jaxformer.model.config import ConfigError, TransformerConfig, set_python_scalar_fields
 from jaxformer.model.transformer import Transformer, unstack_layers
@@ -70,12 +62,12 @@ class DecodeSettings:
     method: str = "beam"  # "beam", "greedy" or "sample"
     beam_size: int = 4
     alpha: float = 0.6  # length penalty ((5 + |Y|) / 6)^alpha
-    # The length penalty's form: "gnmt", ((5 + |Y|) / 6)^alpha, or "transformers", |Y|^alpha (search.py).
+    # The length penalty's form: "gnmt", ((5 + |Y|) / 6)^alpha, or "transformers", |Y|^alpha (beam_search.py).
     length_penalty: str = "gnmt"
     max_extra_length: int = 50  # output tokens (EOS included) <= source tokens + this
-    # When beam search stops a sentence: "exact", "current_length" or "beam_full" (search.py's
-    # beam_search). current_length, transformers' default, scored as exact did on Multi30k's
-    # validation split, in a fifth less time (README, "Translation").
+    # When beam search stops a sentence: "exact", "current_length" or "beam_full" (beam_search.py).
+    # current_length, transformers' default, scored as exact did on Multi30k's validation split, in
+    # a fifth less time (README, "Translation").
     stop: str = "current_length"
     temperature: float = 1.0  # sampling only
     top_k: int = 0  # sampling only; 0 = the whole vocabulary

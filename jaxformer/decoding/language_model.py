@@ -1,5 +1,5 @@
 """Continuing prompts with a decoder-only model: the prompt through the KV cache, then the same
-greedy, sampling or beam search as translation (search.py), greedy unless told otherwise.
+greedy, sampling or beam search as translation (search.py, beam_search.py), greedy unless told otherwise.
 
 `continue_prompts(model, params, prompts, settings, rng)` is a pure, jittable function of arrays;
 `LanguageModel` is text in, text out, from a training workdir.

@@ -11,9 +11,9 @@ from typing import Any
 
 import numpy as np
 
+from jaxformer.decoding.beam_search import BEAM_STOPS, LENGTH_PENALTIES
 from jaxformer.decoding.generate import MAX_EXTRA_LENGTH
 from jaxformer.decoding.scoring import BLEU_TOKENIZERS, bleu_tokenizer, bleu_tokenizer_problem
-from jaxformer.decoding.search import BEAM_STOPS, LENGTH_PENALTIES
 from jaxformer.errors import with_article
 from jaxformer.model.config import ARCHITECTURES, ConfigError
 from jaxformer.run.directory import CHECKPOINT_KINDS

@@ -19,8 +19,8 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
+from jaxformer.decoding.beam_search import length_penalty
 from jaxformer.decoding.generate import DecodeSettings, make_generate_fn
-from jaxformer.decoding.search import length_penalty
 from jaxformer.model.config import preset
 from jaxformer.model.transformer import Transformer
 from jaxformer.tokens import BOS_ID, EOS_ID, PAD_ID

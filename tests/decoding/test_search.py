@@ -8,16 +8,8 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from jaxformer.decoding.search import (
-    NEG_INF,
-    CacheGrowth,
-    SearchSpec,
-    beam_search,
-    greedy_search,
-    length_penalty,
-    sample_search,
-    top_k,
-)
+from jaxformer.decoding.beam_search import beam_search, length_penalty, top_k
+from jaxformer.decoding.search import NEG_INF, CacheGrowth, SearchSpec, greedy_search, sample_search
 
 # One worker for the module: its tests share programs (and module fixtures) that a second
 # worker would trace, lower and fetch again.
