@@ -221,8 +221,8 @@ def check_source_ids(source: Any, vocab_size: int) -> None:
 
 def checked_source(source: Any, vocab_size: int) -> Any:
     """`source` as the search takes it, int32 ids [B, S]: any integer dtype is cast; another rank
-    is a ValueError, a bool, float or other dtype a TypeError, each one line naming the shape or
-    dtype given. Concrete ids are checked against `vocab_size` too (`check_source_ids`): a
+    or an empty dimension is a ValueError, a bool, float or other dtype a TypeError, each one line
+    naming the shape or dtype given. Concrete ids are checked against `vocab_size` too (`check_source_ids`): a
     jax.Array's are copied to the host for it, a wait that costs less than a batch of NaN rows
     found later; a tracer's shape and dtype only (nothing inside a jitted program can raise)."""
     on_device = isinstance(source, jax.Array)
@@ -233,8 +233,16 @@ def checked_source(source: Any, vocab_size: int) -> Any:
             raise ValueError("source must be ids [batch, length]: got rows of different lengths") from None
     shape, dtype = tuple(source.shape), np.dtype(source.dtype)
     if len(shape) != 2:
-        one = ": for one sentence's ids pass source[None]" if len(shape) == 1 else ""
-        raise ValueError(f"source must be ids [batch, length] (2-D), got shape {shape}{one}")
+        hint = ": for one sentence's ids pass source[None]" if len(shape) == 1 and source.size else ""
+        raise ValueError(f"source must be ids [batch, length] (2-D), got shape {shape}{hint}")
+    # Before the dtype: numpy makes [[]] float64. No rows fails in the decoder's step (a division
+    # by the batch size), rows of no ids in the attention's softmax: neither says what was given.
+    empty = [name for name, size in zip(("batch", "length"), shape) if size == 0]
+    if empty:
+        raise ValueError(
+            f"source has shape {shape}, its {' and '.join(empty)} dimension{'s' * (len(empty) > 1)} empty: "
+            "ids [batch, length] need at least one row, each a sentence's ids ending with EOS"
+        )
     if dtype == np.bool_ or not np.issubdtype(dtype, np.integer):
         raise TypeError(f"source ids must be integers, got dtype {dtype} (shape {shape})")
     check_source_ids(source, vocab_size)  # on the integers given: a cast could wrap a huge id into range

@@ -206,6 +206,27 @@ def test_generate_names_a_source_of_the_wrong_shape_or_dtype(params):
         np.testing.assert_array_equal(scores, expected[1])
 
 
+@pytest.mark.parametrize(
+    "given, message",
+    [
+        (np.zeros((0, 6), np.int32), r"has shape \(0, 6\), its batch dimension empty: .* at least one row, each "),
+        (np.zeros((3, 0), np.int32), r"has shape \(3, 0\), its length dimension empty: "),
+        (np.zeros((0, 0), np.int64), r"has shape \(0, 0\), its batch and length dimensions empty: "),
+        ([[]], r"has shape \(1, 0\), its length dimension empty: "),  # not numpy's float64 for it
+        (jnp.zeros((0, 6), jnp.int32), r"has shape \(0, 6\), its batch dimension empty: "),
+        ([], r"must be ids \[batch, length\] \(2-D\), got shape \(0,\)$"),  # no source\[None\] hint
+    ],
+    ids=["no_rows", "no_ids", "neither", "list_of_an_empty_row", "jax_no_rows", "empty_list"],
+)
+def test_generate_names_an_empty_source_dimension(given, message):
+    generate_fn = make_generate_fn(CONFIG, DecodeSettings(method="greedy", max_extra_length=EXTRA))
+    with pytest.raises(ValueError, match="^source " + message):
+        generate_fn({}, given)  # refused before the parameters are read or anything is compiled
+    if isinstance(given, np.ndarray):  # inside a jitted program: when it is traced
+        with pytest.raises(ValueError, match="^source " + message):
+            jax.jit(lambda source: generate_fn({}, source))(given)
+
+
 def test_generate_checks_separate_vocabularies_by_the_source_side():
     config = CONFIG.replace(source_vocab_size=60, share_embeddings=False)
     generate_fn = make_generate_fn(config, DecodeSettings(method="greedy", max_extra_length=EXTRA))
