@@ -58,40 +58,53 @@ def has_pieces(ids: np.ndarray, eos_id: int) -> bool:
     return bool(np.any(ids != eos_id))
 
 
+def without_trailing_padding(ids: np.ndarray, pad_id: int) -> np.ndarray:
+    """`ids` up to their last id other than PAD: the padding after a padded row's EOS, which is no
+    part of its sentence, dropped; PAD before that stays (`refuse_other_than_one_sentence` refuses it)."""
+    kept = np.flatnonzero(ids != pad_id)
+    return ids[: kept[-1] + 1] if kept.size else ids[:0]
+
+
 def refuse_other_than_one_sentence(ids: np.ndarray, eos_id: int, name: str, pad_id: int) -> None:
-    """A one-line error naming `name` (and the position) for ids that are not one sentence's: not
-    1-D, empty, not integers (a bool or float would be cast when a batch is filled), EOS alone
-    (decoded, it would get an invented output; `translate` gives a line that encodes to no piece an
-    empty one), a last id other than EOS, EOS before the end (sentences run together), or PAD
-    before it (the model's mask would drop that token silently: no tokenizer gives a sentence PAD).
-    The model was trained on single sentences ending in EOS. Both translators' id-level entry
-    points call this, so they refuse in the same words."""
+    """A one-line error naming `name` (and the position) for ids that are not one sentence's,
+    optionally followed by padding (PAD after its EOS, as in a row of a padded [B, S] array, which
+    `without_trailing_padding` drops): not 1-D, empty or padding alone, not integers (a bool or float
+    would be cast when a batch is filled), EOS alone (decoded, it would get an invented output;
+    `translate` gives a line that encodes to no piece an empty one), a last id before the padding other
+    than EOS, EOS before it (sentences run together), or PAD before it (the model's mask would drop that
+    token silently: no tokenizer gives a sentence PAD). The model was trained on single sentences
+    ending in EOS. Both translators' id-level entry points call this, so they refuse in the same words."""
     if ids.ndim != 1:
         raise ValueError(f"{name} must be one sentence's ids (1-D), got shape {ids.shape}")
     if ids.size == 0:
         raise ValueError(f"{name} is empty: a sentence's ids end with EOS ({eos_id})")
     if ids.dtype == np.bool_ or not np.issubdtype(ids.dtype, np.integer):
         raise TypeError(f"{name}'s ids must be integers, got dtype {ids.dtype}")
-    if ids.size == 1 and ids[0] == eos_id:
+    sentence = without_trailing_padding(ids, pad_id)
+    if sentence.size == 0:
+        raise ValueError(f"{name} is PAD ({pad_id}) alone: a sentence's ids end with EOS ({eos_id})")
+    if sentence.size == 1 and sentence[0] == eos_id:
         raise ValueError(
             f"{name} is EOS ({eos_id}) alone: no sentence to translate (translate gives a line that encodes "
             "to no piece an empty output)"
         )
-    if ids[-1] != eos_id:
+    end = sentence.size - 1
+    if sentence[-1] != eos_id:
+        padded = " (before its padding)" if sentence.size < ids.size else ""
         raise ValueError(
-            f"{name} ends with id {ids[-1]} at position {ids.size - 1}, not EOS ({eos_id}): "
+            f"{name} ends with id {sentence[-1]} at position {end}{padded}, not EOS ({eos_id}): "
             "a sentence's ids end with EOS"
         )
-    early = np.flatnonzero(ids[:-1] == eos_id)
+    early = np.flatnonzero(sentence[:-1] == eos_id)
     if early.size:
         raise ValueError(
-            f"{name} has EOS ({eos_id}) at position {early[0]}, before its end at position {ids.size - 1}: "
+            f"{name} has EOS ({eos_id}) at position {early[0]}, before its end at position {end}: "
             "one sentence per source"
         )
-    padding = np.flatnonzero(ids == pad_id)
+    padding = np.flatnonzero(sentence == pad_id)
     if padding.size:
         raise ValueError(
-            f"{name} has PAD ({pad_id}) at position {padding[0]}, before its EOS at position {ids.size - 1}: "
+            f"{name} has PAD ({pad_id}) at position {padding[0]}, before its EOS at position {end}: "
             "padding goes only after a sentence's EOS"
         )
 

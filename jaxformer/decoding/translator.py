@@ -223,7 +223,8 @@ class Translator:
     def translate_ids(
         self, sources: Sequence[np.ndarray | Sequence[int]] | np.ndarray, progress: bool = False
     ) -> list[list[tuple[np.ndarray, float]]]:
-        """Hypotheses (ids, score) per source id sequence (each ending in EOS), in input order.
+        """Hypotheses (ids, score) per source id sequence (each ending in EOS, then optionally padding,
+        which is dropped: a padded [B, S] array's rows give what they give unpadded), in input order.
         Each sequence is checked first (`checked_id_sequences`): errors name its index in `sources`."""
         if self.params is None:
             raise ValueError("this Translator has no parameters yet: use with_params(params)")
@@ -269,20 +270,23 @@ class Translator:
 
 
 def checked_id_sequences(sources: Sequence[Any] | np.ndarray, vocab_size: int) -> list[np.ndarray]:
-    """`sources` as int32 arrays, one per sentence: any integer dtype is cast. One array of ids
+    """`sources` as int32 arrays, one per sentence, without the padding after its EOS (the rows of
+    a padded [B, S] array are sentences too): any integer dtype is cast. One array of ids
     (a sentence, not a list of them), a sequence of another rank, an empty one, a bool, float or
     other dtype, or an id outside [0, vocab_size) is an error in one line naming the sequence's index
     in `sources` (and the id's position): not the row of a length-sorted batch that the search sees.
-    An empty sequence, or EOS alone, is no sentence (a sentence's ids end with EOS; `translate` gives
-    an empty line no source at all): decoded, it would get an invented output. So is one whose last
-    id is not EOS, or one with EOS before its end (sentences run together): the model was trained on
-    single sentences ending in EOS, and would translate either as input it never saw. PAD before the
-    end is refused too: the model's mask would drop that token without a word."""
+    An empty sequence, PAD alone, or EOS alone, is no sentence (a sentence's ids end with EOS;
+    `translate` gives an empty line no source at all): decoded, it would get an invented output. So is
+    one whose last id before its padding is not EOS, or one with EOS before that end (sentences run
+    together): the model was trained on single sentences ending in EOS, and would translate either as
+    input it never saw. PAD before the end is refused too: the model's mask would drop that token
+    without a word (`sentence_batches.refuse_other_than_one_sentence`)."""
     if isinstance(sources, (np.ndarray, jax.Array)) and np.ndim(sources) == 1:
         raise TypeError(f"sources must be a list of id sequences, not one of shape {np.shape(sources)}: pass [ids]")
     arrays = [np.asarray(source) for source in sources]
     for index, ids in enumerate(arrays):
         sentence_batches.refuse_other_than_one_sentence(ids, EOS_ID, f"source {index}", PAD_ID)
+    arrays = [sentence_batches.without_trailing_padding(ids, PAD_ID) for ids in arrays]
     lengths = [len(ids) for ids in arrays]
     flat = np.concatenate([ids.astype(np.int64) for ids in arrays]) if arrays else np.zeros(0, np.int64)
     outside = np.flatnonzero((flat < 0) | (flat >= vocab_size))

@@ -196,13 +196,15 @@ class ExportedTranslator:
     def translate_sequences(
         self, sources: Sequence[np.ndarray], progress: bool = False
     ) -> list[list[tuple[np.ndarray, float]]]:
-        """Hypotheses (ids, score) per source id sequence (each ending in EOS), in input order. Each
-        is checked before any batch runs (`_refuse_bad_ids`), errors naming its index in `sources`."""
+        """Hypotheses (ids, score) per source id sequence (each ending in EOS, then optionally padding,
+        which is dropped), in input order. Each is checked before any batch runs (`_refuse_bad_ids`),
+        errors naming its index in `sources`."""
         if isinstance(sources, (np.ndarray, jax.Array)) and np.ndim(sources) == 1:
             raise TypeError(f"sources must be a list of id sequences, not one of shape {np.shape(sources)}: pass [ids]")
         sources = [np.asarray(ids) for ids in sources]
         for index, ids in enumerate(sources):
             _refuse_bad_ids(ids, self.tokenizer, f"source {index}", self.vocab_size)
+        sources = [sentence_batches.without_trailing_padding(ids, self.tokenizer.pad_id) for ids in sources]
         results: list[Any] = [None] * len(sources)
         batches = sentence_batches.length_sorted_batches(
             sources, self.batch_size, self.length_bucket, self.tokenizer.pad_id, self.tokenizer.eos_id
@@ -229,7 +231,7 @@ class ExportedTranslator:
         if source.ndim != 2 or not np.issubdtype(source.dtype, np.integer) or 0 in source.shape:
             raise ValueError(f"source must be a non-empty integer array [B, S]; got {source.dtype} {source.shape}")
         for row, ids in enumerate(source):
-            _refuse_bad_ids(_without_trailing_padding(ids, self.tokenizer.pad_id), self.tokenizer, f"source row {row}")
+            _refuse_bad_ids(ids, self.tokenizer, f"source row {row}")
         if source.min() < 0 or source.max() >= self.vocab_size:
             raise ValueError(f"source ids must lie in [0, {self.vocab_size}); got {source.min()} .. {source.max()}")
         return self._decode_batch(source)
@@ -242,12 +244,6 @@ class ExportedTranslator:
             )
         tokens, scores = self._run(self.params, source.astype(np.int32))
         return np.asarray(tokens), np.asarray(scores)
-
-
-def _without_trailing_padding(row: np.ndarray, pad_id: int) -> np.ndarray:
-    """A padded row's ids up to its last one other than PAD; PAD before that stays, to be refused."""
-    kept = np.flatnonzero(row != pad_id)
-    return row[: kept[-1] + 1] if kept.size else row[:0]
 
 
 def _refuse_bad_ids(

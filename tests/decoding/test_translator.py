@@ -160,6 +160,34 @@ def test_translate_ids_names_the_callers_source(translator):
         ]
 
 
+def test_translate_ids_drops_the_padding_after_each_sources_eos(translator):
+    sentences = read_raw("val.en.gz", 5)
+    unpadded = [translator.tokenizer.encode(sentence) for sentence in sentences]
+    rows = np.full((len(unpadded), max(map(len, unpadded)) + 3), PAD_ID)  # make_generate_fn's layout, [B, S]
+    for row, ids in enumerate(unpadded):
+        rows[row, : len(ids)] = ids
+    expected = [[(ids.tolist(), score) for ids, score in nbest] for nbest in translator.translate_ids(unpadded)]
+    for padded in (
+        rows,
+        list(rows),
+        [np.pad(ids, (0, row), constant_values=PAD_ID) for row, ids in enumerate(unpadded)],
+    ):
+        translated = translator.translate_ids(padded)
+        assert [[(ids.tolist(), score) for ids, score in nbest] for nbest in translated] == expected
+    # Padding before EOS, or with no EOS before it, is refused, in words that say where padding goes.
+    for bad, message in (
+        (
+            [5, PAD_ID, 6, EOS_ID, PAD_ID],
+            rf"has PAD \({PAD_ID}\) at position 1, before its EOS at position 3: padding ",
+        ),
+        ([5, 6, PAD_ID, PAD_ID], r"ends with id 6 at position 1 \(before its padding\), not EOS "),
+        ([PAD_ID, PAD_ID], rf"is PAD \({PAD_ID}\) alone: a sentence's ids end with EOS \({EOS_ID}\)$"),
+        ([EOS_ID, PAD_ID], rf"is EOS \({EOS_ID}\) alone: "),
+    ):
+        with pytest.raises(ValueError, match="^source 1 " + message):
+            translator.translate_ids([unpadded[0], bad])
+
+
 def test_from_workdir_checks_the_settings_before_reading_parameters(decoding_workdir, monkeypatch):
     from jaxformer.decoding import translator as translator_module
     from jaxformer.run.loading import load_checkpoint

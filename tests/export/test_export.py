@@ -228,6 +228,12 @@ def test_translator_from_export_equals_the_translator(exported, translator, sent
     # An empty line encodes to EOS alone, no sentence (translate_ids refuses it; translate gives it "").
     pieces = [ids for ids in map(translator.tokenizer.encode, sentences) if 1 < len(ids) <= 32][::-1]
     assert_same_hypotheses(served.translate_sequences(pieces), translator.translate_ids(pieces))
+    # A padded [B, S] array's rows, as translate_ids takes them: the padding after each EOS dropped by both.
+    rows = np.zeros((len(pieces), 32), np.int32)
+    for row, ids in enumerate(pieces):
+        rows[row, : len(ids)] = ids
+    assert_same_hypotheses(served.translate_sequences(rows), served.translate_sequences(pieces))
+    assert_same_hypotheses(served.translate_sequences(rows), translator.translate_ids(rows))
     with pytest.raises(ValueError, match="exceeds the 32 tokens"):
         served.translate_ids(np.append(np.full((1, 32), 5, np.int32), [[1]], axis=1))  # one sentence, ending in EOS
 

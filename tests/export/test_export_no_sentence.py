@@ -54,14 +54,14 @@ def test_the_id_entry_points_refuse_no_sentence_before_any_batch(unrun):
     rows[0] = sentence
     for second_row, message in (
         ([EOS, PAD, PAD, PAD], rf"^source row 1 is EOS \({EOS}\) alone: "),
-        ([PAD] * 4, r"^source row 1 is empty: "),
-        ([5, 6, PAD, PAD], rf"^source row 1 ends with id 6 at position 1, not EOS \({EOS}\): "),
+        ([PAD] * 4, rf"^source row 1 is PAD \({PAD}\) alone: a sentence's ids end with EOS \({EOS}\)$"),
+        ([5, 6, PAD, PAD], rf"^source row 1 ends with id 6 at position 1 \(before its padding\), not EOS \({EOS}\): "),
         ([5, EOS, 6, EOS], rf"^source row 1 has EOS \({EOS}\) at position 1, before its end at position 3: "),
         # only the padding after a row's EOS is dropped; a PAD before it is no sentence's id
         ([5, PAD, 7, EOS], rf"^source row 1 has PAD \({PAD}\) at position 1, before its EOS at position 3: "),
         ([PAD, 5, EOS, PAD], rf"^source row 1 has PAD \({PAD}\) at position 0, before its EOS at position 2: "),
-        ([5, PAD, 6, PAD], rf"^source row 1 ends with id 6 at position 2, not EOS \({EOS}\): "),  # its position
-        ([PAD, PAD, 5, PAD], rf"^source row 1 ends with id 5 at position 2, not EOS \({EOS}\): "),
+        ([5, PAD, 6, PAD], rf"^source row 1 ends with id 6 at position 2 \(before its padding\), not EOS \({EOS}\)"),
+        ([PAD, PAD, 5, PAD], rf"^source row 1 ends with id 5 at position 2 \(before its padding\), not EOS \({EOS}\)"),
     ):
         rows[1] = second_row
         with pytest.raises(ValueError, match=message):
