@@ -134,7 +134,8 @@ def with_chosen_forms(args: argparse.Namespace, chosen) -> argparse.Namespace:
 
 def resolved_alpha(args: argparse.Namespace, max_extra_length: int, chosen) -> float:
     """--alpha when given; else, with --checkpoint final, the length penalty the run's final choice
-    kept with those parameters (`chosen`, `final_search(args)`: training.final_alphas), with a
+    kept with those parameters (`chosen`, `final_search(args)`: the best of training.final_alphas,
+    or decoding.alpha when it compared none), with a
     warning naming each setting of this search (--beam_size, --length_penalty, --stop,
     --renormalize_after_bans, `max_extra_length`) that differs from the search the choice was made
     with; else DecodeSettings' default (0.6). Decided by `checkpoint_alpha`, as
@@ -223,8 +224,8 @@ def add_length_penalty_flags(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--alpha",
         type=number(0.0, inclusive=True),
-        help="length penalty exponent (default: with --checkpoint final, the one the run chose on validation "
-        "when it compared them, training.final_alphas; else 0.6)",
+        help="length penalty exponent (default: with --checkpoint final, the one its choice was made with under "
+        "beam search: the best on validation of training.final_alphas, or decoding.alpha; else 0.6)",
     )
     parser.add_argument(
         "--length_penalty",

@@ -278,7 +278,7 @@ def results_table(rows: Sequence[dict[str, Any]], unchecked: Collection[str] = (
 
     def alphas(row):  # each seed's; None: a run from before the final choice kept its alpha
         chosen = [seed.get("alpha") for seed in row.get("seeds", [row])]
-        if all(alpha is None for alpha in chosen):  # no length penalty chosen (greedy, or no final_alphas)
+        if all(alpha is None for alpha in chosen):  # none kept (greedy search or sampling, or older runs)
             return ""
         missing = "" if len(chosen) == 1 else "?"
         return ", ".join(missing if alpha is None else f"{alpha:g}" for alpha in chosen)

@@ -1,8 +1,10 @@
-"""The length penalty a checkpoint is searched with. A run's final choice compares
-training.final_alphas and keeps the best one in final/'s metadata: --checkpoint final is searched
-with it unless the caller gives an alpha, and with the length penalty's form and renormalisation
-the choice was made with (decoding.length_penalty, decoding.renormalize_after_bans) unless the
-caller gives its own. Decided here, for the commands (--alpha) and for the Python constructors
+"""The length penalty a checkpoint is searched with. A run's final choice under beam search keeps
+the alpha it was scored with in final/'s metadata: the best of training.final_alphas, or
+decoding.alpha when it compared none. --checkpoint final is searched with it unless the caller
+gives an alpha, and with the length penalty's form and renormalisation the choice was made with
+(decoding.length_penalty, decoding.renormalize_after_bans) unless the caller gives its own; a beam
+search of a choice made with greedy search or sampling (decoding.method) is named in a warning.
+Decided here, for the commands (--alpha) and for the Python constructors
 (`Translator.from_workdir`, `export_checkpoint`), so that both give the same translations of the
 same checkpoint."""
 
@@ -25,6 +27,7 @@ SETTINGS_RENORMALIZE = "settings=DecodeSettings(renormalize_after_bans=...)"
 
 # The settings of a beam search that the chosen alpha depends on, besides the parameters.
 _SEARCH_KEYS = ("beam_size", "length_penalty", "max_extra_length", "stop", "renormalize_after_bans")
+SEARCH_NAMES = {"beam": "beam search", "greedy": "greedy search", "sample": "sampling"}  # decoding.method's
 
 
 @dataclasses.dataclass(frozen=True)
@@ -32,7 +35,11 @@ class ChosenSearch:
     """What final/'s metadata says of the search the run's final choice was made with, read once
     for all that a command or constructor settles from it."""
 
-    alpha: float | None  # the one kept (training.final_alphas); None: the run compared none
+    method: str  # decoding.method: "beam", or "greedy" or "sample", which read no length penalty
+    alpha: float | None  # the one kept; None: a choice by greedy search or sampling, or a beam search's
+    # from before final/ kept decoding.alpha where it compared none
+    compared: bool  # whether the alpha was chosen among training.final_alphas; else it is decoding.alpha
+    configured_alpha: float  # decoding.alpha: what a beam search that compared none scored the choice with
     length_penalty: str | None  # decoding.length_penalty; None: a run from before the key (gnmt)
     renormalize_after_bans: bool | None  # decoding.renormalize_after_bans; None: a run from before the key
     chosen_with: dict[str, Any]  # _SEARCH_KEYS' values; a key the run left to its default has DecodeSettings'
@@ -50,7 +57,10 @@ def chosen_search(
     saved = metadata.config.get("decoding", {})  # None: a key left to its default (a run from before it)
     chosen_with = {**vars(DecodeSettings()), **{key: value for key, value in saved.items() if value is not None}}
     return ChosenSearch(
+        method=chosen_with["method"],
         alpha=metadata.alpha,
+        compared=bool(metadata.config.get("training", {}).get("final_alphas")),
+        configured_alpha=float(chosen_with["alpha"]),
         length_penalty=saved.get("length_penalty"),
         renormalize_after_bans=saved.get("renormalize_after_bans"),
         chosen_with={key: chosen_with[key] for key in _SEARCH_KEYS},
@@ -63,38 +73,63 @@ def checkpoint_alpha(
     given: float | None = None,
     override: str = SETTINGS_ALPHA,
 ) -> float:
-    """`given` when not None; else the length penalty the run's final choice kept with its
-    parameters (`chosen`, for --checkpoint final: training.final_alphas), logged, with a warning
-    naming each setting of `search` (its beam_size, length_penalty, max_extra_length, stop,
-    renormalize_after_bans; its alpha is not read) that differs from the search the choice was
-    made with; else DecodeSettings' default (0.6). `override`: how the caller gives its own alpha,
-    for those log lines."""
+    """`given` when not None; else the length penalty the run's final choice, made with beam search,
+    kept with its parameters (`chosen`, for --checkpoint final: the best of training.final_alphas,
+    or decoding.alpha when it compared none), logged, with a warning naming each setting of
+    `search` (its beam_size, length_penalty, max_extra_length, stop, renormalize_after_bans; its
+    alpha is not read) that differs from the search the choice was made with; else DecodeSettings'
+    default (0.6): after a choice by greedy search or sampling, which read none
+    (`checkpoint_settings` warns of that search), and on a final/ saved before it kept decoding.alpha
+    (with a warning when the choice was scored with another). `override`: how the caller gives its
+    own alpha, for those log lines."""
     if given is not None:
         return given
-    if chosen is not None and chosen.alpha is not None:
-        alpha = chosen.alpha
-        logger.info("length penalty alpha %g: chosen on validation by the run (%s overrides it)", alpha, override)
-        differences = [
-            f"{key} {chosen.chosen_with[key]} -> {getattr(search, key)}"
-            for key in _SEARCH_KEYS
-            if chosen.chosen_with[key] != getattr(search, key)
-        ]
-        if differences:
+    if chosen is None or chosen.method != "beam":
+        return DecodeSettings.alpha
+    if chosen.alpha is None:  # as such a final/ was searched before: the default, said where it is not the choice's
+        if chosen.configured_alpha != DecodeSettings.alpha:
             logger.warning(
-                "alpha %g was chosen for another search than this one (%s): give %s to choose it yourself",
-                *(alpha, ", ".join(differences), override),
+                "length penalty alpha %g (final/ was saved before it kept the alpha of a choice that compared none): "
+                "the run's final choice was scored with decoding.alpha %g, which %s gives",
+                *(DecodeSettings.alpha, chosen.configured_alpha, override),
             )
-        return alpha
-    return DecodeSettings.alpha
+        return DecodeSettings.alpha
+    alpha = chosen.alpha
+    if chosen.compared:
+        logger.info("length penalty alpha %g: chosen on validation by the run (%s overrides it)", alpha, override)
+    else:
+        logger.info(
+            "length penalty alpha %g: decoding.alpha, which the run's final choice was scored with (%s overrides it)",
+            *(alpha, override),
+        )
+    differences = [
+        f"{key} {chosen.chosen_with[key]} -> {getattr(search, key)}"
+        for key in _SEARCH_KEYS
+        if chosen.chosen_with[key] != getattr(search, key)
+    ]
+    if differences:
+        kept = "alpha %g was chosen for" if chosen.compared else "the run's final choice was scored with alpha %g under"
+        logger.warning(
+            kept + " another search than this one (%s): give %s to choose it yourself",
+            *(alpha, ", ".join(differences), override),
+        )
+    return alpha
 
 
 def checkpoint_length_penalty(chosen: ChosenSearch | None, override: str = SETTINGS_LENGTH_PENALTY) -> str | None:
     """The length penalty's form the run's final choice compared its alphas with (`chosen`, for
-    --checkpoint final: decoding.length_penalty in final/'s config), logged; else None (the
-    caller's default, gnmt). `override`: how the caller gives its own form, for the log line."""
+    --checkpoint final: decoding.length_penalty in final/'s config; for a choice by greedy search
+    or sampling, which read none, the run's form still), logged; else None (the caller's default,
+    gnmt). `override`: how the caller gives its own form, for the log line."""
     form = None if chosen is None else chosen.length_penalty
-    if form is not None:
+    if form is not None and chosen.method == "beam":
         logger.info("length penalty %s: the run's final choice was made with it (%s overrides it)", form, override)
+    elif form is not None:  # the run's form still, though its choice read none
+        logger.info(
+            "length penalty %s: the run's decoding.length_penalty; its final choice, made with %s, read none "
+            "(%s overrides it)",
+            *(form, SEARCH_NAMES[chosen.method], override),
+        )
     return form
 
 
@@ -111,6 +146,19 @@ def checkpoint_renormalization(chosen: ChosenSearch | None, override: str = SETT
     return renormalized
 
 
+def _warn_if_chosen_with_another_method(chosen: ChosenSearch | None, search: DecodeSettings) -> None:
+    """A warning when `search`, a beam search of --checkpoint final (`chosen`), is not the search
+    the run's final choice was made with (decoding.method): its parameters were chosen greedily or
+    by sampling, and nothing in final/ says how they fare with beams."""
+    if chosen is not None and chosen.method != search.method:
+        logger.warning(
+            "the run's final choice was made with %s, and this is %s (beam %d): give --method %s "
+            "(DecodeSettings(method=%r) from Python) to decode as it was chosen",
+            *(SEARCH_NAMES[chosen.method], SEARCH_NAMES[search.method], search.beam_size, chosen.method),
+            chosen.method,
+        )
+
+
 def checkpoint_settings(
     workdir: str | os.PathLike,
     checkpoint: str | int,
@@ -120,11 +168,13 @@ def checkpoint_settings(
     """`settings` when given: their alpha is the caller's choice, even on "final" (logged when the
     run chose another there); else DecodeSettings() with `checkpoint_alpha`'s alpha: on "final",
     the one the run chose, with the length penalty's form and renormalisation it chose it with, as
-    the commands search without --alpha, --length_penalty and --renormalize_after_bans. `chosen`:
+    the commands search without --alpha, --length_penalty and --renormalize_after_bans. A beam
+    search of a final choice made with greedy search or sampling is named in a warning. `chosen`:
     final/'s `chosen_search` when the caller read it already (the commands, for their flags):
     final/ is then not read again."""
     if settings is None:
         chosen = chosen_search(workdir, checkpoint, chosen)
+        _warn_if_chosen_with_another_method(chosen, DecodeSettings())
         form = checkpoint_length_penalty(chosen) or DecodeSettings.length_penalty
         renormalized = bool(checkpoint_renormalization(chosen))
         search = DecodeSettings(length_penalty=form, renormalize_after_bans=renormalized)
@@ -132,10 +182,10 @@ def checkpoint_settings(
     # The other searches read no length penalty, and choose the same tokens renormalized or not.
     if checkpoint == "final" and settings.method == "beam":
         chosen = chosen_search(workdir, checkpoint, chosen)
+        _warn_if_chosen_with_another_method(chosen, settings)
         if chosen.alpha is not None and chosen.alpha != settings.alpha:
-            logger.info(
-                "length penalty alpha %g as given (the run chose %g on validation)", settings.alpha, chosen.alpha
-            )
+            kept = "the run chose %g on validation" if chosen.compared else "the run's final choice was scored with %g"
+            logger.info("length penalty alpha %g as given (" + kept + ")", settings.alpha, chosen.alpha)
         if bool(chosen.renormalize_after_bans) != settings.renormalize_after_bans:
             logger.info(
                 "renormalize_after_bans=%s as given (the run's final choice was made with %s)",

@@ -25,8 +25,9 @@ In the checkpoint it is a JSON object (the `metadata` item of each step director
      "bleu": 27.3,                 best/ checkpoints only: the validation BLEU that made them best
      "averaged_steps": [800, 900, 1000],  averaged/ checkpoints only
      "chosen_from": "averaged",    final/ checkpoints only: which candidate the run chose
-     "alpha": 1.0,                 final/ checkpoints only, when the run compared length penalties:
-                                   the beam search's alpha chosen on validation
+     "alpha": 1.0,                 final/ checkpoints only, when the choice searched with beams: its
+                                   alpha, chosen on validation (training.final_alphas) or, compared
+                                   with none, decoding.alpha (absent there in older final/ checkpoints)
      "checksums": {...}}           added and verified by run/checkpoint.py (run/checksums.py)
 
 Checkpoints written before this schema (plain dicts, possibly without "data_fingerprint" or
@@ -61,7 +62,7 @@ class CheckpointMetadata:
     target_tokenizer: bytes | None = None  # the target side's model with separate vocabularies; None: shared
     chosen_from: str | None = None  # set in final/ checkpoints: "latest", "best", "averaged" or "ema"
     train_seconds: float | None = None  # the training loop's seconds at this step (None: from before it was kept)
-    alpha: float | None = None  # final/ checkpoints only: the length penalty chosen on validation (None: not chosen)
+    alpha: float | None = None  # final/ checkpoints only: the beam search's length penalty (None: greedy, or older)
     rdrop_by_pace: bool | None = None  # the run's pace decided R-Drop on or off (None: undecided, or no such rule)
     # final/ checkpoints only: every candidate's and length penalty's validation scores ("latest/bleu",
     # "alpha_1.4/chrf", ...), so a run started again after its choice reports them all (None: from before)

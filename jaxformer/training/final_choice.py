@@ -6,10 +6,11 @@ config's decoding (beam 4 by default). Then, when training.final_alphas lists le
 the chosen parameters are translated with each and the highest-scoring alpha is kept with them
 (decoding.alpha on a tie): a model trained for an hour on a small corpus writes short outputs,
 and the paper's 0.6 was chosen for WMT. Saved as workdir/final/<step> (`--checkpoint final`), its
-metadata naming the candidate, its alpha and its BLEU (and its config the length penalty's form,
-decoding.length_penalty, and decoding.renormalize_after_bans); translate, evaluate and export use
-that alpha unless --alpha is given, that form unless --length_penalty is, and that renormalisation
-unless --renormalize_after_bans is. No test data is read."""
+metadata naming the candidate, its alpha (under beam search, decoding.alpha when it compared none;
+greedy search and sampling read none) and its BLEU (and its config the search: the length penalty's
+form, decoding.length_penalty, and decoding.renormalize_after_bans); translate, evaluate and export
+use that alpha unless --alpha is given, that form unless --length_penalty is, and that
+renormalisation unless --renormalize_after_bans is. No test data is read."""
 
 from __future__ import annotations
 
@@ -250,7 +251,9 @@ def choose_final(
             summary.update({f"alpha_{value:g}/{key}": scores[value][key] for value in scores for key in SCORES})
         result = {
             "chosen": chosen,
-            "alpha": alpha if alphas else None,
+            # The alpha every score of the choice was measured with, compared or not: the one
+            # `--checkpoint final` searches with. A greedy search or sampling reads none.
+            "alpha": alpha if config.decoding.method == "beam" else None,
             **{key: scores[alpha][key] for key in SCORES},
             **summary,
         }

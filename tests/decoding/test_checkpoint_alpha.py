@@ -26,14 +26,16 @@ def final_workdir(decoding_workdir, tmp_path_factory):
     return with_final_choice(decoding_workdir, tmp_path_factory.mktemp("final-choice") / "run", stop="exact")
 
 
-def with_final_choice(source, workdir, **chosen_with):
-    """A copy of the run `source` at `workdir` whose final/ keeps its latest parameters with
-    alpha CHOSEN, chosen with its config's decoding settings changed by `chosen_with`."""
+def with_final_choice(source, workdir, kept=CHOSEN, alphas=(0.6, CHOSEN), **chosen_with):
+    """A copy of the run `source` at `workdir` whose final/ keeps its latest parameters with alpha
+    `kept`, chosen among training.final_alphas `alphas` with its config's decoding settings changed
+    by `chosen_with`."""
     shutil.copytree(source, workdir)
     step, metadata, params = load_checkpoint(workdir)
-    config = dict(metadata.config, decoding={**metadata.config["decoding"], **chosen_with})
+    training = {**metadata.config["training"], "final_alphas": alphas}
+    config = dict(metadata.config, training=training, decoding={**metadata.config["decoding"], **chosen_with})
     writer = Checkpointer(RunDirectory(workdir).final, keep=None)
-    writer.save_params(step, params, metadata.replace(config=config, chosen_from="latest", alpha=CHOSEN, bleu=1.0))
+    writer.save_params(step, params, metadata.replace(config=config, chosen_from="latest", alpha=kept, bleu=1.0))
     writer.close()
     return workdir
 
@@ -166,14 +168,36 @@ class _Reached(Exception):
     """The command got to its search with these settings."""
 
 
+def searched_by(command, workdir, flags, tmp_path, monkeypatch, capsys):
+    """(the settings `command` --checkpoint final `flags` got to its search with, the lines it
+    logged as "I message" or "W message")."""
+    from jaxformer.commands import evaluate, export
+    from jaxformer.export import exporter
+
+    def reached(*args, **_):  # Translator.translate, or the export's lowering: (self or config, settings, ...)
+        raise _Reached(args[0].settings if command != "export" else args[1])
+
+    monkeypatch.setattr(Translator, "translate", reached)
+    monkeypatch.setattr(exporter, "export_beam_search", reached)
+    text = tmp_path / "text"
+    text.write_text("A man rides a horse.\n")
+    main, command_flags = {
+        "translate": (translate.main, ["--input", str(text)]),
+        "evaluate": (evaluate.main, ["--source", str(text), "--reference", str(text)]),
+        "export": (export.main, ["--output", str(tmp_path / "export"), "--platforms", "cpu"]),
+    }[command]
+    capsys.readouterr()
+    with pytest.raises(_Reached) as searched:
+        main(["--workdir", str(workdir), "--checkpoint", "final", *flags, *command_flags])
+    return searched.value.args[0], [line.split(" ", 1)[1] for line in capsys.readouterr().err.splitlines()]
+
+
 @pytest.mark.parametrize("command", ["translate", "evaluate", "export"])
 @pytest.mark.parametrize("alpha_flags", [[], ["--alpha", "0.25"]])
 def test_a_command_on_final_reads_its_chosen_search_once(
     command, alpha_flags, final_workdir, tmp_path, monkeypatch, capsys
 ):
-    from jaxformer.commands import evaluate, export
     from jaxformer.decoding import checkpoint_alpha
-    from jaxformer.export import exporter
 
     reads = []
 
@@ -181,25 +205,11 @@ def test_a_command_on_final_reads_its_chosen_search_once(
         reads.append(checkpoint)
         return load_checkpoint(workdir, checkpoint, params)
 
-    def reached(*args, **_):  # Translator.translate, or the export's lowering: (self or config, settings, ...)
-        raise _Reached(args[0].settings if command != "export" else args[1])
-
     monkeypatch.setattr(checkpoint_alpha, "load_checkpoint", counted)
-    monkeypatch.setattr(Translator, "translate", reached)
-    monkeypatch.setattr(exporter, "export_beam_search", reached)
-    text = tmp_path / "text"
-    text.write_text("A man rides a horse.\n")
-    flags = ["--workdir", str(final_workdir), "--checkpoint", "final", *alpha_flags]
-    main, command_flags = {
-        "translate": (translate.main, ["--input", str(text)]),
-        "evaluate": (evaluate.main, ["--source", str(text), "--reference", str(text)]),
-        "export": (export.main, ["--output", str(tmp_path / "export"), "--platforms", "cpu"]),
-    }[command]
-    with pytest.raises(_Reached) as searched:
-        main([*flags, *command_flags])
+    settings, lines = searched_by(command, final_workdir, alpha_flags, tmp_path, monkeypatch, capsys)
     assert reads == ["final"]  # was 2 (--alpha given) or 3: the length penalty's form, the alpha, the constructor's
-    assert searched.value.args[0].alpha == (0.25 if alpha_flags else CHOSEN)
-    logged = [line.split(" ", 2)[2] for line in capsys.readouterr().err.splitlines()]  # "12:00:00 I message"
+    assert settings.alpha == (0.25 if alpha_flags else CHOSEN)
+    logged = [line.split(" ", 1)[1] for line in lines]  # "I message"
     assert [message for message in logged if "alpha" in message] == (
         [f"length penalty alpha 0.25 as given (the run chose {CHOSEN:g} on validation)"]
         if alpha_flags
@@ -209,3 +219,67 @@ def test_a_command_on_final_reads_its_chosen_search_once(
             "give --alpha to choose it yourself",
         ]
     )
+
+
+GREEDY_CHOICE_SEARCHED_WITH_BEAMS = (
+    "W the run's final choice was made with greedy search, and this is beam search (beam 4): give --method greedy "
+    "(DecodeSettings(method='greedy') from Python) to decode as it was chosen"
+)
+
+
+@pytest.mark.parametrize("command", ["translate", "evaluate", "export"])
+def test_a_beam_search_of_a_greedy_choice_says_so(command, decoding_workdir, tmp_path, monkeypatch, capsys):
+    # The form as a run's start settles it (run_start.settle_inherited_decoding), though greedy search reads none.
+    workdir = with_final_choice(decoding_workdir, tmp_path / "run", kept=None, method="greedy", length_penalty="gnmt")
+    settings, lines = searched_by(command, workdir, [], tmp_path, monkeypatch, capsys)
+    assert (settings.method, settings.alpha) == ("beam", 0.6)  # the choice read no alpha: the default
+    assert [line for line in lines if line.startswith("W ")] == [GREEDY_CHOICE_SEARCHED_WITH_BEAMS]  # was none
+    # Its length penalty's form is the run's, which the greedy choice did not read (was "made with it").
+    assert (
+        "I length penalty gnmt: the run's decoding.length_penalty; its final choice, made with greedy search, read "
+        "none (--length_penalty overrides it)" in lines
+    )
+    assert not [line for line in lines if "made with it" in line]
+    if command != "export":  # an export holds a beam search
+        settings, lines = searched_by(command, workdir, ["--method", "greedy"], tmp_path, monkeypatch, capsys)
+        assert settings.method == "greedy" and not [line for line in lines if line.startswith("W ")]
+
+
+def test_from_workdir_says_it_searches_a_greedy_choice_with_beams(decoding_workdir, tmp_path, caplog):
+    workdir = with_final_choice(decoding_workdir, tmp_path / "run", kept=None, method="greedy")
+    for settings, beam in ((None, 4), (DecodeSettings(beam_size=2), 2), (DecodeSettings(method="greedy"), None)):
+        caplog.clear()
+        with caplog.at_level(logging.WARNING, logger="jaxformer"):
+            Translator.from_workdir(workdir, "final", settings)
+        said = GREEDY_CHOICE_SEARCHED_WITH_BEAMS[2:].replace("(beam 4)", f"(beam {beam})")
+        assert caplog.messages == ([said] if beam else []), settings
+
+
+def test_a_choice_that_compared_no_alpha_names_its_alpha_as_decoding_alpha(decoding_workdir, tmp_path, caplog):
+    def searched(workdir):
+        caplog.clear()
+        args = translate.build_parser().parse_args(["--workdir", str(workdir), "--checkpoint", "final"])
+        with caplog.at_level(logging.INFO, logger="jaxformer"):
+            alpha = decoding_flags.decode_settings_from_flags(args, args.max_extra_length).alpha
+        return alpha, [record.getMessage() for record in caplog.records if record.levelno >= logging.WARNING]
+
+    # Saved as choose_final saves it now: decoding.alpha kept, its other search named as a chosen alpha's is.
+    workdir = with_final_choice(decoding_workdir, tmp_path / "now", kept=2.2, alphas=(), alpha=2.2, stop="exact")
+    assert searched(workdir) == (
+        2.2,
+        [
+            "the run's final choice was scored with alpha 2.2 under another search than this one "
+            "(stop exact -> current_length): give --alpha to choose it yourself"
+        ],
+    )
+    # Saved before final/ kept it: searched with 0.6 as then, and said where the choice was scored with another.
+    workdir = with_final_choice(decoding_workdir, tmp_path / "before", kept=None, alphas=(), alpha=2.2)
+    assert searched(workdir) == (
+        0.6,
+        [
+            "length penalty alpha 0.6 (final/ was saved before it kept the alpha of a choice that compared none): "
+            "the run's final choice was scored with decoding.alpha 2.2, which --alpha gives"
+        ],
+    )
+    workdir = with_final_choice(decoding_workdir, tmp_path / "before at 0.6", kept=None, alphas=())
+    assert searched(workdir) == (0.6, [])

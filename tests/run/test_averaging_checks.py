@@ -255,6 +255,43 @@ def test_final_alphas_under_greedy_search_keep_the_choice(run, monkeypatch):
     assert choose(_config(metadata, decoding__method="greedy", training__final_alphas=(3.0,))) == first
 
 
+class _Lowered(Exception):
+    """The export got to its lowering, with these settings."""
+
+
+def test_a_choice_that_compared_no_alpha_is_searched_with_the_one_it_was_scored_with(
+    run, tmp_path, monkeypatch, caplog
+):
+    from jaxformer.commands import decoding_flags, translate
+    from jaxformer.decoding.checkpoint_alpha import checkpoint_settings
+    from jaxformer.export import exporter
+
+    workdir, _ = run
+    _, metadata, choose = _chooser(workdir, monkeypatch)
+    summary = choose(_config(metadata, decoding__alpha=2.2, training__final_alphas=()))  # "() keeps decoding.alpha"
+    assert summary["alpha"] == load_checkpoint(workdir, "final", params=False)[1].alpha == 2.2  # was None
+
+    def reached(config, settings, *_, **__):
+        raise _Lowered(settings)
+
+    monkeypatch.setattr(exporter, "export_beam_search", reached)
+    with pytest.raises(_Lowered) as exported:
+        exporter.export_checkpoint(workdir, tmp_path / "export", "final", platforms=("cpu",))
+    args = translate.build_parser().parse_args(["--workdir", str(workdir), "--checkpoint", "final"])
+    with caplog.at_level(logging.INFO, logger="jaxformer"):
+        searched = {
+            "translate and evaluate": decoding_flags.decode_settings_from_flags(args, args.max_extra_length).alpha,
+            "Translator.from_workdir": checkpoint_settings(workdir, "final", None).alpha,
+            "export": exported.value.args[0].alpha,
+        }
+    # Each searches as the choice was scored: the BLEU it reported is `_Scored`'s at that alpha (was 0.6's).
+    assert {name: 10.0 + alpha for name, alpha in searched.items()} == dict.fromkeys(searched, summary["bleu"])
+    assert (
+        "length penalty alpha 2.2: decoding.alpha, which the run's final choice was scored with (--alpha overrides it)"
+        in caplog.messages
+    )
+
+
 def test_a_file_where_the_averages_go_is_one_line_before_any_checkpoint_is_read(run, capsys, monkeypatch):
     from jaxformer.run import averaging
 
