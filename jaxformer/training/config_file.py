@@ -277,11 +277,14 @@ def _parse(key: str, text: str, current: Any, field_type: type | None) -> Any:
             return False
         raise ConfigError(f"--config.{key}={text}: must be True or False")
     try:
-        value = ast.literal_eval(text.strip())
+        value = _literal(text.strip(), floats_by_name=kind in (tuple, list))
     except (ValueError, SyntaxError):
         if kind is None:
             return text  # a key with no type yet takes the text
-        raise ConfigError(f"--config.{key}={text}: must be {_TYPE_NAMES.get(kind, kind.__name__)}") from None
+        unreadable = _unreadable_item(text.strip()) if kind in (tuple, list) else ""
+        raise ConfigError(
+            f"--config.{key}={text}: must be {_TYPE_NAMES.get(kind, kind.__name__)}{unreadable}"
+        ) from None
     if kind is float and isinstance(value, int) and not isinstance(value, bool):
         return float(value)
     if kind in (tuple, list) and isinstance(value, (tuple, list)):
@@ -289,6 +292,38 @@ def _parse(key: str, text: str, current: Any, field_type: type | None) -> Any:
     if kind is not None and not isinstance(value, kind) or isinstance(value, bool) and kind is not bool:
         raise ConfigError(f"--config.{key}={text}: must be {_TYPE_NAMES.get(kind, kind.__name__)}")
     return value
+
+
+_FLOAT_NAMES = {"nan": float("nan"), "inf": float("inf")}
+
+
+def _literal(text: str, floats_by_name: bool = False) -> Any:
+    """`ast.literal_eval(text)`; with `floats_by_name`, nan and inf among its items are those floats,
+    so that a tuple holding one is refused by its key's rule, naming the value, rather than as no
+    tuple."""
+    if not floats_by_name:
+        return ast.literal_eval(text)
+
+    class FloatNames(ast.NodeTransformer):
+        def visit_Name(self, node: ast.Name) -> ast.AST:
+            return ast.Constant(_FLOAT_NAMES[node.id]) if node.id in _FLOAT_NAMES else node
+
+    return ast.literal_eval(FloatNames().visit(ast.parse(text, mode="eval")))
+
+
+def _unreadable_item(text: str) -> str:
+    """ "; <item> is no value ..." for the first item of the tuple or list `text` that is none; ""
+    when there is none to name (`text` does not parse)."""
+    try:
+        items = getattr(ast.parse(text, mode="eval").body, "elts", ())
+    except SyntaxError:
+        return ""
+    for item in items:
+        try:
+            ast.literal_eval(item)
+        except ValueError:
+            return f"; {ast.unparse(item)} is no value (a number, a quoted string, True, False or None)"
+    return ""
 
 
 def apply_overrides(config: ml_collections.ConfigDict, overrides: Sequence[tuple[str, str]]) -> None:

@@ -291,6 +291,19 @@ def test_a_mesh_that_cannot_hold_the_configured_model_stops_before_data_is_prepa
             ["--config.model.layer_norm_epsilon=1e999"],
             "TransformerConfig.layer_norm_epsilon=inf: must be a finite number > 0",
         ),
+        (  # was "must be a tuple"
+            ["--config.training.final_alphas=(0.6, nan)"],
+            "config training.final_alphas=(0.6, nan): must be a tuple of finite numbers >= 0 (length penalties",
+        ),
+        (
+            ["--config.training.final_alphas=(0.6, -inf)"],
+            "config training.final_alphas=(0.6, -inf): must be a tuple of finite numbers >= 0",
+        ),
+        (
+            ["--config.training.final_alphas=(0.6, one)"],
+            "--config.training.final_alphas=(0.6, one): must be a tuple; one is no value (a number, a quoted string, "
+            "True, False or None)\n",
+        ),
         (["--config.decoding.method=beem"], "config decoding.method='beem': must be one of 'beam', 'greedy', 'sample'"),
         (
             ["--config.tokenizer.model_type=wordpiece"],
