@@ -45,7 +45,7 @@ def load_checkpoint(
     if not directory.is_dir():
         if not any(run.checkpoint_directory(kind).is_dir() for kind in CHECKPOINT_KINDS):
             raise CheckpointError(_not_a_workdir(pathlib.Path(workdir).absolute()))
-        raise CheckpointError(f"{directory} does not exist: no {which!r} checkpoint in {workdir}")
+        raise CheckpointError(_missing(directory, which, workdir))
     step = checkpoint if isinstance(checkpoint, int) else None
     if checkpoint == "final" and before_params is not None:
         before_params = _trained_past_said_first(run, before_params)
@@ -62,6 +62,19 @@ def load_checkpoint(
     if checkpoint == "final":
         _warn_if_trained_past(run, loaded[0])
     return loaded
+
+
+def _missing(directory: pathlib.Path, which: str, workdir: str | os.PathLike) -> str:
+    """Why `which` cannot be read from `workdir`, whose `directory` for it does not exist; for
+    "final", what makes it: a run stopped before its end, or before its choice, chooses when its
+    training command runs again."""
+    missing = f"{directory} does not exist: no {which!r} checkpoint in {workdir}"
+    if which != "final":
+        return missing
+    return (
+        f"{missing}: the run has made no final choice; its training command, run again with "
+        "training.final_choice=True (as multi30k sets it), makes it at the run's end"
+    )
 
 
 def _trained_past_said_first(run: RunDirectory, check: MetadataCheck) -> MetadataCheck:
@@ -236,7 +249,7 @@ def locate_checkpoint(path: str | os.PathLike, checkpoint: str | int = "latest")
             return run.checkpoints, step
         directory = run.checkpoint_directory(checkpoint)
         if not directory.is_dir():
-            raise CheckpointError(f"{directory} does not exist: no {checkpoint!r} checkpoint in {path}")
+            raise CheckpointError(_missing(directory, checkpoint, path))
         return directory, None
     kind_names = {RunDirectory(path.parent).checkpoint_directory(kind).name for kind in CHECKPOINT_KINDS}
     if path.name in kind_names:

@@ -119,7 +119,7 @@ def _cut_short(step_directory):
 def test_a_command_refuses_a_damaged_choice_in_one_line_before_its_work(
     command, damage, run, choose, tmp_path, capsys, monkeypatch
 ):
-    from jaxformer.commands import evaluate, export, translate
+    from jaxformer.commands import evaluate
     from jaxformer.decoding.translator import Translator
     from jaxformer.export import exporter
 
@@ -137,6 +137,19 @@ def test_a_command_refuses_a_damaged_choice_in_one_line_before_its_work(
 
     for module, name in ((evaluate, "split_pairs"), (Translator, "translate"), (exporter, "export_beam_search")):
         monkeypatch.setattr(module, name, work)
+    line = _refused_on_final(command, workdir, tmp_path, capsys)
+    assert line.startswith(f"error: the final choice in {final} cannot be read: ") and named in line, line
+    assert line.endswith(
+        "running the run's training command again makes the choice again (it sets a damaged one aside)"
+    )
+    assert sorted(path.name for path in final.iterdir()) == before  # read only: the training command sets it aside
+    assert not (tmp_path / "export").exists()
+
+
+def _refused_on_final(command, workdir, tmp_path, capsys):
+    """The one error line of `command` --checkpoint final on `workdir`, which exits with 2."""
+    from jaxformer.commands import evaluate, export, translate
+
     text = tmp_path / "text"
     text.write_text("a\n")
     main, flags = {
@@ -147,12 +160,25 @@ def test_a_command_refuses_a_damaged_choice_in_one_line_before_its_work(
     capsys.readouterr()
     assert main(["--workdir", str(workdir), "--checkpoint", "final", *flags]) == 2
     (line,) = [line for line in capsys.readouterr().err.splitlines() if line.startswith("error:")]
-    assert line.startswith(f"error: the final choice in {final} cannot be read: ") and named in line, line
-    assert line.endswith(
-        "running the run's training command again makes the choice again (it sets a damaged one aside)"
+    return line
+
+
+@pytest.mark.parametrize("command", ["evaluate", "translate", "export"])
+def test_final_of_a_run_that_has_not_chosen_names_what_makes_it(command, run, tmp_path, capsys):
+    from jaxformer.errors import CheckpointError
+    from jaxformer.run.loading import locate_checkpoint
+
+    workdir, _ = run  # stopped before its end, or before its choice: checkpoints, no final/
+    line = _refused_on_final(command, workdir, tmp_path, capsys)
+    final = RunDirectory(workdir).final
+    said = (  # was "... does not exist: no 'final' checkpoint in <workdir>" alone
+        f"{final} does not exist: no 'final' checkpoint in {workdir}: the run has made no final choice; its training "
+        "command, run again with training.final_choice=True (as multi30k sets it), makes it at the run's end"
     )
-    assert sorted(path.name for path in final.iterdir()) == before  # read only: the training command sets it aside
-    assert not (tmp_path / "export").exists()
+    assert line == f"error: {said}"
+    with pytest.raises(CheckpointError) as error:  # training.init_from's checkpoint, the same
+        locate_checkpoint(workdir, "final")
+    assert str(error.value) == said.replace(str(workdir), str(workdir.absolute()))
 
 
 FAST = ["--method", "greedy", "--max_extra_length", "6"]
