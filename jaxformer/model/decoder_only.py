@@ -23,6 +23,7 @@ from jaxformer.model.cache import DecoderCache
 from jaxformer.model.config import TransformerConfig, check_architecture
 from jaxformer.model.decoder import Decoder
 from jaxformer.model.layers import Embed
+from jaxformer.model.shape_checks import check_shapes, check_step_rows
 from jaxformer.typing import Array, Float, Int
 
 # The decoder inputs [B, T], and for packed rows their segment ids and positions.
@@ -56,6 +57,7 @@ class DecoderOnly(nn.Module):
     ) -> Float[Array, "B T V"] | Float[Array, "B T D"]:
         """Float32 next-token logits [B, T, V] for the decoder inputs (with `project=False`, the
         final hidden states [B, T, D]). Each token sees the real, earlier tokens of its segment."""
+        check_shapes(inputs=(inputs, "B T"), segments=(segments, "B T"), positions=(positions, "B T"))
         return self.decoder(inputs, None, segments, positions, self._deterministic(deterministic), project=project)
 
     def hidden_states(
@@ -68,4 +70,5 @@ class DecoderOnly(nn.Module):
     def decode_step(self, tokens: Int[Array, "R 1"], cache: DecoderCache) -> tuple[Float[Array, "R V"], DecoderCache]:
         """Float32 logits [R, V] of the token that follows `tokens` (the inputs at position
         `cache.index`: BOS first, or the next prompt token), and the updated cache."""
+        check_step_rows(tokens, cache.keys[0])
         return self.decoder.step(tokens, cache)

@@ -22,6 +22,7 @@ from jaxformer.model.config import TransformerConfig, check_architecture
 from jaxformer.model.decoder import Decoder, EncodedSource
 from jaxformer.model.encoder import Encoder
 from jaxformer.model.layers import Embed
+from jaxformer.model.shape_checks import check_shapes, check_step_rows
 from jaxformer.tokens import BOS_ID, PAD_ID
 from jaxformer.typing import Array, Float, Int
 
@@ -39,6 +40,22 @@ def shift_right(
     previous = jnp.pad(segments, ((0, 0), (1, 0)), constant_values=-1)[:, :-1]  # [B, T]
     shifted = jnp.where(segments != previous, bos_id, shifted)
     return jnp.where(segments == 0, PAD_ID, shifted)
+
+
+def check_pair_shapes(
+    source, target, source_segments, target_segments, source_positions=None, target_positions=None, encoded=None
+) -> None:
+    """Refuses the source-side arrays [B, S] (`encoded` [B, S, D]) and target-side ones [B, T] of
+    other shapes, or of two batch sizes B, which the masks would broadcast."""
+    check_shapes(
+        source=(source, "B S"),
+        target=(target, "B T"),
+        encoded=(encoded, "B S D"),
+        source_segments=(source_segments, "B S"),
+        target_segments=(target_segments, "B T"),
+        source_positions=(source_positions, "B S"),
+        target_positions=(target_positions, "B T"),
+    )
 
 
 class Transformer(nn.Module):
@@ -73,6 +90,9 @@ class Transformer(nn.Module):
         deterministic: bool | None = None,
     ) -> Float[Array, "B S D"]:
         """The encoder's output for a batch of source rows."""
+        check_shapes(
+            source=(source, "B S"), source_segments=(source_segments, "B S"), source_positions=(source_positions, "B S")
+        )
         return self.encoder(source, source_segments, source_positions, self._deterministic(deterministic))
 
     def decode(
@@ -87,6 +107,7 @@ class Transformer(nn.Module):
     ) -> Float[Array, "B T V"]:
         """Float32 next-token logits for every decoder input position, given the encoder output
         (`source` supplies the cross-attention padding mask)."""
+        check_pair_shapes(source, target, source_segments, target_segments, None, target_positions, encoded)
         source_side = EncodedSource(encoded, source, source_segments)
         return self.decoder(target, source_side, target_segments, target_positions, self._deterministic(deterministic))
 
@@ -103,6 +124,7 @@ class Transformer(nn.Module):
     ) -> Float[Array, "B T V"]:
         """Float32 logits [B, T, V] for decoder inputs `target` given `source` (with
         `project=False`, the decoder's final hidden states [B, T, D])."""
+        check_pair_shapes(source, target, source_segments, target_segments, source_positions, target_positions)
         deterministic = self._deterministic(deterministic)
         encoded = self.encode(source, source_segments, source_positions, deterministic)  # [B, S, D]
         source_side = EncodedSource(encoded, source, source_segments)
@@ -128,6 +150,7 @@ class Transformer(nn.Module):
         """Float32 logits [R, V] of the token that follows `tokens` (the decoder input at
         position `cache.index`: BOS first), and the updated cache. Row r decodes source
         row r // K, where K = R / B hypotheses per source."""
+        check_step_rows(tokens, cache.keys[0], context.source_valid)
         return self.decoder.step(tokens, cache, context)
 
 

@@ -1,0 +1,58 @@
+"""Refusing arrays whose shapes disagree, at the model's entry points.
+
+The attention masks (masking.py) broadcast: a source of one row with targets of two gives both
+targets that one source, and packing arrays of one row give every row the first row's segments,
+without a word. The shape annotations ("B S", "B T") are enforced only by the test suite's hook
+(tests/conftest.py), so the entry points check here what they document. Shapes are static under
+jit: these checks run in Python when a function is traced and add nothing to its program. Sizes
+may be jax.export's symbolic dimensions, which compare equal when they are the same expression.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+
+# What a shape letter stands for, in the errors; a letter missing here is named as it is.
+DIMENSIONS = {"B": "batch size", "R": "number of rows", "S": "source length", "T": "target length"}
+
+
+def check_shapes(**arrays: tuple[Any, str]) -> None:
+    """Refuses arrays, each given as (array, letters) with one letter per dimension ("B S", a
+    digit for a fixed size), of another rank than their letters, or whose dimensions of one
+    letter differ: a one-line ValueError naming both arrays and their shapes. An array that is
+    None (an optional argument not given) is skipped."""
+    first: dict[str, tuple[str, tuple, Any]] = {}  # letter -> (name, shape, size) of the first array with it
+    for name, (array, letters) in arrays.items():
+        if array is None:
+            continue
+        shape, letters = tuple(np.shape(array)), letters.split()
+        if len(shape) != len(letters):
+            raise ValueError(f"{name} has shape {shape}: it takes {len(letters)} dimensions [{', '.join(letters)}]")
+        for letter, size in zip(letters, shape, strict=True):
+            if letter.isdigit() and size != int(letter):
+                raise ValueError(f"{name} has shape {shape}: it takes [{', '.join(letters)}]")
+            first_name, first_shape, first_size = first.setdefault(letter, (name, shape, size))
+            if size != first_size:
+                raise ValueError(
+                    f"{first_name} has shape {first_shape} and {name} has shape {shape}: "
+                    f"their {DIMENSIONS.get(letter, letter)} ({letter}) differs"
+                )
+
+
+def check_step_rows(tokens: Any, cache_keys: Any, source_valid: Any = None) -> None:
+    """Refuses a decoding step whose `tokens` [R, 1] have another number of rows than the cache
+    (`cache_keys`, one layer's [R, N, L, H]), or, with an encoder context (its `source_valid`
+    [B, S]), R rows that are not a multiple of the B sources: the rows are each source's K = R / B
+    hypotheses, source-major, and read the context as it is (never repeated or broadcast)."""
+    check_shapes(tokens=(tokens, "R 1"), cache_keys=(cache_keys, "R N L H"))
+    if source_valid is None:
+        return
+    rows, sources = np.shape(tokens)[0], np.shape(source_valid)[0]
+    if (rows if sources == 0 else rows % sources) != 0:
+        raise ValueError(
+            f"tokens has shape {tuple(np.shape(tokens))} and the encoder context's source has shape "
+            f"{tuple(np.shape(source_valid))}: decoded rows are K hypotheses per source, and {rows} "
+            f"is not a multiple of {sources}"
+        )

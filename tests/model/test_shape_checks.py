@@ -1,0 +1,137 @@
+"""The models' entry points refuse arrays whose shapes disagree, in one line naming both, where the
+masks would broadcast a batch of 1 (or fail in jax naming neither argument)."""
+
+import re
+
+import jax
+import jax.numpy as jnp
+import jaxtyping
+import pytest
+
+from jaxformer.model.cache import init_cache
+from jaxformer.model.config import preset
+from jaxformer.model.decoder_only import DecoderOnly
+from jaxformer.model.encoder_only import EncoderOnly
+from jaxformer.model.transformer import Transformer
+
+TINY = preset("tiny", deterministic=True)
+S, T = 6, 5
+
+
+def ids(*shape):
+    return jax.ShapeDtypeStruct(shape, jnp.int32)
+
+
+def abstract_params(model, *inputs):
+    return jax.eval_shape(model.init, jax.random.key(0), *inputs)["params"]
+
+
+@pytest.fixture(autouse=True)
+def shapes_unchecked_as_for_a_user(monkeypatch):
+    """The test session's jaxtyping checks (tests/conftest.py) would refuse these shapes first; a
+    user's call runs without them."""
+    monkeypatch.setattr(jaxtyping.config, "jaxtyping_disable", True)
+
+
+def refusal(function, *args) -> str:
+    """The one-line ValueError that tracing `function` on abstract `args` raises."""
+    with pytest.raises(ValueError) as error:
+        jax.eval_shape(function, *args)
+    message = str(error.value)
+    assert "\n" not in message
+    return message
+
+
+TRANSLATOR_CASES = {
+    "source of 2 rows, target of 1": ((2, S), (1, T), {}, "source has shape (2, 6) and target has shape (1, 5)"),
+    "source of 1 row, targets of 2": ((1, S), (2, T), {}, "source has shape (1, 6) and target has shape (2, 5)"),
+    "2 sources, 3 targets": ((2, S), (3, T), {}, "source has shape (2, 6) and target has shape (3, 5)"),
+    "segments of 1 row": (
+        (2, S),
+        (2, T),
+        {"source_segments": (1, S), "target_segments": (2, T)},
+        "source has shape (2, 6) and source_segments has shape (1, 6)",
+    ),
+    "positions of another length": (
+        (2, S),
+        (2, T),
+        {"target_positions": (2, T + 1)},
+        "target has shape (2, 5) and target_positions has shape (2, 6): their target length (T) differs",
+    ),
+    "a 1-D target": ((2, S), (T,), {}, "target has shape (5,): it takes 2 dimensions [B, T]"),
+}
+
+
+@pytest.mark.parametrize("method", ["__call__", "decode"])
+@pytest.mark.parametrize("case", TRANSLATOR_CASES, ids=list(TRANSLATOR_CASES))
+def test_translator_refuses_source_and_target_of_other_batch_sizes(method, case):
+    source_shape, target_shape, packing, expected = TRANSLATOR_CASES[case]
+    model = Transformer(TINY)
+    params = abstract_params(model, ids(2, S), ids(2, T))
+
+    def apply(params, source, target, packing):
+        if method == "__call__":
+            return model.apply({"params": params}, source, target, **packing)
+        encoded = jnp.zeros((*source.shape, TINY.d_model))  # [B, S, D], as the source
+        return model.apply({"params": params}, encoded, source, target, **packing, method="decode")
+
+    packing = {name: ids(*shape) for name, shape in packing.items()}
+    assert expected in refusal(apply, params, ids(*source_shape), ids(*target_shape), packing)
+    assert jax.eval_shape(apply, params, ids(2, S), ids(2, T), {}).shape == (2, T, TINY.vocab_size)
+
+
+def test_decode_refuses_an_encoder_output_of_another_batch_size():
+    model = Transformer(TINY)
+    params = abstract_params(model, ids(2, S), ids(2, T))
+    encoded = jax.ShapeDtypeStruct((1, S, TINY.d_model), jnp.float32)
+    message = refusal(
+        lambda p, e, s, t: model.apply({"params": p}, e, s, t, method="decode"), params, encoded, ids(2, S), ids(2, T)
+    )
+    assert message == "source has shape (2, 6) and encoded has shape (1, 6, 32): their batch size (B) differs"
+
+
+@pytest.mark.parametrize(
+    "rows, cache_rows, expected",
+    [
+        (
+            3,
+            3,
+            "tokens has shape (3, 1) and the encoder context's source has shape (2, 6): decoded rows are K "
+            "hypotheses per source, and 3 is not a multiple of 2",
+        ),
+        (1, 1, "1 is not a multiple of 2"),
+        (4, 2, "tokens has shape (4, 1) and cache_keys has shape (2, 4, 9, 8): their number of rows (R) differs"),
+    ],
+    ids=["3 rows for 2 sources", "1 row for 2 sources", "4 rows and a cache of 2"],
+)
+def test_a_decoding_step_refuses_rows_that_are_not_hypotheses_of_the_sources(rows, cache_rows, expected):
+    model = Transformer(TINY)
+    params = abstract_params(model, ids(2, S), ids(2, T))
+    context = jax.eval_shape(
+        lambda p, s: model.apply({"params": p}, s, method=Transformer.encoder_context), params, ids(2, S)
+    )
+
+    def step(params, tokens, context, rows):
+        cache = init_cache(TINY, rows, 9)
+        return model.apply({"params": params}, tokens, cache, context, method=Transformer.decode_step)[0]
+
+    assert expected in refusal(lambda p, t, c: step(p, t, c, cache_rows), params, ids(rows, 1), context)
+    for beams in (1, 4):  # every source's hypotheses, source-major: as beam search decodes
+        rows = 2 * beams
+        logits = jax.eval_shape(lambda p, t, c, rows=rows: step(p, t, c, rows), params, ids(rows, 1), context)
+        assert logits.shape == (rows, TINY.vocab_size)
+
+
+def test_decoder_only_and_encoder_only_refuse_packing_of_another_batch_size():
+    decoder_only = DecoderOnly(TINY.replace(architecture="decoder_only"))
+    params = abstract_params(decoder_only, ids(2, T))
+    message = refusal(lambda p, x, s: decoder_only.apply({"params": p}, x, s), params, ids(2, T), ids(1, T))
+    assert message == "inputs has shape (2, 5) and segments has shape (1, 5): their batch size (B) differs"
+    step = lambda p, t: decoder_only.apply({"params": p}, t, init_cache(TINY, 3, 9), method="decode_step")  # noqa: E731
+    assert re.search(r"tokens has shape \(2, 1\) and cache_keys has shape \(3, ", refusal(step, params, ids(2, 1)))
+
+    encoder_only = EncoderOnly(TINY.replace(architecture="encoder_only"))
+    params = abstract_params(encoder_only, ids(2, S))
+    pooled = lambda p, x, s: encoder_only.apply({"params": p}, x, None, s, method="pooled")  # noqa: E731
+    message = refusal(pooled, params, ids(2, S), ids(1, S))
+    assert message == "tokens has shape (2, 6) and positions has shape (1, 6): their batch size (B) differs"
