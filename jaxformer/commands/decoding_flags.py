@@ -17,15 +17,17 @@ from jaxformer.commands.common import (
     path_text,
     read_lines,
 )
-from jaxformer.run.directory import CHECKPOINT_KINDS
+from jaxformer.run.directory import CHECKPOINT_KINDS, parse_checkpoint_choice
 
 
 def checkpoint_choice(value: str) -> str | int:
-    if value.isdigit():
-        return int(value)
-    if value not in CHECKPOINT_KINDS:
-        raise argparse.ArgumentTypeError(f"must be {', '.join(CHECKPOINT_KINDS)} or a step number, got {value!r}")
-    return value
+    """--checkpoint as the Python entry points read a `checkpoint` argument (`parse_checkpoint_choice`)."""
+    try:
+        return parse_checkpoint_choice(value)
+    except ValueError:
+        raise argparse.ArgumentTypeError(
+            f"must be {', '.join(CHECKPOINT_KINDS)} or a step number, got {value!r}"
+        ) from None
 
 
 def add_decoding_flags(parser: argparse.ArgumentParser) -> None:

@@ -23,7 +23,7 @@ from jaxformer.decoding.sentence_batches import sentence_list
 from jaxformer.model.cache import DecoderCache, init_cache
 from jaxformer.model.config import ConfigError, TransformerConfig
 from jaxformer.model.decoder_only import DecoderOnly
-from jaxformer.run.directory import checkpoint_name
+from jaxformer.run.directory import checkpoint_name, parse_checkpoint_choice
 from jaxformer.run.loading import ARCHITECTURE_USES, load_checkpoint, require_architecture
 from jaxformer.tokens import BOS_ID, EOS_ID, PAD_ID
 from jaxformer.typing import Array, Float, Int
@@ -182,6 +182,7 @@ class LanguageModel:
     ) -> LanguageModel:
         """The model and tokenizer of a decoder-only training run's `checkpoint`. A `ConfigError`
         naming the workdir, before any parameter is read, when its model is of another architecture."""
+        checkpoint = parse_checkpoint_choice(checkpoint)
         model_config = require_architecture(
             workdir,
             checkpoint,

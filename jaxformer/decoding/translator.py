@@ -19,7 +19,7 @@ from jaxformer.decoding.checkpoint_alpha import ChosenSearch, checkpoint_setting
 from jaxformer.decoding.generate import DecodeSettings, decoding_variant, make_generate_fn
 from jaxformer.model.config import ConfigError, TransformerConfig
 from jaxformer.model.transformer import unstack_layers
-from jaxformer.run.directory import checkpoint_name
+from jaxformer.run.directory import checkpoint_name, parse_checkpoint_choice
 from jaxformer.run.loading import ARCHITECTURE_USES, load_checkpoint, require_architecture
 from jaxformer.run.metadata import CheckpointMetadata
 from jaxformer.tokens import EOS_ID, PAD_ID
@@ -161,6 +161,7 @@ class Translator:
         (step, metadata, params) `load_checkpoint(workdir, checkpoint)` gave the caller (evaluate, which
         reads them before its data), not read again, and `tokenizers` its metadata's
         `load_tokenizers()`, when the caller loaded them (evaluate, for what is empty to the model)."""
+        checkpoint = parse_checkpoint_choice(checkpoint)  # "300" as --checkpoint 300
         metadata = None if loaded is None else loaded[1]
         model_config = cls.check_workdir(workdir, checkpoint, metadata)  # before the parameters are read
         settings = checkpoint_settings(workdir, checkpoint, settings, chosen)

@@ -29,6 +29,7 @@ from jaxformer.export import output_folder, staging_leftovers, standalone
 from jaxformer.export.loading import ExportError, check_export
 from jaxformer.export.program import KNOWN_PLATFORMS, PLATFORMS, export_beam_search
 from jaxformer.export.safetensors import flatten, unflatten, write_safetensors
+from jaxformer.run.directory import parse_checkpoint_choice
 from jaxformer.run.loading import load_checkpoint, require_architecture
 from jaxformer.tokens import BOS_ID, EOS_ID, PAD_ID, UNK_ID
 
@@ -83,6 +84,7 @@ def export_checkpoint(
     called once the export is in place, before a signal that came during the final move is raised
     again (the export command takes one from then on as late: its work is done). `chosen`: final/'s
     `chosen_search`, when the caller read it already (the export command, for its flags)."""
+    checkpoint = parse_checkpoint_choice(checkpoint)  # before anything on disk is looked at
     try:
         output = pathlib.Path(output).absolute()  # "." has no parent to stage beside
     except FileNotFoundError:  # a relative path in a removed folder

@@ -41,6 +41,7 @@ one: nothing is read, created or locked.
 from __future__ import annotations
 
 import dataclasses
+import numbers
 import os
 import pathlib
 
@@ -64,6 +65,25 @@ class _Entry:
 
     def __get__(self, run: _Directory | None, owner: type | None = None) -> pathlib.Path | _Entry:
         return self if run is None else run.path / self.name
+
+
+def parse_checkpoint_choice(checkpoint: object) -> str | int:
+    """`checkpoint` as the loaders read it: one of CHECKPOINT_KINDS, or a step number as an int,
+    which may be given as its digits in a str (as `--checkpoint 300` gives it). A one-line
+    TypeError for a bool or anything else that is neither an int nor a str, a ValueError for a
+    negative step or a str that is neither: each names the argument and what it takes."""
+    choices = f"{', '.join(CHECKPOINT_KINDS)} or a step number"
+    if isinstance(checkpoint, str) and checkpoint.isascii() and checkpoint.isdigit():
+        checkpoint = int(checkpoint)
+    if isinstance(checkpoint, numbers.Integral) and not isinstance(checkpoint, bool):
+        if checkpoint < 0:
+            raise ValueError(f"checkpoint={checkpoint!r}: a step number is not negative")
+        return int(checkpoint)
+    if not isinstance(checkpoint, str):
+        raise TypeError(f"checkpoint={checkpoint!r}: give {choices} (an int, or its digits as a str)")
+    if checkpoint not in CHECKPOINT_KINDS:
+        raise ValueError(f"checkpoint {checkpoint!r}: choose one of {choices}")
+    return checkpoint
 
 
 def checkpoint_name(which: str | int) -> str:

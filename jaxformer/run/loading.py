@@ -11,7 +11,7 @@ from typing import Any
 from jaxformer.errors import CheckpointError, with_article
 from jaxformer.model.config import ConfigError, TransformerConfig
 from jaxformer.run.checkpoint import Checkpointer
-from jaxformer.run.directory import CHECKPOINT_KINDS, RunDirectory
+from jaxformer.run.directory import CHECKPOINT_KINDS, RunDirectory, parse_checkpoint_choice
 from jaxformer.run.interrupted_saves import interrupted_replacement_note, interrupted_replacements
 from jaxformer.run.metadata import CheckpointMetadata
 from jaxformer.run.removal import CheckpointRemoved, listing_again
@@ -38,7 +38,9 @@ def load_checkpoint(
     matching their checksums) with a warning and uses the newest one that reads, as training
     does, but sets nothing aside: nothing in the workdir is modified. Any other choice that is
     damaged is a `CheckpointError` naming it; for "final", with the remedy: the run's training
-    command, run again, makes the choice again (`unreadable_final_choice`)."""
+    command, run again, makes the choice again (`unreadable_final_choice`). A step may be given as
+    its digits in a str; other values are refused by `parse_checkpoint_choice`."""
+    checkpoint = parse_checkpoint_choice(checkpoint)
     which = "latest" if isinstance(checkpoint, int) else checkpoint
     run = RunDirectory(workdir)
     directory = run.checkpoint_directory(which)
@@ -239,10 +241,11 @@ def locate_checkpoint(path: str | os.PathLike, checkpoint: str | int = "latest")
     picks "latest", its newest step, or a step), or a step directory in one of them (`checkpoint`
     "latest" only). `CheckpointError` naming `path` when it is none of these, or naming `path` and
     `checkpoint` when they contradict each other."""
+    checkpoint = parse_checkpoint_choice(checkpoint)
     path = pathlib.Path(path).absolute()
     if not path.exists():
         raise CheckpointError(f"{path} does not exist")
-    step = int(checkpoint) if isinstance(checkpoint, int) or str(checkpoint).isdigit() else None
+    step = checkpoint if isinstance(checkpoint, int) else None
     run = RunDirectory(path)
     if any(run.checkpoint_directory(kind).is_dir() for kind in CHECKPOINT_KINDS):
         if step is not None:

@@ -202,6 +202,18 @@ def test_from_workdir_checks_the_settings_before_reading_parameters(decoding_wor
         Translator.from_workdir(decoding_workdir, settings=DecodeSettings(method="sample", top_k=vocabulary + 1))
 
 
+def test_from_workdir_reads_a_checkpoint_choice_as_the_command_line_does(decoding_workdir, monkeypatch):
+    assert Translator.from_workdir(decoding_workdir, "1", settings=GREEDY).step == 1  # as --checkpoint 1
+    from jaxformer.decoding import translator as translator_module
+
+    monkeypatch.setattr(translator_module, "require_architecture", None)  # refused before anything is read
+    with pytest.raises(TypeError) as raised:
+        Translator.from_workdir(decoding_workdir, True)  # was "no checkpoint for step True"
+    assert str(raised.value) == (
+        "checkpoint=True: give latest, best, averaged, final or a step number (an int, or its digits as a str)"
+    )
+
+
 def test_nbest_is_sorted_and_beam_4_by_default(decoding_workdir):
     translator = Translator.from_workdir(decoding_workdir)
     assert translator.settings.beam_size == 4 and translator.settings.alpha == 0.6

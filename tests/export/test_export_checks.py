@@ -226,6 +226,20 @@ def test_repeated_platforms_are_refused(workdir, tmp_path, capsys):
     assert not (tmp_path / "out").exists()
 
 
+def test_a_checkpoint_choice_of_another_type_is_refused_before_any_work(workdir, tmp_path, monkeypatch):
+    def no_work(*args, **kwargs):
+        raise AssertionError("the checkpoint was read")
+
+    monkeypatch.setattr(exporter, "require_architecture", no_work)
+    monkeypatch.setattr(exporter, "load_checkpoint", no_work)
+    with pytest.raises(TypeError) as raised:
+        exporter.export_checkpoint(workdir, tmp_path / "out", checkpoint=True)  # was step True, read as 1
+    assert str(raised.value) == (
+        "checkpoint=True: give latest, best, averaged, final or a step number (an int, or its digits as a str)"
+    )
+    assert not (tmp_path / "out").exists()
+
+
 def test_sigterm_during_an_export_removes_its_staging_directory(workdir, tmp_path):
     command = shutil.which("jaxformer-export", path=os.path.dirname(sys.executable))
     output = tmp_path / "export"

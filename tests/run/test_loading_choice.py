@@ -1,10 +1,12 @@
 """training.init_checkpoint with a training.init_from that names a folder of steps or one step's
-directory rather than a workdir: honoured, or refused in one line; never ignored."""
+directory rather than a workdir: honoured, or refused in one line; never ignored. A checkpoint
+choice from Python read as the command line's --checkpoint reads it."""
 
+import numpy as np
 import pytest
 
 from jaxformer.errors import CheckpointError
-from jaxformer.run.loading import locate_checkpoint
+from jaxformer.run.loading import load_checkpoint, locate_checkpoint
 from tests.conftest import make_workdir
 
 
@@ -59,3 +61,25 @@ def test_a_step_directory_takes_no_other_choice(workdir):
         message = refusal(step_10, choice)
         assert "is the directory of step 10" in message and "keep 'latest'" in message
         assert f"give its folder {workdir / 'checkpoints'} to choose among [10, 20, 30]" in message
+
+
+def metadata_step(workdir, checkpoint):
+    return load_checkpoint(workdir, checkpoint, params=False)[0]
+
+
+@pytest.mark.parametrize("load", [metadata_step, locate_checkpoint], ids=["load_checkpoint", "locate_checkpoint"])
+def test_a_step_as_digits_is_that_step_and_other_types_are_refused_in_one_line(workdir, load):
+    expected = 20 if load is metadata_step else (workdir / "checkpoints", 20)
+    for step in ("20", 20, np.int64(20)):  # "20" as --checkpoint 20 gives it
+        assert load(workdir, step) == expected
+    choices = "latest, best, averaged, final or a step number"
+    for choice in (True, False, 20.0, None, b"20"):  # locate_checkpoint read True as step 1, silently
+        with pytest.raises(TypeError) as raised:
+            load(workdir, choice)
+        assert str(raised.value) == f"checkpoint={choice!r}: give {choices} (an int, or its digits as a str)"
+    for choice in ("twenty", "-20", " 20", "\u00b2"):  # a superscript 2 passed isdigit(), then int() failed
+        with pytest.raises(ValueError) as raised:
+            load(workdir, choice)
+        assert str(raised.value) == f"checkpoint {choice!r}: choose one of {choices}"
+    with pytest.raises(ValueError, match=r"^checkpoint=-20: a step number is not negative$"):
+        load(workdir, -20)
