@@ -115,7 +115,12 @@ VALUE_RULES: dict[str, tuple[Callable[[Any], bool], str]] = {
     "training.init_encoder_from": _OPTIONAL_TEXT,
     "training.init_decoder_from": _OPTIONAL_TEXT,
     "training.init_checkpoint": (
-        (lambda value: value in CHECKPOINT_KINDS or (str(value).isdigit() and not isinstance(value, bool))),
+        (
+            lambda value: (
+                value in CHECKPOINT_KINDS
+                or (str(value).isascii() and str(value).isdigit() and not isinstance(value, bool))
+            )
+        ),
         "'latest', 'best', 'averaged', 'final' or a step number",
     ),
     "training.num_train_steps": _at_least(1),

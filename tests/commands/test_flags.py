@@ -304,6 +304,10 @@ def test_a_mesh_that_cannot_hold_the_configured_model_stops_before_data_is_prepa
             "--config.training.final_alphas=(0.6, one): must be a tuple; one is no value (a number, a quoted string, "
             "True, False or None)\n",
         ),
+        (  # a digit that is not 0-9: was int()'s traceback after the rule let it through
+            ["--config.training.init_from=/nonexistent", "--config.training.init_checkpoint=\u00b2"],
+            "config training.init_checkpoint='\u00b2': must be 'latest', 'best', 'averaged', 'final' or a step number",
+        ),
         (["--config.decoding.method=beem"], "config decoding.method='beem': must be one of 'beam', 'greedy', 'sample'"),
         (
             ["--config.tokenizer.model_type=wordpiece"],
