@@ -86,10 +86,10 @@ def run_summary(config: ml_collections.ConfigDict, workdir: str | pathlib.Path, 
     training = config.training
     final, first = last["step"], last.get("first_step", 0)
     progress = f"{final - first} steps ({first} -> {final} of {training.num_train_steps}) in {format_duration(seconds)}"
-    if last.get("shortened_by"):  # resumed with its length or budget shortened past the step trained to
+    if last.get("shortened_by"):  # resumed with its length or budget shortened to (or past) the step trained to
         progress = (
-            f"0 steps: step {final} was already trained past {last['shortened_by']}, shortened on resume, so the run "
-            f"ends there ({format_duration(seconds)})"
+            f"0 steps: {last['shortened_by']}, shortened on resume, ends the run at step {final}, already trained "
+            f"({format_duration(seconds)})"
         )
     if last.get("stopped_by_signal"):
         name = signal.Signals(last["stopped_by_signal"]).name

@@ -233,19 +233,35 @@ def spent_by_work(budget: TimeBudget, schedule_end: ScheduleEnd, state, step: in
     return spent, state
 
 
-def shortened_past(training, step: int, interim: bool, budget_spent: bool, schedule_end: ScheduleEnd, state, rate):
-    """For a run resumed at `step` with nothing left to train: the setting shortened past the step
-    it had trained to, before the end it was heading for ("training.num_train_steps=20"), said in
-    one line with the rate the budget schedule ended at (`rate(count, opt_state)`); None when the
-    run had simply ended there. `interim`: the checkpoint was saved to stop, not at the end."""
+def heading_past(saved) -> bool:
+    """Whether the run that saved a checkpoint (`saved`: its CheckpointMetadata) was heading past
+    its step: its training.num_train_steps lay beyond, and its time budget, if any, was not spent
+    there. Not heading past, the checkpoint was saved as its run's last, with that step's work,
+    unless interim: a signal that came once the budget ran out, before the next check
+    (BUDGET_CHECK_STEPS), stopped the run at its end with that work still to do."""
+    training = saved.config["training"]
+    minutes = training.get("time_budget_minutes") or 0.0
+    spent = minutes > 0 and (saved.train_seconds or 0.0) >= minutes * 60
+    return saved.step < training["num_train_steps"] and not spent
+
+
+def shortened_past(
+    training, step: int, interim: bool, heading: bool, budget_spent: bool, schedule_end: ScheduleEnd, state, rate
+):
+    """For a run resumed at `step`: the setting that ends it there, before the end that the run
+    which saved the step was heading for (`heading`, `heading_past`), said in one line with the
+    rate the budget schedule ended at (`rate(count, opt_state)`): "training.num_train_steps=20";
+    None when the run goes on, or had simply ended there. `interim`: the checkpoint was saved to stop."""
     planned = schedule_end.active and schedule_end.steps(state) > step + 1  # a time budget's end is step + 1
     if step > training.num_train_steps:
-        setting = f"training.num_train_steps={training.num_train_steps}"
+        setting, shortened = f"training.num_train_steps={training.num_train_steps}", "past"
+    elif step == training.num_train_steps and heading:
+        setting, shortened = f"training.num_train_steps={training.num_train_steps}", "to"
     elif budget_spent and (interim or planned):
-        setting = f"training.time_budget_minutes={training.time_budget_minutes:g}"
+        setting, shortened = f"training.time_budget_minutes={training.time_budget_minutes:g}", "past"
     else:
         return None
-    said = f"{setting} ends the run at step {step}, already trained: it was shortened past that step"
+    said = f"{setting} ends the run at step {step}, already trained: it was shortened {shortened} that step"
     if not schedule_end.active:
         logger.warning("%s", said)
         return setting

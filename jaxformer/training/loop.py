@@ -33,6 +33,7 @@ from jaxformer.training.budget import (
     TimeBudget,
     TrainingClock,
     check_budget,
+    heading_past,
     shortened_past,
     spent_by_work,
 )
@@ -215,9 +216,13 @@ def _train(config, prepared: PreparedRun, model: nn.Module, preparation: RaiseOn
     # A run resumed with its budget already spent (saved at the budget's last step) trains no more.
     budget_spent = budget is not None and clock.seconds_before >= budget.seconds
     schedule_end = ScheduleEnd(config, state, replicated)
-    # Resumed with its length or budget shortened past the step trained to: the run ends here, early.
-    interim = restored is not None and restored[2].interim
-    shortened = shortened_past(training, step, interim, budget_spent, schedule_end, state, learning_rate)
+    saved = None if restored is None else restored[2]
+    interim = saved is not None and saved.interim  # saved to stop
+    heading = saved is not None and heading_past(saved)  # saved before the end its run was heading for
+    # Resumed with its length or budget shortened to (or past) the step trained to: the run ends here, early.
+    shortened = shortened_past(training, step, interim, heading, budget_spent, schedule_end, state, learning_rate)
+    # Ending at a checkpoint not saved as its run's last: that step's work is to do (shortened_end.py).
+    ends_unfinished = (interim or heading) and (step >= training.num_train_steps or budget_spent)
     state = schedule_end.at_start(state, step, resumed=restored is not None, timed=budget is not None)
 
     train_fns = {
@@ -298,9 +303,9 @@ def _train(config, prepared: PreparedRun, model: nn.Module, preparation: RaiseOn
         logger.info("time budget of %g minutes already spent at step %d", training.time_budget_minutes, step)
     seconds_read = clock.seconds_before  # the training seconds of the last budget check
     clock.start()
-    if shortened and interim:  # stopped between scheduled steps: the work of the run's last step is to do
+    if ends_unfinished:
         best_bleu = None if validator is None else validator.best_bleu
-        shortened_end.end_work(periodic, step, writer, checkpointer, restored[2], prepared.metadata, best_bleu)
+        shortened_end.end_work(periodic, step, writer, checkpointer, saved, prepared.metadata, best_bleu)
         saver.save(step, state, in_place=True)
     preparation.check()  # one held since: not handed to the loop, which would compile and take a step first
     unreadable = None  # the data's error that stopped the loop

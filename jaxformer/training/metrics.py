@@ -125,8 +125,8 @@ class MetricWriter:
     moves the records of later steps, written by a segment that stopped before its next
     checkpoint and trained again now, to `metrics.rolled_back.jsonl`: metrics.jsonl keeps one
     record of each step's metrics, those of the parameters the run went on from. A record of
-    `start_step` itself (a run resumed from an interim checkpoint with its length shortened past
-    it does that step's evaluation, BLEU and train/ summary) moves an earlier one of the same
+    `start_step` itself (a run resumed from an interim checkpoint with its length shortened to or
+    past it does that step's evaluation, BLEU and train/ summary) moves an earlier one of the same
     metrics there too: that step's work was done before the stop, or before a kill cut the end short."""
 
     def __init__(self, workdir: str | pathlib.Path, enabled: bool | None = None, start_step: int | None = None):

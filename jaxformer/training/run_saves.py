@@ -1,5 +1,5 @@
 """How the training loop checkpoints the run: on the schedule (and at its end), between scheduled
-steps to stop (an interim checkpoint), and an interim checkpoint made the run's last in place."""
+steps to stop (an interim checkpoint), and one saved before its run's end made the run's last in place."""
 
 from __future__ import annotations
 
@@ -19,8 +19,9 @@ class RunSaver:
         """Checkpoint `step`. On the schedule (and at the run's end) as usual; `interim` (a stop
         between scheduled steps: a signal, unreadable data): kept without pushing out an older one, and
         deleted by the next checkpoint, so a resumed run ends with the checkpoints (and their
-        average) of a run never stopped. `in_place`: step's interim checkpoint, this state's, made
-        scheduled by its metadata alone (deleted and saved again, a kill in between lost it)."""
+        average) of a run never stopped. `in_place`: step's checkpoint, this state's, saved to stop or
+        before the end its run was heading for, made the run's last by its metadata alone (deleted
+        and saved again, a kill in between lost it)."""
         window = self.train_metrics.for_checkpoint(interim)  # an interim one keeps its log interval's steps, unwritten
         metadata = self.metadata.replace(
             step=step,

@@ -1,5 +1,6 @@
 """The last step's work of a run resumed with its length or budget shortened to end at the step
-of its interim checkpoint (one saved to stop between scheduled steps).
+of a checkpoint not saved as its run's last: an interim one (saved to stop between scheduled
+steps), or a scheduled one before the end its run was heading for (a kill came after it).
 
 Before the checkpoint is made the run's last in place, that step's evaluation and validation
 BLEU are due. metrics.jsonl may hold them already: the run was stopped right after them (they
@@ -82,7 +83,7 @@ def _agreed(names: set[str]) -> set[str]:
 
 def end_work(periodic: Sequence[Periodic], step: int, writer, checkpointer, saved, metadata, best_bleu) -> None:
     """Runs the work due at `step`, the run's last, that the records metrics.jsonl held of it at the
-    start (`writer.records_at_start`) do not stand for; `saved`: the interim checkpoint's metadata,
+    start (`writer.records_at_start`) do not stand for; `saved`: the step's checkpoint's metadata,
     `metadata`: the run's (its config); `best_bleu`: best/'s score. The caller then makes the
     checkpoint the run's last."""
     work = [action for action in periodic if not action.saves]

@@ -288,27 +288,40 @@ def test_an_end_within_the_warmup_names_num_train_steps_where_it_ends_the_run(ca
 
 
 @pytest.mark.slow  # a resumed run and its final choice (about 8 s): the default suite is near its limit
+@pytest.mark.parametrize("length, shortened", [(10, "past"), (20, "to")])
 def test_a_run_resumed_past_a_shortened_length_ends_there_and_says_its_rate_is_above_the_floor(
-    scheduled_run, data_dir, tmp_path
+    scheduled_run, data_dir, tmp_path, length, shortened
 ):
+    """Killed after the scheduled checkpoint of step 20 (on its way to 40) and resumed with the
+    length at or below 20: the run ends at 20 with the work of a run's last step, the checkpoint
+    made the run's last; the same command again redoes nothing."""
     workdir = tmp_path / "shortened"
     shutil.copytree(scheduled_run.workdir, workdir)
-    shutil.rmtree(workdir / "checkpoints" / "40")  # as if stopped at step 20
+    shutil.rmtree(workdir / "checkpoints" / "40")  # as if killed after step 20
     shutil.rmtree(workdir / "final")
-    shortened = "--config.training.num_train_steps=10"
-    result = train(workdir, data_dir, *SCHEDULE, "--config.optimizer.decay_floor=0.1", *CHOICE, shortened)
+    flags = (*SCHEDULE, "--config.optimizer.decay_floor=0.1", *CHOICE, f"--config.training.num_train_steps={length}")
+    result = train(workdir, data_dir, *flags)
     rate, floor = float(budget_rate(19, 40, peak(), WARMUP, 0.1)), 0.1 * peak()  # step 20's, on its way to 40
     assert (
-        "W training.num_train_steps=10 ends the run at step 20, already trained: it was shortened past that step, so "
-        f"the budget schedule ended above its floor: the rate {rate:.3g} is {rate / floor:.1f}x its floor "
-        f"{floor:.3g} (its end was step 40)"
+        f"W training.num_train_steps={length} ends the run at step 20, already trained: it was shortened {shortened} "
+        f"that step, so the budget schedule ended above its floor: the rate {rate:.3g} is {rate / floor:.1f}x its "
+        f"floor {floor:.3g} (its end was step 40)"
     ) in result.stderr
     assert (
-        "run finished: 0 steps: step 20 was already trained past training.num_train_steps=10, shortened on resume, so "
-        "the run ends there ("
+        f"run finished: 0 steps: training.num_train_steps={length}, shortened on resume, ends the run at step 20, "
+        "already trained ("
     ) in result.stderr
-    assert last_metrics(workdir)["shortened_by"] == "training.num_train_steps=10"
+    assert last_metrics(workdir)["shortened_by"] == f"training.num_train_steps={length}"
     assert "final choice at step 20" in result.stderr
+    # The work of a run's last step: the evaluation and BLEU step 20 recorded stand for it.
+    assert "step 20: validation loss" in result.stderr and "step 20: validation BLEU" in result.stderr
+    assert max(losses(workdir, "eval/loss")) == max(losses(workdir, "eval/bleu")) == max(losses(workdir)) == 20
+    assert load_checkpoint(workdir, 20)[1].config["training"]["num_train_steps"] == length  # the run's last
+    if length == 20:
+        records = (workdir / "metrics.jsonl").read_text()
+        again = train(workdir, data_dir, *flags)
+        assert "it was shortened" not in again.stderr and "step 20: validation" not in again.stderr
+        assert (workdir / "metrics.jsonl").read_text() == records
 
 
 def test_the_run_saves_the_candidate_with_the_highest_validation_bleu(scheduled_run, data_dir):

@@ -3,6 +3,9 @@ shortened past that step ends there: that step's evaluation, and its interim che
 run's last, which a kill at any point never leaves missing."""
 
 import json
+import logging
+import os
+import signal
 import subprocess
 import sys
 
@@ -91,6 +94,67 @@ def test_a_kill_as_a_shortened_run_ends_at_its_interim_checkpoint_loses_no_step(
     moved = (workdir / "metrics.rolled_back.jsonl").read_text().splitlines()
     assert {json.loads(line)["step"] for line in moved} == {34}
     assert not [line for line in moved if "eval/loss" in line]  # only its train/ record, written again
+
+
+@pytest.mark.slow  # two short runs and a third that does nothing, in-process (about 15 s)
+def test_a_run_resumed_to_end_at_the_step_of_its_interim_checkpoint_does_that_steps_work(
+    data_dir, tmp_path, monkeypatch, caplog
+):
+    """Stopped after step 3 of 4 (checkpoints every 2), then given num_train_steps=3: the run ends
+    there as one shortened past it does (step 3's evaluation and BLEU, its checkpoint made the
+    run's last, the warning), not as one that had ended there; the same again redoes nothing."""
+    from jaxformer.training import loop
+    from jaxformer.training.config_file import apply_overrides
+    from tests.training.test_signals import _four_step_config
+
+    config = _four_step_config(data_dir, final_choice=False)
+    apply_overrides(config, [("training.bleu_every_steps", "4"), ("training.bleu_examples", "8")])  # the last step's
+    workdir = tmp_path / "run"
+    real_run_due = loop.run_due
+
+    def signal_after_step_3(periodic, step, end, *timing):
+        real_run_due(periodic, step, end, *timing)
+        if step == 3:
+            os.kill(os.getpid(), signal.SIGTERM)
+
+    monkeypatch.setattr(loop, "run_due", signal_after_step_3)
+    assert loop.train_and_evaluate(config, workdir)["stopped_by_signal"] == signal.SIGTERM
+    assert checkpoint_steps(workdir) == [2, 3] and interim(workdir, 3)
+    monkeypatch.setattr(loop, "run_due", real_run_due)
+    config.training.num_train_steps = 3
+    with caplog.at_level(logging.INFO):
+        last = loop.train_and_evaluate(config, workdir)
+    assert (
+        "training.num_train_steps=3 ends the run at step 3, already trained: it was shortened to that step"
+    ) in caplog.text
+    assert last["step"] == 3 and last["shortened_by"] == "training.num_train_steps=3"
+    assert last["eval"]["loss"] == losses(workdir, "eval/loss")[3] and 3 in losses(workdir, "eval/bleu")
+    assert checkpoint_steps(workdir) == [2, 3] and not interim(workdir, 3)  # now the run's last
+
+    records = (workdir / "metrics.jsonl").read_text()
+    caplog.clear()
+    with caplog.at_level(logging.INFO):
+        again = loop.train_and_evaluate(config, workdir)
+    assert again["step"] == again["first_step"] == 3 and "it was shortened" not in caplog.text
+    assert "step 3: validation" not in caplog.text  # nothing measured again, nor said to be reused
+    assert (workdir / "metrics.jsonl").read_text() == records and not interim(workdir, 3)
+
+
+def test_a_checkpoint_is_saved_before_its_runs_end_where_its_length_and_time_budget_went_on():
+    import types
+
+    from jaxformer.training.budget import heading_past
+
+    def saved(step, num_train_steps, minutes=0.0, seconds=None):
+        training = {"num_train_steps": num_train_steps, "time_budget_minutes": minutes}
+        return types.SimpleNamespace(step=step, config={"training": training}, train_seconds=seconds)
+
+    assert heading_past(saved(281, 300))  # stopped, or a scheduled checkpoint: a shortened end is that run's
+    assert not heading_past(saved(300, 300)) and not heading_past(saved(20, 10))  # its run's end: done there
+    assert heading_past(saved(22, 1000, 0.5, 29.9))
+    assert not heading_past(saved(22, 1000, 0.5, 30.0))  # its time budget ended the run there
+    assert heading_past(saved(22, 1000, 0.5, None))  # from before train_seconds was kept: never spent
+    assert heading_past(types.SimpleNamespace(step=5, config={"training": {"num_train_steps": 9}}, train_seconds=1.0))
 
 
 def test_the_last_steps_records_stand_for_its_work_when_complete_and_measured_alike():
