@@ -349,7 +349,8 @@ def _train(config, prepared: PreparedRun, model: nn.Module, preparation: RaiseOn
                 if budget_spent:
                     logger.info("time budget of %g minutes spent at step %d", training.time_budget_minutes, step)
                 stopping = stop.agreed(step, every=BUDGET_CHECK_STEPS)
-            stopped_early = stop.agreed(step) and step < training.num_train_steps  # all processes, or none
+            # All processes, or none; the budget's last step, as num_train_steps, leaves no step to resume.
+            stopped_early = stop.agreed(step) and step < training.num_train_steps and not budget_spent
             if stopped_early:
                 saver.save_steps_done(step, state)
                 logger.warning(

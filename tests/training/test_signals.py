@@ -242,10 +242,32 @@ def _four_step_config(data_dir, final_choice: bool):
     return config
 
 
+def _time_budget_spent_at_step_1(config) -> None:
+    """A time budget that any first step spends: checked after each step (tiny logs every step),
+    it ends the run at step 1, where that step's evaluation and checkpoint are due."""
+    config.training.time_budget_minutes = 1e-9
+
+
+def _signal_at_the_last_step(loop):
+    """loop.run_due, then SIGTERM once the last step's work is done (during its evaluation or checkpoint)."""
+    real_run_due = loop.run_due
+
+    def signal_at_the_last_step(periodic, step, end, *timing):
+        real_run_due(periodic, step, end, *timing)
+        if step == end:
+            os.kill(os.getpid(), signal.SIGTERM)
+
+    return signal_at_the_last_step
+
+
 @pytest.mark.parametrize(
     "when",
-    # the second (about 18 s) in the slow set: the default suite is near its 10-minute limit
-    ["last step", pytest.param("last checkpoint closing", marks=pytest.mark.slow)],
+    # the others (about 18 s each) in the slow set: the default suite is near its 10-minute limit
+    [
+        "last step",
+        pytest.param("last checkpoint closing", marks=pytest.mark.slow),
+        pytest.param("time budget's last step", marks=pytest.mark.slow),
+    ],
 )
 def test_a_signal_at_the_last_step_stops_before_the_final_choice(data_dir, tmp_path, monkeypatch, caplog, when):
     """The last step's checkpoint is saved as scheduled; the final choice (minutes of decoding) is
@@ -256,12 +278,6 @@ def test_a_signal_at_the_last_step_stops_before_the_final_choice(data_dir, tmp_p
     config = _four_step_config(data_dir, final_choice=True)
     workdir = tmp_path / "run"
     real_run_due = loop.run_due
-
-    def signal_at_the_last_step(periodic, step, end):
-        real_run_due(periodic, step, end)
-        if step == end:
-            os.kill(os.getpid(), signal.SIGTERM)  # during its evaluation or checkpoint
-
     real_close, sent = Checkpointer.close, []
 
     def signal_while_closing(checkpointer):  # while the last checkpoint's write is waited for
@@ -269,22 +285,28 @@ def test_a_signal_at_the_last_step_stops_before_the_final_choice(data_dir, tmp_p
             sent.append(os.kill(os.getpid(), signal.SIGTERM))
         real_close(checkpointer)
 
-    if when == "last step":
-        monkeypatch.setattr(loop, "run_due", signal_at_the_last_step)
-    else:
+    last_step = 1 if when == "time budget's last step" else 4
+    if when == "last checkpoint closing":
         monkeypatch.setattr(Checkpointer, "close", signal_while_closing)
+    else:
+        monkeypatch.setattr(loop, "run_due", _signal_at_the_last_step(loop))
+    if last_step == 1:
+        _time_budget_spent_at_step_1(config)
     with caplog.at_level(logging.WARNING):
         last = loop.train_and_evaluate(config, workdir)
-    assert last["stopped_by_signal"] == signal.SIGTERM and "final" not in last and last["step"] == 4
+    assert last["stopped_by_signal"] == signal.SIGTERM and "final" not in last and last["step"] == last_step
     assert (
-        "stopped by SIGTERM after the last step, 4 (its checkpoint is saved), before the final choice; "
+        f"stopped by SIGTERM after the last step, {last_step} (its checkpoint is saved), before the final choice; "
         "exiting with 143; the same command makes the choice"
     ) in caplog.text
     assert not (workdir / "final").exists()
     monkeypatch.setattr(loop, "run_due", real_run_due)
     monkeypatch.setattr(Checkpointer, "close", real_close)
     again = loop.train_and_evaluate(config, workdir)  # the same command: no step, the choice
-    assert "stopped_by_signal" not in again and again["final"]["chosen"] and (workdir / "final" / "4").is_dir()
+    assert (
+        "stopped_by_signal" not in again and again["final"]["chosen"] and (workdir / "final" / str(last_step)).is_dir()
+    )
+    assert again["step"] == last_step
 
 
 @pytest.mark.slow  # a training run and its final choice: the default suite is near its limit
@@ -339,29 +361,28 @@ def test_a_signal_as_the_final_choice_is_saved_leaves_the_run_complete(data_dir,
 
 
 @pytest.mark.slow  # a training run and its final choice: the default suite is near its limit
+@pytest.mark.parametrize("ended_by", ["num_train_steps", "time budget"])
 def test_a_signal_at_the_last_step_of_a_run_without_a_final_choice_says_it_is_complete(
-    data_dir, tmp_path, monkeypatch, caplog
+    data_dir, tmp_path, monkeypatch, caplog, ended_by
 ):
     """Nothing is left to stop: the run ends as finished (exit 0), and its log says so after the
-    handler's 'stopping once the step under way ... are done'."""
+    handler's 'stopping once the step under way ... are done'; at a time budget's last step as at
+    num_train_steps (the same command would train nothing)."""
     from jaxformer.training import loop
 
     config = _four_step_config(data_dir, final_choice=False)
-    real_run_due = loop.run_due
-
-    def signal_at_the_last_step(periodic, step, end):
-        real_run_due(periodic, step, end)
-        if step == end:
-            os.kill(os.getpid(), signal.SIGTERM)
-
-    monkeypatch.setattr(loop, "run_due", signal_at_the_last_step)
+    last_step = 1 if ended_by == "time budget" else 4
+    if ended_by == "time budget":
+        _time_budget_spent_at_step_1(config)
+    monkeypatch.setattr(loop, "run_due", _signal_at_the_last_step(loop))
     with caplog.at_level(logging.WARNING):
         last = loop.train_and_evaluate(config, tmp_path / "run")
-    assert "stopped_by_signal" not in last and last["step"] == 4
+    assert "stopped_by_signal" not in last and last["step"] == last_step
     assert (
-        "SIGTERM received at the last step, 4, which is done and saved: the run is complete, nothing is left to "
-        "stop; exiting with 0"
+        f"SIGTERM received at the last step, {last_step}, which is done and saved: the run is complete, nothing is "
+        "left to stop; exiting with 0"
     ) in caplog.text
+    assert "resume with the same command" not in caplog.text
 
 
 def test_a_signal_held_in_jax_while_a_run_prepares_stops_it_before_its_first_step(data_dir, tmp_path, monkeypatch):
