@@ -245,19 +245,17 @@ def heading_past(saved) -> bool:
     return saved.step < training["num_train_steps"] and not spent
 
 
-def shortened_past(
-    training, step: int, interim: bool, heading: bool, budget_spent: bool, schedule_end: ScheduleEnd, state, rate
-):
+def shortened_past(training, step: int, heading: bool, budget_spent: bool, schedule_end: ScheduleEnd, state, rate):
     """For a run resumed at `step`: the setting that ends it there, before the end that the run
     which saved the step was heading for (`heading`, `heading_past`), said in one line with the
     rate the budget schedule ended at (`rate(count, opt_state)`): "training.num_train_steps=20";
-    None when the run goes on, or had simply ended there. `interim`: the checkpoint was saved to stop."""
-    planned = schedule_end.active and schedule_end.steps(state) > step + 1  # a time budget's end is step + 1
+    None when the run goes on, or had simply ended there (its time budget spent, if between two
+    checks, a signal stopped it before it knew: it ends there as it would have)."""
     if step > training.num_train_steps:
         setting, shortened = f"training.num_train_steps={training.num_train_steps}", "past"
     elif step == training.num_train_steps and heading:
         setting, shortened = f"training.num_train_steps={training.num_train_steps}", "to"
-    elif budget_spent and (interim or planned):
+    elif budget_spent and heading:  # a budget set, or lowered, below the seconds spent
         setting, shortened = f"training.time_budget_minutes={training.time_budget_minutes:g}", "past"
     else:
         return None

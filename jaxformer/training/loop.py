@@ -220,7 +220,7 @@ def _train(config, prepared: PreparedRun, model: nn.Module, preparation: RaiseOn
     interim = saved is not None and saved.interim  # saved to stop
     heading = saved is not None and heading_past(saved)  # saved before the end its run was heading for
     # Resumed with its length or budget shortened to (or past) the step trained to: the run ends here, early.
-    shortened = shortened_past(training, step, interim, heading, budget_spent, schedule_end, state, learning_rate)
+    shortened = shortened_past(training, step, heading, budget_spent, schedule_end, state, learning_rate)
     # Ending at a checkpoint not saved as its run's last: that step's work is to do (shortened_end.py).
     ends_unfinished = (interim or heading) and (step >= training.num_train_steps or budget_spent)
     state = schedule_end.at_start(state, step, resumed=restored is not None, timed=budget is not None)

@@ -4,10 +4,10 @@ run's last, which a kill at any point never leaves missing."""
 
 import json
 import logging
-import os
 import signal
 import subprocess
 import sys
+import types
 
 import pytest
 
@@ -105,19 +105,13 @@ def test_a_run_resumed_to_end_at_the_step_of_its_interim_checkpoint_does_that_st
     run's last, the warning), not as one that had ended there; the same again redoes nothing."""
     from jaxformer.training import loop
     from jaxformer.training.config_file import apply_overrides
-    from tests.training.test_signals import _four_step_config
+    from tests.training.test_signals import _four_step_config, _signal_after_step
 
     config = _four_step_config(data_dir, final_choice=False)
     apply_overrides(config, [("training.bleu_every_steps", "4"), ("training.bleu_examples", "8")])  # the last step's
     workdir = tmp_path / "run"
     real_run_due = loop.run_due
-
-    def signal_after_step_3(periodic, step, end, *timing):
-        real_run_due(periodic, step, end, *timing)
-        if step == 3:
-            os.kill(os.getpid(), signal.SIGTERM)
-
-    monkeypatch.setattr(loop, "run_due", signal_after_step_3)
+    monkeypatch.setattr(loop, "run_due", _signal_after_step(loop, 3))
     assert loop.train_and_evaluate(config, workdir)["stopped_by_signal"] == signal.SIGTERM
     assert checkpoint_steps(workdir) == [2, 3] and interim(workdir, 3)
     monkeypatch.setattr(loop, "run_due", real_run_due)
@@ -141,8 +135,6 @@ def test_a_run_resumed_to_end_at_the_step_of_its_interim_checkpoint_does_that_st
 
 
 def test_a_checkpoint_is_saved_before_its_runs_end_where_its_length_and_time_budget_went_on():
-    import types
-
     from jaxformer.training.budget import heading_past
 
     def saved(step, num_train_steps, minutes=0.0, seconds=None):
@@ -155,6 +147,49 @@ def test_a_checkpoint_is_saved_before_its_runs_end_where_its_length_and_time_bud
     assert not heading_past(saved(22, 1000, 0.5, 30.0))  # its time budget ended the run there
     assert heading_past(saved(22, 1000, 0.5, None))  # from before train_seconds was kept: never spent
     assert heading_past(types.SimpleNamespace(step=5, config={"training": {"num_train_steps": 9}}, train_seconds=1.0))
+
+
+def test_a_spent_time_budget_shortens_only_a_run_that_was_heading_past_its_step(caplog):
+    from jaxformer.training.budget import shortened_past
+    from jaxformer.training.experiment import default_config
+
+    training = default_config().training
+    training.update(num_train_steps=1000, time_budget_minutes=0.2)
+    no_budget_schedule = types.SimpleNamespace(active=False)  # no rate to say
+    with caplog.at_level(logging.WARNING):
+        assert shortened_past(training, 22, False, True, no_budget_schedule, None, None) is None  # it ended there
+        assert not caplog.messages
+        shortened = shortened_past(training, 22, True, True, no_budget_schedule, None, None)
+    assert shortened == "training.time_budget_minutes=0.2"
+    assert caplog.messages == [f"{shortened} ends the run at step 22, already trained: it was shortened past that step"]
+
+
+@pytest.mark.slow  # a short run stopped after step 1, then its end, in-process (about 15 s)
+def test_a_run_stopped_once_its_time_budget_ran_out_before_a_check_ends_there_unshortened(
+    data_dir, tmp_path, monkeypatch, caplog
+):
+    """The budget is checked every 2 steps here: a SIGTERM after step 1, once the budget ran out,
+    saves an interim checkpoint. The same command ends there with that step's work, as the run
+    would have at its next check, and says nothing was shortened: no setting changed."""
+    from jaxformer.training import loop
+    from jaxformer.training.config_file import apply_overrides
+    from tests.training.test_signals import _four_step_config, _signal_after_step, _time_budget_spent_at_step_1
+
+    config = _four_step_config(data_dir, final_choice=False)
+    _time_budget_spent_at_step_1(config)
+    apply_overrides(config, [("training.log_every_steps", "2")])  # the budget is read at steps 2 and 4
+    workdir = tmp_path / "run"
+    real_run_due = loop.run_due
+    monkeypatch.setattr(loop, "run_due", _signal_after_step(loop, 1))
+    assert loop.train_and_evaluate(config, workdir)["stopped_by_signal"] == signal.SIGTERM
+    assert checkpoint_steps(workdir) == [1] and interim(workdir, 1)
+    monkeypatch.setattr(loop, "run_due", real_run_due)
+    with caplog.at_level(logging.INFO):
+        last = loop.train_and_evaluate(config, workdir)
+    assert "time budget of 1e-09 minutes already spent at step 1" in caplog.text
+    assert "it was shortened" not in caplog.text and "shortened_by" not in last
+    assert last["step"] == 1 and last["ended_by"] == "time budget" and 1 in losses(workdir, "eval/loss")
+    assert not interim(workdir, 1)  # now the run's last
 
 
 def test_the_last_steps_records_stand_for_its_work_when_complete_and_measured_alike():
@@ -187,8 +222,6 @@ def end_of_shortened_run(workdir, made_with, now):
     """(what end_work did, in order; the records metrics.jsonl keeps) for a run whose interim
     checkpoint at step 34 was saved with the config `made_with`, its evaluation and BLEU recorded,
     ending there with the config `now`."""
-    import types
-
     from jaxformer.training.metrics import MetricWriter
     from jaxformer.training.periodic import Periodic
     from jaxformer.training.shortened_end import end_work

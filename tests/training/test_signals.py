@@ -248,16 +248,17 @@ def _time_budget_spent_at_step_1(config) -> None:
     config.training.time_budget_minutes = 1e-9
 
 
-def _signal_at_the_last_step(loop):
-    """loop.run_due, then SIGTERM once the last step's work is done (during its evaluation or checkpoint)."""
+def _signal_after_step(loop, signalled: int | None = None):
+    """loop.run_due, then SIGTERM once the work of step `signalled` (None: the last step) is done,
+    as if it came during that step's evaluation or checkpoint."""
     real_run_due = loop.run_due
 
-    def signal_at_the_last_step(periodic, step, end, *timing):
+    def signal_after_the_step(periodic, step, end, *timing):
         real_run_due(periodic, step, end, *timing)
-        if step == end:
+        if step == (end if signalled is None else signalled):
             os.kill(os.getpid(), signal.SIGTERM)
 
-    return signal_at_the_last_step
+    return signal_after_the_step
 
 
 @pytest.mark.parametrize(
@@ -289,7 +290,7 @@ def test_a_signal_at_the_last_step_stops_before_the_final_choice(data_dir, tmp_p
     if when == "last checkpoint closing":
         monkeypatch.setattr(Checkpointer, "close", signal_while_closing)
     else:
-        monkeypatch.setattr(loop, "run_due", _signal_at_the_last_step(loop))
+        monkeypatch.setattr(loop, "run_due", _signal_after_step(loop))
     if last_step == 1:
         _time_budget_spent_at_step_1(config)
     with caplog.at_level(logging.WARNING):
@@ -374,7 +375,7 @@ def test_a_signal_at_the_last_step_of_a_run_without_a_final_choice_says_it_is_co
     last_step = 1 if ended_by == "time budget" else 4
     if ended_by == "time budget":
         _time_budget_spent_at_step_1(config)
-    monkeypatch.setattr(loop, "run_due", _signal_at_the_last_step(loop))
+    monkeypatch.setattr(loop, "run_due", _signal_after_step(loop))
     with caplog.at_level(logging.WARNING):
         last = loop.train_and_evaluate(config, tmp_path / "run")
     assert "stopped_by_signal" not in last and last["step"] == last_step
