@@ -16,6 +16,7 @@ import importlib.util
 import logging
 import os
 import pathlib
+import traceback
 from collections.abc import Sequence
 from typing import Any
 
@@ -51,6 +52,9 @@ def call_file_function(path: str | pathlib.Path, function: str, kind: str = "con
         raise ConfigError(f"{kind} {path} has no {function}() function")
     try:
         return getattr(module, function)()
+    except ConfigError as error:  # a value the config refused as the file set it: the file's line
+        lines = [frame.lineno for frame in traceback.extract_tb(error.__traceback__) if frame.filename == str(path)]
+        raise ConfigError(f"{kind} {path}{f', line {lines[-1]}' if lines else ''}: {error}") from error
     except Exception as error:
         raise ConfigError(f"{kind} {path}: {function}() raised {type(error).__name__}: {error}") from error
 

@@ -1,7 +1,8 @@
 """What every non-model key of an experiment config allows: one (check, description) rule per key,
 then the values of different keys that cannot go together (`check_combinations`), both read by
 `experiment.validate` before anything is prepared, compiled or written (the model section is
-checked by TransformerConfig)."""
+checked by TransformerConfig). A bool set on a float key is refused as it is set (`_NumberKey`):
+ml_collections would cast it to 1.0 or 0.0, past every check."""
 
 from __future__ import annotations
 
@@ -9,6 +10,7 @@ import math
 from collections.abc import Callable
 from typing import Any
 
+import ml_collections
 import numpy as np
 
 from jaxformer.decoding.beam_search import BEAM_STOPS, LENGTH_PENALTIES
@@ -171,6 +173,36 @@ VALUE_RULES: dict[str, tuple[Callable[[Any], bool], str]] = {
     "decoding.stop": _one_of(*BEAM_STOPS),
     "decoding.batch_size": _at_least(1),
 }
+
+
+class _NumberKey(ml_collections.FieldReference):
+    """A float key of default_config() that refuses True and False as they are set. ml_collections
+    casts an int set on a float key to float, bool included: `time_budget_minutes = True` in a
+    config file became 1.0 and passed every check (the command line's --config.KEY=True is refused)."""
+
+    def __init__(self, key: str, value: float):
+        self.key = key  # before FieldReference sets the value through set()
+        super().__init__(value, field_type=float)
+
+    def set(self, value, type_safe=True):
+        if isinstance(value, (bool, np.bool_)):
+            raise ConfigError(f"config {self.key}={value!r}: must be {VALUE_RULES[self.key][1]}")
+        super().set(value, type_safe)
+
+    def __setstate__(self, state):  # FieldReference's restores its own attributes alone (copies, pickles)
+        super().__setstate__(state)
+        self.key = state["key"]
+
+
+def refuse_bools_for_numbers(config: ml_collections.ConfigDict) -> None:
+    """Makes each float key of `config` that VALUE_RULES checks refuse a bool when it is set."""
+    for key in VALUE_RULES:
+        *path, leaf = key.split(".")
+        section = config
+        for part in path:
+            section = section[part]
+        if isinstance(section[leaf], float):
+            section[leaf] = _NumberKey(key, section[leaf])
 
 
 def check_combinations(config, architecture: str) -> None:

@@ -14,7 +14,7 @@ from jaxformer.data.tokenizer import Tokenizer, pieces_text
 from jaxformer.hardware import resolve_matmul_dtype
 from jaxformer.model.config import ConfigError, TransformerConfig, preset
 from jaxformer.tokens import MASK_PIECE
-from jaxformer.training.config_rules import VALUE_RULES, check_combinations
+from jaxformer.training.config_rules import VALUE_RULES, check_combinations, refuse_bools_for_numbers
 from jaxformer.training.sharding import DEFAULT_RULES
 
 DEFAULT_VOCAB_SIZE = 8000  # tokenizer.vocab_size's default: a given model's size replaces it
@@ -200,6 +200,7 @@ def default_config() -> ml_collections.ConfigDict:
     # Multi30k, a fifth faster) or beam_full.
     config.decoding.stop = "current_length"
     config.decoding.batch_size = 32  # sentences per decoding batch (two decode at once: Translator)
+    refuse_bools_for_numbers(config)  # a config file's True would be cast to 1.0 unseen
     return config
 
 

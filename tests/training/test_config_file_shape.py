@@ -3,6 +3,7 @@ file loads, before overrides or any work), and any file name read as Python sour
 
 import json
 import pathlib
+import re
 import shutil
 import sys
 import types
@@ -15,6 +16,7 @@ from jaxformer.errors import EXIT_USER_ERROR, UserError
 from jaxformer.model.config import ConfigError
 from jaxformer.training import config_file, experiment, loop
 from jaxformer.training.config_file import load_config, load_config_file, packaged_config_names, with_python_values
+from jaxformer.training.config_rules import VALUE_RULES
 from jaxformer.training.sweep_file import load_sweep
 
 ROOT = pathlib.Path(__file__).parents[2]
@@ -87,6 +89,35 @@ def test_an_extra_key_is_refused_as_unknown(tmp_path, capsys):
         "error: unknown config key 'training.rdrop_begin'; did you mean training.rdrop_start, "
         "training.rdrop_decision_step, training.rdrop_alpha?"
     )
+
+
+def test_a_bool_set_on_a_number_key_in_a_config_file_is_refused_in_one_line_naming_its_line(tmp_path, capsys):
+    """ml_collections casts an int set on a float key to float, bool included: True became 1.0
+    and passed every check, where --config.training.time_budget_minutes=True is refused."""
+    path = tiny_changed_by(tmp_path, "c.training.time_budget_minutes = True")
+    workdir = tmp_path / "run"
+    assert train.main(["--config", str(path), "--workdir", str(workdir)]) == 2
+    assert one_error_line(capsys) == (
+        f"error: config file {path}, line 5: config training.time_budget_minutes=True: must be a finite number >= 0 "
+        "(0: no time budget)"
+    )
+    assert not workdir.exists()
+
+
+def test_every_number_key_refuses_a_bool_and_takes_an_int_as_a_float():
+    defaults = experiment.flatten(experiment.default_config())
+    numbers = [key for key in VALUE_RULES if isinstance(defaults[key], float)]
+    assert {"training.time_budget_minutes", "optimizer.decay_floor", "decoding.alpha"} <= set(numbers)
+    for key in numbers:
+        section, leaf = key.split(".")
+        config = experiment.default_config()
+        for value in (True, False, np.bool_(True)):
+            with pytest.raises(
+                ConfigError, match=rf"^config {key}={value!r}: must be {re.escape(VALUE_RULES[key][1])}$"
+            ):
+                config[section][leaf] = value
+        config[section][leaf] = 1  # an int is still a number
+        assert config[section][leaf] == 1.0 and type(config[section][leaf]) is float
 
 
 def test_a_path_not_ending_in_py_is_read_as_python(tmp_path, monkeypatch, capsys):
