@@ -79,7 +79,7 @@ def _import_beside(name: str, **given: Any):
     """The module `name`.py in this file's folder: an export's copy of a jaxformer helper, held to
     config.json's SHA-256 before any of its code runs; `given` are the names of this file that it
     uses, which the package's module imports from jaxformer.export.standalone."""
-    path = pathlib.Path(__file__).with_name(f"{name}.py")
+    path = pathlib.Path(__file__).resolve().with_name(f"{name}.py")  # beside the file a link to serve.py names
     spec = importlib.util.spec_from_file_location(f"serve_{name}", path)
     if spec is None or not path.is_file():
         raise ImportError(f"{path} is missing: serve.py needs it beside itself (export the model again)")
@@ -231,9 +231,7 @@ class ExportedTranslator:
         if source.ndim != 2 or not np.issubdtype(source.dtype, np.integer) or 0 in source.shape:
             raise ValueError(f"source must be a non-empty integer array [B, S]; got {source.dtype} {source.shape}")
         for row, ids in enumerate(source):
-            _refuse_bad_ids(ids, self.tokenizer, f"source row {row}")
-        if source.min() < 0 or source.max() >= self.vocab_size:
-            raise ValueError(f"source ids must lie in [0, {self.vocab_size}); got {source.min()} .. {source.max()}")
+            _refuse_bad_ids(ids, self.tokenizer, f"source row {row}", self.vocab_size)
         return self._decode_batch(source)
 
     def _decode_batch(self, source: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
@@ -316,7 +314,10 @@ def main(argv: list[str] | None = None) -> int:
         description="Translate stdin to stdout, one sentence per line, with a jaxformer export."
     )
     parser.add_argument(
-        "directory", nargs="?", default=pathlib.Path(__file__).parent, help="the export (default: this file's folder)"
+        "directory",
+        nargs="?",
+        default=pathlib.Path(__file__).resolve().parent,
+        help="the export (default: this file's folder)",
     )
     parser.add_argument(
         "--batch_size", type=serve_streams.positive_integer, help="sentences per batch (default: the export's)"

@@ -132,8 +132,15 @@ def test_serve_py_without_jaxformer_equals_the_translator(exported, workdir, tmp
     source = np.full((1, 16), 5, np.int32)
     source[0, -1] = 1  # EOS, ending the one sentence
     source[0, 0] = SOURCE_SIZE  # a target id, beyond the source vocabulary
-    with pytest.raises(ValueError, match=rf"source ids must lie in \[0, {SOURCE_SIZE}\)"):
+    with pytest.raises(
+        ValueError,
+        match=rf"^source row 0: id {SOURCE_SIZE} at position 0 is outside the model's source vocabulary "
+        rf"\[0, {SOURCE_SIZE}\)$",
+    ):
         served.translate_ids(source)
+    rows = np.concatenate([np.array([[5] * 15 + [1]], np.int32), source])  # the row and position named
+    with pytest.raises(ValueError, match=rf"^source row 1: id {SOURCE_SIZE} at position 0 is outside"):
+        served.translate_ids(rows)
 
 
 def test_tokenizers_that_do_not_fit_the_model_are_refused(workdir, exported, tmp_path):

@@ -27,6 +27,14 @@ def test_serve_py_refuses_a_bad_command_line_in_one_line(exported, flags, messag
     assert result.stderr == f"error: {message}; see serve.py --help\n"
 
 
+def test_serve_py_run_through_a_link_reads_the_files_beside_the_real_one(exported, tmp_path):
+    """A link to serve.py (on PATH, say) found its helpers missing beside the link."""
+    (tmp_path / "serve.py").symlink_to(exported / "serve.py")
+    result = run_serve_py(tmp_path, "--batch_size", "0", input="A man.\n", timeout=120)
+    assert result.returncode == 2 and result.stdout == ""
+    assert result.stderr == "error: argument --batch_size: must be an integer >= 1, got '0'; see serve.py --help\n"
+
+
 def test_serve_py_reads_its_input_before_the_model(exported, tmp_path):
     """Text that is not UTF-8 is named by its line, before any export is read (here: none is)."""
     for directory in (exported, tmp_path / "no-export"):
