@@ -12,7 +12,12 @@ A vocabulary for a masked-LM (an encoder-only model) also holds MASK_PIECE, a co
 that no text encodes to; `Tokenizer.mask_id` is its id.
 """
 
-import numpy as np
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:  # numpy is not imported here: the commands' launcher imports this module before any heavy one
+    import numpy as np
 
 PAD_ID = 0
 EOS_ID = 1
@@ -27,4 +32,4 @@ def has_pieces(ids: np.ndarray) -> bool:
     normaliser drops (zero-width spaces, a byte-order mark, control characters), encode to none,
     which is no sentence to train on, score or translate. decoding/sentence_batches.py keeps its
     own copy of this rule, taking the export's EOS id: exports ship that file without jaxformer."""
-    return bool(np.any(ids != EOS_ID))
+    return bool((ids != EOS_ID).any())
