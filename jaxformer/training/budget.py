@@ -238,7 +238,9 @@ def heading_past(saved) -> bool:
     its step: its training.num_train_steps lay beyond, and its time budget, if any, was not spent
     there. Not heading past, the checkpoint was saved as its run's last, with that step's work,
     unless interim: a signal that came once the budget ran out, before the next check
-    (BUDGET_CHECK_STEPS), stopped the run at its end with that work still to do."""
+    (BUDGET_CHECK_STEPS), stopped the run at its end with that work still to do. Not told apart
+    (the metadata holds no "last" mark): a scheduled checkpoint saved once the budget had run out,
+    before the check, by a run then killed; it is taken as the run's end, its step's work undone."""
     training = saved.config["training"]
     minutes = training.get("time_budget_minutes") or 0.0
     spent = minutes > 0 and (saved.train_seconds or 0.0) >= minutes * 60

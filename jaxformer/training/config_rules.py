@@ -18,7 +18,7 @@ from jaxformer.decoding.generate import MAX_EXTRA_LENGTH
 from jaxformer.decoding.scoring import BLEU_TOKENIZERS, bleu_tokenizer, bleu_tokenizer_problem
 from jaxformer.errors import with_article
 from jaxformer.model.config import ARCHITECTURES, ConfigError
-from jaxformer.run.directory import CHECKPOINT_KINDS
+from jaxformer.run.directory import parse_checkpoint_choice
 from jaxformer.tokens import NUM_SPECIAL_TOKENS
 from jaxformer.training.sharding import check_rules
 
@@ -66,6 +66,16 @@ _MESH_SHAPE = (
     ),
     "three integers (data, fsdp, tensor), each >= 1 or one of them -1",
 )
+
+
+def _a_checkpoint_choice(value: Any) -> bool:
+    """Whether the loaders read `value` as a checkpoint (run/directory.parse_checkpoint_choice)."""
+    try:
+        parse_checkpoint_choice(value)
+    except (TypeError, ValueError):
+        return False
+    return True
+
 
 VALUE_RULES: dict[str, tuple[Callable[[Any], bool], str]] = {
     "data.name": _NON_EMPTY_TEXT,
@@ -116,15 +126,7 @@ VALUE_RULES: dict[str, tuple[Callable[[Any], bool], str]] = {
     "training.init_from": _OPTIONAL_TEXT,
     "training.init_encoder_from": _OPTIONAL_TEXT,
     "training.init_decoder_from": _OPTIONAL_TEXT,
-    "training.init_checkpoint": (
-        (
-            lambda value: (
-                value in CHECKPOINT_KINDS
-                or (str(value).isascii() and str(value).isdigit() and not isinstance(value, bool))
-            )
-        ),
-        "'latest', 'best', 'averaged', 'final' or a step number",
-    ),
+    "training.init_checkpoint": (_a_checkpoint_choice, "'latest', 'best', 'averaged', 'final' or a step number"),
     "training.num_train_steps": _at_least(1),
     "training.time_budget_minutes": _non_negative("0: no time budget", finite=True),
     "training.label_smoothing": _within(0.0, 1.0),
