@@ -2,8 +2,9 @@
 the alpha it was scored with in final/'s metadata: the best of training.final_alphas, or
 decoding.alpha when it compared none. --checkpoint final is searched with it unless the caller
 gives an alpha, and with the length penalty's form and renormalisation the choice was made with
-(decoding.length_penalty, decoding.renormalize_after_bans) unless the caller gives its own; a beam
-search of a choice made with greedy search or sampling (decoding.method) is named in a warning.
+(decoding.length_penalty, decoding.renormalize_after_bans) unless the caller gives its own; another
+search than the one the choice was made with (decoding.method), a beam search of a choice made with
+greedy search or greedy search of one made with beams, is named in a warning.
 Decided here, for the commands (--alpha) and for the Python constructors
 (`Translator.from_workdir`, `export_checkpoint`), so that both give the same translations of the
 same checkpoint."""
@@ -17,6 +18,7 @@ from typing import Any
 
 from jaxformer.decoding.generate import DecodeSettings
 from jaxformer.run.loading import load_checkpoint
+from jaxformer.run.metadata import CheckpointMetadata
 
 logger = logging.getLogger(__name__)
 
@@ -46,14 +48,18 @@ class ChosenSearch:
 
 
 def chosen_search(
-    workdir: str | os.PathLike, checkpoint: str | int, chosen: ChosenSearch | None = None
+    workdir: str | os.PathLike,
+    checkpoint: str | int,
+    chosen: ChosenSearch | None = None,
+    metadata: CheckpointMetadata | None = None,
 ) -> ChosenSearch | None:
     """`chosen` when the caller read it already; else, for `checkpoint` "final", what final/'s
-    metadata says of the search its choice was made with (only the metadata is read, not the
-    parameters); else None: no other checkpoint keeps a search."""
+    metadata (`metadata`, when the caller read it; else only the metadata is read, not the
+    parameters) says of the search its choice was made with; else None: no other checkpoint keeps
+    a search."""
     if chosen is not None or checkpoint != "final":
         return chosen
-    metadata = load_checkpoint(workdir, "final", params=False)[1]
+    metadata = load_checkpoint(workdir, "final", params=False)[1] if metadata is None else metadata
     saved = metadata.config.get("decoding", {})  # None: a key left to its default (a run from before it)
     chosen_with = {**vars(DecodeSettings()), **{key: value for key, value in saved.items() if value is not None}}
     return ChosenSearch(
@@ -147,15 +153,15 @@ def checkpoint_renormalization(chosen: ChosenSearch | None, override: str = SETT
 
 
 def _warn_if_chosen_with_another_method(chosen: ChosenSearch | None, search: DecodeSettings) -> None:
-    """A warning when `search`, a beam search of --checkpoint final (`chosen`), is not the search
-    the run's final choice was made with (decoding.method): its parameters were chosen greedily or
-    by sampling, and nothing in final/ says how they fare with beams."""
+    """A warning when `search`, of --checkpoint final (`chosen`), is not the search the run's final
+    choice was made with (decoding.method): its parameters were chosen with the other one, and
+    nothing in final/ says how they fare with this one."""
     if chosen is not None and chosen.method != search.method:
+        beam = f" (beam {search.beam_size})" if search.method == "beam" else ""
         logger.warning(
-            "the run's final choice was made with %s, and this is %s (beam %d): give --method %s "
+            "the run's final choice was made with %s, and this is %s%s: give --method %s "
             "(DecodeSettings(method=%r) from Python) to decode as it was chosen",
-            *(SEARCH_NAMES[chosen.method], SEARCH_NAMES[search.method], search.beam_size, chosen.method),
-            chosen.method,
+            *(SEARCH_NAMES[chosen.method], SEARCH_NAMES[search.method], beam, chosen.method, chosen.method),
         )
 
 
@@ -164,25 +170,28 @@ def checkpoint_settings(
     checkpoint: str | int,
     settings: DecodeSettings | None,
     chosen: ChosenSearch | None = None,
+    metadata: CheckpointMetadata | None = None,
 ) -> DecodeSettings:
     """`settings` when given: their alpha is the caller's choice, even on "final" (logged when the
     run chose another there); else DecodeSettings() with `checkpoint_alpha`'s alpha: on "final",
     the one the run chose, with the length penalty's form and renormalisation it chose it with, as
-    the commands search without --alpha, --length_penalty and --renormalize_after_bans. A beam
-    search of a final choice made with greedy search or sampling is named in a warning. `chosen`:
-    final/'s `chosen_search` when the caller read it already (the commands, for their flags):
-    final/ is then not read again."""
+    the commands search without --alpha, --length_penalty and --renormalize_after_bans. Another
+    search than the one the final choice was made with (a beam search of a choice made with greedy
+    search, greedy search of one made with beams) is named in a warning. `chosen`: final/'s
+    `chosen_search` when the caller read it already (the commands, for their flags), or `metadata`
+    the checkpoint's (evaluate's): final/ is then not read again."""
     if settings is None:
-        chosen = chosen_search(workdir, checkpoint, chosen)
+        chosen = chosen_search(workdir, checkpoint, chosen, metadata)
         _warn_if_chosen_with_another_method(chosen, DecodeSettings())
         form = checkpoint_length_penalty(chosen) or DecodeSettings.length_penalty
         renormalized = bool(checkpoint_renormalization(chosen))
         search = DecodeSettings(length_penalty=form, renormalize_after_bans=renormalized)
         return dataclasses.replace(search, alpha=checkpoint_alpha(chosen, search))
+    if checkpoint == "final":  # the commands' greedy search and sampling read final/'s search here
+        chosen = chosen_search(workdir, checkpoint, chosen, metadata)
+        _warn_if_chosen_with_another_method(chosen, settings)
     # The other searches read no length penalty, and choose the same tokens renormalized or not.
     if checkpoint == "final" and settings.method == "beam":
-        chosen = chosen_search(workdir, checkpoint, chosen)
-        _warn_if_chosen_with_another_method(chosen, settings)
         if chosen.alpha is not None and chosen.alpha != settings.alpha:
             kept = "the run chose %g on validation" if chosen.compared else "the run's final choice was scored with %g"
             logger.info("length penalty alpha %g as given (" + kept + ")", settings.alpha, chosen.alpha)

@@ -164,7 +164,7 @@ class Translator:
         checkpoint = parse_checkpoint_choice(checkpoint)  # "300" as --checkpoint 300
         metadata = None if loaded is None else loaded[1]
         model_config = cls.check_workdir(workdir, checkpoint, metadata)  # before the parameters are read
-        settings = checkpoint_settings(workdir, checkpoint, settings, chosen)
+        settings = checkpoint_settings(workdir, checkpoint, settings, chosen, metadata)
         settings.check_fits(model_config)
         step, metadata, params = load_checkpoint(workdir, checkpoint) if loaded is None else loaded
         logger.info("loaded step %d of %s (%s)", step, workdir, checkpoint_name(checkpoint))

@@ -255,6 +255,30 @@ def test_from_workdir_says_it_searches_a_greedy_choice_with_beams(decoding_workd
         assert caplog.messages == ([said] if beam else []), settings
 
 
+BEAM_CHOICE_SEARCHED_GREEDILY = (
+    "W the run's final choice was made with beam search, and this is greedy search: give --method beam "
+    "(DecodeSettings(method='beam') from Python) to decode as it was chosen"
+)
+
+
+@pytest.mark.parametrize("command", ["translate", "evaluate"])  # an export holds a beam search
+def test_greedy_search_of_a_beam_choice_says_so(command, final_workdir, tmp_path, monkeypatch, capsys):
+    settings, lines = searched_by(command, final_workdir, ["--method", "greedy"], tmp_path, monkeypatch, capsys)
+    assert settings.method == "greedy"
+    assert [line for line in lines if line.startswith("W ")] == [BEAM_CHOICE_SEARCHED_GREEDILY]  # was none
+    settings, lines = searched_by(command, final_workdir, [], tmp_path, monkeypatch, capsys)
+    assert settings.method == "beam" and not [line for line in lines if "decode as it was chosen" in line]
+
+
+def test_from_workdir_says_it_searches_a_beam_choice_otherwise(final_workdir, caplog):
+    for method, named in (("greedy", "greedy search"), ("sample", "sampling"), ("beam", None)):
+        caplog.clear()
+        with caplog.at_level(logging.WARNING, logger="jaxformer"):
+            Translator.from_workdir(final_workdir, "final", DecodeSettings(method=method, max_extra_length=8))
+        said = [message for message in caplog.messages if "decode as it was chosen" in message]
+        assert said == ([BEAM_CHOICE_SEARCHED_GREEDILY[2:].replace("greedy search", named)] if named else []), method
+
+
 def test_a_choice_that_compared_no_alpha_names_its_alpha_as_decoding_alpha(decoding_workdir, tmp_path, caplog):
     def searched(workdir):
         caplog.clear()
