@@ -224,12 +224,13 @@ class ExportedTranslator:
     def translate_ids(self, source: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         """The program on padded source rows int32 [B, S] (pad 0, each row ending in EOS):
         (tokens int32 [B, K, S + max_extra_length] best first, ending in EOS then padding,
-        scores float32 [B, K], log p / length penalty). A row of padding alone, EOS alone, a row whose
-        last id before the padding is not EOS, or one with EOS or PAD before that, is refused: only the
-        padding after a row's EOS is no part of its sentence."""
+        scores float32 [B, K], log p / length penalty). A row of no ids (`[[]]`), of padding alone, EOS
+        alone, a row whose last id before the padding is not EOS, or one with EOS or PAD before that, is
+        refused, as `translate_sequences` refuses such a source: only the padding after a row's EOS is
+        no part of its sentence."""
         source = np.asarray(source)
-        if source.ndim != 2 or not np.issubdtype(source.dtype, np.integer) or 0 in source.shape:
-            raise ValueError(f"source must be a non-empty integer array [B, S]; got {source.dtype} {source.shape}")
+        if source.ndim != 2 or not len(source):  # then each row's check names its fault ([[]]: empty, not float64)
+            raise ValueError(f"source must be padded rows of ids [B, S], at least one; got shape {source.shape}")
         for row, ids in enumerate(source):
             _refuse_bad_ids(ids, self.tokenizer, f"source row {row}", self.vocab_size)
         return self._decode_batch(source)

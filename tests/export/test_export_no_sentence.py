@@ -68,6 +68,23 @@ def test_the_id_entry_points_refuse_no_sentence_before_any_batch(unrun):
             unrun.translate_ids(rows)
 
 
+def test_translate_ids_names_an_empty_row_as_translate_sequences_names_an_empty_source(unrun):
+    """[[]], which numpy makes float64 [1, 0], was refused as 'source must be a non-empty integer
+    array [B, S]; got float64 (1, 0)': a dtype no one gave. Now its row is named, as
+    translate_sequences (and Translator.translate_ids) name an empty source."""
+    with pytest.raises(ValueError, match=rf"^source 0 is empty: a sentence's ids end with EOS \({EOS}\)$"):
+        unrun.translate_sequences([[]])
+    for source in ([[]], [[], []], np.zeros((2, 0), np.int32)):
+        with pytest.raises(ValueError, match=rf"^source row 0 is empty: a sentence's ids end with EOS \({EOS}\)$"):
+            unrun.translate_ids(source)
+    for source, shape in (([], r"\(0,\)"), (np.zeros((0, 4), np.int32), r"\(0, 4\)"), ([5, EOS], r"\(2,\)")):
+        refused = rf"^source must be padded rows of ids \[B, S\], at least one; got shape {shape}$"
+        with pytest.raises(ValueError, match=refused):
+            unrun.translate_ids(source)
+    with pytest.raises(TypeError, match=r"^source row 0's ids must be integers, got dtype float64$"):
+        unrun.translate_ids([[5.0, EOS]])
+
+
 def test_translate_sequences_refuses_what_is_no_sentences_ids_naming_it_before_any_batch(unrun):
     sentence = np.asarray([5, 6, 7, EOS], np.int32)  # longest, so the first batch were it decoded
     vocabulary = unrun.vocab_size
