@@ -158,8 +158,8 @@ def generate(
     """
     batch, source_length = source.shape
     max_length, max_positions = source_length + settings.max_extra_length, model.config.max_positions
-    if max_positions is not None and not jax.export.is_symbolic_dim(max_length):
-        max_length = min(max_length, max_positions)  # the rows' limits are no longer
+    if max_positions is not None:  # the rows' limits are no longer; a symbolic S (an export) gets min(S + extra, P)
+        max_length = jax.core.min_dim(max_length, max_positions)
     context = model.apply({"params": params}, source, method=Transformer.encoder_context)
     source_lengths = jnp.sum(source != PAD_ID, axis=1, dtype=jnp.int32)
     limits = output_limits(source_lengths, settings.max_extra_length, max_positions)  # [B], <= max_length

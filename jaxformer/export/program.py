@@ -1,10 +1,11 @@
 """The beam search as a serialized `jax.export` program, with symbolic batch and source length.
 
-The program is `make_generate_fn(config, settings)` (jaxformer/decoding/generate.py) lowered
-once for source int32 [B, S] with B and S symbolic, S <= max_source_length (the positional
-encoding needs a bound: jaxformer/model/position.py), so one file serves every batch size and
-source length. It is lowered for several platforms at once where jax can do so from this
-machine; a platform whose lowering fails is left out and reported, not fatal.
+The program is `make_generate_fn(config, settings)` (jaxformer/decoding/generate.py), its tokens
+padded to S + max_extra_length (`program_fn`), lowered once for source int32 [B, S] with B and S
+symbolic, S <= max_source_length (the positional encoding needs a bound:
+jaxformer/model/position.py), so one file serves every batch size and source length. It is
+lowered for several platforms at once where jax can do so from this machine; a platform whose
+lowering fails is left out and reported, not fatal.
 """
 
 from __future__ import annotations
@@ -20,6 +21,7 @@ import numpy as np
 from jaxformer.decoding.generate import DecodeSettings, make_generate_fn
 from jaxformer.errors import first_line
 from jaxformer.model.config import TransformerConfig
+from jaxformer.tokens import PAD_ID
 
 logger = logging.getLogger(__name__)
 
@@ -31,6 +33,22 @@ def source_spec(max_source_length: int) -> jax.ShapeDtypeStruct:
     """int32 [B, S], both symbolic, 1 <= S <= max_source_length."""
     batch, length = jax.export.symbolic_shape("B, S", constraints=[f"S <= {int(max_source_length)}"])
     return jax.ShapeDtypeStruct((batch, length), jnp.int32)
+
+
+def program_fn(config: TransformerConfig, settings: DecodeSettings):
+    """`make_generate_fn(config, settings)` with the export's output: tokens [B, K, S + max_extra_length].
+    A model with max_positions P searches in a buffer of min(S + max_extra_length, P) tokens, as
+    `generate` bounds it; the columns past P, which no row reaches, are padding."""
+    generate_fn = make_generate_fn(config, settings).jitted
+    if config.max_positions is None:
+        return generate_fn  # tokens [B, K, S + max_extra_length] already
+
+    def program(params, source):
+        tokens, scores = generate_fn(params, source)
+        missing = source.shape[1] + settings.max_extra_length - tokens.shape[2]  # symbolic: max(0, S + extra - P)
+        return jax.lax.pad(tokens, jnp.int32(PAD_ID), ((0, 0, 0), (0, 0, 0), (0, missing, 0))), scores
+
+    return jax.jit(program)
 
 
 def export_beam_search(
@@ -47,7 +65,7 @@ def export_beam_search(
     """
     if settings.method != "beam":
         raise ValueError(f"the export holds a beam search; got decoding method {settings.method!r}")
-    generate_fn = make_generate_fn(config, settings)
+    generate_fn = program_fn(config, settings)
     specs = (
         jax.tree.map(lambda leaf: jax.ShapeDtypeStruct(np.shape(leaf), leaf.dtype), params),
         source_spec(max_source_length),

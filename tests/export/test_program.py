@@ -74,3 +74,46 @@ def test_the_exported_search_scores_as_its_settings_say(symbolic_shapes_unchecke
     np.testing.assert_array_equal(exported_tokens, tokens)
     # Not log p: its scores lie 4 to 5 nats lower here (these hypotheses end at the limit, where EOS then costs 0).
     np.testing.assert_allclose(exported_scores, scores, rtol=1e-5, atol=1e-5)
+
+
+POSITIONS = 8  # the model's max_positions, as an imported OPUS-MT model has them
+NEAR_THE_LAST_POSITION = DecodeSettings(beam_size=2, max_extra_length=6)  # S + 6 > POSITIONS for S >= 3
+
+
+def _searches_within_positions(settings):
+    """(a tiny model with max_positions POSITIONS and its parameters, decoding variant; its search
+    exported with symbolic B and S <= POSITIONS; the export's program)."""
+    config = preset("tiny", vocab_size=40, num_encoder_layers=1, num_decoder_layers=1, max_positions=POSITIONS)
+    tokens = jnp.ones((1, 4), jnp.int32)
+    params = nn.meta.unbox(Transformer(config).init(jax.random.key(0), tokens, tokens)["params"])
+    config, params = decoding_variant(config, params)
+    specs = jax.tree.map(lambda leaf: jax.ShapeDtypeStruct(leaf.shape, leaf.dtype), params), source_spec(POSITIONS)
+    symbolic = jax.export.export(make_generate_fn(config, settings).jitted, platforms=("cpu",))(*specs)
+    program, _ = export_beam_search(config, settings, params, POSITIONS, ("cpu",))
+    return (config, params), symbolic, program
+
+
+def test_a_symbolic_length_is_searched_within_the_models_positions(symbolic_shapes_unchecked):
+    """A model with max_positions P searched a symbolic S in S + max_extra_length tokens, past its
+    positions, where a concrete S gets min(S + max_extra_length, P); the export's program still
+    returns its format's S + max_extra_length (the columns past P are padding: below)."""
+    _, symbolic, program = _searches_within_positions(NEAR_THE_LAST_POSITION)
+    length = symbolic.in_avals[-1].shape[1]
+    assert symbolic.out_avals[0].shape[2] == jax.core.min_dim(length + 6, POSITIONS)  # was S + 6
+    assert program.out_avals[0].shape[2] - program.in_avals[-1].shape[1] == 6
+
+
+@pytest.mark.slow  # three searches compiled (about 7 s); the shapes are checked in the default suite above
+def test_a_symbolic_length_near_the_last_position_gives_the_concrete_searchs_tokens(symbolic_shapes_unchecked):
+    (config, params), symbolic, program = _searches_within_positions(NEAR_THE_LAST_POSITION)
+    source = np.array([[5, 6, 7, 8, 9, 10, 1], [8, 1, 0, 0, 0, 0, 0]], np.int32)  # S = 7
+    expected_tokens, expected_scores = make_generate_fn(config, NEAR_THE_LAST_POSITION)(params, source)
+    assert expected_tokens.shape[2] == POSITIONS
+    tokens, scores = symbolic.call(params, source)
+    np.testing.assert_array_equal(tokens, expected_tokens)  # its shape too: was [B, K, S + 6]
+    np.testing.assert_allclose(scores, expected_scores, rtol=1e-5, atol=1e-5)
+    exported_tokens, exported_scores = program.call(params, source)
+    assert exported_tokens.shape[2] == source.shape[1] + NEAR_THE_LAST_POSITION.max_extra_length
+    np.testing.assert_array_equal(exported_tokens[:, :, :POSITIONS], expected_tokens)
+    assert not exported_tokens[:, :, POSITIONS:].any()  # padding: no row reaches past P
+    np.testing.assert_allclose(exported_scores, expected_scores, rtol=1e-5, atol=1e-5)
