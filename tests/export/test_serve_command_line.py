@@ -43,13 +43,52 @@ def test_serve_py_reads_its_input_before_the_model(exported, tmp_path):
         assert result.stderr.decode() == "error: <stdin>: line 2 is not valid UTF-8 (invalid start byte at byte 0)\n"
 
 
+def _read_by_each(data):
+    """(serve.py's lines of stdin `data` or its error, translate.py's): serve_streams.py keeps its
+    own copy of translate.py's reader, which an export, run without jaxformer, cannot import."""
+    from jaxformer.commands import common
+    from jaxformer.data.parallel_text import DataError
+
+    outcomes = []
+    for read, refusal in (
+        (standalone.stdin_lines, standalone.InputError),
+        (lambda data: common.read_lines(None), DataError),  # stdin, as translate.py reads it
+    ):
+        try:
+            with pytest.MonkeyPatch.context() as patch:
+                patch.setattr(sys, "stdin", io.TextIOWrapper(io.BytesIO(data)))
+                outcomes.append(read(data))
+        except refusal as error:
+            outcomes.append(f"error: {error}")
+    return outcomes
+
+
 def test_serve_py_reads_stdin_as_translate_does():
     """A byte-order mark that starts the input is dropped, as translate.py's reader drops it
-    (serve.py kept it, and translated a line holding only it)."""
-    from jaxformer.data.parallel_text import decode_lines
-
-    for data in (b"\xef\xbb\xbf\nA man.\r\n\xef\xbb\xbfTwo dogs.\n", b"\xef\xbb\xbfA man.", b"A\n\n\xef\xbb\xbf\n"):
-        assert standalone.stdin_lines(data) == decode_lines(io.BytesIO(data).readlines(), "<stdin>"), data
+    (serve.py kept it, and translated a line holding only it); a line that is not UTF-8 is named
+    in the same words (a character cut short by the line break was 'unexpected end of data')."""
+    for data in (
+        b"\xef\xbb\xbf\nA man.\r\n\xef\xbb\xbfTwo dogs.\n",
+        b"\xef\xbb\xbfA man.",
+        b"A\n\n\xef\xbb\xbf\n",
+        b"",
+        b"\n",
+        b"A\r\r\n\r\nB",
+        b"A man\rin a hat.\n",  # one \r in a line is text to both (more, as lines ended by \r alone: a file rule)
+        b"caf\xc3\xa9\n",
+    ):
+        serve_py, translate_py = _read_by_each(data)
+        assert isinstance(serve_py, list) and serve_py == translate_py, data
+    for data, reason in (
+        (b"A man.\n\xff\xfe bad bytes\nTwo dogs.\n", "invalid start byte at byte 0"),
+        (b"A man.\ncaf\xc3\nTwo dogs.\n", "invalid continuation byte at byte 3"),  # was: unexpected end of data
+        (b"A man.\r\ncaf\xc3\r\n", "invalid continuation byte at byte 3"),
+        (b"A man.\ncaf\xc3", "unexpected end of data at byte 3"),  # the end of the input
+        (b"\xef\xbb\xbf\xff\n", "invalid start byte at byte 0"),  # counted after the byte-order mark by both
+    ):
+        serve_py, translate_py = _read_by_each(data)
+        line = 1 if data.startswith(b"\xef") else 2
+        assert serve_py == translate_py == f"error: <stdin>: line {line} is not valid UTF-8 ({reason})", data
 
 
 def test_serve_py_started_with_stdin_closed_says_so_in_one_line(tmp_path, capsys, monkeypatch):
