@@ -1,8 +1,8 @@
 """What every non-model key of an experiment config allows: one (check, description) rule per key,
 then the values of different keys that cannot go together (`check_combinations`), both read by
 `experiment.validate` before anything is prepared, compiled or written (the model section is
-checked by TransformerConfig). A bool set on a float key is refused as it is set (`_NumberKey`):
-ml_collections would cast it to 1.0 or 0.0, past every check."""
+checked by TransformerConfig). A bool set on a float key, the model section's too, is refused as it
+is set (`_NumberKey`): ml_collections would cast it to 1.0 or 0.0, past every check."""
 
 from __future__ import annotations
 
@@ -178,33 +178,46 @@ VALUE_RULES: dict[str, tuple[Callable[[Any], bool], str]] = {
 
 
 class _NumberKey(ml_collections.FieldReference):
-    """A float key of default_config() that refuses True and False as they are set. ml_collections
-    casts an int set on a float key to float, bool included: `time_budget_minutes = True` in a
-    config file became 1.0 and passed every check (the command line's --config.KEY=True is refused)."""
+    """A float key of default_config() that refuses True and False as they are set, saying it must
+    be `allowed`. ml_collections casts an int set on a float key to float, bool included:
+    `time_budget_minutes = True` in a config file became 1.0 and passed every check (the command
+    line's --config.KEY=True is refused)."""
 
-    def __init__(self, key: str, value: float):
-        self.key = key  # before FieldReference sets the value through set()
+    def __init__(self, key: str, value: float, allowed: str):
+        self.key, self.allowed = key, allowed  # before FieldReference sets the value through set()
         super().__init__(value, field_type=float)
 
     def set(self, value, type_safe=True):
         if isinstance(value, (bool, np.bool_)):
-            raise ConfigError(f"config {self.key}={value!r}: must be {VALUE_RULES[self.key][1]}")
+            raise ConfigError(f"config {self.key}={value!r}: must be {self.allowed}")
         super().set(value, type_safe)
 
     def __setstate__(self, state):  # FieldReference's restores its own attributes alone (copies, pickles)
         super().__setstate__(state)
-        self.key = state["key"]
+        self.key, self.allowed = state["key"], state["allowed"]
 
 
 def refuse_bools_for_numbers(config: ml_collections.ConfigDict) -> None:
     """Makes each float key of `config` that VALUE_RULES checks refuse a bool when it is set."""
-    for key in VALUE_RULES:
+    for key, (_, allowed) in VALUE_RULES.items():
         *path, leaf = key.split(".")
         section = config
         for part in path:
             section = section[part]
         if isinstance(section[leaf], float):
-            section[leaf] = _NumberKey(key, section[leaf])
+            section[leaf] = _NumberKey(key, section[leaf], allowed)
+
+
+def model_number_keys(fields: dict[str, Any]) -> dict[str, Any]:
+    """The model section's `fields` with each float one (the dropout rates, layer_norm_epsilon,
+    position_base) a key that refuses a bool when it is set: `dropout_rate = False` in a config file
+    was a model without dropout, `layer_norm_epsilon = True` an epsilon of 1.0, with no word. In the
+    command line's words for --config.model.dropout_rate=True ("must be a number"): TransformerConfig
+    says what else each field allows."""
+    return {
+        field: _NumberKey(f"model.{field}", value, "a number") if isinstance(value, float) else value
+        for field, value in fields.items()
+    }
 
 
 def check_combinations(config, architecture: str) -> None:
@@ -233,7 +246,7 @@ def check_combinations(config, architecture: str) -> None:
             f"which a unigram model has and tokenizer.model_type={config.tokenizer.model_type!r} has not"
         )
     positions, length = config.model.get("max_positions"), config.data.max_length  # an imported model's limit
-    if positions is not None and length > positions:
+    if _integer(positions) and length > positions:  # True and other non-integers: TransformerConfig refuses them
         message = f"rows that long reach positions the model lacks; lower data.max_length to at most {positions}"
         raise ConfigError(f"config data.max_length={length} with model.max_positions={positions}: {message}")
     training = config.training

@@ -14,7 +14,12 @@ from jaxformer.data.tokenizer import Tokenizer, pieces_text
 from jaxformer.hardware import resolve_matmul_dtype
 from jaxformer.model.config import ConfigError, TransformerConfig, preset
 from jaxformer.tokens import MASK_PIECE
-from jaxformer.training.config_rules import VALUE_RULES, check_combinations, refuse_bools_for_numbers
+from jaxformer.training.config_rules import (
+    VALUE_RULES,
+    check_combinations,
+    model_number_keys,
+    refuse_bools_for_numbers,
+)
 from jaxformer.training.sharding import DEFAULT_RULES
 
 DEFAULT_VOCAB_SIZE = 8000  # tokenizer.vocab_size's default: a given model's size replaces it
@@ -22,7 +27,8 @@ DEFAULT_VOCAB_SIZE = 8000  # tokenizer.vocab_size's default: a given model's siz
 
 def model_section(preset_name: str = "base", **overrides: Any) -> ml_collections.ConfigDict:
     """The `model` section: the preset's name and every TransformerConfig field at the preset's
-    value (with `overrides`), so any field can be overridden from the command line."""
+    value (with `overrides`), so any field can be overridden from the command line; a float field
+    refuses a bool as it is set (config_rules.model_number_keys)."""
     values = preset(preset_name, **overrides).to_dict()
     for field in ("vocab_size", "source_vocab_size", "deterministic"):  # set from the tokenizers / by the loop
         values.pop(field)
@@ -30,7 +36,7 @@ def model_section(preset_name: str = "base", **overrides: Any) -> ml_collections
     # --config.model.max_positions=512 as an integer.
     values["matmul_dtype"] = ml_collections.FieldReference(values["matmul_dtype"], field_type=str)
     values["max_positions"] = ml_collections.FieldReference(values["max_positions"], field_type=int)
-    return ml_collections.ConfigDict({"preset": preset_name, **values})
+    return ml_collections.ConfigDict({"preset": preset_name, **model_number_keys(values)})
 
 
 def default_config() -> ml_collections.ConfigDict:

@@ -7,13 +7,14 @@ import re
 import shutil
 import sys
 import types
+import typing
 
 import numpy as np
 import pytest
 
 from jaxformer.commands import train
 from jaxformer.errors import EXIT_USER_ERROR, UserError
-from jaxformer.model.config import ConfigError
+from jaxformer.model.config import ConfigError, TransformerConfig
 from jaxformer.training import config_file, experiment, loop
 from jaxformer.training.config_file import load_config, load_config_file, packaged_config_names, with_python_values
 from jaxformer.training.config_rules import VALUE_RULES
@@ -118,6 +119,46 @@ def test_every_number_key_refuses_a_bool_and_takes_an_int_as_a_float():
                 config[section][leaf] = value
         config[section][leaf] = 1  # an int is still a number
         assert config[section][leaf] == 1.0 and type(config[section][leaf]) is float
+
+
+def test_a_bool_on_a_float_field_of_the_model_is_refused_in_a_config_file_as_on_the_command_line(tmp_path, capsys):
+    """`c.model.dropout_rate = False` was a model without dropout and `layer_norm_epsilon = True` an
+    epsilon of 1.0, with no word: ml_collections cast the bool to float before TransformerConfig saw it."""
+    fields = typing.get_type_hints(TransformerConfig)
+    floats = [field for field, kind in fields.items() if kind is float]
+    assert {"dropout_rate", "target_word_dropout_rate", "layer_norm_epsilon", "position_base"} <= set(floats)
+    for field in floats:
+        for value in (True, False):
+            path = tiny_changed_by(tmp_path, f"c.model.{field} = {value}")
+            with pytest.raises(ConfigError) as refused:
+                load_config_file(path)
+            assert str(refused.value) == f"config file {path}, line 5: config model.{field}={value}: must be a number"
+            with pytest.raises(ConfigError) as refused:
+                config_file.apply_overrides(load_config_file(TINY), [(f"model.{field}", str(value))])
+            assert str(refused.value) == f"--config.model.{field}={value}: must be a number"
+        taken = load_config_file(tiny_changed_by(tmp_path, f"c.model.{field} = 3")).model[field]
+        assert (taken, type(taken)) == (3.0, float)  # an int is still a number
+    path, workdir = tiny_changed_by(tmp_path, "c.model.dropout_rate = False"), tmp_path / "run"
+    assert train.main(["--config", str(path), "--workdir", str(workdir)]) == 2
+    message = "config model.dropout_rate=False: must be a number"
+    assert one_error_line(capsys) == f"error: config file {path}, line 5: {message}"
+    assert not workdir.exists()
+
+
+def test_a_bool_on_an_integer_field_of_the_model_is_refused_from_a_config_file_and_the_command_line(tmp_path):
+    """ml_collections keeps a bool set on an int key as it is, and TransformerConfig refuses it
+    (model.max_positions=True was refused as "config data.max_length=48 with model.max_positions=True",
+    a length beyond the model's positions)."""
+    fields = typing.get_type_hints(TransformerConfig)
+    integers = [field for field in experiment.model_section("tiny") if fields.get(field) in (int, int | None)]
+    assert {"d_model", "num_heads", "num_decoder_layers", "max_positions"} <= set(integers)
+    for field in integers:
+        config = load_config_file(tiny_changed_by(tmp_path, f"c.model.{field} = True"))
+        with pytest.raises(ConfigError, match=rf"^TransformerConfig\.{field}=True: must be "):
+            experiment.validate(config)
+        with pytest.raises(ConfigError) as refused:
+            config_file.apply_overrides(load_config_file(TINY), [(f"model.{field}", "True")])
+        assert str(refused.value) == f"--config.model.{field}=True: must be an integer"
 
 
 def test_a_path_not_ending_in_py_is_read_as_python(tmp_path, monkeypatch, capsys):
