@@ -21,7 +21,6 @@ import numpy as np
 from jax.experimental import multihost_utils
 
 from jaxformer.data.sources import check_languages, check_same_data, data_fingerprint, get_builder, load_split, prepare
-from jaxformer.decoding.generate import DecodeSettings
 from jaxformer.errors import CheckpointError
 from jaxformer.model.architectures import build_model
 from jaxformer.model.config import TransformerConfig
@@ -43,7 +42,7 @@ from jaxformer.training.optimizer import make_optimizer
 from jaxformer.training.run_tokenizer import RunTokenizers, check_given_models, log_unknown_rate, tokenizer_for_run
 from jaxformer.training.state import make_init_fn
 from jaxformer.training.unused_settings import unused_settings
-from jaxformer.training.validation_bleu import check_best_measured_alike
+from jaxformer.training.validation_bleu import INHERITED_DECODING, check_best_measured_alike, value_or_before_the_key
 
 logger = logging.getLogger(__name__)
 
@@ -97,15 +96,6 @@ def check_same_run(workdir: pathlib.Path, saved: CheckpointMetadata | None, conf
         logger.warning("resuming with values that a resumed run may change: %s", "; ".join(changed))
 
 
-# The decoding keys a run takes from the run it starts from when left None, each with its value
-# before the key existed: how the model is searched and scored (a --from_hf import says how
-# transformers does it), not a choice of this run's.
-INHERITED_DECODING = {
-    "length_penalty": DecodeSettings.length_penalty,
-    "renormalize_after_bans": DecodeSettings.renormalize_after_bans,
-}
-
-
 def settle_inherited_decoding(
     config: ml_collections.ConfigDict, saved: CheckpointMetadata | None, start: StartingPoint | None
 ) -> None:
@@ -117,9 +107,9 @@ def settle_inherited_decoding(
     origin = saved if saved is not None else start.metadata if start is not None else None
     origin_decoding = (origin.config if origin is not None else {}).get("decoding", {})
     settled = []
-    for key, before_the_key in INHERITED_DECODING.items():
+    for key in INHERITED_DECODING:
         if config.decoding[key] is None:
-            config.decoding[key] = origin_decoding.get(key) or before_the_key
+            config.decoding[key] = value_or_before_the_key(key, origin_decoding.get(key))
             settled.append(f"decoding.{key}={config.decoding[key]}")
     if saved is None and start is not None and settled:
         logger.info(

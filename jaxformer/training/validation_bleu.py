@@ -46,6 +46,21 @@ BEAM_ONLY_KEYS = tuple(
     f"decoding.{key}" for key in ("beam_size", "alpha", "length_penalty", "stop", "renormalize_after_bans")
 )
 
+# The decoding keys whose None means their value before the key existed, each with that value:
+# how the model is searched and scored (a --from_hf import says how transformers does it), not a
+# choice of this run's. A run's start settles a None one from the run it starts from
+# (run_start.settle_inherited_decoding); validation BLEU, best/ and the final choice read one still
+# None, or absent in an older run's config, as that value.
+INHERITED_DECODING = {
+    "length_penalty": DecodeSettings.length_penalty,
+    "renormalize_after_bans": DecodeSettings.renormalize_after_bans,
+}
+
+
+def value_or_before_the_key(key: str, value: Any) -> Any:
+    """`value` of the INHERITED_DECODING key decoding.`key`; None: its value before the key existed."""
+    return value or INHERITED_DECODING[key]
+
 
 def scored_tokenizer(config: dict[str, Any]) -> str:
     """The sacreBLEU tokenizer of the scores a run with `config` (as a checkpoint saves it) made:
@@ -60,16 +75,16 @@ def scored_tokenizer(config: dict[str, Any]) -> str:
 def decode_settings(config: ml_collections.ConfigDict) -> DecodeSettings:
     """The search the `decoding` section describes; a length_penalty or renormalize_after_bans
     still None (the run's start settles them: run_start.settle_inherited_decoding), or absent in an
-    older run's config, is gnmt, or False."""
+    older run's config, is its value before the key existed (INHERITED_DECODING: gnmt, or False)."""
     decoding = config.decoding
+    inherited = {key: value_or_before_the_key(key, decoding.get(key)) for key in INHERITED_DECODING}
     return DecodeSettings(
         method=decoding.method,
         beam_size=decoding.beam_size,
         alpha=decoding.alpha,
-        length_penalty=decoding.get("length_penalty") or DecodeSettings.length_penalty,
         stop=decoding.stop,
         max_extra_length=decoding.max_extra_length,
-        renormalize_after_bans=bool(decoding.get("renormalize_after_bans")),
+        **inherited,
     )
 
 
@@ -189,13 +204,13 @@ class BleuValidator:
 def bleu_settings(config: dict[str, Any], keys: Sequence[str] = BLEU_KEYS) -> dict[str, Any]:
     """The `keys` values of a config as a checkpoint saves it or as a run has it now
     (`kept_setting_values`), as its scores were made: training.bleu_tokenize the tokenizer it
-    scored with (scored_tokenizer), a length penalty left None gnmt, renormalize_after_bans left None off."""
+    scored with (scored_tokenizer), an INHERITED_DECODING key left None its value before the key
+    existed (a length penalty gnmt, renormalize_after_bans off)."""
     values = kept_setting_values(config, keys)
     values["training.bleu_tokenize"] = scored_tokenizer(config)
-    if "decoding.length_penalty" in values:
-        values["decoding.length_penalty"] = values["decoding.length_penalty"] or DecodeSettings.length_penalty
-    if "decoding.renormalize_after_bans" in values:  # None: the run's start did not settle it, as off
-        values["decoding.renormalize_after_bans"] = bool(values["decoding.renormalize_after_bans"])
+    for key in INHERITED_DECODING:  # None: the run's start did not settle it
+        if f"decoding.{key}" in values:
+            values[f"decoding.{key}"] = value_or_before_the_key(key, values[f"decoding.{key}"])
     return values
 
 

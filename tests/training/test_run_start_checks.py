@@ -1,8 +1,9 @@
 """What a training run refuses at its start, before any data is prepared: a file where it saves
 (checkpoints/, best/, final/), and a resume whose validation BLEU would be measured otherwise than
-the score best/ keeps."""
+the score best/ keeps; and what a decoding key it settles reads as when left None."""
 
 import copy
+import dataclasses
 import logging
 import re
 import shutil
@@ -12,11 +13,12 @@ import ml_collections
 import pytest
 
 from jaxformer.commands import train
+from jaxformer.decoding.generate import DecodeSettings
 from jaxformer.errors import EXIT_USER_ERROR, CheckpointError, UserError
 from jaxformer.run.checkpoint import Checkpointer
 from jaxformer.run.directory import RunDirectory
 from jaxformer.run.loading import load_checkpoint
-from jaxformer.training import final_choice, run_start, validation_bleu
+from jaxformer.training import experiment, final_choice, resume_rules, run_start, validation_bleu
 from tests.conftest import make_workdir
 
 
@@ -265,3 +267,26 @@ def test_a_bleu_tokenizer_that_cannot_be_built_is_one_line_before_any_work(tmp_p
     )
     assert errors[0].endswith("or name another tokenizer with --config.training.bleu_tokenize (e.g. 'char')")
     assert not workdir.exists()
+
+
+def test_each_inherited_decoding_key_left_none_reads_as_its_decode_settings_default_everywhere():
+    """None means the value before the key existed, which validation_bleu.INHERITED_DECODING alone
+    says: for the run's start, the search validation BLEU and the final choice run, and the settings
+    best/ and the final choice were measured with (a saved config's key None or absent alike)."""
+    defaults = {field.name: field.default for field in dataclasses.fields(DecodeSettings)}
+    assert resume_rules.SETTLED_AT_START == {f"decoding.{key}" for key in validation_bleu.INHERITED_DECODING}
+    for key in validation_bleu.INHERITED_DECODING:
+        config = experiment.default_config()
+        assert config.decoding[key] is None
+        saved = config.to_dict()
+        absent = copy.deepcopy(saved)
+        del absent["decoding"][key]
+        read = {
+            "decode_settings": getattr(validation_bleu.decode_settings(config), key),
+            "bleu_settings": validation_bleu.bleu_settings(saved)[f"decoding.{key}"],
+            "bleu_settings, absent": validation_bleu.bleu_settings(absent)[f"decoding.{key}"],
+        }
+        run_start.settle_inherited_decoding(config, None, None)
+        read["settle_inherited_decoding"] = config.decoding[key]
+        for place, value in read.items():
+            assert (value, type(value)) == (defaults[key], type(defaults[key])), (key, place)
