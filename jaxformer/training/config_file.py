@@ -24,6 +24,7 @@ import ml_collections
 import numpy as np
 
 from jaxformer.model.config import PRESETS, ConfigError
+from jaxformer.training.config_rules import TUPLE_FORMS
 from jaxformer.training.experiment import default_config, nullable_keys, unknown_key_error
 
 logger = logging.getLogger(__name__)
@@ -265,6 +266,14 @@ _TYPE_NAMES = {
 }
 
 
+def _kind_text(key: str, kind: type) -> str:
+    """What a value of `key`, whose values are of type `kind`, must be: for a tuple key, what it
+    holds and an example (TUPLE_FORMS), where "a tuple" left `1.0,abc` unexplained."""
+    if kind in (tuple, list) and key in TUPLE_FORMS:
+        return TUPLE_FORMS[key]
+    return _TYPE_NAMES.get(kind, kind.__name__)
+
+
 def _parse(key: str, text: str, current: Any, field_type: type | None) -> Any:
     """`text` as a value of the type the key has now (a string stays a string); "None" for a key
     that is None now or by default (e.g. model.matmul_dtype, "auto" in multi30k) is None."""
@@ -286,15 +295,13 @@ def _parse(key: str, text: str, current: Any, field_type: type | None) -> Any:
         if kind is None:
             return text  # a key with no type yet takes the text
         unreadable = _unreadable_item(text.strip()) if kind in (tuple, list) else ""
-        raise ConfigError(
-            f"--config.{key}={text}: must be {_TYPE_NAMES.get(kind, kind.__name__)}{unreadable}"
-        ) from None
+        raise ConfigError(f"--config.{key}={text}: must be {_kind_text(key, kind)}{unreadable}") from None
     if kind is float and isinstance(value, int) and not isinstance(value, bool):
         return float(value)
     if kind in (tuple, list) and isinstance(value, (tuple, list)):
         return kind(value)
     if kind is not None and not isinstance(value, kind) or isinstance(value, bool) and kind is not bool:
-        raise ConfigError(f"--config.{key}={text}: must be {_TYPE_NAMES.get(kind, kind.__name__)}")
+        raise ConfigError(f"--config.{key}={text}: must be {_kind_text(key, kind)}")
     return value
 
 

@@ -18,7 +18,7 @@ from jaxformer.training.config_rules import (
     VALUE_RULES,
     check_combinations,
     model_number_keys,
-    refuse_bools_for_numbers,
+    refuse_wrong_kinds,
 )
 from jaxformer.training.sharding import DEFAULT_RULES
 
@@ -206,7 +206,7 @@ def default_config() -> ml_collections.ConfigDict:
     # Multi30k, a fifth faster) or beam_full.
     config.decoding.stop = "current_length"
     config.decoding.batch_size = 32  # sentences per decoding batch (two decode at once: Translator)
-    refuse_bools_for_numbers(config)  # a config file's True would be cast to 1.0 unseen
+    refuse_wrong_kinds(config)  # a config file's True would be cast to 1.0 unseen, its 1.0 for a tuple unnamed
     return config
 
 

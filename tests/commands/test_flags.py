@@ -299,10 +299,32 @@ def test_a_mesh_that_cannot_hold_the_configured_model_stops_before_data_is_prepa
             ["--config.training.final_alphas=(0.6, -inf)"],
             "config training.final_alphas=(0.6, -inf): must be a tuple of finite numbers >= 0",
         ),
-        (
+        (  # was "must be a tuple", saying neither of what nor how it is written
             ["--config.training.final_alphas=(0.6, one)"],
-            "--config.training.final_alphas=(0.6, one): must be a tuple; one is no value (a number, a quoted string, "
-            "True, False or None)\n",
+            "--config.training.final_alphas=(0.6, one): must be a tuple of finite numbers >= 0 (length penalties; () "
+            "keeps decoding.alpha), e.g. (1.0, 1.4); one is no value (a number, a quoted string, True, False or "
+            "None)\n",
+        ),
+        (
+            ["--config.training.final_alphas=1.0,abc"],
+            "--config.training.final_alphas=1.0,abc: must be a tuple of finite numbers >= 0 (length penalties; () "
+            "keeps decoding.alpha), e.g. (1.0, 1.4); abc is no value (a number, a quoted string, True, False or "
+            "None)\n",
+        ),
+        (
+            ["--config.training.final_alphas=1.4"],
+            "--config.training.final_alphas=1.4: must be a tuple of finite numbers >= 0 (length penalties; () keeps "
+            "decoding.alpha), e.g. (1.0, 1.4)\n",
+        ),
+        (
+            ["--config.mesh.shape=2"],
+            "--config.mesh.shape=2: must be three integers (data, fsdp, tensor), each >= 1 or one of them -1, "
+            "e.g. (-1, 1, 1)\n",
+        ),
+        (
+            ["--config.mesh.logical_axis_rules=batch"],
+            "--config.mesh.logical_axis_rules=batch: must be a tuple of (logical name, mesh axes) pairs, "
+            "e.g. (('batch', ('data', 'fsdp')), ('vocab', 'tensor'))\n",
         ),
         (  # a digit that is not 0-9: was int()'s traceback after the rule let it through
             ["--config.training.init_from=/nonexistent", "--config.training.init_checkpoint=\u00b2"],

@@ -1,6 +1,7 @@
 """A config file's shape: every key of default_config() present (a missing one is refused when the
 file loads, before overrides or any work), and any file name read as Python source."""
 
+import ast
 import json
 import pathlib
 import re
@@ -17,7 +18,7 @@ from jaxformer.errors import EXIT_USER_ERROR, UserError
 from jaxformer.model.config import ConfigError, TransformerConfig
 from jaxformer.training import config_file, experiment, loop
 from jaxformer.training.config_file import load_config, load_config_file, packaged_config_names, with_python_values
-from jaxformer.training.config_rules import VALUE_RULES
+from jaxformer.training.config_rules import TUPLE_FORMS, VALUE_RULES
 from jaxformer.training.sweep_file import load_sweep
 
 ROOT = pathlib.Path(__file__).parents[2]
@@ -159,6 +160,31 @@ def test_a_bool_on_an_integer_field_of_the_model_is_refused_from_a_config_file_a
         with pytest.raises(ConfigError) as refused:
             config_file.apply_overrides(load_config_file(TINY), [(f"model.{field}", "True")])
         assert str(refused.value) == f"--config.model.{field}=True: must be an integer"
+
+
+def test_a_tuple_key_set_to_no_tuple_in_a_config_file_is_refused_naming_its_line_and_form(tmp_path, capsys):
+    """`c.training.final_alphas = 1.0` was "get_config() raised TypeError: Could not override field
+    'final_alphas' (reference). 1.0 is of original type <class 'float'> and cannot be casted to type
+    <class 'tuple'>", and None was taken."""
+    defaults = experiment.flatten(experiment.default_config())
+    assert set(TUPLE_FORMS) == {key for key, value in defaults.items() if isinstance(value, (tuple, list))}
+    for key, form in TUPLE_FORMS.items():
+        for value in (1.0, "1.0, 1.4", None):
+            path = tiny_changed_by(tmp_path, f"c.{key} = {value!r}")
+            with pytest.raises(ConfigError) as refused:
+                load_config_file(path)
+            assert str(refused.value) == f"config file {path}, line 5: config {key}={value!r}: must be {form}"
+        config = experiment.default_config()  # the example is one the key takes, given as a list too
+        section, leaf = key.split(".")
+        config[section][leaf] = list(ast.literal_eval(form.rpartition(", e.g. ")[2]))
+        experiment.validate(config)
+    path, workdir = tiny_changed_by(tmp_path, "c.training.final_alphas = 1.4"), tmp_path / "run"
+    assert train.main(["--config", str(path), "--workdir", str(workdir)]) == 2
+    assert one_error_line(capsys) == (
+        f"error: config file {path}, line 5: config training.final_alphas=1.4: must be a tuple of finite numbers "
+        ">= 0 (length penalties; () keeps decoding.alpha), e.g. (1.0, 1.4)"
+    )
+    assert not workdir.exists()
 
 
 def test_a_path_not_ending_in_py_is_read_as_python(tmp_path, monkeypatch, capsys):
