@@ -33,8 +33,6 @@ from jaxformer.training.budget import (
     TimeBudget,
     TrainingClock,
     check_budget,
-    heading_past,
-    shortened_past,
     spent_by_work,
 )
 from jaxformer.training.config_file import holds_numpy_scalars, with_python_values
@@ -50,6 +48,7 @@ from jaxformer.training.optimizer import make_optimizer
 from jaxformer.training.parameter_ema import parameter_ema, restart_parameter_ema
 from jaxformer.training.periodic import Periodic, run_due
 from jaxformer.training.rdrop_start import RDropPhase
+from jaxformer.training.resumed_end import resumed_end
 from jaxformer.training.run_saves import RunSaver
 from jaxformer.training.run_start import PreparedRun
 from jaxformer.training.signals import RaiseOnSignal, Stopped, StopRequest
@@ -217,12 +216,8 @@ def _train(config, prepared: PreparedRun, model: nn.Module, preparation: RaiseOn
     budget_spent = budget is not None and clock.seconds_before >= budget.seconds
     schedule_end = ScheduleEnd(config, state, replicated)
     saved = None if restored is None else restored[2]
-    interim = saved is not None and saved.interim  # saved to stop
-    heading = saved is not None and heading_past(saved)  # saved before the end its run was heading for
-    # Resumed with its length or budget shortened to (or past) the step trained to: the run ends here, early.
-    shortened = shortened_past(training, step, heading, budget_spent, schedule_end, state, learning_rate)
-    # Ending at a checkpoint not saved as its run's last: that step's work is to do (shortened_end.py).
-    ends_unfinished = (interim or heading) and (step >= training.num_train_steps or budget_spent)
+    # Resumed where its length or budget ends it: shortened there, early; that step's work still to do.
+    shortened, ends_unfinished = resumed_end(training, saved, step, budget_spent, schedule_end, state, learning_rate)
     state = schedule_end.at_start(state, step, resumed=restored is not None, timed=budget is not None)
 
     train_fns = {

@@ -135,7 +135,7 @@ def test_a_run_resumed_to_end_at_the_step_of_its_interim_checkpoint_does_that_st
 
 
 def test_a_checkpoint_is_saved_before_its_runs_end_where_its_length_and_time_budget_went_on():
-    from jaxformer.training.budget import heading_past
+    from jaxformer.training.resumed_end import heading_past
 
     def saved(step, num_train_steps, minutes=0.0, seconds=None):
         training = {"num_train_steps": num_train_steps, "time_budget_minutes": minutes}
@@ -150,8 +150,8 @@ def test_a_checkpoint_is_saved_before_its_runs_end_where_its_length_and_time_bud
 
 
 def test_a_spent_time_budget_shortens_only_a_run_that_was_heading_past_its_step(caplog):
-    from jaxformer.training.budget import shortened_past
     from jaxformer.training.experiment import default_config
+    from jaxformer.training.resumed_end import shortened_past
 
     training = default_config().training
     training.update(num_train_steps=1000, time_budget_minutes=0.2)
