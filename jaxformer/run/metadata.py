@@ -22,6 +22,9 @@ In the checkpoint it is a JSON object (the `metadata` item of each step director
                                    interim checkpoints saved between log steps only: the summed metrics
                                    of the steps since the last train/ record, which the resumed run
                                    goes on from (training/train_metrics.py)
+     "saved_as_last": false,       training checkpoints since the mark was kept: whether the run saved it as its
+                                   last, after that step's end-of-run work; a resume that ends at one saved
+                                   otherwise does that work there (training/resumed_end.py; absent: older, inferred)
      "bleu": 27.3,                 best/ checkpoints only: the validation BLEU that made them best
      "averaged_steps": [800, 900, 1000],  averaged/ checkpoints only
      "chosen_from": "averaged",    final/ checkpoints only: which candidate the run chose
@@ -70,6 +73,7 @@ class CheckpointMetadata:
     interim: bool = False  # saved between scheduled checkpoints to stop (signal, unreadable data); next deletes it
     train_window: dict[str, Any] | None = None  # interim ones: the metrics of the steps since the last train/ record
     work_seconds: dict[str, float] | None = None  # time-budgeted runs: each periodic work's latest seconds
+    saved_as_last: bool | None = None  # saved as its run's last, its step's end work done (None: from before the mark)
 
     def replace(self, **changes: Any) -> CheckpointMetadata:
         return dataclasses.replace(self, **changes)
@@ -122,6 +126,8 @@ class CheckpointMetadata:
             values["train_window"] = self.train_window
         if self.work_seconds is not None:
             values["work_seconds"] = {name: float(seconds) for name, seconds in self.work_seconds.items()}
+        if self.saved_as_last is not None:
+            values["saved_as_last"] = bool(self.saved_as_last)
         return values
 
     @classmethod
@@ -157,6 +163,12 @@ class CheckpointMetadata:
             except (binascii.Error, UnicodeEncodeError):
                 raise fail(key, "is not valid base64") from None
 
+        def optional_boolean(key: str) -> bool | None:
+            value = values.get(key)
+            if value is not None and not isinstance(value, bool):
+                raise fail(key, f"holds a JSON {_json_type(value)}, not a boolean")
+            return value
+
         tokenizer = model_bytes("tokenizer")
         averaged = typed("averaged_steps", (list,), "a list of steps", optional=True)
         if averaged is not None and not all(isinstance(s, int) and not isinstance(s, bool) for s in averaged):
@@ -164,9 +176,7 @@ class CheckpointMetadata:
         bleu = typed("bleu", (int, float), "a number", optional=True)
         train_seconds = typed("train_seconds", (int, float), "a number", optional=True)
         alpha = typed("alpha", (int, float), "a number", optional=True)
-        rdrop_by_pace = values.get("rdrop_by_pace")
-        if rdrop_by_pace is not None and not isinstance(rdrop_by_pace, bool):
-            raise fail("rdrop_by_pace", f"holds a JSON {_json_type(rdrop_by_pace)}, not a boolean")
+        rdrop_by_pace = optional_boolean("rdrop_by_pace")
         interim = values.get("interim", False)
         if not isinstance(interim, bool):
             raise fail("interim", f"holds a JSON {_json_type(interim)}, not a boolean")
@@ -207,6 +217,7 @@ class CheckpointMetadata:
             interim=interim,
             train_window=None if train_window is None else dict(train_window),
             work_seconds=None if work_seconds is None else {key: float(value) for key, value in work_seconds.items()},
+            saved_as_last=optional_boolean("saved_as_last"),
         )
 
 

@@ -276,13 +276,14 @@ def _train(config, prepared: PreparedRun, model: nn.Module, preparation: RaiseOn
         writer.write(step, last["bleu"], prefix="eval/")
         train_metrics.restart_interval()
 
+    def checkpoint(step: int) -> None:  # the run's last where its length, or its budget read at this step, ends it
+        saver.save(step, state, last=step >= training.num_train_steps or budget_spent)
+
     periodic = [
         Periodic("log", training.log_every_steps, lambda step: train_metrics.flush(), at_last_step=False),
         Periodic("evaluate", training.eval_every_steps, evaluate, timed=True),
         Periodic("bleu", training.bleu_every_steps if validator else 0, validate_bleu, timed=True),
-        Periodic(
-            "checkpoint", training.checkpoint_every_steps, lambda step: saver.save(step, state), timed=True, saves=True
-        ),
+        Periodic("checkpoint", training.checkpoint_every_steps, checkpoint, timed=True, saves=True),
     ]
 
     def spent_by_the_work() -> bool:

@@ -18,16 +18,28 @@ logger = logging.getLogger(__name__)
 
 def heading_past(saved) -> bool:
     """Whether the run that saved a checkpoint (`saved`: its CheckpointMetadata) was heading past
-    its step: its training.num_train_steps lay beyond, and its time budget, if any, was not spent
-    there. Not heading past, the checkpoint was saved as its run's last, with that step's work,
-    unless interim: a signal that came once the budget ran out, before the next check
-    (budget.BUDGET_CHECK_STEPS), stopped the run at its end with that work still to do. Not told apart
-    (the metadata holds no "last" mark): a scheduled checkpoint saved once the budget had run out,
-    before the check, by a run then killed; it is taken as the run's end, its step's work undone."""
+    its step: not saved as its run's last (`saved_as_last`), its training.num_train_steps lay
+    beyond, and its time budget, if any, was not spent there (a run its own budget ended there,
+    found at its next check, was not: ending there shortens nothing)."""
+    if saved.saved_as_last:
+        return False
     training = saved.config["training"]
     minutes = training.get("time_budget_minutes") or 0.0
     spent = minutes > 0 and (saved.train_seconds or 0.0) >= minutes * 60
     return saved.step < training["num_train_steps"] and not spent
+
+
+def saved_unfinished(saved) -> bool:
+    """Whether a checkpoint (`saved`: its metadata) was saved before its step's end-of-run work
+    (its evaluation and BLEU, the checkpoint as its run's last), which a run ending at that step
+    does there: as its `saved_as_last` mark says. One from before the mark was, inferred, where
+    its run was heading past it or it is interim (a signal that came once the budget ran out,
+    before the next check, budget.BUDGET_CHECK_STEPS, stopped the run at its end with that work
+    still to do); not told apart there, a scheduled checkpoint saved once the budget had run out,
+    before the check, by a run then killed is taken as its run's end, its step's work undone."""
+    if saved.saved_as_last is not None:
+        return not saved.saved_as_last
+    return saved.interim or heading_past(saved)
 
 
 def shortened_past(training, step: int, heading: bool, budget_spent: bool, schedule_end: ScheduleEnd, state, rate):
@@ -76,4 +88,4 @@ def resumed_end(training, saved, step: int, budget_spent: bool, schedule_end: Sc
     heading = heading_past(saved)  # saved before the end its run was heading for
     shortened = shortened_past(training, step, heading, budget_spent, schedule_end, state, rate)
     ends_here = step >= training.num_train_steps or budget_spent
-    return ResumedEnd(shortened, (saved.interim or heading) and ends_here)
+    return ResumedEnd(shortened, ends_here and saved_unfinished(saved))

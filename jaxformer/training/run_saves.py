@@ -15,10 +15,11 @@ class RunSaver:
         self.clock, self.rdrop, self.budget = clock, rdrop, budget
         self.train_iterator, self.every_steps = train_iterator, every_steps
 
-    def save(self, step: int, state, interim: bool = False, in_place: bool = False) -> None:
-        """Checkpoint `step`. On the schedule (and at the run's end) as usual; `interim` (a stop
-        between scheduled steps: a signal, unreadable data): kept without pushing out an older one, and
-        deleted by the next checkpoint, so a resumed run ends with the checkpoints (and their
+    def save(self, step: int, state, interim: bool = False, in_place: bool = False, last: bool = False) -> None:
+        """Checkpoint `step`. On the schedule, and at the run's end (`last`: after that step's work, its
+        metadata marked saved as the run's last, which a resume reads: resumed_end.py); `interim` (a
+        stop between scheduled steps: a signal, unreadable data): kept without pushing out an older
+        one, and deleted by the next checkpoint, so a resumed run ends with the checkpoints (and their
         average) of a run never stopped. `in_place`: step's checkpoint, this state's, saved to stop or
         before the end its run was heading for, made the run's last by its metadata alone (deleted
         and saved again, a kill in between lost it)."""
@@ -29,6 +30,7 @@ class RunSaver:
             rdrop_by_pace=self.rdrop.decision,
             interim=interim,
             train_window=window,
+            saved_as_last=last or in_place,
         )
         metadata = metadata.replace(work_seconds=None if self.budget is None else self.budget.work_seconds)
         remove_interim_before(self.checkpointer, step)

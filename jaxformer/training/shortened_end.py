@@ -1,6 +1,7 @@
-"""The last step's work of a run resumed with its length or budget shortened to end at the step
-of a checkpoint not saved as its run's last: an interim one (saved to stop between scheduled
-steps), or a scheduled one before the end its run was heading for (a kill came after it).
+"""The last step's work of a run resumed to end at the step of a checkpoint not saved as its run's
+last (resumed_end.py), its length or budget shortened, or its budget spent there: an interim one
+(saved to stop between scheduled steps), or a scheduled one before the end its run was heading
+for, or once its budget had run out before the check that would have ended it (a kill came after).
 
 Before the checkpoint is made the run's last in place, that step's evaluation and validation
 BLEU are due. metrics.jsonl may hold them already: the run was stopped right after them (they

@@ -104,6 +104,14 @@ def test_metadata_round_trips_through_json():
     assert CheckpointMetadata.from_json(written, "here").interim is False
     with pytest.raises(CheckpointError, match="here: key 'interim' holds a JSON integer, not a boolean"):
         CheckpointMetadata.from_json({**written, "interim": 1}, "here")
+    for last in (True, False):  # saved as its run's last, or before (training/resumed_end.py): either is written
+        marked = METADATA.replace(saved_as_last=last)
+        assert json.loads(json.dumps(marked.to_json()))["saved_as_last"] is last
+        assert CheckpointMetadata.from_json(json.loads(json.dumps(marked.to_json())), "here") == marked
+    assert "saved_as_last" not in METADATA.to_json()  # unmarked: from before the mark, its run's end inferred
+    assert CheckpointMetadata.from_json(written, "here").saved_as_last is None
+    with pytest.raises(CheckpointError, match="here: key 'saved_as_last' holds a JSON string, not a boolean"):
+        CheckpointMetadata.from_json({**written, "saved_as_last": "true"}, "here")
 
 
 def test_an_interim_checkpoint_keeps_the_metrics_of_its_unlogged_steps():

@@ -102,6 +102,9 @@ def test_straight_run_trains(straight_run):
     best_steps = [int(path.name) for path in (straight_run / "best").iterdir() if path.name.isdigit()]
     assert best_steps == [max(bleu, key=lambda step: (bleu[step], -step))]  # the first step with the best BLEU
     assert checkpoint_steps(straight_run) == [20, 40]
+    from jaxformer.run.loading import load_checkpoint  # each says whether it was saved as the run's last
+
+    assert [load_checkpoint(straight_run, step, params=False)[1].saved_as_last for step in (20, 40)] == [False, True]
     assert (straight_run / "tokenizer.model").exists()
     assert any((straight_run / "tensorboard").iterdir())
 

@@ -4,6 +4,7 @@ run's last, which a kill at any point never leaves missing."""
 
 import json
 import logging
+import shutil
 import signal
 import subprocess
 import sys
@@ -48,12 +49,20 @@ def run_script(script, *argv):
     )
 
 
-def interim(workdir, step):
+def read_metadata(workdir, step):
     checkpointer = Checkpointer(workdir / "checkpoints", read_only=True)
     try:
-        return checkpointer.read_metadata(step).interim
+        return checkpointer.read_metadata(step)
     finally:
         checkpointer.close()
+
+
+def interim(workdir, step):
+    return read_metadata(workdir, step).interim
+
+
+def saved_as_last(workdir, step):
+    return read_metadata(workdir, step).saved_as_last
 
 
 @pytest.mark.slow  # three runs: stopped between checkpoints, then resumed shortened and killed, then again
@@ -134,19 +143,53 @@ def test_a_run_resumed_to_end_at_the_step_of_its_interim_checkpoint_does_that_st
     assert (workdir / "metrics.jsonl").read_text() == records and not interim(workdir, 3)
 
 
+def saved(step, num_train_steps, minutes=0.0, seconds=None, last=None, interim=False):
+    """A checkpoint's metadata, as far as where its run ends is read from it (`last`: its saved_as_last mark)."""
+    training = {"num_train_steps": num_train_steps, "time_budget_minutes": minutes}
+    config = {"training": training}
+    return types.SimpleNamespace(step=step, config=config, train_seconds=seconds, saved_as_last=last, interim=interim)
+
+
 def test_a_checkpoint_is_saved_before_its_runs_end_where_its_length_and_time_budget_went_on():
     from jaxformer.training.resumed_end import heading_past
-
-    def saved(step, num_train_steps, minutes=0.0, seconds=None):
-        training = {"num_train_steps": num_train_steps, "time_budget_minutes": minutes}
-        return types.SimpleNamespace(step=step, config={"training": training}, train_seconds=seconds)
 
     assert heading_past(saved(281, 300))  # stopped, or a scheduled checkpoint: a shortened end is that run's
     assert not heading_past(saved(300, 300)) and not heading_past(saved(20, 10))  # its run's end: done there
     assert heading_past(saved(22, 1000, 0.5, 29.9))
     assert not heading_past(saved(22, 1000, 0.5, 30.0))  # its time budget ended the run there
     assert heading_past(saved(22, 1000, 0.5, None))  # from before train_seconds was kept: never spent
-    assert heading_past(types.SimpleNamespace(step=5, config={"training": {"num_train_steps": 9}}, train_seconds=1.0))
+    before_budgets = {"training": {"num_train_steps": 9}}
+    assert heading_past(types.SimpleNamespace(step=5, config=before_budgets, train_seconds=1.0, saved_as_last=None))
+    assert not heading_past(saved(281, 300, last=True))  # marked as its run's last: heading nowhere past it
+
+
+def test_a_checkpoints_mark_says_whether_a_resume_ending_there_does_its_steps_work():
+    """Saved on the schedule once the time budget had run out, before the check that would have
+    ended the run there, by a run then killed: marked, a resume (its budget spent) ends there with
+    that step's work, not shortened; unmarked (older checkpoints), it is inferred as before, taken
+    as its run's end. Marked as its run's last, nothing is to do again."""
+    from jaxformer.training.experiment import default_config
+    from jaxformer.training.resumed_end import ResumedEnd, heading_past, resumed_end, saved_unfinished
+
+    training = default_config().training
+    training.update(num_train_steps=1000, time_budget_minutes=0.5)
+    no_budget_schedule = types.SimpleNamespace(active=False)
+
+    def end(metadata):
+        return resumed_end(training, metadata, metadata.step, True, no_budget_schedule, None, None)
+
+    spent_before_the_check = saved(22, 1000, 0.5, 30.5, last=False)
+    assert saved_unfinished(spent_before_the_check) and not heading_past(spent_before_the_check)
+    assert end(spent_before_the_check) == ResumedEnd(shortened=None, unfinished=True)
+    assert end(saved(22, 1000, 0.5, 30.5, last=True)) == ResumedEnd(shortened=None, unfinished=False)
+    assert end(saved(22, 1000, 0.5, 30.5)) == ResumedEnd(shortened=None, unfinished=False)  # unmarked: as before
+    # Unmarked, the old inference: interim, or saved before the end its length and budget gave.
+    inferred = [saved(22, 1000, 0.5, 30.5, interim=True), saved(22, 1000, 0.5, 29.9), saved(22, 23)]
+    assert all(saved_unfinished(metadata) for metadata in inferred)
+    assert not any(saved_unfinished(types.SimpleNamespace(**{**vars(m), "saved_as_last": True})) for m in inferred)
+    assert not saved_unfinished(saved(23, 23)) and saved_unfinished(saved(23, 23, last=False))
+    assert end(saved(22, 1000, 0.5, 29.9, last=True)) == ResumedEnd(shortened=None, unfinished=False)
+    assert resumed_end(training, None, 0, False, no_budget_schedule, None, None) == ResumedEnd(None, False)  # new run
 
 
 def test_a_spent_time_budget_shortens_only_a_run_that_was_heading_past_its_step(caplog):
@@ -190,6 +233,44 @@ def test_a_run_stopped_once_its_time_budget_ran_out_before_a_check_ends_there_un
     assert "it was shortened" not in caplog.text and "shortened_by" not in last
     assert last["step"] == 1 and last["ended_by"] == "time budget" and 1 in losses(workdir, "eval/loss")
     assert not interim(workdir, 1)  # now the run's last
+
+
+@pytest.mark.slow  # a short run, then its resume, then the same again, in-process (about 15 s)
+def test_a_run_killed_after_a_checkpoint_saved_once_its_budget_ran_out_before_a_check_ends_there_with_its_work(
+    data_dir, tmp_path, caplog
+):
+    """The budget is read at step 3 here (every 3 steps), spent from step 1: step 2's scheduled
+    checkpoint is saved once the budget had run out, before the check that ends the run at step 3.
+    Killed right after that save, the same command ends at step 2 as a run stopped there by a signal
+    does (its budget is spent: it trains no more), with the step's evaluation, the checkpoint made
+    the run's last; the same again redoes nothing."""
+    from jaxformer.training import loop
+    from jaxformer.training.config_file import apply_overrides
+    from tests.training.test_signals import _four_step_config, _time_budget_spent_at_step_1
+
+    config = _four_step_config(data_dir, final_choice=False)
+    _time_budget_spent_at_step_1(config)
+    # No evaluation at step 2, which would read the budget before its checkpoint (periodic.run_due).
+    apply_overrides(config, [("training.log_every_steps", "3"), ("training.eval_every_steps", "3")])
+    workdir = tmp_path / "run"
+    assert loop.train_and_evaluate(config, workdir)["step"] == 3  # the check at step 3 ended it
+    assert checkpoint_steps(workdir) == [2, 3] and [saved_as_last(workdir, step) for step in (2, 3)] == [False, True]
+    shutil.rmtree(workdir / "checkpoints" / "3")  # as if killed right after step 2's checkpoint
+    with caplog.at_level(logging.INFO):
+        last = loop.train_and_evaluate(config, workdir)
+    assert "resumed from step 2 of" in caplog.text
+    assert "time budget of 1e-09 minutes already spent at step 2" in caplog.text
+    assert "it was shortened" not in caplog.text and "shortened_by" not in last  # its own budget ended it
+    assert last["step"] == 2 and last["ended_by"] == "time budget"
+    assert last["eval"]["loss"] == losses(workdir, "eval/loss")[2] and max(losses(workdir, "eval/loss")) == 2
+    assert checkpoint_steps(workdir) == [2] and saved_as_last(workdir, 2)  # now the run's last
+
+    records = (workdir / "metrics.jsonl").read_text()
+    caplog.clear()
+    with caplog.at_level(logging.INFO):
+        again = loop.train_and_evaluate(config, workdir)
+    assert again["step"] == again["first_step"] == 2 and "step 2: validation" not in caplog.text
+    assert (workdir / "metrics.jsonl").read_text() == records
 
 
 def test_the_last_steps_records_stand_for_its_work_when_complete_and_measured_alike():
