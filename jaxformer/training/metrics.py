@@ -270,7 +270,8 @@ def write_last_metrics(run: RunDirectory, last: dict[str, Any]) -> dict[str, Any
     and returns what was written. A process that trained no step (a finished run started again,
     one killed after its last checkpoint, or during its final choice) keeps the earlier figures it
     did not measure anew: they are still the run's, from an earlier last_metrics.json of that
-    step or else from metrics.jsonl's records of it."""
+    step or else from metrics.jsonl's records of it; not what the earlier process itself met (its
+    signal, the setting that shortened the run as it resumed)."""
     if last["step"] == last["first_step"]:
         earlier = None
         if run.last_metrics_file.is_file():
@@ -280,7 +281,9 @@ def write_last_metrics(run: RunDirectory, last: dict[str, Any]) -> dict[str, Any
                 pass
         if not (isinstance(earlier, dict) and earlier.get("step") == last["step"]):
             earlier = {}
-        for own in ("stopped_by_signal", "signal_once_complete"):  # this process's own signal, if any, is in `last`
+        # This process's own signal, or the setting that shortened the run at its start, if any, is in
+        # `last`: a finished run started again was not shortened again.
+        for own in ("stopped_by_signal", "signal_once_complete", "shortened_by"):
             earlier.pop(own, None)
         last = {**logged_figures(run, last["step"]), **earlier, **last}
     write_text_atomically(run.last_metrics_file, json.dumps(_strict_json(last), indent=2))

@@ -47,12 +47,15 @@ def shortened_past(training, step: int, heading: bool, budget_spent: bool, sched
     which saved the step was heading for (`heading`, `heading_past`), said in one line with the
     rate the budget schedule ended at (`rate(count, opt_state)`): "training.num_train_steps=20";
     None when the run goes on, or had simply ended there (its time budget spent, if between two
-    checks, a signal stopped it before it knew: it ends there as it would have)."""
+    checks, a signal stopped it before it knew: it ends there as it would have), or had ended
+    there before: a finished run, shortened or not, run again is finished, whatever its length."""
+    if not heading:
+        return None
     if step > training.num_train_steps:
         setting, shortened = f"training.num_train_steps={training.num_train_steps}", "past"
-    elif step == training.num_train_steps and heading:
+    elif step == training.num_train_steps:
         setting, shortened = f"training.num_train_steps={training.num_train_steps}", "to"
-    elif budget_spent and heading:  # a budget set, or lowered, below the seconds spent
+    elif budget_spent:  # a budget set, or lowered, below the seconds spent
         setting, shortened = f"training.time_budget_minutes={training.time_budget_minutes:g}", "past"
     else:
         return None

@@ -294,7 +294,8 @@ def test_a_run_resumed_past_a_shortened_length_ends_there_and_says_its_rate_is_a
 ):
     """Killed after the scheduled checkpoint of step 20 (on its way to 40) and resumed with the
     length at or below 20: the run ends at 20 with the work of a run's last step, the checkpoint
-    made the run's last; the same command again redoes nothing."""
+    made the run's last; the same command again redoes nothing and says the run finished, not
+    shortened again."""
     workdir = tmp_path / "shortened"
     shutil.copytree(scheduled_run.workdir, workdir)
     shutil.rmtree(workdir / "checkpoints" / "40")  # as if killed after step 20
@@ -317,11 +318,11 @@ def test_a_run_resumed_past_a_shortened_length_ends_there_and_says_its_rate_is_a
     assert "step 20: validation loss" in result.stderr and "step 20: validation BLEU" in result.stderr
     assert max(losses(workdir, "eval/loss")) == max(losses(workdir, "eval/bleu")) == max(losses(workdir)) == 20
     assert load_checkpoint(workdir, 20)[1].config["training"]["num_train_steps"] == length  # the run's last
-    if length == 20:
-        records = (workdir / "metrics.jsonl").read_text()
-        again = train(workdir, data_dir, *flags)
-        assert "it was shortened" not in again.stderr and "step 20: validation" not in again.stderr
-        assert (workdir / "metrics.jsonl").read_text() == records
+    records = (workdir / "metrics.jsonl").read_text()
+    again = train(workdir, data_dir, *flags)
+    assert "it was shortened" not in again.stderr and "step 20: validation" not in again.stderr
+    assert f"run finished: 0 steps (20 -> 20 of {length}) in " in again.stderr
+    assert (workdir / "metrics.jsonl").read_text() == records
 
 
 def test_the_run_saves_the_candidate_with_the_highest_validation_bleu(scheduled_run, data_dir):

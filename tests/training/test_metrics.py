@@ -310,7 +310,8 @@ def test_perplexity_is_exp_of_the_nll_however_large():
 def test_a_finished_run_started_again_keeps_its_figures_in_last_metrics(tmp_path):
     """A process that trained no step measured no training or validation figures: the earlier
     ones stay (they were lost, and the summary's validation line with them); a stop recorded
-    by the earlier process does not."""
+    by the earlier process does not, nor a length it was shortened to on resume (the summary said
+    "shortened on resume" again on every run of the same command)."""
     from jaxformer.run.directory import RunDirectory
     from jaxformer.training.metrics import write_last_metrics
 
@@ -328,6 +329,15 @@ def test_a_finished_run_started_again_keeps_its_figures_in_last_metrics(tmp_path
     assert json.loads(run.last_metrics_file.read_text()) == again
     trained = write_last_metrics(run, {"train": {"loss": 1.0}, "step": 60, "first_step": 40})
     assert trained == {"train": {"loss": 1.0}, "step": 60, "first_step": 40}  # its own figures only
+    shortened = {"eval": {"loss": 2.5}, "step": 60, "first_step": 60, "shortened_by": "training.num_train_steps=50"}
+    run.last_metrics_file.write_text(json.dumps(shortened))
+    assert write_last_metrics(run, {"step": 60, "first_step": 60}) == {
+        "eval": {"loss": 2.5},
+        "step": 60,
+        "first_step": 60,
+    }
+    again_shortened = write_last_metrics(run, {**shortened, "eval": {"loss": 2.0}})  # shortened by this process: said
+    assert again_shortened["shortened_by"] == "training.num_train_steps=50"
 
 
 def test_a_run_killed_after_its_last_checkpoint_takes_its_figures_from_metrics_jsonl(tmp_path):

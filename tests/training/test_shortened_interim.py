@@ -207,6 +207,34 @@ def test_a_spent_time_budget_shortens_only_a_run_that_was_heading_past_its_step(
     assert caplog.messages == [f"{shortened} ends the run at step 22, already trained: it was shortened past that step"]
 
 
+def test_a_finished_run_shortened_past_its_step_and_run_again_is_not_shortened_again(caplog):
+    """Killed after the scheduled checkpoint of step 20 (on its way to 40), resumed with
+    num_train_steps=10: shortened past it, that checkpoint becomes the run's last with that length.
+    The same command again finds a finished run, as an unshortened one does: nothing said shortened."""
+    from jaxformer.training.experiment import default_config
+    from jaxformer.training.resumed_end import ResumedEnd, resumed_end
+
+    training = default_config().training
+    training.update(num_train_steps=10, time_budget_minutes=0.0)
+    no_budget_schedule = types.SimpleNamespace(active=False)  # no rate to say
+
+    def end(metadata):
+        return resumed_end(training, metadata, metadata.step, False, no_budget_schedule, None, None)
+
+    with caplog.at_level(logging.WARNING):
+        assert end(saved(20, 40, last=False)) == ResumedEnd("training.num_train_steps=10", unfinished=True)
+        assert end(saved(20, 40)) == ResumedEnd("training.num_train_steps=10", unfinished=True)  # unmarked alike
+    assert caplog.messages == 2 * [
+        "training.num_train_steps=10 ends the run at step 20, already trained: it was shortened past that step"
+    ]
+    caplog.clear()
+    with caplog.at_level(logging.INFO):
+        for made_last in (saved(20, 10, last=True), saved(20, 10)):  # the checkpoint made the run's last, as before
+            assert end(made_last) == ResumedEnd(shortened=None, unfinished=False)
+        assert end(saved(300, 300, last=True)) == ResumedEnd(None, False)  # finished at 300, given 10 now: finished
+    assert not caplog.messages
+
+
 @pytest.mark.slow  # a short run stopped after step 1, then its end, in-process (about 15 s)
 def test_a_run_stopped_once_its_time_budget_ran_out_before_a_check_ends_there_unshortened(
     data_dir, tmp_path, monkeypatch, caplog
