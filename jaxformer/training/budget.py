@@ -9,17 +9,19 @@ corrected as the run goes, and the signal to stop.
 The periodic work (evaluations, validation BLEU, checkpoints) comes in lumps: averaged into the
 pace, a 5-second evaluation due just before the estimated end was not foreseen, and the run found
 its budget spent after it, well above the schedule's floor. So the pace counts the steps alone, and
-the estimate adds each kind of work due before the end at its latest measured duration (kept in
-the checkpoints, CheckpointMetadata.work_seconds, so a resumed run knows them before its first).
+the estimate adds each kind of work due before the end at its latest steady duration (kept in the
+checkpoints, CheckpointMetadata.work_seconds, so a resumed run knows them before its first).
 
-Before the first of a kind is measured, a new run counts it as free, and that matters little: the
-rate does not depend on the schedule's end within optimizer.warmup_steps (the defaults' first
-evaluation and checkpoint, at step 1000, fall within a 4000-step warmup), and a first duration
-holds the compilation, so foreseeing it at every later one would misplace the end further than
-leaving it out. Measured on the tiny config (evaluation and checkpoint every 100 steps, a
-30-second budget): the estimate stood at step 748 before the first evaluation, dropped to 400
-once its 3.4 s (compilation included) was counted for each one to come, rose to 600 after the
-second (about 1 s), and the run ended at step 701.
+A segment's first of each kind holds its compilation, as its first step does, so it stands for
+none to come: it is kept out of the pace, and the kind's steady duration is measured from the
+segment's second on (until then, a resumed run keeps the one its checkpoint saved). Counted for each
+one to come, it misplaced the end: measured on the tiny config (evaluation and checkpoint every 100
+steps, a 30-second budget), the estimate stood at step 748 before the first evaluation, dropped to
+400 once its 3.4 s (compilation included) was counted, rose to 600 after the second (about 1 s),
+and the run ended at step 701. Before a steady duration is known, a kind is counted as free, which
+misplaces the end less, and matters little: the rate does not depend on the schedule's end within
+optimizer.warmup_steps (the defaults' first two evaluations and checkpoints, at steps 1000 and
+2000, fall within a 4000-step warmup).
 """
 
 from __future__ import annotations
@@ -64,8 +66,8 @@ class TimeBudget:
     """A wall-clock budget of `seconds` for the training loop. The pace of the steps is measured
     from this segment's first completed step, so the first step's compilation is spent but not
     extrapolated, and without the periodic work (`work_done`): `work_every` (a kind of work's
-    name: every how many steps it is due) and its latest seconds, `work_seconds` (carried over
-    a resume), foresee that work where it falls.
+    name: every how many steps it is due) and its latest steady seconds, `work_seconds` (carried
+    over a resume), foresee that work where it falls.
 
     `rdrop_start`: R-Drop is still to start (rdrop_start.py). Its steps are counted at
     RDROP_STEP_COST times the plain pace until `rdrop_started()`, which measures the pace afresh."""
@@ -80,7 +82,8 @@ class TimeBudget:
     ):
         self.seconds, self.clock, self.rdrop_start = seconds, clock, rdrop_start
         self.work_every = {name: every for name, every in (work_every or {}).items() if every > 0}
-        self.work_seconds = dict(work_seconds or {})  # what the checkpoints keep
+        self.work_seconds = dict(work_seconds or {})  # the steady durations: what the checkpoints keep
+        self._work_compiled: set[str] = set()  # the kinds run in this segment: their next ones run compiled
         self._pace_from: tuple[int, float] | None = None  # (step, clock seconds) where the pace is measured from
         self._work_since = 0.0  # the seconds of periodic work since then
 
@@ -89,8 +92,11 @@ class TimeBudget:
             self._pace_from = (step, self.clock.seconds())
 
     def work_done(self, name: str, seconds: float) -> None:
-        """Periodic work `name` took `seconds`: the latest duration of its kind, and not the steps' pace."""
-        self.work_seconds[name] = seconds
+        """Periodic work `name` took `seconds`: not the steps' pace, and, from this segment's second
+        of its kind on, its kind's steady duration (the first's holds its compilation)."""
+        if name in self._work_compiled:
+            self.work_seconds[name] = seconds
+        self._work_compiled.add(name)
         if self._pace_from is not None:
             self._work_since += seconds
 

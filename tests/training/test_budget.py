@@ -182,32 +182,6 @@ def test_the_pace_excludes_the_first_step_and_the_end_is_clamped(monkeypatch):
     assert budget.spent() and budget.end_step(11, 1000) == 12  # at least the next step
 
 
-def test_the_estimate_foresees_the_periodic_work_due_before_the_end(monkeypatch):
-    """A 5-second evaluation every 100 steps: measured, it is kept out of the steps' pace and
-    counted where it falls, so an end it would push the run past is the step it runs at."""
-    now = [0.0]
-    monkeypatch.setattr(budget_module.time, "monotonic", lambda: now[0])
-    clock = TrainingClock()
-    clock.start()
-    budget = TimeBudget(30.0, clock, work_every={"evaluate": 100, "bleu": 0})
-    now[0] = 1.0  # the first step: compilation
-    budget.step_done(1)
-    now[0] += 49 * 0.2  # steps 2-50 at 0.2 s
-    budget.work_done("evaluate", 5.0)  # at step 50 (as if due then): measured, not the steps' pace
-    now[0] += 5.0 + 40 * 0.2  # then to step 90: 23.8 s spent, 6.2 s left
-    assert budget.seconds_per_step(90) == pytest.approx(0.2)
-    # Steps 90-99 take 2 s, step 100's evaluation 5 more: the budget runs out during it.
-    assert budget.end_step(90, 5000) == pytest.approx(100.0)
-    budget.work_seconds["evaluate"] = 1.0  # a shorter one: through it, then 3.2 s of steps after it
-    assert budget.end_step(90, 5000) == pytest.approx(100 + 3.2 / 0.2)
-    # Carried over a resume: the new segment foresees the evaluation before it has run one.
-    resumed = TimeBudget(30.0, TrainingClock(24.0), work_every={"evaluate": 100}, work_seconds=budget.work_seconds)
-    resumed.clock.start()
-    resumed.step_done(91)
-    now[0] += 9 * 0.2  # at step 100, 4.2 s left: its evaluation (1 s), then 3.2 s of steps
-    assert resumed.work_seconds == {"evaluate": 1.0} and resumed.end_step(100, 5000) == pytest.approx(100 + 3.2 / 0.2)
-
-
 def test_the_rate_within_the_warmup_does_not_depend_on_the_schedules_end():
     """Why a new run's first evaluation, unforeseen by the estimate, costs nothing while it falls
     within the warmup (budget.py): the rate there is the same whatever the end; after it, not."""
