@@ -160,17 +160,26 @@ class Translator:
         `chosen_search`, when the caller read it already (the commands, for their flags); `loaded`: the
         (step, metadata, params) `load_checkpoint(workdir, checkpoint)` gave the caller (evaluate, which
         reads them before its data), not read again, and `tokenizers` its metadata's
-        `load_tokenizers()`, when the caller loaded them (evaluate, for what is empty to the model)."""
+        `load_tokenizers()`, when the caller loaded them (evaluate, for what is empty to the model).
+        Without `loaded`, the checkpoint is read once: the model and the search are checked from its
+        metadata before its parameters are read."""
         checkpoint = parse_checkpoint_choice(checkpoint)  # "300" as --checkpoint 300
-        metadata = None if loaded is None else loaded[1]
-        model_config = cls.check_workdir(workdir, checkpoint, metadata)  # before the parameters are read
-        settings = checkpoint_settings(workdir, checkpoint, settings, chosen, metadata)
-        settings.check_fits(model_config)
-        step, metadata, params = load_checkpoint(workdir, checkpoint) if loaded is None else loaded
+        settled = {}  # the last checkpoint's settled: "latest" is settled again where a damaged newest is skipped
+
+        def settle(metadata: CheckpointMetadata) -> None:  # from the one read of its metadata, before the parameters
+            model_config = cls.check_workdir(workdir, checkpoint, metadata)
+            settled["settings"] = checkpoint_settings(workdir, checkpoint, settings, chosen, metadata)
+            settled["settings"].check_fits(model_config)
+
+        if loaded is None:
+            loaded = load_checkpoint(workdir, checkpoint, before_params=settle)
+        else:
+            settle(loaded[1])
+        step, metadata, params = loaded
         logger.info("loaded step %d of %s (%s)", step, workdir, checkpoint_name(checkpoint))
         tokenizer, target_tokenizer = metadata.load_tokenizers() if tokenizers is None else tokenizers
         translator = cls(
-            metadata.model_config(), params, tokenizer, settings, target_tokenizer=target_tokenizer, **kwargs
+            metadata.model_config(), params, tokenizer, settled["settings"], target_tokenizer=target_tokenizer, **kwargs
         )
         translator.step = step
         return translator

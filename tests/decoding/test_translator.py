@@ -189,14 +189,12 @@ def test_translate_ids_drops_the_padding_after_each_sources_eos(translator):
 
 
 def test_from_workdir_checks_the_settings_before_reading_parameters(decoding_workdir, monkeypatch):
-    from jaxformer.decoding import translator as translator_module
-    from jaxformer.run.loading import load_checkpoint
+    from jaxformer.run.checkpoint import Checkpointer
 
-    def metadata_only(*args, params=True, **kwargs):
-        assert not params, "the parameters were read"
-        return load_checkpoint(*args, params=False, **kwargs)
+    def parameters_read(*args):
+        pytest.fail("the parameters were read")
 
-    monkeypatch.setattr(translator_module, "load_checkpoint", metadata_only)
+    monkeypatch.setattr(Checkpointer, "_restore_params", parameters_read)
     vocabulary = Translator.check_workdir(decoding_workdir).vocab_size
     with pytest.raises(ValueError, match=rf"^top_k={vocabulary + 1} is more than the model's {vocabulary} tokens"):
         Translator.from_workdir(decoding_workdir, settings=DecodeSettings(method="sample", top_k=vocabulary + 1))

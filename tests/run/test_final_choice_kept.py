@@ -1,7 +1,7 @@
 """The final choice a run keeps in final/: verified before a finished run reports it as made (a
 damaged one is set aside and made again), named as outdated when the run trained past it, and
 refused by the commands, damaged, in one line before their work; evaluate reads any checkpoint it
-names (final or a step) whole, once, before its data."""
+names (final or a step) whole, once, before its data, and translate once."""
 
 import json
 import logging
@@ -263,21 +263,28 @@ def _final_choice(workdir, params, step):
     writer.close()
 
 
+@pytest.mark.parametrize("command", ["evaluate", "translate"])
 @pytest.mark.parametrize("checkpoint", ["final", "20"])
-def test_evaluate_reads_the_checkpoint_once(checkpoint, run, tmp_path, capsys, monkeypatch):
-    from jaxformer.commands import evaluate
+def test_a_command_reads_the_checkpoint_once(command, checkpoint, run, tmp_path, capsys, monkeypatch):
+    from jaxformer.commands import evaluate, translate
     from jaxformer.decoding.translator import Translator
 
     workdir, params = run
     _final_choice(workdir, params, 20)
     reads = _counted_reads(monkeypatch)
     monkeypatch.setattr(Translator, "translate", lambda self, sentences, **kwargs: ["Ein Mann."] * len(sentences))
-    arguments = ["--workdir", str(workdir), "--checkpoint", checkpoint, *_pair_files(tmp_path), *FAST]
-    assert evaluate.main(arguments) == 0
-    assert "2 sentences, step 20" in capsys.readouterr().out
+    arguments = ["--workdir", str(workdir), "--checkpoint", checkpoint, *FAST]
+    if command == "evaluate":
+        assert evaluate.main([*arguments, *_pair_files(tmp_path)]) == 0
+        assert "2 sentences, step 20" in capsys.readouterr().out
+    else:
+        source, output = _pair_files(tmp_path)[1], tmp_path / "output.de"
+        assert translate.main([*arguments, "--input", source, "--output", str(output)]) == 0
+        assert output.read_text() == "Ein Mann.\nEin Mann.\n"
     # Not a second read for the translator (final/ was read whole as it was checked, then again), nor
-    # of the metadata for the checks before the data; one tokenizer (a shared vocabulary) says what is
-    # empty to the model and translates (each was parsed three times).
+    # of the metadata for the checks before the data or the parameters (translate read it for the model,
+    # then for final/'s search, then whole); one tokenizer (a shared vocabulary) says what is empty to
+    # the model and translates (each was parsed three times).
     folder = RunDirectory(workdir).final if checkpoint == "final" else RunDirectory(workdir).checkpoints
     assert reads == {"metadata": 1, "tokenizers": 1, "parameters": [folder]}
 
