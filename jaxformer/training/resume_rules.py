@@ -14,6 +14,7 @@ from typing import Any
 
 import ml_collections
 
+from jaxformer.decoding.generate import DecodeSettings
 from jaxformer.training import experiment
 from jaxformer.training.config_paths import PATH_KEYS
 
@@ -57,9 +58,20 @@ RESUME_FREE = {
 }
 
 
-# Keys whose None the run's start settles (run_start.settle_inherited_decoding): a checkpoint saves
-# the value it settled on, which a config that still says None asks for again.
-SETTLED_AT_START = {"decoding.length_penalty", "decoding.renormalize_after_bans"}
+# The decoding keys whose None means their value before the key existed, each with that value:
+# how the model is searched and scored (a --from_hf import says how transformers does it), not a
+# choice of this run's. A run's start settles a None one from the run it starts from
+# (run_start.settle_inherited_decoding); validation BLEU, best/ and the final choice read one still
+# None, or absent in an older run's config, as that value. Here, below validation_bleu and run_start
+# (which import this module), so that the resume's comparison reads the same keys.
+INHERITED_DECODING = {
+    "length_penalty": DecodeSettings.length_penalty,
+    "renormalize_after_bans": DecodeSettings.renormalize_after_bans,
+}
+
+# Keys whose None the run's start settles: a checkpoint saves the value it settled on, which a
+# config that still says None asks for again.
+SETTLED_AT_START = {f"decoding.{key}" for key in INHERITED_DECODING}
 
 
 # Of RESUME_FREE, the keys that say where the data is and how the work is spread, not what a run
@@ -101,6 +113,11 @@ def resume_differences(
         if was != current_flat.get(key, "<unset>"):
             differences.append(f"{key}: {was!r} -> {current_flat.get(key, '<unset>')!r}")
     return differences
+
+
+def value_or_before_the_key(key: str, value: Any) -> Any:
+    """`value` of the INHERITED_DECODING key decoding.`key`; None: its value before the key existed."""
+    return value or INHERITED_DECODING[key]
 
 
 def kept_setting_values(config: dict[str, Any], keys: Sequence[str]) -> dict[str, Any]:

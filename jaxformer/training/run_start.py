@@ -39,10 +39,11 @@ from jaxformer.training.init_from import (
 )
 from jaxformer.training.kept_checkpoints import check_keep_not_lowered
 from jaxformer.training.optimizer import make_optimizer
+from jaxformer.training.resume_rules import INHERITED_DECODING, value_or_before_the_key
 from jaxformer.training.run_tokenizer import RunTokenizers, check_given_models, log_unknown_rate, tokenizer_for_run
 from jaxformer.training.state import make_init_fn
 from jaxformer.training.unused_settings import unused_settings
-from jaxformer.training.validation_bleu import INHERITED_DECODING, check_best_measured_alike, value_or_before_the_key
+from jaxformer.training.validation_bleu import check_best_measured_alike
 
 logger = logging.getLogger(__name__)
 

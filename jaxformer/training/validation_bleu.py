@@ -23,7 +23,12 @@ from jaxformer.model.config import TransformerConfig
 from jaxformer.run.checkpoint import Checkpointer
 from jaxformer.run.directory import RunDirectory
 from jaxformer.run.metadata import CheckpointMetadata
-from jaxformer.training.resume_rules import changed_settings, kept_setting_values
+from jaxformer.training.resume_rules import (
+    INHERITED_DECODING,
+    changed_settings,
+    kept_setting_values,
+    value_or_before_the_key,
+)
 
 logger = logging.getLogger(__name__)
 
@@ -45,21 +50,6 @@ BLEU_KEYS = (
 BEAM_ONLY_KEYS = tuple(
     f"decoding.{key}" for key in ("beam_size", "alpha", "length_penalty", "stop", "renormalize_after_bans")
 )
-
-# The decoding keys whose None means their value before the key existed, each with that value:
-# how the model is searched and scored (a --from_hf import says how transformers does it), not a
-# choice of this run's. A run's start settles a None one from the run it starts from
-# (run_start.settle_inherited_decoding); validation BLEU, best/ and the final choice read one still
-# None, or absent in an older run's config, as that value.
-INHERITED_DECODING = {
-    "length_penalty": DecodeSettings.length_penalty,
-    "renormalize_after_bans": DecodeSettings.renormalize_after_bans,
-}
-
-
-def value_or_before_the_key(key: str, value: Any) -> Any:
-    """`value` of the INHERITED_DECODING key decoding.`key`; None: its value before the key existed."""
-    return value or INHERITED_DECODING[key]
 
 
 def scored_tokenizer(config: dict[str, Any]) -> str:

@@ -270,12 +270,12 @@ def test_a_bleu_tokenizer_that_cannot_be_built_is_one_line_before_any_work(tmp_p
 
 
 def test_each_inherited_decoding_key_left_none_reads_as_its_decode_settings_default_everywhere():
-    """None means the value before the key existed, which validation_bleu.INHERITED_DECODING alone
-    says: for the run's start, the search validation BLEU and the final choice run, and the settings
-    best/ and the final choice were measured with (a saved config's key None or absent alike)."""
+    """None means the value before the key existed, which resume_rules.INHERITED_DECODING alone
+    says: for the run's start, the search validation BLEU and the final choice run, the settings
+    best/ and the final choice were measured with (a saved config's key None or absent alike), and
+    the resume's comparison (SETTLED_AT_START, made from it)."""
     defaults = {field.name: field.default for field in dataclasses.fields(DecodeSettings)}
-    assert resume_rules.SETTLED_AT_START == {f"decoding.{key}" for key in validation_bleu.INHERITED_DECODING}
-    for key in validation_bleu.INHERITED_DECODING:
+    for key in resume_rules.INHERITED_DECODING:
         config = experiment.default_config()
         assert config.decoding[key] is None
         saved = config.to_dict()
@@ -288,5 +288,8 @@ def test_each_inherited_decoding_key_left_none_reads_as_its_decode_settings_defa
         }
         run_start.settle_inherited_decoding(config, None, None)
         read["settle_inherited_decoding"] = config.decoding[key]
+        # A checkpoint saves the settled value, which a resume whose config still says None agrees with.
+        differences = resume_rules.resume_differences(config.to_dict(), experiment.default_config(), sections=None)
+        assert not [difference for difference in differences if difference.startswith(f"decoding.{key}:")]
         for place, value in read.items():
             assert (value, type(value)) == (defaults[key], type(defaults[key])), (key, place)
