@@ -97,11 +97,17 @@ def holds_numpy_scalars(config: ml_collections.ConfigDict) -> bool:
 
 
 def _replace_numpy_scalars(section: ml_collections.ConfigDict) -> None:
-    for key in list(section.keys()):
+    for key, field in list(section.items(preserve_field_references=True)):
         value = section[key]
         if isinstance(value, ml_collections.ConfigDict):
             _replace_numpy_scalars(value)
-        elif _holds_numpy_scalars(value):
+        elif not _holds_numpy_scalars(value):
+            continue
+        elif isinstance(field, ml_collections.FieldReference) and not issubclass(field.get_type(), np.generic):
+            # Set through the key's own reference: a checked key (config_rules' _NumberKey, _TupleKey)
+            # goes on refusing a bool or a non-tuple set after the file (was a plain field, which took them).
+            field.set(_python_value(value))
+        else:
             with section.unlocked():  # a numpy-typed field takes no Python value: made anew
                 del section[key]
                 section[key] = _python_value(value)

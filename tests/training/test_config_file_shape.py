@@ -261,6 +261,34 @@ def test_a_library_callers_numpy_scalars_become_python_values():
     assert type(config.training.seed) is np.int64  # the caller's config is left as it was
 
 
+def test_a_checked_key_a_config_file_sets_with_numpy_scalars_goes_on_refusing_a_wrong_kind(tmp_path, capsys):
+    """Made Python's through the key's own reference: a float or tuple key set after the file (a
+    library caller's config) still refuses a bool or a non-tuple, where the plain value that replaced
+    the reference took True as 1.0 and None."""
+    path = tiny_changed_by(
+        tmp_path,
+        "import numpy",
+        "c.optimizer.weight_decay = numpy.float64(0.3)",
+        "c.training.final_alphas = (numpy.float64(1.0), 1.4)",
+    )
+    config = load_config_file(path)
+    assert (config.optimizer.weight_decay, config.training.final_alphas) == (0.3, (1.0, 1.4))
+    assert [type(value) for value in (config.optimizer.weight_decay, *config.training.final_alphas)] == [float] * 3
+    for key, value in (
+        ("optimizer.weight_decay", True),
+        ("training.final_alphas", 1.4),
+        ("training.final_alphas", None),
+    ):
+        section, leaf = key.split(".")
+        with pytest.raises(ConfigError) as refused:
+            config[section][leaf] = value
+        assert str(refused.value).startswith(f"config {key}={value!r}: must be "), refused.value
+    # The command line's own reading refuses them with or without the reference.
+    arguments = ["--config", str(path), "--print_config", "--config.optimizer.weight_decay=True"]
+    assert train.main(arguments) == EXIT_USER_ERROR
+    assert one_error_line(capsys) == "error: --config.optimizer.weight_decay=True: must be a number"
+
+
 class _StopBeforeTheRun(UserError):
     pass
 
