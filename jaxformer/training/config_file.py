@@ -54,10 +54,17 @@ def call_file_function(path: str | pathlib.Path, function: str, kind: str = "con
     try:
         return getattr(module, function)()
     except ConfigError as error:  # a value the config refused as the file set it: the file's line
-        lines = [frame.lineno for frame in traceback.extract_tb(error.__traceback__) if frame.filename == str(path)]
-        raise ConfigError(f"{kind} {path}{f', line {lines[-1]}' if lines else ''}: {error}") from error
-    except Exception as error:
-        raise ConfigError(f"{kind} {path}: {function}() raised {type(error).__name__}: {error}") from error
+        raise ConfigError(f"{kind} {path}{_line_in(path, error)}: {error}") from error
+    except Exception as error:  # ml_collections' own refusals too (a numpy.int64 set on an int key)
+        raise ConfigError(
+            f"{kind} {path}{_line_in(path, error)}: {function}() raised {type(error).__name__}: {error}"
+        ) from error
+
+
+def _line_in(path: pathlib.Path, error: Exception) -> str:
+    """ ", line N": the line of the file at `path` that `error` was raised from, where its traceback has one."""
+    lines = [frame.lineno for frame in traceback.extract_tb(error.__traceback__) if frame.filename == str(path)]
+    return f", line {lines[-1]}" if lines else ""
 
 
 class _UncachedSourceLoader(importlib.machinery.SourceFileLoader):

@@ -289,6 +289,17 @@ def test_a_checked_key_a_config_file_sets_with_numpy_scalars_goes_on_refusing_a_
     assert one_error_line(capsys) == "error: --config.optimizer.weight_decay=True: must be a number"
 
 
+def test_a_value_ml_collections_refuses_in_a_config_file_names_the_files_line(tmp_path, capsys):
+    """A numpy.int64 set on an int key is refused by ml_collections itself as the file sets it
+    (only a numpy float on a float key, a subclass of float, is taken and made Python's): the
+    error names the file's line, as the project's own refusals do."""
+    path = tiny_changed_by(tmp_path, "import numpy", "c.training.num_train_steps = numpy.int64(20)")
+    assert train.main(["--config", str(path), "--print_config"]) == EXIT_USER_ERROR
+    error = one_error_line(capsys)
+    assert error.startswith(f"error: config file {path}, line 6: get_config() raised TypeError: "), error
+    assert "num_train_steps" in error
+
+
 class _StopBeforeTheRun(UserError):
     pass
 
