@@ -32,7 +32,7 @@ from jaxformer.run.loading import load_from_directory
 from jaxformer.run.metadata import CheckpointMetadata
 from jaxformer.training import resume_rules
 from jaxformer.training.run_tokenizer import RunTokenizers
-from jaxformer.training.validation_bleu import BEAM_ONLY_KEYS, ValidationSet, bleu_settings
+from jaxformer.training.validation_bleu import BEAM_ONLY_KEYS, SEARCH_KEYS, ValidationSet, bleu_settings
 
 logger = logging.getLogger(__name__)
 
@@ -47,8 +47,7 @@ CHOICE_KEYS = (
     "training.bleu_tokenize",
     "data.eval_split",
     "data.max_eval_examples",
-    *(f"decoding.{key}" for key in ("method", "beam_size", "alpha", "length_penalty", "max_extra_length", "stop")),
-    "decoding.renormalize_after_bans",
+    *SEARCH_KEYS,
     "decoding.batch_size",
 )
 

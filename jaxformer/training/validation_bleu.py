@@ -32,17 +32,22 @@ from jaxformer.training.resume_rules import (
 
 logger = logging.getLogger(__name__)
 
-# The config keys a validation BLEU score depends on: which pairs, how many, which search (every
-# `decoding` key the search reads: beam search's length penalty form too), which tokenizer. A
-# score best/ keeps is beaten only by one measured alike (decoding.batch_size moves a float or
-# two: no).
+# Every `decoding` key the search reads (beam search's length penalty form too): what a score, or
+# the final choice (final_choice.CHOICE_KEYS), depends on of the search.
+SEARCH_KEYS = tuple(
+    f"decoding.{key}"
+    for key in ("method", "beam_size", "alpha", "length_penalty", "max_extra_length", "stop", "renormalize_after_bans")
+)
+
+# The config keys a validation BLEU score depends on: which pairs, how many, which search, which
+# tokenizer. A score best/ keeps is beaten only by one measured alike (decoding.batch_size moves a
+# float or two: no).
 BLEU_KEYS = (
     "training.bleu_examples",
     "training.bleu_method",
     "training.bleu_tokenize",
     "data.eval_split",
-    *(f"decoding.{key}" for key in ("method", "beam_size", "alpha", "length_penalty", "max_extra_length", "stop")),
-    "decoding.renormalize_after_bans",
+    *SEARCH_KEYS,
 )
 
 # The decoding settings only beam search reads: greedy search's result is the same whatever they are.
