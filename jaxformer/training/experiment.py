@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import difflib
 import functools
+import os
 from collections.abc import Iterable
 from typing import Any
 
@@ -305,6 +306,8 @@ def vocabulary_sizes(config: ml_collections.ConfigDict) -> tuple[int, int]:
     paths = {"model_path": section.model_path}
     if section.separate_vocabularies:
         paths["target_model_path"] = section.target_model_path
+    # "~" as the run reads them (config_paths): validation comes before the paths are made absolute.
+    paths = {key: None if path is None else os.path.expanduser(path) for key, path in paths.items()}
     tokenizers = {
         key: Tokenizer.from_sentencepiece_file(path, control_symbols(config))
         for key, path in paths.items()

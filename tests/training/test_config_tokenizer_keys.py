@@ -148,6 +148,16 @@ def with_options(config, **values):
     return config
 
 
+def test_a_given_model_under_home_is_read_as_the_run_reads_it(models, monkeypatch):
+    """tokenizer.model_path / target_model_path under "~" are read as the run reads its paths
+    (config_paths): validation, which reads the models first, must not call them missing."""
+    monkeypatch.setenv("HOME", str(models["en"].parent))
+    config = separate(models, vocab_size=experiment.DEFAULT_VOCAB_SIZE)
+    config.tokenizer.model_path, config.tokenizer.target_model_path = "~/en.model", "~/de.model"
+    experiment.validate(config)
+    assert experiment.vocabulary_sizes(config) == (81, 61)
+
+
 def test_a_tokenizer_trained_here_uses_its_options():
     assert unused_settings(with_options(load_config("tiny"))) == []
     config = with_options(load_config("multi30k"), model_path="/models/en.model")
