@@ -106,13 +106,16 @@ def read_tsv_pairs(path: str | pathlib.Path, skipped: SkipCounter | None = None)
     """Yields (line number, source, target), 1-based, from a `source<TAB>target` file (gzip or plain),
     for every pair with text on both sides.
 
-    Raises `DataError` naming the file and line for a line without exactly one tab or one that
-    is not UTF-8. Pairs with an empty side are skipped, counted in `skipped` and logged once at the end.
+    Raises `DataError` naming the file and line for a line of text without exactly one tab or one
+    that is not UTF-8. Pairs with an empty side are skipped, counted in `skipped` and logged once at
+    the end; a blank line is such a pair, as a blank line of both {lang} files is.
     """
     path = pathlib.Path(path)
     pairs = []
     for number, line in enumerate(read_lines(path), start=1):
         fields = line.split("\t")
+        if len(fields) == 1 and not line.strip():  # a blank line (many files end in one): no text, no tab
+            fields = ["", ""]
         if len(fields) != 2:
             raise DataError(
                 f"{path}: line {number} has {len(fields) - 1} tabs; each line must be source<TAB>target, with one tab"

@@ -2,7 +2,7 @@ import gzip
 
 import pytest
 
-from jaxformer.data.parallel_text import DataError, SkipCounter, read_parallel_lines
+from jaxformer.data.parallel_text import DataError, SkipCounter, read_parallel_lines, read_tsv_pairs
 
 
 def write(path, lines: list[bytes]):
@@ -40,3 +40,16 @@ def test_empty_lines_are_skipped_and_counted(tmp_path, caplog):
     assert pairs == [(1, "one", "eins"), (4, "four", "vier")]
     assert skipped.empty == 2 and skipped.first_empty.endswith("c.en:2")
     assert "skipped 2 pairs with an empty side" in caplog.text
+
+
+def test_a_blank_tsv_line_is_a_pair_without_text_as_in_lang_files(tmp_path, caplog):
+    """A blank line (often the last, left by an editor or `echo >>`) has no tab and no text: skipped
+    and counted as a blank line of both {lang} files is, not refused as a line without a tab."""
+    pairs = write(tmp_path / "d.tsv.gz", [b"one\teins", b"", b"two\tzwei", b" \r", b"\t", b""])
+    skipped = SkipCounter()
+    assert list(read_tsv_pairs(pairs, skipped)) == [(1, "one", "eins"), (3, "two", "zwei")]
+    assert skipped.empty == 4 and skipped.first_empty.endswith("d.tsv.gz:2")
+    assert "skipped 4 pairs with an empty side" in caplog.text
+    for text in (b"no tab here", b"a\tb\t", b"\t\t"):  # text, or tabs, still need exactly one tab
+        with pytest.raises(DataError, match=r"d\.tsv: line 2 has [02] tabs; each line must be source<TAB>target"):
+            list(read_tsv_pairs(write(tmp_path / "d.tsv", [b"one\teins", text])))
