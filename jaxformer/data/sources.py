@@ -249,7 +249,8 @@ def _refuse_unknown_split(builder, split: str, available: list[str]) -> None:
     if available and split not in available:  # (tfds.testing.mock_data leaves no split list)
         hint = ""
         if split == "test" and isinstance(builder, ParallelFiles):
-            hint = "; set data.files.test to score a test file"
+            # evaluate reads a run's own data section: a data.files.test added to it would be other data, refused
+            hint = " (no data.files.test was given): score a test file with jaxformer-evaluate --source and --reference"
         raise DataError(f"dataset {builder.name!r} has no split {split!r}; it has {', '.join(available)}{hint}")
 
 
