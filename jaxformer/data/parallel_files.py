@@ -59,6 +59,8 @@ def split_files(split: str, spec: str, languages: Sequence[str], missing_allowed
     """The files of `data.files.<split>` = `spec`, checked to exist (unless `missing_allowed`)
     and to open for reading (nothing is read)."""
     setting = f"data.files.{split}={spec!r}"  # as given, in errors
+    if "://" in spec:  # made absolute, gs://b/x would be <cwd>/gs:/b/x, "not found"
+        raise DataError(f"{setting}: the files are read from a local path; copy them to one (e.g. gsutil cp)")
     spec = os.path.abspath(os.path.expanduser(spec))
     is_tsv = spec.lower().endswith(TSV_SUFFIXES)
     if is_tsv and LANGUAGE_FIELD in spec:

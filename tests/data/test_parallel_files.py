@@ -268,6 +268,10 @@ def test_file_errors_name_the_file_before_anything_is_prepared(tmp_path):
             r"data\.files\.validation=.*dev\.txt.* neither",
         ),
         "TSV with {lang}": (dict(train=str(tmp_path / "train.{lang}.tsv")), r"a TSV file holds both languages"),
+        "remote": (
+            dict(train=fine, test="gs://bucket/corpus/test.{lang}.gz"),
+            r"^data\.files\.test='gs://bucket/corpus/test\.\{lang\}\.gz': the files are read from a local path; ",
+        ),
         "no train": (dict(validation=fine), r"data\.name='parallel_files' needs data\.files\.train"),
         "a directory": (dict(train=str(tmp_path / "corpus.tsv")), r"corpus\.tsv is not a file"),
         "validation is train": (
