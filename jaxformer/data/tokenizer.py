@@ -262,6 +262,9 @@ def train_tokenizer(
     return Tokenizer(model.getvalue())
 
 
+SENTENCEPIECE_MAX_BYTES = 4192  # sentencepiece's max_sentence_length, left at its default: longer ones are not read
+
+
 def _advice(reason: str) -> str:
     """Which way to move the config for sentencepiece's `reason`: a vocabulary can be too small for
     the corpus's characters as well as too large for its text."""
@@ -269,6 +272,9 @@ def _advice(reason: str) -> str:
         return " (set a larger tokenizer.vocab_size, or a smaller tokenizer.character_coverage)"
     if "too high" in reason:  # "Vocabulary size too high (8000). Please set it to a value <= 4138."
         return " (set a smaller tokenizer.vocab_size)"
+    if "!sentences_.empty()" in reason:  # every sentence over its max_sentence_length, which it leaves out
+        longest = f"{SENTENCEPIECE_MAX_BYTES:,}"
+        return f" (sentencepiece trains on sentences of up to {longest} bytes, and none is that short)"
     return ""
 
 

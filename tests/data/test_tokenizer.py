@@ -81,3 +81,16 @@ def test_a_vocabulary_too_small_for_the_corpus_characters_asks_for_a_larger_one(
         train_tokenizer(sentences, 10)
     assert str(error.value).endswith("(set a larger tokenizer.vocab_size, or a smaller tokenizer.character_coverage)")
     assert "smaller tokenizer.vocab_size" not in str(error.value)
+
+
+def test_a_corpus_of_sentences_all_too_long_for_sentencepiece_says_so():
+    """sentencepiece leaves out sentences over 4,192 bytes (paragraphs, documents): with nothing
+    left, its own reason is an assertion on an internal list, which the advice explains."""
+    sentences = [" ".join(["alpha", "beta", "gamma", "delta"][(i + j) % 4] for j in range(900)) for i in range(4)]
+    with pytest.raises(TokenizerError, match=r"cannot train a 40-piece unigram tokenizer on 4 sentences: ") as error:
+        train_tokenizer(sentences, 40)
+    assert "\n" not in str(error.value)
+    assert str(error.value).endswith("(sentencepiece trains on sentences of up to 4,192 bytes, and none is that short)")
+    train_tokenizer([sentence[:4192] for sentence in sentences], 20)  # at the limit: read
+    with pytest.raises(TokenizerError, match="none is that short"):  # a byte over it: left out
+        train_tokenizer([sentence[:4193] for sentence in sentences], 20)
