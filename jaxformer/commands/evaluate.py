@@ -45,6 +45,7 @@ from jaxformer.commands.decoding_flags import (
 )
 from jaxformer.data.parallel_text import DataError, skipped_pairs_text
 from jaxformer.data.tokenizer import Tokenizer
+from jaxformer.decoding import sentence_batches
 from jaxformer.decoding.scoring import (
     BLEU_TOKENIZERS,
     bleu_tokenizer,
@@ -301,7 +302,8 @@ def run(args: argparse.Namespace) -> int:
             lines = [""] * file_lines.total
             for number, hypothesis in zip(file_lines.numbers, hypotheses):
                 lines[number - 1] = hypothesis
-        write_text_atomically(args.output, "".join(f"{line}\n" for line in lines))
+        # A line break a translation holds (a byte-fallback tokenizer's <0x0A>) would add a line: as translate writes.
+        write_text_atomically(args.output, sentence_batches.as_lines(lines))
     if args.json:
         write_text_atomically(args.json, json.dumps(scores, indent=2))
     return 0

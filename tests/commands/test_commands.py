@@ -15,6 +15,7 @@ import pytest
 import sacrebleu
 
 from jaxformer.commands import average_checkpoints, evaluate, translate
+from jaxformer.decoding.generate import DecodeSettings
 from jaxformer.decoding.translator import Translator
 from jaxformer.errors import EXIT_USER_ERROR, CheckpointError
 from jaxformer.run.loading import load_checkpoint
@@ -146,6 +147,36 @@ def test_evaluate_scores_files_like_sacrebleu(decoding_workdir, tmp_path, capsys
     assert scores["chrf"] == pytest.approx(sacrebleu.corpus_chrf(outputs, [references]).score)
     assert scores["lowercase_bleu"] == pytest.approx(sacrebleu.corpus_bleu(outputs, [references], lowercase=True).score)
     assert "nrefs:1|case:mixed|eff:no|tok:13a|smooth:exp" in printed and "chrF" in printed
+
+
+class LineBreakingTranslator:
+    """Translations holding line breaks, as a byte-fallback tokenizer's <0x0A> or <0x0D> decodes."""
+
+    settings, step = DecodeSettings(method="greedy"), 1
+
+    def translate(self, sentences, progress, line_numbers=None):
+        return [f"{sentence}\n{index}\r\nzwei\rdrei" for index, sentence in enumerate(sentences)]
+
+
+def test_evaluate_writes_one_output_line_per_source_line_as_translate_does(
+    decoding_workdir, tmp_path, capsys, monkeypatch
+):
+    sources, references = read_raw("val.en.gz", 4), read_raw("val.de.gz", 4)
+    sources[1] = ""  # left out of the scores, an empty line in --output
+    source, reference, hypotheses = tmp_path / "val.en", tmp_path / "val.de", tmp_path / "hyp.de"
+    source.write_text("\n".join(sources) + "\n")
+    reference.write_text("\n".join(references) + "\n")
+    monkeypatch.setattr(evaluate, "translator_from_flags", lambda *args: LineBreakingTranslator())
+    files = ["--source", str(source), "--reference", str(reference), "--output", str(hypotheses)]
+    scores_file = tmp_path / "scores.json"
+    assert evaluate.main(["--workdir", str(decoding_workdir), *files, "--json", str(scores_file), *FAST]) == 0
+    outputs = hypotheses.read_text().split("\n")[:-1]
+    translated = [s for s in sources if s]
+    expected = [f"{translated[0]} 0 zwei drei", "", f"{translated[1]} 1 zwei drei", f"{translated[2]} 2 zwei drei"]
+    assert outputs == expected
+    scored = [outputs[0], *outputs[2:]]
+    scores = json.loads(scores_file.read_text())
+    assert scores["bleu"] == pytest.approx(sacrebleu.corpus_bleu(scored, [references[:1] + references[2:]]).score)
 
 
 def test_evaluate_scores_bleu_with_the_tokenizer_named_and_refuses_one_it_cannot_build_first(
