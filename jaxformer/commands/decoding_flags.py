@@ -19,6 +19,10 @@ from jaxformer.commands.common import (
 )
 from jaxformer.run.directory import CHECKPOINT_KINDS, parse_checkpoint_choice
 
+# The largest --seed: jax.random.key keeps a seed's low 32 bits (jax_enable_x64 is off), so 2**32
+# would sample as 0 does, and 2**63 and up fail with an OverflowError once the model is read.
+MAX_SEED = 2**32 - 1
+
 
 def checkpoint_choice(value: str) -> str | int:
     """--checkpoint as the Python entry points read a `checkpoint` argument (`parse_checkpoint_choice`)."""
@@ -44,9 +48,9 @@ def add_decoding_flags(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--top_k", type=at_least(0), default=0, help="sample among the k most likely tokens; 0 = all")
     parser.add_argument(
         "--seed",
-        type=at_least(0),
+        type=integer_from(0, MAX_SEED),
         default=0,
-        help="sampling seed; the same seed and --batch_size sample alike (default: 0)",
+        help=f"sampling seed, 0 to {MAX_SEED}; the same seed and --batch_size sample alike (default: 0)",
     )
     parser.add_argument("--batch_size", type=at_least(1), default=32, help="sentences per decoding batch (default: 32)")
     parser.add_argument(

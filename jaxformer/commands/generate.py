@@ -44,7 +44,12 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument(
         "--top_k", type=common.at_least(0), default=0, help="sample among the k most likely; 0 = all (default: 0)"
     )
-    parser.add_argument("--seed", type=common.at_least(0), default=0, help="sampling seed (default: 0)")
+    parser.add_argument(
+        "--seed",
+        type=common.integer_from(0, decoding_flags.MAX_SEED),
+        default=0,
+        help=f"sampling seed, 0 to {decoding_flags.MAX_SEED} (default: 0)",
+    )
     parser.add_argument("--batch_size", type=common.at_least(1), default=64, help="prompts per batch (default: 64)")
     common.add_input_output_flags(parser, "prompts")
     return parser

@@ -134,6 +134,26 @@ def test_generate_bounds_the_tokens_it_adds(tmp_path, capsys, no_decoding):
     )
 
 
+def test_seeds_that_jax_would_take_for_others_or_overflow_on_are_refused(tmp_path, capsys, no_decoding):
+    import jax
+
+    # Why: jax.random.key keeps a seed's low 32 bits, and a seed of 64 bits or more overflows.
+    assert (jax.random.key_data(jax.random.key(2**32)) == jax.random.key_data(jax.random.key(0))).all()
+    with pytest.raises(OverflowError):
+        jax.random.key(2**64)
+    largest = 2**32 - 1
+    assert (jax.random.key_data(jax.random.key(largest)) != jax.random.key_data(jax.random.key(0))).any()
+    for command, extra in ((translate, []), (evaluate, ["--split", "validation"]), (generate, [])):
+        assert command.build_parser().parse_args(["--workdir", "w", "--seed", str(largest)]).seed == largest
+        for seed in (2**32, 2**64):
+            with pytest.raises(SystemExit) as stopped:
+                command.main(["--workdir", str(tmp_path), *extra, "--method", "sample", "--seed", str(seed)])
+            assert stopped.value.code == 2
+            assert capsys.readouterr().err.startswith(
+                f"error: argument --seed: must be an integer from 0 to {largest}, got {seed}; see "
+            )
+
+
 @pytest.mark.parametrize("kind", ["missing folder", "a directory", "under a file", "unwritable place"])
 def test_unwritable_outputs_fail_before_decoding(kind, decoding_workdir, tmp_path, capsys, no_decoding):
     (tmp_path / "a file").write_text("x")
