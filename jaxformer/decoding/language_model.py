@@ -165,6 +165,10 @@ class LanguageModel:
             )
         if config.vocab_size != tokenizer.vocab_size:
             raise ValueError(f"the model has {config.vocab_size} tokens, its tokenizer {tokenizer.vocab_size}")
+        # Checked here, as Translator checks it: a batch of 0 fails in range() at the first prompt, and
+        # one below 0 continues no prompt at all (complete_nbest gave None for each).
+        if isinstance(batch_size, bool) or not isinstance(batch_size, int) or batch_size < 1:
+            raise ValueError(f"batch_size must be an integer >= 1, got {batch_size!r}")
         settings.check_fits(config)
         self.config, self.params = decoding_variant(config, jax.device_put(params))
         self.tokenizer, self.settings, self.batch_size = tokenizer, settings, batch_size

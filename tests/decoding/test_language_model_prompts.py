@@ -90,3 +90,12 @@ def test_text_prompts_and_the_empty_prompt_are_accepted(language_model, tokenize
     for indices, tokens, _ in language_model.continue_ids([np.zeros(0, np.int32), [5, 6]]):
         continued.update({index: tokens[row, 0] for row, index in enumerate(indices)})
     assert sorted(continued) == [0, 1] and all(np.all(tokens != BOS_ID) for tokens in continued.values())
+
+
+@pytest.mark.parametrize("batch_size", [0, -1])
+def test_a_batch_size_below_1_is_refused_when_made(language_model, batch_size):
+    """As Translator refuses it: at 0 range() failed at the first prompt, below 0 no prompt was
+    continued (complete_nbest gave None for each prompt, complete a TypeError)."""
+    parts = (language_model.config, language_model.params, language_model.tokenizer, SETTINGS)
+    with pytest.raises(ValueError, match=rf"^batch_size must be an integer >= 1, got {batch_size}$"):
+        LanguageModel(*parts, batch_size=batch_size)
