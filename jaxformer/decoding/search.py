@@ -238,7 +238,11 @@ def sample_search(
         raise ValueError(f"sampling needs temperature > 0, got {temperature}; use greedy_search for argmax")
 
     def choose(log_probs, rng):  # [B, V], NEG_INF where forbidden
-        scaled = jnp.where(is_possible(log_probs), log_probs / temperature, -jnp.inf)  # [B, V]
+        # Divided after the row's best is subtracted (the same softmax): the best stays at 0, where a
+        # tiny temperature (1e-40; 1e-46 is float32's 0) made every token -inf, and id 0, pad, was drawn.
+        best = jnp.max(log_probs, axis=-1, keepdims=True)  # [B, 1]
+        tempered = jnp.where(log_probs >= best, 0.0, (log_probs - best) / temperature)  # [B, V]
+        scaled = jnp.where(is_possible(log_probs), tempered, -jnp.inf)  # [B, V]
         if top_k > 0:
             kth_best = jax.lax.top_k(scaled, min(top_k, scaled.shape[-1]))[0][:, -1:]  # [B, 1]
             scaled = jnp.where(scaled >= kth_best, scaled, -jnp.inf)

@@ -298,6 +298,17 @@ def test_sampling_top_1_is_greedy():
     np.testing.assert_allclose(log_probs, greedy_log_probs, rtol=1e-5)
 
 
+@pytest.mark.parametrize("temperature", [1e-40, 1e-46])
+def test_sampling_at_a_vanishing_temperature_is_greedy(temperature):
+    """softmax(logits / t) tends to the argmax as t -> 0: a temperature that turned every tempered
+    logit to -inf (1e-40), or float32's 0 (1e-46), drew pad (id 0), a banned token, at every step."""
+    spec = SearchSpec(3, 6, BOS, EOS, limits=jnp.asarray(LIMITS), banned_ids=BANNED)
+    greedy_tokens, greedy_log_probs = greedy_search(tokens_to_logits, initial_cache(3), spec)
+    tokens, log_probs = sample_search(tokens_to_logits, initial_cache(3), spec, jax.random.key(5), temperature)
+    np.testing.assert_array_equal(tokens, greedy_tokens)
+    np.testing.assert_allclose(log_probs, greedy_log_probs, rtol=1e-5)
+
+
 @pytest.mark.parametrize("banned", [(), BANNED])
 @pytest.mark.parametrize("temperature, top_k", [(1.0, 0), (0.5, 0), (1.0, 2)])
 def test_first_sampled_token_follows_the_tempered_distribution(temperature, top_k, banned):
