@@ -97,6 +97,12 @@ def make_variants(
             experiment.validate(config)
         except ConfigError as error:
             raise ConfigError(f"variant {name!r}: {error}") from None
+        if experiment.architecture(config) != "encoder_decoder":  # final_choice=True, the hint below, is refused there
+            raise ConfigError(
+                f"variant {name!r}: model.architecture={experiment.architecture(config)!r}: a sweep compares "
+                "translators (model.architecture='encoder_decoder') by their validation BLEU, and a language "
+                "model translates nothing"
+            )
         if not config.training.final_choice:
             raise ConfigError(
                 f"variant {name!r}: training.final_choice is False; a sweep compares the final choice's "

@@ -353,6 +353,23 @@ def test_a_step_count_or_time_budget_beside_baseline_steps_is_refused(tmp_path, 
     assert not workdir.exists()
 
 
+@pytest.mark.parametrize("config_name", ["multi30k_lm", "multi30k_mlm"])
+def test_a_language_model_config_is_refused_naming_its_architecture(tmp_path, capsys, config_name):
+    """A sweep ranks translators by validation BLEU. A language model's config was refused for its
+    training.final_choice=False, with the hint to set it True, which that config then refuses."""
+    sweep_file = write_sweep(tmp_path / "rates.py", {"baseline": [], "slow": ["optimizer.learning_rate_scale=0.3"]})
+    workdir = tmp_path / "sweep"
+    for shared in ([], ["--config.training.final_choice=True"]):
+        arguments = ["--config", config_name, "--sweep", str(sweep_file), "--workdir", str(workdir), *shared]
+        code = sweep_command.main(arguments)
+        error = capsys.readouterr().err
+        assert code == 2 and error.count("\n") == 1 and not workdir.exists(), error
+        if not shared:
+            architecture = config_name.replace("multi30k_lm", "decoder_only").replace("multi30k_mlm", "encoder_only")
+            assert error.startswith(f"error: variant 'baseline': model.architecture='{architecture}': a sweep "), error
+            assert "final_choice" not in error
+
+
 def test_the_shipped_sweep_builds_every_variant():
     sweep = load_sweep("multi30k_hour")
     variants = make_variants("multi30k", sweep)
