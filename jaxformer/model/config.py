@@ -239,7 +239,9 @@ def _validate(config: TransformerConfig) -> None:
         value = config.source_vocab_size
         if not isinstance(value, int) or isinstance(value, bool) or value <= NUM_SPECIAL_TOKENS:
             fail("source_vocab_size", f"must be None or an integer above the {NUM_SPECIAL_TOKENS} special tokens")
-        if value != config.vocab_size and config.share_embeddings:
+        # A language model's source_vocab_size is refused below whatever it is: "set share_embeddings=False"
+        # would lead to a second refusal.
+        if value != config.vocab_size and config.share_embeddings and config.architecture == "encoder_decoder":
             fail(
                 "source_vocab_size",
                 f"differs from vocab_size={config.vocab_size}, so source and target cannot share one embedding "

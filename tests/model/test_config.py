@@ -37,6 +37,10 @@ def test_presets_follow_the_paper():
         (dict(max_positions=1), r"max_positions=1: must be None or an integer >= 2"),
         (dict(logits_bias=True, architecture="decoder_only"), r"logits_bias=True: applies to the encoder_decoder"),
         (dict(max_positions=48, architecture="decoder_only"), r"max_positions=48: applies to the encoder_decoder"),
+        # Not "set share_embeddings=False" first, which a language model refuses in turn.
+        (dict(source_vocab_size=100, architecture="decoder_only"), r"source_vocab_size=100: applies to the encoder_d"),
+        (dict(source_vocab_size=100, architecture="encoder_only"), r"source_vocab_size=100: applies to the encoder_d"),
+        (dict(source_vocab_size=100), r"source_vocab_size=100: differs from vocab_size=.*set share_embeddings=False$"),
         (
             dict(architecture="decoder_only", share_embeddings=False),
             r"share_embeddings=False: the decoder_only architecture has one embedding.*tie_output_embedding=False$",
