@@ -30,7 +30,15 @@ import tensorflow_datasets as tfds
 
 from jaxformer.data import fingerprint as fp
 from jaxformer.data.fingerprinted_builder import FingerprintedBuilder, LocalDatasetInfo
-from jaxformer.data.parallel_text import DataError, SkipCounter, read_lines, read_parallel_lines, read_tsv_pairs
+from jaxformer.data.parallel_text import (
+    MAGIC_BYTES,
+    DataError,
+    SkipCounter,
+    other_compression,
+    read_lines,
+    read_parallel_lines,
+    read_tsv_pairs,
+)
 
 logger = logging.getLogger(__name__)
 
@@ -86,8 +94,9 @@ def split_files(split: str, spec: str, languages: Sequence[str], missing_allowed
 
 
 def unusable_files(files: SplitFiles, missing_allowed: bool = False) -> list[str]:
-    """One phrase per file of `files` that is not there (unless `missing_allowed`), is not a file
-    or cannot be opened for reading (permissions): found before anything is hashed or prepared."""
+    """One phrase per file of `files` that is not there (unless `missing_allowed`), is not a file,
+    cannot be opened for reading (permissions) or is compressed otherwise than gzip (xz, bzip2,
+    zstd): found before anything is hashed or prepared."""
     if files.tsv is not None:
         described = {str(files.tsv): files.tsv}
     else:
@@ -101,10 +110,13 @@ def unusable_files(files: SplitFiles, missing_allowed: bool = False) -> list[str
             phrases.append(f"{description} is not a file")
         else:
             try:
-                with open(path, "rb"):
-                    pass
+                with open(path, "rb") as handle:
+                    compression = other_compression(handle.read(MAGIC_BYTES))
             except OSError as error:
                 phrases.append(f"{description} cannot be read ({error.strerror or error})")
+            else:
+                if compression:
+                    phrases.append(f"{description} {compression}")
     return phrases
 
 

@@ -7,6 +7,7 @@ import dataclasses
 import gzip
 import logging
 import pathlib
+import re
 import zlib
 from collections.abc import Callable, Iterable, Iterator
 
@@ -37,6 +38,29 @@ def skipped_pairs_text(count: int, where: str, first: str) -> str:
     return f"skipped {count:,} pair{'' if count == 1 else 's'} with an empty side in {where} (first at {first})"
 
 
+# Magic bytes of the compressed formats corpora come in that are not read (gzip is): without them
+# such a file reads as "line 1 is not valid UTF-8", or as "not a gzip file" when named .gz.
+# bzip2's "BZh" is followed by the block size and a block's magic, or the empty stream's.
+_OTHER_COMPRESSIONS = {
+    "xz": re.compile(rb"\xfd7zXZ\x00"),
+    "bzip2": re.compile(rb"BZh[1-9](1AY&SY|\x17rE8P\x90)"),
+    "zstd": re.compile(rb"\x28\xb5\x2f\xfd"),
+}
+MAGIC_BYTES = 10  # the most any of them needs
+
+
+def other_compression(head: bytes) -> str | None:
+    """The phrase "is xz compressed, but ..." for a file whose first bytes, `head` (at least
+    MAGIC_BYTES of them, where the file has them), are those of xz, bzip2 or zstd; else None."""
+    for compression, magic in _OTHER_COMPRESSIONS.items():
+        if magic.match(head):
+            return (
+                f"is {compression} compressed, but only gzip (.gz) and plain text are read: decompress it "
+                f"({compression} -d), or recompress it with gzip"
+            )
+    return None
+
+
 def _open_text(path: pathlib.Path):
     return gzip.open(path, "rb") if path.suffix.lower() == ".gz" else open(path, "rb")
 
@@ -47,6 +71,9 @@ def decode_lines(raw_lines: Iterable[bytes], name: str | pathlib.Path) -> list[s
     bad byte raises DataError naming `name` and the line."""
     lines = []
     for number, raw in enumerate(raw_lines, start=1):
+        compression = other_compression(raw[:MAGIC_BYTES]) if number == 1 else None
+        if compression:  # no magic holds a \n: all of it is in the first "line"
+            raise DataError(f"{name} {compression}")
         try:
             lines.append(raw.decode("utf-8-sig" if number == 1 else "utf-8").rstrip("\r\n"))
         except UnicodeDecodeError as error:
@@ -71,8 +98,10 @@ def read_lines(path: str | pathlib.Path) -> list[str]:
             return decode_lines(handle, path)
     except (EOFError, gzip.BadGzipFile, zlib.error) as error:
         with open(path, "rb") as handle:
-            is_gzip = handle.read(2) == b"\x1f\x8b"  # gzip's magic bytes: a damaged or cut download
-        if not is_gzip:  # plain text (or another format) named .gz
+            head = handle.read(MAGIC_BYTES)
+        if other_compression(head):  # xz, bzip2 or zstd named .gz
+            raise DataError(f"{path} {other_compression(head)}") from None
+        if head[:2] != b"\x1f\x8b":  # not gzip's magic bytes (a damaged or cut download has them): plain text
             raise DataError(f"{path}: not a gzip file ({error}); rename it without .gz if it is plain text") from None
         raise DataError(f"{path}: not a complete gzip file ({error})") from None
     except OSError as error:  # after the gzip errors above, which are OSErrors too

@@ -1,11 +1,14 @@
 """data.name = "parallel_files": the user's own TSV or {lang} text files as train / validation / test
 splits, prepared once per fingerprint of the files and settings; and a tiny run trained on them."""
 
+import bz2
 import errno
 import gzip
+import io
 import json
 import logging
 import logging.handlers
+import lzma
 import os
 import pickle
 import re
@@ -329,6 +332,45 @@ def test_an_unreadable_file_is_named_before_anything_is_hashed_or_prepared(tmp_p
     with pytest.raises(DataError, match=message):
         get_builder(section(tmp_path, **values))
     assert not (tmp_path / "tfds").exists()
+
+
+# `printf 'un\tdeux\n' | zstd`: the standard library (3.11) writes no zstd
+ZSTD_PAIR = bytes.fromhex("28b52ffd0458410000756e09646575780a0c9df517")
+
+
+def test_a_file_compressed_otherwise_than_gzip_is_named_before_anything_is_hashed(tmp_path, monkeypatch):
+    """xz, bzip2 and zstd files (whatever their names say) read as "line 1 is not valid UTF-8", or
+    as "not a gzip file" when named .gz: they are named by their format, before anything is hashed."""
+    text = "".join(f"{s}\t{t}\n" for s, t in pairs(0, 20)).encode()
+    cases = {  # file name: (bytes, the format the message names)
+        "xz.tsv": (lzma.compress(text), "xz"),
+        "train.tsv.gz": (lzma.compress(text), "xz"),  # named .gz, xz inside
+        "corpus.tsv.gz": (bz2.compress(text), "bzip2"),
+        "bz2/train.{lang}": (bz2.compress(text), "bzip2"),  # no suffix
+        "empty-bz2.tsv": (bz2.compress(b""), "bzip2"),
+        "zstd.tsv": (ZSTD_PAIR, "zstd"),
+    }
+    fine = write_text_files(tmp_path / "fine" / "train.{lang}", pairs(0, 20))
+    monkeypatch.setattr(fingerprint, "hash_file", lambda path: pytest.fail(f"{path} hashed"))
+    for name, (data, compression) in cases.items():
+        for language in ("fr", "ja") if "{lang}" in name else ("",):
+            (tmp_path / name.replace("{lang}", language)).parent.mkdir(exist_ok=True)
+            (tmp_path / name.replace("{lang}", language)).write_bytes(data)  # as it is, even named .gz
+        compressed = tmp_path / name.replace("{lang}", "fr")
+        expected = (
+            f"{compression} compressed, but only gzip (.gz) and plain text are read: decompress it "
+            f"({compression} -d), or recompress it with gzip"
+        )
+        with pytest.raises(DataError) as caught:
+            get_builder(section(tmp_path, train=fine, test=str(tmp_path / name)))
+        assert str(caught.value).startswith(f"data.files.test={str(tmp_path / name)!r}: {compressed}"), name
+        assert str(caught.value).endswith(f" is {expected}"), name
+        # ... and where a file is read without that check: evaluate --source, translate --input, stdin
+        assert str(pytest.raises(DataError, read_lines, compressed).value) == f"{compressed} is {expected}"
+        with pytest.raises(DataError, match=rf"^<stdin> is {re.escape(expected)}$"):
+            decode_lines(io.BytesIO(data), "<stdin>")
+    assert not (tmp_path / "tfds").exists()
+    assert decode_lines([b"BZh9 et 1AY&SY\n"], "<stdin>") == ["BZh9 et 1AY&SY"]  # text that starts as bzip2 does
 
 
 def test_a_read_error_after_the_check_is_one_line_naming_the_file(tmp_path, monkeypatch):
