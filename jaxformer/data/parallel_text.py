@@ -3,6 +3,7 @@ that name the place."""
 
 from __future__ import annotations
 
+import codecs
 import dataclasses
 import gzip
 import logging
@@ -68,25 +69,32 @@ def _open_text(path: pathlib.Path):
 def decode_lines(raw_lines: Iterable[bytes], name: str | pathlib.Path) -> list[str]:
     """UTF-8 lines without their line breaks, and without the byte-order mark that some editors
     write at the start of a file (it is not text: a reference that kept it would lose BLEU); a
-    bad byte raises DataError naming `name` and the line."""
-    lines = []
-    for number, raw in enumerate(raw_lines, start=1):
-        compression = other_compression(raw[:MAGIC_BYTES]) if number == 1 else None
+    bad byte raises DataError naming `name` and the line. Lines ended by a carriage return alone
+    are named first: they make every line number 1 (the bad byte's line once converted is named with them)."""
+    lines, count, carriage_returns, breaks, not_utf8 = [], 0, 0, 0, None
+    for count, raw in enumerate(raw_lines, start=1):
+        compression = other_compression(raw[:MAGIC_BYTES]) if count == 1 else None
         if compression:  # no magic holds a \n: all of it is in the first "line"
             raise DataError(f"{name} {compression}")
-        try:
-            lines.append(raw.decode("utf-8-sig" if number == 1 else "utf-8").rstrip("\r\n"))
-        except UnicodeDecodeError as error:
-            raise DataError(
-                f"{name}: line {number} is not valid UTF-8 ({error.reason} at byte {error.start})"
-            ) from None
+        if not_utf8 is None:  # read on past it only to count the line endings
+            try:
+                lines.append(raw.decode("utf-8-sig" if count == 1 else "utf-8").rstrip("\r\n"))
+            except UnicodeDecodeError as error:
+                bom = len(codecs.BOM_UTF8) if count == 1 and raw.startswith(codecs.BOM_UTF8) else 0
+                converted_line = breaks + raw[: bom + error.start].count(b"\r") + 1  # each \r and \n a break
+                not_utf8 = (count, converted_line, error)
+        carriage_returns += raw.rstrip(b"\r\n").count(b"\r")  # 0x0D is no part of another UTF-8 character
+        breaks += raw.count(b"\r") + raw.count(b"\n")
     # Lines ended by \r alone read as one line holding them all; a stray \r in a line is text.
-    carriage_returns = sum(line.count("\r") for line in lines)
-    if carriage_returns >= max(2, 2 * len(lines)):
+    if carriage_returns >= max(2, 2 * count):
+        either = f" (then line {not_utf8[1]} is not valid UTF-8 either: {not_utf8[2].reason})" if not_utf8 else ""
         raise DataError(
-            f"{name}: its {len(lines)} line(s) hold {carriage_returns} carriage returns (\\r), as lines ended by \\r "
-            "alone (classic Mac OS) read; lines here end in \\n: convert them, e.g. with tr '\\r' '\\n'"
+            f"{name}: its {count} line(s) hold {carriage_returns} carriage returns (\\r), as lines ended by \\r "
+            f"alone (classic Mac OS) read; lines here end in \\n: convert them, e.g. with tr '\\r' '\\n'{either}"
         )
+    if not_utf8:
+        number, _, error = not_utf8
+        raise DataError(f"{name}: line {number} is not valid UTF-8 ({error.reason} at byte {error.start})")
     return lines
 
 

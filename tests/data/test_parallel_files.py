@@ -596,6 +596,27 @@ def test_file_lines_are_known_for_splits_read_whole_from_a_file(tmp_path):
     assert given.file_lines("validation") == ([1, 3], 3)
 
 
+def test_lines_ended_by_carriage_returns_are_named_before_a_byte_that_is_not_utf8(tmp_path):
+    """A classic Mac OS file reads as one line: its "line 1 is not valid UTF-8" would name the wrong
+    line. The line endings are named first, with the line the byte is on once they are converted."""
+    french = [s for s, _ in pairs(0, 20)]
+    french[12] = "Un café noir."
+    mac = b"\xef\xbb\xbf" + "\r".join(french).encode().replace("é".encode(), b"\xe9", 1) + b"\r"  # one latin-1 byte
+    path = tmp_path / "mac.fr"
+    path.write_bytes(mac)
+    converted = str(pytest.raises(DataError, decode_lines, io.BytesIO(mac.replace(b"\r", b"\n")), "tr").value)
+    line = re.fullmatch(r"tr: line (\d+) is not valid UTF-8 \((.*) at byte \d+\)", converted)
+    assert line and line[1] == "13", converted  # the independent reference: the converted file's own error
+    assert str(pytest.raises(DataError, read_lines, path).value) == (
+        f"{path}: its 1 line(s) hold 19 carriage returns (\\r), as lines ended by \\r alone (classic Mac OS) "
+        f"read; lines here end in \\n: convert them, e.g. with tr '\\r' '\\n' (then line {line[1]} is not valid "
+        f"UTF-8 either: {line[2]})"
+    )
+    assert "line 2 is not valid UTF-8" in str(
+        pytest.raises(DataError, decode_lines, [b"a\r\n", b"\xff\r\n"], "crlf").value
+    )
+
+
 def test_a_byte_order_mark_is_not_text(tmp_path):
     good = pairs(0, 20)
     bom = b"\xef\xbb\xbf"
