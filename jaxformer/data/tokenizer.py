@@ -162,12 +162,19 @@ def with_jaxformer_ids(model_proto: bytes) -> bytes:
     spec = model.trainer_spec
     spec.unk_piece = unknown[0]  # sentencepiece's own unk is whichever piece has the UNKNOWN type
     special = {}
-    for role, _, piece_field, _ in _SPECIAL_ROLES:
+    for role, _, piece_field, id_field in _SPECIAL_ROLES:
         name = getattr(spec, piece_field)
         if name in names:
             piece = model.pieces[names.index(name)]
             needed = "UNKNOWN" if role == "unk" else "CONTROL"  # what sentencepiece reports as the role's id
             found = model_pb2.ModelProto.SentencePiece.Type.Name(piece.type)
+            if found != needed and getattr(spec, id_field) < 0:  # no such role: the name is only an ordinary piece's
+                without = f" or without {name!r} in user_defined_symbols" if found == "USER_DEFINED" else ""
+                raise TokenizerError(
+                    f"the sentencepiece model has no {role} id ({id_field}=-1) and uses {name!r} as an ordinary "
+                    f"{found} piece, but the converter needs that name (its {piece_field}) for the {role} it adds: "
+                    f"train it with another {piece_field} (e.g. --{piece_field}='[{role.upper()}]'){without}"
+                )
             if found != needed:
                 raise TokenizerError(
                     f"the {role} piece {name!r} of the sentencepiece model is a {found} piece, not a {needed} one"

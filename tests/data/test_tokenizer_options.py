@@ -112,12 +112,34 @@ def test_other_special_layouts_convert():
 
 
 def test_a_special_piece_of_the_wrong_type_is_refused(tmp_path):
+    """A model whose pad is a USER_DEFINED piece is refused as such; one with no pad (pad_id=-1, as
+    sentencepiece trains by default) that has '<pad>', the name the converter would give the pad it
+    adds, as an ordinary piece is refused as that, with a remedy that converts."""
+    text = TRAIN_TEXT[:500]
     path = tmp_path / "user_pad.model"
-    path.write_bytes(default_id_model(TRAIN_TEXT, 300, "bpe", user_defined_symbols=["<pad>"]))
+    path.write_bytes(default_id_model(text, 100, "bpe", user_defined_symbols=["<pad>"]))
     with pytest.raises(TokenizerError) as raised:
         Tokenizer.from_sentencepiece_file(path)
-    message = str(raised.value)
-    assert str(path) in message and "pad piece '<pad>'" in message and "USER_DEFINED" in message
+    assert str(raised.value) == (
+        f"the sentencepiece model {path} is unusable: the sentencepiece model has no pad id (pad_id=-1) and uses "
+        "'<pad>' as an ordinary USER_DEFINED piece, but the converter needs that name (its pad_piece) for the pad it "
+        "adds: train it with another pad_piece (e.g. --pad_piece='[PAD]') or without '<pad>' in user_defined_symbols"
+    )
+    no_bos = default_id_model(text, 100, "bpe", user_defined_symbols=["<s>"], bos_id=-1)
+    with pytest.raises(
+        TokenizerError, match=r"^the sentencepiece model has no bos id \(bos_id=-1\) and uses '<s>' as an ordinary "
+    ):
+        with_jaxformer_ids(no_bos)
+    user_pad = default_id_model(text, 100, "bpe", user_defined_symbols=["<pad>"], pad_id=3)  # its pad is USER_DEFINED
+    with pytest.raises(TokenizerError, match=r"^the pad piece '<pad>' of the sentencepiece model is a USER_DEFINED "):
+        with_jaxformer_ids(user_pad)
+
+    # The remedy the message gives converts, and '<pad>' stays a piece of the text.
+    converted = Tokenizer(
+        with_jaxformer_ids(default_id_model(text, 100, "bpe", user_defined_symbols=["<pad>"], pad_piece="[PAD]"))
+    )
+    assert converted.pieces([PAD_ID]) == ["[PAD]"]
+    assert "<pad>" in converted.pieces(converted.encode(["a <pad> b"])[0])
 
 
 def test_files_that_are_not_sentencepiece_models_are_named(tmp_path, default_models):
