@@ -83,8 +83,12 @@ def _given_model_differs(
     (the workdir's file `path`, or `saved`'s: the checkpoint's the parameters come from).
     `trained_with`, when `resuming`: the tokenizer.`model_key` the run was trained with (None:
     it trained its own tokenizer)."""
-    if saved is None:
-        advice = f"has changed: it does not convert to the tokenizer in {path}; restore that file, or use a new workdir"
+    if saved is None:  # no checkpoint: nothing says what the workdir's file is, only how it came there
+        advice = (
+            f"does not convert to {path}, a tokenizer no checkpoint of the workdir was made with (left by an earlier "
+            "start that saved none, which trained its own tokenizer or converted another model, or this one before "
+            f"it changed); delete it to convert tokenizer.{model_key} there, or use a new workdir"
+        )
     elif resuming:
         if trained_with is None:
             why = f"the run trained its own tokenizer (tokenizer.{model_key} was unset)"
@@ -325,8 +329,9 @@ def check_given_models(
     vocabularies cannot be the config's, a workdir's tokenizer file that is not the one stored in
     that checkpoint (swapped or edited), a given model that does not convert to the tokenizer of
     the checkpoint its side's embeddings come from, and subword sampling (tokenizer.sampling_nbest)
-    with a tokenizer, given or a checkpoint's, that is not a unigram model. Reads the given
-    models and the workdir's; writes nothing."""
+    with a tokenizer, given or a checkpoint's, that is not a unigram model; and a given model that
+    does not convert to the workdir's file where no checkpoint vouches for that (an earlier start's).
+    Reads the given models and the workdir's; writes nothing."""
     run = RunDirectory(run)
     source_saved, target_saved = _saved_sides(config, saved, sides)
     sampling = SubwordSampling.from_config(config.tokenizer)
@@ -350,6 +355,9 @@ def check_given_models(
             raise _given_model_differs(
                 model_key, model_path, path, side_saved, resuming, _trained_with(saved, model_key) if resuming else None
             )
+        if given is not None and stored is None and path.exists():  # an earlier start's, as _one_tokenizer reads it
+            if Tokenizer.load(path).model_proto != given.model_proto:
+                raise _given_model_differs(model_key, model_path, path, None, resuming)
         if sampling is not None:  # the data is prepared before the pipeline would say so
             where = f"tokenizer.{model_key} {model_path}" if given else f"the tokenizer of {side_saved[1]}"
             sampling.check(given or stored, where)

@@ -167,3 +167,32 @@ def test_a_swapped_workdir_tokenizer_is_refused_before_the_data(run, tmp_path, m
         "or train in a new workdir"
     )
     assert not (tmp_path / "tfds").exists()
+
+
+def test_a_tokenizer_an_earlier_start_left_is_not_called_a_changed_model_file(run, tmp_path):
+    """A start that trained, or converted another model, and stopped before its first checkpoint
+    left its tokenizer.model; a start given tokenizer.model_path then was told that the file it gave
+    "has changed". It is told what the workdir's file is, before any data is prepared, and the file
+    is left as it was (a start that removes it converts the model given)."""
+    from jaxformer.training.run_tokenizer import check_given_models
+
+    workdir, given, _, other, _ = run
+    left = RunDirectory(tmp_path / "stopped")
+    left.path.mkdir()
+    shutil.copy(workdir.tokenizer_file, left.tokenizer_file)  # given.model's conversion, as a start leaves it
+    another = tmp_path / "another.model"
+    another.write_bytes(other)
+    config = given_config(another)
+    for check in (lambda: check_given_models(config, left, None), lambda: tokenizer_for_run(config, left, None, None)):
+        with pytest.raises(CheckpointError) as raised:
+            check()
+        assert str(raised.value) == (
+            f"tokenizer.model_path {another} does not convert to {left.tokenizer_file}, a tokenizer no checkpoint "
+            "of the workdir was made with (left by an earlier start that saved none, which trained its own "
+            "tokenizer or converted another model, or this one before it changed); delete it to convert "
+            "tokenizer.model_path there, or use a new workdir"
+        )
+        assert left.tokenizer_file.read_bytes() == workdir.tokenizer_file.read_bytes()  # left as it was
+    check_given_models(given_config(given), left, None)  # the model it was converted from: used
+    left.tokenizer_file.unlink()
+    assert tokenizer_for_run(config, left, None, None).source.model_proto == left.tokenizer_file.read_bytes()
