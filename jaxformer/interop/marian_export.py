@@ -23,6 +23,7 @@ from jaxformer.interop.marian_layout import ConversionError, layer_names, to_mar
 from jaxformer.model.config import TransformerConfig
 from jaxformer.model.position import halves_order
 from jaxformer.run.directory import checkpoint_name
+from jaxformer.run.metadata import CheckpointMetadata
 from jaxformer.tokens import BOS_ID, EOS_ID, PAD_ID, UNK_ID
 
 logger = logging.getLogger(__name__)
@@ -196,20 +197,27 @@ def export_marian(
 
     output = pathlib.Path(output)
     check_new_output(output)
-    step, metadata, params = load_checkpoint(workdir, checkpoint)
-    config = metadata.model_config()
-    max_positions = exported_positions(config, max_positions)
-    # The tokenizers first: two vocabularies of different sizes are also a source_vocab_size that
-    # check_exportable refuses, in words that do not name the option the run set.
-    source, target = metadata.load_tokenizer(), metadata.load_target_tokenizer()
+    settled = {}  # the checkpoint's exportable form, from its metadata before its parameters are read
+
+    def settle(metadata: CheckpointMetadata) -> None:
+        config = metadata.model_config()
+        settled["max_positions"] = exported_positions(config, max_positions)
+        # The tokenizers first: two vocabularies of different sizes are also a source_vocab_size that
+        # check_exportable refuses, in words that do not name the option the run set.
+        source, target = metadata.load_tokenizer(), metadata.load_target_tokenizer()
+        if _piece_names(target) != _piece_names(source):
+            raise ConversionError(
+                "the run's source and target tokenizers have different vocabularies: MarianMT's vocab.json is one "
+                "vocabulary over both (a run with tokenizer.separate_vocabularies=True exports only when its two "
+                "tokenizers share their pieces, as an imported model's do)"
+            )
+        check_exportable(config)
+        settled["tokenizers"] = source, target
+
+    step, metadata, params = load_checkpoint(workdir, checkpoint, before_params=settle)
+    config, max_positions = metadata.model_config(), settled["max_positions"]
+    source, target = settled["tokenizers"]
     pieces = _piece_names(source)
-    if _piece_names(target) != pieces:
-        raise ConversionError(
-            "the run's source and target tokenizers have different vocabularies: MarianMT's vocab.json is one "
-            "vocabulary over both (a run with tokenizer.separate_vocabularies=True exports only when its two "
-            "tokenizers share their pieces, as an imported model's do)"
-        )
-    check_exportable(config)
     if config.scan_layers:
         params = unstack_layers(params)
     weights = marian_weights(config, params)

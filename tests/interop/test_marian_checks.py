@@ -109,6 +109,33 @@ def test_a_bf16_products_run_exports_with_a_warning_of_what_changes(run, tmp_pat
     assert len(warnings) == 1 and "model.matmul_dtype=bfloat16" in warnings[0] and "1e-2" in warnings[0]
 
 
+@pytest.mark.parametrize(
+    ("model", "max_positions", "message"),
+    [
+        ({"normalization": "pre"}, None, "TransformerConfig.normalization='pre' has no MarianMT form"),
+        ({"position_base": 500.0}, None, "TransformerConfig.position_base=500.0 has no MarianMT form"),
+        ({"architecture": "decoder_only"}, None, "TransformerConfig.architecture='decoder_only' has no MarianMT form"),
+        ({"max_positions": 16}, 32, "max_positions=32 is more than the 16 positions the run's model has"),
+    ],
+)
+def test_a_run_marian_cannot_hold_is_refused_before_its_parameters_are_read(
+    run, tmp_path, monkeypatch, model, max_positions, message
+):
+    """What the checkpoint's metadata says is refused from it: a large run's parameters were read
+    (and checked against their checksums) first."""
+    from jaxformer.run.checkpoint import Checkpointer
+
+    workdir = rewritten_run(run, tmp_path / "run", **model)
+
+    def parameters_read(*args):
+        pytest.fail("the parameters were read")
+
+    monkeypatch.setattr(Checkpointer, "_restore_params", parameters_read)
+    with pytest.raises(marian_files.ConversionError, match=re.escape(message)):
+        export_marian(workdir, tmp_path / "hf", max_positions=max_positions)
+    assert not (tmp_path / "hf").exists()
+
+
 # -- what jaxformer-convert refuses ----------------------------------------------------------
 
 
