@@ -40,6 +40,8 @@ SIZES = (
     "encoder_ffn_dim",
     "decoder_ffn_dim",
 )
+# config.json's dropout rates, with MarianConfig's defaults.
+DROPOUTS = {"dropout": 0.1, "attention_dropout": 0.0, "activation_dropout": 0.0}
 # config.json's switches that the conversion reads, with MarianConfig's defaults. A value that is
 # not a JSON boolean is refused, as transformers refuses it: Python would read "false" as true.
 SWITCHES = {"scale_embedding": False, "tie_word_embeddings": True, "share_encoder_decoder_embeddings": True}
@@ -214,8 +216,12 @@ def model_config_from_marian(
     if not _is_count(max_positions):
         raise ConversionError(f"{where}: max_position_embeddings={max_positions!r} is not a positive integer")
     activation = hf.get("activation_function", "gelu")
-    if activation not in ACTIVATIONS:
+    if not isinstance(activation, str) or activation not in ACTIVATIONS:  # a list would not even hash
         raise ConversionError(f"{where}: activation_function {activation!r}; supported: {', '.join(ACTIVATIONS)}")
+    rates = {key: hf.get(key, default) for key, default in DROPOUTS.items()}
+    for key, rate in rates.items():
+        if not isinstance(rate, (int, float)) or isinstance(rate, bool):  # transformers' torch dropout fails on it
+            raise ConversionError(f"{where}: {key}={json.dumps(rate)} is not a number")
     size = vocab_size or hf["vocab_size"]
     num_heads, d_ff = (
         same("encoder_attention_heads", "decoder_attention_heads"),
@@ -230,9 +236,9 @@ def model_config_from_marian(
             d_ff=d_ff,
             num_encoder_layers=hf["encoder_layers"],
             num_decoder_layers=hf["decoder_layers"],
-            dropout_rate=float(hf.get("dropout", 0.1)),
-            attention_dropout_rate=float(hf.get("attention_dropout", 0.0)),
-            activation_dropout_rate=float(hf.get("activation_dropout", 0.0)),
+            dropout_rate=float(rates["dropout"]),
+            attention_dropout_rate=float(rates["attention_dropout"]),
+            activation_dropout_rate=float(rates["activation_dropout"]),
             activation=ACTIVATIONS[activation],
             normalization="post",
             layer_norm_epsilon=MARIAN_LAYER_NORM_EPSILON,

@@ -262,6 +262,22 @@ DAMAGES = {
         "config.json",
         ": share_encoder_decoder_embeddings=null is not a JSON boolean (true or false)",
     ),
+    # transformers refuses these too (its config's field types)
+    "dropout null": (
+        lambda d: _edit_json(d / "config.json", dropout=None),
+        "config.json",
+        ": dropout=null is not a number",
+    ),
+    "attention_dropout a string": (
+        lambda d: _edit_json(d / "config.json", attention_dropout="0.1"),
+        "config.json",
+        ': attention_dropout="0.1" is not a number',
+    ),
+    "activation_function a list": (
+        lambda d: _edit_json(d / "config.json", activation_function=["swish"]),
+        "config.json",
+        ": activation_function ['swish']; supported: ",
+    ),
     "ffn width": (  # transformers: a size mismatch
         lambda d: _edit_json(d / "config.json", encoder_ffn_dim=48, decoder_ffn_dim=48),
         "model.safetensors",
