@@ -348,6 +348,11 @@ def read_marian_directory(directory: str | pathlib.Path) -> MarianDirectory:
             f"Marian vocabularies, but {directory} has no target_vocab.json (MarianTokenizer cannot load it); "
             "jaxformer converts one shared vocab.json"
         )
+    for key in ("source_lang", "target_lang"):  # the run's data languages, which are strings
+        if not isinstance(tokenizer_config.get(key, ""), str):
+            raise ConversionError(
+                f"{tokenizer_path}: {key}={json.dumps(tokenizer_config[key])} is not a language code (a JSON string)"
+            )
     unk_id = marian_unk_id(vocab, tokenizer_config, config["vocab_size"], str(directory / "vocab.json"))
     if unk_id in ids[:2]:
         raise ConversionError(

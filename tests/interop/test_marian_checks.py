@@ -231,6 +231,11 @@ DAMAGES = {
         "tokenizer_config.json",
         ": separate_vocabs=true declares separate Marian vocabularies, but ",
     ),
+    "source_lang a number": (  # the run's data.source_language: ml_collections' TypeError after the conversion
+        lambda d: _edit_json(d / "tokenizer_config.json", source_lang=5),
+        "tokenizer_config.json",
+        ": source_lang=5 is not a language code (a JSON string)",
+    ),
     "generation decoder start": (
         lambda d: _edit_json(d / "generation_config.json", decoder_start_token_id=5),
         "generation_config.json",
