@@ -75,11 +75,10 @@ def _from_hf(args: argparse.Namespace) -> str:
 
     converted = marian.import_marian(args.from_hf, args.output, args.source_language, args.target_language)
     config = converted.config
-    renormalize = " --renormalize_after_bans true" if converted.renormalize_after_bans else ""
     return (
         f"converted {args.from_hf} to {args.output}: {config.num_encoder_layers}+{config.num_decoder_layers} "
-        f"layers, d_model {config.d_model}, {config.vocab_size} tokens; decode it as transformers does with "
-        f"--length_penalty transformers{renormalize}"
+        f"layers, d_model {config.d_model}, {config.vocab_size} tokens; decode it as transformers' generate does by "
+        f"default with {' '.join(converted.search_flags)}"
     )
 
 

@@ -274,6 +274,7 @@ class ConvertedMarian:
     source_language: str | None
     target_language: str | None
     renormalize_after_bans: bool  # transformers' generate renormalizes its scores (renormalize_logits)
+    search_flags: tuple[str, ...] = ()  # jaxformer-translate's flags for generate()'s default search
 
 
 def convert_marian(files: MarianDirectory) -> ConvertedMarian:
@@ -303,7 +304,9 @@ def convert_marian(files: MarianDirectory) -> ConvertedMarian:
     config = dataclasses.replace(config, tie_output_embedding=output_is_tied(hf, embeddings))
     params = params_from_marian(hf, files.weights, config, order, embeddings)
     languages = [files.tokenizer_config.get(key) for key in ("source_lang", "target_lang")]
-    return ConvertedMarian(config, params, source, target, order, *languages, files.renormalize_logits)
+    return ConvertedMarian(
+        config, params, source, target, order, *languages, files.renormalize_logits, files.search_flags
+    )
 
 
 def check_new_output(output: pathlib.Path) -> None:

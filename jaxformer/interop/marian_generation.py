@@ -14,7 +14,8 @@ other than true, false or null is refused: transformers renormalizes only for tr
 transformers' GenerationConfig keys that are not listed here change no token greedy or beam search
 chooses (tests/interop/test_marian_checks.py holds every key of the installed GenerationConfig to
 this): the search's own (num_beams, length_penalty, early_stopping, max_length, max_new_tokens,
-num_return_sequences), which jaxformer-translate's flags choose; sampling's (do_sample,
+num_return_sequences), which jaxformer-translate's flags choose (`search_flags`: those of the
+model's default search, for convert's message); sampling's (do_sample,
 temperature, top_k, top_p, typical_p, min_p, top_h, epsilon_cutoff, eta_cutoff), which act only
 when sampling; the token ids, checked by marian_files.marian_token_ids; and those of speed,
 caching, compilation, lossless speculative decoding and what generate returns.
@@ -88,6 +89,37 @@ def renormalizes(settings: Mapping[str, Any], where: str) -> bool:
     if value is not None and not isinstance(value, bool):
         raise ConversionError(f"{where}: renormalize_logits={json.dumps(value)} is not a JSON boolean (true or false)")
     return bool(value)
+
+
+# transformers' early_stopping values and jaxformer's beam stop rules (--stop) for the same rule.
+EARLY_STOPPING_STOPS = ((False, "current_length"), (True, "beam_full"), ("never", "exact"))
+
+
+def search_flags(settings: Mapping[str, Any], where: str) -> tuple[str, ...]:
+    """jaxformer-translate's flags for the search transformers' generate runs by default under
+    `settings` (read from `where`): greedy where num_beams is 1 (its default), else beam search of
+    num_beams with |Y|^length_penalty (default 1.0) and early_stopping's stop rule (default False),
+    and scores renormalized where renormalize_logits is true. `ConversionError` for a num_beams,
+    length_penalty or early_stopping of a kind generate cannot search with."""
+    beams, alpha, early_stopping = (
+        settings.get(key) if settings.get(key) is not None else default
+        for key, default in (("num_beams", 1), ("length_penalty", 1.0), ("early_stopping", False))
+    )
+    if not isinstance(beams, int) or isinstance(beams, bool) or beams < 1:
+        raise ConversionError(f"{where}: num_beams={json.dumps(beams)} is not a positive integer")
+    if not isinstance(alpha, (int, float)) or isinstance(alpha, bool):
+        raise ConversionError(f"{where}: length_penalty={json.dumps(alpha)} is not a number")
+    stops = [
+        stop for value, stop in EARLY_STOPPING_STOPS if type(value) is type(early_stopping) and value == early_stopping
+    ]
+    if not stops:
+        raise ConversionError(f'{where}: early_stopping={json.dumps(early_stopping)} is not true, false or "never"')
+    if beams == 1:
+        flags = ("--method", "greedy")
+    else:
+        flags = ("--beam_size", str(beams), "--alpha", f"{alpha:g}", "--length_penalty", "transformers")
+        flags += ("--stop", stops[0])
+    return flags + (("--renormalize_after_bans", "true") if renormalizes(settings, where) else ())
 
 
 def check_generation_settings(settings: Mapping[str, Any], pad_id: int, eos_id: int, start_id: int, where: str) -> None:

@@ -157,6 +157,49 @@ def test_search_matches_transformers_generate(marian, imported, beam_size, stop)
     assert len(set(lengths)) > 2  # outputs of several lengths, not all cut at the limit
 
 
+@pytest.mark.parametrize(
+    ("generation", "expected"),
+    [
+        ({}, {"method": "greedy"}),  # generate's default: num_beams 1
+        (
+            {"num_beams": 4, "length_penalty": 0.6, "early_stopping": "never"},
+            {"method": "beam", "beam_size": 4, "alpha": 0.6, "length_penalty": "transformers", "stop": "exact"},
+        ),
+        (  # OPUS-MT's: length_penalty and early_stopping at generate's defaults, 1.0 and False
+            {"num_beams": 5},
+            {
+                "method": "beam",
+                "beam_size": 5,
+                "alpha": 1.0,
+                "length_penalty": "transformers",
+                "stop": "current_length",
+            },
+        ),
+    ],
+)
+def test_convert_names_the_flags_that_search_as_the_models_generate_does(
+    marian, tmp_path, capsys, generation, expected
+):
+    """The flags convert's message gives are, read by jaxformer-translate, the search that
+    transformers' generate runs with the model's generation_config.json (STOPS: the same search
+    under test_search_matches_transformers_generate); it said --length_penalty transformers alone,
+    which beam-searches with alpha 0.6 whatever the model's num_beams and length_penalty."""
+    from jaxformer.commands import convert, decoding_flags, translate
+
+    directory = shutil.copytree(marian[0], tmp_path / "marian")
+    settings = json.loads((directory / "generation_config.json").read_text())
+    (directory / "generation_config.json").write_text(json.dumps({**settings, **generation}))
+    assert convert.main(["--from_hf", str(directory), "--output", str(tmp_path / "run")]) == 0
+    message = capsys.readouterr().out.strip()
+    flags = message.split("decode it as transformers' generate does by default with ")[1].split()
+    args = translate.build_parser().parse_args(["--workdir", str(tmp_path / "run"), *flags])
+    decoding_flags.check_search_flags(args)
+    found = decoding_flags.decode_settings_from_flags(args, MAX_EXTRA)
+    assert {key: getattr(found, key) for key in expected} == expected
+    if found.method == "beam":
+        assert STOPS[found.stop] == generation.get("early_stopping", False)
+
+
 # How far pad's output bias is raised in the `renormalized` model: pad then takes a large share of
 # every step's probability, which transformers' renormalize_logits gives back to the other tokens.
 PAD_BIAS = 4.0
@@ -186,7 +229,7 @@ def test_renormalize_logits_is_imported_as_the_runs_search_and_exported_back(ren
     assert load_checkpoint(workdir, params=False)[1].config["decoding"]["renormalize_after_bans"] is True
     assert convert.main(["--from_hf", str(directory), "--output", str(tmp_path / "run")]) == 0
     assert capsys.readouterr().out.endswith(
-        "decode it as transformers does with --length_penalty transformers --renormalize_after_bans true\n"
+        "decode it as transformers' generate does by default with --method greedy --renormalize_after_bans true\n"
     )
     exported = export_marian(workdir, tmp_path / "hf")  # --to_hf writes it back: transformers searches as the run
     assert json.loads((exported / "generation_config.json").read_text())["renormalize_logits"] is True

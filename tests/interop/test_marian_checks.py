@@ -236,6 +236,11 @@ DAMAGES = {
         "tokenizer_config.json",
         ": source_lang=5 is not a language code (a JSON string)",
     ),
+    "early_stopping a string": (  # transformers: true, false or "never"
+        lambda d: _edit_json(d / "generation_config.json", num_beams=4, early_stopping="yes"),
+        "generation_config.json",
+        ': early_stopping="yes" is not true, false or "never"',
+    ),
     "generation decoder start": (
         lambda d: _edit_json(d / "generation_config.json", decoder_start_token_id=5),
         "generation_config.json",
