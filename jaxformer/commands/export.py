@@ -30,6 +30,7 @@ from jaxformer.commands.decoding_flags import (
 )
 from jaxformer.errors import exit_code_for_signal
 from jaxformer.export.program import KNOWN_PLATFORMS, PLATFORMS
+from jaxformer.run.directory import checkpoint_name
 from jaxformer.training.signals import RaiseOnSignal, Stopped
 
 
@@ -112,7 +113,7 @@ def run(args: argparse.Namespace) -> int:
             for platform, reason in summary.failed.items():
                 print(f"not exported for {platform}: {reason}", file=sys.stderr)
             print(
-                f"exported step {summary.step} of {args.workdir} ({args.checkpoint} checkpoint) to "
+                f"exported step {summary.step} of {args.workdir} ({checkpoint_name(args.checkpoint)}) to "
                 f"{summary.directory} for {', '.join(summary.platforms)}"
             )
     except Stopped as stop:  # a BaseException: no `except Exception` on the way took it for an error

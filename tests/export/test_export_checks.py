@@ -203,15 +203,19 @@ def test_an_output_that_cannot_be_made_is_refused_before_any_work(workdir, tmp_p
     assert not (tmp_path / "gs:").exists() and (tmp_path / "afile").read_text() == "x"
 
 
-def test_overwrite_replaces_an_export_that_python_has_run(exported, workdir, tmp_path, symbolic_shapes_unchecked):
-    """serve.py and its helper compiled into __pycache__ by a run are the export's own files."""
+def test_overwrite_replaces_an_export_that_python_has_run(
+    exported, workdir, tmp_path, capsys, symbolic_shapes_unchecked
+):
+    """serve.py and its helper compiled into __pycache__ by a run are the export's own files. A
+    step is named as translate names it ("checkpoint 1", not "1 checkpoint")."""
     output = tmp_path / "served"
     shutil.copytree(exported, output)
     (output / "__pycache__").mkdir()
     for name in ("serve.cpython-311.pyc", "sentence_batches.cpython-311.pyc"):
         (output / "__pycache__" / name).write_bytes(b"compiled")
-    flags = ["--workdir", str(workdir), "--output", str(output), "--overwrite", "--platforms", "cpu", *FLAGS]
-    assert export.main(flags) == 0
+    flags = ["--workdir", str(workdir), "--checkpoint", "1", "--output", str(output), "--overwrite"]
+    assert export.main([*flags, "--platforms", "cpu", *FLAGS]) == 0
+    assert f"exported step 1 of {workdir} (checkpoint 1) to {output} for cpu\n" in capsys.readouterr().out
     assert json.loads((output / "config.json").read_text())["platforms"] == ["cpu"]
     assert not (output / "__pycache__").exists() and os.listdir(tmp_path) == ["served"]
 
