@@ -119,6 +119,15 @@ def _warn_if_trained_past(run: RunDirectory, chosen_step: int) -> None:
         )
 
 
+def warn_if_final_trained_past(directory: pathlib.Path, step: int) -> None:
+    """`load_checkpoint`'s warning for "final", for step `step` of `directory` read as a folder of
+    steps (`locate_checkpoint`'s, for training.init_from): where it is a workdir's final/ and that
+    run trained past its choice."""
+    run = RunDirectory(directory.parent)
+    if directory == run.final:
+        _warn_if_trained_past(run, step)
+
+
 # What a run of each architecture is for, in the refusal of a use that needs another.
 ARCHITECTURE_USES = {
     "encoder_decoder": "translate with it through jaxformer-translate / Translator",

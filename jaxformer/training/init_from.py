@@ -18,7 +18,7 @@ from flax import traverse_util
 from jaxformer.errors import CheckpointError, with_article
 from jaxformer.model.config import ConfigError, TransformerConfig
 from jaxformer.model.transformer import stack_layers, unstack_layers
-from jaxformer.run.loading import load_from_directory, locate_checkpoint
+from jaxformer.run.loading import load_from_directory, locate_checkpoint, warn_if_final_trained_past
 from jaxformer.run.metadata import CheckpointMetadata
 
 logger = logging.getLogger(__name__)
@@ -61,6 +61,7 @@ def load_starting_points(training: ml_collections.ConfigDict) -> tuple[StartingP
                 else f" (training.init_checkpoint={training.init_checkpoint!r})"
             )
             raise CheckpointError(f"training.{key}{chosen}: {error}") from None
+        warn_if_final_trained_past(directory, step)  # as translate and export say of that final/
         where = f"step {step} of {directory}"
         found = metadata.model.get("architecture", "encoder_decoder")
         if part in _PART_ARCHITECTURE and found != _PART_ARCHITECTURE[part]:

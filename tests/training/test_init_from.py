@@ -4,6 +4,7 @@ with a fresh optimizer, step and data order."""
 import dataclasses
 import logging
 import pathlib
+import shutil
 
 import jax
 import numpy as np
@@ -12,6 +13,9 @@ import pytest
 from jaxformer.errors import CheckpointError
 from jaxformer.model.config import ConfigError, preset
 from jaxformer.model.transformer import Transformer, stack_layers, unstack_layers
+from jaxformer.run import loading
+from jaxformer.run.checkpoint import Checkpointer
+from jaxformer.run.directory import RunDirectory
 from jaxformer.run.loading import load_checkpoint, locate_checkpoint
 from jaxformer.training.config_file import load_config_file
 from jaxformer.training.init_from import load_starting_points
@@ -86,6 +90,31 @@ def test_a_step_directory_and_a_step_number_name_the_same_start(source_run):
     assert any(
         not np.array_equal(a, c) for a, c in zip(jax.tree.leaves(by_number.params), jax.tree.leaves(latest.params))
     )
+
+
+def test_a_start_from_a_final_choice_the_run_trained_past_is_named_as_translate_names_it(
+    source_run, tmp_path, monkeypatch, caplog
+):
+    """init_checkpoint final, the final/ folder or a step in it: the warning that translate and
+    export give for --checkpoint final of a run that trained past its choice."""
+    workdir = tmp_path / "source"
+    shutil.copytree(source_run, workdir)
+    _, metadata, params = load_checkpoint(workdir, 5)
+    writer = Checkpointer(RunDirectory(workdir).final, keep=None)
+    writer.save_params(5, params, metadata.replace(chosen_from="latest", bleu=1.0))
+    writer.close()
+    training = tiny_config(".").training
+    for init_from, choice in ((workdir, "final"), (workdir / "final", "latest"), (workdir / "final" / "5", "latest")):
+        monkeypatch.setattr(loading, "_REPORTED_TRAINED_PAST", set())  # said once per process
+        training.init_from, training.init_checkpoint = str(init_from), choice
+        caplog.clear()
+        with caplog.at_level(logging.WARNING):
+            (start,) = load_starting_points(training)
+        assert start.step == 5
+        assert [record.getMessage() for record in caplog.records if record.levelno == logging.WARNING] == [
+            f"the final choice of {workdir} was made at step 5, and the run trained past it, to step 10; running "
+            "its training command again makes the choice at the run's end (until then, final is step 5's)"
+        ]
 
 
 def test_a_run_translates_during_training_with_the_length_penalty_of_the_run_it_starts_from(source_run, caplog):
