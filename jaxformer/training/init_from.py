@@ -18,6 +18,7 @@ from flax import traverse_util
 from jaxformer.errors import CheckpointError, with_article
 from jaxformer.model.config import ConfigError, TransformerConfig
 from jaxformer.model.transformer import stack_layers, unstack_layers
+from jaxformer.run.directory import RunDirectory
 from jaxformer.run.loading import load_from_directory, locate_checkpoint, warn_if_final_trained_past
 from jaxformer.run.metadata import CheckpointMetadata
 
@@ -53,7 +54,9 @@ def load_starting_points(training: ml_collections.ConfigDict) -> tuple[StartingP
             continue
         try:
             directory, step = locate_checkpoint(path, training.init_checkpoint)
-            step, metadata, params = load_from_directory(directory, step)
+            # "latest" of a run's checkpoints/ is its newest readable step, as translate and export read it.
+            latest = step is None and directory == RunDirectory(directory.parent).checkpoints
+            step, metadata, params = load_from_directory(directory, step, newest_readable=latest)
         except CheckpointError as error:  # named by the key that led there
             chosen = (
                 ""

@@ -20,6 +20,7 @@ from jaxformer.run.loading import load_checkpoint, locate_checkpoint
 from jaxformer.training.config_file import load_config_file
 from jaxformer.training.init_from import load_starting_points
 from jaxformer.training.loop import train_and_evaluate
+from tests.run.test_checkpoint_integrity import flip_bit
 from tests.training.test_loop import losses
 
 ROOT = pathlib.Path(__file__).parents[2]
@@ -115,6 +116,28 @@ def test_a_start_from_a_final_choice_the_run_trained_past_is_named_as_translate_
             f"the final choice of {workdir} was made at step 5, and the run trained past it, to step 10; running "
             "its training command again makes the choice at the run's end (until then, final is step 5's)"
         ]
+
+
+def test_latest_skips_a_damaged_newest_step_as_translate_does(source_run, tmp_path, caplog):
+    """A run's damaged newest checkpoint: "latest" starts from the newest that reads, with
+    load_checkpoint's warning; the damaged step, named, is still refused."""
+    workdir = tmp_path / "source"
+    shutil.copytree(source_run, workdir)
+    flip_bit(workdir / "checkpoints" / "10", 0.9)  # in the parameters (the optimizer state comes first)
+    training = tiny_config(".").training
+    training.init_from = str(workdir)
+    with caplog.at_level(logging.WARNING):
+        (start,) = load_starting_points(training)
+    assert start.step == 5 and start.where == f"step 5 of {workdir / 'checkpoints'}"
+    warnings = [record.getMessage() for record in caplog.records if record.levelno == logging.WARNING]
+    assert len(warnings) == 1 and warnings[0].startswith(f"checkpoint 10 of {workdir / 'checkpoints'} is damaged")
+    assert warnings[0].endswith("; using step 5")
+    for training.init_from, training.init_checkpoint in (
+        (str(workdir), "10"),
+        (str(workdir / "checkpoints" / "10"), "latest"),
+    ):
+        with pytest.raises(CheckpointError, match="checkpoints/10 is damaged"):
+            load_starting_points(training)
 
 
 def test_a_run_translates_during_training_with_the_length_penalty_of_the_run_it_starts_from(source_run, caplog):
