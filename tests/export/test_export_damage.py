@@ -99,6 +99,11 @@ def test_a_folder_without_an_export_is_said_to_be_no_export(exported, tmp_path):
         with pytest.raises(error_type) as error:
             load(other)
         assert str(error.value) == f"{other} is not a jaxformer export (no config.json in it)"
+        with pytest.raises(error_type) as error:  # a file of the export, for its folder
+            load(exported / "config.json")
+        assert str(error.value) == (
+            f"{exported / 'config.json'} is a file, not an export's folder: give the folder that holds config.json"
+        )
     result = run_serve_py(exported, other, input="A man.\n", timeout=120)
     assert result.returncode == 2 and result.stdout == ""
     assert result.stderr == f"error: {other} is not a jaxformer export (no config.json in it)\n"
