@@ -1,123 +1,46 @@
-"""A tensorflow-datasets builder for the user's own parallel text (`data.name = "parallel_files"`).
+"""A tensorflow-datasets builder for the user's own text (`data.name = "parallel_files"`): pairs
+for a translator, or one language's sentences for a language model (`side`).
 
-Each split comes from a file spec (`data.files.train`, `.validation`, `.test`):
-
-- a TSV file, named `*.tsv` or `*.tsv.gz`: one `source<TAB>target` pair per line;
-- or a path with `{lang}` in it, filled in with each language code to give two line-aligned text
-  files (gzip when named `*.gz`): `corpus/train.{lang}.gz` -> `corpus/train.fr.gz`, `corpus/train.ja.gz`.
+Each split comes from a file spec (`data.files.train`, `.validation`, `.test`): a TSV file, a
+path with `{lang}` in it, or (a language model's) one text file; see split_files.py.
 
 Relative paths are taken from the current directory and kept absolute. Without a validation file,
 `validation_holdout` training pairs, drawn with `holdout_seed`, become the validation split
 instead (and leave train). There is a test split only when a test file is given.
 
 The prepared data (array_record, read with `builder.as_data_source(split)`) is keyed by the
-fingerprint of the files (each named by its role, e.g. `train.fr: train.fr.gz`, with size and
-SHA-256) and of the settings that change it (the languages, and the holdout size and seed when
-there is a holdout): see `FingerprintedBuilder`. An edited file is never served from a stale copy.
+fingerprint of the files read (each named by its role, e.g. `train.fr: train.fr.gz`, with size and
+SHA-256) and of the settings that change it (the languages, for a language model the one read
+and, from a TSV file, its column; the holdout size and seed when there is a holdout): see
+`FingerprintedBuilder`. An edited file is never served from a stale copy; a language model's
+data is never a translator's.
 """
 
 from __future__ import annotations
 
-import dataclasses
 import itertools
 import logging
 import os
 import pathlib
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Iterator, Mapping
 
 import numpy as np
 import tensorflow_datasets as tfds
 
 from jaxformer.data import fingerprint as fp
 from jaxformer.data.fingerprinted_builder import FingerprintedBuilder, LocalDatasetInfo
-from jaxformer.data.parallel_text import (
-    MAGIC_BYTES,
-    DataError,
-    SkipCounter,
-    other_compression,
-    read_lines,
-    read_parallel_lines,
-    read_tsv_pairs,
+from jaxformer.data.parallel_text import DataError, SkipCounter, read_lines
+from jaxformer.data.split_files import (
+    SIDES,
+    SPLITS,
+    SplitFiles,
+    read_examples,
+    read_languages,
+    split_files,
+    unusable_files,
 )
 
 logger = logging.getLogger(__name__)
-
-SPLITS = ("train", "validation", "test")
-LANGUAGE_FIELD = "{lang}"
-TSV_SUFFIXES = (".tsv", ".tsv.gz")
-
-
-@dataclasses.dataclass(frozen=True)
-class SplitFiles:
-    """Where one split's pairs are: a TSV file, or one line-aligned text file per language."""
-
-    split: str
-    spec: str  # absolute, "{lang}" kept
-    tsv: pathlib.Path | None  # the TSV file, or None for text files
-    by_language: dict[str, pathlib.Path]  # language -> text file (empty for a TSV file)
-
-    def named_paths(self) -> dict[str, pathlib.Path]:
-        """Fingerprint name -> path: the file's role and its name, e.g. "train.fr: train.fr.gz"."""
-        if self.tsv is not None:
-            return {f"{self.split}: {self.tsv.name}": self.tsv}
-        return {f"{self.split}.{language}: {path.name}": path for language, path in self.by_language.items()}
-
-
-def split_files(split: str, spec: str, languages: Sequence[str], missing_allowed: bool = False) -> SplitFiles:
-    """The files of `data.files.<split>` = `spec`, checked to exist (unless `missing_allowed`)
-    and to open for reading (nothing is read)."""
-    setting = f"data.files.{split}={spec!r}"  # as given, in errors
-    if "://" in spec:  # made absolute, gs://b/x would be <cwd>/gs:/b/x, "not found"
-        raise DataError(f"{setting}: the files are read from a local path; copy them to one (e.g. gsutil cp)")
-    spec = os.path.abspath(os.path.expanduser(spec))
-    is_tsv = spec.lower().endswith(TSV_SUFFIXES)
-    if is_tsv and LANGUAGE_FIELD in spec:
-        raise DataError(
-            f"{setting}: a TSV file holds both languages; drop {LANGUAGE_FIELD} from its name "
-            "(or name line-aligned text files without .tsv)"
-        )
-    if is_tsv:
-        files = SplitFiles(split, spec, pathlib.Path(spec), {})
-    elif LANGUAGE_FIELD in spec:
-        by_language = {language: pathlib.Path(spec.replace(LANGUAGE_FIELD, language)) for language in languages}
-        files = SplitFiles(split, spec, None, by_language)
-    else:
-        raise DataError(
-            f"{setting} is neither a TSV file (*.tsv, *.tsv.gz) nor a path with {LANGUAGE_FIELD} in it "
-            f"(e.g. corpus/{split}.{LANGUAGE_FIELD}.gz for corpus/{split}.{languages[0]}.gz and "
-            f"corpus/{split}.{languages[1]}.gz)"
-        )
-    unusable = unusable_files(files, missing_allowed)
-    if unusable:
-        raise DataError(f"{setting}: {'; '.join(unusable)}")
-    return files
-
-
-def unusable_files(files: SplitFiles, missing_allowed: bool = False) -> list[str]:
-    """One phrase per file of `files` that is not there (unless `missing_allowed`), is not a file,
-    cannot be opened for reading (permissions) or is compressed otherwise than gzip (xz, bzip2,
-    zstd): found before anything is hashed or prepared."""
-    if files.tsv is not None:
-        described = {str(files.tsv): files.tsv}
-    else:
-        described = {f"{path} (its {language!r} file)": path for language, path in files.by_language.items()}
-    phrases = []
-    for description, path in described.items():
-        if not path.exists():
-            if not missing_allowed:
-                phrases.append(f"{description} not found")
-        elif not path.is_file():
-            phrases.append(f"{description} is not a file")
-        else:
-            try:
-                with open(path, "rb") as handle:
-                    compression = other_compression(handle.read(MAGIC_BYTES))
-            except OSError as error:
-                phrases.append(f"{description} cannot be read ({error.strerror or error})")
-            else:
-                if compression:
-                    phrases.append(f"{description} {compression}")
-    return phrases
 
 
 def hash_source_files(paths: Mapping[str, pathlib.Path]) -> dict[str, dict]:
@@ -129,59 +52,45 @@ def hash_source_files(paths: Mapping[str, pathlib.Path]) -> dict[str, dict]:
         raise DataError(f"{error.filename}: cannot be read ({error.strerror or error})") from None
 
 
-def read_pairs(
-    files: SplitFiles, source_language: str, target_language: str, skipped: SkipCounter
-) -> list[tuple[int, str, str]]:
-    """(line number, source, target) of every pair with text on both sides; DataError if there is none."""
-    if files.tsv is not None:
-        pairs = list(read_tsv_pairs(files.tsv, skipped))
-    else:
-        source, target = files.by_language[source_language], files.by_language[target_language]
-        pairs = list(read_parallel_lines(source, target, skipped))
-    if not pairs:
-        raise DataError(f"data.files.{files.split}={files.spec!r} holds no pair with text on both sides")
-    return pairs
-
-
 def holdout_indices(count: int, holdout: int, seed: int) -> np.ndarray:
     """The sorted positions of `holdout` of `count` pairs, drawn without replacement with `seed`."""
     return np.sort(np.random.default_rng(seed).choice(count, size=holdout, replace=False))
 
 
-def _refuse_a_split_twice(files: Mapping[str, SplitFiles], hashes: Mapping[str, Mapping]) -> None:
+def _refuse_a_split_twice(files: Mapping[str, SplitFiles], hashes: Mapping[str, Mapping], unit: str) -> None:
     """A DataError when two splits are given the same text (the same files, or copies of them):
     validation BLEU, best/ and the final choice would be chosen on training pairs, or a test set
-    scored on pairs trained or chosen on."""
+    scored on pairs trained or chosen on. `unit`: what the splits hold, "pairs" or "sentences"."""
     contents = {split: tuple(hashes[name]["sha256"] for name in given.named_paths()) for split, given in files.items()}
     empty = {split for split, given in files.items() if all(hashes[name]["size"] == 0 for name in given.named_paths())}
     for first, second in itertools.combinations(files, 2):
         if contents[first] == contents[second] and not {first, second} & empty:  # an empty one: "holds no pair"
             holdout = (
-                "; leave it unset to hold data.validation_holdout training pairs out for validation"
+                f"; leave it unset to hold data.validation_holdout training {unit} out for validation"
                 if second == "validation"
                 else ""
             )
             raise DataError(
                 f"data.files.{second}={files[second].spec!r} holds the same text as data.files.{first}="
-                f"{files[first].spec!r}: each split needs pairs of its own{holdout}"
+                f"{files[first].spec!r}: each split needs {unit} of its own{holdout}"
             )
 
 
-def _refuse_the_same_pairs_twice(files: Mapping[str, SplitFiles], pairs: Mapping[str, list]) -> None:
-    """As `_refuse_a_split_twice`, for files whose bytes differ but whose pairs are the same: a
-    compressed copy, or a TSV file of the pairs that {lang} files hold."""
-    texts = {split: [(source, target) for _, source, target in split_pairs] for split, split_pairs in pairs.items()}
+def _refuse_the_same_pairs_twice(files: Mapping[str, SplitFiles], pairs: Mapping[str, list], unit: str) -> None:
+    """As `_refuse_a_split_twice`, for files whose bytes differ but whose pairs (or sentences) are
+    the same: a compressed copy, or a TSV file of the pairs that {lang} files hold."""
+    texts = {split: [example[1:] for example in examples] for split, examples in pairs.items()}
     for first, second in itertools.combinations(files, 2):
         if texts[first] == texts[second]:
             raise DataError(
-                f"data.files.{second}={files[second].spec!r} holds the same pairs as data.files.{first}="
-                f"{files[first].spec!r} (in another file format): each split needs pairs of its own"
+                f"data.files.{second}={files[second].spec!r} holds the same {unit} as data.files.{first}="
+                f"{files[first].spec!r} (in another file format): each split needs {unit} of its own"
             )
 
 
 class ParallelFiles(FingerprintedBuilder):
-    """The user's parallel text files as splits train, validation (given or held out of train) and
-    test (if given); features: the two language codes, as text. See the module's docstring."""
+    """The user's text files as splits train, validation (given or held out of train) and test (if
+    given); features: the language codes read (both, or `side`'s), as text. See the module's docstring."""
 
     VERSION = tfds.core.Version("1.0.0")
     RELEASE_NOTES = {"1.0.0": "Pairs from TSV or {lang} text files; empty pairs skipped; seeded validation holdout."}
@@ -195,14 +104,16 @@ class ParallelFiles(FingerprintedBuilder):
         target_language: str,
         validation_holdout: int = 1000,
         holdout_seed: int = 0,
+        side: str | None = None,
         prepared_from: str | None = None,
         **kwargs,
     ):
         """`files`: split -> file spec (see the module), "train" required; `validation_holdout`
         pairs drawn with `holdout_seed` leave train for validation when no validation file is
-        given. The files are checked to exist, then hashed. With `prepared_from`, the fingerprint
-        of a run's data, files not found are no error until a split is read: the copy prepared
-        from them is read instead (see `FingerprintedBuilder`)."""
+        given. `side` ("source" or "target"): a language model's run, which reads that side's
+        text alone; None, a translator's pairs. The files are checked to exist, then hashed. With
+        `prepared_from`, the fingerprint of a run's data, files not found are no error until a
+        split is read: the copy prepared from them is read instead (see `FingerprintedBuilder`)."""
         unknown = sorted(set(files) - set(SPLITS))
         if unknown:
             raise DataError(f"data.files.{unknown[0]}: no such split; parallel_files has {', '.join(SPLITS)}")
@@ -211,22 +122,29 @@ class ParallelFiles(FingerprintedBuilder):
                 "data.name='parallel_files' needs data.files.train: a TSV file or a path with {lang} in it, "
                 "e.g. --config.data.files.train=corpus/train.{lang}.gz"
             )
+        if side not in (None, *SIDES):
+            raise ValueError(f"side={side!r}: must be None (pairs) or one of {SIDES}")
         self._languages = (source_language, target_language)
+        self._side, self._read = side, read_languages(self._languages, side)
         self._holdout = None if files.get("validation") else (validation_holdout, holdout_seed)
         if self._holdout is not None and validation_holdout < 1:
             raise DataError(f"data.validation_holdout={validation_holdout}: must be at least 1")
         self._files = {
-            split: split_files(split, files[split], self._languages, missing_allowed=prepared_from is not None)
+            split: split_files(split, files[split], self._languages, side, missing_allowed=prepared_from is not None)
             for split in SPLITS
             if files.get(split)
         }
         missing = [str(path) for path in self._named_paths().values() if not path.exists()]
         if not missing:
             settings = {"source_language": source_language, "target_language": target_language}
+            if side is not None:  # the other language's files are not read; its code picks no more than a TSV column
+                settings = {"text_language": self._read[0]}
+                if any(given.tsv is not None for given in self._files.values()):
+                    settings["tsv_column"] = side
             if self._holdout is not None:
                 settings.update(validation_holdout=validation_holdout, holdout_seed=holdout_seed)
             hashes = hash_source_files(self._named_paths())
-            _refuse_a_split_twice(self._files, hashes)
+            _refuse_a_split_twice(self._files, hashes, self._unit)
             self._set_sources(hashes, settings)
         super().__init__(
             init_args={
@@ -235,9 +153,10 @@ class ParallelFiles(FingerprintedBuilder):
                 "target_language": target_language,
                 "validation_holdout": validation_holdout,
                 "holdout_seed": holdout_seed,
+                "side": side,
                 "prepared_from": prepared_from,
             },
-            description="Parallel text from the files in data.files; jaxformer_sources.json names them",
+            description="Text from the files in data.files; jaxformer_sources.json names them",
             missing=missing,
             prepared_from=prepared_from,
             **kwargs,
@@ -274,8 +193,8 @@ class ParallelFiles(FingerprintedBuilder):
         if split not in self._files or (split == "train" and self._holdout is not None):
             return None
         files = self._files[split]
-        numbers = [number for number, _, _ in read_pairs(files, *self._languages, SkipCounter(report=False))]
-        return numbers, len(read_lines(files.tsv or files.by_language[self._languages[0]]))
+        examples = read_examples(files, self._languages, self._side, SkipCounter(report=False))
+        return [example[0] for example in examples], len(read_lines(files.tsv or files.by_language[self._read[0]]))
 
     def _split_paths(self, split: str) -> dict[str, pathlib.Path]:
         held_out = split == "validation" and self._holdout is not None
@@ -307,17 +226,18 @@ class ParallelFiles(FingerprintedBuilder):
     def _info(self) -> tfds.core.DatasetInfo:
         return LocalDatasetInfo(
             builder=self,
-            description=f"Parallel text {self._languages[0]}-{self._languages[1]} from the user's files.",
-            features=tfds.features.FeaturesDict({language: tfds.features.Text() for language in self._languages}),
-            supervised_keys=self._languages,
+            description=f"{'-'.join(self._read)} text from the user's files.",
+            features=tfds.features.FeaturesDict({language: tfds.features.Text() for language in self._read}),
+            supervised_keys=self._languages if self._side is None else None,
             disable_shuffling=True,  # keep file order, so test outputs line up with the references
         )
 
     def _split_generators(self, dl_manager: tfds.download.DownloadManager):
         pairs = {  # each split counts (and reports) its own skipped pairs
-            split: read_pairs(files, *self._languages, SkipCounter()) for split, files in self._files.items()
+            split: read_examples(files, self._languages, self._side, SkipCounter())
+            for split, files in self._files.items()
         }
-        _refuse_the_same_pairs_twice(self._files, pairs)
+        _refuse_the_same_pairs_twice(self._files, pairs, self._unit)
         if self._holdout is not None:
             pairs["train"], pairs["validation"] = self._hold_out(pairs["train"])
         return {split: self._generate_examples(split_pairs) for split, split_pairs in pairs.items()}
@@ -328,20 +248,29 @@ class ParallelFiles(FingerprintedBuilder):
         if holdout >= len(train):
             raise DataError(
                 f"data.validation_holdout={holdout} is as large as the training split: data.files.train="
-                f"{self._files['train'].spec!r} has {len(train)} pairs with text on both sides; "
+                f"{self._files['train'].spec!r} has {len(train)} {self._examples_text}; "
                 "lower data.validation_holdout or give data.files.validation"
             )
         held = np.zeros(len(train), bool)
         held[holdout_indices(len(train), holdout, seed)] = True
         logger.warning(
-            "no data.files.validation: held out %s of %s training pairs as the validation split (seed %d)",
+            "no data.files.validation: held out %s of %s training %s as the validation split (seed %d)",
             f"{holdout:,}",
             f"{len(train):,}",
+            self._unit,
             seed,
         )
         return [pair for pair, out in zip(train, held) if not out], [pair for pair, out in zip(train, held) if out]
 
-    def _generate_examples(self, pairs: list[tuple[int, str, str]]) -> Iterator[tuple[int, dict[str, str]]]:
-        source_language, target_language = self._languages
-        for number, source, target in pairs:
-            yield number, {source_language: source, target_language: target}
+    @property
+    def _unit(self) -> str:
+        """What the splits hold: "pairs", or a language model's "sentences"."""
+        return "pairs" if self._side is None else "sentences"
+
+    @property
+    def _examples_text(self) -> str:
+        return "pairs with text on both sides" if self._side is None else f"lines of {self._read[0]} text"
+
+    def _generate_examples(self, examples: list[tuple]) -> Iterator[tuple[int, dict[str, str]]]:
+        for number, *texts in examples:
+            yield number, dict(zip(self._read, texts))

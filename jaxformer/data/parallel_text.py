@@ -10,7 +10,7 @@ import logging
 import pathlib
 import re
 import zlib
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator, Sequence
 
 from jaxformer.errors import UserError
 
@@ -32,11 +32,14 @@ class SkipCounter:
     report: bool = True
 
 
-def skipped_pairs_text(count: int, where: str, first: str) -> str:
+def skipped_pairs_text(count: int, where: str, first: str, sides: int = 2) -> str:
     """The one wording of the warning for pairs left out for an empty side, whoever leaves them out:
     this reader (a side with no text), evaluate and the training pipeline (also a side that the
-    tokenizer encodes to no piece: zero-width spaces or control characters alone)."""
-    return f"skipped {count:,} pair{'' if count == 1 else 's'} with an empty side in {where} (first at {first})"
+    tokenizer encodes to no piece: zero-width spaces or control characters alone); for one
+    language's text (`sides` 1), lines without text."""
+    plural = "" if count == 1 else "s"
+    what = f"pair{plural} with an empty side" if sides == 2 else f"line{plural} without text"
+    return f"skipped {count:,} {what} in {where} (first at {first})"
 
 
 # Magic bytes of the compressed formats corpora come in that are not read (gzip is): without them
@@ -131,7 +134,7 @@ def read_parallel_lines(
             f"line counts differ: {source_path} has {len(source_lines)} lines, "
             f"{target_path} has {len(target_lines)}; line N of one must translate line N of the other"
         )
-    yield from _with_text_on_both_sides(
+    yield from _with_text_on_every_side(
         zip(source_lines, target_lines),
         skipped,
         lambda number, source_empty: f"{source_path if source_empty else target_path}:{number}",
@@ -148,6 +151,31 @@ def read_tsv_pairs(path: str | pathlib.Path, skipped: SkipCounter | None = None)
     the end; a blank line is such a pair, as a blank line of both {lang} files is.
     """
     path = pathlib.Path(path)
+    yield from _with_text_on_every_side(_tsv_fields(path), skipped, lambda number, _: f"{path}:{number}", str(path))
+
+
+def read_tsv_column(
+    path: str | pathlib.Path, column: int, skipped: SkipCounter | None = None
+) -> Iterator[tuple[int, str]]:
+    """Yields (line number, text), 1-based, of column `column` (0 source, 1 target) of a
+    `source<TAB>target` file, for every line with text there: `read_tsv_pairs`'s checks of every
+    line, for a language model that reads one side. Lines without text there are skipped as there."""
+    path = pathlib.Path(path)
+    texts = [(fields[column],) for fields in _tsv_fields(path)]
+    yield from _with_text_on_every_side(texts, skipped, lambda number, _: f"{path}:{number}", str(path))
+
+
+def read_sentences(path: str | pathlib.Path, skipped: SkipCounter | None = None) -> Iterator[tuple[int, str]]:
+    """Yields (line number, text), 1-based, of every line with text of a text file of one
+    sentence per line (gzip or plain); lines without text are skipped, counted in `skipped` and
+    logged once at the end."""
+    path = pathlib.Path(path)
+    lines = [(line,) for line in read_lines(path)]
+    yield from _with_text_on_every_side(lines, skipped, lambda number, _: f"{path}:{number}", str(path))
+
+
+def _tsv_fields(path: pathlib.Path) -> list[list[str]]:
+    """The [source, target] fields of each line; DataError naming the line without one tab."""
     pairs = []
     for number, line in enumerate(read_lines(path), start=1):
         fields = line.split("\t")
@@ -158,22 +186,24 @@ def read_tsv_pairs(path: str | pathlib.Path, skipped: SkipCounter | None = None)
                 f"{path}: line {number} has {len(fields) - 1} tabs; each line must be source<TAB>target, with one tab"
             )
         pairs.append(fields)
-    yield from _with_text_on_both_sides(pairs, skipped, lambda number, source_empty: f"{path}:{number}", str(path))
+    return pairs
 
 
-def _with_text_on_both_sides(
-    pairs: Iterable[tuple[str, str]], skipped: SkipCounter | None, place: Callable[[int, bool], str], where: str
-) -> Iterator[tuple[int, str, str]]:
-    """(line number, source, target), stripped, of the pairs with text on both sides; the others
-    are counted in `skipped` (`place(number, source_empty)` names the first) and logged once
-    (unless `skipped.report` is off)."""
+def _with_text_on_every_side(
+    rows: Iterable[Sequence[str]], skipped: SkipCounter | None, place: Callable[[int, bool], str], where: str
+) -> Iterator[tuple]:
+    """(line number, *texts), stripped, of the rows (pairs, or one language's lines) with text on
+    every side; the others are counted in `skipped` (`place(number, first side empty)` names the
+    first) and logged once (unless `skipped.report` is off)."""
     skipped = SkipCounter() if skipped is None else skipped
-    for number, (source, target) in enumerate(pairs, start=1):
-        source, target = source.strip(), target.strip()
-        if not source or not target:
+    sides = 2
+    for number, row in enumerate(rows, start=1):
+        texts = tuple(text.strip() for text in row)
+        sides = len(texts)
+        if not all(texts):
             skipped.empty += 1
-            skipped.first_empty = skipped.first_empty or place(number, not source)
+            skipped.first_empty = skipped.first_empty or place(number, not texts[0])
             continue
-        yield number, source, target
+        yield number, *texts
     if skipped.empty and skipped.report:
-        logger.warning("%s", skipped_pairs_text(skipped.empty, where, skipped.first_empty))
+        logger.warning("%s", skipped_pairs_text(skipped.empty, where, skipped.first_empty, sides))

@@ -41,14 +41,16 @@ _CATALOGUE_NAME = re.compile(r"(?P<dataset>\w+)(?:/(?P<config>[\w.-]+))?(?::(?P<
 _FILE_SYSTEMS = {"gs": "gcsfs", "s3": "s3fs", "az": "adlfs"}
 
 
-def get_builder(data: ml_collections.ConfigDict, prepared_from: str | None = None):
+def get_builder(data: ml_collections.ConfigDict, prepared_from: str | None = None, side: str | None = None):
     """The tfds builder of the `data` section (data.name: "multi30k", "parallel_files" or a tfds
     name), writing array_record files under data.data_dir. Keys a section lacks (one saved by an
     older jaxformer) take their defaults. Raises DataError for keys that do not apply to data.name,
     and (parallel_files) for data.files that are missing or not a TSV file or {lang} path, before
     anything is read. `prepared_from`, the fingerprint of a run's data: local files not found are
     no error until a split of theirs is read (`load_split`); the others' are read from the copy
-    prepared from all of them, where data_dir still holds it."""
+    prepared from all of them, where data_dir still holds it. `side` ("source" or "target"): a
+    language model's run, which reads that side's text alone (`experiment.text_side`): parallel_files
+    then needs, reads and fingerprints that language's files alone; the other datasets hold both."""
     name = data["name"]
     _check_file_system(data.get("data_dir"))
     files = {split: spec for split, spec in (data.get("files") or {}).items() if spec is not None}
@@ -77,12 +79,36 @@ def get_builder(data: ml_collections.ConfigDict, prepared_from: str | None = Non
             target_language=data["target_language"],
             validation_holdout=data.get("validation_holdout", 1000),
             holdout_seed=data.get("shuffle_seed", 0),
+            side=side,
             prepared_from=prepared_from,
             file_format="array_record",
         )
     _check_catalogue_name(name)
     with _scratch_temporary_folder():
         return tfds.builder(name, data_dir=data_dir, file_format="array_record")
+
+
+def builder_for_run(data: ml_collections.ConfigDict, side: str | None, trained_on: str | None):
+    """`get_builder(data, side=side)` for a run, resumed from data of fingerprint `trained_on`
+    (None for a new run): a language model resumed on parallel_files prepared before it read its
+    own side alone (both sides' files, pairs with an empty side skipped) gets the builder of those
+    pairs while its files are the same, so that it resumes on the data it was trained on."""
+    builder = get_builder(data, side=side)
+    if (
+        side is None
+        or trained_on is None
+        or not isinstance(builder, ParallelFiles)
+        or builder.fingerprint == trained_on
+    ):
+        return builder
+    try:
+        pairs = get_builder(data)
+    except DataError:  # the other side's files gone: not that run's data either
+        return builder
+    if pairs.fingerprint != trained_on:
+        return builder
+    logger.info("%s: resumed on both sides' pairs, as the run was prepared before it read one side alone", data.name)
+    return pairs
 
 
 @contextlib.contextmanager

@@ -14,6 +14,7 @@ from typing import Any
 import ml_collections
 import numpy as np
 
+from jaxformer.data.split_files import plain_text_for_pairs, spec_kind
 from jaxformer.decoding.beam_search import BEAM_STOPS, LENGTH_PENALTIES
 from jaxformer.decoding.generate import MAX_EXTRA_LENGTH
 from jaxformer.decoding.scoring import BLEU_TOKENIZERS, bleu_tokenizer, bleu_tokenizer_problem
@@ -381,6 +382,12 @@ def check_combinations(config, architecture: str) -> None:
         raise ConfigError(
             f"config data.files.{split}={given_files[split]!r} applies to data.name='parallel_files' only, "
             f"not {data.name!r}"
+        )
+    one_language = [split for split, spec in given_files.items() if spec_kind(spec) == "text"]
+    if data.name == "parallel_files" and architecture == "encoder_decoder" and one_language:
+        setting = f"data.files.{one_language[0]}={given_files[one_language[0]]!r}"
+        raise ConfigError(
+            f"config {plain_text_for_pairs(setting, one_language[0], (data.source_language, data.target_language))}"
         )
     for rule in config.mesh.logical_axis_rules:
         if not (isinstance(rule, (tuple, list)) and len(rule) == 2 and isinstance(rule[0], str)):

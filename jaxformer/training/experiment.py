@@ -267,13 +267,17 @@ def architecture(config: ml_collections.ConfigDict) -> str:
     return config.model.get("architecture", "encoder_decoder")
 
 
+def text_side(config: ml_collections.ConfigDict) -> str | None:
+    """The one side whose text the run reads: "source" for a masked LM (encoder-only), "target"
+    for a causal LM (decoder-only), the sides they take in a translator; None (both) for a translator."""
+    return {"encoder_only": "source", "decoder_only": "target"}.get(architecture(config))
+
+
 def text_languages(config: ml_collections.ConfigDict) -> tuple[str, ...]:
-    """The languages whose text the run reads: a masked LM (encoder-only) reads the source side,
-    a causal LM (decoder-only) the target side, the sides they take in a translator."""
+    """The languages whose text the run reads: `text_side`'s, or both."""
     data = config.data
-    return {"encoder_only": (data.source_language,), "decoder_only": (data.target_language,)}.get(
-        architecture(config), (data.source_language, data.target_language)
-    )
+    side = text_side(config)
+    return (data.source_language, data.target_language) if side is None else (data[f"{side}_language"],)
 
 
 def control_symbols(config: ml_collections.ConfigDict) -> tuple[str, ...]:

@@ -20,7 +20,14 @@ import ml_collections
 import numpy as np
 from jax.experimental import multihost_utils
 
-from jaxformer.data.sources import check_languages, check_same_data, data_fingerprint, get_builder, load_split, prepare
+from jaxformer.data.sources import (
+    builder_for_run,
+    check_languages,
+    check_same_data,
+    data_fingerprint,
+    load_split,
+    prepare,
+)
 from jaxformer.errors import CheckpointError
 from jaxformer.model.architectures import build_model
 from jaxformer.model.config import TransformerConfig
@@ -121,10 +128,9 @@ def settle_inherited_decoding(
         )
 
 
-def prepare_data(data: ml_collections.ConfigDict, builder) -> tuple[Any, Any]:
+def prepare_data(data: ml_collections.ConfigDict, builder, languages: Sequence[str]) -> tuple[Any, Any]:
     """(training split, evaluation split) of the `data` section from its `builder`, prepared once
-    for all processes."""
-    languages = (data.source_language, data.target_language)
+    for all processes; `languages`: those the run reads (`experiment.text_languages`)."""
     if jax.process_count() > 1:  # one process prepares the dataset, the others wait and read it
         if jax.process_index() == 0:
             check_languages(builder, languages)
@@ -234,12 +240,12 @@ def prepare_run(config: ml_collections.ConfigDict, workdir: pathlib.Path) -> Pre
     if latest is None and not starting_points:
         check_mesh_fits_the_configured_model(config, mesh, rules)
 
-    builder = get_builder(data)
     trained_on = saved and saved.data_fingerprint
+    builder = builder_for_run(data, experiment.text_side(config), trained_on)
     trained_files = saved and (saved.config or {}).get("data", {}).get("files")
     remedy = "restore the files and data.files as the run had them, or use a new workdir"
     check_same_data(builder, trained_on, workdir, remedy, trained_files)  # before preparing: prepares nothing
-    train_source, eval_source = prepare_data(data, builder)
+    train_source, eval_source = prepare_data(data, builder, experiment.text_languages(config))
     check_same_data(builder, trained_on, workdir, remedy, trained_files)  # downloads: fingerprinted once fetched
     fingerprint = data_fingerprint(builder)
     tokenizers = tokenizer_for_run(

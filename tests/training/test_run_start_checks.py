@@ -26,10 +26,10 @@ from tests.conftest import make_workdir
 def no_data(monkeypatch):
     """Preparing the data fails the test: every refusal here comes first."""
 
-    def prepared(data):
+    def prepared(*args):
         pytest.fail("the data was prepared before the refusal")
 
-    monkeypatch.setattr(run_start, "get_builder", prepared)
+    monkeypatch.setattr(run_start, "builder_for_run", prepared)
 
 
 @pytest.fixture(scope="module")

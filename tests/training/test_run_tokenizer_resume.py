@@ -147,7 +147,7 @@ def test_a_swapped_workdir_tokenizer_is_refused_before_the_data(run, tmp_path, m
     def no_data(*args, **kwargs):
         raise AssertionError("the data was prepared before the workdir's tokenizer was checked")
 
-    monkeypatch.setattr(run_start, "get_builder", no_data)
+    monkeypatch.setattr(run_start, "builder_for_run", no_data)
     monkeypatch.setattr(run_start, "prepare_data", no_data)
     workdir = RunDirectory(shutil.copytree(run[0], tmp_path / "run"))
     checkpointer = Checkpointer(workdir.checkpoints, keep=None, read_only=True)
