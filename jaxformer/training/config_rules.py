@@ -376,6 +376,7 @@ def check_combinations(config, architecture: str) -> None:
         raise ConfigError(
             "config data.name='parallel_files' needs data.files.train: a TSV file or a path with {lang} in it, "
             "e.g. --config.data.files.train='corpus/train.{lang}.gz'"
+            + (", or a text file of one sentence per line" if config.model.architecture != "encoder_decoder" else "")
         )
     if data.name != "parallel_files" and given_files:
         split = next(iter(given_files))

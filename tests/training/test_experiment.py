@@ -170,7 +170,13 @@ def test_describe_lists_only_what_differs_from_the_defaults():
 def test_parallel_files_keys_are_checked_before_anything_runs():
     config = experiment.default_config()
     config.data.name = "parallel_files"
-    with pytest.raises(ConfigError, match=r"needs data.files.train: .*, e.g. --config.data.files.train='corpus/train"):
+    with pytest.raises(
+        ConfigError, match=r"needs data.files.train: .*, e.g. --config.data.files.train='corpus/train"
+    ) as raised:
+        experiment.validate(config)
+    assert "text file" not in str(raised.value)  # a translator reads pairs
+    config.model.architecture = "decoder_only"  # a language model reads one side: a text file will do
+    with pytest.raises(ConfigError, match=r"\{lang\}.gz', or a text file of one sentence per line$"):
         experiment.validate(config)
     config = experiment.default_config()
     config.data.files.test = "test.tsv"
