@@ -37,6 +37,10 @@ def _at_least(low: int) -> tuple[Callable[[Any], bool], str]:
     return (lambda value: _integer(value) and value >= low), f"an integer >= {low}"
 
 
+def _from_to(low: int, high: int) -> tuple[Callable[[Any], bool], str]:
+    return (lambda value: _integer(value) and low <= value <= high), f"an integer from {low} to {high}"
+
+
 def _one_of(*choices: str) -> tuple[Callable[[Any], bool], str]:
     return (lambda value: value in choices), "one of " + ", ".join(map(repr, choices))
 
@@ -70,6 +74,14 @@ _MESH_SHAPE = (
 )
 
 
+# The largest training.seed: the loop passes it to jitted functions, which take a Python int as an
+# int32 (jax_enable_x64 is off): 2**31 and up was an OverflowError once the run had started.
+MAX_TRAINING_SEED = 2**31 - 1
+# The largest data.shuffle_seed: grain's shuffle refuses a seed over 2**32 - 1, once the data is
+# prepared and the tokenizer trained.
+MAX_SHUFFLE_SEED = 2**32 - 1
+
+
 def _a_checkpoint_choice(value: Any) -> bool:
     """Whether the loaders read `value` as a checkpoint (run/directory.parse_checkpoint_choice)."""
     try:
@@ -99,7 +111,7 @@ VALUE_RULES: dict[str, tuple[Callable[[Any], bool], str]] = {
         (lambda value: value is None or (_integer(value) and value >= 1)),
         "None or an integer >= 1",
     ),
-    "data.shuffle_seed": _at_least(0),
+    "data.shuffle_seed": _from_to(0, MAX_SHUFFLE_SEED),
     "data.num_threads": _at_least(0),
     "data.encode_once_max_examples": _at_least(0),
     "data.input_shards": _at_least(0),
@@ -124,7 +136,7 @@ VALUE_RULES: dict[str, tuple[Callable[[Any], bool], str]] = {
     "optimizer.accumulation_steps": _at_least(1),
     "optimizer.ema_decay": _within(0.0, 1.0),
     "mesh.shape": _MESH_SHAPE,
-    "training.seed": _at_least(0),
+    "training.seed": _from_to(0, MAX_TRAINING_SEED),
     "training.init_from": _OPTIONAL_TEXT,
     "training.init_encoder_from": _OPTIONAL_TEXT,
     "training.init_decoder_from": _OPTIONAL_TEXT,
@@ -162,10 +174,7 @@ VALUE_RULES: dict[str, tuple[Callable[[Any], bool], str]] = {
     "decoding.method": _one_of("beam", "greedy", "sample"),
     "decoding.beam_size": _at_least(1),
     "decoding.alpha": _non_negative(finite=True),
-    "decoding.max_extra_length": (
-        (lambda value: _integer(value) and 1 <= value <= MAX_EXTRA_LENGTH),
-        f"an integer from 1 to {MAX_EXTRA_LENGTH}",
-    ),
+    "decoding.max_extra_length": _from_to(1, MAX_EXTRA_LENGTH),
     "decoding.length_penalty": (
         (lambda value: value is None or value in LENGTH_PENALTIES),
         "None (training.init_from's form, else 'gnmt') or one of " + ", ".join(map(repr, LENGTH_PENALTIES)),

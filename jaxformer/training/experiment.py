@@ -74,7 +74,7 @@ def default_config() -> ml_collections.ConfigDict:
     config.data.batch_size = 64  # packed rows per (global) batch: up to batch_size * max_length target tokens
     config.data.eval_batch_size = 64  # packed rows per evaluation batch
     config.data.max_eval_examples = ml_collections.FieldReference(None, field_type=int)  # None: the whole eval split
-    config.data.shuffle_seed = 0  # seeds the per-epoch shuffle and the packing
+    config.data.shuffle_seed = 0  # seeds the per-epoch shuffle and the packing (0 to 2**32 - 1: grain's)
     config.data.num_threads = 2  # grain reader threads
     # A training shard of at most this many pairs is sentencepiece-encoded once, before training,
     # and kept in memory (4 bytes a token: Multi30k's 29,000 pairs take 3 MB), instead of read and
@@ -130,7 +130,7 @@ def default_config() -> ml_collections.ConfigDict:
     config.mesh.logical_axis_rules = DEFAULT_RULES  # (logical name, mesh axes) pairs, tried in order
 
     config.training = ml_collections.ConfigDict()
-    config.training.seed = 0  # parameter initialisation and dropout
+    config.training.seed = 0  # parameter initialisation and dropout (0 to 2**31 - 1: a jitted int32)
     # Fine-tuning: start from the parameters (and tokenizer) of another run's workdir or checkpoint
     # directory, with a fresh optimizer, step and data order. None: random initialisation.
     config.training.init_from = ml_collections.FieldReference(None, field_type=str)

@@ -431,6 +431,10 @@ def test_a_mesh_that_cannot_hold_the_configured_model_stops_before_data_is_prepa
             ["--config.decoding.max_extra_length=1000000000"],
             "config decoding.max_extra_length=1000000000: must be an integer from 1 to 4096\n",
         ),
+        (  # was an OverflowError from jit once the run had started
+            ["--config.training.seed=2147483648"],
+            "config training.seed=2147483648: must be an integer from 0 to 2147483647\n",
+        ),
     ],
 )
 def test_bad_config_values_are_one_line_before_any_work(overrides, message, tmp_path, capsys):

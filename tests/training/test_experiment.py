@@ -184,6 +184,30 @@ def test_parallel_files_keys_are_checked_before_anything_runs():
         experiment.validate(config)
 
 
+def test_seeds_beyond_what_jit_and_grain_take_are_refused_as_the_config_is_validated():
+    import grain
+    import jax
+
+    # Why: the loop passes training.seed to jitted functions, which take a Python int as an int32,
+    # and data.shuffle_seed to grain's shuffle, which takes 32-bit seeds; both failed once the run had started.
+    jax.jit(jax.random.PRNGKey)(2**31 - 1)
+    with pytest.raises(OverflowError):
+        jax.jit(jax.random.PRNGKey)(2**31)
+    grain.MapDataset.range(3).shuffle(seed=2**32 - 1)
+    with pytest.raises(ValueError, match=r"Seed must be an integer between 0 and 2\*\*32-1"):
+        grain.MapDataset.range(3).shuffle(seed=2**32)
+    for key, largest in (("training.seed", 2**31 - 1), ("data.shuffle_seed", 2**32 - 1)):
+        section, name = key.split(".")
+        config = load("tiny")
+        config[section][name] = largest
+        experiment.validate(config)
+        for seed in (largest + 1, 2**64, -1):
+            config[section][name] = seed
+            with pytest.raises(ConfigError) as refused:
+                experiment.validate(config)
+            assert str(refused.value) == f"config {key}={seed}: must be an integer from 0 to {largest}"
+
+
 def test_paths_a_run_stores_are_made_absolute(tmp_path, monkeypatch):
     monkeypatch.chdir(tmp_path)
     config = experiment.default_config()
