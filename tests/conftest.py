@@ -210,3 +210,13 @@ def assert_same_hypotheses(actual, expected, rtol=1e-6):
         [score for hypotheses in expected for _, score in hypotheses],
         rtol=rtol,
     )
+
+
+def assert_seed_refused(cls, parts, seed, missing_workdir):
+    """`cls(*parts, seed=seed)` (a Translator or a LanguageModel) and `cls.from_workdir` refuse
+    `seed` in check_seed's words, the latter before `missing_workdir` is looked at."""
+    message = f"seed must be an integer from 0 to 4294967295, got {seed!r}"
+    for make in (lambda: cls(*parts, seed=seed), lambda: cls.from_workdir(missing_workdir, seed=seed)):
+        with pytest.raises(ValueError) as refused:
+            make()
+        assert str(refused.value) == message

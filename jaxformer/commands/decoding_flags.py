@@ -19,10 +19,6 @@ from jaxformer.commands.common import (
 )
 from jaxformer.run.directory import CHECKPOINT_KINDS, parse_checkpoint_choice
 
-# The largest --seed: jax.random.key keeps a seed's low 32 bits (jax_enable_x64 is off), so 2**32
-# would sample as 0 does, and 2**63 and up fail with an OverflowError once the model is read.
-MAX_SEED = 2**32 - 1
-
 
 def checkpoint_choice(value: str) -> str | int:
     """--checkpoint as the Python entry points read a `checkpoint` argument (`parse_checkpoint_choice`)."""
@@ -36,7 +32,7 @@ def checkpoint_choice(value: str) -> str | int:
 
 def add_decoding_flags(parser: argparse.ArgumentParser) -> None:
     """The flags of the commands that translate: which checkpoint, the search, batches, --no_progress."""
-    from jaxformer.decoding.generate import METHODS
+    from jaxformer.decoding.generate import MAX_SEED, METHODS
 
     add_checkpoint_flags(parser)
     parser.add_argument("--method", choices=METHODS, default="beam", help="search (default: beam)")

@@ -19,7 +19,7 @@ from jaxformer.commands import common, decoding_flags
 
 
 def build_parser() -> argparse.ArgumentParser:
-    from jaxformer.decoding.generate import MAX_EXTRA_LENGTH, METHODS
+    from jaxformer.decoding.generate import MAX_EXTRA_LENGTH, MAX_SEED, METHODS
     from jaxformer.decoding.language_model import CONTINUATION_TOKENS
 
     parser = common.make_parser(__doc__)
@@ -46,9 +46,9 @@ def build_parser() -> argparse.ArgumentParser:
     )
     parser.add_argument(
         "--seed",
-        type=common.integer_from(0, decoding_flags.MAX_SEED),
+        type=common.integer_from(0, MAX_SEED),
         default=0,
-        help=f"sampling seed, 0 to {decoding_flags.MAX_SEED} (default: 0)",
+        help=f"sampling seed, 0 to {MAX_SEED} (default: 0)",
     )
     parser.add_argument("--batch_size", type=common.at_least(1), default=64, help="prompts per batch (default: 64)")
     common.add_input_output_flags(parser, "prompts")

@@ -34,6 +34,16 @@ FIRST_CACHE_LENGTH = 16
 # billions of rows, and fail minutes later, out of memory) before anything is read or compiled.
 # 4,096 is 16 times the longest rows the shipped configs train on (wmt14's data.max_length, 256).
 MAX_EXTRA_LENGTH = 4096
+# The largest sampling seed (Translator's, LanguageModel's, the commands' --seed): jax.random.key
+# keeps a seed's low 32 bits (jax_enable_x64 is off), so 2**32 would sample as 0 does and -1 as
+# 2**32 - 1, and 2**63 and up fail with an OverflowError.
+MAX_SEED = 2**32 - 1
+
+
+def check_seed(seed: Any) -> None:
+    """A ValueError naming `seed` unless it is an integer from 0 to MAX_SEED, one seed a key."""
+    if isinstance(seed, (bool, np.bool_)) or not isinstance(seed, (int, np.integer)) or not 0 <= seed <= MAX_SEED:
+        raise ValueError(f"seed must be an integer from 0 to {MAX_SEED}, got {seed!r}")
 
 
 # The type each DecodeSettings field must have (checked before its range): a float or a string

@@ -17,7 +17,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from jaxformer.data.tokenizer import Tokenizer
-from jaxformer.decoding.generate import DecodeSettings, Hypotheses, decoding_variant, search
+from jaxformer.decoding.generate import DecodeSettings, Hypotheses, check_seed, decoding_variant, search
 from jaxformer.decoding.search import SearchSpec
 from jaxformer.decoding.sentence_batches import sentence_list
 from jaxformer.model.cache import DecoderCache, init_cache
@@ -170,6 +170,7 @@ class LanguageModel:
         if isinstance(batch_size, bool) or not isinstance(batch_size, int) or batch_size < 1:
             raise ValueError(f"batch_size must be an integer >= 1, got {batch_size!r}")
         settings.check_fits(config)
+        check_seed(seed)
         self.config, self.params = decoding_variant(config, jax.device_put(params))
         self.tokenizer, self.settings, self.batch_size = tokenizer, settings, batch_size
         model = DecoderOnly(self.config)
@@ -187,6 +188,7 @@ class LanguageModel:
         """The model and tokenizer of a decoder-only training run's `checkpoint`. A `ConfigError`
         naming the workdir, before any parameter is read, when its model is of another architecture."""
         checkpoint = parse_checkpoint_choice(checkpoint)
+        check_seed(kwargs.get("seed", 0))  # before anything is read
         model_config = require_architecture(
             workdir,
             checkpoint,

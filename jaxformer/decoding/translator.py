@@ -16,7 +16,7 @@ import tqdm
 from jaxformer.data.tokenizer import Tokenizer
 from jaxformer.decoding import sentence_batches
 from jaxformer.decoding.checkpoint_alpha import ChosenSearch, checkpoint_settings
-from jaxformer.decoding.generate import DecodeSettings, decoding_variant, make_generate_fn
+from jaxformer.decoding.generate import DecodeSettings, check_seed, decoding_variant, make_generate_fn
 from jaxformer.model.config import ConfigError, TransformerConfig
 from jaxformer.model.transformer import unstack_layers
 from jaxformer.run.directory import checkpoint_name, parse_checkpoint_choice
@@ -100,6 +100,7 @@ class Translator:
         ):
             if isinstance(value, bool) or not isinstance(value, int) or value < minimum:
                 raise ValueError(f"{name} must be an integer >= {minimum}, got {value!r}")
+        check_seed(seed)
         settings.check_fits(config)
         self.config, _ = decoding_variant(config, {})
         self.params = None if params is None else decoding_variant(config, jax.device_put(params))[1]
@@ -164,6 +165,7 @@ class Translator:
         Without `loaded`, the checkpoint is read once: the model and the search are checked from its
         metadata before its parameters are read."""
         checkpoint = parse_checkpoint_choice(checkpoint)  # "300" as --checkpoint 300
+        check_seed(kwargs.get("seed", 0))  # before anything is read
         settled = {}  # the last checkpoint's settled: "latest" is settled again where a damaged newest is skipped
 
         def settle(metadata: CheckpointMetadata) -> None:  # from the one read of its metadata, before the parameters

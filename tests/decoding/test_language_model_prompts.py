@@ -1,6 +1,6 @@
 """What a decoder-only model's prompt may hold: a text's ids without EOS, as LanguageModel encodes
 text. Checked before anything is compiled, by LanguageModel.continue_ids and, on concrete arrays,
-continue_prompts."""
+continue_prompts; and the sampling seed LanguageModel takes, checked before anything is read."""
 
 import flax.linen as nn
 import jax
@@ -19,7 +19,7 @@ from jaxformer.decoding.language_model import (
 from jaxformer.model.config import preset
 from jaxformer.model.decoder_only import DecoderOnly
 from jaxformer.tokens import BOS_ID, EOS_ID, PAD_ID, UNK_ID
-from tests.conftest import read_raw
+from tests.conftest import assert_seed_refused, read_raw
 
 SETTINGS = DecodeSettings(method="greedy", max_extra_length=3)
 
@@ -99,3 +99,10 @@ def test_a_batch_size_below_1_is_refused_when_made(language_model, batch_size):
     parts = (language_model.config, language_model.params, language_model.tokenizer, SETTINGS)
     with pytest.raises(ValueError, match=rf"^batch_size must be an integer >= 1, got {batch_size}$"):
         LanguageModel(*parts, batch_size=batch_size)
+
+
+def test_a_seed_that_jax_would_take_for_another_is_refused_before_anything_is_read(language_model, tmp_path):
+    parts = (language_model.config, language_model.params, language_model.tokenizer, SETTINGS)
+    assert LanguageModel(*parts, seed=2**32 - 1).settings == SETTINGS
+    for seed in (2**32, -1):  # jax.random.key would take them for 0 and 2**32 - 1
+        assert_seed_refused(LanguageModel, parts, seed, tmp_path / "no run")

@@ -12,7 +12,7 @@ from jaxformer.decoding.translator import Translator
 from jaxformer.errors import CheckpointError
 from jaxformer.run.loading import load_checkpoint
 from jaxformer.tokens import EOS_ID, PAD_ID
-from tests.conftest import make_workdir, read_raw
+from tests.conftest import assert_seed_refused, make_workdir, read_raw
 
 pytestmark = pytest.mark.xdist_group("decoding-workdir")
 GREEDY = DecodeSettings(method="greedy", max_extra_length=8)
@@ -104,6 +104,18 @@ def test_bad_arguments_are_refused_before_any_search(translator):
     with pytest.raises(ValueError, match=rf"^beam_size={vocabulary + 1} is more than the model's {vocabulary} tokens"):
         Translator(*parts[:3], DecodeSettings(beam_size=vocabulary + 1))
     Translator(*parts[:3], DecodeSettings(method="greedy", beam_size=vocabulary + 1))  # not a beam: unused
+
+
+def test_seeds_that_jax_would_take_for_others_are_refused_before_anything_is_read(translator, tmp_path):
+    import jax
+
+    # Why: jax.random.key keeps a seed's low 32 bits, so 2**32 samples as 0 does and -1 as 2**32 - 1.
+    for seed, alias in ((2**32, 0), (-1, 2**32 - 1)):
+        assert (jax.random.key_data(jax.random.key(seed)) == jax.random.key_data(jax.random.key(alias))).all()
+    parts = (translator.config, translator.params, translator.tokenizer, GREEDY)
+    assert Translator(*parts, seed=2**32 - 1).settings == GREEDY
+    for seed in (2**32, -1, 2**64, True):
+        assert_seed_refused(Translator, parts, seed, tmp_path / "no run")
 
 
 def test_translate_ids_names_the_callers_source(translator):
