@@ -281,7 +281,10 @@ def run(args: argparse.Namespace) -> int:
             stop=settings.stop,
             renormalize_after_bans=settings.renormalize_after_bans,  # greedy search and sampling: the same tokens
         ),
-        "sample": dict(temperature=settings.temperature, top_k=settings.top_k, seed=args.seed),
+        # One key per batch: a sampled sentence depends on the sentences decoded with it.
+        "sample": dict(
+            temperature=settings.temperature, top_k=settings.top_k, seed=args.seed, batch_size=args.batch_size
+        ),
         "greedy": {},
     }[settings.method]
     scores.update(
@@ -290,6 +293,7 @@ def run(args: argparse.Namespace) -> int:
         step=translator.step,
         data=name,
         method=settings.method,
+        max_extra_length=settings.max_extra_length,  # every method's outputs stop there
         **searched_with,
         decode_seconds=seconds,
     )

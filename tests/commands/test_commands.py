@@ -179,6 +179,41 @@ def test_evaluate_writes_one_output_line_per_source_line_as_translate_does(
     assert scores["bleu"] == pytest.approx(sacrebleu.corpus_bleu(scored, [references[:1] + references[2:]]).score)
 
 
+class EchoingTranslator:
+    """Each sentence as its own translation, searched with the settings the flags name."""
+
+    step = 1
+
+    def __init__(self, settings):
+        self.settings = settings
+
+    def translate(self, sentences, progress, line_numbers=None):
+        return list(sentences)
+
+
+@pytest.mark.parametrize(
+    ("flags", "recorded"),
+    [
+        (["--method", "greedy"], {}),
+        (["--method", "beam", "--beam_size", "2"], {"beam_size": 2}),
+        (["--method", "sample", "--seed", "5", "--batch_size", "3"], {"seed": 5, "batch_size": 3}),
+    ],
+)
+def test_evaluate_json_records_the_settings_that_chose_the_outputs(
+    flags, recorded, decoding_workdir, tmp_path, monkeypatch
+):
+    source, reference, scores_file = tmp_path / "val.en", tmp_path / "val.de", tmp_path / "scores.json"
+    source.write_text("\n".join(read_raw("val.en.gz", 4)) + "\n")
+    reference.write_text("\n".join(read_raw("val.de.gz", 4)) + "\n")
+    monkeypatch.setattr(evaluate, "translator_from_flags", lambda args, settings, *rest: EchoingTranslator(settings))
+    files = ["--source", str(source), "--reference", str(reference), "--json", str(scores_file)]
+    assert evaluate.main(["--workdir", str(decoding_workdir), *files, *flags, "--max_extra_length", "7"]) == 0
+    scores = json.loads(scores_file.read_text())
+    assert scores["method"] == flags[1] and scores["max_extra_length"] == 7  # every method's outputs stop there
+    assert {key: scores[key] for key in recorded} == recorded
+    assert ("batch_size" in scores) == (flags[1] == "sample")  # beam and greedy search give each sentence alike
+
+
 def test_evaluate_scores_bleu_with_the_tokenizer_named_and_refuses_one_it_cannot_build_first(
     decoding_workdir, tmp_path, capsys, monkeypatch
 ):
