@@ -51,8 +51,8 @@ class Translator:
     of the whole search, a longer buffer costs every step of the batch (see
     `sentence_batches.padded_length`; 1.0 pads each batch to its own bucket). The search lets
     neither the padding nor the other sentences of a batch change a sentence's result; the
-    arithmetic moves float32 scores by up to about 1e-3 with the batch's shape, which bfloat16 operands
-    (`matmul_dtype`, `dtype`) round to 8 bits and can turn a near-tie (README, "Translation");
+    arithmetic moves float32 scores by up to about 4e-4 of their size with the batch's shape, which can
+    turn a near-tie, and bfloat16 operands (`matmul_dtype`, `dtype`) round to 8 bits (README, "Translation");
     sampling draws from one key per batch, so a sampled sentence depends on its batch. Results come back
     in input order. Empty input gives empty output. A sentence longer than `max_source_tokens`
     is translated in pieces (at sentence ends where it can) joined by spaces, so nothing is
