@@ -46,7 +46,7 @@ def add_decoding_flags(parser: argparse.ArgumentParser) -> None:
         "--seed",
         type=integer_from(0, MAX_SEED),
         default=0,
-        help=f"sampling seed, 0 to {MAX_SEED}; the same seed and --batch_size sample alike (default: 0)",
+        help=f"sampling seed, 0 to {MAX_SEED}; the same seed, input and --batch_size sample alike (default: 0)",
     )
     parser.add_argument("--batch_size", type=at_least(1), default=32, help="sentences per decoding batch (default: 32)")
     parser.add_argument(

@@ -48,7 +48,7 @@ def build_parser() -> argparse.ArgumentParser:
         "--seed",
         type=common.integer_from(0, MAX_SEED),
         default=0,
-        help=f"sampling seed, 0 to {MAX_SEED} (default: 0)",
+        help=f"sampling seed, 0 to {MAX_SEED}; the same seed, prompts and --batch_size sample alike (default: 0)",
     )
     parser.add_argument("--batch_size", type=common.at_least(1), default=64, help="prompts per batch (default: 64)")
     common.add_input_output_flags(parser, "prompts")
