@@ -65,15 +65,20 @@ def without_trailing_padding(ids: np.ndarray, pad_id: int) -> np.ndarray:
     return ids[: kept[-1] + 1] if kept.size else ids[:0]
 
 
-def refuse_other_than_one_sentence(ids: np.ndarray, eos_id: int, name: str, pad_id: int) -> None:
+def refuse_other_than_one_sentence(
+    ids: np.ndarray, eos_id: int, name: str, pad_id: int, max_positions: int | None = None
+) -> None:
     """A one-line error naming `name` (and the position) for ids that are not one sentence's,
     optionally followed by padding (PAD after its EOS, as in a row of a padded [B, S] array, which
     `without_trailing_padding` drops): not 1-D, empty or padding alone, not integers (a bool or float
     would be cast when a batch is filled), EOS alone (decoded, it would get an invented output;
     `translate` gives a line that encodes to no piece an empty one), a last id before the padding other
     than EOS, EOS before it (sentences run together), or PAD before it (the model's mask would drop that
-    token silently: no tokenizer gives a sentence PAD). The model was trained on single sentences
-    ending in EOS. Both translators' id-level entry points call this, so they refuse in the same words."""
+    token silently: no tokenizer gives a sentence PAD), or more ids than the model's `max_positions` (None:
+    no bound; an imported model's), whose positions past the last it never had: the text entry points
+    split such a sentence, but ids from a program are exact, so none is cut or split here. The model was
+    trained on single sentences ending in EOS. Both translators' id-level entry points call this, so they
+    refuse in the same words."""
     if ids.ndim != 1:
         raise ValueError(f"{name} must be one sentence's ids (1-D), got shape {ids.shape}")
     if ids.size == 0:
@@ -106,6 +111,11 @@ def refuse_other_than_one_sentence(ids: np.ndarray, eos_id: int, name: str, pad_
         raise ValueError(
             f"{name} has PAD ({pad_id}) at position {padding[0]}, before its EOS at position {end}: "
             "padding goes only after a sentence's EOS"
+        )
+    if max_positions is not None and sentence.size > max_positions:
+        raise ValueError(
+            f"{name} has {sentence.size} ids (EOS included), more than the model's {max_positions} positions "
+            "(model.max_positions): give it in pieces of at most that many, as translate splits a longer sentence"
         )
 
 

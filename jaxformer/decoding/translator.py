@@ -240,7 +240,7 @@ class Translator:
         Each sequence is checked first (`checked_id_sequences`): errors name its index in `sources`."""
         if self.params is None:
             raise ValueError("this Translator has no parameters yet: use with_params(params)")
-        sources = checked_id_sequences(sources, self.config.encoder_vocab_size)
+        sources = checked_id_sequences(sources, self.config.encoder_vocab_size, self.config.max_positions)
         results: list[Any] = [None] * len(sources)
 
         def jobs():  # in order, on this thread: the sampling keys do not depend on thread timing
@@ -281,7 +281,9 @@ class Translator:
         return results
 
 
-def checked_id_sequences(sources: Sequence[Any] | np.ndarray, vocab_size: int) -> list[np.ndarray]:
+def checked_id_sequences(
+    sources: Sequence[Any] | np.ndarray, vocab_size: int, max_positions: int | None = None
+) -> list[np.ndarray]:
     """`sources` as int32 arrays, one per sentence, without the padding after its EOS (the rows of
     a padded [B, S] array are sentences too): any integer dtype is cast. One array of ids
     (a sentence, not a list of them), a sequence of another rank, an empty one, a bool, float or
@@ -292,12 +294,14 @@ def checked_id_sequences(sources: Sequence[Any] | np.ndarray, vocab_size: int) -
     one whose last id before its padding is not EOS, or one with EOS before that end (sentences run
     together): the model was trained on single sentences ending in EOS, and would translate either as
     input it never saw. PAD before the end is refused too: the model's mask would drop that token
-    without a word (`sentence_batches.refuse_other_than_one_sentence`)."""
+    without a word, and so is one of more ids than the model's `max_positions`, whose positions it never
+    had: exact ids are not split, as translate splits a longer sentence into pieces
+    (`sentence_batches.refuse_other_than_one_sentence`)."""
     if isinstance(sources, (np.ndarray, jax.Array)) and np.ndim(sources) == 1:
         raise TypeError(f"sources must be a list of id sequences, not one of shape {np.shape(sources)}: pass [ids]")
     arrays = [np.asarray(source) for source in sources]
     for index, ids in enumerate(arrays):
-        sentence_batches.refuse_other_than_one_sentence(ids, EOS_ID, f"source {index}", PAD_ID)
+        sentence_batches.refuse_other_than_one_sentence(ids, EOS_ID, f"source {index}", PAD_ID, max_positions)
     arrays = [sentence_batches.without_trailing_padding(ids, PAD_ID) for ids in arrays]
     lengths = [len(ids) for ids in arrays]
     flat = np.concatenate([ids.astype(np.int64) for ids in arrays]) if arrays else np.zeros(0, np.int64)

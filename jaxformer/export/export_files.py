@@ -50,10 +50,11 @@ SAFETENSORS_DTYPES: dict[str, np.dtype] = {
 
 
 # The integers of config.json the loader uses, with their least values. model.source_vocab_size may
-# be null (one shared vocabulary); a sentence is cut every max_source_tokens - 1 tokens.
+# be null (one shared vocabulary), and model.max_positions (no last position; absent in an export
+# written before it was read); a sentence is cut every max_source_tokens - 1 tokens.
 _CONFIG_INTEGERS = {
     "special_tokens": {"pad": 0, "eos": 0, "bos": 0},
-    "model": {"vocab_size": 1, "source_vocab_size": 1},
+    "model": {"vocab_size": 1, "source_vocab_size": 1, "max_positions": 2},
     "decoding": {"beam_size": 1, "max_extra_length": 0},
     "serving": {"batch_size": 1, "length_bucket": 1, "max_source_tokens": 2, "max_source_length": 1},
 }
@@ -150,7 +151,7 @@ def read_config(directory: str | pathlib.Path) -> dict[str, Any]:
     for section, keys in _CONFIG_INTEGERS.items():
         for key, least in keys.items():
             value = config[section].get(key) if isinstance(config.get(section), dict) else None
-            if (value is not None or key != "source_vocab_size") and (
+            if (value is not None or key not in ("source_vocab_size", "max_positions")) and (
                 not isinstance(value, int) or isinstance(value, bool) or value < least
             ):
                 raise ExportError(f"{path}: {section}.{key} is {value!r}; it must be an integer >= {least}")

@@ -172,6 +172,7 @@ class ExportedTranslator:
         self.max_source_tokens = int(serving["max_source_tokens"])
         self.max_source_length = int(serving["max_source_length"])
         self.vocab_size = int(config["model"].get("source_vocab_size") or config["model"]["vocab_size"])  # source's
+        self.max_positions = config["model"].get("max_positions")  # an imported model's; None: no last position
         self._run = jax.jit(program.call)  # one compilation per (batch, length) shape
 
     # -- text -------------------------------------------------------------------------------
@@ -203,7 +204,7 @@ class ExportedTranslator:
             raise TypeError(f"sources must be a list of id sequences, not one of shape {np.shape(sources)}: pass [ids]")
         sources = [np.asarray(ids) for ids in sources]
         for index, ids in enumerate(sources):
-            _refuse_bad_ids(ids, self.tokenizer, f"source {index}", self.vocab_size)
+            _refuse_bad_ids(ids, self.tokenizer, f"source {index}", self.vocab_size, self.max_positions)
         sources = [sentence_batches.without_trailing_padding(ids, self.tokenizer.pad_id) for ids in sources]
         results: list[Any] = [None] * len(sources)
         batches = sentence_batches.length_sorted_batches(
@@ -227,12 +228,13 @@ class ExportedTranslator:
         scores float32 [B, K], log p / length penalty). A row of no ids (`[[]]`), of padding alone, EOS
         alone, a row whose last id before the padding is not EOS, or one with EOS or PAD before that, is
         refused, as `translate_sequences` refuses such a source: only the padding after a row's EOS is
-        no part of its sentence."""
+        no part of its sentence. So is a row of more ids than the model's max_positions (its padding not
+        counted): the program would compute positions the model never had."""
         source = np.asarray(source)
         if source.ndim != 2 or not len(source):  # then each row's check names its fault ([[]]: empty, not float64)
             raise ValueError(f"source must be padded rows of ids [B, S], at least one; got shape {source.shape}")
         for row, ids in enumerate(source):
-            _refuse_bad_ids(ids, self.tokenizer, f"source row {row}", self.vocab_size)
+            _refuse_bad_ids(ids, self.tokenizer, f"source row {row}", self.vocab_size, self.max_positions)
         return self._decode_batch(source)
 
     def _decode_batch(self, source: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
@@ -246,12 +248,16 @@ class ExportedTranslator:
 
 
 def _refuse_bad_ids(
-    ids: np.ndarray, tokenizer: export_files.Tokenizer, name: str, vocab_size: int | None = None
+    ids: np.ndarray,
+    tokenizer: export_files.Tokenizer,
+    name: str,
+    vocab_size: int | None = None,
+    max_positions: int | None = None,
 ) -> None:
-    """A one-line error naming `name` for ids that are no one sentence's (sentence_batches.py's
-    check, which Translator.translate_ids shares and every export carries), or with `vocab_size`
-    for an id outside [0, vocab_size), naming its position."""
-    sentence_batches.refuse_other_than_one_sentence(ids, tokenizer.eos_id, name, tokenizer.pad_id)
+    """A one-line error naming `name` for ids that are no one sentence's or more than the model's
+    `max_positions` (sentence_batches.py's check, which Translator.translate_ids shares and every
+    export carries), or with `vocab_size` for an id outside [0, vocab_size), naming its position."""
+    sentence_batches.refuse_other_than_one_sentence(ids, tokenizer.eos_id, name, tokenizer.pad_id, max_positions)
     outside = np.flatnonzero((ids < 0) | (ids >= vocab_size)) if vocab_size is not None else []
     if len(outside):
         raise ValueError(

@@ -200,6 +200,35 @@ def test_translate_ids_drops_the_padding_after_each_sources_eos(translator):
             translator.translate_ids([unpadded[0], bad])
 
 
+def test_translate_ids_refuses_a_source_past_the_models_positions(translator):
+    """A source of more ids than the model's max_positions (an imported model's) ran, computing
+    positions the model never had, where translate splits such a sentence: it is refused, naming
+    its index, length and the limit, before any batch runs. The padding after its EOS is no position."""
+    positions, searched = 6, []
+
+    def search(params, source, rng):  # the search's output shapes, without the search
+        searched.append(np.asarray(source).tolist())
+        return np.zeros((len(source), 1, source.shape[1] + 8), np.int32), np.zeros((len(source), 1), np.float32)
+
+    def with_positions(max_positions):
+        model = translator.config.replace(max_positions=max_positions)
+        bounded = Translator(model, translator.params, translator.tokenizer, GREEDY, length_bucket=1)
+        bounded._generate = search
+        return bounded
+
+    fits, longer = [5] * (positions - 1) + [EOS_ID], [5] * positions + [EOS_ID]
+    with pytest.raises(
+        ValueError,
+        match=rf"^source 1 has {positions + 1} ids \(EOS included\), more than the model's {positions} positions "
+        r"\(model.max_positions\): ",
+    ):
+        with_positions(positions).translate_ids([fits, longer])
+    assert not searched
+    with_positions(positions).translate_ids([fits + [PAD_ID] * 3])
+    with_positions(None).translate_ids([longer])  # no limit without max_positions
+    assert searched == [[fits], [longer]]
+
+
 def test_from_workdir_checks_the_settings_before_reading_parameters(decoding_workdir, monkeypatch):
     from jaxformer.run.checkpoint import Checkpointer
 

@@ -53,6 +53,8 @@ def _set(section, key, value):
         (_set("decoding", "beam_size", 8), "decoding.beam_size is 8, but {program} returns 3 hypotheses"),
         (_set("decoding", "max_extra_length", 50), "decoding.max_extra_length is 50, but {program} adds 8 tokens"),
         (_set("model", "vocab_size", True), "model.vocab_size is True"),
+        (_set("model", "max_positions", 1), "model.max_positions is 1; it must be an integer >= 2"),
+        (_set("model", "max_positions", "50"), "model.max_positions is '50'; it must be an integer >= 2"),
         (_set("special_tokens", "pad", -1), "special_tokens.pad is -1"),
         (_set("files", "loader", "serve.py"), "files.loader is 'serve.py', not serve.py's name"),
         (lambda c: c["files"]["loader"].update(imports="sentence_batches.py"), "files.loader is {"),

@@ -5,6 +5,8 @@ source, and no sentence given "" by its text-level ones, all without running its
 would invent a translation for them or translate input the model never saw."""
 
 import io
+import json
+import shutil
 
 import numpy as np
 import pytest
@@ -117,3 +119,36 @@ def test_the_text_entry_points_give_no_sentence_an_empty_output(unrun, monkeypat
     monkeypatch.setattr("sys.stdout", io.StringIO())
     assert standalone.main([]) == 0
     assert standalone.sys.stdout.getvalue() == "\n" * len(lines)
+
+
+def test_the_id_entry_points_refuse_a_source_past_the_models_positions(exported, tmp_path):
+    """An export of a model with max_positions P (an imported one's) ran a source of more ids on
+    them, up to its bucket-rounded max_source_length, computing positions the model never had.
+    Such a source is refused, naming it, its length and P; the padding after a row's EOS is no
+    position, so a row padded past P runs."""
+    copy = tmp_path / "copy"
+    shutil.copytree(exported, copy)
+    config = json.loads((copy / "config.json").read_text())
+    positions = 6
+    assert config["model"]["max_positions"] is None and config["serving"]["max_source_length"] > positions + 2
+    config["model"]["max_positions"] = positions
+    (copy / "config.json").write_text(json.dumps(config))
+    model = standalone.load(copy, batch_size=1)
+    ran = []
+
+    def run(params, source):  # the program's output shapes, without its search
+        ran.append(source.tolist())
+        return np.zeros((len(source), 3, source.shape[1] + 8), np.int32), np.zeros((len(source), 3), np.float32)
+
+    model._run = run
+    fits, longer = [5] * (positions - 1) + [EOS], [5] * positions + [EOS]
+    refused = rf"^source 1 has {positions + 1} ids \(EOS included\), more than the model's {positions} positions "
+    with pytest.raises(ValueError, match=refused + r"\(model.max_positions\): "):
+        model.translate_sequences([fits, longer])
+    with pytest.raises(ValueError, match=refused.replace("source", "source row")):
+        model.translate_ids(np.asarray([fits + [PAD], longer], np.int32))
+    assert not ran
+    model.translate_ids(np.asarray([fits + [PAD, PAD]], np.int32))
+    model.translate_sequences([fits + [PAD, PAD]])
+    bucket = config["serving"]["length_bucket"]  # the batch's width, past P: its padding is no position either
+    assert ran == [[fits + [PAD, PAD]], [fits + [PAD] * (bucket - len(fits))]]
