@@ -23,6 +23,7 @@ import argparse
 import logging
 
 from jaxformer.commands import common, decoding_flags
+from jaxformer.run.directory import checkpoint_name
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -92,7 +93,7 @@ def _to_hf(args: argparse.Namespace) -> str:
         raise common.FlagError("--to_hf needs transformers and torch: pip install 'jaxformer[interop]'") from None
     checkpoint = "latest" if args.checkpoint is None else args.checkpoint
     output = marian_export.export_marian(args.to_hf, args.output, checkpoint, args.max_positions)
-    return f"wrote the {checkpoint} checkpoint of {args.to_hf} to {output} (transformers MarianMT)"
+    return f"wrote {args.to_hf} ({checkpoint_name(checkpoint)}) to {output} (transformers MarianMT)"
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -279,6 +279,18 @@ def exported(tmp_path_factory):
     return workdir, directory
 
 
+def test_to_hf_names_a_step_as_translate_and_export_name_it(exported, tmp_path, capsys):
+    """--to_hf --checkpoint 1 said 'wrote the 1 checkpoint of W', where translate and export say
+    'checkpoint 1' (run.directory.checkpoint_name)."""
+    from jaxformer.commands import convert
+
+    workdir, _ = exported
+    output = tmp_path / "hf"
+    assert convert.main(["--to_hf", str(workdir), "--checkpoint", "1", "--output", str(output)]) == 0
+    expected = f"wrote {workdir} (checkpoint 1) to {output} (transformers MarianMT)"
+    assert capsys.readouterr().out.splitlines()[-1] == expected
+
+
 def test_max_positions_reach_the_tokenizer(exported, tmp_path):
     """MarianTokenizer truncates to model_max_length: it kept 512 under --max_positions 16, and
     transformers then failed on longer inputs."""
