@@ -18,6 +18,7 @@ import ml_collections
 from jaxformer.errors import CheckpointError
 from jaxformer.run.checkpoint import Checkpointer
 from jaxformer.run.directory import RunDirectory
+from jaxformer.run.loading import steps_past_final_choice
 from jaxformer.training import experiment
 from jaxformer.training.metrics import perplexity_text
 
@@ -128,14 +129,20 @@ def run_summary(config: ml_collections.ConfigDict, workdir: str | pathlib.Path, 
     if averaged:
         places.append(f"averaged {run.averaged} ({_step_list(averaged)})")
     final_steps = _steps(run.final)
-    if final_steps:
+    trained_past = steps_past_final_choice(run, final_steps[-1]) if final_steps else []
+    if trained_past:  # translate warns of such a choice: another checkpoint is suggested below
+        places.append(
+            f"final {run.final} (step {final_steps[-1]}; the run trained past it, to step {trained_past[-1]})"
+        )
+    elif final_steps:
         places.append(f"final {run.final} (step {final_steps[-1]})")
     if not places:
         lines.append(f"checkpoints: none saved in {run.path}")
         return lines
     lines.append("checkpoints: " + "; ".join(places))
     lines.append(f"metrics: {run.metrics_file}, tensorboard --logdir {shlex.quote(str(run.tensorboard_dir))}")
-    checkpoint = "final" if final_steps else "best" if best is not None else "latest" if latest else "averaged"
+    chosen = final_steps and not trained_past
+    checkpoint = "final" if chosen else "best" if best is not None else "latest" if latest else "averaged"
     if architecture == "encoder_decoder":
         lines.append("translate: " + translate_command(config, run, checkpoint))
     elif architecture == "decoder_only":

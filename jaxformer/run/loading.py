@@ -103,10 +103,16 @@ def unreadable_final_choice(run: RunDirectory, error: CheckpointError) -> str:
 _REPORTED_TRAINED_PAST: set[tuple[str, int]] = set()  # (workdir, final step) said outdated by this process
 
 
+def steps_past_final_choice(run: RunDirectory, chosen_step: int) -> list[int]:
+    """The steps of `run`'s checkpoints/ after its final choice of `chosen_step`: where there are
+    any, the run was continued (a longer run or budget, or training.final_choice=False) and stopped
+    before it chose again, so that choice is not of its end, and `--checkpoint final` is warned of."""
+    return [step for step in _step_names(run.checkpoints) if step > chosen_step] if run.checkpoints.is_dir() else []
+
+
 def _warn_if_trained_past(run: RunDirectory, chosen_step: int) -> None:
-    """A warning when the run has checkpoints after its newest final choice: it was continued (a
-    longer run or budget) and stopped before it chose again, so that choice is not of its end."""
-    later = [step for step in _step_names(run.checkpoints) if step > chosen_step] if run.checkpoints.is_dir() else []
+    """A warning when the run has checkpoints after its newest final choice (`steps_past_final_choice`)."""
+    later = steps_past_final_choice(run, chosen_step)
     if later and (str(run.path), chosen_step) not in _REPORTED_TRAINED_PAST:  # a command loads it more than once
         _REPORTED_TRAINED_PAST.add((str(run.path), chosen_step))
         logger.warning(

@@ -13,6 +13,9 @@ import pytest
 
 from jaxformer.commands import translate
 from jaxformer.commands.run_summary import format_duration, run_summary
+from jaxformer.run.checkpoint import Checkpointer
+from jaxformer.run.directory import RunDirectory
+from jaxformer.run.loading import load_checkpoint
 from jaxformer.training.config_file import load_config
 from tests.conftest import make_workdir
 from tests.training.test_loop import environment
@@ -91,9 +94,15 @@ def test_summary_of_a_run_and_of_its_resumption(tmp_path, data_dir):
     assert numbered_folders(workdir / "checkpoints") == [3, 6, 8]
 
 
-def test_summary_without_bleu_or_best_checkpoint(tmp_path):
+def save(folder, params, metadata):
+    checkpointer = Checkpointer(folder, keep=None)
+    checkpointer.save_params(metadata.step, params, metadata)
+    checkpointer.close()
+
+
+def test_summary_without_bleu_or_best_checkpoint(tmp_path, caplog):
     """No BLEU measured, a run stopped by SIGTERM, checkpoints but no best/: the translate command
-    uses the latest checkpoint (jaxformer-translate's default)."""
+    uses the latest checkpoint (jaxformer-translate's default); then a final choice the run trained past."""
     workdir, _, _ = make_workdir(tmp_path / "run with space", steps=(5, 10))
     config = load_config("tiny")
     config.data.target_language = "fr"
@@ -111,6 +120,25 @@ def test_summary_without_bleu_or_best_checkpoint(tmp_path):
     ):
         config.model.architecture = architecture
         assert run_summary(config, workdir, last, seconds=1.0)[-1] == command  # pasted into a shell, one argument
+    config.model.architecture = "encoder_decoder"
+
+    # Resumed with training.final_choice=False past a final choice of step 5: the summary suggested
+    # '--checkpoint final', which translate then warns is stale. It names the choice's step and that the
+    # run trained past it, and suggests what translate reads without that warning: best/, else the latest.
+    _, metadata, params = load_checkpoint(workdir, 5)
+    save(RunDirectory(workdir).final, params, metadata)
+    lines = run_summary(config, workdir, last, seconds=1.0)
+    assert field(lines, "checkpoints: ").endswith(
+        f"final {workdir / 'final'} (step 5; the run trained past it, to step 10)"
+    )
+    assert field(lines, "translate: ") == f"jaxformer-translate --workdir '{workdir}' < input.en > output.fr"
+    save(RunDirectory(workdir).best, params, metadata.replace(step=10, bleu=3.0))
+    suggested = field(run_summary(config, workdir, last, seconds=1.0), "translate: ")
+    assert suggested == f"jaxformer-translate --workdir '{workdir}' --checkpoint best < input.en > output.fr"
+    for checkpoint, stale in (("latest", False), ("best", False), ("final", True)):  # what translate says of each
+        caplog.clear()
+        load_checkpoint(workdir, checkpoint, params=False)
+        assert ("the run trained past it" in caplog.text) == stale, checkpoint
 
 
 def test_summary_without_checkpoints(tmp_path):
