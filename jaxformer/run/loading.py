@@ -100,6 +100,19 @@ def unreadable_final_choice(run: RunDirectory, error: CheckpointError) -> str:
     )
 
 
+def with_final_choice_remedy(directory: pathlib.Path, step: int | None, error: CheckpointError) -> CheckpointError:
+    """`error` of step `step` (None: the newest) of `directory` read as a folder of steps
+    (`locate_checkpoint`'s, for training.init_from), with `unreadable_final_choice`'s remedy where it is
+    a workdir's final/ whose choice cannot be read, as load_checkpoint gives it for "final"; a step
+    the folder lacks, or one removed while it was read, is no damage and keeps its own words."""
+    run = RunDirectory(directory.parent)
+    if directory != run.final or isinstance(error, CheckpointRemoved):
+        return error
+    if step is not None and directory.is_dir() and step not in _step_names(directory):
+        return error
+    return CheckpointError(unreadable_final_choice(run, error))
+
+
 _REPORTED_TRAINED_PAST: set[tuple[str, int]] = set()  # (workdir, final step) said outdated by this process
 
 

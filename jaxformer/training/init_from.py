@@ -21,7 +21,12 @@ from jaxformer.errors import CheckpointError, with_article
 from jaxformer.model.config import ConfigError, TransformerConfig
 from jaxformer.model.transformer import stack_layers, unstack_layers
 from jaxformer.run.directory import CHECKPOINT_KINDS, RunDirectory
-from jaxformer.run.loading import load_from_directory, locate_checkpoint, warn_if_final_trained_past
+from jaxformer.run.loading import (
+    load_from_directory,
+    locate_checkpoint,
+    warn_if_final_trained_past,
+    with_final_choice_remedy,
+)
 from jaxformer.run.metadata import CheckpointMetadata
 
 logger = logging.getLogger(__name__)
@@ -62,7 +67,10 @@ def load_starting_points(training: ml_collections.ConfigDict) -> tuple[StartingP
             directory, step = locate_checkpoint(path, training.init_checkpoint)
             # "latest" of a run's checkpoints/ is its newest readable step, as translate and export read it.
             latest = step is None and directory == RunDirectory(directory.parent).checkpoints
-            step, metadata, params = load_from_directory(directory, step, newest_readable=latest)
+            try:
+                step, metadata, params = load_from_directory(directory, step, newest_readable=latest)
+            except CheckpointError as error:  # a damaged final choice: translate's remedy
+                raise with_final_choice_remedy(directory, step, error) from None
         except CheckpointError as error:  # named by the key that led there
             chosen = (
                 ""

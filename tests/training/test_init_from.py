@@ -119,6 +119,21 @@ def test_a_start_from_a_final_choice_the_run_trained_past_is_named_as_translate_
             "its training command again makes the choice at the run's end (until then, final is step 5's)"
         ]
 
+    # Damaged, that choice was refused in words without translate's remedy: the same words now.
+    flip_bit(workdir / "final" / "5", 0.5)
+    with pytest.raises(CheckpointError) as translated:
+        load_checkpoint(workdir, "final")
+    assert "running the run's training command again makes the choice again" in str(translated.value)
+    for init_from, choice in ((workdir, "final"), (workdir / "final", "latest"), (workdir / "final" / "5", "latest")):
+        training.init_from, training.init_checkpoint = str(init_from), choice
+        with pytest.raises(CheckpointError) as started:
+            load_starting_points(training)
+        chosen = "" if choice == "latest" else " (training.init_checkpoint='final')"
+        assert str(started.value) == f"training.init_from{chosen}: {translated.value}"
+    training.init_from, training.init_checkpoint = str(workdir / "final"), "7"  # missing, not damaged: no remedy
+    with pytest.raises(CheckpointError, match=r"final has no checkpoint for step 7; it has \[5\]$"):
+        load_starting_points(training)
+
 
 def test_latest_skips_a_damaged_newest_step_as_translate_does(source_run, tmp_path, caplog):
     """A run's damaged newest checkpoint: "latest" starts from the newest that reads, with
