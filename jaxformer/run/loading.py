@@ -12,6 +12,7 @@ from jaxformer.errors import CheckpointError, with_article
 from jaxformer.model.config import ConfigError, TransformerConfig
 from jaxformer.run.checkpoint import Checkpointer
 from jaxformer.run.directory import CHECKPOINT_KINDS, RunDirectory, parse_checkpoint_choice
+from jaxformer.run.export_origin import EXPORT_LOADER, export_description, export_origin
 from jaxformer.run.interrupted_saves import interrupted_replacement_note, interrupted_replacements
 from jaxformer.run.metadata import CheckpointMetadata
 from jaxformer.run.removal import CheckpointRemoved, listing_again
@@ -307,10 +308,20 @@ def locate_checkpoint(path: str | os.PathLike, checkpoint: str | int = "latest")
 
 
 def _not_a_workdir(path: pathlib.Path) -> str:
-    """Why `path` holds no checkpoint to load: it is one of a workdir's folders, or a step in one
-    (then which workdir and choice to give instead), or no run at all."""
+    """Why `path` holds no checkpoint to load: it is an export (then the run it was exported from),
+    one of a workdir's folders, or a step in one (then which workdir and choice to give instead),
+    or no run at all."""
     if not path.exists():
         return f"{path} does not exist"
+    origin = export_origin(path)
+    if origin is not None:
+        run = (
+            f"give the run it was exported from, --workdir {origin.workdir}"
+            + (f" --checkpoint {origin.checkpoint}" if origin.checkpoint is not None else "")
+            if origin.workdir is not None
+            else "give the training run it was exported from (its config.json names none)"
+        )
+        return f"{export_description(path)}: serve it with python {path / EXPORT_LOADER}, or {run}"
     kinds = {RunDirectory(path.parent).checkpoint_directory(kind).name: kind for kind in CHECKPOINT_KINDS}
     if path.name in kinds:
         return f"{path} is the {path.name}/ folder of the workdir {path.parent}: give that workdir"

@@ -6,7 +6,6 @@ travel: the optimizer, the step and the data order start afresh in the new workd
 from __future__ import annotations
 
 import dataclasses
-import json
 import logging
 import pathlib
 from collections.abc import Sequence
@@ -20,7 +19,8 @@ from flax import traverse_util
 from jaxformer.errors import CheckpointError, with_article
 from jaxformer.model.config import ConfigError, TransformerConfig
 from jaxformer.model.transformer import stack_layers, unstack_layers
-from jaxformer.run.directory import CHECKPOINT_KINDS, RunDirectory
+from jaxformer.run.directory import RunDirectory
+from jaxformer.run.export_origin import export_description, export_origin
 from jaxformer.run.loading import (
     load_from_directory,
     locate_checkpoint,
@@ -36,9 +36,6 @@ logger = logging.getLogger(__name__)
 PARTS = {"model": "init_from", "encoder": "init_encoder_from", "decoder": "init_decoder_from"}
 # The architecture each part is taken from.
 _PART_ARCHITECTURE = {"encoder": "encoder_only", "decoder": "decoder_only"}
-# What marks jaxformer-export's folder: config.json's "format" (jaxformer.export.standalone.FORMAT,
-# which training cannot import; tests/training/test_init_from.py holds them equal) or serve.py.
-_EXPORT_FORMAT, _EXPORT_LOADER = "jaxformer-export", "serve.py"
 
 
 @dataclasses.dataclass(frozen=True)
@@ -93,33 +90,17 @@ def load_starting_points(training: ml_collections.ConfigDict) -> tuple[StartingP
 
 def refuse_an_export(path: str, key: str) -> None:
     """A `CheckpointError` where `path` is an export's folder (jaxformer-export's output), which was
-    said to be no workdir, or to hold no checkpoint when named final or best: it holds the parameters
-    in their decoding form for its program, without the run's config, so no run starts from it. The
-    run it was exported from, which its config.json records, does."""
-    folder = pathlib.Path(path)
-    try:
-        config = json.loads((folder / "config.json").read_bytes())
-    except (OSError, ValueError):
-        config = None
-    if (
-        not (isinstance(config, dict) and config.get("format") == _EXPORT_FORMAT)
-        and not (folder / _EXPORT_LOADER).is_file()
-    ):
+    said to be no workdir, or to hold no checkpoint when named final or best: no run starts from
+    it; the run it was exported from, which its config.json records, does."""
+    origin = export_origin(path)
+    if origin is None:
         return
-    recorded = config.get("checkpoint") if isinstance(config, dict) else None
-    workdir = recorded.get("workdir") if isinstance(recorded, dict) else None
     start = "start from the training run it was exported from (its config.json names none)"
-    if isinstance(workdir, str):
-        which, step = recorded.get("which"), recorded.get("step")
-        # The step exported, where it was the newest ("latest" of that run has moved on since).
-        choice = which if which in CHECKPOINT_KINDS and which != "latest" else step
-        start = f"start from the run it was exported from: training.{key}={workdir}" + (
-            f" training.init_checkpoint={choice}" if choice is not None else ""
+    if origin.workdir is not None:
+        start = f"start from the run it was exported from: training.{key}={origin.workdir}" + (
+            f" training.init_checkpoint={origin.checkpoint}" if origin.checkpoint is not None else ""
         )
-    raise CheckpointError(
-        f"{folder} is an export (jaxformer-export's folder: parameters in decoding form for its program, "
-        f"without a checkpoint's run config), not a training run; {start}"
-    )
+    raise CheckpointError(f"{export_description(pathlib.Path(path))}; {start}")
 
 
 # The model fields a part's parameters were trained for: each must be the new model's, or the

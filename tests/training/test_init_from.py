@@ -18,9 +18,10 @@ from jaxformer.model.transformer import Transformer, stack_layers, unstack_layer
 from jaxformer.run import loading
 from jaxformer.run.checkpoint import Checkpointer
 from jaxformer.run.directory import RunDirectory
+from jaxformer.run.export_origin import EXPORT_FORMAT, EXPORT_LOADER
 from jaxformer.run.loading import load_checkpoint, locate_checkpoint
 from jaxformer.training.config_file import load_config_file
-from jaxformer.training.init_from import _EXPORT_FORMAT, _EXPORT_LOADER, load_starting_points
+from jaxformer.training.init_from import load_starting_points
 from jaxformer.training.loop import train_and_evaluate
 from tests.run.test_checkpoint_integrity import flip_bit
 from tests.training.test_loop import losses
@@ -232,7 +233,7 @@ def test_an_export_is_named_with_the_run_it_was_exported_from(tmp_path):
     """An export's folder (jaxformer-export's output) was 'not a jaxformer workdir', or, named final or
     best, said to hold no checkpoint. It is named an export, with the run and checkpoint its config.json
     records as the start to give instead, in one line."""
-    assert (_EXPORT_FORMAT, _EXPORT_LOADER) == (standalone.FORMAT, standalone.LOADER_FILE)
+    assert (EXPORT_FORMAT, EXPORT_LOADER) == (standalone.FORMAT, standalone.LOADER_FILE)
     training = tiny_config(".").training
     runs = tmp_path / "runs"
     for folder, which, suggested in (
@@ -260,6 +261,33 @@ def test_an_export_is_named_with_the_run_it_was_exported_from(tmp_path):
         load_starting_points(training)
     assert str(error.value).startswith(f"training.init_decoder_from (training.init_checkpoint='5'): {export} is an ")
     assert str(error.value).endswith("; start from the training run it was exported from (its config.json names none)")
+
+
+def test_an_export_given_as_a_workdir_is_named_with_the_run_to_give(tmp_path):
+    """translate, evaluate and export given an export's folder for --workdir said 'not a jaxformer
+    workdir' (or, for one named final, that it was a workdir's final/ folder); they name it an export,
+    its serve.py, and the run and checkpoint its config.json records."""
+    runs = tmp_path / "runs"
+    for folder, recorded, give in (
+        (
+            "exports",
+            {"workdir": str(runs), "which": "latest", "step": 150},
+            f"the run it was exported from, --workdir {runs} --checkpoint 150",
+        ),
+        (
+            "final",
+            {"workdir": str(runs), "which": "final", "step": 150},
+            f"the run it was exported from, --workdir {runs} --checkpoint final",
+        ),
+        ("other", None, "the training run it was exported from (its config.json names none)"),
+    ):
+        export = tmp_path / folder
+        export.mkdir()
+        (export / "config.json").write_text(json.dumps({"format": standalone.FORMAT, "checkpoint": recorded}))
+        with pytest.raises(CheckpointError) as error:
+            load_checkpoint(str(export), "latest")
+        assert str(error.value).startswith(f"{export} is an export (jaxformer-export's folder")
+        assert str(error.value).endswith(f": serve it with python {export / standalone.LOADER_FILE}, or give {give}")
 
 
 def test_stack_layers_inverts_unstack_layers():

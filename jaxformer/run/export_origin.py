@@ -1,0 +1,54 @@
+"""Whether a folder given where a training run belongs is jaxformer-export's output, and which run
+it was exported from: an export holds the parameters in their decoding form for its program,
+without the run's config, so no command that reads a run reads it; the run its config.json
+records does."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import pathlib
+
+from jaxformer.run.directory import CHECKPOINT_KINDS
+
+# What marks jaxformer-export's folder: config.json's "format" (jaxformer.export.standalone.FORMAT,
+# which run cannot import; tests/training/test_init_from.py holds them equal) or its loader file.
+EXPORT_FORMAT, EXPORT_LOADER = "jaxformer-export", "serve.py"
+
+
+@dataclasses.dataclass(frozen=True)
+class ExportOrigin:
+    """The run an export was made from, as its config.json records it (None where it names none),
+    and the checkpoint to choose there: its kind, or the step exported where that was the newest
+    ("latest" of that run may have moved on since)."""
+
+    workdir: str | None
+    checkpoint: str | int | None
+
+
+def export_origin(path: str | pathlib.Path) -> ExportOrigin | None:
+    """The origin of the export at `path`, or None where `path` is no export's folder."""
+    folder = pathlib.Path(path)
+    try:
+        config = json.loads((folder / "config.json").read_bytes())
+    except (OSError, ValueError):
+        config = None
+    if (
+        not (isinstance(config, dict) and config.get("format") == EXPORT_FORMAT)
+        and not (folder / EXPORT_LOADER).is_file()
+    ):
+        return None
+    recorded = config.get("checkpoint") if isinstance(config, dict) else None
+    workdir = recorded.get("workdir") if isinstance(recorded, dict) else None
+    if not isinstance(workdir, str):
+        return ExportOrigin(None, None)
+    which, step = recorded.get("which"), recorded.get("step")
+    return ExportOrigin(workdir, which if which in CHECKPOINT_KINDS and which != "latest" else step)
+
+
+def export_description(path: str | pathlib.Path) -> str:
+    """How errors name an export's folder."""
+    return (
+        f"{path} is an export (jaxformer-export's folder: parameters in decoding form for its program, "
+        "without a checkpoint's run config), not a training run"
+    )
