@@ -215,8 +215,15 @@ def assert_same_hypotheses(actual, expected, rtol=1e-6):
 def assert_seed_refused(cls, parts, seed, missing_workdir):
     """`cls(*parts, seed=seed)` (a Translator or a LanguageModel) and `cls.from_workdir` refuse
     `seed` in check_seed's words, the latter before `missing_workdir` is looked at."""
-    message = f"seed must be an integer from 0 to 4294967295, got {seed!r}"
-    for make in (lambda: cls(*parts, seed=seed), lambda: cls.from_workdir(missing_workdir, seed=seed)):
+    assert_option_refused(
+        cls, parts, {"seed": seed}, f"seed must be an integer from 0 to 4294967295, got {seed!r}", missing_workdir
+    )
+
+
+def assert_option_refused(cls, parts, options, message, missing_workdir):
+    """`cls(*parts, **options)` and `cls.from_workdir(missing_workdir, **options)` refuse them
+    with `message`, the latter before `missing_workdir` is looked at."""
+    for make in (lambda: cls(*parts, **options), lambda: cls.from_workdir(missing_workdir, **options)):
         with pytest.raises(ValueError) as refused:
             make()
         assert str(refused.value) == message

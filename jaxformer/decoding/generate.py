@@ -46,6 +46,24 @@ def check_seed(seed: Any) -> None:
         raise ValueError(f"seed must be an integer from 0 to {MAX_SEED}, got {seed!r}")
 
 
+# The least value of each integer option of Translator and LanguageModel: a piece of at most one
+# token would hold no source token besides its EOS, and a bucket or batch of 0 divides by zero.
+OPTION_MINIMUMS = {"batch_size": 1, "length_bucket": 1, "max_source_tokens": 2, "parallel_batches": 1}
+
+
+def check_options(options: dict[str, Any]) -> None:
+    """A ValueError naming the first of Translator's or LanguageModel's keyword `options` (as given)
+    that they cannot run with; `from_workdir` checks them before anything is read."""
+    for name, value in options.items():
+        minimum = OPTION_MINIMUMS.get(name)
+        if minimum is not None and (isinstance(value, bool) or not isinstance(value, int) or value < minimum):
+            raise ValueError(f"{name} must be an integer >= {minimum}, got {value!r}")
+    if "max_buffer_growth" in options and not options["max_buffer_growth"] >= 1:
+        raise ValueError(f"max_buffer_growth must be >= 1, got {options['max_buffer_growth']}")
+    if "seed" in options:
+        check_seed(options["seed"])
+
+
 # The type each DecodeSettings field must have (checked before its range): a float or a string
 # there fails inside jit with a JAX TypeError, a bool passes as 0 or 1.
 _FIELD_KINDS: dict[str, Any] = {

@@ -17,7 +17,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from jaxformer.data.tokenizer import Tokenizer
-from jaxformer.decoding.generate import DecodeSettings, Hypotheses, check_seed, decoding_variant, search
+from jaxformer.decoding.generate import DecodeSettings, Hypotheses, check_options, decoding_variant, search
 from jaxformer.decoding.search import SearchSpec
 from jaxformer.decoding.sentence_batches import sentence_list
 from jaxformer.model.cache import DecoderCache, init_cache
@@ -165,12 +165,10 @@ class LanguageModel:
             )
         if config.vocab_size != tokenizer.vocab_size:
             raise ValueError(f"the model has {config.vocab_size} tokens, its tokenizer {tokenizer.vocab_size}")
-        # Checked here, as Translator checks it: a batch of 0 fails in range() at the first prompt, and
-        # one below 0 continues no prompt at all (complete_nbest gave None for each).
-        if isinstance(batch_size, bool) or not isinstance(batch_size, int) or batch_size < 1:
-            raise ValueError(f"batch_size must be an integer >= 1, got {batch_size!r}")
+        # As Translator checks them: a batch of 0 fails in range() at the first prompt, and one below
+        # 0 continues no prompt at all (complete_nbest gave None for each).
+        check_options({"batch_size": batch_size, "seed": seed})
         settings.check_fits(config)
-        check_seed(seed)
         self.config, self.params = decoding_variant(config, jax.device_put(params))
         self.tokenizer, self.settings, self.batch_size = tokenizer, settings, batch_size
         model = DecoderOnly(self.config)
@@ -188,7 +186,7 @@ class LanguageModel:
         """The model and tokenizer of a decoder-only training run's `checkpoint`. A `ConfigError`
         naming the workdir, before any parameter is read, when its model is of another architecture."""
         checkpoint = parse_checkpoint_choice(checkpoint)
-        check_seed(kwargs.get("seed", 0))  # before anything is read
+        check_options(kwargs)  # before anything is read
         model_config = require_architecture(
             workdir,
             checkpoint,

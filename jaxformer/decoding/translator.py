@@ -16,7 +16,7 @@ import tqdm
 from jaxformer.data.tokenizer import Tokenizer
 from jaxformer.decoding import sentence_batches
 from jaxformer.decoding.checkpoint_alpha import ChosenSearch, checkpoint_settings
-from jaxformer.decoding.generate import DecodeSettings, check_seed, decoding_variant, make_generate_fn
+from jaxformer.decoding.generate import DecodeSettings, check_options, decoding_variant, make_generate_fn
 from jaxformer.model.config import ConfigError, TransformerConfig
 from jaxformer.model.transformer import unstack_layers
 from jaxformer.run.directory import checkpoint_name, parse_checkpoint_choice
@@ -91,16 +91,10 @@ class Translator:
                 raise ValueError(
                     f"the model's {side} vocabulary has {model_size} tokens, its tokenizer {side_tokenizer.vocab_size}"
                 )
-        # Checked here, not at the first batch: a piece of at most one token would hold no source
-        # token besides its EOS, and a bucket or batch of 0 divides by zero.
-        for name, value, minimum in (
-            ("batch_size", batch_size, 1),
-            ("length_bucket", length_bucket, 1),
-            ("max_source_tokens", max_source_tokens, 2),
-        ):
-            if isinstance(value, bool) or not isinstance(value, int) or value < minimum:
-                raise ValueError(f"{name} must be an integer >= {minimum}, got {value!r}")
-        check_seed(seed)
+        options = dict(batch_size=batch_size, length_bucket=length_bucket, max_source_tokens=max_source_tokens)
+        check_options(
+            {**options, "max_buffer_growth": max_buffer_growth, "parallel_batches": parallel_batches, "seed": seed}
+        )
         settings.check_fits(config)
         self.config, _ = decoding_variant(config, {})
         self.params = None if params is None else decoding_variant(config, jax.device_put(params))[1]
@@ -110,11 +104,7 @@ class Translator:
         # A model with a last position (an imported MarianMT model's) never reads a source past it.
         max_source_tokens = min(max_source_tokens, config.max_positions or max_source_tokens)
         self.batch_size, self.length_bucket, self.max_source_tokens = batch_size, length_bucket, max_source_tokens
-        if not max_buffer_growth >= 1:
-            raise ValueError(f"max_buffer_growth must be >= 1, got {max_buffer_growth}")
         self.max_buffer_growth = max_buffer_growth
-        if parallel_batches < 1:
-            raise ValueError(f"parallel_batches must be >= 1, got {parallel_batches}")
         self.parallel_batches = parallel_batches
         self._generate = make_generate_fn(self.config, settings)
         self._compiled_lengths: set[int] = set()  # shared with with_params' copies, as _generate is
@@ -165,7 +155,7 @@ class Translator:
         Without `loaded`, the checkpoint is read once: the model and the search are checked from its
         metadata before its parameters are read."""
         checkpoint = parse_checkpoint_choice(checkpoint)  # "300" as --checkpoint 300
-        check_seed(kwargs.get("seed", 0))  # before anything is read
+        check_options(kwargs)  # before anything is read
         settled = {}  # the last checkpoint's settled: "latest" is settled again where a damaged newest is skipped
 
         def settle(metadata: CheckpointMetadata) -> None:  # from the one read of its metadata, before the parameters

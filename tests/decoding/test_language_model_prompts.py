@@ -19,7 +19,7 @@ from jaxformer.decoding.language_model import (
 from jaxformer.model.config import preset
 from jaxformer.model.decoder_only import DecoderOnly
 from jaxformer.tokens import BOS_ID, EOS_ID, PAD_ID, UNK_ID
-from tests.conftest import assert_seed_refused, read_raw
+from tests.conftest import assert_option_refused, assert_seed_refused, read_raw
 
 SETTINGS = DecodeSettings(method="greedy", max_extra_length=3)
 
@@ -93,12 +93,13 @@ def test_text_prompts_and_the_empty_prompt_are_accepted(language_model, tokenize
 
 
 @pytest.mark.parametrize("batch_size", [0, -1])
-def test_a_batch_size_below_1_is_refused_when_made(language_model, batch_size):
+def test_a_batch_size_below_1_is_refused_before_anything_is_read(language_model, tmp_path, batch_size):
     """As Translator refuses it: at 0 range() failed at the first prompt, below 0 no prompt was
-    continued (complete_nbest gave None for each prompt, complete a TypeError)."""
+    continued (complete_nbest gave None for each prompt, complete a TypeError); from_workdir read the
+    checkpoint first."""
     parts = (language_model.config, language_model.params, language_model.tokenizer, SETTINGS)
-    with pytest.raises(ValueError, match=rf"^batch_size must be an integer >= 1, got {batch_size}$"):
-        LanguageModel(*parts, batch_size=batch_size)
+    message = f"batch_size must be an integer >= 1, got {batch_size}"
+    assert_option_refused(LanguageModel, parts, {"batch_size": batch_size}, message, tmp_path / "no run")
 
 
 def test_a_seed_that_jax_would_take_for_another_is_refused_before_anything_is_read(language_model, tmp_path):

@@ -12,7 +12,7 @@ from jaxformer.decoding.translator import Translator
 from jaxformer.errors import CheckpointError
 from jaxformer.run.loading import load_checkpoint
 from jaxformer.tokens import EOS_ID, PAD_ID
-from tests.conftest import assert_seed_refused, make_workdir, read_raw
+from tests.conftest import assert_option_refused, assert_seed_refused, make_workdir, read_raw
 
 pytestmark = pytest.mark.xdist_group("decoding-workdir")
 GREEDY = DecodeSettings(method="greedy", max_extra_length=8)
@@ -116,6 +116,22 @@ def test_seeds_that_jax_would_take_for_others_are_refused_before_anything_is_rea
     assert Translator(*parts, seed=2**32 - 1).settings == GREEDY
     for seed in (2**32, -1, 2**64, True):
         assert_seed_refused(Translator, parts, seed, tmp_path / "no run")
+
+
+@pytest.mark.parametrize(
+    "options, message",
+    [
+        ({"batch_size": 0}, "batch_size must be an integer >= 1, got 0"),
+        ({"length_bucket": 0}, "length_bucket must be an integer >= 1, got 0"),
+        ({"max_source_tokens": 1}, "max_source_tokens must be an integer >= 2, got 1"),
+        ({"parallel_batches": 0}, "parallel_batches must be an integer >= 1, got 0"),
+        ({"max_buffer_growth": 0.5}, "max_buffer_growth must be >= 1, got 0.5"),
+    ],
+)
+def test_options_it_cannot_run_with_are_refused_before_anything_is_read(translator, tmp_path, options, message):
+    """from_workdir read the whole checkpoint before the constructor refused them."""
+    parts = (translator.config, translator.params, translator.tokenizer, GREEDY)
+    assert_option_refused(Translator, parts, options, message, tmp_path / "no run")
 
 
 def test_translate_ids_names_the_callers_source(translator):
