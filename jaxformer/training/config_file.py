@@ -16,6 +16,7 @@ import importlib.util
 import logging
 import os
 import pathlib
+import sys
 import traceback
 from collections.abc import Sequence
 from typing import Any
@@ -43,6 +44,9 @@ def call_file_function(path: str | pathlib.Path, function: str, kind: str = "con
     # the README promises that any path is read as a config file.
     spec = importlib.util.spec_from_file_location(name, path, loader=_UncachedSourceLoader(name, str(path)))
     module = importlib.util.module_from_spec(spec)
+    # Registered as an import registers a module (and ml_collections' loader did): dataclasses,
+    # typing.get_type_hints and pickle look a class's module up in sys.modules.
+    sys.modules[name] = module
     try:
         spec.loader.exec_module(module)
     except SyntaxError as error:

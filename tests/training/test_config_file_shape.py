@@ -220,6 +220,26 @@ def test_a_path_not_ending_in_py_keeps_the_one_line_errors(text, message, tmp_pa
             load_config_file(missing)
 
 
+def test_a_file_defining_a_dataclass_loads_as_python_runs_it(tmp_path):
+    """dataclasses (and typing.get_type_hints, pickle) find a class's module in sys.modules: a file
+    loaded without being put there failed with "'NoneType' object has no attribute '__dict__'"
+    where its annotations are strings (`from __future__ import annotations`), as any module may have them."""
+    helpers = (
+        "from __future__ import annotations\nimport dataclasses, typing\n\n"
+        "@dataclasses.dataclass\nclass Width:\n    d_model: int = 48\n\n"
+        "assert typing.get_type_hints(Width) == {'d_model': int}\n"
+    )
+    config = tmp_path / "mine.py"
+    config.write_text(
+        helpers + "from jaxformer.configs.tiny import get_config as tiny\n\n"
+        "def get_config():\n    c = tiny()\n    c.model.d_model = Width().d_model\n    return c\n"
+    )
+    assert load_config(str(config)).model.d_model == 48
+    sweep = tmp_path / "sweep.py"
+    sweep.write_text(helpers + "def get_sweep():\n    return {'wide': [f'model.d_model={Width().d_model}']}\n")
+    assert load_sweep(str(sweep)) == {"wide": ["model.d_model=48"]}
+
+
 def test_a_sweep_file_not_ending_in_py_is_read_as_python(tmp_path):
     path = tmp_path / "sweep.txt"
     path.write_text("def get_sweep():\n    return {'wide': ['model.d_ff=128'], 'base': []}\n")
