@@ -51,8 +51,13 @@ def load_sweep(name_or_path: str) -> dict[str, list[str]]:
                 f"sweep file {path}: variant name {name!r} is taken: the sweep's workdir holds its own "
                 f"{', '.join(SweepDirectory.OWN_NAMES)} beside the variants' runs; choose another"
             )
-        if isinstance(overrides, str) or not all(isinstance(item, str) for item in overrides):
-            raise ConfigError(f"sweep file {path}: variant {name!r} must list its overrides as strings KEY=VALUE")
+        # a list or tuple only: a dict's values would be dropped unread, a number or None is no list
+        if not isinstance(overrides, (list, tuple)) or not all(isinstance(item, str) for item in overrides):
+            given = repr(overrides)
+            given = given if len(given) <= 60 else given[:57] + "..."
+            raise ConfigError(
+                f"sweep file {path}: variant {name!r} must list its overrides as strings KEY=VALUE, not {given}"
+            )
     return sweep
 
 

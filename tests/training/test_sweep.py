@@ -213,6 +213,12 @@ def test_seeds_train_each_variant_again_with_moved_seeds_and_rank_by_the_mean(tm
         ),
         ({"bad": ["model.d_model=30"]}, r"variant 'bad': .*d_model"),
         ({"a b": []}, r"variant name 'a b' must match"),
+        # Overrides not written as a list of strings: no traceback, and a dict's values are not dropped unread.
+        ({"five": 5}, r"variant 'five' must list its overrides as strings KEY=VALUE, not 5$"),
+        ({"unset": None}, r"variant 'unset' must list its overrides as strings KEY=VALUE, not None$"),
+        ({"keyed": {"model.d_ff": "128"}}, r"variant 'keyed' must list .* not \{'model.d_ff': '128'\}$"),
+        ({"one": "model.d_ff=128"}, r"variant 'one' must list its overrides as strings KEY=VALUE, not 'model"),
+        ({"mixed": ["model.d_ff=128", 3]}, r"variant 'mixed' must list .*, not \['model.d_ff=128', 3\]$"),
         # The sweep's own files and folder: a variant's run there would overwrite them, or they it.
         ({"sweep.jsonl": ["model.dropout_rate=0.2"]}, r"variant name 'sweep.jsonl' is taken: .* sweep.md, pace"),
         ({"Sweep.md": ["model.dropout_rate=0.2"]}, r"variant name 'Sweep.md' is taken"),
