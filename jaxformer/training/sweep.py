@@ -33,6 +33,7 @@ from __future__ import annotations
 import copy
 import dataclasses
 import logging
+import math
 import pathlib
 from collections.abc import Callable, Sequence
 from typing import Any
@@ -46,7 +47,7 @@ from jaxformer.run.directory import RunDirectory
 from jaxformer.training import experiment
 from jaxformer.training.config_file import apply_overrides, load_config, refuse_repeated_keys
 from jaxformer.training.config_paths import with_absolute_paths
-from jaxformer.training.final_choice import CANDIDATES
+from jaxformer.training.final_choice import CANDIDATES, SCORES
 from jaxformer.training.signals import RaiseOnSignal, Stopped
 from jaxformer.training.sweep_pace import pace_file, stored_pace, variant_pace
 from jaxformer.training.sweep_validation import (
@@ -148,12 +149,40 @@ def finished_result(workdir: pathlib.Path) -> dict[str, Any] | None:
     if not path.is_file():
         return None
     last = read_json_object(path)
-    if last is None or not isinstance(last.get("final", {}), dict):
+    problem = None if last is None else _last_metrics_problem(last)
+    if last is None or not isinstance(last.get("final", {}), dict) or problem:
         raise UserError(
-            f"{path} is damaged (not a run's last metrics): remove it, and the sweep runs that variant's run "
-            "again, which finds its steps and final choice saved and writes the file anew"
+            f"{path} is damaged (not a run's last metrics{problem or ''}): remove it, and the sweep runs that "
+            "variant's run again, which finds its steps and final choice saved and writes the file anew"
         )
     return last if "bleu" in last.get("final", {}) else None
+
+
+def _last_metrics_problem(last: dict[str, Any]) -> str | None:
+    """'; its KEY is VALUE, not ...' for the first value of a finished run's last metrics that its
+    row (`result_row`) could not take, or None: read before anything trains, not as a traceback (or a
+    row that sweep.jsonl then refuses) once earlier variants have trained."""
+    final = last.get("final", {})
+    if not isinstance(final, dict) or "bleu" not in final:
+        return None
+
+    def number(value) -> bool:
+        return isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
+
+    for key, value, kind in (
+        ("step", last.get("step"), "an integer"),
+        ("train_seconds", last.get("train_seconds"), "a finite number"),
+        ("final.bleu", final.get("bleu"), "a finite number"),
+    ):
+        if not number(value) or (kind == "an integer" and not isinstance(value, int)):
+            return f"; its {key} is {value!r}, not {kind}"
+    if not isinstance(final.get("chosen"), str):
+        return f"; its final.chosen is {final.get('chosen')!r}, not a string"
+    scores = ("alpha", "lowercase_bleu", "chrf", *(f"{name}/{score}" for name in CANDIDATES for score in SCORES))
+    for key in scores:
+        if final.get(key) is not None and not number(final[key]):
+            return f"; its final.{key} is {final[key]!r}, not a finite number or null"
+    return None
 
 
 def run_config(variant: Variant, seed_offset: int, pace: dict[str, Any] | None) -> ml_collections.ConfigDict:

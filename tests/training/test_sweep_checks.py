@@ -211,6 +211,7 @@ def test_a_damaged_pace_or_last_metrics_file_is_one_line_naming_it(tmp_path, cap
     shutil.rmtree(workdir)
     assert sweep(tmp_path, capsys, variants)[0] == 0
     last_metrics = workdir / "lr3" / "last_metrics.json"
+    finished = json.loads(last_metrics.read_text())
     for damaged in ('{"step": 12, "fin', "[]"):
         last_metrics.write_text(damaged)
         code, err = sweep(tmp_path, capsys, variants)
@@ -218,6 +219,24 @@ def test_a_damaged_pace_or_last_metrics_file_is_one_line_naming_it(tmp_path, cap
             f"error: {last_metrics} is damaged (not a run's last metrics): remove it, and the sweep runs that "
             "variant's run again, which finds its steps and final choice saved and writes the file anew\n"
         )
+    # A JSON object, but without what the variant's row takes: named, where it was a traceback (or
+    # a NaN row that sweep.jsonl refused on the next invocation).
+    for key, value, named in (
+        ("step", None, "its step is None, not an integer"),
+        ("step", "12", "its step is '12', not an integer"),
+        ("train_seconds", True, "its train_seconds is True, not a finite number"),
+        ("final.chosen", None, "its final.chosen is None, not a string"),
+        ("final.bleu", float("nan"), "its final.bleu is nan, not a finite number"),
+        ("final.latest/bleu", "x", "its final.latest/bleu is 'x', not a finite number or null"),
+    ):
+        edited = json.loads(json.dumps(finished))
+        if key.startswith("final."):
+            edited["final"][key.removeprefix("final.")] = value
+        else:
+            edited[key] = value
+        last_metrics.write_text(json.dumps(edited))
+        code, err = sweep(tmp_path, capsys, variants)
+        assert code == 2 and err.startswith(f"error: {last_metrics} is damaged (not a run's last metrics; {named}):")
     assert runs.trained == ["baseline", "lr3"]  # the second sweep's only
 
 
