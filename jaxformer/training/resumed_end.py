@@ -67,7 +67,7 @@ def shortened_past(training, step: int, heading: bool, budget_spent: bool, sched
     if last <= floor * (1 + 1e-4):
         logger.info("%s; the budget schedule had reached its floor", said)
     else:
-        above = f"{last / floor:.1f}x its floor {floor:.3g}" if floor > 0 else "its floor 0"
+        above = f"{last / floor:.1f}x its floor {floor:.3g}" if floor > 0 else "above its floor 0"
         logger.warning(
             "%s, so the budget schedule ended above its floor: the rate %.3g is %s (its end was step %.0f)",
             *(said, last, above, schedule_end.steps(state)),

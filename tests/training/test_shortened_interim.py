@@ -205,6 +205,26 @@ def test_a_spent_time_budget_shortens_only_a_run_that_was_heading_past_its_step(
         shortened = shortened_past(training, 22, True, True, no_budget_schedule, None, None)
     assert shortened == "training.time_budget_minutes=0.2"
     assert caplog.messages == [f"{shortened} ends the run at step 22, already trained: it was shortened past that step"]
+    # Under the budget schedule its rate is said against the floor; a floor of 0 is no multiple, and
+    # the rate above it is not the floor.
+    budget_schedule = types.SimpleNamespace(active=True, steps=lambda state: 400.0)
+    state = types.SimpleNamespace(opt_state=None)
+    for floor, above in ((0.01, "3.0x its floor 0.01"), (0.0, "above its floor 0")):
+        caplog.clear()
+        with caplog.at_level(logging.WARNING):
+            shortened_past(
+                training,
+                22,
+                True,
+                True,
+                budget_schedule,
+                state,
+                lambda count, _, floor=floor: floor if count > 22 else 0.03,
+            )
+        assert caplog.messages == [
+            f"{shortened} ends the run at step 22, already trained: it was shortened past that step, so the budget "
+            f"schedule ended above its floor: the rate 0.03 is {above} (its end was step 400)"
+        ]
 
 
 def test_a_finished_run_shortened_past_its_step_and_run_again_is_not_shortened_again(caplog):
