@@ -102,6 +102,12 @@ def _problems(
     path = pace_file(workdir, variant)
     stored = stored_pace(path)
     run_dirs = [workdir / seed_run_name(variant, seed_offset) for seed_offset in range(seeds)]
+    # Else found as the variant's turn comes ("cannot create the workdir"), after the variants before it trained.
+    taken = [run_dir for run_dir in run_dirs if (run_dir.exists() or run_dir.is_symlink()) and not run_dir.is_dir()]
+    if taken:
+        return [
+            f"variant {variant.name!r}: {run_dir}, where it trains, is not a folder: move it away" for run_dir in taken
+        ]
     if baseline_steps is None and stored is not None:
         return [
             f"variant {variant.name!r} in {workdir} trains for a step budget ({path}): "

@@ -165,6 +165,18 @@ def test_a_run_trained_on_other_data_files_is_refused_before_anything_trains(tmp
     assert runs.trained == []
 
 
+def test_a_file_where_a_variant_trains_is_refused_before_the_variants_before_it_train(tmp_path, capsys, runs):
+    workdir = tmp_path / "sweep"
+    workdir.mkdir()
+    (workdir / "lr3@seed1").write_text("notes")
+    (workdir / "lr3@seed2").symlink_to(tmp_path / "nowhere")
+    code, err = sweep(tmp_path, capsys, {"baseline": [], "lr3": ["optimizer.learning_rate_scale=3.0"]}, "--seeds", "3")
+    assert code == 2 and err.startswith(f"error: 2 problems with the runs in {workdir}, found before training any: ")
+    for name in ("lr3@seed1", "lr3@seed2"):
+        assert f"variant 'lr3': {workdir / name}, where it trains, is not a folder: move it away" in err
+    assert runs.trained == []
+
+
 def test_a_second_sweep_in_the_same_workdir_is_refused_naming_the_first(tmp_path, capsys, runs):
     workdir = tmp_path / "sweep"
     workdir.mkdir()
