@@ -102,11 +102,17 @@ def _problems(
     path = pace_file(workdir, variant)
     stored = stored_pace(path)
     run_dirs = [workdir / seed_run_name(variant, seed_offset) for seed_offset in range(seeds)]
-    # Else found as the variant's turn comes ("cannot create the workdir"), after the variants before it trained.
-    taken = [run_dir for run_dir in run_dirs if (run_dir.exists() or run_dir.is_symlink()) and not run_dir.is_dir()]
+    # Else found as the variant's turn comes (its folder made, its pace written once measured), after
+    # the variants before it trained.
+    taken = [(run_dir, "where it trains", "a folder") for run_dir in run_dirs if _taken(run_dir, folder=True)]
+    if baseline_steps is not None and _taken(path.parent, folder=True):
+        taken.append((path.parent, "where the sweep keeps the paces", "a folder"))
+    elif baseline_steps is not None and _taken(path, folder=False):
+        taken.append((path, "where its pace is kept", "a file"))
     if taken:
         return [
-            f"variant {variant.name!r}: {run_dir}, where it trains, is not a folder: move it away" for run_dir in taken
+            f"variant {variant.name!r}: {place}, {purpose}, is not {kind}: move it away"
+            for place, purpose, kind in taken
         ]
     if baseline_steps is None and stored is not None:
         return [
@@ -131,6 +137,14 @@ def _problems(
         config = run_config(variant, seed_offset, stored)
         problems += run_problems(run_dir, variant, config, fingerprints)
     return problems
+
+
+def _taken(place: pathlib.Path, folder: bool) -> bool:
+    """Whether something lies at `place` that is not a folder (`folder`), or not a file: a link to
+    nothing included."""
+    if not (place.exists() or place.is_symlink()):
+        return False
+    return not (place.is_dir() if folder else place.is_file())
 
 
 def _kept_row_problems(

@@ -175,6 +175,20 @@ def test_a_file_where_a_variant_trains_is_refused_before_the_variants_before_it_
     for name in ("lr3@seed1", "lr3@seed2"):
         assert f"variant 'lr3': {workdir / name}, where it trains, is not a folder: move it away" in err
     assert runs.trained == []
+    # Under --baseline_steps, where the paces are written once measured.
+    variants = {"baseline": [], "lr3": ["optimizer.learning_rate_scale=3.0"]}
+    shutil.rmtree(workdir)
+    workdir.mkdir()
+    (workdir / "pace").write_text("notes")
+    code, err = sweep(tmp_path, capsys, variants, "--baseline_steps", "20", shared=STEPLESS)
+    assert code == 2 and f"variant 'lr3': {workdir / 'pace'}, where the sweep keeps the paces, is not a folder" in err
+    (workdir / "pace").unlink()
+    (workdir / "pace" / "lr3.json").mkdir(parents=True)
+    code, err = sweep(tmp_path, capsys, variants, "--baseline_steps", "20", shared=STEPLESS)
+    assert code == 2 and err == (
+        f"error: variant 'lr3': {workdir / 'pace' / 'lr3.json'}, where its pace is kept, is not a file: move it away\n"
+    )
+    assert runs.trained == []
 
 
 def test_a_second_sweep_in_the_same_workdir_is_refused_naming_the_first(tmp_path, capsys, runs):
