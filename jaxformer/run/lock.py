@@ -144,6 +144,8 @@ class WorkdirLock:
         return True
 
     def acquire(self) -> None:
+        if self.path.is_dir():  # no process's lock: taken over, it would be moved aside, then fail to be removed
+            raise UserError(f"{self.path} is a folder, where a {self.HOLDER} keeps its lock file: move it away")
         for _ in range(3):  # a takeover race with another run retries, then reports the winner
             if self._try_create():
                 self.held = True

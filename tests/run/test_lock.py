@@ -9,7 +9,8 @@ import time
 
 import pytest
 
-from jaxformer.run.lock import WorkdirLock, WorkdirLockedError
+from jaxformer.errors import UserError
+from jaxformer.run.lock import AveragingLock, SweepLock, WorkdirLock, WorkdirLockedError
 from tests.training.test_loop import command, environment, losses
 
 
@@ -28,6 +29,24 @@ def test_a_second_holder_is_refused_with_the_holder_named(tmp_path):
     assert not (tmp_path / "lock").exists()  # released
     with WorkdirLock(tmp_path):  # and free again
         pass
+
+
+@pytest.mark.parametrize(
+    "lock_type, name, holder",
+    [
+        (WorkdirLock, "lock", "training run"),
+        (SweepLock, "sweep.lock", "jaxformer-sweep"),
+        (AveragingLock, "averaged.lock", "jaxformer-average-checkpoints"),
+    ],
+)
+def test_a_folder_at_the_locks_path_is_refused_in_one_line_and_left_in_place(tmp_path, lock_type, name, holder):
+    (tmp_path / name).mkdir()
+    (tmp_path / name / "notes").write_text("mine")
+    with pytest.raises(UserError) as refused:
+        lock_type(tmp_path).acquire()
+    assert str(refused.value) == f"{tmp_path / name} is a folder, where a {holder} keeps its lock file: move it away"
+    assert sorted(path.name for path in tmp_path.iterdir()) == [name]  # not moved aside as a stale lock
+    assert (tmp_path / name / "notes").read_text() == "mine"
 
 
 def test_a_lock_of_a_dead_process_on_this_host_is_taken_over(tmp_path, caplog):
