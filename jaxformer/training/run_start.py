@@ -28,7 +28,7 @@ from jaxformer.data.sources import (
     load_split,
     prepare,
 )
-from jaxformer.errors import CheckpointError
+from jaxformer.errors import CheckpointError, UserError
 from jaxformer.model.architectures import build_model
 from jaxformer.model.config import TransformerConfig
 from jaxformer.run.checkpoint import Checkpointer
@@ -197,6 +197,9 @@ def prepare_run(config: ml_collections.ConfigDict, workdir: pathlib.Path) -> Pre
     folders += ["best"] if training.bleu_every_steps or training.final_choice else []
     folders += ["final"] if training.final_choice else []
     run.check_folders(*folders)  # a file there is found now, not by a save after hours of steps
+    for path in (run.metrics_file, run.last_metrics_file):  # and a folder where the metrics are written
+        if path.is_dir():
+            raise UserError(f"{path} is a folder, where the run writes its metrics: move it away")
     checkpointer = Checkpointer(run.checkpoints, keep=training.keep_checkpoints)
     latest = checkpointer.latest_step_metadata()
     saved = None if latest is None else latest[1]

@@ -146,6 +146,8 @@ def with_seed_offset(config: ml_collections.ConfigDict, seed_offset: int) -> ml_
 def finished_result(workdir: pathlib.Path) -> dict[str, Any] | None:
     """The run's last metrics when its final choice is made and scored, else None."""
     path = RunDirectory(workdir).last_metrics_file
+    if path.is_dir():  # found before anything trains (sweep_checks), not once the run has trained
+        raise UserError(f"{path} is a folder, where the run writes its last metrics: move it away")
     if not path.is_file():
         return None
     last = read_json_object(path)

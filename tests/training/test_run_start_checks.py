@@ -93,6 +93,18 @@ def test_a_file_where_a_fresh_run_saves_is_one_line_before_any_work(folder, hold
     assert (workdir / folder).read_text() == "junk\n"
 
 
+@pytest.mark.parametrize("name", ["metrics.jsonl", "last_metrics.json"])
+def test_a_folder_where_a_run_writes_its_metrics_is_one_line_before_any_work(name, tmp_path, capsys, no_data):
+    """Else found by a traceback: metrics.jsonl's as the first step is written, last_metrics.json's
+    once every step is trained (a sweep's variant too: jaxformer-sweep reads it before any trains)."""
+    workdir = tmp_path / "run"
+    (workdir / name).mkdir(parents=True)
+    assert train.main(["--config", "tiny", "--workdir", str(workdir)]) == EXIT_USER_ERROR
+    errors = [line for line in capsys.readouterr().err.splitlines() if line.startswith("error: ")]
+    assert errors == [f"error: {workdir / name} is a folder, where the run writes its metrics: move it away"]
+    assert sorted(path.name for path in workdir.iterdir()) == [name]  # nothing added, nothing lost
+
+
 def test_only_the_folders_a_run_uses_are_checked(tmp_path):
     run = RunDirectory(tmp_path)
     (tmp_path / "final").write_text("a file of mine")

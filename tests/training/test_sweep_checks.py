@@ -175,6 +175,16 @@ def test_a_file_where_a_variant_trains_is_refused_before_the_variants_before_it_
     for name in ("lr3@seed1", "lr3@seed2"):
         assert f"variant 'lr3': {workdir / name}, where it trains, is not a folder: move it away" in err
     assert runs.trained == []
+    (workdir / "lr3@seed1").unlink()
+    (workdir / "lr3@seed2").unlink()
+    (workdir / "lr3" / "last_metrics.json").mkdir(parents=True)  # where its run writes once trained
+    code, err = sweep(tmp_path, capsys, {"baseline": [], "lr3": ["optimizer.learning_rate_scale=3.0"]})
+    last_metrics = workdir / "lr3" / "last_metrics.json"
+    assert (code, err) == (
+        2,
+        f"error: {last_metrics} is a folder, where the run writes its last metrics: move it away\n",
+    )
+    assert runs.trained == []
     # Under --baseline_steps, where the paces are written once measured.
     variants = {"baseline": [], "lr3": ["optimizer.learning_rate_scale=3.0"]}
     shutil.rmtree(workdir)
