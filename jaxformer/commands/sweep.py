@@ -84,11 +84,13 @@ def build_parser() -> argparse.ArgumentParser:
 def run(args: argparse.Namespace, overrides: list[tuple[str, str]]) -> int:
     from jaxformer.run.lock import SweepLock
     from jaxformer.training.sweep import check_step_budget, make_variants, reference_config
+    from jaxformer.training.sweep_checks import check_seed_runs
     from jaxformer.training.sweep_file import load_sweep
     from jaxformer.training.sweep_validation import check_seeds_share_validation
 
     variants = make_variants(args.config, load_sweep(args.sweep), overrides)
     check_seeds_share_validation(variants[0].config, args.seeds)
+    check_seed_runs(variants, args.seeds)
     reference = None if args.baseline_steps is None else reference_config(args.config, overrides)
     if args.baseline_steps is not None:
         check_step_budget(variants, args.baseline_steps, overrides)

@@ -22,13 +22,37 @@ from jaxformer.errors import CheckpointError
 from jaxformer.model.config import ConfigError
 from jaxformer.run.directory import RunDirectory, SweepDirectory
 from jaxformer.run.metadata import CheckpointMetadata
-from jaxformer.training import resume_rules
+from jaxformer.training import experiment, resume_rules
 from jaxformer.training.config_paths import with_absolute_paths
 from jaxformer.training.sweep import Variant, finished_result, run_config, seed_run_name
 from jaxformer.training.sweep_pace import pace_file, stored_pace
 from jaxformer.training.sweep_validation import recorded_config, validation_differences
 
 logger = logging.getLogger(__name__)
+
+
+def check_seed_runs(variants: Sequence[Variant], seeds: int) -> None:
+    """Every seed of every variant validated, and no two of the sweep's runs given one config,
+    before the first trains: seed k moves training.seed and data.shuffle_seed by k, which may take
+    them past their range (refused when that seed's turn came, after the runs before it had
+    trained), or give a variant that sets the seeds another variant's seed (trained twice)."""
+    runs: list[tuple[str, dict[str, Any]]] = []
+    for variant in variants:
+        for seed_offset in range(seeds):
+            name = seed_run_name(variant, seed_offset)
+            try:
+                config = run_config(variant, seed_offset, None)
+                experiment.validate(config)
+            except ConfigError as error:
+                moved = f"--seeds {seeds} moves training.seed and data.shuffle_seed by {seed_offset}"
+                raise ConfigError(f"run {name!r} ({moved}): {error}") from None
+            same = next((other for other, values in runs if values == config.to_dict()), None)
+            if same is not None:
+                raise ConfigError(
+                    f"runs {same!r} and {name!r} give the same config (--seeds {seeds} moves training.seed and "
+                    "data.shuffle_seed by k for seed k): the sweep would train it twice; change one variant's seeds"
+                )
+            runs.append((name, config.to_dict()))
 
 
 def check_existing_runs(

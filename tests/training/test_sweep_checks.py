@@ -201,6 +201,25 @@ def test_a_file_where_a_variant_trains_is_refused_before_the_variants_before_it_
     assert runs.trained == []
 
 
+def test_every_seed_of_every_variant_is_checked_before_any_trains(tmp_path, capsys, runs):
+    """Seed k moves training.seed and data.shuffle_seed by k: a seed past its range was refused only
+    when its turn came, after the runs before it had trained, and a variant setting the seeds could
+    train another variant's seed again."""
+    top = {"baseline": [], "top": ["training.seed=2147483647"]}
+    code, err = sweep(tmp_path, capsys, top, "--seeds", "2")
+    assert (code, err) == (
+        2,
+        "error: run 'top@seed1' (--seeds 2 moves training.seed and data.shuffle_seed by 1): config "
+        "training.seed=2147483648: must be an integer from 0 to 2147483647\n",
+    )
+    moved = {"baseline": [], "moved": ["training.seed=1", "data.shuffle_seed=1"]}
+    code, err = sweep(tmp_path, capsys, moved, "--seeds", "2")
+    assert code == 2 and err.startswith("error: runs 'baseline@seed1' and 'moved' give the same config "), err
+    assert runs.trained == []
+    assert sweep(tmp_path, capsys, moved)[0] == 0  # one seed: no two runs alike
+    assert runs.trained == ["baseline", "moved"]
+
+
 def test_a_second_sweep_in_the_same_workdir_is_refused_naming_the_first(tmp_path, capsys, runs):
     workdir = tmp_path / "sweep"
     workdir.mkdir()
