@@ -69,9 +69,11 @@ def load_checkpoint(
 
 def _missing(directory: pathlib.Path, which: str, workdir: str | os.PathLike) -> str:
     """Why `which` cannot be read from `workdir`, whose `directory` for it does not exist; for
-    "final", what makes it: a run stopped before its end, or before its choice, chooses when its
-    training command runs again."""
+    "averaged", the command that makes it; for "final", what makes it: a run stopped before its end,
+    or before its choice, chooses when its training command runs again."""
     missing = f"{directory} does not exist: no {which!r} checkpoint in {workdir}"
+    if which == "averaged":  # made by a command, not by the run
+        return f"{missing}: jaxformer-average-checkpoints --workdir {workdir} --last N makes one"
     if which != "final":
         return missing
     return (

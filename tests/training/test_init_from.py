@@ -223,6 +223,9 @@ def test_locate_checkpoint_accepts_a_workdir_a_kind_or_a_step_directory(tmp_path
     assert locate_checkpoint(workdir / "checkpoints" / "20") == (workdir / "checkpoints", 20)
     with pytest.raises(CheckpointError, match="no 'averaged' checkpoint"):
         locate_checkpoint(workdir, "averaged")
+    with pytest.raises(CheckpointError) as missing:  # translate's, evaluate's and export's: with what makes one
+        load_checkpoint(workdir, "averaged")
+    assert str(missing.value).endswith(f": jaxformer-average-checkpoints --workdir {workdir} --last N makes one")
     with pytest.raises(CheckpointError, match="does not exist"):
         locate_checkpoint(tmp_path / "missing")
     with pytest.raises(CheckpointError, match="is not a jaxformer workdir"):
