@@ -12,8 +12,8 @@ from collections.abc import Callable, Iterable, Sequence
 import numpy as np
 import sentencepiece as spm
 from google.protobuf.message import DecodeError
-from sentencepiece import sentencepiece_model_pb2 as model_pb2
 
+from jaxformer.data.sentencepiece_proto import model_pb2
 from jaxformer.errors import UserError
 from jaxformer.files import write_bytes_atomically
 from jaxformer.tokens import BOS_ID, EOS_ID, MASK_PIECE, NUM_SPECIAL_TOKENS, PAD_ID, UNK_ID

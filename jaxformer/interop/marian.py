@@ -56,8 +56,8 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 import numpy as np
-from sentencepiece import sentencepiece_model_pb2 as model_pb2
 
+from jaxformer.data.sentencepiece_proto import model_pb2
 from jaxformer.data.tokenizer import Tokenizer
 from jaxformer.export.safetensors import unflatten
 from jaxformer.files import unwritable_folder_reason
