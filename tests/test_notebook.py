@@ -41,15 +41,18 @@ def test_committed_notebook_is_the_generated_one_without_outputs():
 
 
 def test_repository_url_is_written_once():
-    """pyproject.toml holds the address; the notebook and README.md's Colab badge are built from it."""
+    """pyproject.toml holds the address; the notebook is built from it, and README.md uses it twice, in
+    the Colab badge and in the git install line: every copy README.md holds is one of those two, equal
+    to pyproject's, so that a third one, or one left behind when the address changes, is caught."""
     make_quickstart = generator()
     url = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["urls"]["Repository"]
     assert make_quickstart.REPOSITORY == url
     install_cell = next(cell.source for cell in make_quickstart.build().cells if "%pip install" in cell.source)
     assert f'REPOSITORY_URL = "{url}"' in install_cell
     readme = (ROOT / "README.md").read_text()
-    badges = re.findall(r"\(https://colab\.research\.google\.com/github/[^)]*\)", readme)
-    assert badges == [f"({make_quickstart.COLAB_URL})"]
+    owner_and_name = url.removeprefix("https://github.com/")
+    copies = re.findall(r"[\w.:/@+-]*github(?:\.com)?[/:]" + re.escape(owner_and_name) + r"[^\s)\"'`]*", readme)
+    assert copies == [make_quickstart.COLAB_URL, f"git+{url}"]
 
 
 def kernel_in(venv, jupyter_path):
