@@ -5,7 +5,7 @@
     jaxformer-train --config path/to/my_config.py --workdir runs/mine
 
 --config takes the name of a config shipped with jaxformer (multi30k, tiny, wmt14_base, ...;
---list_configs lists them with their files) or the path of a config file of your own: a Python
+--list_configs lists them, each with its summary) or the path of a config file of your own: a Python
 file whose get_config() returns the experiment's ConfigDict (start from a copy of a shipped one).
 Any config key can be set with --config.SECTION.KEY=VALUE; to list every key with its value,
 run with --print_config (jaxformer/training/experiment.py documents them).
@@ -38,6 +38,7 @@ from jaxformer.commands import launch
 from jaxformer.commands.common import FlagError, configure_logging, make_parser, path_text, run_command
 from jaxformer.errors import EXIT_USER_ERROR, UserError, exit_code_for_signal
 from jaxformer.training.config_file import (
+    OVERRIDE_PREFIX,
     apply_overrides,
     config_summary,
     load_config,
@@ -171,6 +172,7 @@ def check_command_line(
     strict.error = _raise_usage_error(parser)  # argparse reports through error(); --help still exits
     args = strict.parse_args(rest)
     if args.list_configs:
+        refuse_what_list_configs_ignores(parser, args, overrides)
         return overrides, rest
     missing = [flag for flag in ("config", "workdir") if getattr(args, flag) is None]
     if args.print_config and "workdir" in missing:
@@ -179,6 +181,23 @@ def check_command_line(
         flags = ", ".join("--" + flag for flag in missing)
         raise FlagError(f"the following arguments are required: {flags}; see {parser.prog} --help")
     return overrides, rest
+
+
+def refuse_what_list_configs_ignores(
+    parser: argparse.ArgumentParser, args: argparse.Namespace, overrides: list[tuple[str, str]]
+) -> None:
+    """--list_configs lists every shipped config and reads nothing else: a --config, --workdir,
+    --print_config or key given with it would be ignored unseen, so it is a FlagError instead."""
+    given = [f"--config {args.config}"] if args.config is not None else []
+    given += [f"--workdir {args.workdir}"] if args.workdir is not None else []
+    given += ["--print_config"] if args.print_config else []
+    given += [f"{OVERRIDE_PREFIX}{key}={text}" for key, text in overrides]
+    if given:
+        one_config = f"; for one config's keys and values: --config {args.config} --print_config" if args.config else ""
+        raise FlagError(
+            f"--list_configs lists every shipped config and takes no {', '.join(given)}{one_config}; "
+            f"see {parser.prog} --help"
+        )
 
 
 def flags_to_join(arguments: list[str]) -> argparse.Namespace | None:

@@ -2,7 +2,7 @@
 an ml_collections.ConfigDict built on `jaxformer.training.experiment.default_config()`.
 
 `jaxformer-train --config NAME` takes one by its file name without `.py`, and
-`jaxformer-train --list_configs` lists them with their paths:
+`jaxformer-train --list_configs` names the folder they are in, then lists them with their summaries:
 
     multi30k        the default real run: Multi30k English->German (vendored, offline)
     multi30k_lm     a causal language model (decoder-only) on Multi30k's German side

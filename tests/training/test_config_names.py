@@ -94,6 +94,24 @@ def test_list_configs_and_print_config_need_no_workdir(capsys):
     )
 
 
+@pytest.mark.parametrize(
+    "also, ignored",
+    [
+        (["--config", "tiny"], "--config tiny; for one config's keys and values: --config tiny --print_config"),
+        (["--workdir", "runs/x", "--config.training.seed=3"], "--workdir runs/x, --config.training.seed=3"),
+        (["--print_config"], "--print_config"),
+    ],
+)
+def test_list_configs_refuses_what_it_would_ignore_in_one_line(capsys, also, ignored):
+    assert train.main(["--list_configs", *also]) == 2
+    captured = capsys.readouterr()
+    assert captured.out == ""  # nothing listed
+    assert re.fullmatch(
+        rf"error: --list_configs lists every shipped config and takes no {re.escape(ignored)}; see \S+ --help\n",
+        captured.err,
+    ), captured.err
+
+
 def test_help_says_how_to_list_configs_and_keys(capsys):
     with pytest.raises(SystemExit):
         train.main(["--help"])
