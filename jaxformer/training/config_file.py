@@ -9,12 +9,10 @@ from __future__ import annotations
 
 import ast
 import copy
-import difflib
 import importlib.machinery
 import importlib.resources
 import importlib.util
 import logging
-import os
 import pathlib
 import sys
 import traceback
@@ -27,6 +25,7 @@ import numpy as np
 from jaxformer.model.config import PRESETS, ConfigError
 from jaxformer.training.config_rules import TUPLE_FORMS
 from jaxformer.training.experiment import default_config, nullable_keys, unknown_key_error
+from jaxformer.training.shipped_names import shipped_file_path, shipped_names
 
 logger = logging.getLogger(__name__)
 
@@ -185,7 +184,7 @@ def packaged_config_directory() -> pathlib.Path:
 
 def packaged_config_names() -> list[str]:
     """The names `--config` takes: the shipped config files without `.py`."""
-    return sorted(path.stem for path in packaged_config_directory().glob("*.py") if not path.stem.startswith("_"))
+    return shipped_names(packaged_config_directory())
 
 
 def config_summary(path: str | pathlib.Path) -> str:
@@ -197,37 +196,14 @@ def config_summary(path: str | pathlib.Path) -> str:
     return " ".join((docstring or "").strip().split("\n\n")[0].split())
 
 
-def is_config_name(text: str) -> bool:
-    """A name (`multi30k`) rather than a path: no folder separator and no `.py` ending."""
-    return "/" not in text and os.sep not in text and not text.endswith(".py")
-
-
 def config_path(name_or_path: str) -> pathlib.Path:
     """The file `--config` means: jaxformer/configs/NAME.py for a name, else the path as given."""
-    if not is_config_name(name_or_path):
-        return pathlib.Path(name_or_path)
-    names = packaged_config_names()
-    if name_or_path not in names:
-        near = difflib.get_close_matches(name_or_path, names, n=1, cutoff=0.6)
-        hint = f"did you mean {near[0]}? " if near else ""
-        if pathlib.Path(name_or_path).is_file():  # a bare file name reads as a config's name (README)
-            hint = f"to read the file {name_or_path}, give it as --config ./{name_or_path}; "
-        raise ConfigError(
-            f"no config named {name_or_path!r}; {hint}jaxformer ships {', '.join(names)} "
-            "(or give the path of a .py config file)"
-        )
-    return packaged_config_directory() / f"{name_or_path}.py"
+    return shipped_file_path(name_or_path, packaged_config_directory(), "config", "--config")
 
 
 def load_config(name_or_path: str) -> ml_collections.ConfigDict:
     """The ConfigDict of a shipped config's name (`multi30k`) or of a config file's path."""
-    path = config_path(name_or_path)
-    if not is_config_name(name_or_path) and not path.exists() and path.stem in packaged_config_names():
-        # configs/multi30k.py of an older clone, or multi30k.py in the wrong folder
-        raise ConfigError(
-            f"config file {path} does not exist; jaxformer ships a config of that name: --config {path.stem}"
-        )
-    return load_config_file(path)
+    return load_config_file(config_path(name_or_path))
 
 
 def split_overrides(arguments: Sequence[str]) -> tuple[list[tuple[str, str]], list[str]]:

@@ -11,6 +11,7 @@ import re
 from jaxformer.model.config import ConfigError
 from jaxformer.run.directory import SweepDirectory
 from jaxformer.training.config_file import call_file_function, packaged_config_directory
+from jaxformer.training.shipped_names import shipped_file_path
 
 VARIANT_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.+-]*")  # a folder name on every platform
 # A file system's names end at 255 bytes: room for a seed's suffix (@seed12) and a pace's .json.
@@ -22,13 +23,8 @@ def packaged_sweep_directory() -> pathlib.Path:
 
 
 def sweep_path(name_or_path: str) -> pathlib.Path:
-    """jaxformer/configs/sweeps/NAME.py for a name without `/` or `.py`, else the path as given."""
-    if "/" in name_or_path or name_or_path.endswith(".py"):
-        return pathlib.Path(name_or_path)
-    names = sorted(path.stem for path in packaged_sweep_directory().glob("*.py") if not path.stem.startswith("_"))
-    if name_or_path not in names:
-        raise ConfigError(f"no sweep named {name_or_path!r}; jaxformer ships {', '.join(names)} (or give a .py path)")
-    return packaged_sweep_directory() / f"{name_or_path}.py"
+    """jaxformer/configs/sweeps/NAME.py for a name, else the path as given (as --config's, hints alike)."""
+    return shipped_file_path(name_or_path, packaged_sweep_directory(), "sweep", "--sweep")
 
 
 def load_sweep(name_or_path: str) -> dict[str, list[str]]:
