@@ -30,7 +30,7 @@ import threading
 from collections.abc import Callable, Mapping
 from typing import NoReturn
 
-from jaxformer.errors import EXIT_USER_ERROR, exit_code_for_signal
+from jaxformer.errors import EXIT_USER_ERROR, UserError, exit_code_for_signal
 
 _kept: list[int] = []  # the Ctrl-C that came while the command was loading
 
@@ -72,7 +72,8 @@ def jax_variable_error(environ: Mapping[str, str]) -> str | None:
 def launch(module: str, argv: list[str] | None = None) -> int:
     """`module`'s `main(argv)`, a Ctrl-C kept while it loads (see `loaded`), and one that comes
     before run_command handles it ended as run_command does. A compilation-cache variable jax
-    would refuse on import is an error in one line first (exit 2)."""
+    would refuse on import is an error in one line first (exit 2), and so is a UserError raised
+    while the command is imported (sentencepiece's model proto with too old a protobuf)."""
     problem = jax_variable_error(os.environ)
     if problem is not None:
         sys.stderr.write(f"error: {problem}\n")
@@ -84,7 +85,12 @@ def launch(module: str, argv: list[str] | None = None) -> int:
         signal.signal(signal.SIGINT, _keep)
     _launching.append(module)
     try:
-        code = importlib.import_module(module).main(argv)
+        try:
+            command = importlib.import_module(module)
+        except UserError as error:  # packages installed at versions that cannot work together
+            sys.stderr.write(f"error: {error}\n")
+            return EXIT_USER_ERROR
+        code = command.main(argv)
     except KeyboardInterrupt:
         pass
     except SystemExit:  # argparse's --help, or its usage error, before run_command

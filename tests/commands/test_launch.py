@@ -5,6 +5,7 @@ lost in jax's garbage-collector callback."""
 import ast
 import os
 import pathlib
+import re
 import signal
 import subprocess
 import sys
@@ -207,3 +208,44 @@ def test_the_values_jax_accepts_pass():
 
     accepted = {"JAX_ENABLE_COMPILATION_CACHE": "False", "JAX_COMPILATION_CACHE_MAX_SIZE": " 1_000 "}
     assert jax_variable_error({**accepted, "JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS": "0.5"}) is None
+
+
+# A command whose imports reach sentencepiece's model proto under a protobuf that refuses it, as
+# protobuf 6.33 refuses sentencepiece 0.2.3's (tests/data/test_sentencepiece_proto.py).
+OLD_PROTOBUF_COMMAND = """
+import google.protobuf
+from google.protobuf import runtime_version
+
+def refuse(domain, major, minor, patch, suffix, location):
+    raise runtime_version.VersionError(f"gencode {major}.{minor}.{patch} runtime 6.33.6 ...")
+
+runtime_version.ValidateProtobufRuntimeVersion = refuse
+google.protobuf.__version__ = "6.33.6"
+from jaxformer.data import sentencepiece_proto
+
+def main(argv=None):
+    return 0
+"""
+
+
+def test_a_command_whose_imports_find_too_old_a_protobuf_says_so_in_one_line(tmp_path):
+    (tmp_path / "old_protobuf_command.py").write_text(OLD_PROTOBUF_COMMAND)
+    result = subprocess.run(
+        [
+            sys.executable,
+            "-c",
+            "import sys; from jaxformer.commands.launch import launch; sys.exit(launch('old_protobuf_command'))",
+        ],
+        env={**os.environ, "PYTHONPATH": os.pathsep.join([str(tmp_path), str(ROOT)])},
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    if result.returncode == 0:  # imported: this sentencepiece's model proto checks no protobuf version
+        pytest.skip("the installed sentencepiece's model proto checks no protobuf version")
+    assert result.returncode == 2 and result.stdout == "", result.stderr
+    assert re.fullmatch(
+        r"error: sentencepiece \S+'s model proto needs protobuf >= [\d.]+, and protobuf 6\.33\.6 "
+        r"is installed: pip install [^\n]+\n",
+        result.stderr,
+    ), result.stderr
