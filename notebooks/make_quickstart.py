@@ -67,7 +67,16 @@ JAXFORMER_PACKAGE = os.environ.get("JAXFORMER_PACKAGE", f"jaxformer @ git+{{REPO
 try:
     import jaxformer
 except ImportError:  # on Colab: install it (JAX comes with the runtime)
-    %pip install -q "{{JAXFORMER_PACKAGE}}"
+    from importlib.metadata import PackageNotFoundError, version
+
+    try:  # sentencepiece 0.2.3's model proto needs protobuf >= 7.36.1 (README: Installing)
+        protobuf = tuple(int(part) for part in version("protobuf").split(".")[:3])
+    except (PackageNotFoundError, ValueError):
+        protobuf = None  # pip installs a protobuf new enough
+    # A runtime whose protobuf is pinned older (for tensorflow) keeps it, with a sentencepiece for it.
+    older = protobuf is not None and protobuf < (7, 36, 1)
+    SENTENCEPIECE = "sentencepiece>=0.2,<0.2.3" if older else "sentencepiece>=0.2"
+    %pip install -q "{{JAXFORMER_PACKAGE}}" "{{SENTENCEPIECE}}"
     importlib.invalidate_caches()  # see the newly installed package
     import jaxformer
 else:
