@@ -12,7 +12,7 @@ from jaxformer.data.sources import get_builder, load_split, prepare
 from jaxformer.model.config import ConfigError
 from jaxformer.training import experiment
 from jaxformer.training.config_file import load_config
-from tests.data.test_parallel_files import write_bytes
+from tests.data.parallel_corpus import write_bytes
 
 SUBJECTS = ["Der Hund", "Eine Frau", "Zwei Kinder", "Ein alter Mann", "Das Mädchen", "Mein Bruder"]
 ACTIONS = ["läuft über", "sitzt auf", "schaut auf", "spielt an", "wartet an"]
