@@ -23,7 +23,7 @@ import ml_collections
 import numpy as np
 
 from jaxformer.model.config import PRESETS, ConfigError
-from jaxformer.training.config_rules import TUPLE_FORMS
+from jaxformer.training.checked_keys import TUPLE_FORMS
 from jaxformer.training.experiment import default_config, nullable_keys, unknown_key_error
 from jaxformer.training.shipped_names import shipped_file_path, shipped_names
 
@@ -114,7 +114,7 @@ def _replace_numpy_scalars(section: ml_collections.ConfigDict) -> None:
         elif not _holds_numpy_scalars(value):
             continue
         elif isinstance(field, ml_collections.FieldReference) and not issubclass(field.get_type(), np.generic):
-            # Set through the key's own reference: a checked key (config_rules' _NumberKey, _TupleKey)
+            # Set through the key's own reference: a checked key (checked_keys' _NumberKey, _TupleKey)
             # goes on refusing a bool or a non-tuple set after the file (was a plain field, which took them).
             field.set(_python_value(value))
         else:

@@ -15,12 +15,8 @@ from jaxformer.data.tokenizer import Tokenizer, pieces_text
 from jaxformer.hardware import resolve_matmul_dtype
 from jaxformer.model.config import ConfigError, TransformerConfig, preset
 from jaxformer.tokens import MASK_PIECE
-from jaxformer.training.config_rules import (
-    VALUE_RULES,
-    check_combinations,
-    model_number_keys,
-    refuse_wrong_kinds,
-)
+from jaxformer.training.checked_keys import model_number_keys, refuse_wrong_kinds
+from jaxformer.training.config_rules import VALUE_RULES, check_combinations
 from jaxformer.training.sharding import DEFAULT_RULES
 
 DEFAULT_VOCAB_SIZE = 8000  # tokenizer.vocab_size's default: a given model's size replaces it
@@ -29,7 +25,7 @@ DEFAULT_VOCAB_SIZE = 8000  # tokenizer.vocab_size's default: a given model's siz
 def model_section(preset_name: str = "base", **overrides: Any) -> ml_collections.ConfigDict:
     """The `model` section: the preset's name and every TransformerConfig field at the preset's
     value (with `overrides`), so any field can be overridden from the command line; a float field
-    refuses a bool as it is set (config_rules.model_number_keys)."""
+    refuses a bool as it is set (checked_keys.model_number_keys)."""
     values = preset(preset_name, **overrides).to_dict()
     for field in ("vocab_size", "source_vocab_size", "deterministic"):  # set from the tokenizers / by the loop
         values.pop(field)

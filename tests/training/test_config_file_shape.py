@@ -17,8 +17,9 @@ from jaxformer.commands import train
 from jaxformer.errors import EXIT_USER_ERROR, UserError
 from jaxformer.model.config import ConfigError, TransformerConfig
 from jaxformer.training import config_file, experiment, loop
+from jaxformer.training.checked_keys import TUPLE_FORMS
 from jaxformer.training.config_file import load_config, load_config_file, packaged_config_names, with_python_values
-from jaxformer.training.config_rules import TUPLE_FORMS, VALUE_RULES
+from jaxformer.training.config_rules import VALUE_RULES
 from jaxformer.training.sweep_file import load_sweep
 
 ROOT = pathlib.Path(__file__).parents[2]
