@@ -90,6 +90,20 @@ def init_cache(config: TransformerConfig, rows: int, max_length: int) -> Decoder
     return DecoderCache(keys=zeros, values=zeros, index=jnp.zeros((), jnp.int32))
 
 
+def check_room(cache: DecoderCache) -> None:
+    """Refuses a decoding step into a full cache, whose write would land on its last position
+    (dynamic_update_slice clamps) and give wrong logits without a word. Only a concrete index is
+    checked (eager calls): under jit the index is traced, and the caller sizes the cache."""
+    if isinstance(cache.index, jax.core.Tracer):
+        return
+    index = int(cache.index)
+    if index >= cache.max_length:
+        raise ValueError(
+            f"the cache is full: it holds {cache.max_length} positions and this step writes position {index}; "
+            f"make room first with cache.grown(max_length), or init_cache with a larger max_length"
+        )
+
+
 def write_step(
     cache: LayerCache, key: Float[Array, "R 1 N H"], value: Float[Array, "R 1 N H"], index: Int[Array, ""]
 ) -> tuple[LayerCache, Bool[Array, "1 1 1 L"]]:

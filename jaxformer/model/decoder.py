@@ -17,7 +17,15 @@ import flax.linen as nn
 import jax.numpy as jnp
 
 from jaxformer.model.attention import MultiHeadAttention
-from jaxformer.model.cache import DecoderCache, EncoderContext, LayerCache, LayerContext, heads_major, write_step
+from jaxformer.model.cache import (
+    DecoderCache,
+    EncoderContext,
+    LayerCache,
+    LayerContext,
+    check_room,
+    heads_major,
+    write_step,
+)
 from jaxformer.model.config import TransformerConfig
 from jaxformer.model.dropout import Dropout
 from jaxformer.model.layers import EmbeddedStack, FeedForward, embed_with_positions, layer_norm, residual
@@ -258,6 +266,7 @@ class Decoder(EmbeddedStack):
         with their keys and values added. Rows are B sources times K hypotheses, source-major;
         `context` is None exactly when the decoder has no cross-attention."""
         self._check_source_side(context is not None, "encoder context")
+        check_room(cache)
         positions = jnp.broadcast_to(cache.index, tokens.shape)  # [R, 1]
         y = embed_with_positions(self.embed, self.input_dropout, tokens, positions, True, table_length=cache.max_length)
         layers = self.stack.unscanned()

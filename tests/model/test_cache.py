@@ -92,3 +92,27 @@ def test_scanned_parameters_decode_after_unstacking():
     unscanned = Transformer(TINY)
     stepped = cached_logits(unscanned, unstack_layers(params), source, inputs, max_length=T)
     np.testing.assert_allclose(stepped, full, atol=1e-5, rtol=1e-5)
+
+
+def test_a_step_into_a_full_cache_is_refused_and_a_grown_cache_decodes_on():
+    """dynamic_update_slice clamps a write past the cache's end onto its last position: an eager
+    step there gave wrong logits without a word (refused before any work). A grown cache goes on
+    as the full pass."""
+    model, params = Transformer(TINY), init_params(TINY)
+    source = padded_source(TINY.vocab_size)
+    inputs = decoder_inputs(jax.random.key(5), B, TINY.vocab_size)
+    full = jax.jit(lambda p, s, t: model.apply({"params": p}, s, t))(params, source, inputs)  # [B, T, V]
+    context = jax.jit(lambda p, s: model.apply({"params": p}, s, method=Transformer.encoder_context))(params, source)
+
+    def step(tokens, cache):
+        return model.apply({"params": params}, tokens, cache, context, method=Transformer.decode_step)
+
+    jitted_step = jax.jit(step)
+    cache = init_cache(TINY, B, 2)
+    for position in range(T):
+        if position == 2:
+            with pytest.raises(ValueError, match=r"^the cache is full: it holds 2 positions and this step writes"):
+                step(inputs[:, 2:3], cache)
+            cache = cache.grown(T)
+        logits, cache = jitted_step(inputs[:, position : position + 1], cache)
+        np.testing.assert_allclose(logits, full[:, position], atol=1e-5, rtol=1e-5)
