@@ -41,12 +41,28 @@ def check_shapes(**arrays: tuple[Any, str]) -> None:
                 )
 
 
+def check_integer_ids(**arrays: Any) -> None:
+    """Refuses token ids, segment ids or positions of a dtype other than an integer one: a float
+    array failed in jnp.take naming no argument, and a bool one was read as ids 0 and 1 (PAD and
+    EOS) without a word. A one-line TypeError naming the array, its shape and dtype; None is skipped."""
+    for name, array in arrays.items():
+        if array is None:
+            continue
+        dtype = np.dtype(getattr(array, "dtype", None) or np.asarray(array).dtype)
+        if not np.issubdtype(dtype, np.integer):
+            raise TypeError(
+                f"{name} has dtype {dtype} (shape {tuple(np.shape(array))}): token ids, segment ids and "
+                f"positions are integer arrays"
+            )
+
+
 def check_step_rows(tokens: Any, cache_keys: Any, source_valid: Any = None) -> None:
     """Refuses a decoding step whose `tokens` [R, 1] have another number of rows than the cache
     (`cache_keys`, one layer's [R, N, L, H]), or, with an encoder context (its `source_valid`
     [B, S]), R rows that are not a multiple of the B sources: the rows are each source's K = R / B
     hypotheses, source-major, and read the context as it is (never repeated or broadcast)."""
     check_shapes(tokens=(tokens, "R 1"), cache_keys=(cache_keys, "R N L H"))
+    check_integer_ids(tokens=tokens)
     if source_valid is None:
         return
     rows, sources = np.shape(tokens)[0], np.shape(source_valid)[0]

@@ -22,7 +22,7 @@ from jaxformer.model.config import TransformerConfig, check_architecture
 from jaxformer.model.decoder import Decoder, EncodedSource
 from jaxformer.model.encoder import Encoder
 from jaxformer.model.layers import Embed
-from jaxformer.model.shape_checks import check_shapes, check_step_rows
+from jaxformer.model.shape_checks import check_integer_ids, check_shapes, check_step_rows
 from jaxformer.tokens import BOS_ID, PAD_ID
 from jaxformer.typing import Array, Float, Int
 
@@ -55,6 +55,14 @@ def check_pair_shapes(
         target_segments=(target_segments, "B T"),
         source_positions=(source_positions, "B S"),
         target_positions=(target_positions, "B T"),
+    )
+    check_integer_ids(
+        source=source,
+        target=target,
+        source_segments=source_segments,
+        target_segments=target_segments,
+        source_positions=source_positions,
+        target_positions=target_positions,
     )
 
 
@@ -93,6 +101,7 @@ class Transformer(nn.Module):
         check_shapes(
             source=(source, "B S"), source_segments=(source_segments, "B S"), source_positions=(source_positions, "B S")
         )
+        check_integer_ids(source=source, source_segments=source_segments, source_positions=source_positions)
         return self.encoder(source, source_segments, source_positions, self._deterministic(deterministic))
 
     def decode(

@@ -135,3 +135,34 @@ def test_decoder_only_and_encoder_only_refuse_packing_of_another_batch_size():
     pooled = lambda p, x, s: encoder_only.apply({"params": p}, x, None, s, method="pooled")  # noqa: E731
     message = refusal(pooled, params, ids(2, S), ids(1, S))
     assert message == "tokens has shape (2, 6) and positions has shape (1, 6): their batch size (B) differs"
+
+
+def test_ids_of_a_float_or_bool_dtype_are_refused_naming_the_array():
+    """A float array failed in jnp.take ('indices must have an integer type', no argument named);
+    a bool one was read as PAD (0) and EOS (1) without a word."""
+    model = Transformer(TINY)
+    params = abstract_params(model, ids(2, S), ids(2, T))
+    apply = lambda p, s, t, packing: model.apply({"params": p}, s, t, **packing)  # noqa: E731
+    encode = lambda p, s: model.apply({"params": p}, s, method="encode")  # noqa: E731
+    floats, bools = jax.ShapeDtypeStruct((2, S), jnp.float32), jax.ShapeDtypeStruct((2, T), jnp.bool_)
+    cases = [
+        (apply, (params, floats, ids(2, T), {}), "source has dtype float32 (shape (2, 6))"),
+        (apply, (params, ids(2, S), bools, {}), "target has dtype bool (shape (2, 5))"),
+        (apply, (params, ids(2, S), ids(2, T), {"target_segments": bools}), "target_segments has dtype bool"),
+        (encode, (params, floats), "source has dtype float32"),
+    ]
+    decoder_only = DecoderOnly(TINY.replace(architecture="decoder_only"))
+    lm_params = abstract_params(decoder_only, ids(2, T))
+    cases.append((lambda p, x: decoder_only.apply({"params": p}, x), (lm_params, bools), "inputs has dtype bool"))
+    step = lambda p, t: decoder_only.apply({"params": p}, t, init_cache(TINY, 2, 9), method="decode_step")  # noqa: E731
+    cases.append((step, (lm_params, jax.ShapeDtypeStruct((2, 1), jnp.float32)), "tokens has dtype float32"))
+    encoder_only = EncoderOnly(TINY.replace(architecture="encoder_only"))
+    mlm_params = abstract_params(encoder_only, ids(2, S))
+    cases.append((lambda p, x: encoder_only.apply({"params": p}, x), (mlm_params, floats), "tokens has dtype float32"))
+    for function, args, expected in cases:
+        with pytest.raises(TypeError) as error:
+            jax.eval_shape(function, *args)
+        assert str(error.value).startswith(expected) and "\n" not in str(error.value)
+        assert str(error.value).endswith("token ids, segment ids and positions are integer arrays")
+    for dtype in (jnp.int8, jnp.uint16, jnp.int64):  # any integer dtype is read as it was
+        assert jax.eval_shape(apply, params, jax.ShapeDtypeStruct((2, S), dtype), ids(2, T), {}).shape[:2] == (2, T)
