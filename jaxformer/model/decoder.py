@@ -238,7 +238,13 @@ class Decoder(EmbeddedStack):
         when the decoder has no cross-attention."""
         self._check_source_side(encoded is not None, "encoded source")
         y = embed_with_positions(
-            self.embed, self.input_dropout, target, target_positions, deterministic, word_dropout=self.word_dropout
+            self.embed,
+            self.input_dropout,
+            target,
+            target_positions,
+            deterministic,
+            word_dropout=self.word_dropout,
+            segments=target_segments,
         )  # [B, T, D]
         self_mask = decoder_self_mask(target, target_segments)  # [B, 1, T, T]
         if encoded is None:

@@ -61,7 +61,13 @@ class Encoder(EmbeddedStack):
         deterministic: bool = True,
     ) -> Float[Array, "B S D"]:
         x = embed_with_positions(
-            self.embed, self.input_dropout, source, source_positions, deterministic, word_dropout=self.word_dropout
+            self.embed,
+            self.input_dropout,
+            source,
+            source_positions,
+            deterministic,
+            word_dropout=self.word_dropout,
+            segments=source_segments,
         )  # [B, S, D]
         mask = encoder_self_mask(source, source_segments)  # [B, 1, S, S]
         return self._final(self.stack(x, mask, deterministic=deterministic))

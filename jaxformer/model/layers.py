@@ -11,7 +11,7 @@ import jax.numpy as jnp
 
 from jaxformer.model.config import TransformerConfig
 from jaxformer.model.dropout import Dropout
-from jaxformer.model.position import positional_encoding
+from jaxformer.model.position import positional_encoding, segment_positions
 from jaxformer.model.projection import WEIGHT_PRODUCT, project
 from jaxformer.typing import Array, Float, Int
 
@@ -73,14 +73,18 @@ def embed_with_positions(
     deterministic: bool,
     table_length: int | None = None,
     word_dropout: nn.Module | None = None,
+    segments: Int[Array, "B L"] | None = None,
 ) -> Float[Array, "B L D"]:
     """Dropout(scaled token embedding + positional encoding), the input of either stack; with
     `word_dropout`, whole token embeddings are dropped before the positions are added.
 
     `table_length` (default L) bounds the positions: a decoding step embeds one token at
-    position i of a longer output.
+    position i of a longer output. `segments` given without `positions` (a packed row) restart the
+    positions in each segment, as the pipeline's do.
     """
     config = embed.config
+    if positions is None and segments is not None:
+        positions = segment_positions(segments)  # [B, L]
     x = embed(tokens)  # [B, L, D]
     if word_dropout is not None:
         x = word_dropout(x, deterministic=deterministic)  # [B, L, D]

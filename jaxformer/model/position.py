@@ -87,6 +87,16 @@ def positional_encoding(
     return jnp.take(table, positions, axis=0, mode="clip")  # [B, L, D]
 
 
+def segment_positions(segments: Int[Array, "B L"]) -> Int[Array, "B L"]:
+    """Each token's position inside its segment, restarting at 0 where the segment id changes, as
+    the packing pipeline writes them: what a packed row given segment ids without positions means.
+    A row of one segment (then padding) counts 0 .. L-1 as without segments."""
+    index = jnp.arange(segments.shape[1])[None]  # [1, L]
+    previous = jnp.pad(segments[:, :-1], ((0, 0), (1, 0)), constant_values=-1)  # [B, L]
+    starts = jnp.where(segments != previous, index, 0)  # [B, L]: where each segment begins
+    return index - jax.lax.cummax(starts, axis=1)  # [B, L]
+
+
 def _upper_bound(length, limit: int = 1 << 24) -> int:
     """The least n that a symbolic `length` provably never exceeds under its constraints."""
 

@@ -7,6 +7,7 @@ import numpy as np
 import pytest
 
 from jaxformer.model.config import preset
+from jaxformer.model.position import segment_positions
 from jaxformer.model.transformer import Transformer, shift_right
 from jaxformer.tokens import BOS_ID, PAD_ID
 
@@ -90,6 +91,11 @@ def test_packed_rows_equal_separate_rows(model_and_params):
     packed = apply(params, source, target, source_segments, target_segments, source_positions, target_positions)
     np.testing.assert_allclose(packed[0, :3], apply(params, src_a, tgt_a)[0], atol=1e-5, rtol=0)
     np.testing.assert_allclose(packed[0, 3:8], apply(params, src_b, tgt_b)[0], atol=1e-5, rtol=0)
+    # Segments without positions mean the same packed row (they counted on across it before).
+    np.testing.assert_array_equal(segment_positions(source_segments)[:, :7], source_positions[:, :7])
+    np.testing.assert_array_equal(segment_positions(target_segments)[:, :8], target_positions[:, :8])
+    derived = apply(params, source, target, source_segments, target_segments)
+    np.testing.assert_allclose(derived[0, :8], packed[0, :8], atol=1e-6, rtol=0)
 
 
 def test_encode_and_decode_methods_compose_to_call():
