@@ -4,7 +4,7 @@ Every command catches `UserError`, prints its message on one line and exits with
 `EXIT_USER_ERROR`; `--verbose` prints the traceback too, with the same exit code. Anything else is a bug and keeps its
 traceback. A run stopped by a signal exits with 128 + the signal's number, as shells report it,
 so a scheduler can tell a preempted run (requeue it) from a finished one (exit 0); a full disk
-exits with EXIT_NO_SPACE, in one line.
+exits with EXIT_NO_SPACE, in one line; a file-size limit (`ulimit -f`) with EXIT_USER_ERROR, in one line.
 """
 
 from __future__ import annotations
@@ -18,13 +18,23 @@ EXIT_NO_SPACE = 75  # sysexits.h's EX_TEMPFAIL: the disk (or quota) is full; fre
 def no_space_error(error: BaseException) -> OSError | None:
     """The OSError "no space left on device" (or "disk quota exceeded") that `error` is or was
     raised from (orbax and logging wrap it), else None."""
+    return _os_error_in_chain(error, (errno.ENOSPC, errno.EDQUOT), "No space left on device")
+
+
+def file_size_limit_error(error: BaseException) -> OSError | None:
+    """The OSError "file too large" (a file-size limit: `ulimit -f`, or the file system's own)
+    that `error` is or was raised from, else None."""
+    return _os_error_in_chain(error, (errno.EFBIG,), "File too large")
+
+
+def _os_error_in_chain(error: BaseException, numbers: tuple[int, ...], text: str) -> OSError | None:
     seen = set()
     while error is not None and id(error) not in seen:
         seen.add(id(error))
-        if isinstance(error, OSError) and error.errno in (errno.ENOSPC, errno.EDQUOT):
+        if isinstance(error, OSError) and error.errno in numbers:
             return error
-        if "No space left on device" in str(error):  # tensorstore's own errors carry the OS's text only
-            return OSError(errno.ENOSPC, " ".join(str(error).split()))
+        if text in str(error):  # tensorstore's own errors carry the OS's text only
+            return OSError(numbers[0], " ".join(str(error).split()))
         error = error.__cause__ or error.__context__
     return None
 

@@ -32,7 +32,14 @@ from jaxformer.argument_parser import Parser
 from jaxformer.commands import launch
 from jaxformer.commands.compilation_cache import enable_compilation_cache, repair_unreadable_entry
 from jaxformer.decoding import sentence_batches
-from jaxformer.errors import EXIT_NO_SPACE, EXIT_USER_ERROR, UserError, exit_code_for_signal, no_space_error
+from jaxformer.errors import (
+    EXIT_NO_SPACE,
+    EXIT_USER_ERROR,
+    UserError,
+    exit_code_for_signal,
+    file_size_limit_error,
+    no_space_error,
+)
 from jaxformer.files import not_a_folder_reason, open_descriptor, write_text_atomically, write_to_stream
 
 logger = logging.getLogger(__name__)
@@ -294,10 +301,19 @@ def run_command(
         return exit_code_for_signal(signal.SIGPIPE)
     except Exception as error:
         full = no_space_error(error)
-        if full is None:
+        too_large = file_size_limit_error(error) if full is None else None
+        if full is None and too_large is None:
             raise
         if args.verbose:
             _print_traceback()
+        if too_large is not None:  # rerunning under the same limit changes nothing: a user's error
+            where = f" writing {too_large.filename}" if too_large.filename else ""
+            sys.stderr.write(
+                f"error: {too_large.strerror or too_large}{where}: a file-size limit (ulimit -f, or the file "
+                "system's) stops it; raise it, then run the same command again (a training run resumes from "
+                "its last checkpoint)\n"
+            )
+            return EXIT_USER_ERROR
         where = f" writing {full.filename}" if full.filename else ""
         sys.stderr.write(
             f"error: {full.strerror or full}{where}: free space (or quota), then run the same command again "

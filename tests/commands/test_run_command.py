@@ -11,7 +11,7 @@ import sys
 import pytest
 
 from jaxformer.commands import common
-from jaxformer.errors import EXIT_NO_SPACE, EXIT_USER_ERROR, UserError, no_space_error
+from jaxformer.errors import EXIT_NO_SPACE, EXIT_USER_ERROR, UserError, file_size_limit_error, no_space_error
 
 
 def test_a_full_disk_is_one_line_and_its_own_exit_code(capsys):
@@ -60,6 +60,21 @@ def test_a_full_disk_in_tensorstore_words_is_found_and_other_errors_stay_bugs(ca
 
     with pytest.raises(OSError):
         common.run_command(common.make_parser(None), bug, [])
+
+
+def test_a_file_size_limit_is_one_line_and_a_users_error(capsys):
+    """`ulimit -f` under a checkpoint save: orbax re-raises the write's EFBIG, which names no file."""
+
+    def body(args):
+        raise OSError(errno.EFBIG, "File too large")
+
+    assert common.run_command(common.make_parser(None), body, []) == EXIT_USER_ERROR
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and err.startswith("error: File too large: a file-size limit (ulimit -f")
+    assert err.endswith("then run the same command again (a training run resumes from its last checkpoint)\n")
+    tensorstore = ValueError("UNKNOWN: Error writing local file \"x\": File too large [os_error_code='27']")
+    assert file_size_limit_error(tensorstore).errno == errno.EFBIG
+    assert file_size_limit_error(OSError(errno.ENOSPC, "No space left on device")) is None
 
 
 def test_a_librarys_thread_failure_is_logged_without_its_traceback():
