@@ -1,9 +1,9 @@
-"""Event loops that finish their tasks before closing, for orbax's restores.
+"""Event loops that finish their tasks before closing, for orbax's restores and a training run's saves.
 
-Orbax runs each restore in a fresh asyncio event loop and closes it as soon as the read fails;
-the other tensorstore reads still in flight then report to the closed loop from their threads,
-and each prints a "RuntimeError: Event loop is closed" traceback. The loops made here wait for
-those reads before they close.
+Orbax runs each restore (and save) in a fresh asyncio event loop and closes it as soon as a read
+(a write) fails; the other tensorstore reads or writes still in flight then report to the closed
+loop from their threads, and each prints a "RuntimeError: Event loop is closed" traceback. The
+loops made here wait for them before they close.
 """
 
 from __future__ import annotations

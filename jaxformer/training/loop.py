@@ -26,6 +26,7 @@ from jaxformer.data.subword_sampling import SubwordSampling
 from jaxformer.errors import UserError, exit_code_for_signal
 from jaxformer.model.architectures import build_model
 from jaxformer.run.directory import RunDirectory
+from jaxformer.run.event_loops import draining_event_loops
 from jaxformer.training import experiment, processes, run_start, sharding, shortened_end
 from jaxformer.training.budget import (
     BUDGET_CHECK_STEPS,
@@ -147,7 +148,9 @@ def _locked_train_and_evaluate(
     config: ml_collections.ConfigDict, workdir: pathlib.Path, preparation: RaiseOnSignal
 ) -> dict[str, Any]:
     prepared = run_start.prepare_run(config, workdir)
-    with jax.set_mesh(prepared.mesh), nn.logical_axis_rules(prepared.rules):
+    # A save that fails (a full disk) closes orbax's event loop with other writes still in flight,
+    # each of which then prints a "RuntimeError: Event loop is closed" traceback: wait for them.
+    with draining_event_loops(), jax.set_mesh(prepared.mesh), nn.logical_axis_rules(prepared.rules):
         return _train(config, prepared, build_model(prepared.model_config), preparation)
 
 
