@@ -13,6 +13,7 @@ file exists, empty, before its holder writes the record, and a slow filesystem m
 
 from __future__ import annotations
 
+import errno
 import json
 import logging
 import os
@@ -118,7 +119,16 @@ class WorkdirLock:
         for a dead one's."""
         # Its own name even beside another lock of this process (two WorkdirLocks, or two threads).
         draft = self.path.with_name(f"{self.path.name}.draft-{socket.gethostname()}-{os.getpid()}-{uuid.uuid4().hex}")
-        with open(draft, "w", encoding="utf-8") as handle:
+        try:
+            handle = open(draft, "w", encoding="utf-8")
+        except OSError as error:  # a full disk keeps its own line and exit code
+            if error.errno not in (errno.EROFS, errno.EACCES, errno.EPERM):
+                raise
+            raise UserError(
+                f"cannot write {self.path} ({error.strerror}): a {self.HOLDER} keeps its lock file in "
+                f"{self.path.parent}, which must be writable"
+            ) from None
+        with handle:
             _write_record(self._record(), handle)
             handle.flush()
             os.fsync(handle.fileno())

@@ -1,5 +1,6 @@
 """One run per workdir: the lock file, its takeover from dead runs, and two train.py at once."""
 
+import errno
 import json
 import os
 import socket
@@ -47,6 +48,24 @@ def test_a_folder_at_the_locks_path_is_refused_in_one_line_and_left_in_place(tmp
     assert str(refused.value) == f"{tmp_path / name} is a folder, where a {holder} keeps its lock file: move it away"
     assert sorted(path.name for path in tmp_path.iterdir()) == [name]  # not moved aside as a stale lock
     assert (tmp_path / name / "notes").read_text() == "mine"
+
+
+@pytest.mark.parametrize("number", [errno.EROFS, errno.EACCES])
+def test_a_workdir_that_cannot_be_written_is_refused_in_one_line(tmp_path, monkeypatch, number):
+    """A workdir on a read-only mount (or without write permission): the lock is the first file a
+    run writes there. Simulated: the tests may run as root, whom permissions do not stop."""
+
+    def refused(path, *args, **kwargs):
+        raise OSError(number, os.strerror(number), str(path))
+
+    monkeypatch.setattr("jaxformer.run.lock.open", refused, raising=False)
+    with pytest.raises(UserError) as error:
+        WorkdirLock(tmp_path).acquire()
+    assert str(error.value) == (
+        f"cannot write {tmp_path / 'lock'} ({os.strerror(number)}): a training run keeps its lock file in "
+        f"{tmp_path}, which must be writable"
+    )
+    assert list(tmp_path.iterdir()) == []
 
 
 def test_a_lock_of_a_dead_process_on_this_host_is_taken_over(tmp_path, caplog):
