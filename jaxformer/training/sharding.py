@@ -194,7 +194,15 @@ _SIZE_KEYS = {
     "mlp": "model.d_ff",
     "embed": "model.d_model",
     "vocab": "the vocabulary's size (tokenizer.vocab_size, or tokenizer.model_path's pieces)",
+    "kv": "the head size (model.d_model / model.num_heads)",
 }
+
+
+def _size_key(logical_name: str | None, array_name: str) -> str | None:
+    """The config key behind a dimension's size; a scanned stack's depth is its own side's."""
+    if logical_name == "layers":
+        return "model.num_decoder_layers" if "decoder" in array_name.split("/") else "model.num_encoder_layers"
+    return _SIZE_KEYS.get(logical_name)
 
 
 def check_divisible(boxed_tree: Any, shardings: Any, mesh: Mesh) -> None:
@@ -210,12 +218,13 @@ def check_divisible(boxed_tree: Any, shardings: Any, mesh: Mesh) -> None:
             ways = math.prod(mesh.shape[axis] for axis in axes)
             if size % ways:
                 name = jax.tree_util.keystr(path, simple=True, separator="/")
-                key = _SIZE_KEYS.get(spec[dim] if dim < len(spec) else None)
+                key = _size_key(spec[dim] if dim < len(spec) else None, name)
                 what = f"{key}={size}" if key and key.startswith("model.") else f"{key}, {size}," if key else str(size)
                 raise MeshError(
                     f"mesh.shape={tuple(mesh.devices.shape)}: {what} is not divisible by its mesh axes "
                     f"{', '.join(axes)} ({ways} ways), which split {name} {tuple(leaf.shape)} along dimension {dim}; "
-                    "use a mesh whose axes divide the model's sizes (heads, d_ff, d_model, vocabulary)"
+                    "use a mesh whose axes divide the model's sizes (heads, d_ff, d_model, vocabulary, head size, "
+                    "layers)"
                 )
 
 

@@ -301,19 +301,28 @@ def test_a_batch_shard_on_devices_of_two_processes_is_refused(shape, processes, 
         check()
 
 
+# Rules that split the head size, or a scanned stack's layers, which the default rules leave whole.
+KV_OVER_TENSOR = (("kv", "tensor"), *sharding.DEFAULT_RULES)
+LAYERS_OVER_FSDP = (("layers", "fsdp"), *sharding.DEFAULT_RULES)
+SCANNED = {"scan_layers": True, "num_encoder_layers": 3, "num_decoder_layers": 4}
+
+
 @pytest.mark.parametrize(
-    ("changes", "mesh_shape", "named"),
+    ("changes", "mesh_shape", "named", "rules"),
     [
-        ({}, (1, 1, 8), None),  # 8 heads, d_ff 128, vocabulary 64 over tensor=8; d_model 64
-        ({"num_heads": 4}, (1, 1, 8), r"model.num_heads=4 is not divisible by its mesh axes tensor \(8 ways\)"),
-        ({"d_ff": 130}, (2, 1, 4), r"model.d_ff=130 is not divisible by its mesh axes tensor \(4 ways\)"),
-        ({"d_model": 36, "num_heads": 4}, (1, 8, 1), r"model.d_model=36 is not divisible by its mesh axes fsdp"),
-        ({"vocab_size": 66}, (2, 1, 4), r"the vocabulary's size \(tokenizer.vocab_size.*\), 66, is not divisible"),
+        ({}, (1, 1, 8), None, None),  # 8 heads, d_ff 128, vocabulary 64 over tensor=8; d_model 64
+        ({"num_heads": 4}, (1, 1, 8), r"model.num_heads=4 is not divisible by its mesh axes tensor \(8 ways\)", None),
+        ({"d_ff": 130}, (2, 1, 4), r"model.d_ff=130 is not divisible by its mesh axes tensor \(4 ways\)", None),
+        ({"d_model": 36, "num_heads": 4}, (1, 8, 1), r"model.d_model=36 is not divisible by its mesh axes fsdp", None),
+        ({"vocab_size": 66}, (2, 1, 4), r"the vocabulary's size \(tokenizer.vocab_size.*\), 66, is not", None),
+        ({"d_model": 48}, (2, 1, 4), r"the head size \(model.d_model / model.num_heads\), 6, is not", KV_OVER_TENSOR),
+        # the decoder's 4 layers divide fsdp=4 (and its arrays come first): the encoder's 3 are named
+        (SCANNED, (2, 4, 1), r"model.num_encoder_layers=3 is not divisible by its mesh axes fsdp", LAYERS_OVER_FSDP),
     ],
 )
-def test_a_mesh_that_does_not_divide_the_model_names_the_key_before_compiling(changes, mesh_shape, named):
+def test_a_mesh_that_does_not_divide_the_model_names_the_key_before_compiling(changes, mesh_shape, named, rules):
     config = CONFIG.replace(**changes)
-    mesh, rules = sharding.make_mesh(mesh_shape), sharding.DEFAULT_RULES
+    mesh, rules = sharding.make_mesh(mesh_shape), rules or sharding.DEFAULT_RULES
     with jax.set_mesh(mesh), nn.logical_axis_rules(rules):
         boxed = jax.eval_shape(make_init_fn(Transformer(config), optax.sgd(1.0), LENGTH, LENGTH, boxed=True), 0)
         shardings = sharding.logical_shardings(boxed, mesh, rules)
