@@ -80,9 +80,10 @@ def rules_from_config(rules: Sequence[Sequence[Any]]) -> tuple[tuple[str, Any], 
 
 def check_rules(rules: Sequence[Sequence[Any]]) -> None:
     """MeshError for a rule whose logical name no model uses (a typo would leave that axis
-    replicated without a word), whose mesh axes are not the mesh's, or that names one mesh axis
-    twice (jax cannot split a dimension twice over one axis). Two rules whose arrays would share
-    a mesh axis need no check: flax gives an axis to the first, the next rule for the other."""
+    replicated without a word), whose mesh axes are not the mesh's or hold None among them, or
+    that names one mesh axis twice (jax cannot split a dimension twice over one axis). Two rules
+    whose arrays would share a mesh axis need no check: flax gives an axis to the first, the next
+    rule for the other."""
     for name, axes in rules_from_config(rules):
         if name not in LOGICAL_NAMES:
             near = difflib.get_close_matches(name, LOGICAL_NAMES, n=1)
@@ -98,6 +99,11 @@ def check_rules(rules: Sequence[Sequence[Any]]) -> None:
                     + ", ".join(AXIS_NAMES)
                 )
         named = axes if isinstance(axes, tuple) else ()
+        if None in named:  # jax would fail inside the first sharding with "Resource axis: None"
+            raise MeshError(
+                f"mesh.logical_axis_rules: {name!r} -> {axes!r} puts None among mesh axes; name only mesh axes "
+                f"in a tuple, or give None alone to leave {name!r} unsplit"
+            )
         repeated = sorted({axis for axis in named if named.count(axis) > 1})
         if repeated:
             raise MeshError(

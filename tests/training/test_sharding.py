@@ -212,6 +212,15 @@ def test_a_mesh_axis_named_twice_in_one_rule_is_refused():
     sharding.check_rules((("batch", ("data", "fsdp")), ("embed", "fsdp"), ("vocab", ("tensor",))))
 
 
+def test_none_among_a_rules_mesh_axes_is_refused():
+    """('heads', ('tensor', None)) passed the check, then failed in jax with a "Resource axis:
+    None ... is not found in mesh" traceback."""
+    rules = (("heads", ("tensor", None)), *sharding.DEFAULT_RULES)
+    with pytest.raises(sharding.MeshError, match=re.escape("'heads' -> ('tensor', None) puts None among mesh axes")):
+        sharding.check_rules(rules)
+    sharding.check_rules((("heads", None), ("kv", ("tensor",))))
+
+
 @pytest.mark.parametrize(
     ("shape", "rules", "warned"),
     [
