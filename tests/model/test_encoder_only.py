@@ -13,6 +13,7 @@ from jaxformer.model.position import sinusoidal_table
 from jaxformer.model.transformer import stack_layers
 from jaxformer.tokens import PAD_ID
 from jaxformer.training.sharding import DEFAULT_RULES
+from tests.model.torch_weights import load_stack
 
 TINY = preset("tiny", vocab_size=50, dropout_rate=0.0, deterministic=True, architecture="encoder_only")
 B, S = 3, 7
@@ -35,17 +36,8 @@ def padded_tokens(vocab_size=TINY.vocab_size):
 
 def torch_encoder(torch, config, params):
     """torch.nn.TransformerEncoder with the flax encoder's weights (and a final LayerNorm with pre-norm)."""
-    d_model = config.d_model
-
-    def tensor(array, transpose=False):
-        array = np.array(array, np.float32)  # a writable copy, which torch.from_numpy wants
-        return torch.from_numpy(np.ascontiguousarray(array.T if transpose else array))
-
-    def load_norm(norm, flax_norm):
-        norm.weight.data, norm.bias.data = tensor(flax_norm["scale"]), tensor(flax_norm["bias"])
-
     layer = torch.nn.TransformerEncoderLayer(
-        d_model,
+        config.d_model,
         config.num_heads,
         config.d_ff,
         dropout=0.0,
@@ -54,28 +46,11 @@ def torch_encoder(torch, config, params):
         batch_first=True,
         norm_first=config.normalization == "pre",
     )
-    final_norm = torch.nn.LayerNorm(d_model, eps=config.layer_norm_epsilon) if config.normalization == "pre" else None
+    final_norm = (
+        torch.nn.LayerNorm(config.d_model, eps=config.layer_norm_epsilon) if config.normalization == "pre" else None
+    )
     encoder = torch.nn.TransformerEncoder(layer, config.num_encoder_layers, norm=final_norm, enable_nested_tensor=False)
-    for index, torch_layer in enumerate(encoder.layers):
-        flax_layer = params["encoder"][f"layer_{index}"]
-        attention = flax_layer["self_attention"]
-        # torch's x W^T with rows (query, key, value), heads contiguous: flax's [D, N, H] kernels flattened.
-        in_kernel = [attention[f"{name}_kernel"].reshape(d_model, d_model) for name in ("query", "key", "value")]
-        torch_layer.self_attn.in_proj_weight.data = tensor(np.concatenate(in_kernel, axis=1), transpose=True)
-        torch_layer.self_attn.in_proj_bias.data = tensor(
-            np.concatenate([attention[f"{name}_bias"].reshape(-1) for name in ("query", "key", "value")])
-        )
-        torch_layer.self_attn.out_proj.weight.data = tensor(attention["out_kernel"].reshape(d_model, d_model), True)
-        torch_layer.self_attn.out_proj.bias.data = tensor(attention["out_bias"])
-        feed_forward = flax_layer["feed_forward"]
-        torch_layer.linear1.weight.data = tensor(feed_forward["wi_kernel"], transpose=True)
-        torch_layer.linear1.bias.data = tensor(feed_forward["wi_bias"])
-        torch_layer.linear2.weight.data = tensor(feed_forward["wo_kernel"], transpose=True)
-        torch_layer.linear2.bias.data = tensor(feed_forward["wo_bias"])
-        load_norm(torch_layer.norm1, flax_layer["self_attention_norm"])
-        load_norm(torch_layer.norm2, flax_layer["feed_forward_norm"])
-    if final_norm is not None:
-        load_norm(final_norm, params["encoder"]["final_norm"])
+    load_stack(encoder, params["encoder"])
     return encoder.eval()
 
 
