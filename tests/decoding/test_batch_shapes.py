@@ -142,7 +142,7 @@ def test_parallel_batches_change_no_result(decoding_workdir, mixed_sentences, se
 
 
 def test_parallel_batches_must_be_positive(decoding_workdir):
-    with pytest.raises(ValueError, match="parallel_batches must be >= 1, got 0"):
+    with pytest.raises(ValueError, match="^parallel_batches must be an integer >= 1, got 0$"):
         Translator.from_workdir(decoding_workdir, parallel_batches=0)
 
 
