@@ -110,8 +110,9 @@ def read_lines(path: str | pathlib.Path) -> list[str]:
     except (EOFError, gzip.BadGzipFile, zlib.error) as error:
         with open(path, "rb") as handle:
             head = handle.read(MAGIC_BYTES)
-        if other_compression(head):  # xz, bzip2 or zstd named .gz
-            raise DataError(f"{path} {other_compression(head)}") from None
+        compression = other_compression(head)
+        if compression:  # xz, bzip2 or zstd named .gz
+            raise DataError(f"{path} {compression}") from None
         if head[:2] != b"\x1f\x8b":  # not gzip's magic bytes (a damaged or cut download has them): plain text
             raise DataError(f"{path}: not a gzip file ({error}); rename it without .gz if it is plain text") from None
         raise DataError(f"{path}: not a complete gzip file ({error})") from None

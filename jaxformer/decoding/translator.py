@@ -91,9 +91,15 @@ class Translator:
                 raise ValueError(
                     f"the model's {side} vocabulary has {model_size} tokens, its tokenizer {side_tokenizer.vocab_size}"
                 )
-        options = dict(batch_size=batch_size, length_bucket=length_bucket, max_source_tokens=max_source_tokens)
         check_options(
-            {**options, "max_buffer_growth": max_buffer_growth, "parallel_batches": parallel_batches, "seed": seed}
+            dict(
+                batch_size=batch_size,
+                length_bucket=length_bucket,
+                max_source_tokens=max_source_tokens,
+                max_buffer_growth=max_buffer_growth,
+                parallel_batches=parallel_batches,
+                seed=seed,
+            )
         )
         settings.check_fits(config)
         self.config, _ = decoding_variant(config, {})
