@@ -47,7 +47,7 @@ from jaxformer.training.metrics import MetricWriter, perplexity_text, summarize,
 from jaxformer.training.objectives import objective_for
 from jaxformer.training.optimizer import make_optimizer
 from jaxformer.training.parameter_ema import parameter_ema, restart_parameter_ema
-from jaxformer.training.periodic import Periodic, run_due
+from jaxformer.training.periodic import Periodic, run_at_start, run_due
 from jaxformer.training.rdrop_start import RDropPhase
 from jaxformer.training.resumed_end import resumed_end
 from jaxformer.training.run_saves import RunSaver
@@ -168,7 +168,11 @@ def _train(config, prepared: PreparedRun, model: nn.Module, preparation: RaiseOn
     logger.info("model: %s parameters", f"{count_parameters(abstract_state.params):,}")
     # Fine-tuning or composing: checked against this model before anything is compiled.
     starting_points = prepared.take_starting_points()
-    from_starting_points = bool(starting_points)
+    # The work that measures the start at step 0 (none resumed or from scratch): a fine-tuned model's BLEU too,
+    # so that best/ holds the start until a step beats it and the final choice can keep it where fine-tuning
+    # made it worse; a composed translator translates nothing yet.
+    parts = {point.part for point in starting_points}
+    at_start = ("evaluate", "bleu") if "model" in parts else ("evaluate",) if parts else ()
     overrides = starting_overrides(starting_points, abstract_state.params, model.config)
     del starting_points
     batch_sharding = sharding.batch_sharding(mesh, rules)
@@ -296,8 +300,8 @@ def _train(config, prepared: PreparedRun, model: nn.Module, preparation: RaiseOn
         return budget_spent
 
     timing = () if budget is None else (budget.work_done, spent_by_the_work)
-    if from_starting_points and step == 0:
-        evaluate(0)  # where fine-tuning starts: the starting model on this run's validation data
+    if step == 0:  # the start on this run's validation data, where fine-tuning or composing starts
+        run_at_start(periodic, at_start, None if budget is None else budget.work_done)
     if budget_spent:
         logger.info("time budget of %g minutes already spent at step %d", training.time_budget_minutes, step)
     seconds_read = clock.seconds_before  # the training seconds of the last budget check

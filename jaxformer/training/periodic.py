@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import dataclasses
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Collection
 
 
 def itstime(step: int, every_steps: int, last_step: int, at_last_step: bool = True) -> bool:
@@ -59,3 +59,12 @@ def run_due(
         if itstime(step, periodic.every_steps, last_step, periodic.at_last_step):
             run(periodic)
     return last_step
+
+
+def run_at_start(
+    actions: list[Periodic], names: Collection[str], timed: Callable[[str, float], None] | None = None
+) -> None:
+    """Runs, in list order, the actions among `names` that are due at all (`itstime` at step 0: an
+    `every_steps` above 0), at step 0: a run that starts from other parameters measures them before
+    its first step. `timed` as `run_due`'s (the first of a kind holds its compilation)."""
+    run_due([periodic for periodic in actions if periodic.name in names], 0, 0, timed)

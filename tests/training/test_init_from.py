@@ -80,6 +80,43 @@ def test_fine_tuning_starts_from_the_source_model(source_run, data_dir, tmp_path
     assert last["step"] == 4 and sorted(losses(workdir, "eval/loss")) == [0, 3, 4]
 
 
+@pytest.mark.slow  # about 40 s: a fine-tuning run with validation BLEU and the final choice, continued
+def test_best_and_the_final_choice_keep_the_start_when_fine_tuning_makes_it_worse(source_run, data_dir, tmp_path):
+    """Validation BLEU at step 0 (before any step) keeps the start in best/, a candidate of the
+    final choice; a learning rate 500 times the tiny config's wrecks the model at its first steps."""
+    workdir = tmp_path / "tuned"
+    config = tiny_config(data_dir, num_train_steps=4, eval_every_steps=2, checkpoint_every_steps=2)
+    config.training.update(bleu_every_steps=2, bleu_examples=16, bleu_method="greedy", final_choice=True)
+    config.training.update(average_last=2, init_from=str(source_run))
+    config.data.max_eval_examples, config.decoding.max_extra_length = 16, 8
+    config.optimizer.learning_rate_scale = 1000.0
+    last = train_and_evaluate(config, workdir)
+
+    bleu = losses(workdir, "eval/bleu")
+    assert sorted(bleu) == [0, 2, 4] and sorted(losses(workdir, "eval/loss")) == [0, 2, 4]
+    assert max(bleu[2], bleu[4]) < bleu[0]  # the premise: the steps made it worse
+    assert losses(workdir, "eval/best_bleu") == {step: bleu[0] for step in bleu}
+    _, _, source_params = load_checkpoint(source_run)
+    best_step, best_metadata, best_params = load_checkpoint(workdir, "best")
+    assert best_step == 0 and best_metadata.bleu == bleu[0]
+    for kept, start in zip(jax.tree.leaves(best_params), jax.tree.leaves(source_params), strict=True):
+        np.testing.assert_array_equal(kept, start)
+    # The final choice scored best/ (the start) with the others and kept the highest.
+    scores = {name: last["final"][f"{name}/bleu"] for name in ("latest", "best", "averaged")}
+    assert last["final"]["chosen"] == max(scores, key=scores.get) == "best"
+
+    # Continued: step 0 is neither measured nor logged again, and best/ still holds the start.
+    config.training.num_train_steps = 6
+    train_and_evaluate(config, workdir)
+    records = [json.loads(line) for line in (workdir / "metrics.jsonl").read_text().splitlines()]
+    assert [sorted(record) for record in records if record["step"] == 0] == [
+        ["eval/accuracy", "eval/loss", "eval/nll", "eval/perplexity", "step", "time"],
+        ["eval/best_bleu", "eval/bleu", "eval/chrf", "eval/lowercase_bleu", "step", "time"],
+    ]
+    assert sorted(losses(workdir, "eval/bleu")) == [0, 2, 4, 6]
+    assert load_checkpoint(workdir, "best", params=False)[0] == 0
+
+
 def test_a_step_directory_and_a_step_number_name_the_same_start(source_run):
     training = tiny_config(".").training
     training.init_from = str(source_run / "checkpoints" / "5")

@@ -1,4 +1,4 @@
-from jaxformer.training.periodic import Periodic, itstime, run_due
+from jaxformer.training.periodic import Periodic, itstime, run_at_start, run_due
 
 
 def test_itstime_every_n_steps_and_at_the_last():
@@ -48,3 +48,26 @@ def test_work_that_spends_the_budget_makes_its_step_the_last_before_the_checkpoi
     assert asked == [3]  # after the evaluation, before the checkpoint
     assert calls == [("log", 49), ("log", 50), ("evaluate", 50), ("bleu", 50), ("checkpoint", 50)]
     assert timed == ["evaluate", "bleu", "checkpoint"]
+
+
+def test_the_start_is_measured_by_the_named_work_that_is_due_at_all():
+    """A fine-tuning run's step 0: its evaluation and BLEU (with their timing), never its log or
+    checkpoint, and no BLEU where training.bleu_every_steps is 0."""
+    calls, timed = [], []
+
+    def actions(bleu_every_steps):
+        return [
+            Periodic("log", 1, lambda step: calls.append(("log", step)), at_last_step=False),
+            Periodic("evaluate", 50, lambda step: calls.append(("evaluate", step)), timed=True),
+            Periodic("bleu", bleu_every_steps, lambda step: calls.append(("bleu", step)), timed=True),
+            Periodic("checkpoint", 100, lambda step: calls.append(("checkpoint", step)), timed=True, saves=True),
+        ]
+
+    run_at_start(actions(100), ("bleu", "evaluate"), lambda name, seconds: timed.append(name))
+    assert calls == [("evaluate", 0), ("bleu", 0)] and timed == ["evaluate", "bleu"]  # in the list's order
+    calls.clear()
+    run_at_start(actions(0), ("evaluate", "bleu"))
+    assert calls == [("evaluate", 0)]
+    calls.clear()
+    run_at_start(actions(100), ())  # a run from scratch or resumed: nothing
+    assert calls == []
