@@ -15,7 +15,6 @@ if __name__ == "__main__":  # `python -m`: launched as the console script is, be
 
 import argparse
 import dataclasses
-import itertools
 import json
 import logging
 import time
@@ -70,9 +69,6 @@ class FileLines:
 
 
 Pair = tuple[int, str, str]  # (1-based line in the user's file, source, reference)
-# Pairs encoded at a time while looking for the scored ones: a split of millions of pairs is read
-# only as far as --max_examples needs.
-_ENCODE_CHUNK = 4096
 
 
 def split_pairs(
@@ -127,24 +123,14 @@ def _first_scored(
     lines) whose sides both encode to a piece. A side of zero-width spaces or control characters
     alone is empty to the model, as to translate, which gives such a source an empty output: it is
     left out as an empty line is, not scored as a sentence the model was given. `pairs` are read
-    and encoded a chunk at a time, no further than the `max_examples`-th scored pair. The lines
+    and encoded a chunk at a time, no further than the `max_examples`-th scored pair, as
+    validation BLEU and the final choice count theirs (data/scored_pairs.py). The lines
     left out, both kinds, are said in one warning naming the first: `place(line, source side or
     None where not known)`, or `first_empty`, where the reader found the first empty line."""
-    from jaxformer.data.pipeline import pairs_of_no_piece
+    from jaxformer.data.scored_pairs import first_with_pieces
 
-    scored: list[Pair] = []
-    no_piece: dict[int, bool] = {}  # line -> whether its source side is the one without a piece
     pairs = iter(pairs)
-    while max_examples is None or len(scored) < max_examples:
-        chunk = list(itertools.islice(pairs, _ENCODE_CHUNK))
-        if not chunk:
-            break
-        left_out = pairs_of_no_piece([pair[1] for pair in chunk], [pair[2] for pair in chunk], tokenizers)
-        for index, pair in enumerate(chunk):
-            if index in left_out:
-                no_piece[pair[0]] = left_out[index]
-            else:
-                scored.append(pair)
+    scored, no_piece = first_with_pieces(pairs, max_examples, tokenizers)  # {line: its source has no piece}
     count = len(scored) if max_examples is None else min(max_examples, len(scored))
     if count < len(scored) or (count and next(pairs, None) is not None):
         total = scored[count - 1][0]  # the lines read: up to the last pair scored

@@ -13,7 +13,8 @@ from typing import Any
 import ml_collections
 
 from jaxformer.data.parallel_text import skipped_pairs_text
-from jaxformer.data.pipeline import pairs_of_no_piece, read_records, record_text
+from jaxformer.data.pipeline import read_records, record_text
+from jaxformer.data.scored_pairs import first_with_pieces
 from jaxformer.data.tokenizer import Tokenizer
 from jaxformer.decoding.generate import DecodeSettings
 from jaxformer.decoding.scoring import bleu_tokenizer, corpus_scores
@@ -84,9 +85,9 @@ def decode_settings(config: ml_collections.ConfigDict) -> DecodeSettings:
 
 
 class ValidationSet:
-    """The first `examples` validation pairs (0: all), translated with given parameters and
-    scored with sacreBLEU. `tokenizer` encodes the sources; `target_tokenizer` (separate
-    vocabularies) decodes the output."""
+    """The first `examples` validation pairs with a piece a side (0: all; `scored_pairs`),
+    translated with given parameters and scored with sacreBLEU. `tokenizer` encodes the sources;
+    `target_tokenizer` (separate vocabularies) decodes the output."""
 
     def __init__(
         self,
@@ -100,13 +101,9 @@ class ValidationSet:
     ):
         """`settings`: the search (default: the config's `decoding` section)."""
         data = config.data
-        count = min(examples or len(eval_source), len(eval_source))
-        records = list(read_records(eval_source, range(count)))
-        sources = [record_text(record, data.source_language) for record in records]
-        references = [record_text(record, data.target_language) for record in records]
-        scored = _with_pieces(sources, references, tokenizer, target_tokenizer or tokenizer)
+        tokenizers = (tokenizer, target_tokenizer or tokenizer)
+        self.sources, self.references = scored_pairs(eval_source, data, examples, tokenizers)
         self.tokenize = bleu_tokenizer(data.target_language, config.training.get("bleu_tokenize"))
-        self.sources, self.references = [sources[i] for i in scored], [references[i] for i in scored]
         self.translator = Translator(
             model_config,
             None,
@@ -132,18 +129,27 @@ class ValidationSet:
         return corpus_scores(hypotheses, self.references, self.tokenize)
 
 
-def _with_pieces(
-    sources: list[str], references: list[str], tokenizer: Tokenizer, target_tokenizer: Tokenizer
-) -> list[int]:
-    """The indices of the pairs whose sides both encode to a piece: one of zero-width spaces or
-    control characters alone is empty, as evaluate reads it (translate gives such a source an
-    empty output, which a score would count); the others are said in one warning."""
-    left_out = pairs_of_no_piece(sources, references, (tokenizer, target_tokenizer))
+def scored_pairs(
+    eval_source, data: ml_collections.ConfigDict, examples: int, tokenizers: tuple[Tokenizer, Tokenizer]
+) -> tuple[list[str], list[str]]:
+    """(sources, references) of the first `examples` validation pairs (0: all) whose sides both
+    encode to a piece, counted as evaluate's --max_examples counts them: one of zero-width spaces or
+    control characters alone is empty, as evaluate reads it (translate gives such a source an empty
+    output, which a score would count); those left out before the last scored are said in one warning."""
+    records = read_records(eval_source)  # read only as far as the pairs scored need
+    pairs = (
+        (index, record_text(record, data.source_language), record_text(record, data.target_language))
+        for index, record in enumerate(records)
+    )
+    scored, no_piece = first_with_pieces(pairs, examples or None, tokenizers)
+    scored = scored[:examples] if examples else scored
+    read = scored[-1][0] + 1 if examples and len(scored) == examples else len(eval_source)
+    left_out = [index for index in no_piece if index < read]
     if left_out:
-        where = f"the first {len(sources):,} validation pairs scored for BLEU"
+        where = f"the first {read:,} validation pairs scored for BLEU"
         first_place = f"pair {min(left_out) + 1:,}; a side the tokenizer encodes to no piece"
         logger.warning("%s", skipped_pairs_text(len(left_out), where, first_place))
-    return [index for index in range(len(sources)) if index not in left_out]
+    return [pair[1] for pair in scored], [pair[2] for pair in scored]
 
 
 class BleuValidator:

@@ -5,6 +5,7 @@ import logging
 import numpy as np
 
 from jaxformer.commands import evaluate
+from jaxformer.data import scored_pairs
 from jaxformer.data.parallel_text import SkipCounter, read_parallel_lines
 from jaxformer.data.pipeline import pairs_of_no_piece
 from jaxformer.data.tokenizer import train_tokenizer
@@ -32,7 +33,7 @@ def _pairs(lines, read):
 
 
 def test_max_examples_stops_reading_once_that_many_pairs_are_scored(monkeypatch, caplog):
-    monkeypatch.setattr(evaluate, "_ENCODE_CHUNK", 2)
+    monkeypatch.setattr(scored_pairs, "ENCODE_CHUNK", 2)
     lines = [("a b", "x"), (" ", "y"), ("c", "z"), ("d", "w")] + [("e", "v")] * 100
     read: list[int] = []
     tokenizers = (_SpaceTokenizer(), _SpaceTokenizer())
@@ -46,7 +47,7 @@ def test_max_examples_stops_reading_once_that_many_pairs_are_scored(monkeypatch,
 
 
 def test_without_max_examples_every_pair_is_read_and_counted(monkeypatch):
-    monkeypatch.setattr(evaluate, "_ENCODE_CHUNK", 2)
+    monkeypatch.setattr(scored_pairs, "ENCODE_CHUNK", 2)
     lines = [("a", "x"), ("b", " "), ("c", "z")]
     read: list[int] = []
     tokenizers = (_SpaceTokenizer(), _SpaceTokenizer())
