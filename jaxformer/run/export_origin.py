@@ -52,3 +52,18 @@ def export_description(path: str | pathlib.Path) -> str:
         f"{path} is an export (jaxformer-export's folder: parameters in decoding form for its program, "
         "without a checkpoint's run config), not a training run"
     )
+
+
+def to_the_run_exported_from(origin: ExportOrigin, verb: str, workdir: str, checkpoint: str) -> str:
+    """The clause that sends a user from an export to the run `origin` names: to `verb` it ("give",
+    "start from"), named as the command is told a run and its checkpoint, by flags (`workdir`
+    "--workdir", `checkpoint` "--checkpoint") or by config keys ("training.init_from",
+    "training.init_checkpoint")."""
+    if origin.workdir is None:
+        return f"{verb} the training run it was exported from (its config.json names none)"
+    flags = workdir.startswith("--")
+    setting = " " if flags else "="
+    run = f"{workdir}{setting}{origin.workdir}"
+    if origin.checkpoint is not None:
+        run += f" {checkpoint}{setting}{origin.checkpoint}"
+    return f"{verb} the run it was exported from{', ' if flags else ': '}{run}"

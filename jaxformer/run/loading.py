@@ -12,7 +12,7 @@ from jaxformer.errors import CheckpointError, with_article
 from jaxformer.model.config import ConfigError, TransformerConfig
 from jaxformer.run.checkpoint import Checkpointer
 from jaxformer.run.directory import CHECKPOINT_KINDS, RunDirectory, parse_checkpoint_choice
-from jaxformer.run.export_origin import EXPORT_LOADER, export_description, export_origin
+from jaxformer.run.export_origin import EXPORT_LOADER, export_description, export_origin, to_the_run_exported_from
 from jaxformer.run.interrupted_saves import interrupted_replacement_note, interrupted_replacements
 from jaxformer.run.metadata import CheckpointMetadata
 from jaxformer.run.removal import CheckpointRemoved, listing_again
@@ -317,12 +317,7 @@ def _not_a_workdir(path: pathlib.Path) -> str:
         return f"{path} does not exist"
     origin = export_origin(path)
     if origin is not None:
-        run = (
-            f"give the run it was exported from, --workdir {origin.workdir}"
-            + (f" --checkpoint {origin.checkpoint}" if origin.checkpoint is not None else "")
-            if origin.workdir is not None
-            else "give the training run it was exported from (its config.json names none)"
-        )
+        run = to_the_run_exported_from(origin, "give", "--workdir", "--checkpoint")
         return f"{export_description(path)}: serve it with python {path / EXPORT_LOADER}, or {run}"
     kinds = {RunDirectory(path.parent).checkpoint_directory(kind).name: kind for kind in CHECKPOINT_KINDS}
     if path.name in kinds:

@@ -20,7 +20,7 @@ from jaxformer.errors import CheckpointError, with_article
 from jaxformer.model.config import ConfigError, TransformerConfig
 from jaxformer.model.transformer import stack_layers, unstack_layers
 from jaxformer.run.directory import RunDirectory
-from jaxformer.run.export_origin import export_description, export_origin
+from jaxformer.run.export_origin import export_description, export_origin, to_the_run_exported_from
 from jaxformer.run.loading import (
     load_from_directory,
     locate_checkpoint,
@@ -95,11 +95,7 @@ def refuse_an_export(path: str, key: str) -> None:
     origin = export_origin(path)
     if origin is None:
         return
-    start = "start from the training run it was exported from (its config.json names none)"
-    if origin.workdir is not None:
-        start = f"start from the run it was exported from: training.{key}={origin.workdir}" + (
-            f" training.init_checkpoint={origin.checkpoint}" if origin.checkpoint is not None else ""
-        )
+    start = to_the_run_exported_from(origin, "start from", f"training.{key}", "training.init_checkpoint")
     raise CheckpointError(f"{export_description(pathlib.Path(path))}; {start}")
 
 
