@@ -300,26 +300,37 @@ def run_command(
         _discard_stdout()
         return exit_code_for_signal(signal.SIGPIPE)
     except Exception as error:
-        full = no_space_error(error)
-        too_large = file_size_limit_error(error) if full is None else None
-        if full is None and too_large is None:
+        limit = _storage_limit(error)
+        if limit is None:
             raise
         if args.verbose:
             _print_traceback()
-        if too_large is not None:  # rerunning under the same limit changes nothing: a user's error
-            where = f" writing {too_large.filename}" if too_large.filename else ""
-            sys.stderr.write(
-                f"error: {too_large.strerror or too_large}{where}: a file-size limit (ulimit -f, or the file "
-                "system's) stops it; raise it, then run the same command again (a training run resumes from "
-                "its last checkpoint)\n"
-            )
-            return EXIT_USER_ERROR
-        where = f" writing {full.filename}" if full.filename else ""
+        cause, remedy, code = limit
+        where = f" writing {cause.filename}" if cause.filename else ""
         sys.stderr.write(
-            f"error: {full.strerror or full}{where}: free space (or quota), then run the same command again "
-            "(a training run resumes from its last checkpoint)\n"
+            f"error: {cause.strerror or cause}{where}: {remedy}, then run the same command again (a training run "
+            "resumes from its last checkpoint)\n"
         )
-        return EXIT_NO_SPACE
+        return code
+
+
+# The storage limits a command's error line names: what finds each in an error's chain (the first
+# found is named), what to change before running the same command again, the exit code. Rerunning
+# under the same file-size limit changes nothing: a user's error.
+_STORAGE_LIMITS = (
+    (no_space_error, "free space (or quota)", EXIT_NO_SPACE),
+    (file_size_limit_error, "a file-size limit (ulimit -f, or the file system's) stops it; raise it", EXIT_USER_ERROR),
+)
+
+
+def _storage_limit(error: BaseException) -> tuple[OSError, str, int] | None:
+    """(the OSError, its remedy, the exit code) of the first of `_STORAGE_LIMITS` that `error` is or
+    was raised from, else None."""
+    for found_in, remedy, code in _STORAGE_LIMITS:
+        cause = found_in(error)
+        if cause is not None:
+            return cause, remedy, code
+    return None
 
 
 def _print_traceback() -> None:

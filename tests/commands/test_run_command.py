@@ -70,8 +70,10 @@ def test_a_file_size_limit_is_one_line_and_a_users_error(capsys):
 
     assert common.run_command(common.make_parser(None), body, []) == EXIT_USER_ERROR
     err = capsys.readouterr().err
-    assert err.count("\n") == 1 and err.startswith("error: File too large: a file-size limit (ulimit -f")
-    assert err.endswith("then run the same command again (a training run resumes from its last checkpoint)\n")
+    assert err == (
+        "error: File too large: a file-size limit (ulimit -f, or the file system's) stops it; raise it, then run the "
+        "same command again (a training run resumes from its last checkpoint)\n"
+    )
     tensorstore = ValueError("UNKNOWN: Error writing local file \"x\": File too large [os_error_code='27']")
     assert file_size_limit_error(tensorstore).errno == errno.EFBIG
     assert file_size_limit_error(OSError(errno.ENOSPC, "No space left on device")) is None
