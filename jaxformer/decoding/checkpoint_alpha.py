@@ -16,7 +16,7 @@ import logging
 import os
 from typing import Any
 
-from jaxformer.decoding.generate import DecodeSettings
+from jaxformer.decoding.generate import SEARCH_FIELDS, DecodeSettings
 from jaxformer.run.loading import load_checkpoint
 from jaxformer.run.metadata import CheckpointMetadata
 
@@ -27,8 +27,9 @@ SETTINGS_ALPHA = "settings=DecodeSettings(alpha=...)"
 SETTINGS_LENGTH_PENALTY = "settings=DecodeSettings(length_penalty=...)"
 SETTINGS_RENORMALIZE = "settings=DecodeSettings(renormalize_after_bans=...)"
 
-# The settings of a beam search that the chosen alpha depends on, besides the parameters.
-_SEARCH_KEYS = ("beam_size", "length_penalty", "max_extra_length", "stop", "renormalize_after_bans")
+# The settings of a beam search that the chosen alpha depends on, besides the parameters: the
+# search's but its method (named on its own) and the alpha itself.
+_SEARCH_KEYS = tuple(key for key in SEARCH_FIELDS if key not in ("method", "alpha"))
 SEARCH_NAMES = {"beam": "beam search", "greedy": "greedy search", "sample": "sampling"}  # decoding.method's
 
 

@@ -78,6 +78,10 @@ _FIELD_KINDS: dict[str, Any] = {
     "renormalize_after_bans": bool,
 }
 
+# The DecodeSettings fields of a beam or greedy search, all but sampling's (temperature, top_k):
+# what a validation score, a final choice and the alpha it kept depend on of the search.
+SEARCH_FIELDS = ("method", "beam_size", "alpha", "length_penalty", "max_extra_length", "stop", "renormalize_after_bans")
+
 
 # Its __post_init__ checks each field's type itself, with the one-line ValueError a flag's value
 # gets: no_type_check keeps the tests' jaxtyping hook (tests/conftest.py) from raising first.

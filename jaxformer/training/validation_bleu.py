@@ -16,7 +16,7 @@ from jaxformer.data.parallel_text import skipped_pairs_text
 from jaxformer.data.pipeline import read_records, record_text
 from jaxformer.data.scored_pairs import first_with_pieces
 from jaxformer.data.tokenizer import Tokenizer
-from jaxformer.decoding.generate import DecodeSettings
+from jaxformer.decoding.generate import SEARCH_FIELDS, DecodeSettings
 from jaxformer.decoding.scoring import bleu_tokenizer, corpus_scores
 from jaxformer.decoding.translator import Translator
 from jaxformer.errors import UserError
@@ -35,10 +35,7 @@ logger = logging.getLogger(__name__)
 
 # Every `decoding` key the search reads (beam search's length penalty form too): what a score, or
 # the final choice (final_choice.CHOICE_KEYS), depends on of the search.
-SEARCH_KEYS = tuple(
-    f"decoding.{key}"
-    for key in ("method", "beam_size", "alpha", "length_penalty", "max_extra_length", "stop", "renormalize_after_bans")
-)
+SEARCH_KEYS = tuple(f"decoding.{key}" for key in SEARCH_FIELDS)
 
 # The config keys a validation BLEU score depends on: which pairs, how many, which search, which
 # tokenizer. A score best/ keeps is beaten only by one measured alike (decoding.batch_size moves a
