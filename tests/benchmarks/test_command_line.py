@@ -15,7 +15,7 @@ from benchmarks import command_line, common
 
 README = pathlib.Path(common.__file__).with_name("README.md").read_text(encoding="utf-8")
 WITH_TORCH = ("train_step", "real_data", "decoding", "step_profile")
-WITHOUT_TORCH = ("scaling", "memory_options", "input_pipeline", "step_options", "xla_options")
+WITHOUT_TORCH = ("scaling", "memory_options", "input_pipeline", "step_options", "xla_options", "precision")
 BENCHMARKS = WITH_TORCH + WITHOUT_TORCH
 RUN, TIME_INTERLEAVED = subprocess.run, common.time_interleaved  # the no_work fixture forbids them
 # Imported before the no_work fixture patches anything, so that no module binds its stand-ins.
@@ -95,6 +95,8 @@ BAD_VALUES = [
         ["--option", "row 'bad'", "No such compile option: 'xla_no_such_option'"],
     ),
     ("input_pipeline", ["--steps", "0"], ["--steps", "got 0"]),
+    ("precision", ["--batches", "0"], ["--batches", "got 0"]),
+    ("precision", ["--configs", "tiny,nosuch"], ["--configs", "'nosuch'", "tiny, small, base, multi30k"]),
     ("real_data", ["--pairs", "0"], ["--pairs", "got 0"]),
     ("real_data", ["--pairs", "1000000"], ["--pairs", "1000000", "training pairs"]),
     ("real_data", ["--repeats", "2", "--iters", "2"], ["--repeats", "--iters"]),
@@ -146,6 +148,8 @@ SMOKE_SETS = [
     ("scaling", ["--lengths", "8"]),
     ("scaling", ["--tokens", "64"]),
     ("xla_options", ["--config", "tiny"]),
+    ("precision", ["--configs", "tiny"]),
+    ("precision", ["--batches", "2"]),
     ("real_data", ["--pairs", "48"]),
     ("real_data", ["--batch-size", "4"]),
     ("real_data", ["--max-length", "32"]),

@@ -25,6 +25,7 @@ POSITIVE = {
     "decoding": ("batch", "out_len", "sentences_per_s", "tokens_per_s", "call_ms"),
     "step_profile": ("step_ms", "jax_ops_over_wall"),
     "memory_options": ("layers", "batch", "length", "compile_s", "step_ms", "temp_MB", "total_MB", "temp_x"),
+    "precision": ("batches", "rows", "length", "max_abs_logit", "logit_diff", "logprob_diff"),
     "scaling": (
         "length",
         "batch",
@@ -61,8 +62,9 @@ def smoke_output(name, tmp_path, capsys, *extra):
     return printed, output
 
 
-# These take the longest; they run with -m slow.
-SLOW_SMOKE = ("decoding", "real_data", "scaling", "memory_options")  # memory_options: 11 compilations, 90 s
+# These take the longest; they run with -m slow. memory_options: 11 compilations, 90 s; precision:
+# three forward passes compiled, about 15 s of CPU.
+SLOW_SMOKE = ("decoding", "real_data", "scaling", "memory_options", "precision")
 
 
 # step_options, xla_options, step_profile and input_pipeline run their smokes in tests of their
