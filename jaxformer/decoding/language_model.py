@@ -25,6 +25,7 @@ from jaxformer.model.config import ConfigError, TransformerConfig
 from jaxformer.model.decoder_only import DecoderOnly
 from jaxformer.run.directory import checkpoint_name, parse_checkpoint_choice
 from jaxformer.run.loading import ARCHITECTURE_USES, load_checkpoint, require_architecture
+from jaxformer.run.metadata import CheckpointMetadata
 from jaxformer.tokens import BOS_ID, EOS_ID, PAD_ID
 from jaxformer.typing import Array, Float, Int
 
@@ -183,18 +184,17 @@ class LanguageModel:
         settings: DecodeSettings = CONTINUATION_SETTINGS,
         **kwargs,
     ) -> LanguageModel:
-        """The model and tokenizer of a decoder-only training run's `checkpoint`. A `ConfigError`
-        naming the workdir, before any parameter is read, when its model is of another architecture."""
+        """The model and tokenizer of a decoder-only training run's `checkpoint`, read once. A
+        `ConfigError` naming the workdir, before any parameter is read, when its model is of another
+        architecture."""
         checkpoint = parse_checkpoint_choice(checkpoint)
         check_options(kwargs)  # before anything is read
-        model_config = require_architecture(
-            workdir,
-            checkpoint,
-            "decoder_only",
-            "a LanguageModel (jaxformer-generate) continues text with a decoder_only one",
-        )
-        settings.check_fits(model_config)  # before the parameters are read
-        step, metadata, params = load_checkpoint(workdir, checkpoint)
+
+        def check(metadata: CheckpointMetadata) -> None:  # from the one read of its metadata, before the parameters
+            needs = "a LanguageModel (jaxformer-generate) continues text with a decoder_only one"
+            settings.check_fits(require_architecture(workdir, checkpoint, "decoder_only", needs, metadata=metadata))
+
+        step, metadata, params = load_checkpoint(workdir, checkpoint, before_params=check)
         logger.info("loaded step %d of %s (%s)", step, workdir, checkpoint_name(checkpoint))
         return cls(metadata.model_config(), params, metadata.load_tokenizer(), settings, **kwargs)
 

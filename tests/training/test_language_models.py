@@ -23,6 +23,7 @@ from jaxformer.model.architectures import build_model
 from jaxformer.model.config import ConfigError
 from jaxformer.model.decoder_only import DecoderOnly
 from jaxformer.model.transformer import Transformer, shift_right
+from jaxformer.run.checkpoint import Checkpointer
 from jaxformer.run.loading import load_checkpoint
 from jaxformer.run.metadata import CheckpointMetadata
 from jaxformer.tokens import BOS_ID, EOS_ID
@@ -151,6 +152,21 @@ def test_a_continuation_is_greedy_unless_told_otherwise(runs):
     assert LanguageModel(metadata.model_config(), params, metadata.load_tokenizer()).settings == greedy
     assert LanguageModel.from_workdir(runs["multi30k_lm"]).settings == greedy
     assert inspect.signature(continue_prompts).parameters["settings"].default == greedy
+
+
+def test_from_workdir_reads_the_checkpoints_metadata_once(runs, monkeypatch):
+    """LanguageModel.from_workdir read the checkpoint's metadata file twice, once to check the
+    architecture and the search, again with the parameters; it now checks them from the one read,
+    before the parameters, as Translator.from_workdir does."""
+    read_json, reads = Checkpointer._read_json, []
+
+    def counted(self, step):
+        reads.append(step)
+        return read_json(self, step)
+
+    monkeypatch.setattr(Checkpointer, "_read_json", counted)
+    assert LanguageModel.from_workdir(runs["multi30k_lm"]).settings.method == "greedy"
+    assert len(reads) == 1
 
 
 @pytest.mark.slow  # about 5 s: a greedy and a beam search compiled (both prompts are 2 pieces)
