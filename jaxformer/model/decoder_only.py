@@ -23,7 +23,7 @@ from jaxformer.model.cache import DecoderCache
 from jaxformer.model.config import TransformerConfig, check_architecture
 from jaxformer.model.decoder import Decoder
 from jaxformer.model.layers import Embed
-from jaxformer.model.shape_checks import check_integer_ids, check_shapes, check_step_rows
+from jaxformer.model.shape_checks import check_integer_ids, check_positions, check_shapes, check_step_rows
 from jaxformer.typing import Array, Float, Int
 
 # The decoder inputs [B, T], and for packed rows their segment ids and positions.
@@ -59,6 +59,7 @@ class DecoderOnly(nn.Module):
         final hidden states [B, T, D]). Each token sees the real, earlier tokens of its segment."""
         check_shapes(inputs=(inputs, "B T"), segments=(segments, "B T"), positions=(positions, "B T"))
         check_integer_ids(inputs=inputs, segments=segments, positions=positions)
+        check_positions(positions=positions)
         return self.decoder(inputs, None, segments, positions, self._deterministic(deterministic), project=project)
 
     def hidden_states(

@@ -19,7 +19,7 @@ from jaxformer.model.config import TransformerConfig, check_architecture
 from jaxformer.model.encoder import Encoder
 from jaxformer.model.layers import Embed, activation_function, layer_norm
 from jaxformer.model.masking import token_validity
-from jaxformer.model.shape_checks import check_integer_ids, check_shapes
+from jaxformer.model.shape_checks import check_integer_ids, check_positions, check_shapes
 from jaxformer.typing import Array, Bool, Float, Int
 
 # Every method reads a batch of token rows, and for packed rows their segment ids and positions.
@@ -82,6 +82,7 @@ class EncoderOnly(nn.Module):
         """The encoder's output: each token's state, from the real tokens of its segment."""
         check_shapes(tokens=(tokens, "B S"), segments=(segments, "B S"), positions=(positions, "B S"))
         check_integer_ids(tokens=tokens, segments=segments, positions=positions)
+        check_positions(positions=positions)
         return self.encoder(tokens, segments, positions, self._deterministic(deterministic))
 
     def __call__(

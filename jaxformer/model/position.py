@@ -76,7 +76,9 @@ def positional_encoding(
 
     Without `positions` every row counts 0 .. length-1 and the result is [1, L, D]. With
     explicit `positions` [B, L] (packed rows restart at 0 per segment; each value must be
-    below `length`) the result is [B, L, D].
+    below `length`) the result is [B, L, D]. A value outside [0, length) reads the table's
+    nearest end: the models' entry points refuse concrete ones (shape_checks.check_positions);
+    traced ones (jit) cannot be checked.
     """
     if jax.export.is_symbolic_dim(length):
         table = jnp.asarray(sinusoidal_table(_upper_bound(length), d_model, base, layout))[:length]  # [L, D]

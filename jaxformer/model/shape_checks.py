@@ -6,12 +6,14 @@ without a word. The shape annotations ("B S", "B T") are enforced only by the te
 (tests/conftest.py), so the entry points check here what they document. Shapes are static under
 jit: these checks run in Python when a function is traced and add nothing to its program. Sizes
 may be jax.export's symbolic dimensions, which compare equal when they are the same expression.
+Positions' values (`check_positions`) are checked only where they are concrete: eager calls.
 """
 
 from __future__ import annotations
 
 from typing import Any
 
+import jax
 import numpy as np
 
 # What a shape letter stands for, in the errors; a letter missing here is named as it is.
@@ -54,6 +56,29 @@ def check_integer_ids(**arrays: Any) -> None:
                 f"{name} has dtype {dtype} (shape {tuple(np.shape(array))}): token ids, segment ids and "
                 f"positions are integer arrays"
             )
+
+
+def check_positions(**arrays: Any) -> None:
+    """Refuses concrete positions [B, L] outside [0, L): each indexes its row's sinusoid table of L
+    entries, and one past it read the table's nearest end, so a row given positions that continue
+    past its length got wrong logits without a word. A one-line ValueError naming the array, the
+    value, its row and column. None, traced arrays (inside jax.jit nothing can raise; their values
+    are clipped to the table) and arrays another process holds part of are skipped."""
+    for name, array in arrays.items():
+        if array is None or isinstance(array, jax.core.Tracer):
+            continue
+        if isinstance(array, jax.Array) and not array.is_fully_addressable:
+            continue
+        positions = np.asarray(array)
+        length = positions.shape[1]
+        outside = (positions < 0) | (positions >= length)
+        if positions.size == 0 or not outside.any():
+            continue
+        row, column = np.argwhere(outside)[0]
+        raise ValueError(
+            f"{name} holds {positions[row, column]} at row {row}, column {column}, outside [0, {length}): a row of "
+            f"{length} tokens has the positions 0 .. {length - 1} (packed rows restart at 0 in each segment)"
+        )
 
 
 def check_step_rows(tokens: Any, cache_keys: Any, source_valid: Any = None) -> None:

@@ -22,7 +22,7 @@ from jaxformer.model.config import TransformerConfig, check_architecture
 from jaxformer.model.decoder import Decoder, EncodedSource
 from jaxformer.model.encoder import Encoder
 from jaxformer.model.layers import Embed
-from jaxformer.model.shape_checks import check_integer_ids, check_shapes, check_step_rows
+from jaxformer.model.shape_checks import check_integer_ids, check_positions, check_shapes, check_step_rows
 from jaxformer.tokens import BOS_ID, PAD_ID
 from jaxformer.typing import Array, Float, Int
 
@@ -46,7 +46,8 @@ def check_pair_shapes(
     source, target, source_segments, target_segments, source_positions=None, target_positions=None, encoded=None
 ) -> None:
     """Refuses the source-side arrays [B, S] (`encoded` [B, S, D]) and target-side ones [B, T] of
-    other shapes, or of two batch sizes B, which the masks would broadcast."""
+    other shapes, or of two batch sizes B, which the masks would broadcast, ids of a float or bool
+    dtype, and concrete positions outside their rows (`check_positions`)."""
     check_shapes(
         source=(source, "B S"),
         target=(target, "B T"),
@@ -64,6 +65,7 @@ def check_pair_shapes(
         source_positions=source_positions,
         target_positions=target_positions,
     )
+    check_positions(source_positions=source_positions, target_positions=target_positions)
 
 
 class Transformer(nn.Module):
@@ -102,6 +104,7 @@ class Transformer(nn.Module):
             source=(source, "B S"), source_segments=(source_segments, "B S"), source_positions=(source_positions, "B S")
         )
         check_integer_ids(source=source, source_segments=source_segments, source_positions=source_positions)
+        check_positions(source_positions=source_positions)
         return self.encoder(source, source_segments, source_positions, self._deterministic(deterministic))
 
     def decode(

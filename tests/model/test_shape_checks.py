@@ -6,12 +6,14 @@ import re
 import jax
 import jax.numpy as jnp
 import jaxtyping
+import numpy as np
 import pytest
 
 from jaxformer.model.cache import init_cache
 from jaxformer.model.config import preset
 from jaxformer.model.decoder_only import DecoderOnly
 from jaxformer.model.encoder_only import EncoderOnly
+from jaxformer.model.shape_checks import check_positions
 from jaxformer.model.transformer import Transformer
 
 TINY = preset("tiny", deterministic=True)
@@ -166,3 +168,49 @@ def test_ids_of_a_float_or_bool_dtype_are_refused_naming_the_array():
         assert str(error.value).endswith("token ids, segment ids and positions are integer arrays")
     for dtype in (jnp.int8, jnp.uint16, jnp.int64):  # any integer dtype is read as it was
         assert jax.eval_shape(apply, params, jax.ShapeDtypeStruct((2, S), dtype), ids(2, T), {}).shape[:2] == (2, T)
+
+
+def zero_params(model, *inputs):
+    """Parameters of the model's shapes, without running its init: the refusals come before any work."""
+    return jax.tree.map(lambda leaf: jnp.zeros(leaf.shape, leaf.dtype), abstract_params(model, *inputs))
+
+
+def test_concrete_positions_outside_their_rows_are_refused_naming_the_array():
+    """Positions index a row's sinusoid table of L entries; one outside [0, L) read the table's nearest
+    end (jnp.take's clip), so positions continuing past the row gave wrong logits without a word."""
+    model = Transformer(TINY)
+    source, target = jnp.ones((2, S), jnp.int32), jnp.ones((2, T), jnp.int32)
+    params = zero_params(model, ids(2, S), ids(2, T))
+    apply = lambda **packing: model.apply({"params": params}, source, target, **packing)  # noqa: E731
+    counted = np.broadcast_to(np.arange(T), (2, T))
+    past_the_row = counted.copy()
+    past_the_row[0, 4] = T
+    negative = counted.copy()
+    negative[1, 2] = -1
+    cases = [
+        (past_the_row, "target_positions holds 5 at row 0, column 4, outside [0, 5)"),
+        (jnp.asarray(negative), "target_positions holds -1 at row 1, column 2, outside [0, 5)"),
+        (np.full((2, T), 40), "target_positions holds 40 at row 0, column 0, outside [0, 5)"),
+    ]
+    for positions, expected in cases:
+        with pytest.raises(ValueError) as error:
+            apply(target_positions=positions)
+        assert str(error.value).startswith(expected) and "\n" not in str(error.value)
+    too_far = jnp.broadcast_to(jnp.arange(1, S + 1), (2, S))
+    with pytest.raises(ValueError, match=r"^source_positions holds 6 at row 0, column 5, outside \[0, 6\)"):
+        model.apply({"params": params}, source, source_positions=too_far, method="encode")
+    with pytest.raises(ValueError, match=r"^source_positions holds 6 at row 0, column 5"):
+        apply(source_positions=too_far)
+    # Traced values (jax.jit, here eval_shape) cannot be checked, as README says; nor need in-range ones be refused.
+    logits = jax.eval_shape(lambda positions: apply(target_positions=positions), past_the_row)
+    assert logits.shape == (2, T, TINY.vocab_size)
+    check_positions(source_positions=np.zeros((2, S), np.int32), target_positions=jnp.asarray(counted))
+
+    decoder_only = DecoderOnly(TINY.replace(architecture="decoder_only"))
+    lm_params = zero_params(decoder_only, ids(2, T))
+    with pytest.raises(ValueError, match=r"^positions holds 5 at row 0, column 4, outside \[0, 5\)"):
+        decoder_only.apply({"params": lm_params}, target, positions=past_the_row)
+    encoder_only = EncoderOnly(TINY.replace(architecture="encoder_only"))
+    mlm_params = zero_params(encoder_only, ids(2, S))
+    with pytest.raises(ValueError, match=r"^positions holds 6 at row 0, column 5, outside \[0, 6\)"):
+        encoder_only.apply({"params": mlm_params}, source, positions=too_far, method="pooled")
