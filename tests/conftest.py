@@ -103,9 +103,6 @@ def make_workdir(workdir, data_dir=None, steps=(1,), scale=lambda step: 1.0, dat
     from jaxformer.data.tokenizer import train_tokenizer
     from jaxformer.model.config import preset
     from jaxformer.model.transformer import Transformer
-    from jaxformer.run.checkpoint import Checkpointer
-    from jaxformer.run.directory import RunDirectory
-    from jaxformer.run.metadata import CheckpointMetadata
     from jaxformer.training import experiment
 
     sentences = read_raw("train.en.gz", 1500) + read_raw("train.de.gz", 1500)
@@ -123,6 +120,18 @@ def make_workdir(workdir, data_dir=None, steps=(1,), scale=lambda step: 1.0, dat
             "params"
         ]
     )
+    scaled = {step: jax.tree.map(lambda leaf, step=step: leaf * scale(step), params) for step in steps}
+    save_checkpoints(workdir, config, model_config, tokenizer, scaled, data_fingerprint)
+    return workdir, params, tokenizer
+
+
+def save_checkpoints(workdir, config, model_config, tokenizer, params_by_step, data_fingerprint=None):
+    """`params_by_step` saved as `workdir`'s checkpoints, with run metadata: `config` (a
+    ConfigDict), `model_config` and `tokenizer`, trained on data of `data_fingerprint`."""
+    from jaxformer.run.checkpoint import Checkpointer
+    from jaxformer.run.directory import RunDirectory
+    from jaxformer.run.metadata import CheckpointMetadata
+
     metadata = CheckpointMetadata(
         config=config.to_dict(),
         model=model_config.to_dict(),
@@ -131,11 +140,9 @@ def make_workdir(workdir, data_dir=None, steps=(1,), scale=lambda step: 1.0, dat
         step=0,
     )
     checkpointer = Checkpointer(RunDirectory(workdir).checkpoints, keep=None)
-    for step in steps:
-        scaled = jax.tree.map(lambda leaf, step=step: leaf * scale(step), params)
-        checkpointer.save_params(step, scaled, metadata.replace(step=step))
+    for step, params in params_by_step.items():
+        checkpointer.save_params(step, params, metadata.replace(step=step))
     checkpointer.close()
-    return workdir, params, tokenizer
 
 
 def scored_validation(bleu):

@@ -21,6 +21,10 @@ from jaxformer.tokens import BOS_ID, EOS_ID, MASK_PIECE, NUM_SPECIAL_TOKENS, PAD
 logger = logging.getLogger(__name__)
 
 
+# What sentencepiece writes for the space before a word (escape_whitespaces): "A dog" is "▁A", "▁dog".
+WORD_BOUNDARY = "\u2581"
+
+
 class TokenizerError(UserError, ValueError):
     """Bytes or a file that are not a usable sentencepiece model; the message names the file."""
 
@@ -125,6 +129,18 @@ class Tokenizer:
         """The id of the masked-LM's MASK_PIECE, None when the vocabulary has none."""
         mask_id = self._processor.piece_to_id(MASK_PIECE)
         return mask_id if self._processor.is_control(mask_id) and mask_id != self._processor.unk_id() else None
+
+    @functools.cached_property
+    def word_starts(self) -> np.ndarray | None:
+        """bool [vocab_size]: the pieces that begin a word, those whose text starts with
+        sentencepiece's word-boundary mark WORD_BOUNDARY, the mark alone included (special pieces
+        and <unk> do not). None for a model that marks where words end instead
+        (treat_whitespace_as_suffix) or leaves spaces unmarked (escape_whitespaces off)."""
+        model = model_pb2.ModelProto()
+        model.ParseFromString(self.model_proto)
+        if model.trainer_spec.treat_whitespace_as_suffix or not model.normalizer_spec.escape_whitespaces:
+            return None
+        return np.array([piece.startswith(WORD_BOUNDARY) for piece in self.pieces(range(self.vocab_size))])
 
     def pieces(self, ids: Sequence[int]) -> list[str]:
         """The subword strings of `ids` (for plots and debugging)."""

@@ -88,9 +88,9 @@ def beam_search(
     """Beam search with length penalty; returns the `beam_size` best ended sequences per row,
     best first, as (tokens [B, K, L] padded with 0, scores [B, K] = log p(Y) / length_penalty(|Y|),
     of the form `penalty` names: "gnmt" or "transformers", see `length_penalty`).
-    `spec`'s `limits`, `banned_ids` and `renormalize_after_bans` as in search.py's module
-    docstring; a
-    slot a row cannot fill (it has fewer than K possible sequences) scores about NEG_INF.
+    `spec`'s `limits`, `banned_ids`, `first_banned` and `renormalize_after_bans` as in search.py's
+    module docstring; a slot a row cannot fill (it has fewer than K possible sequences) scores
+    about NEG_INF.
 
     `cache` holds one row per batch row; it is repeated for the K beams. Each step expands
     the live beams into their 2K best continuations; those ending in EOS that rank among the
@@ -120,6 +120,7 @@ def beam_search(
     limits = spec.row_limits()
     longest = jnp.full((B,), max_length, jnp.int32) if limits is None else limits  # [B]
     row_limits = None if limits is None else jnp.repeat(limits, K)  # [R]
+    first_banned = None if spec.first_banned is None else jnp.repeat(spec.first_banned, K, axis=0)  # [R, V]
     cache = jax.tree.map(lambda leaf: leaf if jnp.ndim(leaf) == 0 else jnp.repeat(leaf, K, axis=0), cache)  # [R, ...]
 
     def rows_done(step, live_log_probs, finished_scores) -> Bool[Array, B]:
@@ -145,7 +146,7 @@ def beam_search(
         previous = jnp.where(step == 0, bos_id, state.live_tokens[:, :, jnp.maximum(step - 1, 0)])  # [B, K]
         logits, cache = tokens_to_logits(previous.reshape(B * K, 1), state.cache)  # [R, V]
         vocab = logits.shape[-1]
-        log_probs = step_log_probs(logits, step, row_limits, spec).reshape(B, K, vocab)  # [B, K, V]
+        log_probs = step_log_probs(logits, step, row_limits, spec, first_banned).reshape(B, K, vocab)  # [B, K, V]
         candidates = (state.live_log_probs[:, :, None] + log_probs).reshape(B, K * vocab)  # [B, K * V]
         top_log_probs, top_indices = top_k(candidates, min(2 * K, K * vocab))  # [B, 2K]
         top_beams, top_tokens = top_indices // vocab, (top_indices % vocab).astype(jnp.int32)  # [B, 2K]

@@ -16,7 +16,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from jaxformer.data.tokenizer import Tokenizer
+from jaxformer.data.tokenizer import WORD_BOUNDARY, Tokenizer
 from jaxformer.decoding.generate import DecodeSettings, Hypotheses, check_options, decoding_variant, search
 from jaxformer.decoding.search import SearchSpec
 from jaxformer.decoding.sentence_batches import sentence_list
@@ -27,7 +27,7 @@ from jaxformer.run.directory import checkpoint_name, parse_checkpoint_choice
 from jaxformer.run.loading import ARCHITECTURE_USES, load_checkpoint, require_architecture
 from jaxformer.run.metadata import CheckpointMetadata
 from jaxformer.tokens import BOS_ID, EOS_ID, PAD_ID
-from jaxformer.typing import Array, Float, Int
+from jaxformer.typing import Array, Bool, Float, Int
 
 logger = logging.getLogger(__name__)
 
@@ -97,6 +97,13 @@ def check_prompt_rows(prompts: Any, vocab_size: int) -> None:
         refuse_other_than_a_prompt(ids, vocab_size, f"prompt row {row}")
 
 
+def loses_its_word_break(prompt: str, ids: np.ndarray, tokenizer: Tokenizer) -> bool:
+    """Whether `prompt` ends in whitespace that its `ids` do not hold. Sentencepiece drops a text's
+    trailing whitespace, so "A dog runs " encodes as "A dog runs" does, and a model continuing
+    those ids would go on with the word "runs" where the prompt asked for a new one."""
+    return prompt[-1:].isspace() and not tokenizer.decode(ids)[-1:].isspace()
+
+
 class PromptedCache(NamedTuple):
     """The search's cache: the decoder's, with the prompt already in it, and each row's last
     prompt token, which the first search step reads instead of the search's BOS."""
@@ -112,13 +119,17 @@ def continue_prompts(
     prompts: Int[Array, "B P"],
     settings=CONTINUATION_SETTINGS,
     rng: jax.Array | None = None,
+    first_banned: Bool[Array, "B V"] | None = None,
 ) -> Hypotheses:
     """Continuations of prompt rows of equal length P (no padding; P may be 0): (tokens [B, K, L]
     with L = settings.max_extra_length, ending in EOS then padding, or cut at N tokens as they
     stand; scores [B, K], log p of the continuation, divided by the length penalty for beam
-    search). The decoder reads BOS, the prompt, then the continuation. `model` must be the
-    decoding variant (`decoding_variant`). Concrete prompts are checked first (`check_prompt_rows`);
-    inside a caller's own `jax.jit` nothing can raise, so there only their shape counts."""
+    search). The decoder reads BOS, the prompt, then the continuation; row b's continuation starts
+    with no token `first_banned[b]` marks, but may start with EOS (`LanguageModel` bans the pieces
+    that go on with the prompt's last word after a prompt that ended in a space). `model` must be
+    the decoding variant (`decoding_variant`). Concrete prompts are checked first
+    (`check_prompt_rows`); inside a caller's own `jax.jit` nothing can raise, so there only their
+    shape counts."""
     check_prompt_rows(prompts, model.config.vocab_size)
     batch, prompt_length = prompts.shape
     new_tokens = settings.max_extra_length
@@ -140,14 +151,15 @@ def continue_prompts(
         return logits, PromptedCache(decoder, cache.last_prompt_tokens, jnp.ones((), bool))
 
     # No length limits: a continuation that reaches N tokens is cut there, without EOS.
-    spec = SearchSpec(batch, new_tokens, BOS_ID, EOS_ID, banned_ids=(PAD_ID, BOS_ID))
+    spec = SearchSpec(batch, new_tokens, BOS_ID, EOS_ID, banned_ids=(PAD_ID, BOS_ID), first_banned=first_banned)
     return search(tokens_to_logits, prompted, spec, settings, rng)
 
 
 class LanguageModel:
     """Continues prompts (text) with a decoder-only model, by greedy search unless `settings` say
     otherwise. Prompts are grouped by token count, so rows need no padding; `batch_size` rows at a
-    time, each group length compiled once."""
+    time, each group length compiled once (twice where a batch holds a prompt that ended in a
+    space, whose continuation starts a new word)."""
 
     def __init__(
         self,
@@ -173,7 +185,16 @@ class LanguageModel:
         self.config, self.params = decoding_variant(config, jax.device_put(params))
         self.tokenizer, self.settings, self.batch_size = tokenizer, settings, batch_size
         model = DecoderOnly(self.config)
-        self._continue = jax.jit(lambda params, prompts, rng: continue_prompts(model, params, prompts, settings, rng))
+        # The pieces that would go on with a prompt's last word, once per vocabulary; None where the
+        # tokenizer marks no word starts (then a prompt's trailing space changes nothing).
+        word_starts = tokenizer.word_starts
+        self._goes_on_with_a_word = None if word_starts is None else jnp.asarray(~word_starts)
+
+        def continue_rows(params, prompts, rng, new_words):  # new_words: bool [B], or None for no row
+            banned = None if new_words is None else new_words[:, None] & self._goes_on_with_a_word[None, :]
+            return continue_prompts(model, params, prompts, settings, rng, banned)
+
+        self._continue = jax.jit(continue_rows)
         self._rng = jax.random.key(seed)
 
     @classmethod
@@ -206,11 +227,14 @@ class LanguageModel:
         """Per prompt, (prompt + continuation as text, score) for each hypothesis, best first. The
         prompt is the caller's text as given (sentencepiece's normalisation, unknown characters and
         runs of spaces left as they were); the continuation follows it as the tokenizer spaces it.
+        A prompt that ends in whitespace (which sentencepiece drops) is continued with a new word,
+        or nothing: its continuation starts with a piece that begins a word, or with EOS.
         Any iterable of str (a generator, a file's lines), read once before anything is decoded."""
         prompts = sentence_list(prompts)
         encoded = [self.tokenizer.encode(prompt, add_eos=False) for prompt in prompts]
+        new_words = [loses_its_word_break(prompt, ids, self.tokenizer) for prompt, ids in zip(prompts, encoded)]
         results: list[Any] = [None] * len(prompts)
-        for indices, tokens, scores in self.continue_ids(encoded):
+        for indices, tokens, scores in self.continue_ids(encoded, new_words):
             for row, index in enumerate(indices):
                 results[index] = [
                     (prompts[index] + self._continuation(encoded[index], tokens[row, k], prompts[index]), float(score))
@@ -233,7 +257,7 @@ class LanguageModel:
                 and text
                 and first
                 and first[0] != EOS_ID
-                and self.tokenizer.pieces(first)[0].startswith("\u2581")
+                and self.tokenizer.pieces(first)[0].startswith(WORD_BOUNDARY)
             ):
                 text = " " + text
         if prompt[-1:].isspace() and text[:1] == " ":
@@ -241,14 +265,26 @@ class LanguageModel:
         return text
 
     def continue_ids(
-        self, prompts: Sequence[np.ndarray | Sequence[int]] | np.ndarray
+        self, prompts: Sequence[np.ndarray | Sequence[int]] | np.ndarray, new_words: Sequence[bool] | None = None
     ) -> Iterator[tuple[list[int], Any, Any]]:
         """(prompt indices, tokens [b, K, L], scores [b, K]) per batch of equal-length prompts, each
         prompt a text's ids without EOS (`checked_prompts`: checked when called, errors naming its
-        index in `prompts`, before anything is compiled)."""
-        return self._continued_batches(checked_prompts(prompts, self.config.vocab_size))
+        index in `prompts`, before anything is compiled). Where `new_words[i]` is true (prompt i's
+        text ended in a space its ids lost: `loses_its_word_break`), the continuation starts with a
+        piece that begins a word, or with EOS."""
+        checked = checked_prompts(prompts, self.config.vocab_size)
+        if new_words is None:
+            new_words = [False] * len(checked)
+        new_words = [bool(flag) for flag in new_words]
+        if len(new_words) != len(checked):
+            raise ValueError(f"new_words has {len(new_words)} flags for {len(checked)} prompts: give one per prompt")
+        if self._goes_on_with_a_word is None:  # no word starts to choose among
+            new_words = [False] * len(checked)
+        return self._continued_batches(checked, new_words)
 
-    def _continued_batches(self, prompts: list[np.ndarray]) -> Iterator[tuple[list[int], Any, Any]]:
+    def _continued_batches(
+        self, prompts: list[np.ndarray], new_words: list[bool]
+    ) -> Iterator[tuple[list[int], Any, Any]]:
         by_length: dict[int, list[int]] = {}
         for index, prompt in enumerate(prompts):
             by_length.setdefault(len(prompt), []).append(index)
@@ -257,5 +293,7 @@ class LanguageModel:
                 chunk = indices[start : start + self.batch_size]
                 rows = np.stack([prompts[i] for i in chunk]).reshape(len(chunk), length).astype(np.int32)
                 self._rng, rng = jax.random.split(self._rng)
-                tokens, scores = jax.device_get(self._continue(self.params, rows, rng))
+                # None where no row needs it: such batches run the program they ran before, unchanged.
+                flags = np.array([new_words[i] for i in chunk]) if any(new_words[i] for i in chunk) else None
+                tokens, scores = jax.device_get(self._continue(self.params, rows, rng, flags))
                 yield chunk, tokens, scores

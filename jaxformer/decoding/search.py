@@ -26,7 +26,10 @@ of a forbidden token to NEG_INF (nothing is renormalised):
 
 - `banned_ids` (pad and BOS, for a jaxformer model) are never generated;
 - `limits` [B]: row b ends by `limits[b]` tokens, EOS included. At the step where a sequence
-  reaches its limit only EOS is allowed, and it costs its real log p(EOS).
+  reaches its limit only EOS is allowed, and it costs its real log p(EOS);
+- `first_banned` [B, V]: row b's first output token is none where `first_banned[b]` is True,
+  EOS excepted (a language model's continuation of a prompt that ended in a space, which must
+  start a new word: language_model.py).
 
 So a returned score is log p(Y) (greedy search, sampling) or log p(Y) / length_penalty(|Y|)
 (beam search, beam_search.py's `length_penalty`), |Y| counting EOS: what a full forward pass
@@ -106,6 +109,7 @@ class SearchSpec:
     eos_id: int  # ends a sequence
     _: dataclasses.KW_ONLY
     limits: Int[Array, B] | None = None  # row b ends by limits[b] tokens, EOS included
+    first_banned: Bool[Array, "B V"] | None = None  # row b's first token is none where True (EOS excepted)
     banned_ids: Sequence[int] = ()  # never generated (pad and BOS for a jaxformer model)
     cache_growth: CacheGrowth | None = None  # None: the cache holds max_length tokens from the start
     # Each step's log-probabilities normalised over the tokens allowed there (see the module docstring).
@@ -114,6 +118,11 @@ class SearchSpec:
     def __post_init__(self):
         if self.limits is not None and jnp.shape(self.limits) != (self.batch_size,):
             raise ValueError(f"limits must have shape ({self.batch_size},), one per row; got {jnp.shape(self.limits)}")
+        banned_shape = None if self.first_banned is None else jnp.shape(self.first_banned)
+        if banned_shape is not None and (len(banned_shape) != 2 or banned_shape[0] != self.batch_size):
+            raise ValueError(
+                f"first_banned must be [{self.batch_size}, vocabulary], one row per row; got {banned_shape}"
+            )
         banned_ids = tuple(int(token) for token in self.banned_ids)
         if self.eos_id in banned_ids:
             raise ValueError(f"eos_id {self.eos_id} cannot be banned: every sequence must be able to end")
@@ -137,19 +146,23 @@ def step_log_probs(
     step: Int[Array, ""],
     limits: Int[Array, R] | None,
     spec: SearchSpec,
+    first_banned: Bool[Array, "R V"] | None = None,
 ) -> Float[Array, "R V"]:
     """The log-probabilities of row r's output token number `step` + 1, NEG_INF at the tokens it
-    may not take: the banned ones, and everything but EOS once that token reaches the row's limit
-    (`limits`, one per row). The others keep their full-vocabulary log-probabilities, or with
+    may not take: the banned ones, at the first step those `first_banned` (one row per row) marks
+    but EOS, and everything but EOS once that token reaches the row's limit (`limits`, one per
+    row). The others keep their full-vocabulary log-probabilities, or with
     `spec.renormalize_after_bans` those of the allowed tokens alone."""
     logits = logits.astype(jnp.float32)
-    if limits is None and not spec.banned_ids:
+    if limits is None and not spec.banned_ids and first_banned is None:
         return jax.nn.log_softmax(logits, axis=-1)
     vocab = logits.shape[-1]
     allowed = jnp.asarray(~np.isin(np.arange(vocab), spec.banned_ids))[None, :]  # [1, V]
+    is_eos = (jnp.arange(vocab) == spec.eos_id)[None, :]  # [1, V]
+    if first_banned is not None:  # never EOS: every sequence must be able to end
+        allowed = allowed & ~((step == 0) & first_banned & ~is_eos)  # [R, V]
     if limits is not None:
         must_end = (step + 1 >= limits)[:, None]  # [R, 1]
-        is_eos = (jnp.arange(vocab) == spec.eos_id)[None, :]  # [1, V]
         allowed = jnp.where(must_end, is_eos, allowed)  # [R, V]
     if spec.renormalize_after_bans:  # EOS is never banned: every row keeps a token to normalise over
         logits = jnp.where(allowed, logits, -jnp.inf)
@@ -186,7 +199,7 @@ def _one_per_row(
         step = state.step
         previous = jnp.where(step == 0, bos_id, state.tokens[:, jnp.maximum(step - 1, 0)])[:, None]  # [B, 1]
         logits, cache = tokens_to_logits(previous, state.cache)  # [B, V]
-        log_probs = step_log_probs(logits, step, limits, spec)  # [B, V]
+        log_probs = step_log_probs(logits, step, limits, spec, spec.first_banned)  # [B, V]
         rng, step_rng = jax.random.split(state.rng)
         chosen = choose(log_probs, step_rng).astype(jnp.int32)  # [B]
         chosen_log_prob = jnp.take_along_axis(log_probs, chosen[:, None], axis=-1)[:, 0]  # [B]
@@ -215,7 +228,7 @@ def greedy_search(
     tokens_to_logits: TokensToLogits, cache: Any, spec: SearchSpec
 ) -> tuple[Int[Array, "B L"], Float[Array, B]]:
     """The most likely allowed token at every step: (tokens [B, L] padded with 0 after EOS,
-    log p(tokens) [B] under the model). `spec`'s `limits`, `banned_ids` and
+    log p(tokens) [B] under the model). `spec`'s `limits`, `banned_ids`, `first_banned` and
     `renormalize_after_bans` as in the module docstring."""
     return _one_per_row(
         tokens_to_logits, cache, spec, lambda log_probs, rng: jnp.argmax(log_probs, axis=-1), jax.random.key(0)
@@ -232,8 +245,8 @@ def sample_search(
 ) -> tuple[Int[Array, "B L"], Float[Array, B]]:
     """Ancestral sampling from softmax(logits / temperature) over the allowed tokens, restricted
     to the `top_k` most likely of them when `top_k` > 0: (tokens [B, L], log p(tokens) [B] under
-    the model itself, untempered). `spec`'s `limits`, `banned_ids` and `renormalize_after_bans` as in
-    the module docstring."""
+    the model itself, untempered). `spec`'s `limits`, `banned_ids`, `first_banned` and
+    `renormalize_after_bans` as in the module docstring."""
     if temperature <= 0:
         raise ValueError(f"sampling needs temperature > 0, got {temperature}; use greedy_search for argmax")
 

@@ -2,6 +2,7 @@ import numpy as np
 import pytest
 import sentencepiece as spm
 
+from jaxformer.data.sentencepiece_proto import model_pb2
 from jaxformer.data.tokenizer import Tokenizer, TokenizerError, train_tokenizer
 from jaxformer.tokens import BOS_ID, EOS_ID, PAD_ID, UNK_ID
 
@@ -94,3 +95,17 @@ def test_a_corpus_of_sentences_all_too_long_for_sentencepiece_says_so():
     train_tokenizer([sentence[:4192] for sentence in sentences], 20)  # at the limit: read
     with pytest.raises(TokenizerError, match="none is that short"):  # a byte over it: left out
         train_tokenizer([sentence[:4193] for sentence in sentences], 20)
+
+
+def test_word_starts_mark_one_piece_a_word():
+    """Each whitespace-separated word of a text begins with one piece that word_starts marks, and
+    none of its other pieces is marked; a model that marks word ends instead marks none."""
+    tokenizer = train_tokenizer(SENTENCES, vocab_size=64)
+    starts = tokenizer.word_starts
+    assert starts.shape == (64,) and starts.dtype == bool and not starts[[PAD_ID, EOS_ID, UNK_ID, BOS_ID]].any()
+    for sentence in SENTENCES[:4] + ["(ein) Mann , 123 ü"]:
+        assert starts[tokenizer.encode(sentence, add_eos=False)].sum() == len(sentence.split()), sentence
+    model = model_pb2.ModelProto()
+    model.ParseFromString(tokenizer.model_proto)
+    model.trainer_spec.treat_whitespace_as_suffix = True
+    assert Tokenizer(model.SerializeToString()).word_starts is None

@@ -8,7 +8,9 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from jaxformer.data.tokenizer import train_tokenizer
+from jaxformer.commands import generate as generate_command
+from jaxformer.data.sentencepiece_proto import model_pb2
+from jaxformer.data.tokenizer import Tokenizer, train_tokenizer
 from jaxformer.decoding.generate import DecodeSettings
 from jaxformer.decoding.language_model import (
     LanguageModel,
@@ -19,7 +21,8 @@ from jaxformer.decoding.language_model import (
 from jaxformer.model.config import preset
 from jaxformer.model.decoder_only import DecoderOnly
 from jaxformer.tokens import BOS_ID, EOS_ID, PAD_ID, UNK_ID
-from tests.conftest import assert_option_refused, assert_seed_refused, read_raw
+from jaxformer.training import experiment
+from tests.conftest import assert_option_refused, assert_seed_refused, read_raw, save_checkpoints
 
 SETTINGS = DecodeSettings(method="greedy", max_extra_length=3)
 
@@ -107,3 +110,101 @@ def test_a_seed_that_jax_would_take_for_another_is_refused_before_anything_is_re
     assert LanguageModel(*parts, seed=2**32 - 1).settings == SETTINGS
     for seed in (2**32, -1):  # jax.random.key would take them for 0 and 2**32 - 1
         assert_seed_refused(LanguageModel, parts, seed, tmp_path / "no run")
+
+
+@pytest.fixture(scope="module")
+def word_continuing_model(language_model, tokenizer):
+    """The random model with its output pulled towards a piece that continues a word ("n"): its
+    last LayerNorm's bias is that piece's embedding, lengthened, so every step's logits favour it."""
+    pieces = tokenizer.pieces(range(tokenizer.vocab_size))
+    piece = next(i for i in range(4, tokenizer.vocab_size) if not pieces[i].startswith("\u2581"))
+    params = jax.tree.map(np.array, language_model.params)
+    params["embedding"]["embedding"][piece] *= 3
+    params["decoder"]["layer_0"]["feed_forward_norm"]["bias"] = params["embedding"]["embedding"][piece].copy()
+    return LanguageModel(language_model.config, params, tokenizer, SETTINGS), piece
+
+
+def test_a_prompt_that_ends_in_a_space_is_continued_with_a_new_word(word_continuing_model, tokenizer):
+    """Sentencepiece drops a prompt's trailing space, so "Ein Hund läuft " encodes as "Ein Hund
+    läuft" does, and the continuation went on with "läuft" (läuftn...) where the prompt asked for a
+    new word. It now starts with a piece that begins a word; a prompt without the space, in the same
+    batch, is continued as before. Both against greedy search by full forward passes."""
+    lm, piece = word_continuing_model
+    prompts = ["Ein Hund läuft", "Ein Hund läuft ", "Ein Hund läuft\t"]
+    encoded = [tokenizer.encode(prompt, add_eos=False) for prompt in prompts]
+    assert all(np.array_equal(ids, encoded[0]) for ids in encoded)  # one batch: the same ids
+    word_starts = np.array([text.startswith("\u2581") for text in tokenizer.pieces(range(tokenizer.vocab_size))])
+    model = DecoderOnly(lm.config)
+    forward = jax.jit(lambda params, inputs: model.apply({"params": params}, inputs))
+    expected = {}
+    for new_word in (False, True):  # the reference: one full forward pass per new token
+        sequence = [BOS_ID, *encoded[0]]
+        while len(sequence) < 1 + len(encoded[0]) + SETTINGS.max_extra_length and sequence[-1] != EOS_ID:
+            # Padded to one length (one compilation): a causal model's logits do not depend on what follows.
+            logits = np.array(forward(lm.params, jnp.asarray([(sequence + [PAD_ID] * 16)[:16]]))[0, len(sequence) - 1])
+            logits[[PAD_ID, BOS_ID]] = -np.inf
+            if new_word and len(sequence) == 1 + len(encoded[0]):
+                logits[~word_starts & (np.arange(len(logits)) != EOS_ID)] = -np.inf
+            sequence.append(int(np.argmax(logits)))
+        expected[new_word] = sequence[1 + len(encoded[0]) :]
+    assert expected[False][0] == piece and word_starts[expected[True][0]]  # the model tells the two apart
+
+    completed = lm.complete(prompts)
+    continuations = [tokenizer.decode(expected[prompt[-1:].isspace()]) for prompt in prompts]
+    assert completed == [prompt + continuation for prompt, continuation in zip(prompts, continuations)]
+    assert completed[1].startswith("Ein Hund läuft " + tokenizer.pieces(expected[True][:1])[0][1:])
+    [(indices, tokens, _)] = list(lm.continue_ids(encoded, [False, True, True]))
+    for index, row in zip(indices, tokens[:, 0]):
+        assert hypothesis_ids(row) == expected[index > 0], prompts[index]
+    with pytest.raises(ValueError, match=r"^new_words has 1 flags for 3 prompts: give one per prompt$"):
+        lm.continue_ids(encoded, [True])
+
+
+def hypothesis_ids(tokens):
+    tokens = [int(token) for token in tokens]
+    return tokens[: tokens.index(EOS_ID) + 1] if EOS_ID in tokens else tokens
+
+
+def test_a_tokenizer_that_marks_no_word_starts_leaves_a_trailing_space_as_it_was(language_model, tokenizer):
+    model = model_pb2.ModelProto()
+    model.ParseFromString(tokenizer.model_proto)
+    model.trainer_spec.treat_whitespace_as_suffix = True  # word ends marked: no piece is known to begin a word
+    lm = LanguageModel(language_model.config, language_model.params, Tokenizer(model.SerializeToString()), SETTINGS)
+    calls = []
+
+    def recorded(params, rows, rng, new_words):
+        calls.append(new_words)
+        return np.zeros((len(rows), 1, 3), np.int32), np.zeros((len(rows), 1), np.float32)
+
+    lm._continue = recorded
+    assert lm.complete(["Ein Hund läuft "]) == ["Ein Hund läuft "] and calls == [None]
+
+
+@pytest.mark.slow  # about 6 s: a greedy, a sampling and a beam search compiled, through the command
+@pytest.mark.parametrize("method", ["greedy", "sample", "beam"])
+def test_the_command_continues_a_prompt_that_ends_in_a_space_with_a_new_word(
+    word_continuing_model, tokenizer, tmp_path, method
+):
+    """jaxformer-generate prints what LanguageModel.complete gives (the test above: a new word
+    after a trailing space), the prompt's space kept, for every search."""
+    lm, piece = word_continuing_model
+    config = experiment.default_config()
+    config.model = experiment.model_section("tiny")
+    config.model.architecture = "decoder_only"
+    workdir = tmp_path / "run"
+    save_checkpoints(workdir, config, lm.config, tokenizer, {1: lm.params})
+    prompts = ["Ein Hund läuft", "Ein Hund läuft "]  # one batch: the same ids
+    (tmp_path / "prompts.txt").write_text("".join(f"{prompt}\n" for prompt in prompts), encoding="utf-8")
+    flags = ["--method", method, "--max_new_tokens", "3", "--batch_size", "2"]
+    flags += {"greedy": [], "sample": ["--seed", "7", "--temperature", "0.1"], "beam": ["--beam_size", "2"]}[method]
+    files = ["--input", str(tmp_path / "prompts.txt"), "--output", str(tmp_path / "out.txt")]
+    assert generate_command.main(["--workdir", str(workdir), *flags, *files]) == 0
+    lines = (tmp_path / "out.txt").read_text(encoding="utf-8").split("\n")[:-1]
+    settings = DecodeSettings(method=method, max_extra_length=3, beam_size=2, temperature=0.1)
+    same = LanguageModel(lm.config, lm.params, tokenizer, settings, batch_size=2, seed=7)
+    assert lines == same.complete(prompts)
+    assert lines[0].startswith(prompts[0]) and lines[1].startswith(prompts[1])
+    went_on, new_word = lines[0][len(prompts[0]) :], lines[1][len(prompts[1]) :]
+    # The same ids, continued alike before: now the model's favourite piece, which goes on with a
+    # word, is the other's start, and the line holds one space between the two words.
+    assert new_word[:1] not in ("", " ") and new_word != went_on, lines

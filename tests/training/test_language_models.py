@@ -184,7 +184,8 @@ def test_the_default_continuation_is_the_greedy_one_not_the_beam_one(runs):
 def test_a_prompt_is_kept_as_written(runs):
     """What sentencepiece normalises away (runs of spaces, NFKC's compatibility characters, a
     trailing space) or cannot spell (an emoji) stays in the printed prompt; the continuation is the
-    one the normalised prompt gets."""
+    one the normalised prompt gets (after a trailing space, one that starts a new word, as the
+    normalised prompt's does here: test_language_model_prompts.py has a model where they differ)."""
     step, metadata, params = load_checkpoint(runs["multi30k_lm"])
     tokenizer = metadata.load_tokenizer()
     lm = LanguageModel(metadata.model_config(), params, tokenizer, DecodeSettings(method="greedy", max_extra_length=6))
@@ -195,8 +196,10 @@ def test_a_prompt_is_kept_as_written(runs):
         assert completed.startswith(prompt) and plain.startswith(normalised)
         continuation = plain[len(normalised) :]
         assert continuation.strip(), prompt  # something was generated
-        expected = continuation[1:] if prompt.endswith(" ") and continuation.startswith(" ") else continuation
-        assert completed == prompt + expected, (prompt, completed, plain)
+        if prompt.endswith(" "):  # the prompt's own space separates the new word
+            assert continuation.startswith(" "), continuation
+            continuation = continuation[1:]
+        assert completed == prompt + continuation, (prompt, completed, plain)
     prompts = ("Ein  Mann   mit", "Ein Kind ")
     # Any iterable of str, as Translator.translate takes, read once before the search; one str is refused.
     assert lm.complete(prompt for prompt in prompts) == lm.complete(list(prompts))
