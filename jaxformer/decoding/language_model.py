@@ -20,10 +20,11 @@ from jaxformer.data.tokenizer import WORD_BOUNDARY, Tokenizer
 from jaxformer.decoding.generate import DecodeSettings, Hypotheses, check_options, decoding_variant, search
 from jaxformer.decoding.search import SearchSpec
 from jaxformer.decoding.sentence_batches import sentence_list
+from jaxformer.errors import CheckpointError
 from jaxformer.model.cache import DecoderCache, init_cache
 from jaxformer.model.config import ConfigError, TransformerConfig
 from jaxformer.model.decoder_only import DecoderOnly
-from jaxformer.run.directory import checkpoint_name, parse_checkpoint_choice
+from jaxformer.run.directory import RunDirectory, checkpoint_name, parse_checkpoint_choice
 from jaxformer.run.loading import ARCHITECTURE_USES, load_checkpoint, require_architecture
 from jaxformer.run.metadata import CheckpointMetadata
 from jaxformer.tokens import BOS_ID, EOS_ID, PAD_ID
@@ -155,6 +156,15 @@ def continue_prompts(
     return search(tokens_to_logits, prompted, spec, settings, rng)
 
 
+# The checkpoints that a translator's validation BLEU keeps, by what keeps them: a language model's
+# run is refused validation BLEU and the final choice (README, "Decoder-only"), so the loaders'
+# advice for a missing final/ (training.final_choice=True) would be refused too.
+LANGUAGE_MODEL_MAKES_NONE = {
+    "best": "best/ holds the best checkpoint by validation BLEU",
+    "final": "final/ holds the final choice, made by validation BLEU",
+}
+
+
 class LanguageModel:
     """Continues prompts (text) with a decoder-only model, by greedy search unless `settings` say
     otherwise. Prompts are grouped by token count, so rows need no padding; `batch_size` rows at a
@@ -207,12 +217,22 @@ class LanguageModel:
     ) -> LanguageModel:
         """The model and tokenizer of a decoder-only training run's `checkpoint`, read once. A
         `ConfigError` naming the workdir, before any parameter is read, when its model is of another
-        architecture."""
+        architecture; a `CheckpointError` for "best" or "final" where the run has none, which no
+        language model's run has (`LANGUAGE_MODEL_MAKES_NONE`)."""
         checkpoint = parse_checkpoint_choice(checkpoint)
         check_options(kwargs)  # before anything is read
+        needs = "a LanguageModel (jaxformer-generate) continues text with a decoder_only one"
+        if (
+            checkpoint in LANGUAGE_MODEL_MAKES_NONE
+            and not RunDirectory(workdir).checkpoint_directory(checkpoint).is_dir()
+        ):
+            require_architecture(workdir, "latest", "decoder_only", needs)  # another model's run: that error first
+            raise CheckpointError(
+                f"{workdir} has no {checkpoint!r} checkpoint: {LANGUAGE_MODEL_MAKES_NONE[checkpoint]}, which a "
+                "language model's run, translating nothing, never has; choose latest, averaged or a step number"
+            )
 
         def check(metadata: CheckpointMetadata) -> None:  # from the one read of its metadata, before the parameters
-            needs = "a LanguageModel (jaxformer-generate) continues text with a decoder_only one"
             settings.check_fits(require_architecture(workdir, checkpoint, "decoder_only", needs, metadata=metadata))
 
         step, metadata, params = load_checkpoint(workdir, checkpoint, before_params=check)

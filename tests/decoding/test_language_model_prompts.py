@@ -18,6 +18,7 @@ from jaxformer.decoding.language_model import (
     checked_prompts,
     continue_prompts,
 )
+from jaxformer.errors import CheckpointError
 from jaxformer.model.config import preset
 from jaxformer.model.decoder_only import DecoderOnly
 from jaxformer.tokens import BOS_ID, EOS_ID, PAD_ID, UNK_ID
@@ -180,6 +181,29 @@ def test_a_tokenizer_that_marks_no_word_starts_leaves_a_trailing_space_as_it_was
     assert lm.complete(["Ein Hund läuft "]) == ["Ein Hund läuft "] and calls == [None]
 
 
+def lm_workdir(workdir, lm):
+    config = experiment.default_config()
+    config.model = experiment.model_section("tiny")
+    config.model.architecture = "decoder_only"
+    save_checkpoints(workdir, config, lm.config, lm.tokenizer, {1: lm.params})
+    return workdir
+
+
+@pytest.mark.parametrize("checkpoint", ["best", "final"])
+def test_a_checkpoint_only_a_translator_keeps_is_refused_with_what_to_choose(language_model, tmp_path, checkpoint):
+    """best/ and final/ are kept by validation BLEU, which a language model's run is refused; the
+    loaders said only that best/ did not exist, and for final/ advised training.final_choice=True,
+    which the run's training command then refused."""
+    workdir = lm_workdir(tmp_path / "run", language_model)
+    with pytest.raises(CheckpointError) as refused:
+        LanguageModel.from_workdir(workdir, checkpoint)
+    assert str(refused.value).startswith(f"{workdir} has no {checkpoint!r} checkpoint: {checkpoint}/ holds ")
+    assert str(refused.value).endswith(
+        "which a language model's run, translating nothing, never has; choose latest, averaged or a step number"
+    )
+    assert "\n" not in str(refused.value)
+
+
 @pytest.mark.slow  # about 6 s: a greedy, a sampling and a beam search compiled, through the command
 @pytest.mark.parametrize("method", ["greedy", "sample", "beam"])
 def test_the_command_continues_a_prompt_that_ends_in_a_space_with_a_new_word(
@@ -188,11 +212,7 @@ def test_the_command_continues_a_prompt_that_ends_in_a_space_with_a_new_word(
     """jaxformer-generate prints what LanguageModel.complete gives (the test above: a new word
     after a trailing space), the prompt's space kept, for every search."""
     lm, piece = word_continuing_model
-    config = experiment.default_config()
-    config.model = experiment.model_section("tiny")
-    config.model.architecture = "decoder_only"
-    workdir = tmp_path / "run"
-    save_checkpoints(workdir, config, lm.config, tokenizer, {1: lm.params})
+    workdir = lm_workdir(tmp_path / "run", lm)
     prompts = ["Ein Hund läuft", "Ein Hund läuft "]  # one batch: the same ids
     (tmp_path / "prompts.txt").write_text("".join(f"{prompt}\n" for prompt in prompts), encoding="utf-8")
     flags = ["--method", method, "--max_new_tokens", "3", "--batch_size", "2"]
