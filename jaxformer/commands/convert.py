@@ -76,10 +76,14 @@ def _from_hf(args: argparse.Namespace) -> str:
 
     converted = marian.import_marian(args.from_hf, args.output, args.source_language, args.target_language)
     config = converted.config
-    return (
-        f"converted {args.from_hf} to {args.output}: {config.num_encoder_layers}+{config.num_decoder_layers} "
-        f"layers, d_model {config.d_model}, {config.vocab_size} tokens; decode it as transformers' generate does by "
-        f"default with {' '.join(converted.search_flags)}"
+    # Each setting of the model's sampling that the flags cannot reproduce on a line of its own, after them.
+    return "\n".join(
+        (
+            f"converted {args.from_hf} to {args.output}: {config.num_encoder_layers}+{config.num_decoder_layers} "
+            f"layers, d_model {config.d_model}, {config.vocab_size} tokens; decode it as transformers' generate does "
+            f"by default with {' '.join(converted.search_flags)}",
+            *converted.unreproduced,
+        )
     )
 
 

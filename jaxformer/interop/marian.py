@@ -275,6 +275,7 @@ class ConvertedMarian:
     target_language: str | None
     renormalize_after_bans: bool  # transformers' generate renormalizes its scores (renormalize_logits)
     search_flags: tuple[str, ...] = ()  # jaxformer-translate's flags for generate()'s default search
+    unreproduced: tuple[str, ...] = ()  # a line for each of its sampling settings they cannot reproduce
 
 
 def convert_marian(files: MarianDirectory) -> ConvertedMarian:
@@ -305,7 +306,15 @@ def convert_marian(files: MarianDirectory) -> ConvertedMarian:
     params = params_from_marian(hf, files.weights, config, order, embeddings)
     languages = [files.tokenizer_config.get(key) for key in ("source_lang", "target_lang")]
     return ConvertedMarian(
-        config, params, source, target, order, *languages, files.renormalize_logits, files.search_flags
+        config,
+        params,
+        source,
+        target,
+        order,
+        *languages,
+        files.renormalize_logits,
+        files.search_flags,
+        files.unreproduced,
     )
 
 

@@ -20,7 +20,12 @@ import sentencepiece as spm
 
 from jaxformer.export import standalone
 from jaxformer.export.safetensors import read_safetensors
-from jaxformer.interop.marian_generation import check_generation_settings, renormalizes, search_flags
+from jaxformer.interop.marian_generation import (
+    check_generation_settings,
+    renormalizes,
+    search_flags,
+    unreproduced_sampling,
+)
 from jaxformer.interop.marian_layout import ConversionError, marian_weight_shapes
 from jaxformer.model.config import ConfigError, TransformerConfig
 
@@ -68,6 +73,7 @@ class MarianDirectory:
     tokenizer_config: dict[str, Any]  # tokenizer_config.json, {} without one
     renormalize_logits: bool = False  # generate()'s setting (marian_generation.renormalizes)
     search_flags: tuple[str, ...] = ()  # jaxformer-translate's flags for generate()'s default search
+    unreproduced: tuple[str, ...] = ()  # a line for each of its sampling settings they cannot reproduce
 
 
 def _read_json(path: pathlib.Path) -> Any:
@@ -338,7 +344,8 @@ def read_marian_directory(directory: str | pathlib.Path) -> MarianDirectory:
     )
     check_generation_settings(settings, *ids, str(settings_path))
     renormalize_logits = renormalizes(settings, str(settings_path))
-    search = search_flags(settings, str(settings_path))
+    search = search_flags(settings, str(settings_path), config["vocab_size"])
+    unreproduced = unreproduced_sampling(settings, str(settings_path))
     vocab = _read_object(directory / "vocab.json")
     if not all(isinstance(index, int) and not isinstance(index, bool) and index >= 0 for index in vocab.values()):
         raise ConversionError(f"{directory / 'vocab.json'} is not an object of pieces to non-negative integer ids")
@@ -376,4 +383,5 @@ def read_marian_directory(directory: str | pathlib.Path) -> MarianDirectory:
         weights=weights,
         renormalize_logits=renormalize_logits,
         search_flags=search,
+        unreproduced=unreproduced,
     )

@@ -19,11 +19,18 @@ model's default search, for convert's message); sampling's (do_sample,
 temperature, top_k, top_p, typical_p, min_p, top_h, epsilon_cutoff, eta_cutoff), which act only
 when sampling; the token ids, checked by marian_files.marian_token_ids; and those of speed,
 caching, compilation, lossless speculative decoding and what generate returns.
+
+Under do_sample=true generate samples, and `search_flags` gives jaxformer's sampling flags
+(--method sample --temperature --top_k, with transformers' default top_k of 50 where none is set).
+What jaxformer's sampling cannot do (beam sampling, nucleus and the other cutoffs of
+UNREPRODUCED_SAMPLING) cannot refuse the import, whose greedy and beam search stay exact: each is
+named in one line of `unreproduced_sampling` for convert's message instead.
 """
 
 from __future__ import annotations
 
 import json
+import math
 from collections.abc import Callable, Mapping
 from typing import Any
 
@@ -95,14 +102,58 @@ def renormalizes(settings: Mapping[str, Any], where: str) -> bool:
 EARLY_STOPPING_STOPS = ((False, "current_length"), (True, "beam_full"), ("never", "exact"))
 
 
-def search_flags(settings: Mapping[str, Any], where: str) -> tuple[str, ...]:
+# transformers' default top_k under do_sample where the generation config sets none
+# (GenerationConfig._get_default_generation_params); jaxformer's --top_k defaults to 0, all tokens.
+TRANSFORMERS_TOP_K = 50
+
+# generate()'s sampling settings that jaxformer's sampling (--temperature, --top_k) has no
+# equivalent of, each with a test of the values under which transformers adds no logits warper
+# (GenerationMixin._get_logits_processor).
+UNREPRODUCED_SAMPLING: dict[str, Callable[[Any], bool]] = {
+    "top_p": lambda value: value is None or value >= 1.0,  # nucleus sampling
+    "typical_p": lambda value: value is None or value >= 1.0,
+    "min_p": lambda value: value is None,
+    "top_h": lambda value: value is None,
+    "epsilon_cutoff": lambda value: value is None or not 0.0 < value < 1.0,
+    "eta_cutoff": lambda value: value is None or not 0.0 < value < 1.0,
+}
+
+
+def _setting(settings: Mapping[str, Any], key: str, default: Any) -> Any:
+    """`settings`' value of `key`, generate()'s `default` where it is absent or null."""
+    return settings.get(key) if settings.get(key) is not None else default
+
+
+def samples(settings: Mapping[str, Any], where: str) -> bool:
+    """Whether transformers' generate samples under `settings` (read from `where`): do_sample;
+    `ConversionError` for a value other than true, false or null."""
+    value = settings.get("do_sample")
+    if value is not None and not isinstance(value, bool):
+        raise ConversionError(f"{where}: do_sample={json.dumps(value)} is not a JSON boolean (true or false)")
+    return bool(value)
+
+
+def _sampling_flags(settings: Mapping[str, Any], vocab_size: int, where: str) -> tuple[str, ...]:
+    """jaxformer-translate's sampling flags for generate()'s temperature and top_k (a top_k of
+    `vocab_size`, the model's tokens, or more keeps them all, as jaxformer's --top_k 0 does)."""
+    temperature, top_k = _setting(settings, "temperature", 1.0), _setting(settings, "top_k", TRANSFORMERS_TOP_K)
+    if not isinstance(temperature, (int, float)) or isinstance(temperature, bool) or not 0 < temperature < math.inf:
+        raise ConversionError(f"{where}: temperature={json.dumps(temperature)} is not a number > 0")
+    if not isinstance(top_k, int) or isinstance(top_k, bool) or top_k < 0:
+        raise ConversionError(f"{where}: top_k={json.dumps(top_k)} is not an integer >= 0")
+    # str: the shortest text that reads back as the same float (":g" would round to 6 digits).
+    return ("--method", "sample", "--temperature", str(temperature), "--top_k", str(top_k if top_k < vocab_size else 0))
+
+
+def search_flags(settings: Mapping[str, Any], where: str, vocab_size: int) -> tuple[str, ...]:
     """jaxformer-translate's flags for the search transformers' generate runs by default under
-    `settings` (read from `where`): greedy where num_beams is 1 (its default), else beam search of
-    num_beams with |Y|^length_penalty (default 1.0) and early_stopping's stop rule (default False),
-    and scores renormalized where renormalize_logits is true. `ConversionError` for a num_beams,
-    length_penalty or early_stopping of a kind generate cannot search with."""
+    `settings` (read from `where`) for a model of `vocab_size` tokens: sampling where do_sample is
+    true (`_sampling_flags`), else greedy where num_beams is 1 (its default), else beam search of
+    num_beams with |Y|^length_penalty (default 1.0) and early_stopping's stop rule (default False);
+    scores renormalized where renormalize_logits is true. `ConversionError` for a value of a kind
+    generate cannot search with."""
     beams, alpha, early_stopping = (
-        settings.get(key) if settings.get(key) is not None else default
+        _setting(settings, key, default)
         for key, default in (("num_beams", 1), ("length_penalty", 1.0), ("early_stopping", False))
     )
     if not isinstance(beams, int) or isinstance(beams, bool) or beams < 1:
@@ -114,12 +165,41 @@ def search_flags(settings: Mapping[str, Any], where: str) -> tuple[str, ...]:
     ]
     if not stops:
         raise ConversionError(f'{where}: early_stopping={json.dumps(early_stopping)} is not true, false or "never"')
-    if beams == 1:
+    if samples(settings, where):
+        flags = _sampling_flags(settings, vocab_size, where)
+    elif beams == 1:
         flags = ("--method", "greedy")
     else:
         flags = ("--beam_size", str(beams), "--alpha", f"{alpha:g}", "--length_penalty", "transformers")
         flags += ("--stop", stops[0])
     return flags + (("--renormalize_after_bans", "true") if renormalizes(settings, where) else ())
+
+
+def unreproduced_sampling(settings: Mapping[str, Any], where: str) -> tuple[str, ...]:
+    """One line for each setting of generate()'s sampling under `settings` (read from `where`)
+    that `search_flags`' sampling flags do not reproduce, naming its key and value; none where
+    generate does not sample."""
+    if not samples(settings, where):
+        return ()
+    lines = []
+    beams = _setting(settings, "num_beams", 1)
+    if beams != 1:
+        lines.append(
+            f"{where}: num_beams={json.dumps(beams)} with do_sample=true samples within a beam search, which "
+            "jaxformer's search lacks: --method sample draws one sequence"
+        )
+    for key, unchanged in UNREPRODUCED_SAMPLING.items():
+        value = settings.get(key)
+        try:
+            same = unchanged(value)
+        except TypeError:  # a value of another type: transformers would not sample with it either
+            same = False
+        if not same:
+            lines.append(
+                f"{where}: {key}={json.dumps(value)} restricts transformers' sampling, and jaxformer's sampling "
+                "has no such setting (only --temperature and --top_k): its samples follow another distribution"
+            )
+    return tuple(lines)
 
 
 def check_generation_settings(settings: Mapping[str, Any], pad_id: int, eos_id: int, start_id: int, where: str) -> None:
