@@ -206,69 +206,6 @@ def test_convert_names_the_flags_that_search_as_the_models_generate_does(
         assert STOPS[found.stop] == generation.get("early_stopping", False)
 
 
-def test_convert_names_each_sampling_setting_the_flags_cannot_reproduce(marian, tmp_path, capsys):
-    """top_p was dropped without a word: convert's message now says it on a line of its own."""
-    from jaxformer.commands import convert
-
-    directory = shutil.copytree(marian[0], tmp_path / "marian")
-    settings = json.loads((directory / "generation_config.json").read_text())
-    (directory / "generation_config.json").write_text(json.dumps({**settings, "do_sample": True, "top_p": 0.9}))
-    assert convert.main(["--from_hf", str(directory), "--output", str(tmp_path / "run")]) == 0
-    lines = capsys.readouterr().out.splitlines()
-    assert lines[0].endswith("by default with --method sample --temperature 1.0 --top_k 50")
-    assert lines[1:] == [
-        f"{directory / 'generation_config.json'}: top_p=0.9 restricts transformers' sampling, and jaxformer's "
-        "sampling has no such setting (only --temperature and --top_k): its samples follow another distribution"
-    ]
-
-
-def first_step_distribution(model, source, generation):
-    """The distribution transformers' generate samples the first target token of `source` from
-    under the generation settings `generation` (its processed scores: bans, temperature, top-k)."""
-    from transformers import GenerationConfig
-
-    settings = GenerationConfig(
-        **generation,
-        max_new_tokens=2,  # the model's forced EOS would take the last step's
-        output_scores=True,
-        return_dict_in_generate=True,
-    )
-    with torch.no_grad():
-        scores = model.generate(input_ids=torch.tensor([source]), generation_config=settings).scores[0]
-    return torch.softmax(scores[0], dim=-1).numpy()
-
-
-@pytest.mark.slow  # 2,000 samples: about 8 s
-def test_sampling_with_convert_flags_draws_from_the_distribution_of_transformers_generate(marian, tmp_path):
-    """Under do_sample=true (with OPUS-MT's pad ban) jaxformer-translate with the flags convert
-    names samples from the distribution transformers' generate samples from: the first tokens of
-    2,000 samples of one sentence against generate's first-step distribution, in total variation
-    (about 0.02 expected from 2,000 draws among 5 tokens; generate's distribution at jaxformer's
-    default sampling flags, temperature 1 over all tokens, is further than 0.1 from it)."""
-    from jaxformer.commands import decoding_flags, translate
-
-    directory, model = marian
-    directory = shutil.copytree(directory, tmp_path / "marian")
-    pad = model.config.pad_token_id
-    generation = {
-        **json.loads((directory / "generation_config.json").read_text()),
-        **{"do_sample": True, "temperature": 0.7, "top_k": 5, "bad_words_ids": [[pad]]},
-    }
-    (directory / "generation_config.json").write_text(json.dumps(generation))
-    converted = import_marian(directory, tmp_path / "run")
-    args = translate.build_parser().parse_args(["--workdir", str(tmp_path / "run"), *converted.search_flags])
-    settings = decoding_flags.decode_settings_from_flags(args, MAX_EXTRA)
-    translator = Translator.from_workdir(tmp_path / "run", settings=settings, batch_size=500)
-    (source, *_), (ids, *_) = short_sources(directory, converted)
-    draws = 2000
-    first = [int(converted.order[hypotheses[0][0][0]]) for hypotheses in translator.translate_ids([ids] * draws)]
-    sampled = np.bincount(first, minlength=model.config.vocab_size) / draws
-    expected = first_step_distribution(model, source, generation)
-    distance = 0.5 * np.abs(sampled - expected).sum()
-    plain = first_step_distribution(model, source, {**generation, "temperature": 1.0, "top_k": 0})
-    assert distance < 0.05 < 0.1 < 0.5 * np.abs(plain - expected).sum(), distance  # the test can fail
-
-
 # How far pad's output bias is raised in the `renormalized` model: pad then takes a large share of
 # every step's probability, which transformers' renormalize_logits gives back to the other tokens.
 PAD_BIAS = 4.0

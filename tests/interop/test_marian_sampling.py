@@ -1,13 +1,35 @@
 """generate()'s sampling settings (do_sample) in a MarianMT generation config, as jaxformer-convert
 reads them (jaxformer/interop/marian_generation.py): jaxformer-translate's sampling flags for
-temperature and top_k, one line for each setting jaxformer's sampling cannot reproduce, and the
-values generate cannot sample with refused in one line. test_marian.py checks the flags against
-transformers' own sampling."""
+temperature and top_k, drawing as transformers' generate draws; one line for each setting
+jaxformer's sampling cannot reproduce; the values generate cannot sample with refused in one line.
+test_marian.py's test_convert_names_the_flags_that_search_as_the_models_generate_does reads the
+flags back through jaxformer-translate's parser."""
 
+import json
+import shutil
+
+import numpy as np
 import pytest
 
-from jaxformer.interop.marian_generation import search_flags, unreproduced_sampling
-from jaxformer.interop.marian_layout import ConversionError
+pytest.importorskip("transformers")
+torch = pytest.importorskip("torch")
+
+from transformers import GenerationConfig, MarianTokenizer  # noqa: E402
+
+from jaxformer.decoding.translator import Translator  # noqa: E402
+from jaxformer.interop.marian import import_marian  # noqa: E402
+from jaxformer.interop.marian_generation import search_flags, unreproduced_sampling  # noqa: E402
+from jaxformer.interop.marian_layout import ConversionError, marian_to_jaxformer_ids  # noqa: E402
+from tests.interop.marian_models import MAX_EXTRA, sentences, write_marian  # noqa: E402
+
+pytestmark = pytest.mark.xdist_group("interop-sampling")  # the module's model is built once
+
+
+@pytest.fixture(scope="module")
+def marian(tmp_path_factory):
+    """A saved tiny MarianMT directory and its model (marian_models.write_marian)."""
+    directory = tmp_path_factory.mktemp("marian")
+    return directory, write_marian(directory)
 
 
 def test_sampling_gives_jaxformers_sampling_flags_whatever_the_beam_settings():
@@ -47,3 +69,65 @@ def test_values_generate_cannot_sample_with_are_refused_in_one_line(settings, me
     with pytest.raises(ConversionError) as raised:
         search_flags(settings, "g.json", 300)
     assert str(raised.value) == message
+
+
+def test_convert_names_each_sampling_setting_the_flags_cannot_reproduce(marian, tmp_path, capsys):
+    """top_p was dropped without a word: convert's message now says it on a line of its own."""
+    from jaxformer.commands import convert
+
+    directory = shutil.copytree(marian[0], tmp_path / "marian")
+    settings = json.loads((directory / "generation_config.json").read_text())
+    (directory / "generation_config.json").write_text(json.dumps({**settings, "do_sample": True, "top_p": 0.9}))
+    assert convert.main(["--from_hf", str(directory), "--output", str(tmp_path / "run")]) == 0
+    lines = capsys.readouterr().out.splitlines()
+    assert lines[0].endswith("by default with --method sample --temperature 1.0 --top_k 50")
+    assert lines[1:] == [
+        f"{directory / 'generation_config.json'}: top_p=0.9 restricts transformers' sampling, and jaxformer's "
+        "sampling has no such setting (only --temperature and --top_k): its samples follow another distribution"
+    ]
+
+
+def first_step_distribution(model, source, generation):
+    """The distribution transformers' generate samples the first target token of `source` from
+    under the generation settings `generation` (its processed scores: bans, temperature, top-k)."""
+    settings = GenerationConfig(
+        **generation,
+        max_new_tokens=2,  # the model forces EOS at the last step: the first is free
+        output_scores=True,
+        return_dict_in_generate=True,
+    )
+    with torch.no_grad():
+        scores = model.generate(input_ids=torch.tensor([source]), generation_config=settings).scores[0]
+    return torch.softmax(scores[0], dim=-1).numpy()
+
+
+@pytest.mark.slow  # 2,000 samples: about 8 s
+def test_sampling_with_convert_flags_draws_from_the_distribution_of_transformers_generate(marian, tmp_path):
+    """Under do_sample=true (with OPUS-MT's pad ban) jaxformer-translate with the flags convert
+    names samples from the distribution transformers' generate samples from: the first tokens of
+    2,000 samples of one sentence against generate's first-step distribution, in total variation
+    (about 0.02 expected from 2,000 draws among 5 tokens; generate's distribution at jaxformer's
+    default sampling flags, temperature 1 over all tokens, is further than 0.1 from it)."""
+    from jaxformer.commands import decoding_flags, translate
+
+    directory, model = marian
+    directory = shutil.copytree(directory, tmp_path / "marian")
+    pad = model.config.pad_token_id
+    generation = {
+        **json.loads((directory / "generation_config.json").read_text()),
+        **{"do_sample": True, "temperature": 0.7, "top_k": 5, "bad_words_ids": [[pad]]},
+    }
+    (directory / "generation_config.json").write_text(json.dumps(generation))
+    converted = import_marian(directory, tmp_path / "run")
+    args = translate.build_parser().parse_args(["--workdir", str(tmp_path / "run"), *converted.search_flags])
+    settings = decoding_flags.decode_settings_from_flags(args, MAX_EXTRA)
+    translator = Translator.from_workdir(tmp_path / "run", settings=settings, batch_size=500)
+    source = MarianTokenizer.from_pretrained(directory)(min(sentences(40), key=len))["input_ids"]
+    ids = marian_to_jaxformer_ids(converted.order)[source].astype(np.int32)
+    draws = 2000
+    first = [int(converted.order[hypotheses[0][0][0]]) for hypotheses in translator.translate_ids([ids] * draws)]
+    sampled = np.bincount(first, minlength=model.config.vocab_size) / draws
+    expected = first_step_distribution(model, source, generation)
+    distance = 0.5 * np.abs(sampled - expected).sum()
+    plain = first_step_distribution(model, source, {**generation, "temperature": 1.0, "top_k": 0})
+    assert distance < 0.05 < 0.1 < 0.5 * np.abs(plain - expected).sum(), distance  # the test can fail
