@@ -9,6 +9,8 @@ when it does not answer. After a failed preparation, its temporary downloads and
 made that hold nothing are removed (the data_dir too, if it made it), and tfds's note of the
 dataset's default config if it made it; completed downloads stay
 (tfds reuses them: a rerun fetches only the rest), and nothing that was there before is touched.
+Meanwhile it holds the lock on the preparation of the builder's config (`preparation_lock`): the
+incomplete copies of preparations killed before are removed first where no other one runs.
 """
 
 from __future__ import annotations
@@ -24,6 +26,8 @@ from collections.abc import Iterator
 
 import requests.utils
 from tensorflow_datasets.core.download import util as download_util
+
+from jaxformer.data.preparation_lock import PreparationLock
 
 PROBE_SECONDS = 10.0
 _DEFAULT_PORTS = {"http": 80, "https": 443, "ftp": 21}
@@ -74,10 +78,13 @@ def preparation_attempt(builder) -> Iterator[None]:
     before = _downloads_entries(downloads)
     config_record = _default_config_record(builder)
     config_recorded = config_record is not None and config_record.exists()
+    lock = PreparationLock(pathlib.Path(builder.data_path).parent, builder.name) if root is not None else None
     probing = hasattr(type(builder), "_make_download_manager")  # tfds's, where it makes its DownloadManager
     if probing:
         builder._make_download_manager = _probing(builder._make_download_manager)
     try:
+        if lock is not None:
+            lock.acquire()  # (made the config's folder: removed below if the preparation fails)
         yield
     except BaseException:
         _remove_downloads_leftovers(downloads, before)
@@ -85,12 +92,15 @@ def preparation_attempt(builder) -> Iterator[None]:
             config_record.unlink(missing_ok=True)
             with contextlib.suppress(OSError):
                 config_record.parent.rmdir()  # only if empty
-        _remove_empty_builder_folders(builder)
-        if root is not None and not root_existed:
-            with contextlib.suppress(OSError):
-                root.rmdir()  # only if empty
+        if lock is None or lock.alone():  # another preparation's folder stays, though it holds nothing yet
+            _remove_empty_builder_folders(builder)
+            if root is not None and not root_existed:
+                with contextlib.suppress(OSError):
+                    root.rmdir()  # only if empty
         raise
     finally:
+        if lock is not None:
+            lock.release()
         if probing:
             del builder._make_download_manager
 
