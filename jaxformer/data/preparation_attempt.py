@@ -27,6 +27,7 @@ from collections.abc import Iterator
 import requests.utils
 from tensorflow_datasets.core.download import util as download_util
 
+from jaxformer.data.fingerprinted_builder import FingerprintedBuilder
 from jaxformer.data.preparation_lock import PreparationLock
 
 PROBE_SECONDS = 10.0
@@ -78,7 +79,8 @@ def preparation_attempt(builder) -> Iterator[None]:
     before = _downloads_entries(downloads)
     config_record = _default_config_record(builder)
     config_recorded = config_record is not None and config_record.exists()
-    lock = PreparationLock(pathlib.Path(builder.data_path).parent, builder.name) if root is not None else None
+    own = isinstance(builder, FingerprintedBuilder)
+    lock = PreparationLock(pathlib.Path(builder.data_path).parent, builder.name, own) if root is not None else None
     probing = hasattr(type(builder), "_make_download_manager")  # tfds's, where it makes its DownloadManager
     if probing:
         builder._make_download_manager = _probing(builder._make_download_manager)

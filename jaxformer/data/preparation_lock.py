@@ -8,7 +8,8 @@ Each preparation holds a shared lock (flock) on the config's folder while it las
 the kernel when its process dies, however it dies. One that finds no other holding it (granted the
 exclusive lock) removes the incomplete folders there, each with a warning: no live preparation
 writes in them. Where another preparation of the config runs, they are left for a later one; where
-the file system has no locks (some network mounts), they are named in a warning instead. The
+the file system has no locks (some network mounts), or where other programs may prepare the same
+data without the lock (a tfds catalogue dataset), they are named in a warning instead. The
 config's folder, when a failed preparation leaves it empty, is removed under the exclusive lock
 alone, and a lock is kept only once the folder at its path is the one locked: every holder's lock
 is on the folder its preparation writes in.
@@ -48,10 +49,13 @@ def _flock(descriptor: int, operation: int) -> None:
 
 class PreparationLock:
     """`acquire()` before a builder's preparation, `release()` after it; `folder`, the config's:
-    the parent of the builder's `data_path`."""
+    the parent of the builder's `data_path`. `own`: a dataset of jaxformer's (multi30k,
+    parallel_files), prepared by jaxformer alone; a tfds catalogue dataset's folder (wmt*), in a
+    data_dir where other programs may prepare it too without this lock, has its incomplete
+    folders named instead of removed."""
 
-    def __init__(self, folder: pathlib.Path, dataset: str):
-        self.folder, self.dataset = folder, dataset
+    def __init__(self, folder: pathlib.Path, dataset: str, own: bool):
+        self.folder, self.dataset, self.own = folder, dataset, own
         self._descriptor: int | None = None
 
     def acquire(self) -> None:
@@ -67,7 +71,9 @@ class PreparationLock:
                 locked = self._lock_shared(descriptor)
             except _NoLocks as error:  # whether a folder is live cannot be told
                 os.close(descriptor)
-                self._name_incomplete_folders(error.reason)
+                self._name_incomplete_folders(
+                    f"cannot lock {self.folder} ({error.reason}) to tell whether another process is preparing it"
+                )
                 return
             except BaseException:
                 os.close(descriptor)
@@ -87,7 +93,10 @@ class PreparationLock:
             return self._is_locked_folder(descriptor)
         if not self._is_locked_folder(descriptor):
             return False
-        self._remove_incomplete_folders()
+        if self.own:
+            self._remove_incomplete_folders()
+        else:
+            self._name_incomplete_folders("no jaxformer run is preparing it now, but another program may be")
         # Not atomic (the exclusive lock is let go first), and no folder of this preparation exists
         # yet: another one's clean-up may come in between, which may remove the folder if it is empty.
         _flock(descriptor, fcntl.LOCK_SH)
@@ -137,15 +146,13 @@ class PreparationLock:
                     self.dataset,
                 )
 
-    def _name_incomplete_folders(self, reason: str) -> None:
+    def _name_incomplete_folders(self, why_not_removed: str) -> None:
         folders = self._incomplete_folders()
         if folders:
             logger.warning(
-                "%s may be left by a preparation of %s that was killed; cannot lock %s (%s) to tell whether "
-                "another process is preparing it: delete %s if none is",
+                "%s may be left by a preparation of %s that was killed; %s: delete %s if none is",
                 ", ".join(map(str, folders)),
                 self.dataset,
-                self.folder,
-                reason,
+                why_not_removed,
                 "it" if len(folders) == 1 else "them",
             )

@@ -14,9 +14,10 @@ import textwrap
 import time
 
 import pytest
+import tensorflow_datasets as tfds
 from tensorflow_datasets.core.utils import file_utils
 
-from jaxformer.data import fingerprint, preparation_lock
+from jaxformer.data import fingerprint, preparation_lock, sources
 from jaxformer.data.parallel_text import DataError
 from jaxformer.data.pipeline import read_records
 from jaxformer.data.preparation_lock import PreparationLock
@@ -48,7 +49,9 @@ def incomplete_folders(builder):
 def test_a_killed_preparations_folder_is_removed_and_a_live_ones_left(tmp_path, caplog):
     data = parallel_files(tmp_path)
     builder = get_builder(data)
-    live_lock = PreparationLock(pathlib.Path(builder.data_dir).parent, builder.name)  # another run's, meanwhile
+    live_lock = PreparationLock(
+        pathlib.Path(builder.data_dir).parent, builder.name, own=True
+    )  # another run's, meanwhile
     live_lock.acquire()
     stale, live = killed_preparation(builder), killed_preparation(builder)
     with caplog.at_level(logging.WARNING):
@@ -98,6 +101,36 @@ def test_without_locks_a_killed_preparations_folder_is_named_not_removed(tmp_pat
     ]
 
 
+class SmallTranslate(tfds.core.GeneratorBasedBuilder, skip_registration=True):
+    """A tfds catalogue dataset's builder (a WMT's features), in a data_dir other programs may use."""
+
+    VERSION = tfds.core.Version("1.0.0")
+
+    def _info(self):
+        return tfds.core.DatasetInfo(builder=self, features=tfds.features.Translation(languages=("de", "en")))
+
+    def _split_generators(self, dl_manager):
+        return {"train": self._generate_examples()}
+
+    def _generate_examples(self):
+        for i in range(5):
+            yield i, {"de": f"Satz {i}", "en": f"sentence {i}"}
+
+
+def test_a_catalogue_datasets_folder_is_named_not_removed(tmp_path, caplog):
+    """Other programs may prepare a tfds catalogue dataset in the same data_dir, without the lock."""
+    builder = SmallTranslate(data_dir=str(tmp_path / "tfds"), file_format="array_record")
+    builder.download_and_prepare()
+    stale = killed_preparation(builder)
+    with caplog.at_level(logging.WARNING):
+        sources.prepare(builder)
+    assert stale.is_dir()
+    assert [record.getMessage() for record in caplog.records if record.name == preparation_lock.__name__] == [
+        f"{stale} may be left by a preparation of small_translate that was killed; no jaxformer run is preparing "
+        "it now, but another program may be: delete it if none is"
+    ]
+
+
 def test_a_failed_preparation_beside_a_live_one_leaves_its_folder(tmp_path):
     """A failed preparation removes the folders it left empty, but not the config's folder that
     another preparation holds: that one's lock stays on the folder it writes in."""
@@ -105,7 +138,7 @@ def test_a_failed_preparation_beside_a_live_one_leaves_its_folder(tmp_path):
     pathlib.Path(data.files["train"]).write_text("no tab\n")
     builder = get_builder(data)
     config_folder = pathlib.Path(builder.data_dir).parent
-    live_lock = PreparationLock(config_folder, builder.name)
+    live_lock = PreparationLock(config_folder, builder.name, own=True)
     live_lock.acquire()
     with pytest.raises(DataError, match="line 1 has 0 tabs"):
         load_split(get_builder(data), "train", ("en", "de"))
