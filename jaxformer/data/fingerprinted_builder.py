@@ -98,6 +98,11 @@ class FingerprintedBuilder(tfds.core.GeneratorBasedBuilder, skip_registration=Tr
         return self._fingerprint
 
     @property
+    def downloads(self) -> bool:
+        """Whether preparing the data downloads its source files (into `<data_dir>/downloads/<name>/`)."""
+        return False
+
+    @property
     def source_files(self) -> dict[str, dict] | None:
         """File name -> {"size", "sha256"} of the source files (None like `fingerprint`)."""
         return None if self._source_files is None else {name: dict(v) for name, v in self._source_files.items()}

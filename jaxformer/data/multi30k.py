@@ -119,6 +119,10 @@ class Multi30k(FingerprintedBuilder):
         names = [f"{SPLIT_FILES[split]}.{language}.gz" for language in LANGUAGES]
         return {name: self._raw_dir / name for name in names}
 
+    @property
+    def downloads(self) -> bool:
+        return self._download
+
     def _current_source_files(self) -> dict[str, dict] | None:
         return None if self._download else fp.hash_files(self._local_paths())
 

@@ -9,15 +9,15 @@ when it does not answer. After a failed preparation, its temporary downloads and
 made that hold nothing are removed (the data_dir too, if it made it), and tfds's note of the
 dataset's default config if it made it; completed downloads stay
 (tfds reuses them: a rerun fetches only the rest), and nothing that was there before is touched.
-Meanwhile it holds the lock on the preparation of the builder's config (`preparation_lock`): the
-incomplete copies of preparations killed before are removed first where no other one runs.
+Meanwhile it holds the lock on the preparation of the builder's config, and on its downloads where
+it downloads (`preparation_lock`): the incomplete copies and downloads of preparations killed
+before are removed first where no other one runs, and a failed one leaves another's live downloads.
 """
 
 from __future__ import annotations
 
 import contextlib
 import pathlib
-import re
 import shutil
 import socket
 import threading
@@ -28,11 +28,10 @@ import requests.utils
 from tensorflow_datasets.core.download import util as download_util
 
 from jaxformer.data.fingerprinted_builder import FingerprintedBuilder
-from jaxformer.data.preparation_lock import PreparationLock
+from jaxformer.data.preparation_lock import TEMPORARY_DOWNLOAD, PreparationLock
 
 PROBE_SECONDS = 10.0
 _DEFAULT_PORTS = {"http": 80, "https": 443, "ftp": 21}
-_TEMPORARY_DOWNLOAD = re.compile(r".+\.tmp\.[0-9a-f]{32}")  # tfds's DownloadManager._download
 
 
 def unreachable(url: str) -> str | None:
@@ -80,29 +79,40 @@ def preparation_attempt(builder) -> Iterator[None]:
     config_record = _default_config_record(builder)
     config_recorded = config_record is not None and config_record.exists()
     own = isinstance(builder, FingerprintedBuilder)
-    lock = PreparationLock(pathlib.Path(builder.data_path).parent, builder.name, own) if root is not None else None
+    config_lock = (
+        PreparationLock(pathlib.Path(builder.data_path).parent, builder.name, own) if root is not None else None
+    )
+    downloads_lock = (  # tfds downloads a dataset's files into downloads/<name>/
+        PreparationLock(downloads / builder.name, builder.name, own, TEMPORARY_DOWNLOAD)
+        if root is not None and own and builder.downloads
+        else None
+    )
     probing = hasattr(type(builder), "_make_download_manager")  # tfds's, where it makes its DownloadManager
     if probing:
         builder._make_download_manager = _probing(builder._make_download_manager)
     try:
-        if lock is not None:
-            lock.acquire()  # (made the config's folder: removed below if the preparation fails)
+        for lock in (downloads_lock, config_lock):  # always in this order: no two preparations wait on each other
+            if lock is not None:
+                lock.acquire()  # (made its folder: removed below if the preparation fails)
         yield
     except BaseException:
-        _remove_downloads_leftovers(downloads, before)
+        if downloads_lock is None or downloads_lock.alone():  # another preparation's live downloads stay
+            _remove_downloads_leftovers(downloads, before)
         if config_record is not None and not config_recorded:
             config_record.unlink(missing_ok=True)
             with contextlib.suppress(OSError):
                 config_record.parent.rmdir()  # only if empty
-        if lock is None or lock.alone():  # another preparation's folder stays, though it holds nothing yet
+        # Another preparation's folder stays, though it may hold nothing yet.
+        if config_lock is None or config_lock.alone():
             _remove_empty_builder_folders(builder)
             if root is not None and not root_existed:
                 with contextlib.suppress(OSError):
                     root.rmdir()  # only if empty
         raise
     finally:
-        if lock is not None:
-            lock.release()
+        for lock in (config_lock, downloads_lock):
+            if lock is not None:
+                lock.release()
         if probing:
             del builder._make_download_manager
 
@@ -158,7 +168,7 @@ def _downloads_entries(downloads: pathlib.Path | None) -> set[pathlib.Path]:
 def _remove_downloads_leftovers(downloads: pathlib.Path | None, before: set[pathlib.Path]) -> None:
     made = _downloads_entries(downloads) - before
     for entry in made:
-        if _TEMPORARY_DOWNLOAD.fullmatch(entry.name) and entry.is_dir():
+        if TEMPORARY_DOWNLOAD.fullmatch(entry.name) and entry.is_dir():
             shutil.rmtree(entry, ignore_errors=True)
     for folder in sorted(made, key=lambda path: len(path.parts), reverse=True):  # the downloads folder last
         if folder.is_dir():

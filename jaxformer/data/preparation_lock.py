@@ -2,7 +2,8 @@
 preparation would otherwise remove. tfds writes a dataset config's copy into
 `<data_dir>/<name>/<config>/incomplete.<6 capitals or digits>_<version>/` and renames it into place
 once it is complete; a killed preparation leaves that folder (all it wrote: gigabytes on a big
-corpus), and the next one writes a new one beside it.
+corpus), and the next one writes a new one beside it. A download cut short leaves its temporary
+folder, `<data_dir>/downloads/<name>/<file>.tmp.<32 hex digits>/`, alike.
 
 Each preparation holds a shared lock (flock) on the config's folder while it lasts, released by
 the kernel when its process dies, however it dies. One that finds no other holding it (granted the
@@ -27,6 +28,7 @@ import shutil
 logger = logging.getLogger(__name__)
 
 INCOMPLETE_FOLDER = re.compile(r"incomplete\.[A-Z0-9]{6}_.+")  # tfds's utils.file_utils._get_incomplete_dir
+TEMPORARY_DOWNLOAD = re.compile(r".+\.tmp\.[0-9a-f]{32}")  # tfds's DownloadManager._download
 
 
 class _NoLocks(Exception):
@@ -52,10 +54,12 @@ class PreparationLock:
     the parent of the builder's `data_path`. `own`: a dataset of jaxformer's (multi30k,
     parallel_files), prepared by jaxformer alone; a tfds catalogue dataset's folder (wmt*), in a
     data_dir where other programs may prepare it too without this lock, has its incomplete
-    folders named instead of removed."""
+    folders named instead of removed. `leftovers`: the names of what killed preparations leave in
+    `folder`; a downloading dataset's `<data_dir>/downloads/<name>/` has its own lock, for the
+    temporary folders of downloads cut short (TEMPORARY_DOWNLOAD)."""
 
-    def __init__(self, folder: pathlib.Path, dataset: str, own: bool):
-        self.folder, self.dataset, self.own = folder, dataset, own
+    def __init__(self, folder: pathlib.Path, dataset: str, own: bool, leftovers: re.Pattern = INCOMPLETE_FOLDER):
+        self.folder, self.dataset, self.own, self.leftovers = folder, dataset, own, leftovers
         self._descriptor: int | None = None
 
     def acquire(self) -> None:
@@ -131,7 +135,7 @@ class PreparationLock:
         return [
             path
             for path in sorted(self.folder.iterdir())
-            if INCOMPLETE_FOLDER.fullmatch(path.name) and path.is_dir() and not path.is_symlink()
+            if self.leftovers.fullmatch(path.name) and path.is_dir() and not path.is_symlink()
         ]
 
     def _remove_incomplete_folders(self) -> None:

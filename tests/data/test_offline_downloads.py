@@ -4,6 +4,7 @@ machine: hosts are 127.0.0.1, or the connection is refused by a stand-in."""
 
 import functools
 import http.server
+import logging
 import os
 import re
 import socket
@@ -15,6 +16,7 @@ from tensorflow_datasets.core.download import downloader
 
 from jaxformer.data import multi30k, preparation_attempt, sources
 from jaxformer.data.parallel_text import DataError
+from jaxformer.data.preparation_lock import TEMPORARY_DOWNLOAD, PreparationLock
 from jaxformer.data.sources import get_builder, load_split
 from tests.data.test_sources import section, write_raw_corpus
 
@@ -68,7 +70,8 @@ def users_data_dir(path):
     manual = path / "downloads" / "manual"
     manual.mkdir(parents=True)
     (manual / "mine.txt").write_text("placed by hand")
-    (path / "downloads" / "multi30k" / f"train.en.gz.tmp.{'0' * 32}").mkdir(parents=True)  # not this attempt's
+    # Not this attempt's: another dataset's download (one of multi30k's own, killed, would be removed).
+    (path / "downloads" / "wmt14_translate" / f"train.en.gz.tmp.{'0' * 32}").mkdir(parents=True)
     (path / "notes.txt").write_text("kept")
     return path
 
@@ -138,6 +141,40 @@ def test_a_reachable_host_is_downloaded_from(tmp_path, monkeypatch, file_server,
         == get_builder(section("multi30k", data_dir=str(tmp_path / "local"), raw_dir=str(corpus))).fingerprint
     )
     assert not [path for path in (tmp_path / "tfds" / "downloads").rglob("*.tmp.*")]
+
+
+def test_a_download_killed_before_is_removed_and_a_live_ones_left(tmp_path, monkeypatch, file_server, caplog):
+    """A download killed outright (kill -9) leaves its temporary folder: the next preparation removes
+    it, with a warning, where no other preparation of the dataset runs; one that fails beside a
+    running one leaves that one's downloads (and its own, to the next preparation alone)."""
+    url, _ = file_server
+    monkeypatch.setattr(multi30k, "DOWNLOAD_URL", url + "{prefix}.{language}.gz")
+    data = section("multi30k", data_dir=str(tmp_path / "tfds"), download=True)
+    downloads = tmp_path / "tfds" / "downloads" / "multi30k"
+    other_running = PreparationLock(downloads, "multi30k", True, TEMPORARY_DOWNLOAD)
+    other_running.acquire()
+    killed = downloads / f"127.0.0.1_train.en.gz.tmp.{'1' * 32}"
+    killed.mkdir()
+    (killed / "train.en.gz").write_bytes(b"the first bytes")
+    live = downloads / f"127.0.0.1_val.en.gz.tmp.{'2' * 32}"
+    real = downloader._Downloader._sync_download
+
+    def fails_beside_a_live_download(self, *args, **kwargs):
+        live.mkdir(exist_ok=True)  # the other preparation's, begun meanwhile
+        raise ConnectionResetError(104, "Connection reset by peer")
+
+    monkeypatch.setattr(downloader._Downloader, "_sync_download", fails_beside_a_live_download)
+    with pytest.raises(DataError, match="ConnectionResetError"):
+        load_split(get_builder(data), "train", ("en", "de"))
+    assert killed.is_dir() and live.is_dir()
+
+    other_running.release()  # ... and once it is over, the next one removes every temporary folder
+    live.rmdir()
+    monkeypatch.setattr(downloader._Downloader, "_sync_download", real)
+    with caplog.at_level(logging.WARNING):
+        assert len(load_split(get_builder(data), "validation", ("en", "de"))) == 3
+    assert f"removed {killed}, left by a preparation of multi30k that was killed before it was complete" in caplog.text
+    assert not list((tmp_path / "tfds").rglob("*.tmp.*"))
 
 
 def test_a_catalogue_dataset_whose_host_cannot_be_reached_is_one_line(tmp_path, monkeypatch, download_attempts):
