@@ -16,11 +16,14 @@ if __name__ == "__main__":  # `python -m`: launched as the console script is, be
 
 import argparse
 import logging
+import signal
+import sys
 
 from jaxformer.commands.common import at_least, check_workdir, make_parser, path_text, run_command
 from jaxformer.run.averaging import average_last
 from jaxformer.run.directory import RunDirectory
 from jaxformer.training.final_choice import run_config_differences
+from jaxformer.training.signals import RaiseOnSignal, Stopped
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -32,8 +35,20 @@ def build_parser() -> argparse.ArgumentParser:
 
 def run(args: argparse.Namespace) -> int:
     check_workdir(args.workdir)
-    step, chosen = average_last(args.workdir, args.last, run_config_differences)
+    # Python's KeyboardInterrupt raised inside orbax's reads or save left its threads half done:
+    # errors printed, and at times five minutes' wait for a stage of the save that never came.
+    # Held until orbax's call returns, it ends the command as every Ctrl-C does; one held until
+    # the average was saved whole leaves it so (SIGTERM still ends the command at once: the next
+    # averaging removes the partial save).
+    try:
+        with RaiseOnSignal(signums=(signal.SIGINT,)) as signals:
+            step, chosen = average_last(args.workdir, args.last, run_config_differences)
+            signals.finish()
+    except Stopped:
+        raise KeyboardInterrupt from None
     print(f"averaged steps {chosen} into {RunDirectory(args.workdir).averaged / str(step)}")
+    if signals.late_signum is not None:
+        print("SIGINT came as the average was saved: it is complete; exiting with 0", file=sys.stderr)
     return 0
 
 

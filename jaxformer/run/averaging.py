@@ -134,6 +134,8 @@ def average_last(
     with AveragingLock(run):
         metadata, params = averaged_last(workdir, last, config_differences)
         writer = Checkpointer(run.averaged, keep=None)
-        writer.save_params(metadata.step, params, metadata)
-        writer.close()
+        try:
+            writer.save_params(metadata.step, params, metadata)
+        finally:  # a stop on the way (Ctrl-C) waits for orbax's writes: its threads would outlive the command
+            writer.close()
     return metadata.step, list(metadata.averaged_steps)

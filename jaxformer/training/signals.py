@@ -23,15 +23,16 @@ logger = logging.getLogger(__name__)
 
 
 class _SignalHandler:
-    """A context in which SIGTERM and SIGINT call `_handle`; the previous handlers come back on
-    exit, where `_handle` is still in place (one installed since, a caller's taking over with no
-    moment between, stays). Outside the main thread signals are left alone."""
+    """A context in which SIGTERM and SIGINT (or the `signums` given) call `_handle`; the previous
+    handlers come back on exit, where `_handle` is still in place (one installed since, a caller's
+    taking over with no moment between, stays). Outside the main thread signals are left alone."""
 
-    def __init__(self):
+    def __init__(self, signums: tuple[int, ...] = (signal.SIGTERM, signal.SIGINT)):
+        self._signums = signums
         self._previous = {}
 
     def __enter__(self):
-        for signum in (signal.SIGTERM, signal.SIGINT):
+        for signum in self._signums:
             try:
                 self._previous[signum] = signal.signal(signum, self._handle)
             except ValueError:  # not the main thread
@@ -161,10 +162,10 @@ class RaiseOnSignal(_SignalHandler):
     signal is sent again likewise. One that came but was not raised (held until the block's work
     ended) is raised by `check()`, which the block calls where its work ends. Once that work is
     done (an export in place), `finish()` turns later signals into a note: `late_signum`, raised
-    no more."""
+    no more. `signums=(signal.SIGINT,)` leaves SIGTERM its handler (a command that it ends at once)."""
 
-    def __init__(self):
-        super().__init__()
+    def __init__(self, signums: tuple[int, ...] = (signal.SIGTERM, signal.SIGINT)):
+        super().__init__(signums)
         self.signum: int | None = None
         self._raised = False  # Stopped raised for `signum`
         self._closed = False
