@@ -219,22 +219,26 @@ def add_stop_flag(parser: argparse.ArgumentParser) -> None:
     )
 
 
-def add_length_penalty_flags(parser: argparse.ArgumentParser) -> None:
-    """--alpha and --length_penalty: the beam search's length normalisation."""
+def add_length_penalty_flags(parser: argparse.ArgumentParser, language_model: bool = False) -> None:
+    """--alpha and --length_penalty: the beam search's length normalisation (`language_model`: the
+    command reads a language model's run, which has no final/ to take their defaults from)."""
     from jaxformer.decoding.beam_search import LENGTH_PENALTIES
 
+    final_alpha = (
+        "with --checkpoint final, the one its choice was made with under beam search: the best on validation "
+        "of training.final_alphas, or decoding.alpha; else "
+    )
+    final_form = "with --checkpoint final, the one the run chose its alpha with, decoding.length_penalty; else "
     parser.add_argument(
         "--alpha",
         type=number(0.0, inclusive=True),
-        help="length penalty exponent (default: with --checkpoint final, the one its choice was made with under "
-        "beam search: the best on validation of training.final_alphas, or decoding.alpha; else 0.6)",
+        help=f"length penalty exponent (default: {'' if language_model else final_alpha}0.6)",
     )
     parser.add_argument(
         "--length_penalty",
         choices=LENGTH_PENALTIES,
         help="its form: gnmt, ((5 + |Y|) / 6)^alpha, or transformers, |Y|^alpha, as Hugging Face's beam "
-        "search (default: with --checkpoint final, the one the run chose its alpha with, decoding.length_penalty; "
-        "else gnmt)",
+        f"search (default: {'' if language_model else final_form}gnmt)",
     )
 
 
@@ -244,32 +248,43 @@ def true_or_false(text: str) -> bool:
     return text == "true"
 
 
-def add_renormalize_flag(parser: argparse.ArgumentParser) -> None:
-    """--renormalize_after_bans: how every search scores (search.py's module docstring)."""
+def add_renormalize_flag(parser: argparse.ArgumentParser, language_model: bool = False) -> None:
+    """--renormalize_after_bans: how every search scores (search.py's module docstring;
+    `language_model`: as `add_length_penalty_flags`)."""
+    final_choice = (
+        "with --checkpoint final under beam search, the run's decoding.renormalize_after_bans, which a --from_hf "
+        "import of such a model sets; else "
+    )
     parser.add_argument(
         "--renormalize_after_bans",
         type=true_or_false,
         metavar="{true,false}",
         help="true: score each step's log-probabilities over the tokens the search allows there (pad and BOS "
         "removed before the softmax; EOS alone, at no cost, at the length limit), as transformers' generate with "
-        "renormalize_logits=True; false: log p under the model (default: with --checkpoint final under beam "
-        "search, the run's decoding.renormalize_after_bans, which a --from_hf import of such a model sets; else "
+        f"renormalize_logits=True; false: log p under the model (default: {'' if language_model else final_choice}"
         "false; greedy search and sampling choose the same tokens either way)",
     )
 
 
-def add_checkpoint_flags(parser: argparse.ArgumentParser) -> None:
-    """--workdir and --checkpoint: which run's checkpoint a command reads."""
+def add_checkpoint_flags(parser: argparse.ArgumentParser, language_model: bool = False) -> None:
+    """--workdir and --checkpoint: which run's checkpoint a command reads (`language_model`: a
+    language model's run, which has no best/ or final/)."""
     parser.add_argument("--workdir", type=path_text, required=True, help="the training run's directory")
-    add_checkpoint_choice(parser)
+    add_checkpoint_choice(parser, language_model=language_model)
 
 
-def add_checkpoint_choice(parser: argparse.ArgumentParser, applies_to: str = "") -> None:
-    """--checkpoint: latest, best, averaged, final or a step (`applies_to`: the flag it goes with, for the help)."""
+def add_checkpoint_choice(parser: argparse.ArgumentParser, applies_to: str = "", language_model: bool = False) -> None:
+    """--checkpoint: latest, best, averaged, final or a step (`applies_to`: the flag it goes with, for
+    the help); for a `language_model`'s run, whose best and final `LanguageModel.from_workdir`
+    refuses, the help names latest, averaged or a step."""
+    kinds = (
+        "latest, averaged"
+        if language_model
+        else "latest, best (validation BLEU), averaged, final (the run's final choice)"
+    )
     parser.add_argument(
         "--checkpoint",
         type=checkpoint_choice,
         default="latest",
-        help=f"{applies_to}latest, best (validation BLEU), averaged, final (the run's final choice), or a step "
-        "number (default: latest)",
+        help=f"{applies_to}{kinds}, or a step number (default: latest)",
     )

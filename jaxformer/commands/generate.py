@@ -23,12 +23,12 @@ def build_parser() -> argparse.ArgumentParser:
     from jaxformer.decoding.language_model import CONTINUATION_TOKENS
 
     parser = common.make_parser(__doc__)
-    decoding_flags.add_checkpoint_flags(parser)
+    decoding_flags.add_checkpoint_flags(parser, language_model=True)
     parser.add_argument("--method", choices=METHODS, default="greedy", help="search (default: greedy)")
     parser.add_argument("--beam_size", type=common.at_least(1), default=4, help="beam width (default: 4)")
-    decoding_flags.add_length_penalty_flags(parser)
+    decoding_flags.add_length_penalty_flags(parser, language_model=True)
     decoding_flags.add_stop_flag(parser)
-    decoding_flags.add_renormalize_flag(parser)
+    decoding_flags.add_renormalize_flag(parser, language_model=True)
     parser.add_argument(
         "--max_new_tokens",
         type=common.integer_from(1, MAX_EXTRA_LENGTH),

@@ -2,6 +2,8 @@
 text. Checked before anything is compiled, by LanguageModel.continue_ids and, on concrete arrays,
 continue_prompts; and the sampling seed LanguageModel takes, checked before anything is read."""
 
+import re
+
 import flax.linen as nn
 import jax
 import jax.numpy as jnp
@@ -9,10 +11,12 @@ import numpy as np
 import pytest
 
 from jaxformer.commands import generate as generate_command
+from jaxformer.commands import translate as translate_command
 from jaxformer.data.sentencepiece_proto import model_pb2
 from jaxformer.data.tokenizer import Tokenizer, train_tokenizer
 from jaxformer.decoding.generate import DecodeSettings
 from jaxformer.decoding.language_model import (
+    LANGUAGE_MODEL_MAKES_NONE,
     LanguageModel,
     check_prompt_rows,
     checked_prompts,
@@ -21,6 +25,7 @@ from jaxformer.decoding.language_model import (
 from jaxformer.errors import CheckpointError
 from jaxformer.model.config import preset
 from jaxformer.model.decoder_only import DecoderOnly
+from jaxformer.run.directory import CHECKPOINT_KINDS
 from jaxformer.tokens import BOS_ID, EOS_ID, PAD_ID, UNK_ID
 from jaxformer.training import experiment
 from tests.conftest import assert_option_refused, assert_seed_refused, read_raw, save_checkpoints
@@ -202,6 +207,29 @@ def test_a_checkpoint_only_a_translator_keeps_is_refused_with_what_to_choose(lan
         "which a language model's run, translating nothing, never has; choose latest, averaged or a step number"
     )
     assert "\n" not in str(refused.value)
+
+
+def options_help(command, capsys) -> str:
+    """The options part of `command --help`, its lines joined."""
+    with pytest.raises(SystemExit):
+        command.main(["--help"])
+    return " ".join(capsys.readouterr().out.split("options:")[1].split())
+
+
+def test_generates_help_offers_only_what_a_language_models_run_has(capsys):
+    """jaxformer-generate --help offered --checkpoint best and final, and defaults for --alpha,
+    --length_penalty and --renormalize_after_bans taken with --checkpoint final, which the test
+    above refuses; translate's help, whose runs have them, still offers them."""
+    help_text = options_help(generate_command, capsys)
+    offered = re.search(r"--checkpoint CHECKPOINT (.*?) \(default: latest\)", help_text).group(1)
+    kept = [kind for kind in CHECKPOINT_KINDS if kind not in LANGUAGE_MODEL_MAKES_NONE]
+    assert [kind for kind in CHECKPOINT_KINDS if re.search(rf"\b{kind}\b", offered)] == kept, offered
+    assert "step number" in offered
+    for refused in LANGUAGE_MODEL_MAKES_NONE:
+        assert not re.search(rf"\b{refused}\b", help_text), help_text
+    translation = options_help(translate_command, capsys)
+    assert all(re.search(rf"\b{kind}\b", translation) for kind in CHECKPOINT_KINDS)
+    assert translation.count("with --checkpoint final") >= 3  # --alpha's, --length_penalty's, renormalising's
 
 
 @pytest.mark.slow  # about 6 s: a greedy, a sampling and a beam search compiled, through the command
