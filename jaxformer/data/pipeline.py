@@ -148,11 +148,13 @@ class LengthFilter:
     An endless stream whose examples are all dropped would never yield a batch: once more
     examples in a row than `give_up_after` are dropped (set by `train_dataset` to a few epochs of
     its shard, so a shard with one example that fits never gets there), it raises DataError.
+    `examples`: what the log calls the training examples (pairs, or a language model's texts).
     `no_piece_reported`: the pairs of no piece were counted and reported before training (a
     split encoded once); else the first one drawn is said in a warning as it comes."""
 
-    def __init__(self, max_length: int):
+    def __init__(self, max_length: int, examples: str = "pairs"):
         self.max_length = max_length
+        self.examples = examples
         self.seen = 0
         self.dropped = 0
         self.no_piece = 0
@@ -198,7 +200,8 @@ class LengthFilter:
             return ""
         since = "the run started" if first_step == 0 else f"it resumed at step {first_step}"
         left_out = f" and left out {no_piece:,} with a side of no piece" if no_piece else ""
-        return f"; the length filter dropped {dropped:,}{left_out} of the {seen:,} training pairs read since {since}"
+        read = f"{seen:,} training {self.examples} read since {since}"
+        return f"; the length filter dropped {dropped:,}{left_out} of the {read}"
 
 
 NO_PIECE_LEFT = "pair has a side the tokenizer encodes to no piece (zero-width spaces or control characters alone)"
@@ -267,9 +270,11 @@ def train_dataset(
     """
     batch_size = data.batch_size // shard_count
     usable = len(source) // shard_count * shard_count
+    length_filter = length_filter or LengthFilter(data.max_length)
     if usable < len(source) and shard_index == 0:  # equal shards keep the processes' steps in step
         logger.info(
-            "training pairs: the last %d of %d are not read, so that %d input shards hold %d each",
+            "training %s: the last %d of %d are not read, so that %d input shards hold %d each",
+            length_filter.examples,
             len(source) - usable,
             len(source),
             shard_count,
@@ -277,7 +282,6 @@ def train_dataset(
         )
     records = grain.MapDataset.source(source)[:usable][shard_index::shard_count]
     encode_once = tokenize.sampling is None and len(records) <= data.encode_once_max_examples
-    length_filter = length_filter or LengthFilter(data.max_length)
     length_filter.give_up_after = 3 * len(records)  # an epoch is a permutation: 2 epochs can run without a keep
     if encode_once:
         shard = range(shard_index, usable, shard_count)  # the records above, read in batches

@@ -276,6 +276,12 @@ def text_languages(config: ml_collections.ConfigDict) -> tuple[str, ...]:
     return (data.source_language, data.target_language) if side is None else (data[f"{side}_language"],)
 
 
+def example_noun(config: ml_collections.ConfigDict) -> str:
+    """What the run's log calls its training examples: "pairs" for a translator, "texts" for a
+    language model, which reads one language's (`text_side`)."""
+    return "pairs" if text_side(config) is None else "texts"
+
+
 def control_symbols(config: ml_collections.ConfigDict) -> tuple[str, ...]:
     """Control pieces the run's vocabulary needs: the mask piece for a masked LM."""
     return (MASK_PIECE,) if architecture(config) == "encoder_only" else ()

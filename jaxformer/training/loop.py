@@ -178,7 +178,7 @@ def _train(config, prepared: PreparedRun, model: nn.Module, preparation: RaiseOn
     batch_sharding = sharding.batch_sharding(mesh, rules)
     replicated = sharding.replicated(mesh)
 
-    length_filter = LengthFilter(data.max_length)
+    length_filter = LengthFilter(data.max_length, experiment.example_noun(config))
     shard_count, my_shards = run_start.input_shards(data)
     sampling = SubwordSampling.from_config(config.tokenizer)
     tokenize = TokenizePair.for_data(data, tokenizers.source, tokenizers.target, objective.features, sampling)

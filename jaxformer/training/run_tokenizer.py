@@ -364,7 +364,7 @@ def check_given_models(
 
 
 UNKNOWN_WARNING = 0.005  # a share of <unk> pieces above this on the training text is warned about
-UNKNOWN_SAMPLE = 2000  # training pairs encoded to measure it
+UNKNOWN_SAMPLE = 2000  # training examples (pairs, or a language model's texts) encoded to measure it
 
 
 def log_unknown_rate(config: ml_collections.ConfigDict, tokenizers: RunTokenizers, train_source: Sequence) -> None:
@@ -385,13 +385,15 @@ def log_unknown_rate(config: ml_collections.ConfigDict, tokenizers: RunTokenizer
         ids = np.concatenate(by_language[language].encode(texts[language], add_eos=False) or [np.zeros(0, np.int32)])
         shares[language] = float(np.mean(ids == UNK_ID)) if ids.size else 0.0
     summary = ", ".join(f"{language} {100 * share:.2f}%" for language, share in shares.items())
-    logger.info("<unk> pieces on %d training pairs: %s", count, summary)
+    examples = experiment.example_noun(config)
+    logger.info("<unk> pieces on %d training %s: %s", count, examples, summary)
     for language, share in shares.items():
         if share > UNKNOWN_WARNING:
             logger.warning(
-                "%.1f%% of the %s side's pieces are <unk> on %d training pairs: its tokenizer cannot spell part "
+                "%.1f%% of the %s side's pieces are <unk> on %d training %s: its tokenizer cannot spell part "
                 "of this text (a model for another language or script?), and the model can never write it",
                 100 * share,
                 language,
                 count,
+                examples,
             )

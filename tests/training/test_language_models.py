@@ -71,13 +71,18 @@ NAMES = ("multi30k_mlm", "multi30k_lm")
 
 
 @pytest.fixture(scope="module")
-def runs(tmp_path_factory, data_dir):
-    """Each config trained for 40 steps, by name."""
-    workdirs = {}
+def trained(tmp_path_factory, data_dir):
+    """Each config trained for 40 steps, by name: (workdirs, the runs' stderr)."""
+    workdirs, logs = {}, {}
     for name in NAMES:
         workdirs[name] = tmp_path_factory.mktemp(name)
-        train(workdirs[name], data_dir, config_flag(name), *TINY)
-    return workdirs
+        logs[name] = train(workdirs[name], data_dir, config_flag(name), *TINY).stderr
+    return workdirs, logs
+
+
+@pytest.fixture(scope="module")
+def runs(trained):
+    return trained[0]
 
 
 @pytest.mark.parametrize("name", NAMES)
@@ -100,6 +105,20 @@ def test_trains_and_reports_its_validation_figures(runs, name):
     english = len(tokenizer.encode("A man in a blue shirt is riding a bicycle down the street."))
     german = len(tokenizer.encode("Ein Mann in einem blauen Hemd fährt mit dem Fahrrad die Straße entlang."))
     assert (english < german) == (expected == "encoder_only"), (english, german)
+
+
+@pytest.mark.parametrize("name", NAMES)
+def test_its_log_counts_texts_not_pairs(trained, name):
+    """A language model reads one language's texts: its log called them "training pairs"."""
+    log = trained[1][name]
+    language = "en" if name == "multi30k_mlm" else "de"
+    assert re.search(rf"<unk> pieces on [\d,]+ training texts: {language} [\d.]+%\n", log), log[-3000:]
+    assert re.search(
+        r"step 40: validation loss .*; the length filter dropped \d+ of the [\d,]+ training texts read since the run "
+        r"started\n",
+        log,
+    ), log[-3000:]
+    assert "training pairs" not in log, log[-3000:]
 
 
 @pytest.mark.parametrize("name", NAMES)
