@@ -101,16 +101,38 @@ def open_descriptor(path: str | pathlib.Path) -> int | None:
     return None
 
 
+_TOKEN_BYTES = 4  # of randomness in a temporary's name: `.<name>.<8 hex digits>.tmp`
+
+
 def _create_unique_file(destination: pathlib.Path) -> tuple[int, str]:
     """A new, empty, hidden file beside `destination` (the same file system, so the rename is
     atomic), open for writing. Unlike tempfile.mkstemp's 0600, its permissions are what the umask
     gives any new file, as writing `destination` directly would have."""
     while True:
-        temporary = os.path.join(destination.parent, f".{destination.name}.{secrets.token_hex(4)}.tmp")
+        temporary = os.path.join(destination.parent, f".{destination.name}.{secrets.token_hex(_TOKEN_BYTES)}.tmp")
         try:
             return os.open(temporary, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o666), temporary
         except FileExistsError:  # another writer's temporary, or a user's file: never touched
             continue
+
+
+def leftover_temporaries(destination: str | pathlib.Path) -> list[pathlib.Path]:
+    """The temporaries `write_bytes_atomically` made beside `destination` that are there now: plain
+    files named as `_create_unique_file` names them, nothing else. A writer killed before its rename
+    left each, unless one is writing it now, which only the caller can rule out."""
+    destination = pathlib.Path(destination)
+    name = re.compile(rf"\.{re.escape(destination.name)}\.[0-9a-f]{{{2 * _TOKEN_BYTES}}}\.tmp")
+    try:
+        entries = sorted(destination.parent.iterdir())
+    except OSError:  # no folder there, or one this process cannot list: none it could remove
+        return []
+    found = []
+    for path in entries:
+        if name.fullmatch(path.name):
+            with contextlib.suppress(FileNotFoundError):  # removed meanwhile
+                if stat.S_ISREG(path.lstat().st_mode):
+                    found.append(path)
+    return found
 
 
 def unwritable_folder_reason(path: str | pathlib.Path) -> str | None:

@@ -33,6 +33,7 @@ from jaxformer.model.architectures import build_model
 from jaxformer.model.config import TransformerConfig
 from jaxformer.run.checkpoint import Checkpointer
 from jaxformer.run.directory import RunDirectory
+from jaxformer.run.killed_writes import remove_killed_writes
 from jaxformer.run.lock import WorkdirLock, WorkdirLockedError
 from jaxformer.run.metadata import CheckpointMetadata
 from jaxformer.training import experiment, processes, resume_rules, sharding
@@ -56,7 +57,8 @@ logger = logging.getLogger(__name__)
 
 
 def hold_workdir(workdir: pathlib.Path) -> WorkdirLock:
-    """Process 0 takes the workdir's lock; every process learns whether it got it."""
+    """Process 0 takes the workdir's lock, then removes the temporaries killed runs' writes left
+    (run/killed_writes.py); every process learns whether it got it."""
     lock = WorkdirLock(workdir)
     failure = None
     if jax.process_index() == 0:
@@ -64,6 +66,8 @@ def hold_workdir(workdir: pathlib.Path) -> WorkdirLock:
             lock.acquire()
         except WorkdirLockedError as error:
             failure = error
+        else:  # before the other processes go on: none writes the run's files meanwhile
+            remove_killed_writes(workdir)
     if jax.process_count() > 1:
         held = multihost_utils.broadcast_one_to_all(np.int32(failure is None))
         if not held and failure is None:
