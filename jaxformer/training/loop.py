@@ -20,9 +20,7 @@ import jax
 import ml_collections
 
 from jaxformer.data.parallel_text import DataError
-from jaxformer.data.pipeline import LengthFilter, ShardedBatches, TokenizePair, eval_batches, train_dataset
 from jaxformer.data.sources import check_source
-from jaxformer.data.subword_sampling import SubwordSampling
 from jaxformer.errors import UserError, exit_code_for_signal
 from jaxformer.model.architectures import build_model
 from jaxformer.run.directory import RunDirectory
@@ -50,6 +48,7 @@ from jaxformer.training.parameter_ema import parameter_ema, restart_parameter_em
 from jaxformer.training.periodic import Periodic, run_at_start, run_due
 from jaxformer.training.rdrop_start import RDropPhase
 from jaxformer.training.resumed_end import resumed_end
+from jaxformer.training.run_batches import run_batches
 from jaxformer.training.run_saves import RunSaver
 from jaxformer.training.run_start import PreparedRun
 from jaxformer.training.signals import RaiseOnSignal, Stopped, StopRequest
@@ -178,26 +177,8 @@ def _train(config, prepared: PreparedRun, model: nn.Module, preparation: RaiseOn
     batch_sharding = sharding.batch_sharding(mesh, rules)
     replicated = sharding.replicated(mesh)
 
-    length_filter = LengthFilter(data.max_length, experiment.example_noun(config))
-    shard_count, my_shards = run_start.input_shards(data)
-    sampling = SubwordSampling.from_config(config.tokenizer)
-    tokenize = TokenizePair.for_data(data, tokenizers.source, tokenizers.target, objective.features, sampling)
-    train_iterator = ShardedBatches(
-        [
-            iter(
-                train_dataset(
-                    prepared.train_source,
-                    tokenize,
-                    data,
-                    length_filter=length_filter,
-                    shard_index=shard,
-                    shard_count=shard_count,
-                )
-            )
-            for shard in my_shards
-        ]
-    )
-    eval_data = objective.evaluation_batches(eval_batches(prepared.eval_source, tokenize, data))
+    batches = run_batches(config, prepared, objective)
+    train_iterator, eval_data, length_filter = batches.train, batches.evaluation, batches.length_filter
 
     restored = checkpointer.restore_latest(abstract_state, train_iterator)
     if restored is None:

@@ -1,0 +1,49 @@
+"""The batches a training run reads: its endless training stream, one iterator per input shard
+this process reads (`run_start.input_shards`), through the length filter whose counts the
+validation lines give; and its validation batches, as its objective scores them."""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Iterable
+from typing import Any
+
+import ml_collections
+
+from jaxformer.data.pipeline import LengthFilter, ShardedBatches, TokenizePair, eval_batches, train_dataset
+from jaxformer.data.subword_sampling import SubwordSampling
+from jaxformer.training import experiment, run_start
+from jaxformer.training.run_start import PreparedRun
+
+
+@dataclasses.dataclass(frozen=True)
+class RunBatches:
+    train: ShardedBatches  # restored with the checkpoint, saved with each
+    evaluation: Iterable[Any]  # read whole at each evaluation
+    length_filter: LengthFilter  # the training stream's
+
+
+def run_batches(config: ml_collections.ConfigDict, prepared: PreparedRun, objective) -> RunBatches:
+    """The training and validation batches of `prepared`'s data, tokenized for `objective`."""
+    data, tokenizers = config.data, prepared.tokenizers
+    length_filter = LengthFilter(data.max_length, experiment.example_noun(config))
+    shard_count, my_shards = run_start.input_shards(data)
+    sampling = SubwordSampling.from_config(config.tokenizer)
+    tokenize = TokenizePair.for_data(data, tokenizers.source, tokenizers.target, objective.features, sampling)
+    train = ShardedBatches(
+        [
+            iter(
+                train_dataset(
+                    prepared.train_source,
+                    tokenize,
+                    data,
+                    length_filter=length_filter,
+                    shard_index=shard,
+                    shard_count=shard_count,
+                )
+            )
+            for shard in my_shards
+        ]
+    )
+    evaluation = objective.evaluation_batches(eval_batches(prepared.eval_source, tokenize, data))
+    return RunBatches(train, evaluation, length_filter)
