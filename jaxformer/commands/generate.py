@@ -56,9 +56,10 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def run(args: argparse.Namespace) -> int:
-    from jaxformer.decoding.language_model import LanguageModel
+    from jaxformer.decoding.language_model import LanguageModel, check_kept_by_a_language_model
 
     prompts = decoding_flags.checked_input_lines(args)
+    check_kept_by_a_language_model(args.workdir, args.checkpoint)  # before beam search's flags read final/
     settings = decoding_flags.decode_settings_from_flags(args, max_extra_length=args.max_new_tokens)
     model = LanguageModel.from_workdir(
         args.workdir, args.checkpoint, settings, batch_size=args.batch_size, seed=args.seed

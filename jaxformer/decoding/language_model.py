@@ -165,6 +165,22 @@ LANGUAGE_MODEL_MAKES_NONE = {
 }
 
 
+NEEDS_A_LANGUAGE_MODEL = "a LanguageModel (jaxformer-generate) continues text with a decoder_only one"
+
+
+def check_kept_by_a_language_model(workdir: str | os.PathLike, checkpoint: str | int) -> None:
+    """A `CheckpointError` for "best" or "final" where `workdir` has none, which no language model's
+    run has (`LANGUAGE_MODEL_MAKES_NONE`), naming what to choose (a `ConfigError` first where the
+    workdir holds another model's run); before anything else of the checkpoint is read, as
+    jaxformer-generate reads final/'s search to settle its flags."""
+    if checkpoint in LANGUAGE_MODEL_MAKES_NONE and not RunDirectory(workdir).checkpoint_directory(checkpoint).is_dir():
+        require_architecture(workdir, "latest", "decoder_only", NEEDS_A_LANGUAGE_MODEL)
+        raise CheckpointError(
+            f"{workdir} has no {checkpoint!r} checkpoint: {LANGUAGE_MODEL_MAKES_NONE[checkpoint]}, which a "
+            "language model's run, translating nothing, never has; choose latest, averaged or a step number"
+        )
+
+
 class LanguageModel:
     """Continues prompts (text) with a decoder-only model, by greedy search unless `settings` say
     otherwise. Prompts are grouped by token count, so rows need no padding; `batch_size` rows at a
@@ -221,19 +237,12 @@ class LanguageModel:
         language model's run has (`LANGUAGE_MODEL_MAKES_NONE`)."""
         checkpoint = parse_checkpoint_choice(checkpoint)
         check_options(kwargs)  # before anything is read
-        needs = "a LanguageModel (jaxformer-generate) continues text with a decoder_only one"
-        if (
-            checkpoint in LANGUAGE_MODEL_MAKES_NONE
-            and not RunDirectory(workdir).checkpoint_directory(checkpoint).is_dir()
-        ):
-            require_architecture(workdir, "latest", "decoder_only", needs)  # another model's run: that error first
-            raise CheckpointError(
-                f"{workdir} has no {checkpoint!r} checkpoint: {LANGUAGE_MODEL_MAKES_NONE[checkpoint]}, which a "
-                "language model's run, translating nothing, never has; choose latest, averaged or a step number"
-            )
+        check_kept_by_a_language_model(workdir, checkpoint)
 
         def check(metadata: CheckpointMetadata) -> None:  # from the one read of its metadata, before the parameters
-            settings.check_fits(require_architecture(workdir, checkpoint, "decoder_only", needs, metadata=metadata))
+            settings.check_fits(
+                require_architecture(workdir, checkpoint, "decoder_only", NEEDS_A_LANGUAGE_MODEL, metadata=metadata)
+            )
 
         step, metadata, params = load_checkpoint(workdir, checkpoint, before_params=check)
         logger.info("loaded step %d of %s (%s)", step, workdir, checkpoint_name(checkpoint))

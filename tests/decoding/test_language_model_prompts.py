@@ -209,6 +209,22 @@ def test_a_checkpoint_only_a_translator_keeps_is_refused_with_what_to_choose(lan
     assert "\n" not in str(refused.value)
 
 
+@pytest.mark.parametrize("checkpoint", ["best", "final"])
+def test_the_command_refuses_them_so_under_beam_search_too(language_model, tmp_path, capsys, checkpoint):
+    """Beam search's flags take their defaults from final/'s search (decoding_flags.final_search),
+    read before the model: jaxformer-generate --checkpoint final --method beam said instead that
+    the run had made no final choice and that training.final_choice=True makes it, which a
+    language model's training refuses."""
+    workdir = lm_workdir(tmp_path / "run", language_model)
+    with pytest.raises(CheckpointError) as refused:
+        LanguageModel.from_workdir(workdir, checkpoint)
+    (tmp_path / "prompts.txt").write_text("Ein Hund\n", encoding="utf-8")
+    for method in ("beam", "greedy"):
+        flags = ["--workdir", str(workdir), "--checkpoint", checkpoint, "--method", method]
+        assert generate_command.main([*flags, "--input", str(tmp_path / "prompts.txt")]) == 2
+        assert capsys.readouterr().err == f"error: {refused.value}\n"
+
+
 def options_help(command, capsys) -> str:
     """The options part of `command --help`, its lines joined."""
     with pytest.raises(SystemExit):
