@@ -19,7 +19,7 @@ import logging
 import signal
 import sys
 
-from jaxformer.commands.common import at_least, check_workdir, make_parser, path_text, run_command
+from jaxformer.commands.common import at_least, check_workdir, make_parser, path_text, print_report, run_command
 from jaxformer.run.averaging import average_last
 from jaxformer.run.directory import RunDirectory
 from jaxformer.training.final_choice import run_config_differences
@@ -46,7 +46,7 @@ def run(args: argparse.Namespace) -> int:
             signals.finish()
     except Stopped:
         raise KeyboardInterrupt from None
-    print(f"averaged steps {chosen} into {RunDirectory(args.workdir).averaged / str(step)}")
+    print_report([f"averaged steps {chosen} into {RunDirectory(args.workdir).averaged / str(step)}"])
     if signals.late_signum is not None:
         print("SIGINT came as the average was saved: it is complete; exiting with 0", file=sys.stderr)
     return 0

@@ -391,6 +391,14 @@ def check_stdout_open(keeps_output: str = "--output") -> None:
         raise FlagError(f"stdout is closed: give {keeps_output}, or run without closing it")
 
 
+def print_report(lines: list[str]) -> None:
+    """A command's report (evaluate's scores, the averaged steps) on stdout as `write_lines` writes
+    it: in UTF-8, as translations are, whatever stdout's encoding (print() would fail on a path it
+    cannot encode, after the work). Nothing where stdout is closed (`>&-`), as print() writes nothing."""
+    if sys.stdout is not None:
+        write_lines(None, lines)
+
+
 def write_lines(path: str | None, lines: list[str]) -> None:
     """One line per item (sentence_batches.as_lines, the rule serve.py writes by too), to `path`
     atomically, or to stdout when `path` is None."""

@@ -33,6 +33,7 @@ from jaxformer.commands.common import (
     make_parser,
     one_file,
     path_text,
+    print_report,
     run_command,
 )
 from jaxformer.commands.decoding_flags import (
@@ -283,9 +284,6 @@ def run(args: argparse.Namespace) -> int:
         **searched_with,
         decode_seconds=seconds,
     )
-    search = f"beam {settings.beam_size}, alpha {settings.alpha:g}" if settings.method == "beam" else settings.method
-    print(f"{name}: {len(sources)} sentences, step {translator.step} ({args.checkpoint}), {search}, {seconds:.1f}s")
-    print(format_scores(scores))
     if args.output:
         lines = hypotheses
         if file_lines is not None:  # one line per line of the user's file
@@ -296,6 +294,10 @@ def run(args: argparse.Namespace) -> int:
         write_text_atomically(args.output, sentence_batches.as_lines(lines))
     if args.json:
         write_text_atomically(args.json, json.dumps(scores, indent=2))
+    # After the files: a failed write of stdout leaves them written.
+    search = f"beam {settings.beam_size}, alpha {settings.alpha:g}" if settings.method == "beam" else settings.method
+    summary = f"{name}: {len(sources)} sentences, step {translator.step} ({args.checkpoint}), {search}, {seconds:.1f}s"
+    print_report([summary, *format_scores(scores).split("\n")])
     return 0
 
 
