@@ -392,9 +392,8 @@ def check_stdout_open(keeps_output: str = "--output") -> None:
 
 
 def print_report(lines: list[str]) -> None:
-    """A command's report (evaluate's scores, the averaged steps) on stdout as `write_lines` writes
-    it: in UTF-8, as translations are, whatever stdout's encoding (print() would fail on a path it
-    cannot encode, after the work). Nothing where stdout is closed (`>&-`), as print() writes nothing."""
+    """A report on stdout in UTF-8 whatever its encoding, where print() fails on a path it cannot
+    encode, after the work; nothing where stdout is closed (`>&-`), as print() writes nothing."""
     if sys.stdout is not None:
         write_lines(None, lines)
 
