@@ -218,7 +218,8 @@ def check_budget(budget: TimeBudget, schedule_end: ScheduleEnd, state, step: int
     if estimate > 0 and schedule_end.active:
         capped = estimate >= training.num_train_steps  # the estimate stops at the run's own end
         ends_by = f"training.num_train_steps={training.num_train_steps}" if capped else "the time budget"
-        state = schedule_end.set(state, estimate, step, ends_by)
+        # Spent, the end is this step's, not an early estimate: one within the warmup is said however early.
+        state = schedule_end.set(state, estimate, None if spent else step, ends_by)
     if step % training.log_every_steps == 0:
         # No end_step until a pace gives one: left out, not NaN (written "nan", as a figure measured so would be).
         estimated = {"end_step": estimate} if estimate > 0 else {}

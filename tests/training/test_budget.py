@@ -222,6 +222,36 @@ def test_each_check_moves_the_schedules_end_to_the_estimate(monkeypatch):
     assert spent and schedule_end.steps(state) == 21  # the rate reaches its floor at the next update
 
 
+def test_a_budget_spent_early_in_the_warmup_says_the_rate_was_still_rising(monkeypatch, caplog):
+    """An estimate within the first quarter of the warmup is not said (compilation lowers it), but a
+    budget spent there is the run's end, at the check as by the step's work (spent_by_work)."""
+    now = [0.0]
+    monkeypatch.setattr(budget_module.time, "monotonic", lambda: now[0])
+    config = default_config()
+    config.optimizer.update(schedule="budget", warmup_steps=100, learning_rate_scale=1.0, decay_floor=0.0)
+    config.training.update(num_train_steps=1000, log_every_steps=10)
+    optimizer, _ = make_optimizer(config.optimizer, D_MODEL)
+    params = {"w": jnp.zeros(3)}
+    state = TrainState(step=jnp.int32(0), params=params, opt_state=optimizer.init(params), rng=jax.random.key(0))
+    schedule_end = ScheduleEnd(config, state, jax.sharding.SingleDeviceSharding(jax.devices()[0]))
+    writer = types.SimpleNamespace(write=lambda *args, **kwargs: None)
+    clock = TrainingClock()
+    clock.start()
+    budget = TimeBudget(12.0, clock)
+    now[0] = 5.0  # compilation
+    budget.step_done(1)
+    with caplog.at_level(logging.WARNING):
+        now[0] = 5.0 + 9 * 0.5  # then 0.5 s per step: the end estimated at step 15, within the warmup
+        (spent, _, _), state = check_budget(budget, schedule_end, state, 10, writer, config.training)
+        assert not spent and not caplog.messages
+        now[0] = 12.0
+        (spent, _, _), state = check_budget(budget, schedule_end, state, 20, writer, config.training)
+    assert spent and caplog.messages == [
+        "budget schedule: the time budget ends the run near step 21, within optimizer.warmup_steps=100: the rate "
+        "will still be rising when it ends; a shorter warmup (or a longer run) lets it decay"
+    ]
+
+
 def test_an_end_within_the_warmup_is_said_once(caplog):
     config = default_config()
     config.optimizer.update(schedule="budget", warmup_steps=WARMUP, learning_rate_scale=1.0, decay_floor=0.0)
