@@ -56,7 +56,7 @@ from jaxformer.training.state import count_parameters, make_init_fn
 from jaxformer.training.step import make_eval_step, make_run_train_step
 from jaxformer.training.train_metrics import TrainMetrics, progress_bar
 from jaxformer.training.unreadable_batch import saved_before_stopping
-from jaxformer.training.validation_bleu import BleuValidator
+from jaxformer.training.validation_bleu import BleuValidator, set_aside_rolled_back_best
 
 logger = logging.getLogger(__name__)
 
@@ -190,6 +190,7 @@ def _train(config, prepared: PreparedRun, model: nn.Module, preparation: RaiseOn
         step, state, _ = restored
         logger.info("resumed from step %d of %s", step, checkpointer.directory)
     first_step = step  # where this run started or resumed
+    rolled_back_after = -1 if restored is None else step  # the steps after it, of a history not continued
     del overrides  # the starting checkpoints' host parameters, no longer needed
     clock = TrainingClock(0.0 if restored is None else restored[2].train_seconds or 0.0)
     # Whether this segment's steps use R-Drop (rdrop_start.py).
@@ -223,13 +224,14 @@ def _train(config, prepared: PreparedRun, model: nn.Module, preparation: RaiseOn
         out_shardings=replicated,
     )
 
+    set_aside_rolled_back_best(run, rolled_back_after)  # before the validator reads best/'s score
     validator = (
         BleuValidator(config, model.config, tokenizers.source, prepared.eval_source, run, tokenizers.target)
         if training.bleu_every_steps
         else None
     )
     preparation.check()  # before the metrics files: a stop until here is a failed start, undone
-    writer = MetricWriter(run, start_step=-1 if restored is None else step)
+    writer = MetricWriter(run, start_step=rolled_back_after)
     progress = progress_bar(training.num_train_steps, step)
     train_metrics = TrainMetrics(writer, checkpointer, progress, None if restored is None else restored[2].train_window)
     saver = RunSaver(
