@@ -219,10 +219,23 @@ def add_stop_flag(parser: argparse.ArgumentParser) -> None:
     )
 
 
+def length_penalty_alpha(text: str) -> float:
+    """--alpha: at most MAX_ALPHA, the largest whose float32 penalty holds at any length."""
+    from jaxformer.decoding.beam_search import ALPHA_RULE, MAX_ALPHA
+
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"must be {ALPHA_RULE}, got {text!r}") from None
+    if not 0 <= value <= MAX_ALPHA:  # NaN too
+        raise argparse.ArgumentTypeError(f"must be {ALPHA_RULE}, got {text}")
+    return value
+
+
 def add_length_penalty_flags(parser: argparse.ArgumentParser, language_model: bool = False) -> None:
     """--alpha and --length_penalty: the beam search's length normalisation (`language_model`: the
     command reads a language model's run, which has no final/ to take their defaults from)."""
-    from jaxformer.decoding.beam_search import LENGTH_PENALTIES
+    from jaxformer.decoding.beam_search import LENGTH_PENALTIES, MAX_ALPHA
 
     final_alpha = (
         "with --checkpoint final, the one its choice was made with under beam search: the best on validation "
@@ -231,8 +244,8 @@ def add_length_penalty_flags(parser: argparse.ArgumentParser, language_model: bo
     final_form = "with --checkpoint final, the one the run chose its alpha with, decoding.length_penalty; else "
     parser.add_argument(
         "--alpha",
-        type=number(0.0, inclusive=True),
-        help=f"length penalty exponent (default: {'' if language_model else final_alpha}0.6)",
+        type=length_penalty_alpha,
+        help=f"length penalty exponent, at most {MAX_ALPHA:g} (default: {'' if language_model else final_alpha}0.6)",
     )
     parser.add_argument(
         "--length_penalty",

@@ -22,6 +22,17 @@ LENGTH_PENALTIES = ("gnmt", "transformers")
 # `generate(early_stopping=...)`: "exact" (early_stopping="never"), "current_length" (False),
 # "beam_full" (True; also fairseq's rule).
 BEAM_STOPS = ("exact", "current_length", "beam_full")
+# The largest length-penalty alpha. The search computes the penalty in float32 and counts tokens in
+# int32, so a hypothesis may have up to 2**31 - 1: there |Y|^alpha passes float32's largest value
+# (about 2**128) above alpha = 128 / 31 = 4.13, ((5 + |Y|) / 6)^alpha above 4.5, and an infinite
+# penalty scores every hypothesis 0, alike. Checked (DecodeSettings, --alpha, the config's
+# decoding.alpha and training.final_alphas) before any hypothesis' length is known, so it holds for
+# both forms at any length; 4 leaves float32's rounding room.
+MAX_ALPHA = 4.0
+ALPHA_RULE = (
+    f"a finite number from 0 to {MAX_ALPHA:g} (above it the length penalty overflows float32 on a "
+    "hypothesis of up to 2**31 - 1 tokens, the longest the search counts, and every hypothesis ranks alike)"
+)
 
 
 def length_penalty(length, alpha: float, form: str = "gnmt"):

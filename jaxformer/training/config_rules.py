@@ -13,7 +13,7 @@ from typing import Any
 import numpy as np
 
 from jaxformer.data.split_files import plain_text_for_pairs, spec_kind
-from jaxformer.decoding.beam_search import BEAM_STOPS, LENGTH_PENALTIES
+from jaxformer.decoding.beam_search import ALPHA_RULE, BEAM_STOPS, LENGTH_PENALTIES, MAX_ALPHA
 from jaxformer.decoding.generate import MAX_EXTRA_LENGTH
 from jaxformer.decoding.scoring import BLEU_TOKENIZERS, bleu_tokenizer, bleu_tokenizer_problem
 from jaxformer.errors import with_article
@@ -53,6 +53,11 @@ def _non_negative(note: str = "", finite: bool = False) -> tuple[Callable[[Any],
     """A number >= 0 (and finite, with `finite`); `note` says what a value such as 0 means."""
     meaning = ("a finite number >= 0" if finite else "a number >= 0") + (f" ({note})" if note else "")
     return (lambda value: _number(value) and value >= 0 and (not finite or math.isfinite(value))), meaning
+
+
+def _is_alpha(value: Any) -> bool:
+    """A length penalty's alpha that its float32 penalty holds at any length (MAX_ALPHA)."""
+    return _number(value) and 0 <= value <= MAX_ALPHA
 
 
 _POSITIVE_NUMBER = (lambda value: _number(value) and value > 0 and math.isfinite(value)), "a finite number > 0"
@@ -161,17 +166,12 @@ VALUE_RULES: dict[str, tuple[Callable[[Any], bool], str]] = {
     "training.final_choice": ((lambda value: isinstance(value, bool)), "True or False"),
     "training.average_last": _at_least(0),
     "training.final_alphas": (
-        (
-            lambda value: (
-                isinstance(value, (tuple, list))
-                and all(_number(alpha) and alpha >= 0 and math.isfinite(alpha) for alpha in value)
-            )
-        ),
-        "a tuple of finite numbers >= 0 (length penalties; () keeps decoding.alpha)",
+        (lambda value: isinstance(value, (tuple, list)) and all(_is_alpha(alpha) for alpha in value)),
+        f"a tuple of length penalties (() keeps decoding.alpha), each {ALPHA_RULE}",
     ),
     "decoding.method": _one_of("beam", "greedy", "sample"),
     "decoding.beam_size": _at_least(1),
-    "decoding.alpha": _non_negative(finite=True),
+    "decoding.alpha": (_is_alpha, ALPHA_RULE),
     "decoding.max_extra_length": _from_to(1, MAX_EXTRA_LENGTH),
     "decoding.length_penalty": (
         (lambda value: value is None or value in LENGTH_PENALTIES),

@@ -12,6 +12,12 @@ import pytest
 from jaxformer.commands import average_checkpoints, evaluate, generate, train, translate
 
 ROOT = pathlib.Path(__file__).parents[2]
+# What training.final_alphas must be, as its refusals say.
+FINAL_ALPHAS = (
+    "a tuple of length penalties (() keeps decoding.alpha), each a finite number from 0 to 4 (above it the length "
+    "penalty overflows float32 on a hypothesis of up to 2**31 - 1 tokens, the longest the search counts, and every "
+    "hypothesis ranks alike)"
+)
 
 
 @pytest.fixture
@@ -38,7 +44,14 @@ def no_decoding(monkeypatch):
             "argument --max_extra_length: must be an integer from 1 to 4096, got 1000000000",
         ),
         (["--temperature", "0"], "argument --temperature: must be a finite number > 0.0, got 0"),
-        (["--alpha", "nan"], "argument --alpha: must be a finite number >= 0.0, got nan"),
+        (["--alpha", "nan"], "argument --alpha: must be a finite number from 0 to 4 (above it the length penalty"),
+        (  # finite, but its float32 length penalty would be inf and every hypothesis rank alike
+            ["--alpha", "1e39"],
+            "argument --alpha: must be a finite number from 0 to 4 (above it the length penalty overflows float32 on a "
+            "hypothesis of up to 2**31 - 1 tokens, the longest the search counts, and every hypothesis ranks alike), "
+            "got 1e39;",
+        ),
+        (["--alpha", "4.0001"], "argument --alpha: must be a finite number from 0 to 4 (above it"),
         (["--top_k", "-3"], "argument --top_k: must be an integer >= 0, got -3"),
         (
             ["--checkpoint", "newest"],
@@ -306,35 +319,44 @@ def test_a_mesh_that_cannot_hold_the_configured_model_stops_before_data_is_prepa
         (["--config.optimizer.weight_decay=1e999"], "config optimizer.weight_decay=inf: must be a finite number >= 0"),
         (["--config.optimizer.eps=1e999"], "config optimizer.eps=inf: must be a finite number >= 0"),
         (["--config.optimizer.clip_norm=1e999"], "config optimizer.clip_norm=inf: must be a finite number >= 0"),
-        (["--config.decoding.alpha=1e999"], "config decoding.alpha=inf: must be a finite number >= 0"),
+        (["--config.decoding.alpha=1e999"], "config decoding.alpha=inf: must be a finite number from 0 to 4"),
+        (
+            ["--config.decoding.alpha=100.0"],
+            "config decoding.alpha=100.0: must be a finite number from 0 to 4 (above it the length penalty overflows "
+            "float32 on a hypothesis of up to 2**31 - 1 tokens, the longest the search counts, and every hypothesis "
+            "ranks alike)\n",
+        ),
+        (
+            ["--config.training.final_alphas=(0.6, 1e39)"],
+            "config training.final_alphas=(0.6, 1e+39): must be a tuple of length penalties (() keeps decoding.alpha), "
+            "each a finite number from 0 to 4 (above it",
+        ),
         (
             ["--config.model.layer_norm_epsilon=1e999"],
             "TransformerConfig.layer_norm_epsilon=inf: must be a finite number > 0",
         ),
         (  # was "must be a tuple"
             ["--config.training.final_alphas=(0.6, nan)"],
-            "config training.final_alphas=(0.6, nan): must be a tuple of finite numbers >= 0 (length penalties",
+            "config training.final_alphas=(0.6, nan): must be a tuple of length penalties (() keeps decoding.alpha), "
+            "each a finite number from 0 to 4",
         ),
         (
             ["--config.training.final_alphas=(0.6, -inf)"],
-            "config training.final_alphas=(0.6, -inf): must be a tuple of finite numbers >= 0",
+            "config training.final_alphas=(0.6, -inf): must be a tuple of length penalties",
         ),
         (  # was "must be a tuple", saying neither of what nor how it is written
             ["--config.training.final_alphas=(0.6, one)"],
-            "--config.training.final_alphas=(0.6, one): must be a tuple of finite numbers >= 0 (length penalties; () "
-            "keeps decoding.alpha), e.g. (1.0, 1.4); one is no value (a number, a quoted string, True, False or "
-            "None)\n",
+            f"--config.training.final_alphas=(0.6, one): must be {FINAL_ALPHAS}, e.g. (1.0, 1.4); one is no value "
+            "(a number, a quoted string, True, False or None)\n",
         ),
         (
             ["--config.training.final_alphas=1.0,abc"],
-            "--config.training.final_alphas=1.0,abc: must be a tuple of finite numbers >= 0 (length penalties; () "
-            "keeps decoding.alpha), e.g. (1.0, 1.4); abc is no value (a number, a quoted string, True, False or "
-            "None)\n",
+            f"--config.training.final_alphas=1.0,abc: must be {FINAL_ALPHAS}, e.g. (1.0, 1.4); abc is no value "
+            "(a number, a quoted string, True, False or None)\n",
         ),
         (
             ["--config.training.final_alphas=1.4"],
-            "--config.training.final_alphas=1.4: must be a tuple of finite numbers >= 0 (length penalties; () keeps "
-            "decoding.alpha), e.g. (1.0, 1.4)\n",
+            f"--config.training.final_alphas=1.4: must be {FINAL_ALPHAS}, e.g. (1.0, 1.4)\n",
         ),
         (
             ["--config.mesh.shape=2"],

@@ -1,11 +1,14 @@
 """generate(): the cached search on a real model against decoding by recomputing the whole prefix."""
 
+import re
+
 import flax.linen as nn
 import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
 
+from jaxformer.decoding.beam_search import ALPHA_RULE, LENGTH_PENALTIES, MAX_ALPHA, length_penalty
 from jaxformer.decoding.generate import DecodeSettings, check_source_ids, generate, make_generate_fn
 from jaxformer.model.config import ConfigError, preset
 from jaxformer.model.transformer import Transformer
@@ -104,8 +107,8 @@ def test_bad_settings_are_named():
 @pytest.mark.parametrize(
     "values,message",
     [
-        (dict(alpha=float("nan")), r"alpha must be a finite number >= 0, got nan"),
-        (dict(alpha=-0.5), r"alpha must be a finite number >= 0, got -0.5"),
+        (dict(alpha=float("nan")), r"alpha must be a finite number from 0 to 4 \(above it .*\), got nan"),
+        (dict(alpha=-0.5), r"alpha must be a finite number from 0 to 4 \(above it .*\), got -0.5"),
         (dict(method="sample", temperature=0.0), r"temperature must be a finite number > 0, got 0.0"),
         (dict(method="sample", top_k=-5), r"top_k must be >= 0 \(0: the whole vocabulary\), got -5"),
         (dict(beam_size=0), r"beam_size must be >= 1, got 0"),
@@ -116,6 +119,29 @@ def test_bad_settings_are_named():
 def test_settings_that_would_decode_wrongly_are_refused(values, message):
     with pytest.raises(ValueError, match=message):
         DecodeSettings(**values)
+
+
+@pytest.mark.parametrize("form", LENGTH_PENALTIES)
+def test_the_largest_alpha_keeps_the_float32_length_penalty_finite_at_any_length(form):
+    """MAX_ALPHA's penalty is finite, as the search computes it, at the longest hypothesis its int32
+    token count allows, and the limit is near the overflow (|Y|^alpha's, 128 / 31 = 4.13, computed
+    here in float64): alpha 4.2 or a huge one make the penalty inf there."""
+    longest = 2**31 - 1
+    assert np.isfinite(length_penalty(longest, MAX_ALPHA, form))
+    assert MAX_ALPHA <= np.log(np.finfo(np.float32).max) / np.log(longest) < MAX_ALPHA * 1.05
+    with np.errstate(over="ignore"):
+        assert np.isinf(length_penalty(longest, 1e39, form))
+    assert np.isinf(length_penalty(longest, 4.2, "transformers"))
+
+
+@pytest.mark.parametrize("alpha", [1e39, 1e308, 100.0, float(np.nextafter(MAX_ALPHA, np.inf))])
+def test_an_alpha_whose_length_penalty_overflows_float32_is_refused(alpha):
+    """Finite, but ((5 + |Y|) / 6)^alpha or |Y|^alpha is inf in the search's float32 at some length it
+    can reach, and every hypothesis would score 0."""
+    with pytest.raises(ValueError, match=rf"^alpha must be {re.escape(ALPHA_RULE)}, got {re.escape(str(alpha))}$"):
+        DecodeSettings(alpha=alpha)
+    assert "the length penalty overflows float32 on a hypothesis of up to 2**31 - 1 tokens" in ALPHA_RULE
+    assert DecodeSettings(alpha=MAX_ALPHA).alpha == MAX_ALPHA
 
 
 @pytest.mark.parametrize(

@@ -182,8 +182,10 @@ def test_a_tuple_key_set_to_no_tuple_in_a_config_file_is_refused_naming_its_line
     path, workdir = tiny_changed_by(tmp_path, "c.training.final_alphas = 1.4"), tmp_path / "run"
     assert train.main(["--config", str(path), "--workdir", str(workdir)]) == 2
     assert one_error_line(capsys) == (
-        f"error: config file {path}, line 5: config training.final_alphas=1.4: must be a tuple of finite numbers "
-        ">= 0 (length penalties; () keeps decoding.alpha), e.g. (1.0, 1.4)"
+        f"error: config file {path}, line 5: config training.final_alphas=1.4: must be a tuple of length penalties "
+        "(() keeps decoding.alpha), each a finite number from 0 to 4 (above it the length penalty overflows float32 "
+        "on a hypothesis of up to 2**31 - 1 tokens, the longest the search counts, and every hypothesis ranks "
+        "alike), e.g. (1.0, 1.4)"
     )
     assert not workdir.exists()
 
