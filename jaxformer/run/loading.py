@@ -69,11 +69,17 @@ def load_checkpoint(
 
 def _missing(directory: pathlib.Path, which: str, workdir: str | os.PathLike) -> str:
     """Why `which` cannot be read from `workdir`, whose `directory` for it does not exist; for
-    "averaged", the command that makes it; for "final", what makes it: a run stopped before its end,
-    or before its choice, chooses when its training command runs again."""
+    "averaged", the command that makes it; for "best", the setting under which training keeps it;
+    for "final", what makes it: a run stopped before its end, or before its choice, chooses when its
+    training command runs again."""
     missing = f"{directory} does not exist: no {which!r} checkpoint in {workdir}"
     if which == "averaged":  # made by a command, not by the run
         return f"{missing}: jaxformer-average-checkpoints --workdir {workdir} --last N makes one"
+    if which == "best":
+        return (
+            f"{missing}: best/ keeps the parameters with the best validation BLEU, which training scores with "
+            "training.bleu_every_steps > 0 (as multi30k sets it), from its first score on"
+        )
     if which != "final":
         return missing
     return (

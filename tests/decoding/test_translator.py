@@ -279,8 +279,13 @@ def test_nbest_is_sorted_and_beam_4_by_default(decoding_workdir):
 
 
 def test_missing_checkpoints_are_named(tmp_path, decoding_workdir):
-    with pytest.raises(CheckpointError, match="no 'best' checkpoint"):
+    with pytest.raises(CheckpointError) as missing:  # with what keeps one, as "averaged" and "final" say theirs
         load_checkpoint(decoding_workdir, "best")
+    assert str(missing.value) == (
+        f"{decoding_workdir / 'best'} does not exist: no 'best' checkpoint in {decoding_workdir}: best/ keeps the "
+        "parameters with the best validation BLEU, which training scores with training.bleu_every_steps > 0 (as "
+        "multi30k sets it), from its first score on"
+    )
     with pytest.raises(CheckpointError, match="no checkpoint for step 7"):
         load_checkpoint(decoding_workdir, 7)
     with pytest.raises(CheckpointError, match="does not exist"):
