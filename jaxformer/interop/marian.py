@@ -275,6 +275,7 @@ class ConvertedMarian:
     target_language: str | None
     renormalize_after_bans: bool  # transformers' generate renormalizes its scores (renormalize_logits)
     search_flags: tuple[str, ...] = ()  # jaxformer-translate's flags for generate()'s default search
+    search: dict[str, Any] = dataclasses.field(default_factory=dict)  # its `decoding` keys, for --to_hf
     unreproduced: tuple[str, ...] = ()  # a line for each of its sampling settings they cannot reproduce
 
 
@@ -314,6 +315,7 @@ def convert_marian(files: MarianDirectory) -> ConvertedMarian:
         *languages,
         files.renormalize_logits,
         files.search_flags,
+        files.search,
         files.unreproduced,
     )
 
@@ -360,6 +362,8 @@ def import_marian(
     # keeps best/ and makes its final choice with it (run_start.settle_inherited_decoding).
     config.decoding.length_penalty = "transformers"
     config.decoding.renormalize_after_bans = converted.renormalize_after_bans
+    # generate()'s default search, which --to_hf writes back; the commands' flags choose theirs.
+    config.decoding.update(converted.search)
     metadata = CheckpointMetadata(
         config=config.to_dict(),
         model=converted.config.to_dict(),

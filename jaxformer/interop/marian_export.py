@@ -16,9 +16,11 @@ from typing import Any
 import numpy as np
 
 from jaxformer.data.tokenizer import Tokenizer
+from jaxformer.decoding.generate import DecodeSettings
 from jaxformer.export.safetensors import flatten
 from jaxformer.interop.marian import check_new_output
 from jaxformer.interop.marian_files import ACTIVATIONS, MARIAN_LAYER_NORM_EPSILON, MARIAN_POSITION_BASE
+from jaxformer.interop.marian_generation import exported_search
 from jaxformer.interop.marian_layout import ConversionError, layer_names, to_marian_layout
 from jaxformer.model.config import TransformerConfig
 from jaxformer.model.position import halves_order
@@ -231,6 +233,12 @@ def export_marian(
     leftover = [name for name in missing if "embed_positions" not in name]
     if leftover or unexpected:
         raise ConversionError(f"transformers' MarianMTModel does not take these weights: {leftover or unexpected}")
+    decoding = metadata.config.get("decoding", {})
+    # The run's search: final/'s alpha is the one its choice kept, another checkpoint's decoding.alpha.
+    alpha = metadata.alpha if metadata.alpha is not None else decoding.get("alpha", DecodeSettings.alpha)
+    search, unexpressed = exported_search(decoding, alpha)
+    if unexpressed:
+        logger.warning("%s", unexpressed)
     model.generation_config = GenerationConfig(
         decoder_start_token_id=BOS_ID,
         pad_token_id=PAD_ID,
@@ -239,7 +247,8 @@ def export_marian(
         bad_words_ids=[[PAD_ID], [BOS_ID]],
         max_length=max_positions,
         # how the run scores (an import of a model that sets it); GenerationConfig writes only true
-        renormalize_logits=bool(metadata.config.get("decoding", {}).get("renormalize_after_bans")),
+        renormalize_logits=bool(decoding.get("renormalize_after_bans")),
+        **search,
     )
     output.mkdir(parents=True, exist_ok=True)
     from transformers.utils import logging as transformers_logging

@@ -22,6 +22,7 @@ from jaxformer.export import standalone
 from jaxformer.export.safetensors import read_safetensors
 from jaxformer.interop.marian_generation import (
     check_generation_settings,
+    recorded_search,
     renormalizes,
     search_flags,
     unreproduced_sampling,
@@ -73,6 +74,7 @@ class MarianDirectory:
     tokenizer_config: dict[str, Any]  # tokenizer_config.json, {} without one
     renormalize_logits: bool = False  # generate()'s setting (marian_generation.renormalizes)
     search_flags: tuple[str, ...] = ()  # jaxformer-translate's flags for generate()'s default search
+    search: dict[str, Any] = dataclasses.field(default_factory=dict)  # its `decoding` keys (recorded_search)
     unreproduced: tuple[str, ...] = ()  # a line for each of its sampling settings they cannot reproduce
 
 
@@ -345,6 +347,7 @@ def read_marian_directory(directory: str | pathlib.Path) -> MarianDirectory:
     check_generation_settings(settings, *ids, str(settings_path))
     renormalize_logits = renormalizes(settings, str(settings_path))
     search = search_flags(settings, str(settings_path), config["vocab_size"])
+    recorded = recorded_search(settings, str(settings_path))
     unreproduced = unreproduced_sampling(settings, str(settings_path))
     vocab = _read_object(directory / "vocab.json")
     if not all(isinstance(index, int) and not isinstance(index, bool) and index >= 0 for index in vocab.values()):
@@ -383,5 +386,6 @@ def read_marian_directory(directory: str | pathlib.Path) -> MarianDirectory:
         weights=weights,
         renormalize_logits=renormalize_logits,
         search_flags=search,
+        search=recorded,
         unreproduced=unreproduced,
     )

@@ -15,7 +15,8 @@ transformers' GenerationConfig keys that are not listed here change no token gre
 chooses (tests/interop/test_marian_checks.py holds every key of the installed GenerationConfig to
 this): the search's own (num_beams, length_penalty, early_stopping, max_length, max_new_tokens,
 num_return_sequences), which jaxformer-translate's flags choose (`search_flags`: those of the
-model's default search, for convert's message); sampling's (do_sample,
+model's default search, for convert's message; `recorded_search` keeps it in the run's config for
+--to_hf, which writes it back: `exported_search`); sampling's (do_sample,
 temperature, top_k, top_p, typical_p, min_p, top_h, epsilon_cutoff, eta_cutoff), which act only
 when sampling; the token ids, checked by marian_files.marian_token_ids; and those of speed,
 caching, compilation, lossless speculative decoding and what generate returns.
@@ -34,6 +35,7 @@ import math
 from collections.abc import Callable, Mapping
 from typing import Any
 
+from jaxformer.decoding.generate import DecodeSettings
 from jaxformer.interop.marian_layout import ConversionError
 
 
@@ -145,13 +147,10 @@ def _sampling_flags(settings: Mapping[str, Any], vocab_size: int, where: str) ->
     return ("--method", "sample", "--temperature", str(temperature), "--top_k", str(top_k if top_k < vocab_size else 0))
 
 
-def search_flags(settings: Mapping[str, Any], where: str, vocab_size: int) -> tuple[str, ...]:
-    """jaxformer-translate's flags for the search transformers' generate runs by default under
-    `settings` (read from `where`) for a model of `vocab_size` tokens: sampling where do_sample is
-    true (`_sampling_flags`), else greedy where num_beams is 1 (its default), else beam search of
-    num_beams with |Y|^length_penalty (default 1.0) and early_stopping's stop rule (default False);
-    scores renormalized where renormalize_logits is true. `ConversionError` for a value of a kind
-    generate cannot search with."""
+def _beam_search(settings: Mapping[str, Any], where: str) -> tuple[int, float, str]:
+    """(num_beams, length_penalty, jaxformer's --stop for early_stopping) of generate() under
+    `settings` (read from `where`), with generate()'s defaults (1, 1.0, False); `ConversionError`
+    for a value of a kind generate cannot search with."""
     beams, alpha, early_stopping = (
         _setting(settings, key, default)
         for key, default in (("num_beams", 1), ("length_penalty", 1.0), ("early_stopping", False))
@@ -165,14 +164,71 @@ def search_flags(settings: Mapping[str, Any], where: str, vocab_size: int) -> tu
     ]
     if not stops:
         raise ConversionError(f'{where}: early_stopping={json.dumps(early_stopping)} is not true, false or "never"')
+    return beams, alpha, stops[0]
+
+
+def search_flags(settings: Mapping[str, Any], where: str, vocab_size: int) -> tuple[str, ...]:
+    """jaxformer-translate's flags for the search transformers' generate runs by default under
+    `settings` (read from `where`) for a model of `vocab_size` tokens: sampling where do_sample is
+    true (`_sampling_flags`), else greedy where num_beams is 1 (its default), else beam search of
+    num_beams with |Y|^length_penalty (default 1.0) and early_stopping's stop rule (default False);
+    scores renormalized where renormalize_logits is true. `ConversionError` for a value of a kind
+    generate cannot search with."""
+    beams, alpha, stop = _beam_search(settings, where)
     if samples(settings, where):
         flags = _sampling_flags(settings, vocab_size, where)
     elif beams == 1:
         flags = ("--method", "greedy")
     else:
         flags = ("--beam_size", str(beams), "--alpha", f"{alpha:g}", "--length_penalty", "transformers")
-        flags += ("--stop", stops[0])
+        flags += ("--stop", stop)
     return flags + (("--renormalize_after_bans", "true") if renormalizes(settings, where) else ())
+
+
+def recorded_search(settings: Mapping[str, Any], where: str) -> dict[str, Any]:
+    """The `decoding` keys an import records for generate()'s default search under `settings`
+    (read from `where`), so that --to_hf writes it back (`exported_search`): the method, and a beam
+    search's beam_size, alpha and stop (its length_penalty, transformers', the import sets). The
+    commands' defaults do not read them (jaxformer-translate's flags choose the search: `search_flags`)."""
+    beams, alpha, stop = _beam_search(settings, where)
+    if samples(settings, where):  # the decoding section keeps no temperature or top_k
+        return {"method": "sample"}
+    if beams == 1:
+        return {"method": "greedy"}
+    return {"method": "beam", "beam_size": beams, "alpha": float(alpha), "stop": stop}
+
+
+def exported_search(decoding: Mapping[str, Any], alpha: float) -> tuple[dict[str, Any], str | None]:
+    """(generate()'s settings, a warning or None) for a run's `decoding` section searched with
+    `alpha` (final/'s chosen one, else decoding.alpha): a beam search's num_beams and the
+    early_stopping of its stop rule, and its length_penalty where its form is transformers' |Y|^alpha.
+    The gnmt form, ((5 + |Y|) / 6)^alpha, has no counterpart in generate: it keeps its default
+    length_penalty (1.0), named in the warning; so are a beam of 1, which generate's num_beams makes
+    greedy search, and sampling, whose temperature and top_k the section does not keep: generate
+    then searches greedily, as with greedy search (no settings)."""
+    method = decoding.get("method") or "beam"
+    if method == "sample":
+        return {}, (
+            "the run samples (decoding.method=sample), and its config keeps no temperature or top_k: "
+            "generation_config.json sets no sampling, so transformers' generate searches greedily"
+        )
+    if method != "beam":
+        return {}, None
+    beams = decoding.get("beam_size") or DecodeSettings.beam_size
+    if beams == 1:  # GenerationConfig refuses to save early_stopping or length_penalty with num_beams 1
+        return {}, (
+            "the run's beam search keeps one hypothesis (decoding.beam_size=1), which transformers' generate "
+            "cannot: generation_config.json sets no search, so generate searches greedily"
+        )
+    early_stopping = {stop: value for value, stop in EARLY_STOPPING_STOPS}[decoding.get("stop") or DecodeSettings.stop]
+    search = {"num_beams": beams, "early_stopping": early_stopping}
+    if decoding.get("length_penalty") == "transformers":
+        return {**search, "length_penalty": float(alpha)}, None
+    return search, (
+        f"the run's length penalty, gnmt ((5 + |Y|) / 6)^{alpha:g} (decoding.length_penalty), has no counterpart in "
+        f"transformers: generation_config.json sets num_beams {beams} with generate's default length_penalty, "
+        "|Y|^1.0"
+    )
 
 
 def unreproduced_sampling(settings: Mapping[str, Any], where: str) -> tuple[str, ...]:
