@@ -11,9 +11,10 @@ In the checkpoint it is a JSON object (the `metadata` item of each step director
      "step": 1000,
      "train_seconds": 1834.2,      seconds the training loop had spent at this step, across resumes
      "work_seconds": {"evaluate": 3.1, "bleu": 9.8, "checkpoint": 0.4},
-                                   time-budgeted runs: the latest steady duration of each kind of
-                                   periodic work (from a process's second of a kind: its first holds
-                                   the compilation), which the budget's end estimate counts (training/budget.py)
+                                   time-budgeted runs: the steady duration of each kind of periodic
+                                   work (the median of those from a process's second of a kind on:
+                                   its first holds the compilation), which the budget's end estimate
+                                   counts (training/budget.py)
      "rdrop_by_pace": true,        runs whose R-Drop is decided by their pace, once decided: whether
                                    the steps after the decision use it (training/rdrop_start.py)
      "interim": true,              a checkpoint saved between scheduled ones to stop (a signal, unreadable data):
@@ -73,7 +74,7 @@ class CheckpointMetadata:
     choice_scores: dict[str, float] | None = None
     interim: bool = False  # saved between scheduled checkpoints to stop (signal, unreadable data); next deletes it
     train_window: dict[str, Any] | None = None  # interim ones: the metrics of the steps since the last train/ record
-    work_seconds: dict[str, float] | None = None  # time-budgeted runs: each periodic work's latest steady seconds
+    work_seconds: dict[str, float] | None = None  # time-budgeted runs: each periodic work's steady seconds (median)
     saved_as_last: bool | None = None  # saved as its run's last, its step's end work done (None: from before the mark)
 
     def replace(self, **changes: Any) -> CheckpointMetadata:

@@ -9,8 +9,19 @@ corrected as the run goes, and the signal to stop.
 The periodic work (evaluations, validation BLEU, checkpoints) comes in lumps: averaged into the
 pace, a 5-second evaluation due just before the estimated end was not foreseen, and the run found
 its budget spent after it, well above the schedule's floor. So the pace counts the steps alone, and
-the estimate adds each kind of work due before the end at its latest steady duration (kept in the
+the estimate adds each kind of work due before the end at its steady duration (kept in the
 checkpoints, CheckpointMetadata.work_seconds, so a resumed run knows them before its first).
+
+A kind's steady duration is the median of its durations measured so far (the lower of the two
+middles of an even count), the one its checkpoint saved counted as one of them. Its latest alone let
+one evaluation slowed by a passing load stand for all to come: measured on the tiny config
+(evaluation every 10 steps, a one-minute budget), the third slowed by 8 s put the end at step 90,
+the fourth, as quick as ever, moved it back to 1,343, and the rate, decaying to that end, rose from
+0.073 to 0.109 after its peak (0.112). Now the slowed one costs its own 8 s (the end moved from 998
+to 840) and the rate rises nowhere by more than 0.2%. Load only slows work, so of two middles the
+lower is taken: one slowed after a kind's first measured, or after a resume, is outvoted at once.
+The first measured has nothing to outvote it (slowed, the second evaluation still put the end at
+step 80, and the third moved it to 1,026).
 
 A segment's first of each kind holds its compilation, as its first step does, so it stands for
 none to come: it is kept out of the pace, and the kind's steady duration is measured from the
@@ -28,6 +39,7 @@ from __future__ import annotations
 
 import logging
 import math
+import statistics
 import time
 from typing import NamedTuple
 
@@ -66,8 +78,8 @@ class TimeBudget:
     """A wall-clock budget of `seconds` for the training loop. The pace of the steps is measured
     from this segment's first completed step, so the first step's compilation is spent but not
     extrapolated, and without the periodic work (`work_done`): `work_every` (a kind of work's
-    name: every how many steps it is due) and its latest steady seconds, `work_seconds` (carried
-    over a resume), foresee that work where it falls.
+    name: every how many steps it is due) and its steady seconds, `work_seconds` (carried over a
+    resume), foresee that work where it falls.
 
     `rdrop_start`: R-Drop is still to start (rdrop_start.py). Its steps are counted at
     RDROP_STEP_COST times the plain pace until `rdrop_started()`, which measures the pace afresh."""
@@ -83,6 +95,8 @@ class TimeBudget:
         self.seconds, self.clock, self.rdrop_start = seconds, clock, rdrop_start
         self.work_every = {name: every for name, every in (work_every or {}).items() if every > 0}
         self.work_seconds = dict(work_seconds or {})  # the steady durations: what the checkpoints keep
+        # Each kind's steady durations measured so far, the carried one (a checkpoint keeps only the median) first.
+        self._work_samples = {name: [seconds] for name, seconds in self.work_seconds.items()}
         self._work_compiled: set[str] = set()  # the kinds run in this segment: their next ones run compiled
         self._pace_from: tuple[int, float] | None = None  # (step, clock seconds) where the pace is measured from
         self._work_since = 0.0  # the seconds of periodic work since then
@@ -93,9 +107,13 @@ class TimeBudget:
 
     def work_done(self, name: str, seconds: float) -> None:
         """Periodic work `name` took `seconds`: not the steps' pace, and, from this segment's second
-        of its kind on, its kind's steady duration (the first's holds its compilation)."""
+        of its kind on, one of its kind's steady durations (the first's holds its compilation),
+        whose lower median is what is foreseen: one slowed by a passing load is outvoted once
+        another is known (the carried one included)."""
         if name in self._work_compiled:
-            self.work_seconds[name] = seconds
+            samples = self._work_samples.setdefault(name, [])
+            samples.append(seconds)
+            self.work_seconds[name] = statistics.median_low(samples)
         self._work_compiled.add(name)
         if self._pace_from is not None:
             self._work_since += seconds
@@ -117,7 +135,7 @@ class TimeBudget:
 
     def end_step(self, step: int, max_steps: int) -> float | None:
         """The step at which the budget runs out at the pace so far, with the periodic work due
-        from `step` on (this step's is still to run) at its latest durations, within
+        from `step` on (this step's is still to run) at its steady durations, within
         [step + 1, max_steps]; None before a pace is known."""
         pace = self.seconds_per_step(step)
         if pace is None:

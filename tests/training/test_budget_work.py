@@ -1,7 +1,8 @@
 """The periodic work (evaluations, validation BLEU, checkpoints) in a time budget's estimate of
 its end: each kind foreseen where it falls at its steady duration, measured apart from the steps'
-pace, a segment's first of a kind (its compilation included) standing for none to come, and the
-durations carried over a resume. A fake clock; TimeBudget.end_step checked against a walk."""
+pace, a segment's first of a kind (its compilation included) standing for none to come, one slowed
+by a passing load outvoted by the kind's others, and the durations carried over a resume. A fake
+clock; TimeBudget.end_step checked against a walk."""
 
 import pytest
 
@@ -50,17 +51,24 @@ def walked_end(step: int, seconds_left: float, pace: float, every: int, work: fl
         seconds_left, step = seconds_left - pace, step + 1
 
 
-def test_a_first_evaluation_holding_its_compilation_does_not_stand_for_those_to_come(monkeypatch):
-    """A 20-second first evaluation (compilation included) and 1-second ones after it: the first is
-    spent but not foreseen at every later one, the second sets the duration the checkpoints keep,
-    and a resumed segment's first (compiled again) keeps the one its checkpoint saved."""
+def budget_past_its_first_step(monkeypatch, seconds: float, work_every: dict[str, int]):
+    """(the fake clock's seconds, a new TimeBudget of `seconds` on it whose first step, its
+    compilation, took 1 s)."""
     now = [0.0]
     monkeypatch.setattr(budget_module.time, "monotonic", lambda: now[0])
     clock = TrainingClock()
     clock.start()
-    budget = TimeBudget(300.0, clock, work_every={"evaluate": 50})
+    budget = TimeBudget(seconds, clock, work_every=work_every)
     now[0] = 1.0  # the first step: compilation
     budget.step_done(1)
+    return now, budget
+
+
+def test_a_first_evaluation_holding_its_compilation_does_not_stand_for_those_to_come(monkeypatch):
+    """A 20-second first evaluation (compilation included) and 1-second ones after it: the first is
+    spent but not foreseen at every later one, the second sets the duration the checkpoints keep,
+    and a resumed segment's first (compiled again) keeps the one its checkpoint saved."""
+    now, budget = budget_past_its_first_step(monkeypatch, 300.0, {"evaluate": 50})
     now[0] += 49 * 0.1  # steps 2-50 at 0.1 s
     before = budget.end_step(50, 10**6)
     budget.work_done("evaluate", 20.0)  # step 50's, the first: compilation
@@ -83,3 +91,48 @@ def test_a_first_evaluation_holding_its_compilation_does_not_stand_for_those_to_
     now[0] += 20.0 + 10 * 0.1  # then to step 160: 57.8 s spent
     assert resumed.work_seconds == {"evaluate": 1.0}  # what its checkpoints keep
     assert resumed.end_step(160, 10**6) == pytest.approx(walked_end(160, 300.0 - 57.8, 0.1, 50, 1.0))
+
+
+def lower_median(durations: list[float]) -> float:
+    """The lower middle of `durations` sorted: the steady duration's reference."""
+    return sorted(durations)[(len(durations) - 1) // 2]
+
+
+def test_one_slowed_evaluation_among_steady_ones_does_not_stand_for_those_to_come(monkeypatch):
+    """1-second evaluations every 50 steps and one slowed to 8 s by a passing load: the steady
+    duration is the lower median of those measured, so the slowed one is spent but not foreseen
+    while the others outvote it, and two slowed in three are; a resumed segment counts the
+    duration its checkpoint saved as one of them."""
+    now, budget = budget_past_its_first_step(monkeypatch, 300.0, {"evaluate": 50})
+    now[0] += 49 * 0.1  # steps 2-50 at 0.1 s
+    budget.work_done("evaluate", 20.0)  # step 50's, the first: compilation
+    now[0] += 20.0 + 50 * 0.1  # then to step 100
+    budget.work_done("evaluate", 1.0)  # steady
+    now[0] += 1.0 + 50 * 0.1  # then to step 150
+    budget.work_done("evaluate", 8.0)  # slowed by a passing load
+    now[0] += 8.0 + 10 * 0.1  # then to step 160: 45.9 s spent
+    measured = [1.0, 8.0]
+    assert budget.end_step(160, 10**6) == pytest.approx(walked_end(160, 300.0 - 45.9, 0.1, 50, 1.0))
+    assert budget.work_seconds == {"evaluate": lower_median(measured)} == {"evaluate": 1.0}
+
+    now[0] += 40 * 0.1  # to step 200
+    budget.work_done("evaluate", 8.0)  # slowed again: two of three
+    now[0] += 8.0 + 10 * 0.1  # then to step 210: 58.9 s spent
+    assert budget.work_seconds == {"evaluate": lower_median([*measured, 8.0])} == {"evaluate": 8.0}
+    moved = budget.end_step(210, 10**6)
+    assert moved == pytest.approx(walked_end(210, 300.0 - 58.9, 0.1, 50, 8.0))
+    assert moved < walked_end(210, 300.0 - 58.9, 0.1, 50, 1.0) - 100  # foreseen at 8 s each, far earlier
+
+    # Resumed from a checkpoint that saved 1 s (49.9 s spent): its first check foresees it as before.
+    resumed = TimeBudget(300.0, TrainingClock(49.9), work_every={"evaluate": 50}, work_seconds={"evaluate": 1.0})
+    resumed.clock.start()
+    resumed.step_done(201)
+    now[0] += 9 * 0.1  # steps 202-210: 50.8 s spent
+    assert resumed.end_step(210, 10**6) == pytest.approx(walked_end(210, 300.0 - 50.8, 0.1, 50, 1.0))
+    now[0] += 40 * 0.1  # to step 250
+    resumed.work_done("evaluate", 20.0)  # this segment's first: compiled again, not measured
+    now[0] += 20.0 + 50 * 0.1  # to step 300
+    resumed.work_done("evaluate", 8.0)  # its first measured, slowed: outvoted by the carried one
+    now[0] += 8.0 + 10 * 0.1  # then to step 310: 88.8 s spent
+    assert resumed.work_seconds == {"evaluate": lower_median([1.0, 8.0])} == {"evaluate": 1.0}
+    assert resumed.end_step(310, 10**6) == pytest.approx(walked_end(310, 300.0 - 88.8, 0.1, 50, 1.0))
