@@ -12,8 +12,8 @@ In the checkpoint it is a JSON object (the `metadata` item of each step director
      "train_seconds": 1834.2,      seconds the training loop had spent at this step, across resumes
      "work_seconds": {"evaluate": 3.1, "bleu": 9.8, "checkpoint": 0.4},
                                    time-budgeted runs: the steady duration of each kind of periodic
-                                   work (the median of those from a process's second of a kind on:
-                                   its first holds the compilation), which the budget's end estimate
+                                   work (the median of the last three from a process's second of a
+                                   kind on: its first holds the compilation), which the budget's end estimate
                                    counts (training/budget.py)
      "rdrop_by_pace": true,        runs whose R-Drop is decided by their pace, once decided: whether
                                    the steps after the decision use it (training/rdrop_start.py)

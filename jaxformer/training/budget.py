@@ -12,8 +12,10 @@ its budget spent after it, well above the schedule's floor. So the pace counts t
 the estimate adds each kind of work due before the end at its steady duration (kept in the
 checkpoints, CheckpointMetadata.work_seconds, so a resumed run knows them before its first).
 
-A kind's steady duration is the median of its durations measured so far (the lower of the two
-middles of an even count), the one its checkpoint saved counted as one of them. Its latest alone let
+A kind's steady duration is the median of its last three durations measured (the lower of the
+two middles while there are two), the one its checkpoint saved counted as one of them: the last
+three, not all, so a duration that drifts (validation BLEU as the outputs' lengths change) is
+followed within two of its kind. Its latest alone let
 one evaluation slowed by a passing load stand for all to come: measured on the tiny config
 (evaluation every 10 steps, a one-minute budget), the third slowed by 8 s put the end at step 90,
 the fourth, as quick as ever, moved it back to 1,343, and the rate, decaying to that end, rose from
@@ -69,6 +71,9 @@ class TrainingClock:
         return self.seconds_before + (0.0 if self._started is None else time.monotonic() - self._started)
 
 
+WORK_SAMPLES = 3  # a kind's steady duration is the lower median of its last this many
+
+
 def _multiples(every: int, start: int, end: int) -> int:
     """How many multiples of `every` lie in [start, end) (start >= 1)."""
     return max((end - 1) // every - (start - 1) // every, 0)
@@ -95,7 +100,7 @@ class TimeBudget:
         self.seconds, self.clock, self.rdrop_start = seconds, clock, rdrop_start
         self.work_every = {name: every for name, every in (work_every or {}).items() if every > 0}
         self.work_seconds = dict(work_seconds or {})  # the steady durations: what the checkpoints keep
-        # Each kind's steady durations measured so far, the carried one (a checkpoint keeps only the median) first.
+        # Each kind's last steady durations measured, the carried one (a checkpoint keeps only the median) first.
         self._work_samples = {name: [seconds] for name, seconds in self.work_seconds.items()}
         self._work_compiled: set[str] = set()  # the kinds run in this segment: their next ones run compiled
         self._pace_from: tuple[int, float] | None = None  # (step, clock seconds) where the pace is measured from
@@ -108,11 +113,11 @@ class TimeBudget:
     def work_done(self, name: str, seconds: float) -> None:
         """Periodic work `name` took `seconds`: not the steps' pace, and, from this segment's second
         of its kind on, one of its kind's steady durations (the first's holds its compilation),
-        whose lower median is what is foreseen: one slowed by a passing load is outvoted once
-        another is known (the carried one included)."""
+        the lower median of whose last WORK_SAMPLES is what is foreseen: one slowed by a passing
+        load is outvoted once another is known (the carried one included)."""
         if name in self._work_compiled:
-            samples = self._work_samples.setdefault(name, [])
-            samples.append(seconds)
+            samples = [*self._work_samples.get(name, []), seconds][-WORK_SAMPLES:]
+            self._work_samples[name] = samples
             self.work_seconds[name] = statistics.median_low(samples)
         self._work_compiled.add(name)
         if self._pace_from is not None:

@@ -94,8 +94,9 @@ def test_a_first_evaluation_holding_its_compilation_does_not_stand_for_those_to_
 
 
 def lower_median(durations: list[float]) -> float:
-    """The lower middle of `durations` sorted: the steady duration's reference."""
-    return sorted(durations)[(len(durations) - 1) // 2]
+    """The lower middle of the last three of `durations` sorted: the steady duration's reference."""
+    last = sorted(durations[-3:])
+    return last[(len(last) - 1) // 2]
 
 
 def test_one_slowed_evaluation_among_steady_ones_does_not_stand_for_those_to_come(monkeypatch):
@@ -136,3 +137,20 @@ def test_one_slowed_evaluation_among_steady_ones_does_not_stand_for_those_to_com
     now[0] += 8.0 + 10 * 0.1  # then to step 310: 88.8 s spent
     assert resumed.work_seconds == {"evaluate": lower_median([1.0, 8.0])} == {"evaluate": 1.0}
     assert resumed.end_step(310, 10**6) == pytest.approx(walked_end(310, 300.0 - 88.8, 0.1, 50, 1.0))
+
+
+def test_a_drifting_duration_is_followed_within_two_of_its_kind(monkeypatch):
+    """Evaluations that settle at 1 s and then take 5 s each (validation BLEU's outputs grown
+    longer, say): the median of the last three follows them at the second 5 s, where a median of
+    every one measured would still foresee 1 s."""
+    now, budget = budget_past_its_first_step(monkeypatch, 300.0, {"evaluate": 50})
+    budget.work_done("evaluate", 20.0)  # the first: compilation
+    measured = []
+    for seconds in (1.0, 1.0, 1.0, 5.0):
+        budget.work_done("evaluate", seconds)
+        measured.append(seconds)
+    assert budget.work_seconds == {"evaluate": lower_median(measured)} == {"evaluate": 1.0}
+    budget.work_done("evaluate", 5.0)
+    measured.append(5.0)
+    assert budget.work_seconds == {"evaluate": lower_median(measured)} == {"evaluate": 5.0}
+    assert sorted(measured)[(len(measured) - 1) // 2] == 1.0  # every one's lower median: still 1 s
