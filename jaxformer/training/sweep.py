@@ -3,7 +3,8 @@ one run after another, each in its own workdir, compared on validation BLEU only
 
 A sweep file is a Python file whose `get_sweep()` returns {variant name: [override, ...]}, each
 override written as after `--config.` on the command line ("model.dropout_rate=0.3"); a variant
-with no overrides is the config as it is. Every variant is built and validated, and every run
+with no overrides is the config as it is. Every variant is built and validated (one that changes only
+what the final choice reads after training is refused: sweep_after_training.py), and every run
 already in the workdir checked against what the sweep gives it now (sweep_checks.py), before the
 first run starts. Each run ends with the final choice (training.final_choice must be on), whose
 validation BLEU (beam search with the `decoding` settings, on the validation split) is the
@@ -49,6 +50,7 @@ from jaxformer.training.config_file import apply_overrides, load_config, refuse_
 from jaxformer.training.config_paths import with_absolute_paths
 from jaxformer.training.final_choice import CANDIDATES, SCORES
 from jaxformer.training.signals import RaiseOnSignal, Stopped
+from jaxformer.training.sweep_after_training import refuse_after_training_only
 from jaxformer.training.sweep_pace import pace_file, stored_pace, variant_pace
 from jaxformer.training.sweep_validation import (
     check_seeds_share_validation,
@@ -115,6 +117,7 @@ def make_variants(
                 f"variant {name!r}: {', '.join(overrides)} changes nothing in {config_name!r} (its values "
                 "already): training it would repeat the config as it is"
             )
+        refuse_after_training_only(name, overrides, config.to_dict(), reference)
         variant = Variant(name, tuple(pairs), config)
         same = next((other for other in variants if other.config.to_dict() == config.to_dict()), None)
         if same is not None:

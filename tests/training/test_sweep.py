@@ -15,6 +15,7 @@ import pytest
 from jaxformer.commands import sweep as sweep_command
 from jaxformer.commands.sweep import results_table
 from jaxformer.configs.sweeps import multi30k_hour
+from jaxformer.model.config import ConfigError
 from jaxformer.run.loading import load_checkpoint
 from jaxformer.training.final_choice import CANDIDATES
 from jaxformer.training.sweep import make_variants, seed_run_name, seeds_row, with_seed_offset
@@ -227,6 +228,14 @@ def test_seeds_train_each_variant_again_with_moved_seeds_and_rank_by_the_mean(tm
         # tiny's own width, and a value the shared overrides already set: the baseline again.
         ({"same": ["model.d_model=32"]}, r"variant 'same': model.d_model=32 changes nothing in '.*tiny.py'"),
         ({"again": ["training.average_last=2"]}, r"variant 'again': training.average_last=2 changes nothing"),
+        # Read by the final choice alone (tiny validates no BLEU during training): the config's parameters again.
+        (
+            {"beam8": ["decoding.beam_size=8", "training.final_alphas=(1.0,1.4)", "training.average_last=3"]},
+            r"variant 'beam8': decoding.beam_size=8, training.final_alphas=\(1.0,1.4\), training.average_last=3 "
+            r"changes only what the final choice reads after training \(decoding.beam_size, training.average_last, "
+            r"training.final_alphas\), so its run would train the parameters of the config as it is again; .*"
+            r"jaxformer-evaluate --split validation",
+        ),
         # Scored on other pairs, its BLEU would be ranked against the others' over other sentences.
         (
             {"subset": ["data.max_eval_examples=8"]},
@@ -252,6 +261,30 @@ def test_a_bad_variant_is_one_line_before_anything_trains(tmp_path, capsys, vari
     assert code == 2 and error.startswith("error: ") and error.count("\n") == 1
     assert re.search(message, error), error
     assert not workdir.exists()
+
+
+def test_a_variant_is_refused_only_where_nothing_during_training_reads_what_it_changes():
+    """Validation BLEU during training reads the search, and decides what best/ keeps: a length
+    penalty changes a run whose validation BLEU searches a beam, not one whose searches greedily."""
+
+    def refused(sweep, *shared):
+        shared = [("training.final_choice", "True"), ("training.average_last", "2"), *shared]
+        try:
+            make_variants(TINY, {"baseline": [], **sweep}, shared)
+        except ConfigError as error:
+            return str(error)
+        return None
+
+    alpha, batch = {"alpha1": ["decoding.alpha=1.0"]}, {"batch8": ["decoding.batch_size=8"]}
+    mixed = {"mixed": ["decoding.alpha=1.0", "model.dropout_rate=0.2"]}  # trains otherwise: compared
+    assert refused(alpha).startswith("variant 'alpha1': decoding.alpha=1.0 changes only what the final choice")
+    assert refused(batch) is not None and refused(mixed) is None
+    by_bleu = ("training.bleu_every_steps", "6")
+    assert refused(alpha, by_bleu) is None and refused(batch, by_bleu) is None
+    assert "training.average_last" in refused({"average3": ["training.average_last=3"]}, by_bleu)
+    greedy = ("training.bleu_method", "greedy")
+    assert "(decoding.alpha)" in refused(alpha, by_bleu, greedy)
+    assert refused({"longer": ["decoding.max_extra_length=16"]}, by_bleu, greedy) is None  # greedy reads it
 
 
 def test_a_variant_name_written_twice_in_the_sweep_file_is_refused_naming_both_lines(tmp_path, capsys):
