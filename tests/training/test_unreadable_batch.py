@@ -61,11 +61,11 @@ def test_a_run_whose_save_fails_stops_with_the_data_error(data_dir, tmp_path, mo
     """The save's error comes again when the run closes its checkpointer (orbax raises a failed
     write's error at every wait): the data's error is still the one raised."""
     from jaxformer.run.checkpoint import Checkpointer
-    from jaxformer.training import loop
+    from jaxformer.training import loop, run_batches
     from tests.training.test_signals import _four_step_config
 
     sources = []
-    real_train_dataset, real_run_due = loop.train_dataset, loop.run_due
+    real_train_dataset, real_run_due = run_batches.train_dataset, loop.run_due
 
     def train_dataset(source, *args, **kwargs):
         sources.append(DamagedMidRun(source))
@@ -81,7 +81,7 @@ def test_a_run_whose_save_fails_stops_with_the_data_error(data_dir, tmp_path, mo
             raise OSError(28, "No space left on device")
 
     real_close = Checkpointer.close
-    monkeypatch.setattr(loop, "train_dataset", train_dataset)
+    monkeypatch.setattr(run_batches, "train_dataset", train_dataset)
     monkeypatch.setattr(loop, "run_due", damage_after_step_3)
     monkeypatch.setattr(Checkpointer, "wait", disk_full)
     monkeypatch.setattr(Checkpointer, "close", lambda checkpointer: (disk_full(checkpointer), real_close(checkpointer)))
