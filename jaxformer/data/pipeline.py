@@ -19,6 +19,7 @@ import ml_collections
 import numpy as np
 
 from jaxformer.data.encoded_split import EncodedSplit
+from jaxformer.data.example_words import ExampleWords, example_words
 from jaxformer.data.parallel_text import DataError, skipped_pairs_text
 from jaxformer.data.subword_sampling import SubwordSampling
 from jaxformer.data.tokenizer import Tokenizer
@@ -155,6 +156,7 @@ class LengthFilter:
     def __init__(self, max_length: int, examples: str = "pairs"):
         self.max_length = max_length
         self.examples = examples
+        self.words = example_words(examples)
         self.seen = 0
         self.dropped = 0
         self.no_piece = 0
@@ -173,15 +175,18 @@ class LengthFilter:
             first_no_piece = no_piece and self.no_piece == 1 and not self.no_piece_reported
             self.dropped_in_a_row = 0 if keep else self.dropped_in_a_row + 1
             if self.give_up_after is not None and self.dropped_in_a_row > self.give_up_after:
+                words = self.words
                 raise DataError(
-                    f"no training pair fits data.max_length={self.max_length} tokens a side: the last "
-                    f"{self.dropped_in_a_row:,} drawn were all longer ({self.dropped:,} so far: raise data.max_length) "
-                    f"or had a side of no piece ({self.no_piece:,}: mend the data)"
+                    f"no training {words.example} fits data.max_length={self.max_length} {words.tokens_each}: the "
+                    f"last {self.dropped_in_a_row:,} drawn were all longer ({self.dropped:,} so far: raise "
+                    f"data.max_length) or {words.had_no_piece} ({self.no_piece:,}: mend the data)"
                 )
         if first_no_piece:
             logger.warning(
-                "training: a pair with a side that encodes to no piece (a zero-width space or control characters "
-                "alone) was drawn and is left out, as every such pair is; the validation lines count them"
+                "training: %s (a zero-width space or control characters alone) was drawn and is left out, as every "
+                "such %s is; the validation lines count them",
+                self.words.drawn_no_piece,
+                self.words.example,
             )
         return keep
 
@@ -199,34 +204,35 @@ class LengthFilter:
         if not seen:
             return ""
         since = "the run started" if first_step == 0 else f"it resumed at step {first_step}"
-        left_out = f" and left out {no_piece:,} with a side of no piece" if no_piece else ""
+        left_out = f" and left out {no_piece:,} {self.words.with_no_piece}" if no_piece else ""
         read = f"{seen:,} training {self.examples} read since {since}"
         return f"; the length filter dropped {dropped:,}{left_out} of the {read}"
 
 
-NO_PIECE_LEFT = "pair has a side the tokenizer encodes to no piece (zero-width spaces or control characters alone)"
-
-
-def check_some_fit(lengths: dict[str, np.ndarray], max_length: int, split: str, no_piece: int = 0) -> None:
+def check_some_fit(lengths: dict[str, np.ndarray], max_length: int, split: str, no_piece: int, words: ExampleWords):
     """DataError unless at least one example's sides ({feature: token counts}) all fit `max_length`;
-    `no_piece`: the pairs already left out for a side of no piece (all of them: said so)."""
+    `no_piece`: the examples already left out for a side of no piece (all of them: said so)."""
     longest_side = np.max(np.stack(list(lengths.values())), axis=0) if lengths else np.zeros(0, np.int64)
     if not len(longest_side) and no_piece:
-        raise DataError(f"{split}: every {NO_PIECE_LEFT}: nothing to read in its {no_piece:,} pairs")
+        raise DataError(_every_of_no_piece(split, no_piece, words))
     if not np.any(longest_side <= max_length):
         shortest = f"; the shortest needs {int(longest_side.min())}" if len(longest_side) else ""
         raise DataError(
-            f"{split}: none of the {len(longest_side):,} examples fits data.max_length={max_length} tokens a side"
-            f"{shortest}; raise data.max_length"
+            f"{split}: none of the {len(longest_side):,} {words.counted} fits data.max_length={max_length} "
+            f"{words.tokens_each}{shortest}; raise data.max_length"
         )
 
 
-def _report_no_piece(no_piece: np.ndarray, where: str, split_index: Callable[[int], int]) -> None:
-    """One warning, in the data reader's words, for the pairs at `no_piece` (indices of the records
-    encoded, `split_index` giving each one's place in the split) with a side of no piece."""
+def _every_of_no_piece(split: str, count: int, words: ExampleWords) -> str:
+    return f"{split}: every {words.every_no_piece}: nothing to read in its {count:,} {words.examples}"
+
+
+def _report_no_piece(no_piece: np.ndarray, where: str, split_index: Callable[[int], int], words: ExampleWords) -> None:
+    """One warning, in the data reader's words, for the examples at `no_piece` (indices of the
+    records encoded, `split_index` giving each one's place in the split) with a side of no piece."""
     if len(no_piece):
-        first = f"pair {split_index(int(no_piece[0])) + 1:,}; a side the tokenizer encodes to no piece"
-        logger.warning("%s", skipped_pairs_text(len(no_piece), where, first))
+        first = f"{words.example} {split_index(int(no_piece[0])) + 1:,}; {words.first_no_piece}"
+        logger.warning("%s", skipped_pairs_text(len(no_piece), where, first, words.sides))
 
 
 def _pack(
@@ -290,12 +296,14 @@ def train_dataset(
         # so that the other pairs come in the order, and the iterator's states are those, of a split without them.
         no_piece = without_a_piece(encoded)
         where = "the training split" if shard_count == 1 else f"input shard {shard_index} of the training split"
-        _report_no_piece(no_piece, where, lambda index: shard_index + index * shard_count)
+        words = length_filter.words
+        _report_no_piece(no_piece, where, lambda index: shard_index + index * shard_count, words)
         length_filter.no_piece_reported = True
         kept = np.ones(len(encoded), bool)
         kept[no_piece] = False
         lengths = {feature: side[kept] for feature, side in encoded.lengths().items()}
-        check_some_fit(lengths, data.max_length, "training", len(no_piece))  # now, not as a stream never yielding
+        # now, not as a stream never yielding
+        check_some_fit(lengths, data.max_length, "training", len(no_piece), words)
         records = grain.MapDataset.source(encoded)
     dataset = records.shuffle(seed=data.shuffle_seed).repeat(None)  # shuffle before repeat: a new order per epoch
     if tokenize.sampling is not None:
@@ -312,27 +320,28 @@ def train_dataset(
 
 
 def eval_batches(
-    source: Sequence, tokenize: TokenizePair, data: ml_collections.ConfigDict
+    source: Sequence, tokenize: TokenizePair, data: ml_collections.ConfigDict, examples: str = "pairs"
 ) -> list[dict[str, np.ndarray]]:
     """Every example of a split once (the first data.max_eval_examples of them, when set), packed
     into full batches of data.eval_batch_size rows (the last one padded with empty rows);
-    `tokenize` as in `train_dataset`."""
+    `tokenize` as in `train_dataset`; `examples` as in `LengthFilter`."""
     max_length, batch_size = data.max_length, data.eval_batch_size
     count = len(source) if data.max_eval_examples is None else min(data.max_eval_examples, len(source))
-    length_filter = LengthFilter(max_length)
+    length_filter = LengthFilter(max_length, examples)
+    words = length_filter.words
     length_filter.no_piece_reported = True  # below, before any is drawn
     encoded = tokenize.encode_all(read_records(source, range(count)))  # the ids `tokenize` gives each record
     no_piece = without_a_piece(encoded)
-    _report_no_piece(no_piece, "the evaluation split", lambda index: index)
+    _report_no_piece(no_piece, "the evaluation split", lambda index: index, words)
     dataset = grain.MapDataset.source(encoded).filter(length_filter)
     dataset = dataset.to_iter_dataset(grain.ReadOptions(num_threads=0, prefetch_buffer_size=0))
     rows = list(_pack(dataset, max_length, batch_size, shuffle_bins=False, features=tokenize.features))
     if not rows and count and len(no_piece) == count:
-        raise DataError(f"evaluation: every {NO_PIECE_LEFT}: nothing to read in its {count:,} pairs")
+        raise DataError(_every_of_no_piece("evaluation", count, words))
     if not rows:
         raise DataError(
-            f"evaluation: none of the {count:,} examples fits data.max_length={max_length} tokens a side; "
-            "raise data.max_length"
+            f"evaluation: none of the {count:,} {words.counted} fits data.max_length={max_length} "
+            f"{words.tokens_each}; raise data.max_length"
             if count
             else "evaluation: the split has no examples"
         )

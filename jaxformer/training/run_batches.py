@@ -45,5 +45,6 @@ def run_batches(config: ml_collections.ConfigDict, prepared: PreparedRun, object
             for shard in my_shards
         ]
     )
-    evaluation = objective.evaluation_batches(eval_batches(prepared.eval_source, tokenize, data))
+    examples = experiment.example_noun(config)
+    evaluation = objective.evaluation_batches(eval_batches(prepared.eval_source, tokenize, data, examples))
     return RunBatches(train, evaluation, length_filter)
