@@ -9,6 +9,12 @@ left by a dead process on this host (kill -9, power loss) is taken over with a w
 holder, or one on another host (which cannot be checked from here), is an error naming it. An
 unreadable lock file is taken over only once it is WRITE_GRACE_SECONDS old: under O_EXCL the
 file exists, empty, before its holder writes the record, and a slow filesystem may show it so.
+
+The draft a process writes its record to, `<lock>.draft-<host>-<pid>-<32 hex digits>`, stays for
+good where that process is killed outright before it removes it. A process that has just taken the
+lock removes those of that lock left by dead processes on its host, each named in a warning; a live
+process's draft is its own to remove (it is trying the lock now), and another host's is named in one
+warning, for the user to delete: whether its process still runs cannot be checked from here.
 """
 
 from __future__ import annotations
@@ -18,6 +24,7 @@ import json
 import logging
 import os
 import pathlib
+import re
 import socket
 import sys
 import time
@@ -58,6 +65,35 @@ def _is_alive(pid: int, start_ticks: int | None) -> bool:
         return True
     current = _process_start_ticks(pid)
     return start_ticks is None or current is None or current == start_ticks
+
+
+def _draft_path(lock: pathlib.Path) -> pathlib.Path:
+    """A file of this process's own, even beside another lock of this process (two WorkdirLocks,
+    or two threads)."""
+    return lock.with_name(f"{lock.name}.draft-{socket.gethostname()}-{os.getpid()}-{uuid.uuid4().hex}")
+
+
+def _draft_writers(lock: pathlib.Path) -> list[tuple[pathlib.Path, str, int]]:
+    """The drafts of `lock` beside it, with the host and pid of each one's writer (as
+    `_draft_path` names them; any other file is not a draft)."""
+    pattern = re.compile(rf"{re.escape(lock.name)}\.draft-(.+)-([1-9][0-9]{{0,9}})-[0-9a-f]{{32}}")
+    drafts = []
+    for path in sorted(lock.parent.iterdir()):
+        match = pattern.fullmatch(path.name)
+        if match and path.is_file() and int(match[2]) < 2**31:  # a pid os.kill takes
+            drafts.append((path, match[1], int(match[2])))
+    return drafts
+
+
+def _recorded_start_ticks(draft: pathlib.Path, pid: int) -> int | None:
+    """The process start time in `draft`'s record, where its writer lived to write it whole."""
+    try:
+        record = json.loads(draft.read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return None
+    if not isinstance(record, dict) or record.get("pid") != pid or not isinstance(record.get("start_ticks"), int):
+        return None
+    return record["start_ticks"]
 
 
 def _describe(holder: dict) -> str:
@@ -117,8 +153,7 @@ class WorkdirLock:
         process's own, then hard-linked to the lock's name (which fails when the name exists,
         as O_EXCL does), so no other run can read a lock file still being written and take it
         for a dead one's."""
-        # Its own name even beside another lock of this process (two WorkdirLocks, or two threads).
-        draft = self.path.with_name(f"{self.path.name}.draft-{socket.gethostname()}-{os.getpid()}-{uuid.uuid4().hex}")
+        draft = _draft_path(self.path)
         try:
             handle = open(draft, "w", encoding="utf-8")
         except OSError as error:  # a full disk keeps its own line and exit code
@@ -159,6 +194,7 @@ class WorkdirLock:
         for _ in range(3):  # a takeover race with another run retries, then reports the winner
             if self._try_create():
                 self.held = True
+                self._remove_dead_drafts()
                 return
             holder = self._settled_holder()
             if holder is None:
@@ -189,6 +225,35 @@ class WorkdirLock:
         raise WorkdirLockedError(
             f"{self.path.parent} is in use by another {self.HOLDER} that started just now ({self.path})"
         )
+
+    def _remove_dead_drafts(self) -> None:
+        """Removes the drafts of this lock that processes killed outright on this host left
+        (`_draft_path`), with a warning naming each; names another host's in one warning."""
+        host = socket.gethostname()
+        elsewhere = []
+        for path, writer_host, pid in _draft_writers(self.path):
+            if writer_host != host:
+                elsewhere.append(path)
+                continue
+            if _is_alive(pid, _recorded_start_ticks(path, pid)):  # one killed mid-record: its pid alone
+                continue
+            left_by = f"left by a {self.HOLDER} (pid {pid}) killed while taking {self.path}"
+            try:
+                path.unlink()
+            except FileNotFoundError:
+                continue
+            except OSError as error:
+                logger.warning("cannot remove %s (%s), %s", path, error.strerror, left_by)
+                continue
+            logger.warning("removed %s, %s", path, left_by)
+        if elsewhere:
+            logger.warning(
+                "kept %s, written by a %s on another host taking %s: this cannot check whether it still runs; "
+                "delete it if that process is gone",
+                ", ".join(str(path) for path in elsewhere),
+                self.HOLDER,
+                self.path,
+            )
 
     def release(self) -> None:
         if not self.held:

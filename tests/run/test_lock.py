@@ -2,11 +2,15 @@
 
 import errno
 import json
+import logging
 import os
+import signal
 import socket
 import subprocess
 import sys
+import textwrap
 import time
+import uuid
 
 import pytest
 
@@ -14,11 +18,37 @@ from jaxformer.errors import UserError
 from jaxformer.run.lock import AveragingLock, SweepLock, WorkdirLock, WorkdirLockedError
 from tests.training.test_loop import command, environment, losses
 
+# A child that takes a lock (its class, its workdir) and is killed where it would link its draft into place.
+KILLED_TAKING = textwrap.dedent(
+    """
+    import os, signal, sys
+    from jaxformer.run import lock
+    os.link = lambda *args: os.kill(os.getpid(), signal.SIGKILL)
+    getattr(lock, sys.argv[1])(sys.argv[2]).acquire()
+    """
+)
+LOCKS = [
+    (WorkdirLock, "lock", "training run"),
+    (SweepLock, "sweep.lock", "jaxformer-sweep"),
+    (AveragingLock, "averaged.lock", "jaxformer-average-checkpoints"),
+]
 
-def write_lock(workdir, **fields):
+
+def killed_while_taking(lock_type, workdir):
+    """The draft that a process killed while taking `lock_type` left, as the real writer names it,
+    and that process's pid."""
+    before = set(workdir.iterdir())
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(sys.path)}
+    child = subprocess.Popen([sys.executable, "-c", KILLED_TAKING, lock_type.__name__, str(workdir)], env=env)
+    assert child.wait(timeout=60) == -signal.SIGKILL
+    (left,) = set(workdir.iterdir()) - before
+    return left, child.pid
+
+
+def write_lock(workdir, name="lock", **fields):
     record = {"host": socket.gethostname(), "pid": os.getpid(), "start_ticks": None, "start_time": 0.0, "command": "x"}
     record.update(fields)
-    (workdir / "lock").write_text(json.dumps(record))
+    (workdir / name).write_text(json.dumps(record))
 
 
 def test_a_second_holder_is_refused_with_the_holder_named(tmp_path):
@@ -32,14 +62,7 @@ def test_a_second_holder_is_refused_with_the_holder_named(tmp_path):
         pass
 
 
-@pytest.mark.parametrize(
-    "lock_type, name, holder",
-    [
-        (WorkdirLock, "lock", "training run"),
-        (SweepLock, "sweep.lock", "jaxformer-sweep"),
-        (AveragingLock, "averaged.lock", "jaxformer-average-checkpoints"),
-    ],
-)
+@pytest.mark.parametrize("lock_type, name, holder", LOCKS)
 def test_a_folder_at_the_locks_path_is_refused_in_one_line_and_left_in_place(tmp_path, lock_type, name, holder):
     (tmp_path / name).mkdir()
     (tmp_path / name / "notes").write_text("mine")
@@ -178,3 +201,43 @@ def test_a_lock_being_written_is_never_seen_half_written(tmp_path, monkeypatch):
     assert json.loads((tmp_path / "lock").read_text())["pid"] == os.getpid()
     assert sorted(path.name for path in tmp_path.iterdir()) == ["lock"]  # no draft left behind
     second.release()
+
+
+@pytest.mark.parametrize("lock_type, name, holder", LOCKS)
+def test_the_lock_removes_the_drafts_of_killed_takers_and_nothing_else(tmp_path, caplog, lock_type, name, holder):
+    """A process killed outright while it took the lock left its draft for good: the next to hold
+    that lock removes the drafts of dead processes on this host, each with a warning; a live
+    process's (trying the lock now) and another lock's stay, another host's are named."""
+    left, dead = killed_while_taking(lock_type, tmp_path)
+    assert left.name.startswith(f"{name}.draft-{socket.gethostname()}-{dead}-") and json.loads(left.read_text())
+    host, sleeper = socket.gethostname(), subprocess.Popen(["sleep", "60"])
+    try:
+        torn = tmp_path / f"{name}.draft-{host}-{dead}-{uuid.uuid4().hex}"
+        torn.write_text('{"host": "h", "pi')  # killed while writing its record
+        reused = tmp_path / f"{name}.draft-{host}-{sleeper.pid}-{uuid.uuid4().hex}"  # a reused pid: not the sleeper
+        write_lock(tmp_path, reused.name, pid=sleeper.pid, start_ticks=1)
+        live = tmp_path / f"{name}.draft-{host}-{sleeper.pid}-{uuid.uuid4().hex}"
+        elsewhere = tmp_path / f"{name}.draft-some-other-host-{dead}-{uuid.uuid4().hex}"
+        kept = [live, elsewhere, tmp_path / f"{name}.draft-notes", tmp_path / f"{name}.draft-{host}-{dead}"]
+        kept += [tmp_path / left.name.replace(name, other, 1) for _, other, _ in LOCKS if other != name]
+        for path in kept:
+            path.write_text("a user's")
+        write_lock(tmp_path, name, pid=sleeper.pid)
+        with pytest.raises(WorkdirLockedError):
+            lock_type(tmp_path).acquire()  # refused: the drafts are cleaned only by the lock's holder
+        assert left.exists() and torn.exists() and reused.exists()
+        (tmp_path / name).unlink()
+        with caplog.at_level(logging.WARNING, logger="jaxformer.run.lock"), lock_type(tmp_path):
+            assert not any(path.exists() for path in (left, torn, reused))
+            assert all(path.read_text() == "a user's" for path in kept)
+        removed, lock = [(left, dead), (torn, dead), (reused, sleeper.pid)], tmp_path / name
+        assert sorted(record.getMessage() for record in caplog.records) == sorted(
+            [f"removed {path}, left by a {holder} (pid {pid}) killed while taking {lock}" for path, pid in removed]
+            + [
+                f"kept {elsewhere}, written by a {holder} on another host taking {lock}: this cannot "
+                "check whether it still runs; delete it if that process is gone"
+            ]
+        )
+    finally:
+        sleeper.kill()
+        sleeper.wait()
