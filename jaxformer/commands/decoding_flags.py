@@ -35,7 +35,7 @@ def add_decoding_flags(parser: argparse.ArgumentParser) -> None:
     from jaxformer.decoding.generate import MAX_SEED, METHODS
 
     add_checkpoint_flags(parser)
-    parser.add_argument("--method", choices=METHODS, default="beam", help="search (default: beam)")
+    parser.add_argument("--method", choices=METHODS, help=f"search (default: {final_default('method')}beam)")
     add_beam_flags(parser)
     add_renormalize_flag(parser)
     parser.add_argument(
@@ -58,14 +58,18 @@ def add_decoding_flags(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--no_progress", action="store_true", help="no progress bar on stderr")
 
 
-def decode_settings_from_flags(args: argparse.Namespace, max_extra_length: int, chosen=None):
-    """The DecodeSettings that --method, --beam_size, --alpha, --length_penalty, --temperature,
-    --top_k and --renormalize_after_bans name (the commands ran `check_search_flags` on them with
-    their other flags). `chosen`: `final_search(args)`, when the caller read it already."""
+def decode_settings_from_flags(args: argparse.Namespace, max_extra_length: int | None = None, chosen=None):
+    """The DecodeSettings that --method, --beam_size, --alpha, --length_penalty, --stop,
+    --max_extra_length, --temperature, --top_k and --renormalize_after_bans name (the commands ran
+    `check_search_flags` on them with their other flags; those --checkpoint final's search settles
+    are checked once it is read, by `with_chosen_search`). `max_extra_length`: generate's
+    --max_new_tokens; None: --max_extra_length, settled. `chosen`: `final_search(args)`, when the
+    caller read it already."""
     from jaxformer.decoding.generate import DecodeSettings
 
     chosen = final_search(args, chosen)
-    args = with_chosen_forms(args, chosen)
+    args = with_chosen_search(args, chosen)
+    max_extra_length = args.max_extra_length if max_extra_length is None else max_extra_length
     return DecodeSettings(
         method=args.method,
         beam_size=args.beam_size,
@@ -88,49 +92,81 @@ _SEARCH_ONLY_FLAGS = {
 }
 
 
-def check_search_flags(args: argparse.Namespace) -> None:
+def check_search_flags(args: argparse.Namespace, chosen=None) -> None:
     """Beam search's flags (--beam_size, --alpha, --length_penalty, --stop) only with --method
     beam, sampling's (--temperature, --top_k, --seed) only with --method sample: under another
-    search they would be ignored. A flag counts as given when its value is not its default."""
+    search they would be ignored. A flag counts as given when its value is neither None (not
+    given) nor DecodeSettings' default. Without --method the search is beam search, or with
+    --checkpoint final the one its choice was made with (`chosen`, `final_search(args)`): until
+    that is read (`chosen` None) the flags are not checked; `with_chosen_search` checks them then,
+    before the parameters are read."""
     from jaxformer.decoding.generate import DecodeSettings
 
+    if not hasattr(args, "method"):  # export's: beam search alone
+        return
+    method, because = args.method, ""
+    if method is None and args.checkpoint == "final":
+        if chosen is None:
+            return
+        method = chosen.method
+        because = (
+            ": the search the run's final choice was made with, which --checkpoint final decodes with "
+            "unless --method is given"
+        )
+    method = method or "beam"
     # --alpha's and --length_penalty's default: the run's choice, or 0.6 and gnmt
     defaults = {**vars(DecodeSettings()), "alpha": None, "length_penalty": None, "seed": 0}
-    method = getattr(args, "method", None)
     for applies_to, names in _SEARCH_ONLY_FLAGS.items():
         for name in names:
-            value = getattr(args, name, defaults[name])
-            if method is not None and method != applies_to and value != defaults[name]:
-                raise FlagError(f"--{name} {value} applies to --method {applies_to}, not {method}")
+            value = getattr(args, name, None)
+            if method != applies_to and value not in (None, defaults[name]):
+                raise FlagError(f"--{name} {value} applies to --method {applies_to}, not {method}{because}")
 
 
 def final_search(args: argparse.Namespace, chosen=None):
-    """`chosen` when read already; else, with --checkpoint final under beam search (the others
-    read no length penalty, and choose the same tokens renormalized or not), what final/ says of
-    the search the run's choice was made with (`chosen_search`): read once for all the flags and
-    the translator settle from it; else None."""
+    """`chosen` when read already; else, with --checkpoint final without --method or under beam
+    search, what final/'s metadata says of the search the run's choice was made with
+    (`chosen_search`; not its parameters): read once for all the flags and the translator settle
+    from it; else None. --method greedy or sample, given, take nothing from final/ (the beam's
+    settings they would not read) and leave it unread: the translator names the choice's search
+    from its one read of the checkpoint's metadata."""
     from jaxformer.decoding.checkpoint_alpha import chosen_search
 
-    if chosen is not None or getattr(args, "method", "beam") != "beam":
+    if chosen is not None or getattr(args, "method", None) not in (None, "beam"):
         return chosen
     return chosen_search(args.workdir, args.checkpoint)
 
 
-def with_chosen_forms(args: argparse.Namespace, chosen) -> argparse.Namespace:
-    """`args` with --length_penalty and --renormalize_after_bans settled: as given; else, with
-    --checkpoint final under beam search, those the run's final choice was made with (`chosen`,
-    `final_search(args)`: decoding.length_penalty and decoding.renormalize_after_bans in final/'s
-    config; its alpha was chosen with them), logged; else gnmt and false."""
-    from jaxformer.decoding.checkpoint_alpha import checkpoint_length_penalty, checkpoint_renormalization
+# The flags a search settles, each as given, else --checkpoint final's (`chosen_defaults`), else DecodeSettings'.
+_SETTLED_FLAGS = ("method", "beam_size", "length_penalty", "max_extra_length", "stop", "renormalize_after_bans")
+
+
+def with_chosen_search(args: argparse.Namespace, chosen) -> argparse.Namespace:
+    """`args` with --method, --beam_size, --stop, --max_extra_length, --length_penalty and
+    --renormalize_after_bans settled, once `check_search_flags` has checked them under the search
+    they name: each as given; else, with --checkpoint final, the one the run's final choice was
+    made with (`chosen`, `final_search(args)`; `chosen_defaults`: its alpha was chosen with them),
+    logged; else DecodeSettings' (beam search, beam 4, current_length, 50, gnmt, false). A command
+    without --method (export) runs beam search whatever the choice's."""
+    from jaxformer.decoding.checkpoint_alpha import (
+        checkpoint_length_penalty,
+        checkpoint_renormalization,
+        chosen_defaults,
+        log_chosen_search,
+    )
     from jaxformer.decoding.generate import DecodeSettings
 
-    form = args.length_penalty
-    if form is None and getattr(args, "method", "beam") == "beam":
-        form = checkpoint_length_penalty(chosen, override="--length_penalty")
-    renormalized = getattr(args, "renormalize_after_bans", None)
-    if renormalized is None:  # final/'s, read under beam search alone (`final_search`)
-        renormalized = bool(checkpoint_renormalization(chosen, override="--renormalize_after_bans"))
-    settled = {"length_penalty": form or DecodeSettings.length_penalty, "renormalize_after_bans": renormalized}
+    check_search_flags(args, chosen)
+    given = {name: getattr(args, name) for name in _SETTLED_FLAGS if getattr(args, name, None) is not None}
+    if not hasattr(args, "method"):
+        given["method"] = "beam"
+    taken = {name: value for name, value in chosen_defaults(chosen, given.get("method")).items() if name not in given}
+    settled = {**{name: getattr(DecodeSettings, name) for name in _SETTLED_FLAGS}, **taken, **given}
+    log_chosen_search(chosen, taken, settled["method"], as_flags=True)
+    if "length_penalty" in taken and settled["method"] == "beam":  # the others read none
+        checkpoint_length_penalty(chosen, override="--length_penalty")
+    if "renormalize_after_bans" in taken:
+        checkpoint_renormalization(chosen, override="--renormalize_after_bans")
     return argparse.Namespace(**{**vars(args), **settled})
 
 
@@ -141,7 +177,7 @@ def resolved_alpha(args: argparse.Namespace, max_extra_length: int, chosen) -> f
     warning naming each setting of this search (--beam_size, --length_penalty, --stop,
     --renormalize_after_bans, `max_extra_length`) that differs from the search the choice was made
     with; else DecodeSettings' default (0.6). Decided by `checkpoint_alpha`, as
-    `Translator.from_workdir` decides it. `args`: `with_chosen_forms`'."""
+    `Translator.from_workdir` decides it. `args`: `with_chosen_search`'."""
     from jaxformer.decoding.checkpoint_alpha import checkpoint_alpha
     from jaxformer.decoding.generate import DecodeSettings
 
@@ -192,19 +228,25 @@ def add_beam_flags(parser: argparse.ArgumentParser) -> None:
     and export take them."""
     from jaxformer.decoding.generate import MAX_EXTRA_LENGTH
 
-    parser.add_argument("--beam_size", type=at_least(1), default=4, help="beam width (default: 4)")
+    parser.add_argument("--beam_size", type=at_least(1), help=f"beam width (default: {final_default('beam_size')}4)")
     add_length_penalty_flags(parser)
     parser.add_argument(
         "--max_extra_length",
         type=integer_from(1, MAX_EXTRA_LENGTH),
-        default=50,
-        help=f"output tokens <= input tokens + this, at most {MAX_EXTRA_LENGTH} (default: 50)",
+        help=f"output tokens <= input tokens + this, at most {MAX_EXTRA_LENGTH} "
+        f"(default: {final_default('max_extra_length')}50)",
     )
-    add_stop_flag(parser)
+    add_stop_flag(parser, final=True)
 
 
-def add_stop_flag(parser: argparse.ArgumentParser) -> None:
-    """--stop: when beam search stops a sentence (beam_search.py)."""
+def final_default(key: str) -> str:
+    """The start of a flag's help default that --checkpoint final takes from final/ (`with_chosen_search`)."""
+    return f"with --checkpoint final, the run's decoding.{key}, which its final choice was made with; else "
+
+
+def add_stop_flag(parser: argparse.ArgumentParser, final: bool = False) -> None:
+    """--stop: when beam search stops a sentence (beam_search.py); `final`: the command reads a
+    translator's run, whose --checkpoint final settles it when not given (`with_chosen_search`)."""
     from jaxformer.decoding.beam_search import BEAM_STOPS
     from jaxformer.decoding.generate import DecodeSettings
 
@@ -212,10 +254,11 @@ def add_stop_flag(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--stop",
         choices=BEAM_STOPS,
-        default=default,
+        default=None if final else default,
         help="when beam search stops a sentence: exact, once no live hypothesis can win (transformers' "
         "early_stopping='never'); current_length, once none can win at its current length (early_stopping=False); "
-        f"beam_full, once beam_size hypotheses have ended (fairseq; early_stopping=True) (default: {default})",
+        f"beam_full, once beam_size hypotheses have ended (fairseq; early_stopping=True) "
+        f"(default: {final_default('stop') if final else ''}{default})",
     )
 
 

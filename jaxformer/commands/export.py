@@ -26,7 +26,7 @@ from jaxformer.commands.decoding_flags import (
     add_renormalize_flag,
     final_search,
     resolved_alpha,
-    with_chosen_forms,
+    with_chosen_search,
 )
 from jaxformer.errors import exit_code_for_signal
 from jaxformer.export.program import KNOWN_PLATFORMS, PLATFORMS
@@ -83,7 +83,7 @@ def run(args: argparse.Namespace) -> int:
 
     check_workdir(args.workdir)
     chosen = final_search(args)  # final/'s search, read once for the settings and the export
-    args = with_chosen_forms(args, chosen)
+    args = with_chosen_search(args, chosen)
     settings = DecodeSettings(
         method="beam",
         beam_size=args.beam_size,

@@ -1,10 +1,10 @@
 """The length penalty a checkpoint is searched with. A run's final choice under beam search keeps
 the alpha it was scored with in final/'s metadata: the best of training.final_alphas, or
 decoding.alpha when it compared none. --checkpoint final is searched with it unless the caller
-gives an alpha, and with the length penalty's form and renormalisation the choice was made with
-(decoding.length_penalty, decoding.renormalize_after_bans) unless the caller gives its own; another
-search than the one the choice was made with (decoding.method), a beam search of a choice made with
-greedy search or greedy search of one made with beams, is named in a warning.
+gives an alpha, and with the rest of the search the choice was made with (decoding.method,
+beam_size, stop, max_extra_length, length_penalty, renormalize_after_bans) unless the caller gives
+its own; another search than the one the choice was made with (decoding.method), a beam search of
+a choice made with greedy search or greedy search of one made with beams, is named in a warning.
 Decided here, for the commands (--alpha) and for the Python constructors
 (`Translator.from_workdir`, `export_checkpoint`), so that both give the same translations of the
 same checkpoint."""
@@ -26,6 +26,11 @@ logger = logging.getLogger(__name__)
 SETTINGS_ALPHA = "settings=DecodeSettings(alpha=...)"
 SETTINGS_LENGTH_PENALTY = "settings=DecodeSettings(length_penalty=...)"
 SETTINGS_RENORMALIZE = "settings=DecodeSettings(renormalize_after_bans=...)"
+SETTINGS_SEARCH = "settings=DecodeSettings(...)"
+
+# The settings of the search --checkpoint final takes from its final choice that `log_chosen_search`
+# names; the length penalty's alpha, form and renormalisation have lines of their own.
+_LOGGED_KEYS = ("method", "beam_size", "stop", "max_extra_length")
 
 # The settings of a beam search that the chosen alpha depends on, besides the parameters: the
 # search's but its method (named on its own) and the alpha itself.
@@ -72,6 +77,41 @@ def chosen_search(
         renormalize_after_bans=saved.get("renormalize_after_bans"),
         chosen_with={key: chosen_with[key] for key in _SEARCH_KEYS},
     )
+
+
+def chosen_defaults(chosen: ChosenSearch | None, method: str | None = None) -> dict[str, Any]:
+    """The DecodeSettings fields a search of `checkpoint` "final" takes from the run's final choice
+    (`chosen`) where its caller gives none: its method, unless `method` ("beam", the one search
+    read with another method than the choice's) is given, and every setting the choice was made
+    with (`chosen_with`: beam size, length penalty's form, stop rule, renormalisation,
+    max_extra_length; a beam search of a greedy choice takes the run's). {} for another checkpoint
+    (`chosen` None): DecodeSettings' defaults. Its alpha is `checkpoint_alpha`'s."""
+    if chosen is None:
+        return {}
+    return {"method": method or chosen.method, **chosen.chosen_with}
+
+
+def log_chosen_search(chosen: ChosenSearch | None, taken: dict[str, Any], method: str, as_flags: bool = False) -> None:
+    """One line naming the search settings `taken` from final/ (`chosen_defaults`, less those the
+    caller gave) other than the length penalty's, which lines of their own name: those the run's
+    final choice was made with, or, searched with another `method` than its, the run's `decoding`
+    section's still. With how the caller gives its own: DecodeSettings, or the flags (`as_flags`)."""
+    keys = [key for key in _LOGGED_KEYS if key in taken]
+    if not keys:
+        return
+    named = ", ".join(f"{key} {taken[key]}" for key in keys)
+    if as_flags:
+        override = ", ".join(f"--{key}" for key in keys) + (" overrides it" if len(keys) == 1 else " override them")
+    else:
+        override = SETTINGS_SEARCH + " overrides them"
+    if chosen.method == method:
+        them = "them" if len(keys) > 1 else "it"
+        logger.info("%s: the run's final choice was made with %s (%s)", named, them, override)
+    else:  # a beam search of a choice made greedily: the run's beam settings, which the choice read none of
+        logger.info(
+            "%s: the run's decoding settings; its final choice was made with %s (%s)",
+            *(named, SEARCH_NAMES[chosen.method], override),
+        )
 
 
 def checkpoint_alpha(
@@ -172,21 +212,30 @@ def checkpoint_settings(
     settings: DecodeSettings | None,
     chosen: ChosenSearch | None = None,
     metadata: CheckpointMetadata | None = None,
+    method: str | None = None,
 ) -> DecodeSettings:
     """`settings` when given: their alpha is the caller's choice, even on "final" (logged when the
-    run chose another there); else DecodeSettings() with `checkpoint_alpha`'s alpha: on "final",
-    the one the run chose, with the length penalty's form and renormalisation it chose it with, as
-    the commands search without --alpha, --length_penalty and --renormalize_after_bans. Another
-    search than the one the final choice was made with (a beam search of a choice made with greedy
-    search, greedy search of one made with beams) is named in a warning. `chosen`: final/'s
-    `chosen_search` when the caller read it already (the commands, for their flags), or `metadata`
-    the checkpoint's (evaluate's): final/ is then not read again."""
+    run chose another there); else, on "final", the search the run's final choice was made with
+    (`chosen_defaults`: its method, beam size, stop rule, max_extra_length, length penalty's form
+    and renormalisation) with `checkpoint_alpha`'s alpha, as the commands search without --method,
+    --beam_size, --stop, --max_extra_length, --alpha, --length_penalty and
+    --renormalize_after_bans; on another checkpoint DecodeSettings(). `method`: the search the
+    caller runs whatever final/ says (an export's beam search). Another search than the one the
+    final choice was made with (a beam search of a choice made with greedy search, greedy search of
+    one made with beams) is named in a warning. `chosen`: final/'s `chosen_search` when the caller
+    read it already (the commands, for their flags), or `metadata` the checkpoint's (evaluate's):
+    final/ is then not read again."""
     if settings is None:
         chosen = chosen_search(workdir, checkpoint, chosen, metadata)
-        _warn_if_chosen_with_another_method(chosen, DecodeSettings())
-        form = checkpoint_length_penalty(chosen) or DecodeSettings.length_penalty
-        renormalized = bool(checkpoint_renormalization(chosen))
-        search = DecodeSettings(length_penalty=form, renormalize_after_bans=renormalized)
+        taken = chosen_defaults(chosen, method)
+        search = DecodeSettings(**{**taken, **({"method": method} if method else {})})
+        logged = {key: value for key, value in taken.items() if not (key == "method" and method)}  # not the caller's
+        log_chosen_search(chosen, logged, search.method)
+        _warn_if_chosen_with_another_method(chosen, search)
+        if search.method == "beam":  # the others read no length penalty
+            checkpoint_length_penalty(chosen)
+        if "renormalize_after_bans" in taken:
+            checkpoint_renormalization(chosen)
         return dataclasses.replace(search, alpha=checkpoint_alpha(chosen, search))
     if checkpoint == "final":  # the commands' greedy search and sampling read final/'s search here
         chosen = chosen_search(workdir, checkpoint, chosen, metadata)

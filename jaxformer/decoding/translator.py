@@ -151,9 +151,10 @@ class Translator:
     ) -> Translator:
         """The model, tokenizers and parameters of a training run's `checkpoint` ("latest",
         "best", "averaged", "final" or a step number; see `jaxformer.run.loading.load_checkpoint`).
-        Without `settings`, DecodeSettings() with, on "final", the length penalty alpha the run's
-        final choice kept (training.final_alphas), as translate, evaluate and export search without
-        --alpha (`checkpoint_alpha`); given `settings` search with their alpha. `chosen`: final/'s
+        Without `settings`, DecodeSettings() with, on "final", the search the run's final choice was
+        made with (its method, beam size, stop rule, ...) and the length penalty alpha it kept
+        (training.final_alphas), as translate, evaluate and export search without those flags
+        (`checkpoint_settings`); given `settings` search with them. `chosen`: final/'s
         `chosen_search`, when the caller read it already (the commands, for their flags); `loaded`: the
         (step, metadata, params) `load_checkpoint(workdir, checkpoint)` gave the caller (evaluate, which
         reads them before its data), not read again, and `tokenizers` its metadata's

@@ -80,7 +80,8 @@ def export_checkpoint(
     """Exports `checkpoint` of the run in `workdir` ("latest", "best", "averaged", "final" or a step) into
     the directory `output`, for beam search with `settings` on `platforms` (those whose lowering
     fails are left out and reported in the summary and config.json; no `settings`: DecodeSettings()
-    with, on "final", the alpha the run chose, as `Translator.from_workdir`). `on_placed()` is
+    with, on "final", the beam search the run's final choice was made with and the alpha it chose,
+    as `Translator.from_workdir`). `on_placed()` is
     called once the export is in place, before a signal that came during the final move is raised
     again (the export command takes one from then on as late: its work is done). `chosen`: final/'s
     `chosen_search`, when the caller read it already (the export command, for its flags)."""
@@ -106,7 +107,7 @@ def export_checkpoint(
         "an export holds a translator's beam search and needs an encoder_decoder one",
         ExportError,
     )
-    settings = checkpoint_settings(workdir, checkpoint, settings, chosen)
+    settings = checkpoint_settings(workdir, checkpoint, settings, chosen, method="beam")
     with output_folder.staging_directory(output) as staging:
         step, metadata, params = load_checkpoint(workdir, checkpoint)
         config, params = decoding_variant(metadata.model_config(), params)

@@ -43,21 +43,19 @@ def with_final_choice(source, workdir, kept=CHOSEN, alphas=(0.6, CHOSEN), **chos
 def test_from_workdir_searches_final_with_the_alpha_the_run_chose(final_workdir, caplog):
     with caplog.at_level(logging.INFO, logger="jaxformer"):
         translator = Translator.from_workdir(final_workdir, "final", batch_size=8)
-    assert translator.settings == DecodeSettings(alpha=CHOSEN)
+    assert translator.settings == DecodeSettings(alpha=CHOSEN, stop="exact")  # the choice's search, whole
     assert (
         f"length penalty alpha {CHOSEN:g}: chosen on validation by the run "
         "(settings=DecodeSettings(alpha=...) overrides it)" in caplog.messages
     )
-    assert (
-        f"alpha {CHOSEN:g} was chosen for another search than this one (stop exact -> current_length): "
-        "give settings=DecodeSettings(alpha=...) to choose it yourself" in caplog.messages
-    )
+    assert not [message for message in caplog.messages if "another search" in message]
     # The search translate and evaluate run without --alpha: the same settings, so the same translations.
     args = translate.build_parser().parse_args(["--workdir", str(final_workdir), "--checkpoint", "final"])
     assert decoding_flags.decode_settings_from_flags(args, args.max_extra_length) == translator.settings
 
     nbest = translator.translate_nbest(SENTENCES)
-    with_chosen = Translator.from_workdir(final_workdir, "final", DecodeSettings(alpha=CHOSEN), batch_size=8)
+    chosen_settings = DecodeSettings(alpha=CHOSEN, stop="exact")
+    with_chosen = Translator.from_workdir(final_workdir, "final", chosen_settings, batch_size=8)
     assert with_chosen.translate_nbest(SENTENCES) == nbest
     at_default = translator.with_settings(DecodeSettings())
     assert [[score for _, score in hypotheses] for hypotheses in at_default.translate_nbest(SENTENCES)] != [
@@ -168,9 +166,9 @@ class _Reached(Exception):
     """The command got to its search with these settings."""
 
 
-def searched_by(command, workdir, flags, tmp_path, monkeypatch, capsys):
-    """(the settings `command` --checkpoint final `flags` got to its search with, the lines it
-    logged as "I message" or "W message")."""
+def searched_by(command, workdir, flags, tmp_path, monkeypatch, capsys, checkpoint="final"):
+    """(the settings `command` --checkpoint `checkpoint` `flags` got to its search with, the lines
+    it logged as "I message" or "W message")."""
     from jaxformer.commands import evaluate, export
     from jaxformer.export import exporter
 
@@ -188,7 +186,7 @@ def searched_by(command, workdir, flags, tmp_path, monkeypatch, capsys):
     }[command]
     capsys.readouterr()
     with pytest.raises(_Reached) as searched:
-        main(["--workdir", str(workdir), "--checkpoint", "final", *flags, *command_flags])
+        main(["--workdir", str(workdir), "--checkpoint", checkpoint, *flags, *command_flags])
     return searched.value.args[0], [line.split(" ", 1)[1] for line in capsys.readouterr().err.splitlines()]
 
 
@@ -213,12 +211,8 @@ def test_a_command_on_final_reads_its_chosen_search_once(
     assert [message for message in logged if "alpha" in message] == (
         [f"length penalty alpha 0.25 as given (the run chose {CHOSEN:g} on validation)"]
         if alpha_flags
-        else [
-            f"length penalty alpha {CHOSEN:g}: chosen on validation by the run (--alpha overrides it)",
-            f"alpha {CHOSEN:g} was chosen for another search than this one (stop exact -> current_length): "
-            "give --alpha to choose it yourself",
-        ]
-    )
+        else [f"length penalty alpha {CHOSEN:g}: chosen on validation by the run (--alpha overrides it)"]
+    )  # its stop rule is the choice's too (tests/decoding/test_final_search_defaults.py)
 
 
 GREEDY_CHOICE_SEARCHED_WITH_BEAMS = (
@@ -231,7 +225,8 @@ GREEDY_CHOICE_SEARCHED_WITH_BEAMS = (
 def test_a_beam_search_of_a_greedy_choice_says_so(command, decoding_workdir, tmp_path, monkeypatch, capsys):
     # The form as a run's start settles it (run_start.settle_inherited_decoding), though greedy search reads none.
     workdir = with_final_choice(decoding_workdir, tmp_path / "run", kept=None, method="greedy", length_penalty="gnmt")
-    settings, lines = searched_by(command, workdir, [], tmp_path, monkeypatch, capsys)
+    beam = [] if command == "export" else ["--method", "beam"]  # the others search greedily, as chosen, by default
+    settings, lines = searched_by(command, workdir, beam, tmp_path, monkeypatch, capsys)
     assert (settings.method, settings.alpha) == ("beam", 0.6)  # the choice read no alpha: the default
     assert [line for line in lines if line.startswith("W ")] == [GREEDY_CHOICE_SEARCHED_WITH_BEAMS]  # was none
     # Its length penalty's form is the run's, which the greedy choice did not read (was "made with it").
@@ -241,16 +236,18 @@ def test_a_beam_search_of_a_greedy_choice_says_so(command, decoding_workdir, tmp
     )
     assert not [line for line in lines if "made with it" in line]
     if command != "export":  # an export holds a beam search
-        settings, lines = searched_by(command, workdir, ["--method", "greedy"], tmp_path, monkeypatch, capsys)
-        assert settings.method == "greedy" and not [line for line in lines if line.startswith("W ")]
+        for flags in (["--method", "greedy"], []):
+            settings, lines = searched_by(command, workdir, flags, tmp_path, monkeypatch, capsys)
+            assert settings.method == "greedy" and not [line for line in lines if line.startswith("W ")]
 
 
 def test_from_workdir_says_it_searches_a_greedy_choice_with_beams(decoding_workdir, tmp_path, caplog):
     workdir = with_final_choice(decoding_workdir, tmp_path / "run", kept=None, method="greedy")
-    for settings, beam in ((None, 4), (DecodeSettings(beam_size=2), 2), (DecodeSettings(method="greedy"), None)):
+    for settings, beam in ((None, None), (DecodeSettings(beam_size=2), 2), (DecodeSettings(method="greedy"), None)):
         caplog.clear()
         with caplog.at_level(logging.WARNING, logger="jaxformer"):
-            Translator.from_workdir(workdir, "final", settings)
+            searched = Translator.from_workdir(workdir, "final", settings).settings
+        assert searched.method == ("beam" if beam else "greedy")  # without settings, the choice's
         said = GREEDY_CHOICE_SEARCHED_WITH_BEAMS[2:].replace("(beam 4)", f"(beam {beam})")
         assert caplog.messages == ([said] if beam else []), settings
 
@@ -280,16 +277,16 @@ def test_from_workdir_says_it_searches_a_beam_choice_otherwise(final_workdir, ca
 
 
 def test_a_choice_that_compared_no_alpha_names_its_alpha_as_decoding_alpha(decoding_workdir, tmp_path, caplog):
-    def searched(workdir):
+    def searched(workdir, *flags):
         caplog.clear()
-        args = translate.build_parser().parse_args(["--workdir", str(workdir), "--checkpoint", "final"])
+        args = translate.build_parser().parse_args(["--workdir", str(workdir), "--checkpoint", "final", *flags])
         with caplog.at_level(logging.INFO, logger="jaxformer"):
             alpha = decoding_flags.decode_settings_from_flags(args, args.max_extra_length).alpha
         return alpha, [record.getMessage() for record in caplog.records if record.levelno >= logging.WARNING]
 
     # Saved as choose_final saves it now: decoding.alpha kept, its other search named as a chosen alpha's is.
     workdir = with_final_choice(decoding_workdir, tmp_path / "now", kept=2.2, alphas=(), alpha=2.2, stop="exact")
-    assert searched(workdir) == (
+    assert searched(workdir, "--stop", "current_length") == (
         2.2,
         [
             "the run's final choice was scored with alpha 2.2 under another search than this one "
