@@ -15,6 +15,9 @@ good where that process is killed outright before it removes it. A process that 
 lock removes those of that lock left by dead processes on its host, each named in a warning; a live
 process's draft is its own to remove (it is trying the lock now), and another host's is named in one
 warning, for the user to delete: whether its process still runs cannot be checked from here.
+Likewise a stale lock a taker moved aside, `<lock>.stale-<pid>`, stays where the taker is killed
+before it removes it: the next holder removes those whose pid no longer runs on its host (by the pid
+alone: the file's record is the dead holder's, not the taker's), each named in a warning.
 """
 
 from __future__ import annotations
@@ -83,6 +86,18 @@ def _draft_writers(lock: pathlib.Path) -> list[tuple[pathlib.Path, str, int]]:
         if match and path.is_file() and int(match[2]) < 2**31:  # a pid os.kill takes
             drafts.append((path, match[1], int(match[2])))
     return drafts
+
+
+def _stale_movers(lock: pathlib.Path) -> list[tuple[pathlib.Path, int]]:
+    """The stale locks moved aside beside `lock` (`<lock>.stale-<pid>`, as `acquire` names them),
+    with the pid of the process that moved each (any other file is not one)."""
+    pattern = re.compile(rf"{re.escape(lock.name)}\.stale-([1-9][0-9]{{0,9}})")
+    moved = []
+    for path in sorted(lock.parent.iterdir()):
+        match = pattern.fullmatch(path.name)
+        if match and path.is_file() and int(match[1]) < 2**31:  # a pid os.kill takes
+            moved.append((path, int(match[1])))
+    return moved
 
 
 def _recorded_start_ticks(draft: pathlib.Path, pid: int) -> int | None:
@@ -194,7 +209,7 @@ class WorkdirLock:
         for _ in range(3):  # a takeover race with another run retries, then reports the winner
             if self._try_create():
                 self.held = True
-                self._remove_dead_drafts()
+                self._remove_killed_takers_files()
                 return
             holder = self._settled_holder()
             if holder is None:
@@ -226,26 +241,18 @@ class WorkdirLock:
             f"{self.path.parent} is in use by another {self.HOLDER} that started just now ({self.path})"
         )
 
-    def _remove_dead_drafts(self) -> None:
-        """Removes the drafts of this lock that processes killed outright on this host left
-        (`_draft_path`), with a warning naming each; names another host's in one warning."""
+    def _remove_killed_takers_files(self) -> None:
+        """Removes what processes killed outright on this host while taking this lock left: their
+        drafts (`_draft_path`) and the stale locks they moved aside (`acquire`), with a warning
+        naming each; names another host's drafts in one warning."""
         host = socket.gethostname()
         elsewhere = []
         for path, writer_host, pid in _draft_writers(self.path):
             if writer_host != host:
                 elsewhere.append(path)
                 continue
-            if _is_alive(pid, _recorded_start_ticks(path, pid)):  # one killed mid-record: its pid alone
-                continue
-            left_by = f"left by a {self.HOLDER} (pid {pid}) killed while taking {self.path}"
-            try:
-                path.unlink()
-            except FileNotFoundError:
-                continue
-            except OSError as error:
-                logger.warning("cannot remove %s (%s), %s", path, error.strerror, left_by)
-                continue
-            logger.warning("removed %s, %s", path, left_by)
+            if not _is_alive(pid, _recorded_start_ticks(path, pid)):  # one killed mid-record: its pid alone
+                self._remove_left(path, f"left by a {self.HOLDER} (pid {pid}) killed while taking {self.path}")
         if elsewhere:
             logger.warning(
                 "kept %s, written by a %s on another host taking %s: this cannot check whether it still runs; "
@@ -254,6 +261,20 @@ class WorkdirLock:
                 self.HOLDER,
                 self.path,
             )
+        for path, pid in _stale_movers(self.path):
+            if not _is_alive(pid, None):  # a live one is removing it now
+                self._remove_left(path, f"left by a {self.HOLDER} (pid {pid}) killed while taking over {self.path}")
+
+    @staticmethod
+    def _remove_left(path: pathlib.Path, left_by: str) -> None:
+        try:
+            path.unlink()
+        except FileNotFoundError:
+            return
+        except OSError as error:
+            logger.warning("cannot remove %s (%s), %s", path, error.strerror, left_by)
+            return
+        logger.warning("removed %s, %s", path, left_by)
 
     def release(self) -> None:
         if not self.held:

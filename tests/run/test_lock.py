@@ -18,12 +18,17 @@ from jaxformer.errors import UserError
 from jaxformer.run.lock import AveragingLock, SweepLock, WorkdirLock, WorkdirLockedError
 from tests.training.test_loop import command, environment, losses
 
-# A child that takes a lock (its class, its workdir) and is killed where it would link its draft into place.
+# A child that takes a lock (its class, its workdir) and is killed at an os call (its name): where it
+# would link its draft into place, or once it has moved a dead holder's lock aside ("rename").
 KILLED_TAKING = textwrap.dedent(
     """
     import os, signal, sys
     from jaxformer.run import lock
-    os.link = lambda *args: os.kill(os.getpid(), signal.SIGKILL)
+    def killed(*args, call=getattr(os, sys.argv[3])):
+        if sys.argv[3] == "rename":
+            call(*args)
+        os.kill(os.getpid(), signal.SIGKILL)
+    setattr(os, sys.argv[3], killed)
     getattr(lock, sys.argv[1])(sys.argv[2]).acquire()
     """
 )
@@ -34,15 +39,21 @@ LOCKS = [
 ]
 
 
-def killed_while_taking(lock_type, workdir):
-    """The draft that a process killed while taking `lock_type` left, as the real writer names it,
-    and that process's pid."""
+def killed_while_taking(lock_type, workdir, at="link"):
+    """The file that a process killed while taking `lock_type` (at os.`at`) left, as the real lock
+    names it, and that process's pid."""
     before = set(workdir.iterdir())
     env = {**os.environ, "PYTHONPATH": os.pathsep.join(sys.path)}
-    child = subprocess.Popen([sys.executable, "-c", KILLED_TAKING, lock_type.__name__, str(workdir)], env=env)
+    child = subprocess.Popen([sys.executable, "-c", KILLED_TAKING, lock_type.__name__, str(workdir), at], env=env)
     assert child.wait(timeout=60) == -signal.SIGKILL
     (left,) = set(workdir.iterdir()) - before
     return left, child.pid
+
+
+def dead_pid():
+    dead = subprocess.Popen(["true"])
+    dead.wait()
+    return dead.pid
 
 
 def write_lock(workdir, name="lock", **fields):
@@ -238,6 +249,36 @@ def test_the_lock_removes_the_drafts_of_killed_takers_and_nothing_else(tmp_path,
                 "check whether it still runs; delete it if that process is gone"
             ]
         )
+    finally:
+        sleeper.kill()
+        sleeper.wait()
+
+
+@pytest.mark.parametrize("lock_type, name, holder", LOCKS)
+def test_the_lock_removes_the_stale_locks_of_killed_takers_and_nothing_else(tmp_path, caplog, lock_type, name, holder):
+    """A process killed outright after moving a dead holder's lock aside, before removing it, left
+    `<lock>.stale-<pid>` for good: the next to hold that lock removes those of dead pids, each with a
+    warning; a live process's (removing its own just then), other locks' and look-alikes stay."""
+    write_lock(tmp_path, name, pid=dead_pid())
+    left, taker = killed_while_taking(lock_type, tmp_path, at="rename")
+    assert left.name == f"{name}.stale-{taker}" and not (tmp_path / name).exists()
+    sleeper = subprocess.Popen(["sleep", "60"])
+    try:
+        kept = [tmp_path / f"{name}.stale-{suffix}" for suffix in (sleeper.pid, f"0{taker}", f"{taker}.bak", "notes")]
+        kept += [tmp_path / f"{other}.stale-{taker}" for _, other, _ in LOCKS if other != name]
+        for path in kept:
+            path.write_text("a user's")
+        write_lock(tmp_path, name, pid=sleeper.pid)
+        with pytest.raises(WorkdirLockedError):
+            lock_type(tmp_path).acquire()  # refused: the stale locks are removed only by the lock's holder
+        assert left.exists()
+        (tmp_path / name).unlink()
+        with caplog.at_level(logging.WARNING, logger="jaxformer.run.lock"), lock_type(tmp_path):
+            assert not left.exists()
+            assert all(path.read_text() == "a user's" for path in kept)
+        assert [record.getMessage() for record in caplog.records] == [
+            f"removed {left}, left by a {holder} (pid {taker}) killed while taking over {tmp_path / name}"
+        ]
     finally:
         sleeper.kill()
         sleeper.wait()
