@@ -105,10 +105,20 @@ class TimeBudget:
         self._work_compiled: set[str] = set()  # the kinds run in this segment: their next ones run compiled
         self._pace_from: tuple[int, float] | None = None  # (step, clock seconds) where the pace is measured from
         self._work_since = 0.0  # the seconds of periodic work since then
+        self._first_step: tuple[int, float] | None = None  # this segment's first step done, and the clock then
 
     def step_done(self, step: int) -> None:
         if self._pace_from is None:
             self._pace_from = (step, self.clock.seconds())
+        if self._first_step is None:
+            self._first_step = self._pace_from
+
+    def spent_unmeasured(self) -> tuple[int, float] | None:
+        """(this segment's first step, the training seconds when it was done) where the budget was
+        spent by then (that step holds the compilation), before any step's duration was measured."""
+        if self._first_step is None or self._first_step[1] < self.seconds:
+            return None
+        return self._first_step
 
     def work_done(self, name: str, seconds: float) -> None:
         """Periodic work `name` took `seconds`: not the steps' pace, and, from this segment's second
@@ -193,11 +203,13 @@ class ScheduleEnd:
     def steps(self, state) -> float:
         return float(jax.device_get(end_step(state.opt_state)))
 
-    def set(self, state, steps: float, step: int | None = None, ends_by: str = "the time budget"):
+    def set(self, state, steps: float, step: int | None = None, ends_by: str = "the time budget", said=False):
         """The schedule's end moved to `steps` (where `ends_by` ends the run); at train step `step`
         (a time budget's estimate), an end within the warmup is said once the pace is known over a
-        quarter of the warmup (the first estimates, compilation included, run low)."""
+        quarter of the warmup (the first estimates, compilation included, run low). `said`: the
+        caller's warning said it."""
         settled = step is None or 4 * step >= self.warmup_steps
+        self.warned_within_warmup |= said
         if steps <= self.warmup_steps and settled and not self.warned_within_warmup:
             self.warned_within_warmup = True
             logger.warning(
@@ -230,19 +242,59 @@ class BudgetReading(NamedTuple):
     end_step: float | None  # where the budget runs out at the pace so far (None: no pace yet)
 
 
+def _reading(values: list[float]) -> list[float]:
+    """Process 0's `values`, in every process."""
+    reading = np.asarray(values, np.float64)
+    if jax.process_count() > 1:
+        reading = np.asarray(multihost_utils.broadcast_one_to_all(reading))
+    return [float(value) for value in reading]
+
+
+def _unmeasured(budget: TimeBudget) -> list[float]:
+    """`budget.spent_unmeasured()` as a reading's two last values (-1 for None)."""
+    first = budget.spent_unmeasured()
+    return [-1.0, -1.0] if first is None else [float(first[0]), first[1]]
+
+
+def _warn_spent_unmeasured(budget: TimeBudget, schedule_end: ScheduleEnd, step: int, first: list[float]) -> bool:
+    """Says that the budget, spent at `step`, was spent before any step's duration was measured
+    (`first`: the segment's first step and the seconds then, from `_unmeasured`), where it was;
+    whether it said so. The schedule ends at the next step, as any spent budget's."""
+    if first[0] < 0:
+        return False
+    rising = schedule_end.active and step + 1 <= schedule_end.warmup_steps
+    logger.warning(
+        "time budget: training.time_budget_minutes=%g (%.1f s) was spent before any step's duration could be "
+        "measured: %.1f s by the end of step %d, its compilation included; the run ends at step %d%s; "
+        "a budget longer than that lets it train",
+        budget.seconds / 60,
+        budget.seconds,
+        first[1],
+        first[0],
+        step,
+        f", within optimizer.warmup_steps={schedule_end.warmup_steps}: the budget schedule's rate was still rising"
+        if rising
+        else "",
+    )
+    return True
+
+
 def check_budget(budget: TimeBudget, schedule_end: ScheduleEnd, state, step: int, writer, training):
     """(the budget's reading, the state with the schedule's end re-estimated). Every process takes
     process 0's reading, so all stop (and start R-Drop) at the same step with the same schedule."""
     estimate = budget.end_step(step, training.num_train_steps)
-    reading = np.asarray([budget.spent(), -1.0 if estimate is None else estimate, budget.clock.seconds()], np.float64)
-    if jax.process_count() > 1:
-        reading = np.asarray(multihost_utils.broadcast_one_to_all(reading))
-    spent, estimate, seconds = bool(reading[0]), float(reading[1]), float(reading[2])
+    spent, estimate, seconds, *first = _reading(
+        [budget.spent(), -1.0 if estimate is None else estimate, budget.clock.seconds(), *_unmeasured(budget)]
+    )
+    spent = bool(spent)
+    if spent and estimate < 0:  # spent at the step the pace is measured from: it ends there too
+        estimate = step + 1.0
+    said = spent and _warn_spent_unmeasured(budget, schedule_end, step, first)
     if estimate > 0 and schedule_end.active:
         capped = estimate >= training.num_train_steps  # the estimate stops at the run's own end
         ends_by = f"training.num_train_steps={training.num_train_steps}" if capped else "the time budget"
         # Spent, the end is this step's, not an early estimate: one within the warmup is said however early.
-        state = schedule_end.set(state, estimate, None if spent else step, ends_by)
+        state = schedule_end.set(state, estimate, None if spent else step, ends_by, said)
     if step % training.log_every_steps == 0:
         # No end_step until a pace gives one: left out, not NaN (written "nan", as a figure measured so would be).
         estimated = {"end_step": estimate} if estimate > 0 else {}
@@ -254,10 +306,9 @@ def spent_by_work(budget: TimeBudget, schedule_end: ScheduleEnd, state, step: in
     """(whether this step's evaluation and BLEU, done, have spent the budget, the state): process
     0's reading, the same in every process. Spent, the step is the run's last, and the schedule's
     end is set there as a check's would be, before the step's checkpoint saves it."""
-    reading = np.asarray([budget.spent()], np.float64)
-    if jax.process_count() > 1:
-        reading = np.asarray(multihost_utils.broadcast_one_to_all(reading))
-    spent = bool(reading[0])
+    spent, *first = _reading([budget.spent(), *_unmeasured(budget)])
+    spent = bool(spent)
+    said = spent and _warn_spent_unmeasured(budget, schedule_end, step, first)
     if spent and schedule_end.active:
-        state = schedule_end.set(state, step + 1.0)
+        state = schedule_end.set(state, step + 1.0, said=said)
     return spent, state
