@@ -19,12 +19,12 @@
 
 Beside the `<step>/` directories of checkpoints/, best/, averaged/ and final/ may lie
 `<step>.damaged-<time>/` (a checkpoint that could not be restored, set aside for inspection and
-never deleted), `<step>.replaced-<time>/` (one a new checkpoint of its step replaced), in best/
-`<step>.rolled_back-<time>/` (a step after the checkpoint a run resumed from, which that run
-trains again) and, after a process was killed while saving, `<step>.replacing/` (the whole
-previous version of a step being replaced, which the folder's next writer puts back:
-run/interrupted_saves.py) and orbax's `<step>.orbax-checkpoint-tmp*` (never readable; the
-folder's next writer removes it).
+never deleted), `<step>.replaced-<time>/` (one a new checkpoint of its step replaced), in best/,
+averaged/ and final/ `<step>.rolled_back-<time>/` (a step after the checkpoint a run resumed from,
+which that run trains again: run/rolled_back.py) and, after a process was killed while saving,
+`<step>.replacing/` (the whole previous version of a step being replaced, which the folder's next
+writer puts back: run/interrupted_saves.py) and orbax's `<step>.orbax-checkpoint-tmp*` (never
+readable; the folder's next writer removes it).
 
 Each `<step>/` directory is an orbax checkpoint (run/checkpoint.py) whose metadata follows
 run/metadata.py. A sweep's directory (jaxformer-sweep) holds one such run directory per variant

@@ -308,7 +308,8 @@ class AveragingLock(WorkdirLock):
     """`with AveragingLock(workdir):` holds `<workdir>/averaged.lock` while jaxformer-average-checkpoints
     averages into averaged/: two at once would each set the other's step aside, or put back the
     previous version the other is replacing (run/interrupted_saves.py). A training run in the workdir
-    never writes averaged/, so this lock is not the workdir's."""
+    writes averaged/ only to set aside its steps after the checkpoint it resumes from, holding this
+    lock for that alone (run/rolled_back.py), so this lock is not the workdir's."""
 
     HOLDER = "jaxformer-average-checkpoints"
 

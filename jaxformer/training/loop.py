@@ -25,6 +25,7 @@ from jaxformer.errors import UserError, exit_code_for_signal
 from jaxformer.model.architectures import build_model
 from jaxformer.run.directory import RunDirectory
 from jaxformer.run.event_loops import draining_event_loops
+from jaxformer.run.rolled_back import set_aside_rolled_back
 from jaxformer.training import experiment, processes, run_start, sharding, shortened_end
 from jaxformer.training.budget import (
     BUDGET_CHECK_STEPS,
@@ -56,7 +57,7 @@ from jaxformer.training.state import count_parameters, make_init_fn
 from jaxformer.training.step import make_eval_step, make_run_train_step
 from jaxformer.training.train_metrics import TrainMetrics, progress_bar
 from jaxformer.training.unreadable_batch import saved_before_stopping
-from jaxformer.training.validation_bleu import BleuValidator, set_aside_rolled_back_best
+from jaxformer.training.validation_bleu import BleuValidator
 
 logger = logging.getLogger(__name__)
 
@@ -224,7 +225,8 @@ def _train(config, prepared: PreparedRun, model: nn.Module, preparation: RaiseOn
         out_shardings=replicated,
     )
 
-    set_aside_rolled_back_best(run, rolled_back_after)  # before the validator reads best/'s score
+    # Before the validator reads best/'s score, and the final choice looks in final/ for one made at its step.
+    set_aside_rolled_back(run, rolled_back_after)
     validator = (
         BleuValidator(config, model.config, tokenizers.source, prepared.eval_source, run, tokenizers.target)
         if training.bleu_every_steps

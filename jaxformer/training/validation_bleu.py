@@ -23,9 +23,7 @@ from jaxformer.errors import UserError
 from jaxformer.model.config import TransformerConfig
 from jaxformer.run.checkpoint import Checkpointer
 from jaxformer.run.directory import RunDirectory
-from jaxformer.run.interrupted_saves import set_aside_path
 from jaxformer.run.metadata import CheckpointMetadata
-from jaxformer.run.process_0 import on_process_0
 from jaxformer.training.resume_rules import (
     INHERITED_DECODING,
     changed_settings,
@@ -199,37 +197,6 @@ class BleuValidator:
 
     def close(self) -> None:
         self.best.close()
-
-
-def set_aside_rolled_back_best(run: RunDirectory, start_step: int) -> None:
-    """Moves best/'s steps after `start_step` (the checkpoint a run resumed from; -1 for a new run)
-    to `<step>.rolled_back-<time>`, each with a warning. A segment killed before its next checkpoint
-    wrote them; the run trains those steps again, and its history no longer has them (MetricWriter
-    moves their records to metrics.rolled_back.jsonl), so neither the final choice nor the run's
-    summary may take them for its best. Called before BleuValidator reads best/'s score: a new
-    score is compared with what best/ keeps."""
-    if not run.best.is_dir():
-        return
-    best = Checkpointer(run.best, keep=None)  # a writer's: an interrupted save is put back first, then listed
-    later = [step for step in best.steps() if step > start_step]
-    best.close()
-    since = (
-        f"after step {start_step}, the checkpoint this run resumed from"
-        if start_step >= 0
-        else "of an earlier run with no checkpoint to resume from"
-    )
-    for step in later:
-
-        def move(step: int = step) -> None:
-            target = set_aside_path(run.best, step, "rolled_back")
-            (run.best / str(step)).rename(target)
-            logger.warning(
-                "moved %s to %s: a step %s, which this run trains again; best/ keeps only the steps of the "
-                "history it goes on from",
-                *(run.best / str(step), target, since),
-            )
-
-        on_process_0(run.best, move, f"set step {step} aside")
 
 
 def bleu_settings(config: dict[str, Any], keys: Sequence[str] = BLEU_KEYS) -> dict[str, Any]:

@@ -1,10 +1,12 @@
-"""best/'s steps after the checkpoint a run resumes from (written by a segment killed before its
-next checkpoint) are set aside as `<step>.rolled_back-<time>`, as their metrics records move to
-metrics.rolled_back.jsonl: the final choice, the run's summary and the next BLEU's comparison read
-only best/'s steps of the history the run goes on from."""
+"""best/'s, averaged/'s and final/'s steps after the checkpoint a run resumes from (written by a
+segment killed before its next checkpoint, or by a history whose newest checkpoint was damaged or
+removed) are set aside as `<step>.rolled_back-<time>`, as their metrics records move to
+metrics.rolled_back.jsonl: the final choice, the run's summary, the next BLEU's comparison and
+`--checkpoint best`, `averaged` or `final` read only the steps of the history the run goes on from."""
 
 import logging
 import shutil
+import types
 
 import jax
 import ml_collections
@@ -12,23 +14,26 @@ import numpy as np
 import pytest
 
 from jaxformer.commands.run_summary import best_checkpoint, run_summary
+from jaxformer.run.averaging import average_last
 from jaxformer.run.checkpoint import Checkpointer
 from jaxformer.run.directory import RunDirectory
 from jaxformer.run.loading import load_checkpoint, load_from_directory
+from jaxformer.run.lock import AveragingLock, WorkdirLockedError
+from jaxformer.run.rolled_back import set_aside_rolled_back
 from jaxformer.training import final_choice, validation_bleu
-from jaxformer.training.validation_bleu import BleuValidator, set_aside_rolled_back_best
+from jaxformer.training.validation_bleu import BleuValidator
 from tests.conftest import make_workdir, scored_validation
 from tests.training.test_loop import checkpoint_steps
 
 pytestmark = pytest.mark.xdist_group("train-loop")
 
 
-def best_steps(workdir):
-    return sorted(int(path.name) for path in (workdir / "best").iterdir() if path.name.isdigit())
+def best_steps(workdir, folder="best"):
+    return sorted(int(path.name) for path in (workdir / folder).iterdir() if path.name.isdigit())
 
 
-def rolled_back(workdir, step):
-    return sorted((workdir / "best").glob(f"{step}.rolled_back-*"))
+def rolled_back(workdir, step, folder="best"):
+    return sorted((workdir / folder).glob(f"{step}.rolled_back-*"))
 
 
 class _ScoredBetweenTheTwo(scored_validation(lambda settings: 25.0)):  # BleuValidator's split: BLEU 25
@@ -49,12 +54,12 @@ def test_best_steps_after_the_step_resumed_from_are_set_aside(tmp_path, monkeypa
     best.close()
 
     with caplog.at_level(logging.WARNING):
-        set_aside_rolled_back_best(run, 3)
+        set_aside_rolled_back(run, 3)
     assert best_steps(workdir) == [1, 3] and not list((workdir / "best").glob("*.rolled_back-*"))
     assert not caplog.records
 
     with caplog.at_level(logging.WARNING):
-        set_aside_rolled_back_best(run, 2)
+        set_aside_rolled_back(run, 2)
     assert best_steps(workdir) == [1]
     (aside,) = rolled_back(workdir, 3)  # moved, not deleted: whole, the parameters and the BLEU they scored
     assert [record.getMessage() for record in caplog.records] == [
@@ -82,19 +87,75 @@ def test_best_steps_after_the_step_resumed_from_are_set_aside(tmp_path, monkeypa
 
     caplog.clear()
     with caplog.at_level(logging.WARNING):
-        set_aside_rolled_back_best(run, -1)
+        set_aside_rolled_back(run, -1)
     assert best_steps(workdir) == [] and len(rolled_back(workdir, 3)) == 2
     assert "a step of an earlier run with no checkpoint to resume from, which this run trains again" in caplog.text
 
 
-@pytest.mark.slow  # three short in-process runs with validation BLEU and the final choice (about 30 s)
+def test_averaged_and_final_steps_after_the_step_resumed_from_are_set_aside(tmp_path, monkeypatch, caplog):
+    """averaged/ holds steps 1 and 3, final/ steps 2 and 3: a history that reached step 3 averaged
+    and chose there, then lost checkpoint 3. A run resumed from checkpoint 2 sets averaged/3 and
+    final/3 aside (averaged/'s holding averaged.lock, refused while an averaging holds it), so
+    `--checkpoint averaged` and `final` read step 1's and step 2's, and its final choice at step 3 is
+    made again, beside the one set aside, which stays whole."""
+    workdir, _, _ = make_workdir(tmp_path / "run", steps=(1, 2))
+    step, metadata, params = load_checkpoint(workdir)
+    run = RunDirectory(workdir)
+    for folder, steps in ((run.averaged, (1, 3)), (run.final, (2, 3))):
+        writer = Checkpointer(folder, keep=None)
+        for at in steps:
+            writer.save_params(at, params, metadata.replace(step=at, bleu=10.0 * at, chosen_from="best", alpha=0.6))
+        writer.close()
+
+    with AveragingLock(workdir), pytest.raises(WorkdirLockedError) as refused:  # an averaging running now
+        set_aside_rolled_back(run, 2)
+    assert str(refused.value).startswith(
+        f"cannot set aside step(s) 3 of {run.averaged}, after step 2, the checkpoint this run resumed from: "
+        f"{workdir} is in use by another jaxformer-average-checkpoints: pid "
+    )
+    assert (best_steps(workdir, "averaged"), best_steps(workdir, "final")) == ([1, 3], [2, 3])  # nothing moved
+
+    caplog.clear()
+    with caplog.at_level(logging.WARNING):
+        set_aside_rolled_back(run, 2)
+    assert (best_steps(workdir, "averaged"), best_steps(workdir, "final")) == ([1], [2])
+    (averaged_aside,) = rolled_back(workdir, 3, "averaged")
+    (final_aside,) = rolled_back(workdir, 3, "final")
+    assert [record.getMessage() for record in caplog.records] == [
+        f"moved {run.averaged / '3'} to {averaged_aside}: a step after step 2, the checkpoint this run resumed "
+        "from, which this run trains again; averaged/ keeps only the steps of the history it goes on from",
+        f"moved {run.final / '3'} to {final_aside}: a step after step 2, the checkpoint this run resumed "
+        "from, which this run trains again; final/ keeps only the steps of the history it goes on from",
+    ]
+    assert not (workdir / "averaged.lock").exists()  # released
+    assert load_checkpoint(workdir, "averaged", params=False)[0] == 1
+    assert load_checkpoint(workdir, "final", params=False)[0] == 2
+
+    # The resumed run's final choice at step 3: made again (every candidate scores 7; latest wins the
+    # tie), not the set-aside one kept as if this run had made it.
+    monkeypatch.setattr(final_choice, "ValidationSet", scored_validation(lambda settings: 7.0))
+    config = ml_collections.ConfigDict(metadata.config)
+    config.training.final_choice, config.training.average_last = True, 2
+    tokenizers = types.SimpleNamespace(source=None, target=None)
+    result = final_choice.choose_final(config, None, tokenizers, None, run, 3, params, metadata)
+    assert (result["chosen"], result["bleu"]) == ("latest", 7.0)
+    assert best_steps(workdir, "final") == [2, 3] and rolled_back(workdir, 3, "final") == [final_aside]
+    chosen_step, chosen = load_checkpoint(workdir, "final", params=False)[:2]
+    assert (chosen_step, chosen.chosen_from, chosen.bleu) == (3, "latest", 7.0)
+    shutil.copytree(final_aside, tmp_path / "aside" / "3")
+    aside = load_from_directory(tmp_path / "aside")[1]
+    assert (aside.chosen_from, aside.bleu) == ("best", 30.0)
+
+
+@pytest.mark.slow  # four short in-process runs with validation BLEU and the final choice (about 40 s)
 def test_a_run_resumed_before_its_best_step_ends_with_the_best_of_its_own_history(
     data_dir, tmp_path, monkeypatch, caplog
 ):
     """A run of 4 steps (checkpoints every 2, BLEU every 3) dies after step 3's BLEU saved best/3,
     before checkpoint 4. Resumed with the same command, it sets best/3 aside and writes the same
-    best/3 again; resumed to end at step 2, best/3 is no candidate of its final choice, nor its
-    summary's best."""
+    best/3 again; then, averaged at step 4 and its checkpoint 4 damaged, it resumes from 2 and sets
+    averaged/4 and its final choice aside, choosing again at step 4. Resumed to end at step 2
+    instead, best/3 is no candidate of its final choice, nor its summary's best."""
     from jaxformer.training import loop
     from jaxformer.training.config_file import apply_overrides
     from tests.training.test_signals import _four_step_config
@@ -130,6 +191,27 @@ def test_a_run_resumed_before_its_best_step_ends_with_the_best_of_its_own_histor
     assert redone_step == 3 and redone.bleu == killed_best.bleu
     for got, want in zip(jax.tree.leaves(redone_params), jax.tree.leaves(killed_params), strict=True):
         np.testing.assert_array_equal(got, want)
+
+    # Averaged at its end (averaged/4), then checkpoint 4 damaged: the same command resumes from 2,
+    # sets averaged/4 and final/4 aside, and makes the choice at step 4 again beside the one set aside.
+    average_last(workdir, 2)
+    _, first_choice, _ = load_from_directory(workdir / "final")
+    for path in (workdir / "checkpoints" / "4" / "state").rglob("*"):
+        if path.is_file() and path.stat().st_size > 0:
+            path.write_bytes(path.read_bytes()[: path.stat().st_size // 2])  # truncated
+    caplog.clear()
+    with caplog.at_level(logging.INFO):
+        loop.train_and_evaluate(config, workdir)
+    assert "resumed from step 2" in caplog.text and "final choice: already made" not in caplog.text
+    (averaged_aside,) = rolled_back(workdir, 4, "averaged")
+    (final_aside,) = rolled_back(workdir, 4, "final")
+    assert best_steps(workdir, "averaged") == [] and best_steps(workdir, "final") == [4]
+    for aside in (averaged_aside, final_aside):
+        assert f"moved {aside.parent / '4'} to {aside}: a step after step 2" in caplog.text
+    shutil.copytree(final_aside, tmp_path / "aside" / "4")
+    assert load_from_directory(tmp_path / "aside")[1] == first_choice  # whole, not overwritten
+    _, second_choice, _ = load_from_directory(workdir / "final")  # resumed exactly: the same choice again
+    assert (second_choice.chosen_from, second_choice.bleu) == (first_choice.chosen_from, first_choice.bleu)
 
     # Ended at step 2 instead: best/ holds step 2, whose BLEU that end measured, and no other step.
     workdir = tmp_path / "shortened"
