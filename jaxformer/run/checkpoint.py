@@ -231,9 +231,10 @@ class Checkpointer:
         read, does not match its checksum, or is not a jaxformer checkpoint's."""
         return CheckpointMetadata.from_json(self._read_json(step), str(self.metadata_file(step)))
 
-    def latest_step_metadata(self) -> tuple[int, CheckpointMetadata] | None:
-        """(step, metadata) of the newest checkpoint whose metadata reads; None without checkpoints."""
-        for step in reversed(self.steps()):
+    def latest_step_metadata(self, last_step: int | None = None) -> tuple[int, CheckpointMetadata] | None:
+        """(step, metadata) of the newest checkpoint (up to `last_step`, when given) whose metadata
+        reads; None without checkpoints."""
+        for step in reversed([step for step in self.steps() if last_step is None or step <= last_step]):
             try:
                 return step, self.read_metadata(step)
             except CheckpointError as error:  # a damaged step: restore_latest will set it aside

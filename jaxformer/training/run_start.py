@@ -219,8 +219,8 @@ def prepare_run(config: ml_collections.ConfigDict, workdir: pathlib.Path) -> Pre
         kept_before = saved.config.get("training", {}).get("keep_checkpoints", default_keep)
         check_keep_not_lowered(checkpointer, kept_before, training.keep_checkpoints, saves_again, latest[0])
         check_kept_choice(config, run, latest[0], saved.train_seconds or 0.0)
-        if saves_again:
-            check_best_measured_alike(config, run)
+        if saves_again:  # the newest checkpoint whose metadata reads: the one restored, unless its arrays are damaged
+            check_best_measured_alike(config, run, latest[0])
     if latest is not None and any(training.get(key) is not None for key in PARTS.values()):
         logger.info("resuming this workdir's run; training.init_*from only set where a new run starts")
     starting_points = load_starting_points(training) if latest is None else ()

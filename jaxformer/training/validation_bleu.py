@@ -233,16 +233,17 @@ def bleu_measured_alike(made_with: dict[str, Any], now: dict[str, Any]) -> bool:
     return bleu_measure(bleu_settings(made_with)) == bleu_measure(bleu_settings(now))
 
 
-def check_best_measured_alike(config: ml_collections.ConfigDict, run: RunDirectory) -> None:
-    """Before anything is prepared, for a resumed run that validates again: a UserError naming the
-    BLEU_KEYS values that differ from those best/'s score was measured with. BleuValidator
-    compares each new score with that one, and two measures would decide which parameters best/
-    (then the final choice) keeps."""
+def check_best_measured_alike(config: ml_collections.ConfigDict, run: RunDirectory, resume_step: int) -> None:
+    """Before anything is prepared, for a run resuming from checkpoint `resume_step` that validates
+    again: a UserError naming the BLEU_KEYS values that differ from those best/'s score was measured
+    with. BleuValidator compares each new score with that one, and two measures would decide which
+    parameters best/ (then the final choice) keeps. best/'s steps after `resume_step` are not
+    compared: the run sets them aside before it validates (run/rolled_back.py)."""
     if not config.training.bleu_every_steps or not run.best.is_dir():
         return
     reader = Checkpointer(run.best, keep=None, read_only=True)
     try:
-        latest = reader.latest_step_metadata()
+        latest = reader.latest_step_metadata(last_step=resume_step)
     finally:
         reader.close()
     if latest is None or latest[1].bleu is None:  # nothing BleuValidator compares with

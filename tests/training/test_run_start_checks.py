@@ -168,6 +168,28 @@ def test_a_resume_measuring_alike_or_not_at_all_goes_on(changes, finished, no_da
         run_start.prepare_run(config, finished)
 
 
+@pytest.mark.parametrize("newest", ["kept", "damaged"])
+def test_a_best_step_the_resumed_run_sets_aside_is_not_compared(newest, finished, no_data):
+    """best/ holds only a step after the checkpoint the run resumes from, measured with 16 pairs:
+    step 30 (the segment that scored it was killed before checkpoint 30), or step 20 where
+    checkpoint 20's metadata is damaged (the run resumes from 10). The run sets it aside before it
+    validates (run/rolled_back.py), so a resume measuring with 4 pairs goes on; a best/ step it
+    keeps is still compared (test_a_resume_measuring_bleu_otherwise_than_best_is_refused)."""
+    config = config_of(finished, num_train_steps=40, bleu_examples=4)
+    best_step = 30 if newest == "kept" else 20
+    _, metadata, params = load_checkpoint(finished, "best")
+    run = RunDirectory(finished)
+    shutil.rmtree(run.best)
+    best = Checkpointer(run.best, keep=1)
+    best.save_params(best_step, params, metadata.replace(step=best_step))
+    best.close()
+    if newest == "damaged":
+        Checkpointer(run.checkpoints, keep=None, read_only=True).metadata_file(20).write_text("{")
+    with pytest.raises(pytest.fail.Exception, match="the data was prepared"):  # past the checks
+        run_start.prepare_run(config, finished)
+    assert [path.name for path in run.best.iterdir()] == [str(best_step)]  # set aside by the loop, not here
+
+
 def test_best_with_unreadable_metadata_is_left_to_the_validator(finished, no_data, caplog):
     Checkpointer(RunDirectory(finished).best, keep=None, read_only=True).metadata_file(10).write_text("{")
     config = ml_collections.ConfigDict(load_checkpoint(finished, 20, params=False)[1].config)
@@ -228,10 +250,10 @@ def test_a_best_scored_before_the_tokenizer_key_was_scored_with_13a(language, na
     now = ml_collections.ConfigDict(best_measured_with(finished, before_the_key))
     now.training.bleu_tokenize, now.training.num_train_steps = None, 40
     if named is None:
-        validation_bleu.check_best_measured_alike(now, run)
+        validation_bleu.check_best_measured_alike(now, run, 20)
         return
     with pytest.raises(UserError, match=f"was measured with {re.escape(named)}: restore the setting"):
-        validation_bleu.check_best_measured_alike(now, run)
+        validation_bleu.check_best_measured_alike(now, run, 20)
 
 
 @pytest.mark.parametrize("bleu_method", ["beam", "greedy"])
