@@ -18,7 +18,8 @@ import jax
 import numpy as np
 
 from benchmarks.common import CONFIGS, torch_available
-from jaxformer.commands.common import FlagError, Parser, at_least, check_writable_file, number, path_text
+from jaxformer.commands.common import FlagError, Parser, at_least, number, path_text
+from jaxformer.commands.path_checks import check_writable_file
 
 
 def summary(doc: str) -> str:

@@ -36,11 +36,10 @@ from jaxformer.commands.common import (
     FlagError,
     Parser,
     at_least,
-    check_readable_file,
-    check_writable_file,
     path_text,
 )
 from jaxformer.commands.decoding_flags import checkpoint_choice
+from jaxformer.commands.path_checks import check_readable_file, check_writable_file
 
 ROOT = pathlib.Path(__file__).resolve().parents[1]
 DEFAULT_INPUT = ROOT / "jaxformer" / "data" / "raw" / "multi30k" / "test_2016_flickr.en.gz"

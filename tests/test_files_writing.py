@@ -12,7 +12,8 @@ import sys
 import pytest
 
 from jaxformer.commands import evaluate, translate
-from jaxformer.commands.common import FlagError, check_readable_file, check_writable_file
+from jaxformer.commands.common import FlagError
+from jaxformer.commands.path_checks import check_readable_file, check_writable_file
 from jaxformer.files import open_descriptor, write_text_atomically
 
 ROOT = pathlib.Path(__file__).parents[1]

@@ -19,7 +19,8 @@ import logging
 import signal
 import sys
 
-from jaxformer.commands.common import at_least, check_workdir, make_parser, path_text, print_report, run_command
+from jaxformer.commands.common import at_least, make_parser, path_text, print_report, run_command
+from jaxformer.commands.path_checks import check_workdir
 from jaxformer.run.averaging import average_last
 from jaxformer.run.directory import RunDirectory
 from jaxformer.training.final_choice import run_config_differences

@@ -17,11 +17,9 @@ import contextlib
 import io
 import logging
 import os
-import pathlib
 import re
 import signal
 import sys
-import tempfile
 import traceback
 import warnings
 from collections.abc import Callable
@@ -40,7 +38,7 @@ from jaxformer.errors import (
     file_size_limit_error,
     no_space_error,
 )
-from jaxformer.files import not_a_folder_reason, open_descriptor, write_text_atomically, write_to_stream
+from jaxformer.files import write_text_atomically, write_to_stream
 
 logger = logging.getLogger(__name__)
 
@@ -126,78 +124,6 @@ def number(low: float, *, inclusive: bool) -> Callable[[str], float]:
 
     parse.__name__ = f"number {bound}"
     return parse
-
-
-# -- files: checked before any expensive work ------------------------------------------------
-
-
-def check_readable_file(path: str | None, flag: str) -> None:
-    if path is None:
-        return
-    if os.path.isdir(path):
-        raise FlagError(f"{flag} {path}: is a directory, not a file")
-    if os.path.islink(path) and not os.path.exists(path):
-        raise FlagError(f"{flag} {path}: a symbolic link to {os.readlink(path)}, which does not exist")
-    # Anything else that exists can be read once, as read_lines does: a pipe, a process
-    # substitution's /dev/fd/63 and /dev/stdin are not regular files.
-    if not os.path.exists(path):
-        raise FlagError(f"{flag} {path}: no such file")
-    if not os.access(path, os.R_OK):
-        raise FlagError(f"{flag} {path}: not readable")
-
-
-def check_writable_file(
-    path: str | None, flag: str, overwrite: bool = False, inputs: dict[str, str | None] | None = None
-) -> None:
-    """Fails now, not after the decoding, if `path` cannot be written: it is a directory or a
-    socket, its folder is missing, or a file cannot be created there (permissions, read-only disk);
-    or if it is an existing file, unless `overwrite`; or if it is the same regular file as one of the
-    command's `inputs` ({flag: path}), whatever `overwrite` says, since writing it would destroy
-    what is being read. A symbolic link is checked as the file it points to, which is what
-    write_text_atomically replaces; an existing FIFO or device (/dev/stdout) is written into, so
-    only its own permission matters."""
-    if path is None:
-        return
-    if open_descriptor(path) is not None:  # written through this process's descriptor, as the shell set it up
-        if not os.access(path, os.W_OK):
-            raise FlagError(f"{flag} {path}: not writable")
-        return
-    target = pathlib.Path(path)
-    if target.is_dir():
-        raise FlagError(f"{flag} {path}: is a directory")
-    for input_flag, input_path in (inputs or {}).items():
-        if (
-            input_path is not None
-            and target.is_file()
-            and os.path.exists(input_path)
-            and os.path.samefile(target, input_path)
-        ):
-            raise FlagError(f"{flag} {path}: is the {input_flag} file; writing it would destroy what is read")
-    if target.is_file() and not overwrite:  # a FIFO or a device (/dev/stdout) is written into, not replaced
-        raise FlagError(f"{flag} {path}: already exists; pass --overwrite to replace it")
-    if target.is_socket():
-        raise FlagError(f"{flag} {path}: is a socket, which cannot be written as a file")
-    if target.exists() and not os.access(target, os.W_OK):
-        raise FlagError(f"{flag} {path}: not writable")
-    if target.exists() and not target.is_file():
-        return
-    destination = pathlib.Path(os.path.realpath(target)) if target.is_symlink() else target
-    folder = destination.parent
-    if not folder.is_dir():  # a file (or a link to nothing) on the way is named as such, not as missing
-        raise FlagError(f"{flag} {path}: {not_a_folder_reason(destination) or f'the folder {folder} does not exist'}")
-    try:  # the real test: permission bits do not tell about read-only mounts, or bind root
-        with tempfile.NamedTemporaryFile(dir=folder, prefix=f".{destination.name}.", suffix=".probe"):
-            pass
-    except OSError as error:
-        raise FlagError(f"{flag} {path}: cannot write in {folder} ({error.strerror})") from None
-
-
-def one_file(first: str, second: str) -> bool:
-    """Whether writing `first` writes `second`: the same real path (a symbolic link, even one to
-    nothing yet, is written as its target) or, both existing, one file (a hard link)."""
-    if os.path.realpath(first) == os.path.realpath(second):
-        return True
-    return os.path.exists(first) and os.path.exists(second) and os.path.samefile(first, second)
 
 
 # -- logging ---------------------------------------------------------------------------------
@@ -350,13 +276,6 @@ def _discard_stdout() -> None:
     devnull = os.open(os.devnull, os.O_WRONLY)
     os.dup2(devnull, sys.stdout.fileno())
     os.close(devnull)
-
-
-def check_workdir(workdir: str, flag: str = "--workdir") -> None:
-    if os.path.exists(workdir) and not os.path.isdir(workdir):
-        raise FlagError(f"{flag} {workdir}: not a directory (a training run's workdir is one)")
-    if not os.path.isdir(workdir):
-        raise FlagError(f"{flag} {workdir}: no such directory")
 
 
 def read_lines(path: str | None) -> list[str]:

@@ -22,7 +22,7 @@ if __name__ == "__main__":  # `python -m`: launched as the console script is, be
 import argparse
 import logging
 
-from jaxformer.commands import common, decoding_flags
+from jaxformer.commands import common, decoding_flags, path_checks
 from jaxformer.run.directory import checkpoint_name
 
 
@@ -90,7 +90,7 @@ def _from_hf(args: argparse.Namespace) -> str:
 def _to_hf(args: argparse.Namespace) -> str:
     from jaxformer.interop import marian_export
 
-    common.check_workdir(args.to_hf, "--to_hf")
+    path_checks.check_workdir(args.to_hf, "--to_hf")
     try:
         import transformers  # noqa: F401
     except ImportError:

@@ -8,15 +8,13 @@ import argparse
 from jaxformer.commands.common import (
     FlagError,
     at_least,
-    check_readable_file,
     check_stdout_open,
-    check_workdir,
-    check_writable_file,
     integer_from,
     number,
     path_text,
     read_lines,
 )
+from jaxformer.commands.path_checks import check_readable_file, check_workdir, check_writable_file
 from jaxformer.run.directory import CHECKPOINT_KINDS, parse_checkpoint_choice
 
 

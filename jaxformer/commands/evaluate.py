@@ -26,12 +26,8 @@ from jaxformer.commands.common import (
     FlagError,
     add_overwrite_flag,
     at_least,
-    check_readable_file,
     check_stdout_open,
-    check_workdir,
-    check_writable_file,
     make_parser,
-    one_file,
     path_text,
     print_report,
     run_command,
@@ -43,6 +39,7 @@ from jaxformer.commands.decoding_flags import (
     final_search,
     translator_from_flags,
 )
+from jaxformer.commands.path_checks import check_readable_file, check_workdir, check_writable_file, one_file
 from jaxformer.data.parallel_text import DataError, skipped_pairs_text
 from jaxformer.data.tokenizer import Tokenizer
 from jaxformer.decoding import sentence_batches

@@ -19,7 +19,7 @@ import signal
 import sys
 
 from jaxformer.commands import common
-from jaxformer.commands.common import at_least, check_workdir, make_parser, run_command
+from jaxformer.commands.common import at_least, make_parser, run_command
 from jaxformer.commands.decoding_flags import (
     add_beam_flags,
     add_checkpoint_flags,
@@ -28,6 +28,7 @@ from jaxformer.commands.decoding_flags import (
     resolved_alpha,
     with_chosen_search,
 )
+from jaxformer.commands.path_checks import check_workdir
 from jaxformer.errors import exit_code_for_signal
 from jaxformer.export.program import KNOWN_PLATFORMS, PLATFORMS
 from jaxformer.run.directory import checkpoint_name
