@@ -10,7 +10,8 @@ from typing import Any
 
 import ml_collections
 
-from jaxformer.data.pipeline import LengthFilter, ShardedBatches, TokenizePair, eval_batches, train_dataset
+from jaxformer.data.pipeline import LengthFilter, TokenizePair, eval_batches, train_dataset
+from jaxformer.data.sharded_batches import ShardedBatches
 from jaxformer.data.subword_sampling import SubwordSampling
 from jaxformer.training import experiment, run_start
 from jaxformer.training.run_start import PreparedRun

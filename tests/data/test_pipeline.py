@@ -6,6 +6,7 @@ import pytest
 from jaxformer.data import pipeline
 from jaxformer.data.parallel_text import DataError
 from jaxformer.data.pipeline import LengthFilter, TokenizePair, eval_batches, read_records, train_dataset
+from jaxformer.data.sharded_batches import ShardedBatches
 from jaxformer.data.tokenizer import train_tokenizer
 from jaxformer.training.experiment import default_config
 
@@ -328,7 +329,7 @@ def test_a_batch_that_cannot_be_read_leaves_the_state_of_the_batches_before_it(c
     records, tokenizer = corpus
 
     def sharded(source):  # two input shards, each read as its records are drawn
-        return pipeline.ShardedBatches(
+        return ShardedBatches(
             [iter(make((source, tokenizer), shard_index=i, shard_count=2, encode_once_max_examples=0)) for i in (0, 1)]
         )
 

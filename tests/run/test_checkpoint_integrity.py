@@ -15,7 +15,7 @@ import pytest
 import tensorstore as ts
 from jax.sharding import Mesh, NamedSharding, PartitionSpec
 
-from jaxformer.data.pipeline import ShardedBatches
+from jaxformer.data.sharded_batches import ShardedBatches
 from jaxformer.errors import CheckpointError
 from jaxformer.run.checkpoint import Checkpointer
 from jaxformer.run.checksums import ChecksumError, array_checksums
