@@ -176,6 +176,26 @@ def decoding_workdir(tmp_path_factory, data_dir):
 
 
 # ------------------------------------------------------------------------------------------
+# The shipped language models (multi30k_mlm, multi30k_lm) trained at test size once per session
+# (per worker), for tests/training/test_language_models.py and test_composed_translator.py: both
+# are in the xdist group "language-models", so one worker trains them, once.
+# ------------------------------------------------------------------------------------------
+
+
+@pytest.fixture(scope="session")
+def trained_language_models(tmp_path_factory, data_dir):
+    """Each config trained for 40 steps, by name: (workdirs, the runs' stderr)."""
+    from tests.training.test_language_models import NAMES, TINY, config_flag
+    from tests.training.test_loop import train
+
+    workdirs, logs = {}, {}
+    for name in NAMES:
+        workdirs[name] = tmp_path_factory.mktemp(name)
+        logs[name] = train(workdirs[name], data_dir, config_flag(name), *TINY).stderr
+    return workdirs, logs
+
+
+# ------------------------------------------------------------------------------------------
 # jaxformer installed from its wheel into fresh venvs (tests/install_env.py): the wheel is
 # built once for all pytest workers; the install and notebook tests each use their own venv.
 # ------------------------------------------------------------------------------------------

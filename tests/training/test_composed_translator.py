@@ -1,0 +1,162 @@
+"""A translator composed from the language models, its encoder from the masked LM's and its
+decoder from the causal LM's: the starting parameters, the checks against its config, a run
+trained end to end, and the shipped configs' fit."""
+
+import re
+
+import jax
+import ml_collections
+import numpy as np
+import pytest
+from flax import traverse_util
+
+from jaxformer.data.tokenizer import Tokenizer
+from jaxformer.model.architectures import build_model
+from jaxformer.model.config import ConfigError
+from jaxformer.model.transformer import Transformer
+from jaxformer.run.loading import load_checkpoint
+from jaxformer.run.metadata import CheckpointMetadata
+from jaxformer.training.config_file import load_config
+from jaxformer.training.experiment import model_config
+from jaxformer.training.init_from import StartingPoint, load_starting_points, starting_overrides
+from jaxformer.training.state import init_params
+from tests.training.test_language_models import NAMES, TINY
+from tests.training.test_loop import losses, train
+
+pytestmark = pytest.mark.xdist_group("language-models")  # the language models' runs are trained once
+
+
+@pytest.fixture(scope="module")
+def runs(trained_language_models):
+    return trained_language_models[0]
+
+
+def test_a_translator_starts_from_both(runs):
+    pretrained = runs
+    training = ml_collections.ConfigDict(
+        {
+            "init_from": None,
+            "init_encoder_from": str(pretrained["multi30k_mlm"]),
+            "init_decoder_from": str(pretrained["multi30k_lm"]),
+            "init_checkpoint": "latest",
+        }
+    )
+    points = load_starting_points(training)
+    _, mlm_metadata, mlm_params = load_checkpoint(pretrained["multi30k_mlm"])
+    _, lm_metadata, lm_params = load_checkpoint(pretrained["multi30k_lm"])
+    config = lm_metadata.model_config().replace(
+        architecture="encoder_decoder", share_embeddings=False, source_vocab_size=600
+    )
+    abstract = jax.eval_shape(lambda: init_params(Transformer(config), jax.random.key(0), 8, 8))
+    overrides = starting_overrides(points, abstract, config)
+    mlm, lm = traverse_util.flatten_dict(mlm_params, sep="/"), traverse_util.flatten_dict(lm_params, sep="/")
+    expected = {name.replace("embedding/", "source_embedding/", 1): value for name, value in mlm.items()}
+    expected.update({name.replace("embedding/", "target_embedding/", 1): value for name, value in lm.items()})
+    expected = {name: value for name, value in expected.items() if not name.startswith("mlm_head/")}
+    assert sorted(overrides) == sorted(expected)
+    for name, value in expected.items():
+        np.testing.assert_array_equal(overrides[name], value, err_msg=name)
+    fresh = set(traverse_util.flatten_dict(abstract, sep="/")) - set(overrides)
+    assert fresh and all("/cross_attention" in name for name in fresh)  # only the cross-attention is new
+
+    with pytest.raises(ConfigError, match="each give an embedding"):
+        starting_overrides(points, abstract, config.replace(share_embeddings=True, source_vocab_size=None))
+    swapped = ml_collections.ConfigDict({**training.to_dict(), "init_encoder_from": str(pretrained["multi30k_lm"])})
+    with pytest.raises(
+        ConfigError, match="holds a decoder_only model; a translator's encoder starts from an encoder_only run$"
+    ):
+        load_starting_points(swapped)
+    swapped = ml_collections.ConfigDict({**training.to_dict(), "init_decoder_from": str(pretrained["multi30k_mlm"])})
+    with pytest.raises(
+        ConfigError, match="holds an encoder_only model; a translator's decoder starts from a decoder_only run$"
+    ):
+        load_starting_points(swapped)
+
+
+def test_a_translators_start_from_a_language_model_is_checked_against_its_config(runs):
+    from jaxformer.training.config_file import apply_overrides
+    from jaxformer.training.init_from import check_starting_points
+
+    config = load_config("multi30k")
+    apply_overrides(config, [flag[len("--config.") :].split("=", 1) for flag in TINY])
+    config.training.init_encoder_from = str(runs["multi30k_mlm"])
+    config.training.init_decoder_from = str(runs["multi30k_lm"])
+    check_starting_points(load_starting_points(config.training), config)  # the README's composition fits
+
+    deeper = config.copy_and_resolve_references()  # both parts differ: one error names both
+    deeper.model.num_encoder_layers += 1
+    deeper.model.num_decoder_layers += 1
+    layers = (config.model.num_encoder_layers, config.model.num_decoder_layers)
+    with pytest.raises(ConfigError) as refused:
+        check_starting_points(load_starting_points(deeper.training), deeper)
+    assert re.fullmatch(
+        rf"training.init_encoder_from: step \d+ of \S+ was trained with another model section; set it as in that "
+        rf"run: model.num_encoder_layers={layers[0]} there, {layers[0] + 1} here; and training.init_decoder_from: "
+        rf"step \d+ of \S+ was trained with another model section; set it as in that run: "
+        rf"model.num_decoder_layers={layers[1]} there, {layers[1] + 1} here",
+        str(refused.value),
+    )
+
+    config.training.init_encoder_from = None  # one part under one shared vocabulary
+    config.tokenizer.separate_vocabularies, config.model.share_embeddings = False, True
+    with pytest.raises(ConfigError, match="training.init_decoder_from alone with one shared vocabulary"):
+        check_starting_points(load_starting_points(config.training), config)
+
+    config.training.init_decoder_from, config.training.init_from = None, str(runs["multi30k_lm"])
+    with pytest.raises(
+        ConfigError,
+        match=r"holds a decoder_only model and this run trains an encoder_decoder one; to start a translator's "
+        r"decoder from it, use training.init_decoder_from$",
+    ):
+        check_starting_points(load_starting_points(config.training), config)
+
+
+@pytest.mark.slow  # a third run; the composed starting point is checked in test_a_translator_starts_from_both
+def test_composed_translator_trains_end_to_end(runs, data_dir, tmp_path):
+    pretrained = runs
+    workdir = tmp_path / "composed"
+    train(
+        workdir,
+        data_dir,
+        *TINY[:-4],
+        f"--config.training.init_encoder_from={pretrained['multi30k_mlm']}",
+        f"--config.training.init_decoder_from={pretrained['multi30k_lm']}",
+        "--config.tokenizer.separate_vocabularies=True",
+        "--config.model.share_embeddings=False",
+        "--config.training.num_train_steps=10",
+        "--config.training.eval_every_steps=10",
+        "--config.training.checkpoint_every_steps=10",
+    )
+    assert set(losses(workdir, "eval/loss")) == {0, 10}  # the starting model is evaluated first
+    _, metadata, _ = load_checkpoint(workdir)
+    _, mlm_metadata, _ = load_checkpoint(pretrained["multi30k_mlm"])
+    _, lm_metadata, _ = load_checkpoint(pretrained["multi30k_lm"])
+    assert metadata.tokenizer == mlm_metadata.tokenizer and metadata.target_tokenizer == lm_metadata.tokenizer
+    assert Tokenizer(metadata.tokenizer).mask_id is not None
+
+
+def test_the_shipped_language_models_fit_the_shipped_translator():
+    """The README's composed translator (`--config multi30k` with init_encoder_from=multi30k_mlm,
+    init_decoder_from=multi30k_lm) at the shipped sizes: every pretrained parameter fits, and only
+    the cross-attention starts fresh. The tests above shrink all three configs alike, so only this
+    one sees the shipped widths."""
+    configs = {name: load_config(name) for name in NAMES}
+    translator_config = load_config("multi30k")
+    vocab = translator_config.tokenizer.vocab_size
+    assert translator_config.tokenizer.separate_vocabularies  # each side's embedding comes from its own run
+    assert all(config.tokenizer.vocab_size == vocab for config in configs.values())
+    translator = model_config(translator_config, vocab, vocab)
+    abstract = jax.eval_shape(lambda: init_params(build_model(translator), jax.random.key(0), 8, 8))
+    parts = {"multi30k_mlm": "encoder", "multi30k_lm": "decoder"}
+    points = []
+    for name, config in configs.items():
+        pretrained = model_config(config, vocab)
+        shapes = jax.eval_shape(lambda p=pretrained: init_params(build_model(p), jax.random.key(0), 8, 8))
+        params = jax.tree.map(lambda leaf: np.zeros(leaf.shape, leaf.dtype), shapes)
+        metadata = CheckpointMetadata(
+            config=config.to_dict(), model=pretrained.to_dict(), tokenizer=b"", data_fingerprint=None, step=0
+        )
+        points.append(StartingPoint(where=name, step=0, metadata=metadata, params=params, part=parts[name]))
+    overrides = starting_overrides(points, abstract, translator)  # ConfigError listing the misfits otherwise
+    fresh = set(traverse_util.flatten_dict(abstract, sep="/")) - set(overrides)
+    assert fresh and all("/cross_attention" in name for name in fresh)
