@@ -135,37 +135,21 @@ def final_search(args: argparse.Namespace, chosen=None):
     return chosen_search(args.workdir, args.checkpoint)
 
 
-# The flags a search settles, each as given, else --checkpoint final's (`chosen_defaults`), else DecodeSettings'.
-_SETTLED_FLAGS = ("method", "beam_size", "length_penalty", "max_extra_length", "stop", "renormalize_after_bans")
-
-
 def with_chosen_search(args: argparse.Namespace, chosen) -> argparse.Namespace:
     """`args` with --method, --beam_size, --stop, --max_extra_length, --length_penalty and
     --renormalize_after_bans settled, once `check_search_flags` has checked them under the search
     they name: each as given; else, with --checkpoint final, the one the run's final choice was
     made with (`chosen`, `final_search(args)`; `chosen_defaults`: its alpha was chosen with them),
-    logged; else DecodeSettings' (beam search, beam 4, current_length, 50, gnmt, false). A command
-    without --method (export) runs beam search whatever the choice's."""
-    from jaxformer.decoding.checkpoint_alpha import (
-        checkpoint_length_penalty,
-        checkpoint_renormalization,
-        chosen_defaults,
-        log_chosen_search,
-    )
-    from jaxformer.decoding.generate import DecodeSettings
+    logged; else DecodeSettings' (beam search, beam 4, current_length, 50, gnmt, false). Settled by
+    `settled_search`, as `Translator.from_workdir` settles them. A command without --method
+    (export) runs beam search whatever the choice's."""
+    from jaxformer.decoding.checkpoint_alpha import SETTLED_FIELDS, settled_search
 
     check_search_flags(args, chosen)
-    given = {name: getattr(args, name) for name in _SETTLED_FLAGS if getattr(args, name, None) is not None}
+    given = {name: getattr(args, name) for name in SETTLED_FIELDS if getattr(args, name, None) is not None}
     if not hasattr(args, "method"):
         given["method"] = "beam"
-    taken = {name: value for name, value in chosen_defaults(chosen, given.get("method")).items() if name not in given}
-    settled = {**{name: getattr(DecodeSettings, name) for name in _SETTLED_FLAGS}, **taken, **given}
-    log_chosen_search(chosen, taken, settled["method"], as_flags=True)
-    if "length_penalty" in taken and settled["method"] == "beam":  # the others read none
-        checkpoint_length_penalty(chosen, override="--length_penalty")
-    if "renormalize_after_bans" in taken:
-        checkpoint_renormalization(chosen, override="--renormalize_after_bans")
-    return argparse.Namespace(**{**vars(args), **settled})
+    return argparse.Namespace(**{**vars(args), **settled_search(chosen, given, as_flags=True)})
 
 
 def resolved_alpha(args: argparse.Namespace, max_extra_length: int, chosen) -> float:

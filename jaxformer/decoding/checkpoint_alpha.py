@@ -35,6 +35,9 @@ _LOGGED_KEYS = ("method", "beam_size", "stop", "max_extra_length")
 # The settings of a beam search that the chosen alpha depends on, besides the parameters: the
 # search's but its method (named on its own) and the alpha itself.
 _SEARCH_KEYS = tuple(key for key in SEARCH_FIELDS if key not in ("method", "alpha"))
+# The DecodeSettings fields `settled_search` settles: each as the caller gives it, else --checkpoint
+# final's (`chosen_defaults`), else DecodeSettings'.
+SETTLED_FIELDS = ("method", *_SEARCH_KEYS)
 SEARCH_NAMES = {"beam": "beam search", "greedy": "greedy search", "sample": "sampling"}  # decoding.method's
 
 
@@ -112,6 +115,23 @@ def log_chosen_search(chosen: ChosenSearch | None, taken: dict[str, Any], method
             "%s: the run's decoding settings; its final choice was made with %s (%s)",
             *(named, SEARCH_NAMES[chosen.method], override),
         )
+
+
+def settled_search(chosen: ChosenSearch | None, given: dict[str, Any], as_flags: bool = False) -> dict[str, Any]:
+    """SETTLED_FIELDS' values, for the commands' flags and for `checkpoint_settings` alike: each as
+    `given` by the caller; else, for --checkpoint final (`chosen`), the one the run's final choice
+    was made with (`chosen_defaults`, under `given`'s method when it names one), logged by
+    `log_chosen_search`, `checkpoint_length_penalty` (under beam search: the others read none) and
+    `checkpoint_renormalization`; else DecodeSettings'. `as_flags`: the caller gives its own with
+    the commands' flags (--length_penalty), else with DecodeSettings, for those log lines."""
+    taken = {key: value for key, value in chosen_defaults(chosen, given.get("method")).items() if key not in given}
+    settled = {**{key: getattr(DecodeSettings, key) for key in SETTLED_FIELDS}, **taken, **given}
+    log_chosen_search(chosen, taken, settled["method"], as_flags)
+    if "length_penalty" in taken and settled["method"] == "beam":  # the others read none
+        checkpoint_length_penalty(chosen, "--length_penalty" if as_flags else SETTINGS_LENGTH_PENALTY)
+    if "renormalize_after_bans" in taken:
+        checkpoint_renormalization(chosen, "--renormalize_after_bans" if as_flags else SETTINGS_RENORMALIZE)
+    return settled
 
 
 def checkpoint_alpha(
@@ -227,15 +247,8 @@ def checkpoint_settings(
     final/ is then not read again."""
     if settings is None:
         chosen = chosen_search(workdir, checkpoint, chosen, metadata)
-        taken = chosen_defaults(chosen, method)
-        search = DecodeSettings(**{**taken, **({"method": method} if method else {})})
-        logged = {key: value for key, value in taken.items() if not (key == "method" and method)}  # not the caller's
-        log_chosen_search(chosen, logged, search.method)
-        _warn_if_chosen_with_another_method(chosen, search)
-        if search.method == "beam":  # the others read no length penalty
-            checkpoint_length_penalty(chosen)
-        if "renormalize_after_bans" in taken:
-            checkpoint_renormalization(chosen)
+        search = DecodeSettings(**settled_search(chosen, {"method": method} if method else {}))
+        _warn_if_chosen_with_another_method(chosen, search)  # after the settled lines, as the commands warn
         return dataclasses.replace(search, alpha=checkpoint_alpha(chosen, search))
     if checkpoint == "final":  # the commands' greedy search and sampling read final/'s search here
         chosen = chosen_search(workdir, checkpoint, chosen, metadata)

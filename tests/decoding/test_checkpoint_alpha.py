@@ -7,7 +7,15 @@ import shutil
 
 import pytest
 
-from jaxformer.commands import decoding_flags, translate
+from jaxformer.commands import decoding_flags, export, translate
+from jaxformer.decoding.checkpoint_alpha import (
+    SETTINGS_LENGTH_PENALTY,
+    SETTINGS_RENORMALIZE,
+    SETTINGS_SEARCH,
+    SETTLED_FIELDS,
+    ChosenSearch,
+    checkpoint_settings,
+)
 from jaxformer.decoding.generate import DecodeSettings
 from jaxformer.decoding.translator import Translator
 from jaxformer.run.checkpoint import Checkpointer
@@ -250,6 +258,35 @@ def test_from_workdir_says_it_searches_a_greedy_choice_with_beams(decoding_workd
         assert searched.method == ("beam" if beam else "greedy")  # without settings, the choice's
         said = GREEDY_CHOICE_SEARCHED_WITH_BEAMS[2:].replace("(beam 4)", f"(beam {beam})")
         assert caplog.messages == ([said] if beam else []), settings
+
+
+def test_the_flags_and_python_settle_final_search_with_one_rule(caplog):
+    """An export's beam search of a greedy choice, settled by the flags (with_chosen_search) and by
+    Python (checkpoint_settings): the same search and lines but for how each names its override,
+    the warning after them both ways (export_checkpoint's, after the flags'). No run is read."""
+    chosen_with = dict(
+        beam_size=5, length_penalty="transformers", max_extra_length=30, stop="exact", renormalize_after_bans=True
+    )
+    greedy = ChosenSearch("greedy", None, False, 0.6, "transformers", True, chosen_with)
+
+    def settled(settle):
+        caplog.clear()
+        with caplog.at_level(logging.INFO, logger="jaxformer"):
+            search = settle()
+        return {key: getattr(search, key) for key in SETTLED_FIELDS}, list(caplog.messages)
+
+    args = export.build_parser().parse_args(["--workdir", "run", "--output", "out", "--checkpoint", "final"])
+    from_flags, flag_lines = settled(lambda: decoding_flags.with_chosen_search(args, greedy))
+    from_python, python_lines = settled(lambda: checkpoint_settings("run", "final", None, greedy, method="beam"))
+    assert from_flags == from_python == {"method": "beam", **chosen_with}
+    renamed = [
+        line.replace("--beam_size, --stop, --max_extra_length override them", f"{SETTINGS_SEARCH} overrides them")
+        .replace("--length_penalty", SETTINGS_LENGTH_PENALTY)
+        .replace("--renormalize_after_bans", SETTINGS_RENORMALIZE)
+        for line in flag_lines
+    ]
+    assert len(renamed) == 3 and renamed != flag_lines
+    assert python_lines == [*renamed, GREEDY_CHOICE_SEARCHED_WITH_BEAMS[2:].replace("(beam 4)", "(beam 5)")]
 
 
 BEAM_CHOICE_SEARCHED_GREEDILY = (
