@@ -246,13 +246,13 @@ def add_stop_flag(parser: argparse.ArgumentParser, final: bool = False) -> None:
 
 def length_penalty_alpha(text: str) -> float:
     """--alpha: at most MAX_ALPHA, the largest whose float32 penalty holds at any length."""
-    from jaxformer.decoding.beam_search import ALPHA_RULE, MAX_ALPHA
+    from jaxformer.decoding.beam_search import ALPHA_RULE, is_valid_alpha
 
     try:
         value = float(text)
     except ValueError:
         raise argparse.ArgumentTypeError(f"must be {ALPHA_RULE}, got {text!r}") from None
-    if not 0 <= value <= MAX_ALPHA:  # NaN too
+    if not is_valid_alpha(value):
         raise argparse.ArgumentTypeError(f"must be {ALPHA_RULE}, got {text}")
     return value
 

@@ -35,6 +35,13 @@ ALPHA_RULE = (
 )
 
 
+def is_valid_alpha(value: Any) -> bool:
+    """Whether the number `value` (an int, a float or a NumPy scalar, as the config may hold) is an
+    alpha ALPHA_RULE allows: from 0 to MAX_ALPHA, NaN not (it would rank every hypothesis alike).
+    The one test of DecodeSettings, --alpha and the config's decoding.alpha and training.final_alphas."""
+    return bool(0 <= value <= MAX_ALPHA)  # False for NaN; bool: a NumPy scalar compares to np.bool_
+
+
 def length_penalty(length, alpha: float, form: str = "gnmt"):
     """The beam-search length normalisation of a hypothesis of `length` tokens (EOS included):
     "gnmt", ((5 + |Y|) / 6)^alpha (Wu et al., 2016, the paper's), or "transformers", |Y|^alpha

@@ -15,7 +15,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from jaxformer.decoding.beam_search import ALPHA_RULE, BEAM_STOPS, LENGTH_PENALTIES, MAX_ALPHA, beam_search
+from jaxformer.decoding.beam_search import ALPHA_RULE, BEAM_STOPS, LENGTH_PENALTIES, beam_search, is_valid_alpha
 from jaxformer.decoding.search import CacheGrowth, SearchSpec, TokensToLogits, greedy_search, sample_search
 from jaxformer.model.cache import init_cache
 from jaxformer.model.config import ConfigError, TransformerConfig, set_python_scalar_fields
@@ -127,7 +127,7 @@ class DecodeSettings:
             raise ValueError(f"beam_size must be >= 1, got {self.beam_size}")
         if not 1 <= self.max_extra_length <= MAX_EXTRA_LENGTH:
             raise ValueError(f"max_extra_length must be from 1 to {MAX_EXTRA_LENGTH}, got {self.max_extra_length}")
-        if not 0 <= self.alpha <= MAX_ALPHA:  # NaN too: it would rank every hypothesis alike
+        if not is_valid_alpha(self.alpha):
             raise ValueError(f"alpha must be {ALPHA_RULE}, got {self.alpha}")
         if not 0 < self.temperature < math.inf:
             raise ValueError(f"temperature must be a finite number > 0, got {self.temperature}")

@@ -13,7 +13,7 @@ from typing import Any
 import numpy as np
 
 from jaxformer.data.split_files import plain_text_for_pairs, spec_kind
-from jaxformer.decoding.beam_search import ALPHA_RULE, BEAM_STOPS, LENGTH_PENALTIES, MAX_ALPHA
+from jaxformer.decoding.beam_search import ALPHA_RULE, BEAM_STOPS, LENGTH_PENALTIES, is_valid_alpha
 from jaxformer.decoding.generate import MAX_EXTRA_LENGTH
 from jaxformer.decoding.scoring import BLEU_TOKENIZERS, bleu_tokenizer, bleu_tokenizer_problem
 from jaxformer.errors import with_article
@@ -57,7 +57,7 @@ def _non_negative(note: str = "", finite: bool = False) -> tuple[Callable[[Any],
 
 def _is_alpha(value: Any) -> bool:
     """A length penalty's alpha that its float32 penalty holds at any length (MAX_ALPHA)."""
-    return _number(value) and 0 <= value <= MAX_ALPHA
+    return _number(value) and is_valid_alpha(value)
 
 
 _POSITIVE_NUMBER = (lambda value: _number(value) and value > 0 and math.isfinite(value)), "a finite number > 0"

@@ -1,5 +1,7 @@
 """generate(): the cached search on a real model against decoding by recomputing the whole prefix."""
 
+import argparse
+import math
 import re
 
 import flax.linen as nn
@@ -8,11 +10,13 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from jaxformer.decoding.beam_search import ALPHA_RULE, LENGTH_PENALTIES, MAX_ALPHA, length_penalty
+from jaxformer.commands.decoding_flags import length_penalty_alpha
+from jaxformer.decoding.beam_search import ALPHA_RULE, LENGTH_PENALTIES, MAX_ALPHA, is_valid_alpha, length_penalty
 from jaxformer.decoding.generate import DecodeSettings, check_source_ids, generate, make_generate_fn
 from jaxformer.model.config import ConfigError, preset
 from jaxformer.model.transformer import Transformer
 from jaxformer.tokens import BOS_ID, EOS_ID, PAD_ID
+from jaxformer.training.config_rules import VALUE_RULES
 
 # One worker for the module: its tests share programs (and module fixtures) that a second
 # worker would trace, lower and fetch again.
@@ -142,6 +146,26 @@ def test_an_alpha_whose_length_penalty_overflows_float32_is_refused(alpha):
         DecodeSettings(alpha=alpha)
     assert "the length penalty overflows float32 on a hypothesis of up to 2**31 - 1 tokens" in ALPHA_RULE
     assert DecodeSettings(alpha=MAX_ALPHA).alpha == MAX_ALPHA
+
+
+@pytest.mark.parametrize("alpha", [0.0, 0.6, 4.0, -0.0, -1e-12, 4.000001, math.nan, math.inf, -math.inf])
+def test_every_alpha_check_is_the_one_rule(alpha):
+    """DecodeSettings, --alpha and the config's decoding.alpha and training.final_alphas accept the
+    alphas is_valid_alpha does, a finite number from 0 to 4, and refuse the others with ALPHA_RULE."""
+    valid = math.isfinite(alpha) and 0 <= alpha <= 4
+    assert MAX_ALPHA == 4 and is_valid_alpha(alpha) == valid
+    for check, problem in (
+        (lambda: DecodeSettings(alpha=alpha), ValueError),
+        (lambda: length_penalty_alpha(str(alpha)), argparse.ArgumentTypeError),
+    ):
+        if valid:
+            check()
+        else:
+            with pytest.raises(problem, match=re.escape(ALPHA_RULE)):
+                check()
+    assert VALUE_RULES["decoding.alpha"][0](alpha) == valid
+    assert VALUE_RULES["training.final_alphas"][0]((0.6, alpha)) == valid
+    assert is_valid_alpha(np.float32(alpha)) == is_valid_alpha(int(alpha) if valid else alpha) == valid  # the config's
 
 
 @pytest.mark.parametrize(
