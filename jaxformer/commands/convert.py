@@ -76,7 +76,8 @@ def _from_hf(args: argparse.Namespace) -> str:
 
     converted = marian.import_marian(args.from_hf, args.output, args.source_language, args.target_language)
     config = converted.config
-    # Each setting of the model's sampling that the flags cannot reproduce on a line of its own, after them.
+    # Each setting of the model's that the flags cannot reproduce (its sampling's, a pad it leaves unbanned) on a
+    # line of its own, after them.
     return "\n".join(
         (
             f"converted {args.from_hf} to {args.output}: {config.num_encoder_layers}+{config.num_decoder_layers} "

@@ -276,7 +276,7 @@ class ConvertedMarian:
     renormalize_after_bans: bool  # transformers' generate renormalizes its scores (renormalize_logits)
     search_flags: tuple[str, ...] = ()  # jaxformer-translate's flags for generate()'s default search
     search: dict[str, Any] = dataclasses.field(default_factory=dict)  # its `decoding` keys, for --to_hf
-    unreproduced: tuple[str, ...] = ()  # a line for each of its sampling settings they cannot reproduce
+    unreproduced: tuple[str, ...] = ()  # a line for each of its settings they cannot reproduce
 
 
 def convert_marian(files: MarianDirectory) -> ConvertedMarian:

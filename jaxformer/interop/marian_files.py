@@ -25,6 +25,7 @@ from jaxformer.interop.marian_generation import (
     recorded_search,
     renormalizes,
     search_flags,
+    unbanned_tokens,
     unreproduced_sampling,
 )
 from jaxformer.interop.marian_layout import ConversionError, marian_weight_shapes
@@ -75,7 +76,7 @@ class MarianDirectory:
     renormalize_logits: bool = False  # generate()'s setting (marian_generation.renormalizes)
     search_flags: tuple[str, ...] = ()  # jaxformer-translate's flags for generate()'s default search
     search: dict[str, Any] = dataclasses.field(default_factory=dict)  # its `decoding` keys (recorded_search)
-    unreproduced: tuple[str, ...] = ()  # a line for each of its sampling settings they cannot reproduce
+    unreproduced: tuple[str, ...] = ()  # a line for each of its settings they cannot reproduce
 
 
 def _read_json(path: pathlib.Path) -> Any:
@@ -348,7 +349,9 @@ def read_marian_directory(directory: str | pathlib.Path) -> MarianDirectory:
     renormalize_logits = renormalizes(settings, str(settings_path))
     search = search_flags(settings, str(settings_path), config["vocab_size"])
     recorded = recorded_search(settings, str(settings_path))
-    unreproduced = unreproduced_sampling(settings, str(settings_path))
+    unreproduced = unreproduced_sampling(settings, str(settings_path)) + unbanned_tokens(
+        settings, ids[0], ids[2], str(settings_path)
+    )
     vocab = _read_object(directory / "vocab.json")
     if not all(isinstance(index, int) and not isinstance(index, bool) and index >= 0 for index in vocab.values()):
         raise ConversionError(f"{directory / 'vocab.json'} is not an object of pieces to non-negative integer ids")

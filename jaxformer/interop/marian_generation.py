@@ -25,7 +25,9 @@ Under do_sample=true generate samples, and `search_flags` gives jaxformer's samp
 (--method sample --temperature --top_k, with transformers' default top_k of 50 where none is set).
 What jaxformer's sampling cannot do (beam sampling, nucleus and the other cutoffs of
 UNREPRODUCED_SAMPLING) cannot refuse the import, whose greedy and beam search stay exact: each is
-named in one line of `unreproduced_sampling` for convert's message instead.
+named in one line of `unreproduced_sampling` for convert's message instead. So is a directory
+whose bad_words_ids and suppress_tokens leave pad or the decoder start free (`unbanned_tokens`):
+generate may output them, jaxformer's search never does.
 """
 
 from __future__ import annotations
@@ -256,6 +258,23 @@ def unreproduced_sampling(settings: Mapping[str, Any], where: str) -> tuple[str,
                 "has no such setting (only --temperature and --top_k): its samples follow another distribution"
             )
     return tuple(lines)
+
+
+def unbanned_tokens(settings: Mapping[str, Any], pad_id: int, start_id: int, where: str) -> tuple[str, ...]:
+    """One line naming the tokens jaxformer's search never produces (pad, the decoder start) that
+    `settings` (read from `where`, checked by `check_generation_settings`) leave transformers'
+    generate free to output, as a directory without OPUS-MT's bad_words_ids [[pad]] does, for
+    convert's message; none where bad_words_ids or suppress_tokens ban them all."""
+    banned = {words[0] for words in settings.get("bad_words_ids") or ()} | set(settings.get("suppress_tokens") or ())
+    names = {start_id: "decoder_start_token_id", pad_id: "pad_token_id"}  # pad's name where they are one token
+    unbanned = sorted(token for token in names if token not in banned)
+    if not unbanned:
+        return ()
+    return (
+        f"{where}: neither bad_words_ids nor suppress_tokens bans {' or '.join(f'{names[t]} {t}' for t in unbanned)}, "
+        "which transformers' generate may then output and jaxformer's search never does, so their translations "
+        f"and scores can differ (bad_words_ids={json.dumps([[token] for token in sorted(names)])} makes them agree)",
+    )
 
 
 def check_generation_settings(settings: Mapping[str, Any], pad_id: int, eos_id: int, start_id: int, where: str) -> None:

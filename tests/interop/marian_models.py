@@ -66,7 +66,8 @@ def randomize(model):
 
 def write_marian(directory, **overrides):
     """A tiny MarianMT model (swish, nonzero final_logits_bias; MarianConfig values `overrides`)
-    saved with its tokenizer files in `directory`; returns the model."""
+    saved with its tokenizer files in `directory`, its generation_config.json banning pad as
+    OPUS-MT's do; returns the model."""
     english, german = read_raw("train.en.gz", 400), read_raw("train.de.gz", 400)
     source_spm, target_spm = train_spm(english, 150), train_spm(german, 150)
     vocab = marian_vocab(source_spm, target_spm)
@@ -92,6 +93,7 @@ def write_marian(directory, **overrides):
     torch.manual_seed(0)
     model = MarianMTModel(MarianConfig(**{**values, **overrides})).eval()
     randomize(model)
+    model.generation_config.bad_words_ids = [[pad]]  # OPUS-MT's: generate never outputs pad, as jaxformer's search
     model.save_pretrained(directory)
     (directory / "source.spm").write_bytes(source_spm)
     (directory / "target.spm").write_bytes(target_spm)

@@ -16,11 +16,13 @@ torch = pytest.importorskip("torch")
 
 from transformers import GenerationConfig, MarianMTModel  # noqa: E402
 
+from jaxformer.commands import convert  # noqa: E402
 from jaxformer.decoding.generate import DecodeSettings  # noqa: E402
 from jaxformer.decoding.translator import Translator  # noqa: E402
 from jaxformer.interop.marian import import_marian  # noqa: E402
 from jaxformer.interop.marian_export import export_marian  # noqa: E402
-from jaxformer.interop.marian_generation import exported_search  # noqa: E402
+from jaxformer.interop.marian_files import read_marian_directory  # noqa: E402
+from jaxformer.interop.marian_generation import exported_search, unbanned_tokens  # noqa: E402
 from jaxformer.run.checkpoint import Checkpointer  # noqa: E402
 from jaxformer.run.directory import RunDirectory  # noqa: E402
 from jaxformer.run.loading import load_checkpoint  # noqa: E402
@@ -133,3 +135,53 @@ def test_greedy_search_a_beam_of_one_and_sampling_set_no_search(tmp_path):
     # GenerationConfig refuses to save beam_full's early_stopping with a beam of 1, after all the export's work
     with pytest.raises(ValueError, match="early_stopping"):
         GenerationConfig(num_beams=1, early_stopping=True).save_pretrained(tmp_path)
+
+
+@pytest.mark.parametrize(
+    "settings, pad, start, unbanned",
+    [
+        ({"bad_words_ids": [[58100]]}, 58100, 58100, None),  # OPUS-MT's: pad is the decoder start
+        ({"suppress_tokens": [58100]}, 58100, 58100, None),
+        ({"bad_words_ids": [[0], [3]]}, 0, 3, None),  # --to_hf's
+        ({}, 58100, 58100, "pad_token_id 58100"),
+        ({"bad_words_ids": [[0]]}, 0, 3, "decoder_start_token_id 3"),
+        ({"bad_words_ids": None, "suppress_tokens": []}, 0, 3, "pad_token_id 0 or decoder_start_token_id 3"),
+    ],
+)
+def test_tokens_generate_may_output_and_jaxformer_never_does_are_named(settings, pad, start, unbanned):
+    lines = unbanned_tokens(settings, pad, start, "g.json")
+    assert len(lines) == (unbanned is not None)
+    assert unbanned is None or lines[0].startswith(
+        f"g.json: neither bad_words_ids nor suppress_tokens bans {unbanned}, "
+    )
+
+
+def test_an_import_whose_generate_may_output_pad_says_so(marian, tmp_path, capsys):
+    """A directory whose generation config bans no pad (as save_pretrained writes one by default) lets
+    generate output pad, which jaxformer's search never does: convert's message names it on a line
+    of its own after the flags, and not once bad_words_ids bans it, as OPUS-MT's do."""
+    directory = shutil.copytree(marian, tmp_path / "opus")
+    model = MarianMTModel.from_pretrained(directory).eval()
+    pad = model.config.pad_token_id
+    with torch.no_grad():
+        model.final_logits_bias[0, pad] += 10.0  # pad the likeliest token: generate outputs it unless banned
+    model.save_pretrained(directory)
+    source = torch.tensor([[5, 6, 7, 0]])
+    unbanned = (
+        f"{directory / 'generation_config.json'}: neither bad_words_ids nor suppress_tokens bans pad_token_id {pad}, "
+    )
+    for bad_words_ids in ([[pad]], None):  # write_marian's, OPUS-MT's; none, as save_pretrained writes by default
+        generation = json.loads((directory / "generation_config.json").read_text())
+        generation = {key: value for key, value in generation.items() if key != "bad_words_ids"}
+        generation |= {"bad_words_ids": bad_words_ids} if bad_words_ids else {}
+        (directory / "generation_config.json").write_text(json.dumps(generation))
+        model.generation_config = GenerationConfig.from_pretrained(directory)  # as from_pretrained reads it
+        with torch.no_grad():
+            output = model.generate(input_ids=source, max_new_tokens=4)
+        assert (pad in output[0, 1:].tolist()) == (bad_words_ids is None)  # transformers' side of it
+        said = [line.startswith(unbanned) for line in read_marian_directory(directory).unreproduced]
+        assert said == ([] if bad_words_ids else [True])  # was []
+    capsys.readouterr()
+    assert convert.main(["--from_hf", str(directory), "--output", str(tmp_path / "run")]) == 0
+    lines = capsys.readouterr().out.splitlines()
+    assert lines[0].endswith("by default with --method greedy") and lines[1].startswith(unbanned) and len(lines) == 2
