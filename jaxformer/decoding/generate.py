@@ -232,31 +232,46 @@ def search(
     return tokens[:, None], scores[:, None]
 
 
-def check_source_ids(source: Any, vocab_size: int) -> None:
+def check_source_ids(source: Any, vocab_size: int, max_positions: int | None = None) -> None:
     """A ValueError naming the first id of a concrete (numpy or jax) `source` [B, S] outside
-    [0, vocab_size): the model would give that row NaN logits (or, below 0, the last embedding).
-    A jax.Array is copied to the host to be checked (which waits for what computes it); traced
-    arrays are not checked: nothing inside a jitted program can raise."""
+    [0, vocab_size): the model would give that row NaN logits (or, below 0, the last embedding);
+    or the first row whose ids before its padding are more than the model's `max_positions` (None:
+    no bound; an imported model's): the encoder would read positions the model never had, without
+    a word. A jax.Array is copied to the host to be checked (which waits for what computes it);
+    traced arrays are not checked: nothing inside a jitted program can raise."""
     if isinstance(source, jax.core.Tracer) or not isinstance(source, (np.ndarray, jax.Array)):
         return
     if isinstance(source, jax.Array) and not source.is_fully_addressable:
         return  # another process holds part of it
     ids = np.asarray(source)
-    if ids.ndim != 2 or ids.size == 0 or (ids.min() >= 0 and ids.max() < vocab_size):
+    if ids.ndim != 2 or ids.size == 0:
         return
-    row, position = np.argwhere((ids < 0) | (ids >= vocab_size))[0]
-    raise ValueError(
-        f"source id {ids[row, position]} at row {row}, position {position} is outside the model's source "
-        f"vocabulary [0, {vocab_size})"
-    )
+    if ids.min() < 0 or ids.max() >= vocab_size:
+        row, position = np.argwhere((ids < 0) | (ids >= vocab_size))[0]
+        raise ValueError(
+            f"source id {ids[row, position]} at row {row}, position {position} is outside the model's source "
+            f"vocabulary [0, {vocab_size})"
+        )
+    if max_positions is None or ids.shape[1] <= max_positions:
+        return
+    # Each row's ids up to its last that is not PAD: the padding after them is masked, not encoded.
+    lengths = np.where((ids != PAD_ID).any(axis=1), ids.shape[1] - np.argmax(ids[:, ::-1] != PAD_ID, axis=1), 0)
+    if (lengths > max_positions).any():
+        row = int(np.argmax(lengths > max_positions))
+        raise ValueError(
+            f"source row {row} has {lengths[row]} ids before its padding, more than the model's {max_positions} "
+            "positions (model.max_positions): give it in pieces of at most that many, as translate splits a "
+            "longer sentence"
+        )
 
 
-def checked_source(source: Any, vocab_size: int) -> Any:
+def checked_source(source: Any, vocab_size: int, max_positions: int | None = None) -> Any:
     """`source` as the search takes it, int32 ids [B, S]: any integer dtype is cast; another rank
     or an empty dimension is a ValueError, a bool, float or other dtype a TypeError, each one line
-    naming the shape or dtype given. Concrete ids are checked against `vocab_size` too (`check_source_ids`): a
-    jax.Array's are copied to the host for it, a wait that costs less than a batch of NaN rows
-    found later; a tracer's shape and dtype only (nothing inside a jitted program can raise)."""
+    naming the shape or dtype given. Concrete ids are checked against `vocab_size` and each row's
+    length against `max_positions` too (`check_source_ids`): a jax.Array's are copied to the host for
+    it, a wait that costs less than a batch of NaN rows found later; a tracer's shape and dtype only
+    (nothing inside a jitted program can raise)."""
     on_device = isinstance(source, jax.Array)
     if not on_device:
         try:
@@ -277,7 +292,7 @@ def checked_source(source: Any, vocab_size: int) -> Any:
         )
     if dtype == np.bool_ or not np.issubdtype(dtype, np.integer):
         raise TypeError(f"source ids must be integers, got dtype {dtype} (shape {shape})")
-    check_source_ids(source, vocab_size)  # on the integers given: a cast could wrap a huge id into range
+    check_source_ids(source, vocab_size, max_positions)  # on the integers given: a cast could wrap a huge id into range
     if on_device:
         return source if dtype == np.int32 else source.astype(jnp.int32)
     return source.astype(np.int32, copy=False)
@@ -287,18 +302,18 @@ class GenerateFn:
     """`make_generate_fn`'s result: the jitted search, called on `checked_source(source)`;
     `trace` and `lower` are the jitted function's (so `jax.export.export` takes it)."""
 
-    def __init__(self, jitted: Any, source_vocab_size: int):
-        self.jitted, self.source_vocab_size = jitted, source_vocab_size
+    def __init__(self, jitted: Any, source_vocab_size: int, max_positions: int | None = None):
+        self.jitted, self.source_vocab_size, self.max_positions = jitted, source_vocab_size, max_positions
         self.trace, self.lower = jitted.trace, jitted.lower
 
     def __call__(self, params: Any, source: Any, rng: jax.Array | None = None) -> Hypotheses:  # source: ids [B, S]
-        return self.jitted(params, checked_source(source, self.source_vocab_size), rng)
+        return self.jitted(params, checked_source(source, self.source_vocab_size, self.max_positions), rng)
 
 
 def make_generate_fn(config: TransformerConfig, settings: DecodeSettings = DecodeSettings()) -> GenerateFn:
     """`jit(lambda params, source, rng: generate(...))` for the decoding variant of `config`;
     pass parameters already in the decoding form (`decoding_variant`). `source` is checked and
-    cast to int32 first (`checked_source`: its shape, dtype and concrete ids)."""
+    cast to int32 first (`checked_source`: its shape, dtype, concrete ids and their rows' lengths)."""
     if config.architecture != "encoder_decoder":
         instead = (
             " (a decoder_only model continues prompts: continue_prompts or LanguageModel, "
@@ -315,4 +330,4 @@ def make_generate_fn(config: TransformerConfig, settings: DecodeSettings = Decod
     def generate_fn(params, source, rng=None):
         return generate(model, params, source, settings, rng)
 
-    return GenerateFn(jax.jit(generate_fn), config.encoder_vocab_size)
+    return GenerateFn(jax.jit(generate_fn), config.encoder_vocab_size, config.max_positions)

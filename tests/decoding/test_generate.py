@@ -234,6 +234,23 @@ def test_generate_names_a_source_id_outside_the_vocabulary(params, bad_id, row, 
             check()  # a jax.Array: copied to the host and checked, not NaN rows
 
 
+def test_generate_refuses_a_source_past_the_models_positions(params):
+    """make_generate_fn's search encoded a source of more ids than the model's max_positions (an
+    imported model's), positions the model never had, without a word, where translate splits such
+    a sentence and translate_ids refuses it: refused in one line naming the row, its length and the
+    limit. The padding after a row's ids is no position."""
+    source = np.array(source_rows())  # rows of 6, 3 (then padding) and 6 ids
+    greedy = DecodeSettings(method="greedy", max_extra_length=EXTRA)
+    bounded = make_generate_fn(CONFIG.replace(max_positions=5), greedy)
+    message = r"^source row 0 has 6 ids before its padding, more than the model's 5 positions \(model.max_positions\): "
+    for given in (source, jnp.asarray(source), source.tolist()):
+        with pytest.raises(ValueError, match=message):  # was searched
+            bounded(params, given)
+    check_source_ids(source[1:2], CONFIG.vocab_size, max_positions=3)  # 3 ids, then padding to 6: they fit
+    with pytest.raises(ValueError, match=r"^source row 0 has 3 ids before its padding, more than the model's 2 "):
+        check_source_ids(source[1:2], CONFIG.vocab_size, max_positions=2)
+
+
 def test_generate_names_a_source_of_the_wrong_shape_or_dtype(params):
     generate_fn = make_generate_fn(CONFIG, DecodeSettings(method="greedy", max_extra_length=EXTRA))
     source = np.array(source_rows())
