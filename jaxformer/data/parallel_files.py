@@ -218,9 +218,10 @@ class ParallelFiles(FingerprintedBuilder):
         return f"given in {self._source_location()}"
 
     def _sources_summary(self) -> str:
-        summary = f"{len(self._source_files)} files in {self._source_location()}"
+        count = len(self._source_files)
+        summary = f"{count} file{'s' if count != 1 else ''} in {self._source_location()}"
         if self._holdout is not None:
-            summary += f", validation: {self._holdout[0]} training pairs held out (seed {self._holdout[1]})"
+            summary += f", validation: {self._holdout[0]} training {self._unit} held out (seed {self._holdout[1]})"
         return summary
 
     def _info(self) -> tfds.core.DatasetInfo:

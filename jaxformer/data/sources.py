@@ -309,5 +309,6 @@ def load_split(builder, split: str, languages: Sequence[str]) -> Sequence:
         raise damaged(builder, problem)
     _refuse_unknown_split(builder, split, list(builder.info.splits))
     source = ReadableSplit(builder.as_data_source(split=split), builder, split)
-    logger.info("%s[%s]: %d pairs", builder.name, split, len(source))
+    # A language model reads one language of each example: its texts, as the rest of its log says.
+    logger.info("%s[%s]: %d %s", builder.name, split, len(source), "pairs" if len(languages) == 2 else "texts")
     return source

@@ -94,6 +94,25 @@ def read_validation(built):
     return [source[i][language].decode() for i in range(len(source))]
 
 
+def test_the_log_counts_a_language_models_texts_and_a_translators_pairs(tmp_path, caplog):
+    spec = write_lines(tmp_path / "train.de", [german(i) for i in range(30)]).replace(".de", ".{lang}")
+    write_lines(tmp_path / "train.en", [english(i) for i in range(30)])
+    with caplog.at_level(logging.INFO):
+        causal = builder(section(tmp_path, train=spec))
+        read(causal, "de")
+        translator = builder(section(tmp_path, "encoder_decoder", train=spec))
+        load_split(translator, "train", ("en", "de"))
+    said = [message for message in caplog.messages if message.startswith("parallel_files")]
+    assert said == [
+        f"parallel_files: fingerprint {causal.fingerprint} of 1 file in data.files (train={spec}), validation: 5 "
+        f"training sentences held out (seed 0); prepared data in {causal.data_dir}",
+        "parallel_files[train]: 25 texts",
+        f"parallel_files: fingerprint {translator.fingerprint} of 2 files in data.files (train={spec}), validation: "
+        f"5 training pairs held out (seed 0); prepared data in {translator.data_dir}",
+        "parallel_files[train]: 25 pairs",
+    ]
+
+
 def test_the_fingerprint_covers_the_files_read_and_keeps_translators_apart(tmp_path):
     spec = write_lines(tmp_path / "train.de", [german(i) for i in range(30)]).replace(".de", ".{lang}")
     causal = builder(section(tmp_path, train=spec))
