@@ -82,6 +82,19 @@ def _no_checkpoint(workdir: str | os.PathLike, checkpoints: os.PathLike) -> Chec
     return CheckpointError(f"{workdir} has no checkpoint in {checkpoints}: nothing to average")
 
 
+def _too_few(workdir: str | os.PathLike, steps: list[int], last: int, keep: int | None) -> str:
+    """Why `last` checkpoints cannot be averaged, with the remedy: a run that kept fewer than its
+    training.keep_checkpoints deleted none (it saved no more), so keeping more would not help."""
+    plural = "s" if len(steps) != 1 else ""
+    said = f"{workdir} has {len(steps)} checkpoint{plural} ({steps}); cannot average the last {last}"
+    if keep is not None and len(steps) < keep:
+        return (
+            f"{said}: the run saved no more (it keeps up to training.keep_checkpoints={keep}); average fewer, "
+            "or train on to save more"
+        )
+    return f"{said}. Raise training.keep_checkpoints to keep more."
+
+
 def _average_once(
     workdir: str | os.PathLike, last: int, config_differences: ConfigDifferences | None
 ) -> tuple[CheckpointMetadata, Any]:
@@ -91,10 +104,8 @@ def _average_once(
         if not steps:
             raise _no_checkpoint(workdir, reader.directory)
         if len(steps) < last:
-            raise CheckpointError(
-                f"{workdir} has {len(steps)} checkpoints ({steps}); cannot average the last {last}. "
-                "Raise training.keep_checkpoints to keep more."
-            )
+            keep = reader.read_metadata(steps[-1]).config.get("training", {}).get("keep_checkpoints")
+            raise CheckpointError(_too_few(workdir, steps, last, keep))
         chosen = steps[-last:]
         newest = reader.read_metadata(chosen[-1])
         for step in chosen[:-1]:

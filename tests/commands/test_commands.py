@@ -391,12 +391,22 @@ def test_average_of_the_last_checkpoints(tmp_path):
     expected = jax.tree.map(lambda leaf: np.asarray(leaf) * 3.0, params)  # mean of 2x, 3x, 4x
     jax.tree.map(lambda a, b: np.testing.assert_allclose(a, b, rtol=1e-6), averaged, expected)
     Translator.from_workdir(workdir, "averaged", settings=translate_settings()).translate(["A cat."])
-    with pytest.raises(CheckpointError, match="cannot average the last 5"):
+    with pytest.raises(CheckpointError) as refused:  # the run deleted some: keeping more would have kept them
         average_checkpoints.average_last(workdir, 5)
+    assert str(refused.value) == (
+        f"{workdir} has 4 checkpoints ([10, 20, 30, 40]); cannot average the last 5. "
+        "Raise training.keep_checkpoints to keep more."
+    )
     # An average of earlier checkpoints, then one of later ones: both stay, "averaged" is the newest.
     earlier = make_workdir(tmp_path / "earlier", steps=(10, 20, 30), scale=lambda step: step / 10)[0]
     assert average_checkpoints.average_last(earlier, 2) == (30, [20, 30])
     more = make_workdir(tmp_path / "more", steps=(40,), scale=lambda step: step / 10)[0]
+    with pytest.raises(CheckpointError) as refused:  # fewer than the 3 it keeps: it saved no more
+        average_checkpoints.average_last(more, 2)
+    assert str(refused.value) == (
+        f"{more} has 1 checkpoint ([40]); cannot average the last 2: the run saved no more (it keeps up to "
+        "training.keep_checkpoints=3); average fewer, or train on to save more"
+    )
     shutil.copytree(more / "checkpoints" / "40", earlier / "checkpoints" / "40")
     assert average_checkpoints.average_last(earlier, 2) == (40, [30, 40])
     assert sorted(p.name for p in (earlier / "averaged").iterdir()) == ["30", "40"]
