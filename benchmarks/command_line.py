@@ -144,7 +144,8 @@ def check_torch(args) -> bool:
     """Whether to run the torch rows: --torch given and torch installed (a note on stderr if not)."""
     if args.torch and not torch_available():
         print(
-            "note: --torch given but torch is not installed (pip install 'jaxformer[torch]'); skipping torch rows",
+            "note: --torch given but torch is not installed or does not import (pip install 'jaxformer[torch]'); "
+            "skipping torch rows",
             file=sys.stderr,
         )
     if not (args.torch and torch_available()):

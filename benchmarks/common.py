@@ -3,7 +3,6 @@
 
 from __future__ import annotations
 
-import importlib.util
 import math
 import os
 import statistics
@@ -263,8 +262,13 @@ def random_params(config: TransformerConfig, seed: int = 0) -> Any:
 
 
 def torch_available() -> bool:
-    """Whether torch is installed (without importing it)."""
-    return importlib.util.find_spec("torch") is not None
+    """Whether torch imports: installed, and not broken (a library it cannot load, a Python it was
+    not built for), so that --torch skips its rows with a note instead of a traceback."""
+    try:
+        import torch  # noqa: F401
+    except (ImportError, OSError):  # a torch built against missing shared libraries raises OSError
+        return False
+    return True
 
 
 def cpu_count() -> int:

@@ -325,3 +325,32 @@ def test_train_step_footnotes_give_each_configs_own_dropout():
     assert "dropout" not in lines[0]  # the rows' shared settings name no one config's dropout
     (alike,) = [line for line in settings(setups[:1], with_torch=False, torch_threads=None) if "dropout" in line]
     assert alike.startswith("settings: ")  # one config: its model settings with the shared ones
+
+
+@pytest.mark.parametrize(
+    "failure", [ImportError("libtorch_cpu.so: cannot open shared object file"), OSError("WinError 126")]
+)
+def test_torch_that_does_not_import_is_skipped_with_one_line(failure, monkeypatch, capsys):
+    """torch found on the path but failing to import (a broken install) is absent: a note naming the
+    extra and no torch rows, not a traceback after the flags were taken."""
+    import argparse
+    import builtins
+
+    real_import = builtins.__import__
+
+    def failing_import(name, *args, **kwargs):
+        if name == "torch" or name.startswith("torch."):
+            raise failure
+        return real_import(name, *args, **kwargs)
+
+    monkeypatch.setattr(builtins, "__import__", failing_import)
+    import benchmarks
+
+    monkeypatch.delitem(sys.modules, "benchmarks.torch_reference", raising=False)  # imports torch again
+    monkeypatch.delattr(benchmarks, "torch_reference", raising=False)
+    assert not command_line.check_torch(argparse.Namespace(torch=True, torch_threads=None))
+    captured = capsys.readouterr()
+    lines = captured.err.splitlines()
+    assert len(lines) == 1 and lines[0].startswith("note: --torch given but torch"), captured.err
+    assert "pip install 'jaxformer[torch]'" in lines[0] and "skipping torch rows" in lines[0]
+    assert not captured.out
