@@ -168,12 +168,12 @@ def main(argv: list[str] | None = None) -> list[dict]:
     from jaxformer.errors import UserError
     from jaxformer.run.loading import load_checkpoint
 
-    try:  # the checkpoint's metadata, before any process is timed
+    try:  # the input's lines (UTF-8, a whole .gz) and the checkpoint's metadata, before any process is timed
+        sentences = read_lines(args.input)
         load_checkpoint(args.workdir, args.checkpoint, params=False)
     except UserError as error:
         parser.error(str(error))
 
-    sentences = read_lines(args.input)
     runs: dict[tuple[str, str], list[dict]] = {variant: [] for variant in VARIANTS}
     with tempfile.TemporaryDirectory(prefix="translate-time-") as scratch:
         scratch = pathlib.Path(scratch)
