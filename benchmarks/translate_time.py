@@ -39,7 +39,7 @@ from jaxformer.commands.common import (
     path_text,
 )
 from jaxformer.commands.decoding_flags import checkpoint_choice
-from jaxformer.commands.path_checks import check_readable_file, check_writable_file
+from jaxformer.commands.path_checks import check_readable_file, check_workdir, check_writable_file
 
 ROOT = pathlib.Path(__file__).resolve().parents[1]
 DEFAULT_INPUT = ROOT / "jaxformer" / "data" / "raw" / "multi30k" / "test_2016_flickr.en.gz"
@@ -155,8 +155,7 @@ def main(argv: list[str] | None = None) -> list[dict]:
     if args.overwrite and args.json is None:
         parser.error("argument --overwrite: only with --json FILE")
     try:
-        if not os.path.isdir(args.workdir):
-            raise FlagError(f"--workdir {args.workdir}: no such directory")
+        check_workdir(args.workdir)
         check_readable_file(args.input, "--input")
         check_writable_file(args.json, "--json", overwrite=args.overwrite, inputs={"--input": args.input})
     except FlagError as error:

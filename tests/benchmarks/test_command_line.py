@@ -239,6 +239,8 @@ def test_translate_time_checks_its_files_and_counts_first(tmp_path, capsys):
     existing = tmp_path / "rows.jsonl"
     existing.write_text("kept\n")
     assert "already exists" in refused("translate_time", ["--workdir", workdir, "--json", str(existing)], capsys)
+    line = refused("translate_time", ["--workdir", str(existing)], capsys)  # a file
+    assert f"--workdir {existing}: not a directory" in line
     line = refused("translate_time", ["--workdir", workdir, "--checkpoint", "nosuch"], capsys)
     assert "argument --checkpoint: must be latest, best, averaged, final or a step number, got 'nosuch'" in line
     (tmp_path / "checkpoints").mkdir()  # a workdir without that checkpoint: found before any process runs
