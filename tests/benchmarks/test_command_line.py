@@ -155,6 +155,9 @@ SMOKE_SETS = [
     ("real_data", ["--batch-size", "4"]),
     ("real_data", ["--max-length", "32"]),
     ("real_data", ["--vocab-size", "300"]),
+    ("memory_options", ["--layers", "2"]),
+    ("memory_options", ["--batch", "4"]),
+    ("memory_options", ["--length", "8"]),
 ]
 
 
@@ -162,6 +165,11 @@ SMOKE_SETS = [
 def test_smoke_refuses_the_flags_it_sets_itself(name, flag, capsys):
     line = refused(name, ["--smoke", *flag], capsys)
     assert f"argument {flag[0]}: not allowed with argument --smoke" in line
+
+
+def test_readme_names_every_flag_smoke_refuses():
+    (smoke_row,) = [line for line in README.splitlines() if line.startswith("| `--smoke` |")]
+    assert [flag for _, (flag, _) in SMOKE_SETS if f"`{flag}`" not in smoke_row] == []
 
 
 def test_json_is_checked_before_any_work(tmp_path, capsys):
