@@ -179,7 +179,6 @@ def main(argv=None) -> list[dict]:
     args = parse_args(arguments, argv, smoke_sets)
     if args.torch and "greedy" not in args.searches:
         arguments.error("argument --torch: the torch reference decodes greedily only; add greedy to --searches")
-    with_torch = check_torch(args)
     if args.smoke:
         config, batch_sizes, args.length, args.source_length = preset("tiny"), [2], 8, 6
         iters = args.iters or 2
@@ -191,6 +190,7 @@ def main(argv=None) -> list[dict]:
             f"argument --length: with --library, must exceed --source-length ({args.source_length}) for outputs "
             f"of at most --length tokens, got {args.length}"
         )
+    with_torch = check_torch(args)  # after the flags' checks: a bad flag is one line, without torch's note
     config, params = decoding_variant(config, random_params(config))
     model = Transformer(config)
     rows = []

@@ -206,7 +206,6 @@ def main(argv=None) -> list[dict]:
     )
     smoke_sets = {"pairs": 4096, "batch_size": 32, "max_length": 64, "vocab_size": 8000}
     args = parse_args(arguments, argv, smoke_sets)
-    with_torch = check_torch(args)
     if args.smoke:
         args.pairs, args.batch_size, args.max_length, args.vocab_size = 48, 4, 32, 300
     if args.repeats is not None and args.iters is not None:
@@ -230,6 +229,7 @@ def main(argv=None) -> list[dict]:
         batches, pipeline_s = packed_batches(records, tokenizer, args.max_length, args.batch_size)
     except FlagError as error:
         arguments.error(str(error))
+    with_torch = check_torch(args)  # after the flags' checks: a bad flag is one line, without torch's note
     stats = _stats(batches)
     timing = bench_jax(config, batches, args.max_length, repeats)
     seconds = timing["seconds"]

@@ -121,6 +121,20 @@ def test_a_bad_value_is_one_line_naming_it(name, argv, fragments, capsys):
         assert fragment in line
 
 
+# (benchmark, argv) with --torch: refused after check_torch could print its note
+TORCH_AND_BAD_VALUES = [
+    ("real_data", ["--torch", "--repeats", "2", "--iters", "2"]),
+    ("real_data", ["--torch", "--pairs", "1000000"]),
+    ("decoding", ["--torch", "--library", "--length", "8", "--source-length", "8"]),
+]
+
+
+@pytest.mark.parametrize("name, argv", TORCH_AND_BAD_VALUES, ids=[" ".join([n, *a]) for n, a in TORCH_AND_BAD_VALUES])
+def test_a_bad_value_with_torch_absent_is_one_line_without_the_note(name, argv, monkeypatch, capsys):
+    monkeypatch.setattr(command_line, "torch_available", lambda: False)
+    assert "note:" not in refused(name, argv, capsys)
+
+
 @pytest.mark.parametrize("name", WITHOUT_TORCH)
 @pytest.mark.parametrize("flag", [["--torch"], ["--torch-threads", "1"]])
 def test_benchmarks_that_time_no_torch_refuse_the_torch_flags(name, flag, capsys):
