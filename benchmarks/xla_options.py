@@ -15,12 +15,12 @@ other row changes one thing, and all are timed in turn, one step of each per rou
 - `--option NAME=KEY:VALUE[,KEY:VALUE]` (repeatable; default: DEFAULT_OPTIONS): the same program
   compiled with those XLA compiler options, as `XLA_FLAGS="--KEY=VALUE"` would set them for the
   whole process (`jax.jit(...).lower(...).compile(compiler_options=...)`).
-- `data_parallel_N` (`--devices N`; default: this machine's cores, on a CPU): the same step over
-  a mesh of N devices, the rows split over its data axis. On a CPU they are virtual devices
-  (`jax_num_cpu_devices`) sharing the cores: each runs its share of the rows as a program of its
-  own, beside XLA's intra-op threads, which leave the cores idle between small operations.
-  N must divide the config's `data.batch_size` (an error naming --devices, before anything
-  compiles, where it does not).
+- `data_parallel_N` (`--devices N`; default: the cores this process may run on, on a CPU): the same
+  step over a mesh of N devices, the rows split over its data axis. On a CPU they are virtual
+  devices (`jax_num_cpu_devices`) sharing the cores: each runs its share of the rows as a program
+  of its own, beside XLA's intra-op threads, which leave the cores idle between small operations. N
+  must divide the config's `data.batch_size` (an error naming --devices, before anything compiles,
+  where it does not).
 """
 
 from __future__ import annotations
@@ -32,7 +32,7 @@ import jax
 import numpy as np
 
 from benchmarks.command_line import parse_args, parser, report
-from benchmarks.common import median, time_interleaved
+from benchmarks.common import cpu_count, median, time_interleaved
 from jaxformer.commands.common import FlagError, at_least, path_text
 from jaxformer.errors import UserError
 from jaxformer.training import sharding
@@ -119,7 +119,7 @@ def check_meshes(config, variants: dict[str, tuple[int, dict]], devices: list, d
     """A FlagError for a row whose devices the config's mesh or batch cannot use (data.batch_size
     not divisible by the data-parallel shards, a mesh.shape of another device count), in
     milliseconds, before the steps take minutes to compile: naming --devices for the
-    data-parallel row (`default_count`: the count was this machine's cores), --config for a
+    data-parallel row (`default_count`: the count was the process's cores), --config for a
     one-device row."""
     rules = sharding.rules_from_config(config.mesh.logical_axis_rules)
     for name, (count, _) in variants.items():
@@ -131,7 +131,7 @@ def check_meshes(config, variants: dict[str, tuple[int, dict]], devices: list, d
         except sharding.MeshError as error:
             if count == 1:
                 raise FlagError(f"argument --config: row {name!r} on one device: {error}") from None
-            given = f"{count} (the default: this machine's cores)" if default_count else str(count)
+            given = f"{count} (the default: the cores this process may run on)" if default_count else str(count)
             raise FlagError(
                 f"argument --devices: {given}, row {name!r}: {error}; pass --devices with a count that divides "
                 f"data.batch_size={config.data.batch_size} (1: no data-parallel row)"
@@ -184,7 +184,7 @@ def main(argv=None) -> list[dict]:
         config = load_config("tiny" if args.smoke else args.config)
     except UserError as error:
         arguments.error(f"argument --config: {error}")
-    count = args.devices if args.devices is not None else (2 if args.smoke else os.cpu_count() or 1)
+    count = args.devices if args.devices is not None else (2 if args.smoke else cpu_count())
     try:
         devices = use_devices(count)
     except FlagError as error:

@@ -397,3 +397,12 @@ def test_torch_that_does_not_import_is_skipped_with_one_line(failure, monkeypatc
     assert len(lines) == 1 and lines[0].startswith("note: --torch given but torch"), captured.err
     assert "pip install 'jaxformer[torch]'" in lines[0] and "skipping torch rows" in lines[0]
     assert not captured.out
+
+
+def test_xla_options_default_devices_are_the_cores_this_process_may_run_on(monkeypatch, capsys):
+    """In a container or under taskset the machine has more cores than the process may use: the
+    default data-parallel row takes the process's (3 here: tiny's 4 rows refuse them by name)."""
+    monkeypatch.setattr(os, "cpu_count", lambda: 64)
+    monkeypatch.setattr(os, "sched_getaffinity", lambda pid: {0, 1, 2}, raising=False)
+    line = refused("xla_options", ["--config", "tiny"], capsys)
+    assert "argument --devices: 3 (the default: the cores this process may run on), row 'data_parallel_3'" in line
