@@ -169,6 +169,8 @@ def main(argv: list[str] | None = None) -> list[dict]:
 
     try:  # the input's lines (UTF-8, a whole .gz) and the checkpoint's metadata, before any process is timed
         sentences = read_lines(args.input)
+        if not sentences:  # six processes would time nothing: a table of start-up times
+            raise FlagError(f"--input {args.input}: no lines to translate")
         load_checkpoint(args.workdir, args.checkpoint, params=False)
     except UserError as error:
         parser.error(str(error))

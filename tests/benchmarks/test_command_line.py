@@ -263,17 +263,19 @@ def test_translate_time_checks_its_files_and_counts_first(tmp_path, capsys):
     [
         ("latin1.txt", "caf\xe9\n".encode("latin-1"), "line 1 is not valid UTF-8"),
         ("cut.txt.gz", gzip.compress(b"a sentence\n")[:-8], "not a complete gzip file"),
+        ("empty.txt", b"", "--input {path}: no lines to translate"),
     ],
 )
 def test_translate_time_refuses_an_unreadable_input_in_one_line(name, content, reason, tmp_path, monkeypatch, capsys):
-    """An --input that exists but does not decode is one line naming it and why, before any process."""
+    """An --input that exists but does not decode, or holds no line, is one line naming it and why,
+    before any process."""
     from jaxformer.run import loading
 
     monkeypatch.setattr(loading, "load_checkpoint", lambda *args, **kwargs: None)  # a run's checkpoint, found
     unreadable = tmp_path / name
     unreadable.write_bytes(content)
     line = refused("translate_time", ["--workdir", str(tmp_path), "--input", str(unreadable)], capsys)
-    assert f"{unreadable}: " in line and reason in line, line
+    assert f"{unreadable}: " in line and reason.format(path=unreadable) in line, line
 
 
 @pytest.mark.parametrize("name", [*BENCHMARKS, "translate_time"])
