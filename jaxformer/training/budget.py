@@ -242,6 +242,33 @@ class BudgetReading(NamedTuple):
     end_step: float | None  # where the budget runs out at the pace so far (None: no pace yet)
 
 
+class HeldRecord:
+    """A writer for check_budget that holds the step's budget/ record until the step's work is
+    done (`write_held`: before its checkpoint, else after the work): an evaluation or BLEU that then
+    spends the budget ends the schedule at the next step (spent_by_work), and the record says so.
+    Written at the check, it said the estimate the work overtook, and a second record of the step
+    would break metrics.jsonl's one record of each step's metrics (metrics.py)."""
+
+    def __init__(self, writer):
+        self.writer = writer
+        self._held: tuple[int, dict[str, float], str] | None = None  # (step, values, prefix)
+
+    def write(self, step: int, values: dict[str, float], prefix: str = "") -> None:
+        self.write_held()
+        self._held = (step, dict(values), prefix)
+
+    def spent_at(self, step: int, seconds: float) -> None:
+        """The budget was spent by `step`'s work at `seconds`: the schedule ends at the next step."""
+        if self._held is not None and self._held[0] == step:
+            self._held[1].update(seconds=seconds, end_step=step + 1.0)
+
+    def write_held(self) -> None:
+        if self._held is not None:
+            step, values, prefix = self._held
+            self._held = None
+            self.writer.write(step, values, prefix=prefix)
+
+
 def _reading(values: list[float]) -> list[float]:
     """Process 0's `values`, in every process."""
     reading = np.asarray(values, np.float64)
@@ -302,13 +329,16 @@ def check_budget(budget: TimeBudget, schedule_end: ScheduleEnd, state, step: int
     return BudgetReading(spent, seconds, estimate if estimate > 0 else None), state
 
 
-def spent_by_work(budget: TimeBudget, schedule_end: ScheduleEnd, state, step: int):
+def spent_by_work(budget: TimeBudget, schedule_end: ScheduleEnd, state, step: int, record: HeldRecord):
     """(whether this step's evaluation and BLEU, done, have spent the budget, the state): process
     0's reading, the same in every process. Spent, the step is the run's last, and the schedule's
-    end is set there as a check's would be, before the step's checkpoint saves it."""
-    spent, *first = _reading([budget.spent(), *_unmeasured(budget)])
+    end is set there as a check's would be, before the step's checkpoint saves it; the step's
+    budget/ record held in `record`, if any, says that end and the seconds then."""
+    spent, seconds, *first = _reading([budget.spent(), budget.clock.seconds(), *_unmeasured(budget)])
     spent = bool(spent)
     said = spent and _warn_spent_unmeasured(budget, schedule_end, step, first)
+    if spent:
+        record.spent_at(step, seconds)
     if spent and schedule_end.active:
         state = schedule_end.set(state, step + 1.0, said=said)
     return spent, state

@@ -29,6 +29,7 @@ from jaxformer.run.rolled_back import set_aside_rolled_back
 from jaxformer.training import experiment, processes, run_start, sharding, shortened_end
 from jaxformer.training.budget import (
     BUDGET_CHECK_STEPS,
+    HeldRecord,
     ScheduleEnd,
     TimeBudget,
     TrainingClock,
@@ -234,6 +235,7 @@ def _train(config, prepared: PreparedRun, model: nn.Module, preparation: RaiseOn
     )
     preparation.check()  # before the metrics files: a stop until here is a failed start, undone
     writer = MetricWriter(run, start_step=rolled_back_after)
+    budget_record = HeldRecord(writer)  # a step's budget/ record, written once its work may no longer change it
     progress = progress_bar(training.num_train_steps, step)
     train_metrics = TrainMetrics(writer, checkpointer, progress, None if restored is None else restored[2].train_window)
     saver = RunSaver(
@@ -269,6 +271,7 @@ def _train(config, prepared: PreparedRun, model: nn.Module, preparation: RaiseOn
         train_metrics.restart_interval()
 
     def checkpoint(step: int) -> None:  # the run's last where its length, or its budget read at this step, ends it
+        budget_record.write_held()  # before the save: a kill after it loses none of the step's records
         saver.save(step, state, last=step >= training.num_train_steps or budget_spent)
 
     periodic = [
@@ -281,7 +284,7 @@ def _train(config, prepared: PreparedRun, model: nn.Module, preparation: RaiseOn
     def spent_by_the_work() -> bool:
         """Asked after a step's evaluation or BLEU, before its checkpoint: whether they spent the budget."""
         nonlocal state, budget_spent
-        budget_spent, state = spent_by_work(budget, schedule_end, state, step)
+        budget_spent, state = spent_by_work(budget, schedule_end, state, step, budget_record)
         return budget_spent
 
     timing = () if budget is None else (budget.work_done, spent_by_the_work)
@@ -320,7 +323,7 @@ def _train(config, prepared: PreparedRun, model: nn.Module, preparation: RaiseOn
                         deciding = rdrop.due(step)
                         if deciding:
                             jax.block_until_ready(state)  # the pace of the steps done, not of those dispatched
-                        reading, state = check_budget(budget, schedule_end, state, step, writer, training)
+                        reading, state = check_budget(budget, schedule_end, state, step, budget_record, training)
                         budget_spent, seconds_read = reading.spent, reading.seconds
                         if reading.end_step is not None:  # the bar's total and ETA: where the budget ends
                             progress.total = max(step, min(round(reading.end_step), training.num_train_steps))
@@ -334,6 +337,7 @@ def _train(config, prepared: PreparedRun, model: nn.Module, preparation: RaiseOn
                     logger.info("R-Drop starts after step %d (%.1f minutes of training)", step, clock.seconds() / 60)
                 # The budget's last step is the run's last: its evaluation and checkpoint are due.
                 run_due(periodic, step, step if budget_spent else training.num_train_steps, *timing)
+                budget_record.write_held()
                 if budget_spent:
                     logger.info("time budget of %g minutes spent at step %d", training.time_budget_minutes, step)
                 stopping = stop.agreed(step, every=BUDGET_CHECK_STEPS)

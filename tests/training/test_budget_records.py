@@ -1,5 +1,6 @@
 """The time budget's records (budget/seconds, budget/end_step) as metrics.jsonl and TensorBoard
-hold them: strict JSON numbers, and no end_step before the steps' pace gives one."""
+hold them: strict JSON numbers, no end_step before the steps' pace gives one, and a step whose
+evaluation spent the budget after its check recorded with the end its schedule was set to."""
 
 import json
 import types
@@ -7,8 +8,9 @@ import types
 import pytest
 
 from jaxformer.training import budget as budget_module
-from jaxformer.training.budget import TimeBudget, TrainingClock, check_budget
+from jaxformer.training.budget import HeldRecord, TimeBudget, TrainingClock, check_budget, spent_by_work
 from jaxformer.training.metrics import MetricWriter
+from tests.training.test_budget_unmeasured import COMPILED, first_step_done
 
 
 def not_json(constant):
@@ -44,3 +46,35 @@ def test_no_end_step_is_written_before_a_pace_is_known(tmp_path, monkeypatch):
     assert all(type(end) is float for end in ends)
     assert ends == [pytest.approx(2 + (60 - 5.5) / 0.5), pytest.approx(3 + (60 - 6.0) / 0.5)]
     assert to_tensorboard == [(1, "budget/seconds"), *[(step, "budget/seconds", "budget/end_step") for step in (2, 3)]]
+
+
+def test_an_evaluation_that_spends_the_budget_after_the_check_is_in_the_steps_record(tmp_path, monkeypatch):
+    """As the loop does it (HeldRecord): the check at step 10 leaves time, and so does step 10's
+    evaluation: the step's record keeps the check's estimate. The check at step 20 leaves time too,
+    then step 20's evaluation spends the budget: the schedule ends at step 21, and step 20's one
+    budget record says so, with the seconds then, as the saved state's schedule does (a loaded
+    machine's run recorded the check's estimate, 92.7, where its state ended at 41)."""
+    now, budget, schedule_end, state, training, *_ = first_step_done(monkeypatch, "budget", 10)
+    budget.seconds = 60.0  # the first step (compilation) left time
+    writer = MetricWriter(tmp_path, enabled=True)
+    held = HeldRecord(writer)
+    readings, spent = [], []
+    for step, evaluation in ((10, 2.0), (20, 50.0)):
+        now[0] += 9 * 0.5 if step == 10 else 10 * 0.5  # 0.5 s a step
+        reading, state = check_budget(budget, schedule_end, state, step, held, training)
+        readings.append(reading)
+        now[0] += evaluation  # the step's evaluation
+        budget.work_done("evaluate", evaluation)
+        spent_now, state = spent_by_work(budget, schedule_end, state, step, held)
+        spent.append(spent_now)
+        held.write_held()  # before the step's checkpoint
+        held.write_held()  # once
+    writer.close()
+
+    assert [reading.spent for reading in readings] == [False, False] and spent == [False, True]
+    assert readings[1].end_step > 21  # the check left time: the evaluation overtook its estimate
+    records = [json.loads(line, parse_constant=not_json) for line in (tmp_path / "metrics.jsonl").open()]
+    assert [record["step"] for record in records] == [10, 20]
+    assert records[0]["budget/end_step"] == readings[0].end_step  # not spent: the check's estimate
+    assert records[1]["budget/end_step"] == 21.0 == schedule_end.steps(state)
+    assert records[1]["budget/seconds"] == now[0] == pytest.approx(COMPILED + 19 * 0.5 + 2.0 + 50.0)  # not the check's

@@ -12,7 +12,7 @@ import jax.numpy as jnp
 import pytest
 
 from jaxformer.training import budget as budget_module
-from jaxformer.training.budget import ScheduleEnd, TimeBudget, TrainingClock, check_budget, spent_by_work
+from jaxformer.training.budget import HeldRecord, ScheduleEnd, TimeBudget, TrainingClock, check_budget, spent_by_work
 from jaxformer.training.experiment import default_config
 from jaxformer.training.optimizer import make_optimizer
 from jaxformer.training.state import TrainState
@@ -79,11 +79,12 @@ def test_a_budget_spent_by_the_first_step_and_found_at_a_later_check_names_both_
 
 
 def test_a_budget_spent_by_the_first_step_and_found_after_an_evaluation_says_so(monkeypatch, caplog):
-    now, budget, schedule_end, state, *_ = first_step_done(monkeypatch, "budget", 100)
+    now, budget, schedule_end, state, _, writer, written = first_step_done(monkeypatch, "budget", 100)
     now[0] += 4 * 0.5 + 3.0  # steps 2-5, then step 5's evaluation
     with caplog.at_level(logging.WARNING):
-        spent, state = spent_by_work(budget, schedule_end, state, 5)
+        spent, state = spent_by_work(budget, schedule_end, state, 5, HeldRecord(writer))
     assert spent and schedule_end.steps(state) == 6
+    assert written == []  # no check's record held at step 5 (not a logged step): none made up
     assert caplog.messages == [unmeasured(5, rising=True)]
 
 
