@@ -196,6 +196,25 @@ def trained_language_models(tmp_path_factory, data_dir):
 
 
 # ------------------------------------------------------------------------------------------
+# A MarianMT directory saved with untied embeddings, built once per session (per worker) for
+# tests/interop/test_marian_checks.py and test_marian_directory_checks.py: both are in the xdist
+# group "interop-checks", so one worker builds it, once. They import transformers and torch first.
+# ------------------------------------------------------------------------------------------
+
+
+@pytest.fixture(scope="session")
+def untied_marian(tmp_path_factory):
+    """A MarianMT directory saved with tie_word_embeddings=False, its model, and its import."""
+    from jaxformer.interop.marian import import_marian
+    from tests.interop.marian_models import write_marian
+
+    directory = tmp_path_factory.mktemp("untied")
+    model = write_marian(directory, tie_word_embeddings=False)
+    workdir = tmp_path_factory.mktemp("untied-run") / "run"
+    return directory, model, workdir, import_marian(directory, workdir)
+
+
+# ------------------------------------------------------------------------------------------
 # jaxformer installed from its wheel into fresh venvs (tests/install_env.py): the wheel is
 # built once for all pytest workers; the install and notebook tests each use their own venv.
 # ------------------------------------------------------------------------------------------
