@@ -2,7 +2,7 @@
 compilation, e.g. training.time_budget_minutes=0.01): the run ends at the check that finds it
 spent, or at the step whose evaluation does, with one warning naming the budget and the seconds
 spent by the first step, and the budget schedule's end set there, as any spent budget's. A fake
-clock, as in test_budget.py."""
+clock, as in test_budget_schedule_end.py."""
 
 import logging
 import types
@@ -90,7 +90,7 @@ def test_a_budget_spent_by_the_first_step_and_found_after_an_evaluation_says_so(
 
 def test_a_budget_the_first_step_left_time_in_is_spent_as_before(monkeypatch, caplog):
     """Spent at step 2, the pace measured: no such warning (a normal end within the warmup is
-    test_budget.py's)."""
+    test_budget_schedule_end.py's)."""
     now, budget, schedule_end, state, training, writer, _ = first_step_done(monkeypatch, "rsqrt", 1)
     budget.seconds = COMPILED + 0.4
     now[0] += 0.5

@@ -1,0 +1,148 @@
+"""The time budget's estimate and the budget schedule's end, with a fake clock: the steps' pace
+(the first step's compilation left out), the schedule's end moved to each check's estimate (the
+rate within the warmup the same whatever the end), and one warning where the end falls within the
+warmup, naming the time budget or num_train_steps that puts it there."""
+
+import logging
+import types
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from jaxformer.training import budget as budget_module
+from jaxformer.training.budget import ScheduleEnd, TimeBudget, TrainingClock, check_budget
+from jaxformer.training.experiment import default_config
+from jaxformer.training.optimizer import budget_rate, make_optimizer
+from jaxformer.training.state import TrainState
+from tests.training.test_budget import D_MODEL, WARMUP, peak
+
+
+def test_the_pace_excludes_the_first_step_and_the_end_is_clamped(monkeypatch):
+    now = [100.0]
+    monkeypatch.setattr(budget_module.time, "monotonic", lambda: now[0])
+    clock = TrainingClock(seconds_before=40.0)
+    clock.start()
+    budget = TimeBudget(100.0, clock)
+    assert budget.end_step(0, 1000) is None
+    now[0] += 20.0  # the first step: compilation
+    budget.step_done(1)
+    assert budget.end_step(1, 1000) is None  # no pace from one step
+    now[0] += 10.0  # 10 more steps at 1 s
+    budget.step_done(11)
+    assert budget.seconds_per_step(11) == pytest.approx(1.0)
+    assert budget.end_step(11, 1000) == pytest.approx(11 + 30.0)  # 100 - (40 + 30) seconds left
+    assert budget.end_step(11, 20) == 20  # never past num_train_steps
+    assert not budget.spent()
+    now[0] += 35.0
+    assert budget.spent() and budget.end_step(11, 1000) == 12  # at least the next step
+
+
+def test_the_rate_within_the_warmup_does_not_depend_on_the_schedules_end():
+    """Why a new run's first evaluation, unforeseen by the estimate, costs nothing while it falls
+    within the warmup (budget.py): the rate there is the same whatever the end; after it, not."""
+    within = [float(budget_rate(count, end, 1.0, 100, 0.1)) for end in (150.0, 5000.0) for count in (0, 49, 98)]
+    assert within[:3] == within[3:] == pytest.approx([0.01, 0.5, 0.99])  # counted from 0
+    after = [float(budget_rate(119, end, 1.0, 100, 0.1)) for end in (150.0, 5000.0)]
+    assert after[0] == pytest.approx(1.0 - 0.9 * 20 / 50) and after[1] > after[0]
+
+
+def test_each_check_moves_the_schedules_end_to_the_estimate(monkeypatch):
+    now = [0.0]
+    monkeypatch.setattr(budget_module.time, "monotonic", lambda: now[0])
+    config = default_config()
+    config.optimizer.update(schedule="budget", warmup_steps=WARMUP, learning_rate_scale=1.0, decay_floor=0.0)
+    config.training.update(num_train_steps=1000, log_every_steps=10)
+    optimizer, learning_rate = make_optimizer(config.optimizer, D_MODEL)
+    params = {"w": jnp.zeros(3)}
+    state = TrainState(step=jnp.int32(0), params=params, opt_state=optimizer.init(params), rng=jax.random.key(0))
+    schedule_end = ScheduleEnd(config, state, jax.sharding.SingleDeviceSharding(jax.devices()[0]))
+    state = schedule_end.at_start(state, 0, resumed=False, timed=True)
+    assert schedule_end.steps(state) == 1000  # num_train_steps until a pace is known
+    written = []
+    writer = types.SimpleNamespace(write=lambda step, values, prefix: written.append((step, values, prefix)))
+    clock = TrainingClock()
+    clock.start()
+    budget = TimeBudget(60.0, clock)
+    now[0] = 5.0  # compilation
+    budget.step_done(1)
+    now[0] = 5.0 + 9 * 0.5  # then 0.5 s per step
+    (spent, _, _), state = check_budget(budget, schedule_end, state, 10, writer, config.training)
+    assert not spent and schedule_end.steps(state) == pytest.approx(10 + (60 - 9.5) / 0.5)
+    assert written == [(10, {"seconds": 9.5, "end_step": pytest.approx(111.0)}, "budget/")]
+    np.testing.assert_allclose(
+        learning_rate(jnp.int32(10), state.opt_state), budget_rate(10, 111.0, peak(), WARMUP, 0.0), rtol=1e-6
+    )
+    now[0] = 61.0
+    (spent, _, _), state = check_budget(budget, schedule_end, state, 20, writer, config.training)
+    assert spent and schedule_end.steps(state) == 21  # the rate reaches its floor at the next update
+
+
+def test_a_budget_spent_early_in_the_warmup_says_the_rate_was_still_rising(monkeypatch, caplog):
+    """An estimate within the first quarter of the warmup is not said (compilation lowers it), but a
+    budget spent there is the run's end, at the check as by the step's work (spent_by_work)."""
+    now = [0.0]
+    monkeypatch.setattr(budget_module.time, "monotonic", lambda: now[0])
+    config = default_config()
+    config.optimizer.update(schedule="budget", warmup_steps=100, learning_rate_scale=1.0, decay_floor=0.0)
+    config.training.update(num_train_steps=1000, log_every_steps=10)
+    optimizer, _ = make_optimizer(config.optimizer, D_MODEL)
+    params = {"w": jnp.zeros(3)}
+    state = TrainState(step=jnp.int32(0), params=params, opt_state=optimizer.init(params), rng=jax.random.key(0))
+    schedule_end = ScheduleEnd(config, state, jax.sharding.SingleDeviceSharding(jax.devices()[0]))
+    writer = types.SimpleNamespace(write=lambda *args, **kwargs: None)
+    clock = TrainingClock()
+    clock.start()
+    budget = TimeBudget(12.0, clock)
+    now[0] = 5.0  # compilation
+    budget.step_done(1)
+    with caplog.at_level(logging.WARNING):
+        now[0] = 5.0 + 9 * 0.5  # then 0.5 s per step: the end estimated at step 15, within the warmup
+        (spent, _, _), state = check_budget(budget, schedule_end, state, 10, writer, config.training)
+        assert not spent and not caplog.messages
+        now[0] = 12.0
+        (spent, _, _), state = check_budget(budget, schedule_end, state, 20, writer, config.training)
+    assert spent and caplog.messages == [
+        "budget schedule: the time budget ends the run near step 21, within optimizer.warmup_steps=100: the rate "
+        "will still be rising when it ends; a shorter warmup (or a longer run) lets it decay"
+    ]
+
+
+def test_an_end_within_the_warmup_is_said_once(caplog):
+    config = default_config()
+    config.optimizer.update(schedule="budget", warmup_steps=WARMUP, learning_rate_scale=1.0, decay_floor=0.0)
+    optimizer, _ = make_optimizer(config.optimizer, D_MODEL)
+    params = {"w": jnp.zeros(3)}
+    state = TrainState(step=jnp.int32(0), params=params, opt_state=optimizer.init(params), rng=jax.random.key(0))
+    schedule_end = ScheduleEnd(config, state, jax.sharding.SingleDeviceSharding(jax.devices()[0]))
+    with caplog.at_level(logging.WARNING):
+        state = schedule_end.set(state, WARMUP + 1.0)
+        assert not caplog.messages  # it decays, if briefly
+        state = schedule_end.set(state, WARMUP - 1.0, step=1)
+        assert not caplog.messages  # too early to tell: the first estimates include compilation
+        for estimate in (WARMUP - 2.0, WARMUP - 3.0):
+            state = schedule_end.set(state, estimate, step=WARMUP)
+    assert len(caplog.messages) == 1 and caplog.messages[0].startswith(
+        f"budget schedule: the time budget ends the run near step {WARMUP - 2}, within "
+        f"optimizer.warmup_steps={WARMUP}: "
+    )
+    assert schedule_end.steps(state) == WARMUP - 3.0  # said, not changed
+
+
+def test_an_end_within_the_warmup_names_num_train_steps_where_it_ends_the_run(caplog):
+    """A time budget with num_train_steps inside the warmup: the steps end the run, not the budget."""
+    config = default_config()
+    config.optimizer.update(schedule="budget", warmup_steps=WARMUP, learning_rate_scale=1.0, decay_floor=0.0)
+    config.training.update(time_budget_minutes=55.0, num_train_steps=WARMUP - 5)
+    optimizer, _ = make_optimizer(config.optimizer, D_MODEL)
+    params = {"w": jnp.zeros(3)}
+    state = TrainState(step=jnp.int32(0), params=params, opt_state=optimizer.init(params), rng=jax.random.key(0))
+    schedule_end = ScheduleEnd(config, state, jax.sharding.SingleDeviceSharding(jax.devices()[0]))
+    with caplog.at_level(logging.WARNING):
+        schedule_end.at_start(state, 0, resumed=False, timed=True)
+    assert caplog.messages == [
+        f"budget schedule: training.num_train_steps={WARMUP - 5} ends the run near step {WARMUP - 5}, within "
+        f"optimizer.warmup_steps={WARMUP}: the rate will still be rising when it ends; a shorter warmup (or a "
+        "longer run) lets it decay"
+    ]
