@@ -56,6 +56,7 @@ from jaxformer.training.run_start import PreparedRun
 from jaxformer.training.signals import RaiseOnSignal, Stopped, StopRequest
 from jaxformer.training.state import count_parameters, make_init_fn
 from jaxformer.training.step import make_eval_step, make_run_train_step
+from jaxformer.training.steps_ahead import StepsAhead
 from jaxformer.training.train_metrics import TrainMetrics, progress_bar
 from jaxformer.training.unreadable_batch import saved_before_stopping
 from jaxformer.training.validation_bleu import BleuValidator
@@ -300,6 +301,7 @@ def _train(config, prepared: PreparedRun, model: nn.Module, preparation: RaiseOn
         saver.save(step, state, in_place=True)
     preparation.check()  # one held since: not handed to the loop, which would compile and take a step first
     unreadable = None  # the data's error that stopped the loop
+    ahead = StepsAhead()  # a signal stops the run at the step computing, not at the next log step
     with StopRequest() as stop:
         try:
             stopping = stop.agreed(step)  # a signal during the compilation: no step
@@ -313,6 +315,7 @@ def _train(config, prepared: PreparedRun, model: nn.Module, preparation: RaiseOn
                     raise unreadable from None
                 batch = sharding.global_batch(host_batch, batch_sharding)
                 state, metrics = train_fns[rdrop.started](state, batch)
+                ahead.dispatched(metrics)
                 step += 1
                 train_metrics.add(step, metrics)
                 progress.update(1)
