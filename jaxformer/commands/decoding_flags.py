@@ -122,13 +122,17 @@ def check_search_flags(args: argparse.Namespace, chosen=None) -> None:
 
 
 def final_search(args: argparse.Namespace, chosen=None):
-    """`chosen` when read already; else, with --checkpoint final, what final/'s metadata says of
-    the search the run's choice was made with (`chosen_search`; not its parameters): read once for
-    all the flags and the translator settle from it, whatever --method (greedy search and sampling
-    read its max_extra_length, `chosen_defaults`); else None."""
+    """`chosen` when read already; else, with --checkpoint final without --method or under beam
+    search, what final/'s metadata says of the search the run's choice was made with
+    (`chosen_search`; not its parameters): read once for all the flags and the translator settle
+    from it; else None. --method greedy or sample, given, take nothing from final/ (the beam's
+    settings they would not read) and leave it unread: the translator names the choice's search
+    from its one read of the checkpoint's metadata."""
     from jaxformer.decoding.checkpoint_alpha import chosen_search
 
-    return chosen_search(args.workdir, args.checkpoint, chosen)
+    if chosen is not None or getattr(args, "method", None) not in (None, "beam"):
+        return chosen
+    return chosen_search(args.workdir, args.checkpoint)
 
 
 def with_chosen_search(args: argparse.Namespace, chosen) -> argparse.Namespace:

@@ -84,16 +84,13 @@ def chosen_search(
 
 def chosen_defaults(chosen: ChosenSearch | None, method: str | None = None) -> dict[str, Any]:
     """The DecodeSettings fields a search of `checkpoint` "final" takes from the run's final choice
-    (`chosen`) where its caller gives none: its method, unless `method` is given, and every
-    setting the choice was made with (`chosen_with`: beam size, length penalty's form, stop rule,
-    renormalisation, max_extra_length; a beam search of a greedy choice takes the run's); a
-    `method` "greedy" or "sample" given takes max_extra_length alone, the output length limit
-    every search reads (spelling out a greedy choice's method decodes as leaving it out). {} for
-    another checkpoint (`chosen` None): DecodeSettings' defaults. Its alpha is `checkpoint_alpha`'s."""
+    (`chosen`) where its caller gives none: its method, unless `method` ("beam", the one search
+    read with another method than the choice's) is given, and every setting the choice was made
+    with (`chosen_with`: beam size, length penalty's form, stop rule, renormalisation,
+    max_extra_length; a beam search of a greedy choice takes the run's). {} for another checkpoint
+    (`chosen` None): DecodeSettings' defaults. Its alpha is `checkpoint_alpha`'s."""
     if chosen is None:
         return {}
-    if method in ("greedy", "sample"):  # beam search's settings they would not read
-        return {"max_extra_length": chosen.chosen_with["max_extra_length"]}
     return {"method": method or chosen.method, **chosen.chosen_with}
 
 

@@ -85,8 +85,7 @@ def test_flags_given_on_final_win_with_a_warning(command, beam5_workdir, tmp_pat
 @pytest.mark.parametrize("command", ["translate", "evaluate"])  # an export holds a beam search
 def test_greedy_search_of_a_beam_choice_is_still_given(command, beam5_workdir, tmp_path, monkeypatch, capsys):
     settings, lines = searched_by(command, beam5_workdir, ["--method", "greedy"], tmp_path, monkeypatch, capsys)
-    # Not refused for final/'s beam 5, whose settings greedy search would not read; its length limit it reads.
-    assert settings == DecodeSettings(method="greedy", max_extra_length=CHOSEN_WITH["max_extra_length"])
+    assert settings == DecodeSettings(method="greedy")  # not refused for final/'s beam 5, nor read
     assert [line.split(":")[0] for line in lines if line.startswith("W ")] == [
         "W the run's final choice was made with beam search, and this is greedy search"
     ]
@@ -142,21 +141,3 @@ def test_from_workdir_settings_given_on_final_are_kept(beam5_workdir, caplog):
     with caplog.at_level(logging.INFO, logger="jaxformer"):
         assert Translator.from_workdir(beam5_workdir, "final", given).settings == given
     assert not [message for message in caplog.messages if "final choice was made with them" in message]
-
-
-@pytest.mark.parametrize("command", ["translate", "evaluate"])  # an export holds a beam search
-def test_a_method_given_on_final_keeps_the_runs_output_length_limit(
-    command, beam5_workdir, greedy_workdir, tmp_path, monkeypatch, capsys
-):
-    # Every search reads max_extra_length: spelling out the choice's method, or naming another, keeps final/'s.
-    for workdir, flags in (
-        (greedy_workdir, []),
-        (greedy_workdir, ["--method", "greedy"]),
-        (greedy_workdir, ["--method", "sample"]),
-        (beam5_workdir, ["--method", "greedy"]),
-        (beam5_workdir, ["--method", "sample"]),
-    ):
-        settings, lines = searched_by(command, workdir, flags, tmp_path, monkeypatch, capsys)
-        assert settings.max_extra_length == recorded_search(workdir)["max_extra_length"] == 30, flags  # was 50
-        taken = [line.split(":")[0] for line in lines if line.startswith("I ") and "max_extra_length 30:" in line]
-        assert taken and taken[0].endswith("max_extra_length 30"), flags  # logged as taken from final/
