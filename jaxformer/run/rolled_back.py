@@ -15,7 +15,7 @@ import logging
 import pathlib
 
 from jaxformer.run.directory import RunDirectory
-from jaxformer.run.interrupted_saves import finish_interrupted_saves, set_aside_path
+from jaxformer.run.interrupted_saves import finish_interrupted_saves, interrupted_replacements, set_aside_path
 from jaxformer.run.lock import AveragingLock, WorkdirLockedError
 from jaxformer.run.process_0 import on_process_0
 
@@ -27,12 +27,11 @@ ROLLED_BACK_KINDS = ("averaged", "best", "final")
 
 def _steps_after(directory: pathlib.Path, start_step: int) -> list[int]:
     """The step folders of `directory` after `start_step`, a step whose replacement was interrupted
-    (`<step>.replacing` alone, which its writer puts back) among them."""
+    (`<step>.replacing` alone, which its writer puts back: `interrupted_replacements`) among them."""
     if not directory.is_dir():
         return []
-    names = [entry.name.partition(".") for entry in directory.iterdir() if entry.is_dir()]
-    steps = {int(step) for step, dot, rest in names if step.isdigit() and (not dot or rest == "replacing")}
-    return sorted(step for step in steps if step > start_step)
+    steps = {int(entry.name) for entry in directory.iterdir() if entry.name.isdigit() and entry.is_dir()}
+    return sorted(step for step in steps | interrupted_replacements(directory).keys() if step > start_step)
 
 
 def set_aside_rolled_back(run: RunDirectory, start_step: int) -> None:
