@@ -34,6 +34,37 @@ def _steps_after(directory: pathlib.Path, start_step: int) -> list[int]:
     return sorted(step for step in steps | interrupted_replacements(directory).keys() if step > start_step)
 
 
+def _since(start_step: int, checkpoint: str = "the checkpoint this run resumed from") -> str:
+    if start_step >= 0:
+        return f"after step {start_step}, {checkpoint}"
+    return "of an earlier run with no checkpoint to resume from"
+
+
+def _averaging_lock(run: RunDirectory, start_step: int, since: str) -> AveragingLock:
+    """averaged.lock, held, to move averaged/'s steps after `start_step`; while an averaging holds
+    it, a `WorkdirLockedError` naming it and those steps."""
+    lock = AveragingLock(run)
+    try:
+        lock.acquire()
+    except WorkdirLockedError as error:
+        later = ", ".join(map(str, _steps_after(run.averaged, start_step)))
+        raise WorkdirLockedError(f"cannot set aside step(s) {later} of {run.averaged}, {since}: {error}") from None
+    return lock
+
+
+def check_averaged_movable(run: RunDirectory, newest_step: int) -> None:
+    """Before anything is prepared: `set_aside_rolled_back`'s refusal while an averaging holds
+    averaged.lock, for averaged/'s steps after `newest_step` (the newest checkpoint whose metadata
+    reads; -1 for none), which the run sets aside whichever checkpoint restores: found after the
+    restore, it came after the data, the tokenizers and the state were prepared. A step up to
+    `newest_step` is known to be after the one restored only once its arrays prove damaged: that
+    refusal stays where it was. Process 0 checks; every process raises."""
+    if not _steps_after(run.averaged, newest_step):
+        return
+    since = _since(newest_step, "the newest checkpoint this run can resume from")
+    on_process_0(run.averaged, lambda: _averaging_lock(run, newest_step, since).release(), "take averaged.lock")
+
+
 def set_aside_rolled_back(run: RunDirectory, start_step: int) -> None:
     """Moves the steps of best/, averaged/ and final/ after `start_step` (the checkpoint a run
     resumed from; -1 for a new run) to `<step>.rolled_back-<time>`, each with a warning; process 0
@@ -42,11 +73,7 @@ def set_aside_rolled_back(run: RunDirectory, start_step: int) -> None:
     while an averaging holds it, a `WorkdirLockedError` naming it and what waits to be moved, before
     anything is. Called before BleuValidator reads best/'s score (a new score is compared
     with what best/ keeps) and before the final choice looks for one already made at its step."""
-    since = (
-        f"after step {start_step}, the checkpoint this run resumed from"
-        if start_step >= 0
-        else "of an earlier run with no checkpoint to resume from"
-    )
+    since = _since(start_step)
 
     def move(kind: str) -> None:
         directory = run.checkpoint_directory(kind)
@@ -61,12 +88,7 @@ def set_aside_rolled_back(run: RunDirectory, start_step: int) -> None:
             )
 
     def move_averaged() -> None:
-        lock = AveragingLock(run)
-        try:
-            lock.acquire()
-        except WorkdirLockedError as error:
-            later = ", ".join(map(str, _steps_after(run.averaged, start_step)))
-            raise WorkdirLockedError(f"cannot set aside step(s) {later} of {run.averaged}, {since}: {error}") from None
+        lock = _averaging_lock(run, start_step, since)
         try:
             move("averaged")
         finally:

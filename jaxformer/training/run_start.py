@@ -36,6 +36,7 @@ from jaxformer.run.directory import RunDirectory
 from jaxformer.run.killed_writes import remove_killed_writes
 from jaxformer.run.lock import WorkdirLock, WorkdirLockedError
 from jaxformer.run.metadata import CheckpointMetadata
+from jaxformer.run.rolled_back import check_averaged_movable
 from jaxformer.training import experiment, processes, resume_rules, sharding
 from jaxformer.training.final_choice import check_kept_choice
 from jaxformer.training.init_from import (
@@ -221,6 +222,7 @@ def prepare_run(config: ml_collections.ConfigDict, workdir: pathlib.Path) -> Pre
         check_kept_choice(config, run, latest[0], saved.train_seconds or 0.0)
         if saves_again:  # the newest checkpoint whose metadata reads: the one restored, unless its arrays are damaged
             check_best_measured_alike(config, run, latest[0])
+    check_averaged_movable(run, -1 if latest is None else latest[0])  # else refused once the data is ready and restored
     if latest is not None and any(training.get(key) is not None for key in PARTS.values()):
         logger.info("resuming this workdir's run; training.init_*from only set where a new run starts")
     starting_points = load_starting_points(training) if latest is None else ()

@@ -1,10 +1,12 @@
 """What a training run refuses at its start, before any data is prepared: a file where it saves
 (checkpoints/, best/, final/), and a resume whose validation BLEU would be measured otherwise than
-the score best/ keeps; and what a decoding key it settles reads as when left None."""
+the score best/ keeps, or one that would set an averaged/ step aside while an averaging runs; and
+what a decoding key it settles reads as when left None."""
 
 import copy
 import dataclasses
 import logging
+import os
 import re
 import shutil
 import types
@@ -18,6 +20,7 @@ from jaxformer.errors import EXIT_USER_ERROR, CheckpointError, UserError
 from jaxformer.run.checkpoint import Checkpointer
 from jaxformer.run.directory import RunDirectory
 from jaxformer.run.loading import load_checkpoint
+from jaxformer.run.lock import AveragingLock, WorkdirLockedError
 from jaxformer.training import experiment, final_choice, resume_rules, run_start, validation_bleu
 from tests.conftest import make_workdir
 
@@ -197,6 +200,36 @@ def test_best_with_unreadable_metadata_is_left_to_the_validator(finished, no_dat
     with caplog.at_level(logging.WARNING), pytest.raises(pytest.fail.Exception, match="the data was prepared"):
         run_start.prepare_run(config, finished)
     assert any("cannot read the metadata of checkpoint 10" in record.getMessage() for record in caplog.records)
+
+
+@pytest.mark.parametrize("averaged_step, refused", [(30, True), (20, False)])
+def test_an_averaged_step_to_set_aside_while_an_averaging_runs_is_refused_before_any_work(
+    averaged_step, refused, finished, no_data
+):
+    """averaged/30, after checkpoint 20 (checkpoint 30 removed), is set aside whichever checkpoint
+    restores, holding averaged.lock: while jaxformer-average-checkpoints holds it, the resume is
+    refused now, not once the data is prepared and the state restored. averaged/20 moves only
+    where checkpoint 20's arrays prove damaged: the run goes on."""
+    run = RunDirectory(finished)
+    _, metadata, params = load_checkpoint(finished, 20)
+    averaged = Checkpointer(run.averaged, keep=None)
+    averaged.save_params(averaged_step, params, metadata.replace(step=averaged_step))
+    averaged.close()
+    config = config_of(finished, num_train_steps=40)
+    with AveragingLock(finished):
+        if not refused:
+            with pytest.raises(pytest.fail.Exception, match="the data was prepared"):
+                run_start.prepare_run(config, finished)
+            return
+        with pytest.raises(WorkdirLockedError) as refusal:
+            run_start.prepare_run(config, finished)
+    assert str(refusal.value).startswith(
+        f"cannot set aside step(s) 30 of {run.averaged}, after step 20, the newest checkpoint this run can resume "
+        f"from: {finished} is in use by another jaxformer-average-checkpoints: pid {os.getpid()} "
+    )
+    assert sorted(path.name for path in run.averaged.iterdir()) == ["30"]  # nothing moved
+    with pytest.raises(pytest.fail.Exception, match="the data was prepared"):  # the averaging done: goes on
+        run_start.prepare_run(config, finished)
 
 
 @pytest.mark.parametrize(
