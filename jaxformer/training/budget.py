@@ -195,6 +195,7 @@ class ScheduleEnd:
 
     def __init__(self, config: ml_collections.ConfigDict, state, replicated):
         self.max_steps = config.training.num_train_steps
+        self.budget_minutes = config.training.time_budget_minutes or 0.0
         self.warmup_steps = config.optimizer.warmup_steps
         self.replicated = replicated
         self.active = end_step(state.opt_state) is not None
@@ -222,16 +223,43 @@ class ScheduleEnd:
         value = jax.device_put(np.float32(steps), self.replicated)
         return state.replace(opt_state=set_end_step(state.opt_state, value))
 
-    def at_start(self, state, step: int, resumed: bool, timed: bool):
+    def at_start(self, state, step: int, saved_training: dict | None, timed: bool):
         """Without a time budget the schedule ends at num_train_steps; with one, a new run starts
-        from that guess and a resumed one keeps the estimate it saved."""
-        if not self.active or (resumed and timed):
-            if self.active:
-                logger.info("budget schedule: resumed with its end at step %.0f", self.steps(state))
+        from that guess and a resumed one (`saved_training`: the training config its checkpoint was
+        saved with) keeps the estimate it saved, unless it no longer stands (saved_end_stands): then
+        it starts from the same guess, until this segment's pace re-estimates it."""
+        resumed = saved_training is not None
+        if not self.active:
             return state
-        if resumed and abs(self.steps(state) - self.max_steps) > 0.5:
+        if resumed and timed:
+            saved_end = self.steps(state)
+            if saved_end_stands(saved_end, saved_training, self.max_steps, self.budget_minutes):
+                logger.info("budget schedule: resumed with its end at step %.0f", saved_end)
+                return state
+            logger.info(
+                "budget schedule: its end moves from step %.0f, estimated for training.num_train_steps=%d and "
+                "training.time_budget_minutes=%g, to %d until this run's pace re-estimates it",
+                *(saved_end, saved_training["num_train_steps"], saved_training.get("time_budget_minutes") or 0.0),
+                self.max_steps,
+            )
+        elif resumed and abs(self.steps(state) - self.max_steps) > 0.5:
             logger.info("budget schedule: its end moves from step %.0f to %d", self.steps(state), self.max_steps)
         return self.set(state, self.max_steps, ends_by=f"training.num_train_steps={self.max_steps}")
+
+
+def saved_end_stands(saved_end: float, saved_training: dict, max_steps: int, budget_minutes: float) -> bool:
+    """Whether a time-budgeted run resumed with training.num_train_steps=`max_steps` and a budget of
+    `budget_minutes` keeps the schedule's end its checkpoint saved (`saved_end`, estimated under
+    `saved_training`). Not where the run may now train past it: its length raised past an end that
+    the old length capped (the budget's own estimate lay at or beyond it), or its budget raised;
+    kept, the steps past it trained at the floor (0 by default) until the first check of the pace
+    moved it. Nor where it lies past the length now. An unchanged run keeps it: resuming is exact."""
+    if saved_end > max_steps:
+        return False
+    old_steps = saved_training["num_train_steps"]
+    if saved_end >= old_steps and max_steps > old_steps:
+        return False
+    return budget_minutes <= (saved_training.get("time_budget_minutes") or 0.0)
 
 
 class BudgetReading(NamedTuple):

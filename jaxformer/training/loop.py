@@ -210,7 +210,8 @@ def _train(config, prepared: PreparedRun, model: nn.Module, preparation: RaiseOn
     saved = None if restored is None else restored[2]
     # Resumed where its length or budget ends it: shortened there, early; that step's work still to do.
     shortened, ends_unfinished = resumed_end(training, saved, step, budget_spent, schedule_end, state, learning_rate)
-    state = schedule_end.at_start(state, step, resumed=restored is not None, timed=budget is not None)
+    saved_training = None if saved is None else saved.config["training"]
+    state = schedule_end.at_start(state, step, saved_training, timed=budget is not None)
 
     train_fns = {
         with_rdrop: jax.jit(

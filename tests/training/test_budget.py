@@ -142,7 +142,14 @@ def test_a_time_budget_ends_the_run_and_carries_over_a_resume(data_dir, tmp_path
     forever = "--config.training.num_train_steps=1000000"
     result = train(workdir, data_dir, *timed, forever)
     summary = last_metrics(workdir)
-    assert "resumed from step 30" in result.stderr and "budget schedule: resumed with its end" in result.stderr
+    assert "resumed from step 30" in result.stderr
+    # The end, capped at 30 by the old length, moves to the new one at once: no step past 30 trains at rate 0.
+    assert (
+        "budget schedule: its end moves from step 30, estimated for training.num_train_steps=30 and "
+        "training.time_budget_minutes=10, to 1000000 until this run's pace re-estimates it"
+    ) in result.stderr
+    rates = losses(workdir, "train/learning_rate")
+    assert all(rates[step] > 0 for step in rates if step > 30)
     assert summary["ended_by"] == "time budget" and 30 < summary["step"] < 1_000_000
     # The earlier 30 steps' seconds count; the run stops at the first check past the budget.
     assert budget_seconds <= summary["train_seconds"] < budget_seconds + 30

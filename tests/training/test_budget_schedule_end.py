@@ -3,6 +3,7 @@
 rate within the warmup the same whatever the end), and one warning where the end falls within the
 warmup, naming the time budget or num_train_steps that puts it there."""
 
+import functools
 import logging
 import types
 
@@ -58,7 +59,7 @@ def test_each_check_moves_the_schedules_end_to_the_estimate(monkeypatch):
     params = {"w": jnp.zeros(3)}
     state = TrainState(step=jnp.int32(0), params=params, opt_state=optimizer.init(params), rng=jax.random.key(0))
     schedule_end = ScheduleEnd(config, state, jax.sharding.SingleDeviceSharding(jax.devices()[0]))
-    state = schedule_end.at_start(state, 0, resumed=False, timed=True)
+    state = schedule_end.at_start(state, 0, None, timed=True)
     assert schedule_end.steps(state) == 1000  # num_train_steps until a pace is known
     written = []
     writer = types.SimpleNamespace(write=lambda step, values, prefix: written.append((step, values, prefix)))
@@ -140,9 +141,60 @@ def test_an_end_within_the_warmup_names_num_train_steps_where_it_ends_the_run(ca
     state = TrainState(step=jnp.int32(0), params=params, opt_state=optimizer.init(params), rng=jax.random.key(0))
     schedule_end = ScheduleEnd(config, state, jax.sharding.SingleDeviceSharding(jax.devices()[0]))
     with caplog.at_level(logging.WARNING):
-        schedule_end.at_start(state, 0, resumed=False, timed=True)
+        schedule_end.at_start(state, 0, None, timed=True)
     assert caplog.messages == [
         f"budget schedule: training.num_train_steps={WARMUP - 5} ends the run near step {WARMUP - 5}, within "
         f"optimizer.warmup_steps={WARMUP}: the rate will still be rising when it ends; a shorter warmup (or a "
         "longer run) lets it decay"
     ]
+
+
+def resumed_schedule(saved_end, saved_training, **training):
+    """(the schedule's end, the learning rate) of a time-budgeted run resumed with `training` from a
+    checkpoint whose schedule ends at `saved_end`, saved with `saved_training`; whether it kept that end."""
+    config = default_config()
+    config.optimizer.update(schedule="budget", warmup_steps=WARMUP, learning_rate_scale=1.0, decay_floor=0.0)
+    config.training.update(**training)
+    optimizer, learning_rate = make_optimizer(config.optimizer, D_MODEL)
+    params = {"w": jnp.zeros(3)}
+    state = TrainState(step=jnp.int32(0), params=params, opt_state=optimizer.init(params), rng=jax.random.key(0))
+    schedule_end = ScheduleEnd(config, state, jax.sharding.SingleDeviceSharding(jax.devices()[0]))
+    saved = schedule_end.set(state, saved_end)
+    resumed = schedule_end.at_start(saved, 20, saved_training, timed=True)
+    return schedule_end.steps(resumed), functools.partial(learning_rate, opt_state=resumed.opt_state), resumed is saved
+
+
+SAVED = {"num_train_steps": 20, "time_budget_minutes": 10.0}  # the training config the checkpoint was saved with
+
+
+@pytest.mark.parametrize(
+    "saved_end, training",
+    [
+        (20.0, {"num_train_steps": 60, "time_budget_minutes": 10.0}),  # the old length capped the estimate
+        (15.0, {"num_train_steps": 60, "time_budget_minutes": 20.0}),  # the old budget's own estimate
+    ],
+)
+def test_a_resumed_run_that_may_train_past_its_saved_end_trains_no_step_at_the_floor(saved_end, training):
+    """Saved at step 20 and resumed longer (num_train_steps or the budget raised): the end moves to
+    num_train_steps, a new run's guess, until the pace is measured, not held where the steps past
+    it trained at rate 0 until the first check moved it."""
+    end, rate, _ = resumed_schedule(saved_end, SAVED, **training)
+    assert end == 60
+    rates = np.array([rate(jnp.int32(count)) for count in range(20, 30)])
+    expected = [budget_rate(count, 60.0, peak(), WARMUP, 0.0) for count in range(20, 30)]
+    np.testing.assert_allclose(rates, expected, rtol=1e-6)
+    assert rates.min() > 0
+
+
+@pytest.mark.parametrize(
+    "saved_end, training, kept",
+    [
+        (20.0, SAVED, True),  # unchanged: exact resume
+        (15.0, {"num_train_steps": 60, "time_budget_minutes": 10.0}, True),  # the budget ends it before 20
+        (15.0, {"num_train_steps": 20, "time_budget_minutes": 5.0}, True),  # a budget lowered: the check corrects it
+        (20.0, {"num_train_steps": 18, "time_budget_minutes": 10.0}, False),  # past the length now: its cap
+    ],
+)
+def test_a_resumed_run_keeps_its_saved_end_unless_it_may_train_past_it_or_stop_before(saved_end, training, kept):
+    end, _, untouched = resumed_schedule(saved_end, SAVED, **training)
+    assert (end, untouched) == ((saved_end, True) if kept else (training["num_train_steps"], False))

@@ -33,7 +33,7 @@ def first_step_done(monkeypatch, schedule, log_every_steps):
     params = {"w": jnp.zeros(3)}
     state = TrainState(step=jnp.int32(0), params=params, opt_state=optimizer.init(params), rng=jax.random.key(0))
     schedule_end = ScheduleEnd(config, state, jax.sharding.SingleDeviceSharding(jax.devices()[0]))
-    state = schedule_end.at_start(state, 0, resumed=False, timed=True)
+    state = schedule_end.at_start(state, 0, None, timed=True)
     clock = TrainingClock()
     clock.start()
     budget = TimeBudget(BUDGET_MINUTES * 60, clock)
