@@ -4,6 +4,7 @@ the search and its settings, and the translator they describe; checked before an
 from __future__ import annotations
 
 import argparse
+import functools
 
 from jaxformer.commands.common import (
     FlagError,
@@ -125,9 +126,10 @@ def final_search(args: argparse.Namespace, chosen=None):
     """`chosen` when read already; else, with --checkpoint final without --method or under beam
     search, what final/'s metadata says of the search the run's choice was made with
     (`chosen_search`; not its parameters): read once for all the flags and the translator settle
-    from it; else None. --method greedy or sample, given, take nothing from final/ (the beam's
-    settings they would not read) and leave it unread: the translator names the choice's search
-    from its one read of the checkpoint's metadata."""
+    from it; else None. --method greedy or sample, given, which take of final/'s search only its
+    max_extra_length (`chosen_defaults`), leave it unread here: the translator settles their
+    search from its one read of the checkpoint's metadata (`translator_from_flags`), before it
+    names the choice's search."""
     from jaxformer.decoding.checkpoint_alpha import chosen_search
 
     if chosen is not None or getattr(args, "method", None) not in (None, "beam"):
@@ -187,16 +189,24 @@ def checked_input_lines(args: argparse.Namespace) -> list[str]:
 def translator_from_flags(args: argparse.Namespace, settings=None, chosen=None, loaded=None, tokenizers=None):
     """The translator the flags describe; `settings`: their DecodeSettings, `chosen`:
     `final_search(args)`, `loaded`: the checkpoint's `load_checkpoint`, and `tokenizers`: its
-    metadata's `load_tokenizers()`, when made already."""
+    metadata's `load_tokenizers()`, when made already. With --checkpoint final left unread
+    (`final_search`: --method greedy or sample given) the search is settled from the translator's
+    one read of its metadata, `settings` made before it being without final/'s max_extra_length."""
     from jaxformer.decoding.translator import Translator
 
     chosen = final_search(args, chosen)
-    settings = decode_settings_from_flags(args, args.max_extra_length, chosen) if settings is None else settings
+    settle_search = None
+    if chosen is None and args.checkpoint == "final":
+        settings = None
+        settle_search = functools.partial(decode_settings_from_flags, args, args.max_extra_length)  # of its `chosen`
+    elif settings is None:
+        settings = decode_settings_from_flags(args, args.max_extra_length, chosen)
     return Translator.from_workdir(
         args.workdir,
         args.checkpoint,
         settings,
         chosen=chosen,
+        settle_search=settle_search,
         loaded=loaded,
         tokenizers=tokenizers,
         batch_size=args.batch_size,

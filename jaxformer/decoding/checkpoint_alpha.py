@@ -39,6 +39,9 @@ _SEARCH_KEYS = tuple(key for key in SEARCH_FIELDS if key not in ("method", "alph
 # final's (`chosen_defaults`), else DecodeSettings'.
 SETTLED_FIELDS = ("method", *_SEARCH_KEYS)
 SEARCH_NAMES = {"beam": "beam search", "greedy": "greedy search", "sample": "sampling"}  # decoding.method's
+# The settings every search reads (the output length limit): a choice made with another search was
+# made with them still.
+EVERY_SEARCH_KEYS = ("max_extra_length",)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -84,13 +87,15 @@ def chosen_search(
 
 def chosen_defaults(chosen: ChosenSearch | None, method: str | None = None) -> dict[str, Any]:
     """The DecodeSettings fields a search of `checkpoint` "final" takes from the run's final choice
-    (`chosen`) where its caller gives none: its method, unless `method` ("beam", the one search
-    read with another method than the choice's) is given, and every setting the choice was made
-    with (`chosen_with`: beam size, length penalty's form, stop rule, renormalisation,
-    max_extra_length; a beam search of a greedy choice takes the run's). {} for another checkpoint
-    (`chosen` None): DecodeSettings' defaults. Its alpha is `checkpoint_alpha`'s."""
+    (`chosen`) where its caller gives none: its method, unless `method` is given, and every
+    setting the choice was made with (`chosen_with`: beam size, length penalty's form, stop rule,
+    renormalisation, max_extra_length; a beam search of a greedy choice takes the run's); a
+    `method` "greedy" or "sample" given takes max_extra_length alone (EVERY_SEARCH_KEYS). {} for
+    another checkpoint (`chosen` None): DecodeSettings' defaults. Its alpha is `checkpoint_alpha`'s."""
     if chosen is None:
         return {}
+    if method in ("greedy", "sample"):  # beam search's settings they would not read
+        return {key: chosen.chosen_with[key] for key in EVERY_SEARCH_KEYS}
     return {"method": method or chosen.method, **chosen.chosen_with}
 
 
@@ -98,7 +103,8 @@ def log_chosen_search(chosen: ChosenSearch | None, taken: dict[str, Any], method
     """One line naming the search settings `taken` from final/ (`chosen_defaults`, less those the
     caller gave) other than the length penalty's, which lines of their own name: those the run's
     final choice was made with, or, searched with another `method` than its, the run's `decoding`
-    section's still. With how the caller gives its own: DecodeSettings, or the flags (`as_flags`)."""
+    section's still (but EVERY_SEARCH_KEYS alone, which the choice read). With how the caller
+    gives its own: DecodeSettings, or the flags (`as_flags`)."""
     keys = [key for key in _LOGGED_KEYS if key in taken]
     if not keys:
         return
@@ -107,7 +113,7 @@ def log_chosen_search(chosen: ChosenSearch | None, taken: dict[str, Any], method
         override = ", ".join(f"--{key}" for key in keys) + (" overrides it" if len(keys) == 1 else " override them")
     else:
         override = SETTINGS_SEARCH + " overrides them"
-    if chosen.method == method:
+    if chosen.method == method or set(keys) <= set(EVERY_SEARCH_KEYS):
         them = "them" if len(keys) > 1 else "it"
         logger.info("%s: the run's final choice was made with %s (%s)", named, them, override)
     else:  # a beam search of a choice made greedily: the run's beam settings, which the choice read none of

@@ -6,7 +6,7 @@ import concurrent.futures
 import copy
 import logging
 import os
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from typing import Any
 
 import jax
@@ -15,7 +15,7 @@ import tqdm
 
 from jaxformer.data.tokenizer import Tokenizer
 from jaxformer.decoding import sentence_batches
-from jaxformer.decoding.checkpoint_alpha import ChosenSearch, checkpoint_settings
+from jaxformer.decoding.checkpoint_alpha import ChosenSearch, checkpoint_settings, chosen_search
 from jaxformer.decoding.generate import DecodeSettings, check_options, decoding_variant, make_generate_fn
 from jaxformer.model.config import ConfigError, TransformerConfig
 from jaxformer.model.transformer import unstack_layers
@@ -145,6 +145,7 @@ class Translator:
         settings: DecodeSettings | None = None,
         *,
         chosen: ChosenSearch | None = None,
+        settle_search: Callable[[ChosenSearch | None], DecodeSettings] | None = None,
         loaded: tuple[int, CheckpointMetadata, Any] | None = None,
         tokenizers: tuple[Tokenizer, Tokenizer] | None = None,
         **kwargs,
@@ -155,7 +156,11 @@ class Translator:
         made with (its method, beam size, stop rule, ...) and the length penalty alpha it kept
         (training.final_alphas), as translate, evaluate and export search without those flags
         (`checkpoint_settings`); given `settings` search with them. `chosen`: final/'s
-        `chosen_search`, when the caller read it already (the commands, for their flags); `loaded`: the
+        `chosen_search`, when the caller read it already (the commands, for their flags);
+        `settle_search`: in place of `settings`, the search given final/'s `chosen_search` (None on
+        another checkpoint), settled from the one read of its metadata (the commands' flags under
+        --method greedy or sample, which leave final/ unread until then and take its
+        max_extra_length); `loaded`: the
         (step, metadata, params) `load_checkpoint(workdir, checkpoint)` gave the caller (evaluate, which
         reads them before its data), not read again, and `tokenizers` its metadata's
         `load_tokenizers()`, when the caller loaded them (evaluate, for what is empty to the model).
@@ -167,7 +172,11 @@ class Translator:
 
         def settle(metadata: CheckpointMetadata) -> None:  # from the one read of its metadata, before the parameters
             model_config = cls.check_workdir(workdir, checkpoint, metadata)
-            settled["settings"] = checkpoint_settings(workdir, checkpoint, settings, chosen, metadata)
+            search, choice = settings, chosen
+            if settle_search is not None:
+                choice = chosen_search(workdir, checkpoint, chosen, metadata)
+                search = settle_search(choice)
+            settled["settings"] = checkpoint_settings(workdir, checkpoint, search, choice, metadata)
             settled["settings"].check_fits(model_config)
 
         if loaded is None:

@@ -85,7 +85,8 @@ def test_flags_given_on_final_win_with_a_warning(command, beam5_workdir, tmp_pat
 @pytest.mark.parametrize("command", ["translate", "evaluate"])  # an export holds a beam search
 def test_greedy_search_of_a_beam_choice_is_still_given(command, beam5_workdir, tmp_path, monkeypatch, capsys):
     settings, lines = searched_by(command, beam5_workdir, ["--method", "greedy"], tmp_path, monkeypatch, capsys)
-    assert settings == DecodeSettings(method="greedy")  # not refused for final/'s beam 5, nor read
+    # Not refused for final/'s beam 5, whose settings greedy search would not read; its length limit it reads.
+    assert settings == DecodeSettings(method="greedy", max_extra_length=CHOSEN_WITH["max_extra_length"])
     assert [line.split(":")[0] for line in lines if line.startswith("W ")] == [
         "W the run's final choice was made with beam search, and this is greedy search"
     ]
@@ -141,3 +142,21 @@ def test_from_workdir_settings_given_on_final_are_kept(beam5_workdir, caplog):
     with caplog.at_level(logging.INFO, logger="jaxformer"):
         assert Translator.from_workdir(beam5_workdir, "final", given).settings == given
     assert not [message for message in caplog.messages if "final choice was made with them" in message]
+
+
+@pytest.mark.parametrize("command", ["translate", "evaluate"])  # an export holds a beam search
+def test_a_method_given_on_final_keeps_the_runs_output_length_limit(
+    command, beam5_workdir, greedy_workdir, tmp_path, monkeypatch, capsys
+):
+    # Every search reads max_extra_length: the choice's method spelt out, or another, keeps final/'s.
+    for workdir, method in ((greedy_workdir, "greedy"), (beam5_workdir, "sample")):
+        limit = recorded_search(workdir)["max_extra_length"]
+        assert limit != DecodeSettings.max_extra_length  # the flag's default, which they searched with before
+        settings, lines = searched_by(command, workdir, ["--method", method], tmp_path, monkeypatch, capsys)
+        assert (settings.method, settings.max_extra_length) == (method, limit)
+        taken = f"max_extra_length {limit}: the run's final choice was made with it (--max_extra_length overrides it)"
+        assert f"I {taken}" in lines
+    given = ["--method", "greedy", "--max_extra_length", "12"]
+    settings, lines = searched_by(command, beam5_workdir, given, tmp_path, monkeypatch, capsys)
+    assert settings.max_extra_length == 12
+    assert not [line for line in lines if "max_extra_length" in line]
