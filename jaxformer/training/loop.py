@@ -290,12 +290,12 @@ def _train(config, prepared: PreparedRun, model: nn.Module, preparation: RaiseOn
         return budget_spent
 
     timing = () if budget is None else (budget.work_done, spent_by_the_work)
+    seconds_read = clock.seconds_before  # the training seconds of the last budget check
+    clock.start()  # the start's measurement below is the loop's work, spent from its budget as any evaluation
     if step == 0:  # the start on this run's validation data, where fine-tuning or composing starts
         run_at_start(periodic, at_start, None if budget is None else budget.work_done)
     if budget_spent:
         logger.info("time budget of %g minutes already spent at step %d", training.time_budget_minutes, step)
-    seconds_read = clock.seconds_before  # the training seconds of the last budget check
-    clock.start()
     if ends_unfinished:
         best_bleu = None if validator is None else validator.best_bleu
         shortened_end.end_work(periodic, step, writer, checkpointer, saved, prepared.metadata, best_bleu)

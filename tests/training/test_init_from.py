@@ -6,6 +6,7 @@ import json
 import logging
 import pathlib
 import shutil
+import types
 
 import jax
 import numpy as np
@@ -20,6 +21,7 @@ from jaxformer.run.checkpoint import Checkpointer
 from jaxformer.run.directory import RunDirectory
 from jaxformer.run.export_origin import EXPORT_FORMAT, EXPORT_LOADER
 from jaxformer.run.loading import load_checkpoint, locate_checkpoint
+from jaxformer.training import budget, loop
 from jaxformer.training.config_file import load_config_file
 from jaxformer.training.init_from import load_starting_points
 from jaxformer.training.loop import train_and_evaluate
@@ -81,16 +83,30 @@ def test_fine_tuning_starts_from_the_source_model(source_run, data_dir, tmp_path
 
 
 @pytest.mark.slow  # about 40 s: a fine-tuning run with validation BLEU and the final choice, continued
-def test_best_and_the_final_choice_keep_the_start_when_fine_tuning_makes_it_worse(source_run, data_dir, tmp_path):
+def test_best_and_the_final_choice_keep_the_start_when_fine_tuning_makes_it_worse(
+    source_run, data_dir, tmp_path, monkeypatch
+):
     """Validation BLEU at step 0 (before any step) keeps the start in best/, a candidate of the
-    final choice; a learning rate 500 times the tiny config's wrecks the model at its first steps."""
+    final choice; a learning rate 500 times the tiny config's wrecks the model at its first steps.
+    The step-0 evaluation is spent from the time budget as any evaluation is: on the budget's clock
+    it takes 1,000 s more than it does."""
     workdir = tmp_path / "tuned"
     config = tiny_config(data_dir, num_train_steps=4, eval_every_steps=2, checkpoint_every_steps=2)
     config.training.update(bleu_every_steps=2, bleu_examples=16, bleu_method="greedy", final_choice=True)
-    config.training.update(average_last=2, init_from=str(source_run))
+    config.training.update(average_last=2, init_from=str(source_run), time_budget_minutes=60)
     config.data.max_eval_examples, config.decoding.max_extra_length = 16, 8
     config.optimizer.learning_rate_scale = 1000.0
+    slowed, evaluate = [0.0], loop._evaluate
+
+    def evaluate_slowly_at_first(*args):
+        slowed[0] = slowed[0] or 1000.0  # the first: step 0's
+        return evaluate(*args)
+
+    real_clock = budget.time.monotonic
+    monkeypatch.setattr(budget, "time", types.SimpleNamespace(monotonic=lambda: real_clock() + slowed[0]))
+    monkeypatch.setattr(loop, "_evaluate", evaluate_slowly_at_first)
     last = train_and_evaluate(config, workdir)
+    assert 1000 < last["train_seconds"] < 1600 and min(losses(workdir, "budget/seconds").values()) > 1000
 
     bleu = losses(workdir, "eval/bleu")
     assert sorted(bleu) == [0, 2, 4] and sorted(losses(workdir, "eval/loss")) == [0, 2, 4]
