@@ -108,14 +108,20 @@ def run_summary(config: ml_collections.ConfigDict, workdir: str | pathlib.Path, 
             scores += f", masked-token accuracy {figures['accuracy']:.4f}"
         lines.append(f"validation: {scores}")
     best = best_checkpoint(run)
+    # best/ at step 0: a fine-tuning run's start, measured before its first step, that no step beat.
+    best_is_the_start = best is not None and best[0] == 0
     if best is not None and best[1] is not None:
-        lines.append(f"best validation BLEU: {best[1]:.2f} at step {best[0]}")
+        start = ", the start (training.init_from): no step scored higher" if best_is_the_start else ""
+        lines.append(f"best validation BLEU: {best[1]:.2f} at step {best[0]}{start}")
     elif not training.bleu_every_steps and architecture == "encoder_decoder":
         lines.append("validation BLEU: not measured (set training.bleu_every_steps to measure it)")
     if "final" in last and last["final"].get("chosen"):
         chosen = last["final"]
         alpha = "" if chosen.get("alpha") is None else f", alpha {chosen['alpha']:g}"
-        lines.append(f"final choice: {chosen['chosen']}{alpha} (validation BLEU {chosen['bleu']:.2f}), in {run.final}")
+        start = " (the start, step 0)" if chosen["chosen"] == "best" and best_is_the_start else ""
+        lines.append(
+            f"final choice: {chosen['chosen']}{start}{alpha} (validation BLEU {chosen['bleu']:.2f}), in {run.final}"
+        )
     if last.get("ended_by") == "time budget":
         lines.append(f"ended by its time budget of {training.time_budget_minutes:g} minutes")
 

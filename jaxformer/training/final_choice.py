@@ -283,6 +283,14 @@ def choose_final(
             run.final,
             time.monotonic() - started,
         )
+        if chosen == "best" and chosen_metadata.step == 0:  # only a fine-tuning run measures its start's BLEU
+            logger.warning(
+                "final choice: best/ holds the start (step 0: the parameters of training.init_from=%s), which "
+                "scored higher on the validation split than every candidate this run trained; %s holds the "
+                "starting parameters",
+                config.training.init_from,
+                run.final,
+            )
         return result
     finally:
         writer.close()

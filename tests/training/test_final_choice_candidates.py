@@ -1,6 +1,8 @@
-"""The final choice's candidates when the run has fewer checkpoints than training.average_last."""
+"""The final choice's candidates when the run has fewer checkpoints than training.average_last, the
+alphas it names, and a choice of a fine-tuning run's start (best/ at step 0), which it and the summary name."""
 
 import logging
+import shutil
 import types
 
 import jax
@@ -8,6 +10,8 @@ import ml_collections
 import numpy as np
 import pytest
 
+from jaxformer.commands.run_summary import run_summary
+from jaxformer.run.checkpoint import Checkpointer
 from jaxformer.run.directory import RunDirectory
 from jaxformer.run.loading import load_checkpoint
 from jaxformer.training import final_choice
@@ -67,3 +71,52 @@ def test_the_final_choice_names_an_alpha_only_where_it_compared_alphas(method, t
     monkeypatch.setattr(_ScoredByAlpha, "score", lambda *_: pytest.fail("the choice was made again"))
     again = choose()
     assert again == summary and {"latest/chrf", "averaged/lowercase_bleu"} <= set(again)
+
+
+def test_a_final_choice_of_the_start_says_so(decoding_workdir, tmp_path, monkeypatch, caplog):
+    """best/ holds parameters that score higher than the latest: at step 0, a fine-tuning run's start
+    that no step beat, the final choice warns that final/ holds the starting parameters and the run's
+    summary names the start; at another step, neither says a word of a start."""
+    workdir = tmp_path / "run"
+    shutil.copytree(decoding_workdir, workdir)
+    _, metadata, params = load_checkpoint(workdir)
+    run = RunDirectory(workdir)
+    total = sum(float(np.sum(np.abs(leaf))) for leaf in jax.tree.leaves(params))
+
+    class ScoredByScale(scored_validation(lambda settings: 0.0)):  # 10 per multiple of the checkpoint's parameters
+        def score(self, params):
+            scale = sum(float(np.sum(np.abs(leaf))) for leaf in jax.tree.leaves(params)) / total
+            return {**super().score(params), "bleu": 10.0 * scale}
+
+    monkeypatch.setattr(final_choice, "ValidationSet", ScoredByScale)
+    config = ml_collections.ConfigDict(metadata.config)
+    config.training.update(average_last=1, final_alphas=(), init_from="/runs/source")
+    tokenizers = types.SimpleNamespace(source=None, target=None)
+    for best_step in (1, 0):  # the run ends at step 2 (its latest parameters those of checkpoint 1)
+        for folder in (run.best, run.final):
+            shutil.rmtree(folder, ignore_errors=True)
+        best = Checkpointer(run.best, keep=None)
+        tripled = jax.tree.map(lambda leaf: 3 * leaf, params)
+        best.save_params(best_step, tripled, metadata.replace(step=best_step, bleu=3.0))
+        best.close()
+        caplog.clear()
+        with caplog.at_level(logging.WARNING):
+            result = final_choice.choose_final(config, None, tokenizers, None, run, 2, params, metadata)
+        assert (result["latest/bleu"], result["best/bleu"]) == pytest.approx((10.0, 30.0))
+        assert result["chosen"] == "best"
+        said = [record.getMessage() for record in caplog.records if "start" in record.getMessage()]
+        lines = run_summary(config, workdir, {"step": 2, "first_step": 0, "final": result}, 1.0)
+        best_line, choice_line = (next(line for line in lines if line.startswith(s)) for s in ("best val", "final c"))
+        final = f"(validation BLEU 30.00), in {run.final}"
+        if best_step == 0:
+            assert said == [
+                "final choice: best/ holds the start (step 0: the parameters of training.init_from=/runs/source), "
+                f"which scored higher on the validation split than every candidate this run trained; {run.final} "
+                "holds the starting parameters"
+            ]
+            start = "the start (training.init_from): no step scored higher"
+            assert best_line == f"best validation BLEU: 3.00 at step 0, {start}"
+            assert choice_line == f"final choice: best (the start, step 0), alpha 0.6 {final}"
+        else:
+            assert said == [] and best_line == "best validation BLEU: 3.00 at step 1"
+            assert choice_line == f"final choice: best, alpha 0.6 {final}"

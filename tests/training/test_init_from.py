@@ -12,6 +12,7 @@ import jax
 import numpy as np
 import pytest
 
+from jaxformer.commands.run_summary import run_summary
 from jaxformer.errors import CheckpointError
 from jaxformer.export import standalone
 from jaxformer.model.config import ConfigError, preset
@@ -120,6 +121,12 @@ def test_best_and_the_final_choice_keep_the_start_when_fine_tuning_makes_it_wors
     # The final choice scored best/ (the start) with the others and kept the highest.
     scores = {name: last["final"][f"{name}/bleu"] for name in ("latest", "best", "averaged")}
     assert last["final"]["chosen"] == max(scores, key=scores.get) == "best"
+    summary = run_summary(config, workdir, last, 1.0)  # what jaxformer-train logs at the end
+    assert (
+        f"best validation BLEU: {bleu[0]:.2f} at step 0, the start (training.init_from): no step scored higher"
+        in summary
+    )
+    assert any(line.startswith("final choice: best (the start, step 0), ") for line in summary)
 
     # Continued: step 0 is neither measured nor logged again, and best/ still holds the start.
     config.training.num_train_steps = 6
