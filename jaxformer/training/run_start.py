@@ -205,6 +205,9 @@ def prepare_run(config: ml_collections.ConfigDict, workdir: pathlib.Path) -> Pre
     for path in (run.metrics_file, run.last_metrics_file):  # and a folder where the metrics are written
         if path.is_dir():
             raise UserError(f"{path} is a folder, where the run writes its metrics: move it away")
+    events = run.tensorboard_dir  # else mkdir's traceback once the data, tokenizers and model are ready
+    if (events.exists() or events.is_symlink()) and not events.is_dir():  # a file, a dangling link
+        raise UserError(f"{events} is not a directory, where the run writes its TensorBoard events: move it away")
     checkpointer = Checkpointer(run.checkpoints, keep=training.keep_checkpoints)
     latest = checkpointer.latest_step_metadata()
     saved = None if latest is None else latest[1]

@@ -108,6 +108,20 @@ def test_a_folder_where_a_run_writes_its_metrics_is_one_line_before_any_work(nam
     assert sorted(path.name for path in workdir.iterdir()) == [name]  # nothing added, nothing lost
 
 
+@pytest.mark.parametrize("kind", ["file", "dangling link"])
+def test_a_file_where_a_run_writes_its_tensorboard_events_is_one_line_before_any_work(kind, tmp_path, capsys, no_data):
+    """Else a FileExistsError traceback (exit 1) once the data, the tokenizers and the model were ready."""
+    workdir = tmp_path / "run"
+    workdir.mkdir()
+    events = workdir / "tensorboard"
+    events.write_text("junk\n") if kind == "file" else events.symlink_to(tmp_path / "nowhere")
+    assert train.main(["--config", "tiny", "--workdir", str(workdir)]) == EXIT_USER_ERROR
+    errors = [line for line in capsys.readouterr().err.splitlines() if line.startswith("error: ")]
+    assert errors == [f"error: {events} is not a directory, where the run writes its TensorBoard events: move it away"]
+    assert sorted(path.name for path in workdir.iterdir()) == ["tensorboard"]  # nothing added, nothing lost
+    assert events.is_symlink() or events.read_text() == "junk\n"
+
+
 def test_only_the_folders_a_run_uses_are_checked(tmp_path):
     run = RunDirectory(tmp_path)
     (tmp_path / "final").write_text("a file of mine")
