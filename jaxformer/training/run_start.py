@@ -202,7 +202,7 @@ def prepare_run(config: ml_collections.ConfigDict, workdir: pathlib.Path) -> Pre
     folders += ["best"] if training.bleu_every_steps or training.final_choice else []
     folders += ["final"] if training.final_choice else []
     run.check_folders(*folders)  # a file there is found now, not by a save after hours of steps
-    for path in (run.metrics_file, run.last_metrics_file):  # and a folder where the metrics are written
+    for path in (run.metrics_file, run.rolled_back_metrics_file, run.last_metrics_file):  # and a folder there
         if path.is_dir():
             raise UserError(f"{path} is a folder, where the run writes its metrics: move it away")
     events = run.tensorboard_dir  # else mkdir's traceback once the data, tokenizers and model are ready

@@ -96,10 +96,12 @@ def test_a_file_where_a_fresh_run_saves_is_one_line_before_any_work(folder, hold
     assert (workdir / folder).read_text() == "junk\n"
 
 
-@pytest.mark.parametrize("name", ["metrics.jsonl", "last_metrics.json"])
+@pytest.mark.parametrize("name", ["metrics.jsonl", "metrics.rolled_back.jsonl", "last_metrics.json"])
 def test_a_folder_where_a_run_writes_its_metrics_is_one_line_before_any_work(name, tmp_path, capsys, no_data):
-    """Else found by a traceback: metrics.jsonl's as the first step is written, last_metrics.json's
-    once every step is trained (a sweep's variant too: jaxformer-sweep reads it before any trains)."""
+    """Else found by a traceback: metrics.jsonl's as the first step is written, metrics.rolled_back.jsonl's
+    once a resumed run has restored its state and moves the records of the steps it trains again there,
+    last_metrics.json's once every step is trained (a sweep's variant too: jaxformer-sweep reads it
+    before any trains)."""
     workdir = tmp_path / "run"
     (workdir / name).mkdir(parents=True)
     assert train.main(["--config", "tiny", "--workdir", str(workdir)]) == EXIT_USER_ERROR
