@@ -129,7 +129,10 @@ class Checkpointer:
         stopped by a signal saves to resume from, which must not push an older one out)."""
         self._writable()
         self._check_step(step, metadata)
-        if step in self.manager.all_steps():  # left by a run that could not restore it
+        target = self.directory / str(step)
+        # A step left by a run that could not restore it, or what is no step to orbax (a file, a
+        # folder of someone's), which its save would delete: kept, under a name that says why.
+        if step in self.manager.all_steps() or target.exists() or target.is_symlink():
             self.set_aside(step)
         import grain  # here, not at the top: translating reads parameters only, and grain takes a second to import
 

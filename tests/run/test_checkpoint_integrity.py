@@ -207,6 +207,24 @@ def test_a_params_checkpoint_saved_again_sets_the_previous_aside_as_replaced_not
     writer.close()
 
 
+@pytest.mark.parametrize("kind", ["file", "link to nothing"])
+def test_a_train_state_saved_where_something_else_lies_sets_it_aside(kind, tmp_path, caplog):
+    # Orbax lists no such entry among its steps, and its forced save deleted it without a word.
+    directory = tmp_path / "checkpoints"
+    directory.mkdir()
+    mine = directory / "3"
+    mine.write_text("junk\n") if kind == "file" else mine.symlink_to(tmp_path / "nowhere")
+    checkpointer = Checkpointer(directory, keep=None)
+    with caplog.at_level(logging.WARNING):
+        checkpointer.save(3, make_state(3), make_iterator(), METADATA.replace(step=3))
+        checkpointer.wait()
+    assert checkpointer.steps() == [3]
+    checkpointer.close()
+    (aside,) = directory.glob("3.damaged-*")
+    assert aside.is_symlink() if kind != "file" else aside.read_text() == "junk\n"
+    assert any(r.getMessage().startswith("moved the damaged checkpoint of step 3 to ") for r in caplog.records)
+
+
 def test_restore_verifies_and_resumes_the_data_iterator(saved, tmp_path, caplog):
     directory, batches = saved
     checkpointer = Checkpointer(shutil.copytree(directory, tmp_path / "checkpoints"), keep=None)
