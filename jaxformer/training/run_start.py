@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import dataclasses
 import logging
+import os
 import pathlib
 import shutil
 from collections.abc import Sequence
@@ -205,6 +206,11 @@ def prepare_run(config: ml_collections.ConfigDict, workdir: pathlib.Path) -> Pre
     for path in (run.metrics_file, run.rolled_back_metrics_file, run.last_metrics_file):  # and a folder there
         if path.is_dir():
             raise UserError(f"{path} is a folder, where the run writes its metrics: move it away")
+        if path.is_symlink() and not pathlib.Path(os.path.realpath(path)).parent.is_dir():  # written through it
+            raise UserError(
+                f"{path} is a link to {os.readlink(path)}, in a folder that does not exist, "
+                "where the run writes its metrics: move it away"
+            )
     events = run.tensorboard_dir  # else mkdir's traceback once the data, tokenizers and model are ready
     if (events.exists() or events.is_symlink()) and not events.is_dir():  # a file, a dangling link
         raise UserError(f"{events} is not a directory, where the run writes its TensorBoard events: move it away")

@@ -110,6 +110,24 @@ def test_a_folder_where_a_run_writes_its_metrics_is_one_line_before_any_work(nam
     assert sorted(path.name for path in workdir.iterdir()) == [name]  # nothing added, nothing lost
 
 
+@pytest.mark.parametrize("name", ["metrics.jsonl", "metrics.rolled_back.jsonl", "last_metrics.json"])
+def test_a_link_into_no_folder_where_a_run_writes_its_metrics_is_one_line_before_any_work(
+    name, tmp_path, capsys, no_data
+):
+    """Written through the link, it was a FileNotFoundError traceback: metrics.jsonl's at the first
+    record, last_metrics.json's once every step was trained. A link into a folder that exists is written."""
+    workdir = tmp_path / "run"
+    workdir.mkdir()
+    (workdir / name).symlink_to(tmp_path / "gone" / name)
+    assert train.main(["--config", "tiny", "--workdir", str(workdir)]) == EXIT_USER_ERROR
+    errors = [line for line in capsys.readouterr().err.splitlines() if line.startswith("error: ")]
+    assert errors == [
+        f"error: {workdir / name} is a link to {tmp_path / 'gone' / name}, in a folder that does not exist, "
+        "where the run writes its metrics: move it away"
+    ]
+    assert sorted(path.name for path in workdir.iterdir()) == [name]  # nothing added, nothing lost
+
+
 @pytest.mark.parametrize("kind", ["file", "dangling link"])
 def test_a_file_where_a_run_writes_its_tensorboard_events_is_one_line_before_any_work(kind, tmp_path, capsys, no_data):
     """Else a FileExistsError traceback (exit 1) once the data, the tokenizers and the model were ready."""
