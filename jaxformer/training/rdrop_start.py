@@ -123,12 +123,12 @@ class RDropPhase:
                 self.by_pace.min_plain_steps,
             )
         elif self.to_come is not None:
+            seconds = self.fraction.seconds  # None without a time budget: only the step counts
             logger.info(
-                "R-Drop starts %.0f%% of the way through the run (step %.0f%s, whichever comes first); "
-                "plain steps before",
+                "R-Drop starts %.0f%% of the way through the run (step %.0f%s); plain steps before",
                 training.rdrop_start * 100,
                 self.fraction.step,
-                "" if self.fraction.seconds is None else f" or {self.fraction.seconds / 60:.1f} minutes of training",
+                "" if seconds is None else f" or {seconds / 60:.1f} minutes of training, whichever comes first",
             )
 
     @property

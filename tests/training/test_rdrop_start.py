@@ -9,6 +9,7 @@ R-Drop, the run is the fractional start at the same step, bitwise, decided again
 the decision is stored in every checkpoint after it; resuming on either side of it is exact."""
 
 import json
+import logging
 import pathlib
 import re
 import shutil
@@ -48,6 +49,18 @@ def test_it_starts_at_the_fraction_of_the_steps_or_of_the_time_budget_whichever_
     assert timed.plain_seconds_left(10, 1300.0, 0.5) == pytest.approx(20.0)  # the time comes first
     assert timed.plain_seconds_left(6390, 0.0, 0.5) == pytest.approx(5.0)  # the steps come first
     assert timed.plain_seconds_left(7000, 2000.0, 0.5) == 0.0
+
+
+@pytest.mark.parametrize(
+    ("minutes", "when"),
+    [(0.0, "step 20"), (10.0, "step 20 or 5.0 minutes of training, whichever comes first")],
+)
+def test_the_start_is_logged_with_only_the_limits_the_run_has(minutes, when, caplog):
+    """Under a step budget there is no time to compare with: "whichever comes first" named one thing."""
+    training = training_section(rdrop_alpha=5.0, rdrop_start=0.5, num_train_steps=40, time_budget_minutes=minutes)
+    with caplog.at_level(logging.INFO, logger="jaxformer.training.rdrop_start"):
+        RDropPhase(training, 0, 0.0, None)
+    assert caplog.messages == [f"R-Drop starts 50% of the way through the run ({when}); plain steps before"]
 
 
 @pytest.mark.parametrize(
