@@ -170,6 +170,50 @@ def undo_failed_start(workdir: pathlib.Path, existed: set[pathlib.Path] | None) 
         workdir.rmdir()
 
 
+def _links_into_no_folder(path: pathlib.Path) -> bool:
+    """Whether `path` is a symbolic link into a folder that does not exist: a write through it fails."""
+    return path.is_symlink() and not pathlib.Path(os.path.realpath(path)).parent.is_dir()
+
+
+def _link_refusal(path: pathlib.Path, purpose: str) -> UserError:
+    return UserError(
+        f"{path} is a link to {os.readlink(path)}, in a folder that does not exist, where the run {purpose}: "
+        "move it away"
+    )
+
+
+def check_output_paths(config: ml_collections.ConfigDict, run: RunDirectory) -> None:
+    """A UserError naming the first of the folders and files `config`'s run writes in `run` where
+    something else lies, found before any work, not by a save or a write after hours of steps
+    (jaxformer-sweep checks its variants' runs so before the first trains). Reads nothing else."""
+    training = config.training
+    folders = ["latest"]  # where the run saves, and where the final choice reads a candidate
+    folders += ["best"] if training.bleu_every_steps or training.final_choice else []
+    folders += ["final"] if training.final_choice else []
+    run.check_folders(*folders)  # a file there
+    for path in (run.metrics_file, run.rolled_back_metrics_file, run.last_metrics_file):  # and a folder there
+        if path.is_dir():
+            raise UserError(f"{path} is a folder, where the run writes its metrics: move it away")
+        if _links_into_no_folder(path):
+            raise _link_refusal(path, "writes its metrics")
+    events = run.tensorboard_dir  # else mkdir's traceback once the data, tokenizers and model are ready
+    if (events.exists() or events.is_symlink()) and not events.is_dir():  # a file, a dangling link
+        raise UserError(f"{events} is not a directory, where the run writes its TensorBoard events: move it away")
+
+
+def check_tokenizer_paths(config: ml_collections.ConfigDict, run: RunDirectory, resuming: bool) -> None:
+    """A UserError for a tokenizer file of `run` that the run cannot save: a link into a folder
+    that does not exist (written through once the tokenizer is trained or restored: a traceback),
+    and where a new run starts, a folder (named only once the data was prepared). A resumed run's
+    folder there is check_given_models's to name, with the checkpoint that restores the file."""
+    paths = [run.tokenizer_file] + ([run.target_tokenizer_file] if config.tokenizer.separate_vocabularies else [])
+    for path in paths:
+        if path.is_dir() and not resuming:
+            raise UserError(f"{path} is a folder, where the run saves its tokenizer: move it away")
+        if _links_into_no_folder(path):
+            raise _link_refusal(path, "saves its tokenizer")
+
+
 @dataclasses.dataclass
 class PreparedRun:
     """What a run has ready before its model is built and its state restored or initialised."""
@@ -199,24 +243,11 @@ def prepare_run(config: ml_collections.ConfigDict, workdir: pathlib.Path) -> Pre
     logger.info("devices: %s", jax.devices())
 
     run = RunDirectory(workdir)
-    folders = ["latest"]  # where the run saves, and where the final choice reads a candidate
-    folders += ["best"] if training.bleu_every_steps or training.final_choice else []
-    folders += ["final"] if training.final_choice else []
-    run.check_folders(*folders)  # a file there is found now, not by a save after hours of steps
-    for path in (run.metrics_file, run.rolled_back_metrics_file, run.last_metrics_file):  # and a folder there
-        if path.is_dir():
-            raise UserError(f"{path} is a folder, where the run writes its metrics: move it away")
-        if path.is_symlink() and not pathlib.Path(os.path.realpath(path)).parent.is_dir():  # written through it
-            raise UserError(
-                f"{path} is a link to {os.readlink(path)}, in a folder that does not exist, "
-                "where the run writes its metrics: move it away"
-            )
-    events = run.tensorboard_dir  # else mkdir's traceback once the data, tokenizers and model are ready
-    if (events.exists() or events.is_symlink()) and not events.is_dir():  # a file, a dangling link
-        raise UserError(f"{events} is not a directory, where the run writes its TensorBoard events: move it away")
+    check_output_paths(config, run)
     checkpointer = Checkpointer(run.checkpoints, keep=training.keep_checkpoints)
     latest = checkpointer.latest_step_metadata()
     saved = None if latest is None else latest[1]
+    check_tokenizer_paths(config, run, resuming=latest is not None)
     if latest is not None:  # first: a changed data.input_shards would follow from this
         checkpointer.check_process_count(latest[0])
     check_same_run(workdir, saved, config)

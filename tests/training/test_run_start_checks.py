@@ -96,36 +96,63 @@ def test_a_file_where_a_fresh_run_saves_is_one_line_before_any_work(folder, hold
     assert (workdir / folder).read_text() == "junk\n"
 
 
-@pytest.mark.parametrize("name", ["metrics.jsonl", "metrics.rolled_back.jsonl", "last_metrics.json"])
-def test_a_folder_where_a_run_writes_its_metrics_is_one_line_before_any_work(name, tmp_path, capsys, no_data):
+SEPARATE = ["--config.tokenizer.separate_vocabularies=True", "--config.model.share_embeddings=False"]
+# The files a run writes, what it writes there, and the flags that make it write the file.
+WRITTEN = [
+    ("metrics.jsonl", "writes its metrics", []),
+    ("metrics.rolled_back.jsonl", "writes its metrics", []),
+    ("last_metrics.json", "writes its metrics", []),
+    ("tokenizer.model", "saves its tokenizer", []),
+    ("tokenizer.target.model", "saves its tokenizer", SEPARATE),
+]
+
+
+@pytest.mark.parametrize("name, purpose, flags", WRITTEN)
+def test_a_folder_where_a_run_writes_a_file_is_one_line_before_any_work(
+    name, purpose, flags, tmp_path, capsys, no_data
+):
     """Else found by a traceback: metrics.jsonl's as the first step is written, metrics.rolled_back.jsonl's
     once a resumed run has restored its state and moves the records of the steps it trains again there,
     last_metrics.json's once every step is trained (a sweep's variant too: jaxformer-sweep reads it
-    before any trains)."""
+    before any trains); a tokenizer's in one line, but once the data was prepared."""
     workdir = tmp_path / "run"
     (workdir / name).mkdir(parents=True)
-    assert train.main(["--config", "tiny", "--workdir", str(workdir)]) == EXIT_USER_ERROR
+    assert train.main(["--config", "tiny", "--workdir", str(workdir), *flags]) == EXIT_USER_ERROR
     errors = [line for line in capsys.readouterr().err.splitlines() if line.startswith("error: ")]
-    assert errors == [f"error: {workdir / name} is a folder, where the run writes its metrics: move it away"]
+    assert errors == [f"error: {workdir / name} is a folder, where the run {purpose}: move it away"]
     assert sorted(path.name for path in workdir.iterdir()) == [name]  # nothing added, nothing lost
 
 
-@pytest.mark.parametrize("name", ["metrics.jsonl", "metrics.rolled_back.jsonl", "last_metrics.json"])
-def test_a_link_into_no_folder_where_a_run_writes_its_metrics_is_one_line_before_any_work(
-    name, tmp_path, capsys, no_data
+@pytest.mark.parametrize("name, purpose, flags", WRITTEN)
+def test_a_link_into_no_folder_where_a_run_writes_a_file_is_one_line_before_any_work(
+    name, purpose, flags, tmp_path, capsys, no_data
 ):
     """Written through the link, it was a FileNotFoundError traceback: metrics.jsonl's at the first
-    record, last_metrics.json's once every step was trained. A link into a folder that exists is written."""
+    record, last_metrics.json's once every step was trained, a tokenizer's once it was trained. A link
+    into a folder that exists is written."""
     workdir = tmp_path / "run"
     workdir.mkdir()
     (workdir / name).symlink_to(tmp_path / "gone" / name)
-    assert train.main(["--config", "tiny", "--workdir", str(workdir)]) == EXIT_USER_ERROR
+    assert train.main(["--config", "tiny", "--workdir", str(workdir), *flags]) == EXIT_USER_ERROR
     errors = [line for line in capsys.readouterr().err.splitlines() if line.startswith("error: ")]
     assert errors == [
         f"error: {workdir / name} is a link to {tmp_path / 'gone' / name}, in a folder that does not exist, "
-        "where the run writes its metrics: move it away"
+        f"where the run {purpose}: move it away"
     ]
     assert sorted(path.name for path in workdir.iterdir()) == [name]  # nothing added, nothing lost
+
+
+@pytest.mark.parametrize("kind", ["folder", "link into no folder"])
+def test_a_resumed_run_refuses_only_a_tokenizer_file_it_cannot_restore(kind, finished, no_data):
+    """A folder is named, as before, with the checkpoint that restores the file; a link into no
+    folder was a FileNotFoundError traceback once the data was prepared."""
+    path = RunDirectory(finished).tokenizer_file  # restored from checkpoint 20 where none is there
+    path.mkdir() if kind == "folder" else path.symlink_to(finished / "gone" / path.name)
+    refusal = "cannot read the tokenizer .*: Is a directory; delete it to restore it from checkpoint 20 of "
+    if kind != "folder":
+        refusal = "is a link to .*, in a folder that does not exist, where the run saves its tokenizer: move it away"
+    with pytest.raises(UserError, match=refusal):
+        run_start.prepare_run(config_of(finished, num_train_steps=40), finished)
 
 
 @pytest.mark.parametrize("kind", ["file", "dangling link"])
