@@ -18,7 +18,7 @@ from typing import Any
 
 import ml_collections
 
-from jaxformer.errors import CheckpointError
+from jaxformer.errors import CheckpointError, UserError
 from jaxformer.model.config import ConfigError
 from jaxformer.run.directory import RunDirectory, SweepDirectory
 from jaxformer.run.metadata import CheckpointMetadata
@@ -71,6 +71,7 @@ def check_existing_runs(
     problems = [
         problem for variant in variants for problem in _problems(variant, workdir, baseline_steps, seeds, fingerprints)
     ]
+    problems += [problem for variant in variants for problem in _output_path_problems(variant, workdir, seeds)]
     if variants:
         reference = with_absolute_paths(variants[0].config).to_dict()  # all agree on its pairs
         problems += [
@@ -160,6 +161,28 @@ def _problems(
     for seed_offset, run_dir in enumerate(run_dirs):
         config = run_config(variant, seed_offset, stored)
         problems += run_problems(run_dir, variant, config, fingerprints)
+    return problems
+
+
+def _output_path_problems(variant: Variant, workdir: pathlib.Path, seeds: int) -> list[str]:
+    """What lies where a run of `variant` that trains would write (a file at its tensorboard/, a
+    folder at its metrics or tokenizer files...), refused by the checks its start makes
+    (run_start.check_output_paths, check_tokenizer_paths), which would meet it only as its turn came."""
+    from jaxformer.training.run_start import check_output_paths, check_tokenizer_paths
+
+    problems = []
+    for seed_offset in range(seeds):
+        run = RunDirectory(workdir / seed_run_name(variant, seed_offset))
+        if _taken(run.path, folder=True) or finished_result(run.path) is not None:  # named; not trained again
+            continue
+        config = run_config(variant, seed_offset, None)  # its steps write nothing elsewhere
+        try:
+            check_output_paths(config, run)
+            # A stopped run's folder there too, which it names only as it resumes: moved away, the
+            # checkpoint restores the file.
+            check_tokenizer_paths(config, run, resuming=False)
+        except UserError as error:
+            problems.append(f"variant {variant.name!r}: {error}")
     return problems
 
 

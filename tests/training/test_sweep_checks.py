@@ -184,6 +184,14 @@ def test_a_file_where_a_variant_trains_is_refused_before_the_variants_before_it_
         2,
         f"error: {last_metrics} is a folder, where the run writes its last metrics: move it away\n",
     )
+    shutil.rmtree(workdir / "lr3")  # and what its run checks before any work: met only as lr3's turn came
+    (workdir / "lr3").mkdir()
+    (workdir / "lr3" / "tensorboard").write_text("notes")
+    (workdir / "lr3@seed1" / "tokenizer.model").mkdir(parents=True)
+    code, err = sweep(tmp_path, capsys, {"baseline": [], "lr3": ["optimizer.learning_rate_scale=3.0"]}, "--seeds", "2")
+    assert code == 2 and err.startswith(f"error: 2 problems with the runs in {workdir}, found before training any: ")
+    assert f"variant 'lr3': {workdir / 'lr3' / 'tensorboard'} is not a directory, where the run writes its " in err
+    assert f"variant 'lr3': {workdir / 'lr3@seed1' / 'tokenizer.model'} is a folder, where the run saves its " in err
     assert runs.trained == []
     # Under --baseline_steps, where the paces are written once measured.
     variants = {"baseline": [], "lr3": ["optimizer.learning_rate_scale=3.0"]}
