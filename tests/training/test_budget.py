@@ -148,8 +148,11 @@ def test_a_time_budget_ends_the_run_and_carries_over_a_resume(data_dir, tmp_path
         "budget schedule: its end moves from step 30, estimated for training.num_train_steps=30 and "
         "training.time_budget_minutes=10, to 1000000 until this run's pace re-estimates it"
     ) in result.stderr
+    # The first step logged after the resume trained before this run's first check of its pace: at the
+    # end the resume set, not the saved 30. Later ones may meet the floor where a noisy machine's pace
+    # puts the estimated end before the budget is spent (the next check moves it on).
     rates = losses(workdir, "train/learning_rate")
-    assert all(rates[step] > 0 for step in rates if step > 30)
+    assert rates[min(step for step in rates if step > 30)] > 0
     assert summary["ended_by"] == "time budget" and 30 < summary["step"] < 1_000_000
     # The earlier 30 steps' seconds count; the run stops at the first check past the budget.
     assert budget_seconds <= summary["train_seconds"] < budget_seconds + 30
