@@ -78,6 +78,17 @@ def data_dir(tmp_path_factory):
     return directory
 
 
+@pytest.fixture
+def no_data(monkeypatch):
+    """Preparing a training run's data fails the test: for refusals that must come first."""
+    from jaxformer.training import run_start
+
+    def prepared(*args):
+        pytest.fail("the data was prepared before the refusal")
+
+    monkeypatch.setattr(run_start, "builder_for_run", prepared)
+
+
 # ------------------------------------------------------------------------------------------
 # A workdir holding an untrained tiny model and a real tokenizer: what the decoding code and
 # the commands read, without spending test time on training.
