@@ -1,0 +1,129 @@
+"""An export stopped midway: a signal during it (its staging folder removed, or, once the export is
+in place, nothing ended early) and a killed export's staging folder, removed by the next export."""
+
+import json
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import time
+
+import pytest
+
+from jaxformer.commands import export
+from jaxformer.export import exporter, output_folder
+from jaxformer.training.signals import RaiseOnSignal, Stopped
+from tests.export.conftest import FLAGS
+
+pytestmark = pytest.mark.xdist_group("export")  # the export fixture of conftest.py, made once
+
+
+def test_sigterm_during_an_export_removes_its_staging_directory(workdir, tmp_path):
+    command = shutil.which("jaxformer-export", path=os.path.dirname(sys.executable))
+    output = tmp_path / "export"
+    process = subprocess.Popen(
+        [command, "--workdir", str(workdir), "--output", str(output), "--platforms", "cpu", *FLAGS],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        deadline = time.monotonic() + 300
+        while not [name for name in os.listdir(tmp_path) if name.endswith(".partial")]:
+            assert process.poll() is None and time.monotonic() < deadline, "no staging directory appeared"
+            time.sleep(0.02)
+        process.send_signal(signal.SIGTERM)
+        _, stderr = process.communicate(timeout=300)
+    finally:
+        process.kill()
+    assert process.returncode == 143, stderr[-3000:]
+    assert stderr.splitlines()[-1] == (
+        f"error: {output}: stopped by SIGTERM; an export is put in place whole or not at all; exiting with 143"
+    )
+    assert os.listdir(tmp_path) == []
+
+
+def test_a_signal_as_the_staging_directory_is_made_removes_it(tmp_path, monkeypatch):
+    """SIGTERM right after mkdtemp made the directory, before it is returned: still removed."""
+    real_mkdtemp = output_folder.tempfile.mkdtemp
+
+    def mkdtemp_then_signal(*args, **kwargs):
+        path = real_mkdtemp(*args, **kwargs)
+        os.kill(os.getpid(), signal.SIGTERM)
+        return path
+
+    monkeypatch.setattr(output_folder.tempfile, "mkdtemp", mkdtemp_then_signal)
+    with pytest.raises(Stopped), RaiseOnSignal():
+        with output_folder.staging_directory(tmp_path / "export"):
+            raise AssertionError("the export went on after the signal")
+    assert os.listdir(tmp_path) == []
+
+
+def test_a_signal_while_an_export_replaces_another_waits_for_both_renames(tmp_path, monkeypatch):
+    output, staging = tmp_path / "export", tmp_path / ".export.x.partial"
+    for directory, text in ((output, "old"), (staging, "new")):
+        directory.mkdir()
+        (directory / "config.json").write_text(text)
+    real_replace = os.replace
+
+    def replace_then_signal(source, destination):  # SIGTERM right after the first rename
+        real_replace(source, destination)
+        os.kill(os.getpid(), signal.SIGTERM)
+
+    monkeypatch.setattr(output_folder.os, "replace", replace_then_signal)
+    with pytest.raises(Stopped), RaiseOnSignal():
+        output_folder.move_into_place(staging, output)
+    assert (output / "config.json").read_text() == "new" and os.listdir(tmp_path) == ["export"]
+
+
+def test_a_signal_once_the_export_is_in_place_ends_nothing_early(
+    exported, workdir, tmp_path, capsys, monkeypatch, symbolic_shapes_unchecked
+):
+    """SIGTERM as the new export replaces the old one: it is in place and complete, so the command
+    says so and exits with 0, not 143 after its success line."""
+    output = tmp_path / "served"
+    shutil.copytree(exported, output)
+    real_replace = os.replace
+
+    def replace_then_signal(source, destination):  # SIGTERM with each rename of the final move
+        real_replace(source, destination)
+        os.kill(os.getpid(), signal.SIGTERM)
+
+    monkeypatch.setattr(output_folder.os, "replace", replace_then_signal)
+    flags = ["--workdir", str(workdir), "--output", str(output), "--overwrite", "--platforms", "cpu", *FLAGS]
+    assert export.main(flags) == 0
+    captured = capsys.readouterr()
+    assert f"to {output} for cpu" in captured.out
+    assert captured.err.splitlines()[-1] == "SIGTERM came once the export was in place: it is complete; exiting with 0"
+    assert json.loads((output / "config.json").read_text())["platforms"] == ["cpu"]
+    assert os.listdir(tmp_path) == ["served"]
+
+
+def test_a_killed_exports_staging_folder_is_removed_by_the_next_export_and_a_live_ones_kept(
+    workdir, tmp_path, capsys, monkeypatch
+):
+    """A SIGKILLed export leaves its hidden `.<output>.*.partial` beside --output; the next export
+    to that output removes it, with a warning, before its checks, but not the folder of an export
+    still running (it holds a lock on its own), nor a killed export's to another output."""
+    output = tmp_path / "export"
+    dead, other = tmp_path / ".export.killed.partial", tmp_path / ".other.killed.partial"
+    for folder in (dead, other):
+        folder.mkdir()
+        (folder / "model.safetensors").write_bytes(b"half")
+
+    def no_work(*args, **kwargs):
+        raise AssertionError("the checkpoint was read")
+
+    monkeypatch.setattr(exporter, "load_checkpoint", no_work)
+    with output_folder.staging_directory(output) as live:
+        output.mkdir()
+        (output / "kept.txt").write_text("x")  # refused as not empty: the check after the clean-up
+        assert export.main(["--workdir", str(workdir), "--output", str(output)]) == 2
+        error = capsys.readouterr().err
+        assert live.is_dir() and other.is_dir() and not dead.exists()
+    assert f"removed {dead}, left by an export to {output} that was killed before it was in place" in error
+    assert str(live) not in error and str(other) not in error
+    assert error.endswith(
+        f"error: the output directory {output} is not empty; pass --overwrite to replace the export in it\n"
+    )
