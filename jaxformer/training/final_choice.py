@@ -18,7 +18,7 @@ import contextlib
 import dataclasses
 import logging
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import ml_collections
@@ -183,15 +183,21 @@ def _candidates(
 
 
 def _choose_alpha(
-    validation: ValidationSet, params: Any, alphas: Sequence[float], scores_at_default: dict[str, Any]
+    validation: ValidationSet,
+    params: Any,
+    alphas: Sequence[float],
+    scores_at_default: dict[str, Any],
+    check: Callable[[], None],
 ) -> tuple[float, dict[float, dict[str, Any]]]:
     """(the alpha among decoding.alpha and `alphas` whose translations of the validation split
-    score the highest BLEU, {alpha: scores}); decoding.alpha wins a tie, then the earlier in `alphas`."""
+    score the highest BLEU, {alpha: scores}); decoding.alpha wins a tie, then the earlier in `alphas`.
+    `check()` after each scoring (choose_final's)."""
     scores = {validation.settings.alpha: scores_at_default}
     for alpha in alphas:
         if alpha not in scores:
             settings = dataclasses.replace(validation.settings, alpha=float(alpha))
             scores[alpha] = validation.with_settings(settings).score(params)
+            check()
     return max(scores, key=lambda alpha: scores[alpha]["bleu"]), scores  # max keeps the first of equals
 
 
@@ -205,6 +211,7 @@ def choose_final(
     params: Any,
     metadata: CheckpointMetadata,
     ema_params: Any = None,
+    check: Callable[[], None] = lambda: None,
 ) -> dict[str, Any]:
     """Scores the candidates on the whole validation split, then the chosen one with each of
     training.final_alphas, and saves it to workdir/final (`ema_params`: the optimizer's moving average
@@ -213,7 +220,8 @@ def choose_final(
     chose at this step (a finished run started again) keeps its choice, once its parameters are
     verified (a damaged one is set aside and the choice made again); a UserError when that
     choice was made with other settings (CHOICE_KEYS) than `config` has, or when a file lies at
-    workdir/best or workdir/final."""
+    workdir/best or workdir/final. `check()` is called after each scoring: where a stop that
+    every process must agree on (final_choice_stop.py) stops the choice."""
     run.check_folders("best", "final")  # before any scoring: a file at best/ is no candidate to drop quietly
     made_final_dir = not run.final.exists()  # removed again if the choice is stopped before it saves
     writer = Checkpointer(run.final, keep=None)  # an earlier choice (a run continued past its end) stays
@@ -240,12 +248,13 @@ def choose_final(
         candidate_scores = {}
         for name, (_, candidate_params) in candidates.items():
             candidate_scores[name] = validation.score(candidate_params)
+            check()
             summary.update({f"{name}/{key}": candidate_scores[name][key] for key in SCORES})
         chosen = max(candidates, key=lambda name: (summary[f"{name}/bleu"], -CANDIDATES.index(name)))
         chosen_metadata, chosen_params = candidates[chosen]
         # Length penalties rank beam search's hypotheses only (unused_settings says so).
         alphas = config.training.final_alphas if config.decoding.method == "beam" else ()
-        alpha, scores = _choose_alpha(validation, chosen_params, alphas, candidate_scores[chosen])
+        alpha, scores = _choose_alpha(validation, chosen_params, alphas, candidate_scores[chosen], check)
         if alphas:
             summary.update({f"alpha_{value:g}/{key}": scores[value][key] for value in scores for key in SCORES})
         result = {

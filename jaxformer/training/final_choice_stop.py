@@ -15,13 +15,15 @@ from jaxformer.training.signals import RaiseOnSignal, Stopped
 logger = logging.getLogger(__name__)
 
 
-def choose_unless_stopped(choose: Callable[[], dict[str, Any]], run: RunDirectory, step: int, last):
-    """Runs `choose()` (the final choice at `step`) with signals raising `Stopped`; its result goes
-    to `last["final"]`. Returns the signal's number that stopped it before it was saved (None: the
-    choice is made; a signal that came as it closed is `last["signal_once_complete"]`)."""
+def choose_unless_stopped(choose: Callable[..., dict[str, Any]], run: RunDirectory, step: int, last):
+    """Runs `choose(check=...)` (the final choice at `step`) with signals raising `Stopped`; its result
+    goes to `last["final"]`. With several processes they are raised by `check()`, which `choose`
+    calls after each scoring, so that all processes stop together. Returns the signal's number that
+    stopped it before it was saved (None: the choice is made; a signal that came as it closed is
+    `last["signal_once_complete"]`)."""
     try:
-        with RaiseOnSignal() as signals:
-            last["final"] = choose()
+        with RaiseOnSignal(until="once the scoring under way in the final choice is done") as signals:
+            last["final"] = choose(check=signals.check)
             signals.check()  # a signal whose exception a garbage-collection callback swallowed
     except Stopped as signal_stop:
         saved = saved_choice(run, step)

@@ -119,9 +119,10 @@ def train_and_evaluate(
         raise
     try:
         # Until the training loop takes signals as requests to stop at a step boundary (and the
-        # final choice as its own), SIGTERM and Ctrl-C stop the preparation at once, as a failed
-        # start: the workdir unlocked and left as it was. Once the run's work is done, they are noted.
-        with RaiseOnSignal() as preparation:
+        # final choice as its own), SIGTERM and Ctrl-C stop the preparation at once (with several
+        # processes: all of them, where it ends), as a failed start: the workdir unlocked and left
+        # as it was. Once the run's work is done, they are noted.
+        with RaiseOnSignal(until="where the run's preparation ends, before its first step") as preparation:
             last = _locked_train_and_evaluate(config, workdir, preparation)
             on_complete(last)
             return with_late_signal(last, preparation.late_signum)
@@ -378,7 +379,8 @@ def _train(config, prepared: PreparedRun, model: nn.Module, preparation: RaiseOn
         metadata = prepared.metadata.replace(train_seconds=train_seconds)
         ema = parameter_ema(state.opt_state)
         candidates = (config, model.config, tokenizers, prepared.eval_source, run, step, state.params, metadata)
-        signum = choose_unless_stopped(lambda: choose_final(*candidates, ema_params=ema), run, step, last)
+        choose = functools.partial(choose_final, *candidates, ema_params=ema)
+        signum = choose_unless_stopped(choose, run, step, last)
         if signum is not None:
             stopped_early, stop.signum = True, signum
         preparation.finish()

@@ -162,10 +162,17 @@ class RaiseOnSignal(_SignalHandler):
     signal is sent again likewise. One that came but was not raised (held until the block's work
     ended) is raised by `check()`, which the block calls where its work ends. Once that work is
     done (an export in place), `finish()` turns later signals into a note: `late_signum`, raised
-    no more. `signums=(signal.SIGINT,)` leaves SIGTERM its handler (a command that it ends at once)."""
+    no more. `signums=(signal.SIGINT,)` leaves SIGTERM its handler (a command that it ends at once).
 
-    def __init__(self, signums: tuple[int, ...] = (signal.SIGTERM, signal.SIGINT)):
+    `until`, with several processes (jax.process_count() > 1): a signal is held, said with `until`
+    (where the processes stop), and `check()`, which every process calls at the same points, stops
+    all of them when any received one; a process that stopped alone left the others waiting in
+    their collectives until jax's distributed timeout aborted them (5 minutes, exit 134), itself
+    included. A second Ctrl-C stops at once."""
+
+    def __init__(self, signums: tuple[int, ...] = (signal.SIGTERM, signal.SIGINT), until: str | None = None):
         super().__init__(signums)
+        self._until = until if jax.process_count() > 1 else None
         self.signum: int | None = None
         self._raised = False  # Stopped raised for `signum`
         self._closed = False
@@ -184,6 +191,13 @@ class RaiseOnSignal(_SignalHandler):
             self.late_signum = self.late_signum or int(signum)
             return
         if self._raised:  # the stop is under way: another exception would break off its clean-up
+            return
+        if self._until is not None:
+            if self.signum is not None and signum == signal.SIGINT:
+                raise KeyboardInterrupt
+            if self.signum is None:
+                self.signum = int(signum)
+                logger.warning("%s received: stopping %s, with every process of the run", self.signal_name, self._until)
             return
         self.signum = int(signum)
         if _inside_libraries(frame):
@@ -215,8 +229,18 @@ class RaiseOnSignal(_SignalHandler):
             self.signum = None
         os.kill(os.getpid(), signum)
 
+    @property
+    def signal_name(self) -> str | None:
+        return None if self.signum is None else signal.Signals(self.signum).name
+
     def check(self) -> None:
-        """Raises `Stopped` if a signal came (its exception held, or lost on the way)."""
+        """Raises `Stopped` if a signal came (its exception held, or lost on the way); with `until`
+        and several processes, if one came to any of them (every process calls it at this point)."""
+        if self._until is not None and not self._finished:
+            signums = np.asarray(multihost_utils.process_allgather(np.int32(self.signum or 0)))
+            if signums.max() and self.signum is None:
+                self.signum = int(signums.max())
+                logger.warning("%s received by another process: stopping %s", self.signal_name, self._until)
         if self.signum is not None:
             self._raised = True
             raise Stopped(self.signum)
