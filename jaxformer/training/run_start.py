@@ -138,10 +138,14 @@ def prepare_data(data: ml_collections.ConfigDict, builder, languages: Sequence[s
     """(training split, evaluation split) of the `data` section from its `builder`, prepared once
     for all processes; `languages`: those the run reads (`experiment.text_languages`)."""
     if jax.process_count() > 1:  # one process prepares the dataset, the others wait and read it
-        if jax.process_index() == 0:
-            check_languages(builder, languages)
-            prepare(builder)
-        multihost_utils.sync_global_devices("jaxformer: dataset prepared")
+
+        def prepare_on_process_0() -> None:
+            if jax.process_index() == 0:
+                check_languages(builder, languages)
+                prepare(builder)
+
+        # Its error raised in every process: a barrier left the others waiting for jax's timeout.
+        processes.all_or_none(prepare_on_process_0)
     return load_split(builder, data.train_split, languages), load_split(builder, data.eval_split, languages)
 
 
@@ -297,8 +301,10 @@ def prepare_run(config: ml_collections.ConfigDict, workdir: pathlib.Path) -> Pre
     train_source, eval_source = prepare_data(data, builder, experiment.text_languages(config))
     check_same_data(builder, trained_on, workdir, remedy, trained_files)  # downloads: fingerprinted once fetched
     fingerprint = data_fingerprint(builder)
-    tokenizers = tokenizer_for_run(
-        config, run, train_source, saved_tokenizers, side_tokenizers(starting_points), resuming=resuming
+    tokenizers = processes.all_or_none(  # process 0 writes the tokenizers: its error (a full disk) is every process's
+        lambda: tokenizer_for_run(
+            config, run, train_source, saved_tokenizers, side_tokenizers(starting_points), resuming=resuming
+        )
     )
     log_unknown_rate(config, tokenizers, train_source)
 
