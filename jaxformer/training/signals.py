@@ -172,7 +172,9 @@ class RaiseOnSignal(_SignalHandler):
 
     def __init__(self, signums: tuple[int, ...] = (signal.SIGTERM, signal.SIGINT), until: str | None = None):
         super().__init__(signums)
-        self._until = until if jax.process_count() > 1 else None
+        # Without jax.distributed there is one process; asking jax would start its backend for nothing.
+        several = until is not None and jax.distributed.is_initialized() and jax.process_count() > 1
+        self._until = until if several else None
         self.signum: int | None = None
         self._raised = False  # Stopped raised for `signum`
         self._closed = False

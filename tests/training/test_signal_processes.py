@@ -26,6 +26,7 @@ class OtherProcess:
     def __init__(self, monkeypatch, signum: int = 0):
         self.exchanged = []
         monkeypatch.setattr(jax, "process_count", lambda: 2)
+        monkeypatch.setattr(jax.distributed, "is_initialized", lambda: True)
         monkeypatch.setattr(multihost_utils, "process_allgather", self.process_allgather)
         self.signum = signum
 
