@@ -29,7 +29,9 @@ def test_a_ctrl_c_while_the_average_is_saved_ends_the_command_at_once(tmp_path):
     # printed ("Failed to run 4 Handler Commit operations"), at times five minutes' wait for a
     # stage of the save that never came, before the process ended.
     workdir, params, _ = make_workdir(tmp_path / "run", steps=(10, 20), scale=lambda step: step / 10)
-    for delay in (0.0, 0.01, 0.02, 0.05):  # the signal at several points of the save
+    delays = (0.0, 0.01, 0.02, 0.05)  # the signal at several points of the save
+    ended_first = 0
+    for delay in delays:
         process = average(workdir, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
         while process.poll() is None and not glob.glob(str(RunDirectory(workdir).averaged / "*")):
             time.sleep(0.001)  # the save has begun: orbax's temporary folder is there
@@ -40,7 +42,9 @@ def test_a_ctrl_c_while_the_average_is_saved_ends_the_command_at_once(tmp_path):
         assert time.monotonic() - started < 60, err
         errors = [line for line in err.splitlines() if " E " in line or "Error" in line]
         assert errors == [], err
-        if process.returncode == 0:  # held until the save was whole: the average is complete
+        if process.returncode == 0 and "SIGINT" not in err:  # ended before the signal reached it (a fast machine)
+            ended_first += 1
+        elif process.returncode == 0:  # held until the save was whole: the average is complete
             assert err.splitlines()[-1] == "SIGINT came as the average was saved: it is complete; exiting with 0"
         else:
             assert process.returncode == 128 + signal.SIGINT and err.splitlines()[-1] == "interrupted", err
@@ -54,3 +58,4 @@ def test_a_ctrl_c_while_the_average_is_saved_ends_the_command_at_once(tmp_path):
             lambda a, b: np.testing.assert_allclose(a, b, rtol=1e-6), mean, jax.tree.map(lambda x: x * 1.5, params)
         )
         shutil.rmtree(RunDirectory(workdir).averaged)
+    assert ended_first < len(delays)  # at least one signal came during the save
