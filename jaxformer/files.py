@@ -47,7 +47,7 @@ def write_bytes_atomically(path: str | pathlib.Path, data: bytes) -> None:
         if error.filename is None:  # a write names no file; the error ("No space left on device") should
             error.filename = str(path)
         raise
-    destination = pathlib.Path(os.path.realpath(path)) if path.is_symlink() else path
+    destination = written_file(path)
     descriptor, temporary = _create_unique_file(destination)
     try:
         with open(descriptor, "wb") as stream:
@@ -170,6 +170,11 @@ def _nearest_existing(path: pathlib.Path) -> pathlib.Path:
     while not path.exists() and not path.is_symlink():
         path = path.parent
     return path
+
+
+def written_file(path: pathlib.Path) -> pathlib.Path:
+    """The file a write of `path` replaces: where a symbolic link points (the link stays), else `path`."""
+    return pathlib.Path(os.path.realpath(path)) if path.is_symlink() else path
 
 
 def is_mount_point(path: str | pathlib.Path) -> bool:

@@ -9,7 +9,7 @@ import pathlib
 import tempfile
 
 from jaxformer.commands.common import FlagError
-from jaxformer.files import not_a_folder_reason, open_descriptor
+from jaxformer.files import not_a_folder_reason, open_descriptor, written_file
 
 
 def check_workdir(workdir: str, flag: str = "--workdir") -> None:
@@ -69,7 +69,7 @@ def check_writable_file(
         raise FlagError(f"{flag} {path}: not writable")
     if target.exists() and not target.is_file():
         return
-    destination = pathlib.Path(os.path.realpath(target)) if target.is_symlink() else target
+    destination = written_file(target)
     folder = destination.parent
     if not folder.is_dir():  # a file (or a link to nothing) on the way is named as such, not as missing
         raise FlagError(f"{flag} {path}: {not_a_folder_reason(destination) or f'the folder {folder} does not exist'}")

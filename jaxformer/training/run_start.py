@@ -30,6 +30,7 @@ from jaxformer.data.sources import (
     prepare,
 )
 from jaxformer.errors import CheckpointError, UserError
+from jaxformer.files import written_file
 from jaxformer.model.architectures import build_model
 from jaxformer.model.config import TransformerConfig
 from jaxformer.run.checkpoint import Checkpointer
@@ -176,7 +177,7 @@ def undo_failed_start(workdir: pathlib.Path, existed: set[pathlib.Path] | None) 
 
 def _links_into_no_folder(path: pathlib.Path) -> bool:
     """Whether `path` is a symbolic link into a folder that does not exist: a write through it fails."""
-    return path.is_symlink() and not pathlib.Path(os.path.realpath(path)).parent.is_dir()
+    return path.is_symlink() and not written_file(path).parent.is_dir()
 
 
 def _link_refusal(path: pathlib.Path, purpose: str) -> UserError:
