@@ -25,6 +25,17 @@ lower is taken: one slowed after a kind's first measured, or after a resume, is 
 The first measured has nothing to outvote it (slowed, the second evaluation still put the end at
 step 80, and the third moved it to 1,026).
 
+The steps' pace is averaged since the segment's first step, not over a recent window: after a
+stall or a slow stretch the end is estimated low, and each check raises it as the budget runs down,
+so the rate is lower for a while but still reaches its floor where the budget is spent. A window
+follows a load that ends sooner, and one that starts later too, which puts the end beyond what
+the budget allows (the decay then steepens at the end). On a fake clock (a 1,800 s budget at 1 s
+a step, tests/training/test_budget_load.py) the rates' sum misses that of a schedule knowing the
+load in advance by 10% with the first third at half speed and by 13% with the last third. Over an
+hour's budget, a pace of the last 10 minutes raised the sum by 7.5% after a slow first 20 minutes,
+4% after a 300 s stall, and lowered it by 3% with the middle 20 minutes slow: not enough to trade
+the estimate that errs on the side of a decay finished early.
+
 A segment's first of each kind holds its compilation, as its first step does, so it stands for
 none to come: it is kept out of the pace, and the kind's steady duration is measured from the
 segment's second on (until then, a resumed run keeps the one its checkpoint saved). Counted for each
