@@ -31,22 +31,13 @@ def checkpoint_choice(value: str) -> str | int:
 
 def add_decoding_flags(parser: argparse.ArgumentParser) -> None:
     """The flags of the commands that translate: which checkpoint, the search, batches, --no_progress."""
-    from jaxformer.decoding.generate import MAX_SEED, METHODS
+    from jaxformer.decoding.generate import METHODS
 
     add_checkpoint_flags(parser)
     parser.add_argument("--method", choices=METHODS, help=f"search (default: {final_default('method')}beam)")
     add_beam_flags(parser)
     add_renormalize_flag(parser)
-    parser.add_argument(
-        "--temperature", type=number(0.0, inclusive=False), default=1.0, help="sampling temperature (default: 1.0)"
-    )
-    parser.add_argument("--top_k", type=at_least(0), default=0, help="sample among the k most likely tokens; 0 = all")
-    parser.add_argument(
-        "--seed",
-        type=integer_from(0, MAX_SEED),
-        default=0,
-        help=f"sampling seed, 0 to {MAX_SEED}; the same seed, input and --batch_size sample alike (default: 0)",
-    )
+    add_sampling_flags(parser, "the same seed, input and --batch_size sample alike")
     parser.add_argument("--batch_size", type=at_least(1), default=32, help="sentences per decoding batch (default: 32)")
     parser.add_argument(
         "--max_source_tokens",
@@ -84,6 +75,23 @@ def decode_settings_from_flags(args: argparse.Namespace, max_extra_length: int |
     )
 
 
+def add_sampling_flags(parser: argparse.ArgumentParser, seed_use: str) -> None:
+    """--temperature, --top_k and --seed, as translate, evaluate and export take them (`seed_use`:
+    what the seed does, for its help)."""
+    from jaxformer.decoding.generate import MAX_SEED
+
+    parser.add_argument(
+        "--temperature", type=number(0.0, inclusive=False), default=1.0, help="sampling temperature (default: 1.0)"
+    )
+    parser.add_argument("--top_k", type=at_least(0), default=0, help="sample among the k most likely tokens; 0 = all")
+    parser.add_argument(
+        "--seed",
+        type=integer_from(0, MAX_SEED),
+        default=0,
+        help=f"sampling seed, 0 to {MAX_SEED}; {seed_use} (default: 0)",
+    )
+
+
 # Flags that one search reads and the others would ignore.
 _SEARCH_ONLY_FLAGS = {
     "beam": ("beam_size", "alpha", "length_penalty", "stop"),
@@ -98,11 +106,10 @@ def check_search_flags(args: argparse.Namespace, chosen=None) -> None:
     given) nor DecodeSettings' default. Without --method the search is beam search, or with
     --checkpoint final the one its choice was made with (`chosen`, `final_search(args)`): until
     that is read (`chosen` None) the flags are not checked; `with_chosen_search` checks them then,
-    before the parameters are read."""
+    before the parameters are read. (export's --method is beam unless given, whatever the run's
+    final choice was made with.)"""
     from jaxformer.decoding.generate import DecodeSettings
 
-    if not hasattr(args, "method"):  # export's: beam search alone
-        return
     method, because = args.method, ""
     if method is None and args.checkpoint == "final":
         if chosen is None:
@@ -143,14 +150,12 @@ def with_chosen_search(args: argparse.Namespace, chosen) -> argparse.Namespace:
     they name: each as given; else, with --checkpoint final, the one the run's final choice was
     made with (`chosen`, `final_search(args)`; `chosen_defaults`: its alpha was chosen with them),
     logged; else DecodeSettings' (beam search, beam 4, current_length, 50, gnmt, false). Settled by
-    `settled_search`, as `Translator.from_workdir` settles them. A command without --method
-    (export) runs beam search whatever the choice's."""
+    `settled_search`, as `Translator.from_workdir` settles them. export's --method, beam unless
+    given, is always given: it runs beam search whatever the choice's."""
     from jaxformer.decoding.checkpoint_alpha import SETTLED_FIELDS, settled_search
 
     check_search_flags(args, chosen)
     given = {name: getattr(args, name) for name in SETTLED_FIELDS if getattr(args, name, None) is not None}
-    if not hasattr(args, "method"):
-        given["method"] = "beam"
     return argparse.Namespace(**{**vars(args), **settled_search(chosen, given, as_flags=True)})
 
 

@@ -1,6 +1,7 @@
 """Export a checkpoint for serving: one directory with the parameters (safetensors), the
-tokenizer, the beam search as a serialized jax.export program and serve.py, a loader that needs
-only jax, numpy, sentencepiece and flatbuffers (which jax reads the program with).
+tokenizer, the search (beam search, greedy search or sampling: --method) as a serialized jax.export
+program and serve.py, a loader that needs only jax, numpy, sentencepiece and flatbuffers (which jax
+reads the program with).
 
 jaxformer-export --workdir runs/m30k --checkpoint best --output exports/m30k
 python exports/m30k/serve.py < sentences.en > sentences.de
@@ -24,11 +25,12 @@ from jaxformer.commands.decoding_flags import (
     add_beam_flags,
     add_checkpoint_flags,
     add_renormalize_flag,
-    final_search,
-    resolved_alpha,
-    with_chosen_search,
+    add_sampling_flags,
+    check_search_flags,
+    decode_settings_from_flags,
 )
 from jaxformer.commands.path_checks import check_workdir
+from jaxformer.decoding.generate import METHODS
 from jaxformer.errors import exit_code_for_signal
 from jaxformer.export.program import KNOWN_PLATFORMS, PLATFORMS
 from jaxformer.run.directory import checkpoint_name
@@ -58,8 +60,15 @@ def build_parser() -> argparse.ArgumentParser:
         "--output", required=True, type=common.path_text, help="the export directory to write (absent or empty)"
     )
     parser.add_argument("--overwrite", action="store_true", help="replace the export already in --output")
+    parser.add_argument(
+        "--method",
+        choices=METHODS,
+        default="beam",
+        help="the search the program runs (default: beam, whatever search the run's final choice was made with)",
+    )
     add_beam_flags(parser)
     add_renormalize_flag(parser)
+    add_sampling_flags(parser, "serve.py's default (its --seed overrides it)")
     parser.add_argument(
         "--batch_size", type=at_least(1), default=64, help="the loader's sentences per batch (default: 64)"
     )
@@ -79,21 +88,15 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def run(args: argparse.Namespace) -> int:
-    from jaxformer.decoding.generate import DecodeSettings
+    from jaxformer.decoding.checkpoint_alpha import chosen_search
     from jaxformer.export.exporter import ServingSettings, export_checkpoint
 
+    check_search_flags(args)  # a flag of another search than --method's, before anything is read
     check_workdir(args.workdir)
-    chosen = final_search(args)  # final/'s search, read once for the settings and the export
-    args = with_chosen_search(args, chosen)
-    settings = DecodeSettings(
-        method="beam",
-        beam_size=args.beam_size,
-        alpha=resolved_alpha(args, args.max_extra_length, chosen),
-        length_penalty=args.length_penalty,
-        stop=args.stop,
-        max_extra_length=args.max_extra_length,
-        renormalize_after_bans=args.renormalize_after_bans,
-    )
+    # final/'s search, read once for the settings and the export: beam search takes its settings and
+    # alpha, greedy search and sampling its max_extra_length, as translate's do.
+    chosen = chosen_search(args.workdir, args.checkpoint)
+    settings = decode_settings_from_flags(args, None, chosen)
     serving = ServingSettings(batch_size=args.batch_size, max_source_tokens=args.max_source_tokens)
     # The default handlers would end the process at once, leaving the staging directory behind;
     # Stopped unwinds through the exporter, which removes it. Once the export is in place the
@@ -110,6 +113,7 @@ def run(args: argparse.Namespace) -> int:
                 overwrite=args.overwrite,
                 on_placed=signals.finish,
                 chosen=chosen,
+                seed=args.seed,
             )
             for platform, reason in summary.failed.items():
                 print(f"not exported for {platform}: {reason}", file=sys.stderr)

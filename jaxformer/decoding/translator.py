@@ -204,15 +204,16 @@ class Translator:
         )
 
     @classmethod
-    def from_export(cls, directory: str | os.PathLike, batch_size: int | None = None):
-        """An export's translator (`jaxformer-export`), which decodes with the exported beam search
+    def from_export(cls, directory: str | os.PathLike, batch_size: int | None = None, seed: int | None = None):
+        """An export's translator (`jaxformer-export`), which decodes with the exported search
         instead of this package's model code: `translate` and `translate_nbest` as here, and
         `translate_ids(source)` on one padded int32 array [B, S] -> (tokens [B, K, L], scores [B, K])
-        (`translate_sequences` takes a list of id arrays, as `translate_ids` does here). See
+        (`translate_sequences` takes a list of id arrays, as `translate_ids` does here). `seed`: a
+        sampling export's, drawn from as here (default: its config.json's). See
         jaxformer/export/standalone.py; `ExportError` names a missing or damaged file."""
         from jaxformer.export.loading import load_export  # lazily: jaxformer.export imports this package
 
-        return load_export(directory, batch_size)
+        return load_export(directory, batch_size, seed)
 
     # -- text --------------------------------------------------------------------------
 

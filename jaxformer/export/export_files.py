@@ -55,9 +55,17 @@ SAFETENSORS_DTYPES: dict[str, np.dtype] = {
 _CONFIG_INTEGERS = {
     "special_tokens": {"pad": 0, "eos": 0, "bos": 0},
     "model": {"vocab_size": 1, "source_vocab_size": 1, "max_positions": 2},
-    "decoding": {"beam_size": 1, "max_extra_length": 0},
     "serving": {"batch_size": 1, "length_bucket": 1, "max_source_tokens": 2, "max_source_length": 1},
 }
+# decoding.method, the program's search (every export before greedy search and sampling could be
+# exported records "beam"), and the integers of "decoding" that its search reads; a sampling
+# export's seed is a key's (jaxformer.decoding.generate.MAX_SEED, which an export cannot import).
+SEARCH_INTEGERS = {
+    "beam": {"beam_size": 1, "max_extra_length": 0},
+    "greedy": {"max_extra_length": 0},
+    "sample": {"max_extra_length": 0, "top_k": 0, "seed": 0},
+}
+MAX_SEED = 2**32 - 1
 
 # -- the files -------------------------------------------------------------------------------
 
@@ -148,13 +156,19 @@ def read_config(directory: str | pathlib.Path) -> dict[str, Any]:
             f"{path} has export format version {config.get('format_version')!r}; "
             f"this loader reads version {FORMAT_VERSION}"
         )
-    for section, keys in _CONFIG_INTEGERS.items():
+    decoding = config.get("decoding") if isinstance(config.get("decoding"), dict) else {}
+    method = decoding.get("method")
+    if not isinstance(method, str) or method not in SEARCH_INTEGERS:
+        raise ExportError(f"{path}: decoding.method is {method!r}; it must be one of {', '.join(SEARCH_INTEGERS)}")
+    for section, keys in {**_CONFIG_INTEGERS, "decoding": SEARCH_INTEGERS[method]}.items():
         for key, least in keys.items():
             value = config[section].get(key) if isinstance(config.get(section), dict) else None
             if (value is not None or key not in ("source_vocab_size", "max_positions")) and (
                 not isinstance(value, int) or isinstance(value, bool) or value < least
             ):
                 raise ExportError(f"{path}: {section}.{key} is {value!r}; it must be an integer >= {least}")
+    if method == "sample":
+        _check_sampling(path, config)
     serving = config["serving"]
     longest = serving["length_bucket"] * math.ceil(serving["max_source_tokens"] / serving["length_bucket"])
     if longest > serving["max_source_length"]:
@@ -165,6 +179,18 @@ def read_config(directory: str | pathlib.Path) -> dict[str, Any]:
         )
     _check_file_entries(path, config.get("files"))
     return config
+
+
+def _check_sampling(path: pathlib.Path, config: dict[str, Any]) -> None:
+    """A sampling export's seed (a key's, at most MAX_SEED), temperature and key implementation."""
+    seed, temperature = config["decoding"]["seed"], config["decoding"].get("temperature")
+    if seed > MAX_SEED:
+        raise ExportError(f"{path}: decoding.seed is {seed}; it must be at most {MAX_SEED}")
+    if isinstance(temperature, bool) or not isinstance(temperature, (int, float)) or not 0 < temperature < math.inf:
+        raise ExportError(f"{path}: decoding.temperature is {temperature!r}; it must be a finite number > 0")
+    impl = config.get("program", {}).get("key_impl") if isinstance(config.get("program"), dict) else None
+    if not isinstance(impl, str):
+        raise ExportError(f"{path}: program.key_impl is {impl!r}, not the name of a jax random key implementation")
 
 
 def _check_file_entries(path: pathlib.Path, files: Any) -> None:
@@ -284,19 +310,79 @@ class Tokenizer:
 # -- the program -----------------------------------------------------------------------------
 
 
+def program_inputs(config: dict[str, Any]) -> int:
+    """How many inputs the program of config.json's search takes: params and source, and sampling's key."""
+    return 3 if config["decoding"]["method"] == "sample" else 2
+
+
+class SeedError(ValueError):
+    """A seed outside a key's range, or one given to an export that draws nothing."""
+
+
+def first_key(config: dict[str, Any], seed: int | None, config_path) -> jax.Array | None:
+    """A sampling export's key, which each batch's is split from in turn, as `Translator`'s, from
+    `seed` (None: config.json's decoding.seed); None for another search, which takes no seed."""
+    method = config["decoding"]["method"]
+    if method != "sample":
+        if seed is not None:
+            raise SeedError(
+                f"seed {seed}: this export's program is {method} search, which draws nothing; a seed applies to "
+                "a sampling export (jaxformer-export --method sample)"
+            )
+        return None
+    seed = config["decoding"]["seed"] if seed is None else seed
+    if isinstance(seed, bool) or not isinstance(seed, int) or not 0 <= seed <= MAX_SEED:
+        raise SeedError(f"seed must be an integer from 0 to {MAX_SEED}, got {seed!r}")
+    return random_key(seed, config, config_path)
+
+
+def random_key(seed: int, config: dict[str, Any], config_path) -> jax.Array:
+    """A key of config.json's program.key_impl (a sampling export's) from `seed`, as `jax.random.key` makes one."""
+    try:
+        return jax.random.key(seed, impl=config["program"]["key_impl"])
+    except ValueError:  # a jax without that implementation, or an edited name
+        raise ExportError(
+            f"{config_path}: program.key_impl is {config['program']['key_impl']!r}, a random key implementation "
+            "this jax does not have"
+        ) from None
+
+
 def check_program_shapes(config: dict[str, Any], program: jax.export.Exported, config_path, program_path) -> None:
-    """config.json's beam size, extra length and longest source are the program's: tokens [B, K, S + extra],
-    S bounded by the constraint jax.export wrote into the program's shape assertions at export time."""
+    """config.json's search, beam size, extra length and longest source are the program's: inputs
+    (params, source) or, sampling, (params, source, key), tokens [B, K, S + extra] out (K =
+    decoding.beam_size for beam search, else 1), S bounded by the constraint jax.export wrote into
+    the program's shape assertions at export time; a sampling program's key is the data of one key
+    of config.json's program.key_impl."""
+    decoding, serving = config["decoding"], config["serving"]
+    method, inputs = decoding["method"], program_inputs(config)
+    arguments = len(program.in_tree.children()[0].children()) if len(program.in_tree.children()) == 2 else None
+    source = program.in_avals[len(program.in_avals) - inputs + 1].shape if arguments == inputs else ()
     tokens = program.out_avals[0].shape if len(program.out_avals) == 2 else ()
-    extra = tokens[2] - program.in_avals[-1].shape[1] if len(tokens) == 3 and program.in_avals else None
+    extra = tokens[2] - source[1] if len(tokens) == 3 and len(source) == 2 else None
     # jax.export's own wording, fixed in the artifact when it was exported; a jax that words it
     # otherwise leaves only the bound unchecked here (the program still asserts it when called).
     bound = re.search(rb"symbolic shape constraint S <= (\d+)\.", program.mlir_module_serialized)
     if not isinstance(extra, int) or not isinstance(tokens[1], int):
-        raise ExportError(f"{program_path} is not an exported beam search: tokens [B, K, S + extra] expected")
-    decoding, serving = config["decoding"], config["serving"]
+        raise ExportError(
+            f"{program_path} is not the program of decoding.method {method!r} in {config_path}: "
+            f"{'params, source and key' if inputs == 3 else 'params and source'} in, tokens [B, K, S + extra] out "
+            "expected"
+        )
+    if method == "sample":
+        key = jax.random.key_data(random_key(0, config, config_path))
+        if (program.in_avals[-1].shape, program.in_avals[-1].dtype) != (key.shape, key.dtype):
+            raise ExportError(
+                f"{program_path} takes a key {program.in_avals[-1].str_short()}, not the {key.dtype}{list(key.shape)} "
+                f"of a {config['program']['key_impl']} key ({config_path}'s program.key_impl)"
+            )
+    if method != "beam" and tokens[1] != 1:
+        raise ExportError(
+            f"{config_path}: decoding.method is {method!r}, one hypothesis per sentence, but {program_path} "
+            f"returns {tokens[1]}"
+        )
+    beam_size = decoding["beam_size"] if method == "beam" else 1  # the others' one, checked above
     for key, value, fixed, what in (
-        ("decoding.beam_size", decoding["beam_size"], tokens[1], "returns {} hypotheses per sentence"),
+        ("decoding.beam_size", beam_size, tokens[1], "returns {} hypotheses per sentence"),
         ("decoding.max_extra_length", decoding["max_extra_length"], extra, "adds {} tokens to the source length"),
     ):
         if value != fixed:
@@ -308,10 +394,11 @@ def check_program_shapes(config: dict[str, Any], program: jax.export.Exported, c
         )
 
 
-def check_parameters(params: Any, program: jax.export.Exported, params_path, program_path) -> None:
-    """The parameters are the ones the program takes: same names, shapes and dtypes."""
-    source = jax.ShapeDtypeStruct((1, 1), np.int32)
-    if jax.tree.structure(((params, source), {})) != program.in_tree:
+def check_parameters(params: Any, program: jax.export.Exported, params_path, program_path, inputs: int = 2) -> None:
+    """The parameters are the ones the program takes: same names, shapes and dtypes (`inputs`:
+    `program_inputs`, the params and the arrays after them)."""
+    arrays = [jax.ShapeDtypeStruct((1, 1), np.int32)] * (inputs - 1)  # the source (and a key): leaves alike
+    if jax.tree.structure(((params, *arrays), {})) != program.in_tree:
         raise ExportError(f"{params_path} does not hold the parameters that {program_path} takes (other names)")
     named = jax.tree_util.tree_flatten_with_path(params)[0]
     for (path, leaf), aval in zip(named, program.in_avals):

@@ -2,7 +2,8 @@
 
 The export is written into a temporary directory beside the output and moved into place once
 complete and read back, so a crash never leaves half an export (output_folder.py stages and moves
-it, and checks the output). A non-empty output is replaced only when asked to (`overwrite`), and
+it, and checks the output). The program is the search the settings name: beam search, greedy search
+or sampling (program.py). A non-empty output is replaced only when asked to (`overwrite`), and
 only if it is an export itself. Its contents are listed in jaxformer/export/standalone.py, which is
 copied into it as serve.py.
 """
@@ -22,12 +23,12 @@ from typing import Any
 
 import jax
 
-from jaxformer.decoding.checkpoint_alpha import ChosenSearch, checkpoint_settings
-from jaxformer.decoding.generate import DecodeSettings, decoding_variant
+from jaxformer.decoding.checkpoint_alpha import SEARCH_NAMES, ChosenSearch, checkpoint_settings
+from jaxformer.decoding.generate import DecodeSettings, check_seed, decoding_variant
 from jaxformer.errors import CheckpointError
 from jaxformer.export import output_folder, staging_leftovers, standalone
 from jaxformer.export.loading import ExportError, check_export
-from jaxformer.export.program import KNOWN_PLATFORMS, PLATFORMS, export_beam_search
+from jaxformer.export.program import KNOWN_PLATFORMS, PLATFORMS, export_search, key_impl, key_spec
 from jaxformer.export.safetensors import flatten, unflatten, write_safetensors
 from jaxformer.run.directory import parse_checkpoint_choice
 from jaxformer.run.loading import load_checkpoint, require_architecture
@@ -38,7 +39,8 @@ logger = logging.getLogger(__name__)
 PARAMETERS_FILE = "params.safetensors"
 TOKENIZER_FILE = "tokenizer.model"  # the shared vocabulary's, or the source side's
 TARGET_TOKENIZER_FILE = "tokenizer.target.model"  # with separate vocabularies only
-PROGRAM_FILE = "beam_search.jaxexport"
+# The program's file, by decoding method: a beam search export's keeps the name it always had.
+PROGRAM_FILES = {"beam": "beam_search.jaxexport", "greedy": "greedy_search.jaxexport", "sample": "sampling.jaxexport"}
 PACKAGE_FOLDER = pathlib.Path(standalone.__file__).parents[1]  # jaxformer/, where LOADER_IMPORTS are
 
 
@@ -76,12 +78,15 @@ def export_checkpoint(
     overwrite: bool = False,
     on_placed: Callable[[], None] | None = None,
     chosen: ChosenSearch | None = None,
+    seed: int = 0,
 ) -> ExportSummary:
     """Exports `checkpoint` of the run in `workdir` ("latest", "best", "averaged", "final" or a step) into
-    the directory `output`, for beam search with `settings` on `platforms` (those whose lowering
+    the directory `output`, for the search `settings` name (beam search, greedy search or sampling)
+    on `platforms` (those whose lowering
     fails are left out and reported in the summary and config.json; no `settings`: DecodeSettings()
     with, on "final", the beam search the run's final choice was made with and the alpha it chose,
-    as `Translator.from_workdir`). `on_placed()` is
+    as `Translator.from_workdir`). `seed`: a sampling export's default seed, which serve.py's
+    --seed overrides (`Translator`'s seed: one key per batch split from it). `on_placed()` is
     called once the export is in place, before a signal that came during the final move is raised
     again (the export command takes one from then on as late: its work is done). `chosen`: final/'s
     `chosen_search`, when the caller read it already (the export command, for its flags)."""
@@ -90,8 +95,7 @@ def export_checkpoint(
         output = pathlib.Path(output).absolute()  # "." has no parent to stage beside
     except FileNotFoundError:  # a relative path in a removed folder
         raise ExportError(f"the output {output}: the current folder no longer exists; cd to one that does") from None
-    if settings is not None and settings.method != "beam":
-        raise ExportError(f"an export holds a beam search; decoding method {settings.method!r} cannot be exported")
+    check_seed(seed)
     unknown = sorted(set(platforms) - set(KNOWN_PLATFORMS))
     if unknown or not platforms:
         raise ExportError(f"platforms {', '.join(unknown) or '(none)'}: choose among {', '.join(KNOWN_PLATFORMS)}")
@@ -100,14 +104,15 @@ def export_checkpoint(
         raise ExportError(f"platforms {', '.join(platforms)}: {', '.join(repeated)} given more than once")
     staging_leftovers.remove_dead(output if output_folder.staged_inside(output) else output.parent, output)
     output_folder.check_output(output, overwrite)
-    require_architecture(  # before the parameters are read or anything is lowered
+    model_config = require_architecture(  # before the parameters are read or anything is lowered
         workdir,
         checkpoint,
         "encoder_decoder",
-        "an export holds a translator's beam search and needs an encoder_decoder one",
+        "an export holds a translator's search and needs an encoder_decoder one",
         ExportError,
     )
     settings = checkpoint_settings(workdir, checkpoint, settings, chosen, method="beam")
+    settings.check_fits(model_config)  # a beam or top_k wider than the vocabulary, as Translator refuses it
     with output_folder.staging_directory(output) as staging:
         step, metadata, params = load_checkpoint(workdir, checkpoint)
         config, params = decoding_variant(metadata.model_config(), params)
@@ -125,8 +130,8 @@ def export_checkpoint(
                     f"its tokenizer {tokenizer.vocab_size}"
                 )
         params = unflatten(flatten(jax.device_get(params)), "the checkpoint")  # plain dicts of host arrays
-        logger.info("exporting the beam search for %s", ", ".join(platforms))
-        program, failed = export_beam_search(config, settings, params, serving.max_source_length, platforms)
+        logger.info("exporting the %s for %s", SEARCH_NAMES[settings.method], ", ".join(platforms))
+        program, failed = export_search(config, settings, params, serving.max_source_length, platforms)
         files = {
             "parameters": write_parameters(staging, params),
             "tokenizer": write_tokenizer(staging, TOKENIZER_FILE, metadata.tokenizer),
@@ -135,7 +140,7 @@ def export_checkpoint(
                 if separate
                 else {}
             ),
-            "program": write_program(staging, program),
+            "program": write_program(staging, PROGRAM_FILES[settings.method], program),
         }
         shutil.copyfile(standalone.__file__, staging / standalone.LOADER_FILE)
         for module in standalone.LOADER_IMPORTS:
@@ -144,7 +149,7 @@ def export_checkpoint(
             "format": standalone.FORMAT,
             "format_version": standalone.FORMAT_VERSION,
             "model": config.to_dict(),  # the decoding variant, which the parameters are laid out for
-            "decoding": dataclasses.asdict(settings),
+            "decoding": decoding_record(settings, seed),
             "special_tokens": {"pad": PAD_ID, "eos": EOS_ID, "unk": UNK_ID, "bos": BOS_ID},
             "serving": {**dataclasses.asdict(serving), "max_source_length": serving.max_source_length},
             "checkpoint": {
@@ -157,8 +162,7 @@ def export_checkpoint(
             "platforms": list(program.platforms),
             "platforms_failed": failed,
             "program": {
-                "inputs": "params, source int32 [B, S] (0 = padding), 1 <= S <= max_source_length",
-                "outputs": "tokens int32 [B, K, S + max_extra_length], scores float32 [B, K]; K = beam_size",
+                **program_signature(settings.method),
                 "jax_version": jax.__version__,
                 "calling_convention_version": program.calling_convention_version,
             },
@@ -179,6 +183,36 @@ def export_checkpoint(
         output_folder.move_into_place(staging, output, on_placed)
     logger.info("wrote %s", output)
     return ExportSummary(output, step, tuple(program.platforms), failed)
+
+
+def decoding_record(settings: DecodeSettings, seed: int) -> dict[str, Any]:
+    """config.json's "decoding": a beam search's settings all, as exports have always recorded them;
+    greedy search's and sampling's only those they read (no beam size or length penalty), and
+    sampling's default seed."""
+    if settings.method == "beam":
+        return dataclasses.asdict(settings)
+    read = ["method", "max_extra_length", "renormalize_after_bans"]
+    read += ["temperature", "top_k"] if settings.method == "sample" else []
+    return {key: getattr(settings, key) for key in read} | ({"seed": seed} if settings.method == "sample" else {})
+
+
+def program_signature(method: str) -> dict[str, str]:
+    """config.json's words for the program's inputs and outputs (and sampling's key implementation,
+    which serve.py makes its keys with)."""
+    source = "params, source int32 [B, S] (0 = padding), 1 <= S <= max_source_length"
+    if method == "beam":
+        return {
+            "inputs": source,
+            "outputs": "tokens int32 [B, K, S + max_extra_length], scores float32 [B, K]; K = beam_size",
+        }
+    outputs = "tokens int32 [B, 1, S + max_extra_length], scores float32 [B, 1] (log p)"
+    if method == "greedy":
+        return {"inputs": source, "outputs": outputs}
+    return {
+        "inputs": f"{source}, key uint32 {list(key_spec().shape)}: jax.random.key_data of the batch's {key_impl()} key",
+        "outputs": outputs,
+        "key_impl": key_impl(),
+    }
 
 
 # -- the files -------------------------------------------------------------------------------
@@ -202,11 +236,11 @@ def write_tokenizer(directory: pathlib.Path, name: str, model_proto: bytes) -> d
     return _file_entry(path)
 
 
-def write_program(directory: pathlib.Path, program: jax.export.Exported) -> dict[str, str]:
+def write_program(directory: pathlib.Path, name: str, program: jax.export.Exported) -> dict[str, str]:
     try:
         data = program.serialize()
     except ImportError as error:  # jax serializes with flatbuffers, which it does not require
         raise ExportError(f"serializing the program needs the flatbuffers package ({error})") from None
-    path = directory / PROGRAM_FILE
+    path = directory / name
     path.write_bytes(data)
     return _file_entry(path)

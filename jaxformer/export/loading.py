@@ -12,11 +12,14 @@ class ExportError(UserError, standalone.ExportError):
     """An export cannot be written, or read: a file is missing or damaged; the message names it."""
 
 
-def load_export(directory: str | os.PathLike, batch_size: int | None = None) -> standalone.ExportedTranslator:
+def load_export(
+    directory: str | os.PathLike, batch_size: int | None = None, seed: int | None = None
+) -> standalone.ExportedTranslator:
     """The export in `directory` (see jaxformer/export/standalone.py), translating with its
-    program; `ExportError` naming the file that is missing or damaged."""
+    program; `ExportError` naming the file that is missing or damaged. `seed`: a sampling export's
+    (default: its config.json's)."""
     try:
-        return standalone.load(directory, batch_size)
+        return standalone.load(directory, batch_size, seed)
     except standalone.ExportError as error:
         raise ExportError(str(error)) from error
 

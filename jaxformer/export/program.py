@@ -1,11 +1,15 @@
-"""The beam search as a serialized `jax.export` program, with symbolic batch and source length.
+"""A search as a serialized `jax.export` program, with symbolic batch and source length.
 
-The program is `make_generate_fn(config, settings)` (jaxformer/decoding/generate.py), its tokens
-padded to S + max_extra_length (`program_fn`), lowered once for source int32 [B, S] with B and S
-symbolic, S <= max_source_length (the positional encoding needs a bound:
-jaxformer/model/position.py), so one file serves every batch size and source length. It is
-lowered for several platforms at once where jax can do so from this machine; a platform whose
-lowering fails is left out and reported, not fatal.
+The program is `make_generate_fn(config, settings)` (jaxformer/decoding/generate.py): beam search,
+greedy search or sampling, as `settings.method` says, its tokens padded to S + max_extra_length
+(`program_fn`), lowered once for source int32 [B, S] with B and S symbolic, S <= max_source_length
+(the positional encoding needs a bound: jaxformer/model/position.py), so one file serves every
+batch size and source length. Sampling takes a third input, its batch's random key as
+`jax.random.key_data` gives it (uint32 [2] for jax's default threefry2x32 keys; `key_spec`): a
+typed key is no array a loader can build without jax's key types, and the loader splits the
+keys itself, as `Translator` does, one per batch. It is lowered for several platforms at once
+where jax can do so from this machine; a platform whose lowering fails is left out and reported,
+not fatal.
 """
 
 from __future__ import annotations
@@ -18,6 +22,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from jaxformer.decoding.checkpoint_alpha import SEARCH_NAMES
 from jaxformer.decoding.generate import DecodeSettings, make_generate_fn
 from jaxformer.errors import first_line
 from jaxformer.model.config import TransformerConfig
@@ -35,40 +40,63 @@ def source_spec(max_source_length: int) -> jax.ShapeDtypeStruct:
     return jax.ShapeDtypeStruct((batch, length), jnp.int32)
 
 
+def key_impl() -> str:
+    """The name of the random key implementation `jax.random.key` makes here (threefry2x32 unless
+    jax_default_prng_impl says otherwise): `Translator`'s keys, which a sampling program takes."""
+    return str(jax.random.key_impl(jax.random.key(0)))
+
+
+def key_spec() -> jax.ShapeDtypeStruct:
+    """The raw data of one `key_impl()` key, as `jax.random.key_data` gives it: uint32 [2] for threefry2x32."""
+    return jax.ShapeDtypeStruct(jax.random.key_data(jax.random.key(0)).shape, jnp.uint32)
+
+
 def program_fn(config: TransformerConfig, settings: DecodeSettings):
-    """`make_generate_fn(config, settings)` with the export's output: tokens [B, K, S + max_extra_length].
-    A model with max_positions P searches in a buffer of min(S + max_extra_length, P) tokens, as
-    `generate` bounds it; the columns past P, which no row reaches, are padding."""
+    """`make_generate_fn(config, settings)` with the export's inputs, (params, source) or for sampling
+    (params, source, key data), and output: tokens [B, K, S + max_extra_length] (K = 1 but for beam
+    search). A model with max_positions P searches in a buffer of min(S + max_extra_length, P)
+    tokens, as `generate` bounds it; the columns past P, which no row reaches, are padding."""
     generate_fn = make_generate_fn(config, settings).jitted
-    if config.max_positions is None:
-        return generate_fn  # tokens [B, K, S + max_extra_length] already
+    impl = key_impl()
 
-    def program(params, source):
-        tokens, scores = generate_fn(params, source)
+    def padded(tokens, source):
+        if config.max_positions is None:
+            return tokens  # [B, K, S + max_extra_length] already
         missing = source.shape[1] + settings.max_extra_length - tokens.shape[2]  # symbolic: max(0, S + extra - P)
-        return jax.lax.pad(tokens, jnp.int32(PAD_ID), ((0, 0, 0), (0, 0, 0), (0, missing, 0))), scores
+        return jax.lax.pad(tokens, jnp.int32(PAD_ID), ((0, 0, 0), (0, 0, 0), (0, missing, 0)))
 
-    return jax.jit(program)
+    if settings.method == "sample":
+
+        def sampling(params, source, key_data):
+            tokens, scores = generate_fn(params, source, jax.random.wrap_key_data(key_data, impl=impl))
+            return padded(tokens, source), scores
+
+        return jax.jit(sampling)
+
+    def search(params, source):
+        tokens, scores = generate_fn(params, source)
+        return padded(tokens, source), scores
+
+    return jax.jit(search)
 
 
-def export_beam_search(
+def export_search(
     config: TransformerConfig,
     settings: DecodeSettings,
     params: Any,
     max_source_length: int,
     platforms: Sequence[str] = PLATFORMS,
 ) -> tuple[jax.export.Exported, dict[str, str]]:
-    """(the program for the platforms that lower, {platform: why not} for the others).
+    """(the program of `settings`' search for the platforms that lower, {platform: why not} for the others).
 
     `config` and `params` are the decoding variant's (`decoding_variant`); only the shapes and
     dtypes of `params` matter. If no platform lowers, the first platform's error is raised.
     """
-    if settings.method != "beam":
-        raise ValueError(f"the export holds a beam search; got decoding method {settings.method!r}")
     generate_fn = program_fn(config, settings)
     specs = (
         jax.tree.map(lambda leaf: jax.ShapeDtypeStruct(np.shape(leaf), leaf.dtype), params),
         source_spec(max_source_length),
+        *([key_spec()] if settings.method == "sample" else []),
     )
     platforms = tuple(platforms)
     try:
@@ -84,7 +112,7 @@ def export_beam_search(
         except Exception as error:  # noqa: BLE001
             first_error = first_error or error
             failed[platform] = first_line(error)
-            logger.warning("cannot export the beam search for %s: %s", platform, failed[platform])
+            logger.warning("cannot export the %s for %s: %s", SEARCH_NAMES[settings.method], platform, failed[platform])
     if not working:
         raise first_error
     return jax.export.export(generate_fn, platforms=tuple(working))(*specs), failed

@@ -1,4 +1,4 @@
-"""serve.py's standard streams: stdin read as translate.py reads it, a bad --batch_size, and
+"""serve.py's standard streams: stdin read as translate.py reads it, a bad --batch_size or --seed, and
 stdout given up once writing it failed. Standard library only: `jaxformer-export` copies this
 module beside serve.py (jaxformer/export/standalone.py), which imports it."""
 
@@ -35,6 +35,13 @@ def stdin_lines(data: bytes) -> list[str]:
 def positive_integer(text: str) -> int:
     if not text.isdigit() or int(text) < 1:
         raise argparse.ArgumentTypeError(f"must be an integer >= 1, got {text!r}")
+    return int(text)
+
+
+def seed_number(text: str) -> int:
+    """--seed: digits (its upper bound, a key's, is export_files.first_key's to check)."""
+    if not text.isascii() or not text.isdigit():
+        raise argparse.ArgumentTypeError(f"must be an integer >= 0, got {text!r}")
     return int(text)
 
 

@@ -13,6 +13,12 @@ or from a shell, one sentence per line:
 
     python exports/m30k/serve.py < sentences.en > sentences.de
 
+The program is the search config.json's decoding.method names: beam search (K = beam_size
+hypotheses), greedy search or sampling (K = 1). A sampling export draws as `Translator` does:
+one key per batch, split in turn from `jax.random.key(seed)` (config.json's decoding.seed, or
+`load(..., seed=)` / `--seed`), the batches in the same order, so the same seed, input and batch
+size give `jaxformer-translate --method sample`'s sentences, and each further call draws anew.
+
 The directory holds (the names are config.json's "files", with their SHA-256):
     config.json             model config, decoding settings, special token ids, checkpoint, platforms
     params.safetensors      the parameters in decoding form, named by their paths joined with "/"
@@ -21,6 +27,9 @@ The directory holds (the names are config.json's "files", with their SHA-256):
     beam_search.jaxexport   a serialized jax.export of the jitted beam search:
                             (params, source int32 [B, S]) -> (tokens int32 [B, K, S + max_extra_length],
                             scores float32 [B, K]), B and S symbolic (S <= max_source_length)
+    greedy_search.jaxexport in its place for greedy search (K = 1)
+    sampling.jaxexport      in its place for sampling (K = 1), with a third input: the batch's key,
+                            uint32 [2] (jax.random.key_data of a config.json program.key_impl key)
     serve.py                this file
     sentence_batches.py     a copy of jaxformer/decoding/sentence_batches.py, which serve.py imports
     argument_parser.py      a copy of jaxformer/argument_parser.py, serve.py's command line
@@ -160,6 +169,7 @@ class ExportedTranslator:
         program: jax.export.Exported,
         batch_size: int | None = None,
         target_tokenizer: export_files.Tokenizer | None = None,  # separate vocabularies: decodes the output
+        seed: int | None = None,  # sampling's; None: config.json's decoding.seed
     ):
         serving = config["serving"]
         self.config, self.tokenizer, self.program = config, tokenizer, program
@@ -174,6 +184,8 @@ class ExportedTranslator:
         self.vocab_size = int(config["model"].get("source_vocab_size") or config["model"]["vocab_size"])  # source's
         self.max_positions = config["model"].get("max_positions")  # an imported model's; None: no last position
         self._run = jax.jit(program.call)  # one compilation per (batch, length) shape
+        self.method = config["decoding"]["method"]
+        self._rng = export_files.first_key(config, seed, CONFIG_FILE)  # sampling's, split once per batch
 
     # -- text -------------------------------------------------------------------------------
 
@@ -183,8 +195,8 @@ class ExportedTranslator:
         return [hypotheses[0][0] for hypotheses in self.translate_nbest(sentences, progress)]
 
     def translate_nbest(self, sentences: Iterable[str], progress: bool = False) -> list[list[tuple[str, float]]]:
-        """Per sentence, the beam's hypotheses as (text, score), best first; `progress` counts
-        the decoded pieces on stderr."""
+        """Per sentence, the search's hypotheses as (text, score), best first (beam search's
+        beam_size, one for greedy search and sampling); `progress` counts the decoded pieces on stderr."""
         sentences = sentence_batches.sentence_list(sentences)
         pieces, owners = sentence_batches.split_sentences(
             sentences, self.tokenizer, self.max_source_tokens, self.tokenizer.eos_id
@@ -225,7 +237,8 @@ class ExportedTranslator:
     def translate_ids(self, source: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         """The program on padded source rows int32 [B, S] (pad 0, each row ending in EOS):
         (tokens int32 [B, K, S + max_extra_length] best first, ending in EOS then padding,
-        scores float32 [B, K], log p / length penalty). A row of no ids (`[[]]`), of padding alone, EOS
+        scores float32 [B, K], log p / length penalty; K = 1 and log p but for beam search; sampling
+        draws with the next key). A row of no ids (`[[]]`), of padding alone, EOS
         alone, a row whose last id before the padding is not EOS, or one with EOS or PAD before that, is
         refused, as `translate_sequences` refuses such a source: only the padding after a row's EOS is
         no part of its sentence. So is a row of more ids than the model's max_positions (its padding not
@@ -243,7 +256,11 @@ class ExportedTranslator:
                 f"source length {source.shape[1]} exceeds the {self.max_source_length} tokens this export "
                 "was made for (jaxformer-export --max_source_tokens)"
             )
-        tokens, scores = self._run(self.params, source.astype(np.int32))
+        key = ()
+        if self._rng is not None:  # sampling: this batch's key, split off as Translator splits it
+            self._rng, rng = jax.random.split(self._rng)
+            key = (jax.random.key_data(rng),)
+        tokens, scores = self._run(self.params, source.astype(np.int32), *key)
         return np.asarray(tokens), np.asarray(scores)
 
 
@@ -266,9 +283,10 @@ def _refuse_bad_ids(
         )
 
 
-def load(directory: str | pathlib.Path, batch_size: int | None = None) -> ExportedTranslator:
+def load(directory: str | pathlib.Path, batch_size: int | None = None, seed: int | None = None) -> ExportedTranslator:
     """The export in `directory`, ready to translate on this machine; `ExportError` naming the
-    file that is missing or damaged, or a program made for other platforms."""
+    file that is missing or damaged, or a program made for other platforms. `seed`: a sampling
+    export's (default: config.json's decoding.seed); a ValueError for another export's."""
     config, params, tokenizer, target_tokenizer, program = read_export(directory)
     platform = jax.export.default_export_platform()
     if platform not in program.platforms:
@@ -276,7 +294,7 @@ def load(directory: str | pathlib.Path, batch_size: int | None = None) -> Export
             f"{pathlib.Path(directory) / config['files']['program']['name']} was exported for "
             f"{', '.join(program.platforms)}, but JAX runs on {platform} here; export again with --platforms {platform}"
         )
-    return ExportedTranslator(config, params, tokenizer, program, batch_size, target_tokenizer)
+    return ExportedTranslator(config, params, tokenizer, program, batch_size, target_tokenizer, seed)
 
 
 def read_export(
@@ -306,7 +324,7 @@ def read_export(
     export_files.check_program_shapes(config, program, directory / CONFIG_FILE, program_path)
     parameters_path, data = export_files.read_verified(directory, config, "parameters")
     params = export_files.unflatten(export_files.parse_safetensors(data, parameters_path), parameters_path)
-    export_files.check_parameters(params, program, parameters_path, program_path)
+    export_files.check_parameters(params, program, parameters_path, program_path, export_files.program_inputs(config))
     return config, params, tokenizer, target_tokenizer or tokenizer, program
 
 
@@ -329,6 +347,12 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument(
         "--batch_size", type=serve_streams.positive_integer, help="sentences per batch (default: the export's)"
     )
+    parser.add_argument(
+        "--seed",
+        type=serve_streams.seed_number,
+        help="a sampling export's seed: the same seed, input and --batch_size sample alike, and as "
+        "jaxformer-translate --method sample --seed does (default: the export's)",
+    )
     args = parser.parse_args(argv)
     # The jaxformer commands' log format (a long sentence's warning, say), on stderr, apart from the output.
     logging.basicConfig(format="%(asctime)s %(levelname).1s %(message)s", datefmt="%H:%M:%S", stream=sys.stderr)
@@ -341,8 +365,8 @@ def main(argv: list[str] | None = None) -> int:
             return 2
     try:
         lines = serve_streams.stdin_lines(sys.stdin.buffer.read())  # before the model: bad input costs no loading
-        model = load(args.directory, args.batch_size)
-    except (ExportError, serve_streams.InputError) as error:
+        model = load(args.directory, args.batch_size, args.seed)
+    except (ExportError, serve_streams.InputError, export_files.SeedError) as error:
         sys.stderr.write(f"error: {error}\n")
         return 2
     text = sentence_batches.as_lines(model.translate(lines))  # outside the try: its errors are not the output's

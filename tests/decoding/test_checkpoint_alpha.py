@@ -127,7 +127,7 @@ def test_final_is_searched_with_the_renormalization_its_choice_was_made_with(
     def reached(config, settings, *_, **__):  # the export's lowering: what it was asked for is known
         raise _Reached(settings)
 
-    monkeypatch.setattr(exporter, "export_beam_search", reached)
+    monkeypatch.setattr(exporter, "export_search", reached)
     for export_final in (
         lambda: exporter.export_checkpoint(workdir, tmp_path / "export", "final", platforms=("cpu",)),
         lambda: export.main(["--workdir", str(workdir), "--checkpoint", "final", "--output", str(tmp_path / "e")]),
@@ -159,11 +159,11 @@ def test_export_checkpoint_exports_final_with_the_alpha_the_run_chose(final_work
     class Lowered(Exception):
         pass
 
-    def export_beam_search(config, settings, *args, **kwargs):
+    def export_search(config, settings, *args, **kwargs):
         exported.append(settings)
         raise Lowered  # what was asked for is known; the lowering itself is tested in tests/export
 
-    monkeypatch.setattr(exporter, "export_beam_search", export_beam_search)
+    monkeypatch.setattr(exporter, "export_search", export_search)
     for settings in (None, dataclasses.replace(DecodeSettings(), alpha=0.25)):
         with pytest.raises(Lowered):
             exporter.export_checkpoint(final_workdir, tmp_path / "export", "final", settings, platforms=("cpu",))
@@ -184,7 +184,7 @@ def searched_by(command, workdir, flags, tmp_path, monkeypatch, capsys, checkpoi
         raise _Reached(args[0].settings if command != "export" else args[1])
 
     monkeypatch.setattr(Translator, "translate", reached)
-    monkeypatch.setattr(exporter, "export_beam_search", reached)
+    monkeypatch.setattr(exporter, "export_search", reached)
     text = tmp_path / "text"
     text.write_text("A man rides a horse.\n")
     main, command_flags = {
@@ -243,10 +243,10 @@ def test_a_beam_search_of_a_greedy_choice_says_so(command, decoding_workdir, tmp
         "none (--length_penalty overrides it)" in lines
     )
     assert not [line for line in lines if "made with it" in line]
-    if command != "export":  # an export holds a beam search
-        for flags in (["--method", "greedy"], []):
-            settings, lines = searched_by(command, workdir, flags, tmp_path, monkeypatch, capsys)
-            assert settings.method == "greedy" and not [line for line in lines if line.startswith("W ")]
+    # Greedy search, as chosen: with --method greedy, or without --method but for an export's (beam search).
+    for flags in (["--method", "greedy"], *([] if command == "export" else [[]])):
+        settings, lines = searched_by(command, workdir, flags, tmp_path, monkeypatch, capsys)
+        assert settings.method == "greedy" and not [line for line in lines if line.startswith("W ")]
 
 
 def test_from_workdir_says_it_searches_a_greedy_choice_with_beams(decoding_workdir, tmp_path, caplog):
@@ -295,7 +295,7 @@ BEAM_CHOICE_SEARCHED_GREEDILY = (
 )
 
 
-@pytest.mark.parametrize("command", ["translate", "evaluate"])  # an export holds a beam search
+@pytest.mark.parametrize("command", ["translate", "evaluate", "export"])
 def test_greedy_search_of_a_beam_choice_says_so(command, final_workdir, tmp_path, monkeypatch, capsys):
     settings, lines = searched_by(command, final_workdir, ["--method", "greedy"], tmp_path, monkeypatch, capsys)
     assert settings.method == "greedy"

@@ -74,7 +74,7 @@ def test_flags_given_on_final_win_with_a_warning(command, beam5_workdir, tmp_pat
         "current_length): give --alpha to choose it yourself"
     ]
     taken = "max_extra_length 30: the run's final choice was made with it (--max_extra_length overrides it)"
-    if command != "export":  # which has no --method
+    if command != "export":  # whose --method, beam unless given, is always given
         taken = (
             "method beam, max_extra_length 30: the run's final choice was made with them "
             "(--method, --max_extra_length override them)"
@@ -82,7 +82,7 @@ def test_flags_given_on_final_win_with_a_warning(command, beam5_workdir, tmp_pat
     assert f"I {taken}" in lines
 
 
-@pytest.mark.parametrize("command", ["translate", "evaluate"])  # an export holds a beam search
+@pytest.mark.parametrize("command", COMMANDS)
 def test_greedy_search_of_a_beam_choice_is_still_given(command, beam5_workdir, tmp_path, monkeypatch, capsys):
     settings, lines = searched_by(command, beam5_workdir, ["--method", "greedy"], tmp_path, monkeypatch, capsys)
     # Not refused for final/'s beam 5, whose settings greedy search would not read; its length limit it reads.
@@ -144,7 +144,7 @@ def test_from_workdir_settings_given_on_final_are_kept(beam5_workdir, caplog):
     assert not [message for message in caplog.messages if "final choice was made with them" in message]
 
 
-@pytest.mark.parametrize("command", ["translate", "evaluate"])  # an export holds a beam search
+@pytest.mark.parametrize("command", COMMANDS)
 def test_a_method_given_on_final_keeps_the_runs_output_length_limit(
     command, beam5_workdir, greedy_workdir, tmp_path, monkeypatch, capsys
 ):

@@ -24,8 +24,8 @@ from jaxformer.export.safetensors import flatten, read_safetensors
 from jaxformer.run.checkpoint import Checkpointer
 from jaxformer.run.directory import RunDirectory
 from jaxformer.run.loading import load_checkpoint
-from tests.conftest import assert_same_hypotheses, read_raw
-from tests.export.conftest import FLAGS
+from tests.conftest import assert_same_hypotheses
+from tests.export.conftest import FLAGS, sentences_in_two_batches
 from tests.export.serving import serve_without_jaxformer
 
 pytestmark = pytest.mark.xdist_group("export")
@@ -71,12 +71,7 @@ def translator(workdir):
 
 @pytest.fixture(scope="module")
 def sentences(translator):
-    """5 sentences of 17 to 32 tokens, an empty one and one of 40 to 64 tokens (in pieces): two
-    batches of 4 rows of 32 tokens, one shape to compile (compiling dominates this file's time)."""
-    lengths = {text: len(translator.tokenizer.encode(text)) for text in read_raw("val.en.gz", 100)}
-    short = [text for text, length in lengths.items() if 17 <= length <= 32][:5]
-    long = next(text for text, length in lengths.items() if 40 <= length <= 64)
-    return [*short[:3], "", long, *short[3:]]
+    return sentences_in_two_batches(translator.tokenizer)
 
 
 def test_the_directory_holds_everything_serving_needs(exported, workdir):
@@ -317,7 +312,7 @@ def test_a_language_model_is_refused_before_its_parameters_are_read(workdir, tmp
     monkeypatch.setattr(exporter, "load_checkpoint", load_without_parameters)
     assert export.main(["--workdir", str(language_model), "--output", str(tmp_path / "out")]) == 2
     assert capsys.readouterr().err == (
-        f"error: {language_model} holds a decoder_only model; an export holds a translator's beam search "
+        f"error: {language_model} holds a decoder_only model; an export holds a translator's search "
         "and needs an encoder_decoder one (continue text with it through jaxformer-generate / LanguageModel)\n"
     )
     assert not (tmp_path / "out").exists()

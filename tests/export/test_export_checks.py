@@ -251,7 +251,10 @@ def test_a_program_without_jax_exports_bound_wording_loads_with_that_bound_unche
     program = model.program
     assert b"symbolic shape constraint S <= " in program.mlir_module_serialized
     reworded = types.SimpleNamespace(
-        in_avals=program.in_avals, out_avals=program.out_avals, mlir_module_serialized=b"worded otherwise"
+        in_tree=program.in_tree,
+        in_avals=program.in_avals,
+        out_avals=program.out_avals,
+        mlir_module_serialized=b"worded otherwise",
     )
     config = json.loads((exported / "config.json").read_text())
     config["serving"]["max_source_length"] = 10_000

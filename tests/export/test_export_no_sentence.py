@@ -114,7 +114,7 @@ def test_the_text_entry_points_give_no_sentence_an_empty_output(unrun, monkeypat
     assert unrun.translate(lines) == [""] * len(lines)
     assert unrun.translate_nbest(lines) == [[("", 0.0)]] * len(lines)
     # serve.py's command line, which translates stdin's lines with `translate`
-    monkeypatch.setattr(standalone, "load", lambda directory, batch_size: unrun)
+    monkeypatch.setattr(standalone, "load", lambda directory, batch_size, seed: unrun)
     monkeypatch.setattr("sys.stdin", io.TextIOWrapper(io.BytesIO("\n".join(lines).encode() + b"\n")))
     monkeypatch.setattr("sys.stdout", io.StringIO())
     assert standalone.main([]) == 0

@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 
 from jaxformer.decoding.generate import DecodeSettings, decoding_variant, make_generate_fn
-from jaxformer.export.program import export_beam_search, source_spec
+from jaxformer.export.program import export_search, source_spec
 from jaxformer.model import position
 from jaxformer.model.config import preset
 from jaxformer.model.transformer import Transformer
@@ -50,13 +50,11 @@ def test_platforms_that_do_not_lower_are_left_out_and_named(symbolic_shapes_unch
         return real_export(function, platforms=platforms)
 
     monkeypatch.setattr(jax.export, "export", export_without_tpu)
-    program, failed = export_beam_search(config, settings, params, 16, ("cpu", "tpu", "cuda"))
+    program, failed = export_search(config, settings, params, 16, ("cpu", "tpu", "cuda"))
     assert program.platforms == ("cpu", "cuda")
     assert failed == {"tpu": "NotImplementedError: no TPU lowering for this operation"}
     with pytest.raises(NotImplementedError):  # nothing lowers: the error itself, not an empty program
-        export_beam_search(config, settings, params, 16, ("tpu",))
-    with pytest.raises(ValueError, match="beam search"):
-        export_beam_search(config, DecodeSettings(method="greedy"), params, 16)
+        export_search(config, settings, params, 16, ("tpu",))
 
 
 def test_the_exported_search_scores_as_its_settings_say(symbolic_shapes_unchecked):
@@ -67,7 +65,7 @@ def test_the_exported_search_scores_as_its_settings_say(symbolic_shapes_unchecke
     params = nn.meta.unbox(Transformer(config).init(jax.random.key(0), tokens, tokens)["params"])
     config, params = decoding_variant(config, params)
     settings = DecodeSettings(beam_size=2, max_extra_length=3, renormalize_after_bans=True)
-    program, _ = export_beam_search(config, settings, params, 16, ("cpu",))
+    program, _ = export_search(config, settings, params, 16, ("cpu",))
     source = np.array([[5, 6, 7, 1], [8, 1, 0, 0]], np.int32)
     exported_tokens, exported_scores = program.call(params, source)
     tokens, scores = make_generate_fn(config, settings)(params, source)
@@ -89,7 +87,7 @@ def _searches_within_positions(settings):
     config, params = decoding_variant(config, params)
     specs = jax.tree.map(lambda leaf: jax.ShapeDtypeStruct(leaf.shape, leaf.dtype), params), source_spec(POSITIONS)
     symbolic = jax.export.export(make_generate_fn(config, settings).jitted, platforms=("cpu",))(*specs)
-    program, _ = export_beam_search(config, settings, params, POSITIONS, ("cpu",))
+    program, _ = export_search(config, settings, params, POSITIONS, ("cpu",))
     return (config, params), symbolic, program
 
 

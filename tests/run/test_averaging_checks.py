@@ -274,7 +274,7 @@ def test_a_choice_that_compared_no_alpha_is_searched_with_the_one_it_was_scored_
     def reached(config, settings, *_, **__):
         raise _Lowered(settings)
 
-    monkeypatch.setattr(exporter, "export_beam_search", reached)
+    monkeypatch.setattr(exporter, "export_search", reached)
     with pytest.raises(_Lowered) as exported:
         exporter.export_checkpoint(workdir, tmp_path / "export", "final", platforms=("cpu",))
     args = translate.build_parser().parse_args(["--workdir", str(workdir), "--checkpoint", "final"])

@@ -135,7 +135,7 @@ def test_a_command_refuses_a_damaged_choice_in_one_line_before_its_work(
     def work(*args, **kwargs):
         pytest.fail("the command went on to its work with a damaged final choice")
 
-    for module, name in ((evaluate, "split_pairs"), (Translator, "translate"), (exporter, "export_beam_search")):
+    for module, name in ((evaluate, "split_pairs"), (Translator, "translate"), (exporter, "export_search")):
         monkeypatch.setattr(module, name, work)
     line = _refused_on_final(command, workdir, tmp_path, capsys)
     assert line.startswith(f"error: the final choice in {final} cannot be read: ") and named in line, line

@@ -1,0 +1,210 @@
+"""jaxformer-export --method greedy and --method sample: serve.py translates as jaxformer-translate
+does with the same settings (sampling: the same seed and batches give the same sentences), a
+sampling export's seed, config.json's record of the search, and the refusals the export command
+shares with translate. The beam search export (the default) is test_export.py's."""
+
+import json
+import shutil
+
+import jax
+import pytest
+
+from jaxformer.commands import export, translate
+from jaxformer.decoding.generate import DecodeSettings
+from jaxformer.export import exporter
+from jaxformer.export.loading import ExportError, load_export
+from jaxformer.run.loading import load_checkpoint
+from tests.export.conftest import FLAGS, export_with_the_command, sentences_in_two_batches
+from tests.export.serving import run_serve_py
+
+pytestmark = pytest.mark.xdist_group("export")  # the export fixture of conftest.py, made once
+
+# FLAGS' lengths and batches, for a search without beams, exported for this machine only.
+SEARCH_FLAGS = ["--max_extra_length", "8", "--batch_size", "4", "--max_source_tokens", "32"]
+METHOD_FLAGS = {
+    "greedy": ["--method", "greedy"],
+    "sample": ["--method", "sample", "--temperature", "0.7", "--top_k", "20", "--seed", "5"],
+}
+
+
+@pytest.fixture(scope="module")
+def method_exports(workdir):
+    """{method: its export of workdir's best checkpoint}: greedy search and sampling (seed 5)."""
+    exports = {}
+    for method, flags in METHOD_FLAGS.items():
+        exports[method] = workdir.parent / f"export-{method}"
+        export_with_the_command(workdir, exports[method], [*flags, *SEARCH_FLAGS, "--platforms", "cpu"])
+    return exports
+
+
+@pytest.fixture(scope="module")
+def text(workdir, tmp_path_factory):
+    """Sentences in two batches of FLAGS' 4 rows, as a file to translate."""
+    tokenizer = load_checkpoint(workdir, "best", params=False)[1].load_tokenizer()
+    path = tmp_path_factory.mktemp("methods") / "sentences.en"
+    path.write_text("".join(f"{sentence}\n" for sentence in sentences_in_two_batches(tokenizer)))
+    return path
+
+
+def translated_by_the_command(workdir, text, flags, output):
+    """jaxformer-translate's output of `text` with `flags`, read from its --output file."""
+    argv = ["--workdir", str(workdir), "--checkpoint", "best", "--input", str(text), "--output", str(output)]
+    assert translate.main([*argv, "--no_progress", *flags]) == 0
+    return output.read_text(encoding="utf-8")
+
+
+@pytest.mark.parametrize("method", ["beam", "greedy", "sample"])
+def test_serve_py_translates_as_jaxformer_translate_does(method, workdir, exported, method_exports, text, tmp_path):
+    """The same settings, input and --batch_size: the same lines, sampling's drawn with the same keys."""
+    directory = exported if method == "beam" else method_exports[method]
+    served = run_serve_py(directory, input=text.read_text(encoding="utf-8"))
+    flags = FLAGS if method == "beam" else [*METHOD_FLAGS[method], *SEARCH_FLAGS]
+    expected = translated_by_the_command(workdir, text, flags, tmp_path / "translated.de")
+    assert served.returncode == 0, served.stderr[-3000:]
+    assert served.stdout == expected
+    lines = expected.splitlines()
+    assert len(lines) == 7 and lines[3] == "" and all(lines[:3] + lines[4:])  # the empty line stays empty
+    if method == "sample":  # it drew: the greedy search's sentences are not what it gave
+        greedy = run_serve_py(method_exports["greedy"], input=text.read_text(encoding="utf-8"))
+        assert greedy.returncode == 0 and greedy.stdout != served.stdout
+
+
+def test_config_json_records_the_search_and_its_program(method_exports):
+    greedy, sample = (json.loads((method_exports[m] / "config.json").read_text()) for m in ("greedy", "sample"))
+    assert greedy["format_version"] == sample["format_version"] == 1  # a beam export reads as before
+    assert greedy["decoding"] == {"method": "greedy", "max_extra_length": 8, "renormalize_after_bans": False}
+    assert sample["decoding"] == {
+        "method": "sample",
+        "max_extra_length": 8,
+        "renormalize_after_bans": False,
+        "temperature": 0.7,
+        "top_k": 20,
+        "seed": 5,
+    }
+    assert sample["program"]["key_impl"] == "threefry2x32" and "key_impl" not in greedy["program"]
+    for config, name, inputs in (
+        (greedy, "greedy_search.jaxexport", ["int32[B,S]"]),
+        (sample, "sampling.jaxexport", ["int32[B,S]", "uint32[2]"]),
+    ):
+        directory = method_exports[config["decoding"]["method"]]
+        assert config["files"]["program"]["name"] == name and (directory / name).is_file()
+        assert not (directory / "beam_search.jaxexport").exists()
+        program = jax.export.deserialize(bytearray((directory / name).read_bytes()))
+        assert [str(aval) for aval in program.in_avals[-len(inputs) :]] == inputs
+        assert [str(aval) for aval in program.out_avals] == ["int32[B,1,S + 8]", "float32[B,1]"]
+
+
+def test_a_sampling_exports_seed_reproduces_and_each_call_draws_anew(method_exports, text):
+    directory = method_exports["sample"]
+    sentences = text.read_text(encoding="utf-8").splitlines()
+    model = load_export(directory)  # config.json's seed, 5
+    first = model.translate(sentences)
+    assert model.translate(sentences) != first  # the next keys: a second call draws anew
+    assert load_export(directory).translate(sentences) == first  # a fresh load from the same seed
+    assert load_export(directory, seed=5).translate(sentences) == first
+    other = load_export(directory, seed=6).translate(sentences)
+    assert other != first
+    for _ in range(2):  # serve.py --seed: the same each run, its lines those of the loader with that seed
+        served = run_serve_py(directory, "--seed", "6", input=text.read_text(encoding="utf-8"))
+        assert served.returncode == 0, served.stderr[-3000:]
+        assert served.stdout.splitlines() == other
+
+
+def test_a_seed_is_refused_where_nothing_is_drawn_or_out_of_range(exported, method_exports):
+    for directory, flags, message in (
+        (exported, ["--seed", "3"], "seed 3: this export's program is beam search, which draws nothing"),
+        (method_exports["greedy"], ["--seed", "0"], "seed 0: this export's program is greedy search"),
+        (method_exports["sample"], ["--seed", str(2**32)], "seed must be an integer from 0 to 4294967295, got"),
+        (method_exports["sample"], ["--seed", "-1"], "argument --seed: must be an integer >= 0, got '-1'"),
+    ):
+        result = run_serve_py(directory, *flags, input="A man.\n", timeout=120)
+        assert result.returncode == 2 and result.stdout == ""
+        assert result.stderr.startswith(f"error: {message}") and result.stderr.count("\n") == 1, result.stderr
+    with pytest.raises(ValueError, match="seed 3: this export's program is beam search"):
+        load_export(exported, seed=3)
+
+
+def _refusal(main, argv, capsys):
+    """(exit status, stderr's last line) of a command refusing `argv`, argparse's refusals included."""
+    capsys.readouterr()
+    try:
+        status = main(argv)
+    except SystemExit as stop:
+        status = stop.code
+    return status, capsys.readouterr().err.splitlines()[-1]
+
+
+@pytest.mark.parametrize(
+    "flags, message",
+    [
+        (["--method", "greedy", "--beam_size", "3"], "error: --beam_size 3 applies to --method beam, not greedy"),
+        (["--method", "sample", "--stop", "exact"], "error: --stop exact applies to --method beam, not sample"),
+        (["--temperature", "0.5"], "error: --temperature 0.5 applies to --method sample, not beam"),
+        (["--method", "greedy", "--seed", "3"], "error: --seed 3 applies to --method sample, not greedy"),
+        (["--method", "sample", "--top_k", "600"], "error: top_k=600 is more than the model's 500 tokens"),
+        (["--beam_size", "600"], "error: beam_size=600 is more than the model's 500 tokens"),
+        (["--method", "sample", "--temperature", "0"], "argument --temperature: must be"),
+        (["--method", "nucleus"], "argument --method: invalid choice: 'nucleus'"),
+    ],
+)
+def test_the_export_refuses_what_translate_refuses_in_its_words(workdir, text, tmp_path, capsys, flags, message):
+    """Before any parameter is read, nothing written: each flag of another search, or a top_k
+    wider than the vocabulary, in one line, the same as jaxformer-translate's."""
+
+    def no_parameters(*args, **kwargs):
+        raise AssertionError("the parameters were read")
+
+    common = ["--workdir", str(workdir), "--checkpoint", "best", *flags]
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(exporter, "load_checkpoint", no_parameters)
+        refused = _refusal(export.main, [*common, "--output", str(tmp_path / "out")], capsys)
+    translated = _refusal(translate.main, [*common, "--input", str(text), "--output", str(tmp_path / "t")], capsys)
+    assert refused == translated and refused[0] == 2 and message in refused[1], refused
+    assert not (tmp_path / "out").exists() and not (tmp_path / "t").exists()
+
+
+def test_export_checkpoint_refuses_a_seed_no_key_takes(workdir, tmp_path):
+    with pytest.raises(ValueError, match="seed must be an integer from 0 to 4294967295, got 4294967296"):
+        exporter.export_checkpoint(workdir, tmp_path / "out", "best", DecodeSettings(method="sample"), seed=2**32)
+    assert not (tmp_path / "out").exists()
+
+
+SAMPLING = {"method": "sample", "max_extra_length": 8, "temperature": 1.0, "top_k": 0, "seed": 0}
+KEY = {"key_impl": "threefry2x32"}
+
+
+def _edited(source, tmp_path, edit):
+    """A copy of the export `source` whose config.json `edit(config)` changed."""
+    copy = tmp_path / "copy"
+    shutil.copytree(source, copy)
+    config = json.loads((copy / "config.json").read_text())
+    edit(config)
+    (copy / "config.json").write_text(json.dumps(config))
+    return copy
+
+
+@pytest.mark.parametrize(
+    "export, edit, message",
+    [
+        ("sample", lambda c: c["decoding"].update(method="nucleus"), "decoding.method is 'nucleus'; it must be one of"),
+        ("sample", lambda c: c["decoding"].update(method="greedy"), "{program} is not the program of decoding.method"),
+        ("greedy", lambda c: c["decoding"].update(method="sample"), "decoding.top_k is None; it must be an integer"),
+        ("greedy", lambda c: c.update(decoding=SAMPLING, program=KEY), "{program} is not the program of decoding."),
+        ("greedy", lambda c: c["decoding"].update(method="beam"), "decoding.beam_size is None; it must be an integer"),
+        ("beam", lambda c: c["decoding"].update(method="greedy"), "decoding.method is 'greedy', one hypothesis per"),
+        ("sample", lambda c: c["decoding"].update(seed=2**32), "decoding.seed is 4294967296; it must be at most"),
+        ("sample", lambda c: c["decoding"].update(seed="5"), "decoding.seed is '5'; it must be an integer >= 0"),
+        ("sample", lambda c: c["decoding"].update(temperature=0), "decoding.temperature is 0; it must be a finite"),
+        ("sample", lambda c: c["program"].pop("key_impl"), "program.key_impl is None, not the name of a jax random"),
+        ("sample", lambda c: c["program"].update(key_impl="nope"), "program.key_impl is 'nope', a random key impl"),
+        ("sample", lambda c: c["program"].update(key_impl="rbg"), "{program} takes a key uint32[2], not the uint32[4]"),
+    ],
+)
+def test_an_edited_search_in_config_json_is_named(exported, method_exports, tmp_path, export, edit, message):
+    copy = _edited(exported if export == "beam" else method_exports[export], tmp_path, edit)
+    program = copy / json.loads((copy / "config.json").read_text())["files"]["program"]["name"]
+    with pytest.raises(ExportError) as error:
+        load_export(copy)
+    expected = message.replace("{program}", str(program))
+    assert expected in str(error.value) and "\n" not in str(error.value), str(error.value)
+    assert str(error.value).startswith(str(copy)), str(error.value)
