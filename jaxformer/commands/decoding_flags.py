@@ -129,19 +129,20 @@ def check_search_flags(args: argparse.Namespace, chosen=None) -> None:
                 raise FlagError(f"--{name} {value} applies to --method {applies_to}, not {method}{because}")
 
 
-def final_search(args: argparse.Namespace, chosen=None):
+def final_search(args: argparse.Namespace, chosen=None, metadata=None):
     """`chosen` when read already; else, with --checkpoint final without --method or under beam
     search, what final/'s metadata says of the search the run's choice was made with
-    (`chosen_search`; not its parameters): read once for all the flags and the translator settle
-    from it; else None. --method greedy or sample, given, which take of final/'s search only its
-    max_extra_length (`chosen_defaults`), leave it unread here: the translator settles their
-    search from its one read of the checkpoint's metadata (`translator_from_flags`), before it
-    names the choice's search."""
+    (`chosen_search`; `metadata`: final/'s, when the caller read it (the commands, from their one
+    read of the checkpoint's metadata); else only the metadata is read, not its parameters), for
+    all the flags and the translator settle from it; else None. --method greedy or sample, given,
+    which take of final/'s search only its max_extra_length (`chosen_defaults`), leave it unread
+    here: the translator settles their search from its one read of the checkpoint's metadata
+    (`translator_from_flags`), before it names the choice's search."""
     from jaxformer.decoding.checkpoint_alpha import chosen_search
 
     if chosen is not None or getattr(args, "method", None) not in (None, "beam"):
         return chosen
-    return chosen_search(args.workdir, args.checkpoint)
+    return chosen_search(args.workdir, args.checkpoint, metadata=metadata)
 
 
 def with_chosen_search(args: argparse.Namespace, chosen) -> argparse.Namespace:
@@ -194,12 +195,12 @@ def checked_input_lines(args: argparse.Namespace) -> list[str]:
 def translator_from_flags(args: argparse.Namespace, settings=None, chosen=None, loaded=None, tokenizers=None):
     """The translator the flags describe; `settings`: their DecodeSettings, `chosen`:
     `final_search(args)`, `loaded`: the checkpoint's `load_checkpoint`, and `tokenizers`: its
-    metadata's `load_tokenizers()`, when made already. With --checkpoint final left unread
-    (`final_search`: --method greedy or sample given) the search is settled from the translator's
-    one read of its metadata, `settings` made before it being without final/'s max_extra_length."""
+    metadata's `load_tokenizers()`, when made already. With --checkpoint final unread (no
+    `chosen`) the search is settled from the translator's one read of its metadata (`settle_search`,
+    as `final_search` would settle it), `settings` made before it (evaluate's under --method greedy
+    or sample, which leave final/ unread) being without final/'s max_extra_length."""
     from jaxformer.decoding.translator import Translator
 
-    chosen = final_search(args, chosen)
     settle_search = None
     if chosen is None and args.checkpoint == "final":
         settings = None

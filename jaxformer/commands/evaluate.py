@@ -228,11 +228,12 @@ def run(args: argparse.Namespace) -> int:
     from jaxformer.decoding.translator import Translator  # the data stack: after the flags are checked
 
     # A language model's run, or a search the model cannot run: refused before any data is read.
-    chosen = final_search(args)  # final/'s search, read once for the settings and the translator
-    settings = decode_settings_from_flags(args, args.max_extra_length, chosen)
+    settled = {}  # final/'s search and the settings, settled from the one read of the checkpoint's metadata
 
     def check_model(metadata):  # from the one read of the checkpoint's metadata, before its parameters
-        settings.check_fits(Translator.check_workdir(args.workdir, args.checkpoint, metadata))
+        settled["chosen"] = chosen = final_search(args, metadata=metadata)
+        settled["settings"] = decode_settings_from_flags(args, args.max_extra_length, chosen)
+        settled["settings"].check_fits(Translator.check_workdir(args.workdir, args.checkpoint, metadata))
         bleu_tokenize(args, metadata.config)  # a tokenizer missing its module: before any data is read
 
     # The checkpoint read whole, its parameters verified against their checksums, before the split is
@@ -250,7 +251,7 @@ def run(args: argparse.Namespace) -> int:
     if not sources:
         where = args.split or f"{args.source} and {args.reference}"
         raise DataError(f"{where}: no pair with text on both sides, nothing to score")
-    translator = translator_from_flags(args, settings, chosen, loaded, tokenizers)
+    translator = translator_from_flags(args, settled["settings"], settled["chosen"], loaded, tokenizers)
     start = time.perf_counter()
     line_numbers = None if file_lines is None else file_lines.numbers  # a long sentence's warning names its line
     hypotheses = translator.translate(sources, progress=not args.no_progress, line_numbers=line_numbers)

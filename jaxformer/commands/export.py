@@ -15,6 +15,7 @@ if __name__ == "__main__":  # `python -m`: launched as the console script is, be
     run_as_main("jaxformer.commands.export")
 
 import argparse
+import functools
 import logging
 import signal
 import sys
@@ -88,15 +89,10 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def run(args: argparse.Namespace) -> int:
-    from jaxformer.decoding.checkpoint_alpha import chosen_search
     from jaxformer.export.exporter import ServingSettings, export_checkpoint
 
     check_search_flags(args)  # a flag of another search than --method's, before anything is read
     check_workdir(args.workdir)
-    # final/'s search, read once for the settings and the export: beam search takes its settings and
-    # alpha, greedy search and sampling its max_extra_length, as translate's do.
-    chosen = chosen_search(args.workdir, args.checkpoint)
-    settings = decode_settings_from_flags(args, None, chosen)
     serving = ServingSettings(batch_size=args.batch_size, max_source_tokens=args.max_source_tokens)
     # The default handlers would end the process at once, leaving the staging directory behind;
     # Stopped unwinds through the exporter, which removes it. Once the export is in place the
@@ -107,13 +103,14 @@ def run(args: argparse.Namespace) -> int:
                 args.workdir,
                 args.output,
                 args.checkpoint,
-                settings,
-                serving,
+                serving=serving,
                 platforms=args.platforms,
                 overwrite=args.overwrite,
                 on_placed=signals.finish,
-                chosen=chosen,
                 seed=args.seed,
+                # final/'s search settled from the one read of the checkpoint: beam search takes its
+                # settings and alpha, greedy search and sampling its max_extra_length, as translate's do.
+                settle_search=functools.partial(decode_settings_from_flags, args, None),
             )
             for platform, reason in summary.failed.items():
                 print(f"not exported for {platform}: {reason}", file=sys.stderr)

@@ -158,9 +158,8 @@ class Translator:
         (`checkpoint_settings`); given `settings` search with them. `chosen`: final/'s
         `chosen_search`, when the caller read it already (the commands, for their flags);
         `settle_search`: in place of `settings`, the search given final/'s `chosen_search` (None on
-        another checkpoint), settled from the one read of its metadata (the commands' flags under
-        --method greedy or sample, which leave final/ unread until then and take its
-        max_extra_length); `loaded`: the
+        another checkpoint), settled from the one read of its metadata (the commands' flags, which
+        leave final/ unread until then); `loaded`: the
         (step, metadata, params) `load_checkpoint(workdir, checkpoint)` gave the caller (evaluate, which
         reads them before its data), not read again, and `tokenizers` its metadata's
         `load_tokenizers()`, when the caller loaded them (evaluate, for what is empty to the model).

@@ -23,7 +23,7 @@ from typing import Any
 
 import jax
 
-from jaxformer.decoding.checkpoint_alpha import SEARCH_NAMES, ChosenSearch, checkpoint_settings
+from jaxformer.decoding.checkpoint_alpha import SEARCH_NAMES, ChosenSearch, checkpoint_settings, chosen_search
 from jaxformer.decoding.generate import DecodeSettings, check_seed, decoding_variant
 from jaxformer.errors import CheckpointError
 from jaxformer.export import output_folder, staging_leftovers, standalone
@@ -79,6 +79,7 @@ def export_checkpoint(
     on_placed: Callable[[], None] | None = None,
     chosen: ChosenSearch | None = None,
     seed: int = 0,
+    settle_search: Callable[[ChosenSearch | None], DecodeSettings] | None = None,
 ) -> ExportSummary:
     """Exports `checkpoint` of the run in `workdir` ("latest", "best", "averaged", "final" or a step) into
     the directory `output`, for the search `settings` name (beam search, greedy search or sampling)
@@ -89,7 +90,11 @@ def export_checkpoint(
     --seed overrides (`Translator`'s seed: one key per batch split from it). `on_placed()` is
     called once the export is in place, before a signal that came during the final move is raised
     again (the export command takes one from then on as late: its work is done). `chosen`: final/'s
-    `chosen_search`, when the caller read it already (the export command, for its flags)."""
+    `chosen_search`, when the caller read it already; `settle_search`: in place of `settings`, the
+    search given final/'s `chosen_search` (None on another checkpoint), settled from the one read of
+    the checkpoint's metadata (the export command's flags), as `Translator.from_workdir` takes it.
+    The checkpoint is read once: the model and the search are checked from its metadata before its
+    parameters are read, and before anything is staged."""
     checkpoint = parse_checkpoint_choice(checkpoint)  # before anything on disk is looked at
     try:
         output = pathlib.Path(output).absolute()  # "." has no parent to stage beside
@@ -104,17 +109,28 @@ def export_checkpoint(
         raise ExportError(f"platforms {', '.join(platforms)}: {', '.join(repeated)} given more than once")
     staging_leftovers.remove_dead(output if output_folder.staged_inside(output) else output.parent, output)
     output_folder.check_output(output, overwrite)
-    model_config = require_architecture(  # before the parameters are read or anything is lowered
-        workdir,
-        checkpoint,
-        "encoder_decoder",
-        "an export holds a translator's search and needs an encoder_decoder one",
-        ExportError,
-    )
-    settings = checkpoint_settings(workdir, checkpoint, settings, chosen, method="beam")
-    settings.check_fits(model_config)  # a beam or top_k wider than the vocabulary, as Translator refuses it
+    settled = {}  # the last checkpoint's settled: "latest" is settled again where a damaged newest is skipped
+
+    def settle(metadata) -> None:  # from the one read of its metadata, before the parameters or anything lowered
+        model_config = require_architecture(
+            workdir,
+            checkpoint,
+            "encoder_decoder",
+            "an export holds a translator's search and needs an encoder_decoder one",
+            ExportError,
+            metadata=metadata,
+        )
+        search, choice = settings, chosen
+        if settle_search is not None:
+            choice = chosen_search(workdir, checkpoint, chosen, metadata)
+            search = settle_search(choice)
+        search = checkpoint_settings(workdir, checkpoint, search, choice, metadata, method="beam")
+        search.check_fits(model_config)  # a beam or top_k wider than the vocabulary, as Translator refuses it
+        settled["settings"] = search
+
+    step, metadata, params = load_checkpoint(workdir, checkpoint, before_params=settle)
+    settings = settled["settings"]
     with output_folder.staging_directory(output) as staging:
-        step, metadata, params = load_checkpoint(workdir, checkpoint)
         config, params = decoding_variant(metadata.model_config(), params)
         if config.max_positions is not None and serving.max_source_tokens > config.max_positions:
             # The loader then splits longer sentences where the model's positions end, as Translator does.

@@ -203,17 +203,13 @@ def searched_by(command, workdir, flags, tmp_path, monkeypatch, capsys, checkpoi
 def test_a_command_on_final_reads_its_chosen_search_once(
     command, alpha_flags, final_workdir, tmp_path, monkeypatch, capsys
 ):
-    from jaxformer.decoding import checkpoint_alpha
+    from tests.run.test_final_choice_kept import counted_reads
 
-    reads = []
-
-    def counted(workdir, checkpoint="latest", params=True):
-        reads.append(checkpoint)
-        return load_checkpoint(workdir, checkpoint, params)
-
-    monkeypatch.setattr(checkpoint_alpha, "load_checkpoint", counted)
+    reads = counted_reads(monkeypatch)
     settings, lines = searched_by(command, final_workdir, alpha_flags, tmp_path, monkeypatch, capsys)
-    assert reads == ["final"]  # was 2 (--alpha given) or 3: the length penalty's form, the alpha, the constructor's
+    # The search settled from the one read of final/'s metadata the checkpoint is read with: was 2 (final/'s
+    # search read before the checkpoint), and 3 for export (its model checked from a read of its own).
+    assert reads["metadata"] == 1
     assert settings.alpha == (0.25 if alpha_flags else CHOSEN)
     logged = [line.split(" ", 1)[1] for line in lines]  # "I message"
     assert [message for message in logged if "alpha" in message] == (

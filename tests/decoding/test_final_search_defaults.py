@@ -10,6 +10,7 @@ import pytest
 from jaxformer.commands import decoding_flags, evaluate, translate
 from jaxformer.decoding.generate import DecodeSettings
 from jaxformer.decoding.translator import Translator
+from jaxformer.run.checkpoint import Checkpointer
 from jaxformer.run.loading import load_checkpoint
 from tests.decoding.test_checkpoint_alpha import CHOSEN, searched_by, with_final_choice
 
@@ -111,7 +112,7 @@ def test_a_greedy_choice_is_searched_greedily_and_its_beam_flags_refused(
     settings, _ = searched_by(command, greedy_workdir, ["--method", "beam"], tmp_path, monkeypatch, capsys)
     assert (settings.method, settings.beam_size, settings.max_extra_length) == ("beam", 4, 30)
     # A beam flag without --method would be ignored by the choice's greedy search: refused, before any parameter.
-    monkeypatch.setattr(Translator, "from_workdir", pytest.fail)
+    monkeypatch.setattr(Checkpointer, "_restore_params", lambda *args: pytest.fail("a parameter was read"))
     command_main = {
         "translate": translate.main,
         "evaluate": evaluate.main,

@@ -305,11 +305,7 @@ def test_a_language_model_is_refused_before_its_parameters_are_read(workdir, tmp
     checkpointer.save_params(1, params, metadata.replace(model=config.to_dict(), step=1))
     checkpointer.close()
 
-    def load_without_parameters(*args, params=True, **kwargs):
-        assert not params, "the parameters were read"
-        return load_checkpoint(*args, params=False, **kwargs)
-
-    monkeypatch.setattr(exporter, "load_checkpoint", load_without_parameters)
+    monkeypatch.setattr(Checkpointer, "_restore_params", lambda *args: pytest.fail("the parameters were read"))
     assert export.main(["--workdir", str(language_model), "--output", str(tmp_path / "out")]) == 2
     assert capsys.readouterr().err == (
         f"error: {language_model} holds a decoder_only model; an export holds a translator's search "

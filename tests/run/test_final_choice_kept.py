@@ -232,7 +232,7 @@ def test_a_damaged_step_is_refused_in_one_line_before_the_data_is_read(
     assert named in line and str(step) in line, line
 
 
-def _counted_reads(monkeypatch):
+def counted_reads(monkeypatch):
     """What a command reads, counted: checkpoint metadata parsed, tokenizers parsed, and the folder
     of each parameters' read."""
     reads = {"metadata": 0, "tokenizers": 0, "parameters": []}
@@ -263,17 +263,22 @@ def _final_choice(workdir, params, step):
     writer.close()
 
 
+# The searches a command runs: greedy (FAST), beam search named, and the one final/ records (beam).
+SEARCHES = {"greedy": FAST, "beam": ["--method", "beam", "--max_extra_length", "6"], "unnamed": []}
+
+
 @pytest.mark.parametrize("command", ["evaluate", "translate"])
 @pytest.mark.parametrize("checkpoint", ["final", "20"])
-def test_a_command_reads_the_checkpoint_once(command, checkpoint, run, tmp_path, capsys, monkeypatch):
+@pytest.mark.parametrize("search", SEARCHES)
+def test_a_command_reads_the_checkpoint_once(command, checkpoint, search, run, tmp_path, capsys, monkeypatch):
     from jaxformer.commands import evaluate, translate
     from jaxformer.decoding.translator import Translator
 
     workdir, params = run
     _final_choice(workdir, params, 20)
-    reads = _counted_reads(monkeypatch)
+    reads = counted_reads(monkeypatch)
     monkeypatch.setattr(Translator, "translate", lambda self, sentences, **kwargs: ["Ein Mann."] * len(sentences))
-    arguments = ["--workdir", str(workdir), "--checkpoint", checkpoint, *FAST]
+    arguments = ["--workdir", str(workdir), "--checkpoint", checkpoint, *SEARCHES[search]]
     if command == "evaluate":
         assert evaluate.main([*arguments, *_pair_files(tmp_path)]) == 0
         assert "2 sentences, step 20" in capsys.readouterr().out
@@ -296,7 +301,7 @@ def test_evaluate_refuses_a_search_from_the_metadata_after_saying_the_run_traine
 
     workdir, params = run
     _final_choice(workdir, params, 10)
-    reads = _counted_reads(monkeypatch)
+    reads = counted_reads(monkeypatch)
     arguments = ["--workdir", str(workdir), "--checkpoint", "final", *_pair_files(tmp_path)]
     assert evaluate.main([*arguments, "--method", "sample", "--top_k", "100000"]) == 2
     lines = capsys.readouterr().err.strip().splitlines()
