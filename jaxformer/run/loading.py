@@ -16,6 +16,7 @@ from jaxformer.run.export_origin import EXPORT_LOADER, export_description, expor
 from jaxformer.run.interrupted_saves import interrupted_replacement_note, interrupted_replacements
 from jaxformer.run.metadata import CheckpointMetadata
 from jaxformer.run.removal import CheckpointRemoved, listing_again
+from jaxformer.run.rolled_back import rolled_back_note
 
 logger = logging.getLogger(__name__)
 
@@ -224,7 +225,8 @@ def _load_once(
     try:
         steps = checkpointer.steps()
         if not steps:
-            raise CheckpointError(f"{directory} holds no checkpoint{interrupted_replacement_note(directory)}")
+            notes = interrupted_replacement_note(directory) + rolled_back_note(directory)
+            raise CheckpointError(f"{directory} holds no checkpoint{notes}")
         if step is None:
             _warn_if_newer_interrupted(directory, steps[-1])
         if not newest_readable or step is not None:

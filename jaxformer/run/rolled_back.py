@@ -99,3 +99,28 @@ def set_aside_rolled_back(run: RunDirectory, start_step: int) -> None:
         if _steps_after(directory, start_step):  # averaged.lock is taken only where there is something to move
             change = move_averaged if kind == "averaged" else lambda kind=kind: move(kind)
             on_process_0(directory, change, f"set its steps after step {start_step} aside")
+
+
+def rolled_back_steps(directory: pathlib.Path) -> dict[int, list[pathlib.Path]]:
+    """{step: its `<step>.rolled_back-<time>` folders} in `directory`: the steps `set_aside_rolled_back`
+    moved there, of a history a resumed run trained again."""
+    found: dict[int, list[pathlib.Path]] = {}
+    if directory.is_dir():
+        for path in sorted(directory.glob("*.rolled_back-*")):
+            step = path.name.partition(".")[0]
+            if step.isdigit() and path.is_dir():
+                found.setdefault(int(step), []).append(path)
+    return found
+
+
+def rolled_back_note(directory: pathlib.Path) -> str:
+    """For a reader's refusal of `directory` holding no step: the steps set aside there as rolled
+    back (`rolled_back_steps`), which is why, when there are any."""
+    found = rolled_back_steps(directory)
+    if not found:
+        return ""
+    names = ", ".join(str(path) for paths in found.values() for path in paths)
+    return (
+        f"; its step(s) {', '.join(map(str, found))} were set aside ({names}) when the run resumed from an earlier "
+        "checkpoint (or from none) and trained those steps again"
+    )

@@ -25,7 +25,6 @@ from jaxformer.errors import UserError, exit_code_for_signal
 from jaxformer.model.architectures import build_model
 from jaxformer.run.directory import RunDirectory
 from jaxformer.run.event_loops import draining_event_loops
-from jaxformer.run.rolled_back import set_aside_rolled_back
 from jaxformer.training import experiment, processes, run_start, sharding, shortened_end
 from jaxformer.training.budget import (
     BUDGET_CHECK_STEPS,
@@ -50,6 +49,7 @@ from jaxformer.training.parameter_ema import parameter_ema, restart_parameter_em
 from jaxformer.training.periodic import Periodic, run_at_start, run_due
 from jaxformer.training.rdrop_start import RDropPhase
 from jaxformer.training.resumed_end import resumed_end
+from jaxformer.training.rolled_back_best import set_aside_rolled_back_keeping_best
 from jaxformer.training.run_batches import run_batches
 from jaxformer.training.run_saves import RunSaver
 from jaxformer.training.run_start import PreparedRun
@@ -230,7 +230,7 @@ def _train(config, prepared: PreparedRun, model: nn.Module, preparation: RaiseOn
     )
 
     # Before the validator reads best/'s score, and the final choice looks in final/ for one made at its step.
-    set_aside_rolled_back(run, rolled_back_after)
+    set_aside_rolled_back_keeping_best(run, rolled_back_after, config)  # best/ the best of the steps it goes on from
     validator = (
         BleuValidator(config, model.config, tokenizers.source, prepared.eval_source, run, tokenizers.target)
         if training.bleu_every_steps

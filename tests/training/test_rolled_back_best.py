@@ -2,8 +2,11 @@
 segment killed before its next checkpoint, or by a history whose newest checkpoint was damaged or
 removed) are set aside as `<step>.rolled_back-<time>`, as their metrics records move to
 metrics.rolled_back.jsonl: the final choice, the run's summary, the next BLEU's comparison and
-`--checkpoint best`, `averaged` or `final` read only the steps of the history the run goes on from."""
+`--checkpoint best`, `averaged` or `final` read only the steps of the history the run goes on from;
+best/ left empty so holds the best-scored step up to the resume point whose checkpoint is kept, or
+says why it holds none (training/rolled_back_best.py)."""
 
+import json
 import logging
 import shutil
 import types
@@ -14,6 +17,7 @@ import numpy as np
 import pytest
 
 from jaxformer.commands.run_summary import best_checkpoint, run_summary
+from jaxformer.errors import CheckpointError
 from jaxformer.run.averaging import average_last
 from jaxformer.run.checkpoint import Checkpointer
 from jaxformer.run.directory import RunDirectory
@@ -21,6 +25,7 @@ from jaxformer.run.loading import load_checkpoint, load_from_directory
 from jaxformer.run.lock import AveragingLock, WorkdirLockedError
 from jaxformer.run.rolled_back import set_aside_rolled_back
 from jaxformer.training import final_choice, validation_bleu
+from jaxformer.training.rolled_back_best import set_aside_rolled_back_keeping_best
 from jaxformer.training.validation_bleu import BleuValidator
 from tests.conftest import make_workdir, scored_validation
 from tests.training.test_loop import checkpoint_steps
@@ -147,6 +152,27 @@ def test_averaged_and_final_steps_after_the_step_resumed_from_are_set_aside(tmp_
     assert (aside.chosen_from, aside.bleu) == ("best", 30.0)
 
 
+def killed_after_step_3(config, workdir, monkeypatch):
+    """`config`'s run in `workdir`, killed (a BaseException, as SIGKILL leaves it) once step 3's
+    periodic work is done, before its next checkpoint."""
+    from jaxformer.training import loop
+
+    class Killed(BaseException):
+        pass
+
+    real_run_due = loop.run_due
+
+    def killed(periodic, step, end, *timing):
+        real_run_due(periodic, step, end, *timing)
+        if step == 3:
+            raise Killed
+
+    monkeypatch.setattr(loop, "run_due", killed)
+    with pytest.raises(Killed):
+        loop.train_and_evaluate(config, workdir)
+    monkeypatch.setattr(loop, "run_due", real_run_due)
+
+
 @pytest.mark.slow  # four short in-process runs with validation BLEU and the final choice (about 40 s)
 def test_a_run_resumed_before_its_best_step_ends_with_the_best_of_its_own_history(
     data_dir, tmp_path, monkeypatch, caplog
@@ -164,20 +190,7 @@ def test_a_run_resumed_before_its_best_step_ends_with_the_best_of_its_own_histor
     apply_overrides(config, [("training.bleu_every_steps", "3"), ("training.bleu_examples", "8")])
     workdir = tmp_path / "run"
 
-    class Killed(BaseException):
-        pass
-
-    real_run_due = loop.run_due
-
-    def killed_after_step_3(periodic, step, end, *timing):
-        real_run_due(periodic, step, end, *timing)
-        if step == 3:
-            raise Killed
-
-    monkeypatch.setattr(loop, "run_due", killed_after_step_3)
-    with pytest.raises(Killed):
-        loop.train_and_evaluate(config, workdir)
-    monkeypatch.setattr(loop, "run_due", real_run_due)
+    killed_after_step_3(config, workdir, monkeypatch)
     assert checkpoint_steps(workdir) == [2] and best_steps(workdir) == [3]
     _, killed_best, killed_params = load_from_directory(workdir / "best")
     shutil.copytree(workdir, tmp_path / "shortened", symlinks=True)
@@ -226,3 +239,98 @@ def test_a_run_resumed_before_its_best_step_ends_with_the_best_of_its_own_histor
     assert set(candidates[0]) == {"latest"}  # best/ holds the latest step; one checkpoint: no average
     best_step, bleu = best_checkpoint(RunDirectory(workdir))
     assert best_step == 2 and f"best validation BLEU: {bleu:.2f} at step 2" in run_summary(config, workdir, last, 1.0)
+
+
+def _bleu_records(workdir, scores):
+    with open(RunDirectory(workdir).metrics_file, "a", encoding="utf-8") as handle:
+        for step, bleu in scores.items():
+            handle.write(json.dumps({"step": step, "eval/bleu": bleu, "eval/best_bleu": bleu}) + "\n")
+
+
+def test_a_best_step_set_aside_leaves_best_the_best_kept_step(tmp_path, monkeypatch, caplog):
+    """Checkpoints 1 and 3 kept; BLEU 20, 30, 25 at steps 1, 2 and 3, and best/4 (BLEU 35) of a
+    history after step 3. Resumed from checkpoint 3, best/4 is set aside and best/ holds step 3,
+    the best scored of the steps kept (step 2's 30 has no checkpoint), which the next BLEU is
+    compared with; resumed from scratch, best/ holds nothing, said once, and `--checkpoint best`
+    names why."""
+    workdir, _, _ = make_workdir(tmp_path / "run", steps=(1, 3), scale=lambda step: float(step))
+    run = RunDirectory(workdir)
+    _bleu_records(workdir, {1: 20.0, 2: 30.0, 3: 25.0, 4: 35.0})
+    step, metadata, params = load_checkpoint(workdir)
+    best = Checkpointer(run.best, keep=None)
+    best.save_params(4, params, metadata.replace(step=4, bleu=35.0))
+    best.close()
+    config = ml_collections.ConfigDict(metadata.config)
+    config.training.bleu_every_steps = 1
+
+    with caplog.at_level(logging.WARNING):
+        set_aside_rolled_back_keeping_best(run, 3, config)
+    (aside,) = rolled_back(workdir, 4)
+    restored_step, restored, restored_params = load_from_directory(run.best)
+    assert (restored_step, restored.bleu, best_steps(workdir)) == (3, 25.0, [3])  # was [], until the next BLEU
+    for got, want in zip(jax.tree.leaves(restored_params), jax.tree.leaves(params), strict=True):
+        np.testing.assert_array_equal(got, want)  # checkpoint 3's parameters (step 1's are a third of them)
+    assert [record.getMessage() for record in caplog.records][1:] == [
+        "best/: step 3 (validation BLEU 25.00) written again from its checkpoint, the best scored of the steps up "
+        "to step 3 this run goes on from whose parameters are kept; step 2 scored 30.00, but its checkpoint is not "
+        "kept"
+    ]
+    monkeypatch.setattr(validation_bleu, "ValidationSet", _ScoredBetweenTheTwo)
+    validator = BleuValidator(config, None, None, None, workdir)
+    assert validator.best_bleu == 25.0  # a lower score is no best: was -inf, so any
+    validator(4, params, metadata)
+    validator.close()
+    assert best_checkpoint(run) == (3, 25.0)
+
+    caplog.clear()
+    with caplog.at_level(logging.WARNING):
+        set_aside_rolled_back_keeping_best(run, -1, config)
+    assert best_steps(workdir) == []
+    assert caplog.records[-1].getMessage() == (
+        "best/ holds no step until this run's next validation BLEU: it has no checkpoint to resume from; "
+        "--checkpoint best is refused, and the final choice has no best candidate, until then"
+    )
+    with pytest.raises(CheckpointError) as refused:
+        load_checkpoint(workdir, "best")
+    assert str(refused.value).startswith(
+        f"{run.best} holds no checkpoint; its step(s) 3, 4 were set aside ({rolled_back(workdir, 3)[0]}, {aside}) "
+    )
+
+
+class _ScoredInTurn(_ScoredBetweenTheTwo):  # BleuValidator's split: BLEU_IN_TURN's scores, one per BLEU
+    def score(self, params):
+        return {**super().score(params), "bleu": BLEU_IN_TURN.pop(0)}
+
+
+BLEU_IN_TURN: list[float] = []
+
+
+def test_a_run_resumed_before_its_best_step_keeps_its_best_kept_step(  # two 4-step runs, BLEU stood in (8 s)
+    data_dir, tmp_path, monkeypatch
+):
+    """A run of 4 steps (checkpoints every 2, BLEU every step) dies after step 3's BLEU (10, 20, 30)
+    saved best/3, before checkpoint 4. Resumed, it scores 5 at steps 3 and 4: best/ holds step 2
+    (BLEU 20, checkpoint 2), not step 3's 5, which was the best so far, compared with nothing."""
+    from jaxformer.training import loop
+    from jaxformer.training.config_file import apply_overrides
+    from tests.training.test_signals import _four_step_config
+
+    config = _four_step_config(data_dir, final_choice=False)
+    apply_overrides(config, [("training.bleu_every_steps", "1")])
+    monkeypatch.setattr(validation_bleu, "ValidationSet", _ScoredInTurn)
+    workdir = tmp_path / "run"
+
+    BLEU_IN_TURN[:] = [10.0, 20.0, 30.0]
+    killed_after_step_3(config, workdir, monkeypatch)
+    assert checkpoint_steps(workdir) == [2] and best_steps(workdir) == [3]
+
+    BLEU_IN_TURN[:] = [5.0, 5.0]
+    loop.train_and_evaluate(config, workdir)
+    assert best_checkpoint(RunDirectory(workdir)) == (2, 20.0)  # was (3, 5.0)
+    records = [json.loads(line) for line in RunDirectory(workdir).metrics_file.read_text().splitlines()]
+    assert [(record["step"], record["eval/best_bleu"]) for record in records if "eval/bleu" in record] == [
+        (1, 10.0),
+        (2, 20.0),
+        (3, 20.0),
+        (4, 20.0),
+    ]
