@@ -13,6 +13,7 @@ from jaxformer.commands import export, translate
 from jaxformer.decoding.generate import DecodeSettings
 from jaxformer.export import exporter
 from jaxformer.export.loading import ExportError, load_export
+from jaxformer.run.checkpoint import Checkpointer
 from jaxformer.run.loading import load_checkpoint
 from tests.export.conftest import FLAGS, export_with_the_command, sentences_in_two_batches
 from tests.export.serving import run_serve_py
@@ -151,12 +152,9 @@ def test_the_export_refuses_what_translate_refuses_in_its_words(workdir, text, t
     """Before any parameter is read, nothing written: each flag of another search, or a top_k
     wider than the vocabulary, in one line, the same as jaxformer-translate's."""
 
-    def no_parameters(*args, **kwargs):
-        raise AssertionError("the parameters were read")
-
     common = ["--workdir", str(workdir), "--checkpoint", "best", *flags]
     with pytest.MonkeyPatch.context() as patch:
-        patch.setattr(exporter, "load_checkpoint", no_parameters)
+        patch.setattr(Checkpointer, "_restore_params", lambda *args: pytest.fail("the parameters were read"))
         refused = _refusal(export.main, [*common, "--output", str(tmp_path / "out")], capsys)
     translated = _refusal(translate.main, [*common, "--input", str(text), "--output", str(tmp_path / "t")], capsys)
     assert refused == translated and refused[0] == 2 and message in refused[1], refused
