@@ -49,6 +49,7 @@ from jaxformer.run.interrupted_saves import (
 from jaxformer.run.metadata import CheckpointMetadata
 from jaxformer.run.process_0 import on_process_0
 from jaxformer.run.removal import LISTING_ATTEMPTS, CheckpointRemoved, refuse_removed
+from jaxformer.run.save_barrier import SaveBarrier, save_barrier, start_save
 
 logger = logging.getLogger(__name__)
 
@@ -57,10 +58,17 @@ def _no_missing_metadata_warning(record: logging.LogRecord) -> bool:
     return "Metadata file does not exist" not in record.getMessage()
 
 
-def _checkpoint_manager(directory: pathlib.Path, keep: int | None, read_only: bool) -> ocp.CheckpointManager:
-    """Orbax's manager of `directory`. It reads every step folder as it opens; a read-only one
-    beside a training run can find a folder gone between listing and reading it, so it lists again."""
-    options = ocp.CheckpointManagerOptions(max_to_keep=None if read_only else keep, create=not read_only)
+def _checkpoint_manager(
+    directory: pathlib.Path, keep: int | None, read_only: bool, barrier: SaveBarrier | None = None
+) -> ocp.CheckpointManager:
+    """Orbax's manager of `directory`, its asynchronous saves waiting for the other processes at
+    `barrier`. It reads every step folder as it opens; a read-only one beside a training run can
+    find a folder gone between listing and reading it, so it lists again."""
+    options = ocp.CheckpointManagerOptions(
+        max_to_keep=None if read_only else keep,
+        create=not read_only,
+        async_options=None if barrier is None else ocp.AsyncOptions(barrier_sync_fn=barrier),
+    )
     for _ in range(LISTING_ATTEMPTS):
         try:
             return ocp.CheckpointManager(directory, options=options)
@@ -85,7 +93,8 @@ class Checkpointer:
             on_process_0(
                 self.directory, lambda: finish_interrupted_saves(self.directory), "finish the interrupted saves"
             )
-        self.manager = _checkpoint_manager(self.directory, keep, read_only)
+        self.barrier = None if read_only else save_barrier(str(self.directory))
+        self.manager = _checkpoint_manager(self.directory, keep, read_only, self.barrier)
         self._warned: set[int] = set()  # steps whose unreadable metadata latest_step_metadata reported
 
     def steps(self) -> list[int]:
@@ -136,19 +145,17 @@ class Checkpointer:
             self.set_aside(step)
         import grain  # here, not at the top: translating reads parameters only, and grain takes a second to import
 
-        manager = self.manager
+        manager, barrier = self.manager, self.barrier
         if not evict:
             self.manager.wait_until_finished()
-            manager = ocp.CheckpointManager(self.directory, options=ocp.CheckpointManagerOptions(max_to_keep=None))
-        manager.save(
-            step,
-            args=ocp.args.Composite(
-                state=ocp.args.StandardSave(state),
-                data=grain.checkpoint.CheckpointSave(data_iterator),
-                metadata=ocp.args.JsonSave(with_checksums(metadata.to_json(), state, data_iterator)),
-            ),
-            force=True,
+            barrier = save_barrier(str(self.directory))
+            manager = _checkpoint_manager(self.directory, None, False, barrier)
+        args = ocp.args.Composite(
+            state=ocp.args.StandardSave(state),
+            data=grain.checkpoint.CheckpointSave(data_iterator),
+            metadata=ocp.args.JsonSave(with_checksums(metadata.to_json(), state, data_iterator)),
         )
+        start_save(manager, barrier, step, args)
         if not evict:
             manager.wait_until_finished()
             manager.close()
@@ -193,14 +200,10 @@ class Checkpointer:
             )
             self.manager.reload()
         state = {"params": params}
-        self.manager.save(
-            step,
-            args=ocp.args.Composite(
-                state=ocp.args.StandardSave(state),
-                metadata=ocp.args.JsonSave(with_checksums(metadata.to_json(), state)),
-            ),
-            force=True,
+        args = ocp.args.Composite(
+            state=ocp.args.StandardSave(state), metadata=ocp.args.JsonSave(with_checksums(metadata.to_json(), state))
         )
+        start_save(self.manager, self.barrier, step, args)
         self.manager.wait_until_finished()
         if replacing:
             on_process_0(

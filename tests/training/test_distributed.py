@@ -3,6 +3,7 @@
 import json
 import os
 import re
+import resource
 import shutil
 import socket
 import subprocess
@@ -73,6 +74,36 @@ def two_processes(workdir, data_dir, *overrides):
         run(workdir, data_dir, 1, *overrides, *coordination, f"--process_id={index}", background=True)
         for index in range(2)
     ]
+
+
+def limited_processes(workdir, data_dir, *overrides, limited: int, file_bytes: int, timeout: float):
+    """Processes 0 and 1 of one run on localhost (one device each), process `limited` under a
+    file-size limit of `file_bytes` (Python ignores SIGXFSZ: a write past it fails with EFBIG, as on a
+    full disk): their exit codes and stderrs once both have ended (killed after `timeout` seconds)."""
+    flags = (*COMMON, *overrides, f"--coordinator_address=127.0.0.1:{free_port()}", "--num_processes=2")
+    env = dict(os.environ, JAX_PLATFORMS="cpu")
+    env["XLA_FLAGS"] = "--xla_force_host_platform_device_count=1 --xla_backend_optimization_level=0"
+
+    def small_files():
+        resource.setrlimit(resource.RLIMIT_FSIZE, (file_bytes, file_bytes))
+
+    started = [
+        subprocess.Popen(
+            train_command(workdir, data_dir, *flags, f"--process_id={index}"),
+            env=env,
+            stderr=subprocess.PIPE,
+            stdout=subprocess.DEVNULL,
+            text=True,
+            preexec_fn=small_files if index == limited else None,
+        )
+        for index in range(2)
+    ]
+    try:
+        logs = [process.communicate(timeout=timeout)[1] for process in started]
+    finally:
+        for process in started:
+            process.kill()
+    return [process.returncode for process in started], logs
 
 
 def _two_started_apart(data_dir, workdirs, overrides):

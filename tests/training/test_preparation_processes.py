@@ -2,18 +2,13 @@
 files): its error is raised in every process, the others quoting it, where it ended process 0 and
 left the others in their next collective until jax's 5-minute distributed timeout (exit 134)."""
 
-import os
-import resource
-import subprocess
-
 import jax
 import numpy as np
 import pytest
 from jax.experimental import multihost_utils
 
 from jaxformer.training import processes, run_start
-from tests.training.test_distributed import COMMON, free_port
-from tests.training.test_loop import command as train_command
+from tests.training.test_distributed import limited_processes
 
 
 def test_a_dataset_process_0_fails_to_prepare_is_an_error_in_the_others_at_once(monkeypatch):
@@ -46,30 +41,11 @@ def test_a_dataset_process_0_fails_to_prepare_is_an_error_in_the_others_at_once(
 def test_a_tokenizer_process_0_cannot_write_stops_both_processes_with_one_line(data_dir, tmp_path):
     """A file-size limit on process 0's host (a full disk alike) fails its write of tokenizer.model:
     process 0 says so on one line, and process 1 quotes it, both exit 2 within seconds."""
-    workdir = tmp_path / "run"
-    flags = (*COMMON, "--config.data.input_shards=2", f"--coordinator_address=127.0.0.1:{free_port()}")
-    env = {"XLA_FLAGS": "--xla_force_host_platform_device_count=1", "JAX_PLATFORMS": "cpu"}
-
-    def small_files():  # under the tokenizer's 250 kB, above what the run writes before it
-        resource.setrlimit(resource.RLIMIT_FSIZE, (200_000, 200_000))
-
-    started = [
-        subprocess.Popen(
-            train_command(workdir, data_dir, *flags, "--num_processes=2", f"--process_id={i}"),
-            env={**os.environ, **env},
-            stderr=subprocess.PIPE,
-            stdout=subprocess.DEVNULL,
-            text=True,
-            preexec_fn=small_files if i == 0 else None,
-        )
-        for i in range(2)
-    ]
-    try:
-        logs = [process.communicate(timeout=60)[1] for process in started]
-    finally:
-        for process in started:
-            process.kill()
-    assert [process.returncode for process in started] == [2, 2], [log[-2000:] for log in logs]
+    # Under the tokenizer's 250 kB, above what the run writes before it.
+    codes, logs = limited_processes(
+        tmp_path / "run", data_dir, "--config.data.input_shards=2", limited=0, file_bytes=200_000, timeout=60
+    )
+    assert codes == [2, 2], [log[-2000:] for log in logs]
     own = logs[0].strip().splitlines()[-1]
     assert own.startswith("error: File too large: a file-size limit (ulimit -f, or the file system's) stops it")
     told = logs[1].strip().splitlines()[-1]

@@ -1,0 +1,115 @@
+"""The barrier at which the processes of a multi-process run wait for each other's part of an
+asynchronous checkpoint save (orbax's AsyncOptions.barrier_sync_fn), told when that part failed
+in any one of them.
+
+Each process writes its own shards in orbax's background thread, then waits for the others at a
+barrier ("async_write_complete"). A process whose writes failed (a file-size limit or a full disk
+on its host, a file it may not write) skips that barrier: orbax's finalize thread, in the `finally`
+of the failed save, goes on to the next one ("set_value_start"). With jax's barriers every process
+then waited at a barrier the others never reached, for orbax's 20-minute timeout, without a word.
+Here a process that reaches a barrier with its save's error in flight posts that error in jax's
+key-value store and waits no more; a process waiting at any barrier of the same saves raises
+SaveFailedElsewhereError quoting it within a poll, and so does every later barrier of theirs.
+"""
+
+from __future__ import annotations
+
+import sys
+import threading
+import time
+
+import jax
+import orbax.checkpoint as ocp
+from orbax.checkpoint import multihost
+
+from jaxformer.errors import UserError, first_line
+
+_POLL_SECONDS = 0.05  # between a waiting process's looks at the arrivals and for a failure
+_MESSAGE_CHARACTERS = 2000  # of the failed process's error, passed on whole up to this length
+# Barriers made in this process, by folder: every process makes a folder's checkpointers in the same order.
+_made: dict[str, int] = {}
+
+
+class SaveFailedElsewhereError(UserError):
+    """Another process of the run failed to write its part of a checkpoint."""
+
+
+def save_barrier(directory: str) -> SaveBarrier | None:
+    """A new SaveBarrier for the saves into `directory` with several processes, else None (orbax
+    waits for nobody)."""
+    if not (jax.distributed.is_initialized() and jax.process_count() > 1):
+        return None
+    _made[directory] = _made.get(directory, 0) + 1
+    namespace = f"jaxformer/saves/{directory}/{_made[directory]}"
+    client = multihost.get_jax_distributed_client()
+    return SaveBarrier(directory, namespace, client, jax.process_index(), jax.process_count())
+
+
+def start_save(manager: ocp.CheckpointManager, barrier: SaveBarrier | None, step: int, args) -> None:
+    """`manager.save(step, args)`, its writes left to orbax's background thread; an error raised in
+    this process before them is told to the others, which would wait for this one's writes."""
+    if barrier is not None:
+        barrier.step = step
+    try:
+        manager.save(step, args=args, force=True)
+    except Exception as error:
+        if barrier is not None:
+            barrier.tell(error)
+        raise
+
+
+class SaveBarrier:
+    """orbax's BarrierSyncFn for one checkpoint manager: `barrier(key=..., timeout_ms=...)`. Every
+    process (`index` of `count`) arrives by incrementing a counter under `namespace` in jax's
+    key-value store (`client`) and waits until it counts them all, listening meanwhile for a
+    process's failure (`tell`)."""
+
+    def __init__(self, directory: str, namespace: str, client, index: int, count: int):
+        self.directory, self.namespace, self.index, self.count = directory, namespace, index, count
+        self.step: int | None = None  # the save under way, for the error told to the others
+        self._client = client
+        self._failed_key = f"{namespace}/failed"
+        self._calls: dict[str, int] = {}  # orbax's key: how many times this process waited at it
+        self._lock = threading.Lock()
+
+    def __call__(self, *, key: str, timeout_ms: int) -> None:
+        failure = sys.exc_info()[1]
+        # Orbax's background threads call a barrier with an error in flight only in the `finally`
+        # of a save whose writes failed here: the others are told instead of waited for.
+        if failure is not None and threading.current_thread() is not threading.main_thread():
+            if not isinstance(failure, SaveFailedElsewhereError):
+                self.tell(failure)
+            return
+        self._raise_if_told()
+        with self._lock:
+            calls = self._calls.get(key, 0)
+            self._calls[key] = calls + 1
+        counter = f"{self.namespace}/{key}/{calls}"
+        arrived = self._client.key_value_increment(counter, 1)
+        deadline = time.monotonic() + timeout_ms / 1000
+        while arrived < self.count:
+            time.sleep(_POLL_SECONDS)
+            self._raise_if_told()
+            if time.monotonic() > deadline:
+                raise TimeoutError(f"timed out after {timeout_ms / 1000:g} s waiting for every process at {key}")
+            arrived = int(self._client.key_value_try_get(counter))
+        if calls and self.index == 0:  # every process has left the previous one: it arrived here
+            self._client.key_value_delete(f"{self.namespace}/{key}/{calls - 1}")
+
+    def tell(self, failure: BaseException) -> None:
+        """Tells the other processes that this one's part of the save failed with `failure`: each
+        raises SaveFailedElsewhereError at its barrier. The first process to tell is quoted."""
+        step = "a checkpoint" if self.step is None else f"checkpoint {self.step}"
+        text = f"process {self.index} of the run failed to save {step} in {self.directory}: "
+        text += first_line(failure)[:_MESSAGE_CHARACTERS]
+        try:
+            self._client.key_value_set(self._failed_key, text)
+        except Exception:  # noqa: BLE001  (another process told first: its error is the one quoted)
+            pass
+
+    def _raise_if_told(self) -> None:
+        try:
+            told = self._client.key_value_try_get(self._failed_key)
+        except Exception:  # noqa: BLE001  (jax's NOT_FOUND: no process failed)
+            return
+        raise SaveFailedElsewhereError(told)

@@ -1,0 +1,122 @@
+"""The barrier of orbax's asynchronous saves with several processes (jaxformer/run/save_barrier.py),
+on a key-value store faked in memory: a process whose writes failed tells the others, which stop
+waiting, instead of every process waiting at a barrier another never reaches."""
+
+import threading
+import time
+
+import pytest
+
+from jaxformer.run.save_barrier import SaveBarrier, SaveFailedElsewhereError
+
+
+class Store:
+    """jax's DistributedRuntimeClient's key-value calls that the barrier makes, in memory."""
+
+    def __init__(self):
+        self.values, self.changed = {}, threading.Condition()
+
+    def key_value_increment(self, key, amount):
+        with self.changed:
+            self.values[key] = str(int(self.values.get(key, "0")) + amount)
+            self.changed.notify_all()
+            return int(self.values[key])
+
+    def key_value_try_get(self, key):
+        with self.changed:
+            if key not in self.values:
+                raise RuntimeError(f"NOT_FOUND: {key}")
+            return self.values[key]
+
+    def key_value_set(self, key, value):
+        with self.changed:
+            if key in self.values:
+                raise RuntimeError(f"ALREADY_EXISTS: {key}")
+            self.values[key] = value
+            self.changed.notify_all()
+
+    def key_value_delete(self, key):
+        with self.changed:
+            self.values.pop(key, None)
+
+
+def barriers(store, count=2):
+    return [SaveBarrier("/run/checkpoints", "saves/1", store, index, count) for index in range(count)]
+
+
+def in_thread(work):
+    """`work()` in a thread of its own (orbax's background threads), its outcome once it ends."""
+    outcome = {}
+
+    def run():
+        try:
+            outcome["returned"] = work()
+        except BaseException as error:  # noqa: BLE001
+            outcome["raised"] = error
+
+    thread = threading.Thread(target=run)
+    thread.start()
+    return thread, outcome
+
+
+def test_every_process_passes_once_all_arrive_and_the_same_key_waits_again():
+    store = Store()
+    first, second = barriers(store)
+    for _ in range(2):  # orbax waits at the same key at every save
+        thread, outcome = in_thread(lambda: first(key="set_value_start", timeout_ms=5000))
+        time.sleep(0.2)
+        assert thread.is_alive()  # waits for process 1
+        second(key="set_value_start", timeout_ms=5000)
+        thread.join(5)
+        assert outcome == {"returned": None}
+    assert "saves/1/set_value_start/0" not in store.values  # the first save's, left by every process
+
+
+def test_a_process_whose_writes_failed_stops_the_others_waiting_with_its_error():
+    """Process 1's writes failed: orbax's finalize thread goes from the failed save to a barrier that
+    process 0, waiting where the writes end, never reaches. Both return within a poll."""
+    store = Store()
+    first, second = barriers(store)
+    first.step = second.step = 10
+    waiting, told = in_thread(lambda: first(key="async_write_complete.10", timeout_ms=60_000))
+
+    def finalize_after_failed_writes():
+        try:
+            raise ValueError("OUT_OF_RANGE: Error writing ocdbt.process_1/d/6e13: File too large")
+        finally:
+            second(key="set_value_start", timeout_ms=60_000)
+
+    time.sleep(0.2)
+    finalizing, failed = in_thread(finalize_after_failed_writes)
+    waiting.join(5)
+    finalizing.join(5)
+    assert "File too large" in str(failed["raised"])  # its own error, not the barrier's
+    assert isinstance(told["raised"], SaveFailedElsewhereError)
+    assert str(told["raised"]) == (
+        "process 1 of the run failed to save checkpoint 10 in /run/checkpoints: ValueError: OUT_OF_RANGE: "
+        "Error writing ocdbt.process_1/d/6e13: File too large"
+    )
+    # Process 0's own finalize then: its barrier's error in flight, no wait; a later barrier raises at once.
+    with pytest.raises(SaveFailedElsewhereError):
+        first(key="set_value_start", timeout_ms=60_000)
+
+
+def test_an_error_the_main_thread_handles_is_no_failed_save():
+    """A save started while the main thread handles an error (unreadable data: an interim checkpoint)
+    waits for the others as any save."""
+    store = Store()
+    first, second = barriers(store)
+    thread, outcome = in_thread(lambda: second(key="set_value_start", timeout_ms=5000))
+    try:
+        raise OSError("a damaged batch")
+    except OSError:
+        first(key="set_value_start", timeout_ms=5000)
+    thread.join(5)
+    assert outcome == {"returned": None}
+    assert "saves/1/failed" not in store.values
+
+
+def test_a_barrier_another_process_never_reaches_times_out_as_orbax_asked():
+    (first, _) = barriers(Store())
+    with pytest.raises(TimeoutError, match="every process at async_write_complete.10"):
+        first(key="async_write_complete.10", timeout_ms=200)
