@@ -10,6 +10,8 @@ then waited at a barrier the others never reached, for orbax's 20-minute timeout
 Here a process that reaches a barrier with its save's error in flight posts that error in jax's
 key-value store and waits no more; a process waiting at any barrier of the same saves raises
 SaveFailedElsewhereError quoting it within a poll, and so does every later barrier of theirs.
+The main threads learn of it where they next wait for the save, or sooner where every process
+asks (`raise_failed_save`: the training loop, every 10 steps), so that all stop at one point.
 """
 
 from __future__ import annotations
@@ -17,9 +19,12 @@ from __future__ import annotations
 import sys
 import threading
 import time
+from collections.abc import Callable
 
 import jax
+import numpy as np
 import orbax.checkpoint as ocp
+from jax.experimental import multihost_utils
 from orbax.checkpoint import multihost
 
 from jaxformer.errors import UserError, first_line
@@ -56,6 +61,18 @@ def start_save(manager: ocp.CheckpointManager, barrier: SaveBarrier | None, step
         if barrier is not None:
             barrier.tell(error)
         raise
+
+
+def raise_failed_save(barrier: SaveBarrier | None, wait: Callable[[], None]) -> None:
+    """Every process at the same point (a collective): when a save under way has failed in any
+    process, `wait()` for it in every one, which raises its error there and SaveFailedElsewhereError
+    in the others, instead of training on until the run next waits for that save."""
+    if barrier is None:
+        return
+    failed = np.asarray(multihost_utils.process_allgather(np.int32(barrier.told() is not None)))  # [P]
+    if failed.any():
+        wait()
+        raise SaveFailedElsewhereError(barrier.told() or "another process of the run failed to save a checkpoint")
 
 
 class SaveBarrier:
@@ -107,9 +124,14 @@ class SaveBarrier:
         except Exception:  # noqa: BLE001  (another process told first: its error is the one quoted)
             pass
 
-    def _raise_if_told(self) -> None:
+    def told(self) -> str | None:
+        """The error a process told (`tell`), None while none has."""
         try:
-            told = self._client.key_value_try_get(self._failed_key)
+            return self._client.key_value_try_get(self._failed_key)
         except Exception:  # noqa: BLE001  (jax's NOT_FOUND: no process failed)
-            return
-        raise SaveFailedElsewhereError(told)
+            return None
+
+    def _raise_if_told(self) -> None:
+        told = self.told()
+        if told is not None:
+            raise SaveFailedElsewhereError(told)

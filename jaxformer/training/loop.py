@@ -345,6 +345,7 @@ def _train(config, prepared: PreparedRun, model: nn.Module, preparation: RaiseOn
                 budget_record.write_held()
                 if budget_spent:
                     logger.info("time budget of %g minutes spent at step %d", training.time_budget_minutes, step)
+                saver.raise_failed_save(step, every=BUDGET_CHECK_STEPS)  # as signals, at steps every process shares
                 stopping = stop.agreed(step, every=BUDGET_CHECK_STEPS)
             # All processes, or none; the budget's last step, as num_train_steps, leaves no step to resume.
             stopped_early = stop.agreed(step) and step < training.num_train_steps and not budget_spent
