@@ -17,7 +17,8 @@ import os
 from typing import Any
 
 from jaxformer.decoding.generate import SEARCH_FIELDS, DecodeSettings
-from jaxformer.run.loading import load_checkpoint
+from jaxformer.errors import CheckpointError
+from jaxformer.run.loading import NEEDS_A_TRANSLATOR, load_checkpoint, require_architecture
 from jaxformer.run.metadata import CheckpointMetadata
 
 logger = logging.getLogger(__name__)
@@ -71,7 +72,13 @@ def chosen_search(
     a search."""
     if chosen is not None or checkpoint != "final":
         return chosen
-    metadata = load_checkpoint(workdir, "final", params=False)[1] if metadata is None else metadata
+    if metadata is None:
+        try:
+            metadata = load_checkpoint(workdir, "final", params=False)[1]
+        except CheckpointError:
+            # A language model's run, which never has final/, is refused for its model instead.
+            require_architecture(workdir, "final", "encoder_decoder", NEEDS_A_TRANSLATOR)
+            raise
     saved = metadata.config.get("decoding", {})  # None: a key left to its default (a run from before it)
     chosen_with = {**vars(DecodeSettings()), **{key: value for key, value in saved.items() if value is not None}}
     return ChosenSearch(

@@ -25,7 +25,13 @@ from jaxformer.model.cache import DecoderCache, init_cache
 from jaxformer.model.config import ConfigError, TransformerConfig
 from jaxformer.model.decoder_only import DecoderOnly
 from jaxformer.run.directory import RunDirectory, checkpoint_name, parse_checkpoint_choice
-from jaxformer.run.loading import ARCHITECTURE_USES, load_checkpoint, require_architecture
+from jaxformer.run.loading import (
+    ARCHITECTURE_USES,
+    LANGUAGE_MODEL_MAKES_NONE,
+    language_model_keeps_none,
+    load_checkpoint,
+    require_architecture,
+)
 from jaxformer.run.metadata import CheckpointMetadata
 from jaxformer.tokens import BOS_ID, EOS_ID, PAD_ID
 from jaxformer.typing import Array, Bool, Float, Int
@@ -156,15 +162,6 @@ def continue_prompts(
     return search(tokens_to_logits, prompted, spec, settings, rng)
 
 
-# The checkpoints that a translator's validation BLEU keeps, by what keeps them: a language model's
-# run is refused validation BLEU and the final choice (README, "Decoder-only"), so the loaders'
-# advice for a missing final/ (training.final_choice=True) would be refused too.
-LANGUAGE_MODEL_MAKES_NONE = {
-    "best": "best/ holds the best checkpoint by validation BLEU",
-    "final": "final/ holds the final choice, made by validation BLEU",
-}
-
-
 NEEDS_A_LANGUAGE_MODEL = "a LanguageModel (jaxformer-generate) continues text with a decoder_only one"
 
 
@@ -175,10 +172,7 @@ def check_kept_by_a_language_model(workdir: str | os.PathLike, checkpoint: str |
     jaxformer-generate reads final/'s search to settle its flags."""
     if checkpoint in LANGUAGE_MODEL_MAKES_NONE and not RunDirectory(workdir).checkpoint_directory(checkpoint).is_dir():
         require_architecture(workdir, "latest", "decoder_only", NEEDS_A_LANGUAGE_MODEL)
-        raise CheckpointError(
-            f"{workdir} has no {checkpoint!r} checkpoint: {LANGUAGE_MODEL_MAKES_NONE[checkpoint]}, which a "
-            "language model's run, translating nothing, never has; choose latest, averaged or a step number"
-        )
+        raise CheckpointError(f"{workdir} has no {checkpoint!r} checkpoint: {language_model_keeps_none(checkpoint)}")
 
 
 class LanguageModel:

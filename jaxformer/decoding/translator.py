@@ -20,7 +20,7 @@ from jaxformer.decoding.generate import DecodeSettings, check_options, decoding_
 from jaxformer.model.config import ConfigError, TransformerConfig
 from jaxformer.model.transformer import unstack_layers
 from jaxformer.run.directory import checkpoint_name, parse_checkpoint_choice
-from jaxformer.run.loading import ARCHITECTURE_USES, load_checkpoint, require_architecture
+from jaxformer.run.loading import ARCHITECTURE_USES, NEEDS_A_TRANSLATOR, load_checkpoint, require_architecture
 from jaxformer.run.metadata import CheckpointMetadata
 from jaxformer.tokens import EOS_ID, PAD_ID
 
@@ -198,9 +198,7 @@ class Translator:
         """The model config of `workdir`'s checkpoint, read from its metadata before any data or
         parameter is (`metadata`: that checkpoint's, when read already); a `ConfigError` naming
         `workdir` when its model is not a translator."""
-        return require_architecture(
-            workdir, checkpoint, "encoder_decoder", "a Translator needs an encoder_decoder one", metadata=metadata
-        )
+        return require_architecture(workdir, checkpoint, "encoder_decoder", NEEDS_A_TRANSLATOR, metadata=metadata)
 
     @classmethod
     def from_export(cls, directory: str | os.PathLike, batch_size: int | None = None, seed: int | None = None):

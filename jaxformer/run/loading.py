@@ -49,6 +49,8 @@ def load_checkpoint(
     if not directory.is_dir():
         if not any(run.checkpoint_directory(kind).is_dir() for kind in CHECKPOINT_KINDS):
             raise CheckpointError(_not_a_workdir(pathlib.Path(workdir).absolute()))
+        if before_params is not None and which in LANGUAGE_MODEL_MAKES_NONE:
+            _check_a_language_models_run(workdir, before_params)
         raise CheckpointError(_missing(directory, which, workdir))
     step = checkpoint if isinstance(checkpoint, int) else None
     if checkpoint == "final" and before_params is not None:
@@ -74,6 +76,8 @@ def _missing(directory: pathlib.Path, which: str, workdir: str | os.PathLike) ->
     for "final", what makes it: a run stopped before its end, or before its choice, chooses when its
     training command runs again."""
     missing = f"{directory} does not exist: no {which!r} checkpoint in {workdir}"
+    if which in LANGUAGE_MODEL_MAKES_NONE and _architecture(workdir) in ("decoder_only", "encoder_only"):
+        return f"{missing}: {language_model_keeps_none(which)}"
     if which == "averaged":  # made by a command, not by the run
         return f"{missing}: jaxformer-average-checkpoints --workdir {workdir} --last N makes one"
     if which == "best":
@@ -87,6 +91,46 @@ def _missing(directory: pathlib.Path, which: str, workdir: str | os.PathLike) ->
         f"{missing}: the run has made no final choice; its training command, run again with "
         "training.final_choice=True (as multi30k sets it), makes it at the run's end"
     )
+
+
+# The checkpoints that a translator's validation BLEU keeps, by what keeps them: a language model's
+# run is refused validation BLEU and the final choice (README, "Decoder-only"), so the advice for a
+# translator's missing best/ or final/ (training.bleu_every_steps, final_choice=True) would be refused too.
+LANGUAGE_MODEL_MAKES_NONE = {
+    "best": "best/ holds the best checkpoint by validation BLEU",
+    "final": "final/ holds the final choice, made by validation BLEU",
+}
+
+
+def language_model_keeps_none(which: str) -> str:
+    """Why a language model's run has no `which` ("best" or "final"), and what to choose instead."""
+    return (
+        f"{LANGUAGE_MODEL_MAKES_NONE[which]}, which a language model's run, translating nothing, never has; "
+        "choose latest, averaged or a step number"
+    )
+
+
+def _architecture(workdir: str | os.PathLike) -> str | None:
+    """The model architecture of `workdir`'s latest checkpoint, from its metadata alone; None where
+    none can be read."""
+    metadata = _latest_metadata(workdir)
+    return None if metadata is None else metadata.model.get("architecture", "encoder_decoder")
+
+
+def _latest_metadata(workdir: str | os.PathLike) -> CheckpointMetadata | None:
+    try:
+        return load_checkpoint(workdir, "latest", params=False)[1]
+    except CheckpointError:
+        return None
+
+
+def _check_a_language_models_run(workdir: str | os.PathLike, check: MetadataCheck) -> None:
+    """`check` (a caller's refusal of a model it cannot use) of the latest metadata of `workdir`
+    where it holds a language model's run, which lacks the best/ or final/ asked for: a translator
+    refuses its model before it names a checkpoint that such a run never has."""
+    metadata = _latest_metadata(workdir)
+    if metadata is not None and metadata.model.get("architecture", "encoder_decoder") != "encoder_decoder":
+        check(metadata)
 
 
 def _trained_past_said_first(run: RunDirectory, check: MetadataCheck) -> MetadataCheck:
@@ -166,6 +210,9 @@ ARCHITECTURE_USES = {
 }
 
 
+NEEDS_A_TRANSLATOR = "a Translator needs an encoder_decoder one"
+
+
 def require_architecture(
     workdir: str | os.PathLike,
     checkpoint: str | int,
@@ -179,12 +226,23 @@ def require_architecture(
     says who needs it, e.g. "a Translator needs an encoder_decoder one". `metadata`: the
     checkpoint's, when the caller read it already (then nothing is read)."""
     if metadata is None:
-        metadata = load_checkpoint(workdir, checkpoint, params=False)[1]
+        try:
+            metadata = load_checkpoint(workdir, checkpoint, params=False)[1]
+        except CheckpointError:
+            # A language model's run has no best/ or final/: its model, not that, is what refuses it.
+            found = _architecture(workdir) if checkpoint in LANGUAGE_MODEL_MAKES_NONE else None
+            if found not in (None, architecture):
+                raise error(_refusal(workdir, found, needs)) from None
+            raise
     model_config = metadata.model_config()
     found = model_config.architecture
     if found != architecture:
-        raise error(f"{workdir} holds {with_article(found)} model; {needs} ({ARCHITECTURE_USES.get(found, '')})")
+        raise error(_refusal(workdir, found, needs))
     return model_config
+
+
+def _refusal(workdir: str | os.PathLike, found: str, needs: str) -> str:
+    return f"{workdir} holds {with_article(found)} model; {needs} ({ARCHITECTURE_USES.get(found, '')})"
 
 
 _REPORTED_DAMAGED: set[tuple[str, int]] = set()  # (directory, step) said damaged by this process
