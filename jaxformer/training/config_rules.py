@@ -205,6 +205,11 @@ def check_combinations(config, architecture: str) -> None:
                     f"config {key}={value!r} applies to translation (model.architecture='encoder_decoder'), "
                     f"not to {architecture!r}"
                 )
+        if config.optimizer.ema_decay:  # kept at every step and checkpointed: refused, not said unused
+            raise ConfigError(
+                f"config optimizer.ema_decay={config.optimizer.ema_decay!r}: the moving average is read only by the "
+                f"final choice (its candidate 'ema'), which {with_article(architecture)} run never makes; use 0"
+            )
     sampling = config.tokenizer.sampling_nbest
     if sampling and config.tokenizer.model_type != "unigram" and config.tokenizer.model_path is None:
         raise ConfigError(

@@ -196,6 +196,23 @@ def test_config_options_that_contradict_are_errors(changes, message):
         experiment.validate(config)
 
 
+@pytest.mark.parametrize(("name", "architecture"), [("multi30k_lm", "decoder_only"), ("multi30k_mlm", "encoder_only")])
+def test_a_language_models_moving_average_is_refused(name, architecture):
+    """optimizer.ema_decay keeps a moving average of the parameters whose one reader is the final
+    choice (its candidate ema), which a language model's run is refused: it was updated at every
+    step and checkpointed, never read, and nothing said so."""
+    config = load(name)
+    config.optimizer.ema_decay = 0.998
+    with pytest.raises(
+        ConfigError,
+        match=rf"^config optimizer\.ema_decay=0\.998: the moving average is read only by the final choice "
+        rf"\(its candidate 'ema'\), which an? {architecture} run never makes; use 0$",
+    ):
+        experiment.validate(config)
+    config.optimizer.ema_decay = 0.0
+    experiment.validate(config)
+
+
 def test_a_bleu_tokenizer_is_one_of_sacrebleus_and_built_before_a_run_that_scores_bleu(monkeypatch):
     """ja-mecab without MeCab (the ja extra) would stop the run at its first validation BLEU."""
     monkeypatch.setattr("sacrebleu.tokenizers.tokenizer_ja_mecab.MeCab", None)
