@@ -52,6 +52,11 @@ def _apply(model: nn.Module, params: Any, args: tuple, kwargs: dict, determinist
     )
 
 
+# How to evaluate more examples where those evaluated are too few (a masking that selects none of
+# their tokens): the run says which of its settings reads more (`evaluation_remedy`).
+MORE = "evaluate more of them (data.max_eval_examples)"
+
+
 @dataclasses.dataclass(frozen=True)
 class Objective:
     """An architecture's objective. `forward` gives (logits [B, L, V], or (hidden [B, L, D],
@@ -63,8 +68,9 @@ class Objective:
     def forward(self, model: nn.Module, params: Any, batch: Batch, deterministic: bool, rng, project: bool):
         raise NotImplementedError
 
-    def evaluation_batches(self, batches: list[dict[str, np.ndarray]]) -> list[dict[str, np.ndarray]]:
-        """The evaluation batches as `forward` reads them (drawn once for the whole run)."""
+    def evaluation_batches(self, batches: list[dict[str, np.ndarray]], more: str = MORE) -> list[dict[str, np.ndarray]]:
+        """The evaluation batches as `forward` reads them (drawn once for the whole run); `more`: how
+        to evaluate more examples, where these are too few to score."""
         return batches
 
 
@@ -122,10 +128,10 @@ class MaskedLanguageModel(Objective):
         outputs = _apply(model, params, args, {}, deterministic, rng, project)
         return outputs, targets, weights
 
-    def evaluation_batches(self, batches: list[dict[str, np.ndarray]]) -> list[dict[str, np.ndarray]]:
+    def evaluation_batches(self, batches: list[dict[str, np.ndarray]], more: str = MORE) -> list[dict[str, np.ndarray]]:
         """Each batch with its masking drawn once, per example: an example's masking depends on
         `seed` and its tokens alone, not on the row or batch it was packed into, so that every
-        evaluation, at every data.eval_batch_size, scores the same positions."""
+        evaluation, at every data.eval_batch_size, scores the same positions. `more`: as the base class's."""
         spans = [(batch, *span) for batch in batches for span in _example_spans(batch)]
         examples = np.zeros((len(spans), batches[0]["inputs"].shape[1]), np.int32)  # [N, S], each from position 0
         for number, (batch, row, start, end) in enumerate(spans):
@@ -137,7 +143,7 @@ class MaskedLanguageModel(Objective):
         if not drawn.weights.any():  # every evaluation would report a loss of 0
             raise DataError(
                 f"evaluation: the masking (seed {self.seed}) selects none of the {int((examples != PAD_ID).sum())} "
-                f"tokens of the {len(spans)} validation examples; evaluate more of them (data.max_eval_examples)"
+                f"tokens of the {len(spans)} validation examples; {more}"
             )
         masked = {
             id(batch): {

@@ -47,5 +47,16 @@ def run_batches(config: ml_collections.ConfigDict, prepared: PreparedRun, object
         ]
     )
     examples = experiment.example_noun(config)
-    evaluation = objective.evaluation_batches(eval_batches(prepared.eval_source, tokenize, data, examples))
+    batches = eval_batches(prepared.eval_source, tokenize, data, examples)
+    evaluation = objective.evaluation_batches(
+        batches, evaluation_remedy(data.max_eval_examples, len(prepared.eval_source))
+    )
     return RunBatches(train, evaluation, length_filter)
+
+
+def evaluation_remedy(max_eval_examples: int | None, split_size: int) -> str:
+    """How to evaluate more examples than the `split_size` split's first `max_eval_examples`
+    (None: all): raise that limit, or, where it reads the whole split already, give it more text."""
+    if max_eval_examples is not None and max_eval_examples < split_size:
+        return f"evaluate more of them (data.max_eval_examples={max_eval_examples} of the split's {split_size:,})"
+    return f"the validation split holds no more ({split_size:,}, all evaluated): give it more text"
