@@ -269,11 +269,15 @@ def text_side(config: ml_collections.ConfigDict) -> str | None:
     return {"encoder_only": "source", "decoder_only": "target"}.get(architecture(config))
 
 
+def text_language_keys(config: ml_collections.ConfigDict) -> tuple[str, ...]:
+    """The data keys of the languages whose text the run reads: `text_side`'s, or both."""
+    side = text_side(config)
+    return ("source_language", "target_language") if side is None else (f"{side}_language",)
+
+
 def text_languages(config: ml_collections.ConfigDict) -> tuple[str, ...]:
     """The languages whose text the run reads: `text_side`'s, or both."""
-    data = config.data
-    side = text_side(config)
-    return (data.source_language, data.target_language) if side is None else (data[f"{side}_language"],)
+    return tuple(config.data[key] for key in text_language_keys(config))
 
 
 def example_noun(config: ml_collections.ConfigDict) -> str:

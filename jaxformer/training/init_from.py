@@ -118,7 +118,6 @@ _PART_FIELDS = {
 }
 # The side of the data whose language a part's run read (encoder_only: the source side, decoder_only: the target).
 _PART_SIDES = {
-    "model": ("source_language", "target_language"),
     "encoder": ("source_language",),
     "decoder": ("target_language",),
 }
@@ -175,7 +174,8 @@ def check_starting_points(points: Sequence[StartingPoint], config: ml_collection
         raise ConfigError("; and ".join(mismatches))
     for point in points:
         key, trained_on = PARTS[point.part], point.metadata.config.get("data", {})
-        for side in _PART_SIDES[point.part]:
+        # A whole model's run (of this run's architecture, as checked above) read the sides this run reads.
+        for side in _PART_SIDES.get(point.part) or experiment.text_language_keys(config):
             if trained_on.get(side) is not None and trained_on[side] != config.data[side]:
                 logger.warning(
                     "training.%s: %s read %s=%r, and this run reads %r: its %s starts from another language",

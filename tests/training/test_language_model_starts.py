@@ -1,7 +1,10 @@
-"""A translator (or a language model) started from a language model's run with
+"""A translator (or a language model) started from a language model's run. With
 training.init_checkpoint=best or final: a language model's run never keeps either (its training
 refuses validation BLEU and the final choice), so the refusal says so and names what to choose,
-instead of advising the settings that keep them, which that run's training refuses."""
+instead of advising the settings that keep them, which that run's training refuses. A language
+model started from one is compared with it on the one language both read."""
+
+import logging
 
 import flax.linen as nn
 import jax
@@ -17,7 +20,7 @@ from jaxformer.errors import CheckpointError
 from jaxformer.model.architectures import build_model
 from jaxformer.model.config import preset
 from jaxformer.training import experiment
-from jaxformer.training.init_from import load_starting_points
+from jaxformer.training.init_from import check_starting_points, load_starting_points
 from tests.conftest import read_raw, save_checkpoints
 
 KEYS = {"decoder_only": "init_decoder_from", "encoder_only": "init_encoder_from"}
@@ -110,3 +113,29 @@ def test_translating_commands_refuse_a_language_models_run_for_its_model_not_its
         )
         assert refusal.count("\n") == 1 and "needs an encoder_decoder one" in refusal, refusal
     assert not (tmp_path / "export").exists()
+
+
+@pytest.mark.parametrize(
+    ("architecture", "unread", "read"),
+    [("decoder_only", "source_language", "target_language"), ("encoder_only", "target_language", "source_language")],
+)
+def test_a_language_models_start_is_compared_on_the_one_language_it_reads(
+    tokenizer, tmp_path, caplog, architecture, unread, read
+):
+    """A causal LM fine-tuned from a causal LM with another data.source_language, which neither
+    reads, was warned "read source_language='en', and this run reads 'fr': its model starts from
+    another language" (a masked LM so of target_language)."""
+    workdir = run_of(tmp_path / "lm", tokenizer, architecture)
+    config = experiment.default_config()
+    config.model = experiment.model_section("tiny")
+    config.model.architecture = architecture
+    config.training.init_from = str(workdir)
+    points = load_starting_points(config.training)
+    config.data[unread] = "fr"
+    caplog.clear()
+    check_starting_points(points, config)
+    assert [record.getMessage() for record in caplog.records if record.levelno >= logging.WARNING] == []
+    config.data[read] = "fr"
+    check_starting_points(points, config)
+    (warning,) = [record.getMessage() for record in caplog.records if record.levelno >= logging.WARNING]
+    assert f"read {read}='{'en' if read == 'source_language' else 'de'}', and this run reads 'fr'" in warning
