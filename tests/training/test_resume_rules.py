@@ -4,6 +4,8 @@ named where they changed."""
 
 import json
 
+import pytest
+
 from jaxformer.training import experiment, resume_rules
 from tests.training.test_experiment import load
 
@@ -115,3 +117,37 @@ def test_a_length_penalty_left_none_agrees_with_the_one_a_run_settled_on():
     differences = resume_rules.resume_differences(saved, config, sections=None)
     assert "decoding.length_penalty: 'transformers' -> 'gnmt'" in differences
     assert "decoding.renormalize_after_bans: True -> False" in differences
+
+
+@pytest.mark.parametrize(
+    ("name", "unread"),
+    [
+        ("multi30k_lm", {"data.source_language": "fr", "model.num_encoder_layers": 6}),
+        ("multi30k_mlm", {"data.target_language": "fr", "model.num_decoder_layers": 6}),
+    ],
+)
+def test_a_language_model_resumes_with_another_value_of_a_key_it_never_reads(name, unread):
+    """A causal LM's data.source_language and model.num_encoder_layers (a masked LM's
+    target_language and num_decoder_layers) are read by nothing, and its start names the depth
+    unused: a resume that changed either was refused ("restore these values: model.num_encoder_layers:
+    3 -> 6"). It is reported as the other free keys are; the language it reads still may not change."""
+    saved = json.loads(json.dumps(load(name).to_dict()))
+    current = load(name)
+    for key, value in unread.items():
+        section, field = key.split(".")
+        current[section][field] = value
+    assert resume_rules.resume_differences(saved, current) == []
+    was = {key: experiment.flatten(load(name))[key] for key in unread}
+    assert resume_rules.resume_differences(saved, current, free=True) == [
+        f"{key}: {was[key]!r} -> {value!r}" for key, value in sorted(unread.items())
+    ]
+    read = "target_language" if name == "multi30k_lm" else "source_language"
+    current.data[read] = "fr"
+    assert resume_rules.resume_differences(saved, current) == [f"data.{read}: {saved['data'][read]!r} -> 'fr'"]
+    translator = load("multi30k")  # a translator reads both languages and builds both stacks
+    saved = json.loads(json.dumps(translator.to_dict()))
+    translator.data.source_language, translator.model.num_encoder_layers = "fr", 6
+    assert resume_rules.resume_differences(saved, translator) == [
+        "data.source_language: 'en' -> 'fr'",
+        "model.num_encoder_layers: 3 -> 6",
+    ]
