@@ -106,7 +106,8 @@ def run_summary(config: ml_collections.ConfigDict, workdir: str | pathlib.Path, 
         scores = f"loss {figures['loss']:.4f}, perplexity {perplexity_text(figures['perplexity'])}"
         if architecture == "encoder_only":
             scores += f", masked-token accuracy {figures['accuracy']:.4f}"
-        lines.append(f"validation: {scores}")
+        evaluated = last.get("eval_step", final)  # a run stopped between evaluations: its last one's
+        lines.append(f"validation{'' if evaluated == final else f' at step {evaluated}'}: {scores}")
     best = best_checkpoint(run)
     # best/ at step 0: a fine-tuning run's start, measured before its first step, that no step beat.
     best_is_the_start = best is not None and best[0] == 0

@@ -256,6 +256,7 @@ def _train(config, prepared: PreparedRun, model: nn.Module, preparation: RaiseOn
     def evaluate(step: int) -> None:
         train_metrics.flush()
         last["eval"] = _evaluate(eval_fn, state.params, eval_data, batch_sharding)
+        last["eval_step"] = step
         writer.write(step, last["eval"], prefix="eval/")
         logger.info(
             "step %d: validation loss %.4f, perplexity %s, accuracy %.4f%s",
@@ -388,6 +389,8 @@ def _train(config, prepared: PreparedRun, model: nn.Module, preparation: RaiseOn
     if train_metrics.last is not None:
         last["train"] = train_metrics.last
     last["step"] = step
+    if last.get("eval_step") == step:  # kept, and named by the summary, only where a signal stopped the run after it
+        del last["eval_step"]
     last["train_seconds"] = train_seconds
     if budget_spent:
         last["ended_by"] = "time budget"

@@ -100,6 +100,24 @@ def save(folder, params, metadata):
     checkpointer.close()
 
 
+def test_a_run_stopped_between_evaluations_names_the_step_of_its_validation_figures(tmp_path):
+    """Stopped by SIGTERM at step 36 after its evaluation at step 20, a run's summary said
+    "validation: loss 2.1230, perplexity 8.36" under "run stopped by SIGTERM: 36 steps", as if
+    measured at step 36."""
+    workdir, _, _ = make_workdir(tmp_path / "run", steps=(20, 36))
+    config = load_config("tiny")
+    figures = {"loss": 2.123, "perplexity": 8.356, "accuracy": 0.37}
+    last = {"step": 36, "first_step": 0, "stopped_by_signal": 15, "eval": figures, "eval_step": 20}
+    lines = run_summary(config, workdir, last, seconds=1.0)
+    assert lines[0].startswith("run stopped by SIGTERM: 36 steps (0 -> 36 of 40)")
+    assert "validation at step 20: loss 2.1230, perplexity 8.36" in lines, lines
+    for evaluated_at_the_end in (
+        {**last, "eval_step": 36},
+        {key: value for key, value in last.items() if key != "eval_step"},
+    ):
+        assert "validation: loss 2.1230, perplexity 8.36" in run_summary(config, workdir, evaluated_at_the_end, 1.0)
+
+
 def test_summary_without_bleu_or_best_checkpoint(tmp_path, caplog):
     """No BLEU measured, a run stopped by SIGTERM, checkpoints but no best/: the translate command
     uses the latest checkpoint (jaxformer-translate's default); then a final choice the run trained past."""
