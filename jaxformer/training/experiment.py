@@ -263,6 +263,15 @@ def architecture(config: ml_collections.ConfigDict) -> str:
     return config.model.get("architecture", "encoder_decoder")
 
 
+# Keys a language model never reads: the other side's language and the depth of the stack it
+# lacks, which its start names unused (unused_settings) where it differs from its own stack's. A
+# resumed run may change them (logged: resume_rules), and a start from such a run is not held to them.
+LANGUAGE_MODEL_UNREAD = {
+    "decoder_only": {"data.source_language", "model.num_encoder_layers"},
+    "encoder_only": {"data.target_language", "model.num_decoder_layers"},
+}
+
+
 def text_side(config: ml_collections.ConfigDict) -> str | None:
     """The one side whose text the run reads: "source" for a masked LM (encoder-only), "target"
     for a causal LM (decoder-only), the sides they take in a translator; None (both) for a translator."""

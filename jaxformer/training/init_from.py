@@ -140,6 +140,7 @@ def check_starting_points(points: Sequence[StartingPoint], config: ml_collection
             "model.share_embeddings=False (the other side's tokenizer is then trained here)"
         )
     defaults = TransformerConfig()
+    unread = experiment.LANGUAGE_MODEL_UNREAD.get(architecture, set())  # a language model's missing stack's depth
     mismatches = []  # per starting point: its model fields that differ from this run's
     for point in points:
         key, saved = PARTS[point.part], point.metadata.model
@@ -158,7 +159,7 @@ def check_starting_points(points: Sequence[StartingPoint], config: ml_collection
         differences = [
             f"model.{field}={saved.get(field, getattr(defaults, field))!r} there, {config.model[field]!r} here"
             for field in _PART_FIELDS[point.part]
-            if saved.get(field, getattr(defaults, field)) != config.model[field]
+            if f"model.{field}" not in unread and saved.get(field, getattr(defaults, field)) != config.model[field]
         ]
         separate = point.metadata.target_tokenizer is not None  # the tokenizers the parameters were trained with
         if point.part == "model" and separate != bool(config.tokenizer.separate_vocabularies):

@@ -57,14 +57,6 @@ RESUME_FREE = {
     "training.init_checkpoint",
 }
 
-# Keys a language model never reads, which a resumed one may change all the same (logged): the
-# other side's language and the depth of the stack it lacks, which its start names unused
-# (unused_settings) where it differs from its own stack's.
-LANGUAGE_MODEL_UNREAD = {
-    "decoder_only": {"data.source_language", "model.num_encoder_layers"},
-    "encoder_only": {"data.target_language", "model.num_decoder_layers"},
-}
-
 
 # The decoding keys whose None means their value before the key existed, each with that value:
 # how the model is searched and scored (a --from_hf import says how transformers does it), not a
@@ -102,7 +94,7 @@ def resume_differences(
 ) -> list[str]:
     """'key: saved -> current' for every resume-sensitive value that changed (the `sections`, None
     for all, and RESUME_SENSITIVE_KEYS; with `free`: every RESUME_FREE value, and each of
-    LANGUAGE_MODEL_UNREAD's for `current`'s architecture, which a resumed run may change and
+    experiment.LANGUAGE_MODEL_UNREAD's for `current`'s architecture, which a resumed run may change and
     reports). A key the saved config lacks (the run was made before the key existed) counts as
     its default, the behaviour that run had; a SETTLED_AT_START key that `current` leaves None
     agrees with any saved value."""
@@ -111,7 +103,7 @@ def resume_differences(
         return experiment.as_tuples(experiment.flatten(config))
 
     saved_flat, current_flat, defaults = flat(saved), flat(current.to_dict()), flat(experiment.default_config())
-    free_keys = RESUME_FREE | LANGUAGE_MODEL_UNREAD.get(experiment.architecture(current), set())
+    free_keys = RESUME_FREE | experiment.LANGUAGE_MODEL_UNREAD.get(experiment.architecture(current), set())
     differences = []
     for key in sorted(set(saved_flat) | set(current_flat)):
         compared = sections is None or key.split(".")[0] in sections or key in RESUME_SENSITIVE_KEYS

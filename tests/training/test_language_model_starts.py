@@ -18,7 +18,7 @@ from jaxformer.commands import translate as translate_command
 from jaxformer.data.tokenizer import train_tokenizer
 from jaxformer.errors import CheckpointError
 from jaxformer.model.architectures import build_model
-from jaxformer.model.config import preset
+from jaxformer.model.config import ConfigError, preset
 from jaxformer.training import experiment
 from jaxformer.training.init_from import check_starting_points, load_starting_points
 from tests.conftest import read_raw, save_checkpoints
@@ -115,6 +115,16 @@ def test_translating_commands_refuse_a_language_models_run_for_its_model_not_its
     assert not (tmp_path / "export").exists()
 
 
+def fine_tuned_from_a_run_of(tokenizer, tmp_path, architecture):
+    """(config, starting points) of a tiny `architecture` run started (training.init_from) from
+    another one's checkpoint, made here."""
+    config = experiment.default_config()
+    config.model = experiment.model_section("tiny")
+    config.model.architecture = architecture
+    config.training.init_from = str(run_of(tmp_path / "lm", tokenizer, architecture))
+    return config, load_starting_points(config.training)
+
+
 @pytest.mark.parametrize(
     ("architecture", "unread", "read"),
     [("decoder_only", "source_language", "target_language"), ("encoder_only", "target_language", "source_language")],
@@ -125,12 +135,7 @@ def test_a_language_models_start_is_compared_on_the_one_language_it_reads(
     """A causal LM fine-tuned from a causal LM with another data.source_language, which neither
     reads, was warned "read source_language='en', and this run reads 'fr': its model starts from
     another language" (a masked LM so of target_language)."""
-    workdir = run_of(tmp_path / "lm", tokenizer, architecture)
-    config = experiment.default_config()
-    config.model = experiment.model_section("tiny")
-    config.model.architecture = architecture
-    config.training.init_from = str(workdir)
-    points = load_starting_points(config.training)
+    config, points = fine_tuned_from_a_run_of(tokenizer, tmp_path, architecture)
     config.data[unread] = "fr"
     caplog.clear()
     check_starting_points(points, config)
@@ -139,3 +144,21 @@ def test_a_language_models_start_is_compared_on_the_one_language_it_reads(
     check_starting_points(points, config)
     (warning,) = [record.getMessage() for record in caplog.records if record.levelno >= logging.WARNING]
     assert f"read {read}='{'en' if read == 'source_language' else 'de'}', and this run reads 'fr'" in warning
+
+
+@pytest.mark.parametrize(
+    ("architecture", "unread", "built"),
+    [("decoder_only", "encoder", "decoder"), ("encoder_only", "decoder", "encoder")],
+)
+def test_a_language_models_start_is_not_held_to_the_depth_of_a_stack_neither_builds(
+    tokenizer, tmp_path, architecture, unread, built
+):
+    """A causal LM fine-tuned from a causal LM whose model.num_encoder_layers differs (a depth its
+    start names unused, and a resume may now change) was refused: "was trained with another model
+    section; set it as in that run: model.num_encoder_layers=2 there, 6 here"."""
+    config, points = fine_tuned_from_a_run_of(tokenizer, tmp_path, architecture)
+    config.model[f"num_{unread}_layers"] = 6
+    check_starting_points(points, config)
+    config.model[f"num_{built}_layers"] = 6
+    with pytest.raises(ConfigError, match=rf"set it as in that run: model\.num_{built}_layers=2 there, 6 here$"):
+        check_starting_points(points, config)
