@@ -231,9 +231,10 @@ def run(args: argparse.Namespace) -> int:
     settled = {}  # final/'s search and the settings, settled from the one read of the checkpoint's metadata
 
     def check_model(metadata):  # from the one read of the checkpoint's metadata, before its parameters
+        model_config = Translator.check_workdir(args.workdir, args.checkpoint, metadata)  # a translator's, first
         settled["chosen"] = chosen = final_search(args, metadata=metadata)
         settled["settings"] = decode_settings_from_flags(args, args.max_extra_length, chosen)
-        settled["settings"].check_fits(Translator.check_workdir(args.workdir, args.checkpoint, metadata))
+        settled["settings"].check_fits(model_config)
         bleu_tokenize(args, metadata.config)  # a tokenizer missing its module: before any data is read
 
     # The checkpoint read whole, its parameters verified against their checksums, before the split is
