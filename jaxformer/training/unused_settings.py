@@ -4,6 +4,8 @@ one in effect (`unused_settings`, read by run_start; config_rules holds what eac
 
 from __future__ import annotations
 
+from jaxformer.data.split_files import SIDE_READERS
+
 
 def unused_settings(config, resuming: bool = False) -> list[str]:
     """Settings of a feature that the config switches off (or leaves without use: the options of
@@ -24,7 +26,7 @@ def unused_settings(config, resuming: bool = False) -> list[str]:
         unused.append(
             f"training.rdrop_decision_step={training.rdrop_decision_step} (training.rdrop_min_plain_steps is 0)"
         )
-    from jaxformer.training.experiment import default_config  # experiment imports this module
+    from jaxformer.training.experiment import default_config, text_side  # experiment imports this module
 
     defaults = default_config()
     data = config.data
@@ -38,6 +40,14 @@ def unused_settings(config, resuming: bool = False) -> list[str]:
             unused.append(
                 f"data.validation_holdout={data.validation_holdout} (data.files.validation is given: "
                 "no pairs are held out)"
+            )
+    side = text_side(config)
+    if side is not None:  # a language model reads one side's text: the other's language reaches nothing
+        unread = "target" if side == "source" else "source"
+        if data[f"{unread}_language"] != defaults.data[f"{unread}_language"]:
+            unused.append(
+                f"data.{unread}_language={data[f'{unread}_language']!r} (model.architecture is "
+                f"{config.model.architecture!r}: {SIDE_READERS[side]}'s text alone)"
             )
     starts = ("init_from", "init_encoder_from", "init_decoder_from")
     if training.init_checkpoint != defaults.training.init_checkpoint and not any(training[key] for key in starts):

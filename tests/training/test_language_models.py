@@ -300,3 +300,28 @@ def test_the_depth_of_the_stack_a_language_model_lacks_is_named_unused(name, arc
         f"model.num_{missing}_layers=6 (model.architecture is '{architecture}': no {missing} is built; "
         f"the {built}'s depth is model.num_{built}_layers=3)"
     ]
+
+
+@pytest.mark.parametrize(
+    ("name", "architecture", "unread", "reader"),
+    [
+        ("multi30k_lm", "decoder_only", "source", "a causal LM reads data.target_language"),
+        ("multi30k_mlm", "encoder_only", "target", "a masked LM reads data.source_language"),
+    ],
+)
+def test_the_language_of_the_side_a_language_model_does_not_read_is_named_unused(name, architecture, unread, reader):
+    """`--config multi30k_lm --config.data.source_language=fr` (a causal LM models the target side's
+    text; the masked LM so of target_language) was kept without a word, as the unbuilt stack's depth
+    was; it is named in the run's `W unused:` line. The language read, and the shipped configs'
+    defaults, say nothing."""
+    config = load_config(name)
+    assert unused_settings(config) == []
+    apply_overrides(config, [(f"data.{unread}_language", "fr")])
+    assert unused_settings(config) == [
+        f"data.{unread}_language='fr' (model.architecture is '{architecture}': {reader}'s text alone)"
+    ]
+    read = "target" if unread == "source" else "source"
+    apply_overrides(
+        config, [(f"data.{unread}_language", "en" if unread == "source" else "de"), (f"data.{read}_language", "fr")]
+    )
+    assert unused_settings(config) == []
