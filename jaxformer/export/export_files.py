@@ -319,21 +319,30 @@ class SeedError(ValueError):
     """A seed outside a key's range, or one given to an export that draws nothing."""
 
 
-def first_key(config: dict[str, Any], seed: int | None, config_path) -> jax.Array | None:
-    """A sampling export's key, which each batch's is split from in turn, as `Translator`'s, from
-    `seed` (None: config.json's decoding.seed); None for another search, which takes no seed."""
+def check_seed(config: dict[str, Any], seed: int | None) -> None:
+    """A seed given for config.json's search (None: none given): a sampling export's, in a key's
+    range; refused for another search, which draws nothing. Needs config.json alone, so `load`
+    refuses a bad one before any parameter is read."""
     method = config["decoding"]["method"]
+    if seed is None:
+        return
     if method != "sample":
-        if seed is not None:
-            raise SeedError(
-                f"seed {seed}: this export's program is {method} search, which draws nothing; a seed applies to "
-                "a sampling export (jaxformer-export --method sample)"
-            )
-        return None
-    seed = config["decoding"]["seed"] if seed is None else seed
+        raise SeedError(
+            f"seed {seed}: this export's program is {method} search, which draws nothing; a seed applies to "
+            "a sampling export (jaxformer-export --method sample)"
+        )
     if isinstance(seed, bool) or not isinstance(seed, int) or not 0 <= seed <= MAX_SEED:
         raise SeedError(f"seed must be an integer from 0 to {MAX_SEED}, got {seed!r}")
-    return random_key(seed, config, config_path)
+
+
+def first_key(config: dict[str, Any], seed: int | None, config_path) -> jax.Array | None:
+    """A sampling export's key, which each batch's is split from in turn, as `Translator`'s, from
+    `seed` (None: config.json's decoding.seed, checked by read_config); None for another search,
+    which takes no seed."""
+    check_seed(config, seed)
+    if config["decoding"]["method"] != "sample":
+        return None
+    return random_key(config["decoding"]["seed"] if seed is None else seed, config, config_path)
 
 
 def random_key(seed: int, config: dict[str, Any], config_path) -> jax.Array:

@@ -286,8 +286,13 @@ def _refuse_bad_ids(
 def load(directory: str | pathlib.Path, batch_size: int | None = None, seed: int | None = None) -> ExportedTranslator:
     """The export in `directory`, ready to translate on this machine; `ExportError` naming the
     file that is missing or damaged, or a program made for other platforms. `seed`: a sampling
-    export's (default: config.json's decoding.seed); a ValueError for another export's."""
-    config, params, tokenizer, target_tokenizer, program = read_export(directory)
+    export's (default: config.json's decoding.seed); a ValueError for another export's, or one
+    out of a key's range."""
+    if _MISSING_HELPER is not None:
+        raise ExportError(_MISSING_HELPER)
+    config = export_files.read_config(directory)
+    export_files.check_seed(config, seed)  # config.json alone: before any parameter is read
+    config, params, tokenizer, target_tokenizer, program = _read_files(pathlib.Path(directory), config)
     platform = jax.export.default_export_platform()
     if platform not in program.platforms:
         raise ExportError(
@@ -304,8 +309,13 @@ def read_export(
     every file checked against config.json's SHA-256 and the parameters against the program's inputs."""
     if _MISSING_HELPER is not None:
         raise ExportError(_MISSING_HELPER)
-    directory = pathlib.Path(directory)
-    config = export_files.read_config(directory)
+    return _read_files(pathlib.Path(directory), export_files.read_config(directory))
+
+
+def _read_files(
+    directory: pathlib.Path, config: dict[str, Any]
+) -> tuple[dict[str, Any], Any, export_files.Tokenizer, export_files.Tokenizer, jax.export.Exported]:
+    """read_export's reading of the files that `config`, the export's config.json, names."""
     export_files.check_loader_files(directory, config)
     separate = config["model"].get("source_vocab_size") is not None
     if separate != ("target_tokenizer" in config["files"]):  # else the target ids would be decoded as source ones

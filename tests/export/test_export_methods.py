@@ -3,15 +3,17 @@ does with the same settings (sampling: the same seed and batches give the same s
 sampling export's seed, config.json's record of the search, and the refusals the export command
 shares with translate. The beam search export (the default) is test_export.py's."""
 
+import io
 import json
 import shutil
+import sys
 
 import jax
 import pytest
 
 from jaxformer.commands import export, translate
 from jaxformer.decoding.generate import DecodeSettings
-from jaxformer.export import exporter
+from jaxformer.export import exporter, standalone
 from jaxformer.export.loading import ExportError, load_export
 from jaxformer.run.checkpoint import Checkpointer
 from jaxformer.run.loading import load_checkpoint
@@ -123,6 +125,23 @@ def test_a_seed_is_refused_where_nothing_is_drawn_or_out_of_range(exported, meth
         assert result.stderr.startswith(f"error: {message}") and result.stderr.count("\n") == 1, result.stderr
     with pytest.raises(ValueError, match="seed 3: this export's program is beam search"):
         load_export(exported, seed=3)
+
+
+def test_a_seed_is_refused_before_the_export_is_read(exported, method_exports, monkeypatch, capsys):
+    """From config.json alone: serve.py --seed and load(seed=) on a beam export, or a seed out of a
+    key's range, read no parameter, tokenizer or program (a large model's seconds of reading)."""
+    monkeypatch.setattr(standalone.export_files, "read_verified", lambda *args: pytest.fail("the export was read"))
+    for directory, seed, message in (
+        (exported, 3, "seed 3: this export's program is beam search, which draws nothing"),
+        (method_exports["greedy"], 0, "seed 0: this export's program is greedy search, which draws nothing"),
+        (method_exports["sample"], 2**32, "seed must be an integer from 0 to 4294967295, got 4294967296"),
+    ):
+        with pytest.raises(ValueError, match=message):
+            load_export(directory, seed=seed)
+        monkeypatch.setattr(sys, "stdin", io.TextIOWrapper(io.BytesIO(b"A man.\n")))
+        capsys.readouterr()
+        assert standalone.main([str(directory), "--seed", str(seed)]) == 2
+        assert capsys.readouterr().err.startswith(f"error: {message};" if "draws" in message else f"error: {message}\n")
 
 
 def _refusal(main, argv, capsys):
