@@ -66,6 +66,11 @@ SEARCH_INTEGERS = {
     "sample": {"max_extra_length": 0, "top_k": 0, "seed": 0},
 }
 MAX_SEED = 2**32 - 1
+# The search whose program jax.export named so (Exported.fun_name): jaxformer/export/program.py names
+# each search's function, since a beam search of beam size 1 and greedy search take and return the
+# same shapes. "generate_fn" is the beam search of exports written before greedy search and sampling
+# could be exported; those written since, until their functions were named, say "search": unchecked.
+PROGRAM_FUNCTIONS = {"beam_search": "beam", "greedy_search": "greedy", "sampling": "sample", "generate_fn": "beam"}
 
 # -- the files -------------------------------------------------------------------------------
 
@@ -400,6 +405,12 @@ def check_program_shapes(config: dict[str, Any], program: jax.export.Exported, c
         raise ExportError(
             f"{config_path}: serving.max_source_length is {serving['max_source_length']}, but {program_path} "
             f"takes sources of at most {int(bound.group(1))} tokens"
+        )
+    made_for = PROGRAM_FUNCTIONS.get(getattr(program, "fun_name", None), method)  # a name it knows
+    if made_for != method:
+        raise ExportError(
+            f"{config_path}: decoding.method is {method!r}, but {program_path} is the program of {made_for!r} "
+            f"(its function, {program.fun_name})"
         )
 
 

@@ -3,6 +3,7 @@ does with the same settings (sampling: the same seed and batches give the same s
 sampling export's seed, config.json's record of the search, and the refusals the export command
 shares with translate. The beam search export (the default) is test_export.py's."""
 
+import hashlib
 import io
 import json
 import shutil
@@ -184,6 +185,37 @@ def test_export_checkpoint_refuses_a_seed_no_key_takes(workdir, tmp_path):
     with pytest.raises(ValueError, match="seed must be an integer from 0 to 4294967295, got 4294967296"):
         exporter.export_checkpoint(workdir, tmp_path / "out", "best", DecodeSettings(method="sample"), seed=2**32)
     assert not (tmp_path / "out").exists()
+
+
+def test_a_program_of_another_search_of_the_same_shapes_is_named(workdir, method_exports, tmp_path):
+    """A beam search of beam size 1 and greedy search take and return the same shapes: a program of
+    one put in the other's export (config.json's files.program edited to it) is named by the search
+    its function was exported as."""
+    beam = tmp_path / "beam-1"
+    export_with_the_command(workdir, beam, ["--beam_size", "1", *SEARCH_FLAGS, "--platforms", "cpu"])
+    for into, source, expected in (
+        (
+            method_exports["greedy"],
+            beam,
+            "decoding.method is 'greedy', but {} is the program of 'beam' (its function, beam_search)",
+        ),
+        (
+            beam,
+            method_exports["greedy"],
+            "decoding.method is 'beam', but {} is the program of 'greedy' (its function, greedy_search)",
+        ),
+    ):
+        copy = tmp_path / f"{into.name}-with-{source.name}"
+        shutil.copytree(into, copy)
+        config = json.loads((copy / "config.json").read_text())
+        name = json.loads((source / "config.json").read_text())["files"]["program"]["name"]
+        (copy / config["files"]["program"]["name"]).unlink()
+        shutil.copy(source / name, copy / name)
+        config["files"]["program"] = {"name": name, "sha256": hashlib.sha256((copy / name).read_bytes()).hexdigest()}
+        (copy / "config.json").write_text(json.dumps(config))
+        with pytest.raises(ExportError) as error:
+            load_export(copy)
+        assert str(error.value) == f"{copy / 'config.json'}: {expected.format(copy / name)}"
 
 
 SAMPLING = {"method": "sample", "max_extra_length": 8, "temperature": 1.0, "top_k": 0, "seed": 0}
