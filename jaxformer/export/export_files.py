@@ -156,15 +156,19 @@ def read_config(directory: str | pathlib.Path) -> dict[str, Any]:
         raise ExportError(f"{path} is damaged: not valid JSON ({error})") from None
     if not isinstance(config, dict) or config.get("format") != FORMAT:
         raise ExportError(f'{path} is not the config of a jaxformer export (no "format": "{FORMAT}")')
-    if config.get("format_version") != FORMAT_VERSION:
+    version = config.get("format_version")
+    if isinstance(version, bool) or version not in range(1, FORMAT_VERSION + 1):
         raise ExportError(
-            f"{path} has export format version {config.get('format_version')!r}; "
-            f"this loader reads version {FORMAT_VERSION}"
+            f"{path} has export format version {version!r}; this loader reads versions 1 to {FORMAT_VERSION}"
         )
     decoding = config.get("decoding") if isinstance(config.get("decoding"), dict) else {}
     method = decoding.get("method")
     if not isinstance(method, str) or method not in SEARCH_INTEGERS:
         raise ExportError(f"{path}: decoding.method is {method!r}; it must be one of {', '.join(SEARCH_INTEGERS)}")
+    if version == 1 and method != "beam":
+        raise ExportError(
+            f"{path}: decoding.method is {method!r} in export format version 1, which holds beam search alone"
+        )
     for section, keys in {**_CONFIG_INTEGERS, "decoding": SEARCH_INTEGERS[method]}.items():
         for key, least in keys.items():
             value = config[section].get(key) if isinstance(config.get(section), dict) else None

@@ -163,7 +163,7 @@ def export_checkpoint(
             shutil.copyfile(PACKAGE_FOLDER / module, staging / pathlib.PurePath(module).name)
         description = {
             "format": standalone.FORMAT,
-            "format_version": standalone.FORMAT_VERSION,
+            "format_version": 1 if settings.method == "beam" else standalone.FORMAT_VERSION,
             "model": config.to_dict(),  # the decoding variant, which the parameters are laid out for
             "decoding": decoding_record(settings, seed),
             "special_tokens": {"pad": PAD_ID, "eos": EOS_ID, "unk": UNK_ID, "bos": BOS_ID},

@@ -54,7 +54,9 @@ import jax
 import numpy as np
 
 FORMAT = "jaxformer-export"
-FORMAT_VERSION = 1
+# The newest export format: 2 holds greedy search or sampling, which a loader of version 1 would
+# misread; a beam search export is written as version 1, so that every loader reads it.
+FORMAT_VERSION = 2
 CONFIG_FILE = "config.json"
 LOADER_FILE = "serve.py"
 # The jaxformer modules serve.py imports (standard library, numpy and jax only), by their path in

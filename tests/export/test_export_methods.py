@@ -75,7 +75,8 @@ def test_serve_py_translates_as_jaxformer_translate_does(method, workdir, export
 
 def test_config_json_records_the_search_and_its_program(method_exports):
     greedy, sample = (json.loads((method_exports[m] / "config.json").read_text()) for m in ("greedy", "sample"))
-    assert greedy["format_version"] == sample["format_version"] == 1  # a beam export reads as before
+    # Version 2: a loader of version 1 (before greedy search and sampling) refuses it by its version.
+    assert greedy["format_version"] == sample["format_version"] == 2
     assert greedy["decoding"] == {"method": "greedy", "max_extra_length": 8, "renormalize_after_bans": False}
     assert sample["decoding"] == {
         "method": "sample",
@@ -240,7 +241,14 @@ def _edited(source, tmp_path, edit):
         ("greedy", lambda c: c["decoding"].update(method="sample"), "decoding.top_k is None; it must be an integer"),
         ("greedy", lambda c: c.update(decoding=SAMPLING, program=KEY), "{program} is not the program of decoding."),
         ("greedy", lambda c: c["decoding"].update(method="beam"), "decoding.beam_size is None; it must be an integer"),
-        ("beam", lambda c: c["decoding"].update(method="greedy"), "decoding.method is 'greedy', one hypothesis per"),
+        ("beam", lambda c: c["decoding"].update(method="greedy"), "'greedy' in export format version 1, which holds"),
+        ("greedy", lambda c: c.update(format_version=1), "decoding.method is 'greedy' in export format version 1"),
+        (
+            "sample",
+            lambda c: c.update(format_version=3),
+            "has export format version 3; this loader reads versions 1 to 2",
+        ),
+        ("beam", lambda c: c.update(format_version=True), "has export format version True; this loader reads"),
         ("sample", lambda c: c["decoding"].update(seed=2**32), "decoding.seed is 4294967296; it must be at most"),
         ("sample", lambda c: c["decoding"].update(seed="5"), "decoding.seed is '5'; it must be an integer >= 0"),
         ("sample", lambda c: c["decoding"].update(temperature=0), "decoding.temperature is 0; it must be a finite"),
