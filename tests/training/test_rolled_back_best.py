@@ -305,9 +305,10 @@ class _ScoredInTurn(_ScoredBetweenTheTwo):  # BleuValidator's split: BLEU_IN_TUR
 BLEU_IN_TURN: list[float] = []
 
 
-def test_a_run_resumed_before_its_best_step_keeps_its_best_kept_step(  # two 4-step runs, BLEU stood in (8 s)
-    data_dir, tmp_path, monkeypatch
-):
+# Two 4-step runs, BLEU stood in (8-16 s): the default suite tests the same rule on the files
+# (test_a_best_step_set_aside_leaves_best_the_best_kept_step above).
+@pytest.mark.slow
+def test_a_run_resumed_before_its_best_step_keeps_its_best_kept_step(data_dir, tmp_path, monkeypatch):
     """A run of 4 steps (checkpoints every 2, BLEU every step) dies after step 3's BLEU (10, 20, 30)
     saved best/3, before checkpoint 4. Resumed, it scores 5 at steps 3 and 4: best/ holds step 2
     (BLEU 20, checkpoint 2), not step 3's 5, which was the best so far, compared with nothing."""
