@@ -32,9 +32,8 @@ def load_checkpoint(
     """(step, metadata, params) of a workdir's checkpoint: "latest", "best", "averaged", "final" or a step
     of `workdir/checkpoints`. Parameters come back as host arrays, without optimizer state
     (None with `params=False`), verified against their checksums. `before_params` is given each
-    checkpoint's metadata before its parameters are read, so that a caller refuses a checkpoint
-    it cannot use (another architecture, a search that does not fit) from the one read of its
-    metadata, at no parameter's cost.
+    checkpoint's metadata before its parameters are read: a caller refuses a checkpoint it cannot
+    use (another architecture, a search that does not fit) from the one read of its metadata.
 
     "latest" skips a damaged newest checkpoint (metadata or parameters unreadable, or not
     matching their checksums) with a warning and uses the newest one that reads, as training

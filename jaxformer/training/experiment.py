@@ -263,9 +263,8 @@ def architecture(config: ml_collections.ConfigDict) -> str:
     return config.model.get("architecture", "encoder_decoder")
 
 
-# Keys a language model never reads: the other side's language and the depth of the stack it
-# lacks, which its start names unused (unused_settings) where it differs from its own stack's. A
-# resumed run may change them (logged: resume_rules), and a start from such a run is not held to them.
+# Keys a language model never reads (the other side's language, the depth of the stack it lacks): its start names
+# them unused (unused_settings), a resume may change them (resume_rules), a start from it is not held to them.
 LANGUAGE_MODEL_UNREAD = {
     "decoder_only": {"data.source_language", "model.num_encoder_layers"},
     "encoder_only": {"data.target_language", "model.num_decoder_layers"},
@@ -273,15 +272,13 @@ LANGUAGE_MODEL_UNREAD = {
 
 
 def text_side(config: ml_collections.ConfigDict) -> str | None:
-    """The one side whose text the run reads: "source" for a masked LM (encoder-only), "target"
-    for a causal LM (decoder-only), the sides they take in a translator; None (both) for a translator."""
+    """The one side whose text the run reads: "source" for a masked LM, "target" for a causal LM; None: both."""
     return {"encoder_only": "source", "decoder_only": "target"}.get(architecture(config))
 
 
 def text_language_keys(config: ml_collections.ConfigDict) -> tuple[str, ...]:
     """The data keys of the languages whose text the run reads: `text_side`'s, or both."""
-    side = text_side(config)
-    return ("source_language", "target_language") if side is None else (f"{side}_language",)
+    return ("source_language", "target_language") if (side := text_side(config)) is None else (f"{side}_language",)
 
 
 def text_languages(config: ml_collections.ConfigDict) -> tuple[str, ...]:
@@ -290,8 +287,7 @@ def text_languages(config: ml_collections.ConfigDict) -> tuple[str, ...]:
 
 
 def example_noun(config: ml_collections.ConfigDict) -> str:
-    """What the run's log calls its training examples: "pairs" for a translator, "texts" for a
-    language model, which reads one language's (`text_side`)."""
+    """What the run's log calls its training examples: "pairs" for a translator, "texts" for a language model."""
     return "pairs" if text_side(config) is None else "texts"
 
 

@@ -118,10 +118,9 @@ def train_and_evaluate(
                 folder.rmdir()
         raise
     try:
-        # Until the training loop takes signals as requests to stop at a step boundary (and the
-        # final choice as its own), SIGTERM and Ctrl-C stop the preparation at once (with several
-        # processes: all of them, where it ends), as a failed start: the workdir unlocked and left
-        # as it was. Once the run's work is done, they are noted.
+        # Until the loop takes signals as requests to stop at a step boundary (the final choice as its own),
+        # SIGTERM and Ctrl-C stop the preparation at once (every process, where it ends), as a failed start:
+        # the workdir unlocked and left as it was. Once the run's work is done, they are noted.
         with RaiseOnSignal(until="where the run's preparation ends, before its first step") as preparation:
             last = _locked_train_and_evaluate(config, workdir, preparation)
             on_complete(last)
@@ -171,9 +170,8 @@ def _train(config, prepared: PreparedRun, model: nn.Module, preparation: RaiseOn
     logger.info("model: %s parameters", f"{count_parameters(abstract_state.params):,}")
     # Fine-tuning or composing: checked against this model before anything is compiled.
     starting_points = prepared.take_starting_points()
-    # The work that measures the start at step 0 (none resumed or from scratch): a fine-tuned model's BLEU too,
-    # so that best/ holds the start until a step beats it and the final choice can keep it where fine-tuning
-    # made it worse; a composed translator translates nothing yet.
+    # Step 0 measured where the run starts from other runs' checkpoints: a fine-tuned model's BLEU too, so best/ holds
+    # the start until a step beats it (the final choice keeps it); a composed translator translates nothing yet.
     parts = {point.part for point in starting_points}
     at_start = ("evaluate", "bleu") if "model" in parts else ("evaluate",) if parts else ()
     overrides = starting_overrides(starting_points, abstract_state.params, model.config)
@@ -211,8 +209,7 @@ def _train(config, prepared: PreparedRun, model: nn.Module, preparation: RaiseOn
     saved = None if restored is None else restored[2]
     # Resumed where its length or budget ends it: shortened there, early; that step's work still to do.
     shortened, ends_unfinished = resumed_end(training, saved, step, budget_spent, schedule_end, state, learning_rate)
-    saved_training = None if saved is None else saved.config["training"]
-    state = schedule_end.at_start(state, step, saved_training, timed=budget is not None)
+    state = schedule_end.at_start(state, step, saved and saved.config["training"], timed=budget is not None)
 
     train_fns = {
         with_rdrop: jax.jit(
@@ -379,9 +376,8 @@ def _train(config, prepared: PreparedRun, model: nn.Module, preparation: RaiseOn
         preparation.finish()  # the choice is left to the same command: nothing else is left to stop
     if training.final_choice and not stopped_early:  # after close(): every checkpoint is written
         metadata = prepared.metadata.replace(train_seconds=train_seconds)
-        ema = parameter_ema(state.opt_state)
         candidates = (config, model.config, tokenizers, prepared.eval_source, run, step, state.params, metadata)
-        choose = functools.partial(choose_final, *candidates, ema_params=ema)
+        choose = functools.partial(choose_final, *candidates, ema_params=parameter_ema(state.opt_state))
         signum = choose_unless_stopped(choose, run, step, last)
         if signum is not None:
             stopped_early, stop.signum = True, signum
