@@ -6,5 +6,5 @@ and `Translator.from_export` read one. Nothing below `commands` imports this pac
 `Translator.from_export`, lazily.
 """
 
-# Before its helpers: export_files imports its error and file names from standalone, which imports it.
+# Before its helpers: export_files and export_program import their error and names from standalone, which imports them.
 from jaxformer.export import standalone  # noqa: F401, E402

@@ -1,6 +1,6 @@
 """An export's files read and checked, with numpy, sentencepiece and jax alone: config.json, the
 safetensors parameters, the sentencepiece models and the serialized program, each against
-config.json's SHA-256, and the parameters and settings against the program.
+config.json's SHA-256 (export_program.py checks the parameters and settings against the program).
 
 serve.py (jaxformer/export/standalone.py) imports this module; `jaxformer-export` copies it beside
 serve.py, so it imports no jaxformer module in an export: there serve.py gives it the names below
@@ -17,7 +17,6 @@ import json
 import math
 import os
 import pathlib
-import re
 import struct
 from collections.abc import Sequence
 from typing import Any
@@ -66,11 +65,6 @@ SEARCH_INTEGERS = {
     "sample": {"max_extra_length": 0, "top_k": 0, "seed": 0},
 }
 MAX_SEED = 2**32 - 1
-# The search whose program jax.export named so (Exported.fun_name): jaxformer/export/program.py names
-# each search's function, since a beam search of beam size 1 and greedy search take and return the
-# same shapes. "generate_fn" is the beam search of exports written before greedy search and sampling
-# could be exported; those written since, until their functions were named, say "search": unchecked.
-PROGRAM_FUNCTIONS = {"beam_search": "beam", "greedy_search": "greedy", "sampling": "sample", "generate_fn": "beam"}
 
 # -- the files -------------------------------------------------------------------------------
 
@@ -314,121 +308,3 @@ class Tokenizer:
         if self.eos_id in ids:
             ids = ids[: ids.index(self.eos_id)]
         return self._processor.decode([i for i in ids if i not in (self.pad_id, self.bos_id)])
-
-
-# -- the program -----------------------------------------------------------------------------
-
-
-def program_inputs(config: dict[str, Any]) -> int:
-    """How many inputs the program of config.json's search takes: params and source, and sampling's key."""
-    return 3 if config["decoding"]["method"] == "sample" else 2
-
-
-class SeedError(ValueError):
-    """A seed outside a key's range, or one given to an export that draws nothing."""
-
-
-def check_seed(config: dict[str, Any], seed: int | None) -> None:
-    """A seed given for config.json's search (None: none given): a sampling export's, in a key's
-    range; refused for another search, which draws nothing. Needs config.json alone, so `load`
-    refuses a bad one before any parameter is read."""
-    method = config["decoding"]["method"]
-    if seed is None:
-        return
-    if method != "sample":
-        raise SeedError(
-            f"seed {seed}: this export's program is {method} search, which draws nothing; a seed applies to "
-            "a sampling export (jaxformer-export --method sample)"
-        )
-    if isinstance(seed, bool) or not isinstance(seed, int) or not 0 <= seed <= MAX_SEED:
-        raise SeedError(f"seed must be an integer from 0 to {MAX_SEED}, got {seed!r}")
-
-
-def first_key(config: dict[str, Any], seed: int | None, config_path) -> jax.Array | None:
-    """A sampling export's key, which each batch's is split from in turn, as `Translator`'s, from
-    `seed` (None: config.json's decoding.seed, checked by read_config); None for another search,
-    which takes no seed."""
-    check_seed(config, seed)
-    if config["decoding"]["method"] != "sample":
-        return None
-    return random_key(config["decoding"]["seed"] if seed is None else seed, config, config_path)
-
-
-def random_key(seed: int, config: dict[str, Any], config_path) -> jax.Array:
-    """A key of config.json's program.key_impl (a sampling export's) from `seed`, as `jax.random.key` makes one."""
-    try:
-        return jax.random.key(seed, impl=config["program"]["key_impl"])
-    except ValueError:  # a jax without that implementation, or an edited name
-        raise ExportError(
-            f"{config_path}: program.key_impl is {config['program']['key_impl']!r}, a random key implementation "
-            "this jax does not have"
-        ) from None
-
-
-def check_program_shapes(config: dict[str, Any], program: jax.export.Exported, config_path, program_path) -> None:
-    """config.json's search, beam size, extra length and longest source are the program's: inputs
-    (params, source) or, sampling, (params, source, key), tokens [B, K, S + extra] out (K =
-    decoding.beam_size for beam search, else 1), S bounded by the constraint jax.export wrote into
-    the program's shape assertions at export time; a sampling program's key is the data of one key
-    of config.json's program.key_impl."""
-    decoding, serving = config["decoding"], config["serving"]
-    method, inputs = decoding["method"], program_inputs(config)
-    arguments = len(program.in_tree.children()[0].children()) if len(program.in_tree.children()) == 2 else None
-    source = program.in_avals[len(program.in_avals) - inputs + 1].shape if arguments == inputs else ()
-    tokens = program.out_avals[0].shape if len(program.out_avals) == 2 else ()
-    extra = tokens[2] - source[1] if len(tokens) == 3 and len(source) == 2 else None
-    # jax.export's own wording, fixed in the artifact when it was exported; a jax that words it
-    # otherwise leaves only the bound unchecked here (the program still asserts it when called).
-    bound = re.search(rb"symbolic shape constraint S <= (\d+)\.", program.mlir_module_serialized)
-    if not isinstance(extra, int) or not isinstance(tokens[1], int):
-        raise ExportError(
-            f"{program_path} is not the program of decoding.method {method!r} in {config_path}: "
-            f"{'params, source and key' if inputs == 3 else 'params and source'} in, tokens [B, K, S + extra] out "
-            "expected"
-        )
-    if method == "sample":
-        key = jax.random.key_data(random_key(0, config, config_path))
-        if (program.in_avals[-1].shape, program.in_avals[-1].dtype) != (key.shape, key.dtype):
-            raise ExportError(
-                f"{program_path} takes a key {program.in_avals[-1].str_short()}, not the {key.dtype}{list(key.shape)} "
-                f"of a {config['program']['key_impl']} key ({config_path}'s program.key_impl)"
-            )
-    if method != "beam" and tokens[1] != 1:
-        raise ExportError(
-            f"{config_path}: decoding.method is {method!r}, one hypothesis per sentence, but {program_path} "
-            f"returns {tokens[1]}"
-        )
-    beam_size = decoding["beam_size"] if method == "beam" else 1  # the others' one, checked above
-    for key, value, fixed, what in (
-        ("decoding.beam_size", beam_size, tokens[1], "returns {} hypotheses per sentence"),
-        ("decoding.max_extra_length", decoding["max_extra_length"], extra, "adds {} tokens to the source length"),
-    ):
-        if value != fixed:
-            raise ExportError(f"{config_path}: {key} is {value}, but {program_path} {what.format(fixed)}")
-    if bound is not None and serving["max_source_length"] > int(bound.group(1)):
-        raise ExportError(
-            f"{config_path}: serving.max_source_length is {serving['max_source_length']}, but {program_path} "
-            f"takes sources of at most {int(bound.group(1))} tokens"
-        )
-    made_for = PROGRAM_FUNCTIONS.get(getattr(program, "fun_name", None), method)  # a name it knows
-    if made_for != method:
-        raise ExportError(
-            f"{config_path}: decoding.method is {method!r}, but {program_path} is the program of {made_for!r} "
-            f"(its function, {program.fun_name})"
-        )
-
-
-def check_parameters(params: Any, program: jax.export.Exported, params_path, program_path, inputs: int = 2) -> None:
-    """The parameters are the ones the program takes: same names, shapes and dtypes (`inputs`:
-    `program_inputs`, the params and the arrays after them)."""
-    arrays = [jax.ShapeDtypeStruct((1, 1), np.int32)] * (inputs - 1)  # the source (and a key): leaves alike
-    if jax.tree.structure(((params, *arrays), {})) != program.in_tree:
-        raise ExportError(f"{params_path} does not hold the parameters that {program_path} takes (other names)")
-    named = jax.tree_util.tree_flatten_with_path(params)[0]
-    for (path, leaf), aval in zip(named, program.in_avals):
-        if leaf.shape != aval.shape or leaf.dtype != aval.dtype:
-            name = "/".join(str(key.key) for key in path)
-            raise ExportError(
-                f"{params_path}: tensor {name!r} is {leaf.dtype}{list(leaf.shape)}, but {program_path} takes "
-                f"{aval.dtype}{list(aval.shape)}"
-            )

@@ -1,12 +1,15 @@
 """serve.py's standard streams: stdin read as translate.py reads it, a bad --batch_size or --seed, and
-stdout given up once writing it failed. Standard library only: `jaxformer-export` copies this
-module beside serve.py (jaxformer/export/standalone.py), which imports it."""
+the translations written to stdout, given up once writing it failed. Standard library only:
+`jaxformer-export` copies this module beside serve.py (jaxformer/export/standalone.py), which
+imports it."""
 
 from __future__ import annotations
 
 import argparse
+import errno
 import io
 import os
+import signal
 import sys
 
 
@@ -39,7 +42,7 @@ def positive_integer(text: str) -> int:
 
 
 def seed_number(text: str) -> int:
-    """--seed: digits (its upper bound, a key's, is export_files.first_key's to check)."""
+    """--seed: digits (its upper bound, a key's, is export_program.first_key's to check)."""
     if not text.isascii() or not text.isdigit():
         raise argparse.ArgumentTypeError(f"must be an integer >= 0, got {text!r}")
     return int(text)
@@ -51,3 +54,31 @@ def discard_stdout() -> None:
     devnull = os.open(os.devnull, os.O_WRONLY)
     os.dup2(devnull, sys.stdout.fileno())
     os.close(devnull)
+
+
+def write_stdout(text: str, exit_no_space: int) -> int:
+    """serve.py's exit code after writing `text` to stdout: 0, or, as translate.py, 128 + SIGPIPE once
+    the reader has gone and `exit_no_space` (jaxformer.errors.EXIT_NO_SPACE) for a full disk, with
+    the OS's reason in one line on stderr for any write error; what was written is kept."""
+    try:
+        # Through the byte buffer, checking what it wrote: a text stream's write drops the short
+        # count a buffered writer returns once the pipe's reader has gone (CPython 3.11).
+        if not hasattr(sys.stdout, "buffer"):  # a StringIO in its place (a caller capturing the output)
+            sys.stdout.write(text)
+            return 0
+        output = memoryview(text.encode("utf-8"))
+        while output:
+            output = output[sys.stdout.buffer.write(output) :]
+        sys.stdout.buffer.flush()
+    except BrokenPipeError:  # the reader closed stdout (`| head`): no more is wanted, as SIGPIPE says
+        discard_stdout()
+        return 128 + signal.SIGPIPE
+    except OSError as error:  # a full disk, EIO, EFBIG (`ulimit -f`), ...: one line, not a traceback
+        discard_stdout()
+        where = f"{error.strerror or error} writing <stdout>"
+        if error.errno in (errno.ENOSPC, errno.EDQUOT):
+            sys.stderr.write(f"error: {where}: free space (or quota), then run the same command again\n")
+            return exit_no_space
+        sys.stderr.write(f"error: {where}: the translations written stop short of the end\n")
+        return 2
+    return 0

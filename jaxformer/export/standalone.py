@@ -34,18 +34,17 @@ The directory holds (the names are config.json's "files", with their SHA-256):
     sentence_batches.py     a copy of jaxformer/decoding/sentence_batches.py, which serve.py imports
     argument_parser.py      a copy of jaxformer/argument_parser.py, serve.py's command line
     export_files.py         a copy of jaxformer/export/export_files.py, which reads and checks the files
+    export_program.py       a copy of jaxformer/export/export_program.py, which checks the program against them
     serve_streams.py        a copy of jaxformer/export/serve_streams.py, serve.py's stdin and stdout
 """
 
 from __future__ import annotations
 
-import errno
 import hashlib
 import importlib.util
 import json
 import logging
 import pathlib
-import signal
 import sys
 from collections.abc import Iterable, Sequence
 from typing import Any
@@ -65,6 +64,7 @@ LOADER_IMPORTS = (
     "decoding/sentence_batches.py",
     "argument_parser.py",
     "export/export_files.py",
+    "export/export_program.py",
     "export/serve_streams.py",
 )
 EXIT_NO_SPACE = 75  # a full disk's exit code, jaxformer.errors.EXIT_NO_SPACE, which serve.py cannot import
@@ -113,7 +113,7 @@ _MISSING_HELPER: str | None = None  # why serve.py could not import a helper; `l
 if __package__:  # jaxformer.export.standalone, inside the package (whose __init__ imports it before its helpers)
     from jaxformer import argument_parser
     from jaxformer.decoding import sentence_batches
-    from jaxformer.export import export_files, serve_streams
+    from jaxformer.export import export_files, export_program, serve_streams
 else:  # serve.py, in an export beside its copies of the LOADER_IMPORTS
     try:
         sentence_batches = _import_beside("sentence_batches")
@@ -126,6 +126,7 @@ else:  # serve.py, in an export beside its copies of the LOADER_IMPORTS
             CONFIG_FILE=CONFIG_FILE,
             LOADER_FILE=LOADER_FILE,
         )
+        export_program = _import_beside("export_program", ExportError=ExportError, MAX_SEED=export_files.MAX_SEED)
         serve_streams = _import_beside("serve_streams")
     except ImportError as error:  # `import serve` still works; `load` raises ExportError naming the file
         _MISSING_HELPER = str(error)
@@ -187,7 +188,7 @@ class ExportedTranslator:
         self.max_positions = config["model"].get("max_positions")  # an imported model's; None: no last position
         self._run = jax.jit(program.call)  # one compilation per (batch, length) shape
         self.method = config["decoding"]["method"]
-        self._rng = export_files.first_key(config, seed, CONFIG_FILE)  # sampling's, split once per batch
+        self._rng = export_program.first_key(config, seed, CONFIG_FILE)  # sampling's, split once per batch
 
     # -- text -------------------------------------------------------------------------------
 
@@ -293,7 +294,7 @@ def load(directory: str | pathlib.Path, batch_size: int | None = None, seed: int
     if _MISSING_HELPER is not None:
         raise ExportError(_MISSING_HELPER)
     config = export_files.read_config(directory)
-    export_files.check_seed(config, seed)  # config.json alone: before any parameter is read
+    export_program.check_seed(config, seed)  # config.json alone: before any parameter is read
     config, params, tokenizer, target_tokenizer, program = _read_files(pathlib.Path(directory), config)
     platform = jax.export.default_export_platform()
     if platform not in program.platforms:
@@ -333,10 +334,12 @@ def _read_files(
     )
     program_path, data = export_files.read_verified(directory, config, "program")
     program = export_files.parse_program(data, program_path)
-    export_files.check_program_shapes(config, program, directory / CONFIG_FILE, program_path)
+    export_program.check_program_shapes(config, program, directory / CONFIG_FILE, program_path)
     parameters_path, data = export_files.read_verified(directory, config, "parameters")
     params = export_files.unflatten(export_files.parse_safetensors(data, parameters_path), parameters_path)
-    export_files.check_parameters(params, program, parameters_path, program_path, export_files.program_inputs(config))
+    export_program.check_parameters(
+        params, program, parameters_path, program_path, export_program.program_inputs(config)
+    )
     return config, params, tokenizer, target_tokenizer or tokenizer, program
 
 
@@ -378,32 +381,11 @@ def main(argv: list[str] | None = None) -> int:
     try:
         lines = serve_streams.stdin_lines(sys.stdin.buffer.read())  # before the model: bad input costs no loading
         model = load(args.directory, args.batch_size, args.seed)
-    except (ExportError, serve_streams.InputError, export_files.SeedError) as error:
+    except (ExportError, serve_streams.InputError, export_program.SeedError) as error:
         sys.stderr.write(f"error: {error}\n")
         return 2
     text = sentence_batches.as_lines(model.translate(lines))  # outside the try: its errors are not the output's
-    try:
-        # Through the byte buffer, checking what it wrote: a text stream's write drops the short
-        # count a buffered writer returns once the pipe's reader has gone (CPython 3.11).
-        if not hasattr(sys.stdout, "buffer"):  # a StringIO in its place (a caller capturing the output)
-            sys.stdout.write(text)
-            return 0
-        output = memoryview(text.encode("utf-8"))
-        while output:
-            output = output[sys.stdout.buffer.write(output) :]
-        sys.stdout.buffer.flush()
-    except BrokenPipeError:  # the reader closed stdout (`| head`): no more is wanted, as SIGPIPE says
-        serve_streams.discard_stdout()
-        return 128 + signal.SIGPIPE
-    except OSError as error:  # a full disk, EIO, EFBIG (`ulimit -f`), ...: one line, not a traceback
-        serve_streams.discard_stdout()
-        where = f"{error.strerror or error} writing <stdout>"
-        if error.errno in (errno.ENOSPC, errno.EDQUOT):
-            sys.stderr.write(f"error: {where}: free space (or quota), then run the same command again\n")
-            return EXIT_NO_SPACE
-        sys.stderr.write(f"error: {where}: the translations written stop short of the end\n")
-        return 2
-    return 0
+    return serve_streams.write_stdout(text, EXIT_NO_SPACE)
 
 
 if __name__ == "__main__":

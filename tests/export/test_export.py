@@ -18,7 +18,7 @@ from jaxformer.commands import export
 from jaxformer.decoding import sentence_batches
 from jaxformer.decoding.generate import DecodeSettings, decoding_variant, make_generate_fn
 from jaxformer.decoding.translator import Translator
-from jaxformer.export import export_files, exporter, serve_streams, standalone
+from jaxformer.export import export_files, export_program, exporter, serve_streams, standalone
 from jaxformer.export.loading import ExportError, load_export
 from jaxformer.export.safetensors import flatten, read_safetensors
 from jaxformer.run.checkpoint import Checkpointer
@@ -80,6 +80,7 @@ def test_the_directory_holds_everything_serving_needs(exported, workdir):
         "beam_search.jaxexport",
         "config.json",
         "export_files.py",
+        "export_program.py",
         "params.safetensors",
         "sentence_batches.py",
         "serve.py",
@@ -116,7 +117,7 @@ def test_the_directory_holds_everything_serving_needs(exported, workdir):
     assert (exported / "serve.py").read_bytes() == pathlib.Path(standalone.__file__).read_bytes()
     assert (exported / "sentence_batches.py").read_bytes() == pathlib.Path(sentence_batches.__file__).read_bytes()
     assert (exported / "argument_parser.py").read_bytes() == pathlib.Path(argument_parser.__file__).read_bytes()
-    for helper in map(pathlib.Path, (export_files.__file__, serve_streams.__file__)):
+    for helper in map(pathlib.Path, (export_files.__file__, export_program.__file__, serve_streams.__file__)):
         assert (exported / helper.name).read_bytes() == helper.read_bytes()
     digest = lambda path: hashlib.sha256(path.read_bytes()).hexdigest()  # noqa: E731
     assert config["files"]["loader"] == {
@@ -126,6 +127,7 @@ def test_the_directory_holds_everything_serving_needs(exported, workdir):
             {"name": "sentence_batches.py", "sha256": digest(exported / "sentence_batches.py")},
             {"name": "argument_parser.py", "sha256": digest(exported / "argument_parser.py")},
             {"name": "export_files.py", "sha256": digest(exported / "export_files.py")},
+            {"name": "export_program.py", "sha256": digest(exported / "export_program.py")},
             {"name": "serve_streams.py", "sha256": digest(exported / "serve_streams.py")},
         ],
     }

@@ -10,7 +10,7 @@ import shutil
 import pytest
 
 from jaxformer.commands import export
-from jaxformer.export import export_files, exporter, output_folder, standalone
+from jaxformer.export import export_program, exporter, output_folder, standalone
 from jaxformer.export.loading import ExportError, load_export
 from tests.export.conftest import FLAGS
 from tests.export.serving import run_serve_py
@@ -258,12 +258,12 @@ def test_a_program_without_jax_exports_bound_wording_loads_with_that_bound_unche
     )
     config = json.loads((exported / "config.json").read_text())
     config["serving"]["max_source_length"] = 10_000
-    export_files.check_program_shapes(config, reworded, "config.json", "program")  # the bound unchecked
+    export_program.check_program_shapes(config, reworded, "config.json", "program")  # the bound unchecked
     with pytest.raises(standalone.ExportError, match="serving.max_source_length is 10000, but program takes"):
-        export_files.check_program_shapes(config, program, "config.json", "program")
+        export_program.check_program_shapes(config, program, "config.json", "program")
     config["decoding"]["beam_size"] += 1
     with pytest.raises(standalone.ExportError, match="decoding.beam_size is"):
-        export_files.check_program_shapes(config, reworded, "config.json", "program")
+        export_program.check_program_shapes(config, reworded, "config.json", "program")
 
 
 def test_an_output_that_holds_the_current_folder_is_refused_before_any_work(workdir, tmp_path, capsys, monkeypatch):
