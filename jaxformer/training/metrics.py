@@ -9,7 +9,7 @@ import math
 import os
 import pathlib
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from typing import Any
 
 import jax
@@ -242,25 +242,32 @@ LOGGED_FIGURES = {"train": ("train/", "train/loss"), "eval": ("eval/", "eval/los
 _NON_FINITE = ("inf", "-inf", "nan")  # how metrics.jsonl writes them (_strict_json)
 
 
-def logged_figures(run: RunDirectory, step: int) -> dict[str, dict[str, float]]:
-    """The LOGGED_FIGURES that metrics.jsonl records at `step` (the last record of each, as the
-    process that measured it kept): metrics.jsonl holds the records of the steps the run went on
-    from (a resumed run moved those of the steps it trained again to metrics.rolled_back.jsonl)."""
-    figures: dict[str, dict[str, float]] = {}
+def metric_records(run: RunDirectory) -> Iterator[dict]:
+    """metrics.jsonl's records in order (none where it is absent), a line that holds none (torn: the
+    run's MetricWriter cuts or names it) skipped. metrics.jsonl holds the records of the steps the
+    run went on from (a resumed run moved those of the steps it trained again to metrics.rolled_back.jsonl)."""
     if not run.metrics_file.is_file():
-        return figures
+        return
     with open(run.metrics_file, "rb") as handle:
         for line in handle:
-            record = _record(line)
-            if record is None or record.get("step") != step:
-                continue
-            for name, (prefix, marker) in LOGGED_FIGURES.items():
-                if marker in record:
-                    figures[name] = {
-                        key.removeprefix(prefix): float(value)
-                        for key, value in record.items()
-                        if key.startswith(prefix) and (isinstance(value, (int, float)) or value in _NON_FINITE)
-                    }
+            if (record := _record(line)) is not None:
+                yield record
+
+
+def logged_figures(run: RunDirectory, step: int) -> dict[str, dict[str, float]]:
+    """The LOGGED_FIGURES that metrics.jsonl records at `step` (the last record of each, as the
+    process that measured it kept)."""
+    figures: dict[str, dict[str, float]] = {}
+    for record in metric_records(run):
+        if record.get("step") != step:
+            continue
+        for name, (prefix, marker) in LOGGED_FIGURES.items():
+            if marker in record:
+                figures[name] = {
+                    key.removeprefix(prefix): float(value)
+                    for key, value in record.items()
+                    if key.startswith(prefix) and (isinstance(value, (int, float)) or value in _NON_FINITE)
+                }
     return figures
 
 

@@ -14,7 +14,6 @@ one line; where there is none, one line says best/ is empty until the next BLEU,
 
 from __future__ import annotations
 
-import json
 import logging
 import math
 
@@ -24,6 +23,7 @@ from jaxformer.errors import CheckpointError
 from jaxformer.run.checkpoint import Checkpointer
 from jaxformer.run.directory import RunDirectory
 from jaxformer.run.rolled_back import rolled_back_steps, set_aside_rolled_back
+from jaxformer.training.metrics import metric_records
 from jaxformer.training.validation_bleu import bleu_measured_alike
 
 logger = logging.getLogger(__name__)
@@ -49,19 +49,10 @@ def bleu_scores(run: RunDirectory, last_step: int) -> dict[int, float]:
     """{step: validation BLEU} that metrics.jsonl records up to `last_step` (the last record of a
     step, as its writer kept it)."""
     scores: dict[int, float] = {}
-    if not run.metrics_file.is_file():
-        return scores
-    with open(run.metrics_file, "rb") as handle:
-        for line in handle:
-            try:
-                record = json.loads(line)
-            except ValueError:  # a torn line: the run's MetricWriter cuts or names it
-                continue
-            if not isinstance(record, dict):
-                continue
-            step, bleu = record.get("step"), record.get("eval/bleu")
-            if isinstance(step, int) and step <= last_step and isinstance(bleu, (int, float)) and math.isfinite(bleu):
-                scores[step] = float(bleu)
+    for record in metric_records(run):
+        step, bleu = record.get("step"), record.get("eval/bleu")
+        if isinstance(step, int) and step <= last_step and isinstance(bleu, (int, float)) and math.isfinite(bleu):
+            scores[step] = float(bleu)
     return scores
 
 
