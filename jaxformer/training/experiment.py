@@ -50,12 +50,9 @@ def default_config() -> ml_collections.ConfigDict:
     config.data.name = "multi30k"
     config.data.source_language = "en"  # translate from ...
     config.data.target_language = "de"  # ... into
-    config.data.data_dir = ml_collections.FieldReference(
-        None, field_type=str
-    )  # tfds data_dir (None: ~/tensorflow_datasets)
-    config.data.raw_dir = ml_collections.FieldReference(
-        None, field_type=str
-    )  # multi30k only: folder of the raw .gz files (None: vendored copy)
+    config.data.data_dir = ml_collections.FieldReference(None, field_type=str)  # tfds's (None: ~/tensorflow_datasets)
+    # multi30k only: folder of the raw .gz files (None: the vendored copy)
+    config.data.raw_dir = ml_collections.FieldReference(None, field_type=str)
     config.data.download = False  # multi30k only: fetch the official files instead of the vendored copy
     # parallel_files only: per split, a TSV file (source<TAB>target per line, .gz allowed) or a
     # path with "{lang}" in it, filled with each language code for line-aligned text files.
@@ -157,16 +154,13 @@ def default_config() -> ml_collections.ConfigDict:
     # The step that decides (the steps before it are plain): late enough that the pace so far
     # includes what the rest of the run pays for (evaluations, validation BLEU, checkpoints).
     config.training.rdrop_decision_step = 600
-    config.training.loss_chunk_tokens = (
-        512  # output projection + loss fused over chunks of this many target tokens (0: whole batch)
-    )
+    # Output projection + loss fused over chunks of this many target tokens (0: the whole batch at once).
+    config.training.loss_chunk_tokens = 512
     config.training.log_every_steps = 100  # training metrics to TensorBoard / metrics.jsonl
     config.training.eval_every_steps = 1000  # validation loss and perplexity
     config.training.checkpoint_every_steps = 1000
     config.training.keep_checkpoints = 3  # the newest K checkpoints are kept
-    config.training.bleu_every_steps = (
-        0  # validation BLEU (and the best checkpoint in workdir/best) every N steps; 0: off
-    )
+    config.training.bleu_every_steps = 0  # validation BLEU (and workdir/best's checkpoint) every N steps; 0: off
     config.training.bleu_examples = 500  # validation pairs translated for that BLEU (0: all)
     # The search for that BLEU, "greedy" or "beam" (None: decoding.method); greedy costs a fraction
     # of beam 4 and ranks checkpoints alike. The final choice always uses `decoding`.
@@ -245,10 +239,8 @@ def validate(config: ml_collections.ConfigDict) -> None:
     matches), a value out of range, values that contradict each other, or a bad model."""
     known = flatten(default_config())
     values = flatten(config)
-    for key in values:
-        if key.startswith("model."):
-            continue  # checked against TransformerConfig's fields by model_config()
-        if key not in known:
+    for key in values:  # the model's keys are checked against TransformerConfig's fields by model_config()
+        if not key.startswith("model.") and key not in known:
             raise unknown_key_error(key, known)
     for key, (allowed, description) in VALUE_RULES.items():
         if key in values and not allowed(values[key]):
@@ -263,17 +255,24 @@ def architecture(config: ml_collections.ConfigDict) -> str:
     return config.model.get("architecture", "encoder_decoder")
 
 
-# Keys a language model never reads (the other side's language, the depth of the stack it lacks): its start names
-# them unused (unused_settings), a resume may change them (resume_rules), a start from it is not held to them.
-LANGUAGE_MODEL_UNREAD = {
-    "decoder_only": {"data.source_language", "model.num_encoder_layers"},
-    "encoder_only": {"data.target_language", "model.num_decoder_layers"},
-}
-
-
 def text_side(config: ml_collections.ConfigDict) -> str | None:
     """The one side whose text the run reads: "source" for a masked LM, "target" for a causal LM; None: both."""
     return {"encoder_only": "source", "decoder_only": "target"}.get(architecture(config))
+
+
+STACKS = {"source": "encoder", "target": "decoder"}  # the stack that reads each side's text
+
+
+def unread_side(config: ml_collections.ConfigDict) -> str | None:
+    """The side whose text a language model never reads, nor has the stack of (`text_side`'s other); None: both read."""
+    return {"source": "target", "target": "source"}.get(text_side(config))
+
+
+def language_model_unread(config: ml_collections.ConfigDict) -> tuple[str, ...]:
+    """(`unread_side`'s language, the depth of the stack it lacks), which a language model never reads (() for a
+    translator): its start names them unused, a resume may change them, a start from it is not held to them."""
+    side = unread_side(config)
+    return () if side is None else (f"data.{side}_language", f"model.num_{STACKS[side]}_layers")
 
 
 def text_language_keys(config: ml_collections.ConfigDict) -> tuple[str, ...]:

@@ -140,7 +140,7 @@ def check_starting_points(points: Sequence[StartingPoint], config: ml_collection
             "model.share_embeddings=False (the other side's tokenizer is then trained here)"
         )
     defaults = TransformerConfig()
-    unread = experiment.LANGUAGE_MODEL_UNREAD.get(architecture, set())  # a language model's missing stack's depth
+    unread = experiment.language_model_unread(config)  # a language model's missing stack's depth
     mismatches = []  # per starting point: its model fields that differ from this run's
     for point in points:
         key, saved = PARTS[point.part], point.metadata.model

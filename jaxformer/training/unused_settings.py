@@ -5,6 +5,14 @@ one in effect (`unused_settings`, read by run_start; config_rules holds what eac
 from __future__ import annotations
 
 from jaxformer.data.split_files import SIDE_READERS
+from jaxformer.training.experiment import (
+    STACKS,
+    architecture,
+    default_config,
+    language_model_unread,
+    text_side,
+    unread_side,
+)
 
 
 def unused_settings(config, resuming: bool = False) -> list[str]:
@@ -26,8 +34,6 @@ def unused_settings(config, resuming: bool = False) -> list[str]:
         unused.append(
             f"training.rdrop_decision_step={training.rdrop_decision_step} (training.rdrop_min_plain_steps is 0)"
         )
-    from jaxformer.training.experiment import default_config, text_side  # experiment imports this module
-
     defaults = default_config()
     data = config.data
     if data.validation_holdout != defaults.data.validation_holdout:
@@ -41,13 +47,13 @@ def unused_settings(config, resuming: bool = False) -> list[str]:
                 f"data.validation_holdout={data.validation_holdout} (data.files.validation is given: "
                 "no pairs are held out)"
             )
-    side = text_side(config)
-    if side is not None:  # a language model reads one side's text: the other's language reaches nothing
-        unread = "target" if side == "source" else "source"
-        if data[f"{unread}_language"] != defaults.data[f"{unread}_language"]:
+    unread = language_model_unread(config)  # a language model reads one side's text: the other's language, nothing
+    if unread:
+        language = unread[0].removeprefix("data.")
+        if data[language] != defaults.data[language]:
             unused.append(
-                f"data.{unread}_language={data[f'{unread}_language']!r} (model.architecture is "
-                f"{config.model.architecture!r}: {SIDE_READERS[side]}'s text alone)"
+                f"data.{language}={data[language]!r} (model.architecture is "
+                f"{config.model.architecture!r}: {SIDE_READERS[text_side(config)]}'s text alone)"
             )
     starts = ("init_from", "init_encoder_from", "init_decoder_from")
     if training.init_checkpoint != defaults.training.init_checkpoint and not any(training[key] for key in starts):
@@ -75,17 +81,15 @@ def _missing_stack_depth(config) -> str | None:
     decoder_only model, num_decoder_layers of an encoder_only one), where it differs from its own
     stack's: a config made from a translator's keeps both depths (multi30k_lm.py), and one set
     apart from the other was meant for a stack that is not built."""
-    model = config.model
-    architecture = model.get("architecture", "encoder_decoder")
-    stacks = {"decoder_only": ("encoder", "decoder"), "encoder_only": ("decoder", "encoder")}
-    if architecture not in stacks:
+    model, unread = config.model, unread_side(config)
+    if unread is None:
         return None
-    missing, built = stacks[architecture]
+    missing, built = STACKS[unread], STACKS[text_side(config)]
     value, depth = model.get(f"num_{missing}_layers"), model.get(f"num_{built}_layers")
     if value == depth:
         return None
     return (
-        f"model.num_{missing}_layers={value!r} (model.architecture is {architecture!r}: no {missing} is built; "
+        f"model.num_{missing}_layers={value!r} (model.architecture is {architecture(config)!r}: no {missing} is built; "
         f"the {built}'s depth is model.num_{built}_layers={depth!r})"
     )
 
