@@ -48,9 +48,10 @@ def load_checkpoint(
     if not directory.is_dir():
         if not any(run.checkpoint_directory(kind).is_dir() for kind in CHECKPOINT_KINDS):
             raise CheckpointError(_not_a_workdir(pathlib.Path(workdir).absolute()))
-        if before_params is not None and which in LANGUAGE_MODEL_MAKES_NONE:
-            _check_a_language_models_run(workdir, before_params)
-        raise CheckpointError(_missing(directory, which, workdir))
+        latest = _latest_where_none_kept(workdir, which)
+        if before_params is not None and _holds_a_language_model(latest):
+            before_params(latest)  # a translator refuses the model before naming a checkpoint such a run never has
+        raise CheckpointError(_missing(directory, which, workdir, latest))
     step = checkpoint if isinstance(checkpoint, int) else None
     if checkpoint == "final" and before_params is not None:
         before_params = _trained_past_said_first(run, before_params)
@@ -69,13 +70,13 @@ def load_checkpoint(
     return loaded
 
 
-def _missing(directory: pathlib.Path, which: str, workdir: str | os.PathLike) -> str:
+def _missing(directory: pathlib.Path, which: str, workdir: str | os.PathLike, latest: CheckpointMetadata | None) -> str:
     """Why `which` cannot be read from `workdir`, whose `directory` for it does not exist; for
     "averaged", the command that makes it; for "best", the setting under which training keeps it;
     for "final", what makes it: a run stopped before its end, or before its choice, chooses when its
-    training command runs again."""
+    training command runs again. `latest`: `workdir`'s latest metadata, as `_latest_where_none_kept` reads it."""
     missing = f"{directory} does not exist: no {which!r} checkpoint in {workdir}"
-    if which in LANGUAGE_MODEL_MAKES_NONE and _architecture(workdir) in ("decoder_only", "encoder_only"):
+    if which in LANGUAGE_MODEL_MAKES_NONE and _holds_a_language_model(latest):
         return f"{missing}: {language_model_keeps_none(which)}"
     if which == "averaged":  # made by a command, not by the run
         return f"{missing}: jaxformer-average-checkpoints --workdir {workdir} --last N makes one"
@@ -109,10 +110,8 @@ def language_model_keeps_none(which: str) -> str:
     )
 
 
-def _architecture(workdir: str | os.PathLike) -> str | None:
-    """The model architecture of `workdir`'s latest checkpoint, from its metadata alone; None where
-    none can be read."""
-    metadata = _latest_metadata(workdir)
+def _architecture(metadata: CheckpointMetadata | None) -> str | None:
+    """The model architecture that `metadata` holds; None for None (no metadata read)."""
     return None if metadata is None else metadata.model.get("architecture", "encoder_decoder")
 
 
@@ -123,13 +122,14 @@ def _latest_metadata(workdir: str | os.PathLike) -> CheckpointMetadata | None:
         return None
 
 
-def _check_a_language_models_run(workdir: str | os.PathLike, check: MetadataCheck) -> None:
-    """`check` (a caller's refusal of a model it cannot use) of the latest metadata of `workdir`
-    where it holds a language model's run, which lacks the best/ or final/ asked for: a translator
-    refuses its model before it names a checkpoint that such a run never has."""
-    metadata = _latest_metadata(workdir)
-    if metadata is not None and metadata.model.get("architecture", "encoder_decoder") != "encoder_decoder":
-        check(metadata)
+def _latest_where_none_kept(workdir: str | os.PathLike, which: str) -> CheckpointMetadata | None:
+    """`workdir`'s latest metadata (None: none reads) when a language model's run never keeps `which`; else None."""
+    return _latest_metadata(workdir) if which in LANGUAGE_MODEL_MAKES_NONE else None
+
+
+def _holds_a_language_model(metadata: CheckpointMetadata | None) -> bool:
+    """Whether `metadata` (None: none read) is a language model's, whose run keeps no best/ or final/."""
+    return _architecture(metadata) in ("decoder_only", "encoder_only")
 
 
 def _trained_past_said_first(run: RunDirectory, check: MetadataCheck) -> MetadataCheck:
@@ -229,7 +229,7 @@ def require_architecture(
             metadata = load_checkpoint(workdir, checkpoint, params=False)[1]
         except CheckpointError:
             # A language model's run has no best/ or final/: its model, not that, is what refuses it.
-            found = _architecture(workdir) if checkpoint in LANGUAGE_MODEL_MAKES_NONE else None
+            found = _architecture(_latest_where_none_kept(workdir, checkpoint))
             if found not in (None, architecture):
                 raise error(_refusal(workdir, found, needs)) from None
             raise
@@ -348,7 +348,7 @@ def locate_checkpoint(path: str | os.PathLike, checkpoint: str | int = "latest")
             return run.checkpoints, step
         directory = run.checkpoint_directory(checkpoint)
         if not directory.is_dir():
-            raise CheckpointError(_missing(directory, checkpoint, path))
+            raise CheckpointError(_missing(directory, checkpoint, path, _latest_where_none_kept(path, checkpoint)))
         return directory, None
     kind_names = {RunDirectory(path.parent).checkpoint_directory(kind).name for kind in CHECKPOINT_KINDS}
     if path.name in kind_names:
