@@ -68,30 +68,26 @@ def make_parser(doc: str | None) -> Parser:
 
 
 def at_least(low: int) -> Callable[[str], int]:
-    def parse(text: str) -> int:
-        try:
-            value = int(text)
-        except ValueError:
-            raise argparse.ArgumentTypeError(f"must be an integer >= {low}, got {text!r}") from None
-        if value < low:
-            raise argparse.ArgumentTypeError(f"must be an integer >= {low}, got {value}")
-        return value
-
-    parse.__name__ = f"integer >= {low}"
-    return parse
+    return _integer(f"integer >= {low}", lambda value: value >= low)
 
 
 def integer_from(low: int, high: int) -> Callable[[str], int]:
+    return _integer(f"integer from {low} to {high}", lambda value: low <= value <= high)
+
+
+def _integer(kind: str, fits: Callable[[int], bool]) -> Callable[[str], int]:
+    """A flag type taking an integer that `fits`, `kind` (e.g. "integer >= 1") naming what it takes."""
+
     def parse(text: str) -> int:
         try:
             value = int(text)
         except ValueError:
-            raise argparse.ArgumentTypeError(f"must be an integer from {low} to {high}, got {text!r}") from None
-        if not low <= value <= high:
-            raise argparse.ArgumentTypeError(f"must be an integer from {low} to {high}, got {value}")
+            raise argparse.ArgumentTypeError(f"must be an {kind}, got {text!r}") from None
+        if not fits(value):
+            raise argparse.ArgumentTypeError(f"must be an {kind}, got {value}")
         return value
 
-    parse.__name__ = f"integer from {low} to {high}"
+    parse.__name__ = kind
     return parse
 
 
