@@ -22,11 +22,11 @@ from jaxformer.decoding.search import SearchSpec
 from jaxformer.decoding.sentence_batches import sentence_list
 from jaxformer.errors import CheckpointError
 from jaxformer.model.cache import DecoderCache, init_cache
-from jaxformer.model.config import ConfigError, TransformerConfig
+from jaxformer.model.config import TransformerConfig
 from jaxformer.model.decoder_only import DecoderOnly
+from jaxformer.run.architecture_uses import refuse_another_model
 from jaxformer.run.directory import RunDirectory, checkpoint_name, parse_checkpoint_choice
 from jaxformer.run.loading import (
-    ARCHITECTURE_USES,
     LANGUAGE_MODEL_MAKES_NONE,
     language_model_keeps_none,
     load_checkpoint,
@@ -191,11 +191,7 @@ class LanguageModel:
         batch_size: int = 64,
         seed: int = 0,
     ):
-        if config.architecture != "decoder_only":
-            raise ConfigError(
-                f"a LanguageModel needs a decoder_only model, not {config.architecture!r} "
-                f"({ARCHITECTURE_USES.get(config.architecture, '')})"
-            )
+        refuse_another_model(config, "decoder_only", "LanguageModel")
         if config.vocab_size != tokenizer.vocab_size:
             raise ValueError(f"the model has {config.vocab_size} tokens, its tokenizer {tokenizer.vocab_size}")
         # As Translator checks them: a batch of 0 fails in range() at the first prompt, and one below

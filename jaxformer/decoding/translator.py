@@ -17,10 +17,11 @@ from jaxformer.data.tokenizer import Tokenizer
 from jaxformer.decoding import sentence_batches
 from jaxformer.decoding.checkpoint_alpha import ChosenSearch, checkpoint_settings, chosen_search
 from jaxformer.decoding.generate import DecodeSettings, check_options, decoding_variant, make_generate_fn
-from jaxformer.model.config import ConfigError, TransformerConfig
+from jaxformer.model.config import TransformerConfig
 from jaxformer.model.transformer import unstack_layers
+from jaxformer.run.architecture_uses import refuse_another_model
 from jaxformer.run.directory import checkpoint_name, parse_checkpoint_choice
-from jaxformer.run.loading import ARCHITECTURE_USES, NEEDS_A_TRANSLATOR, load_checkpoint, require_architecture
+from jaxformer.run.loading import NEEDS_A_TRANSLATOR, load_checkpoint, require_architecture
 from jaxformer.run.metadata import CheckpointMetadata
 from jaxformer.tokens import EOS_ID, PAD_ID
 
@@ -76,11 +77,7 @@ class Translator:
         parallel_batches: int = 2,
         seed: int = 0,
     ):
-        if config.architecture != "encoder_decoder":
-            raise ConfigError(
-                f"a Translator needs an encoder_decoder model, not {config.architecture!r} "
-                f"({ARCHITECTURE_USES.get(config.architecture, '')})"
-            )
+        refuse_another_model(config, "encoder_decoder", "Translator")
         # `tokenizer` encodes the input; `target_tokenizer` (separate vocabularies) decodes the output.
         target_tokenizer = tokenizer if target_tokenizer is None else target_tokenizer
         for side, model_size, side_tokenizer in (

@@ -10,6 +10,7 @@ from typing import Any
 
 from jaxformer.errors import CheckpointError, with_article
 from jaxformer.model.config import ConfigError, TransformerConfig
+from jaxformer.run.architecture_uses import ARCHITECTURE_USES
 from jaxformer.run.checkpoint import Checkpointer
 from jaxformer.run.directory import CHECKPOINT_KINDS, RunDirectory, parse_checkpoint_choice
 from jaxformer.run.export_origin import EXPORT_LOADER, export_description, export_origin, to_the_run_exported_from
@@ -198,15 +199,6 @@ def warn_if_final_trained_past(directory: pathlib.Path, step: int) -> None:
     run = RunDirectory(directory.parent)
     if directory == run.final:
         _warn_if_trained_past(run, step)
-
-
-# What a run of each architecture is for, in the refusal of a use that needs another.
-ARCHITECTURE_USES = {
-    "encoder_decoder": "translate with it through jaxformer-translate / Translator",
-    "decoder_only": "continue text with it through jaxformer-generate / LanguageModel",
-    "encoder_only": "a masked LM translates and continues nothing: "
-    "start a translator's encoder from it with training.init_encoder_from",
-}
 
 
 NEEDS_A_TRANSLATOR = "a Translator needs an encoder_decoder one"
