@@ -14,10 +14,12 @@ from __future__ import annotations
 import dataclasses
 import logging
 import os
+from collections.abc import Callable
 from typing import Any
 
 from jaxformer.decoding.generate import SEARCH_FIELDS, DecodeSettings
 from jaxformer.errors import CheckpointError
+from jaxformer.model.config import TransformerConfig
 from jaxformer.run.loading import NEEDS_A_TRANSLATOR, load_checkpoint, require_architecture
 from jaxformer.run.metadata import CheckpointMetadata
 
@@ -237,6 +239,30 @@ def _warn_if_chosen_with_another_method(chosen: ChosenSearch | None, search: Dec
             "(DecodeSettings(method=%r) from Python) to decode as it was chosen",
             *(SEARCH_NAMES[chosen.method], SEARCH_NAMES[search.method], beam, chosen.method, chosen.method),
         )
+
+
+def checkpoint_search(
+    workdir: str | os.PathLike,
+    checkpoint: str | int,
+    metadata: CheckpointMetadata,
+    model_config: TransformerConfig,
+    settings: DecodeSettings | None,
+    chosen: ChosenSearch | None = None,
+    settle_search: Callable[[ChosenSearch | None], DecodeSettings] | None = None,
+    method: str | None = None,
+) -> DecodeSettings:
+    """The search `checkpoint` is translated with, settled from the one read of its `metadata`
+    (`Translator.from_workdir`'s and `export_checkpoint`'s): `settings`, or with `settle_search`
+    the search it makes of final/'s `chosen_search` (None on another checkpoint), as
+    `checkpoint_settings` completes it (`method`: the caller's); a ConfigError where it does not
+    fit `model_config` (a beam or top_k wider than the vocabulary)."""
+    search, choice = settings, chosen
+    if settle_search is not None:
+        choice = chosen_search(workdir, checkpoint, chosen, metadata)
+        search = settle_search(choice)
+    search = checkpoint_settings(workdir, checkpoint, search, choice, metadata, method)
+    search.check_fits(model_config)
+    return search
 
 
 def checkpoint_settings(

@@ -15,7 +15,7 @@ import tqdm
 
 from jaxformer.data.tokenizer import Tokenizer
 from jaxformer.decoding import sentence_batches
-from jaxformer.decoding.checkpoint_alpha import ChosenSearch, checkpoint_settings, chosen_search
+from jaxformer.decoding.checkpoint_alpha import ChosenSearch, checkpoint_search
 from jaxformer.decoding.generate import DecodeSettings, check_options, decoding_variant, make_generate_fn
 from jaxformer.model.config import TransformerConfig
 from jaxformer.model.transformer import unstack_layers
@@ -168,12 +168,9 @@ class Translator:
 
         def settle(metadata: CheckpointMetadata) -> None:  # from the one read of its metadata, before the parameters
             model_config = cls.check_workdir(workdir, checkpoint, metadata)
-            search, choice = settings, chosen
-            if settle_search is not None:
-                choice = chosen_search(workdir, checkpoint, chosen, metadata)
-                search = settle_search(choice)
-            settled["settings"] = checkpoint_settings(workdir, checkpoint, search, choice, metadata)
-            settled["settings"].check_fits(model_config)
+            settled["settings"] = checkpoint_search(
+                workdir, checkpoint, metadata, model_config, settings, chosen, settle_search
+            )
 
         if loaded is None:
             loaded = load_checkpoint(workdir, checkpoint, before_params=settle)

@@ -23,7 +23,7 @@ from typing import Any
 
 import jax
 
-from jaxformer.decoding.checkpoint_alpha import SEARCH_NAMES, ChosenSearch, checkpoint_settings, chosen_search
+from jaxformer.decoding.checkpoint_alpha import SEARCH_NAMES, ChosenSearch, checkpoint_search
 from jaxformer.decoding.generate import DecodeSettings, check_seed, decoding_variant
 from jaxformer.errors import CheckpointError
 from jaxformer.export import output_folder, staging_leftovers, standalone
@@ -120,13 +120,9 @@ def export_checkpoint(
             ExportError,
             metadata=metadata,
         )
-        search, choice = settings, chosen
-        if settle_search is not None:
-            choice = chosen_search(workdir, checkpoint, chosen, metadata)
-            search = settle_search(choice)
-        search = checkpoint_settings(workdir, checkpoint, search, choice, metadata, method="beam")
-        search.check_fits(model_config)  # a beam or top_k wider than the vocabulary, as Translator refuses it
-        settled["settings"] = search
+        settled["settings"] = checkpoint_search(
+            workdir, checkpoint, metadata, model_config, settings, chosen, settle_search, method="beam"
+        )
 
     step, metadata, params = load_checkpoint(workdir, checkpoint, before_params=settle)
     settings = settled["settings"]
