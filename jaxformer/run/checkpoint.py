@@ -49,7 +49,7 @@ from jaxformer.run.interrupted_saves import (
 from jaxformer.run.metadata import CheckpointMetadata
 from jaxformer.run.process_0 import on_process_0
 from jaxformer.run.removal import LISTING_ATTEMPTS, CheckpointRemoved, refuse_removed
-from jaxformer.run.save_barrier import SaveBarrier, raise_failed_save, save_barrier, start_save
+from jaxformer.run.save_barrier import SaveBarrier, save_barrier, start_save
 
 logger = logging.getLogger(__name__)
 
@@ -164,10 +164,6 @@ class Checkpointer:
     def wait(self) -> None:
         """Returns once the last save is written; raises its error if it failed."""
         self.manager.wait_until_finished()
-
-    def raise_failed_save(self) -> None:
-        """With several processes, a collective: raises in every process a save under way that failed in any."""
-        raise_failed_save(self.barrier, self.wait)
 
     def delete(self, step: int) -> None:
         """Deletes checkpoint `step` (an interim one a later checkpoint supersedes)."""

@@ -24,7 +24,6 @@ from collections.abc import Callable
 import jax
 import numpy as np
 import orbax.checkpoint as ocp
-from jax.experimental import multihost_utils
 from orbax.checkpoint import multihost
 
 from jaxformer.errors import UserError, first_line
@@ -63,16 +62,21 @@ def start_save(manager: ocp.CheckpointManager, barrier: SaveBarrier | None, step
         raise
 
 
-def raise_failed_save(barrier: SaveBarrier | None, wait: Callable[[], None]) -> None:
-    """Every process at the same point (a collective): when a save under way has failed in any
-    process, `wait()` for it in every one, which raises its error there and SaveFailedElsewhereError
-    in the others, instead of training on until the run next waits for that save."""
-    if barrier is None:
-        return
-    failed = np.asarray(multihost_utils.process_allgather(np.int32(barrier.told() is not None)))  # [P]
-    if failed.any():
+def failure_seen(barrier: SaveBarrier | None) -> bool:
+    """Whether this process knows yet that a save under way failed in some process (one told it)."""
+    return barrier is not None and barrier.told() is not None
+
+
+def raise_failed_save(barrier: SaveBarrier | None, wait: Callable[[], None], seen: np.ndarray) -> None:
+    """Every process at the same point, `seen` every process's `failure_seen` gathered there (the
+    training loop's exchange every 10 steps: step_exchange.py): when a save under way has failed in
+    any process, `wait()` for it in every one, which raises its error there and
+    SaveFailedElsewhereError in the others, instead of training on until the run next waits for
+    that save. A process that knew alone would stop alone, and the others wait for it for ever."""
+    if np.asarray(seen).any():
         wait()
-        raise SaveFailedElsewhereError(barrier.told() or "another process of the run failed to save a checkpoint")
+        told = None if barrier is None else barrier.told()
+        raise SaveFailedElsewhereError(told or "another process of the run failed to save a checkpoint")
 
 
 class SaveBarrier:

@@ -56,6 +56,7 @@ from jaxformer.training.run_start import PreparedRun
 from jaxformer.training.signals import RaiseOnSignal, Stopped, StopRequest
 from jaxformer.training.state import count_parameters, make_init_fn
 from jaxformer.training.step import make_eval_step, make_run_train_step
+from jaxformer.training.step_exchange import stops_after
 from jaxformer.training.steps_ahead import StepsAhead
 from jaxformer.training.train_metrics import TrainMetrics, progress_bar
 from jaxformer.training.unreadable_batch import saved_before_stopping
@@ -343,8 +344,7 @@ def _train(config, prepared: PreparedRun, model: nn.Module, preparation: RaiseOn
                 budget_record.write_held()
                 if budget_spent:
                     logger.info("time budget of %g minutes spent at step %d", training.time_budget_minutes, step)
-                saver.raise_failed_save(step, every=BUDGET_CHECK_STEPS)  # as signals, at steps every process shares
-                stopping = stop.agreed(step, every=BUDGET_CHECK_STEPS)
+                stopping = stops_after(step, BUDGET_CHECK_STEPS, stop, checkpointer)  # a failed save raises first
             # All processes, or none; the budget's last step, as num_train_steps, leaves no step to resume.
             stopped_early = stop.agreed(step) and step < training.num_train_steps and not budget_spent
             if stopped_early:

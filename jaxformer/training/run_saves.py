@@ -40,12 +40,6 @@ class RunSaver:
             self.checkpointer.save(step, state, self.train_iterator, metadata, evict=not interim)
         self.train_metrics.restart_interval()
 
-    def raise_failed_save(self, step: int, every: int) -> None:
-        """Every `every` steps, in every process at once: a save under way that failed in any process
-        ends the run there (its checkpoints written as often as they may be far apart)."""
-        if step % every == 0:
-            self.checkpointer.raise_failed_save()
-
     def save_steps_done(self, step: int, state) -> None:
         """A stop between scheduled checkpoints: the steps since the last one, written (not queued)."""
         if step not in self.checkpointer.steps():

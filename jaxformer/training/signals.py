@@ -73,7 +73,12 @@ class StopRequest(_SignalHandler):
             return self.requested
         if step % every:
             return False
-        signums = np.asarray(multihost_utils.process_allgather(np.int32(self.signum or 0)))
+        return self.agreed_by(np.asarray(multihost_utils.process_allgather(np.int32(self.signum or 0))))
+
+    def agreed_by(self, signums: np.ndarray) -> bool:
+        """Whether the run stops, given every process's signal number (0: none) gathered at a step
+        they share (`agreed`, or the training loop's one exchange: step_exchange.py): when any
+        process received one; the others then take its signal as their own."""
         if signums.max() and self.signum is None:
             self.signum = int(signums.max())
             logger.warning("%s received by another process: saving a checkpoint and stopping", self.signal_name)

@@ -7,9 +7,8 @@ import time
 
 import numpy as np
 import pytest
-from jax.experimental import multihost_utils
 
-from jaxformer.run.save_barrier import SaveBarrier, SaveFailedElsewhereError, raise_failed_save
+from jaxformer.run.save_barrier import SaveBarrier, SaveFailedElsewhereError, failure_seen, raise_failed_save
 
 
 class Store:
@@ -124,22 +123,19 @@ def test_a_barrier_another_process_never_reaches_times_out_as_orbax_asked():
         first(key="async_write_complete.10", timeout_ms=200)
 
 
-def test_a_failed_save_is_raised_in_every_process_at_the_next_exchange(monkeypatch):
-    """Process 0's view: process 1 told its failure; the exchange every 10 steps ends the run in both
-    (each waiting for its save, which raises), not the next checkpoint, maybe hours later."""
+def test_a_failed_save_is_raised_in_every_process_at_the_next_exchange():
+    """Process 0's view: process 1 told its failure; the exchange every 10 steps (step_exchange.py,
+    which gathers each process's `failure_seen`) ends the run in both (each waiting for its save,
+    which raises), not the next checkpoint, maybe hours later."""
     store = Store()
     first, second = barriers(store)
     second.step = 80
-    gathered, waits = [], []
-
-    def process_allgather(value):  # [process 0's, process 1's], each seeing the store as it is
-        gathered.append(int(value))
-        return np.asarray([value, value])
-
-    monkeypatch.setattr(multihost_utils, "process_allgather", process_allgather)
-    raise_failed_save(first, lambda: pytest.fail("waited with no save failed"))
+    waits = []
+    assert not failure_seen(first)
+    raise_failed_save(first, lambda: pytest.fail("waited with no save failed"), np.array([0, 0]))
     second.tell(OSError(27, "File too large"))
+    assert failure_seen(first) and failure_seen(second)
     with pytest.raises(SaveFailedElsewhereError, match="^process 1 of the run failed to save checkpoint 80 in "):
-        raise_failed_save(first, lambda: waits.append("waited"))  # a wait that raised nothing: it stops all the same
-    assert gathered == [0, 1] and waits == ["waited"]
-    raise_failed_save(None, lambda: pytest.fail("waited with one process"))
+        raise_failed_save(first, lambda: waits.append("waited"), np.array([1, 0]))  # a wait that raised nothing
+    assert waits == ["waited"]
+    assert not failure_seen(None)  # one process: no barrier
