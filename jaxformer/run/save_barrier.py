@@ -83,7 +83,8 @@ class SaveBarrier:
     """orbax's BarrierSyncFn for one checkpoint manager: `barrier(key=..., timeout_ms=...)`. Every
     process (`index` of `count`) arrives by incrementing a counter under `namespace` in jax's
     key-value store (`client`) and waits until it counts them all, listening meanwhile for a
-    process's failure (`tell`)."""
+    process's failure (`tell`); it leaves by incrementing the counter again, and the last to leave
+    deletes it. A failure told leaves its counters and the `failed` key behind: the run ends."""
 
     def __init__(self, directory: str, namespace: str, client, index: int, count: int):
         self.directory, self.namespace, self.index, self.count = directory, namespace, index, count
@@ -114,8 +115,11 @@ class SaveBarrier:
             if time.monotonic() > deadline:
                 raise TimeoutError(f"timed out after {timeout_ms / 1000:g} s waiting for every process at {key}")
             arrived = int(self._client.key_value_try_get(counter))
-        if calls and self.index == 0:  # every process has left the previous one: it arrived here
-            self._client.key_value_delete(f"{self.namespace}/{key}/{calls - 1}")
+        # Counted past `count`, which a process still looking reads as all arrived: only the last to
+        # leave knows that none reads the counter any more. Orbax names two of a save's barriers after
+        # its step, each waited at once; kept, they grew jax's store by two entries a save.
+        if self._client.key_value_increment(counter, 1) == 2 * self.count:
+            self._client.key_value_delete(counter)
 
     def tell(self, failure: BaseException) -> None:
         """Tells the other processes that this one's part of the save failed with `failure`: each

@@ -73,6 +73,62 @@ def test_every_process_passes_once_all_arrive_and_the_same_key_waits_again():
     assert "saves/1/set_value_start/0" not in store.values  # the first save's, left by every process
 
 
+# The barriers one process of a two-process run waited at in each of its parameter saves (orbax's
+# keys; the step's folder name ends two of them).
+def orbax_save_keys(step):
+    holder = ("ThreadSaveMultiHostValueHolder:set_value_start", "ThreadSaveMultiHostValueHolder:set_value_end")
+    return (*holder, f"_async_write_complete.{step}", f"_async_commit_complete.{step}", *holder)
+
+
+def test_no_counter_is_left_in_the_store_once_every_process_has_left_it():
+    """Five saves of a two-process run left 12 entries in jax's store: two a save (the barriers named
+    after its step, each waited at once), and the last of each repeated one."""
+    store = Store()
+    first, second = barriers(store)
+
+    def save(barrier, step):
+        for key in orbax_save_keys(step):
+            barrier(key=key, timeout_ms=5000)
+
+    for step in range(1, 21):
+        thread, outcome = in_thread(lambda step=step: save(second, step))
+        save(first, step)
+        thread.join(5)
+        assert outcome == {"returned": None}
+    assert store.values == {}
+
+
+class SlowToLook:
+    """One process's view of the store: its looks at a barrier's counter held until `go` is set."""
+
+    def __init__(self, store):
+        self.store, self.go = store, threading.Event()
+
+    def key_value_try_get(self, key):
+        if not key.endswith("/failed"):
+            self.go.wait(5)
+        return self.store.key_value_try_get(key)
+
+    def __getattr__(self, name):
+        return getattr(self.store, name)
+
+
+def test_a_counter_stays_until_the_process_slowest_to_look_has_left_it():
+    """Process 1 arrived first, then process 0, which left at once: process 1, not yet looking
+    again, must find the counter (a missing key is an error in jax's store), then deletes it."""
+    store = Store()
+    slow = SlowToLook(store)
+    first = SaveBarrier("/run/checkpoints", "saves/1", store, 0, 2)
+    second = SaveBarrier("/run/checkpoints", "saves/1", slow, 1, 2)
+    thread, outcome = in_thread(lambda: second(key="_async_write_complete.10", timeout_ms=5000))
+    time.sleep(0.2)
+    first(key="_async_write_complete.10", timeout_ms=5000)
+    assert store.values == {"saves/1/_async_write_complete.10/0": "3"}  # both arrived, one left
+    slow.go.set()
+    thread.join(5)
+    assert outcome == {"returned": None} and store.values == {}
+
+
 def test_a_process_whose_writes_failed_stops_the_others_waiting_with_its_error():
     """Process 1's writes failed: orbax's finalize thread goes from the failed save to a barrier that
     process 0, waiting where the writes end, never reaches. Both return within a poll."""
