@@ -56,7 +56,7 @@ from jaxformer.training.run_start import PreparedRun
 from jaxformer.training.signals import RaiseOnSignal, Stopped, StopRequest
 from jaxformer.training.state import count_parameters, make_init_fn
 from jaxformer.training.step import make_eval_step, make_run_train_step
-from jaxformer.training.step_exchange import stops_after
+from jaxformer.training.step_exchange import raise_held_write, stops_after
 from jaxformer.training.steps_ahead import StepsAhead
 from jaxformer.training.train_metrics import TrainMetrics, progress_bar
 from jaxformer.training.unreadable_batch import saved_before_stopping
@@ -177,8 +177,7 @@ def _train(config, prepared: PreparedRun, model: nn.Module, preparation: RaiseOn
     at_start = ("evaluate", "bleu") if "model" in parts else ("evaluate",) if parts else ()
     overrides = starting_overrides(starting_points, abstract_state.params, model.config)
     del starting_points
-    batch_sharding = sharding.batch_sharding(mesh, rules)
-    replicated = sharding.replicated(mesh)
+    batch_sharding, replicated = sharding.batch_sharding(mesh, rules), sharding.replicated(mesh)
 
     batches = run_batches(config, prepared, objective)
     train_iterator, eval_data, length_filter = batches.train, batches.evaluation, batches.length_filter
@@ -344,7 +343,7 @@ def _train(config, prepared: PreparedRun, model: nn.Module, preparation: RaiseOn
                 budget_record.write_held()
                 if budget_spent:
                     logger.info("time budget of %g minutes spent at step %d", training.time_budget_minutes, step)
-                stopping = stops_after(step, BUDGET_CHECK_STEPS, stop, checkpointer)  # a failed save raises first
+                stopping = stops_after(step, BUDGET_CHECK_STEPS, stop, checkpointer, writer)  # failures raise first
             # All processes, or none; the budget's last step, as num_train_steps, leaves no step to resume.
             stopped_early = stop.agreed(step) and step < training.num_train_steps and not budget_spent
             if stopped_early:
@@ -357,6 +356,7 @@ def _train(config, prepared: PreparedRun, model: nn.Module, preparation: RaiseOn
                 )
             if not stopped_early:  # stopped, the steps since the last record are in the checkpoint, not written
                 train_metrics.flush()
+                raise_held_write(writer)
                 remove_beyond_keep(checkpointer, training.keep_checkpoints)  # resumed at its end, orbax applied none
         finally:
             progress.close()

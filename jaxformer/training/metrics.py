@@ -14,12 +14,19 @@ from typing import Any
 
 import jax
 import numpy as np
+from jax.experimental import multihost_utils
 
+from jaxformer.errors import UserError, first_line
 from jaxformer.files import write_text_atomically
 from jaxformer.run.directory import RunDirectory
 from jaxformer.training.tensorboard import ScalarEventWriter
 
 logger = logging.getLogger(__name__)
+_REASON_BYTES = 1024  # of process 0's failed write, passed on to the others whole up to this length
+
+
+class MetricsFailedElsewhereError(UserError):
+    """Process 0 of the run, which alone writes its metrics, failed to write them."""
 
 
 def _record(line: bytes) -> dict | None:
@@ -131,6 +138,11 @@ class MetricWriter:
 
     def __init__(self, workdir: str | pathlib.Path, enabled: bool | None = None, start_step: int | None = None):
         self.enabled = jax.process_index() == 0 if enabled is None else enabled
+        # With several processes a failed write is held until every process raises it at a point they
+        # share (raise_held): raised in process 0 alone, it left the others waiting in their next
+        # collective, and process 0 for them, until jax's timeout aborted both minutes later.
+        self.held: Exception | None = None
+        self._holds = self.enabled and jax.process_count() > 1
         self._jsonl = None
         self._tensorboard = None
         self._start_step = start_step
@@ -163,7 +175,7 @@ class MetricWriter:
             )
 
     def write(self, step: int, scalars: Mapping[str, float], prefix: str = "") -> None:
-        if not self.enabled:
+        if not self.enabled or self.held is not None:
             return
         values = {f"{prefix}{name}": float(np.asarray(value)) for name, value in scalars.items()}
         record = {
@@ -171,11 +183,35 @@ class MetricWriter:
             "time": time.time(),
             **_strict_json(values),
         }
-        if step == self._start_step and metric_names(record) in self._earlier_at_start():
-            self.move_earlier(int(step), metric_names(record))
-        self._jsonl.write(json.dumps(record) + "\n")
-        self._jsonl.flush()
-        self._tensorboard.write(int(step), values)
+        try:
+            if step == self._start_step and metric_names(record) in self._earlier_at_start():
+                self.move_earlier(int(step), metric_names(record))
+            self._jsonl.write(json.dumps(record) + "\n")
+            self._jsonl.flush()
+            self._tensorboard.write(int(step), values)
+        except Exception as error:
+            if not self._holds:
+                raise
+            self.held = error
+            logger.error(
+                "writing the metrics of step %d failed (%s): no more are written; every process stops with "
+                "this error at the next step they share, before any checkpoint (resumed, the run writes them)",
+                step,
+                first_line(error),
+            )
+
+    def raise_held(self, held: np.ndarray) -> None:
+        """`held`: every process's `self.held is not None`, gathered at a point they share. When process
+        0 held a failed write, raises it there and, in the others, MetricsFailedElsewhereError quoting
+        it (then a collective: process 0 sends its error)."""
+        if not np.asarray(held).any():
+            return
+        text = "" if self.held is None else first_line(self.held)
+        sent = np.frombuffer(text.encode()[:_REASON_BYTES].ljust(_REASON_BYTES, b"\0"), np.uint8)
+        told = bytes(np.asarray(multihost_utils.broadcast_one_to_all(sent))).rstrip(b"\0").decode(errors="replace")
+        if self.held is not None:
+            raise self.held
+        raise MetricsFailedElsewhereError(f"process 0 of the run failed to write its metrics: {told}")
 
     def _earlier_at_start(self) -> set[frozenset[str]]:
         """What the records of start_step that metrics.jsonl still holds from before this run measure."""

@@ -4,6 +4,7 @@ steps to stop (an interim checkpoint), and one saved before its run's end made t
 from __future__ import annotations
 
 from jaxformer.training.kept_checkpoints import remove_interim_before
+from jaxformer.training.step_exchange import raise_held_write
 
 
 class RunSaver:
@@ -23,6 +24,7 @@ class RunSaver:
         average) of a run never stopped. `in_place`: step's checkpoint, this state's, saved to stop or
         before the end its run was heading for, made the run's last by its metadata alone (deleted
         and saved again, a kill in between lost it)."""
+        raise_held_write(self.train_metrics.writer)  # none saved after a record process 0 failed to write
         window = self.train_metrics.for_checkpoint(interim)  # an interim one keeps its log interval's steps, unwritten
         metadata = self.metadata.replace(
             step=step,
