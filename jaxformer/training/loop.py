@@ -234,7 +234,7 @@ def _train(config, prepared: PreparedRun, model: nn.Module, preparation: RaiseOn
         else None
     )
     preparation.check()  # before the metrics files: a stop until here is a failed start, undone
-    writer = MetricWriter(run, start_step=rolled_back_after)
+    writer = processes.all_or_none(lambda: MetricWriter(run, start_step=rolled_back_after))  # process 0 opens
     budget_record = HeldRecord(writer)  # a step's budget/ record, written once its work may no longer change it
     progress = progress_bar(training.num_train_steps, step)
     train_metrics = TrainMetrics(writer, checkpointer, progress, None if restored is None else restored[2].train_window)
