@@ -314,7 +314,7 @@ PRESETS: dict[str, dict[str, Any]] = {
 
 def preset(name: str, **overrides: Any) -> TransformerConfig:
     """The named preset ("tiny", "base" or "big") with `overrides` applied."""
-    if name not in PRESETS:
+    if not isinstance(name, str) or name not in PRESETS:  # a list or dict: not "unhashable type"
         raise ConfigError(f"unknown preset {name!r}; choose one of {', '.join(PRESETS)}")
     _check_known_fields(overrides, f"preset {name!r} overrides")
     return TransformerConfig(**{**PRESETS[name], **overrides})

@@ -18,6 +18,9 @@ import numpy as np
 
 # What a shape letter stands for, in the errors; a letter missing here is named as it is.
 DIMENSIONS = {"B": "batch size", "R": "number of rows", "S": "source length", "T": "target length"}
+# The letters of a row's length: a row of no tokens failed in the attention's softmax ("zero-size
+# array to reduction operation max"), naming no argument. A batch of no rows computes no rows.
+LENGTHS = ("S", "T")
 
 
 def check_shapes(**arrays: tuple[Any, str]) -> None:
@@ -35,6 +38,11 @@ def check_shapes(**arrays: tuple[Any, str]) -> None:
         for letter, size in zip(letters, shape, strict=True):
             if letter.isdigit() and size != int(letter):
                 raise ValueError(f"{name} has shape {shape}: it takes [{', '.join(letters)}]")
+            if letter in LENGTHS and size == 0:  # a symbolic size (jax.export) is >= 1: never equal to 0
+                raise ValueError(
+                    f"{name} has shape {shape}: its {DIMENSIONS[letter]} ({letter}) is 0, "
+                    "and a row holds at least one token"
+                )
             first_name, first_shape, first_size = first.setdefault(letter, (name, shape, size))
             if size != first_size:
                 raise ValueError(
@@ -50,7 +58,12 @@ def check_integer_ids(**arrays: Any) -> None:
     for name, array in arrays.items():
         if array is None:
             continue
-        dtype = np.dtype(getattr(array, "dtype", None) or np.asarray(array).dtype)
+        if not hasattr(array, "dtype"):  # a nested list failed in jnp.take, naming no argument
+            raise TypeError(
+                f"{name} is a {type(array).__name__} (shape {tuple(np.shape(array))}): token ids, segment ids and "
+                f"positions are integer arrays: pass jnp.asarray({name})"
+            )
+        dtype = np.dtype(array.dtype)
         if not np.issubdtype(dtype, np.integer):
             raise TypeError(
                 f"{name} has dtype {dtype} (shape {tuple(np.shape(array))}): token ids, segment ids and "

@@ -43,15 +43,23 @@ def shift_right(
 
 
 def check_pair_shapes(
-    source, target, source_segments, target_segments, source_positions=None, target_positions=None, encoded=None
+    source,
+    target,
+    source_segments,
+    target_segments,
+    source_positions=None,
+    target_positions=None,
+    encoded=None,
+    d_model: int | None = None,
 ) -> None:
-    """Refuses the source-side arrays [B, S] (`encoded` [B, S, D]) and target-side ones [B, T] of
-    other shapes, or of two batch sizes B, which the masks would broadcast, ids of a float or bool
-    dtype, and concrete positions outside their rows (`check_positions`)."""
+    """Refuses the source-side arrays [B, S] (`encoded` [B, S, D], D = `d_model` when given) and
+    target-side ones [B, T] of other shapes, or of two batch sizes B, which the masks would broadcast,
+    rows of no tokens, ids of a float or bool dtype, and concrete positions outside their rows
+    (`check_positions`)."""
     check_shapes(
         source=(source, "B S"),
         target=(target, "B T"),
-        encoded=(encoded, "B S D"),
+        encoded=(encoded, "B S D" if d_model is None else f"B S {d_model}"),
         source_segments=(source_segments, "B S"),
         target_segments=(target_segments, "B T"),
         source_positions=(source_positions, "B S"),
@@ -119,7 +127,10 @@ class Transformer(nn.Module):
     ) -> Float[Array, "B T V"]:
         """Float32 next-token logits for every decoder input position, given the encoder output
         (`source` supplies the cross-attention padding mask)."""
-        check_pair_shapes(source, target, source_segments, target_segments, None, target_positions, encoded)
+        # D checked too: another width failed in the cross-attention's einsum, naming no argument
+        check_pair_shapes(
+            source, target, source_segments, target_segments, None, target_positions, encoded, self.config.d_model
+        )
         source_side = EncodedSource(encoded, source, source_segments)
         return self.decoder(target, source_side, target_segments, target_positions, self._deterministic(deterministic))
 

@@ -81,6 +81,14 @@ def test_unknown_key_suggests_near_matches():
         preset("huge")
 
 
+@pytest.mark.parametrize("name", [["tiny"], {"name": "tiny"}, None], ids=["a list", "a dict", "None"])
+def test_a_preset_name_that_is_no_string_is_refused_naming_it_and_the_choices(name):
+    """A list or a dict failed in the name's lookup with "unhashable type", naming neither."""
+    with pytest.raises(ConfigError) as error:
+        preset(name)
+    assert str(error.value) == f"unknown preset {name!r}; choose one of tiny, base, big"
+
+
 def test_replace_validates_and_is_frozen():
     config = preset("tiny")
     evaluation = config.replace(deterministic=True)

@@ -92,6 +92,61 @@ def test_decode_refuses_an_encoder_output_of_another_batch_size():
     assert message == "source has shape (2, 6) and encoded has shape (1, 6, 32): their batch size (B) differs"
 
 
+def test_decode_refuses_an_encoder_output_of_another_width():
+    """An encoder output whose last dimension is not d_model failed in the cross-attention's einsum
+    ("Size of label 'D' for operand 1 (16) does not match previous terms (32)"), naming no argument."""
+    model = Transformer(TINY)
+    params = abstract_params(model, ids(2, S), ids(2, T))
+    decode = lambda p, e, s, t: model.apply({"params": p}, e, s, t, method="decode")  # noqa: E731
+    narrow = jax.ShapeDtypeStruct((2, S, TINY.d_model // 2), jnp.float32)
+    assert refusal(decode, params, narrow, ids(2, S), ids(2, T)) == "encoded has shape (2, 6, 16): it takes [B, S, 32]"
+    encoded = jax.ShapeDtypeStruct((2, S, TINY.d_model), jnp.float32)
+    assert jax.eval_shape(decode, params, encoded, ids(2, S), ids(2, T)).shape == (2, T, TINY.vocab_size)
+
+
+def test_rows_of_no_tokens_are_refused_naming_the_array():
+    """A source or target of length 0 failed in the attention's softmax ("zero-size array to reduction
+    operation max which has no identity"), naming no argument. A batch of no rows still computes none."""
+    model = Transformer(TINY)
+    params = abstract_params(model, ids(2, S), ids(2, T))
+    apply = lambda p, s, t: model.apply({"params": p}, s, t)  # noqa: E731
+    encode = lambda p, s: model.apply({"params": p}, s, method="encode")  # noqa: E731
+    suffix = "is 0, and a row holds at least one token"
+    assert refusal(apply, params, ids(2, 0), ids(2, T)) == f"source has shape (2, 0): its source length (S) {suffix}"
+    assert refusal(apply, params, ids(2, S), ids(2, 0)) == f"target has shape (2, 0): its target length (T) {suffix}"
+    assert refusal(encode, params, ids(2, 0)) == f"source has shape (2, 0): its source length (S) {suffix}"
+    decoder_only = DecoderOnly(TINY.replace(architecture="decoder_only"))
+    lm_params = abstract_params(decoder_only, ids(2, T))
+    lm = lambda p, x: decoder_only.apply({"params": p}, x)  # noqa: E731
+    assert refusal(lm, lm_params, ids(2, 0)) == f"inputs has shape (2, 0): its target length (T) {suffix}"
+    encoder_only = EncoderOnly(TINY.replace(architecture="encoder_only"))
+    mlm_params = abstract_params(encoder_only, ids(2, S))
+    mlm = lambda p, x: encoder_only.apply({"params": p}, x)  # noqa: E731
+    assert refusal(mlm, mlm_params, ids(2, 0)) == f"tokens has shape (2, 0): its source length (S) {suffix}"
+    assert jax.eval_shape(apply, params, ids(0, S), ids(0, T)).shape == (0, T, TINY.vocab_size)
+
+
+def test_ids_given_as_nested_lists_are_refused_naming_the_array():
+    """A nested list failed in jnp.take ("take requires ndarray or scalar arguments, got <class 'list'>"),
+    naming no argument; numpy and jax arrays are read as before."""
+    model = Transformer(TINY)
+    params = abstract_params(model, ids(2, S), ids(2, T))
+    source, target = [[5, 6, 1]], [[3, 7]]
+
+    def apply(params, source, target, **packing):
+        return jax.eval_shape(lambda p: model.apply({"params": p}, source, target, **packing), params)
+
+    with pytest.raises(TypeError) as error:
+        apply(params, source, np.array(target))
+    assert str(error.value) == (
+        "source is a list (shape (1, 3)): token ids, segment ids and positions are integer arrays: "
+        "pass jnp.asarray(source)"
+    )
+    with pytest.raises(TypeError, match=r"^target_segments is a list \(shape \(1, 2\)\): "):
+        apply(params, np.array(source), np.array(target), target_segments=[[1, 1]])
+    assert apply(params, np.array(source), jnp.array(target)).shape == (1, 2, TINY.vocab_size)
+
+
 @pytest.mark.parametrize(
     "rows, cache_rows, expected",
     [
