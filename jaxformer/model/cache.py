@@ -20,6 +20,7 @@ from typing import NamedTuple
 import flax
 import jax
 import jax.numpy as jnp
+import numpy as np
 
 from jaxformer.model.config import TransformerConfig
 from jaxformer.typing import Array, Bool, Float, Int
@@ -84,7 +85,14 @@ class EncoderContext:
 
 
 def init_cache(config: TransformerConfig, rows: int, max_length: int) -> DecoderCache:
-    """An empty cache for `rows` decoded sequences of up to `max_length` tokens."""
+    """An empty cache for `rows` decoded sequences of up to `max_length` tokens. Either of another
+    kind than an integer, or below its least (0 rows, 1 token), is a one-line ValueError naming it,
+    where jax refused the cache's shape naming neither; a jax.export symbolic size passes."""
+    for name, value, least in (("rows", rows, 0), ("max_length", max_length, 1)):
+        if jax.export.is_symbolic_dim(value):
+            continue
+        if isinstance(value, bool) or not isinstance(value, (int, np.integer)) or value < least:
+            raise ValueError(f"init_cache's {name} must be an integer >= {least}, got {value!r}")
     shape = (rows, config.num_heads, max_length, config.head_dim)
     zeros = tuple(jnp.zeros(shape, config.dtype) for _ in range(config.num_decoder_layers))
     return DecoderCache(keys=zeros, values=zeros, index=jnp.zeros((), jnp.int32))

@@ -3,6 +3,7 @@
 import flax.linen as nn
 import jax
 import jax.numpy as jnp
+import jaxtyping
 import numpy as np
 import pytest
 
@@ -116,3 +117,24 @@ def test_a_step_into_a_full_cache_is_refused_and_a_grown_cache_decodes_on():
             cache = cache.grown(T)
         logits, cache = jitted_step(inputs[:, position : position + 1], cache)
         np.testing.assert_allclose(logits, full[:, position], atol=1e-5, rtol=1e-5)
+
+
+@pytest.mark.parametrize(
+    "rows, max_length, expected",
+    [
+        (-1, 4, "init_cache's rows must be an integer >= 0, got -1"),
+        (2, 0, "init_cache's max_length must be an integer >= 1, got 0"),
+        (2, 3.5, "init_cache's max_length must be an integer >= 1, got 3.5"),
+        (True, 4, "init_cache's rows must be an integer >= 0, got True"),
+    ],
+    ids=["negative rows", "no positions", "a float length", "a bool"],
+)
+def test_a_cache_of_no_size_or_a_size_of_another_kind_is_refused_naming_it(rows, max_length, expected, monkeypatch):
+    """jax refused these shapes naming neither argument ("broadcast_in_dim shape must have every
+    element be nonnegative"; "Shapes must be 1D sequences of concrete values of integer type"), a
+    bool passed as 1 row, and a cache of 0 positions was refused only at its first step."""
+    monkeypatch.setattr(jaxtyping.config, "jaxtyping_disable", True)  # the suite's hook, not a user's
+    with pytest.raises(ValueError) as error:
+        init_cache(TINY, rows, max_length)
+    assert str(error.value) == expected
+    assert init_cache(TINY, np.int64(0), np.int64(3)).keys[0].shape == (0, TINY.num_heads, 3, TINY.head_dim)
