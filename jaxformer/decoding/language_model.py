@@ -91,10 +91,16 @@ def checked_prompts(prompts: Sequence[Any] | np.ndarray, vocab_size: int) -> lis
 
 def check_prompt_rows(prompts: Any, vocab_size: int) -> None:
     """Each row of concrete (numpy or jax) `prompts` [B, P] checked as a prompt, errors naming the
-    row. A jax.Array is copied to the host for it; traced arrays, and one that another process
-    holds part of, are not checked (nothing inside a jitted program can raise)."""
-    if isinstance(prompts, jax.core.Tracer) or not isinstance(prompts, (np.ndarray, jax.Array)):
+    row; prompts in anything but an array (a nested list) are a TypeError. A jax.Array is copied to
+    the host for it; traced arrays, and one that another process holds part of, are not checked
+    (nothing inside a jitted program can raise)."""
+    if isinstance(prompts, jax.core.Tracer):
         return
+    if not isinstance(prompts, (np.ndarray, jax.Array)):  # a nested list failed at prompts.shape, naming nothing
+        raise TypeError(
+            f"prompts must be ids [batch, length] in an array, got a {type(prompts).__name__}: "
+            "pass jnp.asarray(prompts)"
+        )
     if isinstance(prompts, jax.Array) and not prompts.is_fully_addressable:
         return
     rows = np.asarray(prompts)

@@ -85,6 +85,10 @@ def test_continue_prompts_refuses_concrete_rows_holding_eos(language_model):
             continue_prompts(model, language_model.params, given, SETTINGS)
     with pytest.raises(ValueError, match=r"^prompts must be ids \[batch, length\], got shape \(3,\)$"):
         check_prompt_rows(rows[0], language_model.config.vocab_size)  # continue_prompts' own check, unannotated
+    # A nested list failed at `prompts.shape` ("'list' object has no attribute 'shape'"), naming nothing.
+    with pytest.raises(TypeError) as error:
+        check_prompt_rows(rows.tolist(), language_model.config.vocab_size)
+    assert str(error.value) == "prompts must be ids [batch, length] in an array, got a list: pass jnp.asarray(prompts)"
 
 
 def test_text_prompts_and_the_empty_prompt_are_accepted(language_model, tokenizer):
