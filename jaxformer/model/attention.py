@@ -19,6 +19,7 @@ import jax.numpy as jnp
 from jaxformer.model.config import TransformerConfig
 from jaxformer.model.dropout import dropout
 from jaxformer.model.projection import project
+from jaxformer.model.shape_checks import check_mask
 from jaxformer.typing import Array, Bool, Float
 
 logger = logging.getLogger(__name__)
@@ -79,6 +80,8 @@ def dot_product_attention_weights(
     (a padding query) gets all-zero weights rather than NaN. With `heads_major`, `key` is
     [B, N, S, H].
     """
+    batch, length, heads, _ = query.shape
+    check_mask(mask, (batch, heads, length, key.shape[2 if heads_major else 1]))
     query = query / jnp.sqrt(query.shape[-1]).astype(query.dtype)
     logits = jnp.einsum(_SCORES[heads_major], query, key, preferred_element_type=jnp.float32)  # [B, N, T, S]
     if mask is None:
@@ -124,6 +127,7 @@ def fused_attention(
     XLA implementation is used instead. Rows with no key to attend to (padding queries) get
     the mean of the values rather than zeros; nothing downstream reads them.
     """
+    check_mask(mask, (query.shape[0], query.shape[2], query.shape[1], key.shape[1]))
     if implementation == "cudnn":
         try:
             return jax.nn.dot_product_attention(query, key, value, mask=mask, implementation="cudnn")

@@ -110,3 +110,29 @@ def check_step_rows(tokens: Any, cache_keys: Any, source_valid: Any = None) -> N
             f"{tuple(np.shape(source_valid))}: decoded rows are K hypotheses per source, and {rows} "
             f"is not a multiple of {sources}"
         )
+
+
+def check_mask(mask: Any, scores_shape: tuple) -> None:
+    """Refuses an attention mask that would not mean what it says: another rank than the scores'
+    [B, N, T, S] (a [B, T, S] mask broadcast as [1, B, T, S], its rows read as heads, without a word
+    where B = N), a dimension neither 1 nor the scores' (B, N, T) or not S, or a float dtype (an
+    additive mask of 0 and -inf, read as a boolean one: True where it is -inf, the opposite of its
+    meaning). A one-line error naming the mask's shape or dtype; None is skipped. Symbolic sizes
+    (jax.export) are compared only where both sides are plain integers."""
+    if mask is None:
+        return
+    shape, dtype = tuple(np.shape(mask)), np.dtype(mask.dtype)
+    if dtype != np.bool_ and not np.issubdtype(dtype, np.integer):
+        raise TypeError(
+            f"mask has dtype {dtype} (shape {shape}): a mask is boolean, True where a query may attend to a "
+            "key (an additive mask of 0 and -inf would read inverted)"
+        )
+    sizes = ", ".join(str(size) for size in scores_shape)
+    takes = f"[B, N, T, S] = [{sizes}], B, N and T may be 1 (a [T, S] mask: mask[None, None])"
+    if len(shape) != 4:
+        raise ValueError(f"mask has shape {shape}: it takes 4 dimensions {takes}")
+    for index, (size, full) in enumerate(zip(shape, scores_shape)):
+        if any(jax.export.is_symbolic_dim(value) for value in (size, full)):
+            continue
+        if size != full and (index == 3 or size != 1):
+            raise ValueError(f"mask has shape {shape}: it takes {takes}")

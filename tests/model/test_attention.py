@@ -170,3 +170,42 @@ def test_attention_weights_can_be_captured_for_plots():
     assert weights.shape == (1, config.num_heads, 3, 5)  # [B, N, T, S]
     np.testing.assert_allclose(weights.sum(-1), 1.0, atol=1e-6)
     assert (weights[..., 4] == 0).all()  # the padded source position gets no attention
+
+
+@pytest.mark.parametrize(
+    "mask, error, expected",
+    [
+        (
+            np.where(np.ones((B, 1, T, S), bool), 0.0, -1e9),
+            TypeError,
+            "mask has dtype float64 (shape (2, 1, 5, 7)): a mask is boolean, True where a query may attend to a key "
+            "(an additive mask of 0 and -inf would read inverted)",
+        ),
+        (
+            np.ones((B, T, S), bool),
+            ValueError,
+            "mask has shape (2, 5, 7): it takes 4 dimensions [B, N, T, S] = [2, 3, 5, 7], B, N and T may be 1 "
+            "(a [T, S] mask: mask[None, None])",
+        ),
+        (
+            np.ones((B, 1, S, T), bool),
+            ValueError,
+            "mask has shape (2, 1, 7, 5): it takes [B, N, T, S] = [2, 3, 5, 7], B, N and T may be 1 "
+            "(a [T, S] mask: mask[None, None])",
+        ),
+    ],
+    ids=["an additive float mask", "a [B, T, S] mask", "a transposed mask"],
+)
+def test_a_mask_that_would_not_mean_what_it_says_is_refused_naming_it(mask, error, expected, monkeypatch):
+    """An additive float mask (0 where allowed) was read as a boolean one, allowing only what it forbids;
+    a [B, T, S] mask broadcast as [1, B, T, S], its batch rows read as heads where B = N (where not, as
+    here, it and a transposed one failed in jnp.where naming no argument). Boolean and integer masks of
+    [B, N, T, S], each of B, N and T or 1, pass."""
+    monkeypatch.setattr(__import__("jaxtyping").config, "jaxtyping_disable", True)  # the suite's hook, not a user's
+    q, k, v = random_qkv()
+    with pytest.raises(error) as raised:
+        dot_product_attention(q, k, v, jnp.asarray(mask) if mask.dtype == bool else mask)
+    assert str(raised.value) == expected
+    allowed = np.tril(np.ones((T, S), bool))[None, None]
+    for given in (allowed, allowed.astype(np.int32), np.broadcast_to(allowed, (B, N, T, S))):
+        np.testing.assert_allclose(dot_product_attention(q, k, v, given), numpy_attention(q, k, v, allowed), atol=1e-5)
