@@ -235,6 +235,7 @@ def search(
 def check_source_ids(source: Any, vocab_size: int, max_positions: int | None = None) -> None:
     """A ValueError naming the first id of a concrete (numpy or jax) `source` [B, S] outside
     [0, vocab_size): the model would give that row NaN logits (or, below 0, the last embedding);
+    or the first PAD before a row's last id (a row of PAD alone is a batch's filler, and passes);
     or the first row whose ids before its padding are more than the model's `max_positions` (None:
     no bound; an imported model's): the encoder would read positions the model never had, without
     a word. A jax.Array is copied to the host to be checked (which waits for what computes it);
@@ -251,6 +252,16 @@ def check_source_ids(source: Any, vocab_size: int, max_positions: int | None = N
         raise ValueError(
             f"source id {ids[row, position]} at row {row}, position {position} is outside the model's source "
             f"vocabulary [0, {vocab_size})"
+        )
+    real = ids != PAD_ID
+    # PAD before a row's last id (left padding, or a gap): the encoder's mask drops it, and the ids after
+    # it are encoded at positions shifted by it, so the row translated otherwise than unpadded, without a word.
+    inside = ~real & np.flip(np.logical_or.accumulate(np.flip(real, axis=1), axis=1), axis=1)
+    if inside.any():
+        row, position = np.argwhere(inside)[0]
+        raise ValueError(
+            f"source row {row} has PAD ({PAD_ID}) at position {position}, before its last id at position "
+            f"{ids.shape[1] - 1 - np.argmax(real[row, ::-1])}: padding goes only after a row's ids"
         )
     if max_positions is None or ids.shape[1] <= max_positions:
         return

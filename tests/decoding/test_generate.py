@@ -299,3 +299,28 @@ def test_generate_checks_separate_vocabularies_by_the_source_side():
     generate_fn = make_generate_fn(config, DecodeSettings(method="greedy", max_extra_length=EXTRA))
     with pytest.raises(ValueError, match=r"source id 60 at row 0, position 1 .* \[0, 60\)$"):
         generate_fn({}, np.array([[59, 60, EOS_ID]]))  # refused before the parameters are read
+
+
+def test_generate_refuses_padding_before_a_rows_last_id(params):
+    """A left-padded row ([PAD, PAD, ids..., EOS]) or one with PAD inside was searched as given: the
+    encoder's mask dropped the PAD, the ids after it were encoded at shifted positions, and the row
+    translated otherwise than unpadded, without a word (translate_ids refuses the same). Refused in
+    one line naming the row and position; a row of PAD alone (a batch's filler) still passes."""
+    generate_fn = make_generate_fn(CONFIG, DecodeSettings(method="greedy", max_extra_length=EXTRA))
+    source = np.array(source_rows())  # row 1: 2 ids + EOS, then padding
+    left_padded = source.copy()
+    left_padded[1] = np.roll(source[1], 3)  # PAD, PAD, PAD, 2 ids, EOS
+    message = r"^source row 1 has PAD \(0\) at position 0, before its last id at position 5: padding goes only after "
+    for given in (left_padded, jnp.asarray(left_padded), left_padded.tolist()):
+        with pytest.raises(ValueError, match=message):
+            generate_fn(params, given)
+    gap = source.copy()
+    gap[2, 1] = PAD_ID
+    with pytest.raises(
+        ValueError, match=r"^source row 2 has PAD \(0\) at position 1, before its last id at position 5"
+    ):
+        generate_fn(params, gap)
+    filler = source.copy()
+    filler[2] = PAD_ID
+    tokens, _ = generate_fn(params, filler)
+    np.testing.assert_array_equal(tokens[:2], generate_fn(params, source)[0][:2])
