@@ -109,6 +109,10 @@ class EncoderOnly(nn.Module):
         self, tokens: Tokens, segments: Packing = None, positions: Packing = None, deterministic: bool | None = None
     ) -> Float[Array, "B D"]:
         """One float32 vector per row: the mean of the encoder states over its real tokens (with
-        packed rows, over all of the row's segments: pool unpacked rows)."""
+        packed rows, over all of the row's segments: pool unpacked rows). A row of PAD alone is a
+        batch's filler (evaluation batches end with such rows, data/pipeline.py's eval_batches; fixed
+        batch shapes compile once) and pools to zeros, changing no other row; a sentence's row holds
+        at least its EOS, so zeros never stand for one. Mask filler rows out with
+        `(tokens != PAD_ID).any(axis=1)`."""
         states = self.encode(tokens, segments, positions, deterministic)  # [B, S, D]
         return masked_mean(states, token_validity(tokens))

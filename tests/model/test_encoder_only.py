@@ -97,6 +97,19 @@ def test_pooled_is_the_mean_over_real_tokens():
     np.testing.assert_allclose(jit_apply(config, EncoderOnly.pooled)(params, longer), pooled, atol=1e-5, rtol=0)
 
 
+def test_a_row_of_padding_alone_is_filler_that_pools_to_zeros_and_changes_no_other_row():
+    """Not refused: the last evaluation batch of a split is filled with such rows (eval_batches)."""
+    params = init_params(TINY)
+    tokens = padded_tokens().at[1].set(PAD_ID)  # rows of 4 real tokens, none, and 2
+    pooled = np.asarray(jit_apply(TINY, EncoderOnly.pooled)(params, tokens))
+    eager = np.asarray(EncoderOnly(TINY).apply({"params": params}, tokens, method="pooled"))  # concrete: unchecked too
+    np.testing.assert_array_equal(pooled[1], np.zeros(TINY.d_model, np.float32))
+    np.testing.assert_array_equal(eager[1], pooled[1])
+    alone = np.asarray(jit_apply(TINY, EncoderOnly.pooled)(params, tokens[::2]))  # the real rows without the filler
+    np.testing.assert_allclose(pooled[::2], alone, atol=1e-6, rtol=1e-5)
+    assert np.abs(alone).sum(axis=1).min() > 0  # a real row's vector is not the filler's
+
+
 @pytest.mark.parametrize("overrides", [{"scan_layers": True}, {"remat_policy": "full", "normalization": "pre"}])
 def test_scan_and_remat_give_the_same_logits(overrides):
     plain_config = TINY.replace(normalization=overrides.get("normalization", "post"))
