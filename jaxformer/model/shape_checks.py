@@ -14,6 +14,7 @@ from __future__ import annotations
 from typing import Any
 
 import jax
+import jax.numpy as jnp
 import numpy as np
 
 # What a shape letter stands for, in the errors; a letter missing here is named as it is.
@@ -68,6 +69,24 @@ def check_integer_ids(**arrays: Any) -> None:
             raise TypeError(
                 f"{name} has dtype {dtype} (shape {tuple(np.shape(array))}): token ids, segment ids and "
                 f"positions are integer arrays"
+            )
+
+
+def check_float_states(**arrays: Any) -> None:
+    """Refuses hidden states (the encoder's output `encoded` [B, S, D]) of a dtype other than a
+    floating one: integer or bool states were cast in the cross-attention's projections and gave
+    other logits without a word (ids given in place of the encoder's output, or its output rounded).
+    A one-line TypeError naming the array, its shape and dtype (static: traced arrays are checked
+    too); None is skipped."""
+    for name, array in arrays.items():
+        if array is None:
+            continue
+        dtype = np.dtype(array.dtype) if hasattr(array, "dtype") else None
+        if dtype is None or not jnp.issubdtype(dtype, jnp.floating):  # bfloat16 is no numpy floating
+            given = f"dtype {dtype}" if dtype is not None else f"a {type(array).__name__}"
+            raise TypeError(
+                f"{name} has {given} (shape {tuple(np.shape(array))}): it takes the encoder's float states "
+                f"[B, S, D] (Transformer.encode's output)"
             )
 
 

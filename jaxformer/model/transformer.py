@@ -22,7 +22,13 @@ from jaxformer.model.config import TransformerConfig, check_architecture
 from jaxformer.model.decoder import Decoder, EncodedSource
 from jaxformer.model.encoder import Encoder
 from jaxformer.model.layers import Embed
-from jaxformer.model.shape_checks import check_integer_ids, check_positions, check_shapes, check_step_rows
+from jaxformer.model.shape_checks import (
+    check_float_states,
+    check_integer_ids,
+    check_positions,
+    check_shapes,
+    check_step_rows,
+)
 from jaxformer.tokens import BOS_ID, PAD_ID
 from jaxformer.typing import Array, Float, Int
 
@@ -131,6 +137,7 @@ class Transformer(nn.Module):
         check_pair_shapes(
             source, target, source_segments, target_segments, None, target_positions, encoded, self.config.d_model
         )
+        check_float_states(encoded=encoded)
         source_side = EncodedSource(encoded, source, source_segments)
         return self.decoder(target, source_side, target_segments, target_positions, self._deterministic(deterministic))
 

@@ -104,6 +104,23 @@ def test_decode_refuses_an_encoder_output_of_another_width():
     assert jax.eval_shape(decode, params, encoded, ids(2, S), ids(2, T)).shape == (2, T, TINY.vocab_size)
 
 
+@pytest.mark.parametrize("dtype", [jnp.int32, jnp.bool_])
+def test_decode_refuses_an_encoder_output_that_is_not_float(dtype):
+    """Integer or bool states (ids given in place of the encoder's output) were cast in the
+    cross-attention's projections and gave other logits, without a word."""
+    model = Transformer(TINY)
+    params = abstract_params(model, ids(2, S), ids(2, T))
+    decode = lambda p, e, s, t: model.apply({"params": p}, e, s, t, method="decode")  # noqa: E731
+    given = jax.ShapeDtypeStruct((2, S, TINY.d_model), dtype)
+    name = np.dtype(dtype).name
+    message = rf"^encoded has dtype {name} \(shape \(2, 6, 32\)\): it takes the encoder's float states \[B, S, D\]"
+    with pytest.raises(TypeError, match=message):
+        jax.eval_shape(decode, params, given, ids(2, S), ids(2, T))
+    for float_dtype in (jnp.float32, jnp.bfloat16):
+        encoded = jax.ShapeDtypeStruct((2, S, TINY.d_model), float_dtype)
+        assert jax.eval_shape(decode, params, encoded, ids(2, S), ids(2, T)).shape == (2, T, TINY.vocab_size)
+
+
 def test_rows_of_no_tokens_are_refused_naming_the_array():
     """A source or target of length 0 failed in the attention's softmax ("zero-size array to reduction
     operation max which has no identity"), naming no argument. A batch of no rows still computes none."""
