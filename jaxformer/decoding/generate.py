@@ -46,6 +46,26 @@ def check_seed(seed: Any) -> None:
         raise ValueError(f"seed must be an integer from 0 to {MAX_SEED}, got {seed!r}")
 
 
+def check_rng(rng: Any) -> None:
+    """A TypeError naming `rng` unless it is None or a random key: jax.random.key(seed)'s, or
+    jax.random.PRNGKey(seed)'s raw uint32 data ([2] for threefry). A seed given in its place (an int, numpy or jax
+    scalar) failed in jax.random.split ("invalid PRNG key data: expected key_data.ndim >= 1"),
+    naming nothing. Seeds are ints only where a class keeps the key (Translator's and
+    LanguageModel's `seed`); the pure functions take the key, as jax's do. Shape and dtype are
+    static: traced keys are checked too."""
+    if rng is None:
+        return
+    dtype = getattr(rng, "dtype", None)
+    if dtype is not None and jnp.issubdtype(dtype, jax.dtypes.prng_key):
+        return
+    if dtype is not None and np.dtype(dtype) == np.uint32 and np.ndim(rng) == 1:  # jax.random.PRNGKey's raw data
+        return
+    if isinstance(rng, (int, np.integer)) and not isinstance(rng, (bool, np.bool_)):
+        raise TypeError(f"rng must be a random key, got the int {rng}: pass jax.random.key({rng})")
+    given = type(rng).__name__ if dtype is None else f"an array of dtype {np.dtype(dtype)}, shape {np.shape(rng)}"
+    raise TypeError(f"rng must be a random key, got {given}: pass jax.random.key(seed)")
+
+
 # The least value of each integer option of Translator and LanguageModel: a piece of at most one
 # token would hold no source token besides its EOS, and a bucket or batch of 0 divides by zero.
 OPTION_MINIMUMS = {"batch_size": 1, "length_bucket": 1, "max_source_tokens": 2, "parallel_batches": 1}
@@ -188,6 +208,7 @@ def generate(
     settings.renormalize_after_bans, log p(Y) sums each step's log-probabilities over the tokens
     allowed there. `model` must be the decoding variant (`decoding_variant`).
     """
+    check_rng(rng)  # before the encoder runs
     batch, source_length = source.shape
     max_length, max_positions = source_length + settings.max_extra_length, model.config.max_positions
     if max_positions is not None:  # the rows' limits are no longer; a symbolic S (an export) gets min(S + extra, P)
@@ -218,7 +239,9 @@ def search(
 ) -> Hypotheses:
     """The search `settings.method` names over `tokens_to_logits`, hypotheses [B, K, ...] always
     (K = 1 for greedy search and sampling); `cache` has one row per batch row (beam search
-    repeats it per beam). `spec`'s renormalize_after_bans is the settings'."""
+    repeats it per beam). `spec`'s renormalize_after_bans is the settings'. `rng`: sampling's key
+    (None: jax.random.key(0)), a seed refused (`check_rng`)."""
+    check_rng(rng)
     spec = dataclasses.replace(spec, renormalize_after_bans=settings.renormalize_after_bans)
     if settings.method == "beam":
         return beam_search(
@@ -318,6 +341,7 @@ class GenerateFn:
         self.trace, self.lower = jitted.trace, jitted.lower
 
     def __call__(self, params: Any, source: Any, rng: jax.Array | None = None) -> Hypotheses:  # source: ids [B, S]
+        check_rng(rng)  # before the trace, where its value is still known
         return self.jitted(params, checked_source(source, self.source_vocab_size, self.max_positions), rng)
 
 

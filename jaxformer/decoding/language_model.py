@@ -17,7 +17,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from jaxformer.data.tokenizer import WORD_BOUNDARY, Tokenizer
-from jaxformer.decoding.generate import DecodeSettings, Hypotheses, check_options, decoding_variant, search
+from jaxformer.decoding.generate import DecodeSettings, Hypotheses, check_options, check_rng, decoding_variant, search
 from jaxformer.decoding.search import SearchSpec
 from jaxformer.decoding.sentence_batches import sentence_list
 from jaxformer.errors import CheckpointError
@@ -144,6 +144,7 @@ def continue_prompts(
     (`check_prompt_rows`); inside a caller's own `jax.jit` nothing can raise, so there only their
     shape counts."""
     check_prompt_rows(prompts, model.config.vocab_size)
+    check_rng(rng)  # before the prompts fill the cache
     batch, prompt_length = prompts.shape
     new_tokens = settings.max_extra_length
     decoder_inputs = jnp.concatenate([jnp.full((batch, 1), BOS_ID, prompts.dtype), prompts], axis=1)  # [B, P + 1]

@@ -7,6 +7,7 @@ import re
 import flax.linen as nn
 import jax
 import jax.numpy as jnp
+import jaxtyping
 import numpy as np
 import pytest
 
@@ -101,6 +102,32 @@ def test_sampling_is_seeded(params):
     other, _ = sample(params, source, jax.random.key(4))
     np.testing.assert_array_equal(first, again)
     assert not np.array_equal(first, other)
+
+
+@pytest.mark.parametrize("seed", [5, np.int64(5), jnp.int32(5)], ids=["int", "numpy", "jax-scalar"])
+def test_sampling_refuses_a_seed_given_for_its_key_naming_rng(params, seed, monkeypatch):
+    """A seed in place of the key failed in jax.random.split ("invalid PRNG key data: expected
+    key_data.ndim >= 1; got ndim=0"), naming no argument."""
+    monkeypatch.setattr(jaxtyping.config, "jaxtyping_disable", True)  # a user's call: no annotation checks
+    settings = DecodeSettings(method="sample", max_extra_length=EXTRA)
+    message = (
+        r"^rng must be a random key, got the int 5: pass jax\.random\.key\(5\)$"
+        if np.ndim(seed) == 0 and not isinstance(seed, jax.Array)
+        else r"^rng must be a random key, got an array of dtype int32, shape \(\): pass jax\.random\.key\(seed\)$"
+    )
+    with pytest.raises(TypeError, match=message):
+        make_generate_fn(CONFIG, settings)(params, source_rows(), seed)
+    with pytest.raises(TypeError, match=r"^rng must be a random key"):  # inside a caller's jit: at trace time
+        jax.jit(lambda p, s, r: generate(Transformer(CONFIG), p, s, settings, r))(params, source_rows(), seed)
+
+
+def test_sampling_takes_a_new_or_a_raw_key():
+    settings = DecodeSettings(method="sample", max_extra_length=EXTRA)
+    shapes = jax.ShapeDtypeStruct(source_rows().shape, jnp.int32)
+    params = jax.eval_shape(Transformer(CONFIG).init, jax.random.key(0), shapes, shapes)["params"]
+    for key in (jax.random.key(3), jax.random.PRNGKey(3)):  # jax.random.PRNGKey's raw uint32 [2] too
+        tokens, _ = jax.eval_shape(make_generate_fn(CONFIG, settings).jitted, params, shapes, key)
+        assert tokens.shape == (3, 1, 6 + EXTRA)
 
 
 def test_bad_settings_are_named():

@@ -91,6 +91,17 @@ def test_continue_prompts_refuses_concrete_rows_holding_eos(language_model):
     assert str(error.value) == "prompts must be ids [batch, length] in an array, got a list: pass jnp.asarray(prompts)"
 
 
+def test_continue_prompts_refuses_a_seed_given_for_its_key(language_model, monkeypatch):
+    import jaxtyping
+
+    monkeypatch.setattr(jaxtyping.config, "jaxtyping_disable", True)  # a user's call: no annotation checks
+    model, rows = DecoderOnly(language_model.config), np.array([[5, 6, 7]], np.int32)
+    sampling = DecodeSettings(method="sample", max_extra_length=3)
+    for seed in (7, np.int32(7)):
+        with pytest.raises(TypeError, match=r"^rng must be a random key, got the int 7: pass jax\.random\.key\(7\)$"):
+            continue_prompts(model, language_model.params, rows, sampling, seed)
+
+
 def test_text_prompts_and_the_empty_prompt_are_accepted(language_model, tokenizer):
     """LanguageModel encodes a text without EOS, and no text encodes to EOS, BOS or PAD (control
     pieces), written out or not; whitespace alone encodes to no id: unconditional generation."""
