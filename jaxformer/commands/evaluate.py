@@ -278,6 +278,8 @@ def run(args: argparse.Namespace) -> int:
         checkpoint=str(args.checkpoint),
         step=translator.step,
         data=name,
+        # The references decide the scores: two files scored against other references must not read alike.
+        **({"reference": str(args.reference)} if args.reference else {}),
         method=settings.method,
         max_extra_length=settings.max_extra_length,  # every method's outputs stop there
         **searched_with,

@@ -42,7 +42,8 @@ def test_evaluate_prints_its_scores_in_utf8_after_writing_its_files(decoding_wor
         "chrF",
         "lowercase",
     ]
-    assert json.loads(scores_file.read_text())["data"] == str(source)
+    scores = json.loads(scores_file.read_text())
+    assert scores["data"] == str(source) and scores["reference"] == str(reference)  # what the scores were taken against
     assert hypotheses.read_text(encoding="utf-8").splitlines() == read_raw("val.en.gz", 3)
 
 
