@@ -11,7 +11,7 @@ from jaxformer.decoding.generate import DecodeSettings
 from jaxformer.decoding.translator import Translator
 from jaxformer.errors import CheckpointError
 from jaxformer.run.loading import load_checkpoint
-from jaxformer.tokens import EOS_ID, PAD_ID
+from jaxformer.tokens import EOS_ID, PAD_ID, UNK_ID
 from tests.conftest import assert_option_refused, assert_seed_refused, make_workdir, read_raw
 
 pytestmark = pytest.mark.xdist_group("decoding-workdir")
@@ -45,9 +45,14 @@ def test_empty_and_overlong_sentences(translator, caplog):
     assert outputs[0] == "" and outputs[2] == ""
     assert outputs[1] == translator.translate(["A dog runs."])[0]
     # Lines that are empty to the tokenizer were decoded from EOS alone, an invented translation.
-    nothing = ["\u200b", "\x01\x02", "\ufeff", " \u200b\t"]  # zero-width space, control characters, BOM
+    nothing = ["\u200b", "\x01\x02", "\ufeff", " \u200b\t", "\x7f", "\u200c\u200e\u200f\u061c"]  # ..., direction marks
     assert [len(translator.tokenizer.encode(text, add_eos=False)) for text in nothing] == [0] * len(nothing)
     assert translator.translate_nbest(nothing) == [[("", 0.0)]] * len(nothing)
+    # What the normaliser (nmt_nfkc) keeps is an unknown piece, translated as one (README, Batching):
+    # NUL, a C1 control, a zero-width joiner, a soft hyphen, a bidi isolate.
+    unknown = ["\x00", "\x85", "\u200d", "\xad", "\u2066\u2069"]
+    assert [translator.tokenizer.encode(text, add_eos=False)[-1] for text in unknown] == [UNK_ID] * len(unknown)
+    assert all(score != 0.0 for [(_, score)] in translator.translate_nbest(unknown))
     pieces = sentence_batches.split_sentence(long_sentence, translator.tokenizer, 64, EOS_ID)
     assert len(pieces) > 1 and all(len(piece) <= 64 and piece[-1] == EOS_ID for piece in pieces)
     # Nothing dropped: the pieces hold every token of the sentence.
