@@ -39,6 +39,7 @@ from jaxformer.data.split_files import (
     split_files,
     unusable_files,
 )
+from jaxformer.data.split_overlap import overlap_warnings
 
 logger = logging.getLogger(__name__)
 
@@ -241,6 +242,8 @@ class ParallelFiles(FingerprintedBuilder):
         _refuse_the_same_pairs_twice(self._files, pairs, self._unit)
         if self._holdout is not None:
             pairs["train"], pairs["validation"] = self._hold_out(pairs["train"])
+        for warning in overlap_warnings(pairs, self._files, self._holdout is not None, self._unit):
+            logger.warning(warning)
         return {split: self._generate_examples(split_pairs) for split, split_pairs in pairs.items()}
 
     def _hold_out(self, train: list) -> tuple[list, list]:

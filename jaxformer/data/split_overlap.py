@@ -1,0 +1,63 @@
+"""Pairs (or a language model's sentences) that one split of the user's files shares with another:
+a training split that holds a pair more than once keeps a copy of a pair held out of it for
+validation, and a validation or test file may repeat training pairs. Such pairs are not refused
+(real corpora repeat short sentences) but said, once, where the splits are prepared: validation
+loss and BLEU, best/ and the final choice would otherwise be chosen on pairs trained on without a
+word, as they would on a copy of the training file (which `parallel_files` refuses)."""
+
+from __future__ import annotations
+
+import itertools
+import pathlib
+from collections.abc import Mapping, Sequence
+
+from jaxformer.data.split_files import SPLITS, Example, SplitFiles
+
+# What scoring a split on examples that an earlier split holds does: (earlier, later) -> phrase.
+_CONSEQUENCES = {
+    ("train", "validation"): "validation loss and BLEU, best/ and the final choice score them as trained on",
+    ("train", "test"): "a test score counts them as trained on",
+    ("validation", "test"): "a test score counts them as chosen on (best/, the final choice)",
+}
+_NAMES = {"train": "training", "validation": "validation", "test": "test"}
+
+
+def shared_examples(earlier: Sequence[Example], later: Sequence[Example]) -> list[int]:
+    """The line numbers (an example's first field) of `later`'s examples whose text (the other
+    fields) an example of `earlier` has too, in `later`'s order. Only the (smaller) later split's
+    texts are held in a set: the training split of a large corpus is scanned, not copied."""
+    wanted = {example[1:] for example in later}
+    found = {example[1:] for example in earlier if example[1:] in wanted}
+    return [example[0] for example in later if example[1:] in found]
+
+
+def first_file(files: SplitFiles) -> pathlib.Path:
+    """The file a line number of `files` is named in: the TSV file, or the first language's."""
+    return files.tsv if files.tsv is not None else next(iter(files.by_language.values()))
+
+
+def overlap_warnings(
+    examples: Mapping[str, Sequence[Example]], files: Mapping[str, SplitFiles], held_out: bool, unit: str
+) -> list[str]:
+    """One warning for each pair of splits in `examples` (split -> (line, text...) examples) where
+    the later shares examples with the earlier. `files`: split -> its files; with `held_out`, the
+    validation split was drawn from the training file (its lines are that file's). `unit`: "pairs"
+    or "sentences"."""
+    warnings = []
+    for earlier, later in itertools.combinations([split for split in SPLITS if split in examples], 2):
+        lines = shared_examples(examples[earlier], examples[later])
+        if not lines:
+            continue
+        total = len(examples[later])
+        if later == "validation" and held_out:
+            where = f"held out of data.files.train={files['train'].spec!r}"
+            first = f"{first_file(files['train'])}:{lines[0]}"
+            also = f"also in the training split (the file holds them more than once; first at {first})"
+        else:
+            where = f"in data.files.{later}={files[later].spec!r}"
+            also = f"also in the {_NAMES[earlier]} split (first at {first_file(files[later])}:{lines[0]})"
+        warnings.append(
+            f"{len(lines):,} of the {total:,} {later} {unit} {where} {'is' if len(lines) == 1 else 'are'} {also}: "
+            f"{_CONSEQUENCES[earlier, later]}"
+        )
+    return warnings

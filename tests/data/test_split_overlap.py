@@ -1,0 +1,85 @@
+"""parallel_files splits that share pairs (or a language model's sentences): a training file that
+holds a pair twice keeps a copy of one held out for validation, and a validation or test file may
+repeat training pairs. Not refused, but said in one warning per pair of splits when the splits are
+prepared, naming the file, the count and the first line; splits without such pairs say nothing."""
+
+import logging
+
+from jaxformer.data.sources import get_builder
+from jaxformer.data.split_overlap import shared_examples
+from tests.data.parallel_corpus import pairs, read, section, write_text_files, write_tsv
+
+
+def overlap_messages(caplog) -> list[str]:
+    return [
+        r.getMessage() for r in caplog.records if r.levelno == logging.WARNING and " also in the " in r.getMessage()
+    ]
+
+
+def test_shared_examples_are_the_later_splits_lines_whose_text_the_earlier_has():
+    earlier = [(1, "a", "x"), (2, "b", "y")]
+    later = [(7, "b", "y"), (8, "a", "y"), (9, "a", "x"), (10, "b", "y")]
+    assert shared_examples(earlier, later) == [7, 9, 10]  # a pair shares both sides, not one
+    assert shared_examples(earlier, [(3, "c", "z")]) == []
+    assert shared_examples([(1, "a")], [(4, "a"), (5, "b")]) == [4]  # one language's sentences
+
+
+def test_a_held_out_pair_whose_copy_stays_in_training_is_said(tmp_path, caplog):
+    corpus = pairs(0, 300)
+    repeated = corpus + corpus[:100]  # 100 pairs twice, as real corpora repeat short sentences
+    train = write_text_files(tmp_path / "corpus" / "train.{lang}", repeated)
+    with caplog.at_level(logging.WARNING):
+        builder = get_builder(section(tmp_path, train=train, validation_holdout=50, shuffle_seed=0))
+        kept, held = read(builder, "train"), read(builder, "validation")
+    shared = [pair for pair in held if pair in set(kept)]
+    assert shared  # the draw holds some out: what the warning counts
+    first_line = 1 + repeated.index(shared[0])  # the held-out copy's line (its first copy, or its second)
+    (message,) = overlap_messages(caplog)
+    assert message.startswith(
+        f"{len(shared)} of the 50 validation pairs held out of data.files.train={train!r} are also in the "
+        f"training split (the file holds them more than once; first at {tmp_path / 'corpus' / 'train.fr'}:"
+    ), message
+    assert message.endswith(": validation loss and BLEU, best/ and the final choice score them as trained on")
+    assert f"train.fr:{first_line})" in message or f"train.fr:{first_line + 300})" in message
+
+
+def test_validation_and_test_files_that_repeat_earlier_pairs_are_said(tmp_path, caplog):
+    corpus = pairs(0, 300)
+    train = write_text_files(tmp_path / "corpus" / "train.{lang}.gz", corpus)
+    validation = write_tsv(tmp_path / "corpus" / "dev.tsv", [*pairs(300, 20), corpus[5], corpus[9]])
+    test = write_tsv(tmp_path / "corpus" / "test.tsv", [*pairs(400, 10), pairs(305, 1)[0], corpus[9]])
+    # corpus[9]: in all three splits; pairs(305, 1): in validation and test
+    with caplog.at_level(logging.WARNING):
+        builder = get_builder(section(tmp_path, train=train, validation=validation, test=test))
+        assert len(read(builder, "validation")) == 22 and len(read(builder, "test")) == 12  # nothing left out
+    assert overlap_messages(caplog) == [
+        f"2 of the 22 validation pairs in data.files.validation={validation!r} are also in the training split "
+        f"(first at {validation}:21): validation loss and BLEU, best/ and the final choice score them as trained on",
+        f"1 of the 12 test pairs in data.files.test={test!r} is also in the training split "
+        f"(first at {test}:12): a test score counts them as trained on",
+        f"2 of the 12 test pairs in data.files.test={test!r} are also in the validation split "
+        f"(first at {test}:11): a test score counts them as chosen on (best/, the final choice)",
+    ]
+
+
+def test_splits_of_their_own_say_nothing(tmp_path, caplog):
+    train = write_text_files(tmp_path / "corpus" / "train.{lang}", pairs(0, 300))
+    test = write_tsv(tmp_path / "corpus" / "test.tsv", pairs(300, 10))
+    with caplog.at_level(logging.WARNING):
+        builder = get_builder(section(tmp_path, train=train, test=test, validation_holdout=50))
+        read(builder, "validation")
+    assert overlap_messages(caplog) == []
+
+
+def test_a_language_models_sentences_are_counted_as_sentences(tmp_path, caplog):
+    sentences = [french for french, _ in pairs(0, 200)]
+    train = tmp_path / "corpus" / "train.fr"
+    train.parent.mkdir(parents=True)
+    train.write_text("".join(f"{s}\n" for s in sentences + sentences[:60]))
+    data = section(tmp_path, train=str(train), validation_holdout=40)
+    data.source_language = "fr"
+    with caplog.at_level(logging.WARNING):
+        builder = get_builder(data, side="source")
+        builder.download_and_prepare()
+    (message,) = overlap_messages(caplog)
+    assert " of the 40 validation sentences held out of data.files.train=" in message, message
