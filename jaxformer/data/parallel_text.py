@@ -53,16 +53,52 @@ _OTHER_COMPRESSIONS = {
 MAGIC_BYTES = 10  # the most any of them needs
 
 
+def _first_match(patterns: dict[str, re.Pattern], head: bytes) -> str | None:
+    """The name of the first of `patterns` that `head`, a file's first bytes, starts with."""
+    return next((name for name, pattern in patterns.items() if pattern.match(head)), None)
+
+
 def other_compression(head: bytes) -> str | None:
     """The phrase "is xz compressed, but ..." for a file whose first bytes, `head` (at least
     MAGIC_BYTES of them, where the file has them), are those of xz, bzip2 or zstd; else None."""
-    for compression, magic in _OTHER_COMPRESSIONS.items():
-        if magic.match(head):
-            return (
-                f"is {compression} compressed, but only gzip (.gz) and plain text are read: decompress it "
-                f"({compression} -d), or recompress it with gzip"
-            )
-    return None
+    compression = _first_match(_OTHER_COMPRESSIONS, head)
+    if compression is None:
+        return None
+    return (
+        f"is {compression} compressed, but only gzip (.gz) and plain text are read: decompress it "
+        f"({compression} -d), or recompress it with gzip"
+    )
+
+
+# A plain file's first bytes that say it holds no UTF-8 text, which would read as "line 1 is not
+# valid UTF-8": gzip data under a name without .gz, or UTF-16/32 text (as Excel's "Unicode text"
+# export writes) by its byte-order mark. None of them starts valid UTF-8. UTF-32's marks first:
+# UTF-32-LE's starts as UTF-16-LE's does.
+_GZIP_MAGIC = b"\x1f\x8b"
+_OTHER_ENCODINGS = {
+    encoding: re.compile(b"|".join(re.escape(mark) for mark in marks))
+    for encoding, marks in (
+        ("UTF-32", (codecs.BOM_UTF32_LE, codecs.BOM_UTF32_BE)),
+        ("UTF-16", (codecs.BOM_UTF16_LE, codecs.BOM_UTF16_BE)),
+    )
+}
+
+
+def not_utf8_text(head: bytes) -> str | None:
+    """The phrase "holds gzip compressed data ..." or "is UTF-16 text ..." for a file read as plain
+    text whose first bytes, `head`, are gzip's magic or a UTF-16/32 byte-order mark; else None."""
+    if head.startswith(_GZIP_MAGIC):
+        return (
+            "holds gzip compressed data where text should be (only a file named *.gz is decompressed, once): "
+            "decompress it (gunzip), or give it as a file named *.gz"
+        )
+    encoding = _first_match(_OTHER_ENCODINGS, head)
+    if encoding is None:
+        return None
+    return (
+        f"is {encoding} text (its byte-order mark says so), but text is read as UTF-8: "
+        f"convert it (iconv -f {encoding} -t UTF-8)"
+    )
 
 
 def _open_text(path: pathlib.Path):
@@ -76,9 +112,10 @@ def decode_lines(raw_lines: Iterable[bytes], name: str | pathlib.Path) -> list[s
     are named first: they make every line number 1 (the bad byte's line once converted is named with them)."""
     lines, count, carriage_returns, breaks, not_utf8 = [], 0, 0, 0, None
     for count, raw in enumerate(raw_lines, start=1):
-        compression = other_compression(raw[:MAGIC_BYTES]) if count == 1 else None
-        if compression:  # no magic holds a \n: all of it is in the first "line"
-            raise DataError(f"{name} {compression}")
+        head = raw[:MAGIC_BYTES]
+        unread_format = (other_compression(head) or not_utf8_text(head)) if count == 1 else None
+        if unread_format:  # no magic or mark holds a \n: all of it is in the first "line"
+            raise DataError(f"{name} {unread_format}")
         if not_utf8 is None:  # read on past it only to count the line endings
             try:
                 lines.append(raw.decode("utf-8-sig" if count == 1 else "utf-8").rstrip("\r\n"))

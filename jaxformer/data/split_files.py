@@ -26,6 +26,7 @@ from jaxformer.data.parallel_text import (
     MAGIC_BYTES,
     DataError,
     SkipCounter,
+    not_utf8_text,
     other_compression,
     read_parallel_lines,
     read_sentences,
@@ -126,8 +127,9 @@ def _other_side_hint(spec: str, languages: Sequence[str], side: str) -> str:
 
 def unusable_files(files: SplitFiles, missing_allowed: bool = False) -> list[str]:
     """One phrase per file of `files` that is not there (unless `missing_allowed`), is not a file,
-    cannot be opened for reading (permissions) or is compressed otherwise than gzip (xz, bzip2,
-    zstd): found before anything is hashed or prepared."""
+    cannot be opened for reading (permissions), is compressed otherwise than gzip (xz, bzip2,
+    zstd), or holds no UTF-8 text by its first bytes (gzip data not named *.gz, UTF-16 or UTF-32
+    text): found before anything is hashed or prepared."""
     if files.tsv is not None:
         described = {str(files.tsv): files.tsv}
     else:
@@ -142,12 +144,15 @@ def unusable_files(files: SplitFiles, missing_allowed: bool = False) -> list[str
         else:
             try:
                 with open(path, "rb") as handle:
-                    compression = other_compression(handle.read(MAGIC_BYTES))
+                    head = handle.read(MAGIC_BYTES)
+                unread_format = other_compression(head)
+                if path.suffix.lower() != ".gz":  # a .gz file's text is checked once decompressed
+                    unread_format = unread_format or not_utf8_text(head)
             except OSError as error:
                 phrases.append(f"{description} cannot be read ({error.strerror or error})")
             else:
-                if compression:
-                    phrases.append(f"{description} {compression}")
+                if unread_format:
+                    phrases.append(f"{description} {unread_format}")
     return phrases
 
 

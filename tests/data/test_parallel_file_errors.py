@@ -4,6 +4,7 @@ a split holding another's pairs, a line without its tab, text that is not UTF-8)
 preparation that fails on bad input leaves nothing behind."""
 
 import bz2
+import codecs
 import errno
 import gzip
 import io
@@ -103,6 +104,27 @@ def test_an_unreadable_file_is_named_before_anything_is_hashed_or_prepared(tmp_p
 ZSTD_PAIR = bytes.fromhex("28b52ffd0458410000756e09646575780a0c9df517")
 
 
+def assert_named_before_hashing(tmp_path, monkeypatch, cases: dict[str, tuple[bytes, str]]):
+    """Each file of `cases` (its name: (its bytes, the phrase after its path)) given as a test
+    split is refused in that phrase before anything is hashed, and so is it where a file is read
+    without that check (evaluate --source, translate --input, stdin)."""
+    fine = write_text_files(tmp_path / "fine" / "train.{lang}", pairs(0, 20))
+    monkeypatch.setattr(fingerprint, "hash_file", lambda path: pytest.fail(f"{path} hashed"))
+    for name, (data, expected) in cases.items():
+        for language in ("fr", "ja") if "{lang}" in name else ("",):
+            (tmp_path / name.replace("{lang}", language)).parent.mkdir(exist_ok=True)
+            (tmp_path / name.replace("{lang}", language)).write_bytes(data)  # as it is, even named .gz
+        named = tmp_path / name.replace("{lang}", "fr")
+        with pytest.raises(DataError) as caught:
+            get_builder(section(tmp_path, train=fine, test=str(tmp_path / name)))
+        assert str(caught.value).startswith(f"data.files.test={str(tmp_path / name)!r}: {named}"), name
+        assert str(caught.value).endswith(f" {expected}"), name
+        assert str(pytest.raises(DataError, read_lines, named).value) == f"{named} {expected}"
+        with pytest.raises(DataError, match=rf"^<stdin> {re.escape(expected)}$"):
+            decode_lines(io.BytesIO(data), "<stdin>")
+    assert not (tmp_path / "tfds").exists()
+
+
 def test_a_file_compressed_otherwise_than_gzip_is_named_before_anything_is_hashed(tmp_path, monkeypatch):
     """xz, bzip2 and zstd files (whatever their names say) read as "line 1 is not valid UTF-8", or
     as "not a gzip file" when named .gz: they are named by their format, before anything is hashed."""
@@ -115,27 +137,38 @@ def test_a_file_compressed_otherwise_than_gzip_is_named_before_anything_is_hashe
         "empty-bz2.tsv": (bz2.compress(b""), "bzip2"),
         "zstd.tsv": (ZSTD_PAIR, "zstd"),
     }
-    fine = write_text_files(tmp_path / "fine" / "train.{lang}", pairs(0, 20))
-    monkeypatch.setattr(fingerprint, "hash_file", lambda path: pytest.fail(f"{path} hashed"))
-    for name, (data, compression) in cases.items():
-        for language in ("fr", "ja") if "{lang}" in name else ("",):
-            (tmp_path / name.replace("{lang}", language)).parent.mkdir(exist_ok=True)
-            (tmp_path / name.replace("{lang}", language)).write_bytes(data)  # as it is, even named .gz
-        compressed = tmp_path / name.replace("{lang}", "fr")
-        expected = (
-            f"{compression} compressed, but only gzip (.gz) and plain text are read: decompress it "
-            f"({compression} -d), or recompress it with gzip"
-        )
-        with pytest.raises(DataError) as caught:
-            get_builder(section(tmp_path, train=fine, test=str(tmp_path / name)))
-        assert str(caught.value).startswith(f"data.files.test={str(tmp_path / name)!r}: {compressed}"), name
-        assert str(caught.value).endswith(f" is {expected}"), name
-        # ... and where a file is read without that check: evaluate --source, translate --input, stdin
-        assert str(pytest.raises(DataError, read_lines, compressed).value) == f"{compressed} is {expected}"
-        with pytest.raises(DataError, match=rf"^<stdin> is {re.escape(expected)}$"):
-            decode_lines(io.BytesIO(data), "<stdin>")
-    assert not (tmp_path / "tfds").exists()
+    phrase = (
+        "is {0} compressed, but only gzip (.gz) and plain text are read: decompress it ({0} -d), "
+        "or recompress it with gzip"
+    )
+    assert_named_before_hashing(
+        tmp_path, monkeypatch, {name: (data, phrase.format(format)) for name, (data, format) in cases.items()}
+    )
     assert decode_lines([b"BZh9 et 1AY&SY\n"], "<stdin>") == ["BZh9 et 1AY&SY"]  # text that starts as bzip2 does
+
+
+def test_gzip_data_not_named_gz_and_utf16_text_are_named_before_anything_is_hashed(tmp_path, monkeypatch):
+    """A gzip file named without .gz, and UTF-16 or UTF-32 text (Excel's "Unicode text" export,
+    with its byte-order mark), read as "line 1 is not valid UTF-8 (invalid start byte at byte 0)":
+    they are named by what they hold, with the command that makes them readable."""
+    text = "".join(f"{s}\t{t}\n" for s, t in pairs(0, 20))
+    gunzip = (
+        "holds gzip compressed data where text should be (only a file named *.gz is decompressed, once): "
+        "decompress it (gunzip), or give it as a file named *.gz"
+    )
+    other = "is {0} text (its byte-order mark says so), but text is read as UTF-8: convert it (iconv -f {0} -t UTF-8)"
+    cases = {  # file name: (bytes, the phrase that names them)
+        "train.tsv": (gzip.compress(text.encode()), gunzip),
+        "gz/train.{lang}": (gzip.compress(text.encode()), gunzip),
+        "utf16.tsv": (text.encode("utf-16"), other.format("UTF-16")),
+        "utf16be.tsv": (codecs.BOM_UTF16_BE + text.encode("utf-16-be"), other.format("UTF-16")),
+        "utf32.tsv": (text.encode("utf-32"), other.format("UTF-32")),
+    }
+    assert_named_before_hashing(tmp_path, monkeypatch, cases)
+    # A .gz file is decompressed once: the gzip data it holds is read, and checked as text.
+    assert read_lines(write_bytes(tmp_path / "fine.tsv.gz", text.encode())) == text.splitlines()
+    with pytest.raises(DataError, match=r"utf16\.tsv\.gz is UTF-16 text"):
+        read_lines(write_bytes(tmp_path / "utf16.tsv.gz", text.encode("utf-16")))
 
 
 def test_a_read_error_after_the_check_is_one_line_naming_the_file(tmp_path, monkeypatch):
