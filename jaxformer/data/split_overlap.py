@@ -19,6 +19,8 @@ _CONSEQUENCES = {
     ("train", "test"): "a test score counts them as trained on",
     ("validation", "test"): "a test score counts them as chosen on (best/, the final choice)",
 }
+# A language model's run scores no BLEU and keeps no best/: its validation loss is what they change.
+_LANGUAGE_MODEL_VALIDATION = "the validation loss scores them as trained on"
 _NAMES = {"train": "training", "validation": "validation", "test": "test"}
 
 
@@ -56,8 +58,8 @@ def overlap_warnings(
         else:
             where = f"in data.files.{later}={files[later].spec!r}"
             also = f"also in the {_NAMES[earlier]} split (first at {first_file(files[later])}:{lines[0]})"
-        warnings.append(
-            f"{len(lines):,} of the {total:,} {later} {unit} {where} {'is' if len(lines) == 1 else 'are'} {also}: "
-            f"{_CONSEQUENCES[earlier, later]}"
-        )
+        language_model_validation = unit == "sentences" and later == "validation"
+        consequence = _LANGUAGE_MODEL_VALIDATION if language_model_validation else _CONSEQUENCES[earlier, later]
+        verb = "is" if len(lines) == 1 else "are"
+        warnings.append(f"{len(lines):,} of the {total:,} {later} {unit} {where} {verb} {also}: {consequence}")
     return warnings

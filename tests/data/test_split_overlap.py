@@ -83,3 +83,4 @@ def test_a_language_models_sentences_are_counted_as_sentences(tmp_path, caplog):
         builder.download_and_prepare()
     (message,) = overlap_messages(caplog)
     assert " of the 40 validation sentences held out of data.files.train=" in message, message
+    assert message.endswith(": the validation loss scores them as trained on")  # no BLEU, no best/
