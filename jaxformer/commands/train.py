@@ -246,7 +246,7 @@ def run(args: argparse.Namespace) -> int:
     def checked_config():
         config = load_config(args.config)
         apply_overrides(config, args.overrides)
-        experiment.validate(config)  # every value, before anything is prepared, compiled or written
+        experiment.validate(config, args.workdir)  # every value, before anything is prepared, compiled or written
         return config
 
     config = processes.all_or_none(checked_config)

@@ -17,6 +17,7 @@ from jaxformer.model.config import ConfigError, TransformerConfig, preset
 from jaxformer.tokens import MASK_PIECE
 from jaxformer.training.checked_keys import model_number_keys, refuse_wrong_kinds
 from jaxformer.training.config_rules import VALUE_RULES, check_combinations
+from jaxformer.training.given_model_size import GivenModelSizeError, changed_since_the_run
 from jaxformer.training.sharding import DEFAULT_RULES
 
 DEFAULT_VOCAB_SIZE = 8000  # tokenizer.vocab_size's default: a given model's size replaces it
@@ -234,7 +235,7 @@ def unknown_key_error(key: str, known: Iterable[str]) -> ConfigError:
     return ConfigError(f"unknown config key {key!r}{hint}")
 
 
-def validate(config: ml_collections.ConfigDict) -> None:
+def validate(config: ml_collections.ConfigDict, workdir: str | os.PathLike | None = None) -> None:
     """Raises ConfigError naming the key and what it allows, for an unknown key (with near
     matches), a value out of range, values that contradict each other, or a bad model."""
     known = flatten(default_config())
@@ -246,7 +247,7 @@ def validate(config: ml_collections.ConfigDict) -> None:
         if key in values and not allowed(values[key]):
             raise ConfigError(f"config {key}={values[key]!r}: must be {description}")
     check_combinations(config, architecture(config))
-    source_size, target_size = vocabulary_sizes(config)
+    source_size, target_size = vocabulary_sizes(config, workdir)
     model_config(config, target_size, source_size if config.tokenizer.separate_vocabularies else None)
 
 
@@ -295,12 +296,12 @@ def control_symbols(config: ml_collections.ConfigDict) -> tuple[str, ...]:
     return (MASK_PIECE,) if architecture(config) == "encoder_only" else ()
 
 
-def vocabulary_sizes(config: ml_collections.ConfigDict) -> tuple[int, int]:
+def vocabulary_sizes(config: ml_collections.ConfigDict, workdir: str | os.PathLike | None = None) -> tuple[int, int]:
     """(source, target) vocabulary sizes of the run: tokenizer.vocab_size for a vocabulary trained
     here, the piece count of a given model (tokenizer.model_path / target_model_path) otherwise;
     the same number twice for a shared vocabulary. Reads (and converts) the given models, so a
     missing or unusable file, or a contradicting tokenizer.vocab_size, is an error before any
-    data is prepared."""
+    data is prepared; in a run's `workdir`, a model changed since the run started is named so."""
     section = config.tokenizer
     if section.target_model_path is not None and architecture(config) != "encoder_decoder":
         raise ConfigError(
@@ -340,11 +341,13 @@ def vocabulary_sizes(config: ml_collections.ConfigDict) -> tuple[int, int]:
         models = " and ".join(f"tokenizer.{key} {pieces_text(paths[key], tokenizers[key])}" for key in checked)
         choice = f"{DEFAULT_VOCAB_SIZE}" if len(sizes) > 1 else f"{next(iter(sizes))}, or {DEFAULT_VOCAB_SIZE}"
         both = "; one value cannot be both sizes" if len(sizes) > 1 else ""
-        raise ConfigError(
+        error = GivenModelSizeError(
             f"config tokenizer.vocab_size={section.vocab_size}, but {models}, and no vocabulary is trained here: "
             f"set tokenizer.vocab_size={choice} (default_config()'s value, which takes each given model's size{both}; "
-            "a config file's own value, such as multi30k's 6000, counts as a choice)"
+            "a config file's own value, such as multi30k's 6000, counts as a choice)",
+            {key: given[key] for key in checked},
         )
+        raise changed_since_the_run(error, config, workdir)
     source = given.get("model_path", section.vocab_size)
     target = given.get("target_model_path", section.vocab_size) if section.separate_vocabularies else source
     return source, target

@@ -89,7 +89,7 @@ def train_and_evaluate(
 
     if holds_numpy_scalars(config):  # a library caller's: each checkpoint writes the config as JSON
         config = with_python_values(config)
-    processes.all_or_none(lambda: experiment.validate(config))
+    processes.all_or_none(lambda: experiment.validate(config, workdir))
     processes.check_same_config(config)  # as given: relative paths resolve per host, and may differ
     config = with_absolute_paths(config)
     run_start.input_shards(config.data)

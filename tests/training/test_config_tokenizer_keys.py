@@ -298,3 +298,34 @@ def test_a_start_checkpoint_without_a_start_is_named():
     ]
     config.training.init_from = "runs/base"
     assert unused_settings(config) == []
+
+
+def test_a_resumes_given_model_that_changed_size_is_named_changed_not_sent_to_another_vocab_size(models, tmp_path):
+    """A run started with tokenizer.model_path (81 pieces converted, vocab_size=81) resumed after the
+    file was replaced by a 61-piece model: "set tokenizer.vocab_size=61" would be refused as another
+    configuration than the run's, so the workdir's copy names the file as changed, with the remedies."""
+    from jaxformer.data.tokenizer import Tokenizer
+
+    given = tmp_path / "my_spm.model"
+    given.write_bytes(models["en"].read_bytes())
+    workdir = tmp_path / "run"
+    workdir.mkdir()
+    Tokenizer.from_sentencepiece_file(given).save(workdir / "tokenizer.model")  # what the run's start wrote
+    config = load_config("tiny")
+    config.tokenizer.model_path, config.tokenizer.vocab_size = str(given), 81
+    experiment.validate(config, workdir)  # the file as the run had it
+    given.write_bytes(models["de"].read_bytes())  # replaced since
+    with pytest.raises(ConfigError) as raised:
+        experiment.validate(config, workdir)
+    assert str(raised.value) == (
+        f"tokenizer.model_path {given} converts to 61 pieces, but {workdir / 'tokenizer.model'}, the workdir's "
+        "conversion of the model its run started with, has 81 (tokenizer.vocab_size=81, as the run was trained): "
+        "the file changed since, or it is another model; restore that file, or leave tokenizer.model_path unset "
+        "to resume with the workdir's copy, or use a new workdir"
+    )
+    # A new run (no workdir, or one without that tokenizer) is told the value to set, as before.
+    for new_run in (None, tmp_path / "new"):
+        with pytest.raises(
+            ConfigError, match=r"^config tokenizer\.vocab_size=81, but .* set tokenizer\.vocab_size=61, or 8000"
+        ):
+            experiment.validate(config, new_run)
