@@ -107,7 +107,8 @@ def _open_text(path: pathlib.Path):
 
 def decode_lines(raw_lines: Iterable[bytes], name: str | pathlib.Path) -> list[str]:
     """UTF-8 lines without their line breaks, and without the byte-order mark that some editors
-    write at the start of a file (it is not text: a reference that kept it would lose BLEU); a
+    write at the start of a file (it is not text: a reference that kept it would lose BLEU), nor
+    one at the start of a later line (files joined with cat, each with its own mark); a
     bad byte raises DataError naming `name` and the line. Lines ended by a carriage return alone
     are named first: they make every line number 1 (the bad byte's line once converted is named with them)."""
     lines, count, carriage_returns, breaks, not_utf8 = [], 0, 0, 0, None
@@ -118,7 +119,8 @@ def decode_lines(raw_lines: Iterable[bytes], name: str | pathlib.Path) -> list[s
             raise DataError(f"{name} {unread_format}")
         if not_utf8 is None:  # read on past it only to count the line endings
             try:
-                lines.append(raw.decode("utf-8-sig" if count == 1 else "utf-8").rstrip("\r\n"))
+                text = raw.decode("utf-8-sig" if count == 1 else "utf-8").rstrip("\r\n")
+                lines.append(text.removeprefix("\ufeff"))  # a later line's mark too: files joined with cat
             except UnicodeDecodeError as error:
                 bom = len(codecs.BOM_UTF8) if count == 1 and raw.startswith(codecs.BOM_UTF8) else 0
                 converted_line = breaks + raw[: bom + error.start].count(b"\r") + 1  # each \r and \n a break
