@@ -105,6 +105,13 @@ def _open_text(path: pathlib.Path):
     return gzip.open(path, "rb") if path.suffix.lower() == ".gz" else open(path, "rb")
 
 
+def first_line(path: str | pathlib.Path) -> str:
+    """The first line of a text file (gzip or plain) as text, without its line break or a
+    byte-order mark; bytes that are not UTF-8 replaced (reading the file names them)."""
+    with _open_text(pathlib.Path(path)) as handle:
+        return handle.readline().decode("utf-8-sig", errors="replace").rstrip("\r\n")
+
+
 def decode_lines(raw_lines: Iterable[bytes], name: str | pathlib.Path) -> list[str]:
     """UTF-8 lines without their line breaks, and without the byte-order mark that some editors
     write at the start of a file (it is not text: a reference that kept it would lose BLEU), nor

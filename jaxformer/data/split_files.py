@@ -26,6 +26,7 @@ from jaxformer.data.parallel_text import (
     MAGIC_BYTES,
     DataError,
     SkipCounter,
+    first_line,
     not_utf8_text,
     other_compression,
     read_parallel_lines,
@@ -156,6 +157,29 @@ def unusable_files(files: SplitFiles, missing_allowed: bool = False) -> list[str
     return phrases
 
 
+# Column names a TSV file's first line holds where a program wrote a header (pandas' to_csv does
+# by default): read as a pair, it would be trained on, or scored in a test split.
+HEADER_NAMES = (("source", "target"), ("src", "tgt"))
+
+
+def refuse_a_header(path: pathlib.Path, languages: Sequence[str]) -> None:
+    """DataError when line 1 of the TSV file `path` names its columns: the (source, target)
+    `languages`' codes, the other way round, or one of HEADER_NAMES (any case)."""
+    fields = tuple(field.strip().lower() for field in first_line(path).split("\t"))
+    codes = tuple(code.lower() for code in languages)
+    if fields not in {codes, codes[::-1], *HEADER_NAMES}:
+        return
+    order = (
+        f"; its columns are {languages[1]}, {languages[0]}: the run reads source<TAB>target ({languages[0]} first)"
+        if fields == codes[::-1]
+        else ""
+    )
+    raise DataError(
+        f"{path}: line 1 ({'<TAB>'.join(fields)}) names the columns, as a header does, and every line is read as "
+        f"a pair: remove that line (pandas: to_csv(..., header=False)){order}"
+    )
+
+
 def read_examples(files: SplitFiles, languages: Sequence[str], side: str | None, skipped: SkipCounter) -> list[Example]:
     """(line number, text of each language read) of every example with text on each side read:
     (number, source, target) pairs, or (number, sentence) for `side`; DataError if there is none."""
@@ -168,6 +192,8 @@ def read_examples(files: SplitFiles, languages: Sequence[str], side: str | None,
     else:
         source, target = (files.by_language[language] for language in languages)
         examples = list(read_parallel_lines(source, target, skipped))
+    if files.tsv is not None:  # once the file read: a bad byte or a damaged gzip is named as such first
+        refuse_a_header(files.tsv, languages)
     if not examples:
         what = "pair with text on both sides" if side is None else f"line of {read_languages(languages, side)[0]} text"
         raise DataError(f"data.files.{files.split}={files.spec!r} holds no {what}")

@@ -330,3 +330,29 @@ def test_lines_ended_by_carriage_returns_are_named_before_a_byte_that_is_not_utf
     assert "line 2 is not valid UTF-8" in str(
         pytest.raises(DataError, decode_lines, [b"a\r\n", b"\xff\r\n"], "crlf").value
     )
+
+
+def test_a_tsv_header_line_is_refused_not_read_as_a_pair(tmp_path):
+    """pandas' to_csv(sep="\t") writes the column names first: read as a pair, the header would be
+    trained on, or scored in a test split. Line 1 naming the languages (either order, any case) or
+    source/target is refused naming the file; the other order says the columns are swapped."""
+    body = "".join(f"{s}\t{t}\n" for s, t in pairs(0, 20))
+    cases = {  # file name: (its first line, the end of the message)
+        "codes.tsv": ("fr\tja", ""),
+        "upper.tsv.gz": ("FR\tJA", ""),
+        "names.tsv": ("source\ttarget", ""),
+        "swapped.tsv": ("ja\tfr", "; its columns are ja, fr: the run reads source<TAB>target (fr first)"),
+    }
+    for name, (header, end) in cases.items():
+        path = write_bytes(tmp_path / name, f"{header}\n{body}".encode())
+        shown = "<TAB>".join(header.lower().split("\t"))
+        with pytest.raises(DataError) as caught:
+            read(get_builder(section(tmp_path / name.split(".")[0], train=str(path), validation_holdout=2)), "train")
+        assert str(caught.value) == (
+            f"{path}: line 1 ({shown}) names the columns, as a header does, and every line is read as a pair: "
+            f"remove that line (pandas: to_csv(..., header=False)){end}"
+        ), name
+    # A first pair that only holds a code, or other words, is a pair.
+    for first in ("fr\tle japonais", "Source\tソース"):
+        path = write_bytes(tmp_path / "pairs" / "train.tsv", f"{first}\n{body}".encode())
+        assert len(read(get_builder(section(tmp_path / "pairs", train=str(path), validation_holdout=2)), "train")) == 19
