@@ -42,11 +42,32 @@ def sentence_list(sentences: Iterable[str]) -> list[str]:
     and a generator can be read only once."""
     if isinstance(sentences, (str, bytes)):  # iterating would translate each character
         raise TypeError(f"sentences must be a list of str, not one {type(sentences).__name__}: pass [sentence]")
-    listed = list(sentences)
+    try:
+        listed = list(sentences)
+    except TypeError:
+        if hasattr(sentences, "__iter__") or hasattr(sentences, "__getitem__"):
+            raise  # an iterable whose iteration failed: its own error
+        raise TypeError(
+            f"sentences must be an iterable of str (a list, a generator, a file), not {type(sentences).__name__}"
+        ) from None
     for index, sentence in enumerate(listed):
         if not isinstance(sentence, str):
             raise TypeError(f"sentence {index} is {type(sentence).__name__}, not str")
+        refuse_unencodable(sentence, index)
     return listed
+
+
+def refuse_unencodable(sentence: str, index: int) -> None:
+    """A str that is no Unicode text (a lone surrogate, as json.loads makes of "\\ud800" or
+    surrogateescape of a byte that is not UTF-8) has no UTF-8 for sentencepiece: named here, with
+    its index and position, where the tokenizer would fail naming neither."""
+    try:
+        sentence.encode("utf-8")
+    except UnicodeEncodeError as error:
+        raise ValueError(
+            f"sentence {index} is not valid Unicode text: {sentence[error.start]!r} at character {error.start} "
+            "is a lone surrogate, which has no UTF-8"
+        ) from None
 
 
 def has_pieces(ids: np.ndarray, eos_id: int) -> bool:

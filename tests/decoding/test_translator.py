@@ -3,6 +3,7 @@
 import logging
 import re
 
+import jaxtyping
 import numpy as np
 import pytest
 
@@ -84,6 +85,31 @@ def test_any_iterable_of_sentences_is_read_once_before_the_search(translator, tm
     monkeypatch.setattr(translator, "translate_ids", no_search)
     with pytest.raises(TypeError, match="^sentence 2 is bytes, not str$"):  # found before any decoding
         translator.translate(sentence for sentence in ["A man.", "A dog.", b"A cat."])
+
+
+def test_sentences_that_are_not_an_iterable_of_text_are_named_before_any_search(translator, monkeypatch):
+    """None or an int failed as "'NoneType' object is not iterable", naming no argument; a str
+    holding a lone surrogate (json.loads('"\\ud800"') makes one) failed in sentencepiece as "List
+    elements must be str or bytes", naming no sentence."""
+
+    def no_search(*args, **kwargs):
+        raise AssertionError("the search ran")
+
+    monkeypatch.setattr(translator, "translate_ids", no_search)
+    previous = jaxtyping.config.jaxtyping_disable  # the test session's beartype checks, which a user has not
+    jaxtyping.config.update("jaxtyping_disable", True)
+    try:
+        for value, name in ((None, "NoneType"), (5, "int")):
+            with pytest.raises(TypeError, match=rf"^sentences must be an iterable of str \(a list, .*\), not {name}$"):
+                translator.translate(value)
+    finally:
+        jaxtyping.config.update("jaxtyping_disable", previous)
+    unencodable = (
+        r"^sentence 1 is not valid Unicode text: '\\udc80' at character 1 is a lone surrogate, which has no UTF-8$"
+    )
+    for entry in (translator.translate, translator.translate_nbest):
+        with pytest.raises(ValueError, match=unencodable):
+            entry(["A man.", b"A\x80".decode("utf-8", "surrogateescape")])
 
 
 def test_bad_arguments_are_refused_before_any_search(translator):

@@ -152,3 +152,12 @@ def test_the_id_entry_points_refuse_a_source_past_the_models_positions(exported,
     model.translate_sequences([fits + [PAD, PAD]])
     bucket = config["serving"]["length_bucket"]  # the batch's width, past P: its padding is no position either
     assert ran == [[fits + [PAD, PAD]], [fits + [PAD] * (bucket - len(fits))]]
+
+
+def test_the_text_entry_points_name_a_sentence_that_is_no_unicode_text_before_any_batch(unrun):
+    """A str holding a lone surrogate (json.loads('"\\ud800"') makes one) failed in sentencepiece
+    with pybind11's 'Unable to cast Python instance of type <class 'str'> to C++ type', naming no
+    sentence."""
+    for entry in (unrun.translate, unrun.translate_nbest):
+        with pytest.raises(ValueError, match=r"^sentence 1 is not valid Unicode text: '\\ud800' at character 2 is a"):
+            entry(["A man.", "A \ud800 dog."])
