@@ -221,6 +221,14 @@ class ExportedTranslator:
         for index, ids in enumerate(sources):
             _refuse_bad_ids(ids, self.tokenizer, f"source {index}", self.vocab_size, self.max_positions)
         sources = [sentence_batches.without_trailing_padding(ids, self.tokenizer.pad_id) for ids in sources]
+        for index, ids in enumerate(sources):  # the program's bound on S, before any batch runs
+            if (padded := sentence_batches.padded_length(len(ids), self.length_bucket)) > self.max_source_length:
+                raise ValueError(
+                    f"source {index} has {len(ids)} ids (EOS included), padded to {padded} (serving.length_bucket "
+                    f"{self.length_bucket}): more than the {self.max_source_length} this export's program takes "
+                    "(serving.max_source_length, jaxformer-export --max_source_tokens); translate() splits a "
+                    "longer sentence into pieces"
+                )
         results: list[Any] = [None] * len(sources)
         batches = sentence_batches.length_sorted_batches(
             sources, self.batch_size, self.length_bucket, self.tokenizer.pad_id, self.tokenizer.eos_id

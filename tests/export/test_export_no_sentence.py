@@ -154,6 +154,25 @@ def test_the_id_entry_points_refuse_a_source_past_the_models_positions(exported,
     assert ran == [[fits + [PAD, PAD]], [fits + [PAD] * (bucket - len(fits))]]
 
 
+def test_translate_sequences_refuses_a_source_longer_than_the_program_takes_naming_it_before_any_batch(unrun):
+    """A source of more ids than the program's bound on S (serving.max_source_length) failed as its
+    batch was padded, naming neither the source nor its length ('source length 48 exceeds the 32
+    tokens this export was made for': the padded length). Now it is named before any batch runs."""
+    longest = unrun.max_source_length
+    fits = np.asarray([5] * (longest - 1) + [EOS], np.int32)
+    too_long = np.asarray([5] * longest + [EOS], np.int32)
+    refused = (
+        rf"^source 1 has {longest + 1} ids \(EOS included\), padded to {longest + 16} \(serving.length_bucket 16\): "
+        rf"more than the {longest} this export's program takes \(serving.max_source_length, jaxformer-export "
+        r"--max_source_tokens\); translate\(\) splits a longer sentence into pieces$"
+    )
+    for bad in (too_long, np.concatenate([too_long, [PAD, PAD]])):  # its padding not counted
+        with pytest.raises(ValueError, match=refused):
+            unrun.translate_sequences([fits, bad])
+    with pytest.raises(AssertionError, match="the program ran"):  # the longest it takes passes the checks
+        unrun.translate_sequences([fits, np.concatenate([fits, [PAD] * 5])])
+
+
 def test_the_text_entry_points_name_a_sentence_that_is_no_unicode_text_before_any_batch(unrun):
     """A str holding a lone surrogate (json.loads('"\\ud800"') makes one) failed in sentencepiece
     with pybind11's 'Unable to cast Python instance of type <class 'str'> to C++ type', naming no
