@@ -52,6 +52,14 @@ def check_seed(config: dict[str, Any], seed: int | None) -> None:
         raise SeedError(f"seed must be an integer from 0 to {MAX_SEED}, got {seed!r}")
 
 
+def checked_batch_size(batch_size: Any) -> int:
+    """`batch_size` if it is an integer >= 1, Translator's rule (2.7, "4" and True were cast to 2, 4
+    and 1); `load` checks a given one with the seed, before any parameter is read."""
+    if isinstance(batch_size, bool) or not isinstance(batch_size, int) or batch_size < 1:
+        raise ValueError(f"batch_size must be an integer >= 1, got {batch_size!r}")
+    return batch_size
+
+
 def first_key(config: dict[str, Any], seed: int | None, config_path) -> jax.Array | None:
     """A sampling export's key, which each batch's is split from in turn, as `Translator`'s, from
     `seed` (None: config.json's decoding.seed, checked by read_config); None for another search,

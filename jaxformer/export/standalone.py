@@ -178,9 +178,7 @@ class ExportedTranslator:
         self.config, self.tokenizer, self.program = config, tokenizer, program
         self.target_tokenizer = target_tokenizer or tokenizer
         self.params = jax.device_put(params)
-        self.batch_size = int(serving["batch_size"] if batch_size is None else batch_size)
-        if self.batch_size < 1:
-            raise ValueError(f"batch_size must be >= 1, got {self.batch_size}")
+        self.batch_size = export_program.checked_batch_size(serving["batch_size"] if batch_size is None else batch_size)
         self.length_bucket = int(serving["length_bucket"])
         self.max_source_tokens = int(serving["max_source_tokens"])
         self.max_source_length = int(serving["max_source_length"])
@@ -303,6 +301,8 @@ def load(directory: str | pathlib.Path, batch_size: int | None = None, seed: int
         raise ExportError(_MISSING_HELPER)
     config = export_files.read_config(directory)
     export_program.check_seed(config, seed)  # config.json alone: before any parameter is read
+    if batch_size is not None:
+        export_program.checked_batch_size(batch_size)
     config, params, tokenizer, target_tokenizer, program = _read_files(pathlib.Path(directory), config)
     platform = jax.export.default_export_platform()
     if platform not in program.platforms:

@@ -5,11 +5,13 @@ test_export_interruptions.py."""
 
 import json
 import os
+import re
 import shutil
 
 import pytest
 
 from jaxformer.commands import export
+from jaxformer.decoding.translator import Translator
 from jaxformer.export import export_program, exporter, output_folder, standalone
 from jaxformer.export.loading import ExportError, load_export
 from tests.export.conftest import FLAGS
@@ -121,8 +123,31 @@ def test_values_the_program_allows_still_load(exported, tmp_path):
     _edit_config(copy, edit)
     model = standalone.load(copy)
     assert (model.batch_size, model.max_source_tokens, model.max_source_length) == (2, 20, 32)
-    with pytest.raises(ValueError, match="batch_size must be >= 1, got 0"):  # the value used, not the argument
+    with pytest.raises(
+        ValueError, match="^batch_size must be an integer >= 1, got 0$"
+    ):  # the value used, not the argument
         standalone.ExportedTranslator(model.config | {"serving": {"batch_size": 0}}, {}, None, model.program)
+
+
+def test_a_batch_size_that_is_no_positive_integer_is_refused_before_the_export_is_read(
+    exported,
+    monkeypatch,
+    symbolic_shapes_unchecked,  # Translator's beartype checks off, as a user runs
+):
+    """serve.load and Translator.from_export cast batch_size with int(): 2.7 ran batches of 2, "4"
+    of 4 and True of 1, where Translator refuses each. Now refused as Translator refuses them,
+    before any parameter is read."""
+
+    def unread(*args):
+        raise AssertionError("the export was read")
+
+    monkeypatch.setattr(standalone, "_read_files", unread)
+    for batch_size in (2.7, "4", True, 0, -1):
+        for load in (standalone.load, Translator.from_export):
+            with pytest.raises(
+                ValueError, match=rf"^batch_size must be an integer >= 1, got {re.escape(repr(batch_size))}$"
+            ):
+                load(exported, batch_size=batch_size)
 
 
 @pytest.mark.parametrize(
