@@ -165,15 +165,16 @@ def _round_trip(directory, tmp_path):
 
 
 @pytest.mark.parametrize(
-    ("made_with", "exported_as"),
+    ("made_with", "exported_as", "tolerance"),
     [
-        # jaxformer scales its embeddings: the stored ones divided by sqrt(d_model), lm_head as it is
-        (dict(scale_embedding=False), dict(share_encoder_decoder_embeddings=True, scale_embedding=True)),
-        # transformers 5's own encoder, decoder and output matrices
-        (dict(tie_word_embeddings=False), dict(share_encoder_decoder_embeddings=False, scale_embedding=True)),
+        # jaxformer scales its embeddings: the stored ones divided by sqrt(d_model), lm_head as it is;
+        # the export scales them back, so transformers' logits move by float32 rounding (4e-6 measured)
+        (dict(scale_embedding=False), dict(share_encoder_decoder_embeddings=True, scale_embedding=True), 1e-4),
+        # transformers 5's own encoder, decoder and output matrices, written back as they were read
+        (dict(tie_word_embeddings=False), dict(share_encoder_decoder_embeddings=False, scale_embedding=True), 0.0),
     ],
 )
-def test_a_model_imported_untied_exports_back_to_its_import(made_with, exported_as, tmp_path):
+def test_a_model_imported_untied_exports_back_to_its_import(made_with, exported_as, tolerance, tmp_path):
     original = write_marian(tmp_path / "hf", **made_with)
     first, config, exported = _round_trip(tmp_path / "hf", tmp_path)
     assert {key: config[key] for key in exported_as} == exported_as and config["tie_word_embeddings"] is False
@@ -200,7 +201,7 @@ def test_a_model_imported_untied_exports_back_to_its_import(made_with, exported_
         ).logits
     valid = (labels != pad).numpy()
     columns = np.arange(len(order)) != 3  # BOS's column has no Marian counterpart
-    assert np.abs(logits.numpy()[valid][:, columns] - expected.numpy()[valid][:, columns]).max() < 1e-4
+    assert np.abs(logits.numpy()[valid][:, columns] - expected.numpy()[valid][:, columns]).max() <= tolerance
 
 
 @pytest.mark.slow  # to the slow set (about 8 s): the default suite ran 10 min 28 s on a 2-core Intel VM (2026-12-06)
