@@ -11,8 +11,8 @@ from __future__ import annotations
 import logging
 import math
 import re
-from collections.abc import Callable, Iterable, Iterator, Sequence
-from typing import Protocol, runtime_checkable
+from collections.abc import Callable, Iterable, Iterator, Sequence, Sized
+from typing import Any, Protocol, runtime_checkable
 
 import numpy as np
 
@@ -67,6 +67,23 @@ def refuse_unencodable(sentence: str, index: int) -> None:
         raise ValueError(
             f"sentence {index} is not valid Unicode text: {sentence[error.start]!r} at character {error.start} "
             "is a lone surrogate, which has no UTF-8"
+        ) from None
+
+
+def padded_rows(source: Any, pad_id: int) -> np.ndarray:
+    """`source`, padded rows of ids [B, S] (an export's translate_ids takes them), as an array; rows
+    of several lengths (a list of lists) are named in one line, where numpy's error names none."""
+    try:
+        return np.asarray(source)
+    except ValueError:
+        lengths = [len(row) if isinstance(row, Sized) else None for row in source]
+        other = next((row for row, length in enumerate(lengths) if length != lengths[0]), None)
+        if other is None:
+            raise
+        raise ValueError(
+            f"source must be padded rows of ids [B, S], all of one length: row 0 has {lengths[0]} ids and row "
+            f"{other} {lengths[other]}; pad each row after its EOS with PAD ({pad_id}), or pass the rows to "
+            "translate_sequences"
         ) from None
 
 

@@ -252,7 +252,7 @@ class ExportedTranslator:
         refused, as `translate_sequences` refuses such a source: only the padding after a row's EOS is
         no part of its sentence. So is a row of more ids than the model's max_positions (its padding not
         counted): the program would compute positions the model never had."""
-        source = np.asarray(source)
+        source = sentence_batches.padded_rows(source, self.tokenizer.pad_id)
         if source.ndim != 2 or not len(source):  # then each row's check names its fault ([[]]: empty, not float64)
             raise ValueError(f"source must be padded rows of ids [B, S], at least one; got shape {source.shape}")
         for row, ids in enumerate(source):

@@ -180,3 +180,17 @@ def test_the_text_entry_points_name_a_sentence_that_is_no_unicode_text_before_an
     for entry in (unrun.translate, unrun.translate_nbest):
         with pytest.raises(ValueError, match=r"^sentence 1 is not valid Unicode text: '\\ud800' at character 2 is a"):
             entry(["A man.", "A \ud800 dog."])
+
+
+def test_translate_ids_names_rows_of_several_lengths(unrun):
+    """Rows of several lengths (a list of lists, which translate_sequences takes) failed in numpy
+    with 'setting an array element with a sequence. The requested array has an inhomogeneous
+    shape ...', naming no row."""
+    refused = (
+        r"^source must be padded rows of ids \[B, S\], all of one length: row 0 has 2 ids and row 2 3; pad each "
+        rf"row after its EOS with PAD \({PAD}\), or pass the rows to translate_sequences$"
+    )
+    with pytest.raises(ValueError, match=refused):
+        unrun.translate_ids([[5, EOS], [6, EOS], [5, 6, EOS]])
+    with pytest.raises(ValueError, match="inhomogeneous"):  # rows of one length holding ragged items: numpy's
+        unrun.translate_ids([[5, [6, 7]], [5, EOS]])
