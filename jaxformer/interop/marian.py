@@ -246,20 +246,35 @@ def params_from_marian(
     return unflatten({path: np.ascontiguousarray(value, np.float32) for path, value in flat.items()}, "weights")
 
 
-# How far saved sinusoids may lie from the computed ones: a float16 or bfloat16 copy's rounding.
-SINUSOID_TOLERANCE = 5e-3
+# How far saved float32 sinusoids may lie from the computed ones: transformers' and jaxformer's
+# tables agree within 5e-10 (measured up to 1024 positions by 1024).
+SINUSOID_TOLERANCE = 1e-6
 
 
 def _check_sinusoids(name: str, table: np.ndarray, config: TransformerConfig) -> None:
     """A ConversionError unless `table` is the sinusoids jaxformer computes (transformers 4 saved
-    them; transformers 5 loads the file's values, so learned or edited ones would be dropped here)."""
+    them; transformers 5 loads the file's values, so learned or edited ones would be dropped here):
+    in float32, or a float16 or bfloat16 copy (an edit within 5e-3 was taken for one)."""
+    import jax.numpy as jnp  # its bfloat16, ml_dtypes', is numpy's too
+
     expected = sinusoidal_table(table.shape[0], config.d_model, config.position_base, config.position_layout)
-    difference = float(np.max(np.abs(np.asarray(table, np.float32) - expected))) if table.size else 0.0
-    if difference > SINUSOID_TOLERANCE:
+    table = np.asarray(table, np.float32)
+    difference = float(np.max(np.abs(table - expected))) if table.size else 0.0
+    if difference > SINUSOID_TOLERANCE and not any(_is_copy(table, expected, d) for d in (np.float16, jnp.bfloat16)):
         raise ConversionError(
-            f"{name} is not the sinusoids transformers computes (they differ by up to {difference:.3g}): jaxformer "
-            "computes its positions, so learned or edited ones cannot be imported"
+            f"{name} is not the sinusoids transformers computes (they differ by up to {difference:.3g}; not a "
+            "float16 or bfloat16 copy of them either): jaxformer computes its positions, so learned or edited "
+            "ones cannot be imported"
         )
+
+
+def _is_copy(table: np.ndarray, expected: np.ndarray, dtype: Any) -> bool:
+    """Whether every value of `table` is one of `dtype`'s and within one of its steps of `expected`'s
+    (a step, not half of one: a rounding may fall the other way where the two computations differ)."""
+    if not np.array_equal(table.astype(dtype).astype(np.float32), table):
+        return False
+    steps = np.abs(np.spacing(expected.astype(dtype)).astype(np.float32))
+    return bool(np.all(np.abs(table - expected) <= steps))
 
 
 @dataclasses.dataclass(frozen=True)

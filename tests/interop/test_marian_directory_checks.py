@@ -285,9 +285,21 @@ def test_a_transformers_4_state_dict_with_its_sinusoids_is_read(untied, tmp_path
     with pytest.raises(marian_files.ConversionError) as raised:
         convert_marian(marian_files.read_marian_directory(directory))
     assert str(raised.value) == (
-        "model.encoder.embed_positions.weight is not the sinusoids transformers computes (they differ by up to 0.1): "
-        "jaxformer computes its positions, so learned or edited ones cannot be imported"
+        "model.encoder.embed_positions.weight is not the sinusoids transformers computes (they differ by up to 0.1; "
+        "not a float16 or bfloat16 copy of them either): jaxformer computes its positions, so learned or edited ones "
+        "cannot be imported"
     )
+    # An edit within a half-precision copy's rounding (5e-3) was imported as the computed sinusoids,
+    # and transformers' logits with the file's table lay 0.03 from the import's (measured).
+    sinusoids = state["model.encoder.embed_positions.weight"]
+    nudged = sinusoids + 4e-3 * torch.sign(torch.randn(sinusoids.shape, generator=torch.Generator().manual_seed(0)))
+    torch.save({**state, "model.encoder.embed_positions.weight": nudged}, directory / "pytorch_model.bin")
+    with pytest.raises(marian_files.ConversionError, match=r"^model\.encoder\.embed_positions\.weight is not the "):
+        convert_marian(marian_files.read_marian_directory(directory))
+    for copy in (torch.float16, torch.bfloat16):  # a half-precision save's copies are its sinusoids still
+        halved = {name: value.to(copy) for name, value in state.items()}
+        torch.save(halved, directory / "pytorch_model.bin")
+        convert_marian(marian_files.read_marian_directory(directory))
     state["model.decoder.embed_positions.weight"] = state["model.decoder.embed_positions.weight"][:64]
     torch.save(state, directory / "pytorch_model.bin")
     with pytest.raises(marian_files.ConversionError, match=r"max_position_embeddings=128, d_model=32 give"):
