@@ -19,15 +19,16 @@ class InputError(ValueError):
 
 def stdin_lines(data: bytes) -> list[str]:
     """The UTF-8 lines of `data` without their line breaks, and without a byte-order mark at its
-    start, as translate.py reads stdin (jaxformer/data/parallel_text.py's `decode_lines` of the
-    same lines, which serve.py cannot import; its refusal of lines ended by \\r alone is a file
-    rule, not a stream's); a line that is not UTF-8 is an InputError naming it, with that reader's
-    message: each line is decoded with its line break, as there (a character cut short by it is
-    an invalid continuation byte, not the end of the data)."""
+    start or at a later line's (streams joined with cat, each with its own mark), as translate.py
+    reads stdin (jaxformer/data/parallel_text.py's `decode_lines` of the same lines, which serve.py
+    cannot import; its refusal of lines ended by \\r alone is a file rule, not a stream's); a line
+    that is not UTF-8 is an InputError naming it, with that reader's message: each line is decoded
+    with its line break, as there (a character cut short by it is an invalid continuation byte,
+    not the end of the data)."""
     lines = []
     for number, raw in enumerate(io.BytesIO(data), start=1):
         try:
-            lines.append(raw.decode("utf-8-sig" if number == 1 else "utf-8").rstrip("\r\n"))
+            lines.append(raw.decode("utf-8-sig" if number == 1 else "utf-8").rstrip("\r\n").removeprefix("\ufeff"))
         except UnicodeDecodeError as error:
             raise InputError(
                 f"<stdin>: line {number} is not valid UTF-8 ({error.reason} at byte {error.start})"

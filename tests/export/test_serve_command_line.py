@@ -64,9 +64,10 @@ def _read_by_each(data):
 
 
 def test_serve_py_reads_stdin_as_translate_does():
-    """A byte-order mark that starts the input is dropped, as translate.py's reader drops it
-    (serve.py kept it, and translated a line holding only it); a line that is not UTF-8 is named
-    in the same words (a character cut short by the line break was 'unexpected end of data')."""
+    """A byte-order mark that starts the input, or a later line (streams joined with cat), is
+    dropped, as translate.py's reader drops it (serve.py kept it, and translated a line holding
+    only it); a line that is not UTF-8 is named in the same words (a character cut short by the
+    line break was 'unexpected end of data')."""
     for data in (
         b"\xef\xbb\xbf\nA man.\r\n\xef\xbb\xbfTwo dogs.\n",
         b"\xef\xbb\xbfA man.",
