@@ -21,7 +21,7 @@ def stopped_before_the_final_choice(stop: StopRequest, step: int, final_choice: 
     """Whether a signal that came at the last step, or while its checkpoint was written, stops the
     run before its final choice (minutes of decoding); without one due, the run is complete and the
     line says so. Every process calls it (`stop.agreed`)."""
-    if not stop.agreed(step):
+    if not stop.agreed():
         return False
     if final_choice:
         logger.warning(

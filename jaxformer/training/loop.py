@@ -304,7 +304,7 @@ def _train(config, prepared: PreparedRun, model: nn.Module, preparation: RaiseOn
     ahead = StepsAhead()  # a signal stops the run at the step computing, not at the next log step
     with StopRequest() as stop:
         try:
-            stopping = stop.agreed(step)  # a signal during the compilation: no step
+            stopping = stop.agreed()  # a signal during the compilation: no step
             while step < training.num_train_steps and not stopping and not budget_spent:
                 try:
                     host_batch = next(train_iterator)
@@ -345,7 +345,7 @@ def _train(config, prepared: PreparedRun, model: nn.Module, preparation: RaiseOn
                     logger.info("time budget of %g minutes spent at step %d", training.time_budget_minutes, step)
                 stopping = stops_after(step, BUDGET_CHECK_STEPS, stop, checkpointer, writer)  # failures raise first
             # All processes, or none; the budget's last step, as num_train_steps, leaves no step to resume.
-            stopped_early = stop.agreed(step) and step < training.num_train_steps and not budget_spent
+            stopped_early = stop.agreed() and step < training.num_train_steps and not budget_spent
             if stopped_early:
                 saver.save_steps_done(step, state)
                 logger.warning(

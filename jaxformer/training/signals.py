@@ -64,15 +64,15 @@ class StopRequest(_SignalHandler):
     def signal_name(self) -> str | None:
         return None if self.signum is None else signal.Signals(self.signum).name
 
-    def agreed(self, step: int, every: int = 1) -> bool:
-        """Whether the run stops after `step`. One process: when it received a signal. Several:
-        when any of them did, as exchanged every `every` steps (the same steps in each, so all
-        leave the loop together and save together; a process that stopped alone would wait in
-        the checkpoint's collectives for ever); the others then take its signal as their own."""
+    def agreed(self) -> bool:
+        """Whether the run stops, asked at a point every process reaches (the loop's start and end,
+        before the final choice). One process: when it received a signal, with no collective.
+        Several: when any of them did, in a collective at each call, so that all leave the loop
+        together and save together (a process that stopped alone would wait in the checkpoint's
+        collectives for ever); the others then take its signal as their own. Between steps the
+        loop asks only at the steps of its one exchange (step_exchange.py's `stops_after`)."""
         if jax.process_count() == 1:
             return self.requested
-        if step % every:
-            return False
         return self.agreed_by(np.asarray(multihost_utils.process_allgather(np.int32(self.signum or 0))))
 
     def agreed_by(self, signums: np.ndarray) -> bool:

@@ -8,9 +8,12 @@ import time
 import types
 
 import pytest
+from jax.experimental import multihost_utils
 
 from jaxformer.errors import exit_code_for_signal
 from jaxformer.training.signals import StopRequest
+from jaxformer.training.step_exchange import stops_after
+from tests.training.test_step_exchange import NO_WRITER, Saves, TwoProcesses
 
 
 @pytest.mark.parametrize("signum", [signal.SIGTERM, signal.SIGINT])
@@ -76,11 +79,29 @@ def test_a_stop_that_a_callback_swallowed_is_raised_again():
         quiet.check()  # no signal: nothing raised
 
 
-def test_one_process_agrees_with_itself():
+def test_one_process_agrees_with_itself_at_once_with_no_collective(monkeypatch):
+    """Between steps the loop asks in its exchange every 10 steps, the one place that counts steps:
+    one process stops after the step under way, whatever its number."""
+    monkeypatch.setattr(multihost_utils, "process_allgather", lambda value: pytest.fail("a collective"))
     with StopRequest() as stop:
-        assert not stop.agreed(7, every=10)
+        assert not stop.agreed() and not stops_after(7, 10, stop, Saves(None), NO_WRITER)
         os.kill(os.getpid(), signal.SIGTERM)
-        assert stop.agreed(7, every=10)  # one process: at once, whatever the step
+        assert stop.agreed() and stops_after(7, 10, stop, Saves(None), NO_WRITER)
+
+
+def test_a_signal_to_any_process_stops_every_one_where_they_agree(monkeypatch, caplog):
+    """Several processes: each call is an exchange (every process calls it at the same point, the
+    loop's start and end); between steps the loop exchanges only every 10 steps, the same steps in
+    each, so all stop after the same step."""
+    processes = TwoProcesses(monkeypatch)
+    processes.other = 0
+    with StopRequest() as stop:
+        assert not stop.agreed()
+        processes.other = int(signal.SIGTERM)  # process 1 received one
+        assert not stops_after(7, 10, stop, Saves(None), NO_WRITER)  # no exchange at step 7
+        assert stop.agreed() and stop.signum == signal.SIGTERM  # taken as this process's own
+    assert processes.gathered == [0, 0]
+    assert "SIGTERM received by another process: saving a checkpoint and stopping" in caplog.text
 
 
 @pytest.mark.parametrize("signum", [signal.SIGTERM, signal.SIGINT])
