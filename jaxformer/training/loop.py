@@ -42,7 +42,7 @@ from jaxformer.training.final_choice import choose_final
 from jaxformer.training.final_choice_stop import choose_unless_stopped
 from jaxformer.training.init_from import starting_overrides, with_overrides
 from jaxformer.training.kept_checkpoints import remove_beyond_keep
-from jaxformer.training.metrics import MetricWriter, perplexity_text, summarize, write_last_metrics
+from jaxformer.training.metrics import MetricWriter, perplexity_text, summarize, write_last_metrics_in_process_0
 from jaxformer.training.objectives import objective_for
 from jaxformer.training.optimizer import make_optimizer
 from jaxformer.training.parameter_ema import parameter_ema, restart_parameter_ema
@@ -395,6 +395,4 @@ def _train(config, prepared: PreparedRun, model: nn.Module, preparation: RaiseOn
     last["first_step"] = first_step
     if stopped_early:
         last["stopped_by_signal"] = stop.signum
-    if jax.process_index() == 0:
-        last = write_last_metrics(run, last)
-    return last
+    return write_last_metrics_in_process_0(run, last)

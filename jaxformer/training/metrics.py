@@ -203,15 +203,8 @@ class MetricWriter:
     def raise_held(self, held: np.ndarray) -> None:
         """`held`: every process's `self.held is not None`, gathered at a point they share. When process
         0 held a failed write, raises it there and, in the others, MetricsFailedElsewhereError quoting
-        it (then a collective: process 0 sends its error)."""
-        if not np.asarray(held).any():
-            return
-        text = "" if self.held is None else first_line(self.held)
-        sent = np.frombuffer(text.encode()[:_REASON_BYTES].ljust(_REASON_BYTES, b"\0"), np.uint8)
-        told = bytes(np.asarray(multihost_utils.broadcast_one_to_all(sent))).rstrip(b"\0").decode(errors="replace")
-        if self.held is not None:
-            raise self.held
-        raise MetricsFailedElsewhereError(f"process 0 of the run failed to write its metrics: {told}")
+        it (`raise_failed_write`)."""
+        raise_failed_write(self.held, held)
 
     def _earlier_at_start(self) -> set[frozenset[str]]:
         """What the records of start_step that metrics.jsonl still holds from before this run measure."""
@@ -330,6 +323,38 @@ def write_last_metrics(run: RunDirectory, last: dict[str, Any]) -> dict[str, Any
             earlier.pop(own, None)
         last = {**logged_figures(run, last["step"]), **earlier, **last}
     write_text_atomically(run.last_metrics_file, json.dumps(_strict_json(last), indent=2))
+    return last
+
+
+def raise_failed_write(failure: Exception | None, held: np.ndarray) -> None:
+    """`held`: every process's `failure is not None` (a write of process 0's that failed: only process 0
+    writes), gathered at a point they share. When it holds one, raises `failure` in process 0 and, in
+    the others, MetricsFailedElsewhereError quoting it (then a collective: process 0 sends its error)."""
+    if not np.asarray(held).any():
+        return
+    text = "" if failure is None else first_line(failure)
+    sent = np.frombuffer(text.encode()[:_REASON_BYTES].ljust(_REASON_BYTES, b"\0"), np.uint8)
+    told = bytes(np.asarray(multihost_utils.broadcast_one_to_all(sent))).rstrip(b"\0").decode(errors="replace")
+    if failure is not None:
+        raise failure
+    raise MetricsFailedElsewhereError(f"process 0 of the run failed to write its metrics: {told}")
+
+
+def write_last_metrics_in_process_0(run: RunDirectory, last: dict[str, Any]) -> dict[str, Any]:
+    """`write_last_metrics` in process 0, which alone writes it; returns what was written there, `last`
+    in the others. With several processes, a failed write is raised in every one (`raise_failed_write`):
+    written after the run's last collective, it ended process 0 alone, and the others, which went on
+    to the run's summary (orbax's checkpoint managers wait for every process as they open), waited
+    for it there, and it for them in jax's shutdown, until timeouts ended both minutes later."""
+    if jax.process_count() == 1:
+        return write_last_metrics(run, last)
+    failure = None
+    if jax.process_index() == 0:
+        try:
+            last = write_last_metrics(run, last)
+        except Exception as error:  # noqa: BLE001  (a bug too: the others must not wait for this process)
+            failure = error
+    raise_failed_write(failure, np.asarray(multihost_utils.process_allgather(np.int32(failure is not None))))
     return last
 
 

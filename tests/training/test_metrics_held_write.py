@@ -10,8 +10,9 @@ import numpy as np
 import pytest
 from jax.experimental import multihost_utils
 
-from jaxformer.training import tensorboard
-from jaxformer.training.metrics import MetricsFailedElsewhereError, MetricWriter
+from jaxformer.run.directory import RunDirectory
+from jaxformer.training import metrics, tensorboard
+from jaxformer.training.metrics import MetricsFailedElsewhereError, MetricWriter, write_last_metrics_in_process_0
 from jaxformer.training.signals import StopRequest
 from jaxformer.training.step_exchange import raise_held_write, stops_after
 from tests.training.test_step_exchange import Saves, TwoProcesses
@@ -72,3 +73,28 @@ def test_one_process_raises_a_failed_write_at_once(tmp_path, monkeypatch):
     monkeypatch.setattr(multihost_utils, "process_allgather", lambda value: pytest.fail("a collective"))
     raise_held_write(writer)
     assert jax.process_count() == 1
+
+
+def test_a_failed_write_of_last_metrics_is_raised_in_every_process(tmp_path, monkeypatch):
+    """last_metrics.json is written after the run's last collective: process 0's failure is exchanged
+    once more, where it ended process 0 alone and the others waited for it in the run's summary."""
+    processes = TwoProcesses(monkeypatch)
+    processes.other = 0  # process 1 writes nothing, so fails nothing
+    told = b"OSError: [Errno 28] No space left on device".ljust(1024, b"\0")
+    monkeypatch.setattr(multihost_utils, "broadcast_one_to_all", lambda value: np.frombuffer(told, np.uint8))
+    run, last = RunDirectory(tmp_path), {"step": 5, "first_step": 0}
+    assert write_last_metrics_in_process_0(run, last) == last and processes.gathered == [0]
+    assert json.loads(run.last_metrics_file.read_text()) == last
+
+    def full_disk(path, text):
+        raise FULL
+
+    monkeypatch.setattr(metrics, "write_text_atomically", full_disk)
+    with pytest.raises(OSError) as raised:
+        write_last_metrics_in_process_0(run, {**last, "step": 6})
+    assert raised.value is FULL and processes.gathered == [0, 1]
+    monkeypatch.setattr(jax, "process_index", lambda: 1)  # as process 1 sees it: process 0 failed
+    processes.other = 1
+    with pytest.raises(MetricsFailedElsewhereError, match="^process 0 of the run failed to write its metrics: OSError"):
+        write_last_metrics_in_process_0(run, {**last, "step": 6})
+    assert json.loads(run.last_metrics_file.read_text()) == last  # the earlier one, as it was
