@@ -16,20 +16,23 @@ asks (`raise_failed_save`: the training loop, every 10 steps), so that all stop 
 
 from __future__ import annotations
 
+import contextlib
 import sys
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 
 import jax
 import numpy as np
 import orbax.checkpoint as ocp
 from orbax.checkpoint import multihost
+from orbax.checkpoint._src.multihost import multihost as orbax_multihost  # where orbax's modules look it up
 
 from jaxformer.errors import UserError, first_line
 
 _POLL_SECONDS = 0.05  # between a waiting process's looks at the arrivals and for a failure
 _MESSAGE_CHARACTERS = 2000  # of the failed process's error, passed on whole up to this length
+_SYNCHRONOUS_TIMEOUT_MS = 24 * 3600 * 1000  # orbax's collective waited for ever; a failure told ends the wait
 # Barriers made in this process, by folder: every process makes a folder's checkpointers in the same order.
 _made: dict[str, int] = {}
 
@@ -51,15 +54,48 @@ def save_barrier(directory: str) -> SaveBarrier | None:
 
 def start_save(manager: ocp.CheckpointManager, barrier: SaveBarrier | None, step: int, args) -> None:
     """`manager.save(step, args)`, its writes left to orbax's background thread; an error raised in
-    this process before them is told to the others, which would wait for this one's writes."""
-    if barrier is not None:
-        barrier.step = step
-    try:
+    this process before them is told to the others, which would wait for this one's writes.
+
+    The save's synchronous part waits for every process at barriers of its own (its start, the
+    step's temporary folder made, the old steps to remove listed), which orbax makes collectives
+    of every device: a process whose part failed there (its data position not written on a full
+    disk) stopped, and the others waited in one for ever, until jax's shutdown barrier aborted all
+    of them 5 minutes later, the others without a word. With several processes they wait at
+    `barrier` instead, which a failure told ends (`_barriers_through`)."""
+    if barrier is None:
         manager.save(step, args=args, force=True)
+        return
+    barrier.step = step
+    try:
+        manager.wait_until_finished()  # the save before: none of its threads waits at a barrier from here on
+        with _barriers_through(barrier):
+            manager.save(step, args=args, force=True)
     except Exception as error:
-        if barrier is not None:
+        if not isinstance(error, SaveFailedElsewhereError):
             barrier.tell(error)
         raise
+
+
+@contextlib.contextmanager
+def _barriers_through(barrier: SaveBarrier) -> Iterator[None]:
+    """orbax's barriers across every process (`sync_global_processes` with no subset: a collective of
+    every device, which waits for ever), made by any thread while this process starts a save, wait at
+    `barrier` instead. The threads of the save before are done (no barrier of theirs comes in between)
+    and those of this save's writes wait at `barrier` anyway (AsyncOptions), so each process waits at
+    the same barriers in the same order."""
+    collective = orbax_multihost.sync_global_processes
+
+    def sync_global_processes(name: str, *, processes=None, **kwargs) -> None:
+        if processes is not None:
+            collective(name, processes=processes, **kwargs)
+            return
+        barrier(key=f"synchronous/{name}", timeout_ms=_SYNCHRONOUS_TIMEOUT_MS)
+
+    orbax_multihost.sync_global_processes = sync_global_processes
+    try:
+        yield
+    finally:
+        orbax_multihost.sync_global_processes = collective
 
 
 def failure_seen(barrier: SaveBarrier | None) -> bool:

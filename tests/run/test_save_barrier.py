@@ -7,8 +7,15 @@ import time
 
 import numpy as np
 import pytest
+from orbax.checkpoint._src.multihost import multihost as orbax_multihost
 
-from jaxformer.run.save_barrier import SaveBarrier, SaveFailedElsewhereError, failure_seen, raise_failed_save
+from jaxformer.run.save_barrier import (
+    SaveBarrier,
+    SaveFailedElsewhereError,
+    failure_seen,
+    raise_failed_save,
+    start_save,
+)
 
 
 class Store:
@@ -195,3 +202,56 @@ def test_a_failed_save_is_raised_in_every_process_at_the_next_exchange():
         raise_failed_save(first, lambda: waits.append("waited"), np.array([1, 0]))  # a wait that raised nothing
     assert waits == ["waited"]
     assert not failure_seen(None)  # one process: no barrier
+
+
+class SavingManager:
+    """orbax's CheckpointManager as start_save calls it: its save waits at two of orbax's barriers
+    across every process (a collective of every device, faked to fail the test if reached), the
+    second in a thread of orbax's, as its step folder's creation does, the main one waiting for it;
+    `fails` (an error) raised before them."""
+
+    def __init__(self, fails=None):
+        self.fails = fails
+
+    def wait_until_finished(self):
+        pass
+
+    def save(self, step, args, force):
+        if self.fails is not None:
+            raise self.fails
+        orbax_multihost.sync_global_processes("CheckpointManager:save_start")
+        thread, outcome = in_thread(lambda: orbax_multihost.sync_global_processes("create_tmp_directory:post"))
+        thread.join(10)
+        if "raised" in outcome:
+            raise outcome["raised"]
+
+
+def test_orbax_barriers_of_a_save_end_when_another_process_failed_its_part(monkeypatch):
+    """The save's synchronous part waits at orbax's own barriers: process 1 failed there (its data
+    position not written on a full disk) and process 0 waited in a collective for ever, until jax's
+    shutdown aborted both. Process 0's view, process 1's barrier called as its start_save would."""
+    monkeypatch.setattr(orbax_multihost, "sync_global_processes", lambda *args, **kwargs: pytest.fail("a collective"))
+    store = Store()
+    first, second = barriers(store)
+    waiting, outcome = in_thread(lambda: start_save(SavingManager(), first, 20, None))
+    for name in ("CheckpointManager:save_start", "create_tmp_directory:post"):
+        time.sleep(0.1)
+        assert waiting.is_alive()  # for process 1
+        second(key=f"synchronous/{name}", timeout_ms=5000)
+    waiting.join(5)
+    assert outcome == {"returned": None} and store.values == {}
+    waiting, told = in_thread(lambda: start_save(SavingManager(), first, 40, None))
+    second(key="synchronous/CheckpointManager:save_start", timeout_ms=5000)
+    time.sleep(0.2)
+    assert waiting.is_alive()  # at create_tmp_directory:post, which process 1 never reaches
+    full = OSError(28, "No space left on device")
+    with pytest.raises(OSError) as raised:
+        start_save(SavingManager(fails=full), second, 40, None)  # process 1's: tells its error
+    waiting.join(5)
+    assert raised.value is full and isinstance(told["raised"], SaveFailedElsewhereError)
+    assert str(told["raised"]) == (
+        "process 1 of the run failed to save checkpoint 40 in /run/checkpoints: OSError: [Errno 28] No space left on "
+        "device"
+    )
+    with pytest.raises(pytest.fail.Exception, match="a collective"):  # orbax's own once the saves started
+        orbax_multihost.sync_global_processes("CheckpointManager:delete")

@@ -2,11 +2,14 @@
 disk on its host): every process stops within seconds with one line, where each waited at a
 barrier of orbax's the others never reached, for its 20-minute timeout, without a word."""
 
+import textwrap
+
 import jax
 import numpy as np
 import pytest
 
 from jaxformer.run.checkpoint import Checkpointer
+from tests.training import test_metrics_failure_processes
 from tests.training.test_distributed import limited_processes
 
 
@@ -46,3 +49,46 @@ def test_a_save_failing_in_one_process_stops_both_with_one_line_each(data_dir, t
     assert jax.tree.structure(kept) == jax.tree.structure(saved)
     for got, want in zip(jax.tree.leaves(kept), jax.tree.leaves(saved)):
         assert got.dtype == want.dtype and np.array_equal(got, want)
+
+
+# train.py, process 1's data position (grain's, written while orbax's save is still in the main thread,
+# before its barrier that lists the old steps to remove) failing as on a full disk.
+DATA_POSITION_FULL = textwrap.dedent(
+    """
+    import runpy, sys
+    import jax
+    from grain._src.python.checkpoint import handler
+
+    sys.argv.pop(1)  # what fails: the data position
+    original = handler.CheckpointHandler.save
+
+    def save(self, directory, item=None, args=None):
+        if jax.process_index() == 1:
+            raise OSError(28, "No space left on device")
+        return original(self, directory, item, args)
+
+    handler.CheckpointHandler.save = save
+    sys.argv = sys.argv[1:]
+    runpy.run_path(sys.argv[0], run_name="__main__")
+    """
+)
+
+
+@pytest.mark.slow  # two train.py processes on localhost, about 40 s
+@pytest.mark.xdist_group("distributed-processes")
+def test_a_save_failing_in_its_synchronous_part_in_one_process_stops_both_with_one_line_each(data_dir, tmp_path):
+    """Process 1 stopped at step 20's save, and process 0 waited in orbax's next barrier of it (a
+    collective of every device) until jax's shutdown barrier aborted both 5 minutes later (exit 134),
+    process 0 without a word."""
+    workdir = tmp_path / "run"
+    processes = test_metrics_failure_processes.two_processes
+    codes, logs = processes(tmp_path, data_dir, "data", steps=40, wrapper=DATA_POSITION_FULL)
+    assert codes == [2, 75], [log[-2000:] for log in logs]
+    told, own = (log.strip().splitlines()[-1] for log in logs)
+    assert own.startswith("error: No space left on device")
+    assert told == (
+        f"error: process 1 of the run failed to save checkpoint 20 in {workdir / 'checkpoints'}: OSError: [Errno 28] "
+        "No space left on device"
+    )
+    assert "Traceback" not in logs[0] + logs[1]
+    assert Checkpointer(workdir / "checkpoints", read_only=True).steps() == []  # orbax's temporary folder, no step

@@ -54,10 +54,11 @@ FULL_DISK = textwrap.dedent(
 )
 
 
-def two_processes(tmp_path, data_dir, failing, steps=100):
-    """Processes 0 and 1 of one run of `steps` steps, process 0's metrics `failing`: exit codes and stderrs."""
+def two_processes(tmp_path, data_dir, failing, steps=100, wrapper=FULL_DISK):
+    """Processes 0 and 1 of one run of `steps` steps, train.py run by `wrapper` (process 0's metrics
+    `failing`): exit codes and stderrs."""
     script = tmp_path / "full_disk.py"
-    script.write_text(FULL_DISK)
+    script.write_text(wrapper)
     flags = (*COMMON, f"--config.training.num_train_steps={steps}", "--config.training.eval_every_steps=1000")
     flags += (f"--coordinator_address=127.0.0.1:{free_port()}", "--num_processes=2")
     env = dict(os.environ, JAX_PLATFORMS="cpu")
