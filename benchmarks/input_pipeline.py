@@ -37,7 +37,7 @@ from jaxformer.data.pipeline import TokenizePair, train_dataset
 from jaxformer.data.tokenizer import Tokenizer
 from jaxformer.model.config import PRESETS
 from jaxformer.training import experiment as experiments
-from jaxformer.training import sharding
+from jaxformer.training import sharding, text_sides
 from jaxformer.training.pace import ConfigTrainStep
 
 COLUMNS = ("pipeline", "pairs", "batch_cpu_ms", "batch_wall_ms", "step_ms", "steps_per_s", "speedup", "encode_s")
@@ -69,7 +69,7 @@ def config_tokenizers(config, pairs: list[tuple[str, str]]) -> tuple[Tokenizer, 
         model_type=section.model_type,
         character_coverage=section.character_coverage,
         max_sentences=section.max_sentences,
-        control_symbols=tuple(experiments.control_symbols(config)),
+        control_symbols=tuple(text_sides.control_symbols(config)),
     )
     if not section.separate_vocabularies:
         shared = cached_tokenizer(pairs, section.vocab_size, (0, 1), **options)

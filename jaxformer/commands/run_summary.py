@@ -19,7 +19,7 @@ from jaxformer.errors import CheckpointError
 from jaxformer.run.checkpoint import Checkpointer
 from jaxformer.run.directory import RunDirectory
 from jaxformer.run.loading import steps_past_final_choice
-from jaxformer.training import experiment
+from jaxformer.training import text_sides
 from jaxformer.training.metrics import perplexity_text
 
 logger = logging.getLogger(__name__)
@@ -98,7 +98,7 @@ def run_summary(config: ml_collections.ConfigDict, workdir: str | pathlib.Path, 
     else:
         lines = [f"run finished: {progress}"]
 
-    architecture = experiment.architecture(config)
+    architecture = text_sides.architecture(config)
     if "eval" in last:
         figures = {
             key: float(value) for key, value in last["eval"].items() if key in ("loss", "perplexity", "accuracy")

@@ -1,6 +1,6 @@
 """How the pipeline's messages name a split's examples: a translator's pairs, two sides that must
 each hold a piece and fit data.max_length, or a language model's texts, one side each
-(experiment.example_noun gives the noun the run's log uses: "pairs" or "texts")."""
+(text_sides.example_noun gives the noun the run's log uses: "pairs" or "texts")."""
 
 from __future__ import annotations
 

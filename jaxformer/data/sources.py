@@ -49,7 +49,7 @@ def get_builder(data: ml_collections.ConfigDict, prepared_from: str | None = Non
     anything is read. `prepared_from`, the fingerprint of a run's data: local files not found are
     no error until a split of theirs is read (`load_split`); the others' are read from the copy
     prepared from all of them, where data_dir still holds it. `side` ("source" or "target"): a
-    language model's run, which reads that side's text alone (`experiment.text_side`): parallel_files
+    language model's run, which reads that side's text alone (`text_sides.text_side`): parallel_files
     then needs, reads and fingerprints that language's files alone; the other datasets hold both."""
     name = data["name"]
     _check_file_system(data.get("data_dir"))

@@ -128,9 +128,9 @@ def check_starting_points(points: Sequence[StartingPoint], config: ml_collection
     section and languages). `ConfigError` for another architecture (init_from), any model field
     its parameters were trained for that differs (one error listing them all), or a part alone
     under one shared vocabulary; a warning when its run read other languages."""
-    from jaxformer.training import experiment
+    from jaxformer.training import text_sides
 
-    architecture = experiment.architecture(config)
+    architecture = text_sides.architecture(config)
     parts = {point.part for point in points}
     if len(parts & {"encoder", "decoder"}) == 1 and not config.tokenizer.separate_vocabularies:
         (part,) = parts & {"encoder", "decoder"}
@@ -140,7 +140,7 @@ def check_starting_points(points: Sequence[StartingPoint], config: ml_collection
             "model.share_embeddings=False (the other side's tokenizer is then trained here)"
         )
     defaults = TransformerConfig()
-    unread = experiment.language_model_unread(config)  # a language model's missing stack's depth
+    unread = text_sides.language_model_unread(config)  # a language model's missing stack's depth
     mismatches = []  # per starting point: its model fields that differ from this run's
     for point in points:
         key, saved = PARTS[point.part], point.metadata.model
@@ -176,7 +176,7 @@ def check_starting_points(points: Sequence[StartingPoint], config: ml_collection
     for point in points:
         key, trained_on = PARTS[point.part], point.metadata.config.get("data", {})
         # A whole model's run (of this run's architecture, as checked above) read the sides this run reads.
-        for side in _PART_SIDES.get(point.part) or experiment.text_language_keys(config):
+        for side in _PART_SIDES.get(point.part) or text_sides.text_language_keys(config):
             if trained_on.get(side) is not None and trained_on[side] != config.data[side]:
                 logger.warning(
                     "training.%s: %s read %s=%r, and this run reads %r: its %s starts from another language",

@@ -15,7 +15,7 @@ from typing import Any
 import ml_collections
 
 from jaxformer.decoding.generate import DecodeSettings
-from jaxformer.training import experiment
+from jaxformer.training import experiment, text_sides
 from jaxformer.training.config_paths import PATH_KEYS
 
 # Sections whose values must not change when a run resumes from its workdir: they shape the
@@ -94,7 +94,7 @@ def resume_differences(
 ) -> list[str]:
     """'key: saved -> current' for every resume-sensitive value that changed (the `sections`, None
     for all, and RESUME_SENSITIVE_KEYS; with `free`: every RESUME_FREE value, and each of
-    experiment.language_model_unread's for `current`'s architecture, which a resumed run may change and
+    text_sides.language_model_unread's for `current`'s architecture, which a resumed run may change and
     reports). A key the saved config lacks (the run was made before the key existed) counts as
     its default, the behaviour that run had; a SETTLED_AT_START key that `current` leaves None
     agrees with any saved value."""
@@ -103,7 +103,7 @@ def resume_differences(
         return experiment.as_tuples(experiment.flatten(config))
 
     saved_flat, current_flat, defaults = flat(saved), flat(current.to_dict()), flat(experiment.default_config())
-    free_keys = RESUME_FREE | set(experiment.language_model_unread(current))
+    free_keys = RESUME_FREE | set(text_sides.language_model_unread(current))
     differences = []
     for key in sorted(set(saved_flat) | set(current_flat)):
         compared = sections is None or key.split(".")[0] in sections or key in RESUME_SENSITIVE_KEYS

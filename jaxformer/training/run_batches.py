@@ -13,7 +13,7 @@ import ml_collections
 from jaxformer.data.pipeline import LengthFilter, TokenizePair, eval_batches, train_dataset
 from jaxformer.data.sharded_batches import ShardedBatches
 from jaxformer.data.subword_sampling import SubwordSampling
-from jaxformer.training import experiment, run_start
+from jaxformer.training import run_start, text_sides
 from jaxformer.training.run_start import PreparedRun
 
 
@@ -27,7 +27,7 @@ class RunBatches:
 def run_batches(config: ml_collections.ConfigDict, prepared: PreparedRun, objective) -> RunBatches:
     """The training and validation batches of `prepared`'s data, tokenized for `objective`."""
     data, tokenizers = config.data, prepared.tokenizers
-    length_filter = LengthFilter(data.max_length, experiment.example_noun(config))
+    length_filter = LengthFilter(data.max_length, text_sides.example_noun(config))
     shard_count, my_shards = run_start.input_shards(data)
     sampling = SubwordSampling.from_config(config.tokenizer)
     tokenize = TokenizePair.for_data(data, tokenizers.source, tokenizers.target, objective.features, sampling)
@@ -46,7 +46,7 @@ def run_batches(config: ml_collections.ConfigDict, prepared: PreparedRun, object
             for shard in my_shards
         ]
     )
-    examples = experiment.example_noun(config)
+    examples = text_sides.example_noun(config)
     batches = eval_batches(prepared.eval_source, tokenize, data, examples)
     evaluation = objective.evaluation_batches(
         batches, evaluation_remedy(data.max_eval_examples, len(prepared.eval_source))

@@ -39,7 +39,7 @@ from jaxformer.run.killed_writes import remove_killed_writes
 from jaxformer.run.lock import WorkdirLock, WorkdirLockedError
 from jaxformer.run.metadata import CheckpointMetadata
 from jaxformer.run.rolled_back import check_averaged_movable
-from jaxformer.training import experiment, processes, resume_rules, sharding
+from jaxformer.training import experiment, processes, resume_rules, sharding, text_sides
 from jaxformer.training.final_choice import check_kept_choice
 from jaxformer.training.init_from import (
     PARTS,
@@ -137,7 +137,7 @@ def settle_inherited_decoding(
 
 def prepare_data(data: ml_collections.ConfigDict, builder, languages: Sequence[str]) -> tuple[Any, Any]:
     """(training split, evaluation split) of the `data` section from its `builder`, prepared once
-    for all processes; `languages`: those the run reads (`experiment.text_languages`)."""
+    for all processes; `languages`: those the run reads (`text_sides.text_languages`)."""
     if jax.process_count() > 1:  # one process prepares the dataset, the others wait and read it
 
         def prepare_on_process_0() -> None:
@@ -295,11 +295,11 @@ def prepare_run(config: ml_collections.ConfigDict, workdir: pathlib.Path) -> Pre
         check_mesh_fits_the_configured_model(config, mesh, rules)
 
     trained_on = saved and saved.data_fingerprint
-    builder = builder_for_run(data, experiment.text_side(config), trained_on)
+    builder = builder_for_run(data, text_sides.text_side(config), trained_on)
     trained_files = saved and (saved.config or {}).get("data", {}).get("files")
     remedy = "restore the files and data.files as the run had them, or use a new workdir"
     check_same_data(builder, trained_on, workdir, remedy, trained_files)  # before preparing: prepares nothing
-    train_source, eval_source = prepare_data(data, builder, experiment.text_languages(config))
+    train_source, eval_source = prepare_data(data, builder, text_sides.text_languages(config))
     check_same_data(builder, trained_on, workdir, remedy, trained_files)  # downloads: fingerprinted once fetched
     fingerprint = data_fingerprint(builder)
     tokenizers = processes.all_or_none(  # process 0 writes the tokenizers: its error (a full disk) is every process's

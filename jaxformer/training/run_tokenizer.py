@@ -22,7 +22,7 @@ from jaxformer.errors import CheckpointError
 from jaxformer.run.directory import RunDirectory
 from jaxformer.run.metadata import CheckpointMetadata
 from jaxformer.tokens import UNK_ID
-from jaxformer.training import experiment
+from jaxformer.training import text_sides
 
 logger = logging.getLogger(__name__)
 
@@ -123,7 +123,7 @@ def _given_model(config: ml_collections.ConfigDict, model_key: str, path: pathli
     """tokenizer.`model_key`, converted; on resume, a file that cannot be read says that the run
     has its own copy of the tokenizer it trained with."""
     try:
-        return Tokenizer.from_sentencepiece_file(config.tokenizer[model_key], experiment.control_symbols(config))
+        return Tokenizer.from_sentencepiece_file(config.tokenizer[model_key], text_sides.control_symbols(config))
     except TokenizerError as error:
         if not resuming:
             raise
@@ -161,7 +161,7 @@ def _one_tokenizer(
     converted from tokenizer.`model_key` when that is set, else trained on the `languages` sides
     of the training split."""
     section = config.tokenizer
-    model_path, control = section[model_key], experiment.control_symbols(config)
+    model_path, control = section[model_key], text_sides.control_symbols(config)
     if saved is not None:
         tokenizer = _checked_against_checkpoint(path, *saved)
     elif path.exists():
@@ -255,7 +255,7 @@ def tokenizer_for_run(
     data = config.data
     source_saved, target_saved = _saved_sides(config, saved, sides)
     if not config.tokenizer.separate_vocabularies:
-        languages = experiment.text_languages(config)
+        languages = text_sides.text_languages(config)
         shared = _one_tokenizer(
             config,
             run.tokenizer_file,
@@ -373,7 +373,7 @@ def log_unknown_rate(config: ml_collections.ConfigDict, tokenizers: RunTokenizer
     script spells part of the text as <unk>, which the model can then never write."""
     data = config.data
     by_language = {data.source_language: tokenizers.source, data.target_language: tokenizers.target}
-    languages = experiment.text_languages(config)
+    languages = text_sides.text_languages(config)
     count = min(len(train_source), UNKNOWN_SAMPLE)
     indices = np.sort(np.random.default_rng(0).choice(len(train_source), count, replace=False))
     texts = {language: [] for language in languages}
@@ -385,7 +385,7 @@ def log_unknown_rate(config: ml_collections.ConfigDict, tokenizers: RunTokenizer
         ids = np.concatenate(by_language[language].encode(texts[language], add_eos=False) or [np.zeros(0, np.int32)])
         shares[language] = float(np.mean(ids == UNK_ID)) if ids.size else 0.0
     summary = ", ".join(f"{language} {100 * share:.2f}%" for language, share in shares.items())
-    examples = experiment.example_noun(config)
+    examples = text_sides.example_noun(config)
     logger.info("<unk> pieces on %d training %s: %s", count, examples, summary)
     for language, share in shares.items():
         if share > UNKNOWN_WARNING:

@@ -45,7 +45,7 @@ from jaxformer.errors import UserError
 from jaxformer.files import read_json_object
 from jaxformer.model.config import ConfigError
 from jaxformer.run.directory import RunDirectory
-from jaxformer.training import experiment
+from jaxformer.training import experiment, text_sides
 from jaxformer.training.config_file import apply_overrides, load_config, refuse_repeated_keys
 from jaxformer.training.config_paths import with_absolute_paths
 from jaxformer.training.final_choice import CANDIDATES, SCORES
@@ -100,9 +100,9 @@ def make_variants(
             experiment.validate(config)
         except ConfigError as error:
             raise ConfigError(f"variant {name!r}: {error}") from None
-        if experiment.architecture(config) != "encoder_decoder":  # final_choice=True, the hint below, is refused there
+        if text_sides.architecture(config) != "encoder_decoder":  # final_choice=True, the hint below, is refused there
             raise ConfigError(
-                f"variant {name!r}: model.architecture={experiment.architecture(config)!r}: a sweep compares "
+                f"variant {name!r}: model.architecture={text_sides.architecture(config)!r}: a sweep compares "
                 "translators (model.architecture='encoder_decoder') by their validation BLEU, and a language "
                 "model translates nothing"
             )

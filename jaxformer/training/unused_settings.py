@@ -5,14 +5,8 @@ one in effect (`unused_settings`, read by run_start; config_rules holds what eac
 from __future__ import annotations
 
 from jaxformer.data.split_files import SIDE_READERS
-from jaxformer.training.experiment import (
-    STACKS,
-    architecture,
-    default_config,
-    language_model_unread,
-    text_side,
-    unread_side,
-)
+from jaxformer.training.experiment import default_config
+from jaxformer.training.text_sides import STACKS, architecture, language_model_unread, text_side, unread_side
 
 
 def unused_settings(config, resuming: bool = False) -> list[str]:

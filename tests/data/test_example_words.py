@@ -1,6 +1,6 @@
 """The pipeline's messages about a split's examples, worded for what the run reads: a translator's
 pairs (today's words, byte for byte) or a language model's texts, one side each
-(experiment.example_noun of the shipped configs, the sides their objectives read)."""
+(text_sides.example_noun of the shipped configs, the sides their objectives read)."""
 
 import logging
 
@@ -8,7 +8,7 @@ import pytest
 
 from jaxformer.data.parallel_text import DataError
 from jaxformer.data.pipeline import LengthFilter, TokenizePair, eval_batches, train_dataset
-from jaxformer.training import experiment, objectives
+from jaxformer.training import objectives, text_sides
 from jaxformer.training.config_file import load_config
 from tests.data.test_pipeline import MAX_LENGTH, corpus, data_section  # noqa: F401 (corpus: the fixture)
 
@@ -50,7 +50,7 @@ WORDS = {  # {noun: the messages' words, as a user reads them}
 def run(request, corpus):  # noqa: F811 (the fixture imported above)
     """(its example noun, a training split reader, an evaluation one) as a run of the config reads them."""
     config = load_config(request.param)
-    noun, features = experiment.example_noun(config), SIDES[experiment.architecture(config)]
+    noun, features = text_sides.example_noun(config), SIDES[text_sides.architecture(config)]
     records, tokenizer = corpus
 
     def train(split, length_filter=None, **overrides):

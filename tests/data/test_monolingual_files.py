@@ -10,7 +10,7 @@ from jaxformer.data.parallel_files import ParallelFiles
 from jaxformer.data.parallel_text import DataError
 from jaxformer.data.sources import get_builder, load_split, prepare
 from jaxformer.model.config import ConfigError
-from jaxformer.training import experiment
+from jaxformer.training import experiment, text_sides
 from jaxformer.training.config_file import load_config
 from tests.data.parallel_corpus import write_bytes
 
@@ -54,7 +54,7 @@ def section(tmp_path, architecture="decoder_only", **files):
 
 
 def builder(config):
-    return get_builder(config.data, side=experiment.text_side(config))
+    return get_builder(config.data, side=text_sides.text_side(config))
 
 
 def read(built, language):

@@ -4,7 +4,7 @@ import pathlib
 import pytest
 
 from jaxformer.model.config import ConfigError, preset
-from jaxformer.training import experiment
+from jaxformer.training import experiment, text_sides
 from jaxformer.training.config_paths import with_absolute_paths
 
 CONFIG_DIR = pathlib.Path(__file__).parents[2] / "jaxformer" / "configs"
@@ -250,11 +250,11 @@ def test_a_budget_schedule_capped_within_its_warmup_is_refused_with_or_without_a
 
 
 def test_language_models_read_one_side_and_translators_both():
-    assert experiment.text_languages(load("multi30k_mlm")) == ("en",)
-    assert experiment.text_languages(load("multi30k_lm")) == ("de",)
-    assert experiment.text_languages(load("multi30k")) == ("en", "de")
-    assert experiment.control_symbols(load("multi30k_mlm")) == ("<mask>",)
-    assert experiment.control_symbols(load("multi30k_lm")) == ()
+    assert text_sides.text_languages(load("multi30k_mlm")) == ("en",)
+    assert text_sides.text_languages(load("multi30k_lm")) == ("de",)
+    assert text_sides.text_languages(load("multi30k")) == ("en", "de")
+    assert text_sides.control_symbols(load("multi30k_mlm")) == ("<mask>",)
+    assert text_sides.control_symbols(load("multi30k_lm")) == ()
 
 
 @pytest.mark.parametrize("name", ["multi30k_lm", "multi30k_mlm"])
