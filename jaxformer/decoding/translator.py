@@ -301,14 +301,11 @@ def checked_id_sequences(
     for index, ids in enumerate(arrays):
         sentence_batches.refuse_other_than_one_sentence(ids, EOS_ID, f"source {index}", PAD_ID, max_positions)
     arrays = [sentence_batches.without_trailing_padding(ids, PAD_ID) for ids in arrays]
-    lengths = [len(ids) for ids in arrays]
-    flat = np.concatenate([ids.astype(np.int64) for ids in arrays]) if arrays else np.zeros(0, np.int64)
-    outside = np.flatnonzero((flat < 0) | (flat >= vocab_size))
-    if outside.size:
-        index = int(np.searchsorted(np.cumsum(lengths), outside[0], side="right"))
-        position = int(outside[0] - sum(lengths[:index]))
-        raise ValueError(
-            f"source {index}: id {flat[outside[0]]} at position {position} is outside the model's source "
-            f"vocabulary [0, {vocab_size})"
-        )
+    for index, ids in enumerate(arrays):  # in the caller's dtype: uint64's 2**63 cast to int64 would be -2**63
+        outside = np.flatnonzero((ids < 0) | (ids >= vocab_size))
+        if outside.size:
+            raise ValueError(
+                f"source {index}: id {ids[outside[0]]} at position {outside[0]} is outside the model's source "
+                f"vocabulary [0, {vocab_size})"
+            )
     return [ids.astype(np.int32, copy=False) for ids in arrays]

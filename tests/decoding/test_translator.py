@@ -175,6 +175,12 @@ def test_translate_ids_names_the_callers_source(translator):
     sources[1][5] = -1
     with pytest.raises(ValueError, match=r"^source 1: id -1 at position 5 "):
         translator.translate_ids(sources)
+    # Why: the ids were cast to int64 for the check, so uint64's 2**63 was named as -2**63 (an export names it right).
+    for huge in (2**63, 2**64 - 1):
+        unsigned = [source.astype(np.uint64) for source in sources]
+        unsigned[1][5] = huge
+        with pytest.raises(ValueError, match=rf"^source 1: id {huge} at position 5 is outside "):
+            translator.translate_ids(unsigned)
     with pytest.raises(
         TypeError, match=r"^sources must be a list of id sequences, not one of shape \(3,\): pass \[ids\]$"
     ):
