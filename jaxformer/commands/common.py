@@ -16,6 +16,7 @@ import argparse
 import contextlib
 import io
 import logging
+import math
 import os
 import re
 import signal
@@ -23,6 +24,7 @@ import sys
 import traceback
 import warnings
 from collections.abc import Callable
+from typing import Any
 
 import tqdm
 
@@ -79,16 +81,34 @@ def _integer(kind: str, fits: Callable[[int], bool]) -> Callable[[str], int]:
     """A flag type taking an integer that `fits`, `kind` (e.g. "integer >= 1") naming what it takes."""
 
     def parse(text: str) -> int:
-        try:
-            value = int(text)
-        except ValueError:
-            raise argparse.ArgumentTypeError(f"must be an {kind}, got {text!r}") from None
-        if not fits(value):
-            raise argparse.ArgumentTypeError(f"must be an {kind}, got {value}")
-        return value
+        return ruled_number(text, int, f"an {kind}", fits)
 
     parse.__name__ = kind
     return parse
+
+
+def number(low: float, *, inclusive: bool) -> Callable[[str], float]:
+    """A flag type taking a finite number above `low` (or from it, `inclusive`)."""
+    bound = f">= {low}" if inclusive else f"> {low}"
+
+    def parse(text: str) -> float:
+        fits = (lambda value: value >= low) if inclusive else (lambda value: value > low)
+        return ruled_number(text, float, f"a finite number {bound}", lambda value: fits(value) and value != math.inf)
+
+    parse.__name__ = f"number {bound}"
+    return parse
+
+
+def ruled_number(text: str, kind: Callable[[str], Any], rule: str, allowed: Callable[[Any], bool]) -> Any:
+    """A flag's number, `kind(text)` (int or float), refused unless `allowed` takes it, `rule`
+    naming what it takes (e.g. beam_search.ALPHA_RULE) and the error the text given."""
+    try:
+        value = kind(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"must be {rule}, got {text!r}") from None
+    if not allowed(value):
+        raise argparse.ArgumentTypeError(f"must be {rule}, got {text}")
+    return value
 
 
 def path_text(text: str) -> str:
@@ -104,22 +124,6 @@ def path_text(text: str) -> str:
 
 
 path_text.__name__ = "path"
-
-
-def number(low: float, *, inclusive: bool) -> Callable[[str], float]:
-    bound = f">= {low}" if inclusive else f"> {low}"
-
-    def parse(text: str) -> float:
-        try:
-            value = float(text)
-        except ValueError:
-            raise argparse.ArgumentTypeError(f"must be a number {bound}, got {text!r}") from None
-        if not (value >= low if inclusive else value > low) or value != value or value == float("inf"):
-            raise argparse.ArgumentTypeError(f"must be a finite number {bound}, got {text}")
-        return value
-
-    parse.__name__ = f"number {bound}"
-    return parse
 
 
 # -- logging ---------------------------------------------------------------------------------

@@ -11,9 +11,9 @@ from jaxformer.commands.common import (
     at_least,
     check_stdout_open,
     integer_from,
-    number,
     path_text,
     read_lines,
+    ruled_number,
 )
 from jaxformer.commands.path_checks import check_readable_file, check_workdir, check_writable_file
 from jaxformer.run.directory import CHECKPOINT_KINDS, parse_checkpoint_choice
@@ -81,7 +81,7 @@ def add_sampling_flags(parser: argparse.ArgumentParser, seed_use: str) -> None:
     from jaxformer.decoding.generate import MAX_SEED
 
     parser.add_argument(
-        "--temperature", type=number(0.0, inclusive=False), default=1.0, help="sampling temperature (default: 1.0)"
+        "--temperature", type=sampling_temperature, default=1.0, help="sampling temperature (default: 1.0)"
     )
     parser.add_argument("--top_k", type=at_least(0), default=0, help="sample among the k most likely tokens; 0 = all")
     parser.add_argument(
@@ -264,13 +264,14 @@ def length_penalty_alpha(text: str) -> float:
     """--alpha: at most MAX_ALPHA, the largest whose float32 penalty holds at any length."""
     from jaxformer.decoding.beam_search import ALPHA_RULE, is_valid_alpha
 
-    try:
-        value = float(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"must be {ALPHA_RULE}, got {text!r}") from None
-    if not is_valid_alpha(value):
-        raise argparse.ArgumentTypeError(f"must be {ALPHA_RULE}, got {text}")
-    return value
+    return ruled_number(text, float, ALPHA_RULE, is_valid_alpha)
+
+
+def sampling_temperature(text: str) -> float:
+    """--temperature: > 0 and finite in float32, which the sampling divides its logits in."""
+    from jaxformer.decoding.generate import TEMPERATURE_RULE, is_valid_temperature
+
+    return ruled_number(text, float, TEMPERATURE_RULE, is_valid_temperature)
 
 
 def add_length_penalty_flags(parser: argparse.ArgumentParser, language_model: bool = False) -> None:

@@ -37,7 +37,7 @@ def build_parser() -> argparse.ArgumentParser:
     )
     parser.add_argument(
         "--temperature",
-        type=common.number(0.0, inclusive=False),
+        type=decoding_flags.sampling_temperature,
         default=1.0,
         help="sampling temperature (default: 1.0)",
     )

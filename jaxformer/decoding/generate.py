@@ -7,7 +7,6 @@ other JAX programs; `make_generate_fn` jits it for one model and one set of sett
 from __future__ import annotations
 
 import dataclasses
-import math
 import typing
 from typing import Any
 
@@ -84,6 +83,18 @@ def check_options(options: dict[str, Any]) -> None:
         check_seed(options["seed"])
 
 
+# Sampling divides float32 logits by the temperature: one that float32 cannot hold (1e39) is cast to
+# inf, with numpy's overflow warning, and every token is then drawn alike.
+TEMPERATURE_RULE = f"a finite number > 0 that float32 holds (at most {float(np.finfo(np.float32).max):.8g})"
+
+
+def is_valid_temperature(value: Any) -> bool:
+    """Whether the number `value` is a temperature TEMPERATURE_RULE allows: > 0, finite in float32
+    (NaN not). The one test of DecodeSettings and the --temperature flags."""
+    with np.errstate(over="ignore"):  # the cast that overflows is the question, not a warning
+        return bool(value > 0 and np.isfinite(np.float32(value)))
+
+
 # The type each DecodeSettings field must have (checked before its range): a float or a string
 # there fails inside jit with a JAX TypeError, a bool passes as 0 or 1.
 _FIELD_KINDS: dict[str, Any] = {
@@ -149,8 +160,8 @@ class DecodeSettings:
             raise ValueError(f"max_extra_length must be from 1 to {MAX_EXTRA_LENGTH}, got {self.max_extra_length}")
         if not is_valid_alpha(self.alpha):
             raise ValueError(f"alpha must be {ALPHA_RULE}, got {self.alpha}")
-        if not 0 < self.temperature < math.inf:
-            raise ValueError(f"temperature must be a finite number > 0, got {self.temperature}")
+        if not is_valid_temperature(self.temperature):
+            raise ValueError(f"temperature must be {TEMPERATURE_RULE}, got {self.temperature}")
         if self.top_k < 0:
             raise ValueError(f"top_k must be >= 0 (0: the whole vocabulary), got {self.top_k}")
 

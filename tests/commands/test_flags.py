@@ -33,7 +33,11 @@ def no_decoding(monkeypatch):
             ["--max_extra_length", "1000000000"],
             "argument --max_extra_length: must be an integer from 1 to 4096, got 1000000000",
         ),
-        (["--temperature", "0"], "argument --temperature: must be a finite number > 0.0, got 0"),
+        (["--temperature", "0"], "argument --temperature: must be a finite number > 0 that float32 holds"),
+        (  # finite, but cast to float32's inf (with numpy's overflow warning) it samples every token alike
+            ["--temperature", "1e39"],
+            "argument --temperature: must be a finite number > 0 that float32 holds (at most 3.4028235e+38), got 1e39",
+        ),
         (["--alpha", "nan"], "argument --alpha: must be a finite number from 0 to 4 (above it the length penalty"),
         (  # finite, but its float32 length penalty would be inf and every hypothesis rank alike
             ["--alpha", "1e39"],
