@@ -176,23 +176,17 @@ def marian_embeddings(
         ("decoder", "model.decoder.embed_tokens.weight"),
         ("output", "lm_head.weight"),
     ):
+        # marian_files.check_marian_weights refused the weights that lack a matrix nothing stands for.
         if name in weights:
             found[role] = weights[name]
-        elif not hf.get("share_encoder_decoder_embeddings", True):
-            if role != "output" or not tied:  # transformers would initialize the module randomly
-                raise ConversionError(
-                    f"config.json has share_encoder_decoder_embeddings=false, but the weights have no {name}"
-                )
+        elif not hf.get("share_encoder_decoder_embeddings", True):  # a tied lm_head: the decoder's
             found[role] = found["decoder"]
-        elif tied or role != "output":
-            shared = _shared_embedding(weights)
+        else:
             if not tied:
                 # transformers before 5 used model.shared here whatever the config said (the
                 # module was shared); transformers 5 would initialize it randomly instead.
                 logger.warning("the weights have no %s: using model.shared.weight, as transformers 4 did", name)
-            found[role] = shared
-        else:
-            raise ConversionError(f"config.json has tie_word_embeddings=false, but the weights have no {name}")
+            found[role] = _shared_embedding(weights)
         if found[role].shape != (hf["vocab_size"], config.d_model):
             raise ConversionError(
                 f"the weights' {name if name in weights else 'model.shared.weight'} has shape {found[role].shape}, "

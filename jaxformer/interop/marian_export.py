@@ -62,7 +62,9 @@ def permute_axis(
     return permuted
 
 
-def marian_weights(config: TransformerConfig, params: Mapping[str, Any]) -> dict[str, np.ndarray]:
+def marian_weights(
+    config: TransformerConfig, params: Mapping[str, Any], where: str = "the parameters"
+) -> dict[str, np.ndarray]:
     """Marian's weights (transformers names, one vocabulary) of a post-norm jaxformer model's
     parameters, per layer (`unstack_layers` for a scan_layers model), interleaved positions
     permuted into the halves layout. Equal source and target embeddings (a shared one, or an
@@ -70,28 +72,36 @@ def marian_weights(config: TransformerConfig, params: Mapping[str, Any]) -> dict
     its copies; different ones (an imported model fine-tuned) are the encoder's and decoder's own
     embed_tokens and no model.shared (`share_encoder_decoder_embeddings=false`). An untied output
     layer is lm_head (`tie_word_embeddings=false`): jaxformer's embeddings are scaled as Marian's
-    under scale_embedding=true, and its output kernel is lm_head as it is."""
+    under scale_embedding=true, and its output kernel is lm_head as it is. An array that `config`
+    has and the parameters (read from `where`) lack is a ConversionError naming both."""
     flat = {path: np.asarray(value, np.float32) for path, value in flatten(params).items()}
+
+    def array(path: str) -> np.ndarray:
+        if path not in flat:
+            why = " (tie_output_embedding=False: an output layer of its own)" if path == "decoder/logits_kernel" else ""
+            raise ConversionError(f"{where} holds no {path}, which its metadata's model has{why}")
+        return flat[path]
+
     if config.position_layout == "interleaved":
         # The axis names of the parameters as given, per layer: a scan_layers model's would be
         # of its stacked tree, whose paths these are not.
         names = logical_axis_names(dataclasses.replace(config, scan_layers=False))
         flat = permute_axis(flat, names, "embed", halves_order(config.d_model))
     if config.share_embeddings:
-        source = target = flat["shared_embedding/embedding"]
+        source = target = array("shared_embedding/embedding")
     else:
-        source, target = flat["source_embedding/embedding"], flat["target_embedding/embedding"]
+        source, target = array("source_embedding/embedding"), array("target_embedding/embedding")
     bias = flat.get("decoder/logits_bias", np.zeros(config.vocab_size, np.float32))
     weights = {
         "model.encoder.embed_tokens.weight": source,
         "model.decoder.embed_tokens.weight": target,
-        "lm_head.weight": target if config.tie_output_embedding else flat["decoder/logits_kernel"].T,
+        "lm_head.weight": target if config.tie_output_embedding else array("decoder/logits_kernel").T,
         "final_logits_bias": bias.reshape(1, -1),
     }
     if np.array_equal(source, target):
         weights["model.shared.weight"] = target
     for path, name, kind in layer_names(config):
-        weights[name] = to_marian_layout(kind, flat[path])
+        weights[name] = to_marian_layout(kind, array(path))
     return weights
 
 
@@ -222,7 +232,7 @@ def export_marian(
     pieces = _piece_names(source)
     if config.scan_layers:
         params = unstack_layers(params)
-    weights = marian_weights(config, params)
+    weights = marian_weights(config, params, f"step {step} of {workdir} ({checkpoint_name(checkpoint)})")
 
     import torch
     from transformers import GenerationConfig, MarianConfig, MarianMTModel, MarianTokenizer

@@ -180,6 +180,16 @@ def check_marian_weights(
     missing = [name for name in shapes if LAYER.match(name) and name not in weights]
     if missing:
         raise ConversionError(f"{where} lacks {len(missing)} layer parameters of {config_where}, e.g. {missing[0]}")
+    # Matrices that no other tensor stands for under config.json's switches: transformers would
+    # initialize each randomly (marian.marian_embeddings takes model.shared.weight for the others).
+    switches = {
+        "model.encoder.embed_tokens.weight": "share_encoder_decoder_embeddings",
+        "model.decoder.embed_tokens.weight": "share_encoder_decoder_embeddings",
+        "lm_head.weight": "tie_word_embeddings",
+    }
+    for name, switch in switches.items():
+        if not hf.get(switch, True) and name not in weights:
+            raise ConversionError(f"{config_where} has {switch}=false, but {where} has no {name}")
 
 
 def _is_count(value: Any) -> bool:

@@ -6,6 +6,7 @@ exports as lm_head (tie_word_embeddings=false; it was refused), so that a model 
 (scale_embedding=false, or its own lm_head) exports back to the first import bit for bit."""
 
 import json
+import logging
 import shutil
 
 import numpy as np
@@ -140,8 +141,12 @@ def test_separate_embeddings_that_transformers_would_not_load_are_refused(separa
     weights = read_safetensors(directory / "model.safetensors")
     encoder = weights.pop("model.encoder.embed_tokens.weight")
     write_safetensors(directory / "model.safetensors", weights)  # transformers would initialize it randomly
-    with pytest.raises(ConversionError, match=r"share_encoder_decoder_embeddings=false, but the weights have no "):
+    with pytest.raises(ConversionError) as refused:
         import_marian(directory, tmp_path / "run")
+    assert str(refused.value) == (
+        f"{directory / 'config.json'} has share_encoder_decoder_embeddings=false, but "
+        f"{directory / 'model.safetensors'} has no model.encoder.embed_tokens.weight"
+    )
     weights.update({"model.encoder.embed_tokens.weight": encoder, "model.shared.weight": encoder})
     write_safetensors(directory / "model.safetensors", weights)  # transformers has no model.shared there
     with pytest.raises(ConversionError, match=r"holds model\.shared\.weight, which a MarianMTModel of .* no place"):
@@ -219,3 +224,37 @@ def test_an_untied_run_exports_with_its_output_kernel(tmp_path):
     config = json.loads((directory / "config.json").read_text())
     assert config["tie_word_embeddings"] is False and config["share_encoder_decoder_embeddings"] is True
     check_export_matches_run(directory, workdir)
+
+
+def test_an_untied_model_without_lm_head_is_refused_first_naming_its_files(tmp_path, caplog):
+    """The refusal named config.json without its folder, after the warnings of building the
+    tokenizers (source.spm's and target.spm's pieces that vocab.json lacks): it comes first now."""
+    directory = tmp_path / "hf"
+    write_marian(directory, tie_word_embeddings=False)
+    weights = read_safetensors(directory / "model.safetensors")
+    del weights["lm_head.weight"]  # transformers would initialize it randomly
+    write_safetensors(directory / "model.safetensors", weights)
+    vocab = json.loads((directory / "vocab.json").read_text())
+    del vocab["s"]  # a piece of both sides' models: a warning for each once the tokenizers are built
+    (directory / "vocab.json").write_text(json.dumps(vocab))
+    with caplog.at_level(logging.WARNING), pytest.raises(ConversionError) as refused:
+        import_marian(directory, tmp_path / "run")
+    assert str(refused.value) == (
+        f"{directory / 'config.json'} has tie_word_embeddings=false, but {directory / 'model.safetensors'} "
+        "has no lm_head.weight"
+    )
+    assert [record.getMessage() for record in caplog.records if record.levelno >= logging.WARNING] == []
+    assert not (tmp_path / "run").exists()
+
+
+def test_an_untied_checkpoint_without_its_output_kernel_is_refused_naming_it(tmp_path):
+    """--to_hf failed with KeyError 'decoder/logits_kernel' where the metadata said untied."""
+    workdir, _, _ = make_workdir(tmp_path / "run")
+    untied = rewritten_run(workdir, tmp_path / "untied", tie_output_embedding=False)  # no kernel added
+    with pytest.raises(ConversionError) as refused:
+        export_marian(untied, tmp_path / "hf")
+    assert str(refused.value) == (
+        f"step 1 of {untied} (latest checkpoint) holds no decoder/logits_kernel, which its metadata's model has "
+        "(tie_output_embedding=False: an output layer of its own)"
+    )
+    assert not (tmp_path / "hf").exists()
