@@ -180,14 +180,9 @@ def check_marian_weights(
     missing = [name for name in shapes if LAYER.match(name) and name not in weights]
     if missing:
         raise ConversionError(f"{where} lacks {len(missing)} layer parameters of {config_where}, e.g. {missing[0]}")
-    # Matrices that no other tensor stands for under config.json's switches: transformers would
-    # initialize each randomly (marian.marian_embeddings takes model.shared.weight for the others).
-    switches = {
-        "model.encoder.embed_tokens.weight": "share_encoder_decoder_embeddings",
-        "model.decoder.embed_tokens.weight": "share_encoder_decoder_embeddings",
-        "lm_head.weight": "tie_word_embeddings",
-    }
-    for name, switch in switches.items():
+    # A matrix nothing stands for under config.json's switches: transformers would initialize it randomly.
+    for name in ("model.encoder.embed_tokens.weight", "model.decoder.embed_tokens.weight", "lm_head.weight"):
+        switch = "tie_word_embeddings" if name == "lm_head.weight" else "share_encoder_decoder_embeddings"
         if not hf.get(switch, True) and name not in weights:
             raise ConversionError(f"{config_where} has {switch}=false, but {where} has no {name}")
 
