@@ -195,7 +195,8 @@ def _shape(leaf: Any) -> tuple[int, ...]:
 
 def _named_params(point: StartingPoint, config: TransformerConfig) -> dict[str, Any]:
     """`point`'s parameters by "/"-joined name, in the layout (scanned or not) and, for a part,
-    under the names, of the new model `config`. A masked LM's head has no place in a translator."""
+    under the names, of the new model `config`. A masked LM's head has no place in a translator:
+    the names left out are logged, so that nothing of the checkpoint is dropped unsaid."""
     params = point.params
     saved_scan = bool(point.metadata.model.get("scan_layers", False))
     if saved_scan and not config.scan_layers:
@@ -209,13 +210,24 @@ def _named_params(point: StartingPoint, config: TransformerConfig) -> dict[str, 
         embedding = "shared_embedding"
     else:
         embedding = "source_embedding" if point.part == "encoder" else "target_embedding"
-    renamed = {}
+    renamed, left_out = {}, []
     for name, value in named.items():
         top, rest = name.split("/", 1)
         if top == "embedding":
             renamed[f"{embedding}/{rest}"] = value
         elif top == point.part:
             renamed[name] = value
+        else:
+            left_out.append(name)
+    if left_out:
+        logger.info(
+            "%d of %d parameter arrays of %s have no place in a translator's %s and are left out: %s",
+            len(left_out),
+            len(named),
+            point.where,
+            point.part,
+            ", ".join(left_out),
+        )
     return renamed
 
 

@@ -2,6 +2,7 @@
 decoder from the causal LM's: the starting parameters, the checks against its config, a run
 trained end to end, and the shipped configs' fit."""
 
+import logging
 import re
 
 import jax
@@ -135,11 +136,9 @@ def test_composed_translator_trains_end_to_end(runs, data_dir, tmp_path):
     assert Tokenizer(metadata.tokenizer).mask_id is not None
 
 
-def test_the_shipped_language_models_fit_the_shipped_translator():
-    """The README's composed translator (`--config multi30k` with init_encoder_from=multi30k_mlm,
-    init_decoder_from=multi30k_lm) at the shipped sizes: every pretrained parameter fits, and only
-    the cross-attention starts fresh. The tests above shrink all three configs alike, so only this
-    one sees the shipped widths."""
+def _shipped_starting_points():
+    """The shipped multi30k translator's model config, its abstract parameters, and zero-valued
+    starting points of the shipped masked LM (encoder) and causal LM (decoder) at their sizes."""
     configs = {name: load_config(name) for name in NAMES}
     translator_config = load_config("multi30k")
     vocab = translator_config.tokenizer.vocab_size
@@ -157,6 +156,29 @@ def test_the_shipped_language_models_fit_the_shipped_translator():
             config=config.to_dict(), model=pretrained.to_dict(), tokenizer=b"", data_fingerprint=None, step=0
         )
         points.append(StartingPoint(where=name, step=0, metadata=metadata, params=params, part=parts[name]))
+    return translator, abstract, points
+
+
+def test_the_shipped_language_models_fit_the_shipped_translator():
+    """The README's composed translator (`--config multi30k` with init_encoder_from=multi30k_mlm,
+    init_decoder_from=multi30k_lm) at the shipped sizes: every pretrained parameter fits, and only
+    the cross-attention starts fresh. The tests above shrink all three configs alike, so only this
+    one sees the shipped widths."""
+    translator, abstract, points = _shipped_starting_points()
     overrides = starting_overrides(points, abstract, translator)  # ConfigError listing the misfits otherwise
     fresh = set(traverse_util.flatten_dict(abstract, sep="/")) - set(overrides)
     assert fresh and all("/cross_attention" in name for name in fresh)
+
+
+def test_the_masked_lms_head_left_out_is_said(caplog):
+    """The masked LM's head (mlm_head/...), which a translator has no place for, is named in the
+    log as left out, as the parameters that start from random values are: nothing of a starting
+    checkpoint is dropped unsaid. The causal LM gives every array it has."""
+    translator, abstract, points = _shipped_starting_points()
+    with caplog.at_level(logging.INFO, logger="jaxformer.training.init_from"):
+        starting_overrides(points, abstract, translator)
+    left_out = [record.getMessage() for record in caplog.records if "left out" in record.getMessage()]
+    assert left_out == [
+        "4 of 53 parameter arrays of multi30k_mlm have no place in a translator's encoder and are left out: "
+        "mlm_head/dense/bias, mlm_head/dense/kernel, mlm_head/norm/bias, mlm_head/norm/scale"
+    ]
