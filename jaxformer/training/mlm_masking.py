@@ -37,7 +37,9 @@ def mask_tokens(
 ) -> MaskedTokens:
     """Selects and replaces tokens as the module docstring says. Ordinary tokens are the ids
     from NUM_SPECIAL_TOKENS to vocab_size - 1 other than `mask_id`; random replacements are
-    drawn uniformly among them."""
+    drawn uniformly among them. Settings outside their ranges are a one-line ValueError
+    (`check_masking`)."""
+    check_masking(mask_id, vocab_size, rate, mask_fraction, random_fraction)
     select_rng, action_rng, random_rng = jax.random.split(rng, 3)
     maskable = (tokens >= NUM_SPECIAL_TOKENS) & (tokens != mask_id)  # [B, S]
     selected = maskable & jax.random.bernoulli(select_rng, rate, tokens.shape)  # [B, S]
@@ -54,3 +56,25 @@ def mask_tokens(
     )  # [B, S]
     inputs = jnp.where(selected, replaced, tokens).astype(tokens.dtype)
     return MaskedTokens(inputs=inputs, targets=tokens, weights=selected.astype(jnp.float32))
+
+
+def check_masking(mask_id: int, vocab_size: int, rate: float, mask_fraction: float, random_fraction: float) -> None:
+    """A ValueError naming the setting for masking that is not BERT's kind: a rate outside (0, 1]
+    (0, or NaN, selects nothing, and every loss reads no position; above 1 it is 1), fractions
+    outside [0, 1] or summing above 1 (the kept share would be negative), or a mask id that is
+    special or outside the vocabulary (the embedding has no row for it)."""
+    if not 0.0 < rate <= 1.0:
+        raise ValueError(f"masking rate={rate}: must be in (0, 1], the share of ordinary tokens selected")
+    for name, value in (("mask_fraction", mask_fraction), ("random_fraction", random_fraction)):
+        if not 0.0 <= value <= 1.0:
+            raise ValueError(f"masking {name}={value}: must be in [0, 1], a share of the selected tokens")
+    if mask_fraction + random_fraction > 1.0:
+        raise ValueError(
+            f"masking mask_fraction={mask_fraction} + random_fraction={random_fraction} is above 1: "
+            "the rest of the selected tokens are kept"
+        )
+    if not NUM_SPECIAL_TOKENS <= mask_id < vocab_size:
+        raise ValueError(
+            f"mask_id={mask_id}: must be an ordinary id of the vocabulary, "
+            f"from {NUM_SPECIAL_TOKENS} to {vocab_size - 1}"
+        )

@@ -1,5 +1,7 @@
 """BERT's masking: which tokens are selected, what replaces them, and the objective built on it."""
 
+import re
+
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -139,3 +141,34 @@ def test_evaluation_that_masks_no_token_is_refused():
             break
     else:
         pytest.fail("no seed of 100 left the one token unmasked")
+
+
+@pytest.mark.parametrize(
+    ("settings", "message"),
+    [
+        ({"rate": 0.0}, "masking rate=0.0: must be in (0, 1]"),
+        ({"rate": float("nan")}, "masking rate=nan: must be in (0, 1]"),
+        ({"rate": -0.1}, "masking rate=-0.1: must be in (0, 1]"),
+        ({"rate": 1.5}, "masking rate=1.5: must be in (0, 1]"),
+        ({"mask_fraction": -1.0}, "masking mask_fraction=-1.0: must be in [0, 1]"),
+        ({"random_fraction": 1.2}, "masking random_fraction=1.2: must be in [0, 1]"),
+        ({"mask_fraction": 0.9, "random_fraction": 0.3}, "mask_fraction=0.9 + random_fraction=0.3 is above 1"),
+        ({"mask_id": EOS_ID}, f"mask_id={EOS_ID}: must be an ordinary id of the vocabulary, from 4 to {VOCAB - 1}"),
+        ({"mask_id": VOCAB}, f"mask_id={VOCAB}: must be an ordinary id of the vocabulary"),
+        ({"mask_id": -1}, "mask_id=-1: must be an ordinary id of the vocabulary"),
+    ],
+)
+def test_masking_settings_outside_their_ranges_are_refused(settings, message):
+    """A rate of 0 (or NaN) selected nothing, so every loss read no position; above 1 it masked
+    all as 1 does; fractions summing above 1 kept none; a special or out-of-vocabulary mask id
+    went into the inputs. Each is now one line naming the setting."""
+    arguments = {"mask_id": 4, "rate": 0.15, "mask_fraction": 0.8, "random_fraction": 0.1, **settings}
+    tokens = jnp.full((2, 8), 7, jnp.int32)
+    with pytest.raises(ValueError, match=re.escape(message)):
+        mask_tokens(jax.random.key(0), tokens, arguments.pop("mask_id"), VOCAB, **arguments)
+
+
+def test_a_rate_of_one_selects_every_ordinary_token():
+    tokens = jnp.asarray([[7, 8, EOS_ID, PAD_ID]], jnp.int32)
+    masked = mask_tokens(jax.random.key(0), tokens, 4, VOCAB, rate=1.0)
+    np.testing.assert_array_equal(masked.weights, [[1.0, 1.0, 0.0, 0.0]])
