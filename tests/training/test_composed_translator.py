@@ -3,6 +3,7 @@ decoder from the causal LM's: the starting parameters, the checks against its co
 trained end to end, and the shipped configs' fit."""
 
 import logging
+import pathlib
 import re
 
 import jax
@@ -23,6 +24,8 @@ from jaxformer.training.init_from import StartingPoint, load_starting_points, st
 from jaxformer.training.state import init_params
 from tests.training.test_language_models import NAMES, TINY
 from tests.training.test_loop import losses, train
+
+README = pathlib.Path(__file__).parents[2] / "README.md"
 
 pytestmark = pytest.mark.xdist_group("language-models")  # the language models' runs are trained once
 
@@ -182,3 +185,22 @@ def test_the_masked_lms_head_left_out_is_said(caplog):
         "4 of 53 parameter arrays of multi30k_mlm have no place in a translator's encoder and are left out: "
         "mlm_head/dense/bias, mlm_head/dense/kernel, mlm_head/norm/bias, mlm_head/norm/scale"
     ]
+
+
+def test_the_measured_composed_runs_flags_are_accepted_by_the_shipped_config():
+    """README's measurement of the composed translator names the flags its 400-step runs took on
+    top of `--config multi30k`; the shipped config with them passes the config checks, so the
+    runs can be repeated as README tells (num_train_steps=400 alone ended within the budget
+    schedule's 800-step warmup: refused)."""
+    from jaxformer.training.config_file import apply_overrides
+    from jaxformer.training.config_rules import check_combinations
+
+    section = README.read_text().split("### A translator from a pretrained encoder and decoder")[1]
+    measured = " ".join(section.split("Measured here at the shipped sizes")[1].split("each scored once")[0].split())
+    spans = " ".join(re.findall(r"`([^`]*)`", measured))
+    flags = re.findall(r"--config\.([\w.]+)=(\S+)", spans)
+    names = [key for key, _ in flags]
+    assert "training.num_train_steps" in names and "training.final_choice" in names
+    config = load_config("multi30k")
+    apply_overrides(config, flags)
+    check_combinations(config, "encoder_decoder")  # ConfigError where README's flags are refused
