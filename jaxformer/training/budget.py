@@ -242,18 +242,21 @@ class ScheduleEnd:
         resumed = saved_training is not None
         if not self.active:
             return state
+        # A run resumed at or past its length (finished, or shortened) trains no step: no end moves for it.
+        trains = step < self.max_steps
         if resumed and timed:
             saved_end = self.steps(state)
             if saved_end_stands(saved_end, saved_training, self.max_steps, self.budget_minutes):
                 logger.info("budget schedule: resumed with its end at step %.0f", saved_end)
                 return state
-            logger.info(
-                "budget schedule: its end moves from step %.0f, estimated for training.num_train_steps=%d and "
-                "training.time_budget_minutes=%g, to %d until this run's pace re-estimates it",
-                *(saved_end, saved_training["num_train_steps"], saved_training.get("time_budget_minutes") or 0.0),
-                self.max_steps,
-            )
-        elif resumed and abs(self.steps(state) - self.max_steps) > 0.5:
+            if trains:
+                logger.info(
+                    "budget schedule: its end moves from step %.0f, estimated for training.num_train_steps=%d and "
+                    "training.time_budget_minutes=%g, to %d until this run's pace re-estimates it",
+                    *(saved_end, saved_training["num_train_steps"], saved_training.get("time_budget_minutes") or 0.0),
+                    self.max_steps,
+                )
+        elif resumed and trains and abs(self.steps(state) - self.max_steps) > 0.5:
             logger.info("budget schedule: its end moves from step %.0f to %d", self.steps(state), self.max_steps)
         return self.set(state, self.max_steps, ends_by=f"training.num_train_steps={self.max_steps}")
 

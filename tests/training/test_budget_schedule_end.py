@@ -198,3 +198,29 @@ def test_a_resumed_run_that_may_train_past_its_saved_end_trains_no_step_at_the_f
 def test_a_resumed_run_keeps_its_saved_end_unless_it_may_train_past_it_or_stop_before(saved_end, training, kept):
     end, _, untouched = resumed_schedule(saved_end, SAVED, **training)
     assert (end, untouched) == ((saved_end, True) if kept else (training["num_train_steps"], False))
+
+
+@pytest.mark.parametrize("timed", [True, False])
+def test_a_run_resumed_at_or_past_its_length_says_no_end_moves(caplog, timed):
+    """A finished run started again with a shorter length (or one shortened past the step it was
+    stopped at) trains no step: the schedule's end is set to its length, but no end "moves" for a
+    run that ends where it stands (it said `its end moves from step 40 to 10` at step 20). Resumed
+    before its length, the move is still said."""
+    config = default_config()
+    config.optimizer.update(schedule="budget", warmup_steps=WARMUP, learning_rate_scale=1.0, decay_floor=0.0)
+    config.training.update(num_train_steps=10, time_budget_minutes=10.0 if timed else 0.0)
+    optimizer, _ = make_optimizer(config.optimizer, D_MODEL)
+    params = {"w": jnp.zeros(3)}
+    state = TrainState(step=jnp.int32(0), params=params, opt_state=optimizer.init(params), rng=jax.random.key(0))
+    schedule_end = ScheduleEnd(config, state, jax.sharding.SingleDeviceSharding(jax.devices()[0]))
+    saved = schedule_end.set(state, 40.0)
+    saved_training = {"num_train_steps": 40, "time_budget_minutes": 10.0 if timed else 0.0}
+    moves = {}
+    for step in (20, 10, 5):
+        caplog.clear()
+        with caplog.at_level(logging.INFO):
+            resumed = schedule_end.at_start(saved, step, saved_training, timed=timed)
+        assert schedule_end.steps(resumed) == 10  # the end is the length in every case
+        moves[step] = [message for message in caplog.messages if "its end moves" in message]
+    assert moves[20] == moves[10] == []
+    assert len(moves[5]) == 1 and "its end moves from step 40" in moves[5][0]
