@@ -124,7 +124,9 @@ def run_summary(config: ml_collections.ConfigDict, workdir: str | pathlib.Path, 
             f"final choice: {chosen['chosen']}{start}{alpha} (validation BLEU {chosen['bleu']:.2f}), in {run.final}"
         )
     if last.get("ended_by") == "time budget":
-        lines.append(f"ended by its time budget of {training.time_budget_minutes:g} minutes")
+        # The budget that ended it, which a finished run started again with another (or none) keeps.
+        minutes = last.get("time_budget_minutes", training.time_budget_minutes)
+        lines.append(f"ended by its time budget of {minutes:g} minutes" if minutes else "ended by its time budget")
 
     places = []
     latest = _steps(run.checkpoints)

@@ -388,8 +388,8 @@ def _train(config, prepared: PreparedRun, model: nn.Module, preparation: RaiseOn
     if last.get("eval_step") == step:  # kept, and named by the summary, only where a signal stopped the run after it
         del last["eval_step"]
     last["train_seconds"] = train_seconds
-    if budget_spent:
-        last["ended_by"] = "time budget"
+    if budget_spent:  # the budget named: a finished run started again without it keeps this record
+        last["ended_by"], last["time_budget_minutes"] = "time budget", training.time_budget_minutes
     if shortened:
         last["shortened_by"] = shortened
     last["first_step"] = first_step

@@ -175,3 +175,15 @@ def test_durations():
         "1 h 00 min",
         "2 h 03 min",
     ]
+
+
+def test_a_run_ended_by_its_time_budget_names_that_budget_when_started_again_without_it(tmp_path):
+    """A finished run started again keeps its last_metrics.json's `ended_by` (it trained no step);
+    the summary named the budget of the command now, `of 0 minutes` where it gives none."""
+    config = load_config("tiny")  # no time budget
+    kept = {"step": 930, "first_step": 930, "ended_by": "time budget", "time_budget_minutes": 0.5}
+    assert "ended by its time budget of 0.5 minutes" in run_summary(config, tmp_path, kept, seconds=1.0)
+    older = {"step": 930, "first_step": 930, "ended_by": "time budget"}  # written before the budget was kept
+    assert "ended by its time budget" in run_summary(config, tmp_path, older, seconds=1.0)
+    config.training.time_budget_minutes = 0.2  # the budget now, already spent: the record's, once there
+    assert "ended by its time budget of 0.2 minutes" in run_summary(config, tmp_path, older, seconds=1.0)
