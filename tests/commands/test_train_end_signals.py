@@ -117,13 +117,13 @@ def test_a_signal_as_a_real_run_writes_its_last_metrics_is_noted(handlers, data_
     from jaxformer.training import loop
     from tests.training.test_signals import _four_step_config
 
-    real_write = loop.write_last_metrics
+    real_write = loop.write_last_metrics_in_process_0
 
     def write_signalled(run, last):
         deliver(signal.SIGTERM)
         return real_write(run, last)
 
-    monkeypatch.setattr(loop, "write_last_metrics", write_signalled)
+    monkeypatch.setattr(loop, "write_last_metrics_in_process_0", write_signalled)
     with caplog.at_level(logging.WARNING):
         last = loop.train_and_evaluate(_four_step_config(data_dir, final_choice=False), tmp_path / "run")
     assert "stopped_by_signal" not in last and last["step"] == 4 and last["signal_once_complete"] == signal.SIGTERM
@@ -142,7 +142,7 @@ def test_a_second_signal_after_a_stop_before_the_final_choice_keeps_the_runs_end
     from jaxformer.training import loop
     from tests.training.test_signals import _four_step_config
 
-    real_stopped, real_write = loop.stopped_before_the_final_choice, loop.write_last_metrics
+    real_stopped, real_write = loop.stopped_before_the_final_choice, loop.write_last_metrics_in_process_0
 
     def signalled_at_the_last_step(stop, step, final_choice):
         stop.signum = signal.SIGTERM  # as the handler of the loop's block records one
@@ -153,7 +153,7 @@ def test_a_second_signal_after_a_stop_before_the_final_choice_keeps_the_runs_end
         return real_write(run, last)
 
     monkeypatch.setattr(loop, "stopped_before_the_final_choice", signalled_at_the_last_step)
-    monkeypatch.setattr(loop, "write_last_metrics", write_signalled)
+    monkeypatch.setattr(loop, "write_last_metrics_in_process_0", write_signalled)
     with caplog.at_level(logging.WARNING):
         last = loop.train_and_evaluate(_four_step_config(data_dir, final_choice=True), tmp_path / "run")
     assert last["stopped_by_signal"] == signal.SIGTERM and last["step"] == 4
