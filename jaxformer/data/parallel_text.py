@@ -12,6 +12,7 @@ import re
 import zlib
 from collections.abc import Callable, Iterable, Iterator, Sequence
 
+from jaxformer.data.tsv_quoting import QuotingCheck
 from jaxformer.errors import UserError
 
 logger = logging.getLogger(__name__)
@@ -194,11 +195,13 @@ def read_tsv_pairs(path: str | pathlib.Path, skipped: SkipCounter | None = None)
     for every pair with text on both sides.
 
     Raises `DataError` naming the file and line for a line of text without exactly one tab or one
-    that is not UTF-8. Pairs with an empty side are skipped, counted in `skipped` and logged once at
-    the end; a blank line is such a pair, as a blank line of both {lang} files is.
+    that is not UTF-8, and for text that a CSV writer quoted (`tsv_quoting`). Pairs with an empty
+    side are skipped, counted in `skipped` and logged once at the end; a blank line is such a pair,
+    as a blank line of both {lang} files is.
     """
     path = pathlib.Path(path)
-    yield from _with_text_on_every_side(_tsv_fields(path), skipped, lambda number, _: f"{path}:{number}", str(path))
+    rows = _tsv_fields(path, (0, 1))
+    yield from _with_text_on_every_side(rows, skipped, lambda number, _: f"{path}:{number}", str(path))
 
 
 def read_tsv_column(
@@ -206,9 +209,10 @@ def read_tsv_column(
 ) -> Iterator[tuple[int, str]]:
     """Yields (line number, text), 1-based, of column `column` (0 source, 1 target) of a
     `source<TAB>target` file, for every line with text there: `read_tsv_pairs`'s checks of every
-    line, for a language model that reads one side. Lines without text there are skipped as there."""
+    line (the quoting of the column read alone), for a language model that reads one side. Lines
+    without text there are skipped as there."""
     path = pathlib.Path(path)
-    texts = [(fields[column],) for fields in _tsv_fields(path)]
+    texts = [(fields[column],) for fields in _tsv_fields(path, (column,))]
     yield from _with_text_on_every_side(texts, skipped, lambda number, _: f"{path}:{number}", str(path))
 
 
@@ -221,9 +225,10 @@ def read_sentences(path: str | pathlib.Path, skipped: SkipCounter | None = None)
     yield from _with_text_on_every_side(lines, skipped, lambda number, _: f"{path}:{number}", str(path))
 
 
-def _tsv_fields(path: pathlib.Path) -> list[list[str]]:
-    """The [source, target] fields of each line; DataError naming the line without one tab."""
-    pairs = []
+def _tsv_fields(path: pathlib.Path, columns: Sequence[int]) -> list[list[str]]:
+    """The [source, target] fields of each line; DataError naming the line without one tab, or the
+    text of `columns` (the fields read) that a CSV writer quoted."""
+    pairs, quoting = [], QuotingCheck(path, columns)
     for number, line in enumerate(read_lines(path), start=1):
         fields = line.split("\t")
         if len(fields) == 1 and not line.strip():  # a blank line (many files end in one): no text, no tab
@@ -232,7 +237,13 @@ def _tsv_fields(path: pathlib.Path) -> list[list[str]]:
             raise DataError(
                 f"{path}: line {number} has {len(fields) - 1} tabs; each line must be source<TAB>target, with one tab"
             )
+        quoted = quoting.line(number, fields)
+        if quoted:
+            raise DataError(quoted)
         pairs.append(fields)
+    quoted = quoting.end()
+    if quoted:
+        raise DataError(quoted)
     return pairs
 
 
