@@ -6,7 +6,9 @@ and never reuse a cached one. A record of the fingerprint (`jaxformer.data.finge
 written beside the data once it is complete and checked whenever the data is used; a missing or
 disagreeing record makes the builder prepare the data again, with a warning naming the directory
 and the file. Sources that are not known before preparation (a download) are fingerprinted once
-fetched; their config is named by the subclass.
+fetched; their config is named by the subclass. What the preparation said of the data (a
+subclass's notes: splits that share pairs) is recorded with it, outside the fingerprint, and said
+again by each run that reuses it.
 
 Subclasses (Multi30k, ParallelFiles) say where their files are and how to read them; this class
 does the keying, the checks and the record.
@@ -68,6 +70,7 @@ class FingerprintedBuilder(tfds.core.GeneratorBasedBuilder, skip_registration=Tr
         if "config" in kwargs:
             raise TypeError(f"{type(self).__name__} picks its config from its source files; do not pass config=")
         self._logged = False
+        self._notes_said, self._reused_record = False, None
         self._missing, self._prepared_from = list(missing), prepared_from
         if self._missing:
             config_name = "files-" + fp.short(prepared_from)
@@ -178,6 +181,16 @@ class FingerprintedBuilder(tfds.core.GeneratorBasedBuilder, skip_registration=Tr
     def _sources_summary(self) -> str:
         """The files for the log line, e.g. "12 files {train,val}.{en,de}.gz in /data/raw"."""
 
+    def _preparation_notes(self) -> dict:
+        """What preparing the data said of it (JSON-able), recorded with it to be said again by each
+        run that reuses it (`_say_again`); nothing by default. Not part of the fingerprint."""
+        return {}
+
+    def _say_again(self, notes: dict | None) -> None:
+        """Says again what the preparation of the data reused now said of it: `notes`, the
+        record's `_preparation_notes`, or None where the record has none (an older jaxformer's)."""
+        return None
+
     def _unfetched_record_problem(self, record: dict) -> str | None:
         """For sources fingerprinted once fetched: what is wrong with a record of them, if anything."""
         return None
@@ -197,6 +210,7 @@ class FingerprintedBuilder(tfds.core.GeneratorBasedBuilder, skip_registration=Tr
                     f"is left ({problem}): restore the files"
                 )
             super().download_and_prepare(**kwargs)  # reuses it
+            self._say_notes_again_once()
             self._log_once()
             return
         download_config = kwargs.get("download_config") or tfds.download.DownloadConfig()
@@ -208,6 +222,7 @@ class FingerprintedBuilder(tfds.core.GeneratorBasedBuilder, skip_registration=Tr
             problem = self._check_prepared()
             if problem is None:
                 super().download_and_prepare(**kwargs)  # reuses it
+                self._say_notes_again_once()
                 self._log_once()
                 return
             logger.warning(
@@ -238,7 +253,11 @@ class FingerprintedBuilder(tfds.core.GeneratorBasedBuilder, skip_registration=Tr
         }
         if self._settings is not None:
             record["settings"] = self._settings
+        notes = self._preparation_notes()
+        if notes:
+            record["notes"] = notes
         fp.write_record(self.data_path, record)
+        self._notes_said = True  # by the preparation, as it made them: not again by this builder
         self._log_once()
 
     def _use_a_copy_prepared_meanwhile(self) -> None:
@@ -251,6 +270,7 @@ class FingerprintedBuilder(tfds.core.GeneratorBasedBuilder, skip_registration=Tr
                 "run again"
             )
         logger.info("%s: another process prepared %s meanwhile; using its copy", self.name, self.data_dir)
+        self._notes_said = True  # this one's preparation said them, from the same files
         self._log_once()
 
     def _check_prepared(self) -> str | None:
@@ -282,7 +302,16 @@ class FingerprintedBuilder(tfds.core.GeneratorBasedBuilder, skip_registration=Tr
         if self._source_files is None:
             self._source_files, self._fingerprint = record["files"], record["fingerprint"]
             self._settings = record.get("settings")
+        self._reused_record = record
         return None
+
+    def _say_notes_again_once(self) -> None:
+        """`_say_again` with the notes of the record of the data reused, once per builder (each
+        split loaded reuses the data anew), and not by the builder that prepared it."""
+        if not self._notes_said:
+            self._notes_said = True
+            notes = self._reused_record.get("notes")
+            self._say_again(notes if isinstance(notes, dict) else None)
 
     def _log_once(self) -> None:
         if not self._logged:

@@ -18,6 +18,7 @@ data is never a translator's.
 
 from __future__ import annotations
 
+import dataclasses
 import itertools
 import logging
 import os
@@ -39,7 +40,7 @@ from jaxformer.data.split_files import (
     split_files,
     unusable_files,
 )
-from jaxformer.data.split_overlap import overlap_warnings
+from jaxformer.data.split_overlap import SplitOverlap, overlap_warning, split_overlaps
 
 logger = logging.getLogger(__name__)
 
@@ -126,6 +127,7 @@ class ParallelFiles(FingerprintedBuilder):
         if side not in (None, *SIDES):
             raise ValueError(f"side={side!r}: must be None (pairs) or one of {SIDES}")
         self._languages = (source_language, target_language)
+        self._overlaps: list[SplitOverlap] | None = None  # found as the splits are prepared
         self._side, self._read = side, read_languages(self._languages, side)
         self._holdout = None if files.get("validation") else (validation_holdout, holdout_seed)
         if self._holdout is not None and validation_holdout < 1:
@@ -235,19 +237,46 @@ class ParallelFiles(FingerprintedBuilder):
         )
 
     def _split_generators(self, dl_manager: tfds.download.DownloadManager):
-        pairs = {  # each split counts (and reports) its own skipped pairs
-            split: read_examples(files, self._languages, self._side, SkipCounter())
+        pairs = self._read_splits(report=True)
+        self._overlaps = split_overlaps(pairs)
+        self._warn_of(self._overlaps)
+        return {split: self._generate_examples(split_pairs) for split, split_pairs in pairs.items()}
+
+    def _read_splits(self, report: bool) -> dict[str, list]:
+        """split -> its examples, validation held out of train where no file gives it; with
+        `report`, each split reports its own skipped pairs and the holdout is logged."""
+        pairs = {
+            split: read_examples(files, self._languages, self._side, SkipCounter(report=report))
             for split, files in self._files.items()
         }
         _refuse_the_same_pairs_twice(self._files, pairs, self._unit)
         if self._holdout is not None:
-            pairs["train"], pairs["validation"] = self._hold_out(pairs["train"])
-        for warning in overlap_warnings(pairs, self._files, self._holdout is not None, self._unit):
-            logger.warning(warning)
-        return {split: self._generate_examples(split_pairs) for split, split_pairs in pairs.items()}
+            pairs["train"], pairs["validation"] = self._hold_out(pairs["train"], report)
+        return pairs
 
-    def _hold_out(self, train: list) -> tuple[list, list]:
-        """(train, validation): the seeded holdout taken out of the training pairs, file order kept."""
+    def _warn_of(self, overlaps: list[SplitOverlap]) -> None:
+        for overlap in overlaps:
+            logger.warning(overlap_warning(overlap, self._files, self._holdout is not None, self._unit))
+
+    def _preparation_notes(self) -> dict:
+        if self._overlaps is None:
+            return {}
+        return {"split_overlaps": [dataclasses.asdict(overlap) for overlap in self._overlaps]}
+
+    def _say_again(self, notes: dict | None) -> None:
+        """The splits' shared pairs, as the preparation said them: a run that reuses the data would
+        otherwise validate on training pairs without a word. Data prepared before they were
+        recorded has its files read again to find them (where they are all there)."""
+        recorded = (notes or {}).get("split_overlaps")
+        overlaps = [SplitOverlap.from_record(value) for value in recorded] if isinstance(recorded, list) else [None]
+        splits = set(self.split_names())
+        if None in overlaps or any({overlap.earlier, overlap.later} - splits for overlap in overlaps):
+            overlaps = [] if self._missing else split_overlaps(self._read_splits(report=False))
+        self._warn_of(overlaps)
+
+    def _hold_out(self, train: list, report: bool = True) -> tuple[list, list]:
+        """(train, validation): the seeded holdout taken out of the training pairs, file order
+        kept; with `report`, logged."""
         holdout, seed = self._holdout
         if holdout >= len(train):
             raise DataError(
@@ -257,13 +286,14 @@ class ParallelFiles(FingerprintedBuilder):
             )
         held = np.zeros(len(train), bool)
         held[holdout_indices(len(train), holdout, seed)] = True
-        logger.warning(
-            "no data.files.validation: held out %s of %s training %s as the validation split (seed %d)",
-            f"{holdout:,}",
-            f"{len(train):,}",
-            self._unit,
-            seed,
-        )
+        if report:
+            logger.warning(
+                "no data.files.validation: held out %s of %s training %s as the validation split (seed %d)",
+                f"{holdout:,}",
+                f"{len(train):,}",
+                self._unit,
+                seed,
+            )
         return [pair for pair, out in zip(train, held) if not out], [pair for pair, out in zip(train, held) if out]
 
     @property

@@ -1,10 +1,15 @@
 """parallel_files splits that share pairs (or a language model's sentences): a training file that
 holds a pair twice keeps a copy of one held out for validation, and a validation or test file may
 repeat training pairs. Not refused, but said in one warning per pair of splits when the splits are
-prepared, naming the file, the count and the first line; splits without such pairs say nothing."""
+prepared, naming the file, the count and the first line, and again by each run that reuses the
+prepared data; splits without such pairs say nothing."""
 
+import json
 import logging
 
+import pytest
+
+from jaxformer.data import fingerprint, parallel_files
 from jaxformer.data.sources import get_builder
 from jaxformer.data.split_overlap import shared_examples
 from tests.data.parallel_corpus import pairs, read, section, write_text_files, write_tsv
@@ -41,6 +46,10 @@ def test_a_held_out_pair_whose_copy_stays_in_training_is_said(tmp_path, caplog):
     ), message
     assert message.endswith(": validation loss and BLEU, best/ and the final choice score them as trained on")
     assert f"train.fr:{first_line})" in message or f"train.fr:{first_line + 300})" in message
+    caplog.clear()
+    with caplog.at_level(logging.WARNING):  # a run that reuses the prepared data says it again
+        read(get_builder(section(tmp_path, train=train, validation_holdout=50, shuffle_seed=0)), "validation")
+    assert overlap_messages(caplog) == [message]
 
 
 def test_validation_and_test_files_that_repeat_earlier_pairs_are_said(tmp_path, caplog):
@@ -84,3 +93,58 @@ def test_a_language_models_sentences_are_counted_as_sentences(tmp_path, caplog):
     (message,) = overlap_messages(caplog)
     assert " of the 40 validation sentences held out of data.files.train=" in message, message
     assert message.endswith(": the validation loss scores them as trained on")  # no BLEU, no best/
+
+
+def shared_splits_files(tmp_path, folder="corpus"):
+    """A training file, and validation and test files that repeat some of its pairs."""
+    corpus = pairs(0, 300)
+    train = write_text_files(tmp_path / folder / "train.{lang}.gz", corpus)
+    validation = write_tsv(tmp_path / folder / "dev.tsv", [*pairs(300, 20), corpus[5]])
+    test = write_tsv(tmp_path / folder / "test.tsv", [*pairs(400, 10), corpus[9]])
+    return section(tmp_path, train=train, validation=validation, test=test)
+
+
+def said_reading_every_split(data, caplog) -> list[str]:
+    caplog.clear()
+    with caplog.at_level(logging.WARNING):
+        builder = get_builder(data)
+        for split in ("train", "validation", "test"):  # each split loaded prepares (or reuses) the data anew
+            read(builder, split)
+    return overlap_messages(caplog)
+
+
+def test_a_run_that_reuses_the_prepared_data_says_the_shared_pairs_again(tmp_path, caplog, monkeypatch):
+    data = shared_splits_files(tmp_path)
+    prepared = said_reading_every_split(data, caplog)
+    assert len(prepared) == 2 and " of the 21 validation pairs " in prepared[0], prepared  # once each
+    assert said_reading_every_split(data, caplog) == prepared  # in the same words
+    assert not [r for r in caplog.records if "preparing it again" in r.getMessage()]
+    record = json.loads((get_builder(data).data_path / fingerprint.RECORD_NAME).read_text())
+    assert record["notes"]["split_overlaps"][0] == {
+        "earlier": "train",
+        "later": "validation",
+        "shared": 1,
+        "total": 21,
+        "first_line": 21,
+    }
+    # ... from that record, without reading the files again.
+    monkeypatch.setattr(parallel_files, "read_examples", lambda *args: pytest.fail("the files were read again"))
+    assert said_reading_every_split(data, caplog) == prepared
+    # The same files elsewhere share the prepared data: their warnings name them where they are now.
+    moved = shared_splits_files(tmp_path, "moved")
+    assert get_builder(moved).data_path == get_builder(data).data_path
+    assert said_reading_every_split(moved, caplog) == [
+        message.replace(str(tmp_path / "corpus"), str(tmp_path / "moved")) for message in prepared
+    ]
+
+
+def test_data_prepared_before_the_shared_pairs_were_recorded_is_reused_and_says_them(tmp_path, caplog):
+    data = shared_splits_files(tmp_path)
+    prepared = said_reading_every_split(data, caplog)
+    path = get_builder(data).data_path / fingerprint.RECORD_NAME
+    record = json.loads(path.read_text())
+    record.pop("notes", None)  # as an older jaxformer wrote it: the fingerprint is the same
+    path.write_text(json.dumps(record))
+    assert said_reading_every_split(data, caplog) == prepared  # the files read again to find them
+    assert not [r for r in caplog.records if "preparing it again" in r.getMessage()]  # the same data reused
+    assert "notes" not in json.loads(path.read_text())  # the prepared data left as it was
