@@ -90,9 +90,13 @@ TEMPERATURE_RULE = f"a finite number > 0 that float32 holds (at most {float(np.f
 
 def is_valid_temperature(value: Any) -> bool:
     """Whether the number `value` is a temperature TEMPERATURE_RULE allows: > 0, finite in float32
-    (NaN not). The one test of DecodeSettings and the --temperature flags."""
-    with np.errstate(over="ignore"):  # the cast that overflows is the question, not a warning
-        return bool(value > 0 and np.isfinite(np.float32(value)))
+    (NaN not). The one test of DecodeSettings, the --temperature flags and a MarianMT directory's
+    temperature (jaxformer/export/export_files.py holds an export's twin of it)."""
+    try:
+        with np.errstate(over="ignore"):  # the cast that overflows is the question, not a warning
+            return bool(value > 0 and np.isfinite(np.float32(value)))
+    except OverflowError:  # an integer beyond every float (10**400, which a JSON file can hold)
+        return False
 
 
 # The type each DecodeSettings field must have (checked before its range): a float or a string

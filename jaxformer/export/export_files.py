@@ -65,6 +65,21 @@ SEARCH_INTEGERS = {
     "sample": {"max_extra_length": 0, "top_k": 0, "seed": 0},
 }
 MAX_SEED = 2**32 - 1
+# A sampling export's temperature, which its program divides float32 logits by: one float32 cannot
+# hold (1e39) is inf there, and every token is drawn alike. The twin of
+# jaxformer.decoding.generate.TEMPERATURE_RULE and is_valid_temperature, which an export cannot import
+# (tests/export/test_export_methods.py holds them alike).
+TEMPERATURE_RULE = f"a finite number > 0 that float32 holds (at most {float(np.finfo(np.float32).max):.8g})"
+
+
+def is_valid_temperature(value: Any) -> bool:
+    """Whether the number `value` is a temperature TEMPERATURE_RULE allows (NaN not)."""
+    try:
+        with np.errstate(over="ignore"):  # the cast that overflows is the question, not a warning
+            return bool(value > 0 and np.isfinite(np.float32(value)))
+    except OverflowError:  # an integer beyond every float (10**400, which JSON can hold)
+        return False
+
 
 # -- the files -------------------------------------------------------------------------------
 
@@ -189,8 +204,12 @@ def _check_sampling(path: pathlib.Path, config: dict[str, Any]) -> None:
     seed, temperature = config["decoding"]["seed"], config["decoding"].get("temperature")
     if seed > MAX_SEED:
         raise ExportError(f"{path}: decoding.seed is {seed}; it must be at most {MAX_SEED}")
-    if isinstance(temperature, bool) or not isinstance(temperature, (int, float)) or not 0 < temperature < math.inf:
-        raise ExportError(f"{path}: decoding.temperature is {temperature!r}; it must be a finite number > 0")
+    if (
+        isinstance(temperature, bool)
+        or not isinstance(temperature, (int, float))
+        or not is_valid_temperature(temperature)
+    ):
+        raise ExportError(f"{path}: decoding.temperature is {temperature!r}; it must be {TEMPERATURE_RULE}")
     impl = config.get("program", {}).get("key_impl") if isinstance(config.get("program"), dict) else None
     if not isinstance(impl, str):
         raise ExportError(f"{path}: program.key_impl is {impl!r}, not the name of a jax random key implementation")

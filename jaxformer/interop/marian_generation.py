@@ -33,11 +33,10 @@ generate may output them, jaxformer's search never does.
 from __future__ import annotations
 
 import json
-import math
 from collections.abc import Callable, Mapping
 from typing import Any
 
-from jaxformer.decoding.generate import DecodeSettings
+from jaxformer.decoding.generate import TEMPERATURE_RULE, DecodeSettings, is_valid_temperature
 from jaxformer.interop.marian_layout import ConversionError
 
 
@@ -141,8 +140,12 @@ def _sampling_flags(settings: Mapping[str, Any], vocab_size: int, where: str) ->
     """jaxformer-translate's sampling flags for generate()'s temperature and top_k (a top_k of
     `vocab_size`, the model's tokens, or more keeps them all, as jaxformer's --top_k 0 does)."""
     temperature, top_k = _setting(settings, "temperature", 1.0), _setting(settings, "top_k", TRANSFORMERS_TOP_K)
-    if not isinstance(temperature, (int, float)) or isinstance(temperature, bool) or not 0 < temperature < math.inf:
-        raise ConversionError(f"{where}: temperature={json.dumps(temperature)} is not a number > 0")
+    if (
+        not isinstance(temperature, (int, float))
+        or isinstance(temperature, bool)
+        or not is_valid_temperature(temperature)
+    ):
+        raise ConversionError(f"{where}: temperature={json.dumps(temperature)} is not {TEMPERATURE_RULE}")
     if not isinstance(top_k, int) or isinstance(top_k, bool) or top_k < 0:
         raise ConversionError(f"{where}: top_k={json.dumps(top_k)} is not an integer >= 0")
     # str: the shortest text that reads back as the same float (":g" would round to 6 digits).

@@ -252,6 +252,12 @@ def _edited(source, tmp_path, edit):
         ("sample", lambda c: c["decoding"].update(seed=2**32), "decoding.seed is 4294967296; it must be at most"),
         ("sample", lambda c: c["decoding"].update(seed="5"), "decoding.seed is '5'; it must be an integer >= 0"),
         ("sample", lambda c: c["decoding"].update(temperature=0), "decoding.temperature is 0; it must be a finite"),
+        # float32 cannot hold it: the program would divide the logits by inf and draw every token alike.
+        (
+            "sample",
+            lambda c: c["decoding"].update(temperature=1e39),
+            "decoding.temperature is 1e+39; it must be a finite number > 0 that float32 holds (at most 3.4028235e+38)",
+        ),
         ("sample", lambda c: c["program"].pop("key_impl"), "program.key_impl is None, not the name of a jax random"),
         ("sample", lambda c: c["program"].update(key_impl="nope"), "program.key_impl is 'nope', a random key impl"),
         ("sample", lambda c: c["program"].update(key_impl="rbg"), "{program} takes a key uint32[2], not the uint32[4]"),
@@ -265,3 +271,14 @@ def test_an_edited_search_in_config_json_is_named(exported, method_exports, tmp_
     expected = message.replace("{program}", str(program))
     assert expected in str(error.value) and "\n" not in str(error.value), str(error.value)
     assert str(error.value).startswith(str(copy)), str(error.value)
+
+
+def test_an_exports_temperature_rule_is_jaxformers():
+    """export_files.py's twin of generate.TEMPERATURE_RULE and is_valid_temperature (an export
+    cannot import jaxformer) says and allows what they do."""
+    from jaxformer.decoding import generate
+    from jaxformer.export import export_files
+
+    assert export_files.TEMPERATURE_RULE == generate.TEMPERATURE_RULE
+    for value in (0.7, 1, 3.4e38, 1e-45, 0, -1.0, 1e39, 10**39, 10**400, float("inf"), float("nan")):
+        assert export_files.is_valid_temperature(value) == generate.is_valid_temperature(value), value

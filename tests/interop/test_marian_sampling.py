@@ -23,6 +23,8 @@ from jaxformer.interop.marian_layout import ConversionError, marian_to_jaxformer
 from tests.interop.marian_models import MAX_EXTRA, sentences, write_marian  # noqa: E402
 
 pytestmark = pytest.mark.xdist_group("interop-sampling")  # the module's model is built once
+# jaxformer's rule for a temperature (generate.TEMPERATURE_RULE), the sampling's and its flags'.
+FLOAT32_TEMPERATURE = "a finite number > 0 that float32 holds (at most 3.4028235e+38)"
 
 
 @pytest.fixture(scope="module")
@@ -59,8 +61,10 @@ def test_settings_that_leave_sampling_unchanged_or_act_only_when_sampling_are_no
     ("settings", "message"),
     [
         ({"do_sample": "true"}, 'g.json: do_sample="true" is not a JSON boolean (true or false)'),
-        ({"do_sample": True, "temperature": 0}, "g.json: temperature=0 is not a number > 0"),
-        ({"do_sample": True, "temperature": "hot"}, 'g.json: temperature="hot" is not a number > 0'),
+        ({"do_sample": True, "temperature": 0}, f"g.json: temperature=0 is not {FLOAT32_TEMPERATURE}"),
+        ({"do_sample": True, "temperature": "hot"}, f'g.json: temperature="hot" is not {FLOAT32_TEMPERATURE}'),
+        # float32 cannot hold it: the sampling's logits divided by inf draw every token alike.
+        ({"do_sample": True, "temperature": 1e39}, f"g.json: temperature=1e+39 is not {FLOAT32_TEMPERATURE}"),
         ({"do_sample": True, "top_k": -1}, "g.json: top_k=-1 is not an integer >= 0"),
         ({"do_sample": True, "top_k": 2.5}, "g.json: top_k=2.5 is not an integer >= 0"),
     ],
