@@ -229,8 +229,16 @@ def nullable_keys() -> frozenset[str]:
 
 
 def unknown_key_error(key: str, known: Iterable[str]) -> ConfigError:
-    """The error for a config key nobody defines, naming up to three near matches."""
-    near = difflib.get_close_matches(key, list(known), n=3, cutoff=0.6)
+    """The error for a config key nobody defines, naming up to three near matches among the `known`
+    dotted keys. Only a key that could stand where `key` stands is named: one that holds a value (a
+    typed key sets one, so never a section such as `training` for `training.datas`, `decoding` for
+    `model.decoding`) and has as many parts, each section where `key` has a section (`training.seed`
+    for `trainig.seed`, `data.files.train` for `data.file.train`, never `data.files` for `data.file`)."""
+    known = list(known)
+    sections = {".".join(parts[:end]) for parts in (name.split(".") for name in known) for end in range(1, len(parts))}
+    depth = key.count(".")
+    values = [name for name in known if name not in sections and name.count(".") == depth]
+    near = difflib.get_close_matches(key, values, n=3, cutoff=0.6)
     hint = f"; did you mean {', '.join(near)}?" if near else ""
     return ConfigError(f"unknown config key {key!r}{hint}")
 

@@ -4,7 +4,7 @@ import pathlib
 import pytest
 
 from jaxformer.model.config import ConfigError, preset
-from jaxformer.training import experiment, text_sides
+from jaxformer.training import config_file, experiment, text_sides
 from jaxformer.training.config_paths import with_absolute_paths
 
 CONFIG_DIR = pathlib.Path(__file__).parents[2] / "jaxformer" / "configs"
@@ -48,6 +48,30 @@ def test_unknown_keys_list_near_matches():
     config.model.num_head = 2
     with pytest.raises(ConfigError, match=r"unknown key 'num_head'.*did you mean num_heads"):
         experiment.validate(config)
+
+
+@pytest.mark.parametrize(
+    ("key", "section", "first"),
+    [
+        ("training.datas", "training", "training.seed"),  # a section's name where a key was typed
+        ("model.decoding", "decoding", "model.d_model"),
+        ("model.trainin", "training", "model.activation"),
+        ("data.file", "data.files", "data.name"),  # a nested section's
+        ("trainig", "training", None),  # no value is set at the top
+        ("trainig.seed", "training", "training.seed"),  # the section where a section was typed
+        ("data.file.train", "data.files", "data.files.train"),
+    ],
+)
+def test_an_unknown_key_is_offered_only_keys_that_can_stand_in_its_place(key, section, first):
+    """A typed key sets a value: its near matches are keys of values with as many parts, never a
+    section's name (`--config.training.datas=...` was offered `training`, `model.decoding` `decoding`)."""
+    with pytest.raises(ConfigError) as raised:
+        config_file.apply_overrides(experiment.default_config(), [(key, "1")])
+    message = str(raised.value)
+    offered = message.partition("; did you mean ")[2].removesuffix("?").split(", ") if "did you mean" in message else []
+    assert section not in offered, message
+    assert all(name.count(".") == key.count(".") for name in offered), message
+    assert (offered[0] if offered else None) == first, message
 
 
 def test_model_vocab_must_come_from_the_tokenizer():
