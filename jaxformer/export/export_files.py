@@ -12,6 +12,7 @@ length, a JSON header {name: {dtype, shape, data_offsets}} and the raw little-en
 
 from __future__ import annotations
 
+import difflib
 import hashlib
 import json
 import math
@@ -65,6 +66,39 @@ SEARCH_INTEGERS = {
     "sample": {"max_extra_length": 0, "top_k": 0, "seed": 0},
 }
 MAX_SEED = 2**32 - 1
+# The keys config.json holds, by section ("": its top level): those the loader reads and those the
+# exporter writes to describe the export, in every export written. Any other is refused: an added
+# "beam_size" or a misspelled "max_source_tokenz" would seem to take effect, and the loader would
+# never read it. "model" is TransformerConfig.to_dict()'s, "decoding" a beam search's every
+# DecodeSettings field and another search's those it reads: twins of jaxformer's, which an export
+# cannot import (tests/export/test_export_config_keys.py holds them alike).
+CONFIG_KEYS: dict[str, tuple[str, ...]] = {
+    "": (
+        *("format", "format_version", "model", "decoding", "special_tokens", "serving", "checkpoint"),
+        *("platforms", "platforms_failed", "program", "files"),
+    ),
+    "model": (
+        *("architecture", "vocab_size", "source_vocab_size", "d_model", "num_heads", "d_ff"),
+        *("num_encoder_layers", "num_decoder_layers", "max_positions", "position_layout", "position_base"),
+        *("normalization", "activation", "layer_norm_epsilon", "logits_bias", "share_embeddings"),
+        *("tie_output_embedding", "dropout_rate", "attention_dropout_rate", "activation_dropout_rate"),
+        *("source_word_dropout_rate", "target_word_dropout_rate", "deterministic", "dtype", "param_dtype"),
+        *("matmul_dtype", "attention_implementation", "remat_policy", "scan_layers"),
+    ),
+    "special_tokens": ("pad", "eos", "unk", "bos"),
+    "serving": ("batch_size", "length_bucket", "max_source_tokens", "max_source_length"),
+    "checkpoint": ("workdir", "which", "step", "bleu", "averaged_steps"),
+    "program": ("inputs", "outputs", "key_impl", "jax_version", "calling_convention_version"),
+    "files": ("parameters", "tokenizer", "target_tokenizer", "program", "loader"),
+}
+DECODING_KEYS: dict[str, tuple[str, ...]] = {  # by decoding.method
+    "beam": (
+        *("method", "beam_size", "alpha", "length_penalty", "max_extra_length", "stop", "temperature", "top_k"),
+        "renormalize_after_bans",
+    ),
+    "greedy": ("method", "max_extra_length", "renormalize_after_bans"),
+    "sample": ("method", "max_extra_length", "renormalize_after_bans", "temperature", "top_k", "seed"),
+}
 # A sampling export's temperature, which its program divides float32 logits by: one float32 cannot
 # hold (1e39) is inf there, and every token is drawn alike. The twin of
 # jaxformer.decoding.generate.TEMPERATURE_RULE and is_valid_temperature, which an export cannot import
@@ -178,6 +212,7 @@ def read_config(directory: str | pathlib.Path) -> dict[str, Any]:
         raise ExportError(
             f"{path}: decoding.method is {method!r} in export format version 1, which holds beam search alone"
         )
+    _refuse_unknown_keys(path, config, method)
     for section, keys in {**_CONFIG_INTEGERS, "decoding": SEARCH_INTEGERS[method]}.items():
         for key, least in keys.items():
             value = config[section].get(key) if isinstance(config.get(section), dict) else None
@@ -197,6 +232,22 @@ def read_config(directory: str | pathlib.Path) -> dict[str, Any]:
         )
     _check_file_entries(path, config.get("files"))
     return config
+
+
+def _refuse_unknown_keys(path: pathlib.Path, config: dict[str, Any], method: str) -> None:
+    """The first key of config.json, at its top or in a section, that is not CONFIG_KEYS' (for
+    "decoding", DECODING_KEYS' of the export's `method`), named with its near matches in its section
+    or else the keys the section takes; a section that is no object is left to the checks of its values."""
+    sections = {"": config} | {name: config.get(name) for name in CONFIG_KEYS if name}
+    for name, section in (sections | {"decoding": config["decoding"]}).items():
+        keys = DECODING_KEYS[method] if name == "decoding" else CONFIG_KEYS[name]
+        for key in section if isinstance(section, dict) else ():
+            if key not in keys:
+                prefix = f"{name}." if name else ""
+                near = [prefix + match for match in difflib.get_close_matches(key, keys, n=3, cutoff=0.6)]
+                scope = {"": "config.json", "decoding": f"a {method} export's decoding"}.get(name, name)
+                hint = f"did you mean {', '.join(near)}?" if near else f"{scope} takes {', '.join(keys)}"
+                raise ExportError(f"{path}: unknown key {prefix + key!r}, which this loader does not read; {hint}")
 
 
 def _check_sampling(path: pathlib.Path, config: dict[str, Any]) -> None:

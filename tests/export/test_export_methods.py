@@ -220,6 +220,7 @@ def test_a_program_of_another_search_of_the_same_shapes_is_named(workdir, method
 
 
 SAMPLING = {"method": "sample", "max_extra_length": 8, "temperature": 1.0, "top_k": 0, "seed": 0}
+GREEDY = {"method": "greedy", "max_extra_length": 8}
 KEY = {"key_impl": "threefry2x32"}
 
 
@@ -237,7 +238,12 @@ def _edited(source, tmp_path, edit):
     "export, edit, message",
     [
         ("sample", lambda c: c["decoding"].update(method="nucleus"), "decoding.method is 'nucleus'; it must be one of"),
-        ("sample", lambda c: c["decoding"].update(method="greedy"), "{program} is not the program of decoding.method"),
+        ("sample", lambda c: c.update(decoding=GREEDY), "{program} is not the program of decoding.method"),
+        (  # the sampling settings left beside it: no greedy export holds them
+            "sample",
+            lambda c: c["decoding"].update(method="greedy"),
+            "unknown key 'decoding.temperature', which this loader does not read; a greedy export's decoding takes",
+        ),
         ("greedy", lambda c: c["decoding"].update(method="sample"), "decoding.top_k is None; it must be an integer"),
         ("greedy", lambda c: c.update(decoding=SAMPLING, program=KEY), "{program} is not the program of decoding."),
         ("greedy", lambda c: c["decoding"].update(method="beam"), "decoding.beam_size is None; it must be an integer"),
