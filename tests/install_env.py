@@ -38,16 +38,21 @@ def copy_build_inputs(source: pathlib.Path) -> pathlib.Path:
     return source
 
 
+def tracked_files(*folders: str) -> list[str]:
+    """The checkout's files that git tracks (under `folders`, or all), as paths relative to ROOT;
+    a tracked file deleted in the working tree is left out, as a build does not see it."""
+    listed = subprocess.run(["git", "ls-files", "-z", *folders], cwd=ROOT, check=True, capture_output=True).stdout
+    return [name for name in listed.decode().split("\0") if name and (ROOT / name).is_file()]
+
+
 def build_sdist(directory: pathlib.Path) -> pathlib.Path:
     """jaxformer's source distribution, built into `directory` with the test environment's
     setuptools from a copy of every file git tracks in the checkout (tests, benchmarks and
     notebooks included: what `python -m build --sdist` in a clone sees)."""
     source = directory / "source"
-    tracked = subprocess.run(["git", "ls-files", "-z"], cwd=ROOT, check=True, capture_output=True).stdout
-    for name in filter(None, tracked.decode().split("\0")):
-        if (ROOT / name).is_file():  # a tracked file deleted in the working tree is not built from
-            (source / name).parent.mkdir(parents=True, exist_ok=True)
-            shutil.copy2(ROOT / name, source / name)
+    for name in tracked_files():
+        (source / name).parent.mkdir(parents=True, exist_ok=True)
+        shutil.copy2(ROOT / name, source / name)
     output = directory / "dist"
     code = f"from setuptools import build_meta; print(build_meta.build_sdist({str(output)!r}))"
     result = subprocess.run([sys.executable, "-c", code], cwd=source, check=True, capture_output=True, text=True)

@@ -5,13 +5,14 @@ all work, with the installed package (tests/install_env.py)."""
 
 import gzip
 import pathlib
+import re
 import shlex
 import tarfile
 import zipfile
 
 import pytest
 
-from tests.install_env import ROOT, build_sdist
+from tests.install_env import ROOT, build_sdist, tracked_files
 
 pytestmark = pytest.mark.xdist_group("install")
 
@@ -34,22 +35,23 @@ def entry_points(wheel):
         return archive.read(name).decode()
 
 
-def test_wheel_holds_the_configs_and_the_corpus(install_build):
-    shipped = {
-        path.relative_to(ROOT).as_posix()
-        for folder in ("jaxformer/configs", "jaxformer/data/raw/multi30k")
-        for path in (ROOT / folder).rglob("*")
-        if path.is_file() and path.suffix != ".pyc"
-    }
+def test_wheel_holds_every_file_of_the_package_and_nothing_else(install_build):
+    """Every file git tracks under jaxformer/ (modules, configs, sweeps, the vendored corpus and its
+    README), byte for byte: a module or data file that pyproject.toml's package finding or
+    package-data left out would fail only where a command imports or reads it."""
+    shipped = set(tracked_files("jaxformer"))
     assert {"jaxformer/configs/tiny.py", "jaxformer/configs/sweeps/multi30k_hour.py"} <= shipped
-    assert "jaxformer/data/raw/multi30k/train.en.gz" in shipped
+    assert {"jaxformer/data/raw/multi30k/train.en.gz", "jaxformer/data/raw/multi30k/README.md"} <= shipped
+    assert "jaxformer/export/standalone.py" in shipped  # the loader an export copies beside serve.py
     with zipfile.ZipFile(install_build.wheel) as archive:
         names = set(archive.namelist())
         assert shipped <= names, sorted(shipped - names)
         for name in shipped:  # the same bytes as the checkout's
             assert archive.read(name) == (ROOT / name).read_bytes(), name
         assert gzip.decompress(archive.read("jaxformer/data/raw/multi30k/train.en.gz")).count(b"\n") == 29000
-    assert not any(name.startswith(("tests/", "configs/", "notebooks/", "benchmarks/")) for name in names)
+    # Nothing beside the package and its metadata: no tests/, notebooks/, benchmarks/, nor a clone's train.py.
+    outside = sorted(name for name in names if not re.match(r"(jaxformer|jaxformer-[^/]+\.dist-info)/", name))
+    assert outside == [], outside
     scripts = [line.split(" = ")[0] for line in entry_points(install_build.wheel).splitlines() if " = " in line]
     assert sorted(scripts) == sorted(SCRIPTS)
     assert all(f"{script} = jaxformer.commands." in entry_points(install_build.wheel) for script in SCRIPTS)
