@@ -60,6 +60,19 @@ def test_wheel_holds_every_file_of_the_package_and_nothing_else(install_build):
     assert [name.strip("`,. \n") for name in listed.split("console scripts:", 1)[1].split()] == list(SCRIPTS)
 
 
+def test_the_wheels_version_is_jaxformer_version(install_build):
+    """pyproject.toml's version (pip's, the wheel's name) and jaxformer.__version__ (what the notebook
+    prints) are written apart: a release that bumps one must bump the other."""
+    import jaxformer
+
+    with zipfile.ZipFile(install_build.wheel) as archive:
+        (name,) = [name for name in archive.namelist() if name.endswith(".dist-info/METADATA")]
+        (version,) = re.findall(r"^Version: (\S+)$", archive.read(name).decode(), flags=re.MULTILINE)
+    assert version == jaxformer.__version__, (
+        f"pyproject.toml says {version}, jaxformer/__init__.py {jaxformer.__version__}"
+    )
+
+
 def test_the_sdist_holds_the_package_and_not_the_test_suite(tmp_path):
     sdist = build_sdist(tmp_path)
     with tarfile.open(sdist) as archive:
