@@ -28,7 +28,7 @@ import orbax.checkpoint as ocp
 from orbax.checkpoint import multihost
 from orbax.checkpoint._src.multihost import multihost as orbax_multihost  # where orbax's modules look it up
 
-from jaxformer.errors import UserError, first_line
+from jaxformer.errors import UserError, file_size_limit_error, first_line, no_space_error
 
 _POLL_SECONDS = 0.05  # between a waiting process's looks at the arrivals and for a failure
 _MESSAGE_CHARACTERS = 2000  # of the failed process's error, passed on whole up to this length
@@ -39,6 +39,10 @@ _made: dict[str, int] = {}
 
 class SaveFailedElsewhereError(UserError):
     """Another process of the run failed to write its part of a checkpoint."""
+
+
+class SaveFailedError(UserError):
+    """This process of a multi-process run failed to start its part of a checkpoint (an OSError)."""
 
 
 def save_barrier(directory: str) -> SaveBarrier | None:
@@ -61,19 +65,34 @@ def start_save(manager: ocp.CheckpointManager, barrier: SaveBarrier | None, step
     of every device: a process whose part failed there (its data position not written on a full
     disk) stopped, and the others waited in one for ever, until jax's shutdown barrier aborted all
     of them 5 minutes later, the others without a word. With several processes they wait at
-    `barrier` instead, which a failure told ends (`_barriers_through`)."""
+    `barrier` instead, which a failure told ends (`_barriers_through`). An OSError of this process's
+    own (its step folder refused: a read-only checkpoints folder) ends it in one line, as the others
+    quote it; a full disk or a file-size limit keeps the command's own line and exit code."""
     if barrier is None:
         manager.save(step, args=args, force=True)
         return
     barrier.step = step
     try:
         manager.wait_until_finished()  # the save before: none of its threads waits at a barrier from here on
+    except Exception as error:
+        _tell_others(barrier, error)
+        raise
+    try:
         with _barriers_through(barrier):
             manager.save(step, args=args, force=True)
     except Exception as error:
-        if not isinstance(error, SaveFailedElsewhereError):
-            barrier.tell(error)
+        _tell_others(barrier, error)
+        if isinstance(error, OSError) and no_space_error(error) is None and file_size_limit_error(error) is None:
+            raise SaveFailedError(
+                f"cannot save checkpoint {step} in {barrier.directory}: {first_line(error)}"
+            ) from error
         raise
+
+
+def _tell_others(barrier: SaveBarrier, error: Exception) -> None:
+    """`error`, raised in this process, told to the others; one another process told is theirs already."""
+    if not isinstance(error, SaveFailedElsewhereError):
+        barrier.tell(error)
 
 
 @contextlib.contextmanager

@@ -9,6 +9,7 @@ import numpy as np
 import pytest
 from orbax.checkpoint._src.multihost import multihost as orbax_multihost
 
+from jaxformer.errors import UserError
 from jaxformer.run.save_barrier import (
     SaveBarrier,
     SaveFailedElsewhereError,
@@ -255,3 +256,22 @@ def test_orbax_barriers_of_a_save_end_when_another_process_failed_its_part(monke
     )
     with pytest.raises(pytest.fail.Exception, match="a collective"):  # orbax's own once the saves started
         orbax_multihost.sync_global_processes("CheckpointManager:delete")
+
+
+def test_a_save_this_process_cannot_start_is_one_line_and_the_others_are_told_its_os_error():
+    """Process 0's step folder refused in the save's synchronous part (a read-only checkpoints
+    folder): a traceback in process 0 before, now one line naming the save, as the others quote it.
+    A full disk or a file-size limit stays the OSError that the command's own line names."""
+    store = Store()
+    first, second = barriers(store)
+    refused = PermissionError(13, "Permission denied", "/run/checkpoints/20.orbax-checkpoint-tmp")
+    with pytest.raises(UserError) as raised:
+        start_save(SavingManager(fails=refused), first, 20, None)
+    error = "PermissionError: [Errno 13] Permission denied: '/run/checkpoints/20.orbax-checkpoint-tmp'"
+    assert str(raised.value) == f"cannot save checkpoint 20 in /run/checkpoints: {error}"
+    assert raised.value.__cause__ is refused
+    assert second.told() == f"process 0 of the run failed to save checkpoint 20 in /run/checkpoints: {error}"
+    for limit in (OSError(28, "No space left on device"), OSError(27, "File too large")):
+        with pytest.raises(OSError) as raised:
+            start_save(SavingManager(fails=limit), barriers(Store())[0], 20, None)
+        assert raised.value is limit

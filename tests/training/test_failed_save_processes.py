@@ -92,3 +92,44 @@ def test_a_save_failing_in_its_synchronous_part_in_one_process_stops_both_with_o
     )
     assert "Traceback" not in logs[0] + logs[1]
     assert Checkpointer(workdir / "checkpoints", read_only=True).steps() == []  # orbax's temporary folder, no step
+
+
+# train.py, process 0 refused the step folder that orbax makes for each checkpoint (its temporary name,
+# renamed once written), as in a checkpoints folder made read-only.
+STEP_FOLDER_REFUSED = textwrap.dedent(
+    """
+    import runpy, sys
+    import jax
+    from orbax.checkpoint._src.path import async_path
+
+    sys.argv.pop(1)
+    original = async_path.mkdir
+
+    async def mkdir(path, *args, **kwargs):
+        if jax.process_index() == 0 and path.parent.name == "checkpoints" and ".orbax-checkpoint-tmp" in path.name:
+            raise PermissionError(13, "Permission denied", str(path))
+        return await original(path, *args, **kwargs)
+
+    async_path.mkdir = mkdir
+    sys.argv = sys.argv[1:]
+    runpy.run_path(sys.argv[0], run_name="__main__")
+    """
+)
+
+
+@pytest.mark.slow  # two train.py processes on localhost, about 40 s
+@pytest.mark.xdist_group("distributed-processes")
+def test_a_step_folder_process_0_cannot_create_stops_both_with_one_line_each(data_dir, tmp_path):
+    """orbax made the step folder in a background thread of process 0, which kept its error: every
+    process waited 5 minutes for the folder's signal, then ended with a traceback. Both now stop at
+    that save, within seconds (the processes are killed after 2 minutes)."""
+    checkpoints = tmp_path / "run" / "checkpoints"
+    processes = test_metrics_failure_processes.two_processes
+    codes, logs = processes(tmp_path, data_dir, "mkdir", steps=40, wrapper=STEP_FOLDER_REFUSED, timeout=120)
+    assert codes == [2, 2], [log[-2000:] for log in logs]
+    own, told = (log.strip().splitlines()[-1] for log in logs)
+    error = f"PermissionError: [Errno 13] Permission denied: '{checkpoints / '20.orbax-checkpoint-tmp'}'"
+    assert own == f"error: cannot save checkpoint 20 in {checkpoints}: {error}"
+    assert told == f"error: process 0 of the run failed to save checkpoint 20 in {checkpoints}: {error}"
+    assert "Traceback" not in logs[0] + logs[1]
+    assert Checkpointer(checkpoints, read_only=True).steps() == []

@@ -54,9 +54,9 @@ FULL_DISK = textwrap.dedent(
 )
 
 
-def two_processes(tmp_path, data_dir, failing, steps=100, wrapper=FULL_DISK):
+def two_processes(tmp_path, data_dir, failing, steps=100, wrapper=FULL_DISK, timeout=200):
     """Processes 0 and 1 of one run of `steps` steps, train.py run by `wrapper` (process 0's metrics
-    `failing`): exit codes and stderrs."""
+    `failing`): exit codes and stderrs, both killed after `timeout` seconds."""
     script = tmp_path / "full_disk.py"
     script.write_text(wrapper)
     flags = (*COMMON, f"--config.training.num_train_steps={steps}", "--config.training.eval_every_steps=1000")
@@ -75,7 +75,7 @@ def two_processes(tmp_path, data_dir, failing, steps=100, wrapper=FULL_DISK):
         for index in range(2)
     ]
     try:  # generous on a loaded machine; a process left waiting waits 5 minutes
-        logs = [process.communicate(timeout=200)[1] for process in started]
+        logs = [process.communicate(timeout=timeout)[1] for process in started]
     finally:
         for process in started:
             process.kill()
