@@ -63,12 +63,11 @@ def _checkpoint_manager(
 ) -> ocp.CheckpointManager:
     """Orbax's manager of `directory`, its asynchronous saves waiting for the other processes at
     `barrier`. It reads every step folder as it opens; a read-only one beside a training run can
-    find a folder gone between listing and reading it, so it lists again. With several processes,
-    process 0 makes a save's step folder in its synchronous part, where a failure is told to the
-    others (`start_save`): orbax's background thread kept it, and every process waited 5 minutes."""
-    async_options = (
-        None if barrier is None else ocp.AsyncOptions(barrier_sync_fn=barrier, create_directories_asynchronously=False)
-    )
+    find a folder gone between listing and reading it, so it lists again. A save's step folder is
+    made in its synchronous part, where a failure is raised (`start_save`) and, with several
+    processes, told to the others: orbax's background thread kept it, and every process waited
+    5 minutes for it, then ended with a traceback."""
+    async_options = ocp.AsyncOptions(barrier_sync_fn=barrier, create_directories_asynchronously=False)
     options = ocp.CheckpointManagerOptions(
         max_to_keep=None if read_only else keep, create=not read_only, async_options=async_options
     )

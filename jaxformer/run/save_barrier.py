@@ -21,6 +21,7 @@ import sys
 import threading
 import time
 from collections.abc import Callable, Iterator
+from typing import NoReturn
 
 import jax
 import numpy as np
@@ -42,7 +43,7 @@ class SaveFailedElsewhereError(UserError):
 
 
 class SaveFailedError(UserError):
-    """This process of a multi-process run failed to start its part of a checkpoint (an OSError)."""
+    """This process failed to start its part of a checkpoint (an OSError: its step folder refused)."""
 
 
 def save_barrier(directory: str) -> SaveBarrier | None:
@@ -69,7 +70,10 @@ def start_save(manager: ocp.CheckpointManager, barrier: SaveBarrier | None, step
     own (its step folder refused: a read-only checkpoints folder) ends it in one line, as the others
     quote it; a full disk or a file-size limit keeps the command's own line and exit code."""
     if barrier is None:
-        manager.save(step, args=args, force=True)
+        try:
+            manager.save(step, args=args, force=True)
+        except OSError as error:
+            _raise_own_save_error(error, step, manager.directory)
         return
     barrier.step = step
     try:
@@ -82,11 +86,17 @@ def start_save(manager: ocp.CheckpointManager, barrier: SaveBarrier | None, step
             manager.save(step, args=args, force=True)
     except Exception as error:
         _tell_others(barrier, error)
-        if isinstance(error, OSError) and no_space_error(error) is None and file_size_limit_error(error) is None:
-            raise SaveFailedError(
-                f"cannot save checkpoint {step} in {barrier.directory}: {first_line(error)}"
-            ) from error
+        if isinstance(error, OSError):
+            _raise_own_save_error(error, step, barrier.directory)
         raise
+
+
+def _raise_own_save_error(error: OSError, step: int, directory) -> NoReturn:
+    """`error`, raised by this process's save of `step`, raised as one line (SaveFailedError); a full
+    disk or a file-size limit as it is, for the command's own line and exit code."""
+    if no_space_error(error) is not None or file_size_limit_error(error) is not None:
+        raise error
+    raise SaveFailedError(f"cannot save checkpoint {step} in {directory}: {first_line(error)}") from error
 
 
 def _tell_others(barrier: SaveBarrier, error: Exception) -> None:
