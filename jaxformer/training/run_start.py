@@ -291,8 +291,9 @@ def prepare_run(config: ml_collections.ConfigDict, workdir: pathlib.Path) -> Pre
     sharding.check_batch_size(data.eval_batch_size, mesh, rules, "data.eval_batch_size")
     sharding.warn_unsplit_batch(mesh, rules)
     logger.info("mesh: %s", dict(mesh.shape))
-    if latest is None and not starting_points:
-        check_mesh_fits_the_configured_model(config, mesh, rules)
+    sizes = vocabulary_sizes_before_the_data(config, saved, starting_points)
+    if sizes is not None:
+        check_mesh_fits_the_configured_model(config, mesh, rules, sizes)
 
     trained_on = saved and saved.data_fingerprint
     builder = builder_for_run(data, text_sides.text_side(config), trained_on)
@@ -340,12 +341,30 @@ def state_shapes_and_shardings(config, model: nn.Module, optimizer, mesh, rules)
     return boxed_state, state_shardings
 
 
-def check_mesh_fits_the_configured_model(config, mesh, rules) -> None:
-    """The mesh against the model the config describes (its tokenizer.vocab_size or given
-    tokenizers), before any data is prepared: a mesh that cannot hold it is found in seconds, not
-    after hours of preparing WMT. A fresh run's tokenizers have those sizes; resumed and
-    fine-tuned runs take theirs from elsewhere and are checked once those are known."""
-    source_size, target_size = experiment.vocabulary_sizes(config)
+def vocabulary_sizes_before_the_data(
+    config, saved: CheckpointMetadata | None, starting_points: Sequence[StartingPoint]
+) -> tuple[int, int] | None:
+    """(source, target) vocabulary sizes of the run's model where known before any data is read: a
+    resumed run's from its newest checkpoint, a model fine-tuned from `training.init_from` its
+    start's, a new run's from its config (tokenizer.vocab_size or the given tokenizers). None for a
+    translator composed from an encoder's and a decoder's runs, checked once its tokenizers are made."""
+    if saved is None and not starting_points:
+        return experiment.vocabulary_sizes(config)
+    if saved is not None:
+        model = saved.model
+    elif starting_points[0].part == "model":
+        model = starting_points[0].metadata.model
+    else:
+        return None
+    target = model.get("vocab_size")
+    return None if target is None else (model.get("source_vocab_size") or target, target)
+
+
+def check_mesh_fits_the_configured_model(config, mesh, rules, sizes: tuple[int, int]) -> None:
+    """The mesh against the model the config describes with (source, target) vocabulary `sizes`,
+    before any data is prepared: a mesh that cannot hold it is found in seconds, not after hours of
+    preparing WMT (a resumed run may read its data from a new data.data_dir)."""
+    source_size, target_size = sizes
     model_config = experiment.model_config(
         config, target_size, source_size if config.tokenizer.separate_vocabularies else None
     )

@@ -1,8 +1,8 @@
 """What a resumed training run refuses at its start, before any data is prepared: a file at a
 finished run's best/ or final/, a tokenizer file it cannot restore, a resume whose validation BLEU
-would be measured otherwise than the score best/ keeps, or one that would set an averaged/ step
-aside while an averaging runs; and what a decoding key it settles reads as when left None. A new
-run's output paths: test_run_output_paths.py."""
+would be measured otherwise than the score best/ keeps, one that would set an averaged/ step
+aside while an averaging runs, or a mesh that does not divide its model; and what a decoding key
+it settles reads as when left None. A new run's output paths: test_run_output_paths.py."""
 
 import copy
 import dataclasses
@@ -23,6 +23,7 @@ from jaxformer.run.directory import RunDirectory
 from jaxformer.run.loading import load_checkpoint
 from jaxformer.run.lock import AveragingLock, WorkdirLockedError
 from jaxformer.training import experiment, final_choice, resume_rules, run_start, validation_bleu
+from jaxformer.training.sharding import MeshError
 from tests.conftest import make_workdir
 
 
@@ -283,6 +284,21 @@ def test_a_resume_changing_a_beam_setting_is_refused_where_the_search_reads_it(
         f"decoding.{key}={measured} (now {value!r}): restore the setting it was measured with, or move "
         f"{best} aside (e.g. to {best}.before) to keep the best by the new measure"
     )
+
+
+@pytest.mark.parametrize("start", ["resumed", "fine-tuned"])
+def test_a_mesh_that_does_not_divide_a_resumed_or_fine_tuned_model_is_refused_before_the_data(
+    start, finished, tmp_path, no_data
+):
+    """A resumed run (which may read its data from a new data.data_dir) or one fine-tuned from it
+    under a mesh that its 4 heads do not divide was refused only once its data was prepared."""
+    config = config_of(finished)
+    config.mesh.shape = (1, 1, 8)
+    workdir = finished
+    if start == "fine-tuned":
+        config.training.init_from, workdir = str(finished), tmp_path / "tuned"
+    with pytest.raises(MeshError, match=r"^mesh.shape=\(1, 1, 8\): model.num_heads=4 is not divisible by its mesh"):
+        run_start.prepare_run(config, workdir)
 
 
 def test_a_bleu_tokenizer_that_cannot_be_built_is_one_line_before_any_work(tmp_path, capsys, no_data, monkeypatch):
