@@ -139,6 +139,31 @@ def test_composed_translator_trains_end_to_end(runs, data_dir, tmp_path):
     assert Tokenizer(metadata.tokenizer).mask_id is not None
 
 
+@pytest.mark.parametrize("parts", [("encoder", "decoder"), ("decoder",)])
+def test_a_mesh_that_does_not_divide_a_composed_translator_is_refused_before_the_data(parts, runs, tmp_path, no_data):
+    """Its vocabularies come from its starts' runs (a side without one: from its config): the mesh
+    was checked against the model only once its data was prepared and its tokenizers made."""
+    from jaxformer.training import run_start
+    from jaxformer.training.config_file import apply_overrides
+    from jaxformer.training.sharding import MeshError
+
+    config = load_config("multi30k")
+    apply_overrides(config, [flag[len("--config.") :].split("=", 1) for flag in TINY])
+    starts = {"encoder": ("init_encoder_from", "multi30k_mlm"), "decoder": ("init_decoder_from", "multi30k_lm")}
+    for part in parts:
+        key, name = starts[part]
+        config.training[key] = str(runs[name])
+    # The sizes checked are those of the tokenizers the run takes: each start's, or one trained here.
+    pieces = {part: Tokenizer(load_checkpoint(runs[starts[part][1]], params=False)[1].tokenizer) for part in parts}
+    sizes = [pieces[part].vocab_size if part in pieces else config.tokenizer.vocab_size for part in starts]
+    assert run_start.vocabulary_sizes_before_the_data(config, None, load_starting_points(config.training)) == tuple(
+        sizes
+    )
+    config.mesh.shape = (1, 1, 8)
+    with pytest.raises(MeshError, match=r"^mesh.shape=\(1, 1, 8\): model.num_heads=4 is not divisible by its mesh"):
+        run_start.prepare_run(config, tmp_path / "composed")
+
+
 def _shipped_starting_points():
     """The shipped multi30k translator's model config, its abstract parameters, and zero-valued
     starting points of the shipped masked LM (encoder) and causal LM (decoder) at their sizes."""
