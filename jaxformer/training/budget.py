@@ -25,16 +25,21 @@ lower is taken: one slowed after a kind's first measured, or after a resume, is 
 The first measured has nothing to outvote it (slowed, the second evaluation still put the end at
 step 80, and the third moved it to 1,026).
 
-The steps' pace is averaged since the segment's first step, not over a recent window: after a
-stall or a slow stretch the end is estimated low, and each check raises it as the budget runs down,
-so the rate is lower for a while but still reaches its floor where the budget is spent. A window
-follows a load that ends sooner, and one that starts later too, which puts the end beyond what
-the budget allows (the decay then steepens at the end). On a fake clock (a 1,800 s budget at 1 s
-a step, tests/training/test_budget_load.py) the rates' sum misses that of a schedule knowing the
-load in advance by 10% with the first third at half speed and by 13% with the last third. Over an
-hour's budget, a pace of the last 10 minutes raised the sum by 7.5% after a slow first 20 minutes,
-4% after a 300 s stall, and lowered it by 3% with the middle 20 minutes slow: not enough to trade
-the estimate that errs on the side of a decay finished early.
+The steps' pace is averaged since the segment's first step, and over the last seconds as many as
+the budget has left (from the last check at least that long ago), and the slower of the two is
+taken. After a stall or a slow stretch the average estimates the end low, and each check raises it
+as the budget runs down, so the rate is lower for a while but still reaches its floor where the
+budget is spent. A load that comes late the average alone does not follow: on the tiny config, a
+0.5-minute budget slowed by a test run beside it, from about 80 steps a second to under 10 in its
+last 10 seconds, kept an average of 0.028 s a step, estimated at step 820 that 100 steps were left
+where 10 were, and ended at 10.3% of the peak (a fake clock, tests/training/test_budget_load.py:
+0.02 s a step, ten times slower for the last 5 s of 30, 4.9%; the slower pace ends it at its
+floor). A window alone follows a load that ends sooner too, which puts the end beyond what the
+budget allows if it comes back (the decay then steepens at the end); taking the slower errs on the
+side of a decay finished early. On a fake clock (a 1,800 s budget at 1 s a step,
+tests/training/test_budget_load.py) the rates' sum misses that of a schedule knowing the load in
+advance by 10% with the first third at half speed, 11% with the last third (13% by the average
+alone, its last rate 0.5% of the peak), 11% after a 300 s stall and 3.5% with the middle third slow.
 
 A segment's first of each kind holds its compilation, as its first step does, so it stands for
 none to come: it is kept out of the pace, and the kind's steady duration is measured from the
@@ -117,6 +122,8 @@ class TimeBudget:
         self._pace_from: tuple[int, float] | None = None  # (step, clock seconds) where the pace is measured from
         self._work_since = 0.0  # the seconds of periodic work since then
         self._first_step: tuple[int, float] | None = None  # this segment's first step done, and the clock then
+        # (step, clock seconds, periodic work's seconds since _pace_from) at each check: the recent pace's starts.
+        self._marks: list[tuple[int, float, float]] = []
 
     def step_done(self, step: int) -> None:
         if self._pace_from is None:
@@ -147,7 +154,7 @@ class TimeBudget:
     def rdrop_started(self) -> None:
         """The steps from now on are R-Drop steps: their pace is measured from the first one
         completed (its compilation spent, not extrapolated)."""
-        self.rdrop_start, self._pace_from, self._work_since = None, None, 0.0
+        self.rdrop_start, self._pace_from, self._work_since, self._marks = None, None, 0.0, []
 
     def spent(self) -> bool:
         return self.clock.seconds() >= self.seconds
@@ -159,14 +166,35 @@ class TimeBudget:
         first_step, first_seconds = self._pace_from
         return max(self.clock.seconds() - first_seconds - self._work_since, 0.0) / (step - first_step)
 
+    def _recent_seconds_per_step(self, step: int) -> float | None:
+        """The steps' pace over the last seconds as many as the budget has left (from the last check
+        at least that long ago; the average where none is): the pace of what remains, as far as the
+        recent past says. Each call, a check's, is recorded as a start for the later ones."""
+        average = self.seconds_per_step(step)
+        if average is None:
+            return None
+        now = self.clock.seconds()
+        horizon_start = now - max(self.seconds - now, 0.0)
+        starts = [mark for mark in self._marks if mark[1] <= horizon_start and mark[0] < step]
+        if starts:  # the horizon's start only moves on: the marks before the latest are not read again
+            self._marks = self._marks[self._marks.index(starts[-1]) :]
+        self._marks.append((step, now, self._work_since))
+        if not starts:
+            return average
+        mark_step, mark_seconds, mark_work = starts[-1]
+        return max(now - mark_seconds - (self._work_since - mark_work), 0.0) / (step - mark_step)
+
     def end_step(self, step: int, max_steps: int) -> float | None:
         """The step at which the budget runs out at the pace so far, with the periodic work due
         from `step` on (this step's is still to run) at its steady durations, within
         [step + 1, max_steps]; None before a pace is known."""
-        pace = self.seconds_per_step(step)
+        pace, recent = self.seconds_per_step(step), self._recent_seconds_per_step(step)
         if pace is None:
             return None
-        pace, now = max(pace, 1e-9), self.clock.seconds()
+        # The slower of the two: a load that came late, unforeseen by the average, put the end too
+        # late and left the rate above its floor where the budget ran out; one that went is followed
+        # by the average alone, erring on the side of a decay finished early.
+        pace, now = max(pace, recent, 1e-9), self.clock.seconds()
         remaining = max(self.seconds - now, 0.0)
         plain_steps = math.inf  # the steps to come at the plain pace; the rest are R-Drop's
         if self.rdrop_start is not None:
