@@ -239,6 +239,7 @@ class ScheduleEnd:
         self.replicated = replicated
         self.active = end_step(state.opt_state) is not None
         self.warned_within_warmup = False
+        self.end = self.steps(state) if self.active else None  # the end the next step's rate reads
 
     def steps(self, state) -> float:
         return float(jax.device_get(end_step(state.opt_state)))
@@ -259,8 +260,13 @@ class ScheduleEnd:
                 steps,
                 self.warmup_steps,
             )
+        self.end = float(np.float32(steps))
         value = jax.device_put(np.float32(steps), self.replicated)
         return state.replace(opt_state=set_end_step(state.opt_state, value))
+
+    def reached_after(self, step: int) -> bool:
+        """Whether the step after `step` would train at or past the schedule's end: at the floor."""
+        return self.end is not None and step + 1 >= self.end
 
     def at_start(self, state, step: int, saved_training: dict | None, timed: bool):
         """Without a time budget the schedule ends at num_train_steps; with one, a new run starts
@@ -302,6 +308,15 @@ def saved_end_stands(saved_end: float, saved_training: dict, max_steps: int, bud
     if saved_end >= old_steps and max_steps > old_steps:
         return False
     return budget_minutes <= (saved_training.get("time_budget_minutes") or 0.0)
+
+
+def budget_check_due(step: int, log_every_steps: int, schedule_end: ScheduleEnd) -> bool:
+    """Whether the time budget is checked after `step`: every BUDGET_CHECK_STEPS steps (every
+    `log_every_steps` where fewer), and wherever the next step would train at or past the budget
+    schedule's end. Checked every 10 steps alone, an end estimated between two checks left up to 9
+    steps to train past it at the floor (rate 0 by default) until the next found the budget spent;
+    checked there, the budget spent ends the run, or the end moves on with the pace."""
+    return step % min(log_every_steps, BUDGET_CHECK_STEPS) == 0 or schedule_end.reached_after(step)
 
 
 class BudgetReading(NamedTuple):

@@ -32,6 +32,7 @@ from jaxformer.training.budget import (
     ScheduleEnd,
     TimeBudget,
     TrainingClock,
+    budget_check_due,
     check_budget,
     spent_by_work,
 )
@@ -322,7 +323,7 @@ def _train(config, prepared: PreparedRun, model: nn.Module, preparation: RaiseOn
                 plain_end_step = None  # where the budget ends at the plain pace: read only at the check that decides
                 if budget is not None:
                     budget.step_done(step)
-                    if step % min(training.log_every_steps, BUDGET_CHECK_STEPS) == 0:
+                    if budget_check_due(step, training.log_every_steps, schedule_end):
                         deciding = rdrop.due(step)
                         if deciding:
                             jax.block_until_ready(state)  # the pace of the steps done, not of those dispatched

@@ -13,7 +13,7 @@ import numpy as np
 import pytest
 
 from jaxformer.training import budget as budget_module
-from jaxformer.training.budget import ScheduleEnd, TimeBudget, TrainingClock, check_budget
+from jaxformer.training.budget import ScheduleEnd, TimeBudget, TrainingClock, budget_check_due, check_budget
 from jaxformer.training.experiment import default_config
 from jaxformer.training.optimizer import budget_rate, make_optimizer
 from jaxformer.training.state import TrainState
@@ -49,17 +49,25 @@ def test_the_rate_within_the_warmup_does_not_depend_on_the_schedules_end():
     assert after[0] == pytest.approx(1.0 - 0.9 * 20 / 50) and after[1] > after[0]
 
 
-def test_each_check_moves_the_schedules_end_to_the_estimate(monkeypatch):
+def timed_schedule(monkeypatch, log_every_steps: int):
+    """(the fake clock's seconds, the config, the learning rate, a new run's state under the budget
+    schedule, its ScheduleEnd): 1,000 steps, a warmup of WARMUP, the budget checked every
+    min(`log_every_steps`, 10) steps."""
     now = [0.0]
     monkeypatch.setattr(budget_module.time, "monotonic", lambda: now[0])
     config = default_config()
     config.optimizer.update(schedule="budget", warmup_steps=WARMUP, learning_rate_scale=1.0, decay_floor=0.0)
-    config.training.update(num_train_steps=1000, log_every_steps=10)
+    config.training.update(num_train_steps=1000, log_every_steps=log_every_steps)
     optimizer, learning_rate = make_optimizer(config.optimizer, D_MODEL)
     params = {"w": jnp.zeros(3)}
     state = TrainState(step=jnp.int32(0), params=params, opt_state=optimizer.init(params), rng=jax.random.key(0))
     schedule_end = ScheduleEnd(config, state, jax.sharding.SingleDeviceSharding(jax.devices()[0]))
     state = schedule_end.at_start(state, 0, None, timed=True)
+    return now, config, learning_rate, state, schedule_end
+
+
+def test_each_check_moves_the_schedules_end_to_the_estimate(monkeypatch):
+    now, config, learning_rate, state, schedule_end = timed_schedule(monkeypatch, 10)
     assert schedule_end.steps(state) == 1000  # num_train_steps until a pace is known
     written = []
     writer = types.SimpleNamespace(write=lambda step, values, prefix: written.append((step, values, prefix)))
@@ -224,3 +232,25 @@ def test_a_run_resumed_at_or_past_its_length_says_no_end_moves(caplog, timed):
         moves[step] = [message for message in caplog.messages if "its end moves" in message]
     assert moves[20] == moves[10] == []
     assert len(moves[5]) == 1 and "its end moves from step 40" in moves[5][0]
+
+
+def test_a_run_ends_where_its_schedule_ends_with_no_step_past_it(monkeypatch):
+    """A 60-second budget at 0.3 s a step (the first, its compilation, 5 s) runs out during step
+    185, estimated at step 180's check at 184.3. Checked only every 10 steps, steps 185-190 trained
+    past that end at the floor (0) before step 190's check found the budget spent; the budget is
+    also checked where the next step would train at or past the end: the check at step 184 moves it
+    to step 185, the budget's last, the schedule's end and the floor, and the run ends there."""
+    now, config, _, state, schedule_end = timed_schedule(monkeypatch, 100)
+    writer = types.SimpleNamespace(write=lambda step, values, prefix: None)
+    clock = TrainingClock()
+    clock.start()
+    budget = TimeBudget(60.0, clock)
+    step, ends_read, spent = 0, {}, False
+    while not spent:
+        ends_read[step + 1] = schedule_end.steps(state)  # the end the step's update reads
+        now[0] += 5.0 if step == 0 else 0.3
+        step += 1
+        budget.step_done(step)
+        if budget_check_due(step, config.training.log_every_steps, schedule_end):
+            (spent, _, _), state = check_budget(budget, schedule_end, state, step, writer, config.training)
+    assert step == 185 and [n for n, end in ends_read.items() if n >= end] == [185]
