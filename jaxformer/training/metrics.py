@@ -147,6 +147,7 @@ class MetricWriter:
         self._tensorboard = None
         self._start_step = start_step
         self.records_at_start: list[dict] = []  # the records of start_step metrics.jsonl held at the start
+        moved = 0
         if self.enabled:
             run = self._run = RunDirectory(workdir)
             lines = _read_lines(run.metrics_file)  # read once: every step below works on these lines
@@ -170,9 +171,10 @@ class MetricWriter:
                     )
                 self.records_at_start = [record for record in kept if record.get("step") == start_step]
             self._jsonl = open(run.metrics_file, "a", encoding="utf-8")
-            self._tensorboard = ScalarEventWriter(
-                run.tensorboard_dir, first_step=None if start_step is None else start_step + 1
-            )
+            # Created once something is written (a finished run started again writes nothing), or now
+            # where records were moved: TensorBoard must drop the steps trained again all the same.
+            first_step = None if start_step is None else start_step + 1
+            self._tensorboard = ScalarEventWriter(run.tensorboard_dir, first_step, open_now=bool(moved))
 
     def write(self, step: int, scalars: Mapping[str, float], prefix: str = "") -> None:
         if not self.enabled or self.held is not None:
@@ -300,6 +302,11 @@ def logged_figures(run: RunDirectory, step: int) -> dict[str, dict[str, float]]:
     return figures
 
 
+# What a process that trained no step takes from the earlier last_metrics.json of its step: the
+# figures of the process that trained to it (its start, its seconds), not its own start at the end.
+_TRAINED_BY = ("first_step", "train_seconds")
+
+
 def write_last_metrics(run: RunDirectory, last: dict[str, Any]) -> dict[str, Any]:
     """Writes `last` (the figures of a training process: its step range, its last train, eval and
     BLEU metrics, its final choice) to last_metrics.json, whole or not at all (a sweep reads it),
@@ -307,8 +314,13 @@ def write_last_metrics(run: RunDirectory, last: dict[str, Any]) -> dict[str, Any
     one killed after its last checkpoint, or during its final choice) keeps the earlier figures it
     did not measure anew: they are still the run's, from an earlier last_metrics.json of that
     step or else from metrics.jsonl's records of it; not what the earlier process itself met (its
-    signal, the setting that shortened the run as it resumed)."""
-    if last["step"] == last["first_step"]:
+    signal, the setting that shortened the run as it resumed). From an earlier last_metrics.json it
+    keeps `first_step` and `train_seconds` too, those of the process that trained to the step; the
+    file is left as it was where nothing else differs (a finished run started again), else the
+    keys that change are logged. What is returned has this process's `first_step` (its summary's
+    progress, 0 steps)."""
+    own_start = last["first_step"]
+    if last["step"] == own_start:
         earlier = None
         if run.last_metrics_file.is_file():
             try:
@@ -317,13 +329,27 @@ def write_last_metrics(run: RunDirectory, last: dict[str, Any]) -> dict[str, Any
                 pass
         if not (isinstance(earlier, dict) and earlier.get("step") == last["step"]):
             earlier = {}
+        as_it_was = dict(earlier)
         # This process's own signal, or the setting that shortened the run at its start, if any, is in
         # `last`: a finished run started again was not shortened again.
         for own in ("stopped_by_signal", "signal_once_complete", "shortened_by"):
             earlier.pop(own, None)
-        last = {**logged_figures(run, last["step"]), **earlier, **last}
+        trained_by = {key: earlier[key] for key in _TRAINED_BY if key in earlier}
+        last = {**logged_figures(run, last["step"]), **earlier, **last, **trained_by}
+        if as_it_was:
+            written = _strict_json(last)  # as the file holds it
+            changed = sorted(key for key in {*written, *as_it_was} if written.get(key) != as_it_was.get(key))
+            if not changed:
+                logger.info(
+                    "%s: kept as it was (this run trained no step, and measured nothing anew)", run.last_metrics_file
+                )
+                return {**last, "first_step": own_start}
+            logger.info(
+                "%s: %s written anew, the rest kept as it was (this run trained no step)",
+                *(run.last_metrics_file, ", ".join(changed)),
+            )
     write_text_atomically(run.last_metrics_file, json.dumps(_strict_json(last), indent=2))
-    return last
+    return {**last, "first_step": own_start}
 
 
 def raise_failed_write(failure: Exception | None, held: np.ndarray) -> None:

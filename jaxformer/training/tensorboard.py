@@ -118,35 +118,50 @@ class ScalarEventWriter:
     beside the earlier ones, and TensorBoard reads them all). `first_step`: the first step this
     writer writes, where it takes over from the earlier files: a session start at that step tells
     TensorBoard to drop their records of it and later steps (a segment that stopped before its
-    next checkpoint, trained again now), as metrics.jsonl moves them aside."""
+    next checkpoint, trained again now), as metrics.jsonl moves them aside.
 
-    def __init__(self, directory: str | os.PathLike, first_step: int | None = None):
-        directory = pathlib.Path(directory)
-        directory.mkdir(parents=True, exist_ok=True)
+    `open_now=False` leaves the file uncreated until something is written (`path` is None until
+    then): a finished run started again, which writes nothing, added an event file holding only
+    its session start each time."""
+
+    def __init__(self, directory: str | os.PathLike, first_step: int | None = None, open_now: bool = True):
+        self._directory, self._first_step = pathlib.Path(directory), first_step
+        self._file = None
+        self.path: pathlib.Path | None = None
+        if open_now:
+            self._open()
+
+    def _open(self) -> None:
+        self._directory.mkdir(parents=True, exist_ok=True)
         now = time.time()
         stem = f"events.out.tfevents.{int(now)}.{socket.gethostname()}.{os.getpid()}"
         for number in itertools.count():
-            self.path = directory / f"{stem}.{number}"
+            self.path = self._directory / f"{stem}.{number}"
             try:
                 self._file = open(self.path, "xb")  # never another writer's file
                 break
             except FileExistsError:
                 continue
         self._file.write(tfrecord(event(now, file_version=FILE_VERSION)))
-        if first_step is not None:
-            self._file.write(tfrecord(event(now, first_step, session_log=SESSION_START)))
+        if self._first_step is not None:
+            self._file.write(tfrecord(event(now, self._first_step, session_log=SESSION_START)))
         self._file.flush()
 
     def write(self, step: int, scalars: Mapping[str, float], wall_time: float | None = None) -> None:
         """`wall_time`: when the scalars were measured, for a record written again; now if None."""
         wall_time = time.time() if wall_time is None else wall_time
+        if self._file is None:
+            self._open()
         self._file.write(tfrecord(event(wall_time, step, summary=scalar_summary(scalars))))
         self._file.flush()
 
     def restart_at(self, step: int) -> None:
         """A session start at `step`: TensorBoard drops every event of `step` and later read before it."""
+        if self._file is None:
+            self._open()
         self._file.write(tfrecord(event(time.time(), step, session_log=SESSION_START)))
         self._file.flush()
 
     def close(self) -> None:
-        self._file.close()
+        if self._file is not None:
+            self._file.close()

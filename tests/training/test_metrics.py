@@ -259,10 +259,11 @@ def test_a_finished_run_started_again_keeps_its_figures_in_last_metrics(tmp_path
         "eval": {"loss": 2.5},
         "train": {"loss": 2.0},
         "step": 40,
-        "first_step": 40,
+        "first_step": 40,  # this process's, for its summary: 0 steps
         "final": again["final"],
     }
-    assert json.loads(run.last_metrics_file.read_text()) == again
+    # The file keeps the start of the process that trained to step 40.
+    assert json.loads(run.last_metrics_file.read_text()) == {**again, "first_step": 20}
     trained = write_last_metrics(run, {"train": {"loss": 1.0}, "step": 60, "first_step": 40})
     assert trained == {"train": {"loss": 1.0}, "step": 60, "first_step": 40}  # its own figures only
     shortened = {"eval": {"loss": 2.5}, "step": 60, "first_step": 60, "shortened_by": "training.num_train_steps=50"}
@@ -274,6 +275,33 @@ def test_a_finished_run_started_again_keeps_its_figures_in_last_metrics(tmp_path
     }
     again_shortened = write_last_metrics(run, {**shortened, "eval": {"loss": 2.0}})  # shortened by this process: said
     assert again_shortened["shortened_by"] == "training.num_train_steps=50"
+
+
+def test_a_finished_run_started_again_leaves_its_files_as_they_were(tmp_path, caplog):
+    """Started again, a finished run trains no step and measures nothing: last_metrics.json is not
+    written (its `first_step` and `train_seconds` were those of the process that started again, at
+    the end, and a few of its seconds), and no TensorBoard event file is added (one holding only a
+    session start was, each time); what a process does write anew is named in the log."""
+    from jaxformer.run.directory import RunDirectory
+    from jaxformer.training.metrics import write_last_metrics
+
+    run = RunDirectory(tmp_path)
+    trained = MetricWriter(tmp_path, enabled=True, start_step=-1)
+    trained.write(40, {"loss": 2.0}, prefix="train/")
+    trained.close()
+    write_last_metrics(run, {"train": {"loss": 2.0}, "step": 40, "train_seconds": 30.0, "first_step": 0})
+    files = {path: (path.read_bytes(), path.stat().st_mtime_ns) for path in tmp_path.rglob("*") if path.is_file()}
+
+    caplog.set_level(logging.INFO)
+    MetricWriter(tmp_path, enabled=True, start_step=40).close()  # as the finished run started again opens it
+    again = write_last_metrics(run, {"train": {"loss": 2.0}, "step": 40, "train_seconds": 30.4, "first_step": 40})
+    after = {path: (path.read_bytes(), path.stat().st_mtime_ns) for path in tmp_path.rglob("*") if path.is_file()}
+    assert after == files
+    assert again["first_step"] == 40 and again["train_seconds"] == 30.0  # the summary says 0 steps
+    assert "last_metrics.json: kept as it was (this run trained no step, and measured nothing anew)" in caplog.text
+    write_last_metrics(run, {"final": {"chosen": "latest"}, "step": 40, "first_step": 40})  # a choice made now
+    assert "last_metrics.json: final written anew, the rest kept as it was" in caplog.text
+    assert json.loads(run.last_metrics_file.read_text())["first_step"] == 0
 
 
 def test_a_run_killed_after_its_last_checkpoint_takes_its_figures_from_metrics_jsonl(tmp_path):
