@@ -62,12 +62,11 @@ import time
 from typing import NamedTuple
 
 import jax
-import ml_collections
 import numpy as np
 from jax.experimental import multihost_utils
 
-from jaxformer.training.optimizer import end_step, set_end_step
 from jaxformer.training.rdrop_start import RDROP_STEP_COST, RDropStart
+from jaxformer.training.schedule_end import ScheduleEnd
 
 logger = logging.getLogger(__name__)
 
@@ -184,9 +183,10 @@ class TimeBudget:
         mark_step, mark_seconds, mark_work = starts[-1]
         return max(now - mark_seconds - (self._work_since - mark_work), 0.0) / (step - mark_step)
 
-    def end_step(self, step: int, max_steps: int) -> float | None:
+    def end_step(self, step: int, max_steps: int, work_done: bool = False) -> float | None:
         """The step at which the budget runs out at the pace so far, with the periodic work due
-        from `step` on (this step's is still to run) at its steady durations, within
+        from `step` on (this step's is still to run; `work_done`: from the next step on, this
+        step's evaluation and BLEU done, its checkpoint left out) at its steady durations, within
         [step + 1, max_steps]; None before a pace is known."""
         pace, recent = self.seconds_per_step(step), self._recent_seconds_per_step(step)
         if pace is None:
@@ -206,7 +206,7 @@ class TimeBudget:
 
         def work_seconds(end: int) -> float:  # the work due at steps [step, end)
             return sum(
-                self.work_seconds.get(name, 0.0) * _multiples(every, step, end)
+                self.work_seconds.get(name, 0.0) * _multiples(every, step + 1 if work_done else step, end)
                 for name, every in self.work_every.items()
             )
 
@@ -226,88 +226,6 @@ class TimeBudget:
 
 
 BUDGET_CHECK_STEPS = 10  # a time budget is checked (and the schedule's end re-estimated) this often at most
-
-
-class ScheduleEnd:
-    """Sets the "budget" schedule's end (optimizer.py: `end_step`, in optimizer updates: train
-    steps) in the train state; does nothing under other schedules."""
-
-    def __init__(self, config: ml_collections.ConfigDict, state, replicated):
-        self.max_steps = config.training.num_train_steps
-        self.budget_minutes = config.training.time_budget_minutes or 0.0
-        self.warmup_steps = config.optimizer.warmup_steps
-        self.replicated = replicated
-        self.active = end_step(state.opt_state) is not None
-        self.warned_within_warmup = False
-        self.end = self.steps(state) if self.active else None  # the end the next step's rate reads
-
-    def steps(self, state) -> float:
-        return float(jax.device_get(end_step(state.opt_state)))
-
-    def set(self, state, steps: float, step: int | None = None, ends_by: str = "the time budget", said=False):
-        """The schedule's end moved to `steps` (where `ends_by` ends the run); at train step `step`
-        (a time budget's estimate), an end within the warmup is said once the pace is known over a
-        quarter of the warmup (the first estimates, compilation included, run low). `said`: the
-        caller's warning said it."""
-        settled = step is None or 4 * step >= self.warmup_steps
-        self.warned_within_warmup |= said
-        if steps <= self.warmup_steps and settled and not self.warned_within_warmup:
-            self.warned_within_warmup = True
-            logger.warning(
-                "budget schedule: %s ends the run near step %.0f, within optimizer.warmup_steps=%d: "
-                "the rate will still be rising when it ends; a shorter warmup (or a longer run) lets it decay",
-                ends_by,
-                steps,
-                self.warmup_steps,
-            )
-        self.end = float(np.float32(steps))
-        value = jax.device_put(np.float32(steps), self.replicated)
-        return state.replace(opt_state=set_end_step(state.opt_state, value))
-
-    def reached_after(self, step: int) -> bool:
-        """Whether the step after `step` would train at or past the schedule's end: at the floor."""
-        return self.end is not None and step + 1 >= self.end
-
-    def at_start(self, state, step: int, saved_training: dict | None, timed: bool):
-        """Without a time budget the schedule ends at num_train_steps; with one, a new run starts
-        from that guess and a resumed one (`saved_training`: the training config its checkpoint was
-        saved with) keeps the estimate it saved, unless it no longer stands (saved_end_stands): then
-        it starts from the same guess, until this segment's pace re-estimates it."""
-        resumed = saved_training is not None
-        if not self.active:
-            return state
-        # A run resumed at or past its length (finished, or shortened) trains no step: no end moves for it.
-        trains = step < self.max_steps
-        if resumed and timed:
-            saved_end = self.steps(state)
-            if saved_end_stands(saved_end, saved_training, self.max_steps, self.budget_minutes):
-                logger.info("budget schedule: resumed with its end at step %.0f", saved_end)
-                return state
-            if trains:
-                logger.info(
-                    "budget schedule: its end moves from step %.0f, estimated for training.num_train_steps=%d and "
-                    "training.time_budget_minutes=%g, to %d until this run's pace re-estimates it",
-                    *(saved_end, saved_training["num_train_steps"], saved_training.get("time_budget_minutes") or 0.0),
-                    self.max_steps,
-                )
-        elif resumed and trains and abs(self.steps(state) - self.max_steps) > 0.5:
-            logger.info("budget schedule: its end moves from step %.0f to %d", self.steps(state), self.max_steps)
-        return self.set(state, self.max_steps, ends_by=f"training.num_train_steps={self.max_steps}")
-
-
-def saved_end_stands(saved_end: float, saved_training: dict, max_steps: int, budget_minutes: float) -> bool:
-    """Whether a time-budgeted run resumed with training.num_train_steps=`max_steps` and a budget of
-    `budget_minutes` keeps the schedule's end its checkpoint saved (`saved_end`, estimated under
-    `saved_training`). Not where the run may now train past it: its length raised past an end that
-    the old length capped (the budget's own estimate lay at or beyond it), or its budget raised;
-    kept, the steps past it trained at the floor (0 by default) until the first check of the pace
-    moved it. Nor where it lies past the length now. An unchanged run keeps it: resuming is exact."""
-    if saved_end > max_steps:
-        return False
-    old_steps = saved_training["num_train_steps"]
-    if saved_end >= old_steps and max_steps > old_steps:
-        return False
-    return budget_minutes <= (saved_training.get("time_budget_minutes") or 0.0)
 
 
 def budget_check_due(step: int, log_every_steps: int, schedule_end: ScheduleEnd) -> bool:
@@ -344,8 +262,12 @@ class HeldRecord:
 
     def spent_at(self, step: int, seconds: float) -> None:
         """The budget was spent by `step`'s work at `seconds`: the schedule ends at the next step."""
+        self.estimated_at(step, seconds, step + 1.0)
+
+    def estimated_at(self, step: int, seconds: float, end: float) -> None:
+        """After `step`'s work, at `seconds`, the schedule's end was set to `end`."""
         if self._held is not None and self._held[0] == step:
-            self._held[1].update(seconds=seconds, end_step=step + 1.0)
+            self._held[1].update(seconds=seconds, end_step=end)
 
     def write_held(self) -> None:
         if self._held is not None:
@@ -391,6 +313,14 @@ def _warn_spent_unmeasured(budget: TimeBudget, schedule_end: ScheduleEnd, step: 
     return True
 
 
+def _set_estimate(schedule_end: ScheduleEnd, state, estimate: float, step: int, spent: bool, said: bool):
+    """The state with the schedule's end set to a reading's `estimate` at `step`."""
+    capped = estimate >= schedule_end.max_steps  # the estimate stops at the run's own end
+    ends_by = f"training.num_train_steps={schedule_end.max_steps}" if capped else "the time budget"
+    # Spent, the end is this step's, not an early estimate: one within the warmup is said however early.
+    return schedule_end.set(state, estimate, None if spent else step, ends_by, said)
+
+
 def check_budget(budget: TimeBudget, schedule_end: ScheduleEnd, state, step: int, writer, training):
     """(the budget's reading, the state with the schedule's end re-estimated). Every process takes
     process 0's reading, so all stop (and start R-Drop) at the same step with the same schedule."""
@@ -403,10 +333,7 @@ def check_budget(budget: TimeBudget, schedule_end: ScheduleEnd, state, step: int
         estimate = step + 1.0
     said = spent and _warn_spent_unmeasured(budget, schedule_end, step, first)
     if estimate > 0 and schedule_end.active:
-        capped = estimate >= training.num_train_steps  # the estimate stops at the run's own end
-        ends_by = f"training.num_train_steps={training.num_train_steps}" if capped else "the time budget"
-        # Spent, the end is this step's, not an early estimate: one within the warmup is said however early.
-        state = schedule_end.set(state, estimate, None if spent else step, ends_by, said)
+        state = _set_estimate(schedule_end, state, estimate, step, spent, said)
     if step % training.log_every_steps == 0:
         # No end_step until a pace gives one: left out, not NaN (written "nan", as a figure measured so would be).
         estimated = {"end_step": estimate} if estimate > 0 else {}
@@ -418,12 +345,23 @@ def spent_by_work(budget: TimeBudget, schedule_end: ScheduleEnd, state, step: in
     """(whether this step's evaluation and BLEU, done, have spent the budget, the state): process
     0's reading, the same in every process. Spent, the step is the run's last, and the schedule's
     end is set there as a check's would be, before the step's checkpoint saves it; the step's
-    budget/ record held in `record`, if any, says that end and the seconds then."""
-    spent, seconds, *first = _reading([budget.spent(), budget.clock.seconds(), *_unmeasured(budget)])
+    budget/ record held in `record`, if any, says that end and the seconds then. Not spent, the end
+    is estimated again with the work's seconds, and the record says that one: the check before it
+    foresaw a kind's first in the segment (its compilation) as free, and the steps up to the next
+    check read its estimate, the budget spent before it with the rate above its floor (the tiny
+    config, a 0.5-minute budget on a loaded machine, evaluating every 500 steps: the first, at step
+    500, left the end at 537, and the run ended at step 510 at 5.6% of the peak)."""
+    estimate = budget.end_step(step, schedule_end.max_steps, work_done=True) if schedule_end.active else None
+    spent, seconds, estimate, *first = _reading(
+        [budget.spent(), budget.clock.seconds(), -1.0 if estimate is None else estimate, *_unmeasured(budget)]
+    )
     spent = bool(spent)
     said = spent and _warn_spent_unmeasured(budget, schedule_end, step, first)
     if spent:
         record.spent_at(step, seconds)
     if spent and schedule_end.active:
         state = schedule_end.set(state, step + 1.0, said=said)
+    elif estimate > 0:
+        record.estimated_at(step, seconds, estimate)
+        state = _set_estimate(schedule_end, state, estimate, step, spent=False, said=False)
     return spent, state

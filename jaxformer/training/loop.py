@@ -29,7 +29,6 @@ from jaxformer.training import experiment, processes, run_start, sharding, short
 from jaxformer.training.budget import (
     BUDGET_CHECK_STEPS,
     HeldRecord,
-    ScheduleEnd,
     TimeBudget,
     TrainingClock,
     budget_check_due,
@@ -54,6 +53,7 @@ from jaxformer.training.rolled_back_best import set_aside_rolled_back_keeping_be
 from jaxformer.training.run_batches import run_batches
 from jaxformer.training.run_saves import RunSaver
 from jaxformer.training.run_start import PreparedRun
+from jaxformer.training.schedule_end import ScheduleEnd
 from jaxformer.training.signals import RaiseOnSignal, Stopped, StopRequest
 from jaxformer.training.state import count_parameters, make_init_fn
 from jaxformer.training.step import make_eval_step, make_run_train_step

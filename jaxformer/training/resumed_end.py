@@ -11,7 +11,7 @@ from typing import NamedTuple
 
 import numpy as np
 
-from jaxformer.training.budget import ScheduleEnd
+from jaxformer.training.schedule_end import ScheduleEnd
 
 logger = logging.getLogger(__name__)
 

@@ -50,15 +50,16 @@ def test_no_end_step_is_written_before_a_pace_is_known(tmp_path, monkeypatch):
 
 def test_an_evaluation_that_spends_the_budget_after_the_check_is_in_the_steps_record(tmp_path, monkeypatch):
     """As the loop does it (HeldRecord): the check at step 10 leaves time, and so does step 10's
-    evaluation: the step's record keeps the check's estimate. The check at step 20 leaves time too,
-    then step 20's evaluation spends the budget: the schedule ends at step 21, and step 20's one
-    budget record says so, with the seconds then, as the saved state's schedule does (a loaded
-    machine's run recorded the check's estimate, 92.7, where its state ended at 41)."""
+    evaluation: the end is estimated again after it, and the step's record says that estimate. The
+    check at step 20 leaves time too, then step 20's evaluation spends the budget: the schedule
+    ends at step 21, and step 20's one budget record says so, with the seconds then, as the saved
+    state's schedule does (a loaded machine's run recorded the check's estimate, 92.7, where its
+    state ended at 41)."""
     now, budget, schedule_end, state, training, *_ = first_step_done(monkeypatch, "budget", 10)
     budget.seconds = 60.0  # the first step (compilation) left time
     writer = MetricWriter(tmp_path, enabled=True)
     held = HeldRecord(writer)
-    readings, spent = [], []
+    readings, spent, ends_after_work = [], [], []
     for step, evaluation in ((10, 2.0), (20, 50.0)):
         now[0] += 9 * 0.5 if step == 10 else 10 * 0.5  # 0.5 s a step
         reading, state = check_budget(budget, schedule_end, state, step, held, training)
@@ -67,6 +68,7 @@ def test_an_evaluation_that_spends_the_budget_after_the_check_is_in_the_steps_re
         budget.work_done("evaluate", evaluation)
         spent_now, state = spent_by_work(budget, schedule_end, state, step, held)
         spent.append(spent_now)
+        ends_after_work.append(schedule_end.steps(state))
         held.write_held()  # before the step's checkpoint
         held.write_held()  # once
     writer.close()
@@ -75,6 +77,9 @@ def test_an_evaluation_that_spends_the_budget_after_the_check_is_in_the_steps_re
     assert readings[1].end_step > 21  # the check left time: the evaluation overtook its estimate
     records = [json.loads(line, parse_constant=not_json) for line in (tmp_path / "metrics.jsonl").open()]
     assert [record["step"] for record in records] == [10, 20]
-    assert records[0]["budget/end_step"] == readings[0].end_step  # not spent: the check's estimate
+    # Not spent: the end estimated again after the evaluation, 2 s (4 steps) earlier than the check's,
+    # as the schedule read it until step 20 (the check's, kept, left a kind's first, its compilation
+    # unforeseen, to end the run above its floor).
+    assert records[0]["budget/end_step"] == pytest.approx(readings[0].end_step - 2.0 / 0.5) == ends_after_work[0]
     assert records[1]["budget/end_step"] == 21.0 == schedule_end.steps(state)
     assert records[1]["budget/seconds"] == now[0] == pytest.approx(COMPILED + 19 * 0.5 + 2.0 + 50.0)  # not the check's

@@ -13,9 +13,10 @@ import numpy as np
 import pytest
 
 from jaxformer.training import budget as budget_module
-from jaxformer.training.budget import ScheduleEnd, TimeBudget, TrainingClock, budget_check_due, check_budget
+from jaxformer.training.budget import TimeBudget, TrainingClock, budget_check_due, check_budget
 from jaxformer.training.experiment import default_config
 from jaxformer.training.optimizer import budget_rate, make_optimizer
+from jaxformer.training.schedule_end import ScheduleEnd
 from jaxformer.training.state import TrainState
 from tests.training.test_budget import D_MODEL, WARMUP, peak
 

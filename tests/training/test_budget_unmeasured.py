@@ -12,9 +12,10 @@ import jax.numpy as jnp
 import pytest
 
 from jaxformer.training import budget as budget_module
-from jaxformer.training.budget import HeldRecord, ScheduleEnd, TimeBudget, TrainingClock, check_budget, spent_by_work
+from jaxformer.training.budget import HeldRecord, TimeBudget, TrainingClock, check_budget, spent_by_work
 from jaxformer.training.experiment import default_config
 from jaxformer.training.optimizer import make_optimizer
+from jaxformer.training.schedule_end import ScheduleEnd
 from jaxformer.training.state import TrainState
 
 COMPILED = 4.3  # the first step's seconds: its compilation
