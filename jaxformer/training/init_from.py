@@ -45,15 +45,17 @@ class StartingPoint:
     where: str  # "step 40 of /runs/a/checkpoints", for messages
     step: int
     metadata: CheckpointMetadata
-    params: Any  # host arrays, in the layout (scanned or not) of the run that saved them
+    params: Any  # host arrays, in the layout (scanned or not) of the run that saved them; None: metadata only
     part: str = "model"  # a key of PARTS
 
 
-def load_starting_points(training: ml_collections.ConfigDict) -> tuple[StartingPoint, ...]:
+def load_starting_points(training: ml_collections.ConfigDict, *, params: bool = True) -> tuple[StartingPoint, ...]:
     """The checkpoints that `training.init_from`, or `training.init_encoder_from` and
     `training.init_decoder_from`, name (with `training.init_checkpoint`); none without them.
     `CheckpointError` naming the path when it holds no readable checkpoint, `ConfigError` when an
-    encoder does not come from an encoder_only run or a decoder from a decoder_only one."""
+    encoder does not come from an encoder_only run or a decoder from a decoder_only one. Without
+    `params`, only their metadata is read (params None), quietly: enough for check_starting_points
+    ahead of the run that will start from them (a sweep's variants)."""
     points = []
     for part, key in PARTS.items():
         path = training.get(key)
@@ -65,7 +67,7 @@ def load_starting_points(training: ml_collections.ConfigDict) -> tuple[StartingP
             # "latest" of a run's checkpoints/ is its newest readable step, as translate and export read it.
             latest = step is None and directory == RunDirectory(directory.parent).checkpoints
             try:
-                step, metadata, params = load_from_directory(directory, step, newest_readable=latest)
+                step, metadata, arrays = load_from_directory(directory, step, params=params, newest_readable=latest)
             except CheckpointError as error:  # a damaged final choice: translate's remedy
                 raise with_final_choice_remedy(directory, step, error) from None
         except CheckpointError as error:  # named by the key that led there
@@ -75,7 +77,8 @@ def load_starting_points(training: ml_collections.ConfigDict) -> tuple[StartingP
                 else f" (training.init_checkpoint={training.init_checkpoint!r})"
             )
             raise CheckpointError(f"training.{key}{chosen}: {error}") from None
-        warn_if_final_trained_past(directory, step)  # as translate and export say of that final/
+        if params:  # said by the run that starts from it
+            warn_if_final_trained_past(directory, step)  # as translate and export say of that final/
         where = f"step {step} of {directory}"
         found = metadata.model.get("architecture", "encoder_decoder")
         if part in _PART_ARCHITECTURE and found != _PART_ARCHITECTURE[part]:
@@ -83,8 +86,9 @@ def load_starting_points(training: ml_collections.ConfigDict) -> tuple[StartingP
                 f"training.{key}: {where} holds {with_article(found)} model; a translator's {part} starts from "
                 f"{with_article(_PART_ARCHITECTURE[part])} run"
             )
-        logger.info("starting the %s from the parameters of %s", "model" if part == "model" else part, where)
-        points.append(StartingPoint(where=where, step=step, metadata=metadata, params=params, part=part))
+        if params:
+            logger.info("starting the %s from the parameters of %s", "model" if part == "model" else part, where)
+        points.append(StartingPoint(where=where, step=step, metadata=metadata, params=arrays, part=part))
     return tuple(points)
 
 

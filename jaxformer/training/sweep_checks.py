@@ -26,6 +26,7 @@ from jaxformer.training import experiment, resume_rules
 from jaxformer.training.config_paths import with_absolute_paths
 from jaxformer.training.sweep import Variant, finished_result, run_config, seed_run_name
 from jaxformer.training.sweep_pace import pace_file, stored_pace
+from jaxformer.training.sweep_starts import start_problems
 from jaxformer.training.sweep_validation import recorded_config, validation_differences
 
 logger = logging.getLogger(__name__)
@@ -72,6 +73,7 @@ def check_existing_runs(
         problem for variant in variants for problem in _problems(variant, workdir, baseline_steps, seeds, fingerprints)
     ]
     problems += [problem for variant in variants for problem in _output_path_problems(variant, workdir, seeds)]
+    problems += start_problems(variants, workdir, seeds, lambda run_dir: _saved_state(run_dir)[0] is None)
     if variants:
         reference = with_absolute_paths(variants[0].config).to_dict()  # all agree on its pairs
         problems += [

@@ -22,6 +22,7 @@ from jaxformer.training import loop, sweep_pace
 from jaxformer.training.config_paths import with_absolute_paths
 from jaxformer.training.pace import Pace
 from tests.conftest import RAW
+from tests.training.test_loop import ONE_LAYER
 from tests.training.test_sweep import SHARED, TINY, write_sweep
 from tests.training.test_sweep_tables import Runs, rows_file
 
@@ -302,3 +303,26 @@ def test_a_damaged_pace_or_last_metrics_file_is_one_line_naming_it(tmp_path, cap
         code, err = sweep(tmp_path, capsys, variants)
         assert code == 2 and err.startswith(f"error: {last_metrics} is damaged (not a run's last metrics; {named}):")
     assert runs.trained == ["baseline", "lr3"]  # the second sweep's only
+
+
+def test_a_variant_that_does_not_fit_the_fine_tuning_start_is_refused_before_any_trains(tmp_path, capsys, runs):
+    from tests.conftest import make_workdir
+
+    parent, _, _ = make_workdir(tmp_path / "parent")  # tiny's model section, post-norm, 2 + 2 layers
+    before = sorted((path, path.stat().st_mtime_ns) for path in parent.rglob("*"))
+    variants = {"baseline": [], "pre": ["model.normalization=pre"]}
+    shared = [flag for flag in SHARED if flag not in ONE_LAYER]
+    code, err = sweep(tmp_path, capsys, variants, f"--config.training.init_from={parent}", shared=shared)
+    assert code == 2 and err.count("\n") == 1, err
+    assert err == (
+        f"error: variant 'pre': training.init_from: step 1 of {parent / 'checkpoints'} was trained with another "
+        "model section; set it as in that run: model.normalization='post' there, 'pre' here\n"
+    )
+    assert runs.trained == []  # baseline, before it, was not trained first
+    missing = tmp_path / "gone"
+    code, err = sweep(tmp_path, capsys, variants, f"--config.training.init_from={missing}", shared=shared)
+    assert code == 2 and err.count("\n") == 1, err
+    assert f"(1) variant 'baseline': training.init_from: {missing} does not exist" in err
+    assert f"(2) variant 'pre': training.init_from: {missing} does not exist" in err
+    assert runs.trained == [] and not (tmp_path / "sweep").exists()
+    assert sorted((path, path.stat().st_mtime_ns) for path in parent.rglob("*")) == before  # read, never written
