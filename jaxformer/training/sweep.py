@@ -50,7 +50,7 @@ from jaxformer.training.config_file import apply_overrides, load_config, refuse_
 from jaxformer.training.config_paths import with_absolute_paths
 from jaxformer.training.final_choice import CANDIDATES, SCORES
 from jaxformer.training.signals import RaiseOnSignal, Stopped
-from jaxformer.training.sweep_after_training import refuse_after_training_only
+from jaxformer.training.sweep_after_training import refuse_after_training_only, refuse_unused_only
 from jaxformer.training.sweep_pace import pace_file, stored_pace, variant_pace
 from jaxformer.training.sweep_validation import (
     check_seeds_share_validation,
@@ -85,7 +85,8 @@ def make_variants(
     """Each variant's config: the base config with the `shared` (key, text) overrides, then the
     variant's own, applied and every value validated."""
     variants = []
-    reference = reference_config(config_name, shared).to_dict()
+    reference_settings = reference_config(config_name, shared)
+    reference = reference_settings.to_dict()
     for name, overrides in sweep.items():
         pairs = []
         for item in overrides:
@@ -118,6 +119,7 @@ def make_variants(
                 "already): training it would repeat the config as it is"
             )
         refuse_after_training_only(name, overrides, config.to_dict(), reference)
+        refuse_unused_only(name, overrides, config, reference_settings)
         variant = Variant(name, tuple(pairs), config)
         same = next((other for other in variants if other.config.to_dict() == config.to_dict()), None)
         if same is not None:

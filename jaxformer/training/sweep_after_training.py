@@ -1,17 +1,23 @@
 """What a sweep's variant must change: how its model is trained. One that changes only what the
 final choice reads after the last step (its search, the alphas it compares, how many checkpoints it
 averages) would train the parameters of the config as it is again, an hour for multi30k, to decode
-them otherwise; jaxformer-evaluate compares such settings on the winner's run without training."""
+them otherwise; jaxformer-evaluate compares such settings on the winner's run without training.
+One that changes only settings its run does not use (a switched-off feature's, or a tokenizer's
+size and training options where a fine-tuning start gives the tokenizer) would train the config
+as it is again, and be ranked as though it had changed something."""
 
 from __future__ import annotations
 
 from collections.abc import Sequence
 from typing import Any
 
+import ml_collections
+
 from jaxformer.model.config import ConfigError
 from jaxformer.training import experiment
 from jaxformer.training.final_choice import CHOICE_KEYS
 from jaxformer.training.sweep_validation import VALIDATION_KEYS
+from jaxformer.training.unused_settings import unused_keys
 from jaxformer.training.validation_bleu import bleu_measured_alike
 
 # CHOICE_KEYS but the validation pairs, which evaluation during training reads too (and a sweep
@@ -55,4 +61,22 @@ def refuse_after_training_only(
             f"({', '.join(keys)}), so its run would train the parameters of the config as it is again; compare "
             "such settings on the winner's run with jaxformer-evaluate --split validation (--beam_size, --alpha, "
             "--checkpoint averaged after jaxformer-average-checkpoints --last N)"
+        )
+
+
+def refuse_unused_only(
+    name: str, overrides: Sequence[str], config: ml_collections.ConfigDict, reference: ml_collections.ConfigDict
+) -> None:
+    """A ConfigError when variant `name`'s `overrides` change only keys that neither its run
+    (`config`) nor the config as it is (`reference`) uses (unused_settings.unused_keys)."""
+    flat, reference_flat = (
+        experiment.as_tuples(experiment.flatten(values.to_dict())) for values in (config, reference)
+    )
+    changed = sorted(key for key in flat.keys() | reference_flat.keys() if flat.get(key) != reference_flat.get(key))
+    unused, unused_there = unused_keys(config), unused_keys(reference)
+    if changed and all(key in unused and key in unused_there for key in changed):
+        why = "; ".join(f"{key}: {unused[key]}" for key in changed)
+        raise ConfigError(
+            f"variant {name!r}: {', '.join(overrides)} changes only settings that its run does not use ({why}), "
+            "so it would train the config as it is again; remove it, or change what the run uses"
         )

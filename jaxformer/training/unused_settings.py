@@ -114,6 +114,21 @@ def _translation_settings_unused(config) -> list[tuple[str, str]]:
     return unused
 
 
+def unused_keys(config) -> dict[str, str]:
+    """{key: why} for every key whose value `config`'s new run does not use, whatever the value:
+    unused_settings' keys (named there only when not the default), and where no tokenizer is
+    trained, the options of training one and tokenizer.vocab_size (the given or started-from
+    tokenizers' sizes replace it, or must agree with it)."""
+    unused = {
+        setting.split("=", 1)[0]: setting.split(" (", 1)[1].removesuffix(")") for setting in unused_settings(config)
+    }
+    untrained = _tokenizers_not_trained(config)
+    if untrained:
+        for key in ("vocab_size", *TOKENIZER_TRAINING_KEYS):
+            unused[f"tokenizer.{key}"] = untrained
+    return unused
+
+
 # What only training a sentencepiece model reads; tokenizer.vocab_size is not here: a given model
 # or a start's tokenizer that contradicts it is an error or replaces it with a note of its own.
 TOKENIZER_TRAINING_KEYS = ("model_type", "character_coverage", "max_sentences")

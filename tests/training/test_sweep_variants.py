@@ -76,28 +76,46 @@ def test_a_bad_variant_is_one_line_before_anything_trains(tmp_path, capsys, vari
     assert not workdir.exists()
 
 
+def refusal(sweep, *shared):
+    """make_variants' error for tiny's baseline and `sweep`'s variants with `shared` (key, value)
+    overrides (and a final choice, which a sweep needs); None where it builds them."""
+    shared = [("training.final_choice", "True"), ("training.average_last", "2"), *shared]
+    try:
+        make_variants(TINY, {"baseline": [], **sweep}, shared)
+    except ConfigError as error:
+        return str(error)
+    return None
+
+
 def test_a_variant_is_refused_only_where_nothing_during_training_reads_what_it_changes():
     """Validation BLEU during training reads the search, and decides what best/ keeps: a length
     penalty changes a run whose validation BLEU searches a beam, not one whose searches greedily."""
-
-    def refused(sweep, *shared):
-        shared = [("training.final_choice", "True"), ("training.average_last", "2"), *shared]
-        try:
-            make_variants(TINY, {"baseline": [], **sweep}, shared)
-        except ConfigError as error:
-            return str(error)
-        return None
-
     alpha, batch = {"alpha1": ["decoding.alpha=1.0"]}, {"batch8": ["decoding.batch_size=8"]}
     mixed = {"mixed": ["decoding.alpha=1.0", "model.dropout_rate=0.2"]}  # trains otherwise: compared
-    assert refused(alpha).startswith("variant 'alpha1': decoding.alpha=1.0 changes only what the final choice")
-    assert refused(batch) is not None and refused(mixed) is None
+    assert refusal(alpha).startswith("variant 'alpha1': decoding.alpha=1.0 changes only what the final choice")
+    assert refusal(batch) is not None and refusal(mixed) is None
     by_bleu = ("training.bleu_every_steps", "6")
-    assert refused(alpha, by_bleu) is None and refused(batch, by_bleu) is None
-    assert "training.average_last" in refused({"average3": ["training.average_last=3"]}, by_bleu)
+    assert refusal(alpha, by_bleu) is None and refusal(batch, by_bleu) is None
+    assert "training.average_last" in refusal({"average3": ["training.average_last=3"]}, by_bleu)
     greedy = ("training.bleu_method", "greedy")
-    assert "(decoding.alpha)" in refused(alpha, by_bleu, greedy)
-    assert refused({"longer": ["decoding.max_extra_length=16"]}, by_bleu, greedy) is None  # greedy reads it
+    assert "(decoding.alpha)" in refusal(alpha, by_bleu, greedy)
+    assert refusal({"longer": ["decoding.max_extra_length=16"]}, by_bleu, greedy) is None  # greedy reads it
+
+
+def test_a_variant_that_changes_only_what_its_fine_tuning_start_replaces_is_refusal(tmp_path):
+    """Fine-tuning, the start's tokenizer is the run's: a variant of the vocabulary's size or its
+    training options would train the config as it is again (and be timed with another model's
+    vocabulary under --baseline_steps). Without a start they change the run."""
+    start = ("training.init_from", str(tmp_path / "parent"))  # read only when a run starts
+    vocabulary = {"vocab2000": ["tokenizer.vocab_size=2000"]}
+    assert refusal(vocabulary, start) == (
+        "variant 'vocab2000': tokenizer.vocab_size=2000 changes only settings that its run does not use "
+        "(tokenizer.vocab_size: no tokenizer is trained: training.init_from gives the vocabulary), so it would "
+        "train the config as it is again; remove it, or change what the run uses"
+    )
+    assert "(tokenizer.model_type: no tokenizer is trained" in refusal({"bpe": ["tokenizer.model_type=bpe"]}, start)
+    assert refusal(vocabulary) is None and refusal({"bpe": ["tokenizer.model_type=bpe"]}) is None
+    assert refusal({"mixed": ["tokenizer.vocab_size=2000", "model.dropout_rate=0.2"]}, start) is None
 
 
 def test_a_variant_name_written_twice_in_the_sweep_file_is_refused_naming_both_lines(tmp_path, capsys):
@@ -134,7 +152,7 @@ def test_held_out_validation_pairs_must_be_the_same_for_every_variant_and_seed(t
     )
     workdir = tmp_path / "sweep"
 
-    def refused(sweep, *flags):
+    def refusal(sweep, *flags):
         sweep_file = write_sweep(tmp_path / "own.py", sweep)
         flags = ("--config", TINY, "--sweep", str(sweep_file), "--workdir", str(workdir), *SHARED, *own_data, *flags)
         code = sweep_command.main(list(flags))
@@ -143,10 +161,10 @@ def test_held_out_validation_pairs_must_be_the_same_for_every_variant_and_seed(t
         return error
 
     # The pairs held out of the training file are drawn with data.shuffle_seed, which --seeds moves.
-    assert "--seeds 2: seed k moves data.shuffle_seed" in refused({"baseline": []}, "--seeds", "2")
-    error = refused({"baseline": [], "shuffled": ["data.shuffle_seed=5"]})
+    assert "--seeds 2: seed k moves data.shuffle_seed" in refusal({"baseline": []}, "--seeds", "2")
+    error = refusal({"baseline": [], "shuffled": ["data.shuffle_seed=5"]})
     assert "variant 'shuffled': data.shuffle_seed=5 (the others: 0) changes the validation pairs" in error
-    error = refused({"baseline": [], "holdout": ["data.validation_holdout=5"]})
+    error = refusal({"baseline": [], "holdout": ["data.validation_holdout=5"]})
     assert "variant 'holdout': data.validation_holdout=5 (the others: 10)" in error
 
 
@@ -190,7 +208,7 @@ def test_a_variant_that_contradicts_the_step_budget_is_named_before_anything_tra
         (["model.dropout_rate=0.2"], "--config.training.num_train_steps=12", "--config.training.num_train_steps=12 "),
     ],
 )
-def test_a_step_count_or_time_budget_beside_baseline_steps_is_refused(tmp_path, capsys, variant, flag, message):
+def test_a_step_count_or_time_budget_beside_baseline_steps_is_refusal(tmp_path, capsys, variant, flag, message):
     """--baseline_steps gives each variant its steps: a variant's own count or budget, or the
     command line's, would be replaced unseen, and the table would show the variant as if it held."""
     sweep_file = write_sweep(tmp_path / "steps.py", {"baseline": [], "own": variant})
