@@ -76,6 +76,9 @@ class CheckpointMetadata:
     train_window: dict[str, Any] | None = None  # interim ones: the metrics of the steps since the last train/ record
     work_seconds: dict[str, float] | None = None  # time-budgeted runs: each periodic work's steady seconds (median)
     saved_as_last: bool | None = None  # saved as its run's last, its step's end work done (None: from before the mark)
+    # A fine-tuned run's start, as its first step read it ("training.init_from: step 40 of /runs/a/checkpoints"; None:
+    # none, or from before it was kept): a sweep's runs of one start must have started from the same checkpoint.
+    started_from: str | None = None
 
     def replace(self, **changes: Any) -> CheckpointMetadata:
         return dataclasses.replace(self, **changes)
@@ -130,6 +133,8 @@ class CheckpointMetadata:
             values["work_seconds"] = {name: float(seconds) for name, seconds in self.work_seconds.items()}
         if self.saved_as_last is not None:
             values["saved_as_last"] = bool(self.saved_as_last)
+        if self.started_from is not None:
+            values["started_from"] = self.started_from
         return values
 
     @classmethod
@@ -211,6 +216,7 @@ class CheckpointMetadata:
             target_tokenizer=model_bytes("target_tokenizer", optional=True),
             train_seconds=None if train_seconds is None else float(train_seconds),
             chosen_from=typed("chosen_from", (str,), "a string", optional=True),
+            started_from=typed("started_from", (str,), "a string", optional=True),
             alpha=None if alpha is None else float(alpha),
             rdrop_by_pace=rdrop_by_pace,
             choice_scores=None

@@ -92,6 +92,12 @@ def load_starting_points(training: ml_collections.ConfigDict, *, params: bool = 
     return tuple(points)
 
 
+def started_from(points: Sequence[StartingPoint]) -> str | None:
+    """Where `points` are, as a run's checkpoints record its start (CheckpointMetadata.started_from);
+    None without any."""
+    return "; ".join(f"training.{PARTS[point.part]}: {point.where}" for point in points) or None
+
+
 def refuse_an_export(path: str, key: str) -> None:
     """A `CheckpointError` where `path` is an export's folder (jaxformer-export's output), which was
     said to be no workdir, or to hold no checkpoint when named final or best: no run starts from

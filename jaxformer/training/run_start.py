@@ -47,6 +47,7 @@ from jaxformer.training.init_from import (
     check_starting_points,
     load_starting_points,
     side_tokenizers,
+    started_from,
 )
 from jaxformer.training.kept_checkpoints import check_keep_not_lowered
 from jaxformer.training.optimizer import make_optimizer
@@ -323,6 +324,7 @@ def prepare_run(config: ml_collections.ConfigDict, workdir: pathlib.Path) -> Pre
         target_tokenizer=None if tokenizers.shared else tokenizers.target.model_proto,
         data_fingerprint=fingerprint,
         step=0,
+        started_from=saved.started_from if resuming else started_from(starting_points),
     )
     return PreparedRun(
         run, checkpointer, tokenizers, metadata, train_source, eval_source, starting_points, model_config, mesh, rules

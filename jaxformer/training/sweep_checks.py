@@ -73,7 +73,7 @@ def check_existing_runs(
         problem for variant in variants for problem in _problems(variant, workdir, baseline_steps, seeds, fingerprints)
     ]
     problems += [problem for variant in variants for problem in _output_path_problems(variant, workdir, seeds)]
-    problems += start_problems(variants, workdir, seeds, lambda run_dir: _saved_state(run_dir)[0] is None)
+    problems += start_problems(variants, workdir, seeds, _saved_state)
     if variants:
         reference = with_absolute_paths(variants[0].config).to_dict()  # all agree on its pairs
         problems += [

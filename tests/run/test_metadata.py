@@ -86,6 +86,11 @@ def test_metadata_round_trips_through_json():
     scored = final.replace(choice_scores={"latest/bleu": 30.0, "alpha_1.4/chrf": 61.25})
     assert CheckpointMetadata.from_json(json.loads(json.dumps(scored.to_json())), "here") == scored
     assert "choice_scores" not in final.to_json()  # older final/ checkpoints read as None
+    started = METADATA.replace(started_from="training.init_from: step 40 of /runs/a/checkpoints")
+    assert CheckpointMetadata.from_json(json.loads(json.dumps(started.to_json())), "here") == started
+    assert "started_from" not in METADATA.to_json()  # a run from scratch, or from before the record: None
+    with pytest.raises(CheckpointError, match="here: key 'started_from' holds a JSON integer, not a string"):
+        CheckpointMetadata.from_json({**written, "started_from": 40}, "here")
     with pytest.raises(CheckpointError, match="here: key 'choice_scores' holds something other than numbers"):
         CheckpointMetadata.from_json({**written, "choice_scores": {"latest/bleu": "high"}}, "here")
     with pytest.raises(CheckpointError, match="key 'alpha' holds a JSON boolean, not a number"):

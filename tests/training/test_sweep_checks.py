@@ -18,7 +18,7 @@ from jaxformer.errors import CheckpointError
 from jaxformer.run import loading
 from jaxformer.run.directory import RunDirectory, SweepDirectory
 from jaxformer.run.lock import SweepLock
-from jaxformer.training import loop, sweep_pace
+from jaxformer.training import init_from, loop, sweep_pace
 from jaxformer.training.config_paths import with_absolute_paths
 from jaxformer.training.pace import Pace
 from tests.conftest import RAW
@@ -31,7 +31,7 @@ pytestmark = pytest.mark.xdist_group("sweep")
 
 class SavedRuns(Runs):
     """Runs that also leave what the sweep reads of a run's checkpoint, as training saves it: its
-    config (with absolute paths) and the fingerprint of the data files it read."""
+    config (with absolute paths), the fingerprint of the data files it read and its start."""
 
     def __call__(self, config, workdir):
         from jaxformer.data.sources import data_fingerprint, get_builder
@@ -40,6 +40,7 @@ class SavedRuns(Runs):
         saved = {
             "config": with_absolute_paths(config).to_dict(),
             "data_fingerprint": data_fingerprint(get_builder(config.data)),
+            "started_from": init_from.started_from(init_from.load_starting_points(config.training, params=False)),
         }
         RunDirectory(workdir).checkpoints.mkdir(parents=True, exist_ok=True)
         (pathlib.Path(workdir) / "saved.json").write_text(json.dumps(saved))
@@ -326,3 +327,23 @@ def test_a_variant_that_does_not_fit_the_fine_tuning_start_is_refused_before_any
     assert f"(2) variant 'pre': training.init_from: {missing} does not exist" in err
     assert runs.trained == [] and not (tmp_path / "sweep").exists()
     assert sorted((path, path.stat().st_mtime_ns) for path in parent.rglob("*")) == before  # read, never written
+
+
+def test_a_run_that_started_from_another_checkpoint_than_its_start_names_now_is_refused(tmp_path, capsys, runs):
+    from tests.conftest import make_workdir
+
+    parent, _, _ = make_workdir(tmp_path / "parent", steps=(1, 2))
+    shared = [flag for flag in SHARED if flag not in ONE_LAYER] + [f"--config.training.init_from={parent}"]
+    code, err = sweep(tmp_path, capsys, {"baseline": []}, shared=shared)
+    assert code == 0, err
+    shutil.rmtree(parent / "checkpoints" / "2")  # its latest is step 1 now
+    runs.trained.clear()
+    code, err = sweep(tmp_path, capsys, {"baseline": [], "lr3": ["optimizer.learning_rate_scale=3.0"]}, shared=shared)
+    run_dir = tmp_path / "sweep" / "baseline"
+    assert code == 2 and err == (
+        f"error: variant 'baseline' finished in {run_dir} started from training.init_from: step 2 of "
+        f"{parent / 'checkpoints'}, and the sweep's runs would start from training.init_from: step 1 of "
+        f"{parent / 'checkpoints'} now: they would not compare; restore that start, sweep in a new --workdir, "
+        f"or remove {run_dir} to train it again\n"
+    )
+    assert runs.trained == []  # lr3 was not trained from the other start
