@@ -73,19 +73,3 @@ def test_subpackage_imports_only_lower_layers(reports, subpackage):
     assert report["modules"], f"jaxformer.{subpackage} has no modules"
     forbidden = (set(MAY_IMPORT) - MAY_IMPORT[subpackage] - {subpackage}) & set(report["loaded"])
     assert not forbidden, f"importing jaxformer.{subpackage} loads jaxformer.{', jaxformer.'.join(sorted(forbidden))}"
-
-
-def test_the_readme_layout_names_every_module():
-    readme = (ROOT / "README.md").read_text()
-    layout = readme[readme.index("## Layout") :]
-    tree = layout[layout.index("```text") : layout.index("```", layout.index("```text") + 7)]
-    unnamed = [
-        str(path.relative_to(ROOT))
-        for path in [*sorted((ROOT / "jaxformer").rglob("*.py")), *sorted((ROOT / "benchmarks").glob("*.py"))]
-        if path.name != "__init__.py"
-        and path.parent.name != "configs"
-        and path.parent.name != "sweeps"
-        and path.name not in tree
-        and not (path.parent.name == "commands" and path.stem in tree)  # commands/ lists its commands by name
-    ]
-    assert not unnamed, f"README's Layout does not name {unnamed}"
