@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import logging
 import os
+import pathlib
 from collections.abc import Callable
 from typing import Any
 
@@ -13,6 +14,7 @@ import numpy as np
 from jaxformer.errors import CheckpointError
 from jaxformer.run.checkpoint import Checkpointer
 from jaxformer.run.directory import RunDirectory
+from jaxformer.run.export_origin import given_instead_of_a_run
 from jaxformer.run.lock import AveragingLock
 from jaxformer.run.metadata import CheckpointMetadata
 from jaxformer.run.removal import listing_again
@@ -79,7 +81,10 @@ def averaged_last(
 
 
 def _no_checkpoint(workdir: str | os.PathLike, checkpoints: os.PathLike) -> CheckpointError:
-    return CheckpointError(f"{workdir} has no checkpoint in {checkpoints}: nothing to average")
+    """Nothing to average in `workdir`: a folder of a workdir, a step in one or an export is named
+    as what it is, with the workdir to give, as the decoding commands name it."""
+    instead = given_instead_of_a_run(pathlib.Path(workdir).absolute(), checkpoint_flag=None)
+    return CheckpointError(instead or f"{workdir} has no checkpoint in {checkpoints}: nothing to average")
 
 
 def _too_few(workdir: str | os.PathLike, steps: list[int], last: int, keep: int | None) -> str:

@@ -1,7 +1,7 @@
 """Whether a folder given where a training run belongs is jaxformer-export's output, and which run
 it was exported from: an export holds the parameters in their decoding form for its program,
 without the run's config, so no command that reads a run reads it; the run its config.json
-records does."""
+records does. Likewise a folder of a workdir, or a step in one, given for the workdir."""
 
 from __future__ import annotations
 
@@ -9,7 +9,7 @@ import dataclasses
 import json
 import pathlib
 
-from jaxformer.run.directory import CHECKPOINT_KINDS
+from jaxformer.run.directory import CHECKPOINT_KINDS, RunDirectory
 
 # What marks jaxformer-export's folder: config.json's "format" (jaxformer.export.standalone.FORMAT,
 # which run cannot import; tests/training/test_init_from.py holds them equal) or its loader file.
@@ -67,3 +67,26 @@ def to_the_run_exported_from(origin: ExportOrigin, verb: str, workdir: str, chec
     if origin.checkpoint is not None:
         run += f" {checkpoint}{setting}{origin.checkpoint}"
     return f"{verb} the run it was exported from{', ' if flags else ': '}{run}"
+
+
+def given_instead_of_a_run(path: pathlib.Path, checkpoint_flag: str | None = "--checkpoint") -> str | None:
+    """What `path`, given where a training run's workdir belongs, is instead, and what to give: an
+    export (then the run it was exported from), one of a workdir's folders or a step in one (then
+    that workdir, and by `checkpoint_flag` the checkpoint to choose there; None for a command that
+    chooses none, as averaging); None where `path` is none of these."""
+    origin = export_origin(path)
+    if origin is not None:
+        if checkpoint_flag is None:
+            origin = dataclasses.replace(origin, checkpoint=None)
+        run = to_the_run_exported_from(origin, "give", "--workdir", checkpoint_flag or "")
+        return f"{export_description(path)}: serve it with python {path / EXPORT_LOADER}, or {run}"
+    kinds = {RunDirectory(path.parent).checkpoint_directory(kind).name: kind for kind in CHECKPOINT_KINDS}
+    if path.name in kinds:
+        return f"{path} is the {path.name}/ folder of the workdir {path.parent}: give that workdir"
+    if path.name.isdigit() and path.parent.name in kinds:
+        workdir, kind = path.parent.parent, kinds[path.parent.name]
+        said = f"{path} is a step folder of the workdir {workdir}: give that workdir"
+        if checkpoint_flag is None:
+            return said
+        return f"{said} and {checkpoint_flag} {path.name if kind == 'latest' else kind}"
+    return None

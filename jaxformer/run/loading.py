@@ -13,7 +13,7 @@ from jaxformer.model.config import ConfigError, TransformerConfig
 from jaxformer.run.architecture_uses import ARCHITECTURE_USES
 from jaxformer.run.checkpoint import Checkpointer
 from jaxformer.run.directory import CHECKPOINT_KINDS, RunDirectory, parse_checkpoint_choice
-from jaxformer.run.export_origin import EXPORT_LOADER, export_description, export_origin, to_the_run_exported_from
+from jaxformer.run.export_origin import given_instead_of_a_run
 from jaxformer.run.interrupted_saves import interrupted_replacement_note, interrupted_replacements
 from jaxformer.run.metadata import CheckpointMetadata
 from jaxformer.run.removal import CheckpointRemoved, listing_again
@@ -372,18 +372,10 @@ def _not_a_workdir(path: pathlib.Path) -> str:
     or no run at all."""
     if not path.exists():
         return f"{path} does not exist"
-    origin = export_origin(path)
-    if origin is not None:
-        run = to_the_run_exported_from(origin, "give", "--workdir", "--checkpoint")
-        return f"{export_description(path)}: serve it with python {path / EXPORT_LOADER}, or {run}"
-    kinds = {RunDirectory(path.parent).checkpoint_directory(kind).name: kind for kind in CHECKPOINT_KINDS}
-    if path.name in kinds:
-        return f"{path} is the {path.name}/ folder of the workdir {path.parent}: give that workdir"
-    if path.name.isdigit() and path.parent.name in kinds:
-        workdir, kind = path.parent.parent, kinds[path.parent.name]
-        choice = path.name if kind == "latest" else kind
-        return f"{path} is a step folder of the workdir {workdir}: give that workdir and --checkpoint {choice}"
-    names = "/, ".join(sorted(kinds))
+    instead = given_instead_of_a_run(path)
+    if instead is not None:
+        return instead
+    names = "/, ".join(sorted(RunDirectory(path).checkpoint_directory(kind).name for kind in CHECKPOINT_KINDS))
     return f"{path} is not a jaxformer workdir (no {names}/ in it): give a training run's --workdir"
 
 

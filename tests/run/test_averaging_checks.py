@@ -2,6 +2,7 @@
 final choice kept only while the settings it was made with stay."""
 
 import copy
+import json
 import logging
 import os
 import shutil
@@ -123,6 +124,29 @@ def test_average_last_of_a_missing_workdir_says_it_has_no_checkpoint(tmp_path):
     with pytest.raises(CheckpointError, match="has no checkpoint in .*: nothing to average"):
         average_last(missing, 2)
     assert not missing.exists()
+
+
+def test_a_folder_of_a_workdir_or_an_export_given_as_the_workdir_is_named_as_what_it_is(run, capsys, tmp_path):
+    """As translate and evaluate name them (run/loading.py), less the --checkpoint this command lacks."""
+    workdir, _ = run
+    export = tmp_path / "exported"
+    export.mkdir()
+    (export / "config.json").write_text(
+        json.dumps({"format": "jaxformer-export", "checkpoint": {"workdir": str(workdir), "which": "best", "step": 20}})
+    )
+    for given, said in [
+        (workdir / "checkpoints", f"is the checkpoints/ folder of the workdir {workdir}: give that workdir"),
+        (workdir / "checkpoints" / "20", f"is a step folder of the workdir {workdir}: give that workdir"),
+        (
+            export,
+            f"is an export (jaxformer-export's folder: parameters in decoding form for its program, without a "
+            f"checkpoint's run config), not a training run: serve it with python {export / 'serve.py'}, or give the "
+            f"run it was exported from, --workdir {workdir}",
+        ),
+    ]:
+        code, _, errors = average(given, capsys)
+        assert (code, errors) == (2, [f"error: {given} {said}"])
+    assert not RunDirectory(workdir).averaged.exists() and sorted(p.name for p in export.iterdir()) == ["config.json"]
 
 
 def test_the_final_choice_leaves_out_an_average_of_two_runs_with_a_warning(run, caplog):
