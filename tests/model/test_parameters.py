@@ -1,12 +1,14 @@
 """Parameter counts against the paper and a closed form; logical axis names on every parameter."""
 
+import pathlib
+
 import flax.linen as nn
 import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from jaxformer.model.config import preset
+from jaxformer.model.config import PRESETS, preset
 from jaxformer.model.transformer import Transformer
 
 
@@ -78,3 +80,31 @@ def test_every_parameter_has_logical_axis_names(overrides):
         assert tuple(specs["decoder"]["logits_kernel"]) == ("embed", "vocab")
     assert tuple(specs["encoder"]["layer_0"]["self_attention"]["query_kernel"]) == ("embed", "heads", "kv")
     assert tuple(specs["decoder"]["layer_0"]["feed_forward"]["wi_kernel"]) == ("embed", "mlp")
+
+
+def readme_presets_table():
+    """README's Presets table: {preset: its row's cells}."""
+    readme = (pathlib.Path(__file__).parents[2] / "README.md").read_text()
+    section = readme[readme.index("## Presets") :]
+    section = section[: section.index("\n## ")]
+    rows = [line.strip("|").split("|") for line in section.splitlines() if line.startswith("| `")]
+    return {cells[0].strip().strip("`"): [cell.strip() for cell in cells[1:]] for cells in rows}
+
+
+def test_the_readme_presets_table_gives_each_presets_values_and_count():
+    table = readme_presets_table()
+    assert list(table) == list(PRESETS)
+    for name, (d_model, heads, d_ff, layers, dropout, vocabulary, parameters, _paper) in table.items():
+        config = preset(name)
+        encoder, decoder = (int(number) for number in layers.split("+"))
+        said = (int(d_model), int(heads), int(d_ff), encoder, decoder, float(dropout), int(vocabulary.replace(",", "")))
+        assert said == (
+            config.d_model,
+            config.num_heads,
+            config.d_ff,
+            config.num_encoder_layers,
+            config.num_decoder_layers,
+            config.dropout_rate,
+            config.vocab_size,
+        ), name
+        assert int(parameters.replace(",", "")) == count(abstract_variables(config)["params"]), name
