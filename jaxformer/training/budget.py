@@ -334,7 +334,7 @@ def check_budget(budget: TimeBudget, schedule_end: ScheduleEnd, state, step: int
     said = spent and _warn_spent_unmeasured(budget, schedule_end, step, first)
     if estimate > 0 and schedule_end.active:
         state = _set_estimate(schedule_end, state, estimate, step, spent, said)
-    if step % training.log_every_steps == 0:
+    if step % training.log_every_steps == 0 or spent:  # spent between log steps (budget_check_due): the run's last
         # No end_step until a pace gives one: left out, not NaN (written "nan", as a figure measured so would be).
         estimated = {"end_step": estimate} if estimate > 0 else {}
         writer.write(step, {"seconds": seconds, **estimated}, prefix="budget/")

@@ -83,3 +83,26 @@ def test_an_evaluation_that_spends_the_budget_after_the_check_is_in_the_steps_re
     assert records[0]["budget/end_step"] == pytest.approx(readings[0].end_step - 2.0 / 0.5) == ends_after_work[0]
     assert records[1]["budget/end_step"] == 21.0 == schedule_end.steps(state)
     assert records[1]["budget/seconds"] == now[0] == pytest.approx(COMPILED + 19 * 0.5 + 2.0 + 50.0)  # not the check's
+
+
+def test_a_check_between_log_steps_that_finds_the_budget_spent_is_recorded(tmp_path, monkeypatch):
+    """The budget is also checked where the next step reaches the schedule's end, between log steps:
+    one there that finds it spent makes that step the run's last, whose budget/ record (the end set
+    at the next step) was left out, only log steps having one."""
+    now = [0.0]
+    monkeypatch.setattr(budget_module.time, "monotonic", lambda: now[0])
+    clock = TrainingClock()
+    clock.start()
+    budget = TimeBudget(10.0, clock)
+    training = types.SimpleNamespace(num_train_steps=1000, log_every_steps=10)
+    no_schedule = types.SimpleNamespace(active=False)
+    writer = MetricWriter(tmp_path, enabled=True)
+    for step, seconds in ((1, 1.0), (2, 2.0), (10, 8.0), (14, 10.5)):
+        now[0] = seconds
+        budget.step_done(step)
+        reading, _ = check_budget(budget, no_schedule, None, step, writer, training)
+    assert reading.spent
+    writer.close()
+    records = {record["step"]: record for record in map(json.loads, (tmp_path / "metrics.jsonl").open())}
+    assert sorted(records) == [10, 14]
+    assert records[14]["budget/seconds"] == 10.5 and records[14]["budget/end_step"] == 15.0
