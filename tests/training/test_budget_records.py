@@ -18,17 +18,22 @@ def not_json(constant):
     raise AssertionError(f"{constant} in metrics.jsonl: not JSON")
 
 
-def test_no_end_step_is_written_before_a_pace_is_known(tmp_path, monkeypatch):
-    """A tiny run's first steps, each logged and checked (log_every_steps=1): step 1 has no pace
-    (its time is the compilation's), step 2 has one."""
+def logged_checks(tmp_path, monkeypatch, budget_seconds, log_every_steps):
+    """(the fake clock's seconds, a budget of `budget_seconds` on it, the training section, a schedule
+    whose end is not what is tested, a metrics writer in tmp_path) for check_budget."""
     now = [0.0]
     monkeypatch.setattr(budget_module.time, "monotonic", lambda: now[0])
     clock = TrainingClock()
     clock.start()
-    budget = TimeBudget(60.0, clock)
-    training = types.SimpleNamespace(num_train_steps=1000, log_every_steps=1)
-    no_schedule = types.SimpleNamespace(active=False)  # the schedule's end is not what is tested here
-    writer = MetricWriter(tmp_path, enabled=True)
+    training = types.SimpleNamespace(num_train_steps=1000, log_every_steps=log_every_steps)
+    no_schedule = types.SimpleNamespace(active=False)
+    return now, TimeBudget(budget_seconds, clock), training, no_schedule, MetricWriter(tmp_path, enabled=True)
+
+
+def test_no_end_step_is_written_before_a_pace_is_known(tmp_path, monkeypatch):
+    """A tiny run's first steps, each logged and checked (log_every_steps=1): step 1 has no pace
+    (its time is the compilation's), step 2 has one."""
+    now, budget, training, no_schedule, writer = logged_checks(tmp_path, monkeypatch, 60.0, log_every_steps=1)
     to_tensorboard = []  # what its TensorBoard writer is given (read back from the file in test_tensorboard.py)
     real_write = writer._tensorboard.write
     writer._tensorboard.write = lambda step, values: to_tensorboard.append((step, *values)) or real_write(step, values)
@@ -89,14 +94,7 @@ def test_a_check_between_log_steps_that_finds_the_budget_spent_is_recorded(tmp_p
     """The budget is also checked where the next step reaches the schedule's end, between log steps:
     one there that finds it spent makes that step the run's last, whose budget/ record (the end set
     at the next step) was left out, only log steps having one."""
-    now = [0.0]
-    monkeypatch.setattr(budget_module.time, "monotonic", lambda: now[0])
-    clock = TrainingClock()
-    clock.start()
-    budget = TimeBudget(10.0, clock)
-    training = types.SimpleNamespace(num_train_steps=1000, log_every_steps=10)
-    no_schedule = types.SimpleNamespace(active=False)
-    writer = MetricWriter(tmp_path, enabled=True)
+    now, budget, training, no_schedule, writer = logged_checks(tmp_path, monkeypatch, 10.0, log_every_steps=10)
     for step, seconds in ((1, 1.0), (2, 2.0), (10, 8.0), (14, 10.5)):
         now[0] = seconds
         budget.step_done(step)
