@@ -103,7 +103,9 @@ def test_final_names_the_steps_the_run_trained_past_it(run, caplog):
     writer.close()
     with caplog.at_level(logging.WARNING):
         assert load_checkpoint(workdir, "final", params=False)[0] == 20
-    assert [record for record in caplog.records if record.levelno == logging.WARNING] == []
+    # jaxformer's warnings: orbax's own (absl) says when a save waited over a second for the one before, as
+    # the second save here may on a loaded machine.
+    assert [record for record in caplog.records if record.levelno == logging.WARNING and record.name != "absl"] == []
 
 
 def _cut_short(step_directory):
