@@ -12,7 +12,7 @@ import re
 import zlib
 from collections.abc import Callable, Iterable, Iterator, Sequence
 
-from jaxformer.data.tsv_quoting import QuotingCheck
+from jaxformer.data.tsv_quoting import QuotingCheck, quoted_break
 from jaxformer.errors import UserError
 
 logger = logging.getLogger(__name__)
@@ -226,16 +226,19 @@ def read_sentences(path: str | pathlib.Path, skipped: SkipCounter | None = None)
 
 
 def _tsv_fields(path: pathlib.Path, columns: Sequence[int]) -> list[list[str]]:
-    """The [source, target] fields of each line; DataError naming the line without one tab, or the
-    text of `columns` (the fields read) that a CSV writer quoted."""
-    pairs, quoting = [], QuotingCheck(path, columns)
-    for number, line in enumerate(read_lines(path), start=1):
+    """The [source, target] fields of each line; DataError naming the line without one tab (and the
+    CSV-quoted text with a tab or line break that made it so), or the text of `columns` (the fields
+    read) that a CSV writer quoted."""
+    pairs, quoting, lines = [], QuotingCheck(path, columns), read_lines(path)
+    for number, line in enumerate(lines, start=1):
         fields = line.split("\t")
         if len(fields) == 1 and not line.strip():  # a blank line (many files end in one): no text, no tab
             fields = ["", ""]
         if len(fields) != 2:
+            because = quoted_break(lines, number)
             raise DataError(
                 f"{path}: line {number} has {len(fields) - 1} tabs; each line must be source<TAB>target, with one tab"
+                + (f", but {because}" if because else "")
             )
         quoted = quoting.line(number, fields)
         if quoted:

@@ -4,10 +4,13 @@ holds a double quote in double quotes and doubles each of its own (He said "hi" 
 wrap every field. A TSV line is read as it is (as fairseq and t5x read theirs), so such a file
 would be trained on, or scored, with the quotes its writer added. It is refused, naming the
 line, rather than read as CSV, which would mangle ordinary text instead (`"Hi," she said.` is
-text, a quote and all)."""
+text, a quote and all). A CSV writer also quotes a text that holds a tab or a line break, which
+break the TSV line (a tab too many, or one record over two lines): that line's error names it."""
 
 from __future__ import annotations
 
+import csv
+import itertools
 import pathlib
 from collections.abc import Sequence
 
@@ -19,6 +22,12 @@ WRITE_AS_TEXT = (
     "write the file unquoted (pandas: to_csv(path, sep='\\t', header=False, index=False, quoting=csv.QUOTE_NONE), "
     "quoting=3; R: write.table(..., quote=FALSE)), or read it back with csv.reader(..., delimiter='\\t') and write "
     "each pair as source<TAB>target"
+)
+# A text with a tab or line break has no TSV form: unquoted, it would split its line.
+WRITE_WITHOUT_BREAKS = (
+    "replace the tabs and line breaks in the text with spaces (pandas: df.replace(r'[\\t\\r\\n]+', ' ', regex=True); "
+    "R: gsub('[\\t\\r\\n]+', ' ', column)) and write the file unquoted (pandas: to_csv(path, sep='\\t', header=False, "
+    "index=False, quoting=csv.QUOTE_NONE); R: write.table(..., sep='\\t', quote=FALSE))"
 )
 
 
@@ -40,6 +49,61 @@ def csv_quoted(text: str) -> bool:
 
 def _shown(text: str, limit: int = 60) -> str:
     return text if len(text) <= limit else text[: limit - 3] + "..."
+
+
+def _quoted(text: str) -> str:
+    return '"' + text.replace('"', '""') + '"'
+
+
+def _as_a_csv_writer_writes(raw: str, fields: Sequence[str]) -> bool:
+    """Whether `raw` is `fields` as a CSV writer writes them: each in double quotes with its own
+    doubled, or, where it holds no quote, tab or line break, as it is (a writer quoting minimally)."""
+    forms = [[_quoted(text)] + ([text] if not any(c in text for c in '"\t\r\n') else []) for text in fields]
+    return raw in {"\t".join(written) for written in itertools.product(*forms)}
+
+
+def _opens_a_quote(line: str) -> bool:
+    """Whether the last field of `line` opens a double quote that it does not close (a CSV field
+    that goes on past the line break)."""
+    last = line.rsplit("\t", 1)[-1]
+    return last.startswith('"') and '"' not in last[1:].replace('""', "")
+
+
+def _record(lines: Sequence[str], start: int) -> tuple[list[str], int] | None:
+    """The fields of the CSV record that opens line `start` (1-based) and the line it ends on,
+    where it reads as strict CSV (no text after a closing quote, no quote left open)."""
+    reader = csv.reader((line + "\n" for line in lines[start - 1 :]), delimiter="\t", strict=True)
+    try:
+        fields = next(reader)
+    except (csv.Error, StopIteration):
+        return None
+    end = start + reader.line_num - 1
+    return (fields, end) if _as_a_csv_writer_writes("\n".join(lines[start - 1 : end]), fields) else None
+
+
+def quoted_break(lines: Sequence[str], number: int) -> str | None:
+    """Why line `number` of `lines` (a TSV file's, without their line breaks) has not one tab,
+    where a CSV writer made it so: a pair's text that holds a tab or a line break, written in
+    double quotes, as one record on this line or from an earlier one (a line break). Ends the
+    error that names the line; None where the line is no such record's (text with a quote in it)."""
+    earlier = next((start for start in range(number - 1, 0, -1) if _opens_a_quote(lines[start - 1])), None)
+    for start in (number, earlier):
+        record = _record(lines, start) if start else None
+        if record is None or record[1] < number or len(record[0]) != 2:
+            continue
+        (fields, end), breaks = record, ("\t", "\n")
+        column, text = next(((c, t) for c, t in enumerate(fields) if any(b in t for b in breaks)), (None, None))
+        if column is None:
+            continue
+        held = " and a ".join(name for mark, name in zip(breaks, ("tab", "line break")) if mark in text)
+        span = f"line {start} is" if start == end else f"lines {start}-{end} are"
+        shown = _shown(_quoted(text).replace("\t", "\\t").replace("\n", "\\n"))
+        return (
+            f"{span} one CSV-quoted pair whose {SIDE_NAMES[column]} text {shown} holds a {held} in double quotes "
+            f"(as pandas' to_csv writes such a text); a TSV line is read as it is, and its text cannot hold a tab or "
+            f"line break: {WRITE_WITHOUT_BREAKS}"
+        )
+    return None
 
 
 class QuotingCheck:
