@@ -97,6 +97,15 @@ def write_record(directory: str | os.PathLike, record: Mapping) -> pathlib.Path:
     return path
 
 
+def add_notes(directory: str | os.PathLike, record: Mapping, notes: Mapping) -> pathlib.Path:
+    """Writes `record`, as `read_record` read it from `directory`, again with `notes` (what its
+    preparation said of the data, outside the fingerprint) added, atomically as RECORD_NAME: the
+    sizes and hashes of the prepared files are those recorded, not taken again."""
+    path = pathlib.Path(directory) / RECORD_NAME
+    write_text_atomically(path, json.dumps({**record, "notes": dict(notes)}, indent=1, sort_keys=True) + "\n")
+    return path
+
+
 def read_record(directory: str | os.PathLike) -> tuple[dict | None, str | None]:
     """(record, None), or (None, why not) when RECORD_NAME is missing, unreadable or malformed."""
     path = pathlib.Path(directory) / RECORD_NAME

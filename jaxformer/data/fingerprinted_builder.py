@@ -8,7 +8,8 @@ disagreeing record makes the builder prepare the data again, with a warning nami
 and the file. Sources that are not known before preparation (a download) are fingerprinted once
 fetched; their config is named by the subclass. What the preparation said of the data (a
 subclass's notes: splits that share pairs) is recorded with it, outside the fingerprint, and said
-again by each run that reuses it.
+again by each run that reuses it; where an older jaxformer's record lacks them, they are found
+again from the files, and recorded once no other process holds the config's lock.
 
 Subclasses (Multi30k, ParallelFiles) say where their files are and how to read them; this class
 does the keying, the checks and the record.
@@ -70,7 +71,7 @@ class FingerprintedBuilder(tfds.core.GeneratorBasedBuilder, skip_registration=Tr
         if "config" in kwargs:
             raise TypeError(f"{type(self).__name__} picks its config from its source files; do not pass config=")
         self._logged = False
-        self._notes_said, self._reused_record = False, None
+        self._notes_said, self._reused_record, self._notes_found_again = False, None, None
         self._missing, self._prepared_from = list(missing), prepared_from
         if self._missing:
             config_name = "files-" + fp.short(prepared_from)
@@ -186,9 +187,10 @@ class FingerprintedBuilder(tfds.core.GeneratorBasedBuilder, skip_registration=Tr
         run that reuses it (`_say_again`); nothing by default. Not part of the fingerprint."""
         return {}
 
-    def _say_again(self, notes: dict | None) -> None:
+    def _say_again(self, notes: dict | None) -> dict | None:
         """Says again what the preparation of the data reused now said of it: `notes`, the
-        record's `_preparation_notes`, or None where the record has none (an older jaxformer's)."""
+        record's `_preparation_notes`, or None where the record has none (an older jaxformer's).
+        Returns the notes it found again from the source files instead, if it did."""
         return None
 
     def _unfetched_record_problem(self, record: dict) -> str | None:
@@ -311,7 +313,42 @@ class FingerprintedBuilder(tfds.core.GeneratorBasedBuilder, skip_registration=Tr
         if not self._notes_said:
             self._notes_said = True
             notes = self._reused_record.get("notes")
-            self._say_again(notes if isinstance(notes, dict) else None)
+            found = self._say_again(notes if isinstance(notes, dict) else None)
+            if found and "notes" not in self._reused_record:  # notes it has, whatever they hold, are its own
+                self._notes_found_again = (self._reused_record, found)
+
+    def record_notes_found_again(self, lock) -> None:
+        """After `download_and_prepare` reused data whose record, an older jaxformer's, has no notes
+        and found them again from the files: adds them to the record, so that later runs read them
+        there. Only while `lock` (the config's PreparationLock, held shared) is this process's
+        alone, so that no other prepares the data or writes its record meanwhile, and only where
+        the record is still the one checked. A record that cannot be written (a read-only folder,
+        a full disk) stays as it is: the notes are found again from the files at each start."""
+        if self._notes_found_again is None:
+            return
+        (checked, notes), self._notes_found_again = self._notes_found_again, None
+        with lock.alone_meanwhile() as alone:
+            if not alone:  # another process reuses or prepares it: left for a later start
+                return
+            if fp.read_record(self.data_path)[0] != checked:
+                return  # prepared again, or noted, since it was checked
+            try:
+                path = fp.add_notes(self.data_path, checked, notes)
+            except OSError as error:
+                logger.info(
+                    "%s: cannot add to %s what its preparation now notes (%s): the files are read again for it "
+                    "at each start",
+                    self.name,
+                    self.data_path / fp.RECORD_NAME,
+                    error.strerror or error,
+                )
+                return
+        logger.info(
+            "%s: added to %s, an older jaxformer's record, what its preparation now notes (found again from "
+            "the files): later starts read it there instead of the files",
+            self.name,
+            path,
+        )
 
     def _log_once(self) -> None:
         if not self._logged:

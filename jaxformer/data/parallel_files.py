@@ -90,6 +90,11 @@ def _refuse_the_same_pairs_twice(files: Mapping[str, SplitFiles], pairs: Mapping
             )
 
 
+def _overlap_notes(overlaps: list[SplitOverlap]) -> dict:
+    """The preparation notes (`_preparation_notes`) of the splits' shared pairs."""
+    return {"split_overlaps": [dataclasses.asdict(overlap) for overlap in overlaps]}
+
+
 class ParallelFiles(FingerprintedBuilder):
     """The user's text files as splits train, validation (given or held out of train) and test (if
     given); features: the language codes read (both, or `side`'s), as text. See the module's docstring."""
@@ -261,18 +266,21 @@ class ParallelFiles(FingerprintedBuilder):
     def _preparation_notes(self) -> dict:
         if self._overlaps is None:
             return {}
-        return {"split_overlaps": [dataclasses.asdict(overlap) for overlap in self._overlaps]}
+        return _overlap_notes(self._overlaps)
 
-    def _say_again(self, notes: dict | None) -> None:
+    def _say_again(self, notes: dict | None) -> dict | None:
         """The splits' shared pairs, as the preparation said them: a run that reuses the data would
         otherwise validate on training pairs without a word. Data prepared before they were
-        recorded has its files read again to find them (where they are all there)."""
+        recorded has its files read again to find them (where they are all there): those notes
+        are returned, to be recorded."""
         recorded = (notes or {}).get("split_overlaps")
         overlaps = [SplitOverlap.from_record(value) for value in recorded] if isinstance(recorded, list) else [None]
-        splits = set(self.split_names())
+        splits, found = set(self.split_names()), None
         if None in overlaps or any({overlap.earlier, overlap.later} - splits for overlap in overlaps):
             overlaps = [] if self._missing else split_overlaps(self._read_splits(report=False))
+            found = None if self._missing else _overlap_notes(overlaps)
         self._warn_of(overlaps)
+        return found
 
     def _hold_out(self, train: list, report: bool = True) -> tuple[list, list]:
         """(train, validation): the seeded holdout taken out of the training pairs, file order

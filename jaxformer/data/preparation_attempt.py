@@ -68,10 +68,11 @@ def _connection_problem(host: str, port: int) -> str | None:
 
 
 @contextlib.contextmanager
-def preparation_attempt(builder) -> Iterator[None]:
+def preparation_attempt(builder) -> Iterator[PreparationLock | None]:
     """Meanwhile `builder`'s downloads probe each host before the first file from it (a DownloadError
     naming the host when it does not answer); if the body fails, what it left is removed: its
-    temporary downloads and the folders it made that are empty."""
+    temporary downloads and the folders it made that are empty. Gives the lock on the builder's
+    config held meanwhile (None for a data_dir that is not local)."""
     root = _local_data_dir(builder)
     root_existed = root is not None and root.exists()
     downloads = root / "downloads" if root is not None else None
@@ -94,7 +95,7 @@ def preparation_attempt(builder) -> Iterator[None]:
         for lock in (downloads_lock, config_lock):  # always in this order: no two preparations wait on each other
             if lock is not None:
                 lock.acquire()  # (made its folder: removed below if the preparation fails)
-        yield
+        yield config_lock
     except BaseException:
         if downloads_lock is None or downloads_lock.alone():  # another preparation's live downloads stay
             _remove_downloads_leftovers(downloads, before)

@@ -18,12 +18,14 @@ is on the folder its preparation writes in.
 
 from __future__ import annotations
 
+import contextlib
 import fcntl
 import logging
 import os
 import pathlib
 import re
 import shutil
+from collections.abc import Iterator
 
 logger = logging.getLogger(__name__)
 
@@ -125,6 +127,24 @@ class PreparationLock:
         except OSError:
             return False
         return True
+
+    @contextlib.contextmanager
+    def alone_meanwhile(self) -> Iterator[bool]:
+        """Held shared: whether, for the body, the exclusive lock is held (granted where no other
+        process holds the config's lock: none prepares it, reuses it or writes in it meanwhile),
+        then the shared lock again. False where another holds it, or no lock is to be had."""
+        if self._descriptor is None:
+            yield False
+            return
+        try:
+            fcntl.flock(self._descriptor, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            granted = True
+        except OSError:  # (the shared lock let go with the failed conversion: taken again below)
+            granted = False
+        try:
+            yield granted
+        finally:
+            fcntl.flock(self._descriptor, fcntl.LOCK_SH)
 
     def release(self) -> None:
         if self._descriptor is not None:

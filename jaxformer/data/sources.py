@@ -252,7 +252,8 @@ def prepare(builder) -> None:
     (wmt*) not prepared yet is refused first where TensorFlow, which tfds extracts its downloads
     with, is not installed: before hours of downloading, not after. A download host that cannot be
     reached is refused in seconds, and a failed preparation leaves nothing behind but the files it
-    downloaded in full (`preparation_attempt`)."""
+    downloaded in full (`preparation_attempt`). What data reused, prepared by an older jaxformer,
+    had its files read again for is recorded with it (`record_notes_found_again`)."""
     if not isinstance(builder, FingerprintedBuilder) and not builder.data_path.exists() and not tensorflow_installed():
         raise DataError(
             f"preparing {dataset_name(builder)} needs TensorFlow (tensorflow-datasets extracts "
@@ -260,8 +261,10 @@ def prepare(builder) -> None:
         )
     with contextlib.redirect_stdout(sys.stderr):
         try:
-            with preparation_attempt(builder):  # a host that cannot be reached is an error in seconds, not minutes
+            with preparation_attempt(builder) as lock:  # a host that cannot be reached: an error in seconds
                 builder.download_and_prepare()
+                if isinstance(builder, FingerprintedBuilder) and lock is not None:
+                    builder.record_notes_found_again(lock)
         except OSError as error:  # a download without network (requests' errors are OSErrors), a full disk
             raise DataError(f"preparing {builder.name} failed: {type(error).__name__}: {error}") from None
         except BaseException as error:  # bad input found while reading it (DataError), tfds's about its files, a signal

@@ -3,6 +3,7 @@ removes it, with a warning, where no other preparation of the same data runs, an
 one's alone; where the file system takes no lock, it names the folder instead."""
 
 import errno
+import fcntl
 import logging
 import os
 import pathlib
@@ -211,3 +212,35 @@ def test_a_preparation_killed_while_writing_is_prepared_again_the_same(tmp_path,
 def files_of(builder):
     """The prepared files' bytes, by name."""
     return {path.name: path.read_bytes() for path in sorted(pathlib.Path(builder.data_dir).iterdir()) if path.is_file()}
+
+
+def test_a_held_lock_is_alone_meanwhile_only_where_no_other_holds_it_and_stays_held(tmp_path):
+    folder = tmp_path / "config"
+    ours, other = PreparationLock(folder, "parallel_files", own=True), PreparationLock(folder, "parallel_files", True)
+    ours.acquire()
+    other.acquire()  # another run's, reusing or preparing the same data
+    try:
+        with ours.alone_meanwhile() as alone:
+            assert not alone
+    finally:
+        other.release()
+    third = os.open(folder, os.O_RDONLY | os.O_DIRECTORY)  # a process that comes to the data now
+    try:
+        assert_held_shared(third)  # ... though the conversion that failed let it go
+        with ours.alone_meanwhile() as alone:
+            assert alone
+            with pytest.raises(BlockingIOError):
+                fcntl.flock(third, fcntl.LOCK_SH | fcntl.LOCK_NB)
+        assert_held_shared(third)
+    finally:
+        os.close(third)
+        ours.release()
+
+
+def assert_held_shared(descriptor: int) -> None:
+    """That the lock on the folder open as `descriptor` is held shared by another: `descriptor`'s
+    exclusive lock refused, its shared one granted (then let go)."""
+    with pytest.raises(BlockingIOError):
+        fcntl.flock(descriptor, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    fcntl.flock(descriptor, fcntl.LOCK_SH | fcntl.LOCK_NB)
+    fcntl.flock(descriptor, fcntl.LOCK_UN)

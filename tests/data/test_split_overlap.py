@@ -2,14 +2,20 @@
 holds a pair twice keeps a copy of one held out for validation, and a validation or test file may
 repeat training pairs. Not refused, but said in one warning per pair of splits when the splits are
 prepared, naming the file, the count and the first line, and again by each run that reuses the
-prepared data; splits without such pairs say nothing."""
+prepared data (data prepared before they were recorded has them found again from its files, and
+recorded where no other process holds it); splits without such pairs say nothing."""
 
+import errno
 import json
 import logging
+import os
+import pathlib
 
 import pytest
 
 from jaxformer.data import fingerprint, parallel_files
+from jaxformer.data.fingerprinted_builder import FingerprintedBuilder
+from jaxformer.data.preparation_lock import PreparationLock
 from jaxformer.data.sources import get_builder
 from jaxformer.data.split_overlap import shared_examples
 from tests.data.parallel_corpus import pairs, read, section, write_text_files, write_tsv
@@ -104,9 +110,9 @@ def shared_splits_files(tmp_path, folder="corpus"):
     return section(tmp_path, train=train, validation=validation, test=test)
 
 
-def said_reading_every_split(data, caplog) -> list[str]:
+def said_reading_every_split(data, caplog, level=logging.WARNING) -> list[str]:
     caplog.clear()
-    with caplog.at_level(logging.WARNING):
+    with caplog.at_level(level):
         builder = get_builder(data)
         for split in ("train", "validation", "test"):  # each split loaded prepares (or reuses) the data anew
             read(builder, split)
@@ -138,13 +144,70 @@ def test_a_run_that_reuses_the_prepared_data_says_the_shared_pairs_again(tmp_pat
     ]
 
 
-def test_data_prepared_before_the_shared_pairs_were_recorded_is_reused_and_says_them(tmp_path, caplog):
-    data = shared_splits_files(tmp_path)
+def prepared_by_an_older_jaxformer(data, caplog) -> tuple[list[str], pathlib.Path, dict]:
+    """The warnings preparing `data` says, its record's path, and that record as an older jaxformer
+    wrote it: without notes (the fingerprint is the same)."""
     prepared = said_reading_every_split(data, caplog)
     path = get_builder(data).data_path / fingerprint.RECORD_NAME
     record = json.loads(path.read_text())
-    record.pop("notes", None)  # as an older jaxformer wrote it: the fingerprint is the same
+    notes = record.pop("notes")
     path.write_text(json.dumps(record))
-    assert said_reading_every_split(data, caplog) == prepared  # the files read again to find them
+    return prepared, path, {**record, "notes": notes}
+
+
+def test_data_prepared_before_the_shared_pairs_were_recorded_is_reused_and_says_them(tmp_path, caplog, monkeypatch):
+    data = shared_splits_files(tmp_path)
+    prepared, path, as_prepared_now = prepared_by_an_older_jaxformer(data, caplog)
+    assert said_reading_every_split(data, caplog, logging.INFO) == prepared  # the files read again to find them
     assert not [r for r in caplog.records if "preparing it again" in r.getMessage()]  # the same data reused
-    assert "notes" not in json.loads(path.read_text())  # the prepared data left as it was
+    # ... and recorded, as its preparation now records them, all else in the record as it was.
+    assert json.loads(path.read_text()) == as_prepared_now
+    assert f"added to {path}, an older jaxformer's record, what its preparation now notes" in caplog.text
+    monkeypatch.setattr(parallel_files, "read_examples", lambda *args: pytest.fail("the files were read again"))
+    assert said_reading_every_split(data, caplog) == prepared
+
+
+def test_the_shared_pairs_are_not_recorded_where_the_record_cannot_be_written(tmp_path, caplog, monkeypatch):
+    # A read-only prepared folder (a shared data_dir, a read-only mount); the tests run as root,
+    # whom file modes do not stop: the file system's refusal stands in for it.
+    data = shared_splits_files(tmp_path)
+    prepared, path, _ = prepared_by_an_older_jaxformer(data, caplog)
+    older = path.read_bytes()
+
+    def read_only(path, text):
+        raise OSError(errno.EROFS, os.strerror(errno.EROFS), str(path))
+
+    monkeypatch.setattr(fingerprint, "write_text_atomically", read_only)
+    for _ in range(2):  # each start finds them again, without an error
+        assert said_reading_every_split(data, caplog, logging.INFO) == prepared
+        assert f"cannot add to {path} what its preparation now notes (Read-only file system)" in caplog.text
+    assert path.read_bytes() == older
+
+
+def test_the_shared_pairs_are_recorded_only_where_no_other_process_holds_the_data(tmp_path, caplog, monkeypatch):
+    data = shared_splits_files(tmp_path)
+    prepared, path, as_prepared_now = prepared_by_an_older_jaxformer(data, caplog)
+    older = path.read_bytes()
+    # Another run that reuses (or prepares) the same data meanwhile holds its lock: not written.
+    other = PreparationLock(get_builder(data).data_path.parent, "parallel_files", own=True)
+    other.acquire()
+    try:
+        assert said_reading_every_split(data, caplog) == prepared
+    finally:
+        other.release()
+    assert path.read_bytes() == older
+    # A record written again since it was checked (the data prepared again) is not overwritten.
+    again = {**json.loads(older), "source": "written by another preparation"}
+    check_and_record = FingerprintedBuilder.record_notes_found_again
+
+    def prepared_again_meanwhile(builder, lock):
+        path.write_text(json.dumps(again))
+        check_and_record(builder, lock)
+
+    monkeypatch.setattr(FingerprintedBuilder, "record_notes_found_again", prepared_again_meanwhile)
+    said_reading_every_split(data, caplog)
+    assert json.loads(path.read_text()) == again
+    monkeypatch.undo()
+    path.write_bytes(older)
+    assert said_reading_every_split(data, caplog) == prepared  # alone, with the record it checked: written
+    assert json.loads(path.read_text()) == as_prepared_now
