@@ -4,9 +4,22 @@ one in effect (`unused_settings`, read by run_start; config_rules holds what eac
 
 from __future__ import annotations
 
+from typing import NamedTuple
+
 from jaxformer.data.split_files import SIDE_READERS
 from jaxformer.training.experiment import default_config
 from jaxformer.training.text_sides import STACKS, architecture, language_model_unread, text_side, unread_side
+
+
+class UnusedSetting(NamedTuple):
+    """A setting the config keeps but does not use: its key, its value as said, and why unused."""
+
+    key: str
+    value: str
+    why: str
+
+    def __str__(self) -> str:
+        return f"{self.key}={self.value} ({self.why})"
 
 
 def unused_settings(config, resuming: bool = False) -> list[str]:
@@ -15,62 +28,65 @@ def unused_settings(config, resuming: bool = False) -> list[str]:
     that switching it back on restores them, and said, so that none is taken for one in effect.
     `resuming`: the workdir's run goes on with its own tokenizers, trained (or not) at its start
     with these very options (a change is refused), so the options are not named."""
+    return [str(setting) for setting in unused_records(config, resuming)]
+
+
+def unused_records(config, resuming: bool = False) -> list[UnusedSetting]:
+    """`unused_settings`' settings as records: a value holding " (" or "=" is read back whole."""
     training = config.training
     unused = []
     if training.final_alphas and not training.final_choice:
-        unused.append(f"training.final_alphas={tuple(training.final_alphas)} (training.final_choice is False)")
+        alphas = str(tuple(training.final_alphas))
+        unused.append(UnusedSetting("training.final_alphas", alphas, "training.final_choice is False"))
     elif training.final_alphas and config.decoding.method != "beam":
         unused.append(
-            f"training.final_alphas={tuple(training.final_alphas)} (decoding.method is {config.decoding.method!r}: "
-            "a length penalty ranks beam search's hypotheses only)"
+            UnusedSetting(
+                "training.final_alphas",
+                str(tuple(training.final_alphas)),
+                f"decoding.method is {config.decoding.method!r}: a length penalty ranks beam search's hypotheses only",
+            )
         )
     if training.rdrop_decision_step != 600 and not training.rdrop_min_plain_steps:
         unused.append(
-            f"training.rdrop_decision_step={training.rdrop_decision_step} (training.rdrop_min_plain_steps is 0)"
+            UnusedSetting(
+                "training.rdrop_decision_step", str(training.rdrop_decision_step), "training.rdrop_min_plain_steps is 0"
+            )
         )
     defaults = default_config()
     data = config.data
     if data.validation_holdout != defaults.data.validation_holdout:
         if data.name != "parallel_files":
-            unused.append(
-                f"data.validation_holdout={data.validation_holdout} (data.name is {data.name!r}, "
-                "whose validation split is its own; only parallel_files holds pairs out)"
-            )
+            why = f"data.name is {data.name!r}, whose validation split is its own; only parallel_files holds pairs out"
+            unused.append(UnusedSetting("data.validation_holdout", str(data.validation_holdout), why))
         elif data.files.get("validation"):
-            unused.append(
-                f"data.validation_holdout={data.validation_holdout} (data.files.validation is given: "
-                "no pairs are held out)"
-            )
+            why = "data.files.validation is given: no pairs are held out"
+            unused.append(UnusedSetting("data.validation_holdout", str(data.validation_holdout), why))
     unread = language_model_unread(config)  # a language model reads one side's text: the other's language, nothing
     if unread:
         language = unread[0].removeprefix("data.")
         if data[language] != defaults.data[language]:
-            unused.append(
-                f"data.{language}={data[language]!r} (model.architecture is "
-                f"{config.model.architecture!r}: {SIDE_READERS[text_side(config)]}'s text alone)"
-            )
+            why = f"model.architecture is {config.model.architecture!r}: {SIDE_READERS[text_side(config)]}'s text alone"
+            unused.append(UnusedSetting(f"data.{language}", repr(data[language]), why))
     starts = ("init_from", "init_encoder_from", "init_decoder_from")
     if training.init_checkpoint != defaults.training.init_checkpoint and not any(training[key] for key in starts):
-        unused.append(
-            f"training.init_checkpoint={training.init_checkpoint!r} (no training.init_from, init_encoder_from or "
-            "init_decoder_from: the run starts from random values)"
-        )
+        why = "no training.init_from, init_encoder_from or init_decoder_from: the run starts from random values"
+        unused.append(UnusedSetting("training.init_checkpoint", repr(training.init_checkpoint), why))
     depth = _missing_stack_depth(config)
     if depth is not None:
         unused.append(depth)
     for key, why in _translation_settings_unused(config):
         section, name = key.split(".")
         if config[section][name] != defaults[section][name]:
-            unused.append(f"{key}={config[section][name]!r} ({why})")
+            unused.append(UnusedSetting(key, repr(config[section][name]), why))
     untrained = None if resuming else _tokenizers_not_trained(config)
     if untrained:
         for key in TOKENIZER_TRAINING_KEYS:
             if config.tokenizer[key] != defaults.tokenizer[key]:
-                unused.append(f"tokenizer.{key}={config.tokenizer[key]!r} ({untrained})")
+                unused.append(UnusedSetting(f"tokenizer.{key}", repr(config.tokenizer[key]), untrained))
     return unused
 
 
-def _missing_stack_depth(config) -> str | None:
+def _missing_stack_depth(config) -> UnusedSetting | None:
     """The depth of the stack a language model does not have (model.num_encoder_layers of a
     decoder_only model, num_decoder_layers of an encoder_only one), where it differs from its own
     stack's: a config made from a translator's keeps both depths (multi30k_lm.py), and one set
@@ -82,9 +98,11 @@ def _missing_stack_depth(config) -> str | None:
     value, depth = model.get(f"num_{missing}_layers"), model.get(f"num_{built}_layers")
     if value == depth:
         return None
-    return (
-        f"model.num_{missing}_layers={value!r} (model.architecture is {architecture(config)!r}: no {missing} is built; "
-        f"the {built}'s depth is model.num_{built}_layers={depth!r})"
+    return UnusedSetting(
+        f"model.num_{missing}_layers",
+        repr(value),
+        f"model.architecture is {architecture(config)!r}: no {missing} is built; "
+        f"the {built}'s depth is model.num_{built}_layers={depth!r}",
     )
 
 
@@ -119,9 +137,7 @@ def unused_keys(config) -> dict[str, str]:
     unused_settings' keys (named there only when not the default), and where no tokenizer is
     trained, the options of training one and tokenizer.vocab_size (the given or started-from
     tokenizers' sizes replace it, or must agree with it)."""
-    unused = {
-        setting.split("=", 1)[0]: setting.split(" (", 1)[1].removesuffix(")") for setting in unused_settings(config)
-    }
+    unused = {setting.key: setting.why for setting in unused_records(config)}
     untrained = _tokenizers_not_trained(config)
     if untrained:
         for key in ("vocab_size", *TOKENIZER_TRAINING_KEYS):

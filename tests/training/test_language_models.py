@@ -24,7 +24,7 @@ from jaxformer.run.checkpoint import Checkpointer
 from jaxformer.run.loading import load_checkpoint
 from jaxformer.tokens import BOS_ID, EOS_ID
 from jaxformer.training.config_file import apply_overrides, load_config
-from jaxformer.training.unused_settings import unused_settings
+from jaxformer.training.unused_settings import unused_keys, unused_settings
 from tests.training.test_loop import ROOT, environment, losses, train
 
 pytestmark = pytest.mark.xdist_group("language-models")  # with test_composed_translator.py: one worker trains the runs
@@ -332,3 +332,14 @@ def test_the_language_of_the_side_a_language_model_does_not_read_is_named_unused
         config, [(f"data.{unread}_language", "en" if unread == "source" else "de"), (f"data.{read}_language", "fr")]
     )
     assert unused_settings(config) == []
+
+
+def test_an_unused_value_holding_a_bracket_and_an_equals_sign_is_read_back_whole():
+    """unused_keys read each key and its reason back out of unused_settings' text (split at the
+    first "=" and the first " ("): a value holding " (" gave its tail as the reason. Both now come
+    from one list of (key, value, why) records; the text said is the same."""
+    config = load_config("multi30k_lm")
+    apply_overrides(config, [("data.source_language", "fr (a=b)")])
+    why = "model.architecture is 'decoder_only': a causal LM reads data.target_language's text alone"
+    assert unused_settings(config) == [f"data.source_language='fr (a=b)' ({why})"]
+    assert unused_keys(config)["data.source_language"] == why
