@@ -43,7 +43,7 @@ def run(args: argparse.Namespace) -> int:
     # averaging removes the partial save).
     try:
         with RaiseOnSignal(signums=(signal.SIGINT,)) as signals:
-            step, chosen = average_last(args.workdir, args.last, run_config_differences)
+            step, chosen = average_last(args.workdir, args.last, run_config_differences, last_flag="--last")
             signals.finish()
     except Stopped:
         raise KeyboardInterrupt from None

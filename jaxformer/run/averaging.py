@@ -69,15 +69,19 @@ ConfigDifferences = Callable[[dict[str, Any], dict[str, Any]], list[str]]  # (co
 
 
 def averaged_last(
-    workdir: str | os.PathLike, last: int, config_differences: ConfigDifferences | None = None
+    workdir: str | os.PathLike,
+    last: int,
+    config_differences: ConfigDifferences | None = None,
+    last_flag: str | None = None,
 ) -> tuple[CheckpointMetadata, Any]:
     """(metadata, mean parameters) of the last `last` checkpoints of `workdir/checkpoints`; the
     metadata is the newest one's, with `averaged_steps` set. `CheckpointError`, before any
     parameters are read, when fewer are kept or when one of them is not of the newest one's run:
-    `model_differences`, and `config_differences` of their configs when given. When a run
-    training in the workdir removes one of them while they are read, the last ones are listed
-    again."""
-    return listing_again(lambda: _average_once(workdir, last, config_differences))
+    `model_differences`, and `config_differences` of their configs when given; where two or more
+    checkpoints could be averaged instead, it offers them as `last_flag` (a command's flag for
+    `last`, "--last") when given. When a run training in the workdir removes one of them while they
+    are read, the last ones are listed again."""
+    return listing_again(lambda: _average_once(workdir, last, config_differences, last_flag))
 
 
 def _no_checkpoint(workdir: str | os.PathLike, checkpoints: os.PathLike) -> CheckpointError:
@@ -87,21 +91,47 @@ def _no_checkpoint(workdir: str | os.PathLike, checkpoints: os.PathLike) -> Chec
     return CheckpointError(instead or f"{workdir} has no checkpoint in {checkpoints}: nothing to average")
 
 
-def _too_few(workdir: str | os.PathLike, steps: list[int], last: int, keep: int | None) -> str:
-    """Why `last` checkpoints cannot be averaged, with the remedy: a run that kept fewer than its
-    training.keep_checkpoints deleted none (it saved no more), so keeping more would not help."""
+def _fewer(count: int, last_flag: str | None) -> str:
+    """How to average the `count` checkpoints that can be, as the command is told (" (--last 3)"):
+    nothing without its flag, or for one checkpoint, which is no average."""
+    return f" ({last_flag} {count})" if last_flag is not None and count >= 2 else ""
+
+
+def _too_few(workdir: str | os.PathLike, steps: list[int], last: int, keep: int | None, last_flag: str | None) -> str:
+    """Why `last` checkpoints cannot be averaged, with the remedies: average those there are, and
+    for later runs keep more; a run that kept fewer than its training.keep_checkpoints deleted none
+    (it saved no more), so keeping more would not help."""
     plural = "s" if len(steps) != 1 else ""
     said = f"{workdir} has {len(steps)} checkpoint{plural} ({steps}); cannot average the last {last}"
+    fewer = _fewer(len(steps), last_flag)
     if keep is not None and len(steps) < keep:
         return (
-            f"{said}: the run saved no more (it keeps up to training.keep_checkpoints={keep}); average fewer, "
+            f"{said}: the run saved no more (it keeps up to training.keep_checkpoints={keep}); average fewer{fewer}, "
             "or train on to save more"
         )
+    if fewer:
+        return f"{said}. Average fewer{fewer}, or raise training.keep_checkpoints to keep more."
     return f"{said}. Raise training.keep_checkpoints to keep more."
 
 
+def _not_of_one_run(
+    directory: os.PathLike, step: int, newest: int, differences: list[str], agreeing: int, last_flag: str | None
+) -> str:
+    """Why checkpoint `step` and the `newest` cannot be averaged (the first of their `differences`),
+    with the remedies: move the other run's out, or average the newest `agreeing`, all of one run."""
+    more = len(differences) - 1
+    more = f"; {more} more difference{'s' if more > 1 else ''}" if more else ""
+    fewer = _fewer(agreeing, last_flag)
+    fewer = f", or average the last {agreeing}, which are of one run{fewer}" if fewer else ""
+    return (
+        f"checkpoints {step} and {newest} of {directory} are not of one run (step {step} -> "
+        f"step {newest}: {differences[0]}{more}), so they cannot be averaged; move the other run's "
+        f"checkpoint out of that folder{fewer}"
+    )
+
+
 def _average_once(
-    workdir: str | os.PathLike, last: int, config_differences: ConfigDifferences | None
+    workdir: str | os.PathLike, last: int, config_differences: ConfigDifferences | None, last_flag: str | None
 ) -> tuple[CheckpointMetadata, Any]:
     reader = Checkpointer(RunDirectory(workdir).checkpoints, keep=None, read_only=True)
     try:
@@ -110,22 +140,20 @@ def _average_once(
             raise _no_checkpoint(workdir, reader.directory)
         if len(steps) < last:
             keep = reader.read_metadata(steps[-1]).config.get("training", {}).get("keep_checkpoints")
-            raise CheckpointError(_too_few(workdir, steps, last, keep))
+            raise CheckpointError(_too_few(workdir, steps, last, keep, last_flag))
         chosen = steps[-last:]
         newest = reader.read_metadata(chosen[-1])
+        differing = []  # (step, its differences from the newest): all, so that the newest agreeing ones are known
         for step in chosen[:-1]:
             metadata = reader.read_metadata(step)
             differences = config_differences(metadata.config, newest.config) if config_differences else []
             named = {difference.split(":")[0] for difference in differences}  # config.model and model agree
             differences += [item for item in model_differences(metadata, newest) if item.split(":")[0] not in named]
             if differences:
-                more = len(differences) - 1
-                more = f"; {more} more difference{'s' if more > 1 else ''}" if more else ""
-                raise CheckpointError(
-                    f"checkpoints {step} and {chosen[-1]} of {reader.directory} are not of one run (step {step} -> "
-                    f"step {chosen[-1]}: {differences[0]}{more}), so they cannot be averaged; move the other run's "
-                    "checkpoint out of that folder"
-                )
+                differing.append((step, differences))
+        if differing:
+            (step, differences), agreeing = differing[0], len(chosen) - 1 - chosen.index(differing[-1][0])
+            raise CheckpointError(_not_of_one_run(reader.directory, step, chosen[-1], differences, agreeing, last_flag))
         trees = []
         for step in chosen:
             trees.append(reader.read_params(step)[1])
@@ -136,7 +164,10 @@ def _average_once(
 
 
 def average_last(
-    workdir: str | os.PathLike, last: int, config_differences: ConfigDifferences | None = None
+    workdir: str | os.PathLike,
+    last: int,
+    config_differences: ConfigDifferences | None = None,
+    last_flag: str | None = None,
 ) -> tuple[int, list[int]]:
     """Writes the mean of the last `last` checkpoints as `workdir/averaged/<newest step>` (checked
     as `averaged_last` checks them); returns (that step, the steps averaged). Averages of earlier
@@ -148,7 +179,7 @@ def average_last(
     if not run.checkpoints.is_dir():  # before the lock, whose file would need the workdir
         raise _no_checkpoint(workdir, run.checkpoints)
     with AveragingLock(run):
-        metadata, params = averaged_last(workdir, last, config_differences)
+        metadata, params = averaged_last(workdir, last, config_differences, last_flag)
         writer = Checkpointer(run.averaged, keep=None)
         try:
             writer.save_params(metadata.step, params, metadata)
