@@ -8,7 +8,8 @@ each variant the steps that the reference reaches in its budget times that ratio
 (sweep.py: `--baseline_steps`): the comparison then holds on any machine, at any hour.
 
 Each config's train step is built as the training loop builds it (its model, objective, optimizer,
-mesh and shardings, state donated) and runs on dense random rows of the config's batch shape,
+mesh and shardings, state donated; a model fine-tuned from `training.init_from` with its start's
+vocabulary sizes, as its run will have them) and runs on dense random rows of the config's batch shape,
 packed as one pair per row: what a step costs depends only on shapes, not on token values.
 Two configs whose train programs differ only in constants (a nonzero dropout rate, a learning
 rate, a warmup) cost the same, and are not timed; a dropout rate of 0 draws no masks (another
@@ -42,6 +43,7 @@ from jaxformer.training import experiment, sharding
 from jaxformer.training.objectives import objective_for
 from jaxformer.training.optimizer import make_optimizer
 from jaxformer.training.rdrop_start import RDropStart
+from jaxformer.training.run_vocabulary import new_run_vocabulary_sizes
 from jaxformer.training.state import make_init_fn
 from jaxformer.training.step import make_run_train_step
 
@@ -87,7 +89,8 @@ class ConfigTrainStep:
     ):
         data, training = config.data, config.training
         self.rdrop = rdrop and training.rdrop_alpha > 0
-        source_size, target_size = experiment.vocabulary_sizes(config)
+        # A fine-tuned model's embeddings are its start's: its vocabulary, not tokenizer.vocab_size's.
+        source_size, target_size = new_run_vocabulary_sizes(config)
         shared = not config.tokenizer.separate_vocabularies
         model_config = experiment.model_config(config, target_size, None if shared else source_size)
         self.mesh = sharding.make_mesh(config.mesh.shape, devices)

@@ -53,6 +53,7 @@ from jaxformer.training.kept_checkpoints import check_keep_not_lowered
 from jaxformer.training.optimizer import make_optimizer
 from jaxformer.training.resume_rules import INHERITED_DECODING, value_or_before_the_key
 from jaxformer.training.run_tokenizer import RunTokenizers, check_given_models, log_unknown_rate, tokenizer_for_run
+from jaxformer.training.run_vocabulary import vocabulary_sizes_before_the_data
 from jaxformer.training.state import make_init_fn
 from jaxformer.training.unused_settings import unused_settings
 from jaxformer.training.validation_bleu import check_best_measured_alike
@@ -341,37 +342,6 @@ def state_shapes_and_shardings(config, model: nn.Module, optimizer, mesh, rules)
     state_shardings = sharding.logical_shardings(boxed_state, mesh, rules)
     sharding.check_divisible(boxed_state, state_shardings, mesh)
     return boxed_state, state_shardings
-
-
-def vocabulary_sizes_before_the_data(
-    config, saved: CheckpointMetadata | None, starting_points: Sequence[StartingPoint]
-) -> tuple[int, int] | None:
-    """(source, target) vocabulary sizes of the run's model, known before any data is read: a
-    resumed run's from its newest checkpoint, a model fine-tuned from `training.init_from` its
-    start's, a new run's from its config (tokenizer.vocab_size or the given tokenizers), and a
-    translator composed from an encoder's and a decoder's runs each side's from its start, or from
-    the config where it trains that side's own. None where a checkpoint does not say (a shared
-    vocabulary of a composed translator: checked once its tokenizers are made)."""
-    if saved is None and not starting_points:
-        return experiment.vocabulary_sizes(config)
-    if saved is None and starting_points[0].part != "model":
-        return _composed_vocabulary_sizes(config, starting_points)
-    model = saved.model if saved is not None else starting_points[0].metadata.model
-    target = model.get("vocab_size")
-    return None if target is None else (model.get("source_vocab_size") or target, target)
-
-
-def _composed_vocabulary_sizes(config, starting_points: Sequence[StartingPoint]) -> tuple[int, int] | None:
-    """A composed translator's separate vocabularies: the encoder start's source side (its run's
-    tokenizer), the decoder start's target side, the config's size for a side trained here."""
-    if not config.tokenizer.separate_vocabularies:
-        return None
-    models = {point.part: point.metadata.model for point in starting_points}
-    trained_here = experiment.vocabulary_sizes(config)
-    encoder, decoder = models.get("encoder"), models.get("decoder")
-    source = trained_here[0] if encoder is None else encoder.get("source_vocab_size") or encoder.get("vocab_size")
-    target = trained_here[1] if decoder is None else decoder.get("vocab_size")
-    return None if source is None or target is None else (source, target)
 
 
 def check_mesh_fits_the_configured_model(config, mesh, rules, sizes: tuple[int, int]) -> None:

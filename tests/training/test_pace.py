@@ -85,3 +85,42 @@ def test_a_larger_model_is_measured_slower_in_proportion():
     assert pace.speed < 0.6  # over ten times the tiny model's matmul FLOPs a step
     assert pace.steps_for(1000) == round(1000 * pace.speed)
     assert Pace(10.0, 1.0, timed=True).steps_for(3) == 1  # never fewer than one step
+
+
+def test_a_fine_tuning_sweep_times_the_model_with_its_starts_vocabulary(tmp_path, monkeypatch):
+    """A variant fine-tuned from training.init_from trains with its start's vocabulary (the
+    parent's 500 pieces), whatever tokenizer.vocab_size says (tiny: 1000): its pace, and so its
+    step budget, was measured on a model with the config's embeddings. Both programs the sweep
+    builds (the variant's, the reference's) now have the parent's; steps faked, no timing read."""
+    from jaxformer.run.loading import load_checkpoint
+    from jaxformer.training import pace as pace_module
+    from jaxformer.training.sweep import make_variants, reference_config
+    from jaxformer.training.sweep_pace import variant_pace
+    from tests.conftest import make_workdir
+
+    parent = make_workdir(tmp_path / "parent", steps=(10,))[0]
+    pieces = load_checkpoint(parent, "latest", params=False)[1].model["vocab_size"]
+    shared = [
+        ("training.init_from", str(parent)),
+        ("training.final_choice", "True"),
+        ("training.average_last", "2"),
+        ("data.batch_size", "8"),
+    ]
+    (variant,) = make_variants("tiny", {"no_dropout": ["model.dropout_rate=0.0"]}, shared)
+    assert (pieces, variant.config.tokenizer.vocab_size) == (500, 1000)
+    built = []
+
+    class Recorded(pace_module.ConfigTrainStep):
+        def __init__(self, *args, **kwargs):
+            super().__init__(*args, **kwargs)
+            built.append(self)
+
+    monkeypatch.setattr(pace_module, "ConfigTrainStep", Recorded)
+    monkeypatch.setattr(Recorded, "__call__", lambda self: None)
+    monkeypatch.setattr(Recorded, "compile", lambda self, compiler_options=None: None)
+    record = variant_pace(variant, reference_config("tiny", shared), 100, tmp_path / "pace.json", None)
+    assert record["timed"] and len(built) == 2  # another program: timed
+    for step in built:
+        state, batch = step.lowered.args_info[0]
+        assert state.params["shared_embedding"]["embedding"].shape == (pieces, variant.config.model.d_model)
+        assert batch["inputs"].shape == (8, variant.config.data.max_length)
