@@ -84,6 +84,11 @@ def load_config_file(path: str | pathlib.Path) -> ml_collections.ConfigDict:
     config = call_file_function(path, "get_config")
     if not isinstance(config, ml_collections.ConfigDict):
         raise ConfigError(f"config file {path}: get_config() returned {type(config).__name__}, not a ConfigDict")
+    if isinstance(config, ml_collections.FrozenConfigDict):  # a ConfigDict that takes no setting: a traceback later
+        raise ConfigError(
+            f"config file {path}: get_config() returned a FrozenConfigDict, which takes no --config.KEY=VALUE "
+            "override nor the values a run settles; return the ConfigDict itself"
+        )
     refuse_missing_keys(config, path)
     return with_python_values(config)
 

@@ -60,6 +60,20 @@ def test_a_missing_section_is_refused_before_a_run_writes_anything(tmp_path, cap
     assert not workdir.exists()  # no data prepared, no tokenizer trained
 
 
+def test_a_frozen_config_is_refused_as_the_file_loads(tmp_path, capsys):
+    """A FrozenConfigDict is a ConfigDict that takes no setting: the first override, or the run's
+    first settled value, was a traceback (AttributeError, exit 1) after the run took the workdir."""
+    path = tiny_changed_by(tmp_path, "import ml_collections", "c = ml_collections.FrozenConfigDict(c)")
+    workdir = tmp_path / "run"
+    for overrides in ([], ["--config.training.num_train_steps=1"]):
+        assert train.main(["--config", str(path), "--workdir", str(workdir), *overrides]) == EXIT_USER_ERROR
+        assert one_error_line(capsys) == (
+            f"error: config file {path}: get_config() returned a FrozenConfigDict, which takes no "
+            "--config.KEY=VALUE override nor the values a run settles; return the ConfigDict itself"
+        )
+        assert not workdir.exists()
+
+
 def test_a_replaced_section_names_the_first_keys_it_lacks(tmp_path):
     path = tiny_changed_by(
         tmp_path,
