@@ -23,11 +23,12 @@ def shipped_names(directory: pathlib.Path) -> list[str]:
 
 def shipped_file_path(name_or_path: str, directory: pathlib.Path, kind: str, flag: str) -> pathlib.Path:
     """The file `flag` (--config, with `kind` "config") means: DIRECTORY/NAME.py for a name, else
-    the path as given. A name not shipped, or a missing path whose file name a shipped one has
+    the path as given, "~" expanded as in the config's path keys (`--config=~/mine.py`, which the
+    shell leaves as it is). A name not shipped, or a missing path whose file name a shipped one has
     (configs/multi30k.py of an older clone, or the wrong folder), is a ConfigError."""
     names = shipped_names(directory)
     if not is_shipped_name(name_or_path):
-        path = pathlib.Path(name_or_path)
+        path = pathlib.Path(name_or_path).expanduser()
         if not path.exists() and path.stem in names:
             raise ConfigError(
                 f"{kind} file {path} does not exist; jaxformer ships a {kind} of that name: {flag} {path.stem}"

@@ -50,3 +50,14 @@ def test_jaxformer_sweep_names_a_near_sweep_in_one_line(tmp_path, capsys):
     error = capsys.readouterr().err
     assert code == 2 and not workdir.exists(), error
     assert re.fullmatch(r"error: no sweep named 'multi30k_hours'; did you mean multi30k_hour\? [^\n]*\n", error), error
+
+
+@pytest.mark.parametrize("kind", KINDS)
+def test_a_path_from_the_home_folder_is_read_as_the_shell_would_expand_it(kind, tmp_path, monkeypatch):
+    """`--config=~/mine.py` reaches jaxformer unexpanded (the shell expands `~` only at a word's
+    start): it was "config file ~/mine.py does not exist", the file there, while the config's own
+    path keys (data.raw_dir, ...) expand `~`."""
+    flag, load, name, folder = KINDS[kind]
+    monkeypatch.setenv("HOME", str(tmp_path))
+    (tmp_path / "mine.py").write_bytes((folder / f"{name}.py").read_bytes())
+    assert load("~/mine.py") == load(name)
