@@ -17,7 +17,7 @@ from jaxformer.decoding.beam_search import ALPHA_RULE, BEAM_STOPS, LENGTH_PENALT
 from jaxformer.decoding.generate import MAX_EXTRA_LENGTH
 from jaxformer.decoding.scoring import BLEU_TOKENIZERS, bleu_tokenizer, bleu_tokenizer_problem
 from jaxformer.errors import with_article
-from jaxformer.model.config import ARCHITECTURES, ConfigError
+from jaxformer.model.config import ARCHITECTURES, PRESETS, ConfigError
 from jaxformer.run.directory import parse_checkpoint_choice
 from jaxformer.tokens import NUM_SPECIAL_TOKENS
 from jaxformer.training.sharding import check_rules
@@ -194,6 +194,9 @@ def check_combinations(config, architecture: str) -> None:
         raise ConfigError(
             f"config model.architecture={architecture!r}: must be one of {', '.join(map(repr, ARCHITECTURES))}"
         )
+    preset_name = config.model.get("preset", "base")  # preset()'s own refusal names no key
+    if preset_name not in PRESETS:
+        raise ConfigError(f"config model.preset={preset_name!r}: must be one of {', '.join(map(repr, PRESETS))}")
     if architecture != "encoder_decoder":
         for key, value in (
             ("tokenizer.separate_vocabularies", config.tokenizer.separate_vocabularies),

@@ -200,6 +200,8 @@ def test_paths_a_run_stores_are_made_absolute(tmp_path, monkeypatch):
             "starts a translator",
         ),
         ({"model.architecture": "encoder_and_decoder"}, "model.architecture='encoder_and_decoder': must be one of"),
+        # a config file's own preset name: was "unknown preset 'huge'; ...", naming no key
+        ({"model.preset": "huge"}, r"^config model\.preset='huge': must be one of 'tiny', 'base', 'big'$"),
         (  # an imported MarianMT model has max_position_embeddings positions; multi30k's rows are 64 long
             {"model.max_positions": 48},
             r"^config data.max_length=64 with model.max_positions=48: rows that long reach positions the model "
