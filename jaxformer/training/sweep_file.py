@@ -68,9 +68,10 @@ def refuse_repeated_dict_keys(path: pathlib.Path) -> None:
             if not isinstance(key, ast.Constant):  # **spread, or a key computed when the file runs
                 continue
             if key.value in first_line:
+                first = first_line[key.value]
+                lines = f"on line {first}" if first == key.lineno else f"lines {first} and {key.lineno}"
                 raise ConfigError(
-                    f"sweep file {path}: key {key.value!r} is written twice in one dict, lines "
-                    f"{first_line[key.value]} and {key.lineno}, and Python keeps only the second: rename or "
-                    "remove one"
+                    f"sweep file {path}: key {key.value!r} is written twice in one dict, {lines}, and Python keeps "
+                    "only the second: rename or remove one"
                 )
             first_line[key.value] = key.lineno

@@ -136,6 +136,9 @@ def test_a_variant_name_written_twice_in_the_sweep_file_is_refused_naming_both_l
         "only the second: rename or remove one\n"
     )
     assert not workdir.exists()
+    sweep_file.write_text('def get_sweep():\n    return {"a": [], "b": ["c=1"], "a": ["c=2"]}\n')
+    with pytest.raises(ConfigError, match=r"key 'a' is written twice in one dict, on line 2, and Python keeps "):
+        load_sweep(str(sweep_file))  # was "lines 2 and 2"
     x_100 = "x" * 100  # the longest name: its seed's folder (x...x@seed12) is still a file name
     assert load_sweep(str(write_sweep(tmp_path / "long.py", {x_100: [], "b": ["c=1"]}))) == {x_100: [], "b": ["c=1"]}
 
