@@ -71,6 +71,11 @@ class Variant:
         return ", ".join(f"{key}={text}" for key, text in self.overrides) or "(the config as it is)"
 
 
+def _bracketed(variant: Variant) -> str:
+    """A variant's changes in parentheses, once: "(the config as it is)" has its own."""
+    return f"({variant.changes()})" if variant.overrides else variant.changes()
+
+
 def reference_config(config_name: str, shared: Sequence[tuple[str, str]] = ()) -> ml_collections.ConfigDict:
     """The config with the sweep's shared overrides only: what `baseline_steps` counts steps of."""
     config = load_config(config_name)
@@ -124,7 +129,7 @@ def make_variants(
         same = next((other for other in variants if other.config.to_dict() == config.to_dict()), None)
         if same is not None:
             raise ConfigError(
-                f"variants {same.name!r} ({same.changes()}) and {name!r} ({variant.changes()}) give the same config: "
+                f"variants {same.name!r} {_bracketed(same)} and {name!r} {_bracketed(variant)} give the same config: "
                 "the sweep would train it twice; keep one"
             )
         variants.append(variant)

@@ -64,6 +64,8 @@ pytestmark = pytest.mark.xdist_group("sweep")
             r"variants 'a' \(model.dropout_rate=0.2\) and 'b' \(model.dropout_rate=0.20\) give the same config: "
             r"the sweep would train it twice; keep one",
         ),
+        # was "'baseline' ((the config as it is))"
+        ({"same": []}, r"variants 'baseline' \(the config as it is\) and 'same' \(the config as it is\) give the same"),
     ],
 )
 def test_a_bad_variant_is_one_line_before_anything_trains(tmp_path, capsys, variants, message):
