@@ -119,9 +119,11 @@ def make_variants(
             )
         refuse_other_validation_pairs(name, config.to_dict(), reference)
         if pairs and config.to_dict() == reference:
+            given = [f"--config.{key}={text}" for key, text in shared if key in dict(pairs)]  # not the config's own
+            with_given = f" with the command's {', '.join(given)}" if given else ""
             raise ConfigError(
-                f"variant {name!r}: {', '.join(overrides)} changes nothing in {config_name!r} (its values "
-                "already): training it would repeat the config as it is"
+                f"variant {name!r}: {', '.join(overrides)} changes nothing in {config_name!r}{with_given} (its "
+                "values already): training it would repeat the config as it is"
             )
         refuse_after_training_only(name, overrides, config.to_dict(), reference)
         refuse_unused_only(name, overrides, config, reference_settings)

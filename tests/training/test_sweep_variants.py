@@ -89,6 +89,14 @@ def refusal(sweep, *shared):
     return None
 
 
+def test_a_variant_that_repeats_the_commands_override_names_it():
+    """Was "model.d_ff=128 changes nothing in '.../tiny.py' (its values already)", tiny's being 64."""
+    assert refusal({"a": ["model.d_ff=128"]}, ("model.d_ff", "128")) == (
+        f"variant 'a': model.d_ff=128 changes nothing in {TINY!r} with the command's --config.model.d_ff=128 "
+        "(its values already): training it would repeat the config as it is"
+    )
+
+
 def test_a_variant_is_refused_only_where_nothing_during_training_reads_what_it_changes():
     """Validation BLEU during training reads the search, and decides what best/ keeps: a length
     penalty changes a run whose validation BLEU searches a beam, not one whose searches greedily."""
