@@ -292,8 +292,8 @@ def _validate(config: TransformerConfig) -> None:
         fail("attention_implementation", 'must be "jaxformer", "xla" or "cudnn"')
     if not _number(config.layer_norm_epsilon) or not 0 < config.layer_norm_epsilon < math.inf:
         fail("layer_norm_epsilon", "must be a finite number > 0")
-    if not _number(config.position_base) or not config.position_base > 1:
-        fail("position_base", "must be greater than 1")
+    if not _number(config.position_base) or not 1 < config.position_base < math.inf:  # inf: every position alike
+        fail("position_base", "must be a finite number greater than 1")
     if config.matmul_dtype is not None and jnp.finfo(config.matmul_dtype).bits > jnp.finfo(config.dtype).bits:
         fail("matmul_dtype", f"must not be wider than dtype={config.dtype.name}")
 

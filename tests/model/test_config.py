@@ -54,6 +54,9 @@ def test_presets_follow_the_paper():
         (dict(deterministic="no"), r"deterministic='no': must be True or False"),
         (dict(tie_output_embedding=0), r"tie_output_embedding=0: must be True or False"),
         (dict(layer_norm_epsilon="x"), r"layer_norm_epsilon='x': must be a finite number > 0"),
+        # inf was taken: the sinusoids of every frequency but the first were constant, and the run trained on
+        (dict(position_base=float("inf")), r"position_base=inf: must be a finite number greater than 1$"),
+        (dict(position_base=1.0), r"position_base=1.0: must be a finite number greater than 1$"),
         (dict(normalization="sandwich"), r"normalization='sandwich'"),
         (dict(dtype="int32"), r"dtype='int32': must be one of 'float32', 'bfloat16', 'float16'$"),
         (dict(dtype="not-a-dtype"), r"dtype='not-a-dtype': must be one of 'float32', 'bfloat16', 'float16'$"),
