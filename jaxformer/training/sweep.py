@@ -70,10 +70,8 @@ class Variant:
     def changes(self) -> str:
         return ", ".join(f"{key}={text}" for key, text in self.overrides) or "(the config as it is)"
 
-
-def _bracketed(variant: Variant) -> str:
-    """A variant's changes in parentheses, once: "(the config as it is)" has its own."""
-    return f"({variant.changes()})" if variant.overrides else variant.changes()
+    def bracketed(self) -> str:  # "(the config as it is)" has its parentheses already
+        return f"({self.changes()})" if self.overrides else self.changes()
 
 
 def reference_config(config_name: str, shared: Sequence[tuple[str, str]] = ()) -> ml_collections.ConfigDict:
@@ -131,7 +129,7 @@ def make_variants(
         same = next((other for other in variants if other.config.to_dict() == config.to_dict()), None)
         if same is not None:
             raise ConfigError(
-                f"variants {same.name!r} {_bracketed(same)} and {name!r} {_bracketed(variant)} give the same config: "
+                f"variants {same.name!r} {same.bracketed()} and {name!r} {variant.bracketed()} give the same config: "
                 "the sweep would train it twice; keep one"
             )
         variants.append(variant)
