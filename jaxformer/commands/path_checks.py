@@ -38,14 +38,18 @@ def check_writable_file(
     path: str | None, flag: str, overwrite: bool = False, inputs: dict[str, str | None] | None = None
 ) -> None:
     """Fails now, not after the decoding, if `path` cannot be written: it is a directory or a
-    socket, its folder is missing, or a file cannot be created there (permissions, read-only disk);
-    or if it is an existing file, unless `overwrite`; or if it is the same regular file as one of the
+    socket, it ends as only a folder's path does (`out/`: not the file `out`), its folder is
+    missing, or a file cannot be created there (permissions, read-only disk); or if it is an
+    existing file, unless `overwrite`; or if it is the same regular file as one of the
     command's `inputs` ({flag: path}), whatever `overwrite` says, since writing it would destroy
     what is being read. A symbolic link is checked as the file it points to, which is what
     write_text_atomically replaces; an existing FIFO or device (/dev/stdout) is written into, so
     only its own permission matters."""
     if path is None:
         return
+    ending = folder_ending(path)
+    if ending and not os.path.isdir(path):  # pathlib drops it, and would write (or replace) the file before it
+        raise FlagError(f"{flag} {path}: ends in {ending!r}, as a folder's path does; give a file's path")
     if open_descriptor(path) is not None:  # written through this process's descriptor, as the shell set it up
         if not os.access(path, os.W_OK):
             raise FlagError(f"{flag} {path}: not writable")
@@ -78,6 +82,15 @@ def check_writable_file(
             pass
     except OSError as error:
         raise FlagError(f"{flag} {path}: cannot write in {folder} ({error.strerror})") from None
+
+
+def folder_ending(path: str) -> str:
+    """The end of `path` that makes it a folder's path (a separator, `/.`, `/..`), or ""."""
+    separators = os.sep + (os.altsep or "")
+    if path.endswith(tuple(separators)):
+        return path[-1]
+    name = os.path.basename(path)
+    return os.sep + name if name in (".", "..") else ""
 
 
 def one_file(first: str, second: str) -> bool:

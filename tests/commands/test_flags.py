@@ -122,6 +122,30 @@ def test_output_paths_that_cannot_be_files_say_why(tmp_path, capsys, monkeypatch
             assert capsys.readouterr().err == f"error: {flag} f/x.de: {tmp_path / 'f'} is a file, not a folder\n"
 
 
+def test_an_output_path_ending_as_a_folders_is_refused_not_written_as_the_file_before_it(
+    tmp_path, capsys, monkeypatch, no_decoding
+):
+    """`--output out/` wrote a file named out, and `--output f/ --overwrite`, with f a file, replaced
+    f, where the shell's `> f/` refuses: pathlib drops a trailing separator (and a last `.`)."""
+    monkeypatch.chdir(tmp_path)
+    pathlib.Path("f").write_text("kept\n")
+    pathlib.Path("in.en").write_text("A dog.\n")
+    files = ["--source", "in.en", "--reference", "in.en"]
+    for command, flags, outputs in (
+        (translate, ["--input", "in.en"], ("--output",)),
+        (generate, ["--input", "in.en"], ("--output",)),
+        (evaluate, files, ("--output", "--json")),
+    ):
+        for flag in outputs:
+            for path, ending in (("out/", "/"), ("f/", "/"), ("out/.", "/."), ("/dev/stdout/", "/")):
+                argv = ["--workdir", str(tmp_path), *flags, flag, path, "--overwrite"]
+                assert command.main(argv) == 2, argv
+                message = f"error: {flag} {path}: ends in {ending!r}, as a folder's path does; give a file's path\n"
+                assert capsys.readouterr().err == message
+    assert sorted(entry.name for entry in tmp_path.iterdir()) == ["f", "in.en"]
+    assert pathlib.Path("f").read_text() == "kept\n"
+
+
 def test_generate_refuses_one_search_flags_under_another(tmp_path, capsys, no_decoding):
     for flags, message in (
         (["--seed", "3"], "--seed 3 applies to --method sample, not greedy"),
