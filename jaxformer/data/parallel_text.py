@@ -87,19 +87,42 @@ _OTHER_ENCODINGS = {
 
 def not_utf8_text(head: bytes) -> str | None:
     """The phrase "holds gzip compressed data ..." or "is UTF-16 text ..." for a file read as plain
-    text whose first bytes, `head`, are gzip's magic or a UTF-16/32 byte-order mark; else None."""
+    text whose first bytes, `head`, are gzip's magic or a UTF-16/32 byte-order mark, or UTF-16/32
+    text without one (`unmarked_wide_encoding`); else None."""
     if head.startswith(_GZIP_MAGIC):
         return (
             "holds gzip compressed data where text should be (only a file named *.gz is decompressed, once): "
             "decompress it (gunzip), or give it as a file named *.gz"
         )
     encoding = _first_match(_OTHER_ENCODINGS, head)
+    if encoding is not None:
+        return (
+            f"is {encoding} text (its byte-order mark says so), but text is read as UTF-8: "
+            f"convert it (iconv -f {encoding} -t UTF-8)"
+        )
+    encoding = unmarked_wide_encoding(head)
     if encoding is None:
         return None
     return (
-        f"is {encoding} text (its byte-order mark says so), but text is read as UTF-8: "
-        f"convert it (iconv -f {encoding} -t UTF-8)"
+        f"looks like {encoding} text without a byte-order mark (a NUL byte beside each of its first characters), "
+        f"but text is read as UTF-8: convert it (iconv -f {encoding} -t UTF-8)"
     )
+
+
+def unmarked_wide_encoding(head: bytes) -> str | None:
+    """UTF-16LE, UTF-16BE, UTF-32LE or UTF-32BE where `head` holds two or more code units of it
+    from U+0001 to U+00FF, as text in a Latin script starts (`iconv -t UTF-16LE`, Python's
+    encode("utf-16-le") write no mark); else None. Read as UTF-8 it would be valid, NULs and all,
+    and its line breaks would start every line after the first with a NUL (UTF-16LE's \n is
+    0A 00): no UTF-8 text starts so, NULs alone being no text."""
+    for width in (4, 2):  # UTF-32LE's units start as UTF-16LE's do
+        units = [head[start : start + width] for start in range(0, len(head) - width + 1, width)]
+        if len(units) < 2:
+            continue
+        for order, low in (("LE", 0), ("BE", width - 1)):
+            if all(unit[low] and unit.count(0) == width - 1 for unit in units):
+                return f"UTF-{8 * width}{order}"
+    return None
 
 
 def _open_text(path: pathlib.Path):

@@ -171,6 +171,31 @@ def test_gzip_data_not_named_gz_and_utf16_text_are_named_before_anything_is_hash
         read_lines(write_bytes(tmp_path / "utf16.tsv.gz", text.encode("utf-16")))
 
 
+def test_utf16_and_utf32_text_without_a_byte_order_mark_is_named_not_read_as_nuls(tmp_path, monkeypatch):
+    """`iconv -t UTF-16LE` and Python's encode("utf-16-le") write no mark: read as UTF-8, valid NULs
+    and all, each line after the first started with a NUL (UTF-16LE's \\n is 0A 00), one line more
+    than the file's, and translate gave a translation of NULs and ASCII for each."""
+    text = "".join(f"{s}\t{t}\n" for s, t in pairs(0, 20))
+    phrase = (
+        "looks like {0} text without a byte-order mark (a NUL byte beside each of its first characters), "
+        "but text is read as UTF-8: convert it (iconv -f {0} -t UTF-8)"
+    )
+    cases = {  # file name: (bytes, the phrase that names them)
+        f"{encoding.lower()}.tsv": (
+            text.encode(encoding.replace("LE", "-le").replace("BE", "-be")),
+            phrase.format(encoding),
+        )
+        for encoding in ("UTF-16LE", "UTF-16BE", "UTF-32LE", "UTF-32BE")
+    }
+    assert_named_before_hashing(tmp_path, monkeypatch, cases)
+    # NULs alone, or a NUL beside one character, are text as before: an unknown piece each.
+    assert decode_lines([b"\x00\x00\x00\x00\n", b"A\x00\n", b"AB\x00\x00\n"], "<stdin>") == [
+        "\x00" * 4,
+        "A\x00",
+        "AB\x00\x00",
+    ]
+
+
 def test_a_read_error_after_the_check_is_one_line_naming_the_file(tmp_path, monkeypatch):
     """A disk's error (EIO) while hashing, or a file replaced by a folder before it is read."""
     train = write_text_files(tmp_path / "train.{lang}", pairs(0, 20))
