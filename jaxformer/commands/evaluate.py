@@ -189,11 +189,19 @@ def bleu_tokenize(args: argparse.Namespace, run_config: dict) -> str:
     return tokenize
 
 
+def split_name(text: str) -> str:
+    """--split: not empty, which would read as no --split given (or, beside --source, be ignored)."""
+    if not text:
+        raise argparse.ArgumentTypeError("must be a split's name, got an empty one")
+    return text
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = make_parser(__doc__)
     add_decoding_flags(parser)
     parser.add_argument(
         "--split",
+        type=split_name,
         help="a split of the run's dataset, e.g. test_2016_flickr or validation (multi30k), test (parallel_files)",
     )
     parser.add_argument("--source", type=path_text, help="source file, one sentence per line (with --reference)")

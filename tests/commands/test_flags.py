@@ -100,6 +100,18 @@ def test_paths_are_never_empty(capsys):
         assert "must be a path, got an empty one" in capsys.readouterr().err, argv
 
 
+def test_an_empty_split_is_refused_as_such(tmp_path, capsys, no_decoding):
+    """`--split ''` said "give either --split, or both --source and --reference", and beside them
+    was ignored: evaluate scored the files."""
+    pathlib.Path(tmp_path / "in.en").write_text("A dog.\n")
+    files = ["--source", str(tmp_path / "in.en"), "--reference", str(tmp_path / "in.en")]
+    for flags in ([], files):
+        with pytest.raises(SystemExit) as stopped:
+            evaluate.main(["--workdir", str(tmp_path), "--split", "", *flags])
+        assert stopped.value.code == 2
+        assert capsys.readouterr().err.startswith("error: argument --split: must be a split's name, got an empty one")
+
+
 def test_output_paths_that_cannot_be_files_say_why(tmp_path, capsys, monkeypatch, no_decoding):
     """`--output ""` said "--output : is a directory", and `--output f/x.de`, with f a file, that
     the folder f does not exist."""
