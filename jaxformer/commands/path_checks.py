@@ -22,6 +22,7 @@ def check_workdir(workdir: str, flag: str = "--workdir") -> None:
 def check_readable_file(path: str | None, flag: str) -> None:
     if path is None:
         return
+    refuse_a_dash(path, flag, "stdin")
     if os.path.isdir(path):
         raise FlagError(f"{flag} {path}: is a directory, not a file")
     if os.path.islink(path) and not os.path.exists(path):
@@ -47,6 +48,7 @@ def check_writable_file(
     only its own permission matters."""
     if path is None:
         return
+    refuse_a_dash(path, flag, "stdout")
     ending = folder_ending(path)
     if ending and not os.path.isdir(path):  # pathlib drops it, and would write (or replace) the file before it
         raise FlagError(f"{flag} {path}: ends in {ending!r}, as a folder's path does; give a file's path")
@@ -82,6 +84,13 @@ def check_writable_file(
             pass
     except OSError as error:
         raise FlagError(f"{flag} {path}: cannot write in {folder} ({error.strerror})") from None
+
+
+def refuse_a_dash(path: str, flag: str, stream: str) -> None:
+    """`-`, which many programs read as stdin or stdout, would be a file named `-` here: written
+    into the current folder, with nothing on stdout, or read from it."""
+    if path == "-":
+        raise FlagError(f"{flag} -: is no {stream} here; give /dev/{stream} for {stream}, or ./- for a file named -")
 
 
 def folder_ending(path: str) -> str:

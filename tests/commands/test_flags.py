@@ -112,50 +112,73 @@ def test_an_empty_split_is_refused_as_such(tmp_path, capsys, no_decoding):
         assert capsys.readouterr().err.startswith("error: argument --split: must be a split's name, got an empty one")
 
 
-def test_output_paths_that_cannot_be_files_say_why(tmp_path, capsys, monkeypatch, no_decoding):
+# Each command that reads and writes files: its file flags ({flag: a file in the test's folder}),
+# the flags it writes and those it reads.
+FILE_COMMANDS = (
+    (translate, {"--input": "in.en"}, ("--output",), ("--input",)),
+    (generate, {"--input": "in.en"}, ("--output",), ("--input",)),
+    (evaluate, {"--source": "in.en", "--reference": "in.en"}, ("--output", "--json"), ("--source", "--reference")),
+)
+
+
+@pytest.fixture
+def in_a_folder_with_a_file(tmp_path, monkeypatch):
+    """The test's folder, current, holding in.en and the file f."""
+    monkeypatch.chdir(tmp_path)
+    pathlib.Path("in.en").write_text("A dog.\n")
+    pathlib.Path("f").write_text("kept\n")
+    return tmp_path
+
+
+def argv(folder, files: dict[str, str], *extra: str) -> list[str]:
+    return ["--workdir", str(folder), *[part for flag in files.items() for part in flag], *extra]
+
+
+def test_output_paths_that_cannot_be_files_say_why(in_a_folder_with_a_file, capsys, no_decoding):
     """`--output ""` said "--output : is a directory", and `--output f/x.de`, with f a file, that
     the folder f does not exist."""
-    monkeypatch.chdir(tmp_path)
-    pathlib.Path("f").write_text("a file\n")
-    pathlib.Path("in.en").write_text("A dog.\n")
-    files = ["--source", "in.en", "--reference", "in.en"]
-    for command, flags, outputs, inputs in (
-        (translate, ["--input", "in.en"], ("--output",), ("--input",)),
-        (generate, ["--input", "in.en"], ("--output",), ("--input",)),
-        (evaluate, files, ("--output", "--json"), ("--source", "--reference")),
-    ):
+    folder = in_a_folder_with_a_file
+    for command, files, outputs, inputs in FILE_COMMANDS:
         for flag in (*outputs, *inputs):
             with pytest.raises(SystemExit) as stopped:
-                command.main(["--workdir", str(tmp_path), *flags, flag, ""])
+                command.main(argv(folder, files | {flag: ""}))
             assert stopped.value.code == 2
             assert capsys.readouterr().err.startswith(f"error: argument {flag}: must be a path, got an empty one")
         for flag in outputs:
-            assert command.main(["--workdir", str(tmp_path), *flags, flag, "f/x.de"]) == 2
-            assert capsys.readouterr().err == f"error: {flag} f/x.de: {tmp_path / 'f'} is a file, not a folder\n"
+            assert command.main(argv(folder, files, flag, "f/x.de")) == 2
+            assert capsys.readouterr().err == f"error: {flag} f/x.de: {folder / 'f'} is a file, not a folder\n"
 
 
 def test_an_output_path_ending_as_a_folders_is_refused_not_written_as_the_file_before_it(
-    tmp_path, capsys, monkeypatch, no_decoding
+    in_a_folder_with_a_file, capsys, no_decoding
 ):
     """`--output out/` wrote a file named out, and `--output f/ --overwrite`, with f a file, replaced
     f, where the shell's `> f/` refuses: pathlib drops a trailing separator (and a last `.`)."""
-    monkeypatch.chdir(tmp_path)
-    pathlib.Path("f").write_text("kept\n")
-    pathlib.Path("in.en").write_text("A dog.\n")
-    files = ["--source", "in.en", "--reference", "in.en"]
-    for command, flags, outputs in (
-        (translate, ["--input", "in.en"], ("--output",)),
-        (generate, ["--input", "in.en"], ("--output",)),
-        (evaluate, files, ("--output", "--json")),
-    ):
+    folder = in_a_folder_with_a_file
+    for command, files, outputs, _ in FILE_COMMANDS:
         for flag in outputs:
             for path, ending in (("out/", "/"), ("f/", "/"), ("out/.", "/."), ("/dev/stdout/", "/")):
-                argv = ["--workdir", str(tmp_path), *flags, flag, path, "--overwrite"]
-                assert command.main(argv) == 2, argv
+                assert command.main(argv(folder, files, flag, path, "--overwrite")) == 2, (flag, path)
                 message = f"error: {flag} {path}: ends in {ending!r}, as a folder's path does; give a file's path\n"
                 assert capsys.readouterr().err == message
-    assert sorted(entry.name for entry in tmp_path.iterdir()) == ["f", "in.en"]
+    assert sorted(entry.name for entry in folder.iterdir()) == ["f", "in.en"]
     assert pathlib.Path("f").read_text() == "kept\n"
+
+
+def test_a_dash_is_refused_as_a_path_not_read_or_written_as_a_file_named_dash(
+    in_a_folder_with_a_file, capsys, no_decoding
+):
+    """`--output -` wrote a file named - into the current folder, nothing on stdout, and `--input -`
+    said "no such file" (or read a file named -): many programs take - for stdin or stdout."""
+    folder = in_a_folder_with_a_file
+    for command, files, outputs, inputs in FILE_COMMANDS:
+        for flag, stream in [*((flag, "stdout") for flag in outputs), *((flag, "stdin") for flag in inputs)]:
+            assert command.main(argv(folder, files | {flag: "-"}, "--overwrite")) == 2
+            expected = (
+                f"error: {flag} -: is no {stream} here; give /dev/{stream} for {stream}, or ./- for a file named -\n"
+            )
+            assert capsys.readouterr().err == expected
+    assert sorted(entry.name for entry in folder.iterdir()) == ["f", "in.en"]
 
 
 def test_generate_refuses_one_search_flags_under_another(tmp_path, capsys, no_decoding):
