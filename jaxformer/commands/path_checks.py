@@ -4,6 +4,7 @@ naming the flag and the path."""
 
 from __future__ import annotations
 
+import errno
 import os
 import pathlib
 import tempfile
@@ -23,6 +24,7 @@ def check_readable_file(path: str | None, flag: str) -> None:
     if path is None:
         return
     refuse_a_dash(path, flag, "stdin")
+    refuse_a_loop_of_links(path, flag)
     if os.path.isdir(path):
         raise FlagError(f"{flag} {path}: is a directory, not a file")
     if os.path.islink(path) and not os.path.exists(path):
@@ -52,6 +54,7 @@ def check_writable_file(
     ending = folder_ending(path)
     if ending and not os.path.isdir(path):  # pathlib drops it, and would write (or replace) the file before it
         raise FlagError(f"{flag} {path}: ends in {ending!r}, as a folder's path does; give a file's path")
+    refuse_a_loop_of_links(path, flag)
     if open_descriptor(path) is not None:  # written through this process's descriptor, as the shell set it up
         if not os.access(path, os.W_OK):
             raise FlagError(f"{flag} {path}: not writable")
@@ -91,6 +94,16 @@ def refuse_a_dash(path: str, flag: str, stream: str) -> None:
     into the current folder, with nothing on stdout, or read from it."""
     if path == "-":
         raise FlagError(f"{flag} -: is no {stream} here; give /dev/{stream} for {stream}, or ./- for a file named -")
+
+
+def refuse_a_loop_of_links(path: str, flag: str) -> None:
+    """A path through symbolic links that lead back to themselves names nothing: as an output it
+    passed the other checks and its write failed in a traceback, after all the decoding."""
+    try:
+        os.stat(path)
+    except OSError as error:
+        if error.errno == errno.ELOOP:
+            raise FlagError(f"{flag} {path}: its symbolic links form a loop, so it names no file") from None
 
 
 def folder_ending(path: str) -> str:

@@ -181,6 +181,21 @@ def test_a_dash_is_refused_as_a_path_not_read_or_written_as_a_file_named_dash(
     assert sorted(entry.name for entry in folder.iterdir()) == ["f", "in.en"]
 
 
+def test_a_loop_of_symbolic_links_is_refused_before_any_work(in_a_folder_with_a_file, capsys, no_decoding):
+    """An --output through links that lead back to themselves passed the checks, and its write
+    failed after the decoding in a traceback (OSError: [Errno 40] Too many levels of symbolic
+    links); an --input said it linked to a file that does not exist."""
+    folder = in_a_folder_with_a_file
+    pathlib.Path("loop1").symlink_to("loop2")
+    pathlib.Path("loop2").symlink_to("loop1")
+    for command, files, outputs, inputs in FILE_COMMANDS:
+        for flag in (*outputs, *inputs):
+            for path in ("loop1", "loop2/x"):
+                assert command.main(argv(folder, files | {flag: path}, "--overwrite")) == 2, (flag, path)
+                message = f"error: {flag} {path}: its symbolic links form a loop, so it names no file\n"
+                assert capsys.readouterr().err == message
+
+
 def test_generate_refuses_one_search_flags_under_another(tmp_path, capsys, no_decoding):
     for flags, message in (
         (["--seed", "3"], "--seed 3 applies to --method sample, not greedy"),
