@@ -24,7 +24,7 @@ def check_readable_file(path: str | None, flag: str) -> None:
     if path is None:
         return
     refuse_a_dash(path, flag, "stdin")
-    refuse_a_loop_of_links(path, flag)
+    refuse_an_unnameable_path(path, flag)
     if os.path.isdir(path):
         raise FlagError(f"{flag} {path}: is a directory, not a file")
     if os.path.islink(path) and not os.path.exists(path):
@@ -54,7 +54,7 @@ def check_writable_file(
     ending = folder_ending(path)
     if ending and not os.path.isdir(path):  # pathlib drops it, and would write (or replace) the file before it
         raise FlagError(f"{flag} {path}: ends in {ending!r}, as a folder's path does; give a file's path")
-    refuse_a_loop_of_links(path, flag)
+    refuse_an_unnameable_path(path, flag)
     if open_descriptor(path) is not None:  # written through this process's descriptor, as the shell set it up
         if not os.access(path, os.W_OK):
             raise FlagError(f"{flag} {path}: not writable")
@@ -86,6 +86,11 @@ def check_writable_file(
         with tempfile.NamedTemporaryFile(dir=folder, prefix=f".{destination.name}.", suffix=".probe"):
             pass
     except OSError as error:
+        if error.errno == errno.ENAMETOOLONG:  # the name itself fits, but not the temporary's beside it
+            raise FlagError(
+                f"{flag} {path}: its name is too long to write: it is written as .<name>.<8 characters>.tmp first, "
+                f"longer than its file system takes ({error.strerror}); give a shorter name"
+            ) from None
         raise FlagError(f"{flag} {path}: cannot write in {folder} ({error.strerror})") from None
 
 
@@ -96,14 +101,17 @@ def refuse_a_dash(path: str, flag: str, stream: str) -> None:
         raise FlagError(f"{flag} -: is no {stream} here; give /dev/{stream} for {stream}, or ./- for a file named -")
 
 
-def refuse_a_loop_of_links(path: str, flag: str) -> None:
-    """A path through symbolic links that lead back to themselves names nothing: as an output it
-    passed the other checks and its write failed in a traceback, after all the decoding."""
+def refuse_an_unnameable_path(path: str, flag: str) -> None:
+    """A path through symbolic links that lead back to themselves, or one longer than its file
+    system takes, names nothing: as an output the first passed the other checks and its write
+    failed in a traceback, after all the decoding; the second was a traceback."""
     try:
         os.stat(path)
     except OSError as error:
         if error.errno == errno.ELOOP:
             raise FlagError(f"{flag} {path}: its symbolic links form a loop, so it names no file") from None
+        if error.errno == errno.ENAMETOOLONG:
+            raise FlagError(f"{flag} {path}: longer than its file system takes ({error.strerror})") from None
 
 
 def folder_ending(path: str) -> str:

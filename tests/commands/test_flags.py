@@ -196,6 +196,28 @@ def test_a_loop_of_symbolic_links_is_refused_before_any_work(in_a_folder_with_a_
                 assert capsys.readouterr().err == message
 
 
+def test_a_name_longer_than_the_file_system_takes_is_refused_in_one_line(in_a_folder_with_a_file, capsys, no_decoding):
+    """An --output of 256 bytes (most file systems take 255) was a traceback (OSError: [Errno 36]
+    File name too long), and one of 245 "cannot write in .": the name fits, its temporary does not."""
+    folder = in_a_folder_with_a_file
+    for command, files, outputs, inputs in FILE_COMMANDS:
+        for flag in (*outputs, *inputs):
+            path = "a" * 256
+            assert command.main(argv(folder, files | {flag: path}, "--overwrite")) == 2, flag
+            assert (
+                capsys.readouterr().err
+                == f"error: {flag} {path}: longer than its file system takes (File name too long)\n"
+            )
+        for flag in outputs:
+            path = "a" * 245
+            assert command.main(argv(folder, files | {flag: path}, "--overwrite")) == 2, flag
+            assert capsys.readouterr().err == (
+                f"error: {flag} {path}: its name is too long to write: it is written as .<name>.<8 characters>.tmp "
+                "first, longer than its file system takes (File name too long); give a shorter name\n"
+            )
+    assert sorted(entry.name for entry in folder.iterdir()) == ["f", "in.en"]
+
+
 def test_generate_refuses_one_search_flags_under_another(tmp_path, capsys, no_decoding):
     for flags, message in (
         (["--seed", "3"], "--seed 3 applies to --method sample, not greedy"),
