@@ -157,6 +157,7 @@ def decode_lines(raw_lines: Iterable[bytes], name: str | pathlib.Path) -> list[s
                 converted_line = breaks + raw[: bom + error.start].count(b"\r") + 1  # each \r and \n a break
                 not_utf8 = (count, converted_line, error)
         carriage_returns += raw.rstrip(b"\r\n").count(b"\r")  # 0x0D is no part of another UTF-8 character
+        carriage_returns += raw.endswith(b"\r")  # the last line's, with no \n after it: ended by \r alone
         breaks += raw.count(b"\r") + raw.count(b"\n")
     # Lines ended by \r alone read as one line holding them all; a stray \r in a line is text.
     if carriage_returns >= max(2, 2 * count):

@@ -259,7 +259,7 @@ def test_content_errors_name_the_file_and_line(tmp_path, caplog):
     mac = write_text_files(tmp_path / "mac" / "train.{lang}", good)
     (tmp_path / "mac" / "train.fr").write_bytes("\r".join(s for s, _ in good).encode() + b"\r")
     assert error_for(train=mac) == (
-        f"{tmp_path / 'mac' / 'train.fr'}: its 1 line(s) hold 19 carriage returns (\\r), as lines ended by \\r alone "
+        f"{tmp_path / 'mac' / 'train.fr'}: its 1 line(s) hold 20 carriage returns (\\r), as lines ended by \\r alone "
         "(classic Mac OS) read; lines here end in \\n: convert them, e.g. with tr '\\r' '\\n'"
     )
     stray = [(f"{s}\r", t) if i % 3 == 0 else (s, t) for i, (s, t) in enumerate(good)]  # a few stray ones are text
@@ -336,6 +336,18 @@ def test_a_failed_preparation_leaves_no_empty_dataset_folder(tmp_path):
     assert len(read(get_builder(section(tmp_path, train=str(broken), validation_holdout=2)), "train")) == 18
 
 
+def test_the_last_lines_carriage_return_counts_as_a_line_end():
+    """Two sentences ended by \\r alone (b"A dog runs.\\rA cat sleeps.\\r") read as one line, its
+    final \\r uncounted (1 inside the line, less than 2): translate gave one translation for them."""
+    with pytest.raises(
+        DataError, match=r"^<stdin>: its 1 line\(s\) hold 2 carriage returns \(\\r\), as lines ended by "
+    ):
+        decode_lines([b"A dog runs.\rA cat sleeps.\r"], "<stdin>")
+    assert decode_lines([b"A dog runs.\r"], "<stdin>") == ["A dog runs."]  # one line so ended
+    assert decode_lines([b"A\r\n", b"B\r"], "<stdin>") == ["A", "B"]  # a CRLF file cut before its last \n
+    assert decode_lines([b"A man\rin a hat"], "<stdin>") == ["A man\rin a hat"]  # a stray \r: text
+
+
 def test_lines_ended_by_carriage_returns_are_named_before_a_byte_that_is_not_utf8(tmp_path):
     """A classic Mac OS file reads as one line: its "line 1 is not valid UTF-8" would name the wrong
     line. The line endings are named first, with the line the byte is on once they are converted."""
@@ -348,7 +360,7 @@ def test_lines_ended_by_carriage_returns_are_named_before_a_byte_that_is_not_utf
     line = re.fullmatch(r"tr: line (\d+) is not valid UTF-8 \((.*) at byte \d+\)", converted)
     assert line and line[1] == "13", converted  # the independent reference: the converted file's own error
     assert str(pytest.raises(DataError, read_lines, path).value) == (
-        f"{path}: its 1 line(s) hold 19 carriage returns (\\r), as lines ended by \\r alone (classic Mac OS) "
+        f"{path}: its 1 line(s) hold 20 carriage returns (\\r), as lines ended by \\r alone (classic Mac OS) "
         f"read; lines here end in \\n: convert them, e.g. with tr '\\r' '\\n' (then line {line[1]} is not valid "
         f"UTF-8 either: {line[2]})"
     )
