@@ -24,6 +24,7 @@ def check_readable_file(path: str | None, flag: str) -> None:
     if path is None:
         return
     refuse_a_dash(path, flag, "stdin")
+    refuse_a_folder_ending(path, flag)
     refuse_an_unnameable_path(path, flag)
     if os.path.isdir(path):
         raise FlagError(f"{flag} {path}: is a directory, not a file")
@@ -51,9 +52,7 @@ def check_writable_file(
     if path is None:
         return
     refuse_a_dash(path, flag, "stdout")
-    ending = folder_ending(path)
-    if ending and not os.path.isdir(path):  # pathlib drops it, and would write (or replace) the file before it
-        raise FlagError(f"{flag} {path}: ends in {ending!r}, as a folder's path does; give a file's path")
+    refuse_a_folder_ending(path, flag)
     refuse_an_unnameable_path(path, flag)
     if open_descriptor(path) is not None:  # written through this process's descriptor, as the shell set it up
         if not os.access(path, os.W_OK):
@@ -112,6 +111,14 @@ def refuse_an_unnameable_path(path: str, flag: str) -> None:
             raise FlagError(f"{flag} {path}: its symbolic links form a loop, so it names no file") from None
         if error.errno == errno.ENAMETOOLONG:
             raise FlagError(f"{flag} {path}: longer than its file system takes ({error.strerror})") from None
+
+
+def refuse_a_folder_ending(path: str, flag: str) -> None:
+    """`out/` (or `out/.`), not an existing folder: pathlib drops the ending, and would write (or
+    replace) the file `out`; read, `f/` of a file f is "no such file", though f is there."""
+    ending = folder_ending(path)
+    if ending and not os.path.isdir(path):
+        raise FlagError(f"{flag} {path}: ends in {ending!r}, as a folder's path does; give a file's path")
 
 
 def folder_ending(path: str) -> str:

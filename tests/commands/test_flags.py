@@ -149,16 +149,16 @@ def test_output_paths_that_cannot_be_files_say_why(in_a_folder_with_a_file, caps
             assert capsys.readouterr().err == f"error: {flag} f/x.de: {folder / 'f'} is a file, not a folder\n"
 
 
-def test_an_output_path_ending_as_a_folders_is_refused_not_written_as_the_file_before_it(
+def test_a_path_ending_as_a_folders_is_refused_not_written_or_read_as_the_file_before_it(
     in_a_folder_with_a_file, capsys, no_decoding
 ):
     """`--output out/` wrote a file named out, and `--output f/ --overwrite`, with f a file, replaced
     f, where the shell's `> f/` refuses: pathlib drops a trailing separator (and a last `.`)."""
     folder = in_a_folder_with_a_file
-    for command, files, outputs, _ in FILE_COMMANDS:
-        for flag in outputs:
+    for command, files, outputs, inputs in FILE_COMMANDS:
+        for flag in (*outputs, *inputs):  # an input "f/" was "no such file", f being there
             for path, ending in (("out/", "/"), ("f/", "/"), ("out/.", "/."), ("/dev/stdout/", "/")):
-                assert command.main(argv(folder, files, flag, path, "--overwrite")) == 2, (flag, path)
+                assert command.main(argv(folder, files | {flag: path}, "--overwrite")) == 2, (flag, path)
                 message = f"error: {flag} {path}: ends in {ending!r}, as a folder's path does; give a file's path\n"
                 assert capsys.readouterr().err == message
     assert sorted(entry.name for entry in folder.iterdir()) == ["f", "in.en"]
