@@ -6,6 +6,7 @@ from __future__ import annotations
 import codecs
 import dataclasses
 import gzip
+import itertools
 import logging
 import pathlib
 import re
@@ -13,6 +14,7 @@ import zlib
 from collections.abc import Callable, Iterable, Iterator, Sequence
 
 from jaxformer.data.tsv_quoting import QuotingCheck, quoted_break
+from jaxformer.data.unmarked_wide_text import HEAD_BYTES, unmarked_wide_encoding
 from jaxformer.errors import UserError
 
 logger = logging.getLogger(__name__)
@@ -88,7 +90,7 @@ _OTHER_ENCODINGS = {
 def not_utf8_text(head: bytes) -> str | None:
     """The phrase "holds gzip compressed data ..." or "is UTF-16 text ..." for a file read as plain
     text whose first bytes, `head`, are gzip's magic or a UTF-16/32 byte-order mark, or UTF-16/32
-    text without one (`unmarked_wide_encoding`); else None."""
+    text without one (`unmarked_wide_encoding`: `head` is then the file's first HEAD_BYTES); else None."""
     if head.startswith(_GZIP_MAGIC):
         return (
             "holds gzip compressed data where text should be (only a file named *.gz is decompressed, once): "
@@ -100,29 +102,14 @@ def not_utf8_text(head: bytes) -> str | None:
             f"is {encoding} text (its byte-order mark says so), but text is read as UTF-8: "
             f"convert it (iconv -f {encoding} -t UTF-8)"
         )
-    encoding = unmarked_wide_encoding(head)
-    if encoding is None:
+    unmarked = unmarked_wide_encoding(head)
+    if unmarked is None:
         return None
+    encoding, line = unmarked
     return (
-        f"looks like {encoding} text without a byte-order mark (a NUL byte beside each of its first characters), "
+        f"looks like {encoding} text without a byte-order mark (its first line so read: {line[:40]!r}), "
         f"but text is read as UTF-8: convert it (iconv -f {encoding} -t UTF-8)"
     )
-
-
-def unmarked_wide_encoding(head: bytes) -> str | None:
-    """UTF-16LE, UTF-16BE, UTF-32LE or UTF-32BE where `head` holds two or more code units of it
-    from U+0001 to U+00FF, as text in a Latin script starts (`iconv -t UTF-16LE`, Python's
-    encode("utf-16-le") write no mark); else None. Read as UTF-8 it would be valid, NULs and all,
-    and its line breaks would start every line after the first with a NUL (UTF-16LE's \n is
-    0A 00): no UTF-8 text starts so, NULs alone being no text."""
-    for width in (4, 2):  # UTF-32LE's units start as UTF-16LE's do
-        units = [head[start : start + width] for start in range(0, len(head) - width + 1, width)]
-        if len(units) < 2:
-            continue
-        for order, low in (("LE", 0), ("BE", width - 1)):
-            if all(unit[low] and unit.count(0) == width - 1 for unit in units):
-                return f"UTF-{8 * width}{order}"
-    return None
 
 
 def _open_text(path: pathlib.Path):
@@ -142,12 +129,12 @@ def decode_lines(raw_lines: Iterable[bytes], name: str | pathlib.Path) -> list[s
     one at the start of a later line (files joined with cat, each with its own mark); a
     bad byte raises DataError naming `name` and the line. Lines ended by a carriage return alone
     are named first: they make every line number 1 (the bad byte's line once converted is named with them)."""
+    head, raw_lines = _head_of(raw_lines)
+    unread_format = other_compression(head) or not_utf8_text(head)
+    if unread_format:
+        raise DataError(f"{name} {unread_format}")
     lines, count, carriage_returns, breaks, not_utf8 = [], 0, 0, 0, None
     for count, raw in enumerate(raw_lines, start=1):
-        head = raw[:MAGIC_BYTES]
-        unread_format = (other_compression(head) or not_utf8_text(head)) if count == 1 else None
-        if unread_format:  # no magic or mark holds a \n: all of it is in the first "line"
-            raise DataError(f"{name} {unread_format}")
         if not_utf8 is None:  # read on past it only to count the line endings
             try:
                 text = raw.decode("utf-8-sig" if count == 1 else "utf-8").rstrip("\r\n")
@@ -170,6 +157,18 @@ def decode_lines(raw_lines: Iterable[bytes], name: str | pathlib.Path) -> list[s
         number, _, error = not_utf8
         raise DataError(f"{name}: line {number} is not valid UTF-8 ({error.reason} at byte {error.start})")
     return lines
+
+
+def _head_of(raw_lines: Iterable[bytes]) -> tuple[bytes, Iterator[bytes]]:
+    """The first HEAD_BYTES bytes of `raw_lines`, over as many lines as they take (UTF-16LE's line
+    break 0A 00 splits as a UTF-8 one and a NUL starting the next line), and all the lines again."""
+    lines, first, size = iter(raw_lines), [], 0
+    for raw in lines:
+        first.append(raw)
+        size += len(raw)
+        if size >= HEAD_BYTES:
+            break
+    return b"".join(first)[:HEAD_BYTES], itertools.chain(first, lines)
 
 
 def read_lines(path: str | pathlib.Path) -> list[str]:

@@ -23,7 +23,6 @@ import pathlib
 from collections.abc import Sequence
 
 from jaxformer.data.parallel_text import (
-    MAGIC_BYTES,
     DataError,
     SkipCounter,
     first_line,
@@ -34,6 +33,7 @@ from jaxformer.data.parallel_text import (
     read_tsv_column,
     read_tsv_pairs,
 )
+from jaxformer.data.unmarked_wide_text import HEAD_BYTES
 
 SPLITS = ("train", "validation", "test")
 LANGUAGE_FIELD = "{lang}"
@@ -145,7 +145,7 @@ def unusable_files(files: SplitFiles, missing_allowed: bool = False) -> list[str
         else:
             try:
                 with open(path, "rb") as handle:
-                    head = handle.read(MAGIC_BYTES)
+                    head = handle.read(HEAD_BYTES)
                 unread_format = other_compression(head)
                 if path.suffix.lower() != ".gz":  # a .gz file's text is checked once decompressed
                     unread_format = unread_format or not_utf8_text(head)
