@@ -32,6 +32,7 @@ def checkpoint_choice(value: str) -> str | int:
 def add_decoding_flags(parser: argparse.ArgumentParser) -> None:
     """The flags of the commands that translate: which checkpoint, the search, batches, --no_progress."""
     from jaxformer.decoding.generate import METHODS
+    from jaxformer.decoding.sentence_batches import DEFAULT_MAX_SOURCE_TOKENS, MAX_SOURCE_TOKENS
 
     add_checkpoint_flags(parser)
     parser.add_argument("--method", choices=METHODS, help=f"search (default: {final_default('method')}beam)")
@@ -41,9 +42,9 @@ def add_decoding_flags(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--batch_size", type=at_least(1), default=32, help="sentences per decoding batch (default: 32)")
     parser.add_argument(
         "--max_source_tokens",
-        type=at_least(2),
-        default=256,
-        help="longer inputs are translated in pieces (default: 256)",
+        type=integer_from(2, MAX_SOURCE_TOKENS),
+        help=f"longer inputs are translated in pieces; at most {MAX_SOURCE_TOKENS}, and at most the model's "
+        f"positions where it has a last one (default: {DEFAULT_MAX_SOURCE_TOKENS}, or its positions where fewer)",
     )
     parser.add_argument("--no_progress", action="store_true", help="no progress bar on stderr")
 
@@ -216,7 +217,7 @@ def translator_from_flags(args: argparse.Namespace, settings=None, chosen=None, 
         loaded=loaded,
         tokenizers=tokenizers,
         batch_size=args.batch_size,
-        max_source_tokens=args.max_source_tokens,
+        **({} if args.max_source_tokens is None else {"max_source_tokens": args.max_source_tokens}),
         seed=args.seed,
     )
 

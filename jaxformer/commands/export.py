@@ -21,7 +21,7 @@ import signal
 import sys
 
 from jaxformer.commands import common
-from jaxformer.commands.common import at_least, make_parser, run_command
+from jaxformer.commands.common import at_least, integer_from, make_parser, run_command
 from jaxformer.commands.decoding_flags import (
     add_beam_flags,
     add_checkpoint_flags,
@@ -32,6 +32,7 @@ from jaxformer.commands.decoding_flags import (
 )
 from jaxformer.commands.path_checks import check_workdir
 from jaxformer.decoding.generate import METHODS
+from jaxformer.decoding.sentence_batches import MAX_SOURCE_TOKENS
 from jaxformer.errors import exit_code_for_signal
 from jaxformer.export.program import KNOWN_PLATFORMS, PLATFORMS
 from jaxformer.run.directory import checkpoint_name
@@ -75,9 +76,10 @@ def build_parser() -> argparse.ArgumentParser:
     )
     parser.add_argument(
         "--max_source_tokens",
-        type=at_least(2),
+        type=integer_from(2, MAX_SOURCE_TOKENS),
         default=256,
-        help="the longest source the program takes; longer inputs are translated in pieces (default: 256)",
+        help=f"the longest source the program takes, at most {MAX_SOURCE_TOKENS}; longer inputs are translated "
+        "in pieces (default: 256)",
     )
     parser.add_argument(
         "--platforms",

@@ -16,6 +16,7 @@ import numpy as np
 
 from jaxformer.decoding.beam_search import ALPHA_RULE, BEAM_STOPS, LENGTH_PENALTIES, beam_search, is_valid_alpha
 from jaxformer.decoding.search import CacheGrowth, SearchSpec, TokensToLogits, greedy_search, sample_search
+from jaxformer.decoding.sentence_batches import MAX_SOURCE_TOKENS
 from jaxformer.model.cache import init_cache
 from jaxformer.model.config import ConfigError, TransformerConfig, set_python_scalar_fields
 from jaxformer.model.transformer import Transformer, unstack_layers
@@ -77,6 +78,11 @@ def check_options(options: dict[str, Any]) -> None:
         minimum = OPTION_MINIMUMS.get(name)
         if minimum is not None and (isinstance(value, bool) or not isinstance(value, int) or value < minimum):
             raise ValueError(f"{name} must be an integer >= {minimum}, got {value!r}")
+    if options.get("max_source_tokens", 0) > MAX_SOURCE_TOKENS:
+        raise ValueError(
+            f"max_source_tokens must be at most {MAX_SOURCE_TOKENS} (longer lines are translated in pieces), "
+            f"got {options['max_source_tokens']}"
+        )
     if "max_buffer_growth" in options and not options["max_buffer_growth"] >= 1:
         raise ValueError(f"max_buffer_growth must be >= 1, got {options['max_buffer_growth']}")
     if "seed" in options:

@@ -17,6 +17,7 @@ from jaxformer.data.tokenizer import Tokenizer
 from jaxformer.decoding import sentence_batches
 from jaxformer.decoding.checkpoint_alpha import ChosenSearch, checkpoint_search
 from jaxformer.decoding.generate import DecodeSettings, check_options, decoding_variant, make_generate_fn
+from jaxformer.decoding.sentence_batches import source_token_limit
 from jaxformer.model.config import TransformerConfig
 from jaxformer.model.transformer import unstack_layers
 from jaxformer.run.architecture_uses import refuse_another_model
@@ -72,7 +73,7 @@ class Translator:
         batch_size: int = 32,
         length_bucket: int = 16,
         max_buffer_growth: float = 1.25,
-        max_source_tokens: int = 256,
+        max_source_tokens: int | None = None,
         target_tokenizer: Tokenizer | None = None,
         parallel_batches: int = 2,
         seed: int = 0,
@@ -92,7 +93,7 @@ class Translator:
             dict(
                 batch_size=batch_size,
                 length_bucket=length_bucket,
-                max_source_tokens=max_source_tokens,
+                **({} if max_source_tokens is None else {"max_source_tokens": max_source_tokens}),
                 max_buffer_growth=max_buffer_growth,
                 parallel_batches=parallel_batches,
                 seed=seed,
@@ -105,7 +106,7 @@ class Translator:
         self.tokenizer, self.target_tokenizer = tokenizer, target_tokenizer
         self.settings = settings
         # A model with a last position (an imported MarianMT model's) never reads a source past it.
-        max_source_tokens = min(max_source_tokens, config.max_positions or max_source_tokens)
+        max_source_tokens = source_token_limit(max_source_tokens, config)
         self.batch_size, self.length_bucket, self.max_source_tokens = batch_size, length_bucket, max_source_tokens
         self.max_buffer_growth = max_buffer_growth
         self.parallel_batches = parallel_batches
@@ -168,6 +169,7 @@ class Translator:
 
         def settle(metadata: CheckpointMetadata) -> None:  # from the one read of its metadata, before the parameters
             model_config = cls.check_workdir(workdir, checkpoint, metadata)
+            source_token_limit(kwargs.get("max_source_tokens"), model_config)
             settled["settings"] = checkpoint_search(
                 workdir, checkpoint, metadata, model_config, settings, chosen, settle_search
             )

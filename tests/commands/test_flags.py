@@ -23,7 +23,12 @@ def no_decoding(monkeypatch):
 @pytest.mark.parametrize(
     ("flags", "message"),
     [
-        (["--max_source_tokens", "0"], "argument --max_source_tokens: must be an integer >= 2, got 0"),
+        (["--max_source_tokens", "0"], "argument --max_source_tokens: must be an integer from 2 to 4096, got 0"),
+        # Not one long line searched over its whole length: the sinusoidal positions have no last one.
+        (
+            ["--max_source_tokens", "100000000000000000000"],
+            "argument --max_source_tokens: must be an integer from 2 to 4096, got 100000000000000000000",
+        ),
         (["--batch_size", "0"], "argument --batch_size: must be an integer >= 1, got 0"),
         (["--batch_size", "many"], "argument --batch_size: must be an integer >= 1, got 'many'"),
         (["--beam_size", "-1"], "argument --beam_size: must be an integer >= 1, got -1"),
@@ -66,6 +71,19 @@ def test_bad_decoding_flags_are_one_line(command, flags, message, tmp_path, caps
     assert stopped.value.code == 2
     error = capsys.readouterr().err
     assert error.startswith(f"error: {message}") and error.count("\n") == 1, error
+
+
+def test_exports_max_source_tokens_has_translates_bound(tmp_path, capsys):
+    """The longest source an export's program takes: 10**20 was taken, and its program would be
+    lowered for rows of that many tokens."""
+    from jaxformer.commands import export
+
+    with pytest.raises(SystemExit) as stopped:
+        export.main(["--workdir", str(tmp_path), "--output", str(tmp_path / "out"), "--max_source_tokens", "10" * 10])
+    assert stopped.value.code == 2
+    error = capsys.readouterr().err
+    assert error.startswith("error: argument --max_source_tokens: must be an integer from 2 to 4096, got 1010101010")
+    assert not (tmp_path / "out").exists()
 
 
 @pytest.mark.parametrize("command", [translate, evaluate])

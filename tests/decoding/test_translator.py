@@ -155,6 +155,10 @@ def test_seeds_that_jax_would_take_for_others_are_refused_before_anything_is_rea
         ({"batch_size": 0}, "batch_size must be an integer >= 1, got 0"),
         ({"length_bucket": 0}, "length_bucket must be an integer >= 1, got 0"),
         ({"max_source_tokens": 1}, "max_source_tokens must be an integer >= 2, got 1"),
+        (  # a longer line would be searched over its whole length (memory), not in pieces
+            {"max_source_tokens": 10**20},
+            "max_source_tokens must be at most 4096 (longer lines are translated in pieces), got 100000000000000000000",
+        ),
         ({"parallel_batches": 0}, "parallel_batches must be an integer >= 1, got 0"),
         ({"max_buffer_growth": 0.5}, "max_buffer_growth must be >= 1, got 0.5"),
     ],
@@ -280,6 +284,46 @@ def test_translate_ids_refuses_a_source_past_the_models_positions(translator):
     with_positions(positions).translate_ids([fits + [PAD_ID] * 3])
     with_positions(None).translate_ids([longer])  # no limit without max_positions
     assert searched == [[fits], [longer]]
+
+
+def test_max_source_tokens_past_the_models_positions_is_refused_before_parameters_are_read(
+    translator, decoding_workdir, monkeypatch, tmp_path, capsys
+):
+    """A model with a last position (model.max_positions, an imported MarianMT model's) took any
+    max_source_tokens and translated in pieces of its positions instead, silently; one given past
+    them is refused, naming the value and the limit, before the parameters are read or anything
+    is compiled (translate's --max_source_tokens as the commands print a ConfigError: one line).
+    None given: 256, or the model's positions where fewer, as before."""
+    from jaxformer.commands import translate
+    from jaxformer.run.checkpoint import Checkpointer
+    from jaxformer.run.metadata import CheckpointMetadata
+
+    positions = 50
+    message = (
+        f"max_source_tokens={positions + 1} is more than the model's {positions} positions (model.max_positions): "
+        f"give at most {positions}, or none (longer lines are translated in pieces)"
+    )
+    model_config = CheckpointMetadata.model_config
+    with monkeypatch.context() as patched:
+        patched.setattr(
+            CheckpointMetadata, "model_config", lambda self: model_config(self).replace(max_positions=positions)
+        )
+        patched.setattr(Checkpointer, "_restore_params", lambda *args: pytest.fail("the parameters were read"))
+        with pytest.raises(ValueError) as refused:
+            Translator.from_workdir(decoding_workdir, settings=GREEDY, max_source_tokens=positions + 1)
+        assert str(refused.value) == message
+        (tmp_path / "input.txt").write_text("A dog runs.\n")
+        flags = ["--workdir", str(decoding_workdir), "--input", str(tmp_path / "input.txt"), "--method", "greedy"]
+        flags += ["--output", str(tmp_path / "out.txt"), "--max_source_tokens", str(positions + 1)]
+        assert translate.main(flags) == 2
+        assert capsys.readouterr().err.splitlines()[-1] == f"error: {message}"
+        assert not (tmp_path / "out.txt").exists()
+    parts = (translator.config.replace(max_positions=positions), None, translator.tokenizer, GREEDY)
+    with pytest.raises(ValueError, match=re.escape(message)):
+        Translator(*parts, max_source_tokens=positions + 1)
+    assert Translator(*parts, max_source_tokens=positions).max_source_tokens == positions
+    assert Translator(*parts).max_source_tokens == positions  # 256 where none is given, at most the positions
+    assert Translator(parts[0].replace(max_positions=None), *parts[1:]).max_source_tokens == 256
 
 
 def test_from_workdir_checks_the_settings_before_reading_parameters(decoding_workdir, monkeypatch):
