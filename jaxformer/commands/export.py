@@ -77,9 +77,9 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument(
         "--max_source_tokens",
         type=integer_from(2, MAX_SOURCE_TOKENS),
-        default=256,
-        help=f"the longest source the program takes, at most {MAX_SOURCE_TOKENS}; longer inputs are translated "
-        "in pieces (default: 256)",
+        default=None,
+        help=f"the longest source the program takes, at most {MAX_SOURCE_TOKENS} and the model's positions; "
+        "longer inputs are translated in pieces (default: 256, or the model's positions where fewer)",
     )
     parser.add_argument(
         "--platforms",

@@ -16,8 +16,6 @@ from typing import Any, Protocol, runtime_checkable
 
 import numpy as np
 
-from jaxformer.model.config import ConfigError, TransformerConfig
-
 logger = logging.getLogger(__name__)
 
 SENTENCE_END = re.compile(r"(?<=[.!?;:])\s+")
@@ -27,26 +25,9 @@ LINE_BREAK = re.compile(r"\r\n|[\r\n]")  # what a reader of lines splits at; U+2
 # --max_source_tokens), where the model has no last position (model.max_positions None: the
 # sinusoids are computed for any position): as generate.py's MAX_EXTRA_LENGTH, it stops a mistyped value (10**20
 # would let one long line build a search over its whole length, out of memory) before anything is
-# read. A model with positions takes at most that many (`source_token_limit`).
+# read. A model with positions takes at most that many (translator.source_token_limit).
 MAX_SOURCE_TOKENS = 4096  # generate.py's MAX_EXTRA_LENGTH: 16 times the longest rows the shipped configs train on
 DEFAULT_MAX_SOURCE_TOKENS = 256  # where none is given: at most the model's positions
-
-
-def source_token_limit(max_source_tokens: int | None, config: TransformerConfig) -> int:
-    """The most tokens of a source line translated at once, longer lines in pieces: `max_source_tokens`
-    (check_options took it), or None: DEFAULT_MAX_SOURCE_TOKENS, at most the model's positions. A
-    ConfigError (a flag's value, which the commands print in one line) where the one given is more
-    than the model's positions (model.max_positions, an imported MarianMT model's): checked before
-    any parameter is read, as `DecodeSettings.check_fits`."""
-    positions = config.max_positions
-    if max_source_tokens is None:
-        return DEFAULT_MAX_SOURCE_TOKENS if positions is None else min(DEFAULT_MAX_SOURCE_TOKENS, positions)
-    if positions is not None and max_source_tokens > positions:
-        raise ConfigError(
-            f"max_source_tokens={max_source_tokens} is more than the model's {positions} positions "
-            f"(model.max_positions): give at most {positions}, or none (longer lines are translated in pieces)"
-        )
-    return max_source_tokens
 
 
 def as_lines(texts: Iterable[str]) -> str:

@@ -17,8 +17,7 @@ from jaxformer.data.tokenizer import Tokenizer
 from jaxformer.decoding import sentence_batches
 from jaxformer.decoding.checkpoint_alpha import ChosenSearch, checkpoint_search
 from jaxformer.decoding.generate import DecodeSettings, check_options, decoding_variant, make_generate_fn
-from jaxformer.decoding.sentence_batches import source_token_limit
-from jaxformer.model.config import TransformerConfig
+from jaxformer.model.config import ConfigError, TransformerConfig
 from jaxformer.model.transformer import unstack_layers
 from jaxformer.run.architecture_uses import refuse_another_model
 from jaxformer.run.directory import checkpoint_name, parse_checkpoint_choice
@@ -311,3 +310,21 @@ def checked_id_sequences(
                 f"vocabulary [0, {vocab_size})"
             )
     return [ids.astype(np.int32, copy=False) for ids in arrays]
+
+
+def source_token_limit(max_source_tokens: int | None, config: TransformerConfig) -> int:
+    """The most tokens of a source line translated at once, longer lines in pieces: `max_source_tokens`
+    (check_options took it), or None: sentence_batches.DEFAULT_MAX_SOURCE_TOKENS, at most the model's positions. A
+    ConfigError (a flag's value, which the commands print in one line) where the one given is more
+    than the model's positions (model.max_positions, an imported MarianMT model's): checked before
+    any parameter is read, as `DecodeSettings.check_fits`."""
+    positions = config.max_positions
+    if max_source_tokens is None:
+        default = sentence_batches.DEFAULT_MAX_SOURCE_TOKENS
+        return default if positions is None else min(default, positions)
+    if positions is not None and max_source_tokens > positions:
+        raise ConfigError(
+            f"max_source_tokens={max_source_tokens} is more than the model's {positions} positions "
+            f"(model.max_positions): give at most {positions}, or none (longer lines are translated in pieces)"
+        )
+    return max_source_tokens

@@ -25,11 +25,13 @@ import jax
 
 from jaxformer.decoding.checkpoint_alpha import SEARCH_NAMES, ChosenSearch, checkpoint_search
 from jaxformer.decoding.generate import DecodeSettings, check_seed, decoding_variant
+from jaxformer.decoding.translator import source_token_limit
 from jaxformer.errors import CheckpointError
 from jaxformer.export import output_folder, staging_leftovers, standalone
 from jaxformer.export.loading import ExportError, check_export
 from jaxformer.export.program import KNOWN_PLATFORMS, PLATFORMS, export_search, key_impl, key_spec
 from jaxformer.export.safetensors import flatten, unflatten, write_safetensors
+from jaxformer.model.config import ConfigError
 from jaxformer.run.directory import parse_checkpoint_choice
 from jaxformer.run.loading import load_checkpoint, require_architecture
 from jaxformer.tokens import BOS_ID, EOS_ID, PAD_ID, UNK_ID
@@ -51,7 +53,9 @@ class ServingSettings:
 
     batch_size: int = 64  # rows per decoding batch
     length_bucket: int = 16  # source lengths are rounded up to a multiple of this
-    max_source_tokens: int = 256  # longer sentences are translated in pieces
+    # Longer sentences are translated in pieces. None: 256, or the model's positions where fewer;
+    # more than its positions is refused (`source_token_limit`), as translate refuses it.
+    max_source_tokens: int | None = None
 
     @property
     def max_source_length(self) -> int:
@@ -123,14 +127,16 @@ def export_checkpoint(
         settled["settings"] = checkpoint_search(
             workdir, checkpoint, metadata, model_config, settings, chosen, settle_search, method="beam"
         )
+        try:
+            limit = source_token_limit(serving.max_source_tokens, model_config)
+        except ConfigError as error:
+            raise ExportError(str(error)) from None
+        settled["serving"] = dataclasses.replace(serving, max_source_tokens=limit)
 
     step, metadata, params = load_checkpoint(workdir, checkpoint, before_params=settle)
-    settings = settled["settings"]
+    settings, serving = settled["settings"], settled["serving"]
     with output_folder.staging_directory(output) as staging:
         config, params = decoding_variant(metadata.model_config(), params)
-        if config.max_positions is not None and serving.max_source_tokens > config.max_positions:
-            # The loader then splits longer sentences where the model's positions end, as Translator does.
-            serving = dataclasses.replace(serving, max_source_tokens=config.max_positions)
         separate = metadata.target_tokenizer is not None  # separate source and target vocabularies
         for side, model_size, tokenizer in (
             ("source" if separate else "shared", config.encoder_vocab_size, metadata.load_tokenizer()),
