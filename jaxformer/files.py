@@ -1,5 +1,6 @@
 """Writing files so that a crash, a full disk or a kill never leaves half of one, and knowing
-beforehand whether a folder can be written at all; reading a JSON object back, or None."""
+beforehand whether a folder can be written at all; reading a JSON object back, or None; a path's
+"~" read as the shell reads it."""
 
 from __future__ import annotations
 
@@ -13,6 +14,14 @@ import stat
 import sys
 import tempfile
 from typing import Any
+
+
+def home_expanded(path: str) -> str:
+    """`path` with a leading "~" or "~user" read as the shell reads it, that home folder: a flag's
+    value written `--workdir=~/runs` reaches the command as it is (the shell expands "~" only at a
+    word's start), and a config's path keys are never expanded by a shell. Anything else, an
+    unknown user's "~name" included, is returned as given."""
+    return os.path.expanduser(path)
 
 
 def write_text_atomically(path: str | pathlib.Path, text: str) -> None:

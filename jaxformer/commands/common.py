@@ -40,7 +40,7 @@ from jaxformer.errors import (
     file_size_limit_error,
     no_space_error,
 )
-from jaxformer.files import write_text_atomically, write_to_stream
+from jaxformer.files import home_expanded, write_text_atomically, write_to_stream
 
 logger = logging.getLogger(__name__)
 
@@ -113,14 +113,23 @@ def ruled_number(text: str, kind: Callable[[str], Any], rule: str, allowed: Call
 
 def path_text(text: str) -> str:
     """A local file or folder path: not empty, which would mean the current directory by accident,
-    and not a URL (gs://, s3://), which local file operations would take for a folder named gs:."""
+    and not a URL (gs://, s3://), which local file operations would take for a folder named gs:.
+    A leading "~" or "~user" is that home folder (`home_expanded`), in `--workdir=~/runs` too,
+    which the shell passes as written; one naming no user is refused, not made a folder "~name"."""
     if not text.strip():
         raise argparse.ArgumentTypeError(f"must be a path, got {'an empty one' if not text else repr(text)}")
     if re.match(r"^[A-Za-z][A-Za-z0-9+.-]*://", text):
         raise argparse.ArgumentTypeError(
             f"must be a local path or a mounted file system (NFS, gcsfuse), not a URL: {text!r}"
         )
-    return text
+    path = home_expanded(text)
+    if path.startswith("~"):
+        home = path.split("/", 1)[0]
+        raise argparse.ArgumentTypeError(
+            f"{text!r} starts with {home}, but there is no user {home[1:]!r} whose home folder that is; "
+            f"for a folder named {home} here, give ./{text}"
+        )
+    return path
 
 
 path_text.__name__ = "path"

@@ -8,6 +8,8 @@ import os
 
 import ml_collections
 
+from jaxformer.files import home_expanded
+
 PATH_KEYS = (
     "data.data_dir",
     "data.raw_dir",
@@ -41,7 +43,7 @@ def with_absolute_paths(config: ml_collections.ConfigDict) -> ml_collections.Con
 def _absolute(path: str) -> str:
     """`path` absolute, its folder resolved as the system resolves it and its last part kept: a
     data file's name (.tsv, .gz, {lang}) is read as given, even where the file is a link."""
-    path = os.path.expanduser(path)
+    path = home_expanded(path)
     path = path.rstrip(os.sep) or os.sep
     folder, name = os.path.split(path)
     if name in ("", ".", ".."):

@@ -12,6 +12,7 @@ from typing import Any
 import ml_collections
 
 from jaxformer.data.tokenizer import Tokenizer, pieces_text
+from jaxformer.files import home_expanded
 from jaxformer.hardware import resolve_matmul_dtype
 from jaxformer.model.config import ConfigError, TransformerConfig, preset
 from jaxformer.training.checked_keys import model_number_keys, refuse_wrong_kinds
@@ -285,7 +286,7 @@ def vocabulary_sizes(config: ml_collections.ConfigDict, workdir: str | os.PathLi
     if section.separate_vocabularies:
         paths["target_model_path"] = section.target_model_path
     # "~" as the run reads them (config_paths): validation comes before the paths are made absolute.
-    paths = {key: None if path is None else os.path.expanduser(path) for key, path in paths.items()}
+    paths = {key: None if path is None else home_expanded(path) for key, path in paths.items()}
     tokenizers = {
         key: Tokenizer.from_sentencepiece_file(path, control_symbols(config))
         for key, path in paths.items()

@@ -8,6 +8,7 @@ import difflib
 import os
 import pathlib
 
+from jaxformer.files import home_expanded
 from jaxformer.model.config import ConfigError
 
 
@@ -28,7 +29,7 @@ def shipped_file_path(name_or_path: str, directory: pathlib.Path, kind: str, fla
     (configs/multi30k.py of an older clone, or the wrong folder), is a ConfigError."""
     names = shipped_names(directory)
     if not is_shipped_name(name_or_path):
-        path = pathlib.Path(name_or_path).expanduser()
+        path = pathlib.Path(home_expanded(name_or_path))
         if not path.exists() and path.stem in names:
             raise ConfigError(
                 f"{kind} file {path} does not exist; jaxformer ships a {kind} of that name: {flag} {path.stem}"
