@@ -352,6 +352,7 @@ def import_marian(
     from jaxformer.run.directory import RunDirectory
     from jaxformer.run.metadata import CheckpointMetadata
     from jaxformer.training import experiment
+    from jaxformer.training.config_rules import preset_of_sizes
 
     output = pathlib.Path(workdir)
     check_new_output(output)
@@ -362,7 +363,9 @@ def import_marian(
         for key, value in converted.config.to_dict().items()
         if key not in ("vocab_size", "source_vocab_size", "deterministic")
     }
-    config.model = experiment.model_section("base", **fields)
+    # Labelled as the preset whose sizes it has, if any: base's name on tiny's sizes is a config
+    # a run refuses (config_rules.preset_held_instead).
+    config.model = experiment.model_section(preset_of_sizes(fields) or "base", **fields)
     config.tokenizer.vocab_size = converted.config.vocab_size
     config.tokenizer.separate_vocabularies = True
     config.data.source_language = source_language or converted.source_language or config.data.source_language

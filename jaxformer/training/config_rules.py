@@ -186,6 +186,31 @@ VALUE_RULES: dict[str, tuple[Callable[[Any], bool], str]] = {
 }
 
 
+# A preset's fields a model section holds (its vocab_size is the tokenizer's: model_section drops it).
+PRESET_SIZES = tuple(field for field in PRESETS["base"] if field != "vocab_size")
+
+
+def preset_of_sizes(section) -> str | None:
+    """The preset whose sizes a model section (or a dict of its fields) holds, every one of them;
+    None where it holds another size, or not all of them."""
+    if not all(field in section for field in PRESET_SIZES):
+        return None
+    return next(
+        (name for name, values in PRESETS.items() if all(values[field] == section[field] for field in PRESET_SIZES)),
+        None,
+    )
+
+
+def preset_held_instead(model) -> str | None:
+    """The preset whose sizes a model section labelled another one holds: a config file's
+    `config.model.preset = "tiny"` after `model_section("base")` (or default_config()) renamed
+    base's sizes, which the model keeps, the section holding every field. None where the section
+    holds the named preset's sizes, sizes of none (model_section("base", d_model=256)), or not all
+    of them (the named preset gives the rest)."""
+    held = preset_of_sizes(model)
+    return None if held == model.get("preset", "base") else held
+
+
 def check_combinations(config, architecture: str) -> None:
     """Raises ConfigError for values of different keys that cannot go together (each key's own
     values passed VALUE_RULES); `architecture` is the config's model.architecture."""
@@ -197,6 +222,13 @@ def check_combinations(config, architecture: str) -> None:
     preset_name = config.model.get("preset", "base")  # preset()'s own refusal names no key
     if preset_name not in PRESETS:
         raise ConfigError(f"config model.preset={preset_name!r}: must be one of {', '.join(map(repr, PRESETS))}")
+    if (held := preset_held_instead(config.model)) is not None:
+        sizes = ", ".join(f"{field}={value!r}" for field, value in PRESETS[held].items() if field in PRESET_SIZES)
+        raise ConfigError(
+            f"config model.preset={preset_name!r} with {held}'s sizes ({sizes}): setting model.preset changes "
+            f"only the name; for {preset_name}'s sizes build the section with model_section({preset_name!r}) "
+            f"(then change what you like), or give --config.model.preset={preset_name}"
+        )
     if architecture != "encoder_decoder":
         for key, value in (
             ("tokenizer.separate_vocabularies", config.tokenizer.separate_vocabularies),

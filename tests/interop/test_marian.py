@@ -89,6 +89,12 @@ def test_a_run_fine_tuned_from_an_import_translates_during_training_with_transfo
     assert config.decoding.renormalize_after_bans is False  # the model's generation config does not renormalize
 
 
+def test_an_import_of_a_presets_sizes_is_labelled_with_that_preset(imported):
+    """It was labelled base on tiny's sizes, a section config_rules.preset_held_instead refuses."""
+    workdir, _ = imported
+    assert load_checkpoint(workdir, params=False)[1].config["model"]["preset"] == "tiny"
+
+
 def test_teacher_forced_logits_match(marian, imported):
     directory, model = marian
     workdir, converted = imported
