@@ -87,7 +87,7 @@ def split_pairs(
     trained_on, trained_files = metadata.data_fingerprint, data.get("files")
     builder = get_builder(ml_collections.ConfigDict(data), prepared_from=trained_on)
     check_same_data(builder, trained_on, workdir, remedy, trained_files)  # files known up front: before preparing
-    records = load_split(builder, split, languages)
+    records = load_split(builder, split, languages, given_as=f"--split {split}")
     check_same_data(builder, trained_on, workdir, remedy, trained_files)  # fingerprinted once fetched
     numbers, total = _pair_lines(builder, split, len(records))
     # Read as far as needed: which records are scored is known once each is encoded.
@@ -233,12 +233,15 @@ def run(args: argparse.Namespace) -> int:
         raise FlagError(f"--output {args.output} and --json {args.json} are the same file")
     if args.json is None:  # the scores are printed: with stdout closed they would be lost once decoded
         check_stdout_open("--json")
-    from jaxformer.decoding.translator import Translator  # the data stack: after the flags are checked
+    from jaxformer.data.sources import check_known_split  # the data stack: after the flags are checked
+    from jaxformer.decoding.translator import Translator
 
     # A language model's run, or a search the model cannot run: refused before any data is read.
     settled = {}  # final/'s search and the settings, settled from the one read of the checkpoint's metadata
 
     def check_model(metadata):  # from the one read of the checkpoint's metadata, before its parameters
+        if args.split:  # a split the run's dataset has not, where that is known before it is prepared
+            check_known_split(metadata.config["data"], args.split, f"--split {args.split}")
         model_config = Translator.check_workdir(args.workdir, args.checkpoint, metadata)  # a translator's, first
         settled["chosen"] = chosen = final_search(args, metadata=metadata)
         settled["settings"] = decode_settings_from_flags(args, args.max_extra_length, chosen)

@@ -35,6 +35,7 @@ from jaxformer.data.split_files import (
     SIDES,
     SPLITS,
     SplitFiles,
+    prepared_splits,
     read_examples,
     read_languages,
     split_files,
@@ -191,7 +192,7 @@ class ParallelFiles(FingerprintedBuilder):
 
     def split_names(self) -> list[str]:
         """The splits it prepares, known before it prepares them: the files', and validation held out of train."""
-        return [split for split in SPLITS if split in self._files or (split == "validation" and self._holdout)]
+        return prepared_splits(self._files)
 
     def file_lines(self, split: str) -> tuple[list[int], int] | None:
         """(the 1-based line of each pair of `split` in its file(s), their line count): where a

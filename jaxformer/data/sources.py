@@ -23,11 +23,12 @@ from jaxformer.data.download_errors import (
     tensorflow_installed,
 )
 from jaxformer.data.fingerprinted_builder import FingerprintedBuilder
-from jaxformer.data.multi30k import Multi30k
+from jaxformer.data.multi30k import SPLIT_FILES, Multi30k
 from jaxformer.data.parallel_files import ParallelFiles
 from jaxformer.data.parallel_text import DataError
 from jaxformer.data.preparation_attempt import preparation_attempt
 from jaxformer.data.prepared_split import ReadableSplit, damaged, split_problem
+from jaxformer.data.split_files import prepared_splits
 from jaxformer.files import unwritable_folder_reason
 
 logger = logging.getLogger(__name__)
@@ -127,16 +128,39 @@ def _scratch_temporary_folder():
 
 def check_source(data: ml_collections.ConfigDict) -> None:
     """Raises DataError, before anything is prepared or written, when data.name names no dataset
-    (nor a config of one, "wmt14_translate/de-en") or data.data_dir cannot hold the prepared files."""
+    (nor a config of one, "wmt14_translate/de-en"), data.train_split or data.eval_split a split
+    it has not (where its splits are known before it is prepared: `known_splits`), or
+    data.data_dir cannot hold the prepared files."""
     name = data["name"]
     if name not in ("multi30k", "parallel_files"):
         _check_catalogue_name(name)
+    for key in ("train_split", "eval_split"):
+        check_known_split(data, data[key], f"config data.{key}={data[key]!r}")
     data_dir = data.get("data_dir")
     _check_file_system(data_dir)
     local = data_dir is not None and "://" not in data_dir  # gs://... : tfds writes it through its own file API
     reason = unwritable_folder_reason(data_dir) if local else None
     if reason:
         raise DataError(f"data.data_dir={data_dir!r}: {reason}")
+
+
+def check_known_split(data: Mapping, split: str, given_as: str) -> None:
+    """DataError when the `data` section's dataset has no `split`, where its splits are known before
+    it is prepared (`known_splits`), naming what gave it (`given_as`: "--split x")."""
+    _refuse_unknown_split(data["name"], split, known_splits(data) or [], given_as)
+
+
+def known_splits(data: Mapping) -> list[str] | None:
+    """The splits of the `data` section's dataset known before it is prepared, without its builder:
+    multi30k's, and parallel_files' (its data.files', and validation); None for a tfds catalogue
+    dataset, whose builder tells them (`splits_before_preparing`), and parallel_files with no
+    data.files.train."""
+    if data["name"] == "multi30k":
+        return list(SPLIT_FILES)
+    given = [split for split, spec in (data.get("files") or {}).items() if spec is not None]
+    if data["name"] == "parallel_files" and "train" in given:  # (none given: get_builder's error, naming that)
+        return prepared_splits(given)
+    return None
 
 
 def _check_catalogue_name(name: str) -> None:
@@ -274,13 +298,34 @@ def prepare(builder) -> None:
             raise
 
 
-def _refuse_unknown_split(builder, split: str, available: list[str]) -> None:
+def _refuse_unknown_split(dataset: str, split: str, available: list[str], given_as: str | None) -> None:
+    """DataError unless `split` is one of `available` (an empty list: none known), naming what gave
+    it (`given_as`: "config data.eval_split='x'", "--split x") first where there is one."""
     if available and split not in available:  # (tfds.testing.mock_data leaves no split list)
         hint = ""
-        if split == "test" and isinstance(builder, ParallelFiles):
+        if split == "test" and dataset == "parallel_files":
             # evaluate reads a run's own data section: a data.files.test added to it would be other data, refused
             hint = " (no data.files.test was given): score a test file with jaxformer-evaluate --source and --reference"
-        raise DataError(f"dataset {builder.name!r} has no split {split!r}; it has {', '.join(available)}{hint}")
+        where = f"{given_as}: " if given_as else ""
+        raise DataError(f"{where}dataset {dataset!r} has no split {split!r}; it has {', '.join(available)}{hint}")
+
+
+def check_split(builder, split: str, given_as: str | None = None) -> None:
+    """DataError when `builder`'s dataset has no `split`, where that is known before it is prepared
+    (`splits_before_preparing`), naming what gave it (`given_as`: "config data.eval_split='x'")."""
+    _refuse_unknown_split(builder.name, split, splits_before_preparing(builder), given_as)
+
+
+def splits_before_preparing(builder) -> list[str]:
+    """The splits `builder` has where its code tells them before it is prepared (jaxformer's own
+    builders; tfds's wmt*_translate, by their subsets), else its prepared copy's (none before)."""
+    if hasattr(builder, "split_names"):
+        return builder.split_names()
+    from tensorflow_datasets.translate import wmt
+
+    if isinstance(builder, wmt.WmtTranslate):
+        return [str(split) for split in builder.subsets]
+    return list(builder.info.splits)
 
 
 def check_languages(builder, languages: Sequence[str]) -> None:
@@ -295,13 +340,13 @@ def check_languages(builder, languages: Sequence[str]) -> None:
         )
 
 
-def load_split(builder, split: str, languages: Sequence[str]) -> Sequence:
+def load_split(builder, split: str, languages: Sequence[str], given_as: str | None = None) -> Sequence:
     """Prepares the dataset if needed and returns a random-access source for `split`; a split it
     has not is refused before anything is prepared where the builder can tell its splits then
-    (jaxformer's own builders, or a tfds dataset prepared before), after it otherwise. A damaged
-    prepared copy is refused when the split is opened, or read (`prepared_split`)."""
-    known = builder.split_names() if hasattr(builder, "split_names") else list(builder.info.splits)
-    _refuse_unknown_split(builder, split, known)
+    (jaxformer's own builders, tfds's wmt*, a tfds dataset prepared before), after it otherwise, naming what
+    gave the split (`given_as`: "config data.eval_split='x'", "--split x"). A damaged prepared copy
+    is refused when the split is opened, or read (`prepared_split`)."""
+    check_split(builder, split, given_as)
     check_languages(builder, languages)
     check_split_sources = getattr(builder, "check_split_sources", lambda split: None)  # tfds's own: no files
     check_split_sources(split)  # its own files there
@@ -310,7 +355,7 @@ def load_split(builder, split: str, languages: Sequence[str]) -> Sequence:
     problem = split_problem(builder, split)  # before the tokenizer or the pipeline read it
     if problem:
         raise damaged(builder, problem)
-    _refuse_unknown_split(builder, split, list(builder.info.splits))
+    _refuse_unknown_split(builder.name, split, list(builder.info.splits), given_as)
     source = ReadableSplit(builder.as_data_source(split=split), builder, split)
     # A language model reads one language of each example: its texts, as the rest of its log says.
     logger.info("%s[%s]: %d %s", builder.name, split, len(source), "pairs" if len(languages) == 2 else "texts")

@@ -20,7 +20,7 @@ from __future__ import annotations
 import dataclasses
 import os
 import pathlib
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 
 from jaxformer.data.parallel_text import (
     DataError,
@@ -43,6 +43,13 @@ SIDES = ("source", "target")
 SIDE_READERS = {"source": "a masked LM reads data.source_language", "target": "a causal LM reads data.target_language"}
 
 Example = tuple  # (1-based line number, the text of each language read)
+
+
+def prepared_splits(given: Iterable[str]) -> list[str]:
+    """The splits parallel_files prepares from the data.files splits `given`: theirs, and validation
+    (held out of train where no file gives it)."""
+    given = set(given)
+    return [split for split in SPLITS if split in given or split == "validation"]
 
 
 def spec_kind(spec: str) -> str:

@@ -25,6 +25,7 @@ from jaxformer.data.sources import (
     builder_for_run,
     check_languages,
     check_same_data,
+    check_split,
     data_fingerprint,
     load_split,
     prepare,
@@ -139,17 +140,26 @@ def settle_inherited_decoding(
 
 def prepare_data(data: ml_collections.ConfigDict, builder, languages: Sequence[str]) -> tuple[Any, Any]:
     """(training split, evaluation split) of the `data` section from its `builder`, prepared once
-    for all processes; `languages`: those the run reads (`text_sides.text_languages`)."""
+    for all processes; `languages`: those the run reads (`text_sides.text_languages`). A split key
+    naming a split the dataset has not is refused, naming the key, before it is prepared."""
+    keys = ("train_split", "eval_split")
     if jax.process_count() > 1:  # one process prepares the dataset, the others wait and read it
 
         def prepare_on_process_0() -> None:
             if jax.process_index() == 0:
+                for key in keys:
+                    check_split(builder, data[key], given_as=_setting(data, key))
                 check_languages(builder, languages)
                 prepare(builder)
 
         # Its error raised in every process: a barrier left the others waiting for jax's timeout.
         processes.all_or_none(prepare_on_process_0)
-    return load_split(builder, data.train_split, languages), load_split(builder, data.eval_split, languages)
+    return tuple(load_split(builder, data[key], languages, given_as=_setting(data, key)) for key in keys)
+
+
+def _setting(data: ml_collections.ConfigDict, key: str) -> str:
+    """How errors name the `data` section's `key` and its value."""
+    return f"config data.{key}={data[key]!r}"
 
 
 # ------------------------------------------------------------------------------------------

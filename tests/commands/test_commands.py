@@ -192,7 +192,9 @@ def test_evaluate_a_split_of_the_runs_dataset(decoding_workdir, tmp_path, capsys
     capsys.readouterr()
     assert evaluate.main(["--workdir", str(decoding_workdir), "--split", "test_2099", *FAST]) == 2
     errors = [line for line in capsys.readouterr().err.splitlines() if " I " not in line]  # the info logs aside
-    assert len(errors) == 1 and errors[0].startswith("error: dataset 'multi30k' has no split 'test_2099'")
+    assert len(errors) == 1 and errors[0].startswith(
+        "error: --split test_2099: dataset 'multi30k' has no split 'test_2099'"
+    )
 
 
 def test_evaluate_rejects_misaligned_files(decoding_workdir, tmp_path, capsys):
@@ -253,16 +255,25 @@ def test_evaluate_leaves_out_file_pairs_with_an_empty_side_as_a_split_does(
 
 
 def test_an_unknown_split_is_refused_before_the_data_is_prepared(decoding_workdir, tmp_path, capsys, monkeypatch):
+    """... and before the checkpoint's parameters are read: multi30k's splits are known from its metadata."""
     from jaxformer.data import sources
 
     def no_preparation(builder):
         raise AssertionError("the dataset was prepared")
 
+    def no_parameters(*arguments, before_params, **keywords):
+        def checked(metadata):
+            before_params(metadata)
+            raise AssertionError("the split was not checked before the checkpoint's parameters were read")
+
+        return load_checkpoint(*arguments, before_params=checked, **keywords)
+
     monkeypatch.setattr(sources, "prepare", no_preparation)
+    monkeypatch.setattr(evaluate, "load_checkpoint", no_parameters)
     assert evaluate.main(["--workdir", str(decoding_workdir), "--split", "nosuch", *FAST]) == 2
     error = capsys.readouterr().err.splitlines()[-1]
     assert error.startswith(
-        "error: dataset 'multi30k' has no split 'nosuch'; it has train, validation, test_2016_flickr"
+        "error: --split nosuch: dataset 'multi30k' has no split 'nosuch'; it has train, validation, test_2016_flickr"
     )
 
 

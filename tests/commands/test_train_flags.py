@@ -196,6 +196,23 @@ def test_a_mesh_that_cannot_hold_the_configured_model_stops_before_data_is_prepa
             ["--config.training.seed=2147483648"],
             "config training.seed=2147483648: must be an integer from 0 to 2147483647\n",
         ),
+        (  # each split key named, before the workdir is made (was the split alone, once the run had started)
+            ["--config.data.eval_split=x", "--config.data.batch_size=8"],  # a row per simulated device
+            "config data.eval_split='x': dataset 'multi30k' has no split 'x'; it has train, validation, test_2016",
+        ),
+        (
+            ["--config.data.train_split=x", "--config.data.batch_size=8"],
+            "config data.train_split='x': dataset 'multi30k' has no split 'x'; it has",
+        ),
+        (  # parallel_files' splits are its files' (and validation): known before they are read
+            [
+                "--config.data.name=parallel_files",
+                "--config.data.files.train=absent.tsv",
+                "--config.data.eval_split=dev",
+                "--config.data.batch_size=8",
+            ],
+            "config data.eval_split='dev': dataset 'parallel_files' has no split 'dev'; it has train, validation\n",
+        ),
     ],
 )
 def test_bad_config_values_are_one_line_before_any_work(overrides, message, tmp_path, capsys):

@@ -131,6 +131,23 @@ def test_wmt_builders_through_tfds_mock_data(monkeypatch):
     assert int(sum((b["inputs_segment_ids"].max(axis=1)).sum() for b in batches)) == 6
 
 
+def test_a_split_wmt_has_not_is_refused_naming_what_gave_it_before_anything_is_prepared(tmp_path, monkeypatch):
+    """tfds knows a wmt*_translate dataset's splits from its code (its subsets): not after hours of preparing."""
+
+    def no_preparation(builder):
+        raise AssertionError("the dataset was prepared")
+
+    monkeypatch.setattr(sources, "prepare", no_preparation)
+    builder = get_builder(section("wmt19_translate/de-en", data_dir=str(tmp_path / "tfds")))
+    with pytest.raises(DataError, match="^dataset 'wmt19_translate' has no split 'test'; it has train, validation$"):
+        load_split(builder, "test", ("de", "en"))
+    expected = (
+        "^config data.eval_split='test': dataset 'wmt19_translate' has no split 'test'; it has train, validation$"
+    )
+    with pytest.raises(DataError, match=expected):
+        load_split(builder, "test", ("de", "en"), given_as="config data.eval_split='test'")
+
+
 def test_making_builders_before_their_data_is_prepared_leaves_no_temporary_folders(tmp_path, monkeypatch):
     temporary = tmp_path / "system_tmp"  # tfds's metadata lookup made an empty tmp...tfds folder here per builder
     temporary.mkdir()
