@@ -180,6 +180,13 @@ _DROPOUT_FIELDS = (
     "target_word_dropout_rate",
 )
 _FIELD_NAMES = tuple(field.name for field in dataclasses.fields(TransformerConfig))
+# What each float field takes, as `_validate` says it: an experiment config's --config.model.KEY=nan
+# is refused with it as the override is read.
+FLOAT_FIELD_RULES = {
+    **{field: "must lie in [0, 1)" for field in _DROPOUT_FIELDS},
+    "layer_norm_epsilon": "must be a finite number > 0",
+    "position_base": "must be a finite number greater than 1",
+}
 
 
 def check_architecture(config: TransformerConfig, architecture: str, user: str) -> None:
@@ -250,7 +257,7 @@ def _validate(config: TransformerConfig) -> None:
     for field in _DROPOUT_FIELDS:
         value = getattr(config, field)
         if not _number(value) or not 0.0 <= value < 1.0:
-            fail(field, "must lie in [0, 1)")
+            fail(field, FLOAT_FIELD_RULES[field])
     if config.architecture not in ARCHITECTURES:
         fail("architecture", f"must be one of {', '.join(map(repr, ARCHITECTURES))}")
     if config.architecture != "encoder_decoder" and config.source_vocab_size is not None:
@@ -291,9 +298,9 @@ def _validate(config: TransformerConfig) -> None:
     if config.attention_implementation not in ("jaxformer", "xla", "cudnn"):
         fail("attention_implementation", 'must be "jaxformer", "xla" or "cudnn"')
     if not _number(config.layer_norm_epsilon) or not 0 < config.layer_norm_epsilon < math.inf:
-        fail("layer_norm_epsilon", "must be a finite number > 0")
+        fail("layer_norm_epsilon", FLOAT_FIELD_RULES["layer_norm_epsilon"])
     if not _number(config.position_base) or not 1 < config.position_base < math.inf:  # inf: every position alike
-        fail("position_base", "must be a finite number greater than 1")
+        fail("position_base", FLOAT_FIELD_RULES["position_base"])
     if config.matmul_dtype is not None and jnp.finfo(config.matmul_dtype).bits > jnp.finfo(config.dtype).bits:
         fail("matmul_dtype", f"must not be wider than dtype={config.dtype.name}")
 

@@ -13,6 +13,7 @@ import importlib.machinery
 import importlib.resources
 import importlib.util
 import logging
+import math
 import pathlib
 import sys
 import traceback
@@ -22,8 +23,9 @@ from typing import Any
 import ml_collections
 import numpy as np
 
-from jaxformer.model.config import PRESETS, ConfigError
+from jaxformer.model.config import FLOAT_FIELD_RULES, PRESETS, ConfigError
 from jaxformer.training.checked_keys import TUPLE_FORMS
+from jaxformer.training.config_rules import VALUE_RULES
 from jaxformer.training.experiment import default_config, nullable_keys, unknown_key_error
 from jaxformer.training.shipped_names import shipped_file_path, shipped_names
 
@@ -292,6 +294,8 @@ def _parse(key: str, text: str, current: Any, field_type: type | None) -> Any:
     except (ValueError, SyntaxError):
         if kind is None:
             return text  # a key with no type yet takes the text
+        if kind is float and _non_finite(text):  # nan, inf: Python's names, no literals
+            raise ConfigError(f"--config.{key}={text}: {_float_rule(key)}") from None
         unreadable = _unreadable_item(text.strip()) if kind in (tuple, list) else ""
         raise ConfigError(f"--config.{key}={text}: must be {_kind_text(key, kind)}{unreadable}") from None
     if kind is float and isinstance(value, int) and not isinstance(value, bool):
@@ -301,6 +305,24 @@ def _parse(key: str, text: str, current: Any, field_type: type | None) -> Any:
     if kind is not None and not isinstance(value, kind) or isinstance(value, bool) and kind is not bool:
         raise ConfigError(f"--config.{key}={text}: must be {_kind_text(key, kind)}")
     return value
+
+
+def _non_finite(text: str) -> bool:
+    """Whether `text` names a float that is no finite number (nan, inf, -Infinity)."""
+    try:
+        return not math.isfinite(float(text))
+    except ValueError:
+        return False
+
+
+def _float_rule(key: str) -> str:
+    """What the float key `key` takes, as its rule states it: none takes nan or infinity."""
+    if key in VALUE_RULES:
+        return f"must be {VALUE_RULES[key][1]}"
+    section, _, field = key.partition(".")
+    if section == "model" and field in FLOAT_FIELD_RULES:
+        return FLOAT_FIELD_RULES[field]
+    return "must be a finite number"
 
 
 _FLOAT_NAMES = {"nan": float("nan"), "inf": float("inf")}

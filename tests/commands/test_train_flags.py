@@ -70,6 +70,14 @@ def test_a_mesh_that_cannot_hold_the_configured_model_stops_before_data_is_prepa
             "config training.final_alphas=(0.6, 1e+39): must be a tuple of length penalties (() keeps decoding.alpha), "
             "each a finite number from 0 to 4 (above it",
         ),
+        # nan and inf were "must be a number": each key's rule now, as a value out of range is told it
+        (["--config.optimizer.eps=nan"], "--config.optimizer.eps=nan: must be a finite number >= 0\n"),
+        (["--config.optimizer.b1=-Infinity"], "--config.optimizer.b1=-Infinity: must be a number in [0.0, 1.0)\n"),
+        (["--config.model.dropout_rate=inf"], "--config.model.dropout_rate=inf: must lie in [0, 1)\n"),
+        (
+            ["--config.model.layer_norm_epsilon=nan"],
+            "--config.model.layer_norm_epsilon=nan: must be a finite number > 0\n",
+        ),
         (
             ["--config.model.layer_norm_epsilon=1e999"],
             "TransformerConfig.layer_norm_epsilon=inf: must be a finite number > 0",
