@@ -266,6 +266,15 @@ _TYPE_NAMES = {
 }
 
 
+# What a bool key reads as True and as False (stripped, in any case).
+_TRUE_TEXTS = ("true", "yes", "1")
+_FALSE_TEXTS = ("false", "no", "0")
+
+
+def _listed(texts: Sequence[str]) -> str:
+    return ", ".join(texts[:-1]) + f" or {texts[-1]}"
+
+
 def _kind_text(key: str, kind: type) -> str:
     """What a value of `key`, whose values are of type `kind`, must be: for a tuple key, what it
     holds and an example (TUPLE_FORMS), where "a tuple" left `1.0,abc` unexplained."""
@@ -284,11 +293,14 @@ def _parse(key: str, text: str, current: Any, field_type: type | None) -> Any:
         return text
     if kind is bool:
         lowered = text.strip().lower()
-        if lowered in ("true", "1", "yes"):
+        if lowered in _TRUE_TEXTS:
             return True
-        if lowered in ("false", "0", "no"):
+        if lowered in _FALSE_TEXTS:
             return False
-        raise ConfigError(f"--config.{key}={text}: must be True or False")
+        values = "True, False or None" if current is None or key in nullable_keys() else "True or False"
+        raise ConfigError(
+            f"--config.{key}={text}: must be {values} ({_listed(_TRUE_TEXTS)}; {_listed(_FALSE_TEXTS)}; in any case)"
+        )
     try:
         value = _literal(text.strip(), floats_by_name=kind in (tuple, list))
     except (ValueError, SyntaxError):

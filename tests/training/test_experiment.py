@@ -380,7 +380,19 @@ def test_renormalizing_after_the_bans_is_a_decoding_key_of_true_or_false():
     assert decode_settings(config).renormalize_after_bans is True  # validation BLEU and the final choice
     with pytest.raises(ConfigError) as error:
         apply_overrides(config, [("decoding.renormalize_after_bans", "maybe")])
-    assert str(error.value) == "--config.decoding.renormalize_after_bans=maybe: must be True or False"
+    assert str(error.value) == (  # was "must be True or False", naming none of the texts it takes
+        "--config.decoding.renormalize_after_bans=maybe: must be True, False or None "
+        "(true, yes or 1; false, no or 0; in any case)"
+    )
+    with pytest.raises(ConfigError) as error:
+        apply_overrides(config, [("data.download", " Maybe ")])
+    assert (
+        str(error.value)
+        == "--config.data.download= Maybe : must be True or False (true, yes or 1; false, no or 0; in any case)"
+    )
+    for text, value in ((" YES ", True), ("No", False), ("1", True), ("FALSE", False)):
+        apply_overrides(config, [("data.download", text)])
+        assert config.data.download is value
     for value in ("yes", 1):  # as a config file or a saved run's JSON can hold it
         config.decoding = ml_collections.ConfigDict({**config.decoding.to_dict(), "renormalize_after_bans": value})
         with pytest.raises(ConfigError) as error:
