@@ -23,6 +23,18 @@ class ConfigError(UserError, ValueError):
     """A configuration value is invalid; the message names the field and the value."""
 
 
+class FieldError(ConfigError):
+    """A TransformerConfig field's invalid value: "TransformerConfig.FIELD=VALUE: PROBLEM", its parts
+    kept so that an experiment config names its own key instead (`config model.FIELD=...`)."""
+
+    def __init__(self, field: str, value: Any, problem: str):
+        super().__init__(f"TransformerConfig.{field}={value!r}: {problem}")
+        self.field, self.value, self.problem = field, value, problem
+
+    def __reduce__(self):  # pickled with its three parts (the message alone is no argument list)
+        return type(self), (self.field, self.value, self.problem)
+
+
 def set_python_scalar_fields(instance: Any) -> None:
     """Replaces each numpy scalar (`numpy.int64(64)`) in the fields of the frozen dataclass
     `instance` with its Python value: a value computed with numpy then passes the type checks and
@@ -212,7 +224,7 @@ def _model_dtype(name: str, value: Any) -> jnp.dtype | None:
     except (TypeError, ValueError):
         dtype = None
     if dtype is None or dtype.name not in MODEL_DTYPES:
-        raise ConfigError(f"TransformerConfig.{name}={value!r}: must be {allowed}")
+        raise FieldError(name, value, f"must be {allowed}")
     return dtype
 
 
@@ -230,7 +242,7 @@ def _number(value: Any) -> bool:  # numpy scalars are Python's by now (__post_in
 
 def _validate(config: TransformerConfig) -> None:
     def fail(field: str, problem: str) -> None:
-        raise ConfigError(f"TransformerConfig.{field}={getattr(config, field)!r}: {problem}")
+        raise FieldError(field, getattr(config, field), problem)
 
     for field in ("vocab_size", "d_model", "num_heads", "d_ff", "num_encoder_layers", "num_decoder_layers"):
         value = getattr(config, field)

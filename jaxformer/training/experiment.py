@@ -3,6 +3,7 @@ model config derived from it. Config files (jaxformer/configs/) start from `defa
 
 from __future__ import annotations
 
+import dataclasses
 import difflib
 import functools
 import os
@@ -10,11 +11,12 @@ from collections.abc import Iterable
 from typing import Any
 
 import ml_collections
+import numpy as np
 
 from jaxformer.data.tokenizer import Tokenizer, pieces_text
 from jaxformer.files import home_expanded
 from jaxformer.hardware import resolve_matmul_dtype
-from jaxformer.model.config import ConfigError, TransformerConfig, preset
+from jaxformer.model.config import ConfigError, FieldError, TransformerConfig, preset
 from jaxformer.training.checked_keys import model_number_keys, refuse_wrong_kinds
 from jaxformer.training.config_rules import VALUE_RULES, check_combinations
 from jaxformer.training.given_model_size import GivenModelSizeError, changed_since_the_run
@@ -247,10 +249,15 @@ def unknown_key_error(key: str, known: Iterable[str]) -> ConfigError:
 def validate(config: ml_collections.ConfigDict, workdir: str | os.PathLike | None = None) -> None:
     """Raises ConfigError naming the key and what it allows, for an unknown key (with near
     matches), a value out of range, values that contradict each other, or a bad model."""
-    known = flatten(default_config())
+    # The model section may hold any TransformerConfig field (vocab_size: refused unless the tokenizer's).
+    known = {
+        *flatten(default_config()),
+        "model.preset",
+        *(f"model.{field.name}" for field in dataclasses.fields(TransformerConfig)),
+    }
     values = flatten(config)
-    for key in values:  # the model's keys are checked against TransformerConfig's fields by model_config()
-        if not key.startswith("model.") and key not in known:
+    for key in values:
+        if key not in known:
             raise unknown_key_error(key, known)
     for key, (allowed, description) in VALUE_RULES.items():
         if key in values and not allowed(values[key]):
@@ -345,7 +352,11 @@ def model_config(
     values["vocab_size"] = vocab_size
     values["source_vocab_size"] = source_vocab_size
     values["matmul_dtype"] = resolve_matmul_dtype(values.get("matmul_dtype"))  # "auto": by the machine
-    return TransformerConfig.from_dict(values)
+    try:
+        return TransformerConfig.from_dict(values)
+    except FieldError as error:  # the key as the config (and the user) names it, as its other errors do
+        value = error.value.name if isinstance(error.value, np.dtype) else error.value  # a dtype field's, as given
+        raise ConfigError(f"config model.{error.field}={value!r}: {error.problem}") from None
 
 
 def describe(config: ml_collections.ConfigDict) -> str:

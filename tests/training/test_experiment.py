@@ -45,9 +45,26 @@ def test_unknown_keys_list_near_matches():
     ):
         experiment.validate(config)
     config = load("tiny")
-    config.model.num_head = 2
-    with pytest.raises(ConfigError, match=r"unknown key 'num_head'.*did you mean num_heads"):
+    config.model.num_head = 2  # named as the config names it, as the other keys are (was "unknown key 'num_head'")
+    with pytest.raises(ConfigError, match=r"^unknown config key 'model.num_head'; did you mean model.num_heads"):
         experiment.validate(config)
+
+
+def test_a_bad_model_value_names_the_configs_key_and_the_library_the_dataclass_field():
+    """An experiment config's model section is config model.X, as its other keys are; the library's
+    own TransformerConfig and preset() go on naming the field (README, Presets)."""
+    config = load("tiny")
+    config.model.d_model = 30
+    with pytest.raises(ConfigError) as error:
+        experiment.validate(config)  # train's and sweep's check
+    assert str(error.value) == "config model.d_model=30: must be divisible by num_heads=4"
+    config.model.update(d_model=32, dtype="bfloat16", matmul_dtype="float32")
+    with pytest.raises(ConfigError) as error:
+        experiment.model_config(config, 1000)  # the run's start: a dtype as the config gives it
+    assert str(error.value) == "config model.matmul_dtype='float32': must not be wider than dtype=bfloat16"
+    with pytest.raises(ConfigError) as error:
+        preset("tiny", d_model=30)
+    assert str(error.value) == "TransformerConfig.d_model=30: must be divisible by num_heads=4"
 
 
 @pytest.mark.parametrize(
