@@ -26,7 +26,6 @@ from typing import Any
 import jax
 import numpy as np
 import orbax.checkpoint as ocp
-from jax.experimental import multihost_utils
 
 from jaxformer.errors import CheckpointError, first_line
 from jaxformer.files import write_text_atomically
@@ -49,7 +48,7 @@ from jaxformer.run.interrupted_saves import (
 from jaxformer.run.metadata import CheckpointMetadata
 from jaxformer.run.process_0 import on_process_0
 from jaxformer.run.removal import LISTING_ATTEMPTS, CheckpointRemoved, refuse_removed
-from jaxformer.run.save_barrier import SaveBarrier, save_barrier, start_save
+from jaxformer.run.save_barrier import SaveBarrier, save_barrier, save_errors, start_save, wait_for_save
 
 logger = logging.getLogger(__name__)
 
@@ -64,9 +63,8 @@ def _checkpoint_manager(
     """Orbax's manager of `directory`, its asynchronous saves waiting for the other processes at
     `barrier`. It reads every step folder as it opens; a read-only one beside a training run can
     find a folder gone between listing and reading it, so it lists again. A save's step folder is
-    made in its synchronous part, where a failure is raised (`start_save`) and, with several
-    processes, told to the others: orbax's background thread kept it, and every process waited
-    5 minutes for it, then ended with a traceback."""
+    made in its synchronous part, where a failure is raised (`start_save`) and told to the others:
+    orbax's background thread kept it, and every process waited 5 minutes for it (a traceback)."""
     async_options = ocp.AsyncOptions(barrier_sync_fn=barrier, create_directories_asynchronously=False)
     options = ocp.CheckpointManagerOptions(
         max_to_keep=None if read_only else keep, create=not read_only, async_options=async_options
@@ -98,6 +96,7 @@ class Checkpointer:
         self.barrier = None if read_only else save_barrier(str(self.directory))
         self.manager = _checkpoint_manager(self.directory, keep, read_only, self.barrier)
         self._warned: set[int] = set()  # steps whose unreadable metadata latest_step_metadata reported
+        self._saving: int | None = None  # the step of self.manager's last save, which a wait may find failed
 
     def steps(self) -> list[int]:
         return sorted(self.manager.all_steps())
@@ -115,7 +114,7 @@ class Checkpointer:
         if reason not in SET_ASIDE_WARNINGS:
             raise ValueError(f"reason must be one of {tuple(SET_ASIDE_WARNINGS)}, not {reason!r}")
         self._writable()
-        self.manager.wait_until_finished()
+        self.wait()
 
         def move() -> None:
             target = set_aside_path(self.directory, step, reason)
@@ -134,22 +133,22 @@ class Checkpointer:
             )
 
     def save(self, step: int, state: Any, data_iterator, metadata: CheckpointMetadata, evict: bool = True) -> None:
-        """Saves asynchronously (`wait` or the next save waits for it), with checksums of
-        `state`'s arrays, of the iterator's position and of `metadata` (whose step must be `step`).
-        `evict=False`: the newest `keep` are kept all the same (an interim checkpoint that a run
-        stopped by a signal saves to resume from, which must not push an older one out)."""
+        """Saves asynchronously (`wait` or the next save waits for it), with checksums of `state`'s arrays, of
+        the iterator's position and of `metadata` (whose step must be `step`). `evict=False`: the newest `keep`
+        are kept all the same (an interim checkpoint that a run stopped by a signal saves to resume from)."""
         self._writable()
         self._check_step(step, metadata)
         target = self.directory / str(step)
         # A step left by a run that could not restore it, or what is no step to orbax (a file, a
         # folder of someone's), which its save would delete: kept, under a name that says why.
         if step in self.manager.all_steps() or target.exists() or target.is_symlink():
-            self.set_aside(step)
+            with save_errors(step, self.directory):
+                self.set_aside(step)
         import grain  # here, not at the top: translating reads parameters only, and grain takes a second to import
 
+        self.wait()  # orbax's save waits for the one before: its error names that save's step
         manager, barrier = self.manager, self.barrier
         if not evict:
-            self.manager.wait_until_finished()
             barrier = save_barrier(str(self.directory))
             manager = _checkpoint_manager(self.directory, None, False, barrier)
         args = ocp.args.Composite(
@@ -157,20 +156,21 @@ class Checkpointer:
             data=grain.checkpoint.CheckpointSave(data_iterator),
             metadata=ocp.args.JsonSave(with_checksums(metadata.to_json(), state, data_iterator)),
         )
+        self._saving = step if evict else self._saving  # an interim save is waited for here
         start_save(manager, barrier, step, args)
         if not evict:
-            manager.wait_until_finished()
-            manager.close()
+            wait_for_save(manager, barrier, step)
+            wait_for_save(manager, barrier, step, manager.close)  # which waits again
             self.manager.reload()
 
     def wait(self) -> None:
-        """Returns once the last save is written; raises its error if it failed."""
-        self.manager.wait_until_finished()
+        """Returns once the last save is written; raises its error if it failed (one line: wait_for_save)."""
+        wait_for_save(self.manager, self.barrier, self._saving)
 
     def delete(self, step: int) -> None:
         """Deletes checkpoint `step` (an interim one a later checkpoint supersedes)."""
         self._writable()
-        self.manager.wait_until_finished()
+        self.wait()
         self.manager.delete(step)
 
     def replace_metadata(self, step: int, metadata: CheckpointMetadata) -> None:
@@ -181,10 +181,10 @@ class Checkpointer:
         self._writable()
         self._check_step(step, metadata)
         values = with_saved_checksums(metadata.to_json(), self._read_json(step))
-        if jax.process_index() == 0:
-            write_text_atomically(self.metadata_file(step), json.dumps(values))  # as orbax's JsonSave writes it
-        if jax.process_count() > 1:
-            multihost_utils.sync_global_devices(f"jaxformer: metadata of checkpoint {step} replaced")
+        text = json.dumps(values)  # as orbax's JsonSave writes it
+        with save_errors(step, self.directory):  # refused: one line in every process, none left waiting
+            replace = lambda: write_text_atomically(self.metadata_file(step), text)  # noqa: E731
+            on_process_0(self.directory, replace, f"write the metadata of checkpoint {step}")
 
     def save_params(self, step: int, params: Any, metadata: CheckpointMetadata) -> None:
         """A parameters-only checkpoint (best or averaged weights): enough to translate, not to resume."""
@@ -194,19 +194,21 @@ class Checkpointer:
         # Not a step to orbax (a file, say), it would be overwritten all the same.
         replacing = step in self.manager.all_steps() or target.exists() or target.is_symlink()
         if replacing:  # kept whole, under a name the next writer puts back if this save is interrupted
-            self.manager.wait_until_finished()
-            on_process_0(
-                self.directory,
-                lambda: target.rename(replacing_path(self.directory, step)),
-                f"move step {step} aside to replace it",
-            )
+            self.wait()
+            with save_errors(step, self.directory):
+                on_process_0(
+                    self.directory,
+                    lambda: target.rename(replacing_path(self.directory, step)),
+                    f"move step {step} aside to replace it",
+                )
             self.manager.reload()
         state = {"params": params}
         args = ocp.args.Composite(
             state=ocp.args.StandardSave(state), metadata=ocp.args.JsonSave(with_checksums(metadata.to_json(), state))
         )
+        self._saving = step  # each waited for here: none is under way before it
         start_save(self.manager, self.barrier, step, args)
-        self.manager.wait_until_finished()
+        self.wait()
         if replacing:
             on_process_0(
                 self.directory, lambda: finish_interrupted_saves(self.directory), f"set the replaced step {step} aside"
@@ -217,7 +219,7 @@ class Checkpointer:
 
     def _read_json(self, step: int) -> dict[str, Any]:
         """The metadata JSON of checkpoint `step`, checksums included, verified against its checksum."""
-        self.manager.wait_until_finished()
+        self.wait()
         path = self.metadata_file(step)
         try:
             with draining_event_loops():
@@ -394,5 +396,5 @@ class Checkpointer:
         return None
 
     def close(self) -> None:
-        self.manager.wait_until_finished()
-        self.manager.close()
+        self.wait()
+        wait_for_save(self.manager, self.barrier, self._saving, self.manager.close)  # it waits again

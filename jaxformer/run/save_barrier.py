@@ -73,25 +73,68 @@ def start_save(manager: ocp.CheckpointManager, barrier: SaveBarrier | None, step
         try:
             manager.save(step, args=args, force=True)
         except OSError as error:
-            _raise_own_save_error(error, step, manager.directory)
+            raise_own_save_error(error, step, manager.directory)
         return
+    wait_for_save(manager, barrier, barrier.step)  # the save before: none of its threads waits at a barrier now
     barrier.step = step
-    try:
-        manager.wait_until_finished()  # the save before: none of its threads waits at a barrier from here on
-    except Exception as error:
-        _tell_others(barrier, error)
-        raise
     try:
         with _barriers_through(barrier):
             manager.save(step, args=args, force=True)
     except Exception as error:
         _tell_others(barrier, error)
         if isinstance(error, OSError):
-            _raise_own_save_error(error, step, barrier.directory)
+            raise_own_save_error(error, step, barrier.directory)
         raise
 
 
-def _raise_own_save_error(error: OSError, step: int, directory) -> NoReturn:
+def wait_for_save(
+    manager: ocp.CheckpointManager,
+    barrier: SaveBarrier | None,
+    step: int | None,
+    wait: Callable[[], None] | None = None,
+) -> None:
+    """`manager.wait_until_finished()` (or `wait`: its close): returns once its save under way (of
+    `step`) is written. An error of its writes, which orbax's background threads kept, is raised here
+    and, with several processes, told to the others; an OSError of this process's own (a file of the
+    step refused: a permission, a read-only file system) in one line, as the others quote it, where
+    it was a traceback (exit 1), or the others' line quoting this process; a full disk or a
+    file-size limit as it is."""
+    try:
+        (wait or manager.wait_until_finished)()
+    except Exception as error:
+        if barrier is not None:
+            _tell_others(barrier, error)
+        own = _os_error_in_chain(error)  # orbax's threads went on to a barrier, which raised it as told
+        if own is None and barrier is not None and isinstance(error, SaveFailedElsewhereError):
+            own = _os_error_in_chain(barrier.own_failure)  # told by this process
+        if own is not None and step is not None:
+            raise_own_save_error(own, step, manager.directory)
+        raise
+
+
+def _os_error_in_chain(error: BaseException | None) -> OSError | None:
+    """The OSError that `error` is, or was raised while handling, else None."""
+    seen = set()
+    while error is not None and id(error) not in seen:
+        if isinstance(error, OSError):
+            return error
+        seen.add(id(error))
+        error = error.__cause__ or error.__context__
+    return None
+
+
+@contextlib.contextmanager
+def save_errors(step: int, directory) -> Iterator[None]:
+    """An OSError of this process's own in a save's step made ready for it (process 0's rename of
+    what the step's name held, refused: a read-only checkpoints folder) as one line, as the others
+    quote it (on_process_0), where it was a traceback (exit 1); a full disk or a file-size limit as it is."""
+    try:
+        yield
+    except OSError as error:
+        raise_own_save_error(error, step, directory)
+
+
+def raise_own_save_error(error: OSError, step: int, directory) -> NoReturn:
     """`error`, raised by this process's save of `step`, raised as one line (SaveFailedError); a full
     disk or a file-size limit as it is, for the command's own line and exit code."""
     if no_space_error(error) is not None or file_size_limit_error(error) is not None:
@@ -154,6 +197,7 @@ class SaveBarrier:
     def __init__(self, directory: str, namespace: str, client, index: int, count: int):
         self.directory, self.namespace, self.index, self.count = directory, namespace, index, count
         self.step: int | None = None  # the save under way, for the error told to the others
+        self.own_failure: BaseException | None = None  # this process's, when the one told
         self._client = client
         self._failed_key = f"{namespace}/failed"
         self._calls: dict[str, int] = {}  # orbax's key: how many times this process waited at it
@@ -176,7 +220,8 @@ class SaveBarrier:
         deadline = time.monotonic() + timeout_ms / 1000
         while arrived < self.count:
             time.sleep(_POLL_SECONDS)
-            self._raise_if_told()
+            if self.told() is not None and self._withdrawn(counter):
+                self._raise_if_told()
             if time.monotonic() > deadline:
                 raise TimeoutError(f"timed out after {timeout_ms / 1000:g} s waiting for every process at {key}")
             arrived = int(self._client.key_value_try_get(counter))
@@ -185,6 +230,18 @@ class SaveBarrier:
         # its step, each waited at once; kept, they grew jax's store by two entries a save.
         if self._client.key_value_increment(counter, 1) == 2 * self.count:
             self._client.key_value_delete(counter)
+
+    def _withdrawn(self, counter: str) -> bool:
+        """Whether this process took back its arrival at `counter` before every process had arrived.
+        One that arrived last has passed this barrier, and goes on to a collective of its own (the
+        training loop's exchange): this one, raising the failure told here, left it waiting there for
+        ever. Taken back in time, the last finds the barrier short of one and raises the failure too;
+        too late, this one passes as well, and every process raises it at its next exchange."""
+        before = self._client.key_value_increment(counter, -1) + 1
+        if before < self.count:
+            return True
+        self._client.key_value_increment(counter, 1)
+        return False
 
     def tell(self, failure: BaseException) -> None:
         """Tells the other processes that this one's part of the save failed with `failure`: each
@@ -195,7 +252,8 @@ class SaveBarrier:
         try:
             self._client.key_value_set(self._failed_key, text)
         except Exception:  # noqa: BLE001  (another process told first: its error is the one quoted)
-            pass
+            return
+        self.own_failure = failure
 
     def told(self) -> str | None:
         """The error a process told (`tell`), None while none has."""

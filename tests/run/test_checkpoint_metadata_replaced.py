@@ -7,6 +7,7 @@ import jax
 import numpy as np
 import pytest
 
+from jaxformer.errors import UserError
 from jaxformer.run.checkpoint import Checkpointer
 from tests.run.test_checkpoint_integrity import METADATA, make_copy, make_iterator, make_state
 
@@ -53,5 +54,32 @@ def test_metadata_of_another_step_is_refused(tmp_path):
     checkpointer.save_params(20, {"w": np.zeros(2, np.float32)}, METADATA.replace(step=20))
     with pytest.raises(ValueError, match="saving step 20 with the metadata of step 21"):
         checkpointer.replace_metadata(20, METADATA.replace(step=21))
+    assert checkpointer.read_metadata(20) == METADATA.replace(step=20)
+    checkpointer.close()
+
+
+def test_metadata_process_0_cannot_write_is_one_line_in_every_process(tmp_path, monkeypatch):
+    """Refused (a read-only step folder): a traceback in process 0, and the others waited for it at a
+    barrier until jax's timeout. Process 0 says it in one line, the others at once, quoting it."""
+    from jaxformer.run import checkpoint as checkpoint_module
+    from tests.run.test_set_aside_processes import ProcessesOfTwo
+
+    checkpointer = Checkpointer(tmp_path, keep=None)
+    checkpointer.save_params(20, {"w": np.zeros(2, np.float32)}, METADATA.replace(step=20))
+    file = checkpointer.metadata_file(20)
+
+    def refused(path, text):
+        raise PermissionError(13, "Permission denied", str(path))
+
+    monkeypatch.setattr(checkpoint_module, "write_text_atomically", refused)
+    processes = ProcessesOfTwo(monkeypatch)
+    error = f"PermissionError: [Errno 13] Permission denied: '{file}'"
+    told = f"process 0 could not write the metadata of checkpoint 20 in {tmp_path} ({error})"
+    for index, line in enumerate([f"cannot save checkpoint 20 in {tmp_path}: {error}", told]):
+        processes.be(index)
+        with pytest.raises(UserError) as raised:
+            checkpointer.replace_metadata(20, METADATA.replace(step=20, train_seconds=1.0))
+        assert str(raised.value) == line
+    monkeypatch.undo()
     assert checkpointer.read_metadata(20) == METADATA.replace(step=20)
     checkpointer.close()

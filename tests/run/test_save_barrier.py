@@ -10,12 +10,14 @@ import pytest
 from orbax.checkpoint._src.multihost import multihost as orbax_multihost
 
 from jaxformer.errors import UserError
+from jaxformer.run import save_barrier
 from jaxformer.run.save_barrier import (
     SaveBarrier,
     SaveFailedElsewhereError,
     failure_seen,
     raise_failed_save,
     start_save,
+    wait_for_save,
 )
 
 
@@ -274,4 +276,72 @@ def test_a_save_this_process_cannot_start_is_one_line_and_the_others_are_told_it
     for limit in (OSError(28, "No space left on device"), OSError(27, "File too large")):
         with pytest.raises(OSError) as raised:
             start_save(SavingManager(fails=limit), barriers(Store())[0], 20, None)
+        assert raised.value is limit
+
+
+def test_a_failure_told_once_every_process_arrived_lets_each_pass(monkeypatch):
+    """Process 1 waited at a barrier of the save's synchronous part; process 0 arrived last and
+    passed, then its writes failed and it told them. Process 1 raised that failure at its next look,
+    and process 0, gone on to the training loop's exchange (a collective), waited there for ever. Both
+    pass now (every process raises the failure at that exchange), or both raise where process 0 had
+    not arrived."""
+    monkeypatch.setattr(save_barrier, "_POLL_SECONDS", 0.5)  # process 1 looks after process 0 has told
+    first, second = barriers(Store())
+    first.step = second.step = 40
+    waiting, outcome = in_thread(lambda: second(key="synchronous/save_finalize", timeout_ms=60_000))
+    time.sleep(0.1)
+    first(key="synchronous/save_finalize", timeout_ms=60_000)
+    first.tell(PermissionError(13, "Permission denied", "/run/checkpoints/40.orbax-checkpoint-tmp/metadata"))
+    waiting.join(5)
+    assert outcome == {"returned": None}
+    assert failure_seen(first) and failure_seen(second)
+    waiting, outcome = in_thread(lambda: second(key="synchronous/save_finalize", timeout_ms=60_000))
+    waiting.join(5)
+    assert isinstance(outcome["raised"], SaveFailedElsewhereError)  # taken back: process 0 arriving raises too
+    with pytest.raises(SaveFailedElsewhereError):
+        first(key="synchronous/save_finalize", timeout_ms=60_000)
+
+
+class FailedManager:
+    """orbax's CheckpointManager whose save under way failed in its background threads."""
+
+    directory = "/run/checkpoints"
+
+    def __init__(self, error):
+        self.error = error
+
+    def wait_until_finished(self):
+        raise self.error
+
+
+def test_a_save_whose_writes_failed_in_this_process_is_one_line_where_it_is_waited_for():
+    """Process 0's writes refused (a file of the step it may not write, a step folder it may not
+    rename): orbax raises that error where the save is next waited for, a traceback in process 0
+    (exit 1) before; now one line naming the save, as the others quote it."""
+    store = Store()
+    first, second = barriers(store)
+    first.step = 40
+    refused = PermissionError(13, "Permission denied", "/run/checkpoints/40.orbax-checkpoint-tmp")
+    with pytest.raises(UserError) as raised:
+        wait_for_save(FailedManager(refused), first, 40)
+    error = "PermissionError: [Errno 13] Permission denied: '/run/checkpoints/40.orbax-checkpoint-tmp'"
+    assert str(raised.value) == f"cannot save checkpoint 40 in /run/checkpoints: {error}"
+    assert raised.value.__cause__ is refused
+    assert second.told() == f"process 0 of the run failed to save checkpoint 40 in /run/checkpoints: {error}"
+    try:  # orbax's finalize thread: its barrier, called while it handles the error, raises it as told
+        try:
+            raise refused
+        except PermissionError:
+            raise SaveFailedElsewhereError(second.told())  # noqa: B904  (as orbax: the context kept)
+    except SaveFailedElsewhereError as told:
+        with pytest.raises(UserError) as raised:
+            wait_for_save(FailedManager(told), first, 40)
+    assert str(raised.value) == f"cannot save checkpoint 40 in /run/checkpoints: {error}"
+    # orbax's other thread, which raised at its barrier with no error in hand: the error told, this process's
+    with pytest.raises(UserError) as raised:
+        wait_for_save(FailedManager(SaveFailedElsewhereError(first.told())), first, 40)
+    assert str(raised.value) == f"cannot save checkpoint 40 in /run/checkpoints: {error}"
+    for limit in (OSError(28, "No space left on device"), OSError(27, "File too large")):
+        with pytest.raises(OSError) as raised:
+            wait_for_save(FailedManager(limit), None, 40)
         assert raised.value is limit

@@ -13,7 +13,7 @@ import numpy as np
 import pytest
 from jax.experimental import multihost_utils
 
-from jaxformer.errors import CheckpointError
+from jaxformer.errors import CheckpointError, UserError, first_line
 from jaxformer.run.checkpoint import Checkpointer
 from jaxformer.run.metadata import CheckpointMetadata
 from tests.run.two_processes import run_two_processes, start_two_processes
@@ -144,16 +144,43 @@ def test_a_step_process_0_cannot_move_aside_to_replace_it_is_an_error_in_both_be
     metadata = CheckpointMetadata(config={}, model={}, tokenizer=b"", data_fingerprint=None, step=5)
     processes = ProcessesOfTwo(monkeypatch)
     processes.be(0)
-    with pytest.raises(OSError) as raised:
+    with pytest.raises(UserError) as raised:  # one line: a traceback before
         checkpointer.save_params(5, {"w": np.zeros(3, np.float32)}, metadata)
+    refused = raised.value.__cause__
+    assert isinstance(refused, OSError)
+    assert str(raised.value) == f"cannot save checkpoint 5 in {directory}: {type(refused).__name__}: {refused}"
     processes.be(1)
     with pytest.raises(CheckpointError) as told:
         checkpointer.save_params(5, {"w": np.zeros(3, np.float32)}, metadata)
     assert str(told.value) == (
-        f"process 0 could not move step 5 aside to replace it in {directory} "
-        f"({type(raised.value).__name__}: {raised.value})"
+        f"process 0 could not move step 5 aside to replace it in {directory} ({type(refused).__name__}: {refused})"
     )
     assert sorted(path.name for path in directory.iterdir()) == ["5", "5.replacing"]
     assert not any((directory / "5").iterdir())
+    monkeypatch.undo()
+    checkpointer.close()
+
+
+def test_a_step_process_0_cannot_set_aside_to_save_it_again_is_one_line_in_both(tmp_path, monkeypatch):
+    """What held the name of a step to save is set aside first; process 0's rename refused (a
+    checkpoints folder made read-only, a folder gone) was a traceback there (exit 1)."""
+    from tests.run.test_checkpoint_integrity import METADATA, make_iterator, make_state
+
+    directory = tmp_path / "checkpoints"
+    (directory / "5").mkdir(parents=True)
+    checkpointer = Checkpointer(directory, keep=None)
+    shutil.rmtree(directory / "5")  # after the listing
+    processes = ProcessesOfTwo(monkeypatch)
+    for index in (0, 1):
+        processes.be(index)
+        with pytest.raises(UserError) as raised:
+            checkpointer.save(5, make_state(5), make_iterator(), METADATA.replace(step=5))
+        refused = first_line(raised.value.__cause__) if index == 0 else refused
+        assert f"'{directory / '5'}' -> '{directory / '5.damaged-'}" in refused
+        assert str(raised.value) == (
+            f"cannot save checkpoint 5 in {directory}: {refused}"
+            if index == 0
+            else f"process 0 could not set step 5 aside in {directory} ({refused})"
+        )
     monkeypatch.undo()
     checkpointer.close()

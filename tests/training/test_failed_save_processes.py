@@ -95,37 +95,48 @@ def test_a_save_failing_in_its_synchronous_part_in_one_process_stops_both_with_o
 
 
 # train.py, process 0 refused the step folder that orbax makes for each checkpoint (its temporary name,
-# renamed once written), as in a checkpoints folder made read-only.
+# renamed once written: "mkdir"), or that rename, its background thread's last write ("rename"), as in a
+# checkpoints folder made read-only.
 STEP_FOLDER_REFUSED = textwrap.dedent(
     """
     import runpy, sys
     import jax
     from orbax.checkpoint._src.path import async_path
 
-    sys.argv.pop(1)
-    original = async_path.mkdir
+    failing = sys.argv.pop(1)
+    original_mkdir, original_rename = async_path.mkdir, async_path.rename
 
     async def mkdir(path, *args, **kwargs):
-        if jax.process_index() == 0 and path.parent.name == "checkpoints" and ".orbax-checkpoint-tmp" in path.name:
+        if jax.process_index() == 0 and failing == "mkdir" and path.parent.name == "checkpoints" and (
+            ".orbax-checkpoint-tmp" in path.name
+        ):
             raise PermissionError(13, "Permission denied", str(path))
-        return await original(path, *args, **kwargs)
+        return await original_mkdir(path, *args, **kwargs)
 
-    async_path.mkdir = mkdir
+    async def rename(source, target, *args, **kwargs):
+        if jax.process_index() == 0 and failing == "rename" and target.name == "20":
+            raise PermissionError(13, "Permission denied", str(source))
+        return await original_rename(source, target, *args, **kwargs)
+
+    async_path.mkdir, async_path.rename = mkdir, rename
     sys.argv = sys.argv[1:]
     runpy.run_path(sys.argv[0], run_name="__main__")
     """
 )
 
 
-@pytest.mark.slow  # two train.py processes on localhost, about 40 s
+@pytest.mark.slow  # two train.py processes on localhost, about 40 s each
 @pytest.mark.xdist_group("distributed-processes")
-def test_a_step_folder_process_0_cannot_create_stops_both_with_one_line_each(data_dir, tmp_path):
+@pytest.mark.parametrize("refused", ["mkdir", "rename"])
+def test_a_step_folder_process_0_cannot_create_stops_both_with_one_line_each(data_dir, tmp_path, refused):
     """orbax made the step folder in a background thread of process 0, which kept its error: every
     process waited 5 minutes for the folder's signal, then ended with a traceback. Both now stop at
-    that save, within seconds (the processes are killed after 2 minutes)."""
+    that save, within seconds (the processes are killed after 2 minutes). The folder's rename, the
+    last write of that thread, refused: its error was raised where process 0 next waited for the
+    save, a traceback there (exit 1); one line now."""
     checkpoints = tmp_path / "run" / "checkpoints"
     processes = test_metrics_failure_processes.two_processes
-    codes, logs = processes(tmp_path, data_dir, "mkdir", steps=40, wrapper=STEP_FOLDER_REFUSED, timeout=120)
+    codes, logs = processes(tmp_path, data_dir, refused, steps=40, wrapper=STEP_FOLDER_REFUSED, timeout=120)
     assert codes == [2, 2], [log[-2000:] for log in logs]
     own, told = (log.strip().splitlines()[-1] for log in logs)
     error = f"PermissionError: [Errno 13] Permission denied: '{checkpoints / '20.orbax-checkpoint-tmp'}'"
