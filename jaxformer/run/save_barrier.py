@@ -112,11 +112,14 @@ def wait_for_save(
         raise
 
 
-def _os_error_in_chain(error: BaseException | None) -> OSError | None:
-    """The OSError that `error` is, or was raised while handling, else None."""
+def _os_error_in_chain(error: BaseException | None) -> BaseException | None:
+    """The OSError that `error` is, or was raised while handling, else None; or tensorstore's error
+    that names one (an array file refused: ValueError "PERMISSION_DENIED: ... [os_error_code='13']")."""
     seen = set()
     while error is not None and id(error) not in seen:
         if isinstance(error, OSError):
+            return error
+        if "[os_error_code=" in str(error) and not isinstance(error, SaveFailedElsewhereError):  # not another's
             return error
         seen.add(id(error))
         error = error.__cause__ or error.__context__
@@ -134,7 +137,7 @@ def save_errors(step: int, directory) -> Iterator[None]:
         raise_own_save_error(error, step, directory)
 
 
-def raise_own_save_error(error: OSError, step: int, directory) -> NoReturn:
+def raise_own_save_error(error: BaseException, step: int, directory) -> NoReturn:
     """`error`, raised by this process's save of `step`, raised as one line (SaveFailedError); a full
     disk or a file-size limit as it is, for the command's own line and exit code."""
     if no_space_error(error) is not None or file_size_limit_error(error) is not None:

@@ -341,7 +341,17 @@ def test_a_save_whose_writes_failed_in_this_process_is_one_line_where_it_is_wait
     with pytest.raises(UserError) as raised:
         wait_for_save(FailedManager(SaveFailedElsewhereError(first.told())), first, 40)
     assert str(raised.value) == f"cannot save checkpoint 40 in /run/checkpoints: {error}"
-    for limit in (OSError(28, "No space left on device"), OSError(27, "File too large")):
-        with pytest.raises(OSError) as raised:
+    # Its array files refused, as tensorstore raises it: a traceback in this process too.
+    text = "PERMISSION_DENIED: Error writing local file \"ocdbt.process_0/d/1\": Permission denied [os_error_code='13']"
+    with pytest.raises(UserError) as raised:
+        wait_for_save(FailedManager(ValueError(text)), first, 40)
+    assert str(raised.value) == f"cannot save checkpoint 40 in /run/checkpoints: ValueError: {text}"
+    with pytest.raises(SaveFailedElsewhereError):  # the other process's, quoted: its own line
+        wait_for_save(
+            FailedManager(SaveFailedElsewhereError(f"process 1 ...: ValueError: {text}")), barriers(Store())[0], 40
+        )
+    full = ValueError("RESOURCE_EXHAUSTED: Error writing local file: No space left on device [os_error_code='28']")
+    for limit in (OSError(28, "No space left on device"), OSError(27, "File too large"), full):
+        with pytest.raises(Exception) as raised:  # noqa: PT011  (whichever the limit is)
             wait_for_save(FailedManager(limit), None, 40)
         assert raised.value is limit
