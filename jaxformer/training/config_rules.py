@@ -227,7 +227,8 @@ def check_combinations(config, architecture: str) -> None:
         raise ConfigError(
             f"config model.preset={preset_name!r} with {held}'s sizes ({sizes}): setting model.preset changes "
             f"only the name; for {preset_name}'s sizes build the section with model_section({preset_name!r}) "
-            f"(then change what you like), or give --config.model.preset={preset_name}"
+            f"(then change what you like), or give --config.model.preset={preset_name}; to keep {held}'s sizes "
+            f"(as a run started with them resumes), set model.preset = {held!r} or give --config.model.preset={held}"
         )
     if architecture != "encoder_decoder":
         for key, value in (

@@ -15,6 +15,7 @@ from typing import Any
 import ml_collections
 
 from jaxformer.decoding.generate import DecodeSettings
+from jaxformer.model.config import PRESETS
 from jaxformer.training import experiment, text_sides
 from jaxformer.training.config_paths import PATH_KEYS
 
@@ -55,6 +56,7 @@ RESUME_FREE = {
     "model.remat_policy",
     "training.loss_chunk_tokens",
     "training.init_checkpoint",
+    "model.preset",  # a name: the model's fields are compared (a section's missing ones its preset's)
 }
 
 
@@ -74,9 +76,11 @@ INHERITED_DECODING = {
 SETTLED_AT_START = {f"decoding.{key}" for key in INHERITED_DECODING}
 
 
-# Of RESUME_FREE, the keys that say where the data is and how the work is spread, not what a run
-# computes: a sweep reuses a finished run whose other keys all agree with its variant's.
+# Of RESUME_FREE, the keys that say where the data is and how the work is spread, or only name
+# what other keys hold (model.preset), not what a run computes: a sweep reuses a finished run whose
+# other keys all agree with its variant's.
 PLACEMENT_KEYS = {
+    "model.preset",
     "data.data_dir",
     "data.raw_dir",
     "data.download",
@@ -100,9 +104,10 @@ def resume_differences(
     agrees with any saved value."""
 
     def flat(config) -> dict[str, Any]:
-        return experiment.as_tuples(experiment.flatten(config))
+        return experiment.as_tuples(experiment.flatten(with_preset_fields(config)))
 
-    saved_flat, current_flat, defaults = flat(saved), flat(current.to_dict()), flat(experiment.default_config())
+    saved_flat, current_flat = flat(saved), flat(current.to_dict())
+    defaults = experiment.as_tuples(experiment.flatten(experiment.default_config()))
     free_keys = RESUME_FREE | set(text_sides.language_model_unread(current))
     differences = []
     for key in sorted(set(saved_flat) | set(current_flat)):
@@ -115,6 +120,18 @@ def resume_differences(
         if was != current_flat.get(key, "<unset>"):
             differences.append(f"{key}: {was!r} -> {current_flat.get(key, '<unset>')!r}")
     return differences
+
+
+def with_preset_fields(config: dict[str, Any]) -> dict[str, Any]:
+    """`config` with each model field its section leaves out at its preset's value, as the model
+    is built from it (experiment.model_config): the fields, not the preset's name, are the model. A
+    run started before config_rules.preset_held_instead saved a section whose name is another
+    preset's than its sizes (`config.model.preset = "tiny"` on base's sizes); the file corrected,
+    the same sizes under their own name, it resumes. An unknown name is left to validate."""
+    model = config.get("model")
+    if not isinstance(model, dict) or model.get("preset", "base") not in PRESETS:
+        return config
+    return {**config, "model": {**experiment.model_section(model.get("preset", "base")).to_dict(), **model}}
 
 
 def value_or_before_the_key(key: str, value: Any) -> Any:

@@ -6,7 +6,7 @@ import json
 
 import pytest
 
-from jaxformer.training import experiment, resume_rules
+from jaxformer.training import experiment, final_choice, resume_rules
 from tests.training.test_experiment import load
 
 
@@ -76,6 +76,29 @@ def test_a_run_saved_before_a_key_existed_resumes_at_that_keys_default():
         "model.logits_bias: False -> True",
         "optimizer.clip_norm: 1.0 -> 0.5",
     ]
+
+
+def test_a_presets_name_alone_is_no_change_of_model_its_fields_are():
+    """A run started before config_rules.preset_held_instead could save tiny's sizes under base's
+    name (`config.model.preset = "base"` after model_section("tiny")); its file corrected to name
+    them tiny, it resumed as 'another configuration' (model.preset: 'base' -> 'tiny'), and its
+    checkpoints of either name were not one run's for averaging. The name is logged; a section's
+    fields, those it leaves out at its preset's value, are compared."""
+    saved = json.loads(json.dumps(load("tiny").to_dict()))
+    saved["model"]["preset"] = "base"
+    current = load("tiny")
+    assert resume_rules.resume_differences(saved, current) == []
+    assert resume_rules.resume_differences(saved, current, free=True) == ["model.preset: 'base' -> 'tiny'"]
+    assert final_choice.run_config_differences(saved, current.to_dict()) == []  # averaging's comparison
+    current.model.d_model = 64
+    assert resume_rules.resume_differences(saved, current) == ["model.d_model: 32 -> 64"]
+    # A section that leaves a size out has its preset's: the name then says the size.
+    saved["model"]["preset"] = "tiny"
+    del saved["model"]["d_ff"], saved["model"]["num_heads"]
+    current = load("tiny")
+    assert resume_rules.resume_differences(saved, current) == []
+    saved["model"]["preset"] = "base"
+    assert resume_rules.resume_differences(saved, current) == ["model.d_ff: 2048 -> 64", "model.num_heads: 8 -> 4"]
 
 
 def test_a_kept_result_names_the_settings_it_reads_that_changed():
