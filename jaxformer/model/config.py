@@ -23,16 +23,26 @@ class ConfigError(UserError, ValueError):
     """A configuration value is invalid; the message names the field and the value."""
 
 
+class FieldName(str):
+    """Another field a FieldError's problem names (`must be divisible by num_heads=4`): an
+    experiment config names it as its key (`model.num_heads=4`)."""
+
+
 class FieldError(ConfigError):
     """A TransformerConfig field's invalid value: "TransformerConfig.FIELD=VALUE: PROBLEM", its parts
-    kept so that an experiment config names its own key instead (`config model.FIELD=...`)."""
+    kept (the problem's as text and the FieldName of each other field it names) so that an
+    experiment config names its own keys instead (`config model.FIELD=...: ... model.OTHER=...`)."""
 
-    def __init__(self, field: str, value: Any, problem: str):
-        super().__init__(f"TransformerConfig.{field}={value!r}: {problem}")
-        self.field, self.value, self.problem = field, value, problem
+    def __init__(self, field: str, value: Any, *problem: str):
+        self.field, self.value, self.parts = field, value, problem
+        super().__init__(f"TransformerConfig.{field}={value!r}: {self.problem()}")
 
-    def __reduce__(self):  # pickled with its three parts (the message alone is no argument list)
-        return type(self), (self.field, self.value, self.problem)
+    def problem(self, prefix: str = "") -> str:
+        """The problem, each other field it names as `prefix` and its name."""
+        return "".join(prefix + part if isinstance(part, FieldName) else part for part in self.parts)
+
+    def __reduce__(self):  # pickled with its parts (the message alone is no argument list)
+        return type(self), (self.field, self.value, *self.parts)
 
 
 def set_python_scalar_fields(instance: Any) -> None:
@@ -241,15 +251,15 @@ def _number(value: Any) -> bool:  # numpy scalars are Python's by now (__post_in
 
 
 def _validate(config: TransformerConfig) -> None:
-    def fail(field: str, problem: str) -> None:
-        raise FieldError(field, getattr(config, field), problem)
+    def fail(field: str, *problem: str) -> None:  # another field named in the problem: a FieldName
+        raise FieldError(field, getattr(config, field), *problem)
 
     for field in ("vocab_size", "d_model", "num_heads", "d_ff", "num_encoder_layers", "num_decoder_layers"):
         value = getattr(config, field)
         if not isinstance(value, int) or isinstance(value, bool) or value <= 0:
             fail(field, "must be a positive integer")
     if config.d_model % config.num_heads:
-        fail("d_model", f"must be divisible by num_heads={config.num_heads}")
+        fail("d_model", "must be divisible by ", FieldName("num_heads"), f"={config.num_heads}")
     if config.d_model % 2:
         fail("d_model", "must be even for the sinusoidal positional encoding")
     if config.vocab_size <= NUM_SPECIAL_TOKENS:
@@ -263,8 +273,11 @@ def _validate(config: TransformerConfig) -> None:
         if value != config.vocab_size and config.share_embeddings and config.architecture == "encoder_decoder":
             fail(
                 "source_vocab_size",
-                f"differs from vocab_size={config.vocab_size}, so source and target cannot share one embedding "
-                "matrix: set share_embeddings=False",
+                "differs from ",
+                FieldName("vocab_size"),
+                f"={config.vocab_size}, so source and target cannot share one embedding matrix: set ",
+                FieldName("share_embeddings"),
+                "=False",
             )
     for field in _DROPOUT_FIELDS:
         value = getattr(config, field)
@@ -275,19 +288,26 @@ def _validate(config: TransformerConfig) -> None:
     if config.architecture != "encoder_decoder" and config.source_vocab_size is not None:
         fail("source_vocab_size", f"applies to the encoder_decoder architecture only, not {config.architecture!r}")
     if config.architecture != "encoder_decoder" and not config.share_embeddings:
-        untie = (
-            "; untie its output layer with tie_output_embedding=False" if config.architecture == "decoder_only" else ""
-        )
+        untie = ("; untie its output layer with ", FieldName("tie_output_embedding"), "=False")
         fail(
             "share_embeddings",
-            f"the {config.architecture} architecture has one embedding matrix, nothing to share or separate{untie}",
+            f"the {config.architecture} architecture has one embedding matrix, nothing to share or separate",
+            *(untie if config.architecture == "decoder_only" else ()),
         )
     if config.architecture == "encoder_only" and not config.tie_output_embedding:
         fail("tie_output_embedding", "an encoder_only model's masked-LM head is always tied to its embedding")
     if config.architecture == "decoder_only" and config.source_word_dropout_rate:
-        fail("source_word_dropout_rate", "a decoder_only model has no source: use target_word_dropout_rate")
+        fail(
+            "source_word_dropout_rate",
+            "a decoder_only model has no source: use ",
+            FieldName("target_word_dropout_rate"),
+        )
     if config.architecture == "encoder_only" and config.target_word_dropout_rate:
-        fail("target_word_dropout_rate", "an encoder_only model has no decoder input: use source_word_dropout_rate")
+        fail(
+            "target_word_dropout_rate",
+            "an encoder_only model has no decoder input: use ",
+            FieldName("source_word_dropout_rate"),
+        )
     if config.activation not in ACTIVATIONS:
         fail("activation", f"must be one of {', '.join(map(repr, ACTIVATIONS))}")
     if config.max_positions is not None and (
@@ -314,7 +334,7 @@ def _validate(config: TransformerConfig) -> None:
     if not _number(config.position_base) or not 1 < config.position_base < math.inf:  # inf: every position alike
         fail("position_base", FLOAT_FIELD_RULES["position_base"])
     if config.matmul_dtype is not None and jnp.finfo(config.matmul_dtype).bits > jnp.finfo(config.dtype).bits:
-        fail("matmul_dtype", f"must not be wider than dtype={config.dtype.name}")
+        fail("matmul_dtype", "must not be wider than ", FieldName("dtype"), f"={config.dtype.name}")
 
 
 # Named sizes. `base` and `big` are the paper's Table 3 models; `tiny` runs in seconds on a CPU.

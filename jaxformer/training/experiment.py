@@ -354,9 +354,9 @@ def model_config(
     values["matmul_dtype"] = resolve_matmul_dtype(values.get("matmul_dtype"))  # "auto": by the machine
     try:
         return TransformerConfig.from_dict(values)
-    except FieldError as error:  # the key as the config (and the user) names it, as its other errors do
+    except FieldError as error:  # the keys as the config (and the user) names them, as its other errors do
         value = error.value.name if isinstance(error.value, np.dtype) else error.value  # a dtype field's, as given
-        raise ConfigError(f"config model.{error.field}={value!r}: {error.problem}") from None
+        raise ConfigError(f"config model.{error.field}={value!r}: {error.problem('model.')}") from None
 
 
 def describe(config: ml_collections.ConfigDict) -> str:

@@ -140,14 +140,14 @@ def test_a_mesh_that_cannot_hold_the_configured_model_stops_before_data_is_prepa
             "config optimizer.accumulation_steps=3 must divide data.batch_size=4",
         ),
         (["--config.data.target_language=en"], "config data.source_language and data.target_language are both 'en'"),
-        (["--config.model.num_heads=3"], "config model.d_model=32: must be divisible by num_heads=3"),
+        (["--config.model.num_heads=3"], "config model.d_model=32: must be divisible by model.num_heads=3"),
         (
             ["--config.model.matmul_dtype=bf16x"],
             "config model.matmul_dtype='bf16x': must be one of 'float32', 'bfloat16', 'float16' or None",
         ),
         (
             ["--config.model.dtype=bfloat16", "--config.model.matmul_dtype=float32"],
-            "config model.matmul_dtype='float32': must not be wider than dtype=bfloat16",
+            "config model.matmul_dtype='float32': must not be wider than model.dtype=bfloat16",
         ),
         (["--config.training.num_train_steps=ten"], "--config.training.num_train_steps=ten: must be an integer"),
         (

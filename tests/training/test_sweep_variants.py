@@ -25,7 +25,10 @@ pytestmark = pytest.mark.xdist_group("sweep")
             {"twice": ["model.dropout_rate=0.2", "model.dropout_rate=0.3"]},
             r"variant 'twice': config key 'model.dropout_rate' is given twice, as '0.2' and as '0.3'",
         ),
-        ({"bad": ["model.d_model=30"]}, r"variant 'bad': config model\.d_model=30: must be divisible by num_heads=4$"),
+        (
+            {"bad": ["model.d_model=30"]},
+            r"variant 'bad': config model\.d_model=30: must be divisible by model\.num_heads=4$",
+        ),
         ({"a b": []}, r"variant name 'a b' must match"),
         # Overrides not written as a list of strings: no traceback, and a dict's values are not dropped unread.
         ({"five": 5}, r"variant 'five' must list its overrides as strings KEY=VALUE, not 5$"),
