@@ -29,7 +29,7 @@ from jaxformer.interop.marian_generation import (
     unreproduced_sampling,
 )
 from jaxformer.interop.marian_layout import ConversionError, marian_weight_shapes
-from jaxformer.model.config import ConfigError, TransformerConfig
+from jaxformer.model.config import ConfigError, FieldError, TransformerConfig
 
 # Marian activation names -> jaxformer's; transformers' "gelu" is the exact erf form.
 ACTIVATIONS = {"relu": "relu", "gelu": "gelu", "swish": "swish", "silu": "swish", "relu2": "squared_relu"}
@@ -61,6 +61,15 @@ EARLIER_SWITCHES = {
     "normalize_embedding": (False, "a LayerNorm on the embeddings"),
     "static_position_embeddings": (True, "learned positions"),
 }
+# config.json's key for each TransformerConfig field named otherwise (d_model, vocab_size: the same),
+# so that a value jaxformer's model refuses is named as the file names it.
+MARIAN_KEYS = {
+    "num_heads": "encoder_attention_heads",
+    "d_ff": "encoder_ffn_dim",
+    "max_positions": "max_position_embeddings",
+}
+MARIAN_KEYS |= {f"num_{stack}_layers": f"{stack}_layers" for stack in ("encoder", "decoder")}
+MARIAN_KEYS |= {f"{key}_rate": key for key in ("dropout", "attention_dropout", "activation_dropout")}
 
 
 @dataclasses.dataclass(frozen=True)
@@ -242,6 +251,10 @@ def model_config_from_marian(
         same("encoder_attention_heads", "decoder_attention_heads"),
         same("encoder_ffn_dim", "decoder_ffn_dim"),
     )
+    if hf["d_model"] % num_heads:  # transformers' attention refuses it too
+        raise ConversionError(
+            f"{where}: d_model={hf['d_model']} is not divisible by encoder_attention_heads={num_heads}"
+        )
     try:
         return TransformerConfig(
             vocab_size=size,
@@ -266,6 +279,10 @@ def model_config_from_marian(
             max_positions=max_positions,  # transformers refuses longer inputs; translation splits them
             logits_bias=True,
         )
+    except FieldError as error:
+        key = MARIAN_KEYS.get(error.field, error.field)
+        named = f"{key}={hf[key]!r}: {error.problem}" if key in hf else str(error)
+        raise ConversionError(f"{where}: {named}") from error
     except (ConfigError, TypeError, ValueError) as error:
         raise ConversionError(f"{where}: {error}") from error
 

@@ -191,6 +191,22 @@ DAMAGES = {
         "config.json",
         ": encoder_attention_heads=4 differs from decoder_attention_heads=2; jaxformer's model has one value",
     ),
+    # named as config.json names them, not as jaxformer's TransformerConfig fields (dropout_rate, num_heads)
+    "dropout out of range": (
+        lambda d: _edit_json(d / "config.json", dropout=1.5),
+        "config.json",
+        ": dropout=1.5: must lie in [0, 1)",
+    ),
+    "activation_dropout out of range": (
+        lambda d: _edit_json(d / "config.json", activation_dropout=-0.1),
+        "config.json",
+        ": activation_dropout=-0.1: must lie in [0, 1)",
+    ),
+    "heads not dividing d_model": (  # transformers' attention refuses it too
+        lambda d: _edit_json(d / "config.json", encoder_attention_heads=5, decoder_attention_heads=5),
+        "config.json",
+        ": d_model=32 is not divisible by encoder_attention_heads=5",
+    ),
     "fewer layers": (  # transformers: unexpected weights, dropped
         lambda d: _edit_json(d / "config.json", encoder_layers=1),
         "model.safetensors",
