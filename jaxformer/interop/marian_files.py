@@ -28,7 +28,7 @@ from jaxformer.interop.marian_generation import (
     unbanned_tokens,
     unreproduced_sampling,
 )
-from jaxformer.interop.marian_layout import ConversionError, marian_weight_shapes
+from jaxformer.interop.marian_layout import ConversionError, check_start_token_is_no_text, marian_weight_shapes
 from jaxformer.model.config import ConfigError, FieldError, TransformerConfig
 
 # Marian activation names -> jaxformer's; transformers' "gelu" is the exact erf form.
@@ -397,6 +397,8 @@ def read_marian_directory(directory: str | pathlib.Path) -> MarianDirectory:
             "they must differ"
         )
     source_spm, target_spm = _read_spm(directory / "source.spm"), _read_spm(directory / "target.spm")
+    spm_protos = {"source.spm": source_spm, "target.spm": target_spm}
+    check_start_token_is_no_text(ids[2], vocab, spm_protos, str(directory / "config.json"))
     weights = _read_weights(directory)  # last: the expensive read, once everything else is known to be good
     weights_file = next(
         directory / name for name in ("model.safetensors", "pytorch_model.bin") if (directory / name).is_file()

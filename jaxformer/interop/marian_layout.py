@@ -3,7 +3,10 @@ array layouts, and the id order (see marian.py for the mapping as a whole)."""
 
 from __future__ import annotations
 
+from collections.abc import Mapping
+
 import numpy as np
+import sentencepiece as spm
 
 from jaxformer.errors import UserError
 from jaxformer.model.config import TransformerConfig
@@ -131,6 +134,25 @@ def vocabulary_order(size: int, pad_id: int, eos_id: int, unk_id: int, start_id:
         raise ConversionError(f"Marian's pad, eos and unk ids must differ, got {specials}")
     others = [index for index in range(size) if index not in (*specials, start_id)]
     return np.asarray([pad_id, eos_id, unk_id, start_id, *others], np.int64)
+
+
+def check_start_token_is_no_text(
+    start_id: int, vocab: Mapping[str, int], spm_protos: Mapping[str, bytes], where: str
+) -> None:
+    """`ConversionError` where the decoder start token (jaxformer's BOS, which its tokenizers never
+    produce) is a piece that a side's sentencepiece model (`spm_protos`, by file name) produces from
+    text: MarianTokenizer gives that id for it, jaxformer's tokenizer could not, so the same text
+    would be other ids. Pad, eos and unk are no such piece (BOS is then a copy of their row)."""
+    piece = next((name for name, index in vocab.items() if index == start_id), None)
+    for name, proto in spm_protos.items():
+        processor = spm.SentencePieceProcessor(model_proto=proto)
+        index = processor.piece_to_id(piece) if piece is not None else processor.unk_id()
+        text = not (processor.is_unknown(index) or processor.is_control(index) or processor.is_unused(index))
+        if text:
+            raise ConversionError(
+                f"{where}: decoder_start_token_id={start_id} is {piece!r}, a piece {name} produces from text; "
+                "jaxformer's decoder start (BOS) is a token of no text, so it cannot convert this model"
+            )
 
 
 def bos_is_copy(order: np.ndarray) -> bool:

@@ -41,6 +41,12 @@ def _pad_and_another_banned(directory):
     _edit_json(directory / "generation_config.json", bad_words_ids=[[pad], [5]])
 
 
+def _text_piece_as_decoder_start(directory):
+    """Decoding from id 5, an ordinary piece that MarianTokenizer gives for text (both files name it)."""
+    _edit_json(directory / "config.json", decoder_start_token_id=5)
+    _edit_json(directory / "generation_config.json", decoder_start_token_id=5)
+
+
 def _config_setting_without_generation_config(directory):
     (directory / "generation_config.json").unlink()
     _edit_json(directory / "config.json", no_repeat_ngram_size=3)
@@ -206,6 +212,11 @@ DAMAGES = {
         lambda d: _edit_json(d / "config.json", encoder_attention_heads=5, decoder_attention_heads=5),
         "config.json",
         ": d_model=32 is not divisible by encoder_attention_heads=5",
+    ),
+    "a decoder start token that is text": (  # jaxformer's tokenizers never produce BOS: other ids for the same text
+        _text_piece_as_decoder_start,
+        "config.json",
+        ": decoder_start_token_id=5 is ",
     ),
     "fewer layers": (  # transformers: unexpected weights, dropped
         lambda d: _edit_json(d / "config.json", encoder_layers=1),
