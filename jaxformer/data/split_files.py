@@ -26,13 +26,12 @@ from jaxformer.data.parallel_text import (
     DataError,
     SkipCounter,
     first_line,
-    not_utf8_text,
-    other_compression,
     read_parallel_lines,
     read_sentences,
     read_tsv_column,
     read_tsv_pairs,
 )
+from jaxformer.data.text_lines import not_utf8_text, other_compression
 from jaxformer.data.unmarked_wide_text import HEAD_BYTES
 
 SPLITS = ("train", "validation", "test")

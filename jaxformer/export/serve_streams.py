@@ -1,7 +1,7 @@
-"""serve.py's standard streams: stdin read as translate.py reads it, a bad --batch_size or --seed, and
-the translations written to stdout, given up once writing it failed. Standard library only:
-`jaxformer-export` copies this module beside serve.py (jaxformer/export/standalone.py), which
-imports it."""
+"""serve.py's standard streams: stdin read as translate.py reads it (text_lines.py), a bad
+--batch_size or --seed, and the translations written to stdout, given up once writing it failed.
+Standard library only: `jaxformer-export` copies this module beside serve.py
+(jaxformer/export/standalone.py), which imports it."""
 
 from __future__ import annotations
 
@@ -12,28 +12,23 @@ import os
 import signal
 import sys
 
+if __package__:  # jaxformer.export.serve_streams; an export's copy is given text_lines by serve.py (`_import_beside`)
+    from jaxformer.data import text_lines
+
 
 class InputError(ValueError):
     """The text to translate cannot be read; the message names the line."""
 
 
 def stdin_lines(data: bytes) -> list[str]:
-    """The UTF-8 lines of `data` without their line breaks, and without a byte-order mark at its
-    start or at a later line's (streams joined with cat, each with its own mark), as translate.py
-    reads stdin (jaxformer/data/parallel_text.py's `decode_lines` of the same lines, which serve.py
-    cannot import; its refusal of lines ended by \\r alone is a file rule, not a stream's); a line
-    that is not UTF-8 is an InputError naming it, with that reader's message: each line is decoded
-    with its line break, as there (a character cut short by it is an invalid continuation byte,
-    not the end of the data)."""
-    lines = []
-    for number, raw in enumerate(io.BytesIO(data), start=1):
-        try:
-            lines.append(raw.decode("utf-8-sig" if number == 1 else "utf-8").rstrip("\r\n").removeprefix("\ufeff"))
-        except UnicodeDecodeError as error:
-            raise InputError(
-                f"<stdin>: line {number} is not valid UTF-8 ({error.reason} at byte {error.start})"
-            ) from None
-    return lines
+    """The UTF-8 lines of `data` without their line breaks, as translate.py reads stdin: with
+    text_lines.decode_lines, which an export holds a copy of (gzip or UTF-16 data, lines ended by \\r
+    alone and the first line that is not UTF-8 named, a byte-order mark dropped); an InputError with
+    its message where it refuses them."""
+    try:
+        return text_lines.decode_lines(io.BytesIO(data), "<stdin>")
+    except text_lines.TextError as error:
+        raise InputError(str(error)) from None
 
 
 def positive_integer(text: str) -> int:

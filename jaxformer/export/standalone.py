@@ -36,6 +36,8 @@ The directory holds (the names are config.json's "files", with their SHA-256):
     export_files.py         a copy of jaxformer/export/export_files.py, which reads and checks the files
     export_program.py       a copy of jaxformer/export/export_program.py, which checks the program against them
     serve_streams.py        a copy of jaxformer/export/serve_streams.py, serve.py's stdin and stdout
+    text_lines.py           a copy of jaxformer/data/text_lines.py, which reads stdin as translate.py reads it
+    unmarked_wide_text.py   a copy of jaxformer/data/unmarked_wide_text.py, which text_lines.py uses
 """
 
 from __future__ import annotations
@@ -61,6 +63,8 @@ LOADER_FILE = "serve.py"
 # The jaxformer modules serve.py imports (standard library, numpy and jax only), by their path in
 # the package; each is copied beside serve.py under its file name.
 LOADER_IMPORTS = (
+    "data/unmarked_wide_text.py",
+    "data/text_lines.py",
     "decoding/sentence_batches.py",
     "argument_parser.py",
     "export/export_files.py",
@@ -127,7 +131,8 @@ else:  # serve.py, in an export beside its copies of the LOADER_IMPORTS
             LOADER_FILE=LOADER_FILE,
         )
         export_program = _import_beside("export_program", ExportError=ExportError, MAX_SEED=export_files.MAX_SEED)
-        serve_streams = _import_beside("serve_streams")
+        text_lines = _import_beside("text_lines", unmarked_wide_text=_import_beside("unmarked_wide_text"))
+        serve_streams = _import_beside("serve_streams", text_lines=text_lines)
     except ImportError as error:  # `import serve` still works; `load` raises ExportError naming the file
         _MISSING_HELPER = str(error)
 

@@ -15,6 +15,7 @@ import pytest
 
 from jaxformer import argument_parser
 from jaxformer.commands import export
+from jaxformer.data import text_lines, unmarked_wide_text
 from jaxformer.decoding import sentence_batches
 from jaxformer.decoding.generate import DecodeSettings, decoding_variant, make_generate_fn
 from jaxformer.decoding.translator import Translator
@@ -85,7 +86,9 @@ def test_the_directory_holds_everything_serving_needs(exported, workdir):
         "sentence_batches.py",
         "serve.py",
         "serve_streams.py",
+        "text_lines.py",
         "tokenizer.model",
+        "unmarked_wide_text.py",
     ]
     assert not [name for name in os.listdir(exported.parent) if name.startswith(".export")]  # no staging left
     step, metadata, params = load_checkpoint(workdir, "best")
@@ -117,13 +120,16 @@ def test_the_directory_holds_everything_serving_needs(exported, workdir):
     assert (exported / "serve.py").read_bytes() == pathlib.Path(standalone.__file__).read_bytes()
     assert (exported / "sentence_batches.py").read_bytes() == pathlib.Path(sentence_batches.__file__).read_bytes()
     assert (exported / "argument_parser.py").read_bytes() == pathlib.Path(argument_parser.__file__).read_bytes()
-    for helper in map(pathlib.Path, (export_files.__file__, export_program.__file__, serve_streams.__file__)):
+    helpers = (export_files, export_program, serve_streams, text_lines, unmarked_wide_text)
+    for helper in (pathlib.Path(module.__file__) for module in helpers):
         assert (exported / helper.name).read_bytes() == helper.read_bytes()
     digest = lambda path: hashlib.sha256(path.read_bytes()).hexdigest()  # noqa: E731
     assert config["files"]["loader"] == {
         "name": "serve.py",
         "sha256": digest(exported / "serve.py"),
         "imports": [
+            {"name": "unmarked_wide_text.py", "sha256": digest(exported / "unmarked_wide_text.py")},
+            {"name": "text_lines.py", "sha256": digest(exported / "text_lines.py")},
             {"name": "sentence_batches.py", "sha256": digest(exported / "sentence_batches.py")},
             {"name": "argument_parser.py", "sha256": digest(exported / "argument_parser.py")},
             {"name": "export_files.py", "sha256": digest(exported / "export_files.py")},

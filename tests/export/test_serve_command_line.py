@@ -1,7 +1,9 @@
 """serve.py as a command: its flags, its reading of stdin (before the export, as translate.py
 reads it, stdin closed) and its log lines. Its writing of stdout is in test_serve_write_errors.py."""
 
+import gzip
 import io
+import lzma
 import re
 import sys
 
@@ -75,7 +77,7 @@ def test_serve_py_reads_stdin_as_translate_does():
         b"",
         b"\n",
         b"A\r\r\n\r\nB",
-        b"A man\rin a hat.\n",  # one \r in a line is text to both (more, as lines ended by \r alone: a file rule)
+        b"A man\rin a hat.\n",  # one \r in a line is text to both (more: lines ended by \r alone, below)
         b"caf\xc3\xa9\n",
     ):
         serve_py, translate_py = _read_by_each(data)
@@ -90,6 +92,27 @@ def test_serve_py_reads_stdin_as_translate_does():
         serve_py, translate_py = _read_by_each(data)
         line = 1 if data.startswith(b"\xef") else 2
         assert serve_py == translate_py == f"error: <stdin>: line {line} is not valid UTF-8 ({reason})", data
+
+
+def test_serve_py_refuses_what_translate_refuses_in_its_words():
+    """Data that is not UTF-8 text, which translate.py names from its first bytes, and lines ended by
+    \\r alone: serve.py translated UTF-16/32 text without a byte-order mark (valid UTF-8, NULs and
+    all) and lines ended by \\r alone (as one line) into garbage, exit 0, and named gzip, xz or a
+    byte-order mark's UTF-16 only as 'line 1 is not valid UTF-8'."""
+    text = "A man is riding a bicycle.\nTwo dogs play in the snow.\n"
+    for data, phrase in (
+        (gzip.compress(text.encode()), "holds gzip compressed data"),
+        (lzma.compress(text.encode()), "is xz compressed"),
+        (text.encode("utf-16"), "is UTF-16 text (its byte-order mark says so)"),
+        (text.encode("utf-32"), "is UTF-32 text (its byte-order mark says so)"),
+        (text.encode("utf-16-le"), "looks like UTF-16LE text without a byte-order mark"),
+        (text.encode("utf-32-be"), "looks like UTF-32BE text without a byte-order mark"),
+        ("Привет мир\n".encode("utf-16-le"), "looks like UTF-16LE text without a byte-order mark"),
+        (text.replace("\n", "\r").encode(), "hold 2 carriage returns (\\r), as lines ended by \\r alone"),
+    ):
+        serve_py, translate_py = _read_by_each(data)
+        assert serve_py == translate_py, data
+        assert isinstance(serve_py, str) and serve_py.startswith("error: <stdin>") and phrase in serve_py, serve_py
 
 
 def test_serve_py_started_with_stdin_closed_says_so_in_one_line(tmp_path, capsys, monkeypatch):
