@@ -230,6 +230,12 @@ def read_config(directory: str | pathlib.Path) -> dict[str, Any]:
             f"(a multiple of length_bucket {serving['length_bucket']}), over max_source_length "
             f"{serving['max_source_length']}"
         )
+    positions = config["model"].get("max_positions")
+    if positions is not None and serving["max_source_tokens"] > positions:  # rows the model has no positions for
+        raise ExportError(
+            f"{path}: serving.max_source_tokens {serving['max_source_tokens']} is more than the model's "
+            f"{positions} positions (model.max_positions); it must be at most {positions}"
+        )
     _check_file_entries(path, config.get("files"))
     return config
 
