@@ -32,7 +32,8 @@ def stdin_lines(data: bytes) -> list[str]:
 
 
 def positive_integer(text: str) -> int:
-    if not text.isdigit() or int(text) < 1:
+    """--batch_size: ASCII digits (int() refuses some digits str.isdigit() takes: '²')."""
+    if not text.isascii() or not text.isdigit() or int(text) < 1:
         raise argparse.ArgumentTypeError(f"must be an integer >= 1, got {text!r}")
     return int(text)
 

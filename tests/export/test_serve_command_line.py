@@ -20,6 +20,8 @@ pytestmark = pytest.mark.xdist_group("export")
     [
         (["--batch_size", "2", "--batch_size", "3"], "argument --batch_size: given twice (2, then 3)"),
         (["--batch_size", "0"], "argument --batch_size: must be an integer >= 1, got '0'"),
+        # a digit int() refuses: was 'invalid positive_integer value: '²''
+        (["--batch_size", "²"], "argument --batch_size: must be an integer >= 1, got '²'"),
         (["--no_such_flag"], "unrecognized arguments: --no_such_flag"),
     ],
 )
