@@ -48,8 +48,8 @@ def test_serve_py_reads_its_input_before_the_model(exported, tmp_path):
 
 
 def _read_by_each(data):
-    """(serve.py's lines of stdin `data` or its error, translate.py's): serve_streams.py keeps its
-    own copy of translate.py's reader, which an export, run without jaxformer, cannot import."""
+    """(serve.py's lines of stdin `data` or its error, translate.py's): an export reads stdin with its
+    copy of text_lines.py, translate.py's reader, which it cannot import (it runs without jaxformer)."""
     from jaxformer.commands import common
     from jaxformer.data.parallel_text import DataError
 
