@@ -31,13 +31,8 @@ The directory holds (the names are config.json's "files", with their SHA-256):
     sampling.jaxexport      in its place for sampling (K = 1), with a third input: the batch's key,
                             uint32 [2] (jax.random.key_data of a config.json program.key_impl key)
     serve.py                this file
-    sentence_batches.py     a copy of jaxformer/decoding/sentence_batches.py, which serve.py imports
-    argument_parser.py      a copy of jaxformer/argument_parser.py, serve.py's command line
-    export_files.py         a copy of jaxformer/export/export_files.py, which reads and checks the files
-    export_program.py       a copy of jaxformer/export/export_program.py, which checks the program against them
-    serve_streams.py        a copy of jaxformer/export/serve_streams.py, serve.py's stdin and stdout
-    text_lines.py           a copy of jaxformer/data/text_lines.py, which reads stdin as translate.py reads it
-    unmarked_wide_text.py   a copy of jaxformer/data/unmarked_wide_text.py, which text_lines.py uses
+    sentence_batches.py, argument_parser.py, export_files.py, export_program.py, serve_streams.py,
+    text_lines.py, unmarked_wide_text.py: copies of the jaxformer modules serve.py imports (LOADER_IMPORTS)
 """
 
 from __future__ import annotations
