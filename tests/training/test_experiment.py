@@ -1,10 +1,9 @@
 import importlib.util
 import pathlib
-import pickle
 
 import pytest
 
-from jaxformer.model.config import ConfigError, FieldError, preset
+from jaxformer.model.config import ConfigError, preset
 from jaxformer.training import config_file, experiment, text_sides
 from jaxformer.training.config_paths import with_absolute_paths
 
@@ -51,68 +50,6 @@ def test_unknown_keys_list_near_matches():
         experiment.validate(config)
 
 
-def test_a_bad_model_value_names_the_configs_key_and_the_library_the_dataclass_field():
-    """An experiment config's model section is config model.X, as its other keys are; the library's
-    own TransformerConfig and preset() go on naming the field (README, Presets)."""
-    config = load("tiny")
-    config.model.d_model = 30
-    with pytest.raises(ConfigError) as error:
-        experiment.validate(config)  # train's and sweep's check
-    assert str(error.value) == "config model.d_model=30: must be divisible by model.num_heads=4"
-    config.model.update(d_model=32, dtype="bfloat16", matmul_dtype="float32")
-    with pytest.raises(ConfigError) as error:
-        experiment.model_config(config, 1000)  # the run's start: a dtype as the config gives it
-    assert str(error.value) == "config model.matmul_dtype='float32': must not be wider than model.dtype=bfloat16"
-    with pytest.raises(ConfigError) as error:
-        preset("tiny", d_model=30)
-    assert str(error.value) == "TransformerConfig.d_model=30: must be divisible by num_heads=4"
-
-
-@pytest.mark.parametrize(
-    ("values", "problem"),
-    [
-        (
-            {"architecture": "decoder_only", "share_embeddings": False},
-            "the decoder_only architecture has one embedding matrix, nothing to share or separate; untie its output "
-            "layer with {}tie_output_embedding=False",
-        ),
-        (
-            {"architecture": "decoder_only", "source_word_dropout_rate": 0.1},
-            "a decoder_only model has no source: use {}target_word_dropout_rate",
-        ),
-        (
-            {"architecture": "encoder_only", "target_word_dropout_rate": 0.1},
-            "an encoder_only model has no decoder input: use {}source_word_dropout_rate",
-        ),
-    ],
-)
-def test_the_other_model_fields_a_problem_names_are_keys_in_a_config_and_fields_in_the_library(values, problem):
-    """The experiment config's error named its key model.X and, in the same line, the field it
-    points to bare (use target_word_dropout_rate); both are the config's keys now. The library's
-    own errors keep the field names (README, Presets), pickled (another process's) alike."""
-    config = load("tiny")
-    config.model.update(values)
-    field, value = [(key, value) for key, value in values.items() if key != "architecture"][0]
-    with pytest.raises(ConfigError) as error:
-        experiment.validate(config)
-    assert str(error.value) == f"config model.{field}={value!r}: " + problem.format("model.")
-    with pytest.raises(FieldError) as error:
-        preset("tiny", **values)
-    assert str(error.value) == f"TransformerConfig.{field}={value!r}: " + problem.format("")
-    carried = pickle.loads(pickle.dumps(error.value))
-    assert (str(carried), carried.problem("model.")) == (str(error.value), problem.format("model."))
-
-
-def test_a_vocabulary_mismatch_names_the_model_keys_to_set():
-    config = load("tiny")
-    with pytest.raises(ConfigError) as error:
-        experiment.model_config(config, 1000, 800)  # separate sizes on a shared embedding
-    assert str(error.value) == (
-        "config model.source_vocab_size=800: differs from model.vocab_size=1000, so source and target cannot share "
-        "one embedding matrix: set model.share_embeddings=False"
-    )
-
-
 @pytest.mark.parametrize(
     ("key", "section", "first"),
     [
@@ -135,13 +72,6 @@ def test_an_unknown_key_is_offered_only_keys_that_can_stand_in_its_place(key, se
     assert section not in offered, message
     assert all(name.count(".") == key.count(".") for name in offered), message
     assert (offered[0] if offered else None) == first, message
-
-
-def test_model_vocab_must_come_from_the_tokenizer():
-    config = load("tiny")
-    config.model.vocab_size = 123
-    with pytest.raises(ConfigError, match="model.vocab_size=123 differs from the tokenizer's 1000"):
-        experiment.validate(config)
 
 
 def test_describe_lists_only_what_differs_from_the_defaults():
