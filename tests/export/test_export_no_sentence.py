@@ -132,6 +132,7 @@ def test_the_id_entry_points_refuse_a_source_past_the_models_positions(exported,
     positions = 6
     assert config["model"]["max_positions"] is None and config["serving"]["max_source_length"] > positions + 2
     config["model"]["max_positions"] = positions
+    config["serving"]["max_source_tokens"] = positions  # more is refused as config.json is read
     (copy / "config.json").write_text(json.dumps(config))
     model = standalone.load(copy, batch_size=1)
     ran = []
