@@ -12,7 +12,7 @@ from collections.abc import Callable, Iterable, Iterator, Sequence
 
 from jaxformer.data import text_lines
 from jaxformer.data.text_lines import MAGIC_BYTES, other_compression
-from jaxformer.data.tsv_quoting import QuotingCheck, quoted_break
+from jaxformer.data.tsv_quoting import QuotingCheck, quoted_break, spanning_pair
 from jaxformer.errors import UserError
 
 logger = logging.getLogger(__name__)
@@ -141,9 +141,11 @@ def read_sentences(path: str | pathlib.Path, skipped: SkipCounter | None = None)
 
 def _tsv_fields(path: pathlib.Path, columns: Sequence[int]) -> list[list[str]]:
     """The [source, target] fields of each line; DataError naming the line without one tab (and the
-    CSV-quoted text with a tab or line break that made it so), or the text of `columns` (the fields
-    read) that a CSV writer quoted."""
+    CSV-quoted text with a tab or line break that made it so), the lines of a CSV-quoted text with
+    both that each have one tab (read as a pair each, in either column), or the text of `columns`
+    (the fields read) that a CSV writer quoted."""
     pairs, quoting, lines = [], QuotingCheck(path, columns), read_lines(path)
+    spanning_start, spanning = spanning_pair(lines) or (None, None)
     for number, line in enumerate(lines, start=1):
         fields = line.split("\t")
         if len(fields) == 1 and not line.strip():  # a blank line (many files end in one): no text, no tab
@@ -154,6 +156,8 @@ def _tsv_fields(path: pathlib.Path, columns: Sequence[int]) -> list[list[str]]:
                 f"{path}: line {number} has {len(fields) - 1} tabs; each line must be source<TAB>target, with one tab"
                 + (f", but {because}" if because else "")
             )
+        if number == spanning_start:
+            raise DataError(f"{path}: {spanning}")
         quoted = quoting.line(number, fields)
         if quoted:
             raise DataError(quoted)

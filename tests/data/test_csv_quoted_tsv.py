@@ -35,9 +35,9 @@ OVER_TWO_LINES = ("Première ligne.\nDeuxième ligne.", "一行目。二行目�
 
 def written_by_csv(path, rows, **options):
     """`rows` as pandas' to_csv(path, sep="\t", header=False, index=False, **options) writes them:
-    through Python's csv module, lines ended by \\n."""
+    through Python's csv module, lines ended by \\n (unless `options` say otherwise)."""
     text = io.StringIO()
-    csv.writer(text, delimiter="\t", lineterminator="\n", **options).writerows(rows)
+    csv.writer(text, **{"delimiter": "\t", "lineterminator": "\n"} | options).writerows(rows)
     return str(write_bytes(path, text.getvalue().encode()))
 
 
