@@ -185,6 +185,24 @@ def _metadata_digest(metadata: dict[str, Any]) -> str:
     return _digest(_canonical_json(json.loads(json.dumps({k: v for k, v in metadata.items() if k != CHECKSUMS}))))
 
 
+def params_digest(metadata: dict[str, Any]) -> str | None:
+    """An identity of the parameters of the checkpoint whose metadata JSON is `metadata`: a
+    digest of the checksums its save recorded of each `params/...` array, read without reading
+    an array; None without checksums (an older jaxformer's checkpoint). A run's start records it
+    (CheckpointMetadata.started_from_params) rather than a save time or a digest of the files: a
+    time, and orbax's files, change when the same parameters are saved again, and reading every
+    file costs what reading the parameters does; the run's config stays the same where a run
+    trained again with it saves other parameters (a resume from an earlier step, another machine).
+    These checksums are in the metadata a start's reader reads anyway, change with any
+    parameter's bits (each restore verifies the arrays against them) and with nothing else."""
+    checksums = metadata.get(CHECKSUMS)
+    arrays = checksums.get("arrays") if isinstance(checksums, dict) else None
+    if not isinstance(arrays, dict):
+        return None
+    params = {name: value for name, value in arrays.items() if name.startswith("params/")}
+    return _digest(_canonical_json(params)) if params else None
+
+
 def iterator_checksums(data_iterator) -> list[str]:
     """A digest of each process's data-iterator state (the same list on every process)."""
     state = data_iterator.get_state()

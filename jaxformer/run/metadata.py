@@ -33,6 +33,10 @@ In the checkpoint it is a JSON object (the `metadata` item of each step director
      "alpha": 1.0,                 final/ checkpoints only, when the choice searched with beams: its
                                    alpha, chosen on validation (training.final_alphas) or, compared
                                    with none, decoding.alpha (absent there in older final/ checkpoints)
+     "started_from": "training.init_from: step 40 of /runs/a/checkpoints",
+                                   a fine-tuned or composed run: the checkpoints it started from
+     "started_from_params": {"training.init_from": "<32 hex digits>"},
+                                   and the identity of their parameters (run/checksums.py params_digest)
      "checksums": {...}}           added and verified by run/checkpoint.py (run/checksums.py)
 
 Checkpoints written before this schema (plain dicts, possibly without "data_fingerprint" or
@@ -51,6 +55,7 @@ from typing import Any
 from jaxformer.data.tokenizer import Tokenizer
 from jaxformer.errors import CheckpointError
 from jaxformer.model.config import TransformerConfig
+from jaxformer.run.checksums import params_digest
 
 
 @dataclasses.dataclass(frozen=True)
@@ -79,9 +84,17 @@ class CheckpointMetadata:
     # A fine-tuned run's start, as its first step read it ("training.init_from: step 40 of /runs/a/checkpoints"; None:
     # none, or from before it was kept): a sweep's runs of one start must have started from the same checkpoint.
     started_from: str | None = None
+    # The identity of each start's parameters then ({"training.init_from": params_digest}): a start's path and step
+    # hold another run's parameters once that run is trained again in its workdir. None, or a start missing: recorded
+    # before the identity was, or a start saved without checksums; a sweep then compares the paths and steps alone.
+    started_from_params: dict[str, str] | None = None
+    # Read, never written: the identity of the parameters of the checkpoint this metadata was read from (its checksums'
+    # params_digest; None: without checksums, or metadata made or changed here, which a save gives its own checksums).
+    params_digest: str | None = dataclasses.field(default=None, compare=False)
 
     def replace(self, **changes: Any) -> CheckpointMetadata:
-        return dataclasses.replace(self, **changes)
+        """A copy with `changes`; no longer the metadata read from a checkpoint (params_digest None)."""
+        return dataclasses.replace(self, **{"params_digest": None, **changes})
 
     def model_config(self) -> TransformerConfig:
         return TransformerConfig.from_dict(self.model)
@@ -135,6 +148,8 @@ class CheckpointMetadata:
             values["saved_as_last"] = bool(self.saved_as_last)
         if self.started_from is not None:
             values["started_from"] = self.started_from
+        if self.started_from_params is not None:
+            values["started_from_params"] = dict(self.started_from_params)
         return values
 
     @classmethod
@@ -205,6 +220,11 @@ class CheckpointMetadata:
             )
         if alpha is not None and not (math.isfinite(alpha) and alpha >= 0):
             raise fail("alpha", f"is {alpha}, not a length penalty (a finite number >= 0)")
+        started_from_params = typed("started_from_params", (Mapping,), "an object", optional=True)
+        if started_from_params is not None and not all(
+            isinstance(value, str) for value in started_from_params.values()
+        ):
+            raise fail("started_from_params", "holds something other than strings")
         return cls(
             config=dict(typed("config", (Mapping,), "an object")),
             model=dict(typed("model", (Mapping,), "an object")),
@@ -217,6 +237,8 @@ class CheckpointMetadata:
             train_seconds=None if train_seconds is None else float(train_seconds),
             chosen_from=typed("chosen_from", (str,), "a string", optional=True),
             started_from=typed("started_from", (str,), "a string", optional=True),
+            started_from_params=None if started_from_params is None else dict(started_from_params),
+            params_digest=params_digest(values),
             alpha=None if alpha is None else float(alpha),
             rdrop_by_pace=rdrop_by_pace,
             choice_scores=None

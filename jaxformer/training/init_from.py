@@ -98,6 +98,14 @@ def started_from(points: Sequence[StartingPoint]) -> str | None:
     return "; ".join(f"training.{PARTS[point.part]}: {point.where}" for point in points) or None
 
 
+def started_from_params(points: Sequence[StartingPoint]) -> dict[str, str] | None:
+    """{"training.init_from": the identity of its parameters, ...} of `points`, as a run's
+    checkpoints record it (CheckpointMetadata.started_from_params), read from each start's
+    checksums without its parameters; a start saved without checksums is left out; None without any."""
+    digests = {f"training.{PARTS[p.part]}": p.metadata.params_digest for p in points if p.metadata.params_digest}
+    return digests or None
+
+
 def refuse_an_export(path: str, key: str) -> None:
     """A `CheckpointError` where `path` is an export's folder (jaxformer-export's output), which was
     said to be no workdir, or to hold no checkpoint when named final or best: no run starts from

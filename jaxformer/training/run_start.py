@@ -49,6 +49,7 @@ from jaxformer.training.init_from import (
     load_starting_points,
     side_tokenizers,
     started_from,
+    started_from_params,
 )
 from jaxformer.training.kept_checkpoints import check_keep_not_lowered
 from jaxformer.training.optimizer import make_optimizer
@@ -336,6 +337,8 @@ def prepare_run(config: ml_collections.ConfigDict, workdir: pathlib.Path) -> Pre
         data_fingerprint=fingerprint,
         step=0,
         started_from=saved.started_from if resuming else started_from(starting_points),
+        # A resumed run restores its own checkpoint and reads no start: its record is carried, never read again.
+        started_from_params=saved.started_from_params if resuming else started_from_params(starting_points),
     )
     return PreparedRun(
         run, checkpointer, tokenizers, metadata, train_source, eval_source, starting_points, model_config, mesh, rules

@@ -222,3 +222,37 @@ def test_checkpoints_written_by_the_previous_code_still_load(run, tmp_path, capl
     assert metadata.data_fingerprint is None and metadata.averaged_steps == (3, 4, 5)
     assert metadata.load_tokenizer().model_proto == run[1].model_proto
     assert any("no checksums" in record.getMessage() for record in caplog.records) != checksummed
+
+
+def test_a_checkpoints_metadata_reads_the_identity_of_its_parameters_and_a_start_records_it(tmp_path):
+    from jaxformer.run.checkpoint import Checkpointer
+
+    def identities(workdir):
+        checkpointer = Checkpointer(RunDirectory(workdir).checkpoints, keep=None, read_only=True)
+        return {step: checkpointer.read_metadata(step).params_digest for step in checkpointer.steps()}
+
+    # Other parameters, another identity; the same parameters saved by another run, the same one.
+    first, _, _ = make_workdir(tmp_path / "a", steps=(1, 2), scale=lambda step: float(step))
+    again, _, _ = make_workdir(tmp_path / "b", steps=(1,))
+    read = identities(first)
+    assert len(read[1]) == 32 and read[1] != read[2] and identities(again) == {1: read[1]}
+    assert read[1] not in json.dumps(json.loads((first / "checkpoints" / "1" / "metadata" / "metadata").read_text()))
+    metadata = Checkpointer(RunDirectory(first).checkpoints, keep=None, read_only=True).read_metadata(1)
+    assert metadata.replace(step=3).params_digest is None  # no longer what checkpoint 1 holds
+    # A checkpoint of an older jaxformer, saved without checksums: no identity.
+    path = first / "checkpoints" / "2" / "metadata" / "metadata"
+    path.write_text(json.dumps({k: v for k, v in json.loads(path.read_text()).items() if k != "checksums"}))
+    assert identities(first)[2] is None
+
+    # The record of a run's start: written, read back; absent from runs from scratch or from before it.
+    started = METADATA.replace(
+        started_from="training.init_from: step 40 of /runs/a/checkpoints",
+        started_from_params={"training.init_from": read[1]},
+    )
+    assert CheckpointMetadata.from_json(json.loads(json.dumps(started.to_json())), "here") == started
+    assert "started_from_params" not in METADATA.to_json()
+    written = METADATA.to_json()
+    with pytest.raises(CheckpointError, match="here: key 'started_from_params' holds a JSON array, not an object"):
+        CheckpointMetadata.from_json({**written, "started_from_params": [read[1]]}, "here")
+    with pytest.raises(CheckpointError, match="here: key 'started_from_params' holds something other than strings"):
+        CheckpointMetadata.from_json({**written, "started_from_params": {"training.init_from": 7}}, "here")

@@ -31,7 +31,8 @@ pytestmark = pytest.mark.xdist_group("sweep")
 
 class SavedRuns(Runs):
     """Runs that also leave what the sweep reads of a run's checkpoint, as training saves it: its
-    config (with absolute paths), the fingerprint of the data files it read and its start."""
+    config (with absolute paths), the fingerprint of the data files it read and its start (with
+    the identity of its parameters)."""
 
     def __call__(self, config, workdir):
         from jaxformer.data.sources import data_fingerprint, get_builder
@@ -40,8 +41,10 @@ class SavedRuns(Runs):
         saved = {
             "config": with_absolute_paths(config).to_dict(),
             "data_fingerprint": data_fingerprint(get_builder(config.data)),
-            "started_from": init_from.started_from(init_from.load_starting_points(config.training, params=False)),
         }
+        points = init_from.load_starting_points(config.training, params=False)
+        saved.update(started_from=init_from.started_from(points))
+        saved.update(started_from_params=init_from.started_from_params(points))
         RunDirectory(workdir).checkpoints.mkdir(parents=True, exist_ok=True)
         (pathlib.Path(workdir) / "saved.json").write_text(json.dumps(saved))
         return last
