@@ -1,5 +1,6 @@
 """The command-line parser of every jaxformer command and of an export's serve.py: argparse with
-one-line errors, and a flag that holds one value refused when given twice.
+one-line errors, a flag that holds one value refused when given twice, and the type of every
+argument that names a local path.
 
 It imports the standard library alone, because `jaxformer-export` copies it beside serve.py,
 which runs where jaxformer is not installed.
@@ -8,7 +9,14 @@ which runs where jaxformer is not installed.
 from __future__ import annotations
 
 import argparse
+import os
+import re
 import sys
+
+if __package__:  # jaxformer.argument_parser
+    from jaxformer.files import home_expanded
+else:  # an export's copy, beside serve.py, without jaxformer.files: its rule (a test holds the two alike)
+    home_expanded = os.path.expanduser
 
 EXIT_USAGE = 2  # argparse's status for a bad command line; jaxformer.errors.EXIT_USER_ERROR is the same
 
@@ -42,3 +50,27 @@ class Parser(argparse.ArgumentParser):
     def error(self, message: str):
         sys.stderr.write(f"error: {message}; see {self.prog} --help\n")
         sys.exit(EXIT_USAGE)
+
+
+def path_text(text: str) -> str:
+    """A local file or folder path: not empty, which would mean the current directory by accident,
+    and not a URL (gs://, s3://), which local file operations would take for a folder named gs:.
+    A leading "~" or "~user" is that home folder (`home_expanded`), in `--workdir=~/runs` too,
+    which the shell passes as written; one naming no user is refused, not made a folder "~name"."""
+    if not text.strip():
+        raise argparse.ArgumentTypeError(f"must be a path, got {'an empty one' if not text else repr(text)}")
+    if re.match(r"^[A-Za-z][A-Za-z0-9+.-]*://", text):
+        raise argparse.ArgumentTypeError(
+            f"must be a local path or a mounted file system (NFS, gcsfuse), not a URL: {text!r}"
+        )
+    path = home_expanded(text)
+    if path.startswith("~"):
+        home = path.split("/", 1)[0]
+        raise argparse.ArgumentTypeError(
+            f"{text!r} starts with {home}, but there is no user {home[1:]!r} whose home folder that is; "
+            f"for a folder named {home} here, give ./{text}"
+        )
+    return path
+
+
+path_text.__name__ = "path"

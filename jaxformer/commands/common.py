@@ -18,7 +18,6 @@ import io
 import logging
 import math
 import os
-import re
 import signal
 import sys
 import traceback
@@ -28,7 +27,7 @@ from typing import Any
 
 import tqdm
 
-from jaxformer.argument_parser import Parser
+from jaxformer.argument_parser import Parser, path_text
 from jaxformer.commands import launch
 from jaxformer.commands.compilation_cache import enable_compilation_cache, repair_unreadable_entry
 from jaxformer.decoding import sentence_batches
@@ -40,7 +39,7 @@ from jaxformer.errors import (
     file_size_limit_error,
     no_space_error,
 )
-from jaxformer.files import home_expanded, write_text_atomically, write_to_stream
+from jaxformer.files import write_text_atomically, write_to_stream
 
 logger = logging.getLogger(__name__)
 
@@ -109,30 +108,6 @@ def ruled_number(text: str, kind: Callable[[str], Any], rule: str, allowed: Call
     if not allowed(value):
         raise argparse.ArgumentTypeError(f"must be {rule}, got {text}")
     return value
-
-
-def path_text(text: str) -> str:
-    """A local file or folder path: not empty, which would mean the current directory by accident,
-    and not a URL (gs://, s3://), which local file operations would take for a folder named gs:.
-    A leading "~" or "~user" is that home folder (`home_expanded`), in `--workdir=~/runs` too,
-    which the shell passes as written; one naming no user is refused, not made a folder "~name"."""
-    if not text.strip():
-        raise argparse.ArgumentTypeError(f"must be a path, got {'an empty one' if not text else repr(text)}")
-    if re.match(r"^[A-Za-z][A-Za-z0-9+.-]*://", text):
-        raise argparse.ArgumentTypeError(
-            f"must be a local path or a mounted file system (NFS, gcsfuse), not a URL: {text!r}"
-        )
-    path = home_expanded(text)
-    if path.startswith("~"):
-        home = path.split("/", 1)[0]
-        raise argparse.ArgumentTypeError(
-            f"{text!r} starts with {home}, but there is no user {home[1:]!r} whose home folder that is; "
-            f"for a folder named {home} here, give ./{text}"
-        )
-    return path
-
-
-path_text.__name__ = "path"
 
 
 # -- logging ---------------------------------------------------------------------------------

@@ -184,6 +184,10 @@ def unflatten(tensors: dict[str, np.ndarray], where: str | pathlib.Path) -> dict
 
 def read_config(directory: str | pathlib.Path) -> dict[str, Any]:
     """config.json of an export, checked for the format and version this loader reads."""
+    if directory == "":  # pathlib.Path("") is ".": the current folder, read by accident
+        raise ExportError(
+            f"the export's folder is given as '' (an empty path): give the folder that holds {CONFIG_FILE}"
+        )
     directory = pathlib.Path(directory)
     if directory.is_file():  # config.json or serve.py named for the export's folder
         raise ExportError(f"{directory} is a file, not an export's folder: give the folder that holds {CONFIG_FILE}")

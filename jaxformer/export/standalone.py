@@ -364,6 +364,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument(
         "directory",
         nargs="?",
+        type=argument_parser.path_text,  # as the commands' path flags: "" refused, "~" the home folder
         default=pathlib.Path(__file__).resolve().parent,
         help="the export (default: this file's folder)",
     )

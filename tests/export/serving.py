@@ -18,14 +18,16 @@ def serve_without_jaxformer(script: str, exported, results) -> subprocess.Popen:
     )
 
 
-def run_serve_py(directory, *args, input: str | bytes, timeout: int = 300) -> subprocess.CompletedProcess:
-    """`python DIRECTORY/serve.py ARGS < input`, finished; text in and out unless `input` is bytes."""
+def run_serve_py(directory, *args, input: str | bytes, timeout: int = 300, **options) -> subprocess.CompletedProcess:
+    """`python DIRECTORY/serve.py ARGS < input`, finished; text in and out unless `input` is bytes;
+    `options`: subprocess.run's others (cwd, env)."""
     return subprocess.run(
         [sys.executable, str(directory / "serve.py"), *map(str, args)],
         input=input,
         capture_output=True,
         text=isinstance(input, str),
         timeout=timeout,
+        **options,
     )
 
 

@@ -2,8 +2,10 @@
 reads it, stdin closed) and its log lines. Its writing of stdout is in test_serve_write_errors.py."""
 
 import gzip
+import importlib.util
 import io
 import lzma
+import os
 import re
 import sys
 
@@ -29,6 +31,44 @@ def test_serve_py_refuses_a_bad_command_line_in_one_line(exported, flags, messag
     result = run_serve_py(exported, *flags, input="A man.\n", timeout=120)
     assert result.returncode == 2 and result.stdout == ""
     assert result.stderr == f"error: {message}; see serve.py --help\n"
+
+
+def test_serve_py_refuses_an_empty_directory_as_the_commands_refuse_an_empty_path(exported):
+    """`serve.py ''` read the current folder as the export (pathlib.Path('') is '.'): run in one, it
+    translated with it; now refused as the commands refuse an empty path flag, and so is load('')."""
+    result = run_serve_py(exported, "", input="A man.\n", timeout=120, cwd=exported)
+    assert result.returncode == 2 and result.stdout == ""
+    assert result.stderr == "error: argument directory: must be a path, got an empty one; see serve.py --help\n"
+    with pytest.raises(standalone.ExportError, match=r"^the export's folder is given as '' \(an empty path\): give"):
+        standalone.load("")
+
+
+def test_serve_py_reads_a_leading_tilde_as_the_home_folder_as_the_commands_do(exported, tmp_path):
+    """A quoted '~/exports/m30k' (or one after "=") reaches serve.py as written: it looked for a
+    folder named "~" here. Read from config.json alone: --seed on a beam export is refused there."""
+    (tmp_path / "exports").mkdir()
+    (tmp_path / "exports" / "m30k").symlink_to(exported)
+    environment = {**os.environ, "HOME": str(tmp_path)}
+    for directory, message in (
+        ("~/exports/m30k", "error: seed 3: this export's program is beam search, which draws nothing;"),
+        ("~no_such_user_x/m30k", "error: argument directory: '~no_such_user_x/m30k' starts with ~no_such_user_x, but"),
+    ):
+        result = run_serve_py(exported, directory, "--seed", "3", input="A man.\n", timeout=120, env=environment)
+        assert result.returncode == 2 and result.stdout == ""
+        assert result.stderr.startswith(message) and result.stderr.count("\n") == 1, result.stderr
+
+
+def test_an_exports_home_folder_rule_is_jaxformers(exported):
+    """serve.py's copy of argument_parser.py, which cannot import jaxformer.files, reads "~" as
+    jaxformer.files.home_expanded does."""
+    from jaxformer.files import home_expanded
+
+    spec = importlib.util.spec_from_file_location("exported_argument_parser", exported / "argument_parser.py")
+    copy = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(copy)
+    assert copy.home_expanded is not home_expanded
+    for path in ("~", "~/runs", "~root/runs", "~no_such_user_x/runs", "runs/~", "./~/runs", "", "runs"):
+        assert copy.home_expanded(path) == home_expanded(path), path
 
 
 def test_serve_py_run_through_a_link_reads_the_files_beside_the_real_one(exported, tmp_path):
