@@ -1,6 +1,6 @@
 """An export's program checked against config.json and its parameters: the search its function
-was made for, its inputs and shapes, the parameters it takes, and a sampling export's seed and
-random key. With numpy and jax alone.
+was made for and the settings it holds fixed, its inputs and shapes, the parameters it takes, and
+a sampling export's seed and random key. With numpy and jax alone.
 
 serve.py (jaxformer/export/standalone.py) imports this module; `jaxformer-export` copies it beside
 serve.py, so it imports no jaxformer module in an export: there serve.py gives it the names below
@@ -9,6 +9,7 @@ that it takes from standalone.py and export_files.py before running it.
 
 from __future__ import annotations
 
+import json
 import re
 from typing import Any
 
@@ -86,7 +87,7 @@ def check_program_shapes(config: dict[str, Any], program: jax.export.Exported, c
     (params, source) or, sampling, (params, source, key), tokens [B, K, S + extra] out (K =
     decoding.beam_size for beam search, else 1), S bounded by the constraint jax.export wrote into
     the program's shape assertions at export time; a sampling program's key is the data of one key
-    of config.json's program.key_impl."""
+    of config.json's program.key_impl; and the other settings it holds fixed (`check_fixed_settings`)."""
     decoding, serving = config["decoding"], config["serving"]
     method, inputs = decoding["method"], program_inputs(config)
     arguments = len(program.in_tree.children()[0].children()) if len(program.in_tree.children()) == 2 else None
@@ -126,11 +127,56 @@ def check_program_shapes(config: dict[str, Any], program: jax.export.Exported, c
             f"{config_path}: serving.max_source_length is {serving['max_source_length']}, but {program_path} "
             f"takes sources of at most {int(bound.group(1))} tokens"
         )
-    made_for = PROGRAM_FUNCTIONS.get(getattr(program, "fun_name", None), method)  # a name it knows
+    function = program_function(program, program_path)[0]
+    made_for = PROGRAM_FUNCTIONS.get(function, method)  # a name it knows
     if made_for != method:
         raise ExportError(
             f"{config_path}: decoding.method is {method!r}, but {program_path} is the program of {made_for!r} "
-            f"(its function, {program.fun_name})"
+            f"(its function, {function})"
+        )
+    check_fixed_settings(config, program, config_path, program_path)
+
+
+def program_function(program: jax.export.Exported, program_path) -> tuple[str, dict[str, Any] | None]:
+    """(the search the program's function is named for, the settings it holds fixed or None): its
+    Exported.fun_name, "<search> <JSON object>" (jaxformer/export/program.py's function_name), or
+    the search's name alone in exports written before the settings were recorded there."""
+    function, _, recorded = str(getattr(program, "fun_name", "")).partition(" ")
+    if not recorded:
+        return function, None
+    try:
+        settings = json.loads(recorded)
+    except ValueError:
+        settings = None
+    if not isinstance(settings, dict):
+        raise ExportError(
+            f"{program_path}: its function's name, {program.fun_name!r}, holds no JSON object of the settings "
+            "it was exported with"
+        )
+    return function, settings
+
+
+def check_fixed_settings(config: dict[str, Any], program: jax.export.Exported, config_path, program_path) -> None:
+    """config.json's "decoding" values that the program holds fixed are the ones it was exported
+    with, which its function's name records (`program_function`): a hand edit of one (a sampling
+    export's top_k, a beam search's alpha) would change nothing. The seed is not among them (each
+    batch's key is an input). An export written before the record is not checked."""
+    decoding = config["decoding"]
+    fixed = program_function(program, program_path)[1]
+    for key, value in (fixed or {}).items():
+        given = decoding.get(key)
+        if key in decoding and given == value and isinstance(given, bool) == isinstance(value, bool):
+            continue
+        shown = json.dumps(given) if key in decoding else "absent"
+        if decoding["method"] == "beam" and key in ("temperature", "top_k"):
+            raise ExportError(
+                f"{config_path}: decoding.{key} is {shown}, but {program_path} is a beam search, which does not "
+                f"sample (exported with {key} {json.dumps(value)}); export with --method sample to sample"
+            )
+        raise ExportError(
+            f"{config_path}: decoding.{key} is {shown}, but {program_path} "
+            f"{'samples' if decoding['method'] == 'sample' else 'searches'} with {key} {json.dumps(value)}, "
+            "fixed when it was exported; export again to change it"
         )
 
 

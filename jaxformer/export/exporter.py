@@ -29,7 +29,7 @@ from jaxformer.decoding.translator import source_token_limit
 from jaxformer.errors import CheckpointError
 from jaxformer.export import output_folder, staging_leftovers, standalone
 from jaxformer.export.loading import ExportError, check_export
-from jaxformer.export.program import KNOWN_PLATFORMS, PLATFORMS, export_search, key_impl, key_spec
+from jaxformer.export.program import KNOWN_PLATFORMS, PLATFORMS, export_search, fixed_settings, key_impl, key_spec
 from jaxformer.export.safetensors import flatten, unflatten, write_safetensors
 from jaxformer.model.config import ConfigError
 from jaxformer.run.directory import parse_checkpoint_choice
@@ -204,14 +204,12 @@ def export_checkpoint(
 
 
 def decoding_record(settings: DecodeSettings, seed: int) -> dict[str, Any]:
-    """config.json's "decoding": a beam search's settings all, as exports have always recorded them;
-    greedy search's and sampling's only those they read (no beam size or length penalty), and
-    sampling's default seed."""
-    if settings.method == "beam":
-        return dataclasses.asdict(settings)
-    read = ["method", "max_extra_length", "renormalize_after_bans"]
-    read += ["temperature", "top_k"] if settings.method == "sample" else []
-    return {key: getattr(settings, key) for key in read} | ({"seed": seed} if settings.method == "sample" else {})
+    """config.json's "decoding": the method and the settings its program holds fixed (`fixed_settings`:
+    a beam search's all, as exports have always recorded them; greedy search's and sampling's only
+    those they read, no beam size or length penalty), and sampling's default seed, which serve.py
+    takes at run time."""
+    seed_record = {"seed": seed} if settings.method == "sample" else {}
+    return {"method": settings.method, **fixed_settings(settings)} | seed_record
 
 
 def program_signature(method: str) -> dict[str, str]:

@@ -14,6 +14,8 @@ not fatal.
 
 from __future__ import annotations
 
+import dataclasses
+import json
 import logging
 from collections.abc import Sequence
 from typing import Any
@@ -67,20 +69,41 @@ def program_fn(config: TransformerConfig, settings: DecodeSettings):
 
     if settings.method == "sample":
 
-        def sampling(params, source, key_data):
+        def search(params, source, key_data):
             tokens, scores = generate_fn(params, source, jax.random.wrap_key_data(key_data, impl=impl))
             return padded(tokens, source), scores
 
-        return jax.jit(sampling)
+    else:
 
-    def search(params, source):
-        tokens, scores = generate_fn(params, source)
-        return padded(tokens, source), scores
+        def search(params, source):
+            tokens, scores = generate_fn(params, source)
+            return padded(tokens, source), scores
 
-    # The name the program records (Exported.fun_name), by which the loader tells a beam search of
-    # beam size 1 from greedy search, whose shapes are the same.
-    search.__name__ = search.__qualname__ = f"{settings.method}_search"
+    search.__name__ = search.__qualname__ = function_name(settings)
     return jax.jit(search)
+
+
+def fixed_settings(settings: DecodeSettings) -> dict[str, Any]:
+    """The settings of `settings`' search that its program holds fixed once lowered, as config.json's
+    "decoding" records them (`exporter.decoding_record`): a beam search's every DecodeSettings
+    field (temperature and top_k, which it never reads, included), greedy search's and sampling's
+    those they read. The method is the program's function; sampling's seed is no setting of it (the
+    loader passes each batch's key)."""
+    if settings.method == "beam":
+        return {key: value for key, value in dataclasses.asdict(settings).items() if key != "method"}
+    read = ["max_extra_length", "renormalize_after_bans"]
+    read += ["temperature", "top_k"] if settings.method == "sample" else []
+    return {key: getattr(settings, key) for key in read}
+
+
+def function_name(settings: DecodeSettings) -> str:
+    """The name the program records (Exported.fun_name, inside the program file, whose SHA-256
+    config.json holds): its search, by which the loader tells a beam search of beam size 1 from
+    greedy search, whose shapes are the same, then a space and `fixed_settings` as JSON, against
+    which the loader holds config.json's "decoding" (a hand edit there would change nothing).
+    jax.export keeps the name as given (its MLIR module's name is a sanitized copy)."""
+    search = "sampling" if settings.method == "sample" else f"{settings.method}_search"
+    return f"{search} {json.dumps(fixed_settings(settings), sort_keys=True)}"
 
 
 def export_search(

@@ -3,6 +3,7 @@ does with the same settings (sampling: the same seed and batches give the same s
 sampling export's seed, config.json's record of the search, and the refusals the export command
 shares with translate. The beam search export (the default) is test_export.py's."""
 
+import dataclasses
 import hashlib
 import io
 import json
@@ -288,3 +289,63 @@ def test_an_exports_temperature_rule_is_jaxformers():
     assert export_files.TEMPERATURE_RULE == generate.TEMPERATURE_RULE
     for value in (0.7, 1, 3.4e38, 1e-45, 0, -1.0, 1e39, 10**39, 10**400, float("inf"), float("nan")):
         assert export_files.is_valid_temperature(value) == generate.is_valid_temperature(value), value
+
+
+@pytest.mark.parametrize(
+    "export, key, value, message",
+    [
+        ("sample", "top_k", 5, "decoding.top_k is 5, but {program} samples with top_k 20, fixed when it was exported"),
+        ("sample", "temperature", 1.5, "decoding.temperature is 1.5, but {program} samples with temperature 0.7,"),
+        ("sample", "renormalize_after_bans", True, "is true, but {program} samples with renormalize_after_bans false"),
+        ("greedy", "renormalize_after_bans", True, "is true, but {program} searches with renormalize_after_bans false"),
+        ("beam", "alpha", 1.0, "decoding.alpha is 1.0, but {program} searches with alpha 0.6, fixed when it was"),
+        ("beam", "alpha", None, "decoding.alpha is absent, but {program} searches with alpha 0.6"),
+        ("beam", "stop", "exact", 'decoding.stop is "exact", but {program} searches with stop "current_length"'),
+        ("beam", "length_penalty", "transformers", 'is "transformers", but {program} searches with length_penalty'),
+        (
+            "beam",
+            "top_k",
+            5,
+            "decoding.top_k is 5, but {program} is a beam search, which does not sample (exported with top_k 0); "
+            "export with --method sample to sample",
+        ),
+        ("beam", "temperature", 0.5, "decoding.temperature is 0.5, but {program} is a beam search, which does not"),
+    ],
+)
+def test_a_decoding_value_the_program_fixes_is_refused_when_edited(
+    exported, method_exports, tmp_path, export, key, value, message
+):
+    """config.json's decoding values the program was exported with (its function's name records
+    them) loaded when edited and changed nothing: a sampling export's top_k, a beam search's alpha."""
+    directory = exported if export == "beam" else method_exports[export]
+    edit = (lambda c: c["decoding"].pop(key)) if value is None else (lambda c: c["decoding"].update({key: value}))
+    copy = _edited(directory, tmp_path, edit)
+    program = copy / json.loads((copy / "config.json").read_text())["files"]["program"]["name"]
+    with pytest.raises(ExportError) as error:
+        load_export(copy)
+    text = str(error.value)
+    assert text.startswith(f"{copy / 'config.json'}: decoding.{key} is ") and "\n" not in text, text
+    assert message.replace("{program}", str(program)) in text, text
+    sampling_in_a_beam_search = export == "beam" and key in ("temperature", "top_k")
+    assert text.endswith("--method sample to sample" if sampling_in_a_beam_search else "; export again to change it")
+
+
+def test_a_sampling_exports_seed_stays_editable(method_exports, tmp_path):
+    """The seed is no setting of the program (each batch's key is an input): config.json's is the default."""
+    copy = _edited(method_exports["sample"], tmp_path, lambda c: c["decoding"].update(seed=6))
+    edited, given = load_export(copy), load_export(method_exports["sample"], seed=6)
+    assert (jax.random.key_data(edited._rng) == jax.random.key_data(given._rng)).all()
+
+
+def test_a_program_that_records_no_settings_loads_them_unchecked(method_exports, tmp_path):
+    """An export written before its program's function name recorded its settings ("sampling") loads,
+    its config.json's decoding values unchecked against the program."""
+    copy = _edited(method_exports["sample"], tmp_path, lambda c: c["decoding"].update(top_k=5))
+    path = copy / "sampling.jaxexport"
+    program = jax.export.deserialize(bytearray(path.read_bytes()))
+    assert program.fun_name.startswith("sampling {") and '"top_k": 20' in program.fun_name
+    path.write_bytes(dataclasses.replace(program, fun_name="sampling").serialize())
+    config = json.loads((copy / "config.json").read_text())
+    config["files"]["program"]["sha256"] = hashlib.sha256(path.read_bytes()).hexdigest()
+    (copy / "config.json").write_text(json.dumps(config))
+    assert load_export(copy).config["decoding"]["top_k"] == 5
