@@ -155,6 +155,9 @@ def prepare_data(data: ml_collections.ConfigDict, builder, languages: Sequence[s
 
         # Its error raised in every process: a barrier left the others waiting for jax's timeout.
         processes.all_or_none(prepare_on_process_0)
+    else:  # both splits before either is prepared: a wmt eval_split it has not, refused before the download
+        for key in keys:
+            check_split(builder, data[key], given_as=_setting(data, key))
     return tuple(load_split(builder, data[key], languages, given_as=_setting(data, key)) for key in keys)
 
 
