@@ -285,27 +285,37 @@ def _validate(config: TransformerConfig) -> None:
             fail(field, FLOAT_FIELD_RULES[field])
     if config.architecture not in ARCHITECTURES:
         fail("architecture", f"must be one of {', '.join(map(repr, ARCHITECTURES))}")
+    # A field of translation's alone: named with the key whose value rules it out.
+    translation_only = (
+        "applies to ",
+        FieldName("architecture"),
+        f"='encoder_decoder' only, not {config.architecture!r}",
+    )
     if config.architecture != "encoder_decoder" and config.source_vocab_size is not None:
-        fail("source_vocab_size", f"applies to the encoder_decoder architecture only, not {config.architecture!r}")
+        fail("source_vocab_size", *translation_only)
     if config.architecture != "encoder_decoder" and not config.share_embeddings:
         untie = ("; untie its output layer with ", FieldName("tie_output_embedding"), "=False")
         fail(
             "share_embeddings",
-            f"the {config.architecture} architecture has one embedding matrix, nothing to share or separate",
+            FieldName("architecture"),
+            f"={config.architecture!r} has one embedding matrix, nothing to share or separate",
             *(untie if config.architecture == "decoder_only" else ()),
         )
     if config.architecture == "encoder_only" and not config.tie_output_embedding:
-        fail("tie_output_embedding", "an encoder_only model's masked-LM head is always tied to its embedding")
+        masked_lm = "='encoder_only': its masked-LM head is always tied to its embedding"
+        fail("tie_output_embedding", FieldName("architecture"), masked_lm)
     if config.architecture == "decoder_only" and config.source_word_dropout_rate:
         fail(
             "source_word_dropout_rate",
-            "a decoder_only model has no source: use ",
+            FieldName("architecture"),
+            "='decoder_only' has no source: use ",
             FieldName("target_word_dropout_rate"),
         )
     if config.architecture == "encoder_only" and config.target_word_dropout_rate:
         fail(
             "target_word_dropout_rate",
-            "an encoder_only model has no decoder input: use ",
+            FieldName("architecture"),
+            "='encoder_only' has no decoder input: use ",
             FieldName("source_word_dropout_rate"),
         )
     if config.activation not in ACTIVATIONS:
@@ -320,9 +330,9 @@ def _validate(config: TransformerConfig) -> None:
         if not isinstance(getattr(config, field), bool):
             fail(field, "must be True or False")
     if config.logits_bias and config.architecture != "encoder_decoder":
-        fail("logits_bias", f"applies to the encoder_decoder architecture only, not {config.architecture!r}")
+        fail("logits_bias", *translation_only)
     if config.max_positions is not None and config.architecture != "encoder_decoder":  # only translation obeys it
-        fail("max_positions", f"applies to the encoder_decoder architecture only, not {config.architecture!r}")
+        fail("max_positions", *translation_only)
     if config.normalization not in ("post", "pre"):
         fail("normalization", 'must be "post" (the paper) or "pre"')
     if config.remat_policy not in ("none", "full", "dots", "dots_no_batch"):

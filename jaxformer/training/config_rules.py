@@ -16,7 +16,6 @@ from jaxformer.data.split_files import plain_text_for_pairs, spec_kind
 from jaxformer.decoding.beam_search import ALPHA_RULE, BEAM_STOPS, LENGTH_PENALTIES, is_valid_alpha
 from jaxformer.decoding.generate import MAX_EXTRA_LENGTH
 from jaxformer.decoding.scoring import BLEU_TOKENIZERS, bleu_tokenizer, bleu_tokenizer_problem
-from jaxformer.errors import with_article
 from jaxformer.model.config import ARCHITECTURES, PRESETS, ConfigError
 from jaxformer.run.directory import parse_checkpoint_choice
 from jaxformer.tokens import NUM_SPECIAL_TOKENS
@@ -239,12 +238,13 @@ def check_combinations(config, architecture: str) -> None:
             if value:
                 raise ConfigError(
                     f"config {key}={value!r} applies to translation (model.architecture='encoder_decoder'), "
-                    f"not to {architecture!r}"
+                    f"not to model.architecture={architecture!r}"
                 )
         if config.optimizer.ema_decay:  # kept at every step and checkpointed: refused, not said unused
             raise ConfigError(
                 f"config optimizer.ema_decay={config.optimizer.ema_decay!r}: the moving average is read only by the "
-                f"final choice (its candidate 'ema'), which {with_article(architecture)} run never makes; use 0"
+                f"final choice (its candidate 'ema'), which a run with model.architecture={architecture!r} never "
+                "makes; use 0"
             )
     sampling = config.tokenizer.sampling_nbest
     if sampling and config.tokenizer.model_type != "unigram" and config.tokenizer.model_path is None:
@@ -309,7 +309,7 @@ def check_combinations(config, architecture: str) -> None:
     if parts and architecture != "encoder_decoder":
         raise ConfigError(
             f"config training.{parts[0]} starts a translator (model.architecture='encoder_decoder'), "
-            f"not {with_article(repr(architecture))} model"
+            f"not model.architecture={architecture!r}"
         )
     # Quality is chosen on validation data; a test set is scored once, at the end (evaluate.py).
     for key in ("train_split", "eval_split"):

@@ -277,7 +277,7 @@ def vocabulary_sizes(config: ml_collections.ConfigDict, workdir: str | os.PathLi
     if section.target_model_path is not None and architecture(config) != "encoder_decoder":
         raise ConfigError(
             f"config tokenizer.target_model_path={section.target_model_path!r}: a language model "
-            f"({architecture(config)}) has one vocabulary; give it as tokenizer.model_path"
+            f"(model.architecture={architecture(config)!r}) has one vocabulary; give it as tokenizer.model_path"
         )
     if section.target_model_path is not None and not section.separate_vocabularies:
         raise ConfigError(

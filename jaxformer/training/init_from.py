@@ -171,8 +171,8 @@ def check_starting_points(points: Sequence[StartingPoint], config: ml_collection
                 else ""
             )
             raise ConfigError(
-                f"training.{key}: {point.where} holds {with_article(found)} model and this run trains "
-                f"{with_article(architecture)} one{hint}"
+                f"training.{key}: {point.where} holds {with_article(found)} model and this run has "
+                f"model.architecture={architecture!r}{hint}"
             )
         differences = [
             f"model.{field}={saved.get(field, getattr(defaults, field))!r} there, {config.model[field]!r} here"

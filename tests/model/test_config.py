@@ -35,21 +35,36 @@ def test_presets_follow_the_paper():
         (dict(activation="tanh"), r"activation='tanh'"),
         (dict(position_layout="stacked"), r"position_layout='stacked'"),
         (dict(max_positions=1), r"max_positions=1: must be None or an integer >= 2"),
-        (dict(logits_bias=True, architecture="decoder_only"), r"logits_bias=True: applies to the encoder_decoder"),
-        (dict(max_positions=48, architecture="decoder_only"), r"max_positions=48: applies to the encoder_decoder"),
+        (
+            dict(logits_bias=True, architecture="decoder_only"),
+            r"logits_bias=True: applies to architecture='encoder_decoder' only, not 'decoder_only'$",
+        ),
+        (
+            dict(max_positions=48, architecture="decoder_only"),
+            r"max_positions=48: applies to architecture='encoder_decoder' only, not 'decoder_only'$",
+        ),
         # Not "set share_embeddings=False" first, which a language model refuses in turn.
-        (dict(source_vocab_size=100, architecture="decoder_only"), r"source_vocab_size=100: applies to the encoder_d"),
-        (dict(source_vocab_size=100, architecture="encoder_only"), r"source_vocab_size=100: applies to the encoder_d"),
+        (
+            dict(source_vocab_size=100, architecture="decoder_only"),
+            r"source_vocab_size=100: applies to architecture='encoder_decoder' only, not 'decoder_only'$",
+        ),
+        (
+            dict(source_vocab_size=100, architecture="encoder_only"),
+            r"source_vocab_size=100: applies to architecture='encoder_decoder' only, not 'encoder_only'$",
+        ),
         (dict(source_vocab_size=100), r"source_vocab_size=100: differs from vocab_size=.*set share_embeddings=False$"),
         (
             dict(architecture="decoder_only", share_embeddings=False),
-            r"share_embeddings=False: the decoder_only architecture has one embedding.*tie_output_embedding=False$",
+            r"share_embeddings=False: architecture='decoder_only' has one embedding.*tie_output_embedding=False$",
         ),
         (
             dict(architecture="encoder_only", share_embeddings=False),
-            r"share_embeddings=False: the encoder_only architecture has one embedding matrix, nothing to share",
+            r"share_embeddings=False: architecture='encoder_only' has one embedding matrix, nothing to share",
         ),
-        (dict(architecture="encoder_only", tie_output_embedding=False), r"tie_output_embedding=False: an encoder_only"),
+        (
+            dict(architecture="encoder_only", tie_output_embedding=False),
+            r"tie_output_embedding=False: architecture='encoder_only': its",
+        ),
         (dict(scan_layers="False"), r"scan_layers='False': must be True or False"),
         (dict(deterministic="no"), r"deterministic='no': must be True or False"),
         (dict(tie_output_embedding=0), r"tie_output_embedding=0: must be True or False"),

@@ -113,9 +113,9 @@ def test_rates_are_checked_and_apply_only_where_the_side_exists():
         preset("tiny", source_word_dropout_rate=1.0)
     with pytest.raises(ConfigError, match=r"target_word_dropout_rate=-0.1"):
         preset("tiny", target_word_dropout_rate=-0.1)
-    with pytest.raises(ConfigError, match=r"source_word_dropout_rate=0.1: a decoder_only model has no source"):
+    with pytest.raises(ConfigError, match=r"source_word_dropout_rate=0.1: architecture='decoder_only' has no source"):
         preset("tiny", architecture="decoder_only", source_word_dropout_rate=0.1)
-    with pytest.raises(ConfigError, match=r"target_word_dropout_rate=0.1: an encoder_only model has no decoder"):
+    with pytest.raises(ConfigError, match=r"target_word_dropout_rate=0.1: architecture='encoder_only' has no decoder"):
         preset("tiny", architecture="encoder_only", target_word_dropout_rate=0.1)
 
 

@@ -109,8 +109,8 @@ def test_a_translators_start_from_a_language_model_is_checked_against_its_config
     config.training.init_decoder_from, config.training.init_from = None, str(runs["multi30k_lm"])
     with pytest.raises(
         ConfigError,
-        match=r"holds a decoder_only model and this run trains an encoder_decoder one; to start a translator's "
-        r"decoder from it, use training.init_decoder_from$",
+        match=r"holds a decoder_only model and this run has model.architecture='encoder_decoder'; to start a "
+        r"translator's decoder from it, use training.init_decoder_from$",
     ):
         check_starting_points(load_starting_points(config.training), config)
 

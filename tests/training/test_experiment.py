@@ -168,7 +168,8 @@ def test_paths_a_run_stores_are_made_absolute(tmp_path, monkeypatch):
     [
         (
             {"model.architecture": "decoder_only", "tokenizer.separate_vocabularies": True},
-            "tokenizer.separate_vocabularies=True applies to translation",
+            "tokenizer.separate_vocabularies=True applies to translation \\(model.architecture='encoder_decoder'\\), "
+            "not to model.architecture='decoder_only'$",
         ),
         (
             {
@@ -176,7 +177,8 @@ def test_paths_a_run_stores_are_made_absolute(tmp_path, monkeypatch):
                 "tokenizer.separate_vocabularies": False,
                 "training.bleu_every_steps": 100,
             },
-            "training.bleu_every_steps=100 applies to translation",
+            "training.bleu_every_steps=100 applies to translation \\(model.architecture='encoder_decoder'\\), "
+            "not to model.architecture='encoder_only'$",
         ),
         (
             {"training.init_from": "/runs/a", "training.init_encoder_from": "/runs/b"},
@@ -225,7 +227,7 @@ def test_a_language_models_moving_average_is_refused(name, architecture):
     with pytest.raises(
         ConfigError,
         match=rf"^config optimizer\.ema_decay=0\.998: the moving average is read only by the final choice "
-        rf"\(its candidate 'ema'\), which an? {architecture} run never makes; use 0$",
+        rf"\(its candidate 'ema'\), which a run with model.architecture='{architecture}' never makes; use 0$",
     ):
         experiment.validate(config)
     config.optimizer.ema_decay = 0.0
@@ -282,7 +284,7 @@ def test_a_language_models_one_vocabulary_is_tokenizer_model_path(name):
     config.tokenizer.target_model_path = "/models/de.model"
     with pytest.raises(
         ConfigError,
-        match=r"target_model_path='/models/de.model': a language model \((de|en)coder_only\) "
+        match=r"target_model_path='/models/de.model': a language model \(model.architecture='(de|en)coder_only'\) "
         r"has one vocabulary; give it as tokenizer.model_path$",
     ):
         experiment.validate(config)
@@ -323,19 +325,21 @@ def test_settings_of_a_feature_switched_off_are_kept_and_named():
 
 
 @pytest.mark.parametrize(
-    "name, key, article",
+    "name, key, architecture",
     [
-        ("multi30k_lm", "init_encoder_from", "a 'decoder_only'"),
-        ("multi30k_mlm", "init_decoder_from", "an 'encoder_only'"),
+        ("multi30k_lm", "init_encoder_from", "decoder_only"),
+        ("multi30k_mlm", "init_decoder_from", "encoder_only"),
     ],
 )
-def test_a_language_model_started_from_a_translators_part_is_named_with_its_article(name, key, article):
+def test_a_language_model_started_from_a_translators_part_names_its_architecture_key(name, key, architecture):
     from jaxformer.training.config_file import load_config
 
     config = load_config(name)
     config.training[key] = "/runs/part"
     with pytest.raises(
-        ConfigError, match=rf"starts a translator \(model.architecture='encoder_decoder'\), not {article} model$"
+        ConfigError,
+        match=rf"starts a translator \(model.architecture='encoder_decoder'\), "
+        rf"not model.architecture='{architecture}'$",
     ):
         experiment.validate(config)
 

@@ -326,7 +326,8 @@ def test_a_start_that_does_not_fit_is_refused_before_any_data_is_read(source_run
         ),
         (
             {"model.architecture": "decoder_only"},
-            r"training.init_from: step 10 of .* holds an encoder_decoder model and this run trains a decoder_only one$",
+            r"training.init_from: step 10 of .* holds an encoder_decoder model and this run has "
+            r"model.architecture='decoder_only'$",
         ),
         ({"training.init_checkpoint": "averaged"}, r"^training.init_from \(training.init_checkpoint='averaged'\): "),
     ]

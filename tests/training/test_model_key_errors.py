@@ -32,16 +32,16 @@ def test_a_bad_model_value_names_the_configs_key_and_the_library_the_dataclass_f
     [
         (
             {"architecture": "decoder_only", "share_embeddings": False},
-            "the decoder_only architecture has one embedding matrix, nothing to share or separate; untie its output "
+            "{}architecture='decoder_only' has one embedding matrix, nothing to share or separate; untie its output "
             "layer with {}tie_output_embedding=False",
         ),
         (
             {"architecture": "decoder_only", "source_word_dropout_rate": 0.1},
-            "a decoder_only model has no source: use {}target_word_dropout_rate",
+            "{}architecture='decoder_only' has no source: use {}target_word_dropout_rate",
         ),
         (
             {"architecture": "encoder_only", "target_word_dropout_rate": 0.1},
-            "an encoder_only model has no decoder input: use {}source_word_dropout_rate",
+            "{}architecture='encoder_only' has no decoder input: use {}source_word_dropout_rate",
         ),
     ],
 )
@@ -54,12 +54,12 @@ def test_the_other_model_fields_a_problem_names_are_keys_in_a_config_and_fields_
     field, value = [(key, value) for key, value in values.items() if key != "architecture"][0]
     with pytest.raises(ConfigError) as error:
         experiment.validate(config)
-    assert str(error.value) == f"config model.{field}={value!r}: " + problem.format("model.")
+    assert str(error.value) == f"config model.{field}={value!r}: " + problem.replace("{}", "model.")
     with pytest.raises(FieldError) as error:
         preset("tiny", **values)
-    assert str(error.value) == f"TransformerConfig.{field}={value!r}: " + problem.format("")
+    assert str(error.value) == f"TransformerConfig.{field}={value!r}: " + problem.replace("{}", "")
     carried = pickle.loads(pickle.dumps(error.value))
-    assert (str(carried), carried.problem("model.")) == (str(error.value), problem.format("model."))
+    assert (str(carried), carried.problem("model.")) == (str(error.value), problem.replace("{}", "model."))
 
 
 def test_a_vocabulary_mismatch_names_the_model_keys_to_set():
