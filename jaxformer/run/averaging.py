@@ -97,18 +97,28 @@ def _fewer(count: int, last_flag: str | None) -> str:
     return f" ({last_flag} {count})" if last_flag is not None and count >= 2 else ""
 
 
+def _the_one(step: int, last_flag: str | None) -> str:
+    """What to use where checkpoint `step` alone could be averaged: the checkpoint itself, which its
+    average would be, read where the average would be (as the command is told, where one was)."""
+    read = f": give --checkpoint {step} where you would give --checkpoint averaged" if last_flag is not None else ""
+    return f"checkpoint {step} itself (an average of one is that checkpoint{read})"
+
+
 def _too_few(workdir: str | os.PathLike, steps: list[int], last: int, keep: int | None, last_flag: str | None) -> str:
-    """Why `last` checkpoints cannot be averaged, with the remedies: average those there are, and
-    for later runs keep more; a run that kept fewer than its training.keep_checkpoints deleted none
-    (it saved no more), so keeping more would not help."""
+    """Why `last` checkpoints cannot be averaged, with the remedies: average those there are (one:
+    use it), and for later runs keep more; a run that kept fewer than its training.keep_checkpoints
+    deleted none (it saved no more), so keeping more would not help."""
     plural = "s" if len(steps) != 1 else ""
     said = f"{workdir} has {len(steps)} checkpoint{plural} ({steps}); cannot average the last {last}"
     fewer = _fewer(len(steps), last_flag)
     if keep is not None and len(steps) < keep:
+        instead = f"use {_the_one(steps[0], last_flag)}" if len(steps) == 1 else f"average fewer{fewer}"
         return (
-            f"{said}: the run saved no more (it keeps up to training.keep_checkpoints={keep}); average fewer{fewer}, "
+            f"{said}: the run saved no more (it keeps up to training.keep_checkpoints={keep}); {instead}, "
             "or train on to save more"
         )
+    if len(steps) == 1:
+        return f"{said}. Use {_the_one(steps[0], last_flag)}, or raise training.keep_checkpoints to keep more."
     if fewer:
         return f"{said}. Average fewer{fewer}, or raise training.keep_checkpoints to keep more."
     return f"{said}. Raise training.keep_checkpoints to keep more."
@@ -118,11 +128,15 @@ def _not_of_one_run(
     directory: os.PathLike, step: int, newest: int, differences: list[str], agreeing: int, last_flag: str | None
 ) -> str:
     """Why checkpoint `step` and the `newest` cannot be averaged (the first of their `differences`),
-    with the remedies: move the other run's out, or average the newest `agreeing`, all of one run."""
+    with the remedies: move the other run's out, or average the newest `agreeing`, all of one run
+    (the newest alone: use it)."""
     more = len(differences) - 1
     more = f"; {more} more difference{'s' if more > 1 else ''}" if more else ""
     fewer = _fewer(agreeing, last_flag)
-    fewer = f", or average the last {agreeing}, which are of one run{fewer}" if fewer else ""
+    if agreeing == 1:
+        fewer = f", or use {_the_one(newest, last_flag)}"
+    elif fewer:
+        fewer = f", or average the last {agreeing}, which are of one run{fewer}"
     return (
         f"checkpoints {step} and {newest} of {directory} are not of one run (step {step} -> "
         f"step {newest}: {differences[0]}{more}), so they cannot be averaged; move the other run's "

@@ -325,7 +325,8 @@ def test_average_of_the_last_checkpoints(tmp_path):
         average_checkpoints.average_last(more, 2)
     assert str(refused.value) == (
         f"{more} has 1 checkpoint ([40]); cannot average the last 2: the run saved no more (it keeps up to "
-        "training.keep_checkpoints=3); average fewer, or train on to save more"
+        "training.keep_checkpoints=3); use checkpoint 40 itself (an average of one is that checkpoint), or train on "
+        "to save more"
     )
     shutil.copytree(more / "checkpoints" / "40", earlier / "checkpoints" / "40")
     assert average_checkpoints.average_last(earlier, 2) == (40, [30, 40])

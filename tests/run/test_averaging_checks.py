@@ -63,7 +63,8 @@ def test_a_step_of_another_model_is_refused_before_its_parameters_are_read(run, 
     checkpoints = RunDirectory(workdir).checkpoints
     assert code == 2 and errors == [
         f"error: checkpoints 10 and 30 of {checkpoints} are not of one run (step 10 -> step 30: model.d_ff: 64 -> "
-        "128), so they cannot be averaged; move the other run's checkpoint out of that folder"
+        "128), so they cannot be averaged; move the other run's checkpoint out of that folder, or use checkpoint 30 "
+        "itself (an average of one is that checkpoint: give --checkpoint 30 where you would give --checkpoint averaged)"
     ]
     assert not RunDirectory(workdir).averaged.exists()
 

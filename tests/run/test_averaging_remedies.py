@@ -1,11 +1,13 @@
 """jaxformer-average-checkpoints refused with a --last that the run's checkpoints cannot give
 offers the --last that averages the ones it can: those there are, or the newest of one run."""
 
+import copy
 import shutil
 
 import pytest
 
 from jaxformer.commands import average_checkpoints
+from jaxformer.run.checkpoint import Checkpointer
 from jaxformer.run.directory import RunDirectory
 from tests.conftest import make_workdir
 
@@ -62,3 +64,48 @@ def test_a_step_of_another_run_offers_the_last_that_leaves_it_out(run, capsys, t
     ]
     assert not RunDirectory(run).averaged.exists()
     assert average(run, capsys, 2) == (0, [])
+
+
+def test_where_one_checkpoint_alone_could_be_averaged_it_is_offered_as_it_is(run, capsys, tmp_path):
+    """An average of one checkpoint is that checkpoint: where no other can be averaged with the
+    newest (a step of another run just before it, a run that saved or kept one), the refusal
+    offered nothing to use ('average fewer', or only moving the other run's out); it names the
+    checkpoint to read instead."""
+    checkpoints = RunDirectory(run).checkpoints
+    other = make_workdir(tmp_path / "other", steps=(30,), data={"shuffle_seed": 7})[0]
+    shutil.rmtree(checkpoints / "30")
+    shutil.copytree(RunDirectory(other).checkpoints / "30", checkpoints / "30")
+    use = (
+        "use checkpoint 40 itself (an average of one is that checkpoint: give --checkpoint 40 where you would give "
+        "--checkpoint averaged)"
+    )
+    assert average(run, capsys, 2) == (
+        2,
+        [
+            f"error: checkpoints 30 and 40 of {checkpoints} are not of one run (step 30 -> step 40: data.shuffle_seed: "
+            f"7 -> 0), so they cannot be averaged; move the other run's checkpoint out of that folder, or {use}"
+        ],
+    )
+    for step in (10, 20, 30):
+        shutil.rmtree(checkpoints / str(step))
+    assert average(run, capsys, 2) == (
+        2,
+        [
+            f"error: {run} has 1 checkpoint ([40]); cannot average the last 2: the run saved no more (it keeps up to "
+            f"training.keep_checkpoints=3); {use}, or train on to save more"
+        ],
+    )
+    writer = Checkpointer(checkpoints, keep=None)  # a run that keeps one checkpoint
+    metadata = writer.read_metadata(40)
+    config = copy.deepcopy(metadata.config)
+    config["training"]["keep_checkpoints"] = 1
+    writer.replace_metadata(40, metadata.replace(config=config))
+    writer.close()
+    assert average(run, capsys, 2) == (
+        2,
+        [
+            f"error: {run} has 1 checkpoint ([40]); cannot average the last 2. {use.capitalize()}, or raise "
+            "training.keep_checkpoints to keep more."
+        ],
+    )
+    assert not RunDirectory(run).averaged.exists()
