@@ -102,6 +102,7 @@ def wait_for_save(
     try:
         (wait or manager.wait_until_finished)()
     except Exception as error:
+        _cancel_leftover_writes()
         if barrier is not None:
             _tell_others(barrier, error)
         own = _os_error_in_chain(error)  # orbax's threads went on to a barrier, which raised it as told
@@ -110,6 +111,20 @@ def wait_for_save(
         if own is not None and step is not None:
             raise_own_save_error(own, step, manager.directory)
         raise
+
+
+def _cancel_leftover_writes() -> None:
+    """Cancels orbax's background threads still running once a save failed: the writes of its
+    other items, waiting for their files or for the other processes' signals. Each logged its own
+    end after the command's one-line error (its file refused, or an executor shut down as the
+    process ended: "cannot schedule new futures after shutdown"); cancelled, it ends without a
+    word. Only the run's checkpoints are saved asynchronously, one save at a time (the others wait
+    for theirs), so the threads running are the failed save's."""
+    from orbax.checkpoint._src.futures import future as orbax_future
+
+    for thread in threading.enumerate():
+        if isinstance(thread, orbax_future._SignalingThread) and thread.is_alive():
+            thread.cancel()
 
 
 def _os_error_in_chain(error: BaseException | None) -> BaseException | None:
