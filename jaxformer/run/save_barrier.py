@@ -120,10 +120,17 @@ def _cancel_leftover_writes() -> None:
     process ended: "cannot schedule new futures after shutdown"); cancelled, it ends without a
     word. Only the run's checkpoints are saved asynchronously, one save at a time (the others wait
     for theirs), so the threads running are the failed save's."""
-    from orbax.checkpoint._src.futures import future as orbax_future
+    # A private orbax class (orbax-checkpoint 0.12): where a later orbax moves or renames it, the
+    # failure is still reported in one line and only the leftover lines come back, so its absence
+    # must never turn that failure into a traceback here.
+    try:
+        from orbax.checkpoint._src.futures import future as orbax_future
 
+        signaling_thread = orbax_future._SignalingThread
+    except (ImportError, AttributeError):
+        return
     for thread in threading.enumerate():
-        if isinstance(thread, orbax_future._SignalingThread) and thread.is_alive():
+        if isinstance(thread, signaling_thread) and thread.is_alive():
             thread.cancel()
 
 

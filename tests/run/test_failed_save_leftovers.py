@@ -56,3 +56,14 @@ def test_the_failed_saves_other_writes_log_nothing_after_its_error(tmp_path, mon
     checkpointer.wait()
     assert checkpointer.steps() == [1, 3]
     checkpointer.close()
+
+
+def test_an_orbax_without_its_signaling_thread_class_leaves_the_failure_one_line(monkeypatch):
+    """_SignalingThread is private to orbax: where a later orbax has none, the cancelling step
+    does nothing, so the save's failure is still the one-line error and not an AttributeError."""
+    from orbax.checkpoint._src.futures import future as orbax_future
+
+    from jaxformer.run import save_barrier
+
+    monkeypatch.delattr(orbax_future, "_SignalingThread")
+    save_barrier._cancel_leftover_writes()  # raised AttributeError before it was guarded
