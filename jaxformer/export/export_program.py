@@ -1,6 +1,6 @@
 """An export's program checked against config.json and its parameters: the search its function
-was made for and the settings it holds fixed, its inputs and shapes, the parameters it takes, and
-a sampling export's seed and random key. With numpy and jax alone.
+was made for and the settings and model it holds fixed, its inputs and shapes, the parameters it
+takes, and a sampling export's seed and random key. With numpy and jax alone.
 
 serve.py (jaxformer/export/standalone.py) imports this module; `jaxformer-export` copies it beside
 serve.py, so it imports no jaxformer module in an export: there serve.py gives it the names below
@@ -160,14 +160,15 @@ def check_fixed_settings(config: dict[str, Any], program: jax.export.Exported, c
     """config.json's "decoding" values that the program holds fixed are the ones it was exported
     with, which its function's name records (`program_function`): a hand edit of one (a sampling
     export's top_k, a beam search's alpha) would change nothing. The seed is not among them (each
-    batch's key is an input). An export written before the record is not checked."""
+    batch's key is an input). So is its "model" (`check_fixed_model`). An export written before
+    the record is not checked, nor its model where the record has none."""
     decoding = config["decoding"]
-    fixed = program_function(program, program_path)[1]
-    for key, value in (fixed or {}).items():
-        given = decoding.get(key)
-        if key in decoding and given == value and isinstance(given, bool) == isinstance(value, bool):
+    fixed = dict(program_function(program, program_path)[1] or {})
+    model = fixed.pop("model", None)
+    for key, value in fixed.items():
+        if _same(decoding, key, value):
             continue
-        shown = json.dumps(given) if key in decoding else "absent"
+        shown = json.dumps(decoding[key]) if key in decoding else "absent"
         if decoding["method"] == "beam" and key in ("temperature", "top_k"):
             raise ExportError(
                 f"{config_path}: decoding.{key} is {shown}, but {program_path} is a beam search, which does not "
@@ -178,6 +179,35 @@ def check_fixed_settings(config: dict[str, Any], program: jax.export.Exported, c
             f"{'samples' if decoding['method'] == 'sample' else 'searches'} with {key} {json.dumps(value)}, "
             "fixed when it was exported; export again to change it"
         )
+    if model is not None:
+        check_fixed_model(config, model, config_path, program_path)
+
+
+def check_fixed_model(config: dict[str, Any], model: Any, config_path, program_path) -> None:
+    """config.json's "model" is `model`, the one the program was traced with, which its function's
+    name records: its dtypes, dropout rates (off: deterministic), activation, normalization,
+    positions, attention implementation and sizes are in the program, and serve.py builds nothing
+    from them (the parameters are held to the program's inputs, not to config.json's sizes), so a
+    hand edit would change nothing. Held alike: the vocabulary sizes, which the tokenizers are
+    held to first, and max_positions, which serve.py also reads to refuse longer sources."""
+    given = config["model"] if isinstance(config.get("model"), dict) else {}
+    if not isinstance(model, dict):
+        raise ExportError(f"{program_path}: its function's name records the model as {model!r}, not a JSON object")
+    for key, value in model.items():  # config.json's other keys are refused as unknown (read_config)
+        if _same(given, key, value):
+            continue
+        shown = json.dumps(given[key]) if key in given else "absent"
+        raise ExportError(
+            f"{config_path}: model.{key} is {shown}, but {program_path} runs the model with {key} "
+            f"{json.dumps(value)}, fixed when it was exported from the checkpoint; export again (from a run of "
+            "the model you want) to change it"
+        )
+
+
+def _same(section: dict[str, Any], key: str, value: Any) -> bool:
+    """Whether config.json's `section` holds `key` with the recorded `value` (true is not 1)."""
+    given = section.get(key)
+    return key in section and given == value and isinstance(given, bool) == isinstance(value, bool)
 
 
 def check_parameters(params: Any, program: jax.export.Exported, params_path, program_path, inputs: int = 2) -> None:

@@ -79,7 +79,7 @@ def program_fn(config: TransformerConfig, settings: DecodeSettings):
             tokens, scores = generate_fn(params, source)
             return padded(tokens, source), scores
 
-    search.__name__ = search.__qualname__ = function_name(settings)
+    search.__name__ = search.__qualname__ = function_name(config, settings)
     return jax.jit(search)
 
 
@@ -96,14 +96,16 @@ def fixed_settings(settings: DecodeSettings) -> dict[str, Any]:
     return {key: getattr(settings, key) for key in read}
 
 
-def function_name(settings: DecodeSettings) -> str:
+def function_name(config: TransformerConfig, settings: DecodeSettings) -> str:
     """The name the program records (Exported.fun_name, inside the program file, whose SHA-256
     config.json holds): its search, by which the loader tells a beam search of beam size 1 from
-    greedy search, whose shapes are the same, then a space and `fixed_settings` as JSON, against
-    which the loader holds config.json's "decoding" (a hand edit there would change nothing).
-    jax.export keeps the name as given (its MLIR module's name is a sanitized copy)."""
+    greedy search, whose shapes are the same, then a space and as JSON `fixed_settings` and, under
+    "model", `config.to_dict()`, config.json's "model": the loader holds config.json's "decoding"
+    and "model" against them (a hand edit there would change nothing: a dtype, a dropout rate or
+    the attention's implementation is traced into the program, and none shows in a parameter's
+    shape). jax.export keeps the name as given (its MLIR module's name is a sanitized copy)."""
     search = "sampling" if settings.method == "sample" else f"{settings.method}_search"
-    return f"{search} {json.dumps(fixed_settings(settings), sort_keys=True)}"
+    return f"{search} {json.dumps(fixed_settings(settings) | {'model': config.to_dict()}, sort_keys=True)}"
 
 
 def export_search(

@@ -1,3 +1,6 @@
+import dataclasses
+import hashlib
+import json
 import os
 import shutil
 import subprocess
@@ -72,3 +75,19 @@ def sentences_in_two_batches(tokenizer) -> list[str]:
     short = [text for text, length in lengths.items() if 17 <= length <= 32][:5]
     long = next(text for text, length in lengths.items() if 40 <= length <= 64)
     return [*short[:3], "", long, *short[3:]]
+
+
+def record_in_program(directory, edit) -> None:
+    """Rewrites the program of the export `directory` (a test's copy) as if exported with another
+    record: its function's name (Exported.fun_name, "<search> <JSON>") holds `edit(record)` as its
+    JSON (None: the search's name alone, as older exports hold it), and config.json the new file's
+    SHA-256."""
+    config = json.loads((directory / "config.json").read_text())
+    path = directory / config["files"]["program"]["name"]
+    program = jax.export.deserialize(bytearray(path.read_bytes()))
+    search, _, record = program.fun_name.partition(" ")
+    record = edit(json.loads(record))
+    name = search if record is None else f"{search} {json.dumps(record, sort_keys=True)}"
+    path.write_bytes(dataclasses.replace(program, fun_name=name).serialize())
+    config["files"]["program"]["sha256"] = hashlib.sha256(path.read_bytes()).hexdigest()
+    (directory / "config.json").write_text(json.dumps(config))

@@ -12,6 +12,7 @@ import numpy as np
 import pytest
 
 from jaxformer.export import standalone
+from tests.export.conftest import record_in_program
 
 pytestmark = pytest.mark.xdist_group("export")  # the export fixture of conftest.py, made once
 
@@ -134,6 +135,8 @@ def test_the_id_entry_points_refuse_a_source_past_the_models_positions(exported,
     config["model"]["max_positions"] = positions
     config["serving"]["max_source_tokens"] = positions  # more is refused as config.json is read
     (copy / "config.json").write_text(json.dumps(config))
+    # as its program records them: an edit of config.json alone is refused (test_export_fixed_model.py)
+    record_in_program(copy, lambda record: record | {"model": record["model"] | {"max_positions": positions}})
     model = standalone.load(copy, batch_size=1)
     ran = []
 
