@@ -51,7 +51,7 @@ from typing import Any
 
 from jaxformer.commands.common import FlagError, at_least, make_parser, path_text, run_command
 from jaxformer.errors import EXIT_USER_ERROR, UserError, exit_code_for_signal
-from jaxformer.files import write_text_atomically
+from jaxformer.files import unwritable_folder_reason, write_text_atomically
 from jaxformer.run.directory import SweepDirectory
 from jaxformer.training.config_file import split_overrides
 
@@ -95,10 +95,15 @@ def run(args: argparse.Namespace, overrides: list[tuple[str, str]]) -> int:
     if args.baseline_steps is not None:
         check_step_budget(variants, args.baseline_steps, overrides)
     workdir = pathlib.Path(args.workdir).absolute()
-    if workdir.exists() and not workdir.is_dir():
-        raise FlagError(f"--workdir {workdir} exists and is not a directory")
+    # A file on the way, or a folder that takes no new entries, was mkdir's traceback.
+    unwritable = unwritable_folder_reason(workdir)
+    if unwritable is not None:
+        raise FlagError(f"--workdir {workdir}: {unwritable}")
     created = not workdir.exists()
-    workdir.mkdir(parents=True, exist_ok=True)
+    try:
+        workdir.mkdir(parents=True, exist_ok=True)
+    except OSError as error:
+        raise FlagError(f"--workdir {workdir}: cannot create it ({error.strerror})") from None
     try:
         # Held from reading sweep.jsonl to writing it again: a second invocation beside this one
         # would write its own rows over this one's, or this one over its.

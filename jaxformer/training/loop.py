@@ -22,6 +22,7 @@ import ml_collections
 from jaxformer.data.parallel_text import DataError
 from jaxformer.data.sources import check_source
 from jaxformer.errors import UserError, exit_code_for_signal
+from jaxformer.files import not_a_folder_reason
 from jaxformer.model.architectures import build_model
 from jaxformer.run.directory import RunDirectory
 from jaxformer.run.event_loops import draining_event_loops
@@ -105,7 +106,8 @@ def train_and_evaluate(
         try:
             workdir.mkdir(parents=True, exist_ok=True)
         except OSError as error:
-            raise UserError(f"cannot create the workdir {workdir}: {error.strerror}") from None
+            reason = not_a_folder_reason(workdir) or error.strerror  # a file there: not mkdir's "File exists"
+            raise UserError(f"cannot create the workdir {workdir}: {reason}") from None
         made.extend([workdir] if existed is None else [])
 
     try:
