@@ -1,8 +1,7 @@
 """Thin entry point: see jaxformer/commands/evaluate.py (`python evaluate.py --help`)."""
 
-import sys
-
 from jaxformer.commands.launch import evaluate as main
+from jaxformer.commands.launch import run_as_script
 
 if __name__ == "__main__":
-    sys.exit(main())
+    run_as_script(main)

@@ -4,9 +4,8 @@
     python train.py --config multi30k --workdir runs/m30k
 """
 
-import sys
-
+from jaxformer.commands.launch import run_as_script
 from jaxformer.commands.launch import train as main
 
 if __name__ == "__main__":
-    sys.exit(main())
+    run_as_script(main)

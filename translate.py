@@ -1,8 +1,7 @@
 """Thin entry point: see jaxformer/commands/translate.py (`python translate.py --help`)."""
 
-import sys
-
+from jaxformer.commands.launch import run_as_script
 from jaxformer.commands.launch import translate as main
 
 if __name__ == "__main__":
-    sys.exit(main())
+    run_as_script(main)

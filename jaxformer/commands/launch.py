@@ -169,6 +169,14 @@ def run_as_main(module: str) -> NoReturn:
     sys.exit(launch(module))
 
 
+def run_as_script(main: Callable[[list[str] | None], int]) -> NoReturn:
+    """A clone's train.py, translate.py, evaluate.py or average_checkpoints.py run as a script:
+    `main` (this module's) launched, its usage line and errors naming the command as it was run,
+    `python train.py` (argparse would take the file's name, `train.py`, which a shell does not run)."""
+    sys.argv[0] = f"python {os.path.basename(sys.argv[0])}"
+    sys.exit(main())
+
+
 def _command(name: str) -> Callable[[list[str] | None], int]:
     def main(argv: list[str] | None = None) -> int:
         return launch(f"jaxformer.commands.{name}", argv)

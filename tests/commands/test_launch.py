@@ -146,6 +146,31 @@ def test_python_dash_m_names_the_command_in_its_usage():
     ), result.stdout[:200]
 
 
+@pytest.mark.parametrize(
+    "script, argv, expected",
+    [
+        (
+            "translate.py",
+            ["--bogus"],
+            "error: the following arguments are required: --workdir; see python translate.py --help\n",
+        ),
+        (
+            "train.py",
+            ["--config", "tiny"],
+            "error: the following arguments are required: --workdir; see python train.py --help\n",
+        ),
+    ],
+)
+def test_a_clones_script_names_itself_as_it_is_run(script, argv, expected):
+    """`see translate.py --help` named no command a shell runs: `python translate.py` does, as
+    `python -m` names its module."""
+    env = {**os.environ, "PYTHONPATH": str(ROOT), "JAX_PLATFORMS": "cpu"}
+    result = subprocess.run(
+        [sys.executable, str(ROOT / script), *argv], env=env, capture_output=True, text=True, timeout=120
+    )
+    assert (result.returncode, result.stdout, result.stderr) == (2, "", expected)
+
+
 def jax_is_loading(process):
     """Whether `process` has mapped jaxlib (Linux), so its launcher's Ctrl-C handler is in place."""
     try:
