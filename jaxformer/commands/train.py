@@ -35,7 +35,7 @@ from typing import NoReturn
 
 from jaxformer.argument_parser import Parser
 from jaxformer.commands import launch
-from jaxformer.commands.common import FlagError, configure_logging, make_parser, path_text, run_command
+from jaxformer.commands.common import FlagError, at_least, configure_logging, make_parser, path_text, run_command
 from jaxformer.errors import EXIT_USER_ERROR, UserError, exit_code_for_signal
 from jaxformer.training.config_file import (
     OVERRIDE_PREFIX,
@@ -89,8 +89,13 @@ def add_launch_flags(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--coordinator_address", help="host:port of process 0, for a multi-process run launched by hand"
     )
-    parser.add_argument("--num_processes", type=int, help="number of processes in a multi-process run launched by hand")
-    parser.add_argument("--process_id", type=int, help="this process's index in a multi-process run launched by hand")
+    # at_least: "must be an integer >= 1, got 'x'", as every command's numbers say it (not "invalid int value").
+    parser.add_argument(
+        "--num_processes", type=at_least(1), help="number of processes in a multi-process run launched by hand"
+    )
+    parser.add_argument(
+        "--process_id", type=at_least(0), help="this process's index in a multi-process run launched by hand"
+    )
 
 
 def list_configs() -> str:

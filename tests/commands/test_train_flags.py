@@ -271,3 +271,18 @@ def test_bad_data_files_leave_no_workdir_behind(tmp_path, capsys):
             assert error.startswith("error: ") and message in error, error
     assert not (tmp_path / "run").exists()  # made by the run, holding nothing: removed
     assert sorted(p.name for p in existing.iterdir()) == ["notes.txt"]  # the user's: left as it was
+
+
+@pytest.mark.parametrize(
+    "flags, refusal",
+    [
+        (["--num_processes=two", "--process_id=0"], "argument --num_processes: must be an integer >= 1, got 'two'"),
+        (["--num_processes=0", "--process_id=0"], "argument --num_processes: must be an integer >= 1, got 0"),
+        (["--num_processes=2", "--process_id=-1"], "argument --process_id: must be an integer >= 0, got -1"),
+    ],
+)
+def test_the_launch_flags_numbers_are_refused_as_every_commands_are(flags, refusal, capsys):
+    """argparse's own "invalid int value: 'two'" was the one integer flag worded apart from the others."""
+    argv = ["--config", "tiny", "--workdir", "w", "--coordinator_address=127.0.0.1:1234", *flags]
+    assert train.main(argv) == 2
+    assert capsys.readouterr().err == f"error: {refusal}; see {train.build_parser().prog} --help\n"
