@@ -74,6 +74,8 @@ def run(args: argparse.Namespace) -> int:
 def _from_hf(args: argparse.Namespace) -> str:
     from jaxformer.interop import marian
 
+    # marian named neither the flag nor a missing folder ("nonexist is not a directory").
+    path_checks.check_workdir(args.from_hf, "--from_hf", "a transformers MarianMT directory")
     converted = marian.import_marian(args.from_hf, args.output, args.source_language, args.target_language)
     config = converted.config
     # Each setting of the model's that the flags cannot reproduce (its sampling's, a pad it leaves unbanned) on a

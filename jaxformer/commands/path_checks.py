@@ -13,9 +13,10 @@ from jaxformer.commands.common import FlagError
 from jaxformer.files import not_a_folder_reason, open_descriptor, written_file
 
 
-def check_workdir(workdir: str, flag: str = "--workdir") -> None:
+def check_workdir(workdir: str, flag: str = "--workdir", what: str = "a training run's workdir") -> None:
+    """`workdir` is an existing directory, `what` (for the error) names what it should be."""
     if os.path.exists(workdir) and not os.path.isdir(workdir):
-        raise FlagError(f"{flag} {workdir}: not a directory (a training run's workdir is one)")
+        raise FlagError(f"{flag} {workdir}: not a directory ({what} is one)")
     if not os.path.isdir(workdir):
         raise FlagError(f"{flag} {workdir}: no such directory")
 

@@ -333,10 +333,13 @@ def check_new_output(output: pathlib.Path) -> None:
     """`ConversionError` unless `output` is absent or an empty directory, and can be written (a file
     above it, or a folder that takes no new entries, would fail only once the model is converted)."""
     if output.exists() and (not output.is_dir() or any(output.iterdir())):
-        raise ConversionError(f"{output} already exists and is not an empty directory: choose a new --output")
+        raise ConversionError(
+            f"--output {output}: already exists and is not an empty directory; give a new or empty one "
+            "(nothing is replaced)"
+        )
     reason = unwritable_folder_reason(output)
     if reason:
-        raise ConversionError(f"cannot write {output}: {reason}")
+        raise ConversionError(f"--output {output}: cannot write it: {reason}")
 
 
 def import_marian(

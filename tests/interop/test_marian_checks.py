@@ -229,7 +229,8 @@ def test_an_output_that_cannot_be_created_is_refused_before_anything_is_read(
         for output, reason in outputs.items():
             assert convert.main([direction, str(source), "--output", output]) == EXIT_USER_ERROR
             error = capsys.readouterr().err
-            assert error.startswith(f"error: cannot write {output}: {reason}") and error.count("\n") == 1, error
+            assert error.startswith(f"error: --output {output}: cannot write it: {reason}"), error
+            assert error.count("\n") == 1, error
     assert (tmp_path / "afile").read_text() == "" and not (tmp_path / "nowhere").exists()  # nothing through a link
 
 

@@ -1,0 +1,37 @@
+"""jaxformer-convert's paths are named by their flags, as every command's are (`--workdir X: ...`):
+--from_hf's missing folder was "X is not a directory", naming no flag, and an --output in use
+"X already exists and is not an empty directory: choose a new --output"."""
+
+from jaxformer.commands import convert
+from jaxformer.errors import EXIT_USER_ERROR
+
+
+def refusal(argv, capsys) -> str:
+    assert convert.main(argv) == EXIT_USER_ERROR
+    captured = capsys.readouterr()
+    assert not captured.out and captured.err.count("\n") == 1, captured.err
+    return captured.err
+
+
+def test_a_from_hf_that_is_no_folder_is_named_by_its_flag(tmp_path, capsys):
+    (tmp_path / "afile").write_text("x")
+    missing, afile, output = tmp_path / "missing", tmp_path / "afile", tmp_path / "run"
+    assert refusal(["--from_hf", str(missing), "--output", str(output)], capsys) == (
+        f"error: --from_hf {missing}: no such directory\n"
+    )
+    assert refusal(["--from_hf", str(afile), "--output", str(output)], capsys) == (
+        f"error: --from_hf {afile}: not a directory (a transformers MarianMT directory is one)\n"
+    )
+    assert not output.exists()
+
+
+def test_an_output_in_use_is_named_by_its_flag_and_kept(tmp_path, capsys):
+    (tmp_path / "hf").mkdir()
+    (tmp_path / "used").mkdir()
+    (tmp_path / "used" / "mine.txt").write_text("kept")
+    output = tmp_path / "used"
+    assert refusal(["--from_hf", str(tmp_path / "hf"), "--output", str(output)], capsys) == (
+        f"error: --output {output}: already exists and is not an empty directory; give a new or empty one "
+        "(nothing is replaced)\n"
+    )
+    assert (output / "mine.txt").read_text() == "kept"
