@@ -72,13 +72,11 @@ def check_output(output: pathlib.Path, overwrite: bool, staging: pathlib.Path | 
     entries = [path for path in output.iterdir() if path != staging] if output.is_dir() else []
     if not entries:
         return
-    if not overwrite:
-        raise ExportError(f"the output directory {output} is not empty; pass --overwrite to replace the export in it")
     export_files = _export_files(output)
-    if export_files is None:
+    if export_files is None:  # --overwrite would not replace it either: not named as the way out
         raise ExportError(
             f"the output directory {output} holds something other than a jaxformer export (no readable "
-            f"{standalone.CONFIG_FILE}); not replacing it, even with --overwrite"
+            f"{standalone.CONFIG_FILE}); not replacing it, even with --overwrite: give a new or empty folder"
         )
     cache = output / "__pycache__"  # serve.py and its helper, compiled where they ran
     others = [path for path in entries if path.name not in export_files or not path.is_file()]
@@ -91,6 +89,8 @@ def check_output(output: pathlib.Path, overwrite: bool, staging: pathlib.Path | 
             f"the output directory {output} holds {min(others)}, which is not part of the export in it; "
             "not replacing it, even with --overwrite (move it elsewhere first)"
         )
+    if not overwrite:
+        raise ExportError(f"the output directory {output} is not empty; pass --overwrite to replace the export in it")
 
 
 @contextlib.contextmanager

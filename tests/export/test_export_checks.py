@@ -316,3 +316,30 @@ def test_an_absolute_output_exports_from_a_removed_current_folder(workdir, tmp_p
     monkeypatch.chdir(gone)
     gone.rmdir()
     output_folder.check_output(tmp_path / "out", overwrite=False)  # no FileNotFoundError from the current folder
+
+
+@pytest.mark.parametrize("overwrite", [False, True])
+def test_an_output_that_overwrite_would_not_replace_is_named_so_without_it(overwrite, tmp_path):
+    """Without --overwrite a folder holding no export, or more than one, said "pass --overwrite",
+    which then refused it: the way out it named was none."""
+    stranger = tmp_path / "notes"
+    stranger.mkdir()
+    (stranger / "mine.txt").write_text("keep me")
+    with pytest.raises(ExportError) as raised:
+        output_folder.check_output(stranger, overwrite=overwrite)
+    assert str(raised.value) == (
+        f"the output directory {stranger} holds something other than a jaxformer export (no readable config.json); "
+        "not replacing it, even with --overwrite: give a new or empty folder"
+    )
+    beside = tmp_path / "served"
+    beside.mkdir()
+    (beside / "config.json").write_text(json.dumps({"format": standalone.FORMAT, "files": {}}))
+    (beside / "notes.txt").write_text("keep me")
+    with pytest.raises(ExportError, match=r"holds .*notes\.txt, which is not part of the export in it; not replacing"):
+        output_folder.check_output(beside, overwrite=overwrite)
+    (beside / "notes.txt").unlink()
+    if overwrite:
+        output_folder.check_output(beside, overwrite=True)  # an export alone: replaced
+    else:
+        with pytest.raises(ExportError, match=r"is not empty; pass --overwrite to replace the export in it$"):
+            output_folder.check_output(beside, overwrite=False)

@@ -125,5 +125,6 @@ def test_a_killed_exports_staging_folder_is_removed_by_the_next_export_and_a_liv
     assert f"removed {dead}, left by an export to {output} that was killed before it was in place" in error
     assert str(live) not in error and str(other) not in error
     assert error.endswith(
-        f"error: the output directory {output} is not empty; pass --overwrite to replace the export in it\n"
+        f"error: the output directory {output} holds something other than a jaxformer export (no readable "
+        "config.json); not replacing it, even with --overwrite: give a new or empty folder\n"
     )
