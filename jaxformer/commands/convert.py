@@ -20,10 +20,17 @@ if __name__ == "__main__":  # `python -m`: launched as the console script is, be
     run_as_main("jaxformer.commands.convert")
 
 import argparse
+import contextlib
 import logging
+import pathlib
+import shutil
+import signal
+import sys
+from collections.abc import Iterator
 
 from jaxformer.commands import common, decoding_flags, path_checks
 from jaxformer.run.directory import checkpoint_name
+from jaxformer.training.signals import RaiseOnSignal, Stopped
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -67,8 +74,43 @@ def run(args: argparse.Namespace) -> int:
         for name in flags:
             if applies_to != direction and getattr(args, name) is not None:
                 raise common.FlagError(f"--{name} applies to --{applies_to}, not --{direction}")
-    print(_from_hf(args) if args.from_hf is not None else _to_hf(args))
+    # Python's KeyboardInterrupt, raised inside torch's or transformers' writes, was at times dropped
+    # there: the command went on and exited 0. Held until their calls return (or raised again where
+    # they dropped it: `check`), a Ctrl-C ends the command as every Ctrl-C does, its output removed.
+    try:
+        with RaiseOnSignal(signums=(signal.SIGINT,)) as signals, _removed_unless_whole(args.output):
+            report = _from_hf(args) if args.from_hf is not None else _to_hf(args)
+            signals.check()
+            signals.finish()
+    except Stopped:
+        raise KeyboardInterrupt from None
+    print(report)
+    if signals.late_signum is not None:
+        print(f"SIGINT came once {args.output} was written whole: it is complete; exiting with 0", file=sys.stderr)
     return 0
+
+
+@contextlib.contextmanager
+def _removed_unless_whole(output: str) -> Iterator[None]:
+    """Both directions write `output` in place, absent or empty before (marian.check_new_output
+    refuses any other): one they leave unfinished (a Ctrl-C, an error) is emptied again, or removed
+    if it was absent, so that no half-written model or run is left to be read as whole. An output
+    that was neither is refused before anything is written, and never touched."""
+    folder = pathlib.Path(output)
+    absent = not folder.exists() and not folder.is_symlink()
+    empty = folder.is_dir() and not folder.is_symlink() and not any(folder.iterdir())
+    try:
+        yield
+    except BaseException:
+        if absent and folder.is_dir() and not folder.is_symlink():
+            shutil.rmtree(folder, ignore_errors=True)
+        elif empty and folder.is_dir():
+            for entry in folder.iterdir():
+                if entry.is_dir() and not entry.is_symlink():
+                    shutil.rmtree(entry, ignore_errors=True)
+                else:
+                    entry.unlink(missing_ok=True)
+        raise
 
 
 def _from_hf(args: argparse.Namespace) -> str:

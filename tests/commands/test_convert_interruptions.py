@@ -1,0 +1,58 @@
+"""A Ctrl-C while jaxformer-convert writes its output ends it as every Ctrl-C does (`interrupted`,
+130), with nothing half-written left: one that torch or transformers dropped (Python's
+KeyboardInterrupt raised inside their code) let the command go on and exit 0, and one that ended it
+left the files written so far, which the next conversion refused as a folder in use."""
+
+import os
+import pathlib
+import signal
+import time
+import types
+
+import pytest
+
+from jaxformer.commands import convert
+from jaxformer.interop import marian
+
+CONVERTED = types.SimpleNamespace(
+    config=types.SimpleNamespace(num_encoder_layers=1, num_decoder_layers=1, d_model=8, vocab_size=16),
+    search_flags=[],
+    unreproduced=[],
+)
+
+
+@pytest.mark.parametrize("dropped", [True, False])
+@pytest.mark.parametrize("made_empty", [False, True])
+def test_a_ctrl_c_while_the_output_is_written_leaves_none(dropped, made_empty, tmp_path, capsys, monkeypatch):
+    output = tmp_path / "run"
+    if made_empty:
+        output.mkdir()
+
+    def import_marian(directory, workdir, *languages):
+        written = pathlib.Path(workdir)
+        written.mkdir(exist_ok=True)
+        (written / "config.json").write_text("{}")
+        try:
+            os.kill(os.getpid(), signal.SIGINT)
+            time.sleep(5)  # the handler raises here
+        except BaseException:
+            if not dropped:
+                raise
+        (written / "model.safetensors").write_text("weights")
+        return CONVERTED
+
+    monkeypatch.setattr(marian, "import_marian", import_marian)
+    (tmp_path / "hf").mkdir()
+    assert convert.main(["--from_hf", str(tmp_path / "hf"), "--output", str(output)]) == 130
+    assert capsys.readouterr() == ("", "interrupted\n")
+    assert (list(output.iterdir()) == []) if made_empty else not output.exists()
+
+
+def test_an_output_in_use_is_never_emptied(tmp_path, capsys):
+    output = tmp_path / "run"
+    output.mkdir()
+    (output / "mine.txt").write_text("kept")
+    (tmp_path / "hf").mkdir()
+    assert convert.main(["--from_hf", str(tmp_path / "hf"), "--output", str(output)]) == 2
+    assert "already exists and is not an empty directory" in capsys.readouterr().err
+    assert (output / "mine.txt").read_text() == "kept"
