@@ -117,17 +117,18 @@ def check_distributed_flags(args: argparse.Namespace) -> None:
             f"--num_processes={args.num_processes} and --process_id={args.process_id}: give both, "
             "with 0 <= process_id < num_processes"
         )
+    if args.coordinator_address is not None:  # first: an empty one is given, not missing
+        host, _, port = args.coordinator_address.rpartition(":")
+        if not host or not port.isdigit() or not 0 < int(port) < 65536:
+            raise FlagError(
+                f"--coordinator_address={args.coordinator_address!r}: must be host:port, e.g. 10.0.0.2:1234"
+            )
     if args.num_processes is not None and not (args.coordinator_address or args.distributed):
         raise FlagError(
             f"--num_processes={args.num_processes} and --process_id={args.process_id} need "
             "--coordinator_address=host:port (process 0's), or --distributed"
         )
     if args.coordinator_address is not None:
-        host, _, port = args.coordinator_address.rpartition(":")
-        if not host or not port.isdigit() or not 0 < int(port) < 65536:
-            raise FlagError(
-                f"--coordinator_address={args.coordinator_address!r}: must be host:port, e.g. 10.0.0.2:1234"
-            )
         if args.num_processes is None and not args.distributed:
             raise FlagError(
                 f"--coordinator_address={args.coordinator_address} needs --num_processes and --process_id "

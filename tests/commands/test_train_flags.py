@@ -172,6 +172,10 @@ def test_a_mesh_that_cannot_hold_the_configured_model_stops_before_data_is_prepa
             ["--coordinator_address=nohost", "--num_processes=2", "--process_id=0"],
             "--coordinator_address='nohost': must be host:port, e.g. 10.0.0.2:1234",
         ),
+        (  # an empty address was "need --coordinator_address=host:port", as if none were given
+            ["--coordinator_address=", "--num_processes=2", "--process_id=0"],
+            "--coordinator_address='': must be host:port, e.g. 10.0.0.2:1234",
+        ),
         (["--distributed"], "--distributed: cannot join a multi-process run: "),  # no TPU pod or SLURM job here
         (
             ["--config.optimizer.decay_floor=0.5"],
