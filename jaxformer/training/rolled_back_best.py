@@ -32,17 +32,33 @@ logger = logging.getLogger(__name__)
 def set_aside_rolled_back_keeping_best(run: RunDirectory, start_step: int, config: ml_collections.ConfigDict) -> None:
     """`set_aside_rolled_back(run, start_step)`, then, where best/ holds no step but one set aside
     after `start_step` (this start's, or an earlier one's that stopped before its next BLEU),
-    `restore_best`. Every process decides alike from the same files and writes best/ together."""
+    `restore_best` (as where it holds only a step that does not read whole: `_holds_a_whole_step`).
+    Every process decides alike from the same files and writes best/ together."""
     set_aside_rolled_back(run, start_step)
-    best = Checkpointer(run.best, keep=None, read_only=True) if run.best.is_dir() else None
-    try:
-        holds_a_step = best is not None and bool(best.steps())
-    finally:
-        if best is not None:
-            best.close()
-    if holds_a_step or not any(step > start_step for step in rolled_back_steps(run.best)):
+    if not run.best.is_dir() or not any(step > start_step for step in rolled_back_steps(run.best)):
         return
-    restore_best(run, start_step, config)
+    if not _holds_a_whole_step(run):
+        restore_best(run, start_step, config)
+
+
+def _holds_a_whole_step(run: RunDirectory) -> bool:
+    """Whether best/ holds a step that reads whole, the steps that do not set aside as damaged
+    (`<step>.damaged-<time>`, with a warning). A run killed as it replaced best/'s step leaves the
+    old step part-deleted (orbax removes it once the new one is written) beside the new one, which
+    the resume sets aside: counted as held, the old step's score was lost to the next BLEU's
+    comparison, and its parameters to the final choice, while its checkpoint could restore both."""
+    best = Checkpointer(run.best, keep=None)
+    try:
+        for step in reversed(best.steps()):
+            try:
+                best.read_params(step)
+            except CheckpointError:
+                best.set_aside(step)
+            else:
+                return True
+        return False
+    finally:
+        best.close()
 
 
 def bleu_scores(run: RunDirectory, last_step: int) -> dict[int, float]:

@@ -335,3 +335,38 @@ def test_a_run_resumed_before_its_best_step_keeps_its_best_kept_step(data_dir, t
         (3, 20.0),
         (4, 20.0),
     ]
+
+
+def test_a_best_step_cut_short_by_a_kill_as_it_was_replaced_is_set_aside_and_written_again(
+    tmp_path, monkeypatch, caplog
+):
+    """best/3 (BLEU 30) replaced by best/4 (BLEU 35), the run killed while orbax deleted step 3 (its
+    metadata file gone first), before checkpoint 4. Resumed from checkpoint 3, best/4 is set aside
+    and best/3, unreadable, with it: best/ holds step 3 again, written from its checkpoint, and the
+    next BLEU is compared with its 30, as in the run never killed (was: best/ counted the remains as
+    the step it holds, so the next BLEU was compared with nothing and became the best however low)."""
+    workdir, _, _ = make_workdir(tmp_path / "run", steps=(1, 3), scale=lambda step: float(step))
+    run = RunDirectory(workdir)
+    _bleu_records(workdir, {1: 20.0, 3: 30.0, 4: 35.0})
+    step, metadata, params = load_checkpoint(workdir)
+    best = Checkpointer(run.best, keep=None)
+    for at, bleu in ((3, 30.0), (4, 35.0)):
+        best.save_params(at, params, metadata.replace(step=at, bleu=bleu))
+    best.close()
+    (run.best / "3" / "metadata" / "metadata").unlink()  # as orbax's deletion of step 3 left it
+    config = ml_collections.ConfigDict(metadata.config)
+    config.training.bleu_every_steps = 1
+
+    with caplog.at_level(logging.WARNING):
+        set_aside_rolled_back_keeping_best(run, 3, config)
+    monkeypatch.setattr(validation_bleu, "ValidationSet", _ScoredBetweenTheTwo)
+    validator = BleuValidator(config, None, None, None, workdir)
+    assert validator.best_bleu == 30.0  # was -inf: step 4's 25 would have become the best
+    assert len(rolled_back(workdir, 4)) == 1 and len(list(run.best.glob("3.damaged-*"))) == 1
+    restored_step, restored, restored_params = load_from_directory(run.best)
+    assert (restored_step, restored.bleu, best_steps(workdir)) == (3, 30.0, [3])
+    for got, want in zip(jax.tree.leaves(restored_params), jax.tree.leaves(params), strict=True):
+        np.testing.assert_array_equal(got, want)
+    validator(4, params, metadata)
+    validator.close()
+    assert best_checkpoint(run) == (3, 30.0)
