@@ -135,12 +135,15 @@ def move_into_place(staging: pathlib.Path, output: pathlib.Path, on_placed: Call
     came meanwhile is raised again."""
     # A signal between the renames would leave the old export hidden beside an absent output, and
     # its handler would then delete the new one with the staging directory.
-    with _signals_deferred():
+    with _signals_deferred(), contextlib.ExitStack() as old_held:
         old = [entry for entry in output.iterdir() if entry != staging] if output.is_dir() else []
         retired, placed = None, False
         try:
             if old:
                 retired = pathlib.Path(tempfile.mkdtemp(dir=staging.parent, prefix=f".{output.name}.", suffix=".old"))
+                # Locked while this export lives (the folder renamed to `retired`, or the one the old
+                # entries move to): a kill -9 leaves it to the next export (staging_leftovers).
+                old_held.enter_context(staging_leftovers.held(retired if staging.parent == output else output))
             if staging.parent == output:
                 config_last = sorted(staging.iterdir(), key=lambda entry: entry.name == standalone.CONFIG_FILE)
                 config_first = sorted(old, key=lambda entry: entry.name != standalone.CONFIG_FILE)

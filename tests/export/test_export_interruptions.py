@@ -3,6 +3,7 @@ in place, nothing ended early) and a killed export's staging folder, removed by 
 
 import json
 import os
+import pathlib
 import shutil
 import signal
 import subprocess
@@ -12,7 +13,7 @@ import time
 import pytest
 
 from jaxformer.commands import export
-from jaxformer.export import exporter, output_folder
+from jaxformer.export import exporter, output_folder, staging_leftovers
 from jaxformer.training.signals import RaiseOnSignal, Stopped
 from tests.export.conftest import FLAGS
 
@@ -128,3 +129,53 @@ def test_a_killed_exports_staging_folder_is_removed_by_the_next_export_and_a_liv
         f"error: the output directory {output} holds something other than a jaxformer export (no readable "
         "config.json); not replacing it, even with --overwrite: give a new or empty folder\n"
     )
+
+
+def test_the_old_export_a_killed_export_was_replacing_is_put_back_or_removed_by_the_next_export(
+    workdir, tmp_path, capsys, monkeypatch
+):
+    """`--overwrite` moves the old export aside to a hidden `.<output>.*.old`, then renames the new
+    one into place, then removes the old one. Killed (SIGKILL) between the renames it left no
+    output, the old export hidden; killed as it removed the old one, that one beside the new. The
+    next export puts the old one back where no output is (an export is in place whole or not at
+    all), and removes it beside a new one, each with a warning; an export running now holds its
+    own (was: both left as they were, unnamed, and an export without --overwrite went on)."""
+    output = tmp_path / "export"
+    between, after = tmp_path / ".export.between.old", tmp_path / ".export.after.old"
+    between.mkdir()
+    (between / "config.json").write_text("old")
+
+    def no_work(*args, **kwargs):
+        raise AssertionError("the checkpoint was read")
+
+    monkeypatch.setattr(exporter, "load_checkpoint", no_work)
+    assert export.main(["--workdir", str(workdir), "--output", str(output)]) == 2
+    error = capsys.readouterr().err
+    assert (output / "config.json").read_text() == "old" and not between.exists()
+    assert f"put back the previous export in {output} from {between}: the export replacing it was killed" in error
+    assert error.endswith(
+        f"error: the output directory {output} is not empty; pass --overwrite to replace the export in it\n"
+    )
+
+    # Beside an export in place, the old one is removed; the one an export running now moved aside is held.
+    after.mkdir()
+    (after / "config.json").write_text("older")
+    staging_leftovers.remove_dead(tmp_path, output)
+    assert not after.exists() and (output / "config.json").read_text() == "old"
+    assert f"removed {after}, the previous export in {output}, left by an export killed once its own was in place" in (
+        capsys.readouterr().err
+    )
+    real_replace, held = os.replace, []
+
+    def replace_then_look(source, destination):  # as the next export would, once the old one is moved aside
+        real_replace(source, destination)
+        if str(destination).endswith(".old"):
+            with staging_leftovers._of_a_dead_export(pathlib.Path(destination)) as dead:
+                held.append(not dead)
+
+    monkeypatch.setattr(output_folder.os, "replace", replace_then_look)
+    with output_folder.staging_directory(output) as staging:
+        (staging / "config.json").write_text("newest")
+        output_folder.move_into_place(staging, output)
+    assert held == [True] and (output / "config.json").read_text() == "newest"
+    assert os.listdir(tmp_path) == ["export"]
