@@ -153,8 +153,9 @@ def test_the_old_export_a_killed_export_was_replacing_is_put_back_or_removed_by_
     error = capsys.readouterr().err
     assert (output / "config.json").read_text() == "old" and not between.exists()
     assert f"put back the previous export in {output} from {between}: the export replacing it was killed" in error
-    assert error.endswith(
-        f"error: the output directory {output} is not empty; pass --overwrite to replace the export in it\n"
+    assert error.endswith(  # the put-back stand-in's config.json is no export's, so not even --overwrite
+        f"error: the output directory {output} holds something other than a jaxformer export (no readable "
+        "config.json); not replacing it, even with --overwrite: give a new or empty folder\n"
     )
 
     # Beside an export in place, the old one is removed; the one an export running now moved aside is held.
