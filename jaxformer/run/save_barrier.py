@@ -32,6 +32,9 @@ from orbax.checkpoint._src.multihost import multihost as orbax_multihost  # wher
 from jaxformer.errors import UserError, file_size_limit_error, first_line, no_space_error
 
 _POLL_SECONDS = 0.05  # between a waiting process's looks at the arrivals and for a failure
+# A withdrawal's increment of a barrier's counter, above its arrivals and leavings (two a process) for
+# up to 16383 processes, their sum within jax's 32-bit counters.
+_WITHDRAWAL = 1 << 16
 _MESSAGE_CHARACTERS = 2000  # of the failed process's error, passed on whole up to this length
 _SYNCHRONOUS_TIMEOUT_MS = 24 * 3600 * 1000  # orbax's collective waited for ever; a failure told ends the wait
 # Barriers made in this process, by folder: every process makes a folder's checkpointers in the same order.
@@ -212,12 +215,34 @@ def raise_failed_save(barrier: SaveBarrier | None, wait: Callable[[], None], see
         raise SaveFailedElsewhereError(told or "another process of the run failed to save a checkpoint")
 
 
+def _check(deadline: float, key: str, timeout_ms: int | None) -> None:
+    """TimeoutError once `deadline` has passed, waiting at barrier `key`."""
+    if time.monotonic() > deadline:
+        waited = "" if timeout_ms is None else f" after {timeout_ms / 1000:g} s"
+        raise TimeoutError(f"timed out{waited} waiting for every process at {key}")
+
+
 class SaveBarrier:
     """orbax's BarrierSyncFn for one checkpoint manager: `barrier(key=..., timeout_ms=...)`. Every
     process (`index` of `count`) arrives by incrementing a counter under `namespace` in jax's
     key-value store (`client`) and waits until it counts them all, listening meanwhile for a
     process's failure (`tell`); it leaves by incrementing the counter again, and the last to leave
-    deletes it. A failure told leaves its counters and the `failed` key behind: the run ends."""
+    deletes it. A failure told leaves its counters and the `failed` key behind: the run ends.
+
+    A process told a failure while it waits withdraws (`_withdraw`), and the barrier passes in every
+    process or in none, for any number of processes: the store applies each counter's increments
+    one at a time, and the barrier has passed exactly where the last arrival comes before the first
+    withdrawal. Each process decides from a value of the counter that counts both: none withdrawn
+    and every process arrived (an arrival or a look) is that order; a withdrawal counted with fewer
+    than every process arrived (leavings come only once all have) is the other; every process
+    arrived and a withdrawal counted, the first to withdraw says which came first (its verdict), as
+    its own increment told it. No increment is taken back: a withdrawal was a decrement, undone by a
+    process that found every one arrived, and with three processes one withdrawing while another's
+    was in flight read the count lowered, raised, and left a process that had passed waiting for it
+    in the training loop's exchange (test_failed_save_three_processes.py). Where the barrier passed
+    with a failure told, every process meets it at its next barrier, which raises at once, or at the
+    exchange, which every process reaches; where it failed, none passed, so none writes on: orbax's
+    finalize renames a step's folder only past a barrier that every process's written share reached."""
 
     def __init__(self, directory: str, namespace: str, client, index: int, count: int):
         self.directory, self.namespace, self.index, self.count = directory, namespace, index, count
@@ -241,32 +266,57 @@ class SaveBarrier:
             calls = self._calls.get(key, 0)
             self._calls[key] = calls + 1
         counter = f"{self.namespace}/{key}/{calls}"
-        arrived = self._client.key_value_increment(counter, 1)
         deadline = time.monotonic() + timeout_ms / 1000
-        while arrived < self.count:
+        state = self._client.key_value_increment(counter, 1)
+        while (passed := self._outcome(counter, state, deadline)) is None:
             time.sleep(_POLL_SECONDS)
-            if self.told() is not None and self._withdrawn(counter):
-                self._raise_if_told()
-            if time.monotonic() > deadline:
-                raise TimeoutError(f"timed out after {timeout_ms / 1000:g} s waiting for every process at {key}")
-            arrived = int(self._client.key_value_try_get(counter))
+            if self.told() is not None:
+                passed = self._withdraw(counter, deadline)
+                break
+            _check(deadline, key, timeout_ms)
+            state = int(self._client.key_value_try_get(counter))
+        if not passed:
+            raise SaveFailedElsewhereError(self.told() or "another process of the run failed to save a checkpoint")
         # Counted past `count`, which a process still looking reads as all arrived: only the last to
         # leave knows that none reads the counter any more. Orbax names two of a save's barriers after
         # its step, each waited at once; kept, they grew jax's store by two entries a save.
-        if self._client.key_value_increment(counter, 1) == 2 * self.count:
+        left = self._client.key_value_increment(counter, 1)
+        if left % _WITHDRAWAL == 2 * self.count:
             self._client.key_value_delete(counter)
+            if left >= _WITHDRAWAL:
+                self._client.key_value_delete(f"{counter}:verdict")
 
-    def _withdrawn(self, counter: str) -> bool:
-        """Whether this process took back its arrival at `counter` before every process had arrived.
-        One that arrived last has passed this barrier, and goes on to a collective of its own (the
-        training loop's exchange): this one, raising the failure told here, left it waiting there for
-        ever. Taken back in time, the last finds the barrier short of one and raises the failure too;
-        too late, this one passes as well, and every process raises it at its next exchange."""
-        before = self._client.key_value_increment(counter, -1) + 1
-        if before < self.count:
-            return True
-        self._client.key_value_increment(counter, 1)
-        return False
+    def _withdraw(self, counter: str, deadline: float) -> bool:
+        """Withdraws this process from `counter`'s barrier, a failure told: whether it passes all the
+        same. The first process to withdraw decides for every process (`_outcome`): the barrier passes
+        where every process had arrived before it (one may have passed already, and gone on to a
+        collective of its own: the training loop's exchange, where every process raises the failure),
+        else it fails in all. A withdrawal is never taken back, so that no process reads another's in
+        flight as the count lowered."""
+        before = self._client.key_value_increment(counter, _WITHDRAWAL) - _WITHDRAWAL
+        withdrawals, arrivals = divmod(before, _WITHDRAWAL)
+        if withdrawals == 0:
+            passed = arrivals >= self.count
+            self._client.key_value_set(f"{counter}:verdict", "passed" if passed else "failed")
+            return passed
+        return self._outcome(counter, before, deadline)
+
+    def _outcome(self, counter: str, state: int, deadline: float) -> bool | None:
+        """Whether `counter`'s barrier passed (True) or failed (False), read from its counter's `state`
+        (`_WITHDRAWAL` a withdrawal, 1 an arrival or a leaving), None while it is undecided: passed
+        once every process has arrived with none withdrawn; failed where one withdrew before every
+        process had arrived, which the first to withdraw, knowing, tells its verdict."""
+        withdrawals, arrivals = divmod(state, _WITHDRAWAL)
+        if withdrawals == 0:
+            return True if arrivals >= self.count else None
+        if arrivals < self.count:
+            return False
+        while True:  # every process has arrived, some after the first withdrawal perhaps: its verdict says
+            try:
+                return self._client.key_value_try_get(f"{counter}:verdict") == "passed"
+            except Exception:  # noqa: BLE001  (jax's NOT_FOUND: the first to withdraw is telling it)
+                _check(deadline, counter, None)
+                time.sleep(_POLL_SECONDS)
 
     def tell(self, failure: BaseException) -> None:
         """Tells the other processes that this one's part of the save failed with `failure`: each
