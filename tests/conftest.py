@@ -136,6 +136,28 @@ def make_workdir(workdir, data_dir=None, steps=(1,), scale=lambda step: 1.0, dat
     return workdir, params, tokenizer
 
 
+def make_language_model_workdir(workdir):
+    """A checkpoint (step 1) of a random tiny decoder-only model, as configs/multi30k_lm.py builds
+    one, with run metadata: what jaxformer-generate reads, without a training run."""
+    import flax.linen as nn
+    import jax.numpy as jnp
+
+    from jaxformer.data.tokenizer import train_tokenizer
+    from jaxformer.model.config import preset
+    from jaxformer.model.decoder_only import DecoderOnly
+    from jaxformer.training import experiment
+
+    tokenizer = train_tokenizer(read_raw("train.de.gz", 1500), vocab_size=300)
+    overrides = {"architecture": "decoder_only", "share_embeddings": True}
+    model_config = preset("tiny", vocab_size=tokenizer.vocab_size, **overrides)
+    config = experiment.default_config()
+    config.model = experiment.model_section("tiny", **overrides)
+    config.tokenizer.vocab_size = tokenizer.vocab_size
+    params = nn.meta.unbox(DecoderOnly(model_config).init(jax.random.key(0), jnp.ones((1, 4), jnp.int32))["params"])
+    save_checkpoints(workdir, config, model_config, tokenizer, {1: params})
+    return workdir
+
+
 def save_checkpoints(workdir, config, model_config, tokenizer, params_by_step, data_fingerprint=None):
     """`params_by_step` saved as `workdir`'s checkpoints, with run metadata: `config` (a
     ConfigDict), `model_config` and `tokenizer`, trained on data of `data_fingerprint`."""
@@ -184,6 +206,11 @@ def scored_validation(bleu):
 def decoding_workdir(tmp_path_factory, data_dir):
     workdir, _, _ = make_workdir(tmp_path_factory.mktemp("decoding-workdir"), data_dir)
     return workdir
+
+
+@pytest.fixture(scope="session")
+def language_model_workdir(tmp_path_factory):
+    return make_language_model_workdir(tmp_path_factory.mktemp("language-model-workdir"))
 
 
 # ------------------------------------------------------------------------------------------

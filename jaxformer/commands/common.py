@@ -262,14 +262,18 @@ def _discard_stdout() -> None:
     os.close(devnull)
 
 
-def read_lines(path: str | None) -> list[str]:
-    """The lines of a UTF-8 file (gzip or plain), or of stdin when `path` is None."""
+def read_lines(path: str | None, what: str = "lines") -> list[str]:
+    """The lines of a UTF-8 file (gzip or plain), or of stdin when `path` is None; on a terminal,
+    which would wait without a word for a user who forgot --input, a line on stderr first says
+    that it reads `what` (e.g. "sentences") there and how to end them."""
     from jaxformer.data import parallel_text
 
     if path is not None:
         return parallel_text.read_lines(path)
     if sys.stdin is None:  # started with stdin closed (`<&-`)
         raise FlagError("stdin is closed: give --input, or run without closing it")
+    if sys.stdin.isatty():
+        logger.info("reading %s from the terminal, one per line; end with Ctrl-D (or give --input FILE)", what)
     return parallel_text.decode_lines(io.BytesIO(sys.stdin.buffer.read()), "<stdin>")
 
 

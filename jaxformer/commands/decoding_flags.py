@@ -46,6 +46,11 @@ def add_decoding_flags(parser: argparse.ArgumentParser) -> None:
         help=f"longer inputs are translated in pieces; at most {MAX_SOURCE_TOKENS}, and at most the model's "
         f"positions where it has a last one (default: {DEFAULT_MAX_SOURCE_TOKENS}, or its positions where fewer)",
     )
+    add_progress_flag(parser)
+
+
+def add_progress_flag(parser: argparse.ArgumentParser) -> None:
+    """--no_progress: the decoding commands' bar on stderr (jaxformer/decoding/progress_bar.py) left off."""
     parser.add_argument("--no_progress", action="store_true", help="no progress bar on stderr")
 
 
@@ -182,15 +187,16 @@ def resolved_alpha(args: argparse.Namespace, max_extra_length: int, chosen) -> f
     return checkpoint_alpha(chosen, search, args.alpha, override="--alpha")
 
 
-def checked_input_lines(args: argparse.Namespace) -> list[str]:
-    """The lines of --input, once --workdir, --input and --output are known to be usable."""
+def checked_input_lines(args: argparse.Namespace, what: str) -> list[str]:
+    """The lines of --input (stdin by default), once --workdir, --input and --output are known to
+    be usable; `what`: what they are ("sentences", "prompts"), named when read from a terminal."""
     check_workdir(args.workdir)
     check_search_flags(args)
     check_readable_file(args.input, "--input")
     check_writable_file(args.output, "--output", args.overwrite, {"--input": args.input})
     if args.output is None:
         check_stdout_open()
-    return read_lines(args.input)
+    return read_lines(args.input, what)
 
 
 def translator_from_flags(args: argparse.Namespace, settings=None, chosen=None, loaded=None, tokenizers=None):

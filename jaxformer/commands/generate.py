@@ -51,6 +51,7 @@ def build_parser() -> argparse.ArgumentParser:
         help=f"sampling seed, 0 to {MAX_SEED}; the same seed, prompts and --batch_size sample alike (default: 0)",
     )
     parser.add_argument("--batch_size", type=common.at_least(1), default=64, help="prompts per batch (default: 64)")
+    decoding_flags.add_progress_flag(parser)
     common.add_input_output_flags(parser, "prompts")
     return parser
 
@@ -58,13 +59,13 @@ def build_parser() -> argparse.ArgumentParser:
 def run(args: argparse.Namespace) -> int:
     from jaxformer.decoding.language_model import LanguageModel, check_kept_by_a_language_model
 
-    prompts = decoding_flags.checked_input_lines(args)
+    prompts = decoding_flags.checked_input_lines(args, "prompts")
     check_kept_by_a_language_model(args.workdir, args.checkpoint)  # before beam search's flags read final/
     settings = decoding_flags.decode_settings_from_flags(args, max_extra_length=args.max_new_tokens)
     model = LanguageModel.from_workdir(
         args.workdir, args.checkpoint, settings, batch_size=args.batch_size, seed=args.seed
     )
-    common.write_lines(args.output, model.complete(prompts))
+    common.write_lines(args.output, model.complete(prompts, progress=not args.no_progress))
     return 0
 
 

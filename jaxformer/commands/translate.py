@@ -27,7 +27,7 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def run(args: argparse.Namespace) -> int:
-    sentences = decoding_flags.checked_input_lines(args)
+    sentences = decoding_flags.checked_input_lines(args, "sentences")
     translator = translator_from_flags(args)
     common.write_lines(args.output, translator.translate(sentences, progress=not args.no_progress))
     return 0

@@ -18,6 +18,7 @@ import numpy as np
 
 from jaxformer.data.tokenizer import WORD_BOUNDARY, Tokenizer
 from jaxformer.decoding.generate import DecodeSettings, Hypotheses, check_options, check_rng, decoding_variant, search
+from jaxformer.decoding.progress_bar import progress_bar
 from jaxformer.decoding.search import SearchSpec
 from jaxformer.decoding.sentence_batches import sentence_list
 from jaxformer.errors import CheckpointError
@@ -245,27 +246,34 @@ class LanguageModel:
         logger.info("loaded step %d of %s (%s)", step, workdir, checkpoint_name(checkpoint))
         return cls(metadata.model_config(), params, metadata.load_tokenizer(), settings, **kwargs)
 
-    def complete(self, prompts: Iterable[str]) -> list[str]:
+    def complete(self, prompts: Iterable[str], progress: bool = False) -> list[str]:
         """Each prompt followed by its best continuation, as text."""
-        return [hypotheses[0][0] for hypotheses in self.complete_nbest(prompts)]
+        return [hypotheses[0][0] for hypotheses in self.complete_nbest(prompts, progress)]
 
-    def complete_nbest(self, prompts: Iterable[str]) -> list[list[tuple[str, float]]]:
+    def complete_nbest(self, prompts: Iterable[str], progress: bool = False) -> list[list[tuple[str, float]]]:
         """Per prompt, (prompt + continuation as text, score) for each hypothesis, best first. The
         prompt is the caller's text as given (sentencepiece's normalisation, unknown characters and
         runs of spaces left as they were); the continuation follows it as the tokenizer spaces it.
         A prompt that ends in whitespace (which sentencepiece drops) is continued with a new word,
         or nothing: its continuation starts with a piece that begins a word, or with EOS.
-        Any iterable of str (a generator, a file's lines), read once before anything is decoded."""
+        Any iterable of str (a generator, a file's lines), read once before anything is decoded.
+        `progress`: a bar on stderr counting the prompts continued, as `Translator.translate`'s."""
         prompts = sentence_list(prompts)
         encoded = [self.tokenizer.encode(prompt, add_eos=False) for prompt in prompts]
         new_words = [loses_its_word_break(prompt, ids, self.tokenizer) for prompt, ids in zip(prompts, encoded)]
         results: list[Any] = [None] * len(prompts)
-        for indices, tokens, scores in self.continue_ids(encoded, new_words):
-            for row, index in enumerate(indices):
-                results[index] = [
-                    (prompts[index] + self._continuation(encoded[index], tokens[row, k], prompts[index]), float(score))
-                    for k, score in enumerate(scores[row])
-                ]
+        batches = self.continue_ids(encoded, new_words)  # the prompts checked before the bar is drawn
+        with progress_bar(len(prompts), "generate", "prompt", progress) as bar:
+            for indices, tokens, scores in batches:
+                for row, index in enumerate(indices):
+                    results[index] = [
+                        (
+                            prompts[index] + self._continuation(encoded[index], tokens[row, k], prompts[index]),
+                            float(score),
+                        )
+                        for k, score in enumerate(scores[row])
+                    ]
+                bar.update(len(indices))
         return results
 
     def _continuation(self, prompt_ids: np.ndarray, continuation_ids: np.ndarray, prompt: str) -> str:

@@ -11,12 +11,12 @@ from typing import Any
 
 import jax
 import numpy as np
-import tqdm
 
 from jaxformer.data.tokenizer import Tokenizer
 from jaxformer.decoding import sentence_batches
 from jaxformer.decoding.checkpoint_alpha import ChosenSearch, checkpoint_search
 from jaxformer.decoding.generate import DecodeSettings, check_options, decoding_variant, make_generate_fn
+from jaxformer.decoding.progress_bar import progress_bar
 from jaxformer.model.config import ConfigError, TransformerConfig
 from jaxformer.model.transformer import unstack_layers
 from jaxformer.run.architecture_uses import refuse_another_model
@@ -263,14 +263,7 @@ class Translator:
             return batch_indices, jax.device_get(self._generate(self.params, source, rng))  # [B, K, L], [B, K]
 
         with (
-            tqdm.tqdm(
-                # disable=None: on a terminal only; a redirected stderr gets the log lines, not the bar's redraws
-                total=len(sources),
-                desc="translate",
-                unit="sent",
-                disable=None if progress else True,
-                dynamic_ncols=True,
-            ) as bar,
+            progress_bar(len(sources), "translate", "sent", progress) as bar,
             concurrent.futures.ThreadPoolExecutor(self.parallel_batches) as pool,
         ):
             for batch_indices, (tokens, scores) in pool.map(decode, jobs()):

@@ -1,9 +1,12 @@
-"""translate, run as a user runs it: files, stdin to stdout, a bad line, sampling's seed."""
+"""translate, run as a user runs it: files, stdin to stdout (a pipe, a terminal), a bad line, sampling's seed."""
 
 import os
 import pathlib
+import pty
+import select
 import subprocess
 import sys
+import time
 
 import pytest
 
@@ -11,9 +14,46 @@ from jaxformer.commands import translate
 from jaxformer.decoding.translator import Translator
 from tests.commands.test_commands import FAST, translate_settings
 from tests.conftest import read_raw
+from tests.training.test_loop import environment
 
 pytestmark = pytest.mark.xdist_group("decoding-workdir")
 ROOT = pathlib.Path(__file__).parents[2]
+# What translate and generate say on stderr, as a log line, before they wait for lines typed on a terminal.
+TERMINAL_HINT = "from the terminal, one per line; end with Ctrl-D (or give --input FILE)"
+
+
+def run_on_a_terminal(command, typed):
+    """`python -m jaxformer.commands.<command>` with a pseudo-terminal as stdin: once its stderr
+    says it reads the terminal (TERMINAL_HINT; at most a minute), `typed` and Ctrl-D are typed,
+    as a user types them. (exit code, stdout, stderr, whether it said so before the typing)."""
+    keyboard, terminal = pty.openpty()
+    process = subprocess.Popen(
+        [sys.executable, "-m", f"jaxformer.commands.{command[0]}", *command[1:]],
+        stdin=terminal,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        env=dict(environment(), PYTHONPATH=str(ROOT)),
+    )
+    os.close(terminal)
+    try:
+        said, deadline = b"", time.monotonic() + 60
+        while (
+            TERMINAL_HINT.encode() not in said
+            and select.select([process.stderr], [], [], max(deadline - time.monotonic(), 0))[0]
+        ):
+            chunk = os.read(process.stderr.fileno(), 4096)
+            if not chunk:
+                break
+            said += chunk
+        asked_first = TERMINAL_HINT.encode() in said
+        os.write(keyboard, typed.encode() + b"\x04")  # Ctrl-D at a line's start: the end of the input
+        out, err = process.communicate(timeout=300)
+    finally:
+        if process.poll() is None:
+            process.kill()
+            process.wait()
+        os.close(keyboard)
+    return process.returncode, out.decode(), (said + err).decode(), asked_first
 
 
 @pytest.mark.slow  # 1,000 lines; stdin to stdout is checked on a few below
@@ -69,9 +109,23 @@ def test_translate_reads_stdin_and_writes_stdout(decoding_workdir):
     assert result.returncode == 0, result.stderr[-3000:]
     outputs = result.stdout.split("\n")[:-1]
     assert len(outputs) == 3 and outputs[1] == ""
+    assert TERMINAL_HINT not in result.stderr  # a pipe is read without a word
     assert (
         outputs[0] == Translator.from_workdir(decoding_workdir, settings=translate_settings()).translate([lines[0]])[0]
     )
+
+
+def test_translate_says_it_reads_the_terminal_before_it_waits_there(decoding_workdir):
+    """Without --input, on a terminal, translate waited without a word: a user who forgot --input
+    saw nothing. Now one log line on stderr says what it waits for; stdout holds the translations alone."""
+    flags = ["--workdir", str(decoding_workdir), *FAST]
+    code, out, err, asked_first = run_on_a_terminal(["translate", *flags], "A man sleeps.\n")
+    assert asked_first, err[-3000:]
+    assert code == 0, err[-3000:]
+    hint = [line for line in err.splitlines() if TERMINAL_HINT in line]
+    assert len(hint) == 1 and hint[0].endswith(f" I reading sentences {TERMINAL_HINT}")
+    translator = Translator.from_workdir(decoding_workdir, settings=translate_settings())
+    assert out == translator.translate(["A man sleeps."])[0] + "\n"
 
 
 def test_translate_names_a_bad_line(decoding_workdir, tmp_path, capsys):
