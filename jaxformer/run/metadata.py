@@ -14,7 +14,9 @@ In the checkpoint it is a JSON object (the `metadata` item of each step director
                                    time-budgeted runs: the steady duration of each kind of periodic
                                    work (the median of the last three from a process's second of a
                                    kind on: its first holds the compilation), which the budget's end estimate
-                                   counts (training/budget.py)
+                                   counts (training/budget.py); "first_step": the latest segment's first step,
+                                   its compilation included, which a resume with less budget left spends
+                                   (training/budget_resume.py)
      "rdrop_by_pace": true,        runs whose R-Drop is decided by their pace, once decided: whether
                                    the steps after the decision use it (training/rdrop_start.py)
      "interim": true,              a checkpoint saved between scheduled ones to stop (a signal, unreadable data):

@@ -87,6 +87,9 @@ class TrainingClock:
 
 
 WORK_SAMPLES = 3  # a kind's steady duration is the lower median of its last this many
+# work_seconds' key (in the checkpoints) for a segment's first step, its compilation included: what a
+# start costs, which a resume with less of its budget left than that spends in full (budget_resume.py).
+FIRST_STEP = "first_step"
 
 
 def _multiples(every: int, start: int, end: int) -> int:
@@ -114,12 +117,16 @@ class TimeBudget:
     ):
         self.seconds, self.clock, self.rdrop_start = seconds, clock, rdrop_start
         self.work_every = {name: every for name, every in (work_every or {}).items() if every > 0}
-        self.work_seconds = dict(work_seconds or {})  # the steady durations: what the checkpoints keep
+        carried = dict(work_seconds or {})
+        # The seconds of the latest segment's first step (compilation included), its work before it left out.
+        self.first_step_seconds: float | None = carried.pop(FIRST_STEP, None)
+        self.work_seconds = carried  # the steady durations: what the checkpoints keep, with first_step_seconds
         # Each kind's last steady durations measured, the carried one (a checkpoint keeps only the median) first.
         self._work_samples = {name: [seconds] for name, seconds in self.work_seconds.items()}
         self._work_compiled: set[str] = set()  # the kinds run in this segment: their next ones run compiled
         self._pace_from: tuple[int, float] | None = None  # (step, clock seconds) where the pace is measured from
         self._work_since = 0.0  # the seconds of periodic work since then
+        self._work_before_steps = 0.0  # the seconds of this segment's work before its first step (its start's)
         self._first_step: tuple[int, float] | None = None  # this segment's first step done, and the clock then
         # (step, clock seconds, periodic work's seconds since _pace_from) at each check: the recent pace's starts.
         self._marks: list[tuple[int, float, float]] = []
@@ -129,6 +136,13 @@ class TimeBudget:
             self._pace_from = (step, self.clock.seconds())
         if self._first_step is None:
             self._first_step = self._pace_from
+            start = self._first_step[1] - self.clock.seconds_before - self._work_before_steps
+            self.first_step_seconds = max(start, 0.0)
+
+    def saved_work_seconds(self) -> dict[str, float]:
+        """What a checkpoint keeps: the steady durations, and the latest segment's first step."""
+        first = {} if self.first_step_seconds is None else {FIRST_STEP: self.first_step_seconds}
+        return {**self.work_seconds, **first}
 
     def spent_unmeasured(self) -> tuple[int, float] | None:
         """(this segment's first step, the training seconds when it was done) where the budget was
@@ -149,6 +163,8 @@ class TimeBudget:
         self._work_compiled.add(name)
         if self._pace_from is not None:
             self._work_since += seconds
+        elif self._first_step is None:
+            self._work_before_steps += seconds
 
     def rdrop_started(self) -> None:
         """The steps from now on are R-Drop steps: their pace is measured from the first one
@@ -233,7 +249,18 @@ def budget_check_due(step: int, log_every_steps: int, schedule_end: ScheduleEnd)
     `log_every_steps` where fewer), and wherever the next step would train at or past the budget
     schedule's end. Checked every 10 steps alone, an end estimated between two checks left up to 9
     steps to train past it at the floor (rate 0 by default) until the next found the budget spent;
-    checked there, the budget spent ends the run, or the end moves on with the pace."""
+    checked there, the budget spent ends the run, or the end moves on with the pace.
+
+    A stall between two checks (the machine paused, another job) that spends the budget is found at
+    the next: up to 9 steps train past the budget, decaying toward the end estimated before it, so
+    the last rate is at most that of the step the budget ran out during, above the floor by its
+    steps to that end over the decay's (within the last check's steps, under 10 of them). On a fake
+    clock (test_budget_load.py: 30 s at 0.02 s a step, 1,302 steps), a 0.3-1 s stall in the last 12
+    steps ended at 0.08-0.88% of the peak, 1-7 steps past the budget. Checking wherever the budget
+    left is shorter than the steps to the end at the pace would read each process's own clock at
+    every step, and the check is a collective (processes that disagree hang); it ends the run at
+    the stall's step, no nearer the floor where the stall spends all that is left (0.16-1.1%), and
+    helped only where it spends part (0.3 s 20 steps before the end: 0.88% to 0). Not done."""
     return step % min(log_every_steps, BUDGET_CHECK_STEPS) == 0 or schedule_end.reached_after(step)
 
 
@@ -293,22 +320,37 @@ def _unmeasured(budget: TimeBudget) -> list[float]:
 def _warn_spent_unmeasured(budget: TimeBudget, schedule_end: ScheduleEnd, step: int, first: list[float]) -> bool:
     """Says that the budget, spent at `step`, was spent before any step's duration was measured
     (`first`: the segment's first step and the seconds then, from `_unmeasured`), where it was;
-    whether it said so. The schedule ends at the next step, as any spent budget's."""
+    whether it said so. The schedule ends at the next step, as any spent budget's. A resumed
+    segment's earlier ones had measured theirs: what spent the budget is said, the seconds they
+    left and this segment's first step, its compilation again (a longer budget is no advice there:
+    the same budget resumed from an earlier checkpoint trains on)."""
     if first[0] < 0:
         return False
     rising = schedule_end.active and step + 1 <= schedule_end.warmup_steps
+    before = budget.clock.seconds_before
+    if before > 0:
+        spent_by = (
+            f"this segment's steps could be measured: {before:.1f} s by the run up to step {first[0] - 1:.0f}, "
+            f"where it resumed with {budget.seconds - before:.1f} s left, then {first[1] - before:.1f} s by the end "
+            f"of step {first[0]:.0f}, its compilation again included ({first[1]:.1f} s in all)"
+        )
+        advice = "a resume from a checkpoint with more of the budget left than its compilation takes trains on"
+    else:
+        spent_by = (
+            f"any step's duration could be measured: {first[1]:.1f} s by the end of step {first[0]:.0f}, "
+            "its compilation included"
+        )
+        advice = "a budget longer than that lets it train"
     logger.warning(
-        "time budget: training.time_budget_minutes=%g (%.1f s) was spent before any step's duration could be "
-        "measured: %.1f s by the end of step %d, its compilation included; the run ends at step %d%s; "
-        "a budget longer than that lets it train",
+        "time budget: training.time_budget_minutes=%g (%.1f s) was spent before %s; the run ends at step %d%s; %s",
         budget.seconds / 60,
         budget.seconds,
-        first[1],
-        first[0],
+        spent_by,
         step,
         f", within optimizer.warmup_steps={schedule_end.warmup_steps}: the budget schedule's rate was still rising"
         if rising
         else "",
+        advice,
     )
     return True
 

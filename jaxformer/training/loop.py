@@ -36,6 +36,7 @@ from jaxformer.training.budget import (
     check_budget,
     spent_by_work,
 )
+from jaxformer.training.budget_resume import end_at_resume
 from jaxformer.training.config_file import holds_numpy_scalars, with_python_values
 from jaxformer.training.config_paths import with_absolute_paths
 from jaxformer.training.end_signals import stopped_before_the_final_choice, with_late_signal
@@ -213,6 +214,8 @@ def _train(config, prepared: PreparedRun, model: nn.Module, preparation: RaiseOn
     # Resumed where its length or budget ends it: shortened there, early; that step's work still to do.
     shortened, ends_unfinished = resumed_end(training, saved, step, budget_spent, schedule_end, state, learning_rate)
     state = schedule_end.at_start(state, step, saved and saved.config["training"], timed=budget is not None)
+    if step < training.num_train_steps:  # its first step, compiling again, may spend the budget left: budget_resume.py
+        state = end_at_resume(budget, schedule_end, state, step)
 
     train_fns = {
         with_rdrop: jax.jit(

@@ -34,7 +34,7 @@ class RunSaver:
             train_window=window,
             saved_as_last=last or in_place,
         )
-        metadata = metadata.replace(work_seconds=None if self.budget is None else self.budget.work_seconds)
+        metadata = metadata.replace(work_seconds=None if self.budget is None else self.budget.saved_work_seconds())
         remove_interim_before(self.checkpointer, step)
         if in_place:
             self.checkpointer.replace_metadata(step, metadata)

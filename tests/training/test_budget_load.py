@@ -5,11 +5,13 @@ load, the rate reaches its floor where the budget is spent, and the rate's sum o
 within 15% of what a schedule knowing the load in advance would spend. A fake clock; the rates from
 optimizer.budget_rate, as a run's checks of every BUDGET_CHECK_STEPS steps set the end."""
 
+import types
+
 import numpy as np
 import pytest
 
 from jaxformer.training import budget as budget_module
-from jaxformer.training.budget import BUDGET_CHECK_STEPS, TimeBudget, TrainingClock
+from jaxformer.training.budget import BUDGET_CHECK_STEPS, TimeBudget, TrainingClock, budget_check_due
 from jaxformer.training.optimizer import budget_rate
 
 BUDGET_SECONDS, WARMUP, MAX_STEPS = 1800.0, 200, 16000
@@ -77,3 +79,45 @@ def test_a_short_budget_slowed_near_its_end_still_ends_at_its_floor(monkeypatch)
     slowed = lambda t: 4.0 if t == 0 else 0.02 if t < 25 else 0.2  # noqa: E731
     rates, _ = budgeted_run(monkeypatch, slowed, seconds=30.0, warmup=50)
     assert rates[-1] < BUDGET_CHECK_STEPS / (len(rates) - 50) and rates.max() <= 1.0 + 1e-6
+
+
+def stalled_run(monkeypatch, stall_at: int | None, stall: float) -> tuple[int, int | None, np.ndarray, list[float]]:
+    """(the last step, the step the budget ran out during, each update's rate over the peak, the
+    end each read) of a 30 s budget at 0.02 s a step (the first, compiled, 4 s), checked where
+    budget_check_due says, with a stall of `stall` seconds during step `stall_at`."""
+    now = [0.0]
+    monkeypatch.setattr(budget_module.time, "monotonic", lambda: now[0])
+    clock = TrainingClock()
+    clock.start()
+    budget = TimeBudget(30.0, clock)
+    schedule_end = types.SimpleNamespace(end=float(MAX_STEPS))
+    schedule_end.reached_after = lambda step: step + 1 >= schedule_end.end
+    step, ends, ran_out = 0, [], None
+    while True:
+        ends.append(schedule_end.end)
+        now[0] += 4.0 if step == 0 else 0.02 + (stall if step + 1 == stall_at else 0.0)
+        step += 1
+        budget.step_done(step)
+        ran_out = ran_out or (step if budget.spent() else None)
+        if budget_check_due(step, 10, schedule_end):
+            estimate = budget.end_step(step, MAX_STEPS)
+            if budget.spent():
+                break
+            if estimate is not None:
+                schedule_end.end = float(np.float32(estimate))
+    return step, ran_out, np.asarray(budget_rate(np.arange(step), np.asarray(ends, np.float32), 1.0, 50, 0.0)), ends
+
+
+@pytest.mark.parametrize("before_the_end", [3, 6, 9, 12])
+@pytest.mark.parametrize("stall", [0.3, 1.0])
+def test_a_stall_in_the_last_checks_steps_ends_within_their_steps_of_the_floor(monkeypatch, before_the_end, stall):
+    """The bound budget_check_due documents: the budget spent by a stall between two checks is found
+    at the next, up to 9 steps later, the rate decaying meanwhile toward the end estimated before
+    it; the last rate is at most that of the step the budget ran out during, its steps to that end
+    over the decay's (0.08-0.88% of the peak here)."""
+    steady, _, rates, _ = stalled_run(monkeypatch, None, 0.0)
+    assert rates[-1] == 0.0  # steady: the budget ends at the floor
+    last, ran_out, rates, ends = stalled_run(monkeypatch, steady - before_the_end, stall)
+    assert ran_out == steady - before_the_end and last - ran_out < BUDGET_CHECK_STEPS
+    end = ends[ran_out - 1]
+    assert rates[-1] <= rates[ran_out - 1] <= (end - ran_out + 1) / (end - 50) < 0.01
