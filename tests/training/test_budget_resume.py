@@ -93,3 +93,19 @@ def test_the_first_steps_seconds_leave_out_the_work_before_it(monkeypatch):
     now[0] = 9.0
     budget.step_done(2)
     assert budget.saved_work_seconds() == {FIRST_STEP: 4.0}
+
+
+def test_a_start_quicker_than_the_last_moves_the_end_on_from_the_floor_once_a_pace_is_known(monkeypatch):
+    """The first step left budget after it: its check, with no pace, keeps the end there; the next
+    step's (due: it would train past the end) moves it on with the pace, for the steps still left."""
+    now, budget, schedule_end, state, _, training = resumed(monkeypatch)
+    writer = types.SimpleNamespace(write=lambda *args, **kwargs: None)
+    now[0] = 1.0  # compiled in 1 s this time: 1.2 s left
+    budget.step_done(RESUMED_AT + 1)
+    reading, state = check_budget(budget, schedule_end, state, RESUMED_AT + 1, writer, training)
+    assert not reading.spent and schedule_end.steps(state) == RESUMED_AT + 1
+    now[0] += 0.02
+    budget.step_done(RESUMED_AT + 2)
+    assert budget_check_due(RESUMED_AT + 2, training.log_every_steps, schedule_end)
+    reading, state = check_budget(budget, schedule_end, state, RESUMED_AT + 2, writer, training)
+    assert not reading.spent and schedule_end.steps(state) == pytest.approx(RESUMED_AT + 2 + 1.18 / 0.02, abs=1)
