@@ -16,7 +16,8 @@ the variants not yet finished (resuming the one that was stopped). The rows of t
 replace the earlier ones of the same variants; an earlier row of a variant that has none in this
 invocation (not in this sweep file, or not reached before a signal or an error stopped it) is kept,
 marked "from an earlier invocation", and must have been scored on this invocation's validation pairs (each
-row records them). A stopped or failed sweep writes the rows it finished too.
+row records them). Each variant's row is written as it finishes, so a stopped, failed or killed
+sweep keeps the rows it finished.
 
 --baseline_steps N replaces the wall-clock budget by a step budget that does not depend on the
 machine's speed: the config as it is (with the shared --config overrides) would train N steps,
@@ -82,6 +83,7 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def run(args: argparse.Namespace, overrides: list[tuple[str, str]]) -> int:
+    from jaxformer.run.killed_writes import remove_killed_sweep_writes
     from jaxformer.run.lock import SweepLock
     from jaxformer.training.sweep import check_step_budget, make_variants, reference_config
     from jaxformer.training.sweep_checks import check_seed_runs
@@ -108,6 +110,7 @@ def run(args: argparse.Namespace, overrides: list[tuple[str, str]]) -> int:
         # Held from reading sweep.jsonl to writing it again: a second invocation beside this one
         # would write its own rows over this one's, or this one over its.
         with SweepLock(workdir):
+            remove_killed_sweep_writes(workdir)  # a sweep killed while it wrote its rows, table or a pace
             return _run_locked(args, variants, reference, workdir)
     finally:
         if created and not any(workdir.iterdir()):  # refused before writing anything: as it was
@@ -140,6 +143,9 @@ def _run_locked(args: argparse.Namespace, variants, reference, workdir: pathlib.
             seeds=args.seeds,
             rows=rows,
             kept_rows=kept,
+            # Each variant's row written as it finishes: a sweep killed outright (kill -9, the
+            # machine lost) before the end keeps them, for a later invocation's table.
+            on_row=lambda: write_results(workdir, earlier, rows, unchecked, log_kept=False),
         )
     finally:  # a variant's error too: the rows finished before it stay in the table
         table = write_results(workdir, earlier, rows, unchecked)
@@ -251,15 +257,17 @@ def write_results(
     earlier: Sequence[dict[str, Any]],
     rows: Sequence[dict[str, Any]],
     unchecked: Collection[str] = (),
+    log_kept: bool = True,
 ) -> str:
     """Writes the merged rows to WORKDIR/sweep.jsonl and their table to WORKDIR/sweep.md, when this
     invocation finished any (else the files, the earlier rows, stay as they are); returns the table.
-    `unchecked`: the kept rows' variants whose validation pairs could not be checked."""
+    `unchecked`: the kept rows' variants whose validation pairs could not be checked; `log_kept`:
+    whether to name the kept rows' variants in the log (once, as the invocation ends)."""
     merged, sweep = merge_rows(earlier, rows), SweepDirectory(workdir)
     if not rows:  # stopped or refused before its first variant finished: nothing to add
         return results_table(merged, unchecked)
     kept = [row["variant"] for row in merged if row.get(EARLIER)]
-    if kept:
+    if kept and log_kept:
         logger.info(
             "sweep: keeping the rows an earlier invocation wrote for %s, which this one has none for "
             "(marked 'from an earlier invocation' in %s)",

@@ -303,12 +303,15 @@ def run_sweep(
     seeds: int = 1,
     rows: list[dict[str, Any]] | None = None,
     kept_rows: Sequence[dict[str, Any]] = (),
+    on_row: Callable[[], None] = lambda: None,
 ) -> tuple[list[dict[str, Any]], int | None]:
     """Trains each variant not yet finished in workdir/<name> (and, with `seeds` > 1, its other
     seeds in workdir/<name>@seed<k>), in order; (the rows of the finished variants, the signal that
     stopped the sweep, or None). Each row is appended to `rows` (when given) as its variant
-    finishes, so a caller keeps them when a later variant fails. With `baseline_steps`, each
-    variant trains that many steps times its speed relative to `reference` (see the module's doc).
+    finishes, so a caller keeps them when a later variant fails, and `on_row` called then (the
+    caller writes them: a sweep killed outright later loses no finished variant's row). With
+    `baseline_steps`, each variant trains that many steps times its speed relative to `reference`
+    (see the module's doc).
     `kept_rows`: the earlier rows of variants not in `variants` that the caller's table keeps,
     checked (with the runs) to compare with theirs before anything trains."""
     if (baseline_steps is None) != (reference is None):
@@ -339,6 +342,7 @@ def run_sweep(
                         rows.append(seeds_row(seed_rows))
                     return rows, stopped_by
                 rows.append(seeds_row(seed_rows))
+                on_row()
             signals.check()
         except Stopped as stop:
             logger.warning("sweep: %s received outside a training loop: stopping", stop)

@@ -296,11 +296,52 @@ def test_the_rows_are_written_before_the_table_is_made(tmp_path, capsys, monkeyp
     def broken_table(rows, unchecked=()):
         raise RuntimeError("the table's bug")
 
-    monkeypatch.setattr(loop, "train_and_evaluate", Runs())
+    monkeypatch.setattr(loop, "train_and_evaluate", runs := Runs())
     monkeypatch.setattr(sweep_command, "results_table", broken_table)
     with pytest.raises(RuntimeError, match="the table's bug"):
         run_sweep(tmp_path, capsys, {"baseline": [], "new": ["data.shuffle_seed=1"]})
-    assert [r["variant"] for r in rows_file(tmp_path / "sweep")] == ["baseline", "new"]
+    # Written as the first variant finished: the bug stops the sweep there.
+    assert runs.trained == ["baseline"]
+    assert [r["variant"] for r in rows_file(tmp_path / "sweep")] == ["baseline"]
+
+
+def test_each_variants_row_is_written_as_it_finishes(tmp_path, capsys, monkeypatch):
+    """A sweep killed outright (kill -9) while a later variant trains keeps the finished ones' rows:
+    a next invocation whose sweep file leaves them out still shows them."""
+    workdir, earlier = earlier_sweep(tmp_path)
+    seen = {}
+
+    def runs(config, run_dir):
+        if run_dir.endswith("/second"):  # what a kill -9 now would leave
+            seen["rows"] = [(r["variant"], r.get(EARLIER, False)) for r in rows_file(workdir)]
+            seen["table"] = list(table_rows((workdir / "sweep.md").read_text()))
+        return Runs()(config, run_dir)
+
+    monkeypatch.setattr(loop, "train_and_evaluate", runs)
+    code, _ = run_sweep(tmp_path, capsys, {"first": [], "second": ["data.shuffle_seed=1"]})
+    assert code == 0
+    assert seen["rows"] == [("first", False), ("baseline", True), ("wide", True), ("deep", True)]
+    assert seen["table"] == ["wide", "baseline", "deep", "first"]
+
+
+def test_a_sweep_removes_the_temporaries_a_killed_sweep_left_and_nothing_else(tmp_path, capsys, monkeypatch):
+    """kill -9 as a sweep wrote sweep.jsonl, sweep.md or a pace record left its temporary, which no
+    run's start removes (they are not a run's files)."""
+    workdir = tmp_path / "sweep"
+    (workdir / "pace").mkdir(parents=True)
+    left = [workdir / ".sweep.jsonl.0123abcd.tmp", workdir / ".sweep.md.deadbeef.tmp"]
+    left += [workdir / "pace" / ".gone.json.89abcdef.tmp", workdir / "pace" / ".gone.json.01234567.tmp"]
+    kept = [workdir / ".sweep.jsonl.tmp", workdir / ".notes.md.0123abcd.tmp", workdir / "pace" / ".x.json.TMP.tmp"]
+    for path in left + kept:
+        path.write_text("half")
+    monkeypatch.setattr(loop, "train_and_evaluate", Runs())
+    code, output = run_sweep(tmp_path, capsys, {"baseline": []})
+    assert code == 0, output.err
+    assert [path for path in left if path.exists()] == []
+    assert all(path.read_text() == "half" for path in kept)
+    for path in left:
+        destination = path.parent / path.name[1:].rsplit(".", 2)[0]
+        assert f"removed {path}, left by a sweep killed while writing {destination}" in output.err
 
 
 def test_the_help_quotes_the_multi30k_model_of_today():
