@@ -364,6 +364,7 @@ def _train_variant(
     one of its runs, or came as one completed, or None). `check_signals` raises `Stopped` for a
     signal the sweep holds (one that came while JAX measured the pace), before a run starts."""
     from jaxformer.training.loop import train_and_evaluate
+    from jaxformer.training.sweep_checks import release_killed_runs_lock  # it builds on this module
 
     pace = None
     if baseline_steps is not None:
@@ -400,5 +401,6 @@ def _train_variant(
                 return seed_rows, late_signal
         else:
             logger.info("sweep: variant %s already finished in %s", variant.name, run_dir)
+            release_killed_runs_lock(run_dir, f"variant {variant.name!r}{seed}")
         seed_rows.append(result_row(variant, last, config, pace))
     return seed_rows, None

@@ -16,11 +16,13 @@ import pathlib
 from collections.abc import Sequence
 from typing import Any
 
+import jax
 import ml_collections
 
 from jaxformer.errors import CheckpointError, UserError
 from jaxformer.model.config import ConfigError
 from jaxformer.run.directory import RunDirectory, SweepDirectory
+from jaxformer.run.lock import WorkdirLock
 from jaxformer.run.metadata import CheckpointMetadata
 from jaxformer.training import experiment, resume_rules
 from jaxformer.training.config_paths import with_absolute_paths
@@ -317,3 +319,17 @@ class DataFingerprints:
         if key not in self._known:
             self._known[key] = data_fingerprint(get_builder(data))
         return self._known[key]
+
+
+def release_killed_runs_lock(run_dir: pathlib.Path, named: str) -> None:
+    """A finished run's workdir lock left by a process killed outright as its run completed (kill -9
+    after the last metrics were written) is taken over and released, with the lock's warning, not
+    left behind for good; one a live process holds (a run training there now) is an error naming
+    `named`, since that run is changing what the sweep would report."""
+    if jax.process_index() != 0 or not RunDirectory(run_dir).lock_file.exists():
+        return
+    try:
+        with WorkdirLock(run_dir):
+            pass
+    except UserError as error:
+        raise UserError(f"{named}: {error}") from None

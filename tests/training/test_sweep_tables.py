@@ -348,3 +348,28 @@ def test_the_help_quotes_the_multi30k_model_of_today():
     from jaxformer.configs import multi30k
 
     assert f"d_model {multi30k.get_config().model.d_model} model" in " ".join(sweep_command.__doc__.split())
+
+
+def test_a_finished_variants_lock_left_by_a_killed_sweep_is_taken_over_and_a_live_ones_refused(
+    tmp_path, capsys, monkeypatch
+):
+    """kill -9 after a run wrote its last metrics, before it released its lock: the next invocation
+    reuses the run and frees its workdir (the lock was left for good); a live holder is named."""
+    from jaxformer.training import sweep_checks
+    from tests.run.test_lock import dead_pid, write_lock
+
+    monkeypatch.setattr(loop, "train_and_evaluate", runs := Runs())
+    monkeypatch.setattr(sweep_checks, "_problems", lambda *args: [])  # a stand-in's run has no checkpoint to check
+    assert run_sweep(tmp_path, capsys, {"baseline": []})[0] == 0
+    run_dir = tmp_path / "sweep" / "baseline"
+    write_lock(run_dir, pid=(killed := dead_pid()))
+    code, output = run_sweep(tmp_path, capsys, {"baseline": []})
+    assert code == 0 and runs.trained == ["baseline"], output.err
+    assert f"took over {run_dir / 'lock'} from a training run that is no longer alive (pid {killed}" in output.err
+    assert not (run_dir / "lock").exists()
+    write_lock(run_dir, pid=1)  # alive: a run training in the finished variant's folder now
+    code, output = run_sweep(tmp_path, capsys, {"baseline": []})
+    assert code == 2 and output.err.splitlines()[-1].startswith(
+        f"error: variant 'baseline': {run_dir} is in use by another training run: pid 1 on host"
+    ), output.err
+    assert (run_dir / "lock").exists() and runs.trained == ["baseline"]
