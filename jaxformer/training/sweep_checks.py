@@ -153,6 +153,16 @@ def _problems(
             f"variant {variant.name!r} was given its steps for --baseline_steps {stored['baseline_steps']} "
             f"({path}), not {baseline_steps}: run with {stored['baseline_steps']} or in a new --workdir"
         ]
+    if (
+        baseline_steps is not None
+        and stored is not None
+        and stored.get("changes", variant.changes()) != variant.changes()
+    ):
+        return [
+            f"variant {variant.name!r}: its pace record, {path}, was measured for {stored['changes']}, not for "
+            f"{variant.changes()} as the sweep gives it now: remove it (and the variant's runs, if any) to measure "
+            "its pace again, or sweep in a new --workdir"
+        ]
     if baseline_steps is not None and stored is None:
         # A variant's pace is kept before its first run trains: a run without one had the config's own budget.
         return [

@@ -34,8 +34,12 @@ def stored_pace(path: pathlib.Path) -> dict[str, Any] | None:
     if not path.is_file():
         return None
     record = read_json_object(path)
-    if record is None or not all(
-        isinstance(record.get(key), kind) and not isinstance(record[key], bool) for key, kind in PACE_FIELDS.items()
+    if (
+        record is None
+        or not all(
+            isinstance(record.get(key), kind) and not isinstance(record[key], bool) for key, kind in PACE_FIELDS.items()
+        )
+        or not isinstance(record.get("changes", ""), str)  # absent from a record written before it was kept
     ):
         raise UserError(
             f"{path} is damaged (not a pace record with {', '.join(PACE_FIELDS)}): remove it to measure the "
@@ -62,6 +66,7 @@ def variant_pace(
     else:
         pace = relative_pace(variant.config, reference, check_signals)
     record = {"baseline_steps": baseline_steps, "steps": pace.steps_for(baseline_steps), "speed": pace.speed}
+    record["changes"] = variant.changes()  # an edited variant's is not its pace (sweep_checks: pace_changed)
     record.update(dataclasses.asdict(pace))
     if jax.process_index() == 0:
         path.parent.mkdir(parents=True, exist_ok=True)

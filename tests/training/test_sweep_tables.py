@@ -98,9 +98,11 @@ class Runs:
 
 
 def run_sweep(tmp_path, capsys, sweep, *flags):
+    # --baseline_steps sets the steps: SHARED's step count would be refused beside it.
+    shared = [flag for flag in SHARED if "--baseline_steps" not in flags or "num_train_steps" not in flag]
     code = sweep_command.main(
         ["--config", TINY, "--sweep", str(write_sweep(tmp_path / "sweep.py", sweep))]
-        + ["--workdir", str(tmp_path / "sweep"), f"--config.data.data_dir={tmp_path / 'data'}", *SHARED, *flags]
+        + ["--workdir", str(tmp_path / "sweep"), f"--config.data.data_dir={tmp_path / 'data'}", *shared, *flags]
     )
     return code, capsys.readouterr()
 
@@ -373,3 +375,20 @@ def test_a_finished_variants_lock_left_by_a_killed_sweep_is_taken_over_and_a_liv
         f"error: variant 'baseline': {run_dir} is in use by another training run: pid 1 on host"
     ), output.err
     assert (run_dir / "lock").exists() and runs.trained == ["baseline"]
+
+
+def test_a_pace_record_measured_for_an_edited_variant_is_an_error_before_anything_trains(tmp_path, capsys, monkeypatch):
+    """kill -9 after a variant's pace was written, the sweep file edited: its steps were another config's."""
+    workdir = tmp_path / "sweep"
+    (workdir / "pace").mkdir(parents=True)
+    record = {"baseline_steps": 10, "steps": 4, "speed": 0.4, "changes": "optimizer.learning_rate_scale=4.0"}
+    (workdir / "pace" / "fast.json").write_text(json.dumps(record))
+    monkeypatch.setattr(loop, "train_and_evaluate", runs := Runs())
+    sweep = {"fast": ["optimizer.learning_rate_scale=3.0"]}
+    code, output = run_sweep(tmp_path, capsys, sweep, "--baseline_steps", "10")
+    assert code == 2 and runs.trained == [], output.err
+    assert output.err.splitlines()[-1].endswith(
+        f"variant 'fast': its pace record, {workdir / 'pace' / 'fast.json'}, was measured for "
+        "optimizer.learning_rate_scale=4.0, not for optimizer.learning_rate_scale=3.0 as the sweep gives it now: "
+        "remove it (and the variant's runs, if any) to measure its pace again, or sweep in a new --workdir"
+    )
