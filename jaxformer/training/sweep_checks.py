@@ -163,6 +163,15 @@ def _problems(
             f"{variant.changes()} as the sweep gives it now: remove it (and the variant's runs, if any) to measure "
             "its pace again, or sweep in a new --workdir"
         ]
+    # Absent from a record written before it was kept. Other --config values given to the command change
+    # the reference's speed too.
+    measured_for = [] if "config" not in (stored or {}) else config_differences(stored["config"], variant.config)
+    if baseline_steps is not None and measured_for:
+        return [
+            f"variant {variant.name!r}: its pace record, {path}, was measured for another configuration than the "
+            f"sweep gives it now: {'; '.join(measured_for)}; remove it (and the variant's runs, if any) to measure "
+            "its pace again, or sweep in a new --workdir"
+        ]
     if baseline_steps is not None and stored is None:
         # A variant's pace is kept before its first run trains: a run without one had the config's own budget.
         return [
@@ -285,14 +294,7 @@ def run_problems(
     state, metadata = _saved_state(run_dir)
     if state is None:
         return []
-    config = with_absolute_paths(config)
-    # A resumed run may change the learning rate's schedule or the evaluation's subset; a sweep's
-    # run may not: its numbers come from the saved values, or its first steps did.
-    differences = resume_rules.resume_differences(metadata.config, config, sections=None) + [
-        difference
-        for difference in resume_rules.resume_differences(metadata.config, config, free=True)
-        if difference.split(":")[0] not in resume_rules.PLACEMENT_KEYS
-    ]
+    differences = config_differences(metadata.config, config)
     remedy = f"sweep in a new --workdir, or remove {run_dir} to train it again"
     problems = []
     if differences:
@@ -329,6 +331,19 @@ class DataFingerprints:
         if key not in self._known:
             self._known[key] = data_fingerprint(get_builder(data))
         return self._known[key]
+
+
+def config_differences(saved: dict[str, Any], config: ml_collections.ConfigDict) -> list[str]:
+    """'key: saved -> now' for every key of `config` (paths made absolute) that differs from the
+    `saved` config's but resume_rules.PLACEMENT_KEYS (where the data is and how the work is spread)."""
+    config = with_absolute_paths(config)
+    # A resumed run may change the learning rate's schedule or the evaluation's subset; a sweep's
+    # run may not: its numbers come from the saved values, or its first steps did.
+    return resume_rules.resume_differences(saved, config, sections=None) + [
+        difference
+        for difference in resume_rules.resume_differences(saved, config, free=True)
+        if difference.split(":")[0] not in resume_rules.PLACEMENT_KEYS
+    ]
 
 
 def release_killed_runs_lock(run_dir: pathlib.Path, named: str) -> None:

@@ -16,6 +16,7 @@ import ml_collections
 from jaxformer.errors import UserError
 from jaxformer.files import read_json_object, write_text_atomically
 from jaxformer.run.directory import SweepDirectory
+from jaxformer.training.config_paths import with_absolute_paths
 from jaxformer.training.pace import Pace, relative_pace
 
 if TYPE_CHECKING:  # sweep.py builds on this module
@@ -40,6 +41,7 @@ def stored_pace(path: pathlib.Path) -> dict[str, Any] | None:
             isinstance(record.get(key), kind) and not isinstance(record[key], bool) for key, kind in PACE_FIELDS.items()
         )
         or not isinstance(record.get("changes", ""), str)  # absent from a record written before it was kept
+        or not isinstance(record.get("config", {}), dict)
     ):
         raise UserError(
             f"{path} is damaged (not a pace record with {', '.join(PACE_FIELDS)}): remove it to measure the "
@@ -66,7 +68,8 @@ def variant_pace(
     else:
         pace = relative_pace(variant.config, reference, check_signals)
     record = {"baseline_steps": baseline_steps, "steps": pace.steps_for(baseline_steps), "speed": pace.speed}
-    record["changes"] = variant.changes()  # an edited variant's is not its pace (sweep_checks: pace_changed)
+    # What it was measured for: an edited variant's, or one under other --config values, is not its pace (sweep_checks).
+    record.update(changes=variant.changes(), config=with_absolute_paths(variant.config).to_dict())
     record.update(dataclasses.asdict(pace))
     if jax.process_index() == 0:
         path.parent.mkdir(parents=True, exist_ok=True)

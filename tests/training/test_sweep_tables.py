@@ -12,7 +12,9 @@ from jaxformer.commands.sweep import EARLIER, merge_rows, results_table
 from jaxformer.data.parallel_text import DataError
 from jaxformer.run.directory import RunDirectory
 from jaxformer.training import loop, run_start
+from jaxformer.training.config_paths import with_absolute_paths
 from jaxformer.training.final_choice import CANDIDATES
+from jaxformer.training.sweep import make_variants
 from tests.training.test_sweep import SHARED, TINY, write_sweep
 
 pytestmark = pytest.mark.xdist_group("sweep")
@@ -392,3 +394,17 @@ def test_a_pace_record_measured_for_an_edited_variant_is_an_error_before_anythin
         "optimizer.learning_rate_scale=4.0, not for optimizer.learning_rate_scale=3.0 as the sweep gives it now: "
         "remove it (and the variant's runs, if any) to measure its pace again, or sweep in a new --workdir"
     )
+
+    # Measured for the variant as it is, under other --config values given to the command (another batch).
+    shared = [tuple(flag.removeprefix("--config.").split("=", 1)) for flag in SHARED if "num_train_steps" not in flag]
+    (variant,) = make_variants(TINY, sweep, [*shared, ("data.batch_size", "8")])
+    record |= {"changes": variant.changes(), "config": with_absolute_paths(variant.config).to_dict()}
+    (workdir / "pace" / "fast.json").write_text(json.dumps(record))
+    code, output = run_sweep(tmp_path, capsys, sweep, "--baseline_steps", "10")
+    assert code == 2 and runs.trained == [], output.err
+    assert output.err.splitlines()[-1].endswith(
+        "was measured for another configuration than the sweep gives it now: data.batch_size: 8 -> 4; remove it "
+        "(and the variant's runs, if any) to measure its pace again, or sweep in a new --workdir"
+    )
+    code, output = run_sweep(tmp_path, capsys, sweep, "--baseline_steps", "10", "--config.data.batch_size=8")
+    assert code == 0 and runs.trained == ["fast"], output.err
