@@ -103,7 +103,7 @@ def export_checkpoint(
     try:
         output = pathlib.Path(output).absolute()  # "." has no parent to stage beside
     except FileNotFoundError:  # a relative path in a removed folder
-        raise ExportError(f"the output {output}: the current folder no longer exists; cd to one that does") from None
+        raise ExportError(f"--output {output}: the current folder no longer exists; cd to one that does") from None
     check_seed(seed)
     unknown = sorted(set(platforms) - set(KNOWN_PLATFORMS))
     if unknown or not platforms:

@@ -49,11 +49,9 @@ def check_output(output: pathlib.Path, overwrite: bool, staging: pathlib.Path | 
     """`ExportError` unless `output` is absent, an empty directory, or (with `overwrite`) an export
     and nothing else, the export's own `staging` directory aside."""
     if output.is_symlink():  # the new export is renamed into place: it would replace the link, not fill its folder
-        raise ExportError(
-            f"the output {output} is a symbolic link (to {os.readlink(output)}); give the folder itself as --output"
-        )
+        raise ExportError(f"--output {output}: is a symbolic link (to {os.readlink(output)}); give the folder itself")
     if output.exists() and not output.is_dir():
-        raise ExportError(f"the output {output} is a file, not a directory")
+        raise ExportError(f"--output {output}: is a file, not a directory")
     try:
         current = pathlib.Path.cwd().resolve()
     except FileNotFoundError:  # a removed folder: it holds no output, and the output is absolute
@@ -61,21 +59,21 @@ def check_output(output: pathlib.Path, overwrite: bool, staging: pathlib.Path | 
     resolved = output.resolve()
     if current is not None and (resolved == current or resolved in current.parents):
         raise ExportError(
-            f"the output {output} holds the current folder: the export is renamed into place, which would take the "
+            f"--output {output}: holds the current folder: the export is renamed into place, which would take the "
             "folder from under this shell; give another folder, e.g. ./export"
         )
     folder = output if staged_inside(output) else output.parent  # where the export is staged
     unwritable = unwritable_folder_reason(folder)
     if unwritable:
         where = "" if folder == output else f"{folder}: "  # the reason names the mount point already
-        raise ExportError(f"cannot write the export {output}: {where}{unwritable}")
+        raise ExportError(f"--output {output}: cannot write it: {where}{unwritable}")
     entries = [path for path in output.iterdir() if path != staging] if output.is_dir() else []
     if not entries:
         return
     export_files = _export_files(output)
     if export_files is None:  # --overwrite would not replace it either: not named as the way out
         raise ExportError(
-            f"the output directory {output} holds something other than a jaxformer export (no readable "
+            f"--output {output}: holds something other than a jaxformer export (no readable "
             f"{standalone.CONFIG_FILE}); not replacing it, even with --overwrite: give a new or empty folder"
         )
     cache = output / "__pycache__"  # serve.py and its helper, compiled where they ran
@@ -86,11 +84,11 @@ def check_output(output: pathlib.Path, overwrite: bool, staging: pathlib.Path | 
         others += [path for path in cache.iterdir() if path.suffix != ".pyc" or path.name.split(".")[0] not in modules]
     if others:
         raise ExportError(
-            f"the output directory {output} holds {min(others)}, which is not part of the export in it; "
+            f"--output {output}: holds {min(others)}, which is not part of the export in it; "
             "not replacing it, even with --overwrite (move it elsewhere first)"
         )
     if not overwrite:
-        raise ExportError(f"the output directory {output} is not empty; pass --overwrite to replace the export in it")
+        raise ExportError(f"--output {output}: is not empty; pass --overwrite to replace the export in it")
 
 
 @contextlib.contextmanager
@@ -106,7 +104,8 @@ def staging_directory(output: pathlib.Path) -> Iterator[pathlib.Path]:
                 folder = output if staged_inside(output) else output.parent
                 staging = pathlib.Path(tempfile.mkdtemp(dir=folder, prefix=f".{output.name}.", suffix=".partial"))
             except OSError as error:
-                raise ExportError(f"cannot write the export beside {output}: {error.strerror or error}") from None
+                reason = error.strerror or error
+                raise ExportError(f"--output {output}: cannot write the export beside it: {reason}") from None
         umask = os.umask(0)
         os.umask(umask)
         os.chmod(staging, 0o777 & ~umask)  # mkdtemp's is private to its owner; an export is not

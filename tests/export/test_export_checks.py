@@ -178,7 +178,7 @@ def test_overwrite_refuses_an_export_beside_other_files(exported, workdir, tmp_p
     assert export.main(["--workdir", str(workdir), "--output", str(output), "--overwrite"]) == 2
     error = capsys.readouterr().err
     assert error == (
-        f"error: the output directory {output} holds {output / first}, which is not part of the export in it; "
+        f"error: --output {output}: holds {output / first}, which is not part of the export in it; "
         "not replacing it, even with --overwrite (move it elsewhere first)\n"
     )
     assert sorted(str(path.relative_to(output)) for path in output.rglob("*")) == before
@@ -195,8 +195,8 @@ def test_an_output_that_is_a_symbolic_link_is_refused_before_any_work(workdir, t
     for flags in ([], ["--overwrite"]):
         assert export.main(["--workdir", str(workdir), "--output", str(tmp_path / "link"), *flags]) == 2
         assert capsys.readouterr().err == (
-            f"error: the output {tmp_path / 'link'} is a symbolic link (to {tmp_path / 'real'}); give the folder "
-            "itself as --output\n"
+            f"error: --output {tmp_path / 'link'}: is a symbolic link (to {tmp_path / 'real'}); give the folder "
+            "itself\n"
         )
     assert (tmp_path / "link").is_symlink() and not any((tmp_path / "real").iterdir())
 
@@ -210,7 +210,7 @@ def test_an_output_that_cannot_be_made_is_refused_before_any_work(workdir, tmp_p
     for output, message in (
         (
             tmp_path / "afile" / "sub",
-            f"error: cannot write the export {tmp_path / 'afile' / 'sub'}: {tmp_path / 'afile'}: "
+            f"error: --output {tmp_path / 'afile' / 'sub'}: cannot write it: {tmp_path / 'afile'}: "
             "is a file, not a folder",
         ),
         ("", "error: argument --output: must be a path, got an empty one"),
@@ -304,7 +304,7 @@ def test_an_output_that_holds_the_current_folder_is_refused_before_any_work(work
     for output in (".", "..", str(inner)):
         assert export.main(["--workdir", str(workdir), "--output", output, "--overwrite"]) == 2
         error = capsys.readouterr().err
-        assert error.startswith("error: the output ") and "holds the current folder" in error, error
+        assert error.startswith("error: --output ") and "holds the current folder" in error, error
         assert error.count("\n") == 1
     assert inner.is_dir() and not any(inner.iterdir())
 
@@ -328,7 +328,7 @@ def test_an_output_that_overwrite_would_not_replace_is_named_so_without_it(overw
     with pytest.raises(ExportError) as raised:
         output_folder.check_output(stranger, overwrite=overwrite)
     assert str(raised.value) == (
-        f"the output directory {stranger} holds something other than a jaxformer export (no readable config.json); "
+        f"--output {stranger}: holds something other than a jaxformer export (no readable config.json); "
         "not replacing it, even with --overwrite: give a new or empty folder"
     )
     beside = tmp_path / "served"

@@ -126,7 +126,7 @@ def test_a_killed_exports_staging_folder_is_removed_by_the_next_export_and_a_liv
     assert f"removed {dead}, left by an export to {output} that was killed before it was in place" in error
     assert str(live) not in error and str(other) not in error
     assert error.endswith(
-        f"error: the output directory {output} holds something other than a jaxformer export (no readable "
+        f"error: --output {output}: holds something other than a jaxformer export (no readable "
         "config.json); not replacing it, even with --overwrite: give a new or empty folder\n"
     )
 
@@ -154,7 +154,7 @@ def test_the_old_export_a_killed_export_was_replacing_is_put_back_or_removed_by_
     assert (output / "config.json").read_text() == "old" and not between.exists()
     assert f"put back the previous export in {output} from {between}: the export replacing it was killed" in error
     assert error.endswith(  # the put-back stand-in's config.json is no export's, so not even --overwrite
-        f"error: the output directory {output} holds something other than a jaxformer export (no readable "
+        f"error: --output {output}: holds something other than a jaxformer export (no readable "
         "config.json); not replacing it, even with --overwrite: give a new or empty folder\n"
     )
 

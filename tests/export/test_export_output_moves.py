@@ -82,7 +82,7 @@ def test_a_read_only_mount_point_is_refused_before_any_work(volume, workdir, cap
     monkeypatch.setattr(exporter, "load_checkpoint", no_work)
     assert export.main(["--workdir", str(workdir), "--output", str(volume)]) == 2
     assert capsys.readouterr().err == (
-        f"error: cannot write the export {volume}: {volume} takes no new entries (Read-only file system)\n"
+        f"error: --output {volume}: cannot write it: {volume} takes no new entries (Read-only file system)\n"
     )
     assert os.listdir(volume.parent) == ["volume"] and not os.listdir(volume)
 
