@@ -9,8 +9,10 @@ which runs where jaxformer is not installed.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import os
 import re
+import signal
 import sys
 
 if __package__:  # jaxformer.argument_parser
@@ -19,6 +21,7 @@ else:  # an export's copy, beside serve.py, without jaxformer.files: its rule (a
     home_expanded = os.path.expanduser
 
 EXIT_USAGE = 2  # argparse's status for a bad command line; jaxformer.errors.EXIT_USER_ERROR is the same
+EXIT_CLOSED_PIPE = 128 + signal.SIGPIPE  # as a shell reports a process SIGPIPE ended (Python ignores SIGPIPE)
 
 
 class _StoreOnce(argparse._StoreAction):
@@ -50,6 +53,33 @@ class Parser(argparse.ArgumentParser):
     def error(self, message: str):
         sys.stderr.write(f"error: {message}; see {self.prog} --help\n")
         sys.exit(EXIT_USAGE)
+
+    def print_help(self, file=None):
+        """argparse's, flushed at once, so that a reader gone (`--help | head -1`) ends the command
+        quietly with 141, as its other output does (jaxformer.commands.common.run_command): argparse
+        ignored the failed write, and Python's last flush of stdout then printed `Exception ignored
+        ... BrokenPipeError` and exited 120. Another failed write is ignored, as argparse ignores it."""
+        file = file or sys.stdout or sys.stderr  # stdout closed (`>&-`): argparse writes to stderr
+        try:
+            file.write(self.format_help())
+            file.flush()
+        except BrokenPipeError:
+            discard_output(file)
+            sys.exit(EXIT_CLOSED_PIPE)
+        except OSError:
+            pass
+
+
+def discard_output(stream) -> None:
+    """Points `stream`'s descriptor at /dev/null once its reader has gone, so that the interpreter's
+    last flush of what it still holds does not fail a second time, with a message, after the
+    command has ended. What it holds goes out first where it still can: the pipe that broke may have
+    been a FIFO --output's, not the stream's."""
+    with contextlib.suppress(OSError):
+        stream.flush()
+    devnull = os.open(os.devnull, os.O_WRONLY)
+    os.dup2(devnull, stream.fileno())
+    os.close(devnull)
 
 
 def path_text(text: str) -> str:

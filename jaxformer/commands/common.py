@@ -13,7 +13,6 @@ Every command keeps its compiled programs in the persistent compilation cache
 from __future__ import annotations
 
 import argparse
-import contextlib
 import io
 import logging
 import math
@@ -27,7 +26,7 @@ from typing import Any
 
 import tqdm
 
-from jaxformer.argument_parser import Parser, path_text
+from jaxformer.argument_parser import Parser, discard_output, path_text
 from jaxformer.commands import launch
 from jaxformer.commands.compilation_cache import enable_compilation_cache, repair_unreadable_entry
 from jaxformer.decoding import sentence_batches
@@ -145,7 +144,9 @@ class _QuietLibraries(logging.Filter):
         return record.levelno >= logging.WARNING or not noisy
 
 
-def configure_logging(level: int, verbose: bool = False) -> None:
+def configure_logging(level: int, verbose: bool = False) -> logging.Handler:
+    """The root logger's one handler (returned), through tqdm, at `level` (DEBUG and every
+    library's records with `verbose`)."""
     handler = TqdmHandler()
     handler.setFormatter(logging.Formatter("%(asctime)s %(levelname).1s %(message)s", "%H:%M:%S"))
     if not verbose:
@@ -162,6 +163,7 @@ def configure_logging(level: int, verbose: bool = False) -> None:
     except (ImportError, AttributeError):
         pass
     warnings.showwarning = _log_warning
+    return handler
 
 
 def _log_warning(message, category, filename, lineno, file=None, line=None) -> None:
@@ -188,7 +190,7 @@ def run_command(
     `compiles(args)`: whether the command line compiles anything; one that only informs
     (`--list_configs`) does not depend on the compilation cache's settings."""
     args = parser.parse_args(argv)
-    configure_logging(log_level, args.verbose)
+    handler = configure_logging(log_level, args.verbose)
     try:
         launch.loaded()  # a Ctrl-C that came while the command loaded ends it here
         if compiles(args):
@@ -222,6 +224,12 @@ def run_command(
             "resumes from its last checkpoint)\n"
         )
         return code
+    finally:
+        # The command has ended, its last line written: what the libraries log from now on is their
+        # exit callbacks' (jax's "Clearing JAX backend caches.", at DEBUG), which --verbose printed
+        # after an `error:` line. Their warnings still pass.
+        if args.verbose:
+            handler.addFilter(_QuietLibraries())
 
 
 # The storage limits a command's error line names: what finds each in an error's chain (the first
@@ -250,16 +258,10 @@ def _print_traceback() -> None:
 
 
 def _discard_stdout() -> None:
-    """Points stdout at /dev/null, so that the interpreter's last flush of what it still holds
-    does not fail a second time, with a message, after the command has ended. What stdout holds
-    goes out first where it still can: the pipe that broke may have been a FIFO --output's."""
-    if sys.stdout is None:
-        return
-    with contextlib.suppress(OSError):
-        sys.stdout.flush()
-    devnull = os.open(os.devnull, os.O_WRONLY)
-    os.dup2(devnull, sys.stdout.fileno())
-    os.close(devnull)
+    """Points stdout at /dev/null (`discard_output`), so that the interpreter's last flush of what it
+    still holds does not fail a second time, with a message, after the command has ended."""
+    if sys.stdout is not None:
+        discard_output(sys.stdout)
 
 
 def read_lines(path: str | None, what: str = "lines") -> list[str]:

@@ -21,8 +21,9 @@ import signal
 import sys
 
 from jaxformer.commands import common
-from jaxformer.commands.common import at_least, integer_from, make_parser, run_command
+from jaxformer.commands.common import integer_from, make_parser, run_command
 from jaxformer.commands.decoding_flags import (
+    add_batch_size_flag,
     add_beam_flags,
     add_checkpoint_flags,
     add_renormalize_flag,
@@ -71,8 +72,8 @@ def build_parser() -> argparse.ArgumentParser:
     add_beam_flags(parser)
     add_renormalize_flag(parser)
     add_sampling_flags(parser, "serve.py's default (its --seed overrides it)")
-    parser.add_argument(
-        "--batch_size", type=at_least(1), default=64, help="the loader's sentences per batch (default: 64)"
+    add_batch_size_flag(
+        parser, "the loader's sentences", note=" (config.json keeps it; serve.py's --batch_size overrides it)"
     )
     parser.add_argument(
         "--max_source_tokens",

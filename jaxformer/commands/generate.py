@@ -50,7 +50,7 @@ def build_parser() -> argparse.ArgumentParser:
         default=0,
         help=f"sampling seed, 0 to {MAX_SEED}; the same seed, prompts and --batch_size sample alike (default: 0)",
     )
-    parser.add_argument("--batch_size", type=common.at_least(1), default=64, help="prompts per batch (default: 64)")
+    decoding_flags.add_batch_size_flag(parser, "prompts")
     decoding_flags.add_progress_flag(parser)
     common.add_input_output_flags(parser, "prompts")
     return parser

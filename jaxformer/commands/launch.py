@@ -1,5 +1,5 @@
-"""Where every command starts: the console scripts (pyproject.toml), a clone's train.py,
-translate.py, evaluate.py and average_checkpoints.py, and `python -m jaxformer.commands.NAME`
+"""Where every command starts: the console scripts (pyproject.toml), a clone's script for each
+(train.py, translate.py, ..., sweep.py), and `python -m jaxformer.commands.NAME`
 (each command module calls `run_as_main` first when it is `__main__`) call the functions below.
 
 Loading a command (importing it and building its parser) takes a second or more: jax, flax,
@@ -170,7 +170,7 @@ def run_as_main(module: str) -> NoReturn:
 
 
 def run_as_script(main: Callable[[list[str] | None], int]) -> NoReturn:
-    """A clone's train.py, translate.py, evaluate.py or average_checkpoints.py run as a script:
+    """A clone's script for a command (train.py, translate.py, ..., sweep.py), run:
     `main` (this module's) launched, its usage line and errors naming the command as it was run,
     `python train.py` (argparse would take the file's name, `train.py`, which a shell does not run)."""
     sys.argv[0] = f"python {os.path.basename(sys.argv[0])}"
