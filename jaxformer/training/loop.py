@@ -27,11 +27,10 @@ from jaxformer.model.architectures import build_model
 from jaxformer.run.directory import RunDirectory
 from jaxformer.run.event_loops import draining_event_loops
 from jaxformer.training import experiment, processes, run_start, sharding, shortened_end
-from jaxformer.training.budget import (
+from jaxformer.training.budget import TimeBudget, TrainingClock
+from jaxformer.training.budget_check import (
     BUDGET_CHECK_STEPS,
     HeldRecord,
-    TimeBudget,
-    TrainingClock,
     budget_check_due,
     check_budget,
     spent_by_work,

@@ -15,7 +15,7 @@ when its progress reaches 1. R-Drop starts at the first step taken at progress >
 and stays on. Resumed, the run finds its phase from the checkpoint's step and training seconds.
 
 The time it is checked at is the reading that every process takes from process 0
-(budget.check_budget), so all processes switch at the same step.
+(budget_check.check_budget), so all processes switch at the same step.
 
 Whether R-Drop pays depends on the machine as much as on the corpus: it buys a better step at
 about twice a plain step's cost, and a slow machine's hour ends before that pays back. On Multi30k,

@@ -34,7 +34,7 @@ def saved_unfinished(saved) -> bool:
     (its evaluation and BLEU, the checkpoint as its run's last), which a run ending at that step
     does there: as its `saved_as_last` mark says. One from before the mark was, inferred, where
     its run was heading past it or it is interim (a signal that came once the budget ran out,
-    before the next check, budget.BUDGET_CHECK_STEPS, stopped the run at its end with that work
+    before the next check, budget_check.BUDGET_CHECK_STEPS, stopped the run at its end with that work
     still to do); not told apart there, a scheduled checkpoint saved once the budget had run out,
     before the check, by a run then killed is taken as its run's end, its step's work undone."""
     if saved.saved_as_last is not None:

@@ -1,6 +1,6 @@
 """The "budget" learning-rate schedule's end (optimizer.py: `end_step`, in optimizer updates)
 in the train state: set from training.num_train_steps at the start, kept or moved on resume
-(saved_end_stands), and moved to each time budget check's estimate (budget.py), with a warning
+(saved_end_stands), and moved to each time budget check's estimate (budget_check.py), with a warning
 where it falls within the warmup."""
 
 from __future__ import annotations

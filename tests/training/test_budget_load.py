@@ -11,7 +11,8 @@ import numpy as np
 import pytest
 
 from jaxformer.training import budget as budget_module
-from jaxformer.training.budget import BUDGET_CHECK_STEPS, TimeBudget, TrainingClock, budget_check_due
+from jaxformer.training.budget import TimeBudget, TrainingClock
+from jaxformer.training.budget_check import BUDGET_CHECK_STEPS, budget_check_due
 from jaxformer.training.optimizer import budget_rate
 
 BUDGET_SECONDS, WARMUP, MAX_STEPS = 1800.0, 200, 16000

@@ -8,7 +8,8 @@ import types
 import pytest
 
 from jaxformer.training import budget as budget_module
-from jaxformer.training.budget import HeldRecord, TimeBudget, TrainingClock, check_budget, spent_by_work
+from jaxformer.training.budget import TimeBudget, TrainingClock
+from jaxformer.training.budget_check import HeldRecord, check_budget, spent_by_work
 from jaxformer.training.metrics import MetricWriter
 from tests.training.test_budget_unmeasured import COMPILED, first_step_done
 

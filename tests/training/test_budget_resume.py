@@ -13,7 +13,8 @@ import jax.numpy as jnp
 import pytest
 
 from jaxformer.training import budget as budget_module
-from jaxformer.training.budget import FIRST_STEP, TimeBudget, TrainingClock, budget_check_due, check_budget
+from jaxformer.training.budget import FIRST_STEP, TimeBudget, TrainingClock
+from jaxformer.training.budget_check import budget_check_due, check_budget
 from jaxformer.training.budget_resume import end_at_resume
 from jaxformer.training.experiment import default_config
 from jaxformer.training.optimizer import make_optimizer

@@ -13,7 +13,8 @@ import numpy as np
 import pytest
 
 from jaxformer.training import budget as budget_module
-from jaxformer.training.budget import TimeBudget, TrainingClock, budget_check_due, check_budget
+from jaxformer.training.budget import TimeBudget, TrainingClock
+from jaxformer.training.budget_check import budget_check_due, check_budget
 from jaxformer.training.experiment import default_config
 from jaxformer.training.optimizer import budget_rate, make_optimizer
 from jaxformer.training.schedule_end import ScheduleEnd

@@ -12,7 +12,8 @@ import jax.numpy as jnp
 import pytest
 
 from jaxformer.training import budget as budget_module
-from jaxformer.training.budget import HeldRecord, TimeBudget, TrainingClock, check_budget, spent_by_work
+from jaxformer.training.budget import TimeBudget, TrainingClock
+from jaxformer.training.budget_check import HeldRecord, check_budget, spent_by_work
 from jaxformer.training.experiment import default_config
 from jaxformer.training.optimizer import make_optimizer
 from jaxformer.training.schedule_end import ScheduleEnd
