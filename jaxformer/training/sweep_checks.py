@@ -26,8 +26,9 @@ from jaxformer.run.lock import WorkdirLock
 from jaxformer.run.metadata import CheckpointMetadata
 from jaxformer.training import experiment, resume_rules
 from jaxformer.training.config_paths import with_absolute_paths
-from jaxformer.training.sweep import Variant, finished_result, run_config, seed_run_name
+from jaxformer.training.sweep import Variant, run_config, seed_run_name
 from jaxformer.training.sweep_pace import pace_file, stored_pace
+from jaxformer.training.sweep_rows import finished_result
 from jaxformer.training.sweep_starts import start_problems
 from jaxformer.training.sweep_validation import recorded_config, validation_differences
 

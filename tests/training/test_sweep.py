@@ -16,8 +16,9 @@ from jaxformer.commands.sweep import results_table
 from jaxformer.configs.sweeps import multi30k_hour
 from jaxformer.run.loading import load_checkpoint
 from jaxformer.training.final_choice import CANDIDATES
-from jaxformer.training.sweep import make_variants, seed_run_name, seeds_row, with_seed_offset
+from jaxformer.training.sweep import make_variants, seed_run_name, with_seed_offset
 from jaxformer.training.sweep_file import load_sweep
+from jaxformer.training.sweep_rows import seeds_row
 from tests.training.test_loop import ONE_LAYER, ROOT, environment
 
 pytestmark = pytest.mark.xdist_group("sweep")
