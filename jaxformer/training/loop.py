@@ -1,14 +1,13 @@
 """train_and_evaluate(config, workdir): the whole training run, resumable from its workdir.
 
-In order: check the config, lock the workdir, then (run_start.py) compare with the run already
-there and prepare the data, the tokenizers and the model; here, restore or initialise the state,
-then train with the periodic work (log, evaluate, BLEU, checkpoint) scheduled by
-`periodic.itstime`, and make the final choice.
+In order: check the config, take the workdir (taken_workdir.py), then (run_start.py) compare with
+the run already there and prepare the data, the tokenizers and the model; here, restore or
+initialise the state, then train with the periodic work (log, evaluate, BLEU, checkpoint)
+scheduled by `periodic.itstime`, and make the final choice.
 """
 
 from __future__ import annotations
 
-import contextlib
 import functools
 import logging
 import pathlib
@@ -20,9 +19,7 @@ import jax
 import ml_collections
 
 from jaxformer.data.parallel_text import DataError
-from jaxformer.data.sources import check_source
 from jaxformer.errors import UserError, exit_code_for_signal
-from jaxformer.files import not_a_folder_reason
 from jaxformer.model.architectures import build_model
 from jaxformer.run.directory import RunDirectory
 from jaxformer.run.event_loops import draining_event_loops
@@ -60,6 +57,7 @@ from jaxformer.training.state import count_parameters, make_init_fn
 from jaxformer.training.step import make_eval_step, make_run_train_step
 from jaxformer.training.step_exchange import raise_held_write, stops_after
 from jaxformer.training.steps_ahead import StepsAhead
+from jaxformer.training.taken_workdir import take_workdir
 from jaxformer.training.train_metrics import TrainMetrics, progress_bar
 from jaxformer.training.unreadable_batch import saved_before_stopping
 from jaxformer.training.validation_bleu import BleuValidator
@@ -96,31 +94,7 @@ def train_and_evaluate(
     config = with_absolute_paths(config)
     run_start.input_shards(config.data)
     workdir = pathlib.Path(workdir).absolute()
-    made = []  # the workdir, once this process has created it
-
-    def look() -> set | None:  # what one host alone may fail at: its data_dir, its view of the workdir
-        check_source(config.data)
-        return set(workdir.iterdir()) if workdir.is_dir() else None  # what a failed start must leave as it was
-
-    def make_workdir() -> None:
-        try:
-            workdir.mkdir(parents=True, exist_ok=True)
-        except OSError as error:
-            reason = not_a_folder_reason(workdir) or error.strerror  # a file there: not mkdir's "File exists"
-            raise UserError(f"cannot create the workdir {workdir}: {reason}") from None
-        made.extend([workdir] if existed is None else [])
-
-    try:
-        # Every process looks before any creates the folder: a look after another process's mkdir
-        # took the workdir for one that existed, and a failed start left it behind, empty.
-        existed = processes.all_or_none(look)
-        processes.all_or_none(make_workdir)
-        lock = run_start.hold_workdir(workdir)
-    except (processes.AnotherProcessError, processes.WorkdirNotSharedError):
-        for folder in made:  # no run's (nothing is in it)
-            with contextlib.suppress(OSError):
-                folder.rmdir()
-        raise
+    existed, lock = take_workdir(config.data, workdir)  # what the workdir held before: a failed start leaves that
     try:
         # Until the loop takes signals as requests to stop at a step boundary (the final choice as its own),
         # SIGTERM and Ctrl-C stop the preparation at once (every process, where it ends), as a failed start:
