@@ -19,7 +19,7 @@ from jaxformer.data import text_lines, unmarked_wide_text
 from jaxformer.decoding import sentence_batches
 from jaxformer.decoding.generate import DecodeSettings, decoding_variant, make_generate_fn
 from jaxformer.decoding.translator import Translator
-from jaxformer.export import export_files, export_program, exporter, serve_streams, standalone
+from jaxformer.export import export_files, export_program, exported_translator, exporter, serve_streams, standalone
 from jaxformer.export.loading import ExportError, load_export
 from jaxformer.export.safetensors import flatten, read_safetensors
 from jaxformer.run.checkpoint import Checkpointer
@@ -82,6 +82,7 @@ def test_the_directory_holds_everything_serving_needs(exported, workdir):
         "config.json",
         "export_files.py",
         "export_program.py",
+        "exported_translator.py",
         "params.safetensors",
         "sentence_batches.py",
         "serve.py",
@@ -120,7 +121,7 @@ def test_the_directory_holds_everything_serving_needs(exported, workdir):
     assert (exported / "serve.py").read_bytes() == pathlib.Path(standalone.__file__).read_bytes()
     assert (exported / "sentence_batches.py").read_bytes() == pathlib.Path(sentence_batches.__file__).read_bytes()
     assert (exported / "argument_parser.py").read_bytes() == pathlib.Path(argument_parser.__file__).read_bytes()
-    helpers = (export_files, export_program, serve_streams, text_lines, unmarked_wide_text)
+    helpers = (export_files, export_program, serve_streams, exported_translator, text_lines, unmarked_wide_text)
     for helper in (pathlib.Path(module.__file__) for module in helpers):
         assert (exported / helper.name).read_bytes() == helper.read_bytes()
     digest = lambda path: hashlib.sha256(path.read_bytes()).hexdigest()  # noqa: E731
@@ -135,6 +136,7 @@ def test_the_directory_holds_everything_serving_needs(exported, workdir):
             {"name": "export_files.py", "sha256": digest(exported / "export_files.py")},
             {"name": "export_program.py", "sha256": digest(exported / "export_program.py")},
             {"name": "serve_streams.py", "sha256": digest(exported / "serve_streams.py")},
+            {"name": "exported_translator.py", "sha256": digest(exported / "exported_translator.py")},
         ],
     }
     assert (exported / "tokenizer.model").read_bytes() == metadata.tokenizer
