@@ -9,7 +9,10 @@ jaxformer-translate, jaxformer-evaluate, jaxformer-export and training.init_from
 run. --to_hf writes a run's checkpoint as a directory that MarianMTModel.from_pretrained and
 MarianTokenizer.from_pretrained load (needs the interop extra: torch and transformers), for a run
 with one shared vocabulary (MarianMT has one: multi30k's separate vocabularies are refused).
-Neither overwrites an existing --output.
+Neither overwrites an existing --output; both write it whole or not at all: staged in a hidden
+folder beside it and renamed into place once complete (jaxformer/staged_folder.py, as
+jaxformer-export does), so that a kill -9 leaves it as it was, and the next conversion removes
+the killed one's staging folder, saying so.
 """
 
 from __future__ import annotations
@@ -20,13 +23,10 @@ if __name__ == "__main__":  # `python -m`: launched as the console script is, be
     run_as_main("jaxformer.commands.convert")
 
 import argparse
-import contextlib
 import logging
-import pathlib
-import shutil
 import signal
 import sys
-from collections.abc import Iterator
+from collections.abc import Callable
 
 from jaxformer.commands import common, decoding_flags, path_checks
 from jaxformer.run.directory import checkpoint_name
@@ -76,10 +76,11 @@ def run(args: argparse.Namespace) -> int:
                 raise common.FlagError(f"--{name} applies to --{applies_to}, not --{direction}")
     # Python's KeyboardInterrupt, raised inside torch's or transformers' writes, was at times dropped
     # there: the command went on and exited 0. Held until their calls return (or raised again where
-    # they dropped it: `check`), a Ctrl-C ends the command as every Ctrl-C does, its output removed.
+    # they dropped it: `check`), a Ctrl-C ends the command as every Ctrl-C does, its staged output
+    # removed; one once the output is in place (`finish`) is a note.
     try:
-        with RaiseOnSignal(signums=(signal.SIGINT,)) as signals, _removed_unless_whole(args.output):
-            report = _from_hf(args) if args.from_hf is not None else _to_hf(args)
+        with RaiseOnSignal(signums=(signal.SIGINT,)) as signals:
+            report = _from_hf(args, signals.finish) if args.from_hf is not None else _to_hf(args, signals.finish)
             signals.check()
             signals.finish()
     except Stopped:
@@ -90,35 +91,14 @@ def run(args: argparse.Namespace) -> int:
     return 0
 
 
-@contextlib.contextmanager
-def _removed_unless_whole(output: str) -> Iterator[None]:
-    """Both directions write `output` in place, absent or empty before (marian.check_new_output
-    refuses any other): one they leave unfinished (a Ctrl-C, an error) is emptied again, or removed
-    if it was absent, so that no half-written model or run is left to be read as whole. An output
-    that was neither is refused before anything is written, and never touched."""
-    folder = pathlib.Path(output)
-    absent = not folder.exists() and not folder.is_symlink()
-    empty = folder.is_dir() and not folder.is_symlink() and not any(folder.iterdir())
-    try:
-        yield
-    except BaseException:
-        if absent and folder.is_dir() and not folder.is_symlink():
-            shutil.rmtree(folder, ignore_errors=True)
-        elif empty and folder.is_dir():
-            for entry in folder.iterdir():
-                if entry.is_dir() and not entry.is_symlink():
-                    shutil.rmtree(entry, ignore_errors=True)
-                else:
-                    entry.unlink(missing_ok=True)
-        raise
-
-
-def _from_hf(args: argparse.Namespace) -> str:
+def _from_hf(args: argparse.Namespace, on_placed: Callable[[], None]) -> str:
     from jaxformer.interop import marian
 
     # marian named neither the flag nor a missing folder ("nonexist is not a directory").
     path_checks.check_workdir(args.from_hf, "--from_hf", "a transformers MarianMT directory")
-    converted = marian.import_marian(args.from_hf, args.output, args.source_language, args.target_language)
+    converted = marian.import_marian(
+        args.from_hf, args.output, args.source_language, args.target_language, on_placed=on_placed
+    )
     config = converted.config
     # Each setting of the model's that the flags cannot reproduce (its sampling's, a pad it leaves unbanned) on a
     # line of its own, after them.
@@ -132,7 +112,7 @@ def _from_hf(args: argparse.Namespace) -> str:
     )
 
 
-def _to_hf(args: argparse.Namespace) -> str:
+def _to_hf(args: argparse.Namespace, on_placed: Callable[[], None]) -> str:
     from jaxformer.interop import marian_export
 
     path_checks.check_workdir(args.to_hf, "--to_hf")
@@ -141,7 +121,7 @@ def _to_hf(args: argparse.Namespace) -> str:
     except ImportError:
         raise common.FlagError("--to_hf needs transformers and torch: pip install 'jaxformer[interop]'") from None
     checkpoint = "latest" if args.checkpoint is None else args.checkpoint
-    output = marian_export.export_marian(args.to_hf, args.output, checkpoint, args.max_positions)
+    output = marian_export.export_marian(args.to_hf, args.output, checkpoint, args.max_positions, on_placed)
     return f"wrote {args.to_hf} ({checkpoint_name(checkpoint)}) to {output} (transformers MarianMT)"
 
 

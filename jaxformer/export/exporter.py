@@ -1,11 +1,11 @@
 """A training run's checkpoint as a self-contained export directory (`jaxformer-export`).
 
 The export is written into a temporary directory beside the output and moved into place once
-complete and read back, so a crash never leaves half an export (output_folder.py stages and moves
-it, and checks the output). The program is the search the settings name: beam search, greedy search
-or sampling (program.py). A non-empty output is replaced only when asked to (`overwrite`), and
-only if it is an export itself. Its contents are listed in jaxformer/export/standalone.py, which is
-copied into it as serve.py.
+complete and read back, so a crash never leaves half an export (jaxformer/staged_folder.py stages
+and moves it; output_folder.py checks the output). The program is the search the settings name:
+beam search, greedy search or sampling (program.py). A non-empty output is replaced only when
+asked to (`overwrite`), and only if it is an export itself. Its contents are listed in
+jaxformer/export/standalone.py, which is copied into it as serve.py.
 """
 
 from __future__ import annotations
@@ -23,11 +23,12 @@ from typing import Any
 
 import jax
 
+from jaxformer import staged_folder
 from jaxformer.decoding.checkpoint_alpha import SEARCH_NAMES, ChosenSearch, checkpoint_search
 from jaxformer.decoding.generate import DecodeSettings, check_seed, decoding_variant
 from jaxformer.decoding.translator import source_token_limit
 from jaxformer.errors import CheckpointError
-from jaxformer.export import output_folder, staging_leftovers, standalone
+from jaxformer.export import output_folder, standalone
 from jaxformer.export.loading import ExportError, check_export
 from jaxformer.export.program import KNOWN_PLATFORMS, PLATFORMS, export_search, fixed_settings, key_impl, key_spec
 from jaxformer.export.safetensors import flatten, unflatten, write_safetensors
@@ -111,7 +112,7 @@ def export_checkpoint(
     repeated = sorted({platform for platform in platforms if list(platforms).count(platform) > 1})
     if repeated:
         raise ExportError(f"platforms {', '.join(platforms)}: {', '.join(repeated)} given more than once")
-    staging_leftovers.remove_dead(output if output_folder.staged_inside(output) else output.parent, output)
+    staged_folder.remove_dead_leftovers(output, output_folder.EXPORT)
     output_folder.check_output(output, overwrite)
     settled = {}  # the last checkpoint's settled: "latest" is settled again where a damaged newest is skipped
 
@@ -135,7 +136,7 @@ def export_checkpoint(
 
     step, metadata, params = load_checkpoint(workdir, checkpoint, before_params=settle)
     settings, serving = settled["settings"], settled["serving"]
-    with output_folder.staging_directory(output) as staging:
+    with staged_folder.staging_directory(output, output_folder.EXPORT) as staging:
         config, params = decoding_variant(metadata.model_config(), params)
         separate = metadata.target_tokenizer is not None  # separate source and target vocabularies
         for side, model_size, tokenizer in (
@@ -197,8 +198,8 @@ def export_checkpoint(
         (staging / standalone.CONFIG_FILE).write_text(json.dumps(description, indent=2) + "\n", encoding="utf-8")
         check_export(staging)  # what was written reads back: every file, the parameters against the program
         output_folder.check_output(output, overwrite, staging)  # nothing else appeared there meanwhile
-        output_folder.raise_held_signal()
-        output_folder.move_into_place(staging, output, on_placed)
+        staged_folder.raise_held_signal()
+        staged_folder.move_into_place(staging, output, output_folder.EXPORT, on_placed)
     logger.info("wrote %s", output)
     return ExportSummary(output, step, tuple(program.platforms), failed)
 

@@ -50,9 +50,8 @@ import dataclasses
 import logging
 import math
 import os
-import pathlib
 import re
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 import numpy as np
@@ -60,7 +59,7 @@ import numpy as np
 from jaxformer.data.sentencepiece_proto import model_pb2
 from jaxformer.data.tokenizer import Tokenizer
 from jaxformer.export.safetensors import unflatten
-from jaxformer.files import unwritable_folder_reason
+from jaxformer.interop import marian_output
 from jaxformer.interop.marian_files import (  # noqa: F401 (ACTIVATIONS, the constants: this module's API too)
     ACTIVATIONS,
     MARIAN_LAYER_NORM_EPSILON,
@@ -329,36 +328,24 @@ def convert_marian(files: MarianDirectory) -> ConvertedMarian:
     )
 
 
-def check_new_output(output: pathlib.Path) -> None:
-    """`ConversionError` unless `output` is absent or an empty directory, and can be written (a file
-    above it, or a folder that takes no new entries, would fail only once the model is converted)."""
-    if output.exists() and (not output.is_dir() or any(output.iterdir())):
-        raise ConversionError(
-            f"--output {output}: already exists and is not an empty directory; give a new or empty one "
-            "(nothing is replaced)"
-        )
-    reason = unwritable_folder_reason(output)
-    if reason:
-        raise ConversionError(f"--output {output}: cannot write it: {reason}")
-
-
 def import_marian(
     directory: str | os.PathLike,
     workdir: str | os.PathLike,
     source_language: str | None = None,
     target_language: str | None = None,
+    on_placed: Callable[[], None] | None = None,
 ) -> ConvertedMarian:
     """Writes the MarianMT model in `directory` as a jaxformer run in `workdir` (new or empty):
     one parameters-only checkpoint (step 0) with the metadata of a training run, and its two
-    tokenizers. The languages default to tokenizer_config.json's source_lang / target_lang."""
+    tokenizers, written whole or not at all (marian_output.py; `on_placed()` once in place). The
+    languages default to tokenizer_config.json's source_lang / target_lang."""
     from jaxformer.run.checkpoint import Checkpointer
     from jaxformer.run.directory import RunDirectory
     from jaxformer.run.metadata import CheckpointMetadata
     from jaxformer.training import experiment
     from jaxformer.training.config_rules import preset_of_sizes
 
-    output = pathlib.Path(workdir)
-    check_new_output(output)
+    output = marian_output.check_new_output(workdir, marian_output.RUN)
     converted = convert_marian(read_marian_directory(directory))
     config = experiment.default_config()
     fields = {
@@ -387,13 +374,13 @@ def import_marian(
         data_fingerprint=None,
         step=0,
     )
-    run = RunDirectory(output)
-    output.mkdir(parents=True, exist_ok=True)
-    checkpointer = Checkpointer(run.checkpoints, keep=None)
-    try:
-        checkpointer.save_params(0, converted.params, metadata)
-    finally:
-        checkpointer.close()
-    converted.source_tokenizer.save(run.tokenizer_file)
-    converted.target_tokenizer.save(run.target_tokenizer_file)
+    with marian_output.written_whole(output, marian_output.RUN, on_placed) as staging:
+        run = RunDirectory(staging)
+        checkpointer = Checkpointer(run.checkpoints, keep=None)
+        try:
+            checkpointer.save_params(0, converted.params, metadata)
+        finally:
+            checkpointer.close()
+        converted.source_tokenizer.save(run.tokenizer_file)
+        converted.target_tokenizer.save(run.target_tokenizer_file)
     return converted

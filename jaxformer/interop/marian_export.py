@@ -10,7 +10,7 @@ import logging
 import os
 import pathlib
 import sys
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from typing import Any
 
 import numpy as np
@@ -18,7 +18,7 @@ import numpy as np
 from jaxformer.data.tokenizer import Tokenizer
 from jaxformer.decoding.generate import DecodeSettings
 from jaxformer.export.safetensors import flatten
-from jaxformer.interop.marian import check_new_output
+from jaxformer.interop import marian_output
 from jaxformer.interop.marian_files import ACTIVATIONS, MARIAN_LAYER_NORM_EPSILON, MARIAN_POSITION_BASE
 from jaxformer.interop.marian_generation import exported_search
 from jaxformer.interop.marian_layout import ConversionError, layer_names, to_marian_layout
@@ -199,16 +199,17 @@ def export_marian(
     output: str | os.PathLike,
     checkpoint: str | int = "latest",
     max_positions: int | None = None,
+    on_placed: Callable[[], None] | None = None,
 ) -> pathlib.Path:
     """Writes a run's checkpoint as a transformers MarianMT directory `output` (new or empty):
     config.json, model.safetensors, generation_config.json, source.spm, target.spm, vocab.json and
-    tokenizer_config.json, with `max_positions` positions (`exported_positions`). Needs the interop
-    extra (torch, transformers)."""
+    tokenizer_config.json, with `max_positions` positions (`exported_positions`), written whole or
+    not at all (marian_output.py; `on_placed()` once in place). Needs the interop extra (torch,
+    transformers). Returns the folder written: `output`, or where a link there points."""
     from jaxformer.model.transformer import unstack_layers
     from jaxformer.run.loading import load_checkpoint
 
-    output = pathlib.Path(output)
-    check_new_output(output)
+    output = marian_output.check_new_output(output, marian_output.TRANSFORMERS_DIRECTORY)
     settled = {}  # the checkpoint's exportable form, from its metadata before its parameters are read
 
     def settle(metadata: CheckpointMetadata) -> None:
@@ -260,32 +261,32 @@ def export_marian(
         renormalize_logits=bool(decoding.get("renormalize_after_bans")),
         **search,
     )
-    output.mkdir(parents=True, exist_ok=True)
-    from transformers.utils import logging as transformers_logging
+    with marian_output.written_whole(output, marian_output.TRANSFORMERS_DIRECTORY, on_placed) as staging:
+        from transformers.utils import logging as transformers_logging
 
-    bar_was_on = transformers_logging.is_progress_bar_enabled()
-    if not sys.stderr.isatty():  # its shard-writing bar redraws with carriage returns into a redirected log
-        transformers_logging.disable_progress_bar()
-    try:
-        model.save_pretrained(output)
-    finally:
-        if bar_was_on:
-            transformers_logging.enable_progress_bar()
-    (output / "source.spm").write_bytes(source.model_proto)
-    (output / "target.spm").write_bytes(target.model_proto)
-    (output / "vocab.json").write_text(json.dumps({piece: index for index, piece in enumerate(pieces)}, indent=2))
-    languages = metadata.config.get("data", {})
-    tokenizer = MarianTokenizer(
-        str(output / "source.spm"),
-        str(output / "target.spm"),
-        str(output / "vocab.json"),
-        source_lang=languages.get("source_language"),
-        target_lang=languages.get("target_language"),
-        unk_token=pieces[UNK_ID],
-        eos_token=pieces[EOS_ID],
-        pad_token=pieces[PAD_ID],
-        model_max_length=max_positions,  # its truncation: the positions the model has
-    )
-    tokenizer.save_pretrained(output)
+        bar_was_on = transformers_logging.is_progress_bar_enabled()
+        if not sys.stderr.isatty():  # its shard-writing bar redraws with carriage returns into a redirected log
+            transformers_logging.disable_progress_bar()
+        try:
+            model.save_pretrained(staging)
+        finally:
+            if bar_was_on:
+                transformers_logging.enable_progress_bar()
+        (staging / "source.spm").write_bytes(source.model_proto)
+        (staging / "target.spm").write_bytes(target.model_proto)
+        (staging / "vocab.json").write_text(json.dumps({piece: index for index, piece in enumerate(pieces)}, indent=2))
+        languages = metadata.config.get("data", {})
+        tokenizer = MarianTokenizer(
+            str(staging / "source.spm"),
+            str(staging / "target.spm"),
+            str(staging / "vocab.json"),
+            source_lang=languages.get("source_language"),
+            target_lang=languages.get("target_language"),
+            unk_token=pieces[UNK_ID],
+            eos_token=pieces[EOS_ID],
+            pad_token=pieces[PAD_ID],
+            model_max_length=max_positions,  # its truncation: the positions the model has
+        )
+        tokenizer.save_pretrained(staging)
     logger.info("wrote step %d of %s (%s) to %s", step, workdir, checkpoint_name(checkpoint), output)
     return output

@@ -1,10 +1,11 @@
 """A Ctrl-C while jaxformer-convert writes its output ends it as every Ctrl-C does (`interrupted`,
 130), with nothing half-written left: one that torch or transformers dropped (Python's
 KeyboardInterrupt raised inside their code) let the command go on and exit 0, and one that ended it
-left the files written so far, which the next conversion refused as a folder in use."""
+left the files written so far, which the next conversion refused as a folder in use. The stand-in
+for import_marian writes as it does, through marian_output.written_whole (the staging folder that
+is renamed into place; tests/interop/test_convert_staging.py has the real one killed)."""
 
 import os
-import pathlib
 import signal
 import time
 import types
@@ -12,7 +13,7 @@ import types
 import pytest
 
 from jaxformer.commands import convert
-from jaxformer.interop import marian
+from jaxformer.interop import marian, marian_output
 
 CONVERTED = types.SimpleNamespace(
     config=types.SimpleNamespace(num_encoder_layers=1, num_decoder_layers=1, d_model=8, vocab_size=16),
@@ -28,17 +29,17 @@ def test_a_ctrl_c_while_the_output_is_written_leaves_none(dropped, made_empty, t
     if made_empty:
         output.mkdir()
 
-    def import_marian(directory, workdir, *languages):
-        written = pathlib.Path(workdir)
-        written.mkdir(exist_ok=True)
-        (written / "config.json").write_text("{}")
-        try:
-            os.kill(os.getpid(), signal.SIGINT)
-            time.sleep(5)  # the handler raises here
-        except BaseException:
-            if not dropped:
-                raise
-        (written / "model.safetensors").write_text("weights")
+    def import_marian(directory, workdir, *languages, on_placed=None):
+        folder = marian_output.check_new_output(workdir, marian_output.RUN)
+        with marian_output.written_whole(folder, marian_output.RUN, on_placed) as written:
+            (written / "config.json").write_text("{}")
+            try:
+                os.kill(os.getpid(), signal.SIGINT)
+                time.sleep(5)  # the handler raises here
+            except BaseException:
+                if not dropped:
+                    raise
+            (written / "model.safetensors").write_text("weights")
         return CONVERTED
 
     monkeypatch.setattr(marian, "import_marian", import_marian)
@@ -46,6 +47,7 @@ def test_a_ctrl_c_while_the_output_is_written_leaves_none(dropped, made_empty, t
     assert convert.main(["--from_hf", str(tmp_path / "hf"), "--output", str(output)]) == 130
     assert capsys.readouterr() == ("", "interrupted\n")
     assert (list(output.iterdir()) == []) if made_empty else not output.exists()
+    assert sorted(os.listdir(tmp_path)) == (["hf", "run"] if made_empty else ["hf"])  # no staging folder left
 
 
 def test_an_output_in_use_is_never_emptied(tmp_path, capsys):

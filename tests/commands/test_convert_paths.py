@@ -2,6 +2,8 @@
 --from_hf's missing folder was "X is not a directory", naming no flag, and an --output in use
 "X already exists and is not an empty directory: choose a new --output"."""
 
+import os
+
 from jaxformer.commands import convert
 from jaxformer.errors import EXIT_USER_ERROR
 
@@ -35,3 +37,15 @@ def test_an_output_in_use_is_named_by_its_flag_and_kept(tmp_path, capsys):
         "(nothing is replaced)\n"
     )
     assert (output / "mine.txt").read_text() == "kept"
+
+
+def test_the_current_folder_as_output_is_refused_before_anything_is_read(tmp_path, capsys, monkeypatch):
+    """The output is renamed into place: the current folder (an empty one, else it is in use) would be
+    taken from under the shell."""
+    (tmp_path / "hf").mkdir()  # empty: read only after the output's checks
+    (tmp_path / "here").mkdir()
+    monkeypatch.chdir(tmp_path / "here")
+    assert refusal(["--from_hf", str(tmp_path / "hf"), "--output", "."], capsys).startswith(
+        "error: --output .: holds the current folder: the conversion is renamed into place"
+    )
+    assert sorted(os.listdir(tmp_path)) == ["here", "hf"] and not os.listdir(tmp_path / "here")

@@ -12,8 +12,9 @@ import time
 
 import pytest
 
+from jaxformer import staged_folder, staging_leftovers
 from jaxformer.commands import export
-from jaxformer.export import exporter, output_folder, staging_leftovers
+from jaxformer.export import exporter, output_folder
 from jaxformer.training.signals import RaiseOnSignal, Stopped
 from tests.export.conftest import FLAGS
 
@@ -47,16 +48,16 @@ def test_sigterm_during_an_export_removes_its_staging_directory(workdir, tmp_pat
 
 def test_a_signal_as_the_staging_directory_is_made_removes_it(tmp_path, monkeypatch):
     """SIGTERM right after mkdtemp made the directory, before it is returned: still removed."""
-    real_mkdtemp = output_folder.tempfile.mkdtemp
+    real_mkdtemp = staged_folder.tempfile.mkdtemp
 
     def mkdtemp_then_signal(*args, **kwargs):
         path = real_mkdtemp(*args, **kwargs)
         os.kill(os.getpid(), signal.SIGTERM)
         return path
 
-    monkeypatch.setattr(output_folder.tempfile, "mkdtemp", mkdtemp_then_signal)
+    monkeypatch.setattr(staged_folder.tempfile, "mkdtemp", mkdtemp_then_signal)
     with pytest.raises(Stopped), RaiseOnSignal():
-        with output_folder.staging_directory(tmp_path / "export"):
+        with staged_folder.staging_directory(tmp_path / "export", output_folder.EXPORT):
             raise AssertionError("the export went on after the signal")
     assert os.listdir(tmp_path) == []
 
@@ -72,9 +73,9 @@ def test_a_signal_while_an_export_replaces_another_waits_for_both_renames(tmp_pa
         real_replace(source, destination)
         os.kill(os.getpid(), signal.SIGTERM)
 
-    monkeypatch.setattr(output_folder.os, "replace", replace_then_signal)
+    monkeypatch.setattr(staged_folder.os, "replace", replace_then_signal)
     with pytest.raises(Stopped), RaiseOnSignal():
-        output_folder.move_into_place(staging, output)
+        staged_folder.move_into_place(staging, output, output_folder.EXPORT)
     assert (output / "config.json").read_text() == "new" and os.listdir(tmp_path) == ["export"]
 
 
@@ -91,7 +92,7 @@ def test_a_signal_once_the_export_is_in_place_ends_nothing_early(
         real_replace(source, destination)
         os.kill(os.getpid(), signal.SIGTERM)
 
-    monkeypatch.setattr(output_folder.os, "replace", replace_then_signal)
+    monkeypatch.setattr(staged_folder.os, "replace", replace_then_signal)
     flags = ["--workdir", str(workdir), "--output", str(output), "--overwrite", "--platforms", "cpu", *FLAGS]
     assert export.main(flags) == 0
     captured = capsys.readouterr()
@@ -117,7 +118,7 @@ def test_a_killed_exports_staging_folder_is_removed_by_the_next_export_and_a_liv
         raise AssertionError("the checkpoint was read")
 
     monkeypatch.setattr(exporter, "load_checkpoint", no_work)
-    with output_folder.staging_directory(output) as live:
+    with staged_folder.staging_directory(output, output_folder.EXPORT) as live:
         output.mkdir()
         (output / "kept.txt").write_text("x")  # refused as not empty: the check after the clean-up
         assert export.main(["--workdir", str(workdir), "--output", str(output)]) == 2
@@ -161,7 +162,7 @@ def test_the_old_export_a_killed_export_was_replacing_is_put_back_or_removed_by_
     # Beside an export in place, the old one is removed; the one an export running now moved aside is held.
     after.mkdir()
     (after / "config.json").write_text("older")
-    staging_leftovers.remove_dead(tmp_path, output)
+    staging_leftovers.remove_dead(tmp_path, output, "export")
     assert not after.exists() and (output / "config.json").read_text() == "old"
     assert f"removed {after}, the previous export in {output}, left by an export killed once its own was in place" in (
         capsys.readouterr().err
@@ -171,12 +172,12 @@ def test_the_old_export_a_killed_export_was_replacing_is_put_back_or_removed_by_
     def replace_then_look(source, destination):  # as the next export would, once the old one is moved aside
         real_replace(source, destination)
         if str(destination).endswith(".old"):
-            with staging_leftovers._of_a_dead_export(pathlib.Path(destination)) as dead:
+            with staging_leftovers._of_a_dead_writer(pathlib.Path(destination)) as dead:
                 held.append(not dead)
 
-    monkeypatch.setattr(output_folder.os, "replace", replace_then_look)
-    with output_folder.staging_directory(output) as staging:
+    monkeypatch.setattr(staged_folder.os, "replace", replace_then_look)
+    with staged_folder.staging_directory(output, output_folder.EXPORT) as staging:
         (staging / "config.json").write_text("newest")
-        output_folder.move_into_place(staging, output)
+        staged_folder.move_into_place(staging, output, output_folder.EXPORT)
     assert held == [True] and (output / "config.json").read_text() == "newest"
     assert os.listdir(tmp_path) == ["export"]

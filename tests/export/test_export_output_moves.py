@@ -12,6 +12,7 @@ import sys
 
 import pytest
 
+from jaxformer import staged_folder
 from jaxformer.commands import export
 from jaxformer.export import exporter, output_folder
 from jaxformer.export.loading import ExportError, load_export
@@ -30,7 +31,7 @@ def _refuse_renames(monkeypatch, fails):
             raise OSError(code, os.strerror(code), str(source), None, str(target))
         real_replace(source, target)
 
-    monkeypatch.setattr(output_folder.os, "replace", replace)
+    monkeypatch.setattr(staged_folder.os, "replace", replace)
 
 
 @pytest.fixture
@@ -46,7 +47,7 @@ def volume(tmp_path, monkeypatch):
         return errno.EXDEV if (volume in source.parents) != (volume in target.parents) else 0
 
     _refuse_renames(monkeypatch, fails)
-    monkeypatch.setattr(output_folder, "is_mount_point", lambda path: pathlib.Path(path) == volume)
+    monkeypatch.setattr(staged_folder, "is_mount_point", lambda path: pathlib.Path(path) == volume)
     return volume
 
 
@@ -78,7 +79,7 @@ def test_a_read_only_mount_point_is_refused_before_any_work(volume, workdir, cap
     def no_work(*args, **kwargs):
         raise AssertionError("the checkpoint was read")
 
-    monkeypatch.setattr(output_folder, "unwritable_folder_reason", unwritable)
+    monkeypatch.setattr(staged_folder, "unwritable_folder_reason", unwritable)
     monkeypatch.setattr(exporter, "load_checkpoint", no_work)
     assert export.main(["--workdir", str(workdir), "--output", str(volume)]) == 2
     assert capsys.readouterr().err == (
@@ -122,7 +123,7 @@ def test_a_final_move_that_fails_is_one_line_and_leaves_everything_as_it_was(tmp
     _refuse_renames(monkeypatch, fails)
     _make(output, old)
     _make(staging, NEW_EXPORT)
-    output_folder.move_into_place(staging, output)  # none failing: counts the renames
+    staged_folder.move_into_place(staging, output, output_folder.EXPORT)  # none failing: counts the renames
     assert _tree(output) == {**({".export.x.partial": False} if inside else {}), **NEW_EXPORT}
     count = len(renames)
     assert count == (3 + (3 if old else 0) if inside else (2 if old else 1))
@@ -131,7 +132,7 @@ def test_a_final_move_that_fails_is_one_line_and_leaves_everything_as_it_was(tmp
         _make(staging, NEW_EXPORT)
         renames.clear()
         with pytest.raises(ExportError) as error:
-            output_folder.move_into_place(staging, output)
+            staged_folder.move_into_place(staging, output, output_folder.EXPORT)
         assert str(error.value) == f"cannot move the export into {output}: {os.strerror(errno.EIO)}"
         assert _tree(staging) == NEW_EXPORT
         shutil.rmtree(staging)  # as staging_directory does
@@ -148,7 +149,7 @@ def test_an_undetected_mount_point_is_one_line_that_says_what_to_do(tmp_path, mo
     (staging / "config.json").write_text("new")
     _refuse_renames(monkeypatch, lambda source, target: errno.EBUSY if output in (source, target) else 0)
     with pytest.raises(ExportError) as error:
-        output_folder.move_into_place(staging, output)
+        staged_folder.move_into_place(staging, output, output_folder.EXPORT)
     assert str(error.value) == (
         f"cannot move the export into {output}: {os.strerror(errno.EBUSY)} ({output} is in use, a mount point?): "
         f"give a folder inside it, e.g. {output / 'export'}"
