@@ -22,7 +22,7 @@ from jaxformer.data.example_words import ExampleWords, example_words
 from jaxformer.data.parallel_text import DataError, skipped_pairs_text
 from jaxformer.data.subword_sampling import SubwordSampling
 from jaxformer.data.tokenizer import Tokenizer
-from jaxformer.tokens import has_pieces
+from jaxformer.tokens import has_pieces, has_visible_text
 
 logger = logging.getLogger(__name__)
 
@@ -125,15 +125,18 @@ def pairs_of_no_piece(
     sources: Sequence[str], references: Sequence[str], tokenizers: tuple[Tokenizer, Tokenizer]
 ) -> dict[int, bool]:
     """The indices of the pairs with a side the tokenizers (the source's, the reference's) encode
-    to no piece, each with whether its source side is one: evaluate and validation BLEU leave them
-    out, as training does (translate would give such a source an empty output, which a score
-    would count)."""
-    source_ids, reference_ids = tokenizers[0].encode(list(sources)), tokenizers[1].encode(list(references))
-    return {
-        index: not has_pieces(source)
-        for index, (source, reference) in enumerate(zip(source_ids, reference_ids))
-        if not (has_pieces(source) and has_pieces(reference))
-    }
+    to no piece, or of characters that show nothing alone (`has_visible_text`: a zero-width joiner
+    is an unknown piece), each with whether its source side is one: evaluate and validation BLEU
+    leave them out, as training does (translate would give such a source an empty output, which a
+    score would count)."""
+
+    def empty(texts: Sequence[str], tokenizer: Tokenizer) -> list[bool]:
+        return [
+            not (has_visible_text(text) and has_pieces(ids)) for text, ids in zip(texts, tokenizer.encode(list(texts)))
+        ]
+
+    empty_sides = zip(empty(sources, tokenizers[0]), empty(references, tokenizers[1]))
+    return {index: source for index, (source, reference) in enumerate(empty_sides) if source or reference}
 
 
 def without_a_piece(encoded: EncodedSplit) -> np.ndarray:

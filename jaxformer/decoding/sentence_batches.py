@@ -11,6 +11,7 @@ from __future__ import annotations
 import logging
 import math
 import re
+import unicodedata
 from collections.abc import Callable, Iterable, Iterator, Sequence, Sized
 from typing import Any, Protocol, runtime_checkable
 
@@ -28,6 +29,9 @@ LINE_BREAK = re.compile(r"\r\n|[\r\n]")  # what a reader of lines splits at; U+2
 # read. A model with positions takes at most that many (translator.source_token_limit).
 MAX_SOURCE_TOKENS = 4096  # generate.py's MAX_EXTRA_LENGTH: 16 times the longest rows the shipped configs train on
 DEFAULT_MAX_SOURCE_TOKENS = 256  # where none is given: at most the model's positions
+# jaxformer.tokens.INVISIBLE_CATEGORIES: Unicode categories of the characters that show nothing.
+INVISIBLE_CATEGORIES = frozenset({"Cf", "Cc", "Zs", "Zl", "Zp"})
+NAMED_LINES = 10  # the invisible lines a warning names by number; the others are counted
 
 
 def as_lines(texts: Iterable[str]) -> str:
@@ -104,6 +108,13 @@ def has_pieces(ids: np.ndarray, eos_id: int) -> bool:
     return bool(np.any(ids != eos_id))
 
 
+def visible_text(sentence: str) -> bool:
+    """jaxformer.tokens.has_visible_text, the package's rule, which this copy follows for the
+    exports (tests/test_tokens.py checks that the two agree): a sentence of characters that show
+    nothing is no sentence, as an empty one is, even where the tokenizer keeps one as unknown."""
+    return any(unicodedata.category(character) not in INVISIBLE_CATEGORIES for character in sentence)
+
+
 def without_trailing_padding(ids: np.ndarray, pad_id: int) -> np.ndarray:
     """`ids` up to their last id other than PAD: the padding after a padded row's EOS, which is no
     part of its sentence, dropped; PAD before that stays (`refuse_other_than_one_sentence` refuses it)."""
@@ -173,28 +184,58 @@ def split_sentences(
     line_numbers: Sequence[int] | None = None,
 ) -> tuple[list[np.ndarray], list[int]]:
     """(pieces, owners): the source ids to decode, each ending in EOS, and the index of the
-    sentence each piece comes from. An empty sentence has no piece; one longer than
-    `max_source_tokens` has several (see `split_sentence`). `line_numbers`: each sentence's line in
-    the user's file, which a warning names (default: its index + 1), where lines were left out."""
+    sentence each piece comes from. An empty sentence has no piece, nor has one of invisible
+    characters alone (`visible_text`), whose lines one warning names unless they are blank;
+    one longer than `max_source_tokens` has several (see `split_sentence`). `line_numbers`: each
+    sentence's line in the user's file, which a warning names (default: its index + 1), where
+    lines were left out."""
     sentences = sentence_list(sentences)
     if line_numbers is not None and len(line_numbers) != len(sentences):
         raise ValueError(f"{len(line_numbers)} line numbers for {len(sentences)} sentences")
-    pieces, owners = [], []
+    pieces, owners, invisible = [], [], []
     for index, sentence in enumerate(sentences):
         line = index + 1 if line_numbers is None else line_numbers[index]
+        if not visible_text(sentence) and not all(_is_blank(character) for character in sentence):
+            invisible.append((line, sentence))
         for piece in split_sentence(sentence, tokenizer, max_source_tokens, eos_id, index, line):
             pieces.append(piece)
             owners.append(index)
+    if invisible:
+        _warn_invisible(invisible)
     return pieces, owners
+
+
+def _is_blank(character: str) -> bool:
+    """Whether `character` is a space, tab or line break: a line of them looks empty, and is."""
+    return character in "\t\n\r" or unicodedata.category(character) in ("Zs", "Zl", "Zp")
+
+
+def _warn_invisible(invisible: list[tuple[int, str]]) -> None:
+    """One warning naming the lines (line number, text) of characters that show nothing alone,
+    and the first one's characters: each is translated as an empty line, as the user is told."""
+    numbers = ", ".join(str(line) for line, _ in invisible[:NAMED_LINES])
+    more = f" and {len(invisible) - NAMED_LINES:,} more" if len(invisible) > NAMED_LINES else ""
+    lines = f"line {numbers} holds" if len(invisible) == 1 else f"{len(invisible):,} lines ({numbers}{more}) hold"
+    first = " ".join(f"U+{ord(character):04X}" for character in invisible[0][1].rstrip("\r\n")[:8])
+    logger.warning(
+        "%s no visible character (format or control characters alone, such as a zero-width space or "
+        "joiner; line %d: %s): translated as empty lines",
+        lines,
+        invisible[0][0],
+        first,
+    )
 
 
 def split_sentence(
     sentence: str, tokenizer: Encoder, max_source_tokens: int, eos_id: int, index: int = 0, line: int | None = None
 ) -> list[np.ndarray]:
     """Source ids of a sentence: none for an empty one, which the tokenizer encodes to no piece
-    (`has_pieces`); for one longer than `max_source_tokens`, pieces cut at sentence ends where it
-    can and every `max_source_tokens` - 1 tokens where it cannot, so that nothing is dropped.
-    `index` (0-based) and `line` (1-based, default index + 1) place it in the warning, counted from 1."""
+    (`has_pieces`) or which shows nothing (`visible_text`); for one longer than `max_source_tokens`,
+    pieces cut at sentence ends where it can and every `max_source_tokens` - 1 tokens where it
+    cannot, so that nothing is dropped. `index` (0-based) and `line` (1-based, default index + 1)
+    place it in the warning, counted from 1."""
+    if not visible_text(sentence):
+        return []
     ids = tokenizer.encode(sentence)
     if not has_pieces(ids, eos_id):
         return []
