@@ -26,7 +26,7 @@ class DataError(UserError, ValueError):
 class SkipCounter:
     """How many pairs were skipped because one side was empty, and where the first was. With
     `report` off the reader logs nothing: its caller (evaluate) leaves out more pairs, those with
-    a side the tokenizer encodes to no piece, and reports them all in one warning."""
+    a side the tokenizer encodes to no piece or that shows nothing, and reports them all in one warning."""
 
     empty: int = 0
     first_empty: str | None = None
@@ -36,8 +36,8 @@ class SkipCounter:
 def skipped_pairs_text(count: int, where: str, first: str, sides: int = 2) -> str:
     """The one wording of the warning for pairs left out for an empty side, whoever leaves them out:
     this reader (a side with no text), evaluate and the training pipeline (also a side that the
-    tokenizer encodes to no piece: zero-width spaces or control characters alone); for one
-    language's text (`sides` 1), lines without text."""
+    tokenizer encodes to no piece or that shows nothing: zero-width spaces, joiners or control
+    characters alone); for one language's text (`sides` 1), lines without text."""
     plural = "" if count == 1 else "s"
     what = f"pair{plural} with an empty side" if sides == 2 else f"line{plural} without text"
     return f"skipped {count:,} {what} in {where} (first at {first})"

@@ -35,6 +35,16 @@ def record_text(record, language: str) -> str:
     return value.decode("utf-8") if isinstance(value, bytes) else str(value)
 
 
+def visible_text_or_empty(record, language: str) -> str:
+    """`record_text`, or "" where it holds no visible character (`has_visible_text`), which encodes
+    to EOS alone: training and the validation loss leave such a pair out as one whose side encodes
+    to no piece, as evaluate and translate read such a side as empty. The tokenizer keeps some of
+    those characters (a zero-width joiner, a soft hyphen, NUL) as an unknown piece: trained on it,
+    the model would learn to translate nothing into something."""
+    text = record_text(record, language)
+    return text if has_visible_text(text) else ""
+
+
 READ_CHUNK = 4096  # records per batched read
 
 
@@ -57,7 +67,8 @@ class TokenizePair:
     (separate vocabularies). `features` names the sides to keep: a language model reads one
     ("inputs", the source language's text, for a masked LM; "targets" for a causal LM).
     With `sampling`, the training pipeline encodes through `sample` instead, one drawn
-    segmentation per side (subword_sampling.py); evaluation always calls it, the best one."""
+    segmentation per side (subword_sampling.py); evaluation always calls it, the best one. A side
+    that shows nothing is encoded as an empty one (`visible_text_or_empty`)."""
 
     def __init__(
         self,
@@ -98,7 +109,7 @@ class TokenizePair:
         texts = {feature: [] for feature in self.sides}
         for record in records:  # read (and decoded) once for both sides
             for feature, (_, language) in self.sides.items():
-                texts[feature].append(record_text(record, language))
+                texts[feature].append(visible_text_or_empty(record, language))
         sides = self.sides.items()
         return EncodedSplit({feature: tokenizer.encode(texts[feature]) for feature, (tokenizer, _) in sides})
 
@@ -108,16 +119,17 @@ class TokenizePair:
 
     def _encode_sides(self, record, encode: Callable[[Tokenizer, str], np.ndarray]) -> dict[str, np.ndarray]:
         return {
-            feature: encode(tokenizer, record_text(record, language))
+            feature: encode(tokenizer, visible_text_or_empty(record, language))
             for feature, (tokenizer, language) in self.sides.items()
         }
 
 
 def has_a_piece_on_every_side(example: dict[str, np.ndarray]) -> bool:
     """Whether each side's ids hold a piece besides EOS. A side of zero-width spaces or control
-    characters alone (text to the data reader, which keeps it) encodes to EOS alone: trained on,
-    the model would learn to translate nothing into something, or to end at once. evaluate and
-    translate read such a side as empty (`has_pieces`); so does training."""
+    characters alone (text to the data reader, which keeps it) encodes to EOS alone, and so does
+    one that shows nothing (`TokenizePair` encodes it as empty): trained on, the model would learn
+    to translate nothing into something, or to end at once. evaluate and translate read such a
+    side as empty (`has_pieces`, `has_visible_text`); so does training."""
     return all(has_pieces(ids) for ids in example.values())
 
 
@@ -185,8 +197,8 @@ class LengthFilter:
                 )
         if first_no_piece:
             logger.warning(
-                "training: %s (a zero-width space or control characters alone) was drawn and is left out, as every "
-                "such %s is; the validation lines count them",
+                "training: %s (a zero-width space, joiner or control characters alone) was drawn and is left out, "
+                "as every such %s is; the validation lines count them",
                 self.words.drawn_no_piece,
                 self.words.example,
             )

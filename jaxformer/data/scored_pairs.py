@@ -1,6 +1,7 @@
 """The first N pairs a score reads (evaluate's --max_examples, validation BLEU's
 training.bleu_examples, the final choice's data.max_eval_examples): N pairs whose sides both
-encode to a piece, counted once the others are left out, so that each reads the same sentences."""
+encode to a piece and show something (`pairs_of_no_piece`), counted once the others are left
+out, so that each reads the same sentences."""
 
 from __future__ import annotations
 

@@ -12,6 +12,7 @@ from typing import Any
 
 import ml_collections
 
+from jaxformer.data.example_words import PAIRS
 from jaxformer.data.parallel_text import skipped_pairs_text
 from jaxformer.data.pipeline import read_records, record_text
 from jaxformer.data.scored_pairs import first_with_pieces
@@ -130,9 +131,10 @@ def scored_pairs(
     eval_source, data: ml_collections.ConfigDict, examples: int, tokenizers: tuple[Tokenizer, Tokenizer]
 ) -> tuple[list[str], list[str]]:
     """(sources, references) of the first `examples` validation pairs (0: all) whose sides both
-    encode to a piece, counted as evaluate's --max_examples counts them: one of zero-width spaces or
-    control characters alone is empty, as evaluate reads it (translate gives such a source an empty
-    output, which a score would count); those left out before the last scored are said in one warning."""
+    encode to a piece and show something, counted as evaluate's --max_examples counts them: one of
+    zero-width spaces, joiners or control characters alone is empty, as evaluate reads it (translate
+    gives such a source an empty output, which a score would count); those left out before the last
+    scored are said in one warning, in the training pipeline's words."""
     records = read_records(eval_source)  # read only as far as the pairs scored need
     pairs = (
         (index, record_text(record, data.source_language), record_text(record, data.target_language))
@@ -144,7 +146,7 @@ def scored_pairs(
     left_out = [index for index in no_piece if index < read]
     if left_out:
         where = f"the first {read:,} validation pairs scored for BLEU"
-        first_place = f"pair {min(left_out) + 1:,}; a side the tokenizer encodes to no piece"
+        first_place = f"pair {min(left_out) + 1:,}; {PAIRS.first_no_piece}"
         logger.warning("%s", skipped_pairs_text(len(left_out), where, first_place))
     return [pair[1] for pair in scored], [pair[2] for pair in scored]
 

@@ -18,29 +18,31 @@ SIDES = {
     "encoder_only": objectives.MaskedLanguageModel.features,
     "decoder_only": objectives.CausalLanguageModel.features,
 }
-SPACES = "(zero-width spaces or control characters alone)"
+SPACES = "(zero-width spaces, joiners or control characters alone)"
 WORDS = {  # {noun: the messages' words, as a user reads them}
     "pairs": dict(
         skipped="skipped 2 pairs with an empty side in the {} split (first at pair 11; a side the tokenizer "
-        "encodes to no piece)",
-        drawn="training: a pair with a side that encodes to no piece (a zero-width space or control characters "
-        "alone) was drawn and is left out, as every such pair is; the validation lines count them",
-        left_out="; the length filter dropped {} and left out {} with a side of no piece of the {} training pairs "
-        "read since the run started",
-        every=f"{{}}: every pair has a side the tokenizer encodes to no piece {SPACES}: nothing to read in its 6 pairs",
+        "encodes to no piece or that shows nothing)",
+        drawn="training: a pair with a side that encodes to no piece or shows nothing (a zero-width space, joiner or "
+        "control characters alone) was drawn and is left out, as every such pair is; the validation lines count them",
+        left_out="; the length filter dropped {} and left out {} with a side of no piece or nothing visible of the {} "
+        "training pairs read since the run started",
+        every="{}: every pair has a side the tokenizer encodes to no piece or that shows nothing "
+        f"{SPACES}: nothing to read in its 6 pairs",
         stream="no training pair fits data.max_length=40 tokens a side: the last 19 drawn were all longer (0 so far: "
-        "raise data.max_length) or had a side of no piece (19: mend the data)",
+        "raise data.max_length) or had a side of no piece or nothing visible (19: mend the data)",
         none_fits="{}: none of the 301 examples fits data.max_length=1 tokens a side",
     ),
     "texts": dict(
-        skipped="skipped 2 lines without text in the {} split (first at text 11; the tokenizer encodes it to no piece)",
-        drawn="training: a text that encodes to no piece (a zero-width space or control characters alone) was "
-        "drawn and is left out, as every such text is; the validation lines count them",
-        left_out="; the length filter dropped {} and left out {} that encode to no piece of the {} training texts "
-        "read since the run started",
-        every=f"{{}}: every text encodes to no piece {SPACES}: nothing to read in its 6 texts",
+        skipped="skipped 2 lines without text in the {} split (first at text 11; the tokenizer encodes it to no "
+        "piece or it shows nothing)",
+        drawn="training: a text that encodes to no piece or shows nothing (a zero-width space, joiner or control "
+        "characters alone) was drawn and is left out, as every such text is; the validation lines count them",
+        left_out="; the length filter dropped {} and left out {} that encode to no piece or show nothing of the {} "
+        "training texts read since the run started",
+        every=f"{{}}: every text encodes to no piece or shows nothing {SPACES}: nothing to read in its 6 texts",
         stream="no training text fits data.max_length=40 tokens: the last 19 drawn were all longer (0 so far: "
-        "raise data.max_length) or encoded to no piece (19: mend the data)",
+        "raise data.max_length) or encoded to no piece or showed nothing (19: mend the data)",
         none_fits="{}: none of the 301 texts fits data.max_length=1 tokens",
     ),
 }
