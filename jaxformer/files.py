@@ -15,6 +15,8 @@ import sys
 import tempfile
 from typing import Any
 
+from jaxformer.deferred_signals import signals_deferred
+
 
 def home_expanded(path: str) -> str:
     """`path` with a leading "~" or "~user" read as the shell reads it, that home folder: a flag's
@@ -153,7 +155,10 @@ def unwritable_folder_reason(path: str | pathlib.Path) -> str | None:
         return reason
     existing = _nearest_existing(pathlib.Path(path).absolute())
     try:
-        os.rmdir(tempfile.mkdtemp(prefix=".jaxformer-probe-", dir=existing))
+        # A command's signal handler raises wherever the signal comes: between the probe's mkdir and
+        # its rmdir, it left the probe in the user's folder (an empty --output then held it: in use).
+        with signals_deferred():
+            os.rmdir(tempfile.mkdtemp(prefix=".jaxformer-probe-", dir=existing))
     except OSError as error:
         return f"{existing} takes no new entries ({error.strerror})"
     return None

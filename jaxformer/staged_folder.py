@@ -19,6 +19,7 @@ import tempfile
 from collections.abc import Callable, Iterator
 
 from jaxformer import staging_leftovers
+from jaxformer.deferred_signals import signals_deferred
 from jaxformer.files import is_mount_point, unwritable_folder_reason
 
 
@@ -172,23 +173,3 @@ def _move_failure(output: pathlib.Path, error: OSError, retired: pathlib.Path | 
     if retired is not None and retired.exists() and any(retired.iterdir()):
         message += f"; the previous {noun} is in {retired}"
     return message
-
-
-@contextlib.contextmanager
-def signals_deferred() -> Iterator[None]:
-    """SIGTERM and SIGINT received inside are raised again on leaving, to the handlers then in
-    place. (Blocking them would not do: another thread, jax's, would take them.) Outside the main
-    thread signals are left alone."""
-    received, previous = [], {}
-    try:
-        for signum in (signal.SIGTERM, signal.SIGINT):
-            previous[signum] = signal.signal(signum, lambda signum, frame: received.append(signum))
-    except ValueError:  # not the main thread
-        pass
-    try:
-        yield
-    finally:
-        for signum, handler in previous.items():
-            signal.signal(signum, signal.SIG_DFL if handler is None else handler)  # None: not set from Python
-        for signum in received:
-            signal.raise_signal(signum)

@@ -7,6 +7,7 @@ is renamed into place; tests/interop/test_convert_staging.py has the real one ki
 
 import os
 import signal
+import tempfile
 import time
 import types
 
@@ -48,6 +49,31 @@ def test_a_ctrl_c_while_the_output_is_written_leaves_none(dropped, made_empty, t
     assert capsys.readouterr() == ("", "interrupted\n")
     assert (list(output.iterdir()) == []) if made_empty else not output.exists()
     assert sorted(os.listdir(tmp_path)) == (["hf", "run"] if made_empty else ["hf"])  # no staging folder left
+
+
+def test_a_ctrl_c_as_an_empty_output_is_probed_leaves_it_empty(tmp_path, capsys, monkeypatch):
+    """Ctrl-C between the probe's mkdir and its rmdir (whether --output takes new entries): the
+    probe is removed (was: a `.jaxformer-probe-*` folder left in --output, which the next convert
+    refused as not an empty directory)."""
+    output = tmp_path / "run"
+    output.mkdir()
+    real_mkdtemp = tempfile.mkdtemp
+
+    def mkdtemp_then_ctrl_c(*args, **kwargs):
+        path = real_mkdtemp(*args, **kwargs)
+        os.kill(os.getpid(), signal.SIGINT)
+        return path
+
+    def import_marian(directory, workdir, *languages, on_placed=None):
+        marian_output.check_new_output(workdir, marian_output.RUN)
+        raise AssertionError("the conversion went on after the Ctrl-C")
+
+    monkeypatch.setattr(tempfile, "mkdtemp", mkdtemp_then_ctrl_c)
+    monkeypatch.setattr(marian, "import_marian", import_marian)
+    (tmp_path / "hf").mkdir()
+    assert convert.main(["--from_hf", str(tmp_path / "hf"), "--output", str(output)]) == 130
+    assert capsys.readouterr() == ("", "interrupted\n")
+    assert list(output.iterdir()) == [] and sorted(os.listdir(tmp_path)) == ["hf", "run"]
 
 
 def test_an_output_in_use_is_never_emptied(tmp_path, capsys):

@@ -8,6 +8,7 @@ import shutil
 import signal
 import subprocess
 import sys
+import tempfile
 import time
 
 import pytest
@@ -18,23 +19,54 @@ from jaxformer.export import exporter, output_folder
 from jaxformer.training.signals import RaiseOnSignal, Stopped
 from tests.export.conftest import FLAGS
 
+ROOT = pathlib.Path(__file__).parents[2]
+
 pytestmark = pytest.mark.xdist_group("export")  # the export fixture of conftest.py, made once
 
 
+# jaxformer-export as its console script runs it (launch.export), its program lowered again and again
+# once the export is staged, until a signal stops it (one held inside jax's lowering is raised
+# after it, as the exporter's own check before the move does): the test's SIGTERM comes while the
+# export is staged, however late a loaded machine lets the test send it. (It waited for the staging
+# folder, then signalled: the export, in place 1 s later, had at times finished first: exit 0.)
+STAGED_EXPORT = """
+import pathlib, sys, time
+from jaxformer import staged_folder
+from jaxformer.commands.launch import export
+from jaxformer.export import exporter
+real, staged = exporter.export_search, pathlib.Path(sys.argv[1])
+def lower_until_stopped(*args, **kwargs):
+    staged.write_text("staged")
+    deadline = time.monotonic() + 300
+    while time.monotonic() < deadline:
+        lowered = real(*args, **kwargs)
+        staged_folder.raise_held_signal()
+    return lowered
+exporter.export_search = lower_until_stopped
+sys.argv = ["jaxformer-export", *sys.argv[2:]]
+sys.exit(export())
+"""
+
+
 def test_sigterm_during_an_export_removes_its_staging_directory(workdir, tmp_path):
-    command = shutil.which("jaxformer-export", path=os.path.dirname(sys.executable))
-    output = tmp_path / "export"
+    folder, staged = tmp_path / "out", tmp_path / "staged"
+    output = folder / "export"
+    flags = ["--workdir", str(workdir), "--output", str(output), "--platforms", "cpu", *FLAGS]
     process = subprocess.Popen(
-        [command, "--workdir", str(workdir), "--output", str(output), "--platforms", "cpu", *FLAGS],
+        [sys.executable, "-c", STAGED_EXPORT, str(staged), *flags],
+        cwd=ROOT,
+        env={**os.environ, "PYTHONPATH": str(ROOT)},
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
         text=True,
     )
     try:
         deadline = time.monotonic() + 300
-        while not [name for name in os.listdir(tmp_path) if name.endswith(".partial")]:
-            assert process.poll() is None and time.monotonic() < deadline, "no staging directory appeared"
+        while not staged.exists():
+            assert process.poll() is None, process.stderr.read()[-3000:]
+            assert time.monotonic() < deadline, "the export staged nothing"
             time.sleep(0.02)
+        assert [name for name in os.listdir(folder) if name.endswith(".partial")]  # the signal comes mid-export
         process.send_signal(signal.SIGTERM)
         _, stderr = process.communicate(timeout=300)
     finally:
@@ -43,22 +75,33 @@ def test_sigterm_during_an_export_removes_its_staging_directory(workdir, tmp_pat
     assert stderr.splitlines()[-1] == (
         f"error: {output}: stopped by SIGTERM; an export is put in place whole or not at all; exiting with 143"
     )
-    assert os.listdir(tmp_path) == []
+    assert os.listdir(folder) == []
 
 
-def test_a_signal_as_the_staging_directory_is_made_removes_it(tmp_path, monkeypatch):
-    """SIGTERM right after mkdtemp made the directory, before it is returned: still removed."""
-    real_mkdtemp = staged_folder.tempfile.mkdtemp
+def _stage(output):
+    with staged_folder.staging_directory(output, output_folder.EXPORT):
+        raise AssertionError("the export went on after the signal")
+
+
+def _probe(output):
+    staged_folder.check_placeable(output, output_folder.EXPORT)
+
+
+@pytest.mark.parametrize("make", [_stage, _probe], ids=["staging", "probe"])
+def test_a_signal_as_a_folder_is_made_beside_the_output_removes_it(make, tmp_path, monkeypatch):
+    """SIGTERM right after mkdtemp made a folder beside --output, before it is returned: the staging
+    directory, or the probe of whether that folder takes new entries (check_placeable, again once
+    the export is staged; was: a `.jaxformer-probe-*` folder left there). Stopped, and removed."""
+    real_mkdtemp = tempfile.mkdtemp
 
     def mkdtemp_then_signal(*args, **kwargs):
         path = real_mkdtemp(*args, **kwargs)
         os.kill(os.getpid(), signal.SIGTERM)
         return path
 
-    monkeypatch.setattr(staged_folder.tempfile, "mkdtemp", mkdtemp_then_signal)
+    monkeypatch.setattr(tempfile, "mkdtemp", mkdtemp_then_signal)
     with pytest.raises(Stopped), RaiseOnSignal():
-        with staged_folder.staging_directory(tmp_path / "export", output_folder.EXPORT):
-            raise AssertionError("the export went on after the signal")
+        make(tmp_path / "export")
     assert os.listdir(tmp_path) == []
 
 
