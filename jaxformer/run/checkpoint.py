@@ -48,7 +48,16 @@ from jaxformer.run.interrupted_saves import (
 from jaxformer.run.metadata import CheckpointMetadata
 from jaxformer.run.process_0 import on_process_0
 from jaxformer.run.removal import LISTING_ATTEMPTS, CheckpointRemoved, refuse_removed
-from jaxformer.run.save_barrier import SaveBarrier, save_barrier, save_errors, start_save, wait_for_save
+from jaxformer.run.save_barrier import (
+    SaveBarrier,
+    SaveFailedElsewhereError,
+    barriers_through,
+    save_barrier,
+    save_errors,
+    start_save,
+    told_to_others,
+    wait_for_save,
+)
 
 logger = logging.getLogger(__name__)
 
@@ -138,6 +147,10 @@ class Checkpointer:
         are kept all the same (an interim checkpoint that a run stopped by a signal saves to resume from)."""
         self._writable()
         self._check_step(step, metadata)
+        with told_to_others(self.barrier, step, self.directory):  # else the others wait in this save's barriers
+            self._save(step, state, data_iterator, metadata, evict)
+
+    def _save(self, step: int, state: Any, data_iterator, metadata: CheckpointMetadata, evict: bool) -> None:
         target = self.directory / str(step)
         # A step left by a run that could not restore it, or what is no step to orbax (a file, a
         # folder of someone's), which its save would delete: kept, under a name that says why.
@@ -148,8 +161,8 @@ class Checkpointer:
 
         self.wait()  # orbax's save waits for the one before: its error names that save's step
         manager, barrier = self.manager, self.barrier
-        if not evict:
-            barrier = save_barrier(str(self.directory))
+        if not evict:  # its barrier hears of a failure told at the run's (this process's wait for it)
+            barrier = save_barrier(str(self.directory), self.barrier)
             manager = _checkpoint_manager(self.directory, None, False, barrier)
         args = ocp.args.Composite(
             state=ocp.args.StandardSave(state),
@@ -165,7 +178,8 @@ class Checkpointer:
 
     def wait(self) -> None:
         """Returns once the last save is written; raises its error if it failed (one line: wait_for_save)."""
-        wait_for_save(self.manager, self.barrier, self._saving)
+        with told_to_others(self.barrier, self._saving, self.directory):
+            wait_for_save(self.manager, self.barrier, self._saving)
 
     def delete(self, step: int) -> None:
         """Deletes checkpoint `step` (an interim one a later checkpoint supersedes)."""
@@ -222,10 +236,12 @@ class Checkpointer:
         self.wait()
         path = self.metadata_file(step)
         try:
-            with draining_event_loops():
+            with draining_event_loops(), barriers_through(self.barrier):  # a failure told there is raised
                 values = self.manager.restore(step, args=ocp.args.Composite(metadata=ocp.args.JsonRestore()))[
                     "metadata"
                 ]
+        except SaveFailedElsewhereError:  # another process's, not this step's damage
+            raise
         except Exception as error:
             refuse_removed(self.directory / str(step) / "metadata")  # listed, then gone: not damaged
             if not path.exists():

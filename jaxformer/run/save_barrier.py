@@ -49,15 +49,18 @@ class SaveFailedError(UserError):
     """This process failed to start its part of a checkpoint (an OSError: its step folder refused)."""
 
 
-def save_barrier(directory: str) -> SaveBarrier | None:
+def save_barrier(directory: str, parent: SaveBarrier | None = None) -> SaveBarrier | None:
     """A new SaveBarrier for the saves into `directory` with several processes, else None (orbax
-    waits for nobody)."""
+    waits for nobody); one that hears a failure told at `parent`'s too (a save of its own that the
+    parent's checkpointer makes: a process may fail in the parent's part of it)."""
     if not (jax.distributed.is_initialized() and jax.process_count() > 1):
         return None
     _made[directory] = _made.get(directory, 0) + 1
     namespace = f"jaxformer/saves/{directory}/{_made[directory]}"
     client = multihost.get_jax_distributed_client()
-    return SaveBarrier(directory, namespace, client, jax.process_index(), jax.process_count())
+    made = SaveBarrier(directory, namespace, client, jax.process_index(), jax.process_count())
+    made.heard += () if parent is None else parent.heard
+    return made
 
 
 def start_save(manager: ocp.CheckpointManager, barrier: SaveBarrier | None, step: int, args) -> None:
@@ -69,7 +72,7 @@ def start_save(manager: ocp.CheckpointManager, barrier: SaveBarrier | None, step
     of every device: a process whose part failed there (its data position not written on a full
     disk) stopped, and the others waited in one for ever, until jax's shutdown barrier aborted all
     of them 5 minutes later, the others without a word. With several processes they wait at
-    `barrier` instead, which a failure told ends (`_barriers_through`). An OSError of this process's
+    `barrier` instead, which a failure told ends (`barriers_through`). An OSError of this process's
     own (its step folder refused: a read-only checkpoints folder) ends it in one line, as the others
     quote it; a full disk or a file-size limit keeps the command's own line and exit code."""
     if barrier is None:
@@ -81,7 +84,7 @@ def start_save(manager: ocp.CheckpointManager, barrier: SaveBarrier | None, step
     wait_for_save(manager, barrier, barrier.step)  # the save before: none of its threads waits at a barrier now
     barrier.step = step
     try:
-        with _barriers_through(barrier):
+        with barriers_through(barrier):
             manager.save(step, args=args, force=True)
     except Exception as error:
         _tell_others(barrier, error)
@@ -170,19 +173,43 @@ def raise_own_save_error(error: BaseException, step: int, directory) -> NoReturn
     raise SaveFailedError(f"cannot save checkpoint {step} in {directory}: {first_line(error)}") from error
 
 
-def _tell_others(barrier: SaveBarrier, error: Exception) -> None:
+def _tell_others(barrier: SaveBarrier, error: Exception, step: int | None = None) -> None:
     """`error`, raised in this process, told to the others; one another process told is theirs already."""
     if not isinstance(error, SaveFailedElsewhereError):
-        barrier.tell(error)
+        barrier.tell(error, step)
 
 
 @contextlib.contextmanager
-def _barriers_through(barrier: SaveBarrier) -> Iterator[None]:
+def told_to_others(barrier: SaveBarrier | None, step: int | None, directory) -> Iterator[None]:
+    """An error of this process's main thread in the save of `step` (its wait for the save before,
+    a listing of the steps), told to the others, which raise it at their next barrier of the run's
+    checkpoints (`barriers_through`); an OSError of its own in one line. Raised past the save's last
+    barrier (in process 1 alone, as the next save began), it ended that process alone, and the others
+    waited for it in their next collective of the checkpoints (a step's metadata read) until jax's
+    shutdown barrier aborted every process 5 minutes later (exit -6, no `error:` line): no barrier of
+    that save was left to tell."""
+    try:
+        yield
+    except Exception as error:
+        if barrier is not None and not isinstance(error, SaveFailedError):  # that one told already
+            _tell_others(barrier, error, step)
+        if isinstance(error, OSError) and step is not None:
+            raise_own_save_error(error, step, directory)
+        raise
+
+
+@contextlib.contextmanager
+def barriers_through(barrier: SaveBarrier | None) -> Iterator[None]:
     """orbax's barriers across every process (`sync_global_processes` with no subset: a collective of
-    every device, which waits for ever), made by any thread while this process starts a save, wait at
-    `barrier` instead. The threads of the save before are done (no barrier of theirs comes in between)
-    and those of this save's writes wait at `barrier` anyway (AsyncOptions), so each process waits at
-    the same barriers in the same order."""
+    every device, which waits for ever), made by any thread while this process starts a save or reads
+    a step between saves, wait at `barrier` instead (with one process, none). The threads of the save
+    before are done (no barrier of theirs comes in between) and those of this save's writes wait at
+    `barrier` anyway (AsyncOptions), so each process waits at the same barriers in the same order.
+    A read's barrier hears a failure told past a save's last barrier (`told_to_others`): the others
+    waited for that process in the read's collective (the interim steps looked for at the next save)."""
+    if barrier is None:
+        yield
+        return
     collective = orbax_multihost.sync_global_processes
 
     def sync_global_processes(name: str, *, processes=None, **kwargs) -> None:
@@ -236,10 +263,11 @@ class SaveBarrier:
     and every process arrived (an arrival or a look) is that order; a withdrawal counted with fewer
     than every process arrived (leavings come only once all have) is the other; every process
     arrived and a withdrawal counted, the first to withdraw says which came first (its verdict), as
-    its own increment told it. No increment is taken back: a withdrawal was a decrement, undone by a
-    process that found every one arrived, and with three processes one withdrawing while another's
-    was in flight read the count lowered, raised, and left a process that had passed waiting for it
-    in the training loop's exchange (test_failed_save_three_processes.py). Where the barrier passed
+    its own increment told it, and so does the last to arrive: either one killed, the other's stands.
+    No increment is taken back: a withdrawal was a decrement, undone by a process that found every
+    one arrived, and with three processes one withdrawing while another's was in flight read the
+    count lowered, raised, and left a process that had passed waiting for it in the training loop's
+    exchange (test_failed_save_three_processes.py). Where the barrier passed
     with a failure told, every process meets it at its next barrier, which raises at once, or at the
     exchange, which every process reaches; where it failed, none passed, so none writes on: orbax's
     finalize renames a step's folder only past a barrier that every process's written share reached."""
@@ -250,6 +278,7 @@ class SaveBarrier:
         self.own_failure: BaseException | None = None  # this process's, when the one told
         self._client = client
         self._failed_key = f"{namespace}/failed"
+        self.heard = (self._failed_key,)  # where a failure told is looked for: this barrier's, a parent's
         self._calls: dict[str, int] = {}  # orbax's key: how many times this process waited at it
         self._lock = threading.Lock()
 
@@ -268,6 +297,8 @@ class SaveBarrier:
         counter = f"{self.namespace}/{key}/{calls}"
         deadline = time.monotonic() + timeout_ms / 1000
         state = self._client.key_value_increment(counter, 1)
+        if state % _WITHDRAWAL == self.count:  # the last to arrive: it knows the verdict, as the first to withdraw
+            self._settle(counter, state < _WITHDRAWAL)
         while (passed := self._outcome(counter, state, deadline)) is None:
             time.sleep(_POLL_SECONDS)
             if self.told() is not None:
@@ -281,10 +312,9 @@ class SaveBarrier:
         # leave knows that none reads the counter any more. Orbax names two of a save's barriers after
         # its step, each waited at once; kept, they grew jax's store by two entries a save.
         left = self._client.key_value_increment(counter, 1)
-        if left % _WITHDRAWAL == 2 * self.count:
+        if left % _WITHDRAWAL == 2 * self.count:  # the last arrival's verdict is written: it has left too
             self._client.key_value_delete(counter)
-            if left >= _WITHDRAWAL:
-                self._client.key_value_delete(f"{counter}:verdict")
+            self._client.key_value_delete(f"{counter}:verdict")
 
     def _withdraw(self, counter: str, deadline: float) -> bool:
         """Withdraws this process from `counter`'s barrier, a failure told: whether it passes all the
@@ -297,9 +327,20 @@ class SaveBarrier:
         withdrawals, arrivals = divmod(before, _WITHDRAWAL)
         if withdrawals == 0:
             passed = arrivals >= self.count
-            self._client.key_value_set(f"{counter}:verdict", "passed" if passed else "failed")
+            self._settle(counter, passed)
             return passed
         return self._outcome(counter, before, deadline)
+
+    def _settle(self, counter: str, passed: bool) -> None:
+        """Writes `counter`'s verdict, which two processes know from their own increments: the last to
+        arrive (whether a withdrawal came first) and the first to withdraw (whether every process had
+        arrived), one never the other. Either one may die before it writes (killed), and those waiting
+        for the verdict read the other's; the first to withdraw alone wrote it, and its death left
+        them waiting until jax's heartbeat timeout aborted every process (exit -6, no `error:` line)."""
+        try:
+            self._client.key_value_set(f"{counter}:verdict", "passed" if passed else "failed")
+        except Exception:  # noqa: BLE001  (jax's ALREADY_EXISTS: the other one wrote it, the same)
+            return
 
     def _outcome(self, counter: str, state: int, deadline: float) -> bool | None:
         """Whether `counter`'s barrier passed (True) or failed (False), read from its counter's `state`
@@ -318,11 +359,13 @@ class SaveBarrier:
                 _check(deadline, counter, None)
                 time.sleep(_POLL_SECONDS)
 
-    def tell(self, failure: BaseException) -> None:
-        """Tells the other processes that this one's part of the save failed with `failure`: each
-        raises SaveFailedElsewhereError at its barrier. The first process to tell is quoted."""
-        step = "a checkpoint" if self.step is None else f"checkpoint {self.step}"
-        text = f"process {self.index} of the run failed to save {step} in {self.directory}: "
+    def tell(self, failure: BaseException, step: int | None = None) -> None:
+        """Tells the other processes that this one's part of the save (of `step`, else the one under
+        way) failed with `failure`: each raises SaveFailedElsewhereError at its barrier. The first
+        process to tell is quoted."""
+        saving = self.step if step is None else step
+        named = "a checkpoint" if saving is None else f"checkpoint {saving}"
+        text = f"process {self.index} of the run failed to save {named} in {self.directory}: "
         text += first_line(failure)[:_MESSAGE_CHARACTERS]
         try:
             self._client.key_value_set(self._failed_key, text)
@@ -332,10 +375,12 @@ class SaveBarrier:
 
     def told(self) -> str | None:
         """The error a process told (`tell`), None while none has."""
-        try:
-            return self._client.key_value_try_get(self._failed_key)
-        except Exception:  # noqa: BLE001  (jax's NOT_FOUND: no process failed)
-            return None
+        for key in self.heard:
+            try:
+                return self._client.key_value_try_get(key)
+            except Exception:  # noqa: BLE001  (jax's NOT_FOUND: no process failed)
+                continue
+        return None
 
     def _raise_if_told(self) -> None:
         told = self.told()

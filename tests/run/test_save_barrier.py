@@ -133,7 +133,8 @@ def test_a_counter_stays_until_the_process_slowest_to_look_has_left_it():
     thread, outcome = in_thread(lambda: second(key="_async_write_complete.10", timeout_ms=5000))
     time.sleep(0.2)
     first(key="_async_write_complete.10", timeout_ms=5000)
-    assert store.values == {"saves/1/_async_write_complete.10/0": "3"}  # both arrived, one left
+    counter = "saves/1/_async_write_complete.10/0"
+    assert store.values == {counter: "3", f"{counter}:verdict": "passed"}  # both arrived, one left; the last's verdict
     slow.go.set()
     thread.join(5)
     assert outcome == {"returned": None} and store.values == {}

@@ -118,3 +118,43 @@ def test_a_process_arriving_after_a_withdrawal_fails_the_barrier_with_the_others
     for thread, outcome in (zero_arrives, one_waits, two_waits):
         thread.join(10)
         assert isinstance(outcome.get("raised"), SaveFailedElsewhereError), outcome
+
+
+class DiesBeforeItsVerdict(Ordered):
+    """A process killed (kill -9) as it withdraws first, before it writes its verdict: its write never
+    comes (held until `revived` is set, the test done)."""
+
+    def __init__(self, store, **ordered):
+        super().__init__(store, **ordered)
+        self.revived = threading.Event()
+
+    def key_value_set(self, key, value):
+        if key.endswith(":verdict"):
+            self.revived.wait(30)
+            raise RuntimeError("killed")
+        return self.store.key_value_set(key, value)
+
+
+def test_the_verdict_of_a_process_killed_as_it_withdrew_first_comes_from_the_last_to_arrive():
+    """Process 2 arrived last and passed; then a failure was told, and process 1 withdrew first (so
+    the barrier passed) and died before it wrote its verdict. Process 0, withdrawing next, waited for
+    that verdict until the barrier's timeout (every process aborted by jax's heartbeat first); it
+    passes now, as process 2 did, with the verdict process 2 wrote as the last to arrive."""
+    store = Store()
+    first_withdrew = threading.Event()
+    dying = DiesBeforeItsVerdict(store, looks_once_told=True, after={"withdraw": first_withdrew})
+    one = barrier(dying, 1)
+    one_dies = in_thread(lambda: one(key=KEY, timeout_ms=60_000))
+    zero = barrier(Ordered(store, looks_once_told=True, before={"withdraw": first_withdrew}), 0)
+    zero_waits = in_thread(lambda: zero(key=KEY, timeout_ms=60_000))
+    with store.changed:
+        assert store.changed.wait_for(lambda: store.values.get(COUNTER) == "2", timeout=5)
+    barrier(store, 2)(key=KEY, timeout_ms=60_000)  # the last to arrive: passes at once
+    one.tell(DENIED)
+    try:
+        zero_waits[0].join(10)
+        assert zero_waits[1] == {"returned": None} and one_dies[0].is_alive()  # process 1 "dead" at its verdict
+        assert store.values[f"{COUNTER}:verdict"] == "passed"
+    finally:
+        dying.revived.set()
+        one_dies[0].join(5)

@@ -103,15 +103,15 @@ HOOKED = textwrap.dedent(
 )
 
 
-def three_processes(tmp_path, data_dir, hook, timeout=300):
-    """Processes 0, 1 and 2 of one 60-step run (checkpoints every 20 steps) under `hook`: their exit
-    codes, stderrs and the seconds between the first and the last to exit (None where one was killed,
-    after `timeout` seconds)."""
+def hooked_processes(tmp_path, data_dir, hook, timeout=300, wrapper=HOOKED, count=3, steps=60):
+    """Processes 0 to `count` - 1 of one run of `steps` steps (checkpoints every 20 steps), train.py
+    under `wrapper` given `hook`: their exit codes, stderrs and the seconds between the first and the
+    last to exit (None where one was killed, after `timeout` seconds)."""
     script = tmp_path / "hooked.py"
-    script.write_text(HOOKED)
-    flags = ["--config.data.batch_size=6", "--config.data.eval_batch_size=6", "--config.training.num_train_steps=60"]
-    flags += ["--config.training.checkpoint_every_steps=20", "--config.training.eval_every_steps=1000"]
-    flags += [f"--coordinator_address=127.0.0.1:{free_port()}", "--num_processes=3"]
+    script.write_text(wrapper)
+    flags = ["--config.data.batch_size=6", "--config.data.eval_batch_size=6", "--config.training.eval_every_steps=1000"]
+    flags += [f"--config.training.num_train_steps={steps}", "--config.training.checkpoint_every_steps=20"]
+    flags += [f"--coordinator_address=127.0.0.1:{free_port()}", f"--num_processes={count}"]
     env = dict(os.environ, JAX_PLATFORMS="cpu")
     env["XLA_FLAGS"] = "--xla_force_host_platform_device_count=1 --xla_backend_optimization_level=0"
     started = [
@@ -127,15 +127,15 @@ def three_processes(tmp_path, data_dir, hook, timeout=300):
             stdout=subprocess.DEVNULL,
             text=True,
         )
-        for index in range(3)
+        for index in range(count)
     ]
-    logs, ended = [""] * 3, [None] * 3
+    logs, ended = [""] * count, [None] * count
 
     def reap(index):
         logs[index] = started[index].communicate()[1]
         ended[index] = time.monotonic()
 
-    reapers = [threading.Thread(target=reap, args=(index,)) for index in range(3)]
+    reapers = [threading.Thread(target=reap, args=(index,)) for index in range(count)]
     for reaper in reapers:
         reaper.start()
     deadline = time.monotonic() + timeout  # a loaded machine is slow; a process left waiting waits 5 minutes or more
@@ -164,7 +164,7 @@ def test_a_save_failing_in_a_three_process_run_stops_all_three_with_one_line_eac
     and 2, or in process 0's rename of the step's folder. The interleaving left process 0 at the
     training loop's exchange and 1 and 2 in jax's shutdown, waiting for each other until killed."""
     checkpoints = tmp_path / "run" / "checkpoints"
-    codes, logs, spread = three_processes(tmp_path, data_dir, hook)
+    codes, logs, spread = hooked_processes(tmp_path, data_dir, hook)
     assert codes == [2, 2, 2], [log[-2000:] for log in logs]
     assert spread < 30  # each stops at the failed save or the exchange after it, none waits for another
     lines = [log.strip().splitlines()[-1] for log in logs]
