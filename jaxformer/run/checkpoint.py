@@ -29,6 +29,7 @@ import orbax.checkpoint as ocp
 
 from jaxformer.errors import CheckpointError, first_line
 from jaxformer.files import write_text_atomically
+from jaxformer.run.checkpoint_manager import checkpoint_manager
 from jaxformer.run.checksums import (  # noqa: F401  (ChecksumError: re-exported)
     ChecksumError,
     saved_checksums,
@@ -47,9 +48,8 @@ from jaxformer.run.interrupted_saves import (
 )
 from jaxformer.run.metadata import CheckpointMetadata
 from jaxformer.run.process_0 import on_process_0
-from jaxformer.run.removal import LISTING_ATTEMPTS, CheckpointRemoved, refuse_removed
+from jaxformer.run.removal import refuse_removed
 from jaxformer.run.save_barrier import (
-    SaveBarrier,
     SaveFailedElsewhereError,
     barriers_through,
     save_barrier,
@@ -66,30 +66,6 @@ def _no_missing_metadata_warning(record: logging.LogRecord) -> bool:
     return "Metadata file does not exist" not in record.getMessage()
 
 
-def _checkpoint_manager(
-    directory: pathlib.Path, keep: int | None, read_only: bool, barrier: SaveBarrier | None = None
-) -> ocp.CheckpointManager:
-    """Orbax's manager of `directory`, its asynchronous saves waiting for the other processes at
-    `barrier`. It reads every step folder as it opens; a read-only one beside a training run can
-    find a folder gone between listing and reading it, so it lists again. A save's step folder is
-    made in its synchronous part, where a failure is raised (`start_save`) and told to the others:
-    orbax's background thread kept it, and every process waited 5 minutes for it (a traceback)."""
-    async_options = ocp.AsyncOptions(barrier_sync_fn=barrier, create_directories_asynchronously=False)
-    options = ocp.CheckpointManagerOptions(
-        max_to_keep=None if read_only else keep, create=not read_only, async_options=async_options
-    )
-    for _ in range(LISTING_ATTEMPTS):
-        try:
-            return ocp.CheckpointManager(directory, options=options)
-        except FileNotFoundError:
-            if not (read_only and directory.is_dir()):
-                raise
-    raise CheckpointRemoved(
-        f"the checkpoints in {directory} changed while they were listed, {LISTING_ATTEMPTS} times (a run training "
-        "in that workdir removes its older checkpoints); run again"
-    )
-
-
 class Checkpointer:
     """Saves every `save_every` steps (and on demand), keeps the last `keep`, restores the newest usable one.
 
@@ -103,7 +79,7 @@ class Checkpointer:
                 self.directory, lambda: finish_interrupted_saves(self.directory), "finish the interrupted saves"
             )
         self.barrier = None if read_only else save_barrier(str(self.directory))
-        self.manager = _checkpoint_manager(self.directory, keep, read_only, self.barrier)
+        self.manager = checkpoint_manager(self.directory, keep, read_only, self.barrier)
         self._warned: set[int] = set()  # steps whose unreadable metadata latest_step_metadata reported
         self._saving: int | None = None  # the step of self.manager's last save, which a wait may find failed
 
@@ -163,7 +139,7 @@ class Checkpointer:
         manager, barrier = self.manager, self.barrier
         if not evict:  # its barrier hears of a failure told at the run's (this process's wait for it)
             barrier = save_barrier(str(self.directory), self.barrier)
-            manager = _checkpoint_manager(self.directory, None, False, barrier)
+            manager = checkpoint_manager(self.directory, None, False, barrier)
         args = ocp.args.Composite(
             state=ocp.args.StandardSave(state),
             data=grain.checkpoint.CheckpointSave(data_iterator),
