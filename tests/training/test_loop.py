@@ -76,8 +76,12 @@ def checkpoint_steps(workdir):
     return sorted(int(path.name) for path in directory.iterdir() if path.name.isdigit())
 
 
+# The straight run and every run of this file set against it: one layer per stack, as its checks
+# (resume, refusals, damage) hold for any depth, and each of its programs compiles faster.
+STRAIGHT = ONE_LAYER
 # Validation BLEU does not touch the training state: the resumed runs below, without it, match.
 STRAIGHT_BLEU = (
+    *STRAIGHT,
     "--config.training.bleu_every_steps=20",
     "--config.training.bleu_examples=16",
     "--config.decoding.max_extra_length=8",
@@ -129,7 +133,7 @@ def killed_at_step_20_and_resumed(workdir, data_dir, *overrides):
 
 def test_exact_resume_after_sigkill(straight_run, data_dir, tmp_path):
     workdir = tmp_path / "killed"
-    resumed = killed_at_step_20_and_resumed(workdir, data_dir)
+    resumed = killed_at_step_20_and_resumed(workdir, data_dir, *STRAIGHT)
     # Its validation line counts the training pairs this process read: since it resumed.
     assert re.search(
         r"step 40: validation loss .*; the length filter dropped \d+ of the [\d,]+ training pairs "
@@ -180,11 +184,11 @@ def test_a_run_killed_after_its_last_checkpoint_ends_as_one_never_stopped(straig
 def test_subword_sampling_trains_other_segmentations_and_resumes_exactly(straight_run, data_dir, tmp_path):
     sampling = ("--config.tokenizer.sampling_nbest=8", "--config.tokenizer.sampling_alpha=0.1")
     straight, killed = tmp_path / "sampled", tmp_path / "sampled_killed"
-    train(straight, data_dir, *sampling)
+    train(straight, data_dir, *STRAIGHT, *sampling)
     sampled_losses = losses(straight)
     assert sorted(sampled_losses) == list(range(1, STEPS + 1))
     assert sampled_losses != losses(straight_run)  # other segmentations of the same pairs
-    killed_at_step_20_and_resumed(killed, data_dir, *sampling)
+    killed_at_step_20_and_resumed(killed, data_dir, *STRAIGHT, *sampling)
     assert losses(killed) == sampled_losses  # bitwise: the resumed run drew the same segmentations
     assert losses(killed, "eval/loss") == losses(straight, "eval/loss")
 
@@ -200,7 +204,7 @@ def test_damaged_latest_checkpoint_falls_back_to_the_previous(straight_run, data
             path.write_bytes(path.read_bytes()[: path.stat().st_size // 2])  # truncated
             damaged += 1
     assert damaged
-    result = train(workdir, data_dir)
+    result = train(workdir, data_dir, *STRAIGHT)
     assert "checkpoint" in result.stderr and "cannot be restored" in result.stderr
     assert "resumed from step 20" in result.stderr
     straight = losses(straight_run)
@@ -237,7 +241,7 @@ def test_data_damaged_while_training_stops_with_its_steps_saved_and_resumes_exac
     parameters of a run never stopped, and its checkpoints."""
     tfds_dir, workdir = tmp_path / "tfds", tmp_path / "damaged"
     shutil.copytree(data_dir, tfds_dir)
-    argv = command(workdir, tfds_dir)[2:]  # after the interpreter and train.py
+    argv = command(workdir, tfds_dir, *STRAIGHT)[2:]  # after the interpreter and train.py
     result = subprocess.run(
         [sys.executable, "-c", DAMAGED_AFTER_STEP_25, str(tfds_dir), *argv],
         env=environment(),
@@ -259,7 +263,7 @@ def test_data_damaged_while_training_stops_with_its_steps_saved_and_resumes_exac
         "the same command then resumes there"
     )
     shutil.rmtree(prepared)  # as the error says
-    resumed = train(workdir, tfds_dir)
+    resumed = train(workdir, tfds_dir, *STRAIGHT)
     assert f"resumed from step {stopped} of" in resumed.stderr
     assert checkpoint_steps(workdir) == [20, STEPS]  # the interim one removed by the next
     assert losses(workdir) == losses(straight_run)  # bitwise: every step's loss, same data order
@@ -276,6 +280,7 @@ def test_nan_loss_stops_and_keeps_the_last_good_checkpoint(straight_run, data_di
     result = train(
         workdir,
         data_dir,
+        *STRAIGHT,
         "--config.training.num_train_steps=60",
         "--config.optimizer.learning_rate_scale=1e30",
         check=False,
@@ -289,7 +294,7 @@ def test_nan_loss_stops_and_keeps_the_last_good_checkpoint(straight_run, data_di
 def test_a_workdir_of_another_config_is_an_error(straight_run, data_dir, tmp_path):
     workdir = tmp_path / "other"
     shutil.copytree(straight_run, workdir)
-    result = train(workdir, data_dir, "--config.model.num_heads=2", check=False)
+    result = train(workdir, data_dir, *STRAIGHT, "--config.model.num_heads=2", check=False)
     assert result.returncode != 0
     assert "holds a run with another configuration" in result.stderr and "model.num_heads" in result.stderr
 
@@ -316,7 +321,12 @@ def test_resuming_on_other_data_files_is_an_error(straight_run, data_dir, tmp_pa
         handle.write("\n".join(lines) + "\n")
     prepared = sorted((pathlib.Path(data_dir) / "multi30k").iterdir())
     result = train(
-        workdir, data_dir, f"--config.data.raw_dir={raw}", "--config.training.num_train_steps=60", check=False
+        workdir,
+        data_dir,
+        *STRAIGHT,
+        f"--config.data.raw_dir={raw}",
+        "--config.training.num_train_steps=60",
+        check=False,
     )
     assert result.returncode == 2
     assert f"error: {workdir} was trained on other data files (fingerprint sha256:" in result.stderr
