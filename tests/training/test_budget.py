@@ -261,6 +261,11 @@ def test_the_run_saves_the_candidate_with_the_highest_validation_bleu(scheduled_
     assert bleu(20, greedy, 16) == pytest.approx(losses(workdir, "eval/bleu")[20], abs=1e-6)
 
 
+# slow: translate and evaluate on a real run's final/ (about 10 s: its searches compiled again); covered in
+# the default suite by tests/decoding/test_checkpoint_alpha.py (test_a_command_on_final_reads_its_chosen_search_once,
+# test_from_workdir_searches_final_with_the_length_penalty_the_alpha_was_chosen_with) and
+# tests/decoding/test_final_search_defaults.py (the warning of another search than the choice's).
+@pytest.mark.slow
 def test_translate_and_evaluate_use_the_alpha_the_run_chose_unless_told(scheduled_run, tmp_path, capsys, caplog):
     from jaxformer.commands import decoding_flags, evaluate, translate
 
