@@ -60,9 +60,12 @@ def cached_logits(model, params, inputs, max_length):
     return jnp.stack(logits, axis=1)
 
 
+# slow: pre-norm (about 2 s); covered in the default suite by tests/model/test_cache.py's
+# test_cached_steps_equal_the_full_forward_pass[pre-norm] (the translator's decoder: the same layers and final norm,
+# test_one_layer_implementation_serves_both_decoders) and [post-norm] here.
 @pytest.mark.parametrize(
     "overrides",
-    [{}, {"normalization": "pre"}, {"tie_output_embedding": False}],
+    [{}, pytest.param({"normalization": "pre"}, marks=pytest.mark.slow), {"tie_output_embedding": False}],
     ids=["post-norm", "pre-norm", "untied"],
 )
 def test_cached_steps_equal_the_full_forward_pass(overrides):
@@ -75,7 +78,9 @@ def test_cached_steps_equal_the_full_forward_pass(overrides):
     np.testing.assert_allclose(cached_logits(model, params, inputs, max_length=T + 4), full, atol=1e-5, rtol=1e-5)
 
 
-@pytest.mark.parametrize("normalization", ["post", "pre"])
+# slow: pre-norm (about 2 s); covered in the default suite by [post] here (the segment masks do not depend on
+# where the norm is) and tests/model/test_torch_equivalence.py's pre-norm language model.
+@pytest.mark.parametrize("normalization", ["post", pytest.param("pre", marks=pytest.mark.slow)])
 def test_packed_rows_equal_separate_rows(normalization):
     config = TINY.replace(normalization=normalization)
     model, params = DecoderOnly(config), init_params(config)

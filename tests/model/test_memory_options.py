@@ -58,7 +58,9 @@ def reference():
     return params, loss_and_grads(CONFIG, params)
 
 
-@pytest.mark.parametrize("policy", ["full", "dots", "dots_no_batch"])
+# slow: "dots" (about 4 s, its program compiled); covered in the default suite by [dots_no_batch] (a dots
+# policy: the same checkpoint_dots family of jax.checkpoint_policies, saving fewer products) and [full].
+@pytest.mark.parametrize("policy", ["full", pytest.param("dots", marks=pytest.mark.slow), "dots_no_batch"])
 def test_remat_gives_the_same_loss_and_gradients(reference, policy):
     params, (loss, grads) = reference
     remat_loss, remat_grads = loss_and_grads(CONFIG.replace(remat_policy=policy), params)
