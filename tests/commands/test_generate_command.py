@@ -58,6 +58,10 @@ def test_generate_draws_the_bar_translate_draws_unless_told_not_to(language_mode
     assert out == expected and "generate:" not in err
 
 
+# slow: a second command on a terminal (about 8 s, a process on a pseudo-terminal); covered in the default suite
+# by tests/commands/test_translate_command.py's test_translate_says_it_reads_the_terminal_before_it_waits_there
+# (the same hint: both commands read stdin with jaxformer/commands/common.py's read_lines).
+@pytest.mark.slow
 def test_generate_says_it_reads_the_terminal_before_it_waits_there(language_model_workdir):
     """As translate (test_translate_command.py): one log line on stderr says what it waits for."""
     flags = ["--workdir", str(language_model_workdir), "--max_new_tokens", str(NEW_TOKENS)]

@@ -58,7 +58,10 @@ def translated_by_the_command(workdir, text, flags, output):
     return output.read_text(encoding="utf-8")
 
 
-@pytest.mark.parametrize("method", ["beam", "greedy", "sample"])
+# slow: "beam" (about 3 s, a serve.py process); covered in the default suite by tests/export/test_export.py's
+# test_serve_py_without_jaxformer_equals_the_translator (the same beam export's serve.py and its command's
+# lines against the Translator's).
+@pytest.mark.parametrize("method", [pytest.param("beam", marks=pytest.mark.slow), "greedy", "sample"])
 def test_serve_py_translates_as_jaxformer_translate_does(method, workdir, exported, method_exports, text, tmp_path):
     """The same settings, input and --batch_size: the same lines, sampling's drawn with the same keys."""
     directory = exported if method == "beam" else method_exports[method]
