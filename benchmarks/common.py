@@ -3,11 +3,12 @@
 
 from __future__ import annotations
 
+import contextlib
 import math
 import os
 import statistics
 import time
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from typing import Any
 
 import jax
@@ -276,3 +277,14 @@ def cpu_count() -> int:
         return len(os.sched_getaffinity(0))
     except AttributeError:
         return os.cpu_count() or 1
+
+
+@contextlib.contextmanager
+def jax_config(name: str, value: Any) -> Iterator[None]:
+    """jax's config option `name` set to `value` while open, its earlier value put back after."""
+    previous = getattr(jax.config, name)
+    jax.config.update(name, value)
+    try:
+        yield
+    finally:
+        jax.config.update(name, previous)

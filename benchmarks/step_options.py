@@ -50,7 +50,16 @@ import jax
 import jax.numpy as jnp
 
 from benchmarks.command_line import add_configs_flag, parse_args, parser, report
-from benchmarks.common import CONFIGS, SMOKE, TrainSteps, compile_timed, median, random_batch, time_interleaved
+from benchmarks.common import (
+    CONFIGS,
+    SMOKE,
+    TrainSteps,
+    compile_timed,
+    jax_config,
+    median,
+    random_batch,
+    time_interleaved,
+)
 from jaxformer.model import attention, decoder, encoder, layers
 from jaxformer.model.architectures import build_model
 from jaxformer.training import output_loss
@@ -134,12 +143,8 @@ def prng_impl(name: str) -> Iterator[None]:
     """While open, jax's keys (the train state's dropout key included) are of generator `name`
     (`jax_default_prng_impl`), so the model's dropout draws with `jax.random.bernoulli` on them
     (trace and compile inside)."""
-    previous = jax.config.jax_default_prng_impl
-    jax.config.update("jax_default_prng_impl", name)
-    try:
+    with jax_config("jax_default_prng_impl", name):
         yield
-    finally:
-        jax.config.update("jax_default_prng_impl", previous)
 
 
 @contextlib.contextmanager

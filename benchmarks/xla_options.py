@@ -103,6 +103,31 @@ def use_devices(count: int) -> list:
     return devices[:count]
 
 
+def add_option_flag(arguments: argparse.ArgumentParser, first: str = "") -> None:
+    """--option NAME=KEY:VALUE[,KEY:VALUE], repeatable: a row of compiler options (`first`: what
+    the first row is, said in --help); read them with `chosen_options`."""
+    arguments.add_argument(
+        "--option",
+        action="append",
+        type=parse_option,
+        default=None,
+        metavar="NAME=KEY:VALUE[,KEY:VALUE]",
+        help=f"a row of compiler options (repeatable, each NAME once{first}; default: DEFAULT_OPTIONS's rows)",
+    )
+
+
+def chosen_options(arguments: argparse.ArgumentParser, given: list | None, default: dict) -> dict[str, dict]:
+    """The rows of compiler options: the --option rows `given` ((NAME, options) each, a NAME
+    given twice an error), else `default`."""
+    if not given:
+        return default
+    names = [name for name, _ in given]
+    repeated = [name for name in names if names.count(name) > 1]
+    if repeated:
+        arguments.error(f"argument --option: the row name {repeated[0]!r} is given twice")
+    return dict(given)
+
+
 def check_options(options: dict[str, dict]) -> None:
     """Each row's compiler options, compiled once on a scalar function: an option XLA does not
     know (or a value of the wrong kind) is a FlagError naming the row, in a second, before the
@@ -157,14 +182,7 @@ def main(argv=None) -> list[dict]:
         default=None,
         help="an experiment config: a shipped name or a file (default multi30k; not with --smoke, which uses tiny)",
     )
-    arguments.add_argument(
-        "--option",
-        action="append",
-        type=parse_option,
-        default=None,
-        metavar="NAME=KEY:VALUE[,KEY:VALUE]",
-        help="a row of compiler options (repeatable, each NAME once; default: DEFAULT_OPTIONS's rows)",
-    )
+    add_option_flag(arguments)
     arguments.add_argument(
         "--devices",
         type=at_least(1),
@@ -172,14 +190,7 @@ def main(argv=None) -> list[dict]:
         help="the data_parallel row's devices (default: the cores, on a CPU; 1: no such row)",
     )
     args = parse_args(arguments, argv, smoke_sets={"config": "multi30k"})
-    if args.option:
-        given = [name for name, _ in args.option]
-        repeated = [name for name in given if given.count(name) > 1]
-        if repeated:
-            arguments.error(f"argument --option: the row name {repeated[0]!r} is given twice")
-        options = dict(args.option)
-    else:
-        options = SMOKE_OPTIONS if args.smoke else DEFAULT_OPTIONS
+    options = chosen_options(arguments, args.option, SMOKE_OPTIONS if args.smoke else DEFAULT_OPTIONS)
     try:
         config = load_config("tiny" if args.smoke else args.config)
     except UserError as error:

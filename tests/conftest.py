@@ -9,6 +9,11 @@ _flags = [flag for flag in os.environ.get("XLA_FLAGS", "").split() if "host_plat
 _flags.append("--xla_force_host_platform_device_count=8")
 if not any("xla_backend_optimization_level" in flag for flag in _flags):
     _flags.append("--xla_backend_optimization_level=0")
+# XLA:CPU's older elemental emitters for fused loops compile the test programs in about half the
+# time of its MLIR fusion emitters (benchmarks/compile_time.py); the suite is mostly compilation.
+# Both are exact IEEE float code; the product's own programs keep XLA's default.
+if not any("xla_cpu_use_fusion_emitters" in flag for flag in _flags):
+    _flags.append("--xla_cpu_use_fusion_emitters=false")
 os.environ["XLA_FLAGS"] = " ".join(_flags)
 os.environ.setdefault("JAX_PLATFORMS", "cpu")
 # One persistent compilation cache for the whole run: pytest workers and the train.py

@@ -24,6 +24,7 @@ POSITIVE = {
     "real_data": ("steps", "pairs", "target_tokens", "step_ms", "tokens_per_s", "pairs_per_s"),
     "decoding": ("batch", "out_len", "sentences_per_s", "tokens_per_s", "call_ms"),
     "step_profile": ("step_ms", "jax_ops_over_wall"),
+    "compile_time": ("programs", "compile_s", "speedup"),
     "memory_options": ("layers", "batch", "length", "compile_s", "step_ms", "temp_MB", "total_MB", "temp_x"),
     "precision": ("batches", "rows", "length", "max_abs_logit", "logit_diff", "logprob_diff"),
     "scaling": (
@@ -63,8 +64,9 @@ def smoke_output(name, tmp_path, capsys, *extra):
 
 
 # These take the longest; they run with -m slow. memory_options: 11 compilations, 90 s; precision:
-# three forward passes compiled, about 15 s of CPU.
-SLOW_SMOKE = ("decoding", "real_data", "scaling", "memory_options", "precision")
+# three forward passes compiled, about 15 s of CPU; compile_time: 9 compilations, and it clears
+# jax's in-memory caches, which the worker's other tests would compile again.
+SLOW_SMOKE = ("decoding", "real_data", "scaling", "memory_options", "precision", "compile_time")
 
 
 # step_options, xla_options, step_profile and input_pipeline run their smokes in tests of their
