@@ -59,15 +59,18 @@ import logging  # noqa: E402
 import numpy as np  # noqa: E402
 import pytest  # noqa: E402
 
+# The root logger's level before any test: what each test leaves it at.
+_ROOT_LEVEL = logging.getLogger().level
+
 
 @pytest.fixture(autouse=True)
 def _root_log_level_restored():
     """A command run in-process (train.main sets INFO) sets the root logger's level as its process
-    would once; the next test on the same worker gets it back, or its captured stderr holds
-    another test's INFO lines."""
-    level = logging.getLogger().level
+    would once; the next test on the same worker gets the level of before any test, or its
+    captured records and stderr hold another test's INFO lines. Not the level this test started
+    at: a module fixture that ran a command (set up before this fixture) would have set that."""
     yield
-    logging.getLogger().setLevel(level)
+    logging.getLogger().setLevel(_ROOT_LEVEL)
 
 
 @pytest.fixture(scope="session")
