@@ -3,17 +3,13 @@
 import os
 import pathlib
 
-# LLVM optimisation level 0 compiles the tiny test models about 3x faster on CPU; it does not
-# change float semantics (fast-math stays off).
+from tests.xla_flags import FAST_COMPILES
+
+# Eight simulated devices, and the fast compiles every test process uses (tests/xla_flags.py) unless
+# XLA_FLAGS already chooses those options.
 _flags = [flag for flag in os.environ.get("XLA_FLAGS", "").split() if "host_platform_device_count" not in flag]
 _flags.append("--xla_force_host_platform_device_count=8")
-if not any("xla_backend_optimization_level" in flag for flag in _flags):
-    _flags.append("--xla_backend_optimization_level=0")
-# XLA:CPU's older elemental emitters for fused loops compile the test programs in about half the
-# time of its MLIR fusion emitters (benchmarks/compile_time.py); the suite is mostly compilation.
-# Both are exact IEEE float code; the product's own programs keep XLA's default.
-if not any("xla_cpu_use_fusion_emitters" in flag for flag in _flags):
-    _flags.append("--xla_cpu_use_fusion_emitters=false")
+_flags += [option for option in FAST_COMPILES if not any(option.split("=")[0] in flag for flag in _flags)]
 os.environ["XLA_FLAGS"] = " ".join(_flags)
 os.environ.setdefault("JAX_PLATFORMS", "cpu")
 # One persistent compilation cache for the whole run: pytest workers and the train.py

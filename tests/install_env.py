@@ -20,6 +20,8 @@ import subprocess
 import sys
 import sysconfig
 
+from tests.xla_flags import xla_flags
+
 ROOT = pathlib.Path(__file__).parents[1]
 # What building the wheel reads: pyproject.toml (and the README it names) and the package.
 BUILD_INPUTS = ("pyproject.toml", "README.md", "MANIFEST.in", "jaxformer")
@@ -131,7 +133,7 @@ class Venv:
         env.update(
             VIRTUAL_ENV=str(self.path),
             PATH=f"{self.bin}{os.pathsep}{env.get('PATH', '')}",
-            XLA_FLAGS="--xla_backend_optimization_level=0",
+            XLA_FLAGS=xla_flags(),
             JAX_PLATFORMS="cpu",
         )
         env.update(changes)

@@ -11,6 +11,8 @@ import tomllib
 
 import pytest
 
+from tests.xla_flags import xla_flags
+
 nbformat = pytest.importorskip("nbformat")
 nbclient = pytest.importorskip("nbclient")
 
@@ -85,7 +87,7 @@ def test_notebook_executes_in_quick_mode(tmp_path, monkeypatch, install_build):
     monkeypatch.setenv("JUPYTER_PATH", str(tmp_path / "jupyter"))
     monkeypatch.setenv("JAXFORMER_QUICK", "1")
     monkeypatch.setenv("TFDS_DATA_DIR", str(tmp_path / "tfds"))
-    monkeypatch.setenv("XLA_FLAGS", "--xla_backend_optimization_level=0")  # one CPU device, as on Colab
+    monkeypatch.setenv("XLA_FLAGS", xla_flags())  # one CPU device, as on Colab
     monkeypatch.setenv("MPLBACKEND", "module://matplotlib_inline.backend_inline")
     executed = copy.deepcopy(notebook)
     client = nbclient.NotebookClient(

@@ -25,6 +25,7 @@ from jaxformer.run.directory import RunDirectory
 from jaxformer.tokens import BOS_ID, EOS_ID, PAD_ID, UNK_ID
 from jaxformer.training import experiment
 from tests.conftest import read_raw
+from tests.xla_flags import xla_flags
 
 ROOT = pathlib.Path(__file__).parents[2]
 SPECIAL_PIECES = ["<pad>", "</s>", "<unk>", "<s>"]
@@ -282,7 +283,7 @@ def train_command(workdir, data_dir, *overrides):
 
 def train(workdir, data_dir, *overrides):
     env = dict(os.environ)
-    env["XLA_FLAGS"] = "--xla_backend_optimization_level=0"  # one device; faster compiles, same float semantics
+    env["XLA_FLAGS"] = xla_flags()  # one device
     env["JAX_PLATFORMS"] = "cpu"
     command = train_command(workdir, data_dir, *overrides)
     return subprocess.run(command, env=env, capture_output=True, text=True, timeout=600)

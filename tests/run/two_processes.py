@@ -6,6 +6,8 @@ import socket
 import subprocess
 import sys
 
+from tests.xla_flags import xla_flags
+
 
 def run_two_processes(script, *arguments: str, devices: int = 1) -> list[tuple[str, str]]:
     """(stdout, stderr) of each process, once both have exited 0 (an assertion error with the
@@ -23,7 +25,7 @@ def start_two_processes(script, *arguments: str, devices: int = 1) -> list[subpr
         probe.bind(("127.0.0.1", 0))
         address = f"127.0.0.1:{probe.getsockname()[1]}"
     root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-    env = dict(os.environ, XLA_FLAGS=f"--xla_force_host_platform_device_count={devices}", JAX_PLATFORMS="cpu")
+    env = dict(os.environ, XLA_FLAGS=xla_flags(devices), JAX_PLATFORMS="cpu")
     env["PYTHONPATH"] = os.pathsep.join([root, env.get("PYTHONPATH", "")])
     return [
         subprocess.Popen(

@@ -26,12 +26,13 @@ from jaxformer.training.config_paths import with_absolute_paths
 from jaxformer.training.optimizer import budget_rate
 from jaxformer.training.validation_bleu import decode_settings
 from tests.training.test_budget_records import not_json
-from tests.training.test_loop import ROOT, losses, train
+from tests.training.test_loop import ONE_LAYER, ROOT, losses, train
 
 pytestmark = pytest.mark.xdist_group("budget")
 
 D_MODEL, WARMUP = 32, 5  # the tiny preset's width; a warmup short enough to see the decay
 SCHEDULE = (
+    *ONE_LAYER,  # the schedule, resume and final choice hold at any depth; each program compiles faster
     "--config.optimizer.schedule=budget",
     f"--config.optimizer.warmup_steps={WARMUP}",
     "--config.optimizer.learning_rate_scale=1.0",

@@ -13,6 +13,7 @@ import pytest
 
 from tests.training.test_loop import ONE_LAYER, losses
 from tests.training.test_loop import command as train_command
+from tests.xla_flags import xla_flags
 
 COMMON = ("--config.data.batch_size=8", "--config.data.eval_batch_size=8")
 LENGTH_FILTER = re.compile(r"the length filter dropped (\d+) of the (\d+) training pairs read")  # dropped, seen
@@ -20,7 +21,7 @@ LENGTH_FILTER = re.compile(r"the length filter dropped (\d+) of the (\d+) traini
 
 def run(workdir, data_dir, devices, *overrides, extra_env=None, background=False):
     env = dict(os.environ)
-    env["XLA_FLAGS"] = f"--xla_force_host_platform_device_count={devices} --xla_backend_optimization_level=0"
+    env["XLA_FLAGS"] = xla_flags(devices)
     env["JAX_PLATFORMS"] = "cpu"
     env.update(extra_env or {})
     command = train_command(workdir, data_dir, *COMMON, *overrides)
@@ -82,7 +83,7 @@ def limited_processes(workdir, data_dir, *overrides, limited: int, file_bytes: i
     full disk): their exit codes and stderrs once both have ended (killed after `timeout` seconds)."""
     flags = (*COMMON, *overrides, f"--coordinator_address=127.0.0.1:{free_port()}", "--num_processes=2")
     env = dict(os.environ, JAX_PLATFORMS="cpu")
-    env["XLA_FLAGS"] = "--xla_force_host_platform_device_count=1 --xla_backend_optimization_level=0"
+    env["XLA_FLAGS"] = xla_flags(1)
 
     def small_files():
         resource.setrlimit(resource.RLIMIT_FSIZE, (file_bytes, file_bytes))

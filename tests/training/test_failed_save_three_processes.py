@@ -15,6 +15,7 @@ import pytest
 from jaxformer.run.checkpoint import Checkpointer
 from tests.training.test_distributed import free_port
 from tests.training.test_loop import command as train_command
+from tests.xla_flags import xla_flags
 
 # train.py under a hook (argv[1]): "limit:1" or "limit:1,2", those processes under a 20 kB file-size
 # limit from step 40's save (their shares of it have larger files, as on a full disk: EFBIG); "rename",
@@ -113,7 +114,7 @@ def hooked_processes(tmp_path, data_dir, hook, timeout=300, wrapper=HOOKED, coun
     flags += [f"--config.training.num_train_steps={steps}", "--config.training.checkpoint_every_steps=20"]
     flags += [f"--coordinator_address=127.0.0.1:{free_port()}", f"--num_processes={count}"]
     env = dict(os.environ, JAX_PLATFORMS="cpu")
-    env["XLA_FLAGS"] = "--xla_force_host_platform_device_count=1 --xla_backend_optimization_level=0"
+    env["XLA_FLAGS"] = xla_flags(1)
     started = [
         subprocess.Popen(
             [

@@ -20,6 +20,7 @@ from jaxformer.commands import train as train_command
 from jaxformer.errors import EXIT_USER_ERROR
 from jaxformer.run.checksums import _metadata_digest
 from jaxformer.run.loading import load_checkpoint
+from tests.xla_flags import xla_flags
 
 pytestmark = pytest.mark.xdist_group("train-loop")
 
@@ -47,7 +48,7 @@ def command(workdir, data_dir, *overrides):
 
 def environment():
     env = dict(os.environ)
-    env["XLA_FLAGS"] = "--xla_backend_optimization_level=0"  # faster compiles; same float semantics
+    env["XLA_FLAGS"] = xla_flags()  # one device
     env["JAX_PLATFORMS"] = "cpu"
     return env
 

@@ -16,6 +16,7 @@ import pytest
 from jaxformer.run.checkpoint import Checkpointer
 from tests.training.test_distributed import COMMON, free_port
 from tests.training.test_loop import command as train_command
+from tests.xla_flags import xla_flags
 
 # train.py, process 0's metrics failing as on a full disk: TensorBoard's `write` from step 25, its `open`
 # (a resumed run's first act on its metrics files), or the write of `last` metrics (last_metrics.json).
@@ -62,7 +63,7 @@ def two_processes(tmp_path, data_dir, failing, steps=100, wrapper=FULL_DISK, tim
     flags = (*COMMON, f"--config.training.num_train_steps={steps}", "--config.training.eval_every_steps=1000")
     flags += (f"--coordinator_address=127.0.0.1:{free_port()}", "--num_processes=2")
     env = dict(os.environ, JAX_PLATFORMS="cpu")
-    env["XLA_FLAGS"] = "--xla_force_host_platform_device_count=1 --xla_backend_optimization_level=0"
+    env["XLA_FLAGS"] = xla_flags(1)
     command = [sys.executable, str(script), failing]
     started = [
         subprocess.Popen(
