@@ -57,6 +57,10 @@ print(json.dumps(reports))
 """
 
 
+# One worker runs this file: its module fixture is made once, not once per worker.
+pytestmark = pytest.mark.xdist_group("layering")
+
+
 @pytest.fixture(scope="module")
 def reports():
     result = subprocess.run(

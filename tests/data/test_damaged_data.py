@@ -36,6 +36,10 @@ class TinyTranslate(tfds.core.GeneratorBasedBuilder, skip_registration=True):
             yield i, {"de": f"Satz {i} mit {i * 7919 % 10007} Worten", "en": f"sentence {i} of {i * 104729 % 7} words"}
 
 
+# One worker runs this file: its module fixture is made once, not once per worker.
+pytestmark = pytest.mark.xdist_group("damaged-data")
+
+
 @pytest.fixture(scope="module")
 def prepared(tmp_path_factory):
     data_dir = tmp_path_factory.mktemp("tfds")

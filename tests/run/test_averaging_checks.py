@@ -23,6 +23,9 @@ from jaxformer.run.lock import WorkdirLock
 from jaxformer.training import final_choice
 from tests.conftest import make_workdir, scored_validation
 
+# One worker runs this file: its module fixture is made once, not once per worker.
+pytestmark = pytest.mark.xdist_group("averaging-checks")
+
 
 @pytest.fixture(scope="module")
 def run_template(tmp_path_factory):

@@ -11,6 +11,9 @@ from jaxformer.run.checkpoint import Checkpointer
 from jaxformer.run.directory import RunDirectory
 from tests.conftest import make_workdir
 
+# One worker runs this file: its module fixture is made once, not once per worker.
+pytestmark = pytest.mark.xdist_group("averaging-remedies")
+
 
 @pytest.fixture(scope="module")
 def template(tmp_path_factory):

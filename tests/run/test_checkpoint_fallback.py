@@ -13,6 +13,9 @@ from jaxformer.run.loading import load_checkpoint
 from tests.conftest import make_workdir
 from tests.run.test_checkpoint_integrity import flip_bit
 
+# One worker runs this file: its module fixture is made once, not once per worker.
+pytestmark = pytest.mark.xdist_group("checkpoint-fallback")
+
 
 @pytest.fixture(scope="module")
 def run(tmp_path_factory):

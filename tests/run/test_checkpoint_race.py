@@ -22,6 +22,9 @@ from jaxformer.run.loading import load_checkpoint
 from jaxformer.run.removal import CheckpointRemoved
 from tests.conftest import make_workdir
 
+# One worker runs this file: its module fixture is made once, not once per worker.
+pytestmark = pytest.mark.xdist_group("checkpoint-race")
+
 
 @pytest.fixture(scope="module")
 def run_template(tmp_path_factory):

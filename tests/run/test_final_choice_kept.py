@@ -19,6 +19,9 @@ from jaxformer.run.metadata import CheckpointMetadata
 from jaxformer.training import final_choice
 from tests.conftest import make_workdir, scored_validation
 
+# One worker runs this file: its module fixture is made once, not once per worker.
+pytestmark = pytest.mark.xdist_group("final-choice-kept")
+
 
 @pytest.fixture(scope="module")
 def run_template(tmp_path_factory):

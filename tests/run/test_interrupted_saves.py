@@ -13,6 +13,9 @@ from jaxformer.run.checkpoint import Checkpointer
 from jaxformer.run.loading import load_from_directory
 from tests.conftest import make_workdir
 
+# One worker runs this file: its module fixture is made once, not once per worker.
+pytestmark = pytest.mark.xdist_group("interrupted-saves")
+
 
 @pytest.fixture(scope="module")
 def saved(tmp_path_factory):

@@ -9,6 +9,9 @@ from jaxformer.errors import CheckpointError
 from jaxformer.run.loading import load_checkpoint, locate_checkpoint
 from tests.conftest import make_workdir
 
+# One worker runs this file: its module fixture is made once, not once per worker.
+pytestmark = pytest.mark.xdist_group("loading-choice")
+
 
 @pytest.fixture(scope="module")
 def workdir(tmp_path_factory):

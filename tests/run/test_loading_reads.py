@@ -17,6 +17,9 @@ from jaxformer.run.loading import load_checkpoint, locate_checkpoint
 from jaxformer.training import experiment
 from tests.conftest import read_raw, save_checkpoints
 
+# One worker runs this file: its module fixture is made once, not once per worker.
+pytestmark = pytest.mark.xdist_group("loading-reads")
+
 
 @pytest.fixture(scope="module")
 def lm_workdir(tmp_path_factory):

@@ -177,6 +177,10 @@ def test_bad_metadata_names_the_file_and_the_key(change, message):
         CheckpointMetadata.from_json([values], "somewhere")
 
 
+# One worker runs this file: its module fixture is made once, not once per worker.
+pytestmark = pytest.mark.xdist_group("metadata")
+
+
 @pytest.fixture(scope="module")
 def run(tmp_path_factory):
     workdir, _, tokenizer = make_workdir(tmp_path_factory.mktemp("metadata") / "run", steps=(5,))

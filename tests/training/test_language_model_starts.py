@@ -26,6 +26,10 @@ from tests.conftest import read_raw, save_checkpoints
 KEYS = {"decoder_only": "init_decoder_from", "encoder_only": "init_encoder_from"}
 
 
+# One worker runs this file: its module fixture is made once, not once per worker.
+pytestmark = pytest.mark.xdist_group("language-model-starts")
+
+
 @pytest.fixture(scope="module")
 def tokenizer():
     return train_tokenizer(read_raw("train.de.gz", 1500), vocab_size=300)

@@ -26,6 +26,9 @@ from jaxformer.training import experiment, final_choice, resume_rules, run_start
 from jaxformer.training.sharding import MeshError
 from tests.conftest import make_workdir
 
+# One worker runs this file: its module fixture is made once, not once per worker.
+pytestmark = pytest.mark.xdist_group("run-start-checks")
+
 
 @pytest.fixture(scope="module")
 def finished_template(tmp_path_factory):

@@ -9,6 +9,9 @@ from jaxformer.run.checkpoint import Checkpointer
 from jaxformer.run.directory import RunDirectory
 from tests.conftest import make_workdir, read_raw
 
+# One worker runs this file: its module fixture is made once, not once per worker.
+pytestmark = pytest.mark.xdist_group("run-tokenizer")
+
 
 @pytest.fixture(scope="module")
 def tokenizer_run(tmp_path_factory):

@@ -26,6 +26,10 @@ def sentencepiece_model(sentences, size, model_type="unigram"):
     return model.getvalue()
 
 
+# One worker runs this file: its module fixture is made once, not once per worker.
+pytestmark = pytest.mark.xdist_group("run-tokenizer-resume")
+
+
 @pytest.fixture(scope="module")
 def run(tmp_path_factory):
     """A workdir with a checkpoint (step 20) whose tokenizer was converted from given.model; that
