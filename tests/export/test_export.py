@@ -26,7 +26,7 @@ from jaxformer.run.checkpoint import Checkpointer
 from jaxformer.run.directory import RunDirectory
 from jaxformer.run.loading import load_checkpoint
 from tests.conftest import assert_same_hypotheses
-from tests.export.conftest import FLAGS, sentences_in_two_batches
+from tests.export.exports import FLAGS, sentences_in_two_batches
 from tests.export.serving import serve_without_jaxformer
 
 pytestmark = pytest.mark.xdist_group("export")

@@ -14,7 +14,7 @@ from jaxformer.commands import export
 from jaxformer.decoding.translator import Translator
 from jaxformer.export import export_program, exporter, output_folder, standalone
 from jaxformer.export.loading import ExportError, load_export
-from tests.export.conftest import FLAGS
+from tests.export.exports import FLAGS
 from tests.export.serving import run_serve_py
 
 pytestmark = pytest.mark.xdist_group("export")  # the export fixture of conftest.py, made once

@@ -12,7 +12,7 @@ import pytest
 
 from jaxformer.export import export_program
 from jaxformer.export.loading import ExportError, load_export
-from tests.export.conftest import record_in_program
+from tests.export.exports import record_in_program
 from tests.export.serving import run_serve_py
 
 pytestmark = pytest.mark.xdist_group("export")  # the export fixture of conftest.py, made once

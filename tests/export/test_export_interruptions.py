@@ -17,7 +17,7 @@ from jaxformer import staged_folder, staging_leftovers
 from jaxformer.commands import export
 from jaxformer.export import exporter, output_folder
 from jaxformer.training.signals import RaiseOnSignal, Stopped
-from tests.export.conftest import FLAGS
+from tests.export.exports import FLAGS
 
 ROOT = pathlib.Path(__file__).parents[2]
 

@@ -19,7 +19,7 @@ from jaxformer.export import exporter, standalone
 from jaxformer.export.loading import ExportError, load_export
 from jaxformer.run.checkpoint import Checkpointer
 from jaxformer.run.loading import load_checkpoint
-from tests.export.conftest import FLAGS, export_with_the_command, sentences_in_two_batches
+from tests.export.exports import FLAGS, export_with_the_command, sentences_in_two_batches
 from tests.export.serving import run_serve_py
 
 pytestmark = pytest.mark.xdist_group("export")  # the export fixture of conftest.py, made once

@@ -12,7 +12,7 @@ import numpy as np
 import pytest
 
 from jaxformer.export import standalone
-from tests.export.conftest import record_in_program
+from tests.export.exports import record_in_program
 
 pytestmark = pytest.mark.xdist_group("export")  # the export fixture of conftest.py, made once
 

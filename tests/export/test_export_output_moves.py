@@ -16,7 +16,7 @@ from jaxformer import staged_folder
 from jaxformer.commands import export
 from jaxformer.export import exporter, output_folder
 from jaxformer.export.loading import ExportError, load_export
-from tests.export.conftest import FLAGS
+from tests.export.exports import FLAGS
 
 pytestmark = pytest.mark.xdist_group("export")  # the workdir fixture of conftest.py, made once
 
