@@ -44,11 +44,16 @@ def staging_folder(output: pathlib.Path) -> pathlib.Path:
     return output if staged_inside(output) else output.parent
 
 
-def remove_dead_leftovers(output: pathlib.Path, writer: Writer) -> None:
+def remove_dead_leftovers(output: pathlib.Path, writer: Writer) -> list[pathlib.Path]:
     """The staging folders of killed writes to `output` removed, and the folder one was replacing
     put back or removed, each with a warning (staging_leftovers.py); a live writer's left alone.
-    Called before the output is checked: a leftover inside a mount point would make it look in use."""
-    staging_leftovers.remove_dead(staging_folder(output), output, writer.noun)
+    Called before the output is checked: a leftover inside a mount point would make it look in use.
+    Returns the killed writes' staging folders that were inside `output` (a mount point): such a
+    write moved its entries in one by one, so what `output` holds besides may be the part of its
+    folder it moved in before it was killed."""
+    folder = staging_folder(output)
+    killed = staging_leftovers.remove_dead(folder, output, writer.noun)
+    return killed if folder == output else []
 
 
 def check_placeable(output: pathlib.Path, writer: Writer) -> None:

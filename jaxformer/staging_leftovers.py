@@ -67,17 +67,20 @@ def _of_a_dead_writer(path: pathlib.Path) -> Iterator[bool]:
         os.close(descriptor)
 
 
-def remove_dead(folder: pathlib.Path, output: pathlib.Path, noun: str) -> None:
+def remove_dead(folder: pathlib.Path, output: pathlib.Path, noun: str) -> list[pathlib.Path]:
     """Removes, each with a warning naming the writer by `noun` ("export"), the staging folders for
     `output` in `folder` whose writer is no longer alive (none holds its lock); a live writer's is
     left as it is. Then the old folder a dead writer was replacing: put back where no output is,
-    else removed (`_retired_left`)."""
+    else removed (`_retired_left`). Returns the dead writers' staging folders, each a write to
+    `output` killed before its folder was whole in place."""
     if not folder.is_dir():
-        return
+        return []
+    found = []
     for path in sorted(folder.glob(staging_pattern(output))):
         with _of_a_dead_writer(path) as dead:
             if not dead:
                 continue
+            found.append(path)
             shutil.rmtree(path, ignore_errors=True)
             if path.exists():
                 logger.warning("cannot remove %s, left by %s to %s that was killed", path, with_article(noun), output)
@@ -92,6 +95,7 @@ def remove_dead(folder: pathlib.Path, output: pathlib.Path, noun: str) -> None:
         with _of_a_dead_writer(path) as dead:
             if dead:
                 _retired_left(path, output, folder, noun)
+    return found
 
 
 def _retired_left(path: pathlib.Path, output: pathlib.Path, folder: pathlib.Path, noun: str) -> None:

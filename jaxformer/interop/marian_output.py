@@ -29,8 +29,8 @@ def check_new_output(output: str | os.PathLike, writer: staged_folder.Writer) ->
     output = pathlib.Path(output)
     if output.is_symlink() and output.is_dir():  # written where it points, as before: the link stays
         output = pathlib.Path(os.path.realpath(output))
-    staged_folder.remove_dead_leftovers(output, writer)
-    _check_empty(output)
+    killed_inside = staged_folder.remove_dead_leftovers(output, writer)
+    _check_empty(output, killed_inside=killed_inside)
     reason = unwritable_folder_reason(output)
     if reason:
         raise ConversionError(f"--output {output}: cannot write it: {reason}")
@@ -38,9 +38,21 @@ def check_new_output(output: str | os.PathLike, writer: staged_folder.Writer) ->
     return output
 
 
-def _check_empty(output: pathlib.Path, staging: pathlib.Path | None = None) -> None:
-    """`ConversionError` unless `output` is absent or an empty directory (its own `staging` aside)."""
+def _check_empty(
+    output: pathlib.Path, staging: pathlib.Path | None = None, killed_inside: list[pathlib.Path] | None = None
+) -> None:
+    """`ConversionError` unless `output` is absent or an empty directory (its own `staging` aside).
+    `killed_inside`: the staging folders of conversions into `output`, a mount point, killed before
+    they were in place (`staged_folder.remove_dead_leftovers`). A conversion writes only into an
+    empty folder, and into a mount point moves its files in one by one, so what such a folder holds
+    is then the part one of those moved in before it was killed: the refusal says so."""
     if output.exists() and (not output.is_dir() or any(entry != staging for entry in output.iterdir())):
+        if killed_inside:
+            raise ConversionError(
+                f"--output {output}: already exists and is not an empty directory: it holds part of a conversion "
+                f"killed as it moved its files into it one by one ({output} is a mount point; the staging folder it "
+                f"moved them from was {killed_inside[0]}); delete what is in {output}, then convert again"
+            )
         raise ConversionError(
             f"--output {output}: already exists and is not an empty directory; give a new or empty one "
             "(nothing is replaced)"
