@@ -26,7 +26,7 @@ from typing import Any
 
 import tqdm
 
-from jaxformer.argument_parser import Parser, discard_output, path_text
+from jaxformer.argument_parser import EXIT_CLOSED_PIPE, Parser, discard_output, path_text
 from jaxformer.commands import launch
 from jaxformer.commands.compilation_cache import enable_compilation_cache, repair_unreadable_entry
 from jaxformer.decoding import sentence_batches
@@ -210,7 +210,7 @@ def run_command(
         return exit_code_for_signal(signal.SIGINT)
     except BrokenPipeError:  # the reader of stdout closed it (`| head`): it wants no more, as SIGPIPE says
         _discard_stdout()
-        return exit_code_for_signal(signal.SIGPIPE)
+        return EXIT_CLOSED_PIPE
     except Exception as error:
         limit = _storage_limit(error)
         if limit is None:
