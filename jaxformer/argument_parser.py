@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import errno
 import os
 import re
 import signal
@@ -22,6 +23,9 @@ else:  # an export's copy, beside serve.py, without jaxformer.files: its rule (a
 
 EXIT_USAGE = 2  # argparse's status for a bad command line; jaxformer.errors.EXIT_USER_ERROR is the same
 EXIT_CLOSED_PIPE = 128 + signal.SIGPIPE  # as a shell reports a process SIGPIPE ended (Python ignores SIGPIPE)
+# sysexits.h's EX_TEMPFAIL: the disk (or quota) is full; free space and run again. Here, for the
+# --help of every command and of an export's serve.py; jaxformer.errors takes it from here.
+EXIT_NO_SPACE = 75
 
 
 class _StoreOnce(argparse._StoreAction):
@@ -58,7 +62,8 @@ class Parser(argparse.ArgumentParser):
         """argparse's, flushed at once, so that a reader gone (`--help | head -1`) ends the command
         quietly with 141, as its other output does (jaxformer.commands.common.run_command): argparse
         ignored the failed write, and Python's last flush of stdout then printed `Exception ignored
-        ... BrokenPipeError` and exited 120. Another failed write is ignored, as argparse ignores it."""
+        ... BrokenPipeError` and exited 120. Another failed write (a full disk, an I/O error) is one
+        `error:` line, as a command's output that fails so (`_help_not_written`)."""
         file = file or sys.stdout or sys.stderr  # stdout closed (`>&-`): argparse writes to stderr
         try:
             file.write(self.format_help())
@@ -66,15 +71,32 @@ class Parser(argparse.ArgumentParser):
         except BrokenPipeError:
             discard_output(file)
             sys.exit(EXIT_CLOSED_PIPE)
-        except OSError:
-            pass
+        except OSError as error:
+            discard_output(file)
+            sys.exit(_help_not_written(error, file))
+
+
+def _help_not_written(error: OSError, file) -> int:
+    """The exit code of a --help that `file` failed to take with `error`, said on stderr in one line
+    first, as a command's output that fails so: EXIT_NO_SPACE for a full disk (or quota), else
+    EXIT_USAGE (2, as jaxformer.errors.EXIT_USER_ERROR: an I/O error, a file-size limit)."""
+    where = "<stdout>" if file is sys.stdout else "<stderr>" if file is sys.stderr else getattr(file, "name", file)
+    line = f"error: {error.strerror or error} writing {where}: "
+    if error.errno in (errno.ENOSPC, errno.EDQUOT):
+        line, code = line + "free space (or quota), then run the same command again", EXIT_NO_SPACE
+    else:
+        line, code = line + "the help written stops short of the end", EXIT_USAGE
+    with contextlib.suppress(OSError, AttributeError):  # stderr full too, or closed: the exit code says it
+        sys.stderr.write(line + "\n")
+        sys.stderr.flush()
+    return code
 
 
 def discard_output(stream) -> None:
-    """Points `stream`'s descriptor at /dev/null once its reader has gone, so that the interpreter's
-    last flush of what it still holds does not fail a second time, with a message, after the
-    command has ended. What it holds goes out first where it still can: the pipe that broke may have
-    been a FIFO --output's, not the stream's."""
+    """Points `stream`'s descriptor at /dev/null once writing it failed (its reader gone, a full disk),
+    so that the interpreter's last flush of what it still holds does not fail a second time, with a
+    message, after the command has ended. What it holds goes out first where it still can: the pipe
+    that broke may have been a FIFO --output's, not the stream's."""
     with contextlib.suppress(OSError):
         stream.flush()
     devnull = os.open(os.devnull, os.O_WRONLY)

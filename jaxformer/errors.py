@@ -11,8 +11,10 @@ from __future__ import annotations
 
 import errno
 
+# 75, a full disk's: argument_parser.py's, stdlib-only, whose --help (every command's, serve.py's) exits with it too
+from jaxformer.argument_parser import EXIT_NO_SPACE as EXIT_NO_SPACE
+
 EXIT_USER_ERROR = 2
-EXIT_NO_SPACE = 75  # sysexits.h's EX_TEMPFAIL: the disk (or quota) is full; free space and run again
 
 
 def no_space_error(error: BaseException) -> OSError | None:

@@ -13,6 +13,7 @@ Every command keeps its compiled programs in the persistent compilation cache
 from __future__ import annotations
 
 import argparse
+import contextlib
 import io
 import logging
 import math
@@ -21,7 +22,7 @@ import signal
 import sys
 import traceback
 import warnings
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from typing import Any
 
 import tqdm
@@ -197,7 +198,8 @@ def run_command(
             enable_compilation_cache()  # before `body` compiles anything
         code = body(args)
         if sys.stdout is not None:  # what print() holds: a reader gone is a BrokenPipeError here, not at exit
-            sys.stdout.flush()
+            with writing_stdout():
+                sys.stdout.flush()
         return code
     except UserError as error:
         if args.verbose:
@@ -315,16 +317,28 @@ def write_lines(path: str | None, lines: list[str]) -> None:
         write_text_atomically(path, text)
         return
     check_stdout_open()
-    try:
+    with writing_stdout():
         write_to_stream(sys.stdout, text)
+
+
+@contextlib.contextmanager
+def writing_stdout() -> Iterator[None]:
+    """A write to stdout that fails, named `<stdout>` in run_command's line: a full disk keeps its own
+    line and exit code, another error (an I/O error, `ulimit -f`, a descriptor opened read-only) is an
+    OutputError, one line, not a traceback; a reader gone ends the command as SIGPIPE would. What
+    stdout still holds is dropped (`discard_output`): the interpreter's last flush of it failed
+    again, after that line (`Exception ignored ... OSError`), and made the exit code 120."""
+    try:
+        yield
     except BrokenPipeError:
-        raise  # the reader went away: run_command ends as SIGPIPE would
+        raise
     except OSError as error:
+        with contextlib.suppress(OSError, ValueError):  # a stand-in without a descriptor (a StringIO)
+            discard_output(sys.stdout)
         if error.filename is None:  # a write names no file; the error ("No space left on device") should
             error.filename = "<stdout>"
         if no_space_error(error) is not None:
-            raise  # run_command's own line and exit code for a full disk
-        # An I/O error, a file-size limit (`ulimit -f`), a file opened read-only: one line, not a traceback.
+            raise
         raise OutputError(
             f"{error.strerror or error} writing {error.filename}: the lines written stop short of the end"
         ) from error

@@ -35,7 +35,15 @@ from typing import NoReturn
 
 from jaxformer.argument_parser import Parser
 from jaxformer.commands import launch
-from jaxformer.commands.common import FlagError, at_least, configure_logging, make_parser, path_text, run_command
+from jaxformer.commands.common import (
+    FlagError,
+    at_least,
+    configure_logging,
+    make_parser,
+    path_text,
+    run_command,
+    writing_stdout,
+)
 from jaxformer.errors import EXIT_USER_ERROR, UserError, exit_code_for_signal
 from jaxformer.training.config_file import (
     OVERRIDE_PREFIX,
@@ -257,7 +265,8 @@ def run(args: argparse.Namespace) -> int:
 
     config = processes.all_or_none(checked_config)
     if args.print_config:
-        print(config)
+        with writing_stdout():
+            print(config)
         return 0
     import jax
 
@@ -293,7 +302,8 @@ def main(argv: list[str] | None = None) -> int:
 
     def body(args: argparse.Namespace) -> int:
         if args.list_configs:
-            sys.stdout.write(list_configs())
+            with writing_stdout():
+                sys.stdout.write(list_configs())
             return 0
         args.overrides = overrides
         return run(args)

@@ -1,9 +1,11 @@
 """The commands alike: a clone's script for each console script, written alike; one rule for the
 decoding commands' --batch_size defaults, which their --help gives; --help into a closed pipe ends
-quietly with 141, as every command's other output does; and with --verbose the `error:` line
-stays the last line on stderr, after jax's exit callbacks too."""
+quietly with 141, as every command's other output does, and into a full disk (or another failed
+write) with one `error:` line naming stdout and the exit code of the commands' output that fails so;
+and with --verbose the `error:` line stays the last line on stderr, after jax's exit callbacks too."""
 
 import ast
+import errno
 import importlib
 import inspect
 import io
@@ -15,8 +17,8 @@ import tomllib
 
 import pytest
 
-from jaxformer.commands import common, decoding_flags
-from jaxformer.errors import EXIT_USER_ERROR, UserError
+from jaxformer.commands import common, decoding_flags, train
+from jaxformer.errors import EXIT_NO_SPACE, EXIT_USER_ERROR, UserError
 
 ROOT = pathlib.Path(__file__).parents[2]
 COMMANDS = sorted(
@@ -84,6 +86,79 @@ def test_help_into_a_closed_pipe_ends_quietly_with_141(name, monkeypatch, capfd)
     assert ended.value.code == 141
     stdout.close()  # the interpreter's last flush: nothing is left to fail
     assert capfd.readouterr().err == ""
+
+
+FULL_DISK = (
+    f"error: {os.strerror(errno.ENOSPC)} writing <stdout>: free space (or quota), then run the same command again"
+)
+
+
+def _full_stdout(monkeypatch) -> io.TextIOWrapper:
+    """sys.stdout redirected to /dev/full (`> /dev/full`): every write that reaches it fails with ENOSPC."""
+    stdout = io.TextIOWrapper(io.BufferedWriter(io.FileIO("/dev/full", "w")), encoding="utf-8")
+    monkeypatch.setattr(sys, "stdout", stdout)
+    return stdout
+
+
+@pytest.mark.parametrize("name", COMMANDS)
+def test_help_into_a_full_disk_is_one_line_and_exits_75(name, monkeypatch, capfd):
+    """`jaxformer-NAME --help > /dev/full`: argparse ignored the failed write (and, before print_help
+    flushed it, Python's last flush printed `Exception ignored ... OSError: [Errno 28]` and exited
+    120), where the commands' output into a full disk is one line and exit 75."""
+    parser = importlib.import_module(f"jaxformer.commands.{name}").build_parser()
+    stdout = _full_stdout(monkeypatch)
+    with pytest.raises(SystemExit) as ended:
+        parser.parse_args(["--help"])
+    assert ended.value.code == EXIT_NO_SPACE
+    stdout.close()  # the interpreter's last flush: nothing is left to fail
+    assert capfd.readouterr().err == FULL_DISK + "\n"
+
+
+class _FailingFile(io.RawIOBase):
+    """A file at `path` whose writes fail with `error_number` (an I/O error, `ulimit -f`) until its
+    descriptor is pointed at /dev/null."""
+
+    def __init__(self, path, error_number: int):
+        self.error_number, self.descriptor = error_number, os.open(path, os.O_WRONLY | os.O_CREAT)
+
+    def writable(self):
+        return True
+
+    def write(self, data):
+        if os.path.samestat(os.fstat(self.descriptor), os.stat(os.devnull)):
+            return len(data)
+        raise OSError(self.error_number, os.strerror(self.error_number))
+
+    def fileno(self):
+        return self.descriptor
+
+    def close(self):
+        os.close(self.descriptor)
+        super().close()
+
+
+@pytest.mark.parametrize("error_number", [errno.EIO, errno.EFBIG])
+def test_help_into_a_failing_stdout_is_one_line_and_exits_2(error_number, tmp_path, monkeypatch, capfd):
+    """As translate's lines into such a stdout (`OutputError`): exit 2, the OS's reason in one line."""
+    stdout = io.TextIOWrapper(io.BufferedWriter(_FailingFile(tmp_path / "stdout", error_number)), encoding="utf-8")
+    monkeypatch.setattr(sys, "stdout", stdout)
+    with pytest.raises(SystemExit) as ended:
+        train.build_parser().parse_args(["--help"])
+    assert ended.value.code == EXIT_USER_ERROR
+    stdout.close()
+    assert capfd.readouterr().err == (
+        f"error: {os.strerror(error_number)} writing <stdout>: the help written stops short of the end\n"
+    )
+
+
+@pytest.mark.parametrize("argv", [["--list_configs"], ["--config", "tiny", "--print_config"]])
+def test_a_list_into_a_full_disk_names_stdout(argv, monkeypatch, capfd):
+    """train's --list_configs and --print_config exited 75 with `error: No space left on device: free
+    space ...`, naming nothing written."""
+    stdout = _full_stdout(monkeypatch)
+    assert train.main(argv) == EXIT_NO_SPACE
+    stdout.close()
+    assert capfd.readouterr().err.splitlines() == [f"{FULL_DISK} (a training run resumes from its last checkpoint)"]
 
 
 def test_verbose_leaves_the_error_line_last_after_jaxs_exit_callbacks(capsys):
