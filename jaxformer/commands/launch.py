@@ -13,7 +13,9 @@ before its summary), a SIGTERM or Ctrl-C, while Python exits too (jax's clean-up
 second), changes nothing: the command's work is done (an export in place, a run complete or
 stopped and saved) and its exit code says so. Until the exit callbacks end it is said in one
 line, and a second one ends the process at once; after them it is ignored.
-This module imports the standard library and jaxformer.errors alone, so that it is loaded at once.
+A process of a multi-process run whose command failed (an exit code from 1 to 127, or an error
+that escaped it) waits for the others at jax's shutdown for seconds only (failed_exit.py).
+This module imports the standard library, jaxformer.errors and failed_exit alone, so that it is loaded at once.
 Before it loads a command it checks the jax variables of the compilation cache that the README
 names: jax reads them as it is imported, and a bad value was a 38-line traceback from that import.
 """
@@ -30,6 +32,7 @@ import threading
 from collections.abc import Callable, Mapping
 from typing import NoReturn
 
+from jaxformer.commands import failed_exit
 from jaxformer.errors import EXIT_USER_ERROR, UserError, exit_code_for_signal
 
 _kept: list[int] = []  # the Ctrl-C that came while the command was loading
@@ -96,7 +99,11 @@ def launch(module: str, argv: list[str] | None = None) -> int:
     except SystemExit:  # argparse's --help, or its usage error, before run_command
         if not _kept:
             raise
+    except Exception:  # a bug: its traceback, exit 1
+        failed_exit.end_within_bound(1)
+        raise
     else:
+        failed_exit.end_within_bound(code)
         keep_exit_code(code)
         return code
     finally:

@@ -34,7 +34,7 @@ from collections.abc import Callable
 from typing import NoReturn
 
 from jaxformer.argument_parser import Parser
-from jaxformer.commands import launch
+from jaxformer.commands import failed_exit, launch
 from jaxformer.commands.common import (
     FlagError,
     at_least,
@@ -158,6 +158,7 @@ def join_processes(args: argparse.Namespace) -> None:
     except (ValueError, RuntimeError) as error:  # no cluster found, a coordinator that refuses
         raise FlagError(f"{where}: cannot join a multi-process run: {error}") from None
     logger.info("process %d of %d", jax.process_index(), jax.process_count())
+    failed_exit.joined_run(jax.process_index(), jax.process_count())  # a failure then ends it within seconds
     from jaxformer.training import processes
 
     processes.check_same_device_counts()  # before the first gather, which needs them equal
