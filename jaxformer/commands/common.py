@@ -4,8 +4,10 @@ logging routed around progress bars, and one way to report a user's error.
 A command is `main(argv) -> exit code`, built by `run_command(parser, body, argv)`: a
 `UserError` (bad config, flags, data, files, workdir) prints one line, `error: ...`, and exits
 with `EXIT_USER_ERROR`; `--verbose` prints the traceback before that line and keeps the exit code.
-Anything else is a bug and keeps its traceback. Ctrl-C exits with 130, as shells report it; a
-reader of stdout that went away (`| head`) ends the command quietly with 141, as SIGPIPE would.
+A step's collective exchange whose other end went (a process of a multi-process run gone) is one
+line too (failed_exit.lost_process). Anything else is a bug and keeps its traceback. Ctrl-C exits
+with 130, as shells report it; a reader of stdout that went away (`| head`) ends the command
+quietly with 141, as SIGPIPE would.
 Every command keeps its compiled programs in the persistent compilation cache
 (jaxformer/commands/compilation_cache.py).
 """
@@ -28,7 +30,7 @@ from typing import Any
 import tqdm
 
 from jaxformer.argument_parser import EXIT_CLOSED_PIPE, Parser, discard_output, path_text
-from jaxformer.commands import launch
+from jaxformer.commands import failed_exit, launch
 from jaxformer.commands.compilation_cache import enable_compilation_cache, repair_unreadable_entry
 from jaxformer.decoding import sentence_batches
 from jaxformer.errors import (
@@ -214,6 +216,12 @@ def run_command(
         _discard_stdout()
         return EXIT_CLOSED_PIPE
     except Exception as error:
+        lost = failed_exit.lost_process(error)
+        if lost is not None:
+            if args.verbose:
+                _print_traceback()
+            sys.stderr.write(f"error: {lost}\n")
+            return EXIT_USER_ERROR
         limit = _storage_limit(error)
         if limit is None:
             raise

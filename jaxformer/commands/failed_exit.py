@@ -14,6 +14,15 @@ own `error:` line): process 0 waits longer than the others, so that every surviv
 first. A run that finished, or stopped on a signal (every process stops at the same step and
 leaves with the others), waits for every process as before.
 
+A process whose step fails in a collective exchange because the process at its other end went
+(gloo's connection reset or closed: that process killed, or ended by an error of its own, which
+now leaves within seconds) says so in one line (`lost_process`, through run_command), where it
+printed gloo's traceback. A process that loses process 0 cannot: jax's client aborts it at once,
+in a thread of its own (exit -6, no line). The client that jaxlib makes takes a callback for that
+instead of its abort (missed_heartbeat_callback), but jax.distributed.initialize passes none, and
+jaxlib 0.10 cannot call one written in Python (its status argument fails to convert: std::bad_cast,
+and the process ends as before), measured.
+
 This module imports the standard library alone: `launch` loads it before jax.
 """
 
@@ -30,13 +39,33 @@ import threading
 OTHERS_WAIT_SECONDS = 2.0
 COORDINATOR_WAIT_SECONDS = 10.0
 
-_joined: list[int] = []  # this process's index in the multi-process run it joined, once it has
+_joined: list[int] = []  # this process's index and the process count of the multi-process run it joined
+
+# What gloo (the CPU processes' collectives) says where a process it exchanges with has gone: its
+# connection reset (killed) or closed (ended) in the middle of an exchange.
+_GLOO_PEER_GONE = ("Connection reset by peer", "Connection closed by peer")
 
 
 def joined_run(process_index: int, process_count: int) -> None:
     """This process has joined a run of `process_count` processes as `process_index` (train.py's
     jax.distributed.initialize returned)."""
-    _joined[:] = [process_index] if process_count > 1 else []
+    _joined[:] = [process_index, process_count] if process_count > 1 else []
+
+
+def lost_process(error: BaseException) -> str | None:
+    """The one line that says a process of this run is gone, where `error` is a collective exchange's
+    (jax's runtime error, from gloo) whose other end went (a process killed, or ended alone by an error
+    of its own): process 0 saw its exchange fail with a traceback. None for any other error. Of two
+    processes the other one is named; of more, gloo names an address alone."""
+    text = str(error).strip()
+    if not (_joined and text.startswith("UNKNOWN: Gloo ") and any(gone in text for gone in _GLOO_PEER_GONE)):
+        return None
+    index, count = _joined
+    which = f"process {1 - index}" if count == 2 else "another process"
+    return (
+        f"{which} of the run is gone (killed, or ended by an error of its own, which its log says): "
+        f"{text.splitlines()[0]}; run the same command again to resume from the last checkpoint"
+    )
 
 
 def failed(code: int) -> bool:

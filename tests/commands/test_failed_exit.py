@@ -1,13 +1,19 @@
 """A launched command of a multi-process run that failed ends with its own exit code once its wait
 for the others is up, where jax's shutdown barrier, waiting for a process killed, held it until
-jax aborted it (exit -6); a finished or stopped one waits at exit as before. The real two-process
-run: tests/training/test_failed_save_killed_process.py."""
+jax aborted it (exit -6); a finished or stopped one waits at exit as before. A collective exchange
+whose other end went is one line naming the process gone. The real two-process runs:
+tests/training/test_failed_save_killed_process.py, test_lost_process.py."""
 
 import os
 import pathlib
 import subprocess
 import sys
 import time
+
+import pytest
+
+from jaxformer.commands import common, failed_exit
+from jaxformer.errors import EXIT_USER_ERROR
 
 ROOT = pathlib.Path(__file__).parents[2]
 
@@ -61,3 +67,41 @@ def test_a_process_that_finished_stopped_or_ran_alone_waits_at_exit_as_before(tm
     cases = [("1", "0"), ("1", "143"), ("-", "2")]  # finished, stopped by SIGTERM, a run of one process
     results = launched(tmp_path, cases)
     assert [result[:2] for result in results] == [(int(code), "error: the run failed\nwaited\n") for _, code in cases]
+
+
+GLOO_RESET = (
+    "UNKNOWN: Gloo all-reduce failed: [external/gloo/gloo/transport/tcp/pair.cc:538] Read error "
+    "[127.0.0.1]:1926: Connection reset by peer"
+)
+
+
+def failing_with(error):
+    def body(args):
+        raise error
+
+    return body
+
+
+@pytest.mark.parametrize(
+    ("index", "count", "named"), [(0, 2, "process 1"), (1, 2, "process 0"), (0, 3, "another process")]
+)
+def test_an_exchange_whose_other_end_went_is_one_line_naming_the_process_gone(monkeypatch, capsys, index, count, named):
+    """A process killed mid-training: process 0's step failed in gloo's exchange with a traceback."""
+    monkeypatch.setattr(failed_exit, "_joined", [])
+    failed_exit.joined_run(index, count)
+    assert common.run_command(common.make_parser(None), failing_with(ValueError(GLOO_RESET)), []) == EXIT_USER_ERROR
+    assert capsys.readouterr().err == (
+        f"error: {named} of the run is gone (killed, or ended by an error of its own, which its log says): "
+        f"{GLOO_RESET}; run the same command again to resume from the last checkpoint\n"
+    )
+
+
+def test_other_errors_and_a_run_of_one_process_keep_their_traceback(monkeypatch):
+    monkeypatch.setattr(failed_exit, "_joined", [])
+    with pytest.raises(ValueError, match="Gloo"):  # one process exchanges with none: not a process gone
+        common.run_command(common.make_parser(None), failing_with(ValueError(GLOO_RESET)), [])
+    failed_exit.joined_run(0, 2)
+    with pytest.raises(ValueError, match="UNKNOWN: Gloo all-reduce failed: bad input"):  # a bug, not a process gone
+        common.run_command(
+            common.make_parser(None), failing_with(ValueError("UNKNOWN: Gloo all-reduce failed: bad input")), []
+        )

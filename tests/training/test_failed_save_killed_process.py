@@ -3,21 +3,19 @@ whose failure it had told: the survivor ends with its `error:` line and exit cod
 where jax's shutdown barrier held it for the killed process until jax's heartbeat timeout aborted
 it (exit -6, 60-100 s after the kill). The exit itself: tests/commands/test_failed_exit.py."""
 
-import textwrap
-
 import pytest
 
 from jaxformer.run.checkpoint import Checkpointer
 from tests.training.test_failed_save_three_processes import hooked_processes
+from tests.training.test_lost_process import hooked_train
 
 # train.py, process 1 telling a failure of its part of step 40's save at the save's first barrier,
 # then killed there before it withdraws (the barrier's verdict is process 0's: failed).
-TOLD_THEN_KILLED = textwrap.dedent(
+TOLD_THEN_KILLED = hooked_train(
     """
-    import os, runpy, signal, sys
+    import os, signal
     from jaxformer.run import save_barrier
 
-    sys.argv.pop(1)
     called = save_barrier.SaveBarrier.__call__
 
     def call(self, *, key, timeout_ms):
@@ -27,13 +25,11 @@ TOLD_THEN_KILLED = textwrap.dedent(
         return called(self, key=key, timeout_ms=timeout_ms)
 
     save_barrier.SaveBarrier.__call__ = call
-    sys.argv = sys.argv[1:]
-    runpy.run_path(sys.argv[0], run_name="__main__")
     """
 )
 
 
-@pytest.mark.slow  # two train.py processes on localhost, about 60 s on 2 shared cores
+@pytest.mark.slow  # two train.py processes on localhost, 30-65 s on 2 shared cores
 @pytest.mark.xdist_group("distributed-processes")
 def test_the_survivor_of_a_process_killed_in_a_save_ends_with_its_error_within_seconds(data_dir, tmp_path):
     checkpoints = tmp_path / "run" / "checkpoints"
