@@ -69,6 +69,20 @@ def _root_log_level_restored():
     logging.getLogger().setLevel(_ROOT_LEVEL)
 
 
+# A read that fails watches its step folder for REMOVAL_WATCH_SECONDS (1 s) for a training run's
+# removal in progress before it calls the checkpoint damaged: a wait that hundreds of damaged-checkpoint
+# tests would each pay (about 40 s of the suite). Tests watch 0.1 s; the removal races keep the real watch.
+SHORT_REMOVAL_WATCH_SECONDS = 0.1
+
+
+@pytest.fixture(autouse=True)
+def _short_removal_watch(request, monkeypatch):
+    if request.node.get_closest_marker("real_removal_watch") is None:
+        from jaxformer.run import removal
+
+        monkeypatch.setattr(removal, "REMOVAL_WATCH_SECONDS", SHORT_REMOVAL_WATCH_SECONDS)
+
+
 @pytest.fixture(scope="session")
 def data_dir(tmp_path_factory):
     """Multi30k prepared once per test session (per worker) as array_record files."""

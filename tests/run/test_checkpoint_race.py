@@ -23,7 +23,8 @@ from jaxformer.run.removal import CheckpointRemoved
 from tests.conftest import make_workdir
 
 # One worker runs this file: its module fixture is made once, not once per worker.
-pytestmark = pytest.mark.xdist_group("checkpoint-race")
+# Removals in progress, as orbax makes them: the reads watch for the product's full time.
+pytestmark = [pytest.mark.xdist_group("checkpoint-race"), pytest.mark.real_removal_watch]
 
 
 @pytest.fixture(scope="module")
