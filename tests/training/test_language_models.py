@@ -178,19 +178,25 @@ def test_from_workdir_reads_the_checkpoints_metadata_once(runs, monkeypatch):
 def test_the_default_continuation_is_the_greedy_one_not_the_beam_one(runs):
     step, metadata, params = load_checkpoint(runs["multi30k_lm"])
     config, tokenizer, prompts = metadata.model_config(), metadata.load_tokenizer(), ["Ein Mann", "Zwei Hunde"]
-    # 40 steps may leave a model that repeats one word whatever the search (on some CPUs greedy and beam
-    # then wrote the same): its parameters shaken, each by its own spread, it no longer does.
-    leaves, tree = jax.tree.flatten(params)
-    keys = jax.random.split(jax.random.key(0), len(leaves))
-    params = jax.tree.unflatten(
-        tree, [leaf + jnp.std(leaf) * jax.random.normal(key, leaf.shape) for leaf, key in zip(leaves, keys)]
-    )
-    by_default = LanguageModel(config, params, tokenizer).complete(prompts)
+    # 40 steps may leave a model that repeats one word whatever the search (greedy and beam then write
+    # the same; which CPU and compiler options trained it decides that): its parameters shaken, each
+    # by its own spread, with the first of a few seeds whose model the two searches tell apart.
     greedy = DecodeSettings(method="greedy", max_extra_length=CONTINUATION_TOKENS)
-    assert by_default == LanguageModel(config, params, tokenizer, greedy).complete(prompts)
     beam_settings = DecodeSettings(method="beam", beam_size=4, max_extra_length=CONTINUATION_TOKENS)
-    beam = LanguageModel(config, params, tokenizer, beam_settings).complete(prompts)
-    assert beam != by_default  # these prompts tell the two searches apart
+    leaves, tree = jax.tree.flatten(params)
+    apart = []
+    for seed in range(8):
+        keys = jax.random.split(jax.random.key(seed), len(leaves))
+        shaken = jax.tree.unflatten(
+            tree, [leaf + jnp.std(leaf) * jax.random.normal(key, leaf.shape) for leaf, key in zip(leaves, keys)]
+        )
+        by_default = LanguageModel(config, shaken, tokenizer).complete(prompts)
+        assert by_default == LanguageModel(config, shaken, tokenizer, greedy).complete(prompts), seed
+        beam = LanguageModel(config, shaken, tokenizer, beam_settings).complete(prompts)
+        apart.append(beam != by_default)
+        if apart[-1]:
+            break
+    assert apart[-1], f"no seed of {len(apart)} gave a model whose greedy and beam continuations differ"
 
 
 def test_a_prompt_is_kept_as_written(runs):
