@@ -24,7 +24,8 @@ else:  # an export's copy, beside serve.py, without jaxformer.files: its rule (a
 EXIT_USAGE = 2  # argparse's status for a bad command line; jaxformer.errors.EXIT_USER_ERROR is the same
 EXIT_CLOSED_PIPE = 128 + signal.SIGPIPE  # as a shell reports a process SIGPIPE ended (Python ignores SIGPIPE)
 # sysexits.h's EX_TEMPFAIL: the disk (or quota) is full; free space and run again. Here, for the
-# --help of every command and of an export's serve.py; jaxformer.errors takes it from here.
+# --help of every command and of an export's serve.py, and serve.py's translations written to
+# stdout (serve_streams.py, which an export gives this file's copy); jaxformer.errors takes it from here.
 EXIT_NO_SPACE = 75
 
 

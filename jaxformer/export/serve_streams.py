@@ -1,18 +1,18 @@
 """serve.py's standard streams: stdin read as translate.py reads it (text_lines.py), a bad
 --batch_size or --seed, and the translations written to stdout, given up once writing it failed.
 Standard library only: `jaxformer-export` copies this module beside serve.py
-(jaxformer/export/standalone.py), which imports it."""
+(jaxformer/export/standalone.py), which imports it, and gives it its copies of text_lines.py and
+argument_parser.py (the exit codes and the stream given up, as every command's)."""
 
 from __future__ import annotations
 
 import argparse
 import errno
 import io
-import os
-import signal
 import sys
 
-if __package__:  # jaxformer.export.serve_streams; an export's copy is given text_lines by serve.py (`_import_beside`)
+if __package__:  # jaxformer.export.serve_streams; an export's copy is given these by serve.py (`_import_beside`)
+    from jaxformer import argument_parser
     from jaxformer.data import text_lines
 
 
@@ -45,18 +45,12 @@ def seed_number(text: str) -> int:
     return int(text)
 
 
-def discard_stdout() -> None:
-    """Points stdout at /dev/null once writing it failed, so that the interpreter's last flush of
-    what it still holds does not fail again, with a message, after serve.py has said why."""
-    devnull = os.open(os.devnull, os.O_WRONLY)
-    os.dup2(devnull, sys.stdout.fileno())
-    os.close(devnull)
-
-
-def write_stdout(text: str, exit_no_space: int) -> int:
-    """serve.py's exit code after writing `text` to stdout: 0, or, as translate.py, 128 + SIGPIPE once
-    the reader has gone and `exit_no_space` (jaxformer.errors.EXIT_NO_SPACE) for a full disk, with
-    the OS's reason in one line on stderr for any write error; what was written is kept."""
+def write_stdout(text: str) -> int:
+    """serve.py's exit code after writing `text` to stdout: 0, or, as translate.py, EXIT_CLOSED_PIPE
+    (128 + SIGPIPE) once the reader has gone and EXIT_NO_SPACE for a full disk, with the OS's reason
+    in one line on stderr for any write error; what was written is kept. Stdout is then pointed at
+    /dev/null (`argument_parser.discard_output`), so that the interpreter's last flush does not fail
+    again, with a message, after serve.py has said why."""
     try:
         # Through the byte buffer, checking what it wrote: a text stream's write drops the short
         # count a buffered writer returns once the pipe's reader has gone (CPython 3.11).
@@ -68,14 +62,14 @@ def write_stdout(text: str, exit_no_space: int) -> int:
             output = output[sys.stdout.buffer.write(output) :]
         sys.stdout.buffer.flush()
     except BrokenPipeError:  # the reader closed stdout (`| head`): no more is wanted, as SIGPIPE says
-        discard_stdout()
-        return 128 + signal.SIGPIPE
+        argument_parser.discard_output(sys.stdout)
+        return argument_parser.EXIT_CLOSED_PIPE
     except OSError as error:  # a full disk, EIO, EFBIG (`ulimit -f`), ...: one line, not a traceback
-        discard_stdout()
+        argument_parser.discard_output(sys.stdout)
         where = f"{error.strerror or error} writing <stdout>"
         if error.errno in (errno.ENOSPC, errno.EDQUOT):
             sys.stderr.write(f"error: {where}: free space (or quota), then run the same command again\n")
-            return exit_no_space
+            return argument_parser.EXIT_NO_SPACE
         sys.stderr.write(f"error: {where}: the translations written stop short of the end\n")
         return 2
     return 0

@@ -66,7 +66,6 @@ LOADER_IMPORTS = (
     "export/serve_streams.py",
     "export/exported_translator.py",
 )
-EXIT_NO_SPACE = 75  # a full disk's exit code, jaxformer.errors.EXIT_NO_SPACE, which serve.py cannot import
 
 
 class ExportError(ValueError):
@@ -127,7 +126,7 @@ else:  # serve.py, in an export beside its copies of the LOADER_IMPORTS
         )
         export_program = _import_beside("export_program", ExportError=ExportError, MAX_SEED=export_files.MAX_SEED)
         text_lines = _import_beside("text_lines", unmarked_wide_text=_import_beside("unmarked_wide_text"))
-        serve_streams = _import_beside("serve_streams", text_lines=text_lines)
+        serve_streams = _import_beside("serve_streams", text_lines=text_lines, argument_parser=argument_parser)
         exported_translator = _import_beside(
             "exported_translator",
             sentence_batches=sentence_batches,
@@ -139,9 +138,11 @@ else:  # serve.py, in an export beside its copies of the LOADER_IMPORTS
         _MISSING_HELPER = str(error)
 
 # The public names serve.py defined itself until export_files.py and serve_streams.py (4c781c1),
-# then exported_translator.py, took them: they stay serve.py's too, in an export as in the package,
-# for the code that uses them (`serve.read_config(directory)`, `serve.Tokenizer`).
+# then exported_translator.py, took them, and EXIT_NO_SPACE, argument_parser.py's, of which serve.py
+# held a copy: they stay serve.py's too, in an export as in the package, for the code that uses them
+# (`serve.read_config(directory)`, `serve.Tokenizer`).
 MOVED_TO_HELPERS = {
+    "argument_parser": ("EXIT_NO_SPACE",),
     "export_files": (
         "SAFETENSORS_DTYPES",
         "Tokenizer",
@@ -272,7 +273,7 @@ def main(argv: list[str] | None = None) -> int:
         sys.stderr.write(f"error: {error}\n")
         return 2
     text = sentence_batches.as_lines(model.translate(lines))  # outside the try: its errors are not the output's
-    return serve_streams.write_stdout(text, EXIT_NO_SPACE)
+    return serve_streams.write_stdout(text)
 
 
 if __name__ == "__main__":
