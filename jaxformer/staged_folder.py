@@ -72,7 +72,9 @@ def check_placeable(output: pathlib.Path, writer: Writer) -> None:
     folder = staging_folder(output)
     unwritable = unwritable_folder_reason(folder)
     if unwritable:
-        where = "" if folder == output else f"{folder}: "  # the reason names the mount point already
+        # The reason names the folder, or the thing above it that is no folder, except where the
+        # folder itself is a file or a link to nothing (was: "/proc: /proc takes no new entries").
+        where = f"{folder}: " if os.path.lexists(folder) and not folder.is_dir() else ""
         raise writer.error(f"--output {output}: cannot write it: {where}{unwritable}")
 
 

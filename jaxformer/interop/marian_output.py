@@ -12,7 +12,7 @@ import pathlib
 from collections.abc import Callable, Iterator
 
 from jaxformer import staged_folder
-from jaxformer.files import unwritable_folder_reason
+from jaxformer.files import not_a_folder_reason
 from jaxformer.interop.marian_layout import ConversionError
 
 # The entry a reader needs, moved in last where --output is a mount point (its entries moved one by
@@ -24,16 +24,19 @@ TRANSFORMERS_DIRECTORY = staged_folder.Writer("conversion", ConversionError, las
 def check_new_output(output: str | os.PathLike, writer: staged_folder.Writer) -> pathlib.Path:
     """The folder to write for --output `output`: `output` itself, or the folder a link there
     points to. `ConversionError` unless it is absent or an empty directory and can be written (a
-    file above it, or a folder that takes no new entries, would fail only once the model is
-    converted). Killed conversions' leftovers beside it are removed first, each named."""
+    file above it, a link to nothing, or a folder it is staged in that takes no new entries, would
+    fail only once the model is converted). Killed conversions' leftovers beside it are removed
+    first, each named."""
     output = pathlib.Path(output)
     if output.is_symlink() and output.is_dir():  # written where it points, as before: the link stays
         output = pathlib.Path(os.path.realpath(output))
     killed_inside = staged_folder.remove_dead_leftovers(output, writer)
     _check_empty(output, killed_inside=killed_inside)
-    reason = unwritable_folder_reason(output)
+    reason = not_a_folder_reason(output)
     if reason:
         raise ConversionError(f"--output {output}: cannot write it: {reason}")
+    # Whether the folder it is staged in (beside it, or in it where it is a mount point) takes new
+    # entries is check_placeable's probe; an empty `output` itself is replaced by a rename, not written in.
     staged_folder.check_placeable(output, writer)
     return output
 

@@ -213,6 +213,10 @@ def test_an_output_that_cannot_be_made_is_refused_before_any_work(workdir, tmp_p
             f"error: --output {tmp_path / 'afile' / 'sub'}: cannot write it: {tmp_path / 'afile'}: "
             "is a file, not a folder",
         ),
+        (  # named once (was: "/proc: /proc takes no new entries")
+            "/proc/jaxformer-export",
+            "error: --output /proc/jaxformer-export: cannot write it: /proc takes no new entries (",
+        ),
         ("", "error: argument --output: must be a path, got an empty one"),
         ("gs://bucket/e", "error: argument --output: must be a local path or a mounted file system"),
     ):
