@@ -6,10 +6,7 @@ import os
 import pathlib
 import shutil
 import signal
-import subprocess
-import sys
 import tempfile
-import time
 
 import pytest
 
@@ -17,9 +14,8 @@ from jaxformer import staged_folder, staging_leftovers
 from jaxformer.commands import export
 from jaxformer.export import exporter, output_folder
 from jaxformer.training.signals import RaiseOnSignal, Stopped
+from tests.child_processes import child_that_wrote
 from tests.export.exports import FLAGS
-
-ROOT = pathlib.Path(__file__).parents[2]
 
 pytestmark = pytest.mark.xdist_group("export")  # the export fixture of conftest.py, made once
 
@@ -52,25 +48,10 @@ def test_sigterm_during_an_export_removes_its_staging_directory(workdir, tmp_pat
     folder, staged = tmp_path / "out", tmp_path / "staged"
     output = folder / "export"
     flags = ["--workdir", str(workdir), "--output", str(output), "--platforms", "cpu", *FLAGS]
-    process = subprocess.Popen(
-        [sys.executable, "-c", STAGED_EXPORT, str(staged), *flags],
-        cwd=ROOT,
-        env={**os.environ, "PYTHONPATH": str(ROOT)},
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        text=True,
-    )
-    try:
-        deadline = time.monotonic() + 300
-        while not staged.exists():
-            assert process.poll() is None, process.stderr.read()[-3000:]
-            assert time.monotonic() < deadline, "the export staged nothing"
-            time.sleep(0.02)
+    with child_that_wrote(staged, STAGED_EXPORT, staged, *flags, timeout=300) as process:
         assert [name for name in os.listdir(folder) if name.endswith(".partial")]  # the signal comes mid-export
         process.send_signal(signal.SIGTERM)
         _, stderr = process.communicate(timeout=300)
-    finally:
-        process.kill()
     assert process.returncode == 143, stderr[-3000:]
     assert stderr.splitlines()[-1] == (
         f"error: {output}: stopped by SIGTERM; an export is put in place whole or not at all; exiting with 143"

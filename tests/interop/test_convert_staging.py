@@ -9,8 +9,6 @@ import os
 import pathlib
 import signal
 import subprocess
-import sys
-import time
 
 import pytest
 
@@ -23,9 +21,8 @@ from jaxformer.commands import convert  # noqa: E402
 from jaxformer.data.tokenizer import Tokenizer  # noqa: E402
 from jaxformer.errors import EXIT_NO_SPACE  # noqa: E402
 from jaxformer.run.loading import load_checkpoint  # noqa: E402
+from tests.child_processes import child_that_wrote  # noqa: E402
 from tests.interop.marian_models import write_marian  # noqa: E402
-
-ROOT = pathlib.Path(__file__).parents[2]
 
 pytestmark = pytest.mark.xdist_group("interop")  # the module's model is built once
 
@@ -92,28 +89,12 @@ def test_a_convert_killed_midway_leaves_no_output_and_the_next_one_succeeds(sour
     absent, the killed convert's staging folder is named and removed by the next, which succeeds."""
     directory = sources["--from_hf"]
     output, marker = tmp_path / "run", tmp_path.parent / f"{tmp_path.name}.written"
-    environment = {**os.environ, "PYTHONPATH": str(ROOT)}
-    child = subprocess.Popen(
-        [sys.executable, "-c", HANGING_CONVERT, str(directory), str(output), str(marker)],
-        cwd=ROOT,
-        env=environment,
-        stdout=subprocess.DEVNULL,
-        stderr=subprocess.PIPE,
-        text=True,
-    )
-    try:
-        deadline = time.monotonic() + 120
-        while not marker.exists():
-            assert child.poll() is None, child.stderr.read()[-3000:]
-            assert time.monotonic() < deadline, "the child wrote no tokenizer"
-            time.sleep(0.05)
+    with child_that_wrote(
+        marker, HANGING_CONVERT, directory, output, marker, timeout=120, stdout=subprocess.DEVNULL
+    ) as child:
         written = pathlib.Path(marker.read_text())
         os.kill(child.pid, signal.SIGKILL)
         child.wait(timeout=60)
-    finally:
-        child.kill()
-        child.stderr.close()
-        marker.unlink(missing_ok=True)
     assert written.is_file() and output not in written.parents  # written, but not in --output
     assert not output.exists()
     (staging,) = [path for path in tmp_path.iterdir() if path.name.endswith(".partial")]
