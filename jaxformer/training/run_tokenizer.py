@@ -77,31 +77,35 @@ def _given_model_differs(
     path: pathlib.Path,
     saved: SavedTokenizer | None,
     resuming: bool,
-    trained_with: str | None = None,
+    run_saved: tuple[CheckpointMetadata, str] | None = None,
 ) -> CheckpointError:
     """The error for a given tokenizer.`model_key` that does not convert to the run's tokenizer
     (the workdir's file `path`, or `saved`'s: the checkpoint's the parameters come from).
-    `trained_with`, when `resuming`: the tokenizer.`model_key` the run was trained with (None:
-    it trained its own tokenizer)."""
+    `run_saved`: that checkpoint's (metadata, description) where it is a run's, the workdir's own
+    when `resuming` or a fine-tuning start's, whose config says what it was trained with; None
+    for a side of a composed translator (only its tokenizer is known)."""
     if saved is None:  # no checkpoint: nothing says what the workdir's file is, only how it came there
         advice = (
             f"does not convert to {path}, a tokenizer no checkpoint of the workdir was made with (left by an earlier "
             "start that saved none, which trained its own tokenizer or converted another model, or this one before "
             f"it changed); delete it to convert tokenizer.{model_key} there, or use a new workdir"
         )
-    elif resuming:
+    elif run_saved is not None:
+        # The config of the checkpoint's run says what it was trained with: "restore it" only where that is this file.
+        trained_with, run = _trained_with(run_saved, model_key), "the run" if resuming else "the start"
+        copy = f"{path}, the checkpoint's conversion of it, converts to the same tokenizer if copied to {model_path}"
         if trained_with is None:
-            why = f"the run trained its own tokenizer (tokenizer.{model_key} was unset)"
+            why = f"{run} trained its own tokenizer (tokenizer.{model_key} was unset)"
         elif pathlib.Path(trained_with).expanduser().resolve() == pathlib.Path(model_path).expanduser().resolve():
-            why = (
-                f"the file changed after the run trained with it (restore it: {path}, the checkpoint's conversion "
-                f"of it, converts to the same tokenizer if copied to {model_path})"
-            )
+            why = f"the file changed after {run} trained with it (restore it{f': {copy}' if resuming else ''})"
         else:
-            why = f"the run was trained with tokenizer.{model_key}={trained_with}"
+            why = f"{run} was trained with tokenizer.{model_key}={trained_with}"
+        keep, other = (f"resume with the run's own copy ({path})", "train in a new workdir")
+        if not resuming:
+            keep, other = "fine-tune with the start's tokenizer", "start from another run"
         advice = (
             f"does not convert to the tokenizer of {saved[1]}, which the model was trained with: {why}; leave "
-            f"tokenizer.{model_key} unset to resume with the run's own copy ({path}), or train in a new workdir"
+            f"tokenizer.{model_key} unset to {keep}, or {other}"
         )
     else:
         advice = (
@@ -112,10 +116,8 @@ def _given_model_differs(
     return CheckpointError(f"tokenizer.{model_key} {model_path} {advice}")
 
 
-def _trained_with(saved: tuple[CheckpointMetadata, str] | None, model_key: str) -> str | None:
+def _trained_with(saved: tuple[CheckpointMetadata, str], model_key: str) -> str | None:
     """The tokenizer.`model_key` of the checkpoint `saved`'s run (None when it trained its own)."""
-    if saved is None:
-        return None
     return (saved[0].config or {}).get("tokenizer", {}).get(model_key)
 
 
@@ -154,12 +156,13 @@ def _one_tokenizer(
     train_source: Sequence,
     saved: tuple[bytes, str] | None,
     resuming: bool = False,
-    trained_with: str | None = None,
+    run_saved: tuple[CheckpointMetadata, str] | None = None,
 ) -> Tokenizer:
     """The tokenizer at `path`: checked against the checkpoint's (`saved`: its model, where; one of
     the workdir's own checkpoints when `resuming`, else a start's), loaded, or made there first:
     converted from tokenizer.`model_key` when that is set, else trained on the `languages` sides
-    of the training split."""
+    of the training split. `run_saved`: the run's checkpoint `saved` comes from, (metadata, where),
+    whose config the error for a given model that is not its tokenizer reads."""
     section = config.tokenizer
     model_path, control = section[model_key], text_sides.control_symbols(config)
     if saved is not None:
@@ -183,7 +186,7 @@ def _one_tokenizer(
                 logger.info("converted %s to jaxformer's special ids, saved to %s", model_path, path)
             return given
         if given.model_proto != tokenizer.model_proto:
-            raise _given_model_differs(model_key, model_path, path, saved, resuming, trained_with)
+            raise _given_model_differs(model_key, model_path, path, saved, resuming, run_saved)
         return tokenizer
     if tokenizer is not None:
         if tokenizer.vocab_size != section.vocab_size and saved is not None:
@@ -264,7 +267,7 @@ def tokenizer_for_run(
             train_source,
             source_saved,
             resuming,
-            _trained_with(saved, "model_path"),
+            saved,
         )
         return RunTokenizers(shared, shared)
     source = _one_tokenizer(
@@ -275,7 +278,7 @@ def tokenizer_for_run(
         train_source,
         source_saved,
         resuming,
-        _trained_with(saved, "model_path"),
+        saved,
     )
     target = _one_tokenizer(
         config,
@@ -285,7 +288,7 @@ def tokenizer_for_run(
         train_source,
         target_saved,
         resuming,
-        _trained_with(saved, "target_model_path"),
+        saved,
     )
     return RunTokenizers(source, target)
 
@@ -352,9 +355,7 @@ def check_given_models(
             continue
         given = None if model_path is None else _given_model(config, model_key, path, resuming)
         if given is not None and stored is not None and given.model_proto != stored.model_proto:
-            raise _given_model_differs(
-                model_key, model_path, path, side_saved, resuming, _trained_with(saved, model_key) if resuming else None
-            )
+            raise _given_model_differs(model_key, model_path, path, side_saved, resuming, saved)
         if given is not None and stored is None and path.exists():  # an earlier start's, as _one_tokenizer reads it
             if Tokenizer.load(path).model_proto != given.model_proto:
                 raise _given_model_differs(model_key, model_path, path, None, resuming)

@@ -185,3 +185,38 @@ def test_a_fine_tuning_start_names_its_tokenizer_when_the_config_disagrees(token
     tokenizer.save(tmp_path / "same.model")
     config.tokenizer.model_path = str(tmp_path / "same.model")
     check_given_models(config, RunDirectory(tmp_path / "c"), (metadata, where))
+
+
+def test_a_fine_tuning_start_refusing_a_given_model_says_what_the_start_was_trained_with(tokenizer_run, tmp_path):
+    """tokenizer.model_path beside training.init_from, not the start's tokenizer: the error names the
+    tokenizer the start's run was trained with, read from its config, and says "restore it" only
+    where the file given is the one the start converted (it told the user to restore a file the
+    start never read)."""
+    import dataclasses
+
+    from jaxformer.training.run_tokenizer import check_given_models
+
+    run, config, _, other = tokenizer_run
+    config = config.copy_and_resolve_references()
+    checkpointer = Checkpointer(RunDirectory(run).checkpoints, keep=None, read_only=True)
+    _, metadata = checkpointer.latest_step_metadata()
+    checkpointer.close()
+    where = f"the fine-tuning start, {run}"
+    given = tmp_path / "mine.model"
+    other.save(given)
+    config.tokenizer.model_path = str(given)
+    start_trained_with = {  # the start's tokenizer.model_path -> why the error gives
+        None: "the start trained its own tokenizer (tokenizer.model_path was unset)",
+        "/corpus/spm.model": "the start was trained with tokenizer.model_path=/corpus/spm.model",
+        str(given): "the file changed after the start trained with it (restore it)",
+    }
+    for trained_with, why in start_trained_with.items():
+        start_config = {**metadata.config, "tokenizer": {**metadata.config["tokenizer"], "model_path": trained_with}}
+        start = (dataclasses.replace(metadata, config=start_config), where)
+        with pytest.raises(CheckpointError) as raised:
+            check_given_models(config, RunDirectory(tmp_path / "new"), start)
+        assert str(raised.value) == (
+            f"tokenizer.model_path {given} does not convert to the tokenizer of {where}, which the model was "
+            f"trained with: {why}; leave tokenizer.model_path unset to fine-tune with the start's tokenizer, "
+            "or start from another run"
+        )

@@ -116,7 +116,7 @@ def test_a_fine_tuning_start_may_leave_the_key_unset(run, tmp_path):
     try:
         with pytest.raises(CheckpointError) as raised:  # a new workdir: no checkpoint of its own
             tokenizer_for_run(given_config(given), RunDirectory(tmp_path), None, start)
-        assert "leave tokenizer.model_path unset to use the model's" in str(raised.value)
+        assert "leave tokenizer.model_path unset to fine-tune with the start's tokenizer" in str(raised.value)
     finally:
         given.write_bytes(original)
 
