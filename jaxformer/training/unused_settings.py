@@ -67,6 +67,13 @@ def unused_records(config, resuming: bool = False) -> list[UnusedSetting]:
         if data[language] != defaults.data[language]:
             why = f"model.architecture is {config.model.architecture!r}: {SIDE_READERS[text_side(config)]}'s text alone"
             unused.append(UnusedSetting(f"data.{language}", repr(data[language]), why))
+        # Its file is still read and fingerprinted with the others, as given, so that runs started with it resume.
+        if data.name == "parallel_files" and data.files.get("test"):
+            why = (
+                f"model.architecture is {config.model.architecture!r}: nothing scores a language model on a test "
+                "split; jaxformer-evaluate scores translators"
+            )
+            unused.append(UnusedSetting("data.files.test", repr(data.files.test), why))
     starts = ("init_from", "init_encoder_from", "init_decoder_from")
     if training.init_checkpoint != defaults.training.init_checkpoint and not any(training[key] for key in starts):
         why = "no training.init_from, init_encoder_from or init_decoder_from: the run starts from random values"

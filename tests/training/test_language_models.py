@@ -343,6 +343,23 @@ def test_the_language_of_the_side_a_language_model_does_not_read_is_named_unused
     assert unused_settings(config) == []
 
 
+@pytest.mark.parametrize(("name", "architecture"), [("multi30k_lm", "decoder_only"), ("multi30k_mlm", "encoder_only")])
+def test_a_language_models_test_file_is_named_unused(name, architecture):
+    """data.files.test beside a language model's own files was read and prepared without a word,
+    though nothing scores a language model on it (jaxformer-evaluate refuses one): the user, told
+    nothing, would wait for a test score. A translator's test file says nothing."""
+    config = load_config(name)
+    apply_overrides(config, [("data.name", "parallel_files"), ("data.files.train", "/c/train.{lang}")])
+    assert unused_settings(config) == []
+    apply_overrides(config, [("data.files.test", "/c/test.tsv")])
+    assert unused_settings(config) == [
+        f"data.files.test='/c/test.tsv' (model.architecture is '{architecture}': nothing scores a language model "
+        "on a test split; jaxformer-evaluate scores translators)"
+    ]
+    apply_overrides(config, [("model.architecture", "encoder_decoder")])
+    assert unused_settings(config) == []
+
+
 def test_an_unused_value_holding_a_bracket_and_an_equals_sign_is_read_back_whole():
     """unused_keys read each key and its reason back out of unused_settings' text (split at the
     first "=" and the first " ("): a value holding " (" gave its tail as the reason. Both now come
