@@ -147,7 +147,8 @@ def _tsv_fields(path: pathlib.Path, columns: Sequence[int]) -> list[list[str]]:
     pairs, quoting, lines = [], QuotingCheck(path, columns), read_lines(path)
     spanning_start, spanning = spanning_pair(lines) or (None, None)
     for number, line in enumerate(lines, start=1):
-        fields = line.split("\t")
+        # A text's mark too, not only a line's: files that each start with one, joined with paste.
+        fields = [field.removeprefix("\ufeff") for field in line.split("\t")]
         if len(fields) == 1 and not line.strip():  # a blank line (many files end in one): no text, no tab
             fields = ["", ""]
         if len(fields) != 2:

@@ -171,7 +171,7 @@ HEADER_NAMES = (("source", "target"), ("src", "tgt"))
 def refuse_a_header(path: pathlib.Path, languages: Sequence[str]) -> None:
     """DataError when line 1 of the TSV file `path` names its columns: the (source, target)
     `languages`' codes, the other way round, or one of HEADER_NAMES (any case)."""
-    fields = tuple(field.strip().lower() for field in first_line(path).split("\t"))
+    fields = tuple(field.strip().removeprefix("\ufeff").lower() for field in first_line(path).split("\t"))
     codes = tuple(code.lower() for code in languages)
     if fields not in {codes, codes[::-1], *HEADER_NAMES}:
         return

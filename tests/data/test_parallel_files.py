@@ -289,3 +289,22 @@ def test_a_byte_order_mark_that_starts_a_later_line_is_not_text_either(tmp_path)
         "deux",
         "tr\ufeffois",
     ]
+
+
+def test_a_byte_order_mark_that_starts_a_tsv_text_is_not_text_either(tmp_path):
+    """A TSV file made with paste from two files that each start with a mark (`paste train.fr
+    train.ja`) holds the target file's mark after line 1's tab: it was kept as the start of that
+    target text, and, in a validation or test split, scored against. So was a header so made
+    (`fr<TAB><mark>ja`) read as a pair; a mark inside a text is still kept."""
+    bom = "\ufeff"
+    good = pairs(0, 20)
+    lines = [f"{bom}{s}\t{bom}{t}" if i == 0 else f"{s}\t{t}" for i, (s, t) in enumerate(good)]
+    pasted = write_bytes(tmp_path / "pasted.tsv", "".join(f"{line}\n" for line in lines).encode())
+    builder = get_builder(section(tmp_path, train=str(pasted), validation_holdout=2))
+    assert sorted(read(builder, "train") + read(builder, "validation")) == sorted(good)
+    inside = write_tsv(tmp_path / "inside.tsv", [("un" + bom + "deux", "trois"), *good[1:]])
+    builder = get_builder(section(tmp_path, train=inside, validation_holdout=2))
+    assert ("un" + bom + "deux", "trois") in read(builder, "train") + read(builder, "validation")
+    header = write_bytes(tmp_path / "header.tsv", f"{bom}fr\t{bom}ja\n".encode() + pasted.read_bytes())
+    with pytest.raises(DataError, match=r"header.tsv: line 1 \(fr<TAB>ja\) names the columns"):
+        get_builder(section(tmp_path, train=str(header), validation_holdout=2)).download_and_prepare()
