@@ -173,6 +173,10 @@ def _one_eos_id(value: Any, where: str) -> Any:
     return value
 
 
+# MarianConfig's pad_token_id and decoder_start_token_id, which transformers takes where config.json has none.
+MARIAN_PAD_ID = 58100
+
+
 def marian_token_ids(hf: Mapping[str, Any], generation: Mapping[str, Any], where: str) -> tuple[int, int, int]:
     """(pad, eos, decoder start) ids of config.json's values `hf` (from `where`) and
     generation_config.json's `generation` (what transformers' generate uses, {} without one)."""
@@ -186,11 +190,18 @@ def marian_token_ids(hf: Mapping[str, Any], generation: Mapping[str, Any], where
                 f"{generation_where}: eos_token_id={generation['eos_token_id']} differs from "
                 f"{where}'s {hf.get('eos_token_id', 0)}"
             )
-    pad_id = hf.get("pad_token_id", size - 1)
+    # transformers reads a config.json without pad_token_id as MarianConfig's default (OPUS-MT's
+    # 58101-token models' last id), not as this model's last id: it cannot load a smaller model then.
+    pad_id = hf.get("pad_token_id", MARIAN_PAD_ID)
     start_id = hf.get("decoder_start_token_id", pad_id)
     ids = {"eos_token_id": eos_id, "pad_token_id": pad_id, "decoder_start_token_id": start_id}
     for key, value in ids.items():
         if not (isinstance(value, int) and not isinstance(value, bool) and 0 <= value < size):
+            if key not in hf:  # eos_token_id's default, 0, is always one
+                raise ConversionError(
+                    f"{where} has no {key}, and MarianConfig's default {value}, which transformers takes, is not an "
+                    f"id below vocab_size={size}"
+                )
             raise ConversionError(f"{where}: {key}={value!r} is not an id below vocab_size={size}")
     if pad_id == eos_id:
         raise ConversionError(f"{where}: pad_token_id and eos_token_id are both {pad_id}; they must differ")

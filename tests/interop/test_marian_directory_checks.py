@@ -30,10 +30,10 @@ def _edit_json(path, **changes):
     path.write_text(json.dumps({**json.loads(path.read_text()), **changes}))
 
 
-def _without_d_model(directory):
-    config = json.loads((directory / "config.json").read_text())
-    del config["d_model"]
-    (directory / "config.json").write_text(json.dumps(config))
+def _without(path, key):
+    config = json.loads(path.read_text())
+    del config[key]
+    path.write_text(json.dumps(config))
 
 
 def _pad_and_another_banned(directory):
@@ -72,12 +72,17 @@ def _damaged_torch_weights(directory):
 DAMAGES = {
     "source.spm": (lambda d: (d / "source.spm").write_bytes(b"garbage"), "source.spm", "is not a sentencepiece model"),
     "empty target.spm": (lambda d: (d / "target.spm").write_bytes(b""), "target.spm", "is not a sentencepiece model"),
-    "no d_model": (_without_d_model, "config.json", "has no 'd_model'"),
+    "no d_model": (lambda d: _without(d / "config.json", "d_model"), "config.json", "has no 'd_model'"),
     "config.json a list": (lambda d: (d / "config.json").write_text("[]"), "config.json", "not an object"),
     "eos ids": (
         lambda d: _edit_json(d / "config.json", eos_token_id=[0, 5]),
         "config.json",
         ": eos_token_id=[0, 5] names several end tokens",
+    ),
+    "no pad_token_id": (  # it was this model's last id, where transformers cannot load the model
+        lambda d: _without(d / "config.json", "pad_token_id"),
+        "config.json",
+        " has no pad_token_id, and MarianConfig's default 58100, which transformers takes, is not an id below ",
     ),
     "pad is eos": (
         lambda d: _edit_json(d / "config.json", pad_token_id=0),
@@ -354,4 +359,18 @@ def test_weights_it_cannot_read_are_named(untied, tmp_path, monkeypatch):
 
 
 def test_one_eos_id_in_a_list_is_that_id():
-    assert marian_files.marian_token_ids({"vocab_size": 8, "eos_token_id": [0, 0]}, {}, "config.json") == (7, 0, 7)
+    config = {"vocab_size": 8, "eos_token_id": [0, 0], "pad_token_id": 7}
+    assert marian_files.marian_token_ids(config, {}, "config.json") == (7, 0, 7)
+
+
+def test_a_config_without_pad_and_start_ids_has_those_transformers_reads():
+    """They were the model's last id, where transformers takes MarianConfig's defaults."""
+    from transformers import MarianConfig
+
+    config = {"vocab_size": 60_000, "eos_token_id": 0}
+    read = MarianConfig(**config)
+    assert marian_files.marian_token_ids(config, {}, "config.json") == (
+        read.pad_token_id,
+        read.eos_token_id,
+        read.decoder_start_token_id,
+    )
