@@ -18,6 +18,7 @@ import numpy as np
 
 from jaxformer.data.tokenizer import WORD_BOUNDARY, Tokenizer
 from jaxformer.decoding.generate import DecodeSettings, Hypotheses, check_options, check_rng, decoding_variant, search
+from jaxformer.decoding.option_names import check_option_names
 from jaxformer.decoding.progress_bar import progress_bar
 from jaxformer.decoding.search import SearchSpec
 from jaxformer.decoding.sentence_batches import sentence_list
@@ -234,6 +235,7 @@ class LanguageModel:
         architecture; a `CheckpointError` for "best" or "final" where the run has none, which no
         language model's run has (`LANGUAGE_MODEL_MAKES_NONE`)."""
         checkpoint = parse_checkpoint_choice(checkpoint)
+        check_option_names(kwargs, cls, "LanguageModel.from_workdir")
         check_options(kwargs)  # before anything is read
         check_kept_by_a_language_model(workdir, checkpoint)
 

@@ -16,6 +16,7 @@ from jaxformer.data.tokenizer import Tokenizer
 from jaxformer.decoding import sentence_batches
 from jaxformer.decoding.checkpoint_alpha import ChosenSearch, checkpoint_search
 from jaxformer.decoding.generate import DecodeSettings, check_options, decoding_variant, make_generate_fn
+from jaxformer.decoding.option_names import check_option_names
 from jaxformer.decoding.progress_bar import progress_bar
 from jaxformer.model.config import ConfigError, TransformerConfig
 from jaxformer.model.transformer import unstack_layers
@@ -163,6 +164,7 @@ class Translator:
         Without `loaded`, the checkpoint is read once: the model and the search are checked from its
         metadata before its parameters are read."""
         checkpoint = parse_checkpoint_choice(checkpoint)  # "300" as --checkpoint 300
+        check_option_names(kwargs, cls, "Translator.from_workdir", set_by_caller=("target_tokenizer",))
         check_options(kwargs)  # before anything is read
         settled = {}  # the last checkpoint's settled: "latest" is settled again where a damaged newest is skipped
 
