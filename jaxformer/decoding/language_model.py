@@ -258,9 +258,12 @@ class LanguageModel:
         runs of spaces left as they were); the continuation follows it as the tokenizer spaces it.
         A prompt that ends in whitespace (which sentencepiece drops) is continued with a new word,
         or nothing: its continuation starts with a piece that begins a word, or with EOS.
-        Any iterable of str (a generator, a file's lines), read once before anything is decoded.
+        Any iterable of str (a generator, a file's lines), read once before anything is decoded; the
+        line break that ends a prompt (a file's line) ends its line, as jaxformer-generate reads lines,
+        and is no part of the prompt: kept, it was printed between the prompt and its continuation and
+        asked for a new word where the command continues the prompt's last one.
         `progress`: a bar on stderr counting the prompts continued, as `Translator.translate`'s."""
-        prompts = sentence_list(prompts)
+        prompts = [prompt.rstrip("\r\n") for prompt in sentence_list(prompts)]
         encoded = [self.tokenizer.encode(prompt, add_eos=False) for prompt in prompts]
         new_words = [loses_its_word_break(prompt, ids, self.tokenizer) for prompt, ids in zip(prompts, encoded)]
         results: list[Any] = [None] * len(prompts)

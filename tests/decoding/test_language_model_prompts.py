@@ -181,6 +181,21 @@ def test_a_prompt_that_ends_in_a_space_is_continued_with_a_new_word(word_continu
         lm.continue_ids(encoded, [True])
 
 
+def test_a_files_line_break_ends_the_prompts_line_not_the_prompt(word_continuing_model, tmp_path):
+    """complete() takes a file's lines, as jaxformer-generate --input reads the file: the line break
+    was kept as the prompt's last character, printed between it and its continuation, and taken for
+    whitespace, so the continuation started a new word where the command went on with the last one."""
+    lm, _ = word_continuing_model
+    path = tmp_path / "prompts.de"
+    path.write_bytes("Ein Hund läuft\nEin Hund läuft \r\nEin Hund läuft".encode())
+    as_the_command_reads_them = ["Ein Hund läuft", "Ein Hund läuft ", "Ein Hund läuft"]
+    expected = lm.complete(as_the_command_reads_them)
+    assert expected[0] != expected[1].replace("läuft ", "läuft", 1)  # the model tells the two apart
+    for newline in (None, ""):  # universal newlines, and the line breaks as written
+        with open(path, encoding="utf-8", newline=newline) as lines:
+            assert lm.complete(lines) == expected
+
+
 def hypothesis_ids(tokens):
     tokens = [int(token) for token in tokens]
     return tokens[: tokens.index(EOS_ID) + 1] if EOS_ID in tokens else tokens
