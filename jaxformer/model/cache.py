@@ -15,7 +15,7 @@ is instead of transposing every layer's whole cache at every step.
 
 from __future__ import annotations
 
-from typing import NamedTuple
+from typing import Any, NamedTuple
 
 import flax
 import jax
@@ -55,7 +55,9 @@ class DecoderCache:
         return [LayerCache(keys, values) for keys, values in zip(self.keys, self.values, strict=True)]
 
     def grown(self, max_length: int) -> DecoderCache:
-        """The same cache with room for `max_length` tokens (unused positions zero)."""
+        """The same cache with room for `max_length` tokens (unused positions zero); a length of
+        another kind than an integer is refused as init_cache refuses it, where jnp.pad named none."""
+        check_cache_size("grown", "max_length", max_length, 1)
         extra = max_length - self.max_length
         if extra < 0:
             raise ValueError(f"a cache of {self.max_length} positions cannot shrink to {max_length}")
@@ -88,14 +90,20 @@ def init_cache(config: TransformerConfig, rows: int, max_length: int) -> Decoder
     """An empty cache for `rows` decoded sequences of up to `max_length` tokens. Either of another
     kind than an integer, or below its least (0 rows, 1 token), is a one-line ValueError naming it,
     where jax refused the cache's shape naming neither; a jax.export symbolic size passes."""
-    for name, value, least in (("rows", rows, 0), ("max_length", max_length, 1)):
-        if jax.export.is_symbolic_dim(value):
-            continue
-        if isinstance(value, bool) or not isinstance(value, (int, np.integer)) or value < least:
-            raise ValueError(f"init_cache's {name} must be an integer >= {least}, got {value!r}")
+    check_cache_size("init_cache", "rows", rows, 0)
+    check_cache_size("init_cache", "max_length", max_length, 1)
     shape = (rows, config.num_heads, max_length, config.head_dim)
     zeros = tuple(jnp.zeros(shape, config.dtype) for _ in range(config.num_decoder_layers))
     return DecoderCache(keys=zeros, values=zeros, index=jnp.zeros((), jnp.int32))
+
+
+def check_cache_size(function: str, name: str, value: Any, least: int) -> None:
+    """A one-line ValueError naming `function`'s argument `name` unless `value` is an integer >= `least`
+    (a bool is not one), or a jax.export symbolic size (an export's traced search)."""
+    if jax.export.is_symbolic_dim(value):
+        return
+    if isinstance(value, bool) or not isinstance(value, (int, np.integer)) or value < least:
+        raise ValueError(f"{function}'s {name} must be an integer >= {least}, got {value!r}")
 
 
 def check_room(cache: DecoderCache) -> None:

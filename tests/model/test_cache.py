@@ -138,3 +138,22 @@ def test_a_cache_of_no_size_or_a_size_of_another_kind_is_refused_naming_it(rows,
         init_cache(TINY, rows, max_length)
     assert str(error.value) == expected
     assert init_cache(TINY, np.int64(0), np.int64(3)).keys[0].shape == (0, TINY.num_heads, 3, TINY.head_dim)
+
+
+@pytest.mark.parametrize(
+    "max_length, expected",
+    [
+        (8.0, "grown's max_length must be an integer >= 1, got 8.0"),
+        (True, "grown's max_length must be an integer >= 1, got True"),
+    ],
+    ids=["a float length", "a bool"],
+)
+def test_a_cache_grown_to_a_length_of_another_kind_is_refused_naming_it(max_length, expected, monkeypatch):
+    """As init_cache refuses it: jnp.pad refused a float naming no argument ("`pad_width` must be of
+    integral type"), and a bool was taken for the length 1 (`cannot shrink to True`)."""
+    monkeypatch.setattr(jaxtyping.config, "jaxtyping_disable", True)  # the suite's hook, not a user's
+    cache = init_cache(TINY, 2, 4)
+    with pytest.raises(ValueError) as error:
+        cache.grown(max_length)
+    assert str(error.value) == expected
+    assert cache.grown(np.int64(8)).max_length == 8
