@@ -44,6 +44,7 @@ import json
 import logging
 import pathlib
 import sys
+from collections.abc import Callable
 from typing import Any
 
 import jax
@@ -180,16 +181,24 @@ def load(
     export_program.check_seed(config, seed)  # config.json alone: before any parameter is read
     if batch_size is not None:
         export_program.checked_batch_size(batch_size)
-    config, params, tokenizer, target_tokenizer, program = _read_files(pathlib.Path(directory), config)
-    platform = jax.export.default_export_platform()
-    if platform not in program.platforms:
-        raise ExportError(
-            f"{pathlib.Path(directory) / config['files']['program']['name']} was exported for "
-            f"{', '.join(program.platforms)}, but JAX runs on {platform} here; export again with --platforms {platform}"
-        )
+    config, params, tokenizer, target_tokenizer, program = _read_files(
+        pathlib.Path(directory), config, _refuse_another_platform
+    )
     return exported_translator.ExportedTranslator(
         config, params, tokenizer, program, batch_size, target_tokenizer, seed
     )
+
+
+def _refuse_another_platform(program: jax.export.Exported, program_path: pathlib.Path) -> None:
+    """An ExportError where `program` runs on none of this machine's platforms; `load` checks it as
+    soon as the program is read, before the parameters (of a base model, hundreds of MB, each byte
+    hashed) are."""
+    platform = jax.export.default_export_platform()
+    if platform not in program.platforms:
+        raise ExportError(
+            f"{program_path} was exported for {', '.join(program.platforms)}, but JAX runs on {platform} here; "
+            f"export again with --platforms {platform}"
+        )
 
 
 def read_export(
@@ -203,9 +212,10 @@ def read_export(
 
 
 def _read_files(
-    directory: pathlib.Path, config: dict[str, Any]
+    directory: pathlib.Path, config: dict[str, Any], check_program: Callable[..., None] | None = None
 ) -> tuple[dict[str, Any], Any, export_files.Tokenizer, export_files.Tokenizer, jax.export.Exported]:
-    """read_export's reading of the files that `config`, the export's config.json, names."""
+    """read_export's reading of the files that `config`, the export's config.json, names;
+    `check_program(program, path)` runs once the program is read, before the parameters are."""
     export_files.check_loader_files(directory, config)
     separate = config["model"].get("source_vocab_size") is not None
     if separate != ("target_tokenizer" in config["files"]):  # else the target ids would be decoded as source ones
@@ -222,6 +232,8 @@ def _read_files(
     program_path, data = export_files.read_verified(directory, config, "program")
     program = export_files.parse_program(data, program_path)
     export_program.check_program_shapes(config, program, directory / CONFIG_FILE, program_path)
+    if check_program is not None:
+        check_program(program, program_path)
     parameters_path, data = export_files.read_verified(directory, config, "parameters")
     params = export_files.unflatten(export_files.parse_safetensors(data, parameters_path), parameters_path)
     export_program.check_parameters(

@@ -288,6 +288,10 @@ def test_overwrite_replaces_an_export_whole_or_not_at_all(
     assert (output / "params.safetensors").read_bytes() == before["params.safetensors"]
     with pytest.raises(ExportError, match="beam_search.jaxexport was exported for tpu, but JAX runs on cpu here"):
         load_export(output)
+    # Refused once the program is read, before the parameters: they were read and each byte hashed first.
+    (output / "params.safetensors").write_bytes(b"not read")
+    with pytest.raises(ExportError, match="beam_search.jaxexport was exported for tpu, but JAX runs on cpu here"):
+        load_export(output)
 
 
 def test_bad_flags_are_one_line(capsys):
