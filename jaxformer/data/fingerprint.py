@@ -59,12 +59,24 @@ def short(value: str, length: int = 12) -> str:
     return value.split(":", 1)[-1][:length]
 
 
+def named_file(name: str) -> str:
+    """A source file's name in the fingerprint as a phrase naming its split and file once:
+    "train.fr: train.fr.gz" (the file of train's fr side) -> "the train split's fr file
+    train.fr.gz", "test: test.tsv" -> "the test split's file test.tsv"; a name without a role
+    (a downloaded file's) as it is."""
+    role, _, file = name.rpartition(": ")
+    if not role:
+        return name
+    split, _, language = role.partition(".")
+    return f"the {split} split's {language + ' ' if language else ''}file {file}"
+
+
 def file_differences(recorded: Mapping[str, Mapping], current: Mapping[str, Mapping]) -> list[str]:
     """One phrase per file that differs between two `hash_files` results, e.g.
-    "train.en.gz (sha256 1a2b3c4d5e6f there, 0f9e8d7c6b5a here)"."""
+    "the train split's en file train.en.gz (sha256 1a2b3c4d5e6f there, 0f9e8d7c6b5a here)"."""
     phrases = []
-    for name in sorted(set(recorded) | set(current)):
-        old, new = recorded.get(name), current.get(name)
+    for key in sorted(set(recorded) | set(current)):
+        old, new, name = recorded.get(key), current.get(key), named_file(key)
         if old is None:
             phrases.append(f"{name} (not recorded)")
         elif new is None:

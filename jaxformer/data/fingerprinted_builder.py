@@ -124,8 +124,7 @@ class FingerprintedBuilder(tfds.core.GeneratorBasedBuilder, skip_registration=Tr
         old, new = record["files"], self._source_files
         phrases = []
         for name in sorted(set(old) | set(new)):
-            role, _, file = name.rpartition(": ")  # "train.fr: train.fr.gz": the file of train's fr side
-            named = f"the {role} file {file}" if role else name
+            named = fp.named_file(name)
             if name not in old:
                 phrases.append(f"{named} is new")
             elif name not in new:

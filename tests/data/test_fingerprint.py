@@ -46,6 +46,18 @@ def test_file_differences_name_the_files(tmp_path):
     assert fingerprint.file_differences(old, old) == []
 
 
+def test_file_differences_name_a_splits_file_once(tmp_path):
+    """A data.files source's name in the fingerprint ("train.fr: train.fr", its role then its file)
+    is said as its split, side and file, each once: "the train.fr file train.fr" read as two files."""
+    old = {"train.fr: train.fr": {"size": 3, "sha256": "a" * 64}, "test: test.tsv": {"size": 5, "sha256": "b" * 64}}
+    new = {"train.fr: train.fr": {"size": 3, "sha256": "c" * 64}, "validation: dev.tsv": {"size": 1, "sha256": "d"}}
+    assert fingerprint.file_differences(old, new) == [
+        "the test split's file test.tsv (recorded, not among the files now)",
+        "the train split's fr file train.fr (sha256 aaaaaaaaaaaa there, cccccccccccc here)",
+        "the validation split's file dev.tsv (not recorded)",
+    ]
+
+
 def test_record_round_trip_and_what_makes_it_unusable(tmp_path):
     prepared = tmp_path / "prepared"
     write(prepared, {"shard-0": b"12345", "dataset_info.json": b"{}"})

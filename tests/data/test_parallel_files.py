@@ -189,18 +189,18 @@ def test_a_resume_on_changed_files_names_what_changed(tmp_path):
         return str(caught.value).split("): ", 1)[1].removesuffix("; R")
 
     test = write_tsv(tmp_path / "test.tsv", pairs(20, 5))
-    assert error_for(train=train, validation_holdout=2, test=test) == "the test file test.tsv is new"
+    assert error_for(train=train, validation_holdout=2, test=test) == "the test split's file test.tsv is new"
     dev = write_text_files(tmp_path / "dev.{lang}", pairs(30, 5))
     assert error_for(train=train, validation=dev) == (
-        "the validation.fr file dev.fr is new; the validation.ja file dev.ja is new; "
+        "the validation split's fr file dev.fr is new; the validation split's ja file dev.ja is new; "
         "the setting holdout_seed is unset, 0 then; the setting validation_holdout is unset, 2 then"
     )
     french = (tmp_path / "train.fr").read_bytes()
     (tmp_path / "train.fr").write_bytes(french.replace(b"Le chat", b"Un chat", 1))  # the same size
     (tmp_path / "train.ja").write_bytes((tmp_path / "train.ja").read_bytes() + "猫。\n".encode())
     assert re.fullmatch(
-        r"the train\.fr file train\.fr has other bytes \(sha256 \w{12}, then \w{12}\); "
-        r"the train\.ja file train\.ja has \d+ bytes, \d+ then",
+        r"the train split's fr file train\.fr has other bytes \(sha256 \w{12}, then \w{12}\); "
+        r"the train split's ja file train\.ja has \d+ bytes, \d+ then",
         error_for(train=train, validation_holdout=2),
     )
 
@@ -232,7 +232,8 @@ def test_a_split_of_a_runs_data_needs_only_its_own_files(tmp_path):
     write_tsv(tmp_path / "corpus" / "test.tsv", pairs(61, 5))
     with pytest.raises(
         DataError,
-        match=r"^test: its files are not those .* was prepared from: test: test.tsv \(382 bytes there, 383 here\)$",
+        match=r"^test: its files are not those .* was prepared from: "
+        r"the test split's file test.tsv \(382 bytes there, 383 here\)$",
     ):
         read(get_builder(data, prepared_from=trained.fingerprint), "test")
     write_tsv(tmp_path / "corpus" / "test.tsv", pairs(60, 5))
