@@ -43,7 +43,7 @@ def test_a_host_program_controls_jaxformers_log_through_the_jaxformer_logger(cap
     eval_batches(records, TokenizePair.for_data(data, tokenizer), data)
     (record,) = [r for r in caplog.records if "left out" in r.getMessage()]
     assert record.name == "jaxformer.data.pipeline"
-    assert record.getMessage() == "evaluation: 1 of 4 examples longer than 8 tokens left out"
+    assert record.getMessage() == "validation: 1 of 4 examples longer than 8 tokens left out"
     caplog.clear()
     logging.getLogger("jaxformer").setLevel(logging.ERROR)  # what a host program does to quieten it
     try:

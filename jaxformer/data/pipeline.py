@@ -334,11 +334,16 @@ def train_dataset(
 
 
 def eval_batches(
-    source: Sequence, tokenize: TokenizePair, data: ml_collections.ConfigDict, examples: str = "pairs"
+    source: Sequence,
+    tokenize: TokenizePair,
+    data: ml_collections.ConfigDict,
+    examples: str = "pairs",
+    split: str = "validation",
 ) -> list[dict[str, np.ndarray]]:
-    """Every example of a split once (the first data.max_eval_examples of them, when set), packed
-    into full batches of data.eval_batch_size rows (the last one padded with empty rows);
-    `tokenize` as in `train_dataset`; `examples` as in `LengthFilter`."""
+    """Every example of the split `source` once (the first data.max_eval_examples of them, when
+    set), packed into full batches of data.eval_batch_size rows (the last one padded with empty
+    rows); `tokenize` as in `train_dataset`; `examples` as in `LengthFilter`; `split`: the split's
+    name (data.eval_split), which its warnings and errors say."""
     max_length, batch_size = data.max_length, data.eval_batch_size
     count = len(source) if data.max_eval_examples is None else min(data.max_eval_examples, len(source))
     length_filter = LengthFilter(max_length, examples)
@@ -346,22 +351,22 @@ def eval_batches(
     length_filter.no_piece_reported = True  # below, before any is drawn
     encoded = tokenize.encode_all(read_records(source, range(count)))  # the ids `tokenize` gives each record
     no_piece = without_a_piece(encoded)
-    _report_no_piece(no_piece, "the evaluation split", lambda index: index, words)
+    _report_no_piece(no_piece, f"the {split} split", lambda index: index, words)
     dataset = grain.MapDataset.source(encoded).filter(length_filter)
     dataset = dataset.to_iter_dataset(grain.ReadOptions(num_threads=0, prefetch_buffer_size=0))
     rows = list(_pack(dataset, max_length, batch_size, shuffle_bins=False, features=tokenize.features))
     if not rows and count and len(no_piece) == count:
-        raise DataError(_every_of_no_piece("evaluation", count, words))
+        raise DataError(_every_of_no_piece(split, count, words))
     if not rows:
         raise DataError(
-            f"evaluation: none of the {count:,} {words.counted} fits data.max_length={max_length} "
+            f"{split}: none of the {count:,} {words.counted} fits data.max_length={max_length} "
             f"{words.tokens_each}; raise data.max_length"
             if count
-            else "evaluation: the split has no examples"
+            else f"{split}: the split has no examples"
         )
     if length_filter.dropped:
         logger.warning(
-            "evaluation: %d of %d examples longer than %d tokens left out", length_filter.dropped, count, max_length
+            "%s: %d of %d examples longer than %d tokens left out", split, length_filter.dropped, count, max_length
         )
     batches = []
     for start in range(0, len(rows), batch_size):

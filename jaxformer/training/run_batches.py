@@ -47,7 +47,7 @@ def run_batches(config: ml_collections.ConfigDict, prepared: PreparedRun, object
         ]
     )
     examples = text_sides.example_noun(config)
-    batches = eval_batches(prepared.eval_source, tokenize, data, examples)
+    batches = eval_batches(prepared.eval_source, tokenize, data, examples, data.eval_split)
     evaluation = objective.evaluation_batches(
         batches, evaluation_remedy(data.max_eval_examples, len(prepared.eval_source))
     )

@@ -88,7 +88,7 @@ def test_examples_of_no_piece_are_said_in_the_runs_words(run, encode_once, caplo
     caplog.clear()
     with caplog.at_level(logging.WARNING):
         evaluate(with_holes)
-    assert said(caplog) == [words["skipped"].format("evaluation")]
+    assert said(caplog) == [words["skipped"].format("validation")]
 
 
 @pytest.mark.parametrize("encode_once", [True, False])
@@ -102,11 +102,11 @@ def test_a_split_of_no_piece_or_too_long_is_refused_in_the_runs_words(run, encod
     assert str(raised.value) == (words["every"].format("training") if encode_once else words["stream"])
     with pytest.raises(DataError) as raised:
         evaluate(holes)
-    assert str(raised.value) == words["every"].format("evaluation")
+    assert str(raised.value) == words["every"].format("validation")
     if encode_once:  # streamed, the split of no piece above says the same for longer ones
         with pytest.raises(DataError) as raised:
             train(records, max_length=1, **overrides)
         assert str(raised.value).startswith(words["none_fits"].format("training") + "; the shortest needs ")
     with pytest.raises(DataError) as raised:
         evaluate(records, max_length=1)
-    assert str(raised.value) == words["none_fits"].format("evaluation") + "; raise data.max_length"
+    assert str(raised.value) == words["none_fits"].format("validation") + "; raise data.max_length"

@@ -62,7 +62,7 @@ def test_pairs_with_a_side_of_no_piece_are_not_trained_on_and_are_said_once(corp
         evaluated = eval_batches(with_holes, TokenizePair.for_data(data, tokenizer), data)
     assert sorted(pair for batch in evaluated for pair in unpack(batch)) == sorted(kept_pairs(corpus))
     assert [message for message in caplog.messages if "no piece" in message] == [
-        "skipped 2 pairs with an empty side in the evaluation split "
+        "skipped 2 pairs with an empty side in the validation split "
         "(first at pair 11; a side the tokenizer encodes to no piece or that shows nothing)"
     ]
 
@@ -82,7 +82,7 @@ def test_a_split_of_pairs_with_no_piece_alone_says_so_not_to_raise_max_length(co
             DataError, match=r"all longer \(0 so far: raise data.max_length\) or had a side of no piece"
         ):
             next(iter(make((holes, tokenizer), **overrides)))
-    with pytest.raises(DataError, match=r"^evaluation: every pair has a side the tokenizer encodes to no piece"):
+    with pytest.raises(DataError, match=r"^validation: every pair has a side the tokenizer encodes to no piece"):
         eval_batches(holes, TokenizePair.for_data(data_section(), tokenizer), data_section())
 
 
@@ -116,10 +116,10 @@ def test_pairs_with_a_side_that_shows_nothing_are_left_out_as_those_of_no_piece(
     caplog.clear()
     data = data_section()
     with caplog.at_level(logging.WARNING):
-        evaluated = eval_batches(with_holes, TokenizePair.for_data(data, tokenizer), data)
+        evaluated = eval_batches(with_holes, TokenizePair.for_data(data, tokenizer), data, split="test")
     assert sorted(pair for batch in evaluated for pair in unpack(batch)) == sorted(kept_pairs((records, tokenizer)))
     assert [message for message in caplog.messages if "no piece" in message] == [
-        f"skipped 2 pairs with an empty side in the evaluation split {first}"
+        f"skipped 2 pairs with an empty side in the test split {first}"  # data.eval_split's name
     ]
 
 

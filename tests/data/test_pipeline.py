@@ -193,7 +193,7 @@ def test_a_split_where_nothing_fits_is_an_error_not_an_endless_wait(corpus, enco
         iterator = iter(make(corpus, **overrides))
         with pytest.raises(DataError, match=f"no training pair fits data.max_length={shortest - 1} tokens a side"):
             next(iterator)
-    with pytest.raises(DataError, match=f"evaluation: none of the {len(records)} examples fits data.max_length="):
+    with pytest.raises(DataError, match=f"validation: none of the {len(records)} examples fits data.max_length="):
         eval_batches(records, TokenizePair.for_data(data_section(), tokenizer), data_section(max_length=shortest - 1))
 
 
