@@ -106,6 +106,26 @@ def started_from_params(points: Sequence[StartingPoint]) -> dict[str, str] | Non
     return digests or None
 
 
+def refuse_missing_starts(training: ml_collections.ConfigDict, workdir: pathlib.Path) -> None:
+    """Before a new run makes its `workdir`: a CheckpointError naming the key for a
+    `training.init_*from` path that does not exist. Once the run has made its workdir, that
+    workdir given as the start (a slip) would exist and be refused as a folder holding no
+    checkpoint. A workdir already there may hold a run that resumes, whatever its start has become
+    since: `load_starting_points` reads the start where the run is new."""
+    if workdir.exists():
+        return
+    for key in PARTS.values():
+        path = training.get(key)
+        if path is None or pathlib.Path(path).exists():
+            continue
+        path = pathlib.Path(path).absolute()
+        own = ""
+        if path.is_relative_to(workdir):
+            where = "this run's own --workdir" if path == workdir else f"in this run's own --workdir {workdir}"
+            own = f" (it is {where}: give the workdir of the run to start from)"
+        raise CheckpointError(f"training.{key}: {path} does not exist{own}")
+
+
 def refuse_an_export(path: str, key: str) -> None:
     """A `CheckpointError` where `path` is an export's folder (jaxformer-export's output), which was
     said to be no workdir, or to hold no checkpoint when named final or best: no run starts from

@@ -38,7 +38,7 @@ from jaxformer.training.config_paths import with_absolute_paths
 from jaxformer.training.end_signals import stopped_before_the_final_choice, with_late_signal
 from jaxformer.training.final_choice import choose_final
 from jaxformer.training.final_choice_stop import choose_unless_stopped
-from jaxformer.training.init_from import starting_overrides, with_overrides
+from jaxformer.training.init_from import refuse_missing_starts, starting_overrides, with_overrides
 from jaxformer.training.kept_checkpoints import remove_beyond_keep
 from jaxformer.training.metrics import MetricWriter, perplexity_text, summarize, write_last_metrics_in_process_0
 from jaxformer.training.objectives import objective_for
@@ -94,6 +94,7 @@ def train_and_evaluate(
     config = with_absolute_paths(config)
     run_start.input_shards(config.data)
     workdir = pathlib.Path(workdir).absolute()
+    processes.all_or_none(lambda: refuse_missing_starts(config.training, workdir))
     existed, lock = take_workdir(config.data, workdir)  # what the workdir held before: a failed start leaves that
     try:
         # Until the loop takes signals as requests to stop at a step boundary (the final choice as its own),
