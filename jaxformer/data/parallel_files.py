@@ -30,7 +30,7 @@ import tensorflow_datasets as tfds
 
 from jaxformer.data import fingerprint as fp
 from jaxformer.data.fingerprinted_builder import FingerprintedBuilder, LocalDatasetInfo
-from jaxformer.data.parallel_text import DataError, SkipCounter, read_lines
+from jaxformer.data.parallel_text import DataError, SkipCounter, read_lines, skipped_in_files
 from jaxformer.data.split_files import (
     SIDES,
     SPLITS,
@@ -38,6 +38,7 @@ from jaxformer.data.split_files import (
     prepared_splits,
     read_examples,
     read_languages,
+    reader_paths,
     split_files,
     unusable_files,
 )
@@ -91,9 +92,18 @@ def _refuse_the_same_pairs_twice(files: Mapping[str, SplitFiles], pairs: Mapping
             )
 
 
-def _overlap_notes(overlaps: list[SplitOverlap]) -> dict:
-    """The preparation notes (`_preparation_notes`) of the splits' shared pairs."""
-    return {"split_overlaps": [dataclasses.asdict(overlap) for overlap in overlaps]}
+def _notes(overlaps: list[SplitOverlap], skipped: Mapping[str, SkipCounter]) -> dict:
+    """The preparation notes (`_preparation_notes`): the splits' shared pairs, and each split's
+    pairs skipped for an empty side (`skipped`: split -> its reader's count) by their count and
+    where the first is (its line, and its file's place among the split's `reader_paths`)."""
+    return {
+        "split_overlaps": [dataclasses.asdict(overlap) for overlap in overlaps],
+        "empty_sides": {
+            split: {"count": counter.empty, "first_line": counter.first_line, "first_file": counter.first_file}
+            for split, counter in skipped.items()
+            if counter.empty
+        },
+    }
 
 
 class ParallelFiles(FingerprintedBuilder):
@@ -134,6 +144,7 @@ class ParallelFiles(FingerprintedBuilder):
             raise ValueError(f"side={side!r}: must be None (pairs) or one of {SIDES}")
         self._languages = (source_language, target_language)
         self._overlaps: list[SplitOverlap] | None = None  # found as the splits are prepared
+        self._skipped: dict[str, SkipCounter] = {}  # each split's pairs with an empty side, as last read
         self._side, self._read = side, read_languages(self._languages, side)
         self._holdout = None if files.get("validation") else (validation_holdout, holdout_seed)
         if self._holdout is not None and validation_holdout < 1:
@@ -251,8 +262,9 @@ class ParallelFiles(FingerprintedBuilder):
     def _read_splits(self, report: bool) -> dict[str, list]:
         """split -> its examples, validation held out of train where no file gives it; with
         `report`, each split reports its own skipped pairs and the holdout is logged."""
+        self._skipped = {split: SkipCounter(report=report) for split in self._files}
         pairs = {
-            split: read_examples(files, self._languages, self._side, SkipCounter(report=report))
+            split: read_examples(files, self._languages, self._side, self._skipped[split])
             for split, files in self._files.items()
         }
         _refuse_the_same_pairs_twice(self._files, pairs, self._unit)
@@ -267,21 +279,44 @@ class ParallelFiles(FingerprintedBuilder):
     def _preparation_notes(self) -> dict:
         if self._overlaps is None:
             return {}
-        return _overlap_notes(self._overlaps)
+        return _notes(self._overlaps, self._skipped)
 
     def _say_again(self, notes: dict | None) -> dict | None:
-        """The splits' shared pairs, as the preparation said them: a run that reuses the data would
-        otherwise validate on training pairs without a word. Data prepared before they were
-        recorded has its files read again to find them (where they are all there): those notes
-        are returned, to be recorded."""
+        """The pairs skipped for an empty side and the splits' shared pairs, as the preparation said
+        them: a run that reuses the data would otherwise validate on training pairs, or train on
+        fewer than its files hold, without a word. Data prepared before the shared pairs were
+        recorded has its files read again to find both (where they are all there): those notes are
+        returned, to be recorded; data whose notes have shared pairs alone says no skipped ones."""
         recorded = (notes or {}).get("split_overlaps")
         overlaps = [SplitOverlap.from_record(value) for value in recorded] if isinstance(recorded, list) else [None]
         splits, found = set(self.split_names()), None
+        skipped = self._recorded_skips((notes or {}).get("empty_sides"))
         if None in overlaps or any({overlap.earlier, overlap.later} - splits for overlap in overlaps):
             overlaps = [] if self._missing else split_overlaps(self._read_splits(report=False))
-            found = None if self._missing else _overlap_notes(overlaps)
+            if not self._missing:
+                found = _notes(overlaps, self._skipped)
+                skipped = found["empty_sides"]
+        for split, skip in sorted(skipped.items(), key=lambda item: SPLITS.index(item[0])):  # as read, in order
+            paths = reader_paths(self._files[split], self._languages, self._side)
+            sides = 2 if self._side is None else 1
+            logger.warning(skipped_in_files(paths, skip["count"], skip["first_line"], skip["first_file"], sides))
         self._warn_of(overlaps)
         return found
+
+    def _recorded_skips(self, recorded) -> dict[str, dict]:
+        """The empty-side skips a record's notes hold, where they are this builder's splits' (a
+        record written before they were noted holds none: nothing is said of them)."""
+        if not isinstance(recorded, dict):
+            return {}
+        skips = {}
+        for split, skip in recorded.items():
+            fields = skip.keys() if isinstance(skip, dict) else ()
+            if split not in self._files or set(fields) != {"count", "first_line", "first_file"}:
+                continue
+            files = len(reader_paths(self._files[split], self._languages, self._side))
+            if all(type(value) is int for value in skip.values()) and 0 <= skip["first_file"] < files:
+                skips[split] = skip
+        return skips
 
     def _hold_out(self, train: list, report: bool = True) -> tuple[list, list]:
         """(train, validation): the seeded holdout taken out of the training pairs, file order

@@ -8,7 +8,7 @@ import gzip
 import logging
 import pathlib
 import zlib
-from collections.abc import Callable, Iterable, Iterator, Sequence
+from collections.abc import Iterable, Iterator, Sequence
 
 from jaxformer.data import text_lines
 from jaxformer.data.text_lines import MAGIC_BYTES, other_compression
@@ -29,8 +29,10 @@ class SkipCounter:
     a side the tokenizer encodes to no piece or that shows nothing, and reports them all in one warning."""
 
     empty: int = 0
-    first_empty: str | None = None
+    first_empty: str | None = None  # "path:line" of the first
     report: bool = True
+    first_line: int | None = None  # the first's line, and its file's place among the reader's files
+    first_file: int = 0
 
 
 def skipped_pairs_text(count: int, where: str, first: str, sides: int = 2) -> str:
@@ -41,6 +43,16 @@ def skipped_pairs_text(count: int, where: str, first: str, sides: int = 2) -> st
     plural = "" if count == 1 else "s"
     what = f"pair{plural} with an empty side" if sides == 2 else f"line{plural} without text"
     return f"skipped {count:,} {what} in {where} (first at {first})"
+
+
+def skipped_in_files(
+    paths: Sequence[str | pathlib.Path], count: int, first_line: int, first_file: int, sides: int
+) -> str:
+    """The warning of a reader of `paths` (one file, or a pair's source and target files) that
+    skipped `count` rows for an empty side, the first at `first_line` of `paths[first_file]`: as
+    the reader says it, and as a reuse of the data it prepared says it again."""
+    where = " / ".join(str(path) for path in paths)
+    return skipped_pairs_text(count, where, f"{paths[first_file]}:{first_line}", sides)
 
 
 def _open_text(path: pathlib.Path):
@@ -96,12 +108,7 @@ def read_parallel_lines(
             f"line counts differ: {source_path} has {len(source_lines)} lines, "
             f"{target_path} has {len(target_lines)}; line N of one must translate line N of the other"
         )
-    yield from _with_text_on_every_side(
-        zip(source_lines, target_lines),
-        skipped,
-        lambda number, source_empty: f"{source_path if source_empty else target_path}:{number}",
-        f"{source_path} / {target_path}",
-    )
+    yield from _with_text_on_every_side(zip(source_lines, target_lines), skipped, (source_path, target_path))
 
 
 def read_tsv_pairs(path: str | pathlib.Path, skipped: SkipCounter | None = None) -> Iterator[tuple[int, str, str]]:
@@ -115,7 +122,7 @@ def read_tsv_pairs(path: str | pathlib.Path, skipped: SkipCounter | None = None)
     """
     path = pathlib.Path(path)
     rows = _tsv_fields(path, (0, 1))
-    yield from _with_text_on_every_side(rows, skipped, lambda number, _: f"{path}:{number}", str(path))
+    yield from _with_text_on_every_side(rows, skipped, (path,))
 
 
 def read_tsv_column(
@@ -127,7 +134,7 @@ def read_tsv_column(
     without text there are skipped as there."""
     path = pathlib.Path(path)
     texts = [(fields[column],) for fields in _tsv_fields(path, (column,))]
-    yield from _with_text_on_every_side(texts, skipped, lambda number, _: f"{path}:{number}", str(path))
+    yield from _with_text_on_every_side(texts, skipped, (path,))
 
 
 def read_sentences(path: str | pathlib.Path, skipped: SkipCounter | None = None) -> Iterator[tuple[int, str]]:
@@ -136,7 +143,7 @@ def read_sentences(path: str | pathlib.Path, skipped: SkipCounter | None = None)
     logged once at the end."""
     path = pathlib.Path(path)
     lines = [(line,) for line in read_lines(path)]
-    yield from _with_text_on_every_side(lines, skipped, lambda number, _: f"{path}:{number}", str(path))
+    yield from _with_text_on_every_side(lines, skipped, (path,))
 
 
 def _tsv_fields(path: pathlib.Path, columns: Sequence[int]) -> list[list[str]]:
@@ -170,11 +177,12 @@ def _tsv_fields(path: pathlib.Path, columns: Sequence[int]) -> list[list[str]]:
 
 
 def _with_text_on_every_side(
-    rows: Iterable[Sequence[str]], skipped: SkipCounter | None, place: Callable[[int, bool], str], where: str
+    rows: Iterable[Sequence[str]], skipped: SkipCounter | None, paths: Sequence[pathlib.Path]
 ) -> Iterator[tuple]:
     """(line number, *texts), stripped, of the rows (pairs, or one language's lines) with text on
-    every side; the others are counted in `skipped` (`place(number, first side empty)` names the
-    first) and logged once (unless `skipped.report` is off)."""
+    every side, read from `paths` (one file, or a pair's source and target files: the first
+    skipped is named in the one whose side is empty); the others are counted in `skipped` and
+    logged once (unless `skipped.report` is off)."""
     skipped = SkipCounter() if skipped is None else skipped
     sides = 2
     for number, row in enumerate(rows, start=1):
@@ -182,8 +190,11 @@ def _with_text_on_every_side(
         sides = len(texts)
         if not all(texts):
             skipped.empty += 1
-            skipped.first_empty = skipped.first_empty or place(number, not texts[0])
+            if skipped.first_line is None:
+                skipped.first_line, skipped.first_file = number, 0 if len(paths) == 1 or not texts[0] else 1
+                skipped.first_empty = f"{paths[skipped.first_file]}:{number}"
             continue
         yield number, *texts
     if skipped.empty and skipped.report:
-        logger.warning("%s", skipped_pairs_text(skipped.empty, where, skipped.first_empty, sides))
+        text = skipped_in_files(paths, skipped.empty, skipped.first_line, skipped.first_file, sides)
+        logger.warning("%s", text)

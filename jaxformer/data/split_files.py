@@ -186,18 +186,28 @@ def refuse_a_header(path: pathlib.Path, languages: Sequence[str]) -> None:
     )
 
 
+def reader_paths(files: SplitFiles, languages: Sequence[str], side: str | None) -> tuple[pathlib.Path, ...]:
+    """The files `read_examples` reads `files` from, as its reader takes them: the TSV file, the
+    text file of the language read, or the source's and the target's."""
+    if files.tsv is not None:
+        return (files.tsv,)
+    if side is not None:
+        return tuple(files.by_language.values())
+    return tuple(files.by_language[language] for language in languages)
+
+
 def read_examples(files: SplitFiles, languages: Sequence[str], side: str | None, skipped: SkipCounter) -> list[Example]:
     """(line number, text of each language read) of every example with text on each side read:
     (number, source, target) pairs, or (number, sentence) for `side`; DataError if there is none."""
+    paths = reader_paths(files, languages, side)
     if side is not None and files.tsv is not None:
         examples = list(read_tsv_column(files.tsv, SIDES.index(side), skipped))
     elif side is not None:
-        examples = list(read_sentences(*files.by_language.values(), skipped))
+        examples = list(read_sentences(*paths, skipped))
     elif files.tsv is not None:
         examples = list(read_tsv_pairs(files.tsv, skipped))
     else:
-        source, target = (files.by_language[language] for language in languages)
-        examples = list(read_parallel_lines(source, target, skipped))
+        examples = list(read_parallel_lines(*paths, skipped))
     if files.tsv is not None:  # once the file read: a bad byte or a damaged gzip is named as such first
         refuse_a_header(files.tsv, languages)
     if not examples:
