@@ -100,7 +100,19 @@ def test_micro_batches_give_the_whole_batchs_token_weighted_update():
         np.testing.assert_allclose(metrics[key], whole_metrics[key], rtol=2e-5, err_msg=key)
     moved = jax.tree.map(lambda new, old: new - old, whole.params, state.params)
     moved_accumulated = jax.tree.map(lambda new, old: new - old, accumulated.params, state.params)
-    jax.tree.map(lambda a, b: np.testing.assert_allclose(a, b, rtol=1e-4, atol=1e-12), moved_accumulated, moved)
+    # new - old is exact only to the new parameter's last bit: a summation order that rounds an
+    # update the other way moves it one unit in the last place (seen once in the slow set), far
+    # below what a mean of the micro-batches' means would change (16 against 10 tokens), and half
+    # the elements move more than 1,000 units. 1e-12: the key biases, whose gradient is zero but
+    # for rounding (softmax ignores them).
+    for path, a, b, new in zip(
+        *zip(*jax.tree.leaves_with_path(moved_accumulated)), jax.tree.leaves(moved), jax.tree.leaves(whole.params)
+    ):
+        a, b, last_bit = np.asarray(a), np.asarray(b), np.spacing(np.abs(np.asarray(new)))
+        far = np.abs(a - b) > last_bit + 1e-12 + 1e-4 * np.abs(b)
+        assert not far.any(), (
+            f"{jax.tree_util.keystr(path)}: {far.sum()} of {far.size} differ: {a[far][:4]} against {b[far][:4]}"
+        )
     assert int(accumulated.step) == int(whole.step) == 1
 
 
