@@ -254,14 +254,17 @@ def _keys(section: ml_collections.ConfigDict, prefix: str = "") -> list[str]:
     return keys
 
 
-def apply_overrides(config: ml_collections.ConfigDict, overrides: Sequence[tuple[str, str]]) -> None:
+def apply_overrides(
+    config: ml_collections.ConfigDict, overrides: Sequence[tuple[str, str]], written_as: str = OVERRIDE_PREFIX
+) -> None:
     """Sets each (dotted key, text) on `config`; only existing keys can be set. `model.preset`
     comes first, whatever its place: it sets the preset's sizes and dropout (the model section
-    holds every field, so the name alone would change nothing), which the other keys then override."""
+    holds every field, so the name alone would change nothing), which the other keys then override.
+    Refusals quote an override as it was written: `written_as` before its key ("" in a sweep file)."""
     overrides = sorted(overrides, key=lambda override: override[0] != "model.preset")  # stable otherwise
     for key, text in overrides:
         if key == "model.preset" and "model" in config and "preset" in config.model:
-            _set_preset(config.model, text)
+            _set_preset(config.model, text, written_as)
             continue
         *path, leaf = key.split(".")
         section = config
@@ -272,20 +275,20 @@ def apply_overrides(config: ml_collections.ConfigDict, overrides: Sequence[tuple
         if leaf in section and isinstance(section[leaf], ml_collections.ConfigDict):
             names = [f"{key}.{name}" for name in section[leaf]]
             keys = ", ".join(names[:4]) + (f", ... ({len(names)} keys: --print_config)" if len(names) > 4 else "")
-            raise ConfigError(f"--config.{key} is a section, not a value: set one of its keys ({keys})")
+            raise ConfigError(f"{written_as}{key} is a section, not a value: set one of its keys ({keys})")
         if leaf not in section:
             raise unknown_key_error(key, _keys(config))
         reference = section.get_ref(leaf)
-        value = parse_override(key, text, section[leaf], reference.get_type())
+        value = parse_override(key, text, section[leaf], reference.get_type(), written_as)
         try:
             section[leaf] = value
         except (TypeError, ValueError) as error:
-            raise ConfigError(f"--config.{key}={text}: {error}") from None
+            raise ConfigError(f"{written_as}{key}={text}: {error}") from None
 
 
-def _set_preset(model: ml_collections.ConfigDict, name: str) -> None:
+def _set_preset(model: ml_collections.ConfigDict, name: str, written_as: str) -> None:
     if name not in PRESETS:
-        raise ConfigError(f"--config.model.preset={name}: must be one of {', '.join(PRESETS)}")
+        raise ConfigError(f"{written_as}model.preset={name}: must be one of {', '.join(PRESETS)}")
     sizes = {field: value for field, value in PRESETS[name].items() if field in model}  # vocab_size: the tokenizer's
     model.preset = name
     model.update(sizes)

@@ -41,9 +41,10 @@ def _kind_text(key: str, kind: type) -> str:
     return _TYPE_NAMES.get(kind, kind.__name__)
 
 
-def parse_override(key: str, text: str, current: Any, field_type: type | None) -> Any:
+def parse_override(key: str, text: str, current: Any, field_type: type | None, written_as: str = "--config.") -> Any:
     """`text` as a value of the type the key has now (a string stays a string); "None" for a key
-    that is None now or by default (e.g. model.matmul_dtype, "auto" in multi30k) is None."""
+    that is None now or by default (e.g. model.matmul_dtype, "auto" in multi30k) is None. A refusal
+    quotes the override as the user wrote it: `written_as` before the key ("" in a sweep file)."""
     kind = field_type if current is None else type(current)
     if text.strip() == "None" and (current is None or key in nullable_keys()):
         return None
@@ -57,7 +58,7 @@ def parse_override(key: str, text: str, current: Any, field_type: type | None) -
             return False
         values = "True, False or None" if current is None or key in nullable_keys() else "True or False"
         raise ConfigError(
-            f"--config.{key}={text}: must be {values} ({_listed(_TRUE_TEXTS)}; {_listed(_FALSE_TEXTS)}; in any case)"
+            f"{written_as}{key}={text}: must be {values} ({_listed(_TRUE_TEXTS)}; {_listed(_FALSE_TEXTS)}; in any case)"
         )
     try:
         value = _literal(text.strip(), floats_by_name=kind in (tuple, list))
@@ -65,15 +66,15 @@ def parse_override(key: str, text: str, current: Any, field_type: type | None) -
         if kind is None:
             return text  # a key with no type yet takes the text
         if kind is float and _non_finite(text):  # nan, inf: Python's names, no literals
-            raise ConfigError(f"--config.{key}={text}: {_float_rule(key)}") from None
+            raise ConfigError(f"{written_as}{key}={text}: {_float_rule(key)}") from None
         unreadable = _unreadable_item(text.strip()) if kind in (tuple, list) else ""
-        raise ConfigError(f"--config.{key}={text}: must be {_kind_text(key, kind)}{unreadable}") from None
+        raise ConfigError(f"{written_as}{key}={text}: must be {_kind_text(key, kind)}{unreadable}") from None
     if kind is float and isinstance(value, int) and not isinstance(value, bool):
         return float(value)
     if kind in (tuple, list) and isinstance(value, (tuple, list)):
         return kind(value)
     if kind is not None and not isinstance(value, kind) or isinstance(value, bool) and kind is not bool:
-        raise ConfigError(f"--config.{key}={text}: must be {_kind_text(key, kind)}")
+        raise ConfigError(f"{written_as}{key}={text}: must be {_kind_text(key, kind)}")
     return value
 
 

@@ -92,7 +92,9 @@ def make_variants(
         config = load_config(config_name)
         try:
             refuse_repeated_keys(pairs)  # a variant may override a shared flag, not itself
-            apply_overrides(config, [*shared, *pairs])
+            # One call, so model.preset comes first whichever gives it. The shared overrides passed
+            # reference_config's checks: a refusal here is of the variant's, quoted as its file writes them.
+            apply_overrides(config, [*shared, *pairs], written_as="")
             experiment.validate(config)
         except ConfigError as error:
             raise ConfigError(f"variant {name!r}: {error}") from None

@@ -51,8 +51,10 @@ def load_sweep(name_or_path: str) -> dict[str, list[str]]:
         if not isinstance(overrides, (list, tuple)) or not all(isinstance(item, str) for item in overrides):
             given = repr(overrides)
             given = given if len(given) <= 60 else given[:57] + "..."
+            # A string alone reads as a KEY=VALUE itself: say what it lacks, the list around it.
+            hint = f": a string alone is no list; write [{given}]" if isinstance(overrides, str) else ""
             raise ConfigError(
-                f"sweep file {path}: variant {name!r} must list its overrides as strings KEY=VALUE, not {given}"
+                f"sweep file {path}: variant {name!r} must list its overrides as strings KEY=VALUE, not {given}{hint}"
             )
     return sweep
 

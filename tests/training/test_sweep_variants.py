@@ -21,6 +21,11 @@ pytestmark = pytest.mark.xdist_group("sweep")
     [
         ({"wide": ["model.d_modle=64"]}, r"variant 'wide': .*model\.d_modle"),
         ({"odd": ["model.d_model"]}, r"variant 'odd': override 'model.d_model' is not KEY=VALUE"),
+        # Quoted as the sweep file writes them, not as a --config. flag the user never typed.
+        ({"rate": ["model.dropout_rate=abc"]}, r"variant 'rate': model\.dropout_rate=abc: must be a number$"),
+        ({"choice": ["training.final_choice=maybe"]}, r"variant 'choice': training\.final_choice=maybe: must be True"),
+        ({"size": ["model.preset=huge"]}, r"variant 'size': model\.preset=huge: must be one of tiny, base, big$"),
+        ({"whole": ["training=3"]}, r"variant 'whole': training is a section, not a value"),
         (
             {"twice": ["model.dropout_rate=0.2", "model.dropout_rate=0.3"]},
             r"variant 'twice': config key 'model.dropout_rate' is given twice, as '0.2' and as '0.3'",
@@ -34,7 +39,10 @@ pytestmark = pytest.mark.xdist_group("sweep")
         ({"five": 5}, r"variant 'five' must list its overrides as strings KEY=VALUE, not 5$"),
         ({"unset": None}, r"variant 'unset' must list its overrides as strings KEY=VALUE, not None$"),
         ({"keyed": {"model.d_ff": "128"}}, r"variant 'keyed' must list .* not \{'model.d_ff': '128'\}$"),
-        ({"one": "model.d_ff=128"}, r"variant 'one' must list its overrides as strings KEY=VALUE, not 'model"),
+        (
+            {"one": "model.d_ff=128"},
+            r"variant 'one' must list .*, not 'model.d_ff=128': a string alone is no list; write \['model.d_ff=128'\]$",
+        ),
         ({"mixed": ["model.d_ff=128", 3]}, r"variant 'mixed' must list .*, not \['model.d_ff=128', 3\]$"),
         # The sweep's own files and folder: a variant's run there would overwrite them, or they it.
         ({"sweep.jsonl": ["model.dropout_rate=0.2"]}, r"variant name 'sweep.jsonl' is taken: .* sweep.md, pace"),
