@@ -23,7 +23,7 @@ import ml_collections
 import numpy as np
 
 from jaxformer.model.config import PRESETS, ConfigError
-from jaxformer.training.experiment import default_config, unknown_key_error
+from jaxformer.training.experiment import default_config, flatten, known_keys, unknown_key_error
 from jaxformer.training.override_values import parse_override
 from jaxformer.training.shipped_names import shipped_file_path, shipped_names
 
@@ -90,7 +90,35 @@ def load_config_file(path: str | pathlib.Path) -> ml_collections.ConfigDict:
             "override nor the values a run settles; return the ConfigDict itself"
         )
     refuse_missing_keys(config, path)
+    refuse_unknown_keys(config, path)
     return with_python_values(config)
+
+
+def refuse_unknown_keys(config: ml_collections.ConfigDict, path: str | pathlib.Path) -> None:
+    """A ConfigError naming the file, the line that sets it where one can be found, and the first
+    key no config has (a misspelt one, which a ConfigDict takes without a word): validate() would
+    refuse it too, but naming the key alone, as if a --config. flag had given it."""
+    known = known_keys()
+    unknown = next((key for key in flatten(config) if key not in known), None)
+    if unknown is not None:
+        raise ConfigError(f"config file {path}{_line_setting(path, unknown)}: {unknown_key_error(unknown, known)}")
+
+
+def _line_setting(path: str | pathlib.Path, key: str) -> str:
+    """ ", line N": the first line of the file that sets the dotted `key`'s last part, as an attribute
+    (`config.training.num_train_step = 10`), an item (`config["num_train_step"]`) or a keyword;
+    "" where none does (the name built at run time)."""
+    name = key.rsplit(".", 1)[-1]
+    lines = []
+    for node in ast.walk(ast.parse(pathlib.Path(path).read_text(encoding="utf-8"), str(path))):
+        if isinstance(node, ast.Attribute) and isinstance(node.ctx, ast.Store) and node.attr == name:
+            lines.append(node.lineno)
+        elif isinstance(node, ast.Subscript) and isinstance(node.ctx, ast.Store):
+            if isinstance(node.slice, ast.Constant) and node.slice.value == name:
+                lines.append(node.lineno)
+        elif isinstance(node, ast.keyword) and node.arg == name:
+            lines.append(node.lineno)
+    return f", line {min(lines)}" if lines else ""
 
 
 def with_python_values(config: ml_collections.ConfigDict) -> ml_collections.ConfigDict:

@@ -246,15 +246,23 @@ def unknown_key_error(key: str, known: Iterable[str]) -> ConfigError:
     return ConfigError(f"unknown config key {key!r}{hint}")
 
 
+@functools.cache
+def known_keys() -> frozenset[str]:
+    """The dotted keys a config may hold: default_config()'s, and in the model section any
+    TransformerConfig field (vocab_size: refused unless the tokenizer's) and the preset's name."""
+    return frozenset(
+        {
+            *flatten(default_config()),
+            "model.preset",
+            *(f"model.{field.name}" for field in dataclasses.fields(TransformerConfig)),
+        }
+    )
+
+
 def validate(config: ml_collections.ConfigDict, workdir: str | os.PathLike | None = None) -> None:
     """Raises ConfigError naming the key and what it allows, for an unknown key (with near
     matches), a value out of range, values that contradict each other, or a bad model."""
-    # The model section may hold any TransformerConfig field (vocab_size: refused unless the tokenizer's).
-    known = {
-        *flatten(default_config()),
-        "model.preset",
-        *(f"model.{field.name}" for field in dataclasses.fields(TransformerConfig)),
-    }
+    known = known_keys()
     values = flatten(config)
     for key in values:
         if key not in known:

@@ -99,12 +99,18 @@ def test_every_shipped_config_has_every_key(name):
     assert set(experiment.flatten(load_config(name))) >= set(experiment.flatten(experiment.default_config()))
 
 
-def test_an_extra_key_is_refused_as_unknown(tmp_path, capsys):
-    path = tiny_changed_by(tmp_path, "c.training.rdrop_begin = 0.4")
+@pytest.mark.parametrize(
+    "setting",
+    ["c.training.rdrop_begin = 0.4", "c['training']['rdrop_begin'] = 0.4", "c.training.update(rdrop_begin=0.4)"],
+)
+def test_an_extra_key_is_refused_as_unknown_naming_the_file_and_its_line(tmp_path, capsys, setting):
+    """Was the key alone ("error: unknown config key 'training.rdrop_begin'; ..."), as a mistyped
+    --config. flag is named: nothing sent the user to the file, nor to its line."""
+    path = tiny_changed_by(tmp_path, "c.data.max_length = 40", setting)
     assert train.main(["--config", str(path), "--print_config"]) == 2
     assert one_error_line(capsys) == (
-        "error: unknown config key 'training.rdrop_begin'; did you mean training.rdrop_start, "
-        "training.rdrop_decision_step, training.rdrop_alpha?"
+        f"error: config file {path}, line 6: unknown config key 'training.rdrop_begin'; did you mean "
+        "training.rdrop_start, training.rdrop_decision_step, training.rdrop_alpha?"
     )
 
 
